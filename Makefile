@@ -1,0 +1,76 @@
+# deltaserve — one Makefile.
+#   make            build/deltaserve (CPU backend)
+#   make CUDA=1     also the CUDA backend (nvcc, sm_90a)
+#   make test       install what the tests need, build, run every test
+#   make run        install, build, serve the bundled demo model on :8000
+#   make test-asan  the test suite in an ASan + UBSan build
+
+CC      ?= gcc
+NVCC    ?= /usr/local/cuda/bin/nvcc
+BUILD   ?= build
+OPT     ?= -O2
+CFLAGS  += -std=c11 -Wall -Wextra -Werror $(OPT) -g -pthread -D_GNU_SOURCE -Isrc -MMD -MP
+LDLIBS  += -lmicrohttpd -ljansson -lpcre2-8 -lutf8proc -lm -lpthread
+
+SRCS     := $(shell find src -name '*.c' -not -path 'src/backend/cuda/*' -not -name main.c | sort)
+OBJS     := $(SRCS:%.c=$(BUILD)/obj/%.o)
+TEST_SRCS:= $(sort $(wildcard tests/test_*.c))
+TESTS    := $(TEST_SRCS:tests/%.c=$(BUILD)/tests/%)
+
+ifeq ($(CUDA),1)
+CUDA_HOME ?= /usr/local/cuda
+CU_SRCS  := $(sort $(wildcard src/backend/cuda/*.cu))
+CU_OBJS  := $(CU_SRCS:%.cu=$(BUILD)/obj/%.o)
+CUFLAGS  += -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Isrc -Xcompiler -Wall,-fPIC --expt-relaxed-constexpr
+CFLAGS   += -DDS_CUDA=1 -I$(CUDA_HOME)/include
+LDLIBS   += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart -lstdc++
+OBJS     += $(CU_OBJS)
+endif
+
+.PHONY: all test run deps clean test-asan format
+all: $(BUILD)/deltaserve
+
+$(BUILD)/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@
+
+$(BUILD)/obj/%.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(CUFLAGS) -c $< -o $@
+
+$(BUILD)/libdeltaserve.a: $(OBJS)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/deltaserve: $(BUILD)/obj/src/main.o $(BUILD)/libdeltaserve.a
+	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
+
+$(BUILD)/tests/%: tests/%.c tests/test.h $(BUILD)/libdeltaserve.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Itests $< $(BUILD)/libdeltaserve.a -o $@ $(LDLIBS)
+
+deps:
+	@bash scripts/setup.sh
+
+test: deps
+	@$(MAKE) --no-print-directory all $(TESTS)
+	@bash tests/run.sh $(BUILD)
+
+test-asan: deps
+	@$(MAKE) --no-print-directory BUILD=build-asan CC=clang \
+	  OPT="-O1 -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all" \
+	  LDFLAGS="-fsanitize=address,undefined" all \
+	  $(TEST_SRCS:tests/%.c=build-asan/tests/%)
+	@ASAN_OPTIONS=detect_leaks=1 bash tests/run.sh build-asan
+
+run: deps all
+	@bash scripts/demo.sh
+	$(BUILD)/deltaserve serve --model $(BUILD)/demo-model --port 8000
+
+format:
+	clang-format -i $$(find src tests -name '*.[ch]' -o -name '*.cu')
+
+clean:
+	rm -rf build build-asan
+
+-include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

@@ -1,0 +1,35 @@
+#include "base/log.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+static log_level log_min = LOG_LEVEL_INFO;
+
+void log_set_level(log_level lv) { log_min = lv; }
+
+void log_msg(log_level lv, const char *fmt, ...) {
+  if (lv < log_min) return;
+  static const char *tag[] = {"debug", "info", "warn", "error"};
+  va_list ap;
+  va_start(ap, fmt);
+  fprintf(stderr, "deltaserve %s: ", tag[lv]);
+  vfprintf(stderr, fmt, ap);
+  fputc('\n', stderr);
+  va_end(ap);
+}
+
+void log_check_failed(const char *file, int line, const char *expr) {
+  fprintf(stderr, "deltaserve: CHECK failed at %s:%d: %s\n", file, line, expr);
+  abort();
+}
+
+int errf(char *err, size_t errlen, const char *fmt, ...) {
+  if (err && errlen) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+  }
+  return -1;
+}

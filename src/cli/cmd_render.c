@@ -1,0 +1,10 @@
+#include <stdio.h>
+
+#include "cli/cli.h"
+
+int cmd_render(int argc, char **argv) {
+  (void)argc;
+  (void)argv;
+  fprintf(stderr, "deltaserve: this command is being built\n");
+  return 1;
+}

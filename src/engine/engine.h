@@ -1,0 +1,115 @@
+/* engine — the continuous-batching engine: one engine thread runs
+ *     sched_schedule -> batch build -> qwen35_forward -> sampler -> sched_postprocess
+ * over the paged KV cache, the state slots and the prefix cache. Other threads (HTTP handlers,
+ * the offline `run` command) talk to it only through engine_submit / engine_next /
+ * engine_cancel: a request queue in, one output channel per request out.
+ *
+ * Contract for callers:
+ *   - engine_submit copies everything it needs from opts; it returns a request handle, or
+ *     NULL with err and *status (ENGINE_ERR_*) when the request can never run (too long,
+ *     invalid ids, queue full) — a request that cannot run *now* waits instead.
+ *   - engine_next blocks until the next event of that request (a token, or the end).
+ *     After an event with finish != FINISH_NONE there are no more events.
+ *   - engine_cancel may be called from any thread at any time; it takes effect at the next
+ *     step, frees everything, and ends the stream with FINISH_CANCELLED (unless already ended).
+ *   - engine_release frees the handle; call it exactly once per successful submit, after the
+ *     final event or after cancel (it cancels if still running). */
+#ifndef DS_ENGINE_H
+#define DS_ENGINE_H
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model/qwen35.h"
+#include "sampler/sampler.h"
+
+typedef struct engine engine;
+typedef struct engine_req engine_req;
+
+typedef struct engine_opts {
+  int max_num_seqs;           /* --max-num-seqs (64) */
+  int max_num_batched_tokens; /* --max-num-batched-tokens (8192) */
+  int max_model_len;          /* --max-model-len (0: the model's max_position_embeddings) */
+  int kv_cache_tokens;        /* --kv-cache-tokens (0: derived from memory utilisation) */
+  float gpu_memory_utilization; /* --gpu-memory-utilization (0.9) */
+  int max_waiting;            /* queue limit before ENGINE_ERR_QUEUE_FULL (0: 4096) */
+  /* prefix cache */
+  int enable_prefix_caching;  /* --enable-prefix-caching / --no-enable-prefix-caching (1) */
+  int snapshot_interval;      /* --snapshot-interval (2048) */
+  int n_snapshot_slabs;       /* --snapshot-slabs (0: derived from the budget) */
+  double prefix_cache_gib;    /* --prefix-cache-gib */
+  double host_cache_gib;      /* --host-cache-gib (0: no host tier) */
+} engine_opts;
+
+void engine_opts_default(engine_opts *o);
+
+typedef enum {
+  FINISH_NONE = 0,
+  FINISH_STOP,      /* eos / stop token */
+  FINISH_LENGTH,    /* max_tokens or max_model_len */
+  FINISH_CANCELLED, /* engine_cancel */
+  FINISH_ERROR,     /* an internal failure of this request; err says what */
+} finish_reason;
+const char *finish_reason_name(finish_reason f);
+
+typedef enum {
+  ENGINE_OK = 0,
+  ENGINE_ERR_INVALID,    /* bad ids, empty prompt, bad sampling params -> 400 */
+  ENGINE_ERR_TOO_LONG,   /* prompt + max_tokens can never fit -> 400 */
+  ENGINE_ERR_QUEUE_FULL, /* -> 429/503 */
+  ENGINE_ERR_SHUTDOWN,   /* engine stopping -> 503 */
+} engine_status;
+
+typedef struct engine_submit_opts {
+  const int32_t *prompt; /* [n_prompt] token ids */
+  int n_prompt;
+  sampling_params sp;      /* see sampler.h; max_tokens, stop ids, ignore_eos, logprobs, seed... */
+  const char *cache_salt;  /* prefix-cache namespace, NULL or "" for the shared one */
+  const int32_t *boundaries; /* chat-message start positions (prefix-cache capture points) */
+  int n_boundaries;
+} engine_submit_opts;
+
+#define ENGINE_MAX_TOP_LOGPROBS 20
+
+typedef struct engine_event {
+  int32_t token;       /* the sampled token (valid when has_token) */
+  int has_token;
+  float logprob;       /* log-softmax of the sampled token (when sp.logprobs) */
+  int n_top;           /* top_logprobs entries */
+  int32_t top_ids[ENGINE_MAX_TOP_LOGPROBS];
+  float top_logprobs[ENGINE_MAX_TOP_LOGPROBS];
+  finish_reason finish; /* FINISH_NONE while generating */
+  int prompt_tokens;    /* set on the final event */
+  int cached_tokens;    /* prompt tokens restored from the prefix cache (final event) */
+  int completion_tokens;
+  char err[160];        /* FINISH_ERROR: what went wrong */
+} engine_event;
+
+/* Creates the engine over a loaded model and starts its thread. Returns NULL with err. */
+engine *engine_create(qwen35 *model, const engine_opts *o, char *err, size_t errlen);
+/* Stops accepting, cancels or finishes in-flight requests (drain=1 waits for them to finish),
+ * joins the thread and frees everything. */
+void engine_destroy(engine *e, int drain);
+
+engine_req *engine_submit(engine *e, const engine_submit_opts *o, engine_status *status,
+                          char *err, size_t errlen);
+/* Blocks for the next event; timeout_ms < 0 waits forever. Returns 1 with an event, 0 on
+ * timeout. */
+int engine_next(engine_req *r, engine_event *ev, int timeout_ms);
+void engine_cancel(engine_req *r);
+void engine_release(engine_req *r);
+
+/* Metrics snapshot for /metrics and the start-up log (read without stopping the engine). */
+typedef struct engine_stats {
+  int num_running, num_waiting;
+  long long prompt_tokens_total, generation_tokens_total, prefilled_tokens_total;
+  long long requests_finished, requests_cancelled, requests_failed, preemptions;
+  int kv_pages_total, kv_pages_used, kv_pages_cached;
+  int slots_total, slots_used;
+  int snapshot_slabs_total, snapshot_slabs_used;
+  long long prefix_queries, prefix_hits, prefix_hit_tokens, prefix_captures,
+      prefix_capture_failures, prefix_evictions, prefix_restore_failures;
+  int max_model_len;
+} engine_stats;
+void engine_get_stats(engine *e, engine_stats *s);
+
+#endif

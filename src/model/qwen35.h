@@ -1,0 +1,78 @@
+/* qwen35 — the Qwen3.5 / Qwen3.6 / Qwen3-Next forward pass over a batch of sequences, written
+ * once against the backend op table (backend/backend.h), plus the device memory it runs over:
+ *
+ *   KV pages   one pool of n_pages pages of QWEN35_PAGE_TOKENS tokens; a page id names the
+ *              same rows in every full-attention layer (K and V, [nkv, hd] per token).
+ *   slots      n_slots recurrent-state slots; per DeltaNet layer a conv state [conv_dim, K-1]
+ *              (the last K-1 pre-conv inputs) and an fp32 SSM state [nv, dk, dv]. Running
+ *              sequences and prefix-cache snapshot slabs are both slots; which is which is the
+ *              caller's business (cache/state_pool).
+ *
+ * Numerics contract (what batch invariance and restore parity rest on):
+ *   - every token row is computed with the same operation order whatever else is in the
+ *     batch (reductions never split across rows or threads differently);
+ *   - a 1-token piece of a sequence runs the DeltaNet recurrent step; a longer piece runs the
+ *     chunked algorithm with chunks aligned to absolute positions (multiples of 64), so
+ *     splitting a sequence's prefill at multiples of 64 never changes a bit.
+ * The mechanism never decides: which pages and slots a sequence uses is the scheduler's. */
+#ifndef DS_QWEN35_H
+#define DS_QWEN35_H
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend/backend.h"
+#include "model/config.h"
+#include "model/weights.h"
+
+#define QWEN35_PAGE_TOKENS 16
+#define QWEN35_CHUNK 64
+
+typedef struct qwen35 qwen35;
+
+typedef struct qwen35_mem_opts {
+  int n_pages; /* KV pages in the pool */
+  int n_slots; /* recurrent-state slots (running sequences + snapshot slabs) */
+} qwen35_mem_opts;
+
+/* One sequence's part of a step. */
+typedef struct fwd_seq {
+  const int32_t *tokens; /* [n_tokens] the new tokens of this step */
+  int n_tokens;          /* >= 1 */
+  int pos;               /* tokens already in this sequence's cache = position of tokens[0] */
+  const int32_t *pages;  /* page table covering positions [0, pos + n_tokens) */
+  int n_pages;
+  int slot;   /* state slot holding the recurrent state after `pos` tokens (zeroed at pos 0) */
+  int logits; /* QWEN35_LOGITS_* */
+} fwd_seq;
+
+enum { QWEN35_LOGITS_NONE = 0, QWEN35_LOGITS_LAST = 1, QWEN35_LOGITS_ALL = 2 };
+
+/* Uploads the weights to the backend and allocates the pools. Returns 0, or -1 with err
+ * (out of device memory, unsupported config). Owns nothing of c or w; both must outlive m. */
+int qwen35_init(qwen35 **out, const model_config *c, const model_weights *w, backend *be,
+                const qwen35_mem_opts *o, char *err, size_t errlen);
+void qwen35_free(qwen35 *m);
+const model_config *qwen35_config(const qwen35 *m);
+
+/* Runs one forward step over n_seqs sequences. Writes float32 logits [n_rows, vocab_size],
+ * row-major, for the rows asked for, in the order of seqs (all rows of a LOGITS_ALL sequence
+ * in position order). Returns 0, or -1 with err when the backend fails (the caller fails the
+ * affected requests; pools stay consistent). */
+int qwen35_forward(qwen35 *m, const fwd_seq *seqs, int n_seqs, float *logits, char *err,
+                   size_t errlen);
+
+/* State and page operations, ordered with forward steps. Each returns 0 or -1 on a backend
+ * failure. */
+int qwen35_slot_zero(qwen35 *m, int slot);
+int qwen35_slot_copy(qwen35 *m, int dst, int src);
+int qwen35_page_copy(qwen35 *m, int dst, int src); /* all rows, every full-attention layer */
+/* Host-side copies for the host tier: bytes are qwen35_slot_bytes / qwen35_page_bytes. */
+int qwen35_slot_read(qwen35 *m, int slot, void *host);
+int qwen35_slot_write(qwen35 *m, int slot, const void *host);
+int qwen35_page_read(qwen35 *m, int page, void *host);
+int qwen35_page_write(qwen35 *m, int page, const void *host);
+size_t qwen35_slot_bytes(const qwen35 *m);
+size_t qwen35_page_bytes(const qwen35 *m);
+size_t qwen35_weight_bytes(const qwen35 *m);
+
+#endif

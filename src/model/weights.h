@@ -1,0 +1,96 @@
+/* weights — every tensor of the text model, as read-only views into mmapped safetensors
+ * files (one model.safetensors, or shards listed by model.safetensors.index.json).
+ *
+ * All checkpoint layouts are mapped onto one canonical layout (the Qwen3.5 one):
+ *   - names `model.*` and `model.language_model.*`; `model.visual.*` and `mtp.*` are skipped;
+ *   - Qwen3-Next's fused in_proj_qkvz / in_proj_ba are regrouped into in_proj_qkv, in_proj_z,
+ *     in_proj_b, in_proj_a (owned copies, value head index g*r + j);
+ *   - MoE experts, fused (gate_up_proj / down_proj) or per expert, become per-expert views;
+ *   - tied embeddings: lm_head is a view of embed_tokens.
+ * Shapes below are [rows, cols] of the row-major matrix as stored (PyTorch [out, in]). */
+#ifndef DS_WEIGHTS_H
+#define DS_WEIGHTS_H
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model/config.h"
+
+typedef enum { DTYPE_F32, DTYPE_F16, DTYPE_BF16 } dtype;
+
+size_t dtype_size(dtype t);
+const char *dtype_name(dtype t);
+
+typedef struct tensor {
+  const void *data; /* into an mmap, or into `owned` storage of model_weights; NULL if absent */
+  dtype dt;
+  int ndim;
+  int64_t shape[4];
+} tensor;
+
+int64_t tensor_numel(const tensor *t);
+/* Element i of t converted to float (any dtype). */
+float tensor_get_f32(const tensor *t, int64_t i);
+
+typedef struct expert_weights {
+  tensor gate; /* [moe_I, H] */
+  tensor up;   /* [moe_I, H] */
+  tensor down; /* [H, moe_I] */
+} expert_weights;
+
+typedef struct layer_weights {
+  tensor input_norm; /* [H]   zero-centred: y = x_hat * (1 + w) */
+  tensor post_norm;  /* [H]   zero-centred */
+
+  /* full attention (layer_types[i] == LAYER_KIND_FULL) */
+  tensor q_proj; /* [nh*2*hd, H]  per head: hd query rows then hd gate rows */
+  tensor k_proj; /* [nkv*hd, H] */
+  tensor v_proj; /* [nkv*hd, H] */
+  tensor o_proj; /* [H, nh*hd] */
+  tensor q_norm; /* [hd]  zero-centred */
+  tensor k_norm; /* [hd]  zero-centred */
+
+  /* Gated DeltaNet (layer_types[i] == LAYER_KIND_LINEAR) */
+  tensor in_proj_qkv; /* [conv_dim, H]  rows: q (nk*dk) | k (nk*dk) | v (nv*dv) */
+  tensor in_proj_z;   /* [nv*dv, H] */
+  tensor in_proj_b;   /* [nv, H] */
+  tensor in_proj_a;   /* [nv, H] */
+  tensor conv1d;      /* [conv_dim, K]  (checkpoint [conv_dim, 1, K]) */
+  tensor dt_bias;     /* [nv] */
+  tensor A_log;       /* [nv] */
+  tensor lin_norm;    /* [dv]  plain weight (not zero-centred) */
+  tensor out_proj;    /* [H, nv*dv] */
+
+  /* dense FFN (layer_is_moe[i] == 0) */
+  tensor gate_proj; /* [I, H] */
+  tensor up_proj;   /* [I, H] */
+  tensor down_proj; /* [H, I] */
+
+  /* MoE FFN (layer_is_moe[i] == 1) */
+  tensor router;             /* [E, H]  mlp.gate.weight */
+  expert_weights *experts;   /* [E] views */
+  tensor shared_gate;        /* [Is, H]  absent when shared_expert_intermediate_size == 0 */
+  tensor shared_up;          /* [Is, H] */
+  tensor shared_down;        /* [H, Is] */
+  tensor shared_expert_gate; /* [1, H] */
+} layer_weights;
+
+typedef struct model_weights {
+  tensor embed;      /* [V, H] */
+  tensor final_norm; /* [H] zero-centred */
+  tensor lm_head;    /* [V, H]  == embed when tied */
+  layer_weights *layers; /* [n_layers] */
+  struct weights_store *store; /* mmaps and owned buffers; private */
+} model_weights;
+
+/* Loads every tensor the config needs from the folder `dir`, checking names, dtypes and
+ * shapes. Returns 0, or -1 with one line in err naming the file and tensor at fault (missing
+ * or truncated file, invalid header JSON, missing tensor, wrong shape, unknown dtype).
+ * On failure nothing is left allocated. */
+int weights_load(const char *dir, const model_config *c, model_weights *w, char *err,
+                 size_t errlen);
+void weights_free(model_weights *w);
+
+/* Convenience: config_load(dir/config.json) + weights_load(dir). */
+int model_load(const char *dir, model_config *c, model_weights *w, char *err, size_t errlen);
+
+#endif

@@ -7,6 +7,9 @@
 
 CC      ?= gcc
 NVCC    ?= /usr/local/cuda/bin/nvcc
+ifeq ($(CUDA),1)
+BUILD   ?= build-cuda
+endif
 BUILD   ?= build
 OPT     ?= -O2
 CFLAGS  += -std=c11 -Wall -Wextra -Werror $(OPT) -g -pthread -D_GNU_SOURCE -Isrc -MMD -MP
@@ -27,7 +30,10 @@ LDLIBS   += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcubl
 OBJS     += $(CU_OBJS)
 endif
 
-.PHONY: all test run deps clean test-asan format
+CUDA_TEST_SRCS := $(sort $(wildcard tests/cuda/test_*.c))
+CUDA_TESTS     := $(CUDA_TEST_SRCS:tests/cuda/%.c=$(BUILD)/tests/cuda/%)
+
+.PHONY: all test run deps clean test-asan format cuda-tests
 all: $(BUILD)/deltaserve
 
 $(BUILD)/obj/%.o: %.c
@@ -46,6 +52,13 @@ $(BUILD)/deltaserve: $(BUILD)/obj/src/main.o $(BUILD)/libdeltaserve.a
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
 
 $(BUILD)/tests/%: tests/%.c tests/test.h $(BUILD)/libdeltaserve.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Itests $< $(BUILD)/libdeltaserve.a -o $@ $(LDLIBS)
+
+# GPU-machine tests (tests/cuda/test_*.c): built with `make CUDA=1 cuda-tests`, run by
+# scripts/device/check.sh there; CI only compiles the CUDA code.
+cuda-tests: $(CUDA_TESTS)
+$(BUILD)/tests/cuda/%: tests/cuda/%.c tests/test.h $(BUILD)/libdeltaserve.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Itests $< $(BUILD)/libdeltaserve.a -o $@ $(LDLIBS)
 
@@ -71,6 +84,6 @@ format:
 	clang-format -i $$(find src tests -name '*.[ch]' -o -name '*.cu')
 
 clean:
-	rm -rf build build-asan
+	rm -rf build build-asan build-cuda
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

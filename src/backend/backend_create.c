@@ -1,0 +1,33 @@
+#include "backend/backend_create.h"
+
+#include <string.h>
+
+#include "backend/cpu/backend_cpu.h"
+#include "base/log.h"
+#ifdef DS_CUDA
+#include "backend/cuda/backend_cuda.h"
+#endif
+
+backend *backend_create(const char *device, int n_threads, char *err, size_t errlen) {
+  if (!device || !strcmp(device, "auto")) {
+#ifdef DS_CUDA
+    if (backend_cuda_available()) return backend_create("cuda", n_threads, err, errlen);
+#endif
+    device = "cpu";
+  }
+  if (!strcmp(device, "cpu")) {
+    backend *be = backend_cpu_create(n_threads);
+    if (!be) errf(err, errlen, "cannot create the CPU backend (out of memory)");
+    return be;
+  }
+  if (!strcmp(device, "cuda")) {
+#ifdef DS_CUDA
+    return backend_cuda_create(0, err, errlen);
+#else
+    errf(err, errlen, "--device cuda: this build has no CUDA backend (build with make CUDA=1)");
+    return NULL;
+#endif
+  }
+  errf(err, errlen, "unknown --device '%s' (expected cpu, cuda or auto)", device);
+  return NULL;
+}

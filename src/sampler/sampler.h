@@ -30,4 +30,53 @@ void sampling_params_default(sampling_params *p);
 /* Returns 0, or -1 with err when a value is out of range (NaN, top_p > 1, ...). */
 int sampling_params_validate(const sampling_params *p, char *err, size_t errlen);
 
+/* ---- per-request sampler state --------------------------------------------------------- */
+
+#define SAMPLER_MAX_TOP_LOGPROBS 20
+
+/* One request's sampler: its parameters and its own RNG (xoshiro256**, seeded from
+ * p.seed when has_seed, else from the fallback seed the engine gives). One uniform draw per
+ * sampled token (none when greedy), so the tokens depend only on the seed and the logits. */
+typedef struct sampler {
+  sampling_params p;
+  uint64_t rng[4];
+} sampler;
+
+/* Scratch the caller preallocates once (sampling never allocates): [n_vocab] each. */
+typedef struct sampler_scratch {
+  int n_vocab;
+  float *probs;    /* [n_vocab] */
+  int32_t *idx;    /* [n_vocab] candidate ids */
+  int32_t *counts; /* [n_vocab] occurrences in the output; all zero between calls */
+  uint8_t *mark;   /* [n_vocab] seen in prompt or output; all zero between calls */
+} sampler_scratch;
+
+typedef struct sampler_result {
+  int32_t token;
+  float logprob; /* log-softmax of the penalised, pre-temperature logits (when p.logprobs) */
+  int n_top;
+  int32_t top_ids[SAMPLER_MAX_TOP_LOGPROBS];
+  float top_logprobs[SAMPLER_MAX_TOP_LOGPROBS];
+} sampler_result;
+
+void sampler_init(sampler *s, const sampling_params *p, uint64_t fallback_seed);
+/* Returns 0, or -1 on out of memory (start-up). */
+int sampler_scratch_init(sampler_scratch *w, int n_vocab);
+void sampler_scratch_free(sampler_scratch *w);
+
+/* Penalties with vLLM semantics, in place on logits[n_vocab]: repetition_penalty over every
+ * token seen in the prompt or the output (positive logits divided, negative multiplied);
+ * frequency_penalty * count and presence_penalty over the output tokens only. */
+void sampler_apply_penalties(const sampling_params *p, float *logits, int n_vocab,
+                             const int32_t *prompt, int n_prompt, const int32_t *output,
+                             int n_output, sampler_scratch *w);
+
+/* Samples one token from logits[n_vocab] (modified in place: penalties, temperature):
+ * penalties -> logprobs -> greedy argmax (temperature < 1e-5; ties to the lowest id), or
+ * temperature -> min_p -> top_k -> top_p -> one draw from the RNG. Fills res and returns
+ * the token. Never allocates. */
+int32_t sampler_sample(sampler *s, float *logits, int n_vocab, const int32_t *prompt,
+                       int n_prompt, const int32_t *output, int n_output, sampler_scratch *w,
+                       sampler_result *res);
+
 #endif

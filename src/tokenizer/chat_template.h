@@ -18,13 +18,27 @@ typedef struct chat_render {
   size_t len;
   size_t *msg_offsets; /* byte offset where each message's turn starts in text [n_msgs] */
   int n_msgs;
+  int thinking_open;   /* the prompt ends inside an open <think> block (Qwen3.5 generation
+                          prompt with thinking on): pass to chat_parse as thinking_open */
 } chat_render;
 
 /* Renders an OpenAI chat request (`messages`, optional `tools`, optional
  * `chat_template_kwargs` {enable_thinking, add_generation_prompt}). Returns 0, or -1 with a
- * clear message in err (unknown role, tool message without a preceding call, wrong types). */
+ * clear message in err (unknown role, tool message without a preceding call, wrong types).
+ * add_generation_prompt is the default; a boolean `add_generation_prompt` at the top of the
+ * request, then one in chat_template_kwargs, override it. Message content may be a string,
+ * null, or an array of {"type":"text","text"} parts (joined). Role "developer" is taken as
+ * "system". For Qwen3.5, tool-call arguments given as a JSON string are parsed (must be an
+ * object); Qwen3 prints them verbatim. Qwen3.5 also fails, as its template does, when a system
+ * message is not first or no user message is a real query. On success *out owns its buffers
+ * (chat_render_free); on failure *out is empty. */
 int chat_template_render(chat_template_kind kind, const json_t *request, int add_generation_prompt,
                          chat_render *out, char *err, size_t errlen);
 void chat_render_free(chat_render *r);
+
+/* Python's json.dumps(v, ensure_ascii=False) bytes, as transformers' Jinja `tojson` prints
+ * them: insertion key order, ", " / ": " separators, floats by Python repr. Returns a malloc'd
+ * string, or NULL on out of memory. */
+char *chat_template_tojson(const json_t *v);
 
 #endif

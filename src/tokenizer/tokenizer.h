@@ -31,6 +31,10 @@ const char *tokenizer_config_chat_template(const tokenizer *t); /* NULL when non
 const char *tokenizer_eos_token(const tokenizer *t);            /* from tokenizer_config */
 int tokenizer_is_special(const tokenizer *t, int32_t id);
 
+/* The bytes id decodes to (its ByteLevel-decoded form; may be an incomplete UTF-8
+ * sequence). Borrowed from t, valid while t lives. Returns 0, or -1 when id is out of range. */
+int tokenizer_token_bytes(const tokenizer *t, int32_t id, const char **bytes, size_t *len);
+
 /* Streaming detokenizer: feed ids one at a time, get back only complete UTF-8 text. */
 typedef struct detok_stream detok_stream;
 detok_stream *detok_stream_new(const tokenizer *t, int skip_special);

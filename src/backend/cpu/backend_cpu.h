@@ -1,0 +1,14 @@
+/* backend_cpu — the reference backend: fp32 activations and math, weights converted exactly
+ * from bf16/f16/f32 to fp32 at upload, a small pthread pool that splits work only over
+ * independent outputs (every output element is one loop of fixed order, so results are
+ * bit-identical whatever the batch composition or thread count). */
+#ifndef DS_BACKEND_CPU_H
+#define DS_BACKEND_CPU_H
+#include "backend/backend.h"
+
+/* Creates a CPU backend running ops on n_threads threads (the caller's included; <= 0 means
+ * the number of online CPUs). Returns NULL when out of memory or when threads cannot start.
+ * Destroy with be->destroy(be). */
+backend *backend_cpu_create(int n_threads);
+
+#endif

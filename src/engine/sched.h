@@ -1,0 +1,81 @@
+/* sched — the scheduling policy: which requests run this step, with how many tokens, and
+ * who is admitted, preempted or failed. It decides; kv_pages and state_pool carry out.
+ *
+ * One step (sched_schedule), token budget B = --max-num-batched-tokens:
+ *   1. decode rows: every running request past its prompt feeds 1 token (oldest first);
+ *   2. prefill pieces of running requests still in their prompt (oldest first);
+ *   3. admission from the waiting queue, FCFS: a state slot, the pages of the first piece, a
+ *      page watermark (waived when nothing runs); the head waits rather than being skipped.
+ * When pages run out for a running request, the youngest running request not yet scheduled
+ * this step is preempted by recompute (pages and slot freed, back to the front of the
+ * waiting queue); it may be the request itself. No admission in a step that preempted.
+ *
+ * Prefill split rule (what keeps outputs bit-identical whatever the batch): with unit
+ * u = 64, or for B < 64 the largest power of two <= B, a prompt is cut into segments ending
+ * at multiples of u, at forced points (per request) and at the prompt end:
+ *
+ *     prompt  |-------- 64 --------|---- 36 ----|  forced point at 100, length 130
+ *             0                   64          100          128  130
+ *     pieces  [0,64) [64,100) [100,128) [128,130)   or merged runs of them
+ *
+ * A piece is one or more whole consecutive segments. Merging is allowed only for u = 64 (the
+ * forward pass chunks at absolute multiples of 64 anyway) and never with a 1-token segment
+ * (a 1-token piece runs the recurrent step, a 1-token chunk of a longer piece does not). So
+ * every piece boundary is a function of the request alone. A segment that does not fit in
+ * the budget left waits for the next step; a whole segment always fits in a fresh budget. */
+#ifndef DS_SCHED_H
+#define DS_SCHED_H
+#include "cache/kv_pages.h"
+#include "cache/state_pool.h"
+#include "engine/request.h"
+
+typedef struct sched_opts {
+  int max_num_seqs;
+  int max_num_batched_tokens;
+  int watermark_pages; /* free pages kept back at admission (-1: 1% of the pool) */
+} sched_opts;
+
+typedef struct sched sched;
+
+/* The outcome of one sched_schedule; arrays sized max_num_seqs, owned by the sched. */
+typedef struct sched_batch {
+  request **reqs; /* scheduled this step, in batch order (decodes, then prefills) */
+  int n;
+  int n_tokens;
+  request **failed; /* failed this step (an allocation fault): removed, resources freed,
+                       finish = FINISH_ERROR with err set; the caller ends their streams */
+  int n_failed;
+  int n_preempted;
+} sched_batch;
+
+/* Creates the scheduler over the pools (borrowed). Returns 0 or -1 (out of memory). */
+int sched_init(sched **out, const sched_opts *o, kv_pages *kp, state_pool *sp);
+void sched_free(sched *s);
+
+/* The split unit u for a budget. */
+int sched_unit(int max_num_batched_tokens);
+/* End of the segment that starts at position c (< n_prompt) of r. */
+int sched_segment_end(const request *r, int c, int u);
+/* Tokens of the next prefill piece of r from r->n_computed within `budget` (0: wait). */
+int sched_piece(const request *r, int u, int budget);
+
+/* Queues a new request at the tail of the waiting queue. */
+void sched_add(sched *s, request *r);
+/* Removes r (waiting or running) and frees its pages and slot; state becomes FINISHED. */
+void sched_remove(sched *s, request *r);
+
+/* Plans one step (see the top of this file) and reserves its pages and slots. */
+void sched_schedule(sched *s, sched_batch *b);
+/* After the step ran: advances each scheduled request's n_computed, and removes the ones
+ * whose finish was set (sched_remove). */
+void sched_postprocess(sched *s, sched_batch *b);
+/* The step failed as a whole: each scheduled request is removed with FINISH_ERROR. */
+void sched_fail_batch(sched *s, sched_batch *b, const char *why);
+
+int sched_num_running(const sched *s);
+int sched_num_waiting(const sched *s);
+long long sched_num_preemptions(const sched *s);
+request *sched_first_waiting(sched *s);
+request *sched_first_running(sched *s);
+
+#endif

@@ -1,0 +1,391 @@
+/* gen_random — random-weight model folders; see gen_random.h. */
+#include "model/gen_random.h"
+
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "base/log.h"
+#include "model/safetensors.h"
+
+typedef enum {
+  GEN_KIND_MAT,   /* uniform, std 0.02 */
+  GEN_KIND_NORM0, /* U(-0.1, 0.1) */
+  GEN_KIND_NORM1, /* 1 + U(-0.1, 0.1) */
+  GEN_KIND_ALOG,  /* log(U(1, 16)) */
+  GEN_KIND_DT,    /* 1 + U(-0.1, 0.1) */
+  GEN_KIND_CONV,  /* uniform, std 0.2 */
+} gen_kind;
+
+typedef struct gen_spec {
+  char name[192];
+  dtype dt;
+  int ndim;
+  int64_t shape[4];
+  gen_kind kind;
+  int64_t numel;
+} gen_spec;
+
+typedef struct gen_list {
+  gen_spec *v;
+  int n, cap;
+} gen_list;
+
+static int gen_add(gen_list *l, gen_kind kind, dtype dt, int ndim, const int64_t *shape, const char *fmt, ...)
+    __attribute__((format(printf, 6, 7)));
+static int gen_add(gen_list *l, gen_kind kind, dtype dt, int ndim, const int64_t *shape, const char *fmt, ...) {
+  if (l->n == l->cap) {
+    int nc = l->cap ? 2 * l->cap : 256;
+    gen_spec *nv = realloc(l->v, (size_t)nc * sizeof *nv);
+    if (!nv) return -1;
+    l->v = nv;
+    l->cap = nc;
+  }
+  gen_spec *s = &l->v[l->n++];
+  memset(s, 0, sizeof *s);
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(s->name, sizeof s->name, fmt, ap);
+  va_end(ap);
+  s->dt = dt;
+  s->kind = kind;
+  s->ndim = ndim;
+  s->numel = 1;
+  for (int i = 0; i < ndim; i++) {
+    s->shape[i] = shape[i];
+    s->numel *= shape[i];
+  }
+  return 0;
+}
+
+#define S(...) (int)(sizeof((const int64_t[]){__VA_ARGS__}) / sizeof(int64_t)), ((const int64_t[]){__VA_ARGS__})
+
+/* The tensor list of config c in canonical order. Returns 0, or -1 when out of memory. */
+static int gen_plan(const model_config *c, const gen_random_opts *o, gen_list *l) {
+  const int64_t V = c->vocab_size, H = c->hidden_size, I = c->intermediate_size, nh = c->n_heads,
+                nkv = c->n_kv_heads, hd = c->head_dim, nk = c->lin_n_k_heads, nv = c->lin_n_v_heads,
+                dk = c->lin_k_head_dim, dv = c->lin_v_head_dim, K = c->conv_kernel, C = c->conv_dim,
+                E = c->n_experts, mI = c->moe_intermediate_size, sI = c->shared_expert_intermediate_size;
+  const char *p = o->vlm_prefix ? "model.language_model." : "model.";
+  dtype dt = o->dt;
+  int rc = gen_add(l, GEN_KIND_MAT, dt, S(V, H), "%sembed_tokens.weight", p);
+  for (int i = 0; i < c->n_layers && rc == 0; i++) {
+    rc |= gen_add(l, GEN_KIND_NORM0, dt, S(H), "%slayers.%d.input_layernorm.weight", p, i);
+    rc |= gen_add(l, GEN_KIND_NORM0, dt, S(H), "%slayers.%d.post_attention_layernorm.weight", p, i);
+    if (c->layer_types[i] == LAYER_KIND_FULL) {
+      rc |= gen_add(l, GEN_KIND_MAT, dt, S(nh * 2 * hd, H), "%slayers.%d.self_attn.q_proj.weight", p, i);
+      rc |= gen_add(l, GEN_KIND_MAT, dt, S(nkv * hd, H), "%slayers.%d.self_attn.k_proj.weight", p, i);
+      rc |= gen_add(l, GEN_KIND_MAT, dt, S(nkv * hd, H), "%slayers.%d.self_attn.v_proj.weight", p, i);
+      rc |= gen_add(l, GEN_KIND_MAT, dt, S(H, nh * hd), "%slayers.%d.self_attn.o_proj.weight", p, i);
+      rc |= gen_add(l, GEN_KIND_NORM0, dt, S(hd), "%slayers.%d.self_attn.q_norm.weight", p, i);
+      rc |= gen_add(l, GEN_KIND_NORM0, dt, S(hd), "%slayers.%d.self_attn.k_norm.weight", p, i);
+    } else {
+      if (o->next_fused) {
+        rc |= gen_add(l, GEN_KIND_MAT, dt, S(2 * nk * dk + 2 * nv * dv, H), "%slayers.%d.linear_attn.in_proj_qkvz.weight", p, i);
+        rc |= gen_add(l, GEN_KIND_MAT, dt, S(2 * nv, H), "%slayers.%d.linear_attn.in_proj_ba.weight", p, i);
+      } else {
+        rc |= gen_add(l, GEN_KIND_MAT, dt, S(C, H), "%slayers.%d.linear_attn.in_proj_qkv.weight", p, i);
+        rc |= gen_add(l, GEN_KIND_MAT, dt, S(nv * dv, H), "%slayers.%d.linear_attn.in_proj_z.weight", p, i);
+        rc |= gen_add(l, GEN_KIND_MAT, dt, S(nv, H), "%slayers.%d.linear_attn.in_proj_b.weight", p, i);
+        rc |= gen_add(l, GEN_KIND_MAT, dt, S(nv, H), "%slayers.%d.linear_attn.in_proj_a.weight", p, i);
+      }
+      rc |= gen_add(l, GEN_KIND_CONV, dt, S(C, 1, K), "%slayers.%d.linear_attn.conv1d.weight", p, i);
+      rc |= gen_add(l, GEN_KIND_DT, dt, S(nv), "%slayers.%d.linear_attn.dt_bias", p, i);
+      rc |= gen_add(l, GEN_KIND_ALOG, DTYPE_F32, S(nv), "%slayers.%d.linear_attn.A_log", p, i);
+      rc |= gen_add(l, GEN_KIND_NORM1, DTYPE_F32, S(dv), "%slayers.%d.linear_attn.norm.weight", p, i);
+      rc |= gen_add(l, GEN_KIND_MAT, dt, S(H, nv * dv), "%slayers.%d.linear_attn.out_proj.weight", p, i);
+    }
+    if (c->layer_is_moe[i]) {
+      rc |= gen_add(l, GEN_KIND_MAT, dt, S(E, H), "%slayers.%d.mlp.gate.weight", p, i);
+      if (o->experts == GEN_RANDOM_EXPERTS_FUSED) {
+        rc |= gen_add(l, GEN_KIND_MAT, dt, S(E, 2 * mI, H), "%slayers.%d.mlp.experts.gate_up_proj", p, i);
+        rc |= gen_add(l, GEN_KIND_MAT, dt, S(E, H, mI), "%slayers.%d.mlp.experts.down_proj", p, i);
+      } else {
+        for (int64_t e = 0; e < E; e++) {
+          rc |= gen_add(l, GEN_KIND_MAT, dt, S(mI, H), "%slayers.%d.mlp.experts.%lld.gate_proj.weight", p, i, (long long)e);
+          rc |= gen_add(l, GEN_KIND_MAT, dt, S(mI, H), "%slayers.%d.mlp.experts.%lld.up_proj.weight", p, i, (long long)e);
+          rc |= gen_add(l, GEN_KIND_MAT, dt, S(H, mI), "%slayers.%d.mlp.experts.%lld.down_proj.weight", p, i, (long long)e);
+        }
+      }
+      if (sI > 0) {
+        rc |= gen_add(l, GEN_KIND_MAT, dt, S(sI, H), "%slayers.%d.mlp.shared_expert.gate_proj.weight", p, i);
+        rc |= gen_add(l, GEN_KIND_MAT, dt, S(sI, H), "%slayers.%d.mlp.shared_expert.up_proj.weight", p, i);
+        rc |= gen_add(l, GEN_KIND_MAT, dt, S(H, sI), "%slayers.%d.mlp.shared_expert.down_proj.weight", p, i);
+        rc |= gen_add(l, GEN_KIND_MAT, dt, S(1, H), "%slayers.%d.mlp.shared_expert_gate.weight", p, i);
+      }
+    } else {
+      rc |= gen_add(l, GEN_KIND_MAT, dt, S(I, H), "%slayers.%d.mlp.gate_proj.weight", p, i);
+      rc |= gen_add(l, GEN_KIND_MAT, dt, S(I, H), "%slayers.%d.mlp.up_proj.weight", p, i);
+      rc |= gen_add(l, GEN_KIND_MAT, dt, S(H, I), "%slayers.%d.mlp.down_proj.weight", p, i);
+    }
+  }
+  if (rc == 0) rc |= gen_add(l, GEN_KIND_NORM0, dt, S(H), "%snorm.weight", p);
+  if (rc == 0 && !c->tie_word_embeddings) rc |= gen_add(l, GEN_KIND_MAT, dt, S(V, H), "lm_head.weight");
+  return rc ? -1 : 0;
+}
+
+/* ---- random numbers: splitmix64 seeding a xoshiro256** stream per chunk ------------------ */
+
+static uint64_t gen_splitmix(uint64_t *x) {
+  uint64_t z = (*x += 0x9e3779b97f4a7c15ULL);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+typedef struct gen_rng {
+  uint64_t s[4];
+} gen_rng;
+
+static inline uint64_t gen_rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+static inline uint64_t gen_next(gen_rng *r) {
+  uint64_t *s = r->s, out = gen_rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
+  s[2] ^= s[0];
+  s[3] ^= s[1];
+  s[1] ^= s[2];
+  s[0] ^= s[3];
+  s[2] ^= t;
+  s[3] = gen_rotl(s[3], 45);
+  return out;
+}
+
+static void gen_seed(gen_rng *r, uint64_t seed, uint64_t tensor, uint64_t chunk) {
+  uint64_t x = seed ^ (tensor * 0xd1b54a32d192ed03ULL) ^ (chunk * 0xabc98388fb8fac03ULL);
+  for (int i = 0; i < 4; i++) r->s[i] = gen_splitmix(&x);
+}
+
+/* Uniform in [-1, 1). */
+static inline float gen_sym(gen_rng *r) { return (float)(gen_next(r) >> 40) * (1.0f / 8388608.0f) - 1.0f; }
+
+static inline uint16_t gen_to_bf16(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (uint16_t)(u >> 16);
+}
+
+static inline uint16_t gen_to_f16(float f) {
+  uint32_t x;
+  memcpy(&x, &f, 4);
+  uint32_t sign = (x >> 16) & 0x8000u, man = x & 0x7fffffu;
+  int32_t fexp = (int32_t)((x >> 23) & 0xff), exp = fexp - 127 + 15;
+  if (fexp == 0xff) return (uint16_t)(sign | 0x7c00u | (man ? 0x200u : 0));
+  if (exp >= 31) return (uint16_t)(sign | 0x7c00u);
+  if (exp <= 0) {
+    if (exp < -10) return (uint16_t)sign;
+    man |= 0x800000u;
+    int shift = 14 - exp;
+    uint32_t h = man >> shift, rem = man & ((1u << shift) - 1), half = 1u << (shift - 1);
+    if (rem > half || (rem == half && (h & 1))) h++;
+    return (uint16_t)(sign | h);
+  }
+  uint32_t h = ((uint32_t)exp << 10) | (man >> 13), rem = man & 0x1fffu;
+  if (rem > 0x1000u || (rem == 0x1000u && (h & 1))) h++;
+  return (uint16_t)(sign | h);
+}
+
+static inline float gen_value(gen_rng *r, gen_kind k) {
+  switch (k) {
+    case GEN_KIND_MAT: return 0.02f * 1.7320508f * gen_sym(r);
+    case GEN_KIND_NORM0: return 0.1f * gen_sym(r);
+    case GEN_KIND_NORM1:
+    case GEN_KIND_DT: return 1.0f + 0.1f * gen_sym(r);
+    case GEN_KIND_ALOG: return logf(1.0f + 7.5f * (gen_sym(r) + 1.0f));
+    case GEN_KIND_CONV: return 0.2f * 1.7320508f * gen_sym(r);
+  }
+  return 0.0f;
+}
+
+/* ---- workers ---------------------------------------------------------------------------- */
+
+typedef struct gen_job {
+  const gen_list *l;
+  const int64_t *first_chunk; /* [n + 1] prefix sums of chunk counts */
+  int64_t n_chunks;
+  uint64_t seed;
+  st_writer *w;
+  atomic_llong next;
+  atomic_int failed;
+  pthread_mutex_t err_mu;
+  char err[512];
+} gen_job;
+
+static void *gen_worker(void *arg) {
+  gen_job *j = arg;
+  void *buf = malloc((size_t)GEN_RANDOM_CHUNK * 4);
+  if (!buf) {
+    pthread_mutex_lock(&j->err_mu);
+    if (!atomic_exchange(&j->failed, 1)) snprintf(j->err, sizeof j->err, "out of memory in gen-random");
+    pthread_mutex_unlock(&j->err_mu);
+    return NULL;
+  }
+  for (;;) {
+    if (atomic_load(&j->failed)) break;
+    int64_t job = atomic_fetch_add(&j->next, 1);
+    if (job >= j->n_chunks) break;
+    int lo = 0, hi = j->l->n - 1; /* tensor t with first_chunk[t] <= job < first_chunk[t+1] */
+    while (lo < hi) {
+      int mid = (lo + hi + 1) / 2;
+      if (j->first_chunk[mid] <= job) lo = mid;
+      else hi = mid - 1;
+    }
+    const gen_spec *s = &j->l->v[lo];
+    int64_t chunk = job - j->first_chunk[lo], e0 = chunk * GEN_RANDOM_CHUNK;
+    int64_t n = s->numel - e0 < GEN_RANDOM_CHUNK ? s->numel - e0 : GEN_RANDOM_CHUNK;
+    gen_rng r;
+    gen_seed(&r, j->seed, (uint64_t)lo, (uint64_t)chunk);
+    if (s->dt == DTYPE_F32) {
+      float *f = buf;
+      for (int64_t i = 0; i < n; i++) f[i] = gen_value(&r, s->kind);
+    } else if (s->dt == DTYPE_BF16) {
+      uint16_t *h = buf;
+      if (s->kind == GEN_KIND_MAT)
+        for (int64_t i = 0; i < n; i++) h[i] = gen_to_bf16(0.02f * 1.7320508f * gen_sym(&r));
+      else
+        for (int64_t i = 0; i < n; i++) h[i] = gen_to_bf16(gen_value(&r, s->kind));
+    } else {
+      uint16_t *h = buf;
+      for (int64_t i = 0; i < n; i++) h[i] = gen_to_f16(gen_value(&r, s->kind));
+    }
+    char err[512];
+    size_t es = dtype_size(s->dt);
+    if (st_writer_pwrite(j->w, lo, (uint64_t)e0 * es, buf, (size_t)n * es, err, sizeof err)) {
+      pthread_mutex_lock(&j->err_mu);
+      if (!atomic_exchange(&j->failed, 1)) snprintf(j->err, sizeof j->err, "%s", err);
+      pthread_mutex_unlock(&j->err_mu);
+    }
+  }
+  free(buf);
+  return NULL;
+}
+
+/* ---- folder ----------------------------------------------------------------------------- */
+
+static int gen_mkdirs(const char *dir, char *err, size_t errlen) {
+  char p[1024];
+  if (snprintf(p, sizeof p, "%s", dir) >= (int)sizeof p) return errf(err, errlen, "%s: path too long", dir);
+  for (char *q = p + 1;; q++) {
+    if (*q == '/' || *q == 0) {
+      char was = *q;
+      *q = 0;
+      if (mkdir(p, 0755) != 0 && errno != EEXIST) return errf(err, errlen, "%s: cannot create: %s", p, strerror(errno));
+      *q = was;
+      if (!was) break;
+    }
+  }
+  struct stat sb;
+  if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode)) return errf(err, errlen, "%s: not a folder", dir);
+  return 0;
+}
+
+static int gen_copy_file(const char *src, const char *dst, char *err, size_t errlen) {
+  FILE *in = fopen(src, "rb");
+  if (!in) return errf(err, errlen, "%s: cannot open: %s", src, strerror(errno));
+  FILE *out = fopen(dst, "wb");
+  if (!out) {
+    fclose(in);
+    return errf(err, errlen, "%s: cannot create: %s", dst, strerror(errno));
+  }
+  char buf[65536];
+  size_t k;
+  int ok = 1;
+  while ((k = fread(buf, 1, sizeof buf, in)) > 0)
+    if (fwrite(buf, 1, k, out) != k) ok = 0;
+  if (ferror(in)) ok = 0;
+  fclose(in);
+  if (fclose(out) != 0) ok = 0;
+  if (!ok) return errf(err, errlen, "%s: write failed", dst);
+  return 0;
+}
+
+int gen_random_parse_dtype(const char *s, dtype *out) {
+  if (!strcmp(s, "bf16") || !strcmp(s, "bfloat16")) *out = DTYPE_BF16;
+  else if (!strcmp(s, "f16") || !strcmp(s, "float16") || !strcmp(s, "fp16")) *out = DTYPE_F16;
+  else if (!strcmp(s, "f32") || !strcmp(s, "float32") || !strcmp(s, "fp32")) *out = DTYPE_F32;
+  else return -1;
+  return 0;
+}
+
+int gen_random_write(const char *config_path, const char *out_dir, const gen_random_opts *o, char *err,
+                     size_t errlen) {
+  model_config *c = malloc(sizeof *c);
+  if (!c) return errf(err, errlen, "out of memory");
+  if (config_load(config_path, c, err, errlen)) {
+    free(c);
+    return -1;
+  }
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  gen_list l = {0};
+  int64_t *first = NULL;
+  st_writer *w = NULL;
+  char path[1200];
+  int rc = -1;
+  if (gen_mkdirs(out_dir, err, errlen)) goto done;
+  snprintf(path, sizeof path, "%s/config.json", out_dir);
+  if (gen_copy_file(config_path, path, err, errlen)) goto done;
+  if (gen_plan(c, o, &l)) {
+    errf(err, errlen, "out of memory planning tensors");
+    goto done;
+  }
+  snprintf(path, sizeof path, "%s/model.safetensors", out_dir);
+  if (st_writer_open(&w, path, err, errlen)) goto done;
+  first = malloc((size_t)(l.n + 1) * sizeof *first);
+  if (!first) {
+    errf(err, errlen, "out of memory");
+    goto done;
+  }
+  first[0] = 0;
+  int64_t params = 0;
+  for (int i = 0; i < l.n; i++) {
+    if (st_writer_add(w, l.v[i].name, l.v[i].dt, l.v[i].ndim, l.v[i].shape) != i) {
+      errf(err, errlen, "out of memory");
+      goto done;
+    }
+    first[i + 1] = first[i] + (l.v[i].numel + GEN_RANDOM_CHUNK - 1) / GEN_RANDOM_CHUNK;
+    params += l.v[i].numel;
+  }
+  if (st_writer_begin(w, err, errlen)) goto done;
+  gen_job j = {.l = &l, .first_chunk = first, .n_chunks = first[l.n], .seed = o->seed, .w = w};
+  atomic_init(&j.next, 0);
+  atomic_init(&j.failed, 0);
+  pthread_mutex_init(&j.err_mu, NULL);
+  int nt = o->threads > 0 ? o->threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
+  if (nt < 1) nt = 1;
+  if (nt > 64) nt = 64;
+  if (nt > j.n_chunks) nt = (int)(j.n_chunks > 0 ? j.n_chunks : 1);
+  pthread_t th[64];
+  int started = 0;
+  for (int i = 0; i < nt; i++)
+    if (pthread_create(&th[started], NULL, gen_worker, &j) == 0) started++;
+  if (started == 0) gen_worker(&j);
+  for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
+  pthread_mutex_destroy(&j.err_mu);
+  if (atomic_load(&j.failed)) {
+    errf(err, errlen, "%s", j.err);
+    goto done;
+  }
+  rc = st_writer_close(w, err, errlen);
+  w = NULL;
+  if (rc == 0 && !o->quiet) {
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double secs = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+    printf("gen-random: wrote %s (%d tensors, %.3f B params, %s) in %.1f s\n", out_dir, l.n, (double)params / 1e9,
+           dtype_name(o->dt), secs);
+  }
+done:
+  if (w) st_writer_close(w, NULL, 0);
+  free(first);
+  free(l.v);
+  free(c);
+  return rc;
+}

@@ -1,0 +1,546 @@
+/* qwen35 — the forward pass over a batch of sequences, written once against the backend op
+ * table. See qwen35.h for the memory it owns (KV page pools, recurrent-state slots) and the
+ * numerics contract, qwen35-model.md §1–§3 for the math.
+ *
+ *   x = embed(tokens)                                        [T, H]
+ *   for each layer:
+ *     xn = Norm_in(x)              (the previous layer's FFN output added into x first)
+ *     mix = Attention(xn) | DeltaNet(xn)
+ *     xn = Norm_post(x += mix)
+ *     ffn = SwiGLU(xn) | MoE(xn)
+ *   x += ffn;  logits = lm_head(Norm_final(x))  for the rows asked for
+ *
+ * Device memory, all through the backend:
+ *   per full-attention layer  k_pool, v_pool   KV  [n_pages, 16, nkv, hd]
+ *   per DeltaNet layer        conv             F32 [n_slots, conv_dim, K-1]
+ *                             ssm              F32 [n_slots, nv, dk, dv]
+ *   scratch activations sized for `cap` rows (grown when a step is larger). */
+#include "model/qwen35.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/log.h"
+
+typedef struct q_layer {
+  backend_weight input_norm, post_norm;
+  /* attention */
+  backend_weight q_proj, k_proj, v_proj, o_proj, q_norm, k_norm;
+  backend_buf k_pool, v_pool;
+  /* DeltaNet */
+  backend_weight in_qkv, in_z, in_b, in_a, conv1d, dt_bias, A_log, lin_norm, out_proj;
+  backend_buf conv, ssm;
+  /* FFN */
+  backend_weight gate, up, down;
+  backend_moe moe;
+  backend_weight *experts; /* [3*E]: gate[E], up[E], down[E] */
+} q_layer;
+
+struct qwen35 {
+  const model_config *c;
+  backend *be;
+  int n_pages, n_slots;
+  backend_weight embed, final_norm, lm_head; /* lm_head == embed when tied */
+  q_layer *L;
+  size_t weight_bytes;
+  /* scratch, [cap, width] */
+  int cap, logits_cap;
+  backend_buf x, xn, mix, qg, q, gate, k, v, att, qkv, conv_out, z, bb, aa, beta, g, o, fg, fu;
+  backend_buf logits; /* F32 [logits_cap, V] */
+};
+
+/* ---- init ---- */
+
+static int upload(qwen35 *m, const tensor *t, int64_t rows, int64_t cols, const char *what,
+                  int layer, backend_weight *out, char *err, size_t errlen) {
+  if (!t->data) return errf(err, errlen, "layer %d: missing tensor %s", layer, what);
+  if (tensor_numel(t) != rows * cols)
+    return errf(err, errlen, "layer %d: tensor %s has %lld values, expected %lld", layer, what,
+                (long long)tensor_numel(t), (long long)(rows * cols));
+  *out = m->be->weight_upload(m->be, t->data, t->dt, rows, cols);
+  if (!*out) return errf(err, errlen, "out of device memory uploading %s", what);
+  m->weight_bytes += m->be->weight_bytes(m->be, *out);
+  return 0;
+}
+
+static int alloc_buf(qwen35 *m, backend_buf *b, backend_kind kind, size_t n, char *err,
+                     size_t errlen) {
+  *b = m->be->alloc(m->be, kind, n);
+  if (!*b) return errf(err, errlen, "out of device memory (%zu elements)", n);
+  return 0;
+}
+
+static void free_scratch(qwen35 *m) {
+  backend *be = m->be;
+  backend_buf *bufs[] = {&m->x,   &m->xn,  &m->mix, &m->qg,       &m->q,  &m->gate, &m->k,
+                         &m->v,   &m->att, &m->qkv, &m->conv_out, &m->z,  &m->bb,   &m->aa,
+                         &m->beta, &m->g,  &m->o,   &m->fg,       &m->fu};
+  for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
+    be->free(be, *bufs[i]);
+    *bufs[i] = NULL;
+  }
+  m->cap = 0;
+}
+
+static int ensure_scratch(qwen35 *m, int T, char *err, size_t errlen) {
+  if (T <= m->cap) return 0;
+  free_scratch(m);
+  const model_config *c = m->c;
+  size_t n = (size_t)T;
+  size_t H = (size_t)c->hidden_size, nhd = (size_t)c->n_heads * c->head_dim;
+  size_t kvd = (size_t)c->n_kv_heads * c->head_dim, vd = (size_t)c->lin_n_v_heads * c->lin_v_head_dim;
+  size_t I = (size_t)c->intermediate_size;
+  if (I < 1) I = 1;
+  int rc = 0;
+  rc |= alloc_buf(m, &m->x, BACKEND_KIND_ACT, n * H, err, errlen);
+  rc |= alloc_buf(m, &m->xn, BACKEND_KIND_ACT, n * H, err, errlen);
+  rc |= alloc_buf(m, &m->mix, BACKEND_KIND_ACT, n * H, err, errlen);
+  rc |= alloc_buf(m, &m->qg, BACKEND_KIND_ACT, n * 2 * nhd, err, errlen);
+  rc |= alloc_buf(m, &m->q, BACKEND_KIND_ACT, n * nhd, err, errlen);
+  rc |= alloc_buf(m, &m->gate, BACKEND_KIND_ACT, n * nhd, err, errlen);
+  rc |= alloc_buf(m, &m->k, BACKEND_KIND_ACT, n * kvd, err, errlen);
+  rc |= alloc_buf(m, &m->v, BACKEND_KIND_ACT, n * kvd, err, errlen);
+  rc |= alloc_buf(m, &m->att, BACKEND_KIND_ACT, n * nhd, err, errlen);
+  rc |= alloc_buf(m, &m->qkv, BACKEND_KIND_ACT, n * (size_t)c->conv_dim, err, errlen);
+  rc |= alloc_buf(m, &m->conv_out, BACKEND_KIND_ACT, n * (size_t)c->conv_dim, err, errlen);
+  rc |= alloc_buf(m, &m->z, BACKEND_KIND_ACT, n * vd, err, errlen);
+  rc |= alloc_buf(m, &m->bb, BACKEND_KIND_ACT, n * (size_t)c->lin_n_v_heads, err, errlen);
+  rc |= alloc_buf(m, &m->aa, BACKEND_KIND_ACT, n * (size_t)c->lin_n_v_heads, err, errlen);
+  rc |= alloc_buf(m, &m->beta, BACKEND_KIND_F32, n * (size_t)c->lin_n_v_heads, err, errlen);
+  rc |= alloc_buf(m, &m->g, BACKEND_KIND_F32, n * (size_t)c->lin_n_v_heads, err, errlen);
+  rc |= alloc_buf(m, &m->o, BACKEND_KIND_ACT, n * vd, err, errlen);
+  rc |= alloc_buf(m, &m->fg, BACKEND_KIND_ACT, n * I, err, errlen);
+  rc |= alloc_buf(m, &m->fu, BACKEND_KIND_ACT, n * I, err, errlen);
+  if (rc) {
+    free_scratch(m);
+    return -1;
+  }
+  m->cap = T;
+  return 0;
+}
+
+static int ensure_logits(qwen35 *m, int n, char *err, size_t errlen) {
+  if (n <= m->logits_cap) return 0;
+  m->be->free(m->be, m->logits);
+  m->logits = NULL;
+  m->logits_cap = 0;
+  if (alloc_buf(m, &m->logits, BACKEND_KIND_F32, (size_t)n * m->c->vocab_size, err, errlen))
+    return -1;
+  m->logits_cap = n;
+  return 0;
+}
+
+static size_t conv_elems(const model_config *c) {
+  return (size_t)c->conv_dim * (size_t)(c->conv_kernel - 1);
+}
+static size_t ssm_elems(const model_config *c) {
+  return (size_t)c->lin_n_v_heads * c->lin_k_head_dim * c->lin_v_head_dim;
+}
+static size_t page_elems(const model_config *c) {
+  return (size_t)QWEN35_PAGE_TOKENS * c->n_kv_heads * c->head_dim;
+}
+
+static int init_layer(qwen35 *m, int i, const layer_weights *lw, char *err, size_t errlen) {
+  const model_config *c = m->c;
+  q_layer *L = &m->L[i];
+  int64_t H = c->hidden_size;
+  if (upload(m, &lw->input_norm, 1, H, "input_layernorm", i, &L->input_norm, err, errlen) ||
+      upload(m, &lw->post_norm, 1, H, "post_attention_layernorm", i, &L->post_norm, err, errlen))
+    return -1;
+  if (c->layer_types[i] == LAYER_KIND_FULL) {
+    int64_t nh = c->n_heads, nkv = c->n_kv_heads, hd = c->head_dim;
+    if (upload(m, &lw->q_proj, nh * 2 * hd, H, "q_proj", i, &L->q_proj, err, errlen) ||
+        upload(m, &lw->k_proj, nkv * hd, H, "k_proj", i, &L->k_proj, err, errlen) ||
+        upload(m, &lw->v_proj, nkv * hd, H, "v_proj", i, &L->v_proj, err, errlen) ||
+        upload(m, &lw->o_proj, H, nh * hd, "o_proj", i, &L->o_proj, err, errlen) ||
+        upload(m, &lw->q_norm, 1, hd, "q_norm", i, &L->q_norm, err, errlen) ||
+        upload(m, &lw->k_norm, 1, hd, "k_norm", i, &L->k_norm, err, errlen))
+      return -1;
+    size_t n = (size_t)m->n_pages * page_elems(c);
+    if (alloc_buf(m, &L->k_pool, BACKEND_KIND_KV, n, err, errlen) ||
+        alloc_buf(m, &L->v_pool, BACKEND_KIND_KV, n, err, errlen))
+      return -1;
+  } else {
+    int64_t nk = c->lin_n_k_heads, nv = c->lin_n_v_heads, dk = c->lin_k_head_dim,
+            dv = c->lin_v_head_dim, cd = c->conv_dim;
+    if (upload(m, &lw->in_proj_qkv, cd, H, "in_proj_qkv", i, &L->in_qkv, err, errlen) ||
+        upload(m, &lw->in_proj_z, nv * dv, H, "in_proj_z", i, &L->in_z, err, errlen) ||
+        upload(m, &lw->in_proj_b, nv, H, "in_proj_b", i, &L->in_b, err, errlen) ||
+        upload(m, &lw->in_proj_a, nv, H, "in_proj_a", i, &L->in_a, err, errlen) ||
+        upload(m, &lw->conv1d, cd, c->conv_kernel, "conv1d", i, &L->conv1d, err, errlen) ||
+        upload(m, &lw->dt_bias, 1, nv, "dt_bias", i, &L->dt_bias, err, errlen) ||
+        upload(m, &lw->A_log, 1, nv, "A_log", i, &L->A_log, err, errlen) ||
+        upload(m, &lw->lin_norm, 1, dv, "linear_attn.norm", i, &L->lin_norm, err, errlen) ||
+        upload(m, &lw->out_proj, H, nv * dv, "out_proj", i, &L->out_proj, err, errlen))
+      return -1;
+    (void)nk;
+    (void)dk;
+    if (alloc_buf(m, &L->conv, BACKEND_KIND_F32, (size_t)m->n_slots * conv_elems(c), err, errlen) ||
+        alloc_buf(m, &L->ssm, BACKEND_KIND_F32, (size_t)m->n_slots * ssm_elems(c), err, errlen))
+      return -1;
+    m->be->zero(m->be, L->conv, 0, (size_t)m->n_slots * conv_elems(c) * 4);
+    m->be->zero(m->be, L->ssm, 0, (size_t)m->n_slots * ssm_elems(c) * 4);
+  }
+  if (c->layer_is_moe[i]) {
+    int E = c->n_experts, I = c->moe_intermediate_size, Is = c->shared_expert_intermediate_size;
+    L->experts = calloc((size_t)3 * E, sizeof *L->experts);
+    if (!L->experts) return errf(err, errlen, "out of memory");
+    if (upload(m, &lw->router, E, H, "mlp.gate", i, &L->moe.router, err, errlen)) return -1;
+    for (int e = 0; e < E; e++)
+      if (upload(m, &lw->experts[e].gate, I, H, "expert gate_proj", i, &L->experts[e], err, errlen) ||
+          upload(m, &lw->experts[e].up, I, H, "expert up_proj", i, &L->experts[E + e], err, errlen) ||
+          upload(m, &lw->experts[e].down, H, I, "expert down_proj", i, &L->experts[2 * E + e], err,
+                 errlen))
+        return -1;
+    L->moe.n_experts = E;
+    L->moe.top_k = c->n_experts_per_tok;
+    L->moe.norm_topk_prob = c->norm_topk_prob;
+    L->moe.inter = I;
+    L->moe.shared_inter = Is;
+    L->moe.gate = L->experts;
+    L->moe.up = L->experts + E;
+    L->moe.down = L->experts + 2 * E;
+    if (Is > 0 &&
+        (upload(m, &lw->shared_gate, Is, H, "shared_expert.gate_proj", i, &L->moe.shared_gate, err,
+                errlen) ||
+         upload(m, &lw->shared_up, Is, H, "shared_expert.up_proj", i, &L->moe.shared_up, err, errlen) ||
+         upload(m, &lw->shared_down, H, Is, "shared_expert.down_proj", i, &L->moe.shared_down, err,
+                errlen) ||
+         upload(m, &lw->shared_expert_gate, 1, H, "shared_expert_gate", i,
+                &L->moe.shared_expert_gate, err, errlen)))
+      return -1;
+  } else {
+    int64_t I = c->intermediate_size;
+    if (upload(m, &lw->gate_proj, I, H, "mlp.gate_proj", i, &L->gate, err, errlen) ||
+        upload(m, &lw->up_proj, I, H, "mlp.up_proj", i, &L->up, err, errlen) ||
+        upload(m, &lw->down_proj, H, I, "mlp.down_proj", i, &L->down, err, errlen))
+      return -1;
+  }
+  return 0;
+}
+
+int qwen35_init(qwen35 **out, const model_config *c, const model_weights *w, backend *be,
+                const qwen35_mem_opts *o, char *err, size_t errlen) {
+  *out = NULL;
+  if (c->n_layers < 1 || c->n_layers > CONFIG_MAX_LAYERS || c->hidden_size < 1)
+    return errf(err, errlen, "unsupported config: %d layers, hidden size %d", c->n_layers,
+                c->hidden_size);
+  if (config_n_full_layers(c) > 0 &&
+      (c->n_kv_heads < 1 || c->n_heads % c->n_kv_heads || c->rot_dim > c->head_dim ||
+       c->rot_dim % 2))
+    return errf(err, errlen, "unsupported attention config (heads %d/%d, rot %d, head_dim %d)",
+                c->n_heads, c->n_kv_heads, c->rot_dim, c->head_dim);
+  if (config_n_linear_layers(c) > 0 &&
+      (c->lin_n_k_heads < 1 || c->lin_n_v_heads % c->lin_n_k_heads || c->conv_kernel < 1 ||
+       c->conv_dim != 2 * c->lin_n_k_heads * c->lin_k_head_dim + c->lin_n_v_heads * c->lin_v_head_dim))
+    return errf(err, errlen, "unsupported linear-attention config (heads %d/%d)", c->lin_n_k_heads,
+                c->lin_n_v_heads);
+  if (o->n_pages < 1 || o->n_slots < 1)
+    return errf(err, errlen, "need at least one KV page and one state slot");
+  qwen35 *m = calloc(1, sizeof *m);
+  if (!m) return errf(err, errlen, "out of memory");
+  m->c = c;
+  m->be = be;
+  m->n_pages = o->n_pages;
+  m->n_slots = o->n_slots;
+  m->L = calloc((size_t)c->n_layers, sizeof *m->L);
+  if (!m->L) {
+    free(m);
+    return errf(err, errlen, "out of memory");
+  }
+  int64_t V = c->vocab_size, H = c->hidden_size;
+  if (upload(m, &w->embed, V, H, "embed_tokens", -1, &m->embed, err, errlen) ||
+      upload(m, &w->final_norm, 1, H, "norm", -1, &m->final_norm, err, errlen))
+    goto fail;
+  if (c->tie_word_embeddings || w->lm_head.data == w->embed.data || !w->lm_head.data) {
+    m->lm_head = m->embed;
+  } else if (upload(m, &w->lm_head, V, H, "lm_head", -1, &m->lm_head, err, errlen)) {
+    goto fail;
+  }
+  for (int i = 0; i < c->n_layers; i++)
+    if (init_layer(m, i, &w->layers[i], err, errlen)) goto fail;
+  if (ensure_scratch(m, 64, err, errlen) || ensure_logits(m, 1, err, errlen)) goto fail;
+  *out = m;
+  return 0;
+fail:
+  qwen35_free(m);
+  return -1;
+}
+
+void qwen35_free(qwen35 *m) {
+  if (!m) return;
+  backend *be = m->be;
+  if (m->L) {
+    for (int i = 0; i < m->c->n_layers; i++) {
+      q_layer *L = &m->L[i];
+      backend_weight ws[] = {L->input_norm, L->post_norm, L->q_proj,  L->k_proj, L->v_proj,
+                             L->o_proj,     L->q_norm,    L->k_norm,  L->in_qkv, L->in_z,
+                             L->in_b,       L->in_a,      L->conv1d,  L->dt_bias, L->A_log,
+                             L->lin_norm,   L->out_proj,  L->gate,    L->up,     L->down,
+                             L->moe.router, L->moe.shared_gate, L->moe.shared_up,
+                             L->moe.shared_down, L->moe.shared_expert_gate};
+      for (size_t k = 0; k < sizeof ws / sizeof ws[0]; k++) be->weight_free(be, ws[k]);
+      if (L->experts)
+        for (int e = 0; e < 3 * m->c->n_experts; e++) be->weight_free(be, L->experts[e]);
+      free(L->experts);
+      be->free(be, L->k_pool);
+      be->free(be, L->v_pool);
+      be->free(be, L->conv);
+      be->free(be, L->ssm);
+    }
+    free(m->L);
+  }
+  if (m->lm_head != m->embed) be->weight_free(be, m->lm_head);
+  be->weight_free(be, m->embed);
+  be->weight_free(be, m->final_norm);
+  free_scratch(m);
+  be->free(be, m->logits);
+  free(m);
+}
+
+const model_config *qwen35_config(const qwen35 *m) { return m->c; }
+
+/* ---- forward ---- */
+
+static void attn_block(qwen35 *m, q_layer *L, int T) {
+  const model_config *c = m->c;
+  backend *be = m->be;
+  int H = c->hidden_size, nh = c->n_heads, nkv = c->n_kv_heads, hd = c->head_dim;
+  be->matmul(be, m->xn, L->q_proj, T, H, nh * 2 * hd, m->qg);
+  be->matmul(be, m->xn, L->k_proj, T, H, nkv * hd, m->k);
+  be->matmul(be, m->xn, L->v_proj, T, H, nkv * hd, m->v);
+  be->qk_norm_rope(be, m->qg, m->k, L->q_norm, L->k_norm, nh, nkv, hd, c->rot_dim, c->rope_theta,
+                   c->rms_norm_eps, m->q, m->gate);
+  be->attention(be, L->k_pool, L->v_pool, m->q, m->k, m->v, nh, nkv, hd,
+                (float)(1.0 / sqrt((double)hd)), m->att);
+  be->sigmoid_mul(be, m->att, m->gate, (size_t)T * nh * hd);
+  be->matmul(be, m->att, L->o_proj, T, nh * hd, H, m->mix);
+}
+
+static void gdn_block(qwen35 *m, q_layer *L, int T, int any_prefill, int any_decode) {
+  const model_config *c = m->c;
+  backend *be = m->be;
+  int H = c->hidden_size, nk = c->lin_n_k_heads, nv = c->lin_n_v_heads, dk = c->lin_k_head_dim,
+      dv = c->lin_v_head_dim;
+  be->matmul(be, m->xn, L->in_qkv, T, H, c->conv_dim, m->qkv);
+  be->matmul(be, m->xn, L->in_z, T, H, nv * dv, m->z);
+  be->matmul(be, m->xn, L->in_b, T, H, nv, m->bb);
+  be->matmul(be, m->xn, L->in_a, T, H, nv, m->aa);
+  be->conv1d(be, L->conv, m->qkv, L->conv1d, c->conv_dim, c->conv_kernel, m->conv_out);
+  be->gdn_gates(be, m->conv_out, m->bb, m->aa, L->A_log, L->dt_bias, nk, nv, dk, dv, m->beta, m->g);
+  if (any_prefill) be->gdn_prefill(be, L->ssm, m->conv_out, m->beta, m->g, nk, nv, dk, dv, m->o);
+  if (any_decode) be->gdn_decode(be, L->ssm, m->conv_out, m->beta, m->g, nk, nv, dk, dv, m->o);
+  be->gated_rmsnorm(be, m->o, m->z, L->lin_norm, T, nv, dv, c->rms_norm_eps, m->o);
+  be->matmul(be, m->o, L->out_proj, T, nv * dv, H, m->mix);
+}
+
+static void ffn_block(qwen35 *m, q_layer *L, int i, int T) {
+  const model_config *c = m->c;
+  backend *be = m->be;
+  int H = c->hidden_size;
+  if (c->layer_is_moe[i]) {
+    be->moe(be, m->xn, &L->moe, T, H, m->mix);
+  } else {
+    int I = c->intermediate_size;
+    be->matmul(be, m->xn, L->gate, T, H, I, m->fg);
+    be->matmul(be, m->xn, L->up, T, H, I, m->fu);
+    be->swiglu(be, m->fg, m->fu, (size_t)T * I, m->fg);
+    be->matmul(be, m->fg, L->down, T, I, H, m->mix);
+  }
+}
+
+int qwen35_forward(qwen35 *m, const fwd_seq *seqs, int n_seqs, float *logits, char *err,
+                   size_t errlen) {
+  const model_config *c = m->c;
+  backend *be = m->be;
+  if (n_seqs < 1) return errf(err, errlen, "empty batch");
+  int T = 0, n_out = 0, max_pages = 1, any_prefill = 0, any_decode = 0;
+  for (int s = 0; s < n_seqs; s++) {
+    const fwd_seq *q = &seqs[s];
+    if (q->n_tokens < 1 || q->pos < 0)
+      return errf(err, errlen, "sequence %d: bad piece (%d tokens at %d)", s, q->n_tokens, q->pos);
+    if (q->slot < 0 || q->slot >= m->n_slots)
+      return errf(err, errlen, "sequence %d: bad state slot %d", s, q->slot);
+    int need = (q->pos + q->n_tokens + QWEN35_PAGE_TOKENS - 1) / QWEN35_PAGE_TOKENS;
+    if (config_n_full_layers(c) > 0) {
+      if (q->n_pages < need || !q->pages)
+        return errf(err, errlen, "sequence %d: page table covers %d pages, need %d", s, q->n_pages,
+                    need);
+      for (int p = 0; p < need; p++)
+        if (q->pages[p] < 0 || q->pages[p] >= m->n_pages)
+          return errf(err, errlen, "sequence %d: bad page id %d", s, q->pages[p]);
+    }
+    for (int t = 0; t < q->n_tokens; t++)
+      if (q->tokens[t] < 0 || q->tokens[t] >= c->vocab_size)
+        return errf(err, errlen, "sequence %d: token id %d out of range", s, q->tokens[t]);
+    if (need > max_pages) max_pages = need;
+    T += q->n_tokens;
+    n_out += q->logits == QWEN35_LOGITS_ALL ? q->n_tokens : q->logits == QWEN35_LOGITS_LAST ? 1 : 0;
+    if (q->n_tokens > 1) any_prefill = 1;
+    else any_decode = 1;
+  }
+  /* batch metadata */
+  size_t S = (size_t)n_seqs;
+  int32_t *arr = malloc((3 * (size_t)T + 5 * S + S * (size_t)max_pages + (size_t)n_out + 1) *
+                        sizeof *arr);
+  if (!arr) return errf(err, errlen, "out of memory");
+  backend_batch b = {0};
+  int32_t *tok = arr, *pos = tok + T, *seq = pos + T, *st = seq + T, *ln = st + S, *sp = ln + S,
+          *sl = sp + S, *pt = sl + S, *orow = pt + S * (size_t)max_pages;
+  int row = 0, oi = 0;
+  for (int s = 0; s < n_seqs; s++) {
+    const fwd_seq *q = &seqs[s];
+    st[s] = row;
+    ln[s] = q->n_tokens;
+    sp[s] = q->pos;
+    sl[s] = q->slot;
+    for (int p = 0; p < max_pages; p++)
+      pt[(size_t)s * max_pages + p] = (q->pages && p < q->n_pages) ? q->pages[p] : -1;
+    for (int t = 0; t < q->n_tokens; t++, row++) {
+      tok[row] = q->tokens[t];
+      pos[row] = q->pos + t;
+      seq[row] = s;
+      if (q->logits == QWEN35_LOGITS_ALL || (q->logits == QWEN35_LOGITS_LAST && t == q->n_tokens - 1))
+        orow[oi++] = row;
+    }
+  }
+  b.n_tokens = T;
+  b.n_seqs = n_seqs;
+  b.tokens = tok;
+  b.pos = pos;
+  b.seq = seq;
+  b.seq_start = st;
+  b.seq_len = ln;
+  b.seq_pos = sp;
+  b.seq_slot = sl;
+  b.page_table = pt;
+  b.max_pages = max_pages;
+  b.n_out = n_out;
+  b.out_rows = orow;
+  int rc = be->set_batch(be, &b);
+  free(arr);
+  if (rc) return errf(err, errlen, "backend %s: cannot set batch", be->name);
+  if (ensure_scratch(m, T, err, errlen) || ensure_logits(m, n_out > 0 ? n_out : 1, err, errlen))
+    return -1;
+
+  int H = c->hidden_size;
+  float eps = c->rms_norm_eps;
+  be->embed(be, m->embed, H, m->x);
+  for (int i = 0; i < c->n_layers; i++) {
+    q_layer *L = &m->L[i];
+    be->rmsnorm(be, m->x, i > 0 ? m->mix : NULL, L->input_norm, T, H, eps, m->xn);
+    if (c->layer_types[i] == LAYER_KIND_FULL)
+      attn_block(m, L, T);
+    else
+      gdn_block(m, L, T, any_prefill, any_decode);
+    be->rmsnorm(be, m->x, m->mix, L->post_norm, T, H, eps, m->xn);
+    ffn_block(m, L, i, T);
+  }
+  be->add(be, m->x, m->mix, (size_t)T * H);
+  if (n_out > 0) be->logits(be, m->x, m->final_norm, eps, m->lm_head, H, c->vocab_size, m->logits);
+  if (be->sync(be, err, errlen)) return -1;
+  if (n_out > 0 && logits &&
+      be->read(be, m->logits, 0, logits, (size_t)n_out * c->vocab_size * sizeof(float)))
+    return errf(err, errlen, "backend %s: reading logits failed", be->name);
+  return 0;
+}
+
+/* ---- slots and pages ---- */
+
+int qwen35_slot_zero(qwen35 *m, int slot) {
+  CHECK(slot >= 0 && slot < m->n_slots);
+  const model_config *c = m->c;
+  for (int i = 0; i < c->n_layers; i++) {
+    if (c->layer_types[i] != LAYER_KIND_LINEAR) continue;
+    m->be->zero(m->be, m->L[i].conv, (size_t)slot * conv_elems(c) * 4, conv_elems(c) * 4);
+    m->be->zero(m->be, m->L[i].ssm, (size_t)slot * ssm_elems(c) * 4, ssm_elems(c) * 4);
+  }
+  return m->be->sync(m->be, NULL, 0);
+}
+
+int qwen35_slot_copy(qwen35 *m, int dst, int src) {
+  CHECK(dst >= 0 && dst < m->n_slots && src >= 0 && src < m->n_slots);
+  if (dst == src) return 0;
+  const model_config *c = m->c;
+  size_t cb = conv_elems(c) * 4, sb = ssm_elems(c) * 4;
+  for (int i = 0; i < c->n_layers; i++) {
+    if (c->layer_types[i] != LAYER_KIND_LINEAR) continue;
+    m->be->copy(m->be, m->L[i].conv, (size_t)dst * cb, m->L[i].conv, (size_t)src * cb, cb);
+    m->be->copy(m->be, m->L[i].ssm, (size_t)dst * sb, m->L[i].ssm, (size_t)src * sb, sb);
+  }
+  return m->be->sync(m->be, NULL, 0);
+}
+
+static size_t page_layer_bytes(const qwen35 *m) {
+  return page_elems(m->c) * m->be->kind_size(m->be, BACKEND_KIND_KV);
+}
+
+int qwen35_page_copy(qwen35 *m, int dst, int src) {
+  CHECK(dst >= 0 && dst < m->n_pages && src >= 0 && src < m->n_pages);
+  if (dst == src) return 0;
+  size_t pb = page_layer_bytes(m);
+  for (int i = 0; i < m->c->n_layers; i++) {
+    if (m->c->layer_types[i] != LAYER_KIND_FULL) continue;
+    m->be->copy(m->be, m->L[i].k_pool, (size_t)dst * pb, m->L[i].k_pool, (size_t)src * pb, pb);
+    m->be->copy(m->be, m->L[i].v_pool, (size_t)dst * pb, m->L[i].v_pool, (size_t)src * pb, pb);
+  }
+  return m->be->sync(m->be, NULL, 0);
+}
+
+/* Host layout of a slot: for each DeltaNet layer in order, conv state then SSM state.
+ * Host layout of a page: for each full-attention layer in order, K rows then V rows. */
+static int slot_io(qwen35 *m, int slot, void *host, int writing) {
+  CHECK(slot >= 0 && slot < m->n_slots);
+  const model_config *c = m->c;
+  size_t cb = conv_elems(c) * 4, sb = ssm_elems(c) * 4;
+  char *h = host;
+  for (int i = 0; i < c->n_layers; i++) {
+    if (c->layer_types[i] != LAYER_KIND_LINEAR) continue;
+    backend_buf bufs[2] = {m->L[i].conv, m->L[i].ssm};
+    size_t sz[2] = {cb, sb};
+    for (int k = 0; k < 2; k++) {
+      int rc = writing ? m->be->write(m->be, bufs[k], (size_t)slot * sz[k], h, sz[k])
+                       : m->be->read(m->be, bufs[k], (size_t)slot * sz[k], h, sz[k]);
+      if (rc) return -1;
+      h += sz[k];
+    }
+  }
+  return 0;
+}
+
+static int page_io(qwen35 *m, int page, void *host, int writing) {
+  CHECK(page >= 0 && page < m->n_pages);
+  size_t pb = page_layer_bytes(m);
+  char *h = host;
+  for (int i = 0; i < m->c->n_layers; i++) {
+    if (m->c->layer_types[i] != LAYER_KIND_FULL) continue;
+    backend_buf bufs[2] = {m->L[i].k_pool, m->L[i].v_pool};
+    for (int k = 0; k < 2; k++) {
+      int rc = writing ? m->be->write(m->be, bufs[k], (size_t)page * pb, h, pb)
+                       : m->be->read(m->be, bufs[k], (size_t)page * pb, h, pb);
+      if (rc) return -1;
+      h += pb;
+    }
+  }
+  return 0;
+}
+
+int qwen35_slot_read(qwen35 *m, int slot, void *host) { return slot_io(m, slot, host, 0); }
+int qwen35_slot_write(qwen35 *m, int slot, const void *host) {
+  return slot_io(m, slot, (void *)host, 1);
+}
+int qwen35_page_read(qwen35 *m, int page, void *host) { return page_io(m, page, host, 0); }
+int qwen35_page_write(qwen35 *m, int page, const void *host) {
+  return page_io(m, page, (void *)host, 1);
+}
+
+size_t qwen35_slot_bytes(const qwen35 *m) {
+  return (size_t)config_n_linear_layers(m->c) * (conv_elems(m->c) + ssm_elems(m->c)) * 4;
+}
+
+size_t qwen35_page_bytes(const qwen35 *m) {
+  return (size_t)config_n_full_layers(m->c) * 2 * page_layer_bytes(m);
+}
+
+size_t qwen35_weight_bytes(const qwen35 *m) { return m->weight_bytes; }

@@ -1,0 +1,227 @@
+/* sampler — one row of logits to one token, per request. See sampler.h for the order of
+ * operations; everything here runs on the engine thread over preallocated scratch. */
+#include "sampler/sampler.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/log.h"
+
+void sampling_params_default(sampling_params *p) {
+  memset(p, 0, sizeof *p);
+  p->temperature = 1.0f;
+  p->top_p = 1.0f;
+  p->top_k = 0;
+  p->min_p = 0.0f;
+  p->repetition_penalty = 1.0f;
+  p->max_tokens = 16;
+}
+
+int sampling_params_validate(const sampling_params *p, char *err, size_t errlen) {
+  if (!isfinite(p->temperature) || p->temperature < 0)
+    return errf(err, errlen, "temperature must be a number >= 0");
+  if (!isfinite(p->top_p) || p->top_p <= 0 || p->top_p > 1)
+    return errf(err, errlen, "top_p must be in (0, 1]");
+  if (!isfinite(p->min_p) || p->min_p < 0 || p->min_p > 1)
+    return errf(err, errlen, "min_p must be in [0, 1]");
+  if (!isfinite(p->repetition_penalty) || p->repetition_penalty <= 0)
+    return errf(err, errlen, "repetition_penalty must be > 0");
+  if (!isfinite(p->presence_penalty) || p->presence_penalty < -2 || p->presence_penalty > 2)
+    return errf(err, errlen, "presence_penalty must be in [-2, 2]");
+  if (!isfinite(p->frequency_penalty) || p->frequency_penalty < -2 || p->frequency_penalty > 2)
+    return errf(err, errlen, "frequency_penalty must be in [-2, 2]");
+  if (p->max_tokens < 1) return errf(err, errlen, "max_tokens must be >= 1");
+  if (p->n_stop_ids < 0 || p->n_stop_ids > SAMPLER_MAX_STOP_IDS)
+    return errf(err, errlen, "at most %d stop token ids", SAMPLER_MAX_STOP_IDS);
+  if (p->top_logprobs < 0 || p->top_logprobs > SAMPLER_MAX_TOP_LOGPROBS)
+    return errf(err, errlen, "top_logprobs must be in [0, %d]", SAMPLER_MAX_TOP_LOGPROBS);
+  return 0;
+}
+
+/* ---- RNG: splitmix64 seeding, xoshiro256** ------------------------------------------- */
+
+static uint64_t sampler_splitmix(uint64_t *x) {
+  uint64_t z = (*x += 0x9e3779b97f4a7c15ULL);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+static uint64_t sampler_rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+static uint64_t sampler_next(sampler *s) {
+  uint64_t *r = s->rng;
+  uint64_t out = sampler_rotl(r[1] * 5, 7) * 9, t = r[1] << 17;
+  r[2] ^= r[0];
+  r[3] ^= r[1];
+  r[1] ^= r[2];
+  r[0] ^= r[3];
+  r[2] ^= t;
+  r[3] = sampler_rotl(r[3], 45);
+  return out;
+}
+
+/* uniform in [0, 1) with 53 random bits */
+static double sampler_uniform(sampler *s) { return (double)(sampler_next(s) >> 11) * 0x1.0p-53; }
+
+void sampler_init(sampler *s, const sampling_params *p, uint64_t fallback_seed) {
+  s->p = *p;
+  uint64_t x = p->has_seed ? p->seed : fallback_seed;
+  for (int i = 0; i < 4; i++) s->rng[i] = sampler_splitmix(&x);
+}
+
+int sampler_scratch_init(sampler_scratch *w, int n_vocab) {
+  memset(w, 0, sizeof *w);
+  size_t n = n_vocab > 0 ? (size_t)n_vocab : 1;
+  w->probs = malloc(n * sizeof *w->probs);
+  w->idx = malloc(n * sizeof *w->idx);
+  w->counts = calloc(n, sizeof *w->counts);
+  w->mark = calloc(n, 1);
+  if (!w->probs || !w->idx || !w->counts || !w->mark) {
+    sampler_scratch_free(w);
+    return -1;
+  }
+  w->n_vocab = n_vocab;
+  return 0;
+}
+
+void sampler_scratch_free(sampler_scratch *w) {
+  free(w->probs);
+  free(w->idx);
+  free(w->counts);
+  free(w->mark);
+  memset(w, 0, sizeof *w);
+}
+
+/* ---- penalties -------------------------------------------------------------------------- */
+
+static void sampler_rep_one(float *logits, int32_t t, float rp, sampler_scratch *w) {
+  if (w->mark[t]) return;
+  w->mark[t] = 1;
+  logits[t] = logits[t] > 0 ? logits[t] / rp : logits[t] * rp;
+}
+
+void sampler_apply_penalties(const sampling_params *p, float *logits, int n_vocab,
+                             const int32_t *prompt, int n_prompt, const int32_t *output,
+                             int n_output, sampler_scratch *w) {
+  CHECK(w->n_vocab >= n_vocab);
+  if (p->repetition_penalty != 1.0f) {
+    float rp = p->repetition_penalty;
+    for (int i = 0; i < n_prompt; i++)
+      if (prompt[i] >= 0 && prompt[i] < n_vocab) sampler_rep_one(logits, prompt[i], rp, w);
+    for (int i = 0; i < n_output; i++)
+      if (output[i] >= 0 && output[i] < n_vocab) sampler_rep_one(logits, output[i], rp, w);
+    for (int i = 0; i < n_prompt; i++)
+      if (prompt[i] >= 0 && prompt[i] < n_vocab) w->mark[prompt[i]] = 0;
+    for (int i = 0; i < n_output; i++)
+      if (output[i] >= 0 && output[i] < n_vocab) w->mark[output[i]] = 0;
+  }
+  if (p->frequency_penalty != 0.0f || p->presence_penalty != 0.0f) {
+    for (int i = 0; i < n_output; i++)
+      if (output[i] >= 0 && output[i] < n_vocab) w->counts[output[i]]++;
+    for (int i = 0; i < n_output; i++) {
+      int32_t t = output[i];
+      if (t < 0 || t >= n_vocab || w->counts[t] == 0) continue;
+      logits[t] -= p->frequency_penalty * (float)w->counts[t] + p->presence_penalty;
+      w->counts[t] = 0; /* applied once per distinct token; also restores the scratch */
+    }
+  }
+}
+
+/* ---- sampling --------------------------------------------------------------------------- */
+
+static int sampler_cmp_desc(const void *a, const void *b, void *ctx) {
+  const float *pr = ctx;
+  int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+  if (pr[x] > pr[y]) return -1;
+  if (pr[x] < pr[y]) return 1;
+  return x < y ? -1 : x > y;
+}
+
+static void sampler_logprobs(const sampling_params *p, const float *logits, int n_vocab,
+                             sampler_result *res) {
+  float m = -INFINITY;
+  for (int i = 0; i < n_vocab; i++)
+    if (logits[i] > m) m = logits[i];
+  double sum = 0;
+  for (int i = 0; i < n_vocab; i++) sum += exp((double)logits[i] - m);
+  double lse = m + log(sum);
+  res->logprob = (float)((double)logits[res->token] - lse);
+  int k = p->top_logprobs;
+  if (k > n_vocab) k = n_vocab;
+  res->n_top = 0;
+  for (int i = 0; i < n_vocab; i++) { /* insertion into a sorted list of at most k */
+    float v = logits[i];
+    int n = res->n_top;
+    if (n == k && (k == 0 || v <= logits[res->top_ids[n - 1]])) continue;
+    int j = n < k ? n : k - 1;
+    while (j > 0 && logits[res->top_ids[j - 1]] < v) {
+      res->top_ids[j] = res->top_ids[j - 1];
+      j--;
+    }
+    res->top_ids[j] = i;
+    if (n < k) res->n_top++;
+  }
+  for (int i = 0; i < res->n_top; i++)
+    res->top_logprobs[i] = (float)((double)logits[res->top_ids[i]] - lse);
+}
+
+int32_t sampler_sample(sampler *s, float *logits, int n_vocab, const int32_t *prompt,
+                       int n_prompt, const int32_t *output, int n_output, sampler_scratch *w,
+                       sampler_result *res) {
+  const sampling_params *p = &s->p;
+  memset(res, 0, sizeof *res);
+  sampler_apply_penalties(p, logits, n_vocab, prompt, n_prompt, output, n_output, w);
+
+  int32_t tok = 0;
+  if (p->temperature < 1e-5f) {
+    for (int i = 1; i < n_vocab; i++)
+      if (logits[i] > logits[tok]) tok = i;
+  } else {
+    /* probs before normalisation: exp((x - max) / T); the top token has 1 */
+    float inv_t = 1.0f / p->temperature;
+    float m = -INFINITY;
+    for (int i = 0; i < n_vocab; i++)
+      if (logits[i] > m) m = logits[i];
+    int n = 0;
+    for (int i = 0; i < n_vocab; i++) {
+      float q = expf((logits[i] - m) * inv_t);
+      w->probs[i] = q;
+      if (q > 0 && q >= p->min_p) w->idx[n++] = i; /* min_p relative to the top token */
+    }
+    if (n == 0) w->idx[n++] = 0; /* cannot happen: the max has probability 1 */
+    int sorted = 0;
+    if (p->top_k > 0 && p->top_k < n) {
+      qsort_r(w->idx, (size_t)n, sizeof *w->idx, sampler_cmp_desc, w->probs);
+      sorted = 1;
+      n = p->top_k;
+    }
+    if (p->top_p < 1.0f) {
+      if (!sorted) qsort_r(w->idx, (size_t)n, sizeof *w->idx, sampler_cmp_desc, w->probs);
+      double total = 0, cum = 0;
+      for (int i = 0; i < n; i++) total += w->probs[w->idx[i]];
+      int keep = 0;
+      while (keep < n) {
+        cum += w->probs[w->idx[keep++]];
+        if (cum >= p->top_p * total) break;
+      }
+      n = keep;
+    }
+    double total = 0;
+    for (int i = 0; i < n; i++) total += w->probs[w->idx[i]];
+    double u = sampler_uniform(s) * total, cum = 0;
+    tok = w->idx[n - 1];
+    for (int i = 0; i < n; i++) {
+      cum += w->probs[w->idx[i]];
+      if (u < cum) {
+        tok = w->idx[i];
+        break;
+      }
+    }
+    /* logprobs are of the pre-temperature logits, which temperature did not touch */
+  }
+  res->token = tok;
+  if (p->logprobs) sampler_logprobs(p, logits, n_vocab, res);
+  return tok;
+}

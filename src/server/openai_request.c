@@ -1,0 +1,611 @@
+#include "server/openai_request.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int openai_error_set(openai_error *e, int status, const char *type, const char *param,
+                     const char *fmt, ...) {
+  if (!e) return -1;
+  e->status = status;
+  e->type = type ? type : "invalid_request_error";
+  e->code = NULL;
+  snprintf(e->param, sizeof e->param, "%s", param ? param : "");
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(e->message, sizeof e->message, fmt, ap);
+  va_end(ap);
+  return -1;
+}
+
+#define BAD(param, ...) openai_error_set(err, 400, "invalid_request_error", param, __VA_ARGS__)
+
+/* ---- field readers: absent or null leaves *out untouched and returns 0 ---- */
+
+static int get_bool(const json_t *o, const char *key, int *out, openai_error *err) {
+  const json_t *v = json_object_get(o, key);
+  if (!v || json_is_null(v)) return 0;
+  if (!json_is_boolean(v)) return BAD(key, "'%s' must be a boolean", key);
+  *out = json_is_true(v);
+  return 0;
+}
+
+static int get_num(const json_t *o, const char *key, double lo, double hi, double *out,
+                   openai_error *err) {
+  const json_t *v = json_object_get(o, key);
+  if (!v || json_is_null(v)) return 0;
+  if (!json_is_number(v)) return BAD(key, "'%s' must be a number", key);
+  double d = json_number_value(v);
+  if (!isfinite(d) || d < lo || d > hi)
+    return BAD(key, "'%s' must be between %g and %g, got %g", key, lo, hi, d);
+  *out = d;
+  return 0;
+}
+
+/* Integers: JSON integers, or reals with an integral value (2.0). */
+static int get_int(const json_t *o, const char *key, long long lo, long long hi, long long *out,
+                   int *present, openai_error *err) {
+  const json_t *v = json_object_get(o, key);
+  if (!v || json_is_null(v)) return 0;
+  long long x;
+  if (json_is_integer(v)) {
+    x = json_integer_value(v);
+  } else if (json_is_real(v) && floor(json_real_value(v)) == json_real_value(v) &&
+             fabs(json_real_value(v)) < 9e18) {
+    x = (long long)json_real_value(v);
+  } else {
+    return BAD(key, "'%s' must be an integer", key);
+  }
+  if (x < lo || x > hi) return BAD(key, "'%s' must be between %lld and %lld, got %lld", key, lo, hi, x);
+  *out = x;
+  if (present) *present = 1;
+  return 0;
+}
+
+static int get_str(const json_t *o, const char *key, char **out, openai_error *err) {
+  const json_t *v = json_object_get(o, key);
+  if (!v || json_is_null(v)) return 0;
+  if (!json_is_string(v)) return BAD(key, "'%s' must be a string", key);
+  *out = strdup(json_string_value(v));
+  if (!*out) return openai_error_set(err, 500, "server_error", NULL, "out of memory");
+  return 0;
+}
+
+static int token_id_of(const json_t *v, int32_t *id) {
+  if (!json_is_integer(v)) return -1;
+  json_int_t x = json_integer_value(v);
+  if (x < 0 || x > INT32_MAX) return -1;
+  *id = (int32_t)x;
+  return 0;
+}
+
+/* ---- sampling: shared by chat and completions ---- */
+
+static int parse_sampling(const json_t *o, openai_request *r, openai_error *err) {
+  sampling_params *sp = &r->sp;
+  memset(sp, 0, sizeof *sp);
+  sp->temperature = 1.0f;
+  sp->top_p = 1.0f;
+  sp->top_k = 0;
+  sp->min_p = 0.0f;
+  sp->repetition_penalty = 1.0f;
+  double d;
+  long long x;
+  int present = 0;
+
+  d = 1.0;
+  if (get_num(o, "temperature", 0.0, 1e6, &d, err)) return -1;
+  sp->temperature = (float)d;
+  d = 1.0;
+  if (get_num(o, "top_p", 0.0, 1.0, &d, err)) return -1;
+  if (d <= 0.0) return BAD("top_p", "'top_p' must be in (0, 1], got %g", d);
+  sp->top_p = (float)d;
+  x = 0;
+  if (get_int(o, "top_k", -1, 1 << 30, &x, NULL, err)) return -1;
+  sp->top_k = x < 0 ? 0 : (int)x;
+  d = 0.0;
+  if (get_num(o, "min_p", 0.0, 1.0, &d, err)) return -1;
+  sp->min_p = (float)d;
+  d = 0.0;
+  if (get_num(o, "presence_penalty", -2.0, 2.0, &d, err)) return -1;
+  sp->presence_penalty = (float)d;
+  d = 0.0;
+  if (get_num(o, "frequency_penalty", -2.0, 2.0, &d, err)) return -1;
+  sp->frequency_penalty = (float)d;
+  d = 1.0;
+  if (get_num(o, "repetition_penalty", 0.0, 1e6, &d, err)) return -1;
+  if (d <= 0.0) return BAD("repetition_penalty", "'repetition_penalty' must be > 0, got %g", d);
+  sp->repetition_penalty = (float)d;
+
+  const json_t *seed = json_object_get(o, "seed");
+  if (seed && !json_is_null(seed)) {
+    if (!json_is_integer(seed)) return BAD("seed", "'seed' must be an integer");
+    sp->seed = (uint64_t)json_integer_value(seed);
+    sp->has_seed = 1;
+  }
+
+  /* max_completion_tokens (chat, newer) wins over max_tokens */
+  long long mt = 0;
+  present = 0;
+  if (get_int(o, "max_tokens", -(1LL << 40), 1LL << 40, &mt, &present, err)) return -1;
+  if (r->kind == OPENAI_KIND_CHAT &&
+      get_int(o, "max_completion_tokens", -(1LL << 40), 1LL << 40, &mt, &present, err))
+    return -1;
+  if (present) {
+    const char *name = json_object_get(o, "max_completion_tokens") &&
+                               !json_is_null(json_object_get(o, "max_completion_tokens"))
+                           ? "max_completion_tokens"
+                           : "max_tokens";
+    if (mt < 1) return BAD(name, "'%s' must be at least 1, got %lld", name, mt);
+    if (mt > (1 << 30)) mt = 1 << 30;
+    r->max_tokens = (int)mt;
+  }
+
+  if (get_bool(o, "ignore_eos", &sp->ignore_eos, err)) return -1;
+
+  /* stop strings */
+  const json_t *stop = json_object_get(o, "stop");
+  if (stop && !json_is_null(stop)) {
+    if (json_is_string(stop)) {
+      if (json_string_length(stop) > 0) {
+        r->stop[0] = strdup(json_string_value(stop));
+        if (!r->stop[0]) return openai_error_set(err, 500, "server_error", NULL, "out of memory");
+        r->n_stop = 1;
+      }
+    } else if (json_is_array(stop)) {
+      if (json_array_size(stop) > OPENAI_MAX_STOP)
+        return BAD("stop", "'stop' may hold at most %d strings", OPENAI_MAX_STOP);
+      size_t i;
+      const json_t *s;
+      json_array_foreach(stop, i, s) {
+        if (!json_is_string(s)) return BAD("stop", "'stop' must be a string or an array of strings");
+        if (json_string_length(s) == 0) continue;
+        r->stop[r->n_stop] = strdup(json_string_value(s));
+        if (!r->stop[r->n_stop]) return openai_error_set(err, 500, "server_error", NULL, "out of memory");
+        r->n_stop++;
+      }
+    } else {
+      return BAD("stop", "'stop' must be a string or an array of strings");
+    }
+  }
+  const json_t *stop_ids = json_object_get(o, "stop_token_ids");
+  if (stop_ids && !json_is_null(stop_ids)) {
+    if (!json_is_array(stop_ids)) return BAD("stop_token_ids", "'stop_token_ids' must be an array of token ids");
+    if (json_array_size(stop_ids) > SAMPLER_MAX_STOP_IDS)
+      return BAD("stop_token_ids", "'stop_token_ids' may hold at most %d ids", SAMPLER_MAX_STOP_IDS);
+    size_t i;
+    const json_t *s;
+    json_array_foreach(stop_ids, i, s) {
+      if (token_id_of(s, &sp->stop_ids[sp->n_stop_ids]))
+        return BAD("stop_token_ids", "'stop_token_ids' must be an array of non-negative integers");
+      sp->n_stop_ids++;
+    }
+  }
+
+  x = 1;
+  if (get_int(o, "n", -(1LL << 40), 1LL << 40, &x, NULL, err)) return -1;
+  if (x != 1) return BAD("n", "only n = 1 is supported, got %lld", x);
+  const json_t *best_of = json_object_get(o, "best_of");
+  if (best_of && !json_is_null(best_of) &&
+      !(json_is_integer(best_of) && json_integer_value(best_of) == 1))
+    return BAD("best_of", "only best_of = 1 is supported");
+
+  if (get_bool(o, "skip_special_tokens", &r->skip_special_tokens, err)) return -1;
+  if (get_bool(o, "include_stop_str_in_output", &r->include_stop_str_in_output, err)) return -1;
+  if (get_bool(o, "return_token_ids", &r->return_token_ids, err)) return -1;
+
+  const json_t *salt = json_object_get(o, "cache_salt");
+  if (salt && !json_is_null(salt)) {
+    if (!json_is_string(salt) || json_string_length(salt) == 0)
+      return BAD("cache_salt", "'cache_salt' must be a non-empty string");
+    if (get_str(o, "cache_salt", &r->cache_salt, err)) return -1;
+  }
+
+  if (get_bool(o, "stream", &r->stream, err)) return -1;
+  const json_t *so = json_object_get(o, "stream_options");
+  if (so && !json_is_null(so)) {
+    if (!json_is_object(so)) return BAD("stream_options", "'stream_options' must be an object");
+    if (get_bool(so, "include_usage", &r->include_usage, err)) return -1;
+  }
+  return 0;
+}
+
+/* ---- chat ---- */
+
+/* Content as a string: a string, null, or an array of {"type":"text","text":...} parts. */
+static json_t *content_to_string(const json_t *c, const char *param, openai_error *err) {
+  if (!c || json_is_null(c)) return json_null();
+  if (json_is_string(c)) return json_incref((json_t *)c);
+  if (!json_is_array(c)) {
+    BAD(param, "'%s' must be a string or an array of text parts", param);
+    return NULL;
+  }
+  size_t total = 0, i;
+  const json_t *part;
+  json_array_foreach(c, i, part) {
+    const json_t *type = json_object_get(part, "type");
+    const json_t *text = json_object_get(part, "text");
+    if (!json_is_object(part) || !json_is_string(type) || strcmp(json_string_value(type), "text") ||
+        !json_is_string(text)) {
+      BAD(param, "'%s' parts must be {\"type\": \"text\", \"text\": string} (only text is supported)",
+          param);
+      return NULL;
+    }
+    total += json_string_length(text);
+  }
+  char *s = malloc(total + 1);
+  if (!s) {
+    openai_error_set(err, 500, "server_error", NULL, "out of memory");
+    return NULL;
+  }
+  size_t off = 0;
+  json_array_foreach(c, i, part) {
+    const json_t *text = json_object_get(part, "text");
+    memcpy(s + off, json_string_value(text), json_string_length(text));
+    off += json_string_length(text);
+  }
+  json_t *out = json_stringn_nocheck(s, total);
+  free(s);
+  if (!out) openai_error_set(err, 500, "server_error", NULL, "out of memory");
+  return out;
+}
+
+static json_t *normalise_messages(const json_t *msgs, openai_error *err) {
+  if (!msgs) {
+    BAD("messages", "'messages' is required");
+    return NULL;
+  }
+  if (!json_is_array(msgs) || json_array_size(msgs) == 0) {
+    BAD("messages", "'messages' must be a non-empty array");
+    return NULL;
+  }
+  json_t *out = json_array();
+  if (!out) goto oom;
+  size_t i;
+  const json_t *m;
+  char param[64];
+  json_array_foreach(msgs, i, m) {
+    if (!json_is_object(m)) {
+      snprintf(param, sizeof param, "messages[%zu]", i);
+      BAD(param, "'%s' must be an object", param);
+      goto fail;
+    }
+    const json_t *role = json_object_get(m, "role");
+    snprintf(param, sizeof param, "messages[%zu].role", i);
+    if (!json_is_string(role)) {
+      BAD(param, "'%s' must be a string", param);
+      goto fail;
+    }
+    const char *rs = json_string_value(role);
+    if (strcmp(rs, "system") && strcmp(rs, "developer") && strcmp(rs, "user") &&
+        strcmp(rs, "assistant") && strcmp(rs, "tool")) {
+      BAD(param, "unknown role '%s' in %s (expected system, developer, user, assistant or tool)", rs,
+          param);
+      goto fail;
+    }
+    json_t *nm = json_deep_copy(m);
+    if (!nm) goto oom;
+    if (!strcmp(rs, "developer")) json_object_set_new(nm, "role", json_string("system"));
+    snprintf(param, sizeof param, "messages[%zu].content", i);
+    json_t *content = content_to_string(json_object_get(m, "content"), param, err);
+    if (!content) {
+      json_decref(nm);
+      goto fail;
+    }
+    if (json_is_null(content) && strcmp(rs, "assistant")) {
+      json_decref(content);
+      json_decref(nm);
+      BAD(param, "'%s' is required for role '%s'", param, rs);
+      goto fail;
+    }
+    json_object_set_new(nm, "content", content);
+    const json_t *tc = json_object_get(m, "tool_calls");
+    if (tc && !json_is_null(tc) && !json_is_array(tc)) {
+      json_decref(nm);
+      snprintf(param, sizeof param, "messages[%zu].tool_calls", i);
+      BAD(param, "'%s' must be an array", param);
+      goto fail;
+    }
+    if (json_array_append_new(out, nm)) goto oom;
+  }
+  return out;
+oom:
+  openai_error_set(err, 500, "server_error", NULL, "out of memory");
+fail:
+  json_decref(out);
+  return NULL;
+}
+
+static int check_tools(const json_t *tools, openai_error *err) {
+  if (!json_is_array(tools)) return BAD("tools", "'tools' must be an array");
+  size_t i;
+  const json_t *t;
+  char param[64];
+  json_array_foreach(tools, i, t) {
+    snprintf(param, sizeof param, "tools[%zu]", i);
+    const json_t *type = json_object_get(t, "type");
+    const json_t *fn = json_object_get(t, "function");
+    if (!json_is_object(t) || !json_is_string(type) || strcmp(json_string_value(type), "function") ||
+        !json_is_object(fn) || !json_is_string(json_object_get(fn, "name")))
+      return BAD(param, "'%s' must be {\"type\": \"function\", \"function\": {\"name\": ...}}", param);
+    const json_t *params = json_object_get(fn, "parameters");
+    if (params && !json_is_null(params) && !json_is_object(params))
+      return BAD(param, "'%s.function.parameters' must be an object", param);
+  }
+  return 0;
+}
+
+static int tools_have(const json_t *tools, const char *name) {
+  size_t i;
+  const json_t *t;
+  json_array_foreach(tools, i, t) {
+    const json_t *n = json_object_get(json_object_get(t, "function"), "name");
+    if (json_is_string(n) && !strcmp(json_string_value(n), name)) return 1;
+  }
+  return 0;
+}
+
+static int parse_tool_choice(const json_t *o, const json_t *tools, openai_request *r,
+                             openai_error *err) {
+  const json_t *tc = json_object_get(o, "tool_choice");
+  r->tool_choice = OPENAI_TOOL_CHOICE_AUTO;
+  if (!tc || json_is_null(tc)) return 0;
+  if (json_is_string(tc)) {
+    const char *s = json_string_value(tc);
+    if (!strcmp(s, "auto")) r->tool_choice = OPENAI_TOOL_CHOICE_AUTO;
+    else if (!strcmp(s, "none")) r->tool_choice = OPENAI_TOOL_CHOICE_NONE;
+    else if (!strcmp(s, "required")) r->tool_choice = OPENAI_TOOL_CHOICE_REQUIRED;
+    else return BAD("tool_choice", "'tool_choice' must be auto, none, required or a named function");
+  } else if (json_is_object(tc)) {
+    const json_t *name = json_object_get(json_object_get(tc, "function"), "name");
+    if (!json_is_string(name))
+      return BAD("tool_choice", "'tool_choice' object must be {\"type\": \"function\", \"function\": {\"name\": ...}}");
+    r->tool_choice = OPENAI_TOOL_CHOICE_NAMED;
+    r->tool_choice_name = strdup(json_string_value(name));
+    if (!r->tool_choice_name) return openai_error_set(err, 500, "server_error", NULL, "out of memory");
+  } else {
+    return BAD("tool_choice", "'tool_choice' must be a string or an object");
+  }
+  if ((r->tool_choice == OPENAI_TOOL_CHOICE_REQUIRED || r->tool_choice == OPENAI_TOOL_CHOICE_NAMED) &&
+      (!tools || json_array_size(tools) == 0))
+    return BAD("tool_choice", "'tool_choice' %s needs 'tools'",
+               r->tool_choice == OPENAI_TOOL_CHOICE_NAMED ? "naming a function" : "\"required\"");
+  if (r->tool_choice == OPENAI_TOOL_CHOICE_NAMED && !tools_have(tools, r->tool_choice_name))
+    return BAD("tool_choice", "'tool_choice' names '%s', which is not in 'tools'", r->tool_choice_name);
+  return 0;
+}
+
+/* Builds r->render from messages, tools and chat_template_kwargs. */
+static int build_render(const json_t *o, openai_request *r, int with_tool_choice, openai_error *err) {
+  json_t *msgs = normalise_messages(json_object_get(o, "messages"), err);
+  if (!msgs) return -1;
+  r->render = json_object();
+  if (!r->render || json_object_set_new(r->render, "messages", msgs))
+    return openai_error_set(err, 500, "server_error", NULL, "out of memory");
+  const json_t *tools = json_object_get(o, "tools");
+  if (tools && json_is_null(tools)) tools = NULL;
+  if (tools && check_tools(tools, err)) return -1;
+  if (with_tool_choice && parse_tool_choice(o, tools, r, err)) return -1;
+  if (tools && json_array_size(tools) > 0 && r->tool_choice != OPENAI_TOOL_CHOICE_NONE) {
+    json_object_set(r->render, "tools", (json_t *)tools);
+    r->tools = json_object_get(r->render, "tools");
+  }
+  const json_t *kw = json_object_get(o, "chat_template_kwargs");
+  if (kw && !json_is_null(kw)) {
+    if (!json_is_object(kw)) return BAD("chat_template_kwargs", "'chat_template_kwargs' must be an object");
+    const json_t *et = json_object_get(kw, "enable_thinking");
+    if (et && !json_is_null(et) && !json_is_boolean(et))
+      return BAD("chat_template_kwargs", "'chat_template_kwargs.enable_thinking' must be a boolean");
+    json_object_set(r->render, "chat_template_kwargs", (json_t *)kw);
+  }
+  r->add_generation_prompt = 1;
+  if (get_bool(o, "add_generation_prompt", &r->add_generation_prompt, err)) return -1;
+  return 0;
+}
+
+static int parse_chat(const json_t *o, openai_request *r, openai_error *err) {
+  if (build_render(o, r, 1, err)) return -1;
+  /* chat logprobs: a boolean, plus top_logprobs */
+  const json_t *lp = json_object_get(o, "logprobs");
+  if (lp && !json_is_null(lp)) {
+    if (!json_is_boolean(lp)) return BAD("logprobs", "'logprobs' must be a boolean");
+    r->logprobs = json_is_true(lp);
+  }
+  long long tl = 0;
+  int present = 0;
+  if (get_int(o, "top_logprobs", 0, OPENAI_MAX_LOGPROBS, &tl, &present, err)) return -1;
+  if (present && tl > 0 && !r->logprobs)
+    return BAD("top_logprobs", "'top_logprobs' needs 'logprobs': true");
+  r->top_logprobs = (int)tl;
+  return 0;
+}
+
+/* ---- completions ---- */
+
+static int parse_prompt_ids(const json_t *arr, openai_request *r, openai_error *err) {
+  size_t n = json_array_size(arr);
+  if (n == 0) return BAD("prompt", "'prompt' must not be empty");
+  r->prompt_ids = malloc(n * sizeof *r->prompt_ids);
+  if (!r->prompt_ids) return openai_error_set(err, 500, "server_error", NULL, "out of memory");
+  size_t i;
+  const json_t *v;
+  json_array_foreach(arr, i, v) {
+    if (token_id_of(v, &r->prompt_ids[i]))
+      return BAD("prompt", "'prompt' token ids must be non-negative integers (element %zu)", i);
+  }
+  r->n_prompt_ids = (int)n;
+  return 0;
+}
+
+static int parse_completion(const json_t *o, openai_request *r, openai_error *err) {
+  const json_t *p = json_object_get(o, "prompt");
+  if (!p || json_is_null(p)) return BAD("prompt", "'prompt' is required");
+  if (json_is_array(p) && json_array_size(p) == 1 &&
+      (json_is_string(json_array_get(p, 0)) || json_is_array(json_array_get(p, 0))))
+    p = json_array_get(p, 0); /* a batch of one */
+  if (json_is_string(p)) {
+    if (json_string_length(p) == 0) return BAD("prompt", "'prompt' must not be empty");
+    r->prompt_len = json_string_length(p);
+    r->prompt = malloc(r->prompt_len + 1);
+    if (!r->prompt) return openai_error_set(err, 500, "server_error", NULL, "out of memory");
+    memcpy(r->prompt, json_string_value(p), r->prompt_len + 1);
+  } else if (json_is_array(p)) {
+    if (json_array_size(p) > 0 && !json_is_integer(json_array_get(p, 0)))
+      return BAD("prompt", "only one prompt per request is supported");
+    if (parse_prompt_ids(p, r, err)) return -1;
+  } else {
+    return BAD("prompt", "'prompt' must be a string or an array of token ids");
+  }
+  if (get_bool(o, "echo", &r->echo, err)) return -1;
+  long long lp = 0;
+  int present = 0;
+  if (get_int(o, "logprobs", 0, OPENAI_MAX_LOGPROBS, &lp, &present, err)) return -1;
+  if (present) {
+    r->logprobs = 1;
+    r->top_logprobs = (int)lp;
+  }
+  const json_t *suffix = json_object_get(o, "suffix");
+  if (suffix && !json_is_null(suffix)) return BAD("suffix", "'suffix' is not supported");
+  return 0;
+}
+
+static json_t *load_object(const char *body, size_t len, openai_error *err) {
+  json_error_t je;
+  json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
+  if (!root) {
+    openai_error_set(err, 400, "invalid_request_error", NULL, "invalid JSON body: %s (line %d, column %d)",
+                     je.text, je.line, je.column);
+    return NULL;
+  }
+  if (!json_is_object(root)) {
+    json_decref(root);
+    openai_error_set(err, 400, "invalid_request_error", NULL, "the request body must be a JSON object");
+    return NULL;
+  }
+  return root;
+}
+
+int openai_request_parse(openai_kind kind, const char *body, size_t len, openai_request *r,
+                         openai_error *err) {
+  memset(r, 0, sizeof *r);
+  r->kind = kind;
+  r->skip_special_tokens = 1;
+  r->add_generation_prompt = 1;
+  json_t *root = load_object(body, len, err);
+  if (!root) return -1;
+  int rc = 0;
+  const json_t *model = json_object_get(root, "model");
+  if (model && !json_is_null(model) && !json_is_string(model)) {
+    rc = BAD("model", "'model' must be a string");
+    goto done;
+  }
+  if (get_str(root, "model", &r->model, err) || parse_sampling(root, r, err)) {
+    rc = -1;
+    goto done;
+  }
+  rc = kind == OPENAI_KIND_CHAT ? parse_chat(root, r, err) : parse_completion(root, r, err);
+  if (rc == 0) {
+    r->sp.logprobs = r->logprobs;
+    r->sp.top_logprobs = r->top_logprobs;
+  }
+done:
+  json_decref(root);
+  if (rc) openai_request_free(r);
+  return rc;
+}
+
+void openai_request_free(openai_request *r) {
+  free(r->model);
+  for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
+  free(r->cache_salt);
+  free(r->prompt);
+  free(r->prompt_ids);
+  json_decref(r->render);
+  free(r->tool_choice_name);
+  memset(r, 0, sizeof *r);
+}
+
+int openai_request_parse_tokenize(const char *body, size_t len, char **model, char **prompt,
+                                  size_t *prompt_len, json_t **render, int *add_generation_prompt,
+                                  openai_error *err) {
+  *model = NULL;
+  *prompt = NULL;
+  *render = NULL;
+  *prompt_len = 0;
+  *add_generation_prompt = 1;
+  json_t *root = load_object(body, len, err);
+  if (!root) return -1;
+  openai_request r;
+  memset(&r, 0, sizeof r);
+  int rc = 0;
+  if (get_str(root, "model", model, err)) {
+    rc = -1;
+  } else if (json_object_get(root, "messages")) {
+    rc = build_render(root, &r, 0, err);
+    if (rc == 0) {
+      *render = r.render;
+      r.render = NULL;
+      *add_generation_prompt = r.add_generation_prompt;
+    }
+    json_decref(r.render);
+  } else {
+    const json_t *p = json_object_get(root, "prompt");
+    if (!json_is_string(p)) {
+      rc = BAD("prompt", "'prompt' (a string) or 'messages' is required");
+    } else {
+      *prompt_len = json_string_length(p);
+      *prompt = malloc(*prompt_len + 1);
+      if (!*prompt) rc = openai_error_set(err, 500, "server_error", NULL, "out of memory");
+      else memcpy(*prompt, json_string_value(p), *prompt_len + 1);
+    }
+  }
+  json_decref(root);
+  if (rc) {
+    free(*model);
+    *model = NULL;
+  }
+  return rc;
+}
+
+int openai_request_parse_detokenize(const char *body, size_t len, char **model, int32_t **ids,
+                                    int *n_ids, openai_error *err) {
+  *model = NULL;
+  *ids = NULL;
+  *n_ids = 0;
+  json_t *root = load_object(body, len, err);
+  if (!root) return -1;
+  int rc = 0;
+  const json_t *t = json_object_get(root, "tokens");
+  if (get_str(root, "model", model, err)) {
+    rc = -1;
+  } else if (!json_is_array(t)) {
+    rc = BAD("tokens", "'tokens' (an array of token ids) is required");
+  } else {
+    size_t n = json_array_size(t);
+    *ids = malloc((n ? n : 1) * sizeof **ids);
+    if (!*ids) {
+      rc = openai_error_set(err, 500, "server_error", NULL, "out of memory");
+    } else {
+      size_t i;
+      const json_t *v;
+      json_array_foreach(t, i, v) {
+        if (token_id_of(v, &(*ids)[i])) {
+          rc = BAD("tokens", "'tokens' must hold non-negative integers (element %zu)", i);
+          break;
+        }
+      }
+      *n_ids = (int)n;
+    }
+  }
+  json_decref(root);
+  if (rc) {
+    free(*model);
+    free(*ids);
+    *model = NULL;
+    *ids = NULL;
+    *n_ids = 0;
+  }
+  return rc;
+}

@@ -1,0 +1,93 @@
+/* openai_request — turns the JSON body of an OpenAI / vLLM request into a checked C struct.
+ *
+ * Everything that can be checked without the model is checked here, with an OpenAI error
+ * (HTTP status, type, param, one-line message): invalid JSON, wrong types, missing fields,
+ * unknown roles, out-of-range sampling values, n != 1, malformed tools / tool_choice.
+ * What needs the model (served name, vocabulary range, context length) is the server's.
+ *
+ * For chat requests the parser builds `render`, the object chat_template_render expects:
+ *   { "messages": [...normalised: content parts joined into strings, developer -> system],
+ *     "tools": [...]            (left out when tool_choice is "none"),
+ *     "chat_template_kwargs": {...} }
+ * Pure: no globals, no I/O; safe from any thread. */
+#ifndef DS_OPENAI_REQUEST_H
+#define DS_OPENAI_REQUEST_H
+#include <jansson.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "sampler/sampler.h"
+
+typedef enum { OPENAI_KIND_CHAT, OPENAI_KIND_COMPLETION } openai_kind;
+
+typedef enum {
+  OPENAI_TOOL_CHOICE_AUTO,
+  OPENAI_TOOL_CHOICE_NONE,
+  OPENAI_TOOL_CHOICE_REQUIRED,
+  OPENAI_TOOL_CHOICE_NAMED,
+} openai_tool_choice;
+
+/* An error that reaches the client as {"error": {"message","type","param","code"}}. */
+typedef struct openai_error {
+  int status;       /* HTTP status */
+  const char *type; /* "invalid_request_error", "not_found_error", ... (static string) */
+  const char *code; /* NULL or a static short code */
+  char param[64];   /* "" when none */
+  char message[400];
+} openai_error;
+
+/* Fills e and returns -1 (so that `return openai_error_set(...)` reads as a failure). */
+int openai_error_set(openai_error *e, int status, const char *type, const char *param,
+                     const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+
+#define OPENAI_MAX_STOP 16
+#define OPENAI_MAX_LOGPROBS 20
+
+typedef struct openai_request {
+  openai_kind kind;
+  char *model; /* NULL when absent */
+  int stream;
+  int include_usage; /* stream_options.include_usage */
+  sampling_params sp; /* every field set; sp.max_tokens == 0 until the server fills it */
+  int max_tokens;     /* the client's max_tokens / max_completion_tokens, 0 when absent */
+  char *stop[OPENAI_MAX_STOP]; /* stop strings (malloc'd) */
+  int n_stop;
+  int logprobs;       /* chat: logprobs == true; completions: logprobs != null */
+  int top_logprobs;   /* 0..20 */
+  int echo;           /* completions */
+  int return_token_ids;
+  int skip_special_tokens;        /* default 1 */
+  int include_stop_str_in_output; /* default 0 */
+  char *cache_salt;   /* NULL when absent */
+
+  /* completions: exactly one of prompt / prompt_ids */
+  char *prompt; /* malloc'd UTF-8 text */
+  size_t prompt_len;
+  int32_t *prompt_ids; /* malloc'd */
+  int n_prompt_ids;
+
+  /* chat */
+  json_t *render;   /* owned reference; see above */
+  const json_t *tools; /* borrowed from render (NULL: none or tool_choice "none") */
+  openai_tool_choice tool_choice;
+  char *tool_choice_name; /* OPENAI_TOOL_CHOICE_NAMED */
+  int add_generation_prompt; /* default 1 */
+} openai_request;
+
+/* Parses and checks a request body of `len` bytes. Returns 0 with *out filled (free with
+ * openai_request_free), or -1 with *err (out is then empty: nothing to free). */
+int openai_request_parse(openai_kind kind, const char *body, size_t len, openai_request *out,
+                         openai_error *err);
+void openai_request_free(openai_request *r);
+
+/* The /tokenize body (vLLM's shape): either {"prompt": str, "add_special_tokens"} or
+ * {"messages": [...], "tools", "add_generation_prompt", "chat_template_kwargs"}.
+ * On success exactly one of *prompt (malloc'd) or *render (owned reference) is set. */
+int openai_request_parse_tokenize(const char *body, size_t len, char **model, char **prompt,
+                                  size_t *prompt_len, json_t **render,
+                                  int *add_generation_prompt, openai_error *err);
+/* The /detokenize body: {"tokens": [ids]}. *ids is malloc'd (may be empty). */
+int openai_request_parse_detokenize(const char *body, size_t len, char **model, int32_t **ids,
+                                    int *n_ids, openai_error *err);
+
+#endif

@@ -1,0 +1,55 @@
+/* openai_response — the JSON the OpenAI API answers with: error bodies, usage, ids, chat and
+ * completion objects and their streaming chunks, logprob entries; plus the stop-string
+ * scanner the streaming path uses (find a match; how many trailing bytes must be held back
+ * because they could still become one).
+ * Pure: no globals but an id counter; safe from any thread. Returned json_t are new
+ * references and returned char* are malloc'd; both belong to the caller. */
+#ifndef DS_OPENAI_RESPONSE_H
+#define DS_OPENAI_RESPONSE_H
+#include <jansson.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "server/openai_request.h"
+
+/* {"error": {"message","type","param","code"}} as a compact JSON string (never NULL: falls
+ * back to a static-sized message on out of memory... caller frees). */
+char *openai_response_error_body(const openai_error *e);
+json_t *openai_response_error_json(const openai_error *e);
+
+/* {"prompt_tokens","completion_tokens","total_tokens","prompt_tokens_details":{"cached_tokens"}} */
+json_t *openai_response_usage(int prompt_tokens, int completion_tokens, int cached_tokens);
+
+/* Writes a fresh unique id "<prefix><24 hex digits>" into buf. */
+void openai_response_new_id(char *buf, size_t n, const char *prefix);
+
+/* A JSON string from bytes that may be invalid UTF-8 (a lone piece of a character):
+ * invalid bytes become U+FFFD. */
+json_t *openai_response_string(const char *s, size_t len);
+
+/* The skeleton {"id","object","created","model","choices":[]}; the caller appends choices. */
+json_t *openai_response_object(const char *id, const char *object, long long created,
+                               const char *model);
+
+/* Chat logprob entry {"token","logprob","bytes","top_logprobs":[...]}; token strings given as
+ * raw bytes (may be partial UTF-8). top_* may be NULL when n_top == 0. */
+json_t *openai_response_chat_logprob(const char *tok, size_t tok_len, float logprob,
+                                     const char *const *top_toks, const size_t *top_lens,
+                                     const float *top_lps, int n_top);
+
+/* Stop strings. openai_response_stop_find returns the smallest position p >= from at which
+ * one of stops[] occurs in text[0, len), with its length in *match_len; -1 when none. */
+long openai_response_stop_find(const char *text, size_t len, size_t from, char *const *stops,
+                               int n_stops, size_t *match_len);
+/* The number of trailing bytes of text that are a proper prefix of some stop string (these
+ * must not be sent yet). */
+size_t openai_response_stop_holdback(const char *text, size_t len, char *const *stops, int n_stops);
+
+/* The longest trailing part of text[0,len) that is a proper prefix of `tag` (e.g. a partial
+ * "</think>" at the end of a stream). */
+size_t openai_response_tag_holdback(const char *text, size_t len, const char *tag);
+
+/* Length of the longest prefix of s[0,len) that ends on a UTF-8 character boundary. */
+size_t openai_response_utf8_complete(const char *s, size_t len);
+
+#endif

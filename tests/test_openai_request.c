@@ -1,0 +1,313 @@
+/* Unit tests of the OpenAI request parser and the response helpers (no server, no model). */
+#include <jansson.h>
+
+#include "server/openai_request.h"
+#include "server/openai_response.h"
+#include "test.h"
+
+static int parse(openai_kind k, const char *body, openai_request *r, openai_error *e) {
+  return openai_request_parse(k, body, strlen(body), r, e);
+}
+
+/* Expects a 400 whose param is `param` (NULL: don't care). */
+static int rejects(openai_kind k, const char *body, int status, const char *param) {
+  openai_request r;
+  openai_error e;
+  memset(&e, 0, sizeof e);
+  if (parse(k, body, &r, &e) == 0) {
+    openai_request_free(&r);
+    return 0;
+  }
+  if (e.status != status) return 0;
+  if (param && strcmp(e.param, param)) return 0;
+  return e.message[0] != 0;
+}
+
+TEST(chat_defaults) {
+  openai_request r;
+  openai_error e;
+  REQUIRE(parse(OPENAI_KIND_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}",
+                &r, &e) == 0);
+  EXPECT_STR(r.model, "m");
+  EXPECT_EQ_INT(r.stream, 0);
+  EXPECT_EQ_INT(r.max_tokens, 0);
+  EXPECT(r.sp.temperature == 1.0f);
+  EXPECT(r.sp.top_p == 1.0f);
+  EXPECT_EQ_INT(r.sp.top_k, 0);
+  EXPECT(r.sp.repetition_penalty == 1.0f);
+  EXPECT_EQ_INT(r.skip_special_tokens, 1);
+  EXPECT_EQ_INT(r.add_generation_prompt, 1);
+  EXPECT_EQ_INT(r.tool_choice, OPENAI_TOOL_CHOICE_AUTO);
+  EXPECT(r.tools == NULL);
+  const json_t *m = json_array_get(json_object_get(r.render, "messages"), 0);
+  EXPECT_STR(json_string_value(json_object_get(m, "content")), "hi");
+  openai_request_free(&r);
+}
+
+TEST(chat_all_fields) {
+  const char *body =
+      "{\"messages\":[{\"role\":\"developer\",\"content\":[{\"type\":\"text\",\"text\":\"a\"},"
+      "{\"type\":\"text\",\"text\":\"b\"}]},{\"role\":\"user\",\"content\":\"q\"}],"
+      "\"stream\":true,\"stream_options\":{\"include_usage\":true},\"max_completion_tokens\":7,"
+      "\"max_tokens\":99,\"temperature\":0,\"top_p\":0.5,\"top_k\":3,\"min_p\":0.1,"
+      "\"presence_penalty\":0.5,\"frequency_penalty\":-0.5,\"repetition_penalty\":1.1,\"seed\":42,"
+      "\"stop\":[\"END\",\"\"],\"stop_token_ids\":[5,6],\"ignore_eos\":true,\"n\":1,"
+      "\"logprobs\":true,\"top_logprobs\":3,\"cache_salt\":\"t1\","
+      "\"chat_template_kwargs\":{\"enable_thinking\":false},"
+      "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"get\",\"parameters\":{}}}],"
+      "\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"get\"}}}";
+  openai_request r;
+  openai_error e;
+  REQUIRE(parse(OPENAI_KIND_CHAT, body, &r, &e) == 0);
+  EXPECT_EQ_INT(r.stream, 1);
+  EXPECT_EQ_INT(r.include_usage, 1);
+  EXPECT_EQ_INT(r.max_tokens, 7);
+  EXPECT(r.sp.temperature == 0.0f);
+  EXPECT(r.sp.top_p == 0.5f);
+  EXPECT_EQ_INT(r.sp.top_k, 3);
+  EXPECT(fabsf(r.sp.min_p - 0.1f) < 1e-6f);
+  EXPECT(r.sp.presence_penalty == 0.5f);
+  EXPECT(r.sp.frequency_penalty == -0.5f);
+  EXPECT(fabsf(r.sp.repetition_penalty - 1.1f) < 1e-6f);
+  EXPECT_EQ_INT(r.sp.has_seed, 1);
+  EXPECT_EQ_INT(r.sp.seed, 42);
+  EXPECT_EQ_INT(r.n_stop, 1); /* empty strings dropped */
+  EXPECT_STR(r.stop[0], "END");
+  EXPECT_EQ_INT(r.sp.n_stop_ids, 2);
+  EXPECT_EQ_INT(r.sp.stop_ids[1], 6);
+  EXPECT_EQ_INT(r.sp.ignore_eos, 1);
+  EXPECT_EQ_INT(r.sp.logprobs, 1);
+  EXPECT_EQ_INT(r.sp.top_logprobs, 3);
+  EXPECT_STR(r.cache_salt, "t1");
+  EXPECT_EQ_INT(r.tool_choice, OPENAI_TOOL_CHOICE_NAMED);
+  EXPECT_STR(r.tool_choice_name, "get");
+  EXPECT(r.tools != NULL && json_array_size(r.tools) == 1);
+  const json_t *m0 = json_array_get(json_object_get(r.render, "messages"), 0);
+  EXPECT_STR(json_string_value(json_object_get(m0, "role")), "system");
+  EXPECT_STR(json_string_value(json_object_get(m0, "content")), "ab");
+  EXPECT(json_is_false(json_object_get(json_object_get(r.render, "chat_template_kwargs"), "enable_thinking")));
+  openai_request_free(&r);
+}
+
+TEST(tool_choice_none_drops_tools) {
+  openai_request r;
+  openai_error e;
+  REQUIRE(parse(OPENAI_KIND_CHAT,
+                "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tool_choice\":\"none\","
+                "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}]}",
+                &r, &e) == 0);
+  EXPECT_EQ_INT(r.tool_choice, OPENAI_TOOL_CHOICE_NONE);
+  EXPECT(r.tools == NULL);
+  EXPECT(json_object_get(r.render, "tools") == NULL);
+  openai_request_free(&r);
+  REQUIRE(parse(OPENAI_KIND_CHAT,
+                "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tool_choice\":\"required\","
+                "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}]}",
+                &r, &e) == 0);
+  EXPECT_EQ_INT(r.tool_choice, OPENAI_TOOL_CHOICE_REQUIRED);
+  EXPECT(json_object_get(r.render, "tools") != NULL);
+  openai_request_free(&r);
+}
+
+TEST(chat_errors) {
+  const openai_kind C = OPENAI_KIND_CHAT;
+  EXPECT(rejects(C, "{not json", 400, NULL));
+  EXPECT(rejects(C, "[1,2]", 400, NULL));
+  EXPECT(rejects(C, "{}", 400, "messages"));
+  EXPECT(rejects(C, "{\"messages\":[]}", 400, "messages"));
+  EXPECT(rejects(C, "{\"messages\":\"hi\"}", 400, "messages"));
+  EXPECT(rejects(C, "{\"messages\":[{\"role\":\"wizard\",\"content\":\"x\"}]}", 400, "messages[0].role"));
+  EXPECT(rejects(C, "{\"messages\":[{\"content\":\"x\"}]}", 400, "messages[0].role"));
+  EXPECT(rejects(C, "{\"messages\":[{\"role\":\"user\"}]}", 400, "messages[0].content"));
+  EXPECT(rejects(C, "{\"messages\":[{\"role\":\"user\",\"content\":5}]}", 400, "messages[0].content"));
+  EXPECT(rejects(C, "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\"}]}]}", 400,
+                 "messages[0].content"));
+#define M "\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]"
+  EXPECT(rejects(C, "{" M ",\"model\":5}", 400, "model"));
+  EXPECT(rejects(C, "{" M ",\"temperature\":-1}", 400, "temperature"));
+  EXPECT(rejects(C, "{" M ",\"temperature\":\"hot\"}", 400, "temperature"));
+  EXPECT(rejects(C, "{" M ",\"top_p\":1.5}", 400, "top_p"));
+  EXPECT(rejects(C, "{" M ",\"top_p\":0}", 400, "top_p"));
+  EXPECT(rejects(C, "{" M ",\"top_k\":2.5}", 400, "top_k"));
+  EXPECT(rejects(C, "{" M ",\"min_p\":2}", 400, "min_p"));
+  EXPECT(rejects(C, "{" M ",\"presence_penalty\":3}", 400, "presence_penalty"));
+  EXPECT(rejects(C, "{" M ",\"repetition_penalty\":0}", 400, "repetition_penalty"));
+  EXPECT(rejects(C, "{" M ",\"max_tokens\":0}", 400, "max_tokens"));
+  EXPECT(rejects(C, "{" M ",\"max_tokens\":-5}", 400, "max_tokens"));
+  EXPECT(rejects(C, "{" M ",\"max_completion_tokens\":0}", 400, "max_completion_tokens"));
+  EXPECT(rejects(C, "{" M ",\"max_tokens\":\"10\"}", 400, "max_tokens"));
+  EXPECT(rejects(C, "{" M ",\"n\":2}", 400, "n"));
+  EXPECT(rejects(C, "{" M ",\"stream\":\"yes\"}", 400, "stream"));
+  EXPECT(rejects(C, "{" M ",\"stop\":5}", 400, "stop"));
+  EXPECT(rejects(C, "{" M ",\"stop\":[\"a\",1]}", 400, "stop"));
+  EXPECT(rejects(C, "{" M ",\"stop_token_ids\":[-1]}", 400, "stop_token_ids"));
+  EXPECT(rejects(C, "{" M ",\"top_logprobs\":3}", 400, "top_logprobs"));
+  EXPECT(rejects(C, "{" M ",\"logprobs\":true,\"top_logprobs\":21}", 400, "top_logprobs"));
+  EXPECT(rejects(C, "{" M ",\"seed\":1.5}", 400, "seed"));
+  EXPECT(rejects(C, "{" M ",\"cache_salt\":\"\"}", 400, "cache_salt"));
+  EXPECT(rejects(C, "{" M ",\"tools\":{}}", 400, "tools"));
+  EXPECT(rejects(C, "{" M ",\"tools\":[{\"type\":\"function\"}]}", 400, "tools[0]"));
+  EXPECT(rejects(C, "{" M ",\"tool_choice\":\"maybe\"}", 400, "tool_choice"));
+  EXPECT(rejects(C, "{" M ",\"tool_choice\":\"required\"}", 400, "tool_choice"));
+  EXPECT(rejects(C,
+                 "{" M ",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}],"
+                 "\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"g\"}}}",
+                 400, "tool_choice"));
+  EXPECT(rejects(C, "{" M ",\"chat_template_kwargs\":{\"enable_thinking\":\"no\"}}", 400,
+                 "chat_template_kwargs"));
+  EXPECT(rejects(C, "{" M ",\"a\":1,\"a\":2}", 400, NULL)); /* duplicate keys */
+#undef M
+}
+
+TEST(completion_prompts) {
+  openai_request r;
+  openai_error e;
+  REQUIRE(parse(OPENAI_KIND_COMPLETION, "{\"prompt\":\"hello\",\"echo\":true,\"logprobs\":2}", &r, &e) == 0);
+  EXPECT_STR(r.prompt, "hello");
+  EXPECT_EQ_INT(r.prompt_len, 5);
+  EXPECT_EQ_INT(r.echo, 1);
+  EXPECT_EQ_INT(r.sp.logprobs, 1);
+  EXPECT_EQ_INT(r.sp.top_logprobs, 2);
+  openai_request_free(&r);
+  REQUIRE(parse(OPENAI_KIND_COMPLETION, "{\"prompt\":[1,2,3],\"return_token_ids\":true,\"max_tokens\":4}",
+                &r, &e) == 0);
+  EXPECT(r.prompt == NULL);
+  EXPECT_EQ_INT(r.n_prompt_ids, 3);
+  EXPECT_EQ_INT(r.prompt_ids[2], 3);
+  EXPECT_EQ_INT(r.return_token_ids, 1);
+  EXPECT_EQ_INT(r.max_tokens, 4);
+  openai_request_free(&r);
+  REQUIRE(parse(OPENAI_KIND_COMPLETION, "{\"prompt\":[[7,8]]}", &r, &e) == 0);
+  EXPECT_EQ_INT(r.n_prompt_ids, 2);
+  openai_request_free(&r);
+  REQUIRE(parse(OPENAI_KIND_COMPLETION, "{\"prompt\":[\"one\"]}", &r, &e) == 0);
+  EXPECT_STR(r.prompt, "one");
+  openai_request_free(&r);
+  /* max_completion_tokens belongs to chat only: ignored here */
+  REQUIRE(parse(OPENAI_KIND_COMPLETION, "{\"prompt\":\"x\",\"max_completion_tokens\":0}", &r, &e) == 0);
+  openai_request_free(&r);
+}
+
+TEST(completion_errors) {
+  const openai_kind P = OPENAI_KIND_COMPLETION;
+  EXPECT(rejects(P, "{}", 400, "prompt"));
+  EXPECT(rejects(P, "{\"prompt\":\"\"}", 400, "prompt"));
+  EXPECT(rejects(P, "{\"prompt\":[]}", 400, "prompt"));
+  EXPECT(rejects(P, "{\"prompt\":[1,-2]}", 400, "prompt"));
+  EXPECT(rejects(P, "{\"prompt\":[1,\"a\"]}", 400, "prompt"));
+  EXPECT(rejects(P, "{\"prompt\":[1,2.5]}", 400, "prompt"));
+  EXPECT(rejects(P, "{\"prompt\":[\"a\",\"b\"]}", 400, "prompt"));
+  EXPECT(rejects(P, "{\"prompt\":5}", 400, "prompt"));
+  EXPECT(rejects(P, "{\"prompt\":\"x\",\"logprobs\":true}", 400, "logprobs"));
+  EXPECT(rejects(P, "{\"prompt\":\"x\",\"logprobs\":30}", 400, "logprobs"));
+  EXPECT(rejects(P, "{\"prompt\":\"x\",\"echo\":1}", 400, "echo"));
+  EXPECT(rejects(P, "{\"prompt\":\"x\",\"best_of\":2}", 400, "best_of"));
+}
+
+TEST(tokenize_bodies) {
+  char *model, *prompt;
+  size_t plen;
+  json_t *render;
+  int agp;
+  openai_error e;
+  const char *b1 = "{\"model\":\"m\",\"prompt\":\"abc\"}";
+  REQUIRE(openai_request_parse_tokenize(b1, strlen(b1), &model, &prompt, &plen, &render, &agp, &e) == 0);
+  EXPECT_STR(model, "m");
+  EXPECT_STR(prompt, "abc");
+  EXPECT(render == NULL);
+  free(model);
+  free(prompt);
+  const char *b2 = "{\"messages\":[{\"role\":\"user\",\"content\":\"q\"}],\"add_generation_prompt\":false}";
+  REQUIRE(openai_request_parse_tokenize(b2, strlen(b2), &model, &prompt, &plen, &render, &agp, &e) == 0);
+  EXPECT(prompt == NULL && render != NULL && model == NULL);
+  EXPECT_EQ_INT(agp, 0);
+  json_decref(render);
+  const char *b3 = "{\"prompt\":3}";
+  EXPECT(openai_request_parse_tokenize(b3, strlen(b3), &model, &prompt, &plen, &render, &agp, &e) == -1);
+  EXPECT_EQ_INT(e.status, 400);
+
+  int32_t *ids;
+  int n;
+  const char *d1 = "{\"tokens\":[1,2,300]}";
+  REQUIRE(openai_request_parse_detokenize(d1, strlen(d1), &model, &ids, &n, &e) == 0);
+  EXPECT_EQ_INT(n, 3);
+  EXPECT_EQ_INT(ids[2], 300);
+  free(ids);
+  const char *d2 = "{\"tokens\":[1,\"x\"]}";
+  EXPECT(openai_request_parse_detokenize(d2, strlen(d2), &model, &ids, &n, &e) == -1);
+  EXPECT_STR(e.param, "tokens");
+}
+
+TEST(error_body_shape) {
+  openai_error e;
+  openai_error_set(&e, 404, "not_found_error", "model", "The model `x` does not exist.");
+  char *s = openai_response_error_body(&e);
+  json_t *j = json_loads(s, 0, NULL);
+  REQUIRE(j != NULL);
+  json_t *in = json_object_get(j, "error");
+  EXPECT_STR(json_string_value(json_object_get(in, "message")), "The model `x` does not exist.");
+  EXPECT_STR(json_string_value(json_object_get(in, "type")), "not_found_error");
+  EXPECT_STR(json_string_value(json_object_get(in, "param")), "model");
+  EXPECT_EQ_INT(json_integer_value(json_object_get(in, "code")), 404);
+  json_decref(j);
+  free(s);
+}
+
+TEST(usage_shape) {
+  json_t *u = openai_response_usage(10, 3, 8);
+  EXPECT_EQ_INT(json_integer_value(json_object_get(u, "total_tokens")), 13);
+  EXPECT_EQ_INT(json_integer_value(json_object_get(json_object_get(u, "prompt_tokens_details"), "cached_tokens")), 8);
+  json_decref(u);
+}
+
+TEST(stop_find_and_holdback) {
+  char *stops[] = {"END", "ab", "xyz"};
+  size_t ml = 0;
+  const char *t = "hello aENDab";
+  EXPECT_EQ_INT(openai_response_stop_find(t, strlen(t), 0, stops, 3, &ml), 7);
+  EXPECT_EQ_INT(ml, 3);
+  EXPECT_EQ_INT(openai_response_stop_find(t, strlen(t), 8, stops, 3, &ml), 10);
+  EXPECT_EQ_INT(ml, 2);
+  EXPECT_EQ_INT(openai_response_stop_find("nothing", 7, 0, stops, 3, &ml), -1);
+  /* earliest wins even when a later-listed stop string matches first */
+  EXPECT_EQ_INT(openai_response_stop_find("zzabEND", 7, 0, stops, 3, &ml), 2);
+  EXPECT_EQ_INT(openai_response_stop_holdback("hello E", 7, stops, 3), 1);
+  EXPECT_EQ_INT(openai_response_stop_holdback("hello EN", 8, stops, 3), 2);
+  EXPECT_EQ_INT(openai_response_stop_holdback("hello xy", 8, stops, 3), 2);
+  EXPECT_EQ_INT(openai_response_stop_holdback("hello", 5, stops, 3), 0);
+  EXPECT_EQ_INT(openai_response_tag_holdback("abc</thi", 8, "</think>"), 5);
+  EXPECT_EQ_INT(openai_response_tag_holdback("abc</think>", 11, "</think>"), 0);
+}
+
+TEST(utf8_helpers) {
+  EXPECT_EQ_INT(openai_response_utf8_complete("ab", 2), 2);
+  EXPECT_EQ_INT(openai_response_utf8_complete("a\xe4\xb8", 3), 1);
+  EXPECT_EQ_INT(openai_response_utf8_complete("a\xe4\xb8\xad", 4), 4);
+  EXPECT_EQ_INT(openai_response_utf8_complete("\xf0\x9f\x98", 3), 0);
+  json_t *s = openai_response_string("a\xe4\xb8", 3);
+  REQUIRE(s != NULL);
+  EXPECT_STR(json_string_value(s), "a\xef\xbf\xbd\xef\xbf\xbd");
+  json_decref(s);
+  json_t *lp = openai_response_chat_logprob("\xe4", 1, -0.5f, NULL, NULL, NULL, 0);
+  EXPECT_EQ_INT(json_integer_value(json_array_get(json_object_get(lp, "bytes"), 0)), 0xe4);
+  json_decref(lp);
+  char id1[64], id2[64];
+  openai_response_new_id(id1, sizeof id1, "chatcmpl-");
+  openai_response_new_id(id2, sizeof id2, "chatcmpl-");
+  EXPECT(strncmp(id1, "chatcmpl-", 9) == 0 && strcmp(id1, id2) != 0);
+}
+
+int main(void) {
+  RUN(chat_defaults);
+  RUN(chat_all_fields);
+  RUN(tool_choice_none_drops_tools);
+  RUN(chat_errors);
+  RUN(completion_prompts);
+  RUN(completion_errors);
+  RUN(tokenize_bodies);
+  RUN(error_body_shape);
+  RUN(usage_shape);
+  RUN(stop_find_and_holdback);
+  RUN(utf8_helpers);
+  TEST_MAIN_END();
+}

@@ -1,0 +1,164 @@
+/* sampler: greedy, penalties (vLLM semantics), logprobs, top-k / top-p / min-p, seeded RNG,
+ * parameter validation. Expected values are computed here independently. */
+#include "sampler/sampler.h"
+
+#include "test.h"
+
+static sampler_scratch W;
+
+static int32_t draw(sampler *s, const float *in, int n, sampler_result *res) {
+  float l[16];
+  memcpy(l, in, (size_t)n * sizeof(float));
+  return sampler_sample(s, l, n, NULL, 0, NULL, 0, &W, res);
+}
+
+TEST(greedy) {
+  sampling_params p;
+  sampling_params_default(&p);
+  p.temperature = 0;
+  sampler s;
+  sampler_init(&s, &p, 1);
+  sampler_result r;
+  float l[5] = {0.1f, 2.0f, -1.0f, 2.0f, 1.9f};
+  EXPECT_EQ_INT(draw(&s, l, 5, &r), 1); /* tie between 1 and 3: lowest id */
+  float l2[3] = {-5, -4, -6};
+  EXPECT_EQ_INT(draw(&s, l2, 3, &r), 1);
+}
+
+TEST(penalties) {
+  sampling_params p;
+  sampling_params_default(&p);
+  p.repetition_penalty = 2.0f;
+  float l[4] = {2, -1, 3, 0.5f};
+  int32_t prompt[2] = {0, 0}, out[2] = {1, 1};
+  sampler_apply_penalties(&p, l, 4, prompt, 2, out, 2, &W);
+  EXPECT(l[0] == 1.0f && l[1] == -2.0f && l[2] == 3.0f && l[3] == 0.5f);
+  sampling_params_default(&p);
+  p.frequency_penalty = 0.5f;
+  p.presence_penalty = 0.25f;
+  float m[4] = {2, -1, 3, 0.5f};
+  int32_t out2[3] = {1, 3, 1};
+  sampler_apply_penalties(&p, m, 4, prompt, 2, out2, 3, &W); /* prompt does not count */
+  EXPECT(m[0] == 2.0f && m[1] == -1.0f - 1.25f && m[2] == 3.0f && m[3] == 0.5f - 0.75f);
+  for (int i = 0; i < 4; i++) EXPECT(W.counts[i] == 0 && W.mark[i] == 0); /* scratch restored */
+  /* greedy follows the penalised logits */
+  sampling_params_default(&p);
+  p.temperature = 0;
+  p.repetition_penalty = 10.0f;
+  sampler s;
+  sampler_init(&s, &p, 1);
+  float l3[3] = {3, 1, 2};
+  int32_t pr[1] = {0};
+  sampler_result r;
+  EXPECT_EQ_INT(sampler_sample(&s, l3, 3, pr, 1, NULL, 0, &W, &r), 2);
+}
+
+TEST(logprobs) {
+  sampling_params p;
+  sampling_params_default(&p);
+  p.temperature = 0;
+  p.logprobs = 1;
+  p.top_logprobs = 3;
+  sampler s;
+  sampler_init(&s, &p, 1);
+  float l[5] = {0.5f, 1.5f, -2.0f, 1.0f, 0.0f};
+  double z = 0;
+  for (int i = 0; i < 5; i++) z += exp((double)l[i]);
+  sampler_result r;
+  EXPECT_EQ_INT(draw(&s, l, 5, &r), 1);
+  EXPECT(fabs(r.logprob - (1.5 - log(z))) < 1e-6);
+  REQUIRE(r.n_top == 3);
+  EXPECT(r.top_ids[0] == 1 && r.top_ids[1] == 3 && r.top_ids[2] == 0);
+  EXPECT(fabs(r.top_logprobs[2] - (0.5 - log(z))) < 1e-6);
+  /* logprobs are pre-temperature */
+  p.temperature = 0.5f;
+  sampler_init(&s, &p, 7);
+  int32_t t = draw(&s, l, 5, &r);
+  EXPECT(fabs(r.logprob - (l[t] - log(z))) < 1e-6);
+}
+
+static void freqs(sampling_params *p, const float *l, int n, int draws, double *f) {
+  sampler s;
+  sampler_init(&s, p, 42);
+  sampler_result r;
+  for (int i = 0; i < n; i++) f[i] = 0;
+  for (int i = 0; i < draws; i++) f[draw(&s, l, n, &r)] += 1.0 / draws;
+}
+
+TEST(distributions) {
+  float l[3] = {logf(0.5f), logf(0.3f), logf(0.2f)};
+  sampling_params p;
+  sampling_params_default(&p);
+  double f[3];
+  freqs(&p, l, 3, 20000, f);
+  EXPECT_MSG(fabs(f[0] - 0.5) < 0.02 && fabs(f[1] - 0.3) < 0.02 && fabs(f[2] - 0.2) < 0.02,
+             "plain %f %f %f", f[0], f[1], f[2]);
+  p.top_p = 0.6f; /* keeps {0, 1}: 0.5 < 0.6 <= 0.8 */
+  freqs(&p, l, 3, 20000, f);
+  EXPECT_MSG(f[2] == 0 && fabs(f[0] - 0.625) < 0.02, "top_p %f %f %f", f[0], f[1], f[2]);
+  sampling_params_default(&p);
+  p.min_p = 0.5f; /* threshold 0.25: keeps {0, 1} */
+  freqs(&p, l, 3, 20000, f);
+  EXPECT_MSG(f[2] == 0 && fabs(f[0] - 0.625) < 0.02, "min_p %f %f %f", f[0], f[1], f[2]);
+  sampling_params_default(&p);
+  p.top_k = 1;
+  freqs(&p, l, 3, 1000, f);
+  EXPECT(f[1] == 0 && f[2] == 0);
+  sampling_params_default(&p);
+  p.temperature = 0.25f; /* p^4: 0.0625, 0.0081, 0.0016 */
+  freqs(&p, l, 3, 20000, f);
+  double z = 0.0625 + 0.0081 + 0.0016;
+  EXPECT_MSG(fabs(f[0] - 0.0625 / z) < 0.02, "temperature %f", f[0]);
+}
+
+TEST(seeded) {
+  sampling_params p;
+  sampling_params_default(&p);
+  p.seed = 1234;
+  p.has_seed = 1;
+  float l[8] = {0, 0.1f, 0.2f, 0.3f, 0.4f, 0.5f, 0.6f, 0.7f};
+  sampler a, b, c;
+  sampler_init(&a, &p, 1);
+  sampler_init(&b, &p, 999); /* the fallback does not matter with a seed */
+  p.seed = 1235;
+  sampler_init(&c, &p, 1);
+  sampler_result r;
+  int same = 1, differ = 0;
+  for (int i = 0; i < 64; i++) {
+    int32_t x = draw(&a, l, 8, &r), y = draw(&b, l, 8, &r), z = draw(&c, l, 8, &r);
+    same &= x == y;
+    differ |= x != z;
+  }
+  EXPECT(same);
+  EXPECT(differ);
+}
+
+TEST(validate) {
+  sampling_params p;
+  char err[128];
+  sampling_params_default(&p);
+  EXPECT(sampling_params_validate(&p, err, sizeof err) == 0);
+  p.top_p = 1.5f;
+  EXPECT(sampling_params_validate(&p, err, sizeof err) == -1);
+  sampling_params_default(&p);
+  p.temperature = NAN;
+  EXPECT(sampling_params_validate(&p, err, sizeof err) == -1);
+  sampling_params_default(&p);
+  p.max_tokens = 0;
+  EXPECT(sampling_params_validate(&p, err, sizeof err) == -1);
+  sampling_params_default(&p);
+  p.top_logprobs = 21;
+  EXPECT(sampling_params_validate(&p, err, sizeof err) == -1);
+}
+
+int main(void) {
+  if (sampler_scratch_init(&W, 16) != 0) return 1;
+  RUN(greedy);
+  RUN(penalties);
+  RUN(logprobs);
+  RUN(distributions);
+  RUN(seeded);
+  RUN(validate);
+  sampler_scratch_free(&W);
+  TEST_MAIN_END();
+}

@@ -30,6 +30,7 @@ static int check_offsets(const json_t *req, const chat_render *r, char *why, siz
   for (int i = 0; i < r->n_msgs; i++) {
     size_t o = r->msg_offsets[i];
     const char *role = json_string_value(json_object_get(json_array_get(msgs, (size_t)i), "role"));
+    if (!role) role = "";
     if (o + 12 > r->len || memcmp(r->text + o, "<|im_start|>", 12)) {
       snprintf(why, whylen, "message %d offset %zu is not at <|im_start|>", i, o);
       return -1;
@@ -39,9 +40,8 @@ static int check_offsets(const json_t *req, const chat_render *r, char *why, siz
       return -1;
     }
     prev = o;
-    char want[40];
-    snprintf(want, sizeof want, "<|im_start|>%s", !strcmp(role, "tool") ? "user" : role);
-    if (strcmp(role, "system") && strncmp(r->text + o, want, strlen(want))) {
+    const char *turn_role = strcmp(role, "tool") ? role : "user";
+    if (strcmp(role, "system") && strncmp(r->text + o + 12, turn_role, strlen(turn_role))) {
       snprintf(why, whylen, "message %d (%s) offset starts another turn", i, role);
       return -1;
     }

@@ -84,6 +84,15 @@ TEST(vlm_text_config) {
   /* no layer_types: interval 4 => layers 3 and 7 are full */
   for (int i = 0; i < 8; i++) EXPECT_EQ_INT(c.layer_types[i], (i == 3 || i == 7) ? LAYER_KIND_FULL : LAYER_KIND_LINEAR);
   EXPECT_EQ_INT(c.bos_token_id, -1);
+  /* text_config serialised with its default false, the wrapper tied: tied */
+  p = write_cfg("{\"model_type\":\"qwen3_5\",\"tie_word_embeddings\":true,"
+                "\"text_config\":{\"tie_word_embeddings\":false,\"num_hidden_layers\":4}}");
+  REQUIRE(config_load(p, &c, err, sizeof err) == 0);
+  EXPECT_EQ_INT(c.tie_word_embeddings, 1);
+  p = write_cfg("{\"model_type\":\"qwen3_5\",\"tie_word_embeddings\":false,"
+                "\"text_config\":{\"tie_word_embeddings\":false,\"num_hidden_layers\":4}}");
+  REQUIRE(config_load(p, &c, err, sizeof err) == 0);
+  EXPECT_EQ_INT(c.tie_word_embeddings, 0);
 }
 
 TEST(interval_and_top_level_rope) {

@@ -42,6 +42,24 @@ typedef struct engine_opts {
 
 void engine_opts_default(engine_opts *o);
 
+/* Shared flag parsing for `serve` and `run`: if argv[*i] is an engine flag (vLLM names:
+ * --max-num-seqs N, --max-num-batched-tokens N, --max-model-len N, --kv-cache-tokens N,
+ * --gpu-memory-utilization F, --max-waiting N, --enable-prefix-caching,
+ * --no-enable-prefix-caching, --snapshot-interval N, --snapshot-slabs N, --prefix-cache-gib F,
+ * --host-cache-gib F; "--flag=value" also accepted) stores it in o, advances *i past its
+ * value and returns 1; returns 0 when argv[*i] is not an engine flag (nothing changes), and -1
+ * with one line in err when the value is missing or out of range. */
+int engine_opts_parse_flag(engine_opts *o, int argc, char **argv, int *i, char *err,
+                           size_t errlen);
+
+/* The pool sizes for qwen35_init, computed once at start-up from the flags and the model's
+ * config: n_slots = max_num_seqs sequence slots + the snapshot slabs; n_pages from
+ * --kv-cache-tokens (0: 32768 tokens, as no device-memory figure is known here). The model
+ * given to engine_create must have been initialised with exactly these sizes for the same
+ * opts. Returns 0, or -1 with err (a value out of range). */
+int engine_mem_plan(const engine_opts *o, const model_config *c, qwen35_mem_opts *mo,
+                    char *err, size_t errlen);
+
 typedef enum {
   FINISH_NONE = 0,
   FINISH_STOP,      /* eos / stop token */
@@ -57,6 +75,7 @@ typedef enum {
   ENGINE_ERR_TOO_LONG,   /* prompt + max_tokens can never fit -> 400 */
   ENGINE_ERR_QUEUE_FULL, /* -> 429/503 */
   ENGINE_ERR_SHUTDOWN,   /* engine stopping -> 503 */
+  ENGINE_ERR_NOMEM,      /* out of request-time memory -> 503 */
 } engine_status;
 
 typedef struct engine_submit_opts {
@@ -66,6 +85,10 @@ typedef struct engine_submit_opts {
   const char *cache_salt;  /* prefix-cache namespace, NULL or "" for the shared one */
   const int32_t *boundaries; /* chat-message start positions (prefix-cache capture points) */
   int n_boundaries;
+  /* Optional test/inspection hook, called on the engine thread with the raw logits row
+   * [n_vocab] (before penalties) each time a token of this request is sampled. */
+  void (*on_logits)(void *user, const float *logits, int n_vocab);
+  void *user;
 } engine_submit_opts;
 
 #define ENGINE_MAX_TOP_LOGPROBS 20
@@ -111,5 +134,9 @@ typedef struct engine_stats {
   int max_model_len;
 } engine_stats;
 void engine_get_stats(engine *e, engine_stats *s);
+
+/* Runs kv_pages_check and state_pool_check on the engine thread (between steps) and returns
+ * 0, or -1 with the first failure in err. For tests and debugging. */
+int engine_check(engine *e, char *err, size_t errlen);
 
 #endif

@@ -4,7 +4,8 @@
  *   flat             {"model_type": "qwen3_5_text" | "qwen3_5_moe_text" | "qwen3_next", ...}
  *   VLM wrapper      {"model_type": "qwen3_5" | "qwen3_5_moe", "text_config": {...}, ...}
  *                    (the released Qwen3.5 / Qwen3.6 checkpoints); values come from
- *                    text_config, falling back to the top level for eos/bos/tie keys.
+ *                    text_config, falling back to the top level for eos/bos keys; tied
+ *                    when either level sets tie_word_embeddings.
  *   no model_type    the architecture name decides (Qwen3_5ForCausalLM, ...).
  * A key that is absent takes the default of the transformers configuration class of that
  * model type (Qwen3_5TextConfig, Qwen3_5MoeTextConfig, Qwen3NextConfig). */
@@ -159,13 +160,14 @@ static int cfg_parse(cfg_ctx *x, model_config *c) {
   if (!rc) rc |= cfg_int(x, t, "linear_conv_kernel_dim", 4, &c->conv_kernel);
   if (rc) return -1;
 
-  /* tie_word_embeddings: the text object's value, else the top level's, else false */
-  json_t *jtie = cfg_get2(x, "tie_word_embeddings");
-  if (jtie) {
-    json_t *holder = json_object_get(t, "tie_word_embeddings") ? t : root;
-    if (cfg_bool(x, holder, "tie_word_embeddings", 0, &c->tie_word_embeddings)) return -1;
-  } else {
-    c->tie_word_embeddings = 0;
+  /* tie_word_embeddings: flat files read their own key; a wrapper ties when either its top
+   * level (read by the ForConditionalGeneration class) or its text_config says so */
+  c->tie_word_embeddings = 0;
+  if (cfg_bool(x, t, "tie_word_embeddings", 0, &c->tie_word_embeddings)) return -1;
+  if (x->outer != t) {
+    int outer_tie;
+    if (cfg_bool(x, root, "tie_word_embeddings", 0, &outer_tie)) return -1;
+    c->tie_word_embeddings |= outer_tie;
   }
 
   /* --- RoPE: rope_parameters (transformers 5), else top-level keys (older files) --- */

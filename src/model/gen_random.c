@@ -337,6 +337,18 @@ int gen_random_write(const char *config_path, const char *out_dir, const gen_ran
     errf(err, errlen, "out of memory planning tensors");
     goto done;
   }
+  /* 4-byte tensors first (stable), so every tensor stays aligned to its element size */
+  gen_spec *sorted = malloc((size_t)(l.n ? l.n : 1) * sizeof *sorted);
+  if (!sorted) {
+    errf(err, errlen, "out of memory planning tensors");
+    goto done;
+  }
+  int ns = 0;
+  for (int pass = 0; pass < 2; pass++)
+    for (int i = 0; i < l.n; i++)
+      if ((dtype_size(l.v[i].dt) == 4) == (pass == 0)) sorted[ns++] = l.v[i];
+  free(l.v);
+  l.v = sorted;
   snprintf(path, sizeof path, "%s/model.safetensors", out_dir);
   if (st_writer_open(&w, path, err, errlen)) goto done;
   first = malloc((size_t)(l.n + 1) * sizeof *first);

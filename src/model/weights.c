@@ -476,6 +476,14 @@ void weights_free(model_weights *w) {
   memset(w, 0, sizeof *w);
 }
 
+const void *weights_raw(const model_weights *w, const char *name, uint64_t *nbytes) {
+  if (!w->store) return NULL;
+  const weights_entry *e = weights_find(w->store, name);
+  if (!e) return NULL;
+  if (nbytes) *nbytes = e->t->nbytes;
+  return e->t->data;
+}
+
 int model_load(const char *dir, model_config *c, model_weights *w, char *err, size_t errlen) {
   char path[1200];
   snprintf(path, sizeof path, "%s/config.json", dir);

@@ -90,6 +90,11 @@ int weights_load(const char *dir, const model_config *c, model_weights *w, char 
                  size_t errlen);
 void weights_free(model_weights *w);
 
+/* The bytes of the checkpoint tensor called `name` exactly as stored (any dtype, before any
+ * regrouping), or NULL when no file of w has it; *nbytes gets their count when non-NULL.
+ * Points into w's mappings; valid until weights_free. For tools and tests. */
+const void *weights_raw(const model_weights *w, const char *name, uint64_t *nbytes);
+
 /* Convenience: config_load(dir/config.json) + weights_load(dir). */
 int model_load(const char *dir, model_config *c, model_weights *w, char *err, size_t errlen);
 

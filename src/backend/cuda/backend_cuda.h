@@ -1,0 +1,25 @@
+/* backend_cuda — the CUDA implementation of the op table (backend/backend.h) for one NVIDIA
+ * GPU (built for sm_90a): bf16 activations and K/V pages with fp32 accumulation, fp32
+ * DeltaNet state, cuBLAS bf16 GEMMs, every op enqueued on one stream. Includable from C. */
+#ifndef DS_BACKEND_CUDA_H
+#define DS_BACKEND_CUDA_H
+#include <stddef.h>
+
+#include "backend/backend.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* 1 when at least one CUDA device is usable, else 0 (never fails loudly). */
+int backend_cuda_available(void);
+
+/* The backend on device `device`, or NULL with one line in err (no device, out of memory,
+ * library initialisation failure). */
+backend *backend_cuda_create(int device, char *err, size_t errlen);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

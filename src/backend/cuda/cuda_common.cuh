@@ -1,0 +1,113 @@
+/* cuda_common — what the CUDA backend's kernel files share: the private context (stream,
+ * cuBLAS handle, the step's batch metadata on the device, preallocated scratch), the weight
+ * record, and small device helpers (bf16 conversion, warp/block reductions).
+ *
+ * Batch metadata lives twice: host copies (for launch sizes and piece lists) and one device
+ * array uploaded once per step from pinned staging. Scratch is one device buffer grown only
+ * when a step needs more than any step before (cuda_scratch). Launch failures are recorded in
+ * ctx->err and reported by the next sync or read (the op table's ops return nothing). */
+#ifndef DS_CUDA_COMMON_CUH
+#define DS_CUDA_COMMON_CUH
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "backend/backend.h"
+
+typedef __nv_bfloat16 bf16;
+
+typedef struct cuda_weight {
+  bf16 *bf;       /* [rows, cols] bf16 (always) */
+  float *f32;     /* [rows, cols] fp32 copy for small weights (1-D, conv), else NULL */
+  int64_t rows, cols;
+} cuda_weight;
+
+/* Device views of the step's metadata (pointers into ctx->d_meta). */
+typedef struct cuda_batch {
+  int n_tokens, n_seqs, max_pages, n_out;
+  int n_prefill, n_decode; /* pieces with len > 1, == 1 */
+  int max_len;             /* longest piece */
+  int max_pos_end;         /* max seq_pos + seq_len */
+  const int32_t *tokens, *pos, *seq, *seq_start, *seq_len, *seq_pos, *seq_slot, *page_table,
+      *out_rows;
+  const int32_t *prefill_ids; /* [n_prefill] piece indices */
+  const int32_t *decode_ids;  /* [n_decode] */
+} cuda_batch;
+
+typedef struct cuda_ctx {
+  int device;
+  cudaStream_t st;
+  cublasHandle_t blas;
+  void *blas_ws;
+  size_t blas_ws_bytes;
+  /* metadata */
+  int32_t *h_meta, *d_meta; /* pinned staging / device copy */
+  size_t meta_cap;          /* int32 elements */
+  cudaEvent_t meta_done;    /* the last upload finished reading h_meta */
+  int meta_pending;
+  cuda_batch b;        /* device pointers */
+  backend_batch hb;    /* host copies (pointers into h_host) */
+  int32_t *h_host;     /* host copy of the metadata (plain memory) */
+  int32_t *h_prefill, *h_decode;
+  /* scratch */
+  void *scratch;
+  size_t scratch_bytes;
+  /* sticky failure */
+  int failed;
+  char err[256];
+} cuda_ctx;
+
+static inline cuda_ctx *cuda_ctx_of(backend *be) { return (cuda_ctx *)be->ctx; }
+#define CW(w) ((cuda_weight *)(w))
+
+/* Records the first failure (launch or library error) for the next sync/read. */
+void cuda_fail(cuda_ctx *c, const char *what, const char *detail);
+/* Checks the last launch; records a failure under `what`. */
+void cuda_check_launch(cuda_ctx *c, const char *what);
+/* Device scratch of at least `bytes` (grown rarely; growing waits for the stream). NULL and a
+ * recorded failure when out of memory. */
+void *cuda_scratch(cuda_ctx *c, size_t bytes);
+/* y[T, N] = x[T, K] . W[N, K]^T with fp32 accumulation; y bf16 (y_f32 = 0) or fp32. */
+void cuda_gemm(cuda_ctx *c, const bf16 *x, const bf16 *W, int T, int K, int N, void *y,
+               int y_f32);
+
+/* ---- device helpers ---- */
+
+__device__ __forceinline__ float bf2f(bf16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ bf16 f2bf(float x) { return __float2bfloat16_rn(x); }
+__device__ __forceinline__ float sigmoidf_dev(float x) { return 1.f / (1.f + expf(-x)); }
+__device__ __forceinline__ float siluf_dev(float x) { return x / (1.f + expf(-x)); }
+
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+/* Sum over the block (blockDim.x a multiple of 32, <= 1024); every thread gets the result.
+ * `red` is __shared__ float[33]. */
+__device__ __forceinline__ float block_sum(float v, float *red) {
+  int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+  v = warp_sum(v);
+  __syncthreads();
+  if (lane == 0) red[w] = v;
+  __syncthreads();
+  if (w == 0) {
+    float s = lane < nw ? red[lane] : 0.f;
+    s = warp_sum(s);
+    if (lane == 0) red[32] = s;
+  }
+  __syncthreads();
+  return red[32];
+}
+
+static inline unsigned cuda_blocks(size_t n, unsigned threads) {
+  size_t b = (n + threads - 1) / threads;
+  if (b > 65535u * 16) b = 65535u * 16;
+  return (unsigned)(b ? b : 1);
+}
+
+#endif

@@ -1,0 +1,294 @@
+/* cuda_elem — the row-wise and elementwise kernels: embed, rmsnorm (+ residual add), add,
+ * sigmoid_mul, swiglu, qk_norm_rope, gdn_gates, gated_rmsnorm and the logits row gather+norm.
+ * Activations are bf16; every reduction is fp32 in a fixed order that depends only on the row
+ * (one block per row or head), so a row's result never depends on the batch. */
+#include <math.h>
+
+#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_ops.h"
+
+static const float *wf32(cuda_ctx *c, backend_weight w, const char *op) {
+  if (!w || !CW(w)->f32) {
+    cuda_fail(c, op, "1-D weight missing or uploaded with rows != 1");
+    return NULL;
+  }
+  return CW(w)->f32;
+}
+
+/* ---- embed ---- */
+
+__global__ void k_embed(const int32_t *tokens, const bf16 *E, int64_t V, int H, bf16 *out) {
+  int t = blockIdx.x;
+  int id = tokens[t];
+  bf16 *o = out + (int64_t)t * H;
+  if (id < 0 || id >= V) { /* out of range ids give zeros (the forward pass validates ids) */
+    for (int i = threadIdx.x; i < H; i += blockDim.x) o[i] = f2bf(0.f);
+    return;
+  }
+  const bf16 *e = E + (int64_t)id * H;
+  for (int i = threadIdx.x; i < H; i += blockDim.x) o[i] = e[i];
+}
+
+extern "C" void cuda_elem_embed(backend *be, backend_weight E, int H, backend_buf out) {
+  cuda_ctx *c = cuda_ctx_of(be);
+  if (c->b.n_tokens <= 0) return;
+  k_embed<<<c->b.n_tokens, 256, 0, c->st>>>(c->b.tokens, CW(E)->bf, CW(E)->rows, H, (bf16 *)out);
+  cuda_check_launch(c, "embed");
+}
+
+/* ---- rmsnorm ---- */
+
+/* One block per row; the row is held in registers (up to 16 values per thread). */
+#define RMS_THREADS 256
+#define RMS_PER 16
+__global__ void k_rmsnorm(bf16 *x, const bf16 *add, const float *w, int n, float eps, bf16 *y) {
+  __shared__ float red[33];
+  int64_t t = blockIdx.x;
+  bf16 *xr = x + t * n;
+  float v[RMS_PER];
+  float ss = 0.f;
+#pragma unroll
+  for (int r = 0; r < RMS_PER; r++) {
+    int i = threadIdx.x + r * RMS_THREADS;
+    v[r] = 0.f;
+    if (i < n) {
+      float xv = bf2f(xr[i]);
+      if (add) {
+        bf16 s = f2bf(xv + bf2f(add[t * n + i]));
+        xr[i] = s;
+        xv = bf2f(s);
+      }
+      v[r] = xv;
+      ss += xv * xv;
+    }
+  }
+  ss = block_sum(ss, red);
+  float rs = rsqrtf(ss / (float)n + eps);
+#pragma unroll
+  for (int r = 0; r < RMS_PER; r++) {
+    int i = threadIdx.x + r * RMS_THREADS;
+    if (i < n) y[t * n + i] = f2bf(v[r] * rs * (1.f + w[i]));
+  }
+}
+
+extern "C" void cuda_elem_rmsnorm(backend *be, backend_buf x, backend_buf add, backend_weight w,
+                                  int T, int n, float eps, backend_buf y) {
+  cuda_ctx *c = cuda_ctx_of(be);
+  const float *wf = wf32(c, w, "rmsnorm");
+  if (!wf || T <= 0) return;
+  if (n > RMS_THREADS * RMS_PER) {
+    cuda_fail(c, "rmsnorm", "row wider than 4096");
+    return;
+  }
+  k_rmsnorm<<<T, RMS_THREADS, 0, c->st>>>((bf16 *)x, (const bf16 *)add, wf, n, eps, (bf16 *)y);
+  cuda_check_launch(c, "rmsnorm");
+}
+
+/* ---- elementwise ---- */
+
+__global__ void k_ew(bf16 *x, const bf16 *y, size_t n, int op, bf16 *out) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+       i += (size_t)gridDim.x * blockDim.x) {
+    float a = bf2f(x[i]), b = bf2f(y[i]);
+    if (op == 0) x[i] = f2bf(a + b);
+    else if (op == 1) x[i] = f2bf(a * sigmoidf_dev(b));
+    else out[i] = f2bf(siluf_dev(a) * b);
+  }
+}
+
+static void ew(backend *be, backend_buf x, backend_buf y, size_t n, int op, backend_buf out,
+               const char *what) {
+  cuda_ctx *c = cuda_ctx_of(be);
+  if (!n) return;
+  k_ew<<<cuda_blocks(n, 256), 256, 0, c->st>>>((bf16 *)x, (const bf16 *)y, n, op, (bf16 *)out);
+  cuda_check_launch(c, what);
+}
+
+extern "C" void cuda_elem_add(backend *be, backend_buf x, backend_buf y, size_t n) {
+  ew(be, x, y, n, 0, NULL, "add");
+}
+extern "C" void cuda_elem_sigmoid_mul(backend *be, backend_buf x, backend_buf gate, size_t n) {
+  ew(be, x, gate, n, 1, NULL, "sigmoid_mul");
+}
+extern "C" void cuda_elem_swiglu(backend *be, backend_buf gate, backend_buf up, size_t n,
+                                 backend_buf out) {
+  ew(be, gate, up, n, 2, out, "swiglu");
+}
+
+/* ---- qk_norm_rope ---- */
+
+/* grid (T, nh + nkv), block = hd rounded up to 32 (hd <= 1024). Head h < nh is a query head
+ * (from qg, writing q_out and gate_out), else key head h - nh (in place in k). */
+__global__ void k_qk_norm_rope(const bf16 *qg, bf16 *k, const float *qn, const float *kn,
+                               const int32_t *pos, int nh, int nkv, int hd, int rot,
+                               double theta, float eps, bf16 *q_out, bf16 *gate_out) {
+  extern __shared__ float sh[]; /* [hd] */
+  __shared__ float red[33];
+  int64_t t = blockIdx.x;
+  int h = blockIdx.y, i = threadIdx.x;
+  int isq = h < nh;
+  const bf16 *src;
+  const float *w;
+  bf16 *dst;
+  if (isq) {
+    src = qg + (t * nh + h) * 2 * hd;
+    dst = q_out + (t * nh + h) * hd;
+    w = qn;
+    if (i < hd) gate_out[(t * nh + h) * hd + i] = src[hd + i];
+  } else {
+    src = k + (t * nkv + (h - nh)) * hd;
+    dst = k + (t * nkv + (h - nh)) * hd;
+    w = kn;
+  }
+  float xv = i < hd ? bf2f(src[i]) : 0.f;
+  float ss = block_sum(xv * xv, red);
+  float r = rsqrtf(ss / (float)hd + eps);
+  float y = xv * r * (i < hd ? 1.f + w[i] : 0.f);
+  if (i < hd) sh[i] = y;
+  __syncthreads();
+  int half = rot / 2;
+  float o = y;
+  if (i < rot) {
+    int j = i < half ? i : i - half;
+    float inv = (float)(1.0 / pow(theta, (double)(2 * j) / (double)rot));
+    float a = (float)pos[t] * inv;
+    float cs = cosf(a), sn = sinf(a);
+    if (i < half) o = sh[i] * cs - sh[i + half] * sn;
+    else o = sh[i] * cs + sh[i - half] * sn;
+  }
+  if (i < hd) dst[i] = f2bf(o);
+}
+
+extern "C" void cuda_elem_qk_norm_rope(backend *be, backend_buf qg, backend_buf k,
+                                       backend_weight q_norm, backend_weight k_norm, int nh,
+                                       int nkv, int hd, int rot, double theta, float eps,
+                                       backend_buf q_out, backend_buf gate_out) {
+  cuda_ctx *c = cuda_ctx_of(be);
+  const float *qn = wf32(c, q_norm, "qk_norm_rope"), *kn = wf32(c, k_norm, "qk_norm_rope");
+  if (!qn || !kn || c->b.n_tokens <= 0) return;
+  if (hd > 1024 || rot > hd) {
+    cuda_fail(c, "qk_norm_rope", "head dim over 1024 or rot > hd");
+    return;
+  }
+  dim3 grid(c->b.n_tokens, nh + nkv);
+  int th = (hd + 31) / 32 * 32;
+  k_qk_norm_rope<<<grid, th, hd * sizeof(float), c->st>>>(
+      (const bf16 *)qg, (bf16 *)k, qn, kn, c->b.pos, nh, nkv, hd, rot, theta, eps,
+      (bf16 *)q_out, (bf16 *)gate_out);
+  cuda_check_launch(c, "qk_norm_rope");
+}
+
+/* ---- gdn_gates ---- */
+
+/* grid T, block 256: one warp per q/k head (L2 norm), then the gates. */
+__global__ void k_gdn_gates(bf16 *qkv, const bf16 *b, const bf16 *a, const float *A_log,
+                            const float *dt_bias, int nk, int nv, int dk, int dv, float *beta,
+                            float *g) {
+  int64_t t = blockIdx.x;
+  int64_t cd = 2 * (int64_t)nk * dk + (int64_t)nv * dv;
+  bf16 *row = qkv + t * cd;
+  int lane = threadIdx.x & 31, wp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  float qs = 1.f / sqrtf((float)dk);
+  for (int h = wp; h < 2 * nk; h += nw) {
+    bf16 *x = row + (int64_t)h * dk;
+    float ss = 0.f;
+    for (int i = lane; i < dk; i += 32) {
+      float v = bf2f(x[i]);
+      ss += v * v;
+    }
+    ss = warp_sum(ss);
+    float inv = 1.f / sqrtf(ss + 1e-6f);
+    float sc = h < nk ? qs : 1.f;
+    for (int i = lane; i < dk; i += 32) x[i] = f2bf(bf2f(x[i]) * inv * sc);
+  }
+  for (int h = threadIdx.x; h < nv; h += blockDim.x) {
+    beta[t * nv + h] = sigmoidf_dev(bf2f(b[t * nv + h]));
+    float xx = bf2f(a[t * nv + h]) + dt_bias[h];
+    float sp = xx > 20.f ? xx : log1pf(expf(xx));
+    g[t * nv + h] = -expf(A_log[h]) * sp;
+  }
+}
+
+extern "C" void cuda_elem_gdn_gates(backend *be, backend_buf qkv, backend_buf b, backend_buf a,
+                                    backend_weight A_log, backend_weight dt_bias, int nk, int nv,
+                                    int dk, int dv, backend_buf beta, backend_buf g) {
+  cuda_ctx *c = cuda_ctx_of(be);
+  const float *al = wf32(c, A_log, "gdn_gates"), *db = wf32(c, dt_bias, "gdn_gates");
+  if (!al || !db || c->b.n_tokens <= 0) return;
+  k_gdn_gates<<<c->b.n_tokens, 256, 0, c->st>>>((bf16 *)qkv, (const bf16 *)b, (const bf16 *)a,
+                                                 al, db, nk, nv, dk, dv, (float *)beta,
+                                                 (float *)g);
+  cuda_check_launch(c, "gdn_gates");
+}
+
+/* ---- gated_rmsnorm ---- */
+
+/* One warp per (row, value head). out may alias o: each lane reads its elements before the
+ * reduction and writes the same elements after it. */
+#define GN_PER 16
+__global__ void k_gated_rmsnorm(const bf16 *o, const bf16 *z, const float *w, int64_t rows,
+                                int dv, float eps, bf16 *out) {
+  int64_t r = blockIdx.x * (int64_t)(blockDim.x >> 5) + (threadIdx.x >> 5);
+  int lane = threadIdx.x & 31;
+  if (r >= rows) return;
+  const bf16 *orow = o + r * dv;
+  float v[GN_PER];
+  float ss = 0.f;
+#pragma unroll
+  for (int k = 0; k < GN_PER; k++) {
+    int i = lane + 32 * k;
+    v[k] = i < dv ? bf2f(orow[i]) : 0.f;
+    ss += v[k] * v[k];
+  }
+  ss = warp_sum(ss);
+  float rs = rsqrtf(ss / (float)dv + eps);
+#pragma unroll
+  for (int k = 0; k < GN_PER; k++) {
+    int i = lane + 32 * k;
+    if (i < dv) out[r * dv + i] = f2bf(w[i] * (v[k] * rs) * siluf_dev(bf2f(z[r * dv + i])));
+  }
+}
+
+extern "C" void cuda_elem_gated_rmsnorm(backend *be, backend_buf o, backend_buf z,
+                                        backend_weight w, int T, int nv, int dv, float eps,
+                                        backend_buf out) {
+  cuda_ctx *c = cuda_ctx_of(be);
+  const float *wf = wf32(c, w, "gated_rmsnorm");
+  if (!wf || T <= 0) return;
+  if (dv > 32 * GN_PER) {
+    cuda_fail(c, "gated_rmsnorm", "value head dim over 512");
+    return;
+  }
+  int64_t rows = (int64_t)T * nv;
+  k_gated_rmsnorm<<<(unsigned)((rows + 7) / 8), 256, 0, c->st>>>(
+      (const bf16 *)o, (const bf16 *)z, wf, rows, dv, eps, (bf16 *)out);
+  cuda_check_launch(c, "gated_rmsnorm");
+}
+
+/* ---- logits rows ---- */
+
+__global__ void k_gather_norm(const bf16 *x, const int32_t *out_rows, const float *w, int H,
+                              float eps, bf16 *xn) {
+  __shared__ float red[33];
+  int i = blockIdx.x;
+  const bf16 *xr = x + (int64_t)out_rows[i] * H;
+  float ss = 0.f;
+  for (int j = threadIdx.x; j < H; j += blockDim.x) {
+    float v = bf2f(xr[j]);
+    ss += v * v;
+  }
+  ss = block_sum(ss, red);
+  float rs = rsqrtf(ss / (float)H + eps);
+  for (int j = threadIdx.x; j < H; j += blockDim.x)
+    xn[(int64_t)i * H + j] = f2bf(bf2f(xr[j]) * rs * (1.f + w[j]));
+}
+
+extern "C" void cuda_elem_gather_norm(backend *be, backend_buf x, backend_weight norm, float eps,
+                                      int H, void *xn) {
+  cuda_ctx *c = cuda_ctx_of(be);
+  const float *wf = wf32(c, norm, "logits");
+  if (!wf || c->b.n_out <= 0) return;
+  k_gather_norm<<<c->b.n_out, 256, 0, c->st>>>((const bf16 *)x, c->b.out_rows, wf, H, eps,
+                                                (bf16 *)xn);
+  cuda_check_launch(c, "logits");
+}

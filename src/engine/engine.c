@@ -1,0 +1,632 @@
+/* engine — the step loop and the threads' meeting points.
+ *
+ *   client threads                         engine thread
+ *   engine_submit --> incoming queue ----> sched_add
+ *                     (e->mu, e->cv)        loop: cancels -> sched_schedule -> batch build
+ *                                                 -> qwen35_forward -> sample -> postprocess
+ *   engine_next  <--- per-request channel <-- token / final events
+ *                     (h->mu, h->cv; a ring of max_tokens + 1 events, never grows)
+ *   engine_cancel --> atomic flag, seen at the next step
+ *
+ * The engine thread alone touches the scheduler, pages, slots and the requests' token
+ * arrays. A handle is owned jointly by the client (until engine_release) and the engine
+ * (until the final event); whoever lets go last frees it. Nothing allocates inside a step:
+ * the fwd_seq array and the logits buffer are sized at creation for max_num_seqs rows. */
+#include "engine/engine.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "base/fault.h"
+#include "base/log.h"
+#include "cache/kv_pages.h"
+#include "cache/state_pool.h"
+#include "engine/request.h"
+#include "engine/sched.h"
+
+/* ---- options -------------------------------------------------------------------------------- */
+
+void engine_opts_default(engine_opts *o) {
+  memset(o, 0, sizeof *o);
+  o->max_num_seqs = 64;
+  o->max_num_batched_tokens = 8192;
+  o->gpu_memory_utilization = 0.9f;
+  o->enable_prefix_caching = 1;
+  o->snapshot_interval = 2048;
+}
+
+static int engine_parse_int(const char *v, const char *flag, int lo, int *out, char *err,
+                            size_t errlen) {
+  char *end;
+  errno = 0;
+  long x = strtol(v, &end, 10);
+  if (errno || end == v || *end || x < lo || x > 1000000000)
+    return errf(err, errlen, "%s: expected an integer >= %d, got '%s'", flag, lo, v);
+  *out = (int)x;
+  return 0;
+}
+
+static int engine_parse_double(const char *v, const char *flag, double lo, double hi,
+                               double *out, char *err, size_t errlen) {
+  char *end;
+  errno = 0;
+  double x = strtod(v, &end);
+  if (errno || end == v || *end || !(x >= lo && x <= hi))
+    return errf(err, errlen, "%s: expected a number in [%g, %g], got '%s'", flag, lo, hi, v);
+  *out = x;
+  return 0;
+}
+
+int engine_opts_parse_flag(engine_opts *o, int argc, char **argv, int *i, char *err,
+                           size_t errlen) {
+  const char *a = argv[*i];
+  if (strncmp(a, "--", 2) != 0) return 0;
+  char name[64];
+  const char *eq = strchr(a, '=');
+  size_t len = eq ? (size_t)(eq - a) : strlen(a);
+  if (len >= sizeof name) return 0;
+  memcpy(name, a, len);
+  name[len] = 0;
+  if (!strcmp(name, "--enable-prefix-caching") || !strcmp(name, "--no-enable-prefix-caching")) {
+    if (eq) return errf(err, errlen, "%s takes no value", name);
+    o->enable_prefix_caching = name[2] != 'n';
+    return 1;
+  }
+  static const char *const known[] = {
+      "--max-num-seqs",      "--max-num-batched-tokens", "--max-model-len",
+      "--kv-cache-tokens",   "--gpu-memory-utilization", "--max-waiting",
+      "--snapshot-interval", "--snapshot-slabs",         "--prefix-cache-gib",
+      "--host-cache-gib"};
+  int k = -1;
+  for (int j = 0; j < (int)(sizeof known / sizeof *known); j++)
+    if (!strcmp(name, known[j])) k = j;
+  if (k < 0) return 0;
+  const char *v;
+  if (eq) {
+    v = eq + 1;
+  } else {
+    if (*i + 1 >= argc) return errf(err, errlen, "%s needs a value", name);
+    v = argv[++*i];
+  }
+  double d;
+  int rc = 0;
+  switch (k) {
+  case 0: rc = engine_parse_int(v, name, 1, &o->max_num_seqs, err, errlen); break;
+  case 1: rc = engine_parse_int(v, name, 1, &o->max_num_batched_tokens, err, errlen); break;
+  case 2: rc = engine_parse_int(v, name, 1, &o->max_model_len, err, errlen); break;
+  case 3: rc = engine_parse_int(v, name, 16, &o->kv_cache_tokens, err, errlen); break;
+  case 4:
+    rc = engine_parse_double(v, name, 0.01, 1.0, &d, err, errlen);
+    o->gpu_memory_utilization = (float)d;
+    break;
+  case 5: rc = engine_parse_int(v, name, 1, &o->max_waiting, err, errlen); break;
+  case 6: rc = engine_parse_int(v, name, 1, &o->snapshot_interval, err, errlen); break;
+  case 7: rc = engine_parse_int(v, name, 0, &o->n_snapshot_slabs, err, errlen); break;
+  case 8: rc = engine_parse_double(v, name, 0, 1e6, &o->prefix_cache_gib, err, errlen); break;
+  case 9: rc = engine_parse_double(v, name, 0, 1e6, &o->host_cache_gib, err, errlen); break;
+  }
+  return rc < 0 ? -1 : 1;
+}
+
+#define ENGINE_DEFAULT_KV_TOKENS 32768
+
+static int engine_n_slabs(const engine_opts *o) {
+  if (!o->enable_prefix_caching) return 0;
+  return o->n_snapshot_slabs > 0 ? o->n_snapshot_slabs : 8;
+}
+
+int engine_mem_plan(const engine_opts *o, const model_config *c, qwen35_mem_opts *mo,
+                    char *err, size_t errlen) {
+  (void)c;
+  if (o->max_num_seqs < 1 || o->max_num_batched_tokens < 1)
+    return errf(err, errlen, "--max-num-seqs and --max-num-batched-tokens must be >= 1");
+  int tokens = o->kv_cache_tokens > 0 ? o->kv_cache_tokens : ENGINE_DEFAULT_KV_TOKENS;
+  mo->n_pages = kv_pages_for_tokens(tokens);
+  mo->n_slots = o->max_num_seqs + engine_n_slabs(o);
+  return 0;
+}
+
+/* ---- handles and their output channels --------------------------------------------------- */
+
+typedef struct engine_ev {
+  int32_t token;
+  int has_token;
+  float logprob;
+  int n_top;
+  int finish;
+} engine_ev;
+
+struct engine_req {
+  request r; /* the engine thread's; r.owner == this handle */
+  engine *e;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  engine_ev *ring; /* [cap] events in order (at most max_tokens tokens + 1 final) */
+  int32_t *top_ids; /* [cap * top_logprobs] */
+  float *top_lps;
+  int cap, n_push, n_pop;
+  int done;  /* the final event was pushed */
+  int refs;  /* client + engine */
+  atomic_int cancel;
+  int prompt_tokens, completion_tokens;
+  char err[160];
+  void (*on_logits)(void *, const float *, int);
+  void *user;
+  struct engine_req *qnext; /* the incoming queue */
+};
+
+struct engine {
+  qwen35 *m;
+  const model_config *cfg;
+  engine_opts o;
+  int max_model_len, n_vocab;
+  kv_pages *kp;
+  state_pool *sp;
+  sched *s;
+  fwd_seq *seqs;  /* [max_num_seqs] */
+  float *logits;  /* [max_num_seqs, n_vocab] */
+  sampler_scratch scratch;
+  pthread_t thread;
+  pthread_mutex_t mu; /* incoming queue, stop, stats snapshot, check requests */
+  pthread_cond_t cv;  /* wakes the engine thread */
+  pthread_cond_t check_cv;
+  engine_req *in_head, *in_tail;
+  int n_in;
+  int stop, drain;
+  int check_pending, check_rc;
+  char check_err[200];
+  long long next_id;
+  engine_stats st; /* the snapshot readers get (under mu) */
+  long long prompt_total, gen_total, prefilled_total, finished, cancelled, failed;
+};
+
+static void engine_req_unref(engine_req *h) {
+  pthread_mutex_lock(&h->mu);
+  int left = --h->refs;
+  pthread_mutex_unlock(&h->mu);
+  if (left > 0) return;
+  request_free(&h->r);
+  pthread_mutex_destroy(&h->mu);
+  pthread_cond_destroy(&h->cv);
+  free(h->ring);
+  free(h->top_ids);
+  free(h->top_lps);
+  free(h);
+}
+
+/* Pushes one event (engine thread). A final event (finish != 0) is the last. */
+static void engine_push(engine_req *h, const sampler_result *res, int finish) {
+  pthread_mutex_lock(&h->mu);
+  CHECK(!h->done && h->n_push < h->cap);
+  engine_ev *ev = &h->ring[h->n_push];
+  memset(ev, 0, sizeof *ev);
+  if (res) {
+    int k = h->r.smp.p.top_logprobs;
+    ev->token = res->token;
+    ev->has_token = 1;
+    ev->logprob = res->logprob;
+    ev->n_top = res->n_top < k ? res->n_top : k;
+    for (int i = 0; i < ev->n_top; i++) {
+      h->top_ids[(size_t)h->n_push * k + i] = res->top_ids[i];
+      h->top_lps[(size_t)h->n_push * k + i] = res->top_logprobs[i];
+    }
+  }
+  ev->finish = finish;
+  h->n_push++;
+  if (finish) {
+    h->done = 1;
+    h->prompt_tokens = h->r.n_prompt;
+    h->completion_tokens = request_n_output(&h->r);
+    snprintf(h->err, sizeof h->err, "%s", h->r.err);
+  }
+  pthread_cond_broadcast(&h->cv);
+  pthread_mutex_unlock(&h->mu);
+}
+
+/* Ends a request that is already out of the scheduler (engine thread). */
+static void engine_end(engine *e, engine_req *h, int finish, int with_event) {
+  h->r.finish = finish;
+  if (finish == FINISH_CANCELLED) e->cancelled++;
+  else if (finish == FINISH_ERROR) e->failed++;
+  else e->finished++;
+  if (with_event) engine_push(h, NULL, finish);
+  engine_req_unref(h);
+}
+
+/* ---- the step ----------------------------------------------------------------------------- */
+
+static int engine_is_stop_token(engine *e, const request *r, int32_t t) {
+  const sampling_params *p = &r->smp.p;
+  for (int i = 0; i < p->n_stop_ids; i++)
+    if (p->stop_ids[i] == t) return 1;
+  if (!p->ignore_eos)
+    for (int i = 0; i < e->cfg->n_eos; i++)
+      if (e->cfg->eos_token_ids[i] == t) return 1;
+  return 0;
+}
+
+static void engine_cancel_scan(engine *e, int all) {
+  request *lists[2] = {sched_first_waiting(e->s), sched_first_running(e->s)};
+  for (int l = 0; l < 2; l++) {
+    request *next;
+    for (request *r = lists[l]; r; r = next) {
+      next = r->next;
+      engine_req *h = r->owner;
+      if (!all && !atomic_load(&h->cancel)) continue;
+      sched_remove(e->s, r);
+      engine_end(e, h, FINISH_CANCELLED, 1);
+    }
+  }
+}
+
+static void engine_snapshot(engine *e) {
+  engine_stats s;
+  memset(&s, 0, sizeof s);
+  s.num_running = sched_num_running(e->s);
+  s.num_waiting = sched_num_waiting(e->s);
+  s.prompt_tokens_total = e->prompt_total;
+  s.generation_tokens_total = e->gen_total;
+  s.prefilled_tokens_total = e->prefilled_total;
+  s.requests_finished = e->finished;
+  s.requests_cancelled = e->cancelled;
+  s.requests_failed = e->failed;
+  s.preemptions = sched_num_preemptions(e->s);
+  s.kv_pages_total = kv_pages_total(e->kp);
+  s.kv_pages_used = kv_pages_num_used(e->kp);
+  s.kv_pages_cached = kv_pages_num_cached(e->kp);
+  s.slots_total = state_pool_num_slots(e->sp);
+  s.slots_used = s.slots_total - state_pool_num_slots_free(e->sp);
+  s.snapshot_slabs_total = state_pool_num_slabs(e->sp);
+  s.snapshot_slabs_used = s.snapshot_slabs_total - state_pool_num_slabs_free(e->sp);
+  s.max_model_len = e->max_model_len;
+  pthread_mutex_lock(&e->mu);
+  s.num_waiting += e->n_in;
+  e->st = s;
+  pthread_mutex_unlock(&e->mu);
+}
+
+static int engine_step(engine *e) {
+  sched_batch b;
+  sched_schedule(e->s, &b);
+  for (int i = 0; i < b.n_failed; i++) engine_end(e, b.failed[i]->owner, FINISH_ERROR, 1);
+  if (b.n == 0) return b.n_failed;
+
+  int n_rows = 0;
+  for (int i = 0; i < b.n; i++) {
+    request *r = b.reqs[i];
+    fwd_seq *q = &e->seqs[i];
+    q->tokens = r->tokens + r->n_computed;
+    q->n_tokens = r->sched_tokens;
+    q->pos = r->n_computed;
+    q->pages = r->pages.ids;
+    q->n_pages = r->pages.n;
+    q->slot = r->slot;
+    q->logits = r->sched_sample ? QWEN35_LOGITS_LAST : QWEN35_LOGITS_NONE;
+    n_rows += r->sched_sample;
+    if (r->n_computed < r->n_prompt) e->prefilled_total += r->sched_tokens;
+  }
+  char err[160];
+  if (qwen35_forward(e->m, e->seqs, b.n, e->logits, err, sizeof err) != 0) {
+    log_error("engine: forward step failed: %s", err);
+    char why[160];
+    snprintf(why, sizeof why, "forward step failed: %.130s", err);
+    sched_fail_batch(e->s, &b, why);
+    for (int i = 0; i < b.n; i++) engine_end(e, b.reqs[i]->owner, FINISH_ERROR, 1);
+    return b.n;
+  }
+
+  int row = 0;
+  for (int i = 0; i < b.n; i++) {
+    request *r = b.reqs[i];
+    if (!r->sched_sample) continue;
+    engine_req *h = r->owner;
+    float *lg = e->logits + (size_t)row++ * e->n_vocab;
+    if (h->on_logits) h->on_logits(h->user, lg, e->n_vocab);
+    sampler_result res;
+    int32_t t = sampler_sample(&r->smp, lg, e->n_vocab, r->tokens, r->n_prompt,
+                               r->tokens + r->n_prompt, request_n_output(r), &e->scratch, &res);
+    r->tokens[r->n_tokens++] = t;
+    e->gen_total++;
+    if (engine_is_stop_token(e, r, t))
+      r->finish = FINISH_STOP;
+    else if (request_n_output(r) >= r->smp.p.max_tokens || r->n_tokens >= e->max_model_len)
+      r->finish = FINISH_LENGTH;
+    if (!r->smp.p.logprobs) res.n_top = 0;
+    engine_push(h, &res, r->finish);
+  }
+  (void)n_rows;
+  sched_postprocess(e->s, &b);
+  for (int i = 0; i < b.n; i++) {
+    request *r = b.reqs[i];
+    if (r->state == REQ_STATE_FINISHED) engine_end(e, r->owner, r->finish, 0);
+  }
+  return b.n;
+}
+
+static void engine_run_check(engine *e) {
+  char err[200] = "";
+  int rc = kv_pages_check(e->kp, err, sizeof err);
+  if (rc == 0) rc = state_pool_check(e->sp, err, sizeof err);
+  pthread_mutex_lock(&e->mu);
+  e->check_rc = rc;
+  snprintf(e->check_err, sizeof e->check_err, "%s", err);
+  e->check_pending = 0;
+  pthread_cond_broadcast(&e->check_cv);
+  pthread_mutex_unlock(&e->mu);
+}
+
+static void *engine_main(void *arg) {
+  engine *e = arg;
+  for (;;) {
+    pthread_mutex_lock(&e->mu);
+    while (!e->in_head && !e->stop && !e->check_pending && sched_num_running(e->s) == 0 &&
+           sched_num_waiting(e->s) == 0)
+      pthread_cond_wait(&e->cv, &e->mu);
+    engine_req *in = e->in_head;
+    e->in_head = e->in_tail = NULL;
+    e->n_in = 0;
+    int stop = e->stop, drain = e->drain, check = e->check_pending;
+    pthread_mutex_unlock(&e->mu);
+    for (engine_req *h = in, *next; h; h = next) {
+      next = h->qnext;
+      e->prompt_total += h->r.n_prompt;
+      sched_add(e->s, &h->r);
+    }
+    engine_cancel_scan(e, stop && !drain);
+    if (check) engine_run_check(e);
+    int idle = sched_num_running(e->s) == 0 && sched_num_waiting(e->s) == 0;
+    if (stop && idle) break;
+    int did = idle ? 1 : engine_step(e);
+    engine_snapshot(e);
+    if (!did) { /* nothing could run now (cannot happen without a prefix cache): back off */
+      struct timespec ts;
+      clock_gettime(CLOCK_REALTIME, &ts);
+      ts.tv_nsec += 1000000L;
+      if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+      }
+      pthread_mutex_lock(&e->mu);
+      if (!e->in_head && !e->stop) pthread_cond_timedwait(&e->cv, &e->mu, &ts);
+      pthread_mutex_unlock(&e->mu);
+    }
+  }
+  engine_snapshot(e);
+  return NULL;
+}
+
+/* ---- public ------------------------------------------------------------------------------- */
+
+static int engine_ops_copy(void *ctx, int dst, int src) { return qwen35_slot_copy(ctx, dst, src); }
+
+engine *engine_create(qwen35 *model, const engine_opts *o, char *err, size_t errlen) {
+  const model_config *c = qwen35_config(model);
+  qwen35_mem_opts mo;
+  if (engine_mem_plan(o, c, &mo, err, errlen) != 0) return NULL;
+  engine *e = calloc(1, sizeof *e);
+  if (!e) return errf(err, errlen, "out of memory"), NULL;
+  e->m = model;
+  e->cfg = c;
+  e->o = *o;
+  if (e->o.max_waiting <= 0) e->o.max_waiting = 4096;
+  e->n_vocab = c->vocab_size;
+  e->max_model_len = o->max_model_len > 0 ? o->max_model_len : c->max_position_embeddings;
+  int n_seq = o->max_num_seqs, n_slabs = mo.n_slots - n_seq;
+  state_pool_ops ops = {model, NULL, engine_ops_copy}; /* the forward zeroes state at pos 0 */
+  sched_opts so = {n_seq, o->max_num_batched_tokens, -1};
+  e->seqs = calloc((size_t)n_seq, sizeof *e->seqs);
+  e->logits = malloc((size_t)n_seq * (size_t)e->n_vocab * sizeof *e->logits);
+  if (!e->seqs || !e->logits || kv_pages_init(&e->kp, mo.n_pages) ||
+      state_pool_init(&e->sp, n_seq, n_slabs, &ops) || sched_init(&e->s, &so, e->kp, e->sp) ||
+      sampler_scratch_init(&e->scratch, e->n_vocab)) {
+    engine_destroy(e, 0);
+    return errf(err, errlen, "out of memory creating the engine"), NULL;
+  }
+  pthread_mutex_init(&e->mu, NULL);
+  pthread_cond_init(&e->cv, NULL);
+  pthread_cond_init(&e->check_cv, NULL);
+  double mib = 1024.0 * 1024.0;
+  size_t pb = qwen35_page_bytes(model), sb = qwen35_slot_bytes(model);
+  log_info("engine: memory: weights %.1f MiB, KV pages %d x %.3f MiB = %.1f MiB (%d tokens), "
+           "state slots %d x %.2f MiB = %.1f MiB, snapshot slabs %d x %.2f MiB = %.1f MiB",
+           qwen35_weight_bytes(model) / mib, mo.n_pages, pb / mib, mo.n_pages * (pb / mib),
+           mo.n_pages * KV_PAGES_TOKENS, n_seq, sb / mib, n_seq * (sb / mib), n_slabs,
+           sb / mib, n_slabs * (sb / mib));
+  log_info("engine: max_num_seqs %d, max_num_batched_tokens %d, max_model_len %d", n_seq,
+           o->max_num_batched_tokens, e->max_model_len);
+  engine_snapshot(e);
+  if (pthread_create(&e->thread, NULL, engine_main, e) != 0) {
+    pthread_mutex_destroy(&e->mu);
+    pthread_cond_destroy(&e->cv);
+    pthread_cond_destroy(&e->check_cv);
+    e->thread = 0;
+    engine_destroy(e, 0);
+    return errf(err, errlen, "cannot start the engine thread"), NULL;
+  }
+  return e;
+}
+
+void engine_destroy(engine *e, int drain) {
+  if (!e) return;
+  if (e->s && e->thread) {
+    pthread_mutex_lock(&e->mu);
+    e->stop = 1;
+    e->drain = drain;
+    pthread_cond_broadcast(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+    pthread_join(e->thread, NULL);
+    pthread_mutex_destroy(&e->mu);
+    pthread_cond_destroy(&e->cv);
+    pthread_cond_destroy(&e->check_cv);
+  }
+  sched_free(e->s);
+  state_pool_free(e->sp);
+  kv_pages_free(e->kp);
+  sampler_scratch_free(&e->scratch);
+  free(e->seqs);
+  free(e->logits);
+  free(e);
+}
+
+engine_req *engine_submit(engine *e, const engine_submit_opts *o, engine_status *status,
+                          char *err, size_t errlen) {
+  engine_status dummy;
+  if (!status) status = &dummy;
+  *status = ENGINE_ERR_INVALID;
+  if (!o->prompt || o->n_prompt < 1) return errf(err, errlen, "the prompt is empty"), NULL;
+  for (int i = 0; i < o->n_prompt; i++)
+    if (o->prompt[i] < 0 || o->prompt[i] >= e->n_vocab)
+      return errf(err, errlen, "prompt token %d is out of range [0, %d)", o->prompt[i],
+                  e->n_vocab), NULL;
+  if (sampling_params_validate(&o->sp, err, errlen) != 0) return NULL;
+  long long total = (long long)o->n_prompt + o->sp.max_tokens;
+  *status = ENGINE_ERR_TOO_LONG;
+  if (total > e->max_model_len)
+    return errf(err, errlen,
+                "prompt (%d tokens) + max_tokens (%d) exceeds the maximum model length %d",
+                o->n_prompt, o->sp.max_tokens, e->max_model_len), NULL;
+  if (kv_pages_for_tokens((int)total - 1) > kv_pages_total(e->kp))
+    return errf(err, errlen, "prompt (%d tokens) + max_tokens (%d) exceeds the KV cache (%d "
+                "tokens)", o->n_prompt, o->sp.max_tokens, kv_pages_total(e->kp) * 16), NULL;
+  *status = ENGINE_ERR_NOMEM;
+  if (fault_hit("engine_submit")) return errf(err, errlen, "out of memory"), NULL;
+  engine_req *h = calloc(1, sizeof *h);
+  if (!h) return errf(err, errlen, "out of memory"), NULL;
+  h->cap = o->sp.max_tokens + 1;
+  int k = o->sp.logprobs ? o->sp.top_logprobs : 0;
+  h->ring = malloc((size_t)h->cap * sizeof *h->ring);
+  h->top_ids = malloc((size_t)h->cap * (size_t)(k > 0 ? k : 1) * sizeof *h->top_ids);
+  h->top_lps = malloc((size_t)h->cap * (size_t)(k > 0 ? k : 1) * sizeof *h->top_lps);
+  pthread_mutex_lock(&e->mu);
+  long long id = e->next_id++;
+  pthread_mutex_unlock(&e->mu);
+  if (!h->ring || !h->top_ids || !h->top_lps ||
+      request_init(&h->r, id, o->prompt, o->n_prompt, &o->sp, o->boundaries, o->n_boundaries,
+                   0x5eed0000ULL + (uint64_t)id) != 0) {
+    free(h->ring);
+    free(h->top_ids);
+    free(h->top_lps);
+    free(h);
+    return errf(err, errlen, "out of memory"), NULL;
+  }
+  if (!o->sp.logprobs) h->r.smp.p.top_logprobs = 0;
+  h->r.owner = h;
+  h->e = e;
+  h->refs = 2;
+  h->on_logits = o->on_logits;
+  h->user = o->user;
+  pthread_mutex_init(&h->mu, NULL);
+  pthread_cond_init(&h->cv, NULL);
+  pthread_mutex_lock(&e->mu);
+  if (e->stop || e->st.num_waiting + e->n_in >= e->o.max_waiting) {
+    engine_status st = e->stop ? ENGINE_ERR_SHUTDOWN : ENGINE_ERR_QUEUE_FULL;
+    pthread_mutex_unlock(&e->mu);
+    h->refs = 1;
+    engine_req_unref(h);
+    *status = st;
+    return errf(err, errlen, st == ENGINE_ERR_SHUTDOWN ? "the engine is shutting down"
+                                                       : "too many requests waiting"), NULL;
+  }
+  if (e->in_tail) e->in_tail->qnext = h; else e->in_head = h;
+  e->in_tail = h;
+  e->n_in++;
+  pthread_cond_signal(&e->cv);
+  pthread_mutex_unlock(&e->mu);
+  *status = ENGINE_OK;
+  return h;
+}
+
+int engine_next(engine_req *h, engine_event *ev, int timeout_ms) {
+  struct timespec until;
+  if (timeout_ms >= 0) {
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += timeout_ms / 1000;
+    until.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    if (until.tv_nsec >= 1000000000L) {
+      until.tv_sec++;
+      until.tv_nsec -= 1000000000L;
+    }
+  }
+  pthread_mutex_lock(&h->mu);
+  while (h->n_pop == h->n_push) {
+    if (timeout_ms < 0) {
+      pthread_cond_wait(&h->cv, &h->mu);
+    } else if (pthread_cond_timedwait(&h->cv, &h->mu, &until) == ETIMEDOUT &&
+               h->n_pop == h->n_push) {
+      pthread_mutex_unlock(&h->mu);
+      return 0;
+    }
+  }
+  memset(ev, 0, sizeof *ev);
+  int i = h->n_pop++;
+  const engine_ev *x = &h->ring[i];
+  int k = h->r.smp.p.top_logprobs;
+  ev->token = x->token;
+  ev->has_token = x->has_token;
+  ev->logprob = x->logprob;
+  ev->n_top = x->n_top;
+  for (int j = 0; j < x->n_top; j++) {
+    ev->top_ids[j] = h->top_ids[(size_t)i * k + j];
+    ev->top_logprobs[j] = h->top_lps[(size_t)i * k + j];
+  }
+  ev->finish = x->finish;
+  if (x->finish) {
+    ev->prompt_tokens = h->prompt_tokens;
+    ev->completion_tokens = h->completion_tokens;
+    ev->cached_tokens = 0;
+    snprintf(ev->err, sizeof ev->err, "%s", h->err);
+  }
+  pthread_mutex_unlock(&h->mu);
+  return 1;
+}
+
+void engine_cancel(engine_req *h) {
+  pthread_mutex_lock(&h->mu);
+  int done = h->done;
+  pthread_mutex_unlock(&h->mu);
+  if (done) return;
+  atomic_store(&h->cancel, 1);
+  engine *e = h->e;
+  pthread_mutex_lock(&e->mu);
+  pthread_cond_signal(&e->cv);
+  pthread_mutex_unlock(&e->mu);
+}
+
+void engine_release(engine_req *h) {
+  if (!h) return;
+  engine_cancel(h);
+  engine_req_unref(h);
+}
+
+void engine_get_stats(engine *e, engine_stats *s) {
+  pthread_mutex_lock(&e->mu);
+  *s = e->st;
+  pthread_mutex_unlock(&e->mu);
+}
+
+int engine_check(engine *e, char *err, size_t errlen) {
+  pthread_mutex_lock(&e->mu);
+  e->check_pending = 1;
+  pthread_cond_broadcast(&e->cv);
+  while (e->check_pending) pthread_cond_wait(&e->check_cv, &e->mu);
+  int rc = e->check_rc;
+  if (rc) errf(err, errlen, "%s", e->check_err);
+  pthread_mutex_unlock(&e->mu);
+  return rc;
+}
+
+const char *finish_reason_name(finish_reason f) {
+  switch (f) {
+  case FINISH_NONE: return "none";
+  case FINISH_STOP: return "stop";
+  case FINISH_LENGTH: return "length";
+  case FINISH_CANCELLED: return "cancelled";
+  case FINISH_ERROR: return "error";
+  }
+  return "unknown";
+}

@@ -1,0 +1,54 @@
+/* server — the OpenAI-compatible HTTP server (libmicrohttpd, one thread per connection).
+ *
+ *   POST /v1/chat/completions   POST /v1/completions   GET /v1/models
+ *   POST /tokenize   POST /detokenize   GET /health   GET /metrics
+ *
+ * Life cycle:
+ *   server_start       listener up at once; /health answers 503 while the model loads
+ *   server_set_model   the engine and tokenizer are ready: /health 200, requests served
+ *   server_shutdown    stop accepting; in-flight requests get `grace_s` to finish, then are
+ *                      cancelled (streams end with an error event); returns when every
+ *                      connection is closed
+ *   server_free
+ * A handler talks to the engine only through server_gen (submit / next / cancel). A client
+ * that disconnects is noticed between engine events (a peek at its socket, or a failed
+ * write) and its request is cancelled. */
+#ifndef DS_SERVER_H
+#define DS_SERVER_H
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/engine.h"
+#include "tokenizer/chat_template.h"
+#include "tokenizer/tokenizer.h"
+
+typedef struct server server;
+
+typedef struct server_opts {
+  const char *host;              /* "127.0.0.1" */
+  int port;                      /* 0: any free port (see server_port) */
+  const char *served_model_name; /* the `model` clients must send (or leave out) */
+  const char *model_path;        /* shown in /v1/models */
+  const char *api_key;           /* NULL: no authentication */
+  size_t max_request_bytes;      /* larger bodies get 413 */
+} server_opts;
+
+/* What serving needs from the loaded model; all borrowed, outliving the server's use. */
+typedef struct server_model {
+  engine *eng;
+  const tokenizer *tok; /* NULL: token-id prompts only */
+  chat_template_kind tmpl;
+  int vocab_size;       /* rows of the model's embedding: prompt ids must be below */
+  int max_model_len;
+  const int32_t *eos_ids;
+  int n_eos;
+} server_model;
+
+/* Binds and starts the listener. Returns 0, or -1 with one line in err. */
+int server_start(server **out, const server_opts *o, char *err, size_t errlen);
+int server_port(const server *s);
+void server_set_model(server *s, const server_model *m);
+void server_shutdown(server *s, double grace_s);
+void server_free(server *s);
+
+#endif

@@ -1,0 +1,208 @@
+#include "server/server_gen.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "server/openai_response.h"
+
+double server_gen_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+int server_gen_start(server_gen *g, const server_gen_opts *o, engine_status *status, char *err,
+                     size_t errlen) {
+  memset(g, 0, sizeof *g);
+  g->o = *o;
+  srvbuf_init(&g->text);
+  if (o->tok) {
+    g->ds = detok_stream_new(o->tok, o->skip_special);
+    if (!g->ds) {
+      *status = ENGINE_ERR_INVALID;
+      snprintf(err, errlen, "out of memory");
+      return -1;
+    }
+  }
+  engine_submit_opts so;
+  memset(&so, 0, sizeof so);
+  so.prompt = o->prompt;
+  so.n_prompt = o->n_prompt;
+  so.sp = *o->sp;
+  so.cache_salt = o->cache_salt;
+  so.boundaries = o->boundaries;
+  so.n_boundaries = o->n_boundaries;
+  g->t_submit = server_gen_now();
+  *status = ENGINE_OK;
+  g->req = engine_submit(o->eng, &so, status, err, errlen);
+  if (!g->req) {
+    if (*status == ENGINE_OK) *status = ENGINE_ERR_INVALID;
+    if (g->ds) detok_stream_free(g->ds);
+    g->ds = NULL;
+    return -1;
+  }
+  g->prompt_tokens = o->n_prompt;
+  return 0;
+}
+
+static int is_end_token(const server_gen *g, int32_t id) {
+  for (int i = 0; i < g->o.n_eos; i++)
+    if (g->o.eos_ids[i] == id) return 1;
+  for (int i = 0; i < g->o.sp->n_stop_ids; i++)
+    if (g->o.sp->stop_ids[i] == id) return 1;
+  return 0;
+}
+
+static int push_id(server_gen *g, const engine_event *ev) {
+  if (g->n_ids == g->cap_ids) {
+    int cap = g->cap_ids ? g->cap_ids * 2 : 64;
+    int32_t *ids = realloc(g->ids, sizeof *ids * (size_t)cap);
+    if (!ids) return -1;
+    g->ids = ids;
+    if (g->o.sp->logprobs) {
+      server_gen_token *t = realloc(g->toks, sizeof *t * (size_t)cap);
+      if (!t) return -1;
+      g->toks = t;
+    }
+    g->cap_ids = cap;
+  }
+  g->ids[g->n_ids] = ev->token;
+  if (g->o.sp->logprobs) {
+    server_gen_token *t = &g->toks[g->n_ids];
+    t->id = ev->token;
+    t->logprob = ev->logprob;
+    t->n_top = ev->n_top < 0 ? 0 : ev->n_top > ENGINE_MAX_TOP_LOGPROBS ? ENGINE_MAX_TOP_LOGPROBS : ev->n_top;
+    if (t->n_top > g->o.sp->top_logprobs) t->n_top = g->o.sp->top_logprobs;
+    memcpy(t->top_ids, ev->top_ids, sizeof t->top_ids[0] * (size_t)t->n_top);
+    memcpy(t->top_lps, ev->top_logprobs, sizeof t->top_lps[0] * (size_t)t->n_top);
+    t->text_off = g->text.len;
+  }
+  g->n_ids++;
+  return 0;
+}
+
+/* Looks for a stop string in the new text; on a match cuts the text and cancels. */
+static void check_stop_strings(server_gen *g) {
+  if (g->o.n_stop == 0 || g->stop_string_hit) return;
+  size_t maxlen = 0;
+  for (int i = 0; i < g->o.n_stop; i++) {
+    size_t l = strlen(g->o.stop[i]);
+    if (l > maxlen) maxlen = l;
+  }
+  size_t from = g->scanned + 1 > maxlen ? g->scanned + 1 - maxlen : 0;
+  size_t ml = 0;
+  long p = openai_response_stop_find(g->text.data, g->text.len, from, g->o.stop, g->o.n_stop, &ml);
+  g->scanned = g->text.len;
+  if (p < 0) return;
+  size_t cut = (size_t)p + (g->o.include_stop_str ? ml : 0);
+  g->text.len = cut;
+  g->text.data[cut] = 0;
+  g->stop_string_hit = 1;
+  g->draining = 1;
+  g->finish = FINISH_STOP;
+  engine_cancel(g->req);
+}
+
+static void finish_metrics(server_gen *g, double now) {
+  if (!g->o.met) return;
+  metrics_observe(g->o.met, METRICS_E2E, now - g->t_submit);
+  metrics_request_finished(g->o.met, server_gen_finish_name(g));
+}
+
+static void append_text(server_gen *g, const char *s, long n) {
+  if (n > 0) srvbuf_append(&g->text, s, (size_t)n);
+}
+
+int server_gen_step(server_gen *g, int timeout_ms) {
+  if (g->done) return 0;
+  engine_event ev;
+  if (!engine_next(g->req, &ev, timeout_ms)) return 0;
+  double now = server_gen_now();
+  g->n_events++;
+  if (ev.has_token && !g->draining) {
+    if (g->o.met) {
+      if (g->n_ids == 0) metrics_observe(g->o.met, METRICS_TTFT, now - g->t_submit);
+      else metrics_observe(g->o.met, METRICS_ITL, now - g->t_last);
+    }
+    g->t_last = now;
+    if (push_id(g, &ev)) goto oom;
+    int hide = ev.finish == FINISH_STOP && !g->o.sp->ignore_eos && is_end_token(g, ev.token);
+    if (g->ds && !hide) {
+      char *piece = NULL;
+      long n = detok_stream_push(g->ds, ev.token, &piece);
+      append_text(g, piece, n);
+      free(piece);
+      if (n < 0) {
+        /* an id the tokenizer cannot decode: shown as nothing */
+      }
+    }
+    if (ev.finish != FINISH_NONE && g->ds) {
+      char *rest = NULL;
+      long n = detok_stream_flush(g->ds, &rest);
+      append_text(g, rest, n);
+      free(rest);
+    }
+    if (g->text.oom) goto oom;
+    check_stop_strings(g);
+  } else if (ev.finish != FINISH_NONE && g->ds && !g->draining) {
+    char *rest = NULL;
+    long n = detok_stream_flush(g->ds, &rest);
+    append_text(g, rest, n);
+    free(rest);
+    check_stop_strings(g);
+  }
+  if (ev.finish != FINISH_NONE) {
+    g->done = 1;
+    if (!g->stop_string_hit) g->finish = ev.finish;
+    if (ev.finish == FINISH_ERROR) snprintf(g->err, sizeof g->err, "%s", ev.err[0] ? ev.err : "internal error");
+    if (ev.prompt_tokens > 0) g->prompt_tokens = ev.prompt_tokens;
+    g->cached_tokens = ev.cached_tokens;
+    g->completion_tokens = g->stop_string_hit || ev.completion_tokens <= 0 ? g->n_ids : ev.completion_tokens;
+    finish_metrics(g, now);
+  }
+  return 1;
+oom:
+  engine_cancel(g->req);
+  g->draining = 1;
+  g->stop_string_hit = 1; /* keep the error below over the cancelled finish */
+  g->finish = FINISH_ERROR;
+  snprintf(g->err, sizeof g->err, "out of memory");
+  return -1;
+}
+
+size_t server_gen_visible(const server_gen *g) {
+  if (g->done || g->stop_string_hit) return g->text.len;
+  size_t hold = openai_response_stop_holdback(g->text.data, g->text.len, g->o.stop, g->o.n_stop);
+  return g->text.len - hold;
+}
+
+const char *server_gen_finish_name(const server_gen *g) {
+  switch (g->finish) {
+  case FINISH_STOP: return "stop";
+  case FINISH_LENGTH: return "length";
+  case FINISH_CANCELLED: return "abort";
+  case FINISH_ERROR: return "error";
+  default: return "abort";
+  }
+}
+
+void server_gen_cancel(server_gen *g) {
+  if (g->req && !g->done) engine_cancel(g->req);
+}
+
+void server_gen_free(server_gen *g) {
+  if (g->req) {
+    if (!g->done) {
+      engine_cancel(g->req);
+      if (g->o.met) metrics_request_finished(g->o.met, "abort");
+    }
+    engine_release(g->req);
+  }
+  if (g->ds) detok_stream_free(g->ds);
+  srvbuf_free(&g->text);
+  free(g->ids);
+  free(g->toks);
+  memset(g, 0, sizeof *g);
+}

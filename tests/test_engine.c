@@ -1,0 +1,350 @@
+/* engine on the CPU backend over the tiny fixture model: batch invariance of tokens AND logits
+ * (alone vs. with up to 15 others, several chunk budgets, after preemption), rejection vs.
+ * waiting, fault injection at every allocation site, cancellation from another thread, and
+ * the page/slot integrity check after each scenario. */
+#include "engine/engine.h"
+
+#include <pthread.h>
+#include <unistd.h>
+
+#include "backend/cpu/backend_cpu.h"
+#include "base/fault.h"
+#include "base/log.h"
+#include "model/weights.h"
+#include "test.h"
+
+#define MODEL_DIR "tests/fixtures/models/dense_bf16"
+#define NREQ 16
+#define MAXTOK 6
+
+static model_config C;
+static model_weights W;
+static backend *BE;
+
+typedef struct rig {
+  qwen35 *m;
+  engine *e;
+} rig;
+
+static int rig_up(rig *g, int budget, int kv_tokens, int seqs) {
+  engine_opts o;
+  engine_opts_default(&o);
+  o.max_num_batched_tokens = budget;
+  o.kv_cache_tokens = kv_tokens;
+  o.max_num_seqs = seqs;
+  qwen35_mem_opts mo;
+  char err[200];
+  if (engine_mem_plan(&o, &C, &mo, err, sizeof err) ||
+      qwen35_init(&g->m, &C, &W, BE, &mo, err, sizeof err)) {
+    printf("rig: %s\n", err);
+    return -1;
+  }
+  g->e = engine_create(g->m, &o, err, sizeof err);
+  if (!g->e) printf("rig: %s\n", err);
+  return g->e ? 0 : -1;
+}
+
+/* integrity after a scenario: checks pass, nothing held */
+static int rig_down(rig *g) {
+  char err[200];
+  int ok = engine_check(g->e, err, sizeof err) == 0;
+  if (!ok) printf("check: %s\n", err);
+  engine_stats s;
+  engine_get_stats(g->e, &s);
+  if (s.kv_pages_used || s.slots_used || s.num_running || s.num_waiting) {
+    printf("leak: pages %d slots %d running %d waiting %d\n", s.kv_pages_used, s.slots_used,
+           s.num_running, s.num_waiting);
+    ok = 0;
+  }
+  engine_destroy(g->e, 1);
+  qwen35_free(g->m);
+  return ok;
+}
+
+typedef struct out {
+  int32_t tok[MAXTOK];
+  int n;
+  float *lg; /* [MAXTOK, vocab] logits rows seen by the sampler */
+  int n_lg;
+  int finish;
+} out;
+
+static void on_logits(void *user, const float *l, int n) {
+  out *o = user;
+  if (o->n_lg < MAXTOK) memcpy(o->lg + (size_t)o->n_lg * n, l, (size_t)n * sizeof *l);
+  o->n_lg++;
+}
+
+static int32_t P[NREQ][300];
+static const int LEN[NREQ] = {1, 5, 63, 64, 65, 100, 130, 17, 200, 33, 7, 129, 90, 3, 150, 70};
+
+static void prompts_init(void) {
+  uint32_t x = 12345;
+  for (int i = 0; i < NREQ; i++)
+    for (int j = 0; j < LEN[i]; j++) {
+      x = x * 1103515245u + 12345u;
+      P[i][j] = (int32_t)((x >> 8) % 256);
+    }
+}
+
+static void sp_greedy(sampling_params *sp) {
+  sampling_params_default(sp);
+  sp->temperature = 0;
+  sp->max_tokens = MAXTOK;
+  sp->ignore_eos = 1;
+}
+
+/* runs requests idx[0..n) concurrently; returns the number that finished without error */
+static int run_set(rig *g, const int *idx, int n, out *res, const sampling_params *spo) {
+  engine_req *h[NREQ];
+  int ok = 0;
+  for (int k = 0; k < n; k++) {
+    int i = idx[k];
+    res[i].n = res[i].n_lg = 0;
+    res[i].finish = FINISH_NONE;
+    engine_submit_opts so;
+    memset(&so, 0, sizeof so);
+    so.prompt = P[i];
+    so.n_prompt = LEN[i];
+    if (spo) so.sp = *spo; else sp_greedy(&so.sp);
+    so.on_logits = on_logits;
+    so.user = &res[i];
+    engine_status st;
+    char err[200];
+    h[k] = engine_submit(g->e, &so, &st, err, sizeof err);
+    if (!h[k]) res[i].finish = -1;
+  }
+  for (int k = 0; k < n; k++) {
+    if (!h[k]) continue;
+    out *o = &res[idx[k]];
+    engine_event ev;
+    for (;;) {
+      if (!engine_next(h[k], &ev, 60000)) {
+        o->finish = -2;
+        break;
+      }
+      if (ev.has_token && o->n < MAXTOK) o->tok[o->n++] = ev.token;
+      if (ev.finish) {
+        o->finish = ev.finish;
+        break;
+      }
+    }
+    if (o->finish == FINISH_LENGTH || o->finish == FINISH_STOP) ok++;
+    engine_release(h[k]);
+  }
+  return ok;
+}
+
+static out REF[NREQ], GOT[NREQ];
+static size_t V;
+
+static void outs_alloc(out *o) {
+  for (int i = 0; i < NREQ; i++) o[i].lg = malloc((size_t)MAXTOK * V * sizeof(float));
+}
+
+static int same(const out *a, const out *b) {
+  return a->n == b->n && a->n_lg == b->n_lg && a->finish == b->finish &&
+         memcmp(a->tok, b->tok, (size_t)a->n * sizeof(int32_t)) == 0 &&
+         memcmp(a->lg, b->lg, (size_t)a->n_lg * V * sizeof(float)) == 0;
+}
+
+static void invariance(int budget, int kv_tokens, int expect_preempt) {
+  rig g;
+  REQUIRE(rig_up(&g, budget, 0, 16) == 0);
+  for (int i = 0; i < NREQ; i++) {
+    int idx = i;
+    EXPECT(run_set(&g, &idx, 1, REF, NULL) == 1);
+    EXPECT_EQ_INT(REF[i].n, MAXTOK);
+  }
+  EXPECT(rig_down(&g));
+  REQUIRE(rig_up(&g, budget, kv_tokens, 16) == 0);
+  int all[NREQ];
+  for (int i = 0; i < NREQ; i++) all[i] = i;
+  EXPECT_EQ_INT(run_set(&g, all, NREQ, GOT, NULL), NREQ);
+  for (int i = 0; i < NREQ; i++) EXPECT_MSG(same(&REF[i], &GOT[i]), "budget %d: request %d (len %d) differs batched", budget, i, LEN[i]);
+  /* a few smaller mixes, in another order */
+  int mix[5] = {8, 0, 4, 13, 11};
+  EXPECT_EQ_INT(run_set(&g, mix, 5, GOT, NULL), 5);
+  for (int k = 0; k < 5; k++) EXPECT_MSG(same(&REF[mix[k]], &GOT[mix[k]]), "budget %d: mix request %d differs", budget, mix[k]);
+  engine_stats s;
+  engine_get_stats(g.e, &s);
+  if (expect_preempt) EXPECT_MSG(s.preemptions > 0, "no preemption happened");
+  EXPECT(rig_down(&g));
+}
+
+TEST(invariance_budget_8192) { invariance(8192, 0, 0); }
+TEST(invariance_budget_64) { invariance(64, 0, 0); }
+TEST(invariance_budget_100) { invariance(100, 0, 0); }
+TEST(invariance_budget_37) { invariance(37, 0, 0); }
+TEST(invariance_budget_1) { invariance(1, 0, 0); }
+TEST(invariance_preempted) { invariance(8192, 16 * 14, 1); }
+TEST(invariance_preempted_budget_37) { invariance(37, 16 * 14, 1); }
+
+TEST(seeded_sampling_batched) {
+  rig g;
+  REQUIRE(rig_up(&g, 8192, 0, 16) == 0);
+  sampling_params sp;
+  sp_greedy(&sp);
+  sp.temperature = 0.9f;
+  sp.top_p = 0.9f;
+  sp.top_k = 50;
+  sp.repetition_penalty = 1.1f;
+  sp.seed = 77;
+  sp.has_seed = 1;
+  for (int i = 0; i < 4; i++) {
+    int idx = i;
+    run_set(&g, &idx, 1, REF, &sp);
+  }
+  int all[4] = {0, 1, 2, 3};
+  EXPECT_EQ_INT(run_set(&g, all, 4, GOT, &sp), 4);
+  for (int i = 0; i < 4; i++) EXPECT_MSG(same(&REF[i], &GOT[i]), "seeded request %d differs", i);
+  EXPECT(rig_down(&g));
+}
+
+TEST(reject_vs_wait) {
+  rig g;
+  REQUIRE(rig_up(&g, 8192, 16 * 14, 4) == 0);
+  engine_submit_opts so;
+  memset(&so, 0, sizeof so);
+  sp_greedy(&so.sp);
+  static int32_t big[5000];
+  so.prompt = big;
+  so.n_prompt = 4095; /* + 6 > max_position_embeddings 4096 */
+  engine_status st;
+  char err[200];
+  EXPECT(engine_submit(g.e, &so, &st, err, sizeof err) == NULL && st == ENGINE_ERR_TOO_LONG);
+  so.n_prompt = 300; /* fits the model length, not the 224-token pool */
+  EXPECT(engine_submit(g.e, &so, &st, err, sizeof err) == NULL && st == ENGINE_ERR_TOO_LONG);
+  so.n_prompt = 0;
+  EXPECT(engine_submit(g.e, &so, &st, err, sizeof err) == NULL && st == ENGINE_ERR_INVALID);
+  big[0] = 100000;
+  so.n_prompt = 3;
+  EXPECT(engine_submit(g.e, &so, &st, err, sizeof err) == NULL && st == ENGINE_ERR_INVALID);
+  big[0] = 0;
+  /* six requests of 200 tokens: only one fits the pool at a time, the others wait */
+  for (int i = 0; i < NREQ; i++) {
+    REF[i].n = 0;
+  }
+  int idx[6] = {8, 8, 8, 8, 8, 8};
+  EXPECT_EQ_INT(run_set(&g, idx, 6, GOT, NULL), 6);
+  EXPECT(rig_down(&g));
+}
+
+typedef struct canceller {
+  engine_req *h;
+  int go;
+} canceller;
+
+static void *cancel_thread(void *arg) {
+  canceller *c = arg;
+  engine_cancel(c->h);
+  return NULL;
+}
+
+TEST(cancel_from_another_thread) {
+  rig g;
+  REQUIRE(rig_up(&g, 8192, 0, 4) == 0);
+  engine_submit_opts so;
+  memset(&so, 0, sizeof so);
+  sp_greedy(&so.sp);
+  so.sp.max_tokens = 3000;
+  so.prompt = P[5];
+  so.n_prompt = LEN[5];
+  engine_status st;
+  char err[200];
+  engine_req *h = engine_submit(g.e, &so, &st, err, sizeof err);
+  REQUIRE(h);
+  /* a second request that must finish normally */
+  int idx = 2;
+  engine_event ev;
+  int n = 0;
+  while (n < 3 && engine_next(h, &ev, 60000)) n++;
+  EXPECT_EQ_INT(n, 3);
+  canceller c = {h, 1};
+  pthread_t t;
+  REQUIRE(pthread_create(&t, NULL, cancel_thread, &c) == 0);
+  pthread_join(t, NULL);
+  int fin = 0, guard = 0;
+  while (!fin && guard++ < 5000 && engine_next(h, &ev, 60000)) fin = ev.finish;
+  EXPECT_EQ_INT(fin, FINISH_CANCELLED);
+  EXPECT(ev.completion_tokens < 3000);
+  engine_release(h);
+  EXPECT_EQ_INT(run_set(&g, &idx, 1, GOT, NULL), 1);
+  engine_stats s;
+  engine_get_stats(g.e, &s);
+  EXPECT(s.requests_cancelled == 1);
+  /* release without reading: cancels and frees */
+  h = engine_submit(g.e, &so, &st, err, sizeof err);
+  REQUIRE(h);
+  engine_release(h);
+  EXPECT(rig_down(&g));
+}
+
+TEST(fault_every_site) {
+  /* reference outputs for requests 1, 4, 6, 9 alone, with enough room */
+  int idx[4] = {1, 4, 6, 9};
+  rig g;
+  REQUIRE(rig_up(&g, 64, 16 * 14, 4) == 0);
+  for (int k = 0; k < 4; k++) run_set(&g, &idx[k], 1, REF, NULL);
+  int n_faults = 0;
+  for (long n = 1; n < 200; n++) {
+    fault_arm(n, NULL, 0);
+    run_set(&g, idx, 4, GOT, NULL);
+    int fired = fault_fired();
+    fault_disarm();
+    for (int k = 0; k < 4; k++) {
+      out *o = &GOT[idx[k]];
+      if (o->finish == FINISH_LENGTH)
+        EXPECT_MSG(same(&REF[idx[k]], o), "fault %ld: request %d differs", n, idx[k]);
+      else
+        EXPECT_MSG(o->finish == -1 || o->finish == FINISH_ERROR, "fault %ld: finish %d", n,
+                   o->finish);
+    }
+    char err[200];
+    EXPECT_MSG(engine_check(g.e, err, sizeof err) == 0, "fault %ld: %s", n, err);
+    engine_stats s;
+    engine_get_stats(g.e, &s);
+    EXPECT_MSG(s.kv_pages_used == 0 && s.slots_used == 0, "fault %ld: pages %d slots %d", n,
+               s.kv_pages_used, s.slots_used);
+    if (!fired) break;
+    n_faults++;
+  }
+  EXPECT_MSG(n_faults >= 5, "only %d fault sites were hit", n_faults);
+  EXPECT(rig_down(&g));
+}
+
+int main(void) {
+  char err[256];
+  log_set_level(LOG_LEVEL_WARN);
+  if (model_load(MODEL_DIR, &C, &W, err, sizeof err) != 0) {
+    printf("FAIL load: %s\n", err);
+    return 1;
+  }
+  BE = backend_cpu_create(2);
+  if (!BE) {
+    printf("FAIL backend\n");
+    return 1;
+  }
+  V = (size_t)C.vocab_size;
+  prompts_init();
+  outs_alloc(REF);
+  outs_alloc(GOT);
+  RUN(invariance_budget_8192);
+  RUN(invariance_budget_64);
+  RUN(invariance_budget_100);
+  RUN(invariance_budget_37);
+  RUN(invariance_budget_1);
+  RUN(invariance_preempted);
+  RUN(invariance_preempted_budget_37);
+  RUN(seeded_sampling_batched);
+  RUN(reject_vs_wait);
+  RUN(cancel_from_another_thread);
+  RUN(fault_every_site);
+  for (int i = 0; i < NREQ; i++) {
+    free(REF[i].lg);
+    free(GOT[i].lg);
+  }
+  BE->destroy(BE);
+  weights_free(&W);
+  TEST_MAIN_END();
+}

@@ -1,0 +1,276 @@
+/* sched: split points, admission order and exact page ids, the page watermark, preemption of
+ * the youngest and its bit-faithful resume schedule, waiting vs failing, and counts back to
+ * baseline. The model is simulated: a "sampled" token is a function of the position. */
+#include "engine/sched.h"
+
+#include "base/fault.h"
+#include "engine/engine.h"
+#include "test.h"
+
+typedef struct world {
+  kv_pages *kp;
+  state_pool *sp;
+  sched *s;
+  request r[8];
+  int n;
+} world;
+
+static int world_init(world *w, int pages, int seqs, int budget) {
+  memset(w, 0, sizeof *w);
+  sched_opts o = {seqs, budget, -1};
+  if (kv_pages_init(&w->kp, pages) || state_pool_init(&w->sp, seqs, 0, NULL)) return -1;
+  return sched_init(&w->s, &o, w->kp, w->sp);
+}
+
+static request *world_add(world *w, int n_prompt, int max_tokens) {
+  int32_t p[512];
+  for (int i = 0; i < n_prompt; i++) p[i] = 7 + i;
+  sampling_params sp;
+  sampling_params_default(&sp);
+  sp.max_tokens = max_tokens;
+  request *r = &w->r[w->n];
+  if (request_init(r, w->n, p, n_prompt, &sp, NULL, 0, 1) != 0) return NULL;
+  w->n++;
+  sched_add(w->s, r);
+  return r;
+}
+
+static int world_ok(world *w) {
+  char err[200];
+  if (kv_pages_check(w->kp, err, sizeof err) || state_pool_check(w->sp, err, sizeof err)) {
+    printf("check: %s\n", err);
+    return 0;
+  }
+  return 1;
+}
+
+/* one step; the "model" samples a function of the last fed token and the position */
+static void world_step(world *w, sched_batch *b) {
+  sched_schedule(w->s, b);
+  for (int i = 0; i < b->n; i++) {
+    request *r = b->reqs[i];
+    if (!r->sched_sample) continue;
+    int32_t last = r->tokens[r->n_computed + r->sched_tokens - 1];
+    r->tokens[r->n_tokens] = 1000 + (last * 31 + r->n_tokens) % 5000;
+    r->n_tokens++;
+    if (request_n_output(r) == r->cap - r->n_prompt) r->finish = FINISH_LENGTH;
+  }
+  sched_postprocess(w->s, b);
+}
+
+static void world_free(world *w) {
+  for (int i = 0; i < w->n; i++) {
+    if (w->r[i].state != REQ_STATE_FINISHED) sched_remove(w->s, &w->r[i]);
+    request_free(&w->r[i]);
+  }
+  sched_free(w->s);
+  state_pool_free(w->sp);
+  kv_pages_free(w->kp);
+}
+
+TEST(units_and_splits) {
+  EXPECT_EQ_INT(sched_unit(8192), 64);
+  EXPECT_EQ_INT(sched_unit(64), 64);
+  EXPECT_EQ_INT(sched_unit(100), 64);
+  EXPECT_EQ_INT(sched_unit(63), 32);
+  EXPECT_EQ_INT(sched_unit(5), 4);
+  EXPECT_EQ_INT(sched_unit(1), 1);
+  int32_t p[200] = {0};
+  int32_t forced[3] = {100, 100, 500}; /* duplicates and out-of-range ones are dropped */
+  sampling_params sp;
+  sampling_params_default(&sp);
+  request r;
+  REQUIRE(request_init(&r, 0, p, 130, &sp, forced, 3, 1) == 0);
+  EXPECT_EQ_INT(r.n_forced, 1);
+  EXPECT_EQ_INT(sched_segment_end(&r, 0, 64), 64);
+  EXPECT_EQ_INT(sched_segment_end(&r, 64, 64), 100);
+  EXPECT_EQ_INT(sched_segment_end(&r, 100, 64), 128);
+  EXPECT_EQ_INT(sched_segment_end(&r, 128, 64), 130);
+  EXPECT_EQ_INT(sched_piece(&r, 64, 8192), 130); /* whole segments merge */
+  EXPECT_EQ_INT(sched_piece(&r, 64, 99), 64);
+  EXPECT_EQ_INT(sched_piece(&r, 64, 63), 0); /* the next segment does not fit: wait */
+  r.n_computed = 64;
+  EXPECT_EQ_INT(sched_piece(&r, 64, 8192), 66);
+  EXPECT_EQ_INT(sched_piece(&r, 64, 40), 36);
+  r.n_computed = 100;
+  EXPECT_EQ_INT(sched_piece(&r, 64, 29), 28);
+  r.n_computed = 0;
+  EXPECT_EQ_INT(sched_piece(&r, 32, 63), 32); /* u < 64: one unit at most */
+  r.n_computed = 96;
+  EXPECT_EQ_INT(sched_piece(&r, 32, 63), 4); /* up to the forced point */
+  r.n_computed = 130;
+  EXPECT_EQ_INT(sched_piece(&r, 64, 1), 1); /* decode */
+  request_free(&r);
+  /* a 1-token last segment is never merged */
+  REQUIRE(request_init(&r, 0, p, 129, &sp, NULL, 0, 1) == 0);
+  EXPECT_EQ_INT(sched_piece(&r, 64, 8192), 128);
+  r.n_computed = 128;
+  EXPECT_EQ_INT(sched_piece(&r, 64, 8192), 1);
+  request_free(&r);
+  REQUIRE(request_init(&r, 0, p, 65, &sp, NULL, 0, 1) == 0);
+  EXPECT_EQ_INT(sched_piece(&r, 64, 8192), 64);
+  request_free(&r);
+  REQUIRE(request_init(&r, 0, p, 7, &sp, NULL, 0, 1) == 0);
+  EXPECT_EQ_INT(sched_piece(&r, 4, 5), 4);
+  r.n_computed = 4;
+  EXPECT_EQ_INT(sched_piece(&r, 4, 5), 3);
+  request_free(&r);
+}
+
+TEST(admission_order_and_pages) {
+  world w;
+  REQUIRE(world_init(&w, 16, 2, 64) == 0);
+  request *a = world_add(&w, 40, 4), *b = world_add(&w, 40, 4), *c = world_add(&w, 20, 4);
+  REQUIRE(a && b && c);
+  sched_batch bt;
+  world_step(&w, &bt);
+  /* a takes 40 tokens; b's whole 40-token segment does not fit in the 24 left: it waits */
+  EXPECT_EQ_INT(bt.n, 1);
+  EXPECT(bt.reqs[0] == a && bt.n_tokens == 40);
+  EXPECT(a->pages.n == 3 && a->pages.ids[0] == 0 && a->pages.ids[2] == 2 && a->slot == 0);
+  EXPECT_EQ_INT(a->n_computed, 40);
+  EXPECT_EQ_INT(a->n_tokens, 41);
+  EXPECT_EQ_INT(sched_num_waiting(w.s), 2);
+  world_step(&w, &bt);
+  /* a decodes first, then b is admitted; c waits for a slot (max_num_seqs 2) */
+  EXPECT_EQ_INT(bt.n, 2);
+  EXPECT(bt.reqs[0] == a && bt.reqs[1] == b && bt.n_tokens == 41);
+  EXPECT(b->pages.n == 3 && b->pages.ids[0] == 3 && b->slot == 1);
+  EXPECT_EQ_INT(sched_num_running(w.s), 2);
+  EXPECT_EQ_INT(sched_num_waiting(w.s), 1);
+  EXPECT(c->state == REQ_STATE_WAITING);
+  world_step(&w, &bt); /* a: 3rd token */
+  world_step(&w, &bt); /* a: 4th token: finishes, frees pages 2,1,0 and slot 0 */
+  EXPECT_EQ_INT(a->finish, FINISH_LENGTH);
+  EXPECT(a->state == REQ_STATE_FINISHED && a->slot == -1 && a->pages.n == 0);
+  EXPECT_EQ_INT(kv_pages_num_used(w.kp), 3);
+  world_step(&w, &bt);
+  /* c admitted into the freed slot; its pages come after the never-used ones */
+  EXPECT(c->state == REQ_STATE_RUNNING && c->slot == 0);
+  EXPECT(c->pages.n == 2 && c->pages.ids[0] == 6 && c->pages.ids[1] == 7);
+  for (int i = 0; i < 10; i++) world_step(&w, &bt);
+  EXPECT(b->finish == FINISH_LENGTH && c->finish == FINISH_LENGTH);
+  EXPECT_EQ_INT(c->n_tokens, 24);
+  EXPECT_EQ_INT(kv_pages_num_free(w.kp), 16);
+  EXPECT_EQ_INT(state_pool_num_slots_free(w.sp), 2);
+  EXPECT(world_ok(&w));
+  world_free(&w);
+}
+
+TEST(waits_for_pages_and_watermark) {
+  world w;
+  REQUIRE(world_init(&w, 4, 4, 256) == 0);
+  request *a = world_add(&w, 40, 2), *b = world_add(&w, 20, 2), *c = world_add(&w, 8, 2);
+  REQUIRE(a && b && c);
+  sched_batch bt;
+  world_step(&w, &bt);
+  /* a: 3 pages; b needs 2 but 1 is free: b waits, and c behind it waits too (FCFS) */
+  EXPECT(bt.n == 1 && bt.reqs[0] == a);
+  EXPECT(b->state == REQ_STATE_WAITING && c->state == REQ_STATE_WAITING);
+  world_step(&w, &bt); /* a finishes */
+  EXPECT_EQ_INT(a->finish, FINISH_LENGTH);
+  world_step(&w, &bt);
+  EXPECT(bt.n == 2 && bt.reqs[0] == b && bt.reqs[1] == c);
+  for (int i = 0; i < 4; i++) world_step(&w, &bt);
+  EXPECT(world_ok(&w) && kv_pages_num_free(w.kp) == 4);
+  world_free(&w);
+  /* watermark: with something running, admission keeps `watermark` pages back */
+  sched_opts o = {4, 256, 2};
+  REQUIRE(kv_pages_init(&w.kp, 6) == 0 && state_pool_init(&w.sp, 4, 0, NULL) == 0);
+  REQUIRE(sched_init(&w.s, &o, w.kp, w.sp) == 0);
+  w.n = 0;
+  a = world_add(&w, 40, 8);
+  b = world_add(&w, 17, 8);
+  world_step(&w, &bt);
+  EXPECT(a->state == REQ_STATE_RUNNING && b->state == REQ_STATE_WAITING); /* 3 - 2 < 2 */
+  EXPECT(world_ok(&w));
+  world_free(&w);
+}
+
+TEST(preempt_youngest_and_resume) {
+  world w;
+  REQUIRE(world_init(&w, 6, 4, 64) == 0);
+  request *a = world_add(&w, 32, 40), *b = world_add(&w, 32, 40);
+  REQUIRE(a && b);
+  sched_batch bt;
+  world_step(&w, &bt);
+  EXPECT(bt.n == 2 && a->pages.n == 2 && b->pages.n == 2);
+  EXPECT(b->pages.ids[0] == 2 && b->pages.ids[1] == 3);
+  world_step(&w, &bt); /* pos 32 for both: pages 4 (a) and 5 (b) */
+  EXPECT(a->pages.ids[2] == 4 && b->pages.ids[2] == 5);
+  for (int i = 0; i < 15; i++) world_step(&w, &bt); /* pos 33..47 */
+  EXPECT_EQ_INT(a->n_computed, 48);
+  EXPECT_EQ_INT(sched_num_preemptions(w.s), 0);
+  world_step(&w, &bt);
+  /* a needs a 4th page, none free: b (the youngest) is preempted, a gets b's last page */
+  EXPECT_EQ_INT(sched_num_preemptions(w.s), 1);
+  EXPECT(b->state == REQ_STATE_WAITING && b->n_computed == 0 && b->slot == -1);
+  EXPECT(bt.n == 1 && bt.reqs[0] == a && a->pages.ids[3] == 5);
+  EXPECT_EQ_INT(b->n_tokens, 49); /* 17 generated tokens are kept */
+  EXPECT(world_ok(&w));
+  /* b resumes: prompt again as one 32-token piece without sampling, then its 16 fed-back
+   * tokens one per step without sampling, then decoding continues */
+  world_step(&w, &bt);
+  EXPECT(bt.n == 2 && bt.reqs[1] == b && b->sched_tokens == 0 && b->n_computed == 32);
+  int guard = 0;
+  while ((a->state != REQ_STATE_FINISHED || b->state != REQ_STATE_FINISHED) && guard++ < 1000)
+    world_step(&w, &bt);
+  EXPECT(a->finish == FINISH_LENGTH && b->finish == FINISH_LENGTH);
+  EXPECT(sched_num_preemptions(w.s) >= 1);
+  /* the same two requests with room to spare: identical tokens */
+  world ref;
+  REQUIRE(world_init(&ref, 64, 4, 64) == 0);
+  request *ra = world_add(&ref, 32, 40), *rb = world_add(&ref, 32, 40);
+  guard = 0;
+  while ((ra->state != REQ_STATE_FINISHED || rb->state != REQ_STATE_FINISHED) && guard++ < 1000)
+    world_step(&ref, &bt);
+  EXPECT_EQ_INT(sched_num_preemptions(ref.s), 0);
+  EXPECT(ra->n_tokens == 72 && a->n_tokens == 72 && b->n_tokens == 72);
+  EXPECT(memcmp(ra->tokens, a->tokens, 72 * sizeof(int32_t)) == 0);
+  EXPECT(memcmp(rb->tokens, b->tokens, 72 * sizeof(int32_t)) == 0);
+  world_free(&ref);
+  EXPECT_EQ_INT(kv_pages_num_free(w.kp), 6);
+  EXPECT(world_ok(&w));
+  world_free(&w);
+}
+
+TEST(fault_fails_one_request) {
+  world w;
+  REQUIRE(world_init(&w, 8, 2, 64) == 0);
+  request *a = world_add(&w, 10, 3), *b = world_add(&w, 10, 3);
+  sched_batch bt;
+  fault_arm(1, "state_pool_slot_alloc", 0);
+  sched_schedule(w.s, &bt);
+  fault_disarm();
+  EXPECT(bt.n_failed == 1 && bt.failed[0] == a && a->finish == FINISH_ERROR);
+  EXPECT(bt.n == 1 && bt.reqs[0] == b && b->slot == 0);
+  sched_postprocess(w.s, &bt);
+  EXPECT_EQ_INT(state_pool_num_slots_free(w.sp), 1);
+  EXPECT(world_ok(&w));
+  world_free(&w);
+  REQUIRE(world_init(&w, 8, 2, 64) == 0);
+  a = world_add(&w, 15, 6);
+  b = world_add(&w, 10, 6);
+  world_step(&w, &bt);
+  fault_arm(1, "kv_pages_alloc", 0);
+  world_step(&w, &bt); /* a feeds position 15 -> 16 positions: no new page; b at 10 */
+  world_step(&w, &bt); /* a needs page 2 for position 16: fault -> a fails */
+  fault_disarm();
+  EXPECT(bt.n_failed == 1 && bt.failed[0] == a && a->finish == FINISH_ERROR);
+  EXPECT(a->pages.n == 0 && a->slot == -1);
+  for (int i = 0; i < 10; i++) world_step(&w, &bt);
+  EXPECT_EQ_INT(b->finish, FINISH_LENGTH);
+  EXPECT_EQ_INT(kv_pages_num_free(w.kp), 8);
+  EXPECT_EQ_INT(state_pool_num_slots_free(w.sp), 2);
+  EXPECT(world_ok(&w));
+  world_free(&w);
+}
+
+int main(void) {
+  RUN(units_and_splits);
+  RUN(admission_order_and_pages);
+  RUN(waits_for_pages_and_watermark);
+  RUN(preempt_youngest_and_resume);
+  RUN(fault_fails_one_request);
+  TEST_MAIN_END();
+}

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # chat_render_test — `deltaserve render --tokenizer DIR` prints exactly what transformers
 # rendered for every conversation of tests/fixtures/chat/conversations.json, for a Qwen3
-# tokenizer folder (tokenizer_config.json chat_template) and a Qwen3.5 one
+# tokenizer folder (tokenizer_config.json chat_template) and Qwen3.5 and 3.6 ones
 # (chat_template.jinja), and fails with one stderr line and exit 1 where the template raised.
 set -u
 cd "$(dirname "$0")/.."
@@ -21,7 +21,7 @@ python3 - "$tmp" "$FIX" <<'PY'
 import json, os, sys
 tmp, fix = sys.argv[1], sys.argv[2]
 convs = json.load(open(os.path.join(fix, "conversations.json"), encoding="utf-8"))
-for fam in ("qwen3", "qwen35"):
+for fam in ("qwen3", "qwen35", "qwen36"):
     ref = json.load(open(os.path.join(fix, fam + "_rendered.json"), encoding="utf-8"))["cases"]
     for c in convs:
         d = os.path.join(tmp, "cases", fam, c["name"])
@@ -57,6 +57,8 @@ else
   echo "PASS chat_render_qwen3_skipped_no_tokenizer_config"
 fi
 check_family qwen35 "$tmp/q35"
+mkdir -p "$tmp/q36" && cp "$FIX/qwen36_chat_template.jinja" "$tmp/q36/chat_template.jinja"
+check_family qwen36 "$tmp/q36"
 # usage and input errors
 out=$(echo '{"messages": [{"role": "user", "content": 1}]}' | "$BIN" render --tokenizer "$tmp/q35" 2>&1 >/dev/null)
 rc=$?

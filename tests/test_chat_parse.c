@@ -265,6 +265,57 @@ TEST(render_parse_round_trip) {
   json_decref(tools);
 }
 
+/* Random texts built from marker pieces: chat_parse never fails or crashes, content is always
+ * set, each call has a name and arguments that parse as a JSON object; the safe prefix of
+ * every prefix of a text grows monotonically and never holds a complete marker. */
+TEST(random_texts) {
+  static const char *pieces[] = {"<tool_call>", "</tool_call>", "<function=f>", "<function=",
+                                 "<parameter=x>", "</parameter>", "</function>", "{", "}",
+                                 "\"name\": \"g\"", ", \"arguments\": {\"a\": 1}", ":",
+                                 "\n", " ", "a", "<think>", "</think>", "<", "</", "\xc3\xa9",
+                                 "\xe2\x82\xac", "12", "true", "{\"name\": \"h\", "
+                                 "\"arguments\": {}}"};
+  const int np = (int)(sizeof pieces / sizeof pieces[0]);
+  unsigned long long x = 0x243f6a8885a308d3ULL;
+  char text[1024];
+  json_t *tools = weather_tools();
+  for (int it = 0; it < 3000; it++) {
+    size_t len = 0;
+    int k = (int)(x % 24);
+    for (int j = 0; j < k; j++) {
+      x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+      const char *pc = pieces[x % (unsigned long long)np];
+      size_t pl = strlen(pc);
+      if (len + pl >= sizeof text) break;
+      memcpy(text + len, pc, pl);
+      len += pl;
+    }
+    text[len] = 0;
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    chat_parsed p;
+    REQUIRE(parse(text, (int)(x & 1), (x & 2) ? tools : NULL, &p) == 0);
+    REQUIRE(p.content != NULL);
+    for (size_t c = 0; c < json_array_size(p.tool_calls); c++) {
+      EXPECT(call_name(&p, c) && *call_name(&p, c));
+      json_t *a = json_loads(call_args(&p, c), 0, NULL);
+      EXPECT_MSG(json_is_object(a), "args '%.80s' from '%.200s'", call_args(&p, c), text);
+      json_decref(a);
+    }
+    chat_parsed_free(&p);
+    size_t prev = 0;
+    for (size_t l = 0; l <= len; l++) {
+      size_t n = chat_parse_safe_prefix(text, l);
+      EXPECT_MSG(n >= prev && n <= l, "safe prefix %zu after %zu at %zu of '%.200s'", n, prev, l,
+                 text);
+      char *cut = strndup(text, n);
+      EXPECT(!strstr(cut, "<tool_call>") && !strstr(cut, "</think>") && !strstr(cut, "<think>"));
+      free(cut);
+      prev = n;
+    }
+  }
+  json_decref(tools);
+}
+
 int main(void) {
   RUN(plain_content);
   RUN(reasoning_split);
@@ -275,5 +326,6 @@ int main(void) {
   RUN(random_ids);
   RUN(safe_prefix);
   RUN(render_parse_round_trip);
+  RUN(random_texts);
   TEST_MAIN_END();
 }

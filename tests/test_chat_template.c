@@ -9,7 +9,9 @@
 #include "test.h"
 #include "tokenizer/chat_template.h"
 
+#ifndef FIX
 #define FIX "tests/fixtures/chat/"
+#endif
 
 static json_t *load(const char *path) {
   json_error_t e;
@@ -105,6 +107,9 @@ TEST(qwen3_matches_transformers) { check_family(CHAT_TEMPLATE_QWEN3, FIX "qwen3_
 TEST(qwen35_matches_transformers) {
   check_family(CHAT_TEMPLATE_QWEN35, FIX "qwen35_rendered.json");
 }
+TEST(qwen36_matches_transformers) {
+  check_family(CHAT_TEMPLATE_QWEN36, FIX "qwen36_rendered.json");
+}
 
 TEST(detect_family) {
   json_t *cfg = load(".carry/qwen3-tokenizer/tokenizer_config.json");
@@ -122,24 +127,32 @@ TEST(detect_family) {
   fclose(f);
   buf[n] = 0;
   EXPECT_EQ_INT(chat_template_detect(buf, "qwen3_next"), CHAT_TEMPLATE_QWEN35);
+  f = fopen(FIX "qwen36_chat_template.jinja", "rb");
+  REQUIRE(f);
+  n = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  buf[n] = 0;
+  EXPECT_EQ_INT(chat_template_detect(buf, NULL), CHAT_TEMPLATE_QWEN36);
   EXPECT_EQ_INT(chat_template_detect(NULL, "qwen3_5_moe"), CHAT_TEMPLATE_QWEN35);
   EXPECT_EQ_INT(chat_template_detect(NULL, "qwen3_5_text"), CHAT_TEMPLATE_QWEN35);
   EXPECT_EQ_INT(chat_template_detect(NULL, "qwen3_next"), CHAT_TEMPLATE_QWEN3);
   EXPECT_EQ_INT(chat_template_detect("", "qwen3"), CHAT_TEMPLATE_QWEN3);
 }
 
-/* Renders `json` with both families; expects failure with `needle` in the message. */
+/* Renders `json` with the families in kinds_mask (1 Qwen3, 2 Qwen3.5, 4 Qwen3.6); expects
+ * failure with `needle` in the message. */
 static void expect_error(const char *json, int kinds_mask, const char *needle) {
   json_error_t je;
   json_t *req = json_loads(json, 0, &je);
   EXPECT_MSG(req != NULL, "bad test json: %s", je.text);
   if (!req) return;
-  for (int k = 0; k < 2; k++) {
+  static const chat_template_kind kinds[] = {CHAT_TEMPLATE_QWEN3, CHAT_TEMPLATE_QWEN35,
+                                             CHAT_TEMPLATE_QWEN36};
+  for (int k = 0; k < 3; k++) {
     if (!(kinds_mask & (1 << k))) continue;
     chat_render r;
     char err[256] = "";
-    int rc = chat_template_render(k ? CHAT_TEMPLATE_QWEN35 : CHAT_TEMPLATE_QWEN3, req, 1, &r,
-                                  err, sizeof err);
+    int rc = chat_template_render(kinds[k], req, 1, &r, err, sizeof err);
     EXPECT_MSG(rc == -1, "%s: rendered, expected an error with '%s'", json, needle);
     if (rc == 0) {
       chat_render_free(&r);
@@ -153,57 +166,57 @@ static void expect_error(const char *json, int kinds_mask, const char *needle) {
 }
 
 TEST(errors) {
-  expect_error("{\"messages\": []}", 3, "non-empty");
-  expect_error("{\"messages\": {}}", 3, "non-empty");
-  expect_error("[]", 3, "object");
-  expect_error("{\"messages\": [1]}", 3, "objects");
-  expect_error("{\"messages\": [{\"role\": \"wizard\", \"content\": \"x\"}]}", 3, "unknown role");
-  expect_error("{\"messages\": [{\"content\": \"x\"}]}", 3, "role");
-  expect_error("{\"messages\": [{\"role\": \"user\", \"content\": 5}]}", 3, "content");
-  expect_error("{\"messages\": [{\"role\": \"user\", \"content\": {\"text\": \"x\"}}]}", 3,
+  expect_error("{\"messages\": []}", 7, "non-empty");
+  expect_error("{\"messages\": {}}", 7, "non-empty");
+  expect_error("[]", 7, "object");
+  expect_error("{\"messages\": [1]}", 7, "objects");
+  expect_error("{\"messages\": [{\"role\": \"wizard\", \"content\": \"x\"}]}", 7, "unknown role");
+  expect_error("{\"messages\": [{\"content\": \"x\"}]}", 7, "role");
+  expect_error("{\"messages\": [{\"role\": \"user\", \"content\": 5}]}", 7, "content");
+  expect_error("{\"messages\": [{\"role\": \"user\", \"content\": {\"text\": \"x\"}}]}", 7,
                "content");
   expect_error("{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"image_url\", "
                "\"image_url\": {\"url\": \"x\"}}]}]}",
-               3, "text");
-  expect_error("{\"messages\": [{\"role\": \"user\", \"content\": [\"plain\"]}]}", 3, "text");
+               7, "text");
+  expect_error("{\"messages\": [{\"role\": \"user\", \"content\": [\"plain\"]}]}", 7, "text");
   expect_error("{\"messages\": [{\"role\": \"user\", \"content\": \"q\"}, {\"role\": \"tool\", "
                "\"content\": \"r\"}]}",
-               3, "tool message");
+               7, "tool message");
   expect_error("{\"messages\": [{\"role\": \"user\", \"content\": \"q\"}, {\"role\": "
                "\"assistant\", \"content\": \"a\"}, {\"role\": \"tool\", \"content\": \"r\"}]}",
-               3, "tool message");
-  expect_error("{\"messages\": [{\"role\": \"user\", \"content\": \"q\"}], \"tools\": {}}", 3,
+               7, "tool message");
+  expect_error("{\"messages\": [{\"role\": \"user\", \"content\": \"q\"}], \"tools\": {}}", 7,
                "tools must be an array");
-  expect_error("{\"messages\": [{\"role\": \"user\", \"content\": \"q\"}], \"tools\": [3]}", 3,
+  expect_error("{\"messages\": [{\"role\": \"user\", \"content\": \"q\"}], \"tools\": [3]}", 7,
                "tools[0]");
   expect_error("{\"messages\": [{\"role\": \"user\", \"content\": \"q\"}], "
                "\"chat_template_kwargs\": {\"enable_thinking\": \"no\"}}",
-               3, "enable_thinking");
+               7, "enable_thinking");
   expect_error("{\"messages\": [{\"role\": \"user\", \"content\": \"q\"}], "
                "\"chat_template_kwargs\": 7}",
-               3, "chat_template_kwargs");
+               7, "chat_template_kwargs");
   expect_error("{\"messages\": [{\"role\": \"user\", \"content\": \"q\"}, {\"role\": "
                "\"assistant\", \"reasoning_content\": 3, \"content\": \"a\"}]}",
-               3, "reasoning_content");
+               7, "reasoning_content");
   expect_error("{\"messages\": [{\"role\": \"user\", \"content\": \"q\"}, {\"role\": "
                "\"assistant\", \"tool_calls\": {}}]}",
-               3, "tool_calls");
+               7, "tool_calls");
   expect_error("{\"messages\": [{\"role\": \"user\", \"content\": \"q\"}, {\"role\": "
                "\"assistant\", \"tool_calls\": [{\"function\": {\"arguments\": {}}}]}]}",
-               3, "name");
+               7, "name");
   expect_error("{\"messages\": [{\"role\": \"user\", \"content\": \"q\"}, {\"role\": "
                "\"assistant\", \"tool_calls\": [{\"function\": {\"name\": \"f\", \"arguments\": "
                "[1]}}]}]}",
-               3, "arguments");
+               7, "arguments");
   /* Qwen3.5 parses string arguments: they must hold a JSON object */
   expect_error("{\"messages\": [{\"role\": \"user\", \"content\": \"q\"}, {\"role\": "
                "\"assistant\", \"tool_calls\": [{\"function\": {\"name\": \"f\", \"arguments\": "
                "\"{not json\"}}]}]}",
-               2, "not a JSON object");
+               6, "not a JSON object");
   expect_error("{\"messages\": [{\"role\": \"user\", \"content\": \"q\"}, {\"role\": "
                "\"system\", \"content\": \"s\"}]}",
-               2, "first");
-  expect_error("{\"messages\": [{\"role\": \"system\", \"content\": \"s\"}]}", 2, "user query");
+               6, "first");
+  expect_error("{\"messages\": [{\"role\": \"system\", \"content\": \"s\"}]}", 6, "user query");
 }
 
 TEST(qwen3_string_arguments_verbatim) {
@@ -301,6 +314,7 @@ TEST(qwen35_unicode_trim) {
 int main(void) {
   RUN(qwen3_matches_transformers);
   RUN(qwen35_matches_transformers);
+  RUN(qwen36_matches_transformers);
   RUN(detect_family);
   RUN(errors);
   RUN(qwen3_string_arguments_verbatim);

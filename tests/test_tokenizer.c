@@ -4,6 +4,7 @@
  * a 100 KB word, and a small Qwen3.5-style tokenizer.json built here (\p{M} regex, NFC, added
  * tokens with lstrip/rstrip/single_word/normalized). */
 #include <jansson.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -85,7 +86,7 @@ TEST(load_qwen3) {
   EXPECT(tokenizer_load("/nonexistent-dir", err, sizeof err) == NULL && err[0]);
   free(nt);
   json_error_t je;
-  vectors = json_load_file(VECTORS, 0, &je);
+  vectors = json_load_file(VECTORS, JSON_ALLOW_NUL, &je);
   REQUIRE(vectors != NULL);
   EXPECT_EQ_INT(json_integer_value(json_object_get(vectors, "vocab_size_with_added")), 151669);
 }
@@ -238,6 +239,38 @@ TEST(round_trip) {
   }
 }
 
+TEST(nfc_regions_match_utf8proc) {
+  REQUIRE(qwen3);
+  /* chars that compose, decompose, reorder or are composition seconds, among plain ones */
+  static const char *pool[] = {"a", "e", "A", "o", " ", "\xCC\x81", "\xCC\x88", "\xCC\xA7",
+                               "\xCC\xA3", "\xE1\x84\x80", "\xE1\x85\xA1", "\xE1\x86\xA8",
+                               "\xEA\xB0\x80", "\xE0\xAD\x87", "\xE0\xAC\xBE",
+                               "\xE0\xAD\x97", "\xE0\xA7\x87", "\xE0\xA6\xBE",
+                               "\xE2\x84\xAB", "\xEF\xA4\x80", "\xCD\x85", "\xE0\xBD\xB3",
+                               "\xCD\x84", "\xE4\xBD\xA0", "\xF0\x9F\x98\x80", "\xC3\xA9"};
+  srand(11);
+  for (int r = 0; r < 400; r++) {
+    char buf[256];
+    size_t n = 0;
+    int len = 1 + rand() % 20;
+    for (int k = 0; k < len; k++) {
+      const char *p = pool[rand() % (int)(sizeof pool / sizeof pool[0])];
+      memcpy(buf + n, p, strlen(p));
+      n += strlen(p);
+    }
+    int32_t *ids = NULL;
+    char err[256], *out = NULL;
+    int k = tokenizer_encode(qwen3, buf, n, &ids, err, sizeof err);
+    long m = k >= 0 ? tokenizer_decode(qwen3, ids, k, 0, &out) : -1;
+    size_t wn;
+    char *want = nfc(buf, n, &wn);
+    EXPECT_MSG(m == (long)wn && memcmp(out, want, wn) == 0, "string %d: NFC differs", r);
+    free(want);
+    free(out);
+    free(ids);
+  }
+}
+
 TEST(invalid_utf8_is_an_error) {
   REQUIRE(qwen3);
   const char *bad[] = {"\xff", "abc\x80", "\xC3", "\xE2\x82", "\xED\xA0\x80", /* surrogate */
@@ -355,9 +388,9 @@ static json_t *added(int id, const char *content, int special, int lstrip, int r
 static void write_tiny(const char *dir, int qwen35) {
   static const char *merges[][2] = {
       {"\xC3", "\xA9"},            /* 256 é */
-      {"x", "\xCC"},               /* 257 */
-      {"x\xCC", "\x88"},           /* 258 x + U+0308 */
-      {"x\xCC\x88", "y"},          /* 259 ẍy */
+      {"q", "\xCC"},               /* 257 */
+      {"q\xCC", "\x88"},           /* 258 q + U+0308 (no precomposed form) */
+      {"q\xCC\x88", "y"},          /* 259 q̈y */
       {"a", "b"},                  /* 260 ab */
   };
   json_t *vocab = json_object(), *mj = json_array();
@@ -432,8 +465,11 @@ TEST(qwen35_style_rules) {
   REQUIRE(t35 && t3);
   EXPECT_EQ_INT(tokenizer_vocab_size(t35), 266);
   /* combining marks join the letters before them (\p{M} in the letter class) */
-  ENC(t35, "x\xCC\x88y", 259);
-  ENC(t3, "x\xCC\x88y", 'x', 0xCC, 0x88, 'y');
+  ENC(t35, "q\xCC\x88y", 259);
+  ENC(t3, "q\xCC\x88y", 'q', 0xCC, 0x88, 'y');
+  ENC(t35, "q\xCC\x88y q\xCC\x88y", 259, ' ', 259);
+  /* NFC composes x + U+0308 into U+1E8D, which no merge builds */
+  ENC(t35, "x\xCC\x88y", 0xE1, 0xBA, 0x8D, 'y');
   /* NFC composes e + U+0301 into é before BPE */
   ENC(t35, "e\xCC\x81", 256);
   ENC(t3, "e\xCC\x81", 'e', 0xCC, 0x81);
@@ -459,10 +495,10 @@ TEST(qwen35_style_rules) {
   int32_t ids[] = {'a', 261, 262, 259, 263};
   char *out = NULL;
   long k = tokenizer_decode(t35, ids, 5, 1, &out);
-  EXPECT(k == 12 && !memcmp(out, "a<think>x\xCC\x88y", 12));
+  EXPECT(k == 12 && !memcmp(out, "a<think>q\xCC\x88y", 12));
   free(out);
   k = tokenizer_decode(t35, ids, 5, 0, &out);
-  EXPECT(k >= 0 && !strcmp(out, "a<|im_start|><think>x\xCC\x88y<mask>"));
+  EXPECT(k >= 0 && !strcmp(out, "a<|im_start|><think>q\xCC\x88y<mask>"));
   free(out);
   EXPECT(tokenizer_is_special(t35, 261) && !tokenizer_is_special(t35, 262));
   EXPECT_EQ_INT(tokenizer_token_id(t35, "<mask>"), 263);
@@ -504,15 +540,51 @@ TEST(bad_tokenizer_files) {
   rmdir(dir);
 }
 
+/* Many threads share one tokenizer (the BPE cache is the only shared mutable state). */
+static void *encode_all(void *arg) {
+  long bad = 0;
+  json_t *cases = json_object_get(vectors, "cases");
+  for (int rep = 0; rep < 3; rep++) {
+    size_t i;
+    json_t *c;
+    json_array_foreach(cases, i, c) {
+      json_t *jt = json_object_get(c, "text");
+      int32_t *ids = NULL;
+      char err[256];
+      int n = tokenizer_encode(qwen3, json_string_value(jt), json_string_length(jt), &ids, err,
+                               sizeof err);
+      if (n < 0 || !ids_equal(ids, n, json_object_get(c, "ids"))) bad++;
+      free(ids);
+    }
+  }
+  (void)arg;
+  return (void *)bad;
+}
+
+TEST(threads_share_one_tokenizer) {
+  REQUIRE(qwen3 && vectors);
+  pthread_t th[4];
+  for (int i = 0; i < 4; i++) REQUIRE(pthread_create(&th[i], NULL, encode_all, NULL) == 0);
+  long bad = 0;
+  for (int i = 0; i < 4; i++) {
+    void *r;
+    pthread_join(th[i], &r);
+    bad += (long)r;
+  }
+  EXPECT_EQ_INT(bad, 0);
+}
+
 int main(void) {
   RUN(load_qwen3);
   RUN(vectors_encode_match_hf);
   RUN(vectors_decode_match_hf);
   RUN(stream_equals_whole_decode);
   RUN(round_trip);
+  RUN(nfc_regions_match_utf8proc);
   RUN(invalid_utf8_is_an_error);
   RUN(out_of_memory_is_an_error);
   RUN(long_word_100kb);
+  RUN(threads_share_one_tokenizer);
   RUN(qwen35_style_rules);
   RUN(bad_tokenizer_files);
   tokenizer_free(qwen3);

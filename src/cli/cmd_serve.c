@@ -1,10 +1,266 @@
+/* cmd_serve — `deltaserve serve`: the OpenAI-compatible HTTP server.
+ *
+ * Start-up order: flags -> listener up (/health 503) -> model, tokenizer, backend, pools,
+ * engine -> start-up report (model, memory split, limits, URL) -> /health 200 -> wait for
+ * SIGTERM / SIGINT -> stop accepting, let in-flight requests finish for --shutdown-grace
+ * seconds, cancel the rest -> free everything -> exit 0. */
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
 
+#include "backend/backend_create.h"
+#include "base/log.h"
 #include "cli/cli.h"
+#include "engine/engine.h"
+#include "model/config.h"
+#include "model/qwen35.h"
+#include "model/weights.h"
+#include "server/server.h"
+#include "tokenizer/chat_template.h"
+#include "tokenizer/tokenizer.h"
+
+#define SERVE_DEMO_MODEL "build/demo-model"
+
+static void serve_usage(FILE *f) {
+  fprintf(f,
+          "usage: deltaserve serve [flags]\n"
+          "\n"
+          "server:\n"
+          "  --model DIR                 model folder (default: the demo model at " SERVE_DEMO_MODEL ")\n"
+          "  --host ADDR                 IPv4 address to listen on (127.0.0.1)\n"
+          "  --port N                    port (8000; 0 picks a free one)\n"
+          "  --served-model-name NAME    the model name clients send (default: the folder name)\n"
+          "  --api-key KEY               require 'Authorization: Bearer KEY' on /v1/*\n"
+          "  --device cpu|cuda|auto      backend (auto)\n"
+          "  --threads N                 CPU backend threads (0: all cores)\n"
+          "  --skip-tokenizer-init       no tokenizer: /v1/completions with token-id prompts only\n"
+          "  --max-request-bytes N       largest request body accepted (33554432)\n"
+          "  --shutdown-grace S          seconds in-flight requests may finish after SIGTERM (5)\n"
+          "\n"
+          "engine and cache:\n"
+          "  --max-num-seqs N            concurrent sequences (64)\n"
+          "  --max-num-batched-tokens N  tokens per step (8192)\n"
+          "  --max-model-len N           longest prompt + output (model's max_position_embeddings)\n"
+          "  --kv-cache-tokens N         KV cache size in tokens (0: derived)\n"
+          "  --gpu-memory-utilization F  share of device memory to use (0.9)\n"
+          "  --max-waiting N             queued requests before 429 (4096)\n"
+          "  --enable-prefix-caching / --no-enable-prefix-caching   (on)\n"
+          "  --snapshot-interval N       prefix-cache checkpoint every N prompt tokens (2048)\n"
+          "  --snapshot-slabs N          recurrent-state snapshot slabs (0: derived)\n"
+          "  --prefix-cache-gib F        device budget of the prefix cache\n"
+          "  --host-cache-gib F          host-memory tier of the prefix cache (0: off)\n");
+}
+
+static int serve_parse_long(const char *flag, const char *v, long long lo, long long hi, long long *out) {
+  char *end;
+  errno = 0;
+  long long x = strtoll(v, &end, 10);
+  if (errno || end == v || *end || x < lo || x > hi) {
+    fprintf(stderr, "deltaserve serve: %s: expected an integer in [%lld, %lld], got '%s'\n", flag, lo, hi, v);
+    return -1;
+  }
+  *out = x;
+  return 0;
+}
+
+static int serve_is_dir(const char *p) {
+  struct stat st;
+  return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+static const char *serve_basename(const char *p) {
+  size_t n = strlen(p);
+  while (n > 1 && p[n - 1] == '/') n--;
+  static char buf[256];
+  size_t i = n;
+  while (i > 0 && p[i - 1] != '/') i--;
+  snprintf(buf, sizeof buf, "%.*s", (int)(n - i), p + i);
+  return buf[0] ? buf : p;
+}
+
+static double serve_mib(double bytes) { return bytes / (1024.0 * 1024.0); }
 
 int cmd_serve(int argc, char **argv) {
-  (void)argc;
-  (void)argv;
-  fprintf(stderr, "deltaserve: this command is being built\n");
-  return 1;
+  const char *model_dir = NULL, *host = "127.0.0.1", *name = NULL, *api_key = NULL, *device = "auto";
+  long long port = 8000, threads = 0, max_req = 32LL << 20;
+  double grace = 5.0;
+  int skip_tok = 0;
+  engine_opts eo;
+  engine_opts_default(&eo);
+  char err[512];
+
+  for (int i = 1; i < argc; i++) {
+    err[0] = 0;
+    int rc = engine_opts_parse_flag(&eo, argc, argv, &i, err, sizeof err);
+    if (rc < 0) {
+      fprintf(stderr, "deltaserve serve: %s\n", err);
+      return 2;
+    }
+    if (rc > 0) continue;
+    const char *a = argv[i];
+    if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+      serve_usage(stdout);
+      return 0;
+    }
+    if (!strcmp(a, "--skip-tokenizer-init")) {
+      skip_tok = 1;
+      continue;
+    }
+    static const char *with_value[] = {"--model", "--host", "--port", "--served-model-name", "--api-key",
+                                       "--device", "--threads", "--max-request-bytes", "--shutdown-grace"};
+    int known = 0;
+    for (size_t k = 0; k < sizeof with_value / sizeof with_value[0]; k++) known |= !strcmp(a, with_value[k]);
+    if (!known) {
+      fprintf(stderr, "deltaserve serve: unknown flag '%s' (see deltaserve serve --help)\n", a);
+      return 2;
+    }
+    if (i + 1 >= argc) {
+      fprintf(stderr, "deltaserve serve: %s needs a value\n", a);
+      return 2;
+    }
+    const char *v = argv[++i];
+    if (!strcmp(a, "--model")) model_dir = v;
+    else if (!strcmp(a, "--host")) host = v;
+    else if (!strcmp(a, "--served-model-name")) name = v;
+    else if (!strcmp(a, "--api-key")) api_key = v;
+    else if (!strcmp(a, "--device")) device = v;
+    else if (!strcmp(a, "--port")) {
+      if (serve_parse_long(a, v, 0, 65535, &port)) return 2;
+    } else if (!strcmp(a, "--threads")) {
+      if (serve_parse_long(a, v, 0, 1024, &threads)) return 2;
+    } else if (!strcmp(a, "--max-request-bytes")) {
+      if (serve_parse_long(a, v, 1024, 1LL << 40, &max_req)) return 2;
+    } else if (!strcmp(a, "--shutdown-grace")) {
+      char *end;
+      grace = strtod(v, &end);
+      if (*end || end == v || !(grace >= 0 && grace <= 3600)) {
+        fprintf(stderr, "deltaserve serve: --shutdown-grace: expected seconds in [0, 3600], got '%s'\n", v);
+        return 2;
+      }
+    }
+  }
+  if (!model_dir) {
+    model_dir = SERVE_DEMO_MODEL;
+    if (!serve_is_dir(model_dir)) {
+      fprintf(stderr,
+              "deltaserve serve: no --model given and the demo model %s is missing: run `make run` "
+              "(or bash scripts/demo.sh) to create it, or pass --model DIR\n",
+              model_dir);
+      return 1;
+    }
+  } else if (!serve_is_dir(model_dir)) {
+    fprintf(stderr, "deltaserve serve: --model %s: no such folder\n", model_dir);
+    return 1;
+  }
+  if (!name) name = serve_basename(model_dir);
+
+  /* Signals are taken by sigwait in this thread only: block them before any thread starts. */
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGTERM);
+  sigaddset(&sigs, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+  signal(SIGPIPE, SIG_IGN);
+
+  server_opts so = {.host = host,
+                    .port = (int)port,
+                    .served_model_name = name,
+                    .model_path = model_dir,
+                    .api_key = api_key,
+                    .max_request_bytes = (size_t)max_req};
+  server *srv = NULL;
+  if (server_start(&srv, &so, err, sizeof err)) {
+    fprintf(stderr, "deltaserve serve: %s\n", err);
+    return 1;
+  }
+  fprintf(stderr, "deltaserve: listening on http://%s:%d (loading %s)\n", host, server_port(srv), model_dir);
+  fflush(stderr);
+
+  int status = 1;
+  model_config cfg;
+  model_weights w;
+  int have_w = 0;
+  tokenizer *tok = NULL;
+  backend *be = NULL;
+  qwen35 *m = NULL;
+  engine *e = NULL;
+  qwen35_mem_opts mo;
+  int32_t eos[CONFIG_MAX_EOS + 1];
+  int n_eos = 0;
+
+  if (model_load(model_dir, &cfg, &w, err, sizeof err)) {
+    fprintf(stderr, "deltaserve serve: %s\n", err);
+    goto done;
+  }
+  have_w = 1;
+  if (!skip_tok) {
+    char terr[512] = "";
+    tok = tokenizer_load(model_dir, terr, sizeof terr);
+    if (!tok)
+      fprintf(stderr, "deltaserve: no tokenizer (%s): serving /v1/completions with token-id prompts only\n", terr);
+  }
+  if (!(be = backend_create(device, (int)threads, err, sizeof err))) {
+    fprintf(stderr, "deltaserve serve: %s\n", err);
+    goto done;
+  }
+  if (engine_mem_plan(&eo, &cfg, &mo, err, sizeof err) || qwen35_init(&m, &cfg, &w, be, &mo, err, sizeof err) ||
+      !(e = engine_create(m, &eo, err, sizeof err))) {
+    fprintf(stderr, "deltaserve serve: %s\n", err);
+    goto done;
+  }
+  for (int i = 0; i < cfg.n_eos; i++) eos[n_eos++] = cfg.eos_token_ids[i];
+  if (tok && tokenizer_eos_token(tok)) {
+    int id = tokenizer_token_id(tok, tokenizer_eos_token(tok));
+    if (id >= 0) eos[n_eos++] = id;
+  }
+
+  engine_stats st;
+  engine_get_stats(e, &st);
+  size_t slot_b = qwen35_slot_bytes(m), page_b = qwen35_page_bytes(m);
+  fprintf(stderr, "deltaserve: model %s (%s, %d layers, hidden %d, vocab %d) as '%s'%s\n", model_dir, cfg.model_type,
+          cfg.n_layers, cfg.hidden_size, cfg.vocab_size, name, tok ? "" : ", no tokenizer");
+  fprintf(stderr,
+          "deltaserve: memory: weights %.1f MiB, KV pages %d x %.2f MiB = %.1f MiB (%d tokens), state slots %d x "
+          "%.2f MiB = %.1f MiB, snapshot slabs %d x %.2f MiB = %.1f MiB\n",
+          serve_mib((double)qwen35_weight_bytes(m)), st.kv_pages_total, serve_mib((double)page_b),
+          serve_mib((double)page_b * st.kv_pages_total), st.kv_pages_total * QWEN35_PAGE_TOKENS, st.slots_total,
+          serve_mib((double)slot_b), serve_mib((double)slot_b * st.slots_total), st.snapshot_slabs_total,
+          serve_mib((double)slot_b), serve_mib((double)slot_b * st.snapshot_slabs_total));
+  fprintf(stderr,
+          "deltaserve: limits: max_model_len %d, max_num_seqs %d (concurrency is capped by %d state slots), "
+          "max_num_batched_tokens %d, prefix caching %s\n",
+          st.max_model_len, eo.max_num_seqs, st.slots_total, eo.max_num_batched_tokens,
+          eo.enable_prefix_caching ? "on" : "off");
+
+  server_model sm = {.eng = e,
+                     .tok = tok,
+                     .tmpl = chat_template_detect(tok ? tokenizer_config_chat_template(tok) : NULL, cfg.model_type),
+                     .vocab_size = cfg.vocab_size,
+                     .max_model_len = st.max_model_len,
+                     .eos_ids = eos,
+                     .n_eos = n_eos};
+  server_set_model(srv, &sm);
+  fprintf(stderr, "deltaserve: ready: http://%s:%d/v1 (model '%s')\n", host, server_port(srv), name);
+  fflush(stderr);
+  status = 0;
+
+done:;
+  int sig = 0;
+  if (status == 0) {
+    sigwait(&sigs, &sig);
+    fprintf(stderr, "deltaserve: %s: shutting down\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+  }
+  server_shutdown(srv, status == 0 ? grace : 0.0);
+  if (e) engine_destroy(e, 0);
+  server_free(srv);
+  if (m) qwen35_free(m);
+  if (be) be->destroy(be);
+  if (tok) tokenizer_free(tok);
+  if (have_w) weights_free(&w);
+  if (status == 0) fprintf(stderr, "deltaserve: stopped\n");
+  return status;
 }

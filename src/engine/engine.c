@@ -352,6 +352,7 @@ static void engine_run_check(engine *e) {
   char err[200] = "";
   int rc = kv_pages_check(e->kp, err, sizeof err);
   if (rc == 0) rc = state_pool_check(e->sp, err, sizeof err);
+  engine_snapshot(e); /* so that stats read right after engine_check are current */
   pthread_mutex_lock(&e->mu);
   e->check_rc = rc;
   snprintf(e->check_err, sizeof e->check_err, "%s", err);

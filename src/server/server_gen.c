@@ -189,7 +189,7 @@ const char *server_gen_finish_name(const server_gen *g) {
 }
 
 void server_gen_cancel(server_gen *g) {
-  if (g->req && !g->done) engine_cancel(g->req);
+  if (g->req) engine_cancel(g->req);
 }
 
 void server_gen_free(server_gen *g) {

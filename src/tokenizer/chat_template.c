@@ -1,8 +1,8 @@
 /* chat_template — the Qwen chat templates, written out in C.
  *
  * Each family's official Jinja template is transcribed statement by statement into one render
- * function below (chat_template_render_qwen3, chat_template_render_qwen35); the comments in
- * them quote the template lines they implement. Byte-exactness depends on a few Python
+ * function below (render_qwen3; render_qwen35, which also serves Qwen3.6 whose template
+ * differs in two lines: preserve_thinking, and tojson for non-string parameter values). Byte-exactness depends on a few Python
  * behaviours the templates lean on, implemented here once:
  *
  *   tojson        transformers binds Jinja's tojson to json.dumps(x, ensure_ascii=False):
@@ -317,7 +317,8 @@ static span py_trim(span s) {
 chat_template_kind chat_template_detect(const char *template_text, const char *model_type) {
   if (template_text && *template_text) {
     if (strstr(template_text, "<function=") || strstr(template_text, "<parameter="))
-      return CHAT_TEMPLATE_QWEN35;
+      return strstr(template_text, "preserve_thinking") ? CHAT_TEMPLATE_QWEN36
+                                                        : CHAT_TEMPLATE_QWEN35;
     return CHAT_TEMPLATE_QWEN3;
   }
   if (model_type && (!strncmp(model_type, "qwen3_5", 7) || !strncmp(model_type, "qwen3.5", 7) ||
@@ -513,7 +514,7 @@ static int check_request(chat_template_kind kind, const json_t *request, msg_vie
         goto fail;
       }
     }
-    if (kind == CHAT_TEMPLATE_QWEN35 && v[i].role == ROLE_SYSTEM && i != 0) {
+    if (kind != CHAT_TEMPLATE_QWEN3 && v[i].role == ROLE_SYSTEM && i != 0) {
       errf(err, errlen, "messages[%d]: a system message must be the first message", i);
       goto fail;
     }
@@ -650,8 +651,10 @@ static const char qwen35_tools_footer[] =
     "no function call available, answer the question like normal with your current knowledge "
     "and do not tell the user about function calls\n</IMPORTANT>";
 
+/* qwen36: honour preserve_thinking, print non-string parameter values with tojson. */
 static int render_qwen35(const msg_view *m, int n, const json_t *tools, int add_gen,
-                         int thinking_false, sbuf *b, size_t *offs, char *err, size_t errlen) {
+                         int thinking_false, int qwen36, int preserve_thinking, sbuf *b,
+                         size_t *offs, char *err, size_t errlen) {
   span sys = py_trim((span){m[0].content, m[0].content_len});
   if (json_array_size(tools) > 0) {
     sb_puts(b, "<|im_start|>system\n# Tools\n\nYou have access to the following functions:\n\n"
@@ -709,7 +712,7 @@ static int render_qwen35(const msg_view *m, int n, const json_t *tools, int add_
         content = lstrip_nl((span){last, (size_t)(c.p + c.n - last)});
       }
       reasoning = py_trim(reasoning);
-      if (i > last_query) {
+      if ((qwen36 && preserve_thinking) || i > last_query) {
         sb_puts(b, "<|im_start|>assistant\n<think>\n");
         sb_put(b, reasoning.p, reasoning.n);
         sb_puts(b, "\n</think>\n\n");
@@ -730,8 +733,14 @@ static int render_qwen35(const msg_view *m, int n, const json_t *tools, int add_
           sb_puts(b, "<parameter=");
           sb_puts(b, k);
           sb_puts(b, ">\n");
-          if (json_is_object(val) || json_is_array(val)) py_json(b, val);
-          else py_str(b, val);
+          if (qwen36) {
+            if (json_is_string(val)) py_str(b, val);
+            else py_json(b, val);
+          } else if (json_is_object(val) || json_is_array(val)) {
+            py_json(b, val);
+          } else {
+            py_str(b, val);
+          }
           sb_puts(b, "\n</parameter>\n");
         }
         sb_puts(b, "</function>\n</tool_call>");
@@ -772,6 +781,7 @@ int chat_template_render(chat_template_kind kind, const json_t *request, int add
   ag = json_object_get(kw, "add_generation_prompt");
   if (json_is_boolean(ag)) add_generation_prompt = json_is_true(ag);
   int thinking_false = json_is_false(json_object_get(kw, "enable_thinking"));
+  int preserve_thinking = json_is_true(json_object_get(kw, "preserve_thinking"));
 
   size_t *offs = calloc((size_t)n, sizeof *offs);
   if (!offs) {
@@ -783,7 +793,8 @@ int chat_template_render(chat_template_kind kind, const json_t *request, int add
   if (kind == CHAT_TEMPLATE_QWEN3)
     render_qwen3(v, n, tools, add_generation_prompt, thinking_false, &b, offs);
   else
-    rc = render_qwen35(v, n, tools, add_generation_prompt, thinking_false, &b, offs, err, errlen);
+    rc = render_qwen35(v, n, tools, add_generation_prompt, thinking_false,
+                       kind == CHAT_TEMPLATE_QWEN36, preserve_thinking, &b, offs, err, errlen);
   views_free(v, n);
   if (!rc && b.oom) rc = errf(err, errlen, "out of memory");
   if (!rc && !b.p) sb_put(&b, "", 0);
@@ -797,7 +808,7 @@ int chat_template_render(chat_template_kind kind, const json_t *request, int add
   out->len = b.len;
   out->msg_offsets = offs;
   out->n_msgs = n;
-  out->thinking_open = kind == CHAT_TEMPLATE_QWEN35 && add_generation_prompt && !thinking_false;
+  out->thinking_open = kind != CHAT_TEMPLATE_QWEN3 && add_generation_prompt && !thinking_false;
   return 0;
 }
 

@@ -8,9 +8,18 @@
 #include <jansson.h>
 #include <stddef.h>
 
-typedef enum { CHAT_TEMPLATE_QWEN3, CHAT_TEMPLATE_QWEN35 } chat_template_kind;
+typedef enum {
+  CHAT_TEMPLATE_QWEN3,
+  CHAT_TEMPLATE_QWEN35,
+  CHAT_TEMPLATE_QWEN36, /* Qwen3.5's template plus chat_template_kwargs.preserve_thinking (keep
+                           every assistant turn's reasoning) and JSON-printed non-string
+                           parameter values (true, 1.5, null instead of True, 1.5, None) */
+} chat_template_kind;
 
-/* Picks the family from a Jinja template text (NULL allowed) and a model_type (NULL allowed). */
+/* Picks the family from a Jinja template text (NULL allowed) and a model_type (NULL allowed).
+ * A template with "<function=" is Qwen3.5, or Qwen3.6 when it also names preserve_thinking;
+ * any other template is Qwen3. Without a template: model_type qwen3_5* (Qwen3.5 and 3.6 models
+ * share it) gives Qwen3.5, another model_type Qwen3, none Qwen3.5. */
 chat_template_kind chat_template_detect(const char *template_text, const char *model_type);
 
 typedef struct chat_render {

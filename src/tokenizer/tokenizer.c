@@ -1315,6 +1315,77 @@ static int pretok(enc_ctx *c, int level, const uint8_t *s, size_t n) {
   return 0;
 }
 
+/* NFC/NFD touch only text near "inert" code points' neighbours. A code point is inert when
+ * it is a starter (ccc 0), has no canonical decomposition and is never a non-first part of
+ * one (so nothing composes with it as the second char). Normalisation then splits before
+ * every inert char: NF(XY) = NF(X) NF(Y) when Y starts with one. Only the regions between
+ * inert chars that hold a non-inert char go through utf8proc. Table: cp < INERT_MAX. */
+#define INERT_MAX 0x30000
+static uint8_t inert_bits[INERT_MAX / 8];
+static pthread_once_t inert_once = PTHREAD_ONCE_INIT;
+
+static void inert_init(void) {
+  memset(inert_bits, 0xff, sizeof inert_bits);
+  for (utf8proc_int32_t cp = 0; cp < INERT_MAX; cp++) {
+    utf8proc_int32_t d[32];
+    int bc = 0;
+    utf8proc_ssize_t k = utf8proc_decompose_char(cp, d, 32, UTF8PROC_DECOMPOSE, &bc);
+    if (utf8proc_get_property(cp)->combining_class != 0 || k != 1 || d[0] != cp)
+      inert_bits[cp >> 3] &= (uint8_t)~(1u << (cp & 7));
+    for (utf8proc_ssize_t j = 1; j < k && j < 32; j++)
+      if (d[j] >= 0 && d[j] < INERT_MAX) inert_bits[d[j] >> 3] &= (uint8_t)~(1u << (d[j] & 7));
+  }
+}
+
+static int is_inert(uint32_t cp) {
+  return cp < INERT_MAX && (inert_bits[cp >> 3] >> (cp & 7) & 1);
+}
+
+/* One canonical normalisation (NFC or NFD) of s, region by region. */
+static uint8_t *normalize_canon(const uint8_t *s, size_t n, int opts, size_t *out_n) {
+  sbuf o = {0};
+  size_t i = 0, copied = 0, last_inert = 0;
+  while (i < n) {
+    if (s[i] < 0x80) {
+      last_inert = i++;
+      continue;
+    }
+    size_t len;
+    uint32_t cp = 0;
+    utf8_step(s + i, n - i, &len, &cp);
+    if (is_inert(cp)) {
+      last_inert = i;
+      i += len;
+      continue;
+    }
+    /* region [last_inert, next inert char) goes through utf8proc */
+    size_t rs = last_inert >= copied ? last_inert : copied, re = i + len;
+    while (re < n) {
+      uint32_t c2 = s[re];
+      size_t l2 = 1;
+      if (c2 >= 0x80) utf8_step(s + re, n - re, &l2, &c2);
+      if (is_inert(c2)) break;
+      re += l2;
+    }
+    if (rs > copied && sbuf_put(&o, s + copied, rs - copied)) goto oom;
+    utf8proc_uint8_t *dst = NULL;
+    utf8proc_ssize_t r = utf8proc_map(s + rs, (utf8proc_ssize_t)(re - rs), &dst,
+                                      (utf8proc_option_t)opts);
+    if (r < 0) goto oom;
+    int bad = sbuf_put(&o, dst, (size_t)r);
+    free(dst);
+    if (bad) goto oom;
+    copied = i = last_inert = re;
+  }
+  if (n > copied && sbuf_put(&o, s + copied, n - copied)) goto oom;
+  if (!o.p && sbuf_put(&o, "", 0)) goto oom;
+  *out_n = o.n;
+  return (uint8_t *)o.p;
+oom:
+  free(o.p);
+  return NULL;
+}
+
 /* Applies the normaliser chain; returns a malloc'd copy (NULL on failure). */
 static uint8_t *normalize_alloc(const tokenizer *t, const uint8_t *s, size_t n, size_t *out_n) {
   uint8_t *cur = malloc(n + 1);
@@ -1324,20 +1395,24 @@ static uint8_t *normalize_alloc(const tokenizer *t, const uint8_t *s, size_t n, 
   size_t cn = n;
   for (int i = 0; i < t->n_norm; i++) {
     int opts = t->norm_opts[i];
-    /* NFC leaves text without any byte >= 0xCC (all code points < U+0300) unchanged */
     int need = 0;
-    uint8_t lim = (opts & UTF8PROC_COMPOSE) && !(opts & UTF8PROC_COMPAT) ? 0xCC : 0x80;
-    for (size_t k = 0; k < cn && !need; k++) need = cur[k] >= lim;
-    if (!need) continue;
-    utf8proc_uint8_t *dst = NULL;
-    utf8proc_ssize_t r = utf8proc_map(cur, (utf8proc_ssize_t)cn, &dst, (utf8proc_option_t)opts);
-    if (r < 0) {
-      free(cur);
-      return NULL;
+    for (size_t k = 0; k < cn && !need; k++) need = cur[k] >= 0x80;
+    if (!need) continue; /* ASCII is left alone by every form */
+    uint8_t *next;
+    size_t nn;
+    if (!(opts & UTF8PROC_COMPAT)) {
+      pthread_once(&inert_once, inert_init);
+      next = normalize_canon(cur, cn, opts, &nn);
+    } else {
+      utf8proc_uint8_t *dst = NULL;
+      utf8proc_ssize_t r = utf8proc_map(cur, (utf8proc_ssize_t)cn, &dst, (utf8proc_option_t)opts);
+      next = r < 0 ? NULL : dst;
+      nn = r < 0 ? 0 : (size_t)r;
     }
     free(cur);
-    cur = dst;
-    cn = (size_t)r;
+    if (!next) return NULL;
+    cur = next;
+    cn = nn;
   }
   *out_n = cn;
   return cur;

@@ -39,7 +39,7 @@ extern "C" void cuda_elem_embed(backend *be, backend_weight E, int H, backend_bu
 /* ---- rmsnorm ---- */
 
 /* One block per row; the row is held in registers (up to 16 values per thread). */
-#define RMS_THREADS 256
+#define RMS_THREADS 512
 #define RMS_PER 16
 __global__ void k_rmsnorm(bf16 *x, const bf16 *add, const float *w, int n, float eps, bf16 *y) {
   __shared__ float red[33];
@@ -77,7 +77,7 @@ extern "C" void cuda_elem_rmsnorm(backend *be, backend_buf x, backend_buf add, b
   const float *wf = wf32(c, w, "rmsnorm");
   if (!wf || T <= 0) return;
   if (n > RMS_THREADS * RMS_PER) {
-    cuda_fail(c, "rmsnorm", "row wider than 4096");
+    cuda_fail(c, "rmsnorm", "row wider than 8192");
     return;
   }
   k_rmsnorm<<<T, RMS_THREADS, 0, c->st>>>((bf16 *)x, (const bf16 *)add, wf, n, eps, (bf16 *)y);

@@ -1,0 +1,230 @@
+/* cuda_moe — the sparse MoE FFN: router GEMM (cuBLAS, fp32 out), routing (fp32 softmax, top-k
+ * with ties to the lower expert id, optional renormalisation, shared-expert gate), the routed
+ * experts as warp-per-output dot products over bf16 weights (one block per (row, slot) for
+ * gate/up, one per row for down and the weighted sum), and the shared expert as dense cuBLAS
+ * GEMMs. Each output's sums run in a fixed order that depends only on its row.
+ *
+ * Expert weight pointers reach the kernels through per-layer device tables, built on first use
+ * of a layer (keyed by its host array of gate weights) and kept until the backend is
+ * destroyed. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_ops.h"
+
+#define MOE_MAX_LAYERS 256
+#define MOE_MAX_K 32
+
+typedef struct moe_table {
+  const backend_weight *key;
+  int n;
+  const bf16 **d; /* device [3, E]: gate, up, down */
+} moe_table;
+
+static moe_table g_tables[MOE_MAX_LAYERS];
+static int g_ntables;
+
+static const bf16 **moe_table_get(cuda_ctx *c, const backend_moe *m) {
+  for (int i = 0; i < g_ntables; i++)
+    if (g_tables[i].key == m->gate && g_tables[i].n == m->n_experts) return g_tables[i].d;
+  if (g_ntables == MOE_MAX_LAYERS) {
+    cuda_fail(c, "moe", "too many MoE layers");
+    return NULL;
+  }
+  int E = m->n_experts;
+  const bf16 **h = (const bf16 **)malloc(3 * (size_t)E * sizeof *h);
+  const bf16 **d = NULL;
+  if (!h) {
+    cuda_fail(c, "moe", "out of memory");
+    return NULL;
+  }
+  for (int e = 0; e < E; e++) {
+    h[e] = CW(m->gate[e])->bf;
+    h[E + e] = CW(m->up[e])->bf;
+    h[2 * E + e] = CW(m->down[e])->bf;
+  }
+  if (cudaMalloc((void **)&d, 3 * (size_t)E * sizeof *d) != cudaSuccess ||
+      cudaMemcpy(d, h, 3 * (size_t)E * sizeof *d, cudaMemcpyHostToDevice) != cudaSuccess) {
+    cudaGetLastError();
+    free(h);
+    cuda_fail(c, "moe", "out of device memory for the expert table");
+    return NULL;
+  }
+  free(h);
+  g_tables[g_ntables].key = m->gate;
+  g_tables[g_ntables].n = E;
+  g_tables[g_ntables].d = d;
+  g_ntables++;
+  return d;
+}
+
+/* Dot product of a bf16 row with an fp32 vector in shared memory, over one warp (fixed order:
+ * per-lane strided partial sums, then the xor tree). */
+__device__ __forceinline__ float warp_dot_bf16(const bf16 *w, const float *xs, int n) {
+  int lane = threadIdx.x & 31;
+  float acc = 0.f;
+  if ((n & 7) == 0 && ((uintptr_t)w & 15) == 0) {
+    for (int i = lane * 8; i < n; i += 256) {
+      uint4 u = *(const uint4 *)(w + i);
+      const __nv_bfloat162 *p = (const __nv_bfloat162 *)&u;
+#pragma unroll
+      for (int k = 0; k < 4; k++) {
+        float2 f = __bfloat1622float2(p[k]);
+        acc += f.x * xs[i + 2 * k] + f.y * xs[i + 2 * k + 1];
+      }
+    }
+  } else {
+    for (int i = lane; i < n; i += 32) acc += bf2f(w[i]) * xs[i];
+  }
+  return warp_sum(acc);
+}
+
+/* One warp per row: softmax over E logits, top-k, weights, shared gate. */
+__global__ void k_moe_route(const float *lg, const bf16 *x, const float *seg, int T, int E,
+                            int k, int norm, int H, int32_t *ids, float *wts, float *sg) {
+  int t = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  int lane = threadIdx.x & 31;
+  if (t >= T) return;
+  const float *l = lg + (size_t)t * E;
+  float mx = -INFINITY;
+  for (int e = lane; e < E; e += 32) mx = fmaxf(mx, l[e]);
+  mx = warp_max(mx);
+  float sum = 0.f;
+  for (int e = lane; e < E; e += 32) sum += expf(l[e] - mx);
+  sum = warp_sum(sum);
+  float chosen_w[MOE_MAX_K];
+  int chosen[MOE_MAX_K];
+  for (int r = 0; r < k; r++) {
+    float bv = -INFINITY;
+    int bi = 0x7fffffff;
+    for (int e = lane; e < E; e += 32) {
+      int taken = 0;
+      for (int q = 0; q < r; q++) taken |= chosen[q] == e;
+      if (taken) continue;
+      float v = l[e];
+      if (v > bv || (v == bv && e < bi)) {
+        bv = v;
+        bi = e;
+      }
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+      float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+      int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+      if (ov > bv || (ov == bv && oi < bi)) {
+        bv = ov;
+        bi = oi;
+      }
+    }
+    chosen[r] = bi;
+    chosen_w[r] = expf(bv - mx) / sum;
+  }
+  float s = 0.f;
+  for (int r = 0; r < k; r++) s += chosen_w[r];
+  if (lane == 0)
+    for (int r = 0; r < k; r++) {
+      ids[(size_t)t * k + r] = chosen[r];
+      wts[(size_t)t * k + r] = norm ? chosen_w[r] / s : chosen_w[r];
+    }
+  if (seg) {
+    const bf16 *xr = x + (size_t)t * H;
+    float d = 0.f;
+    for (int i = lane; i < H; i += 32) d += bf2f(xr[i]) * seg[i];
+    d = warp_sum(d);
+    if (lane == 0) sg[t] = sigmoidf_dev(d);
+  }
+}
+
+/* grid (T*k, ceil(I/8)), 8 warps: hid[t, r, i] = silu(gate_e[i].x_t) * (up_e[i].x_t). */
+__global__ void k_moe_hidden(const bf16 *x, const int32_t *ids, const bf16 *const *tab, int E,
+                             int k, int H, int I, float *hid) {
+  extern __shared__ float xs[]; /* [H] */
+  int tr = blockIdx.x, t = tr / k;
+  const bf16 *xr = x + (size_t)t * H;
+  for (int i = threadIdx.x; i < H; i += blockDim.x) xs[i] = bf2f(xr[i]);
+  __syncthreads();
+  int e = ids[tr];
+  int i = blockIdx.y * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (i >= I) return;
+  float gv = warp_dot_bf16(tab[e] + (size_t)i * H, xs, H);
+  float uv = warp_dot_bf16(tab[E + e] + (size_t)i * H, xs, H);
+  if ((threadIdx.x & 31) == 0) hid[(size_t)tr * I + i] = siluf_dev(gv) * uv;
+}
+
+/* grid (T, ceil(H/8)), 8 warps: out[t, j] = sum_r w_r down_e[j].hid[t, r] + sg[t] sd[t, j]. */
+__global__ void k_moe_down(const float *hid, const int32_t *ids, const float *wts,
+                           const bf16 *const *tab, int E, int k, int H, int I, const float *sg,
+                           const float *sd, bf16 *out) {
+  extern __shared__ float hs[]; /* [k*I] */
+  int t = blockIdx.x;
+  for (int i = threadIdx.x; i < k * I; i += blockDim.x) hs[i] = hid[(size_t)t * k * I + i];
+  __syncthreads();
+  int j = blockIdx.y * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (j >= H) return;
+  float acc = 0.f;
+  for (int r = 0; r < k; r++) {
+    int e = ids[(size_t)t * k + r];
+    acc += wts[(size_t)t * k + r] * warp_dot_bf16(tab[2 * E + e] + (size_t)j * I, hs + r * I, I);
+  }
+  if (sd) acc += sg[t] * sd[(size_t)t * H + j];
+  if ((threadIdx.x & 31) == 0) out[(size_t)t * H + j] = f2bf(acc);
+}
+
+__global__ void k_swiglu_bf16(bf16 *g, const bf16 *u, size_t n) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+       i += (size_t)gridDim.x * blockDim.x)
+    g[i] = f2bf(siluf_dev(bf2f(g[i])) * bf2f(u[i]));
+}
+
+static size_t al256(size_t b) { return (b + 255) & ~(size_t)255; }
+
+extern "C" void cuda_moe_moe(backend *be, backend_buf x, const backend_moe *m, int T, int H,
+                             backend_buf out) {
+  cuda_ctx *c = cuda_ctx_of(be);
+  if (T <= 0) return;
+  int E = m->n_experts, k = m->top_k, I = m->inter, Is = m->shared_inter;
+  if (!m->shared_gate || !m->shared_up || !m->shared_down || !m->shared_expert_gate) Is = 0;
+  if (k < 1 || k > MOE_MAX_K || k > E) {
+    cuda_fail(c, "moe", "top_k out of range (1..32, <= n_experts)");
+    return;
+  }
+  if ((size_t)H * 4 > 48 * 1024 || (size_t)k * I * 4 > 48 * 1024) {
+    cuda_fail(c, "moe", "hidden or k*expert width too large for this kernel");
+    return;
+  }
+  if (Is > 0 && !CW(m->shared_expert_gate)->f32) {
+    cuda_fail(c, "moe", "shared_expert_gate must be uploaded as [1, H]");
+    return;
+  }
+  const bf16 *const *tab = moe_table_get(c, m);
+  if (!tab) return;
+  size_t o_lg = 0, o_ids = o_lg + al256((size_t)T * E * 4), o_w = o_ids + al256((size_t)T * k * 4),
+         o_sg = o_w + al256((size_t)T * k * 4), o_hid = o_sg + al256((size_t)T * 4),
+         o_g = o_hid + al256((size_t)T * k * I * 4), o_u = o_g + al256((size_t)T * Is * 2),
+         o_sd = o_u + al256((size_t)T * Is * 2), total = o_sd + al256((size_t)T * H * 4);
+  char *sc = (char *)cuda_scratch(c, total);
+  if (!sc) return;
+  float *lg = (float *)(sc + o_lg), *wts = (float *)(sc + o_w), *sg = (float *)(sc + o_sg);
+  float *hid = (float *)(sc + o_hid), *sd = (float *)(sc + o_sd);
+  int32_t *ids = (int32_t *)(sc + o_ids);
+  bf16 *gs = (bf16 *)(sc + o_g), *us = (bf16 *)(sc + o_u);
+  const bf16 *xb = (const bf16 *)x;
+  cuda_gemm(c, xb, CW(m->router)->bf, T, H, E, lg, 1);
+  k_moe_route<<<(T + 7) / 8, 256, 0, c->st>>>(lg, xb, Is > 0 ? CW(m->shared_expert_gate)->f32 : NULL,
+                                               T, E, k, m->norm_topk_prob, H, ids, wts, sg);
+  cuda_check_launch(c, "moe (route)");
+  dim3 gh(T * k, (I + 7) / 8);
+  k_moe_hidden<<<gh, 256, H * sizeof(float), c->st>>>(xb, ids, tab, E, k, H, I, hid);
+  cuda_check_launch(c, "moe (experts)");
+  if (Is > 0) {
+    cuda_gemm(c, xb, CW(m->shared_gate)->bf, T, H, Is, gs, 0);
+    cuda_gemm(c, xb, CW(m->shared_up)->bf, T, H, Is, us, 0);
+    k_swiglu_bf16<<<cuda_blocks((size_t)T * Is, 256), 256, 0, c->st>>>(gs, us, (size_t)T * Is);
+    cuda_gemm(c, gs, CW(m->shared_down)->bf, T, Is, H, sd, 1);
+  }
+  dim3 gd(T, (H + 7) / 8);
+  k_moe_down<<<gd, 256, (size_t)k * I * sizeof(float), c->st>>>(hid, ids, wts, tab, E, k, H, I, sg,
+                                                                 Is > 0 ? sd : NULL, (bf16 *)out);
+  cuda_check_launch(c, "moe (down)");
+}

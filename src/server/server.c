@@ -1,0 +1,1030 @@
+#include "server/server.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <jansson.h>
+#include <microhttpd.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "base/log.h"
+#include "server/metrics.h"
+#include "server/openai_request.h"
+#include "server/openai_response.h"
+#include "server/openai_stream.h"
+#include "server/server_gen.h"
+#include "server/srvbuf.h"
+#include "tokenizer/chat_parse.h"
+
+/* ======================================================================================
+ * State
+ * ====================================================================================== */
+
+typedef struct conn conn;
+
+struct server {
+  server_opts o; /* strings below are owned copies */
+  char *host, *name, *path, *api_key;
+  struct MHD_Daemon *d;
+  int port;
+  atomic_int ready, stopping;
+  server_model m; /* valid once ready */
+  metrics *met;
+  pthread_mutex_t mu; /* guards the active list */
+  conn *active;       /* connections with a live generation */
+  int n_active;
+  long long created;
+};
+
+enum { STREAM_FIRST, STREAM_RUNNING, STREAM_DONE };
+
+/* One HTTP request (MHD's per-request context). Owner: MHD, freed in on_completed. */
+struct conn {
+  server *s;
+  struct MHD_Connection *mc;
+  int fd;
+  srvbuf body;
+  int too_large;
+  /* generation */
+  openai_request req;
+  int have_req;
+  server_gen g;
+  int have_gen;
+  openai_stream st;
+  int have_st;
+  int thinking_open;
+  int32_t *prompt_ids; /* owned */
+  int n_prompt;
+  int32_t *bounds;     /* owned */
+  int n_bounds;
+  char *echo;          /* completions echo text (owned) */
+  size_t echo_len;
+  char id[64];
+  long long created;
+  /* streaming */
+  srvbuf out;      /* SSE bytes not yet handed to MHD */
+  int phase;       /* STREAM_* */
+  size_t sent_text; /* completions: bytes of g.text sent */
+  int sent_toks;   /* tokens whose ids / logprobs were sent */
+  conn *next, *prev; /* in s->active */
+  int registered;
+};
+
+/* ======================================================================================
+ * Small helpers
+ * ====================================================================================== */
+
+static int ct_equal(const char *given, const char *key) {
+  size_t lg = strlen(given), lk = strlen(key);
+  volatile unsigned char d = (unsigned char)(lg != lk);
+  for (size_t i = 0; i < lk; i++) d |= (unsigned char)((i < lg ? (unsigned char)given[i] : 0) ^ (unsigned char)key[i]);
+  return d == 0;
+}
+
+static int client_gone(const conn *cx) {
+  if (cx->fd < 0) return 0;
+  char ch;
+  ssize_t n = recv(cx->fd, &ch, 1, MSG_PEEK | MSG_DONTWAIT);
+  if (n == 0) return 1;
+  if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return 1;
+  return 0;
+}
+
+static void active_add(server *s, conn *cx) {
+  pthread_mutex_lock(&s->mu);
+  cx->next = s->active;
+  cx->prev = NULL;
+  if (s->active) s->active->prev = cx;
+  s->active = cx;
+  s->n_active++;
+  cx->registered = 1;
+  pthread_mutex_unlock(&s->mu);
+}
+
+static void active_remove(server *s, conn *cx) {
+  pthread_mutex_lock(&s->mu);
+  if (cx->registered) {
+    if (cx->prev) cx->prev->next = cx->next;
+    else s->active = cx->next;
+    if (cx->next) cx->next->prev = cx->prev;
+    s->n_active--;
+    cx->registered = 0;
+  }
+  pthread_mutex_unlock(&s->mu);
+}
+
+static enum MHD_Result send_body(conn *cx, unsigned status, const char *ctype, char *body, size_t len,
+                                 const char *hname, const char *hval) {
+  struct MHD_Response *r = MHD_create_response_from_buffer(len, body, MHD_RESPMEM_MUST_FREE);
+  if (!r) {
+    free(body);
+    return MHD_NO;
+  }
+  MHD_add_response_header(r, "Content-Type", ctype);
+  if (hname) MHD_add_response_header(r, hname, hval);
+  enum MHD_Result ret = MHD_queue_response(cx->mc, status, r);
+  MHD_destroy_response(r);
+  return ret;
+}
+
+static enum MHD_Result send_json(conn *cx, unsigned status, json_t *j) {
+  char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
+  json_decref(j);
+  if (!s) {
+    s = strdup("{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\",\"param\":null,\"code\":500}}");
+    if (!s) return MHD_NO;
+    status = 500;
+  }
+  return send_body(cx, status, "application/json", s, strlen(s), NULL, NULL);
+}
+
+static enum MHD_Result send_error(conn *cx, const openai_error *e) {
+  metrics_request_rejected(cx->s->met, e->status);
+  char *b = openai_response_error_body(e);
+  if (!b) return MHD_NO;
+  const char *hn = NULL, *hv = NULL;
+  if (e->status == 429) hn = "Retry-After", hv = "1";
+  else if (e->status == 401) hn = "WWW-Authenticate", hv = "Bearer";
+  return send_body(cx, (unsigned)e->status, "application/json", b, strlen(b), hn, hv);
+}
+
+static enum MHD_Result fail(conn *cx, int status, const char *type, const char *param, const char *msg) {
+  openai_error e;
+  openai_error_set(&e, status, type, param, "%s", msg);
+  return send_error(cx, &e);
+}
+
+static int model_ok(server *s, const char *model, openai_error *e) {
+  if (!model || !strcmp(model, s->name)) return 0;
+  openai_error_set(e, 404, "NotFoundError", "model", "The model `%s` does not exist.", model);
+  e->code = NULL;
+  return -1;
+}
+
+/* Decodes one token as raw bytes (for logprobs); "" without a tokenizer. */
+static char *token_bytes(server *s, int32_t id, size_t *len) {
+  char *out = NULL;
+  long n = s->m.tok ? tokenizer_decode(s->m.tok, &id, 1, 0, &out) : -1;
+  if (n < 0) {
+    free(out);
+    out = strdup("");
+    n = 0;
+  }
+  *len = (size_t)n;
+  return out;
+}
+
+/* ======================================================================================
+ * Prompt preparation
+ * ====================================================================================== */
+
+/* Encodes each turn of a rendered chat separately (every turn starts with the special token
+ * <|im_start|>, so the concatenation equals encoding the whole) and records where each turn
+ * starts in tokens: the prefix cache's capture points. */
+static int encode_turns(const tokenizer *tok, const chat_render *cr, int32_t **ids, int *n,
+                        int32_t **bounds, int *nb, char *err, size_t errlen) {
+  *ids = NULL;
+  *n = 0;
+  *bounds = NULL;
+  *nb = 0;
+  size_t nseg = (size_t)cr->n_msgs + 1;
+  size_t *cut = malloc(sizeof *cut * (nseg + 1));
+  int32_t *b = malloc(sizeof *b * (nseg + 1));
+  if (!cut || !b) goto oom;
+  size_t k = 0;
+  cut[k++] = 0;
+  int monotone = 1;
+  for (int i = 0; i < cr->n_msgs; i++) {
+    size_t off = cr->msg_offsets[i];
+    if (off > cr->len || off < cut[k - 1]) monotone = 0;
+    else if (off > cut[k - 1]) cut[k++] = off;
+  }
+  if (!monotone) k = 1;
+  cut[k] = cr->len;
+  srvbuf acc;
+  srvbuf_init(&acc);
+  int nbo = 0;
+  for (size_t i = 0; i < k; i++) {
+    if (cut[i + 1] <= cut[i]) continue;
+    if (i > 0) b[nbo++] = (int32_t)(acc.len / sizeof(int32_t));
+    int32_t *seg = NULL;
+    int m = tokenizer_encode(tok, cr->text + cut[i], cut[i + 1] - cut[i], &seg, err, errlen);
+    if (m < 0) {
+      srvbuf_free(&acc);
+      free(cut);
+      free(b);
+      return -1;
+    }
+    srvbuf_append(&acc, seg, sizeof *seg * (size_t)m);
+    free(seg);
+  }
+  free(cut);
+  if (acc.oom) {
+    srvbuf_free(&acc);
+    free(b);
+    goto oom2;
+  }
+  *n = (int)(acc.len / sizeof(int32_t));
+  *ids = (int32_t *)srvbuf_take(&acc);
+  *bounds = b;
+  *nb = nbo;
+  return 0;
+oom:
+  free(cut);
+  free(b);
+oom2:
+  snprintf(err, errlen, "out of memory");
+  return -1;
+}
+
+static int no_tokenizer(openai_error *e) {
+  return openai_error_set(e, 400, "invalid_request_error", NULL,
+                          "this model was loaded without a tokenizer: only /v1/completions with "
+                          "token-id prompts is available");
+}
+
+static int prepare_chat(conn *cx, openai_error *e) {
+  server *s = cx->s;
+  if (!s->m.tok) return no_tokenizer(e);
+  chat_render cr;
+  memset(&cr, 0, sizeof cr);
+  char err[300];
+  err[0] = 0;
+  if (chat_template_render(s->m.tmpl, cx->req.render, cx->req.add_generation_prompt, &cr, err, sizeof err))
+    return openai_error_set(e, 400, "invalid_request_error", "messages", "%s",
+                            err[0] ? err : "the messages could not be rendered");
+  cx->thinking_open = cr.thinking_open || openai_stream_prompt_thinking_open(cr.text, cr.len);
+  int rc = encode_turns(s->m.tok, &cr, &cx->prompt_ids, &cx->n_prompt, &cx->bounds, &cx->n_bounds, err,
+                        sizeof err);
+  chat_render_free(&cr);
+  if (rc) return openai_error_set(e, 400, "invalid_request_error", "messages", "%s", err);
+  return 0;
+}
+
+static int prepare_completion(conn *cx, openai_error *e) {
+  server *s = cx->s;
+  openai_request *r = &cx->req;
+  char err[300];
+  if (r->prompt) {
+    if (!s->m.tok) return no_tokenizer(e);
+    int n = tokenizer_encode(s->m.tok, r->prompt, r->prompt_len, &cx->prompt_ids, err, sizeof err);
+    if (n < 0) return openai_error_set(e, 400, "invalid_request_error", "prompt", "%s", err);
+    cx->n_prompt = n;
+    if (n == 0) return openai_error_set(e, 400, "invalid_request_error", "prompt", "the prompt encodes to no tokens");
+    if (r->echo) {
+      cx->echo = malloc(r->prompt_len + 1);
+      if (!cx->echo) return openai_error_set(e, 500, "server_error", NULL, "out of memory");
+      memcpy(cx->echo, r->prompt, r->prompt_len + 1);
+      cx->echo_len = r->prompt_len;
+    }
+  } else {
+    cx->prompt_ids = malloc(sizeof(int32_t) * (size_t)r->n_prompt_ids);
+    if (!cx->prompt_ids) return openai_error_set(e, 500, "server_error", NULL, "out of memory");
+    memcpy(cx->prompt_ids, r->prompt_ids, sizeof(int32_t) * (size_t)r->n_prompt_ids);
+    cx->n_prompt = r->n_prompt_ids;
+    for (int i = 0; i < cx->n_prompt; i++)
+      if (cx->prompt_ids[i] >= s->m.vocab_size)
+        return openai_error_set(e, 400, "invalid_request_error", "prompt",
+                                "token id %d at position %d is out of vocabulary (size %d)", cx->prompt_ids[i],
+                                i, s->m.vocab_size);
+    if (r->echo && s->m.tok) {
+      long n = tokenizer_decode(s->m.tok, cx->prompt_ids, cx->n_prompt, r->skip_special_tokens, &cx->echo);
+      if (n < 0) {
+        free(cx->echo);
+        cx->echo = NULL;
+      } else {
+        cx->echo_len = (size_t)n;
+      }
+    }
+  }
+  return 0;
+}
+
+/* Checks what needs the model and fills sp.max_tokens. */
+static int check_limits(conn *cx, openai_error *e) {
+  server *s = cx->s;
+  openai_request *r = &cx->req;
+  int mml = s->m.max_model_len;
+  if (cx->n_prompt >= mml)
+    return openai_error_set(e, 400, "invalid_request_error", r->kind == OPENAI_KIND_CHAT ? "messages" : "prompt",
+                            "This model's maximum context length is %d tokens. However, your request has %d "
+                            "input tokens. Please reduce the length of the input.",
+                            mml, cx->n_prompt);
+  int avail = mml - cx->n_prompt;
+  if (r->max_tokens > 0) {
+    if (r->max_tokens > avail)
+      return openai_error_set(e, 400, "invalid_request_error", "max_tokens",
+                              "This model's maximum context length is %d tokens. However, you requested %lld "
+                              "tokens (%d in the input, %d in the completion). Please reduce the length of the "
+                              "input or the completion.",
+                              mml, (long long)cx->n_prompt + r->max_tokens, cx->n_prompt, r->max_tokens);
+    r->sp.max_tokens = r->max_tokens;
+  } else {
+    r->sp.max_tokens = avail;
+  }
+  for (int i = 0; i < r->sp.n_stop_ids; i++)
+    if (r->sp.stop_ids[i] >= s->m.vocab_size)
+      return openai_error_set(e, 400, "invalid_request_error", "stop_token_ids",
+                              "stop token id %d is out of vocabulary (size %d)", r->sp.stop_ids[i], s->m.vocab_size);
+  if (r->n_stop > 0 && !s->m.tok)
+    return openai_error_set(e, 400, "invalid_request_error", "stop",
+                            "stop strings need a tokenizer; this model was loaded without one");
+  char err[200] = "";
+  if (sampling_params_validate(&r->sp, err, sizeof err))
+    return openai_error_set(e, 400, "invalid_request_error", NULL, "%s", err[0] ? err : "invalid sampling parameters");
+  return 0;
+}
+
+/* ======================================================================================
+ * Responses
+ * ====================================================================================== */
+
+static json_t *chat_logprobs(server *s, const server_gen *g, int from, int to) {
+  json_t *content = json_array();
+  for (int i = from; content && i < to; i++) {
+    const server_gen_token *t = &g->toks[i];
+    size_t len;
+    char *tok = token_bytes(s, t->id, &len);
+    const char *tops[ENGINE_MAX_TOP_LOGPROBS];
+    size_t lens[ENGINE_MAX_TOP_LOGPROBS];
+    char *owned[ENGINE_MAX_TOP_LOGPROBS];
+    for (int k = 0; k < t->n_top; k++) owned[k] = token_bytes(s, t->top_ids[k], &lens[k]), tops[k] = owned[k] ? owned[k] : "";
+    json_array_append_new(content, openai_response_chat_logprob(tok ? tok : "", tok ? len : 0, t->logprob, tops, lens,
+                                                                t->top_lps, t->n_top));
+    for (int k = 0; k < t->n_top; k++) free(owned[k]);
+    free(tok);
+  }
+  return json_pack("{s:o}", "content", content ? content : json_array());
+}
+
+static json_t *completion_logprobs(server *s, const server_gen *g, int from, int to, size_t base_off) {
+  json_t *tokens = json_array(), *lps = json_array(), *tops = json_array(), *offs = json_array();
+  for (int i = from; i < to; i++) {
+    const server_gen_token *t = &g->toks[i];
+    size_t len;
+    char *tok = token_bytes(s, t->id, &len);
+    json_array_append_new(tokens, openai_response_string(tok ? tok : "", tok ? len : 0));
+    free(tok);
+    json_array_append_new(lps, json_real(t->logprob < -9999.0f ? -9999.0 : t->logprob));
+    json_t *top = json_object();
+    for (int k = 0; k < t->n_top; k++) {
+      char *tt = token_bytes(s, t->top_ids[k], &len);
+      json_t *key = openai_response_string(tt ? tt : "", tt ? len : 0);
+      if (key) json_object_set_new(top, json_string_value(key), json_real(t->top_lps[k] < -9999.0f ? -9999.0 : t->top_lps[k]));
+      json_decref(key);
+      free(tt);
+    }
+    json_array_append_new(tops, top);
+    json_array_append_new(offs, json_integer((json_int_t)(base_off + t->text_off)));
+  }
+  return json_pack("{s:o, s:o, s:o, s:o}", "tokens", tokens, "token_logprobs", lps, "top_logprobs", tops,
+                   "text_offset", offs);
+}
+
+static json_t *ids_array(const int32_t *ids, int n) {
+  json_t *a = json_array();
+  for (int i = 0; a && i < n; i++) json_array_append_new(a, json_integer(ids[i]));
+  return a;
+}
+
+static json_t *usage_of(const conn *cx) {
+  return openai_response_usage(cx->g.prompt_tokens, cx->g.completion_tokens, cx->g.cached_tokens);
+}
+
+/* The final error of a generation that did not complete, or 0. */
+static int gen_error(const conn *cx, openai_error *e) {
+  if (cx->g.finish == FINISH_ERROR)
+    return openai_error_set(e, 500, "server_error", NULL, "generation failed: %s", cx->g.err);
+  if (cx->g.finish == FINISH_CANCELLED)
+    return openai_error_set(e, 503, "server_error", NULL,
+                            atomic_load(&cx->s->stopping) ? "the server is shutting down" : "the request was cancelled");
+  return 0;
+}
+
+static enum MHD_Result respond_chat(conn *cx) {
+  server *s = cx->s;
+  openai_error e;
+  if (gen_error(cx, &e)) return send_error(cx, &e);
+  chat_parsed p;
+  memset(&p, 0, sizeof p);
+  if (chat_parse(cx->g.text.data ? cx->g.text.data : "", cx->thinking_open, cx->req.tools, &p))
+    return fail(cx, 500, "server_error", NULL, "out of memory");
+  int has_calls = p.tool_calls && json_array_size(p.tool_calls) > 0;
+  json_t *msg = json_object();
+  json_object_set_new(msg, "role", json_string("assistant"));
+  if (p.content && (p.content[0] || !has_calls))
+    json_object_set_new(msg, "content", openai_response_string(p.content, strlen(p.content)));
+  else
+    json_object_set_new(msg, "content", json_null());
+  json_object_set_new(msg, "reasoning_content",
+                      p.reasoning_content ? openai_response_string(p.reasoning_content, strlen(p.reasoning_content))
+                                          : json_null());
+  json_object_set_new(msg, "tool_calls", has_calls ? json_incref(p.tool_calls) : json_array());
+  const char *fr = server_gen_finish_name(&cx->g);
+  if (has_calls && !strcmp(fr, "stop")) fr = "tool_calls";
+  json_t *choice = json_object();
+  json_object_set_new(choice, "index", json_integer(0));
+  json_object_set_new(choice, "message", msg);
+  json_object_set_new(choice, "logprobs", cx->req.logprobs ? chat_logprobs(s, &cx->g, 0, cx->g.n_ids) : json_null());
+  json_object_set_new(choice, "finish_reason", json_string(fr));
+  json_object_set_new(choice, "stop_reason", json_null());
+  if (cx->req.return_token_ids) {
+    json_object_set_new(choice, "token_ids", ids_array(cx->g.ids, cx->g.n_ids));
+  }
+  chat_parsed_free(&p);
+  json_t *o = openai_response_object(cx->id, "chat.completion", cx->created, s->name);
+  json_array_append_new(json_object_get(o, "choices"), choice);
+  json_object_set_new(o, "usage", usage_of(cx));
+  if (cx->req.return_token_ids) json_object_set_new(o, "prompt_token_ids", ids_array(cx->prompt_ids, cx->n_prompt));
+  return send_json(cx, 200, o);
+}
+
+static enum MHD_Result respond_completion(conn *cx) {
+  server *s = cx->s;
+  openai_error e;
+  if (gen_error(cx, &e)) return send_error(cx, &e);
+  srvbuf text;
+  srvbuf_init(&text);
+  if (cx->echo) srvbuf_append(&text, cx->echo, cx->echo_len);
+  if (cx->g.text.len) srvbuf_append(&text, cx->g.text.data, cx->g.text.len);
+  json_t *choice = json_object();
+  json_object_set_new(choice, "index", json_integer(0));
+  json_object_set_new(choice, "text", openai_response_string(text.data ? text.data : "", text.len));
+  srvbuf_free(&text);
+  json_object_set_new(choice, "logprobs",
+                      cx->req.logprobs ? completion_logprobs(s, &cx->g, 0, cx->g.n_ids, cx->echo_len) : json_null());
+  json_object_set_new(choice, "finish_reason", json_string(server_gen_finish_name(&cx->g)));
+  json_object_set_new(choice, "stop_reason", json_null());
+  if (cx->req.return_token_ids) {
+    json_object_set_new(choice, "token_ids", ids_array(cx->g.ids, cx->g.n_ids));
+    json_object_set_new(choice, "prompt_token_ids", ids_array(cx->prompt_ids, cx->n_prompt));
+  }
+  json_t *o = openai_response_object(cx->id, "text_completion", cx->created, s->name);
+  json_array_append_new(json_object_get(o, "choices"), choice);
+  json_object_set_new(o, "usage", usage_of(cx));
+  return send_json(cx, 200, o);
+}
+
+/* ---- streaming ---- */
+
+static void sse_json(conn *cx, json_t *j) {
+  char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
+  json_decref(j);
+  if (!s) {
+    cx->out.oom = 1;
+    return;
+  }
+  srvbuf_puts(&cx->out, "data: ");
+  srvbuf_puts(&cx->out, s);
+  srvbuf_puts(&cx->out, "\n\n");
+  free(s);
+}
+
+static json_t *chunk_base(conn *cx) {
+  return openai_response_object(cx->id, cx->req.kind == OPENAI_KIND_CHAT ? "chat.completion.chunk" : "text_completion",
+                                cx->created, cx->s->name);
+}
+
+static void chunk_chat(conn *cx, json_t *delta, const char *finish, int tok_from, int tok_to) {
+  json_t *o = chunk_base(cx);
+  json_t *c = json_object();
+  json_object_set_new(c, "index", json_integer(0));
+  json_object_set_new(c, "delta", delta ? delta : json_object());
+  json_object_set_new(c, "logprobs", cx->req.logprobs && tok_to > tok_from ? chat_logprobs(cx->s, &cx->g, tok_from, tok_to)
+                                                                           : json_null());
+  json_object_set_new(c, "finish_reason", finish ? json_string(finish) : json_null());
+  if (cx->req.return_token_ids && tok_to > tok_from)
+    json_object_set_new(c, "token_ids", ids_array(cx->g.ids + tok_from, tok_to - tok_from));
+  json_array_append_new(json_object_get(o, "choices"), c);
+  sse_json(cx, o);
+}
+
+static void chunk_completion(conn *cx, const char *text, size_t len, const char *finish, int tok_from, int tok_to,
+                             int first) {
+  json_t *o = chunk_base(cx);
+  json_t *c = json_object();
+  json_object_set_new(c, "index", json_integer(0));
+  json_object_set_new(c, "text", openai_response_string(text, len));
+  json_object_set_new(c, "logprobs", cx->req.logprobs && tok_to > tok_from
+                                         ? completion_logprobs(cx->s, &cx->g, tok_from, tok_to, cx->echo_len)
+                                         : json_null());
+  json_object_set_new(c, "finish_reason", finish ? json_string(finish) : json_null());
+  if (cx->req.return_token_ids) {
+    json_object_set_new(c, "token_ids", ids_array(cx->g.ids + tok_from, tok_to - tok_from));
+    if (first) json_object_set_new(c, "prompt_token_ids", ids_array(cx->prompt_ids, cx->n_prompt));
+  }
+  json_array_append_new(json_object_get(o, "choices"), c);
+  sse_json(cx, o);
+}
+
+static void stream_error(conn *cx, const openai_error *e) {
+  sse_json(cx, openai_response_error_json(e));
+  srvbuf_puts(&cx->out, "data: [DONE]\n\n");
+  cx->phase = STREAM_DONE;
+}
+
+/* Produces the chunks for whatever the generation has now (after one step). */
+static void stream_emit(conn *cx) {
+  server_gen *g = &cx->g;
+  int tok_to = g->n_ids;
+  if (cx->phase == STREAM_FIRST) {
+    if (cx->req.kind == OPENAI_KIND_CHAT) {
+      json_t *d = json_pack("{s:s, s:s}", "role", "assistant", "content", "");
+      chunk_chat(cx, d, NULL, 0, 0);
+    } else if (cx->echo_len || cx->req.return_token_ids) {
+      chunk_completion(cx, cx->echo ? cx->echo : "", cx->echo_len, NULL, 0, 0, 1);
+    }
+    cx->phase = STREAM_RUNNING;
+  }
+  if (g->done) {
+    openai_error e;
+    if (gen_error(cx, &e)) {
+      stream_error(cx, &e);
+      return;
+    }
+  }
+  const char *finish = g->done ? server_gen_finish_name(g) : NULL;
+  if (cx->req.kind == OPENAI_KIND_CHAT) {
+    json_t *delta = NULL;
+    size_t vis = server_gen_visible(g);
+    if (openai_stream_delta(&cx->st, g->text.data ? g->text.data : "", vis, g->done, &delta)) {
+      cx->out.oom = 1;
+      return;
+    }
+    if (g->done && cx->st.n_tool_calls > 0 && !strcmp(finish, "stop")) finish = "tool_calls";
+    if (delta || finish || (cx->req.logprobs && tok_to > cx->sent_toks)) {
+      chunk_chat(cx, delta, finish, cx->sent_toks, tok_to);
+      cx->sent_toks = tok_to;
+    }
+  } else {
+    size_t vis = server_gen_visible(g);
+    int first = 0;
+    if (vis > cx->sent_text || finish || (tok_to > cx->sent_toks && (cx->req.return_token_ids || cx->req.logprobs))) {
+      chunk_completion(cx, g->text.data ? g->text.data + cx->sent_text : "", vis - cx->sent_text, finish,
+                       cx->sent_toks, tok_to, first);
+      cx->sent_text = vis;
+      cx->sent_toks = tok_to;
+    }
+  }
+  if (g->done) {
+    if (cx->req.include_usage) {
+      json_t *o = chunk_base(cx);
+      json_object_set_new(o, "usage", usage_of(cx));
+      sse_json(cx, o);
+    }
+    srvbuf_puts(&cx->out, "data: [DONE]\n\n");
+    cx->phase = STREAM_DONE;
+  }
+}
+
+static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
+  (void)pos;
+  conn *cx = cls;
+  while (cx->out.len == 0) {
+    if (cx->phase == STREAM_DONE) return MHD_CONTENT_READER_END_OF_STREAM;
+    if (cx->phase == STREAM_FIRST) {
+      stream_emit(cx);
+      continue;
+    }
+    int r = server_gen_step(&cx->g, 100);
+    if (client_gone(cx)) {
+      server_gen_cancel(&cx->g);
+      return MHD_CONTENT_READER_END_WITH_ERROR;
+    }
+    if (r != 0 || cx->g.done) stream_emit(cx);
+    if (cx->out.oom) {
+      server_gen_cancel(&cx->g);
+      return MHD_CONTENT_READER_END_WITH_ERROR;
+    }
+  }
+  size_t n = cx->out.len < max ? cx->out.len : max;
+  memcpy(buf, cx->out.data, n);
+  srvbuf_consume(&cx->out, n);
+  return (ssize_t)n;
+}
+
+/* ======================================================================================
+ * Routes
+ * ====================================================================================== */
+
+static enum MHD_Result handle_generate(conn *cx, openai_kind kind) {
+  server *s = cx->s;
+  openai_error e;
+  if (openai_request_parse(kind, cx->body.data ? cx->body.data : "", cx->body.len, &cx->req, &e))
+    return send_error(cx, &e);
+  cx->have_req = 1;
+  if (model_ok(s, cx->req.model, &e)) return send_error(cx, &e);
+  if (kind == OPENAI_KIND_CHAT ? prepare_chat(cx, &e) : prepare_completion(cx, &e)) return send_error(cx, &e);
+  if (check_limits(cx, &e)) return send_error(cx, &e);
+  if (atomic_load(&s->stopping)) return fail(cx, 503, "server_error", NULL, "the server is shutting down");
+
+  server_gen_opts go;
+  memset(&go, 0, sizeof go);
+  go.eng = s->m.eng;
+  go.tok = s->m.tok;
+  go.met = s->met;
+  go.prompt = cx->prompt_ids;
+  go.n_prompt = cx->n_prompt;
+  go.boundaries = cx->bounds;
+  go.n_boundaries = cx->n_bounds;
+  go.sp = &cx->req.sp;
+  go.cache_salt = cx->req.cache_salt;
+  go.stop = cx->req.stop;
+  go.n_stop = cx->req.n_stop;
+  go.include_stop_str = cx->req.include_stop_str_in_output;
+  go.skip_special = cx->req.skip_special_tokens;
+  go.eos_ids = s->m.eos_ids;
+  go.n_eos = s->m.n_eos;
+  engine_status st;
+  char err[200] = "";
+  if (server_gen_start(&cx->g, &go, &st, err, sizeof err)) {
+    switch (st) {
+    case ENGINE_ERR_QUEUE_FULL:
+      return fail(cx, 429, "rate_limit_error", NULL, err[0] ? err : "too many requests are waiting; retry later");
+    case ENGINE_ERR_SHUTDOWN: return fail(cx, 503, "server_error", NULL, "the server is shutting down");
+    case ENGINE_ERR_NOMEM: return fail(cx, 503, "server_error", NULL, err[0] ? err : "out of memory");
+    default: {
+      openai_error_set(&e, 400, "invalid_request_error", NULL, "%s", err[0] ? err : "invalid request");
+      return send_error(cx, &e);
+    }
+    }
+  }
+  cx->have_gen = 1;
+  active_add(s, cx);
+  openai_response_new_id(cx->id, sizeof cx->id, kind == OPENAI_KIND_CHAT ? "chatcmpl-" : "cmpl-");
+  cx->created = (long long)time(NULL);
+
+  if (cx->req.stream) {
+    if (kind == OPENAI_KIND_CHAT) {
+      openai_stream_init(&cx->st, cx->thinking_open, cx->req.tools);
+      cx->have_st = 1;
+    }
+    srvbuf_init(&cx->out);
+    cx->phase = STREAM_FIRST;
+    struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_reader, cx, NULL);
+    if (!r) return MHD_NO;
+    MHD_add_response_header(r, "Content-Type", "text/event-stream");
+    MHD_add_response_header(r, "Cache-Control", "no-cache");
+    enum MHD_Result ret = MHD_queue_response(cx->mc, 200, r);
+    MHD_destroy_response(r);
+    return ret;
+  }
+  while (!cx->g.done) {
+    server_gen_step(&cx->g, 100);
+    if (client_gone(cx)) {
+      server_gen_cancel(&cx->g);
+      return MHD_NO; /* MHD closes the connection; on_completed releases the request */
+    }
+  }
+  return kind == OPENAI_KIND_CHAT ? respond_chat(cx) : respond_completion(cx);
+}
+
+static enum MHD_Result handle_models(conn *cx) {
+  server *s = cx->s;
+  json_t *m = json_pack("{s:s, s:s, s:I, s:s, s:s, s:n, s:i, s:[]}", "id", s->name, "object", "model", "created",
+                        (json_int_t)s->created, "owned_by", "deltaserve", "root", s->path ? s->path : s->name,
+                        "parent", "max_model_len", atomic_load(&s->ready) ? s->m.max_model_len : 0, "permission");
+  return send_json(cx, 200, json_pack("{s:s, s:[o]}", "object", "list", "data", m));
+}
+
+static enum MHD_Result handle_tokenize(conn *cx) {
+  server *s = cx->s;
+  openai_error e;
+  char *model = NULL, *prompt = NULL;
+  size_t plen = 0;
+  json_t *render = NULL;
+  int agp = 1;
+  if (openai_request_parse_tokenize(cx->body.data ? cx->body.data : "", cx->body.len, &model, &prompt, &plen, &render,
+                                    &agp, &e))
+    return send_error(cx, &e);
+  int rc = model_ok(s, model, &e);
+  free(model);
+  if (!rc && !s->m.tok) rc = no_tokenizer(&e);
+  char err[300] = "";
+  int32_t *ids = NULL;
+  int n = 0;
+  if (!rc && render) {
+    chat_render cr;
+    memset(&cr, 0, sizeof cr);
+    if (chat_template_render(s->m.tmpl, render, agp, &cr, err, sizeof err)) {
+      rc = openai_error_set(&e, 400, "invalid_request_error", "messages", "%s", err[0] ? err : "render failed");
+    } else {
+      n = tokenizer_encode(s->m.tok, cr.text, cr.len, &ids, err, sizeof err);
+      if (n < 0) rc = openai_error_set(&e, 400, "invalid_request_error", "messages", "%s", err);
+      chat_render_free(&cr);
+    }
+  } else if (!rc) {
+    n = tokenizer_encode(s->m.tok, prompt, plen, &ids, err, sizeof err);
+    if (n < 0) rc = openai_error_set(&e, 400, "invalid_request_error", "prompt", "%s", err);
+  }
+  free(prompt);
+  json_decref(render);
+  if (rc) {
+    free(ids);
+    return send_error(cx, &e);
+  }
+  json_t *o = json_pack("{s:i, s:i, s:o, s:n}", "count", n, "max_model_len", s->m.max_model_len, "tokens",
+                        ids_array(ids, n), "token_strs");
+  free(ids);
+  return send_json(cx, 200, o);
+}
+
+static enum MHD_Result handle_detokenize(conn *cx) {
+  server *s = cx->s;
+  openai_error e;
+  char *model = NULL;
+  int32_t *ids = NULL;
+  int n = 0;
+  if (openai_request_parse_detokenize(cx->body.data ? cx->body.data : "", cx->body.len, &model, &ids, &n, &e))
+    return send_error(cx, &e);
+  int rc = model_ok(s, model, &e);
+  free(model);
+  if (!rc && !s->m.tok) rc = no_tokenizer(&e);
+  for (int i = 0; !rc && i < n; i++)
+    if (ids[i] >= tokenizer_vocab_size(s->m.tok))
+      rc = openai_error_set(&e, 400, "invalid_request_error", "tokens", "token id %d is out of vocabulary (size %d)",
+                            ids[i], tokenizer_vocab_size(s->m.tok));
+  char *text = NULL;
+  long len = 0;
+  if (!rc) {
+    len = tokenizer_decode(s->m.tok, ids, n, 0, &text);
+    if (len < 0) rc = openai_error_set(&e, 400, "invalid_request_error", "tokens", "a token id is out of range");
+  }
+  free(ids);
+  if (rc) {
+    free(text);
+    return send_error(cx, &e);
+  }
+  json_t *o = json_pack("{s:o}", "prompt", openai_response_string(text, (size_t)len));
+  free(text);
+  return send_json(cx, 200, o);
+}
+
+static enum MHD_Result handle_metrics(conn *cx) {
+  server *s = cx->s;
+  engine_stats st;
+  int ready = atomic_load(&s->ready);
+  if (ready) engine_get_stats(s->m.eng, &st);
+  char *txt = metrics_render(s->met, ready ? &st : NULL);
+  if (!txt) return MHD_NO;
+  return send_body(cx, 200, "text/plain; version=0.0.4; charset=utf-8", txt, strlen(txt), NULL, NULL);
+}
+
+typedef enum { R_HEALTH, R_MODELS, R_METRICS, R_CHAT, R_COMPLETIONS, R_TOKENIZE, R_DETOKENIZE, R_VERSION } route_id;
+
+static const struct {
+  const char *path;
+  const char *method;
+  route_id id;
+  int auth;     /* needs the API key */
+  int needs_model;
+} routes[] = {
+    {"/health", "GET", R_HEALTH, 0, 0},
+    {"/v1/models", "GET", R_MODELS, 1, 0},
+    {"/metrics", "GET", R_METRICS, 0, 0},
+    {"/version", "GET", R_VERSION, 0, 0},
+    {"/v1/chat/completions", "POST", R_CHAT, 1, 1},
+    {"/v1/completions", "POST", R_COMPLETIONS, 1, 1},
+    {"/tokenize", "POST", R_TOKENIZE, 1, 1},
+    {"/detokenize", "POST", R_DETOKENIZE, 1, 1},
+};
+#define N_ROUTES (sizeof routes / sizeof routes[0])
+
+static enum MHD_Result dispatch(conn *cx, const char *url, const char *method) {
+  server *s = cx->s;
+  int found = -1, path_known = 0;
+  const char *allow = NULL;
+  for (size_t i = 0; i < N_ROUTES; i++) {
+    if (strcmp(url, routes[i].path)) continue;
+    path_known = 1;
+    allow = routes[i].method;
+    if (!strcmp(method, routes[i].method) || (!strcmp(method, "HEAD") && !strcmp(routes[i].method, "GET"))) {
+      found = (int)i;
+      break;
+    }
+  }
+  if (found < 0) {
+    if (path_known) {
+      openai_error e;
+      openai_error_set(&e, 405, "invalid_request_error", NULL, "method %s is not allowed on %s", method, url);
+      metrics_request_rejected(s->met, 405);
+      char *b = openai_response_error_body(&e);
+      return b ? send_body(cx, 405, "application/json", b, strlen(b), "Allow", allow) : MHD_NO;
+    }
+    char msg[300];
+    snprintf(msg, sizeof msg, "no route %s %.200s", method, url);
+    return fail(cx, 404, "not_found_error", NULL, msg);
+  }
+  if (routes[found].auth && s->api_key) {
+    const char *h = MHD_lookup_connection_value(cx->mc, MHD_HEADER_KIND, "Authorization");
+    const char *tok = NULL;
+    if (h && !strncasecmp(h, "Bearer ", 7)) tok = h + 7;
+    if (!tok || !ct_equal(tok, s->api_key)) {
+      openai_error e;
+      openai_error_set(&e, 401, "authentication_error", NULL,
+                       tok ? "invalid API key" : "missing API key: send 'Authorization: Bearer <key>'");
+      e.code = "invalid_api_key";
+      return send_error(cx, &e);
+    }
+  }
+  if (cx->too_large) {
+    char msg[200];
+    snprintf(msg, sizeof msg, "the request body is larger than the limit of %zu bytes", s->o.max_request_bytes);
+    return fail(cx, 413, "invalid_request_error", NULL, msg);
+  }
+  if (routes[found].needs_model && !atomic_load(&s->ready))
+    return fail(cx, 503, "server_error", NULL, "the model is still loading");
+  switch (routes[found].id) {
+  case R_HEALTH:
+    if (!atomic_load(&s->ready) || atomic_load(&s->stopping))
+      return fail(cx, 503, "server_error", NULL,
+                  atomic_load(&s->stopping) ? "the server is shutting down" : "the model is still loading");
+    return send_body(cx, 200, "application/json", strdup("{}"), 2, NULL, NULL);
+  case R_VERSION: return send_json(cx, 200, json_pack("{s:s}", "version", "deltaserve 0.1"));
+  case R_MODELS: return handle_models(cx);
+  case R_METRICS: return handle_metrics(cx);
+  case R_CHAT: return handle_generate(cx, OPENAI_KIND_CHAT);
+  case R_COMPLETIONS: return handle_generate(cx, OPENAI_KIND_COMPLETION);
+  case R_TOKENIZE: return handle_tokenize(cx);
+  case R_DETOKENIZE: return handle_detokenize(cx);
+  }
+  return MHD_NO;
+}
+
+/* ======================================================================================
+ * MHD callbacks
+ * ====================================================================================== */
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
+                                  const char *version, const char *upload_data, size_t *upload_data_size,
+                                  void **con_cls) {
+  (void)version;
+  server *s = cls;
+  conn *cx = *con_cls;
+  if (!cx) {
+    cx = calloc(1, sizeof *cx);
+    if (!cx) return MHD_NO;
+    cx->s = s;
+    cx->mc = c;
+    cx->fd = -1;
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (ci) cx->fd = ci->connect_fd;
+    srvbuf_init(&cx->body);
+    const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
+    if (cl && strtoull(cl, NULL, 10) > s->o.max_request_bytes) cx->too_large = 1;
+    *con_cls = cx;
+    return MHD_YES;
+  }
+  if (*upload_data_size) {
+    if (!cx->too_large) {
+      if (cx->body.len + *upload_data_size > s->o.max_request_bytes) {
+        cx->too_large = 1;
+        srvbuf_free(&cx->body);
+      } else if (srvbuf_append(&cx->body, upload_data, *upload_data_size)) {
+        return MHD_NO;
+      }
+    }
+    *upload_data_size = 0;
+    return MHD_YES;
+  }
+  return dispatch(cx, url, method);
+}
+
+static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
+  (void)c;
+  (void)toe;
+  server *s = cls;
+  conn *cx = *con_cls;
+  if (!cx) return;
+  active_remove(s, cx);
+  if (cx->have_gen) server_gen_free(&cx->g);
+  if (cx->have_st) openai_stream_free(&cx->st);
+  if (cx->have_req) openai_request_free(&cx->req);
+  srvbuf_free(&cx->body);
+  srvbuf_free(&cx->out);
+  free(cx->prompt_ids);
+  free(cx->bounds);
+  free(cx->echo);
+  free(cx);
+  *con_cls = NULL;
+}
+
+static void on_mhd_log(void *cls, const char *fmt, va_list ap) {
+  (void)cls;
+  char line[512];
+  vsnprintf(line, sizeof line, fmt, ap);
+  size_t n = strlen(line);
+  while (n && line[n - 1] == '\n') line[--n] = 0;
+  log_debug("http: %s", line);
+}
+
+/* ======================================================================================
+ * Life cycle
+ * ====================================================================================== */
+
+static char *dup_or_null(const char *s) { return s ? strdup(s) : NULL; }
+
+int server_start(server **out, const server_opts *o, char *err, size_t errlen) {
+  *out = NULL;
+  server *s = calloc(1, sizeof *s);
+  if (!s) return errf(err, errlen, "out of memory");
+  s->o = *o;
+  s->host = strdup(o->host ? o->host : "127.0.0.1");
+  s->name = strdup(o->served_model_name ? o->served_model_name : "deltaserve");
+  s->path = dup_or_null(o->model_path);
+  s->api_key = o->api_key && o->api_key[0] ? strdup(o->api_key) : NULL;
+  if (!s->o.max_request_bytes) s->o.max_request_bytes = 32u << 20;
+  s->created = (long long)time(NULL);
+  pthread_mutex_init(&s->mu, NULL);
+  s->met = metrics_new(s->name);
+  if (!s->host || !s->name || !s->met) {
+    server_free(s);
+    return errf(err, errlen, "out of memory");
+  }
+  struct sockaddr_in addr;
+  memset(&addr, 0, sizeof addr);
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons((uint16_t)o->port);
+  const char *h = s->host;
+  if (!strcmp(h, "localhost")) h = "127.0.0.1";
+  if (inet_pton(AF_INET, h, &addr.sin_addr) != 1) {
+    errf(err, errlen, "--host '%s' is not an IPv4 address", s->host);
+    server_free(s);
+    return -1;
+  }
+  unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | MHD_USE_ITC |
+                   MHD_USE_ERROR_LOG;
+  s->d = MHD_start_daemon(flags, (uint16_t)o->port, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR,
+                          (struct sockaddr *)&addr, MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
+                          MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)600, MHD_OPTION_CONNECTION_LIMIT,
+                          (unsigned int)1024, MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned int)1,
+                          MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, NULL, MHD_OPTION_END);
+  if (!s->d) {
+    errf(err, errlen, "cannot listen on %s:%d (%s)", s->host, o->port, errno ? strerror(errno) : "libmicrohttpd failed");
+    server_free(s);
+    return -1;
+  }
+  const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->d, MHD_DAEMON_INFO_BIND_PORT);
+  s->port = di ? di->port : o->port;
+  *out = s;
+  return 0;
+}
+
+int server_port(const server *s) { return s->port; }
+
+void server_set_model(server *s, const server_model *m) {
+  s->m = *m;
+  atomic_store(&s->ready, 1);
+}
+
+static int n_active(server *s) {
+  pthread_mutex_lock(&s->mu);
+  int n = s->n_active;
+  pthread_mutex_unlock(&s->mu);
+  return n;
+}
+
+static void sleep_ms(int ms) {
+  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+  nanosleep(&ts, NULL);
+}
+
+void server_shutdown(server *s, double grace_s) {
+  if (!s || !s->d) return;
+  atomic_store(&s->stopping, 1);
+  MHD_socket lfd = MHD_quiesce_daemon(s->d);
+  if (lfd != MHD_INVALID_SOCKET) close(lfd);
+  double t0 = server_gen_now();
+  while (n_active(s) > 0 && server_gen_now() - t0 < grace_s) sleep_ms(20);
+  pthread_mutex_lock(&s->mu);
+  int n = 0;
+  for (conn *cx = s->active; cx; cx = cx->next) {
+    server_gen_cancel(&cx->g);
+    n++;
+  }
+  pthread_mutex_unlock(&s->mu);
+  if (n) log_info("shutdown: cancelled %d in-flight request%s", n, n == 1 ? "" : "s");
+  t0 = server_gen_now();
+  while (n_active(s) > 0 && server_gen_now() - t0 < 60.0) sleep_ms(20);
+  MHD_stop_daemon(s->d);
+  s->d = NULL;
+}
+
+void server_free(server *s) {
+  if (!s) return;
+  if (s->d) MHD_stop_daemon(s->d);
+  metrics_free(s->met);
+  pthread_mutex_destroy(&s->mu);
+  free(s->host);
+  free(s->name);
+  free(s->path);
+  free(s->api_key);
+  free(s);
+}

@@ -2,6 +2,8 @@
  * transformers' apply_chat_template on the official templates:
  *   CHAT_TEMPLATE_QWEN3   Qwen3 / Qwen3-Next (JSON tool calls inside <tool_call>)
  *   CHAT_TEMPLATE_QWEN35  Qwen3.5 / 3.6 (XML <function=...> tool calls, thinking on by default)
+ *   CHAT_TEMPLATE_QWEN36  Qwen3.6's variant of the Qwen3.5 template (preserve_thinking)
+ * Reference renderings: tests/fixtures/chat/ (scripts/fixtures/make_chat_vectors.py).
  * The family is chosen from the template text in tokenizer_config.json or the model type. */
 #ifndef DS_CHAT_TEMPLATE_H
 #define DS_CHAT_TEMPLATE_H
@@ -25,7 +27,10 @@ chat_template_kind chat_template_detect(const char *template_text, const char *m
 typedef struct chat_render {
   char *text;          /* the rendered prompt (malloc'd) */
   size_t len;
-  size_t *msg_offsets; /* byte offset where each message's turn starts in text [n_msgs] */
+  size_t *msg_offsets; /* byte offset where each message's turn starts in text [n_msgs]:
+                          always at an "<|im_start|>"; a leading system message is at 0 (also
+                          when tools share its turn); consecutive tool messages share the
+                          offset of their grouped "<|im_start|>user" turn */
   int n_msgs;
   int thinking_open;   /* the prompt ends inside an open <think> block (Qwen3.5 generation
                           prompt with thinking on): pass to chat_parse as thinking_open */

@@ -53,6 +53,32 @@ static inline float dotf(const float *a, const float *b, int n) {
   return s;
 }
 
+/* Four dot products of x with rows w0..w3, each bit-identical to dotf(x, wi, n) (same lane
+ * arithmetic, same final tree): the rows share the loads of x. */
+static inline void dot4(const float *x, const float *const w[4], int n, float out[4]) {
+  v8f a0 = {0, 0, 0, 0, 0, 0, 0, 0}, a1 = a0, a2 = a0, a3 = a0;
+  int i = 0;
+  for (; i + 8 <= n; i += 8) {
+    v8f xv, y0, y1, y2, y3;
+    memcpy(&xv, x + i, sizeof xv);
+    memcpy(&y0, w[0] + i, sizeof y0);
+    memcpy(&y1, w[1] + i, sizeof y1);
+    memcpy(&y2, w[2] + i, sizeof y2);
+    memcpy(&y3, w[3] + i, sizeof y3);
+    a0 += xv * y0;
+    a1 += xv * y1;
+    a2 += xv * y2;
+    a3 += xv * y3;
+  }
+  v8f acc[4] = {a0, a1, a2, a3};
+  for (int r = 0; r < 4; r++) {
+    v8f a = acc[r];
+    float s = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+    for (int k = i; k < n; k++) s += x[k] * w[r][k];
+    out[r] = s;
+  }
+}
+
 static inline float sigmoidf_(float x) { return 1.f / (1.f + expf(-x)); }
 static inline float siluf_(float x) { return x / (1.f + expf(-x)); }
 
@@ -304,7 +330,17 @@ typedef struct {
 
 static void mm_run(void *v, int64_t b, int64_t e) {
   mm_job *j = v;
-  for (int64_t n = b; n < e; n++) {
+  int64_t n = b;
+  for (; n + 4 <= e; n += 4) {
+    const float *w[4] = {j->w + n * j->K, j->w + (n + 1) * j->K, j->w + (n + 2) * j->K,
+                         j->w + (n + 3) * j->K};
+    for (int t = 0; t < j->T; t++) {
+      float o[4];
+      dot4(j->x + (int64_t)t * j->K, w, j->K, o);
+      for (int r = 0; r < 4; r++) j->y[(int64_t)t * j->N + n + r] = o[r];
+    }
+  }
+  for (; n < e; n++) {
     const float *wr = j->w + n * j->K;
     for (int t = 0; t < j->T; t++) j->y[(int64_t)t * j->N + n] = dotf(j->x + (int64_t)t * j->K, wr, j->K);
   }

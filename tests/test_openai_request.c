@@ -2,8 +2,12 @@
 #include <jansson.h>
 
 #include "server/openai_request.h"
+#include "server/metrics.h"
 #include "server/openai_response.h"
+#include "server/openai_stream.h"
+#include "server/srvbuf.h"
 #include "test.h"
+#include "tokenizer/chat_parse.h"
 
 static int parse(openai_kind k, const char *body, openai_request *r, openai_error *e) {
   return openai_request_parse(k, body, strlen(body), r, e);
@@ -297,6 +301,141 @@ TEST(utf8_helpers) {
   EXPECT(strncmp(id1, "chatcmpl-", 9) == 0 && strcmp(id1, id2) != 0);
 }
 
+/* Streams `text` in pieces of `step` bytes through openai_stream and checks that the
+ * concatenated deltas say exactly what chat_parse says about the whole text. */
+static int stream_matches_parse(const char *text, int thinking_open, const json_t *tools, size_t step,
+                                char *why, size_t whylen) {
+  openai_stream st;
+  openai_stream_init(&st, thinking_open, tools);
+  srvbuf r, c;
+  srvbuf_init(&r);
+  srvbuf_init(&c);
+  json_t *calls = NULL;
+  size_t len = strlen(text);
+  int ok = 1;
+  for (size_t n = step;; n += step) {
+    int final = n >= len;
+    json_t *d = NULL;
+    if (openai_stream_delta(&st, text, final ? len : n, final, &d)) {
+      snprintf(why, whylen, "openai_stream_delta failed");
+      ok = 0;
+      break;
+    }
+    if (d) {
+      const json_t *x = json_object_get(d, "reasoning_content");
+      if (x) srvbuf_puts(&r, json_string_value(x));
+      x = json_object_get(d, "content");
+      if (x) srvbuf_puts(&c, json_string_value(x));
+      x = json_object_get(d, "tool_calls");
+      if (x) {
+        if (calls) ok = 0, snprintf(why, whylen, "tool calls sent twice");
+        calls = json_incref((json_t *)x);
+      }
+      json_decref(d);
+    }
+    if (final) break;
+  }
+  chat_parsed p;
+  memset(&p, 0, sizeof p);
+  if (ok && chat_parse(text, thinking_open, tools, &p) == 0) {
+    const char *er = p.reasoning_content ? p.reasoning_content : "";
+    const char *ec = p.content ? p.content : "";
+    if (strcmp(r.data ? r.data : "", er))
+      ok = 0, snprintf(why, whylen, "reasoning \"%s\" != \"%s\"", r.data ? r.data : "", er);
+    else if (strcmp(c.data ? c.data : "", ec))
+      ok = 0, snprintf(why, whylen, "content \"%s\" != \"%s\"", c.data ? c.data : "", ec);
+    size_t ne = p.tool_calls ? json_array_size(p.tool_calls) : 0;
+    size_t ng = calls ? json_array_size(calls) : 0;
+    if (ok && ne != ng) ok = 0, snprintf(why, whylen, "%zu tool calls streamed, %zu parsed", ng, ne);
+    for (size_t i = 0; ok && i < ne; i++) {
+      const json_t *a = json_object_get(json_array_get(p.tool_calls, i), "function");
+      const json_t *b = json_object_get(json_array_get(calls, i), "function");
+      if (!json_equal(json_object_get(a, "name"), json_object_get(b, "name")) ||
+          !json_equal(json_object_get(a, "arguments"), json_object_get(b, "arguments")) ||
+          json_integer_value(json_object_get(json_array_get(calls, i), "index")) != (json_int_t)i)
+        ok = 0, snprintf(why, whylen, "tool call %zu differs", i);
+    }
+    chat_parsed_free(&p);
+  }
+  json_decref(calls);
+  srvbuf_free(&r);
+  srvbuf_free(&c);
+  openai_stream_free(&st);
+  return ok;
+}
+
+TEST(stream_split_matches_parse) {
+  static const struct {
+    const char *text;
+    int open;
+  } cases[] = {
+      {"I think so.\n</think>\n\nThe answer is 4.", 1},
+      {"<think>\nhmm, let me see\n</think>\n\nHello world", 0},
+      {"Plain answer with no reasoning at all.", 0},
+      {"Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>", 0},
+      {"need weather\n</think>\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
+       "</function>\n</tool_call>",
+       1},
+      {"<tool_call>\n{\"name\": \"a\", \"arguments\": {}}\n</tool_call>\n<tool_call>\n{\"name\": \"b\", "
+       "\"arguments\": {\"x\": 1}}\n</tool_call>",
+       0},
+      {"text with < and </thin but no tag", 0},
+  };
+  json_t *tools = json_loads("[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"parameters\":"
+                             "{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"}}}}}]",
+                             0, NULL);
+  REQUIRE(tools != NULL);
+  char why[300];
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+    for (size_t step = 1; step <= 7; step += 3)
+      EXPECT_MSG(stream_matches_parse(cases[i].text, cases[i].open, tools, step, why, sizeof why),
+                 "case %zu step %zu: %s", i, step, why);
+  json_decref(tools);
+}
+
+TEST(stream_thinking_open_detect) {
+  EXPECT(openai_stream_prompt_thinking_open("<|im_start|>assistant\n<think>\n", 30));
+  const char *closed = "<|im_start|>assistant\n<think>\n\n</think>\n\n";
+  EXPECT(!openai_stream_prompt_thinking_open(closed, strlen(closed)));
+  EXPECT(!openai_stream_prompt_thinking_open("x", 1));
+}
+
+TEST(metrics_text) {
+  metrics *m = metrics_new("my\"model");
+  REQUIRE(m != NULL);
+  metrics_observe(m, METRICS_TTFT, 0.003);
+  metrics_observe(m, METRICS_TTFT, 100.0);
+  metrics_observe(m, METRICS_TTFT, 1e9);
+  metrics_request_finished(m, "length");
+  metrics_request_rejected(m, 404);
+  engine_stats st;
+  memset(&st, 0, sizeof st);
+  st.num_running = 3;
+  st.kv_pages_total = 100;
+  st.kv_pages_used = 25;
+  st.prefix_hits = 7;
+  char *t = metrics_render(m, &st);
+  REQUIRE(t != NULL);
+  EXPECT(strstr(t, "deltaserve:num_requests_running{model_name=\"my\\\"model\"} 3\n") != NULL);
+  EXPECT(strstr(t, "deltaserve:kv_cache_usage_perc{model_name=\"my\\\"model\"} 0.25\n") != NULL);
+  EXPECT(strstr(t, "deltaserve:prefix_cache_hits_total{model_name=\"my\\\"model\"} 7\n") != NULL);
+  EXPECT(strstr(t, "# TYPE deltaserve:time_to_first_token_seconds histogram\n") != NULL);
+  /* 0.003 falls in le=0.005; 100 in le=160; 1e9 only in +Inf */
+  EXPECT(strstr(t, "time_to_first_token_seconds_bucket{le=\"0.001\",model_name=\"my\\\"model\"} 0\n") != NULL);
+  EXPECT(strstr(t, "time_to_first_token_seconds_bucket{le=\"0.005\",model_name=\"my\\\"model\"} 1\n") != NULL);
+  EXPECT(strstr(t, "time_to_first_token_seconds_bucket{le=\"80\",model_name=\"my\\\"model\"} 1\n") != NULL);
+  EXPECT(strstr(t, "time_to_first_token_seconds_bucket{le=\"160\",model_name=\"my\\\"model\"} 2\n") != NULL);
+  EXPECT(strstr(t, "time_to_first_token_seconds_bucket{le=\"+Inf\",model_name=\"my\\\"model\"} 3\n") != NULL);
+  EXPECT(strstr(t, "time_to_first_token_seconds_count{model_name=\"my\\\"model\"} 3\n") != NULL);
+  EXPECT(strstr(t, "request_success_total{finished_reason=\"length\",model_name=\"my\\\"model\"} 1\n") != NULL);
+  EXPECT(strstr(t, "request_rejected_total{status=\"404\",model_name=\"my\\\"model\"} 1\n") != NULL);
+  free(t);
+  t = metrics_render(m, NULL); /* still loading: no engine gauges */
+  EXPECT(t && strstr(t, "num_requests_running") == NULL && strstr(t, "e2e_request_latency_seconds_count") != NULL);
+  free(t);
+  metrics_free(m);
+}
+
 int main(void) {
   RUN(chat_defaults);
   RUN(chat_all_fields);
@@ -309,5 +448,8 @@ int main(void) {
   RUN(usage_shape);
   RUN(stop_find_and_holdback);
   RUN(utf8_helpers);
+  RUN(stream_split_matches_parse);
+  RUN(stream_thinking_open_detect);
+  RUN(metrics_text);
   TEST_MAIN_END();
 }

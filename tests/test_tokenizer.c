@@ -1,8 +1,9 @@
-/* test_tokenizer — the tokenizer against Hugging Face `tokenizers` reference vectors (Qwen3
- * tokenizer.json, tests/fixtures/tokenizer/qwen3_vectors.json, made by
- * scripts/fixtures/make_tokenizer_vectors.py), round trips, streaming decode, invalid input,
- * a 100 KB word, and a small Qwen3.5-style tokenizer.json built here (\p{M} regex, NFC, added
- * tokens with lstrip/rstrip/single_word/normalized). */
+/* test_tokenizer — the tokenizer against Hugging Face `tokenizers` reference
+ * vectors (Qwen3 tokenizer.json, tests/fixtures/tokenizer/qwen3_vectors.json,
+ * made by scripts/fixtures/make_tokenizer_vectors.py), round trips, streaming
+ * decode, invalid input, a 100 KB word, and a small Qwen3.5-style
+ * tokenizer.json built here (\p{M} regex, NFC, added tokens with
+ * lstrip/rstrip/single_word/normalized). */
 #include <jansson.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -24,16 +25,19 @@ static tokenizer *qwen3;
 static json_t *vectors;
 
 static int ids_equal(const int32_t *a, int na, json_t *b) {
-  if (na != (int)json_array_size(b)) return 0;
+  if (na != (int)json_array_size(b))
+    return 0;
   for (int i = 0; i < na; i++)
-    if (a[i] != (int32_t)json_integer_value(json_array_get(b, (size_t)i))) return 0;
+    if (a[i] != (int32_t)json_integer_value(json_array_get(b, (size_t)i)))
+      return 0;
   return 1;
 }
 
 static int32_t *json_ids(json_t *arr, int *n) {
   *n = (int)json_array_size(arr);
   int32_t *ids = malloc(((size_t)*n + 1) * sizeof *ids);
-  for (int i = 0; i < *n; i++) ids[i] = (int32_t)json_integer_value(json_array_get(arr, (size_t)i));
+  for (int i = 0; i < *n; i++)
+    ids[i] = (int32_t)json_integer_value(json_array_get(arr, (size_t)i));
   return ids;
 }
 
@@ -57,8 +61,10 @@ static char *stream_decode(const tokenizer *t, const int32_t *ids, int n, int sk
       detok_stream_free(s);
       return NULL;
     }
-    while (o + (size_t)k + 1 > cap) acc = realloc(acc, cap *= 2);
-    if (k) memcpy(acc + o, piece, (size_t)k);
+    while (o + (size_t)k + 1 > cap)
+      acc = realloc(acc, cap *= 2);
+    if (k)
+      memcpy(acc + o, piece, (size_t)k);
     o += (size_t)k;
     free(piece);
   }
@@ -105,7 +111,8 @@ TEST(vectors_encode_match_hf) {
     int n = tokenizer_encode(qwen3, json_string_value(jt), json_string_length(jt), &ids, err,
                              sizeof err);
     if (n < 0 || !ids_equal(ids, n, json_object_get(c, "ids"))) {
-      if (!bad++) EXPECT_MSG(0, "case %zu (%.40s): ids differ from HF", i, json_string_value(jt));
+      if (!bad++)
+        EXPECT_MSG(0, "case %zu (%.40s): ids differ from HF", i, json_string_value(jt));
     }
     free(ids);
   }
@@ -164,13 +171,15 @@ TEST(stream_equals_whole_decode) {
   /* a 4-byte char split over single-byte tokens: nothing until the last byte */
   int32_t ids[4];
   const char *bl[4] = {"ð", "Ł", "ĺ", "Ģ"}; /* F0 9F 98 80 = U+1F600 */
-  for (int k = 0; k < 4; k++) ids[k] = tokenizer_token_id(qwen3, bl[k]);
+  for (int k = 0; k < 4; k++)
+    ids[k] = tokenizer_token_id(qwen3, bl[k]);
   detok_stream *s = detok_stream_new(qwen3, 0);
   for (int k = 0; k < 4; k++) {
     char *p = NULL;
     long r = detok_stream_push(s, ids[k], &p);
     EXPECT_EQ_INT(r, k < 3 ? 0 : 4);
-    if (k == 3 && r == 4) EXPECT(!memcmp(p, "\xF0\x9F\x98\x80", 4));
+    if (k == 3 && r == 4)
+      EXPECT(!memcmp(p, "\xF0\x9F\x98\x80", 4));
     free(p);
   }
   char *p = NULL;
@@ -220,10 +229,11 @@ TEST(round_trip) {
     int len = rand() % 60;
     for (int k = 0; k < len; k++) {
       int kind = rand() % 4;
-      uint32_t cp = kind == 0 ? (uint32_t)(32 + rand() % 95)
-                  : kind == 1 ? (uint32_t)" \t\n\r"[rand() % 4]
-                  : (uint32_t)(0xA0 + rand() % 0x2F000);
-      if (cp >= 0xD800 && cp <= 0xDFFF) cp = 'z';
+      uint32_t cp = kind == 0   ? (uint32_t)(32 + rand() % 95)
+                    : kind == 1 ? (uint32_t) " \t\n\r"[rand() % 4]
+                                : (uint32_t)(0xA0 + rand() % 0x2F000);
+      if (cp >= 0xD800 && cp <= 0xDFFF)
+        cp = 'z';
       n += (size_t)utf8proc_encode_char((utf8proc_int32_t)cp, (utf8proc_uint8_t *)buf + n);
     }
     int32_t *ids = NULL;
@@ -241,13 +251,34 @@ TEST(round_trip) {
 
 TEST(nfc_regions_match_utf8proc) {
   REQUIRE(qwen3);
-  /* chars that compose, decompose, reorder or are composition seconds, among plain ones */
-  static const char *pool[] = {"a", "e", "A", "o", " ", "\xCC\x81", "\xCC\x88", "\xCC\xA7",
-                               "\xCC\xA3", "\xE1\x84\x80", "\xE1\x85\xA1", "\xE1\x86\xA8",
-                               "\xEA\xB0\x80", "\xE0\xAD\x87", "\xE0\xAC\xBE",
-                               "\xE0\xAD\x97", "\xE0\xA7\x87", "\xE0\xA6\xBE",
-                               "\xE2\x84\xAB", "\xEF\xA4\x80", "\xCD\x85", "\xE0\xBD\xB3",
-                               "\xCD\x84", "\xE4\xBD\xA0", "\xF0\x9F\x98\x80", "\xC3\xA9"};
+  /* chars that compose, decompose, reorder or are composition seconds, among
+   * plain ones */
+  static const char *pool[] = {"a",
+                               "e",
+                               "A",
+                               "o",
+                               " ",
+                               "\xCC\x81",
+                               "\xCC\x88",
+                               "\xCC\xA7",
+                               "\xCC\xA3",
+                               "\xE1\x84\x80",
+                               "\xE1\x85\xA1",
+                               "\xE1\x86\xA8",
+                               "\xEA\xB0\x80",
+                               "\xE0\xAD\x87",
+                               "\xE0\xAC\xBE",
+                               "\xE0\xAD\x97",
+                               "\xE0\xA7\x87",
+                               "\xE0\xA6\xBE",
+                               "\xE2\x84\xAB",
+                               "\xEF\xA4\x80",
+                               "\xCD\x85",
+                               "\xE0\xBD\xB3",
+                               "\xCD\x84",
+                               "\xE4\xBD\xA0",
+                               "\xF0\x9F\x98\x80",
+                               "\xC3\xA9"};
   srand(11);
   for (int r = 0; r < 400; r++) {
     char buf[256];
@@ -273,8 +304,11 @@ TEST(nfc_regions_match_utf8proc) {
 
 TEST(invalid_utf8_is_an_error) {
   REQUIRE(qwen3);
-  const char *bad[] = {"\xff", "abc\x80", "\xC3", "\xE2\x82", "\xED\xA0\x80", /* surrogate */
-                       "\xC0\xAF", /* overlong */ "ok\xF4\x90\x80\x80", "\xF0\x9F\x98"};
+  const char *bad[] = {"\xff",         "abc\x80",
+                       "\xC3",         "\xE2\x82",
+                       "\xED\xA0\x80", /* surrogate */
+                       "\xC0\xAF",     /* overlong */ "ok\xF4\x90\x80\x80",
+                       "\xF0\x9F\x98"};
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     int32_t *ids = (int32_t *)1;
     char err[256] = "";
@@ -348,16 +382,19 @@ TEST(long_word_100kb) {
   free(w);
 }
 
-/* ---- a small Qwen3.5-style tokenizer.json ---------------------------------------------- */
+/* ---- a small Qwen3.5-style tokenizer.json
+ * ---------------------------------------------- */
 
 static const char *REGEX_QWEN35 =
-    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?[\\p{L}\\p{M}]+|\\p{N}| "
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?[\\p{L}\\p{M}]+|\\p{N}|"
+    " "
     "?[^\\s\\p{L}\\p{M}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
 static const char *REGEX_QWEN3 =
     "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| "
     "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
 
-/* The GPT-2 byte -> char table, written out independently of the tokenizer's. */
+/* The GPT-2 byte -> char table, written out independently of the tokenizer's.
+ */
 static void bl_string(const uint8_t *b, size_t n, char *out) {
   size_t o = 0;
   for (size_t i = 0; i < n; i++) {
@@ -368,7 +405,8 @@ static void bl_string(const uint8_t *b, size_t n, char *out) {
     } else { /* position among the remapped bytes */
       int k = 0;
       for (int j = 0; j < c; j++)
-        if (!((j >= 33 && j <= 126) || (j >= 161 && j <= 172) || (j >= 174 && j <= 255))) k++;
+        if (!((j >= 33 && j <= 126) || (j >= 161 && j <= 172) || (j >= 174 && j <= 255)))
+          k++;
       cp = 256 + k;
     }
     o += (size_t)utf8proc_encode_char(cp, (utf8proc_uint8_t *)out + o);
@@ -376,22 +414,23 @@ static void bl_string(const uint8_t *b, size_t n, char *out) {
   out[o] = 0;
 }
 
-static json_t *added(int id, const char *content, int special, int lstrip, int rstrip,
-                     int single, int normalized) {
+static json_t *added(int id, const char *content, int special, int lstrip, int rstrip, int single,
+                     int normalized) {
   return json_pack("{s:i,s:s,s:b,s:b,s:b,s:b,s:b}", "id", id, "content", content, "special",
-                   special, "lstrip", lstrip, "rstrip", rstrip, "single_word", single,
-                   "normalized", normalized);
+                   special, "lstrip", lstrip, "rstrip", rstrip, "single_word", single, "normalized",
+                   normalized);
 }
 
-/* Writes dir/tokenizer.json: ids 0..255 the bytes, 256.. the merges below, then added tokens
- * 261..265. qwen35: the \p{M} regex and an NFC normaliser; else the Qwen3 regex, none. */
+/* Writes dir/tokenizer.json: ids 0..255 the bytes, 256.. the merges below, then
+ * added tokens 261..265. qwen35: the \p{M} regex and an NFC normaliser; else
+ * the Qwen3 regex, none. */
 static void write_tiny(const char *dir, int qwen35) {
   static const char *merges[][2] = {
-      {"\xC3", "\xA9"},            /* 256 é */
-      {"q", "\xCC"},               /* 257 */
-      {"q\xCC", "\x88"},           /* 258 q + U+0308 (no precomposed form) */
-      {"q\xCC\x88", "y"},          /* 259 q̈y */
-      {"a", "b"},                  /* 260 ab */
+      {"\xC3", "\xA9"},   /* 256 é */
+      {"q", "\xCC"},      /* 257 */
+      {"q\xCC", "\x88"},  /* 258 q + U+0308 (no precomposed form) */
+      {"q\xCC\x88", "y"}, /* 259 q̈y */
+      {"a", "b"},         /* 260 ab */
   };
   json_t *vocab = json_object(), *mj = json_array();
   char key[64], a[32], b[32];
@@ -415,17 +454,17 @@ static void write_tiny(const char *dir, int qwen35) {
   json_array_append_new(add, added(263, "<mask>", 1, 1, 1, 0, 0));
   json_array_append_new(add, added(264, "foo", 0, 0, 0, 1, 0));
   json_array_append_new(add, added(265, "<\xC3\xA9>", 0, 0, 0, 0, 1)); /* normalized */
-  json_t *pre = json_pack(
-      "{s:s,s:[{s:s,s:{s:s},s:s,s:b},{s:s,s:b,s:b,s:b}]}", "type", "Sequence", "pretokenizers",
-      "type", "Split", "pattern", "Regex", qwen35 ? REGEX_QWEN35 : REGEX_QWEN3, "behavior",
-      "Isolated", "invert", 0, "type", "ByteLevel", "add_prefix_space", 0, "trim_offsets", 0,
-      "use_regex", 0);
-  json_t *root = json_pack(
-      "{s:s,s:o,s:o,s:o,s:{s:s,s:b,s:b,s:b},s:{s:s,s:o,s:o,s:b,s:b}}", "version", "1.0",
-      "added_tokens", add, "normalizer", qwen35 ? json_pack("{s:s}", "type", "NFC") : json_null(),
-      "pre_tokenizer", pre, "decoder", "type", "ByteLevel", "add_prefix_space", 0,
-      "trim_offsets", 0, "use_regex", 0, "model", "type", "BPE", "vocab", vocab, "merges", mj,
-      "byte_fallback", 0, "ignore_merges", 0);
+  json_t *pre =
+      json_pack("{s:s,s:[{s:s,s:{s:s},s:s,s:b},{s:s,s:b,s:b,s:b}]}", "type", "Sequence",
+                "pretokenizers", "type", "Split", "pattern", "Regex",
+                qwen35 ? REGEX_QWEN35 : REGEX_QWEN3, "behavior", "Isolated", "invert", 0, "type",
+                "ByteLevel", "add_prefix_space", 0, "trim_offsets", 0, "use_regex", 0);
+  json_t *root = json_pack("{s:s,s:o,s:o,s:o,s:{s:s,s:b,s:b,s:b},s:{s:s,s:o,s:o,s:b,s:b}}",
+                           "version", "1.0", "added_tokens", add, "normalizer",
+                           qwen35 ? json_pack("{s:s}", "type", "NFC") : json_null(),
+                           "pre_tokenizer", pre, "decoder", "type", "ByteLevel", "add_prefix_space",
+                           0, "trim_offsets", 0, "use_regex", 0, "model", "type", "BPE", "vocab",
+                           vocab, "merges", mj, "byte_fallback", 0, "ignore_merges", 0);
   char path[512];
   mkdir(dir, 0755);
   snprintf(path, sizeof path, "%s/tokenizer.json", dir);
@@ -440,16 +479,17 @@ static int enc_is(const tokenizer *t, const char *s, const int32_t *want, int nw
   int ok = n == nw && (nw == 0 || memcmp(ids, want, (size_t)nw * sizeof *ids) == 0);
   if (!ok) {
     fprintf(stderr, "encode(\"%s\") =", s);
-    for (int i = 0; i < n; i++) fprintf(stderr, " %d", ids[i]);
+    for (int i = 0; i < n; i++)
+      fprintf(stderr, " %d", ids[i]);
     fprintf(stderr, "\n");
   }
   free(ids);
   return ok;
 }
-#define ENC(t, s, ...)                                                                   \
-  do {                                                                                   \
-    const int32_t _w[] = {__VA_ARGS__};                                                  \
-    EXPECT_MSG(enc_is(t, s, _w, (int)(sizeof _w / sizeof _w[0])), "encode(%s)", #s);     \
+#define ENC(t, s, ...)                                                                             \
+  do {                                                                                             \
+    const int32_t _w[] = {__VA_ARGS__};                                                            \
+    EXPECT_MSG(enc_is(t, s, _w, (int)(sizeof _w / sizeof _w[0])), "encode(%s)", #s);               \
   } while (0)
 
 TEST(qwen35_style_rules) {
@@ -519,12 +559,17 @@ TEST(bad_tokenizer_files) {
   char path[600], err[256];
   snprintf(path, sizeof path, "%s/tokenizer.json", dir);
   const char *bodies[] = {
-      "{", "[]", "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}}}",
+      "{",
+      "[]",
+      "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}}}",
       "{\"model\": {\"type\": \"WordPiece\", \"vocab\": {}, \"merges\": []}}",
-      "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": [[\"a\", \"b\"]]}, "
-      "\"pre_tokenizer\": {\"type\": \"ByteLevel\"}, \"decoder\": {\"type\": \"ByteLevel\"}}",
+      "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": "
+      "[[\"a\", \"b\"]]}, "
+      "\"pre_tokenizer\": {\"type\": \"ByteLevel\"}, \"decoder\": {\"type\": "
+      "\"ByteLevel\"}}",
       "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": []}, "
-      "\"pre_tokenizer\": {\"type\": \"Split\", \"pattern\": {\"Regex\": \"(\"}, "
+      "\"pre_tokenizer\": {\"type\": \"Split\", \"pattern\": {\"Regex\": "
+      "\"(\"}, "
       "\"behavior\": \"Isolated\"}, \"decoder\": {\"type\": \"ByteLevel\"}}",
   };
   for (size_t i = 0; i < sizeof bodies / sizeof bodies[0]; i++) {
@@ -540,7 +585,8 @@ TEST(bad_tokenizer_files) {
   rmdir(dir);
 }
 
-/* Many threads share one tokenizer (the BPE cache is the only shared mutable state). */
+/* Many threads share one tokenizer (the BPE cache is the only shared mutable
+ * state). */
 static void *encode_all(void *arg) {
   long bad = 0;
   json_t *cases = json_object_get(vectors, "cases");
@@ -553,7 +599,8 @@ static void *encode_all(void *arg) {
       char err[256];
       int n = tokenizer_encode(qwen3, json_string_value(jt), json_string_length(jt), &ids, err,
                                sizeof err);
-      if (n < 0 || !ids_equal(ids, n, json_object_get(c, "ids"))) bad++;
+      if (n < 0 || !ids_equal(ids, n, json_object_get(c, "ids")))
+        bad++;
       free(ids);
     }
   }
@@ -564,7 +611,8 @@ static void *encode_all(void *arg) {
 TEST(threads_share_one_tokenizer) {
   REQUIRE(qwen3 && vectors);
   pthread_t th[4];
-  for (int i = 0; i < 4; i++) REQUIRE(pthread_create(&th[i], NULL, encode_all, NULL) == 0);
+  for (int i = 0; i < 4; i++)
+    REQUIRE(pthread_create(&th[i], NULL, encode_all, NULL) == 0);
   long bad = 0;
   for (int i = 0; i < 4; i++) {
     void *r;

@@ -1,5 +1,6 @@
-/* deltaserve detokenize --tokenizer DIR: ids on stdin (whitespace or comma separated) -> the
- * decoded text on stdout, exactly (no newline added). --skip-special drops special tokens. */
+/* deltaserve detokenize --tokenizer DIR: ids on stdin (whitespace or comma
+ * separated) -> the decoded text on stdout, exactly (no newline added).
+ * --skip-special drops special tokens. */
 #include <ctype.h>
 #include <errno.h>
 #include <stdint.h>
@@ -14,11 +15,15 @@ int cmd_detokenize(int argc, char **argv) {
   const char *dir = NULL;
   int skip = 0;
   for (int i = 1; i < argc; i++) {
-    if (!strcmp(argv[i], "--tokenizer") && i + 1 < argc) dir = argv[++i];
-    else if (!strcmp(argv[i], "--skip-special")) skip = 1;
+    if (!strcmp(argv[i], "--tokenizer") && i + 1 < argc)
+      dir = argv[++i];
+    else if (!strcmp(argv[i], "--skip-special"))
+      skip = 1;
     else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-      printf("usage: deltaserve detokenize --tokenizer DIR [--skip-special] < ids\n"
-             "  prints the text of the ids on stdin (whitespace or comma separated)\n");
+      printf("usage: deltaserve detokenize --tokenizer DIR [--skip-special] < "
+             "ids\n"
+             "  prints the text of the ids on stdin (whitespace or comma "
+             "separated)\n");
       return 0;
     } else {
       fprintf(stderr, "deltaserve detokenize: unknown argument '%s'\n", argv[i]);
@@ -63,7 +68,8 @@ int cmd_detokenize(int argc, char **argv) {
         ids[n++] = (int32_t)v;
         wl = 0;
       }
-      if (c == EOF) break;
+      if (c == EOF)
+        break;
     } else if (wl + 1 < sizeof word) {
       word[wl++] = (char)c;
     } else {
@@ -82,7 +88,9 @@ int cmd_detokenize(int argc, char **argv) {
   char *out = NULL;
   long len = tokenizer_decode(t, ids, (int)n, skip, &out);
   if (len < 0) {
-    fprintf(stderr, "deltaserve detokenize: a token id is out of range (vocabulary has %d ids)\n",
+    fprintf(stderr,
+            "deltaserve detokenize: a token id is out of range (vocabulary has "
+            "%d ids)\n",
             tokenizer_vocab_size(t));
     rc = 1;
   } else {

@@ -1,5 +1,7 @@
-/* deltaserve tokenize --tokenizer DIR: UTF-8 text on stdin -> ids, space-separated, one line.
- * --bench N: encode the input N times and print the single-thread throughput instead. */
+/* deltaserve tokenize --tokenizer DIR: UTF-8 text on stdin -> ids,
+ * space-separated, one line.
+ * --bench N: encode the input N times and print the single-thread throughput
+ * instead. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,7 +13,8 @@
 static char *read_all(FILE *f, size_t *n) {
   size_t cap = 1 << 16, len = 0;
   char *buf = malloc(cap);
-  if (!buf) return NULL;
+  if (!buf)
+    return NULL;
   for (;;) {
     if (len == cap) {
       char *nb = realloc(buf, cap *= 2);
@@ -23,7 +26,8 @@ static char *read_all(FILE *f, size_t *n) {
     }
     size_t r = fread(buf + len, 1, cap - len, f);
     len += r;
-    if (r == 0) break;
+    if (r == 0)
+      break;
   }
   *n = len;
   return buf;
@@ -39,8 +43,10 @@ int cmd_tokenize(int argc, char **argv) {
   const char *dir = NULL;
   int bench = 0;
   for (int i = 1; i < argc; i++) {
-    if (!strcmp(argv[i], "--tokenizer") && i + 1 < argc) dir = argv[++i];
-    else if (!strcmp(argv[i], "--bench") && i + 1 < argc) bench = atoi(argv[++i]);
+    if (!strcmp(argv[i], "--tokenizer") && i + 1 < argc)
+      dir = argv[++i];
+    else if (!strcmp(argv[i], "--bench") && i + 1 < argc)
+      bench = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
       printf("usage: deltaserve tokenize --tokenizer DIR [--bench N] < text\n"
              "  prints the token ids of stdin, space-separated, on one line\n");
@@ -85,8 +91,9 @@ int cmd_tokenize(int argc, char **argv) {
       fprintf(stderr, "deltaserve tokenize: %s\n", err);
       rc = 1;
     } else {
-      printf("load %.3f s; %zu bytes -> %ld tokens; %d runs in %.3f s: %.2f MB/s\n", t_load, n,
-             ntok, bench, dt, (double)n * bench / dt / 1e6);
+      printf("load %.3f s; %zu bytes -> %ld tokens; %d runs in %.3f s: %.2f "
+             "MB/s\n",
+             t_load, n, ntok, bench, dt, (double)n * bench / dt / 1e6);
     }
   } else {
     int k = tokenizer_encode(t, text, n, &ids, err, sizeof err);
@@ -94,7 +101,8 @@ int cmd_tokenize(int argc, char **argv) {
       fprintf(stderr, "deltaserve tokenize: %s\n", err);
       rc = 1;
     } else {
-      for (int i = 0; i < k; i++) printf(i ? " %d" : "%d", ids[i]);
+      for (int i = 0; i < k; i++)
+        printf(i ? " %d" : "%d", ids[i]);
       printf("\n");
     }
     free(ids);

@@ -1,8 +1,9 @@
-/* tokenizer — byte-level BPE read from a Hugging Face tokenizer.json (+ tokenizer_config.json):
- * merge ranks, NFC normaliser (utf8proc) when the file asks, the pre-tokenizer Split regex
- * (PCRE2, UTF + UCP, JIT) then ByteLevel, added tokens matched before BPE, the ByteLevel
- * decoder. Nothing about a particular vocabulary is hard-coded.
- * A tokenizer is immutable after load and safe to use from many threads. */
+/* tokenizer — byte-level BPE read from a Hugging Face tokenizer.json (+
+ * tokenizer_config.json): merge ranks, NFC normaliser (utf8proc) when the file
+ * asks, the pre-tokenizer Split regex (PCRE2, UTF + UCP, JIT) then ByteLevel,
+ * added tokens matched before BPE, the ByteLevel decoder. Nothing about a
+ * particular vocabulary is hard-coded. A tokenizer is immutable after load and
+ * safe to use from many threads. */
 #ifndef DS_TOKENIZER_H
 #define DS_TOKENIZER_H
 #include <stddef.h>
@@ -10,38 +11,44 @@
 
 typedef struct tokenizer tokenizer;
 
-/* Loads dir/tokenizer.json (and dir/tokenizer_config.json when present). Returns NULL with
- * one line in err when the folder has no usable tokenizer. */
+/* Loads dir/tokenizer.json (and dir/tokenizer_config.json when present).
+ * Returns NULL with one line in err when the folder has no usable tokenizer. */
 tokenizer *tokenizer_load(const char *dir, char *err, size_t errlen);
 void tokenizer_free(tokenizer *t);
 
 /* Encodes UTF-8 text (len bytes). Added/special tokens in the text are matched
- * (as HF does by default). Returns the number of ids written to *ids (malloc'd, caller
- * frees), or -1 with err on invalid UTF-8 or out of memory. */
-int tokenizer_encode(const tokenizer *t, const char *text, size_t len, int32_t **ids,
-                     char *err, size_t errlen);
-/* Decodes ids to bytes (malloc'd, NUL-terminated, caller frees); skip_special drops special
- * added tokens. Returns length, or -1 when an id is out of range. */
-long tokenizer_decode(const tokenizer *t, const int32_t *ids, int n, int skip_special,
-                      char **out);
+ * (as HF does by default). Returns the number of ids written to *ids (malloc'd,
+ * caller frees), or -1 with err on invalid UTF-8 or out of memory. */
+int tokenizer_encode(const tokenizer *t, const char *text, size_t len, int32_t **ids, char *err,
+                     size_t errlen);
+/* Decodes ids to text (malloc'd, NUL-terminated, caller frees), as HF's decode
+ * does: the tokens' bytes joined, then each invalid or unfinished UTF-8 part
+ * replaced by U+FFFD, so the result is always valid UTF-8. skip_special drops
+ * special added tokens (not <think> and other added tokens marked
+ * special:false). Returns length, or -1 when an id is out of range or on out of
+ * memory. */
+long tokenizer_decode(const tokenizer *t, const int32_t *ids, int n, int skip_special, char **out);
 
-int tokenizer_vocab_size(const tokenizer *t);  /* ids that decode (base + added) */
-int tokenizer_token_id(const tokenizer *t, const char *token); /* -1 when unknown */
+int tokenizer_vocab_size(const tokenizer *t);                   /* ids that decode (base + added) */
+int tokenizer_token_id(const tokenizer *t, const char *token);  /* -1 when unknown */
 const char *tokenizer_config_chat_template(const tokenizer *t); /* NULL when none */
 const char *tokenizer_eos_token(const tokenizer *t);            /* from tokenizer_config */
 int tokenizer_is_special(const tokenizer *t, int32_t id);
 
-/* The bytes id decodes to (its ByteLevel-decoded form; may be an incomplete UTF-8
- * sequence). Borrowed from t, valid while t lives. Returns 0, or -1 when id is out of range. */
+/* The bytes id decodes to (its ByteLevel-decoded form; may be an incomplete
+ * UTF-8 sequence). Borrowed from t, valid while t lives. Returns 0, or -1 when
+ * id is out of range. */
 int tokenizer_token_bytes(const tokenizer *t, int32_t id, const char **bytes, size_t *len);
 
-/* Streaming detokenizer: feed ids one at a time, get back only complete UTF-8 text. */
+/* Streaming detokenizer: feed ids one at a time, get back only complete UTF-8
+ * text. */
 typedef struct detok_stream detok_stream;
 detok_stream *detok_stream_new(const tokenizer *t, int skip_special);
-/* Appends the text that became complete with this id to *out (malloc'd, caller frees; may
- * be empty). Returns its length or -1. */
+/* Appends the text that became complete with this id to *out (malloc'd, caller
+ * frees; may be empty). Returns its length or -1. */
 long detok_stream_push(detok_stream *s, int32_t id, char **out);
-/* Whatever is left (an incomplete sequence at the end becomes U+FFFD, as HF decodes). */
+/* Whatever is left (an incomplete sequence at the end becomes U+FFFD, as HF
+ * decodes). */
 long detok_stream_flush(detok_stream *s, char **out);
 void detok_stream_free(detok_stream *s);
 

@@ -122,7 +122,7 @@ static int fuzz_loader_weights(const char *dir, const model_config *c) {
     return bad;
   }
   FUZZ_CHECK(rc == -1, "weights_load returned %d", rc);
-  FUZZ_CHECK(err[0] && !strchr(err, '\n'), "weights_load failed without a one-line message: \"%s\"", err);
+  FUZZ_CHECK_MSG(err, "weights_load");
   return 0;
 }
 
@@ -131,7 +131,7 @@ static int fuzz_loader_st(const char *path) {
   char err[512];
   err[0] = 0;
   if (st_open(path, &f, err, sizeof err)) {
-    FUZZ_CHECK(err[0] && !strchr(err, '\n'), "st_open failed without a one-line message: \"%s\"", err);
+    FUZZ_CHECK_MSG(err, "st_open");
     return 0;
   }
   int n = st_n_tensors(f);
@@ -179,7 +179,7 @@ static int fuzz_loader_one(const uint8_t *data, size_t size) {
     int rc = config_load(path, &c, err, sizeof err);
     if (rc != 0) {
       FUZZ_CHECK(rc == -1, "config_load returned %d", rc);
-      FUZZ_CHECK(err[0] && !strchr(err, '\n'), "config_load failed without a one-line message: \"%s\"", err);
+      FUZZ_CHECK_MSG(err, "config_load");
       return 0;
     }
     if (fuzz_loader_check_config(&c)) return 1;

@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# The CUDA backend's checks, one command on the GPU machine (run through the device tool with
+# carry [".deb"], after scripts/device/deps.sh ran here):
+#   build (make CUDA=1) against the Debian libraries unpacked from .deb/ into a private prefix,
+#   op tests (CUDA vs CPU), compute-sanitizer memcheck on them, model parity on the fixtures,
+#   `deltaserve run --device cuda` when the CLI has it, and a timing table on a random
+#   Qwen3.5-4B-shaped model (gen-random) unless DS_NO_BENCH=1.
+# Writes $OUT/cuda-check-<date>-<commit>.json (copy it into bench/results/) and the logs, and
+# prints a short table last. DS_COMMIT names the commit when .git did not travel.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-/tmp/ds-check-out}
+mkdir -p "$OUT"
+P=/tmp/ds-prefix
+LIB=$P/usr/lib/x86_64-linux-gnu
+mkdir -p $P
+for f in .deb/*.deb; do dpkg -x "$f" $P; done
+COMMIT=${DS_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+DATE=$(date -u +%Y%m%d)
+JSON=$OUT/cuda-check-$DATE-$COMMIT.json
+GPU=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)
+echo "gpu: $GPU  commit: $COMMIT"
+
+t0=$(date +%s)
+export CFLAGS="-I$P/usr/include"
+export LDLIBS="-L$LIB -Wl,-rpath,$LIB -Wl,-rpath-link,$LIB"
+if make CUDA=1 -j"$(nproc)" all cuda-tests >"$OUT/build.log" 2>&1; then BUILD=ok; else BUILD=failed; fi
+echo "build: $BUILD ($(( $(date +%s) - t0 )) s)"
+[ $BUILD = ok ] || tail -30 "$OUT/build.log"
+
+OPS_P=0; OPS_F=0; MEMCHECK=not-run; PAR_P=0; PAR_F=0; PARITY_LINE=""; RUNCLI=not-run; BENCH=""
+if [ $BUILD = ok ]; then
+  timeout 300 build-cuda/tests/cuda/test_cuda_ops >"$OUT/ops.log" 2>&1
+  cat "$OUT/ops.log"
+  OPS_P=$(grep -c '^PASS' "$OUT/ops.log"); OPS_F=$(grep -c '^FAIL' "$OUT/ops.log")
+
+  if command -v compute-sanitizer >/dev/null; then
+    timeout 300 compute-sanitizer --tool memcheck --leak-check no build-cuda/tests/cuda/test_cuda_ops \
+      >"$OUT/memcheck.log" 2>&1
+    MEMCHECK=$(grep -o 'ERROR SUMMARY: [0-9]* error' "$OUT/memcheck.log" | tail -1)
+    [ -n "$MEMCHECK" ] || MEMCHECK="no summary (see memcheck.log)"
+    grep -E '^(PASS|FAIL)' "$OUT/memcheck.log" | grep FAIL | head -5
+  fi
+
+  BM=""
+  if [ "${DS_NO_BENCH:-0}" != 1 ]; then
+    t1=$(date +%s)
+    if timeout 240 build-cuda/deltaserve gen-random --config scripts/device/qwen35-4b-shape.json \
+        --out /tmp/m4b >"$OUT/genrandom.log" 2>&1; then
+      BM=/tmp/m4b
+      echo "gen-random: $(( $(date +%s) - t1 )) s"
+    else
+      echo "gen-random failed: $(tail -2 "$OUT/genrandom.log")"
+    fi
+  fi
+  DS_BENCH_MODEL=$BM timeout 400 build-cuda/tests/cuda/test_cuda_parity >"$OUT/parity.log" 2>&1
+  cat "$OUT/parity.log"
+  PAR_P=$(grep -c '^PASS' "$OUT/parity.log"); PAR_F=$(grep -c '^FAIL' "$OUT/parity.log")
+  PARITY_LINE=$(grep '^PARITY' "$OUT/parity.log" | tail -1)
+  BENCH=$(grep '^BENCH' "$OUT/parity.log")
+
+  if build-cuda/deltaserve run --model tests/fixtures/models/dense_bf16 --prompt-ids "80,227,178,85,125,119" \
+      --max-tokens 8 --device cuda >"$OUT/run.log" 2>&1; then
+    RUNCLI="ok: $(tail -1 "$OUT/run.log")"
+  else
+    RUNCLI="unsupported or failed: $(tail -1 "$OUT/run.log")"
+  fi
+fi
+
+python3 - "$JSON" <<PY
+import json, sys
+par = "$PARITY_LINE".split()
+kv = dict(x.split("=", 1) for x in par[1:]) if par else {}
+bench = [l[6:] for l in """$BENCH""".splitlines() if l.strip()]
+d = {"commit": "$COMMIT", "gpu": "$GPU", "build": "$BUILD",
+     "op_tests": {"passed": $OPS_P, "failed": $OPS_F},
+     "parity": {"passed": $PAR_P, "failed": $PAR_F, **kv},
+     "memcheck": "$MEMCHECK", "run_cli": """$RUNCLI""", "timing": bench}
+json.dump(d, open(sys.argv[1], "w"), indent=2)
+PY
+echo
+echo "=== cuda check $COMMIT on $GPU ==="
+printf '%-10s %s\n' build "$BUILD" ops "passed $OPS_P failed $OPS_F" memcheck "$MEMCHECK" \
+  parity "passed $PAR_P failed $PAR_F ${PARITY_LINE#PARITY }" run-cli "$RUNCLI"
+echo "$BENCH"
+echo "json: $JSON"

@@ -1,0 +1,618 @@
+/* test_cuda_ops — every CUDA backend op against the CPU reference backend on random inputs
+ * (GPU machine only; built by `make CUDA=1 cuda-tests`, run by scripts/device/check.sh).
+ *
+ * Both backends get the same inputs (values rounded to bf16 first, so the only differences
+ * are the CUDA backend's bf16 activations and its sum orders). Outputs are poisoned (NaN)
+ * before each run; each check is ||cuda - cpu|| / ||cpu|| within a tolerance stated per op
+ * (bf16 keeps 8 mantissa bits: one rounding is <= 2^-9 relative, a few chained ops stay
+ * well under 1e-2). Sizes are odd, pieces are ragged, prefill pieces resume mid-chunk from
+ * non-zero states, and prefill pieces and decode rows share one step. */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/backend.h"
+#include "backend/cpu/backend_cpu.h"
+#include "backend/cuda/backend_cuda.h"
+#include "test.h"
+
+static backend *CPU, *GPU;
+static uint64_t rng = 0x9E3779B97F4A7C15ull;
+
+static float urand(void) { /* [-1, 1) */
+  rng ^= rng << 13;
+  rng ^= rng >> 7;
+  rng ^= rng << 17;
+  return (float)((rng >> 11) * (1.0 / 9007199254740992.0)) * 2.f - 1.f;
+}
+
+static uint16_t f2b(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
+  u += 0x7fffu + ((u >> 16) & 1);
+  return (uint16_t)(u >> 16);
+}
+static float b2f(uint16_t h) {
+  uint32_t u = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+static float bfr(float x) { return b2f(f2b(x)); }
+
+static float *rand_vec(size_t n, float scale) {
+  float *v = malloc((n ? n : 1) * sizeof *v);
+  for (size_t i = 0; i < n; i++) v[i] = bfr(urand() * scale);
+  return v;
+}
+
+/* Writes host floats into a buffer of `kind` (converted to the backend's element type). */
+static void put(backend *be, backend_buf buf, backend_kind kind, const float *h, size_t n) {
+  size_t es = be->kind_size(be, kind);
+  if (es == 4) {
+    be->write(be, buf, 0, h, n * 4);
+    return;
+  }
+  uint16_t *t = malloc((n ? n : 1) * 2);
+  for (size_t i = 0; i < n; i++) t[i] = f2b(h[i]);
+  be->write(be, buf, 0, t, n * 2);
+  free(t);
+}
+
+static backend_buf mk(backend *be, backend_kind kind, const float *h, size_t n) {
+  backend_buf b = be->alloc(be, kind, n ? n : 1);
+  if (h) put(be, b, kind, h, n);
+  return b;
+}
+
+static void poison(backend *be, backend_buf buf, backend_kind kind, size_t n) {
+  float *p = malloc((n ? n : 1) * sizeof *p);
+  for (size_t i = 0; i < n; i++) p[i] = NAN;
+  put(be, buf, kind, p, n);
+  free(p);
+}
+
+static float *get(backend *be, backend_buf buf, backend_kind kind, size_t n) {
+  float *h = malloc((n ? n : 1) * sizeof *h);
+  size_t es = be->kind_size(be, kind);
+  if (es == 4) {
+    be->read(be, buf, 0, h, n * 4);
+  } else {
+    uint16_t *t = malloc((n ? n : 1) * 2);
+    be->read(be, buf, 0, t, n * 2);
+    for (size_t i = 0; i < n; i++) h[i] = b2f(t[i]);
+    free(t);
+  }
+  return h;
+}
+
+static double relerr(const float *a, const float *ref, size_t n) {
+  double d = 0, r = 0;
+  for (size_t i = 0; i < n; i++) {
+    double x = (double)a[i] - (double)ref[i];
+    d += x * x;
+    r += (double)ref[i] * ref[i];
+  }
+  if (!(r > 0)) return d == 0 ? 0 : INFINITY;
+  return sqrt(d / r);
+}
+
+static int n_checks;
+/* Compares buffer `bc` (cpu) and `bg` (cuda) of n elements. */
+#define CMP(bc, bg, kind, n, tol, what)                                                    \
+  do {                                                                                     \
+    float *rc_ = get(CPU, bc, kind, n), *rg_ = get(GPU, bg, kind, n);                      \
+    double e_ = relerr(rg_, rc_, n);                                                       \
+    n_checks++;                                                                            \
+    printf("  %-28s rel err %.3e (tol %.0e)\n", what, e_, (double)(tol));                  \
+    EXPECT_MSG(e_ <= (tol), "%s: rel err %.3e > %.0e", what, e_, (double)(tol));           \
+    free(rc_);                                                                             \
+    free(rg_);                                                                             \
+  } while (0)
+
+/* a pair of buffers with the same contents on both backends */
+typedef struct {
+  backend_buf c, g;
+  backend_kind kind;
+  size_t n;
+} pair;
+
+static pair pr(backend_kind kind, const float *h, size_t n) {
+  pair p = {mk(CPU, kind, h, n), mk(GPU, kind, h, n), kind, n};
+  return p;
+}
+static pair pr_out(backend_kind kind, size_t n) {
+  pair p = {mk(CPU, kind, NULL, n), mk(GPU, kind, NULL, n), kind, n};
+  poison(CPU, p.c, kind, n);
+  poison(GPU, p.g, kind, n);
+  return p;
+}
+static void pr_free(pair p) {
+  CPU->free(CPU, p.c);
+  GPU->free(GPU, p.g);
+}
+typedef struct {
+  backend_weight c, g;
+} wpair;
+static wpair wup(const float *h, int64_t rows, int64_t cols) {
+  wpair w = {CPU->weight_upload(CPU, h, DTYPE_F32, rows, cols),
+             GPU->weight_upload(GPU, h, DTYPE_F32, rows, cols)};
+  return w;
+}
+static void wfree(wpair w) {
+  CPU->weight_free(CPU, w.c);
+  GPU->weight_free(GPU, w.g);
+}
+
+/* ---- batch ---- */
+
+typedef struct {
+  int n;
+  int len[8], pos[8], slot[8];
+} pieces;
+
+static int T_of(const pieces *p) {
+  int T = 0;
+  for (int i = 0; i < p->n; i++) T += p->len[i];
+  return T;
+}
+
+/* Sets the same batch on both backends; piece s gets pages s*MAXP + perm. Returns max_pages. */
+#define MAXP 32
+static int32_t g_pt[8 * MAXP];
+static void set_batch(const pieces *p, int n_out, const int32_t *out_rows) {
+  static int32_t tokens[4096], pos[4096], seq[4096], st[8];
+  int T = 0;
+  for (int s = 0; s < p->n; s++) {
+    st[s] = T;
+    for (int r = 0; r < p->len[s]; r++, T++) {
+      tokens[T] = (int32_t)((unsigned)(T * 7919 + s) % 37u);
+      pos[T] = p->pos[s] + r;
+      seq[T] = s;
+    }
+  }
+  for (int s = 0; s < p->n; s++)
+    for (int j = 0; j < MAXP; j++) g_pt[s * MAXP + j] = s * MAXP + (MAXP - 1 - j); /* reversed */
+  backend_batch b = {T, p->n, tokens, pos, seq, st, p->len, p->pos, p->slot, g_pt, MAXP,
+                     n_out, out_rows};
+  EXPECT(CPU->set_batch(CPU, &b) == 0);
+  EXPECT(GPU->set_batch(GPU, &b) == 0);
+}
+
+static void gpu_ok(void) {
+  char err[256] = "";
+  int rc = GPU->sync(GPU, err, sizeof err);
+  EXPECT_MSG(rc == 0, "cuda sync failed: %s", err);
+}
+
+/* ---- tests ---- */
+
+TEST(memory) {
+  size_t n = 1000;
+  float *h = rand_vec(n, 1.f);
+  backend_buf a = mk(GPU, BACKEND_KIND_F32, h, n), b = mk(GPU, BACKEND_KIND_F32, NULL, n);
+  poison(GPU, b, BACKEND_KIND_F32, n);
+  GPU->copy(GPU, b, 40, a, 80, 400);  /* b[10..110) = a[20..120) */
+  GPU->zero(GPU, b, 800, 400);        /* b[200..300) = 0 */
+  float *r = get(GPU, b, BACKEND_KIND_F32, n);
+  int bad = 0;
+  for (int i = 10; i < 110; i++) bad += r[i] != h[i + 10];
+  for (int i = 200; i < 300; i++) bad += r[i] != 0.f;
+  bad += !isnan(r[0]) + !isnan(r[150]);
+  EXPECT_MSG(bad == 0, "%d wrong elements after copy/zero", bad);
+  EXPECT_EQ_INT(GPU->kind_size(GPU, BACKEND_KIND_ACT), 2);
+  EXPECT_EQ_INT(GPU->kind_size(GPU, BACKEND_KIND_KV), 2);
+  EXPECT_EQ_INT(GPU->kind_size(GPU, BACKEND_KIND_F32), 4);
+  GPU->free(GPU, a);
+  GPU->free(GPU, b);
+  free(r);
+  free(h);
+  gpu_ok();
+}
+
+TEST(embed) {
+  pieces p = {2, {5, 3}, {0, 9}, {0, 1}};
+  set_batch(&p, 0, NULL);
+  int V = 37, H = 203, T = T_of(&p);
+  float *E = rand_vec((size_t)V * H, 1.f);
+  wpair w = wup(E, V, H);
+  pair out = pr_out(BACKEND_KIND_ACT, (size_t)T * H);
+  CPU->embed(CPU, w.c, H, out.c);
+  GPU->embed(GPU, w.g, H, out.g);
+  CMP(out.c, out.g, BACKEND_KIND_ACT, out.n, 1e-6, "embed");
+  gpu_ok();
+  pr_free(out);
+  wfree(w);
+  free(E);
+}
+
+TEST(rmsnorm) {
+  int T = 7;
+  int ns[2] = {1003, 4096};
+  for (int k = 0; k < 2; k++) {
+    int n = ns[k];
+    float *x = rand_vec((size_t)T * n, 2.f), *a = rand_vec((size_t)T * n, 1.f),
+          *w = rand_vec(n, 0.5f);
+    wpair wp = wup(w, 1, n);
+    pair px = pr(BACKEND_KIND_ACT, x, (size_t)T * n), pa = pr(BACKEND_KIND_ACT, a, (size_t)T * n);
+    pair y = pr_out(BACKEND_KIND_ACT, (size_t)T * n);
+    CPU->rmsnorm(CPU, px.c, pa.c, wp.c, T, n, 1e-6f, y.c);
+    GPU->rmsnorm(GPU, px.g, pa.g, wp.g, T, n, 1e-6f, y.g);
+    CMP(px.c, px.g, BACKEND_KIND_ACT, px.n, 4e-3, "rmsnorm residual x+add");
+    CMP(y.c, y.g, BACKEND_KIND_ACT, y.n, 8e-3, "rmsnorm y (with add)");
+    pair y2 = pr_out(BACKEND_KIND_ACT, (size_t)T * n);
+    CPU->rmsnorm(CPU, px.c, NULL, wp.c, T, n, 1e-6f, y2.c);
+    GPU->rmsnorm(GPU, px.g, NULL, wp.g, T, n, 1e-6f, y2.g);
+    CMP(y2.c, y2.g, BACKEND_KIND_ACT, y2.n, 8e-3, "rmsnorm y (no add)");
+    gpu_ok();
+    pr_free(px);
+    pr_free(pa);
+    pr_free(y);
+    pr_free(y2);
+    wfree(wp);
+    free(x);
+    free(a);
+    free(w);
+  }
+}
+
+TEST(elementwise) {
+  size_t n = 10007;
+  float *x = rand_vec(n, 3.f), *y = rand_vec(n, 3.f);
+  pair a = pr(BACKEND_KIND_ACT, x, n), b = pr(BACKEND_KIND_ACT, y, n);
+  CPU->add(CPU, a.c, b.c, n);
+  GPU->add(GPU, a.g, b.g, n);
+  CMP(a.c, a.g, BACKEND_KIND_ACT, n, 4e-3, "add");
+  put(CPU, a.c, a.kind, x, n);
+  put(GPU, a.g, a.kind, x, n);
+  CPU->sigmoid_mul(CPU, a.c, b.c, n);
+  GPU->sigmoid_mul(GPU, a.g, b.g, n);
+  CMP(a.c, a.g, BACKEND_KIND_ACT, n, 4e-3, "sigmoid_mul");
+  put(CPU, a.c, a.kind, x, n);
+  put(GPU, a.g, a.kind, x, n);
+  pair o = pr_out(BACKEND_KIND_ACT, n);
+  CPU->swiglu(CPU, a.c, b.c, n, o.c);
+  GPU->swiglu(GPU, a.g, b.g, n, o.g);
+  CMP(o.c, o.g, BACKEND_KIND_ACT, n, 4e-3, "swiglu");
+  CPU->swiglu(CPU, a.c, b.c, n, a.c); /* aliasing out = gate */
+  GPU->swiglu(GPU, a.g, b.g, n, a.g);
+  CMP(a.c, a.g, BACKEND_KIND_ACT, n, 4e-3, "swiglu in place");
+  gpu_ok();
+  pr_free(a);
+  pr_free(b);
+  pr_free(o);
+  free(x);
+  free(y);
+}
+
+TEST(matmul) {
+  int Ts[3] = {1, 5, 67}, Ks[3] = {264, 100, 1024}, Ns[3] = {333, 64, 515};
+  for (int c = 0; c < 3; c++) {
+    int T = Ts[c], K = Ks[c], N = Ns[c];
+    float *x = rand_vec((size_t)T * K, 1.f), *W = rand_vec((size_t)N * K, 0.1f);
+    wpair w = wup(W, N, K);
+    pair px = pr(BACKEND_KIND_ACT, x, (size_t)T * K), y = pr_out(BACKEND_KIND_ACT, (size_t)T * N);
+    CPU->matmul(CPU, px.c, w.c, T, K, N, y.c);
+    GPU->matmul(GPU, px.g, w.g, T, K, N, y.g);
+    char what[64];
+    snprintf(what, sizeof what, "matmul T=%d K=%d N=%d", T, K, N);
+    CMP(y.c, y.g, BACKEND_KIND_ACT, y.n, 6e-3, what);
+    gpu_ok();
+    pr_free(px);
+    pr_free(y);
+    wfree(w);
+    free(x);
+    free(W);
+  }
+}
+
+TEST(qk_norm_rope) {
+  pieces p = {3, {4, 1, 2}, {0, 1000, 70000}, {0, 1, 2}};
+  set_batch(&p, 0, NULL);
+  int T = T_of(&p), nh = 4, nkv = 2, hd = 256, rot = 64;
+  float *qg = rand_vec((size_t)T * nh * 2 * hd, 2.f), *k = rand_vec((size_t)T * nkv * hd, 2.f);
+  float *qn = rand_vec(hd, 0.3f), *kn = rand_vec(hd, 0.3f);
+  wpair wq = wup(qn, 1, hd), wk = wup(kn, 1, hd);
+  pair pq = pr(BACKEND_KIND_ACT, qg, (size_t)T * nh * 2 * hd), pk = pr(BACKEND_KIND_ACT, k, (size_t)T * nkv * hd);
+  pair qo = pr_out(BACKEND_KIND_ACT, (size_t)T * nh * hd), go = pr_out(BACKEND_KIND_ACT, (size_t)T * nh * hd);
+  CPU->qk_norm_rope(CPU, pq.c, pk.c, wq.c, wk.c, nh, nkv, hd, rot, 1e7, 1e-6f, qo.c, go.c);
+  GPU->qk_norm_rope(GPU, pq.g, pk.g, wq.g, wk.g, nh, nkv, hd, rot, 1e7, 1e-6f, qo.g, go.g);
+  CMP(qo.c, qo.g, BACKEND_KIND_ACT, qo.n, 8e-3, "qk_norm_rope q");
+  CMP(go.c, go.g, BACKEND_KIND_ACT, go.n, 1e-6, "qk_norm_rope gate");
+  CMP(pk.c, pk.g, BACKEND_KIND_ACT, pk.n, 8e-3, "qk_norm_rope k");
+  gpu_ok();
+  pr_free(pq);
+  pr_free(pk);
+  pr_free(qo);
+  pr_free(go);
+  wfree(wq);
+  wfree(wk);
+  free(qg);
+  free(k);
+  free(qn);
+  free(kn);
+}
+
+static void attention_case(int nh, int nkv, int hd) {
+  /* prefill from 0, prefill resuming at 50 over cached pages, two decode rows */
+  pieces p = {4, {37, 20, 1, 1}, {0, 50, 300, 0}, {0, 1, 2, 3}};
+  set_batch(&p, 0, NULL);
+  int T = T_of(&p);
+  size_t pool = (size_t)4 * MAXP * BACKEND_PAGE_TOKENS * nkv * hd;
+  float *kp = rand_vec(pool, 1.f), *vp = rand_vec(pool, 1.f);
+  float *q = rand_vec((size_t)T * nh * hd, 1.f), *k = rand_vec((size_t)T * nkv * hd, 1.f),
+        *v = rand_vec((size_t)T * nkv * hd, 1.f);
+  pair pkp = pr(BACKEND_KIND_KV, kp, pool), pvp = pr(BACKEND_KIND_KV, vp, pool);
+  pair pq = pr(BACKEND_KIND_ACT, q, (size_t)T * nh * hd), pk = pr(BACKEND_KIND_ACT, k, (size_t)T * nkv * hd),
+       pv = pr(BACKEND_KIND_ACT, v, (size_t)T * nkv * hd);
+  pair o = pr_out(BACKEND_KIND_ACT, (size_t)T * nh * hd);
+  float scale = 1.f / sqrtf((float)hd) * 2.f; /* sharper than usual */
+  CPU->attention(CPU, pkp.c, pvp.c, pq.c, pk.c, pv.c, nh, nkv, hd, scale, o.c);
+  GPU->attention(GPU, pkp.g, pvp.g, pq.g, pk.g, pv.g, nh, nkv, hd, scale, o.g);
+  char what[64];
+  snprintf(what, sizeof what, "attention nh=%d nkv=%d hd=%d", nh, nkv, hd);
+  CMP(o.c, o.g, BACKEND_KIND_ACT, o.n, 8e-3, what);
+  CMP(pkp.c, pkp.g, BACKEND_KIND_KV, pool, 1e-6, "attention k pages");
+  CMP(pvp.c, pvp.g, BACKEND_KIND_KV, pool, 1e-6, "attention v pages");
+  gpu_ok();
+  pr_free(pkp);
+  pr_free(pvp);
+  pr_free(pq);
+  pr_free(pk);
+  pr_free(pv);
+  pr_free(o);
+  free(kp);
+  free(vp);
+  free(q);
+  free(k);
+  free(v);
+}
+
+TEST(attention) {
+  attention_case(8, 2, 256);
+  attention_case(6, 3, 64);
+  attention_case(4, 4, 80);
+}
+
+TEST(conv1d) {
+  pieces p = {4, {37, 20, 1, 1}, {0, 50, 300, 0}, {3, 0, 2, 1}};
+  set_batch(&p, 0, NULL);
+  int T = T_of(&p), C = 301, K = 4;
+  float *x = rand_vec((size_t)T * C, 1.f), *w = rand_vec((size_t)C * K, 0.5f),
+        *st = rand_vec((size_t)4 * C * (K - 1), 1.f);
+  wpair wp = wup(w, C, K);
+  pair px = pr(BACKEND_KIND_ACT, x, (size_t)T * C), ps = pr(BACKEND_KIND_F32, st, (size_t)4 * C * (K - 1));
+  pair o = pr_out(BACKEND_KIND_ACT, (size_t)T * C);
+  CPU->conv1d(CPU, ps.c, px.c, wp.c, C, K, o.c);
+  GPU->conv1d(GPU, ps.g, px.g, wp.g, C, K, o.g);
+  CMP(o.c, o.g, BACKEND_KIND_ACT, o.n, 6e-3, "conv1d out");
+  CMP(ps.c, ps.g, BACKEND_KIND_F32, ps.n, 1e-6, "conv1d state");
+  gpu_ok();
+  pr_free(px);
+  pr_free(ps);
+  pr_free(o);
+  wfree(wp);
+  free(x);
+  free(w);
+  free(st);
+}
+
+TEST(gdn_gates) {
+  pieces p = {2, {9, 1}, {0, 5}, {0, 1}};
+  set_batch(&p, 0, NULL);
+  int T = T_of(&p), nk = 2, nv = 6, dk = 128, dv = 96;
+  size_t cd = 2 * (size_t)nk * dk + (size_t)nv * dv;
+  float *qkv = rand_vec((size_t)T * cd, 1.f), *b = rand_vec((size_t)T * nv, 4.f),
+        *a = rand_vec((size_t)T * nv, 4.f), *al = rand_vec(nv, 1.f), *db = rand_vec(nv, 1.f);
+  a[0] = 30.f; /* the softplus linear branch */
+  wpair wal = wup(al, 1, nv), wdb = wup(db, 1, nv);
+  pair pq = pr(BACKEND_KIND_ACT, qkv, (size_t)T * cd), pb = pr(BACKEND_KIND_ACT, b, (size_t)T * nv),
+       pa = pr(BACKEND_KIND_ACT, a, (size_t)T * nv);
+  pair beta = pr_out(BACKEND_KIND_F32, (size_t)T * nv), g = pr_out(BACKEND_KIND_F32, (size_t)T * nv);
+  CPU->gdn_gates(CPU, pq.c, pb.c, pa.c, wal.c, wdb.c, nk, nv, dk, dv, beta.c, g.c);
+  GPU->gdn_gates(GPU, pq.g, pb.g, pa.g, wal.g, wdb.g, nk, nv, dk, dv, beta.g, g.g);
+  CMP(pq.c, pq.g, BACKEND_KIND_ACT, pq.n, 6e-3, "gdn_gates qkv (l2 norm)");
+  CMP(beta.c, beta.g, BACKEND_KIND_F32, beta.n, 1e-5, "gdn_gates beta");
+  CMP(g.c, g.g, BACKEND_KIND_F32, g.n, 1e-5, "gdn_gates g");
+  gpu_ok();
+  pr_free(pq);
+  pr_free(pb);
+  pr_free(pa);
+  pr_free(beta);
+  pr_free(g);
+  wfree(wal);
+  wfree(wdb);
+  free(qkv);
+  free(b);
+  free(a);
+  free(al);
+  free(db);
+}
+
+/* Normalised q/k (as gdn_gates leaves them), v, beta in (0,1), g < 0. */
+static void gdn_case(int nk, int nv, int dk, int dv) {
+  /* fresh prefill (slot holds garbage), resume mid-chunk at 30 from a non-zero state,
+   * chunk-aligned resume at 128, two decode rows (one fresh) */
+  pieces p = {5, {100, 70, 64, 1, 1}, {0, 30, 128, 77, 0}, {4, 1, 0, 3, 2}};
+  set_batch(&p, 0, NULL);
+  int T = T_of(&p), nslots = 5;
+  size_t cd = 2 * (size_t)nk * dk + (size_t)nv * dv;
+  float *qkv = rand_vec((size_t)T * cd, 1.f);
+  for (int t = 0; t < T; t++)
+    for (int h = 0; h < 2 * nk; h++) {
+      float *x = qkv + (size_t)t * cd + (size_t)h * dk, ss = 0.f;
+      for (int i = 0; i < dk; i++) ss += x[i] * x[i];
+      float sc = 1.f / sqrtf(ss) * (h < nk ? 1.f / sqrtf((float)dk) : 1.f);
+      for (int i = 0; i < dk; i++) x[i] = bfr(x[i] * sc);
+    }
+  float *beta = malloc((size_t)T * nv * 4), *g = malloc((size_t)T * nv * 4);
+  for (int i = 0; i < T * nv; i++) {
+    beta[i] = 0.5f + 0.49f * urand();
+    g[i] = -0.3f * (1.f + urand()) - 0.001f;
+  }
+  size_t ns = (size_t)nslots * nv * dk * dv;
+  float *S = rand_vec(ns, 0.3f);
+  pair pq = pr(BACKEND_KIND_ACT, qkv, (size_t)T * cd), pb = pr(BACKEND_KIND_F32, beta, (size_t)T * nv),
+       pg = pr(BACKEND_KIND_F32, g, (size_t)T * nv), ps = pr(BACKEND_KIND_F32, S, ns);
+  pair o = pr_out(BACKEND_KIND_ACT, (size_t)T * nv * dv);
+  CPU->gdn_prefill(CPU, ps.c, pq.c, pb.c, pg.c, nk, nv, dk, dv, o.c);
+  GPU->gdn_prefill(GPU, ps.g, pq.g, pb.g, pg.g, nk, nv, dk, dv, o.g);
+  CPU->gdn_decode(CPU, ps.c, pq.c, pb.c, pg.c, nk, nv, dk, dv, o.c);
+  GPU->gdn_decode(GPU, ps.g, pq.g, pb.g, pg.g, nk, nv, dk, dv, o.g);
+  char what[80];
+  snprintf(what, sizeof what, "gdn out nk=%d nv=%d dk=%d dv=%d", nk, nv, dk, dv);
+  CMP(o.c, o.g, BACKEND_KIND_ACT, o.n, 1e-2, what);
+  snprintf(what, sizeof what, "gdn state nk=%d nv=%d dk=%d dv=%d", nk, nv, dk, dv);
+  CMP(ps.c, ps.g, BACKEND_KIND_F32, ns, 5e-3, what);
+  /* a second step: decode rows continuing every sequence from the updated states */
+  pieces p2 = {5, {1, 1, 1, 1, 1}, {100, 100, 192, 78, 1}, {4, 1, 0, 3, 2}};
+  set_batch(&p2, 0, NULL);
+  CPU->gdn_decode(CPU, ps.c, pq.c, pb.c, pg.c, nk, nv, dk, dv, o.c);
+  GPU->gdn_decode(GPU, ps.g, pq.g, pb.g, pg.g, nk, nv, dk, dv, o.g);
+  CMP(o.c, o.g, BACKEND_KIND_ACT, (size_t)5 * nv * dv, 1e-2, "gdn decode step 2 out");
+  CMP(ps.c, ps.g, BACKEND_KIND_F32, ns, 5e-3, "gdn decode step 2 state");
+  gpu_ok();
+  pr_free(pq);
+  pr_free(pb);
+  pr_free(pg);
+  pr_free(ps);
+  pr_free(o);
+  free(qkv);
+  free(beta);
+  free(g);
+  free(S);
+}
+
+TEST(gdn) {
+  gdn_case(2, 4, 128, 128); /* real head sizes: the shared-memory path */
+  gdn_case(1, 3, 32, 48);
+  gdn_case(2, 2, 128, 256); /* over the shared-memory limit: the global-scratch path */
+}
+
+TEST(gated_rmsnorm) {
+  int T = 5, nv = 3, dv = 128;
+  size_t n = (size_t)T * nv * dv;
+  float *o = rand_vec(n, 1.f), *z = rand_vec(n, 2.f), *w = rand_vec(dv, 1.f);
+  wpair wp = wup(w, 1, dv);
+  pair po = pr(BACKEND_KIND_ACT, o, n), pz = pr(BACKEND_KIND_ACT, z, n), out = pr_out(BACKEND_KIND_ACT, n);
+  CPU->gated_rmsnorm(CPU, po.c, pz.c, wp.c, T, nv, dv, 1e-6f, out.c);
+  GPU->gated_rmsnorm(GPU, po.g, pz.g, wp.g, T, nv, dv, 1e-6f, out.g);
+  CMP(out.c, out.g, BACKEND_KIND_ACT, n, 8e-3, "gated_rmsnorm");
+  CPU->gated_rmsnorm(CPU, po.c, pz.c, wp.c, T, nv, dv, 1e-6f, po.c);
+  GPU->gated_rmsnorm(GPU, po.g, pz.g, wp.g, T, nv, dv, 1e-6f, po.g);
+  CMP(po.c, po.g, BACKEND_KIND_ACT, n, 8e-3, "gated_rmsnorm in place");
+  gpu_ok();
+  pr_free(po);
+  pr_free(pz);
+  pr_free(out);
+  wfree(wp);
+  free(o);
+  free(z);
+  free(w);
+}
+
+static void moe_case(int shared, int norm) {
+  int T = 9, H = 256, E = 16, k = 4, I = 48, Is = shared ? 64 : 0;
+  float *x = rand_vec((size_t)T * H, 1.f), *R = rand_vec((size_t)E * H, 0.2f);
+  wpair wr = wup(R, E, H);
+  backend_weight gc[16], uc[16], dc[16], gg[16], ug[16], dg[16];
+  float *bufs[48];
+  for (int e = 0; e < E; e++) {
+    float *a = rand_vec((size_t)I * H, 0.1f), *b = rand_vec((size_t)I * H, 0.1f),
+          *c = rand_vec((size_t)H * I, 0.1f);
+    wpair p1 = wup(a, I, H), p2 = wup(b, I, H), p3 = wup(c, H, I);
+    gc[e] = p1.c, gg[e] = p1.g, uc[e] = p2.c, ug[e] = p2.g, dc[e] = p3.c, dg[e] = p3.g;
+    bufs[3 * e] = a, bufs[3 * e + 1] = b, bufs[3 * e + 2] = c;
+  }
+  wpair sgw = {0}, suw = {0}, sdw = {0}, segw = {0};
+  float *s1 = NULL, *s2 = NULL, *s3 = NULL, *s4 = NULL;
+  if (shared) {
+    s1 = rand_vec((size_t)Is * H, 0.1f), s2 = rand_vec((size_t)Is * H, 0.1f);
+    s3 = rand_vec((size_t)H * Is, 0.1f), s4 = rand_vec(H, 0.1f);
+    sgw = wup(s1, Is, H), suw = wup(s2, Is, H), sdw = wup(s3, H, Is), segw = wup(s4, 1, H);
+  }
+  backend_moe mc = {E, k, norm, I, Is, wr.c, gc, uc, dc, sgw.c, suw.c, sdw.c, segw.c};
+  backend_moe mg = {E, k, norm, I, Is, wr.g, gg, ug, dg, sgw.g, suw.g, sdw.g, segw.g};
+  pair px = pr(BACKEND_KIND_ACT, x, (size_t)T * H), out = pr_out(BACKEND_KIND_ACT, (size_t)T * H);
+  CPU->moe(CPU, px.c, &mc, T, H, out.c);
+  GPU->moe(GPU, px.g, &mg, T, H, out.g);
+  char what[64];
+  snprintf(what, sizeof what, "moe shared=%d norm=%d", shared, norm);
+  CMP(out.c, out.g, BACKEND_KIND_ACT, out.n, 1e-2, what);
+  gpu_ok();
+  pr_free(px);
+  pr_free(out);
+  wfree(wr);
+  for (int e = 0; e < E; e++) {
+    CPU->weight_free(CPU, gc[e]), GPU->weight_free(GPU, gg[e]);
+    CPU->weight_free(CPU, uc[e]), GPU->weight_free(GPU, ug[e]);
+    CPU->weight_free(CPU, dc[e]), GPU->weight_free(GPU, dg[e]);
+    free(bufs[3 * e]), free(bufs[3 * e + 1]), free(bufs[3 * e + 2]);
+  }
+  if (shared) {
+    wfree(sgw), wfree(suw), wfree(sdw), wfree(segw);
+    free(s1), free(s2), free(s3), free(s4);
+  }
+  free(x);
+  free(R);
+}
+
+TEST(moe) {
+  moe_case(1, 1);
+  moe_case(0, 0);
+}
+
+TEST(logits) {
+  pieces p = {3, {3, 1, 2}, {0, 7, 4}, {0, 1, 2}};
+  int32_t rows[3] = {5, 0, 3};
+  set_batch(&p, 3, rows);
+  int T = T_of(&p), H = 256, V = 1001;
+  float *x = rand_vec((size_t)T * H, 1.f), *nw = rand_vec(H, 0.3f), *W = rand_vec((size_t)V * H, 0.1f);
+  wpair wn = wup(nw, 1, H), ww = wup(W, V, H);
+  pair px = pr(BACKEND_KIND_ACT, x, (size_t)T * H), out = pr_out(BACKEND_KIND_F32, (size_t)3 * V);
+  CPU->logits(CPU, px.c, wn.c, 1e-6f, ww.c, H, V, out.c);
+  GPU->logits(GPU, px.g, wn.g, 1e-6f, ww.g, H, V, out.g);
+  CMP(out.c, out.g, BACKEND_KIND_F32, out.n, 8e-3, "logits (3 of 6 rows)");
+  gpu_ok();
+  pr_free(px);
+  pr_free(out);
+  wfree(wn);
+  wfree(ww);
+  free(x);
+  free(nw);
+  free(W);
+}
+
+int main(void) {
+  if (!backend_cuda_available()) {
+    printf("FAIL cuda_available: no CUDA device\n");
+    return 1;
+  }
+  char err[256];
+  GPU = backend_cuda_create(0, err, sizeof err);
+  CPU = backend_cpu_create(0);
+  if (!GPU || !CPU) {
+    printf("FAIL create: %s\n", GPU ? "cpu backend" : err);
+    return 1;
+  }
+  RUN(memory);
+  RUN(embed);
+  RUN(rmsnorm);
+  RUN(elementwise);
+  RUN(matmul);
+  RUN(qk_norm_rope);
+  RUN(attention);
+  RUN(conv1d);
+  RUN(gdn_gates);
+  RUN(gdn);
+  RUN(gated_rmsnorm);
+  RUN(moe);
+  RUN(logits);
+  printf("op checks: %d\n", n_checks);
+  GPU->destroy(GPU);
+  CPU->destroy(CPU);
+  TEST_MAIN_END();
+}

@@ -583,6 +583,41 @@ await test("skip_tokenizer_init", async () => {
   }
 });
 
+await test("reasoning_split_qwen35_template", async () => {
+  // no chat_template in tokenizer_config: model_type qwen3_5_text picks the Qwen3.5 template,
+  // whose generation prompt opens a <think> block: the (random) output is all reasoning
+  const dir35 = path.join(tmp, "model35");
+  fs.mkdirSync(dir35);
+  for (const f of fs.readdirSync(modelDir)) fs.copyFileSync(path.join(modelDir, f), path.join(dir35, f));
+  const cfg = JSON.parse(fs.readFileSync(path.join(dir35, "tokenizer_config.json"), "utf8"));
+  delete cfg.chat_template;
+  fs.writeFileSync(path.join(dir35, "tokenizer_config.json"), JSON.stringify(cfg));
+  const s = await startServer([], dir35);
+  try {
+    const c = client(s);
+    const t = await post(s, "/tokenize", { messages: user("Why?") });
+    const tk = fromPreTrained();
+    assert(tk.decode(t.json.tokens).endsWith("<think>\n"), "the prompt opens a think block");
+    const p = { model: NAME, messages: user("Why?"), max_tokens: 10, temperature: 1.0, seed: 42 };
+    const a = await c.chat.completions.create(p);
+    const m = a.choices[0].message;
+    assert(typeof m.reasoning_content === "string" && m.reasoning_content.length > 0, `reasoning_content: ${JSON.stringify(m)}`);
+    assert(!m.content, "no content while the think block never closed");
+    const stream = await c.chat.completions.create({ ...p, stream: true });
+    let r = "", ct = "";
+    for await (const ch of stream) for (const x of ch.choices) (r += x.delta.reasoning_content || ""), (ct += x.delta.content || "");
+    eq(r, m.reasoning_content, "streamed reasoning == non-streamed");
+    eq(ct, "", "streamed content");
+    // thinking off: everything is content
+    const off = await c.chat.completions.create({ ...p, chat_template_kwargs: { enable_thinking: false } });
+    eq(off.choices[0].message.reasoning_content, null, "no reasoning with thinking off");
+    assert(typeof off.choices[0].message.content === "string", "content with thinking off");
+  } finally {
+    s.p.kill("SIGTERM");
+    await poll(() => s.exited, "exit");
+  }
+});
+
 await test("queue_full_429", async () => {
   const s = await startServer(["--max-num-seqs", "1", "--max-waiting", "1"]);
   try {

@@ -76,32 +76,32 @@ int openai_stream_delta(openai_stream *s, const char *text, size_t len, int fina
     size_t h = h1 > h2 ? h1 : h2;
     if (h3 > h) h = h3;
     n -= h;
-    int in_think = s->thinking_open || (n >= 7 && !memcmp(text, "<think>", 7));
-    const char *end_think = in_think ? find_mem(text, n, "</think>") : NULL;
-    if (in_think && !end_think) {
-      /* still reasoning: everything (less a leading <think>) is reasoning so far */
-      size_t skip = (n >= 7 && !memcmp(text, "<think>", 7)) ? 7 : 0;
-      r = (char *)text + skip;
-      rl = trim_right(r, n - skip);
-      c = NULL;
-    } else {
+    size_t ws = 0;
+    while (ws < n && is_space(text[ws])) ws++;
+    int in_think = s->thinking_open || (n - ws >= 7 && !memcmp(text + ws, "<think>", 7));
+    const char *end_think = find_mem(text, n, "</think>");
+    if (!in_think && end_think) in_think = 1;
+    if (end_think || !in_think) {
+      /* content from here on: stop before the first tool call (sent whole at the end) */
       size_t after = end_think ? (size_t)(end_think - text) + 8 : 0;
       const char *call = find_mem(text + after, n - after, "<tool_call>");
       if (call) n = (size_t)(call - text);
-      char *prefix = malloc(n + 1);
-      if (!prefix) goto oom;
-      memcpy(prefix, text, n);
-      prefix[n] = 0;
-      int rc = chat_parse(prefix, s->thinking_open, NULL, &p);
-      free(prefix);
-      if (rc) goto oom;
-      parsed = 1;
-      r = p.reasoning_content;
-      c = p.content;
-      rl = r ? strlen(r) : 0;
-      cl = c ? trim_right(c, strlen(c)) : 0;
-      if (p.tool_calls) cl = 0; /* a call parsed already: wait for the final parse */
     }
+    char *prefix = malloc(n + 1);
+    if (!prefix) goto oom;
+    memcpy(prefix, text, n);
+    prefix[n] = 0;
+    int rc = chat_parse(prefix, s->thinking_open, NULL, &p);
+    free(prefix);
+    if (rc) goto oom;
+    parsed = 1;
+    r = p.reasoning_content;
+    c = p.content;
+    /* trailing whitespace may still be trimmed away (before a tag) or kept: wait */
+    rl = r ? trim_right(r, strlen(r)) : 0;
+    cl = c ? trim_right(c, strlen(c)) : 0;
+    if (p.tool_calls) cl = 0; /* a call parsed already: wait for the final parse */
+    if (in_think && !end_think) cl = 0;
   }
   if (r && extend(d, "reasoning_content", &s->sent_reasoning, r, rl)) goto oom;
   if (c && extend(d, "content", &s->sent_content, c, cl)) goto oom;

@@ -20,7 +20,7 @@ cd "$(dirname "$0")/.."
 BUILD=build-fuzz
 CC=${FUZZ_CC:-clang}
 SAN="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer"
-CFLAGS="${FUZZ_STRICT:+-DFUZZ_STRICT_MESSAGES} -std=c11 -Wall -Wextra -Werror -Wno-unknown-warning-option -O1 -g -pthread -D_GNU_SOURCE -Isrc -Itests"
+CFLAGS="${FUZZ_STRICT:+-DFUZZ_STRICT} -std=c11 -Wall -Wextra -Werror -Wno-unknown-warning-option -O1 -g -pthread -D_GNU_SOURCE -Isrc -Itests"
 LDLIBS="-lmicrohttpd -ljansson -lpcre2-8 -lutf8proc -lm -lpthread"
 JOBS=${FUZZ_JOBS:-2}
 

@@ -182,8 +182,9 @@ await test("chat_prompt_tokens_match_reference_tokenizer", async () => {
     { role: "user", content: "Again" },
   ];
   const whole = await post(main, "/tokenize", { messages: msgs });
-  const r2 = await oa.chat.completions.create({ model: NAME, messages: msgs, max_tokens: 1 });
+  const r2 = await oa.chat.completions.create({ model: NAME, messages: msgs, max_tokens: 1, return_token_ids: true });
   eq(r2.usage.prompt_tokens, whole.json.count, "multi-turn prompt_tokens");
+  eq(r2.prompt_token_ids, whole.json.tokens, "turn-by-turn ids == whole-prompt ids");
 });
 
 await test("tokenize_detokenize", async () => {
@@ -693,6 +694,11 @@ await test("main_server_sigterm_exit_0", async () => {
 });
 
 clearTimeout(watchdog);
+if (failures)
+  for (const s of servers) {
+    console.log(`--- server log (${s.p.spawnargs.slice(1).join(" ")}), last 40 lines ---`);
+    console.log(s.log.split("\n").slice(-40).join("\n"));
+  }
 for (const s of servers) if (!s.exited) s.p.kill("SIGKILL");
 fs.rmSync(tmp, { recursive: true, force: true });
 process.exit(failures ? 1 : 0);

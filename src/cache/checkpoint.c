@@ -92,7 +92,6 @@ int checkpoint_capture(prefix_cache *pc, uint64_t ticket, const checkpoint_paylo
 }
 
 int checkpoint_commit(prefix_cache *pc, uint64_t ticket, uint64_t *ckpt) {
-  if (ckpt) *ckpt = 0;
   int i = pc_rec_find(pc, ticket, PC_PENDING);
   if (i < 0) {
     pc->st.rejected++;

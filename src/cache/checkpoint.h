@@ -64,7 +64,8 @@ int checkpoint_capture(prefix_cache *pc, uint64_t ticket, const checkpoint_paylo
 /* Publishes a CAPTURED ticket: the incumbent at that node (if any) is dropped now, the new
  * checkpoint becomes MRU and visible to lookups. Returns 0 with *ckpt (the checkpoint id; the
  * ticket id is dead from now on), or PREFIX_CACHE_ESTALE (unknown, aborted or already
- * committed ticket) / PREFIX_CACHE_EINVAL (not captured yet); refusals change nothing. */
+ * committed ticket) / PREFIX_CACHE_EINVAL (not captured yet); refusals change nothing, *ckpt
+ * included. */
 int checkpoint_commit(prefix_cache *pc, uint64_t ticket, uint64_t *ckpt);
 /* Aborts a ticket (RESERVED or CAPTURED): the slab and page refs go back, the placeholder
  * node goes if empty, the incumbent is untouched. Returns 0, or PREFIX_CACHE_ESTALE for an

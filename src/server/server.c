@@ -501,7 +501,7 @@ static void chunk_chat(conn *cx, json_t *delta, const char *finish, int tok_from
                                                                            : json_null());
   json_object_set_new(c, "finish_reason", finish ? json_string(finish) : json_null());
   if (cx->req.return_token_ids && tok_to > tok_from)
-    json_object_set_new(c, "token_ids", ids_array(cx->g.ids + tok_from, tok_to - tok_from));
+    json_object_set_new(c, "token_ids", ids_array(cx->g.ids ? cx->g.ids + tok_from : NULL, tok_to - tok_from));
   json_array_append_new(json_object_get(o, "choices"), c);
   sse_json(cx, o);
 }
@@ -517,7 +517,7 @@ static void chunk_completion(conn *cx, const char *text, size_t len, const char 
                                          : json_null());
   json_object_set_new(c, "finish_reason", finish ? json_string(finish) : json_null());
   if (cx->req.return_token_ids) {
-    json_object_set_new(c, "token_ids", ids_array(cx->g.ids + tok_from, tok_to - tok_from));
+    json_object_set_new(c, "token_ids", ids_array(cx->g.ids ? cx->g.ids + tok_from : NULL, tok_to - tok_from));
     if (first) json_object_set_new(c, "prompt_token_ids", ids_array(cx->prompt_ids, cx->n_prompt));
   }
   json_array_append_new(json_object_get(o, "choices"), c);

@@ -66,7 +66,58 @@ def loader():
                         for i, k in enumerate(names)}}))
 
 
-TARGETS = {"loader": loader}
+def tokenizer():
+    texts = {
+        "empty": "",
+        "hello": "Hello, world! How are you doing today?",
+        "code": "def f(x):\n    return x ** 2  # square\n\tprint(f(3))\r\n",
+        "numbers": "In 2024 there were 1,234,567.89 apples and 42 pears; 3.14159e-10.",
+        "cjk": "\u4f60\u597d\uff0c\u4e16\u754c\u3002\u65e5\u672c\u8a9e\u306e\u30c6\u30ad\u30b9\u30c8\ud55c\uad6d\uc5b4",
+        "emoji": "\U0001F600\U0001F44D\U0001F3FD \U0001F468\u200d\U0001F469\u200d\U0001F467 ok",
+        "special": "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n",
+        "tool": "<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n</tool_call><|endoftext|>",
+        "spaces": "a  b   c    d\n\n\n   \t\t x   ",
+        "accents": "caf\u00e9 na\u00efve r\u00e9sum\u00e9 \u0645\u0631\u062d\u0628\u0627 \u0928\u092e\u0938\u094d\u0924\u0947",
+        "nfd": "cafe\u0301 A\u030a",
+        "contractions": "I'm you're he's we'll they'd it's DON'T",
+    }
+    for k, v in texts.items():
+        put("tokenizer", "text_" + k, 0, v)
+    put("tokenizer", "text_invalid", 0, b"abc\xff\xfe \xc3\x28 \xed\xa0\x80 \xf4\x90\x80\x80")
+    put("tokenizer", "text_nul", 0, b"a\x00b")
+    # ids: 3 bytes each, little-endian
+    def ids(lst):
+        return b"".join(struct.pack("<I", i)[:3] for i in lst)
+    put("tokenizer", "ids_ascii", 1, ids([9707, 11, 1879, 0, 1, 2, 151643, 151644, 151645]))
+    put("tokenizer", "ids_bytes", 1, ids([157, 158, 159, 160, 161, 170, 171, 200, 220, 250]))
+    put("tokenizer", "ids_oob", 1, ids([5, 151680, 7]))
+
+
+def chat():
+    convs = json.load(open(os.path.join(ROOT, "tests", "fixtures", "chat", "conversations.json")))
+    for i, c in enumerate(convs):
+        req = json.dumps(c["request"], ensure_ascii=False)
+        # render: bit 1 = Qwen3.5 family, bit 2 = add_generation_prompt; alternate families
+        put("chat", "render_%02d_%s" % (i, c["name"][:40]), 4 | (2 if i % 2 else 0), req)
+    put("chat", "render_not_object", 0, "[1, 2.5, \"x\", null, true, {\"a\": {}}]")
+    texts = {
+        "plain": "The answer is 42.",
+        "think": "<think>\nLet me think about it.\n</think>\n\nThe answer is 42.",
+        "think_open_only": "reasoning without the opening tag\n</think>\n\nok",
+        "json_call": "I will call it.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"days\": 3}}\n</tool_call>",
+        "json_two_calls": "<tool_call>\n{\"name\": \"a\", \"arguments\": {}}\n</tool_call>\n<tool_call>\n{\"name\": \"b\", \"parameters\": \"{\\\"x\\\": 1}\"}\n</tool_call>",
+        "xml_call": "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n<parameter=days>\n3\n</parameter>\n<parameter=metric>\nTrue\n</parameter>\n<parameter=opts>\n{\"a\": [1, 2]}\n</parameter>\n</function>\n</tool_call>",
+        "xml_unclosed": "<think>\nhm\n</think>\n<tool_call>\n<function=search>\n<parameter=q>\nx < y\n</parameter>\n</function>",
+        "broken": "<tool_call>\n{\"name\": \n</tool_call> tail <thi",
+        "utf8_cut": "caf\u00e9 \u4f60\u597d <tool_",
+    }
+    for i, (k, v) in enumerate(texts.items()):
+        b = 1 | (2 if i % 3 == 1 else 0) | (4 if i % 2 else 0)
+        put("chat", "parse_" + k, b, v)
+    put("chat", "parse_cut_bytes", 1 | 4, b"abc \xe4\xbd")
+
+
+TARGETS = {"loader": loader, "tokenizer": tokenizer, "chat": chat}
 
 if __name__ == "__main__":
     for t in sys.argv[1:] or TARGETS:

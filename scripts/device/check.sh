@@ -28,7 +28,7 @@ if make CUDA=1 -j"$(nproc)" all cuda-tests >"$OUT/build.log" 2>&1; then BUILD=ok
 echo "build: $BUILD ($(( $(date +%s) - t0 )) s)"
 [ $BUILD = ok ] || tail -30 "$OUT/build.log"
 
-OPS_P=0; OPS_F=0; MEMCHECK=not-run; PAR_P=0; PAR_F=0; PARITY_LINE=""; RUNCLI=not-run; BENCH=""
+OPS_P=0; OPS_F=0; SH_P=0; SH_F=0; MEMCHECK=not-run; PAR_P=0; PAR_F=0; PARITY_LINE=""; RUNCLI=not-run; BENCH=""
 if [ $BUILD = ok ]; then
   timeout 300 build-cuda/tests/cuda/test_cuda_ops >"$OUT/ops.log" 2>&1
   cat "$OUT/ops.log"
@@ -41,6 +41,10 @@ if [ $BUILD = ok ]; then
     [ -n "$MEMCHECK" ] || MEMCHECK="no summary (see memcheck.log)"
     grep -E '^(PASS|FAIL)' "$OUT/memcheck.log" | grep FAIL | head -5
   fi
+
+  timeout 300 build-cuda/tests/cuda/test_cuda_shadow >"$OUT/shadow.log" 2>&1
+  cat "$OUT/shadow.log"
+  SH_P=$(grep -c '^PASS' "$OUT/shadow.log"); SH_F=$(grep -c '^FAIL' "$OUT/shadow.log")
 
   BM=""
   if [ "${DS_NO_BENCH:-0}" != 1 ]; then
@@ -74,13 +78,14 @@ kv = dict(x.split("=", 1) for x in par[1:]) if par else {}
 bench = [l[6:] for l in """$BENCH""".splitlines() if l.strip()]
 d = {"commit": "$COMMIT", "gpu": "$GPU", "build": "$BUILD",
      "op_tests": {"passed": $OPS_P, "failed": $OPS_F},
+     "shadow_ops_on_models": {"passed": $SH_P, "failed": $SH_F},
      "parity": {"passed": $PAR_P, "failed": $PAR_F, **kv},
      "memcheck": "$MEMCHECK", "run_cli": """$RUNCLI""", "timing": bench}
 json.dump(d, open(sys.argv[1], "w"), indent=2)
 PY
 echo
 echo "=== cuda check $COMMIT on $GPU ==="
-printf '%-10s %s\n' build "$BUILD" ops "passed $OPS_P failed $OPS_F" memcheck "$MEMCHECK" \
+printf '%-10s %s\n' build "$BUILD" ops "passed $OPS_P failed $OPS_F" shadow "passed $SH_P failed $SH_F" memcheck "$MEMCHECK" \
   parity "passed $PAR_P failed $PAR_F ${PARITY_LINE#PARITY }" run-cli "$RUNCLI"
 echo "$BENCH"
 echo "json: $JSON"

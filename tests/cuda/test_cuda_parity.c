@@ -88,6 +88,7 @@ static void check_fixture(const char *name) {
   int rc = fx_open(&f, dir, n_pages, 1, err, sizeof err);
   EXPECT_MSG(rc == 0, "%s: %s", name, err);
   if (rc) {
+    printf("  %-12s cannot open: %s\n", name, err);
     fx_close(&f);
     json_decref(ref);
     return;

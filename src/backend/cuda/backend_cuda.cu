@@ -357,6 +357,7 @@ static void cu_destroy(backend *be) {
   cuda_ctx *c = cuda_ctx_of(be);
   if (c) {
     if (c->st) cudaStreamSynchronize(c->st);
+    cuda_moe_release(c);
     if (c->blas) cublasDestroy(c->blas);
     cudaFree(c->blas_ws);
     cudaFree(c->scratch);

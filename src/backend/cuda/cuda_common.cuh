@@ -72,6 +72,9 @@ void *cuda_scratch(cuda_ctx *c, size_t bytes);
 void cuda_gemm(cuda_ctx *c, const bf16 *x, const bf16 *W, int T, int K, int N, void *y,
                int y_f32);
 
+/* Frees the MoE expert tables of this context (cuda_moe.cu). */
+void cuda_moe_release(cuda_ctx *c);
+
 /* ---- device helpers ---- */
 
 __device__ __forceinline__ float bf2f(bf16 x) { return __bfloat162float(x); }

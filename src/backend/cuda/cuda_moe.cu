@@ -5,8 +5,8 @@
  * GEMMs. Each output's sums run in a fixed order that depends only on its row.
  *
  * Expert weight pointers reach the kernels through per-layer device tables, built on first use
- * of a layer (keyed by its host array of gate weights) and kept until the backend is
- * destroyed. */
+ * of a layer (keyed by its host array of gate weights), checked against the weights on every
+ * call (rebuilt when they changed) and freed with the backend. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,9 +17,13 @@
 #define MOE_MAX_LAYERS 256
 #define MOE_MAX_K 32
 
+/* One layer's expert pointer table: the host copy decides whether the device copy is still
+ * right (the same host array may describe other weights later, e.g. after a reload). */
 typedef struct moe_table {
+  const cuda_ctx *ctx;
   const backend_weight *key;
   int n;
+  const bf16 **h; /* host [3, E] */
   const bf16 **d; /* device [3, E]: gate, up, down */
 } moe_table;
 
@@ -27,37 +31,60 @@ static moe_table g_tables[MOE_MAX_LAYERS];
 static int g_ntables;
 
 static const bf16 **moe_table_get(cuda_ctx *c, const backend_moe *m) {
-  for (int i = 0; i < g_ntables; i++)
-    if (g_tables[i].key == m->gate && g_tables[i].n == m->n_experts) return g_tables[i].d;
-  if (g_ntables == MOE_MAX_LAYERS) {
-    cuda_fail(c, "moe", "too many MoE layers");
-    return NULL;
-  }
   int E = m->n_experts;
-  const bf16 **h = (const bf16 **)malloc(3 * (size_t)E * sizeof *h);
-  const bf16 **d = NULL;
-  if (!h) {
-    cuda_fail(c, "moe", "out of memory");
-    return NULL;
+  moe_table *t = NULL;
+  for (int i = 0; i < g_ntables && !t; i++)
+    if (g_tables[i].ctx == c && g_tables[i].key == m->gate && g_tables[i].n == E) t = &g_tables[i];
+  if (!t) {
+    if (g_ntables == MOE_MAX_LAYERS) {
+      cuda_fail(c, "moe", "too many MoE layers");
+      return NULL;
+    }
+    t = &g_tables[g_ntables];
+    memset(t, 0, sizeof *t);
+    t->h = (const bf16 **)calloc(3 * (size_t)E, sizeof *t->h);
+    if (!t->h || cudaMalloc((void **)&t->d, 3 * (size_t)E * sizeof *t->d) != cudaSuccess) {
+      cudaGetLastError();
+      free(t->h);
+      cuda_fail(c, "moe", "out of memory for the expert table");
+      return NULL;
+    }
+    t->ctx = c;
+    t->key = m->gate;
+    t->n = E;
+    g_ntables++;
+  } else {
+    int same = 1;
+    for (int e = 0; e < E && same; e++)
+      same = t->h[e] == CW(m->gate[e])->bf && t->h[E + e] == CW(m->up[e])->bf &&
+             t->h[2 * E + e] == CW(m->down[e])->bf;
+    if (same) return t->d;
+    cudaStreamSynchronize(c->st); /* earlier launches may still read the old table */
   }
   for (int e = 0; e < E; e++) {
-    h[e] = CW(m->gate[e])->bf;
-    h[E + e] = CW(m->up[e])->bf;
-    h[2 * E + e] = CW(m->down[e])->bf;
+    t->h[e] = CW(m->gate[e])->bf;
+    t->h[E + e] = CW(m->up[e])->bf;
+    t->h[2 * E + e] = CW(m->down[e])->bf;
   }
-  if (cudaMalloc((void **)&d, 3 * (size_t)E * sizeof *d) != cudaSuccess ||
-      cudaMemcpy(d, h, 3 * (size_t)E * sizeof *d, cudaMemcpyHostToDevice) != cudaSuccess) {
+  if (cudaMemcpy(t->d, t->h, 3 * (size_t)E * sizeof *t->d, cudaMemcpyHostToDevice) != cudaSuccess) {
     cudaGetLastError();
-    free(h);
-    cuda_fail(c, "moe", "out of device memory for the expert table");
+    cuda_fail(c, "moe", "cannot upload the expert table");
     return NULL;
   }
-  free(h);
-  g_tables[g_ntables].key = m->gate;
-  g_tables[g_ntables].n = E;
-  g_tables[g_ntables].d = d;
-  g_ntables++;
-  return d;
+  return t->d;
+}
+
+/* Frees the expert tables of one backend (called by its destroy). */
+void cuda_moe_release(cuda_ctx *c) {
+  for (int i = 0; i < g_ntables;) {
+    if (g_tables[i].ctx != c) {
+      i++;
+      continue;
+    }
+    cudaFree(g_tables[i].d);
+    free(g_tables[i].h);
+    g_tables[i] = g_tables[--g_ntables];
+  }
 }
 
 /* Dot product of a bf16 row with an fp32 vector in shared memory, over one warp (fixed order:

@@ -1,0 +1,866 @@
+/* cmd_bench — `deltaserve bench`: the headline numbers of the real engine on one model, as
+ * one JSON file next to the llama.cpp figures of shared/design/anchors.md.
+ *
+ *   deltaserve bench --model DIR [--device cpu|cuda|auto] [--threads N] --out FILE.json
+ *                    [--quick] [--seed N] [engine flags]
+ *
+ * Everything runs through engine_create / engine_submit / engine_next over a model whose pools
+ * are sized by engine_mem_plan, in three phases over one backend:
+ *
+ *   A  prefix caching off (the protocol of llama-bench / llama-batched-bench, which cache
+ *      nothing): offline prefill of 512, 4096 and 16384 random tokens (one request,
+ *      max_tokens 1, submit -> first token, median of a few runs after a warm-up), then decode
+ *      with 1, 8, 32, 64, 128 concurrent sequences of 512 random prompt tokens and 128 greedy
+ *      tokens (ignore_eos): tokens generated after the last sequence's first token, over the
+ *      time from then to the last token.
+ *   C  with the engine stopped, one checkpoint's copies timed directly on the same model:
+ *      capture = slot -> slab (qwen35_slot_copy), restore = slab -> slot plus the copy-on-write
+ *      copy of the partial last KV page; each followed by a backend sync. The engine's stats
+ *      carry no pause timings yet, so the JSON says "capture_source": "direct".
+ *   B  prefix caching on (a fresh model with that plan): 8 simultaneous requests sharing an
+ *      uncached 12,475-token prefix plus distinct 50-token suffixes (seconds until the last
+ *      first token), then the same prefix with a new 50-token suffix (TTFT), with the engine's
+ *      prefix-cache counters of each part.
+ *
+ * Roofline: bytes per decode step (weights + KV read + 2x recurrent state per sequence) over
+ * 4.24 TB/s and FLOPs per prefill token over 780 TFLOP/s (the H200 ceilings measured on the
+ * GPU machine), each with the achieved fraction. --quick scales every size down for CPU smoke
+ * tests; the JSON's "sizes" says what ran. Errors: one line on stderr, exit 1 (the JSON is
+ * still written, with null for what could not be measured). */
+#include <errno.h>
+#include <jansson.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#ifdef DS_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+#include "backend/backend_create.h"
+#include "base/log.h"
+#include "cli/cli.h"
+#include "engine/engine.h"
+#include "model/config.h"
+#include "model/qwen35.h"
+#include "model/weights.h"
+
+#define BENCH_BW_BYTES_S 4.24e12  /* measured device-to-device copy, H200 */
+#define BENCH_FLOPS_S 780e12      /* measured bf16 GEMM, H200 */
+#define BENCH_EVENT_TIMEOUT_MS (20 * 60 * 1000)
+#define BENCH_N_PREFILL 3
+#define BENCH_N_DECODE 5
+
+static const int bench_prefill_names[BENCH_N_PREFILL] = {512, 4096, 16384};
+static const int bench_decode_names[BENCH_N_DECODE] = {1, 8, 32, 64, 128};
+
+/* llama.cpp on the same H200 and shape (anchors.md, 2026-11-29). */
+static const struct {
+  const char *key;
+  double value;
+} bench_peers[] = {
+    {"prefill_tok_s_512", 21759},
+    {"decode_tok_s_1", 248},
+    {"decode_tok_s_8", 1240},
+    {"decode_tok_s_32", 2738},
+    {"decode_tok_s_64", 3385},
+    {"decode_tok_s_128", 3788},
+    {"shared_prefix_8x12k_all_first_token_s", 5.5},
+    {"warm_prefix_ttft_ms", 88},
+};
+
+typedef struct bench_sizes {
+  int prefill_len[BENCH_N_PREFILL];
+  int prefill_repeats;
+  int decode_conc[BENCH_N_DECODE];
+  int decode_prompt, decode_gen;
+  int prefix_len, suffix_len, prefix_n, warm_repeats;
+  int ckpt_repeats;
+} bench_sizes;
+
+static const bench_sizes bench_full = {{512, 4096, 16384}, 3, {1, 8, 32, 64, 128}, 512, 128,
+                                       12475, 50, 8, 3, 20};
+static const bench_sizes bench_quick = {{64, 128, 256}, 2, {1, 8, 32, 64, 128}, 32, 8,
+                                        300, 10, 8, 2, 5};
+
+typedef struct bench {
+  const char *model_dir, *device;
+  int threads, quick;
+  bench_sizes sz;
+  engine_opts user; /* engine flags from the command line */
+  int user_kv_tokens, user_max_seqs;
+  model_config cfg;
+  model_weights w;
+  int have_w;
+  backend *be;
+  qwen35 *m;
+  engine *e;
+  uint64_t rng;
+  json_t *metrics, *info;
+  char err[512];
+} bench;
+
+/* One request of a batch and what its consumer thread saw. */
+typedef struct bench_req {
+  engine_req *h;
+  int max_tokens;
+  double *ts; /* [max_tokens] arrival time of each token */
+  int n_tok;
+  int finish, cached_tokens;
+  char err[200];
+  pthread_t th;
+  int started;
+} bench_req;
+
+static double bench_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static uint64_t bench_rand(bench *b) { /* splitmix64 */
+  uint64_t z = (b->rng += 0x9E3779B97F4A7C15ULL);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return z ^ (z >> 31);
+}
+
+static void bench_fill(bench *b, int32_t *t, int n) {
+  for (int i = 0; i < n; i++) t[i] = (int32_t)(bench_rand(b) % (uint64_t)b->cfg.vocab_size);
+}
+
+static int bench_cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+static double bench_median(double *v, int n) {
+  qsort(v, (size_t)n, sizeof *v, bench_cmp_double);
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* Stores a number, or null when it is not finite (a failed measurement). */
+static void bench_set(json_t *o, const char *key, double v) {
+  json_object_set_new(o, key, isfinite(v) ? json_real(v) : json_null());
+}
+
+static void *bench_consume(void *arg) {
+  bench_req *r = arg;
+  engine_event ev;
+  int cancelled = 0;
+  for (;;) {
+    if (!engine_next(r->h, &ev, cancelled ? -1 : BENCH_EVENT_TIMEOUT_MS)) {
+      snprintf(r->err, sizeof r->err, "no event for %d s: cancelled", BENCH_EVENT_TIMEOUT_MS / 1000);
+      engine_cancel(r->h);
+      cancelled = 1;
+      continue;
+    }
+    double t = bench_now();
+    if (ev.has_token && r->n_tok < r->max_tokens) r->ts[r->n_tok++] = t;
+    if (ev.finish != FINISH_NONE) {
+      r->finish = ev.finish;
+      r->cached_tokens = ev.cached_tokens;
+      if (ev.finish == FINISH_ERROR && !r->err[0]) snprintf(r->err, sizeof r->err, "%s", ev.err);
+      break;
+    }
+  }
+  return NULL;
+}
+
+/* Submits n requests at once (prompts[i] of lens[i] tokens, greedy, ignore_eos, max_tokens,
+ * one chat boundary at `boundary` when > 0), waits for all of them to end and checks that each
+ * produced exactly max_tokens tokens. *t0 is the time just before the first submit. Returns 0,
+ * or -1 with b->err; reqs[i].ts must be freed by the caller (bench_reqs_free). */
+static int bench_batch(bench *b, int n, int32_t **prompts, const int *lens, int max_tokens,
+                       int boundary, bench_req *reqs, double *t0) {
+  memset(reqs, 0, sizeof *reqs * (size_t)n);
+  int rc = 0;
+  for (int i = 0; i < n; i++) {
+    reqs[i].max_tokens = max_tokens;
+    reqs[i].ts = malloc(sizeof *reqs[i].ts * (size_t)max_tokens);
+    if (!reqs[i].ts) return errf(b->err, sizeof b->err, "out of memory");
+  }
+  int32_t bnd = boundary;
+  *t0 = bench_now();
+  for (int i = 0; i < n; i++) {
+    engine_submit_opts so;
+    memset(&so, 0, sizeof so);
+    so.prompt = prompts[i];
+    so.n_prompt = lens[i];
+    sampling_params_default(&so.sp);
+    so.sp.temperature = 0.0f;
+    so.sp.max_tokens = max_tokens;
+    so.sp.ignore_eos = 1;
+    if (boundary > 0) {
+      so.boundaries = &bnd;
+      so.n_boundaries = 1;
+    }
+    engine_status st;
+    char err[200] = "";
+    reqs[i].h = engine_submit(b->e, &so, &st, err, sizeof err);
+    if (!reqs[i].h) {
+      errf(b->err, sizeof b->err, "submit of a %d-token request failed: %s", lens[i], err);
+      rc = -1;
+      break;
+    }
+  }
+  for (int i = 0; i < n && reqs[i].h; i++) {
+    if (pthread_create(&reqs[i].th, NULL, bench_consume, &reqs[i]) != 0) {
+      engine_cancel(reqs[i].h);
+      bench_consume(&reqs[i]);
+      snprintf(reqs[i].err, sizeof reqs[i].err, "cannot start a thread");
+      continue;
+    }
+    reqs[i].started = 1;
+  }
+  for (int i = 0; i < n && reqs[i].h; i++) {
+    if (reqs[i].started) pthread_join(reqs[i].th, NULL);
+    engine_release(reqs[i].h);
+    reqs[i].h = NULL;
+    if (rc == 0 && (reqs[i].err[0] || reqs[i].n_tok != max_tokens)) {
+      errf(b->err, sizeof b->err, "request %d of %d: %s (%d of %d tokens, finish %s)", i + 1, n,
+           reqs[i].err[0] ? reqs[i].err : "ended early", reqs[i].n_tok, max_tokens,
+           finish_reason_name((finish_reason)reqs[i].finish));
+      rc = -1;
+    }
+  }
+  return rc;
+}
+
+static void bench_reqs_free(bench_req *reqs, int n) {
+  for (int i = 0; i < n; i++) free(reqs[i].ts);
+}
+
+/* n random prompts of len tokens each (prefix_len > 0: the first prefix_len tokens are
+ * `prefix`). Returns NULL on out of memory. */
+static int32_t **bench_prompts(bench *b, int n, int len, const int32_t *prefix, int prefix_len) {
+  int32_t **p = calloc((size_t)n, sizeof *p);
+  if (!p) return NULL;
+  for (int i = 0; i < n; i++) {
+    p[i] = malloc(sizeof **p * (size_t)len);
+    if (!p[i]) {
+      for (int j = 0; j < i; j++) free(p[j]);
+      free(p);
+      return NULL;
+    }
+    if (prefix_len > 0) memcpy(p[i], prefix, sizeof *prefix * (size_t)prefix_len);
+    bench_fill(b, p[i] + prefix_len, len - prefix_len);
+  }
+  return p;
+}
+
+static void bench_prompts_free(int32_t **p, int n) {
+  if (!p) return;
+  for (int i = 0; i < n; i++) free(p[i]);
+  free(p);
+}
+
+/* One request of len random tokens, max_tokens 1: seconds from submit to the first token. */
+static int bench_ttft(bench *b, int len, double *s) {
+  int32_t **p = bench_prompts(b, 1, len, NULL, 0);
+  if (!p) return errf(b->err, sizeof b->err, "out of memory");
+  bench_req r;
+  double t0;
+  int rc = bench_batch(b, 1, p, &len, 1, 0, &r, &t0);
+  if (rc == 0) *s = r.ts[0] - t0;
+  bench_reqs_free(&r, 1);
+  bench_prompts_free(p, 1);
+  return rc;
+}
+
+static int bench_prefill(bench *b, int len, double *tok_s, double *median_s) {
+  double warm;
+  if (bench_ttft(b, len, &warm)) return -1;
+  double v[16];
+  int n = b->sz.prefill_repeats < 16 ? b->sz.prefill_repeats : 16;
+  for (int i = 0; i < n; i++)
+    if (bench_ttft(b, len, &v[i])) return -1;
+  *median_s = bench_median(v, n);
+  *tok_s = len / *median_s;
+  return 0;
+}
+
+/* n sequences of P random tokens generating G tokens each: tokens generated after the last
+ * sequence's first token over the time from then to the last token. */
+static int bench_decode(bench *b, int n, int P, int G, double *tok_s, double *phase_s) {
+  int32_t **p = bench_prompts(b, n, P, NULL, 0);
+  int *lens = malloc(sizeof *lens * (size_t)n);
+  bench_req *r = malloc(sizeof *r * (size_t)n);
+  if (!p || !lens || !r) {
+    bench_prompts_free(p, n);
+    free(lens);
+    free(r);
+    return errf(b->err, sizeof b->err, "out of memory");
+  }
+  for (int i = 0; i < n; i++) lens[i] = P;
+  double t0;
+  int rc = bench_batch(b, n, p, lens, G, 0, r, &t0);
+  if (rc == 0) {
+    double start = 0, end = 0;
+    for (int i = 0; i < n; i++) {
+      if (r[i].ts[0] > start) start = r[i].ts[0];
+      if (r[i].ts[G - 1] > end) end = r[i].ts[G - 1];
+    }
+    long long toks = 0;
+    for (int i = 0; i < n; i++)
+      for (int k = 0; k < G; k++) toks += r[i].ts[k] > start;
+    *phase_s = end - start;
+    *tok_s = *phase_s > 0 ? (double)toks / *phase_s : NAN;
+  }
+  bench_reqs_free(r, n);
+  bench_prompts_free(p, n);
+  free(lens);
+  free(r);
+  return rc;
+}
+
+static json_t *bench_stats_json(const engine_stats *a, const engine_stats *z) {
+  json_t *o = json_object();
+  json_object_set_new(o, "prefix_queries", json_integer(z->prefix_queries - a->prefix_queries));
+  json_object_set_new(o, "prefix_hits", json_integer(z->prefix_hits - a->prefix_hits));
+  json_object_set_new(o, "prefix_hit_tokens",
+                      json_integer(z->prefix_hit_tokens - a->prefix_hit_tokens));
+  json_object_set_new(o, "prefix_captures", json_integer(z->prefix_captures - a->prefix_captures));
+  json_object_set_new(o, "prefix_capture_failures",
+                      json_integer(z->prefix_capture_failures - a->prefix_capture_failures));
+  json_object_set_new(o, "prefix_restore_failures",
+                      json_integer(z->prefix_restore_failures - a->prefix_restore_failures));
+  json_object_set_new(o, "prefix_evictions",
+                      json_integer(z->prefix_evictions - a->prefix_evictions));
+  json_object_set_new(o, "prompt_tokens", json_integer(z->prompt_tokens_total - a->prompt_tokens_total));
+  json_object_set_new(o, "prefilled_tokens",
+                      json_integer(z->prefilled_tokens_total - a->prefilled_tokens_total));
+  json_object_set_new(o, "snapshot_slabs_total", json_integer(z->snapshot_slabs_total));
+  json_object_set_new(o, "snapshot_slabs_used", json_integer(z->snapshot_slabs_used));
+  json_object_set_new(o, "kv_pages_cached", json_integer(z->kv_pages_cached));
+  return o;
+}
+
+/* Stats that include everything finished so far (engine_check runs between steps). */
+static void bench_stats(bench *b, engine_stats *s) {
+  char err[200];
+  if (engine_check(b->e, err, sizeof err)) log_warn("bench: engine check: %s", err);
+  engine_get_stats(b->e, s);
+}
+
+/* The shared-prefix wave and the warm-prefix TTFT (phase B). */
+static int bench_prefix(bench *b) {
+  const bench_sizes *z = &b->sz;
+  int S = z->prefix_len, X = z->suffix_len, n = z->prefix_n, L = S + X;
+  int32_t *prefix = malloc(sizeof *prefix * (size_t)S);
+  int32_t **wave = NULL, **warm = NULL, **wu = NULL;
+  int *lens = malloc(sizeof *lens * (size_t)(n > z->warm_repeats ? n : z->warm_repeats));
+  bench_req *r = malloc(sizeof *r * (size_t)n);
+  int rc = -1;
+  if (!prefix || !lens || !r) {
+    errf(b->err, sizeof b->err, "out of memory");
+    goto out;
+  }
+  /* warm-up on an unrelated prefix: kernels, graphs and allocations out of the numbers */
+  bench_fill(b, prefix, S);
+  wu = bench_prompts(b, 1, L, prefix, S);
+  double t0;
+  lens[0] = L;
+  if (!wu || bench_batch(b, 1, wu, lens, 1, S, r, &t0)) {
+    if (!wu) errf(b->err, sizeof b->err, "out of memory");
+    bench_reqs_free(r, 1);
+    goto out;
+  }
+  bench_reqs_free(r, 1);
+
+  bench_fill(b, prefix, S); /* a prefix nothing has seen */
+  wave = bench_prompts(b, n, L, prefix, S);
+  warm = bench_prompts(b, z->warm_repeats, L, prefix, S);
+  if (!wave || !warm) {
+    errf(b->err, sizeof b->err, "out of memory");
+    goto out;
+  }
+  for (int i = 0; i < n; i++) lens[i] = L;
+  engine_stats s0, s1, s2;
+  bench_stats(b, &s0);
+  if (bench_batch(b, n, wave, lens, 1, S, r, &t0)) {
+    bench_reqs_free(r, n);
+    goto out;
+  }
+  double last = 0, first = INFINITY;
+  long long cached = 0;
+  for (int i = 0; i < n; i++) {
+    if (r[i].ts[0] > last) last = r[i].ts[0];
+    if (r[i].ts[0] < first) first = r[i].ts[0];
+    cached += r[i].cached_tokens;
+  }
+  bench_reqs_free(r, n);
+  bench_stats(b, &s1);
+  bench_set(b->metrics, "shared_prefix_8x12k_all_first_token_s", last - t0);
+  bench_set(b->metrics, "shared_prefix_first_ttft_s", first - t0);
+  bench_set(b->metrics, "shared_prefix_prefilled_tokens",
+            (double)(s1.prefilled_tokens_total - s0.prefilled_tokens_total));
+  bench_set(b->metrics, "shared_prefix_cached_tokens", (double)cached);
+
+  double v[16];
+  int nw = z->warm_repeats < 16 ? z->warm_repeats : 16;
+  long long warm_cached = 0;
+  for (int i = 0; i < nw; i++) {
+    lens[0] = L;
+    if (bench_batch(b, 1, &warm[i], lens, 1, S, r, &t0)) {
+      bench_reqs_free(r, 1);
+      goto out;
+    }
+    v[i] = r[0].ts[0] - t0;
+    warm_cached += r[0].cached_tokens;
+    bench_reqs_free(r, 1);
+  }
+  bench_stats(b, &s2);
+  bench_set(b->metrics, "warm_prefix_ttft_ms", 1e3 * bench_median(v, nw));
+  bench_set(b->metrics, "warm_prefix_cached_tokens", (double)warm_cached / nw);
+  bench_set(b->metrics, "warm_prefix_prefilled_tokens",
+            (double)(s2.prefilled_tokens_total - s1.prefilled_tokens_total) / nw);
+  json_t *ps = json_object();
+  json_object_set_new(ps, "shared_wave", bench_stats_json(&s0, &s1));
+  json_object_set_new(ps, "warm", bench_stats_json(&s1, &s2));
+  json_object_set_new(ps, "note",
+                      json_string("engine_get_stats deltas; no hits means the engine did not "
+                                  "reuse the prefix (every token recomputed)"));
+  json_object_set_new(b->info, "prefix_stats", ps);
+  rc = 0;
+out:
+  bench_prompts_free(wu, 1);
+  bench_prompts_free(wave, n);
+  bench_prompts_free(warm, z->warm_repeats);
+  free(prefix);
+  free(lens);
+  free(r);
+  return rc;
+}
+
+/* Phase C: one checkpoint's copies, timed with the engine stopped (slots hold real state from
+ * phase A). Capture = slot -> slab; restore = slab -> slot + the partial last page. */
+static int bench_checkpoint(bench *b, int n_slots, int n_pages) {
+  if (n_slots < 2 || n_pages < 2) return errf(b->err, sizeof b->err, "too few slots to time copies");
+  int half = n_slots / 2, phalf = n_pages / 2, reps = b->sz.ckpt_repeats;
+  double cap[64], res[64];
+  if (reps > 64) reps = 64;
+  for (int i = -3; i < reps; i++) { /* three warm-ups */
+    int src = (i + 3) % half, dst = half + (i + 3) % half;
+    int ps = (i + 3) % phalf, pd = phalf + (i + 3) % phalf;
+    double t0 = bench_now();
+    int rc = qwen35_slot_copy(b->m, dst, src);
+    if (rc == 0) rc = b->be->sync(b->be, b->err, sizeof b->err);
+    double t1 = bench_now();
+    if (rc == 0) rc = qwen35_slot_copy(b->m, src, dst);
+    if (rc == 0) rc = qwen35_page_copy(b->m, ps, pd);
+    if (rc == 0) rc = b->be->sync(b->be, b->err, sizeof b->err);
+    double t2 = bench_now();
+    if (rc) return b->err[0] ? -1 : errf(b->err, sizeof b->err, "slot or page copy failed");
+    if (i >= 0) {
+      cap[i] = t1 - t0;
+      res[i] = t2 - t1;
+    }
+  }
+  bench_set(b->metrics, "capture_pause_ms", 1e3 * bench_median(cap, reps));
+  bench_set(b->metrics, "restore_pause_ms", 1e3 * bench_median(res, reps));
+  bench_set(b->metrics, "checkpoint_bytes", (double)qwen35_slot_bytes(b->m));
+  json_object_set_new(b->info, "capture_source",
+                      json_string("direct: qwen35_slot_copy (+ qwen35_page_copy of one page for "
+                                  "restore) then a backend sync, engine stopped; the engine's "
+                                  "stats carry no pause timings"));
+  return 0;
+}
+
+/* Parameters of the matmuls one token goes through (MoE: the active experts), with or without
+ * the vocabulary matrix (embedding / lm_head, counted once when tied). */
+static double bench_params(const model_config *c, int with_vocab) {
+  double H = c->hidden_size, p = 0;
+  for (int l = 0; l < c->n_layers; l++) {
+    if (c->layer_types[l] == LAYER_KIND_FULL) {
+      p += H * (2.0 * c->n_heads * c->head_dim) + 2.0 * H * c->n_kv_heads * c->head_dim +
+           (double)c->n_heads * c->head_dim * H;
+    } else {
+      double vdim = (double)c->lin_n_v_heads * c->lin_v_head_dim;
+      p += H * c->conv_dim + H * vdim + 2.0 * H * c->lin_n_v_heads + vdim * H +
+           (double)c->conv_dim * c->conv_kernel;
+    }
+    if (c->layer_is_moe[l] && c->n_experts > 0)
+      p += H * c->n_experts + 3.0 * H * c->moe_intermediate_size * c->n_experts_per_tok +
+           3.0 * H * c->shared_expert_intermediate_size + (c->shared_expert_intermediate_size ? H : 0);
+    else
+      p += 3.0 * H * c->intermediate_size;
+  }
+  if (with_vocab) p += (double)c->vocab_size * H * (c->tie_word_embeddings ? 1 : 2);
+  return p;
+}
+
+/* FLOPs per prompt token of an L-token prefill with logits for the last row only: the matmuls
+ * (no lm_head), causal attention at the mean position, the DeltaNet state products. */
+static double bench_prefill_flops(const model_config *c, int L) {
+  int nf = config_n_full_layers(c), nl = config_n_linear_layers(c);
+  double attn = 4.0 * c->n_heads * c->head_dim * ((L + 1) / 2.0) * nf;
+  double gdn = 6.0 * c->lin_n_v_heads * c->lin_k_head_dim * c->lin_v_head_dim * nl;
+  return 2.0 * bench_params(c, 0) + attn + gdn;
+}
+
+/* Bytes one decode step must move for n sequences at context ctx: every weight once, the KV
+ * of every sequence, each sequence's recurrent state read and written. */
+static double bench_decode_bytes(bench *b, int n, double ctx) {
+  const model_config *c = &b->cfg;
+  double kv_tok = 2.0 * config_n_full_layers(c) * c->n_kv_heads * c->head_dim *
+                  (double)b->be->kind_size(b->be, BACKEND_KIND_KV);
+  return (double)qwen35_weight_bytes(b->m) + n * ctx * kv_tok + 2.0 * n * (double)qwen35_slot_bytes(b->m);
+}
+
+static void bench_roofline(bench *b) {
+  json_t *m = b->metrics;
+  const bench_sizes *z = &b->sz;
+  char k[96];
+  bench_set(m, "roofline_bw_bytes_per_s", BENCH_BW_BYTES_S);
+  bench_set(m, "roofline_flops_per_s", BENCH_FLOPS_S);
+  double ctx = z->decode_prompt + z->decode_gen / 2.0;
+  for (int i = 0; i < BENCH_N_DECODE; i++) {
+    int n = z->decode_conc[i], nm = bench_decode_names[i];
+    double bytes = bench_decode_bytes(b, n, ctx), ceil_tok = n / (bytes / BENCH_BW_BYTES_S);
+    snprintf(k, sizeof k, "decode_tok_s_%d", nm);
+    json_t *got = json_object_get(m, k);
+    double meas = got && json_is_number(got) ? json_number_value(got) : NAN;
+    snprintf(k, sizeof k, "decode_bytes_per_step_%d", nm);
+    bench_set(m, k, bytes);
+    snprintf(k, sizeof k, "decode_ceiling_tok_s_%d", nm);
+    bench_set(m, k, ceil_tok);
+    snprintf(k, sizeof k, "decode_roofline_frac_%d", nm);
+    bench_set(m, k, meas / ceil_tok);
+  }
+  for (int i = 0; i < BENCH_N_PREFILL; i++) {
+    int L = z->prefill_len[i], nm = bench_prefill_names[i];
+    double f = bench_prefill_flops(&b->cfg, L), ceil_tok = BENCH_FLOPS_S / f;
+    snprintf(k, sizeof k, "prefill_tok_s_%d", nm);
+    json_t *got = json_object_get(m, k);
+    double meas = got && json_is_number(got) ? json_number_value(got) : NAN;
+    snprintf(k, sizeof k, "prefill_flops_per_token_%d", nm);
+    bench_set(m, k, f);
+    snprintf(k, sizeof k, "prefill_ceiling_tok_s_%d", nm);
+    bench_set(m, k, ceil_tok);
+    snprintf(k, sizeof k, "prefill_roofline_frac_%d", nm);
+    bench_set(m, k, meas / ceil_tok);
+  }
+  json_object_set_new(b->info, "params_total", json_real(bench_params(&b->cfg, 1)));
+  json_object_set_new(b->info, "params_no_vocab", json_real(bench_params(&b->cfg, 0)));
+  json_object_set_new(b->info, "weight_bytes", json_integer((json_int_t)qwen35_weight_bytes(b->m)));
+  json_object_set_new(b->info, "slot_bytes", json_integer((json_int_t)qwen35_slot_bytes(b->m)));
+  json_object_set_new(b->info, "page_bytes", json_integer((json_int_t)qwen35_page_bytes(b->m)));
+  json_object_set_new(b->info, "roofline_note",
+                      json_string("decode: weights + n*ctx*KV/token + 2*n*slot bytes per step, "
+                                  "ctx = prompt + gen/2, over 4.24 TB/s; prefill: 2*params "
+                                  "(no lm_head: logits of the last row only) + causal attention "
+                                  "at the mean position + 6*nv*dk*dv per DeltaNet layer, over "
+                                  "780 TFLOP/s"));
+}
+
+/* (Re)initialises the model and starts the engine for opts. */
+static int bench_start(bench *b, engine_opts *o, qwen35_mem_opts *mo) {
+  if (engine_mem_plan(o, &b->cfg, mo, b->err, sizeof b->err)) return -1;
+  if (qwen35_init(&b->m, &b->cfg, &b->w, b->be, mo, b->err, sizeof b->err)) return -1;
+  b->e = engine_create(b->m, o, b->err, sizeof b->err);
+  return b->e ? 0 : -1;
+}
+
+static void bench_stop_engine(bench *b) {
+  if (b->e) engine_destroy(b->e, 1);
+  b->e = NULL;
+}
+
+static void bench_stop(bench *b) {
+  bench_stop_engine(b);
+  qwen35_free(b->m);
+  b->m = NULL;
+}
+
+static int bench_phase_a(bench *b) {
+  const bench_sizes *z = &b->sz;
+  engine_opts o = b->user;
+  o.enable_prefix_caching = 0;
+  int maxc = 0;
+  for (int i = 0; i < BENCH_N_DECODE; i++) maxc = z->decode_conc[i] > maxc ? z->decode_conc[i] : maxc;
+  if (!b->user_max_seqs) o.max_num_seqs = maxc;
+  if (!b->user_kv_tokens) {
+    long need = (long)maxc * (z->decode_prompt + z->decode_gen);
+    long pf = z->prefill_len[BENCH_N_PREFILL - 1] + 64;
+    o.kv_cache_tokens = (int)((need > pf ? need : pf) + 2048);
+  }
+  qwen35_mem_opts mo;
+  if (bench_start(b, &o, &mo)) return -1;
+  json_object_set_new(b->info, "phase_a_engine",
+                      json_pack("{s:i, s:i, s:i, s:b}", "max_num_seqs", o.max_num_seqs,
+                                "max_num_batched_tokens", o.max_num_batched_tokens,
+                                "kv_cache_tokens", o.kv_cache_tokens, "prefix_caching", 0));
+  char k[64];
+  double s, tok_s;
+  /* warm-up: kernels, graphs, handles */
+  if (bench_decode(b, 1, z->decode_prompt, z->decode_gen < 4 ? z->decode_gen : 4, &tok_s, &s))
+    return -1;
+  for (int i = 0; i < BENCH_N_PREFILL; i++) {
+    double med;
+    if (bench_prefill(b, z->prefill_len[i], &tok_s, &med)) return -1;
+    snprintf(k, sizeof k, "prefill_tok_s_%d", bench_prefill_names[i]);
+    bench_set(b->metrics, k, tok_s);
+    fprintf(stderr, "bench: prefill %d tokens: %.1f tok/s (%.4f s)\n", z->prefill_len[i], tok_s, med);
+  }
+  for (int i = 0; i < BENCH_N_DECODE; i++) {
+    if (bench_decode(b, z->decode_conc[i], z->decode_prompt, z->decode_gen, &tok_s, &s)) return -1;
+    snprintf(k, sizeof k, "decode_tok_s_%d", bench_decode_names[i]);
+    bench_set(b->metrics, k, tok_s);
+    fprintf(stderr, "bench: decode %d sequences: %.1f tok/s (phase %.3f s)\n", z->decode_conc[i],
+            tok_s, s);
+  }
+  bench_stop_engine(b);
+  if (bench_checkpoint(b, mo.n_slots, mo.n_pages)) return -1;
+  bench_roofline(b);
+  bench_stop(b);
+  return 0;
+}
+
+static int bench_phase_b(bench *b) {
+  const bench_sizes *z = &b->sz;
+  engine_opts o = b->user;
+  o.enable_prefix_caching = 1;
+  if (!b->user_max_seqs) o.max_num_seqs = z->prefix_n < 16 ? 16 : z->prefix_n;
+  if (!b->user_kv_tokens)
+    o.kv_cache_tokens = (z->prefix_n + 2) * (z->prefix_len + z->suffix_len + 16) + 2048;
+  qwen35_mem_opts mo;
+  if (bench_start(b, &o, &mo)) return -1;
+  json_object_set_new(b->info, "phase_b_engine",
+                      json_pack("{s:i, s:i, s:i, s:b, s:i}", "max_num_seqs", o.max_num_seqs,
+                                "max_num_batched_tokens", o.max_num_batched_tokens,
+                                "kv_cache_tokens", o.kv_cache_tokens, "prefix_caching", 1,
+                                "snapshot_slabs", mo.n_slots - o.max_num_seqs));
+  int rc = bench_prefix(b);
+  if (rc == 0) {
+    json_t *v = json_object_get(b->metrics, "shared_prefix_8x12k_all_first_token_s");
+    json_t *w = json_object_get(b->metrics, "warm_prefix_ttft_ms");
+    fprintf(stderr, "bench: shared prefix wave %.3f s, warm prefix TTFT %.2f ms\n",
+            json_number_value(v), json_number_value(w));
+  }
+  bench_stop(b);
+  return rc;
+}
+
+static void bench_commit(char *out, size_t n) {
+  const char *env = getenv("DS_COMMIT");
+  if (env && *env) {
+    snprintf(out, n, "%s", env);
+    return;
+  }
+  snprintf(out, n, "unknown");
+  FILE *p = popen("git rev-parse HEAD 2>/dev/null", "r");
+  if (!p) return;
+  char buf[128];
+  if (fgets(buf, sizeof buf, p)) {
+    buf[strcspn(buf, "\r\n")] = 0;
+    if (strlen(buf) == 40) snprintf(out, n, "%s", buf);
+  }
+  pclose(p);
+}
+
+static void bench_gpu_name(bench *b, char *out, size_t n) {
+  snprintf(out, n, "%s", b->be && !strcmp(b->be->name, "cpu") ? "cpu" : b->be ? b->be->name : "?");
+#ifdef DS_CUDA
+  if (b->be && !strcmp(b->be->name, "cuda")) {
+    struct cudaDeviceProp p;
+    int dev = 0;
+    if (cudaGetDevice(&dev) == cudaSuccess && cudaGetDeviceProperties(&p, dev) == cudaSuccess)
+      snprintf(out, n, "%s", p.name);
+  }
+#endif
+}
+
+static json_t *bench_sizes_json(const bench_sizes *z) {
+  json_t *pf = json_array(), *dc = json_array();
+  for (int i = 0; i < BENCH_N_PREFILL; i++) json_array_append_new(pf, json_integer(z->prefill_len[i]));
+  for (int i = 0; i < BENCH_N_DECODE; i++) json_array_append_new(dc, json_integer(z->decode_conc[i]));
+  return json_pack("{s:o, s:i, s:o, s:i, s:i, s:i, s:i, s:i, s:i, s:i}", "prefill_len", pf,
+                   "prefill_repeats", z->prefill_repeats, "decode_conc", dc, "decode_prompt",
+                   z->decode_prompt, "decode_gen", z->decode_gen, "prefix_len", z->prefix_len,
+                   "suffix_len", z->suffix_len, "prefix_n", z->prefix_n, "warm_repeats",
+                   z->warm_repeats, "ckpt_repeats", z->ckpt_repeats);
+}
+
+static const char *bench_metric_keys[] = {
+    "decode_tok_s_1", "decode_tok_s_8", "decode_tok_s_32", "decode_tok_s_64", "decode_tok_s_128",
+    "prefill_tok_s_512", "prefill_tok_s_4096", "prefill_tok_s_16384",
+    "shared_prefix_8x12k_all_first_token_s", "warm_prefix_ttft_ms", "capture_pause_ms",
+    "restore_pause_ms", "checkpoint_bytes"};
+
+static void bench_usage(FILE *f) {
+  fprintf(f,
+          "usage: deltaserve bench --model DIR --out FILE.json [--device cpu|cuda|auto] "
+          "[--threads N] [--quick] [--seed N] [engine flags]\n"
+          "  offline prefill (512/4096/16384 tokens), decode (1/8/32/64/128 sequences of 512 in +\n"
+          "  128 out), shared-prefix wave and warm-prefix TTFT, checkpoint copy pauses, roofline\n"
+          "  fractions, and the llama.cpp figures of the same H200, as JSON.\n"
+          "  --quick: small sizes for CPU smoke tests.\n");
+}
+
+int cmd_bench(int argc, char **argv) {
+  bench b;
+  memset(&b, 0, sizeof b);
+  b.device = "auto";
+  b.rng = 0x5EEDBE9C4ULL;
+  engine_opts_default(&b.user);
+  const char *out = NULL;
+  for (int i = 1; i < argc; i++) {
+    char err[256] = "";
+    int rc = engine_opts_parse_flag(&b.user, argc, argv, &i, err, sizeof err);
+    if (rc < 0) {
+      fprintf(stderr, "deltaserve bench: %s\n", err);
+      return 2;
+    }
+    if (rc > 0) continue;
+    const char *a = argv[i];
+    if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+      bench_usage(stdout);
+      return 0;
+    }
+    if (!strcmp(a, "--quick")) {
+      b.quick = 1;
+      continue;
+    }
+    if (i + 1 >= argc) {
+      fprintf(stderr, "deltaserve bench: %s needs a value (or is unknown)\n", a);
+      bench_usage(stderr);
+      return 2;
+    }
+    const char *v = argv[++i];
+    char *end;
+    if (!strcmp(a, "--model")) b.model_dir = v;
+    else if (!strcmp(a, "--out")) out = v;
+    else if (!strcmp(a, "--device")) b.device = v;
+    else if (!strcmp(a, "--threads")) {
+      long t = strtol(v, &end, 10);
+      if (*end || end == v || t < 0 || t > 1024) {
+        fprintf(stderr, "deltaserve bench: bad --threads '%s'\n", v);
+        return 2;
+      }
+      b.threads = (int)t;
+    } else if (!strcmp(a, "--seed")) {
+      errno = 0;
+      unsigned long long s = strtoull(v, &end, 0);
+      if (errno || *end || end == v) {
+        fprintf(stderr, "deltaserve bench: bad --seed '%s'\n", v);
+        return 2;
+      }
+      b.rng = s;
+    } else {
+      fprintf(stderr, "deltaserve bench: unknown flag '%s'\n", a);
+      bench_usage(stderr);
+      return 2;
+    }
+  }
+  if (!b.model_dir || !out) {
+    bench_usage(stderr);
+    return 2;
+  }
+  b.sz = b.quick ? bench_quick : bench_full;
+  engine_opts def;
+  engine_opts_default(&def);
+  b.user_kv_tokens = b.user.kv_cache_tokens != def.kv_cache_tokens;
+  b.user_max_seqs = b.user.max_num_seqs != def.max_num_seqs;
+
+  if (model_load(b.model_dir, &b.cfg, &b.w, b.err, sizeof b.err)) {
+    fprintf(stderr, "deltaserve bench: %s\n", b.err);
+    return 1;
+  }
+  b.have_w = 1;
+  b.metrics = json_object();
+  b.info = json_object();
+  int status = 1;
+  if (!(b.be = backend_create(b.device, b.threads, b.err, sizeof b.err))) {
+    fprintf(stderr, "deltaserve bench: %s\n", b.err);
+    goto done;
+  }
+  double t_start = bench_now();
+  int failed = bench_phase_a(&b);
+  if (failed) {
+    fprintf(stderr, "deltaserve bench: %s\n", b.err);
+    bench_stop(&b);
+  }
+  if (bench_phase_b(&b)) {
+    fprintf(stderr, "deltaserve bench: prefix phase: %s\n", b.err);
+    bench_stop(&b);
+    failed = 1;
+  }
+
+  char commit[128], gpu[256], date[64];
+  bench_commit(commit, sizeof commit);
+  bench_gpu_name(&b, gpu, sizeof gpu);
+  time_t now = time(NULL);
+  struct tm tmv;
+  gmtime_r(&now, &tmv);
+  strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", &tmv);
+
+  json_t *peers = json_object(), *pm = json_object(), *ratios = json_object();
+  for (size_t i = 0; i < sizeof bench_peers / sizeof bench_peers[0]; i++) {
+    json_object_set_new(pm, bench_peers[i].key, json_real(bench_peers[i].value));
+    json_t *ours = json_object_get(b.metrics, bench_peers[i].key);
+    bench_set(ratios, bench_peers[i].key,
+              ours && json_is_number(ours) ? json_number_value(ours) / bench_peers[i].value : NAN);
+  }
+  json_object_set_new(peers, "name", json_string("llama.cpp"));
+  json_object_set_new(peers, "source",
+                      json_string("shared/design/anchors.md: llama.cpp (Aug 2026 build, CUDA, "
+                                  "flash attention) on one H200, same shape in bf16, 2026-11-29; "
+                                  "decode = llama-batched-bench 512 in + 128 out, prefill = "
+                                  "llama-bench pp512, prefix = llama-server 8 slots"));
+  json_object_set_new(peers, "metrics", pm);
+  json_object_set_new(ratios, "note",
+                      json_string("ours / llama.cpp: above 1 is better for tok/s, below 1 is "
+                                  "better for seconds and milliseconds"));
+
+  json_object_set_new(b.info, "model", json_string(b.model_dir));
+  json_object_set_new(b.info, "model_type", json_string(b.cfg.model_type));
+  json_object_set_new(b.info, "backend", json_string(b.be ? b.be->name : "?"));
+  json_object_set_new(b.info, "threads", json_integer(b.threads));
+  json_object_set_new(b.info, "quick", json_boolean(b.quick));
+  json_object_set_new(b.info, "sizes", bench_sizes_json(&b.sz));
+  json_object_set_new(b.info, "wall_s", json_real(bench_now() - t_start));
+
+  json_t *root = json_object();
+  json_object_set_new(root, "commit", json_string(commit));
+  json_object_set_new(root, "gpu", json_string(gpu));
+  json_object_set_new(root, "date", json_string(date));
+  json_object_set(root, "metrics", b.metrics);
+  json_object_set_new(root, "peers", peers);
+  json_object_set_new(root, "ratios", ratios);
+  json_object_set(root, "info", b.info);
+  for (size_t i = 0; i < sizeof bench_metric_keys / sizeof *bench_metric_keys; i++) {
+    json_t *v = json_object_get(b.metrics, bench_metric_keys[i]);
+    if (!v || !json_is_number(v)) {
+      if (!failed) fprintf(stderr, "deltaserve bench: %s was not measured\n", bench_metric_keys[i]);
+      bench_set(b.metrics, bench_metric_keys[i], NAN);
+      failed = 1;
+    }
+  }
+  if (json_dump_file(root, out, JSON_INDENT(2) | JSON_REAL_PRECISION(8)) != 0) {
+    fprintf(stderr, "deltaserve bench: cannot write %s: %s\n", out, strerror(errno));
+    failed = 1;
+  }
+  json_decref(root);
+
+  printf("%-40s %14s %12s %8s\n", "metric", "deltaserve", "llama.cpp", "ratio");
+  for (size_t i = 0; i < sizeof bench_metric_keys / sizeof *bench_metric_keys; i++) {
+    const char *k = bench_metric_keys[i];
+    json_t *v = json_object_get(b.metrics, k), *r = json_object_get(ratios, k);
+    double peer = NAN;
+    for (size_t j = 0; j < sizeof bench_peers / sizeof bench_peers[0]; j++)
+      if (!strcmp(bench_peers[j].key, k)) peer = bench_peers[j].value;
+    printf("%-40s %14.6g %12.6g %8.3g\n", k, json_is_number(v) ? json_number_value(v) : NAN, peer,
+           json_is_number(r) ? json_number_value(r) : NAN);
+  }
+  status = failed ? 1 : 0;
+done:
+  json_decref(b.metrics);
+  json_decref(b.info);
+  if (b.be) b.be->destroy(b.be);
+  if (b.have_w) weights_free(&b.w);
+  return status;
+}

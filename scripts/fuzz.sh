@@ -59,14 +59,16 @@ run() {
   local t=$1 secs=${2:-60}
   local bin=$BUILD/fuzz/fuzz_$t
   [ -x "$bin" ] || { echo "fuzz: $bin not built" >&2; return 1; }
-  local work; work=$(mktemp -d "${TMPDIR:-/tmp}/ds-fuzz-$t.XXXXXX")
+  local base=${TMPDIR:-/tmp}
+  [ -d /dev/shm ] && [ -w /dev/shm ] && base=/dev/shm
+  local work; work=$(mktemp -d "$base/ds-fuzz-$t.XXXXXX")
   mkdir -p "$work/corpus" $BUILD/artifacts/"$t"
   if [ -d tests/fuzz/corpus/"$t" ]; then cp -r tests/fuzz/corpus/"$t"/. "$work/corpus/"; fi
   local dict=""
   [ -f tests/fuzz/"$t".dict ] && dict="-dict=tests/fuzz/$t.dict"
   local rc=0
   # shellcheck disable=SC2086
-  ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:allocator_may_return_null=1} \
+  DS_FUZZ_TMP="$work" ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:allocator_may_return_null=1} \
   UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1} \
     "$bin" -max_total_time="$secs" -rss_limit_mb=2048 -malloc_limit_mb=2048 -timeout=25 \
       -print_final_stats=1 -artifact_prefix=$BUILD/artifacts/"$t"/ $dict ${FUZZ_FLAGS:-} \

@@ -287,7 +287,7 @@ static int bench_prefill(bench *b, int len, double *tok_s, double *median_s) {
  * sequence's first token over the time from then to the last token. */
 static int bench_decode(bench *b, int n, int P, int G, double *tok_s, double *phase_s) {
   int32_t **p = bench_prompts(b, n, P, NULL, 0);
-  int *lens = malloc(sizeof *lens * (size_t)n);
+  int *lens = calloc((size_t)n, sizeof *lens);
   bench_req *r = malloc(sizeof *r * (size_t)n);
   if (!p || !lens || !r) {
     bench_prompts_free(p, n);
@@ -352,7 +352,7 @@ static int bench_prefix(bench *b) {
   int S = z->prefix_len, X = z->suffix_len, n = z->prefix_n, L = S + X;
   int32_t *prefix = malloc(sizeof *prefix * (size_t)S);
   int32_t **wave = NULL, **warm = NULL, **wu = NULL;
-  int *lens = malloc(sizeof *lens * (size_t)(n > z->warm_repeats ? n : z->warm_repeats));
+  int *lens = calloc((size_t)(n > z->warm_repeats ? n : z->warm_repeats), sizeof *lens);
   bench_req *r = malloc(sizeof *r * (size_t)n);
   int rc = -1;
   if (!prefix || !lens || !r) {
@@ -844,8 +844,6 @@ int cmd_bench(int argc, char **argv) {
     fprintf(stderr, "deltaserve bench: cannot write %s: %s\n", out, strerror(errno));
     failed = 1;
   }
-  json_decref(root);
-
   printf("%-40s %14s %12s %8s\n", "metric", "deltaserve", "llama.cpp", "ratio");
   for (size_t i = 0; i < sizeof bench_metric_keys / sizeof *bench_metric_keys; i++) {
     const char *k = bench_metric_keys[i];
@@ -853,9 +851,13 @@ int cmd_bench(int argc, char **argv) {
     double peer = NAN;
     for (size_t j = 0; j < sizeof bench_peers / sizeof bench_peers[0]; j++)
       if (!strcmp(bench_peers[j].key, k)) peer = bench_peers[j].value;
-    printf("%-40s %14.6g %12.6g %8.3g\n", k, json_is_number(v) ? json_number_value(v) : NAN, peer,
-           json_is_number(r) ? json_number_value(r) : NAN);
+    char ps[32] = "-", rs[32] = "-";
+    if (isfinite(peer)) snprintf(ps, sizeof ps, "%.6g", peer);
+    if (json_is_number(r)) snprintf(rs, sizeof rs, "%.3g", json_number_value(r));
+    printf("%-40s %14.6g %12s %8s\n", k, json_is_number(v) ? json_number_value(v) : NAN, ps, rs);
   }
+  fflush(stdout);
+  json_decref(root);
   status = failed ? 1 : 0;
 done:
   json_decref(b.metrics);

@@ -11,12 +11,23 @@
  * generated tokens are fed back one per step without sampling, and generation continues where
  * it stopped, bit for bit.
  *
+ * Split points. forced[] holds the request's own split points (chat boundaries, points given
+ * by the caller) and, when the prefix cache is on, its capture points and the depth it was
+ * restored from (sched.c sets them at the first admission and freezes them once the request
+ * has computed anything: a re-admission after preemption splits exactly as before). A forced
+ * point always ends a prefill piece, so a capture can happen there.
+ *
+ * Prefix cache (sched.c): the salt and chat boundaries, the capture tickets reserved at
+ * admission (checkpoint_txn, cancelled on every way out), the in-flight capture the request
+ * waits for before admission (shared-prefix coalescing), and the tokens restored.
+ *
  * Owner: the engine (created at submit, freed when both the engine and the client handle let
  * go). Pages and slot are borrowed ids from kv_pages / state_pool, held while running. */
 #ifndef DS_REQUEST_H
 #define DS_REQUEST_H
 #include <stdint.h>
 
+#include "cache/checkpoint.h"
 #include "cache/kv_pages.h"
 #include "sampler/sampler.h"
 
@@ -28,8 +39,11 @@ typedef struct request {
   int32_t *tokens; /* [cap] prompt then generated */
   int n_prompt, n_tokens, cap;
   int n_computed; /* positions held in the cache */
-  int32_t *forced; /* [n_forced] extra split points, ascending, in (0, n_prompt) */
-  int n_forced;
+  int32_t *forced; /* [cap_forced] split points, ascending, in (0, n_prompt) */
+  int n_forced, cap_forced;
+  int n_forced_base; /* forced[0, n_forced_base) as given at request_init, before any point of
+                        the prefix cache was merged in (request_set_points) */
+  int points_fixed;  /* 1 once the request computed with its split points: they stay */
   kv_pages_table pages;
   int slot; /* state slot, -1 when none */
   int n_preemptions;
@@ -39,6 +53,14 @@ typedef struct request {
   /* this step's schedule (sched_schedule) */
   int sched_tokens; /* tokens fed this step, 0 when not scheduled */
   int sched_sample; /* 1 when the piece ends at n_tokens: sample a token after it */
+  /* prefix cache (request_init_prefix; unused when the cache is off) */
+  char *salt;           /* cache_salt, NULL: the shared namespace */
+  int32_t *bounds;      /* [n_bounds] chat-message start positions */
+  int n_bounds;
+  checkpoint_txn *txn;  /* [cap_txn] capture tickets, ascending depth */
+  int n_txn, cap_txn;
+  uint64_t wait_ticket; /* in-flight capture waited for before admission (0: none) */
+  int cached_tokens;    /* tokens restored from the prefix cache at the last admission */
   struct request *prev, *next; /* the waiting or running list */
   void *owner;                 /* the engine's per-request handle */
 } request;
@@ -50,6 +72,19 @@ typedef struct request {
 int request_init(request *r, int64_t id, const int32_t *prompt, int n_prompt,
                  const sampling_params *sp, const int32_t *forced, int n_forced,
                  uint64_t fallback_seed);
+/* Prepares r for the prefix cache: copies salt (NULL or "" : shared) and the chat boundaries,
+ * and makes room for n_points more split points and as many capture tickets. Request-time
+ * allocation: fault site "request_init_prefix". Returns 0, or -1 on out of memory (r stays
+ * valid without a prefix part; request_free frees whatever was allocated). */
+int request_init_prefix(request *r, const char *salt, const int32_t *bounds, int n_bounds,
+                        int n_points);
+/* Sets the split points to the base points (request_init's) merged with pts[0, n) (those in
+ * (0, n_prompt)), sorted and unique. Room: request_init_prefix's n_points (extra points beyond
+ * it are dropped, deepest first). Never allocates. */
+void request_set_points(request *r, const int32_t *pts, int n);
+/* 1 when d is one of r's forced split points. */
+int request_is_forced(const request *r, int d);
+
 /* Frees r's storage; its pages and slot must have been released. */
 void request_free(request *r);
 

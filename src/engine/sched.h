@@ -19,13 +19,30 @@
  *     pieces  [0,64) [64,100) [100,128) [128,130)   or merged runs of them
  *
  * A piece is one or more whole consecutive segments. Merging is allowed only for u = 64 (the
- * forward pass chunks at absolute multiples of 64 anyway) and never with a 1-token segment
- * (a 1-token piece runs the recurrent step, a 1-token chunk of a longer piece does not). So
- * every piece boundary is a function of the request alone. A segment that does not fit in
- * the budget left waits for the next step; a whole segment always fits in a fresh budget. */
+ * forward pass chunks at absolute multiples of 64 anyway), never across a forced point (the
+ * chunked recurrence splits there, and a capture needs the piece to end there) and never with
+ * a 1-token segment (a 1-token piece runs the recurrent step, a 1-token chunk of a longer
+ * piece does not). So every piece boundary is a function of the request's split points
+ * alone. A segment that does not fit in the budget left waits for the next step; a whole
+ * segment always fits in a fresh budget.
+ *
+ * With a prefix cache (sched_set_prefix_cache), admission of a waiting request r:
+ *   1. if r waits for an in-flight capture (wait_ticket) still pending: skip r this step
+ *      (others may be admitted; shared-prefix coalescing);
+ *   2. lookup over r's tokens; no checkpoint but a capture in flight on r's path: wait for it;
+ *   3. split points (first admission only): boundaries, capture points, the restored depth;
+ *   4. pages for the first piece (evicting cached pages when short), a state slot, the
+ *      restore (a failure admits cold: the table is empty again, the slot is taken anew);
+ *   5. a capture ticket for each capture point deeper than the restored depth.
+ * After each step a request whose n_computed reached a ticket's depth captures and commits
+ * it; a finished generation (stop or length) captures at its computed depth so that the next
+ * turn of a chat hits. Every way out (retirement, cancellation, failure, preemption) cancels
+ * the request's tickets. A re-admission after preemption keeps its split points and restores
+ * only from a depth that was already a split point (bit-identical continuation). */
 #ifndef DS_SCHED_H
 #define DS_SCHED_H
 #include "cache/kv_pages.h"
+#include "cache/prefix_cache.h"
 #include "cache/state_pool.h"
 #include "engine/request.h"
 
@@ -51,6 +68,9 @@ typedef struct sched_batch {
 /* Creates the scheduler over the pools (borrowed). Returns 0 or -1 (out of memory). */
 int sched_init(sched **out, const sched_opts *o, kv_pages *kp, state_pool *sp);
 void sched_free(sched *s);
+/* Attaches the prefix cache (borrowed; NULL detaches) and its capture interval
+ * (--snapshot-interval). Requests then need request_init_prefix. */
+void sched_set_prefix_cache(sched *s, prefix_cache *pc, int snapshot_interval);
 
 /* The split unit u for a budget. */
 int sched_unit(int max_num_batched_tokens);

@@ -2,23 +2,27 @@
  * (tests/fixtures/models/<name>/: ref.json prompts, greedy continuations, fp32 logits made by
  * transformers), plus a timing table when DS_BENCH_MODEL names a model folder.
  *
- * bf16 activations through every layer keep logits within a few 1e-2 relative of the fp32
- * reference (tolerance LOGIT_TOL per row); greedy tokens must equal the reference for the
- * first GREEDY_MUST steps of each prompt (later steps may flip on near-ties of a random
- * tiny model; how many matched is printed). GPU machine only (scripts/device/check.sh). */
+ * What "within bf16 tolerance" means is measured, not guessed: the same fixture also runs on
+ * the CPU reference backend wrapped so that every ACT/KV buffer is rounded to bf16 after each
+ * op (bf16 storage, fp32 math: what the CUDA backend does). On these tiny random models bf16
+ * storage alone moves logits by 8e-2..5e-1 relative (they amplify perturbations). The CUDA
+ * backend passes when, per fixture, its worst row error is <= 1.5 x the emulation's + 1e-2, and,
+ * over all fixtures, its greedy continuations match the reference for at least 80% as many
+ * tokens as the emulation's (each prompt's continuation is followed until its first mismatch;
+ * one near-tie flip ends it, so single prompts are too noisy to judge). GPU machine only
+ * (scripts/device/check.sh). */
 #pragma GCC diagnostic ignored "-Wformat-truncation"
 #include <dirent.h>
 #include <jansson.h>
 #include <stdint.h>
 #include <time.h>
 
+#include "backend/cpu/backend_cpu.h"
 #include "backend/cuda/backend_cuda.h"
 #include "model/qwen35.h"
 #include "test.h"
 
 #define FIXTURES "tests/fixtures/models"
-#define LOGIT_TOL 3e-2
-#define GREEDY_MUST 4
 
 typedef struct {
   model_config cfg;
@@ -27,11 +31,125 @@ typedef struct {
   qwen35 *m;
 } fx_model;
 
+/* ---- the CPU backend with bf16 storage of ACT/KV buffers ---- */
+
+static backend *EC; /* the wrapped CPU backend */
+typedef struct {
+  float *p;
+  size_t n;
+} emu_buf;
+static emu_buf *emu_bufs;
+static int emu_n, emu_cap;
+
+static void emu_round(void) {
+  for (int i = 0; i < emu_n; i++)
+    for (size_t j = 0; j < emu_bufs[i].n; j++) {
+      uint32_t u;
+      memcpy(&u, &emu_bufs[i].p[j], 4);
+      if ((u & 0x7fffffffu) <= 0x7f800000u) u += 0x7fffu + ((u >> 16) & 1);
+      u &= 0xffff0000u;
+      memcpy(&emu_bufs[i].p[j], &u, 4);
+    }
+}
+static backend_buf emu_alloc(backend *be, backend_kind k, size_t n) {
+  (void)be;
+  backend_buf b = EC->alloc(EC, k, n);
+  if (b && (k == BACKEND_KIND_ACT || k == BACKEND_KIND_KV)) {
+    memset(b, 0, n * 4);
+    if (emu_n == emu_cap) {
+      emu_cap = emu_cap ? 2 * emu_cap : 64;
+      emu_bufs = realloc(emu_bufs, sizeof *emu_bufs * (size_t)emu_cap);
+    }
+    emu_bufs[emu_n++] = (emu_buf){b, n};
+  }
+  return b;
+}
+static void emu_free(backend *be, backend_buf b) {
+  (void)be;
+  for (int i = 0; i < emu_n; i++)
+    if (emu_bufs[i].p == b) {
+      emu_bufs[i] = emu_bufs[--emu_n];
+      break;
+    }
+  EC->free(EC, b);
+}
+static void emu_destroy(backend *be) {
+  EC->destroy(EC);
+  EC = NULL;
+  free(be);
+}
+#define EMU(name, sig, args) \
+  static void emu_##name sig {  \
+    (void)be;                   \
+    EC->name args;              \
+    emu_round();                \
+  }
+EMU(embed, (backend *be, backend_weight E, int H, backend_buf o), (EC, E, H, o))
+EMU(rmsnorm, (backend *be, backend_buf x, backend_buf a, backend_weight w, int T, int n, float eps, backend_buf y),
+    (EC, x, a, w, T, n, eps, y))
+EMU(add, (backend *be, backend_buf x, backend_buf y, size_t n), (EC, x, y, n))
+EMU(matmul, (backend *be, backend_buf x, backend_weight W, int T, int K, int N, backend_buf y),
+    (EC, x, W, T, K, N, y))
+EMU(qk_norm_rope, (backend *be, backend_buf qg, backend_buf k, backend_weight a, backend_weight b, int nh, int nkv,
+                   int hd, int rot, double th, float eps, backend_buf q, backend_buf g),
+    (EC, qg, k, a, b, nh, nkv, hd, rot, th, eps, q, g))
+EMU(attention, (backend *be, backend_buf kp, backend_buf vp, backend_buf q, backend_buf k, backend_buf v, int nh,
+                int nkv, int hd, float s, backend_buf o),
+    (EC, kp, vp, q, k, v, nh, nkv, hd, s, o))
+EMU(sigmoid_mul, (backend *be, backend_buf x, backend_buf g, size_t n), (EC, x, g, n))
+EMU(swiglu, (backend *be, backend_buf g, backend_buf u, size_t n, backend_buf o), (EC, g, u, n, o))
+EMU(moe, (backend *be, backend_buf x, const backend_moe *m, int T, int H, backend_buf o), (EC, x, m, T, H, o))
+EMU(conv1d, (backend *be, backend_buf s, backend_buf x, backend_weight w, int Cc, int K, backend_buf o),
+    (EC, s, x, w, Cc, K, o))
+EMU(gdn_gates, (backend *be, backend_buf q, backend_buf b, backend_buf a, backend_weight al, backend_weight db,
+                int nk, int nv, int dk, int dv, backend_buf bt, backend_buf g),
+    (EC, q, b, a, al, db, nk, nv, dk, dv, bt, g))
+EMU(gdn_prefill, (backend *be, backend_buf s, backend_buf q, backend_buf b, backend_buf g, int nk, int nv, int dk,
+                  int dv, backend_buf o),
+    (EC, s, q, b, g, nk, nv, dk, dv, o))
+EMU(gdn_decode, (backend *be, backend_buf s, backend_buf q, backend_buf b, backend_buf g, int nk, int nv, int dk,
+                 int dv, backend_buf o),
+    (EC, s, q, b, g, nk, nv, dk, dv, o))
+EMU(gated_rmsnorm, (backend *be, backend_buf o, backend_buf z, backend_weight w, int T, int nv, int dv, float eps,
+                    backend_buf out),
+    (EC, o, z, w, T, nv, dv, eps, out))
+EMU(logits, (backend *be, backend_buf x, backend_weight n, float eps, backend_weight W, int H, int V, backend_buf o),
+    (EC, x, n, eps, W, H, V, o))
+
+static backend *emu_create(void) {
+  EC = backend_cpu_create(0);
+  backend *be = malloc(sizeof *be);
+  if (!EC || !be) return NULL;
+  *be = *EC;
+  be->name = "cpu-bf16-emulated";
+  be->destroy = emu_destroy;
+  be->alloc = emu_alloc;
+  be->free = emu_free;
+#define SET(n) be->n = emu_##n
+  SET(embed);
+  SET(rmsnorm);
+  SET(add);
+  SET(matmul);
+  SET(qk_norm_rope);
+  SET(attention);
+  SET(sigmoid_mul);
+  SET(swiglu);
+  SET(moe);
+  SET(conv1d);
+  SET(gdn_gates);
+  SET(gdn_prefill);
+  SET(gdn_decode);
+  SET(gated_rmsnorm);
+  SET(logits);
+#undef SET
+  return be;
+}
+
 static int fx_open(fx_model *f, const char *dir, int n_pages, int n_slots, char *err,
-                   size_t errlen) {
+                   size_t errlen, int emulate) {
   memset(f, 0, sizeof *f);
   if (model_load(dir, &f->cfg, &f->w, err, errlen)) return -1;
-  f->be = backend_cuda_create(0, err, errlen);
+  f->be = emulate ? emu_create() : backend_cuda_create(0, err, errlen);
   if (!f->be) return -1;
   qwen35_mem_opts o = {.n_pages = n_pages, .n_slots = n_slots};
   return qwen35_init(&f->m, &f->cfg, &f->w, f->be, &o, err, errlen);
@@ -65,16 +183,23 @@ static int argmax(const float *x, int n) {
 
 static int n_fixtures;
 static double g_worst;
-static int g_greedy_ok, g_greedy_total;
+static int g_greedy_ok, g_greedy_total, g_emu_greedy;
 
-static void check_fixture(const char *name) {
+typedef struct {
+  double worst;
+  int gok, gtot;
+} fx_result;
+
+/* Runs every prompt of a fixture (prefill, then greedy decode steps) on the CUDA backend or the
+ * bf16-emulated CPU backend. Returns 0, or -1 when the model could not be opened or run. */
+static int run_fixture(const char *name, int emulate, fx_result *res) {
   char dir[512], path[700], err[512] = "";
   snprintf(dir, sizeof dir, FIXTURES "/%s", name);
   snprintf(path, sizeof path, "%s/ref.json", dir);
   json_error_t je;
   json_t *ref = json_load_file(path, 0, &je);
   EXPECT_MSG(ref != NULL, "%s: %s", path, je.text);
-  if (!ref) return;
+  if (!ref) return -1;
   json_t *prompts = json_object_get(ref, "prompts"), *greedy = json_object_get(ref, "greedy"),
          *lfiles = json_object_get(ref, "logits");
   size_t np = json_array_size(prompts);
@@ -85,15 +210,14 @@ static void check_fixture(const char *name) {
   }
   int n_pages = (max_len + 24 + 15) / 16 + 1;
   fx_model f;
-  int rc = fx_open(&f, dir, n_pages, 1, err, sizeof err);
+  int rc = fx_open(&f, dir, n_pages, 1, err, sizeof err, emulate);
   EXPECT_MSG(rc == 0, "%s: %s", name, err);
   if (rc) {
     printf("  %-12s cannot open: %s\n", name, err);
     fx_close(&f);
     json_decref(ref);
-    return;
+    return -1;
   }
-  n_fixtures++;
   int V = f.cfg.vocab_size;
   int32_t pages[n_pages];
   for (int i = 0; i < n_pages; i++) pages[i] = n_pages - 1 - i;
@@ -122,7 +246,6 @@ static void check_fixture(const char *name) {
         }
         double rel = sqrt(d) / sqrt(nr);
         if (!(rel <= worst)) worst = rel;
-        EXPECT_MSG(rel <= LOGIT_TOL, "%s prompt %zu row %d: relative error %.3g", name, pi, r, rel);
       }
     }
     json_t *gj = json_array_get(greedy, pi);
@@ -142,22 +265,33 @@ static void check_fixture(const char *name) {
       EXPECT_MSG(rc == 0, "%s: decode: %s", name, err);
       tok = argmax(got, V);
     }
-    if (ng) {
-      EXPECT_MSG(matched >= (ng < GREEDY_MUST ? ng : GREEDY_MUST),
-                 "%s prompt %zu: greedy matched only %d tokens", name, pi, matched);
-      gok += matched;
-      gtot += ng;
-    }
+    gok += matched;
+    gtot += ng;
     free(ids);
     free(want);
     free(got);
   }
-  printf("  %-12s worst logits rel err %.3e, greedy %d/%d tokens match\n", name, worst, gok, gtot);
-  if (worst > g_worst) g_worst = worst;
-  g_greedy_ok += gok;
-  g_greedy_total += gtot;
   fx_close(&f);
   json_decref(ref);
+  res->worst = worst;
+  res->gok = gok;
+  res->gtot = gtot;
+  return rc ? -1 : 0;
+}
+
+static void check_fixture(const char *name) {
+  fx_result cu, em;
+  if (run_fixture(name, 0, &cu)) return;
+  if (run_fixture(name, 1, &em)) return;
+  n_fixtures++;
+  printf("  %-12s worst logits rel err %.3e (bf16-emulated CPU %.3e), greedy %d/%d (emulated %d)\n",
+         name, cu.worst, em.worst, cu.gok, cu.gtot, em.gok);
+  EXPECT_MSG(cu.worst <= 1.5 * em.worst + 1e-2, "%s: logits rel err %.3e vs bf16-emulated %.3e", name,
+             cu.worst, em.worst);
+  if (cu.worst > g_worst) g_worst = cu.worst;
+  g_greedy_ok += cu.gok;
+  g_greedy_total += cu.gtot;
+  g_emu_greedy += em.gok;
 }
 
 TEST(reference_fixtures) {
@@ -173,8 +307,43 @@ TEST(reference_fixtures) {
   closedir(d);
   for (int i = 0; i < n; i++) check_fixture(names[i]);
   EXPECT_MSG(n_fixtures >= 1, "no fixture model found under " FIXTURES);
-  printf("PARITY worst_rel_err=%.4e greedy_match=%d/%d fixtures=%d\n", g_worst, g_greedy_ok,
-         g_greedy_total, n_fixtures);
+  EXPECT_MSG(g_greedy_ok >= 0.8 * g_emu_greedy, "greedy matched %d tokens, bf16-emulated CPU %d",
+             g_greedy_ok, g_emu_greedy);
+  printf("PARITY worst_rel_err=%.4e greedy_match=%d/%d greedy_match_bf16_emulated=%d fixtures=%d\n",
+         g_worst, g_greedy_ok, g_greedy_total, g_emu_greedy, n_fixtures);
+}
+
+/* Batch invariance (backend.h, Numerics): a sequence's logits alone vs in one step with
+ * another sequence (a prefill piece and a decode row) must be bit-identical. */
+TEST(batch_invariance) {
+  char err[512] = "";
+  fx_model f;
+  int rc = fx_open(&f, FIXTURES "/dense_bf16", 24, 3, err, sizeof err, 0);
+  EXPECT_MSG(rc == 0, "%s", err);
+  if (rc == 0) {
+    int V = f.cfg.vocab_size;
+    int32_t toks[100], p0[8], p1[8], p2[8];
+    for (int i = 0; i < 100; i++) toks[i] = (i * 37 + 11) % V;
+    for (int i = 0; i < 8; i++) p0[i] = i, p1[i] = 8 + i, p2[i] = 16 + i;
+    float *a = malloc(sizeof(float) * 80 * V), *b = malloc(sizeof(float) * 90 * V);
+    rc |= qwen35_slot_zero(f.m, 0) | qwen35_slot_zero(f.m, 1) | qwen35_slot_zero(f.m, 2);
+    fwd_seq alone = {toks, 70, 0, p0, 8, 0, QWEN35_LOGITS_ALL};
+    rc |= qwen35_forward(f.m, &alone, 1, a, err, sizeof err);
+    fwd_seq pre = {toks + 80, 3, 0, p2, 8, 2, QWEN35_LOGITS_NONE};
+    rc |= qwen35_forward(f.m, &pre, 1, b, err, sizeof err);
+    fwd_seq two[2] = {{toks + 83, 1, 3, p2, 8, 2, QWEN35_LOGITS_ALL},
+                      {toks, 70, 0, p1, 8, 1, QWEN35_LOGITS_ALL}};
+    rc |= qwen35_forward(f.m, two, 2, b, err, sizeof err);
+    EXPECT_MSG(rc == 0, "%s", err);
+    size_t ndiff = 0;
+    for (size_t i = 0; i < (size_t)70 * V; i++) ndiff += memcmp(&a[i], &b[(size_t)V + i], 4) != 0;
+    printf("  batch invariance: %zu of %zu logits differ (alone vs with a decode row)\n", ndiff,
+           (size_t)70 * V);
+    EXPECT_MSG(ndiff == 0, "%zu logits differ alone vs batched", ndiff);
+    free(a);
+    free(b);
+  }
+  fx_close(&f);
 }
 
 /* ---- timing (only with DS_BENCH_MODEL) ---- */
@@ -191,7 +360,7 @@ static void bench(const char *dir) {
   int plen = 2048, nseq_max = 64, ctx = plen + 64;
   int per = (ctx + 15) / 16;
   double t0 = now_s();
-  int rc = fx_open(&f, dir, per * nseq_max, nseq_max, err, sizeof err);
+  int rc = fx_open(&f, dir, per * nseq_max, nseq_max, err, sizeof err, 0);
   if (rc) {
     printf("BENCH skipped: %s\n", err);
     fx_close(&f);
@@ -245,6 +414,7 @@ int main(void) {
     return 1;
   }
   RUN(reference_fixtures);
+  RUN(batch_invariance);
   const char *bm = getenv("DS_BENCH_MODEL");
   if (bm && *bm) bench(bm);
   TEST_MAIN_END();

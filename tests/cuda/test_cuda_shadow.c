@@ -1,7 +1,7 @@
 /* test_cuda_shadow — the forward pass run on a "shadow" backend that issues every op on both
  * the CPU reference backend and the CUDA backend, compares each op's outputs on the model's
- * real data, then copies the CPU result into the CUDA buffers so that every op is judged on
- * identical inputs. Reports, per op, the worst ||cuda - cpu|| / ||cpu|| over all calls, and
+ * real data, then gives both the CPU result (rounded to bf16 for bf16 kinds) so that every op
+ * is judged on identical inputs. Reports, per op, the worst ||cuda - cpu|| / ||cpu|| over all calls, and
  * fails when one exceeds SHADOW_TOL (bf16 outputs round at 2^-9 relative; bf16 weight copies
  * of f32 checkpoints add about as much). GPU machine only (scripts/device/check.sh). */
 #pragma GCC diagnostic ignored "-Wformat-truncation"
@@ -85,6 +85,11 @@ static void cmp(const char *op, backend_buf b, size_t off, size_t n) {
     for (size_t i = 0; i < n; i++) rg[i] = b2f(t[i]);
     for (size_t i = 0; i < n; i++) t[i] = f2b(rc[i]);
     G->write(G, s->g, off * 2, t, n * 2);
+    /* both sides continue from the same bf16 values */
+    float *r2 = malloc(n * 4);
+    for (size_t i = 0; i < n; i++) r2[i] = b2f(t[i]);
+    C->write(C, s->c, off * 4, r2, n * 4);
+    free(r2);
     free(t);
   }
   if (es == 4) G->write(G, s->g, off * 4, rc, n * 4);

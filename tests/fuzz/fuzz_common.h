@@ -128,8 +128,10 @@ __attribute__((unused)) static char *fuzz_read_file(const char *path, size_t *le
   return b;
 }
 
-/* A fresh private folder (in /dev/shm when there is one: the loader target writes a file per
- * input); removed with its files at exit by fuzz_tmp_cleanup. */
+/* A fresh private folder (under $DS_FUZZ_TMP, else /dev/shm when there is one: the loader
+ * target writes a file per input); removed with its files at exit by fuzz_tmp_cleanup. A
+ * crashing fuzzer skips atexit, so scripts/fuzz.sh points DS_FUZZ_TMP into its own work
+ * folder and removes that. */
 static char fuzz_tmp_root[PATH_MAX];
 __attribute__((unused)) static void fuzz_tmp_cleanup(void) {
   if (!fuzz_tmp_root[0]) return;
@@ -142,7 +144,9 @@ __attribute__((unused)) static void fuzz_tmp_cleanup(void) {
 __attribute__((unused)) static const char *fuzz_tmp_dir(void) {
   if (fuzz_tmp_root[0]) return fuzz_tmp_root;
   struct stat sb;
-  const char *base = (stat("/dev/shm", &sb) == 0 && S_ISDIR(sb.st_mode) && access("/dev/shm", W_OK) == 0)
+  const char *base = getenv("DS_FUZZ_TMP");
+  if (!base || !*base)
+    base = (stat("/dev/shm", &sb) == 0 && S_ISDIR(sb.st_mode) && access("/dev/shm", W_OK) == 0)
                          ? "/dev/shm"
                          : (getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
   snprintf(fuzz_tmp_root, sizeof fuzz_tmp_root, "%s/ds-fuzz-XXXXXX", base);

@@ -43,7 +43,7 @@ static void fuzz_loader_init(void) {
   free(st);
   const char *root = fuzz_tmp_dir();
   for (int m = 0; m < 4; m++) {
-    snprintf(fuzz_loader_d[m], sizeof fuzz_loader_d[m], "%s/m%d", root, m);
+    snprintf(fuzz_loader_d[m], sizeof fuzz_loader_d[m], "%.3000s/m%d", root, m);
     if (mkdir(fuzz_loader_d[m], 0700)) fuzz_die("mkdir %s: %s", fuzz_loader_d[m], strerror(errno));
   }
   snprintf(p, sizeof p, "%s/model.safetensors", fuzz_loader_d[0]);

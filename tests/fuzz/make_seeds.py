@@ -117,7 +117,50 @@ def chat():
     put("chat", "parse_cut_bytes", 1 | 4, b"abc \xe4\xbd")
 
 
-TARGETS = {"loader": loader, "tokenizer": tokenizer, "chat": chat}
+def openai_request():
+    convs = json.load(open(os.path.join(ROOT, "tests", "fixtures", "chat", "conversations.json")))
+    for i, c in enumerate(convs[:12]):
+        req = dict(c["request"])
+        req["model"] = "m"
+        put("openai_request", "chat_%02d" % i, 0, json.dumps(req, ensure_ascii=False))
+    m = [{"role": "developer", "content": "be brief"},
+         {"role": "user", "content": [{"type": "text", "text": "hi "}, {"type": "text", "text": "there"}]}]
+    put("openai_request", "chat_sampling", 0, json.dumps({
+        "model": "m", "messages": m, "temperature": 0.7, "top_p": 0.9, "top_k": 20, "min_p": 0.05,
+        "presence_penalty": 0.5, "frequency_penalty": 0.1, "repetition_penalty": 1.1, "seed": 7,
+        "max_completion_tokens": 32, "stop": ["\n\n", "END"], "stop_token_ids": [151645],
+        "logprobs": True, "top_logprobs": 5, "stream": True, "stream_options": {"include_usage": True},
+        "n": 1, "ignore_eos": False, "skip_special_tokens": False, "include_stop_str_in_output": True,
+        "cache_salt": "abc", "return_token_ids": True,
+        "chat_template_kwargs": {"enable_thinking": False, "add_generation_prompt": True}}))
+    tools = [{"type": "function", "function": {"name": "get_weather", "description": "w",
+              "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+    put("openai_request", "chat_tools_named", 0, json.dumps({
+        "model": "m", "messages": [{"role": "user", "content": "weather?"}], "tools": tools,
+        "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}))
+    put("openai_request", "chat_tool_round", 0, json.dumps({
+        "model": "m", "tools": tools, "tool_choice": "auto", "messages": [
+            {"role": "system", "content": "sys"}, {"role": "user", "content": "weather in Paris?"},
+            {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function",
+             "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]}))
+    put("openai_request", "chat_stop_string", 0, json.dumps({"messages": [{"role": "user", "content": "x"}],
+                                                              "stop": "x", "tool_choice": "none", "tools": tools}))
+    put("openai_request", "comp_text", 1, json.dumps({"model": "m", "prompt": "Once upon a time", "max_tokens": 16,
+                                                       "echo": True, "logprobs": 2, "temperature": 0, "stop": ["."]}))
+    put("openai_request", "comp_ids", 1, json.dumps({"prompt": [1, 2, 3, 151643], "return_token_ids": True,
+                                                      "max_tokens": 4, "stream": True}))
+    put("openai_request", "comp_nested", 1, json.dumps({"prompt": [[7, 8]], "seed": 123456789012}))
+    put("openai_request", "comp_list_text", 1, json.dumps({"prompt": ["only one"], "top_k": -1}))
+    put("openai_request", "tok_prompt", 2, json.dumps({"model": "m", "prompt": "hello world", "add_special_tokens": True}))
+    put("openai_request", "tok_messages", 2, json.dumps({"messages": m, "add_generation_prompt": False, "tools": tools,
+                                                          "chat_template_kwargs": {"enable_thinking": True}}))
+    put("openai_request", "detok", 3, json.dumps({"model": "m", "tokens": [9707, 11, 1879]}))
+    put("openai_request", "detok_empty", 3, json.dumps({"tokens": []}))
+    put("openai_request", "invalid_json", 0, "{\"messages\": [")
+
+
+TARGETS = {"loader": loader, "tokenizer": tokenizer, "chat": chat, "openai_request": openai_request}
 
 if __name__ == "__main__":
     for t in sys.argv[1:] or TARGETS:

@@ -4,8 +4,9 @@
  * Everything is enqueued on one stream. Buffers are plain cudaMalloc allocations made by the
  * caller at start-up; the only allocations during steps are the metadata arrays and the
  * scratch buffer, which grow (rarely) when a step is larger than every step before. Weights
- * are kept as bf16 (GEMM operands) plus an fp32 copy of small 1-D and conv weights (norm
- * weights, gates, A_log, dt_bias), which elementwise kernels read. */
+ * are kept as bf16 (GEMM operands) plus an fp32 copy of 1-D and conv weights (norm weights,
+ * gates, A_log, dt_bias) and of matrices of at most 1024 rows (MoE routers), which the
+ * elementwise and routing kernels read. */
 #include "backend/cuda/backend_cuda.h"
 
 #include <stdio.h>
@@ -188,7 +189,9 @@ static backend_weight cu_weight_upload(backend *be, const void *data, dtype dt, 
   w->rows = rows;
   w->cols = cols;
   size_t n = (size_t)(rows * cols);
-  int small = rows == 1 || cols <= 16;
+  /* fp32 copies: 1-D weights, conv weights, and short matrices such as MoE routers [E, H]
+   * (routing is a discrete choice: its logits are computed from the exact weights) */
+  int small = rows == 1 || cols <= 16 || rows <= 1024;
   if (cudaMalloc((void **)&w->bf, (n ? n : 1) * 2) != cudaSuccess ||
       (small && cudaMalloc((void **)&w->f32, (n ? n : 1) * 4) != cudaSuccess)) {
     cudaGetLastError();

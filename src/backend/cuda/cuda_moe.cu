@@ -1,4 +1,5 @@
-/* cuda_moe — the sparse MoE FFN: router GEMM (cuBLAS, fp32 out), routing (fp32 softmax, top-k
+/* cuda_moe — the sparse MoE FFN: router logits from the fp32 router copy (cuBLAS on the bf16
+ * copy for routers over 1024 experts), routing (fp32 softmax, top-k
  * with ties to the lower expert id, optional renormalisation, shared-expert gate), the routed
  * experts as warp-per-output dot products over bf16 weights (one block per (row, slot) for
  * gate/up, one per row for down and the weighted sum), and the shared expert as dense cuBLAS
@@ -198,6 +199,21 @@ __global__ void k_moe_down(const float *hid, const int32_t *ids, const float *wt
   if ((threadIdx.x & 31) == 0) out[(size_t)t * H + j] = f2bf(acc);
 }
 
+/* grid (T, ceil(E/8)), 8 warps: lg[t, e] = router_e . x_t with the fp32 router copy. */
+__global__ void k_moe_router(const bf16 *x, const float *R, int E, int H, float *lg) {
+  extern __shared__ float xs[]; /* [H] */
+  int t = blockIdx.x;
+  for (int i = threadIdx.x; i < H; i += blockDim.x) xs[i] = bf2f(x[(size_t)t * H + i]);
+  __syncthreads();
+  int e = blockIdx.y * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+  if (e >= E) return;
+  const float *r = R + (size_t)e * H;
+  float acc = 0.f;
+  for (int i = lane; i < H; i += 32) acc += r[i] * xs[i];
+  acc = warp_sum(acc);
+  if (lane == 0) lg[(size_t)t * E + e] = acc;
+}
+
 __global__ void k_swiglu_bf16(bf16 *g, const bf16 *u, size_t n) {
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
        i += (size_t)gridDim.x * blockDim.x)
@@ -237,7 +253,13 @@ extern "C" void cuda_moe_moe(backend *be, backend_buf x, const backend_moe *m, i
   int32_t *ids = (int32_t *)(sc + o_ids);
   bf16 *gs = (bf16 *)(sc + o_g), *us = (bf16 *)(sc + o_u);
   const bf16 *xb = (const bf16 *)x;
-  cuda_gemm(c, xb, CW(m->router)->bf, T, H, E, lg, 1);
+  if (CW(m->router)->f32) {
+    dim3 gr(T, (E + 7) / 8);
+    k_moe_router<<<gr, 256, H * sizeof(float), c->st>>>(xb, CW(m->router)->f32, E, H, lg);
+    cuda_check_launch(c, "moe (router)");
+  } else {
+    cuda_gemm(c, xb, CW(m->router)->bf, T, H, E, lg, 1);
+  }
   k_moe_route<<<(T + 7) / 8, 256, 0, c->st>>>(lg, xb, Is > 0 ? CW(m->shared_expert_gate)->f32 : NULL,
                                                T, E, k, m->norm_topk_prob, H, ids, wts, sg);
   cuda_check_launch(c, "moe (route)");

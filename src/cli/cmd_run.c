@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "backend/cpu/backend_cpu.h"
+#include "backend/backend_create.h"
 #include "cli/cli.h"
 #include "model/qwen35.h"
 
@@ -62,7 +63,7 @@ static int argmax(const float *x, int n) {
 }
 
 int cmd_run(int argc, char **argv) {
-  const char *model = NULL, *ids = NULL, *logits_out = NULL;
+  const char *model = NULL, *ids = NULL, *logits_out = NULL, *device = "cpu";
   long max_tokens = -1, threads = 0;
   for (int i = 1; i < argc; i++)
     if (!strcmp(argv[i], "--prompts-file")) return cmd_run_batch(argc, argv);
@@ -70,7 +71,8 @@ int cmd_run(int argc, char **argv) {
     const char *a = argv[i];
     if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
       printf("usage: deltaserve run --model DIR --prompt-ids \"1,2,3\" --max-tokens N "
-             "[--logits-out FILE] [--threads N]\n"
+             "[--logits-out FILE] [--threads N] [--device cpu|cuda|auto]\n"
+             "       (--device defaults to cpu, the fp32 reference)\n"
              "       deltaserve run --prompts-file FILE ...  (the engine, see run_batch)\n");
       return 0;
     }
@@ -92,6 +94,8 @@ int cmd_run(int argc, char **argv) {
         fprintf(stderr, "deltaserve run: bad --max-tokens '%s'\n", val);
         return 1;
       }
+    } else if (!strcmp(a, "--device")) {
+      device = val;
     } else if (!strcmp(a, "--threads")) {
       threads = strtol(val, &end, 10);
       if (*end || threads < 0 || threads > 1024) {
@@ -136,9 +140,9 @@ int cmd_run(int argc, char **argv) {
               cfg.vocab_size);
       goto done;
     }
-  be = backend_cpu_create((int)threads);
+  be = backend_create(device, (int)threads, err, sizeof err);
   if (!be) {
-    fprintf(stderr, "deltaserve run: cannot start the CPU backend\n");
+    fprintf(stderr, "deltaserve run: %s\n", err);
     goto done;
   }
   int total = n_prompt + (int)max_tokens;

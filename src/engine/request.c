@@ -62,12 +62,13 @@ int request_init_prefix(request *r, const char *salt, const int32_t *bounds, int
   }
   r->bounds = malloc((size_t)(n_bounds > 0 ? n_bounds : 1) * sizeof *r->bounds);
   r->txn = calloc((size_t)n_points + 1, sizeof *r->txn);
+  r->pts = calloc((size_t)n_points + 1, sizeof *r->pts);
   int32_t *f = realloc(r->forced, (size_t)(r->cap_forced + n_points + 1) * sizeof *f);
   if (f) {
     r->forced = f;
     r->cap_forced += n_points + 1;
   }
-  if (!r->bounds || !r->txn || !f) return -1;
+  if (!r->bounds || !r->txn || !r->pts || !f) return -1;
   if (n_bounds) memcpy(r->bounds, bounds, (size_t)n_bounds * sizeof *bounds);
   r->n_bounds = n_bounds;
   r->cap_txn = n_points + 1;
@@ -99,6 +100,8 @@ void request_free(request *r) {
   free(r->salt);
   free(r->bounds);
   free(r->txn);
+  free(r->pts);
+  r->pts = NULL;
   r->tokens = NULL;
   r->forced = NULL;
   r->salt = NULL;

@@ -57,6 +57,7 @@ typedef struct request {
   char *salt;           /* cache_salt, NULL: the shared namespace */
   int32_t *bounds;      /* [n_bounds] chat-message start positions */
   int n_bounds;
+  prefix_cache_point *pts; /* [cap_txn] scratch: the capture points of an admission */
   checkpoint_txn *txn;  /* [cap_txn] capture tickets, ascending depth */
   int n_txn, cap_txn;
   uint64_t wait_ticket; /* in-flight capture waited for before admission (0: none) */

@@ -74,11 +74,13 @@ run() {
       -print_final_stats=1 -artifact_prefix=$BUILD/artifacts/"$t"/ $dict ${FUZZ_FLAGS:-} \
       "$work/corpus" >"$work/log" 2>&1 || rc=$?
   local execs corpus
-  execs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$work/log" | grep -o '[0-9]*$' | tail -1)
+  execs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$work/log" | grep -o '[0-9]*$' | tail -1 || true)
   corpus=$(find "$work/corpus" -type f | wc -l)
   if [ "$rc" -ne 0 ] || grep -qE 'ERROR: (AddressSanitizer|LeakSanitizer|libFuzzer)|runtime error:|FUZZ_CHECK failed' "$work/log"; then
     echo "fuzz $t: exit $rc after ${execs:-?} execs" >&2
-    grep -E 'ERROR:|runtime error:|FUZZ_CHECK|SUMMARY|artifact|Test unit written|#[0-9]+ in ' "$work/log" | head -40 >&2
+    grep -E 'ERROR:|runtime error:|FUZZ_CHECK|SUMMARY|artifact|Test unit written|#[0-9]+ in ' "$work/log" | head -40 >&2 || true
+    echo "--- last lines of the libFuzzer log ---" >&2
+    tail -5 "$work/log" >&2
     cp "$work/log" $BUILD/artifacts/"$t"/last.log
     rm -rf "$work"
     echo "execs ${execs:-0} corpus $corpus"

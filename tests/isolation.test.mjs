@@ -19,7 +19,9 @@ const stopWatchdog = watchdog(170000, "isolation.test.mjs");
 const model = makeModel("ds-isolation-");
 let srv;
 try {
-  srv = await startServer(model.dir, ["--max-model-len", "1024"]);
+  // 64 snapshot slabs: every namespace of this file keeps its checkpoint (no eviction between a
+  // first request and its repeat)
+  srv = await startServer(model.dir, ["--max-model-len", "1024", "--snapshot-slabs", "64"]);
 } catch (e) {
   fail("isolation_server_start", e.message);
   killAllServers();
@@ -81,6 +83,7 @@ function warm(o, what) {
   if (!cacheLive) return;
   assert(o.cached > 0, `${what}: a repeat in the same namespace reports cached_tokens > 0 (${JSON.stringify(o)})`);
   eq(o.hitTokens, o.cached, `${what}: prefix_cache_hit_tokens_total grows by cached_tokens`);
+  eq(o.computed, o.prompt - o.cached, `${what}: computed tokens == prompt_tokens - cached_tokens`);
 }
 
 for (const kind of ["chat", "cmpl"]) {
@@ -89,12 +92,12 @@ for (const kind of ["chat", "cmpl"]) {
     cold(await run(kind, tag, "tenant-A"), "A first");
     warm(await run(kind, tag, "tenant-A"), "A repeat");
     cold(await run(kind, tag, "tenant-B"), "B after A");
+    warm(await run(kind, tag, "tenant-B", { stream: true }), "B repeat (stream)");
     cold(await run(kind, tag, undefined), "unsalted after A and B");
     warm(await run(kind, tag, undefined), "unsalted repeat");
     cold(await run(kind, tag, "tenant-C", { stream: true }), "C (stream) after A, B, unsalted");
     // near-miss salts are different namespaces
     for (const s of ["tenant-a", "tenant-A ", " tenant-A", "tenant-A\n", "tenant-", "tenant-AA", "é", "e\u0301", "😀"]) cold(await run(kind, tag, s), `salt ${JSON.stringify(s)}`);
-    warm(await run(kind, tag, "tenant-B", { stream: true }), "B repeat (stream)");
     warm(await run(kind, tag, "tenant-A"), "A again after the others");
   });
 }

@@ -86,14 +86,15 @@ TEST(units_and_splits) {
   EXPECT_EQ_INT(sched_segment_end(&r, 64, 64), 100);
   EXPECT_EQ_INT(sched_segment_end(&r, 100, 64), 128);
   EXPECT_EQ_INT(sched_segment_end(&r, 128, 64), 130);
-  EXPECT_EQ_INT(sched_piece(&r, 64, 8192), 130); /* whole segments merge */
+  EXPECT_EQ_INT(sched_piece(&r, 64, 8192), 100); /* whole segments merge, up to a forced point */
   EXPECT_EQ_INT(sched_piece(&r, 64, 99), 64);
   EXPECT_EQ_INT(sched_piece(&r, 64, 63), 0); /* the next segment does not fit: wait */
   r.n_computed = 64;
-  EXPECT_EQ_INT(sched_piece(&r, 64, 8192), 66);
+  EXPECT_EQ_INT(sched_piece(&r, 64, 8192), 36); /* never across the forced point */
   EXPECT_EQ_INT(sched_piece(&r, 64, 40), 36);
   r.n_computed = 100;
   EXPECT_EQ_INT(sched_piece(&r, 64, 29), 28);
+  EXPECT_EQ_INT(sched_piece(&r, 64, 8192), 30); /* across a multiple of 64 */
   r.n_computed = 0;
   EXPECT_EQ_INT(sched_piece(&r, 32, 63), 32); /* u < 64: one unit at most */
   r.n_computed = 96;

@@ -69,8 +69,8 @@ int checkpoint_capture(prefix_cache *pc, uint64_t ticket, const checkpoint_paylo
   }
   /* validate every field before any write */
   int total = kv_pages_total(pc->kp);
-  int bad = !p || p->depth != r->depth || p->slot < 0 ||
-            p->slot >= state_pool_num_slots(pc->sp) || (p->slab != -1 && p->slab != r->slab) ||
+  int bad = !p || p->depth != r->depth || !state_pool_slot_used(pc->sp, p->slot) ||
+            (p->slab != -1 && p->slab != r->slab) ||
             !p->pages || p->n_pages < r->n_pages;
   for (int k = 0; !bad && k < r->n_pages; k++)
     bad = p->pages[k] < 0 || p->pages[k] >= total || kv_pages_refcount(pc->kp, p->pages[k]) <= 0;
@@ -192,8 +192,8 @@ int checkpoint_restore_begin(prefix_cache *pc, uint64_t ckpt, int n_prompt, kv_p
   int i = pc_rec_find(pc, ckpt, PC_MASK(PC_REC_COMMITTED));
   if (i < 0) return PREFIX_CACHE_ESTALE;
   pc_rec *r = &pc->recs[i];
-  if (!t || r->depth > n_prompt - 1 || t->n != 0 || t->cap < r->n_pages || slot < 0 ||
-      slot >= state_pool_num_slots(pc->sp))
+  if (!t || r->depth > n_prompt - 1 || t->n != 0 || t->cap < r->n_pages ||
+      !state_pool_slot_used(pc->sp, slot))
     return PREFIX_CACHE_EINVAL;
   if (!checkpoint_payload_ok(pc, r)) {
     pc->st.restore_failures++;

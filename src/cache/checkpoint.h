@@ -55,7 +55,8 @@ typedef struct checkpoint_payload {
   int n_pages;          /* >= kv_pages_for_tokens(depth); each page referenced by the sequence */
 } checkpoint_payload;
 
-/* Captures into a reserved ticket: validates (ticket live and RESERVED, depth, slot and slab
+/* Captures into a reserved ticket: validates (ticket live and RESERVED, depth, slot (an
+ * allocated sequence slot: state_pool_slot_used) and slab
  * ids, page ids in range and held by a sequence), then copies the slot into the slab
  * (state_pool_save) and takes a cache reference on each page of [0, depth). Returns 0, or
  * PREFIX_CACHE_ESTALE / EPAYLOAD (refused: nothing changed, the ticket stays reserved) or

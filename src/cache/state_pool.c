@@ -69,6 +69,10 @@ void state_pool_slot_free(state_pool *sp, int slot) {
   sp->slot_free[sp->n_slot_free++] = slot;
 }
 
+int state_pool_slot_used(const state_pool *sp, int slot) {
+  return slot >= 0 && slot < sp->n_seq && sp->used[slot];
+}
+
 int state_pool_slab_alloc(state_pool *sp, int *slab) {
   if (sp->n_slab_free == 0) return -1;
   if (fault_hit("state_pool_slab_alloc")) return -1;

@@ -40,6 +40,9 @@ int state_pool_num_slabs_free(const state_pool *sp);
  * fails (nothing changes then). */
 int state_pool_slot_alloc(state_pool *sp, int *slot);
 void state_pool_slot_free(state_pool *sp, int slot);
+/* 1 when slot is a sequence slot id in range that is allocated now (0 otherwise, never
+ * fails: callers validate ids from outside with it before any copy). */
+int state_pool_slot_used(const state_pool *sp, int slot);
 /* Takes a free snapshot slab (fault site "state_pool_slab_alloc"); contents undefined until
  * saved into. Returns 0 with *slab or -1. One owner: the prefix-cache node that holds it. */
 int state_pool_slab_alloc(state_pool *sp, int *slab);

@@ -11,7 +11,12 @@
  * The engine thread alone touches the scheduler, pages, slots and the requests' token
  * arrays. A handle is owned jointly by the client (until engine_release) and the engine
  * (until the final event); whoever lets go last frees it. Nothing allocates inside a step:
- * the fwd_seq array and the logits buffer are sized at creation for max_num_seqs rows. */
+ * the fwd_seq array and the logits buffer are sized at creation for max_num_seqs rows.
+ *
+ * Prefix cache (when enabled): created over the same page pool and state pool (the snapshot
+ * slabs are the slots past max_num_seqs), its copies wired to qwen35's page and slot
+ * operations; the scheduler carries out the lookups, restores and captures (sched.h), the
+ * engine reports cached_tokens on the final event and the cache's counters in engine_stats. */
 #include "engine/engine.h"
 
 #include <errno.h>
@@ -25,6 +30,7 @@
 #include "base/fault.h"
 #include "base/log.h"
 #include "cache/kv_pages.h"
+#include "cache/prefix_cache.h"
 #include "cache/state_pool.h"
 #include "engine/request.h"
 #include "engine/sched.h"
@@ -153,7 +159,7 @@ struct engine_req {
   int done;  /* the final event was pushed */
   int refs;  /* client + engine */
   atomic_int cancel;
-  int prompt_tokens, completion_tokens;
+  int prompt_tokens, completion_tokens, cached_tokens;
   char err[160];
   void (*on_logits)(void *, const float *, int);
   void *user;
@@ -167,6 +173,7 @@ struct engine {
   int max_model_len, n_vocab;
   kv_pages *kp;
   state_pool *sp;
+  prefix_cache *pc; /* NULL when --no-enable-prefix-caching */
   sched *s;
   fwd_seq *seqs;  /* [max_num_seqs] */
   float *logits;  /* [max_num_seqs, n_vocab] */
@@ -222,6 +229,7 @@ static void engine_push(engine_req *h, const sampler_result *res, int finish) {
     h->done = 1;
     h->prompt_tokens = h->r.n_prompt;
     h->completion_tokens = request_n_output(&h->r);
+    h->cached_tokens = h->r.cached_tokens < h->r.n_prompt ? h->r.cached_tokens : h->r.n_prompt;
     snprintf(h->err, sizeof h->err, "%s", h->r.err);
   }
   pthread_cond_broadcast(&h->cv);
@@ -284,6 +292,30 @@ static void engine_snapshot(engine *e) {
   s.snapshot_slabs_total = state_pool_num_slabs(e->sp);
   s.snapshot_slabs_used = s.snapshot_slabs_total - state_pool_num_slabs_free(e->sp);
   s.max_model_len = e->max_model_len;
+  if (e->pc) {
+    prefix_cache_stats p;
+    prefix_cache_get_stats(e->pc, &p);
+    s.prefix_enabled = 1;
+    s.prefix_queries = p.queries;
+    s.prefix_hits = p.hits;
+    s.prefix_hit_tokens = p.hit_tokens;
+    s.prefix_captures = p.captures;
+    s.prefix_capture_failures = p.capture_failures;
+    s.prefix_evictions = p.evictions;
+    s.prefix_restore_failures = p.restore_failures;
+    s.prefix_demotions = p.demotions;
+    s.prefix_rejected = p.rejected;
+    s.prefix_checkpoints = p.n_checkpoints;
+    s.prefix_pending = p.n_pending;
+    s.prefix_host_checkpoints = p.n_host;
+    s.prefix_device_slabs = p.device_slabs;
+    s.prefix_device_slabs_max = p.device_slabs_max;
+    s.prefix_device_pages = p.device_pages;
+    s.prefix_device_slab_bytes = p.device_slab_bytes;
+    s.prefix_device_page_bytes = p.device_page_bytes;
+    s.prefix_host_bytes = p.host_bytes;
+    s.prefix_host_budget_bytes = p.host_budget_bytes;
+  }
   pthread_mutex_lock(&e->mu);
   s.num_waiting += e->n_in;
   e->st = s;
@@ -352,6 +384,7 @@ static void engine_run_check(engine *e) {
   char err[200] = "";
   int rc = kv_pages_check(e->kp, err, sizeof err);
   if (rc == 0) rc = state_pool_check(e->sp, err, sizeof err);
+  if (rc == 0 && e->pc) rc = prefix_cache_check(e->pc, err, sizeof err);
   engine_snapshot(e); /* so that stats read right after engine_check are current */
   pthread_mutex_lock(&e->mu);
   e->check_rc = rc;
@@ -404,6 +437,48 @@ static void *engine_main(void *arg) {
 /* ---- public ------------------------------------------------------------------------------- */
 
 static int engine_ops_copy(void *ctx, int dst, int src) { return qwen35_slot_copy(ctx, dst, src); }
+static int engine_ops_page_copy(void *ctx, int dst, int src) {
+  return qwen35_page_copy(ctx, dst, src);
+}
+static int engine_ops_page_read(void *ctx, int page, void *host) {
+  return qwen35_page_read(ctx, page, host);
+}
+static int engine_ops_page_write(void *ctx, int page, const void *host) {
+  return qwen35_page_write(ctx, page, host);
+}
+static int engine_ops_slot_read(void *ctx, int slot, void *host) {
+  return qwen35_slot_read(ctx, slot, host);
+}
+static int engine_ops_slot_write(void *ctx, int slot, const void *host) {
+  return qwen35_slot_write(ctx, slot, host);
+}
+
+#define ENGINE_GIB (1024.0 * 1024.0 * 1024.0)
+
+/* The prefix cache over the engine's pools (start-up). Returns 0 or -1. */
+static int engine_prefix_init(engine *e) {
+  prefix_cache_opts po;
+  memset(&po, 0, sizeof po);
+  po.slab_bytes = qwen35_slot_bytes(e->m);
+  po.page_bytes = qwen35_page_bytes(e->m);
+  po.device_budget_bytes = (size_t)(e->o.prefix_cache_gib * ENGINE_GIB);
+  po.host_budget_bytes = (size_t)(e->o.host_cache_gib * ENGINE_GIB);
+  po.ops.ctx = e->m;
+  po.ops.page_copy = engine_ops_page_copy;
+  po.ops.page_read = engine_ops_page_read;
+  po.ops.page_write = engine_ops_page_write;
+  po.ops.slot_read = engine_ops_slot_read;
+  po.ops.slot_write = engine_ops_slot_write;
+  if (prefix_cache_init(&e->pc, e->kp, e->sp, &po) != 0) return -1;
+  sched_set_prefix_cache(e->s, e->pc, e->o.snapshot_interval);
+  prefix_cache_stats st;
+  prefix_cache_get_stats(e->pc, &st);
+  log_info("engine: prefix cache on: %d snapshot slabs on the device (%.2f MiB each), host tier "
+           "%.1f MiB, capture interval %d tokens",
+           st.device_slabs_max, po.slab_bytes / (1024.0 * 1024.0),
+           po.host_budget_bytes / (1024.0 * 1024.0), e->o.snapshot_interval);
+  return 0;
+}
 
 engine *engine_create(qwen35 *model, const engine_opts *o, char *err, size_t errlen) {
   const model_config *c = qwen35_config(model);
@@ -424,10 +499,12 @@ engine *engine_create(qwen35 *model, const engine_opts *o, char *err, size_t err
   e->logits = malloc((size_t)n_seq * (size_t)e->n_vocab * sizeof *e->logits);
   if (!e->seqs || !e->logits || kv_pages_init(&e->kp, mo.n_pages) ||
       state_pool_init(&e->sp, n_seq, n_slabs, &ops) || sched_init(&e->s, &so, e->kp, e->sp) ||
-      sampler_scratch_init(&e->scratch, e->n_vocab)) {
+      sampler_scratch_init(&e->scratch, e->n_vocab) ||
+      (o->enable_prefix_caching && engine_prefix_init(e) != 0)) {
     engine_destroy(e, 0);
     return errf(err, errlen, "out of memory creating the engine"), NULL;
   }
+  if (!o->enable_prefix_caching) log_info("engine: prefix cache off");
   pthread_mutex_init(&e->mu, NULL);
   pthread_cond_init(&e->cv, NULL);
   pthread_cond_init(&e->check_cv, NULL);
@@ -465,6 +542,7 @@ void engine_destroy(engine *e, int drain) {
     pthread_cond_destroy(&e->cv);
     pthread_cond_destroy(&e->check_cv);
   }
+  prefix_cache_free(e->pc);
   sched_free(e->s);
   state_pool_free(e->sp);
   kv_pages_free(e->kp);
@@ -506,9 +584,29 @@ engine_req *engine_submit(engine *e, const engine_submit_opts *o, engine_status 
   pthread_mutex_lock(&e->mu);
   long long id = e->next_id++;
   pthread_mutex_unlock(&e->mu);
-  if (!h->ring || !h->top_ids || !h->top_lps ||
-      request_init(&h->r, id, o->prompt, o->n_prompt, &o->sp, o->boundaries, o->n_boundaries,
-                   0x5eed0000ULL + (uint64_t)id) != 0) {
+  /* split points: every chat boundary and the caller's extra points */
+  int nb = o->boundaries ? o->n_boundaries : 0, ns = o->split_points ? o->n_split_points : 0;
+  if (nb < 0) nb = 0;
+  if (ns < 0) ns = 0;
+  int32_t *forced = malloc((size_t)(nb + ns + 1) * sizeof *forced);
+  if (forced) {
+    if (nb) memcpy(forced, o->boundaries, (size_t)nb * sizeof *forced);
+    if (ns) memcpy(forced + nb, o->split_points, (size_t)ns * sizeof *forced);
+  }
+  int rc = -1;
+  if (h->ring && h->top_ids && h->top_lps && forced) {
+    rc = request_init(&h->r, id, o->prompt, o->n_prompt, &o->sp, forced, nb + ns,
+                      0x5eed0000ULL + (uint64_t)id);
+    if (rc == 0 && e->pc &&
+        request_init_prefix(&h->r, o->cache_salt, o->boundaries, nb,
+                            prefix_cache_capture_points_max(o->n_prompt, nb,
+                                                            e->o.snapshot_interval)) != 0) {
+      request_free(&h->r);
+      rc = -1;
+    }
+  }
+  free(forced);
+  if (rc != 0) {
     free(h->ring);
     free(h->top_ids);
     free(h->top_lps);
@@ -579,7 +677,7 @@ int engine_next(engine_req *h, engine_event *ev, int timeout_ms) {
   if (x->finish) {
     ev->prompt_tokens = h->prompt_tokens;
     ev->completion_tokens = h->completion_tokens;
-    ev->cached_tokens = 0;
+    ev->cached_tokens = h->cached_tokens;
     snprintf(ev->err, sizeof ev->err, "%s", h->err);
   }
   pthread_mutex_unlock(&h->mu);

@@ -83,8 +83,14 @@ typedef struct engine_submit_opts {
   int n_prompt;
   sampling_params sp;      /* see sampler.h; max_tokens, stop ids, ignore_eos, logprobs, seed... */
   const char *cache_salt;  /* prefix-cache namespace, NULL or "" for the shared one */
-  const int32_t *boundaries; /* chat-message start positions (prefix-cache capture points) */
+  const int32_t *boundaries; /* chat-message start positions (prefix-cache capture points);
+                                every boundary is also a prefill split point */
   int n_boundaries;
+  /* Optional extra prefill split points (positions in (0, n_prompt)). Splits decide the
+   * exact floating-point result of a prefill; tests use them to compute a request "cold"
+   * (prefix cache off) with the split points a restored run had. */
+  const int32_t *split_points;
+  int n_split_points;
   /* Optional test/inspection hook, called on the engine thread with the raw logits row
    * [n_vocab] (before penalties) each time a token of this request is sampled. */
   void (*on_logits)(void *user, const float *logits, int n_vocab);
@@ -132,11 +138,19 @@ typedef struct engine_stats {
   long long prefix_queries, prefix_hits, prefix_hit_tokens, prefix_captures,
       prefix_capture_failures, prefix_evictions, prefix_restore_failures;
   int max_model_len;
+  /* prefix cache, continued (all 0 when it is off) */
+  int prefix_enabled;
+  long long prefix_demotions, prefix_rejected;
+  int prefix_checkpoints, prefix_pending, prefix_host_checkpoints;
+  int prefix_device_slabs, prefix_device_slabs_max, prefix_device_pages;
+  size_t prefix_device_slab_bytes, prefix_device_page_bytes, prefix_host_bytes,
+      prefix_host_budget_bytes;
 } engine_stats;
 void engine_get_stats(engine *e, engine_stats *s);
 
-/* Runs kv_pages_check and state_pool_check on the engine thread (between steps) and returns
- * 0, or -1 with the first failure in err. For tests and debugging. */
+/* Runs kv_pages_check, state_pool_check and (when on) prefix_cache_check on the engine
+ * thread (between steps) and returns 0, or -1 with the first failure in err. For tests and
+ * debugging. */
 int engine_check(engine *e, char *err, size_t errlen);
 
 #endif

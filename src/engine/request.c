@@ -75,10 +75,12 @@ int request_init_prefix(request *r, const char *salt, const int32_t *bounds, int
   return 0;
 }
 
-void request_set_points(request *r, const int32_t *pts, int n) {
+void request_set_points(request *r, const prefix_cache_point *pts, int n, int extra) {
   r->n_forced = r->n_forced_base;
+  if (extra > 0 && extra < r->n_prompt && r->n_forced < r->cap_forced)
+    r->forced[r->n_forced++] = extra;
   for (int i = 0; i < n && r->n_forced < r->cap_forced; i++)
-    if (pts[i] > 0 && pts[i] < r->n_prompt) r->forced[r->n_forced++] = pts[i];
+    if (pts[i].depth > 0 && pts[i].depth < r->n_prompt) r->forced[r->n_forced++] = pts[i].depth;
   request_sort_forced(r);
 }
 

@@ -79,10 +79,10 @@ int request_init(request *r, int64_t id, const int32_t *prompt, int n_prompt,
  * valid without a prefix part; request_free frees whatever was allocated). */
 int request_init_prefix(request *r, const char *salt, const int32_t *bounds, int n_bounds,
                         int n_points);
-/* Sets the split points to the base points (request_init's) merged with pts[0, n) (those in
- * (0, n_prompt)), sorted and unique. Room: request_init_prefix's n_points (extra points beyond
- * it are dropped, deepest first). Never allocates. */
-void request_set_points(request *r, const int32_t *pts, int n);
+/* Sets the split points to the base points (request_init's) merged with the depths of
+ * pts[0, n) and `extra` (when > 0), keeping those in (0, n_prompt), sorted and unique. Room:
+ * request_init_prefix's n_points + 1 (points beyond it are dropped). Never allocates. */
+void request_set_points(request *r, const prefix_cache_point *pts, int n, int extra);
 /* 1 when d is one of r's forced split points. */
 int request_is_forced(const request *r, int d);
 

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "base/log.h"
+#include "cache/checkpoint.h"
 #include "engine/engine.h"
 
 typedef struct sched_list {
@@ -22,6 +23,8 @@ struct sched {
   sched_list running; /* sorted by id: the tail is the youngest */
   long long n_preemptions;
   request **reqs, **failed; /* [max_num_seqs] batch arrays */
+  prefix_cache *pc;         /* NULL: no prefix cache */
+  int interval;             /* --snapshot-interval */
 };
 
 /* ---- lists -------------------------------------------------------------------------------- */
@@ -82,6 +85,11 @@ void sched_free(sched *s) {
   free(s);
 }
 
+void sched_set_prefix_cache(sched *s, prefix_cache *pc, int snapshot_interval) {
+  s->pc = pc;
+  s->interval = snapshot_interval;
+}
+
 int sched_num_running(const sched *s) { return s->running.n; }
 int sched_num_waiting(const sched *s) { return s->waiting.n; }
 long long sched_num_preemptions(const sched *s) { return s->n_preemptions; }
@@ -107,7 +115,7 @@ int sched_piece(const request *r, int u, int budget) {
   int e = sched_segment_end(r, c, u);
   if (e - c > budget) return 0;
   if (u == QWEN35_CHUNK && e - c > 1) {
-    while (e < r->n_prompt) {
+    while (e < r->n_prompt && !request_is_forced(r, e)) {
       int e2 = sched_segment_end(r, e, u);
       if (e2 - e < 2 || e2 - c > budget) break;
       e = e2;
@@ -119,6 +127,9 @@ int sched_piece(const request *r, int u, int budget) {
 /* ---- actions ----------------------------------------------------------------------------- */
 
 static void sched_release(sched *s, request *r) {
+  for (int i = 0; i < r->n_txn; i++) checkpoint_txn_cancel(s->pc, &r->txn[i]);
+  r->n_txn = 0;
+  r->wait_ticket = 0;
   kv_pages_table_release(s->kp, &r->pages);
   if (r->slot >= 0) state_pool_slot_free(s->sp, r->slot);
   r->slot = -1;
@@ -168,6 +179,9 @@ static request *sched_victim(sched *s) {
 static int sched_reserve(sched *s, sched_batch *b, request *r, int upto) {
   int need = kv_pages_table_need(&r->pages, upto);
   while (!kv_pages_can_alloc(s->kp, need)) {
+    /* pages held only by the prefix cache go before any running request */
+    if (s->pc && prefix_cache_evict_for_pages(s->pc, need - kv_pages_num_free(s->kp)) > 0)
+      continue;
     request *v = sched_victim(s);
     CHECK(v); /* r itself is unscheduled */
     sched_preempt(s, v);
@@ -186,6 +200,169 @@ static void sched_take(sched_batch *b, request *r, int n) {
   r->sched_sample = r->n_computed + n == r->n_tokens;
   b->reqs[b->n++] = r;
   b->n_tokens += n;
+}
+
+/* ---- admission and the prefix cache ----------------------------------------------------- */
+
+enum { SCHED_ADMIT_OK, SCHED_ADMIT_SKIP, SCHED_ADMIT_BLOCK, SCHED_ADMIT_FAILED };
+
+/* 1 when `need` more pages can be taken leaving `keep` free, after evicting pages held only by
+ * the prefix cache if short. */
+static int sched_pages_ok(sched *s, int need, int keep) {
+  int short_by = need + keep - kv_pages_num_free(s->kp);
+  if (short_by > 0 && s->pc) prefix_cache_evict_for_pages(s->pc, short_by);
+  return kv_pages_num_free(s->kp) - need >= keep;
+}
+
+/* The checkpoint r may restore from. A first admission takes the deepest one on its prompt;
+ * a re-admission (split points frozen) only one at a depth that already was a split point of
+ * r, so the recomputation splits exactly as the first computation did, and never waits. */
+static void sched_lookup(sched *s, request *r, prefix_cache_match *m) {
+  int lim = r->n_prompt;
+  for (;;) {
+    prefix_cache_lookup(s->pc, r->salt, r->tokens, lim, m);
+    if (!r->points_fixed) return;
+    m->inflight = 0;
+    m->inflight_depth = 0;
+    if (!m->ckpt || m->depth % s->unit == 0 || request_is_forced(r, m->depth)) return;
+    lim = m->depth; /* the next shallower one */
+  }
+}
+
+static int sched_capture(sched *s, request *r, uint64_t ticket) {
+  checkpoint_payload p = {r->n_computed, r->slot, -1, r->pages.ids, r->pages.n};
+  uint64_t id;
+  if (checkpoint_capture(s->pc, ticket, &p) != 0) return -1;
+  return checkpoint_commit(s->pc, ticket, &id) == 0 ? 0 : -1;
+}
+
+/* A capture ticket for each capture point deeper than the restored depth (and a split point
+ * of r). A point where a checkpoint exists, one in flight elsewhere, or no room: no ticket. */
+static void sched_reserve_tickets(sched *s, request *r, int np, int restored) {
+  r->n_txn = 0;
+  for (int i = 0; i < np && r->n_txn < r->cap_txn; i++) {
+    int d = r->pts[i].depth;
+    if (d <= restored || !request_is_forced(r, d)) continue;
+    int fl = (r->pts[i].flags & PREFIX_CACHE_POINT_PROTECT) ? CHECKPOINT_PROTECT : 0;
+    uint64_t t;
+    if (checkpoint_reserve(s->pc, r->salt, r->tokens, r->n_tokens, d, fl, &t) != 0) continue;
+    r->txn[r->n_txn].ticket = t;
+    r->txn[r->n_txn].depth = d;
+    r->n_txn++;
+  }
+}
+
+/* Gives back what an admission attempt took (r stays waiting). */
+static void sched_admit_undo(sched *s, request *r) {
+  kv_pages_table_release(s->kp, &r->pages);
+  if (r->slot >= 0) state_pool_slot_free(s->sp, r->slot);
+  r->slot = -1;
+  r->n_computed = 0;
+  r->cached_tokens = 0;
+}
+
+/* Tries to admit waiting request r with at most `budget` tokens (see sched.h). On OK r is
+ * running and scheduled for *n tokens. */
+static int sched_admit(sched *s, sched_batch *b, request *r, int budget, int *n_out) {
+  if (state_pool_num_slots_free(s->sp) == 0) return SCHED_ADMIT_BLOCK;
+  int keep = s->running.n > 0 ? s->watermark : 0;
+  prefix_cache_match m;
+  memset(&m, 0, sizeof m);
+  int np = 0;
+  if (s->pc) {
+    if (r->wait_ticket) {
+      if (checkpoint_ticket_depth(s->pc, r->wait_ticket) >= 0) return SCHED_ADMIT_SKIP;
+      r->wait_ticket = 0; /* committed or aborted: look again */
+    }
+    sched_lookup(s, r, &m);
+    if (!m.ckpt && m.inflight) { /* someone is computing this prefix: wait for its checkpoint */
+      r->wait_ticket = m.inflight;
+      return SCHED_ADMIT_SKIP;
+    }
+    /* every capture point, restored or not, is a split point: a cold run of the same request
+     * (or a failed restore) splits exactly like the restored one */
+    np = prefix_cache_capture_points(r->n_prompt, r->bounds, r->n_bounds, s->interval,
+                                     m.match_len, 0, r->pts, r->cap_txn);
+    if (!r->points_fixed) request_set_points(r, r->pts, np, m.ckpt ? m.depth : 0);
+  }
+  int d = m.ckpt ? m.depth : 0;
+  r->n_computed = d;
+  int n = sched_piece(r, s->unit, budget);
+  r->n_computed = 0;
+  if (n == 0) return SCHED_ADMIT_BLOCK;
+  int shared = m.ckpt && !m.on_host ? d / KV_PAGES_TOKENS : 0;
+  if (!sched_pages_ok(s, kv_pages_for_tokens(d + n) - shared, keep)) return SCHED_ADMIT_BLOCK;
+
+  if (state_pool_slot_alloc(s->sp, &r->slot) != 0) {
+    r->slot = -1;
+    sched_fail(s, b, r, "could not allocate a state slot");
+    return SCHED_ADMIT_FAILED;
+  }
+  int restored = 0;
+  if (m.ckpt) {
+    checkpoint_plan plan;
+    if (checkpoint_restore(s->pc, m.ckpt, r->n_tokens, &r->pages, r->slot, &plan) == 0) {
+      restored = plan.depth;
+    } else { /* the table is empty again, the slot undefined: take a fresh one, admit cold */
+      state_pool_slot_free(s->sp, r->slot);
+      if (state_pool_slot_alloc(s->sp, &r->slot) != 0) {
+        r->slot = -1;
+        sched_fail(s, b, r, "could not allocate a state slot");
+        return SCHED_ADMIT_FAILED;
+      }
+    }
+  }
+  r->n_computed = restored;
+  if (restored != d) {
+    n = sched_piece(r, s->unit, budget);
+    if (n == 0) {
+      sched_admit_undo(s, r);
+      return SCHED_ADMIT_BLOCK;
+    }
+  }
+  if (!sched_pages_ok(s, kv_pages_table_need(&r->pages, restored + n), keep)) {
+    sched_admit_undo(s, r);
+    return SCHED_ADMIT_BLOCK;
+  }
+  if (kv_pages_table_grow(s->kp, &r->pages, restored + n) != 0) {
+    sched_fail(s, b, r, "could not allocate KV-cache pages");
+    return SCHED_ADMIT_FAILED;
+  }
+  r->cached_tokens = restored;
+  if (s->pc) sched_reserve_tickets(s, r, np, restored);
+  r->points_fixed = 1;
+  sched_list_remove(&s->waiting, r);
+  r->state = REQ_STATE_RUNNING;
+  sched_list_insert_sorted(&s->running, r);
+  sched_take(b, r, n);
+  *n_out = n;
+  return SCHED_ADMIT_OK;
+}
+
+/* After a step: captures the tickets r just reached (a failed capture is aborted; the
+ * incumbent stays) and cancels any it went past. */
+static void sched_capture_due(sched *s, request *r) {
+  int k = 0;
+  for (int i = 0; i < r->n_txn; i++) {
+    checkpoint_txn t = r->txn[i];
+    if (t.depth > r->n_computed) {
+      r->txn[k++] = t;
+      continue;
+    }
+    if (t.depth == r->n_computed && sched_capture(s, r, t.ticket) == 0) continue;
+    checkpoint_txn_cancel(s->pc, &t);
+  }
+  r->n_txn = k;
+}
+
+/* A finished generation: a checkpoint at the depth computed (prompt + output but the last
+ * token), so that the next turn of the conversation restores it. */
+static void sched_capture_end(sched *s, request *r) {
+  if (r->slot < 0 || r->n_computed < 1) return;
+  uint64_t t;
+  if (checkpoint_reserve(s->pc, r->salt, r->tokens, r->n_tokens, r->n_computed, 0, &t) != 0)
+    return;
+  if (sched_capture(s, r, t) != 0) checkpoint_abort(s->pc, t);
 }
 
 void sched_schedule(sched *s, sched_batch *b) {
@@ -215,30 +392,16 @@ void sched_schedule(sched *s, sched_batch *b) {
     }
   }
 
-  /* 3: admission, FCFS */
-  while (!b->n_preempted && s->waiting.head && budget > 0 &&
-         s->running.n < s->o.max_num_seqs && b->n_failed < s->o.max_num_seqs) {
-    request *r = s->waiting.head;
-    int n = sched_piece(r, s->unit, budget);
-    if (n == 0) break;
-    int need = kv_pages_table_need(&r->pages, n);
-    int keep = s->running.n > 0 ? s->watermark : 0;
-    if (kv_pages_num_free(s->kp) - need < keep) break;
-    if (state_pool_num_slots_free(s->sp) == 0) break;
-    sched_list_remove(&s->waiting, r);
-    r->state = REQ_STATE_RUNNING;
-    sched_list_insert_sorted(&s->running, r);
-    if (state_pool_slot_alloc(s->sp, &r->slot) != 0) {
-      r->slot = -1;
-      sched_fail(s, b, r, "could not allocate a state slot");
-      continue;
-    }
-    if (kv_pages_table_grow(s->kp, &r->pages, n) != 0) {
-      sched_fail(s, b, r, "could not allocate KV-cache pages");
-      continue;
-    }
-    sched_take(b, r, n);
-    budget -= n;
+  /* 3: admission, FCFS (a request waiting for an in-flight capture lets others pass) */
+  request *next;
+  for (request *r = s->waiting.head; r; r = next) {
+    next = r->next;
+    if (b->n_preempted || budget <= 0 || s->running.n >= s->o.max_num_seqs ||
+        b->n_failed >= s->o.max_num_seqs)
+      break;
+    int n = 0, rc = sched_admit(s, b, r, budget, &n);
+    if (rc == SCHED_ADMIT_BLOCK) break;
+    if (rc == SCHED_ADMIT_OK) budget -= n;
   }
 }
 
@@ -247,6 +410,10 @@ void sched_postprocess(sched *s, sched_batch *b) {
     request *r = b->reqs[i];
     r->n_computed += r->sched_tokens;
     r->sched_tokens = r->sched_sample = 0;
+    if (s->pc) {
+      sched_capture_due(s, r);
+      if (r->finish == FINISH_STOP || r->finish == FINISH_LENGTH) sched_capture_end(s, r);
+    }
     if (r->finish != FINISH_NONE) sched_remove(s, r);
   }
 }

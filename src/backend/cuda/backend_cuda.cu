@@ -427,6 +427,10 @@ extern "C" backend *backend_cuda_create(int device, char *err, size_t errlen) {
     return NULL;
   }
   cublasSetMathMode(c->blas, CUBLAS_DEFAULT_MATH);
+  {
+    const char *lg = getenv("DS_CUDA_LEGACY");
+    c->legacy = lg && *lg && strcmp(lg, "0") != 0;
+  }
   be->name = "cuda";
   be->destroy = cu_destroy;
   be->kind_size = cu_kind_size;

@@ -1,10 +1,15 @@
 /* cuda_attn — paged causal GQA attention over bf16 K/V pages.
  *
- * First every row's k and v are written into its sequence's pages; then one block per
- * (row, q head) walks the sequence's positions 0..p: its ATT_WARPS warps take positions
- * round-robin, each keeping an online softmax (running max, sum, fp32 accumulator over hd,
- * hd/32 values per lane), and the warps' partial results are merged at the end. The order of
- * every sum depends only on the row's position, never on the batch. */
+ * First every row's k and v are written into its sequence's pages. Then, when hd is a multiple
+ * of 32 (<= 256) and a kv head serves at most 8 q heads, the split path ("flash decoding"):
+ * grid (row, kv head, split); the row's positions 0..p are cut into n_split(p) contiguous
+ * ranges, a function of p alone (at most ATT_MAXS ranges of a multiple of ATT_SPLIT positions),
+ * so a row's sums never depend on the batch. A block of ATT_WARPS warps handles one range for
+ * all q heads of its kv head: a warp takes one position at a time, each lane loading hd/32
+ * contiguous K and V values (16 bytes at hd = 256) once for the whole group, keeping an online
+ * softmax per q head; the warps merge in a fixed order and the block writes (m, l, acc[hd]) per
+ * q head to scratch. A second kernel merges a row's ranges in order. Other shapes take the
+ * one-block-per-(row, q head) kernel below. */
 #include <math.h>
 
 #include "backend/cuda/cuda_common.cuh"
@@ -102,6 +107,213 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
   }
 }
 
+
+/* ---- split path ---- */
+
+#define ATT_SPLIT 128 /* positions per range, before the cap on ranges */
+#define ATT_MAXS 16   /* ranges per row at most */
+#define ATT_SW 8      /* warps per block */
+#define ATT_MAXG 8    /* q heads per kv head */
+
+/* Number of ranges and positions per range for a row at position p (a function of p alone). */
+__device__ __forceinline__ int att_nsplit(int p, int *per) {
+  int n = p + 1;
+  int ns = (n + ATT_SPLIT - 1) / ATT_SPLIT;
+  if (ns > ATT_MAXS) ns = ATT_MAXS;
+  int q = (n + ns - 1) / ns;
+  *per = q;
+  return (n + q - 1) / q;
+}
+
+template <int VPL, int G>
+__device__ __forceinline__ void att_load(const bf16 *src, float *dst) {
+  if (VPL == 8) {
+    uint4 u = *(const uint4 *)src;
+    const __nv_bfloat162 *b2 = (const __nv_bfloat162 *)&u;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+      float2 f = __bfloat1622float2(b2[i]);
+      dst[2 * i] = f.x;
+      dst[2 * i + 1] = f.y;
+    }
+  } else if (VPL == 4) {
+    uint2 u = *(const uint2 *)src;
+    const __nv_bfloat162 *b2 = (const __nv_bfloat162 *)&u;
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+      float2 f = __bfloat1622float2(b2[i]);
+      dst[2 * i] = f.x;
+      dst[2 * i + 1] = f.y;
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < VPL; i++) dst[i] = bf2f(src[i]);
+  }
+}
+
+/* grid (T, nkv, ATT_MAXS), block ATT_SW*32. part: [T, nh, ATT_MAXS, hd] accumulators,
+ * ml: [T, nh, ATT_MAXS, 2] (running max, sum). */
+template <int VPL, int G>
+__global__ void __launch_bounds__(ATT_SW * 32)
+    k_attn_split(const bf16 *kp, const bf16 *vp, const bf16 *q, const int32_t *seq,
+                 const int32_t *pos, const int32_t *page_table, int max_pages, int nh, int nkv,
+                 float scale, float *part, float *ml) {
+  constexpr int HD = VPL * 32;
+  __shared__ float s_m[ATT_SW][G], s_l[ATT_SW][G];
+  __shared__ float s_acc[ATT_SW][G][HD];
+  int t = blockIdx.x, kvh = blockIdx.y, z = blockIdx.z;
+  int lane = threadIdx.x & 31, wp = threadIdx.x >> 5;
+  int p = pos[t], per;
+  int ns = att_nsplit(p, &per);
+  if (z >= ns) return;
+  int j0 = z * per, j1 = min(p + 1, j0 + per);
+  const int32_t *pt = page_table + (size_t)seq[t] * max_pages;
+  float qr[G][VPL], acc[G][VPL], m[G], l[G];
+#pragma unroll
+  for (int g = 0; g < G; g++) {
+    att_load<VPL, G>(q + ((size_t)t * nh + kvh * G + g) * HD + lane * VPL, qr[g]);
+#pragma unroll
+    for (int i = 0; i < VPL; i++) {
+      qr[g][i] *= scale;
+      acc[g][i] = 0.f;
+    }
+    m[g] = -INFINITY;
+    l[g] = 0.f;
+  }
+  size_t row_w = (size_t)nkv * HD;
+  for (int j = j0 + wp; j < j1; j += ATT_SW) {
+    int page = pt[j / BACKEND_PAGE_TOKENS];
+    size_t off = ((size_t)page * BACKEND_PAGE_TOKENS + (size_t)(j % BACKEND_PAGE_TOKENS)) * row_w +
+                 (size_t)kvh * HD + lane * VPL;
+    float kr[VPL], vr[VPL];
+    att_load<VPL, G>(kp + off, kr);
+    att_load<VPL, G>(vp + off, vr);
+    float d[G];
+#pragma unroll
+    for (int g = 0; g < G; g++) {
+      float s = 0.f;
+#pragma unroll
+      for (int i = 0; i < VPL; i++) s += qr[g][i] * kr[i];
+      d[g] = s;
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+      for (int g = 0; g < G; g++) d[g] += __shfl_xor_sync(0xffffffffu, d[g], o);
+#pragma unroll
+    for (int g = 0; g < G; g++) {
+      float sc = d[g];
+      float mn = fmaxf(m[g], sc);
+      float cr = __expf(m[g] - mn), e = __expf(sc - mn);
+      l[g] = l[g] * cr + e;
+#pragma unroll
+      for (int i = 0; i < VPL; i++) acc[g][i] = acc[g][i] * cr + e * vr[i];
+      m[g] = mn;
+    }
+  }
+#pragma unroll
+  for (int g = 0; g < G; g++) {
+    if (lane == 0) {
+      s_m[wp][g] = m[g];
+      s_l[wp][g] = l[g];
+    }
+#pragma unroll
+    for (int i = 0; i < VPL; i++) s_acc[wp][g][lane * VPL + i] = acc[g][i];
+  }
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < G * HD; idx += blockDim.x) {
+    int g = idx / HD, i = idx % HD;
+    float M = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < ATT_SW; w++) M = fmaxf(M, s_m[w][g]);
+    float L = 0.f, o = 0.f;
+#pragma unroll
+    for (int w = 0; w < ATT_SW; w++) {
+      if (s_l[w][g] > 0.f) {
+        float f = __expf(s_m[w][g] - M);
+        L += s_l[w][g] * f;
+        o += s_acc[w][g][i] * f;
+      }
+    }
+    size_t r = ((size_t)t * nh + kvh * G + g) * ATT_MAXS + z;
+    part[r * HD + i] = o;
+    if (i == 0) {
+      ml[2 * r] = M;
+      ml[2 * r + 1] = L;
+    }
+  }
+}
+
+/* grid (T, nh), block hd: merges a row's ranges in order. */
+__global__ void k_attn_merge(const float *part, const float *ml, const int32_t *pos, int nh,
+                             int hd, bf16 *out) {
+  int t = blockIdx.x, h = blockIdx.y, i = threadIdx.x;
+  int per;
+  int ns = att_nsplit(pos[t], &per);
+  size_t r0 = ((size_t)t * nh + h) * ATT_MAXS;
+  float M = -INFINITY;
+  for (int z = 0; z < ns; z++) M = fmaxf(M, ml[2 * (r0 + z)]);
+  float L = 0.f, o = 0.f;
+  for (int z = 0; z < ns; z++) {
+    float f = __expf(ml[2 * (r0 + z)] - M);
+    L += ml[2 * (r0 + z) + 1] * f;
+    if (i < hd) o += part[(r0 + z) * hd + i] * f;
+  }
+  if (i < hd) out[((size_t)t * nh + h) * hd + i] = f2bf(o / L);
+}
+
+template <int VPL, int G>
+static void att_launch(cuda_ctx *c, const bf16 *kp, const bf16 *vp, const bf16 *q, int nh,
+                       int nkv, float scale, float *part, float *ml) {
+  dim3 grid(c->b.n_tokens, nkv, ATT_MAXS);
+  k_attn_split<VPL, G><<<grid, ATT_SW * 32, 0, c->st>>>(kp, vp, q, c->b.seq, c->b.pos,
+                                                         c->b.page_table, c->b.max_pages, nh, nkv,
+                                                         scale, part, ml);
+}
+
+template <int VPL>
+static int att_launch_g(cuda_ctx *c, int G, const bf16 *kp, const bf16 *vp, const bf16 *q,
+                        int nh, int nkv, float scale, float *part, float *ml) {
+  switch (G) {
+    case 1: att_launch<VPL, 1>(c, kp, vp, q, nh, nkv, scale, part, ml); return 1;
+    case 2: att_launch<VPL, 2>(c, kp, vp, q, nh, nkv, scale, part, ml); return 1;
+    case 4: att_launch<VPL, 4>(c, kp, vp, q, nh, nkv, scale, part, ml); return 1;
+    case 8:
+      if constexpr (VPL <= 4) {
+        att_launch<VPL, 8>(c, kp, vp, q, nh, nkv, scale, part, ml);
+        return 1;
+      }
+      return 0;
+  }
+  return 0;
+}
+
+/* The split path; returns 0 when the shape is not covered (the caller falls back). */
+static int att_split(cuda_ctx *c, const bf16 *kp, const bf16 *vp, const bf16 *q, int nh,
+                     int nkv, int hd, float scale, bf16 *out) {
+  int G = nh / nkv;
+  if (c->legacy || hd % 32 || hd > 256 || (G != 1 && G != 2 && G != 4 && G != 8)) return 0;
+  int VPL = hd / 32;
+  if (VPL != 1 && VPL != 2 && VPL != 4 && VPL != 8) return 0;
+  size_t rows = (size_t)c->b.n_tokens * nh * ATT_MAXS;
+  float *part = (float *)cuda_scratch(c, rows * ((size_t)hd + 2) * sizeof(float));
+  if (!part) return 1;
+  float *ml = part + rows * hd;
+  int ok = 0;
+  switch (VPL) {
+    case 1: ok = att_launch_g<1>(c, G, kp, vp, q, nh, nkv, scale, part, ml); break;
+    case 2: ok = att_launch_g<2>(c, G, kp, vp, q, nh, nkv, scale, part, ml); break;
+    case 4: ok = att_launch_g<4>(c, G, kp, vp, q, nh, nkv, scale, part, ml); break;
+    case 8: ok = att_launch_g<8>(c, G, kp, vp, q, nh, nkv, scale, part, ml); break;
+  }
+  if (!ok) return 0;
+  cuda_check_launch(c, "attention (split)");
+  dim3 g2(c->b.n_tokens, nh);
+  k_attn_merge<<<g2, (hd + 31) / 32 * 32, 0, c->st>>>(part, ml, c->b.pos, nh, hd, out);
+  cuda_check_launch(c, "attention (merge)");
+  return 1;
+}
+
 extern "C" void cuda_attn_attention(backend *be, backend_buf k_pool, backend_buf v_pool,
                                     backend_buf q, backend_buf k, backend_buf v, int nh, int nkv,
                                     int hd, float scale, backend_buf out) {
@@ -117,6 +329,9 @@ extern "C" void cuda_attn_attention(backend *be, backend_buf k_pool, backend_buf
       (const bf16 *)k, (const bf16 *)v, c->b.seq, c->b.pos, c->b.page_table, c->b.max_pages, T, w,
       (bf16 *)k_pool, (bf16 *)v_pool);
   cuda_check_launch(c, "attention (kv write)");
+  if (att_split(c, (const bf16 *)k_pool, (const bf16 *)v_pool, (const bf16 *)q, nh, nkv, hd, scale,
+                (bf16 *)out))
+    return;
   dim3 grid(T, nh);
   k_attention<<<grid, ATT_WARPS * 32, ATT_WARPS * hd * sizeof(float), c->st>>>(
       (const bf16 *)k_pool, (const bf16 *)v_pool, (const bf16 *)q, c->b.seq, c->b.pos,

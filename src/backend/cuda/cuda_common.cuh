@@ -53,6 +53,8 @@ typedef struct cuda_ctx {
   /* scratch */
   void *scratch;
   size_t scratch_bytes;
+  /* DS_CUDA_LEGACY=1: the first (simple) kernels only, for before/after timings */
+  int legacy;
   /* sticky failure */
   int failed;
   char err[256];

@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# bench_test — CI smoke test of the benchmark harness on the CPU: `deltaserve bench --quick` on a
+# tiny random model must write JSON with the commit, the device, the peers and every metric
+# key as a finite number (and ratios for every peer figure); report.py must turn it into
+# Markdown without matplotlib; serve_load.mjs must drive a served tiny model and report
+# finite latency figures. No timing assertions.
+set -u
+cd "$(dirname "$0")/.."
+BIN=${DS_BUILD:-build}/deltaserve
+if [ ! -x "$BIN" ]; then echo "FAIL bench: $BIN not built"; exit 1; fi
+if ! "$BIN" bench --help >/dev/null 2>&1; then echo "FAIL bench: '$BIN bench' is not a command"; exit 1; fi
+tmp=$(mktemp -d)
+spid=""
+cleanup() { [ -n "$spid" ] && kill "$spid" 2>/dev/null; rm -rf "$tmp"; }
+trap cleanup EXIT
+
+if ! "$BIN" gen-random --config scripts/bench/tiny-config.json --out "$tmp/m" --seed 3 >"$tmp/gen.log" 2>&1; then
+  echo "FAIL bench_gen_random: $(tail -1 "$tmp/gen.log")"; exit 1
+fi
+if DS_COMMIT=0123456789abcdef0123456789abcdef01234567 \
+    "$BIN" bench --model "$tmp/m" --device cpu --threads 2 --quick --out "$tmp/b.json" >"$tmp/bench.log" 2>&1; then
+  echo "PASS bench_runs"
+else
+  echo "FAIL bench_runs: exit status $?"; tail -5 "$tmp/bench.log"
+fi
+if [ ! -f "$tmp/b.json" ]; then echo "FAIL bench_json_written"; exit 1; fi
+
+# Usage errors: no --out, an unknown flag.
+"$BIN" bench --model "$tmp/m" >/dev/null 2>&1; rc=$?
+[ $rc -eq 2 ] && echo "PASS bench_usage_missing_out" || echo "FAIL bench_usage_missing_out: exit $rc"
+"$BIN" bench --model "$tmp/m" --out "$tmp/x.json" --bogus 1 >/dev/null 2>&1; rc=$?
+[ $rc -eq 2 ] && echo "PASS bench_usage_unknown_flag" || echo "FAIL bench_usage_unknown_flag: exit $rc"
+
+node - "$tmp/b.json" <<'JS'
+const fs = require("fs");
+const d = JSON.parse(fs.readFileSync(process.argv[2], "utf8"));
+const check = (name, ok, why) => console.log(ok ? `PASS ${name}` : `FAIL ${name}: ${why}`);
+const fin = (x) => typeof x === "number" && Number.isFinite(x);
+const keys = [
+  "decode_tok_s_1", "decode_tok_s_8", "decode_tok_s_32", "decode_tok_s_64", "decode_tok_s_128",
+  "prefill_tok_s_512", "prefill_tok_s_4096", "prefill_tok_s_16384",
+  "shared_prefix_8x12k_all_first_token_s", "warm_prefix_ttft_ms",
+  "capture_pause_ms", "restore_pause_ms", "checkpoint_bytes",
+  "roofline_bw_bytes_per_s", "roofline_flops_per_s",
+  ...[1, 8, 32, 64, 128].flatMap((n) => [`decode_bytes_per_step_${n}`, `decode_ceiling_tok_s_${n}`, `decode_roofline_frac_${n}`]),
+  ...[512, 4096, 16384].flatMap((n) => [`prefill_flops_per_token_${n}`, `prefill_ceiling_tok_s_${n}`, `prefill_roofline_frac_${n}`]),
+];
+const m = d.metrics || {};
+const bad = keys.filter((k) => !fin(m[k]));
+check("bench_metrics_finite", bad.length === 0, `not finite numbers: ${bad.join(", ")}`);
+const nonfinite = Object.entries(m).filter(([, v]) => !fin(v)).map(([k]) => k);
+check("bench_all_metrics_numbers", nonfinite.length === 0, nonfinite.join(", "));
+const pos = keys.filter((k) => fin(m[k]) && !(m[k] > 0) && !k.startsWith("capture") && !k.startsWith("restore"));
+check("bench_metrics_positive", pos.length === 0, pos.join(", "));
+check("bench_commit_from_env", d.commit === "0123456789abcdef0123456789abcdef01234567", d.commit);
+check("bench_gpu_cpu", d.gpu === "cpu", d.gpu);
+check("bench_date", typeof d.date === "string" && !Number.isNaN(Date.parse(d.date)), d.date);
+const pm = (d.peers && d.peers.metrics) || {};
+check("bench_peers", pm.decode_tok_s_1 === 248 && pm.decode_tok_s_128 === 3788 && pm.prefill_tok_s_512 === 21759, JSON.stringify(pm));
+const r = d.ratios || {};
+const badr = Object.keys(pm).filter((k) => !fin(r[k]) || Math.abs(r[k] - m[k] / pm[k]) > 1e-6 * Math.abs(r[k]));
+check("bench_ratios", badr.length === 0, badr.join(", "));
+// Independent roofline check: the decode bytes grow by exactly 2*slot + ctx*KV per sequence.
+const i = d.info || {};
+const b1 = m.decode_bytes_per_step_1, b8 = m.decode_bytes_per_step_8;
+check("bench_roofline_weights", Math.abs(b1 - i.weight_bytes - (b8 - i.weight_bytes) / 8) < 1e-6 * b1, `${b1} ${b8}`);
+check("bench_roofline_state", (b1 - i.weight_bytes) > 2 * i.slot_bytes, `${b1} ${i.weight_bytes} ${i.slot_bytes}`);
+check("bench_checkpoint_bytes_is_slot", m.checkpoint_bytes === i.slot_bytes, `${m.checkpoint_bytes} vs ${i.slot_bytes}`);
+check("bench_prefix_stats", i.prefix_stats && i.prefix_stats.shared_wave && Number.isInteger(i.prefix_stats.shared_wave.prompt_tokens), JSON.stringify(i.prefix_stats));
+// 8 requests of (prefix + suffix) tokens went through the engine.
+const z = i.sizes || {};
+check("bench_prefix_prompt_tokens", i.prefix_stats && i.prefix_stats.shared_wave.prompt_tokens === z.prefix_n * (z.prefix_len + z.suffix_len), JSON.stringify(z));
+JS
+
+if command -v python3 >/dev/null; then
+  if python3 scripts/bench/report.py --bench "$tmp/b.json" --out-prefix "$tmp/r/bench" --no-plots >"$tmp/table" 2>"$tmp/rep.log" &&
+     grep -q '^| `decode_tok_s_128`' "$tmp/r/bench.md" && grep -q '^decode_tok_s_128 ' "$tmp/table"; then
+    echo "PASS bench_report_markdown"
+  else
+    echo "FAIL bench_report_markdown"; tail -5 "$tmp/rep.log"
+  fi
+else
+  echo "PASS bench_report_skipped_no_python"
+fi
+
+# serve_load against a served tiny model (official openai client from node_modules).
+if [ ! -d node_modules/openai ]; then echo "PASS bench_serve_load_skipped_no_openai"; exit 0; fi
+"$BIN" serve --model "$tmp/m" --device cpu --threads 2 --port 0 --skip-tokenizer-init --kv-cache-tokens 4096 \
+  --max-num-seqs 4 >"$tmp/serve.log" 2>&1 &
+spid=$!
+port=""
+for _ in $(seq 1 100); do
+  port=$(sed -n 's/.*listening on http:\/\/127.0.0.1:\([0-9]*\).*/\1/p' "$tmp/serve.log" | head -1)
+  [ -n "$port" ] && break
+  sleep 0.1
+done
+if [ -z "$port" ]; then echo "FAIL bench_serve_start"; tail -5 "$tmp/serve.log"; exit 1; fi
+if node scripts/bench/serve_load.mjs --base-url "http://127.0.0.1:$port/v1" --out "$tmp/load.json" --label t \
+    --clients 1,3 --requests-per-client 2 --prefix-tokens 64 --suffix-min 3 --suffix-max 9 --max-tokens 5 \
+    --vocab 1024 --wait-health-s 60 >"$tmp/load.log" 2>&1; then
+  echo "PASS bench_serve_load_runs"
+else
+  echo "FAIL bench_serve_load_runs"; tail -5 "$tmp/load.log"
+fi
+node - "$tmp/load.json" <<'JS'
+const fs = require("fs");
+const check = (name, ok, why) => console.log(ok ? `PASS ${name}` : `FAIL ${name}: ${why}`);
+let d;
+try { d = JSON.parse(fs.readFileSync(process.argv[2], "utf8")); } catch (e) { check("bench_serve_load_json", false, e.message); process.exit(0); }
+const fin = (x) => typeof x === "number" && Number.isFinite(x);
+const lv = d.levels || [];
+check("bench_serve_load_levels", lv.length === 2 && lv[0].clients === 1 && lv[1].clients === 3, JSON.stringify(lv.map((l) => l.clients)));
+for (const l of lv) {
+  const keys = ["ttft_ms_p50", "ttft_ms_p99", "itl_ms_p50", "itl_ms_p99", "output_tok_s", "cache_hit_rate_usage", "cache_hit_rate_metrics"];
+  const bad = keys.filter((k) => !fin(l[k]));
+  check(`bench_serve_load_finite_${l.clients}`, bad.length === 0 && l.errors === 0, `${bad.join(", ")} errors ${l.errors} ${l.first_error}`);
+  // every request streamed exactly max_tokens tokens (ignore_eos), one TTFT each
+  check(`bench_serve_load_tokens_${l.clients}`, l.output_tokens === 5 * l.requests && l.ttft_ms.length === l.requests,
+    `${l.output_tokens} tokens for ${l.requests} requests`);
+  check(`bench_serve_load_prompt_tokens_${l.clients}`, l.metrics_delta.prompt_tokens_total === l.prompt_tokens, JSON.stringify(l.metrics_delta));
+}
+JS

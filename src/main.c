@@ -15,6 +15,7 @@ static const struct {
     {"tokenize", cmd_tokenize, "text on stdin -> token ids"},
     {"detokenize", cmd_detokenize, "token ids on stdin -> text"},
     {"render", cmd_render, "OpenAI chat request JSON on stdin -> rendered prompt"},
+    {"bench", cmd_bench, "benchmark prefill, decode, prefix cache and roofline -> JSON"},
     {"gen-random", cmd_gen_random, "write a random-weight model folder for a config.json"},
 };
 

@@ -4,7 +4,7 @@
 //   node scripts/bench/serve_load.mjs --base-url http://127.0.0.1:8000/v1 --out FILE.json
 //        [--label cache_on] [--clients 8,32,64] [--requests-per-client 2]
 //        [--prefix-tokens 12000] [--suffix-min 50] [--suffix-max 200] [--max-tokens 128]
-//        [--vocab 151936] [--level-time-s 40] [--wait-health-s 300] [--seed 1]
+//        [--vocab 151936] [--level-time-s 40] [--deadline-s 0] [--wait-health-s 300] [--seed 1]
 //
 // Workload (one run per server; run it once with prefix caching on and once off): a shared
 // "system prompt" of --prefix-tokens random token ids, the same for every request of the run,
@@ -12,7 +12,9 @@
 // with ignore_eos, streamed (/v1/completions with a token-id prompt, so a random-weight model
 // without a tokenizer works). For each concurrency level N, N closed-loop clients each send
 // --requests-per-client requests one after another; a client sends no new request once the
-// level has run --level-time-s seconds (the in-flight ones finish).
+// level has run --level-time-s seconds (the in-flight ones finish); no level starts once the
+// run has taken --deadline-s seconds (0: no limit). The JSON is rewritten after every level, so
+// a run killed from outside keeps the levels it finished.
 //
 // Per level: TTFT p50/p99 (send -> first chunk carrying tokens), inter-token latency p50/p99
 // (gap between chunks, split evenly over the tokens a chunk carries), output tokens/s (all
@@ -21,13 +23,14 @@
 // (prefix_cache_hit_tokens_total / prompt_tokens_total, hits / queries). Prints one summary line
 // per level on stderr and writes the JSON.
 import fs from "node:fs";
+import { pathToFileURL } from "node:url";
 import OpenAI from "openai";
 
 function parseArgs(argv) {
   const o = {
     baseUrl: "http://127.0.0.1:8000/v1", out: null, label: "run", clients: [8, 32, 64],
     requestsPerClient: 2, prefixTokens: 12000, suffixMin: 50, suffixMax: 200, maxTokens: 128,
-    vocab: 151936, levelTimeS: 40, waitHealthS: 300, seed: 1, model: null, timeoutS: 600,
+    vocab: 151936, levelTimeS: 40, deadlineS: 0, waitHealthS: 300, seed: 1, model: null, timeoutS: 600,
   };
   const num = (k, v) => {
     const x = Number(v);
@@ -56,6 +59,7 @@ function parseArgs(argv) {
       case "--vocab": o.vocab = num(k, v); break;
       case "--level-time-s": o.levelTimeS = num(k, v); break;
       case "--wait-health-s": o.waitHealthS = num(k, v); break;
+      case "--deadline-s": o.deadlineS = num(k, v); break;
       case "--timeout-s": o.timeoutS = num(k, v); break;
       case "--seed": o.seed = num(k, v); break;
       default: throw new Error(`unknown flag ${k}`);
@@ -229,17 +233,6 @@ async function main() {
   const rand = rng(o.seed);
   const prefix = Array.from({ length: o.prefixTokens }, () => Math.floor(rand() * o.vocab));
   const levels = [];
-  for (const n of o.clients) {
-    const lv = await runLevel(o, client, model, root, prefix, rand, n);
-    levels.push(lv);
-    const f = (x, d = 1) => (x === null || x === undefined ? "-" : x.toFixed(d));
-    console.error(
-      `serve_load ${o.label}: ${n} clients, ${lv.requests} requests (${lv.errors} errors) in ${f(lv.duration_s)} s: ` +
-        `TTFT p50 ${f(lv.ttft_ms_p50)} p99 ${f(lv.ttft_ms_p99)} ms, ITL p50 ${f(lv.itl_ms_p50, 2)} p99 ${f(lv.itl_ms_p99, 2)} ms, ` +
-        `${f(lv.output_tok_s)} tok/s out, cache hit ${f(lv.cache_hit_rate_usage, 3)} (usage) ${f(lv.cache_hit_rate_metrics, 3)} (metrics)` +
-        (lv.first_error ? `; first error: ${lv.first_error}` : ""),
-    );
-  }
   const res = {
     label: o.label,
     base_url: o.baseUrl,
@@ -251,14 +244,33 @@ async function main() {
       vocab: o.vocab, seed: o.seed, stream: true, ignore_eos: true, temperature: 0,
     },
     levels,
+    skipped_levels: [],
   };
+  const t0 = performance.now();
+  for (const n of o.clients) {
+    if (o.deadlineS > 0 && performance.now() - t0 > o.deadlineS * 1000) {
+      res.skipped_levels.push(n);
+      console.error(`serve_load ${o.label}: ${n} clients skipped (past --deadline-s ${o.deadlineS})`);
+      continue;
+    }
+    const lv = await runLevel(o, client, model, root, prefix, rand, n);
+    levels.push(lv);
+    fs.writeFileSync(o.out, JSON.stringify(res, null, 2) + "\n");
+    const f = (x, d = 1) => (x === null || x === undefined ? "-" : x.toFixed(d));
+    console.error(
+      `serve_load ${o.label}: ${n} clients, ${lv.requests} requests (${lv.errors} errors) in ${f(lv.duration_s)} s: ` +
+        `TTFT p50 ${f(lv.ttft_ms_p50)} p99 ${f(lv.ttft_ms_p99)} ms, ITL p50 ${f(lv.itl_ms_p50, 2)} p99 ${f(lv.itl_ms_p99, 2)} ms, ` +
+        `${f(lv.output_tok_s)} tok/s out, cache hit ${f(lv.cache_hit_rate_usage, 3)} (usage) ${f(lv.cache_hit_rate_metrics, 3)} (metrics)` +
+        (lv.first_error ? `; first error: ${lv.first_error}` : ""),
+    );
+  }
   fs.writeFileSync(o.out, JSON.stringify(res, null, 2) + "\n");
   const errors = levels.reduce((s, l) => s + l.errors, 0);
   if (errors > 0) console.error(`serve_load ${o.label}: ${errors} requests failed`);
   process.exit(errors > 0 && levels.every((l) => l.errors === l.requests) ? 1 : 0);
 }
 
-if (import.meta.url === `file://${process.argv[1]}`) {
+if (process.argv[1] && import.meta.url === pathToFileURL(process.argv[1]).href) {
   main().catch((e) => {
     console.error(`serve_load: ${e.message}`);
     process.exit(1);

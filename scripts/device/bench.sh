@@ -15,14 +15,19 @@
 #   bench-<date>-<commit>.json / .md / -throughput.png / -ttft.png  (copy into bench/results/)
 #   bench.log, serve-on.log, serve-off.log
 # and prints a short table last. Meant to finish in about 8 minutes on an H200.
+# The device tool stops a command at 10 minutes: every step after the build gets a timeout cut
+# from DS_BENCH_BUDGET_S (540 s in all), so the report is always written.
 # Knobs: DS_BENCH_CLIENTS (8,32,64), DS_BENCH_LEVEL_S (40), DS_BENCH_PORT (18080),
-# DS_BIN (a deltaserve binary to use instead of building), DS_BENCH_SKIP_SERVE=1.
+# DS_BENCH_BUDGET_S (540), DS_BIN (a deltaserve binary to use instead of building),
+# DS_BENCH_SKIP_SERVE=1.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 MODE=cuda
 [ "${1:-}" = "--cpu" ] && MODE=cpu
 T0=$(date +%s)
 since() { echo "$(( $(date +%s) - T0 )) s"; }
+BUDGET=${DS_BENCH_BUDGET_S:-540}
+left() { echo $(( BUDGET - ($(date +%s) - T0) )); } # seconds of the budget left
 
 if [ $MODE = cuda ]; then
   OUT=${OUT:-/tmp/ds-bench-out}
@@ -93,7 +98,8 @@ echo "bench: model $MODEL ($(since))"
 
 # ---- offline bench -----------------------------------------------------------------------
 BENCH_JSON=$OUT/bench-raw.json
-timeout 420 "$BIN" bench --model "$MODEL" --device $DEVICE --out "$BENCH_JSON" $QUICK >"$OUT/bench.log" 2>&1
+BT=$(( $(left) - 40 )); [ $BT -gt 420 ] && BT=420; [ $BT -lt 30 ] && BT=30
+timeout $BT "$BIN" bench --model "$MODEL" --device $DEVICE --out "$BENCH_JSON" $QUICK >"$OUT/bench.log" 2>&1
 RC=$?
 grep '^bench:' "$OUT/bench.log" || true
 if [ $RC -ne 0 ]; then
@@ -132,12 +138,16 @@ else
   fi
   for mode in on off; do
     if [ $mode = on ]; then PC=--enable-prefix-caching; else PC=--no-enable-prefix-caching; fi
+    # this run's share of what is left (the second run gets all of the rest), minus the report
+    LT=$(( $(left) - 20 )); [ $mode = on ] && LT=$(( LT / 2 ))
+    if [ $LT -lt 30 ]; then echo "bench: serving run cache_$mode skipped: out of time budget"; continue; fi
+    DL=$(( LT - ${DS_BENCH_LEVEL_S:-40} - 30 )); [ $DL -lt 1 ] && DL=1
     "$BIN" serve --model "$MODEL" --port "$PORT" --served-model-name bench --skip-tokenizer-init \
       $SERVE_FLAGS $PC >"$OUT/serve-$mode.log" 2>&1 &
     SPID=$!
     # shellcheck disable=SC2086
-    timeout 300 "$NODE" scripts/bench/serve_load.mjs --base-url "http://127.0.0.1:$PORT/v1" \
-      --model bench --label "cache_$mode" --vocab "$VOCAB" --wait-health-s 120 $LOAD_FLAGS \
+    timeout $LT "$NODE" scripts/bench/serve_load.mjs --base-url "http://127.0.0.1:$PORT/v1" \
+      --model bench --label "cache_$mode" --vocab "$VOCAB" --wait-health-s 120 --deadline-s $DL $LOAD_FLAGS \
       --out "$OUT/serve-$mode.json" 2>&1 | grep -v '^$'
     kill "$SPID" 2>/dev/null
     wait "$SPID" 2>/dev/null

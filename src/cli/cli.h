@@ -11,5 +11,6 @@ int cmd_detokenize(int argc, char **argv); /* ids on stdin -> text */
 int cmd_render(int argc, char **argv);     /* chat request JSON on stdin -> prompt text */
 int cmd_gen_random(int argc, char **argv); /* random-weight model folder from a config */
 int cmd_run_batch(int argc, char **argv);  /* run --prompts-file: the engine, offline */
+int cmd_bench(int argc, char **argv);      /* benchmark harness -> JSON */
 
 #endif

@@ -691,6 +691,88 @@ static const char *bench_metric_keys[] = {
     "shared_prefix_8x12k_all_first_token_s", "warm_prefix_ttft_ms", "capture_pause_ms",
     "restore_pause_ms", "checkpoint_bytes"};
 
+/* Writes the JSON (final: also checks that every headline metric is there, prints the table on
+ * stdout). Returns 0, or 1 when a headline metric is missing or the file cannot be written. */
+static int bench_write(bench *b, const char *out, int final, int quiet_missing, double t_start) {
+  char commit[128], gpu[256], date[64];
+  bench_commit(commit, sizeof commit);
+  bench_gpu_name(b, gpu, sizeof gpu);
+  time_t now = time(NULL);
+  struct tm tmv;
+  gmtime_r(&now, &tmv);
+  strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", &tmv);
+  int bad = 0;
+
+  json_t *peers = json_object(), *pm = json_object(), *ratios = json_object();
+  for (size_t i = 0; i < sizeof bench_peers / sizeof bench_peers[0]; i++) {
+    json_object_set_new(pm, bench_peers[i].key, json_real(bench_peers[i].value));
+    json_t *ours = json_object_get(b->metrics, bench_peers[i].key);
+    bench_set(ratios, bench_peers[i].key,
+              ours && json_is_number(ours) ? json_number_value(ours) / bench_peers[i].value : NAN);
+  }
+  json_object_set_new(peers, "name", json_string("llama.cpp"));
+  json_object_set_new(peers, "source",
+                      json_string("shared/design/anchors.md: llama.cpp (Aug 2026 build, CUDA, "
+                                  "flash attention) on one H200, same shape in bf16, 2026-11-29; "
+                                  "decode = llama-batched-bench 512 in + 128 out, prefill = "
+                                  "llama-bench pp512, prefix = llama-server 8 slots"));
+  json_object_set_new(peers, "metrics", pm);
+  json_object_set_new(ratios, "note",
+                      json_string("ours / llama.cpp: above 1 is better for tok/s, below 1 is "
+                                  "better for seconds and milliseconds"));
+
+  json_object_set_new(b->info, "model", json_string(b->model_dir));
+  json_object_set_new(b->info, "model_type", json_string(b->cfg.model_type));
+  json_object_set_new(b->info, "backend", json_string(b->be ? b->be->name : "?"));
+  json_object_set_new(b->info, "threads", json_integer(b->threads));
+  json_object_set_new(b->info, "quick", json_boolean(b->quick));
+  json_object_set_new(b->info, "complete", json_boolean(final));
+  json_object_set_new(b->info, "sizes", bench_sizes_json(&b->sz));
+  json_object_set_new(b->info, "wall_s", json_real(bench_now() - t_start));
+
+  json_t *root = json_object();
+  json_object_set_new(root, "commit", json_string(commit));
+  json_object_set_new(root, "gpu", json_string(gpu));
+  json_object_set_new(root, "date", json_string(date));
+  json_object_set(root, "metrics", b->metrics);
+  json_object_set_new(root, "peers", peers);
+  json_object_set_new(root, "ratios", ratios);
+  json_object_set(root, "info", b->info);
+  for (size_t i = 0; final && i < sizeof bench_metric_keys / sizeof *bench_metric_keys; i++) {
+    json_t *v = json_object_get(b->metrics, bench_metric_keys[i]);
+    if (!v || !json_is_number(v)) {
+      if (!quiet_missing)
+        fprintf(stderr, "deltaserve bench: %s was not measured\n", bench_metric_keys[i]);
+      bench_set(b->metrics, bench_metric_keys[i], NAN);
+      bad = 1;
+    }
+  }
+  /* written whole to a temporary name, then renamed: a kill never leaves half a file */
+  char tmp[4096];
+  snprintf(tmp, sizeof tmp, "%s.tmp", out);
+  if (json_dump_file(root, tmp, JSON_INDENT(2) | JSON_REAL_PRECISION(8)) != 0 || rename(tmp, out) != 0) {
+    fprintf(stderr, "deltaserve bench: cannot write %s: %s\n", out, strerror(errno));
+    bad = 1;
+  }
+  if (final) {
+    printf("%-40s %14s %12s %8s\n", "metric", "deltaserve", "llama.cpp", "ratio");
+    for (size_t i = 0; i < sizeof bench_metric_keys / sizeof *bench_metric_keys; i++) {
+      const char *k = bench_metric_keys[i];
+      json_t *v = json_object_get(b->metrics, k), *r = json_object_get(ratios, k);
+      double peer = NAN;
+      for (size_t j = 0; j < sizeof bench_peers / sizeof bench_peers[0]; j++)
+        if (!strcmp(bench_peers[j].key, k)) peer = bench_peers[j].value;
+      char ps[32] = "-", rs[32] = "-";
+      if (isfinite(peer)) snprintf(ps, sizeof ps, "%.6g", peer);
+      if (json_is_number(r)) snprintf(rs, sizeof rs, "%.3g", json_number_value(r));
+      printf("%-40s %14.6g %12s %8s\n", k, json_is_number(v) ? json_number_value(v) : NAN, ps, rs);
+    }
+    fflush(stdout);
+  }
+  json_decref(root);
+  return bad;
+}
+
 static void bench_usage(FILE *f) {
   fprintf(f,
           "usage: deltaserve bench --model DIR --out FILE.json [--device cpu|cuda|auto] "
@@ -784,81 +866,15 @@ int cmd_bench(int argc, char **argv) {
     fprintf(stderr, "deltaserve bench: %s\n", b.err);
     bench_stop(&b);
   }
+  int wrote = bench_write(&b, out, 0, 0, t_start); /* phase A's figures survive a kill in B */
+  (void)wrote;
   if (bench_phase_b(&b)) {
     fprintf(stderr, "deltaserve bench: prefix phase: %s\n", b.err);
     bench_stop(&b);
     failed = 1;
   }
-
-  char commit[128], gpu[256], date[64];
-  bench_commit(commit, sizeof commit);
-  bench_gpu_name(&b, gpu, sizeof gpu);
-  time_t now = time(NULL);
-  struct tm tmv;
-  gmtime_r(&now, &tmv);
-  strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", &tmv);
-
-  json_t *peers = json_object(), *pm = json_object(), *ratios = json_object();
-  for (size_t i = 0; i < sizeof bench_peers / sizeof bench_peers[0]; i++) {
-    json_object_set_new(pm, bench_peers[i].key, json_real(bench_peers[i].value));
-    json_t *ours = json_object_get(b.metrics, bench_peers[i].key);
-    bench_set(ratios, bench_peers[i].key,
-              ours && json_is_number(ours) ? json_number_value(ours) / bench_peers[i].value : NAN);
-  }
-  json_object_set_new(peers, "name", json_string("llama.cpp"));
-  json_object_set_new(peers, "source",
-                      json_string("shared/design/anchors.md: llama.cpp (Aug 2026 build, CUDA, "
-                                  "flash attention) on one H200, same shape in bf16, 2026-11-29; "
-                                  "decode = llama-batched-bench 512 in + 128 out, prefill = "
-                                  "llama-bench pp512, prefix = llama-server 8 slots"));
-  json_object_set_new(peers, "metrics", pm);
-  json_object_set_new(ratios, "note",
-                      json_string("ours / llama.cpp: above 1 is better for tok/s, below 1 is "
-                                  "better for seconds and milliseconds"));
-
-  json_object_set_new(b.info, "model", json_string(b.model_dir));
-  json_object_set_new(b.info, "model_type", json_string(b.cfg.model_type));
-  json_object_set_new(b.info, "backend", json_string(b.be ? b.be->name : "?"));
-  json_object_set_new(b.info, "threads", json_integer(b.threads));
-  json_object_set_new(b.info, "quick", json_boolean(b.quick));
-  json_object_set_new(b.info, "sizes", bench_sizes_json(&b.sz));
-  json_object_set_new(b.info, "wall_s", json_real(bench_now() - t_start));
-
-  json_t *root = json_object();
-  json_object_set_new(root, "commit", json_string(commit));
-  json_object_set_new(root, "gpu", json_string(gpu));
-  json_object_set_new(root, "date", json_string(date));
-  json_object_set(root, "metrics", b.metrics);
-  json_object_set_new(root, "peers", peers);
-  json_object_set_new(root, "ratios", ratios);
-  json_object_set(root, "info", b.info);
-  for (size_t i = 0; i < sizeof bench_metric_keys / sizeof *bench_metric_keys; i++) {
-    json_t *v = json_object_get(b.metrics, bench_metric_keys[i]);
-    if (!v || !json_is_number(v)) {
-      if (!failed) fprintf(stderr, "deltaserve bench: %s was not measured\n", bench_metric_keys[i]);
-      bench_set(b.metrics, bench_metric_keys[i], NAN);
-      failed = 1;
-    }
-  }
-  if (json_dump_file(root, out, JSON_INDENT(2) | JSON_REAL_PRECISION(8)) != 0) {
-    fprintf(stderr, "deltaserve bench: cannot write %s: %s\n", out, strerror(errno));
-    failed = 1;
-  }
-  printf("%-40s %14s %12s %8s\n", "metric", "deltaserve", "llama.cpp", "ratio");
-  for (size_t i = 0; i < sizeof bench_metric_keys / sizeof *bench_metric_keys; i++) {
-    const char *k = bench_metric_keys[i];
-    json_t *v = json_object_get(b.metrics, k), *r = json_object_get(ratios, k);
-    double peer = NAN;
-    for (size_t j = 0; j < sizeof bench_peers / sizeof bench_peers[0]; j++)
-      if (!strcmp(bench_peers[j].key, k)) peer = bench_peers[j].value;
-    char ps[32] = "-", rs[32] = "-";
-    if (isfinite(peer)) snprintf(ps, sizeof ps, "%.6g", peer);
-    if (json_is_number(r)) snprintf(rs, sizeof rs, "%.3g", json_number_value(r));
-    printf("%-40s %14.6g %12s %8s\n", k, json_is_number(v) ? json_number_value(v) : NAN, ps, rs);
-  }
-  fflush(stdout);
-  json_decref(root);
-  status = failed ? 1 : 0;
+  wrote = bench_write(&b, out, 1, failed, t_start);
+  status = failed || wrote ? 1 : 0;
 done:
   json_decref(b.metrics);
   json_decref(b.info);

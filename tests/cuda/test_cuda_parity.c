@@ -145,11 +145,141 @@ static backend *emu_create(void) {
   return be;
 }
 
+/* ---- per-op profile of the CUDA backend (bench only) ----
+ * A wrapper over the CUDA backend's table: while prof_on, each op is bracketed by sync calls
+ * and host clocks (so each time includes one launch + sync round trip, measured alone as
+ * "(sync overhead)"); times are summed per op name (matmuls per N x K). */
+static backend *PC; /* the wrapped CUDA backend */
+static int prof_on;
+#define PROF_MAX 64
+static struct {
+  char name[48];
+  double s;
+  int n;
+} prof[PROF_MAX];
+static int prof_n;
+static double prof_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+static void prof_acc(const char *name, double dt) {
+  int i;
+  for (i = 0; i < prof_n; i++)
+    if (!strcmp(prof[i].name, name)) break;
+  if (i == prof_n) {
+    if (prof_n == PROF_MAX) return;
+    snprintf(prof[prof_n++].name, 48, "%s", name);
+  }
+  prof[i].s += dt;
+  prof[i].n++;
+}
+static void prof_reset(void) { prof_n = 0; }
+static void prof_print(const char *title, int steps) {
+  double tot = 0;
+  for (int i = 0; i < prof_n; i++) tot += prof[i].s;
+  printf("PROFILE %s (per step, %d steps; each op bracketed by syncs)\n", title, steps);
+  for (int i = 0; i < prof_n; i++)
+    printf("PROFILE   %-28s %5d calls %9.3f ms %5.1f%%\n", prof[i].name, prof[i].n / steps,
+           prof[i].s * 1e3 / steps, 100.0 * prof[i].s / tot);
+  printf("PROFILE   %-28s %15.3f ms\n", "total", tot * 1e3 / steps);
+}
+#define PROF_T(name_expr, call)                 \
+  do {                                          \
+    if (!prof_on) {                             \
+      call;                                     \
+      break;                                    \
+    }                                           \
+    PC->sync(PC, NULL, 0);                      \
+    double t0_ = prof_now();                    \
+    call;                                       \
+    PC->sync(PC, NULL, 0);                      \
+    prof_acc(name_expr, prof_now() - t0_);      \
+  } while (0)
+#define PROF(name, sig, args)                                   \
+  static void prof_##name sig {                                 \
+    (void)be;                                                   \
+    PROF_T(#name, PC->name args);                               \
+  }
+PROF(embed, (backend *be, backend_buf E, int H, backend_buf o), (PC, E, H, o))
+PROF(rmsnorm, (backend *be, backend_buf x, backend_buf a, backend_weight w, int T, int n, float eps, backend_buf y),
+     (PC, x, a, w, T, n, eps, y))
+PROF(add, (backend *be, backend_buf x, backend_buf y, size_t n), (PC, x, y, n))
+PROF(qk_norm_rope, (backend *be, backend_buf qg, backend_buf k, backend_weight a, backend_weight b, int nh, int nkv,
+                    int hd, int rot, double th, float eps, backend_buf q, backend_buf g),
+     (PC, qg, k, a, b, nh, nkv, hd, rot, th, eps, q, g))
+PROF(attention, (backend *be, backend_buf kp, backend_buf vp, backend_buf q, backend_buf k, backend_buf v, int nh,
+                 int nkv, int hd, float s, backend_buf o),
+     (PC, kp, vp, q, k, v, nh, nkv, hd, s, o))
+PROF(sigmoid_mul, (backend *be, backend_buf x, backend_buf g, size_t n), (PC, x, g, n))
+PROF(swiglu, (backend *be, backend_buf g, backend_buf u, size_t n, backend_buf o), (PC, g, u, n, o))
+PROF(moe, (backend *be, backend_buf x, const backend_moe *m, int T, int H, backend_buf o), (PC, x, m, T, H, o))
+PROF(conv1d, (backend *be, backend_buf s, backend_buf x, backend_weight w, int Cc, int K, backend_buf o),
+     (PC, s, x, w, Cc, K, o))
+PROF(gdn_gates, (backend *be, backend_buf q, backend_buf b, backend_buf a, backend_weight al, backend_weight db,
+                 int nk, int nv, int dk, int dv, backend_buf bt, backend_buf g),
+     (PC, q, b, a, al, db, nk, nv, dk, dv, bt, g))
+PROF(gdn_prefill, (backend *be, backend_buf s, backend_buf q, backend_buf b, backend_buf g, int nk, int nv, int dk,
+                   int dv, backend_buf o),
+     (PC, s, q, b, g, nk, nv, dk, dv, o))
+PROF(gdn_decode, (backend *be, backend_buf s, backend_buf q, backend_buf b, backend_buf g, int nk, int nv, int dk,
+                  int dv, backend_buf o),
+     (PC, s, q, b, g, nk, nv, dk, dv, o))
+PROF(gated_rmsnorm, (backend *be, backend_buf o, backend_buf z, backend_weight w, int T, int nv, int dv, float eps,
+                     backend_buf out),
+     (PC, o, z, w, T, nv, dv, eps, out))
+PROF(logits, (backend *be, backend_buf x, backend_weight n, float eps, backend_weight W, int H, int V, backend_buf o),
+     (PC, x, n, eps, W, H, V, o))
+static void prof_matmul(backend *be, backend_buf x, backend_weight W, int T, int K, int N, backend_buf y) {
+  (void)be;
+  char nm[48];
+  snprintf(nm, sizeof nm, "matmul N=%d K=%d", N, K);
+  PROF_T(nm, PC->matmul(PC, x, W, T, K, N, y));
+}
+static void prof_destroy(backend *be) {
+  PC->destroy(PC);
+  PC = NULL;
+  free(be);
+}
+static backend *prof_create(char *err, size_t errlen) {
+  PC = backend_cuda_create(0, err, errlen);
+  backend *be = malloc(sizeof *be);
+  if (!PC || !be) return NULL;
+  *be = *PC;
+  be->destroy = prof_destroy;
+#define SET(n) be->n = prof_##n
+  SET(embed);
+  SET(rmsnorm);
+  SET(add);
+  SET(matmul);
+  SET(qk_norm_rope);
+  SET(attention);
+  SET(sigmoid_mul);
+  SET(swiglu);
+  SET(moe);
+  SET(conv1d);
+  SET(gdn_gates);
+  SET(gdn_prefill);
+  SET(gdn_decode);
+  SET(gated_rmsnorm);
+  SET(logits);
+#undef SET
+  return be;
+}
+/* the round trip of one empty sync pair, to read the table against */
+static void prof_sync_overhead(void) {
+  double t0 = prof_now();
+  for (int i = 0; i < 100; i++) PC->sync(PC, NULL, 0);
+  printf("PROFILE   (one sync round trip: %.1f us)\n", (prof_now() - t0) * 1e4);
+}
+
 static int fx_open(fx_model *f, const char *dir, int n_pages, int n_slots, char *err,
                    size_t errlen, int emulate) {
   memset(f, 0, sizeof *f);
   if (model_load(dir, &f->cfg, &f->w, err, errlen)) return -1;
-  f->be = emulate ? emu_create() : backend_cuda_create(0, err, errlen);
+  f->be = emulate == 2 ? prof_create(err, errlen)
+          : emulate ? emu_create()
+                    : backend_cuda_create(0, err, errlen);
   if (!f->be) return -1;
   qwen35_mem_opts o = {.n_pages = n_pages, .n_slots = n_slots};
   return qwen35_init(&f->m, &f->cfg, &f->w, f->be, &o, err, errlen);
@@ -360,7 +490,7 @@ static void bench(const char *dir) {
   int plen = 2048, nseq_max = 64, ctx = plen + 64;
   int per = (ctx + 15) / 16;
   double t0 = now_s();
-  int rc = fx_open(&f, dir, per * nseq_max, nseq_max, err, sizeof err, 0);
+  int rc = fx_open(&f, dir, per * nseq_max, nseq_max, err, sizeof err, 2);
   if (rc) {
     printf("BENCH skipped: %s\n", err);
     fx_close(&f);
@@ -382,6 +512,16 @@ static void bench(const char *dir) {
     double b = now_s();
     if (rep) printf("BENCH prefill %d tokens: %.1f ms, %.0f tok/s\n", plen, (b - a) * 1e3, plen / (b - a));
   }
+  if (getenv("DS_PROFILE")) {
+    prof_sync_overhead();
+    qwen35_slot_zero(f.m, 0);
+    fwd_seq s = {toks, plen, 0, pages, per, 0, QWEN35_LOGITS_LAST};
+    prof_reset();
+    prof_on = 1;
+    rc |= qwen35_forward(f.m, &s, 1, logits, err, sizeof err);
+    prof_on = 0;
+    prof_print("prefill 2048", 1);
+  }
   /* decode: batch sizes 1 and 32, context plen */
   int bs_list[2] = {1, 32};
   for (int bi = 0; bi < 2 && !rc; bi++) {
@@ -400,6 +540,15 @@ static void bench(const char *dir) {
     }
     double dt = (now_s() - a) / steps;
     printf("BENCH decode batch %d ctx %d: %.2f ms/step, %.0f tok/s\n", bs, plen, dt * 1e3, bs / dt);
+    if (getenv("DS_PROFILE") && !rc) {
+      prof_reset();
+      prof_on = 1;
+      for (int k = 0; k < 3 && !rc; k++) rc |= qwen35_forward(f.m, seqs, bs, logits, err, sizeof err);
+      prof_on = 0;
+      char title[64];
+      snprintf(title, sizeof title, "decode batch %d ctx %d", bs, plen);
+      prof_print(title, 3);
+    }
   }
   if (rc) printf("BENCH failed: %s\n", err);
   free(toks);

@@ -240,7 +240,10 @@ static int cu_set_batch(backend *be, const backend_batch *b) {
   cuda_ctx *c = cuda_ctx_of(be);
   if (c->failed) return -1;
   size_t T = (size_t)b->n_tokens, S = (size_t)b->n_seqs;
-  size_t need = 3 * T + 7 * S + S * (size_t)b->max_pages + (size_t)b->n_out + 16;
+  size_t nch = 0; /* DeltaNet chunks of the prefill pieces, at most */
+  for (size_t s = 0; s < S; s++)
+    if (b->seq_len[s] > 1) nch += (size_t)b->seq_len[s] / BACKEND_CHUNK + 2;
+  size_t need = 3 * T + 8 * S + S * (size_t)b->max_pages + (size_t)b->n_out + 2 * nch + 16;
   if (c->meta_pending) {
     cudaEventSynchronize(c->meta_done);
     c->meta_pending = 0;
@@ -303,6 +306,27 @@ static int cu_set_batch(backend *be, const backend_batch *b) {
   c->h_prefill = c->h_host + o;
   c->h_decode = c->h_host + o + S;
   o += 2 * S;
+  /* chunk lists */
+  int32_t *chr = p + o, *chl = p + o + nch, *pc0 = p + o + 2 * nch;
+  int nc = 0;
+  for (int i = 0; i < np; i++) {
+    int s = pre[i], len = b->seq_len[s], p0 = b->seq_pos[s], r0 = b->seq_start[s];
+    pc0[i] = nc;
+    for (int t0 = 0; t0 < len;) {
+      int L = BACKEND_CHUNK - (p0 + t0) % BACKEND_CHUNK;
+      if (L > len - t0) L = len - t0;
+      chr[nc] = r0 + t0;
+      chl[nc] = L;
+      nc++;
+      t0 += L;
+    }
+  }
+  pc0[np] = nc;
+  db->n_chunks = nc;
+  db->ch_row = c->d_meta + o;
+  db->ch_len = c->d_meta + o + nch;
+  db->pre_ch0 = c->d_meta + o + 2 * nch;
+  o += 2 * nch + (size_t)np + 1;
   db->n_prefill = np;
   db->n_decode = nd;
   db->max_len = maxlen;

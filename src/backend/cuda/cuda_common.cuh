@@ -33,6 +33,11 @@ typedef struct cuda_batch {
       *out_rows;
   const int32_t *prefill_ids; /* [n_prefill] piece indices */
   const int32_t *decode_ids;  /* [n_decode] */
+  /* DeltaNet chunks of the prefill pieces (absolute multiples of BACKEND_CHUNK), in piece
+   * order: chunk c covers rows ch_row[c] .. ch_row[c]+ch_len[c]-1; prefill piece i (in
+   * prefill_ids order) owns chunks pre_ch0[i] .. pre_ch0[i+1]-1. */
+  int n_chunks;
+  const int32_t *ch_row, *ch_len, *pre_ch0;
 } cuda_batch;
 
 typedef struct cuda_ctx {

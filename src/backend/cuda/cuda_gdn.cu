@@ -146,12 +146,87 @@ __global__ void __launch_bounds__(DEC_THREADS)
   }
 }
 
+/* The column-split step: grid (n_decode, nv, dv/32), block 256 = 8 row groups x 32 columns.
+ * Column j of the state depends only on itself (d_j = beta (v_j - sum_a S[a][j] k_a)), so a
+ * block owns 32 columns; thread (group r, lane) keeps rows r*dk/8 .. of its column in registers:
+ * the state is read once and written once, 128-byte coalesced rows per warp. The partial sums
+ * of the 8 groups are merged in group order. Needs dk % 8 == 0, dk <= 256, dv % 32 == 0. */
+#define DEC2_MAXR 32
+__global__ void __launch_bounds__(256)
+    k_gdn_decode2(float *ssm, const bf16 *qkv, const float *beta, const float *g,
+                  const int32_t *ids, const int32_t *seq_start, const int32_t *seq_pos,
+                  const int32_t *seq_slot, int nk, int nv, int dk, int dv, bf16 *out) {
+  __shared__ float qs[256], ks[256], red[8][32], dsh[32];
+  int s = ids[blockIdx.x], h = blockIdx.y;
+  int kh = h / (nv / nk);
+  int t = seq_start[s];
+  int lane = threadIdx.x & 31, grp = threadIdx.x >> 5;
+  int j = blockIdx.z * 32 + lane;
+  size_t cd = 2 * (size_t)nk * dk + (size_t)nv * dv;
+  const bf16 *row = qkv + (size_t)t * cd;
+  float *S = ssm + ((size_t)seq_slot[s] * nv + h) * (size_t)dk * dv;
+  int zero = seq_pos[s] == 0;
+  float eg = expf(g[(size_t)t * nv + h]), bt = beta[(size_t)t * nv + h];
+  for (int i = threadIdx.x; i < dk; i += blockDim.x) {
+    qs[i] = bf2f(row[(size_t)kh * dk + i]);
+    ks[i] = bf2f(row[(size_t)(nk + kh) * dk + i]);
+  }
+  __syncthreads();
+  int R = dk >> 3, a0 = grp * R;
+  float sv[DEC2_MAXR];
+  float part = 0.f;
+#pragma unroll
+  for (int r = 0; r < DEC2_MAXR; r++) {
+    if (r < R) {
+      float v = zero ? 0.f : S[(size_t)(a0 + r) * dv + j] * eg;
+      sv[r] = v;
+      part += v * ks[a0 + r];
+    }
+  }
+  red[grp][lane] = part;
+  __syncthreads();
+  if (grp == 0) {
+    float kv = 0.f;
+#pragma unroll
+    for (int q = 0; q < 8; q++) kv += red[q][lane];
+    dsh[lane] = bt * (bf2f(row[2 * (size_t)nk * dk + (size_t)h * dv + j]) - kv);
+  }
+  __syncthreads();
+  float d = dsh[lane];
+  part = 0.f;
+#pragma unroll
+  for (int r = 0; r < DEC2_MAXR; r++) {
+    if (r < R) {
+      float v = sv[r] + ks[a0 + r] * d;
+      S[(size_t)(a0 + r) * dv + j] = v;
+      part += v * qs[a0 + r];
+    }
+  }
+  __syncthreads();
+  red[grp][lane] = part;
+  __syncthreads();
+  if (grp == 0) {
+    float o = 0.f;
+#pragma unroll
+    for (int q = 0; q < 8; q++) o += red[q][lane];
+    out[(size_t)t * nv * dv + (size_t)h * dv + j] = f2bf(o);
+  }
+}
+
 extern "C" void cuda_gdn_decode(backend *be, backend_buf ssm, backend_buf qkv, backend_buf beta,
                                 backend_buf g, int nk, int nv, int dk, int dv, backend_buf out) {
   cuda_ctx *c = cuda_ctx_of(be);
   if (c->b.n_decode <= 0) return;
   if (nk <= 0 || nv % nk) {
     cuda_fail(c, "gdn_decode", "nv not a multiple of nk");
+    return;
+  }
+  if (!c->legacy && dk % 8 == 0 && dk <= 256 && dv % 32 == 0) {
+    dim3 g2(c->b.n_decode, nv, dv / 32);
+    k_gdn_decode2<<<g2, 256, 0, c->st>>>((float *)ssm, (const bf16 *)qkv, (const float *)beta,
+                                         (const float *)g, c->b.decode_ids, c->b.seq_start,
+                                         c->b.seq_pos, c->b.seq_slot, nk, nv, dk, dv, (bf16 *)out);
+    cuda_check_launch(c, "gdn_decode");
     return;
   }
   dim3 grid(c->b.n_decode, nv);
@@ -295,6 +370,269 @@ __global__ void __launch_bounds__(PRE_THREADS)
   for (size_t i = tid; i < nS; i += nt) S[i] = Sm[i];
 }
 
+/* ---- chunk-parallel prefill (dk == 128, dv % 32 == 0) ----
+ *
+ * Phase 1, grid (chunk, value head), every chunk of every piece at once (no state needed):
+ *   G = cumsum(g); P_ij = (q_i.k_j) e^(G_i-G_j) (j <= i); A_ij = beta_i (k_i.k_j) e^(G_i-G_j)
+ *   (j < i); forward substitution U = beta V - A U, W = beta e^G K - A W, one thread per
+ *   column with the column in registers. U, W, P, G go to scratch.
+ * Phase 2, grid (prefill piece, value head, dv/32), the only sequential part: a block owns 32
+ * state columns (columns of S are independent) and walks its piece's chunks:
+ *   V' = U - W S;  O = e^G (Q S) + P V';  S <- e^(G_last) S + (e^(G_last-G) K)^T V'
+ * with 2x4 / 4x4 register tiles over padded shared-memory rows (no bank conflicts). */
+#define P1_THREADS 256
+#define P2_THREADS 256
+#define GK 128 /* dk of this path */
+#define GKP (GK + 1)
+
+static size_t p1_smem(void) {
+  return ((size_t)2 * GDN_C * GKP + GDN_C * (GDN_C + 1) + 3 * GDN_C) * sizeof(float);
+}
+static size_t p2_smem(void) {
+  return ((size_t)GK * 32 + 3 * GDN_C * GKP + GDN_C * (GDN_C + 1) + GDN_C * 32 + 2 * GDN_C) *
+         sizeof(float);
+}
+/* floats of phase-1 output per (chunk, head) */
+__host__ __device__ static size_t p1_per(int dv) { return (size_t)GDN_C * dv + GDN_C * GK + GDN_C * GDN_C + GDN_C; }
+
+__global__ void __launch_bounds__(P1_THREADS)
+    k_gdn_p1(const bf16 *qkv, const float *beta, const float *g, const int32_t *ch_row,
+             const int32_t *ch_len, int nk, int nv, int dv, float *scr) {
+  extern __shared__ float sm1[];
+  const int C = GDN_C;
+  float *Kc = sm1, *Qc = Kc + C * GKP, *A = Qc + C * GKP, *G = A + C * (C + 1), *Bt = G + C,
+        *eG = Bt + C;
+  int ch = blockIdx.x, h = blockIdx.y, tid = threadIdx.x;
+  int kh = h / (nv / nk);
+  int r0 = ch_row[ch], L = ch_len[ch];
+  size_t cd = 2 * (size_t)nk * GK + (size_t)nv * dv;
+  float *Ug = scr + ((size_t)ch * nv + h) * p1_per(dv), *Wg = Ug + (size_t)C * dv,
+        *Pg = Wg + (size_t)C * GK, *Gg = Pg + C * C;
+  for (int idx = tid; idx < C * GK; idx += P1_THREADS) {
+    int r = idx / GK, a = idx % GK;
+    float kv = 0.f, qv = 0.f;
+    if (r < L) {
+      const bf16 *row = qkv + (size_t)(r0 + r) * cd;
+      kv = bf2f(row[(size_t)(nk + kh) * GK + a]);
+      qv = bf2f(row[(size_t)kh * GK + a]);
+    }
+    Kc[r * GKP + a] = kv;
+    Qc[r * GKP + a] = qv;
+  }
+  if (tid < C) {
+    Bt[tid] = tid < L ? beta[(size_t)(r0 + tid) * nv + h] : 0.f;
+    G[tid] = tid < L ? g[(size_t)(r0 + tid) * nv + h] : 0.f;
+  }
+  __syncthreads();
+  if (tid == 0) {
+    float run = 0.f;
+    for (int i = 0; i < C; i++) {
+      run += G[i];
+      G[i] = run;
+    }
+  }
+  __syncthreads();
+  if (tid < C) {
+    eG[tid] = expf(G[tid]);
+    Gg[tid] = G[tid];
+  }
+  for (int idx = tid; idx < C * C; idx += P1_THREADS) {
+    int i = idx / C, j = idx % C;
+    float pv = 0.f, av = 0.f;
+    if (i < L && j <= i) {
+      const float *qi = Qc + i * GKP, *ki = Kc + i * GKP, *kj = Kc + j * GKP;
+      float dq = 0.f, dd = 0.f;
+      for (int a = 0; a < GK; a++) {
+        dq += qi[a] * kj[a];
+        dd += ki[a] * kj[a];
+      }
+      float e = expf(G[i] - G[j]);
+      pv = dq * e;
+      if (j < i) av = Bt[i] * dd * e;
+    }
+    Pg[idx] = pv;
+    A[i * (C + 1) + j] = av;
+  }
+  __syncthreads();
+  for (int col = tid; col < dv + GK; col += P1_THREADS) {
+    float u[GDN_C];
+    const bf16 *vcol = qkv + (size_t)r0 * cd + 2 * (size_t)nk * GK + (size_t)h * dv + col;
+#pragma unroll
+    for (int i = 0; i < GDN_C; i++) {
+      float x = 0.f;
+      if (i < L) {
+        x = col < dv ? Bt[i] * bf2f(vcol[(size_t)i * cd]) : Bt[i] * eG[i] * Kc[i * GKP + col - dv];
+#pragma unroll
+        for (int j = 0; j < i; j++) x -= A[i * (C + 1) + j] * u[j];
+      }
+      u[i] = x;
+    }
+    if (col < dv) {
+#pragma unroll
+      for (int i = 0; i < GDN_C; i++) Ug[(size_t)i * dv + col] = u[i];
+    } else {
+#pragma unroll
+      for (int i = 0; i < GDN_C; i++) Wg[(size_t)i * GK + col - dv] = u[i];
+    }
+  }
+}
+
+__global__ void __launch_bounds__(P2_THREADS)
+    k_gdn_p2(float *ssm, const bf16 *qkv, const int32_t *ids, const int32_t *seq_pos,
+             const int32_t *seq_slot, const int32_t *pre_ch0, const int32_t *ch_row,
+             const int32_t *ch_len, int nk, int nv, int dv, const float *scr, bf16 *out) {
+  extern __shared__ __align__(16) float sm2[];
+  const int C = GDN_C;
+  float *Ss = sm2;                 /* [GK][32] */
+  float *Ws = Ss + GK * 32;        /* [C][GKP] */
+  float *Qs = Ws + C * GKP;        /* [C][GKP] */
+  float *Ks = Qs + C * GKP;        /* [C][GKP], decayed */
+  float *Ps = Ks + C * GKP;        /* [C][C+1] */
+  float *Vs = Ps + C * (C + 1);    /* [C][32] */
+  float *Gs = Vs + C * 32;         /* [C] */
+  float *Es = Gs + C;              /* [C] e^G */
+  int bx = blockIdx.x, h = blockIdx.y, cs = blockIdx.z * 32, tid = threadIdx.x;
+  int s = ids[bx], kh = h / (nv / nk);
+  size_t cd = 2 * (size_t)nk * GK + (size_t)nv * dv, ow = (size_t)nv * dv;
+  float *S = ssm + ((size_t)seq_slot[s] * nv + h) * (size_t)GK * dv;
+  int zero = seq_pos[s] == 0;
+  for (int idx = tid; idx < GK * 32; idx += P2_THREADS) {
+    int a = idx >> 5, cc = idx & 31;
+    Ss[idx] = zero ? 0.f : S[(size_t)a * dv + cs + cc];
+  }
+  int c0 = pre_ch0[bx], c1 = pre_ch0[bx + 1];
+  int tc = tid & 7, ti = tid >> 3; /* cols 4tc..4tc+3; rows 2ti, 2ti+1 (a, b) or 4ti.. (c) */
+  for (int ch = c0; ch < c1; ch++) {
+    int r0 = ch_row[ch], L = ch_len[ch];
+    const float *Ug = scr + ((size_t)ch * nv + h) * p1_per(dv), *Wg = Ug + (size_t)C * dv,
+                *Pg = Wg + (size_t)C * GK, *Gg = Pg + C * C;
+    __syncthreads();
+    if (tid < C) {
+      Gs[tid] = Gg[tid];
+      Es[tid] = expf(Gg[tid]);
+    }
+    __syncthreads();
+    float gl = Gs[L - 1];
+    for (int idx = tid; idx < C * GK; idx += P2_THREADS) {
+      int r = idx / GK, a = idx % GK;
+      float kv = 0.f, qv = 0.f;
+      if (r < L) {
+        const bf16 *row = qkv + (size_t)(r0 + r) * cd;
+        kv = bf2f(row[(size_t)(nk + kh) * GK + a]) * expf(gl - Gs[r]);
+        qv = bf2f(row[(size_t)kh * GK + a]);
+      }
+      Ws[r * GKP + a] = Wg[idx];
+      Qs[r * GKP + a] = qv;
+      Ks[r * GKP + a] = kv;
+    }
+    for (int idx = tid; idx < C * C; idx += P2_THREADS) Ps[(idx / C) * (C + 1) + idx % C] = Pg[idx];
+    __syncthreads();
+    /* (a) V' = U - W S */
+    {
+      float acc[2][4];
+#pragma unroll
+      for (int r = 0; r < 2; r++)
+#pragma unroll
+        for (int k = 0; k < 4; k++) acc[r][k] = Ug[(size_t)(2 * ti + r) * dv + cs + 4 * tc + k];
+      for (int a = 0; a < GK; a++) {
+        float4 s4 = *(const float4 *)(Ss + a * 32 + 4 * tc);
+        float w0 = Ws[(2 * ti) * GKP + a], w1 = Ws[(2 * ti + 1) * GKP + a];
+        acc[0][0] -= w0 * s4.x; acc[0][1] -= w0 * s4.y; acc[0][2] -= w0 * s4.z; acc[0][3] -= w0 * s4.w;
+        acc[1][0] -= w1 * s4.x; acc[1][1] -= w1 * s4.y; acc[1][2] -= w1 * s4.z; acc[1][3] -= w1 * s4.w;
+      }
+#pragma unroll
+      for (int r = 0; r < 2; r++)
+        *(float4 *)(Vs + (2 * ti + r) * 32 + 4 * tc) =
+            make_float4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]);
+    }
+    __syncthreads();
+    /* (b) O = e^G (Q S) + P V' */
+    {
+      float acc[2][4];
+#pragma unroll
+      for (int r = 0; r < 2; r++)
+#pragma unroll
+        for (int k = 0; k < 4; k++) acc[r][k] = 0.f;
+      for (int a = 0; a < GK; a++) {
+        float4 s4 = *(const float4 *)(Ss + a * 32 + 4 * tc);
+        float q0 = Qs[(2 * ti) * GKP + a], q1 = Qs[(2 * ti + 1) * GKP + a];
+        acc[0][0] += q0 * s4.x; acc[0][1] += q0 * s4.y; acc[0][2] += q0 * s4.z; acc[0][3] += q0 * s4.w;
+        acc[1][0] += q1 * s4.x; acc[1][1] += q1 * s4.y; acc[1][2] += q1 * s4.z; acc[1][3] += q1 * s4.w;
+      }
+#pragma unroll
+      for (int r = 0; r < 2; r++) {
+        int i = 2 * ti + r;
+        float e = Es[i];
+#pragma unroll
+        for (int k = 0; k < 4; k++) acc[r][k] *= e;
+        for (int j = 0; j <= i; j++) {
+          float pj = Ps[i * (C + 1) + j];
+          float4 v4 = *(const float4 *)(Vs + j * 32 + 4 * tc);
+          acc[r][0] += pj * v4.x; acc[r][1] += pj * v4.y; acc[r][2] += pj * v4.z; acc[r][3] += pj * v4.w;
+        }
+        if (i < L) {
+          bf16 *o = out + (size_t)(r0 + i) * ow + (size_t)h * dv + cs + 4 * tc;
+#pragma unroll
+          for (int k = 0; k < 4; k++) o[k] = f2bf(acc[r][k]);
+        }
+      }
+    }
+    __syncthreads();
+    /* (c) S <- e^(G_last) S + Kd^T V' */
+    {
+      float egl = expf(gl);
+      float acc[4][4];
+#pragma unroll
+      for (int r = 0; r < 4; r++) {
+        float4 s4 = *(const float4 *)(Ss + (4 * ti + r) * 32 + 4 * tc);
+        acc[r][0] = s4.x * egl; acc[r][1] = s4.y * egl; acc[r][2] = s4.z * egl; acc[r][3] = s4.w * egl;
+      }
+      for (int j = 0; j < L; j++) {
+        float4 v4 = *(const float4 *)(Vs + j * 32 + 4 * tc);
+#pragma unroll
+        for (int r = 0; r < 4; r++) {
+          float kd = Ks[j * GKP + 4 * ti + r];
+          acc[r][0] += kd * v4.x; acc[r][1] += kd * v4.y; acc[r][2] += kd * v4.z; acc[r][3] += kd * v4.w;
+        }
+      }
+      __syncthreads();
+#pragma unroll
+      for (int r = 0; r < 4; r++)
+        *(float4 *)(Ss + (4 * ti + r) * 32 + 4 * tc) =
+            make_float4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]);
+    }
+  }
+  __syncthreads();
+  for (int idx = tid; idx < GK * 32; idx += P2_THREADS) {
+    int a = idx >> 5, cc = idx & 31;
+    S[(size_t)a * dv + cs + cc] = Ss[idx];
+  }
+}
+
+/* The chunk-parallel path; returns 0 when the shape is not covered. */
+static int gdn_prefill2(cuda_ctx *c, float *ssm, const bf16 *qkv, const float *beta,
+                        const float *g, int nk, int nv, int dk, int dv, bf16 *out) {
+  if (c->legacy || dk != GK || dv % 32 || c->b.n_chunks <= 0) return 0;
+  static int attr = 0;
+  if (!attr) {
+    cudaFuncSetAttribute(k_gdn_p1, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)p1_smem());
+    cudaFuncSetAttribute(k_gdn_p2, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)p2_smem());
+    attr = 1;
+  }
+  float *scr = (float *)cuda_scratch(c, (size_t)c->b.n_chunks * nv * p1_per(dv) * sizeof(float));
+  if (!scr) return 1;
+  dim3 g1(c->b.n_chunks, nv);
+  k_gdn_p1<<<g1, P1_THREADS, p1_smem(), c->st>>>(qkv, beta, g, c->b.ch_row, c->b.ch_len, nk, nv,
+                                                  dv, scr);
+  cuda_check_launch(c, "gdn_prefill (chunks)");
+  dim3 g2(c->b.n_prefill, nv, dv / 32);
+  k_gdn_p2<<<g2, P2_THREADS, p2_smem(), c->st>>>(ssm, qkv, c->b.prefill_ids, c->b.seq_pos,
+                                                  c->b.seq_slot, c->b.pre_ch0, c->b.ch_row,
+                                                  c->b.ch_len, nk, nv, dv, scr, out);
+  cuda_check_launch(c, "gdn_prefill (scan)");
+  return 1;
+}
+
 extern "C" void cuda_gdn_prefill(backend *be, backend_buf ssm, backend_buf qkv,
                                  backend_buf beta, backend_buf g, int nk, int nv, int dk, int dv,
                                  backend_buf out) {
@@ -304,6 +642,9 @@ extern "C" void cuda_gdn_prefill(backend *be, backend_buf ssm, backend_buf qkv,
     cuda_fail(c, "gdn_prefill", "nv not a multiple of nk");
     return;
   }
+  if (gdn_prefill2(c, (float *)ssm, (const bf16 *)qkv, (const float *)beta, (const float *)g, nk,
+                   nv, dk, dv, (bf16 *)out))
+    return;
   size_t per = gdn_block_floats(dk, dv);
   size_t smem = per * sizeof(float);
   static int attr_set = 0;

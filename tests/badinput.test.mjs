@@ -396,7 +396,25 @@ await test("badinput_raw_sockets", async () => {
     ["unknown Transfer-Encoding", [req("Transfer-Encoding: gzip\r\n")], {}], ["header without colon", [`GET /health HTTP/1.1\r\nHost: x\r\nNoColonHere\r\n\r\n`], {}],
     ["bare LF line ends", [`GET /health HTTP/1.1\nHost: x\n\n`], {}], ["pipelined 50 requests", [`GET /health HTTP/1.1\r\nHost: x\r\n\r\n`.repeat(50)], { holdMs: 1500 }],
     ["slow bytes", ["P", "O", "S", "T"], { holdMs: 500 }],
+    // half-closed clients still read: they get their answer
+    ["full stream request then FIN", [req(`Content-Length: ${B.length + 14}\r\n`, B.slice(0, -1) + ',"stream":true}')], { holdMs: 30000, half: true }],
+    ["HTTP/1.0 full request then FIN", [req(`Content-Length: ${B.length}\r\n`).replace("HTTP/1.1", "HTTP/1.0")], { holdMs: 30000, half: true }],
+    ["two Host headers", ["GET /health HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n"], {}],
+    ["HTTP/1.0 no Host", ["GET /health HTTP/1.0\r\n\r\n"], {}],
+    ["two equal Content-Lengths", [req(`Content-Length: ${B.length}\r\nContent-Length: ${B.length}\r\n`)], {}],
+    ["two Content-Lengths, smuggled request", [req(`Content-Length: 5\r\nContent-Length: ${B.length + 36}\r\n`, B + "GET /health HTTP/1.1\r\nHost: x\r\n\r\n")], { holdMs: 1000 }],
+    ["10 KB URL", [`GET /${"a".repeat(10000)} HTTP/1.1\r\nHost: x\r\n\r\n`], {}],
+    ["300 headers", [`GET /health HTTP/1.1\r\nHost: x\r\n${"X-A: 1\r\n".repeat(300)}\r\n`], {}],
   ];
+  // what the server itself answers (an OpenAI error JSON, or the request's own 200); the other
+  // raw cases may get MHD's own HTML / empty 4xx bodies (framing MHD rejects before any handler
+  // runs: bad chunked sizes, Content-Length not a number, a malformed request line or header,
+  // a head larger than the per-connection memory)
+  const want = {
+    "full request then FIN": 200, "full stream request then FIN": 200, "HTTP/1.0 full request then FIN": 200,
+    "two Content-Lengths": 400, "two Content-Lengths, smuggled request": 400, "two Host headers": 400, "HTTP/1.1 no Host": 400, "HTTP/1.0 no Host": 200,
+    "two equal Content-Lengths": 200, "100 KB URL": 414, "10 KB URL": 414, "100 KB header": 431, "300 headers": 431,
+  };
   const statuses = {};
   for (const [name, chunks, opts] of raws) {
     tried++;
@@ -407,6 +425,14 @@ await test("badinput_raw_sockets", async () => {
     // 505 (HTTP Version Not Supported) is the right answer to a foreign protocol version
     if (resp && resp.status >= 500 && !(resp.status === 505 && /HTTP\/2|HTTP\/9/.test(name))) bad.push(`${name}: ${resp.status}`);
     if (resp && resp.status >= 400 && resp.status < 500 && !resp.json) notes.push(`raw ${name}: ${resp.status} without a JSON body (${resp.text.slice(0, 60).replace(/\s+/g, " ")})`);
+    if (name in want) {
+      const w = want[name];
+      if (!resp || resp.status !== w) bad.push(`${name}: expected ${w}, got ${resp ? resp.status : st}`);
+      else if (w >= 400 && !isOpenAIError({ json: resp.json })) bad.push(`${name}: ${w} without the OpenAI error JSON: ${resp.text.slice(0, 80)}`);
+      else if (w === 200 && /stream/.test(name) && !/data: \[DONE\]\s*$/.test(resp.text)) bad.push(`${name}: the stream did not end with [DONE]`);
+      else if (/smuggled/.test(name) && (r.data.toString("latin1").match(/HTTP\/1\.1 \d{3}/g) || []).length !== 1) bad.push(`${name}: more than one response: the connection was not closed after the 400`);
+      else if (w === 200 && !/stream/.test(name) && !/health|Host/.test(name) && !(resp.json && resp.json.choices && resp.json.usage)) bad.push(`${name}: no completion in the body`);
+    }
     const e = await stillServing(`raw ${name}`);
     if (e) bad.push(e);
   }

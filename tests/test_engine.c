@@ -1,7 +1,14 @@
 /* engine on the CPU backend over the tiny fixture model: batch invariance of tokens AND logits
  * (alone vs. with up to 15 others, several chunk budgets, after preemption), rejection vs.
  * waiting, fault injection at every allocation site, cancellation from another thread, and
- * the page/slot integrity check after each scenario. */
+ * the page/slot integrity check after each scenario.
+ *
+ * The invariance tests run with the prefix cache off (they test the scheduler's split rule:
+ * with the cache on, a prompt's split points also depend on what the cache holds, see
+ * sched.h), and again with it on over prompts whose first tokens all differ, so that no
+ * prompt shares a path with another: then every split point is a function of the request
+ * alone and re-runs (which restore from their own checkpoints) must stay bit-identical,
+ * preemption included. tests/test_prefix_engine.c tests the cache itself. */
 #include "engine/engine.h"
 
 #include <pthread.h>
@@ -18,6 +25,7 @@
 #define MAXTOK 6
 
 static model_config C;
+static int CACHE; /* rig_up: prefix cache on */
 static model_weights W;
 static backend *BE;
 
@@ -32,6 +40,9 @@ static int rig_up(rig *g, int budget, int kv_tokens, int seqs) {
   o.max_num_batched_tokens = budget;
   o.kv_cache_tokens = kv_tokens;
   o.max_num_seqs = seqs;
+  o.enable_prefix_caching = CACHE;
+  o.n_snapshot_slabs = 48; /* room for every checkpoint of the runs below */
+  o.host_cache_gib = CACHE ? 0.01 : 0; /* pages evicted under pressure go to the host */
   qwen35_mem_opts mo;
   char err[200];
   if (engine_mem_plan(&o, &C, &mo, err, sizeof err) ||
@@ -169,7 +180,23 @@ static void invariance(int budget, int kv_tokens, int expect_preempt) {
   engine_stats s;
   engine_get_stats(g.e, &s);
   if (expect_preempt) EXPECT_MSG(s.preemptions > 0, "no preemption happened");
+  if (CACHE) /* the mix re-runs restore from their own checkpoints */
+    EXPECT_MSG(s.prefix_hits >= 4 && s.prefix_restore_failures == 0, "prefix hits %lld",
+               s.prefix_hits);
   EXPECT(rig_down(&g));
+}
+
+/* the prefix cache on, over prompts with distinct first tokens (restored afterwards) */
+static void invariance_cache(int budget, int kv_tokens, int expect_preempt) {
+  int32_t first[NREQ];
+  for (int i = 0; i < NREQ; i++) {
+    first[i] = P[i][0];
+    P[i][0] = 10 + i;
+  }
+  CACHE = 1;
+  invariance(budget, kv_tokens, expect_preempt);
+  CACHE = 0;
+  for (int i = 0; i < NREQ; i++) P[i][0] = first[i];
 }
 
 TEST(invariance_budget_8192) { invariance(8192, 0, 0); }
@@ -179,6 +206,10 @@ TEST(invariance_budget_37) { invariance(37, 0, 0); }
 TEST(invariance_budget_1) { invariance(1, 0, 0); }
 TEST(invariance_preempted) { invariance(8192, 16 * 14, 1); }
 TEST(invariance_preempted_budget_37) { invariance(37, 16 * 14, 1); }
+TEST(invariance_cache_budget_8192) { invariance_cache(8192, 0, 0); }
+TEST(invariance_cache_budget_37) { invariance_cache(37, 0, 0); }
+TEST(invariance_cache_preempted) { invariance_cache(8192, 16 * 14, 1); }
+TEST(invariance_cache_preempted_budget_37) { invariance_cache(37, 16 * 14, 1); }
 
 TEST(seeded_sampling_batched) {
   rig g;
@@ -336,6 +367,10 @@ int main(void) {
   RUN(invariance_budget_1);
   RUN(invariance_preempted);
   RUN(invariance_preempted_budget_37);
+  RUN(invariance_cache_budget_8192);
+  RUN(invariance_cache_budget_37);
+  RUN(invariance_cache_preempted);
+  RUN(invariance_cache_preempted_budget_37);
   RUN(seeded_sampling_batched);
   RUN(reject_vs_wait);
   RUN(cancel_from_another_thread);

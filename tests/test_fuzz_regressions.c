@@ -236,6 +236,9 @@ TEST(config_rejects_conv_dim_overflow) {
 }
 
 int main(void) {
+  /* children make their temp folders inside ours, so one rm at the end removes what a
+   * crashed child left */
+  setenv("DS_FUZZ_TMP", fuzz_tmp_dir(), 1);
   for (int t = 0; t < N_TARGETS; t++) replay_seeds(t);
   replay_regressions();
   RUN(config_rejects_huge_real_int);

@@ -136,6 +136,9 @@ TEST(chat_errors) {
   EXPECT(rejects(C, "{" M ",\"min_p\":2}", 400, "min_p"));
   EXPECT(rejects(C, "{" M ",\"presence_penalty\":3}", 400, "presence_penalty"));
   EXPECT(rejects(C, "{" M ",\"repetition_penalty\":0}", 400, "repetition_penalty"));
+  /* positive as a double, 0 as the float the sampler gets: refused here, naming the field */
+  EXPECT(rejects(C, "{" M ",\"repetition_penalty\":1e-300}", 400, "repetition_penalty"));
+  EXPECT(rejects(C, "{" M ",\"top_p\":1e-300}", 400, "top_p"));
   EXPECT(rejects(C, "{" M ",\"max_tokens\":0}", 400, "max_tokens"));
   EXPECT(rejects(C, "{" M ",\"max_tokens\":-5}", 400, "max_tokens"));
   EXPECT(rejects(C, "{" M ",\"max_completion_tokens\":0}", 400, "max_completion_tokens"));
@@ -252,7 +255,15 @@ TEST(error_body_shape) {
   EXPECT_STR(json_string_value(json_object_get(in, "message")), "The model `x` does not exist.");
   EXPECT_STR(json_string_value(json_object_get(in, "type")), "not_found_error");
   EXPECT_STR(json_string_value(json_object_get(in, "param")), "model");
-  EXPECT_EQ_INT(json_integer_value(json_object_get(in, "code")), 404);
+  /* code: a string or null as OpenAI sends it (the openai clients type it string | null) */
+  EXPECT(json_is_null(json_object_get(in, "code")));
+  json_decref(j);
+  free(s);
+  e.code = "model_not_found";
+  s = openai_response_error_body(&e);
+  j = json_loads(s, 0, NULL);
+  REQUIRE(j != NULL);
+  EXPECT_STR(json_string_value(json_object_get(json_object_get(j, "error"), "code")), "model_not_found");
   json_decref(j);
   free(s);
 }
@@ -301,39 +312,68 @@ TEST(utf8_helpers) {
   EXPECT(strncmp(id1, "chatcmpl-", 9) == 0 && strcmp(id1, id2) != 0);
 }
 
-/* Streams `text` in pieces of `step` bytes through openai_stream and checks that the
- * concatenated deltas say exactly what chat_parse says about the whole text. */
-static int stream_matches_parse(const char *text, int thinking_open, const json_t *tools, size_t step,
-                                char *why, size_t whylen) {
+/* Feeds `text` to openai_stream cut at cuts[0..n_cuts) (increasing, inside the text) and
+ * checks that the concatenated deltas say exactly what chat_parse says about the whole text:
+ * reasoning, content, and tool calls streamed the OpenAI way (per call: a first delta with
+ * index, id, type, function.name and arguments "", then argument pieces). */
+static int stream_cuts_match_parse(const char *text, int thinking_open, const json_t *tools, const size_t *cuts,
+                                   int n_cuts, char *why, size_t whylen) {
   openai_stream st;
   openai_stream_init(&st, thinking_open, tools);
   srvbuf r, c;
   srvbuf_init(&r);
   srvbuf_init(&c);
-  json_t *calls = NULL;
+  json_t *calls = json_array(); /* assembled: [{"id","name","arguments"}] */
   size_t len = strlen(text);
   int ok = 1;
-  for (size_t n = step;; n += step) {
-    int final = n >= len;
-    json_t *d = NULL;
-    if (openai_stream_delta(&st, text, final ? len : n, final, &d)) {
-      snprintf(why, whylen, "openai_stream_delta failed");
+  for (int k = 0; ok && k <= n_cuts; k++) {
+    int final = k == n_cuts;
+    json_t *ds = NULL;
+    if (openai_stream_deltas(&st, text, final ? len : cuts[k], final, &ds)) {
+      snprintf(why, whylen, "openai_stream_deltas failed");
       ok = 0;
       break;
     }
-    if (d) {
+    size_t i;
+    json_t *d;
+    json_array_foreach(ds, i, d) {
       const json_t *x = json_object_get(d, "reasoning_content");
       if (x) srvbuf_puts(&r, json_string_value(x));
       x = json_object_get(d, "content");
       if (x) srvbuf_puts(&c, json_string_value(x));
       x = json_object_get(d, "tool_calls");
-      if (x) {
-        if (calls) ok = 0, snprintf(why, whylen, "tool calls sent twice");
-        calls = json_incref((json_t *)x);
+      if (x && !final) ok = 0, snprintf(why, whylen, "a tool call before the end");
+      if (x && json_array_size(x) != 1) ok = 0, snprintf(why, whylen, "one tool call per delta expected");
+      const json_t *tc = json_array_get(x, 0);
+      if (!tc) continue;
+      size_t idx = (size_t)json_integer_value(json_object_get(tc, "index"));
+      const json_t *fn = json_object_get(tc, "function");
+      const char *args = json_string_value(json_object_get(fn, "arguments"));
+      if (!json_is_integer(json_object_get(tc, "index")) || !args) {
+        ok = 0, snprintf(why, whylen, "tool call delta without index or arguments");
+        continue;
       }
-      json_decref(d);
+      if (idx == json_array_size(calls)) { /* the first delta of a call */
+        const char *id = json_string_value(json_object_get(tc, "id"));
+        const char *type = json_string_value(json_object_get(tc, "type"));
+        const char *name = json_string_value(json_object_get(fn, "name"));
+        if (!id || !id[0] || !type || strcmp(type, "function") || !name || args[0])
+          ok = 0, snprintf(why, whylen, "first delta of call %zu lacks id/type/name or has arguments", idx);
+        json_array_append_new(calls, json_pack("{s:s, s:s, s:s}", "id", id ? id : "", "name", name ? name : "",
+                                               "arguments", ""));
+      } else if (idx + 1 == json_array_size(calls)) { /* argument pieces */
+        if (json_object_get(tc, "id") || json_object_get(fn, "name"))
+          ok = 0, snprintf(why, whylen, "an argument delta of call %zu repeats id or name", idx);
+        json_t *a = json_array_get(calls, idx);
+        char *joined = NULL;
+        if (asprintf(&joined, "%s%s", json_string_value(json_object_get(a, "arguments")), args) < 0) joined = NULL;
+        json_object_set_new(a, "arguments", json_string(joined ? joined : ""));
+        free(joined);
+      } else {
+        ok = 0, snprintf(why, whylen, "tool call index %zu out of order", idx);
+      }
     }
-    if (final) break;
+    json_decref(ds);
   }
   chat_parsed p;
   memset(&p, 0, sizeof p);
@@ -345,14 +385,13 @@ static int stream_matches_parse(const char *text, int thinking_open, const json_
     else if (strcmp(c.data ? c.data : "", ec))
       ok = 0, snprintf(why, whylen, "content \"%s\" != \"%s\"", c.data ? c.data : "", ec);
     size_t ne = p.tool_calls ? json_array_size(p.tool_calls) : 0;
-    size_t ng = calls ? json_array_size(calls) : 0;
+    size_t ng = json_array_size(calls);
     if (ok && ne != ng) ok = 0, snprintf(why, whylen, "%zu tool calls streamed, %zu parsed", ng, ne);
     for (size_t i = 0; ok && i < ne; i++) {
       const json_t *a = json_object_get(json_array_get(p.tool_calls, i), "function");
-      const json_t *b = json_object_get(json_array_get(calls, i), "function");
+      const json_t *b = json_array_get(calls, i);
       if (!json_equal(json_object_get(a, "name"), json_object_get(b, "name")) ||
-          !json_equal(json_object_get(a, "arguments"), json_object_get(b, "arguments")) ||
-          json_integer_value(json_object_get(json_array_get(calls, i), "index")) != (json_int_t)i)
+          !json_equal(json_object_get(a, "arguments"), json_object_get(b, "arguments")))
         ok = 0, snprintf(why, whylen, "tool call %zu differs", i);
     }
     chat_parsed_free(&p);
@@ -362,6 +401,15 @@ static int stream_matches_parse(const char *text, int thinking_open, const json_
   srvbuf_free(&c);
   openai_stream_free(&st);
   return ok;
+}
+
+/* Pieces of `step` bytes. */
+static int stream_matches_parse(const char *text, int thinking_open, const json_t *tools, size_t step,
+                                char *why, size_t whylen) {
+  size_t cuts[4096];
+  int n = 0;
+  for (size_t at = step; at < strlen(text) && n < 4096; at += step) cuts[n++] = at;
+  return stream_cuts_match_parse(text, thinking_open, tools, cuts, n, why, whylen);
 }
 
 TEST(stream_split_matches_parse) {
@@ -380,6 +428,19 @@ TEST(stream_split_matches_parse) {
        "\"arguments\": {\"x\": 1}}\n</tool_call>",
        0},
       {"text with < and </thin but no tag", 0},
+      /* the model opens its own <think> (Qwen3): newlines and whitespace around it */
+      {"\n<think>\nabc</think>x", 0},
+      {"\n<think>\nabc</think>x", 1},
+      {"<think>\n\nOkay, the user\nasks.\n\n</think>\n\nHello", 0},
+      {"<think>\n\nOkay, the user\nasks.\n\n</think>\n\nHello", 1},
+      {"  <think>\nr \n</think>\n\n c ", 0},
+      {"<think>\n</think>\n\nHi", 0},
+      {"<think>\nnever closed\n\n", 0},
+      {"<think>\nweather?\n</think>\n\nSure.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": "
+       "{\"city\": \"Paris\"}}\n</tool_call>\nDone.",
+       0},
+      {"<thinking is not a tag", 0},
+      {"\xe4\xbd\xa0\xe5\xa5\xbd <think> later", 0},
   };
   json_t *tools = json_loads("[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"parameters\":"
                              "{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"}}}}}]",
@@ -387,9 +448,26 @@ TEST(stream_split_matches_parse) {
   REQUIRE(tools != NULL);
   char why[300];
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
-    for (size_t step = 1; step <= 7; step += 3)
+    for (size_t step = 1; step <= 7; step++)
       EXPECT_MSG(stream_matches_parse(cases[i].text, cases[i].open, tools, step, why, sizeof why),
                  "case %zu step %zu: %s", i, step, why);
+  /* random cuts (tokens are 1..6 bytes), a fixed LCG so a failure repeats */
+  unsigned x = 12345;
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+    for (int trial = 0; trial < 300; trial++) {
+      size_t cuts[512], len = strlen(cases[i].text), at = 0;
+      int n = 0;
+      for (;;) {
+        x = x * 1103515245u + 12345u;
+        at += 1 + (x >> 16) % 6;
+        if (at >= len || n == 512) break;
+        cuts[n++] = at;
+      }
+      if (!stream_cuts_match_parse(cases[i].text, cases[i].open, tools, cuts, n, why, sizeof why)) {
+        EXPECT_MSG(0, "case %zu random trial %d: %s", i, trial, why);
+        break;
+      }
+    }
   json_decref(tools);
 }
 

@@ -5,7 +5,7 @@
 #   op tests (CUDA vs CPU), compute-sanitizer memcheck on them, model parity on the fixtures,
 #   `deltaserve run --device cuda` when the CLI has it, and a timing table on a random
 #   Qwen3.5-4B-shaped model (gen-random) unless DS_NO_BENCH=1.
-# Knobs: DS_FAST=1 skips memcheck, the shadow test and the CLI run; DS_PROFILE=1 adds per-op
+# Knobs: DS_FAST=1 skips the shadow test and the CLI run; DS_NO_MEMCHECK=1 skips memcheck; DS_PROFILE=1 adds per-op
 # tables (PROFILE lines); DS_BENCH_LEGACY=1 also times the first simple kernels
 # (DS_CUDA_LEGACY=1) on the same model, for before/after tables (LEGACY lines).
 # Writes $OUT/cuda-check-<date>-<commit>.json (copy it into bench/results/) and the logs, and
@@ -37,7 +37,7 @@ if [ $BUILD = ok ]; then
   cat "$OUT/ops.log"
   OPS_P=$(grep -c '^PASS' "$OUT/ops.log"); OPS_F=$(grep -c '^FAIL' "$OUT/ops.log")
 
-  if [ "${DS_FAST:-0}" != 1 ] && command -v compute-sanitizer >/dev/null; then
+  if [ "${DS_NO_MEMCHECK:-0}" != 1 ] && command -v compute-sanitizer >/dev/null; then
     timeout 300 compute-sanitizer --tool memcheck --leak-check no build-cuda/tests/cuda/test_cuda_ops \
       >"$OUT/memcheck.log" 2>&1
     MEMCHECK=$(grep -o 'ERROR SUMMARY: [0-9]* error' "$OUT/memcheck.log" | tail -1)
@@ -85,7 +85,7 @@ kv = dict(x.split("=", 1) for x in par[1:]) if par else {}
 bench = [l[6:] for l in """$BENCH""".splitlines() if l.strip()]
 d = {"commit": "$COMMIT", "gpu": "$GPU", "build": "$BUILD",
      "op_tests": {"passed": $OPS_P, "failed": $OPS_F},
-     "shadow_ops_on_models": {"passed": $SH_P, "failed": $SH_F},
+     "shadow_ops_on_models": {"passed": ${SH_P:-0}, "failed": ${SH_F:-0}},
      "parity": {"passed": $PAR_P, "failed": $PAR_F, **kv},
      "memcheck": "$MEMCHECK", "run_cli": """$RUNCLI""", "timing": bench}
 json.dump(d, open(sys.argv[1], "w"), indent=2)

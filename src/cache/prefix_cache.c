@@ -583,15 +583,29 @@ static int pc_page_gain(const prefix_cache *pc, const pc_rec *r) {
   return g;
 }
 
+/* Pages of record r that no sequence uses (they would be freed once no record held them). */
+static int pc_page_potential(const prefix_cache *pc, const pc_rec *r) {
+  int g = 0;
+  for (int k = 0; k < r->n_pages; k++) g += kv_pages_refcount(pc->kp, r->pages[k]) == 0;
+  return g;
+}
+
 int prefix_cache_evict_for_pages(prefix_cache *pc, int n) {
   int before = kv_pages_num_free(pc->kp);
   while (kv_pages_num_free(pc->kp) - before < n) {
-    int v = -1;
+    /* a record whose release frees pages now; else (its pages are shared with other
+     * checkpoints on the same path) one whose release brings others closer to it */
+    int v = -1, w = -1;
     for (int i = 0; i < pc->n_recs; i++) {
       const pc_rec *r = &pc->recs[i];
-      if (pc_evictable(r) && r->kv_dev && pc_page_gain(pc, r) > 0 && pc_victim_before(pc, i, v, 1))
-        v = i;
+      if (!pc_evictable(r) || !r->kv_dev) continue;
+      if (pc_page_gain(pc, r) > 0) {
+        if (pc_victim_before(pc, i, v, 1)) v = i;
+      } else if (pc_page_potential(pc, r) > 0 && pc_victim_before(pc, i, w, 1)) {
+        w = i;
+      }
     }
+    if (v < 0) v = w;
     if (v < 0) break;
     pc_demote_kv(pc, v);
   }

@@ -1,11 +1,15 @@
 /* cmd_run_batch — `deltaserve run --model DIR --prompts-file F [engine flags] [--threads N]`:
  * reads JSON lines {"prompt_ids": [...], "max_tokens": N, "temperature", "top_p", "top_k",
  * "min_p", "seed", "repetition_penalty", "presence_penalty", "frequency_penalty",
- * "stop_token_ids", "ignore_eos", "logprobs", "top_logprobs"} (defaults as in vLLM:
+ * "stop_token_ids", "ignore_eos", "logprobs", "top_logprobs", "cache_salt" (a prefix-cache
+ * namespace), "boundaries" (chat-message start positions: prefix-cache capture points)}
+ * (defaults as in vLLM:
  * temperature 1, max_tokens 16), runs them all concurrently through the engine on the CPU
  * backend, and prints one JSON line per input, in input order:
  *   {"token_ids": [...], "finish_reason": "stop"|"length"|"error", "prompt_tokens": n,
- *    "completion_tokens": n[, "logprobs": [...]][, "error": "..."]} */
+ *    "completion_tokens": n, "cached_tokens": n[, "logprobs": [...]][, "error": "..."]}
+ * (cached_tokens: prompt tokens restored from the prefix cache). The requests are submitted
+ * in input order, so a later line can hit what an earlier one cached. */
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,6 +25,9 @@ typedef struct run_item {
   int32_t *prompt;
   int n_prompt;
   sampling_params sp;
+  char *salt;        /* cache_salt, NULL: shared */
+  int32_t *bounds;   /* boundaries */
+  int n_bounds;
   engine_req *h;
   char err[200];
 } run_item;
@@ -110,6 +117,31 @@ static int run_batch_parse(const char *line, run_item *it) {
     for (size_t i = 0; i < n; i++)
       sp->stop_ids[sp->n_stop_ids++] = (int32_t)json_integer_value(json_array_get(stops, i));
   }
+  json_t *salt = json_object_get(o, "cache_salt");
+  if (salt && !json_is_null(salt)) {
+    if (!json_is_string(salt) || !(it->salt = strdup(json_string_value(salt)))) {
+      errf(it->err, sizeof it->err, "cache_salt must be a string");
+      goto out;
+    }
+  }
+  json_t *bnd = json_object_get(o, "boundaries");
+  if (json_is_array(bnd) && json_array_size(bnd) > 0) {
+    it->n_bounds = (int)json_array_size(bnd);
+    it->bounds = malloc((size_t)it->n_bounds * sizeof *it->bounds);
+    if (!it->bounds) {
+      errf(it->err, sizeof it->err, "out of memory");
+      goto out;
+    }
+    for (int i = 0; i < it->n_bounds; i++) {
+      json_t *v = json_array_get(bnd, (size_t)i);
+      if (!json_is_integer(v) || json_integer_value(v) < 0 ||
+          json_integer_value(v) > it->n_prompt || (i && json_integer_value(v) < it->bounds[i - 1])) {
+        errf(it->err, sizeof it->err, "boundaries must be ascending positions in the prompt");
+        goto out;
+      }
+      it->bounds[i] = (int32_t)json_integer_value(v);
+    }
+  }
   rc = 0;
 out:
   json_decref(o);
@@ -120,7 +152,7 @@ static void run_batch_print(run_item *it) {
   json_t *o = json_object();
   json_t *ids = json_array(), *lps = it->sp.logprobs ? json_array() : NULL;
   const char *finish = "error";
-  int prompt_tokens = it->n_prompt, completion = 0;
+  int prompt_tokens = it->n_prompt, completion = 0, cached = 0;
   if (it->h) {
     engine_event ev;
     for (;;) {
@@ -145,6 +177,7 @@ static void run_batch_print(run_item *it) {
     }
     finish = finish_reason_name(ev.finish);
     completion = ev.completion_tokens;
+    cached = ev.cached_tokens;
     if (ev.finish == FINISH_ERROR) snprintf(it->err, sizeof it->err, "%s", ev.err);
     engine_release(it->h);
     it->h = NULL;
@@ -153,6 +186,7 @@ static void run_batch_print(run_item *it) {
   json_object_set_new(o, "finish_reason", json_string(finish));
   json_object_set_new(o, "prompt_tokens", json_integer(prompt_tokens));
   json_object_set_new(o, "completion_tokens", json_integer(completion));
+  json_object_set_new(o, "cached_tokens", json_integer(cached));
   if (lps) json_object_set_new(o, "logprobs", lps);
   if (it->err[0]) json_object_set_new(o, "error", json_string(it->err));
   char *s = json_dumps(o, JSON_COMPACT);
@@ -172,7 +206,7 @@ int cmd_run_batch(int argc, char **argv) {
   int threads = 0;
   engine_opts eo;
   engine_opts_default(&eo);
-  eo.enable_prefix_caching = 0; /* no prefix cache in the offline command yet */
+  /* the prefix cache is on by default, as in serve (--no-enable-prefix-caching turns it off) */
   char err[256];
   for (int i = 1; i < argc; i++) {
     int rc = engine_opts_parse_flag(&eo, argc, argv, &i, err, sizeof err);
@@ -249,6 +283,9 @@ int cmd_run_batch(int argc, char **argv) {
     so.prompt = items[i].prompt;
     so.n_prompt = items[i].n_prompt;
     so.sp = items[i].sp;
+    so.cache_salt = items[i].salt;
+    so.boundaries = items[i].bounds;
+    so.n_boundaries = items[i].n_bounds;
     engine_status st;
     items[i].h = engine_submit(e, &so, &st, items[i].err, sizeof items[i].err);
   }
@@ -262,7 +299,11 @@ done:
   if (m) qwen35_free(m);
   if (be) be->destroy(be);
   weights_free(&w);
-  for (int i = 0; i < n; i++) free(items[i].prompt);
+  for (int i = 0; i < n; i++) {
+    free(items[i].prompt);
+    free(items[i].salt);
+    free(items[i].bounds);
+  }
   free(items);
   return status;
 }

@@ -1,5 +1,6 @@
 #include "server/openai_request.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -100,7 +101,8 @@ static int parse_sampling(const json_t *o, openai_request *r, openai_error *err)
   sp->temperature = (float)d;
   d = 1.0;
   if (get_num(o, "top_p", 0.0, 1.0, &d, err)) return -1;
-  if (d <= 0.0) return BAD("top_p", "'top_p' must be in (0, 1], got %g", d);
+  /* checked as the sampler will see it: 1e-300 passes as a double but is 0 as a float */
+  if (d <= 0.0 || (float)d <= 0.0f) return BAD("top_p", "'top_p' must be in (0, 1], got %g", d);
   sp->top_p = (float)d;
   x = 0;
   if (get_int(o, "top_k", -1, 1 << 30, &x, NULL, err)) return -1;
@@ -116,7 +118,8 @@ static int parse_sampling(const json_t *o, openai_request *r, openai_error *err)
   sp->frequency_penalty = (float)d;
   d = 1.0;
   if (get_num(o, "repetition_penalty", 0.0, 1e6, &d, err)) return -1;
-  if (d <= 0.0) return BAD("repetition_penalty", "'repetition_penalty' must be > 0, got %g", d);
+  if (d <= 0.0 || (float)d <= 0.0f)
+    return BAD("repetition_penalty", "'repetition_penalty' must be > 0 (at least %g), got %g", (double)FLT_TRUE_MIN, d);
   sp->repetition_penalty = (float)d;
 
   const json_t *seed = json_object_get(o, "seed");

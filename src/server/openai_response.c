@@ -14,8 +14,8 @@ json_t *openai_response_error_json(const openai_error *e) {
   json_object_set_new(inner, "message", openai_response_string(e->message, strlen(e->message)));
   json_object_set_new(inner, "type", json_string(e->type ? e->type : "invalid_request_error"));
   json_object_set_new(inner, "param", e->param[0] ? json_string(e->param) : json_null());
-  if (e->code) json_object_set_new(inner, "code", json_string(e->code));
-  else json_object_set_new(inner, "code", json_integer(e->status));
+  /* a short string code or null, as OpenAI sends it (the openai clients type it string | null) */
+  json_object_set_new(inner, "code", e->code ? json_string(e->code) : json_null());
   json_t *o = json_object();
   if (!o) {
     json_decref(inner);
@@ -29,7 +29,7 @@ char *openai_response_error_body(const openai_error *e) {
   json_t *o = openai_response_error_json(e);
   char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
   json_decref(o);
-  if (!s) s = strdup("{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\",\"param\":null,\"code\":500}}");
+  if (!s) s = strdup("{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\",\"param\":null,\"code\":null}}");
   return s;
 }
 

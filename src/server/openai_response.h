@@ -13,7 +13,11 @@
 #include "server/openai_request.h"
 
 /* {"error": {"message","type","param","code"}} as a compact JSON string (never NULL: falls
- * back to a static-sized message on out of memory... caller frees). */
+ * back to a static-sized message on out of memory... caller frees). "code" is e->code (a short
+ * string such as "invalid_api_key", "model_not_found") or null, the way OpenAI sends it and
+ * the official clients type it (string | null); the HTTP status is the response's status
+ * alone. (vLLM puts the integer status there; a client reading code as a string would then
+ * see a number.) */
 char *openai_response_error_body(const openai_error *e);
 json_t *openai_response_error_json(const openai_error *e);
 

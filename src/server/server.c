@@ -5,6 +5,7 @@
 #include <jansson.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -75,6 +76,11 @@ struct conn {
   int sent_toks;   /* tokens whose ids / logprobs were sent */
   conn *next, *prev; /* in s->active */
   int registered;
+  /* disconnect detection (see client_gone) */
+  int http11;      /* the request is HTTP/1.1: a 1xx interim response may be sent */
+  int peer_eof;    /* the client has shut down its sending side */
+  int probe_due;   /* send a probe now (bytes that make a closed peer answer RST) */
+  double next_probe, probe_gap; /* when the next probe is due after peer_eof; the gap grows */
 };
 
 /* ======================================================================================
@@ -88,13 +94,58 @@ static int ct_equal(const char *given, const char *key) {
   return d == 0;
 }
 
-static int client_gone(const conn *cx) {
+/* Has the client gone away? Asked between engine events.
+ *
+ * A client that sent its request and then shut down its sending side (shutdown(SHUT_WR),
+ * `nc -N`) still reads: the FIN it sent looks exactly like the one a closing client sends. The
+ * two differ only once we send something: a closed socket answers data with RST, which shows
+ * here as POLLERR / POLLHUP. So once the client's input has ended (POLLRDHUP) we probe: at
+ * once, then at growing gaps (0.25 s doubling to 2 s), since a half-closed client may still
+ * close later. The stream path sends an SSE comment line through MHD (": \n\n", which SSE
+ * readers skip) when it has no data to send anyway; the non-stream path, still before its
+ * response, writes an interim "HTTP/1.1 100 Continue" (RFC 9110 15.2: clients must skip
+ * unexpected 1xx responses; never to HTTP/1.0 clients, whose FIN therefore cancels nothing:
+ * their request runs to its end). A failed write ends a stream through MHD, and on_completed
+ * cancels the generation. */
+static int client_gone(conn *cx) {
   if (cx->fd < 0) return 0;
-  char ch;
-  ssize_t n = recv(cx->fd, &ch, 1, MSG_PEEK | MSG_DONTWAIT);
-  if (n == 0) return 1;
-  if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return 1;
+  struct pollfd pf = {.fd = cx->fd, .events = POLLIN | POLLRDHUP, .revents = 0};
+  if (poll(&pf, 1, 0) <= 0) return 0;
+  if (pf.revents & (POLLERR | POLLHUP | POLLNVAL)) return 1;
+  if (!(pf.revents & POLLRDHUP)) return 0;
+  double now = server_gen_now();
+  if (!cx->peer_eof) {
+    cx->peer_eof = 1;
+    cx->next_probe = now;
+    cx->probe_gap = 0.25;
+  }
+  if (now >= cx->next_probe) {
+    cx->probe_due = 1;
+    cx->next_probe = now + cx->probe_gap;
+    cx->probe_gap = cx->probe_gap * 2 > 2.0 ? 2.0 : cx->probe_gap * 2;
+  }
   return 0;
+}
+
+/* The non-stream probe: an interim 100 response written straight to the socket (MHD writes
+ * nothing on this connection while the handler runs). */
+static void probe_interim(conn *cx) {
+  if (!cx->probe_due) return;
+  cx->probe_due = 0;
+  if (!cx->http11 || cx->fd < 0) return;
+  static const char msg[] = "HTTP/1.1 100 Continue\r\n\r\n";
+  size_t off = 0;
+  for (int tries = 0; off < sizeof msg - 1 && tries < 50; tries++) {
+    ssize_t n = send(cx->fd, msg + off, sizeof msg - 1 - off, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n > 0) {
+      off += (size_t)n;
+    } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
+      struct pollfd pf = {.fd = cx->fd, .events = POLLOUT, .revents = 0};
+      poll(&pf, 1, 20);
+    } else {
+      return; /* the failure shows as POLLERR / POLLHUP at the next check */
+    }
+  }
 }
 
 static void active_add(server *s, conn *cx) {
@@ -138,7 +189,7 @@ static enum MHD_Result send_json(conn *cx, unsigned status, json_t *j) {
   char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
   json_decref(j);
   if (!s) {
-    s = strdup("{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\",\"param\":null,\"code\":500}}");
+    s = strdup("{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\",\"param\":null,\"code\":null}}");
     if (!s) return MHD_NO;
     status = 500;
   }
@@ -164,11 +215,12 @@ static enum MHD_Result fail(conn *cx, int status, const char *type, const char *
 static int model_ok(server *s, const char *model, openai_error *e) {
   if (!model || !strcmp(model, s->name)) return 0;
   openai_error_set(e, 404, "NotFoundError", "model", "The model `%s` does not exist.", model);
-  e->code = NULL;
+  e->code = "model_not_found";
   return -1;
 }
 
-/* Decodes one token as raw bytes (for logprobs); "" without a tokenizer. */
+/* Decodes one token as raw bytes (for logprobs); "" without a tokenizer or for an id the
+ * tokenizer has no text for (a model row beyond its vocabulary). */
 static char *token_bytes(server *s, int32_t id, size_t *len) {
   char *out = NULL;
   long n = s->m.tok ? tokenizer_decode(s->m.tok, &id, 1, 0, &out) : -1;
@@ -295,16 +347,38 @@ static int prepare_completion(conn *cx, openai_error *e) {
                                 "token id %d at position %d is out of vocabulary (size %d)", cx->prompt_ids[i],
                                 i, s->m.vocab_size);
     if (r->echo && s->m.tok) {
-      long n = tokenizer_decode(s->m.tok, cx->prompt_ids, cx->n_prompt, r->skip_special_tokens, &cx->echo);
+      /* ids that are model rows beyond the tokenizer's vocabulary have no text: they echo as "" */
+      int tv = tokenizer_vocab_size(s->m.tok), m = 0;
+      int32_t *known = malloc(sizeof(int32_t) * (size_t)cx->n_prompt);
+      if (!known) return openai_error_set(e, 500, "server_error", NULL, "out of memory");
+      for (int i = 0; i < cx->n_prompt; i++)
+        if (cx->prompt_ids[i] < tv) known[m++] = cx->prompt_ids[i];
+      long n = m ? tokenizer_decode(s->m.tok, known, m, r->skip_special_tokens, &cx->echo) : 0;
+      free(known);
       if (n < 0) {
         free(cx->echo);
         cx->echo = NULL;
-      } else {
-        cx->echo_len = (size_t)n;
+        return openai_error_set(e, 400, "invalid_request_error", "prompt", "the prompt ids cannot be decoded for echo");
       }
+      if (!cx->echo) cx->echo = strdup("");
+      if (!cx->echo) return openai_error_set(e, 500, "server_error", NULL, "out of memory");
+      cx->echo_len = (size_t)n;
     }
   }
   return 0;
+}
+
+/* The request field a sampler message is about (its messages start with the field's name). */
+static const char *sampler_param_of(const char *msg) {
+  static const char *const names[] = {"temperature", "top_p", "top_k", "min_p", "repetition_penalty",
+                                      "presence_penalty", "frequency_penalty", "max_tokens", "top_logprobs",
+                                      "seed"};
+  for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+    size_t n = strlen(names[i]);
+    if (!strncmp(msg, names[i], n) && (msg[n] == ' ' || msg[n] == ':' || msg[n] == 0)) return names[i];
+  }
+  if (strstr(msg, "stop token ids")) return "stop_token_ids";
+  return NULL;
 }
 
 /* Checks what needs the model and fills sp.max_tokens. */
@@ -338,13 +412,23 @@ static int check_limits(conn *cx, openai_error *e) {
                             "stop strings need a tokenizer; this model was loaded without one");
   char err[200] = "";
   if (sampling_params_validate(&r->sp, err, sizeof err))
-    return openai_error_set(e, 400, "invalid_request_error", NULL, "%s", err[0] ? err : "invalid sampling parameters");
+    return openai_error_set(e, 400, "invalid_request_error", sampler_param_of(err), "%s",
+                            err[0] ? err : "invalid sampling parameters");
   return 0;
 }
 
 /* ======================================================================================
  * Responses
  * ====================================================================================== */
+
+/* The name logprobs give a token: its text, or "token_id:N" (as vLLM names tokens by id) when
+ * it has no text. */
+static json_t *token_name(int32_t id, const char *bytes, size_t len) {
+  if (len > 0) return openai_response_string(bytes, len);
+  char b[32];
+  snprintf(b, sizeof b, "token_id:%d", (int)id);
+  return json_string(b);
+}
 
 static json_t *chat_logprobs(server *s, const server_gen *g, int from, int to) {
   json_t *content = json_array();
@@ -356,8 +440,13 @@ static json_t *chat_logprobs(server *s, const server_gen *g, int from, int to) {
     size_t lens[ENGINE_MAX_TOP_LOGPROBS];
     char *owned[ENGINE_MAX_TOP_LOGPROBS];
     for (int k = 0; k < t->n_top; k++) owned[k] = token_bytes(s, t->top_ids[k], &lens[k]), tops[k] = owned[k] ? owned[k] : "";
-    json_array_append_new(content, openai_response_chat_logprob(tok ? tok : "", tok ? len : 0, t->logprob, tops, lens,
-                                                                t->top_lps, t->n_top));
+    json_t *e = openai_response_chat_logprob(tok ? tok : "", tok ? len : 0, t->logprob, tops, lens, t->top_lps, t->n_top);
+    /* a token without text is named by its id ("bytes" stays the empty truth) */
+    if (e && (!tok || len == 0)) json_object_set_new(e, "token", token_name(t->id, "", 0));
+    json_t *te = json_object_get(e, "top_logprobs");
+    for (int k = 0; e && te && k < t->n_top; k++)
+      if (lens[k] == 0) json_object_set_new(json_array_get(te, (size_t)k), "token", token_name(t->top_ids[k], "", 0));
+    json_array_append_new(content, e);
     for (int k = 0; k < t->n_top; k++) free(owned[k]);
     free(tok);
   }
@@ -370,13 +459,19 @@ static json_t *completion_logprobs(server *s, const server_gen *g, int from, int
     const server_gen_token *t = &g->toks[i];
     size_t len;
     char *tok = token_bytes(s, t->id, &len);
-    json_array_append_new(tokens, openai_response_string(tok ? tok : "", tok ? len : 0));
+    json_array_append_new(tokens, token_name(t->id, tok ? tok : "", tok ? len : 0));
     free(tok);
     json_array_append_new(lps, json_real(t->logprob < -9999.0f ? -9999.0 : t->logprob));
     json_t *top = json_object();
     for (int k = 0; k < t->n_top; k++) {
       char *tt = token_bytes(s, t->top_ids[k], &len);
-      json_t *key = openai_response_string(tt ? tt : "", tt ? len : 0);
+      json_t *key = token_name(t->top_ids[k], tt ? tt : "", tt ? len : 0);
+      /* keys never collide: a second token with the same text (two partial UTF-8 pieces both
+       * shown as U+FFFD, say) is named by its id */
+      if (key && json_object_get(top, json_string_value(key))) {
+        json_decref(key);
+        key = token_name(t->top_ids[k], "", 0);
+      }
       if (key) json_object_set_new(top, json_string_value(key), json_real(t->top_lps[k] < -9999.0f ? -9999.0 : t->top_lps[k]));
       json_decref(key);
       free(tt);
@@ -426,7 +521,7 @@ static enum MHD_Result respond_chat(conn *cx) {
   json_object_set_new(msg, "reasoning_content",
                       p.reasoning_content ? openai_response_string(p.reasoning_content, strlen(p.reasoning_content))
                                           : json_null());
-  json_object_set_new(msg, "tool_calls", has_calls ? json_incref(p.tool_calls) : json_array());
+  if (has_calls) json_object_set_new(msg, "tool_calls", json_incref(p.tool_calls)); /* OpenAI omits it when none */
   const char *fr = server_gen_finish_name(&cx->g);
   if (has_calls && !strcmp(fr, "stop")) fr = "tool_calls";
   json_t *choice = json_object();
@@ -552,17 +647,25 @@ static void stream_emit(conn *cx) {
   }
   const char *finish = g->done ? server_gen_finish_name(g) : NULL;
   if (cx->req.kind == OPENAI_KIND_CHAT) {
-    json_t *delta = NULL;
+    json_t *deltas = NULL;
     size_t vis = server_gen_visible(g);
-    if (openai_stream_delta(&cx->st, g->text.data ? g->text.data : "", vis, g->done, &delta)) {
+    if (openai_stream_deltas(&cx->st, g->text.data ? g->text.data : "", vis, g->done, &deltas)) {
       cx->out.oom = 1;
       return;
     }
     if (g->done && cx->st.n_tool_calls > 0 && !strcmp(finish, "stop")) finish = "tool_calls";
-    if (delta || finish || (cx->req.logprobs && tok_to > cx->sent_toks)) {
-      chunk_chat(cx, delta, finish, cx->sent_toks, tok_to);
+    size_t nd = deltas ? json_array_size(deltas) : 0;
+    if (nd == 0 && (finish || (cx->req.logprobs && tok_to > cx->sent_toks))) {
+      chunk_chat(cx, NULL, finish, cx->sent_toks, tok_to);
       cx->sent_toks = tok_to;
     }
+    /* one chunk per delta: the new tokens' logprobs / ids ride on the first, finish_reason
+     * on the last */
+    for (size_t k = 0; k < nd; k++) {
+      chunk_chat(cx, json_incref(json_array_get(deltas, k)), k + 1 == nd ? finish : NULL, cx->sent_toks, tok_to);
+      cx->sent_toks = tok_to;
+    }
+    json_decref(deltas);
   } else {
     size_t vis = server_gen_visible(g);
     int first = 0;
@@ -599,6 +702,10 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
       return MHD_CONTENT_READER_END_WITH_ERROR;
     }
     if (r != 0 || cx->g.done) stream_emit(cx);
+    if (cx->probe_due) { /* an SSE comment: a closed client answers it with RST */
+      cx->probe_due = 0;
+      if (cx->out.len == 0 && cx->phase != STREAM_DONE) srvbuf_puts(&cx->out, ": \n\n");
+    }
     if (cx->out.oom) {
       server_gen_cancel(&cx->g);
       return MHD_CONTENT_READER_END_WITH_ERROR;
@@ -651,7 +758,7 @@ static enum MHD_Result handle_generate(conn *cx, openai_kind kind) {
     case ENGINE_ERR_SHUTDOWN: return fail(cx, 503, "server_error", NULL, "the server is shutting down");
     case ENGINE_ERR_NOMEM: return fail(cx, 503, "server_error", NULL, err[0] ? err : "out of memory");
     default: {
-      openai_error_set(&e, 400, "invalid_request_error", NULL, "%s", err[0] ? err : "invalid request");
+      openai_error_set(&e, 400, "invalid_request_error", sampler_param_of(err), "%s", err[0] ? err : "invalid request");
       return send_error(cx, &e);
     }
     }
@@ -682,6 +789,7 @@ static enum MHD_Result handle_generate(conn *cx, openai_kind kind) {
       server_gen_cancel(&cx->g);
       return MHD_NO; /* MHD closes the connection; on_completed releases the request */
     }
+    probe_interim(cx);
   }
   return kind == OPENAI_KIND_CHAT ? respond_chat(cx) : respond_completion(cx);
 }
@@ -862,10 +970,66 @@ static enum MHD_Result dispatch(conn *cx, const char *url, const char *method) {
  * MHD callbacks
  * ====================================================================================== */
 
+/* Request-head limits checked here, so that the client gets an OpenAI error body. MHD's own
+ * per-connection memory (SERVER_CONN_MEMORY) is set well above them; a head that does not fit
+ * there still gets MHD's own (HTML) 414 / 431. */
+#define SERVER_MAX_URL 8192
+#define SERVER_MAX_HEADERS 200
+#define SERVER_MAX_HEADER_BYTES 65536
+#define SERVER_CONN_MEMORY (256u << 10)
+
+typedef struct head_scan {
+  int n;             /* header lines */
+  size_t bytes;      /* names + values */
+  int n_host;
+  const char *cl;    /* the first Content-Length */
+  int cl_conflict;   /* a second Content-Length with another value */
+} head_scan;
+
+static enum MHD_Result head_scan_one(void *cls, enum MHD_ValueKind kind, const char *key, const char *value) {
+  (void)kind;
+  head_scan *h = cls;
+  h->n++;
+  h->bytes += (key ? strlen(key) : 0) + (value ? strlen(value) : 0) + 4;
+  if (key && !strcasecmp(key, "Host")) h->n_host++;
+  if (key && !strcasecmp(key, "Content-Length")) {
+    const char *v = value ? value : "";
+    if (!h->cl) h->cl = v;
+    else if (strcmp(h->cl, v)) h->cl_conflict = 1;
+  }
+  return MHD_YES;
+}
+
+/* Checks the request head before any body is read: answers (and returns 1) when it is refused.
+ * An answer queued now makes MHD skip the body and close the connection afterwards, which is
+ * what a request whose framing is in doubt (two Content-Lengths) needs. */
+static int head_refused(conn *cx, const char *url, const char *version, enum MHD_Result *ret) {
+  head_scan h;
+  memset(&h, 0, sizeof h);
+  MHD_get_connection_values(cx->mc, MHD_HEADER_KIND, head_scan_one, &h);
+  char msg[200];
+  if (strlen(url) > SERVER_MAX_URL) {
+    snprintf(msg, sizeof msg, "the request URL is longer than %d bytes", SERVER_MAX_URL);
+    *ret = fail(cx, 414, "invalid_request_error", NULL, msg);
+  } else if (h.n > SERVER_MAX_HEADERS || h.bytes > SERVER_MAX_HEADER_BYTES) {
+    snprintf(msg, sizeof msg, "the request has more than %d headers or %d bytes of them", SERVER_MAX_HEADERS,
+             SERVER_MAX_HEADER_BYTES);
+    *ret = fail(cx, 431, "invalid_request_error", NULL, msg);
+  } else if (h.cl_conflict) {
+    *ret = fail(cx, 400, "invalid_request_error", NULL, "the request has Content-Length headers that disagree");
+  } else if (h.n_host > 1) {
+    *ret = fail(cx, 400, "invalid_request_error", NULL, "the request has more than one Host header");
+  } else if (h.n_host == 0 && version && !strcmp(version, MHD_HTTP_VERSION_1_1)) {
+    *ret = fail(cx, 400, "invalid_request_error", NULL, "an HTTP/1.1 request must have a Host header");
+  } else {
+    return 0;
+  }
+  return 1;
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
                                   const char *version, const char *upload_data, size_t *upload_data_size,
                                   void **con_cls) {
-  (void)version;
   server *s = cls;
   conn *cx = *con_cls;
   if (!cx) {
@@ -877,9 +1041,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
     if (ci) cx->fd = ci->connect_fd;
     srvbuf_init(&cx->body);
+    cx->http11 = version && !strcmp(version, MHD_HTTP_VERSION_1_1);
+    *con_cls = cx;
+    enum MHD_Result ret;
+    if (head_refused(cx, url, version, &ret)) return ret;
     const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
     if (cl && strtoull(cl, NULL, 10) > s->o.max_request_bytes) cx->too_large = 1;
-    *con_cls = cx;
     return MHD_YES;
   }
   if (*upload_data_size) {
@@ -964,7 +1131,8 @@ int server_start(server **out, const server_opts *o, char *err, size_t errlen) {
   s->d = MHD_start_daemon(flags, (uint16_t)o->port, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR,
                           (struct sockaddr *)&addr, MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
                           MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)600, MHD_OPTION_CONNECTION_LIMIT,
-                          (unsigned int)1024, MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned int)1,
+                          (unsigned int)1024, MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)SERVER_CONN_MEMORY,
+                          MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned int)1,
                           MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, NULL, MHD_OPTION_END);
   if (!s->d) {
     errf(err, errlen, "cannot listen on %s:%d (%s)", s->host, o->port, errno ? strerror(errno) : "libmicrohttpd failed");

@@ -11,8 +11,21 @@
  *                      connection is closed
  *   server_free
  * A handler talks to the engine only through server_gen (submit / next / cancel). A client
- * that disconnects is noticed between engine events (a peek at its socket, or a failed
- * write) and its request is cancelled. */
+ * that disconnects is noticed between engine events and its request is cancelled: a reset
+ * socket (POLLERR / POLLHUP) or a failed write. A client that only shut down its sending side
+ * after the request (half-close, `nc -N`) still gets its answer: its FIN triggers probes (an
+ * SSE comment line in a stream, an interim "HTTP/1.1 100 Continue" before a non-stream
+ * response; none to HTTP/1.0 clients) that a fully closed client answers with a reset.
+ *
+ * Errors: every error the server produces is the OpenAI JSON {"error": {"message", "type",
+ * "param", "code"}} (code: a short string or null). The request head is checked before the
+ * body: URL over 8 KiB (414), over 200 headers or 64 KiB of them (431), Content-Length
+ * headers that disagree (400, connection closed: the framing is in doubt), more than one Host
+ * or an HTTP/1.1 request without Host (400). What libmicrohttpd refuses before any handler
+ * runs keeps its own HTML or empty body, since it offers no hook for it: a malformed request
+ * line or header line, a Content-Length that is not a number or too large for it, bad
+ * chunked framing, Content-Length together with Transfer-Encoding, an HTTP version it does
+ * not speak (505), and a request head over its per-connection memory (256 KiB: 431 / 414). */
 #ifndef DS_SERVER_H
 #define DS_SERVER_H
 #include <stddef.h>

@@ -289,8 +289,9 @@ TEST(elementwise) {
 }
 
 TEST(matmul) {
-  int Ts[3] = {1, 5, 67}, Ks[3] = {264, 100, 1024}, Ns[3] = {333, 64, 515};
-  for (int c = 0; c < 3; c++) {
+  /* T <= 8 with K % 8 == 0 takes the GEMV path (ragged last lane pass at K = 264) */
+  int Ts[5] = {1, 5, 67, 8, 3}, Ks[5] = {264, 100, 1024, 2560, 9216}, Ns[5] = {333, 64, 515, 300, 77};
+  for (int c = 0; c < 5; c++) {
     int T = Ts[c], K = Ks[c], N = Ns[c];
     float *x = rand_vec((size_t)T * K, 1.f), *W = rand_vec((size_t)N * K, 0.1f);
     wpair w = wup(W, N, K);

@@ -174,7 +174,10 @@ static void prof_acc(const char *name, double dt) {
   prof[i].s += dt;
   prof[i].n++;
 }
-static void prof_reset(void) { prof_n = 0; }
+static void prof_reset(void) {
+  prof_n = 0;
+  memset(prof, 0, sizeof prof);
+}
 static void prof_print(const char *title, int steps) {
   double tot = 0;
   for (int i = 0; i < prof_n; i++) tot += prof[i].s;

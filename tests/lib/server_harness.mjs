@@ -212,9 +212,18 @@ export function rawSocket(port, chunks, { holdMs = 300, half = false } = {}) {
     s.on("close", finish);
   });
 }
-/* Parses the status line and JSON body of a raw HTTP/1.1 response (Content-Length or chunked). */
+/* Parses the status line and JSON body of a raw HTTP/1.1 response (Content-Length or chunked).
+ * Interim 1xx responses before it are skipped, as clients must (RFC 9110 15.2); their count is
+ * returned as `interim`. */
 export function parseRawResponse(buf) {
-  const s = buf.toString("latin1");
+  let s = buf.toString("latin1");
+  let interim = 0;
+  for (;;) {
+    const im = /^HTTP\/1\.[01] 1\d\d[^\r\n]*\r\n(?:[^\r\n]+\r\n)*\r\n/.exec(s);
+    if (!im) break;
+    s = s.slice(im[0].length);
+    interim++;
+  }
   const m = /^HTTP\/1\.[01] (\d{3})/.exec(s);
   if (!m) return null;
   const i = s.indexOf("\r\n\r\n");
@@ -235,5 +244,5 @@ export function parseRawResponse(buf) {
   try {
     json = JSON.parse(Buffer.from(body, "latin1").toString("utf8"));
   } catch {}
-  return { status: Number(m[1]), json, text: body };
+  return { status: Number(m[1]), json, text: body, interim };
 }

@@ -24,7 +24,8 @@ __global__ void k_kv_write(const bf16 *k, const bf16 *v, const int32_t *seq, con
   size_t n = (size_t)T * w;
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
        i += (size_t)gridDim.x * blockDim.x) {
-    int t = (int)(i / w), e = (int)(i % w);
+    unsigned ii = (unsigned)i; /* n < 2^32 (checked at launch): 32-bit division */
+    int t = (int)(ii / (unsigned)w), e = (int)(ii % (unsigned)w);
     int p = pos[t];
     int page = page_table[(size_t)seq[t] * max_pages + p / BACKEND_PAGE_TOKENS];
     size_t off = ((size_t)page * BACKEND_PAGE_TOKENS + (size_t)(p % BACKEND_PAGE_TOKENS)) * w + e;
@@ -325,6 +326,10 @@ extern "C" void cuda_attn_attention(backend *be, backend_buf k_pool, backend_buf
     return;
   }
   int w = nkv * hd;
+  if ((size_t)T * w >= (1ull << 32)) {
+    cuda_fail(c, "attention", "step too large (T * nkv * hd >= 2^32)");
+    return;
+  }
   k_kv_write<<<cuda_blocks((size_t)T * w, 256), 256, 0, c->st>>>(
       (const bf16 *)k, (const bf16 *)v, c->b.seq, c->b.pos, c->b.page_table, c->b.max_pages, T, w,
       (bf16 *)k_pool, (bf16 *)v_pool);

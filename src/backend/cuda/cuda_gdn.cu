@@ -35,7 +35,8 @@ __global__ void k_conv1d(const bf16 *x, const float *w, const float *state, cons
   size_t n = (size_t)T * C;
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
        i += (size_t)gridDim.x * blockDim.x) {
-    int t = (int)(i / C), c = (int)(i % C);
+    unsigned ii = (unsigned)i; /* n < 2^32 (checked at launch): 32-bit division */
+    int t = (int)(ii / (unsigned)C), c = (int)(ii % (unsigned)C);
     int s = seq[t], start = seq_start[s], r = t - start;
     const float *st = state + (size_t)seq_slot[s] * C * (K - 1);
     int hs = seq_pos[s] > 0;
@@ -53,7 +54,8 @@ __global__ void k_conv_state(const bf16 *x, float *state, const int32_t *seq_sta
   size_t n = (size_t)S * C;
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
        i += (size_t)gridDim.x * blockDim.x) {
-    int s = (int)(i / C), c = (int)(i % C);
+    unsigned ii = (unsigned)i;
+    int s = (int)(ii / (unsigned)C), c = (int)(ii % (unsigned)C);
     float *st = state + (size_t)seq_slot[s] * C * (K - 1);
     int len = seq_len[s], start = seq_start[s], hs = seq_pos[s] > 0;
     float nw[CONV_MAXK];
@@ -67,6 +69,10 @@ extern "C" void cuda_gdn_conv1d(backend *be, backend_buf conv_state, backend_buf
   cuda_ctx *c = cuda_ctx_of(be);
   int T = c->b.n_tokens;
   if (T <= 0) return;
+  if ((size_t)T * C >= (1ull << 32)) {
+    cuda_fail(c, "conv1d", "step too large (T * C >= 2^32)");
+    return;
+  }
   if (!CW(w)->f32 || CW(w)->rows * CW(w)->cols != (int64_t)C * K || K < 1 || K > CONV_MAXK) {
     cuda_fail(c, "conv1d", "weight is not [C, K] with K <= 16");
     return;
@@ -146,70 +152,94 @@ __global__ void __launch_bounds__(DEC_THREADS)
   }
 }
 
-/* The column-split step: grid (n_decode, nv, dv/32), block 256 = 8 row groups x 32 columns.
- * Column j of the state depends only on itself (d_j = beta (v_j - sum_a S[a][j] k_a)), so a
- * block owns 32 columns; thread (group r, lane) keeps rows r*dk/8 .. of its column in registers:
- * the state is read once and written once, 128-byte coalesced rows per warp. The partial sums
- * of the 8 groups are merged in group order. Needs dk % 8 == 0, dk <= 256, dv % 32 == 0. */
-#define DEC2_MAXR 32
+/* The column-split step: grid (n_decode, nv, dv/128), block 256 = 8 row groups x 32 lanes,
+ * each lane owning 4 adjacent columns (16-byte accesses, a warp covers a 512-byte state row).
+ * Column j of the state depends only on itself (d_j = beta (v_j - sum_a S[a][j] k_a)), so the
+ * state is read once and written once, held in registers (R = dk/8 rows x 4 columns per
+ * thread, R a compile-time constant so every load is issued before the first use). The 8
+ * groups' partial sums are merged in group order. Needs dk in {64, 128, 256}, dv % 128 == 0. */
+template <int R>
 __global__ void __launch_bounds__(256)
-    k_gdn_decode2(float *ssm, const bf16 *qkv, const float *beta, const float *g,
+    k_gdn_decode4(float *ssm, const bf16 *qkv, const float *beta, const float *g,
                   const int32_t *ids, const int32_t *seq_start, const int32_t *seq_pos,
-                  const int32_t *seq_slot, int nk, int nv, int dk, int dv, bf16 *out) {
-  __shared__ float qs[256], ks[256], red[8][32], dsh[32];
+                  const int32_t *seq_slot, int nk, int nv, int dv, bf16 *out) {
+  constexpr int DK = 8 * R;
+  __shared__ float qs[DK], ks[DK];
+  __shared__ __align__(16) float red[8][128];
+  __shared__ __align__(16) float dsh[128];
   int s = ids[blockIdx.x], h = blockIdx.y;
   int kh = h / (nv / nk);
   int t = seq_start[s];
   int lane = threadIdx.x & 31, grp = threadIdx.x >> 5;
-  int j = blockIdx.z * 32 + lane;
-  size_t cd = 2 * (size_t)nk * dk + (size_t)nv * dv;
+  int j = blockIdx.z * 128 + 4 * lane;
+  size_t cd = 2 * (size_t)nk * DK + (size_t)nv * dv;
   const bf16 *row = qkv + (size_t)t * cd;
-  float *S = ssm + ((size_t)seq_slot[s] * nv + h) * (size_t)dk * dv;
+  float *S = ssm + ((size_t)seq_slot[s] * nv + h) * (size_t)DK * dv;
   int zero = seq_pos[s] == 0;
   float eg = expf(g[(size_t)t * nv + h]), bt = beta[(size_t)t * nv + h];
-  for (int i = threadIdx.x; i < dk; i += blockDim.x) {
-    qs[i] = bf2f(row[(size_t)kh * dk + i]);
-    ks[i] = bf2f(row[(size_t)(nk + kh) * dk + i]);
+  int a0 = grp * R;
+  float4 sv[R];
+  if (!zero) {
+#pragma unroll
+    for (int r = 0; r < R; r++) sv[r] = *(const float4 *)(S + (size_t)(a0 + r) * dv + j);
+  } else {
+#pragma unroll
+    for (int r = 0; r < R; r++) sv[r] = make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+  for (int i = threadIdx.x; i < DK; i += blockDim.x) {
+    qs[i] = bf2f(row[(size_t)kh * DK + i]);
+    ks[i] = bf2f(row[(size_t)(nk + kh) * DK + i]);
   }
   __syncthreads();
-  int R = dk >> 3, a0 = grp * R;
-  float sv[DEC2_MAXR];
-  float part = 0.f;
+  float4 p = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
-  for (int r = 0; r < DEC2_MAXR; r++) {
-    if (r < R) {
-      float v = zero ? 0.f : S[(size_t)(a0 + r) * dv + j] * eg;
-      sv[r] = v;
-      part += v * ks[a0 + r];
-    }
+  for (int r = 0; r < R; r++) {
+    float kk = ks[a0 + r];
+    sv[r].x *= eg; sv[r].y *= eg; sv[r].z *= eg; sv[r].w *= eg;
+    p.x += sv[r].x * kk; p.y += sv[r].y * kk; p.z += sv[r].z * kk; p.w += sv[r].w * kk;
   }
-  red[grp][lane] = part;
+  *(float4 *)&red[grp][4 * lane] = p;
   __syncthreads();
   if (grp == 0) {
-    float kv = 0.f;
+    float4 kv = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
-    for (int q = 0; q < 8; q++) kv += red[q][lane];
-    dsh[lane] = bt * (bf2f(row[2 * (size_t)nk * dk + (size_t)h * dv + j]) - kv);
-  }
-  __syncthreads();
-  float d = dsh[lane];
-  part = 0.f;
-#pragma unroll
-  for (int r = 0; r < DEC2_MAXR; r++) {
-    if (r < R) {
-      float v = sv[r] + ks[a0 + r] * d;
-      S[(size_t)(a0 + r) * dv + j] = v;
-      part += v * qs[a0 + r];
+    for (int q = 0; q < 8; q++) {
+      float4 v = *(const float4 *)&red[q][4 * lane];
+      kv.x += v.x; kv.y += v.y; kv.z += v.z; kv.w += v.w;
     }
+    const bf16 *vr = row + 2 * (size_t)nk * DK + (size_t)h * dv + j;
+    float4 d;
+    d.x = bt * (bf2f(vr[0]) - kv.x);
+    d.y = bt * (bf2f(vr[1]) - kv.y);
+    d.z = bt * (bf2f(vr[2]) - kv.z);
+    d.w = bt * (bf2f(vr[3]) - kv.w);
+    *(float4 *)&dsh[4 * lane] = d;
   }
   __syncthreads();
-  red[grp][lane] = part;
+  float4 d = *(const float4 *)&dsh[4 * lane];
+  p = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+  for (int r = 0; r < R; r++) {
+    float kk = ks[a0 + r], qq = qs[a0 + r];
+    float4 v = sv[r];
+    v.x += kk * d.x; v.y += kk * d.y; v.z += kk * d.z; v.w += kk * d.w;
+    *(float4 *)(S + (size_t)(a0 + r) * dv + j) = v;
+    p.x += v.x * qq; p.y += v.y * qq; p.z += v.z * qq; p.w += v.w * qq;
+  }
+  *(float4 *)&red[grp][4 * lane] = p;
   __syncthreads();
   if (grp == 0) {
-    float o = 0.f;
+    float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
-    for (int q = 0; q < 8; q++) o += red[q][lane];
-    out[(size_t)t * nv * dv + (size_t)h * dv + j] = f2bf(o);
+    for (int q = 0; q < 8; q++) {
+      float4 v = *(const float4 *)&red[q][4 * lane];
+      o.x += v.x; o.y += v.y; o.z += v.z; o.w += v.w;
+    }
+    bf16 *orow = out + (size_t)t * nv * dv + (size_t)h * dv + j;
+    orow[0] = f2bf(o.x);
+    orow[1] = f2bf(o.y);
+    orow[2] = f2bf(o.z);
+    orow[3] = f2bf(o.w);
   }
 }
 
@@ -221,11 +251,16 @@ extern "C" void cuda_gdn_decode(backend *be, backend_buf ssm, backend_buf qkv, b
     cuda_fail(c, "gdn_decode", "nv not a multiple of nk");
     return;
   }
-  if (!c->legacy && dk % 8 == 0 && dk <= 256 && dv % 32 == 0) {
-    dim3 g2(c->b.n_decode, nv, dv / 32);
-    k_gdn_decode2<<<g2, 256, 0, c->st>>>((float *)ssm, (const bf16 *)qkv, (const float *)beta,
-                                         (const float *)g, c->b.decode_ids, c->b.seq_start,
-                                         c->b.seq_pos, c->b.seq_slot, nk, nv, dk, dv, (bf16 *)out);
+  if (!c->legacy && (dk == 64 || dk == 128 || dk == 256) && dv % 128 == 0) {
+    dim3 g2(c->b.n_decode, nv, dv / 128);
+#define D4(R)                                                                                  \
+  k_gdn_decode4<R><<<g2, 256, 0, c->st>>>((float *)ssm, (const bf16 *)qkv, (const float *)beta, \
+                                           (const float *)g, c->b.decode_ids, c->b.seq_start,   \
+                                           c->b.seq_pos, c->b.seq_slot, nk, nv, dv, (bf16 *)out)
+    if (dk == 64) D4(8);
+    else if (dk == 128) D4(16);
+    else D4(32);
+#undef D4
     cuda_check_launch(c, "gdn_decode");
     return;
   }

@@ -1,0 +1,663 @@
+/* The prefix cache wired into the engine, on the CPU backend over the tiny fixture model:
+ * restore parity (bit-identical logits and tokens), shared-prefix coalescing, cached_tokens,
+ * salts, the host tier, the continuation of a finished generation, and fault injection at
+ * every site, with kv_pages_check, state_pool_check and prefix_cache_check after each test.
+ *
+ * What "cold" means here. A prefill's floating-point result depends on where it is split
+ * (the chunked DeltaNet recurrence restarts at every piece boundary). A restored request R
+ * continues from a checkpoint at depth d written by an earlier run W, so R's result equals
+ * the result of R computed from scratch with the split points
+ *     W's split points below d  +  d  +  R's own split points above d
+ * (R's own: its chat boundaries, its capture points -- END = n - 1, the interval points, and
+ * DIVERGE, where R's prompt leaves the paths the tree held at R's admission). "Cold" is R
+ * submitted to an engine with the prefix cache OFF, with exactly those split points given
+ * through engine_submit_opts.split_points (each test spells them out), and its logits and
+ * tokens must match the restored run bit for bit. Positions W computed one token per step
+ * (its generated tokens) are 1-token split points of the cold run. */
+#include "engine/engine.h"
+
+#include <unistd.h>
+
+#include "backend/cpu/backend_cpu.h"
+#include "base/fault.h"
+#include "base/log.h"
+#include "model/weights.h"
+#include "test.h"
+
+#define MODEL_DIR "tests/fixtures/models/dense_bf16"
+#define MAXTOK 6
+#define MAXP 400
+
+static model_config C;
+static model_weights W;
+static backend *BE;
+static size_t V;
+
+/* ---- rig ------------------------------------------------------------------------------- */
+
+typedef struct rig_opts {
+  int cache;
+  int kv_tokens; /* 0: default */
+  int seqs;
+  int slabs;        /* --snapshot-slabs (0: default) */
+  double dev_gib;   /* --prefix-cache-gib */
+  double host_gib;  /* --host-cache-gib */
+} rig_opts;
+
+typedef struct rig {
+  qwen35 *m;
+  engine *e;
+} rig;
+
+static int rig_up(rig *g, const rig_opts *ro) {
+  engine_opts o;
+  engine_opts_default(&o);
+  o.max_num_batched_tokens = 8192;
+  o.kv_cache_tokens = ro->kv_tokens;
+  o.max_num_seqs = ro->seqs ? ro->seqs : 8;
+  o.enable_prefix_caching = ro->cache;
+  o.n_snapshot_slabs = ro->slabs;
+  o.prefix_cache_gib = ro->dev_gib;
+  o.host_cache_gib = ro->host_gib;
+  qwen35_mem_opts mo;
+  char err[200];
+  g->e = NULL;
+  if (engine_mem_plan(&o, &C, &mo, err, sizeof err) ||
+      qwen35_init(&g->m, &C, &W, BE, &mo, err, sizeof err)) {
+    printf("rig: %s\n", err);
+    return -1;
+  }
+  g->e = engine_create(g->m, &o, err, sizeof err);
+  if (!g->e) printf("rig: %s\n", err);
+  return g->e ? 0 : -1;
+}
+
+/* integrity: every check passes and nothing is held but cached pages and checkpoints */
+static int rig_ok(rig *g, char *why, size_t n) {
+  char err[200];
+  if (engine_check(g->e, err, sizeof err) != 0) return snprintf(why, n, "check: %s", err), 0;
+  engine_stats s;
+  engine_get_stats(g->e, &s);
+  if (s.kv_pages_used || s.slots_used || s.num_running || s.num_waiting || s.prefix_pending)
+    return snprintf(why, n, "leak: pages %d slots %d running %d waiting %d tickets %d",
+                    s.kv_pages_used, s.slots_used, s.num_running, s.num_waiting,
+                    s.prefix_pending), 0;
+  return 1;
+}
+
+static int rig_down(rig *g) {
+  char why[300] = "";
+  int ok = rig_ok(g, why, sizeof why);
+  if (!ok) printf("%s\n", why);
+  engine_destroy(g->e, 1);
+  qwen35_free(g->m);
+  return ok;
+}
+
+/* ---- requests -------------------------------------------------------------------------- */
+
+typedef struct req {
+  const int32_t *prompt;
+  int n;
+  const int32_t *bounds;
+  int nb;
+  const int32_t *splits;
+  int ns;
+  const char *salt;
+  int max_tokens;
+  /* results */
+  engine_req *h;
+  int32_t tok[64];
+  int n_tok;
+  float *lg; /* [MAXTOK, V] */
+  int n_lg;
+  int finish, cached, prompt_tokens;
+} req;
+
+static void on_logits(void *user, const float *l, int n) {
+  req *q = user;
+  if (q->n_lg < MAXTOK) memcpy(q->lg + (size_t)q->n_lg * n, l, (size_t)n * sizeof *l);
+  q->n_lg++;
+}
+
+static void req_set(req *q, const int32_t *p, int n, const int32_t *b, int nb, const int32_t *sp,
+                    int ns) {
+  float *lg = q->lg;
+  memset(q, 0, sizeof *q);
+  q->lg = lg ? lg : malloc((size_t)MAXTOK * V * sizeof(float));
+  q->prompt = p;
+  q->n = n;
+  q->bounds = b;
+  q->nb = nb;
+  q->splits = sp;
+  q->ns = ns;
+  q->max_tokens = MAXTOK;
+}
+
+static void req_submit(rig *g, req *q) {
+  q->n_tok = q->n_lg = 0;
+  q->finish = FINISH_NONE;
+  q->cached = -1;
+  engine_submit_opts so;
+  memset(&so, 0, sizeof so);
+  so.prompt = q->prompt;
+  so.n_prompt = q->n;
+  sampling_params_default(&so.sp);
+  so.sp.temperature = 0;
+  so.sp.max_tokens = q->max_tokens;
+  so.sp.ignore_eos = 1;
+  so.cache_salt = q->salt;
+  so.boundaries = q->bounds;
+  so.n_boundaries = q->nb;
+  so.split_points = q->splits;
+  so.n_split_points = q->ns;
+  so.on_logits = on_logits;
+  so.user = q;
+  engine_status st;
+  char err[200];
+  q->h = engine_submit(g->e, &so, &st, err, sizeof err);
+  if (!q->h) q->finish = -1;
+}
+
+/* waits for the first token (the request then holds pages and decodes) */
+static int req_first(req *q) {
+  engine_event ev;
+  if (!q->h || !engine_next(q->h, &ev, 60000)) return 0;
+  if (ev.has_token && q->n_tok < 64) q->tok[q->n_tok++] = ev.token;
+  if (ev.finish) {
+    q->finish = ev.finish;
+    q->cached = ev.cached_tokens;
+    engine_release(q->h);
+    q->h = NULL;
+  }
+  return 1;
+}
+
+static void req_wait(req *q) {
+  if (!q->h) return;
+  engine_event ev;
+  for (;;) {
+    if (!engine_next(q->h, &ev, 60000)) {
+      q->finish = -2;
+      break;
+    }
+    if (ev.has_token && q->n_tok < 64) q->tok[q->n_tok++] = ev.token;
+    if (ev.finish) {
+      q->finish = ev.finish;
+      q->cached = ev.cached_tokens;
+      q->prompt_tokens = ev.prompt_tokens;
+      break;
+    }
+  }
+  engine_release(q->h);
+  q->h = NULL;
+}
+
+static void req_run(rig *g, req *q) {
+  req_submit(g, q);
+  req_wait(q);
+}
+
+static int req_same(const req *a, const req *b) {
+  return a->finish == b->finish && a->n_tok == b->n_tok && a->n_lg == b->n_lg &&
+         memcmp(a->tok, b->tok, (size_t)a->n_tok * sizeof(int32_t)) == 0 &&
+         memcmp(a->lg, b->lg, (size_t)(a->n_lg < MAXTOK ? a->n_lg : MAXTOK) * V *
+                                  sizeof(float)) == 0;
+}
+
+/* the cold reference of q: prefix cache off, q's bounds, the given split points */
+static int cold(req *ref, const req *q, const int32_t *splits, int ns) {
+  rig g;
+  rig_opts ro = {0};
+  if (rig_up(&g, &ro) != 0) return -1;
+  req_set(ref, q->prompt, q->n, q->bounds, q->nb, splits, ns);
+  ref->max_tokens = q->max_tokens;
+  req_run(&g, ref);
+  return rig_down(&g) && ref->finish == FINISH_LENGTH ? 0 : -1;
+}
+
+static void toks(int32_t *p, int n, uint32_t seed) {
+  uint32_t x = seed;
+  for (int i = 0; i < n; i++) {
+    x = x * 1103515245u + 12345u;
+    p[i] = (int32_t)((x >> 8) % 256);
+  }
+}
+
+/* prompt = shared[0, ns) + suffix of n - ns tokens (seeded), first suffix token forced */
+static void prompt_make(int32_t *p, const int32_t *shared, int ns, int n, uint32_t seed,
+                        int32_t first) {
+  memcpy(p, shared, (size_t)ns * sizeof *p);
+  toks(p + ns, n - ns, seed);
+  p[ns] = first;
+}
+
+static req A, B, Cq, F, R1, R2, Q8[8], QREF[8];
+static int32_t S[MAXP], PA[MAXP], PB[MAXP], PF[MAXP], PT[MAXP];
+
+/* ---- parity ---------------------------------------------------------------------------- */
+
+/* A = S + a, then B = S + b restored at |S| (a chat boundary): B equals cold B with the split
+ * points {|S| (boundary), n_B - 1 (END)}; W = A split nowhere below |S| (its tree was empty). */
+static void parity_shared_head(int ns) {
+  toks(S, ns, 7);
+  int na = ns + 30, nb = ns + 25;
+  prompt_make(PA, S, ns, na, 11, 3);
+  prompt_make(PB, S, ns, nb, 12, 4);
+  int32_t bnd[2] = {0, ns};
+  rig g;
+  rig_opts ro = {.cache = 1};
+  REQUIRE(rig_up(&g, &ro) == 0);
+  req_set(&A, PA, na, bnd, 2, NULL, 0);
+  req_run(&g, &A);
+  EXPECT_EQ_INT(A.finish, FINISH_LENGTH);
+  EXPECT_EQ_INT(A.cached, 0);
+  req_set(&B, PB, nb, bnd, 2, NULL, 0);
+  req_run(&g, &B);
+  EXPECT_EQ_INT(B.cached, ns);
+  engine_stats s;
+  engine_get_stats(g.e, &s);
+  EXPECT_EQ_INT(s.prefix_hits, 1);
+  EXPECT_EQ_INT(s.prefix_hit_tokens, ns);
+  EXPECT_EQ_INT(s.prefilled_tokens_total, na + (nb - ns));
+  EXPECT(rig_down(&g));
+  int32_t sp[1] = {nb - 1};
+  REQUIRE(cold(&R1, &B, sp, 1) == 0);
+  EXPECT_MSG(req_same(&B, &R1), "restored at %d differs from cold", ns);
+}
+
+TEST(parity_cut_on_page_boundary) { parity_shared_head(80); }
+TEST(parity_cut_mid_page) { parity_shared_head(90); /* 5 pages + 10 rows: copy-on-write */ }
+
+/* A = X (100 tokens, one message); B = X + 30 more tokens of the same message restores A's
+ * END checkpoint at 99 (mid-page, mid-message). B's split points: 99 (restored), 100
+ * (DIVERGE: B leaves the tree where A's generated path went on), 129 (END). */
+TEST(parity_cut_mid_message) {
+  toks(PA, 100, 21);
+  int32_t bnd[1] = {0};
+  rig g;
+  rig_opts ro = {.cache = 1};
+  REQUIRE(rig_up(&g, &ro) == 0);
+  req_set(&A, PA, 100, bnd, 1, NULL, 0);
+  req_run(&g, &A);
+  REQUIRE(A.finish == FINISH_LENGTH);
+  memcpy(PB, PA, 100 * sizeof *PB);
+  toks(PB + 100, 30, 22);
+  PB[100] = (A.tok[0] + 1) % 256; /* leaves A's generated path at once */
+  req_set(&B, PB, 130, bnd, 1, NULL, 0);
+  req_run(&g, &B);
+  EXPECT_EQ_INT(B.cached, 99);
+  EXPECT(rig_down(&g));
+  int32_t sp[3] = {99, 100, 129};
+  REQUIRE(cold(&R1, &B, sp, 3) == 0);
+  EXPECT_MSG(req_same(&B, &R1), "mid-message restore differs from cold");
+}
+
+/* B restores while F decodes and holds pages, so B's fresh pages (its copy-on-write page and
+ * its suffix) are other ids than A's were: F takes the head of the free queue right after A
+ * retired. F (first token unshared) splits at its END only. */
+TEST(parity_fresh_pages_while_decoding) {
+  int ns = 90;
+  toks(S, ns, 31);
+  prompt_make(PA, S, ns, 120, 32, 5);
+  prompt_make(PB, S, ns, 110, 33, 6);
+  toks(PF, 100, 34);
+  PF[0] = 255 - S[0] % 200; /* shares no path */
+  int32_t bnd[2] = {0, ns};
+  rig g;
+  rig_opts ro = {.cache = 1};
+  REQUIRE(rig_up(&g, &ro) == 0);
+  req_set(&A, PA, 120, bnd, 2, NULL, 0);
+  req_run(&g, &A);
+  req_set(&F, PF, 100, NULL, 0, NULL, 0);
+  F.max_tokens = 40;
+  req_submit(&g, &F);
+  REQUIRE(req_first(&F));
+  engine_stats s;
+  engine_get_stats(g.e, &s);
+  EXPECT_MSG(s.kv_pages_used >= 7, "F holds %d pages", s.kv_pages_used);
+  req_set(&B, PB, 110, bnd, 2, NULL, 0);
+  req_run(&g, &B);
+  EXPECT_EQ_INT(B.cached, ns);
+  req_wait(&F);
+  EXPECT_EQ_INT(F.finish, FINISH_LENGTH);
+  EXPECT(rig_down(&g));
+  int32_t sp[1] = {109};
+  REQUIRE(cold(&R1, &B, sp, 1) == 0);
+  EXPECT_MSG(req_same(&B, &R1), "B restored while F decodes differs from cold");
+  int32_t spf[1] = {99};
+  REQUIRE(cold(&R2, &F, spf, 1) == 0);
+  EXPECT_MSG(req_same(&F, &R2), "F differs from cold");
+}
+
+/* One device slab and 12 KV pages: A's checkpoint at |S| leaves the device for the host tier
+ * (its slab when A's next capture needs the slab, its pages when G needs the pool); B
+ * restores it from the host into fresh pages and its slot. */
+TEST(parity_restore_from_host_tier) {
+  int ns = 80;
+  toks(S, ns, 41);
+  prompt_make(PA, S, ns, 110, 42, 7);
+  prompt_make(PB, S, ns, 105, 43, 8);
+  toks(PF, 150, 44);
+  PF[0] = 200;
+  if (S[0] == 200) PF[0] = 201;
+  int32_t bnd[2] = {0, ns};
+  rig g;
+  rig_opts ro = {.cache = 1, .kv_tokens = 16 * 12, .seqs = 2, .slabs = 4, .host_gib = 0.01};
+  /* a device budget of 1.5 slabs */
+  {
+    rig t;
+    rig_opts r0 = {0};
+    REQUIRE(rig_up(&t, &r0) == 0);
+    ro.dev_gib = 1.5 * (double)qwen35_slot_bytes(t.m) / (1024.0 * 1024.0 * 1024.0);
+    rig_down(&t);
+  }
+  REQUIRE(rig_up(&g, &ro) == 0);
+  req_set(&A, PA, 110, bnd, 2, NULL, 0);
+  req_run(&g, &A);
+  req_set(&F, PF, 150, NULL, 0, NULL, 0);
+  req_run(&g, &F);
+  EXPECT_EQ_INT(F.finish, FINISH_LENGTH);
+  engine_stats s;
+  engine_get_stats(g.e, &s);
+  EXPECT_EQ_INT(s.prefix_device_slabs_max, 1);
+  EXPECT_MSG(s.prefix_demotions >= 2 && s.prefix_host_checkpoints >= 1,
+             "demotions %lld, host checkpoints %d", s.prefix_demotions,
+             s.prefix_host_checkpoints);
+  req_set(&B, PB, 105, bnd, 2, NULL, 0);
+  req_run(&g, &B);
+  EXPECT_EQ_INT(B.cached, ns);
+  engine_get_stats(g.e, &s);
+  EXPECT_EQ_INT(s.prefix_restore_failures, 0);
+  EXPECT(s.prefix_host_bytes > 0 && s.prefix_host_bytes <= s.prefix_host_budget_bytes);
+  EXPECT(rig_down(&g));
+  int32_t sp[1] = {104};
+  REQUIRE(cold(&R1, &B, sp, 1) == 0);
+  EXPECT_MSG(req_same(&B, &R1), "restore from the host tier differs from cold");
+}
+
+/* Turn 1: X (60 tokens) generates 6 tokens; its end-of-generation checkpoint sits at depth
+ * 65 (X + the first 5 generated tokens; the 6th was never fed). Turn 2 = X + those 6 tokens
+ * + a new message at 66 restores depth 65. Cold turn 2 splits like turn 1 below 65 (END 59,
+ * then one token per step: 60 .. 64), at 65, at its boundary 66 and its END. */
+TEST(parity_next_turn_hits_end_of_generation) {
+  toks(PA, 60, 51);
+  int32_t b1[1] = {0};
+  rig g;
+  rig_opts ro = {.cache = 1};
+  REQUIRE(rig_up(&g, &ro) == 0);
+  req_set(&A, PA, 60, b1, 1, NULL, 0);
+  req_run(&g, &A);
+  REQUIRE(A.finish == FINISH_LENGTH && A.n_tok == 6);
+  memcpy(PT, PA, 60 * sizeof *PT);
+  memcpy(PT + 60, A.tok, 6 * sizeof *PT);
+  toks(PT + 66, 20, 52);
+  int32_t b2[2] = {0, 66};
+  req_set(&B, PT, 86, b2, 2, NULL, 0);
+  req_run(&g, &B);
+  EXPECT_EQ_INT(B.cached, 65);
+  EXPECT(rig_down(&g));
+  int32_t sp[8] = {59, 60, 61, 62, 63, 64, 65, 85};
+  REQUIRE(cold(&R1, &B, sp, 8) == 0);
+  EXPECT_MSG(req_same(&B, &R1), "turn 2 differs from cold");
+}
+
+/* ---- coalescing ------------------------------------------------------------------------ */
+
+/* 8 requests S (200) + 20-token suffixes, submitted at once: the prefix is computed once
+ * (one request computes 220 tokens, seven restore |S| and compute 20 each: 360 tokens)
+ * against 8 x 220 = 1760 without the cache; outputs identical to the cache-off run given the
+ * same split points (boundary 200, END 219; DIVERGE is 0 or 200, restores are at 200). */
+static long long prefilled_8(int cache, req *q, int32_t p[8][MAXP], const int32_t *bnd) {
+  rig g;
+  rig_opts ro = {.cache = cache, .seqs = 8};
+  if (rig_up(&g, &ro) != 0) return -1;
+  static const int32_t end[1] = {219}; /* the cache-off run gets the END split explicitly */
+  for (int i = 0; i < 8; i++) {
+    req_set(&q[i], p[i], 220, bnd, 2, cache ? NULL : end, cache ? 0 : 1);
+    req_submit(&g, &q[i]);
+  }
+  for (int i = 0; i < 8; i++) req_wait(&q[i]);
+  engine_stats s;
+  engine_get_stats(g.e, &s);
+  if (!rig_down(&g)) return -1;
+  return s.prefilled_tokens_total;
+}
+
+static int32_t P8[8][MAXP];
+
+TEST(coalesce_shared_prefix_8) {
+  toks(S, 200, 61);
+  for (int i = 0; i < 8; i++) prompt_make(P8[i], S, 200, 220, 70 + i, 100 + i);
+  int32_t bnd[2] = {0, 200};
+  long long off = prefilled_8(0, QREF, P8, bnd);
+  long long on = prefilled_8(1, Q8, P8, bnd);
+  printf("  8-way shared prefix: prefilled tokens %lld with the cache, %lld without\n", on, off);
+  EXPECT_EQ_INT(off, 8 * 220);
+  EXPECT_EQ_INT(on, 220 + 7 * 20);
+  int hits = 0;
+  for (int i = 0; i < 8; i++) {
+    EXPECT_MSG(req_same(&Q8[i], &QREF[i]), "request %d differs from the cache-off run", i);
+    EXPECT_MSG(Q8[i].cached == 0 || Q8[i].cached == 200, "cached %d", Q8[i].cached);
+    hits += Q8[i].cached == 200;
+  }
+  EXPECT_EQ_INT(hits, 7);
+}
+
+/* ---- cached_tokens and salts ----------------------------------------------------------- */
+
+TEST(salt_isolation_and_cached_tokens) {
+  toks(PA, 70, 81);
+  int32_t bnd[1] = {0};
+  rig g;
+  rig_opts ro = {.cache = 1};
+  REQUIRE(rig_up(&g, &ro) == 0);
+  req_set(&A, PA, 70, bnd, 1, NULL, 0);
+  A.salt = "tenant-a";
+  req_run(&g, &A);
+  EXPECT_EQ_INT(A.cached, 0);
+  EXPECT_EQ_INT(A.prompt_tokens, 70);
+  req_set(&B, PA, 70, bnd, 1, NULL, 0);
+  B.salt = "tenant-b";
+  req_run(&g, &B);
+  EXPECT_EQ_INT(B.cached, 0);
+  req_set(&Cq, PA, 70, bnd, 1, NULL, 0); /* the shared namespace */
+  req_run(&g, &Cq);
+  EXPECT_EQ_INT(Cq.cached, 0);
+  req_set(&F, PA, 70, bnd, 1, NULL, 0);
+  F.salt = "tenant-a";
+  req_run(&g, &F);
+  EXPECT_EQ_INT(F.cached, 69); /* its own END checkpoint, one token recomputed */
+  EXPECT_MSG(req_same(&A, &F) && req_same(&A, &B) && req_same(&A, &Cq),
+             "same prompt, same splits: outputs differ");
+  engine_stats s;
+  engine_get_stats(g.e, &s);
+  EXPECT_EQ_INT(s.prefix_hits, 1);
+  EXPECT(rig_down(&g));
+}
+
+/* ---- faults ---------------------------------------------------------------------------- */
+
+/* The fault scenario: S (90 tokens, mid-page) shared by A, B, C (bounds {0, 90}, suffix first
+ * tokens distinct), with the host tier and one device slab: A; then B and C together; then A
+ * again. Every split point is a function of the request alone (DIVERGE is 0, 90 or past the
+ * prompt, END is n - 1), so every request that finishes must equal its cold reference. */
+static req FR[3];
+static const int FN[3] = {110, 115, 105};
+static int32_t FP[3][MAXP];
+static double FDEV;
+
+static int fault_scenario(rig_opts *ro, long n, const char *site, int must_succeed,
+                          char *why, size_t wn) {
+  rig g;
+  if (rig_up(&g, ro) != 0) return snprintf(why, wn, "rig"), 0;
+  int32_t bnd[2] = {0, 90};
+  req q[4];
+  memset(q, 0, sizeof q);
+  int order[4] = {0, 1, 2, 0};
+  for (int k = 0; k < 4; k++) req_set(&q[k], FP[order[k]], FN[order[k]], bnd, 2, NULL, 0);
+  if (n > 0) fault_arm(n, site, 0);
+  req_run(&g, &q[0]);
+  req_submit(&g, &q[1]);
+  req_submit(&g, &q[2]);
+  req_wait(&q[1]);
+  req_wait(&q[2]);
+  req_run(&g, &q[3]);
+  int fired = fault_fired();
+  fault_disarm();
+  int ok = 1;
+  for (int k = 0; k < 4 && ok; k++) {
+    const req *ref = &FR[order[k]];
+    if (q[k].finish == FINISH_LENGTH) {
+      if (!req_same(&q[k], ref)) ok = 0, snprintf(why, wn, "request %d differs", k);
+    } else if (must_succeed || (q[k].finish != -1 && q[k].finish != FINISH_ERROR)) {
+      ok = 0, snprintf(why, wn, "request %d finish %d", k, q[k].finish);
+    }
+  }
+  if (ok && !rig_ok(&g, why, wn)) ok = 0;
+  rig_down(&g);
+  for (int k = 0; k < 4; k++) free(q[k].lg);
+  if (!ok) return -1;
+  return fired;
+}
+
+static void fault_setup(rig_opts *ro) {
+  memset(ro, 0, sizeof *ro);
+  ro->cache = 1;
+  ro->kv_tokens = 16 * 24;
+  ro->seqs = 2;
+  ro->slabs = 4;
+  ro->dev_gib = FDEV;
+  ro->host_gib = 0.01;
+}
+
+static void fault_refs(void) {
+  toks(S, 90, 91);
+  for (int i = 0; i < 3; i++) prompt_make(FP[i], S, 90, FN[i], 92 + i, 20 + i);
+  int32_t bnd[2] = {0, 90};
+  for (int i = 0; i < 3; i++) {
+    req q;
+    memset(&q, 0, sizeof q);
+    req_set(&q, FP[i], FN[i], bnd, 2, NULL, 0);
+    int32_t sp[1] = {FN[i] - 1};
+    cold(&FR[i], &q, sp, 1);
+    free(q.lg);
+  }
+  rig t;
+  rig_opts r0 = {0};
+  if (rig_up(&t, &r0) == 0) {
+    FDEV = 1.5 * (double)qwen35_slot_bytes(t.m) / (1024.0 * 1024.0 * 1024.0);
+    rig_down(&t);
+  }
+}
+
+/* no fault: the scenario restores (device and host) and matches the cold references */
+TEST(fault_scenario_clean) {
+  rig_opts ro;
+  fault_setup(&ro);
+  char why[300] = "";
+  EXPECT_MSG(fault_scenario(&ro, 0, NULL, 1, why, sizeof why) == 0, "%s", why);
+}
+
+/* every site of the prefix cache, each hit in turn: captures and restores fail, requests
+ * never do (a failed restore admits cold; a failed capture keeps the incumbent) */
+TEST(fault_every_cache_site) {
+  static const char *const sites[] = {"state_pool_copy",  "state_pool_slab_alloc",
+                                      "checkpoint_pages", "prefix_cache_rec",
+                                      "checkpoint_page_copy", "host_tier_alloc",
+                                      "host_tier_read",   "host_tier_write",
+                                      "request_init_prefix"};
+  rig_opts ro;
+  fault_setup(&ro);
+  int total = 0;
+  for (int k = 0; k < (int)(sizeof sites / sizeof *sites); k++) {
+    int hits = 0;
+    for (long n = 1; n < 200; n++) {
+      char why[300] = "";
+      int must = strcmp(sites[k], "request_init_prefix") != 0;
+      int rc = fault_scenario(&ro, n, sites[k], must, why, sizeof why);
+      EXPECT_MSG(rc >= 0, "site %s, hit %ld: %s", sites[k], n, why);
+      if (rc <= 0) break;
+      hits++;
+    }
+    EXPECT_MSG(hits > 0, "site %s never hit", sites[k]);
+    total += hits;
+  }
+  printf("  cache sites: %d faults injected\n", total);
+}
+
+/* every fault_hit of the run in turn, whatever the site: each request finishes with its cold
+ * output or fails cleanly; pools and cache consistent, nothing leaked */
+TEST(fault_walk_all_sites) {
+  rig_opts ro;
+  fault_setup(&ro);
+  int n_faults = 0;
+  for (long n = 1; n < 2000; n++) {
+    char why[300] = "";
+    int rc = fault_scenario(&ro, n, NULL, 0, why, sizeof why);
+    EXPECT_MSG(rc >= 0, "fault %ld: %s", n, why);
+    if (rc <= 0) break;
+    n_faults++;
+  }
+  printf("  all sites: %d faults injected\n", n_faults);
+  EXPECT_MSG(n_faults >= 20, "only %d faults", n_faults);
+}
+
+/* a restore that fails (its copy-on-write copy) admits cold with the same output, drops the
+ * checkpoint, and the next request finds B's own capture at the same depth */
+TEST(restore_failure_admits_cold) {
+  rig g;
+  rig_opts ro = {.cache = 1};
+  REQUIRE(rig_up(&g, &ro) == 0);
+  int32_t bnd[2] = {0, 90};
+  req_set(&A, FP[0], FN[0], bnd, 2, NULL, 0);
+  req_run(&g, &A);
+  fault_arm(1, "checkpoint_page_copy", 0);
+  req_set(&B, FP[1], FN[1], bnd, 2, NULL, 0);
+  req_run(&g, &B);
+  EXPECT(fault_fired());
+  fault_disarm();
+  EXPECT_EQ_INT(B.cached, 0);
+  EXPECT_MSG(req_same(&B, &FR[1]), "B after a failed restore differs");
+  engine_stats s;
+  engine_get_stats(g.e, &s);
+  EXPECT_EQ_INT(s.prefix_restore_failures, 1);
+  req_set(&Cq, FP[2], FN[2], bnd, 2, NULL, 0);
+  req_run(&g, &Cq);
+  EXPECT_EQ_INT(Cq.cached, 90);
+  EXPECT_MSG(req_same(&Cq, &FR[2]), "C differs");
+  char why[300];
+  EXPECT_MSG(rig_ok(&g, why, sizeof why), "%s", why);
+  EXPECT(rig_down(&g));
+}
+
+int main(void) {
+  char err[256];
+  log_set_level(LOG_LEVEL_WARN);
+  if (model_load(MODEL_DIR, &C, &W, err, sizeof err) != 0) {
+    printf("FAIL load: %s\n", err);
+    return 1;
+  }
+  BE = backend_cpu_create(2);
+  if (!BE) {
+    printf("FAIL backend\n");
+    return 1;
+  }
+  V = (size_t)C.vocab_size;
+  RUN(parity_cut_on_page_boundary);
+  RUN(parity_cut_mid_page);
+  RUN(parity_cut_mid_message);
+  RUN(parity_fresh_pages_while_decoding);
+  RUN(parity_restore_from_host_tier);
+  RUN(parity_next_turn_hits_end_of_generation);
+  RUN(coalesce_shared_prefix_8);
+  RUN(salt_isolation_and_cached_tokens);
+  fault_refs();
+  RUN(fault_scenario_clean);
+  RUN(restore_failure_admits_cold);
+  RUN(fault_every_cache_site);
+  RUN(fault_walk_all_sites);
+  BE->destroy(BE);
+  weights_free(&W);
+  TEST_MAIN_END();
+}

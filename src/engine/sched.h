@@ -86,8 +86,11 @@ void sched_remove(sched *s, request *r);
 
 /* Plans one step (see the top of this file) and reserves its pages and slots. */
 void sched_schedule(sched *s, sched_batch *b);
-/* After the step ran: advances each scheduled request's n_computed, and removes the ones
- * whose finish was set (sched_remove). */
+/* After the step ran: advances each scheduled request's n_computed; with a prefix cache,
+ * captures and commits the tickets a request just reached (a failure aborts the ticket and
+ * never fails the request) and, for a generation that finished (stop or length), captures a
+ * checkpoint at its computed depth; then removes the requests whose finish was set
+ * (sched_remove, which cancels their remaining tickets). */
 void sched_postprocess(sched *s, sched_batch *b);
 /* The step failed as a whole: each scheduled request is removed with FINISH_ERROR. */
 void sched_fail_batch(sched *s, sched_batch *b, const char *why);

@@ -71,7 +71,7 @@ test: deps
 
 test-asan: deps
 	@$(MAKE) --no-print-directory BUILD=build-asan CC=clang \
-	  OPT="-O1 -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all" \
+	  OPT="-O1 -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all -Wno-unknown-warning-option" \
 	  LDFLAGS="-fsanitize=address,undefined" all \
 	  $(TEST_SRCS:tests/%.c=build-asan/tests/%)
 	@ASAN_OPTIONS=detect_leaks=1 bash tests/run.sh build-asan
@@ -84,6 +84,6 @@ format:
 	clang-format -i $$(find src tests -name '*.[ch]' -o -name '*.cu')
 
 clean:
-	rm -rf build build-asan build-cuda
+	rm -rf build build-asan build-cuda build-fuzz
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

@@ -273,8 +273,8 @@ TEST(random_texts) {
                                  "<parameter=x>", "</parameter>", "</function>", "{", "}",
                                  "\"name\": \"g\"", ", \"arguments\": {\"a\": 1}", ":",
                                  "\n", " ", "a", "<think>", "</think>", "<", "</", "\xc3\xa9",
-                                 "\xe2\x82\xac", "12", "true", "{\"name\": \"h\", "
-                                 "\"arguments\": {}}"};
+                                 "\xe2\x82\xac", "12", "true",
+                                 "{\"name\": \"h\", \"arguments\": {}}"};
   const int np = (int)(sizeof pieces / sizeof pieces[0]);
   unsigned long long x = 0x243f6a8885a308d3ULL;
   char text[1024];

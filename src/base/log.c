@@ -30,6 +30,9 @@ int errf(char *err, size_t errlen, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(err, errlen, fmt, ap);
     va_end(ap);
+    /* one line, whatever the input put into it (names come from files and clients) */
+    for (char *p = err; *p; p++)
+      if ((unsigned char)*p < 0x20 || *p == 0x7f) *p = '?';
   }
   return -1;
 }

@@ -39,9 +39,14 @@ static int cfg_int(cfg_ctx *x, json_t *o, const char *key, int def, int *out) {
     *out = (int)k;
     return 0;
   }
-  if (json_is_real(v) && json_real_value(v) == (double)(int)json_real_value(v)) {
-    *out = (int)json_real_value(v);
-    return 0;
+  if (json_is_real(v)) {
+    double d = json_real_value(v);
+    if (!(d >= -2147483647.0 && d <= 2147483647.0))
+      return errf(x->err, x->errlen, "%s: key \"%s\" is out of range", x->path, key);
+    if (d == (double)(int)d) {
+      *out = (int)d;
+      return 0;
+    }
   }
   return errf(x->err, x->errlen, "%s: key \"%s\" must be an integer", x->path, key);
 }
@@ -215,7 +220,30 @@ static int cfg_parse(cfg_ctx *x, model_config *c) {
     return errf(x->err, x->errlen, "%s: linear_num_value_heads %d is not a multiple of linear_num_key_heads %d", x->path,
                 c->lin_n_v_heads, c->lin_n_k_heads);
   if (c->rms_norm_eps <= 0) return errf(x->err, x->errlen, "%s: rms_norm_eps must be positive", x->path);
-  c->conv_dim = 2 * c->lin_n_k_heads * c->lin_k_head_dim + c->lin_n_v_heads * c->lin_v_head_dim;
+  /* sizes beyond any real model are refused, so that every product of two of them fits */
+  const struct {
+    const char *key;
+    int v, max;
+  } lim[] = {
+      {"hidden_size", c->hidden_size, 1 << 18},
+      {"vocab_size", c->vocab_size, 1 << 22},
+      {"intermediate_size", c->intermediate_size, 1 << 20},
+      {"num_attention_heads", c->n_heads, 4096},
+      {"num_key_value_heads", c->n_kv_heads, 4096},
+      {"head_dim", c->head_dim, 4096},
+      {"linear_num_key_heads", c->lin_n_k_heads, 4096},
+      {"linear_num_value_heads", c->lin_n_v_heads, 4096},
+      {"linear_key_head_dim", c->lin_k_head_dim, 4096},
+      {"linear_value_head_dim", c->lin_v_head_dim, 4096},
+      {"linear_conv_kernel_dim", c->conv_kernel, 64},
+  };
+  for (size_t i = 0; i < sizeof lim / sizeof lim[0]; i++)
+    if (lim[i].v > lim[i].max)
+      return errf(x->err, x->errlen, "%s: key \"%s\" is %d, larger than any supported model (%d)", x->path,
+                  lim[i].key, lim[i].v, lim[i].max);
+  int64_t conv_dim = 2LL * c->lin_n_k_heads * c->lin_k_head_dim + (int64_t)c->lin_n_v_heads * c->lin_v_head_dim;
+  if (conv_dim > (1 << 24)) return errf(x->err, x->errlen, "%s: linear-attention sizes are too large", x->path);
+  c->conv_dim = (int)conv_dim;
 
   /* --- layer types --- */
   json_t *lt = json_object_get(t, "layer_types");

@@ -22,6 +22,7 @@
  * Arguments are returned as Python-json.dumps text (chat_template_tojson), so that rendering
  * the call back through the Qwen3 template reproduces it. */
 #include "tokenizer/chat_parse.h"
+#include "tokenizer/utf8.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -249,6 +250,13 @@ static int parse_call(const char *s, const char *end, const json_t *tools, chat_
   else rc = CALL_BAD;
   if (rc != CALL_OK) return rc;
   char *astr = json_is_string(args) ? strdup(json_string_value(args)) : chat_template_tojson(args);
+  if (astr && (utf8_valid_prefix((const uint8_t *)name, strlen(name)) != strlen(name) ||
+               utf8_valid_prefix((const uint8_t *)astr, strlen(astr)) != strlen(astr))) {
+    free(astr); /* not valid UTF-8: not a call a client could read; left in content */
+    free(name);
+    json_decref(args);
+    return CALL_BAD;
+  }
   char id[64];
   id_fn(id_ctx, id, sizeof id);
   json_t *call = astr ? json_pack("{s:s, s:s, s:{s:s, s:s}}", "id", id, "type", "function",

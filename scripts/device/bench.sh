@@ -35,7 +35,8 @@ else
   OUT=${OUT:-/tmp/ds-bench-cpu}
 fi
 mkdir -p "$OUT"
-COMMIT=${DS_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
+COMMIT=${DS_COMMIT:-$(git rev-parse HEAD 2>/dev/null)}
+[[ "$COMMIT" =~ ^[0-9a-f]{7,40}$ ]] || COMMIT=unknown  # names of result files depend on it
 export DS_COMMIT=$COMMIT
 DATE=$(date -u +%Y%m%d-%H%M)
 PREFIX=$OUT/bench-$DATE-${COMMIT:0:12}

@@ -3,6 +3,7 @@
 #include <stdint.h>
 
 #include "backend/cpu/backend_cpu.h"
+#include "sampler/sampler.h"
 #include "test.h"
 
 static uint64_t rng = 88172645463325252ull;
@@ -419,6 +420,53 @@ TEST(logits_rows_and_memory_ops) {
   be->weight_free(be, NW), be->weight_free(be, WW);
 }
 
+/* The optional argmax op: the sampler's greedy choice on every row (ties, NaN, -0), on one
+ * and on two threads, with and without the max values. */
+TEST(argmax_matches_sampler) {
+  REQUIRE(be->argmax);
+  int n = 7, V = 1003;
+  float *x = malloc(sizeof(float) * n * V);
+  for (int i = 0; i < n * V; i++) {
+    float f = frand();
+    x[i] = (float)(int)(f * 6); /* few distinct values: many ties */
+  }
+  x[1 * V + 17] = NAN;          /* a NaN inside a row */
+  x[2 * V + 0] = NAN;           /* a NaN first: the scan stays at 0 */
+  for (int i = 0; i < V; i++) x[3 * V + i] = i % 2 ? 0.0f : -0.0f; /* -0 and +0 tie */
+  x[4 * V + V - 1] = 100;       /* the last entry */
+  for (int i = 0; i < V; i++) x[5 * V + i] = -INFINITY;
+  backend *b1 = backend_cpu_create(1);
+  REQUIRE(b1);
+  backend *bs[2] = {be, b1};
+  for (int k = 0; k < 2; k++) {
+    backend *b = bs[k];
+    backend_buf bx = b->alloc(b, BACKEND_KIND_F32, (size_t)n * V);
+    backend_buf bi = b->alloc(b, BACKEND_KIND_I32, n), bm = b->alloc(b, BACKEND_KIND_F32, n);
+    b->write(b, bx, 0, x, sizeof(float) * n * V);
+    b->argmax(b, bx, n, V, bi, bm);
+    int32_t ids[7];
+    float mv[7];
+    b->read(b, bi, 0, ids, sizeof ids);
+    b->read(b, bm, 0, mv, sizeof mv);
+    for (int r = 0; r < n; r++) {
+      int32_t want = sampler_argmax(x + (size_t)r * V, V);
+      EXPECT_MSG(ids[r] == want, "threads %d row %d: id %d, sampler %d", k ? 1 : 2, r, ids[r], want);
+      EXPECT(memcmp(&mv[r], &x[(size_t)r * V + want], sizeof(float)) == 0);
+    }
+    EXPECT_EQ_INT(ids[2], 0);
+    EXPECT_EQ_INT(ids[4], V - 1);
+    EXPECT_EQ_INT(ids[5], 0);
+    b->argmax(b, bx, n, V, bi, NULL); /* without max values */
+    int32_t ids2[7];
+    b->read(b, bi, 0, ids2, sizeof ids2);
+    EXPECT(memcmp(ids, ids2, sizeof ids) == 0);
+    b->free(b, bx), b->free(b, bi), b->free(b, bm);
+  }
+  EXPECT(be->host_alloc == NULL && be->host_free == NULL); /* plain malloc is the fastest here */
+  b1->destroy(b1);
+  free(x);
+}
+
 /* The same rows computed with 1 and 2 threads, alone and inside a bigger batch: same bits. */
 TEST(thread_and_batch_invariance) {
   backend *b1 = backend_cpu_create(1), *b2 = backend_cpu_create(2);
@@ -458,6 +506,7 @@ int main(void) {
   RUN(deltanet_conv_gates_norm);
   RUN(logits_rows_and_memory_ops);
   RUN(thread_and_batch_invariance);
+  RUN(argmax_matches_sampler);
   be->destroy(be);
   TEST_MAIN_END();
 }

@@ -25,6 +25,61 @@ TEST(greedy) {
   EXPECT_EQ_INT(draw(&s, l2, 3, &r), 1);
 }
 
+/* The original scan, written out here: tok = 0; if (x[i] > x[tok]) tok = i. */
+static int32_t scan_argmax(const float *x, int n) {
+  int32_t tok = 0;
+  for (int i = 1; i < n; i++)
+    if (x[i] > x[tok]) tok = i;
+  return tok;
+}
+
+TEST(argmax_rule) {
+  float nan = NAN;
+  /* ties to the lowest id, -0 ties with +0, NaN never wins, NaN at 0 stays 0, all -inf */
+  float a[6] = {1, 3, 3, -2, 3, 0};
+  EXPECT_EQ_INT(sampler_argmax(a, 6), 1);
+  float b[4] = {-1, -0.0f, 0.0f, -3};
+  EXPECT_EQ_INT(sampler_argmax(b, 4), 1);
+  float c[4] = {1, nan, 5, nan};
+  EXPECT_EQ_INT(sampler_argmax(c, 4), 2);
+  float d[3] = {nan, 7, 9};
+  EXPECT_EQ_INT(sampler_argmax(d, 3), 0);
+  float e[3] = {-INFINITY, -INFINITY, -INFINITY};
+  EXPECT_EQ_INT(sampler_argmax(e, 3), 0);
+  EXPECT_EQ_INT(sampler_argmax(a, 1), 0);
+  /* random rows with many ties (values from a small set), against the scan */
+  uint64_t x = 12345;
+  float r[997];
+  int ok = 1;
+  for (int rep = 0; rep < 200; rep++) {
+    for (int i = 0; i < 997; i++) {
+      x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+      int k = (int)(x >> 59); /* 0..31 */
+      r[i] = k == 31 ? nan : k == 30 ? -0.0f : (float)(k % 12) - 4;
+    }
+    if (rep % 3 == 0) r[0] = nan;
+    ok &= sampler_argmax(r, 997) == scan_argmax(r, 997);
+  }
+  EXPECT(ok);
+  /* plain greedy: exactly greedy without penalties or logprobs */
+  sampling_params p;
+  sampling_params_default(&p);
+  EXPECT(!sampler_is_plain_greedy(&p));
+  p.temperature = 0;
+  EXPECT(sampler_is_plain_greedy(&p));
+  p.repetition_penalty = 1.1f;
+  EXPECT(!sampler_is_plain_greedy(&p));
+  p.repetition_penalty = 1;
+  p.presence_penalty = 0.5f;
+  EXPECT(!sampler_is_plain_greedy(&p));
+  p.presence_penalty = 0;
+  p.frequency_penalty = -0.5f;
+  EXPECT(!sampler_is_plain_greedy(&p));
+  p.frequency_penalty = 0;
+  p.logprobs = 1;
+  EXPECT(!sampler_is_plain_greedy(&p));
+}
+
 TEST(penalties) {
   sampling_params p;
   sampling_params_default(&p);
@@ -154,6 +209,7 @@ TEST(validate) {
 int main(void) {
   if (sampler_scratch_init(&W, 16) != 0) return 1;
   RUN(greedy);
+  RUN(argmax_rule);
   RUN(penalties);
   RUN(logprobs);
   RUN(distributions);

@@ -237,6 +237,21 @@ struct backend {
    * x ACT [T, H]; norm [1, H]; W [V, H]; out F32 [n_out, V]. */
   void (*logits)(backend *be, backend_buf x, backend_weight norm, float eps, backend_weight W,
                  int H, int V, backend_buf out);
+
+  /* ---- optional ops (NULL: unsupported; callers fall back) ---- */
+
+  /* Greedy choice over n rows of logits, the sampler's argmax (sampler_argmax): for i < n,
+   * ids[i] is the result of the scan  tok = 0; for j in 1..V-1: if x[i, j] > x[i, tok]: tok = j
+   * (the first maximum: ties go to the lowest id; NaN never wins; a NaN at j = 0 gives 0).
+   * maxv[i] = x[i, ids[i]] when maxv is not NULL.
+   * x F32 [n, V]; ids I32 [n]; maxv F32 [n] or NULL. Only ids (and maxv) need cross to the host:
+   * the greedy decode step's download shrinks from n * V * 4 bytes to n * 4. */
+  void (*argmax)(backend *be, backend_buf x, int n, int V, backend_buf ids, backend_buf maxv);
+
+  /* Host memory the backend's `read` and `write` move fastest (page-locked on CUDA); NULL when
+   * out of memory. host_free(NULL) is a no-op. Both NULL: use malloc / free. */
+  void *(*host_alloc)(backend *be, size_t bytes);
+  void (*host_free)(backend *be, void *p);
 };
 
 #endif

@@ -2,7 +2,7 @@
  * one JSON file next to the llama.cpp figures of shared/design/anchors.md.
  *
  *   deltaserve bench --model DIR [--device cpu|cuda|auto] [--threads N] --out FILE.json
- *                    [--quick] [--seed N] [engine flags]
+ *                    [--quick] [--seed N] [--only decode] [engine flags]
  *
  * Everything runs through engine_create / engine_submit / engine_next over a model whose pools
  * are sized by engine_mem_plan, in three phases over one backend:
@@ -12,7 +12,11 @@
  *      max_tokens 1, submit -> first token, median of a few runs after a warm-up), then decode
  *      with 1, 8, 32, 64, 128 concurrent sequences of 512 random prompt tokens and 128 greedy
  *      tokens (ignore_eos): tokens generated after the last sequence's first token, over the
- *      time from then to the last token.
+ *      time from then to the last token. That window holds decode steps only: every prompt is
+ *      prefilled (the staggered prefill of up to max_num_batched_tokens per step, decode rows
+ *      of the earlier sequences riding along) before the last first token, and the window's
+ *      batch only shrinks at the end as the earliest sequences finish. `--only decode` runs
+ *      just this part (with its warm-up) and skips prefill, C and B.
  *   C  with the engine stopped, one checkpoint's copies timed directly on the same model:
  *      capture = slot -> slab (qwen35_slot_copy), restore = slab -> slot plus the copy-on-write
  *      copy of the partial last KV page; each followed by a backend sync. The engine's stats
@@ -88,7 +92,7 @@ static const bench_sizes bench_quick = {{64, 128, 256}, 2, {1, 8, 32, 64, 128}, 
 
 typedef struct bench {
   const char *model_dir, *device;
-  int threads, quick;
+  int threads, quick, only_decode;
   bench_sizes sz;
   engine_opts user; /* engine flags from the command line */
   int user_kv_tokens, user_max_seqs;
@@ -599,7 +603,7 @@ static int bench_phase_a(bench *b) {
   /* warm-up: kernels, graphs, handles */
   if (bench_decode(b, 1, z->decode_prompt, z->decode_gen < 4 ? z->decode_gen : 4, &tok_s, &s))
     return -1;
-  for (int i = 0; i < BENCH_N_PREFILL; i++) {
+  for (int i = 0; i < BENCH_N_PREFILL && !b->only_decode; i++) {
     double med;
     if (bench_prefill(b, z->prefill_len[i], &tok_s, &med)) return -1;
     snprintf(k, sizeof k, "prefill_tok_s_%d", bench_prefill_names[i]);
@@ -614,7 +618,7 @@ static int bench_phase_a(bench *b) {
             tok_s, s);
   }
   bench_stop_engine(b);
-  if (bench_checkpoint(b, mo.n_slots, mo.n_pages)) return -1;
+  if (!b->only_decode && bench_checkpoint(b, mo.n_slots, mo.n_pages)) return -1;
   bench_roofline(b);
   bench_stop(b);
   return 0;
@@ -780,7 +784,8 @@ static void bench_usage(FILE *f) {
           "  offline prefill (512/4096/16384 tokens), decode (1/8/32/64/128 sequences of 512 in +\n"
           "  128 out), shared-prefix wave and warm-prefix TTFT, checkpoint copy pauses, roofline\n"
           "  fractions, and the llama.cpp figures of the same H200, as JSON.\n"
-          "  --quick: small sizes for CPU smoke tests.\n");
+          "  --quick: small sizes for CPU smoke tests.\n"
+          "  --only decode: the decode runs only (no prefill, prefix or checkpoint parts).\n");
 }
 
 int cmd_bench(int argc, char **argv) {
@@ -805,6 +810,11 @@ int cmd_bench(int argc, char **argv) {
     }
     if (!strcmp(a, "--quick")) {
       b.quick = 1;
+      continue;
+    }
+    if (!strcmp(a, "--only") && i + 1 < argc && !strcmp(argv[i + 1], "decode")) {
+      b.only_decode = 1;
+      i++;
       continue;
     }
     if (i + 1 >= argc) {
@@ -868,6 +878,17 @@ int cmd_bench(int argc, char **argv) {
   }
   int wrote = bench_write(&b, out, 0, 0, t_start); /* phase A's figures survive a kill in B */
   (void)wrote;
+  if (b.only_decode) {
+    bench_write(&b, out, 1, 1, t_start); /* the prefill and prefix figures are null */
+    for (int i = 0; i < BENCH_N_DECODE; i++) { /* only the decode figures are owed */
+      char k[64];
+      snprintf(k, sizeof k, "decode_tok_s_%d", bench_decode_names[i]);
+      json_t *v = json_object_get(b.metrics, k);
+      if (!v || !json_is_number(v)) failed = 1;
+    }
+    status = failed ? 1 : 0;
+    goto done;
+  }
   if (bench_phase_b(&b)) {
     fprintf(stderr, "deltaserve bench: prefix phase: %s\n", b.err);
     bench_stop(&b);

@@ -13,6 +13,13 @@
  * (until the final event); whoever lets go last frees it. Nothing allocates inside a step:
  * the fwd_seq array and the logits buffer are sized at creation for max_num_seqs rows.
  *
+ * Greedy steps: when every row a step samples is plain greedy (no penalties, no logprobs, no
+ * logits callback) and the backend has an argmax op, the tokens are picked on the device and
+ * only the ids come back (qwen35_forward_greedy); the same tokens as sampling the downloaded
+ * rows. Other steps download the rows into page-locked memory (qwen35_host_alloc).
+ * DS_ENGINE_HOST_SAMPLE=1 turns the device path off (for before/after timings);
+ * DS_ENGINE_PROFILE=1 logs where the engine thread's time went, per step, at destroy.
+ *
  * Prefix cache (when enabled): created over the same page pool and state pool (the snapshot
  * slabs are the slots past max_num_seqs), its copies wired to qwen35's page and slot
  * operations; the scheduler carries out the lookups, restores and captures (sched.h), the
@@ -176,7 +183,13 @@ struct engine {
   prefix_cache *pc; /* NULL when --no-enable-prefix-caching */
   sched *s;
   fwd_seq *seqs;  /* [max_num_seqs] */
-  float *logits;  /* [max_num_seqs, n_vocab] */
+  float *logits;  /* [max_num_seqs, n_vocab] (qwen35_host_alloc) */
+  int32_t *ids;   /* [max_num_seqs] the greedy steps' tokens */
+  int device_greedy; /* the model's backend has argmax and DS_ENGINE_HOST_SAMPLE is unset */
+  int profile;       /* DS_ENGINE_PROFILE */
+  double prof[5];    /* seconds: schedule, forward (device greedy), forward (logits), sample,
+                        postprocess + snapshot */
+  long long prof_steps[2]; /* steps with device greedy / with logits */
   sampler_scratch scratch;
   pthread_t thread;
   pthread_mutex_t mu; /* incoming queue, stop, stats snapshot, check requests */
@@ -247,6 +260,17 @@ static void engine_end(engine *e, engine_req *h, int finish, int with_event) {
 }
 
 /* ---- the step ----------------------------------------------------------------------------- */
+
+static double engine_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int engine_env_on(const char *name) {
+  const char *v = getenv(name);
+  return v && *v && strcmp(v, "0") != 0;
+}
 
 static int engine_is_stop_token(engine *e, const request *r, int32_t t) {
   const sampling_params *p = &r->smp.p;
@@ -323,6 +347,7 @@ static void engine_snapshot(engine *e) {
 }
 
 static int engine_step(engine *e) {
+  double t0 = e->profile ? engine_now() : 0;
   sched_batch b;
   sched_schedule(e->s, &b);
   for (int i = 0; i < b.n_failed; i++) engine_end(e, b.failed[i]->owner, FINISH_ERROR, 1);
@@ -342,8 +367,24 @@ static int engine_step(engine *e) {
     n_rows += r->sched_sample;
     if (r->n_computed < r->n_prompt) e->prefilled_total += r->sched_tokens;
   }
+  /* plain greedy everywhere: the device picks the tokens */
+  int greedy = e->device_greedy && n_rows > 0;
+  for (int i = 0; i < b.n && greedy; i++) {
+    request *r = b.reqs[i];
+    if (r->sched_sample && (((engine_req *)r->owner)->on_logits || !sampler_is_plain_greedy(&r->smp.p)))
+      greedy = 0;
+  }
+  double t1 = e->profile ? engine_now() : 0;
   char err[160];
-  if (qwen35_forward(e->m, e->seqs, b.n, e->logits, err, sizeof err) != 0) {
+  int frc = greedy ? qwen35_forward_greedy(e->m, e->seqs, b.n, e->ids, err, sizeof err)
+                   : qwen35_forward(e->m, e->seqs, b.n, e->logits, err, sizeof err);
+  double t2 = e->profile ? engine_now() : 0;
+  if (e->profile) {
+    e->prof[0] += t1 - t0;
+    e->prof[greedy ? 1 : 2] += t2 - t1;
+    e->prof_steps[greedy ? 0 : 1]++;
+  }
+  if (frc != 0) {
     log_error("engine: forward step failed: %s", err);
     char why[160];
     snprintf(why, sizeof why, "forward step failed: %.130s", err);
@@ -357,11 +398,17 @@ static int engine_step(engine *e) {
     request *r = b.reqs[i];
     if (!r->sched_sample) continue;
     engine_req *h = r->owner;
-    float *lg = e->logits + (size_t)row++ * e->n_vocab;
-    if (h->on_logits) h->on_logits(h->user, lg, e->n_vocab);
     sampler_result res;
-    int32_t t = sampler_sample(&r->smp, lg, e->n_vocab, r->tokens, r->n_prompt,
-                               r->tokens + r->n_prompt, request_n_output(r), &e->scratch, &res);
+    int32_t t;
+    if (greedy) { /* what sampler_sample gives for plain greedy: the token, nothing else */
+      memset(&res, 0, sizeof res);
+      t = res.token = e->ids[row++];
+    } else {
+      float *lg = e->logits + (size_t)row++ * e->n_vocab;
+      if (h->on_logits) h->on_logits(h->user, lg, e->n_vocab);
+      t = sampler_sample(&r->smp, lg, e->n_vocab, r->tokens, r->n_prompt,
+                         r->tokens + r->n_prompt, request_n_output(r), &e->scratch, &res);
+    }
     r->tokens[r->n_tokens++] = t;
     e->gen_total++;
     if (engine_is_stop_token(e, r, t))
@@ -371,11 +418,15 @@ static int engine_step(engine *e) {
     if (!r->smp.p.logprobs) res.n_top = 0;
     engine_push(h, &res, r->finish);
   }
-  (void)n_rows;
+  double t3 = e->profile ? engine_now() : 0;
   sched_postprocess(e->s, &b);
   for (int i = 0; i < b.n; i++) {
     request *r = b.reqs[i];
     if (r->state == REQ_STATE_FINISHED) engine_end(e, r->owner, r->finish, 0);
+  }
+  if (e->profile) {
+    e->prof[3] += t3 - t2;
+    e->prof[4] += engine_now() - t3;
   }
   return b.n;
 }
@@ -496,8 +547,11 @@ engine *engine_create(qwen35 *model, const engine_opts *o, char *err, size_t err
   state_pool_ops ops = {model, NULL, engine_ops_copy}; /* the forward zeroes state at pos 0 */
   sched_opts so = {n_seq, o->max_num_batched_tokens, -1};
   e->seqs = calloc((size_t)n_seq, sizeof *e->seqs);
-  e->logits = malloc((size_t)n_seq * (size_t)e->n_vocab * sizeof *e->logits);
-  if (!e->seqs || !e->logits || kv_pages_init(&e->kp, mo.n_pages) ||
+  e->logits = qwen35_host_alloc(model, (size_t)n_seq * (size_t)e->n_vocab * sizeof *e->logits);
+  e->ids = calloc((size_t)n_seq, sizeof *e->ids);
+  e->device_greedy = qwen35_has_argmax(model) && !engine_env_on("DS_ENGINE_HOST_SAMPLE");
+  e->profile = engine_env_on("DS_ENGINE_PROFILE");
+  if (!e->seqs || !e->logits || !e->ids || kv_pages_init(&e->kp, mo.n_pages) ||
       state_pool_init(&e->sp, n_seq, n_slabs, &ops) || sched_init(&e->s, &so, e->kp, e->sp) ||
       sampler_scratch_init(&e->scratch, e->n_vocab) ||
       (o->enable_prefix_caching && engine_prefix_init(e) != 0)) {
@@ -547,8 +601,18 @@ void engine_destroy(engine *e, int drain) {
   state_pool_free(e->sp);
   kv_pages_free(e->kp);
   sampler_scratch_free(&e->scratch);
+  if (e->profile) {
+    long long n = e->prof_steps[0] + e->prof_steps[1];
+    double d = n > 0 ? 1e3 / (double)n : 0;
+    log_info("engine: profile over %lld steps (%lld device-greedy): per step schedule %.3f ms, "
+             "forward %.3f ms (device greedy %.3f s, logits %.3f s in all), sample %.3f ms, "
+             "postprocess %.3f ms",
+             n, e->prof_steps[0], e->prof[0] * d, (e->prof[1] + e->prof[2]) * d, e->prof[1],
+             e->prof[2], e->prof[3] * d, e->prof[4] * d);
+  }
   free(e->seqs);
-  free(e->logits);
+  if (e->logits) qwen35_host_free(e->m, e->logits);
+  free(e->ids);
   free(e);
 }
 

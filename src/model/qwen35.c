@@ -48,6 +48,7 @@ struct qwen35 {
   int cap, logits_cap;
   backend_buf x, xn, mix, qg, q, gate, k, v, att, qkv, conv_out, z, bb, aa, beta, g, o, fg, fu;
   backend_buf logits; /* F32 [logits_cap, V] */
+  backend_buf ids;    /* I32 [logits_cap]: the greedy step's token ids (when be->argmax) */
 };
 
 /* ---- init ---- */
@@ -123,10 +124,16 @@ static int ensure_scratch(qwen35 *m, int T, char *err, size_t errlen) {
 static int ensure_logits(qwen35 *m, int n, char *err, size_t errlen) {
   if (n <= m->logits_cap) return 0;
   m->be->free(m->be, m->logits);
-  m->logits = NULL;
+  m->be->free(m->be, m->ids);
+  m->logits = m->ids = NULL;
   m->logits_cap = 0;
   if (alloc_buf(m, &m->logits, BACKEND_KIND_F32, (size_t)n * m->c->vocab_size, err, errlen))
     return -1;
+  if (m->be->argmax && alloc_buf(m, &m->ids, BACKEND_KIND_I32, (size_t)n, err, errlen)) {
+    m->be->free(m->be, m->logits);
+    m->logits = NULL;
+    return -1;
+  }
   m->logits_cap = n;
   return 0;
 }
@@ -296,6 +303,7 @@ void qwen35_free(qwen35 *m) {
   be->weight_free(be, m->final_norm);
   free_scratch(m);
   be->free(be, m->logits);
+  be->free(be, m->ids);
   free(m);
 }
 
@@ -350,8 +358,9 @@ static void ffn_block(qwen35 *m, q_layer *L, int i, int T) {
   }
 }
 
-int qwen35_forward(qwen35 *m, const fwd_seq *seqs, int n_seqs, float *logits, char *err,
-                   size_t errlen) {
+/* Issues one step up to the logits (into m->logits, *n_out_rows rows); nothing waited for. */
+static int forward_issue(qwen35 *m, const fwd_seq *seqs, int n_seqs, int *n_out_rows, char *err,
+                         size_t errlen) {
   const model_config *c = m->c;
   backend *be = m->be;
   if (n_seqs < 1) return errf(err, errlen, "empty batch");
@@ -439,11 +448,47 @@ int qwen35_forward(qwen35 *m, const fwd_seq *seqs, int n_seqs, float *logits, ch
   }
   be->add(be, m->x, m->mix, (size_t)T * H);
   if (n_out > 0) be->logits(be, m->x, m->final_norm, eps, m->lm_head, H, c->vocab_size, m->logits);
+  *n_out_rows = n_out;
+  return 0;
+}
+
+int qwen35_forward(qwen35 *m, const fwd_seq *seqs, int n_seqs, float *logits, char *err,
+                   size_t errlen) {
+  const model_config *c = m->c;
+  backend *be = m->be;
+  int n_out = 0;
+  if (forward_issue(m, seqs, n_seqs, &n_out, err, errlen)) return -1;
   if (be->sync(be, err, errlen)) return -1;
   if (n_out > 0 && logits &&
       be->read(be, m->logits, 0, logits, (size_t)n_out * c->vocab_size * sizeof(float)))
     return errf(err, errlen, "backend %s: reading logits failed", be->name);
   return 0;
+}
+
+int qwen35_has_argmax(const qwen35 *m) { return m->be->argmax != NULL; }
+
+int qwen35_forward_greedy(qwen35 *m, const fwd_seq *seqs, int n_seqs, int32_t *ids, char *err,
+                          size_t errlen) {
+  backend *be = m->be;
+  if (!be->argmax) return errf(err, errlen, "backend %s has no argmax op", be->name);
+  int n_out = 0;
+  if (forward_issue(m, seqs, n_seqs, &n_out, err, errlen)) return -1;
+  if (n_out > 0) be->argmax(be, m->logits, n_out, m->c->vocab_size, m->ids, NULL);
+  if (be->sync(be, err, errlen)) return -1;
+  if (n_out > 0 && be->read(be, m->ids, 0, ids, (size_t)n_out * sizeof *ids))
+    return errf(err, errlen, "backend %s: reading token ids failed", be->name);
+  return 0;
+}
+
+void *qwen35_host_alloc(qwen35 *m, size_t bytes) {
+  backend *be = m->be;
+  return be->host_alloc && be->host_free ? be->host_alloc(be, bytes) : malloc(bytes ? bytes : 1);
+}
+
+void qwen35_host_free(qwen35 *m, void *p) {
+  backend *be = m->be;
+  if (be->host_alloc && be->host_free) be->host_free(be, p);
+  else free(p);
 }
 
 /* ---- slots and pages ---- */

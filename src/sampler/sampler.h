@@ -71,6 +71,15 @@ void sampler_apply_penalties(const sampling_params *p, float *logits, int n_voca
                              const int32_t *prompt, int n_prompt, const int32_t *output,
                              int n_output, sampler_scratch *w);
 
+/* The greedy choice: tok = 0; for i in 1..n-1: if x[i] > x[tok]: tok = i. The first maximum
+ * (ties to the lowest id); NaN never wins; a NaN at 0 gives 0. Backends' argmax ops
+ * (backend.h) follow exactly this rule. */
+int32_t sampler_argmax(const float *x, int n);
+
+/* 1 when sampler_sample's token for p is sampler_argmax of the raw logits and nothing else of
+ * the result is filled (greedy, no penalties, no logprobs): a device argmax may stand in. */
+int sampler_is_plain_greedy(const sampling_params *p);
+
 /* Samples one token from logits[n_vocab] (modified in place: penalties, temperature):
  * penalties -> logprobs -> greedy argmax (temperature < 1e-5; ties to the lowest id), or
  * temperature -> min_p -> top_k -> top_p -> one draw from the RNG. Fills res and returns

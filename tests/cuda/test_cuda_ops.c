@@ -16,6 +16,7 @@
 #include "backend/backend.h"
 #include "backend/cpu/backend_cpu.h"
 #include "backend/cuda/backend_cuda.h"
+#include "sampler/sampler.h"
 #include "test.h"
 
 static backend *CPU, *GPU;
@@ -587,6 +588,63 @@ TEST(logits) {
   free(W);
 }
 
+/* The optional argmax op: exactly the sampler's greedy choice (and the CPU op's), on rows of
+ * the real vocabulary width, with ties, NaN, -0/+0, -inf rows, and an odd width (scalar path);
+ * the host pinned-memory ops round-trip a read. */
+static void argmax_case(int n, int V) {
+  float *x = malloc(sizeof(float) * (size_t)n * V);
+  for (size_t i = 0; i < (size_t)n * V; i++) x[i] = bfr(urand() * 4);
+  if (n >= 6) {
+    for (int i = 0; i < V; i++) x[(size_t)1 * V + i] = (float)((i * 7) % 5); /* many ties */
+    x[(size_t)2 * V + 0] = NAN; /* NaN first: 0 */
+    x[(size_t)2 * V + 9] = NAN;
+    x[(size_t)3 * V + 5] = NAN; /* NaN inside */
+    x[(size_t)3 * V + V - 1] = 50; /* max last */
+    for (int i = 0; i < V; i++) x[(size_t)4 * V + i] = i % 3 ? 0.0f : -0.0f;
+    for (int i = 0; i < V; i++) x[(size_t)5 * V + i] = -INFINITY;
+  }
+  backend_buf xg = GPU->alloc(GPU, BACKEND_KIND_F32, (size_t)n * V);
+  backend_buf ig = GPU->alloc(GPU, BACKEND_KIND_I32, n), mg = GPU->alloc(GPU, BACKEND_KIND_F32, n);
+  backend_buf xc = CPU->alloc(CPU, BACKEND_KIND_F32, (size_t)n * V);
+  backend_buf ic = CPU->alloc(CPU, BACKEND_KIND_I32, n);
+  REQUIRE(xg && ig && mg && xc && ic);
+  GPU->write(GPU, xg, 0, x, sizeof(float) * (size_t)n * V);
+  CPU->write(CPU, xc, 0, x, sizeof(float) * (size_t)n * V);
+  GPU->argmax(GPU, xg, n, V, ig, mg);
+  CPU->argmax(CPU, xc, n, V, ic, NULL);
+  int32_t *idg = GPU->host_alloc(GPU, sizeof(int32_t) * n), *idc = malloc(sizeof(int32_t) * n);
+  float *mv = malloc(sizeof(float) * n);
+  REQUIRE(idg && idc && mv);
+  EXPECT(GPU->read(GPU, ig, 0, idg, sizeof(int32_t) * n) == 0);
+  EXPECT(GPU->read(GPU, mg, 0, mv, sizeof(float) * n) == 0);
+  CPU->read(CPU, ic, 0, idc, sizeof(int32_t) * n);
+  int bad = 0;
+  for (int r = 0; r < n; r++) {
+    int32_t want = sampler_argmax(x + (size_t)r * V, V);
+    if (idg[r] != want || idc[r] != want ||
+        memcmp(&mv[r], &x[(size_t)r * V + want], sizeof(float)) != 0) {
+      if (!bad) printf("  argmax row %d of %d x %d: cuda %d, cpu %d, sampler %d\n", r, n, V, idg[r], idc[r], want);
+      bad++;
+    }
+  }
+  n_checks++;
+  printf("  %-28s %d of %d rows differ\n", "argmax", bad, n);
+  EXPECT_MSG(bad == 0, "argmax: %d rows differ from the sampler", bad);
+  gpu_ok();
+  GPU->host_free(GPU, idg);
+  free(idc), free(mv), free(x);
+  GPU->free(GPU, xg), GPU->free(GPU, ig), GPU->free(GPU, mg);
+  CPU->free(CPU, xc), CPU->free(CPU, ic);
+}
+
+TEST(argmax) {
+  REQUIRE(GPU->argmax && GPU->host_alloc && GPU->host_free);
+  argmax_case(9, 151936);
+  argmax_case(130, 151936);
+  argmax_case(7, 1001);
+  argmax_case(1, 3);
+}
+
 int main(void) {
   if (!backend_cuda_available()) {
     printf("FAIL cuda_available: no CUDA device\n");
@@ -612,6 +670,7 @@ int main(void) {
   RUN(gated_rmsnorm);
   RUN(moe);
   RUN(logits);
+  RUN(argmax);
   printf("op checks: %d\n", n_checks);
   GPU->destroy(GPU);
   CPU->destroy(CPU);

@@ -799,6 +799,40 @@ static void cpu_logits(backend *be, backend_buf x, backend_weight norm, float ep
   free(xn);
 }
 
+/* ---- argmax (optional op) ---- */
+
+typedef struct {
+  const float *x;
+  int V;
+  int32_t *ids;
+  float *maxv;
+} am_job;
+
+/* The scan of sampler_argmax (sampler.h), kept here so the backend does not depend on the
+ * sampler: m is always x[tok], so the result is that of  if (x[i] > x[tok]) tok = i. */
+static void am_run(void *v, int64_t b, int64_t e) {
+  am_job *j = v;
+  for (int64_t r = b; r < e; r++) {
+    const float *x = j->x + r * j->V;
+    int32_t tok = 0;
+    float m = x[0];
+    for (int i = 1; i < j->V; i++)
+      if (x[i] > m) {
+        m = x[i];
+        tok = i;
+      }
+    j->ids[r] = tok;
+    if (j->maxv) j->maxv[r] = m;
+  }
+}
+
+static void cpu_argmax(backend *be, backend_buf x, int n, int V, backend_buf ids,
+                       backend_buf maxv) {
+  if (n <= 0 || V <= 0) return;
+  am_job j = {F(x), V, (int32_t *)ids, maxv ? F(maxv) : NULL};
+  cpu_pool_run(ctx_of(be)->pool, n, 1, am_run, &j);
+}
+
 /* ---- lifetime ---- */
 
 static void cpu_destroy(backend *be) {
@@ -860,5 +894,6 @@ backend *backend_cpu_create(int n_threads) {
   be->gdn_decode = cpu_gdn_decode;
   be->gated_rmsnorm = cpu_gated_rmsnorm;
   be->logits = cpu_logits;
+  be->argmax = cpu_argmax;
   return be;
 }

@@ -450,6 +450,94 @@ static void cu_logits(backend *be, backend_buf x, backend_weight norm, float eps
   cuda_gemm(c, (const bf16 *)xn, CW(W)->bf, n, H, V, out, 1);
 }
 
+/* ---- argmax (optional op): the greedy step's token ids on the device ---- */
+
+#define ARGMAX_THREADS 1024
+
+/* (v, i) beats (w, k) when v > w, or v == w with the lower id; NaN never beats anything and
+ * is beaten by nothing (a thread that saw only NaN keeps i = INT32_MAX). */
+__device__ __forceinline__ void am_take(float &v, int &i, float w, int k) {
+  if (w > v || (w == v && k < i)) {
+    v = w;
+    i = k;
+  }
+}
+
+/* One block per row: each thread scans a strided set of entries, then a warp and a block
+ * reduction under the same rule. The result is the first maximum, as the sampler's scan
+ * gives; a NaN at entry 0 gives 0 (that scan never leaves 0 then). */
+__global__ void __launch_bounds__(ARGMAX_THREADS)
+    k_argmax(const float *__restrict__ x, int V, int32_t *ids, float *maxv) {
+  const float *row = x + (size_t)blockIdx.x * V;
+  float v = -INFINITY;
+  int i = INT32_MAX;
+  if ((V & 3) == 0 && (((uintptr_t)row) & 15) == 0) {
+    const float4 *r4 = (const float4 *)row;
+    for (int q = threadIdx.x; q < V / 4; q += blockDim.x) {
+      float4 f = r4[q];
+      am_take(v, i, f.x, 4 * q);
+      am_take(v, i, f.y, 4 * q + 1);
+      am_take(v, i, f.z, 4 * q + 2);
+      am_take(v, i, f.w, 4 * q + 3);
+    }
+  } else {
+    for (int j = threadIdx.x; j < V; j += blockDim.x) am_take(v, i, row[j], j);
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    float w = __shfl_xor_sync(0xffffffffu, v, o);
+    int k = __shfl_xor_sync(0xffffffffu, i, o);
+    am_take(v, i, w, k);
+  }
+  __shared__ float sv[ARGMAX_THREADS / 32];
+  __shared__ int si[ARGMAX_THREADS / 32];
+  int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+  if (lane == 0) {
+    sv[warp] = v;
+    si[warp] = i;
+  }
+  __syncthreads();
+  if (warp == 0) {
+    v = lane < nw ? sv[lane] : -INFINITY;
+    i = lane < nw ? si[lane] : INT32_MAX;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      float w = __shfl_xor_sync(0xffffffffu, v, o);
+      int k = __shfl_xor_sync(0xffffffffu, i, o);
+      am_take(v, i, w, k);
+    }
+    if (lane == 0) {
+      if (i == INT32_MAX || isnan(row[0])) i = 0; /* all NaN, or the scan stuck at a NaN 0 */
+      ids[blockIdx.x] = i;
+      if (maxv) maxv[blockIdx.x] = row[i];
+    }
+  }
+}
+
+static void cu_argmax(backend *be, backend_buf x, int n, int V, backend_buf ids,
+                      backend_buf maxv) {
+  cuda_ctx *c = cuda_ctx_of(be);
+  if (n <= 0 || V <= 0) return;
+  k_argmax<<<n, ARGMAX_THREADS, 0, c->st>>>((const float *)x, V, (int32_t *)ids, (float *)maxv);
+  cuda_check_launch(c, "argmax");
+}
+
+/* Page-locked host memory: `read` into it is one DMA, no staging through a bounce buffer. */
+static void *cu_host_alloc(backend *be, size_t bytes) {
+  (void)be;
+  void *p = NULL;
+  if (cudaMallocHost(&p, bytes ? bytes : 1) != cudaSuccess) {
+    cudaGetLastError();
+    return NULL;
+  }
+  return p;
+}
+
+static void cu_host_free(backend *be, void *p) {
+  (void)be;
+  if (p) cudaFreeHost(p);
+}
+
 /* ---- lifetime ---- */
 
 static void cu_destroy(backend *be) {
@@ -557,5 +645,8 @@ extern "C" backend *backend_cuda_create(int device, char *err, size_t errlen) {
   be->gdn_decode = cuda_gdn_decode;
   be->gated_rmsnorm = cuda_elem_gated_rmsnorm;
   be->logits = cu_logits;
+  be->argmax = cu_argmax;
+  be->host_alloc = cu_host_alloc;
+  be->host_free = cu_host_free;
   return be;
 }

@@ -33,7 +33,7 @@ endif
 CUDA_TEST_SRCS := $(sort $(wildcard tests/cuda/test_*.c))
 CUDA_TESTS     := $(CUDA_TEST_SRCS:tests/cuda/%.c=$(BUILD)/tests/cuda/%)
 
-.PHONY: all test run deps clean test-asan format cuda-tests
+.PHONY: all test run deps clean test-asan asan-build format cuda-tests
 all: $(BUILD)/deltaserve
 
 $(BUILD)/obj/%.o: %.c
@@ -65,16 +65,20 @@ $(BUILD)/tests/cuda/%: tests/cuda/%.c tests/test.h $(BUILD)/libdeltaserve.a
 deps:
 	@bash scripts/setup.sh
 
+# make test: the whole suite in the normal build, then again in the ASan + UBSan build.
 test: deps
 	@$(MAKE) --no-print-directory all $(TESTS)
-	@bash tests/run.sh $(BUILD)
+	@$(MAKE) --no-print-directory asan-build
+	@bash tests/run.sh $(BUILD) build-asan
 
-test-asan: deps
+test-asan: deps asan-build
+	@bash tests/run.sh build-asan
+
+asan-build:
 	@$(MAKE) --no-print-directory BUILD=build-asan CC=clang \
 	  OPT="-O1 -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all -Wno-unknown-warning-option" \
 	  LDFLAGS="-fsanitize=address,undefined" all \
 	  $(TEST_SRCS:tests/%.c=build-asan/tests/%)
-	@ASAN_OPTIONS=detect_leaks=1 bash tests/run.sh build-asan
 
 run: deps all
 	@bash scripts/demo.sh

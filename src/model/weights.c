@@ -44,7 +44,14 @@ int64_t tensor_numel(const tensor *t) {
   return n;
 }
 
-static float weights_f16_to_f32(uint16_t h) {
+float dtype_bf16_to_f32(uint16_t h) {
+  uint32_t bits = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &bits, 4);
+  return f;
+}
+
+float dtype_f16_to_f32(uint16_t h) {
   uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
   if (exp == 0) {
     if (man == 0) {
@@ -78,15 +85,12 @@ float tensor_get_f32(const tensor *t, int64_t i) {
     case DTYPE_F16: {
       uint16_t h;
       memcpy(&h, p, 2);
-      return weights_f16_to_f32(h);
+      return dtype_f16_to_f32(h);
     }
     case DTYPE_BF16: {
       uint16_t h;
       memcpy(&h, p, 2);
-      uint32_t bits = (uint32_t)h << 16;
-      float f;
-      memcpy(&f, &bits, 4);
-      return f;
+      return dtype_bf16_to_f32(h);
     }
   }
   return 0.0f;

@@ -17,8 +17,15 @@
 
 typedef enum { DTYPE_F32, DTYPE_F16, DTYPE_BF16 } dtype;
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 size_t dtype_size(dtype t);
 const char *dtype_name(dtype t);
+/* Exact conversions of one stored element to float (used by every backend's upload). */
+float dtype_bf16_to_f32(uint16_t h);
+float dtype_f16_to_f32(uint16_t h);
 
 typedef struct tensor {
   const void *data; /* into an mmap, or into `owned` storage of model_weights; NULL if absent */
@@ -97,5 +104,9 @@ const void *weights_raw(const model_weights *w, const char *name, uint64_t *nbyt
 
 /* Convenience: config_load(dir/config.json) + weights_load(dir). */
 int model_load(const char *dir, model_config *c, model_weights *w, char *err, size_t errlen);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

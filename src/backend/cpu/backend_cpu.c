@@ -82,37 +82,6 @@ static inline void dot4(const float *x, const float *const w[4], int n, float ou
 static inline float sigmoidf_(float x) { return 1.f / (1.f + expf(-x)); }
 static inline float siluf_(float x) { return x / (1.f + expf(-x)); }
 
-static float bf16_to_f32(uint16_t h) {
-  uint32_t u = (uint32_t)h << 16;
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
-
-static float f16_to_f32(uint16_t h) {
-  uint32_t sign = (uint32_t)(h >> 15) << 31;
-  uint32_t exp = (h >> 10) & 0x1f, man = h & 0x3ff, u;
-  if (exp == 0) {
-    if (man == 0) {
-      u = sign;
-    } else { /* subnormal: normalise */
-      int e = -1;
-      do {
-        e++;
-        man <<= 1;
-      } while (!(man & 0x400));
-      u = sign | ((uint32_t)(127 - 15 - e) << 23) | ((man & 0x3ff) << 13);
-    }
-  } else if (exp == 31) {
-    u = sign | 0x7f800000u | (man << 13);
-  } else {
-    u = sign | ((exp + 127 - 15) << 23) | (man << 13);
-  }
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
-
 /* ---- memory ---- */
 
 static size_t cpu_kind_size(backend *be, backend_kind kind) {
@@ -174,7 +143,7 @@ static backend_weight cpu_weight_upload(backend *be, const void *data, dtype dt,
     memcpy(w->d, data, n * 4);
   } else {
     const uint16_t *h = data;
-    for (size_t i = 0; i < n; i++) w->d[i] = dt == DTYPE_BF16 ? bf16_to_f32(h[i]) : f16_to_f32(h[i]);
+    for (size_t i = 0; i < n; i++) w->d[i] = dt == DTYPE_BF16 ? dtype_bf16_to_f32(h[i]) : dtype_f16_to_f32(h[i]);
   }
   return w;
 }

@@ -129,36 +129,6 @@ static void cu_zero(backend *be, backend_buf buf, size_t off, size_t n) {
 
 /* ---- weights ---- */
 
-static float h_bf16(uint16_t h) {
-  uint32_t u = (uint32_t)h << 16;
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
-
-static float h_f16(uint16_t h) {
-  uint32_t sign = (uint32_t)(h >> 15) << 31, exp = (h >> 10) & 0x1f, man = h & 0x3ff, u;
-  if (exp == 0) {
-    if (man == 0) {
-      u = sign;
-    } else {
-      int e = -1;
-      do {
-        e++;
-        man <<= 1;
-      } while (!(man & 0x400));
-      u = sign | ((uint32_t)(127 - 15 - e) << 23) | ((man & 0x3ff) << 13);
-    }
-  } else if (exp == 31) {
-    u = sign | 0x7f800000u | (man << 13);
-  } else {
-    u = sign | ((exp + 127 - 15) << 23) | (man << 13);
-  }
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
-
 static uint16_t h_to_bf16(float f) { /* round to nearest even */
   uint32_t u;
   memcpy(&u, &f, 4);
@@ -170,7 +140,7 @@ static uint16_t h_to_bf16(float f) { /* round to nearest even */
 static float h_get(const void *data, dtype dt, size_t i) {
   if (dt == DTYPE_F32) return ((const float *)data)[i];
   uint16_t h = ((const uint16_t *)data)[i];
-  return dt == DTYPE_BF16 ? h_bf16(h) : h_f16(h);
+  return dt == DTYPE_BF16 ? dtype_bf16_to_f32(h) : dtype_f16_to_f32(h);
 }
 
 static void cu_weight_free(backend *be, backend_weight w) {

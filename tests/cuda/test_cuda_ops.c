@@ -392,6 +392,13 @@ TEST(conv1d) {
   GPU->conv1d(GPU, ps.g, px.g, wp.g, C, K, o.g);
   CMP(o.c, o.g, BACKEND_KIND_ACT, o.n, 6e-3, "conv1d out");
   CMP(ps.c, ps.g, BACKEND_KIND_F32, ps.n, 1e-6, "conv1d state");
+  /* a decode-only step (the one-launch kernel): one row per piece, one of them fresh */
+  pieces d = {3, {1, 1, 1}, {57, 0, 301}, {3, 0, 2}};
+  set_batch(&d, 0, NULL);
+  CPU->conv1d(CPU, ps.c, px.c, wp.c, C, K, o.c);
+  GPU->conv1d(GPU, ps.g, px.g, wp.g, C, K, o.g);
+  CMP(o.c, o.g, BACKEND_KIND_ACT, (size_t)3 * C, 6e-3, "conv1d decode out");
+  CMP(ps.c, ps.g, BACKEND_KIND_F32, ps.n, 1e-6, "conv1d decode state");
   gpu_ok();
   pr_free(px);
   pr_free(ps);
@@ -645,6 +652,169 @@ TEST(argmax) {
   argmax_case(1, 3);
 }
 
+
+/* ---- decode steps: recorded, fused and replayed as graphs vs launched as issued ----
+ * A one-layer-of-each-kind model step (attention, DeltaNet, FFN, logits, argmax) run for ten
+ * decode steps (2 rows, then 1, then 2 again: two graph shapes and a cache hit) on the default
+ * CUDA backend and on one created with DS_CUDA_GRAPHS=0. Every logit, id, state and KV byte
+ * must be identical, and the first backend must really have captured, replayed and fused. */
+enum { DH = 256, DV = 300, DNH = 4, DNKV = 2, DHD = 64, DROT = 32, DNK = 1, DNVH = 2, DDK = 128,
+       DDV = 128, DCD = 2 * DNK * DDK + DNVH * DDV, DI = 384, DPAGES = 8, DMAXP = 4 };
+enum { W_E, W_N1, W_N2, W_N3, W_NF, W_Q, W_K, W_V, W_O, W_QN, W_KN, W_QKV, W_Z, W_B, W_A, W_CONV,
+       W_DT, W_AL, W_LN, W_OUT, W_G, W_U, W_D, W_COUNT };
+enum { B_X, B_XN, B_QG, B_Q, B_GO, B_K, B_V, B_ATT, B_MIX, B_QKV, B_CO, B_Z, B_BB, B_AA, B_BETA,
+       B_G, B_O, B_FG, B_FU, B_LOG, B_IDS, B_KP, B_VP, B_CONV, B_SSM, B_COUNT };
+typedef struct {
+  backend *be;
+  backend_weight w[W_COUNT];
+  backend_buf b[B_COUNT];
+} dmodel;
+
+static const int64_t dw_shape[W_COUNT][2] = {
+    {DV, DH}, {1, DH}, {1, DH}, {1, DH}, {1, DH}, {DNH * 2 * DHD, DH}, {DNKV * DHD, DH},
+    {DNKV * DHD, DH}, {DH, DNH * DHD}, {1, DHD}, {1, DHD}, {DCD, DH}, {DNVH * DDV, DH},
+    {DNVH, DH}, {DNVH, DH}, {DCD, 4}, {1, DNVH}, {1, DNVH}, {1, DDV}, {DH, DNVH * DDV},
+    {DI, DH}, {DI, DH}, {DH, DI}};
+
+static void dmodel_init(dmodel *m, backend *be, float **wh, float **init) {
+  m->be = be;
+  for (int i = 0; i < W_COUNT; i++)
+    m->w[i] = be->weight_upload(be, wh[i], DTYPE_F32, dw_shape[i][0], dw_shape[i][1]);
+  size_t T = 2;
+  struct {
+    backend_kind k;
+    size_t n;
+  } sz[B_COUNT] = {
+      {BACKEND_KIND_ACT, T * DH}, {BACKEND_KIND_ACT, T * DH}, {BACKEND_KIND_ACT, T * DNH * 2 * DHD},
+      {BACKEND_KIND_ACT, T * DNH * DHD}, {BACKEND_KIND_ACT, T * DNH * DHD},
+      {BACKEND_KIND_ACT, T * DNKV * DHD}, {BACKEND_KIND_ACT, T * DNKV * DHD},
+      {BACKEND_KIND_ACT, T * DNH * DHD}, {BACKEND_KIND_ACT, T * DH}, {BACKEND_KIND_ACT, T * DCD},
+      {BACKEND_KIND_ACT, T * DCD}, {BACKEND_KIND_ACT, T * DNVH * DDV}, {BACKEND_KIND_ACT, T * DNVH},
+      {BACKEND_KIND_ACT, T * DNVH}, {BACKEND_KIND_F32, T * DNVH}, {BACKEND_KIND_F32, T * DNVH},
+      {BACKEND_KIND_ACT, T * DNVH * DDV}, {BACKEND_KIND_ACT, T * DI}, {BACKEND_KIND_ACT, T * DI},
+      {BACKEND_KIND_F32, T * DV}, {BACKEND_KIND_I32, T},
+      {BACKEND_KIND_KV, (size_t)DPAGES * 16 * DNKV * DHD}, {BACKEND_KIND_KV, (size_t)DPAGES * 16 * DNKV * DHD},
+      {BACKEND_KIND_F32, (size_t)2 * DCD * 3}, {BACKEND_KIND_F32, (size_t)2 * DNVH * DDK * DDV}};
+  for (int i = 0; i < B_COUNT; i++) {
+    m->b[i] = be->alloc(be, sz[i].k, sz[i].n);
+    if (i >= B_KP) put(be, m->b[i], sz[i].k, init[i - B_KP], sz[i].n);
+  }
+}
+
+static void dmodel_free(dmodel *m) {
+  for (int i = 0; i < W_COUNT; i++) m->be->weight_free(m->be, m->w[i]);
+  for (int i = 0; i < B_COUNT; i++) m->be->free(m->be, m->b[i]);
+}
+
+/* One decode step of rows (seq s at position pos[s]) for s < n; logits and ids read back. */
+static void dmodel_step(dmodel *m, int n, const int32_t *pos, float *logits, int32_t *ids) {
+  backend *be = m->be;
+  backend_weight *w = m->w;
+  backend_buf *b = m->b;
+  static int32_t pt[2 * DMAXP] = {0, 1, 2, 3, 4, 5, 6, 7};
+  int32_t tok[2] = {(int32_t)((pos[0] * 37 + 5) % DV), (int32_t)((pos[1] * 11 + 3) % DV)};
+  int32_t seq[2] = {0, 1}, st[2] = {0, 1}, len[2] = {1, 1}, slot[2] = {0, 1}, orow[2] = {0, 1};
+  backend_batch bb = {n, n, tok, pos, seq, st, len, pos, slot, pt, DMAXP, n, orow};
+  EXPECT(be->set_batch(be, &bb) == 0);
+  int T = n;
+  float eps = 1e-6f;
+  be->embed(be, w[W_E], DH, b[B_X]);
+  be->rmsnorm(be, b[B_X], NULL, w[W_N1], T, DH, eps, b[B_XN]);
+  be->matmul(be, b[B_XN], w[W_Q], T, DH, DNH * 2 * DHD, b[B_QG]);
+  be->matmul(be, b[B_XN], w[W_K], T, DH, DNKV * DHD, b[B_K]);
+  be->matmul(be, b[B_XN], w[W_V], T, DH, DNKV * DHD, b[B_V]);
+  be->qk_norm_rope(be, b[B_QG], b[B_K], w[W_QN], w[W_KN], DNH, DNKV, DHD, DROT, 1e7, eps, b[B_Q],
+                   b[B_GO]);
+  be->attention(be, b[B_KP], b[B_VP], b[B_Q], b[B_K], b[B_V], DNH, DNKV, DHD, 0.125f, b[B_ATT]);
+  be->sigmoid_mul(be, b[B_ATT], b[B_GO], (size_t)T * DNH * DHD);
+  be->matmul(be, b[B_ATT], w[W_O], T, DNH * DHD, DH, b[B_MIX]);
+  be->rmsnorm(be, b[B_X], b[B_MIX], w[W_N2], T, DH, eps, b[B_XN]);
+  be->matmul(be, b[B_XN], w[W_QKV], T, DH, DCD, b[B_QKV]);
+  be->matmul(be, b[B_XN], w[W_Z], T, DH, DNVH * DDV, b[B_Z]);
+  be->matmul(be, b[B_XN], w[W_B], T, DH, DNVH, b[B_BB]);
+  be->matmul(be, b[B_XN], w[W_A], T, DH, DNVH, b[B_AA]);
+  be->conv1d(be, b[B_CONV], b[B_QKV], w[W_CONV], DCD, 4, b[B_CO]);
+  be->gdn_gates(be, b[B_CO], b[B_BB], b[B_AA], w[W_AL], w[W_DT], DNK, DNVH, DDK, DDV, b[B_BETA],
+                b[B_G]);
+  be->gdn_decode(be, b[B_SSM], b[B_CO], b[B_BETA], b[B_G], DNK, DNVH, DDK, DDV, b[B_O]);
+  be->gated_rmsnorm(be, b[B_O], b[B_Z], w[W_LN], T, DNVH, DDV, eps, b[B_O]);
+  be->matmul(be, b[B_O], w[W_OUT], T, DNVH * DDV, DH, b[B_MIX]);
+  be->rmsnorm(be, b[B_X], b[B_MIX], w[W_N3], T, DH, eps, b[B_XN]);
+  be->matmul(be, b[B_XN], w[W_G], T, DH, DI, b[B_FG]);
+  be->matmul(be, b[B_XN], w[W_U], T, DH, DI, b[B_FU]);
+  be->swiglu(be, b[B_FG], b[B_FU], (size_t)T * DI, b[B_FG]);
+  be->matmul(be, b[B_FG], w[W_D], T, DI, DH, b[B_MIX]);
+  be->add(be, b[B_X], b[B_MIX], (size_t)T * DH);
+  be->logits(be, b[B_X], w[W_NF], eps, w[W_E], DH, DV, b[B_LOG]);
+  be->argmax(be, b[B_LOG], T, DV, b[B_IDS], NULL);
+  EXPECT(be->read(be, b[B_LOG], 0, logits, sizeof(float) * (size_t)T * DV) == 0);
+  EXPECT(be->read(be, b[B_IDS], 0, ids, sizeof(int32_t) * (size_t)T) == 0);
+}
+
+TEST(decode_graph) {
+  char err[256] = "";
+  setenv("DS_CUDA_GRAPHS", "0", 1);
+  backend *plain = backend_cuda_create(0, err, sizeof err);
+  unsetenv("DS_CUDA_GRAPHS");
+  if (!plain) printf("  cannot create a second CUDA backend: %s\n", err);
+  REQUIRE(plain != NULL);
+  float *wh[W_COUNT], *init[4];
+  for (int i = 0; i < W_COUNT; i++) {
+    size_t n = (size_t)(dw_shape[i][0] * dw_shape[i][1]);
+    int norm = dw_shape[i][0] == 1;
+    wh[i] = rand_vec(n, norm ? 0.3f : i == W_CONV ? 0.5f : 0.08f);
+  }
+  for (int i = 0; i < DNVH; i++) wh[W_AL][i] = bfr(-1.f + 0.3f * i); /* A_log: decays < 1 */
+  size_t kvn = (size_t)DPAGES * 16 * DNKV * DHD;
+  init[0] = rand_vec(kvn, 1.f);
+  init[1] = rand_vec(kvn, 1.f);
+  init[2] = rand_vec((size_t)2 * DCD * 3, 1.f);
+  init[3] = rand_vec((size_t)2 * DNVH * DDK * DDV, 0.1f);
+  dmodel a, p;
+  dmodel_init(&a, GPU, wh, init);
+  dmodel_init(&p, plain, wh, init);
+  long st0[4];
+  backend_cuda_graph_stats(GPU, st0);
+  float la[2 * DV], lp[2 * DV];
+  int32_t ia[2], ip[2];
+  int ndiff = 0, idiff = 0, steps = 10;
+  for (int k = 0; k < steps; k++) {
+    int n = k >= 5 && k < 8 ? 1 : 2;
+    int32_t pos[2] = {20 + k, k}; /* row 1 starts fresh at position 0 */
+    dmodel_step(&a, n, pos, la, ia);
+    dmodel_step(&p, n, pos, lp, ip);
+    for (int i = 0; i < n * DV; i++) ndiff += memcmp(&la[i], &lp[i], 4) != 0;
+    for (int i = 0; i < n; i++) idiff += ia[i] != ip[i];
+  }
+  int sdiff = 0;
+  size_t sz[4] = {kvn * 2, kvn * 2, (size_t)2 * DCD * 3 * 4, (size_t)2 * DNVH * DDK * DDV * 4};
+  for (int i = 0; i < 4; i++) {
+    uint8_t *x = malloc(sz[i]), *y = malloc(sz[i]);
+    GPU->read(GPU, a.b[B_KP + i], 0, x, sz[i]);
+    plain->read(plain, p.b[B_KP + i], 0, y, sz[i]);
+    sdiff += memcmp(x, y, sz[i]) != 0;
+    free(x);
+    free(y);
+  }
+  long st[4];
+  backend_cuda_graph_stats(GPU, st);
+  long cap = st[0] - st0[0], rep = st[1] - st0[1], dir = st[2] - st0[2], fus = st[3] - st0[3];
+  n_checks++;
+  printf("  decode steps graph vs direct: %d logits, %d ids, %d state/KV buffers differ; "
+         "captures %ld, replays %ld, direct %ld, fused launches %ld\n",
+         ndiff, idiff, sdiff, cap, rep, dir, fus);
+  EXPECT_MSG(ndiff == 0 && idiff == 0 && sdiff == 0, "graph/fused decode steps differ from direct");
+  EXPECT_MSG(cap >= 2 && rep >= 4, "graphs not used: %ld captures, %ld replays", cap, rep);
+  /* 7 launches saved per step that runs the list (replays reuse the fused graph) */
+  EXPECT_MSG(fus >= 7 * (cap + dir), "fused %ld launches, expected >= %ld", fus, 7 * (cap + dir));
+  gpu_ok();
+  dmodel_free(&a);
+  dmodel_free(&p);
+  plain->destroy(plain);
+  for (int i = 0; i < W_COUNT; i++) free(wh[i]);
+  for (int i = 0; i < 4; i++) free(init[i]);
+}
+
 int main(void) {
   if (!backend_cuda_available()) {
     printf("FAIL cuda_available: no CUDA device\n");
@@ -671,6 +841,7 @@ int main(void) {
   RUN(moe);
   RUN(logits);
   RUN(argmax);
+  RUN(decode_graph);
   printf("op checks: %d\n", n_checks);
   GPU->destroy(GPU);
   CPU->destroy(CPU);

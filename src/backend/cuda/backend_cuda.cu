@@ -6,15 +6,26 @@
  * scratch buffer, which grow (rarely) when a step is larger than every step before. Weights
  * are kept as bf16 (GEMM operands) plus an fp32 copy of 1-D and conv weights (norm weights,
  * gates, A_log, dt_bias) and of matrices of at most 1024 rows (MoE routers), which the
- * elementwise and routing kernels read. */
+ * elementwise and routing kernels read.
+ *
+ * Decode steps (every piece one row) are recorded rather than launched, then run at the next
+ * boundary with adjacent GEMVs fused and, from the second identical step on, as a replayed
+ * CUDA graph (section "decode steps" below; DS_CUDA_GRAPHS=0 / DS_CUDA_FUSE=0 turn it off). */
 #include "backend/cuda/backend_cuda.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include <functional>
+#include <vector>
+
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_ops.h"
+
+static void graph_flush(cuda_ctx *c);
+static void graph_clear(cuda_ctx *c);
+static void graph_begin(cuda_ctx *c);
 
 /* ---- failures ---- */
 
@@ -37,6 +48,10 @@ static int ck(cuda_ctx *c, cudaError_t e, const char *what) {
 
 void *cuda_scratch(cuda_ctx *c, size_t bytes) {
   if (bytes <= c->scratch_bytes) return c->scratch;
+  if (c->capturing) { /* cannot grow inside a capture: the step runs eagerly instead */
+    c->capture_broken = 1;
+    return NULL;
+  }
   size_t want = bytes + bytes / 4 + (1u << 20);
   cudaStreamSynchronize(c->st);
   cudaFree(c->scratch);
@@ -95,6 +110,7 @@ static void cu_free(backend *be, backend_buf buf) {
 
 static int cu_write(backend *be, backend_buf dst, size_t off, const void *src, size_t n) {
   cuda_ctx *c = cuda_ctx_of(be);
+  graph_flush(c);
   if (c->failed || !n) return c->failed ? -1 : 0;
   if (ck(c, cudaMemcpyAsync((char *)dst + off, src, n, cudaMemcpyHostToDevice, c->st), "write"))
     return -1;
@@ -104,6 +120,7 @@ static int cu_write(backend *be, backend_buf dst, size_t off, const void *src, s
 
 static int cu_read(backend *be, backend_buf src, size_t off, void *dst, size_t n) {
   cuda_ctx *c = cuda_ctx_of(be);
+  graph_flush(c);
   if (c->failed) return -1;
   if (n && ck(c, cudaMemcpyAsync(dst, (const char *)src + off, n, cudaMemcpyDeviceToHost, c->st),
               "read"))
@@ -115,6 +132,7 @@ static int cu_read(backend *be, backend_buf src, size_t off, void *dst, size_t n
 static void cu_copy(backend *be, backend_buf dst, size_t doff, backend_buf src, size_t soff,
                     size_t n) {
   cuda_ctx *c = cuda_ctx_of(be);
+  graph_flush(c);
   if (!n) return;
   ck(c, cudaMemcpyAsync((char *)dst + doff, (const char *)src + soff, n, cudaMemcpyDeviceToDevice,
                         c->st),
@@ -123,6 +141,7 @@ static void cu_copy(backend *be, backend_buf dst, size_t doff, backend_buf src, 
 
 static void cu_zero(backend *be, backend_buf buf, size_t off, size_t n) {
   cuda_ctx *c = cuda_ctx_of(be);
+  graph_flush(c);
   if (!n) return;
   ck(c, cudaMemsetAsync((char *)buf + off, 0, n, c->st), "zero");
 }
@@ -144,8 +163,10 @@ static float h_get(const void *data, dtype dt, size_t i) {
 }
 
 static void cu_weight_free(backend *be, backend_weight w) {
-  (void)be;
   if (!w) return;
+  /* graphs hold this weight's device addresses */
+  graph_flush(cuda_ctx_of(be));
+  graph_clear(cuda_ctx_of(be));
   cudaFree(CW(w)->bf);
   cudaFree(CW(w)->f32);
   free(w);
@@ -208,12 +229,16 @@ static size_t cu_weight_bytes(backend *be, backend_weight w) {
 
 static int cu_set_batch(backend *be, const backend_batch *b) {
   cuda_ctx *c = cuda_ctx_of(be);
+  graph_flush(c);
   if (c->failed) return -1;
   size_t T = (size_t)b->n_tokens, S = (size_t)b->n_seqs;
   size_t nch = 0; /* DeltaNet chunks of the prefill pieces, at most */
   for (size_t s = 0; s < S; s++)
     if (b->seq_len[s] > 1) nch += (size_t)b->seq_len[s] / BACKEND_CHUNK + 2;
-  size_t need = 3 * T + 8 * S + S * (size_t)b->max_pages + (size_t)b->n_out + 2 * nch + 16;
+  /* the page table's row stride is padded to a multiple of 64 pages (1,024 positions), so the
+   * layout, and a graph captured against it, stays the same while sequences grow */
+  int mpp = (b->max_pages + 63) / 64 * 64;
+  size_t need = 3 * T + 8 * S + S * (size_t)mpp + (size_t)b->n_out + 2 * nch + 16;
   if (c->meta_pending) {
     cudaEventSynchronize(c->meta_done);
     c->meta_pending = 0;
@@ -225,6 +250,7 @@ static int cu_set_batch(backend *be, const backend_batch *b) {
     free(c->h_host);
     c->h_meta = c->d_meta = c->h_host = NULL;
     c->meta_cap = 0;
+    graph_clear(c); /* graphs read the old metadata array */
     if (cudaMallocHost((void **)&c->h_meta, cap * 4) != cudaSuccess ||
         cudaMalloc((void **)&c->d_meta, cap * 4) != cudaSuccess ||
         !(c->h_host = (int32_t *)malloc(cap * 4))) {
@@ -241,7 +267,7 @@ static int cu_set_batch(backend *be, const backend_batch *b) {
   memset(db, 0, sizeof *db);
   db->n_tokens = b->n_tokens;
   db->n_seqs = b->n_seqs;
-  db->max_pages = b->max_pages;
+  db->max_pages = mpp;
   db->n_out = b->n_out;
 #define TAKE(field, n)                                                     \
   do {                                                                     \
@@ -258,7 +284,16 @@ static int cu_set_batch(backend *be, const backend_batch *b) {
   TAKE(seq_len, S);
   TAKE(seq_pos, S);
   TAKE(seq_slot, S);
-  TAKE(page_table, S * (size_t)b->max_pages);
+  for (size_t s = 0; s < S; s++) {
+    int32_t *row = p + o + s * (size_t)mpp;
+    if (b->page_table) memcpy(row, b->page_table + s * (size_t)b->max_pages, (size_t)b->max_pages * 4);
+    else memset(row, 0, (size_t)b->max_pages * 4);
+    for (int j = b->max_pages; j < mpp; j++) row[j] = -1; /* never read */
+  }
+  c->hb.page_table = c->h_host + o;
+  c->hb.max_pages = mpp;
+  db->page_table = c->d_meta + o;
+  o += S * (size_t)mpp;
   TAKE(out_rows, (size_t)b->n_out);
 #undef TAKE
   /* piece lists */
@@ -306,11 +341,13 @@ static int cu_set_batch(backend *be, const backend_batch *b) {
     return -1;
   cudaEventRecord(c->meta_done, c->st);
   c->meta_pending = 1;
+  graph_begin(c);
   return 0;
 }
 
 static int cu_sync(backend *be, char *err, size_t errlen) {
   cuda_ctx *c = cuda_ctx_of(be);
+  graph_flush(c);
   cudaError_t e = cudaStreamSynchronize(c->st);
   if (e != cudaSuccess) cuda_fail(c, "sync", cudaGetErrorString(e));
   if (c->failed) {
@@ -348,13 +385,12 @@ __device__ __forceinline__ void bf8_to_f(uint4 u, float *f) {
   }
 }
 
+/* One warp's dot products of W's row w (K values) with the T activation rows: lane partials
+ * over 16-byte pieces, then a butterfly; every lane ends with the T sums. Shared by every GEMV
+ * kernel, so a fused launch gives the same bits as the single one. */
 template <int T>
-__global__ void __launch_bounds__(GEMV_WARPS * 32)
-    k_gemv(const bf16 *__restrict__ x, const bf16 *__restrict__ W, int K, int N, bf16 *y) {
-  int n = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-  if (n >= N) return;
-  const bf16 *w = W + (size_t)n * K;
-  float acc[T];
+__device__ __forceinline__ void gemv_row(const bf16 *__restrict__ x, const bf16 *__restrict__ w,
+                                         int K, int lane, float *acc) {
 #pragma unroll
   for (int t = 0; t < T; t++) acc[t] = 0.f;
 #pragma unroll 4
@@ -371,12 +407,77 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
   }
 #pragma unroll
   for (int t = 0; t < T; t++) acc[t] = warp_sum(acc[t]);
-  if (lane < T) {
-    float v = acc[0];
+}
+
+/* acc[lane] with a compile-time index (lane < T). */
+template <int T>
+__device__ __forceinline__ float gemv_pick(const float *acc, int lane) {
+  float v = acc[0];
 #pragma unroll
-    for (int t = 1; t < T; t++)
-      if (lane == t) v = acc[t];
-    y[(size_t)lane * N + n] = f2bf(v);
+  for (int t = 1; t < T; t++)
+    if (lane == t) v = acc[t];
+  return v;
+}
+
+template <int T>
+__global__ void __launch_bounds__(GEMV_WARPS * 32)
+    k_gemv(const bf16 *__restrict__ x, const bf16 *__restrict__ W, int K, int N, bf16 *y) {
+  int n = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+  if (n >= N) return;
+  float acc[T];
+  gemv_row<T>(x, W + (size_t)n * K, K, lane, acc);
+  if (lane < T) y[(size_t)lane * N + n] = f2bf(gemv_pick<T>(acc, lane));
+}
+
+/* Up to GEMV_MULTI products of one x in one launch (the decode step's q/k/v and DeltaNet input
+ * projections): warp n takes row n - n0[m] of matrix m. */
+#define GEMV_MULTI 4
+struct gemv_set {
+  const bf16 *W[GEMV_MULTI];
+  bf16 *y[GEMV_MULTI];
+  int n0[GEMV_MULTI + 1];
+  int cnt;
+};
+
+template <int T>
+__global__ void __launch_bounds__(GEMV_WARPS * 32)
+    k_gemv_multi(const bf16 *__restrict__ x, gemv_set s, int K) {
+  int n = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+  if (n >= s.n0[GEMV_MULTI]) return;
+  const bf16 *W = s.W[0];
+  bf16 *y = s.y[0];
+  int base = s.n0[0], N = s.n0[1] - s.n0[0];
+#pragma unroll
+  for (int i = 1; i < GEMV_MULTI; i++)
+    if (i < s.cnt && n >= s.n0[i]) {
+      W = s.W[i];
+      y = s.y[i];
+      base = s.n0[i];
+      N = s.n0[i + 1] - s.n0[i];
+    }
+  int r = n - base;
+  float acc[T];
+  gemv_row<T>(x, W + (size_t)r * K, K, lane, acc);
+  if (lane < T) y[(size_t)lane * N + r] = f2bf(gemv_pick<T>(acc, lane));
+}
+
+/* gate = x.Wg^T, up = x.Wu^T, out = silu(gate) * up (the swiglu op's expression on the bf16
+ * values) in one launch; gate and up are still written (out may alias gate). */
+template <int T>
+__global__ void __launch_bounds__(GEMV_WARPS * 32)
+    k_gemv_glu(const bf16 *__restrict__ x, const bf16 *__restrict__ Wg,
+               const bf16 *__restrict__ Wu, int K, int N, bf16 *yg, bf16 *yu, bf16 *out) {
+  int n = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+  if (n >= N) return;
+  float ag[T], au[T];
+  gemv_row<T>(x, Wg + (size_t)n * K, K, lane, ag);
+  gemv_row<T>(x, Wu + (size_t)n * K, K, lane, au);
+  if (lane < T) {
+    bf16 gb = f2bf(gemv_pick<T>(ag, lane)), ub = f2bf(gemv_pick<T>(au, lane));
+    size_t o = (size_t)lane * N + n;
+    yg[o] = gb;
+    yu[o] = ub;
+    out[o] = f2bf(siluf_dev(bf2f(gb)) * bf2f(ub));
   }
 }
 
@@ -508,13 +609,453 @@ static void cu_host_free(backend *be, void *p) {
   if (p) cudaFreeHost(p);
 }
 
+/* ---- decode steps: record, fuse, replay as CUDA graphs ----
+ *
+ * A decode step (every piece one row) is ~500 small launches, and at batch 1 the launch gaps
+ * cost as much as the weights' bytes. From set_batch of such a step to the next call that
+ * must see its results (sync, read, write, copy, zero, the next set_batch) the ops are not
+ * launched but recorded: each as a closure over its arguments, plus the arguments' bytes in a
+ * signature. At that boundary the list runs, in order, with two rewrites (a peephole):
+ *   matmuls of one x on the GEMV path, one after another    -> one k_gemv_multi launch
+ *   matmul gate, matmul up, swiglu(gate, up)                  -> one k_gemv_glu launch
+ * (each output element computed by the same code as unfused: the same bits). How it runs:
+ *   - a graph captured for the same signature and scratch address exists: relaunch it;
+ *   - the signature equals the previous step's: capture the run into a graph, keep it;
+ *   - else run the launches directly (first sight of a shape; it also grows the scratch, so
+ *     nothing grows during a later capture).
+ * The signature starts with the metadata layout key and the metadata array's address; every
+ * host value a launch depends on is either an op argument or a function of that key, so a
+ * replay issues exactly the kernels a direct run would, reading the new step's metadata from
+ * the same addresses. DS_CUDA_GRAPHS=0 turns all of this off (ops launch as issued);
+ * DS_CUDA_FUSE=0 keeps graphs but not the rewrites. */
+
+#define GRAPH_CACHE 24
+
+enum { GOP_OTHER = 0, GOP_MATMUL = 1, GOP_SWIGLU = 2 };
+
+struct gop {
+  int kind;
+  std::function<void()> run;
+  /* GOP_MATMUL */
+  const bf16 *x;
+  const cuda_weight *W;
+  int T, K, N;
+  bf16 *y;
+  /* GOP_SWIGLU */
+  const bf16 *gate, *up;
+  size_t n;
+  bf16 *out;
+};
+
+struct graph_entry {
+  std::vector<uint8_t> sig;
+  uint64_t h;
+  void *scratch;
+  cudaGraphExec_t exec;
+  uint64_t used;
+};
+
+struct cuda_graphs {
+  int rec;        /* recording the current step */
+  int use_graphs; /* capture and replay (else only the rewrites) */
+  int fuse;       /* the peephole rewrites */
+  std::vector<gop> ops;
+  std::vector<uint8_t> sig, last_sig, bad_sig;
+  std::vector<graph_entry> cache;
+  uint64_t tick;
+  long captures, replays, direct, fused;
+};
+
+static void sig_bytes(std::vector<uint8_t> &s, const void *p, size_t n) {
+  const uint8_t *b = (const uint8_t *)p;
+  s.insert(s.end(), b, b + n);
+}
+
+template <typename... A>
+static void sig_put(std::vector<uint8_t> &s, int id, const A &...a) {
+  sig_bytes(s, &id, sizeof id);
+  (sig_bytes(s, &a, sizeof a), ...);
+}
+
+static uint64_t sig_hash(const std::vector<uint8_t> &s) {
+  uint64_t h = 1469598103934665603ull;
+  for (uint8_t b : s) h = (h ^ b) * 1099511628211ull;
+  return h;
+}
+
+/* Records op `fn(be, a...)` when the step is being recorded; 0 when the caller runs it. */
+template <typename... A>
+static int rec_op(backend *be, int id, void (*fn)(backend *, A...), A... a) {
+  cuda_graphs *g = cuda_ctx_of(be)->gr;
+  if (!g || !g->rec) return 0;
+  sig_put(g->sig, id, a...);
+  gop o{};
+  o.kind = GOP_OTHER;
+  o.run = [be, fn, a...]() { fn(be, a...); };
+  g->ops.push_back(std::move(o));
+  return 1;
+}
+
+static void graph_clear(cuda_ctx *c) {
+  cuda_graphs *g = c->gr;
+  if (!g) return;
+  for (auto &e : g->cache) cudaGraphExecDestroy(e.exec);
+  g->cache.clear();
+  g->last_sig.clear();
+  g->bad_sig.clear();
+}
+
+/* Called at the end of set_batch: record the step when it is a decode step. */
+static void graph_begin(cuda_ctx *c) {
+  cuda_graphs *g = c->gr;
+  if (!g || c->failed) return;
+  g->ops.clear();
+  g->sig.clear();
+  g->rec = c->b.n_tokens > 0 && c->b.n_prefill == 0 && c->b.n_decode == c->b.n_tokens;
+  if (g->rec)
+    sig_put(g->sig, 0, c->b.n_tokens, c->b.n_seqs, c->b.max_pages, c->b.n_out, c->d_meta,
+            c->b.tokens, c->b.page_table, c->b.out_rows, c->b.decode_ids);
+}
+
+static int gemv_fits(cuda_ctx *c, const gop &o) {
+  return o.kind == GOP_MATMUL && !c->legacy && o.T >= 1 && o.T <= GEMV_MAXT && o.K % 8 == 0 &&
+         o.W->cols == o.K && o.W->rows == o.N && !(((uintptr_t)o.x | (uintptr_t)o.W->bf) & 15);
+}
+
+static int overlap(const void *a, size_t na, const void *b, size_t nb) {
+  uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
+  return x < y + nb && y < x + na;
+}
+
+static void launch_multi(cuda_ctx *c, const gop *ops, int m) {
+  gemv_set s;
+  memset(&s, 0, sizeof s);
+  int tot = 0;
+  for (int i = 0; i < m; i++) {
+    s.W[i] = ops[i].W->bf;
+    s.y[i] = ops[i].y;
+    s.n0[i] = tot;
+    tot += ops[i].N;
+  }
+  for (int i = m; i <= GEMV_MULTI; i++) s.n0[i] = tot;
+  s.cnt = m;
+  unsigned blocks = (unsigned)((tot + GEMV_WARPS - 1) / GEMV_WARPS);
+  const bf16 *x = ops[0].x;
+  int K = ops[0].K;
+  switch (ops[0].T) {
+#define G(n) case n: k_gemv_multi<n><<<blocks, GEMV_WARPS * 32, 0, c->st>>>(x, s, K); break;
+    G(1) G(2) G(3) G(4) G(5) G(6) G(7) G(8)
+#undef G
+  }
+  cuda_check_launch(c, "matmul (fused gemv)");
+}
+
+static void launch_glu(cuda_ctx *c, const gop &g, const gop &u, const gop &sw) {
+  unsigned blocks = (unsigned)((g.N + GEMV_WARPS - 1) / GEMV_WARPS);
+  switch (g.T) {
+#define G(n)                                                                                   \
+  case n:                                                                                      \
+    k_gemv_glu<n><<<blocks, GEMV_WARPS * 32, 0, c->st>>>(g.x, g.W->bf, u.W->bf, g.K, g.N, g.y, \
+                                                         u.y, sw.out);                         \
+    break;
+    G(1) G(2) G(3) G(4) G(5) G(6) G(7) G(8)
+#undef G
+  }
+  cuda_check_launch(c, "matmul (fused gate/up/swiglu)");
+}
+
+/* Runs the recorded list in order, with the rewrites. */
+static void graph_run_ops(cuda_ctx *c) {
+  cuda_graphs *g = c->gr;
+  std::vector<gop> &ops = g->ops;
+  size_t n = ops.size();
+  for (size_t i = 0; i < n;) {
+    const gop &o = ops[i];
+    if (g->fuse && gemv_fits(c, o)) {
+      size_t xb = (size_t)o.T * o.K * 2;
+      /* gate, up, swiglu(gate, up) */
+      if (i + 2 < n) {
+        const gop &u = ops[i + 1], &sw = ops[i + 2];
+        if (gemv_fits(c, u) && sw.kind == GOP_SWIGLU && u.x == o.x && u.T == o.T && u.K == o.K &&
+            u.N == o.N && sw.gate == o.y && sw.up == u.y && sw.n == (size_t)o.T * o.N) {
+          size_t yb = (size_t)o.T * o.N * 2;
+          if (!overlap(o.y, yb, o.x, xb) && !overlap(u.y, yb, o.x, xb) &&
+              !overlap(o.y, yb, u.y, yb) && !overlap(sw.out, yb, o.x, xb) &&
+              (sw.out == o.y || sw.out == u.y ||
+               (!overlap(sw.out, yb, o.y, yb) && !overlap(sw.out, yb, u.y, yb)))) {
+            launch_glu(c, o, u, sw);
+            g->fused += 2;
+            i += 3;
+            continue;
+          }
+        }
+      }
+      /* consecutive products of one x into distinct outputs */
+      int m = 1;
+      if (!overlap(o.y, (size_t)o.T * o.N * 2, o.x, xb)) {
+        while (m < GEMV_MULTI && i + m < n) {
+          const gop &q = ops[i + m];
+          if (!gemv_fits(c, q) || q.x != o.x || q.T != o.T || q.K != o.K) break;
+          size_t qb = (size_t)q.T * q.N * 2;
+          int bad = overlap(q.y, qb, o.x, xb);
+          for (int j = 0; j < m && !bad; j++)
+            bad = overlap(q.y, qb, ops[i + j].y, (size_t)ops[i + j].T * ops[i + j].N * 2);
+          if (bad) break;
+          m++;
+        }
+      }
+      if (m > 1) {
+        launch_multi(c, &ops[i], m);
+        g->fused += m - 1;
+        i += m;
+        continue;
+      }
+    }
+    o.run();
+    i++;
+  }
+}
+
+/* Captures the recorded run into a graph and launches it; 0 when capture is not possible (the
+ * caller then runs the list directly). */
+static int graph_capture(cuda_ctx *c, uint64_t h) {
+  cuda_graphs *g = c->gr;
+  if (cudaStreamBeginCapture(c->st, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
+    cudaGetLastError();
+    g->bad_sig = g->sig;
+    return 0;
+  }
+  c->capturing = 1;
+  c->capture_broken = 0;
+  graph_run_ops(c);
+  c->capturing = 0;
+  cudaGraph_t graph = NULL;
+  cudaError_t e = cudaStreamEndCapture(c->st, &graph);
+  if (e != cudaSuccess || c->failed || c->capture_broken || !graph) {
+    /* a failure inside the capture is the capture's, not the step's: the direct run that
+     * follows reports real ones */
+    cudaGetLastError();
+    if (graph) cudaGraphDestroy(graph);
+    c->failed = 0;
+    c->err[0] = 0;
+    c->capture_broken = 0;
+    g->bad_sig = g->sig;
+    return 0;
+  }
+  cudaGraphExec_t exec = NULL;
+  e = cudaGraphInstantiate(&exec, graph, 0);
+  cudaGraphDestroy(graph);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    g->bad_sig = g->sig;
+    return 0;
+  }
+  if (cudaGraphLaunch(exec, c->st) != cudaSuccess) {
+    cudaGetLastError();
+    cudaGraphExecDestroy(exec);
+    g->bad_sig = g->sig;
+    return 0;
+  }
+  if (g->cache.size() >= GRAPH_CACHE) {
+    size_t lru = 0;
+    for (size_t i = 1; i < g->cache.size(); i++)
+      if (g->cache[i].used < g->cache[lru].used) lru = i;
+    cudaGraphExecDestroy(g->cache[lru].exec);
+    g->cache.erase(g->cache.begin() + (long)lru);
+  }
+  graph_entry en;
+  en.sig = g->sig;
+  en.h = h;
+  en.scratch = c->scratch;
+  en.exec = exec;
+  en.used = ++g->tick;
+  g->cache.push_back(std::move(en));
+  g->captures++;
+  return 1;
+}
+
+/* Runs what was recorded (see above). */
+static void graph_flush(cuda_ctx *c) {
+  cuda_graphs *g = c->gr;
+  if (!g || !g->rec) return;
+  g->rec = 0;
+  if (g->ops.empty() || c->failed) {
+    g->ops.clear();
+    return;
+  }
+  uint64_t h = sig_hash(g->sig);
+  int done = 0;
+  if (g->use_graphs) {
+    for (auto &e : g->cache) {
+      if (e.h != h || e.scratch != c->scratch || e.sig != g->sig) continue;
+      if (cudaGraphLaunch(e.exec, c->st) == cudaSuccess) {
+        e.used = ++g->tick;
+        g->replays++;
+        done = 1;
+      } else {
+        cudaGetLastError();
+      }
+      break;
+    }
+    if (!done && g->sig == g->last_sig && g->sig != g->bad_sig) done = graph_capture(c, h);
+  }
+  if (!done) {
+    graph_run_ops(c);
+    g->direct++;
+    g->last_sig.swap(g->sig);
+  }
+  g->ops.clear();
+  g->sig.clear();
+}
+
+/* An op that cannot be recorded (it synchronises or allocates): what was recorded runs now
+ * and the rest of the step runs as issued. */
+static void graph_stop(cuda_ctx *c) {
+  cuda_graphs *g = c->gr;
+  if (!g || !g->rec) return;
+  int saved_use = g->use_graphs;
+  g->use_graphs = 0;
+  graph_flush(c);
+  g->use_graphs = saved_use;
+}
+
+/* ---- the op table's entries (recorded in decode steps, else launched as issued) ---- */
+
+static void w_embed(backend *be, backend_weight E, int H, backend_buf out) {
+  if (!rec_op(be, 1, cuda_elem_embed, E, H, out)) cuda_elem_embed(be, E, H, out);
+}
+static void w_rmsnorm(backend *be, backend_buf x, backend_buf add, backend_weight w, int T, int n,
+                      float eps, backend_buf y) {
+  if (!rec_op(be, 2, cuda_elem_rmsnorm, x, add, w, T, n, eps, y))
+    cuda_elem_rmsnorm(be, x, add, w, T, n, eps, y);
+}
+static void w_add(backend *be, backend_buf x, backend_buf y, size_t n) {
+  if (!rec_op(be, 3, cuda_elem_add, x, y, n)) cuda_elem_add(be, x, y, n);
+}
+static void w_matmul(backend *be, backend_buf x, backend_weight W, int T, int K, int N,
+                     backend_buf y) {
+  cuda_graphs *g = cuda_ctx_of(be)->gr;
+  if (!g || !g->rec) {
+    cu_matmul(be, x, W, T, K, N, y);
+    return;
+  }
+  sig_put(g->sig, 4, x, W, T, K, N, y);
+  gop o{};
+  o.kind = GOP_MATMUL;
+  o.run = [be, x, W, T, K, N, y]() { cu_matmul(be, x, W, T, K, N, y); };
+  o.x = (const bf16 *)x;
+  o.W = CW(W);
+  o.T = T;
+  o.K = K;
+  o.N = N;
+  o.y = (bf16 *)y;
+  g->ops.push_back(std::move(o));
+}
+static void w_qk_norm_rope(backend *be, backend_buf qg, backend_buf k, backend_weight q_norm,
+                           backend_weight k_norm, int nh, int nkv, int hd, int rot, double theta,
+                           float eps, backend_buf q_out, backend_buf gate_out) {
+  if (!rec_op(be, 5, cuda_elem_qk_norm_rope, qg, k, q_norm, k_norm, nh, nkv, hd, rot, theta, eps,
+              q_out, gate_out))
+    cuda_elem_qk_norm_rope(be, qg, k, q_norm, k_norm, nh, nkv, hd, rot, theta, eps, q_out,
+                           gate_out);
+}
+static void w_attention(backend *be, backend_buf k_pool, backend_buf v_pool, backend_buf q,
+                        backend_buf k, backend_buf v, int nh, int nkv, int hd, float scale,
+                        backend_buf out) {
+  if (!rec_op(be, 6, cuda_attn_attention, k_pool, v_pool, q, k, v, nh, nkv, hd, scale, out))
+    cuda_attn_attention(be, k_pool, v_pool, q, k, v, nh, nkv, hd, scale, out);
+}
+static void w_sigmoid_mul(backend *be, backend_buf x, backend_buf gate, size_t n) {
+  if (!rec_op(be, 7, cuda_elem_sigmoid_mul, x, gate, n)) cuda_elem_sigmoid_mul(be, x, gate, n);
+}
+static void w_swiglu(backend *be, backend_buf gate, backend_buf up, size_t n, backend_buf out) {
+  cuda_graphs *g = cuda_ctx_of(be)->gr;
+  if (!g || !g->rec) {
+    cuda_elem_swiglu(be, gate, up, n, out);
+    return;
+  }
+  sig_put(g->sig, 8, gate, up, n, out);
+  gop o{};
+  o.kind = GOP_SWIGLU;
+  o.run = [be, gate, up, n, out]() { cuda_elem_swiglu(be, gate, up, n, out); };
+  o.gate = (const bf16 *)gate;
+  o.up = (const bf16 *)up;
+  o.n = n;
+  o.out = (bf16 *)out;
+  g->ops.push_back(std::move(o));
+}
+static void w_moe(backend *be, backend_buf x, const backend_moe *m, int T, int H,
+                  backend_buf out) {
+  graph_stop(cuda_ctx_of(be)); /* the MoE op synchronises and allocates */
+  cuda_moe_moe(be, x, m, T, H, out);
+}
+static void w_conv1d(backend *be, backend_buf conv_state, backend_buf x, backend_weight w, int C,
+                     int K, backend_buf out) {
+  if (!rec_op(be, 9, cuda_gdn_conv1d, conv_state, x, w, C, K, out))
+    cuda_gdn_conv1d(be, conv_state, x, w, C, K, out);
+}
+static void w_gdn_gates(backend *be, backend_buf qkv, backend_buf b, backend_buf a,
+                        backend_weight A_log, backend_weight dt_bias, int nk, int nv, int dk,
+                        int dv, backend_buf beta, backend_buf g) {
+  if (!rec_op(be, 10, cuda_elem_gdn_gates, qkv, b, a, A_log, dt_bias, nk, nv, dk, dv, beta, g))
+    cuda_elem_gdn_gates(be, qkv, b, a, A_log, dt_bias, nk, nv, dk, dv, beta, g);
+}
+static void w_gdn_prefill(backend *be, backend_buf ssm, backend_buf qkv, backend_buf beta,
+                          backend_buf g, int nk, int nv, int dk, int dv, backend_buf out) {
+  if (!rec_op(be, 11, cuda_gdn_prefill, ssm, qkv, beta, g, nk, nv, dk, dv, out))
+    cuda_gdn_prefill(be, ssm, qkv, beta, g, nk, nv, dk, dv, out);
+}
+static void w_gdn_decode(backend *be, backend_buf ssm, backend_buf qkv, backend_buf beta,
+                         backend_buf g, int nk, int nv, int dk, int dv, backend_buf out) {
+  if (!rec_op(be, 12, cuda_gdn_decode, ssm, qkv, beta, g, nk, nv, dk, dv, out))
+    cuda_gdn_decode(be, ssm, qkv, beta, g, nk, nv, dk, dv, out);
+}
+static void w_gated_rmsnorm(backend *be, backend_buf o, backend_buf z, backend_weight w, int T,
+                            int nv, int dv, float eps, backend_buf out) {
+  if (!rec_op(be, 13, cuda_elem_gated_rmsnorm, o, z, w, T, nv, dv, eps, out))
+    cuda_elem_gated_rmsnorm(be, o, z, w, T, nv, dv, eps, out);
+}
+static void w_logits(backend *be, backend_buf x, backend_weight norm, float eps, backend_weight W,
+                     int H, int V, backend_buf out) {
+  if (!rec_op(be, 14, cu_logits, x, norm, eps, W, H, V, out)) cu_logits(be, x, norm, eps, W, H, V, out);
+}
+static void w_argmax(backend *be, backend_buf x, int n, int V, backend_buf ids, backend_buf maxv) {
+  if (!rec_op(be, 15, cu_argmax, x, n, V, ids, maxv)) cu_argmax(be, x, n, V, ids, maxv);
+}
+
+/* Counters of the decode-step recorder (see backend_cuda.h). */
+extern "C" void backend_cuda_graph_stats(backend *be, long out[4]) {
+  cuda_graphs *g = cuda_ctx_of(be)->gr;
+  out[0] = g ? g->captures : 0;
+  out[1] = g ? g->replays : 0;
+  out[2] = g ? g->direct : 0;
+  out[3] = g ? g->fused : 0;
+}
+
+/* Device memory now (the engine's pool sizing, engine_mem_plan_device). */
+static int cu_mem_info(backend *be, size_t *free_bytes, size_t *total_bytes) {
+  cudaSetDevice(cuda_ctx_of(be)->device);
+  size_t f = 0, t = 0;
+  if (cudaMemGetInfo(&f, &t) != cudaSuccess) {
+    cudaGetLastError();
+    return -1;
+  }
+  *free_bytes = f;
+  *total_bytes = t;
+  return 0;
+}
+
 /* ---- lifetime ---- */
 
 static void cu_destroy(backend *be) {
   if (!be) return;
   cuda_ctx *c = cuda_ctx_of(be);
   if (c) {
+    graph_flush(c);
     if (c->st) cudaStreamSynchronize(c->st);
+    graph_clear(c);
+    delete c->gr;
+    c->gr = NULL;
     cuda_moe_release(c);
     if (c->blas) cublasDestroy(c->blas);
     cudaFree(c->blas_ws);
@@ -585,6 +1126,12 @@ extern "C" backend *backend_cuda_create(int device, char *err, size_t errlen) {
   {
     const char *lg = getenv("DS_CUDA_LEGACY");
     c->legacy = lg && *lg && strcmp(lg, "0") != 0;
+    const char *gs = getenv("DS_CUDA_GRAPHS"), *fs = getenv("DS_CUDA_FUSE");
+    if (!c->legacy && !(gs && strcmp(gs, "0") == 0)) {
+      c->gr = new cuda_graphs();
+      c->gr->use_graphs = 1;
+      c->gr->fuse = !(fs && strcmp(fs, "0") == 0);
+    }
   }
   be->name = "cuda";
   be->destroy = cu_destroy;
@@ -600,23 +1147,24 @@ extern "C" backend *backend_cuda_create(int device, char *err, size_t errlen) {
   be->weight_bytes = cu_weight_bytes;
   be->set_batch = cu_set_batch;
   be->sync = cu_sync;
-  be->embed = cuda_elem_embed;
-  be->rmsnorm = cuda_elem_rmsnorm;
-  be->add = cuda_elem_add;
-  be->matmul = cu_matmul;
-  be->qk_norm_rope = cuda_elem_qk_norm_rope;
-  be->attention = cuda_attn_attention;
-  be->sigmoid_mul = cuda_elem_sigmoid_mul;
-  be->swiglu = cuda_elem_swiglu;
-  be->moe = cuda_moe_moe;
-  be->conv1d = cuda_gdn_conv1d;
-  be->gdn_gates = cuda_elem_gdn_gates;
-  be->gdn_prefill = cuda_gdn_prefill;
-  be->gdn_decode = cuda_gdn_decode;
-  be->gated_rmsnorm = cuda_elem_gated_rmsnorm;
-  be->logits = cu_logits;
-  be->argmax = cu_argmax;
+  be->embed = w_embed;
+  be->rmsnorm = w_rmsnorm;
+  be->add = w_add;
+  be->matmul = w_matmul;
+  be->qk_norm_rope = w_qk_norm_rope;
+  be->attention = w_attention;
+  be->sigmoid_mul = w_sigmoid_mul;
+  be->swiglu = w_swiglu;
+  be->moe = w_moe;
+  be->conv1d = w_conv1d;
+  be->gdn_gates = w_gdn_gates;
+  be->gdn_prefill = w_gdn_prefill;
+  be->gdn_decode = w_gdn_decode;
+  be->gated_rmsnorm = w_gated_rmsnorm;
+  be->logits = w_logits;
+  be->argmax = w_argmax;
   be->host_alloc = cu_host_alloc;
   be->host_free = cu_host_free;
+  be->mem_info = cu_mem_info;
   return be;
 }

@@ -3,7 +3,9 @@
  * record, and small device helpers (bf16 conversion, warp/block reductions).
  *
  * Batch metadata lives twice: host copies (for launch sizes and piece lists) and one device
- * array uploaded once per step from pinned staging. Scratch is one device buffer grown only
+ * array uploaded once per step from pinned staging. Its layout is a function of (n_tokens,
+ * n_seqs, padded max_pages, n_out, chunks) only, so a CUDA graph captured for one decode step
+ * reads the next step's metadata from the same addresses. Scratch is one device buffer grown only
  * when a step needs more than any step before (cuda_scratch). Launch failures are recorded in
  * ctx->err and reported by the next sync or read (the op table's ops return nothing). */
 #ifndef DS_CUDA_COMMON_CUH
@@ -40,6 +42,8 @@ typedef struct cuda_batch {
   const int32_t *ch_row, *ch_len, *pre_ch0;
 } cuda_batch;
 
+struct cuda_graphs; /* the decode-step recorder and graph cache (backend_cuda.cu) */
+
 typedef struct cuda_ctx {
   int device;
   cudaStream_t st;
@@ -60,6 +64,10 @@ typedef struct cuda_ctx {
   size_t scratch_bytes;
   /* DS_CUDA_LEGACY=1: the first (simple) kernels only, for before/after timings */
   int legacy;
+  /* decode steps: ops recorded, fused and replayed as CUDA graphs (NULL: off) */
+  struct cuda_graphs *gr;
+  int capturing;      /* a stream capture is open: nothing may synchronise or allocate */
+  int capture_broken; /* something needed to (cuda_scratch growth): the capture is dropped */
   /* sticky failure */
   int failed;
   char err[256];

@@ -64,6 +64,32 @@ __global__ void k_conv_state(const bf16 *x, float *state, const int32_t *seq_sta
   }
 }
 
+/* Decode steps (every piece one row): one thread per (row, channel) computes the output as
+ * k_conv1d does (same sum order) and then shifts that channel's state itself: one launch
+ * instead of two. Row t is the whole piece, so no other thread reads its (slot, channel). */
+__global__ void k_conv1d_dec(const bf16 *x, const float *w, float *state, const int32_t *seq,
+                             const int32_t *seq_pos, const int32_t *seq_slot, int T, int C,
+                             int K, bf16 *out) {
+  size_t n = (size_t)T * C;
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+       i += (size_t)gridDim.x * blockDim.x) {
+    unsigned ii = (unsigned)i;
+    int t = (int)(ii / (unsigned)C), c = (int)(ii % (unsigned)C);
+    int s = seq[t];
+    float *st = state + (size_t)seq_slot[s] * C * (K - 1) + (size_t)c * (K - 1);
+    int hs = seq_pos[s] > 0;
+    float win[CONV_MAXK];
+    for (int j = 0; j < K - 1; j++) win[j] = hs ? st[j] : 0.f;
+    float xv = bf2f(x[i]);
+    float acc = 0.f;
+    for (int j = 0; j < K - 1; j++) acc += w[(size_t)c * K + j] * win[j];
+    acc += w[(size_t)c * K + K - 1] * xv;
+    out[i] = f2bf(siluf_dev(acc));
+    for (int j = 0; j + 1 < K - 1; j++) st[j] = win[j + 1];
+    st[K - 2] = xv;
+  }
+}
+
 extern "C" void cuda_gdn_conv1d(backend *be, backend_buf conv_state, backend_buf x,
                                 backend_weight w, int C, int K, backend_buf out) {
   cuda_ctx *c = cuda_ctx_of(be);
@@ -75,6 +101,13 @@ extern "C" void cuda_gdn_conv1d(backend *be, backend_buf conv_state, backend_buf
   }
   if (!CW(w)->f32 || CW(w)->rows * CW(w)->cols != (int64_t)C * K || K < 1 || K > CONV_MAXK) {
     cuda_fail(c, "conv1d", "weight is not [C, K] with K <= 16");
+    return;
+  }
+  if (!c->legacy && K > 1 && c->b.n_prefill == 0 && c->b.n_decode == c->b.n_tokens) {
+    k_conv1d_dec<<<cuda_blocks((size_t)T * C, 256), 256, 0, c->st>>>(
+        (const bf16 *)x, CW(w)->f32, (float *)conv_state, c->b.seq, c->b.seq_pos, c->b.seq_slot,
+        T, C, K, (bf16 *)out);
+    cuda_check_launch(c, "conv1d (decode)");
     return;
   }
   k_conv1d<<<cuda_blocks((size_t)T * C, 256), 256, 0, c->st>>>(

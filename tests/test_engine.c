@@ -41,7 +41,7 @@ static int rig_up(rig *g, int budget, int kv_tokens, int seqs) {
   o.kv_cache_tokens = kv_tokens;
   o.max_num_seqs = seqs;
   o.enable_prefix_caching = CACHE;
-  o.n_snapshot_slabs = 48; /* room for every checkpoint of the runs below */
+  /* the default snapshot slab count (max(16, 2 x max_num_seqs)) */
   o.host_cache_gib = CACHE ? 0.01 : 0; /* pages evicted under pressure go to the host */
   qwen35_mem_opts mo;
   char err[200];
@@ -211,6 +211,77 @@ TEST(invariance_cache_budget_37) { invariance_cache(37, 0, 0); }
 TEST(invariance_cache_preempted) { invariance_cache(8192, 16 * 14, 1); }
 TEST(invariance_cache_preempted_budget_37) { invariance_cache(37, 16 * 14, 1); }
 
+
+/* engine_mem_split_plan over fake numbers (MiB): 80 GiB device, 16 GiB weights, 1 MiB pages,
+ * 64 MiB slots, 2 GiB scratch, utilisation 0.9, 8 sequences:
+ *   B = 0.9 x 81920 - 16384 - 8 x 64 - 2048 = 54784 MiB (free 79 GiB does not bind);
+ *   slabs 25% = 13696 MiB = 214 slabs, capped at max(16, 4 x 8) = 32 (2048 MiB);
+ *   KV = 54784 - 2048 = 52736 pages. */
+TEST(mem_plan_from_device_memory) {
+  const size_t M = (size_t)1 << 20;
+  engine_opts o;
+  engine_opts_default(&o);
+  o.max_num_seqs = 8;
+  engine_mem_facts f = {81920 * M, 80896 * M, 16384 * M, 1 * M, 64 * M, 2048 * M};
+  engine_mem_split sp;
+  char err[300];
+  REQUIRE(engine_mem_split_plan(&o, &f, &sp, err, sizeof err) == 0);
+  EXPECT_EQ_INT(sp.budget_bytes / M, 54784);
+  EXPECT_EQ_INT(sp.n_slabs, 32);
+  EXPECT_EQ_INT(sp.n_pages, 52736);
+  EXPECT_EQ_INT(sp.kv_bytes / M + sp.slab_bytes / M, 54784);
+  /* --prefix-cache-gib 4: 4096 / 64 = 64 slabs, not capped; KV 54784 - 4096 */
+  o.prefix_cache_gib = 4;
+  REQUIRE(engine_mem_split_plan(&o, &f, &sp, err, sizeof err) == 0);
+  EXPECT_EQ_INT(sp.n_slabs, 64);
+  EXPECT_EQ_INT(sp.n_pages, 50688);
+  o.prefix_cache_gib = 0;
+  /* --snapshot-slabs 10 */
+  o.n_snapshot_slabs = 10;
+  REQUIRE(engine_mem_split_plan(&o, &f, &sp, err, sizeof err) == 0);
+  EXPECT_EQ_INT(sp.n_slabs, 10);
+  EXPECT_EQ_INT(sp.n_pages, 54784 - 640);
+  o.n_snapshot_slabs = 0;
+  /* little free memory binds: B = 20480 - 18944 = 1536; slabs 384 MiB = 6; KV 1152 */
+  f.free_bytes = 20480 * M;
+  REQUIRE(engine_mem_split_plan(&o, &f, &sp, err, sizeof err) == 0);
+  EXPECT_EQ_INT(sp.budget_bytes / M, 1536);
+  EXPECT_EQ_INT(sp.n_slabs, 6);
+  EXPECT_EQ_INT(sp.n_pages, 1152);
+  /* --kv-cache-tokens 24000 (1500 pages): 36 MiB left, no slab fits */
+  o.kv_cache_tokens = 24000;
+  REQUIRE(engine_mem_split_plan(&o, &f, &sp, err, sizeof err) == 0);
+  EXPECT_EQ_INT(sp.n_pages, 1500);
+  EXPECT_EQ_INT(sp.n_slabs, 0);
+  /* --kv-cache-tokens 16000 (1000 pages) on the big budget: the default 16 slabs */
+  f.free_bytes = 80896 * M;
+  o.kv_cache_tokens = 16000;
+  REQUIRE(engine_mem_split_plan(&o, &f, &sp, err, sizeof err) == 0);
+  EXPECT_EQ_INT(sp.n_pages, 1000);
+  EXPECT_EQ_INT(sp.n_slabs, 16);
+  o.kv_cache_tokens = 0;
+  /* not enough memory: one clear error */
+  f.free_bytes = 18 * 1024 * M;
+  EXPECT(engine_mem_split_plan(&o, &f, &sp, err, sizeof err) == -1);
+  EXPECT(strstr(err, "not enough device memory") != NULL);
+  /* no device figure (the CPU backend): today's sizes, the default slab count */
+  REQUIRE(engine_mem_split_plan(&o, NULL, &sp, err, sizeof err) == 0);
+  EXPECT_EQ_INT(sp.n_pages, 32768 / 16);
+  EXPECT_EQ_INT(sp.n_slabs, 16);
+  o.max_num_seqs = 64;
+  REQUIRE(engine_mem_split_plan(&o, NULL, &sp, err, sizeof err) == 0);
+  EXPECT_EQ_INT(sp.n_slabs, 128);
+  o.enable_prefix_caching = 0;
+  REQUIRE(engine_mem_split_plan(&o, NULL, &sp, err, sizeof err) == 0);
+  EXPECT_EQ_INT(sp.n_slabs, 0);
+  /* the CPU backend has no figure: engine_mem_plan_device falls back to engine_mem_plan */
+  engine_opts_default(&o);
+  qwen35_mem_opts mo;
+  REQUIRE(engine_mem_plan_device(&o, &C, &W, BE, &mo, err, sizeof err) == 0);
+  EXPECT_EQ_INT(mo.n_pages, 2048);
+  EXPECT_EQ_INT(mo.n_slots, 64 + 128);
+}
+
 TEST(seeded_sampling_batched) {
   rig g;
   REQUIRE(rig_up(&g, 8192, 0, 16) == 0);
@@ -360,6 +431,7 @@ int main(void) {
   prompts_init();
   outs_alloc(REF);
   outs_alloc(GOT);
+  RUN(mem_plan_from_device_memory);
   RUN(invariance_budget_8192);
   RUN(invariance_budget_64);
   RUN(invariance_budget_100);

@@ -259,6 +259,63 @@ TEST(protected_heads_last) {
   EXPECT(fx_free(&f));
 }
 
+
+/* The classes of prefix_cache.h's example, 4 slabs: NORMAL a, b; LOW x, y (x older). A LOW
+ * reserve evicts x (not a, the least recently used overall); a NORMAL reserve evicts y (the
+ * last LOW one), then a (LRU of NORMAL); with every slab NORMAL a LOW reserve fails and
+ * evicts nothing; a LOW checkpoint restored once becomes NORMAL; a NORMAL reserve at the
+ * depth of a LOW checkpoint raises it (EXISTS). */
+TEST(low_class_evicted_first_and_only_by_itself) {
+  fx f;
+  REQUIRE(fx_init(&f, 128, 2, 4, 0, 0) == 0);
+  int32_t p[10][48];
+  for (int k = 0; k < 10; k++) fk_tokens(p[k], 48, k + 1, 0);
+  uint64_t a = fx_capture(&f, NULL, p[0], 32, 0), b = fx_capture(&f, NULL, p[1], 32, 0);
+  uint64_t x = fx_capture(&f, NULL, p[2], 32, CHECKPOINT_LOW);
+  uint64_t y = fx_capture(&f, NULL, p[3], 32, CHECKPOINT_LOW);
+  REQUIRE(a && b && x && y);
+  uint64_t z = fx_capture(&f, NULL, p[4], 32, CHECKPOINT_LOW); /* evicts x, not a */
+  REQUIRE(z);
+  EXPECT(!checkpoint_is_live(f.pc, x));
+  EXPECT(checkpoint_is_live(f.pc, a) && checkpoint_is_live(f.pc, b) &&
+         checkpoint_is_live(f.pc, y));
+  uint64_t c = fx_capture(&f, NULL, p[5], 32, 0); /* evicts y (the older LOW one) */
+  REQUIRE(c);
+  EXPECT(!checkpoint_is_live(f.pc, y) && checkpoint_is_live(f.pc, z) &&
+         checkpoint_is_live(f.pc, a));
+  uint64_t d = fx_capture(&f, NULL, p[6], 32, 0); /* evicts z, the last LOW one */
+  REQUIRE(d);
+  EXPECT(!checkpoint_is_live(f.pc, z) && checkpoint_is_live(f.pc, a));
+  /* a, b, c, d all NORMAL: a LOW reserve fails and evicts nothing */
+  uint64_t t;
+  EXPECT_EQ_INT(checkpoint_reserve(f.pc, NULL, p[7], 48, 32, CHECKPOINT_LOW, &t),
+                PREFIX_CACHE_ENOSPACE);
+  EXPECT(checkpoint_is_live(f.pc, a) && checkpoint_is_live(f.pc, b) &&
+         checkpoint_is_live(f.pc, c) && checkpoint_is_live(f.pc, d));
+  prefix_cache_stats st;
+  prefix_cache_get_stats(f.pc, &st);
+  EXPECT_EQ_INT(st.evictions, 3);
+  EXPECT_EQ_INT(st.n_checkpoints, 4);
+  uint64_t e = fx_capture(&f, NULL, p[7], 32, 0); /* NORMAL: evicts a, the NORMAL LRU */
+  REQUIRE(e);
+  EXPECT(!checkpoint_is_live(f.pc, a) && checkpoint_is_live(f.pc, b));
+  EXPECT(fx_ok(&f));
+  EXPECT(fx_free(&f));
+
+  /* promotion: a restored LOW checkpoint, and one a NORMAL reserve finds at its depth */
+  REQUIRE(fx_init(&f, 128, 2, 2, 0, 0) == 0);
+  uint64_t l1 = fx_capture(&f, NULL, p[0], 32, CHECKPOINT_LOW);
+  uint64_t l2 = fx_capture(&f, NULL, p[1], 32, CHECKPOINT_LOW);
+  REQUIRE(l1 && l2);
+  EXPECT_EQ_INT(fx_restore_once(&f, l1, p[0], 48), 0);
+  EXPECT_EQ_INT(checkpoint_reserve(f.pc, NULL, p[1], 48, 32, 0, &t), PREFIX_CACHE_EXISTS);
+  EXPECT_EQ_INT(checkpoint_reserve(f.pc, NULL, p[2], 48, 32, CHECKPOINT_LOW, &t),
+                PREFIX_CACHE_ENOSPACE); /* both are NORMAL now */
+  EXPECT(checkpoint_is_live(f.pc, l1) && checkpoint_is_live(f.pc, l2));
+  EXPECT(fx_ok(&f));
+  EXPECT(fx_free(&f));
+}
+
 TEST(slab_demoted_to_host_first) {
   fx f;
   REQUIRE(fx_init(&f, 64, 2, 2, 0, 1 << 20) == 0);
@@ -503,6 +560,7 @@ int main(void) {
   RUN(capture_points);
   RUN(eviction_lru_slabs);
   RUN(protected_heads_last);
+  RUN(low_class_evicted_first_and_only_by_itself);
   RUN(slab_demoted_to_host_first);
   RUN(pages_of_leaves_first);
   RUN(protected_pages_last);

@@ -16,6 +16,7 @@
  * (its generated tokens) are 1-token split points of the cold run. */
 #include "engine/engine.h"
 
+#include <stdatomic.h>
 #include <unistd.h>
 
 #include "backend/cpu/backend_cpu.h"
@@ -42,6 +43,8 @@ typedef struct rig_opts {
   int slabs;        /* --snapshot-slabs (0: default) */
   double dev_gib;   /* --prefix-cache-gib */
   double host_gib;  /* --host-cache-gib */
+  int budget;       /* --max-num-batched-tokens (0: 8192) */
+  int interval;     /* --snapshot-interval (0: default) */
 } rig_opts;
 
 typedef struct rig {
@@ -52,7 +55,8 @@ typedef struct rig {
 static int rig_up(rig *g, const rig_opts *ro) {
   engine_opts o;
   engine_opts_default(&o);
-  o.max_num_batched_tokens = 8192;
+  o.max_num_batched_tokens = ro->budget ? ro->budget : 8192;
+  if (ro->interval) o.snapshot_interval = ro->interval;
   o.kv_cache_tokens = ro->kv_tokens;
   o.max_num_seqs = ro->seqs ? ro->seqs : 8;
   o.enable_prefix_caching = ro->cache;
@@ -444,6 +448,94 @@ TEST(coalesce_shared_prefix_8) {
   EXPECT_EQ_INT(hits, 7);
 }
 
+
+/* ---- the shared-prefix wave ------------------------------------------------------------ */
+
+/* 8 requests = one uncached 1,250-token prefix + distinct 50-token suffixes, queued together
+ * (budget 512, interval 256: the bench's 8 x 12,475 + 50 wave scaled down by 10). A 1-token
+ * "gate" request holds the engine thread in its logits callback until all eight are queued,
+ * so they reach the scheduler in one step. Expected (tests/test_sched.c computes the same
+ * schedule): gate 1 step; r0 alone [0,512) [512,1024) [1024,1250), where the seven others
+ * asked it for a checkpoint; then r0 and the seven restored at 1,250 prefill [1250,1299)
+ * together; then everyone's [1299,1300) samples the first token; then 5 decode steps.
+ * Outputs equal cold runs with the split points {1250 (divergence), 1299 (END)} (r0's piece
+ * ends at 512 and 1024 are multiples of 64: no bit changes there). */
+#define WAVE_P 1250
+#define WAVE_L 1300
+static int32_t PW[8][WAVE_L], PG[1];
+static req QW[8], QWREF[8], GATE;
+static atomic_int gate_open, gate_in;
+
+static void gate_logits(void *user, const float *l, int n) {
+  (void)user;
+  (void)l;
+  (void)n;
+  atomic_store(&gate_in, 1);
+  for (int i = 0; i < 60000 && !atomic_load(&gate_open); i++) usleep(1000);
+}
+
+TEST(shared_prefix_wave_8) {
+  toks(PW[0], WAVE_P, 91);
+  for (int i = 0; i < 8; i++) prompt_make(PW[i], PW[0], WAVE_P, WAVE_L, 92 + i, 100 + i);
+  PG[0] = 255;
+  rig g;
+  rig_opts ro = {.cache = 1, .seqs = 9, .budget = 512, .interval = 256};
+  REQUIRE(rig_up(&g, &ro) == 0);
+  atomic_store(&gate_open, 0);
+  atomic_store(&gate_in, 0);
+  memset(&GATE, 0, sizeof GATE);
+  GATE.prompt = PG;
+  GATE.n = 1;
+  GATE.max_tokens = 1;
+  engine_submit_opts so;
+  memset(&so, 0, sizeof so);
+  so.prompt = PG;
+  so.n_prompt = 1;
+  sampling_params_default(&so.sp);
+  so.sp.temperature = 0;
+  so.sp.max_tokens = 1;
+  so.sp.ignore_eos = 1;
+  so.on_logits = gate_logits;
+  engine_status st;
+  char err[200];
+  GATE.h = engine_submit(g.e, &so, &st, err, sizeof err);
+  REQUIRE(GATE.h);
+  for (int i = 0; i < 60000 && !atomic_load(&gate_in); i++) usleep(1000);
+  for (int i = 0; i < 8; i++) {
+    req_set(&QW[i], PW[i], WAVE_L, NULL, 0, NULL, 0);
+    req_submit(&g, &QW[i]);
+  }
+  atomic_store(&gate_open, 1);
+  req_wait(&GATE);
+  for (int i = 0; i < 8; i++) req_wait(&QW[i]);
+  /* engine_check runs on the engine thread after the last step, so the stats read next are
+   * that step's (the last events reach us before the thread publishes its snapshot) */
+  char cerr[200];
+  EXPECT(engine_check(g.e, cerr, sizeof cerr) == 0);
+  engine_stats s;
+  engine_get_stats(g.e, &s);
+  printf("  wave: %lld steps, %lld tokens prefilled, %lld hits\n", s.steps,
+         s.prefilled_tokens_total, s.prefix_hits);
+  EXPECT_EQ_INT(s.steps, 1 + 5 + 5);
+  EXPECT_EQ_INT(s.prefilled_tokens_total, 1 + WAVE_L + 7 * (WAVE_L - WAVE_P));
+  EXPECT_EQ_INT(s.prefix_hits, 7);
+  EXPECT_EQ_INT(QW[0].cached, 0);
+  for (int i = 1; i < 8; i++) EXPECT_MSG(QW[i].cached == WAVE_P, "r%d cached %d", i, QW[i].cached);
+  EXPECT(rig_down(&g));
+  /* cold: cache off, the same split points, all eight together (batch invariance) */
+  static const int32_t sp[2] = {WAVE_P, WAVE_L - 1};
+  rig_opts off = {0};
+  REQUIRE(rig_up(&g, &off) == 0);
+  for (int i = 0; i < 8; i++) {
+    req_set(&QWREF[i], PW[i], WAVE_L, NULL, 0, sp, 2);
+    req_submit(&g, &QWREF[i]);
+  }
+  for (int i = 0; i < 8; i++) req_wait(&QWREF[i]);
+  EXPECT(rig_down(&g));
+  for (int i = 0; i < 8; i++)
+    EXPECT_MSG(req_same(&QW[i], &QWREF[i]), "wave request %d differs from cold", i);
+}
+
 /* ---- cached_tokens and salts ----------------------------------------------------------- */
 
 TEST(salt_isolation_and_cached_tokens) {
@@ -633,7 +725,7 @@ TEST(restore_failure_admits_cold) {
 
 int main(void) {
   char err[256];
-  log_set_level(LOG_LEVEL_WARN);
+  log_set_level(getenv("DS_ENGINE_TRACE") ? LOG_LEVEL_INFO : LOG_LEVEL_WARN);
   if (model_load(MODEL_DIR, &C, &W, err, sizeof err) != 0) {
     printf("FAIL load: %s\n", err);
     return 1;
@@ -651,6 +743,7 @@ int main(void) {
   RUN(parity_restore_from_host_tier);
   RUN(parity_next_turn_hits_end_of_generation);
   RUN(coalesce_shared_prefix_8);
+  RUN(shared_prefix_wave_8);
   RUN(salt_isolation_and_cached_tokens);
   fault_refs();
   RUN(fault_scenario_clean);

@@ -4,6 +4,7 @@
 #include "engine/sched.h"
 
 #include "base/fault.h"
+#include "cache/prefix_cache.h"
 #include "engine/engine.h"
 #include "test.h"
 
@@ -267,11 +268,152 @@ TEST(fault_fails_one_request) {
   world_free(&w);
 }
 
+
+/* ---- the shared-prefix wave (prefix cache on, simulated model) ---------------------------
+ * n requests = one shared prefix of `prefix` tokens + distinct `suffix`-token tails, all
+ * queued before the first step (8 x 1,250 + 50 with a 512-token budget and a 256-token
+ * interval: the bench's 8 x 12,475 + 50 scaled down by 10). wave_run returns the steps until
+ * every request sampled its first token and the tokens prefilled meanwhile; trace = 1 prints
+ * each step (who computes which positions, from which depth each admission restored). */
+
+#define WAVE_MAX 8
+#define WAVE_LEN 13000
+
+typedef struct wave {
+  kv_pages *kp;
+  state_pool *sp;
+  prefix_cache *pc;
+  sched *s;
+  request r[WAVE_MAX];
+  int n;
+} wave;
+
+typedef struct wave_result {
+  int steps;             /* steps until every request sampled its first token */
+  long long prefilled;   /* prompt tokens computed (restored ones excluded) */
+  int restored[WAVE_MAX]; /* depth each request restored from at admission */
+  int admitted_step[WAVE_MAX];
+  int max_admitted_per_step;
+} wave_result;
+
+static int wave_run(int n, int prefix, int suffix, int budget, int interval, int slabs,
+                    int trace, wave_result *res) {
+  wave w;
+  memset(&w, 0, sizeof w);
+  memset(res, 0, sizeof *res);
+  sched_opts o = {n, budget, -1};
+  prefix_cache_opts po;
+  memset(&po, 0, sizeof po);
+  po.slab_bytes = 1;
+  po.page_bytes = 1;
+  if (kv_pages_init(&w.kp, 2048) || state_pool_init(&w.sp, n, slabs, NULL) ||
+      prefix_cache_init(&w.pc, w.kp, w.sp, &po) || sched_init(&w.s, &o, w.kp, w.sp))
+    return -1;
+  sched_set_prefix_cache(w.s, w.pc, interval);
+  static int32_t p[WAVE_LEN];
+  for (int i = 0; i < prefix; i++) p[i] = 3 + (i * 7) % 200;
+  for (int k = 0; k < n; k++) {
+    for (int i = prefix; i < prefix + suffix; i++) p[i] = 300 + k * 100 + (i % 50);
+    sampling_params sp;
+    sampling_params_default(&sp);
+    sp.max_tokens = 4;
+    request *r = &w.r[k];
+    if (request_init(r, k, p, prefix + suffix, &sp, NULL, 0, 1) ||
+        request_init_prefix(r, NULL, NULL, 0,
+                            prefix_cache_capture_points_max(prefix + suffix, 0, interval)))
+      return -1;
+    sched_add(w.s, r);
+    w.n++;
+    res->admitted_step[k] = -1;
+  }
+  int first = 0;
+  sched_batch b;
+  while (first < n && res->steps < 200) {
+    int was_waiting[WAVE_MAX];
+    for (int k = 0; k < n; k++) was_waiting[k] = w.r[k].state == REQ_STATE_WAITING;
+    sched_schedule(w.s, &b);
+    res->steps++;
+    int admitted = 0;
+    if (trace) printf("  step %2d (%4d tokens):", res->steps, b.n_tokens);
+    for (int i = 0; i < b.n; i++) {
+      request *r = b.reqs[i];
+      int k = (int)r->id;
+      if (r->n_computed < r->n_prompt) res->prefilled += r->sched_tokens;
+      if (was_waiting[k]) {
+        admitted++;
+        res->admitted_step[k] = res->steps;
+        res->restored[k] = r->cached_tokens;
+      }
+      if (trace)
+        printf(" r%d[%d,%d)%s", k, r->n_computed, r->n_computed + r->sched_tokens,
+               was_waiting[k] ? (r->cached_tokens ? "*" : "+") : "");
+      if (trace && was_waiting[k] && r->cached_tokens) printf("<-%d", r->cached_tokens);
+      if (r->sched_sample) {
+        r->tokens[r->n_tokens++] = 1000 + k;
+        if (request_n_output(r) == 1) first++;
+        if (request_n_output(r) == r->cap - r->n_prompt) r->finish = FINISH_LENGTH;
+      }
+    }
+    if (trace) printf("\n");
+    if (admitted > res->max_admitted_per_step) res->max_admitted_per_step = admitted;
+    sched_postprocess(w.s, &b);
+  }
+  if (trace) {
+    prefix_cache_stats st;
+    prefix_cache_get_stats(w.pc, &st);
+    printf("  %d steps, %lld tokens prefilled, %lld captures, %lld evictions\n", res->steps,
+           res->prefilled, st.captures, st.evictions);
+  }
+  char err[200];
+  int ok = kv_pages_check(w.kp, err, sizeof err) == 0 &&
+           state_pool_check(w.sp, err, sizeof err) == 0 &&
+           prefix_cache_check(w.pc, err, sizeof err) == 0;
+  if (!ok) printf("check: %s\n", err);
+  for (int k = 0; k < w.n; k++) {
+    if (w.r[k].state != REQ_STATE_FINISHED) sched_remove(w.s, &w.r[k]);
+    request_free(&w.r[k]);
+  }
+  sched_free(w.s);
+  prefix_cache_free(w.pc);
+  state_pool_free(w.sp);
+  kv_pages_free(w.kp);
+  return ok ? 0 : -1;
+}
+
+/* The ideal, computed by hand: the first request computes the prefix alone in budget-sized
+ * pieces (interval checkpoints do not cut them), up to the divergence point 1,250 that the
+ * seven others asked it for (demand capture) while it ran; the step after, all seven restore
+ * 1,250 and prefill [1250, 1299) together with the first one's [1250, 1299); the step after,
+ * everyone's 1-token END piece [1299, 1300) samples the first token.
+ *   steps 1-3: r0 [0,512) [512,1024) [1024,1250);  step 4: 8 x 49;  step 5: 8 x 1
+ * Prefilled: 1,300 + 7 x 50 = 1,650 (before: 8 steps, 1,876 tokens: r0 cut at every 256-token
+ * interval point, r1 restored the interval checkpoint 1,024 and recomputed to 1,250). */
+TEST(shared_prefix_wave) {
+  wave_result res;
+  REQUIRE(wave_run(8, 1250, 50, 512, 256, 16, 1, &res) == 0);
+  EXPECT_EQ_INT(res.steps, 5);
+  EXPECT_EQ_INT(res.prefilled, 1300 + 7 * 50);
+  EXPECT_EQ_INT(res.restored[0], 0);
+  EXPECT_EQ_INT(res.admitted_step[0], 1);
+  for (int k = 1; k < 8; k++) {
+    EXPECT_MSG(res.restored[k] == 1250, "r%d restored %d", k, res.restored[k]);
+    EXPECT_MSG(res.admitted_step[k] == 4, "r%d admitted at step %d", k, res.admitted_step[k]);
+  }
+  EXPECT_EQ_INT(res.max_admitted_per_step, 7);
+  /* the bench's own sizes (8 x 12,475 + 50, budget 8192, interval 2048): [0,8192),
+   * [8192,12475), 8 x 49, 8 x 1 (before: 9 steps, 14,184 tokens) */
+  REQUIRE(wave_run(8, 12475, 50, 8192, 2048, 16, 0, &res) == 0);
+  EXPECT_EQ_INT(res.steps, 4);
+  EXPECT_EQ_INT(res.prefilled, 12525 + 7 * 50);
+  for (int k = 1; k < 8; k++) EXPECT_EQ_INT(res.restored[k], 12475);
+}
+
 int main(void) {
   RUN(units_and_splits);
   RUN(admission_order_and_pages);
   RUN(waits_for_pages_and_watermark);
   RUN(preempt_youngest_and_resume);
   RUN(fault_fails_one_request);
+  RUN(shared_prefix_wave);
   TEST_MAIN_END();
 }

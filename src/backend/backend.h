@@ -248,6 +248,11 @@ struct backend {
    * the greedy decode step's download shrinks from n * V * 4 bytes to n * 4. */
   void (*argmax)(backend *be, backend_buf x, int n, int V, backend_buf ids, backend_buf maxv);
 
+  /* Device memory now: *free_bytes available to allocations, *total_bytes of the device.
+   * Returns 0, or -1 when unknown. NULL (the CPU backend): no device figure; the engine then
+   * sizes its pools from --kv-cache-tokens and its defaults (engine_mem_plan). */
+  int (*mem_info)(backend *be, size_t *free_bytes, size_t *total_bytes);
+
   /* Host memory the backend's `read` and `write` move fastest (page-locked on CUDA); NULL when
    * out of memory. host_free(NULL) is a no-op. Both NULL: use malloc / free. */
   void *(*host_alloc)(backend *be, size_t bytes);

@@ -22,7 +22,13 @@ int checkpoint_reserve(prefix_cache *pc, const char *salt, const int32_t *tokens
     *ticket = pc_rec_id(pc, n->pending);
     return PREFIX_CACHE_INFLIGHT;
   }
-  if (n && n->ckpt >= 0 && !(flags & CHECKPOINT_REPLACE)) return PREFIX_CACHE_EXISTS;
+  int cls = (flags & CHECKPOINT_PROTECT) ? PC_CLASS_PROTECT
+            : (flags & CHECKPOINT_LOW)   ? PC_CLASS_LOW
+                                         : PC_CLASS_NORMAL;
+  if (n && n->ckpt >= 0 && !(flags & CHECKPOINT_REPLACE)) {
+    if (pc->recs[n->ckpt].cls < cls) pc->recs[n->ckpt].cls = cls;
+    return PREFIX_CACHE_EXISTS;
+  }
   if (pc->max_slabs == 0) return PREFIX_CACHE_ENOSPACE;
 
   int i = pc_rec_new(pc);
@@ -30,7 +36,7 @@ int checkpoint_reserve(prefix_cache *pc, const char *salt, const int32_t *tokens
   int np = kv_pages_for_tokens(depth);
   int32_t *pages = fault_hit("checkpoint_pages") ? NULL : malloc((size_t)np * sizeof *pages);
   int slab = -1, rc = PREFIX_CACHE_ENOMEM;
-  if (pages) rc = pc_take_slab(pc, &slab); /* may evict: before the node exists */
+  if (pages) rc = pc_take_slab(pc, cls, &slab); /* may evict: before the node exists */
   if (rc == 0) {
     n = pc_tree_insert(pc, salt, tokens, depth);
     if (!n) rc = PREFIX_CACHE_ENOMEM;
@@ -45,7 +51,7 @@ int checkpoint_reserve(prefix_cache *pc, const char *salt, const int32_t *tokens
   }
   pc_rec *r = &pc->recs[i];
   r->state = PC_REC_RESERVED;
-  r->protect = (flags & CHECKPOINT_PROTECT) != 0;
+  r->cls = cls;
   r->node = n;
   r->depth = depth;
   r->slab = slab;
@@ -263,7 +269,10 @@ void checkpoint_restore_end(prefix_cache *pc, checkpoint_plan *plan, int ok) {
   if (ok) {
     pc->st.hits++;
     pc->st.hit_tokens += plan->depth;
-    if (r->state == PC_REC_COMMITTED) r->tick = ++pc->tick;
+    if (r->state == PC_REC_COMMITTED) {
+      r->tick = ++pc->tick;
+      if (r->cls < PC_CLASS_NORMAL) r->cls = PC_CLASS_NORMAL; /* it proved useful */
+    }
     if (r->host_slab >= 0) host_tier_touch(pc->ht, r->host_slab);
     if (r->host_kv >= 0) host_tier_touch(pc->ht, r->host_kv);
     if (r->state == PC_REC_ZOMBIE && r->pins == 0) pc_rec_release(pc, i);

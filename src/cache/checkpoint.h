@@ -34,10 +34,14 @@
 #include "cache/prefix_cache.h"
 
 enum { CHECKPOINT_PROTECT = 1, /* a system+tools head: evicted last */
-       CHECKPOINT_REPLACE = 2  /* capture even if a checkpoint exists at that depth */ };
+       CHECKPOINT_REPLACE = 2, /* capture even if a checkpoint exists at that depth */
+       CHECKPOINT_LOW = 4      /* speculative (end of generation, interval): evicted first,
+                                  and evicts only its own class (prefix_cache.h) */ };
 
 /* Reserves a capture of depth `depth` of tokens[0, depth) in the salt's namespace: a slab
- * (evicting the LRU slab when the pool or the device budget is full) and a placeholder node.
+ * (evicting by class then LRU when the pool or the device budget is full, see prefix_cache.h)
+ * and a placeholder node. A committed checkpoint already at that depth whose class is below
+ * the one asked for is raised to it (and PREFIX_CACHE_EXISTS returned).
  * 1 <= depth <= n_tokens. Returns 0 with *ticket, or PREFIX_CACHE_EXISTS (a committed
  * checkpoint is there and no CHECKPOINT_REPLACE), PREFIX_CACHE_INFLIGHT (*ticket is then the
  * in-flight one: wait for it), PREFIX_CACHE_ENOSPACE, PREFIX_CACHE_ENOMEM, PREFIX_CACHE_EINVAL;

@@ -408,8 +408,13 @@ void prefix_cache_clear(prefix_cache *pc) {
 
 void prefix_cache_lookup(prefix_cache *pc, const char *salt, const int32_t *prompt,
                          int n_prompt, prefix_cache_match *m) {
-  memset(m, 0, sizeof *m);
   pc->st.queries++;
+  prefix_cache_peek(pc, salt, prompt, n_prompt, m);
+}
+
+void prefix_cache_peek(prefix_cache *pc, const char *salt, const int32_t *prompt, int n_prompt,
+                       prefix_cache_match *m) {
+  memset(m, 0, sizeof *m);
   pc_node *n = pc_root_find(pc, salt);
   if (!n || n_prompt <= 0) return;
   int limit = n_prompt - 1, pos = 0;
@@ -494,12 +499,12 @@ int prefix_cache_capture_points(int n_prompt, const int32_t *boundaries, int n_b
 
 /* ---------------------------------------------------------------- eviction */
 
-/* 1 when a is a better victim than b: unprotected first, then (when by_leaf) leaves first,
- * then least recently used. */
+/* 1 when a is a better victim than b: the lower class first, then (when by_leaf) leaves
+ * first, then least recently used. */
 static int pc_victim_before(const prefix_cache *pc, int a, int b, int by_leaf) {
   if (b < 0) return 1;
   const pc_rec *ra = &pc->recs[a], *rb = &pc->recs[b];
-  if (ra->protect != rb->protect) return ra->protect < rb->protect;
+  if (ra->cls != rb->cls) return ra->cls < rb->cls;
   if (by_leaf) {
     int la = ra->node->n_kids == 0, lb = rb->node->n_kids == 0;
     if (la != lb) return la > lb;
@@ -559,12 +564,14 @@ static void pc_demote_kv(prefix_cache *pc, int i) {
   pc->st.evictions++;
 }
 
-int prefix_cache_evict_slabs(prefix_cache *pc, int n) {
+/* Frees up to n device slabs of records of class <= max_cls (see prefix_cache_evict_slabs). */
+static int pc_evict_slabs_upto(prefix_cache *pc, int n, int max_cls) {
   int freed = 0;
   while (freed < n) {
     int v = -1;
     for (int i = 0; i < pc->n_recs; i++)
-      if (pc_evictable(&pc->recs[i]) && pc->recs[i].slab >= 0 && pc_victim_before(pc, i, v, 0))
+      if (pc_evictable(&pc->recs[i]) && pc->recs[i].slab >= 0 && pc->recs[i].cls <= max_cls &&
+          pc_victim_before(pc, i, v, 0))
         v = i;
     if (v < 0) break;
     pc_demote_slab(pc, v);
@@ -612,9 +619,15 @@ int prefix_cache_evict_for_pages(prefix_cache *pc, int n) {
   return kv_pages_num_free(pc->kp) - before;
 }
 
-int pc_take_slab(prefix_cache *pc, int *slab) {
+int prefix_cache_evict_slabs(prefix_cache *pc, int n) {
+  return pc_evict_slabs_upto(pc, n, PC_CLASS_PROTECT);
+}
+
+int pc_take_slab(prefix_cache *pc, int cls, int *slab) {
+  int max_cls = cls == PC_CLASS_LOW ? PC_CLASS_LOW : PC_CLASS_PROTECT;
   while (pc->n_dev_slabs >= pc->max_slabs || state_pool_num_slabs_free(pc->sp) == 0)
-    if (pc->max_slabs == 0 || prefix_cache_evict_slabs(pc, 1) == 0) return PREFIX_CACHE_ENOSPACE;
+    if (pc->max_slabs == 0 || pc_evict_slabs_upto(pc, 1, max_cls) == 0)
+      return PREFIX_CACHE_ENOSPACE;
   if (state_pool_slab_alloc(pc->sp, slab) != 0) return PREFIX_CACHE_ENOMEM;
   pc->n_dev_slabs++;
   return 0;

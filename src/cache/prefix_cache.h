@@ -28,13 +28,29 @@
  *   (slab +          |                    |                  (incumbent replaced only now)
  *   placeholder)     +------ abort -------+---> free (slab and refs returned)
  *
- * Eviction (mechanism here, called by the scheduler or by reserve/restore on pressure): LRU
- * over committed, unpinned checkpoints; protected ones (system+tools heads) go last. On slab
- * pressure the LRU slab leaves first (its bytes move to the host tier when it is enabled,
- * else the checkpoint is dropped); on page pressure the pages of leaf checkpoints go after
- * (again to the host tier when it fits). Budgets: device slabs (count, from bytes) and host
- * bytes, never exceeded. prefix_cache_check verifies the tree, the page references, slab
- * ownership and the budgets.
+ * Eviction (mechanism here, called by the scheduler or by reserve/restore on pressure): over
+ * committed, unpinned checkpoints, by class first, then least recently used. Three classes:
+ *
+ *   LOW      speculative: the end-of-generation checkpoint of every finished request (only a
+ *            next turn that repeats the output hits it) and interval checkpoints
+ *            (CHECKPOINT_LOW);
+ *   NORMAL   the points a known reuse needs: len-1 (exact repeats), the last chat turn, the
+ *            divergence point of shared prefixes, demand captures (the default);
+ *   PROTECT  system+tools heads (CHECKPOINT_PROTECT).
+ *
+ * A victim is taken from the lowest class present (LRU within it), and a LOW reserve only ever
+ * evicts LOW checkpoints: with every slab held by NORMAL or PROTECT ones it fails (the capture
+ * is skipped), so a stream of finished requests can never push out the len-1 and chat-head
+ * checkpoints that repeats and shared heads restore. A LOW checkpoint is raised to NORMAL when
+ * a restore from it succeeds, or when a reserve of a higher class finds it at its depth.
+ * Example, 4 slabs: NORMAL a, b; LOW x, y (x older). A LOW reserve evicts x; a NORMAL reserve
+ * evicts x, then y, then a (the LRU of the NORMAL class); with a, b, c, d all NORMAL a LOW
+ * reserve fails and nothing is evicted.
+ * On slab pressure the victim's slab leaves (its bytes move to the host tier when it is
+ * enabled, else the checkpoint is dropped); on page pressure the pages of leaf checkpoints
+ * go first within a class (again to the host tier when it fits). Budgets: device slabs
+ * (count, from bytes) and host bytes, never exceeded. prefix_cache_check verifies the tree,
+ * the page references, slab ownership and the budgets.
  *
  * Owner: the engine thread; no locks. The cache borrows kv_pages and state_pool and is the
  * only user of kv_pages_cache_ref and of snapshot slabs. */
@@ -112,6 +128,10 @@ typedef struct prefix_cache_match {
  * restore from it is validated (checkpoint_restore_end). Never fails. */
 void prefix_cache_lookup(prefix_cache *pc, const char *salt, const int32_t *prompt,
                          int n_prompt, prefix_cache_match *m);
+/* prefix_cache_lookup without counting a query (the scheduler's look-ahead over requests it
+ * cannot admit this step). */
+void prefix_cache_peek(prefix_cache *pc, const char *salt, const int32_t *prompt, int n_prompt,
+                       prefix_cache_match *m);
 
 /* Capture points (a pure function: the policy is the scheduler's). */
 enum { PREFIX_CACHE_POINT_PROTECT = 1, PREFIX_CACHE_POINT_HEAD = 2, PREFIX_CACHE_POINT_LAST_TURN = 4,
@@ -144,8 +164,8 @@ int prefix_cache_capture_points(int n_prompt, const int32_t *boundaries, int n_b
  * in-flight ones never), moving them to the host tier when it fits. Returns the number of
  * pages that went back to the free queue (may exceed n; 0 when nothing could be freed). */
 int prefix_cache_evict_for_pages(prefix_cache *pc, int n);
-/* Frees n device slabs (slab pressure): LRU slab first, to the host tier when it fits.
- * Returns the number of slabs freed. Reserve calls it by itself. */
+/* Frees n device slabs (slab pressure): the lowest class first, LRU within a class, to the
+ * host tier when it fits. Returns the number of slabs freed. Reserve calls it by itself. */
 int prefix_cache_evict_slabs(prefix_cache *pc, int n);
 
 typedef struct prefix_cache_stats {

@@ -30,12 +30,15 @@ struct pc_node {
   int pending; /* in-flight capture record index, -1 */
 };
 
+/* Eviction classes (prefix_cache.h, "Eviction"). */
+enum { PC_CLASS_LOW = 0, PC_CLASS_NORMAL = 1, PC_CLASS_PROTECT = 2 };
+
 enum { PC_REC_FREE = 0, PC_REC_RESERVED, PC_REC_CAPTURED, PC_REC_COMMITTED, PC_REC_ZOMBIE };
 
 typedef struct pc_rec {
   uint32_t gen;
   int state; /* PC_REC_* */
-  int protect;
+  int cls;       /* PC_CLASS_*: eviction class, lowest evicted first */
   pc_node *node; /* NULL when FREE or ZOMBIE */
   int depth;
   int slab;       /* device snapshot slab, -1 */
@@ -86,9 +89,10 @@ pc_node *pc_tree_insert(prefix_cache *pc, const char *salt, const int32_t *token
  * node with one child into it. */
 void pc_node_prune(prefix_cache *pc, pc_node *n);
 
-/* A device slab within the budget, evicting the LRU slab as needed. Returns 0 with *slab,
- * PREFIX_CACHE_ENOSPACE or PREFIX_CACHE_ENOMEM. */
-int pc_take_slab(prefix_cache *pc, int *slab);
+/* A device slab within the budget for a checkpoint of class cls, evicting as needed: the
+ * lowest class first, least recently used within a class; a PC_CLASS_LOW checkpoint only ever
+ * evicts PC_CLASS_LOW ones. Returns 0 with *slab, PREFIX_CACHE_ENOSPACE or ENOMEM. */
+int pc_take_slab(prefix_cache *pc, int cls, int *slab);
 void pc_put_slab(prefix_cache *pc, int slab);
 
 #endif

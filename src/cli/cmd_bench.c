@@ -563,7 +563,7 @@ static void bench_roofline(bench *b) {
 
 /* (Re)initialises the model and starts the engine for opts. */
 static int bench_start(bench *b, engine_opts *o, qwen35_mem_opts *mo) {
-  if (engine_mem_plan(o, &b->cfg, mo, b->err, sizeof b->err)) return -1;
+  if (engine_mem_plan_device(o, &b->cfg, &b->w, b->be, mo, b->err, sizeof b->err)) return -1;
   if (qwen35_init(&b->m, &b->cfg, &b->w, b->be, mo, b->err, sizeof b->err)) return -1;
   b->e = engine_create(b->m, o, b->err, sizeof b->err);
   return b->e ? 0 : -1;

@@ -270,7 +270,7 @@ int cmd_run_batch(int argc, char **argv) {
     fprintf(stderr, "deltaserve: cannot create the CPU backend\n");
     goto done;
   }
-  if (engine_mem_plan(&eo, &cfg, &mo, err, sizeof err) != 0 ||
+  if (engine_mem_plan_device(&eo, &cfg, &w, be, &mo, err, sizeof err) != 0 ||
       qwen35_init(&m, &cfg, &w, be, &mo, err, sizeof err) != 0 ||
       !(e = engine_create(m, &eo, err, sizeof err))) {
     fprintf(stderr, "deltaserve: %s\n", err);

@@ -27,6 +27,7 @@
 #include "engine/engine.h"
 
 #include <errno.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -34,6 +35,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "backend/backend.h"
 #include "base/fault.h"
 #include "base/log.h"
 #include "cache/kv_pages.h"
@@ -127,20 +129,165 @@ int engine_opts_parse_flag(engine_opts *o, int argc, char **argv, int *i, char *
 }
 
 #define ENGINE_DEFAULT_KV_TOKENS 32768
+#define ENGINE_MIB ((size_t)1 << 20)
+
+int engine_default_slabs(int max_num_seqs) {
+  return 2 * max_num_seqs > 16 ? 2 * max_num_seqs : 16;
+}
 
 static int engine_n_slabs(const engine_opts *o) {
   if (!o->enable_prefix_caching) return 0;
-  return o->n_snapshot_slabs > 0 ? o->n_snapshot_slabs : 8;
+  return o->n_snapshot_slabs > 0 ? o->n_snapshot_slabs : engine_default_slabs(o->max_num_seqs);
+}
+
+int engine_mem_split_plan(const engine_opts *o, const engine_mem_facts *f, engine_mem_split *sp,
+                          char *err, size_t errlen) {
+  memset(sp, 0, sizeof *sp);
+  if (o->max_num_seqs < 1 || o->max_num_batched_tokens < 1)
+    return errf(err, errlen, "--max-num-seqs and --max-num-batched-tokens must be >= 1");
+  int fixed_kv = o->kv_cache_tokens > 0;
+  int tokens = fixed_kv ? o->kv_cache_tokens : ENGINE_DEFAULT_KV_TOKENS;
+  sp->n_pages = kv_pages_for_tokens(tokens);
+  sp->n_slabs = engine_n_slabs(o);
+  if (!f || f->total_bytes == 0 || f->page_bytes == 0) return 0; /* no device figure */
+  /* the budget: what --gpu-memory-utilization allows, and never more than is free */
+  double util = floor((double)o->gpu_memory_utilization * 1e6 + 0.5) / 1e6; /* 0.9f -> 0.9 */
+  double want = util * (double)f->total_bytes;
+  double fixed = (double)f->weight_bytes + (double)o->max_num_seqs * (double)f->slot_bytes +
+                 (double)f->scratch_bytes;
+  double b = want - fixed;
+  if (f->free_bytes > 0 && (double)f->free_bytes - fixed < b) b = (double)f->free_bytes - fixed;
+  if (b < (double)f->page_bytes)
+    return errf(err, errlen,
+                "not enough device memory: %.0f MiB x %.2f utilisation leaves nothing for the KV "
+                "cache after the weights (%.0f MiB), %d state slots and the step scratch "
+                "(%.0f MiB)",
+                (double)f->total_bytes / ENGINE_MIB, o->gpu_memory_utilization,
+                (double)f->weight_bytes / ENGINE_MIB, o->max_num_seqs,
+                (double)f->scratch_bytes / ENGINE_MIB);
+  sp->budget_bytes = (size_t)b;
+  double slab = (double)(f->slot_bytes ? f->slot_bytes : 1);
+  int cap = 4 * o->max_num_seqs > 16 ? 4 * o->max_num_seqs : 16;
+  if (fixed_kv) { /* KV as asked; the slabs (as asked or the default) where they fit */
+    double left = b - (double)sp->n_pages * (double)f->page_bytes;
+    if (o->enable_prefix_caching && o->n_snapshot_slabs == 0 && o->prefix_cache_gib > 0)
+      sp->n_slabs = (int)(o->prefix_cache_gib * 1073741824.0 / slab);
+    if (sp->n_slabs > 0 && left < (double)sp->n_slabs * slab)
+      sp->n_slabs = left > 0 ? (int)(left / slab) : 0;
+  } else if (o->enable_prefix_caching) {
+    double sb;
+    if (o->n_snapshot_slabs > 0) sb = (double)o->n_snapshot_slabs * slab;
+    else if (o->prefix_cache_gib > 0) sb = o->prefix_cache_gib * 1073741824.0;
+    else sb = 0.25 * b;
+    if (sb > 0.5 * b) sb = 0.5 * b; /* the KV cache keeps at least half */
+    int n = (int)(sb / slab);
+    if (o->n_snapshot_slabs == 0 && o->prefix_cache_gib <= 0 && n > cap) n = cap;
+    sp->n_slabs = n;
+  }
+  if (!fixed_kv) {
+    double kv = b - (double)sp->n_slabs * slab;
+    double pages = kv / (double)f->page_bytes;
+    sp->n_pages = pages > 1e9 ? 1000000000 : (int)pages;
+    if (sp->n_pages < kv_pages_for_tokens(o->max_num_batched_tokens) && sp->n_pages < 64)
+      return errf(err, errlen, "not enough device memory for the KV cache (%d pages)",
+                  sp->n_pages);
+  }
+  sp->kv_bytes = (size_t)sp->n_pages * f->page_bytes;
+  sp->slab_bytes = (size_t)sp->n_slabs * f->slot_bytes;
+  return 0;
 }
 
 int engine_mem_plan(const engine_opts *o, const model_config *c, qwen35_mem_opts *mo,
                     char *err, size_t errlen) {
   (void)c;
-  if (o->max_num_seqs < 1 || o->max_num_batched_tokens < 1)
-    return errf(err, errlen, "--max-num-seqs and --max-num-batched-tokens must be >= 1");
-  int tokens = o->kv_cache_tokens > 0 ? o->kv_cache_tokens : ENGINE_DEFAULT_KV_TOKENS;
-  mo->n_pages = kv_pages_for_tokens(tokens);
-  mo->n_slots = o->max_num_seqs + engine_n_slabs(o);
+  engine_mem_split sp;
+  if (engine_mem_split_plan(o, NULL, &sp, err, errlen) != 0) return -1;
+  mo->n_pages = sp.n_pages;
+  mo->n_slots = o->max_num_seqs + sp.n_slabs;
+  return 0;
+}
+
+/* Device bytes of one uploaded weight [rows, cols], as the backends store them: the
+ * activation type, plus an f32 copy of small matrices where that type is narrower (the CUDA
+ * backend's rule: 1-D, <= 16 columns, or <= 1024 rows). An estimate made before the upload. */
+static double engine_tensor_bytes(const tensor *t, size_t act) {
+  if (!t->data) return 0;
+  double n = (double)tensor_numel(t);
+  int64_t rows = t->ndim > 1 ? t->shape[0] : 1;
+  int64_t cols = rows > 0 ? tensor_numel(t) / rows : 0;
+  int small = rows == 1 || cols <= 16 || rows <= 1024;
+  return n * (double)act + (act < 4 && small ? n * 4.0 : 0);
+}
+
+int engine_mem_facts_get(backend *be, const model_config *c, const model_weights *w,
+                         const engine_opts *o, engine_mem_facts *f) {
+  memset(f, 0, sizeof *f);
+  if (!be->mem_info || be->mem_info(be, &f->free_bytes, &f->total_bytes) != 0) {
+    f->free_bytes = f->total_bytes = 0;
+    return -1;
+  }
+  size_t act = be->kind_size(be, BACKEND_KIND_ACT), kv = be->kind_size(be, BACKEND_KIND_KV);
+  double wb = engine_tensor_bytes(&w->embed, act) + engine_tensor_bytes(&w->final_norm, act);
+  if (!c->tie_word_embeddings && w->lm_head.data && w->lm_head.data != w->embed.data)
+    wb += engine_tensor_bytes(&w->lm_head, act);
+  for (int i = 0; i < c->n_layers; i++) {
+    const layer_weights *L = &w->layers[i];
+    const tensor *ts[] = {&L->input_norm, &L->post_norm, &L->q_proj, &L->k_proj, &L->v_proj,
+                          &L->o_proj, &L->q_norm, &L->k_norm, &L->in_proj_qkv, &L->in_proj_z,
+                          &L->in_proj_b, &L->in_proj_a, &L->conv1d, &L->dt_bias, &L->A_log,
+                          &L->lin_norm, &L->out_proj, &L->gate_proj, &L->up_proj,
+                          &L->down_proj, &L->router, &L->shared_gate, &L->shared_up,
+                          &L->shared_down, &L->shared_expert_gate};
+    for (size_t k = 0; k < sizeof ts / sizeof *ts; k++) wb += engine_tensor_bytes(ts[k], act);
+    if (L->experts && c->layer_is_moe[i])
+      for (int e = 0; e < c->n_experts; e++)
+        wb += engine_tensor_bytes(&L->experts[e].gate, act) +
+              engine_tensor_bytes(&L->experts[e].up, act) +
+              engine_tensor_bytes(&L->experts[e].down, act);
+  }
+  f->weight_bytes = (size_t)wb;
+  size_t nkv = (size_t)c->n_kv_heads * (size_t)c->head_dim;
+  f->page_bytes = (size_t)config_n_full_layers(c) * 2 * KV_PAGES_TOKENS * nkv * kv;
+  f->slot_bytes = (size_t)config_n_linear_layers(c) *
+                  ((size_t)c->conv_dim * (size_t)(c->conv_kernel - 1) +
+                   (size_t)c->lin_n_v_heads * c->lin_k_head_dim * c->lin_v_head_dim) * 4;
+  /* the largest step's activations (qwen35's scratch, doubled for the backend's own
+   * workspaces), the logits rows, and a fixed reserve for libraries and fragmentation */
+  size_t H = (size_t)c->hidden_size, nhd = (size_t)c->n_heads * c->head_dim;
+  size_t vd = (size_t)c->lin_n_v_heads * c->lin_v_head_dim, nv = (size_t)c->lin_n_v_heads;
+  size_t I = (size_t)(c->intermediate_size > c->moe_intermediate_size * c->n_experts_per_tok
+                          ? c->intermediate_size
+                          : c->moe_intermediate_size * c->n_experts_per_tok);
+  size_t per_tok = (3 * H + 5 * nhd + 2 * nkv + 2 * (size_t)c->conv_dim + 2 * vd + 2 * nv +
+                    2 * I) * act + 2 * nv * 4;
+  f->scratch_bytes = 2 * per_tok * (size_t)o->max_num_batched_tokens +
+                     (size_t)o->max_num_seqs * (size_t)c->vocab_size * 4 + 512 * ENGINE_MIB;
+  return 0;
+}
+
+int engine_mem_plan_device(engine_opts *o, const model_config *c, const model_weights *w,
+                           backend *be, qwen35_mem_opts *mo, char *err, size_t errlen) {
+  engine_mem_facts f;
+  if (engine_mem_facts_get(be, c, w, o, &f) != 0) return engine_mem_plan(o, c, mo, err, errlen);
+  engine_mem_split sp;
+  if (engine_mem_split_plan(o, &f, &sp, err, errlen) != 0) return -1;
+  double mib = (double)ENGINE_MIB;
+  log_info("engine: memory plan: %.0f MiB total, %.0f MiB free, utilisation %.2f; weights "
+           "~%.0f MiB, %d state slots %.0f MiB, step scratch %.0f MiB -> budget %.0f MiB = KV "
+           "%d pages (%d tokens) %.0f MiB + %d snapshot slabs %.0f MiB",
+           f.total_bytes / mib, f.free_bytes / mib, o->gpu_memory_utilization,
+           f.weight_bytes / mib, o->max_num_seqs, o->max_num_seqs * (f.slot_bytes / mib),
+           f.scratch_bytes / mib, sp.budget_bytes / mib, sp.n_pages,
+           sp.n_pages * KV_PAGES_TOKENS, sp.kv_bytes / mib, sp.n_slabs, sp.slab_bytes / mib);
+  /* resolved into the flags, so that engine_create (engine_mem_plan) agrees */
+  o->kv_cache_tokens = sp.n_pages * KV_PAGES_TOKENS;
+  if (o->enable_prefix_caching && sp.n_slabs == 0) {
+    log_warn("engine: no device memory left for snapshot slabs: prefix caching off");
+    o->enable_prefix_caching = 0;
+  }
+  if (o->enable_prefix_caching) o->n_snapshot_slabs = sp.n_slabs;
+  mo->n_pages = sp.n_pages;
+  mo->n_slots = o->max_num_seqs + (o->enable_prefix_caching ? sp.n_slabs : 0);
   return 0;
 }
 
@@ -187,6 +334,8 @@ struct engine {
   int32_t *ids;   /* [max_num_seqs] the greedy steps' tokens */
   int device_greedy; /* the model's backend has argmax and DS_ENGINE_HOST_SAMPLE is unset */
   int profile;       /* DS_ENGINE_PROFILE */
+  int trace;         /* DS_ENGINE_TRACE: one log line per step (who computes what) */
+  long long steps;   /* forward steps run */
   double prof[5];    /* seconds: schedule, forward (device greedy), forward (logits), sample,
                         postprocess + snapshot */
   long long prof_steps[2]; /* steps with device greedy / with logits */
@@ -304,6 +453,7 @@ static void engine_snapshot(engine *e) {
   s.prompt_tokens_total = e->prompt_total;
   s.generation_tokens_total = e->gen_total;
   s.prefilled_tokens_total = e->prefilled_total;
+  s.steps = e->steps;
   s.requests_finished = e->finished;
   s.requests_cancelled = e->cancelled;
   s.requests_failed = e->failed;
@@ -346,6 +496,23 @@ static void engine_snapshot(engine *e) {
   pthread_mutex_unlock(&e->mu);
 }
 
+/* DS_ENGINE_TRACE=1: "step N (T tokens): r<id>[from,to)" per scheduled request; an
+ * admission is marked "+" (cold) or "<-D" (restored D tokens), a sampling row "!". */
+static void engine_trace(engine *e, const sched_batch *b) {
+  char line[1024];
+  int n = snprintf(line, sizeof line, "step %lld (%d tokens):", e->steps, b->n_tokens);
+  for (int i = 0; i < b->n && n < (int)sizeof line - 64; i++) {
+    const request *r = b->reqs[i];
+    int fresh = r->n_computed == r->cached_tokens && r->n_computed < r->n_prompt;
+    n += snprintf(line + n, sizeof line - (size_t)n, " r%lld[%d,%d)", (long long)r->id,
+                  r->n_computed, r->n_computed + r->sched_tokens);
+    if (fresh && r->cached_tokens) n += snprintf(line + n, sizeof line - (size_t)n, "<-%d", r->cached_tokens);
+    else if (fresh) n += snprintf(line + n, sizeof line - (size_t)n, "+");
+    if (r->sched_sample) n += snprintf(line + n, sizeof line - (size_t)n, "!");
+  }
+  log_info("engine: %s", line);
+}
+
 static int engine_step(engine *e) {
   double t0 = e->profile ? engine_now() : 0;
   sched_batch b;
@@ -367,6 +534,8 @@ static int engine_step(engine *e) {
     n_rows += r->sched_sample;
     if (r->n_computed < r->n_prompt) e->prefilled_total += r->sched_tokens;
   }
+  e->steps++;
+  if (e->trace) engine_trace(e, &b);
   /* plain greedy everywhere: the device picks the tokens */
   int greedy = e->device_greedy && n_rows > 0;
   for (int i = 0; i < b.n && greedy; i++) {
@@ -551,6 +720,7 @@ engine *engine_create(qwen35 *model, const engine_opts *o, char *err, size_t err
   e->ids = calloc((size_t)n_seq, sizeof *e->ids);
   e->device_greedy = qwen35_has_argmax(model) && !engine_env_on("DS_ENGINE_HOST_SAMPLE");
   e->profile = engine_env_on("DS_ENGINE_PROFILE");
+  e->trace = engine_env_on("DS_ENGINE_TRACE");
   if (!e->seqs || !e->logits || !e->ids || kv_pages_init(&e->kp, mo.n_pages) ||
       state_pool_init(&e->sp, n_seq, n_slabs, &ops) || sched_init(&e->s, &so, e->kp, e->sp) ||
       sampler_scratch_init(&e->scratch, e->n_vocab) ||

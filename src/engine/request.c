@@ -61,17 +61,18 @@ int request_init_prefix(request *r, const char *salt, const int32_t *bounds, int
     if (!r->salt) return -1;
   }
   r->bounds = malloc((size_t)(n_bounds > 0 ? n_bounds : 1) * sizeof *r->bounds);
-  r->txn = calloc((size_t)n_points + 1, sizeof *r->txn);
-  r->pts = calloc((size_t)n_points + 1, sizeof *r->pts);
-  int32_t *f = realloc(r->forced, (size_t)(r->cap_forced + n_points + 1) * sizeof *f);
+  int room = n_points + 1 + REQUEST_DEMAND_POINTS;
+  r->txn = calloc((size_t)room, sizeof *r->txn);
+  r->pts = calloc((size_t)room, sizeof *r->pts);
+  int32_t *f = realloc(r->forced, (size_t)(r->cap_forced + room) * sizeof *f);
   if (f) {
     r->forced = f;
-    r->cap_forced += n_points + 1;
+    r->cap_forced += room;
   }
   if (!r->bounds || !r->txn || !r->pts || !f) return -1;
   if (n_bounds) memcpy(r->bounds, bounds, (size_t)n_bounds * sizeof *bounds);
   r->n_bounds = n_bounds;
-  r->cap_txn = n_points + 1;
+  r->cap_txn = room;
   return 0;
 }
 
@@ -82,6 +83,20 @@ void request_set_points(request *r, const prefix_cache_point *pts, int n, int ex
   for (int i = 0; i < n && r->n_forced < r->cap_forced; i++)
     if (pts[i].depth > 0 && pts[i].depth < r->n_prompt) r->forced[r->n_forced++] = pts[i].depth;
   request_sort_forced(r);
+}
+
+int request_add_point(request *r, int d) {
+  if (d <= 0 || d >= r->n_prompt) return -1;
+  if (request_is_forced(r, d)) return 0;
+  if (r->n_forced >= r->cap_forced) return -1;
+  int i = r->n_forced;
+  while (i > 0 && r->forced[i - 1] > d) {
+    r->forced[i] = r->forced[i - 1];
+    i--;
+  }
+  r->forced[i] = d;
+  r->n_forced++;
+  return 0;
 }
 
 int request_is_forced(const request *r, int d) {

@@ -73,8 +73,12 @@ typedef struct request {
 int request_init(request *r, int64_t id, const int32_t *prompt, int n_prompt,
                  const sampling_params *sp, const int32_t *forced, int n_forced,
                  uint64_t fallback_seed);
+/* Spare split points and capture tickets per request for demand captures. */
+#define REQUEST_DEMAND_POINTS 4
+
 /* Prepares r for the prefix cache: copies salt (NULL or "" : shared) and the chat boundaries,
- * and makes room for n_points more split points and as many capture tickets. Request-time
+ * and makes room for n_points more split points and as many capture tickets (plus
+ * REQUEST_DEMAND_POINTS of each). Request-time
  * allocation: fault site "request_init_prefix". Returns 0, or -1 on out of memory (r stays
  * valid without a prefix part; request_free frees whatever was allocated). */
 int request_init_prefix(request *r, const char *salt, const int32_t *bounds, int n_bounds,
@@ -83,6 +87,11 @@ int request_init_prefix(request *r, const char *salt, const int32_t *bounds, int
  * pts[0, n) and `extra` (when > 0), keeping those in (0, n_prompt), sorted and unique. Room:
  * request_init_prefix's n_points + 1 (points beyond it are dropped). Never allocates. */
 void request_set_points(request *r, const prefix_cache_point *pts, int n, int extra);
+/* Adds d to r's split points while r runs (a capture another request asked for, see sched.h
+ * "demand captures"): d must be in (0, n_prompt) and not yet computed past. Never allocates:
+ * request_init_prefix keeps REQUEST_DEMAND_POINTS spare places (split points and tickets).
+ * Returns 0 (added, or already a split point), or -1 when there is no room. */
+int request_add_point(request *r, int d);
 /* 1 when d is one of r's forced split points. */
 int request_is_forced(const request *r, int d);
 

@@ -25,6 +25,7 @@ struct sched {
   request **reqs, **failed; /* [max_num_seqs] batch arrays */
   prefix_cache *pc;         /* NULL: no prefix cache */
   int interval;             /* --snapshot-interval */
+  long long n_waits, n_demands; /* admissions deferred for an in-flight capture; demands */
 };
 
 /* ---- lists -------------------------------------------------------------------------------- */
@@ -252,6 +253,84 @@ static void sched_reserve_tickets(sched *s, request *r, int np, int restored) {
   }
 }
 
+static int sched_salt_eq(const char *a, const char *b) {
+  return strcmp(a ? a : "", b ? b : "") == 0;
+}
+
+/* Inserts ticket t at depth d into r's tickets (ascending depth); room was checked. */
+static void sched_txn_insert(request *r, uint64_t t, int d) {
+  int i = r->n_txn;
+  while (i > 0 && r->txn[i - 1].depth > d) {
+    r->txn[i] = r->txn[i - 1];
+    i--;
+  }
+  r->txn[i].ticket = t;
+  r->txn[i].depth = d;
+  r->n_txn++;
+}
+
+/* Demand capture (see sched.h): the running request R that shares the longest prefix with
+ * waiting request r and has not computed (nor planned this step) that far is asked for a
+ * checkpoint where r leaves its path, D = min(common prefix, n_prompt - 1 of both). Only when
+ * D is at least one chunk deeper than both what r can restore now (d0) and the capture
+ * already in flight on r's path (infl). Returns the ticket r should wait for, or 0. */
+static uint64_t sched_demand(sched *s, request *r, int d0, int infl) {
+  request *best = NULL;
+  int bd = 0;
+  for (request *R = s->running.head; R; R = R->next) {
+    int planned = R->n_computed + R->sched_tokens;
+    if (planned >= R->n_prompt - 1 || R->n_txn >= R->cap_txn || R->n_forced >= R->cap_forced ||
+        R->tokens[0] != r->tokens[0] || !sched_salt_eq(R->salt, r->salt))
+      continue;
+    int lim = r->n_prompt - 1 < R->n_prompt - 1 ? r->n_prompt - 1 : R->n_prompt - 1, d = 0;
+    while (d < lim && R->tokens[d] == r->tokens[d]) d++;
+    if (d > R->n_computed && d >= planned && d > bd) {
+      bd = d;
+      best = R;
+    }
+  }
+  if (!best || bd < d0 + QWEN35_CHUNK || bd <= infl) return 0;
+  uint64_t t;
+  int rc = checkpoint_reserve(s->pc, best->salt, best->tokens, best->n_tokens, bd, 0, &t);
+  if (rc == PREFIX_CACHE_INFLIGHT) return t;
+  if (rc != 0) return 0;
+  if (request_add_point(best, bd) != 0) { /* cannot happen: room and depth were checked */
+    checkpoint_abort(s->pc, t);
+    return 0;
+  }
+  sched_txn_insert(best, t, bd);
+  s->n_demands++;
+  return t;
+}
+
+/* First admission of r, with m its lookup: when a capture deeper than what r can restore is
+ * in flight on r's path, or one can be demanded from a running request, r waits for it
+ * (wait_ticket set, returns 1). */
+static int sched_wait_for(sched *s, request *r, const prefix_cache_match *m) {
+  int d0 = m->ckpt ? m->depth : 0;
+  uint64_t t = sched_demand(s, r, d0, m->inflight ? m->inflight_depth : 0);
+  if (!t && m->inflight && m->inflight_depth > d0) t = m->inflight;
+  if (!t) return 0;
+  r->wait_ticket = t;
+  s->n_waits++;
+  return 1;
+}
+
+/* Look-ahead over a waiting request that cannot be admitted this step (budget, slots or an
+ * earlier request blocked): a first admission that should wait for a capture starts waiting
+ * now, so that the request computing the shared prefix is asked for the divergence point
+ * before it plans past it. */
+static void sched_look_ahead(sched *s, request *r) {
+  if (r->points_fixed) return;
+  if (r->wait_ticket) {
+    if (checkpoint_ticket_depth(s->pc, r->wait_ticket) >= 0) return;
+    r->wait_ticket = 0;
+  }
+  prefix_cache_match m;
+  prefix_cache_peek(s->pc, r->salt, r->tokens, r->n_prompt, &m);
+  sched_wait_for(s, r, &m);
+}
+
 /* Gives back what an admission attempt took (r stays waiting). */
 static void sched_admit_undo(sched *s, request *r) {
   kv_pages_table_release(s->kp, &r->pages);
@@ -275,14 +354,16 @@ static int sched_admit(sched *s, sched_batch *b, request *r, int budget, int *n_
       r->wait_ticket = 0; /* committed or aborted: look again */
     }
     sched_lookup(s, r, &m);
-    if (!m.ckpt && m.inflight) { /* someone is computing this prefix: wait for its checkpoint */
-      r->wait_ticket = m.inflight;
-      return SCHED_ADMIT_SKIP;
-    }
+    if (!r->points_fixed && sched_wait_for(s, r, &m)) return SCHED_ADMIT_SKIP;
     /* every capture point, restored or not, is a split point: a cold run of the same request
-     * (or a failed restore) splits exactly like the restored one */
+     * (or a failed restore) splits exactly like the restored one; interval points are not
+     * (they are captured where pieces happen to end, sched_capture_interval) */
     np = prefix_cache_capture_points(r->n_prompt, r->bounds, r->n_bounds, s->interval,
                                      m.match_len, 0, r->pts, r->cap_txn);
+    int k = 0;
+    for (int i = 0; i < np; i++)
+      if (r->pts[i].flags != PREFIX_CACHE_POINT_INTERVAL) r->pts[k++] = r->pts[i];
+    np = k;
     if (!r->points_fixed) request_set_points(r, r->pts, np, m.ckpt ? m.depth : 0);
   }
   int d = m.ckpt ? m.depth : 0;
@@ -360,7 +441,21 @@ static void sched_capture_due(sched *s, request *r) {
 static void sched_capture_end(sched *s, request *r) {
   if (r->slot < 0 || r->n_computed < 1) return;
   uint64_t t;
-  if (checkpoint_reserve(s->pc, r->salt, r->tokens, r->n_tokens, r->n_computed, 0, &t) != 0)
+  if (checkpoint_reserve(s->pc, r->salt, r->tokens, r->n_tokens, r->n_computed, CHECKPOINT_LOW,
+                         &t) != 0)
+    return;
+  if (sched_capture(s, r, t) != 0) checkpoint_abort(s->pc, t);
+}
+
+/* Interval checkpoints: after a prefill piece that ended at a multiple of the split unit
+ * (a split there changes no bit) and reached or crossed a multiple of the interval, a
+ * checkpoint of the low class at the piece's end. `before` is n_computed before the step. */
+static void sched_capture_interval(sched *s, request *r, int before) {
+  int iv = s->interval > 0 ? s->interval : PREFIX_CACHE_DEFAULT_INTERVAL;
+  int d = r->n_computed;
+  if (r->slot < 0 || d >= r->n_prompt || d % s->unit != 0 || d / iv == before / iv) return;
+  uint64_t t;
+  if (checkpoint_reserve(s->pc, r->salt, r->tokens, r->n_tokens, d, CHECKPOINT_LOW, &t) != 0)
     return;
   if (sched_capture(s, r, t) != 0) checkpoint_abort(s->pc, t);
 }
@@ -392,15 +487,22 @@ void sched_schedule(sched *s, sched_batch *b) {
     }
   }
 
-  /* 3: admission, FCFS (a request waiting for an in-flight capture lets others pass) */
+  /* 3: admission, FCFS (a request waiting for an in-flight capture lets others pass); once
+   * admission stops, a look-ahead over the next max_num_seqs waiting requests */
   request *next;
+  int admit = 1, ahead = 0;
   for (request *r = s->waiting.head; r; r = next) {
     next = r->next;
-    if (b->n_preempted || budget <= 0 || s->running.n >= s->o.max_num_seqs ||
-        b->n_failed >= s->o.max_num_seqs)
-      break;
+    if (admit && (b->n_preempted || budget <= 0 || s->running.n >= s->o.max_num_seqs ||
+                  b->n_failed >= s->o.max_num_seqs))
+      admit = 0;
+    if (!admit) {
+      if (!s->pc || ahead++ >= s->o.max_num_seqs) break;
+      sched_look_ahead(s, r);
+      continue;
+    }
     int n = 0, rc = sched_admit(s, b, r, budget, &n);
-    if (rc == SCHED_ADMIT_BLOCK) break;
+    if (rc == SCHED_ADMIT_BLOCK) admit = 0;
     if (rc == SCHED_ADMIT_OK) budget -= n;
   }
 }
@@ -408,10 +510,12 @@ void sched_schedule(sched *s, sched_batch *b) {
 void sched_postprocess(sched *s, sched_batch *b) {
   for (int i = 0; i < b->n; i++) {
     request *r = b->reqs[i];
+    int before = r->n_computed;
     r->n_computed += r->sched_tokens;
     r->sched_tokens = r->sched_sample = 0;
     if (s->pc) {
       sched_capture_due(s, r);
+      if (before < r->n_prompt) sched_capture_interval(s, r, before);
       if (r->finish == FINISH_STOP || r->finish == FINISH_LENGTH) sched_capture_end(s, r);
     }
     if (r->finish != FINISH_NONE) sched_remove(s, r);

@@ -29,16 +29,34 @@
  * With a prefix cache (sched_set_prefix_cache), admission of a waiting request r:
  *   1. if r waits for an in-flight capture (wait_ticket) still pending: skip r this step
  *      (others may be admitted; shared-prefix coalescing);
- *   2. lookup over r's tokens; no checkpoint but a capture in flight on r's path: wait for it;
- *   3. split points (first admission only): boundaries, capture points, the restored depth;
+ *   2. lookup over r's tokens (deepest checkpoint d0). First admission only: if a running
+ *      request R shares a prefix with r deeper than d0 + 64 and deeper than any capture in
+ *      flight on r's path, and R has not computed (nor planned this step) that far, r DEMANDS
+ *      a capture from R at D = min(common prefix, n_prompt - 1 of both): a ticket on R's
+ *      path, D added to R's split points (request_add_point), and r waits for it. Else, a
+ *      capture in flight on r's path deeper than d0: r waits for it;
+ *   3. split points (first admission only): boundaries, capture points but the interval
+ *      ones, the restored depth;
  *   4. pages for the first piece (evicting cached pages when short), a state slot, the
  *      restore (a failure admits cold: the table is empty again, the slot is taken anew);
  *   5. a capture ticket for each capture point deeper than the restored depth.
+ * Once admission stops in a step (budget, slots, a blocked head), the next max_num_seqs
+ * waiting requests still go through step 2 (look-ahead): a wave of requests sharing a prefix
+ * that one of them computes alone asks it for the divergence point before it plans past it.
+ *
+ *   8 x (1,250 shared + 50), budget 512:  r0 [0,512) [512,1024) [1024,1250)  (r1..r7 demand
+ *   1,250 from r0 in step 1 and wait);  r0..r7 [1250,1299), r1..r7 restored at 1,250;
+ *   r0..r7 [1299,1300) and the first tokens: 5 steps, 1,650 tokens prefilled.
+ *
  * After each step a request whose n_computed reached a ticket's depth captures and commits
- * it; a finished generation (stop or length) captures at its computed depth so that the next
- * turn of a chat hits. Every way out (retirement, cancellation, failure, preemption) cancels
- * the request's tickets. A re-admission after preemption keeps its split points and restores
- * only from a depth that was already a split point (bit-identical continuation). */
+ * it. Interval checkpoints are not split points (they would cut a long prefill into
+ * interval-sized steps): after a prefill piece that ended at a multiple of the unit (where a
+ * split changes no bit) at or past a multiple of --snapshot-interval, a LOW-class checkpoint
+ * is taken there. A finished generation (stop or length) captures at its computed depth
+ * (LOW class) so that the next turn of a chat hits. Every way out (retirement, cancellation,
+ * failure, preemption) cancels the request's tickets (requests waiting for one look again).
+ * A re-admission after preemption keeps its split points and restores only from a depth that
+ * was already a split point or a multiple of the unit (bit-identical continuation). */
 #ifndef DS_SCHED_H
 #define DS_SCHED_H
 #include "cache/kv_pages.h"

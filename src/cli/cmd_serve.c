@@ -3,7 +3,14 @@
  * Start-up order: flags -> listener up (/health 503) -> model, tokenizer, backend, pools,
  * engine -> start-up report (model, memory split, limits, URL) -> /health 200 -> wait for
  * SIGTERM / SIGINT -> stop accepting, let in-flight requests finish for --shutdown-grace
- * seconds, cancel the rest -> free everything -> exit 0. */
+ * seconds, cancel the rest -> free everything -> exit 0.
+ *
+ * Test-only knob: DS_FAULT="SITE:N[:sticky]" in the environment arms src/base/fault.h once the
+ * model is loaded and just before /health turns 200, so that hit counts start at serving (the
+ * N-th request-time fault_hit of SITE fails; "*" is any site). Each fire is logged to stderr as
+ * "deltaserve: fault fired at SITE (hit K, fire F)" (the first 16 fires, then powers of two) and
+ * the totals as "deltaserve: faults fired: F of H hits" on the way out (H: hits of the site).
+ * Not a user flag; see tests/faults.test.mjs. */
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
@@ -13,6 +20,7 @@
 #include <sys/stat.h>
 
 #include "backend/backend_create.h"
+#include "base/fault.h"
 #include "base/log.h"
 #include "cli/cli.h"
 #include "engine/engine.h"
@@ -80,6 +88,13 @@ static const char *serve_basename(const char *p) {
   while (i > 0 && p[i - 1] != '/') i--;
   snprintf(buf, sizeof buf, "%.*s", (int)(n - i), p + i);
   return buf[0] ? buf : p;
+}
+
+/* Logs a fault fire (DS_FAULT): the first 16, then every power of two, so a sticky fault on a
+ * hot site cannot flood the log. */
+static void serve_fault_hook(const char *site, long hit, long fire) {
+  if (fire <= 16 || (fire & (fire - 1)) == 0)
+    fprintf(stderr, "deltaserve: fault fired at %s (hit %ld, fire %ld)\n", site, hit, fire);
 }
 
 static double serve_mib(double bytes) { return bytes / (1024.0 * 1024.0); }
@@ -191,6 +206,7 @@ int cmd_serve(int argc, char **argv) {
   qwen35_mem_opts mo;
   int32_t eos[CONFIG_MAX_EOS + 1];
   int n_eos = 0;
+  const char *fault_spec = NULL;
 
   if (model_load(model_dir, &cfg, &w, err, sizeof err)) {
     fprintf(stderr, "deltaserve serve: %s\n", err);
@@ -207,7 +223,7 @@ int cmd_serve(int argc, char **argv) {
     fprintf(stderr, "deltaserve serve: %s\n", err);
     goto done;
   }
-  if (engine_mem_plan(&eo, &cfg, &mo, err, sizeof err) || qwen35_init(&m, &cfg, &w, be, &mo, err, sizeof err) ||
+  if (engine_mem_plan_device(&eo, &cfg, &w, be, &mo, err, sizeof err) || qwen35_init(&m, &cfg, &w, be, &mo, err, sizeof err) ||
       !(e = engine_create(m, &eo, err, sizeof err))) {
     fprintf(stderr, "deltaserve serve: %s\n", err);
     goto done;
@@ -243,6 +259,15 @@ int cmd_serve(int argc, char **argv) {
                      .max_model_len = st.max_model_len,
                      .eos_ids = eos,
                      .n_eos = n_eos};
+  fault_spec = getenv("DS_FAULT");
+  if (fault_spec && fault_spec[0]) {
+    if (fault_arm_spec(fault_spec, err, sizeof err)) {
+      fprintf(stderr, "deltaserve serve: DS_FAULT: %s\n", err);
+      goto done;
+    }
+    fault_set_hook(serve_fault_hook);
+    fprintf(stderr, "deltaserve: DS_FAULT armed: %s (test-only fault injection)\n", fault_spec);
+  }
   server_set_model(srv, &sm);
   fprintf(stderr, "deltaserve: ready: http://%s:%d/v1 (model '%s')\n", host, server_port(srv), name);
   fflush(stderr);
@@ -261,6 +286,10 @@ done:;
   if (be) be->destroy(be);
   if (tok) tokenizer_free(tok);
   if (have_w) weights_free(&w);
+  if (fault_spec && fault_spec[0] && status == 0) {
+    fault_disarm();
+    fprintf(stderr, "deltaserve: faults fired: %ld of %ld hits\n", fault_fire_count(), fault_count());
+  }
   if (status == 0) fprintf(stderr, "deltaserve: stopped\n");
   return status;
 }

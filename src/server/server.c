@@ -272,7 +272,7 @@ static int encode_turns(const tokenizer *tok, const chat_render *cr, int32_t **i
       srvbuf_free(&acc);
       free(cut);
       free(b);
-      return -1;
+      return m; /* -1 bad input, TOKENIZER_ENOMEM */
     }
     srvbuf_append(&acc, seg, sizeof *seg * (size_t)m);
     free(seg);
@@ -293,7 +293,7 @@ oom:
   free(b);
 oom2:
   snprintf(err, errlen, "out of memory");
-  return -1;
+  return TOKENIZER_ENOMEM;
 }
 
 static int no_tokenizer(openai_error *e) {
@@ -316,6 +316,7 @@ static int prepare_chat(conn *cx, openai_error *e) {
   int rc = encode_turns(s->m.tok, &cr, &cx->prompt_ids, &cx->n_prompt, &cx->bounds, &cx->n_bounds, err,
                         sizeof err);
   chat_render_free(&cr);
+  if (rc == TOKENIZER_ENOMEM) return openai_error_set(e, 503, "server_error", NULL, "%s", err);
   if (rc) return openai_error_set(e, 400, "invalid_request_error", "messages", "%s", err);
   return 0;
 }
@@ -327,6 +328,7 @@ static int prepare_completion(conn *cx, openai_error *e) {
   if (r->prompt) {
     if (!s->m.tok) return no_tokenizer(e);
     int n = tokenizer_encode(s->m.tok, r->prompt, r->prompt_len, &cx->prompt_ids, err, sizeof err);
+    if (n == TOKENIZER_ENOMEM) return openai_error_set(e, 503, "server_error", NULL, "%s", err);
     if (n < 0) return openai_error_set(e, 400, "invalid_request_error", "prompt", "%s", err);
     cx->n_prompt = n;
     if (n == 0) return openai_error_set(e, 400, "invalid_request_error", "prompt", "the prompt encodes to no tokens");
@@ -825,12 +827,14 @@ static enum MHD_Result handle_tokenize(conn *cx) {
       rc = openai_error_set(&e, 400, "invalid_request_error", "messages", "%s", err[0] ? err : "render failed");
     } else {
       n = tokenizer_encode(s->m.tok, cr.text, cr.len, &ids, err, sizeof err);
-      if (n < 0) rc = openai_error_set(&e, 400, "invalid_request_error", "messages", "%s", err);
+      if (n == TOKENIZER_ENOMEM) rc = openai_error_set(&e, 503, "server_error", NULL, "%s", err);
+      else if (n < 0) rc = openai_error_set(&e, 400, "invalid_request_error", "messages", "%s", err);
       chat_render_free(&cr);
     }
   } else if (!rc) {
     n = tokenizer_encode(s->m.tok, prompt, plen, &ids, err, sizeof err);
-    if (n < 0) rc = openai_error_set(&e, 400, "invalid_request_error", "prompt", "%s", err);
+    if (n == TOKENIZER_ENOMEM) rc = openai_error_set(&e, 503, "server_error", NULL, "%s", err);
+    else if (n < 0) rc = openai_error_set(&e, 400, "invalid_request_error", "prompt", "%s", err);
   }
   free(prompt);
   json_decref(render);

@@ -1755,12 +1755,15 @@ done:
   free(c.heap);
   if (rc) {
     free(c.out.v);
-    return errf(err, errlen, "tokenizer: out of memory while encoding");
+    errf(err, errlen, "tokenizer: out of memory while encoding");
+    return TOKENIZER_ENOMEM;
   }
   if (!c.out.v)
     c.out.v = malloc(sizeof(int32_t)); /* a valid pointer even for no ids */
-  if (!c.out.v)
-    return errf(err, errlen, "tokenizer: out of memory while encoding");
+  if (!c.out.v) {
+    errf(err, errlen, "tokenizer: out of memory while encoding");
+    return TOKENIZER_ENOMEM;
+  }
   *ids = c.out.v;
   return (int)c.out.n;
 }

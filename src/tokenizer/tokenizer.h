@@ -18,7 +18,9 @@ void tokenizer_free(tokenizer *t);
 
 /* Encodes UTF-8 text (len bytes). Added/special tokens in the text are matched
  * (as HF does by default). Returns the number of ids written to *ids (malloc'd,
- * caller frees), or -1 with err on invalid UTF-8 or out of memory. */
+ * caller frees), or with err: -1 on invalid UTF-8 (the input's fault), TOKENIZER_ENOMEM on
+ * out of memory (the server's: a client may retry). */
+#define TOKENIZER_ENOMEM (-2)
 int tokenizer_encode(const tokenizer *t, const char *text, size_t len, int32_t **ids, char *err,
                      size_t errlen);
 /* Decodes ids to text (malloc'd, NUL-terminated, caller frees), as HF's decode

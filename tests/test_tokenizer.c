@@ -338,7 +338,7 @@ TEST(out_of_memory_is_an_error) {
     int fired = fault_fired();
     fault_disarm();
     if (fired) {
-      EXPECT_EQ_INT(k, -1);
+      EXPECT_EQ_INT(k, TOKENIZER_ENOMEM);
       EXPECT(ids == NULL);
     } else {
       EXPECT(k > 0);

@@ -129,6 +129,10 @@ struct backend {
    * Returns NULL when out of memory. */
   backend_weight (*weight_upload)(backend *be, const void *data, dtype dt, int64_t rows,
                                   int64_t cols);
+  /* Optional (NULL: weight_upload). A weight whose products must be exact, such as an MoE
+   * router (routing is a discrete choice): the backend also keeps it at full precision. */
+  backend_weight (*weight_upload_exact)(backend *be, const void *data, dtype dt, int64_t rows,
+                                        int64_t cols);
   void (*weight_free)(backend *be, backend_weight w); /* NULL is a no-op */
   size_t (*weight_bytes)(backend *be, backend_weight w); /* device bytes it takes */
 

@@ -208,15 +208,20 @@ int engine_mem_plan(const engine_opts *o, const model_config *c, qwen35_mem_opts
 }
 
 /* Device bytes of one uploaded weight [rows, cols], as the backends store them: the
- * activation type, plus an f32 copy of small matrices where that type is narrower (the CUDA
- * backend's rule: 1-D, <= 16 columns, or <= 1024 rows). An estimate made before the upload. */
-static double engine_tensor_bytes(const tensor *t, size_t act) {
+ * activation type, plus an f32 copy where that type is narrower for 1-D weights, weights of
+ * <= 16 columns and weights uploaded as exact (MoE routers) — the CUDA backend's rule. An
+ * estimate made before the upload. */
+static double engine_tensor_bytes_as(const tensor *t, size_t act, int exact) {
   if (!t->data) return 0;
   double n = (double)tensor_numel(t);
   int64_t rows = t->ndim > 1 ? t->shape[0] : 1;
   int64_t cols = rows > 0 ? tensor_numel(t) / rows : 0;
-  int small = rows == 1 || cols <= 16 || rows <= 1024;
+  int small = rows == 1 || cols <= 16 || exact;
   return n * (double)act + (act < 4 && small ? n * 4.0 : 0);
+}
+
+static double engine_tensor_bytes(const tensor *t, size_t act) {
+  return engine_tensor_bytes_as(t, act, 0);
 }
 
 int engine_mem_facts_get(backend *be, const model_config *c, const model_weights *w,
@@ -236,9 +241,10 @@ int engine_mem_facts_get(backend *be, const model_config *c, const model_weights
                           &L->o_proj, &L->q_norm, &L->k_norm, &L->in_proj_qkv, &L->in_proj_z,
                           &L->in_proj_b, &L->in_proj_a, &L->conv1d, &L->dt_bias, &L->A_log,
                           &L->lin_norm, &L->out_proj, &L->gate_proj, &L->up_proj,
-                          &L->down_proj, &L->router, &L->shared_gate, &L->shared_up,
-                          &L->shared_down, &L->shared_expert_gate};
+                          &L->down_proj, &L->shared_gate, &L->shared_up, &L->shared_down,
+                          &L->shared_expert_gate};
     for (size_t k = 0; k < sizeof ts / sizeof *ts; k++) wb += engine_tensor_bytes(ts[k], act);
+    wb += engine_tensor_bytes_as(&L->router, act, 1);
     if (L->experts && c->layer_is_moe[i])
       for (int e = 0; e < c->n_experts; e++)
         wb += engine_tensor_bytes(&L->experts[e].gate, act) +

@@ -53,16 +53,23 @@ struct qwen35 {
 
 /* ---- init ---- */
 
-static int upload(qwen35 *m, const tensor *t, int64_t rows, int64_t cols, const char *what,
-                  int layer, backend_weight *out, char *err, size_t errlen) {
+static int upload_as(qwen35 *m, const tensor *t, int64_t rows, int64_t cols, const char *what,
+                     int layer, int exact, backend_weight *out, char *err, size_t errlen) {
   if (!t->data) return errf(err, errlen, "layer %d: missing tensor %s", layer, what);
   if (tensor_numel(t) != rows * cols)
     return errf(err, errlen, "layer %d: tensor %s has %lld values, expected %lld", layer, what,
                 (long long)tensor_numel(t), (long long)(rows * cols));
-  *out = m->be->weight_upload(m->be, t->data, t->dt, rows, cols);
+  *out = exact && m->be->weight_upload_exact
+             ? m->be->weight_upload_exact(m->be, t->data, t->dt, rows, cols)
+             : m->be->weight_upload(m->be, t->data, t->dt, rows, cols);
   if (!*out) return errf(err, errlen, "out of device memory uploading %s", what);
   m->weight_bytes += m->be->weight_bytes(m->be, *out);
   return 0;
+}
+
+static int upload(qwen35 *m, const tensor *t, int64_t rows, int64_t cols, const char *what,
+                  int layer, backend_weight *out, char *err, size_t errlen) {
+  return upload_as(m, t, rows, cols, what, layer, 0, out, err, errlen);
 }
 
 static int alloc_buf(qwen35 *m, backend_buf *b, backend_kind kind, size_t n, char *err,
@@ -193,7 +200,8 @@ static int init_layer(qwen35 *m, int i, const layer_weights *lw, char *err, size
     int E = c->n_experts, I = c->moe_intermediate_size, Is = c->shared_expert_intermediate_size;
     L->experts = calloc((size_t)3 * E, sizeof *L->experts);
     if (!L->experts) return errf(err, errlen, "out of memory");
-    if (upload(m, &lw->router, E, H, "mlp.gate", i, &L->moe.router, err, errlen)) return -1;
+    if (upload_as(m, &lw->router, E, H, "mlp.gate", i, 1, &L->moe.router, err, errlen))
+      return -1;
     for (int e = 0; e < E; e++)
       if (upload(m, &lw->experts[e].gate, I, H, "expert gate_proj", i, &L->experts[e], err, errlen) ||
           upload(m, &lw->experts[e].up, I, H, "expert up_proj", i, &L->experts[E + e], err, errlen) ||

@@ -166,6 +166,13 @@ static backend_weight s_wup(backend *be, const void *d, dtype dt, int64_t r, int
   w->g = G->weight_upload(G, d, dt, r, c);
   return w;
 }
+static backend_weight s_wup_exact(backend *be, const void *d, dtype dt, int64_t r, int64_t c) {
+  (void)be;
+  swt *w = malloc(sizeof *w);
+  w->c = C->weight_upload(C, d, dt, r, c);
+  w->g = G->weight_upload_exact(G, d, dt, r, c);
+  return w;
+}
 static void s_wfree(backend *be, backend_weight w) {
   (void)be;
   if (!w) return;
@@ -363,6 +370,7 @@ static backend *shadow_create(void) {
   be->copy = s_copy;
   be->zero = s_zero;
   be->weight_upload = s_wup;
+  be->weight_upload_exact = s_wup_exact;
   be->weight_free = s_wfree;
   be->weight_bytes = s_wbytes;
   be->set_batch = s_set_batch;

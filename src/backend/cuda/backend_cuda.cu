@@ -172,17 +172,17 @@ static void cu_weight_free(backend *be, backend_weight w) {
   free(w);
 }
 
-static backend_weight cu_weight_upload(backend *be, const void *data, dtype dt, int64_t rows,
-                                       int64_t cols) {
+static backend_weight cu_weight_upload_as(backend *be, const void *data, dtype dt, int64_t rows,
+                                          int64_t cols, int exact) {
   cuda_ctx *c = cuda_ctx_of(be);
   cuda_weight *w = (cuda_weight *)calloc(1, sizeof *w);
   if (!w) return NULL;
   w->rows = rows;
   w->cols = cols;
   size_t n = (size_t)(rows * cols);
-  /* fp32 copies: 1-D weights, conv weights, and short matrices such as MoE routers [E, H]
-   * (routing is a discrete choice: its logits are computed from the exact weights) */
-  int small = rows == 1 || cols <= 16 || rows <= 1024;
+  /* fp32 copies: 1-D weights, conv weights, and weights uploaded as exact (MoE routers [E, H]:
+   * routing is a discrete choice, its logits are computed from the exact weights) */
+  int small = rows == 1 || cols <= 16 || exact;
   if (cudaMalloc((void **)&w->bf, (n ? n : 1) * 2) != cudaSuccess ||
       (small && cudaMalloc((void **)&w->f32, (n ? n : 1) * 4) != cudaSuccess)) {
     cudaGetLastError();
@@ -217,6 +217,16 @@ static backend_weight cu_weight_upload(backend *be, const void *data, dtype dt, 
   }
   (void)c;
   return w;
+}
+
+static backend_weight cu_weight_upload(backend *be, const void *data, dtype dt, int64_t rows,
+                                       int64_t cols) {
+  return cu_weight_upload_as(be, data, dt, rows, cols, 0);
+}
+
+static backend_weight cu_weight_upload_exact(backend *be, const void *data, dtype dt,
+                                             int64_t rows, int64_t cols) {
+  return cu_weight_upload_as(be, data, dt, rows, cols, 1);
 }
 
 static size_t cu_weight_bytes(backend *be, backend_weight w) {
@@ -1143,6 +1153,7 @@ extern "C" backend *backend_cuda_create(int device, char *err, size_t errlen) {
   be->copy = cu_copy;
   be->zero = cu_zero;
   be->weight_upload = cu_weight_upload;
+  be->weight_upload_exact = cu_weight_upload_exact;
   be->weight_free = cu_weight_free;
   be->weight_bytes = cu_weight_bytes;
   be->set_batch = cu_set_batch;

@@ -303,6 +303,60 @@ TEST(seeded_sampling_batched) {
   EXPECT(rig_down(&g));
 }
 
+/* The same seeded non-greedy requests, all 16 in one batch, give the same tokens and logits
+ * whether the rows are sampled inline (DS_SAMPLER_THREADS=0) or on 4 sampler threads; and
+ * the same as each request alone. Two parameter sets: top-p / min-p, and top-k with
+ * penalties and logprobs. */
+static out ALONE[NREQ];
+
+TEST(sampler_threads_same_tokens) {
+  const char *old = getenv("DS_SAMPLER_THREADS");
+  char saved[32] = "";
+  if (old) snprintf(saved, sizeof saved, "%s", old);
+  outs_alloc(ALONE);
+  int all[NREQ];
+  for (int i = 0; i < NREQ; i++) all[i] = i;
+  for (int set = 0; set < 2; set++) {
+    sampling_params sp;
+    sp_greedy(&sp);
+    sp.temperature = set ? 0.8f : 1.0f;
+    sp.top_p = set ? 0.9f : 0.95f;
+    sp.min_p = set ? 0.0f : 0.01f;
+    sp.top_k = set ? 40 : 0;
+    sp.repetition_penalty = set ? 1.2f : 1.0f;
+    sp.frequency_penalty = set ? 0.3f : 0.0f;
+    sp.logprobs = set;
+    sp.top_logprobs = set ? 5 : 0;
+    sp.seed = 1000 + (uint64_t)set;
+    sp.has_seed = 1;
+    rig g;
+    setenv("DS_SAMPLER_THREADS", "0", 1);
+    REQUIRE(rig_up(&g, 8192, 0, 16) == 0);
+    EXPECT_EQ_INT(run_set(&g, all, NREQ, REF, &sp), NREQ);
+    for (int i = 0; i < NREQ; i++) {
+      int idx = i;
+      EXPECT(run_set(&g, &idx, 1, ALONE, &sp) == 1);
+    }
+    EXPECT(rig_down(&g));
+    setenv("DS_SAMPLER_THREADS", "4", 1);
+    REQUIRE(rig_up(&g, 8192, 0, 16) == 0);
+    EXPECT_EQ_INT(run_set(&g, all, NREQ, GOT, &sp), NREQ);
+    EXPECT(rig_down(&g));
+    int distinct = 0;
+    for (int i = 0; i < NREQ; i++) {
+      EXPECT_EQ_INT(GOT[i].n, MAXTOK);
+      EXPECT_MSG(same(&REF[i], &GOT[i]), "set %d: request %d differs with 4 sampler threads",
+                 set, i);
+      EXPECT_MSG(same(&REF[i], &ALONE[i]), "set %d: request %d differs alone", set, i);
+      for (int k = 1; k < GOT[i].n; k++) distinct |= GOT[i].tok[k] != GOT[i].tok[0];
+    }
+    EXPECT_MSG(distinct, "set %d: every request repeats one token", set);
+  }
+  for (int i = 0; i < NREQ; i++) free(ALONE[i].lg);
+  if (old) setenv("DS_SAMPLER_THREADS", saved, 1);
+  else unsetenv("DS_SAMPLER_THREADS");
+}
+
 TEST(reject_vs_wait) {
   rig g;
   REQUIRE(rig_up(&g, 8192, 16 * 14, 4) == 0);
@@ -444,6 +498,7 @@ int main(void) {
   RUN(invariance_cache_preempted);
   RUN(invariance_cache_preempted_budget_37);
   RUN(seeded_sampling_batched);
+  RUN(sampler_threads_same_tokens);
   RUN(reject_vs_wait);
   RUN(cancel_from_another_thread);
   RUN(fault_every_site);

@@ -206,6 +206,162 @@ TEST(validate) {
   EXPECT(sampling_params_validate(&p, err, sizeof err) == -1);
 }
 
+/* ---- the previous sampling path, kept as the reference for the faster one ---------------
+ * Written out here as it was before the radix sort / selection: qsort of the candidates by
+ * probability descending (ties to the lowest id), with the same RNG (xoshiro256**, which the
+ * reference steps itself on a copy of the sampler's state). */
+static uint64_t ref_rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+static double ref_uniform(uint64_t *r) {
+  uint64_t out = ref_rotl(r[1] * 5, 7) * 9, t = r[1] << 17;
+  r[2] ^= r[0];
+  r[3] ^= r[1];
+  r[1] ^= r[2];
+  r[0] ^= r[3];
+  r[2] ^= t;
+  r[3] = ref_rotl(r[3], 45);
+  return (double)(out >> 11) * 0x1.0p-53;
+}
+static int ref_cmp_desc(const void *a, const void *b, void *ctx) {
+  const float *pr = ctx;
+  int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+  if (pr[x] > pr[y]) return -1;
+  if (pr[x] < pr[y]) return 1;
+  return x < y ? -1 : x > y;
+}
+static int32_t ref_sample(const sampling_params *p, uint64_t *rng, float *logits, int n_vocab,
+                          float *probs, int32_t *idx) {
+  if (p->temperature < 1e-5f) return sampler_argmax(logits, n_vocab);
+  float inv_t = 1.0f / p->temperature;
+  float m = -INFINITY;
+  for (int i = 0; i < n_vocab; i++)
+    if (logits[i] > m) m = logits[i];
+  int n = 0;
+  for (int i = 0; i < n_vocab; i++) {
+    float q = expf((logits[i] - m) * inv_t);
+    probs[i] = q;
+    if (q > 0 && q >= p->min_p) idx[n++] = i;
+  }
+  if (n == 0) idx[n++] = 0;
+  int sorted = 0;
+  if (p->top_k > 0 && p->top_k < n) {
+    qsort_r(idx, (size_t)n, sizeof *idx, ref_cmp_desc, probs);
+    sorted = 1;
+    n = p->top_k;
+  }
+  if (p->top_p < 1.0f) {
+    if (!sorted) qsort_r(idx, (size_t)n, sizeof *idx, ref_cmp_desc, probs);
+    double total = 0, cum = 0;
+    for (int i = 0; i < n; i++) total += probs[idx[i]];
+    int keep = 0;
+    while (keep < n) {
+      cum += probs[idx[keep++]];
+      if (cum >= p->top_p * total) break;
+    }
+    n = keep;
+  }
+  double total = 0;
+  for (int i = 0; i < n; i++) total += probs[idx[i]];
+  double u = ref_uniform(rng) * total, cum = 0;
+  int32_t tok = idx[n - 1];
+  for (int i = 0; i < n; i++) {
+    cum += probs[idx[i]];
+    if (u < cum) {
+      tok = idx[i];
+      break;
+    }
+  }
+  return tok;
+}
+
+static uint64_t lcg_state;
+static double lcg01(void) {
+  lcg_state = lcg_state * 6364136223846793005ULL + 1442695040888963407ULL;
+  return (double)(lcg_state >> 11) * 0x1.0p-53;
+}
+
+/* kinds of rows: wide normal-ish, peaked, quantised (many exact ties), with -inf / NaN */
+static void fill_logits(float *l, int n, int kind) {
+  for (int i = 0; i < n; i++) {
+    double u = lcg01(), v = lcg01();
+    double g = sqrt(-2 * log(u + 1e-300)) * cos(6.283185307179586 * v);
+    switch (kind) {
+    case 0: l[i] = (float)(3 * g); break;
+    case 1: l[i] = (float)(g + (lcg01() < 0.001 ? 12 : 0)); break;
+    case 2: l[i] = (float)floor(4 * g) * 0.5f; break;
+    case 3: l[i] = (float)(20 * g); break;
+    default:
+      l[i] = lcg01() < 0.01 ? -INFINITY : (float)(2 * g);
+      if (i == 7) l[i] = NAN;
+      break;
+    }
+  }
+}
+
+/* n_draws draws per parameter set; big: temperature 1 only (the reference's qsort of a whole
+ * vocabulary is slow) */
+static void compare_paths(int n, int n_seeds, int n_draws, int big, int *n_checked,
+                          int *n_bad) {
+  sampler_scratch w;
+  REQUIRE(sampler_scratch_init(&w, n) == 0);
+  float *base = malloc((size_t)n * sizeof *base), *a = malloc((size_t)n * sizeof *a);
+  float *rprobs = malloc((size_t)n * sizeof *rprobs);
+  int32_t *ridx = malloc((size_t)n * sizeof *ridx);
+  REQUIRE(base && a && rprobs && ridx);
+  const float temps[] = {0.3f, 1.0f, 2.5f};
+  const int top_ks[] = {0, 1, 2, 5, 50, 1000, n - 1, n + 5};
+  const float top_ps[] = {1.0f, 0.95f, 0.5f, 0.01f};
+  const float min_ps[] = {0.0f, 0.05f};
+  for (int seed = 0; seed < n_seeds; seed++) {
+    fill_logits(base, n, seed % 5);
+    for (int ti = big; ti < (big ? 2 : 3); ti++)
+      for (int ki = 0; ki < 8; ki++)
+        for (int pi = 0; pi < 4; pi++)
+          for (int mi = 0; mi < 2; mi++) {
+            sampling_params p;
+            sampling_params_default(&p);
+            p.temperature = temps[ti];
+            p.top_k = top_ks[ki];
+            p.top_p = top_ps[pi];
+            p.min_p = min_ps[mi];
+            p.seed = (uint64_t)seed * 7919 + (uint64_t)(ti * 64 + ki * 8 + pi * 2 + mi);
+            p.has_seed = 1;
+            sampler s;
+            sampler_init(&s, &p, 0);
+            uint64_t rng[4];
+            memcpy(rng, s.rng, sizeof rng);
+            for (int d = 0; d < n_draws; d++) { /* a few draws each: the RNG streams stay in step */
+              sampler_result r;
+              memcpy(a, base, (size_t)n * sizeof *a);
+              int32_t got = sampler_sample(&s, a, n, NULL, 0, NULL, 0, &w, &r);
+              memcpy(a, base, (size_t)n * sizeof *a);
+              int32_t want = ref_sample(&p, rng, a, n, rprobs, ridx);
+              (*n_checked)++;
+              if (got != want || memcmp(rng, s.rng, sizeof rng) != 0) {
+                if (*n_bad < 5)
+                  fprintf(stderr, "  n %d seed %d T %g k %d p %g min_p %g: %d vs ref %d\n", n,
+                          seed, p.temperature, p.top_k, p.top_p, p.min_p, got, want);
+                (*n_bad)++;
+              }
+            }
+          }
+  }
+  free(base);
+  free(a);
+  free(rprobs);
+  free(ridx);
+  sampler_scratch_free(&w);
+}
+
+TEST(same_as_reference) {
+  int checked = 0, bad = 0;
+  compare_paths(3, 10, 3, 0, &checked, &bad);
+  compare_paths(37, 20, 3, 0, &checked, &bad);
+  compare_paths(4000, 20, 3, 0, &checked, &bad);
+  compare_paths(151936, 2, 1, 1, &checked, &bad);
+  EXPECT_MSG(bad == 0, "%d of %d draws differ from the reference path", bad, checked);
+  EXPECT(checked > 10000);
+}
+
 int main(void) {
   if (sampler_scratch_init(&W, 16) != 0) return 1;
   RUN(greedy);
@@ -215,6 +371,7 @@ int main(void) {
   RUN(distributions);
   RUN(seeded);
   RUN(validate);
+  RUN(same_as_reference);
   sampler_scratch_free(&W);
   TEST_MAIN_END();
 }

@@ -20,6 +20,14 @@
  * DS_ENGINE_HOST_SAMPLE=1 turns the device path off (for before/after timings);
  * DS_ENGINE_PROFILE=1 logs where the engine thread's time went, per step, at destroy.
  *
+ * Host sampling: the rows of a step are sampled in parallel by a small pool of sampler
+ * threads made at creation (DS_SAMPLER_THREADS=N; default min(8, online CPUs - 1); 0 samples
+ * inline on the engine thread) plus the engine thread itself. Each row's work touches only
+ * its request's sampler (parameters, RNG) and the scratch of the thread that takes it, and
+ * sampler_sample's result does not depend on the scratch used, so the tokens are the same
+ * for any thread count. The logits callbacks run on the engine thread first, in row order;
+ * the tokens are then pushed in row order, as before.
+ *
  * Prefix cache (when enabled): created over the same page pool and state pool (the snapshot
  * slabs are the slots past max_num_seqs), its copies wired to qwen35's page and slot
  * operations; the scheduler carries out the lookups, restores and captures (sched.h), the
@@ -34,6 +42,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "backend/backend.h"
 #include "base/fault.h"
@@ -297,6 +306,149 @@ int engine_mem_plan_device(engine_opts *o, const model_config *c, const model_we
   return 0;
 }
 
+/* ---- sampler pool ---------------------------------------------------------------------------- */
+
+/* One sampled row of a step: the request, its logits, what sampler_sample gave. */
+typedef struct engine_job {
+  request *r;
+  float *lg;
+  int32_t t;
+  sampler_result res;
+} engine_job;
+
+typedef struct engine_pool engine_pool;
+typedef struct engine_worker {
+  engine_pool *pool;
+  sampler_scratch scratch;
+  pthread_t thread;
+  int started;
+} engine_worker;
+
+/* Workers sleep on go until gen moves; each then takes rows from next until none are left
+ * and reports on done. All sized at creation: a step hands out jobs without allocating. */
+struct engine_pool {
+  int n; /* sampler threads (0: inline) */
+  engine_worker *w;
+  pthread_mutex_t mu;
+  pthread_cond_t go, done;
+  int inited;
+  unsigned long gen;
+  int stop;
+  int n_active; /* workers not yet done with the current step */
+  engine_job *jobs;
+  int n_jobs, n_vocab;
+  atomic_int next;
+};
+
+static void engine_pool_run(engine_pool *p, sampler_scratch *w) {
+  for (;;) {
+    int j = atomic_fetch_add(&p->next, 1);
+    if (j >= p->n_jobs) return;
+    engine_job *jb = &p->jobs[j];
+    request *r = jb->r;
+    jb->t = sampler_sample(&r->smp, jb->lg, p->n_vocab, r->tokens, r->n_prompt,
+                           r->tokens + r->n_prompt, request_n_output(r), w, &jb->res);
+  }
+}
+
+static void *engine_pool_main(void *arg) {
+  engine_worker *wk = arg;
+  engine_pool *p = wk->pool;
+  unsigned long seen = 0;
+  for (;;) {
+    pthread_mutex_lock(&p->mu);
+    while (!p->stop && p->gen == seen) pthread_cond_wait(&p->go, &p->mu);
+    if (p->stop) {
+      pthread_mutex_unlock(&p->mu);
+      return NULL;
+    }
+    seen = p->gen;
+    pthread_mutex_unlock(&p->mu);
+    engine_pool_run(p, &wk->scratch);
+    pthread_mutex_lock(&p->mu);
+    if (--p->n_active == 0) pthread_cond_signal(&p->done);
+    pthread_mutex_unlock(&p->mu);
+  }
+}
+
+/* The pool's size: DS_SAMPLER_THREADS when set (clamped to [0, 64]), else
+ * min(8, online CPUs - 1). */
+static int engine_pool_size(void) {
+  const char *v = getenv("DS_SAMPLER_THREADS");
+  if (v && *v) {
+    char *end;
+    long n = strtol(v, &end, 10);
+    if (*end == 0) return n < 0 ? 0 : n > 64 ? 64 : (int)n;
+    log_warn("engine: DS_SAMPLER_THREADS=%s is not a number; using the default", v);
+  }
+  long c = sysconf(_SC_NPROCESSORS_ONLN) - 1;
+  return c < 0 ? 0 : c > 8 ? 8 : (int)c;
+}
+
+static void engine_pool_free(engine_pool *p) {
+  if (p->inited) {
+    pthread_mutex_lock(&p->mu);
+    p->stop = 1;
+    pthread_cond_broadcast(&p->go);
+    pthread_mutex_unlock(&p->mu);
+  }
+  for (int i = 0; p->w && i < p->n; i++) {
+    if (p->w[i].started) pthread_join(p->w[i].thread, NULL);
+    sampler_scratch_free(&p->w[i].scratch);
+  }
+  if (p->inited) {
+    pthread_mutex_destroy(&p->mu);
+    pthread_cond_destroy(&p->go);
+    pthread_cond_destroy(&p->done);
+  }
+  free(p->w);
+  free(p->jobs);
+  memset(p, 0, sizeof *p);
+}
+
+/* Returns 0, or -1 (out of memory, or a thread that cannot start). */
+static int engine_pool_init(engine_pool *p, int n, int n_vocab, int max_rows) {
+  memset(p, 0, sizeof *p);
+  p->n_vocab = n_vocab;
+  p->jobs = calloc((size_t)max_rows, sizeof *p->jobs);
+  if (!p->jobs) return -1;
+  if (n <= 0) return 0;
+  p->w = calloc((size_t)n, sizeof *p->w);
+  if (!p->w) return -1;
+  p->n = n;
+  pthread_mutex_init(&p->mu, NULL);
+  pthread_cond_init(&p->go, NULL);
+  pthread_cond_init(&p->done, NULL);
+  p->inited = 1;
+  for (int i = 0; i < n; i++) {
+    p->w[i].pool = p;
+    if (sampler_scratch_init(&p->w[i].scratch, n_vocab) != 0) return -1;
+    if (pthread_create(&p->w[i].thread, NULL, engine_pool_main, &p->w[i]) != 0) return -1;
+    p->w[i].started = 1;
+  }
+  return 0;
+}
+
+/* Samples jobs[0..n_jobs) on the pool and the calling thread (scratch w); returns when all
+ * are done. Inline when the pool is empty or there is one row. */
+static void engine_pool_sample(engine_pool *p, int n_jobs, sampler_scratch *w) {
+  p->n_jobs = n_jobs;
+  atomic_store(&p->next, 0);
+  if (p->n == 0 || n_jobs < 2) {
+    engine_pool_run(p, w);
+    return;
+  }
+  pthread_mutex_lock(&p->mu);
+  p->gen++;
+  p->n_active = p->n;
+  pthread_cond_broadcast(&p->go);
+  pthread_mutex_unlock(&p->mu);
+  engine_pool_run(p, w);
+  pthread_mutex_lock(&p->mu);
+  while (p->n_active > 0) pthread_cond_wait(&p->done, &p->mu);
+  pthread_mutex_unlock(&p->mu);
+}
+
 /* ---- handles and their output channels --------------------------------------------------- */
 
 typedef struct engine_ev {
@@ -345,7 +497,8 @@ struct engine {
   double prof[5];    /* seconds: schedule, forward (device greedy), forward (logits), sample,
                         postprocess + snapshot */
   long long prof_steps[2]; /* steps with device greedy / with logits */
-  sampler_scratch scratch;
+  sampler_scratch scratch; /* the engine thread's */
+  engine_pool pool;         /* sampler threads and the step's jobs [max_num_seqs] */
   pthread_t thread;
   pthread_mutex_t mu; /* incoming queue, stop, stats snapshot, check requests */
   pthread_cond_t cv;  /* wakes the engine thread */
@@ -568,7 +721,20 @@ static int engine_step(engine *e) {
     return b.n;
   }
 
-  int row = 0;
+  int row = 0, n_jobs = 0;
+  if (!greedy) { /* logits callbacks in row order, then every row sampled (in parallel) */
+    for (int i = 0; i < b.n; i++) {
+      request *r = b.reqs[i];
+      if (!r->sched_sample) continue;
+      engine_req *h = r->owner;
+      engine_job *jb = &e->pool.jobs[n_jobs++];
+      jb->r = r;
+      jb->lg = e->logits + (size_t)row++ * e->n_vocab;
+      if (h->on_logits) h->on_logits(h->user, jb->lg, e->n_vocab);
+    }
+    engine_pool_sample(&e->pool, n_jobs, &e->scratch);
+  }
+  row = 0;
   for (int i = 0; i < b.n; i++) {
     request *r = b.reqs[i];
     if (!r->sched_sample) continue;
@@ -579,10 +745,10 @@ static int engine_step(engine *e) {
       memset(&res, 0, sizeof res);
       t = res.token = e->ids[row++];
     } else {
-      float *lg = e->logits + (size_t)row++ * e->n_vocab;
-      if (h->on_logits) h->on_logits(h->user, lg, e->n_vocab);
-      t = sampler_sample(&r->smp, lg, e->n_vocab, r->tokens, r->n_prompt,
-                         r->tokens + r->n_prompt, request_n_output(r), &e->scratch, &res);
+      engine_job *jb = &e->pool.jobs[row++];
+      CHECK(jb->r == r);
+      res = jb->res;
+      t = jb->t;
     }
     r->tokens[r->n_tokens++] = t;
     e->gen_total++;
@@ -730,6 +896,7 @@ engine *engine_create(qwen35 *model, const engine_opts *o, char *err, size_t err
   if (!e->seqs || !e->logits || !e->ids || kv_pages_init(&e->kp, mo.n_pages) ||
       state_pool_init(&e->sp, n_seq, n_slabs, &ops) || sched_init(&e->s, &so, e->kp, e->sp) ||
       sampler_scratch_init(&e->scratch, e->n_vocab) ||
+      engine_pool_init(&e->pool, engine_pool_size(), e->n_vocab, n_seq) != 0 ||
       (o->enable_prefix_caching && engine_prefix_init(e) != 0)) {
     engine_destroy(e, 0);
     return errf(err, errlen, "out of memory creating the engine"), NULL;
@@ -745,8 +912,9 @@ engine *engine_create(qwen35 *model, const engine_opts *o, char *err, size_t err
            qwen35_weight_bytes(model) / mib, mo.n_pages, pb / mib, mo.n_pages * (pb / mib),
            mo.n_pages * KV_PAGES_TOKENS, n_seq, sb / mib, n_seq * (sb / mib), n_slabs,
            sb / mib, n_slabs * (sb / mib));
-  log_info("engine: max_num_seqs %d, max_num_batched_tokens %d, max_model_len %d", n_seq,
-           o->max_num_batched_tokens, e->max_model_len);
+  log_info("engine: max_num_seqs %d, max_num_batched_tokens %d, max_model_len %d, "
+           "sampler threads %d", n_seq, o->max_num_batched_tokens, e->max_model_len,
+           e->pool.n);
   engine_snapshot(e);
   if (pthread_create(&e->thread, NULL, engine_main, e) != 0) {
     pthread_mutex_destroy(&e->mu);
@@ -777,6 +945,7 @@ void engine_destroy(engine *e, int drain) {
   state_pool_free(e->sp);
   kv_pages_free(e->kp);
   sampler_scratch_free(&e->scratch);
+  engine_pool_free(&e->pool);
   if (e->profile) {
     long long n = e->prof_steps[0] + e->prof_steps[1];
     double d = n > 0 ? 1e3 / (double)n : 0;

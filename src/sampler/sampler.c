@@ -1,5 +1,6 @@
 /* sampler — one row of logits to one token, per request. See sampler.h for the order of
- * operations; everything here runs on the engine thread over preallocated scratch. */
+ * operations; everything here runs over the caller's preallocated scratch and touches nothing
+ * shared, so the engine's sampler threads run it on different rows at once. */
 #include "sampler/sampler.h"
 
 #include <math.h>
@@ -76,9 +77,14 @@ int sampler_scratch_init(sampler_scratch *w, int n_vocab) {
   size_t n = n_vocab > 0 ? (size_t)n_vocab : 1;
   w->probs = malloc(n * sizeof *w->probs);
   w->idx = malloc(n * sizeof *w->idx);
+  w->idx2 = malloc(n * sizeof *w->idx2);
+  w->key = malloc(n * sizeof *w->key);
+  w->key2 = malloc(n * sizeof *w->key2);
+  w->hist = malloc(SAMPLER_HIST * sizeof *w->hist);
   w->counts = calloc(n, sizeof *w->counts);
   w->mark = calloc(n, 1);
-  if (!w->probs || !w->idx || !w->counts || !w->mark) {
+  if (!w->probs || !w->idx || !w->idx2 || !w->key || !w->key2 || !w->hist || !w->counts ||
+      !w->mark) {
     sampler_scratch_free(w);
     return -1;
   }
@@ -89,6 +95,10 @@ int sampler_scratch_init(sampler_scratch *w, int n_vocab) {
 void sampler_scratch_free(sampler_scratch *w) {
   free(w->probs);
   free(w->idx);
+  free(w->idx2);
+  free(w->key);
+  free(w->key2);
+  free(w->hist);
   free(w->counts);
   free(w->mark);
   memset(w, 0, sizeof *w);
@@ -131,12 +141,70 @@ void sampler_apply_penalties(const sampling_params *p, float *logits, int n_voca
 
 /* ---- sampling --------------------------------------------------------------------------- */
 
-static int sampler_cmp_desc(const void *a, const void *b, void *ctx) {
-  const float *pr = ctx;
-  int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
-  if (pr[x] > pr[y]) return -1;
-  if (pr[x] < pr[y]) return 1;
-  return x < y ? -1 : x > y;
+/* The candidates' order for top-k / top-p: probability descending, ties to the lowest id —
+ * one total order, so any correct sort gives the same sequence. The probabilities are finite
+ * and > 0, so their bits compare as unsigned integers in the same order as the floats; an
+ * LSD radix sort on the complemented bits (11 + 11 + 10 bits, stable) of ids given in
+ * ascending order yields exactly that order in O(n). */
+static uint32_t sampler_bits(float f) {
+  uint32_t u;
+  memcpy(&u, &f, sizeof u);
+  return u;
+}
+
+/* Sorts w->idx[0..n) (ascending ids on entry) into the candidates' order. */
+static void sampler_sort_desc(sampler_scratch *w, int n) {
+  uint32_t *k0 = w->key, *k1 = w->key2, *h = w->hist;
+  int32_t *i0 = w->idx, *i1 = w->idx2;
+  memset(h, 0, 3 * 2048 * sizeof *h);
+  for (int i = 0; i < n; i++) {
+    uint32_t k = ~sampler_bits(w->probs[i0[i]]);
+    k0[i] = k;
+    h[k & 2047]++;
+    h[2048 + ((k >> 11) & 2047)]++;
+    h[4096 + (k >> 22)]++;
+  }
+  for (int pass = 0; pass < 3; pass++) {
+    int shift = 11 * pass;
+    uint32_t mask = pass == 2 ? 1023 : 2047, *hp = h + 2048 * pass;
+    if (hp[(k0[0] >> shift) & mask] == (uint32_t)n) continue; /* one digit: order kept */
+    uint32_t sum = 0;
+    for (uint32_t d = 0; d <= mask; d++) {
+      uint32_t c = hp[d];
+      hp[d] = sum;
+      sum += c;
+    }
+    for (int i = 0; i < n; i++) {
+      uint32_t pos = hp[(k0[i] >> shift) & mask]++;
+      k1[pos] = k0[i];
+      i1[pos] = i0[i];
+    }
+    uint32_t *tk = k0;
+    k0 = k1;
+    k1 = tk;
+    int32_t *ti = i0;
+    i0 = i1;
+    i1 = ti;
+  }
+  if (i0 != w->idx) memcpy(w->idx, i0, (size_t)n * sizeof *i0);
+}
+
+/* Puts the first k of the candidates' order in w->idx[0..k) (0 < k < n; w->idx[0..n)
+ * ascending ids on entry): a histogram of the top 16 bits finds the bucket that holds the
+ * k-th; only the candidates at or above it (at least k, usually few more) are sorted. */
+static void sampler_select_desc(sampler_scratch *w, int n, int k) {
+  uint32_t *h = w->hist;
+  memset(h, 0, SAMPLER_HIST * sizeof *h);
+  for (int i = 0; i < n; i++) h[sampler_bits(w->probs[w->idx[i]]) >> 16]++;
+  uint32_t cut = SAMPLER_HIST - 1, cum = 0;
+  for (;; cut--) {
+    cum += h[cut];
+    if (cum >= (uint32_t)k || cut == 0) break;
+  }
+  int m = 0;
+  for (int i = 0; i < n; i++)
+    if ((sampler_bits(w->probs[w->idx[i]]) >> 16) >= cut) w->idx[m++] = w->idx[i];
+  sampler_sort_desc(w, m);
 }
 
 static void sampler_logprobs(const sampling_params *p, const float *logits, int n_vocab,
@@ -211,12 +279,12 @@ int32_t sampler_sample(sampler *s, float *logits, int n_vocab, const int32_t *pr
     if (n == 0) w->idx[n++] = 0; /* cannot happen: the max has probability 1 */
     int sorted = 0;
     if (p->top_k > 0 && p->top_k < n) {
-      qsort_r(w->idx, (size_t)n, sizeof *w->idx, sampler_cmp_desc, w->probs);
+      sampler_select_desc(w, n, p->top_k);
       sorted = 1;
       n = p->top_k;
     }
     if (p->top_p < 1.0f) {
-      if (!sorted) qsort_r(w->idx, (size_t)n, sizeof *w->idx, sampler_cmp_desc, w->probs);
+      if (!sorted) sampler_sort_desc(w, n);
       double total = 0, cum = 0;
       for (int i = 0; i < n; i++) total += w->probs[w->idx[i]];
       int keep = 0;

@@ -42,14 +42,22 @@ typedef struct sampler {
   uint64_t rng[4];
 } sampler;
 
-/* Scratch the caller preallocates once (sampling never allocates): [n_vocab] each. */
+/* Scratch the caller preallocates once (sampling never allocates): [n_vocab] each unless
+ * said. One scratch serves one call at a time: threads sampling rows in parallel each use
+ * their own (the results do not depend on which scratch a call used). */
 typedef struct sampler_scratch {
   int n_vocab;
   float *probs;    /* [n_vocab] */
   int32_t *idx;    /* [n_vocab] candidate ids */
+  int32_t *idx2;   /* [n_vocab] the radix sort's other buffer */
+  uint32_t *key;   /* [n_vocab] sort keys (the bits of probs, which are >= 0) */
+  uint32_t *key2;  /* [n_vocab] */
+  uint32_t *hist;  /* [SAMPLER_HIST] radix histograms */
   int32_t *counts; /* [n_vocab] occurrences in the output; all zero between calls */
   uint8_t *mark;   /* [n_vocab] seen in prompt or output; all zero between calls */
 } sampler_scratch;
+
+#define SAMPLER_HIST 16384
 
 typedef struct sampler_result {
   int32_t token;
@@ -83,7 +91,10 @@ int sampler_is_plain_greedy(const sampling_params *p);
 /* Samples one token from logits[n_vocab] (modified in place: penalties, temperature):
  * penalties -> logprobs -> greedy argmax (temperature < 1e-5; ties to the lowest id), or
  * temperature -> min_p -> top_k -> top_p -> one draw from the RNG. Fills res and returns
- * the token. Never allocates. */
+ * the token. Never allocates. Thread-safe across calls with distinct s, logits and w.
+ * top-k selects (histogram, then a sort of the few at the cut) and top-p sorts in O(n)
+ * (radix); the candidates' order (probability descending, ties to the lowest id) is the one
+ * a comparison sort gave, so the tokens are exactly as before. */
 int32_t sampler_sample(sampler *s, float *logits, int n_vocab, const int32_t *prompt,
                        int n_prompt, const int32_t *output, int n_output, sampler_scratch *w,
                        sampler_result *res);

@@ -785,6 +785,7 @@ static void bench_usage(FILE *f) {
           "  128 out), shared-prefix wave and warm-prefix TTFT, checkpoint copy pauses, roofline\n"
           "  fractions, and the llama.cpp figures of the same H200, as JSON.\n"
           "  --quick: small sizes for CPU smoke tests.\n"
+          "  --batch-invariant: GEMMs whose rows do not depend on the batch (as serve).\n"
           "  --only decode: the decode runs only (no prefill, prefix or checkpoint parts).\n");
 }
 
@@ -810,6 +811,10 @@ int cmd_bench(int argc, char **argv) {
     }
     if (!strcmp(a, "--quick")) {
       b.quick = 1;
+      continue;
+    }
+    if (!strcmp(a, "--batch-invariant")) {
+      setenv("DS_BATCH_INVARIANT", "1", 1); /* read by the backend when it is created */
       continue;
     }
     if (!strcmp(a, "--only") && i + 1 < argc && !strcmp(argv[i + 1], "decode")) {

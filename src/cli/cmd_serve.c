@@ -46,6 +46,9 @@ static void serve_usage(FILE *f) {
           "  --device cpu|cuda|auto      backend (auto)\n"
           "  --threads N                 CPU backend threads (0: all cores)\n"
           "  --skip-tokenizer-init       no tokenizer: /v1/completions with token-id prompts only\n"
+          "  --batch-invariant           a request's tokens do not depend on what shares its\n"
+          "                              steps (CUDA: slower GEMMs; the CPU always is; also\n"
+          "                              DS_BATCH_INVARIANT=1)\n"
           "  --max-request-bytes N       largest request body accepted (33554432)\n"
           "  --shutdown-grace S          seconds in-flight requests may finish after SIGTERM (5)\n"
           "\n"
@@ -123,6 +126,10 @@ int cmd_serve(int argc, char **argv) {
     }
     if (!strcmp(a, "--skip-tokenizer-init")) {
       skip_tok = 1;
+      continue;
+    }
+    if (!strcmp(a, "--batch-invariant")) {
+      setenv("DS_BATCH_INVARIANT", "1", 1); /* read by the backend when it is created */
       continue;
     }
     static const char *with_value[] = {"--model", "--host", "--port", "--served-model-name", "--api-key",

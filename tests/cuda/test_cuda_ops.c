@@ -317,6 +317,81 @@ TEST(matmul) {
   }
 }
 
+/* DS_BATCH_INVARIANT=1: a row's bits are the same whatever the row count (1 .. 67, across
+ * the GEMV/tile boundaries 8 and 64), on the vector path (K % 8 == 0) and the scalar one; the
+ * same bits as the default backend's GEMV for <= 8 rows; within bf16 tolerance of the CPU. */
+TEST(batch_invariant_gemm) {
+  char err[256];
+  setenv("DS_BATCH_INVARIANT", "1", 1);
+  backend *BI = backend_cuda_create(0, err, sizeof err);
+  unsetenv("DS_BATCH_INVARIANT");
+  EXPECT_MSG(BI != NULL, "create: %s", err);
+  if (!BI) return;
+  int Ks[3] = {2560, 100, 264}, Ns[3] = {515, 77, 1001}, TALL = 67;
+  int Ts[7] = {1, 3, 8, 9, 40, 64, 65};
+  for (int c = 0; c < 3; c++) {
+    int K = Ks[c], N = Ns[c];
+    float *x = rand_vec((size_t)TALL * K, 1.f), *W = rand_vec((size_t)N * K, 0.1f);
+    backend_weight wb = BI->weight_upload(BI, W, DTYPE_F32, N, K);
+    wpair w = wup(W, N, K);
+    backend_buf xb = mk(BI, BACKEND_KIND_ACT, x, (size_t)TALL * K);
+    backend_buf yall = mk(BI, BACKEND_KIND_ACT, NULL, (size_t)TALL * N);
+    backend_buf yt = mk(BI, BACKEND_KIND_ACT, NULL, (size_t)TALL * N);
+    BI->matmul(BI, xb, wb, TALL, K, N, yall);
+    uint16_t *ra = malloc((size_t)TALL * N * 2), *rt = malloc((size_t)TALL * N * 2);
+    BI->read(BI, yall, 0, ra, (size_t)TALL * N * 2);
+    for (int i = 0; i < 7; i++) {
+      int T = Ts[i];
+      poison(BI, yt, BACKEND_KIND_ACT, (size_t)TALL * N);
+      BI->matmul(BI, xb, wb, T, K, N, yt);
+      BI->read(BI, yt, 0, rt, (size_t)T * N * 2);
+      size_t diff = 0;
+      for (size_t j = 0; j < (size_t)T * N; j++) diff += ra[j] != rt[j];
+      n_checks++;
+      EXPECT_MSG(diff == 0, "batch-invariant K=%d N=%d: %zu of %d rows' values differ at T=%d vs %d",
+                 K, N, diff, T, T, TALL);
+      if (T <= 8) { /* the default backend's GEMV gives the same bits */
+        pair px = pr(BACKEND_KIND_ACT, x, (size_t)T * K), y = pr_out(BACKEND_KIND_ACT, (size_t)T * N);
+        GPU->matmul(GPU, px.g, w.g, T, K, N, y.g);
+        uint16_t *rg = malloc((size_t)T * N * 2);
+        GPU->read(GPU, y.g, 0, rg, (size_t)T * N * 2);
+        size_t d2 = 0;
+        for (size_t j = 0; j < (size_t)T * N; j++) d2 += ra[j] != rg[j];
+        /* the default GEMV path needs K % 8 == 0 (else cuBLAS, other bits) */
+        if (K % 8 == 0)
+          EXPECT_MSG(d2 == 0, "batch-invariant vs default GEMV K=%d N=%d T=%d: %zu values differ", K, N, T, d2);
+        free(rg);
+        pr_free(px);
+        pr_free(y);
+      }
+    }
+    /* against the CPU */
+    pair px = pr(BACKEND_KIND_ACT, x, (size_t)TALL * K), y = pr_out(BACKEND_KIND_ACT, (size_t)TALL * N);
+    CPU->matmul(CPU, px.c, w.c, TALL, K, N, y.c);
+    float *rc = get(CPU, y.c, BACKEND_KIND_ACT, y.n), *rb = get(BI, yall, BACKEND_KIND_ACT, y.n);
+    double e = relerr(rb, rc, y.n);
+    n_checks++;
+    printf("  batch-invariant K=%-5d N=%-5d rel err %.3e (tol 6e-3)\n", K, N, e);
+    EXPECT_MSG(e <= 6e-3, "batch-invariant K=%d N=%d: rel err %.3e", K, N, e);
+    const char *fe = BI->sync(BI, err, sizeof err) ? err : NULL;
+    EXPECT_MSG(fe == NULL, "batch-invariant backend: %s", fe ? fe : "");
+    free(rc);
+    free(rb);
+    free(ra);
+    free(rt);
+    pr_free(px);
+    pr_free(y);
+    BI->free(BI, xb);
+    BI->free(BI, yall);
+    BI->free(BI, yt);
+    BI->weight_free(BI, wb);
+    wfree(w);
+    free(x);
+    free(W);
+  }
+  BI->destroy(BI);
+}
+
 TEST(qk_norm_rope) {
   pieces p = {3, {4, 1, 2}, {0, 1000, 70000}, {0, 1, 2}};
   set_batch(&p, 0, NULL);
@@ -859,6 +934,7 @@ int main(void) {
   RUN(rmsnorm);
   RUN(elementwise);
   RUN(matmul);
+  RUN(batch_invariant_gemm);
   RUN(qk_norm_rope);
   RUN(attention);
   RUN(conv1d);

@@ -4,9 +4,10 @@
  * Everything is enqueued on one stream. Buffers are plain cudaMalloc allocations made by the
  * caller at start-up; the only allocations during steps are the metadata arrays and the
  * scratch buffer, which grow (rarely) when a step is larger than every step before. Weights
- * are kept as bf16 (GEMM operands) plus an fp32 copy of 1-D and conv weights (norm weights,
- * gates, A_log, dt_bias) and of matrices of at most 1024 rows (MoE routers), which the
- * elementwise and routing kernels read.
+ * are kept as bf16 (GEMM operands) plus an fp32 copy of the weights the model uploads as
+ * exact (weight_upload_exact: 1-D and conv weights, MoE routers), which the elementwise and
+ * routing kernels read. DS_BATCH_INVARIANT=1 sends every GEMM through one kernel whose rows'
+ * bits do not depend on the row count ("batch-invariant GEMM" below). 
  *
  * Decode steps (every piece one row) are recorded rather than launched, then run at the next
  * boundary with adjacent GEMVs fused and, from the second identical step on, as a replayed
@@ -26,6 +27,8 @@
 static void graph_flush(cuda_ctx *c);
 static void graph_clear(cuda_ctx *c);
 static void graph_begin(cuda_ctx *c);
+static void gemv_all(cuda_ctx *c, const bf16 *x, const bf16 *W, int T, int K, int N, void *y,
+                     int y_f32);
 
 /* ---- failures ---- */
 
@@ -71,6 +74,10 @@ void *cuda_scratch(cuda_ctx *c, size_t bytes) {
 void cuda_gemm(cuda_ctx *c, const bf16 *x, const bf16 *W, int T, int K, int N, void *y,
                int y_f32) {
   if (T <= 0 || N <= 0) return;
+  if (c->batch_invariant) {
+    gemv_all(c, x, W, T, K, N, y, y_f32);
+    return;
+  }
   const float alpha = 1.f, beta = 0.f;
   /* column-major view: Y^T [N, T] = W^T(as [K, N] col-major)^T . X^T [K, T] */
   cublasStatus_t s = cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, N, T, K, &alpha, W,
@@ -398,7 +405,7 @@ __device__ __forceinline__ void bf8_to_f(uint4 u, float *f) {
 /* One warp's dot products of W's row w (K values) with the T activation rows: lane partials
  * over 16-byte pieces, then a butterfly; every lane ends with the T sums. Shared by every GEMV
  * kernel, so a fused launch gives the same bits as the single one. */
-template <int T>
+template <int T, bool STREAM = true>
 __device__ __forceinline__ void gemv_row(const bf16 *__restrict__ x, const bf16 *__restrict__ w,
                                          int K, int lane, float *acc) {
 #pragma unroll
@@ -406,7 +413,7 @@ __device__ __forceinline__ void gemv_row(const bf16 *__restrict__ x, const bf16 
 #pragma unroll 4
   for (int k = lane * 8; k < K; k += 256) {
     float wf[8];
-    bf8_to_f(ld_stream16(w + k), wf);
+    bf8_to_f(STREAM ? ld_stream16(w + k) : __ldg((const uint4 *)(w + k)), wf);
 #pragma unroll
     for (int t = 0; t < T; t++) {
       float xf[8];
@@ -489,6 +496,78 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
     yu[o] = ub;
     out[o] = f2bf(siluf_dev(bf2f(gb)) * bf2f(ub));
   }
+}
+
+/* ---- batch-invariant GEMM (DS_BATCH_INVARIANT=1) ----
+ * Every product, whatever its row count, through the GEMV arithmetic above: rows in groups of
+ * 8, each row's sums in exactly the order of a GEMV of <= 8 rows, so a row's bits depend on
+ * its own values and never on how many rows share the step (cuBLAS picks tiles and split-K by
+ * the row count). Products of <= 8 rows give the same bits as the default mode's GEMV path.
+ * grid (ceil(N / GEMV_WARPS), ceil(T / GEMV_ALL_ROWS)); W rows are re-read per group from
+ * L1/L2 (normal loads). Slower than cuBLAS for large T (CUDA cores): a correctness mode. */
+#define GEMV_ALL_ROWS 64
+
+/* Same order as gemv_row, one element per lane step: for K % 8 or unaligned operands. */
+template <int T>
+__device__ __forceinline__ void gemv_row_scalar(const bf16 *__restrict__ x,
+                                                const bf16 *__restrict__ w, int K, int lane,
+                                                float *acc) {
+#pragma unroll
+  for (int t = 0; t < T; t++) acc[t] = 0.f;
+  for (int k = lane; k < K; k += 32) {
+    float wf = bf2f(w[k]);
+#pragma unroll
+    for (int t = 0; t < T; t++) acc[t] += wf * bf2f(x[(size_t)t * K + k]);
+  }
+#pragma unroll
+  for (int t = 0; t < T; t++) acc[t] = warp_sum(acc[t]);
+}
+
+template <int R, int F32, int VEC>
+__device__ __forceinline__ void gemv_all_group(const bf16 *x, const bf16 *w, int K, int N, int n,
+                                               int lane, int t0, void *y) {
+  float acc[R];
+  if (VEC)
+    gemv_row<R, false>(x + (size_t)t0 * K, w, K, lane, acc);
+  else
+    gemv_row_scalar<R>(x + (size_t)t0 * K, w, K, lane, acc);
+  if (lane < R) {
+    float v = gemv_pick<R>(acc, lane);
+    size_t o = (size_t)(t0 + lane) * N + n;
+    if (F32)
+      ((float *)y)[o] = v;
+    else
+      ((bf16 *)y)[o] = f2bf(v);
+  }
+}
+
+template <int F32, int VEC>
+__global__ void __launch_bounds__(GEMV_WARPS * 32)
+    k_gemv_all(const bf16 *__restrict__ x, const bf16 *__restrict__ W, int T, int K, int N,
+               void *y) {
+  int n = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+  if (n >= N) return;
+  const bf16 *w = W + (size_t)n * K;
+  int t0 = blockIdx.y * GEMV_ALL_ROWS, t1 = min(T, t0 + GEMV_ALL_ROWS);
+  for (; t0 + 8 <= t1; t0 += 8) gemv_all_group<8, F32, VEC>(x, w, K, N, n, lane, t0, y);
+  switch (t1 - t0) {
+#define G(r) case r: gemv_all_group<r, F32, VEC>(x, w, K, N, n, lane, t0, y); break;
+    G(1) G(2) G(3) G(4) G(5) G(6) G(7)
+#undef G
+    default: break;
+  }
+}
+
+static void gemv_all(cuda_ctx *c, const bf16 *x, const bf16 *W, int T, int K, int N, void *y,
+                     int y_f32) {
+  int vec = K % 8 == 0 && ((((uintptr_t)x | (uintptr_t)W) & 15) == 0);
+  dim3 grid((unsigned)((N + GEMV_WARPS - 1) / GEMV_WARPS),
+            (unsigned)((T + GEMV_ALL_ROWS - 1) / GEMV_ALL_ROWS));
+  if (y_f32 && vec) k_gemv_all<1, 1><<<grid, GEMV_WARPS * 32, 0, c->st>>>(x, W, T, K, N, y);
+  else if (y_f32) k_gemv_all<1, 0><<<grid, GEMV_WARPS * 32, 0, c->st>>>(x, W, T, K, N, y);
+  else if (vec) k_gemv_all<0, 1><<<grid, GEMV_WARPS * 32, 0, c->st>>>(x, W, T, K, N, y);
+  else k_gemv_all<0, 0><<<grid, GEMV_WARPS * 32, 0, c->st>>>(x, W, T, K, N, y);
+  cuda_check_launch(c, "matmul (batch-invariant)");
 }
 
 /* 1 when the GEMV path took the product. */
@@ -1134,8 +1213,9 @@ extern "C" backend *backend_cuda_create(int device, char *err, size_t errlen) {
   }
   cublasSetMathMode(c->blas, CUBLAS_DEFAULT_MATH);
   {
-    const char *lg = getenv("DS_CUDA_LEGACY");
-    c->legacy = lg && *lg && strcmp(lg, "0") != 0;
+    const char *lg = getenv("DS_CUDA_LEGACY"), *bi = getenv("DS_BATCH_INVARIANT");
+    c->batch_invariant = bi && *bi && strcmp(bi, "0") != 0;
+    c->legacy = !c->batch_invariant && lg && *lg && strcmp(lg, "0") != 0;
     const char *gs = getenv("DS_CUDA_GRAPHS"), *fs = getenv("DS_CUDA_FUSE");
     if (!c->legacy && !(gs && strcmp(gs, "0") == 0)) {
       c->gr = new cuda_graphs();

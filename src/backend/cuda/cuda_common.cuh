@@ -64,6 +64,9 @@ typedef struct cuda_ctx {
   size_t scratch_bytes;
   /* DS_CUDA_LEGACY=1: the first (simple) kernels only, for before/after timings */
   int legacy;
+  /* DS_BATCH_INVARIANT=1: every GEMM through one kernel whose row results do not depend on
+   * the row count (backend_cuda.cu, "batch-invariant GEMM") */
+  int batch_invariant;
   /* decode steps: ops recorded, fused and replayed as CUDA graphs (NULL: off) */
   struct cuda_graphs *gr;
   int capturing;      /* a stream capture is open: nothing may synchronise or allocate */

@@ -419,9 +419,13 @@ TEST(qk_norm_rope) {
   free(kn);
 }
 
-static void attention_case(int nh, int nkv, int hd) {
-  /* prefill from 0, prefill resuming at 50 over cached pages, two decode rows */
-  pieces p = {4, {37, 20, 1, 1}, {0, 50, 300, 0}, {0, 1, 2, 3}};
+/* prefill from 0 (37 rows: the GEMM path), prefill resuming at 50 over cached pages (20
+ * rows: the split path), two decode rows */
+static const pieces ATT_MIXED = {4, {37, 20, 1, 1}, {0, 50, 300, 0}, {0, 1, 2, 3}};
+/* two GEMM-path pieces over cached context, one decode row */
+static const pieces ATT_LONG = {3, {33, 100, 1}, {64, 7, 200}, {0, 1, 2}};
+
+static void attention_case_p(int nh, int nkv, int hd, pieces p) {
   set_batch(&p, 0, NULL);
   int T = T_of(&p);
   size_t pool = (size_t)4 * MAXP * BACKEND_PAGE_TOKENS * nkv * hd;
@@ -436,7 +440,7 @@ static void attention_case(int nh, int nkv, int hd) {
   CPU->attention(CPU, pkp.c, pvp.c, pq.c, pk.c, pv.c, nh, nkv, hd, scale, o.c);
   GPU->attention(GPU, pkp.g, pvp.g, pq.g, pk.g, pv.g, nh, nkv, hd, scale, o.g);
   char what[64];
-  snprintf(what, sizeof what, "attention nh=%d nkv=%d hd=%d", nh, nkv, hd);
+  snprintf(what, sizeof what, "attention nh=%d nkv=%d hd=%d T=%d", nh, nkv, hd, T);
   CMP(o.c, o.g, BACKEND_KIND_ACT, o.n, 8e-3, what);
   CMP(pkp.c, pkp.g, BACKEND_KIND_KV, pool, 1e-6, "attention k pages");
   CMP(pvp.c, pvp.g, BACKEND_KIND_KV, pool, 1e-6, "attention v pages");
@@ -454,8 +458,35 @@ static void attention_case(int nh, int nkv, int hd) {
   free(v);
 }
 
+static void attention_case(int nh, int nkv, int hd) {
+  attention_case_p(nh, nkv, hd, ATT_MIXED);
+  attention_case_p(nh, nkv, hd, ATT_LONG);
+}
+
+/* The GEMM path in blocks of 5 query rows (DS_ATTN_GEMM_ROWS), and switched off. */
+TEST(attention_gemm_blocks) {
+  char err[256];
+  const char *knobs[2][2] = {{"DS_ATTN_GEMM_ROWS", "5"}, {"DS_ATTN_GEMM", "0"}};
+  for (int k = 0; k < 2; k++) {
+    setenv(knobs[k][0], knobs[k][1], 1);
+    backend *g2 = backend_cuda_create(0, err, sizeof err);
+    unsetenv(knobs[k][0]);
+    EXPECT_MSG(g2 != NULL, "create: %s", err);
+    if (!g2) return;
+    backend *save = GPU;
+    GPU = g2;
+    printf("  %s=%s\n", knobs[k][0], knobs[k][1]);
+    attention_case_p(8, 2, 256, ATT_LONG);
+    attention_case_p(16, 2, 256, ATT_MIXED);
+    attention_case_p(6, 3, 64, ATT_LONG);
+    GPU = save;
+    g2->destroy(g2);
+  }
+}
+
 TEST(attention) {
   attention_case(8, 2, 256);
+  attention_case(16, 2, 256); /* G = 8 at hd 256: the MoE shape's attention */
   attention_case(6, 3, 64);
   attention_case(4, 4, 80);
 }
@@ -937,6 +968,7 @@ int main(void) {
   RUN(batch_invariant_gemm);
   RUN(qk_norm_rope);
   RUN(attention);
+  RUN(attention_gemm_blocks);
   RUN(conv1d);
   RUN(gdn_gates);
   RUN(gdn);

@@ -103,6 +103,8 @@ static double rel_err(const float *got, const float *want, int V, double *rms) {
 
 typedef struct real_res {
   double prefill_rel, decode_rel, max_tie_gap, secs, bound;
+  double hf_pre, hf_dec; /* transformers in bf16 vs its fp32 reference (ref.json; -1: absent) */
+  int hf_tf;
   int lead, ng, tf_match, tf_ties, tf_bad, has_steps, pass;
 } real_res;
 
@@ -147,6 +149,10 @@ static int real_model(const char *dir, const char *name, real_res *res) {
   }
   int V = cfg.vocab_size;
   res->bound = cfg.n_experts > 0 ? REL_BOUND_MOE : REL_BOUND;
+  json_t *hp = json_object_get(ref, "bf16_prefill_rel_err"), *hd = json_object_get(ref, "bf16_decode_rel_err");
+  res->hf_pre = json_is_number(hp) ? json_number_value(hp) : -1;
+  res->hf_dec = json_is_number(hd) ? json_number_value(hd) : -1;
+  res->hf_tf = (int)json_integer_value(json_object_get(ref, "bf16_tf_match"));
   snprintf(path, sizeof path, "%s/%s", dir, f_last);
   want_last = read_f32(path, (size_t)R * V);
   EXPECT_MSG(want_last != NULL, "%s: cannot read %s", name, path);
@@ -279,13 +285,20 @@ static void real_one(const char *refs, const char *name) {
   n_real++;
   int need = r.ng < LEAD_MIN ? r.ng : LEAD_MIN;
   int greedy_ok = r.lead >= need || (r.has_steps && r.tf_bad == 0);
-  int pass = r.prefill_rel <= r.bound && r.decode_rel <= r.bound && greedy_ok;
-  printf("REAL name=%s prefill_rel_err=%.4e decode_rel_err=%.4e bound=%.0e greedy_lead=%d/%d tf_match=%d/%d "
-         "tf_ties=%d max_tie_gap=%.4f secs=%.1f pass=%d\n",
-         name, r.prefill_rel, r.decode_rel, r.bound, r.lead, r.ng, r.tf_match, r.ng, r.tf_ties, r.max_tie_gap,
-         r.secs, pass);
-  EXPECT_MSG(r.prefill_rel <= r.bound, "%s: prefill logits rel err %.3e > %.0e", name, r.prefill_rel, r.bound);
-  EXPECT_MSG(r.decode_rel <= r.bound, "%s: decode logits rel err %.3e > %.0e", name, r.decode_rel, r.bound);
+  /* the bound: the fixed one, or -- where the reference builder measured it -- what
+   * transformers itself moves in bf16 on this model, x 1.5 + 1e-2 (as test_cuda_parity.c
+   * judges against the bf16-emulated CPU) */
+  double bp = r.bound, bd = r.bound;
+  if (!STRICT && r.hf_pre >= 0 && 1.5 * r.hf_pre + 1e-2 > bp) bp = 1.5 * r.hf_pre + 1e-2;
+  if (!STRICT && r.hf_dec >= 0 && 1.5 * r.hf_dec + 1e-2 > bd) bd = 1.5 * r.hf_dec + 1e-2;
+  int pass = r.prefill_rel <= bp && r.decode_rel <= bd && greedy_ok;
+  printf("REAL name=%s prefill_rel_err=%.4e decode_rel_err=%.4e bound=%.0e hf_bf16_prefill_rel_err=%.4e "
+         "hf_bf16_decode_rel_err=%.4e hf_bf16_tf_match=%d bound_prefill=%.3e bound_decode=%.3e greedy_lead=%d/%d "
+         "tf_match=%d/%d tf_ties=%d max_tie_gap=%.4f secs=%.1f pass=%d\n",
+         name, r.prefill_rel, r.decode_rel, r.bound, r.hf_pre, r.hf_dec, r.hf_tf, bp, bd, r.lead, r.ng, r.tf_match,
+         r.ng, r.tf_ties, r.max_tie_gap, r.secs, pass);
+  EXPECT_MSG(r.prefill_rel <= bp, "%s: prefill logits rel err %.3e > %.3e", name, r.prefill_rel, bp);
+  EXPECT_MSG(r.decode_rel <= bd, "%s: decode logits rel err %.3e > %.3e", name, r.decode_rel, bd);
   EXPECT_MSG(greedy_ok, "%s: greedy matched %d leading tokens (< %d) and %d teacher-forced steps are no ties",
              name, r.lead, need, r.tf_bad);
   if (STRICT) /* fp32 against fp32: no flips at all */

@@ -1215,6 +1215,9 @@ extern "C" backend *backend_cuda_create(int device, char *err, size_t errlen) {
   {
     const char *lg = getenv("DS_CUDA_LEGACY"), *bi = getenv("DS_BATCH_INVARIANT");
     c->batch_invariant = bi && *bi && strcmp(bi, "0") != 0;
+    const char *ag = getenv("DS_ATTN_GEMM"), *ar = getenv("DS_ATTN_GEMM_ROWS");
+    c->attn_gemm_off = ag && strcmp(ag, "0") == 0;
+    c->attn_gemm_rows = ar ? atoi(ar) : 0;
     c->legacy = !c->batch_invariant && lg && *lg && strcmp(lg, "0") != 0;
     const char *gs = getenv("DS_CUDA_GRAPHS"), *fs = getenv("DS_CUDA_FUSE");
     if (!c->legacy && !(gs && strcmp(gs, "0") == 0)) {

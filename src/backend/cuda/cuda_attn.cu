@@ -37,10 +37,11 @@ __global__ void k_kv_write(const bf16 *k, const bf16 *v, const int32_t *seq, con
 __global__ void __launch_bounds__(ATT_WARPS * 32)
     k_attention(const bf16 *kp, const bf16 *vp, const bf16 *q, const int32_t *seq,
                 const int32_t *pos, const int32_t *page_table, int max_pages, int nh, int nkv,
-                int hd, float scale, bf16 *out) {
+                int hd, float scale, const int32_t *seq_len, int gemm_min, bf16 *out) {
   __shared__ float sm_m[ATT_WARPS], sm_l[ATT_WARPS];
   extern __shared__ float sm_acc[]; /* [ATT_WARPS, hd] */
   int t = blockIdx.x, h = blockIdx.y;
+  if (gemm_min > 0 && seq_len[seq[t]] >= gemm_min) return; /* the GEMM path's row */
   int lane = threadIdx.x & 31, wp = threadIdx.x >> 5;
   int kvh = h / (nh / nkv);
   int s = seq[t], p = pos[t];
@@ -109,6 +110,128 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
 }
 
 
+/* ---- GEMM path: prefill pieces of >= ATT_GEMM_MIN rows on tensor cores ----
+ *
+ * Per piece: its keys and values for positions 0 .. pos0+len-1 are gathered from the pages
+ * into contiguous [ctx, nkv*hd] rows; then per block of R query rows and per kv head, for the
+ * G q heads of that kv head at once (strided-batched cuBLAS, bf16 in, fp32 accumulate):
+ *   S = Q K^T (fp32) -> causal softmax of scale*S per row into P (bf16, 0 past the row's
+ *   position) -> O = P V (bf16), written straight into the rows' output.
+ * R is a function of the piece's context length only (S and P of one block fit
+ * ATT_GEMM_BUDGET), so a piece's result never depends on what else is in the step. The rows
+ * of shorter pieces (decode rows, short resumes) stay on the split path, which skips these. */
+#define ATT_GEMM_MIN 32                /* rows of a piece for the GEMM path */
+#define ATT_GEMM_BUDGET (256u << 20)   /* bytes of S + P per block */
+
+/* The GEMM path's piece length threshold for this shape; 0: the path is off. */
+static int att_gemm_min(const cuda_ctx *c, int nkv, int hd) {
+  return (c->legacy || c->attn_gemm_off || (nkv * hd) % 8) ? 0 : ATT_GEMM_MIN;
+}
+
+/* Query rows per block for a piece of `len` rows and context ctx (a function of these and
+ * the knob only). DS_ATTN_GEMM_ROWS caps it (tests: several blocks per piece). */
+static size_t att_gemm_rows(const cuda_ctx *c, int G, size_t ctx, int len) {
+  size_t R = ATT_GEMM_BUDGET / ((size_t)G * ctx * 6);
+  if (R < 16) R = 16;
+  if (c->attn_gemm_rows > 0 && R > (size_t)c->attn_gemm_rows) R = (size_t)c->attn_gemm_rows;
+  if (R > (size_t)len) R = (size_t)len;
+  return R;
+}
+
+/* grid-stride over ctx * w / 8 16-byte units: K/V rows of positions 0..ctx-1 of one piece */
+__global__ void k_kv_gather(const bf16 *kp, const bf16 *vp, const int32_t *pt, int ctx, int w,
+                            bf16 *kc, bf16 *vc) {
+  int w8 = w / 8;
+  size_t n = (size_t)ctx * w8;
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+       i += (size_t)gridDim.x * blockDim.x) {
+    int j = (int)(i / w8), e = (int)(i % w8) * 8;
+    size_t src = ((size_t)pt[j / BACKEND_PAGE_TOKENS] * BACKEND_PAGE_TOKENS +
+                  (size_t)(j % BACKEND_PAGE_TOKENS)) * w + e;
+    *(uint4 *)(kc + (size_t)j * w + e) = *(const uint4 *)(kp + src);
+    *(uint4 *)(vc + (size_t)j * w + e) = *(const uint4 *)(vp + src);
+  }
+}
+
+/* grid (R, G), block 256: row r of head g: p_r = p0 + r attends to 0..p_r. */
+__global__ void k_att_softmax(const float *S, int ctx, int R, int p0, float scale, bf16 *P) {
+  __shared__ float red[33];
+  int r = blockIdx.x, g = blockIdx.y;
+  const float *s = S + ((size_t)g * R + r) * ctx;
+  bf16 *o = P + ((size_t)g * R + r) * ctx;
+  int n = p0 + r + 1;
+  float m = -INFINITY;
+  for (int j = threadIdx.x; j < n; j += blockDim.x) m = fmaxf(m, s[j] * scale);
+  m = block_max(m, red);
+  float sum = 0.f;
+  for (int j = threadIdx.x; j < n; j += blockDim.x) sum += expf(s[j] * scale - m);
+  sum = block_sum(sum, red);
+  float inv = 1.f / sum;
+  for (int j = threadIdx.x; j < ctx; j += blockDim.x)
+    o[j] = f2bf(j < n ? expf(s[j] * scale - m) * inv : 0.f);
+}
+
+/* The GEMM path over the step's long pieces; returns how many rows it took (0 on failure:
+ * recorded, the caller's split path then covers nothing new -- the step fails at sync). */
+static int att_gemm(cuda_ctx *c, const bf16 *kp, const bf16 *vp, const bf16 *q, int nh, int nkv,
+                    int hd, float scale, bf16 *out) {
+  const backend_batch *hb = &c->hb;
+  int G = nh / nkv, w = nkv * hd, min = att_gemm_min(c, nkv, hd), rows = 0;
+  if (!min) return 0;
+  size_t need = 0;
+  for (int i = 0; i < hb->n_seqs; i++) {
+    if (hb->seq_len[i] < min) continue;
+    size_t ctx = (size_t)hb->seq_pos[i] + hb->seq_len[i];
+    size_t R = att_gemm_rows(c, G, ctx, hb->seq_len[i]);
+    size_t b = 2 * ctx * w * 2 + G * R * ctx * 6 + 1024;
+    if (b > need) need = b;
+  }
+  if (!need) return 0;
+  char *sc = (char *)cuda_scratch(c, need);
+  if (!sc) return 0;
+  for (int i = 0; i < hb->n_seqs; i++) {
+    int L = hb->seq_len[i];
+    if (L < min) continue;
+    int pos0 = hb->seq_pos[i], s0 = hb->seq_start[i], ctx = pos0 + L;
+    int R = (int)att_gemm_rows(c, G, (size_t)ctx, L);
+    bf16 *kc = (bf16 *)sc, *vc = kc + (size_t)ctx * w;
+    float *S = (float *)(((uintptr_t)(vc + (size_t)ctx * w) + 255) & ~(uintptr_t)255);
+    bf16 *P = (bf16 *)(S + (size_t)G * R * ctx);
+    k_kv_gather<<<cuda_blocks((size_t)ctx * w / 8, 256), 256, 0, c->st>>>(
+        kp, vp, c->b.page_table + (size_t)i * c->b.max_pages, ctx, w, kc, vc);
+    cuda_check_launch(c, "attention (gather)");
+    for (int r0 = 0; r0 < L; r0 += R) {
+      int Rb = L - r0 < R ? L - r0 : R, cb = pos0 + r0 + Rb; /* keys this block needs */
+      for (int kvh = 0; kvh < nkv; kvh++) {
+        const float one = 1.f, zero = 0.f;
+        const bf16 *qb = q + ((size_t)(s0 + r0) * nh + (size_t)kvh * G) * hd;
+        cublasStatus_t st = cublasGemmStridedBatchedEx(
+            c->blas, CUBLAS_OP_T, CUBLAS_OP_N, cb, Rb, hd, &one, kc + (size_t)kvh * hd, CUDA_R_16BF,
+            w, 0, qb, CUDA_R_16BF, nh * hd, hd, &zero, S, CUDA_R_32F, cb, (long long)Rb * cb, G,
+            CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+        if (st != CUBLAS_STATUS_SUCCESS) {
+          cuda_fail(c, "attention", "cuBLAS QK^T failed");
+          return 0;
+        }
+        dim3 g2(Rb, G);
+        k_att_softmax<<<g2, 256, 0, c->st>>>(S, cb, Rb, pos0 + r0, scale, P);
+        cuda_check_launch(c, "attention (softmax)");
+        bf16 *ob = out + ((size_t)(s0 + r0) * nh + (size_t)kvh * G) * hd;
+        st = cublasGemmStridedBatchedEx(c->blas, CUBLAS_OP_N, CUBLAS_OP_N, hd, Rb, cb, &one,
+                                        vc + (size_t)kvh * hd, CUDA_R_16BF, w, 0, P, CUDA_R_16BF,
+                                        cb, (long long)Rb * cb, &zero, ob, CUDA_R_16BF, nh * hd,
+                                        hd, G, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+        if (st != CUBLAS_STATUS_SUCCESS) {
+          cuda_fail(c, "attention", "cuBLAS PV failed");
+          return 0;
+        }
+      }
+    }
+    rows += L;
+  }
+  return rows;
+}
+
 /* ---- split path ---- */
 
 #define ATT_SPLIT 128 /* positions per range, before the cap on ranges */
@@ -158,11 +281,12 @@ template <int VPL, int G>
 __global__ void __launch_bounds__(ATT_SW * 32)
     k_attn_split(const bf16 *kp, const bf16 *vp, const bf16 *q, const int32_t *seq,
                  const int32_t *pos, const int32_t *page_table, int max_pages, int nh, int nkv,
-                 float scale, float *part, float *ml) {
+                 float scale, const int32_t *seq_len, int gemm_min, float *part, float *ml) {
   constexpr int HD = VPL * 32;
   __shared__ float s_m[ATT_SW][G], s_l[ATT_SW][G];
   __shared__ float s_acc[ATT_SW][G][HD];
   int t = blockIdx.x, kvh = blockIdx.y, z = blockIdx.z;
+  if (gemm_min > 0 && seq_len[seq[t]] >= gemm_min) return; /* the GEMM path's row */
   int lane = threadIdx.x & 31, wp = threadIdx.x >> 5;
   int p = pos[t], per;
   int ns = att_nsplit(p, &per);
@@ -246,9 +370,11 @@ __global__ void __launch_bounds__(ATT_SW * 32)
 }
 
 /* grid (T, nh), block hd: merges a row's ranges in order. */
-__global__ void k_attn_merge(const float *part, const float *ml, const int32_t *pos, int nh,
+__global__ void k_attn_merge(const float *part, const float *ml, const int32_t *pos,
+                             const int32_t *seq, const int32_t *seq_len, int gemm_min, int nh,
                              int hd, bf16 *out) {
   int t = blockIdx.x, h = blockIdx.y, i = threadIdx.x;
+  if (gemm_min > 0 && seq_len[seq[t]] >= gemm_min) return; /* the GEMM path's row */
   int per;
   int ns = att_nsplit(pos[t], &per);
   size_t r0 = ((size_t)t * nh + h) * ATT_MAXS;
@@ -269,7 +395,8 @@ static void att_launch(cuda_ctx *c, const bf16 *kp, const bf16 *vp, const bf16 *
   dim3 grid(c->b.n_tokens, nkv, ATT_MAXS);
   k_attn_split<VPL, G><<<grid, ATT_SW * 32, 0, c->st>>>(kp, vp, q, c->b.seq, c->b.pos,
                                                          c->b.page_table, c->b.max_pages, nh, nkv,
-                                                         scale, part, ml);
+                                                         scale, c->b.seq_len,
+                                                         att_gemm_min(c, nkv, VPL * 32), part, ml);
 }
 
 template <int VPL>
@@ -310,7 +437,8 @@ static int att_split(cuda_ctx *c, const bf16 *kp, const bf16 *vp, const bf16 *q,
   if (!ok) return 0;
   cuda_check_launch(c, "attention (split)");
   dim3 g2(c->b.n_tokens, nh);
-  k_attn_merge<<<g2, (hd + 31) / 32 * 32, 0, c->st>>>(part, ml, c->b.pos, nh, hd, out);
+  k_attn_merge<<<g2, (hd + 31) / 32 * 32, 0, c->st>>>(part, ml, c->b.pos, c->b.seq, c->b.seq_len,
+                                                       att_gemm_min(c, nkv, hd), nh, hd, out);
   cuda_check_launch(c, "attention (merge)");
   return 1;
 }
@@ -334,12 +462,15 @@ extern "C" void cuda_attn_attention(backend *be, backend_buf k_pool, backend_buf
       (const bf16 *)k, (const bf16 *)v, c->b.seq, c->b.pos, c->b.page_table, c->b.max_pages, T, w,
       (bf16 *)k_pool, (bf16 *)v_pool);
   cuda_check_launch(c, "attention (kv write)");
+  if (att_gemm_min(c, nkv, hd) > 0 && att_gemm(c, (const bf16 *)k_pool, (const bf16 *)v_pool, (const bf16 *)q,
+                                      nh, nkv, hd, scale, (bf16 *)out) == T)
+    return; /* every row was a long piece's */
   if (att_split(c, (const bf16 *)k_pool, (const bf16 *)v_pool, (const bf16 *)q, nh, nkv, hd, scale,
                 (bf16 *)out))
     return;
   dim3 grid(T, nh);
   k_attention<<<grid, ATT_WARPS * 32, ATT_WARPS * hd * sizeof(float), c->st>>>(
       (const bf16 *)k_pool, (const bf16 *)v_pool, (const bf16 *)q, c->b.seq, c->b.pos,
-      c->b.page_table, c->b.max_pages, nh, nkv, hd, scale, (bf16 *)out);
+      c->b.page_table, c->b.max_pages, nh, nkv, hd, scale, c->b.seq_len, att_gemm_min(c, nkv, hd), (bf16 *)out);
   cuda_check_launch(c, "attention");
 }

@@ -67,6 +67,9 @@ typedef struct cuda_ctx {
   /* DS_BATCH_INVARIANT=1: every GEMM through one kernel whose row results do not depend on
    * the row count (backend_cuda.cu, "batch-invariant GEMM") */
   int batch_invariant;
+  /* prefill attention on tensor cores (cuda_attn.cu "GEMM path"): DS_ATTN_GEMM=0 turns it
+   * off, DS_ATTN_GEMM_ROWS=N caps its query rows per block */
+  int attn_gemm_off, attn_gemm_rows;
   /* decode steps: ops recorded, fused and replayed as CUDA graphs (NULL: off) */
   struct cuda_graphs *gr;
   int capturing;      /* a stream capture is open: nothing may synchronise or allocate */
@@ -119,6 +122,22 @@ __device__ __forceinline__ float block_sum(float v, float *red) {
   if (w == 0) {
     float s = lane < nw ? red[lane] : 0.f;
     s = warp_sum(s);
+    if (lane == 0) red[32] = s;
+  }
+  __syncthreads();
+  return red[32];
+}
+
+/* Max over the block, as block_sum. */
+__device__ __forceinline__ float block_max(float v, float *red) {
+  int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+  v = warp_max(v);
+  __syncthreads();
+  if (lane == 0) red[w] = v;
+  __syncthreads();
+  if (w == 0) {
+    float s = lane < nw ? red[lane] : -INFINITY;
+    s = warp_max(s);
     if (lane == 0) red[32] = s;
   }
   __syncthreads();

@@ -11,6 +11,8 @@
  *                   the count of logits that differ is reported (a restore can run in other
  *                   batch compositions than its cold run, and the CUDA backend's GEMV for steps
  *                   of <= 8 rows and cuBLAS above may differ in the last bits)
+ *   DS_BATCH_INVARIANT=1  the GPU's batch-invariant GEMMs: logits must be bit-identical there
+ *                   too (check_real.sh runs it so: then "restored == cold" is exact)
  *   DS_REAL_MODEL   the model folder (default: the tiny fixture tests/fixtures/models/dense_bf16)
  *
  * Cases: a cut on a page boundary and one with a partial final page (copy-on-write of the
@@ -432,7 +434,8 @@ int main(void) {
   log_set_level(LOG_LEVEL_WARN);
   const char *d = getenv("DS_REAL_DEVICE");
   if (d && *d) DEV = d;
-  STRICT = !strcmp(DEV, "cpu");
+  const char *bi = getenv("DS_BATCH_INVARIANT");
+  STRICT = !strcmp(DEV, "cpu") || (bi && *bi && strcmp(bi, "0") != 0);
   const char *dir = getenv("DS_REAL_MODEL");
   if (!dir || !*dir) dir = "tests/fixtures/models/dense_bf16";
   printf("device %s%s, model %s\n", DEV, STRICT ? " (bit-exact checks)" : "", dir);

@@ -70,6 +70,8 @@ typedef struct cuda_ctx {
   /* prefill attention on tensor cores (cuda_attn.cu "GEMM path"): DS_ATTN_GEMM=0 turns it
    * off, DS_ATTN_GEMM_ROWS=N caps its query rows per block */
   int attn_gemm_off, attn_gemm_rows;
+  /* GEMV path: largest step (rows) it takes, output columns per warp, from which T on 2 */
+  int gemv_maxt, gemv_rows, gemv_rows2_mint;
   /* decode steps: ops recorded, fused and replayed as CUDA graphs (NULL: off) */
   struct cuda_graphs *gr;
   int capturing;      /* a stream capture is open: nothing may synchronise or allocate */

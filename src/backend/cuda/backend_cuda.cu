@@ -601,8 +601,6 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
   if (n >= N) return;
   const bf16 *w = W + (size_t)n * K;
   int t0 = blockIdx.y * GEMV_ALL_ROWS, t1 = min(T, t0 + GEMV_ALL_ROWS);
-  /* groups of 16 read each W piece once for twice the rows; same per-row order */
-  for (; t0 + 16 <= t1; t0 += 16) gemv_all_group<16, F32, VEC>(x, w, K, N, n, lane, t0, y);
   for (; t0 + 8 <= t1; t0 += 8) gemv_all_group<8, F32, VEC>(x, w, K, N, n, lane, t0, y);
   switch (t1 - t0) {
 #define G(r) case r: gemv_all_group<r, F32, VEC>(x, w, K, N, n, lane, t0, y); break;
@@ -1285,7 +1283,9 @@ extern "C" backend *backend_cuda_create(int device, char *err, size_t errlen) {
     /* GEMV path tuning knobs (timed in bench/NOTES.md): rows of the step up to which the GEMV
      * path is taken (1..8), output columns per warp (1 or 2) and from which T on */
     const char *gm = getenv("DS_GEMV_MAXT"), *gr = getenv("DS_GEMV_ROWS"), *g2 = getenv("DS_GEMV_ROWS2_MINT");
-    c->gemv_maxt = gm ? atoi(gm) : GEMV_MAXT_DEFAULT;
+    /* batch-invariant: cuBLAS never runs, and the GEMV path (fused, streaming loads) gives
+     * the same bits as the batch-invariant kernel up to 8 rows */
+    c->gemv_maxt = gm ? atoi(gm) : c->batch_invariant ? GEMV_MAXT : GEMV_MAXT_DEFAULT;
     if (c->gemv_maxt < 0 || c->gemv_maxt > GEMV_MAXT) c->gemv_maxt = GEMV_MAXT;
     c->gemv_rows = gr && atoi(gr) == 2 ? 2 : 1;
     c->gemv_rows2_mint = g2 ? atoi(g2) : 1;

@@ -685,6 +685,9 @@ async function main() {
     gpu_growth_mib: gpuGrowth,
     gpu_flat: gpuGrowth === null ? null : Math.abs(gpuGrowth) <= 64,
     gpu_device_growth_mib: end.gpu_device_used_mib !== null && base.gpu_device_used_mib !== null ? end.gpu_device_used_mib - base.gpu_device_used_mib : null,
+    /* reported, not judged: growth over the second half of the soak's samples (a leak keeps
+     * growing there; a cache or buffer that fills up to its size does not) */
+    ...secondHalfGrowth(samples.filter((x) => x.phase === "soak")),
   };
   v.pass = v.errors === 0 && v.server_alive && v.health_final === 200 && v.health_failures_during_soak === 0 && v.pools_back &&
     v.rss_flat && v.gpu_flat !== false && (v.engine_failed === 0 || v.engine_failed === null) && v.request_after_soak === 200;
@@ -692,6 +695,12 @@ async function main() {
   write();
   printTable(res);
   process.exit(v.pass ? 0 : 1);
+}
+
+function secondHalfGrowth(ss) {
+  const h = ss.slice(Math.floor(ss.length / 2));
+  const g = (k) => (h.length >= 2 && h[0][k] != null && h[h.length - 1][k] != null ? Math.round(h[h.length - 1][k] - h[0][k]) : null);
+  return { rss_growth_second_half_mib: g("rss_mib"), gpu_growth_second_half_mib: g("gpu_mib") };
 }
 
 function printTable(res) {

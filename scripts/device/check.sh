@@ -5,11 +5,14 @@
 #   op tests (CUDA vs CPU), compute-sanitizer memcheck on them, model parity on the fixtures,
 #   `deltaserve run --device cuda` when the CLI has it, and a timing table on a random
 #   Qwen3.5-4B-shaped model (gen-random) unless DS_NO_BENCH=1.
+# Then scripts/device/check_real.sh (real shapes, batch invariance, restore parity; DS_NO_REAL=1
+# skips it), folded into the same JSON by scripts/device/check_merge.py.
 # Knobs: DS_FAST=1 skips the shadow test and the CLI run; DS_NO_MEMCHECK=1 skips memcheck; DS_PROFILE=1 adds per-op
 # tables (PROFILE lines); DS_BENCH_LEGACY=1 also times the first simple kernels
 # (DS_CUDA_LEGACY=1) on the same model, for before/after tables (LEGACY lines).
 # Writes $OUT/cuda-check-<date>-<commit>.json (copy it into bench/results/) and the logs, and
-# prints a short table last. DS_COMMIT names the commit when .git did not travel.
+# prints a short table last. DS_COMMIT names the commit when .git did not travel (pass the full
+# sha: DS_COMMIT=$(git rev-parse HEAD)).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/ds-check-out}
@@ -90,6 +93,16 @@ d = {"commit": "$COMMIT", "gpu": "$GPU", "build": "$BUILD",
      "memcheck": "$MEMCHECK", "run_cli": """$RUNCLI""", "timing": bench}
 json.dump(d, open(sys.argv[1], "w"), indent=2)
 PY
+# the real-shape checks (transformers references, batch invariance, restore parity) in the same
+# JSON: parity.{fixtures, real_shapes, batch_invariance, restore}; DS_NO_REAL=1 skips them
+REAL_JSON=""
+if [ "${DS_NO_REAL:-0}" != 1 ] && [ $BUILD = ok ]; then
+  OUT=$OUT DS_COMMIT=$COMMIT bash scripts/device/check_real.sh >"$OUT/real-check.log" 2>&1
+  REAL_JSON=$(ls -t "$OUT"/cuda-real-*-"$COMMIT".json 2>/dev/null | head -1)
+  sed -n '/=== cuda real-shape check/,$p' "$OUT/real-check.log"
+fi
+python3 scripts/device/check_merge.py "$JSON" "$REAL_JSON"
+
 echo
 echo "=== cuda check $COMMIT on $GPU ==="
 printf '%-10s %s\n' build "$BUILD" ops "passed $OPS_P failed $OPS_F" shadow "passed $SH_P failed $SH_F" memcheck "$MEMCHECK" \

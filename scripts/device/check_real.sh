@@ -6,8 +6,13 @@
 #      fp32 references; tests/cuda/test_cuda_real checks prefill / decode logits and greedy
 #      tokens on the CUDA backend;
 #   2. batch invariance: 33 requests alone vs together through the engine (test_cuda_real) on
-#      a gen-random Qwen3.5-4B-shaped model with 8 layers;
-#   3. restore parity through the engine with the prefix cache (test_cuda_restore), same model.
+#      a gen-random Qwen3.5-4B-shaped model with 8 layers, with --batch-invariant (the
+#      criterion: tokens and logits bit-identical) and in the default mode (reported);
+#   3. restore parity through the engine with the prefix cache (test_cuda_restore), same model,
+#      with --batch-invariant (restored == cold to the bit);
+#   4. MoE diagnostics (DS_REAL_DIAG=0 skips): shadow of every op on the real MoE model, the
+#      parity run with graphs off, with batch-invariant GEMMs, and on the fp32 CPU backend.
+# The reference builder also measures transformers' own bf16 error per model (the bound).
 # The build (make CUDA=1 against the Debian libraries unpacked from .deb/, as check.sh does) runs
 # while the Python builds the reference models on the GPU.
 # Knobs: DS_REAL_MODELS="q35_4b q35_moe" builds only those references; DS_REAL_LAYERS (8) sets

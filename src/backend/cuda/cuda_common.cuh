@@ -113,38 +113,25 @@ __device__ __forceinline__ float warp_max(float v) {
   for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
 }
-/* Sum over the block (blockDim.x a multiple of 32, <= 1024); every thread gets the result.
- * `red` is __shared__ float[33]. */
-__device__ __forceinline__ float block_sum(float v, float *red) {
+/* Sum (MAX = false) or max (MAX = true) over the block (blockDim.x a multiple of 32, <= 1024);
+ * every thread gets the result. `red` is __shared__ float[33]. */
+template <bool MAX>
+__device__ __forceinline__ float block_reduce(float v, float *red) {
   int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
-  v = warp_sum(v);
+  v = MAX ? warp_max(v) : warp_sum(v);
   __syncthreads();
   if (lane == 0) red[w] = v;
   __syncthreads();
   if (w == 0) {
-    float s = lane < nw ? red[lane] : 0.f;
-    s = warp_sum(s);
+    float s = lane < nw ? red[lane] : (MAX ? -INFINITY : 0.f);
+    s = MAX ? warp_max(s) : warp_sum(s);
     if (lane == 0) red[32] = s;
   }
   __syncthreads();
   return red[32];
 }
-
-/* Max over the block, as block_sum. */
-__device__ __forceinline__ float block_max(float v, float *red) {
-  int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
-  v = warp_max(v);
-  __syncthreads();
-  if (lane == 0) red[w] = v;
-  __syncthreads();
-  if (w == 0) {
-    float s = lane < nw ? red[lane] : -INFINITY;
-    s = warp_max(s);
-    if (lane == 0) red[32] = s;
-  }
-  __syncthreads();
-  return red[32];
-}
+__device__ __forceinline__ float block_sum(float v, float *red) { return block_reduce<false>(v, red); }
+__device__ __forceinline__ float block_max(float v, float *red) { return block_reduce<true>(v, red); }
 
 static inline unsigned cuda_blocks(size_t n, unsigned threads) {
   size_t b = (n + threads - 1) / threads;

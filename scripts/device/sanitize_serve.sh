@@ -15,7 +15,7 @@
 # prompt twice (the second must hit the prefix cache), one more request after the cancellation —
 # the wait for idle (/metrics), SIGTERM to the server, the sanitizer's summary lines parsed
 # ("ERROR SUMMARY: N errors"; "RACECHECK SUMMARY: N hazards ..."). Each run is cut at
-# DS_SAN_RUN_S (170 s).
+# DS_SAN_RUN_S (170 s; racecheck DS_SAN_RACE_RUN_S, 420 s); clients wait DS_SAN_CLIENT_S (300 s).
 # Writes under $OUT: sanitize-serve-<date>-<commit12>.json
 #   {commit, gpu, memcheck: {errors, requests_ok, ...}, racecheck: {hazards, requests_ok, ...}}
 # and the tails of both runs' logs (sanitize-memcheck.log, sanitize-racecheck.log); prints a
@@ -42,6 +42,11 @@ DATE=$(date -u +%Y%m%d-%H%M)
 PORT=${DS_SAN_PORT:-18095}
 URL=http://127.0.0.1:$PORT
 RUN_S=${DS_SAN_RUN_S:-170}
+# racecheck slows the server ~50x: its run and every client wait get longer ceilings (the H200
+# run of 697f635 needed 180 s for the sequence; a 120 s client wait lost the cancel's first event)
+RACE_RUN_S=${DS_SAN_RACE_RUN_S:-420}
+CLIENT_S=${DS_SAN_CLIENT_S:-300}
+export CLIENT_S # the node fallback reads it
 MODEL=tests/fixtures/models/dense_bf16
 cant() { echo "sanitize_serve: CANNOT RUN: $*"; exit 2; }
 
@@ -89,11 +94,11 @@ fi
 # post ROUTE BODY OUTFILE -> prints the HTTP status (000 when the connection failed)
 post() {
   if [ -n "$CURL" ]; then
-    curl -s -o "$3" -w '%{http_code}' --max-time 120 -H 'Content-Type: application/json' -d "$2" "$URL$1" || true
+    curl -s -o "$3" -w '%{http_code}' --max-time "$CLIENT_S" -H 'Content-Type: application/json' -d "$2" "$URL$1" || true
   else
     "$NODE" -e '
       const [u, b, f] = process.argv.slice(1);
-      fetch(u, { method: "POST", headers: { "Content-Type": "application/json" }, body: b, signal: AbortSignal.timeout(120000) })
+      fetch(u, { method: "POST", headers: { "Content-Type": "application/json" }, body: b, signal: AbortSignal.timeout(Number(process.env.CLIENT_S || 300) * 1000) })
         .then(async (r) => { require("fs").writeFileSync(f, await r.text()); process.stdout.write(String(r.status)); })
         .catch(() => process.stdout.write("000"));' "$URL$1" "$2" "$3"
   fi
@@ -110,7 +115,7 @@ get_body() {
 # cancel ROUTE BODY -> prints the first SSE line, closing the connection right after it
 cancel() {
   if [ -n "$CURL" ]; then
-    curl -sN --max-time 120 -H 'Content-Type: application/json' -d "$2" "$URL$1" 2>/dev/null | head -n 1
+    curl -sN --max-time "$CLIENT_S" -H 'Content-Type: application/json' -d "$2" "$URL$1" 2>/dev/null | head -n 1
   else
     "$NODE" -e '
       const [u, b] = process.argv.slice(1), ac = new AbortController();
@@ -225,7 +230,9 @@ run_tool() {
   fi
   echo "sanitize_serve: $tool: ${cmd[*]}"
   # timeout signals its whole process group: the sanitizer and the server under it
-  timeout -s KILL "$RUN_S" "${cmd[@]}" >"$log" 2>&1 &
+  local run_s=$RUN_S
+  [ "$tool" = racecheck ] && run_s=$RACE_RUN_S
+  timeout -s KILL "$run_s" "${cmd[@]}" >"$log" 2>&1 &
   top=$!
   # wait for /health (the sanitizer makes start-up slow)
   local i

@@ -139,6 +139,9 @@ if [ $BUILD = ok ]; then
       echo "== batch-invariant GEMMs"
       DS_BATCH_INVARIANT=1 DS_REAL_ONLY=q35_moe DS_REAL_DEVICE=$DEV DS_REAL_REFS=$REFS timeout 120 \
         $B/tests/cuda/test_cuda_real 2>&1 | sed 's/^REAL name=/DIAG variant=batch_invariant name=/'
+      echo "== grouped expert GEMMs"
+      DS_MOE_GROUPED=1 DS_REAL_ONLY=q35_moe DS_REAL_DEVICE=$DEV DS_REAL_REFS=$REFS timeout 120 \
+        $B/tests/cuda/test_cuda_real 2>&1 | sed 's/^REAL name=/DIAG variant=moe_grouped name=/'
       echo "== fp32 CPU backend"
       DS_REAL_ONLY=q35_moe DS_REAL_DEVICE=cpu DS_REAL_REFS=$REFS timeout 240 \
         $B/tests/cuda/test_cuda_real 2>&1 | sed 's/^REAL name=/DIAG variant=cpu_fp32 name=/'

@@ -746,6 +746,27 @@ TEST(moe) {
   moe_case(5, 2048, 64, 8, 512, 0, 0);
 }
 
+/* DS_MOE_GROUPED=1: steps of >= 64 rows take per-expert cuBLAS GEMMs over rows grouped by
+ * expert (two chunks of 2048 rows at T = 2100); smaller steps keep the per-row kernels. */
+TEST(moe_grouped) {
+  char err[256];
+  setenv("DS_MOE_GROUPED", "1", 1);
+  backend *g2 = backend_cuda_create(0, err, sizeof err);
+  unsetenv("DS_MOE_GROUPED");
+  EXPECT_MSG(g2 != NULL, "create: %s", err);
+  if (!g2) return;
+  backend *save = GPU;
+  GPU = g2;
+  moe_case(100, 256, 16, 4, 48, 64, 1);
+  moe_case(2100, 256, 16, 4, 48, 64, 1);
+  moe_case(300, 2048, 64, 8, 512, 512, 1);
+  moe_case(97, 2048, 64, 8, 512, 0, 0);
+  moe_case(9, 256, 16, 4, 48, 64, 1); /* below the threshold */
+  gpu_ok();
+  GPU = save;
+  g2->destroy(g2);
+}
+
 TEST(logits) {
   pieces p = {3, {3, 1, 2}, {0, 7, 4}, {0, 1, 2}};
   int32_t rows[3] = {5, 0, 3};
@@ -1014,6 +1035,7 @@ int main(void) {
   RUN(gdn);
   RUN(gated_rmsnorm);
   RUN(moe);
+  RUN(moe_grouped);
   RUN(logits);
   RUN(argmax);
   RUN(decode_graph);

@@ -1289,6 +1289,8 @@ extern "C" backend *backend_cuda_create(int device, char *err, size_t errlen) {
     if (c->gemv_maxt < 0 || c->gemv_maxt > GEMV_MAXT) c->gemv_maxt = GEMV_MAXT;
     c->gemv_rows = gr && atoi(gr) == 2 ? 2 : 1;
     c->gemv_rows2_mint = g2 ? atoi(g2) : 1;
+    const char *mg = getenv("DS_MOE_GROUPED");
+    c->moe_grouped = mg && strcmp(mg, "0") != 0 && *mg;
     c->legacy = !c->batch_invariant && lg && *lg && strcmp(lg, "0") != 0;
     const char *gs = getenv("DS_CUDA_GRAPHS"), *fs = getenv("DS_CUDA_FUSE");
     if (!c->legacy && !(gs && strcmp(gs, "0") == 0)) {

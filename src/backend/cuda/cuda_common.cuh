@@ -72,6 +72,8 @@ typedef struct cuda_ctx {
   int attn_gemm_off, attn_gemm_rows;
   /* GEMV path: largest step (rows) it takes, output columns per warp, from which T on 2 */
   int gemv_maxt, gemv_rows, gemv_rows2_mint;
+  /* DS_MOE_GROUPED=1: routed experts of large steps as per-expert GEMMs (cuda_moe.cu) */
+  int moe_grouped;
   /* decode steps: ops recorded, fused and replayed as CUDA graphs (NULL: off) */
   struct cuda_graphs *gr;
   int capturing;      /* a stream capture is open: nothing may synchronise or allocate */

@@ -4,6 +4,9 @@
  * experts as warp-per-output dot products over bf16 weights (one block per (row, slot) for
  * gate/up, one per row for down and the weighted sum), and the shared expert as dense cuBLAS
  * GEMMs. Each output's sums run in a fixed order that depends only on its row.
+ * DS_MOE_GROUPED=1 (off by default until timed on the GPU) sends the routed experts of steps of
+ * >= 64 rows through per-expert cuBLAS GEMMs over the rows grouped by expert ("grouped path"
+ * below): each expert's weights read once per chunk of rows instead of once per routed row.
  *
  * Expert weight pointers reach the kernels through per-layer device tables, built on first use
  * of a layer (keyed by its host array of gate weights), checked against the weights on every
@@ -31,7 +34,7 @@ typedef struct moe_table {
 static moe_table g_tables[MOE_MAX_LAYERS];
 static int g_ntables;
 
-static const bf16 **moe_table_get(cuda_ctx *c, const backend_moe *m) {
+static const bf16 **moe_table_get(cuda_ctx *c, const backend_moe *m, const bf16 *const **host) {
   int E = m->n_experts;
   moe_table *t = NULL;
   for (int i = 0; i < g_ntables && !t; i++)
@@ -59,7 +62,10 @@ static const bf16 **moe_table_get(cuda_ctx *c, const backend_moe *m) {
     for (int e = 0; e < E && same; e++)
       same = t->h[e] == CW(m->gate[e])->bf && t->h[E + e] == CW(m->up[e])->bf &&
              t->h[2 * E + e] == CW(m->down[e])->bf;
-    if (same) return t->d;
+    if (same) {
+      if (host) *host = t->h;
+      return t->d;
+    }
     cudaStreamSynchronize(c->st); /* earlier launches may still read the old table */
   }
   for (int e = 0; e < E; e++) {
@@ -72,6 +78,7 @@ static const bf16 **moe_table_get(cuda_ctx *c, const backend_moe *m) {
     cuda_fail(c, "moe", "cannot upload the expert table");
     return NULL;
   }
+  if (host) *host = t->h;
   return t->d;
 }
 
@@ -222,6 +229,153 @@ __global__ void k_swiglu_bf16(bf16 *g, const bf16 *u, size_t n) {
 
 static size_t al256(size_t b) { return (b + 255) & ~(size_t)255; }
 
+/* ---- grouped path (DS_MOE_GROUPED=1; steps of >= MOE_GROUPED_MIN rows, not under
+ * --batch-invariant) ----
+ * Per chunk of <= MOE_GROUPED_CHUNK rows: the (row, slot) pairs are ordered by expert (stable:
+ * within an expert in slot order), their x rows gathered, then per expert with rows one cuBLAS
+ * GEMM each for gate, up (bf16 out), SwiGLU, and down (fp32 out), and each row sums its k slots'
+ * outputs in slot order with the routing weights (+ the shared expert). Every expert's weights
+ * are read once per chunk instead of once per routed row. */
+#define MOE_GROUPED_MIN 64
+#define MOE_GROUPED_CHUNK 2048
+
+/* grid E, block 256: lpos[s] = rank of slot s among the slots routed to expert e (slot order);
+ * cnt[e] = their number. */
+__global__ void k_moe_rank(const int32_t *ids, int n, int32_t *lpos, int32_t *cnt) {
+  __shared__ int wsum[8];
+  int e = blockIdx.x, lane = threadIdx.x & 31, w = threadIdx.x >> 5, base = 0;
+  for (int c0 = 0; c0 < n; c0 += 256) {
+    int s = c0 + threadIdx.x;
+    int f = s < n && ids[s] == e;
+    unsigned m = __ballot_sync(0xffffffffu, f);
+    if (lane == 0) wsum[w] = __popc(m);
+    __syncthreads();
+    int before = 0, total = 0;
+    for (int i = 0; i < 8; i++) {
+      before += i < w ? wsum[i] : 0;
+      total += wsum[i];
+    }
+    if (f) lpos[s] = base + before + __popc(m & ((1u << lane) - 1u));
+    base += total;
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) cnt[e] = base;
+}
+
+/* one thread: off[e] = sum of cnt[0..e-1], off[E] = n */
+__global__ void k_moe_offsets(const int32_t *cnt, int E, int32_t *off) {
+  if (blockIdx.x || threadIdx.x) return;
+  int a = 0;
+  for (int e = 0; e < E; e++) {
+    off[e] = a;
+    a += cnt[e];
+  }
+  off[E] = a;
+}
+
+/* grid-stride over slots: row g = off[e] + lpos[s] holds slot s; xg[g] = x[s / k]. */
+__global__ void k_moe_place(const int32_t *ids, const int32_t *lpos, const int32_t *off, int n,
+                            int k, int H, const bf16 *x, int32_t *row_of, bf16 *xg) {
+  int h8 = H / 8;
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (size_t)n * h8;
+       i += (size_t)gridDim.x * blockDim.x) {
+    int s = (int)(i / h8), c = (int)(i % h8) * 8;
+    int g = off[ids[s]] + lpos[s];
+    if (c == 0) row_of[s] = g;
+    *(uint4 *)(xg + (size_t)g * H + c) = *(const uint4 *)(x + (size_t)(s / k) * H + c);
+  }
+}
+
+/* grid-stride over T*H: out[t, j] = sum_r wts[t, r] od[row_of[t k + r], j] (+ sg[t] sd[t, j]). */
+__global__ void k_moe_combine(const float *od, const int32_t *row_of, const float *wts, int T,
+                              int k, int H, const float *sg, const float *sd, bf16 *out) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (size_t)T * H;
+       i += (size_t)gridDim.x * blockDim.x) {
+    int t = (int)(i / H), j = (int)(i % H);
+    float acc = 0.f;
+    for (int r = 0; r < k; r++)
+      acc += wts[(size_t)t * k + r] * od[(size_t)row_of[(size_t)t * k + r] * H + j];
+    if (sd) acc += sg[t] * sd[i];
+    out[i] = f2bf(acc);
+  }
+}
+
+/* y[n, N] = x[n, K] . W[N, K]^T on cuBLAS (bf16 in, fp32 accumulate). */
+static int moe_gemm(cuda_ctx *c, const bf16 *x, const bf16 *W, int n, int K, int N, void *y,
+                    int y_f32) {
+  const float one = 1.f, zero = 0.f;
+  cublasStatus_t st = cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, N, n, K, &one, W, CUDA_R_16BF,
+                                   K, x, CUDA_R_16BF, K, &zero, y, y_f32 ? CUDA_R_32F : CUDA_R_16BF,
+                                   N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+  if (st != CUBLAS_STATUS_SUCCESS) {
+    cuda_fail(c, "moe", "cuBLAS expert GEMM failed");
+    return -1;
+  }
+  return 0;
+}
+
+/* The routed experts of rows [0, T) (ids/wts already routed), grouped; out as k_moe_down. */
+static void moe_grouped(cuda_ctx *c, const bf16 *x, const int32_t *ids, const float *wts,
+                        const bf16 *const *htab, int E, int k, int H, int I, int T,
+                        const float *sg, const float *sd, bf16 *out, char *sc) {
+  size_t nmax = (size_t)MOE_GROUPED_CHUNK * k;
+  size_t o_lpos = 0, o_cnt = o_lpos + al256(nmax * 4), o_off = o_cnt + al256((size_t)E * 4),
+         o_row = o_off + al256((size_t)(E + 1) * 4), o_xg = o_row + al256(nmax * 4),
+         o_hg = o_xg + al256(nmax * H * 2), o_hu = o_hg + al256(nmax * I * 2),
+         o_od = o_hu + al256(nmax * I * 2);
+  int32_t *lpos = (int32_t *)(sc + o_lpos), *cnt = (int32_t *)(sc + o_cnt), *off = (int32_t *)(sc + o_off),
+          *row_of = (int32_t *)(sc + o_row);
+  bf16 *xg = (bf16 *)(sc + o_xg), *hg = (bf16 *)(sc + o_hg), *hu = (bf16 *)(sc + o_hu);
+  float *od = (float *)(sc + o_od);
+  int32_t *hoff = (int32_t *)malloc(sizeof(int32_t) * (size_t)(E + 1));
+  if (!hoff) {
+    cuda_fail(c, "moe", "out of memory");
+    return;
+  }
+  for (int t0 = 0; t0 < T && !c->failed; t0 += MOE_GROUPED_CHUNK) {
+    int Tc = T - t0 < MOE_GROUPED_CHUNK ? T - t0 : MOE_GROUPED_CHUNK, n = Tc * k;
+    const int32_t *ids_c = ids + (size_t)t0 * k;
+    k_moe_rank<<<E, 256, 0, c->st>>>(ids_c, n, lpos, cnt);
+    k_moe_offsets<<<1, 32, 0, c->st>>>(cnt, E, off);
+    k_moe_place<<<cuda_blocks((size_t)n * (H / 8), 256), 256, 0, c->st>>>(ids_c, lpos, off, n, k, H,
+                                                                           x + (size_t)t0 * H, row_of, xg);
+    cuda_check_launch(c, "moe (grouping)");
+    if (cudaMemcpyAsync(hoff, off, sizeof(int32_t) * (size_t)(E + 1), cudaMemcpyDeviceToHost, c->st) != cudaSuccess ||
+        cudaStreamSynchronize(c->st) != cudaSuccess) {
+      cudaGetLastError();
+      cuda_fail(c, "moe", "cannot read the expert offsets");
+      break;
+    }
+    for (int e = 0; e < E && !c->failed; e++) {
+      int ne = hoff[e + 1] - hoff[e];
+      if (ne <= 0) continue;
+      size_t g0 = (size_t)hoff[e];
+      if (moe_gemm(c, xg + g0 * H, htab[e], ne, H, I, hg + g0 * I, 0) ||
+          moe_gemm(c, xg + g0 * H, htab[E + e], ne, H, I, hu + g0 * I, 0))
+        break;
+    }
+    k_swiglu_bf16<<<cuda_blocks((size_t)n * I, 256), 256, 0, c->st>>>(hg, hu, (size_t)n * I);
+    for (int e = 0; e < E && !c->failed; e++) {
+      int ne = hoff[e + 1] - hoff[e];
+      if (ne <= 0) continue;
+      size_t g0 = (size_t)hoff[e];
+      if (moe_gemm(c, hg + g0 * I, htab[2 * E + e], ne, I, H, od + g0 * H, 1)) break;
+    }
+    k_moe_combine<<<cuda_blocks((size_t)Tc * H, 256), 256, 0, c->st>>>(
+        od, row_of, wts + (size_t)t0 * k, Tc, k, H, sg ? sg + t0 : NULL, sd ? sd + (size_t)t0 * H : NULL,
+        out + (size_t)t0 * H);
+    cuda_check_launch(c, "moe (grouped)");
+  }
+  free(hoff);
+}
+
+/* Scratch bytes the grouped path needs beyond the op's own. */
+static size_t moe_grouped_bytes(int E, int k, int H, int I) {
+  size_t nmax = (size_t)MOE_GROUPED_CHUNK * k;
+  return al256(nmax * 4) + al256((size_t)E * 4) + al256((size_t)(E + 1) * 4) + al256(nmax * 4) +
+         al256(nmax * H * 2) + 2 * al256(nmax * I * 2) + al256(nmax * H * 4);
+}
+
 extern "C" void cuda_moe_moe(backend *be, backend_buf x, const backend_moe *m, int T, int H,
                              backend_buf out) {
   cuda_ctx *c = cuda_ctx_of(be);
@@ -240,12 +394,15 @@ extern "C" void cuda_moe_moe(backend *be, backend_buf x, const backend_moe *m, i
     cuda_fail(c, "moe", "shared_expert_gate must be uploaded as [1, H]");
     return;
   }
-  const bf16 *const *tab = moe_table_get(c, m);
+  const bf16 *const *htab = NULL;
+  const bf16 *const *tab = moe_table_get(c, m, &htab);
   if (!tab) return;
+  int grouped = c->moe_grouped && !c->batch_invariant && T >= MOE_GROUPED_MIN && H % 8 == 0;
   size_t o_lg = 0, o_ids = o_lg + al256((size_t)T * E * 4), o_w = o_ids + al256((size_t)T * k * 4),
          o_sg = o_w + al256((size_t)T * k * 4), o_hid = o_sg + al256((size_t)T * 4),
-         o_g = o_hid + al256((size_t)T * k * I * 4), o_u = o_g + al256((size_t)T * Is * 2),
-         o_sd = o_u + al256((size_t)T * Is * 2), total = o_sd + al256((size_t)T * H * 4);
+         o_g = o_hid + (grouped ? 0 : al256((size_t)T * k * I * 4)), o_u = o_g + al256((size_t)T * Is * 2),
+         o_sd = o_u + al256((size_t)T * Is * 2), o_grp = o_sd + al256((size_t)T * H * 4),
+         total = o_grp + (grouped ? moe_grouped_bytes(E, k, H, I) : 0);
   char *sc = (char *)cuda_scratch(c, total);
   if (!sc) return;
   float *lg = (float *)(sc + o_lg), *wts = (float *)(sc + o_w), *sg = (float *)(sc + o_sg);
@@ -263,14 +420,20 @@ extern "C" void cuda_moe_moe(backend *be, backend_buf x, const backend_moe *m, i
   k_moe_route<<<(T + 7) / 8, 256, 0, c->st>>>(lg, xb, Is > 0 ? CW(m->shared_expert_gate)->f32 : NULL,
                                                T, E, k, m->norm_topk_prob, H, ids, wts, sg);
   cuda_check_launch(c, "moe (route)");
-  dim3 gh(T * k, (I + 7) / 8);
-  k_moe_hidden<<<gh, 256, H * sizeof(float), c->st>>>(xb, ids, tab, E, k, H, I, hid);
-  cuda_check_launch(c, "moe (experts)");
+  if (!grouped) {
+    dim3 gh(T * k, (I + 7) / 8);
+    k_moe_hidden<<<gh, 256, H * sizeof(float), c->st>>>(xb, ids, tab, E, k, H, I, hid);
+    cuda_check_launch(c, "moe (experts)");
+  }
   if (Is > 0) {
     cuda_gemm(c, xb, CW(m->shared_gate)->bf, T, H, Is, gs, 0);
     cuda_gemm(c, xb, CW(m->shared_up)->bf, T, H, Is, us, 0);
     k_swiglu_bf16<<<cuda_blocks((size_t)T * Is, 256), 256, 0, c->st>>>(gs, us, (size_t)T * Is);
     cuda_gemm(c, gs, CW(m->shared_down)->bf, T, Is, H, sd, 1);
+  }
+  if (grouped) {
+    moe_grouped(c, xb, ids, wts, htab, E, k, H, I, T, sg, Is > 0 ? sd : NULL, (bf16 *)out, sc + o_grp);
+    return;
   }
   dim3 gd(T, (H + 7) / 8);
   k_moe_down<<<gd, 256, (size_t)k * I * sizeof(float), c->st>>>(hid, ids, wts, tab, E, k, H, I, sg,

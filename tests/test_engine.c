@@ -217,6 +217,44 @@ TEST(invariance_cache_preempted_budget_37) { invariance_cache(37, 16 * 14, 1); }
  *   B = 0.9 x 81920 - 16384 - 8 x 64 - 2048 = 54784 MiB (free 79 GiB does not bind);
  *   slabs 25% = 13696 MiB = 214 slabs, capped at max(16, 4 x 8) = 32 (2048 MiB);
  *   KV = 54784 - 2048 = 52736 pages. */
+/* engine_opts.startup_forward: the largest step once before any request (page ids from 0,
+ * slot 0) leaves no trace: every request's tokens and logits are bit-identical to an engine
+ * without it, alone and batched, and the pools check clean. */
+TEST(startup_forward_leaves_no_trace) {
+  rig g;
+  REQUIRE(rig_up(&g, 300, 0, 16) == 0); /* the same budget: the same split points */
+  for (int i = 0; i < NREQ; i++) {
+    int idx = i;
+    EXPECT(run_set(&g, &idx, 1, REF, NULL) == 1);
+  }
+  EXPECT(rig_down(&g));
+  engine_opts o;
+  engine_opts_default(&o);
+  o.max_num_batched_tokens = 300; /* the forward covers every prompt's pages and slot 0 */
+  o.max_num_seqs = 16;
+  o.enable_prefix_caching = CACHE; /* as rig_up: off */
+  o.startup_forward = 1;
+  qwen35_mem_opts mo;
+  char err[200];
+  REQUIRE(engine_mem_plan(&o, &C, &mo, err, sizeof err) == 0);
+  REQUIRE(qwen35_init(&g.m, &C, &W, BE, &mo, err, sizeof err) == 0);
+  g.e = engine_create(g.m, &o, err, sizeof err);
+  EXPECT_MSG(g.e != NULL, "%s", err);
+  if (!g.e) {
+    qwen35_free(g.m);
+    return;
+  }
+  int first = 0; /* alone first: it takes slot 0 and page 0 onwards, which the forward dirtied */
+  EXPECT(run_set(&g, &first, 1, GOT, NULL) == 1);
+  EXPECT_MSG(same(&REF[0], &GOT[0]), "request 0 differs after the start-up forward");
+  int all[NREQ];
+  for (int i = 0; i < NREQ; i++) all[i] = i;
+  EXPECT_EQ_INT(run_set(&g, all, NREQ, GOT, NULL), NREQ);
+  for (int i = 0; i < NREQ; i++)
+    EXPECT_MSG(same(&REF[i], &GOT[i]), "request %d (len %d) differs after the start-up forward", i, LEN[i]);
+  EXPECT(rig_down(&g));
+}
+
 TEST(mem_plan_from_device_memory) {
   const size_t M = (size_t)1 << 20;
   engine_opts o;
@@ -485,6 +523,7 @@ int main(void) {
   prompts_init();
   outs_alloc(REF);
   outs_alloc(GOT);
+  RUN(startup_forward_leaves_no_trace);
   RUN(mem_plan_from_device_memory);
   RUN(invariance_budget_8192);
   RUN(invariance_budget_64);

@@ -230,6 +230,11 @@ int cmd_serve(int argc, char **argv) {
     fprintf(stderr, "deltaserve serve: %s\n", err);
     goto done;
   }
+  {
+    /* device backends: the largest step once at start-up (engine_opts.startup_forward) */
+    const char *wu = getenv("DS_ENGINE_WARMUP");
+    eo.startup_forward = wu && *wu ? strcmp(wu, "0") != 0 : be->mem_info != NULL;
+  }
   if (engine_mem_plan_device(&eo, &cfg, &w, be, &mo, err, sizeof err) || qwen35_init(&m, &cfg, &w, be, &mo, err, sizeof err) ||
       !(e = engine_create(m, &eo, err, sizeof err))) {
     fprintf(stderr, "deltaserve serve: %s\n", err);

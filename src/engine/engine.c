@@ -872,6 +872,35 @@ static int engine_prefix_init(engine *e) {
   return 0;
 }
 
+/* engine_opts.startup_forward: the largest step once, on scratch pages and slot 0. */
+static int engine_startup_forward(engine *e, int n_pages, char *err, size_t errlen) {
+  int n = e->o.max_num_batched_tokens;
+  if (n > n_pages * KV_PAGES_TOKENS) n = n_pages * KV_PAGES_TOKENS;
+  if (n > e->max_model_len) n = e->max_model_len;
+  if (n < 1) return 0;
+  int np = (n + KV_PAGES_TOKENS - 1) / KV_PAGES_TOKENS;
+  int32_t *toks = calloc((size_t)n, sizeof *toks), *pages = malloc(sizeof *pages * (size_t)np);
+  if (!toks || !pages) {
+    free(toks);
+    free(pages);
+    return errf(err, errlen, "out of memory for the start-up forward");
+  }
+  for (int i = 0; i < np; i++) pages[i] = i;
+  fwd_seq s = {toks, n, 0, pages, np, 0, QWEN35_LOGITS_LAST};
+  char ferr[256] = "";
+  double t0 = engine_now();
+  int rc = qwen35_forward(e->m, &s, 1, e->logits, ferr, sizeof ferr);
+  free(toks);
+  free(pages);
+  if (rc)
+    return errf(err, errlen,
+                "the start-up forward of %d tokens failed (%s): lower --gpu-memory-utilization "
+                "or --max-num-batched-tokens",
+                n, ferr);
+  log_info("engine: start-up forward of %d tokens: %.2f s", n, engine_now() - t0);
+  return 0;
+}
+
 engine *engine_create(qwen35 *model, const engine_opts *o, char *err, size_t errlen) {
   const model_config *c = qwen35_config(model);
   qwen35_mem_opts mo;
@@ -900,6 +929,10 @@ engine *engine_create(qwen35 *model, const engine_opts *o, char *err, size_t err
       (o->enable_prefix_caching && engine_prefix_init(e) != 0)) {
     engine_destroy(e, 0);
     return errf(err, errlen, "out of memory creating the engine"), NULL;
+  }
+  if (o->startup_forward && engine_startup_forward(e, mo.n_pages, err, errlen) != 0) {
+    engine_destroy(e, 0);
+    return NULL;
   }
   if (!o->enable_prefix_caching) log_info("engine: prefix cache off");
   pthread_mutex_init(&e->mu, NULL);

@@ -872,32 +872,48 @@ static int engine_prefix_init(engine *e) {
   return 0;
 }
 
-/* engine_opts.startup_forward: the largest step once, on scratch pages and slot 0. */
+/* engine_opts.startup_forward: the largest step once, before any request: one long piece on
+ * slot 0 and pages from id 0, plus one-token pieces on the next slots (a page each), so that
+ * the step has max_num_batched_tokens rows and max_num_seqs pieces -- the shapes the backend's
+ * workspaces grow with (prefill attention, the decode attention over every row, logits). */
 static int engine_startup_forward(engine *e, int n_pages, char *err, size_t errlen) {
-  int n = e->o.max_num_batched_tokens;
+  int n = e->o.max_num_batched_tokens, n_seq = e->o.max_num_seqs;
   if (n > n_pages * KV_PAGES_TOKENS) n = n_pages * KV_PAGES_TOKENS;
   if (n > e->max_model_len) n = e->max_model_len;
   if (n < 1) return 0;
-  int np = (n + KV_PAGES_TOKENS - 1) / KV_PAGES_TOKENS;
-  int32_t *toks = calloc((size_t)n, sizeof *toks), *pages = malloc(sizeof *pages * (size_t)np);
-  if (!toks || !pages) {
+  int singles = n_seq - 1 < n - 1 ? n_seq - 1 : n - 1, n_long = n - singles;
+  int np_long = (n_long + KV_PAGES_TOKENS - 1) / KV_PAGES_TOKENS;
+  while (singles > 0 && np_long + singles > n_pages) { /* a small pool: fewer singles */
+    singles--;
+    n_long++;
+    np_long = (n_long + KV_PAGES_TOKENS - 1) / KV_PAGES_TOKENS;
+  }
+  if (np_long > n_pages) return 0; /* cannot happen: n <= n_pages * page tokens */
+  int32_t *toks = calloc((size_t)n, sizeof *toks), *pages = malloc(sizeof *pages * (size_t)(np_long + singles));
+  fwd_seq *seqs = calloc((size_t)singles + 1, sizeof *seqs);
+  if (!toks || !pages || !seqs) {
     free(toks);
     free(pages);
+    free(seqs);
     return errf(err, errlen, "out of memory for the start-up forward");
   }
-  for (int i = 0; i < np; i++) pages[i] = i;
-  fwd_seq s = {toks, n, 0, pages, np, 0, QWEN35_LOGITS_LAST};
+  for (int i = 0; i < np_long + singles; i++) pages[i] = i;
+  seqs[0] = (fwd_seq){toks, n_long, 0, pages, np_long, 0, QWEN35_LOGITS_LAST};
+  for (int i = 1; i <= singles; i++)
+    seqs[i] = (fwd_seq){toks + n_long + i - 1, 1, 0, pages + np_long + i - 1, 1, i, QWEN35_LOGITS_LAST};
   char ferr[256] = "";
   double t0 = engine_now();
-  int rc = qwen35_forward(e->m, &s, 1, e->logits, ferr, sizeof ferr);
+  int rc = qwen35_forward(e->m, seqs, singles + 1, e->logits, ferr, sizeof ferr);
   free(toks);
   free(pages);
+  free(seqs);
   if (rc)
     return errf(err, errlen,
                 "the start-up forward of %d tokens failed (%s): lower --gpu-memory-utilization "
                 "or --max-num-batched-tokens",
                 n, ferr);
-  log_info("engine: start-up forward of %d tokens: %.2f s", n, engine_now() - t0);
+  log_info("engine: start-up forward of %d tokens in %d pieces: %.2f s", n, singles + 1,
+           engine_now() - t0);
   return 0;
 }
 

@@ -40,8 +40,9 @@ typedef struct engine_opts {
   int n_snapshot_slabs;       /* --snapshot-slabs (0: derived from the budget) */
   double prefix_cache_gib;    /* --prefix-cache-gib */
   double host_cache_gib;      /* --host-cache-gib (0: no host tier) */
-  /* One forward of the largest step (max_num_batched_tokens tokens, page ids from 0, state
-   * slot 0) in engine_create, before any request: the backend's workspaces reach their
+  /* One forward of the largest step (max_num_batched_tokens tokens in max_num_seqs pieces,
+   * page ids from 0, state slots from 0) in engine_create, before any request: the backend's
+   * workspaces reach their
    * largest size at start-up (device memory then stays flat under load) and a plan that does
    * not fit fails at start with one line. Leaves nothing behind that a request could see
    * (sequences write their K/V before reading it; a slot is zeroed or overwritten at

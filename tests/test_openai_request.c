@@ -5,7 +5,7 @@
 #include "server/metrics.h"
 #include "server/openai_response.h"
 #include "server/openai_stream.h"
-#include "server/srvbuf.h"
+#include "base/strbuf.h"
 #include "test.h"
 #include "tokenizer/chat_parse.h"
 
@@ -320,9 +320,9 @@ static int stream_cuts_match_parse(const char *text, int thinking_open, const js
                                    int n_cuts, char *why, size_t whylen) {
   openai_stream st;
   openai_stream_init(&st, thinking_open, tools);
-  srvbuf r, c;
-  srvbuf_init(&r);
-  srvbuf_init(&c);
+  strbuf r, c;
+  strbuf_init(&r);
+  strbuf_init(&c);
   json_t *calls = json_array(); /* assembled: [{"id","name","arguments"}] */
   size_t len = strlen(text);
   int ok = 1;
@@ -338,9 +338,9 @@ static int stream_cuts_match_parse(const char *text, int thinking_open, const js
     json_t *d;
     json_array_foreach(ds, i, d) {
       const json_t *x = json_object_get(d, "reasoning_content");
-      if (x) srvbuf_puts(&r, json_string_value(x));
+      if (x) strbuf_puts(&r, json_string_value(x));
       x = json_object_get(d, "content");
-      if (x) srvbuf_puts(&c, json_string_value(x));
+      if (x) strbuf_puts(&c, json_string_value(x));
       x = json_object_get(d, "tool_calls");
       if (x && !final) ok = 0, snprintf(why, whylen, "a tool call before the end");
       if (x && json_array_size(x) != 1) ok = 0, snprintf(why, whylen, "one tool call per delta expected");
@@ -397,8 +397,8 @@ static int stream_cuts_match_parse(const char *text, int thinking_open, const js
     chat_parsed_free(&p);
   }
   json_decref(calls);
-  srvbuf_free(&r);
-  srvbuf_free(&c);
+  strbuf_free(&r);
+  strbuf_free(&c);
   openai_stream_free(&st);
   return ok;
 }

@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "server/srvbuf.h"
+#include "base/strbuf.h"
 
 #define METRICS_MAX_BUCKETS 24
 
@@ -106,18 +106,18 @@ void metrics_request_rejected(metrics *m, int status) {
   pthread_mutex_unlock(&m->mu);
 }
 
-static void head(srvbuf *b, const char *name, const char *type, const char *help) {
-  srvbuf_printf(b, "# HELP deltaserve:%s %s\n# TYPE deltaserve:%s %s\n", name, help, name, type);
+static void head(strbuf *b, const char *name, const char *type, const char *help) {
+  strbuf_printf(b, "# HELP deltaserve:%s %s\n# TYPE deltaserve:%s %s\n", name, help, name, type);
 }
 
-static void gauge(srvbuf *b, const metrics *m, const char *name, const char *help, double v) {
+static void gauge(strbuf *b, const metrics *m, const char *name, const char *help, double v) {
   head(b, name, "gauge", help);
-  srvbuf_printf(b, "deltaserve:%s{model_name=\"%s\"} %.17g\n", name, m->model_name, v);
+  strbuf_printf(b, "deltaserve:%s{model_name=\"%s\"} %.17g\n", name, m->model_name, v);
 }
 
-static void counter(srvbuf *b, const metrics *m, const char *name, const char *help, long long v) {
+static void counter(strbuf *b, const metrics *m, const char *name, const char *help, long long v) {
   head(b, name, "counter", help);
-  srvbuf_printf(b, "deltaserve:%s{model_name=\"%s\"} %lld\n", name, m->model_name, v);
+  strbuf_printf(b, "deltaserve:%s{model_name=\"%s\"} %lld\n", name, m->model_name, v);
 }
 
 char *metrics_render(metrics *m, const engine_stats *s) {
@@ -129,8 +129,8 @@ char *metrics_render(metrics *m, const engine_stats *s) {
   pthread_mutex_unlock(&m->mu);
   c.model_name = m->model_name;
 
-  srvbuf b;
-  srvbuf_init(&b);
+  strbuf b;
+  strbuf_init(&b);
   if (s) {
     gauge(&b, &c, "num_requests_running", "Number of requests in model execution batches.", s->num_running);
     gauge(&b, &c, "num_requests_waiting", "Number of requests waiting to be processed.", s->num_waiting);
@@ -175,29 +175,29 @@ char *metrics_render(metrics *m, const engine_stats *s) {
     for (int i = 0; i <= hist_def[k].n; i++) {
       cum += c.h[k].bucket[i];
       if (i < hist_def[k].n)
-        srvbuf_printf(&b, "deltaserve:%s_bucket{le=\"%g\",model_name=\"%s\"} %llu\n", hist_def[k].name,
+        strbuf_printf(&b, "deltaserve:%s_bucket{le=\"%g\",model_name=\"%s\"} %llu\n", hist_def[k].name,
                       hist_def[k].le[i], c.model_name, cum);
       else
-        srvbuf_printf(&b, "deltaserve:%s_bucket{le=\"+Inf\",model_name=\"%s\"} %llu\n", hist_def[k].name,
+        strbuf_printf(&b, "deltaserve:%s_bucket{le=\"+Inf\",model_name=\"%s\"} %llu\n", hist_def[k].name,
                       c.model_name, cum);
     }
-    srvbuf_printf(&b, "deltaserve:%s_sum{model_name=\"%s\"} %.9g\n", hist_def[k].name, c.model_name,
+    strbuf_printf(&b, "deltaserve:%s_sum{model_name=\"%s\"} %.9g\n", hist_def[k].name, c.model_name,
                   c.h[k].sum);
-    srvbuf_printf(&b, "deltaserve:%s_count{model_name=\"%s\"} %llu\n", hist_def[k].name, c.model_name,
+    strbuf_printf(&b, "deltaserve:%s_count{model_name=\"%s\"} %llu\n", hist_def[k].name, c.model_name,
                   c.h[k].count);
   }
   head(&b, "request_success_total", "counter", "Finished requests by finish reason.");
   for (int i = 0; i < N_REASONS; i++)
-    srvbuf_printf(&b, "deltaserve:request_success_total{finished_reason=\"%s\",model_name=\"%s\"} %llu\n",
+    strbuf_printf(&b, "deltaserve:request_success_total{finished_reason=\"%s\",model_name=\"%s\"} %llu\n",
                   finish_reasons[i], c.model_name, c.finished[i]);
   head(&b, "request_rejected_total", "counter", "Requests answered with an error status before generation.");
   for (int i = 0; i <= N_REJECTED; i++) {
     if (i < N_REJECTED)
-      srvbuf_printf(&b, "deltaserve:request_rejected_total{status=\"%d\",model_name=\"%s\"} %llu\n",
+      strbuf_printf(&b, "deltaserve:request_rejected_total{status=\"%d\",model_name=\"%s\"} %llu\n",
                     rejected_statuses[i], c.model_name, c.rejected[i]);
     else
-      srvbuf_printf(&b, "deltaserve:request_rejected_total{status=\"other\",model_name=\"%s\"} %llu\n",
+      strbuf_printf(&b, "deltaserve:request_rejected_total{status=\"other\",model_name=\"%s\"} %llu\n",
                     c.model_name, c.rejected[i]);
   }
-  return srvbuf_take(&b);
+  return strbuf_take(&b);
 }

@@ -10,13 +10,13 @@ void openai_stream_init(openai_stream *s, int thinking_open, const json_t *tools
   memset(s, 0, sizeof *s);
   s->thinking_open = thinking_open;
   s->tools = tools;
-  srvbuf_init(&s->sent_reasoning);
-  srvbuf_init(&s->sent_content);
+  strbuf_init(&s->sent_reasoning);
+  strbuf_init(&s->sent_content);
 }
 
 void openai_stream_free(openai_stream *s) {
-  srvbuf_free(&s->sent_reasoning);
-  srvbuf_free(&s->sent_content);
+  strbuf_free(&s->sent_reasoning);
+  strbuf_free(&s->sent_content);
 }
 
 /* The whitespace chat_parse skips before "<think>" and drops around tool calls. */
@@ -73,12 +73,12 @@ static void stable_of(const openai_stream *s, const char *text, size_t len, stab
 }
 
 /* Adds to `delta` under `key` the part of `now` beyond `sent`, when `now` extends it. */
-static int extend(json_t *delta, const char *key, srvbuf *sent, const char *now, size_t now_len) {
+static int extend(json_t *delta, const char *key, strbuf *sent, const char *now, size_t now_len) {
   if (now_len <= sent->len) return 0;
   if (sent->len && memcmp(now, sent->data, sent->len)) return 0; /* diverged: send nothing more */
   json_t *v = openai_response_string(now + sent->len, now_len - sent->len);
   if (!v || json_object_set_new(delta, key, v)) return -1;
-  return srvbuf_append(sent, now + sent->len, now_len - sent->len);
+  return strbuf_append(sent, now + sent->len, now_len - sent->len);
 }
 
 /* {"tool_calls":[entry]} */

@@ -28,13 +28,13 @@
 #include <jansson.h>
 #include <stddef.h>
 
-#include "server/srvbuf.h"
+#include "base/strbuf.h"
 
 typedef struct openai_stream {
   int thinking_open;     /* the prompt ended inside <think> */
   const json_t *tools;   /* the request's tools (borrowed), NULL when none */
-  srvbuf sent_reasoning; /* everything sent so far */
-  srvbuf sent_content;
+  strbuf sent_reasoning; /* everything sent so far */
+  strbuf sent_content;
   int n_tool_calls;      /* tool calls in the final parse */
 } openai_stream;
 

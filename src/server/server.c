@@ -21,7 +21,7 @@
 #include "server/openai_response.h"
 #include "server/openai_stream.h"
 #include "server/server_gen.h"
-#include "server/srvbuf.h"
+#include "base/strbuf.h"
 #include "tokenizer/chat_parse.h"
 
 /* ======================================================================================
@@ -51,7 +51,7 @@ struct conn {
   server *s;
   struct MHD_Connection *mc;
   int fd;
-  srvbuf body;
+  strbuf body;
   int too_large;
   /* generation */
   openai_request req;
@@ -70,7 +70,7 @@ struct conn {
   char id[64];
   long long created;
   /* streaming */
-  srvbuf out;      /* SSE bytes not yet handed to MHD */
+  strbuf out;      /* SSE bytes not yet handed to MHD */
   int phase;       /* STREAM_* */
   size_t sent_text; /* completions: bytes of g.text sent */
   int sent_toks;   /* tokens whose ids / logprobs were sent */
@@ -260,8 +260,8 @@ static int encode_turns(const tokenizer *tok, const chat_render *cr, int32_t **i
   }
   if (!monotone) k = 1;
   cut[k] = cr->len;
-  srvbuf acc;
-  srvbuf_init(&acc);
+  strbuf acc;
+  strbuf_init(&acc);
   int nbo = 0;
   for (size_t i = 0; i < k; i++) {
     if (cut[i + 1] <= cut[i]) continue;
@@ -269,22 +269,22 @@ static int encode_turns(const tokenizer *tok, const chat_render *cr, int32_t **i
     int32_t *seg = NULL;
     int m = tokenizer_encode(tok, cr->text + cut[i], cut[i + 1] - cut[i], &seg, err, errlen);
     if (m < 0) {
-      srvbuf_free(&acc);
+      strbuf_free(&acc);
       free(cut);
       free(b);
       return m; /* -1 bad input, TOKENIZER_ENOMEM */
     }
-    srvbuf_append(&acc, seg, sizeof *seg * (size_t)m);
+    strbuf_append(&acc, seg, sizeof *seg * (size_t)m);
     free(seg);
   }
   free(cut);
   if (acc.oom) {
-    srvbuf_free(&acc);
+    strbuf_free(&acc);
     free(b);
     goto oom2;
   }
   *n = (int)(acc.len / sizeof(int32_t));
-  *ids = (int32_t *)srvbuf_take(&acc);
+  *ids = (int32_t *)strbuf_take(&acc);
   *bounds = b;
   *nb = nbo;
   return 0;
@@ -547,14 +547,14 @@ static enum MHD_Result respond_completion(conn *cx) {
   server *s = cx->s;
   openai_error e;
   if (gen_error(cx, &e)) return send_error(cx, &e);
-  srvbuf text;
-  srvbuf_init(&text);
-  if (cx->echo) srvbuf_append(&text, cx->echo, cx->echo_len);
-  if (cx->g.text.len) srvbuf_append(&text, cx->g.text.data, cx->g.text.len);
+  strbuf text;
+  strbuf_init(&text);
+  if (cx->echo) strbuf_append(&text, cx->echo, cx->echo_len);
+  if (cx->g.text.len) strbuf_append(&text, cx->g.text.data, cx->g.text.len);
   json_t *choice = json_object();
   json_object_set_new(choice, "index", json_integer(0));
   json_object_set_new(choice, "text", openai_response_string(text.data ? text.data : "", text.len));
-  srvbuf_free(&text);
+  strbuf_free(&text);
   json_object_set_new(choice, "logprobs",
                       cx->req.logprobs ? completion_logprobs(s, &cx->g, 0, cx->g.n_ids, cx->echo_len) : json_null());
   json_object_set_new(choice, "finish_reason", json_string(server_gen_finish_name(&cx->g)));
@@ -578,9 +578,9 @@ static void sse_json(conn *cx, json_t *j) {
     cx->out.oom = 1;
     return;
   }
-  srvbuf_puts(&cx->out, "data: ");
-  srvbuf_puts(&cx->out, s);
-  srvbuf_puts(&cx->out, "\n\n");
+  strbuf_puts(&cx->out, "data: ");
+  strbuf_puts(&cx->out, s);
+  strbuf_puts(&cx->out, "\n\n");
   free(s);
 }
 
@@ -623,7 +623,7 @@ static void chunk_completion(conn *cx, const char *text, size_t len, const char 
 
 static void stream_error(conn *cx, const openai_error *e) {
   sse_json(cx, openai_response_error_json(e));
-  srvbuf_puts(&cx->out, "data: [DONE]\n\n");
+  strbuf_puts(&cx->out, "data: [DONE]\n\n");
   cx->phase = STREAM_DONE;
 }
 
@@ -684,7 +684,7 @@ static void stream_emit(conn *cx) {
       json_object_set_new(o, "usage", usage_of(cx));
       sse_json(cx, o);
     }
-    srvbuf_puts(&cx->out, "data: [DONE]\n\n");
+    strbuf_puts(&cx->out, "data: [DONE]\n\n");
     cx->phase = STREAM_DONE;
   }
 }
@@ -706,7 +706,7 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
     if (r != 0 || cx->g.done) stream_emit(cx);
     if (cx->probe_due) { /* an SSE comment: a closed client answers it with RST */
       cx->probe_due = 0;
-      if (cx->out.len == 0 && cx->phase != STREAM_DONE) srvbuf_puts(&cx->out, ": \n\n");
+      if (cx->out.len == 0 && cx->phase != STREAM_DONE) strbuf_puts(&cx->out, ": \n\n");
     }
     if (cx->out.oom) {
       server_gen_cancel(&cx->g);
@@ -715,7 +715,7 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
   }
   size_t n = cx->out.len < max ? cx->out.len : max;
   memcpy(buf, cx->out.data, n);
-  srvbuf_consume(&cx->out, n);
+  strbuf_consume(&cx->out, n);
   return (ssize_t)n;
 }
 
@@ -775,7 +775,7 @@ static enum MHD_Result handle_generate(conn *cx, openai_kind kind) {
       openai_stream_init(&cx->st, cx->thinking_open, cx->req.tools);
       cx->have_st = 1;
     }
-    srvbuf_init(&cx->out);
+    strbuf_init(&cx->out);
     cx->phase = STREAM_FIRST;
     struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_reader, cx, NULL);
     if (!r) return MHD_NO;
@@ -1044,7 +1044,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     cx->fd = -1;
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
     if (ci) cx->fd = ci->connect_fd;
-    srvbuf_init(&cx->body);
+    strbuf_init(&cx->body);
     cx->http11 = version && !strcmp(version, MHD_HTTP_VERSION_1_1);
     *con_cls = cx;
     enum MHD_Result ret;
@@ -1057,8 +1057,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     if (!cx->too_large) {
       if (cx->body.len + *upload_data_size > s->o.max_request_bytes) {
         cx->too_large = 1;
-        srvbuf_free(&cx->body);
-      } else if (srvbuf_append(&cx->body, upload_data, *upload_data_size)) {
+        strbuf_free(&cx->body);
+      } else if (strbuf_append(&cx->body, upload_data, *upload_data_size)) {
         return MHD_NO;
       }
     }
@@ -1078,8 +1078,8 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
   if (cx->have_gen) server_gen_free(&cx->g);
   if (cx->have_st) openai_stream_free(&cx->st);
   if (cx->have_req) openai_request_free(&cx->req);
-  srvbuf_free(&cx->body);
-  srvbuf_free(&cx->out);
+  strbuf_free(&cx->body);
+  strbuf_free(&cx->out);
   free(cx->prompt_ids);
   free(cx->bounds);
   free(cx->echo);

@@ -17,7 +17,7 @@ int server_gen_start(server_gen *g, const server_gen_opts *o, engine_status *sta
                      size_t errlen) {
   memset(g, 0, sizeof *g);
   g->o = *o;
-  srvbuf_init(&g->text);
+  strbuf_init(&g->text);
   if (o->tok) {
     g->ds = detok_stream_new(o->tok, o->skip_special);
     if (!g->ds) {
@@ -112,7 +112,7 @@ static void finish_metrics(server_gen *g, double now) {
 }
 
 static void append_text(server_gen *g, const char *s, long n) {
-  if (n > 0) srvbuf_append(&g->text, s, (size_t)n);
+  if (n > 0) strbuf_append(&g->text, s, (size_t)n);
 }
 
 int server_gen_step(server_gen *g, int timeout_ms) {
@@ -201,7 +201,7 @@ void server_gen_free(server_gen *g) {
     engine_release(g->req);
   }
   if (g->ds) detok_stream_free(g->ds);
-  srvbuf_free(&g->text);
+  strbuf_free(&g->text);
   free(g->ids);
   free(g->toks);
   memset(g, 0, sizeof *g);

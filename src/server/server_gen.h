@@ -18,7 +18,7 @@
 
 #include "engine/engine.h"
 #include "server/metrics.h"
-#include "server/srvbuf.h"
+#include "base/strbuf.h"
 #include "tokenizer/tokenizer.h"
 
 typedef struct server_gen_opts {
@@ -53,7 +53,7 @@ typedef struct server_gen {
   server_gen_opts o;
   engine_req *req;
   detok_stream *ds;
-  srvbuf text;    /* generated text, cut at a matched stop string */
+  strbuf text;    /* generated text, cut at a matched stop string */
   size_t scanned; /* stop strings were searched for up to here */
   int32_t *ids;   /* generated ids [n_ids] */
   int n_ids, cap_ids;

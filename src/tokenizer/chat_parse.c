@@ -30,33 +30,11 @@
 #include <sys/random.h>
 #include <time.h>
 
+#include "base/strbuf.h"
 #include "tokenizer/chat_template.h"
 
 /* ---------------------------------------------------------------- small helpers */
 
-typedef struct pbuf {
-  char *p;
-  size_t len, cap;
-  int oom;
-} pbuf;
-
-static void pb_put(pbuf *b, const char *s, size_t n) {
-  if (b->oom) return;
-  if (b->len + n + 1 > b->cap) {
-    size_t cap = b->cap ? b->cap : 128;
-    while (cap < b->len + n + 1) cap *= 2;
-    char *q = realloc(b->p, cap);
-    if (!q) {
-      b->oom = 1;
-      return;
-    }
-    b->p = q;
-    b->cap = cap;
-  }
-  if (n) memcpy(b->p + b->len, s, n);
-  b->len += n;
-  b->p[b->len] = 0;
-}
 
 static int is_ws(char c) { return c == ' ' || c == '\n' || c == '\t' || c == '\r'; }
 
@@ -296,7 +274,7 @@ int chat_parse_ex(const char *text, int thinking_open, const json_t *tools_json,
   }
 
   /* step 2: tool calls */
-  pbuf content = {0};
+  strbuf content = {0};
   json_t *calls = json_array();
   if (!calls) goto oom;
   const char *pos = s;
@@ -307,7 +285,7 @@ int chat_parse_ex(const char *text, int thinking_open, const json_t *tools_json,
       if (json_array_size(calls)) {
         while (q < end && is_ws(*q)) q++;
       }
-      if (q < end) pb_put(&content, pos, (size_t)(end - pos));
+      if (q < end) strbuf_append(&content, pos, (size_t)(end - pos));
       break;
     }
     const char *body = open + 11;
@@ -317,7 +295,7 @@ int chat_parse_ex(const char *text, int thinking_open, const json_t *tools_json,
     size_t before = json_array_size(calls);
     int rc = parse_call(body, bend, tools_json, id_fn, id_ctx, calls);
     if (rc == CALL_OOM) {
-      free(content.p);
+      free(content.data);
       json_decref(calls);
       goto oom;
     }
@@ -327,19 +305,19 @@ int chat_parse_ex(const char *text, int thinking_open, const json_t *tools_json,
       const char *q = pos;
       if (before) /* whitespace between two calls */
         while (q < seg_end && is_ws(*q)) q++;
-      if (q < seg_end) pb_put(&content, pos, (size_t)(seg_end - pos));
+      if (q < seg_end) strbuf_append(&content, pos, (size_t)(seg_end - pos));
     } else {
-      pb_put(&content, pos, (size_t)(after - pos)); /* malformed: kept verbatim */
+      strbuf_append(&content, pos, (size_t)(after - pos)); /* malformed: kept verbatim */
     }
     pos = after;
   }
-  if (!content.p) pb_put(&content, "", 0);
+  if (!content.data) strbuf_append(&content, "", 0);
   if (content.oom) {
-    free(content.p);
+    free(content.data);
     json_decref(calls);
     goto oom;
   }
-  out->content = content.p;
+  out->content = content.data;
   if (json_array_size(calls)) out->tool_calls = calls;
   else json_decref(calls);
   return 0;

@@ -32,33 +32,11 @@
 #include <string.h>
 
 #include "base/log.h"
+#include "base/strbuf.h"
 
 /* ---------------------------------------------------------------- string builder */
 
-typedef struct sbuf {
-  char *p;
-  size_t len, cap;
-  int oom;
-} sbuf;
-
-static void sb_put(sbuf *b, const char *s, size_t n) {
-  if (b->oom) return;
-  if (b->len + n + 1 > b->cap) {
-    size_t cap = b->cap ? b->cap : 256;
-    while (cap < b->len + n + 1) cap *= 2;
-    char *q = realloc(b->p, cap);
-    if (!q) {
-      b->oom = 1;
-      return;
-    }
-    b->p = q;
-    b->cap = cap;
-  }
-  if (n) memcpy(b->p + b->len, s, n);
-  b->len += n;
-  b->p[b->len] = 0;
-}
-static void sb_puts(sbuf *b, const char *s) { sb_put(b, s, strlen(s)); }
+/* (strbuf from base/strbuf.h) */
 
 /* ---------------------------------------------------------------- Python-compatible JSON */
 
@@ -126,8 +104,8 @@ static void py_float_repr(double x, char *out, size_t outlen) {
   snprintf(out, outlen, "%s", res);
 }
 
-static void py_json_string(sbuf *b, const char *s, size_t n) {
-  sb_put(b, "\"", 1);
+static void py_json_string(strbuf *b, const char *s, size_t n) {
+  strbuf_append(b, "\"", 1);
   size_t run = 0;
   for (size_t i = 0; i < n; i++) {
     unsigned char c = (unsigned char)s[i];
@@ -145,86 +123,86 @@ static void py_json_string(sbuf *b, const char *s, size_t n) {
       esc = u;
     }
     if (esc) {
-      sb_put(b, s + i - run, run);
+      strbuf_append(b, s + i - run, run);
       run = 0;
-      sb_puts(b, esc);
+      strbuf_puts(b, esc);
     } else {
       run++;
     }
   }
-  sb_put(b, s + n - run, run);
-  sb_put(b, "\"", 1);
+  strbuf_append(b, s + n - run, run);
+  strbuf_append(b, "\"", 1);
 }
 
-static void py_json(sbuf *b, const json_t *v) {
+static void py_json(strbuf *b, const json_t *v) {
   char num[64];
   switch (json_typeof(v)) {
   case JSON_OBJECT: {
     const char *k;
     json_t *x;
     int first = 1;
-    sb_put(b, "{", 1);
+    strbuf_append(b, "{", 1);
     json_object_foreach((json_t *)v, k, x) {
-      if (!first) sb_put(b, ", ", 2);
+      if (!first) strbuf_append(b, ", ", 2);
       first = 0;
       py_json_string(b, k, strlen(k));
-      sb_put(b, ": ", 2);
+      strbuf_append(b, ": ", 2);
       py_json(b, x);
     }
-    sb_put(b, "}", 1);
+    strbuf_append(b, "}", 1);
     break;
   }
   case JSON_ARRAY: {
-    sb_put(b, "[", 1);
+    strbuf_append(b, "[", 1);
     for (size_t i = 0; i < json_array_size(v); i++) {
-      if (i) sb_put(b, ", ", 2);
+      if (i) strbuf_append(b, ", ", 2);
       py_json(b, json_array_get(v, i));
     }
-    sb_put(b, "]", 1);
+    strbuf_append(b, "]", 1);
     break;
   }
   case JSON_STRING: py_json_string(b, json_string_value(v), json_string_length(v)); break;
   case JSON_INTEGER:
     snprintf(num, sizeof num, "%" JSON_INTEGER_FORMAT, json_integer_value(v));
-    sb_puts(b, num);
+    strbuf_puts(b, num);
     break;
   case JSON_REAL:
     py_float_repr(json_real_value(v), num, sizeof num);
-    sb_puts(b, num);
+    strbuf_puts(b, num);
     break;
-  case JSON_TRUE: sb_puts(b, "true"); break;
-  case JSON_FALSE: sb_puts(b, "false"); break;
-  case JSON_NULL: sb_puts(b, "null"); break;
+  case JSON_TRUE: strbuf_puts(b, "true"); break;
+  case JSON_FALSE: strbuf_puts(b, "false"); break;
+  case JSON_NULL: strbuf_puts(b, "null"); break;
   }
 }
 
 char *chat_template_tojson(const json_t *v) {
-  sbuf b = {0};
+  strbuf b = {0};
   py_json(&b, v);
   if (b.oom) {
-    free(b.p);
+    free(b.data);
     return NULL;
   }
-  if (!b.p) return strdup("");
-  return b.p;
+  if (!b.data) return strdup("");
+  return b.data;
 }
 
 /* Python str(v) as Jinja's |string gives it for a JSON scalar (strings as they are). */
-static void py_str(sbuf *b, const json_t *v) {
+static void py_str(strbuf *b, const json_t *v) {
   char num[64];
   switch (json_typeof(v)) {
-  case JSON_STRING: sb_put(b, json_string_value(v), json_string_length(v)); break;
+  case JSON_STRING: strbuf_append(b, json_string_value(v), json_string_length(v)); break;
   case JSON_INTEGER:
     snprintf(num, sizeof num, "%" JSON_INTEGER_FORMAT, json_integer_value(v));
-    sb_puts(b, num);
+    strbuf_puts(b, num);
     break;
   case JSON_REAL:
     py_float_repr(json_real_value(v), num, sizeof num);
-    sb_puts(b, num);
+    strbuf_puts(b, num);
     break;
-  case JSON_TRUE: sb_puts(b, "True"); break;
-  case JSON_FALSE: sb_puts(b, "False"); break;
-  case JSON_NULL: sb_puts(b, "None"); break;
+  case JSON_TRUE: strbuf_puts(b, "True"); break;
+  case JSON_FALSE: strbuf_puts(b, "False"); break;
+  case JSON_NULL: strbuf_puts(b, "None"); break;
   default: py_json(b, v); break;
   }
 }
@@ -361,10 +339,10 @@ static void views_free(msg_view *v, int n) {
 /* Content as one string: a string, null/missing (""), or an array of text parts. */
 static int content_join(const json_t *c, int idx, char **out, size_t *len, char *err,
                         size_t errlen) {
-  sbuf b = {0};
+  strbuf b = {0};
   if (!c || json_is_null(c)) {
   } else if (json_is_string(c)) {
-    sb_put(&b, json_string_value(c), json_string_length(c));
+    strbuf_append(&b, json_string_value(c), json_string_length(c));
   } else if (json_is_array(c)) {
     for (size_t i = 0; i < json_array_size(c); i++) {
       const json_t *part = json_array_get(c, i);
@@ -372,24 +350,24 @@ static int content_join(const json_t *c, int idx, char **out, size_t *len, char 
       const json_t *tx = json_object_get(part, "text");
       if (!json_is_object(part) || !json_is_string(tx) ||
           (ty && !(json_is_string(ty) && !strcmp(json_string_value(ty), "text")))) {
-        free(b.p);
+        free(b.data);
         return errf(err, errlen,
                     "messages[%d].content[%zu]: only {\"type\": \"text\", \"text\": ...} parts "
                     "are supported",
                     idx, i);
       }
-      sb_put(&b, json_string_value(tx), json_string_length(tx));
+      strbuf_append(&b, json_string_value(tx), json_string_length(tx));
     }
   } else {
     return errf(err, errlen,
                 "messages[%d].content must be a string or an array of text parts", idx);
   }
-  if (!b.p) sb_put(&b, "", 0);
+  if (!b.data) strbuf_append(&b, "", 0);
   if (b.oom) {
-    free(b.p);
+    free(b.data);
     return errf(err, errlen, "out of memory");
   }
-  *out = b.p;
+  *out = b.data;
   *len = b.len;
   return 0;
 }
@@ -532,31 +510,31 @@ fail:
 /* ---------------------------------------------------------------- Qwen3 / Qwen3-Next */
 
 static void render_qwen3(const msg_view *m, int n, const json_t *tools, int add_gen,
-                         int thinking_false, sbuf *b, size_t *offs) {
+                         int thinking_false, strbuf *b, size_t *offs) {
   int has_tools = json_array_size(tools) > 0;
   span c0 = {m[0].content, m[0].content_len};
   /* {%- if tools %} ... {%- else %} system turn {%- endif %} */
   if (has_tools) {
-    sb_puts(b, "<|im_start|>system\n");
+    strbuf_puts(b, "<|im_start|>system\n");
     if (m[0].role == ROLE_SYSTEM) {
-      sb_put(b, c0.p, c0.n);
-      sb_puts(b, "\n\n");
+      strbuf_append(b, c0.p, c0.n);
+      strbuf_puts(b, "\n\n");
     }
-    sb_puts(b, "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    strbuf_puts(b, "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
                "You are provided with function signatures within <tools></tools> XML tags:\n"
                "<tools>");
     for (size_t i = 0; i < json_array_size(tools); i++) {
-      sb_puts(b, "\n");
+      strbuf_puts(b, "\n");
       py_json(b, json_array_get(tools, i));
     }
-    sb_puts(b, "\n</tools>\n\nFor each function call, return a json object with function name "
+    strbuf_puts(b, "\n</tools>\n\nFor each function call, return a json object with function name "
                "and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
                "{\"name\": <function-name>, \"arguments\": <args-json-object>}\n"
                "</tool_call><|im_end|>\n");
   } else if (m[0].role == ROLE_SYSTEM) {
-    sb_puts(b, "<|im_start|>system\n");
-    sb_put(b, c0.p, c0.n);
-    sb_puts(b, "<|im_end|>\n");
+    strbuf_puts(b, "<|im_start|>system\n");
+    strbuf_append(b, c0.p, c0.n);
+    strbuf_puts(b, "<|im_end|>\n");
   }
   if (m[0].role == ROLE_SYSTEM) offs[0] = 0;
 
@@ -576,11 +554,11 @@ static void render_qwen3(const msg_view *m, int n, const json_t *tools, int add_
     span c = {m[i].content, m[i].content_len};
     if (m[i].role == ROLE_USER || (m[i].role == ROLE_SYSTEM && i != 0)) {
       offs[i] = b->len;
-      sb_puts(b, "<|im_start|>");
-      sb_puts(b, role_names[m[i].role]);
-      sb_puts(b, "\n");
-      sb_put(b, c.p, c.n);
-      sb_puts(b, "<|im_end|>\n");
+      strbuf_puts(b, "<|im_start|>");
+      strbuf_puts(b, role_names[m[i].role]);
+      strbuf_puts(b, "\n");
+      strbuf_append(b, c.p, c.n);
+      strbuf_puts(b, "<|im_end|>\n");
     } else if (m[i].role == ROLE_ASSISTANT) {
       offs[i] = b->len;
       span content = c, reasoning = {"", 0};
@@ -600,40 +578,40 @@ static void render_qwen3(const msg_view *m, int n, const json_t *tools, int add_
       if (i > last_query && (i == n - 1 || reasoning.n)) {
         span r = rstrip_nl(lstrip_nl(reasoning));
         span cl = lstrip_nl(content);
-        sb_puts(b, "<|im_start|>assistant\n<think>\n");
-        sb_put(b, r.p, r.n);
-        sb_puts(b, "\n</think>\n\n");
-        sb_put(b, cl.p, cl.n);
+        strbuf_puts(b, "<|im_start|>assistant\n<think>\n");
+        strbuf_append(b, r.p, r.n);
+        strbuf_puts(b, "\n</think>\n\n");
+        strbuf_append(b, cl.p, cl.n);
       } else {
-        sb_puts(b, "<|im_start|>assistant\n");
-        sb_put(b, content.p, content.n);
+        strbuf_puts(b, "<|im_start|>assistant\n");
+        strbuf_append(b, content.p, content.n);
       }
       for (int j = 0; j < m[i].n_calls; j++) {
-        if ((j == 0 && content.n) || j > 0) sb_puts(b, "\n");
-        sb_puts(b, "<tool_call>\n{\"name\": \"");
-        sb_puts(b, m[i].calls[j].name);
-        sb_puts(b, "\", \"arguments\": ");
+        if ((j == 0 && content.n) || j > 0) strbuf_puts(b, "\n");
+        strbuf_puts(b, "<tool_call>\n{\"name\": \"");
+        strbuf_puts(b, m[i].calls[j].name);
+        strbuf_puts(b, "\", \"arguments\": ");
         const json_t *a = m[i].calls[j].args;
-        if (json_is_string(a)) sb_put(b, json_string_value(a), json_string_length(a));
+        if (json_is_string(a)) strbuf_append(b, json_string_value(a), json_string_length(a));
         else py_json(b, a);
-        sb_puts(b, "}\n</tool_call>");
+        strbuf_puts(b, "}\n</tool_call>");
       }
-      sb_puts(b, "<|im_end|>\n");
+      strbuf_puts(b, "<|im_end|>\n");
     } else if (m[i].role == ROLE_TOOL) {
       if (i == 0 || m[i - 1].role != ROLE_TOOL) {
         group_start = b->len;
-        sb_puts(b, "<|im_start|>user");
+        strbuf_puts(b, "<|im_start|>user");
       }
       offs[i] = group_start;
-      sb_puts(b, "\n<tool_response>\n");
-      sb_put(b, c.p, c.n);
-      sb_puts(b, "\n</tool_response>");
-      if (i == n - 1 || m[i + 1].role != ROLE_TOOL) sb_puts(b, "<|im_end|>\n");
+      strbuf_puts(b, "\n<tool_response>\n");
+      strbuf_append(b, c.p, c.n);
+      strbuf_puts(b, "\n</tool_response>");
+      if (i == n - 1 || m[i + 1].role != ROLE_TOOL) strbuf_puts(b, "<|im_end|>\n");
     }
   }
   if (add_gen) {
-    sb_puts(b, "<|im_start|>assistant\n");
-    if (thinking_false) sb_puts(b, "<think>\n\n</think>\n\n");
+    strbuf_puts(b, "<|im_start|>assistant\n");
+    if (thinking_false) strbuf_puts(b, "<think>\n\n</think>\n\n");
   }
 }
 
@@ -653,26 +631,26 @@ static const char qwen35_tools_footer[] =
 
 /* qwen36: honour preserve_thinking, print non-string parameter values with tojson. */
 static int render_qwen35(const msg_view *m, int n, const json_t *tools, int add_gen,
-                         int thinking_false, int qwen36, int preserve_thinking, sbuf *b,
+                         int thinking_false, int qwen36, int preserve_thinking, strbuf *b,
                          size_t *offs, char *err, size_t errlen) {
   span sys = py_trim((span){m[0].content, m[0].content_len});
   if (json_array_size(tools) > 0) {
-    sb_puts(b, "<|im_start|>system\n# Tools\n\nYou have access to the following functions:\n\n"
+    strbuf_puts(b, "<|im_start|>system\n# Tools\n\nYou have access to the following functions:\n\n"
                "<tools>");
     for (size_t i = 0; i < json_array_size(tools); i++) {
-      sb_puts(b, "\n");
+      strbuf_puts(b, "\n");
       py_json(b, json_array_get(tools, i));
     }
-    sb_puts(b, qwen35_tools_footer);
+    strbuf_puts(b, qwen35_tools_footer);
     if (m[0].role == ROLE_SYSTEM && sys.n) {
-      sb_puts(b, "\n\n");
-      sb_put(b, sys.p, sys.n);
+      strbuf_puts(b, "\n\n");
+      strbuf_append(b, sys.p, sys.n);
     }
-    sb_puts(b, "<|im_end|>\n");
+    strbuf_puts(b, "<|im_end|>\n");
   } else if (m[0].role == ROLE_SYSTEM) {
-    sb_puts(b, "<|im_start|>system\n");
-    sb_put(b, sys.p, sys.n);
-    sb_puts(b, "<|im_end|>\n");
+    strbuf_puts(b, "<|im_start|>system\n");
+    strbuf_append(b, sys.p, sys.n);
+    strbuf_puts(b, "<|im_end|>\n");
   }
   if (m[0].role == ROLE_SYSTEM) offs[0] = 0;
 
@@ -694,9 +672,9 @@ static int render_qwen35(const msg_view *m, int n, const json_t *tools, int add_
     if (m[i].role == ROLE_SYSTEM) continue; /* only at index 0 (checked) */
     if (m[i].role == ROLE_USER) {
       offs[i] = b->len;
-      sb_puts(b, "<|im_start|>user\n");
-      sb_put(b, c.p, c.n);
-      sb_puts(b, "<|im_end|>\n");
+      strbuf_puts(b, "<|im_start|>user\n");
+      strbuf_append(b, c.p, c.n);
+      strbuf_puts(b, "<|im_end|>\n");
     } else if (m[i].role == ROLE_ASSISTANT) {
       offs[i] = b->len;
       span content = c, reasoning = {"", 0};
@@ -713,26 +691,26 @@ static int render_qwen35(const msg_view *m, int n, const json_t *tools, int add_
       }
       reasoning = py_trim(reasoning);
       if ((qwen36 && preserve_thinking) || i > last_query) {
-        sb_puts(b, "<|im_start|>assistant\n<think>\n");
-        sb_put(b, reasoning.p, reasoning.n);
-        sb_puts(b, "\n</think>\n\n");
-        sb_put(b, content.p, content.n);
+        strbuf_puts(b, "<|im_start|>assistant\n<think>\n");
+        strbuf_append(b, reasoning.p, reasoning.n);
+        strbuf_puts(b, "\n</think>\n\n");
+        strbuf_append(b, content.p, content.n);
       } else {
-        sb_puts(b, "<|im_start|>assistant\n");
-        sb_put(b, content.p, content.n);
+        strbuf_puts(b, "<|im_start|>assistant\n");
+        strbuf_append(b, content.p, content.n);
       }
       for (int j = 0; j < m[i].n_calls; j++) {
         const call_view *cv = &m[i].calls[j];
-        if (j == 0) sb_puts(b, py_trim(content).n ? "\n\n<tool_call>\n<function=" : "<tool_call>\n<function=");
-        else sb_puts(b, "\n<tool_call>\n<function=");
-        sb_puts(b, cv->name);
-        sb_puts(b, ">\n");
+        if (j == 0) strbuf_puts(b, py_trim(content).n ? "\n\n<tool_call>\n<function=" : "<tool_call>\n<function=");
+        else strbuf_puts(b, "\n<tool_call>\n<function=");
+        strbuf_puts(b, cv->name);
+        strbuf_puts(b, ">\n");
         const char *k;
         json_t *val;
         json_object_foreach((json_t *)cv->args, k, val) {
-          sb_puts(b, "<parameter=");
-          sb_puts(b, k);
-          sb_puts(b, ">\n");
+          strbuf_puts(b, "<parameter=");
+          strbuf_puts(b, k);
+          strbuf_puts(b, ">\n");
           if (qwen36) {
             if (json_is_string(val)) py_str(b, val);
             else py_json(b, val);
@@ -741,26 +719,26 @@ static int render_qwen35(const msg_view *m, int n, const json_t *tools, int add_
           } else {
             py_str(b, val);
           }
-          sb_puts(b, "\n</parameter>\n");
+          strbuf_puts(b, "\n</parameter>\n");
         }
-        sb_puts(b, "</function>\n</tool_call>");
+        strbuf_puts(b, "</function>\n</tool_call>");
       }
-      sb_puts(b, "<|im_end|>\n");
+      strbuf_puts(b, "<|im_end|>\n");
     } else { /* tool: a preceding assistant call is guaranteed, so i > 0 */
       if (m[i - 1].role != ROLE_TOOL) {
         group_start = b->len;
-        sb_puts(b, "<|im_start|>user");
+        strbuf_puts(b, "<|im_start|>user");
       }
       offs[i] = group_start;
-      sb_puts(b, "\n<tool_response>\n");
-      sb_put(b, c.p, c.n);
-      sb_puts(b, "\n</tool_response>");
-      if (i == n - 1 || m[i + 1].role != ROLE_TOOL) sb_puts(b, "<|im_end|>\n");
+      strbuf_puts(b, "\n<tool_response>\n");
+      strbuf_append(b, c.p, c.n);
+      strbuf_puts(b, "\n</tool_response>");
+      if (i == n - 1 || m[i + 1].role != ROLE_TOOL) strbuf_puts(b, "<|im_end|>\n");
     }
   }
   if (add_gen) {
-    sb_puts(b, "<|im_start|>assistant\n");
-    sb_puts(b, thinking_false ? "<think>\n\n</think>\n\n" : "<think>\n");
+    strbuf_puts(b, "<|im_start|>assistant\n");
+    strbuf_puts(b, thinking_false ? "<think>\n\n</think>\n\n" : "<think>\n");
   }
   return 0;
 }
@@ -788,7 +766,7 @@ int chat_template_render(chat_template_kind kind, const json_t *request, int add
     views_free(v, n);
     return errf(err, errlen, "out of memory");
   }
-  sbuf b = {0};
+  strbuf b = {0};
   int rc = 0;
   if (kind == CHAT_TEMPLATE_QWEN3)
     render_qwen3(v, n, tools, add_generation_prompt, thinking_false, &b, offs);
@@ -797,14 +775,14 @@ int chat_template_render(chat_template_kind kind, const json_t *request, int add
                        kind == CHAT_TEMPLATE_QWEN36, preserve_thinking, &b, offs, err, errlen);
   views_free(v, n);
   if (!rc && b.oom) rc = errf(err, errlen, "out of memory");
-  if (!rc && !b.p) sb_put(&b, "", 0);
+  if (!rc && !b.data) strbuf_append(&b, "", 0);
   if (!rc && b.oom) rc = errf(err, errlen, "out of memory");
   if (rc) {
-    free(b.p);
+    free(b.data);
     free(offs);
     return -1;
   }
-  out->text = b.p;
+  out->text = b.data;
   out->len = b.len;
   out->msg_offsets = offs;
   out->n_msgs = n;

@@ -392,45 +392,6 @@ TEST(batch_invariant_gemm) {
   BI->destroy(BI);
 }
 
-/* DS_GEMV_ROWS=2 (two output columns per warp) gives the same bits as the default GEMV,
- * odd N included (the last warp takes one column). */
-TEST(gemv_two_columns) {
-  char err[256];
-  setenv("DS_GEMV_ROWS", "2", 1);
-  backend *g2 = backend_cuda_create(0, err, sizeof err);
-  unsetenv("DS_GEMV_ROWS");
-  EXPECT_MSG(g2 != NULL, "create: %s", err);
-  if (!g2) return;
-  int K = 2560, N = 333;
-  for (int T = 1; T <= 8; T++) {
-    float *x = rand_vec((size_t)T * K, 1.f), *W = rand_vec((size_t)N * K, 0.1f);
-    backend_weight w1 = GPU->weight_upload(GPU, W, DTYPE_F32, N, K), w2 = g2->weight_upload(g2, W, DTYPE_F32, N, K);
-    backend_buf x1 = mk(GPU, BACKEND_KIND_ACT, x, (size_t)T * K), x2 = mk(g2, BACKEND_KIND_ACT, x, (size_t)T * K);
-    backend_buf y1 = mk(GPU, BACKEND_KIND_ACT, NULL, (size_t)T * N), y2 = mk(g2, BACKEND_KIND_ACT, NULL, (size_t)T * N);
-    GPU->matmul(GPU, x1, w1, T, K, N, y1);
-    g2->matmul(g2, x2, w2, T, K, N, y2);
-    uint16_t *r1 = malloc((size_t)T * N * 2), *r2 = malloc((size_t)T * N * 2);
-    GPU->read(GPU, y1, 0, r1, (size_t)T * N * 2);
-    g2->read(g2, y2, 0, r2, (size_t)T * N * 2);
-    size_t d = 0;
-    for (size_t j = 0; j < (size_t)T * N; j++) d += r1[j] != r2[j];
-    n_checks++;
-    EXPECT_MSG(d == 0, "gemv two columns T=%d: %zu values differ from the one-column GEMV", T, d);
-    free(r1);
-    free(r2);
-    GPU->free(GPU, x1);
-    GPU->free(GPU, y1);
-    g2->free(g2, x2);
-    g2->free(g2, y2);
-    GPU->weight_free(GPU, w1);
-    g2->weight_free(g2, w2);
-    free(x);
-    free(W);
-  }
-  EXPECT_MSG(g2->sync(g2, err, sizeof err) == 0, "%s", err);
-  g2->destroy(g2);
-}
-
 TEST(qk_norm_rope) {
   pieces p = {3, {4, 1, 2}, {0, 1000, 70000}, {0, 1, 2}};
   set_batch(&p, 0, NULL);
@@ -1026,7 +987,6 @@ int main(void) {
   RUN(elementwise);
   RUN(matmul);
   RUN(batch_invariant_gemm);
-  RUN(gemv_two_columns);
   RUN(qk_norm_rope);
   RUN(attention);
   RUN(attention_gemm_blocks);

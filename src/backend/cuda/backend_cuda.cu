@@ -429,36 +429,6 @@ __device__ __forceinline__ void gemv_row(const bf16 *__restrict__ x, const bf16 
   for (int t = 0; t < T; t++) acc[t] = warp_sum(acc[t]);
 }
 
-/* gemv_row for two W rows at once: each x piece loaded once for both (half the L1 traffic
- * of two gemv_row calls at T = 8); every sum in exactly gemv_row's order (the same bits). */
-template <int T>
-__device__ __forceinline__ void gemv_row2(const bf16 *__restrict__ x, const bf16 *__restrict__ w0,
-                                          const bf16 *__restrict__ w1, int K, int lane,
-                                          float *acc0, float *acc1) {
-#pragma unroll
-  for (int t = 0; t < T; t++) acc0[t] = acc1[t] = 0.f;
-#pragma unroll 2
-  for (int k = lane * 8; k < K; k += 256) {
-    float wf0[8], wf1[8];
-    bf8_to_f(ld_stream16(w0 + k), wf0);
-    bf8_to_f(ld_stream16(w1 + k), wf1);
-#pragma unroll
-    for (int t = 0; t < T; t++) {
-      float xf[8];
-      bf8_to_f(*(const uint4 *)(x + (size_t)t * K + k), xf);
-#pragma unroll
-      for (int i = 0; i < 8; i++) acc0[t] += wf0[i] * xf[i];
-#pragma unroll
-      for (int i = 0; i < 8; i++) acc1[t] += wf1[i] * xf[i];
-    }
-  }
-#pragma unroll
-  for (int t = 0; t < T; t++) {
-    acc0[t] = warp_sum(acc0[t]);
-    acc1[t] = warp_sum(acc1[t]);
-  }
-}
-
 /* acc[lane] with a compile-time index (lane < T). */
 template <int T>
 __device__ __forceinline__ float gemv_pick(const float *acc, int lane) {
@@ -477,25 +447,6 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
   float acc[T];
   gemv_row<T>(x, W + (size_t)n * K, K, lane, acc);
   if (lane < T) y[(size_t)lane * N + n] = f2bf(gemv_pick<T>(acc, lane));
-}
-
-/* k_gemv with two output columns per warp (DS_GEMV_ROWS=2). */
-template <int T>
-__global__ void __launch_bounds__(GEMV_WARPS * 32)
-    k_gemv2(const bf16 *__restrict__ x, const bf16 *__restrict__ W, int K, int N, bf16 *y) {
-  int n = 2 * (blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5)), lane = threadIdx.x & 31;
-  if (n >= N) return;
-  float a0[T], a1[T];
-  if (n + 1 < N) {
-    gemv_row2<T>(x, W + (size_t)n * K, W + (size_t)(n + 1) * K, K, lane, a0, a1);
-    if (lane < T) {
-      y[(size_t)lane * N + n] = f2bf(gemv_pick<T>(a0, lane));
-      y[(size_t)lane * N + n + 1] = f2bf(gemv_pick<T>(a1, lane));
-    }
-  } else {
-    gemv_row<T>(x, W + (size_t)n * K, K, lane, a0);
-    if (lane < T) y[(size_t)lane * N + n] = f2bf(gemv_pick<T>(a0, lane));
-  }
 }
 
 /* Up to GEMV_MULTI products of one x in one launch (the decode step's q/k/v and DeltaNet input
@@ -626,16 +577,6 @@ static void gemv_all(cuda_ctx *c, const bf16 *x, const bf16 *W, int T, int K, in
 static int gemv(cuda_ctx *c, const bf16 *x, const bf16 *W, int T, int K, int N, bf16 *y) {
   if (c->legacy || T < 1 || T > c->gemv_maxt || K % 8 || (((uintptr_t)x | (uintptr_t)W) & 15))
     return 0;
-  if (c->gemv_rows == 2 && T >= c->gemv_rows2_mint) {
-    unsigned blocks = (unsigned)((N + 2 * GEMV_WARPS - 1) / (2 * GEMV_WARPS));
-    switch (T) {
-#define G(n) case n: k_gemv2<n><<<blocks, GEMV_WARPS * 32, 0, c->st>>>(x, W, K, N, y); break;
-      G(1) G(2) G(3) G(4) G(5) G(6) G(7) G(8)
-#undef G
-    }
-    cuda_check_launch(c, "matmul (gemv2)");
-    return 1;
-  }
   unsigned blocks = (unsigned)((N + GEMV_WARPS - 1) / GEMV_WARPS);
   switch (T) {
 #define G(n) case n: k_gemv<n><<<blocks, GEMV_WARPS * 32, 0, c->st>>>(x, W, K, N, y); break;
@@ -1280,15 +1221,13 @@ extern "C" backend *backend_cuda_create(int device, char *err, size_t errlen) {
     const char *ag = getenv("DS_ATTN_GEMM"), *ar = getenv("DS_ATTN_GEMM_ROWS");
     c->attn_gemm_off = ag && strcmp(ag, "0") == 0;
     c->attn_gemm_rows = ar ? atoi(ar) : 0;
-    /* GEMV path tuning knobs (timed in bench/NOTES.md): rows of the step up to which the GEMV
-     * path is taken (1..8), output columns per warp (1 or 2) and from which T on */
-    const char *gm = getenv("DS_GEMV_MAXT"), *gr = getenv("DS_GEMV_ROWS"), *g2 = getenv("DS_GEMV_ROWS2_MINT");
+    /* GEMV path tuning knob (timed in bench/NOTES.md): rows of the step up to which the GEMV
+     * path is taken (1..8) */
+    const char *gm = getenv("DS_GEMV_MAXT");
     /* batch-invariant: cuBLAS never runs, and the GEMV path (fused, streaming loads) gives
      * the same bits as the batch-invariant kernel up to 8 rows */
     c->gemv_maxt = gm ? atoi(gm) : c->batch_invariant ? GEMV_MAXT : GEMV_MAXT_DEFAULT;
     if (c->gemv_maxt < 0 || c->gemv_maxt > GEMV_MAXT) c->gemv_maxt = GEMV_MAXT;
-    c->gemv_rows = gr && atoi(gr) == 2 ? 2 : 1;
-    c->gemv_rows2_mint = g2 ? atoi(g2) : 1;
     const char *mg = getenv("DS_MOE_GROUPED");
     c->moe_grouped = mg && strcmp(mg, "0") != 0 && *mg;
     c->legacy = !c->batch_invariant && lg && *lg && strcmp(lg, "0") != 0;

@@ -70,8 +70,8 @@ typedef struct cuda_ctx {
   /* prefill attention on tensor cores (cuda_attn.cu "GEMM path"): DS_ATTN_GEMM=0 turns it
    * off, DS_ATTN_GEMM_ROWS=N caps its query rows per block */
   int attn_gemm_off, attn_gemm_rows;
-  /* GEMV path: largest step (rows) it takes, output columns per warp, from which T on 2 */
-  int gemv_maxt, gemv_rows, gemv_rows2_mint;
+  /* GEMV path: the largest step (rows) it takes (DS_GEMV_MAXT) */
+  int gemv_maxt;
   /* DS_MOE_GROUPED=1: routed experts of large steps as per-expert GEMMs (cuda_moe.cu) */
   int moe_grouped;
   /* decode steps: ops recorded, fused and replayed as CUDA graphs (NULL: off) */

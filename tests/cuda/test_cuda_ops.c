@@ -195,6 +195,17 @@ static void gpu_ok(void) {
   EXPECT_MSG(rc == 0, "cuda sync failed: %s", err);
 }
 
+/* A second CUDA backend created with one DS_* knob set (the backend reads its knobs at
+ * creation); NULL (reported) when it cannot be created. */
+static backend *gpu_with(const char *knob, const char *value) {
+  char err[256] = "";
+  setenv(knob, value, 1);
+  backend *be = backend_cuda_create(0, err, sizeof err);
+  unsetenv(knob);
+  EXPECT_MSG(be != NULL, "create with %s=%s: %s", knob, value, err);
+  return be;
+}
+
 /* ---- tests ---- */
 
 TEST(memory) {
@@ -322,10 +333,7 @@ TEST(matmul) {
  * same bits as the default backend's GEMV (<= 4 rows); within bf16 tolerance of the CPU. */
 TEST(batch_invariant_gemm) {
   char err[256];
-  setenv("DS_BATCH_INVARIANT", "1", 1);
-  backend *BI = backend_cuda_create(0, err, sizeof err);
-  unsetenv("DS_BATCH_INVARIANT");
-  EXPECT_MSG(BI != NULL, "create: %s", err);
+  backend *BI = gpu_with("DS_BATCH_INVARIANT", "1");
   if (!BI) return;
   int Ks[3] = {2560, 100, 264}, Ns[3] = {515, 77, 1001}, TALL = 67;
   int Ts[7] = {1, 3, 8, 9, 40, 64, 65};
@@ -465,13 +473,9 @@ static void attention_case(int nh, int nkv, int hd) {
 
 /* The GEMM path in blocks of 5 query rows (DS_ATTN_GEMM_ROWS), and switched off. */
 TEST(attention_gemm_blocks) {
-  char err[256];
   const char *knobs[2][2] = {{"DS_ATTN_GEMM_ROWS", "5"}, {"DS_ATTN_GEMM", "0"}};
   for (int k = 0; k < 2; k++) {
-    setenv(knobs[k][0], knobs[k][1], 1);
-    backend *g2 = backend_cuda_create(0, err, sizeof err);
-    unsetenv(knobs[k][0]);
-    EXPECT_MSG(g2 != NULL, "create: %s", err);
+    backend *g2 = gpu_with(knobs[k][0], knobs[k][1]);
     if (!g2) return;
     backend *save = GPU;
     GPU = g2;
@@ -710,11 +714,7 @@ TEST(moe) {
 /* DS_MOE_GROUPED=1: steps of >= 64 rows take per-expert cuBLAS GEMMs over rows grouped by
  * expert (two chunks of 2048 rows at T = 2100); smaller steps keep the per-row kernels. */
 TEST(moe_grouped) {
-  char err[256];
-  setenv("DS_MOE_GROUPED", "1", 1);
-  backend *g2 = backend_cuda_create(0, err, sizeof err);
-  unsetenv("DS_MOE_GROUPED");
-  EXPECT_MSG(g2 != NULL, "create: %s", err);
+  backend *g2 = gpu_with("DS_MOE_GROUPED", "1");
   if (!g2) return;
   backend *save = GPU;
   GPU = g2;
@@ -906,11 +906,7 @@ static void dmodel_step(dmodel *m, int n, const int32_t *pos, float *logits, int
 }
 
 TEST(decode_graph) {
-  char err[256] = "";
-  setenv("DS_CUDA_GRAPHS", "0", 1);
-  backend *plain = backend_cuda_create(0, err, sizeof err);
-  unsetenv("DS_CUDA_GRAPHS");
-  if (!plain) printf("  cannot create a second CUDA backend: %s\n", err);
+  backend *plain = gpu_with("DS_CUDA_GRAPHS", "0");
   REQUIRE(plain != NULL);
   float *wh[W_COUNT], *init[4];
   for (int i = 0; i < W_COUNT; i++) {

@@ -52,12 +52,8 @@ if [ -n "${DS_BIN:-}" ]; then
   BIN=$DS_BIN
 elif [ $MODE = cuda ]; then
   # Same approach as scripts/device/check.sh: Debian packages unpacked into a private prefix.
-  P=/tmp/ds-prefix
-  LIB=$P/usr/lib/x86_64-linux-gnu
-  mkdir -p $P
-  for f in .deb/*.deb; do [ -f "$f" ] && dpkg -x "$f" $P; done
-  export CFLAGS="-I$P/usr/include"
-  export LDLIBS="-L$LIB -Wl,-rpath,$LIB -Wl,-rpath-link,$LIB"
+  . scripts/device/deb_prefix.sh
+  ds_deb_prefix
   if ! make CUDA=1 -j"$(nproc)" build-cuda/deltaserve >"$OUT/build.log" 2>&1; then
     tail -30 "$OUT/build.log"
     echo "bench: build failed (see build.log)"

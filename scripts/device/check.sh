@@ -17,10 +17,8 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/ds-check-out}
 mkdir -p "$OUT"
-P=/tmp/ds-prefix
-LIB=$P/usr/lib/x86_64-linux-gnu
-mkdir -p $P
-for f in .deb/*.deb; do dpkg -x "$f" $P; done
+. scripts/device/deb_prefix.sh
+ds_deb_prefix
 COMMIT=${DS_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 DATE=$(date -u +%Y%m%d)
 JSON=$OUT/cuda-check-$DATE-$COMMIT.json
@@ -28,8 +26,6 @@ GPU=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/nu
 echo "gpu: $GPU  commit: $COMMIT"
 
 t0=$(date +%s)
-export CFLAGS="-I$P/usr/include"
-export LDLIBS="-L$LIB -Wl,-rpath,$LIB -Wl,-rpath-link,$LIB"
 if make CUDA=1 -j"$(nproc)" all cuda-tests >"$OUT/build.log" 2>&1; then BUILD=ok; else BUILD=failed; fi
 echo "build: $BUILD ($(( $(date +%s) - t0 )) s)"
 [ $BUILD = ok ] || tail -30 "$OUT/build.log"

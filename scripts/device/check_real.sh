@@ -27,10 +27,8 @@ OUT=${OUT:-/tmp/ds-check-out}
 mkdir -p "$OUT"
 T0=$(date +%s)
 ts() { echo "[$(( $(date +%s) - T0 )) s] $*"; }
-P=/tmp/ds-prefix
-LIB=$P/usr/lib/x86_64-linux-gnu
-mkdir -p $P
-for f in .deb/*.deb; do dpkg -x "$f" $P; done
+. scripts/device/deb_prefix.sh
+ds_deb_prefix
 COMMIT=${DS_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 DATE=$(date -u +%Y%m%d)
 JSON=$OUT/cuda-real-$DATE-$COMMIT.json
@@ -54,8 +52,6 @@ else
 fi
 
 # build (CPU) meanwhile
-export CFLAGS="-I$P/usr/include"
-export LDLIBS="-L$LIB -Wl,-rpath,$LIB -Wl,-rpath-link,$LIB"
 B=build-cuda
 if timeout 300 make CUDA=1 -j"$(nproc)" all $B/tests/cuda/test_cuda_real $B/tests/cuda/test_cuda_restore \
     $B/tests/cuda/test_cuda_shadow \

@@ -76,12 +76,8 @@ fi
 if [ -n "${DS_BIN:-}" ]; then
   BIN=$DS_BIN
 elif [ $DRY = 0 ]; then
-  P=/tmp/ds-prefix
-  LIB=$P/usr/lib/x86_64-linux-gnu
-  mkdir -p $P
-  for f in .deb/*.deb; do [ -f "$f" ] && dpkg -x "$f" $P; done
-  export CFLAGS="-I$P/usr/include"
-  export LDLIBS="-L$LIB -Wl,-rpath,$LIB -Wl,-rpath-link,$LIB"
+  . scripts/device/deb_prefix.sh
+  ds_deb_prefix
   make CUDA=1 -j"$(nproc)" build-cuda/deltaserve >"$WORK/build.log" 2>&1 || { tail -20 "$WORK/build.log"; cant "build failed"; }
   BIN=build-cuda/deltaserve
 else

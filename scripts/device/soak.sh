@@ -90,11 +90,8 @@ worker() {
   if [ -n "${DS_BIN:-}" ]; then
     BIN=$DS_BIN
   elif [ $MODE = cuda ]; then
-    local P=/tmp/ds-prefix LIB=/tmp/ds-prefix/usr/lib/x86_64-linux-gnu
-    mkdir -p $P
-    for f in .deb/*.deb; do [ -f "$f" ] && dpkg -x "$f" $P; done
-    export CFLAGS="-I$P/usr/include"
-    export LDLIBS="-L$LIB -Wl,-rpath,$LIB -Wl,-rpath-link,$LIB"
+    . scripts/device/deb_prefix.sh
+    ds_deb_prefix
     make CUDA=1 -j"$(nproc)" build-cuda/deltaserve >"$DIR/build.log" 2>&1 ||
       { tail -30 "$DIR/build.log" >>"$DIR/progress.log"; progress "soak: build failed"; exit 1; }
     BIN=build-cuda/deltaserve

@@ -1,0 +1,229 @@
+/* engine_rig.h — the engine test rig shared by tests/test_prefix_engine.c (CPU, tiny fixture)
+ * and tests/cuda/test_cuda_restore.c (any device, real-shape model): an engine over the
+ * includer's model (globals C, W, BE, V below, set by its main), greedy requests with
+ * boundaries / forced split points / a salt, and the "cold" reference run (prefix cache off,
+ * given split points). The includer defines MAXTOK (logits rows kept per request) first.
+ * Waits use a generous ceiling (RIG_WAIT_MS), never a timing assertion. */
+#ifndef DS_TEST_ENGINE_RIG_H
+#define DS_TEST_ENGINE_RIG_H
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/engine.h"
+#include "model/weights.h"
+
+#ifndef MAXTOK
+#error "define MAXTOK before including engine_rig.h"
+#endif
+#define RIG_WAIT_MS 600000
+
+static model_config C;
+static model_weights W;
+static backend *BE;
+static size_t V;
+
+/* ---- rig ------------------------------------------------------------------------------- */
+
+typedef struct rig_opts {
+  int cache;
+  int kv_tokens; /* 0: default */
+  int seqs;
+  int slabs;        /* --snapshot-slabs (0: default) */
+  double dev_gib;   /* --prefix-cache-gib */
+  double host_gib;  /* --host-cache-gib */
+  int budget;       /* --max-num-batched-tokens (0: 8192) */
+  int interval;     /* --snapshot-interval (0: default) */
+} rig_opts;
+
+typedef struct rig {
+  qwen35 *m;
+  engine *e;
+} rig;
+
+static int rig_up(rig *g, const rig_opts *ro) {
+  engine_opts o;
+  engine_opts_default(&o);
+  o.max_num_batched_tokens = ro->budget ? ro->budget : 8192;
+  if (ro->interval) o.snapshot_interval = ro->interval;
+  o.kv_cache_tokens = ro->kv_tokens;
+  o.max_num_seqs = ro->seqs ? ro->seqs : 8;
+  o.enable_prefix_caching = ro->cache;
+  o.n_snapshot_slabs = ro->slabs;
+  o.prefix_cache_gib = ro->dev_gib;
+  o.host_cache_gib = ro->host_gib;
+  qwen35_mem_opts mo;
+  char err[200];
+  g->e = NULL;
+  g->e = NULL;
+  g->m = NULL;
+  if (engine_mem_plan(&o, &C, &mo, err, sizeof err) ||
+      qwen35_init(&g->m, &C, &W, BE, &mo, err, sizeof err)) {
+    printf("rig: %s\n", err);
+    return -1;
+  }
+  g->e = engine_create(g->m, &o, err, sizeof err);
+  if (!g->e) printf("rig: %s\n", err);
+  return g->e ? 0 : -1;
+}
+
+/* integrity: every check passes and nothing is held but cached pages and checkpoints */
+static int rig_ok(rig *g, char *why, size_t n) {
+  char err[200];
+  if (engine_check(g->e, err, sizeof err) != 0) return snprintf(why, n, "check: %s", err), 0;
+  engine_stats s;
+  engine_get_stats(g->e, &s);
+  if (s.kv_pages_used || s.slots_used || s.num_running || s.num_waiting || s.prefix_pending)
+    return snprintf(why, n, "leak: pages %d slots %d running %d waiting %d tickets %d",
+                    s.kv_pages_used, s.slots_used, s.num_running, s.num_waiting,
+                    s.prefix_pending), 0;
+  return 1;
+}
+
+static int rig_down(rig *g) {
+  char why[300] = "";
+  int ok = g->e ? rig_ok(g, why, sizeof why) : 0;
+  if (!ok) printf("%s\n", why);
+  if (g->e) engine_destroy(g->e, 1);
+  if (g->m) qwen35_free(g->m);
+  return ok;
+}
+
+/* ---- requests -------------------------------------------------------------------------- */
+
+typedef struct req {
+  const int32_t *prompt;
+  int n;
+  const int32_t *bounds;
+  int nb;
+  const int32_t *splits;
+  int ns;
+  const char *salt;
+  int max_tokens;
+  /* results */
+  engine_req *h;
+  int32_t tok[64];
+  int n_tok;
+  float *lg; /* [MAXTOK, V] */
+  int n_lg;
+  int finish, cached, prompt_tokens;
+} req;
+
+static void on_logits(void *user, const float *l, int n) {
+  req *q = user;
+  if (q->n_lg < MAXTOK) memcpy(q->lg + (size_t)q->n_lg * n, l, (size_t)n * sizeof *l);
+  q->n_lg++;
+}
+
+static void req_set(req *q, const int32_t *p, int n, const int32_t *b, int nb, const int32_t *sp,
+                    int ns) {
+  float *lg = q->lg;
+  memset(q, 0, sizeof *q);
+  q->lg = lg ? lg : malloc((size_t)MAXTOK * V * sizeof(float));
+  q->prompt = p;
+  q->n = n;
+  q->bounds = b;
+  q->nb = nb;
+  q->splits = sp;
+  q->ns = ns;
+  q->max_tokens = MAXTOK;
+}
+
+static void req_submit(rig *g, req *q) {
+  q->n_tok = q->n_lg = 0;
+  q->finish = FINISH_NONE;
+  q->cached = -1;
+  engine_submit_opts so;
+  memset(&so, 0, sizeof so);
+  so.prompt = q->prompt;
+  so.n_prompt = q->n;
+  sampling_params_default(&so.sp);
+  so.sp.temperature = 0;
+  so.sp.max_tokens = q->max_tokens;
+  so.sp.ignore_eos = 1;
+  so.cache_salt = q->salt;
+  so.boundaries = q->bounds;
+  so.n_boundaries = q->nb;
+  so.split_points = q->splits;
+  so.n_split_points = q->ns;
+  so.on_logits = on_logits;
+  so.user = q;
+  engine_status st;
+  char err[200];
+  q->h = engine_submit(g->e, &so, &st, err, sizeof err);
+  if (!q->h) {
+    printf("  submit: %s\n", err);
+    q->finish = -1;
+  }
+}
+
+/* waits for the first token (the request then holds pages and decodes) */
+static int req_first(req *q) {
+  engine_event ev;
+  if (!q->h || !engine_next(q->h, &ev, RIG_WAIT_MS)) return 0;
+  if (ev.has_token && q->n_tok < 64) q->tok[q->n_tok++] = ev.token;
+  if (ev.finish) {
+    q->finish = ev.finish;
+    q->cached = ev.cached_tokens;
+    engine_release(q->h);
+    q->h = NULL;
+  }
+  return 1;
+}
+
+static void req_wait(req *q) {
+  if (!q->h) return;
+  engine_event ev;
+  for (;;) {
+    if (!engine_next(q->h, &ev, RIG_WAIT_MS)) {
+      q->finish = -2;
+      break;
+    }
+    if (ev.has_token && q->n_tok < 64) q->tok[q->n_tok++] = ev.token;
+    if (ev.finish) {
+      q->finish = ev.finish;
+      q->cached = ev.cached_tokens;
+      q->prompt_tokens = ev.prompt_tokens;
+      break;
+    }
+  }
+  engine_release(q->h);
+  q->h = NULL;
+}
+
+static void req_run(rig *g, req *q) {
+  req_submit(g, q);
+  req_wait(q);
+}
+
+/* the cold reference of q: prefix cache off, q's bounds, the given split points */
+static int cold(req *ref, const req *q, const int32_t *splits, int ns) {
+  rig g;
+  rig_opts ro = {0};
+  if (rig_up(&g, &ro) != 0) {
+    rig_down(&g);
+    return -1;
+  }
+  req_set(ref, q->prompt, q->n, q->bounds, q->nb, splits, ns);
+  ref->max_tokens = q->max_tokens;
+  req_run(&g, ref);
+  return rig_down(&g) && ref->finish == FINISH_LENGTH ? 0 : -1;
+}
+
+static void toks(int32_t *p, int n, uint32_t seed) {
+  uint32_t x = seed;
+  for (int i = 0; i < n; i++) {
+    x = x * 1103515245u + 12345u;
+    p[i] = (int32_t)((x >> 8) % 256);
+  }
+}
+
+/* prompt = shared[0, ns) + suffix of n - ns tokens (seeded), first suffix token forced */
+static void prompt_make(int32_t *p, const int32_t *shared, int ns, int n, uint32_t seed,
+                        int32_t first) {
+  memcpy(p, shared, (size_t)ns * sizeof *p);
+  toks(p + ns, n - ns, seed);
+  p[ns] = first;
+}
+
+#endif

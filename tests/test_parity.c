@@ -10,6 +10,7 @@
 
 #include "backend/cpu/backend_cpu.h"
 #include "model/qwen35.h"
+#include "ref_io.h"
 #include "test.h"
 
 #define FIXTURES "tests/fixtures/models"
@@ -40,26 +41,7 @@ static void fx_close(fx_model *f) {
   weights_free(&f->w);
 }
 
-static float *read_f32(const char *path, size_t n) {
-  FILE *fp = fopen(path, "rb");
-  if (!fp) return NULL;
-  float *x = malloc(n * sizeof *x);
-  size_t got = x ? fread(x, sizeof *x, n, fp) : 0;
-  int extra = fgetc(fp);
-  fclose(fp);
-  if (got != n || extra != EOF) {
-    free(x);
-    return NULL;
-  }
-  return x;
-}
 
-static int argmax(const float *x, int n) {
-  int b = 0;
-  for (int i = 1; i < n; i++)
-    if (x[i] > x[b]) b = i;
-  return b;
-}
 
 static int n_fixtures;
 

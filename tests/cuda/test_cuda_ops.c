@@ -17,6 +17,7 @@
 #include "backend/cpu/backend_cpu.h"
 #include "backend/cuda/backend_cuda.h"
 #include "sampler/sampler.h"
+#include "ref_io.h"
 #include "test.h"
 
 static backend *CPU, *GPU;
@@ -29,19 +30,6 @@ static float urand(void) { /* [-1, 1) */
   return (float)((rng >> 11) * (1.0 / 9007199254740992.0)) * 2.f - 1.f;
 }
 
-static uint16_t f2b(float f) {
-  uint32_t u;
-  memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
-  u += 0x7fffu + ((u >> 16) & 1);
-  return (uint16_t)(u >> 16);
-}
-static float b2f(uint16_t h) {
-  uint32_t u = (uint32_t)h << 16;
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
 static float bfr(float x) { return b2f(f2b(x)); }
 
 static float *rand_vec(size_t n, float scale) {

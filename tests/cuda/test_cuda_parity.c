@@ -20,6 +20,7 @@
 #include "backend/cpu/backend_cpu.h"
 #include "backend/cuda/backend_cuda.h"
 #include "model/qwen35.h"
+#include "ref_io.h"
 #include "test.h"
 
 #define FIXTURES "tests/fixtures/models"
@@ -294,25 +295,7 @@ static void fx_close(fx_model *f) {
   weights_free(&f->w);
 }
 
-static float *read_f32(const char *path, size_t n) {
-  FILE *fp = fopen(path, "rb");
-  if (!fp) return NULL;
-  float *x = malloc(n * sizeof *x);
-  size_t got = x ? fread(x, sizeof *x, n, fp) : 0;
-  fclose(fp);
-  if (got != n) {
-    free(x);
-    return NULL;
-  }
-  return x;
-}
 
-static int argmax(const float *x, int n) {
-  int b = 0;
-  for (int i = 1; i < n; i++)
-    if (x[i] > x[b]) b = i;
-  return b;
-}
 
 static int n_fixtures;
 static double g_worst;

@@ -55,6 +55,7 @@
 #include "engine/engine.h"
 #include "model/qwen35.h"
 #include "model/weights.h"
+#include "ref_io.h"
 #include "test.h"
 
 #define REL_BOUND 5e-2
@@ -72,25 +73,7 @@ static double now_s(void) {
   return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-static float *read_f32(const char *path, size_t n) {
-  FILE *fp = fopen(path, "rb");
-  if (!fp) return NULL;
-  float *x = malloc(n * sizeof *x);
-  size_t got = x ? fread(x, sizeof *x, n, fp) : 0;
-  fclose(fp);
-  if (got != n) {
-    free(x);
-    return NULL;
-  }
-  return x;
-}
 
-static int argmax(const float *x, int n) {
-  int b = 0;
-  for (int i = 1; i < n; i++)
-    if (x[i] > x[b]) b = i;
-  return b;
-}
 
 /* relative L2 error of got against want, and the RMS absolute error */
 static double rel_err(const float *got, const float *want, int V, double *rms) {

@@ -12,6 +12,7 @@
 #include "backend/cpu/backend_cpu.h"
 #include "backend/cuda/backend_cuda.h"
 #include "model/qwen35.h"
+#include "ref_io.h"
 #include "test.h"
 
 #define FIXTURES "tests/fixtures/models"
@@ -60,19 +61,6 @@ static void note(const char *op, double e) {
     snprintf(first_bad, sizeof first_bad, "op #%ld %s: rel err %.3e", op_index, op, e);
 }
 
-static uint16_t f2b(float f) {
-  uint32_t u;
-  memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
-  u += 0x7fffu + ((u >> 16) & 1);
-  return (uint16_t)(u >> 16);
-}
-static float b2f(uint16_t h) {
-  uint32_t u = (uint32_t)h << 16;
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
 
 /* Compares elements [off, off+n) of a shadow buffer, then copies the CPU values to the GPU. */
 static void cmp(const char *op, backend_buf b, size_t off, size_t n) {

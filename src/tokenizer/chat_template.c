@@ -187,19 +187,11 @@ char *chat_template_tojson(const json_t *v) {
   return b.data;
 }
 
-/* Python str(v) as Jinja's |string gives it for a JSON scalar (strings as they are). */
+/* Python str(v) as Jinja's |string gives it for a JSON scalar (strings as they are; numbers
+ * as py_json writes them). */
 static void py_str(strbuf *b, const json_t *v) {
-  char num[64];
   switch (json_typeof(v)) {
   case JSON_STRING: strbuf_append(b, json_string_value(v), json_string_length(v)); break;
-  case JSON_INTEGER:
-    snprintf(num, sizeof num, "%" JSON_INTEGER_FORMAT, json_integer_value(v));
-    strbuf_puts(b, num);
-    break;
-  case JSON_REAL:
-    py_float_repr(json_real_value(v), num, sizeof num);
-    strbuf_puts(b, num);
-    break;
   case JSON_TRUE: strbuf_puts(b, "True"); break;
   case JSON_FALSE: strbuf_puts(b, "False"); break;
   case JSON_NULL: strbuf_puts(b, "None"); break;

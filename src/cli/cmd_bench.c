@@ -2,7 +2,7 @@
  * one JSON file next to the llama.cpp figures of shared/design/anchors.md.
  *
  *   deltaserve bench --model DIR [--device cpu|cuda|auto] [--threads N] --out FILE.json
- *                    [--quick] [--seed N] [--only decode] [engine flags]
+ *                    [--quick] [--seed N] [--only decode|prefill] [engine flags]
  *
  * Everything runs through engine_create / engine_submit / engine_next over a model whose pools
  * are sized by engine_mem_plan, in three phases over one backend:
@@ -16,7 +16,8 @@
  *      prefilled (the staggered prefill of up to max_num_batched_tokens per step, decode rows
  *      of the earlier sequences riding along) before the last first token, and the window's
  *      batch only shrinks at the end as the earliest sequences finish. `--only decode` runs
- *      just this part (with its warm-up) and skips prefill, C and B.
+ *      just this part (with its warm-up) and skips prefill, C and B; `--only prefill` runs the
+ *      prefill part only.
  *   C  with the engine stopped, one checkpoint's copies timed directly on the same model:
  *      capture = slot -> slab (qwen35_slot_copy), restore = slab -> slot plus the copy-on-write
  *      copy of the partial last KV page; each followed by a backend sync. The engine's stats
@@ -92,7 +93,8 @@ static const bench_sizes bench_quick = {{64, 128, 256}, 2, {1, 8, 32, 64, 128}, 
 
 typedef struct bench {
   const char *model_dir, *device;
-  int threads, quick, only_decode;
+  int threads, quick;
+  const char *only; /* NULL: everything; "decode" or "prefill": those figures only */
   bench_sizes sz;
   engine_opts user; /* engine flags from the command line */
   int user_kv_tokens, user_max_seqs;
@@ -603,14 +605,16 @@ static int bench_phase_a(bench *b) {
   /* warm-up: kernels, graphs, handles */
   if (bench_decode(b, 1, z->decode_prompt, z->decode_gen < 4 ? z->decode_gen : 4, &tok_s, &s))
     return -1;
-  for (int i = 0; i < BENCH_N_PREFILL && !b->only_decode; i++) {
+  int do_prefill = !b->only || !strcmp(b->only, "prefill");
+  int do_decode = !b->only || !strcmp(b->only, "decode");
+  for (int i = 0; i < BENCH_N_PREFILL && do_prefill; i++) {
     double med;
     if (bench_prefill(b, z->prefill_len[i], &tok_s, &med)) return -1;
     snprintf(k, sizeof k, "prefill_tok_s_%d", bench_prefill_names[i]);
     bench_set(b->metrics, k, tok_s);
     fprintf(stderr, "bench: prefill %d tokens: %.1f tok/s (%.4f s)\n", z->prefill_len[i], tok_s, med);
   }
-  for (int i = 0; i < BENCH_N_DECODE; i++) {
+  for (int i = 0; i < BENCH_N_DECODE && do_decode; i++) {
     if (bench_decode(b, z->decode_conc[i], z->decode_prompt, z->decode_gen, &tok_s, &s)) return -1;
     snprintf(k, sizeof k, "decode_tok_s_%d", bench_decode_names[i]);
     bench_set(b->metrics, k, tok_s);
@@ -618,7 +622,7 @@ static int bench_phase_a(bench *b) {
             tok_s, s);
   }
   bench_stop_engine(b);
-  if (!b->only_decode && bench_checkpoint(b, mo.n_slots, mo.n_pages)) return -1;
+  if (!b->only && bench_checkpoint(b, mo.n_slots, mo.n_pages)) return -1;
   bench_roofline(b);
   bench_stop(b);
   return 0;
@@ -786,7 +790,7 @@ static void bench_usage(FILE *f) {
           "  fractions, and the llama.cpp figures of the same H200, as JSON.\n"
           "  --quick: small sizes for CPU smoke tests.\n"
           "  --batch-invariant: GEMMs whose rows do not depend on the batch (as serve).\n"
-          "  --only decode: the decode runs only (no prefill, prefix or checkpoint parts).\n");
+          "  --only decode|prefill: those runs only (no prefix or checkpoint parts).\n");
 }
 
 int cmd_bench(int argc, char **argv) {
@@ -817,9 +821,9 @@ int cmd_bench(int argc, char **argv) {
       setenv("DS_BATCH_INVARIANT", "1", 1); /* read by the backend when it is created */
       continue;
     }
-    if (!strcmp(a, "--only") && i + 1 < argc && !strcmp(argv[i + 1], "decode")) {
-      b.only_decode = 1;
-      i++;
+    if (!strcmp(a, "--only") && i + 1 < argc &&
+        (!strcmp(argv[i + 1], "decode") || !strcmp(argv[i + 1], "prefill"))) {
+      b.only = argv[++i];
       continue;
     }
     if (i + 1 >= argc) {
@@ -883,11 +887,14 @@ int cmd_bench(int argc, char **argv) {
   }
   int wrote = bench_write(&b, out, 0, 0, t_start); /* phase A's figures survive a kill in B */
   (void)wrote;
-  if (b.only_decode) {
-    bench_write(&b, out, 1, 1, t_start); /* the prefill and prefix figures are null */
-    for (int i = 0; i < BENCH_N_DECODE; i++) { /* only the decode figures are owed */
+  if (b.only) {
+    bench_write(&b, out, 1, 1, t_start); /* the other figures are null */
+    int decode = !strcmp(b.only, "decode");
+    int n = decode ? BENCH_N_DECODE : BENCH_N_PREFILL;
+    for (int i = 0; i < n; i++) { /* only the asked figures are owed */
       char k[64];
-      snprintf(k, sizeof k, "decode_tok_s_%d", bench_decode_names[i]);
+      if (decode) snprintf(k, sizeof k, "decode_tok_s_%d", bench_decode_names[i]);
+      else snprintf(k, sizeof k, "prefill_tok_s_%d", bench_prefill_names[i]);
       json_t *v = json_object_get(b.metrics, k);
       if (!v || !json_is_number(v)) failed = 1;
     }

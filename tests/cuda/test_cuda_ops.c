@@ -547,9 +547,10 @@ TEST(gdn_gates) {
 
 /* Normalised q/k (as gdn_gates leaves them), v, beta in (0,1), g < 0. */
 static void gdn_case(int nk, int nv, int dk, int dv) {
-  /* fresh prefill (slot holds garbage), resume mid-chunk at 30 from a non-zero state,
-   * chunk-aligned resume at 128, two decode rows (one fresh) */
-  pieces p = {5, {100, 70, 64, 1, 1}, {0, 30, 128, 77, 0}, {4, 1, 0, 3, 2}};
+  /* fresh prefill of 5 chunks (slot holds garbage; the scan's two buffer sets each used more
+   * than once), resume mid-chunk at 30 from a non-zero state, chunk-aligned resume at 128, two
+   * decode rows (one fresh) */
+  pieces p = {5, {300, 70, 64, 1, 1}, {0, 30, 128, 77, 0}, {4, 1, 0, 3, 2}};
   set_batch(&p, 0, NULL);
   int T = T_of(&p), nslots = 5;
   size_t cd = 2 * (size_t)nk * dk + (size_t)nv * dv;
@@ -581,7 +582,7 @@ static void gdn_case(int nk, int nv, int dk, int dv) {
   snprintf(what, sizeof what, "gdn state nk=%d nv=%d dk=%d dv=%d", nk, nv, dk, dv);
   CMP(ps.c, ps.g, BACKEND_KIND_F32, ns, 5e-3, what);
   /* a second step: decode rows continuing every sequence from the updated states */
-  pieces p2 = {5, {1, 1, 1, 1, 1}, {100, 100, 192, 78, 1}, {4, 1, 0, 3, 2}};
+  pieces p2 = {5, {1, 1, 1, 1, 1}, {300, 100, 192, 78, 1}, {4, 1, 0, 3, 2}};
   set_batch(&p2, 0, NULL);
   CPU->gdn_decode(CPU, ps.c, pq.c, pb.c, pg.c, nk, nv, dk, dv, o.c);
   GPU->gdn_decode(GPU, ps.g, pq.g, pb.g, pg.g, nk, nv, dk, dv, o.g);

@@ -48,6 +48,43 @@ __global__ void k_conv1d(const bf16 *x, const float *w, const float *state, cons
   }
 }
 
+/* Prefill steps with K == 4: one thread per (channel, run of CONV_ROWS rows) keeps the window
+ * of the last K-1 inputs in registers, so each input is read once (the window is reloaded
+ * where a new piece starts inside the run); same sums in the same order as k_conv1d. */
+#define CONV_ROWS 16
+template <int K>
+__global__ void k_conv1d_run(const bf16 *x, const float *w, const float *state, const int32_t *seq,
+                             const int32_t *seq_start, const int32_t *seq_pos,
+                             const int32_t *seq_slot, int T, int C, bf16 *out) {
+  int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  int t0 = blockIdx.y * CONV_ROWS, t1 = t0 + CONV_ROWS < T ? t0 + CONV_ROWS : T;
+  float wk[K], win[K - 1];
+#pragma unroll
+  for (int j = 0; j < K; j++) wk[j] = w[(size_t)c * K + j];
+  int cur = -1;
+  for (int t = t0; t < t1; t++) {
+    int s = seq[t];
+    if (s != cur) {
+      int start = seq_start[s];
+      const float *st = state + (size_t)seq_slot[s] * C * (K - 1);
+      int hs = seq_pos[s] > 0;
+#pragma unroll
+      for (int j = 0; j < K - 1; j++) win[j] = conv_in(x, st, C, K, c, start, t - start - (K - 1) + j, hs);
+      cur = s;
+    }
+    float xv = bf2f(x[(size_t)t * C + c]);
+    float acc = 0.f;
+#pragma unroll
+    for (int j = 0; j < K - 1; j++) acc += wk[j] * win[j];
+    acc += wk[K - 1] * xv;
+    out[(size_t)t * C + c] = f2bf(siluf_dev(acc));
+#pragma unroll
+    for (int j = 0; j + 1 < K - 1; j++) win[j] = win[j + 1];
+    win[K - 2] = xv;
+  }
+}
+
 __global__ void k_conv_state(const bf16 *x, float *state, const int32_t *seq_start,
                              const int32_t *seq_len, const int32_t *seq_pos,
                              const int32_t *seq_slot, int S, int C, int K) {
@@ -110,9 +147,16 @@ extern "C" void cuda_gdn_conv1d(backend *be, backend_buf conv_state, backend_buf
     cuda_check_launch(c, "conv1d (decode)");
     return;
   }
-  k_conv1d<<<cuda_blocks((size_t)T * C, 256), 256, 0, c->st>>>(
-      (const bf16 *)x, CW(w)->f32, (const float *)conv_state, c->b.seq, c->b.seq_start,
-      c->b.seq_pos, c->b.seq_slot, T, C, K, (bf16 *)out);
+  if (!c->legacy && K == 4) {
+    dim3 grid((C + 127) / 128, (T + CONV_ROWS - 1) / CONV_ROWS);
+    k_conv1d_run<4><<<grid, 128, 0, c->st>>>((const bf16 *)x, CW(w)->f32,
+                                             (const float *)conv_state, c->b.seq, c->b.seq_start,
+                                             c->b.seq_pos, c->b.seq_slot, T, C, (bf16 *)out);
+  } else {
+    k_conv1d<<<cuda_blocks((size_t)T * C, 256), 256, 0, c->st>>>(
+        (const bf16 *)x, CW(w)->f32, (const float *)conv_state, c->b.seq, c->b.seq_start,
+        c->b.seq_pos, c->b.seq_slot, T, C, K, (bf16 *)out);
+  }
   cuda_check_launch(c, "conv1d");
   if (K > 1) {
     k_conv_state<<<cuda_blocks((size_t)c->b.n_seqs * C, 256), 256, 0, c->st>>>(
@@ -442,26 +486,65 @@ __global__ void __launch_bounds__(PRE_THREADS)
  *
  * Phase 1, grid (chunk, value head), every chunk of every piece at once (no state needed):
  *   G = cumsum(g); P_ij = (q_i.k_j) e^(G_i-G_j) (j <= i); A_ij = beta_i (k_i.k_j) e^(G_i-G_j)
- *   (j < i); forward substitution U = beta V - A U, W = beta e^G K - A W, one thread per
- *   column with the column in registers. U, W, P, G go to scratch.
+ *   (j < i), each thread a 4x4 tile of both; forward substitution U = beta V - A U,
+ *   W = beta e^G K - A W, one thread per column with the column in registers; the decayed keys
+ *   Kd_j = e^(G_last-G_j) k_j. U, W, P, G, Kd go to scratch.
  * Phase 2, grid (prefill piece, value head, dv/32), the only sequential part: a block owns 32
- * state columns (columns of S are independent) and walks its piece's chunks:
- *   V' = U - W S;  O = e^G (Q S) + P V';  S <- e^(G_last) S + (e^(G_last-G) K)^T V'
- * with 2x4 / 4x4 register tiles over padded shared-memory rows (no bank conflicts). */
+ * state columns (columns of S are independent) and walks its piece's chunks, the next chunk's
+ * W, Kd, U slice arriving by cp.async while it works on this one:
+ *   keep S (the state before the chunk) for phase 3;  V' = U - W S (kept in U's place);
+ *   S <- e^(G_last) S + Kd^T V'
+ * with 2x4 / 4x4 register tiles over padded shared-memory rows (no bank conflicts).
+ * Phase 3, grid (chunk, value head, dv/32), every chunk at once again:
+ *   O = e^G (Q S) + P V'.
+ * Every sum runs in the same order as the one-block kernel above and the CPU reference. */
 #define P1_THREADS 256
 #define P2_THREADS 256
+#define P3_THREADS 256
 #define GK 128 /* dk of this path */
 #define GKP (GK + 1)
+#define GKQ (GK + 4) /* row stride of the cp.async targets: 16-byte rows, no bank conflicts */
 
 static size_t p1_smem(void) {
   return ((size_t)2 * GDN_C * GKP + GDN_C * (GDN_C + 1) + 3 * GDN_C) * sizeof(float);
 }
 static size_t p2_smem(void) {
-  return ((size_t)GK * 32 + 3 * GDN_C * GKP + GDN_C * (GDN_C + 1) + GDN_C * 32 + 2 * GDN_C) *
+  return ((size_t)GK * 32 + 4 * GDN_C * GKQ + 3 * GDN_C * 32) * sizeof(float);
+}
+static size_t p3_smem(void) {
+  return ((size_t)GK * 32 + GDN_C * GKP + GDN_C * (GDN_C + 1) + GDN_C * 32 + GDN_C) *
          sizeof(float);
 }
-/* floats of phase-1 output per (chunk, head) */
-__host__ __device__ static size_t p1_per(int dv) { return (size_t)GDN_C * dv + GDN_C * GK + GDN_C * GDN_C + GDN_C; }
+/* Scratch per (chunk, head), in floats: U/V' [C][dv], W [C][GK], P [C][C], G [C], Kd [C][GK],
+ * S (the state before the chunk) [GK][dv]; every offset a multiple of 4 floats. */
+struct gdn_scr {
+  float *U, *W, *P, *G, *Kd, *S;
+};
+__host__ __device__ static size_t p1_per(int dv) {
+  return (size_t)GDN_C * dv + 2 * (size_t)GDN_C * GK + GDN_C * GDN_C + GDN_C + (size_t)GK * dv;
+}
+__device__ static gdn_scr scr_at(float *scr, int ch, int nv, int h, int dv) {
+  gdn_scr r;
+  r.U = scr + ((size_t)ch * nv + h) * p1_per(dv);
+  r.W = r.U + (size_t)GDN_C * dv;
+  r.P = r.W + (size_t)GDN_C * GK;
+  r.G = r.P + GDN_C * GDN_C;
+  r.Kd = r.G + GDN_C;
+  r.S = r.Kd + (size_t)GDN_C * GK;
+  return r;
+}
+
+__device__ __forceinline__ void cp_async16(float *dst, const float *src) {
+  unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit(void) {
+  asm volatile("cp.async.commit_group;" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait(void) {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
 
 __global__ void __launch_bounds__(P1_THREADS)
     k_gdn_p1(const bf16 *qkv, const float *beta, const float *g, const int32_t *ch_row,
@@ -474,8 +557,7 @@ __global__ void __launch_bounds__(P1_THREADS)
   int kh = h / (nv / nk);
   int r0 = ch_row[ch], L = ch_len[ch];
   size_t cd = 2 * (size_t)nk * GK + (size_t)nv * dv;
-  float *Ug = scr + ((size_t)ch * nv + h) * p1_per(dv), *Wg = Ug + (size_t)C * dv,
-        *Pg = Wg + (size_t)C * GK, *Gg = Pg + C * C;
+  gdn_scr o = scr_at(scr, ch, nv, h, dv);
   for (int idx = tid; idx < C * GK; idx += P1_THREADS) {
     int r = idx / GK, a = idx % GK;
     float kv = 0.f, qv = 0.f;
@@ -502,24 +584,48 @@ __global__ void __launch_bounds__(P1_THREADS)
   __syncthreads();
   if (tid < C) {
     eG[tid] = expf(G[tid]);
-    Gg[tid] = G[tid];
+    o.G[tid] = G[tid];
   }
-  for (int idx = tid; idx < C * C; idx += P1_THREADS) {
-    int i = idx / C, j = idx % C;
-    float pv = 0.f, av = 0.f;
-    if (i < L && j <= i) {
-      const float *qi = Qc + i * GKP, *ki = Kc + i * GKP, *kj = Kc + j * GKP;
-      float dq = 0.f, dd = 0.f;
+  {
+    /* P and A: thread (ti, tj) owns rows 4ti.., columns 4tj.. of both */
+    int i0 = 4 * (tid >> 4), j0 = 4 * (tid & 15);
+    float dq[4][4], dd[4][4];
+#pragma unroll
+    for (int r = 0; r < 4; r++)
+#pragma unroll
+      for (int k = 0; k < 4; k++) dq[r][k] = dd[r][k] = 0.f;
+    if (j0 <= i0 + 3 && i0 < L) {
       for (int a = 0; a < GK; a++) {
-        dq += qi[a] * kj[a];
-        dd += ki[a] * kj[a];
+        float qi[4], ki[4], kj[4];
+#pragma unroll
+        for (int r = 0; r < 4; r++) {
+          qi[r] = Qc[(i0 + r) * GKP + a];
+          ki[r] = Kc[(i0 + r) * GKP + a];
+          kj[r] = Kc[(j0 + r) * GKP + a];
+        }
+#pragma unroll
+        for (int r = 0; r < 4; r++)
+#pragma unroll
+          for (int k = 0; k < 4; k++) {
+            dq[r][k] += qi[r] * kj[k];
+            dd[r][k] += ki[r] * kj[k];
+          }
       }
-      float e = expf(G[i] - G[j]);
-      pv = dq * e;
-      if (j < i) av = Bt[i] * dd * e;
     }
-    Pg[idx] = pv;
-    A[i * (C + 1) + j] = av;
+#pragma unroll
+    for (int r = 0; r < 4; r++)
+#pragma unroll
+      for (int k = 0; k < 4; k++) {
+        int i = i0 + r, j = j0 + k;
+        float pv = 0.f, av = 0.f;
+        if (i < L && j <= i) {
+          float e = expf(G[i] - G[j]);
+          pv = dq[r][k] * e;
+          if (j < i) av = Bt[i] * dd[r][k] * e;
+        }
+        o.P[i * C + j] = pv;
+        A[i * (C + 1) + j] = av;
+      }
   }
   __syncthreads();
   for (int col = tid; col < dv + GK; col += P1_THREADS) {
@@ -537,118 +643,96 @@ __global__ void __launch_bounds__(P1_THREADS)
     }
     if (col < dv) {
 #pragma unroll
-      for (int i = 0; i < GDN_C; i++) Ug[(size_t)i * dv + col] = u[i];
+      for (int i = 0; i < GDN_C; i++) o.U[(size_t)i * dv + col] = u[i];
     } else {
 #pragma unroll
-      for (int i = 0; i < GDN_C; i++) Wg[(size_t)i * GK + col - dv] = u[i];
+      for (int i = 0; i < GDN_C; i++) o.W[(size_t)i * GK + col - dv] = u[i];
     }
+  }
+  float gl = G[L - 1];
+  for (int idx = tid; idx < C * GK; idx += P1_THREADS) {
+    int r = idx / GK, a = idx % GK;
+    o.Kd[idx] = Kc[r * GKP + a] * expf(gl - G[r]);
   }
 }
 
+/* phase 2's copies of one chunk (W, Kd, the block's U columns) into buffer set b */
+__device__ static void p2_fetch(const gdn_scr &q, int dv, int cs, float *Wb, float *Kb, float *Ub,
+                                int tid) {
+  for (int idx = tid; idx < GDN_C * (GK / 4); idx += P2_THREADS) {
+    int r = idx / (GK / 4), a = 4 * (idx % (GK / 4));
+    cp_async16(Wb + r * GKQ + a, q.W + (size_t)r * GK + a);
+    cp_async16(Kb + r * GKQ + a, q.Kd + (size_t)r * GK + a);
+  }
+  for (int idx = tid; idx < GDN_C * 8; idx += P2_THREADS) {
+    int r = idx >> 3, c = 4 * (idx & 7);
+    cp_async16(Ub + r * 32 + c, q.U + (size_t)r * dv + cs + c);
+  }
+  cp_async_commit();
+}
+
 __global__ void __launch_bounds__(P2_THREADS)
-    k_gdn_p2(float *ssm, const bf16 *qkv, const int32_t *ids, const int32_t *seq_pos,
-             const int32_t *seq_slot, const int32_t *pre_ch0, const int32_t *ch_row,
-             const int32_t *ch_len, int nk, int nv, int dv, const float *scr, bf16 *out) {
+    k_gdn_p2(float *ssm, const int32_t *ids, const int32_t *seq_pos, const int32_t *seq_slot,
+             const int32_t *pre_ch0, const int32_t *ch_len, int nv, int dv, float *scr) {
   extern __shared__ __align__(16) float sm2[];
   const int C = GDN_C;
-  float *Ss = sm2;                 /* [GK][32] */
-  float *Ws = Ss + GK * 32;        /* [C][GKP] */
-  float *Qs = Ws + C * GKP;        /* [C][GKP] */
-  float *Ks = Qs + C * GKP;        /* [C][GKP], decayed */
-  float *Ps = Ks + C * GKP;        /* [C][C+1] */
-  float *Vs = Ps + C * (C + 1);    /* [C][32] */
-  float *Gs = Vs + C * 32;         /* [C] */
-  float *Es = Gs + C;              /* [C] e^G */
+  float *Ss = sm2;                   /* [GK][32] */
+  float *Wb[2] = {Ss + GK * 32, Ss + GK * 32 + C * GKQ};
+  float *Kb[2] = {Wb[1] + C * GKQ, Wb[1] + 2 * C * GKQ};
+  float *Ub[2] = {Kb[1] + C * GKQ, Kb[1] + C * GKQ + C * 32};
+  float *Vs = Ub[1] + C * 32;        /* [C][32] */
   int bx = blockIdx.x, h = blockIdx.y, cs = blockIdx.z * 32, tid = threadIdx.x;
-  int s = ids[bx], kh = h / (nv / nk);
-  size_t cd = 2 * (size_t)nk * GK + (size_t)nv * dv, ow = (size_t)nv * dv;
+  int s = ids[bx];
   float *S = ssm + ((size_t)seq_slot[s] * nv + h) * (size_t)GK * dv;
   int zero = seq_pos[s] == 0;
+  int c0 = pre_ch0[bx], c1 = pre_ch0[bx + 1];
+  p2_fetch(scr_at(scr, c0, nv, h, dv), dv, cs, Wb[0], Kb[0], Ub[0], tid);
   for (int idx = tid; idx < GK * 32; idx += P2_THREADS) {
     int a = idx >> 5, cc = idx & 31;
     Ss[idx] = zero ? 0.f : S[(size_t)a * dv + cs + cc];
   }
-  int c0 = pre_ch0[bx], c1 = pre_ch0[bx + 1];
-  int tc = tid & 7, ti = tid >> 3; /* cols 4tc..4tc+3; rows 2ti, 2ti+1 (a, b) or 4ti.. (c) */
+  int tc = tid & 7, ti = tid >> 3; /* cols 4tc..4tc+3; rows 2ti, 2ti+1 (a) or 4ti.. (c) */
   for (int ch = c0; ch < c1; ch++) {
-    int r0 = ch_row[ch], L = ch_len[ch];
-    const float *Ug = scr + ((size_t)ch * nv + h) * p1_per(dv), *Wg = Ug + (size_t)C * dv,
-                *Pg = Wg + (size_t)C * GK, *Gg = Pg + C * C;
-    __syncthreads();
-    if (tid < C) {
-      Gs[tid] = Gg[tid];
-      Es[tid] = expf(Gg[tid]);
+    int b = (ch - c0) & 1, L = ch_len[ch];
+    gdn_scr q = scr_at(scr, ch, nv, h, dv);
+    if (ch + 1 < c1) {
+      p2_fetch(scr_at(scr, ch + 1, nv, h, dv), dv, cs, Wb[b ^ 1], Kb[b ^ 1], Ub[b ^ 1], tid);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
     }
     __syncthreads();
-    float gl = Gs[L - 1];
-    for (int idx = tid; idx < C * GK; idx += P2_THREADS) {
-      int r = idx / GK, a = idx % GK;
-      float kv = 0.f, qv = 0.f;
-      if (r < L) {
-        const bf16 *row = qkv + (size_t)(r0 + r) * cd;
-        kv = bf2f(row[(size_t)(nk + kh) * GK + a]) * expf(gl - Gs[r]);
-        qv = bf2f(row[(size_t)kh * GK + a]);
-      }
-      Ws[r * GKP + a] = Wg[idx];
-      Qs[r * GKP + a] = qv;
-      Ks[r * GKP + a] = kv;
+    const float *Ws = Wb[b], *Ks = Kb[b], *Us = Ub[b];
+    /* the state before this chunk, for phase 3 */
+    for (int idx = tid; idx < GK * 8; idx += P2_THREADS) {
+      int a = idx >> 3, c = 4 * (idx & 7);
+      *(float4 *)(q.S + (size_t)a * dv + cs + c) = *(const float4 *)(Ss + a * 32 + c);
     }
-    for (int idx = tid; idx < C * C; idx += P2_THREADS) Ps[(idx / C) * (C + 1) + idx % C] = Pg[idx];
-    __syncthreads();
     /* (a) V' = U - W S */
     {
       float acc[2][4];
 #pragma unroll
       for (int r = 0; r < 2; r++)
 #pragma unroll
-        for (int k = 0; k < 4; k++) acc[r][k] = Ug[(size_t)(2 * ti + r) * dv + cs + 4 * tc + k];
+        for (int k = 0; k < 4; k++) acc[r][k] = Us[(2 * ti + r) * 32 + 4 * tc + k];
+#pragma unroll 4
       for (int a = 0; a < GK; a++) {
         float4 s4 = *(const float4 *)(Ss + a * 32 + 4 * tc);
-        float w0 = Ws[(2 * ti) * GKP + a], w1 = Ws[(2 * ti + 1) * GKP + a];
+        float w0 = Ws[(2 * ti) * GKQ + a], w1 = Ws[(2 * ti + 1) * GKQ + a];
         acc[0][0] -= w0 * s4.x; acc[0][1] -= w0 * s4.y; acc[0][2] -= w0 * s4.z; acc[0][3] -= w0 * s4.w;
         acc[1][0] -= w1 * s4.x; acc[1][1] -= w1 * s4.y; acc[1][2] -= w1 * s4.z; acc[1][3] -= w1 * s4.w;
       }
 #pragma unroll
-      for (int r = 0; r < 2; r++)
-        *(float4 *)(Vs + (2 * ti + r) * 32 + 4 * tc) =
-            make_float4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]);
-    }
-    __syncthreads();
-    /* (b) O = e^G (Q S) + P V' */
-    {
-      float acc[2][4];
-#pragma unroll
-      for (int r = 0; r < 2; r++)
-#pragma unroll
-        for (int k = 0; k < 4; k++) acc[r][k] = 0.f;
-      for (int a = 0; a < GK; a++) {
-        float4 s4 = *(const float4 *)(Ss + a * 32 + 4 * tc);
-        float q0 = Qs[(2 * ti) * GKP + a], q1 = Qs[(2 * ti + 1) * GKP + a];
-        acc[0][0] += q0 * s4.x; acc[0][1] += q0 * s4.y; acc[0][2] += q0 * s4.z; acc[0][3] += q0 * s4.w;
-        acc[1][0] += q1 * s4.x; acc[1][1] += q1 * s4.y; acc[1][2] += q1 * s4.z; acc[1][3] += q1 * s4.w;
-      }
-#pragma unroll
       for (int r = 0; r < 2; r++) {
-        int i = 2 * ti + r;
-        float e = Es[i];
-#pragma unroll
-        for (int k = 0; k < 4; k++) acc[r][k] *= e;
-        for (int j = 0; j <= i; j++) {
-          float pj = Ps[i * (C + 1) + j];
-          float4 v4 = *(const float4 *)(Vs + j * 32 + 4 * tc);
-          acc[r][0] += pj * v4.x; acc[r][1] += pj * v4.y; acc[r][2] += pj * v4.z; acc[r][3] += pj * v4.w;
-        }
-        if (i < L) {
-          bf16 *o = out + (size_t)(r0 + i) * ow + (size_t)h * dv + cs + 4 * tc;
-#pragma unroll
-          for (int k = 0; k < 4; k++) o[k] = f2bf(acc[r][k]);
-        }
+        float4 v = make_float4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]);
+        *(float4 *)(Vs + (2 * ti + r) * 32 + 4 * tc) = v;
+        *(float4 *)(q.U + (size_t)(2 * ti + r) * dv + cs + 4 * tc) = v; /* V' for phase 3 */
       }
     }
     __syncthreads();
-    /* (c) S <- e^(G_last) S + Kd^T V' */
+    /* (c) S <- e^(G_last) S + Kd^T V' (each thread reads and writes its own 4x4 of S) */
     {
-      float egl = expf(gl);
+      float egl = expf(q.G[L - 1]);
       float acc[4][4];
 #pragma unroll
       for (int r = 0; r < 4; r++) {
@@ -657,23 +741,84 @@ __global__ void __launch_bounds__(P2_THREADS)
       }
       for (int j = 0; j < L; j++) {
         float4 v4 = *(const float4 *)(Vs + j * 32 + 4 * tc);
+        float4 k4 = *(const float4 *)(Ks + j * GKQ + 4 * ti);
+        float kd[4] = {k4.x, k4.y, k4.z, k4.w};
 #pragma unroll
         for (int r = 0; r < 4; r++) {
-          float kd = Ks[j * GKP + 4 * ti + r];
-          acc[r][0] += kd * v4.x; acc[r][1] += kd * v4.y; acc[r][2] += kd * v4.z; acc[r][3] += kd * v4.w;
+          acc[r][0] += kd[r] * v4.x; acc[r][1] += kd[r] * v4.y; acc[r][2] += kd[r] * v4.z; acc[r][3] += kd[r] * v4.w;
         }
       }
-      __syncthreads();
 #pragma unroll
       for (int r = 0; r < 4; r++)
         *(float4 *)(Ss + (4 * ti + r) * 32 + 4 * tc) =
             make_float4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]);
     }
+    __syncthreads(); /* buffer set b is refilled by the next iteration's fetch */
   }
-  __syncthreads();
   for (int idx = tid; idx < GK * 32; idx += P2_THREADS) {
     int a = idx >> 5, cc = idx & 31;
     S[(size_t)a * dv + cs + cc] = Ss[idx];
+  }
+}
+
+__global__ void __launch_bounds__(P3_THREADS)
+    k_gdn_p3(const bf16 *qkv, const int32_t *ch_row, const int32_t *ch_len, int nk, int nv,
+             int dv, float *scr, bf16 *out) {
+  extern __shared__ __align__(16) float sm3[];
+  const int C = GDN_C;
+  float *Ss = sm3;               /* [GK][32] */
+  float *Qs = Ss + GK * 32;      /* [C][GKP] */
+  float *Ps = Qs + C * GKP;      /* [C][C+1] */
+  float *Vs = Ps + C * (C + 1);  /* [C][32] */
+  float *Es = Vs + C * 32;       /* [C] e^G */
+  int ch = blockIdx.x, h = blockIdx.y, cs = blockIdx.z * 32, tid = threadIdx.x;
+  int kh = h / (nv / nk), r0 = ch_row[ch], L = ch_len[ch];
+  size_t cd = 2 * (size_t)nk * GK + (size_t)nv * dv, ow = (size_t)nv * dv;
+  gdn_scr q = scr_at(scr, ch, nv, h, dv);
+  for (int idx = tid; idx < GK * 8; idx += P3_THREADS) {
+    int a = idx >> 3, c = 4 * (idx & 7);
+    *(float4 *)(Ss + a * 32 + c) = *(const float4 *)(q.S + (size_t)a * dv + cs + c);
+  }
+  for (int idx = tid; idx < C * 8; idx += P3_THREADS) {
+    int r = idx >> 3, c = 4 * (idx & 7);
+    *(float4 *)(Vs + r * 32 + c) = *(const float4 *)(q.U + (size_t)r * dv + cs + c);
+  }
+  for (int idx = tid; idx < C * GK; idx += P3_THREADS) {
+    int r = idx / GK, a = idx % GK;
+    Qs[r * GKP + a] = r < L ? bf2f(qkv[(size_t)(r0 + r) * cd + (size_t)kh * GK + a]) : 0.f;
+  }
+  for (int idx = tid; idx < C * C; idx += P3_THREADS) Ps[(idx / C) * (C + 1) + idx % C] = q.P[idx];
+  if (tid < C) Es[tid] = expf(q.G[tid]);
+  __syncthreads();
+  int tc = tid & 7, ti = tid >> 3;
+  float acc[2][4];
+#pragma unroll
+  for (int r = 0; r < 2; r++)
+#pragma unroll
+    for (int k = 0; k < 4; k++) acc[r][k] = 0.f;
+#pragma unroll 4
+  for (int a = 0; a < GK; a++) {
+    float4 s4 = *(const float4 *)(Ss + a * 32 + 4 * tc);
+    float q0 = Qs[(2 * ti) * GKP + a], q1 = Qs[(2 * ti + 1) * GKP + a];
+    acc[0][0] += q0 * s4.x; acc[0][1] += q0 * s4.y; acc[0][2] += q0 * s4.z; acc[0][3] += q0 * s4.w;
+    acc[1][0] += q1 * s4.x; acc[1][1] += q1 * s4.y; acc[1][2] += q1 * s4.z; acc[1][3] += q1 * s4.w;
+  }
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    int i = 2 * ti + r;
+    float e = Es[i];
+#pragma unroll
+    for (int k = 0; k < 4; k++) acc[r][k] *= e;
+    for (int j = 0; j <= i; j++) {
+      float pj = Ps[i * (C + 1) + j];
+      float4 v4 = *(const float4 *)(Vs + j * 32 + 4 * tc);
+      acc[r][0] += pj * v4.x; acc[r][1] += pj * v4.y; acc[r][2] += pj * v4.z; acc[r][3] += pj * v4.w;
+    }
+    if (i < L) {
+      bf16 *o = out + (size_t)(r0 + i) * ow + (size_t)h * dv + cs + 4 * tc;
+#pragma unroll
+      for (int k = 0; k < 4; k++) o[k] = f2bf(acc[r][k]);
+    }
   }
 }
 
@@ -685,6 +830,7 @@ static int gdn_prefill2(cuda_ctx *c, float *ssm, const bf16 *qkv, const float *b
   if (!attr) {
     cudaFuncSetAttribute(k_gdn_p1, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)p1_smem());
     cudaFuncSetAttribute(k_gdn_p2, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)p2_smem());
+    cudaFuncSetAttribute(k_gdn_p3, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)p3_smem());
     attr = 1;
   }
   float *scr = (float *)cuda_scratch(c, (size_t)c->b.n_chunks * nv * p1_per(dv) * sizeof(float));
@@ -694,10 +840,14 @@ static int gdn_prefill2(cuda_ctx *c, float *ssm, const bf16 *qkv, const float *b
                                                   dv, scr);
   cuda_check_launch(c, "gdn_prefill (chunks)");
   dim3 g2(c->b.n_prefill, nv, dv / 32);
-  k_gdn_p2<<<g2, P2_THREADS, p2_smem(), c->st>>>(ssm, qkv, c->b.prefill_ids, c->b.seq_pos,
-                                                  c->b.seq_slot, c->b.pre_ch0, c->b.ch_row,
-                                                  c->b.ch_len, nk, nv, dv, scr, out);
+  k_gdn_p2<<<g2, P2_THREADS, p2_smem(), c->st>>>(ssm, c->b.prefill_ids, c->b.seq_pos,
+                                                  c->b.seq_slot, c->b.pre_ch0, c->b.ch_len, nv,
+                                                  dv, scr);
   cuda_check_launch(c, "gdn_prefill (scan)");
+  dim3 g3(c->b.n_chunks, nv, dv / 32);
+  k_gdn_p3<<<g3, P3_THREADS, p3_smem(), c->st>>>(qkv, c->b.ch_row, c->b.ch_len, nk, nv, dv, scr,
+                                                  out);
+  cuda_check_launch(c, "gdn_prefill (outputs)");
   return 1;
 }
 

@@ -505,8 +505,9 @@ __global__ void __launch_bounds__(PRE_THREADS)
 #define GKP (GK + 1)
 #define GKQ (GK + 4) /* row stride of the cp.async targets: 16-byte rows, no bank conflicts */
 
-static size_t p1_smem(void) {
-  return ((size_t)2 * GDN_C * GKP + GDN_C * (GDN_C + 1) + 3 * GDN_C) * sizeof(float);
+static size_t p1_smem(int dv) {
+  return ((size_t)2 * GDN_C * GKP + (size_t)GDN_C * dv + GDN_C * (GDN_C + 1) + 3 * GDN_C) *
+         sizeof(float);
 }
 static size_t p2_smem(void) {
   return ((size_t)GK * 32 + 4 * GDN_C * GKQ + 3 * GDN_C * 32) * sizeof(float);
@@ -546,28 +547,43 @@ __device__ __forceinline__ void cp_async_wait(void) {
   asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
 
+/* 8 bf16 (one 16-byte load) to 8 floats at dst (any alignment); zeros when !ok */
+__device__ __forceinline__ void ld8_bf16(float *dst, const bf16 *src, bool ok) {
+  uint4 u = make_uint4(0u, 0u, 0u, 0u);
+  if (ok) u = *(const uint4 *)src;
+  const __nv_bfloat162 *h2 = (const __nv_bfloat162 *)&u;
+#pragma unroll
+  for (int m = 0; m < 4; m++) {
+    float2 f = __bfloat1622float2(h2[m]);
+    dst[2 * m] = f.x;
+    dst[2 * m + 1] = f.y;
+  }
+}
+
 __global__ void __launch_bounds__(P1_THREADS)
     k_gdn_p1(const bf16 *qkv, const float *beta, const float *g, const int32_t *ch_row,
              const int32_t *ch_len, int nk, int nv, int dv, float *scr) {
   extern __shared__ float sm1[];
   const int C = GDN_C;
-  float *Kc = sm1, *Qc = Kc + C * GKP, *A = Qc + C * GKP, *G = A + C * (C + 1), *Bt = G + C,
-        *eG = Bt + C;
+  float *Kc = sm1, *Qc = Kc + C * GKP, *Vc = Qc + C * GKP, *A = Vc + (size_t)C * dv,
+        *G = A + C * (C + 1), *Bt = G + C, *eG = Bt + C;
   int ch = blockIdx.x, h = blockIdx.y, tid = threadIdx.x;
   int kh = h / (nv / nk);
   int r0 = ch_row[ch], L = ch_len[ch];
   size_t cd = 2 * (size_t)nk * GK + (size_t)nv * dv;
   gdn_scr o = scr_at(scr, ch, nv, h, dv);
-  for (int idx = tid; idx < C * GK; idx += P1_THREADS) {
-    int r = idx / GK, a = idx % GK;
-    float kv = 0.f, qv = 0.f;
-    if (r < L) {
-      const bf16 *row = qkv + (size_t)(r0 + r) * cd;
-      kv = bf2f(row[(size_t)(nk + kh) * GK + a]);
-      qv = bf2f(row[(size_t)kh * GK + a]);
-    }
-    Kc[r * GKP + a] = kv;
-    Qc[r * GKP + a] = qv;
+  /* k, q, v rows of the chunk: 16-byte loads, all issued before any is used */
+#pragma unroll 4
+  for (int idx = tid; idx < C * (GK / 8); idx += P1_THREADS) {
+    int r = idx / (GK / 8), a = 8 * (idx % (GK / 8));
+    const bf16 *row = qkv + (size_t)(r0 + r) * cd;
+    ld8_bf16(Kc + r * GKP + a, row + (size_t)(nk + kh) * GK + a, r < L);
+    ld8_bf16(Qc + r * GKP + a, row + (size_t)kh * GK + a, r < L);
+  }
+  for (int idx = tid; idx < C * (dv / 8); idx += P1_THREADS) {
+    int r = idx / (dv / 8), a = 8 * (idx % (dv / 8));
+    ld8_bf16(Vc + (size_t)r * dv + a,
+             qkv + (size_t)(r0 + r) * cd + 2 * (size_t)nk * GK + (size_t)h * dv + a, r < L);
   }
   if (tid < C) {
     Bt[tid] = tid < L ? beta[(size_t)(r0 + tid) * nv + h] : 0.f;
@@ -630,12 +646,11 @@ __global__ void __launch_bounds__(P1_THREADS)
   __syncthreads();
   for (int col = tid; col < dv + GK; col += P1_THREADS) {
     float u[GDN_C];
-    const bf16 *vcol = qkv + (size_t)r0 * cd + 2 * (size_t)nk * GK + (size_t)h * dv + col;
 #pragma unroll
     for (int i = 0; i < GDN_C; i++) {
       float x = 0.f;
       if (i < L) {
-        x = col < dv ? Bt[i] * bf2f(vcol[(size_t)i * cd]) : Bt[i] * eG[i] * Kc[i * GKP + col - dv];
+        x = col < dv ? Bt[i] * Vc[(size_t)i * dv + col] : Bt[i] * eG[i] * Kc[i * GKP + col - dv];
 #pragma unroll
         for (int j = 0; j < i; j++) x -= A[i * (C + 1) + j] * u[j];
       }
@@ -677,16 +692,16 @@ __global__ void __launch_bounds__(P2_THREADS)
   extern __shared__ __align__(16) float sm2[];
   const int C = GDN_C;
   float *Ss = sm2;                   /* [GK][32] */
-  float *Wb[2] = {Ss + GK * 32, Ss + GK * 32 + C * GKQ};
-  float *Kb[2] = {Wb[1] + C * GKQ, Wb[1] + 2 * C * GKQ};
-  float *Ub[2] = {Kb[1] + C * GKQ, Kb[1] + C * GKQ + C * 32};
-  float *Vs = Ub[1] + C * 32;        /* [C][32] */
+  float *W0 = Ss + GK * 32;          /* two buffer sets: W [C][GKQ] x 2, Kd x 2, U [C][32] x 2 */
+  float *K0 = W0 + 2 * C * GKQ;
+  float *U0 = K0 + 2 * C * GKQ;
+  float *Vs = U0 + 2 * C * 32;       /* [C][32] */
   int bx = blockIdx.x, h = blockIdx.y, cs = blockIdx.z * 32, tid = threadIdx.x;
   int s = ids[bx];
   float *S = ssm + ((size_t)seq_slot[s] * nv + h) * (size_t)GK * dv;
   int zero = seq_pos[s] == 0;
   int c0 = pre_ch0[bx], c1 = pre_ch0[bx + 1];
-  p2_fetch(scr_at(scr, c0, nv, h, dv), dv, cs, Wb[0], Kb[0], Ub[0], tid);
+  p2_fetch(scr_at(scr, c0, nv, h, dv), dv, cs, W0, K0, U0, tid);
   for (int idx = tid; idx < GK * 32; idx += P2_THREADS) {
     int a = idx >> 5, cc = idx & 31;
     Ss[idx] = zero ? 0.f : S[(size_t)a * dv + cs + cc];
@@ -696,13 +711,15 @@ __global__ void __launch_bounds__(P2_THREADS)
     int b = (ch - c0) & 1, L = ch_len[ch];
     gdn_scr q = scr_at(scr, ch, nv, h, dv);
     if (ch + 1 < c1) {
-      p2_fetch(scr_at(scr, ch + 1, nv, h, dv), dv, cs, Wb[b ^ 1], Kb[b ^ 1], Ub[b ^ 1], tid);
+      int n = b ^ 1;
+      p2_fetch(scr_at(scr, ch + 1, nv, h, dv), dv, cs, W0 + n * C * GKQ, K0 + n * C * GKQ,
+               U0 + n * C * 32, tid);
       cp_async_wait<1>();
     } else {
       cp_async_wait<0>();
     }
     __syncthreads();
-    const float *Ws = Wb[b], *Ks = Kb[b], *Us = Ub[b];
+    const float *Ws = W0 + b * C * GKQ, *Ks = K0 + b * C * GKQ, *Us = U0 + b * C * 32;
     /* the state before this chunk, for phase 3 */
     for (int idx = tid; idx < GK * 8; idx += P2_THREADS) {
       int a = idx >> 3, c = 4 * (idx & 7);
@@ -783,11 +800,18 @@ __global__ void __launch_bounds__(P3_THREADS)
     int r = idx >> 3, c = 4 * (idx & 7);
     *(float4 *)(Vs + r * 32 + c) = *(const float4 *)(q.U + (size_t)r * dv + cs + c);
   }
-  for (int idx = tid; idx < C * GK; idx += P3_THREADS) {
-    int r = idx / GK, a = idx % GK;
-    Qs[r * GKP + a] = r < L ? bf2f(qkv[(size_t)(r0 + r) * cd + (size_t)kh * GK + a]) : 0.f;
+#pragma unroll 4
+  for (int idx = tid; idx < C * (GK / 8); idx += P3_THREADS) {
+    int r = idx / (GK / 8), a = 8 * (idx % (GK / 8));
+    ld8_bf16(Qs + r * GKP + a, qkv + (size_t)(r0 + r) * cd + (size_t)kh * GK + a, r < L);
   }
-  for (int idx = tid; idx < C * C; idx += P3_THREADS) Ps[(idx / C) * (C + 1) + idx % C] = q.P[idx];
+#pragma unroll 4
+  for (int idx = tid; idx < C * C / 4; idx += P3_THREADS) {
+    int i = (4 * idx) / C, j = (4 * idx) % C;
+    float4 v = *(const float4 *)(q.P + 4 * idx);
+    float *d = Ps + i * (C + 1) + j;
+    d[0] = v.x; d[1] = v.y; d[2] = v.z; d[3] = v.w;
+  }
   if (tid < C) Es[tid] = expf(q.G[tid]);
   __syncthreads();
   int tc = tid & 7, ti = tid >> 3;
@@ -825,10 +849,10 @@ __global__ void __launch_bounds__(P3_THREADS)
 /* The chunk-parallel path; returns 0 when the shape is not covered. */
 static int gdn_prefill2(cuda_ctx *c, float *ssm, const bf16 *qkv, const float *beta,
                         const float *g, int nk, int nv, int dk, int dv, bf16 *out) {
-  if (c->legacy || dk != GK || dv % 32 || c->b.n_chunks <= 0) return 0;
+  if (c->legacy || dk != GK || dv % 32 || dv > 256 || c->b.n_chunks <= 0) return 0;
   static int attr = 0;
   if (!attr) {
-    cudaFuncSetAttribute(k_gdn_p1, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)p1_smem());
+    cudaFuncSetAttribute(k_gdn_p1, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)p1_smem(256));
     cudaFuncSetAttribute(k_gdn_p2, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)p2_smem());
     cudaFuncSetAttribute(k_gdn_p3, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)p3_smem());
     attr = 1;
@@ -836,7 +860,7 @@ static int gdn_prefill2(cuda_ctx *c, float *ssm, const bf16 *qkv, const float *b
   float *scr = (float *)cuda_scratch(c, (size_t)c->b.n_chunks * nv * p1_per(dv) * sizeof(float));
   if (!scr) return 1;
   dim3 g1(c->b.n_chunks, nv);
-  k_gdn_p1<<<g1, P1_THREADS, p1_smem(), c->st>>>(qkv, beta, g, c->b.ch_row, c->b.ch_len, nk, nv,
+  k_gdn_p1<<<g1, P1_THREADS, p1_smem(dv), c->st>>>(qkv, beta, g, c->b.ch_row, c->b.ch_len, nk, nv,
                                                   dv, scr);
   cuda_check_launch(c, "gdn_prefill (chunks)");
   dim3 g2(c->b.n_prefill, nv, dv / 32);

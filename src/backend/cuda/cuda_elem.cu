@@ -45,8 +45,13 @@ __global__ void k_rmsnorm(bf16 *x, const bf16 *add, const float *w, int n, float
   __shared__ float red[33];
   int64_t t = blockIdx.x;
   bf16 *xr = x + t * n;
-  float v[RMS_PER];
+  float v[RMS_PER], wv[RMS_PER];
   float ss = 0.f;
+#pragma unroll
+  for (int r = 0; r < RMS_PER; r++) { /* the weights are loaded before the reduction waits */
+    int i = threadIdx.x + r * RMS_THREADS;
+    wv[r] = i < n ? w[i] : 0.f;
+  }
 #pragma unroll
   for (int r = 0; r < RMS_PER; r++) {
     int i = threadIdx.x + r * RMS_THREADS;
@@ -67,7 +72,7 @@ __global__ void k_rmsnorm(bf16 *x, const bf16 *add, const float *w, int n, float
 #pragma unroll
   for (int r = 0; r < RMS_PER; r++) {
     int i = threadIdx.x + r * RMS_THREADS;
-    if (i < n) y[t * n + i] = f2bf(v[r] * rs * (1.f + w[i]));
+    if (i < n) y[t * n + i] = f2bf(v[r] * rs * (1.f + wv[r]));
   }
 }
 

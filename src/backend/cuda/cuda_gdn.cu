@@ -482,7 +482,7 @@ __global__ void __launch_bounds__(PRE_THREADS)
   for (size_t i = tid; i < nS; i += nt) S[i] = Sm[i];
 }
 
-/* ---- chunk-parallel prefill (dk == 128, dv % 32 == 0) ----
+/* ---- chunk-parallel prefill (dk == 128, dv % 64 == 0, dv <= 256) ----
  *
  * Phase 1, grid (chunk, value head), every chunk of every piece at once (no state needed):
  *   G = cumsum(g); P_ij = (q_i.k_j) e^(G_i-G_j) (j <= i); A_ij = beta_i (k_i.k_j) e^(G_i-G_j)
@@ -495,12 +495,13 @@ __global__ void __launch_bounds__(PRE_THREADS)
  *   keep S (the state before the chunk) for phase 3;  V' = U - W S (kept in U's place);
  *   S <- e^(G_last) S + Kd^T V'
  * with 2x4 / 4x4 register tiles over padded shared-memory rows (no bank conflicts).
- * Phase 3, grid (chunk, value head, dv/32), every chunk at once again:
+ * Phase 3, grid (chunk, value head, dv/64), every chunk at once again:
  *   O = e^G (Q S) + P V'.
  * Every sum runs in the same order as the one-block kernel above and the CPU reference. */
 #define P1_THREADS 256
 #define P2_THREADS 256
 #define P3_THREADS 256
+#define P3_COLS 64 /* output columns per phase-3 block */
 #define GK 128 /* dk of this path */
 #define GKP (GK + 1)
 #define GKQ (GK + 4) /* row stride of the cp.async targets: 16-byte rows, no bank conflicts */
@@ -510,10 +511,10 @@ static size_t p1_smem(int dv) {
          sizeof(float);
 }
 static size_t p2_smem(void) {
-  return ((size_t)GK * 32 + 4 * GDN_C * GKQ + 3 * GDN_C * 32) * sizeof(float);
+  return ((size_t)GK * 32 + 4 * GDN_C * GKQ + 3 * GDN_C * 32 + 2 * GDN_C) * sizeof(float);
 }
 static size_t p3_smem(void) {
-  return ((size_t)GK * 32 + GDN_C * GKP + GDN_C * (GDN_C + 1) + GDN_C * 32 + GDN_C) *
+  return ((size_t)GK * P3_COLS + GDN_C * GKP + GDN_C * (GDN_C + 1) + GDN_C * P3_COLS + GDN_C) *
          sizeof(float);
 }
 /* Scratch per (chunk, head), in floats: U/V' [C][dv], W [C][GK], P [C][C], G [C], Kd [C][GK],
@@ -671,9 +672,9 @@ __global__ void __launch_bounds__(P1_THREADS)
   }
 }
 
-/* phase 2's copies of one chunk (W, Kd, the block's U columns) into buffer set b */
+/* phase 2's copies of one chunk (W, Kd, the block's U columns, G) into buffer set b */
 __device__ static void p2_fetch(const gdn_scr &q, int dv, int cs, float *Wb, float *Kb, float *Ub,
-                                int tid) {
+                                float *Gb, int tid) {
   for (int idx = tid; idx < GDN_C * (GK / 4); idx += P2_THREADS) {
     int r = idx / (GK / 4), a = 4 * (idx % (GK / 4));
     cp_async16(Wb + r * GKQ + a, q.W + (size_t)r * GK + a);
@@ -683,6 +684,7 @@ __device__ static void p2_fetch(const gdn_scr &q, int dv, int cs, float *Wb, flo
     int r = idx >> 3, c = 4 * (idx & 7);
     cp_async16(Ub + r * 32 + c, q.U + (size_t)r * dv + cs + c);
   }
+  if (tid < GDN_C / 4) cp_async16(Gb + 4 * tid, q.G + 4 * tid);
   cp_async_commit();
 }
 
@@ -695,13 +697,14 @@ __global__ void __launch_bounds__(P2_THREADS)
   float *W0 = Ss + GK * 32;          /* two buffer sets: W [C][GKQ] x 2, Kd x 2, U [C][32] x 2 */
   float *K0 = W0 + 2 * C * GKQ;
   float *U0 = K0 + 2 * C * GKQ;
-  float *Vs = U0 + 2 * C * 32;       /* [C][32] */
+  float *G0 = U0 + 2 * C * 32;       /* G [C] x 2 */
+  float *Vs = G0 + 2 * C;            /* [C][32] */
   int bx = blockIdx.x, h = blockIdx.y, cs = blockIdx.z * 32, tid = threadIdx.x;
   int s = ids[bx];
   float *S = ssm + ((size_t)seq_slot[s] * nv + h) * (size_t)GK * dv;
   int zero = seq_pos[s] == 0;
   int c0 = pre_ch0[bx], c1 = pre_ch0[bx + 1];
-  p2_fetch(scr_at(scr, c0, nv, h, dv), dv, cs, W0, K0, U0, tid);
+  p2_fetch(scr_at(scr, c0, nv, h, dv), dv, cs, W0, K0, U0, G0, tid);
   for (int idx = tid; idx < GK * 32; idx += P2_THREADS) {
     int a = idx >> 5, cc = idx & 31;
     Ss[idx] = zero ? 0.f : S[(size_t)a * dv + cs + cc];
@@ -713,7 +716,7 @@ __global__ void __launch_bounds__(P2_THREADS)
     if (ch + 1 < c1) {
       int n = b ^ 1;
       p2_fetch(scr_at(scr, ch + 1, nv, h, dv), dv, cs, W0 + n * C * GKQ, K0 + n * C * GKQ,
-               U0 + n * C * 32, tid);
+               U0 + n * C * 32, G0 + n * C, tid);
       cp_async_wait<1>();
     } else {
       cp_async_wait<0>();
@@ -749,7 +752,7 @@ __global__ void __launch_bounds__(P2_THREADS)
     __syncthreads();
     /* (c) S <- e^(G_last) S + Kd^T V' (each thread reads and writes its own 4x4 of S) */
     {
-      float egl = expf(q.G[L - 1]);
+      float egl = expf(G0[b * C + L - 1]);
       float acc[4][4];
 #pragma unroll
       for (int r = 0; r < 4; r++) {
@@ -783,22 +786,25 @@ __global__ void __launch_bounds__(P3_THREADS)
              int dv, float *scr, bf16 *out) {
   extern __shared__ __align__(16) float sm3[];
   const int C = GDN_C;
-  float *Ss = sm3;               /* [GK][32] */
-  float *Qs = Ss + GK * 32;      /* [C][GKP] */
+  float *Ss = sm3;               /* [GK][P3_COLS] */
+  float *Qs = Ss + GK * P3_COLS; /* [C][GKP] */
   float *Ps = Qs + C * GKP;      /* [C][C+1] */
-  float *Vs = Ps + C * (C + 1);  /* [C][32] */
-  float *Es = Vs + C * 32;       /* [C] e^G */
-  int ch = blockIdx.x, h = blockIdx.y, cs = blockIdx.z * 32, tid = threadIdx.x;
+  float *Vs = Ps + C * (C + 1);  /* [C][P3_COLS] */
+  float *Es = Vs + C * P3_COLS;  /* [C] e^G */
+  int ch = blockIdx.x, h = blockIdx.y, cs = blockIdx.z * P3_COLS, tid = threadIdx.x;
   int kh = h / (nv / nk), r0 = ch_row[ch], L = ch_len[ch];
   size_t cd = 2 * (size_t)nk * GK + (size_t)nv * dv, ow = (size_t)nv * dv;
   gdn_scr q = scr_at(scr, ch, nv, h, dv);
-  for (int idx = tid; idx < GK * 8; idx += P3_THREADS) {
-    int a = idx >> 3, c = 4 * (idx & 7);
-    *(float4 *)(Ss + a * 32 + c) = *(const float4 *)(q.S + (size_t)a * dv + cs + c);
+  const int Q4 = P3_COLS / 4;
+#pragma unroll 4
+  for (int idx = tid; idx < GK * Q4; idx += P3_THREADS) {
+    int a = idx / Q4, c = 4 * (idx % Q4);
+    *(float4 *)(Ss + a * P3_COLS + c) = *(const float4 *)(q.S + (size_t)a * dv + cs + c);
   }
-  for (int idx = tid; idx < C * 8; idx += P3_THREADS) {
-    int r = idx >> 3, c = 4 * (idx & 7);
-    *(float4 *)(Vs + r * 32 + c) = *(const float4 *)(q.U + (size_t)r * dv + cs + c);
+#pragma unroll 4
+  for (int idx = tid; idx < C * Q4; idx += P3_THREADS) {
+    int r = idx / Q4, c = 4 * (idx % Q4);
+    *(float4 *)(Vs + r * P3_COLS + c) = *(const float4 *)(q.U + (size_t)r * dv + cs + c);
   }
 #pragma unroll 4
   for (int idx = tid; idx < C * (GK / 8); idx += P3_THREADS) {
@@ -814,34 +820,45 @@ __global__ void __launch_bounds__(P3_THREADS)
   }
   if (tid < C) Es[tid] = expf(q.G[tid]);
   __syncthreads();
+  /* thread: rows 2ti, 2ti+1; columns 4tc.. and 32+4tc.. of the slice */
   int tc = tid & 7, ti = tid >> 3;
-  float acc[2][4];
+  float acc[2][8];
 #pragma unroll
   for (int r = 0; r < 2; r++)
 #pragma unroll
-    for (int k = 0; k < 4; k++) acc[r][k] = 0.f;
+    for (int k = 0; k < 8; k++) acc[r][k] = 0.f;
 #pragma unroll 4
   for (int a = 0; a < GK; a++) {
-    float4 s4 = *(const float4 *)(Ss + a * 32 + 4 * tc);
+    float4 s0 = *(const float4 *)(Ss + a * P3_COLS + 4 * tc);
+    float4 s1 = *(const float4 *)(Ss + a * P3_COLS + 32 + 4 * tc);
+    float sv[8] = {s0.x, s0.y, s0.z, s0.w, s1.x, s1.y, s1.z, s1.w};
     float q0 = Qs[(2 * ti) * GKP + a], q1 = Qs[(2 * ti + 1) * GKP + a];
-    acc[0][0] += q0 * s4.x; acc[0][1] += q0 * s4.y; acc[0][2] += q0 * s4.z; acc[0][3] += q0 * s4.w;
-    acc[1][0] += q1 * s4.x; acc[1][1] += q1 * s4.y; acc[1][2] += q1 * s4.z; acc[1][3] += q1 * s4.w;
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+      acc[0][k] += q0 * sv[k];
+      acc[1][k] += q1 * sv[k];
+    }
   }
 #pragma unroll
   for (int r = 0; r < 2; r++) {
     int i = 2 * ti + r;
     float e = Es[i];
 #pragma unroll
-    for (int k = 0; k < 4; k++) acc[r][k] *= e;
+    for (int k = 0; k < 8; k++) acc[r][k] *= e;
     for (int j = 0; j <= i; j++) {
       float pj = Ps[i * (C + 1) + j];
-      float4 v4 = *(const float4 *)(Vs + j * 32 + 4 * tc);
-      acc[r][0] += pj * v4.x; acc[r][1] += pj * v4.y; acc[r][2] += pj * v4.z; acc[r][3] += pj * v4.w;
+      float4 v0 = *(const float4 *)(Vs + j * P3_COLS + 4 * tc);
+      float4 v1 = *(const float4 *)(Vs + j * P3_COLS + 32 + 4 * tc);
+      acc[r][0] += pj * v0.x; acc[r][1] += pj * v0.y; acc[r][2] += pj * v0.z; acc[r][3] += pj * v0.w;
+      acc[r][4] += pj * v1.x; acc[r][5] += pj * v1.y; acc[r][6] += pj * v1.z; acc[r][7] += pj * v1.w;
     }
     if (i < L) {
       bf16 *o = out + (size_t)(r0 + i) * ow + (size_t)h * dv + cs + 4 * tc;
 #pragma unroll
-      for (int k = 0; k < 4; k++) o[k] = f2bf(acc[r][k]);
+      for (int k = 0; k < 4; k++) {
+        o[k] = f2bf(acc[r][k]);
+        o[32 + k] = f2bf(acc[r][4 + k]);
+      }
     }
   }
 }
@@ -849,7 +866,7 @@ __global__ void __launch_bounds__(P3_THREADS)
 /* The chunk-parallel path; returns 0 when the shape is not covered. */
 static int gdn_prefill2(cuda_ctx *c, float *ssm, const bf16 *qkv, const float *beta,
                         const float *g, int nk, int nv, int dk, int dv, bf16 *out) {
-  if (c->legacy || dk != GK || dv % 32 || dv > 256 || c->b.n_chunks <= 0) return 0;
+  if (c->legacy || dk != GK || dv % P3_COLS || dv > 256 || c->b.n_chunks <= 0) return 0;
   static int attr = 0;
   if (!attr) {
     cudaFuncSetAttribute(k_gdn_p1, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)p1_smem(256));
@@ -868,7 +885,7 @@ static int gdn_prefill2(cuda_ctx *c, float *ssm, const bf16 *qkv, const float *b
                                                   c->b.seq_slot, c->b.pre_ch0, c->b.ch_len, nv,
                                                   dv, scr);
   cuda_check_launch(c, "gdn_prefill (scan)");
-  dim3 g3(c->b.n_chunks, nv, dv / 32);
+  dim3 g3(c->b.n_chunks, nv, dv / P3_COLS);
   k_gdn_p3<<<g3, P3_THREADS, p3_smem(), c->st>>>(qkv, c->b.ch_row, c->b.ch_len, nk, nv, dv, scr,
                                                   out);
   cuda_check_launch(c, "gdn_prefill (outputs)");

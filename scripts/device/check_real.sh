@@ -11,7 +11,8 @@
 #   3. restore parity through the engine with the prefix cache (test_cuda_restore), same model,
 #      with --batch-invariant (restored == cold to the bit);
 #   4. MoE diagnostics (DS_REAL_DIAG=0 skips): shadow of every op on the real MoE model, the
-#      parity run with graphs off, with batch-invariant GEMMs, and on the fp32 CPU backend.
+#      parity run with graphs off, with batch-invariant GEMMs, with the per-row expert kernels
+#      (DS_MOE_GROUPED=0), and on the fp32 CPU backend.
 # The reference builder also measures transformers' own bf16 error per model (the bound).
 # The build (make CUDA=1 against the Debian libraries unpacked from .deb/, as check.sh does) runs
 # while the Python builds the reference models on the GPU.
@@ -124,7 +125,8 @@ if [ $BUILD = ok ]; then
   ts "real-shape parity done"
   # MoE diagnostics (reported, not criteria): every op of the MoE model on both backends
   # (shadow: per-op and per-row errors on identical inputs), the parity run without CUDA
-  # graphs, with the batch-invariant GEMMs (no cuBLAS), and the fp32 CPU backend itself
+  # graphs, with the batch-invariant GEMMs (no cuBLAS), with the per-row expert kernels instead
+  # of the grouped GEMMs, and the fp32 CPU backend itself
   if [ -f "$REFS/q35_moe/ref.json" ] && [ "${DS_REAL_DIAG:-1}" = 1 ]; then
     {
       echo "== shadow q35_moe"
@@ -135,9 +137,9 @@ if [ $BUILD = ok ]; then
       echo "== batch-invariant GEMMs"
       DS_BATCH_INVARIANT=1 DS_REAL_ONLY=q35_moe DS_REAL_DEVICE=$DEV DS_REAL_REFS=$REFS timeout 120 \
         $B/tests/cuda/test_cuda_real 2>&1 | sed 's/^REAL name=/DIAG variant=batch_invariant name=/'
-      echo "== grouped expert GEMMs"
-      DS_MOE_GROUPED=1 DS_REAL_ONLY=q35_moe DS_REAL_DEVICE=$DEV DS_REAL_REFS=$REFS timeout 120 \
-        $B/tests/cuda/test_cuda_real 2>&1 | sed 's/^REAL name=/DIAG variant=moe_grouped name=/'
+      echo "== per-row expert kernels (the grouped GEMMs off)"
+      DS_MOE_GROUPED=0 DS_REAL_ONLY=q35_moe DS_REAL_DEVICE=$DEV DS_REAL_REFS=$REFS timeout 120 \
+        $B/tests/cuda/test_cuda_real 2>&1 | sed 's/^REAL name=/DIAG variant=moe_per_row name=/'
       echo "== fp32 CPU backend"
       DS_REAL_ONLY=q35_moe DS_REAL_DEVICE=cpu DS_REAL_REFS=$REFS timeout 240 \
         $B/tests/cuda/test_cuda_real 2>&1 | sed 's/^REAL name=/DIAG variant=cpu_fp32 name=/'

@@ -700,8 +700,9 @@ TEST(moe) {
   moe_case(5, 2048, 64, 8, 512, 0, 0);
 }
 
-/* DS_MOE_GROUPED=1: steps of >= 64 rows take per-expert cuBLAS GEMMs over rows grouped by
- * expert (two chunks of 2048 rows at T = 2100); smaller steps keep the per-row kernels. */
+/* The grouped path (the default; asked for explicitly here): steps of >= 64 rows take
+ * per-expert cuBLAS GEMMs over rows grouped by expert (two chunks of 2048 rows at T = 2100);
+ * smaller steps keep the per-row kernels. */
 TEST(moe_grouped) {
   backend *g2 = gpu_with("DS_MOE_GROUPED", "1");
   if (!g2) return;
@@ -712,6 +713,19 @@ TEST(moe_grouped) {
   moe_case(300, 2048, 64, 8, 512, 512, 1);
   moe_case(97, 2048, 64, 8, 512, 0, 0);
   moe_case(9, 256, 16, 4, 48, 64, 1); /* below the threshold */
+  gpu_ok();
+  GPU = save;
+  g2->destroy(g2);
+}
+
+/* DS_MOE_GROUPED=0: the per-row kernels for steps of >= 64 rows too */
+TEST(moe_per_row) {
+  backend *g2 = gpu_with("DS_MOE_GROUPED", "0");
+  if (!g2) return;
+  backend *save = GPU;
+  GPU = g2;
+  moe_case(100, 256, 16, 4, 48, 64, 1);
+  moe_case(300, 2048, 64, 8, 512, 512, 1);
   gpu_ok();
   GPU = save;
   g2->destroy(g2);
@@ -981,6 +995,7 @@ int main(void) {
   RUN(gated_rmsnorm);
   RUN(moe);
   RUN(moe_grouped);
+  RUN(moe_per_row);
   RUN(logits);
   RUN(argmax);
   RUN(decode_graph);

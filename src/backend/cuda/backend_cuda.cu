@@ -1228,8 +1228,8 @@ extern "C" backend *backend_cuda_create(int device, char *err, size_t errlen) {
      * the same bits as the batch-invariant kernel up to 8 rows */
     c->gemv_maxt = gm ? atoi(gm) : c->batch_invariant ? GEMV_MAXT : GEMV_MAXT_DEFAULT;
     if (c->gemv_maxt < 0 || c->gemv_maxt > GEMV_MAXT) c->gemv_maxt = GEMV_MAXT;
-    const char *mg = getenv("DS_MOE_GROUPED");
-    c->moe_grouped = mg && strcmp(mg, "0") != 0 && *mg;
+    const char *mg = getenv("DS_MOE_GROUPED"); /* on unless "0" */
+    c->moe_grouped = !(mg && strcmp(mg, "0") == 0);
     c->legacy = !c->batch_invariant && lg && *lg && strcmp(lg, "0") != 0;
     const char *gs = getenv("DS_CUDA_GRAPHS"), *fs = getenv("DS_CUDA_FUSE");
     if (!c->legacy && !(gs && strcmp(gs, "0") == 0)) {

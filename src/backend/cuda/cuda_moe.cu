@@ -4,9 +4,10 @@
  * experts as warp-per-output dot products over bf16 weights (one block per (row, slot) for
  * gate/up, one per row for down and the weighted sum), and the shared expert as dense cuBLAS
  * GEMMs. Each output's sums run in a fixed order that depends only on its row.
- * DS_MOE_GROUPED=1 (off by default until timed on the GPU) sends the routed experts of steps of
- * >= 64 rows through per-expert cuBLAS GEMMs over the rows grouped by expert ("grouped path"
- * below): each expert's weights read once per chunk of rows instead of once per routed row.
+ * Steps of >= 64 rows (not under --batch-invariant) send the routed experts through per-expert
+ * cuBLAS GEMMs over the rows grouped by expert ("grouped path" below): each expert's weights
+ * read once per chunk of rows instead of once per routed row (Qwen3.5-35B-A3B layer shape,
+ * H200: prefill 4096 tokens 6.9k -> 29.6k tok/s). DS_MOE_GROUPED=0 keeps the per-row kernels.
  *
  * Expert weight pointers reach the kernels through per-layer device tables, built on first use
  * of a layer (keyed by its host array of gate weights), checked against the weights on every
@@ -229,7 +230,7 @@ __global__ void k_swiglu_bf16(bf16 *g, const bf16 *u, size_t n) {
 
 static size_t al256(size_t b) { return (b + 255) & ~(size_t)255; }
 
-/* ---- grouped path (DS_MOE_GROUPED=1; steps of >= MOE_GROUPED_MIN rows, not under
+/* ---- grouped path (default; DS_MOE_GROUPED=0 turns it off; steps of >= MOE_GROUPED_MIN rows, not under
  * --batch-invariant) ----
  * Per chunk of <= MOE_GROUPED_CHUNK rows: the (row, slot) pairs are ordered by expert (stable:
  * within an expert in slot order), their x rows gathered, then per expert with rows one cuBLAS

@@ -459,10 +459,13 @@ static void attention_case(int nh, int nkv, int hd) {
   attention_case_p(nh, nkv, hd, ATT_LONG);
 }
 
-/* The GEMM path in blocks of 5 query rows (DS_ATTN_GEMM_ROWS), and switched off. */
+/* The GEMM path in blocks of 5 query rows (DS_ATTN_GEMM_ROWS), switched off, and replaced by
+ * the fused flash kernel (DS_ATTN_FLASH; hd 256 and 64 here, hd 80 in TEST(attention) falls
+ * back to the GEMM path). */
 TEST(attention_gemm_blocks) {
-  const char *knobs[2][2] = {{"DS_ATTN_GEMM_ROWS", "5"}, {"DS_ATTN_GEMM", "0"}};
-  for (int k = 0; k < 2; k++) {
+  const char *knobs[3][2] = {
+      {"DS_ATTN_GEMM_ROWS", "5"}, {"DS_ATTN_GEMM", "0"}, {"DS_ATTN_FLASH", "1"}};
+  for (int k = 0; k < 3; k++) {
     backend *g2 = gpu_with(knobs[k][0], knobs[k][1]);
     if (!g2) return;
     backend *save = GPU;
@@ -471,6 +474,8 @@ TEST(attention_gemm_blocks) {
     attention_case_p(8, 2, 256, ATT_LONG);
     attention_case_p(16, 2, 256, ATT_MIXED);
     attention_case_p(6, 3, 64, ATT_LONG);
+    attention_case_p(4, 1, 128, ATT_LONG);
+    attention_case_p(4, 4, 80, ATT_MIXED);
     GPU = save;
     g2->destroy(g2);
   }

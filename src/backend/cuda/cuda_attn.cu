@@ -9,7 +9,8 @@
  * contiguous K and V values (16 bytes at hd = 256) once for the whole group, keeping an online
  * softmax per q head; the warps merge in a fixed order and the block writes (m, l, acc[hd]) per
  * q head to scratch. A second kernel merges a row's ranges in order. Other shapes take the
- * one-block-per-(row, q head) kernel below. */
+ * one-block-per-(row, q head) kernel below. With DS_ATTN_FLASH=1 the GEMM path's pieces go
+ * through the fused flash kernel of cuda_flash.cu instead, where it covers the shape. */
 #include <math.h>
 
 #include "backend/cuda/cuda_common.cuh"
@@ -120,7 +121,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
  * R is a function of the piece's context length only (S and P of one block fit
  * ATT_GEMM_BUDGET), so a piece's result never depends on what else is in the step. The rows
  * of shorter pieces (decode rows, short resumes) stay on the split path, which skips these. */
-#define ATT_GEMM_MIN 32                /* rows of a piece for the GEMM path */
+#define ATT_GEMM_MIN 32                /* rows of a piece for the GEMM path (= FLASH_MIN) */
 #define ATT_GEMM_BUDGET (256u << 20)   /* bytes of S + P per block */
 
 /* The GEMM path's piece length threshold for this shape; 0: the path is off. */
@@ -462,9 +463,22 @@ extern "C" void cuda_attn_attention(backend *be, backend_buf k_pool, backend_buf
       (const bf16 *)k, (const bf16 *)v, c->b.seq, c->b.pos, c->b.page_table, c->b.max_pages, T, w,
       (bf16 *)k_pool, (bf16 *)v_pool);
   cuda_check_launch(c, "attention (kv write)");
-  if (att_gemm_min(c, nkv, hd) > 0 && att_gemm(c, (const bf16 *)k_pool, (const bf16 *)v_pool, (const bf16 *)q,
-                                      nh, nkv, hd, scale, (bf16 *)out) == T)
-    return; /* every row was a long piece's */
+  int gmin = att_gemm_min(c, nkv, hd);
+  if (gmin > 0) { /* the long pieces: fused kernel (DS_ATTN_FLASH) or GEMM path */
+    int took = 0;
+    if (c->attn_flash) {
+      took = cuda_attn_flash(c, (const bf16 *)k_pool, (const bf16 *)v_pool, (const bf16 *)q, nh,
+                             nkv, hd, scale, (bf16 *)out);
+      int want = 0; /* the rows the split path skips */
+      for (int i = 0; i < c->hb.n_seqs; i++)
+        if (c->hb.seq_len[i] >= gmin) want += c->hb.seq_len[i];
+      if (took && took != want) cuda_fail(c, "attention", "flash path took other rows");
+    }
+    if (!took)
+      took = att_gemm(c, (const bf16 *)k_pool, (const bf16 *)v_pool, (const bf16 *)q, nh, nkv, hd,
+                      scale, (bf16 *)out);
+    if (took == T) return; /* every row was a long piece's */
+  }
   if (att_split(c, (const bf16 *)k_pool, (const bf16 *)v_pool, (const bf16 *)q, nh, nkv, hd, scale,
                 (bf16 *)out))
     return;

@@ -70,6 +70,8 @@ typedef struct cuda_ctx {
   /* prefill attention on tensor cores (cuda_attn.cu "GEMM path"): DS_ATTN_GEMM=0 turns it
    * off, DS_ATTN_GEMM_ROWS=N caps its query rows per block */
   int attn_gemm_off, attn_gemm_rows;
+  /* DS_ATTN_FLASH=1: those pieces through the fused kernel instead (cuda_flash.cu) */
+  int attn_flash;
   /* GEMV path: the largest step (rows) it takes (DS_GEMV_MAXT) */
   int gemv_maxt;
   /* DS_MOE_GROUPED=1: routed experts of large steps as per-expert GEMMs (cuda_moe.cu) */
@@ -96,6 +98,12 @@ void *cuda_scratch(cuda_ctx *c, size_t bytes);
 /* y[T, N] = x[T, K] . W[N, K]^T with fp32 accumulation; y bf16 (y_f32 = 0) or fp32. */
 void cuda_gemm(cuda_ctx *c, const bf16 *x, const bf16 *W, int T, int K, int N, void *y,
                int y_f32);
+
+/* Fused causal attention of the step's long prefill pieces (cuda_flash.cu): the rows of the
+ * pieces the GEMM path would take (cuda_attn.cu); returns how many, 0 when the shape is not
+ * covered (nothing launched). */
+int cuda_attn_flash(cuda_ctx *c, const bf16 *kp, const bf16 *vp, const bf16 *q, int nh, int nkv,
+                    int hd, float scale, bf16 *out);
 
 /* Frees the MoE expert tables of this context (cuda_moe.cu). */
 void cuda_moe_release(cuda_ctx *c);

@@ -1,0 +1,355 @@
+/* cuda_flash — fused causal attention for the step's long prefill pieces (flash attention on
+ * tensor cores), the DS_ATTN_FLASH=1 alternative to cuda_attn.cu's GEMM path: same pieces
+ * (seq_len >= FLASH_MIN, = ATT_GEMM_MIN), same contract, S never leaves the chip.
+ *
+ * Grid (query tile, q head). A query tile is FLASH_BQ = 64 consecutive rows of one piece,
+ * counted from the piece's first row (the last tile may be short; its padding rows compute
+ * on zero queries and write nothing). The tiles of all long pieces are numbered in piece
+ * order; a block finds its piece by walking seq_len on the device. Its rows are split into
+ * four groups of 16, one m16n8k16 row block each. With hd <= 128 one warp owns a group and all
+ * of hd; with hd = 256 two warps share a group, each owning half of hd: both compute a partial
+ * S over their half of hd, exchange it through shared memory and add (lo + hi, the same bits
+ * in both), so both hold the whole S and run the same online softmax, then each accumulates
+ * its half of O. Per thread: Q fragments and the O accumulator (fp32) in registers, <= 32 and
+ * <= 64 words.
+ *
+ * The block walks K/V tiles of FLASH_BK = 64 positions at absolute offsets 0, 64, 128, ... up
+ * to its last row's position, reading the rows straight from the pages (cp.async into padded
+ * shared rows; positions past the tile's last row are zero-filled, never read). Per tile:
+ *   S = Q K^T (mma, fp32) -> x = scale*log2(e)*S, -inf past each row's position ->
+ *   m' = max(m, max x); P = 2^(x - m'), l = l 2^(m - m') + sum P; O = O 2^(m - m') + P V
+ * with P rounded to bf16 for the mma (V fragments through ldmatrix.trans). A tile entirely
+ * past a row's position changes nothing for it (m' = m, P = 0), and a warp whose rows all end
+ * before a tile skips it. At the end O / l is written as bf16. Every sum runs in an order
+ * fixed by the piece (the tile walk, the mma, the 4-lane row reductions), so a row's result
+ * never depends on the other pieces of the step. K and V loads overlap the compute: the next
+ * K tile is in flight during softmax and P V, V during S = Q K^T. */
+#include <math.h>
+
+#include "backend/cuda/cuda_common.cuh"
+
+#define FLASH_MIN 32 /* = ATT_GEMM_MIN (cuda_attn.cu): the split path skips exactly these rows */
+#define FLASH_BQ 64  /* query rows per block */
+#define FLASH_BK 64  /* positions per K/V tile */
+#define FLASH_PAD 8  /* bf16 of padding per shared K/V row: conflict-free fragment loads */
+
+/* ---- PTX helpers ---- */
+
+/* d += a (16x16 bf16, row) . b (16x8 bf16, col), fp32 accumulate. */
+__device__ __forceinline__ void fl_mma(float *d, const uint32_t *a, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* Four transposed 8x8 bf16 matrices from shared memory; lane l gives row l % 8 of matrix
+ * l / 8. */
+__device__ __forceinline__ void fl_ldsm_t4(uint32_t *r, const bf16 *p) {
+  unsigned a = (unsigned)__cvta_generic_to_shared(p);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a)
+               : "memory");
+}
+
+__device__ __forceinline__ void fl_cp16(bf16 *dst, const bf16 *src) {
+  unsigned a = (unsigned)__cvta_generic_to_shared(dst);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(a), "l"(src) : "memory");
+}
+
+__device__ __forceinline__ void fl_commit(void) {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+template <int N>
+__device__ __forceinline__ void fl_wait(void) {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+/* ---- kernel ---- */
+
+__device__ __forceinline__ uint32_t fl_pack(float lo, float hi) {
+  __nv_bfloat162 b = __floats2bfloat162_rn(lo, hi); /* .x: the lower column */
+  return *(uint32_t *)&b;
+}
+
+/* Rows j0 .. j0+FLASH_BK-1 of one kv head (hoff) from the pages into dst [FLASH_BK, HD+PAD];
+ * rows past jmax are zero-filled. All NT threads of the block take part. */
+template <int HD, int NT>
+__device__ __forceinline__ void fl_load(bf16 *dst, const bf16 *pool, const int32_t *pt, int j0,
+                                        int jmax, size_t w, int hoff, int tid) {
+  constexpr int C8 = HD / 8;
+  for (int idx = tid; idx < FLASH_BK * C8; idx += NT) {
+    int r = idx / C8, c = (idx % C8) * 8, j = j0 + r;
+    bf16 *d = dst + r * (HD + FLASH_PAD) + c;
+    if (j <= jmax) {
+      size_t row = (size_t)pt[j / BACKEND_PAGE_TOKENS] * BACKEND_PAGE_TOKENS +
+                   (size_t)(j % BACKEND_PAGE_TOKENS);
+      fl_cp16(d, pool + row * w + hoff + c);
+    } else {
+      *(uint4 *)d = make_uint4(0u, 0u, 0u, 0u);
+    }
+  }
+}
+
+/* Warps per 16-row group: hd split in halves at 256. */
+template <int HD>
+struct fl_shape {
+  static constexpr int DW = HD > 128 ? 2 : 1;
+  static constexpr int HDW = HD / DW;     /* hd columns per warp */
+  static constexpr int NW = 4 * DW;       /* warps per block */
+  static constexpr int NT = NW * 32;
+  static constexpr int KS = HDW / 16;     /* k steps of S = Q K^T */
+  static constexpr int ON = HDW / 8;      /* 8-column tiles of O */
+  static constexpr size_t KV_BYTES = (size_t)FLASH_BK * (HD + FLASH_PAD) * sizeof(bf16);
+  static constexpr size_t SMEM = 2 * KV_BYTES + (DW > 1 ? (size_t)NW * 32 * 32 * sizeof(float) : 0);
+};
+
+/* grid (query tiles of the long pieces, nh), block fl_shape<HD>::NT. */
+template <int HD>
+__global__ void __launch_bounds__(fl_shape<HD>::NT)
+    k_flash(const bf16 *kp, const bf16 *vp, const bf16 *q, const int32_t *seq_len,
+            const int32_t *seq_pos, const int32_t *seq_start, const int32_t *page_table,
+            int max_pages, int n_seqs, int nh, int nkv, float sl2, bf16 *out) {
+  typedef fl_shape<HD> S_;
+  extern __shared__ __align__(16) unsigned char fl_smem[];
+  bf16 *Ks = (bf16 *)fl_smem, *Vs = Ks + FLASH_BK * (HD + FLASH_PAD);
+  float *Sx = (float *)(fl_smem + 2 * S_::KV_BYTES); /* [NW][32][32], DW = 2 only */
+
+  /* the block's piece and first row (tiles numbered backwards: long tiles start first) */
+  int b = (int)gridDim.x - 1 - (int)blockIdx.x, piece = -1;
+  for (int i = 0; i < n_seqs; i++) {
+    int L = seq_len[i];
+    if (L < FLASH_MIN) continue;
+    int n = (L + FLASH_BQ - 1) / FLASH_BQ;
+    if (b < n) {
+      piece = i;
+      break;
+    }
+    b -= n;
+  }
+  if (piece < 0) return; /* cannot happen: the grid counts these tiles */
+  int L = seq_len[piece], pos0 = seq_pos[piece], r0 = b * FLASH_BQ;
+  int nrows = min(FLASH_BQ, L - r0);
+  int p0 = pos0 + r0;           /* position of the tile's first row */
+  int jmax = p0 + nrows - 1;    /* last position the tile needs */
+  int ntiles = jmax / FLASH_BK + 1;
+  size_t t0 = (size_t)seq_start[piece] + r0; /* the tile's first row in the step */
+  const int32_t *pt = page_table + (size_t)piece * max_pages;
+  int h = blockIdx.y, kvh = h / (nh / nkv);
+  size_t w = (size_t)nkv * HD;
+
+  int tid = threadIdx.x, wp = tid >> 5, lane = tid & 31;
+  int rg = wp & 3, dh = wp >> 2; /* row group, hd half */
+  int g = lane >> 2, t4 = lane & 3;
+  int ra = rg * 16 + g, rb = ra + 8; /* the thread's two rows in the tile */
+  int pa = p0 + ra, pb = p0 + rb;
+  int dbase = dh * S_::HDW; /* the warp's first hd column */
+  bool live = rg * 16 < nrows; /* the warp has real rows */
+  int wlast = p0 + rg * 16 + 15; /* the warp's last row position */
+
+  /* Q fragments (A, row major): regs {row g, cols 2t..}, {row g+8}, {row g, cols 8+2t..},
+   * {row g+8, cols 8+2t..} of each 16-column step */
+  uint32_t qf[S_::KS][4];
+  {
+    const bf16 *qa = q + ((t0 + ra) * nh + h) * HD + dbase + 2 * t4;
+    const bf16 *qb = q + ((t0 + rb) * nh + h) * HD + dbase + 2 * t4;
+    bool va = ra < nrows, vb = rb < nrows;
+#pragma unroll
+    for (int k = 0; k < S_::KS; k++) {
+      qf[k][0] = va ? *(const uint32_t *)(qa + 16 * k) : 0u;
+      qf[k][1] = vb ? *(const uint32_t *)(qb + 16 * k) : 0u;
+      qf[k][2] = va ? *(const uint32_t *)(qa + 16 * k + 8) : 0u;
+      qf[k][3] = vb ? *(const uint32_t *)(qb + 16 * k + 8) : 0u;
+    }
+  }
+  float o[S_::ON][4];
+#pragma unroll
+  for (int n = 0; n < S_::ON; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+  float ma = -INFINITY, mb = -INFINITY, la = 0.f, lb = 0.f;
+
+  fl_load<HD, S_::NT>(Ks, kp, pt, 0, jmax, w, kvh * HD, tid);
+  fl_commit();
+  for (int kt = 0; kt < ntiles; kt++) {
+    int j0 = kt * FLASH_BK;
+    fl_load<HD, S_::NT>(Vs, vp, pt, j0, jmax, w, kvh * HD, tid);
+    fl_commit();
+    fl_wait<1>(); /* K(kt) landed; V(kt) may be in flight */
+    __syncthreads();
+    bool act = live && j0 <= wlast;
+    float s[8][4];
+#pragma unroll
+    for (int n = 0; n < 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+    if (act) {
+      /* B fragments (K^T, col major = K rows): {key g, cols 2t..}, {key g, cols 8+2t..} */
+#pragma unroll
+      for (int k = 0; k < S_::KS; k++) {
+#pragma unroll
+        for (int n = 0; n < 8; n++) {
+          const bf16 *kr = Ks + (n * 8 + g) * (HD + FLASH_PAD) + dbase + 16 * k + 2 * t4;
+          fl_mma(s[n], qf[k], *(const uint32_t *)kr, *(const uint32_t *)(kr + 8));
+        }
+      }
+    }
+    if (S_::DW > 1) { /* add the two halves of hd: lo + hi in both warps */
+      if (act) {
+#pragma unroll
+        for (int n = 0; n < 8; n++)
+#pragma unroll
+          for (int c = 0; c < 4; c++) Sx[(wp * 32 + n * 4 + c) * 32 + lane] = s[n][c];
+      }
+      __syncthreads();
+      if (act) {
+#pragma unroll
+        for (int n = 0; n < 8; n++)
+#pragma unroll
+          for (int c = 0; c < 4; c++)
+            s[n][c] = Sx[(rg * 32 + n * 4 + c) * 32 + lane] +
+                      Sx[((rg + 4) * 32 + n * 4 + c) * 32 + lane];
+      }
+    }
+    __syncthreads(); /* the K buffer (and Sx) is free */
+    if (kt + 1 < ntiles) {
+      fl_load<HD, S_::NT>(Ks, kp, pt, j0 + FLASH_BK, jmax, w, kvh * HD, tid);
+      fl_commit();
+    }
+    uint32_t pf[4][4]; /* P as A fragments, one per 16 positions */
+    if (act) {
+      /* C fragments: s[n][0..1] row g, keys n*8 + 2t + {0,1}; s[n][2..3] row g+8 */
+      float xa = -INFINITY, xb = -INFINITY;
+#pragma unroll
+      for (int n = 0; n < 8; n++) {
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+          int j = j0 + n * 8 + 2 * t4 + (c & 1);
+          int p = c < 2 ? pa : pb;
+          float x = j <= p ? s[n][c] * sl2 : -INFINITY;
+          s[n][c] = x;
+          if (c < 2)
+            xa = fmaxf(xa, x);
+          else
+            xb = fmaxf(xb, x);
+        }
+      }
+      xa = fmaxf(xa, __shfl_xor_sync(0xffffffffu, xa, 1));
+      xa = fmaxf(xa, __shfl_xor_sync(0xffffffffu, xa, 2));
+      xb = fmaxf(xb, __shfl_xor_sync(0xffffffffu, xb, 1));
+      xb = fmaxf(xb, __shfl_xor_sync(0xffffffffu, xb, 2));
+      float na = fmaxf(ma, xa), nb = fmaxf(mb, xb);
+      float ua = na == -INFINITY ? 0.f : na, ub = nb == -INFINITY ? 0.f : nb;
+      float ca = exp2f(ma - ua), cb = exp2f(mb - ub); /* 0 while m = -inf */
+      ma = na;
+      mb = nb;
+      float sa = 0.f, sb = 0.f;
+#pragma unroll
+      for (int n = 0; n < 8; n++) {
+        s[n][0] = exp2f(s[n][0] - ua);
+        s[n][1] = exp2f(s[n][1] - ua);
+        s[n][2] = exp2f(s[n][2] - ub);
+        s[n][3] = exp2f(s[n][3] - ub);
+        sa += s[n][0] + s[n][1];
+        sb += s[n][2] + s[n][3];
+      }
+      la = la * ca + sa;
+      lb = lb * cb + sb;
+#pragma unroll
+      for (int n = 0; n < S_::ON; n++) {
+        o[n][0] *= ca;
+        o[n][1] *= ca;
+        o[n][2] *= cb;
+        o[n][3] *= cb;
+      }
+      /* A fragment of keys 16k..16k+15: C tiles 2k (cols 2t..) and 2k+1 (cols 8+2t..) */
+#pragma unroll
+      for (int k = 0; k < 4; k++) {
+        pf[k][0] = fl_pack(s[2 * k][0], s[2 * k][1]);
+        pf[k][1] = fl_pack(s[2 * k][2], s[2 * k][3]);
+        pf[k][2] = fl_pack(s[2 * k + 1][0], s[2 * k + 1][1]);
+        pf[k][3] = fl_pack(s[2 * k + 1][2], s[2 * k + 1][3]);
+      }
+    }
+    if (kt + 1 < ntiles)
+      fl_wait<1>(); /* V(kt) landed; K(kt+1) may be in flight */
+    else
+      fl_wait<0>();
+    __syncthreads();
+    if (act) {
+      /* B fragments of V (keys x hd, col major) via ldmatrix.trans: matrix i of a call is
+       * keys 16k + (i&1)*8 .. +7, columns c0 + (i>>1)*8 .. +7 -> {b0 b1} of column tile c0/8
+       * from matrices 0, 1 and of c0/8 + 1 from matrices 2, 3 */
+      int mi = lane >> 3, mr = lane & 7;
+#pragma unroll
+      for (int k = 0; k < 4; k++) {
+#pragma unroll
+        for (int n = 0; n < S_::ON; n += 2) {
+          uint32_t vb[4];
+          fl_ldsm_t4(vb, Vs + (16 * k + (mi & 1) * 8 + mr) * (HD + FLASH_PAD) + dbase + n * 8 +
+                             (mi >> 1) * 8);
+          fl_mma(o[n], pf[k], vb[0], vb[1]);
+          fl_mma(o[n + 1], pf[k], vb[2], vb[3]);
+        }
+      }
+    }
+    __syncthreads(); /* the V buffer is free */
+  }
+
+  if (!live) return;
+  la += __shfl_xor_sync(0xffffffffu, la, 1);
+  la += __shfl_xor_sync(0xffffffffu, la, 2);
+  lb += __shfl_xor_sync(0xffffffffu, lb, 1);
+  lb += __shfl_xor_sync(0xffffffffu, lb, 2);
+  float ia = 1.f / la, ib = 1.f / lb;
+  if (ra < nrows) {
+    bf16 *oa = out + ((t0 + ra) * nh + h) * HD + dbase + 2 * t4;
+#pragma unroll
+    for (int n = 0; n < S_::ON; n++)
+      *(__nv_bfloat162 *)(oa + n * 8) = __floats2bfloat162_rn(o[n][0] * ia, o[n][1] * ia);
+  }
+  if (rb < nrows) {
+    bf16 *ob = out + ((t0 + rb) * nh + h) * HD + dbase + 2 * t4;
+#pragma unroll
+    for (int n = 0; n < S_::ON; n++)
+      *(__nv_bfloat162 *)(ob + n * 8) = __floats2bfloat162_rn(o[n][2] * ib, o[n][3] * ib);
+  }
+}
+
+/* ---- launcher ---- */
+
+template <int HD>
+static void fl_launch(cuda_ctx *c, unsigned tiles, const bf16 *kp, const bf16 *vp,
+                      const bf16 *q, int nh, int nkv, float scale, bf16 *out) {
+  typedef fl_shape<HD> S_;
+  cudaFuncSetAttribute(k_flash<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)S_::SMEM);
+  dim3 grid(tiles, nh);
+  k_flash<HD><<<grid, S_::NT, S_::SMEM, c->st>>>(
+      kp, vp, q, c->b.seq_len, c->b.seq_pos, c->b.seq_start, c->b.page_table, c->b.max_pages,
+      c->b.n_seqs, nh, nkv, scale * 1.4426950408889634f, out);
+}
+
+/* Fused attention of every piece of the step with seq_len >= FLASH_MIN (the GEMM path's
+ * pieces, cuda_attn.cu), K/V read from the pages; returns the number of rows it took, 0 when
+ * the shape is not covered (hd not 64, 128 or 256, the GEMM path off) or no piece is long. */
+int cuda_attn_flash(cuda_ctx *c, const bf16 *kp, const bf16 *vp, const bf16 *q, int nh, int nkv,
+                    int hd, float scale, bf16 *out) {
+  if (c->legacy || c->attn_gemm_off || nkv <= 0 || nh % nkv) return 0;
+  if (hd != 64 && hd != 128 && hd != 256) return 0;
+  const backend_batch *hb = &c->hb;
+  size_t tiles = 0;
+  int rows = 0;
+  for (int i = 0; i < hb->n_seqs; i++) {
+    int L = hb->seq_len[i];
+    if (L < FLASH_MIN) continue;
+    tiles += (size_t)(L + FLASH_BQ - 1) / FLASH_BQ;
+    rows += L;
+  }
+  if (!tiles || nh > 65535 || tiles > 0x7fffffffu) return 0;
+  switch (hd) {
+    case 64: fl_launch<64>(c, (unsigned)tiles, kp, vp, q, nh, nkv, scale, out); break;
+    case 128: fl_launch<128>(c, (unsigned)tiles, kp, vp, q, nh, nkv, scale, out); break;
+    default: fl_launch<256>(c, (unsigned)tiles, kp, vp, q, nh, nkv, scale, out); break;
+  }
+  cuda_check_launch(c, "attention (flash)");
+  return rows;
+}

@@ -265,8 +265,8 @@ TEST(rmsnorm) {
   }
 }
 
-TEST(elementwise) {
-  size_t n = 10007;
+/* n = 10007: the scalar kernel; n = 10000: 8 elements per thread (16-byte aligned buffers) */
+static void elementwise_case(size_t n) {
   float *x = rand_vec(n, 3.f), *y = rand_vec(n, 3.f);
   pair a = pr(BACKEND_KIND_ACT, x, n), b = pr(BACKEND_KIND_ACT, y, n);
   CPU->add(CPU, a.c, b.c, n);
@@ -292,6 +292,11 @@ TEST(elementwise) {
   pr_free(o);
   free(x);
   free(y);
+}
+
+TEST(elementwise) {
+  elementwise_case(10007);
+  elementwise_case(10000);
 }
 
 TEST(matmul) {

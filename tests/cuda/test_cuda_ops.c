@@ -587,9 +587,10 @@ static void gdn_case(int nk, int nv, int dk, int dv) {
   CPU->gdn_decode(CPU, ps.c, pq.c, pb.c, pg.c, nk, nv, dk, dv, o.c);
   GPU->gdn_decode(GPU, ps.g, pq.g, pb.g, pg.g, nk, nv, dk, dv, o.g);
   char what[80];
-  snprintf(what, sizeof what, "gdn out nk=%d nv=%d dk=%d dv=%d", nk, nv, dk, dv);
+  const char *mma = getenv("DS_GDN_MMA");
+  snprintf(what, sizeof what, "gdn out nk=%d nv=%d dk=%d dv=%d mma=%s", nk, nv, dk, dv, mma ? mma : "0");
   CMP(o.c, o.g, BACKEND_KIND_ACT, o.n, 1e-2, what);
-  snprintf(what, sizeof what, "gdn state nk=%d nv=%d dk=%d dv=%d", nk, nv, dk, dv);
+  snprintf(what, sizeof what, "gdn state nk=%d nv=%d dk=%d dv=%d mma=%s", nk, nv, dk, dv, mma ? mma : "0");
   CMP(ps.c, ps.g, BACKEND_KIND_F32, ns, 5e-3, what);
   /* a second step: decode rows continuing every sequence from the updated states */
   pieces p2 = {5, {1, 1, 1, 1, 1}, {300, 100, 192, 78, 1}, {4, 1, 0, 3, 2}};
@@ -611,9 +612,18 @@ static void gdn_case(int nk, int nv, int dk, int dv) {
 }
 
 TEST(gdn) {
-  gdn_case(2, 4, 128, 128); /* real head sizes: the shared-memory path */
-  gdn_case(1, 3, 32, 48);
-  gdn_case(2, 2, 128, 256); /* over the shared-memory limit: the global-scratch path */
+  gdn_case(2, 4, 128, 128); /* real head sizes: the three-phase chunk-parallel path */
+  gdn_case(1, 3, 32, 48);   /* dk != 128: the one-block-per-(piece, head) kernel */
+  gdn_case(2, 2, 128, 256); /* the chunk-parallel path at dv 256 */
+  /* the tensor-core phases (DS_GDN_MMA, read at each call): all at once, then each beside the
+   * FMA versions of the others */
+  const char *modes[] = {"1", "p1", "p2", "p3"};
+  for (int m = 0; m < 4; m++) {
+    setenv("DS_GDN_MMA", modes[m], 1);
+    gdn_case(2, 4, 128, 128);
+    gdn_case(2, 2, 128, 256);
+    unsetenv("DS_GDN_MMA");
+  }
 }
 
 TEST(gated_rmsnorm) {

@@ -12,6 +12,8 @@
  * Every sum runs in a fixed order that depends only on the piece, so results never depend on
  * the batch; the sums follow the CPU reference's order. */
 #include <math.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_ops.h"
@@ -497,7 +499,21 @@ __global__ void __launch_bounds__(PRE_THREADS)
  * with 2x4 / 4x4 register tiles over padded shared-memory rows (no bank conflicts).
  * Phase 3, grid (chunk, value head, dv/64), every chunk at once again:
  *   O = e^G (Q S) + P V'.
- * Every sum runs in the same order as the one-block kernel above and the CPU reference. */
+ * Every sum runs in the same order as the one-block kernel above and the CPU reference.
+ *
+ * Tensor-core variants (DS_GDN_MMA=1; k_gdn_p1m, k_gdn_p3m below; the FMA kernels stay the
+ * default) use mma.sync m16n8k16 bf16 with fp32 accumulation, same grids, scratch layout and
+ * phase protocol, so any phase can be mixed with the FMA version of the others. Phase 1's
+ * Q K^T and K K^T take q and k as they are: they are bf16 values, so the products are exact
+ * and only the summation order changes. Phase 3's S, P and V' are fp32; each enters as a pair
+ * x_hi = bf16(x), x_lo = bf16(x - x_hi) (about 16 mantissa bits together): Q S = Q S_hi + Q S_lo,
+ * P V' ~ P_hi V_hi + P_hi V_lo + P_lo V_hi (the dropped P_lo V_lo is ~2^-16 relative), i.e.
+ * relative errors ~1e-5, far below the bf16 rounding of the output. Tiles sit in shared memory
+ * as bf16 with rows padded to 4 (mod 32) words, so fragment loads hit 32 distinct banks; B
+ * operands (S, V') are stored transposed so each fragment register is one 32-bit load. Tile
+ * order is fixed, so results still depend only on the piece. Phase 2 (k_gdn_p2m) splits every
+ * operand the same way (W, S for V' = U - W S; Kd, V' for the state update) and keeps its
+ * state slice in registers as mma accumulators across the piece's chunks. */
 #define P1_THREADS 256
 #define P2_THREADS 256
 #define P3_THREADS 256
@@ -558,6 +574,39 @@ __device__ __forceinline__ void ld8_bf16(float *dst, const bf16 *src, bool ok) {
     float2 f = __bfloat1622float2(h2[m]);
     dst[2 * m] = f.x;
     dst[2 * m + 1] = f.y;
+  }
+}
+
+/* The end of phase 1, after A is in shared memory: forward substitution (one thread per
+ * column of U or W, the column in registers) and the decayed keys Kd. */
+__device__ __forceinline__ static void p1_tail(const gdn_scr &o, const float *Kc, const float *Vc,
+                                               const float *A, const float *G, const float *Bt,
+                                               const float *eG, int L, int dv, int tid) {
+  const int C = GDN_C;
+  for (int col = tid; col < dv + GK; col += P1_THREADS) {
+    float u[GDN_C];
+#pragma unroll
+    for (int i = 0; i < GDN_C; i++) {
+      float x = 0.f;
+      if (i < L) {
+        x = col < dv ? Bt[i] * Vc[(size_t)i * dv + col] : Bt[i] * eG[i] * Kc[i * GKP + col - dv];
+#pragma unroll
+        for (int j = 0; j < i; j++) x -= A[i * (C + 1) + j] * u[j];
+      }
+      u[i] = x;
+    }
+    if (col < dv) {
+#pragma unroll
+      for (int i = 0; i < GDN_C; i++) o.U[(size_t)i * dv + col] = u[i];
+    } else {
+#pragma unroll
+      for (int i = 0; i < GDN_C; i++) o.W[(size_t)i * GK + col - dv] = u[i];
+    }
+  }
+  float gl = G[L - 1];
+  for (int idx = tid; idx < C * GK; idx += P1_THREADS) {
+    int r = idx / GK, a = idx % GK;
+    o.Kd[idx] = Kc[r * GKP + a] * expf(gl - G[r]);
   }
 }
 
@@ -645,31 +694,7 @@ __global__ void __launch_bounds__(P1_THREADS)
       }
   }
   __syncthreads();
-  for (int col = tid; col < dv + GK; col += P1_THREADS) {
-    float u[GDN_C];
-#pragma unroll
-    for (int i = 0; i < GDN_C; i++) {
-      float x = 0.f;
-      if (i < L) {
-        x = col < dv ? Bt[i] * Vc[(size_t)i * dv + col] : Bt[i] * eG[i] * Kc[i * GKP + col - dv];
-#pragma unroll
-        for (int j = 0; j < i; j++) x -= A[i * (C + 1) + j] * u[j];
-      }
-      u[i] = x;
-    }
-    if (col < dv) {
-#pragma unroll
-      for (int i = 0; i < GDN_C; i++) o.U[(size_t)i * dv + col] = u[i];
-    } else {
-#pragma unroll
-      for (int i = 0; i < GDN_C; i++) o.W[(size_t)i * GK + col - dv] = u[i];
-    }
-  }
-  float gl = G[L - 1];
-  for (int idx = tid; idx < C * GK; idx += P1_THREADS) {
-    int r = idx / GK, a = idx % GK;
-    o.Kd[idx] = Kc[r * GKP + a] * expf(gl - G[r]);
-  }
+  p1_tail(o, Kc, Vc, A, G, Bt, eG, L, dv, tid);
 }
 
 /* phase 2's copies of one chunk (W, Kd, the block's U columns, G) into buffer set b */
@@ -863,6 +888,465 @@ __global__ void __launch_bounds__(P3_THREADS)
   }
 }
 
+/* ---- chunk-parallel prefill on tensor cores (DS_GDN_MMA=1) ---- */
+
+#define GKB (GK + 8)         /* bf16 row stride of 128-wide tiles: 68 words, fragment loads hit 32 banks */
+#define CB (GDN_C + 8)       /* bf16 row stride of 64-wide tiles: 36 words, likewise */
+
+/* d += a . b, one m16n8k16 bf16 product with fp32 accumulation (a: 4 registers of the 16x16
+ * A tile, b0/b1: the 16x8 B tile; the fragment layout is the PTX ISA's). */
+__device__ __forceinline__ void mma_bf16(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+/* two adjacent bf16 (the lower index in the low half) as one register */
+__device__ __forceinline__ uint32_t ld_b2(const bf16 *p) { return *(const uint32_t *)p; }
+/* the A fragment of the 16x16 tile at p (row-major, row stride `ld` bf16) */
+__device__ __forceinline__ void ld_afrag(uint32_t a[4], const bf16 *p, int ld, int gq, int tq) {
+  const bf16 *r = p + gq * ld + 2 * tq;
+  a[0] = ld_b2(r);
+  a[1] = ld_b2(r + 8 * ld);
+  a[2] = ld_b2(r + 8);
+  a[3] = ld_b2(r + 8 * ld + 8);
+}
+/* x = hi + lo with hi = bf16(x), lo = bf16(x - hi): the pair carries ~16 mantissa bits */
+__device__ __forceinline__ void split_bf16(float x, bf16 &hi, bf16 &lo) {
+  hi = f2bf(x);
+  lo = f2bf(x - bf2f(hi));
+}
+__device__ __forceinline__ uint32_t pack_b2(bf16 lo_idx, bf16 hi_idx) {
+  return (uint32_t)__bfloat16_as_ushort(lo_idx) | ((uint32_t)__bfloat16_as_ushort(hi_idx) << 16);
+}
+__device__ __forceinline__ void unpack8_bf16(float *dst, uint4 u) {
+  const __nv_bfloat162 *h2 = (const __nv_bfloat162 *)&u;
+#pragma unroll
+  for (int m = 0; m < 4; m++) {
+    float2 f = __bfloat1622float2(h2[m]);
+    dst[2 * m] = f.x;
+    dst[2 * m + 1] = f.y;
+  }
+}
+
+static size_t p1m_smem(int dv) {
+  return (size_t)2 * GDN_C * GKB * sizeof(bf16) +
+         ((size_t)GDN_C * GKP + (size_t)GDN_C * dv + GDN_C * (GDN_C + 1) + 3 * GDN_C) *
+             sizeof(float);
+}
+
+/* Phase 1 with P = Q K^T and K K^T on tensor cores: q and k are bf16 values, so the products
+ * are exact and only the summation order differs from k_gdn_p1. Warp w computes row tile
+ * mi = w/2 (rows 16mi..16mi+15) of Q K^T (w even) or K K^T (w odd), column tiles of 8 up to
+ * the diagonal, then applies the decays and masks and writes the whole row tile (zeros above
+ * the diagonal and for rows >= L). The rest is k_gdn_p1's. */
+__global__ void __launch_bounds__(P1_THREADS)
+    k_gdn_p1m(const bf16 *qkv, const float *beta, const float *g, const int32_t *ch_row,
+              const int32_t *ch_len, int nk, int nv, int dv, float *scr) {
+  extern __shared__ __align__(16) float sm1m[];
+  const int C = GDN_C;
+  bf16 *Qb = (bf16 *)sm1m, *Kb = Qb + C * GKB; /* [C][GKB] */
+  float *Kc = (float *)(Kb + C * GKB), *Vc = Kc + C * GKP, *A = Vc + (size_t)C * dv,
+        *G = A + C * (C + 1), *Bt = G + C, *eG = Bt + C;
+  int ch = blockIdx.x, h = blockIdx.y, tid = threadIdx.x;
+  int kh = h / (nv / nk);
+  int r0 = ch_row[ch], L = ch_len[ch];
+  size_t cd = 2 * (size_t)nk * GK + (size_t)nv * dv;
+  gdn_scr o = scr_at(scr, ch, nv, h, dv);
+#pragma unroll 4
+  for (int idx = tid; idx < C * (GK / 8); idx += P1_THREADS) {
+    int r = idx / (GK / 8), a = 8 * (idx % (GK / 8));
+    const bf16 *row = qkv + (size_t)(r0 + r) * cd;
+    uint4 ku = make_uint4(0u, 0u, 0u, 0u), qu = ku;
+    if (r < L) {
+      ku = *(const uint4 *)(row + (size_t)(nk + kh) * GK + a);
+      qu = *(const uint4 *)(row + (size_t)kh * GK + a);
+    }
+    *(uint4 *)(Kb + r * GKB + a) = ku;
+    *(uint4 *)(Qb + r * GKB + a) = qu;
+    unpack8_bf16(Kc + r * GKP + a, ku);
+  }
+  for (int idx = tid; idx < C * (dv / 8); idx += P1_THREADS) {
+    int r = idx / (dv / 8), a = 8 * (idx % (dv / 8));
+    ld8_bf16(Vc + (size_t)r * dv + a,
+             qkv + (size_t)(r0 + r) * cd + 2 * (size_t)nk * GK + (size_t)h * dv + a, r < L);
+  }
+  if (tid < C) {
+    Bt[tid] = tid < L ? beta[(size_t)(r0 + tid) * nv + h] : 0.f;
+    G[tid] = tid < L ? g[(size_t)(r0 + tid) * nv + h] : 0.f;
+  }
+  __syncthreads();
+  if (tid == 0) {
+    float run = 0.f;
+    for (int i = 0; i < C; i++) {
+      run += G[i];
+      G[i] = run;
+    }
+  }
+  __syncthreads();
+  if (tid < C) {
+    eG[tid] = expf(G[tid]);
+    o.G[tid] = G[tid];
+  }
+  {
+    int warp = tid >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
+    int mi = warp >> 1, isA = warp & 1, nt = 2 * mi + 2;
+    const bf16 *Ab = isA ? Kb : Qb;
+    float acc[8][4];
+#pragma unroll
+    for (int n = 0; n < 8; n++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) acc[n][e] = 0.f;
+    if (16 * mi < L) {
+#pragma unroll 2
+      for (int k0 = 0; k0 < GK; k0 += 16) {
+        uint32_t a[4];
+        ld_afrag(a, Ab + 16 * mi * GKB + k0, GKB, gq, tq);
+#pragma unroll
+        for (int n = 0; n < 8; n++)
+          if (n < nt) {
+            const bf16 *br = Kb + (8 * n + gq) * GKB + k0 + 2 * tq;
+            mma_bf16(acc[n], a, ld_b2(br), ld_b2(br + 8));
+          }
+      }
+    }
+#pragma unroll
+    for (int n = 0; n < 8; n++)
+#pragma unroll
+      for (int hh = 0; hh < 2; hh++) {
+        int i = 16 * mi + gq + 8 * hh, j = 8 * n + 2 * tq;
+        float v[2];
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+          int jj = j + e;
+          float x = 0.f;
+          if (i < L && jj <= i && !(isA && jj == i)) {
+            float ex = expf(G[i] - G[jj]);
+            x = isA ? Bt[i] * acc[n][2 * hh + e] * ex : acc[n][2 * hh + e] * ex;
+          }
+          v[e] = x;
+        }
+        if (isA) {
+          A[i * (C + 1) + j] = v[0];
+          A[i * (C + 1) + j + 1] = v[1];
+        } else {
+          *(float2 *)(o.P + i * C + j) = make_float2(v[0], v[1]);
+        }
+      }
+  }
+  __syncthreads();
+  p1_tail(o, Kc, Vc, A, G, Bt, eG, L, dv, tid);
+}
+
+static size_t p3m_smem(void) {
+  return ((size_t)3 * GDN_C * GKB + 4 * (size_t)GDN_C * CB) * sizeof(bf16) + GDN_C * sizeof(float);
+}
+
+/* Phase 3 on tensor cores, grid (chunk, value head, dv/64) as k_gdn_p3:
+ * O = e^G (Q S) + P V'. Q is bf16-exact; S, P and V' are fp32 and enter as bf16 hi + lo pairs
+ * (split once when loaded to shared memory): Q S = Q S_hi + Q S_lo,
+ * P V' ~ P_hi V_hi + P_hi V_lo + P_lo V_hi. The B operands (S, V') are kept transposed
+ * (column-major, [col][k]) so each fragment register is one 32-bit load. Warp w computes rows
+ * 16(w%4).. and columns 32(w/4).. of the 64x64 output (4 tiles of 16x8); the P V' product
+ * stops at the diagonal tile (P is zero above it). */
+__global__ void __launch_bounds__(P3_THREADS)
+    k_gdn_p3m(const bf16 *qkv, const int32_t *ch_row, const int32_t *ch_len, int nk, int nv,
+              int dv, float *scr, bf16 *out) {
+  extern __shared__ __align__(16) float sm3m[];
+  const int C = GDN_C;
+  bf16 *Qb = (bf16 *)sm3m;      /* [C][GKB] */
+  bf16 *Sh = Qb + C * GKB;      /* [P3_COLS][GKB]: S^T hi */
+  bf16 *Sl = Sh + C * GKB;      /* S^T lo */
+  bf16 *Ph = Sl + C * GKB;      /* [C][CB] */
+  bf16 *Pl = Ph + C * CB;
+  bf16 *Vh = Pl + C * CB;       /* [P3_COLS][CB]: V'^T hi */
+  bf16 *Vl = Vh + C * CB;
+  float *Es = (float *)(Vl + C * CB);
+  int ch = blockIdx.x, h = blockIdx.y, cs = blockIdx.z * P3_COLS, tid = threadIdx.x;
+  int kh = h / (nv / nk), r0 = ch_row[ch], L = ch_len[ch];
+  size_t cd = 2 * (size_t)nk * GK + (size_t)nv * dv, ow = (size_t)nv * dv;
+  gdn_scr q = scr_at(scr, ch, nv, h, dv);
+  /* S: thread (row pair p, 8 columns) reads 32 bytes of rows 2p and 2p+1, writes 8 words of S^T */
+#pragma unroll 2
+  for (int idx = tid; idx < (GK / 2) * (P3_COLS / 8); idx += P3_THREADS) {
+    int p = idx % (GK / 2), c8 = 8 * (idx / (GK / 2));
+    const float *s0 = q.S + (size_t)(2 * p) * dv + cs + c8, *s1 = s0 + dv;
+    float4 x0 = *(const float4 *)s0, x1 = *(const float4 *)(s0 + 4);
+    float4 y0 = *(const float4 *)s1, y1 = *(const float4 *)(s1 + 4);
+    float a[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+    float b[8] = {y0.x, y0.y, y0.z, y0.w, y1.x, y1.y, y1.z, y1.w};
+#pragma unroll
+    for (int m = 0; m < 8; m++) {
+      bf16 ah, al, bh, bl;
+      split_bf16(a[m], ah, al);
+      split_bf16(b[m], bh, bl);
+      *(uint32_t *)(Sh + (c8 + m) * GKB + 2 * p) = pack_b2(ah, bh);
+      *(uint32_t *)(Sl + (c8 + m) * GKB + 2 * p) = pack_b2(al, bl);
+    }
+  }
+  /* V' likewise */
+#pragma unroll 2
+  for (int idx = tid; idx < (C / 2) * (P3_COLS / 8); idx += P3_THREADS) {
+    int p = idx % (C / 2), c8 = 8 * (idx / (C / 2));
+    const float *s0 = q.U + (size_t)(2 * p) * dv + cs + c8, *s1 = s0 + dv;
+    float4 x0 = *(const float4 *)s0, x1 = *(const float4 *)(s0 + 4);
+    float4 y0 = *(const float4 *)s1, y1 = *(const float4 *)(s1 + 4);
+    float a[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+    float b[8] = {y0.x, y0.y, y0.z, y0.w, y1.x, y1.y, y1.z, y1.w};
+#pragma unroll
+    for (int m = 0; m < 8; m++) {
+      bf16 ah, al, bh, bl;
+      split_bf16(a[m], ah, al);
+      split_bf16(b[m], bh, bl);
+      *(uint32_t *)(Vh + (c8 + m) * CB + 2 * p) = pack_b2(ah, bh);
+      *(uint32_t *)(Vl + (c8 + m) * CB + 2 * p) = pack_b2(al, bl);
+    }
+  }
+  /* P row-major, 4 values per thread */
+#pragma unroll 4
+  for (int idx = tid; idx < C * C / 4; idx += P3_THREADS) {
+    int i = (4 * idx) / C, j = (4 * idx) % C;
+    float4 v = *(const float4 *)(q.P + 4 * idx);
+    bf16 h0, l0, h1, l1, h2, l2, h3, l3;
+    split_bf16(v.x, h0, l0);
+    split_bf16(v.y, h1, l1);
+    split_bf16(v.z, h2, l2);
+    split_bf16(v.w, h3, l3);
+    *(uint2 *)(Ph + i * CB + j) = make_uint2(pack_b2(h0, h1), pack_b2(h2, h3));
+    *(uint2 *)(Pl + i * CB + j) = make_uint2(pack_b2(l0, l1), pack_b2(l2, l3));
+  }
+#pragma unroll 4
+  for (int idx = tid; idx < C * (GK / 8); idx += P3_THREADS) {
+    int r = idx / (GK / 8), a = 8 * (idx % (GK / 8));
+    uint4 u = make_uint4(0u, 0u, 0u, 0u);
+    if (r < L) u = *(const uint4 *)(qkv + (size_t)(r0 + r) * cd + (size_t)kh * GK + a);
+    *(uint4 *)(Qb + r * GKB + a) = u;
+  }
+  if (tid < C) Es[tid] = expf(q.G[tid]);
+  __syncthreads();
+  int warp = tid >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
+  int mi = warp & 3, n0 = 32 * (warp >> 2);
+  if (16 * mi >= L) return; /* no output rows here (no barrier follows) */
+  float qs[4][4], pv[4][4];
+#pragma unroll
+  for (int n = 0; n < 4; n++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) qs[n][e] = pv[n][e] = 0.f;
+#pragma unroll 2
+  for (int k0 = 0; k0 < GK; k0 += 16) {
+    uint32_t a[4];
+    ld_afrag(a, Qb + 16 * mi * GKB + k0, GKB, gq, tq);
+#pragma unroll
+    for (int n = 0; n < 4; n++) {
+      int off = (n0 + 8 * n + gq) * GKB + k0 + 2 * tq;
+      mma_bf16(qs[n], a, ld_b2(Sh + off), ld_b2(Sh + off + 8));
+      mma_bf16(qs[n], a, ld_b2(Sl + off), ld_b2(Sl + off + 8));
+    }
+  }
+  for (int kk = 0; kk <= mi; kk++) {
+    uint32_t ah[4], al[4];
+    ld_afrag(ah, Ph + 16 * mi * CB + 16 * kk, CB, gq, tq);
+    ld_afrag(al, Pl + 16 * mi * CB + 16 * kk, CB, gq, tq);
+#pragma unroll
+    for (int n = 0; n < 4; n++) {
+      int off = (n0 + 8 * n + gq) * CB + 16 * kk + 2 * tq;
+      uint32_t vh0 = ld_b2(Vh + off), vh1 = ld_b2(Vh + off + 8);
+      mma_bf16(pv[n], ah, vh0, vh1);
+      mma_bf16(pv[n], ah, ld_b2(Vl + off), ld_b2(Vl + off + 8));
+      mma_bf16(pv[n], al, vh0, vh1);
+    }
+  }
+#pragma unroll
+  for (int hh = 0; hh < 2; hh++) {
+    int i = 16 * mi + gq + 8 * hh;
+    if (i >= L) continue;
+    float e = Es[i];
+    bf16 *orow = out + (size_t)(r0 + i) * ow + (size_t)h * dv + cs + n0 + 2 * tq;
+#pragma unroll
+    for (int n = 0; n < 4; n++) {
+      __nv_bfloat162 v;
+      v.x = f2bf(e * qs[n][2 * hh] + pv[n][2 * hh]);
+      v.y = f2bf(e * qs[n][2 * hh + 1] + pv[n][2 * hh + 1]);
+      *(__nv_bfloat162 *)(orow + 8 * n) = v;
+    }
+  }
+}
+
+static size_t p2m_smem(void) {
+  return ((size_t)4 * GDN_C * GKQ + 2 * GDN_C * 32 + 2 * GDN_C) * sizeof(float) +
+         ((size_t)2 * 32 * GKB + 2 * 32 * CB) * sizeof(bf16);
+}
+/* (x0, x1) as bf16 pairs: hi = bf16(x), lo = bf16(x - hi), x0 in the low halves */
+__device__ __forceinline__ void split2(float x0, float x1, uint32_t &hi, uint32_t &lo) {
+  bf16 h0, l0, h1, l1;
+  split_bf16(x0, h0, l0);
+  split_bf16(x1, h1, l1);
+  hi = pack_b2(h0, h1);
+  lo = pack_b2(l0, l1);
+}
+
+/* Phase 2 on tensor cores, grid (prefill piece, value head, dv/32) as k_gdn_p2, the same
+ * cp.async double buffering of W, Kd, U, G. The block's state slice S [128][32] lives in
+ * registers as mma accumulators: warp w owns rows 16w..16w+15 (4 tiles of 16x8). Per chunk:
+ *   the state goes to scratch (phase 3) and, split into hi/lo, transposed to shared memory;
+ *   V' = U - W S: warp w computes rows 16(w%4).., columns 16(w/4).. (W split from the fp32
+ *   buffer as its fragments are loaded); V' goes to scratch and, split, transposed to shared;
+ *   S <- e^(G_last) S + Kd^T V' in the accumulators (Kd^T fragments split as loaded).
+ * Every product is the 3-term hi/lo one. */
+__global__ void __launch_bounds__(P2_THREADS)
+    k_gdn_p2m(float *ssm, const int32_t *ids, const int32_t *seq_pos, const int32_t *seq_slot,
+              const int32_t *pre_ch0, const int32_t *ch_len, int nv, int dv, float *scr) {
+  extern __shared__ __align__(16) float sm2m[];
+  const int C = GDN_C;
+  float *W0 = sm2m;              /* W [C][GKQ] x 2 */
+  float *K0 = W0 + 2 * C * GKQ;  /* Kd [C][GKQ] x 2 */
+  float *U0 = K0 + 2 * C * GKQ;  /* U [C][32] x 2 */
+  float *G0 = U0 + 2 * C * 32;   /* G [C] x 2 */
+  bf16 *Sh = (bf16 *)(G0 + 2 * C), *Sl = Sh + 32 * GKB; /* S^T [32][GKB] */
+  bf16 *Vh = Sl + 32 * GKB, *Vl = Vh + 32 * CB;         /* V'^T [32][CB] */
+  int bx = blockIdx.x, h = blockIdx.y, cs = blockIdx.z * 32, tid = threadIdx.x;
+  int warp = tid >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
+  int s = ids[bx];
+  float *S = ssm + ((size_t)seq_slot[s] * nv + h) * (size_t)GK * dv;
+  int zero = seq_pos[s] == 0;
+  int c0 = pre_ch0[bx], c1 = pre_ch0[bx + 1];
+  p2_fetch(scr_at(scr, c0, nv, h, dv), dv, cs, W0, K0, U0, G0, tid);
+  /* st[n][2hh+e] = S[16 warp + gq + 8hh][8n + 2tq + e] */
+  float st[4][4];
+#pragma unroll
+  for (int n = 0; n < 4; n++)
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++) {
+      float2 v = make_float2(0.f, 0.f);
+      if (!zero) v = *(const float2 *)(S + (size_t)(16 * warp + gq + 8 * hh) * dv + cs + 8 * n + 2 * tq);
+      st[n][2 * hh] = v.x;
+      st[n][2 * hh + 1] = v.y;
+    }
+  int mi = warp & 3, nb = 2 * (warp >> 2); /* (a): rows 16mi.., column tiles nb, nb+1 */
+  for (int ch = c0; ch < c1; ch++) {
+    int b = (ch - c0) & 1, L = ch_len[ch];
+    gdn_scr q = scr_at(scr, ch, nv, h, dv);
+    if (ch + 1 < c1) {
+      int n = b ^ 1;
+      p2_fetch(scr_at(scr, ch + 1, nv, h, dv), dv, cs, W0 + n * C * GKQ, K0 + n * C * GKQ,
+               U0 + n * C * 32, G0 + n * C, tid);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    const float *Ws = W0 + b * C * GKQ, *Ks = K0 + b * C * GKQ, *Us = U0 + b * C * 32;
+    /* the state before this chunk: to scratch for phase 3, and split into S^T */
+#pragma unroll
+    for (int n = 0; n < 4; n++)
+#pragma unroll
+      for (int hh = 0; hh < 2; hh++) {
+        int a = 16 * warp + gq + 8 * hh, c = 8 * n + 2 * tq;
+        *(float2 *)(q.S + (size_t)a * dv + cs + c) = make_float2(st[n][2 * hh], st[n][2 * hh + 1]);
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+          bf16 hi, lo;
+          split_bf16(st[n][2 * hh + e], hi, lo);
+          Sh[(c + e) * GKB + a] = hi;
+          Sl[(c + e) * GKB + a] = lo;
+        }
+      }
+    __syncthreads();
+    /* (a) V' = U - W S */
+    {
+      float acc[2][4];
+#pragma unroll
+      for (int nn = 0; nn < 2; nn++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) acc[nn][e] = 0.f;
+#pragma unroll 2
+      for (int k0 = 0; k0 < GK; k0 += 16) {
+        uint32_t wh[4], wl[4];
+        const float *wr = Ws + (16 * mi + gq) * GKQ + k0 + 2 * tq;
+        float2 x0 = *(const float2 *)wr, x1 = *(const float2 *)(wr + 8 * GKQ);
+        float2 x2 = *(const float2 *)(wr + 8), x3 = *(const float2 *)(wr + 8 * GKQ + 8);
+        split2(x0.x, x0.y, wh[0], wl[0]);
+        split2(x1.x, x1.y, wh[1], wl[1]);
+        split2(x2.x, x2.y, wh[2], wl[2]);
+        split2(x3.x, x3.y, wh[3], wl[3]);
+#pragma unroll
+        for (int nn = 0; nn < 2; nn++) {
+          int off = (8 * (nb + nn) + gq) * GKB + k0 + 2 * tq;
+          uint32_t sh0 = ld_b2(Sh + off), sh1 = ld_b2(Sh + off + 8);
+          mma_bf16(acc[nn], wh, sh0, sh1);
+          mma_bf16(acc[nn], wh, ld_b2(Sl + off), ld_b2(Sl + off + 8));
+          mma_bf16(acc[nn], wl, sh0, sh1);
+        }
+      }
+#pragma unroll
+      for (int nn = 0; nn < 2; nn++)
+#pragma unroll
+        for (int hh = 0; hh < 2; hh++) {
+          int j = 16 * mi + gq + 8 * hh, c = 8 * (nb + nn) + 2 * tq;
+          float v0 = Us[j * 32 + c] - acc[nn][2 * hh], v1 = Us[j * 32 + c + 1] - acc[nn][2 * hh + 1];
+          *(float2 *)(q.U + (size_t)j * dv + cs + c) = make_float2(v0, v1); /* V' for phase 3 */
+          bf16 hi, lo;
+          split_bf16(v0, hi, lo);
+          Vh[c * CB + j] = hi;
+          Vl[c * CB + j] = lo;
+          split_bf16(v1, hi, lo);
+          Vh[(c + 1) * CB + j] = hi;
+          Vl[(c + 1) * CB + j] = lo;
+        }
+    }
+    __syncthreads();
+    /* (c) S <- e^(G_last) S + Kd^T V' */
+    {
+      float egl = expf(G0[b * C + L - 1]);
+#pragma unroll
+      for (int n = 0; n < 4; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) st[n][e] *= egl;
+      int a = 16 * warp + gq;
+#pragma unroll
+      for (int k0 = 0; k0 < C; k0 += 16) {
+        /* A = Kd^T: A[a][j] = Kd[j][a]; register r pairs rows j, j+1 of Kd */
+        const float *kr = Ks + (k0 + 2 * tq) * GKQ + a;
+        uint32_t kh[4], kl[4];
+        split2(kr[0], kr[GKQ], kh[0], kl[0]);
+        split2(kr[8], kr[GKQ + 8], kh[1], kl[1]);
+        split2(kr[8 * GKQ], kr[9 * GKQ], kh[2], kl[2]);
+        split2(kr[8 * GKQ + 8], kr[9 * GKQ + 8], kh[3], kl[3]);
+#pragma unroll
+        for (int n = 0; n < 4; n++) {
+          int off = (8 * n + gq) * CB + k0 + 2 * tq;
+          uint32_t vh0 = ld_b2(Vh + off), vh1 = ld_b2(Vh + off + 8);
+          mma_bf16(st[n], kh, vh0, vh1);
+          mma_bf16(st[n], kh, ld_b2(Vl + off), ld_b2(Vl + off + 8));
+          mma_bf16(st[n], kl, vh0, vh1);
+        }
+      }
+    }
+    __syncthreads(); /* buffer set b and the S^T / V'^T tiles are rewritten next */
+  }
+#pragma unroll
+  for (int n = 0; n < 4; n++)
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++)
+      *(float2 *)(S + (size_t)(16 * warp + gq + 8 * hh) * dv + cs + 8 * n + 2 * tq) =
+          make_float2(st[n][2 * hh], st[n][2 * hh + 1]);
+}
+
+/* Which phases run on tensor cores, as a mask (bit p-1 for phase p): DS_GDN_MMA=1 every phase
+ * that has a tensor-core version; DS_GDN_MMA=p13 (any of the digits 1..3 after 'p') only those
+ * listed, to compare the phases one at a time; unset or anything else: none. Read at each call
+ * (a getenv is cheap next to a prefill). */
+#define GDN_MMA_PHASES 7 /* phases 1, 2 and 3 */
+static int gdn_mma_mask(void) {
+  const char *e = getenv("DS_GDN_MMA");
+  if (!e) return 0;
+  if (!strcmp(e, "1")) return GDN_MMA_PHASES;
+  int m = 0;
+  if (e[0] == 'p')
+    for (const char *x = e + 1; *x; x++)
+      if (*x >= '1' && *x <= '3') m |= 1 << (*x - '1');
+  return m & GDN_MMA_PHASES;
+}
+
 /* The chunk-parallel path; returns 0 when the shape is not covered. */
 static int gdn_prefill2(cuda_ctx *c, float *ssm, const bf16 *qkv, const float *beta,
                         const float *g, int nk, int nv, int dk, int dv, bf16 *out) {
@@ -872,22 +1356,40 @@ static int gdn_prefill2(cuda_ctx *c, float *ssm, const bf16 *qkv, const float *b
     cudaFuncSetAttribute(k_gdn_p1, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)p1_smem(256));
     cudaFuncSetAttribute(k_gdn_p2, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)p2_smem());
     cudaFuncSetAttribute(k_gdn_p3, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)p3_smem());
+    cudaFuncSetAttribute(k_gdn_p1m, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         (int)p1m_smem(256));
+    cudaFuncSetAttribute(k_gdn_p3m, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)p3m_smem());
+    cudaFuncSetAttribute(k_gdn_p2m, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)p2m_smem());
     attr = 1;
   }
+  int mma = gdn_mma_mask();
   float *scr = (float *)cuda_scratch(c, (size_t)c->b.n_chunks * nv * p1_per(dv) * sizeof(float));
   if (!scr) return 1;
   dim3 g1(c->b.n_chunks, nv);
-  k_gdn_p1<<<g1, P1_THREADS, p1_smem(dv), c->st>>>(qkv, beta, g, c->b.ch_row, c->b.ch_len, nk, nv,
-                                                  dv, scr);
+  if (mma & 1)
+    k_gdn_p1m<<<g1, P1_THREADS, p1m_smem(dv), c->st>>>(qkv, beta, g, c->b.ch_row, c->b.ch_len, nk,
+                                                      nv, dv, scr);
+  else
+    k_gdn_p1<<<g1, P1_THREADS, p1_smem(dv), c->st>>>(qkv, beta, g, c->b.ch_row, c->b.ch_len, nk,
+                                                    nv, dv, scr);
   cuda_check_launch(c, "gdn_prefill (chunks)");
   dim3 g2(c->b.n_prefill, nv, dv / 32);
-  k_gdn_p2<<<g2, P2_THREADS, p2_smem(), c->st>>>(ssm, c->b.prefill_ids, c->b.seq_pos,
-                                                  c->b.seq_slot, c->b.pre_ch0, c->b.ch_len, nv,
-                                                  dv, scr);
+  if (mma & 2)
+    k_gdn_p2m<<<g2, P2_THREADS, p2m_smem(), c->st>>>(ssm, c->b.prefill_ids, c->b.seq_pos,
+                                                    c->b.seq_slot, c->b.pre_ch0, c->b.ch_len, nv,
+                                                    dv, scr);
+  else
+    k_gdn_p2<<<g2, P2_THREADS, p2_smem(), c->st>>>(ssm, c->b.prefill_ids, c->b.seq_pos,
+                                                    c->b.seq_slot, c->b.pre_ch0, c->b.ch_len, nv,
+                                                    dv, scr);
   cuda_check_launch(c, "gdn_prefill (scan)");
   dim3 g3(c->b.n_chunks, nv, dv / P3_COLS);
-  k_gdn_p3<<<g3, P3_THREADS, p3_smem(), c->st>>>(qkv, c->b.ch_row, c->b.ch_len, nk, nv, dv, scr,
-                                                  out);
+  if (mma & 4)
+    k_gdn_p3m<<<g3, P3_THREADS, p3m_smem(), c->st>>>(qkv, c->b.ch_row, c->b.ch_len, nk, nv, dv,
+                                                    scr, out);
+  else
+    k_gdn_p3<<<g3, P3_THREADS, p3_smem(), c->st>>>(qkv, c->b.ch_row, c->b.ch_len, nk, nv, dv, scr,
+                                                    out);
   cuda_check_launch(c, "gdn_prefill (outputs)");
   return 1;
 }

@@ -194,6 +194,18 @@ static backend *gpu_with(const char *knob, const char *value) {
   return be;
 }
 
+/* Runs fn with GPU swapped for a second backend created with knob=value. */
+static void with_gpu(const char *knob, const char *value, void (*fn)(void)) {
+  backend *g2 = gpu_with(knob, value);
+  if (!g2) return;
+  backend *save = GPU;
+  GPU = g2;
+  fn();
+  gpu_ok();
+  GPU = save;
+  g2->destroy(g2);
+}
+
 /* ---- tests ---- */
 
 TEST(memory) {
@@ -723,33 +735,21 @@ TEST(moe) {
 /* The grouped path (the default; asked for explicitly here): steps of >= 64 rows take
  * per-expert cuBLAS GEMMs over rows grouped by expert (two chunks of 2048 rows at T = 2100);
  * smaller steps keep the per-row kernels. */
-TEST(moe_grouped) {
-  backend *g2 = gpu_with("DS_MOE_GROUPED", "1");
-  if (!g2) return;
-  backend *save = GPU;
-  GPU = g2;
+static void moe_grouped_cases(void) {
   moe_case(100, 256, 16, 4, 48, 64, 1);
   moe_case(2100, 256, 16, 4, 48, 64, 1);
   moe_case(300, 2048, 64, 8, 512, 512, 1);
   moe_case(97, 2048, 64, 8, 512, 0, 0);
   moe_case(9, 256, 16, 4, 48, 64, 1); /* below the threshold */
-  gpu_ok();
-  GPU = save;
-  g2->destroy(g2);
 }
+TEST(moe_grouped) { with_gpu("DS_MOE_GROUPED", "1", moe_grouped_cases); }
 
 /* DS_MOE_GROUPED=0: the per-row kernels for steps of >= 64 rows too */
-TEST(moe_per_row) {
-  backend *g2 = gpu_with("DS_MOE_GROUPED", "0");
-  if (!g2) return;
-  backend *save = GPU;
-  GPU = g2;
+static void moe_per_row_cases(void) {
   moe_case(100, 256, 16, 4, 48, 64, 1);
   moe_case(300, 2048, 64, 8, 512, 512, 1);
-  gpu_ok();
-  GPU = save;
-  g2->destroy(g2);
 }
+TEST(moe_per_row) { with_gpu("DS_MOE_GROUPED", "0", moe_per_row_cases); }
 
 TEST(logits) {
   pieces p = {3, {3, 1, 2}, {0, 7, 4}, {0, 1, 2}};
@@ -928,10 +928,8 @@ static void dmodel_step(dmodel *m, int n, const int32_t *pos, float *logits, int
   EXPECT(be->read(be, b[B_IDS], 0, ids, sizeof(int32_t) * (size_t)T) == 0);
 }
 
-TEST(decode_graph) {
-  backend *plain = gpu_with("DS_CUDA_GRAPHS", "0");
-  REQUIRE(plain != NULL);
-  float *wh[W_COUNT], *init[4];
+/* Random weights and initial pools (K, V, conv state, DeltaNet state) for dmodel_init. */
+static void dmodel_data(float **wh, float **init) {
   for (int i = 0; i < W_COUNT; i++) {
     size_t n = (size_t)(dw_shape[i][0] * dw_shape[i][1]);
     int norm = dw_shape[i][0] == 1;
@@ -943,6 +941,29 @@ TEST(decode_graph) {
   init[1] = rand_vec(kvn, 1.f);
   init[2] = rand_vec((size_t)2 * DCD * 3, 1.f);
   init[3] = rand_vec((size_t)2 * DNVH * DDK * DDV, 0.1f);
+}
+
+/* How many of the four pools (K, V, conv state, DeltaNet state) differ in any byte. */
+static int dmodel_pools_differ(backend *ba, const dmodel *a, backend *bb, const dmodel *b) {
+  size_t kvn = (size_t)DPAGES * 16 * DNKV * DHD;
+  size_t sz[4] = {kvn * 2, kvn * 2, (size_t)2 * DCD * 3 * 4, (size_t)2 * DNVH * DDK * DDV * 4};
+  int n = 0;
+  for (int i = 0; i < 4; i++) {
+    uint8_t *x = malloc(sz[i]), *y = malloc(sz[i]);
+    ba->read(ba, a->b[B_KP + i], 0, x, sz[i]);
+    bb->read(bb, b->b[B_KP + i], 0, y, sz[i]);
+    n += memcmp(x, y, sz[i]) != 0;
+    free(x);
+    free(y);
+  }
+  return n;
+}
+
+TEST(decode_graph) {
+  backend *plain = gpu_with("DS_CUDA_GRAPHS", "0");
+  REQUIRE(plain != NULL);
+  float *wh[W_COUNT], *init[4];
+  dmodel_data(wh, init);
   dmodel a, p;
   dmodel_init(&a, GPU, wh, init);
   dmodel_init(&p, plain, wh, init);
@@ -959,16 +980,7 @@ TEST(decode_graph) {
     for (int i = 0; i < n * DV; i++) ndiff += memcmp(&la[i], &lp[i], 4) != 0;
     for (int i = 0; i < n; i++) idiff += ia[i] != ip[i];
   }
-  int sdiff = 0;
-  size_t sz[4] = {kvn * 2, kvn * 2, (size_t)2 * DCD * 3 * 4, (size_t)2 * DNVH * DDK * DDV * 4};
-  for (int i = 0; i < 4; i++) {
-    uint8_t *x = malloc(sz[i]), *y = malloc(sz[i]);
-    GPU->read(GPU, a.b[B_KP + i], 0, x, sz[i]);
-    plain->read(plain, p.b[B_KP + i], 0, y, sz[i]);
-    sdiff += memcmp(x, y, sz[i]) != 0;
-    free(x);
-    free(y);
-  }
+  int sdiff = dmodel_pools_differ(GPU, &a, plain, &p);
   long st[4];
   backend_cuda_graph_stats(GPU, st);
   long cap = st[0] - st0[0], rep = st[1] - st0[1], dir = st[2] - st0[2], fus = st[3] - st0[3];
@@ -1051,17 +1063,7 @@ TEST(pdl) {
   }
   /* decode steps (graphs, fused GEMVs) on PD vs the default backend */
   float *wh[W_COUNT], *init[4];
-  for (int i = 0; i < W_COUNT; i++) {
-    size_t n = (size_t)(dw_shape[i][0] * dw_shape[i][1]);
-    int norm = dw_shape[i][0] == 1;
-    wh[i] = rand_vec(n, norm ? 0.3f : i == W_CONV ? 0.5f : 0.08f);
-  }
-  for (int i = 0; i < DNVH; i++) wh[W_AL][i] = bfr(-1.f + 0.3f * i);
-  size_t kvn = (size_t)DPAGES * 16 * DNKV * DHD;
-  init[0] = rand_vec(kvn, 1.f);
-  init[1] = rand_vec(kvn, 1.f);
-  init[2] = rand_vec((size_t)2 * DCD * 3, 1.f);
-  init[3] = rand_vec((size_t)2 * DNVH * DDK * DDV, 0.1f);
+  dmodel_data(wh, init);
   dmodel a, p;
   dmodel_init(&a, GPU, wh, init);
   dmodel_init(&p, PD, wh, init);
@@ -1069,7 +1071,7 @@ TEST(pdl) {
   backend_cuda_graph_stats(PD, st0);
   float la[2 * DV], lp[2 * DV];
   int32_t ia[2], ip[2];
-  int ndiff = 0, idiff = 0, sdiff = 0;
+  int ndiff = 0, idiff = 0;
   for (int k = 0; k < 10; k++) {
     int n = k >= 5 && k < 8 ? 1 : 2;
     int32_t pos[2] = {20 + k, k};
@@ -1078,15 +1080,7 @@ TEST(pdl) {
     for (int i = 0; i < n * DV; i++) ndiff += memcmp(&la[i], &lp[i], 4) != 0;
     for (int i = 0; i < n; i++) idiff += ia[i] != ip[i];
   }
-  size_t sz[4] = {kvn * 2, kvn * 2, (size_t)2 * DCD * 3 * 4, (size_t)2 * DNVH * DDK * DDV * 4};
-  for (int i = 0; i < 4; i++) {
-    uint8_t *x = malloc(sz[i]), *y = malloc(sz[i]);
-    GPU->read(GPU, a.b[B_KP + i], 0, x, sz[i]);
-    PD->read(PD, p.b[B_KP + i], 0, y, sz[i]);
-    sdiff += memcmp(x, y, sz[i]) != 0;
-    free(x);
-    free(y);
-  }
+  int sdiff = dmodel_pools_differ(GPU, &a, PD, &p);
   backend_cuda_graph_stats(PD, st);
   long cap = st[0] - st0[0], rep = st[1] - st0[1];
   n_checks++;

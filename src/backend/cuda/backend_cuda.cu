@@ -430,15 +430,6 @@ __device__ __forceinline__ float ld_x1(const bf16 *p) {
   return bf2f(__ushort_as_bfloat16(r));
 }
 
-__device__ __forceinline__ void bf8_to_f(uint4 u, float *f) {
-  const __nv_bfloat162 *b2 = (const __nv_bfloat162 *)&u;
-#pragma unroll
-  for (int i = 0; i < 4; i++) {
-    float2 v = __bfloat1622float2(b2[i]);
-    f[2 * i] = v.x;
-    f[2 * i + 1] = v.y;
-  }
-}
 
 /* 16-byte pieces of W per lane loaded before pdl_wait (4 x 32 lanes x 16 B = 2 KiB per row
  * in flight while the predecessor drains). */
@@ -464,11 +455,11 @@ __device__ __forceinline__ void gemv_pre(const bf16 *__restrict__ w, int K, int 
 template <int T>
 __device__ __forceinline__ void gemv_piece(uint4 wv, const bf16 *x, int K, int k, float *acc) {
   float wf[8];
-  bf8_to_f(wv, wf);
+  bf16x8_to_f32(wv, wf);
 #pragma unroll
   for (int t = 0; t < T; t++) {
     float xf[8];
-    bf8_to_f(ld_x16(x + (size_t)t * K + k), xf);
+    bf16x8_to_f32(ld_x16(x + (size_t)t * K + k), xf);
 #pragma unroll
     for (int i = 0; i < 8; i++) acc[t] += wf[i] * xf[i];
   }

@@ -253,14 +253,7 @@ __device__ __forceinline__ int att_nsplit(int p, int *per) {
 template <int VPL, int G>
 __device__ __forceinline__ void att_load(const bf16 *src, float *dst) {
   if (VPL == 8) {
-    uint4 u = *(const uint4 *)src;
-    const __nv_bfloat162 *b2 = (const __nv_bfloat162 *)&u;
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-      float2 f = __bfloat1622float2(b2[i]);
-      dst[2 * i] = f.x;
-      dst[2 * i + 1] = f.y;
-    }
+    bf16x8_to_f32(*(const uint4 *)src, dst);
   } else if (VPL == 4) {
     uint2 u = *(const uint2 *)src;
     const __nv_bfloat162 *b2 = (const __nv_bfloat162 *)&u;

@@ -160,6 +160,43 @@ __device__ __forceinline__ void pdl_trigger() {
 }
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 
+/* 8 bf16 (one 16-byte word) to 8 floats */
+__device__ __forceinline__ void bf16x8_to_f32(uint4 u, float *f) {
+  const __nv_bfloat162 *h2 = (const __nv_bfloat162 *)&u;
+#pragma unroll
+  for (int m = 0; m < 4; m++) {
+    float2 v = __bfloat1622float2(h2[m]);
+    f[2 * m] = v.x;
+    f[2 * m + 1] = v.y;
+  }
+}
+
+/* Asynchronous 16-byte copies global -> shared (sm_80+): issue, close a group, wait until at
+ * most N groups are still in flight. */
+__device__ __forceinline__ void cp_async16(void *dst_shared, const void *src) {
+  unsigned d = (unsigned)__cvta_generic_to_shared(dst_shared);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit(void) {
+  asm volatile("cp.async.commit_group;" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait(void) {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+/* d += a . b, one m16n8k16 bf16 tensor-core product with fp32 accumulation; fragment layout
+ * as in the PTX ISA (groupID = lane / 4, t = lane % 4): a0 = A[g][2t..], a1 = A[g+8][2t..],
+ * a2 = A[g][2t+8..], a3 = A[g+8][2t+8..]; b0 = B[2t..][g], b1 = B[2t+8..][g];
+ * d0,d1 = D[g][2t..], d2,d3 = D[g+8][2t..] (pairs: lower index in the low half). */
+__device__ __forceinline__ void mma_bf16(float d[4], const uint32_t a[4], uint32_t b0,
+                                         uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
 static inline unsigned cuda_blocks(size_t n, unsigned threads) {
   size_t b = (n + threads - 1) / threads;
   if (b > 65535u * 16) b = 65535u * 16;

@@ -35,15 +35,6 @@
 
 /* ---- PTX helpers ---- */
 
-/* d += a (16x16 bf16, row) . b (16x8 bf16, col), fp32 accumulate. */
-__device__ __forceinline__ void fl_mma(float *d, const uint32_t *a, uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 /* Four transposed 8x8 bf16 matrices from shared memory; lane l gives row l % 8 of matrix
  * l / 8. */
 __device__ __forceinline__ void fl_ldsm_t4(uint32_t *r, const bf16 *p) {
@@ -54,19 +45,6 @@ __device__ __forceinline__ void fl_ldsm_t4(uint32_t *r, const bf16 *p) {
                : "memory");
 }
 
-__device__ __forceinline__ void fl_cp16(bf16 *dst, const bf16 *src) {
-  unsigned a = (unsigned)__cvta_generic_to_shared(dst);
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(a), "l"(src) : "memory");
-}
-
-__device__ __forceinline__ void fl_commit(void) {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-
-template <int N>
-__device__ __forceinline__ void fl_wait(void) {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
 
 /* ---- kernel ---- */
 
@@ -87,7 +65,7 @@ __device__ __forceinline__ void fl_load(bf16 *dst, const bf16 *pool, const int32
     if (j <= jmax) {
       size_t row = (size_t)pt[j / BACKEND_PAGE_TOKENS] * BACKEND_PAGE_TOKENS +
                    (size_t)(j % BACKEND_PAGE_TOKENS);
-      fl_cp16(d, pool + row * w + hoff + c);
+      cp_async16(d, pool + row * w + hoff + c);
     } else {
       *(uint4 *)d = make_uint4(0u, 0u, 0u, 0u);
     }
@@ -171,12 +149,12 @@ __global__ void __launch_bounds__(fl_shape<HD>::NT)
   float ma = -INFINITY, mb = -INFINITY, la = 0.f, lb = 0.f;
 
   fl_load<HD, S_::NT>(Ks, kp, pt, 0, jmax, w, kvh * HD, tid);
-  fl_commit();
+  cp_async_commit();
   for (int kt = 0; kt < ntiles; kt++) {
     int j0 = kt * FLASH_BK;
     fl_load<HD, S_::NT>(Vs, vp, pt, j0, jmax, w, kvh * HD, tid);
-    fl_commit();
-    fl_wait<1>(); /* K(kt) landed; V(kt) may be in flight */
+    cp_async_commit();
+    cp_async_wait<1>(); /* K(kt) landed; V(kt) may be in flight */
     __syncthreads();
     bool act = live && j0 <= wlast;
     float s[8][4];
@@ -189,7 +167,7 @@ __global__ void __launch_bounds__(fl_shape<HD>::NT)
 #pragma unroll
         for (int n = 0; n < 8; n++) {
           const bf16 *kr = Ks + (n * 8 + g) * (HD + FLASH_PAD) + dbase + 16 * k + 2 * t4;
-          fl_mma(s[n], qf[k], *(const uint32_t *)kr, *(const uint32_t *)(kr + 8));
+          mma_bf16(s[n], qf[k], *(const uint32_t *)kr, *(const uint32_t *)(kr + 8));
         }
       }
     }
@@ -213,7 +191,7 @@ __global__ void __launch_bounds__(fl_shape<HD>::NT)
     __syncthreads(); /* the K buffer (and Sx) is free */
     if (kt + 1 < ntiles) {
       fl_load<HD, S_::NT>(Ks, kp, pt, j0 + FLASH_BK, jmax, w, kvh * HD, tid);
-      fl_commit();
+      cp_async_commit();
     }
     uint32_t pf[4][4]; /* P as A fragments, one per 16 positions */
     if (act) {
@@ -271,9 +249,9 @@ __global__ void __launch_bounds__(fl_shape<HD>::NT)
       }
     }
     if (kt + 1 < ntiles)
-      fl_wait<1>(); /* V(kt) landed; K(kt+1) may be in flight */
+      cp_async_wait<1>(); /* V(kt) landed; K(kt+1) may be in flight */
     else
-      fl_wait<0>();
+      cp_async_wait<0>();
     __syncthreads();
     if (act) {
       /* B fragments of V (keys x hd, col major) via ldmatrix.trans: matrix i of a call is
@@ -287,8 +265,8 @@ __global__ void __launch_bounds__(fl_shape<HD>::NT)
           uint32_t vb[4];
           fl_ldsm_t4(vb, Vs + (16 * k + (mi & 1) * 8 + mr) * (HD + FLASH_PAD) + dbase + n * 8 +
                              (mi >> 1) * 8);
-          fl_mma(o[n], pf[k], vb[0], vb[1]);
-          fl_mma(o[n + 1], pf[k], vb[2], vb[3]);
+          mma_bf16(o[n], pf[k], vb[0], vb[1]);
+          mma_bf16(o[n + 1], pf[k], vb[2], vb[3]);
         }
       }
     }

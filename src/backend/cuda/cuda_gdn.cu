@@ -552,28 +552,35 @@ __device__ static gdn_scr scr_at(float *scr, int ch, int nv, int h, int dv) {
   return r;
 }
 
-__device__ __forceinline__ void cp_async16(float *dst, const float *src) {
-  unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit(void) {
-  asm volatile("cp.async.commit_group;" ::: "memory");
-}
-template <int N>
-__device__ __forceinline__ void cp_async_wait(void) {
-  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
-
 /* 8 bf16 (one 16-byte load) to 8 floats at dst (any alignment); zeros when !ok */
 __device__ __forceinline__ void ld8_bf16(float *dst, const bf16 *src, bool ok) {
   uint4 u = make_uint4(0u, 0u, 0u, 0u);
   if (ok) u = *(const uint4 *)src;
-  const __nv_bfloat162 *h2 = (const __nv_bfloat162 *)&u;
-#pragma unroll
-  for (int m = 0; m < 4; m++) {
-    float2 f = __bfloat1622float2(h2[m]);
-    dst[2 * m] = f.x;
-    dst[2 * m + 1] = f.y;
+  bf16x8_to_f32(u, dst);
+}
+
+/* Phase 1's gates of one chunk (every thread of the block calls it; it syncs): beta, the
+ * cumulative log-decays G (zeros past L), e^G, and G to scratch. */
+__device__ __forceinline__ static void p1_gates(const float *beta, const float *g, int r0, int L,
+                                                int nv, int h, int tid, float *Bt, float *G,
+                                                float *eG, float *Gout) {
+  const int C = GDN_C;
+  if (tid < C) {
+    Bt[tid] = tid < L ? beta[(size_t)(r0 + tid) * nv + h] : 0.f;
+    G[tid] = tid < L ? g[(size_t)(r0 + tid) * nv + h] : 0.f;
+  }
+  __syncthreads();
+  if (tid == 0) {
+    float run = 0.f;
+    for (int i = 0; i < C; i++) {
+      run += G[i];
+      G[i] = run;
+    }
+  }
+  __syncthreads();
+  if (tid < C) {
+    eG[tid] = expf(G[tid]);
+    Gout[tid] = G[tid];
   }
 }
 
@@ -635,23 +642,7 @@ __global__ void __launch_bounds__(P1_THREADS)
     ld8_bf16(Vc + (size_t)r * dv + a,
              qkv + (size_t)(r0 + r) * cd + 2 * (size_t)nk * GK + (size_t)h * dv + a, r < L);
   }
-  if (tid < C) {
-    Bt[tid] = tid < L ? beta[(size_t)(r0 + tid) * nv + h] : 0.f;
-    G[tid] = tid < L ? g[(size_t)(r0 + tid) * nv + h] : 0.f;
-  }
-  __syncthreads();
-  if (tid == 0) {
-    float run = 0.f;
-    for (int i = 0; i < C; i++) {
-      run += G[i];
-      G[i] = run;
-    }
-  }
-  __syncthreads();
-  if (tid < C) {
-    eG[tid] = expf(G[tid]);
-    o.G[tid] = G[tid];
-  }
+  p1_gates(beta, g, r0, L, nv, h, tid, Bt, G, eG, o.G);
   {
     /* P and A: thread (ti, tj) owns rows 4ti.., columns 4tj.. of both */
     int i0 = 4 * (tid >> 4), j0 = 4 * (tid & 15);
@@ -893,14 +884,6 @@ __global__ void __launch_bounds__(P3_THREADS)
 #define GKB (GK + 8)         /* bf16 row stride of 128-wide tiles: 68 words, fragment loads hit 32 banks */
 #define CB (GDN_C + 8)       /* bf16 row stride of 64-wide tiles: 36 words, likewise */
 
-/* d += a . b, one m16n8k16 bf16 product with fp32 accumulation (a: 4 registers of the 16x16
- * A tile, b0/b1: the 16x8 B tile; the fragment layout is the PTX ISA's). */
-__device__ __forceinline__ void mma_bf16(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 /* two adjacent bf16 (the lower index in the low half) as one register */
 __device__ __forceinline__ uint32_t ld_b2(const bf16 *p) { return *(const uint32_t *)p; }
 /* the A fragment of the 16x16 tile at p (row-major, row stride `ld` bf16) */
@@ -918,15 +901,6 @@ __device__ __forceinline__ void split_bf16(float x, bf16 &hi, bf16 &lo) {
 }
 __device__ __forceinline__ uint32_t pack_b2(bf16 lo_idx, bf16 hi_idx) {
   return (uint32_t)__bfloat16_as_ushort(lo_idx) | ((uint32_t)__bfloat16_as_ushort(hi_idx) << 16);
-}
-__device__ __forceinline__ void unpack8_bf16(float *dst, uint4 u) {
-  const __nv_bfloat162 *h2 = (const __nv_bfloat162 *)&u;
-#pragma unroll
-  for (int m = 0; m < 4; m++) {
-    float2 f = __bfloat1622float2(h2[m]);
-    dst[2 * m] = f.x;
-    dst[2 * m + 1] = f.y;
-  }
 }
 
 static size_t p1m_smem(int dv) {
@@ -964,30 +938,14 @@ __global__ void __launch_bounds__(P1_THREADS)
     }
     *(uint4 *)(Kb + r * GKB + a) = ku;
     *(uint4 *)(Qb + r * GKB + a) = qu;
-    unpack8_bf16(Kc + r * GKP + a, ku);
+    bf16x8_to_f32(ku, Kc + r * GKP + a);
   }
   for (int idx = tid; idx < C * (dv / 8); idx += P1_THREADS) {
     int r = idx / (dv / 8), a = 8 * (idx % (dv / 8));
     ld8_bf16(Vc + (size_t)r * dv + a,
              qkv + (size_t)(r0 + r) * cd + 2 * (size_t)nk * GK + (size_t)h * dv + a, r < L);
   }
-  if (tid < C) {
-    Bt[tid] = tid < L ? beta[(size_t)(r0 + tid) * nv + h] : 0.f;
-    G[tid] = tid < L ? g[(size_t)(r0 + tid) * nv + h] : 0.f;
-  }
-  __syncthreads();
-  if (tid == 0) {
-    float run = 0.f;
-    for (int i = 0; i < C; i++) {
-      run += G[i];
-      G[i] = run;
-    }
-  }
-  __syncthreads();
-  if (tid < C) {
-    eG[tid] = expf(G[tid]);
-    o.G[tid] = G[tid];
-  }
+  p1_gates(beta, g, r0, L, nv, h, tid, Bt, G, eG, o.G);
   {
     int warp = tid >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
     int mi = warp >> 1, isA = warp & 1, nt = 2 * mi + 2;
@@ -1042,6 +1000,31 @@ static size_t p3m_smem(void) {
   return ((size_t)3 * GDN_C * GKB + 4 * (size_t)GDN_C * CB) * sizeof(bf16) + GDN_C * sizeof(float);
 }
 
+/* Phase 3's fp32 operand rows [R][dv] (columns cs.. of the block) as transposed bf16 hi / lo
+ * tiles [P3_COLS][LD]: thread (row pair p, 8 columns) reads 32 bytes of rows 2p and 2p+1 and
+ * writes 8 words of each tile. */
+template <int R, int LD>
+__device__ __forceinline__ static void p3_split_t(const float *src, int dv, int cs, bf16 *hi,
+                                                  bf16 *lo, int tid) {
+#pragma unroll 2
+  for (int idx = tid; idx < (R / 2) * (P3_COLS / 8); idx += P3_THREADS) {
+    int p = idx % (R / 2), c8 = 8 * (idx / (R / 2));
+    const float *s0 = src + (size_t)(2 * p) * dv + cs + c8, *s1 = s0 + dv;
+    float4 x0 = *(const float4 *)s0, x1 = *(const float4 *)(s0 + 4);
+    float4 y0 = *(const float4 *)s1, y1 = *(const float4 *)(s1 + 4);
+    float a[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+    float b[8] = {y0.x, y0.y, y0.z, y0.w, y1.x, y1.y, y1.z, y1.w};
+#pragma unroll
+    for (int m = 0; m < 8; m++) {
+      bf16 ah, al, bh, bl;
+      split_bf16(a[m], ah, al);
+      split_bf16(b[m], bh, bl);
+      *(uint32_t *)(hi + (c8 + m) * LD + 2 * p) = pack_b2(ah, bh);
+      *(uint32_t *)(lo + (c8 + m) * LD + 2 * p) = pack_b2(al, bl);
+    }
+  }
+}
+
 /* Phase 3 on tensor cores, grid (chunk, value head, dv/64) as k_gdn_p3:
  * O = e^G (Q S) + P V'. Q is bf16-exact; S, P and V' are fp32 and enter as bf16 hi + lo pairs
  * (split once when loaded to shared memory): Q S = Q S_hi + Q S_lo,
@@ -1066,42 +1049,10 @@ __global__ void __launch_bounds__(P3_THREADS)
   int kh = h / (nv / nk), r0 = ch_row[ch], L = ch_len[ch];
   size_t cd = 2 * (size_t)nk * GK + (size_t)nv * dv, ow = (size_t)nv * dv;
   gdn_scr q = scr_at(scr, ch, nv, h, dv);
-  /* S: thread (row pair p, 8 columns) reads 32 bytes of rows 2p and 2p+1, writes 8 words of S^T */
-#pragma unroll 2
-  for (int idx = tid; idx < (GK / 2) * (P3_COLS / 8); idx += P3_THREADS) {
-    int p = idx % (GK / 2), c8 = 8 * (idx / (GK / 2));
-    const float *s0 = q.S + (size_t)(2 * p) * dv + cs + c8, *s1 = s0 + dv;
-    float4 x0 = *(const float4 *)s0, x1 = *(const float4 *)(s0 + 4);
-    float4 y0 = *(const float4 *)s1, y1 = *(const float4 *)(s1 + 4);
-    float a[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
-    float b[8] = {y0.x, y0.y, y0.z, y0.w, y1.x, y1.y, y1.z, y1.w};
-#pragma unroll
-    for (int m = 0; m < 8; m++) {
-      bf16 ah, al, bh, bl;
-      split_bf16(a[m], ah, al);
-      split_bf16(b[m], bh, bl);
-      *(uint32_t *)(Sh + (c8 + m) * GKB + 2 * p) = pack_b2(ah, bh);
-      *(uint32_t *)(Sl + (c8 + m) * GKB + 2 * p) = pack_b2(al, bl);
-    }
-  }
-  /* V' likewise */
-#pragma unroll 2
-  for (int idx = tid; idx < (C / 2) * (P3_COLS / 8); idx += P3_THREADS) {
-    int p = idx % (C / 2), c8 = 8 * (idx / (C / 2));
-    const float *s0 = q.U + (size_t)(2 * p) * dv + cs + c8, *s1 = s0 + dv;
-    float4 x0 = *(const float4 *)s0, x1 = *(const float4 *)(s0 + 4);
-    float4 y0 = *(const float4 *)s1, y1 = *(const float4 *)(s1 + 4);
-    float a[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
-    float b[8] = {y0.x, y0.y, y0.z, y0.w, y1.x, y1.y, y1.z, y1.w};
-#pragma unroll
-    for (int m = 0; m < 8; m++) {
-      bf16 ah, al, bh, bl;
-      split_bf16(a[m], ah, al);
-      split_bf16(b[m], bh, bl);
-      *(uint32_t *)(Vh + (c8 + m) * CB + 2 * p) = pack_b2(ah, bh);
-      *(uint32_t *)(Vl + (c8 + m) * CB + 2 * p) = pack_b2(al, bl);
-    }
-  }
+  /* S and V': thread (row pair p, 8 columns) reads 32 bytes of rows 2p and 2p+1, writes 8
+   * words of the transposed hi and lo tiles */
+  p3_split_t<GK, GKB>(q.S, dv, cs, Sh, Sl, tid);
+  p3_split_t<C, CB>(q.U, dv, cs, Vh, Vl, tid);
   /* P row-major, 4 values per thread */
 #pragma unroll 4
   for (int idx = tid; idx < C * C / 4; idx += P3_THREADS) {

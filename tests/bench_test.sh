@@ -69,6 +69,8 @@ check("bench_checkpoint_bytes_is_slot", m.checkpoint_bytes === i.slot_bytes, `${
 check("bench_prefix_stats", i.prefix_stats && i.prefix_stats.shared_wave && Number.isInteger(i.prefix_stats.shared_wave.prompt_tokens), JSON.stringify(i.prefix_stats));
 // 8 requests of (prefix + suffix) tokens went through the engine.
 const z = i.sizes || {};
+const pp = i.pause_phase || {};
+check("bench_pause_phase", pp.decoding === z.pause_bg && pp.captures >= 1 && pp.restores >= z.pause_pairs && pp.decode_tokens_in_window > 0 && fin(m.capture_pause_idle_ms) && fin(m.restore_pause_idle_ms), JSON.stringify(pp));
 check("bench_prefix_prompt_tokens", i.prefix_stats && i.prefix_stats.shared_wave.prompt_tokens === z.prefix_n * (z.prefix_len + z.suffix_len), JSON.stringify(z));
 JS
 

@@ -66,6 +66,14 @@ static void parity_shared_head(int ns) {
   EXPECT_EQ_INT(s.prefix_hits, 1);
   EXPECT_EQ_INT(s.prefix_hit_tokens, ns);
   EXPECT_EQ_INT(s.prefilled_tokens_total, na + (nb - ns));
+  /* every checkpoint copy was timed: one save per capture, one restore, and a copy-on-write
+   * page copy exactly when the cut is inside a page */
+  EXPECT_EQ_INT(s.ckpt_captures_timed, s.prefix_captures);
+  EXPECT_EQ_INT(s.ckpt_restores_timed, 1);
+  EXPECT_EQ_INT(s.ckpt_restore_page_copies, ns % BACKEND_PAGE_TOKENS ? 1 : 0);
+  EXPECT(s.prefix_captures >= 1);
+  EXPECT(s.ckpt_capture_ms_sum >= 0 && s.ckpt_capture_ms_max <= s.ckpt_capture_ms_sum);
+  EXPECT(s.ckpt_restore_ms_sum >= s.ckpt_restore_ms_max && s.ckpt_restore_ms_max >= 0);
   EXPECT(rig_down(&g));
   int32_t sp[1] = {nb - 1};
   REQUIRE(cold(&R1, &B, sp, 1) == 0);

@@ -24,8 +24,8 @@ HEADLINE = (
     + [
         ("shared_prefix_8x12k_all_first_token_s", "s", "8 requests sharing an uncached 12.5k prefix: last first token"),
         ("warm_prefix_ttft_ms", "ms", "50-token suffix after the cached 12.5k prefix: TTFT"),
-        ("capture_pause_ms", "ms", "checkpoint capture pause"),
-        ("restore_pause_ms", "ms", "checkpoint restore pause"),
+        ("capture_pause_ms", "ms", "checkpoint capture pause while 32 sequences decode"),
+        ("restore_pause_ms", "ms", "checkpoint restore pause (+ copy-on-write page) while 32 sequences decode"),
         ("checkpoint_bytes", "B", "bytes one checkpoint owns (recurrent state)"),
     ]
 )

@@ -5,7 +5,7 @@
  *                    [--quick] [--seed N] [--only decode|prefill] [engine flags]
  *
  * Everything runs through engine_create / engine_submit / engine_next over a model whose pools
- * are sized by engine_mem_plan, in three phases over one backend:
+ * are sized by engine_mem_plan, in these phases over one backend:
  *
  *   A  prefix caching off (the protocol of llama-bench / llama-batched-bench, which cache
  *      nothing): offline prefill of 512, 4096 and 16384 random tokens (one request,
@@ -20,12 +20,15 @@
  *      prefill part only.
  *   C  with the engine stopped, one checkpoint's copies timed directly on the same model:
  *      capture = slot -> slab (qwen35_slot_copy), restore = slab -> slot plus the copy-on-write
- *      copy of the partial last KV page; each followed by a backend sync. The engine's stats
- *      carry no pause timings yet, so the JSON says "capture_source": "direct".
+ *      copy of the partial last KV page; each followed by a backend sync
+ *      (capture_pause_idle_ms, restore_pause_idle_ms).
  *   B  prefix caching on (a fresh model with that plan): 8 simultaneous requests sharing an
  *      uncached 12,475-token prefix plus distinct 50-token suffixes (seconds until the last
  *      first token), then the same prefix with a new 50-token suffix (TTFT), with the engine's
  *      prefix-cache counters of each part.
+ *   D  prefix caching on: 32 sequences decode in the background while fresh 1,000-token prompts
+ *      run twice each (capture, then restore); capture_pause_ms / restore_pause_ms are the mean
+ *      times of those checkpoint copies from the engine's own timing (bench_pause).
  *
  * Roofline: bytes per decode step (weights + KV read + 2x recurrent state per sequence) over
  * 4.24 TB/s and FLOPs per prefill token over 780 TFLOP/s (the H200 ceilings measured on the
@@ -84,12 +87,13 @@ typedef struct bench_sizes {
   int decode_prompt, decode_gen;
   int prefix_len, suffix_len, prefix_n, warm_repeats;
   int ckpt_repeats;
+  int pause_bg, pause_gen, pause_len, pause_pairs; /* D: the pauses while pause_bg decode */
 } bench_sizes;
 
 static const bench_sizes bench_full = {{512, 4096, 16384}, 3, {1, 8, 32, 64, 128}, 512, 128,
-                                       12475, 50, 8, 3, 20};
+                                       12475, 50, 8, 3, 20, 32, 4096, 1000, 8};
 static const bench_sizes bench_quick = {{64, 128, 256}, 2, {1, 8, 32, 64, 128}, 32, 8,
-                                        300, 10, 8, 2, 5};
+                                        300, 10, 8, 2, 5, 32, 1024, 48, 3};
 
 typedef struct bench {
   const char *model_dir, *device;
@@ -165,7 +169,10 @@ static void *bench_consume(void *arg) {
       continue;
     }
     double t = bench_now();
-    if (ev.has_token && r->n_tok < r->max_tokens) r->ts[r->n_tok++] = t;
+    if (ev.has_token && r->n_tok < r->max_tokens) {
+      r->ts[r->n_tok] = t;
+      __atomic_store_n(&r->n_tok, r->n_tok + 1, __ATOMIC_RELEASE); /* bench_pause polls it */
+    }
     if (ev.finish != FINISH_NONE) {
       r->finish = ev.finish;
       r->cached_tokens = ev.cached_tokens;
@@ -177,11 +184,11 @@ static void *bench_consume(void *arg) {
 }
 
 /* Submits n requests at once (prompts[i] of lens[i] tokens, greedy, ignore_eos, max_tokens,
- * one chat boundary at `boundary` when > 0), waits for all of them to end and checks that each
- * produced exactly max_tokens tokens. *t0 is the time just before the first submit. Returns 0,
- * or -1 with b->err; reqs[i].ts must be freed by the caller (bench_reqs_free). */
-static int bench_batch(bench *b, int n, int32_t **prompts, const int *lens, int max_tokens,
-                       int boundary, bench_req *reqs, double *t0) {
+ * one chat boundary at `boundary` when > 0), each drained by its own consumer thread. *t0 is
+ * the time just before the first submit. Returns 0, or -1 with b->err (the requests submitted
+ * so far still run: bench_join them). reqs[i].ts must be freed by the caller (bench_reqs_free). */
+static int bench_submit(bench *b, int n, int32_t **prompts, const int *lens, int max_tokens,
+                        int boundary, bench_req *reqs, double *t0) {
   memset(reqs, 0, sizeof *reqs * (size_t)n);
   int rc = 0;
   for (int i = 0; i < n; i++) {
@@ -222,18 +229,31 @@ static int bench_batch(bench *b, int n, int32_t **prompts, const int *lens, int 
     }
     reqs[i].started = 1;
   }
+  return rc;
+}
+
+/* Waits for the submitted requests to end and releases them; with `full`, checks that each
+ * produced exactly max_tokens tokens (rc: the caller's status so far, kept when non-zero). */
+static int bench_join(bench *b, int n, bench_req *reqs, int full, int rc) {
   for (int i = 0; i < n && reqs[i].h; i++) {
     if (reqs[i].started) pthread_join(reqs[i].th, NULL);
     engine_release(reqs[i].h);
     reqs[i].h = NULL;
-    if (rc == 0 && (reqs[i].err[0] || reqs[i].n_tok != max_tokens)) {
+    if (rc == 0 && full && (reqs[i].err[0] || reqs[i].n_tok != reqs[i].max_tokens)) {
       errf(b->err, sizeof b->err, "request %d of %d: %s (%d of %d tokens, finish %s)", i + 1, n,
-           reqs[i].err[0] ? reqs[i].err : "ended early", reqs[i].n_tok, max_tokens,
+           reqs[i].err[0] ? reqs[i].err : "ended early", reqs[i].n_tok, reqs[i].max_tokens,
            finish_reason_name((finish_reason)reqs[i].finish));
       rc = -1;
     }
   }
   return rc;
+}
+
+/* bench_submit, then bench_join checking every request's token count. */
+static int bench_batch(bench *b, int n, int32_t **prompts, const int *lens, int max_tokens,
+                       int boundary, bench_req *reqs, double *t0) {
+  int rc = bench_submit(b, n, prompts, lens, max_tokens, boundary, reqs, t0);
+  return bench_join(b, n, reqs, 1, rc);
 }
 
 static void bench_reqs_free(bench_req *reqs, int n) {
@@ -466,14 +486,97 @@ static int bench_checkpoint(bench *b, int n_slots, int n_pages) {
       res[i] = t2 - t1;
     }
   }
-  bench_set(b->metrics, "capture_pause_ms", 1e3 * bench_median(cap, reps));
-  bench_set(b->metrics, "restore_pause_ms", 1e3 * bench_median(res, reps));
+  bench_set(b->metrics, "capture_pause_idle_ms", 1e3 * bench_median(cap, reps));
+  bench_set(b->metrics, "restore_pause_idle_ms", 1e3 * bench_median(res, reps));
   bench_set(b->metrics, "checkpoint_bytes", (double)qwen35_slot_bytes(b->m));
-  json_object_set_new(b->info, "capture_source",
+  json_object_set_new(b->info, "capture_idle_source",
                       json_string("direct: qwen35_slot_copy (+ qwen35_page_copy of one page for "
-                                  "restore) then a backend sync, engine stopped; the engine's "
-                                  "stats carry no pause timings"));
+                                  "restore) then a backend sync, engine stopped"));
   return 0;
+}
+
+/* D: the checkpoint pauses while pause_bg sequences decode. pause_bg requests (decode_prompt
+ * random tokens, pause_gen tokens, greedy) run in the background; once every one has its first
+ * token, pause_pairs times a fresh prompt of pause_len tokens runs twice with max_tokens 1: the
+ * first run captures checkpoints of it, the second restores one (cached_tokens > 0 is checked).
+ * Then the background requests are cancelled; every one must still have been decoding. The
+ * engine times each checkpoint copy (engine_stats.ckpt_*: the copies are synchronous and run
+ * between two steps, so their time is the pause every decoding sequence sees); the figures are
+ * the means over the window. */
+static int bench_pause(bench *b) {
+  const bench_sizes *z = &b->sz;
+  int n = z->pause_bg, P = z->decode_prompt, G = z->pause_gen, L = z->pause_len;
+  int32_t **bg = bench_prompts(b, n, P, NULL, 0), **pp = bench_prompts(b, z->pause_pairs, L, NULL, 0);
+  int *lens = calloc((size_t)n, sizeof *lens);
+  bench_req *r = calloc((size_t)n, sizeof *r);
+  if (!bg || !pp || !lens || !r) {
+    bench_prompts_free(bg, n);
+    bench_prompts_free(pp, z->pause_pairs);
+    free(lens);
+    free(r);
+    return errf(b->err, sizeof b->err, "out of memory");
+  }
+  for (int i = 0; i < n; i++) lens[i] = P;
+  double t0;
+  int rc = bench_submit(b, n, bg, lens, G, 0, r, &t0);
+  /* every background request decoding (generous ceiling: a stuck engine fails, a slow one not) */
+  for (int i = 0; rc == 0 && i < n; i++)
+    while (__atomic_load_n(&r[i].n_tok, __ATOMIC_ACQUIRE) < 1 && !r[i].finish) {
+      if (bench_now() - t0 > 600) {
+        rc = errf(b->err, sizeof b->err, "background request %d has no first token after 600 s", i);
+        break;
+      }
+      struct timespec ts = {0, 2000000};
+      nanosleep(&ts, NULL);
+    }
+  engine_stats a, e;
+  engine_get_stats(b->e, &a);
+  int tok0 = 0, restored = 0;
+  for (int i = 0; i < n; i++) tok0 += __atomic_load_n(&r[i].n_tok, __ATOMIC_ACQUIRE);
+  for (int k = 0; rc == 0 && k < z->pause_pairs; k++) {
+    for (int run = 0; rc == 0 && run < 2; run++) {
+      bench_req q;
+      double tq;
+      rc = bench_batch(b, 1, &pp[k], &L, 1, 0, &q, &tq);
+      if (rc == 0 && run == 1) restored += q.cached_tokens > 0;
+      bench_reqs_free(&q, 1);
+    }
+  }
+  engine_get_stats(b->e, &e);
+  int tok1 = 0, done_early = 0;
+  for (int i = 0; i < n; i++) {
+    tok1 += __atomic_load_n(&r[i].n_tok, __ATOMIC_ACQUIRE);
+    done_early += __atomic_load_n(&r[i].n_tok, __ATOMIC_ACQUIRE) >= G;
+  }
+  for (int i = 0; i < n && r[i].h; i++) engine_cancel(r[i].h);
+  rc = bench_join(b, n, r, 0, rc);
+  long long nc = e.ckpt_captures_timed - a.ckpt_captures_timed;
+  long long nr = e.ckpt_restores_timed - a.ckpt_restores_timed;
+  if (rc == 0 && done_early)
+    rc = errf(b->err, sizeof b->err, "%d background requests finished inside the window", done_early);
+  if (rc == 0 && (nc < 1 || nr < 1 || restored < z->pause_pairs))
+    rc = errf(b->err, sizeof b->err, "%lld captures, %lld restores, %d of %d second runs restored",
+              nc, nr, restored, z->pause_pairs);
+  if (rc == 0) {
+    bench_set(b->metrics, "capture_pause_ms", (e.ckpt_capture_ms_sum - a.ckpt_capture_ms_sum) / nc);
+    bench_set(b->metrics, "restore_pause_ms", (e.ckpt_restore_ms_sum - a.ckpt_restore_ms_sum) / nr);
+    json_object_set_new(
+        b->info, "pause_phase",
+        json_pack("{s:i, s:i, s:i, s:i, s:I, s:I, s:I, s:i, s:f, s:f, s:s}", "decoding", n,
+                  "decode_prompt", P, "prompt_len", L, "pairs", z->pause_pairs, "captures",
+                  (json_int_t)nc, "restores", (json_int_t)nr, "restore_page_copies",
+                  (json_int_t)(e.ckpt_restore_page_copies - a.ckpt_restore_page_copies),
+                  "decode_tokens_in_window", tok1 - tok0, "capture_max_ms",
+                  e.ckpt_capture_ms_max, "restore_max_ms", e.ckpt_restore_ms_max, "source",
+                  "engine_stats.ckpt_*: host time around each synchronous checkpoint copy, "
+                  "between two steps, while the background sequences decode"));
+  }
+  bench_reqs_free(r, n);
+  bench_prompts_free(bg, n);
+  bench_prompts_free(pp, z->pause_pairs);
+  free(lens);
+  free(r);
+  return rc;
 }
 
 /* Parameters of the matmuls one token goes through (MoE: the active experts), with or without
@@ -653,6 +756,25 @@ static int bench_phase_b(bench *b) {
   return rc;
 }
 
+static int bench_phase_d(bench *b) {
+  const bench_sizes *z = &b->sz;
+  engine_opts o = b->user;
+  o.enable_prefix_caching = 1;
+  if (!b->user_max_seqs) o.max_num_seqs = z->pause_bg + 2;
+  if (!b->user_kv_tokens)
+    o.kv_cache_tokens = z->pause_bg * (z->decode_prompt + z->pause_gen + 16) +
+                        2 * z->pause_pairs * (z->pause_len + 16) + 2048;
+  qwen35_mem_opts mo;
+  if (bench_start(b, &o, &mo)) return -1;
+  int rc = bench_pause(b);
+  if (rc == 0)
+    fprintf(stderr, "bench: checkpoint pauses while %d sequences decode: capture %.4f ms, restore %.4f ms\n",
+            z->pause_bg, json_number_value(json_object_get(b->metrics, "capture_pause_ms")),
+            json_number_value(json_object_get(b->metrics, "restore_pause_ms")));
+  bench_stop(b);
+  return rc;
+}
+
 static void bench_commit(char *out, size_t n) {
   const char *env = getenv("DS_COMMIT");
   if (env && *env) {
@@ -686,11 +808,13 @@ static json_t *bench_sizes_json(const bench_sizes *z) {
   json_t *pf = json_array(), *dc = json_array();
   for (int i = 0; i < BENCH_N_PREFILL; i++) json_array_append_new(pf, json_integer(z->prefill_len[i]));
   for (int i = 0; i < BENCH_N_DECODE; i++) json_array_append_new(dc, json_integer(z->decode_conc[i]));
-  return json_pack("{s:o, s:i, s:o, s:i, s:i, s:i, s:i, s:i, s:i, s:i}", "prefill_len", pf,
-                   "prefill_repeats", z->prefill_repeats, "decode_conc", dc, "decode_prompt",
-                   z->decode_prompt, "decode_gen", z->decode_gen, "prefix_len", z->prefix_len,
-                   "suffix_len", z->suffix_len, "prefix_n", z->prefix_n, "warm_repeats",
-                   z->warm_repeats, "ckpt_repeats", z->ckpt_repeats);
+  return json_pack("{s:o, s:i, s:o, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i}",
+                   "prefill_len", pf, "prefill_repeats", z->prefill_repeats, "decode_conc", dc,
+                   "decode_prompt", z->decode_prompt, "decode_gen", z->decode_gen, "prefix_len",
+                   z->prefix_len, "suffix_len", z->suffix_len, "prefix_n", z->prefix_n,
+                   "warm_repeats", z->warm_repeats, "ckpt_repeats", z->ckpt_repeats, "pause_bg",
+                   z->pause_bg, "pause_gen", z->pause_gen, "pause_len", z->pause_len,
+                   "pause_pairs", z->pause_pairs);
 }
 
 static const char *bench_metric_keys[] = {
@@ -903,6 +1027,12 @@ int cmd_bench(int argc, char **argv) {
   }
   if (bench_phase_b(&b)) {
     fprintf(stderr, "deltaserve bench: prefix phase: %s\n", b.err);
+    bench_stop(&b);
+    failed = 1;
+  }
+  bench_write(&b, out, 0, 0, t_start); /* B's figures survive a kill in D */
+  if (bench_phase_d(&b)) {
+    fprintf(stderr, "deltaserve bench: pause phase: %s\n", b.err);
     bench_stop(&b);
     failed = 1;
   }

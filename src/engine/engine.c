@@ -511,6 +511,8 @@ struct engine {
   long long next_id;
   engine_stats st; /* the snapshot readers get (under mu) */
   long long prompt_total, gen_total, prefilled_total, finished, cancelled, failed;
+  long long ck_n[3]; /* checkpoint copies timed (engine_time_copy) */
+  double ck_ms[3], ck_max[3];
 };
 
 static void engine_req_unref(engine_req *h) {
@@ -625,6 +627,13 @@ static void engine_snapshot(engine *e) {
   s.snapshot_slabs_total = state_pool_num_slabs(e->sp);
   s.snapshot_slabs_used = s.snapshot_slabs_total - state_pool_num_slabs_free(e->sp);
   s.max_model_len = e->max_model_len;
+  s.ckpt_captures_timed = e->ck_n[0];
+  s.ckpt_restores_timed = e->ck_n[1];
+  s.ckpt_restore_page_copies = e->ck_n[2];
+  s.ckpt_capture_ms_sum = e->ck_ms[0];
+  s.ckpt_restore_ms_sum = e->ck_ms[1] + e->ck_ms[2];
+  s.ckpt_capture_ms_max = e->ck_max[0];
+  s.ckpt_restore_ms_max = e->ck_max[1];
   if (e->pc) {
     prefix_cache_stats p;
     prefix_cache_get_stats(e->pc, &p);
@@ -828,21 +837,42 @@ static void *engine_main(void *arg) {
 
 /* ---- public ------------------------------------------------------------------------------- */
 
-static int engine_ops_copy(void *ctx, int dst, int src) { return qwen35_slot_copy(ctx, dst, src); }
+/* Checkpoint copies (the state pool's and the prefix cache's device ops), timed: they are
+ * synchronous (qwen35_slot_copy / qwen35_page_copy end with a backend sync) and run between two
+ * steps, when the stream is idle, so the host clock around one is the pause it puts into every
+ * running sequence's decode. ck[0]: captures (slot -> slab), ck[1]: restores (slab -> slot),
+ * ck[2]: copy-on-write page copies of restores. */
+static void engine_time_copy(engine *e, int kind, double t0) {
+  double ms = (engine_now() - t0) * 1e3;
+  e->ck_n[kind]++;
+  e->ck_ms[kind] += ms;
+  if (ms > e->ck_max[kind]) e->ck_max[kind] = ms;
+}
+static int engine_ops_copy(void *ctx, int dst, int src) {
+  engine *e = ctx;
+  double t0 = engine_now();
+  int rc = qwen35_slot_copy(e->m, dst, src);
+  if (rc == 0) engine_time_copy(e, dst >= e->o.max_num_seqs ? 0 : 1, t0);
+  return rc;
+}
 static int engine_ops_page_copy(void *ctx, int dst, int src) {
-  return qwen35_page_copy(ctx, dst, src);
+  engine *e = ctx;
+  double t0 = engine_now();
+  int rc = qwen35_page_copy(e->m, dst, src);
+  if (rc == 0) engine_time_copy(e, 2, t0);
+  return rc;
 }
 static int engine_ops_page_read(void *ctx, int page, void *host) {
-  return qwen35_page_read(ctx, page, host);
+  return qwen35_page_read(((engine *)ctx)->m, page, host);
 }
 static int engine_ops_page_write(void *ctx, int page, const void *host) {
-  return qwen35_page_write(ctx, page, host);
+  return qwen35_page_write(((engine *)ctx)->m, page, host);
 }
 static int engine_ops_slot_read(void *ctx, int slot, void *host) {
-  return qwen35_slot_read(ctx, slot, host);
+  return qwen35_slot_read(((engine *)ctx)->m, slot, host);
 }
 static int engine_ops_slot_write(void *ctx, int slot, const void *host) {
-  return qwen35_slot_write(ctx, slot, host);
+  return qwen35_slot_write(((engine *)ctx)->m, slot, host);
 }
 
 #define ENGINE_GIB (1024.0 * 1024.0 * 1024.0)
@@ -855,7 +885,7 @@ static int engine_prefix_init(engine *e) {
   po.page_bytes = qwen35_page_bytes(e->m);
   po.device_budget_bytes = (size_t)(e->o.prefix_cache_gib * ENGINE_GIB);
   po.host_budget_bytes = (size_t)(e->o.host_cache_gib * ENGINE_GIB);
-  po.ops.ctx = e->m;
+  po.ops.ctx = e;
   po.ops.page_copy = engine_ops_page_copy;
   po.ops.page_read = engine_ops_page_read;
   po.ops.page_write = engine_ops_page_write;
@@ -930,7 +960,7 @@ engine *engine_create(qwen35 *model, const engine_opts *o, char *err, size_t err
   e->n_vocab = c->vocab_size;
   e->max_model_len = o->max_model_len > 0 ? o->max_model_len : c->max_position_embeddings;
   int n_seq = o->max_num_seqs, n_slabs = mo.n_slots - n_seq;
-  state_pool_ops ops = {model, NULL, engine_ops_copy}; /* the forward zeroes state at pos 0 */
+  state_pool_ops ops = {e, NULL, engine_ops_copy}; /* the forward zeroes state at pos 0 */
   sched_opts so = {n_seq, o->max_num_batched_tokens, -1};
   e->seqs = calloc((size_t)n_seq, sizeof *e->seqs);
   e->logits = qwen35_host_alloc(model, (size_t)n_seq * (size_t)e->n_vocab * sizeof *e->logits);

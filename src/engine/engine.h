@@ -198,6 +198,11 @@ typedef struct engine_stats {
   int prefix_device_slabs, prefix_device_slabs_max, prefix_device_pages;
   size_t prefix_device_slab_bytes, prefix_device_page_bytes, prefix_host_bytes,
       prefix_host_budget_bytes;
+  /* checkpoint copies on the device, timed on the engine thread (each is synchronous and runs
+   * between two steps: its time is the pause it puts into the running sequences): captures
+   * (slot -> slab), restores (slab -> slot; the sum also holds their copy-on-write page copies) */
+  long long ckpt_captures_timed, ckpt_restores_timed, ckpt_restore_page_copies;
+  double ckpt_capture_ms_sum, ckpt_restore_ms_sum, ckpt_capture_ms_max, ckpt_restore_ms_max;
 } engine_stats;
 void engine_get_stats(engine *e, engine_stats *s);
 

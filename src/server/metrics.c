@@ -120,6 +120,14 @@ static void counter(strbuf *b, const metrics *m, const char *name, const char *h
   strbuf_printf(b, "deltaserve:%s{model_name=\"%s\"} %lld\n", name, m->model_name, v);
 }
 
+/* A summary without quantiles: _sum and _count. */
+static void summary(strbuf *b, const metrics *m, const char *name, const char *help, double sum,
+                    long long count) {
+  head(b, name, "summary", help);
+  strbuf_printf(b, "deltaserve:%s_sum{model_name=\"%s\"} %.9g\n", name, m->model_name, sum);
+  strbuf_printf(b, "deltaserve:%s_count{model_name=\"%s\"} %lld\n", name, m->model_name, count);
+}
+
 char *metrics_render(metrics *m, const engine_stats *s) {
   metrics c; /* a consistent copy */
   pthread_mutex_lock(&m->mu);
@@ -167,6 +175,13 @@ char *metrics_render(metrics *m, const engine_stats *s) {
     counter(&b, &c, "prefix_cache_evictions_total", "Checkpoints evicted.", s->prefix_evictions);
     counter(&b, &c, "prefix_cache_restore_failures_total", "Checkpoint restores that failed.",
             s->prefix_restore_failures);
+    summary(&b, &c, "checkpoint_capture_seconds",
+            "Device time of checkpoint captures (slot to slab copies), a pause between two steps.",
+            s->ckpt_capture_ms_sum * 1e-3, s->ckpt_captures_timed);
+    summary(&b, &c, "checkpoint_restore_seconds",
+            "Device time of checkpoint restores (slab to slot, with the copy-on-write page), a "
+            "pause between two steps.",
+            s->ckpt_restore_ms_sum * 1e-3, s->ckpt_restores_timed);
     gauge(&b, &c, "max_model_len", "Longest sequence (prompt + generation) served.", s->max_model_len);
   }
   for (int k = 0; k < METRICS_N_HIST; k++) {

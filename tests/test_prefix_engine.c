@@ -38,183 +38,24 @@ static int req_same(const req *a, const req *b) {
                                   sizeof(float)) == 0;
 }
 
-static req A, B, Cq, F, R1, R2, Q8[8], QREF[8];
-static int32_t S[MAXP], PA[MAXP], PB[MAXP], PF[MAXP], PT[MAXP];
+static req A, B, Cq, F, Q8[8], QREF[8];
+static int32_t S[MAXP], PA[MAXP];
 
 /* ---- parity ---------------------------------------------------------------------------- */
 
-/* A = S + a, then B = S + b restored at |S| (a chat boundary): B equals cold B with the split
- * points {|S| (boundary), n_B - 1 (END)}; W = A split nowhere below |S| (its tree was empty). */
-static void parity_shared_head(int ns) {
-  toks(S, ns, 7);
-  int na = ns + 30, nb = ns + 25;
-  prompt_make(PA, S, ns, na, 11, 3);
-  prompt_make(PB, S, ns, nb, 12, 4);
-  int32_t bnd[2] = {0, ns};
-  rig g;
-  rig_opts ro = {.cache = 1};
-  REQUIRE(rig_up(&g, &ro) == 0);
-  req_set(&A, PA, na, bnd, 2, NULL, 0);
-  req_run(&g, &A);
-  EXPECT_EQ_INT(A.finish, FINISH_LENGTH);
-  EXPECT_EQ_INT(A.cached, 0);
-  req_set(&B, PB, nb, bnd, 2, NULL, 0);
-  req_run(&g, &B);
-  EXPECT_EQ_INT(B.cached, ns);
-  engine_stats s;
-  engine_get_stats(g.e, &s);
-  EXPECT_EQ_INT(s.prefix_hits, 1);
-  EXPECT_EQ_INT(s.prefix_hit_tokens, ns);
-  EXPECT_EQ_INT(s.prefilled_tokens_total, na + (nb - ns));
-  /* every checkpoint copy was timed: one save per capture, one restore, and a copy-on-write
-   * page copy exactly when the cut is inside a page */
-  EXPECT_EQ_INT(s.ckpt_captures_timed, s.prefix_captures);
-  EXPECT_EQ_INT(s.ckpt_restores_timed, 1);
-  EXPECT_EQ_INT(s.ckpt_restore_page_copies, ns % BACKEND_PAGE_TOKENS ? 1 : 0);
-  EXPECT(s.prefix_captures >= 1);
-  EXPECT(s.ckpt_capture_ms_sum >= 0 && s.ckpt_capture_ms_max <= s.ckpt_capture_ms_sum);
-  EXPECT(s.ckpt_restore_ms_sum >= s.ckpt_restore_ms_max && s.ckpt_restore_ms_max >= 0);
-  EXPECT(rig_down(&g));
-  int32_t sp[1] = {nb - 1};
-  REQUIRE(cold(&R1, &B, sp, 1) == 0);
-  EXPECT_MSG(req_same(&B, &R1), "restored at %d differs from cold", ns);
+/* The restore-parity cases (tests/restore_cases.h): here restored == cold to the bit. */
+static int restore_same(const char *name, const req *a, const req *cold_run) {
+  (void)name;
+  return req_same(a, cold_run);
 }
+#include "restore_cases.h"
 
-TEST(parity_cut_on_page_boundary) { parity_shared_head(80); }
-TEST(parity_cut_mid_page) { parity_shared_head(90); /* 5 pages + 10 rows: copy-on-write */ }
-
-/* A = X (100 tokens, one message); B = X + 30 more tokens of the same message restores A's
- * END checkpoint at 99 (mid-page, mid-message). B's split points: 99 (restored), 100
- * (DIVERGE: B leaves the tree where A's generated path went on), 129 (END). */
-TEST(parity_cut_mid_message) {
-  toks(PA, 100, 21);
-  int32_t bnd[1] = {0};
-  rig g;
-  rig_opts ro = {.cache = 1};
-  REQUIRE(rig_up(&g, &ro) == 0);
-  req_set(&A, PA, 100, bnd, 1, NULL, 0);
-  req_run(&g, &A);
-  REQUIRE(A.finish == FINISH_LENGTH);
-  memcpy(PB, PA, 100 * sizeof *PB);
-  toks(PB + 100, 30, 22);
-  PB[100] = (A.tok[0] + 1) % 256; /* leaves A's generated path at once */
-  req_set(&B, PB, 130, bnd, 1, NULL, 0);
-  req_run(&g, &B);
-  EXPECT_EQ_INT(B.cached, 99);
-  EXPECT(rig_down(&g));
-  int32_t sp[3] = {99, 100, 129};
-  REQUIRE(cold(&R1, &B, sp, 3) == 0);
-  EXPECT_MSG(req_same(&B, &R1), "mid-message restore differs from cold");
-}
-
-/* B restores while F decodes and holds pages, so B's fresh pages (its copy-on-write page and
- * its suffix) are other ids than A's were: F takes the head of the free queue right after A
- * retired. F (first token unshared) splits at its END only. */
-TEST(parity_fresh_pages_while_decoding) {
-  int ns = 90;
-  toks(S, ns, 31);
-  prompt_make(PA, S, ns, 120, 32, 5);
-  prompt_make(PB, S, ns, 110, 33, 6);
-  toks(PF, 100, 34);
-  PF[0] = 255 - S[0] % 200; /* shares no path */
-  int32_t bnd[2] = {0, ns};
-  rig g;
-  rig_opts ro = {.cache = 1};
-  REQUIRE(rig_up(&g, &ro) == 0);
-  req_set(&A, PA, 120, bnd, 2, NULL, 0);
-  req_run(&g, &A);
-  req_set(&F, PF, 100, NULL, 0, NULL, 0);
-  F.max_tokens = 40;
-  req_submit(&g, &F);
-  REQUIRE(req_first(&F));
-  engine_stats s;
-  engine_get_stats(g.e, &s);
-  EXPECT_MSG(s.kv_pages_used >= 7, "F holds %d pages", s.kv_pages_used);
-  req_set(&B, PB, 110, bnd, 2, NULL, 0);
-  req_run(&g, &B);
-  EXPECT_EQ_INT(B.cached, ns);
-  req_wait(&F);
-  EXPECT_EQ_INT(F.finish, FINISH_LENGTH);
-  EXPECT(rig_down(&g));
-  int32_t sp[1] = {109};
-  REQUIRE(cold(&R1, &B, sp, 1) == 0);
-  EXPECT_MSG(req_same(&B, &R1), "B restored while F decodes differs from cold");
-  int32_t spf[1] = {99};
-  REQUIRE(cold(&R2, &F, spf, 1) == 0);
-  EXPECT_MSG(req_same(&F, &R2), "F differs from cold");
-}
-
-/* One device slab and 12 KV pages: A's checkpoint at |S| leaves the device for the host tier
- * (its slab when A's next capture needs the slab, its pages when G needs the pool); B
- * restores it from the host into fresh pages and its slot. */
-TEST(parity_restore_from_host_tier) {
-  int ns = 80;
-  toks(S, ns, 41);
-  prompt_make(PA, S, ns, 110, 42, 7);
-  prompt_make(PB, S, ns, 105, 43, 8);
-  toks(PF, 150, 44);
-  PF[0] = 200;
-  if (S[0] == 200) PF[0] = 201;
-  int32_t bnd[2] = {0, ns};
-  rig g;
-  rig_opts ro = {.cache = 1, .kv_tokens = 16 * 12, .seqs = 2, .slabs = 4, .host_gib = 0.01};
-  /* a device budget of 1.5 slabs */
-  {
-    rig t;
-    rig_opts r0 = {0};
-    REQUIRE(rig_up(&t, &r0) == 0);
-    ro.dev_gib = 1.5 * (double)qwen35_slot_bytes(t.m) / (1024.0 * 1024.0 * 1024.0);
-    rig_down(&t);
-  }
-  REQUIRE(rig_up(&g, &ro) == 0);
-  req_set(&A, PA, 110, bnd, 2, NULL, 0);
-  req_run(&g, &A);
-  req_set(&F, PF, 150, NULL, 0, NULL, 0);
-  req_run(&g, &F);
-  EXPECT_EQ_INT(F.finish, FINISH_LENGTH);
-  engine_stats s;
-  engine_get_stats(g.e, &s);
-  EXPECT_EQ_INT(s.prefix_device_slabs_max, 1);
-  EXPECT_MSG(s.prefix_demotions >= 2 && s.prefix_host_checkpoints >= 1,
-             "demotions %lld, host checkpoints %d", s.prefix_demotions,
-             s.prefix_host_checkpoints);
-  req_set(&B, PB, 105, bnd, 2, NULL, 0);
-  req_run(&g, &B);
-  EXPECT_EQ_INT(B.cached, ns);
-  engine_get_stats(g.e, &s);
-  EXPECT_EQ_INT(s.prefix_restore_failures, 0);
-  EXPECT(s.prefix_host_bytes > 0 && s.prefix_host_bytes <= s.prefix_host_budget_bytes);
-  EXPECT(rig_down(&g));
-  int32_t sp[1] = {104};
-  REQUIRE(cold(&R1, &B, sp, 1) == 0);
-  EXPECT_MSG(req_same(&B, &R1), "restore from the host tier differs from cold");
-}
-
-/* Turn 1: X (60 tokens) generates 6 tokens; its end-of-generation checkpoint sits at depth
- * 65 (X + the first 5 generated tokens; the 6th was never fed). Turn 2 = X + those 6 tokens
- * + a new message at 66 restores depth 65. Cold turn 2 splits like turn 1 below 65 (END 59,
- * then one token per step: 60 .. 64), at 65, at its boundary 66 and its END. */
-TEST(parity_next_turn_hits_end_of_generation) {
-  toks(PA, 60, 51);
-  int32_t b1[1] = {0};
-  rig g;
-  rig_opts ro = {.cache = 1};
-  REQUIRE(rig_up(&g, &ro) == 0);
-  req_set(&A, PA, 60, b1, 1, NULL, 0);
-  req_run(&g, &A);
-  REQUIRE(A.finish == FINISH_LENGTH && A.n_tok == 6);
-  memcpy(PT, PA, 60 * sizeof *PT);
-  memcpy(PT + 60, A.tok, 6 * sizeof *PT);
-  toks(PT + 66, 20, 52);
-  int32_t b2[2] = {0, 66};
-  req_set(&B, PT, 86, b2, 2, NULL, 0);
-  req_run(&g, &B);
-  EXPECT_EQ_INT(B.cached, 65);
-  EXPECT(rig_down(&g));
-  int32_t sp[8] = {59, 60, 61, 62, 63, 64, 65, 85};
-  REQUIRE(cold(&R1, &B, sp, 8) == 0);
-  EXPECT_MSG(req_same(&B, &R1), "turn 2 differs from cold");
-}
+TEST(parity_cut_on_page_boundary) { restore_case_shared_head("page_boundary", 80); }
+TEST(parity_cut_mid_page) { restore_case_shared_head("partial_final_page", 90); /* copy-on-write */ }
+TEST(parity_cut_mid_message) { restore_case_mid_message("mid_message"); }
+TEST(parity_fresh_pages_while_decoding) { restore_case_fresh_pages("fresh_pages", "fresh_pages_other"); }
+TEST(parity_restore_from_host_tier) { restore_case_host_tier("host_tier"); }
+TEST(parity_next_turn_hits_end_of_generation) { restore_case_next_turn("next_turn"); }
 
 /* ---- coalescing ------------------------------------------------------------------------ */
 

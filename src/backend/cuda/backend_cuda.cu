@@ -393,7 +393,7 @@ static int cu_sync(backend *be, char *err, size_t errlen) {
  * predecessor was either launched normally (everything before it had completed when it
  * started) or is a GEMV that passed the same wait before it could complete, so by induction
  * everything earlier in the stream is complete. y is written only after the wait (no race
- * with a predecessor still reading it), and x is read with coherent loads (ld_x16: ld.global,
+ * with a predecessor still reading it), and x is read with coherent loads (ld_x16: ld.global.ca,
  * not the read-only .nc path, whose data must not change while the grid is resident, which
  * it may before the wait). Without DS_PDL the launches are plain <<<>>> and pdl_wait returns
  * at once (no prerequisite grid in flight). Stream capture records the attribute as a
@@ -412,22 +412,14 @@ __device__ __forceinline__ uint4 ld_stream16(const void *p) {
   return r;
 }
 
-/* 16 bytes of an activation through the coherent path (after pdl_wait; see above). The asm
- * is volatile with a memory clobber so it never moves above the wait. */
-__device__ __forceinline__ uint4 ld_x16(const void *p) {
-  uint4 r;
-  asm volatile("ld.global.v4.u32 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-               : "l"(p)
-               : "memory");
-  return r;
-}
+/* 16 bytes of an activation through the coherent path (ld.global.ca, not the read-only .nc
+ * path; see above). A compiler-visible load, so it is scheduled freely among the others but
+ * never above pdl_wait (whose asm clobbers memory). */
+__device__ __forceinline__ uint4 ld_x16(const void *p) { return __ldca((const uint4 *)p); }
 
 /* One bf16 activation, the same way (the scalar path). */
 __device__ __forceinline__ float ld_x1(const bf16 *p) {
-  unsigned short r;
-  asm volatile("ld.global.u16 %0, [%1];" : "=h"(r) : "l"(p) : "memory");
-  return bf2f(__ushort_as_bfloat16(r));
+  return bf2f(__ushort_as_bfloat16(__ldca((const unsigned short *)p)));
 }
 
 

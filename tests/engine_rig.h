@@ -55,7 +55,6 @@ static int rig_up(rig *g, const rig_opts *ro) {
   qwen35_mem_opts mo;
   char err[200];
   g->e = NULL;
-  g->e = NULL;
   g->m = NULL;
   if (engine_mem_plan(&o, &C, &mo, err, sizeof err) ||
       qwen35_init(&g->m, &C, &W, BE, &mo, err, sizeof err)) {

@@ -5,10 +5,11 @@
 #   prefill: the first launches of `deltaserve bench --only prefill` (its warm-up: one
 #            512-token prefill, then a few decode steps), DS_PROF_PREFILL_N launches (560:
 #            about seven eighths of the 512-token forward);
-#   decode:  launches DS_PROF_DECODE_SKIP.. (900..) of `deltaserve bench --only decode` with
-#            CUDA graphs off (each kernel its own launch), i.e. single-sequence decode steps
-#            after the warm-up's prefill, DS_PROF_DECODE_N of them (800: about two steps); the
-#            run is cut after 150 s (the profiled range is over by then).
+#   decode:  launches DS_PROF_DECODE_SKIP.. of `deltaserve bench --only decode --decode-conc C`
+#            (C = DS_PROF_DECODE_CONC, 1) with CUDA graphs off (each kernel its own launch),
+#            i.e. decode steps of C sequences after the warm-up and the C prompts' prefill
+#            (skip 900 at C = 1, 3000 otherwise), DS_PROF_DECODE_N of them (800: about two
+#            steps at C = 1); the run is cut after 150 s (the profiled range is over by then).
 # Prints a table per part (scripts/device/ncu_sum.py: time, calls, mean per kernel name) and
 # leaves the CSVs in $OUT. Builds (make CUDA=1) and generates the model when they are missing.
 set -uo pipefail
@@ -28,8 +29,11 @@ for part in "${@:-prefill}"; do
       timeout 300 $NCU -c "${DS_PROF_PREFILL_N:-560}" $B bench --model "$M" --only prefill \
         --out /tmp/prof.json >"$OUT/ncu-prefill.csv" 2>/dev/null ;;
     decode)
-      DS_CUDA_GRAPHS=0 timeout 150 $NCU -s "${DS_PROF_DECODE_SKIP:-900}" -c "${DS_PROF_DECODE_N:-800}" \
-        $B bench --model "$M" --only decode --out /tmp/prof.json >"$OUT/ncu-decode.csv" 2>/dev/null ;;
+      C=${DS_PROF_DECODE_CONC:-1}
+      skip=${DS_PROF_DECODE_SKIP:-$([ "$C" = 1 ] && echo 900 || echo 3000)}
+      DS_CUDA_GRAPHS=0 timeout 150 $NCU -s "$skip" -c "${DS_PROF_DECODE_N:-800}" \
+        $B bench --model "$M" --only decode --decode-conc "$C" --out /tmp/prof.json \
+        >"$OUT/ncu-decode.csv" 2>/dev/null ;;
     *) echo "profile.sh: unknown part '$part'"; exit 2 ;;
   esac
   echo "== $part"

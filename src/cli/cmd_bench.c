@@ -99,6 +99,7 @@ typedef struct bench {
   const char *model_dir, *device;
   int threads, quick;
   const char *only; /* NULL: everything; "decode" or "prefill": those figures only */
+  int only_conc;    /* > 0: of the decode runs only the one at this concurrency (profiling) */
   bench_sizes sz;
   engine_opts user; /* engine flags from the command line */
   int user_kv_tokens, user_max_seqs;
@@ -718,6 +719,7 @@ static int bench_phase_a(bench *b) {
     fprintf(stderr, "bench: prefill %d tokens: %.1f tok/s (%.4f s)\n", z->prefill_len[i], tok_s, med);
   }
   for (int i = 0; i < BENCH_N_DECODE && do_decode; i++) {
+    if (b->only_conc && z->decode_conc[i] != b->only_conc) continue;
     if (bench_decode(b, z->decode_conc[i], z->decode_prompt, z->decode_gen, &tok_s, &s)) return -1;
     snprintf(k, sizeof k, "decode_tok_s_%d", bench_decode_names[i]);
     bench_set(b->metrics, k, tok_s);
@@ -914,7 +916,9 @@ static void bench_usage(FILE *f) {
           "  fractions, and the llama.cpp figures of the same H200, as JSON.\n"
           "  --quick: small sizes for CPU smoke tests.\n"
           "  --batch-invariant: GEMMs whose rows do not depend on the batch (as serve).\n"
-          "  --only decode|prefill: those runs only (no prefix or checkpoint parts).\n");
+          "  --only decode|prefill: those runs only (no prefix or checkpoint parts).\n"
+          "  --decode-conc N: with --only decode, the run of N sequences only (N one of the\n"
+          "    decode sizes; for profiling one batch size).\n");
 }
 
 int cmd_bench(int argc, char **argv) {
@@ -957,7 +961,14 @@ int cmd_bench(int argc, char **argv) {
     }
     const char *v = argv[++i];
     char *end;
-    if (!strcmp(a, "--model")) b.model_dir = v;
+    if (!strcmp(a, "--decode-conc")) {
+      long c = strtol(v, &end, 10);
+      if (*end || end == v || c < 1 || c > 1 << 20) {
+        fprintf(stderr, "deltaserve bench: bad --decode-conc '%s'\n", v);
+        return 2;
+      }
+      b.only_conc = (int)c;
+    } else if (!strcmp(a, "--model")) b.model_dir = v;
     else if (!strcmp(a, "--out")) out = v;
     else if (!strcmp(a, "--device")) b.device = v;
     else if (!strcmp(a, "--threads")) {
@@ -986,6 +997,15 @@ int cmd_bench(int argc, char **argv) {
     return 2;
   }
   b.sz = b.quick ? bench_quick : bench_full;
+  if (b.only_conc) {
+    int known = 0;
+    for (int i = 0; i < BENCH_N_DECODE; i++) known |= b.sz.decode_conc[i] == b.only_conc;
+    if (!b.only || strcmp(b.only, "decode") || !known) {
+      fprintf(stderr, "deltaserve bench: --decode-conc %d needs --only decode and one of the "
+                      "decode sizes (1, 8, 32, 64, 128)\n", b.only_conc);
+      return 2;
+    }
+  }
   engine_opts def;
   engine_opts_default(&def);
   b.user_kv_tokens = b.user.kv_cache_tokens != def.kv_cache_tokens;
@@ -1017,6 +1037,7 @@ int cmd_bench(int argc, char **argv) {
     int n = decode ? BENCH_N_DECODE : BENCH_N_PREFILL;
     for (int i = 0; i < n; i++) { /* only the asked figures are owed */
       char k[64];
+      if (decode && b.only_conc && b.sz.decode_conc[i] != b.only_conc) continue;
       if (decode) snprintf(k, sizeof k, "decode_tok_s_%d", bench_decode_names[i]);
       else snprintf(k, sizeof k, "prefill_tok_s_%d", bench_prefill_names[i]);
       json_t *v = json_object_get(b.metrics, k);

@@ -476,14 +476,16 @@ static void attention_case(int nh, int nkv, int hd) {
   attention_case_p(nh, nkv, hd, ATT_LONG);
 }
 
-/* The GEMM path in blocks of 5 query rows (DS_ATTN_GEMM_ROWS), switched off, and replaced by
- * the fused flash kernel (DS_ATTN_FLASH; hd 256 and 64 here, hd 80 in TEST(attention) falls
- * back to the GEMM path). */
+/* Long pieces go to the fused flash kernel by default (TEST(attention); hd 80 falls back to
+ * the GEMM path). Here: the GEMM path instead (DS_ATTN_FLASH=0), in blocks of 5 query rows
+ * (DS_ATTN_GEMM_ROWS with the flash kernel off), and both switched off. */
 TEST(attention_gemm_blocks) {
   const char *knobs[3][2] = {
-      {"DS_ATTN_GEMM_ROWS", "5"}, {"DS_ATTN_GEMM", "0"}, {"DS_ATTN_FLASH", "1"}};
+      {"DS_ATTN_FLASH", "0"}, {"DS_ATTN_GEMM_ROWS", "5"}, {"DS_ATTN_GEMM", "0"}};
   for (int k = 0; k < 3; k++) {
+    if (k > 0) setenv("DS_ATTN_FLASH", "0", 1);
     backend *g2 = gpu_with(knobs[k][0], knobs[k][1]);
+    unsetenv("DS_ATTN_FLASH");
     if (!g2) return;
     backend *save = GPU;
     GPU = g2;
@@ -600,9 +602,9 @@ static void gdn_case(int nk, int nv, int dk, int dv) {
   GPU->gdn_decode(GPU, ps.g, pq.g, pb.g, pg.g, nk, nv, dk, dv, o.g);
   char what[80];
   const char *mma = getenv("DS_GDN_MMA");
-  snprintf(what, sizeof what, "gdn out nk=%d nv=%d dk=%d dv=%d mma=%s", nk, nv, dk, dv, mma ? mma : "0");
+  snprintf(what, sizeof what, "gdn out nk=%d nv=%d dk=%d dv=%d mma=%s", nk, nv, dk, dv, mma ? mma : "default");
   CMP(o.c, o.g, BACKEND_KIND_ACT, o.n, 1e-2, what);
-  snprintf(what, sizeof what, "gdn state nk=%d nv=%d dk=%d dv=%d mma=%s", nk, nv, dk, dv, mma ? mma : "0");
+  snprintf(what, sizeof what, "gdn state nk=%d nv=%d dk=%d dv=%d mma=%s", nk, nv, dk, dv, mma ? mma : "default");
   CMP(ps.c, ps.g, BACKEND_KIND_F32, ns, 5e-3, what);
   /* a second step: decode rows continuing every sequence from the updated states */
   pieces p2 = {5, {1, 1, 1, 1, 1}, {300, 100, 192, 78, 1}, {4, 1, 0, 3, 2}};
@@ -627,9 +629,9 @@ TEST(gdn) {
   gdn_case(2, 4, 128, 128); /* real head sizes: the three-phase chunk-parallel path */
   gdn_case(1, 3, 32, 48);   /* dk != 128: the one-block-per-(piece, head) kernel */
   gdn_case(2, 2, 128, 256); /* the chunk-parallel path at dv 256 */
-  /* the tensor-core phases (DS_GDN_MMA, read at each call): all at once, then each beside the
-   * FMA versions of the others */
-  const char *modes[] = {"1", "p1", "p2", "p3"};
+  /* the above ran the tensor-core phases (the default); DS_GDN_MMA (read at each call): the
+   * FMA kernels alone, then each tensor-core phase beside the FMA versions of the others */
+  const char *modes[] = {"0", "p1", "p2", "p3"};
   for (int m = 0; m < 4; m++) {
     setenv("DS_GDN_MMA", modes[m], 1);
     gdn_case(2, 4, 128, 128);

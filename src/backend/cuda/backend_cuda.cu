@@ -1314,8 +1314,8 @@ extern "C" backend *backend_cuda_create(int device, char *err, size_t errlen) {
     const char *ag = getenv("DS_ATTN_GEMM"), *ar = getenv("DS_ATTN_GEMM_ROWS");
     c->attn_gemm_off = ag && strcmp(ag, "0") == 0;
     c->attn_gemm_rows = ar ? atoi(ar) : 0;
-    const char *af = getenv("DS_ATTN_FLASH"); /* off unless set and not "0" */
-    c->attn_flash = af && *af && strcmp(af, "0") != 0;
+    const char *af = getenv("DS_ATTN_FLASH"); /* on unless "0" (bench/NOTES.md) */
+    c->attn_flash = !(af && strcmp(af, "0") == 0);
     /* GEMV path tuning knob (timed in bench/NOTES.md): rows of the step up to which the GEMV
      * path is taken (1..8) */
     const char *gm = getenv("DS_GEMV_MAXT");

@@ -9,8 +9,9 @@
  * contiguous K and V values (16 bytes at hd = 256) once for the whole group, keeping an online
  * softmax per q head; the warps merge in a fixed order and the block writes (m, l, acc[hd]) per
  * q head to scratch. A second kernel merges a row's ranges in order. Other shapes take the
- * one-block-per-(row, q head) kernel below. With DS_ATTN_FLASH=1 the GEMM path's pieces go
- * through the fused flash kernel of cuda_flash.cu instead, where it covers the shape. */
+ * one-block-per-(row, q head) kernel below. By default the GEMM path's pieces go through the
+ * fused flash kernel of cuda_flash.cu instead, where it covers the shape (DS_ATTN_FLASH=0:
+ * the GEMM path). */
 #include <math.h>
 
 #include "backend/cuda/cuda_common.cuh"
@@ -458,7 +459,7 @@ extern "C" void cuda_attn_attention(backend *be, backend_buf k_pool, backend_buf
       (bf16 *)k_pool, (bf16 *)v_pool);
   cuda_check_launch(c, "attention (kv write)");
   int gmin = att_gemm_min(c, nkv, hd);
-  if (gmin > 0) { /* the long pieces: fused kernel (DS_ATTN_FLASH) or GEMM path */
+  if (gmin > 0) { /* the long pieces: fused kernel (unless DS_ATTN_FLASH=0) or GEMM path */
     int took = 0;
     if (c->attn_flash) {
       took = cuda_attn_flash(c, (const bf16 *)k_pool, (const bf16 *)v_pool, (const bf16 *)q, nh,

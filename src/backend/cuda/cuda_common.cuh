@@ -70,7 +70,7 @@ typedef struct cuda_ctx {
   /* prefill attention on tensor cores (cuda_attn.cu "GEMM path"): DS_ATTN_GEMM=0 turns it
    * off, DS_ATTN_GEMM_ROWS=N caps its query rows per block */
   int attn_gemm_off, attn_gemm_rows;
-  /* DS_ATTN_FLASH=1: those pieces through the fused kernel instead (cuda_flash.cu) */
+  /* those pieces through the fused kernel instead (cuda_flash.cu); DS_ATTN_FLASH=0: not */
   int attn_flash;
   /* GEMV path: the largest step (rows) it takes (DS_GEMV_MAXT) */
   int gemv_maxt;

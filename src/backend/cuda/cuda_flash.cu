@@ -1,5 +1,5 @@
 /* cuda_flash — fused causal attention for the step's long prefill pieces (flash attention on
- * tensor cores), the DS_ATTN_FLASH=1 alternative to cuda_attn.cu's GEMM path: same pieces
+ * tensor cores), taken before cuda_attn.cu's GEMM path (DS_ATTN_FLASH=0: not): same pieces
  * (seq_len >= FLASH_MIN, = ATT_GEMM_MIN), same contract, S never leaves the chip.
  *
  * Grid (query tile, q head). A query tile is FLASH_BQ = 64 consecutive rows of one piece,

@@ -311,10 +311,16 @@ TEST(elementwise) {
   elementwise_case(10000);
 }
 
-TEST(matmul) {
-  /* T <= 8 with K % 8 == 0 takes the GEMV path (ragged last lane pass at K = 264) */
-  int Ts[5] = {1, 5, 67, 8, 3}, Ks[5] = {264, 100, 1024, 2560, 9216}, Ns[5] = {333, 64, 515, 300, 77};
-  for (int c = 0; c < 5; c++) {
+/* T <= 4 with K % 8 == 0 takes the GEMV path (ragged last lane pass at K = 264); 5 .. 128
+   * rows with K % 128 == 0 the skinny GEMM (cuda_sgemm.cu: one K slice at N = 32768, several
+   * with partial sums below, N not a multiple of 16, one to sixteen 8-row column blocks);
+   * the rest cuBLAS (K = 100, T = 129). By default the skinny GEMM takes only steps of up to
+   * 16 rows (DS_SGEMM_MAXT); TEST(matmul) runs these with that limit raised to 128 too. */
+static void matmul_cases(void) {
+  int Ts[11] = {1, 5, 67, 8, 3, 64, 128, 13, 100, 129, 6};
+  int Ks[11] = {264, 100, 1024, 2560, 9216, 4096, 9216, 256, 2560, 1024, 128};
+  int Ns[11] = {333, 64, 515, 300, 77, 2560, 2560, 48, 32768, 515, 7};
+  for (int c = 0; c < 11; c++) {
     int T = Ts[c], K = Ks[c], N = Ns[c];
     float *x = rand_vec((size_t)T * K, 1.f), *W = rand_vec((size_t)N * K, 0.1f);
     wpair w = wup(W, N, K);
@@ -332,6 +338,83 @@ TEST(matmul) {
     free(W);
   }
 }
+
+TEST(matmul) {
+  matmul_cases();
+  with_gpu("DS_SGEMM_MAXT", "128", matmul_cases);
+}
+
+/* A decode step of T one-row pieces (sequence i at position 3 + i, page i) on GPU and CPU. */
+static void decode_rows_batch(int T) {
+  static int32_t tok[128], pos[128], seq[128], st[128], len[128], pt[128];
+  for (int i = 0; i < T; i++) {
+    tok[i] = (int32_t)((unsigned)(i * 7919) % 37u);
+    pos[i] = 3 + i;
+    seq[i] = st[i] = pt[i] = i;
+    len[i] = 1;
+  }
+  backend_batch b = {T, T, tok, pos, seq, st, len, pos, seq, pt, 1, 0, NULL};
+  EXPECT(CPU->set_batch(CPU, &b) == 0);
+  EXPECT(GPU->set_batch(GPU, &b) == 0);
+}
+
+/* Products of one x in a decode step of 5 .. 128 rows are fused into one skinny-GEMM launch
+ * (the graph recorder's rewrite): each output within bf16 tolerance of the CPU, the fused
+ * launches counted, and the graph replay of the same step gives the same bits. */
+static void sgemm_fused_cases(void) {
+  int Ts[3] = {12, 64, 128}, K = 1024, Ns[3] = {512, 256, 32};
+  for (int c = 0; c < 3; c++) {
+    int T = Ts[c];
+    float *x = rand_vec((size_t)T * K, 1.f), *W[3];
+    wpair w[3];
+    pair px = pr(BACKEND_KIND_ACT, x, (size_t)T * K), y[3];
+    for (int j = 0; j < 3; j++) {
+      W[j] = rand_vec((size_t)Ns[j] * K, 0.1f);
+      w[j] = wup(W[j], Ns[j], K);
+      y[j] = pr_out(BACKEND_KIND_ACT, (size_t)T * Ns[j]);
+    }
+    uint16_t *first[3];
+    long st0[4], st1[4];
+    backend_cuda_graph_stats(GPU, st0);
+    for (int step = 0; step < 3; step++) { /* direct, captured, replayed */
+      decode_rows_batch(T);
+      for (int j = 0; j < 3; j++) {
+        if (step == 0) CPU->matmul(CPU, px.c, w[j].c, T, K, Ns[j], y[j].c);
+        GPU->matmul(GPU, px.g, w[j].g, T, K, Ns[j], y[j].g);
+      }
+      for (int j = 0; j < 3; j++) {
+        size_t n = (size_t)T * Ns[j];
+        uint16_t *r = malloc(n * 2);
+        EXPECT(GPU->read(GPU, y[j].g, 0, r, n * 2) == 0);
+        if (step == 0) {
+          char what[64];
+          snprintf(what, sizeof what, "fused sgemm T=%d N=%d", T, Ns[j]);
+          CMP(y[j].c, y[j].g, BACKEND_KIND_ACT, n, 6e-3, what);
+          first[j] = r;
+        } else {
+          EXPECT_MSG(memcmp(first[j], r, n * 2) == 0, "T=%d product %d: step %d differs", T, j, step);
+          free(r);
+        }
+      }
+    }
+    backend_cuda_graph_stats(GPU, st1);
+    n_checks++;
+    /* two launches saved by each run of the list (the direct step and the capture) */
+    EXPECT_MSG(st1[3] - st0[3] >= 4, "T=%d: %ld launches fused, expected >= 4", T, st1[3] - st0[3]);
+    gpu_ok();
+    for (int j = 0; j < 3; j++) {
+      free(first[j]);
+      pr_free(y[j]);
+      wfree(w[j]);
+      free(W[j]);
+    }
+    pr_free(px);
+    free(x);
+  }
+}
+
+/* (12 rows by default; 64 and 128 with DS_SGEMM_MAXT raised, else cuBLAS unfused) */
+TEST(sgemm_fused) { with_gpu("DS_SGEMM_MAXT", "128", sgemm_fused_cases); }
 
 /* DS_BATCH_INVARIANT=1: a row's bits are the same whatever the row count (1 .. 67, across
  * the GEMV/tile boundaries 8 and 64), on the vector path (K % 8 == 0) and the scalar one; the
@@ -1120,6 +1203,7 @@ int main(void) {
   RUN(rmsnorm);
   RUN(elementwise);
   RUN(matmul);
+  RUN(sgemm_fused);
   RUN(batch_invariant_gemm);
   RUN(qk_norm_rope);
   RUN(attention);

@@ -78,6 +78,7 @@ void cuda_gemm(cuda_ctx *c, const bf16 *x, const bf16 *W, int T, int K, int N, v
     gemv_all(c, x, W, T, K, N, y, y_f32);
     return;
   }
+  if (cuda_sgemm(c, x, T, K, 1, &W, &y, &N, y_f32)) return;
   const float alpha = 1.f, beta = 0.f;
   /* column-major view: Y^T [N, T] = W^T(as [K, N] col-major)^T . X^T [K, T] */
   cublasStatus_t s = cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, N, T, K, &alpha, W,
@@ -907,9 +908,35 @@ static int gemv_fits(cuda_ctx *c, const gop &o) {
          o.W->cols == o.K && o.W->rows == o.N && !(((uintptr_t)o.x | (uintptr_t)o.W->bf) & 15);
 }
 
+static int sgemm_fits(cuda_ctx *c, const gop &o) {
+  return o.kind == GOP_MATMUL && o.W->cols == o.K && o.W->rows == o.N &&
+         cuda_sgemm_fits(c, o.T, o.K, o.N, 1);
+}
+
 static int overlap(const void *a, size_t na, const void *b, size_t nb) {
   uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
   return x < y + nb && y < x + na;
+}
+
+/* How many ops from i on (at most maxm) are products of ops[i]'s x (same T, K) that `fits`
+ * takes, into outputs that overlap neither x nor each other. */
+static int same_x_run(cuda_ctx *c, const std::vector<gop> &ops, size_t i, int maxm,
+                      int (*fits)(cuda_ctx *, const gop &)) {
+  const gop &o = ops[i];
+  size_t xb = (size_t)o.T * o.K * 2, n = ops.size();
+  int m = 1;
+  if (overlap(o.y, (size_t)o.T * o.N * 2, o.x, xb)) return 1;
+  while (m < maxm && i + m < n) {
+    const gop &q = ops[i + m];
+    if (!fits(c, q) || q.x != o.x || q.T != o.T || q.K != o.K) break;
+    size_t qb = (size_t)q.T * q.N * 2;
+    int bad = overlap(q.y, qb, o.x, xb);
+    for (int j = 0; j < m && !bad; j++)
+      bad = overlap(q.y, qb, ops[i + j].y, (size_t)ops[i + j].T * ops[i + j].N * 2);
+    if (bad) break;
+    m++;
+  }
+  return m;
 }
 
 static void launch_multi(cuda_ctx *c, const gop *ops, int m) {
@@ -976,21 +1003,25 @@ static void graph_run_ops(cuda_ctx *c) {
         }
       }
       /* consecutive products of one x into distinct outputs */
-      int m = 1;
-      if (!overlap(o.y, (size_t)o.T * o.N * 2, o.x, xb)) {
-        while (m < GEMV_MULTI && i + m < n) {
-          const gop &q = ops[i + m];
-          if (!gemv_fits(c, q) || q.x != o.x || q.T != o.T || q.K != o.K) break;
-          size_t qb = (size_t)q.T * q.N * 2;
-          int bad = overlap(q.y, qb, o.x, xb);
-          for (int j = 0; j < m && !bad; j++)
-            bad = overlap(q.y, qb, ops[i + j].y, (size_t)ops[i + j].T * ops[i + j].N * 2);
-          if (bad) break;
-          m++;
-        }
-      }
+      int m = same_x_run(c, ops, i, GEMV_MULTI, gemv_fits);
       if (m > 1) {
         launch_multi(c, &ops[i], m);
+        g->fused += m - 1;
+        i += m;
+        continue;
+      }
+    }
+    if (g->fuse && sgemm_fits(c, o)) { /* the same on the skinny-GEMM path */
+      int m = same_x_run(c, ops, i, SG_MULTI, sgemm_fits);
+      const bf16 *W[SG_MULTI];
+      void *y[SG_MULTI];
+      int N[SG_MULTI];
+      for (int j = 0; j < m; j++) {
+        W[j] = ops[i + j].W->bf;
+        y[j] = ops[i + j].y;
+        N[j] = ops[i + j].N;
+      }
+      if (m > 1 && cuda_sgemm(c, o.x, o.T, o.K, m, W, y, N, 0)) {
         g->fused += m - 1;
         i += m;
         continue;
@@ -1242,6 +1273,7 @@ static void cu_destroy(backend *be) {
     delete c->gr;
     c->gr = NULL;
     cuda_moe_release(c);
+    cuda_sgemm_release(c);
     if (c->blas) cublasDestroy(c->blas);
     cudaFree(c->blas_ws);
     cudaFree(c->scratch);
@@ -1301,6 +1333,7 @@ extern "C" backend *backend_cuda_create(int device, char *err, size_t errlen) {
       why = "cuBLAS workspace";
   }
   if (!why && !cuda_scratch(c, 64u << 20)) why = "out of device memory for scratch";
+  if (!why && cuda_sgemm_init(c)) why = "out of device memory for the GEMM workspace";
   if (why) {
     cudaGetLastError();
     if (err && errlen) snprintf(err, errlen, "cannot create the CUDA backend: %s", why);
@@ -1323,6 +1356,14 @@ extern "C" backend *backend_cuda_create(int device, char *err, size_t errlen) {
      * the same bits as the batch-invariant kernel up to 8 rows */
     c->gemv_maxt = gm ? atoi(gm) : c->batch_invariant ? GEMV_MAXT : GEMV_MAXT_DEFAULT;
     if (c->gemv_maxt < 0 || c->gemv_maxt > GEMV_MAXT) c->gemv_maxt = GEMV_MAXT;
+    /* skinny GEMMs up to this many rows (cuda_sgemm.cu; 0: cuBLAS above the GEMV path): 16,
+     * where they beat cuBLAS on the H200 (decode batch 8); at 32 - 128 rows they lost
+     * (bench/NOTES.md) */
+    const char *sm = getenv("DS_SGEMM_MAXT");
+    c->sgemm_maxt = sm ? atoi(sm) : 16;
+    /* ... and launches of at most this many output columns in all (DS_SGEMM_MAXN) */
+    const char *sn = getenv("DS_SGEMM_MAXN");
+    c->sgemm_maxn = sn ? atoi(sn) : 32768;
     const char *mg = getenv("DS_MOE_GROUPED"); /* on unless "0" */
     c->moe_grouped = !(mg && strcmp(mg, "0") == 0);
     /* GEMVs with programmatic dependent launch: off until timed on the GPU */

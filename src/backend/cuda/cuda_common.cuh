@@ -74,6 +74,11 @@ typedef struct cuda_ctx {
   int attn_flash;
   /* GEMV path: the largest step (rows) it takes (DS_GEMV_MAXT) */
   int gemv_maxt;
+  /* skinny GEMMs (cuda_sgemm.cu) for steps of gemv_maxt+1 .. sgemm_maxt rows (DS_SGEMM_MAXT,
+   * 0: cuBLAS instead); their workspace (partial sums, row-tile counters); the SM count */
+  int sgemm_maxt, sgemm_maxn; /* and products of at most sgemm_maxn rows (DS_SGEMM_MAXN) */
+  void *sg_ws;
+  int n_sm;
   /* DS_MOE_GROUPED=1: routed experts of large steps as per-expert GEMMs (cuda_moe.cu) */
   int moe_grouped;
   /* DS_PDL=1: GEMV kernels launched with programmatic dependent launch (backend_cuda.cu, GEMV
@@ -101,6 +106,17 @@ void *cuda_scratch(cuda_ctx *c, size_t bytes);
 /* y[T, N] = x[T, K] . W[N, K]^T with fp32 accumulation; y bf16 (y_f32 = 0) or fp32. */
 void cuda_gemm(cuda_ctx *c, const bf16 *x, const bf16 *W, int T, int K, int N, void *y,
                int y_f32);
+
+/* Skinny GEMMs (cuda_sgemm.cu): y_i[T, N_i] = x[T, K] . W_i[N_i, K]^T for m <= SG_MULTI
+ * products of one x, in one launch; y bf16 or (y_f32) fp32. Returns 0 when the shape is not
+ * covered (nothing launched; see cuda_sgemm_fits). cuda_sgemm_init allocates the workspace
+ * (-1: out of memory, the path stays off), cuda_sgemm_release frees it. */
+#define SG_MULTI 4
+int cuda_sgemm_fits(const cuda_ctx *c, int T, int K, int N, int multi);
+int cuda_sgemm(cuda_ctx *c, const bf16 *x, int T, int K, int m, const bf16 *const *W,
+               void *const *y, const int *N, int y_f32);
+extern "C" int cuda_sgemm_init(cuda_ctx *c);
+extern "C" void cuda_sgemm_release(cuda_ctx *c);
 
 /* Fused causal attention of the step's long prefill pieces (cuda_flash.cu): the rows of the
  * pieces the GEMM path would take (cuda_attn.cu); returns how many, 0 when the shape is not

@@ -712,10 +712,11 @@ TEST(gdn) {
   gdn_case(2, 4, 128, 128); /* real head sizes: the three-phase chunk-parallel path */
   gdn_case(1, 3, 32, 48);   /* dk != 128: the one-block-per-(piece, head) kernel */
   gdn_case(2, 2, 128, 256); /* the chunk-parallel path at dv 256 */
-  /* the above ran the tensor-core phases (the default); DS_GDN_MMA (read at each call): the
-   * FMA kernels alone, then each tensor-core phase beside the FMA versions of the others */
-  const char *modes[] = {"0", "p1", "p2", "p3"};
-  for (int m = 0; m < 4; m++) {
+  /* the above ran the default (phases 1 and 2 on tensor cores); DS_GDN_MMA (read at each
+   * call): the FMA kernels alone, every phase on tensor cores, then each tensor-core phase
+   * beside the FMA versions of the others */
+  const char *modes[] = {"0", "1", "p1", "p2", "p3"};
+  for (int m = 0; m < 5; m++) {
     setenv("DS_GDN_MMA", modes[m], 1);
     gdn_case(2, 4, 128, 128);
     gdn_case(2, 2, 128, 256);

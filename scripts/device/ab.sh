@@ -5,7 +5,7 @@
 # table at the end. A knob is promoted to the default only after its op tests pass and it wins
 # here (bench/NOTES.md keeps the record).
 #   bash scripts/device/ab.sh                      # the default list below
-#   DS_AB="prefill:DS_GDN_MMA=1 decode:DS_PDL=1" bash scripts/device/ab.sh
+#   DS_AB="prefill:DS_GDN_MMA=1 decode:DS_SGEMM_MAXT=0" bash scripts/device/ab.sh
 # Each entry is part:VAR=VALUE[,VAR=VALUE...]; "part:" alone is the baseline of that part (added
 # automatically). DS_AB_MODEL (/tmp/m4b) is generated when missing; DS_AB_SKIP_OPS=1 skips the
 # op tests. Writes $OUT/ab.txt, the op-test log and one bench JSON per run.
@@ -24,7 +24,7 @@ if [ "${DS_AB_SKIP_OPS:-0}" != 1 ]; then
 fi
 M=${DS_AB_MODEL:-/tmp/m4b}
 [ -f "$M/config.json" ] || $B gen-random --config scripts/device/qwen35-4b-shape.json --out "$M" >/dev/null
-LIST=${DS_AB:-"prefill:DS_GDN_MMA=1 prefill:DS_GDN_MMA=p1 prefill:DS_GDN_MMA=p2 prefill:DS_GDN_MMA=p3 prefill:DS_ATTN_FLASH=1 decode:DS_PDL=1"}
+LIST=${DS_AB:-"prefill:DS_GDN_MMA=0 prefill:DS_GDN_MMA=1 prefill:DS_ATTN_FLASH=0 decode:DS_SGEMM_MAXT=0 decode:DS_SGEMM_MAXT=128"}
 runs="prefill: decode:"
 for e in $LIST; do runs="$runs $e"; done
 : >"$OUT/ab.txt"

@@ -1086,107 +1086,6 @@ TEST(decode_graph) {
   for (int i = 0; i < 4; i++) free(init[i]);
 }
 
-/* ---- DS_PDL=1: GEMVs with programmatic dependent launch ----
- * The GEMV kernels load their first weight pieces before waiting on the predecessor; the sums
- * are the same, so every result must equal the default backend's bit for bit: the GEMV
- * products (pieces past K, K below and above the pre-loaded span, 1 .. 4 rows), the
- * batch-invariant kernel with DS_PDL as well (vector and scalar paths, several row groups),
- * and the decode steps of the graph test, which must still be captured and replayed. */
-static size_t pdl_matmul_diff(backend *A, backend *B, int T, int K, int N, const float *x,
-                              const float *W) {
-  backend *be[2] = {A, B};
-  uint16_t *r[2];
-  for (int i = 0; i < 2; i++) {
-    backend_weight w = be[i]->weight_upload(be[i], W, DTYPE_F32, N, K);
-    backend_buf xb = mk(be[i], BACKEND_KIND_ACT, x, (size_t)T * K);
-    backend_buf yb = mk(be[i], BACKEND_KIND_ACT, NULL, (size_t)T * N);
-    poison(be[i], yb, BACKEND_KIND_ACT, (size_t)T * N);
-    be[i]->matmul(be[i], xb, w, T, K, N, yb);
-    r[i] = malloc((size_t)T * N * 2);
-    EXPECT(be[i]->read(be[i], yb, 0, r[i], (size_t)T * N * 2) == 0);
-    be[i]->free(be[i], xb);
-    be[i]->free(be[i], yb);
-    be[i]->weight_free(be[i], w);
-  }
-  size_t d = 0;
-  for (size_t j = 0; j < (size_t)T * N; j++) d += r[0][j] != r[1][j] || (r[0][j] & 0x7f80) == 0x7f80;
-  free(r[0]);
-  free(r[1]);
-  return d;
-}
-
-TEST(pdl) {
-  char err[256];
-  backend *PD = gpu_with("DS_PDL", "1");
-  REQUIRE(PD != NULL);
-  setenv("DS_BATCH_INVARIANT", "1", 1);
-  backend *BI = gpu_with("DS_CUDA_GRAPHS", "1"), *BIP = gpu_with("DS_PDL", "1");
-  unsetenv("DS_BATCH_INVARIANT");
-  REQUIRE(BI != NULL && BIP != NULL);
-  int Ts[6] = {1, 2, 3, 4, 1, 4}, Ks[6] = {264, 8, 1024, 2560, 9216, 1032};
-  int Ns[6] = {333, 17, 64, 300, 77, 129};
-  for (int c = 0; c < 6; c++) {
-    int T = Ts[c], K = Ks[c], N = Ns[c];
-    float *x = rand_vec((size_t)T * K, 1.f), *W = rand_vec((size_t)N * K, 0.1f);
-    size_t d = pdl_matmul_diff(GPU, PD, T, K, N, x, W);
-    n_checks++;
-    printf("  pdl gemv T=%d K=%-5d N=%-4d %zu values differ\n", T, K, N, d);
-    EXPECT_MSG(d == 0, "DS_PDL gemv T=%d K=%d N=%d: %zu values differ (or NaN)", T, K, N, d);
-    free(x);
-    free(W);
-  }
-  /* batch-invariant kernel: 67 rows (two row groups of the grid, 8-row groups and a rest) */
-  int bK[3] = {2560, 100, 264}, bN[3] = {515, 77, 1001};
-  for (int c = 0; c < 3; c++) {
-    int T = 67, K = bK[c], N = bN[c];
-    float *x = rand_vec((size_t)T * K, 1.f), *W = rand_vec((size_t)N * K, 0.1f);
-    size_t d = pdl_matmul_diff(BI, BIP, T, K, N, x, W);
-    n_checks++;
-    printf("  pdl batch-invariant T=%d K=%-5d N=%-4d %zu values differ\n", T, K, N, d);
-    EXPECT_MSG(d == 0, "DS_PDL batch-invariant K=%d N=%d: %zu values differ", K, N, d);
-    free(x);
-    free(W);
-  }
-  /* decode steps (graphs, fused GEMVs) on PD vs the default backend */
-  float *wh[W_COUNT], *init[4];
-  dmodel_data(wh, init);
-  dmodel a, p;
-  dmodel_init(&a, GPU, wh, init);
-  dmodel_init(&p, PD, wh, init);
-  long st0[4], st[4];
-  backend_cuda_graph_stats(PD, st0);
-  float la[2 * DV], lp[2 * DV];
-  int32_t ia[2], ip[2];
-  int ndiff = 0, idiff = 0;
-  for (int k = 0; k < 10; k++) {
-    int n = k >= 5 && k < 8 ? 1 : 2;
-    int32_t pos[2] = {20 + k, k};
-    dmodel_step(&a, n, pos, la, ia);
-    dmodel_step(&p, n, pos, lp, ip);
-    for (int i = 0; i < n * DV; i++) ndiff += memcmp(&la[i], &lp[i], 4) != 0;
-    for (int i = 0; i < n; i++) idiff += ia[i] != ip[i];
-  }
-  int sdiff = dmodel_pools_differ(GPU, &a, PD, &p);
-  backend_cuda_graph_stats(PD, st);
-  long cap = st[0] - st0[0], rep = st[1] - st0[1];
-  n_checks++;
-  printf("  pdl decode steps vs default: %d logits, %d ids, %d state/KV buffers differ; "
-         "captures %ld, replays %ld\n", ndiff, idiff, sdiff, cap, rep);
-  EXPECT_MSG(ndiff == 0 && idiff == 0 && sdiff == 0, "DS_PDL decode steps differ from default");
-  EXPECT_MSG(cap >= 2 && rep >= 4, "DS_PDL graphs not used: %ld captures, %ld replays", cap, rep);
-  backend *bes[3] = {PD, BI, BIP};
-  for (int i = 0; i < 3; i++) {
-    const char *fe = bes[i]->sync(bes[i], err, sizeof err) ? err : NULL;
-    EXPECT_MSG(fe == NULL, "DS_PDL backend %d: %s", i, fe ? fe : "");
-  }
-  gpu_ok();
-  dmodel_free(&a);
-  dmodel_free(&p);
-  for (int i = 0; i < W_COUNT; i++) free(wh[i]);
-  for (int i = 0; i < 4; i++) free(init[i]);
-  for (int i = 0; i < 3; i++) bes[i]->destroy(bes[i]);
-}
-
 int main(void) {
   if (!backend_cuda_available()) {
     printf("FAIL cuda_available: no CUDA device\n");
@@ -1219,7 +1118,6 @@ int main(void) {
   RUN(logits);
   RUN(argmax);
   RUN(decode_graph);
-  RUN(pdl);
   printf("op checks: %d\n", n_checks);
   GPU->destroy(GPU);
   CPU->destroy(CPU);

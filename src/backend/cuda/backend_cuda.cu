@@ -381,24 +381,7 @@ static int cu_sync(backend *be, char *err, size_t errlen) {
  * each lane streaming 16-byte pieces of W's row n (read once, not kept in L1) against the T
  * activation rows (L1/L2 resident), fp32 sums per row in a fixed order (lane partials, then a
  * butterfly), so a row's result is the same for every T of this path. cuBLAS's small-N
- * kernels reached ~2.4 TB/s on these shapes; this path is the decode floor's main term.
- *
- * DS_PDL=1 launches every GEMV kernel with programmatic dependent launch: it may start while
- * its predecessor finishes (the kernels that precede GEMVs in a decode step -- rmsnorm,
- * gated_rmsnorm, the elementwise ops, the attention merge, the logits gather, the GEMVs --
- * call pdl_trigger first thing). Each warp issues its first GEMV_PRE weight pieces (weights
- * are never written by a kernel), then pdl_wait()s, then reads x and writes y; the sums are
- * the same expressions in the same order (gemv_row_pre), so the bits do not change. Why every
- * read of x sees its final value: a GEMV launched with the attribute passes pdl_wait only once
- * its predecessor has completed and that grid's memory is performed and visible; the
- * predecessor was either launched normally (everything before it had completed when it
- * started) or is a GEMV that passed the same wait before it could complete, so by induction
- * everything earlier in the stream is complete. y is written only after the wait (no race
- * with a predecessor still reading it), and x is read with coherent loads (ld_x16: ld.global.ca,
- * not the read-only .nc path, whose data must not change while the grid is resident, which
- * it may before the wait). Without DS_PDL the launches are plain <<<>>> and pdl_wait returns
- * at once (no prerequisite grid in flight). Stream capture records the attribute as a
- * programmatic edge of the decode graphs. */
+ * kernels reached ~2.4 TB/s on these shapes; this path is the decode floor's main term. */
 #define GEMV_MAXT 8
 /* default for c->gemv_maxt: above 4 rows cuBLAS won at decode batch 8 on the H200
  * (1,275 -> 1,767 tok/s, bench/NOTES.md) */
@@ -413,69 +396,26 @@ __device__ __forceinline__ uint4 ld_stream16(const void *p) {
   return r;
 }
 
-/* 16 bytes of an activation through the coherent path (ld.global.ca, not the read-only .nc
- * path; see above). A compiler-visible load, so it is scheduled freely among the others but
- * never above pdl_wait (whose asm clobbers memory). */
-__device__ __forceinline__ uint4 ld_x16(const void *p) { return __ldca((const uint4 *)p); }
-
-/* One bf16 activation, the same way (the scalar path). */
-__device__ __forceinline__ float ld_x1(const bf16 *p) {
-  return bf2f(__ushort_as_bfloat16(__ldca((const unsigned short *)p)));
-}
-
-
-/* 16-byte pieces of W per lane loaded before pdl_wait (4 x 32 lanes x 16 B = 2 KiB per row
- * in flight while the predecessor drains). */
-#define GEMV_PRE 4
-
-template <bool STREAM>
-__device__ __forceinline__ uint4 ld_w16(const bf16 *p) {
-  return STREAM ? ld_stream16(p) : __ldg((const uint4 *)p);
-}
-
-/* The first GEMV_PRE pieces of lane's share of row w (pieces past K are zeros, never used). */
-template <bool STREAM>
-__device__ __forceinline__ void gemv_pre(const bf16 *__restrict__ w, int K, int lane,
-                                         uint4 *pre) {
-#pragma unroll
-  for (int j = 0; j < GEMV_PRE; j++) {
-    int k = lane * 8 + j * 256;
-    pre[j] = k < K ? ld_w16<STREAM>(w + k) : make_uint4(0u, 0u, 0u, 0u);
-  }
-}
-
-/* acc[t] += the 8 products of one W piece (at column k) with row t of x. */
-template <int T>
-__device__ __forceinline__ void gemv_piece(uint4 wv, const bf16 *x, int K, int k, float *acc) {
-  float wf[8];
-  bf16x8_to_f32(wv, wf);
-#pragma unroll
-  for (int t = 0; t < T; t++) {
-    float xf[8];
-    bf16x8_to_f32(ld_x16(x + (size_t)t * K + k), xf);
-#pragma unroll
-    for (int i = 0; i < 8; i++) acc[t] += wf[i] * xf[i];
-  }
-}
-
 /* One warp's dot products of W's row w (K values) with the T activation rows: lane partials
- * over 16-byte pieces in column order (the first GEMV_PRE from `pre`, loaded by gemv_pre, the
- * rest streamed here), then a butterfly; every lane ends with the T sums. Shared by every GEMV
+ * over 16-byte pieces, then a butterfly; every lane ends with the T sums. Shared by every GEMV
  * kernel, so a fused launch gives the same bits as the single one. */
 template <int T, bool STREAM = true>
-__device__ __forceinline__ void gemv_row_pre(const bf16 *__restrict__ x,
-                                             const bf16 *__restrict__ w, int K, int lane,
-                                             const uint4 *pre, float *acc) {
+__device__ __forceinline__ void gemv_row(const bf16 *__restrict__ x, const bf16 *__restrict__ w,
+                                         int K, int lane, float *acc) {
 #pragma unroll
   for (int t = 0; t < T; t++) acc[t] = 0.f;
-#pragma unroll
-  for (int j = 0; j < GEMV_PRE; j++) {
-    int k = lane * 8 + j * 256;
-    if (k < K) gemv_piece<T>(pre[j], x, K, k, acc);
-  }
 #pragma unroll 4
-  for (int k = lane * 8 + GEMV_PRE * 256; k < K; k += 256)
-    gemv_piece<T>(ld_w16<STREAM>(w + k), x, K, k, acc);
+  for (int k = lane * 8; k < K; k += 256) {
+    float wf[8];
+    bf16x8_to_f32(STREAM ? ld_stream16(w + k) : __ldg((const uint4 *)(w + k)), wf);
+#pragma unroll
+    for (int t = 0; t < T; t++) {
+      float xf[8];
+      bf16x8_to_f32(*(const uint4 *)(x + (size_t)t * K + k), xf);
+#pragma unroll
+      for (int i = 0; i < 8; i++) acc[t] += wf[i] * xf[i];
+    }
+  }
 #pragma unroll
   for (int t = 0; t < T; t++) acc[t] = warp_sum(acc[t]);
 }
@@ -493,15 +433,10 @@ __device__ __forceinline__ float gemv_pick(const float *acc, int lane) {
 template <int T>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
     k_gemv(const bf16 *__restrict__ x, const bf16 *__restrict__ W, int K, int N, bf16 *y) {
-  pdl_trigger();
   int n = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
   if (n >= N) return;
-  const bf16 *w = W + (size_t)n * K;
-  uint4 pre[GEMV_PRE];
-  gemv_pre<true>(w, K, lane, pre);
-  pdl_wait();
   float acc[T];
-  gemv_row_pre<T>(x, w, K, lane, pre, acc);
+  gemv_row<T>(x, W + (size_t)n * K, K, lane, acc);
   if (lane < T) y[(size_t)lane * N + n] = f2bf(gemv_pick<T>(acc, lane));
 }
 
@@ -518,7 +453,6 @@ struct gemv_set {
 template <int T>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
     k_gemv_multi(const bf16 *__restrict__ x, gemv_set s, int K) {
-  pdl_trigger();
   int n = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
   if (n >= s.n0[GEMV_MULTI]) return;
   const bf16 *W = s.W[0];
@@ -533,12 +467,8 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
       N = s.n0[i + 1] - s.n0[i];
     }
   int r = n - base;
-  const bf16 *w = W + (size_t)r * K;
-  uint4 pre[GEMV_PRE];
-  gemv_pre<true>(w, K, lane, pre);
-  pdl_wait();
   float acc[T];
-  gemv_row_pre<T>(x, w, K, lane, pre, acc);
+  gemv_row<T>(x, W + (size_t)r * K, K, lane, acc);
   if (lane < T) y[(size_t)lane * N + r] = f2bf(gemv_pick<T>(acc, lane));
 }
 
@@ -548,17 +478,11 @@ template <int T>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
     k_gemv_glu(const bf16 *__restrict__ x, const bf16 *__restrict__ Wg,
                const bf16 *__restrict__ Wu, int K, int N, bf16 *yg, bf16 *yu, bf16 *out) {
-  pdl_trigger();
   int n = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
   if (n >= N) return;
-  const bf16 *wg = Wg + (size_t)n * K, *wu = Wu + (size_t)n * K;
-  uint4 pre[GEMV_PRE];
-  gemv_pre<true>(wg, K, lane, pre); /* the up row's first pieces wait until gate's are used */
-  pdl_wait();
   float ag[T], au[T];
-  gemv_row_pre<T>(x, wg, K, lane, pre, ag);
-  gemv_pre<true>(wu, K, lane, pre);
-  gemv_row_pre<T>(x, wu, K, lane, pre, au);
+  gemv_row<T>(x, Wg + (size_t)n * K, K, lane, ag);
+  gemv_row<T>(x, Wu + (size_t)n * K, K, lane, au);
   if (lane < T) {
     bf16 gb = f2bf(gemv_pick<T>(ag, lane)), ub = f2bf(gemv_pick<T>(au, lane));
     size_t o = (size_t)lane * N + n;
@@ -574,10 +498,10 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
  * its own values and never on how many rows share the step (cuBLAS picks tiles and split-K by
  * the row count). Products of <= 8 rows give the same bits as the default mode's GEMV path.
  * grid (ceil(N / GEMV_WARPS), ceil(T / GEMV_ALL_ROWS)); W rows are re-read per group from
- * L1/L2 (normal loads; the first GEMV_PRE pieces stay in registers). Slower than cuBLAS for large T (CUDA cores): a correctness mode. */
+ * L1/L2 (normal loads). Slower than cuBLAS for large T (CUDA cores): a correctness mode. */
 #define GEMV_ALL_ROWS 64
 
-/* Same order as gemv_row_pre, one element per lane step: for K % 8 or unaligned operands. */
+/* Same order as gemv_row, one element per lane step: for K % 8 or unaligned operands. */
 template <int T>
 __device__ __forceinline__ void gemv_row_scalar(const bf16 *__restrict__ x,
                                                 const bf16 *__restrict__ w, int K, int lane,
@@ -587,19 +511,18 @@ __device__ __forceinline__ void gemv_row_scalar(const bf16 *__restrict__ x,
   for (int k = lane; k < K; k += 32) {
     float wf = bf2f(w[k]);
 #pragma unroll
-    for (int t = 0; t < T; t++) acc[t] += wf * ld_x1(x + (size_t)t * K + k);
+    for (int t = 0; t < T; t++) acc[t] += wf * bf2f(x[(size_t)t * K + k]);
   }
 #pragma unroll
   for (int t = 0; t < T; t++) acc[t] = warp_sum(acc[t]);
 }
 
-/* pre: the row's first pieces (gemv_pre<false>), used by the vector path. */
 template <int R, int F32, int VEC>
 __device__ __forceinline__ void gemv_all_group(const bf16 *x, const bf16 *w, int K, int N, int n,
-                                               int lane, int t0, const uint4 *pre, void *y) {
+                                               int lane, int t0, void *y) {
   float acc[R];
   if (VEC)
-    gemv_row_pre<R, false>(x + (size_t)t0 * K, w, K, lane, pre, acc);
+    gemv_row<R, false>(x + (size_t)t0 * K, w, K, lane, acc);
   else
     gemv_row_scalar<R>(x + (size_t)t0 * K, w, K, lane, acc);
   if (lane < R) {
@@ -616,43 +539,17 @@ template <int F32, int VEC>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
     k_gemv_all(const bf16 *__restrict__ x, const bf16 *__restrict__ W, int T, int K, int N,
                void *y) {
-  pdl_trigger();
   int n = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
   if (n >= N) return;
   const bf16 *w = W + (size_t)n * K;
-  uint4 pre[GEMV_PRE];
-  if (VEC) gemv_pre<false>(w, K, lane, pre); /* the same pieces serve every row group */
-  pdl_wait();
   int t0 = blockIdx.y * GEMV_ALL_ROWS, t1 = min(T, t0 + GEMV_ALL_ROWS);
-  for (; t0 + 8 <= t1; t0 += 8) gemv_all_group<8, F32, VEC>(x, w, K, N, n, lane, t0, pre, y);
+  for (; t0 + 8 <= t1; t0 += 8) gemv_all_group<8, F32, VEC>(x, w, K, N, n, lane, t0, y);
   switch (t1 - t0) {
-#define G(r) case r: gemv_all_group<r, F32, VEC>(x, w, K, N, n, lane, t0, pre, y); break;
+#define G(r) case r: gemv_all_group<r, F32, VEC>(x, w, K, N, n, lane, t0, y); break;
     G(1) G(2) G(3) G(4) G(5) G(6) G(7)
 #undef G
     default: break;
   }
-}
-
-/* Launches GEMV kernel k on GEMV_WARPS-warp blocks: with the programmatic-serialization
- * attribute under DS_PDL (see the GEMV section's comment), else as a plain launch. A failed
- * launch is recorded by the caller's cuda_check_launch. */
-template <typename... P, typename... A>
-static void gemv_launch(cuda_ctx *c, void (*k)(P...), dim3 grid, A... a) {
-  if (!c->pdl) {
-    k<<<grid, GEMV_WARPS * 32, 0, c->st>>>(a...);
-    return;
-  }
-  cudaLaunchAttribute at[1] = {};
-  at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  at[0].val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = dim3(GEMV_WARPS * 32);
-  cfg.dynamicSmemBytes = 0;
-  cfg.stream = c->st;
-  cfg.attrs = at;
-  cfg.numAttrs = 1;
-  cudaLaunchKernelEx(&cfg, k, ((P)a)...);
 }
 
 static void gemv_all(cuda_ctx *c, const bf16 *x, const bf16 *W, int T, int K, int N, void *y,
@@ -660,10 +557,10 @@ static void gemv_all(cuda_ctx *c, const bf16 *x, const bf16 *W, int T, int K, in
   int vec = K % 8 == 0 && ((((uintptr_t)x | (uintptr_t)W) & 15) == 0);
   dim3 grid((unsigned)((N + GEMV_WARPS - 1) / GEMV_WARPS),
             (unsigned)((T + GEMV_ALL_ROWS - 1) / GEMV_ALL_ROWS));
-  if (y_f32 && vec) gemv_launch(c, k_gemv_all<1, 1>, grid, x, W, T, K, N, y);
-  else if (y_f32) gemv_launch(c, k_gemv_all<1, 0>, grid, x, W, T, K, N, y);
-  else if (vec) gemv_launch(c, k_gemv_all<0, 1>, grid, x, W, T, K, N, y);
-  else gemv_launch(c, k_gemv_all<0, 0>, grid, x, W, T, K, N, y);
+  if (y_f32 && vec) k_gemv_all<1, 1><<<grid, GEMV_WARPS * 32, 0, c->st>>>(x, W, T, K, N, y);
+  else if (y_f32) k_gemv_all<1, 0><<<grid, GEMV_WARPS * 32, 0, c->st>>>(x, W, T, K, N, y);
+  else if (vec) k_gemv_all<0, 1><<<grid, GEMV_WARPS * 32, 0, c->st>>>(x, W, T, K, N, y);
+  else k_gemv_all<0, 0><<<grid, GEMV_WARPS * 32, 0, c->st>>>(x, W, T, K, N, y);
   cuda_check_launch(c, "matmul (batch-invariant)");
 }
 
@@ -673,7 +570,7 @@ static int gemv(cuda_ctx *c, const bf16 *x, const bf16 *W, int T, int K, int N, 
     return 0;
   unsigned blocks = (unsigned)((N + GEMV_WARPS - 1) / GEMV_WARPS);
   switch (T) {
-#define G(n) case n: gemv_launch(c, k_gemv<n>, dim3(blocks), x, W, K, N, y); break;
+#define G(n) case n: k_gemv<n><<<blocks, GEMV_WARPS * 32, 0, c->st>>>(x, W, K, N, y); break;
     G(1) G(2) G(3) G(4) G(5) G(6) G(7) G(8)
 #undef G
   }
@@ -955,7 +852,7 @@ static void launch_multi(cuda_ctx *c, const gop *ops, int m) {
   const bf16 *x = ops[0].x;
   int K = ops[0].K;
   switch (ops[0].T) {
-#define G(n) case n: gemv_launch(c, k_gemv_multi<n>, dim3(blocks), x, s, K); break;
+#define G(n) case n: k_gemv_multi<n><<<blocks, GEMV_WARPS * 32, 0, c->st>>>(x, s, K); break;
     G(1) G(2) G(3) G(4) G(5) G(6) G(7) G(8)
 #undef G
   }
@@ -965,10 +862,10 @@ static void launch_multi(cuda_ctx *c, const gop *ops, int m) {
 static void launch_glu(cuda_ctx *c, const gop &g, const gop &u, const gop &sw) {
   unsigned blocks = (unsigned)((g.N + GEMV_WARPS - 1) / GEMV_WARPS);
   switch (g.T) {
-#define G(n)                                                                              \
-  case n:                                                                                 \
-    gemv_launch(c, k_gemv_glu<n>, dim3(blocks), g.x, (const bf16 *)g.W->bf,               \
-                (const bf16 *)u.W->bf, g.K, g.N, g.y, u.y, sw.out);                       \
+#define G(n)                                                                                   \
+  case n:                                                                                      \
+    k_gemv_glu<n><<<blocks, GEMV_WARPS * 32, 0, c->st>>>(g.x, g.W->bf, u.W->bf, g.K, g.N, g.y, \
+                                                         u.y, sw.out);                         \
     break;
     G(1) G(2) G(3) G(4) G(5) G(6) G(7) G(8)
 #undef G
@@ -1366,9 +1263,6 @@ extern "C" backend *backend_cuda_create(int device, char *err, size_t errlen) {
     c->sgemm_maxn = sn ? atoi(sn) : 32768;
     const char *mg = getenv("DS_MOE_GROUPED"); /* on unless "0" */
     c->moe_grouped = !(mg && strcmp(mg, "0") == 0);
-    /* GEMVs with programmatic dependent launch: off until timed on the GPU */
-    const char *pd = getenv("DS_PDL");
-    c->pdl = pd && strcmp(pd, "1") == 0;
     c->legacy = !c->batch_invariant && lg && *lg && strcmp(lg, "0") != 0;
     const char *gs = getenv("DS_CUDA_GRAPHS"), *fs = getenv("DS_CUDA_FUSE");
     if (!c->legacy && !(gs && strcmp(gs, "0") == 0)) {

@@ -368,7 +368,6 @@ __global__ void __launch_bounds__(ATT_SW * 32)
 __global__ void k_attn_merge(const float *part, const float *ml, const int32_t *pos,
                              const int32_t *seq, const int32_t *seq_len, int gemm_min, int nh,
                              int hd, bf16 *out) {
-  pdl_trigger(); /* a GEMV launched next may start early (DS_PDL; it waits before reading) */
   int t = blockIdx.x, h = blockIdx.y, i = threadIdx.x;
   if (gemm_min > 0 && seq_len[seq[t]] >= gemm_min) return; /* the GEMM path's row */
   int per;

@@ -81,9 +81,6 @@ typedef struct cuda_ctx {
   int n_sm;
   /* DS_MOE_GROUPED=1: routed experts of large steps as per-expert GEMMs (cuda_moe.cu) */
   int moe_grouped;
-  /* DS_PDL=1: GEMV kernels launched with programmatic dependent launch (backend_cuda.cu, GEMV
-   * section): each starts while its predecessor finishes and waits before reading x */
-  int pdl;
   /* decode steps: ops recorded, fused and replayed as CUDA graphs (NULL: off) */
   struct cuda_graphs *gr;
   int capturing;      /* a stream capture is open: nothing may synchronise or allocate */
@@ -161,20 +158,6 @@ __device__ __forceinline__ float block_reduce(float v, float *red) {
 }
 __device__ __forceinline__ float block_sum(float v, float *red) { return block_reduce<false>(v, red); }
 __device__ __forceinline__ float block_max(float v, float *red) { return block_reduce<true>(v, red); }
-
-/* Programmatic dependent launch (sm_90). pdl_trigger: the grid launched after this one with the
- * programmatic-serialization attribute may start once every block of this grid has issued it
- * (or exited); it does nothing when the next grid was launched without the attribute, and it
- * makes no memory visible to anyone. pdl_wait: blocks until every prerequisite grid in flight
- * has completed and its memory operations are performed and visible to this grid; in a grid
- * launched without the attribute the stream order already completed the predecessor before
- * this grid started, so none is in flight and it returns at once. A kernel that may be
- * launched with the attribute must call pdl_wait before touching anything an earlier kernel
- * writes (or writing anything it reads). */
-__device__ __forceinline__ void pdl_trigger() {
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-}
-__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 
 /* 8 bf16 (one 16-byte word) to 8 floats */
 __device__ __forceinline__ void bf16x8_to_f32(uint4 u, float *f) {

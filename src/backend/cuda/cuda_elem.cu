@@ -42,7 +42,6 @@ extern "C" void cuda_elem_embed(backend *be, backend_weight E, int H, backend_bu
 #define RMS_THREADS 512
 #define RMS_PER 16
 __global__ void k_rmsnorm(bf16 *x, const bf16 *add, const float *w, int n, float eps, bf16 *y) {
-  pdl_trigger(); /* a GEMV follows: it may start early (DS_PDL; it waits before reading y) */
   __shared__ float red[33];
   int64_t t = blockIdx.x;
   bf16 *xr = x + t * n;
@@ -93,7 +92,6 @@ extern "C" void cuda_elem_rmsnorm(backend *be, backend_buf x, backend_buf add, b
 /* ---- elementwise ---- */
 
 __global__ void k_ew(bf16 *x, const bf16 *y, size_t n, int op, bf16 *out) {
-  pdl_trigger(); /* as in k_rmsnorm (sigmoid_mul, swiglu precede GEMVs) */
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
        i += (size_t)gridDim.x * blockDim.x) {
     float a = bf2f(x[i]), b = bf2f(y[i]);
@@ -106,7 +104,6 @@ __global__ void k_ew(bf16 *x, const bf16 *y, size_t n, int op, bf16 *out) {
 /* The same per-element expressions, 8 elements (16 bytes) per thread and step: for n % 8 == 0
  * and 16-byte aligned operands (every activation buffer of the model). */
 __global__ void k_ew8(bf16 *x, const bf16 *y, size_t n8, int op, bf16 *out) {
-  pdl_trigger(); /* as in k_rmsnorm */
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n8;
        i += (size_t)gridDim.x * blockDim.x) {
     uint4 ux = ((const uint4 *)x)[i], uy = ((const uint4 *)y)[i], uo;
@@ -259,7 +256,6 @@ extern "C" void cuda_elem_gdn_gates(backend *be, backend_buf qkv, backend_buf b,
 #define GN_PER 16
 __global__ void k_gated_rmsnorm(const bf16 *o, const bf16 *z, const float *w, int64_t rows,
                                 int dv, float eps, bf16 *out) {
-  pdl_trigger(); /* as in k_rmsnorm (out_proj follows) */
   int64_t r = blockIdx.x * (int64_t)(blockDim.x >> 5) + (threadIdx.x >> 5);
   int lane = threadIdx.x & 31;
   if (r >= rows) return;
@@ -301,7 +297,6 @@ extern "C" void cuda_elem_gated_rmsnorm(backend *be, backend_buf o, backend_buf 
 
 __global__ void k_gather_norm(const bf16 *x, const int32_t *out_rows, const float *w, int H,
                               float eps, bf16 *xn) {
-  pdl_trigger(); /* as in k_rmsnorm (the batch-invariant logits GEMV follows) */
   __shared__ float red[33];
   int i = blockIdx.x;
   const bf16 *xr = x + (int64_t)out_rows[i] * H;

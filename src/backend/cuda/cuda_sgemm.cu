@@ -137,6 +137,107 @@ __global__ void __launch_bounds__(SG_WARPS * 32)
     }
 }
 
+/* ---- steps of 17 .. 128 rows: x and W staged through shared memory ----
+ *
+ * The per-warp kernel above re-reads x from L1 for every 16 output rows and keeps too few
+ * weight bytes in flight once T grows. Here a block of SP_WARPS warps owns SP_ROWS = 128 output
+ * rows; per stage of SP_BK = 64 columns it copies its W tile (128 x 64) and the x tile (T x 64,
+ * rounded up to 8 rows) into shared memory with cp.async, SP_STAGES stages deep, and every warp
+ * takes its A fragments (its 16 rows) and the B fragments of all T rows from there: x crosses
+ * L2 once per 128 output rows. The fragments are the same 16-byte, k-permuted pieces as above
+ * (so the same products); a row's eight 16-byte chunks are stored at chunk position
+ * c ^ 4 * (row & 1), so the eight lanes of a load phase (two rows, four chunks each) hit 32
+ * distinct banks. Grid (row tiles, K slices) as above, sized to the blocks that fit per SM. */
+#define SP_WARPS 8
+#define SP_ROWS (16 * SP_WARPS)
+#define SP_BK 64
+#define SP_STAGES 4
+
+__device__ __forceinline__ int sp_pos(int row, int c) { return row * SP_BK + ((c ^ ((row & 1) << 2)) << 3); }
+
+static size_t sp_smem(int NT) { return (size_t)SP_STAGES * (SP_ROWS + NT * 8) * SP_BK * sizeof(bf16); }
+
+template <int NT>
+__global__ void __launch_bounds__(SP_WARPS * 32)
+    k_sgemm_pipe(const bf16 *__restrict__ x, sg_set s, int T, int K, int S, int y_f32,
+                 float *__restrict__ ws) {
+  extern __shared__ __align__(16) unsigned char sp_smem_buf[];
+  constexpr int XR = NT * 8, STAGE = (SP_ROWS + XR) * SP_BK; /* bf16 per stage */
+  constexpr int WQ = SP_ROWS * 8 / (SP_WARPS * 32);           /* W chunks per thread: 4 */
+  constexpr int XQ = (XR * 8 + SP_WARPS * 32 - 1) / (SP_WARPS * 32);
+  bf16 *sm = (bf16 *)sp_smem_buf;
+  int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  int total = s.n0[s.cnt], rt = blockIdx.x, sl = blockIdx.y, nk = K / SP_BK;
+  int c0 = (int)((long)sl * nk / S), c1 = (int)((long)(sl + 1) * nk / S), nc = c1 - c0;
+  /* the rows this thread copies, the same in every stage: chunk q = tid + 256 m */
+  const bf16 *wsrc[WQ];
+  int wdst[WQ];
+#pragma unroll
+  for (int m = 0; m < WQ; m++) {
+    int q = tid + m * SP_WARPS * 32, row = q >> 3, c = q & 7, r = rt * SP_ROWS + row;
+    r = r < total ? r : total - 1;
+    int seg = sg_seg(s, r);
+    wsrc[m] = s.W[seg] + (size_t)(r - s.n0[seg]) * K + c * 8;
+    wdst[m] = sp_pos(row, c);
+  }
+  const bf16 *xsrc[XQ];
+  int xdst[XQ];
+#pragma unroll
+  for (int m = 0; m < XQ; m++) {
+    int q = tid + m * SP_WARPS * 32, row = q >> 3, c = q & 7;
+    xsrc[m] = q < XR * 8 ? x + (size_t)(row < T ? row : T - 1) * K + c * 8 : NULL;
+    xdst[m] = SP_ROWS * SP_BK + sp_pos(row, c);
+  }
+  auto load = [&](int chunk, int slot) {
+    bf16 *st = sm + slot * STAGE;
+    size_t k = (size_t)chunk * SP_BK;
+#pragma unroll
+    for (int m = 0; m < WQ; m++) cp_async16(st + wdst[m], wsrc[m] + k);
+#pragma unroll
+    for (int m = 0; m < XQ; m++)
+      if (xsrc[m]) cp_async16(st + xdst[m], xsrc[m] + k);
+  };
+  float acc[NT][4];
+#pragma unroll
+  for (int i = 0; i < NT; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+#pragma unroll
+  for (int p = 0; p < SP_STAGES - 1; p++) {
+    if (p < nc) load(c0 + p, p);
+    cp_async_commit();
+  }
+  int ra = warp * 16 + g; /* this lane's A rows in the tile: ra and ra + 8 (same parity) */
+  for (int c = 0; c < nc; c++) {
+    cp_async_wait<SP_STAGES - 2>();
+    __syncthreads();
+    if (c + SP_STAGES - 1 < nc) load(c0 + c + SP_STAGES - 1, (c + SP_STAGES - 1) % SP_STAGES);
+    cp_async_commit();
+    const bf16 *st = sm + (c % SP_STAGES) * STAGE, *xs = st + SP_ROWS * SP_BK;
+#pragma unroll
+    for (int j = 0; j < 2; j++) {
+      uint4 wa = *(const uint4 *)(st + sp_pos(ra, 4 * j + t));
+      uint4 wb = *(const uint4 *)(st + sp_pos(ra + 8, 4 * j + t));
+      uint32_t a1[4] = {wa.x, wb.x, wa.y, wb.y};
+      uint32_t a2[4] = {wa.z, wb.z, wa.w, wb.w};
+#pragma unroll
+      for (int i = 0; i < NT; i++) {
+        uint4 xv = *(const uint4 *)(xs + sp_pos(i * 8 + g, 4 * j + t));
+        mma_bf16(acc[i], a1, xv.x, xv.y);
+        mma_bf16(acc[i], a2, xv.z, xv.w);
+      }
+    }
+  }
+  int r0 = rt * SP_ROWS + warp * 16;
+#pragma unroll
+  for (int i = 0; i < NT; i++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      int r = r0 + g + (e >= 2 ? 8 : 0), tok = i * 8 + 2 * t + (e & 1);
+      if (r >= total || tok >= T) continue;
+      if (S == 1) sg_store(s, y_f32, r, tok, acc[i][e]);
+      else ws[((size_t)sl * T + tok) * total + r] = acc[i][e];
+    }
+}
+
 /* y = the S slices' partial sums added in slice order, one thread per output element */
 __global__ void k_sg_reduce(const float *__restrict__ ws, sg_set s, int T, int S, int y_f32) {
   int total = s.n0[s.cnt];
@@ -147,6 +248,61 @@ __global__ void k_sg_reduce(const float *__restrict__ ws, sg_set s, int T, int S
     for (int q = 0; q < S; q++) v += ws[(size_t)q * n + e];
     sg_store(s, y_f32, (int)(e % total), (int)(e / total), v);
   }
+}
+
+/* The S slices' sums (S > 1) */
+static void sg_reduce(cuda_ctx *c, float *ws, const sg_set &s, int T, int total, int S, int y_f32) {
+  if (S <= 1) return;
+  k_sg_reduce<<<cuda_blocks((size_t)T * total, 256), 256, 0, c->st>>>(ws, s, T, S, y_f32);
+  cuda_check_launch(c, "matmul (skinny GEMM sums)");
+}
+
+/* Steps of 17 .. 128 rows (k_sgemm_pipe). */
+static int sgemm_pipe(cuda_ctx *c, const bf16 *x, int T, int K, const sg_set &s, int total,
+                      int y_f32, float *ws) {
+  if (K % SP_BK) return 0;
+  int NT = (T + 7) / 8;
+  size_t smem = sp_smem(NT);
+  static int attr[17];
+  if (!attr[NT]) {
+    cudaError_t e = cudaSuccess;
+    switch (NT) {
+#define G(n)                                                                                  \
+  case n:                                                                                     \
+    e = cudaFuncSetAttribute(k_sgemm_pipe<n>, cudaFuncAttributeMaxDynamicSharedMemorySize,    \
+                             (int)smem);                                                      \
+    break;
+      G(3) G(4) G(5) G(6) G(7) G(8) G(9) G(10) G(11) G(12) G(13) G(14) G(15) G(16)
+#undef G
+      default:
+        return 0;
+    }
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      return 0;
+    }
+    attr[NT] = 1;
+  }
+  int per_sm = (int)((227u << 10) / (smem + 1024));
+  if (per_sm > 2) per_sm = 2;
+  if (per_sm < 1) per_sm = 1;
+  int R = (total + SP_ROWS - 1) / SP_ROWS, nk = K / SP_BK;
+  int S = (per_sm * c->n_sm + R / 2) / R;
+  if (S > nk) S = nk;
+  if (S > 1 && (size_t)S * T * total * 4 > SG_WS) S = (int)(SG_WS / ((size_t)T * total * 4));
+  if (S < 1) S = 1;
+  dim3 grid(R, S);
+  switch (NT) {
+#define G(n)                                                                                  \
+  case n:                                                                                     \
+    k_sgemm_pipe<n><<<grid, SP_WARPS * 32, smem, c->st>>>(x, s, T, K, S, y_f32, ws);          \
+    break;
+    G(3) G(4) G(5) G(6) G(7) G(8) G(9) G(10) G(11) G(12) G(13) G(14) G(15) G(16)
+#undef G
+  }
+  cuda_check_launch(c, "matmul (skinny GEMM, staged)");
+  sg_reduce(c, ws, s, T, total, S, y_f32);
+  return 1;
 }
 
 extern "C" int cuda_sgemm_init(cuda_ctx *c) {
@@ -188,12 +344,13 @@ int cuda_sgemm(cuda_ctx *c, const bf16 *x, int T, int K, int m, const bf16 *cons
   if (total > SG_MAXN || total > c->sgemm_maxn) return 0;
   for (int i = m; i <= SG_MULTI; i++) s.n0[i] = total;
   s.cnt = m;
+  float *ws = (float *)c->sg_ws;
+  if (T > 16) return sgemm_pipe(c, x, T, K, s, total, y_f32, ws);
   int R = (total + SG_ROWS - 1) / SG_ROWS, nu = K / SG_UNIT;
   int S = (SG_BLOCKS_PER_SM * c->n_sm + R / 2) / R;
   if (S > nu) S = nu;
   if (S > 1 && (size_t)S * T * total * 4 > SG_WS) S = (int)(SG_WS / ((size_t)T * total * 4));
   if (S < 1) S = 1;
-  float *ws = (float *)c->sg_ws;
   dim3 grid(R, S);
   switch ((T + 7) / 8) {
 #define G(n)                                                                             \
@@ -206,9 +363,6 @@ int cuda_sgemm(cuda_ctx *c, const bf16 *x, int T, int K, int m, const bf16 *cons
       return 0;
   }
   cuda_check_launch(c, "matmul (skinny GEMM)");
-  if (S > 1) {
-    k_sg_reduce<<<cuda_blocks((size_t)T * total, 256), 256, 0, c->st>>>(ws, s, T, S, y_f32);
-    cuda_check_launch(c, "matmul (skinny GEMM sums)");
-  }
+  sg_reduce(c, ws, s, T, total, S, y_f32);
   return 1;
 }

@@ -2,10 +2,10 @@
  * steps of 5 .. 128 rows (between the GEMV path and cuBLAS; by default 5 .. 16, see
  * DS_SGEMM_MAXT in backend_cuda.cu), up to SG_MULTI products of one x in one launch. These steps are bound by the weights' bytes, and cuBLAS's kernels for them
  * ran at 1.9 - 3.0 TB/s on the 4B shape at 64 rows (few, wide tiles: 80 - 120 blocks on 132
- * SMs); this kernel streams every weight byte once from more blocks. On the H200 it wins at
- * up to 16 rows (decode batch 8) and loses at 32 - 128 (bench/NOTES.md: every warp re-reads
- * its x fragments through L1, 16 bytes per two mma, and too few weight bytes are in flight;
- * a shared-memory pipeline for x and W is the next step).
+ * SMs); this kernel streams every weight byte once from more blocks. On the H200 the
+ * per-warp kernel wins at up to 16 rows (decode batch 8, +9 %); at 32 - 128 rows both it and
+ * the staged kernel below lose to cuBLAS (bench/NOTES.md), so they run only when
+ * DS_SGEMM_MAXT is raised.
  *
  * Work split. A warp owns 16 output rows (one m16n8k16 row block) and all T rows of x (NT =
  * ceil(T / 8) column blocks, NT * 4 fp32 accumulators per lane); a block is SG_WARPS warps,
@@ -147,7 +147,9 @@ __global__ void __launch_bounds__(SG_WARPS * 32)
  * L2 once per 128 output rows. The fragments are the same 16-byte, k-permuted pieces as above
  * (so the same products); a row's eight 16-byte chunks are stored at chunk position
  * c ^ 4 * (row & 1), so the eight lanes of a load phase (two rows, four chunks each) hit 32
- * distinct banks. Grid (row tiles, K slices) as above, sized to the blocks that fit per SM. */
+ * distinct banks. Grid (row tiles, K slices) as above, sized to the blocks that fit per SM.
+ * Correct on the H200 but slower than cuBLAS at 32 - 128 rows (decode 64: 6.7k against 8.8k
+ * tok/s); not profiled yet. */
 #define SP_WARPS 8
 #define SP_ROWS (16 * SP_WARPS)
 #define SP_BK 64

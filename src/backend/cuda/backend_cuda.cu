@@ -388,13 +388,6 @@ static int cu_sync(backend *be, char *err, size_t errlen) {
 #define GEMV_MAXT_DEFAULT 4
 #define GEMV_WARPS 8
 
-__device__ __forceinline__ uint4 ld_stream16(const void *p) {
-  uint4 r;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-               : "l"(p));
-  return r;
-}
 
 /* One warp's dot products of W's row w (K values) with the T activation rows: lane partials
  * over 16-byte pieces, then a butterfly; every lane ends with the T sums. Shared by every GEMV

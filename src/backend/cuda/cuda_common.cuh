@@ -159,6 +159,15 @@ __device__ __forceinline__ float block_reduce(float v, float *red) {
 __device__ __forceinline__ float block_sum(float v, float *red) { return block_reduce<false>(v, red); }
 __device__ __forceinline__ float block_max(float v, float *red) { return block_reduce<true>(v, red); }
 
+/* 16 bytes of read-only data (weights) streamed past L1: read once, not kept */
+__device__ __forceinline__ uint4 ld_stream16(const void *p) {
+  uint4 r;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+               : "l"(p));
+  return r;
+}
+
 /* 8 bf16 (one 16-byte word) to 8 floats */
 __device__ __forceinline__ void bf16x8_to_f32(uint4 u, float *f) {
   const __nv_bfloat162 *h2 = (const __nv_bfloat162 *)&u;

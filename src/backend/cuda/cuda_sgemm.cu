@@ -43,14 +43,6 @@ typedef struct sg_set {
   int cnt;
 } sg_set;
 
-__device__ __forceinline__ uint4 sg_stream16(const void *p) {
-  uint4 r;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-               : "l"(p));
-  return r;
-}
-
 /* product index of concatenated row r (r < total) */
 __device__ __forceinline__ int sg_seg(const sg_set &s, int r) {
   int i = 0;
@@ -87,16 +79,16 @@ __global__ void __launch_bounds__(SG_WARPS * 32)
     if (u0 < u1)
 #pragma unroll
       for (int j = 0; j < 4; j++) {
-        A[j] = sg_stream16(wa + u0 * SG_UNIT + 32 * j);
-        B[j] = sg_stream16(wb + u0 * SG_UNIT + 32 * j);
+        A[j] = ld_stream16(wa + u0 * SG_UNIT + 32 * j);
+        B[j] = ld_stream16(wb + u0 * SG_UNIT + 32 * j);
       }
     for (int u = u0; u < u1; u++) {
       int kb = u * SG_UNIT;
       if (u + 1 < u1)
 #pragma unroll
         for (int j = 0; j < 4; j++) {
-          An[j] = sg_stream16(wa + kb + SG_UNIT + 32 * j);
-          Bn[j] = sg_stream16(wb + kb + SG_UNIT + 32 * j);
+          An[j] = ld_stream16(wa + kb + SG_UNIT + 32 * j);
+          Bn[j] = ld_stream16(wb + kb + SG_UNIT + 32 * j);
         }
 #pragma unroll
       for (int j = 0; j < 4; j++) {

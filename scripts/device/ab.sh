@@ -24,7 +24,7 @@ if [ "${DS_AB_SKIP_OPS:-0}" != 1 ]; then
 fi
 M=${DS_AB_MODEL:-/tmp/m4b}
 [ -f "$M/config.json" ] || $B gen-random --config scripts/device/qwen35-4b-shape.json --out "$M" >/dev/null
-LIST=${DS_AB:-"prefill:DS_GDN_MMA=0 prefill:DS_GDN_MMA=1 prefill:DS_ATTN_FLASH=0 decode:DS_SGEMM_MAXT=0 decode:DS_SGEMM_MAXT=128"}
+LIST=${DS_AB:-"prefill:DS_GDN_MMA=0 prefill:DS_GDN_MMA=1 prefill:DS_ATTN_FLASH=0 decode:DS_SGEMM_MAXT=0"}
 runs="prefill: decode:"
 for e in $LIST; do runs="$runs $e"; done
 : >"$OUT/ab.txt"

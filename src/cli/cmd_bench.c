@@ -1002,7 +1002,10 @@ int cmd_bench(int argc, char **argv) {
     for (int i = 0; i < BENCH_N_DECODE; i++) known |= b.sz.decode_conc[i] == b.only_conc;
     if (!b.only || strcmp(b.only, "decode") || !known) {
       fprintf(stderr, "deltaserve bench: --decode-conc %d needs --only decode and one of the "
-                      "decode sizes (1, 8, 32, 64, 128)\n", b.only_conc);
+                      "decode sizes (", b.only_conc);
+      for (int i = 0; i < BENCH_N_DECODE; i++)
+        fprintf(stderr, "%s%d", i ? ", " : "", b.sz.decode_conc[i]);
+      fprintf(stderr, ")\n");
       return 2;
     }
   }

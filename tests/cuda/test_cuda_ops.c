@@ -311,16 +311,16 @@ TEST(elementwise) {
   elementwise_case(10000);
 }
 
-/* T <= 4 with K % 8 == 0 takes the GEMV path (ragged last lane pass at K = 264); 5 .. 128
-   * rows with K % 128 == 0 the skinny GEMM (cuda_sgemm.cu: one K slice at N = 32768, several
-   * with partial sums below, N not a multiple of 16, one to sixteen 8-row column blocks);
-   * the rest cuBLAS (K = 100, T = 129). By default the skinny GEMM takes only steps of up to
-   * 16 rows (DS_SGEMM_MAXT); TEST(matmul) runs these with that limit raised to 128 too. */
+/* T <= 4 with K % 8 == 0 takes the GEMV path (ragged last lane pass at K = 264); 5 .. 16
+ * rows with K % 128 == 0 the skinny GEMM (cuda_sgemm.cu: one K slice at N = 32768, several
+ * with partial sums at N = 2560, N not a multiple of 16, one and two 8-row column blocks);
+ * the rest cuBLAS (K = 100; 64 .. 129 rows). TEST(matmul) runs these again with the skinny
+ * GEMM off (DS_SGEMM_MAXT=0: cuBLAS from 5 rows). */
 static void matmul_cases(void) {
-  int Ts[11] = {1, 5, 67, 8, 3, 64, 128, 13, 100, 129, 6};
-  int Ks[11] = {264, 100, 1024, 2560, 9216, 4096, 9216, 256, 2560, 1024, 128};
-  int Ns[11] = {333, 64, 515, 300, 77, 2560, 2560, 48, 32768, 515, 7};
-  for (int c = 0; c < 11; c++) {
+  int Ts[12] = {1, 5, 67, 8, 3, 16, 128, 13, 11, 129, 6, 64};
+  int Ks[12] = {264, 100, 1024, 2560, 9216, 9216, 9216, 256, 2560, 1024, 128, 4096};
+  int Ns[12] = {333, 64, 515, 300, 77, 2560, 2560, 48, 32768, 515, 7, 2560};
+  for (int c = 0; c < 12; c++) {
     int T = Ts[c], K = Ks[c], N = Ns[c];
     float *x = rand_vec((size_t)T * K, 1.f), *W = rand_vec((size_t)N * K, 0.1f);
     wpair w = wup(W, N, K);
@@ -341,7 +341,7 @@ static void matmul_cases(void) {
 
 TEST(matmul) {
   matmul_cases();
-  with_gpu("DS_SGEMM_MAXT", "128", matmul_cases);
+  with_gpu("DS_SGEMM_MAXT", "0", matmul_cases);
 }
 
 /* A decode step of T one-row pieces (sequence i at position 3 + i, page i) on GPU and CPU. */
@@ -358,11 +358,11 @@ static void decode_rows_batch(int T) {
   EXPECT(GPU->set_batch(GPU, &b) == 0);
 }
 
-/* Products of one x in a decode step of 5 .. 128 rows are fused into one skinny-GEMM launch
+/* Products of one x in a decode step of 5 .. 16 rows are fused into one skinny-GEMM launch
  * (the graph recorder's rewrite): each output within bf16 tolerance of the CPU, the fused
  * launches counted, and the graph replay of the same step gives the same bits. */
 static void sgemm_fused_cases(void) {
-  int Ts[3] = {12, 64, 128}, K = 1024, Ns[3] = {512, 256, 32};
+  int Ts[3] = {6, 12, 16}, K = 1024, Ns[3] = {512, 256, 32};
   for (int c = 0; c < 3; c++) {
     int T = Ts[c];
     float *x = rand_vec((size_t)T * K, 1.f), *W[3];
@@ -413,8 +413,7 @@ static void sgemm_fused_cases(void) {
   }
 }
 
-/* (12 rows by default; 64 and 128 with DS_SGEMM_MAXT raised, else cuBLAS unfused) */
-TEST(sgemm_fused) { with_gpu("DS_SGEMM_MAXT", "128", sgemm_fused_cases); }
+TEST(sgemm_fused) { sgemm_fused_cases(); }
 
 /* DS_BATCH_INVARIANT=1: a row's bits are the same whatever the row count (1 .. 67, across
  * the GEMV/tile boundaries 8 and 64), on the vector path (K % 8 == 0) and the scalar one; the

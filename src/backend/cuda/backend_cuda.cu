@@ -1246,14 +1246,10 @@ extern "C" backend *backend_cuda_create(int device, char *err, size_t errlen) {
      * the same bits as the batch-invariant kernel up to 8 rows */
     c->gemv_maxt = gm ? atoi(gm) : c->batch_invariant ? GEMV_MAXT : GEMV_MAXT_DEFAULT;
     if (c->gemv_maxt < 0 || c->gemv_maxt > GEMV_MAXT) c->gemv_maxt = GEMV_MAXT;
-    /* skinny GEMMs up to this many rows (cuda_sgemm.cu; 0: cuBLAS above the GEMV path): 16,
-     * where they beat cuBLAS on the H200 (decode batch 8); at 32 - 128 rows they lost
-     * (bench/NOTES.md) */
+    /* skinny GEMMs up to this many rows (cuda_sgemm.cu, at most 16, where they beat cuBLAS
+     * on the H200; 0: cuBLAS above the GEMV path) */
     const char *sm = getenv("DS_SGEMM_MAXT");
     c->sgemm_maxt = sm ? atoi(sm) : 16;
-    /* ... and launches of at most this many output columns in all (DS_SGEMM_MAXN) */
-    const char *sn = getenv("DS_SGEMM_MAXN");
-    c->sgemm_maxn = sn ? atoi(sn) : 32768;
     const char *mg = getenv("DS_MOE_GROUPED"); /* on unless "0" */
     c->moe_grouped = !(mg && strcmp(mg, "0") == 0);
     c->legacy = !c->batch_invariant && lg && *lg && strcmp(lg, "0") != 0;

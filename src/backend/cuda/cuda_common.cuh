@@ -75,8 +75,8 @@ typedef struct cuda_ctx {
   /* GEMV path: the largest step (rows) it takes (DS_GEMV_MAXT) */
   int gemv_maxt;
   /* skinny GEMMs (cuda_sgemm.cu) for steps of gemv_maxt+1 .. sgemm_maxt rows (DS_SGEMM_MAXT,
-   * 0: cuBLAS instead); their workspace (partial sums, row-tile counters); the SM count */
-  int sgemm_maxt, sgemm_maxn; /* and products of at most sgemm_maxn rows (DS_SGEMM_MAXN) */
+   * at most 16; 0: cuBLAS instead); their workspace (partial sums); the SM count */
+  int sgemm_maxt;
   void *sg_ws;
   int n_sm;
   /* DS_MOE_GROUPED=1: routed experts of large steps as per-expert GEMMs (cuda_moe.cu) */

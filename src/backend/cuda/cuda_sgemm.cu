@@ -1,16 +1,16 @@
 /* cuda_sgemm — skinny GEMMs on tensor cores: y[T, N] = x[T, K] . W[N, K]^T for the decode
- * steps of 5 .. 128 rows (between the GEMV path and cuBLAS; by default 5 .. 16, see
- * DS_SGEMM_MAXT in backend_cuda.cu), up to SG_MULTI products of one x in one launch. These steps are bound by the weights' bytes, and cuBLAS's kernels for them
- * ran at 1.9 - 3.0 TB/s on the 4B shape at 64 rows (few, wide tiles: 80 - 120 blocks on 132
- * SMs); this kernel streams every weight byte once from more blocks. On the H200 the
- * per-warp kernel wins at up to 16 rows (decode batch 8, +9 %); at 32 - 128 rows both it and
- * the staged kernel below lose to cuBLAS (bench/NOTES.md), so they run only when
- * DS_SGEMM_MAXT is raised.
+ * steps of 5 .. 16 rows (between the GEMV path and cuBLAS; DS_SGEMM_MAXT in backend_cuda.cu
+ * lowers the limit), up to SG_MULTI products of one x in one launch. These steps are bound by
+ * the weights' bytes; this kernel streams every weight byte once from about four blocks per
+ * SM, where cuBLAS's kernels use few wide tiles. On the H200 it wins at 8 rows (decode batch
+ * 8, +9 %). At 32 - 128 rows it lost to cuBLAS, and so did a version staging x and W through
+ * shared memory (bench/NOTES.md; that kernel is in commit 0ca0c3a): cuBLAS takes those.
  *
  * Work split. A warp owns 16 output rows (one m16n8k16 row block) and all T rows of x (NT =
  * ceil(T / 8) column blocks, NT * 4 fp32 accumulators per lane); a block is SG_WARPS warps,
  * SG_ROWS = 64 output rows. The grid is (row tiles, S) where S splits K into slices of whole
- * SG_UNIT = 128 columns so that the grid has about two blocks per SM; S is a function of (K,
+ * SG_UNIT = 128 columns so that the grid has about SG_BLOCKS_PER_SM blocks per SM; S is a
+ * function of (K,
  * the total N of the launch, the SM count) only. With S > 1 each block writes fp32 partial
  * sums to a workspace and a second kernel adds the S partials in slice order and writes y.
  * So a result depends on (T, K, total N) and nothing else: repeatable bits.
@@ -31,10 +31,10 @@
 #define SG_WARPS 4
 #define SG_ROWS (16 * SG_WARPS)
 #define SG_UNIT 128
-#define SG_MAXT 128
+#define SG_MAXT 16
 #define SG_BLOCKS_PER_SM 4 /* the grid's target size (K slices are added to reach it) */
 #define SG_MAXN 32768     /* wider products (the logits) stay on cuBLAS, already at bandwidth */
-#define SG_WS (24u << 20) /* partial sums */
+#define SG_WS (4u << 20) /* partial sums (~2.2 MB at most at 16 rows) */
 
 typedef struct sg_set {
   const bf16 *W[SG_MULTI];
@@ -129,109 +129,6 @@ __global__ void __launch_bounds__(SG_WARPS * 32)
     }
 }
 
-/* ---- steps of 17 .. 128 rows: x and W staged through shared memory ----
- *
- * The per-warp kernel above re-reads x from L1 for every 16 output rows and keeps too few
- * weight bytes in flight once T grows. Here a block of SP_WARPS warps owns SP_ROWS = 128 output
- * rows; per stage of SP_BK = 64 columns it copies its W tile (128 x 64) and the x tile (T x 64,
- * rounded up to 8 rows) into shared memory with cp.async, SP_STAGES stages deep, and every warp
- * takes its A fragments (its 16 rows) and the B fragments of all T rows from there: x crosses
- * L2 once per 128 output rows. The fragments are the same 16-byte, k-permuted pieces as above
- * (so the same products); a row's eight 16-byte chunks are stored at chunk position
- * c ^ 4 * (row & 1), so the eight lanes of a load phase (two rows, four chunks each) hit 32
- * distinct banks. Grid (row tiles, K slices) as above, sized to the blocks that fit per SM.
- * Correct on the H200 but slower than cuBLAS at 32 - 128 rows (decode 64: 6.7k against 8.8k
- * tok/s); not profiled yet. */
-#define SP_WARPS 8
-#define SP_ROWS (16 * SP_WARPS)
-#define SP_BK 64
-#define SP_STAGES 4
-
-__device__ __forceinline__ int sp_pos(int row, int c) { return row * SP_BK + ((c ^ ((row & 1) << 2)) << 3); }
-
-static size_t sp_smem(int NT) { return (size_t)SP_STAGES * (SP_ROWS + NT * 8) * SP_BK * sizeof(bf16); }
-
-template <int NT>
-__global__ void __launch_bounds__(SP_WARPS * 32)
-    k_sgemm_pipe(const bf16 *__restrict__ x, sg_set s, int T, int K, int S, int y_f32,
-                 float *__restrict__ ws) {
-  extern __shared__ __align__(16) unsigned char sp_smem_buf[];
-  constexpr int XR = NT * 8, STAGE = (SP_ROWS + XR) * SP_BK; /* bf16 per stage */
-  constexpr int WQ = SP_ROWS * 8 / (SP_WARPS * 32);           /* W chunks per thread: 4 */
-  constexpr int XQ = (XR * 8 + SP_WARPS * 32 - 1) / (SP_WARPS * 32);
-  bf16 *sm = (bf16 *)sp_smem_buf;
-  int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-  int total = s.n0[s.cnt], rt = blockIdx.x, sl = blockIdx.y, nk = K / SP_BK;
-  int c0 = (int)((long)sl * nk / S), c1 = (int)((long)(sl + 1) * nk / S), nc = c1 - c0;
-  /* the rows this thread copies, the same in every stage: chunk q = tid + 256 m */
-  const bf16 *wsrc[WQ];
-  int wdst[WQ];
-#pragma unroll
-  for (int m = 0; m < WQ; m++) {
-    int q = tid + m * SP_WARPS * 32, row = q >> 3, c = q & 7, r = rt * SP_ROWS + row;
-    r = r < total ? r : total - 1;
-    int seg = sg_seg(s, r);
-    wsrc[m] = s.W[seg] + (size_t)(r - s.n0[seg]) * K + c * 8;
-    wdst[m] = sp_pos(row, c);
-  }
-  const bf16 *xsrc[XQ];
-  int xdst[XQ];
-#pragma unroll
-  for (int m = 0; m < XQ; m++) {
-    int q = tid + m * SP_WARPS * 32, row = q >> 3, c = q & 7;
-    xsrc[m] = q < XR * 8 ? x + (size_t)(row < T ? row : T - 1) * K + c * 8 : NULL;
-    xdst[m] = SP_ROWS * SP_BK + sp_pos(row, c);
-  }
-  auto load = [&](int chunk, int slot) {
-    bf16 *st = sm + slot * STAGE;
-    size_t k = (size_t)chunk * SP_BK;
-#pragma unroll
-    for (int m = 0; m < WQ; m++) cp_async16(st + wdst[m], wsrc[m] + k);
-#pragma unroll
-    for (int m = 0; m < XQ; m++)
-      if (xsrc[m]) cp_async16(st + xdst[m], xsrc[m] + k);
-  };
-  float acc[NT][4];
-#pragma unroll
-  for (int i = 0; i < NT; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
-#pragma unroll
-  for (int p = 0; p < SP_STAGES - 1; p++) {
-    if (p < nc) load(c0 + p, p);
-    cp_async_commit();
-  }
-  int ra = warp * 16 + g; /* this lane's A rows in the tile: ra and ra + 8 (same parity) */
-  for (int c = 0; c < nc; c++) {
-    cp_async_wait<SP_STAGES - 2>();
-    __syncthreads();
-    if (c + SP_STAGES - 1 < nc) load(c0 + c + SP_STAGES - 1, (c + SP_STAGES - 1) % SP_STAGES);
-    cp_async_commit();
-    const bf16 *st = sm + (c % SP_STAGES) * STAGE, *xs = st + SP_ROWS * SP_BK;
-#pragma unroll
-    for (int j = 0; j < 2; j++) {
-      uint4 wa = *(const uint4 *)(st + sp_pos(ra, 4 * j + t));
-      uint4 wb = *(const uint4 *)(st + sp_pos(ra + 8, 4 * j + t));
-      uint32_t a1[4] = {wa.x, wb.x, wa.y, wb.y};
-      uint32_t a2[4] = {wa.z, wb.z, wa.w, wb.w};
-#pragma unroll
-      for (int i = 0; i < NT; i++) {
-        uint4 xv = *(const uint4 *)(xs + sp_pos(i * 8 + g, 4 * j + t));
-        mma_bf16(acc[i], a1, xv.x, xv.y);
-        mma_bf16(acc[i], a2, xv.z, xv.w);
-      }
-    }
-  }
-  int r0 = rt * SP_ROWS + warp * 16;
-#pragma unroll
-  for (int i = 0; i < NT; i++)
-#pragma unroll
-    for (int e = 0; e < 4; e++) {
-      int r = r0 + g + (e >= 2 ? 8 : 0), tok = i * 8 + 2 * t + (e & 1);
-      if (r >= total || tok >= T) continue;
-      if (S == 1) sg_store(s, y_f32, r, tok, acc[i][e]);
-      else ws[((size_t)sl * T + tok) * total + r] = acc[i][e];
-    }
-}
-
 /* y = the S slices' partial sums added in slice order, one thread per output element */
 __global__ void k_sg_reduce(const float *__restrict__ ws, sg_set s, int T, int S, int y_f32) {
   int total = s.n0[s.cnt];
@@ -249,54 +146,6 @@ static void sg_reduce(cuda_ctx *c, float *ws, const sg_set &s, int T, int total,
   if (S <= 1) return;
   k_sg_reduce<<<cuda_blocks((size_t)T * total, 256), 256, 0, c->st>>>(ws, s, T, S, y_f32);
   cuda_check_launch(c, "matmul (skinny GEMM sums)");
-}
-
-/* Steps of 17 .. 128 rows (k_sgemm_pipe). */
-static int sgemm_pipe(cuda_ctx *c, const bf16 *x, int T, int K, const sg_set &s, int total,
-                      int y_f32, float *ws) {
-  if (K % SP_BK) return 0;
-  int NT = (T + 7) / 8;
-  size_t smem = sp_smem(NT);
-  static int attr[17];
-  if (!attr[NT]) {
-    cudaError_t e = cudaSuccess;
-    switch (NT) {
-#define G(n)                                                                                  \
-  case n:                                                                                     \
-    e = cudaFuncSetAttribute(k_sgemm_pipe<n>, cudaFuncAttributeMaxDynamicSharedMemorySize,    \
-                             (int)smem);                                                      \
-    break;
-      G(3) G(4) G(5) G(6) G(7) G(8) G(9) G(10) G(11) G(12) G(13) G(14) G(15) G(16)
-#undef G
-      default:
-        return 0;
-    }
-    if (e != cudaSuccess) {
-      cudaGetLastError();
-      return 0;
-    }
-    attr[NT] = 1;
-  }
-  int per_sm = (int)((227u << 10) / (smem + 1024));
-  if (per_sm > 2) per_sm = 2;
-  if (per_sm < 1) per_sm = 1;
-  int R = (total + SP_ROWS - 1) / SP_ROWS, nk = K / SP_BK;
-  int S = (per_sm * c->n_sm + R / 2) / R;
-  if (S > nk) S = nk;
-  if (S > 1 && (size_t)S * T * total * 4 > SG_WS) S = (int)(SG_WS / ((size_t)T * total * 4));
-  if (S < 1) S = 1;
-  dim3 grid(R, S);
-  switch (NT) {
-#define G(n)                                                                                  \
-  case n:                                                                                     \
-    k_sgemm_pipe<n><<<grid, SP_WARPS * 32, smem, c->st>>>(x, s, T, K, S, y_f32, ws);          \
-    break;
-    G(3) G(4) G(5) G(6) G(7) G(8) G(9) G(10) G(11) G(12) G(13) G(14) G(15) G(16)
-#undef G
-  }
-  cuda_check_launch(c, "matmul (skinny GEMM, staged)");
-  sg_reduce(c, ws, s, T, total, S, y_f32);
-  return 1;
 }
 
 extern "C" int cuda_sgemm_init(cuda_ctx *c) {
@@ -319,7 +168,7 @@ extern "C" void cuda_sgemm_release(cuda_ctx *c) {
 int cuda_sgemm_fits(const cuda_ctx *c, int T, int K, int N, int multi) {
   return c->sg_ws && !c->legacy && !c->batch_invariant && T > c->gemv_maxt && T <= c->sgemm_maxt &&
          T <= SG_MAXT && K > 0 && K % SG_UNIT == 0 && (size_t)T * K < (1u << 31) && N > 0 &&
-         N <= c->sgemm_maxn && N <= SG_MAXN && (!multi || N % 16 == 0);
+         N <= SG_MAXN && (!multi || N % 16 == 0);
 }
 
 int cuda_sgemm(cuda_ctx *c, const bf16 *x, int T, int K, int m, const bf16 *const *W,
@@ -335,11 +184,10 @@ int cuda_sgemm(cuda_ctx *c, const bf16 *x, int T, int K, int m, const bf16 *cons
     s.n0[i] = total;
     total += N[i];
   }
-  if (total > SG_MAXN || total > c->sgemm_maxn) return 0;
+  if (total > SG_MAXN) return 0;
   for (int i = m; i <= SG_MULTI; i++) s.n0[i] = total;
   s.cnt = m;
   float *ws = (float *)c->sg_ws;
-  if (T > 16) return sgemm_pipe(c, x, T, K, s, total, y_f32, ws);
   int R = (total + SG_ROWS - 1) / SG_ROWS, nu = K / SG_UNIT;
   int S = (SG_BLOCKS_PER_SM * c->n_sm + R / 2) / R;
   if (S > nu) S = nu;
@@ -351,7 +199,7 @@ int cuda_sgemm(cuda_ctx *c, const bf16 *x, int T, int K, int m, const bf16 *cons
   case n:                                                                                \
     k_sgemm<n><<<grid, SG_WARPS * 32, 0, c->st>>>(x, s, T, K, S, y_f32, ws);             \
     break;
-    G(1) G(2) G(3) G(4) G(5) G(6) G(7) G(8) G(9) G(10) G(11) G(12) G(13) G(14) G(15) G(16)
+    G(1) G(2)
 #undef G
     default:
       return 0;

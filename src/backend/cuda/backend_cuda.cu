@@ -79,6 +79,7 @@ void cuda_gemm(cuda_ctx *c, const bf16 *x, const bf16 *W, int T, int K, int N, v
     return;
   }
   if (cuda_sgemm(c, x, T, K, 1, &W, &y, &N, y_f32)) return;
+  if (cuda_lt_gemm(c, x, W, T, K, N, y, y_f32)) return;
   const float alpha = 1.f, beta = 0.f;
   /* column-major view: Y^T [N, T] = W^T(as [K, N] col-major)^T . X^T [K, T] */
   cublasStatus_t s = cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, N, T, K, &alpha, W,
@@ -1130,6 +1131,10 @@ static void w_argmax(backend *be, backend_buf x, int n, int V, backend_buf ids, 
 }
 
 /* Counters of the decode-step recorder (see backend_cuda.h). */
+extern "C" void backend_cuda_gemm_stats(backend *be, long out[3]) {
+  cuda_lt_stats(cuda_ctx_of(be), out);
+}
+
 extern "C" void backend_cuda_graph_stats(backend *be, long out[4]) {
   cuda_graphs *g = cuda_ctx_of(be)->gr;
   out[0] = g ? g->captures : 0;
@@ -1164,6 +1169,7 @@ static void cu_destroy(backend *be) {
     c->gr = NULL;
     cuda_moe_release(c);
     cuda_sgemm_release(c);
+    cuda_lt_release(c);
     if (c->blas) cublasDestroy(c->blas);
     cudaFree(c->blas_ws);
     cudaFree(c->scratch);
@@ -1231,6 +1237,7 @@ extern "C" backend *backend_cuda_create(int device, char *err, size_t errlen) {
     return NULL;
   }
   cublasSetMathMode(c->blas, CUBLAS_DEFAULT_MATH);
+  if (cuda_lt_init(c)) c->lt = NULL; /* timed GEMMs off, not fatal */
   {
     const char *lg = getenv("DS_CUDA_LEGACY"), *bi = getenv("DS_BATCH_INVARIANT");
     c->batch_invariant = bi && *bi && strcmp(bi, "0") != 0;

@@ -43,6 +43,7 @@ typedef struct cuda_batch {
 } cuda_batch;
 
 struct cuda_graphs; /* the decode-step recorder and graph cache (backend_cuda.cu) */
+struct cuda_lt;     /* cuBLASLt handle and the per-shape algorithm choices (cuda_lt.cu) */
 
 typedef struct cuda_ctx {
   int device;
@@ -79,6 +80,8 @@ typedef struct cuda_ctx {
   int sgemm_maxt;
   void *sg_ws;
   int n_sm;
+  /* GEMMs through cuBLASLt with timed algorithm choice (cuda_lt.cu; NULL: DS_GEMM_TUNE=0) */
+  struct cuda_lt *lt;
   /* DS_MOE_GROUPED=1: routed experts of large steps as per-expert GEMMs (cuda_moe.cu) */
   int moe_grouped;
   /* decode steps: ops recorded, fused and replayed as CUDA graphs (NULL: off) */
@@ -114,6 +117,17 @@ int cuda_sgemm(cuda_ctx *c, const bf16 *x, int T, int K, int m, const bf16 *cons
                void *const *y, const int *N, int y_f32);
 extern "C" int cuda_sgemm_init(cuda_ctx *c);
 extern "C" void cuda_sgemm_release(cuda_ctx *c);
+
+/* GEMMs through cuBLASLt with the algorithm chosen per shape by timing (cuda_lt.cu): takes
+ * y[T, N] = x[T, K] . W[N, K]^T (bf16 or fp32 y) and returns 1, or returns 0 with nothing
+ * launched (path off, shape not covered or not yet timed during a capture). cuda_lt_init reads
+ * DS_GEMM_TUNE / DS_GEMM_TUNE_MAXT (-1: initialisation failed, the path stays off);
+ * cuda_lt_stats: out[0] shapes timed, out[1] products run, out[2] products sent back. */
+int cuda_lt_gemm(cuda_ctx *c, const bf16 *x, const bf16 *W, int T, int K, int N, void *y,
+                 int y_f32);
+extern "C" int cuda_lt_init(cuda_ctx *c);
+extern "C" void cuda_lt_release(cuda_ctx *c);
+extern "C" void cuda_lt_stats(const cuda_ctx *c, long out[3]);
 
 /* Fused causal attention of the step's long prefill pieces (cuda_flash.cu): the rows of the
  * pieces the GEMM path would take (cuda_attn.cu); returns how many, 0 when the shape is not

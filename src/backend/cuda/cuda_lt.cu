@@ -1,0 +1,251 @@
+/* cuda_lt — the backend's GEMMs through cuBLASLt with the algorithm chosen per shape by timing.
+ *
+ * cublasGemmEx picks one algorithm per call from its heuristics. For the decode steps of 17..128
+ * rows (and prefill pieces) the weights are read once per product and the choice of tile and
+ * split-K decides how many bytes are in flight: the profile of a 64-sequence decode step showed
+ * cuBLAS's choices at 2.5 TB/s on average, with the 32-column projections at 7 µs each of
+ * pure latency (bench/NOTES.md). Here, the first time a shape (rows bucket, K, N, output type)
+ * is seen outside a graph capture, up to LT_CANDIDATES of cuBLASLt's heuristic answers are each
+ * run LT_REPS times on the call's own operands, with L2 flushed before every run (a decode
+ * step's weights come from HBM, never from L2), and the fastest is kept for the process. Every
+ * later product of that shape uses it, so a row's bits depend on the shape only, as they do
+ * with cublasGemmEx (only DS_BATCH_INVARIANT=1 promises more).
+ *
+ * Rows are bucketed (exact up to 32, then quarter-octaves: 40, 48, 56, 64, 80, ...); the first
+ * row count seen in a bucket is timed and its winner is used, after cublasLtMatmulAlgoCheck,
+ * for every row count of the bucket. Above DS_GEMM_TUNE_MAXT rows (1024) and for operands that
+ * are not 16-byte aligned the product stays with cublasGemmEx (cuda_lt_gemm returns 0).
+ * DS_GEMM_TUNE=0 turns the path off; DS_GEMM_TUNE_LOG=1 prints each timing's outcome. Timing stalls the stream once per shape (a few ms for a
+ * decode shape, ~10 ms for a 512-row one); inside a capture nothing is timed and a shape not
+ * yet known goes to cublasGemmEx. */
+#include <cublasLt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <unordered_map>
+
+#include "backend/cuda/cuda_common.cuh"
+
+#define LT_CANDIDATES 16
+#define LT_REPS 3
+#define LT_FLUSH_BYTES (64u << 20) /* larger than the H200's 50 MB L2 */
+#define LT_MAX_SHAPES 4096
+
+/* Descriptors of one exact shape and the algorithm it runs. */
+struct lt_plan {
+  cublasLtMatmulDesc_t op;
+  cublasLtMatrixLayout_t a, b, d;
+  cublasLtMatmulAlgo_t algo;
+  size_t ws;
+  int ok; /* 0: the shape goes to cublasGemmEx */
+  int T, K, N, f32;
+};
+
+struct lt_choice { /* a bucket's winner */
+  cublasLtMatmulAlgo_t algo;
+  int ok;
+};
+
+struct cuda_lt {
+  cublasLtHandle_t h;
+  int maxt, log;
+  void *flush;
+  cudaEvent_t e0, e1;
+  std::unordered_map<uint64_t, lt_plan> plans;     /* exact (T, K, N, f32) */
+  std::unordered_map<uint64_t, lt_choice> choices; /* (bucket, K, N, f32) */
+  long tuned, runs, fallbacks;
+};
+
+/* T < 2^20, K < 2^20, N < 2^23 (cuda_lt_gemm checks) */
+static uint64_t lt_key(int T, int K, int N, int f32) {
+  return ((uint64_t)T << 44) | ((uint64_t)K << 24) | ((uint64_t)N << 1) | (uint64_t)(f32 != 0);
+}
+
+/* The bucket a row count is timed in: exact to 32, then 4 buckets per octave (upper ends). */
+static int lt_bucket(int T) {
+  if (T <= 32) return T;
+  int p = 32;
+  while (p * 2 < T) p *= 2;
+  int step = p / 4;
+  return p + ((T - p + step - 1) / step) * step;
+}
+
+extern "C" int cuda_lt_init(cuda_ctx *c) {
+  c->lt = NULL;
+  const char *t = getenv("DS_GEMM_TUNE"), *mt = getenv("DS_GEMM_TUNE_MAXT");
+  if (t && strcmp(t, "0") == 0) return 0;
+  cuda_lt *lt = new cuda_lt();
+  lt->maxt = mt ? atoi(mt) : 1024;
+  const char *lg = getenv("DS_GEMM_TUNE_LOG"); /* one stderr line per timed shape */
+  lt->log = lg && strcmp(lg, "0") != 0;
+  lt->tuned = lt->runs = lt->fallbacks = 0;
+  if (cublasLtCreate(&lt->h) != CUBLAS_STATUS_SUCCESS) {
+    delete lt;
+    return -1;
+  }
+  if (cudaMalloc(&lt->flush, LT_FLUSH_BYTES) != cudaSuccess ||
+      cudaEventCreate(&lt->e0) != cudaSuccess || cudaEventCreate(&lt->e1) != cudaSuccess) {
+    cudaGetLastError();
+    cudaFree(lt->flush);
+    cublasLtDestroy(lt->h);
+    delete lt;
+    return -1;
+  }
+  c->lt = lt;
+  return 0;
+}
+
+static void plan_free(lt_plan &p) {
+  if (p.op) cublasLtMatmulDescDestroy(p.op);
+  if (p.a) cublasLtMatrixLayoutDestroy(p.a);
+  if (p.b) cublasLtMatrixLayoutDestroy(p.b);
+  if (p.d) cublasLtMatrixLayoutDestroy(p.d);
+}
+
+extern "C" void cuda_lt_release(cuda_ctx *c) {
+  cuda_lt *lt = c->lt;
+  if (!lt) return;
+  for (auto &kv : lt->plans) plan_free(kv.second);
+  cudaFree(lt->flush);
+  cudaEventDestroy(lt->e0);
+  cudaEventDestroy(lt->e1);
+  cublasLtDestroy(lt->h);
+  delete lt;
+  c->lt = NULL;
+}
+
+extern "C" void cuda_lt_stats(const cuda_ctx *c, long out[3]) {
+  const cuda_lt *lt = c->lt;
+  out[0] = lt ? lt->tuned : 0;
+  out[1] = lt ? lt->runs : 0;
+  out[2] = lt ? lt->fallbacks : 0;
+}
+
+/* Column-major view (as cuda_gemm's cublasGemmEx call): D^T [N, T] = op(W as [K, N])^T . X^T. */
+static int plan_make(cuda_ctx *c, lt_plan &p, int T, int K, int N, int f32) {
+  memset(&p, 0, sizeof p);
+  cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+  if (cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F) != CUBLAS_STATUS_SUCCESS ||
+      cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta) ||
+      cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb) ||
+      cublasLtMatrixLayoutCreate(&p.a, CUDA_R_16BF, K, N, K) ||
+      cublasLtMatrixLayoutCreate(&p.b, CUDA_R_16BF, K, T, K) ||
+      cublasLtMatrixLayoutCreate(&p.d, f32 ? CUDA_R_32F : CUDA_R_16BF, N, T, N)) {
+    plan_free(p);
+    memset(&p, 0, sizeof p);
+    (void)c;
+    return -1;
+  }
+  p.T = T;
+  p.K = K;
+  p.N = N;
+  p.f32 = f32;
+  return 0;
+}
+
+static cublasStatus_t plan_run(cuda_ctx *c, const lt_plan &p, const cublasLtMatmulAlgo_t *algo,
+                               const bf16 *x, const bf16 *W, void *y) {
+  const float alpha = 1.f, beta = 0.f;
+  return cublasLtMatmul(c->lt->h, p.op, &alpha, W, p.a, x, p.b, &beta, y, p.d, y, p.d, algo,
+                        c->blas_ws, c->blas_ws_bytes, c->st);
+}
+
+/* Times the heuristic's candidates on the call's operands; the winner, or ok = 0. */
+static lt_choice lt_tune(cuda_ctx *c, const lt_plan &p, const bf16 *x, const bf16 *W, void *y) {
+  cuda_lt *lt = c->lt;
+  lt_choice best;
+  memset(&best, 0, sizeof best);
+  cublasLtMatmulPreference_t pref = NULL;
+  cublasLtMatmulHeuristicResult_t res[LT_CANDIDATES];
+  int n = 0;
+  size_t ws = c->blas_ws_bytes;
+  if (cublasLtMatmulPreferenceCreate(&pref) != CUBLAS_STATUS_SUCCESS) return best;
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
+                                       sizeof ws);
+  if (cublasLtMatmulAlgoGetHeuristic(lt->h, p.op, p.a, p.b, p.d, p.d, pref, LT_CANDIDATES, res,
+                                     &n) != CUBLAS_STATUS_SUCCESS)
+    n = 0;
+  cublasLtMatmulPreferenceDestroy(pref);
+  float best_ms = 0.f, first_ms = -1.f;
+  int best_i = -1;
+  for (int i = 0; i < n; i++) {
+    if (res[i].state != CUBLAS_STATUS_SUCCESS) continue;
+    if (plan_run(c, p, &res[i].algo, x, W, y) != CUBLAS_STATUS_SUCCESS) continue; /* warm-up */
+    float total = 0.f;
+    int good = 1;
+    for (int r = 0; r < LT_REPS && good; r++) {
+      cudaMemsetAsync(lt->flush, r, LT_FLUSH_BYTES, c->st);
+      cudaEventRecord(lt->e0, c->st);
+      good = plan_run(c, p, &res[i].algo, x, W, y) == CUBLAS_STATUS_SUCCESS;
+      cudaEventRecord(lt->e1, c->st);
+      float ms = 0.f;
+      if (good && cudaEventSynchronize(lt->e1) == cudaSuccess &&
+          cudaEventElapsedTime(&ms, lt->e0, lt->e1) == cudaSuccess)
+        total += ms;
+      else
+        good = 0;
+    }
+    if (good && i == 0) first_ms = total;
+    if (good && (!best.ok || total < best_ms)) {
+      best.algo = res[i].algo;
+      best.ok = 1;
+      best_ms = total;
+      best_i = i;
+    }
+  }
+  cudaGetLastError();
+  if (lt->log)
+    fprintf(stderr, "gemm tune: T=%d K=%d N=%d %s: %d candidates, heuristic's first %.2f us, "
+            "chosen #%d %.2f us\n", p.T, p.K, p.N, p.f32 ? "f32" : "bf16", n,
+            first_ms * 1e3f / LT_REPS, best_i, best_ms * 1e3f / LT_REPS);
+  return best;
+}
+
+int cuda_lt_gemm(cuda_ctx *c, const bf16 *x, const bf16 *W, int T, int K, int N, void *y,
+                 int y_f32) {
+  cuda_lt *lt = c->lt;
+  if (!lt || c->legacy || T > lt->maxt || T >= (1 << 19) || K >= (1 << 20) || N >= (1 << 23) || K % 8 ||
+      N % 8 || (((uintptr_t)x | (uintptr_t)W | (uintptr_t)y) & 15))
+    return 0;
+  uint64_t k = lt_key(T, K, N, y_f32);
+  auto it = lt->plans.find(k);
+  if (it == lt->plans.end()) {
+    if (c->capturing || lt->plans.size() >= LT_MAX_SHAPES) return 0; /* nothing timed now */
+    lt_plan p;
+    if (plan_make(c, p, T, K, N, y_f32)) return 0;
+    uint64_t bk = lt_key(lt_bucket(T), K, N, y_f32);
+    auto ch = lt->choices.find(bk);
+    if (ch == lt->choices.end()) {
+      lt_choice w = lt_tune(c, p, x, W, y);
+      lt->tuned++;
+      ch = lt->choices.emplace(bk, w).first;
+    }
+    p.ok = ch->second.ok;
+    if (p.ok) {
+      p.algo = ch->second.algo;
+      cublasLtMatmulHeuristicResult_t chk;
+      memset(&chk, 0, sizeof chk);
+      p.ok = cublasLtMatmulAlgoCheck(lt->h, p.op, p.a, p.b, p.d, p.d, &p.algo, &chk) ==
+                 CUBLAS_STATUS_SUCCESS &&
+             chk.workspaceSize <= c->blas_ws_bytes;
+    }
+    if (!p.ok) {
+      plan_free(p);
+      memset(&p, 0, sizeof p);
+    }
+    it = lt->plans.emplace(k, p).first;
+  }
+  if (!it->second.ok) {
+    lt->fallbacks++;
+    return 0;
+  }
+  cublasStatus_t s = plan_run(c, it->second, &it->second.algo, x, W, y);
+  if (s != CUBLAS_STATUS_SUCCESS) {
+    char d[96];
+    snprintf(d, sizeof d, "cublasLtMatmul status %d (T=%d K=%d N=%d)", (int)s, T, K, N);
+    cuda_fail(c, "matmul", d);
+  }
+  lt->runs++;
+  return 1;
+}

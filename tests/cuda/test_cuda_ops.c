@@ -339,17 +339,24 @@ static void matmul_cases(void) {
   }
 }
 
-TEST(matmul) {
+/* matmul_cases with the timed cuBLASLt path forced (DS_GEMM_TUNE=always): T=128 K=9216
+ * N=2560 and T=64 K=4096 N=2560 go through it. */
+static void matmul_cases_lt(void) {
   long st0[3], st1[3];
   backend_cuda_gemm_stats(GPU, st0);
   matmul_cases();
   backend_cuda_gemm_stats(GPU, st1);
-  /* T=128 K=9216 N=2560 and T=64 K=4096 N=2560 go to the timed cuBLASLt path (cuda_lt.cu) */
+  n_checks++;
   EXPECT_MSG(st1[0] - st0[0] >= 2 && st1[1] - st0[1] >= 2,
              "timed GEMM path: %ld shapes timed, %ld products run", st1[0] - st0[0],
              st1[1] - st0[1]);
+}
+
+TEST(matmul) {
+  matmul_cases();
   with_gpu("DS_SGEMM_MAXT", "0", matmul_cases);
   with_gpu("DS_GEMM_TUNE", "0", matmul_cases);
+  with_gpu("DS_GEMM_TUNE", "always", matmul_cases_lt);
 }
 
 /* A decode step of T one-row pieces (sequence i at position 3 + i, page i) on GPU and CPU. */
@@ -423,7 +430,8 @@ static void sgemm_fused_cases(void) {
 
 TEST(sgemm_fused) { sgemm_fused_cases(); }
 
-/* The timed cuBLASLt path in decode steps of 17..128 rows: each product within bf16
+/* The timed cuBLASLt path (forced: DS_GEMM_TUNE=always) in decode steps of 17..128 rows: each
+ * product within bf16
  * tolerance of the CPU; the direct step, the captured one and the replay give the same bits;
  * a row count in an already-timed bucket (36 after 40: both in 33..40) reuses its choice
  * (no new timing) and is still correct. */
@@ -477,11 +485,13 @@ static void gemm_tuned_case(int T, int expect_new) {
   free(x);
 }
 
-TEST(gemm_tuned) {
+static void gemm_tuned_cases(void) {
   gemm_tuned_case(40, 1);
   gemm_tuned_case(36, 0);
   gemm_tuned_case(24, 1);
 }
+
+TEST(gemm_tuned) { with_gpu("DS_GEMM_TUNE", "always", gemm_tuned_cases); }
 
 /* DS_BATCH_INVARIANT=1: a row's bits are the same whatever the row count (1 .. 67, across
  * the GEMV/tile boundaries 8 and 64), on the vector path (K % 8 == 0) and the scalar one; the

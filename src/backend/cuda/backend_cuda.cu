@@ -80,17 +80,21 @@ void cuda_gemm(cuda_ctx *c, const bf16 *x, const bf16 *W, int T, int K, int N, v
   }
   if (cuda_sgemm(c, x, T, K, 1, &W, &y, &N, y_f32)) return;
   if (cuda_lt_gemm(c, x, W, T, K, N, y, y_f32)) return;
-  const float alpha = 1.f, beta = 0.f;
-  /* column-major view: Y^T [N, T] = W^T(as [K, N] col-major)^T . X^T [K, T] */
-  cublasStatus_t s = cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, N, T, K, &alpha, W,
-                                  CUDA_R_16BF, K, x, CUDA_R_16BF, K, &beta, y,
-                                  y_f32 ? CUDA_R_32F : CUDA_R_16BF, N, CUBLAS_COMPUTE_32F,
-                                  CUBLAS_GEMM_DEFAULT);
+  cublasStatus_t s = cuda_gemm_cublas(c, x, W, T, K, N, y, y_f32);
   if (s != CUBLAS_STATUS_SUCCESS) {
     char d[64];
     snprintf(d, sizeof d, "cublasGemmEx status %d (T=%d K=%d N=%d)", (int)s, T, K, N);
     cuda_fail(c, "matmul", d);
   }
+}
+
+cublasStatus_t cuda_gemm_cublas(cuda_ctx *c, const bf16 *x, const bf16 *W, int T, int K, int N,
+                                void *y, int y_f32) {
+  const float alpha = 1.f, beta = 0.f;
+  /* column-major view: Y^T [N, T] = W^T(as [K, N] col-major)^T . X^T [K, T] */
+  return cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, N, T, K, &alpha, W, CUDA_R_16BF, K, x,
+                      CUDA_R_16BF, K, &beta, y, y_f32 ? CUDA_R_32F : CUDA_R_16BF, N,
+                      CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
 }
 
 /* ---- memory ---- */
@@ -249,6 +253,7 @@ static size_t cu_weight_bytes(backend *be, backend_weight w) {
 static int cu_set_batch(backend *be, const backend_batch *b) {
   cuda_ctx *c = cuda_ctx_of(be);
   graph_flush(c);
+  c->step_no++;
   if (c->failed) return -1;
   size_t T = (size_t)b->n_tokens, S = (size_t)b->n_seqs;
   size_t nch = 0; /* DeltaNet chunks of the prefill pieces, at most */

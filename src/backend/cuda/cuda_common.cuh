@@ -57,6 +57,7 @@ typedef struct cuda_ctx {
   cudaEvent_t meta_done;    /* the last upload finished reading h_meta */
   int meta_pending;
   cuda_batch b;        /* device pointers */
+  long step_no;        /* set_batch calls so far */
   backend_batch hb;    /* host copies (pointers into h_host) */
   int32_t *h_host;     /* host copy of the metadata (plain memory) */
   int32_t *h_prefill, *h_decode;
@@ -106,6 +107,9 @@ void *cuda_scratch(cuda_ctx *c, size_t bytes);
 /* y[T, N] = x[T, K] . W[N, K]^T with fp32 accumulation; y bf16 (y_f32 = 0) or fp32. */
 void cuda_gemm(cuda_ctx *c, const bf16 *x, const bf16 *W, int T, int K, int N, void *y,
                int y_f32);
+/* The same product by cublasGemmEx alone (cuda_gemm's last resort; the tuner's yardstick). */
+cublasStatus_t cuda_gemm_cublas(cuda_ctx *c, const bf16 *x, const bf16 *W, int T, int K, int N,
+                                void *y, int y_f32);
 
 /* Skinny GEMMs (cuda_sgemm.cu): y_i[T, N_i] = x[T, K] . W_i[N_i, K]^T for m <= SG_MULTI
  * products of one x, in one launch; y bf16 or (y_f32) fp32. Returns 0 when the shape is not

@@ -741,6 +741,8 @@ struct cuda_graphs {
   int rec;        /* recording the current step */
   int use_graphs; /* capture and replay (else only the rewrites) */
   int fuse;       /* the peephole rewrites */
+  int lt_due;     /* a recorded product's shape is due for timing (cuda_lt.cu): run directly */
+  long lt_gen;    /* cuda_lt_generation when the cached graphs were captured */
   std::vector<gop> ops;
   std::vector<uint8_t> sig, last_sig, bad_sig;
   std::vector<graph_entry> cache;
@@ -793,10 +795,17 @@ static void graph_begin(cuda_ctx *c) {
   if (!g || c->failed) return;
   g->ops.clear();
   g->sig.clear();
+  g->lt_due = 0;
   g->rec = c->b.n_tokens > 0 && c->b.n_prefill == 0 && c->b.n_decode == c->b.n_tokens;
   if (g->rec)
     sig_put(g->sig, 0, c->b.n_tokens, c->b.n_seqs, c->b.max_pages, c->b.n_out, c->d_meta,
             c->b.tokens, c->b.page_table, c->b.out_rows, c->b.decode_ids);
+}
+
+/* The GEMV path's test on a product's shape (gemv() takes it). */
+static int gemv_fits_shape(cuda_ctx *c, const bf16 *x, const cuda_weight *W, int T, int K) {
+  return !c->legacy && T >= 1 && T <= c->gemv_maxt && K % 8 == 0 &&
+         !(((uintptr_t)x | (uintptr_t)W->bf) & 15);
 }
 
 static int gemv_fits(cuda_ctx *c, const gop &o) {
@@ -997,7 +1006,11 @@ static void graph_flush(cuda_ctx *c) {
   }
   uint64_t h = sig_hash(g->sig);
   int done = 0;
-  if (g->use_graphs) {
+  if (g->use_graphs && cuda_lt_generation(c) != g->lt_gen) { /* GEMM choices changed */
+    graph_clear(c);
+    g->lt_gen = cuda_lt_generation(c);
+  }
+  if (g->use_graphs && !g->lt_due) {
     for (auto &e : g->cache) {
       if (e.h != h || e.scratch != c->scratch || e.sig != g->sig) continue;
       if (cudaGraphLaunch(e.exec, c->st) == cudaSuccess) {
@@ -1052,6 +1065,10 @@ static void w_matmul(backend *be, backend_buf x, backend_weight W, int T, int K,
     return;
   }
   sig_put(g->sig, 4, x, W, T, K, N, y);
+  cuda_ctx *c = cuda_ctx_of(be);
+  if (!gemv_fits_shape(c, (const bf16 *)x, CW(W), T, K) && !cuda_sgemm_fits(c, T, K, N, 0) &&
+      cuda_lt_due(c, (const bf16 *)x, CW(W)->bf, T, K, N, y, 0))
+    g->lt_due = 1; /* run this step directly: the product's timing happens then */
   gop o{};
   o.kind = GOP_MATMUL;
   o.run = [be, x, W, T, K, N, y]() { cu_matmul(be, x, W, T, K, N, y); };

@@ -129,6 +129,12 @@ extern "C" void cuda_sgemm_release(cuda_ctx *c);
  * cuda_lt_stats: out[0] shapes timed, out[1] products run, out[2] products sent back. */
 int cuda_lt_gemm(cuda_ctx *c, const bf16 *x, const bf16 *W, int T, int K, int N, void *y,
                  int y_f32);
+/* For the decode-step recorder: counts a recorded product's step; 1 when its shape is due for
+ * timing (the step must then run directly, not as a graph replay). cuda_lt_generation moves
+ * whenever a shape starts running a cuBLASLt algorithm (graphs captured before are stale). */
+int cuda_lt_due(cuda_ctx *c, const bf16 *x, const bf16 *W, int T, int K, int N, void *y,
+                int y_f32);
+long cuda_lt_generation(const cuda_ctx *c);
 extern "C" int cuda_lt_init(cuda_ctx *c);
 extern "C" void cuda_lt_release(cuda_ctx *c);
 extern "C" void cuda_lt_stats(const cuda_ctx *c, long out[3]);

@@ -20,7 +20,9 @@
  * first product and takes the best cuBLASLt candidate even when cublasGemmEx is faster;
  * DS_GEMM_TUNE_LOG=1 prints each timing's outcome. Timing stalls the stream once per shape (a few ms for a
  * decode shape, ~10 ms for a 512-row one); inside a capture nothing is timed and a shape not
- * yet known goes to cublasGemmEx. */
+ * yet known goes to cublasGemmEx. Decode steps replayed as CUDA graphs issue no products: the
+ * recorder asks cuda_lt_due for each recorded product, runs a step with a due shape directly
+ * (which times it) and drops its captured graphs when cuda_lt_generation moved. */
 #include <cublasLt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -63,6 +65,7 @@ struct cuda_lt {
   /* shapes not yet planned: steps that had a product of them, the last such step */
   std::unordered_map<uint64_t, std::pair<int, long>> seen;
   long tuned, runs, fallbacks;
+  long generation; /* plans that run a cuBLASLt algorithm so far (captured graphs go stale) */
 };
 
 /* T < 2^20, K < 2^20, N < 2^23 (cuda_lt_gemm checks) */
@@ -89,7 +92,7 @@ extern "C" int cuda_lt_init(cuda_ctx *c) {
   lt->seen_min = lt->always ? 1 : LT_SEEN;
   const char *lg = getenv("DS_GEMM_TUNE_LOG"); /* one stderr line per timed shape */
   lt->log = lg && strcmp(lg, "0") != 0;
-  lt->tuned = lt->runs = lt->fallbacks = 0;
+  lt->tuned = lt->runs = lt->fallbacks = lt->generation = 0;
   if (cublasLtCreate(&lt->h) != CUBLAS_STATUS_SUCCESS) {
     delete lt;
     return -1;
@@ -235,23 +238,44 @@ static lt_choice lt_tune(cuda_ctx *c, const lt_plan &p, const bf16 *x, const bf1
   return best;
 }
 
+static int lt_covered(const cuda_ctx *c, const void *x, const void *W, int T, int K, int N,
+                      const void *y) {
+  const cuda_lt *lt = c->lt;
+  return lt && !c->legacy && !c->batch_invariant && T > 0 && T <= lt->maxt && T < (1 << 19) &&
+         K < (1 << 20) && N < (1 << 23) && K % 8 == 0 && N % 8 == 0 &&
+         !(((uintptr_t)x | (uintptr_t)W | (uintptr_t)y) & 15);
+}
+
+/* Counts this step's sighting of a shape not yet planned; 1 when it is due for timing. */
+static int lt_sight(cuda_ctx *c, uint64_t k) {
+  auto &sn = c->lt->seen[k];
+  if (sn.first == 0 || sn.second != c->step_no) {
+    sn.first++;
+    sn.second = c->step_no;
+  }
+  return sn.first >= c->lt->seen_min;
+}
+
+int cuda_lt_due(cuda_ctx *c, const bf16 *x, const bf16 *W, int T, int K, int N, void *y,
+                int y_f32) {
+  if (!lt_covered(c, x, W, T, K, N, y)) return 0;
+  uint64_t k = lt_key(T, K, N, y_f32);
+  if (c->lt->plans.count(k)) return 0;
+  return lt_sight(c, k);
+}
+
+long cuda_lt_generation(const cuda_ctx *c) { return c->lt ? c->lt->generation : 0; }
+
 int cuda_lt_gemm(cuda_ctx *c, const bf16 *x, const bf16 *W, int T, int K, int N, void *y,
                  int y_f32) {
   cuda_lt *lt = c->lt;
-  if (!lt || c->legacy || T > lt->maxt || T >= (1 << 19) || K >= (1 << 20) || N >= (1 << 23) ||
-      K % 8 || N % 8 || (((uintptr_t)x | (uintptr_t)W | (uintptr_t)y) & 15))
-    return 0;
+  if (!lt_covered(c, x, W, T, K, N, y)) return 0;
   uint64_t k = lt_key(T, K, N, y_f32);
   auto it = lt->plans.find(k);
   if (it == lt->plans.end()) {
     /* a shape is timed in the LT_SEEN-th step that has it, outside a capture, not before:
      * one-off row counts (a batch shrinking as sequences finish) never pay for a timing */
-    auto &sn = lt->seen[k];
-    if (sn.first == 0 || sn.second != c->step_no) {
-      sn.first++;
-      sn.second = c->step_no;
-    }
-    if (sn.first < lt->seen_min || c->capturing || lt->plans.size() >= LT_MAX_SHAPES) return 0;
+    if (!lt_sight(c, k) || c->capturing || lt->plans.size() >= LT_MAX_SHAPES) return 0;
     lt_plan p;
     if (plan_make(c, p, T, K, N, y_f32)) return 0;
     uint64_t bk = lt_key(lt_bucket(T), K, N, y_f32);
@@ -273,6 +297,8 @@ int cuda_lt_gemm(cuda_ctx *c, const bf16 *x, const bf16 *W, int T, int K, int N,
     if (!p.ok) {
       plan_free(p);
       memset(&p, 0, sizeof p);
+    } else {
+      lt->generation++;
     }
     it = lt->plans.emplace(k, p).first;
     lt->seen.erase(k);

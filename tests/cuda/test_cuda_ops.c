@@ -339,24 +339,9 @@ static void matmul_cases(void) {
   }
 }
 
-/* matmul_cases with the timed cuBLASLt path forced (DS_GEMM_TUNE=always): T=128 K=9216
- * N=2560 and T=64 K=4096 N=2560 go through it. */
-static void matmul_cases_lt(void) {
-  long st0[3], st1[3];
-  backend_cuda_gemm_stats(GPU, st0);
-  matmul_cases();
-  backend_cuda_gemm_stats(GPU, st1);
-  n_checks++;
-  EXPECT_MSG(st1[0] - st0[0] >= 2 && st1[1] - st0[1] >= 2,
-             "timed GEMM path: %ld shapes timed, %ld products run", st1[0] - st0[0],
-             st1[1] - st0[1]);
-}
-
 TEST(matmul) {
   matmul_cases();
   with_gpu("DS_SGEMM_MAXT", "0", matmul_cases);
-  with_gpu("DS_GEMM_TUNE", "0", matmul_cases);
-  with_gpu("DS_GEMM_TUNE", "always", matmul_cases_lt);
 }
 
 /* A decode step of T one-row pieces (sequence i at position 3 + i, page i) on GPU and CPU. */
@@ -429,69 +414,6 @@ static void sgemm_fused_cases(void) {
 }
 
 TEST(sgemm_fused) { sgemm_fused_cases(); }
-
-/* The timed cuBLASLt path (forced: DS_GEMM_TUNE=always) in decode steps of 17..128 rows: each
- * product within bf16
- * tolerance of the CPU; the direct step, the captured one and the replay give the same bits;
- * a row count in an already-timed bucket (36 after 40: both in 33..40) reuses its choice
- * (no new timing) and is still correct. */
-static void gemm_tuned_case(int T, int expect_new) {
-  int K = 2560, Ns[2] = {4096, 32};
-  long st0[3], st1[3];
-  backend_cuda_gemm_stats(GPU, st0);
-  float *x = rand_vec((size_t)T * K, 1.f), *W[2];
-  wpair w[2];
-  pair px = pr(BACKEND_KIND_ACT, x, (size_t)T * K), y[2];
-  uint16_t *first[2] = {NULL, NULL};
-  for (int j = 0; j < 2; j++) {
-    W[j] = rand_vec((size_t)Ns[j] * K, 0.1f);
-    w[j] = wup(W[j], Ns[j], K);
-    y[j] = pr_out(BACKEND_KIND_ACT, (size_t)T * Ns[j]);
-  }
-  for (int step = 0; step < 3; step++) { /* direct, captured, replayed */
-    decode_rows_batch(T);
-    for (int j = 0; j < 2; j++) {
-      if (step == 0) CPU->matmul(CPU, px.c, w[j].c, T, K, Ns[j], y[j].c);
-      GPU->matmul(GPU, px.g, w[j].g, T, K, Ns[j], y[j].g);
-    }
-    for (int j = 0; j < 2; j++) {
-      size_t n = (size_t)T * Ns[j];
-      uint16_t *r = malloc(n * 2);
-      EXPECT(GPU->read(GPU, y[j].g, 0, r, n * 2) == 0);
-      if (step == 0) {
-        char what[64];
-        snprintf(what, sizeof what, "timed gemm T=%d N=%d", T, Ns[j]);
-        CMP(y[j].c, y[j].g, BACKEND_KIND_ACT, n, 6e-3, what);
-        first[j] = r;
-      } else {
-        EXPECT_MSG(memcmp(first[j], r, n * 2) == 0, "T=%d product %d: step %d differs", T, j, step);
-        free(r);
-      }
-    }
-  }
-  backend_cuda_gemm_stats(GPU, st1);
-  n_checks++;
-  EXPECT_MSG(st1[0] - st0[0] == (expect_new ? 2 : 0), "T=%d: %ld shapes timed, expected %d", T,
-             st1[0] - st0[0], expect_new ? 2 : 0);
-  EXPECT_MSG(st1[1] - st0[1] >= 4, "T=%d: %ld products on the timed path", T, st1[1] - st0[1]);
-  gpu_ok();
-  for (int j = 0; j < 2; j++) {
-    free(first[j]);
-    pr_free(y[j]);
-    wfree(w[j]);
-    free(W[j]);
-  }
-  pr_free(px);
-  free(x);
-}
-
-static void gemm_tuned_cases(void) {
-  gemm_tuned_case(40, 1);
-  gemm_tuned_case(36, 0);
-  gemm_tuned_case(24, 1);
-}
-
-TEST(gemm_tuned) { with_gpu("DS_GEMM_TUNE", "always", gemm_tuned_cases); }
 
 /* DS_BATCH_INVARIANT=1: a row's bits are the same whatever the row count (1 .. 67, across
  * the GEMV/tile boundaries 8 and 64), on the vector path (K % 8 == 0) and the scalar one; the
@@ -1181,7 +1103,6 @@ int main(void) {
   RUN(elementwise);
   RUN(matmul);
   RUN(sgemm_fused);
-  RUN(gemm_tuned);
   RUN(batch_invariant_gemm);
   RUN(qk_norm_rope);
   RUN(attention);

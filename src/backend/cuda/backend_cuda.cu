@@ -79,22 +79,17 @@ void cuda_gemm(cuda_ctx *c, const bf16 *x, const bf16 *W, int T, int K, int N, v
     return;
   }
   if (cuda_sgemm(c, x, T, K, 1, &W, &y, &N, y_f32)) return;
-  if (cuda_lt_gemm(c, x, W, T, K, N, y, y_f32)) return;
-  cublasStatus_t s = cuda_gemm_cublas(c, x, W, T, K, N, y, y_f32);
+  const float alpha = 1.f, beta = 0.f;
+  /* column-major view: Y^T [N, T] = W^T(as [K, N] col-major)^T . X^T [K, T] */
+  cublasStatus_t s = cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, N, T, K, &alpha, W,
+                                  CUDA_R_16BF, K, x, CUDA_R_16BF, K, &beta, y,
+                                  y_f32 ? CUDA_R_32F : CUDA_R_16BF, N, CUBLAS_COMPUTE_32F,
+                                  CUBLAS_GEMM_DEFAULT);
   if (s != CUBLAS_STATUS_SUCCESS) {
     char d[64];
     snprintf(d, sizeof d, "cublasGemmEx status %d (T=%d K=%d N=%d)", (int)s, T, K, N);
     cuda_fail(c, "matmul", d);
   }
-}
-
-cublasStatus_t cuda_gemm_cublas(cuda_ctx *c, const bf16 *x, const bf16 *W, int T, int K, int N,
-                                void *y, int y_f32) {
-  const float alpha = 1.f, beta = 0.f;
-  /* column-major view: Y^T [N, T] = W^T(as [K, N] col-major)^T . X^T [K, T] */
-  return cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, N, T, K, &alpha, W, CUDA_R_16BF, K, x,
-                      CUDA_R_16BF, K, &beta, y, y_f32 ? CUDA_R_32F : CUDA_R_16BF, N,
-                      CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
 }
 
 /* ---- memory ---- */
@@ -253,7 +248,6 @@ static size_t cu_weight_bytes(backend *be, backend_weight w) {
 static int cu_set_batch(backend *be, const backend_batch *b) {
   cuda_ctx *c = cuda_ctx_of(be);
   graph_flush(c);
-  c->step_no++;
   if (c->failed) return -1;
   size_t T = (size_t)b->n_tokens, S = (size_t)b->n_seqs;
   size_t nch = 0; /* DeltaNet chunks of the prefill pieces, at most */
@@ -741,8 +735,6 @@ struct cuda_graphs {
   int rec;        /* recording the current step */
   int use_graphs; /* capture and replay (else only the rewrites) */
   int fuse;       /* the peephole rewrites */
-  int lt_due;     /* a recorded product's shape is due for timing (cuda_lt.cu): run directly */
-  long lt_gen;    /* cuda_lt_generation when the cached graphs were captured */
   std::vector<gop> ops;
   std::vector<uint8_t> sig, last_sig, bad_sig;
   std::vector<graph_entry> cache;
@@ -795,17 +787,10 @@ static void graph_begin(cuda_ctx *c) {
   if (!g || c->failed) return;
   g->ops.clear();
   g->sig.clear();
-  g->lt_due = 0;
   g->rec = c->b.n_tokens > 0 && c->b.n_prefill == 0 && c->b.n_decode == c->b.n_tokens;
   if (g->rec)
     sig_put(g->sig, 0, c->b.n_tokens, c->b.n_seqs, c->b.max_pages, c->b.n_out, c->d_meta,
             c->b.tokens, c->b.page_table, c->b.out_rows, c->b.decode_ids);
-}
-
-/* The GEMV path's test on a product's shape (gemv() takes it). */
-static int gemv_fits_shape(cuda_ctx *c, const bf16 *x, const cuda_weight *W, int T, int K) {
-  return !c->legacy && T >= 1 && T <= c->gemv_maxt && K % 8 == 0 &&
-         !(((uintptr_t)x | (uintptr_t)W->bf) & 15);
 }
 
 static int gemv_fits(cuda_ctx *c, const gop &o) {
@@ -1006,11 +991,7 @@ static void graph_flush(cuda_ctx *c) {
   }
   uint64_t h = sig_hash(g->sig);
   int done = 0;
-  if (g->use_graphs && cuda_lt_generation(c) != g->lt_gen) { /* GEMM choices changed */
-    graph_clear(c);
-    g->lt_gen = cuda_lt_generation(c);
-  }
-  if (g->use_graphs && !g->lt_due) {
+  if (g->use_graphs) {
     for (auto &e : g->cache) {
       if (e.h != h || e.scratch != c->scratch || e.sig != g->sig) continue;
       if (cudaGraphLaunch(e.exec, c->st) == cudaSuccess) {
@@ -1065,10 +1046,6 @@ static void w_matmul(backend *be, backend_buf x, backend_weight W, int T, int K,
     return;
   }
   sig_put(g->sig, 4, x, W, T, K, N, y);
-  cuda_ctx *c = cuda_ctx_of(be);
-  if (!gemv_fits_shape(c, (const bf16 *)x, CW(W), T, K) && !cuda_sgemm_fits(c, T, K, N, 0) &&
-      cuda_lt_due(c, (const bf16 *)x, CW(W)->bf, T, K, N, y, 0))
-    g->lt_due = 1; /* run this step directly: the product's timing happens then */
   gop o{};
   o.kind = GOP_MATMUL;
   o.run = [be, x, W, T, K, N, y]() { cu_matmul(be, x, W, T, K, N, y); };
@@ -1153,10 +1130,6 @@ static void w_argmax(backend *be, backend_buf x, int n, int V, backend_buf ids, 
 }
 
 /* Counters of the decode-step recorder (see backend_cuda.h). */
-extern "C" void backend_cuda_gemm_stats(backend *be, long out[3]) {
-  cuda_lt_stats(cuda_ctx_of(be), out);
-}
-
 extern "C" void backend_cuda_graph_stats(backend *be, long out[4]) {
   cuda_graphs *g = cuda_ctx_of(be)->gr;
   out[0] = g ? g->captures : 0;
@@ -1191,7 +1164,6 @@ static void cu_destroy(backend *be) {
     c->gr = NULL;
     cuda_moe_release(c);
     cuda_sgemm_release(c);
-    cuda_lt_release(c);
     if (c->blas) cublasDestroy(c->blas);
     cudaFree(c->blas_ws);
     cudaFree(c->scratch);
@@ -1259,7 +1231,6 @@ extern "C" backend *backend_cuda_create(int device, char *err, size_t errlen) {
     return NULL;
   }
   cublasSetMathMode(c->blas, CUBLAS_DEFAULT_MATH);
-  if (cuda_lt_init(c)) c->lt = NULL; /* timed GEMMs off, not fatal */
   {
     const char *lg = getenv("DS_CUDA_LEGACY"), *bi = getenv("DS_BATCH_INVARIANT");
     c->batch_invariant = bi && *bi && strcmp(bi, "0") != 0;

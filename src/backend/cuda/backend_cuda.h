@@ -23,11 +23,6 @@ backend *backend_cuda_create(int device, char *err, size_t errlen);
  * recording is off (DS_CUDA_GRAPHS=0, DS_CUDA_LEGACY=1). For tests and benchmarks. */
 void backend_cuda_graph_stats(backend *be, long out[4]);
 
-/* Counters of the timed GEMM path (cuda_lt.cu): out[0] shapes timed, out[1] products run
- * through it, out[2] products it sent back to cublasGemmEx. All 0 when it is off
- * (DS_GEMM_TUNE=0). For tests and benchmarks. */
-void backend_cuda_gemm_stats(backend *be, long out[3]);
-
 #ifdef __cplusplus
 }
 #endif

@@ -43,7 +43,6 @@ typedef struct cuda_batch {
 } cuda_batch;
 
 struct cuda_graphs; /* the decode-step recorder and graph cache (backend_cuda.cu) */
-struct cuda_lt;     /* cuBLASLt handle and the per-shape algorithm choices (cuda_lt.cu) */
 
 typedef struct cuda_ctx {
   int device;
@@ -57,7 +56,6 @@ typedef struct cuda_ctx {
   cudaEvent_t meta_done;    /* the last upload finished reading h_meta */
   int meta_pending;
   cuda_batch b;        /* device pointers */
-  long step_no;        /* set_batch calls so far */
   backend_batch hb;    /* host copies (pointers into h_host) */
   int32_t *h_host;     /* host copy of the metadata (plain memory) */
   int32_t *h_prefill, *h_decode;
@@ -81,8 +79,6 @@ typedef struct cuda_ctx {
   int sgemm_maxt;
   void *sg_ws;
   int n_sm;
-  /* GEMMs through cuBLASLt with timed algorithm choice (cuda_lt.cu; NULL: DS_GEMM_TUNE=0) */
-  struct cuda_lt *lt;
   /* DS_MOE_GROUPED=1: routed experts of large steps as per-expert GEMMs (cuda_moe.cu) */
   int moe_grouped;
   /* decode steps: ops recorded, fused and replayed as CUDA graphs (NULL: off) */
@@ -107,9 +103,6 @@ void *cuda_scratch(cuda_ctx *c, size_t bytes);
 /* y[T, N] = x[T, K] . W[N, K]^T with fp32 accumulation; y bf16 (y_f32 = 0) or fp32. */
 void cuda_gemm(cuda_ctx *c, const bf16 *x, const bf16 *W, int T, int K, int N, void *y,
                int y_f32);
-/* The same product by cublasGemmEx alone (cuda_gemm's last resort; the tuner's yardstick). */
-cublasStatus_t cuda_gemm_cublas(cuda_ctx *c, const bf16 *x, const bf16 *W, int T, int K, int N,
-                                void *y, int y_f32);
 
 /* Skinny GEMMs (cuda_sgemm.cu): y_i[T, N_i] = x[T, K] . W_i[N_i, K]^T for m <= SG_MULTI
  * products of one x, in one launch; y bf16 or (y_f32) fp32. Returns 0 when the shape is not
@@ -121,23 +114,6 @@ int cuda_sgemm(cuda_ctx *c, const bf16 *x, int T, int K, int m, const bf16 *cons
                void *const *y, const int *N, int y_f32);
 extern "C" int cuda_sgemm_init(cuda_ctx *c);
 extern "C" void cuda_sgemm_release(cuda_ctx *c);
-
-/* GEMMs through cuBLASLt with the algorithm chosen per shape by timing (cuda_lt.cu): takes
- * y[T, N] = x[T, K] . W[N, K]^T (bf16 or fp32 y) and returns 1, or returns 0 with nothing
- * launched (path off, shape not covered or not yet timed during a capture). cuda_lt_init reads
- * DS_GEMM_TUNE / DS_GEMM_TUNE_MAXT (-1: initialisation failed, the path stays off);
- * cuda_lt_stats: out[0] shapes timed, out[1] products run, out[2] products sent back. */
-int cuda_lt_gemm(cuda_ctx *c, const bf16 *x, const bf16 *W, int T, int K, int N, void *y,
-                 int y_f32);
-/* For the decode-step recorder: counts a recorded product's step; 1 when its shape is due for
- * timing (the step must then run directly, not as a graph replay). cuda_lt_generation moves
- * whenever a shape starts running a cuBLASLt algorithm (graphs captured before are stale). */
-int cuda_lt_due(cuda_ctx *c, const bf16 *x, const bf16 *W, int T, int K, int N, void *y,
-                int y_f32);
-long cuda_lt_generation(const cuda_ctx *c);
-extern "C" int cuda_lt_init(cuda_ctx *c);
-extern "C" void cuda_lt_release(cuda_ctx *c);
-extern "C" void cuda_lt_stats(const cuda_ctx *c, long out[3]);
 
 /* Fused causal attention of the step's long prefill pieces (cuda_flash.cu): the rows of the
  * pieces the GEMM path would take (cuda_attn.cu); returns how many, 0 when the shape is not

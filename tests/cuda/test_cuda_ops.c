@@ -247,10 +247,11 @@ TEST(embed) {
   free(E);
 }
 
+/* n = 1003: the one-element kernel; 4096, 2560 (320 threads) and 8192 (1024): the 16-byte one */
 TEST(rmsnorm) {
   int T = 7;
-  int ns[2] = {1003, 4096};
-  for (int k = 0; k < 2; k++) {
+  int ns[4] = {1003, 4096, 2560, 8192};
+  for (int k = 0; k < 4; k++) {
     int n = ns[k];
     float *x = rand_vec((size_t)T * n, 2.f), *a = rand_vec((size_t)T * n, 1.f),
           *w = rand_vec(n, 0.5f);
@@ -589,10 +590,12 @@ TEST(attention) {
   attention_case(4, 4, 80);
 }
 
-TEST(conv1d) {
-  pieces p = {4, {37, 20, 1, 1}, {0, 50, 300, 0}, {3, 0, 2, 1}};
-  set_batch(&p, 0, NULL);
-  int T = T_of(&p), C = 301, K = 4;
+/* C odd: the one-channel prefill kernel; C even: two channels per thread, whose fast path
+ * takes runs of 16 rows inside one piece (fresh, from the state, from earlier rows) and whose
+ * per-row path takes runs that straddle pieces or end the step. */
+static void conv1d_case(int C, const pieces *p) {
+  set_batch(p, 0, NULL);
+  int T = T_of(p), K = 4;
   float *x = rand_vec((size_t)T * C, 1.f), *w = rand_vec((size_t)C * K, 0.5f),
         *st = rand_vec((size_t)4 * C * (K - 1), 1.f);
   wpair wp = wup(w, C, K);
@@ -600,15 +603,20 @@ TEST(conv1d) {
   pair o = pr_out(BACKEND_KIND_ACT, (size_t)T * C);
   CPU->conv1d(CPU, ps.c, px.c, wp.c, C, K, o.c);
   GPU->conv1d(GPU, ps.g, px.g, wp.g, C, K, o.g);
-  CMP(o.c, o.g, BACKEND_KIND_ACT, o.n, 6e-3, "conv1d out");
-  CMP(ps.c, ps.g, BACKEND_KIND_F32, ps.n, 1e-6, "conv1d state");
+  char what[64];
+  snprintf(what, sizeof what, "conv1d out C=%d T=%d", C, T);
+  CMP(o.c, o.g, BACKEND_KIND_ACT, o.n, 6e-3, what);
+  snprintf(what, sizeof what, "conv1d state C=%d T=%d", C, T);
+  CMP(ps.c, ps.g, BACKEND_KIND_F32, ps.n, 1e-6, what);
   /* a decode-only step (the one-launch kernel): one row per piece, one of them fresh */
   pieces d = {3, {1, 1, 1}, {57, 0, 301}, {3, 0, 2}};
   set_batch(&d, 0, NULL);
   CPU->conv1d(CPU, ps.c, px.c, wp.c, C, K, o.c);
   GPU->conv1d(GPU, ps.g, px.g, wp.g, C, K, o.g);
-  CMP(o.c, o.g, BACKEND_KIND_ACT, (size_t)3 * C, 6e-3, "conv1d decode out");
-  CMP(ps.c, ps.g, BACKEND_KIND_F32, ps.n, 1e-6, "conv1d decode state");
+  snprintf(what, sizeof what, "conv1d decode out C=%d", C);
+  CMP(o.c, o.g, BACKEND_KIND_ACT, (size_t)3 * C, 6e-3, what);
+  snprintf(what, sizeof what, "conv1d decode state C=%d", C);
+  CMP(ps.c, ps.g, BACKEND_KIND_F32, ps.n, 1e-6, what);
   gpu_ok();
   pr_free(px);
   pr_free(ps);
@@ -617,6 +625,15 @@ TEST(conv1d) {
   free(x);
   free(w);
   free(st);
+}
+
+TEST(conv1d) {
+  pieces p = {4, {37, 20, 1, 1}, {0, 50, 300, 0}, {3, 0, 2, 1}};
+  pieces q = {4, {16, 37, 1, 1}, {0, 50, 300, 0}, {3, 0, 2, 1}};
+  conv1d_case(301, &p);
+  conv1d_case(256, &p);
+  conv1d_case(256, &q);
+  conv1d_case(258, &q);
 }
 
 TEST(gdn_gates) {
@@ -723,18 +740,22 @@ TEST(gdn) {
   }
 }
 
-TEST(gated_rmsnorm) {
-  int T = 5, nv = 3, dv = 128;
+/* dv = 128 and 256: the vector kernels (8- and 16-byte lanes); 80: the one-element kernel */
+static void gated_rmsnorm_case(int dv) {
+  int T = 5, nv = 3;
   size_t n = (size_t)T * nv * dv;
   float *o = rand_vec(n, 1.f), *z = rand_vec(n, 2.f), *w = rand_vec(dv, 1.f);
   wpair wp = wup(w, 1, dv);
   pair po = pr(BACKEND_KIND_ACT, o, n), pz = pr(BACKEND_KIND_ACT, z, n), out = pr_out(BACKEND_KIND_ACT, n);
   CPU->gated_rmsnorm(CPU, po.c, pz.c, wp.c, T, nv, dv, 1e-6f, out.c);
   GPU->gated_rmsnorm(GPU, po.g, pz.g, wp.g, T, nv, dv, 1e-6f, out.g);
-  CMP(out.c, out.g, BACKEND_KIND_ACT, n, 8e-3, "gated_rmsnorm");
+  char what[64];
+  snprintf(what, sizeof what, "gated_rmsnorm dv=%d", dv);
+  CMP(out.c, out.g, BACKEND_KIND_ACT, n, 8e-3, what);
   CPU->gated_rmsnorm(CPU, po.c, pz.c, wp.c, T, nv, dv, 1e-6f, po.c);
   GPU->gated_rmsnorm(GPU, po.g, pz.g, wp.g, T, nv, dv, 1e-6f, po.g);
-  CMP(po.c, po.g, BACKEND_KIND_ACT, n, 8e-3, "gated_rmsnorm in place");
+  snprintf(what, sizeof what, "gated_rmsnorm in place dv=%d", dv);
+  CMP(po.c, po.g, BACKEND_KIND_ACT, n, 8e-3, what);
   gpu_ok();
   pr_free(po);
   pr_free(pz);
@@ -743,6 +764,12 @@ TEST(gated_rmsnorm) {
   free(o);
   free(z);
   free(w);
+}
+
+TEST(gated_rmsnorm) {
+  gated_rmsnorm_case(128);
+  gated_rmsnorm_case(256);
+  gated_rmsnorm_case(80);
 }
 
 /* Expert weights are windows into one shared random pool (each expert's at its own odd offset,

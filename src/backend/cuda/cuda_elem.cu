@@ -76,6 +76,49 @@ __global__ void k_rmsnorm(bf16 *x, const bf16 *add, const float *w, int n, float
   }
 }
 
+/* The same row, 8 elements (16 bytes of x and add, 32 of w) per thread, every load issued
+ * before the reduction: one block of n/8 threads (rounded up to a warp) per row, for n % 8 == 0,
+ * n <= 8192 and 16-byte aligned operands (every model's rows). The one-element kernel above
+ * moved ~1 TB/s on 512-row prefill steps (bench/NOTES.md). */
+__global__ void k_rmsnorm8(bf16 *x, const bf16 *add, const float *w, int n, float eps, bf16 *y) {
+  __shared__ float red[33];
+  int64_t t = blockIdx.x;
+  int i = threadIdx.x * 8;
+  int on = i < n;
+  float v[8], wv[8];
+  float ss = 0.f;
+  if (on) {
+    uint4 ux = *(const uint4 *)(x + t * n + i);
+    float4 w0 = *(const float4 *)(w + i), w1 = *(const float4 *)(w + i + 4);
+    wv[0] = w0.x, wv[1] = w0.y, wv[2] = w0.z, wv[3] = w0.w;
+    wv[4] = w1.x, wv[5] = w1.y, wv[6] = w1.z, wv[7] = w1.w;
+    bf16x8_to_f32(ux, v);
+    if (add) {
+      uint4 ua = *(const uint4 *)(add + t * n + i), us;
+      float a[8];
+      bf16x8_to_f32(ua, a);
+      bf16 *sb = (bf16 *)&us;
+#pragma unroll
+      for (int k = 0; k < 8; k++) {
+        sb[k] = f2bf(v[k] + a[k]);
+        v[k] = bf2f(sb[k]);
+      }
+      *(uint4 *)(x + t * n + i) = us;
+    }
+#pragma unroll
+    for (int k = 0; k < 8; k++) ss += v[k] * v[k];
+  }
+  ss = block_sum(ss, red);
+  float rs = rsqrtf(ss / (float)n + eps);
+  if (on) {
+    uint4 uo;
+    bf16 *ob = (bf16 *)&uo;
+#pragma unroll
+    for (int k = 0; k < 8; k++) ob[k] = f2bf(v[k] * rs * (1.f + wv[k]));
+    *(uint4 *)(y + t * n + i) = uo;
+  }
+}
+
 extern "C" void cuda_elem_rmsnorm(backend *be, backend_buf x, backend_buf add, backend_weight w,
                                   int T, int n, float eps, backend_buf y) {
   cuda_ctx *c = cuda_ctx_of(be);
@@ -85,7 +128,13 @@ extern "C" void cuda_elem_rmsnorm(backend *be, backend_buf x, backend_buf add, b
     cuda_fail(c, "rmsnorm", "row wider than 8192");
     return;
   }
-  k_rmsnorm<<<T, RMS_THREADS, 0, c->st>>>((bf16 *)x, (const bf16 *)add, wf, n, eps, (bf16 *)y);
+  if (!c->legacy && n % 8 == 0 && n / 8 <= 1024 &&
+      !(((uintptr_t)x | (uintptr_t)add | (uintptr_t)y | (uintptr_t)wf) & 15)) {
+    unsigned th = (unsigned)((n / 8 + 31) / 32 * 32);
+    k_rmsnorm8<<<T, th, 0, c->st>>>((bf16 *)x, (const bf16 *)add, wf, n, eps, (bf16 *)y);
+  } else {
+    k_rmsnorm<<<T, RMS_THREADS, 0, c->st>>>((bf16 *)x, (const bf16 *)add, wf, n, eps, (bf16 *)y);
+  }
   cuda_check_launch(c, "rmsnorm");
 }
 
@@ -277,6 +326,47 @@ __global__ void k_gated_rmsnorm(const bf16 *o, const bf16 *z, const float *w, in
   }
 }
 
+/* The same, each lane holding VPL = dv / 32 consecutive elements of o and z (8- or 16-byte
+ * loads, both issued before the reduction), for dv of 128 or 256 and aligned operands. */
+template <int VPL>
+__global__ void k_gated_rmsnorm_v(const bf16 *o, const bf16 *z, const float *w, int64_t rows,
+                                  float eps, bf16 *out) {
+  constexpr int dv = 32 * VPL;
+  int64_t r = blockIdx.x * (int64_t)(blockDim.x >> 5) + (threadIdx.x >> 5);
+  int lane = threadIdx.x & 31;
+  if (r >= rows) return;
+  int i0 = lane * VPL;
+  float v[VPL], zv[VPL];
+  const bf16 *orow = o + r * dv + i0, *zrow = z + r * dv + i0;
+  if (VPL == 8) {
+    bf16x8_to_f32(*(const uint4 *)orow, v);
+    bf16x8_to_f32(*(const uint4 *)zrow, zv);
+  } else {
+    uint2 uo = *(const uint2 *)orow, uz = *(const uint2 *)zrow;
+    const __nv_bfloat162 *ho = (const __nv_bfloat162 *)&uo, *hz = (const __nv_bfloat162 *)&uz;
+#pragma unroll
+    for (int m = 0; m < 2; m++) {
+      float2 a = __bfloat1622float2(ho[m]), b = __bfloat1622float2(hz[m]);
+      v[2 * m] = a.x, v[2 * m + 1] = a.y, zv[2 * m] = b.x, zv[2 * m + 1] = b.y;
+    }
+  }
+  float ss = 0.f;
+#pragma unroll
+  for (int k = 0; k < VPL; k++) ss += v[k] * v[k];
+  ss = warp_sum(ss);
+  float rs = rsqrtf(ss / (float)dv + eps);
+  union {
+    uint4 u;
+    bf16 b[8];
+  } ob;
+#pragma unroll
+  for (int k = 0; k < VPL; k++) ob.b[k] = f2bf(w[i0 + k] * (v[k] * rs) * siluf_dev(zv[k]));
+  if (VPL == 8)
+    *(uint4 *)(out + r * dv + i0) = ob.u;
+  else
+    *(uint2 *)(out + r * dv + i0) = make_uint2(ob.u.x, ob.u.y);
+}
+
 extern "C" void cuda_elem_gated_rmsnorm(backend *be, backend_buf o, backend_buf z,
                                         backend_weight w, int T, int nv, int dv, float eps,
                                         backend_buf out) {
@@ -288,8 +378,17 @@ extern "C" void cuda_elem_gated_rmsnorm(backend *be, backend_buf o, backend_buf 
     return;
   }
   int64_t rows = (int64_t)T * nv;
-  k_gated_rmsnorm<<<(unsigned)((rows + 7) / 8), 256, 0, c->st>>>(
-      (const bf16 *)o, (const bf16 *)z, wf, rows, dv, eps, (bf16 *)out);
+  unsigned blocks = (unsigned)((rows + 7) / 8);
+  int al = !(((uintptr_t)o | (uintptr_t)z | (uintptr_t)out) & 15);
+  if (!c->legacy && al && dv == 128)
+    k_gated_rmsnorm_v<4><<<blocks, 256, 0, c->st>>>((const bf16 *)o, (const bf16 *)z, wf, rows,
+                                                    eps, (bf16 *)out);
+  else if (!c->legacy && al && dv == 256)
+    k_gated_rmsnorm_v<8><<<blocks, 256, 0, c->st>>>((const bf16 *)o, (const bf16 *)z, wf, rows,
+                                                    eps, (bf16 *)out);
+  else
+    k_gated_rmsnorm<<<blocks, 256, 0, c->st>>>((const bf16 *)o, (const bf16 *)z, wf, rows, dv,
+                                               eps, (bf16 *)out);
   cuda_check_launch(c, "gated_rmsnorm");
 }
 

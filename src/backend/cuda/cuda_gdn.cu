@@ -55,12 +55,10 @@ __global__ void k_conv1d(const bf16 *x, const float *w, const float *state, cons
  * where a new piece starts inside the run); same sums in the same order as k_conv1d. */
 #define CONV_ROWS 16
 template <int K>
-__global__ void k_conv1d_run(const bf16 *x, const float *w, const float *state, const int32_t *seq,
-                             const int32_t *seq_start, const int32_t *seq_pos,
-                             const int32_t *seq_slot, int T, int C, bf16 *out) {
-  int c = blockIdx.x * blockDim.x + threadIdx.x;
-  if (c >= C) return;
-  int t0 = blockIdx.y * CONV_ROWS, t1 = t0 + CONV_ROWS < T ? t0 + CONV_ROWS : T;
+__device__ __forceinline__ void conv_run_ch(const bf16 *x, const float *w, const float *state,
+                                            const int32_t *seq, const int32_t *seq_start,
+                                            const int32_t *seq_pos, const int32_t *seq_slot,
+                                            int C, int c, int t0, int t1, bf16 *out) {
   float wk[K], win[K - 1];
 #pragma unroll
   for (int j = 0; j < K; j++) wk[j] = w[(size_t)c * K + j];
@@ -84,6 +82,75 @@ __global__ void k_conv1d_run(const bf16 *x, const float *w, const float *state, 
 #pragma unroll
     for (int j = 0; j + 1 < K - 1; j++) win[j] = win[j + 1];
     win[K - 2] = xv;
+  }
+}
+
+template <int K>
+__global__ void k_conv1d_run(const bf16 *x, const float *w, const float *state, const int32_t *seq,
+                             const int32_t *seq_start, const int32_t *seq_pos,
+                             const int32_t *seq_slot, int T, int C, bf16 *out) {
+  int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  int t0 = blockIdx.y * CONV_ROWS, t1 = t0 + CONV_ROWS < T ? t0 + CONV_ROWS : T;
+  conv_run_ch<K>(x, w, state, seq, seq_start, seq_pos, seq_slot, C, c, t0, t1, out);
+}
+
+/* The same for even C, two channels per thread: where one piece covers the whole run of
+ * CONV_ROWS rows (almost every run), the run's inputs are loaded first (4-byte pairs, all
+ * loads in flight together) and then summed exactly as above; other runs take the per-row
+ * loop per channel. The one-channel kernel moved ~1 TB/s (bench/NOTES.md). */
+template <int K>
+__global__ void k_conv1d_run2(const bf16 *x, const float *w, const float *state,
+                              const int32_t *seq, const int32_t *seq_start,
+                              const int32_t *seq_pos, const int32_t *seq_slot, int T, int C,
+                              bf16 *out) {
+  int c = 2 * (blockIdx.x * blockDim.x + threadIdx.x);
+  if (c >= C) return;
+  int t0 = blockIdx.y * CONV_ROWS, t1 = t0 + CONV_ROWS < T ? t0 + CONV_ROWS : T;
+  int s = seq[t0];
+  if (t1 - t0 != CONV_ROWS || seq[t1 - 1] != s) {
+    conv_run_ch<K>(x, w, state, seq, seq_start, seq_pos, seq_slot, C, c, t0, t1, out);
+    conv_run_ch<K>(x, w, state, seq, seq_start, seq_pos, seq_slot, C, c + 1, t0, t1, out);
+    return;
+  }
+  __nv_bfloat162 xr[CONV_ROWS];
+#pragma unroll
+  for (int r = 0; r < CONV_ROWS; r++) xr[r] = *(const __nv_bfloat162 *)(x + (size_t)(t0 + r) * C + c);
+  float wa[K], wb[K], wina[K - 1], winb[K - 1];
+#pragma unroll
+  for (int j = 0; j < K; j++) {
+    wa[j] = w[(size_t)c * K + j];
+    wb[j] = w[(size_t)(c + 1) * K + j];
+  }
+  int start = seq_start[s], hs = seq_pos[s] > 0;
+  const float *st = state + (size_t)seq_slot[s] * C * (K - 1);
+#pragma unroll
+  for (int j = 0; j < K - 1; j++) {
+    wina[j] = conv_in(x, st, C, K, c, start, t0 - start - (K - 1) + j, hs);
+    winb[j] = conv_in(x, st, C, K, c + 1, start, t0 - start - (K - 1) + j, hs);
+  }
+#pragma unroll
+  for (int r = 0; r < CONV_ROWS; r++) {
+    float2 xv = __bfloat1622float2(xr[r]);
+    float a = 0.f, b = 0.f;
+#pragma unroll
+    for (int j = 0; j < K - 1; j++) {
+      a += wa[j] * wina[j];
+      b += wb[j] * winb[j];
+    }
+    a += wa[K - 1] * xv.x;
+    b += wb[K - 1] * xv.y;
+    __nv_bfloat162 o;
+    o.x = f2bf(siluf_dev(a));
+    o.y = f2bf(siluf_dev(b));
+    *(__nv_bfloat162 *)(out + (size_t)(t0 + r) * C + c) = o;
+#pragma unroll
+    for (int j = 0; j + 1 < K - 1; j++) {
+      wina[j] = wina[j + 1];
+      winb[j] = winb[j + 1];
+    }
+    wina[K - 2] = xv.x;
+    winb[K - 2] = xv.y;
   }
 }
 
@@ -149,7 +216,12 @@ extern "C" void cuda_gdn_conv1d(backend *be, backend_buf conv_state, backend_buf
     cuda_check_launch(c, "conv1d (decode)");
     return;
   }
-  if (!c->legacy && K == 4) {
+  if (!c->legacy && K == 4 && C % 2 == 0 && !(((uintptr_t)x | (uintptr_t)out) & 3)) {
+    dim3 grid((C / 2 + 127) / 128, (T + CONV_ROWS - 1) / CONV_ROWS);
+    k_conv1d_run2<4><<<grid, 128, 0, c->st>>>((const bf16 *)x, CW(w)->f32,
+                                              (const float *)conv_state, c->b.seq, c->b.seq_start,
+                                              c->b.seq_pos, c->b.seq_slot, T, C, (bf16 *)out);
+  } else if (!c->legacy && K == 4) {
     dim3 grid((C + 127) / 128, (T + CONV_ROWS - 1) / CONV_ROWS);
     k_conv1d_run<4><<<grid, 128, 0, c->st>>>((const bf16 *)x, CW(w)->f32,
                                              (const float *)conv_state, c->b.seq, c->b.seq_start,

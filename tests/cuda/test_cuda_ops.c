@@ -488,18 +488,21 @@ TEST(batch_invariant_gemm) {
   BI->destroy(BI);
 }
 
-TEST(qk_norm_rope) {
+/* One backend, (theta, rot) changing between calls: the rotary table is rebuilt each time. */
+static void qk_norm_rope_case(int rot, double theta) {
   pieces p = {3, {4, 1, 2}, {0, 1000, 70000}, {0, 1, 2}};
   set_batch(&p, 0, NULL);
-  int T = T_of(&p), nh = 4, nkv = 2, hd = 256, rot = 64;
+  int T = T_of(&p), nh = 4, nkv = 2, hd = 256;
   float *qg = rand_vec((size_t)T * nh * 2 * hd, 2.f), *k = rand_vec((size_t)T * nkv * hd, 2.f);
   float *qn = rand_vec(hd, 0.3f), *kn = rand_vec(hd, 0.3f);
   wpair wq = wup(qn, 1, hd), wk = wup(kn, 1, hd);
   pair pq = pr(BACKEND_KIND_ACT, qg, (size_t)T * nh * 2 * hd), pk = pr(BACKEND_KIND_ACT, k, (size_t)T * nkv * hd);
   pair qo = pr_out(BACKEND_KIND_ACT, (size_t)T * nh * hd), go = pr_out(BACKEND_KIND_ACT, (size_t)T * nh * hd);
-  CPU->qk_norm_rope(CPU, pq.c, pk.c, wq.c, wk.c, nh, nkv, hd, rot, 1e7, 1e-6f, qo.c, go.c);
-  GPU->qk_norm_rope(GPU, pq.g, pk.g, wq.g, wk.g, nh, nkv, hd, rot, 1e7, 1e-6f, qo.g, go.g);
-  CMP(qo.c, qo.g, BACKEND_KIND_ACT, qo.n, 8e-3, "qk_norm_rope q");
+  CPU->qk_norm_rope(CPU, pq.c, pk.c, wq.c, wk.c, nh, nkv, hd, rot, theta, 1e-6f, qo.c, go.c);
+  GPU->qk_norm_rope(GPU, pq.g, pk.g, wq.g, wk.g, nh, nkv, hd, rot, theta, 1e-6f, qo.g, go.g);
+  char what[64];
+  snprintf(what, sizeof what, "qk_norm_rope q rot=%d theta=%g", rot, theta);
+  CMP(qo.c, qo.g, BACKEND_KIND_ACT, qo.n, 8e-3, what);
   CMP(go.c, go.g, BACKEND_KIND_ACT, go.n, 1e-6, "qk_norm_rope gate");
   CMP(pk.c, pk.g, BACKEND_KIND_ACT, pk.n, 8e-3, "qk_norm_rope k");
   gpu_ok();
@@ -513,6 +516,12 @@ TEST(qk_norm_rope) {
   free(k);
   free(qn);
   free(kn);
+}
+
+TEST(qk_norm_rope) {
+  qk_norm_rope_case(64, 1e7);
+  qk_norm_rope_case(32, 1e4);
+  qk_norm_rope_case(64, 1e7);
 }
 
 /* prefill from 0 (37 rows: the GEMM path), prefill resuming at 50 over cached pages (20

@@ -1167,6 +1167,7 @@ static void cu_destroy(backend *be) {
     if (c->blas) cublasDestroy(c->blas);
     cudaFree(c->blas_ws);
     cudaFree(c->scratch);
+    cudaFree(c->rope_tab);
     cudaFreeHost(c->h_meta);
     cudaFree(c->d_meta);
     free(c->h_host);
@@ -1223,6 +1224,9 @@ extern "C" backend *backend_cuda_create(int device, char *err, size_t errlen) {
       why = "cuBLAS workspace";
   }
   if (!why && !cuda_scratch(c, 64u << 20)) why = "out of device memory for scratch";
+  if (!why && cudaMalloc(&c->rope_tab, CUDA_ROPE_TAB * sizeof(float)) != cudaSuccess)
+    why = "out of device memory for the rotary table";
+  c->rope_rot = -1;
   if (!why && cuda_sgemm_init(c)) why = "out of device memory for the GEMM workspace";
   if (why) {
     cudaGetLastError();

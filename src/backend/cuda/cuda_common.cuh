@@ -19,6 +19,8 @@
 
 typedef __nv_bfloat16 bf16;
 
+#define CUDA_ROPE_TAB 512 /* rotary pairs the frequency table holds (rot <= 1024) */
+
 typedef struct cuda_weight {
   bf16 *bf;       /* [rows, cols] bf16 (always) */
   float *f32;     /* [rows, cols] fp32 copy for small weights (1-D, conv), else NULL */
@@ -79,6 +81,11 @@ typedef struct cuda_ctx {
   int sgemm_maxt;
   void *sg_ws;
   int n_sm;
+  /* rotary frequencies of the last (theta, rot) seen by qk_norm_rope (cuda_elem.cu):
+   * CUDA_ROPE_TAB floats, filled on the stream when (theta, rot) changes */
+  float *rope_tab;
+  double rope_theta;
+  int rope_rot;
   /* DS_MOE_GROUPED=1: routed experts of large steps as per-expert GEMMs (cuda_moe.cu) */
   int moe_grouped;
   /* decode steps: ops recorded, fused and replayed as CUDA graphs (NULL: off) */

@@ -196,9 +196,22 @@ extern "C" void cuda_elem_swiglu(backend *be, backend_buf gate, backend_buf up, 
 
 /* grid (T, nh + nkv), block = hd rounded up to 32 (hd <= 1024). Head h < nh is a query head
  * (from qg, writing q_out and gate_out), else key head h - nh (in place in k). */
+/* The rotary frequency of pair j (the one expression for the kernel and its table). */
+__device__ __forceinline__ float rope_inv(double theta, int j, int rot) {
+  return (float)(1.0 / pow(theta, (double)(2 * j) / (double)rot));
+}
+
+/* tab[j] = rope_inv(theta, j, rot), j < rot / 2: built once per (theta, rot), so the kernel
+ * below does not evaluate a double-precision pow per element (bench/NOTES.md). */
+__global__ void k_rope_table(double theta, int rot, float *tab) {
+  int j = blockIdx.x * blockDim.x + threadIdx.x;
+  if (j < rot / 2) tab[j] = rope_inv(theta, j, rot);
+}
+
 __global__ void k_qk_norm_rope(const bf16 *qg, bf16 *k, const float *qn, const float *kn,
                                const int32_t *pos, int nh, int nkv, int hd, int rot,
-                               double theta, float eps, bf16 *q_out, bf16 *gate_out) {
+                               double theta, float eps, const float *inv_tab, bf16 *q_out,
+                               bf16 *gate_out) {
   extern __shared__ float sh[]; /* [hd] */
   __shared__ float red[33];
   int64_t t = blockIdx.x;
@@ -227,7 +240,7 @@ __global__ void k_qk_norm_rope(const bf16 *qg, bf16 *k, const float *qn, const f
   float o = y;
   if (i < rot) {
     int j = i < half ? i : i - half;
-    float inv = (float)(1.0 / pow(theta, (double)(2 * j) / (double)rot));
+    float inv = inv_tab ? inv_tab[j] : rope_inv(theta, j, rot);
     float a = (float)pos[t] * inv;
     float cs = cosf(a), sn = sinf(a);
     if (i < half) o = sh[i] * cs - sh[i + half] * sn;
@@ -247,10 +260,19 @@ extern "C" void cuda_elem_qk_norm_rope(backend *be, backend_buf qg, backend_buf 
     cuda_fail(c, "qk_norm_rope", "head dim over 1024 or rot > hd");
     return;
   }
+  const float *tab = NULL;
+  if (!c->legacy && c->rope_tab && rot / 2 <= CUDA_ROPE_TAB) {
+    if (c->rope_theta != theta || c->rope_rot != rot) {
+      k_rope_table<<<(rot / 2 + 127) / 128 + (rot < 2), 128, 0, c->st>>>(theta, rot, c->rope_tab);
+      c->rope_theta = theta;
+      c->rope_rot = rot;
+    }
+    tab = c->rope_tab;
+  }
   dim3 grid(c->b.n_tokens, nh + nkv);
   int th = (hd + 31) / 32 * 32;
   k_qk_norm_rope<<<grid, th, hd * sizeof(float), c->st>>>(
-      (const bf16 *)qg, (bf16 *)k, qn, kn, c->b.pos, nh, nkv, hd, rot, theta, eps,
+      (const bf16 *)qg, (bf16 *)k, qn, kn, c->b.pos, nh, nkv, hd, rot, theta, eps, tab,
       (bf16 *)q_out, (bf16 *)gate_out);
   cuda_check_launch(c, "qk_norm_rope");
 }

@@ -315,13 +315,15 @@ TEST(elementwise) {
 /* T <= 4 with K % 8 == 0 takes the GEMV path (ragged last lane pass at K = 264); 5 .. 16
  * rows with K % 128 == 0 the skinny GEMM (cuda_sgemm.cu: one K slice at N = 32768, several
  * with partial sums at N = 2560, N not a multiple of 16, one and two 8-row column blocks);
- * the rest cuBLAS (K = 100; 64 .. 129 rows). TEST(matmul) runs these again with the skinny
- * GEMM off (DS_SGEMM_MAXT=0: cuBLAS from 5 rows). */
+ * products of <= 64 columns above that the narrow kernel (40, 100 and 517 rows, the last with
+ * a 5-row tail); the rest cuBLAS (K = 100; 64 .. 129 rows). TEST(matmul) runs these again with
+ * the skinny GEMM off (DS_SGEMM_MAXT=0: 6 and 13 rows go narrow, the rest cuBLAS) and with
+ * the narrow kernel off (DS_NARROW=0). */
 static void matmul_cases(void) {
-  int Ts[12] = {1, 5, 67, 8, 3, 16, 128, 13, 11, 129, 6, 64};
-  int Ks[12] = {264, 100, 1024, 2560, 9216, 9216, 9216, 256, 2560, 1024, 128, 4096};
-  int Ns[12] = {333, 64, 515, 300, 77, 2560, 2560, 48, 32768, 515, 7, 2560};
-  for (int c = 0; c < 12; c++) {
+  int Ts[15] = {1, 5, 67, 8, 3, 16, 128, 13, 11, 129, 6, 64, 40, 100, 517};
+  int Ks[15] = {264, 100, 1024, 2560, 9216, 9216, 9216, 256, 2560, 1024, 128, 4096, 2560, 1024, 2560};
+  int Ns[15] = {333, 64, 515, 300, 77, 2560, 2560, 48, 32768, 515, 7, 2560, 32, 64, 33};
+  for (int c = 0; c < 15; c++) {
     int T = Ts[c], K = Ks[c], N = Ns[c];
     float *x = rand_vec((size_t)T * K, 1.f), *W = rand_vec((size_t)N * K, 0.1f);
     wpair w = wup(W, N, K);
@@ -343,6 +345,7 @@ static void matmul_cases(void) {
 TEST(matmul) {
   matmul_cases();
   with_gpu("DS_SGEMM_MAXT", "0", matmul_cases);
+  with_gpu("DS_NARROW", "0", matmul_cases);
 }
 
 /* A decode step of T one-row pieces (sequence i at position 3 + i, page i) on GPU and CPU. */
@@ -415,6 +418,55 @@ static void sgemm_fused_cases(void) {
 }
 
 TEST(sgemm_fused) { sgemm_fused_cases(); }
+
+/* Two narrow products of one x in a decode step of 40 rows (the DeltaNet b and a shape): fused
+ * into one narrow launch by the recorder, within tolerance of the CPU, the same bits in the
+ * captured and replayed steps. */
+TEST(narrow_fused) {
+  int T = 40, K = 2560, Ns[2] = {32, 32};
+  float *x = rand_vec((size_t)T * K, 1.f), *W[2];
+  wpair w[2];
+  pair px = pr(BACKEND_KIND_ACT, x, (size_t)T * K), y[2];
+  uint16_t *first[2] = {NULL, NULL};
+  for (int j = 0; j < 2; j++) {
+    W[j] = rand_vec((size_t)Ns[j] * K, 0.1f);
+    w[j] = wup(W[j], Ns[j], K);
+    y[j] = pr_out(BACKEND_KIND_ACT, (size_t)T * Ns[j]);
+  }
+  long st0[4], st1[4];
+  backend_cuda_graph_stats(GPU, st0);
+  for (int step = 0; step < 3; step++) { /* direct, captured, replayed */
+    decode_rows_batch(T);
+    for (int j = 0; j < 2; j++) {
+      if (step == 0) CPU->matmul(CPU, px.c, w[j].c, T, K, Ns[j], y[j].c);
+      GPU->matmul(GPU, px.g, w[j].g, T, K, Ns[j], y[j].g);
+    }
+    for (int j = 0; j < 2; j++) {
+      size_t n = (size_t)T * Ns[j];
+      uint16_t *r = malloc(n * 2);
+      EXPECT(GPU->read(GPU, y[j].g, 0, r, n * 2) == 0);
+      if (step == 0) {
+        CMP(y[j].c, y[j].g, BACKEND_KIND_ACT, n, 6e-3, "fused narrow T=40");
+        first[j] = r;
+      } else {
+        EXPECT_MSG(memcmp(first[j], r, n * 2) == 0, "narrow product %d: step %d differs", j, step);
+        free(r);
+      }
+    }
+  }
+  backend_cuda_graph_stats(GPU, st1);
+  n_checks++;
+  EXPECT_MSG(st1[3] - st0[3] >= 2, "%ld launches fused, expected >= 2", st1[3] - st0[3]);
+  gpu_ok();
+  for (int j = 0; j < 2; j++) {
+    free(first[j]);
+    pr_free(y[j]);
+    wfree(w[j]);
+    free(W[j]);
+  }
+  pr_free(px);
+  free(x);
+}
 
 /* DS_BATCH_INVARIANT=1: a row's bits are the same whatever the row count (1 .. 67, across
  * the GEMV/tile boundaries 8 and 64), on the vector path (K % 8 == 0) and the scalar one; the
@@ -1139,6 +1191,7 @@ int main(void) {
   RUN(elementwise);
   RUN(matmul);
   RUN(sgemm_fused);
+  RUN(narrow_fused);
   RUN(batch_invariant_gemm);
   RUN(qk_norm_rope);
   RUN(attention);

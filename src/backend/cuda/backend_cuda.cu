@@ -557,6 +557,65 @@ static void gemv_all(cuda_ctx *c, const bf16 *x, const bf16 *W, int T, int K, in
   cuda_check_launch(c, "matmul (batch-invariant)");
 }
 
+/* ---- narrow products (N <= NARROW_MAXN columns, e.g. the DeltaNet b and a projections) ----
+ * cuBLAS spends 7-9 µs of pure latency on a 32-column product at any row count (bench/NOTES.md).
+ * Here one warp per (column, group of 8 rows), the GEMV arithmetic of gemv_all_group (W rows
+ * through L1/L2, x rows from L2), up to GEMV_MULTI products of one x in one launch (the decode
+ * recorder fuses b and a). grid (ceil(total columns / GEMV_WARPS), ceil(T / 8)). */
+#define NARROW_MAXN 64
+#define NARROW_MAXT 1024
+
+__global__ void __launch_bounds__(GEMV_WARPS * 32)
+    k_gemv_narrow(const bf16 *__restrict__ x, gemv_set s, int T, int K) {
+  int n = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+  if (n >= s.n0[GEMV_MULTI]) return;
+  const bf16 *W = s.W[0];
+  bf16 *y = s.y[0];
+  int base = s.n0[0], N = s.n0[1] - s.n0[0];
+#pragma unroll
+  for (int i = 1; i < GEMV_MULTI; i++)
+    if (i < s.cnt && n >= s.n0[i]) {
+      W = s.W[i];
+      y = s.y[i];
+      base = s.n0[i];
+      N = s.n0[i + 1] - s.n0[i];
+    }
+  int r = n - base, t0 = blockIdx.y * 8;
+  const bf16 *w = W + (size_t)r * K;
+  switch (min(T - t0, 8)) {
+#define G(R) case R: gemv_all_group<R, 0, 1>(x, w, K, N, r, lane, t0, y); break;
+    G(1) G(2) G(3) G(4) G(5) G(6) G(7) G(8)
+#undef G
+    default: break;
+  }
+}
+
+static int narrow_fits_shape(const cuda_ctx *c, const bf16 *x, const bf16 *W, int T, int K,
+                             int N, const void *y) {
+  return c->narrow && !c->legacy && !c->batch_invariant && T > c->gemv_maxt &&
+         T <= NARROW_MAXT && N >= 1 && N <= NARROW_MAXN && K % 8 == 0 &&
+         !(((uintptr_t)x | (uintptr_t)W) & 15) && y;
+}
+
+/* m products of one x (each narrow_fits_shape) in one launch. */
+static void launch_narrow(cuda_ctx *c, const bf16 *x, int T, int K, int m, const bf16 *const *W,
+                          bf16 *const *y, const int *N) {
+  gemv_set s;
+  memset(&s, 0, sizeof s);
+  int tot = 0;
+  for (int i = 0; i < m; i++) {
+    s.W[i] = W[i];
+    s.y[i] = y[i];
+    s.n0[i] = tot;
+    tot += N[i];
+  }
+  for (int i = m; i <= GEMV_MULTI; i++) s.n0[i] = tot;
+  s.cnt = m;
+  dim3 grid((unsigned)((tot + GEMV_WARPS - 1) / GEMV_WARPS), (unsigned)((T + 7) / 8));
+  k_gemv_narrow<<<grid, GEMV_WARPS * 32, 0, c->st>>>(x, s, T, K);
+  cuda_check_launch(c, "matmul (narrow)");
+}
+
 /* 1 when the GEMV path took the product. */
 static int gemv(cuda_ctx *c, const bf16 *x, const bf16 *W, int T, int K, int N, bf16 *y) {
   if (c->legacy || T < 1 || T > c->gemv_maxt || K % 8 || (((uintptr_t)x | (uintptr_t)W) & 15))
@@ -579,6 +638,13 @@ static void cu_matmul(backend *be, backend_buf x, backend_weight W, int T, int K
     return;
   }
   if (gemv(c, (const bf16 *)x, CW(W)->bf, T, K, N, (bf16 *)y)) return;
+  if (!cuda_sgemm_fits(c, T, K, N, 0) &&
+      narrow_fits_shape(c, (const bf16 *)x, CW(W)->bf, T, K, N, y)) {
+    const bf16 *w1 = CW(W)->bf;
+    bf16 *y1 = (bf16 *)y;
+    launch_narrow(c, (const bf16 *)x, T, K, 1, &w1, &y1, &N);
+    return;
+  }
   cuda_gemm(c, (const bf16 *)x, CW(W)->bf, T, K, N, y, 0);
 }
 
@@ -803,6 +869,12 @@ static int sgemm_fits(cuda_ctx *c, const gop &o) {
          cuda_sgemm_fits(c, o.T, o.K, o.N, 1);
 }
 
+static int narrow_fits(cuda_ctx *c, const gop &o) {
+  return o.kind == GOP_MATMUL && o.W->cols == o.K && o.W->rows == o.N &&
+         !cuda_sgemm_fits(c, o.T, o.K, o.N, 0) &&
+         narrow_fits_shape(c, o.x, o.W->bf, o.T, o.K, o.N, o.y);
+}
+
 static int overlap(const void *a, size_t na, const void *b, size_t nb) {
   uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
   return x < y + nb && y < x + na;
@@ -912,6 +984,23 @@ static void graph_run_ops(cuda_ctx *c) {
         N[j] = ops[i + j].N;
       }
       if (m > 1 && cuda_sgemm(c, o.x, o.T, o.K, m, W, y, N, 0)) {
+        g->fused += m - 1;
+        i += m;
+        continue;
+      }
+    }
+    if (g->fuse && narrow_fits(c, o)) { /* narrow products of one x (b, a) */
+      int m = same_x_run(c, ops, i, GEMV_MULTI, narrow_fits);
+      if (m > 1) {
+        const bf16 *W[GEMV_MULTI];
+        bf16 *y[GEMV_MULTI];
+        int N[GEMV_MULTI];
+        for (int j = 0; j < m; j++) {
+          W[j] = ops[i + j].W->bf;
+          y[j] = ops[i + j].y;
+          N[j] = ops[i + j].N;
+        }
+        launch_narrow(c, o.x, o.T, o.K, m, W, y, N);
         g->fused += m - 1;
         i += m;
         continue;
@@ -1254,6 +1343,8 @@ extern "C" backend *backend_cuda_create(int device, char *err, size_t errlen) {
      * on the H200; 0: cuBLAS above the GEMV path) */
     const char *sm = getenv("DS_SGEMM_MAXT");
     c->sgemm_maxt = sm ? atoi(sm) : 16;
+    const char *nw = getenv("DS_NARROW"); /* narrow-product kernel, on unless "0" */
+    c->narrow = !(nw && strcmp(nw, "0") == 0);
     const char *mg = getenv("DS_MOE_GROUPED"); /* on unless "0" */
     c->moe_grouped = !(mg && strcmp(mg, "0") == 0);
     c->legacy = !c->batch_invariant && lg && *lg && strcmp(lg, "0") != 0;

@@ -86,6 +86,8 @@ typedef struct cuda_ctx {
   float *rope_tab;
   double rope_theta;
   int rope_rot;
+  /* products of <= 64 columns through the narrow kernel (backend_cuda.cu; DS_NARROW=0: off) */
+  int narrow;
   /* DS_MOE_GROUPED=1: routed experts of large steps as per-expert GEMMs (cuda_moe.cu) */
   int moe_grouped;
   /* decode steps: ops recorded, fused and replayed as CUDA graphs (NULL: off) */

@@ -315,12 +315,12 @@ TEST(elementwise) {
 /* T <= 4 with K % 8 == 0 takes the GEMV path (ragged last lane pass at K = 264); 5 .. 16
  * rows with K % 128 == 0 the skinny GEMM (cuda_sgemm.cu: one K slice at N = 32768, several
  * with partial sums at N = 2560, N not a multiple of 16, one and two 8-row column blocks);
- * products of <= 64 columns above that the narrow kernel (40, 100 and 517 rows, the last with
- * a 5-row tail); the rest cuBLAS (K = 100; 64 .. 129 rows). TEST(matmul) runs these again with
+ * products of <= 64 columns above that, up to 128 rows, the narrow kernel (40, 100 and 125
+ * rows, the last with a 5-row tail); the rest cuBLAS (K = 100; 64 .. 129 rows). TEST(matmul) runs these again with
  * the skinny GEMM off (DS_SGEMM_MAXT=0: 6 and 13 rows go narrow, the rest cuBLAS) and with
  * the narrow kernel off (DS_NARROW=0). */
 static void matmul_cases(void) {
-  int Ts[15] = {1, 5, 67, 8, 3, 16, 128, 13, 11, 129, 6, 64, 40, 100, 517};
+  int Ts[15] = {1, 5, 67, 8, 3, 16, 128, 13, 11, 129, 6, 64, 40, 100, 125};
   int Ks[15] = {264, 100, 1024, 2560, 9216, 9216, 9216, 256, 2560, 1024, 128, 4096, 2560, 1024, 2560};
   int Ns[15] = {333, 64, 515, 300, 77, 2560, 2560, 48, 32768, 515, 7, 2560, 32, 64, 33};
   for (int c = 0; c < 15; c++) {

@@ -558,12 +558,13 @@ static void gemv_all(cuda_ctx *c, const bf16 *x, const bf16 *W, int T, int K, in
 }
 
 /* ---- narrow products (N <= NARROW_MAXN columns, e.g. the DeltaNet b and a projections) ----
- * cuBLAS spends 7-9 µs of pure latency on a 32-column product at any row count (bench/NOTES.md).
+ * cuBLAS spends 7-9 µs of pure latency on a 32-column product at 32-128 rows (bench/NOTES.md).
  * Here one warp per (column, group of 8 rows), the GEMV arithmetic of gemv_all_group (W rows
  * through L1/L2, x rows from L2), up to GEMV_MULTI products of one x in one launch (the decode
  * recorder fuses b and a). grid (ceil(total columns / GEMV_WARPS), ceil(T / 8)). */
 #define NARROW_MAXN 64
-#define NARROW_MAXT 1024
+/* decode steps only: at 512-row prefill steps cuBLAS was faster (bench/NOTES.md) */
+#define NARROW_MAXT 128
 
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
     k_gemv_narrow(const bf16 *__restrict__ x, gemv_set s, int T, int K) {

@@ -362,73 +362,17 @@ static void decode_rows_batch(int T) {
   EXPECT(GPU->set_batch(GPU, &b) == 0);
 }
 
-/* Products of one x in a decode step of 5 .. 16 rows are fused into one skinny-GEMM launch
- * (the graph recorder's rewrite): each output within bf16 tolerance of the CPU, the fused
- * launches counted, and the graph replay of the same step gives the same bits. */
-static void sgemm_fused_cases(void) {
-  int Ts[3] = {6, 12, 16}, K = 1024, Ns[3] = {512, 256, 32};
-  for (int c = 0; c < 3; c++) {
-    int T = Ts[c];
-    float *x = rand_vec((size_t)T * K, 1.f), *W[3];
-    wpair w[3];
-    pair px = pr(BACKEND_KIND_ACT, x, (size_t)T * K), y[3];
-    for (int j = 0; j < 3; j++) {
-      W[j] = rand_vec((size_t)Ns[j] * K, 0.1f);
-      w[j] = wup(W[j], Ns[j], K);
-      y[j] = pr_out(BACKEND_KIND_ACT, (size_t)T * Ns[j]);
-    }
-    uint16_t *first[3];
-    long st0[4], st1[4];
-    backend_cuda_graph_stats(GPU, st0);
-    for (int step = 0; step < 3; step++) { /* direct, captured, replayed */
-      decode_rows_batch(T);
-      for (int j = 0; j < 3; j++) {
-        if (step == 0) CPU->matmul(CPU, px.c, w[j].c, T, K, Ns[j], y[j].c);
-        GPU->matmul(GPU, px.g, w[j].g, T, K, Ns[j], y[j].g);
-      }
-      for (int j = 0; j < 3; j++) {
-        size_t n = (size_t)T * Ns[j];
-        uint16_t *r = malloc(n * 2);
-        EXPECT(GPU->read(GPU, y[j].g, 0, r, n * 2) == 0);
-        if (step == 0) {
-          char what[64];
-          snprintf(what, sizeof what, "fused sgemm T=%d N=%d", T, Ns[j]);
-          CMP(y[j].c, y[j].g, BACKEND_KIND_ACT, n, 6e-3, what);
-          first[j] = r;
-        } else {
-          EXPECT_MSG(memcmp(first[j], r, n * 2) == 0, "T=%d product %d: step %d differs", T, j, step);
-          free(r);
-        }
-      }
-    }
-    backend_cuda_graph_stats(GPU, st1);
-    n_checks++;
-    /* two launches saved by each run of the list (the direct step and the capture) */
-    EXPECT_MSG(st1[3] - st0[3] >= 4, "T=%d: %ld launches fused, expected >= 4", T, st1[3] - st0[3]);
-    gpu_ok();
-    for (int j = 0; j < 3; j++) {
-      free(first[j]);
-      pr_free(y[j]);
-      wfree(w[j]);
-      free(W[j]);
-    }
-    pr_free(px);
-    free(x);
-  }
-}
-
-TEST(sgemm_fused) { sgemm_fused_cases(); }
-
-/* Two narrow products of one x in a decode step of 40 rows (the DeltaNet b and a shape): fused
- * into one narrow launch by the recorder, within tolerance of the CPU, the same bits in the
- * captured and replayed steps. */
-TEST(narrow_fused) {
-  int T = 40, K = 2560, Ns[2] = {32, 32};
-  float *x = rand_vec((size_t)T * K, 1.f), *W[2];
-  wpair w[2];
-  pair px = pr(BACKEND_KIND_ACT, x, (size_t)T * K), y[2];
-  uint16_t *first[2] = {NULL, NULL};
-  for (int j = 0; j < 2; j++) {
+/* m products of one x[T, K] into N[j] columns each, recorded in a decode step of T rows, three
+ * times (direct, captured, replayed): each output within bf16 tolerance of the CPU, the replays
+ * bit-identical to the first step, and at least min_fused launches saved by the recorder's
+ * rewrite. */
+static void fused_products_case(int T, int K, int m, const int *Ns, long min_fused,
+                                const char *label) {
+  float *x = rand_vec((size_t)T * K, 1.f), *W[3];
+  wpair w[3];
+  pair px = pr(BACKEND_KIND_ACT, x, (size_t)T * K), y[3];
+  uint16_t *first[3] = {NULL, NULL, NULL};
+  for (int j = 0; j < m; j++) {
     W[j] = rand_vec((size_t)Ns[j] * K, 0.1f);
     w[j] = wup(W[j], Ns[j], K);
     y[j] = pr_out(BACKEND_KIND_ACT, (size_t)T * Ns[j]);
@@ -437,28 +381,32 @@ TEST(narrow_fused) {
   backend_cuda_graph_stats(GPU, st0);
   for (int step = 0; step < 3; step++) { /* direct, captured, replayed */
     decode_rows_batch(T);
-    for (int j = 0; j < 2; j++) {
+    for (int j = 0; j < m; j++) {
       if (step == 0) CPU->matmul(CPU, px.c, w[j].c, T, K, Ns[j], y[j].c);
       GPU->matmul(GPU, px.g, w[j].g, T, K, Ns[j], y[j].g);
     }
-    for (int j = 0; j < 2; j++) {
+    for (int j = 0; j < m; j++) {
       size_t n = (size_t)T * Ns[j];
       uint16_t *r = malloc(n * 2);
       EXPECT(GPU->read(GPU, y[j].g, 0, r, n * 2) == 0);
       if (step == 0) {
-        CMP(y[j].c, y[j].g, BACKEND_KIND_ACT, n, 6e-3, "fused narrow T=40");
+        char what[64];
+        snprintf(what, sizeof what, "%s T=%d N=%d", label, T, Ns[j]);
+        CMP(y[j].c, y[j].g, BACKEND_KIND_ACT, n, 6e-3, what);
         first[j] = r;
       } else {
-        EXPECT_MSG(memcmp(first[j], r, n * 2) == 0, "narrow product %d: step %d differs", j, step);
+        EXPECT_MSG(memcmp(first[j], r, n * 2) == 0, "%s T=%d product %d: step %d differs", label,
+                   T, j, step);
         free(r);
       }
     }
   }
   backend_cuda_graph_stats(GPU, st1);
   n_checks++;
-  EXPECT_MSG(st1[3] - st0[3] >= 2, "%ld launches fused, expected >= 2", st1[3] - st0[3]);
+  EXPECT_MSG(st1[3] - st0[3] >= min_fused, "%s T=%d: %ld launches fused, expected >= %ld", label,
+             T, st1[3] - st0[3], min_fused);
   gpu_ok();
-  for (int j = 0; j < 2; j++) {
+  for (int j = 0; j < m; j++) {
     free(first[j]);
     pr_free(y[j]);
     wfree(w[j]);
@@ -466,6 +414,20 @@ TEST(narrow_fused) {
   }
   pr_free(px);
   free(x);
+}
+
+/* Products of one x in a decode step of 5 .. 16 rows are fused into one skinny-GEMM launch;
+ * two launches saved by each run of the list (the direct step and the capture). */
+TEST(sgemm_fused) {
+  int Ts[3] = {6, 12, 16}, Ns[3] = {512, 256, 32};
+  for (int c = 0; c < 3; c++) fused_products_case(Ts[c], 1024, 3, Ns, 4, "fused sgemm");
+}
+
+/* Two narrow products of one x in a decode step of 40 rows (the DeltaNet b and a shape): one
+ * narrow launch. */
+TEST(narrow_fused) {
+  int Ns[2] = {32, 32};
+  fused_products_case(40, 2560, 2, Ns, 2, "fused narrow");
 }
 
 /* DS_BATCH_INVARIANT=1: a row's bits are the same whatever the row count (1 .. 67, across

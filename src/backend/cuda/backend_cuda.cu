@@ -443,14 +443,22 @@ struct gemv_set {
   int cnt;
 };
 
-template <int T>
-__global__ void __launch_bounds__(GEMV_WARPS * 32)
-    k_gemv_multi(const bf16 *__restrict__ x, gemv_set s, int K) {
-  int n = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-  if (n >= s.n0[GEMV_MULTI]) return;
-  const bf16 *W = s.W[0];
-  bf16 *y = s.y[0];
-  int base = s.n0[0], N = s.n0[1] - s.n0[0];
+/* Appends a product to a zeroed set (at most GEMV_MULTI); n0[cnt..GEMV_MULTI] hold the total. */
+static void gemv_set_add(gemv_set &s, const bf16 *W, bf16 *y, int N) {
+  int tot = s.n0[s.cnt];
+  s.W[s.cnt] = W;
+  s.y[s.cnt] = y;
+  s.cnt++;
+  for (int i = s.cnt; i <= GEMV_MULTI; i++) s.n0[i] = tot + N;
+}
+
+/* The product that column n of a gemv_set falls in: its matrix, output, width and n's row in it. */
+__device__ __forceinline__ void gemv_set_pick(const gemv_set &s, int n, const bf16 *&W, bf16 *&y,
+                                              int &N, int &r) {
+  int base = s.n0[0];
+  W = s.W[0];
+  y = s.y[0];
+  N = s.n0[1] - s.n0[0];
 #pragma unroll
   for (int i = 1; i < GEMV_MULTI; i++)
     if (i < s.cnt && n >= s.n0[i]) {
@@ -459,7 +467,18 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
       base = s.n0[i];
       N = s.n0[i + 1] - s.n0[i];
     }
-  int r = n - base;
+  r = n - base;
+}
+
+template <int T>
+__global__ void __launch_bounds__(GEMV_WARPS * 32)
+    k_gemv_multi(const bf16 *__restrict__ x, gemv_set s, int K) {
+  int n = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+  if (n >= s.n0[GEMV_MULTI]) return;
+  const bf16 *W;
+  bf16 *y;
+  int N, r;
+  gemv_set_pick(s, n, W, y, N, r);
   float acc[T];
   gemv_row<T>(x, W + (size_t)r * K, K, lane, acc);
   if (lane < T) y[(size_t)lane * N + r] = f2bf(gemv_pick<T>(acc, lane));
@@ -570,18 +589,11 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
     k_gemv_narrow(const bf16 *__restrict__ x, gemv_set s, int T, int K) {
   int n = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
   if (n >= s.n0[GEMV_MULTI]) return;
-  const bf16 *W = s.W[0];
-  bf16 *y = s.y[0];
-  int base = s.n0[0], N = s.n0[1] - s.n0[0];
-#pragma unroll
-  for (int i = 1; i < GEMV_MULTI; i++)
-    if (i < s.cnt && n >= s.n0[i]) {
-      W = s.W[i];
-      y = s.y[i];
-      base = s.n0[i];
-      N = s.n0[i + 1] - s.n0[i];
-    }
-  int r = n - base, t0 = blockIdx.y * 8;
+  const bf16 *W;
+  bf16 *y;
+  int N, r;
+  gemv_set_pick(s, n, W, y, N, r);
+  int t0 = blockIdx.y * 8;
   const bf16 *w = W + (size_t)r * K;
   switch (min(T - t0, 8)) {
 #define G(R) case R: gemv_all_group<R, 0, 1>(x, w, K, N, r, lane, t0, y); break;
@@ -603,15 +615,8 @@ static void launch_narrow(cuda_ctx *c, const bf16 *x, int T, int K, int m, const
                           bf16 *const *y, const int *N) {
   gemv_set s;
   memset(&s, 0, sizeof s);
-  int tot = 0;
-  for (int i = 0; i < m; i++) {
-    s.W[i] = W[i];
-    s.y[i] = y[i];
-    s.n0[i] = tot;
-    tot += N[i];
-  }
-  for (int i = m; i <= GEMV_MULTI; i++) s.n0[i] = tot;
-  s.cnt = m;
+  for (int i = 0; i < m; i++) gemv_set_add(s, W[i], y[i], N[i]);
+  int tot = s.n0[GEMV_MULTI];
   dim3 grid((unsigned)((tot + GEMV_WARPS - 1) / GEMV_WARPS), (unsigned)((T + 7) / 8));
   k_gemv_narrow<<<grid, GEMV_WARPS * 32, 0, c->st>>>(x, s, T, K);
   cuda_check_launch(c, "matmul (narrow)");
@@ -905,15 +910,8 @@ static int same_x_run(cuda_ctx *c, const std::vector<gop> &ops, size_t i, int ma
 static void launch_multi(cuda_ctx *c, const gop *ops, int m) {
   gemv_set s;
   memset(&s, 0, sizeof s);
-  int tot = 0;
-  for (int i = 0; i < m; i++) {
-    s.W[i] = ops[i].W->bf;
-    s.y[i] = ops[i].y;
-    s.n0[i] = tot;
-    tot += ops[i].N;
-  }
-  for (int i = m; i <= GEMV_MULTI; i++) s.n0[i] = tot;
-  s.cnt = m;
+  for (int i = 0; i < m; i++) gemv_set_add(s, ops[i].W->bf, ops[i].y, ops[i].N);
+  int tot = s.n0[GEMV_MULTI];
   unsigned blocks = (unsigned)((tot + GEMV_WARPS - 1) / GEMV_WARPS);
   const bf16 *x = ops[0].x;
   int K = ops[0].K;

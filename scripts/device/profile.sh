@@ -6,7 +6,8 @@
 #            512-token prefill, then a few decode steps), DS_PROF_PREFILL_N launches (560:
 #            about seven eighths of the 512-token forward);
 #   decode:  launches DS_PROF_DECODE_SKIP.. of `deltaserve bench --only decode --decode-conc C`
-#            (C = DS_PROF_DECODE_CONC, 1) with CUDA graphs off (each kernel its own launch),
+#            (C = DS_PROF_DECODE_CONC, 1) with CUDA graphs off (each kernel its own launch;
+#            DS_PROF_GRAPHS=1 keeps them on: the fused launches, each graph node one kernel),
 #            i.e. decode steps of C sequences after the warm-up and the C prompts' prefill
 #            (skip 900 at C = 1, 3000 otherwise), DS_PROF_DECODE_N of them (800: about two
 #            steps at C = 1); the run is cut after 150 s (the profiled range is over by then).
@@ -31,7 +32,7 @@ for part in "${@:-prefill}"; do
     decode)
       C=${DS_PROF_DECODE_CONC:-1}
       skip=${DS_PROF_DECODE_SKIP:-$([ "$C" = 1 ] && echo 900 || echo 3000)}
-      DS_CUDA_GRAPHS=0 timeout 150 $NCU -s "$skip" -c "${DS_PROF_DECODE_N:-800}" \
+      DS_CUDA_GRAPHS=${DS_PROF_GRAPHS:-0} timeout 150 $NCU -s "$skip" -c "${DS_PROF_DECODE_N:-800}" \
         $B bench --model "$M" --only decode --decode-conc "$C" --out /tmp/prof.json \
         >"$OUT/ncu-decode.csv" 2>/dev/null ;;
     *) echo "profile.sh: unknown part '$part'"; exit 2 ;;

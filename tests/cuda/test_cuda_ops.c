@@ -158,6 +158,7 @@ static int T_of(const pieces *p) {
 /* Sets the same batch on both backends; piece s gets pages s*MAXP + perm. Returns max_pages. */
 #define MAXP 32
 static int32_t g_pt[8 * MAXP];
+static backend *g_also; /* a third backend set_batch also sets (NULL: none) */
 static void set_batch(const pieces *p, int n_out, const int32_t *out_rows) {
   static int32_t tokens[4096], pos[4096], seq[4096], st[8];
   int T = 0;
@@ -175,6 +176,7 @@ static void set_batch(const pieces *p, int n_out, const int32_t *out_rows) {
                      n_out, out_rows};
   EXPECT(CPU->set_batch(CPU, &b) == 0);
   EXPECT(GPU->set_batch(GPU, &b) == 0);
+  if (g_also) EXPECT(g_also->set_batch(g_also, &b) == 0);
 }
 
 static void gpu_ok(void) {
@@ -763,6 +765,130 @@ TEST(gdn) {
   }
 }
 
+/* ---- the DeltaNet decode chain (conv1d, gdn_gates, gdn_decode, gated_rmsnorm) ----
+ * On the default backend a decode step's four ops become one k_gdn_chain launch; on one
+ * created with DS_GDN_CHAIN=0 they run as four kernels. Three steps (direct, captured,
+ * replayed) of 5 rows (one fresh at position 0, slots permuted) from random states: every
+ * output of the two — conv state, conv output, beta, g, DeltaNet state, normed output — must
+ * be bit-identical after each step, within tolerance of the CPU, and the chain really fused. */
+enum { CH_CST, CH_X, CH_CO, CH_B, CH_A, CH_BETA, CH_G, CH_SSM, CH_Z, CH_O, CH_NB };
+enum { CHW_CONV, CHW_AL, CHW_DT, CHW_NORM, CH_NW };
+typedef struct {
+  backend *be;
+  backend_buf b[CH_NB];
+  backend_weight w[CH_NW];
+} chain_set;
+
+static const backend_kind ch_kind[CH_NB] = {
+    BACKEND_KIND_F32, BACKEND_KIND_ACT, BACKEND_KIND_ACT, BACKEND_KIND_ACT, BACKEND_KIND_ACT,
+    BACKEND_KIND_F32, BACKEND_KIND_F32, BACKEND_KIND_F32, BACKEND_KIND_ACT, BACKEND_KIND_ACT};
+
+static void chain_init(chain_set *cs, backend *be, float *const *h, const size_t *n,
+                       float *const *wh, const int64_t (*ws)[2]) {
+  cs->be = be;
+  for (int i = 0; i < CH_NB; i++) {
+    cs->b[i] = mk(be, ch_kind[i], h[i], n[i]);
+    if (!h[i]) poison(be, cs->b[i], ch_kind[i], n[i]);
+  }
+  for (int i = 0; i < CH_NW; i++)
+    cs->w[i] = be->weight_upload(be, wh[i], DTYPE_F32, ws[i][0], ws[i][1]);
+}
+
+static void chain_free(chain_set *cs) {
+  for (int i = 0; i < CH_NB; i++) cs->be->free(cs->be, cs->b[i]);
+  for (int i = 0; i < CH_NW; i++) cs->be->weight_free(cs->be, cs->w[i]);
+}
+
+static void chain_run(chain_set *cs, int T, int C, int nk, int nv, int dk, int dv) {
+  backend *be = cs->be;
+  backend_buf *b = cs->b;
+  be->conv1d(be, b[CH_CST], b[CH_X], cs->w[CHW_CONV], C, 4, b[CH_CO]);
+  be->gdn_gates(be, b[CH_CO], b[CH_B], b[CH_A], cs->w[CHW_AL], cs->w[CHW_DT], nk, nv, dk, dv,
+                b[CH_BETA], b[CH_G]);
+  be->gdn_decode(be, b[CH_SSM], b[CH_CO], b[CH_BETA], b[CH_G], nk, nv, dk, dv, b[CH_O]);
+  be->gated_rmsnorm(be, b[CH_O], b[CH_Z], cs->w[CHW_NORM], T, nv, dv, 1e-6f, b[CH_O]);
+}
+
+static void gdn_chain_case(backend *plain, int nk, int nv, int dk) {
+  int dv = 128, T = 5, C = 2 * nk * dk + nv * dv, nslots = 5;
+  static const char *name[CH_NB] = {"conv state", "x", "conv out", "b", "a",
+                                    "beta", "g", "state", "z", "out"};
+  size_t n[CH_NB] = {(size_t)nslots * C * 3, (size_t)T * C, (size_t)T * C, (size_t)T * nv,
+                     (size_t)T * nv, (size_t)T * nv, (size_t)T * nv,
+                     (size_t)nslots * nv * dk * dv, (size_t)T * nv * dv, (size_t)T * nv * dv};
+  float sc[CH_NB] = {1.f, 1.f, 0.f, 4.f, 4.f, 0.f, 0.f, 0.3f, 2.f, 0.f};
+  float *h[CH_NB];
+  for (int i = 0; i < CH_NB; i++) h[i] = sc[i] > 0.f ? rand_vec(n[i], sc[i]) : NULL;
+  h[CH_A][0] = 30.f; /* the softplus linear branch */
+  int64_t ws[CH_NW][2] = {{C, 4}, {1, nv}, {1, nv}, {1, dv}};
+  float *wh[CH_NW] = {rand_vec((size_t)C * 4, 0.5f), rand_vec(nv, 1.f), rand_vec(nv, 1.f),
+                      rand_vec(dv, 1.f)};
+  chain_set cs[3]; /* CPU, GPU (chain), plain (four kernels) */
+  chain_init(&cs[0], CPU, h, n, wh, ws);
+  chain_init(&cs[1], GPU, h, n, wh, ws);
+  chain_init(&cs[2], plain, h, n, wh, ws);
+  long g0[4], g1[4], p0[4], p1[4];
+  backend_cuda_graph_stats(GPU, g0);
+  backend_cuda_graph_stats(plain, p0);
+  g_also = plain;
+  int same = 1;
+  for (int step = 0; step < 3; step++) { /* direct, captured, replayed */
+    pieces p = {5, {1, 1, 1, 1, 1}, {7 + step, step, 40 + step, 3 + step, 100 + step},
+                {4, 1, 0, 3, 2}};
+    set_batch(&p, 0, NULL);
+    for (int k = 0; k < 3; k++) chain_run(&cs[k], T, C, nk, nv, dk, dv);
+    for (int i = 0; i < CH_NB; i++) {
+      if (i == CH_X || i == CH_B || i == CH_A || i == CH_Z) continue;
+      size_t bytes = n[i] * (ch_kind[i] == BACKEND_KIND_F32 ? 4 : 2);
+      uint8_t *x = malloc(bytes), *y = malloc(bytes);
+      EXPECT(GPU->read(GPU, cs[1].b[i], 0, x, bytes) == 0);
+      EXPECT(plain->read(plain, cs[2].b[i], 0, y, bytes) == 0);
+      int eq = memcmp(x, y, bytes) == 0;
+      EXPECT_MSG(eq, "gdn chain nk=%d nv=%d dk=%d step %d: %s differs from the four kernels",
+                 nk, nv, dk, step, name[i]);
+      same &= eq;
+      free(x);
+      free(y);
+    }
+    if (step != 1) {
+      char what[96];
+      double tol[CH_NB] = {1e-6, 0, 6e-3, 0, 0, 1e-5, 1e-5, 5e-3, 0, 1e-2};
+      for (int i = 0; i < CH_NB; i++) {
+        if (tol[i] == 0) continue;
+        snprintf(what, sizeof what, "chain %d/%d/%d step %d %s", nk, nv, dk, step, name[i]);
+        CMP(cs[0].b[i], cs[1].b[i], ch_kind[i], n[i], tol[i], what);
+      }
+    }
+  }
+  g_also = NULL;
+  backend_cuda_graph_stats(GPU, g1);
+  backend_cuda_graph_stats(plain, p1);
+  n_checks++;
+  printf("  gdn chain nk=%d nv=%d dk=%d: bit-identical to the four kernels: %s; fused %ld "
+         "(plain %ld), replays %ld\n",
+         nk, nv, dk, same ? "yes" : "NO", g1[3] - g0[3], p1[3] - p0[3], g1[1] - g0[1]);
+  /* the list runs twice (direct, capture), 3 launches saved each time */
+  EXPECT_MSG(g1[3] - g0[3] >= 6 && p1[3] - p0[3] == 0 && g1[1] - g0[1] >= 1,
+             "gdn chain nk=%d nv=%d dk=%d: fused %ld (plain %ld), replays %ld", nk, nv, dk,
+             g1[3] - g0[3], p1[3] - p0[3], g1[1] - g0[1]);
+  gpu_ok();
+  for (int k = 0; k < 3; k++) chain_free(&cs[k]);
+  for (int i = 0; i < CH_NB; i++) free(h[i]);
+  for (int i = 0; i < CH_NW; i++) free(wh[i]);
+}
+
+TEST(gdn_chain) {
+  backend *plain = gpu_with("DS_GDN_CHAIN", "0");
+  REQUIRE(plain != NULL);
+  gdn_chain_case(plain, 2, 4, 128); /* two value heads per key head (the 4B shape's) */
+  gdn_chain_case(plain, 3, 3, 128); /* one */
+  gdn_chain_case(plain, 2, 4, 64);
+  gdn_chain_case(plain, 1, 1, 64);
+  char err[256] = "";
+  EXPECT_MSG(plain->sync(plain, err, sizeof err) == 0, "plain backend: %s", err);
+  plain->destroy(plain);
+}
+
 /* dv = 128 and 256: the vector kernels (8- and 16-byte lanes); 80: the one-element kernel */
 static void gated_rmsnorm_case(int dv) {
   int T = 5, nv = 3;
@@ -1125,8 +1251,9 @@ TEST(decode_graph) {
          ndiff, idiff, sdiff, cap, rep, dir, fus);
   EXPECT_MSG(ndiff == 0 && idiff == 0 && sdiff == 0, "graph/fused decode steps differ from direct");
   EXPECT_MSG(cap >= 2 && rep >= 4, "graphs not used: %ld captures, %ld replays", cap, rep);
-  /* 7 launches saved per step that runs the list (replays reuse the fused graph) */
-  EXPECT_MSG(fus >= 7 * (cap + dir), "fused %ld launches, expected >= %ld", fus, 7 * (cap + dir));
+  /* 10 launches saved per step that runs the list (q/k/v 2, qkv/z/b/a 3, gate/up/swiglu 2,
+   * the DeltaNet chain 3; replays reuse the fused graph) */
+  EXPECT_MSG(fus >= 10 * (cap + dir), "fused %ld launches, expected >= %ld", fus, 10 * (cap + dir));
   gpu_ok();
   dmodel_free(&a);
   dmodel_free(&p);
@@ -1162,6 +1289,7 @@ int main(void) {
   RUN(gdn_gates);
   RUN(gdn);
   RUN(gated_rmsnorm);
+  RUN(gdn_chain);
   RUN(moe);
   RUN(moe_grouped);
   RUN(moe_per_row);

@@ -577,29 +577,83 @@ static void gemv_all(cuda_ctx *c, const bf16 *x, const bf16 *W, int T, int K, in
 }
 
 /* ---- narrow products (N <= NARROW_MAXN columns, e.g. the DeltaNet b and a projections) ----
- * cuBLAS spends 7-9 µs of pure latency on a 32-column product at 32-128 rows (bench/NOTES.md).
- * Here one warp per (column, group of 8 rows), the GEMV arithmetic of gemv_all_group (W rows
- * through L1/L2, x rows from L2), up to GEMV_MULTI products of one x in one launch (the decode
- * recorder fuses b and a). grid (ceil(total columns / GEMV_WARPS), ceil(T / 8)). */
+ * cuBLAS spends 7-9 µs of pure latency on a 32-column product at 32-128 rows, and one warp per
+ * (column, 8 rows) walking all of K took 17.8 µs for b and a at 64 rows (bench/NOTES.md): too
+ * few warps, each a chain of dependent loads. Here a block takes NARROW_COLS columns x 8 rows
+ * and its NARROW_KW warps split K (warp w: the 256-element pieces w, w + NARROW_KW, ...); a
+ * lane keeps the columns' W piece and reuses it for the 8 x rows (x from L2/L1), partials in
+ * fp32: lane order, then a butterfly, then the warps in order through shared memory — a fixed
+ * order that depends only on K, never on T. Up to GEMV_MULTI products of one x in one launch
+ * (the decode recorder fuses b and a). grid (ceil(total columns / NARROW_COLS), ceil(T / 8)). */
 #define NARROW_MAXN 64
 /* decode steps only: at 512-row prefill steps cuBLAS was faster (bench/NOTES.md) */
 #define NARROW_MAXT 128
+#define NARROW_COLS 4
+#define NARROW_KW 8
 
-__global__ void __launch_bounds__(GEMV_WARPS * 32)
+template <int R>
+__device__ __forceinline__ void narrow_tile(const bf16 *__restrict__ x, const bf16 *const *w,
+                                            int K, int t0, int wp, int lane,
+                                            float (*red)[NARROW_COLS][8]) {
+  float acc[NARROW_COLS][R];
+#pragma unroll
+  for (int c = 0; c < NARROW_COLS; c++)
+#pragma unroll
+    for (int t = 0; t < R; t++) acc[c][t] = 0.f;
+  for (int k = (wp * 32 + lane) * 8; k < K; k += NARROW_KW * 256) {
+    float wf[NARROW_COLS][8];
+#pragma unroll
+    for (int c = 0; c < NARROW_COLS; c++) bf16x8_to_f32(__ldg((const uint4 *)(w[c] + k)), wf[c]);
+#pragma unroll
+    for (int t = 0; t < R; t++) {
+      float xf[8];
+      bf16x8_to_f32(*(const uint4 *)(x + (size_t)(t0 + t) * K + k), xf);
+#pragma unroll
+      for (int c = 0; c < NARROW_COLS; c++)
+#pragma unroll
+        for (int i = 0; i < 8; i++) acc[c][t] += wf[c][i] * xf[i];
+    }
+  }
+#pragma unroll
+  for (int c = 0; c < NARROW_COLS; c++)
+#pragma unroll
+    for (int t = 0; t < R; t++) {
+      float v = warp_sum(acc[c][t]);
+      if (lane == 0) red[wp][c][t] = v;
+    }
+}
+
+__global__ void __launch_bounds__(NARROW_KW * 32)
     k_gemv_narrow(const bf16 *__restrict__ x, gemv_set s, int T, int K) {
-  int n = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-  if (n >= s.n0[GEMV_MULTI]) return;
-  const bf16 *W;
-  bf16 *y;
-  int N, r;
-  gemv_set_pick(s, n, W, y, N, r);
-  int t0 = blockIdx.y * 8;
-  const bf16 *w = W + (size_t)r * K;
+  __shared__ float red[NARROW_KW][NARROW_COLS][8];
+  int wp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  int n0 = blockIdx.x * NARROW_COLS, t0 = blockIdx.y * 8, tot = s.n0[GEMV_MULTI];
+  const bf16 *w[NARROW_COLS];
+#pragma unroll
+  for (int c = 0; c < NARROW_COLS; c++) {
+    const bf16 *Wm;
+    bf16 *y;
+    int N, r;
+    gemv_set_pick(s, min(n0 + c, tot - 1), Wm, y, N, r); /* past the end: a real row, unused */
+    w[c] = Wm + (size_t)r * K;
+  }
   switch (min(T - t0, 8)) {
-#define G(R) case R: gemv_all_group<R, 0, 1>(x, w, K, N, r, lane, t0, y); break;
+#define G(R) case R: narrow_tile<R>(x, w, K, t0, wp, lane, red); break;
     G(1) G(2) G(3) G(4) G(5) G(6) G(7) G(8)
 #undef G
     default: break;
+  }
+  __syncthreads();
+  int c = threadIdx.x >> 3, t = threadIdx.x & 7, n = n0 + c;
+  if (threadIdx.x < NARROW_COLS * 8 && n < tot && t0 + t < T) {
+    float v = 0.f;
+#pragma unroll
+    for (int q = 0; q < NARROW_KW; q++) v += red[q][c][t];
+    const bf16 *Wm;
+    bf16 *y;
+    int N, r;
+    gemv_set_pick(s, n, Wm, y, N, r);
+    y[(size_t)(t0 + t) * N + r] = f2bf(v);
   }
 }
 
@@ -617,8 +671,8 @@ static void launch_narrow(cuda_ctx *c, const bf16 *x, int T, int K, int m, const
   memset(&s, 0, sizeof s);
   for (int i = 0; i < m; i++) gemv_set_add(s, W[i], y[i], N[i]);
   int tot = s.n0[GEMV_MULTI];
-  dim3 grid((unsigned)((tot + GEMV_WARPS - 1) / GEMV_WARPS), (unsigned)((T + 7) / 8));
-  k_gemv_narrow<<<grid, GEMV_WARPS * 32, 0, c->st>>>(x, s, T, K);
+  dim3 grid((unsigned)((tot + NARROW_COLS - 1) / NARROW_COLS), (unsigned)((T + 7) / 8));
+  k_gemv_narrow<<<grid, NARROW_KW * 32, 0, c->st>>>(x, s, T, K);
   cuda_check_launch(c, "matmul (narrow)");
 }
 
@@ -766,6 +820,7 @@ static void cu_host_free(backend *be, void *p) {
  * signature. At that boundary the list runs, in order, with two rewrites (a peephole):
  *   matmuls of one x on the GEMV path, one after another    -> one k_gemv_multi launch
  *   matmul gate, matmul up, swiglu(gate, up)                  -> one k_gemv_glu launch
+ *   conv1d, gdn_gates, gdn_decode, gated_rmsnorm of one layer -> one k_gdn_chain launch
  * (each output element computed by the same code as unfused: the same bits). How it runs:
  *   - a graph captured for the same signature and scratch address exists: relaunch it;
  *   - the signature equals the previous step's: capture the run into a graph, keep it;
@@ -779,7 +834,16 @@ static void cu_host_free(backend *be, void *p) {
 
 #define GRAPH_CACHE 24
 
-enum { GOP_OTHER = 0, GOP_MATMUL = 1, GOP_SWIGLU = 2 };
+enum {
+  GOP_OTHER = 0,
+  GOP_MATMUL = 1,
+  GOP_SWIGLU = 2,
+  /* the DeltaNet decode chain's ops (their arguments in gop.ch) */
+  GOP_CONV,
+  GOP_GATES,
+  GOP_GDN_DEC,
+  GOP_GNORM
+};
 
 struct gop {
   int kind;
@@ -793,6 +857,8 @@ struct gop {
   const bf16 *gate, *up;
   size_t n;
   bf16 *out;
+  /* GOP_CONV .. GOP_GNORM: each fills its own op's fields */
+  cuda_gdn_chain_args ch;
 };
 
 struct graph_entry {
@@ -923,6 +989,40 @@ static void launch_multi(cuda_ctx *c, const gop *ops, int m) {
   cuda_check_launch(c, "matmul (fused gemv)");
 }
 
+/* ops[i..i+3] are conv1d, gdn_gates, gdn_decode and gated_rmsnorm of one layer, chained
+ * through their buffers (conv output = the gates' and the step's qkv, the gates' beta and g =
+ * the step's, the step's output = the norm's input) and of one shape: their arguments in *ch. */
+static int gdn_chain_of(const std::vector<gop> &ops, size_t i, cuda_gdn_chain_args *ch) {
+  if (i + 3 >= ops.size() || ops[i].kind != GOP_CONV || ops[i + 1].kind != GOP_GATES ||
+      ops[i + 2].kind != GOP_GDN_DEC || ops[i + 3].kind != GOP_GNORM)
+    return 0;
+  const cuda_gdn_chain_args &cv = ops[i].ch, &gt = ops[i + 1].ch, &dc = ops[i + 2].ch,
+                            &gn = ops[i + 3].ch;
+  if (gt.conv_out != cv.conv_out || dc.conv_out != cv.conv_out || dc.beta != gt.beta ||
+      dc.g != gt.g || gn.o != dc.o || gt.nk != dc.nk || gt.nv != dc.nv || gt.dk != dc.dk ||
+      gt.dv != dc.dv || gn.nv != dc.nv || gn.dv != dc.dv)
+    return 0;
+  *ch = cv;
+  ch->b = gt.b;
+  ch->a = gt.a;
+  ch->beta = gt.beta;
+  ch->g = gt.g;
+  ch->A_log = gt.A_log;
+  ch->dt_bias = gt.dt_bias;
+  ch->ssm = dc.ssm;
+  ch->o = dc.o;
+  ch->nk = dc.nk;
+  ch->nv = dc.nv;
+  ch->dk = dc.dk;
+  ch->dv = dc.dv;
+  ch->z = gn.z;
+  ch->out = gn.out;
+  ch->norm = gn.norm;
+  ch->T = gn.T;
+  ch->eps = gn.eps;
+  return 1;
+}
+
 static void launch_glu(cuda_ctx *c, const gop &g, const gop &u, const gop &sw) {
   unsigned blocks = (unsigned)((g.N + GEMV_WARPS - 1) / GEMV_WARPS);
   switch (g.T) {
@@ -944,6 +1044,12 @@ static void graph_run_ops(cuda_ctx *c) {
   size_t n = ops.size();
   for (size_t i = 0; i < n;) {
     const gop &o = ops[i];
+    cuda_gdn_chain_args ch;
+    if (g->fuse && o.kind == GOP_CONV && gdn_chain_of(ops, i, &ch) && cuda_gdn_chain(c, &ch)) {
+      g->fused += 3;
+      i += 4;
+      continue;
+    }
     if (g->fuse && gemv_fits(c, o)) {
       size_t xb = (size_t)o.T * o.K * 2;
       /* gate, up, swiglu(gate, up) */
@@ -1185,14 +1291,39 @@ static void w_moe(backend *be, backend_buf x, const backend_moe *m, int T, int H
 }
 static void w_conv1d(backend *be, backend_buf conv_state, backend_buf x, backend_weight w, int C,
                      int K, backend_buf out) {
-  if (!rec_op(be, 9, cuda_gdn_conv1d, conv_state, x, w, C, K, out))
+  if (!rec_op(be, 9, cuda_gdn_conv1d, conv_state, x, w, C, K, out)) {
     cuda_gdn_conv1d(be, conv_state, x, w, C, K, out);
+    return;
+  }
+  gop &o = cuda_ctx_of(be)->gr->ops.back();
+  o.kind = GOP_CONV;
+  o.ch.conv_state = conv_state;
+  o.ch.x = x;
+  o.ch.conv_w = w;
+  o.ch.C = C;
+  o.ch.K = K;
+  o.ch.conv_out = out;
 }
 static void w_gdn_gates(backend *be, backend_buf qkv, backend_buf b, backend_buf a,
                         backend_weight A_log, backend_weight dt_bias, int nk, int nv, int dk,
                         int dv, backend_buf beta, backend_buf g) {
-  if (!rec_op(be, 10, cuda_elem_gdn_gates, qkv, b, a, A_log, dt_bias, nk, nv, dk, dv, beta, g))
+  if (!rec_op(be, 10, cuda_elem_gdn_gates, qkv, b, a, A_log, dt_bias, nk, nv, dk, dv, beta, g)) {
     cuda_elem_gdn_gates(be, qkv, b, a, A_log, dt_bias, nk, nv, dk, dv, beta, g);
+    return;
+  }
+  gop &o = cuda_ctx_of(be)->gr->ops.back();
+  o.kind = GOP_GATES;
+  o.ch.conv_out = qkv;
+  o.ch.b = b;
+  o.ch.a = a;
+  o.ch.A_log = A_log;
+  o.ch.dt_bias = dt_bias;
+  o.ch.nk = nk;
+  o.ch.nv = nv;
+  o.ch.dk = dk;
+  o.ch.dv = dv;
+  o.ch.beta = beta;
+  o.ch.g = g;
 }
 static void w_gdn_prefill(backend *be, backend_buf ssm, backend_buf qkv, backend_buf beta,
                           backend_buf g, int nk, int nv, int dk, int dv, backend_buf out) {
@@ -1201,13 +1332,38 @@ static void w_gdn_prefill(backend *be, backend_buf ssm, backend_buf qkv, backend
 }
 static void w_gdn_decode(backend *be, backend_buf ssm, backend_buf qkv, backend_buf beta,
                          backend_buf g, int nk, int nv, int dk, int dv, backend_buf out) {
-  if (!rec_op(be, 12, cuda_gdn_decode, ssm, qkv, beta, g, nk, nv, dk, dv, out))
+  if (!rec_op(be, 12, cuda_gdn_decode, ssm, qkv, beta, g, nk, nv, dk, dv, out)) {
     cuda_gdn_decode(be, ssm, qkv, beta, g, nk, nv, dk, dv, out);
+    return;
+  }
+  gop &o = cuda_ctx_of(be)->gr->ops.back();
+  o.kind = GOP_GDN_DEC;
+  o.ch.ssm = ssm;
+  o.ch.conv_out = qkv;
+  o.ch.beta = beta;
+  o.ch.g = g;
+  o.ch.nk = nk;
+  o.ch.nv = nv;
+  o.ch.dk = dk;
+  o.ch.dv = dv;
+  o.ch.o = out;
 }
 static void w_gated_rmsnorm(backend *be, backend_buf o, backend_buf z, backend_weight w, int T,
                             int nv, int dv, float eps, backend_buf out) {
-  if (!rec_op(be, 13, cuda_elem_gated_rmsnorm, o, z, w, T, nv, dv, eps, out))
+  if (!rec_op(be, 13, cuda_elem_gated_rmsnorm, o, z, w, T, nv, dv, eps, out)) {
     cuda_elem_gated_rmsnorm(be, o, z, w, T, nv, dv, eps, out);
+    return;
+  }
+  gop &r = cuda_ctx_of(be)->gr->ops.back();
+  r.kind = GOP_GNORM;
+  r.ch.o = o;
+  r.ch.z = z;
+  r.ch.norm = w;
+  r.ch.T = T;
+  r.ch.nv = nv;
+  r.ch.dv = dv;
+  r.ch.eps = eps;
+  r.ch.out = out;
 }
 static void w_logits(backend *be, backend_buf x, backend_weight norm, float eps, backend_weight W,
                      int H, int V, backend_buf out) {
@@ -1252,6 +1408,7 @@ static void cu_destroy(backend *be) {
     c->gr = NULL;
     cuda_moe_release(c);
     cuda_sgemm_release(c);
+    cuda_gdn_chain_release(c);
     if (c->blas) cublasDestroy(c->blas);
     cudaFree(c->blas_ws);
     cudaFree(c->scratch);
@@ -1316,6 +1473,7 @@ extern "C" backend *backend_cuda_create(int device, char *err, size_t errlen) {
     why = "out of device memory for the rotary table";
   c->rope_rot = -1;
   if (!why && cuda_sgemm_init(c)) why = "out of device memory for the GEMM workspace";
+  if (!why && cuda_gdn_chain_init(c)) why = "out of device memory for the decode-chain counters";
   if (why) {
     cudaGetLastError();
     if (err && errlen) snprintf(err, errlen, "cannot create the CUDA backend: %s", why);
@@ -1344,6 +1502,8 @@ extern "C" backend *backend_cuda_create(int device, char *err, size_t errlen) {
     c->sgemm_maxt = sm ? atoi(sm) : 16;
     const char *nw = getenv("DS_NARROW"); /* narrow-product kernel, on unless "0" */
     c->narrow = !(nw && strcmp(nw, "0") == 0);
+    const char *gc = getenv("DS_GDN_CHAIN"); /* the DeltaNet decode chain kernel, on unless "0" */
+    c->gdn_chain = !(gc && strcmp(gc, "0") == 0);
     const char *mg = getenv("DS_MOE_GROUPED"); /* on unless "0" */
     c->moe_grouped = !(mg && strcmp(mg, "0") == 0);
     c->legacy = !c->batch_invariant && lg && *lg && strcmp(lg, "0") != 0;

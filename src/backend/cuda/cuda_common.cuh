@@ -88,6 +88,10 @@ typedef struct cuda_ctx {
   int rope_rot;
   /* products of <= 64 columns through the narrow kernel (backend_cuda.cu; DS_NARROW=0: off) */
   int narrow;
+  /* decode steps: each DeltaNet layer's conv, gates, recurrent step and gated norm as one
+   * kernel (cuda_gdn.cu "decode chain"; DS_GDN_CHAIN=0: the four kernels), its counters */
+  int gdn_chain;
+  int *chain_cnt;
   /* DS_MOE_GROUPED=1: routed experts of large steps as per-expert GEMMs (cuda_moe.cu) */
   int moe_grouped;
   /* decode steps: ops recorded, fused and replayed as CUDA graphs (NULL: off) */
@@ -129,6 +133,29 @@ extern "C" void cuda_sgemm_release(cuda_ctx *c);
  * covered (nothing launched). */
 int cuda_attn_flash(cuda_ctx *c, const bf16 *kp, const bf16 *vp, const bf16 *q, int nh, int nkv,
                     int hd, float scale, bf16 *out);
+
+/* One layer's DeltaNet decode chain, conv1d -> gdn_gates -> gdn_decode -> gated_rmsnorm, as
+ * the four ops' arguments (backend/backend.h): the decode-step recorder (backend_cuda.cu)
+ * collects it, cuda_gdn_chain (cuda_gdn.cu) launches it as one kernel when it covers the step
+ * and shapes (returns 1; else 0, nothing launched). Every output — conv state and output (q, k
+ * normalised), beta, g, DeltaNet state, o and out — gets the bits the four ops give. */
+typedef struct cuda_gdn_chain_args {
+  backend_buf conv_state, x, conv_out; /* conv1d (conv_out: the gates' and decode's qkv) */
+  backend_weight conv_w;
+  int C, K;
+  backend_buf b, a, beta, g; /* gdn_gates */
+  backend_weight A_log, dt_bias;
+  backend_buf ssm, o; /* gdn_decode (o: the gated norm's input) */
+  int nk, nv, dk, dv;
+  backend_buf z, out; /* gated_rmsnorm */
+  backend_weight norm;
+  int T;
+  float eps;
+} cuda_gdn_chain_args;
+int cuda_gdn_chain(cuda_ctx *c, const cuda_gdn_chain_args *a);
+/* Its per-step counters (zeroed device memory); -1 when out of memory (the chain stays off). */
+extern "C" int cuda_gdn_chain_init(cuda_ctx *c);
+extern "C" void cuda_gdn_chain_release(cuda_ctx *c);
 
 /* Frees the MoE expert tables of this context (cuda_moe.cu). */
 void cuda_moe_release(cuda_ctx *c);

@@ -423,6 +423,242 @@ extern "C" void cuda_gdn_decode(backend *be, backend_buf ssm, backend_buf qkv, b
   cuda_check_launch(c, "gdn_decode");
 }
 
+/* ---- the decode chain ----
+ * A decode step's DeltaNet layer is four small launches (conv1d, gates, recurrent step, gated
+ * norm), each a round trip to memory for a few KB per row: at one sequence they cost as much
+ * as the layer's recurrent step itself (bench/NOTES.md). Here one block per (row, value head
+ * h), laid out as k_gdn_decode4 (256 threads, the state in registers), does all four:
+ *   1. the recurrent state's loads are issued first;
+ *   2. conv1d of the q and k channels of h's key head kh and of h's v channels, with
+ *      k_conv1d_dec's expression; the G = nv / nk blocks of kh all compute kh's q and k;
+ *   3. warp 0 / 1 L2-normalise q / k as k_gdn_gates does (same lane order), thread 64
+ *      computes h's beta and g;
+ *   4. the recurrent step, k_gdn_decode4's arithmetic;
+ *   5. warp 0 rounds o to bf16, writes it, and applies the gated norm as k_gated_rmsnorm_v<4>
+ *      (a lane's four columns are that kernel's four).
+ * Every value is the four kernels' expression in their order: the same bits. Writes: h's own
+ * v channels (conv output and state), beta, g, state, o and out; kh's q/k conv output by the
+ * first block of the group; kh's q/k conv state by the last of the G blocks to have read it,
+ * found by a counter per (row, kh) that each block bumps after its reads (fenced) and the last
+ * one resets to 0 — no block waits for another. dv = 128, dk = 8 R (64 or 128), K = 4.
+ * grid (n_decode, nv), block 256. */
+#define CHAIN_CNT 65536 /* counters: rows x key heads of one step, at most */
+/* steps of at most this many rows: above it the four kernels were faster on the H200 (decode
+ * 64 9.7k vs 9.6k, 128 13.0k vs 12.8k tok/s; at 1 and 8 rows the chain wins 5 % and 2 %,
+ * bench/NOTES.md) */
+#define CHAIN_MAXT 32
+
+template <int R>
+__global__ void __launch_bounds__(256)
+    k_gdn_chain(const bf16 *x, const float *cw, float *cst, bf16 *co, const bf16 *bb,
+                const bf16 *aa, const float *A_log, const float *dt_bias, float *beta, float *g,
+                float *ssm, bf16 *o, const bf16 *z, const float *nw, float eps, bf16 *out,
+                const int32_t *ids, const int32_t *seq_start, const int32_t *seq_pos,
+                const int32_t *seq_slot, int nk, int nv, int *cnt) {
+  constexpr int DK = 8 * R, DV = 128, K = 4, NCH = 2 * DK + DV, PER = (NCH + 255) / 256;
+  __shared__ float qs[DK], ks[DK], vs[DV], gb[2];
+  __shared__ __align__(16) float red[8][DV];
+  __shared__ __align__(16) float dsh[DV];
+  __shared__ int last;
+  int s = ids[blockIdx.x], h = blockIdx.y, G = nv / nk, kh = h / G, t = seq_start[s];
+  int lane = threadIdx.x & 31, grp = threadIdx.x >> 5;
+  int j = 4 * lane, a0 = grp * R;
+  size_t C = 2 * (size_t)nk * DK + (size_t)nv * DV;
+  int slot = seq_slot[s], zero = seq_pos[s] == 0;
+  float *S = ssm + ((size_t)slot * nv + h) * (size_t)DK * DV;
+  float4 sv[R];
+  if (!zero) {
+#pragma unroll
+    for (int r = 0; r < R; r++) sv[r] = *(const float4 *)(S + (size_t)(a0 + r) * DV + j);
+  } else {
+#pragma unroll
+    for (int r = 0; r < R; r++) sv[r] = make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+  float keep[PER][K - 1]; /* new q/k conv state of this thread's channels */
+#pragma unroll
+  for (int u = 0; u < PER; u++) {
+    int i = threadIdx.x + 256 * u;
+    if (i >= NCH) break;
+    size_t c = i < DK       ? (size_t)kh * DK + i
+               : i < 2 * DK ? (size_t)(nk + kh) * DK + (i - DK)
+                            : 2 * (size_t)nk * DK + (size_t)h * DV + (i - 2 * DK);
+    float *st = cst + (size_t)slot * C * (K - 1) + c * (K - 1);
+    const float *w = cw + c * K;
+    float win[K - 1];
+#pragma unroll
+    for (int q = 0; q < K - 1; q++) win[q] = zero ? 0.f : st[q];
+    float xv = bf2f(x[(size_t)t * C + c]);
+    float acc = 0.f;
+#pragma unroll
+    for (int q = 0; q < K - 1; q++) acc += w[q] * win[q];
+    acc += w[K - 1] * xv;
+    bf16 r = f2bf(siluf_dev(acc));
+#pragma unroll
+    for (int q = 0; q + 1 < K - 1; q++) keep[u][q] = win[q + 1];
+    keep[u][K - 2] = xv;
+    if (i < DK) {
+      qs[i] = bf2f(r);
+    } else if (i < 2 * DK) {
+      ks[i - DK] = bf2f(r);
+    } else {
+      vs[i - 2 * DK] = bf2f(r);
+      co[(size_t)t * C + c] = r;
+#pragma unroll
+      for (int q = 0; q < K - 1; q++) st[q] = keep[u][q];
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x < 64) { /* warp 0: q, warp 1: k */
+    int wk = threadIdx.x >> 5;
+    float *xs = wk ? ks : qs;
+    float ss = 0.f;
+    for (int i = lane; i < DK; i += 32) {
+      float v = xs[i];
+      ss += v * v;
+    }
+    ss = warp_sum(ss);
+    float inv = 1.f / sqrtf(ss + 1e-6f);
+    float sc = wk ? 1.f : 1.f / sqrtf((float)DK);
+    bf16 *dst = co + (size_t)t * C + (size_t)(wk ? nk + kh : kh) * DK;
+    for (int i = lane; i < DK; i += 32) {
+      bf16 r = f2bf(xs[i] * inv * sc);
+      xs[i] = bf2f(r);
+      if (h % G == 0) dst[i] = r;
+    }
+  } else if (threadIdx.x == 64) {
+    size_t gi = (size_t)t * nv + h;
+    float bt = sigmoidf_dev(bf2f(bb[gi]));
+    float xx = bf2f(aa[gi]) + dt_bias[h];
+    float sp = xx > 20.f ? xx : log1pf(expf(xx));
+    float gg = -expf(A_log[h]) * sp;
+    beta[gi] = bt;
+    g[gi] = gg;
+    gb[0] = expf(gg);
+    gb[1] = bt;
+  } else if (threadIdx.x == 96) { /* this block's reads of kh's q/k conv state are done */
+    int *c1 = cnt + (size_t)blockIdx.x * nk + kh;
+    __threadfence();
+    int l = atomicAdd(c1, 1) == G - 1;
+    if (l) *c1 = 0;
+    __threadfence();
+    last = l;
+  }
+  __syncthreads();
+  if (last) {
+#pragma unroll
+    for (int u = 0; u < PER; u++) {
+      int i = threadIdx.x + 256 * u;
+      if (i >= 2 * DK) break;
+      size_t c = i < DK ? (size_t)kh * DK + i : (size_t)(nk + kh) * DK + (i - DK);
+      float *st = cst + (size_t)slot * C * (K - 1) + c * (K - 1);
+#pragma unroll
+      for (int q = 0; q < K - 1; q++) st[q] = keep[u][q];
+    }
+  }
+  float eg = gb[0], bt = gb[1];
+  float4 p = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+  for (int r = 0; r < R; r++) {
+    float kk = ks[a0 + r];
+    sv[r].x *= eg; sv[r].y *= eg; sv[r].z *= eg; sv[r].w *= eg;
+    p.x += sv[r].x * kk; p.y += sv[r].y * kk; p.z += sv[r].z * kk; p.w += sv[r].w * kk;
+  }
+  *(float4 *)&red[grp][j] = p;
+  __syncthreads();
+  if (grp == 0) {
+    float4 kv = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+    for (int q = 0; q < 8; q++) {
+      float4 v = *(const float4 *)&red[q][j];
+      kv.x += v.x; kv.y += v.y; kv.z += v.z; kv.w += v.w;
+    }
+    float4 d;
+    d.x = bt * (vs[j] - kv.x);
+    d.y = bt * (vs[j + 1] - kv.y);
+    d.z = bt * (vs[j + 2] - kv.z);
+    d.w = bt * (vs[j + 3] - kv.w);
+    *(float4 *)&dsh[j] = d;
+  }
+  __syncthreads();
+  float4 d = *(const float4 *)&dsh[j];
+  p = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+  for (int r = 0; r < R; r++) {
+    float kk = ks[a0 + r], qq = qs[a0 + r];
+    float4 v = sv[r];
+    v.x += kk * d.x; v.y += kk * d.y; v.z += kk * d.z; v.w += kk * d.w;
+    *(float4 *)(S + (size_t)(a0 + r) * DV + j) = v;
+    p.x += v.x * qq; p.y += v.y * qq; p.z += v.z * qq; p.w += v.w * qq;
+  }
+  *(float4 *)&red[grp][j] = p;
+  __syncthreads();
+  if (grp == 0) {
+    float4 oo = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+    for (int q = 0; q < 8; q++) {
+      float4 v = *(const float4 *)&red[q][j];
+      oo.x += v.x; oo.y += v.y; oo.z += v.z; oo.w += v.w;
+    }
+    size_t off = (size_t)t * nv * DV + (size_t)h * DV + j;
+    bf16 ob[4] = {f2bf(oo.x), f2bf(oo.y), f2bf(oo.z), f2bf(oo.w)};
+    float v[4], ss = 0.f;
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+      o[off + k] = ob[k];
+      v[k] = bf2f(ob[k]);
+    }
+#pragma unroll
+    for (int k = 0; k < 4; k++) ss += v[k] * v[k];
+    ss = warp_sum(ss);
+    float rs = rsqrtf(ss / (float)DV + eps);
+#pragma unroll
+    for (int k = 0; k < 4; k++)
+      out[off + k] = f2bf(nw[j + k] * (v[k] * rs) * siluf_dev(bf2f(z[off + k])));
+  }
+}
+
+extern "C" int cuda_gdn_chain_init(cuda_ctx *c) {
+  if (cudaMalloc(&c->chain_cnt, CHAIN_CNT * sizeof(int)) != cudaSuccess ||
+      cudaMemset(c->chain_cnt, 0, CHAIN_CNT * sizeof(int)) != cudaSuccess) {
+    cudaGetLastError();
+    cudaFree(c->chain_cnt);
+    c->chain_cnt = NULL;
+    return -1;
+  }
+  return 0;
+}
+
+extern "C" void cuda_gdn_chain_release(cuda_ctx *c) {
+  cudaFree(c->chain_cnt);
+  c->chain_cnt = NULL;
+}
+
+int cuda_gdn_chain(cuda_ctx *c, const cuda_gdn_chain_args *a) {
+  const cuda_weight *cw = CW(a->conv_w), *al = CW(a->A_log), *db = CW(a->dt_bias),
+                    *nw = CW(a->norm);
+  int T = c->b.n_tokens, nk = a->nk, nv = a->nv, dk = a->dk;
+  if (!c->gdn_chain || !c->chain_cnt || c->legacy || T <= 0 || T > CHAIN_MAXT ||
+      c->b.n_prefill != 0 || c->b.n_decode != T || a->T != T || a->K != 4 || a->dv != 128 ||
+      (dk != 64 && dk != 128) || nk <= 0 || nv % nk || (size_t)T * nk > CHAIN_CNT || a->C != 2 * nk * dk + nv * a->dv ||
+      !cw->f32 || cw->rows * cw->cols != (int64_t)a->C * 4 || !al->f32 || !db->f32 ||
+      !nw->f32 || al->rows * al->cols < nv || db->rows * db->cols < nv ||
+      nw->rows * nw->cols < a->dv || (size_t)T * a->C >= (1ull << 31))
+    return 0;
+  dim3 grid((unsigned)T, (unsigned)nv);
+#define CH(R_)                                                                                \
+  k_gdn_chain<R_><<<grid, 256, 0, c->st>>>(                                                   \
+      (const bf16 *)a->x, cw->f32, (float *)a->conv_state, (bf16 *)a->conv_out,               \
+      (const bf16 *)a->b, (const bf16 *)a->a, al->f32, db->f32, (float *)a->beta,             \
+      (float *)a->g, (float *)a->ssm, (bf16 *)a->o, (const bf16 *)a->z, nw->f32, a->eps,      \
+      (bf16 *)a->out, c->b.decode_ids, c->b.seq_start, c->b.seq_pos, c->b.seq_slot, nk, nv,   \
+      c->chain_cnt)
+  if (dk == 64) CH(8);
+  else CH(16);
+#undef CH
+  cuda_check_launch(c, "gdn decode chain");
+  return 1;
+}
+
 /* ---- chunked prefill ---- */
 
 #define PRE_THREADS 512

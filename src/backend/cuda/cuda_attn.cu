@@ -240,6 +240,9 @@ static int att_gemm(cuda_ctx *c, const bf16 *kp, const bf16 *vp, const bf16 *q, 
 #define ATT_MAXS 16   /* ranges per row at most */
 #define ATT_SW 8      /* warps per block */
 #define ATT_MAXG 8    /* q heads per kv head */
+#ifndef ATT_AHEAD
+#define ATT_AHEAD 2 /* positions per warp whose K/V loads are in flight together */
+#endif
 
 /* Number of ranges and positions per range for a row at position p (a function of p alone). */
 __device__ __forceinline__ int att_nsplit(int p, int *per) {
@@ -301,34 +304,47 @@ __global__ void __launch_bounds__(ATT_SW * 32)
     l[g] = 0.f;
   }
   size_t row_w = (size_t)nkv * HD;
-  for (int j = j0 + wp; j < j1; j += ATT_SW) {
-    int page = pt[j / BACKEND_PAGE_TOKENS];
-    size_t off = ((size_t)page * BACKEND_PAGE_TOKENS + (size_t)(j % BACKEND_PAGE_TOKENS)) * row_w +
-                 (size_t)kvh * HD + lane * VPL;
-    float kr[VPL], vr[VPL];
-    att_load<VPL, G>(kp + off, kr);
-    att_load<VPL, G>(vp + off, vr);
-    float d[G];
+  /* ATT_AHEAD positions' K and V are loaded before the first of them is used (the decode
+   * step was a chain of one load round trip per position per warp); the online softmax still
+   * takes the positions one at a time in the same order */
+  for (int j = j0 + wp; j < j1; j += ATT_AHEAD * ATT_SW) {
+    float kr[ATT_AHEAD][VPL], vr[ATT_AHEAD][VPL];
 #pragma unroll
-    for (int g = 0; g < G; g++) {
-      float s = 0.f;
-#pragma unroll
-      for (int i = 0; i < VPL; i++) s += qr[g][i] * kr[i];
-      d[g] = s;
+    for (int u = 0; u < ATT_AHEAD; u++) {
+      int ju = j + u * ATT_SW;
+      if (ju < j1) {
+        int page = pt[ju / BACKEND_PAGE_TOKENS];
+        size_t off = ((size_t)page * BACKEND_PAGE_TOKENS + (size_t)(ju % BACKEND_PAGE_TOKENS)) *
+                         row_w + (size_t)kvh * HD + lane * VPL;
+        att_load<VPL, G>(kp + off, kr[u]);
+        att_load<VPL, G>(vp + off, vr[u]);
+      }
     }
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1)
+    for (int u = 0; u < ATT_AHEAD; u++) {
+      if (j + u * ATT_SW >= j1) break;
+      float d[G];
 #pragma unroll
-      for (int g = 0; g < G; g++) d[g] += __shfl_xor_sync(0xffffffffu, d[g], o);
+      for (int g = 0; g < G; g++) {
+        float s = 0.f;
 #pragma unroll
-    for (int g = 0; g < G; g++) {
-      float sc = d[g];
-      float mn = fmaxf(m[g], sc);
-      float cr = __expf(m[g] - mn), e = __expf(sc - mn);
-      l[g] = l[g] * cr + e;
+        for (int i = 0; i < VPL; i++) s += qr[g][i] * kr[u][i];
+        d[g] = s;
+      }
 #pragma unroll
-      for (int i = 0; i < VPL; i++) acc[g][i] = acc[g][i] * cr + e * vr[i];
-      m[g] = mn;
+      for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+        for (int g = 0; g < G; g++) d[g] += __shfl_xor_sync(0xffffffffu, d[g], o);
+#pragma unroll
+      for (int g = 0; g < G; g++) {
+        float sc = d[g];
+        float mn = fmaxf(m[g], sc);
+        float cr = __expf(m[g] - mn), e = __expf(sc - mn);
+        l[g] = l[g] * cr + e;
+#pragma unroll
+        for (int i = 0; i < VPL; i++) acc[g][i] = acc[g][i] * cr + e * vr[u][i];
+        m[g] = mn;
+      }
     }
   }
 #pragma unroll

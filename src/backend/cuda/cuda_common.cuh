@@ -241,6 +241,31 @@ __device__ __forceinline__ void mma_bf16(float d[4], const uint32_t a[4], uint32
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+/* The DeltaNet gates of one (row, value head): beta = sigmoid(b), g = -e^A_log softplus(a +
+ * dt_bias) (qwen35-model.md §3.1). Shared by k_gdn_gates and the decode chain. */
+__device__ __forceinline__ void gdn_gate_vals(float b, float a, float A_log, float dt_bias,
+                                              float *beta, float *g) {
+  *beta = sigmoidf_dev(b);
+  float xx = a + dt_bias;
+  float sp = xx > 20.f ? xx : log1pf(expf(xx));
+  *g = -expf(A_log) * sp;
+}
+
+/* The gated RMSNorm of one value head of dv = 32 VPL values, a lane holding VPL consecutive
+ * ones (v, with z and the weights w of the same columns): w (v / rms(v)) silu(z) in bf16. Shared
+ * by the gated-norm kernel and the decode chain (one arithmetic). */
+template <int VPL>
+__device__ __forceinline__ void gated_norm_lane(const float *v, const float *zv, const float *w,
+                                                float eps, bf16 *ob) {
+  float ss = 0.f;
+#pragma unroll
+  for (int k = 0; k < VPL; k++) ss += v[k] * v[k];
+  ss = warp_sum(ss);
+  float rs = rsqrtf(ss / (float)(32 * VPL) + eps);
+#pragma unroll
+  for (int k = 0; k < VPL; k++) ob[k] = f2bf(w[k] * (v[k] * rs) * siluf_dev(zv[k]));
+}
+
 static inline unsigned cuda_blocks(size_t n, unsigned threads) {
   size_t b = (n + threads - 1) / threads;
   if (b > 65535u * 16) b = 65535u * 16;

@@ -300,12 +300,9 @@ __global__ void k_gdn_gates(bf16 *qkv, const bf16 *b, const bf16 *a, const float
     float sc = h < nk ? qs : 1.f;
     for (int i = lane; i < dk; i += 32) x[i] = f2bf(bf2f(x[i]) * inv * sc);
   }
-  for (int h = threadIdx.x; h < nv; h += blockDim.x) {
-    beta[t * nv + h] = sigmoidf_dev(bf2f(b[t * nv + h]));
-    float xx = bf2f(a[t * nv + h]) + dt_bias[h];
-    float sp = xx > 20.f ? xx : log1pf(expf(xx));
-    g[t * nv + h] = -expf(A_log[h]) * sp;
-  }
+  for (int h = threadIdx.x; h < nv; h += blockDim.x)
+    gdn_gate_vals(bf2f(b[t * nv + h]), bf2f(a[t * nv + h]), A_log[h], dt_bias[h], &beta[t * nv + h],
+                  &g[t * nv + h]);
 }
 
 extern "C" void cuda_elem_gdn_gates(backend *be, backend_buf qkv, backend_buf b, backend_buf a,
@@ -372,17 +369,11 @@ __global__ void k_gated_rmsnorm_v(const bf16 *o, const bf16 *z, const float *w, 
       v[2 * m] = a.x, v[2 * m + 1] = a.y, zv[2 * m] = b.x, zv[2 * m + 1] = b.y;
     }
   }
-  float ss = 0.f;
-#pragma unroll
-  for (int k = 0; k < VPL; k++) ss += v[k] * v[k];
-  ss = warp_sum(ss);
-  float rs = rsqrtf(ss / (float)dv + eps);
   union {
     uint4 u;
     bf16 b[8];
   } ob;
-#pragma unroll
-  for (int k = 0; k < VPL; k++) ob.b[k] = f2bf(w[i0 + k] * (v[k] * rs) * siluf_dev(zv[k]));
+  gated_norm_lane<VPL>(v, zv, w + i0, eps, ob.b);
   if (VPL == 8)
     *(uint4 *)(out + r * dv + i0) = ob.u;
   else

@@ -303,6 +303,62 @@ __global__ void __launch_bounds__(DEC_THREADS)
   }
 }
 
+/* The recurrent step of one (row, value head) on 128 state columns, shared by k_gdn_decode4 and
+ * k_gdn_chain (one arithmetic, so the chain gives the step's bits): thread (grp, lane) holds
+ * rows a0 .. a0+R-1 of columns j .. j+3 in sv (loaded by the caller), S points at the head's
+ * state (row stride dv) for the write-back; qs/ks the normalised q and k, eg = e^g, v (used by
+ * group 0) the four v values of its columns. Returns the four outputs (valid in group 0). */
+template <int R>
+__device__ __forceinline__ float4 gdn_step4(float4 *sv, float *S, int dv, int j, int a0, int grp,
+                                            int lane, const float *qs, const float *ks, float eg,
+                                            float bt, float4 v, float (*red)[128], float *dsh) {
+  float4 p = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+  for (int r = 0; r < R; r++) {
+    float kk = ks[a0 + r];
+    sv[r].x *= eg; sv[r].y *= eg; sv[r].z *= eg; sv[r].w *= eg;
+    p.x += sv[r].x * kk; p.y += sv[r].y * kk; p.z += sv[r].z * kk; p.w += sv[r].w * kk;
+  }
+  *(float4 *)&red[grp][4 * lane] = p;
+  __syncthreads();
+  if (grp == 0) {
+    float4 kv = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+    for (int q = 0; q < 8; q++) {
+      float4 w = *(const float4 *)&red[q][4 * lane];
+      kv.x += w.x; kv.y += w.y; kv.z += w.z; kv.w += w.w;
+    }
+    float4 d;
+    d.x = bt * (v.x - kv.x);
+    d.y = bt * (v.y - kv.y);
+    d.z = bt * (v.z - kv.z);
+    d.w = bt * (v.w - kv.w);
+    *(float4 *)&dsh[4 * lane] = d;
+  }
+  __syncthreads();
+  float4 d = *(const float4 *)&dsh[4 * lane];
+  p = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+  for (int r = 0; r < R; r++) {
+    float kk = ks[a0 + r], qq = qs[a0 + r];
+    float4 w = sv[r];
+    w.x += kk * d.x; w.y += kk * d.y; w.z += kk * d.z; w.w += kk * d.w;
+    *(float4 *)(S + (size_t)(a0 + r) * dv + j) = w;
+    p.x += w.x * qq; p.y += w.y * qq; p.z += w.z * qq; p.w += w.w * qq;
+  }
+  *(float4 *)&red[grp][4 * lane] = p;
+  __syncthreads();
+  float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+  if (grp == 0) {
+#pragma unroll
+    for (int q = 0; q < 8; q++) {
+      float4 w = *(const float4 *)&red[q][4 * lane];
+      o.x += w.x; o.y += w.y; o.z += w.z; o.w += w.w;
+    }
+  }
+  return o;
+}
+
 /* The column-split step: grid (n_decode, nv, dv/128), block 256 = 8 row groups x 32 lanes,
  * each lane owning 4 adjacent columns (16-byte accesses, a warp covers a 512-byte state row).
  * Column j of the state depends only on itself (d_j = beta (v_j - sum_a S[a][j] k_a)), so the
@@ -342,50 +398,10 @@ __global__ void __launch_bounds__(256)
     ks[i] = bf2f(row[(size_t)(nk + kh) * DK + i]);
   }
   __syncthreads();
-  float4 p = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-  for (int r = 0; r < R; r++) {
-    float kk = ks[a0 + r];
-    sv[r].x *= eg; sv[r].y *= eg; sv[r].z *= eg; sv[r].w *= eg;
-    p.x += sv[r].x * kk; p.y += sv[r].y * kk; p.z += sv[r].z * kk; p.w += sv[r].w * kk;
-  }
-  *(float4 *)&red[grp][4 * lane] = p;
-  __syncthreads();
+  const bf16 *vr = row + 2 * (size_t)nk * DK + (size_t)h * dv + j;
+  float4 v = make_float4(bf2f(vr[0]), bf2f(vr[1]), bf2f(vr[2]), bf2f(vr[3]));
+  float4 o = gdn_step4<R>(sv, S, dv, j, a0, grp, lane, qs, ks, eg, bt, v, red, dsh);
   if (grp == 0) {
-    float4 kv = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-    for (int q = 0; q < 8; q++) {
-      float4 v = *(const float4 *)&red[q][4 * lane];
-      kv.x += v.x; kv.y += v.y; kv.z += v.z; kv.w += v.w;
-    }
-    const bf16 *vr = row + 2 * (size_t)nk * DK + (size_t)h * dv + j;
-    float4 d;
-    d.x = bt * (bf2f(vr[0]) - kv.x);
-    d.y = bt * (bf2f(vr[1]) - kv.y);
-    d.z = bt * (bf2f(vr[2]) - kv.z);
-    d.w = bt * (bf2f(vr[3]) - kv.w);
-    *(float4 *)&dsh[4 * lane] = d;
-  }
-  __syncthreads();
-  float4 d = *(const float4 *)&dsh[4 * lane];
-  p = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-  for (int r = 0; r < R; r++) {
-    float kk = ks[a0 + r], qq = qs[a0 + r];
-    float4 v = sv[r];
-    v.x += kk * d.x; v.y += kk * d.y; v.z += kk * d.z; v.w += kk * d.w;
-    *(float4 *)(S + (size_t)(a0 + r) * dv + j) = v;
-    p.x += v.x * qq; p.y += v.y * qq; p.z += v.z * qq; p.w += v.w * qq;
-  }
-  *(float4 *)&red[grp][4 * lane] = p;
-  __syncthreads();
-  if (grp == 0) {
-    float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-    for (int q = 0; q < 8; q++) {
-      float4 v = *(const float4 *)&red[q][4 * lane];
-      o.x += v.x; o.y += v.y; o.z += v.z; o.w += v.w;
-    }
     bf16 *orow = out + (size_t)t * nv * dv + (size_t)h * dv + j;
     orow[0] = f2bf(o.x);
     orow[1] = f2bf(o.y);
@@ -527,10 +543,8 @@ __global__ void __launch_bounds__(256)
     }
   } else if (threadIdx.x == 64) {
     size_t gi = (size_t)t * nv + h;
-    float bt = sigmoidf_dev(bf2f(bb[gi]));
-    float xx = bf2f(aa[gi]) + dt_bias[h];
-    float sp = xx > 20.f ? xx : log1pf(expf(xx));
-    float gg = -expf(A_log[h]) * sp;
+    float bt, gg;
+    gdn_gate_vals(bf2f(bb[gi]), bf2f(aa[gi]), A_log[h], dt_bias[h], &bt, &gg);
     beta[gi] = bt;
     g[gi] = gg;
     gb[0] = expf(gg);
@@ -555,65 +569,21 @@ __global__ void __launch_bounds__(256)
       for (int q = 0; q < K - 1; q++) st[q] = keep[u][q];
     }
   }
-  float eg = gb[0], bt = gb[1];
-  float4 p = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-  for (int r = 0; r < R; r++) {
-    float kk = ks[a0 + r];
-    sv[r].x *= eg; sv[r].y *= eg; sv[r].z *= eg; sv[r].w *= eg;
-    p.x += sv[r].x * kk; p.y += sv[r].y * kk; p.z += sv[r].z * kk; p.w += sv[r].w * kk;
-  }
-  *(float4 *)&red[grp][j] = p;
-  __syncthreads();
+  float4 v = make_float4(vs[j], vs[j + 1], vs[j + 2], vs[j + 3]);
+  float4 oo = gdn_step4<R>(sv, S, DV, j, a0, grp, lane, qs, ks, gb[0], gb[1], v, red, dsh);
   if (grp == 0) {
-    float4 kv = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-    for (int q = 0; q < 8; q++) {
-      float4 v = *(const float4 *)&red[q][j];
-      kv.x += v.x; kv.y += v.y; kv.z += v.z; kv.w += v.w;
-    }
-    float4 d;
-    d.x = bt * (vs[j] - kv.x);
-    d.y = bt * (vs[j + 1] - kv.y);
-    d.z = bt * (vs[j + 2] - kv.z);
-    d.w = bt * (vs[j + 3] - kv.w);
-    *(float4 *)&dsh[j] = d;
-  }
-  __syncthreads();
-  float4 d = *(const float4 *)&dsh[j];
-  p = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-  for (int r = 0; r < R; r++) {
-    float kk = ks[a0 + r], qq = qs[a0 + r];
-    float4 v = sv[r];
-    v.x += kk * d.x; v.y += kk * d.y; v.z += kk * d.z; v.w += kk * d.w;
-    *(float4 *)(S + (size_t)(a0 + r) * DV + j) = v;
-    p.x += v.x * qq; p.y += v.y * qq; p.z += v.z * qq; p.w += v.w * qq;
-  }
-  *(float4 *)&red[grp][j] = p;
-  __syncthreads();
-  if (grp == 0) {
-    float4 oo = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-    for (int q = 0; q < 8; q++) {
-      float4 v = *(const float4 *)&red[q][j];
-      oo.x += v.x; oo.y += v.y; oo.z += v.z; oo.w += v.w;
-    }
     size_t off = (size_t)t * nv * DV + (size_t)h * DV + j;
-    bf16 ob[4] = {f2bf(oo.x), f2bf(oo.y), f2bf(oo.z), f2bf(oo.w)};
-    float v[4], ss = 0.f;
+    bf16 ob[4] = {f2bf(oo.x), f2bf(oo.y), f2bf(oo.z), f2bf(oo.w)}, nb[4];
+    float of[4], zf[4];
 #pragma unroll
     for (int k = 0; k < 4; k++) {
       o[off + k] = ob[k];
-      v[k] = bf2f(ob[k]);
+      of[k] = bf2f(ob[k]);
+      zf[k] = bf2f(z[off + k]);
     }
+    gated_norm_lane<4>(of, zf, nw + j, eps, nb);
 #pragma unroll
-    for (int k = 0; k < 4; k++) ss += v[k] * v[k];
-    ss = warp_sum(ss);
-    float rs = rsqrtf(ss / (float)DV + eps);
-#pragma unroll
-    for (int k = 0; k < 4; k++)
-      out[off + k] = f2bf(nw[j + k] * (v[k] * rs) * siluf_dev(bf2f(z[off + k])));
+    for (int k = 0; k < 4; k++) out[off + k] = nb[k];
   }
 }
 

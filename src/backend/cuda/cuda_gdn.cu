@@ -399,7 +399,8 @@ __global__ void __launch_bounds__(256)
   }
   __syncthreads();
   const bf16 *vr = row + 2 * (size_t)nk * DK + (size_t)h * dv + j;
-  float4 v = make_float4(bf2f(vr[0]), bf2f(vr[1]), bf2f(vr[2]), bf2f(vr[3]));
+  float4 v = grp == 0 ? make_float4(bf2f(vr[0]), bf2f(vr[1]), bf2f(vr[2]), bf2f(vr[3]))
+                      : make_float4(0.f, 0.f, 0.f, 0.f); /* used by group 0 only */
   float4 o = gdn_step4<R>(sv, S, dv, j, a0, grp, lane, qs, ks, eg, bt, v, red, dsh);
   if (grp == 0) {
     bf16 *orow = out + (size_t)t * nv * dv + (size_t)h * dv + j;
@@ -550,11 +551,14 @@ __global__ void __launch_bounds__(256)
     gb[0] = expf(gg);
     gb[1] = bt;
   } else if (threadIdx.x == 96) { /* this block's reads of kh's q/k conv state are done */
-    int *c1 = cnt + (size_t)blockIdx.x * nk + kh;
-    __threadfence();
-    int l = atomicAdd(c1, 1) == G - 1;
-    if (l) *c1 = 0;
-    __threadfence();
+    int l = 1;                     /* G = 1: no other block reads them */
+    if (G > 1) {
+      int *c1 = cnt + (size_t)blockIdx.x * nk + kh;
+      __threadfence();
+      l = atomicAdd(c1, 1) == G - 1;
+      if (l) *c1 = 0;
+      __threadfence();
+    }
     last = l;
   }
   __syncthreads();
@@ -569,7 +573,8 @@ __global__ void __launch_bounds__(256)
       for (int q = 0; q < K - 1; q++) st[q] = keep[u][q];
     }
   }
-  float4 v = make_float4(vs[j], vs[j + 1], vs[j + 2], vs[j + 3]);
+  float4 v = grp == 0 ? make_float4(vs[j], vs[j + 1], vs[j + 2], vs[j + 3])
+                      : make_float4(0.f, 0.f, 0.f, 0.f); /* used by group 0 only */
   float4 oo = gdn_step4<R>(sv, S, DV, j, a0, grp, lane, qs, ks, gb[0], gb[1], v, red, dsh);
   if (grp == 0) {
     size_t off = (size_t)t * nv * DV + (size_t)h * DV + j;

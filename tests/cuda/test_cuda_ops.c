@@ -379,7 +379,7 @@ static void fused_products_case(int T, int K, int m, const int *Ns, long min_fus
     w[j] = wup(W[j], Ns[j], K);
     y[j] = pr_out(BACKEND_KIND_ACT, (size_t)T * Ns[j]);
   }
-  long st0[4], st1[4];
+  long st0[5], st1[5];
   backend_cuda_graph_stats(GPU, st0);
   for (int step = 0; step < 3; step++) { /* direct, captured, replayed */
     decode_rows_batch(T);
@@ -827,7 +827,7 @@ static void gdn_chain_case(backend *plain, int nk, int nv, int dk) {
   chain_init(&cs[0], CPU, h, n, wh, ws);
   chain_init(&cs[1], GPU, h, n, wh, ws);
   chain_init(&cs[2], plain, h, n, wh, ws);
-  long g0[4], g1[4], p0[4], p1[4];
+  long g0[5], g1[5], p0[5], p1[5];
   backend_cuda_graph_stats(GPU, g0);
   backend_cuda_graph_stats(plain, p0);
   g_also = plain;
@@ -1228,7 +1228,7 @@ TEST(decode_graph) {
   dmodel a, p;
   dmodel_init(&a, GPU, wh, init);
   dmodel_init(&p, plain, wh, init);
-  long st0[4];
+  long st0[5];
   backend_cuda_graph_stats(GPU, st0);
   float la[2 * DV], lp[2 * DV];
   int32_t ia[2], ip[2];
@@ -1242,18 +1242,22 @@ TEST(decode_graph) {
     for (int i = 0; i < n; i++) idiff += ia[i] != ip[i];
   }
   int sdiff = dmodel_pools_differ(GPU, &a, plain, &p);
-  long st[4];
+  long st[5];
   backend_cuda_graph_stats(GPU, st);
-  long cap = st[0] - st0[0], rep = st[1] - st0[1], dir = st[2] - st0[2], fus = st[3] - st0[3];
+  long cap = st[0] - st0[0], rep = st[1] - st0[1], dir = st[2] - st0[2], fus = st[3] - st0[3],
+       pdl = st[4] - st0[4];
   n_checks++;
   printf("  decode steps graph vs direct: %d logits, %d ids, %d state/KV buffers differ; "
-         "captures %ld, replays %ld, direct %ld, fused launches %ld\n",
-         ndiff, idiff, sdiff, cap, rep, dir, fus);
+         "captures %ld, replays %ld, direct %ld, fused launches %ld, programmatic edges %ld\n",
+         ndiff, idiff, sdiff, cap, rep, dir, fus, pdl);
   EXPECT_MSG(ndiff == 0 && idiff == 0 && sdiff == 0, "graph/fused decode steps differ from direct");
   EXPECT_MSG(cap >= 2 && rep >= 4, "graphs not used: %ld captures, %ld replays", cap, rep);
   /* 10 launches saved per step that runs the list (q/k/v 2, qkv/z/b/a 3, gate/up/swiglu 2,
    * the DeltaNet chain 3; replays reuse the fused graph) */
   EXPECT_MSG(fus >= 10 * (cap + dir), "fused %ld launches, expected >= %ld", fus, 10 * (cap + dir));
+  /* every kernel of a captured step but the first is launched programmatically (the step is
+   * ~20 launches after fusion; DS_PDL=0 would give 0) */
+  EXPECT_MSG(pdl >= 15 * cap, "%ld programmatic edges in %ld captures", pdl, cap);
   gpu_ok();
   dmodel_free(&a);
   dmodel_free(&p);

@@ -427,6 +427,7 @@ template <int T>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
     k_gemv(const bf16 *__restrict__ x, const bf16 *__restrict__ W, int K, int N, bf16 *y) {
   int n = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+  pdl_enter();
   if (n >= N) return;
   float acc[T];
   gemv_row<T>(x, W + (size_t)n * K, K, lane, acc);
@@ -473,6 +474,7 @@ __device__ __forceinline__ void gemv_set_pick(const gemv_set &s, int n, const bf
 template <int T>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
     k_gemv_multi(const bf16 *__restrict__ x, gemv_set s, int K) {
+  pdl_enter();
   int n = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
   if (n >= s.n0[GEMV_MULTI]) return;
   const bf16 *W;
@@ -491,6 +493,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
     k_gemv_glu(const bf16 *__restrict__ x, const bf16 *__restrict__ Wg,
                const bf16 *__restrict__ Wu, int K, int N, bf16 *yg, bf16 *yu, bf16 *out) {
   int n = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+  pdl_enter();
   if (n >= N) return;
   float ag[T], au[T];
   gemv_row<T>(x, Wg + (size_t)n * K, K, lane, ag);
@@ -551,6 +554,7 @@ template <int F32, int VEC>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
     k_gemv_all(const bf16 *__restrict__ x, const bf16 *__restrict__ W, int T, int K, int N,
                void *y) {
+  pdl_enter();
   int n = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
   if (n >= N) return;
   const bf16 *w = W + (size_t)n * K;
@@ -625,6 +629,7 @@ __device__ __forceinline__ void narrow_tile(const bf16 *__restrict__ x, const bf
 
 __global__ void __launch_bounds__(NARROW_KW * 32)
     k_gemv_narrow(const bf16 *__restrict__ x, gemv_set s, int T, int K) {
+  pdl_enter();
   __shared__ float red[NARROW_KW][NARROW_COLS][8];
   int wp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   int n0 = blockIdx.x * NARROW_COLS, t0 = blockIdx.y * 8, tot = s.n0[GEMV_MULTI];
@@ -741,6 +746,7 @@ __device__ __forceinline__ void am_take(float &v, int &i, float w, int k) {
  * gives; a NaN at entry 0 gives 0 (that scan never leaves 0 then). */
 __global__ void __launch_bounds__(ARGMAX_THREADS)
     k_argmax(const float *__restrict__ x, int V, int32_t *ids, float *maxv) {
+  pdl_enter();
   const float *row = x + (size_t)blockIdx.x * V;
   float v = -INFINITY;
   int i = INT32_MAX;
@@ -873,11 +879,12 @@ struct cuda_graphs {
   int rec;        /* recording the current step */
   int use_graphs; /* capture and replay (else only the rewrites) */
   int fuse;       /* the peephole rewrites */
+  int pdl;        /* programmatic edges in captured graphs (graph_pdl; DS_PDL=0: off) */
   std::vector<gop> ops;
   std::vector<uint8_t> sig, last_sig, bad_sig;
   std::vector<graph_entry> cache;
   uint64_t tick;
-  long captures, replays, direct, fused;
+  long captures, replays, direct, fused, pdl_edges;
 };
 
 static void sig_bytes(std::vector<uint8_t> &s, const void *p, size_t n) {
@@ -1116,6 +1123,74 @@ static void graph_run_ops(cuda_ctx *c) {
   }
 }
 
+/* 1 when graph node `nd` is a kernel of ours (every one begins with pdl_enter, see
+ * cuda_common.cuh); library kernels (cuBLAS) and other nodes are not. Ours are the k_* kernels:
+ * their mangled names read _Z<length>k_... */
+static int pdl_node_ours(cudaGraphNode_t nd) {
+  cudaGraphNodeType t;
+  cudaKernelNodeParams kp;
+  const char *name = NULL;
+  if (cudaGraphNodeGetType(nd, &t) != cudaSuccess || t != cudaGraphNodeTypeKernel ||
+      cudaGraphKernelNodeGetParams(nd, &kp) != cudaSuccess || !kp.func ||
+      cudaFuncGetName(&name, kp.func) != cudaSuccess || !name) {
+    cudaGetLastError();
+    return 0;
+  }
+  if (strncmp(name, "_Z", 2) != 0) return 0;
+  name += 2;
+  if (*name < '1' || *name > '9') return 0;
+  while (*name >= '0' && *name <= '9') name++;
+  return strncmp(name, "k_", 2) == 0;
+}
+
+/* Programmatic dependent launch. A decode step is ~300 kernels in a row, most of them a few
+ * microseconds long, and each waits for the one before to drain before it is even launched.
+ * Here every edge from a kernel into a kernel of ours becomes a programmatic edge: the next
+ * kernel is launched as soon as every block of the previous one has passed its pdl_enter, and
+ * its own blocks wait in their pdl_enter until the previous kernel has finished and its writes
+ * are visible — the same order and the same bits, without the launch gap. Since every block of
+ * ours waits before it exits, a kernel of ours never completes before the one before it, so
+ * ordinary edges further on keep their meaning. Returns the edges changed (0: none or the
+ * graph's API failed, the graph unchanged or fully ordered either way). */
+static long graph_pdl(cudaGraph_t graph) {
+  size_t n = 0;
+  if (cudaGraphGetEdges(graph, NULL, NULL, NULL, &n) != cudaSuccess || n == 0) {
+    cudaGetLastError();
+    return 0;
+  }
+  std::vector<cudaGraphNode_t> from(n), to(n);
+  std::vector<cudaGraphEdgeData> ed(n);
+  if (cudaGraphGetEdges(graph, from.data(), to.data(), ed.data(), &n) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  long changed = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (ed[i].type != cudaGraphDependencyTypeDefault || ed[i].from_port != 0) continue;
+    cudaGraphNodeType ft;
+    if (cudaGraphNodeGetType(from[i], &ft) != cudaSuccess || ft != cudaGraphNodeTypeKernel ||
+        !pdl_node_ours(to[i])) {
+      cudaGetLastError();
+      continue;
+    }
+    cudaGraphEdgeData pe;
+    memset(&pe, 0, sizeof pe);
+    pe.from_port = cudaGraphKernelNodePortProgrammatic;
+    pe.type = cudaGraphDependencyTypeProgrammatic;
+    if (cudaGraphRemoveDependencies(graph, &from[i], &to[i], &ed[i], 1) != cudaSuccess) {
+      cudaGetLastError();
+      continue;
+    }
+    if (cudaGraphAddDependencies(graph, &from[i], &to[i], &pe, 1) != cudaSuccess) {
+      cudaGetLastError();
+      cudaGraphAddDependencies(graph, &from[i], &to[i], &ed[i], 1); /* as it was */
+      continue;
+    }
+    changed++;
+  }
+  return changed;
+}
+
 /* Captures the recorded run into a graph and launches it; 0 when capture is not possible (the
  * caller then runs the list directly). */
 static int graph_capture(cuda_ctx *c, uint64_t h) {
@@ -1142,14 +1217,17 @@ static int graph_capture(cuda_ctx *c, uint64_t h) {
     g->bad_sig = g->sig;
     return 0;
   }
+  long pdl = g->pdl ? graph_pdl(graph) : 0;
   cudaGraphExec_t exec = NULL;
   e = cudaGraphInstantiate(&exec, graph, 0);
   cudaGraphDestroy(graph);
   if (e != cudaSuccess) {
     cudaGetLastError();
-    g->bad_sig = g->sig;
+    if (pdl) g->pdl = 0; /* the next capture goes without the programmatic edges */
+    else g->bad_sig = g->sig;
     return 0;
   }
+  g->pdl_edges += pdl;
   if (cudaGraphLaunch(exec, c->st) != cudaSuccess) {
     cudaGetLastError();
     cudaGraphExecDestroy(exec);
@@ -1374,8 +1452,9 @@ static void w_argmax(backend *be, backend_buf x, int n, int V, backend_buf ids, 
 }
 
 /* Counters of the decode-step recorder (see backend_cuda.h). */
-extern "C" void backend_cuda_graph_stats(backend *be, long out[4]) {
+extern "C" void backend_cuda_graph_stats(backend *be, long out[5]) {
   cuda_graphs *g = cuda_ctx_of(be)->gr;
+  out[4] = g ? g->pdl_edges : 0;
   out[0] = g ? g->captures : 0;
   out[1] = g ? g->replays : 0;
   out[2] = g ? g->direct : 0;
@@ -1512,6 +1591,8 @@ extern "C" backend *backend_cuda_create(int device, char *err, size_t errlen) {
       c->gr = new cuda_graphs();
       c->gr->use_graphs = 1;
       c->gr->fuse = !(fs && strcmp(fs, "0") == 0);
+      const char *pd = getenv("DS_PDL"); /* programmatic edges in the graphs, on unless "0" */
+      c->gr->pdl = !(pd && strcmp(pd, "0") == 0);
     }
   }
   be->name = "cuda";

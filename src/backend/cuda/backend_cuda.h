@@ -19,9 +19,10 @@ int backend_cuda_available(void);
 backend *backend_cuda_create(int device, char *err, size_t errlen);
 
 /* Counters of the decode-step recorder: out[0] graphs captured, out[1] graph replays,
- * out[2] recorded steps run launch by launch, out[3] launches saved by fusing ops. All 0 when
- * recording is off (DS_CUDA_GRAPHS=0, DS_CUDA_LEGACY=1). For tests and benchmarks. */
-void backend_cuda_graph_stats(backend *be, long out[4]);
+ * out[2] recorded steps run launch by launch, out[3] launches saved by fusing ops, out[4]
+ * programmatic edges (kernels launched before the previous one finished) in the graphs captured.
+ * All 0 when recording is off (DS_CUDA_GRAPHS=0, DS_CUDA_LEGACY=1). For tests and benchmarks. */
+void backend_cuda_graph_stats(backend *be, long out[5]);
 
 #ifdef __cplusplus
 }

@@ -23,6 +23,7 @@
 __global__ void k_kv_write(const bf16 *k, const bf16 *v, const int32_t *seq, const int32_t *pos,
                            const int32_t *page_table, int max_pages, int T, int w, bf16 *kp,
                            bf16 *vp) {
+  pdl_enter();
   size_t n = (size_t)T * w;
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
        i += (size_t)gridDim.x * blockDim.x) {
@@ -40,6 +41,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
     k_attention(const bf16 *kp, const bf16 *vp, const bf16 *q, const int32_t *seq,
                 const int32_t *pos, const int32_t *page_table, int max_pages, int nh, int nkv,
                 int hd, float scale, const int32_t *seq_len, int gemm_min, bf16 *out) {
+  pdl_enter();
   __shared__ float sm_m[ATT_WARPS], sm_l[ATT_WARPS];
   extern __shared__ float sm_acc[]; /* [ATT_WARPS, hd] */
   int t = blockIdx.x, h = blockIdx.y;
@@ -143,6 +145,7 @@ static size_t att_gemm_rows(const cuda_ctx *c, int G, size_t ctx, int len) {
 /* grid-stride over ctx * w / 8 16-byte units: K/V rows of positions 0..ctx-1 of one piece */
 __global__ void k_kv_gather(const bf16 *kp, const bf16 *vp, const int32_t *pt, int ctx, int w,
                             bf16 *kc, bf16 *vc) {
+  pdl_enter();
   int w8 = w / 8;
   size_t n = (size_t)ctx * w8;
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
@@ -157,6 +160,7 @@ __global__ void k_kv_gather(const bf16 *kp, const bf16 *vp, const int32_t *pt, i
 
 /* grid (R, G), block 256: row r of head g: p_r = p0 + r attends to 0..p_r. */
 __global__ void k_att_softmax(const float *S, int ctx, int R, int p0, float scale, bf16 *P) {
+  pdl_enter();
   __shared__ float red[33];
   int r = blockIdx.x, g = blockIdx.y;
   const float *s = S + ((size_t)g * R + r) * ctx;
@@ -280,6 +284,7 @@ __global__ void __launch_bounds__(ATT_SW * 32)
     k_attn_split(const bf16 *kp, const bf16 *vp, const bf16 *q, const int32_t *seq,
                  const int32_t *pos, const int32_t *page_table, int max_pages, int nh, int nkv,
                  float scale, const int32_t *seq_len, int gemm_min, float *part, float *ml) {
+  pdl_enter();
   constexpr int HD = VPL * 32;
   __shared__ float s_m[ATT_SW][G], s_l[ATT_SW][G];
   __shared__ float s_acc[ATT_SW][G][HD];
@@ -384,6 +389,7 @@ __global__ void __launch_bounds__(ATT_SW * 32)
 __global__ void k_attn_merge(const float *part, const float *ml, const int32_t *pos,
                              const int32_t *seq, const int32_t *seq_len, int gemm_min, int nh,
                              int hd, bf16 *out) {
+  pdl_enter();
   int t = blockIdx.x, h = blockIdx.y, i = threadIdx.x;
   if (gemm_min > 0 && seq_len[seq[t]] >= gemm_min) return; /* the GEMM path's row */
   int per;

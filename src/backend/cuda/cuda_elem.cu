@@ -18,6 +18,7 @@ static const float *wf32(cuda_ctx *c, backend_weight w, const char *op) {
 /* ---- embed ---- */
 
 __global__ void k_embed(const int32_t *tokens, const bf16 *E, int64_t V, int H, bf16 *out) {
+  pdl_enter();
   int t = blockIdx.x;
   int id = tokens[t];
   bf16 *o = out + (int64_t)t * H;
@@ -42,6 +43,7 @@ extern "C" void cuda_elem_embed(backend *be, backend_weight E, int H, backend_bu
 #define RMS_THREADS 512
 #define RMS_PER 16
 __global__ void k_rmsnorm(bf16 *x, const bf16 *add, const float *w, int n, float eps, bf16 *y) {
+  pdl_enter();
   __shared__ float red[33];
   int64_t t = blockIdx.x;
   bf16 *xr = x + t * n;
@@ -81,6 +83,7 @@ __global__ void k_rmsnorm(bf16 *x, const bf16 *add, const float *w, int n, float
  * n <= 8192 and 16-byte aligned operands (every model's rows). The one-element kernel above
  * moved ~1 TB/s on 512-row prefill steps (bench/NOTES.md). */
 __global__ void k_rmsnorm8(bf16 *x, const bf16 *add, const float *w, int n, float eps, bf16 *y) {
+  pdl_enter();
   __shared__ float red[33];
   int64_t t = blockIdx.x;
   int i = threadIdx.x * 8;
@@ -141,6 +144,7 @@ extern "C" void cuda_elem_rmsnorm(backend *be, backend_buf x, backend_buf add, b
 /* ---- elementwise ---- */
 
 __global__ void k_ew(bf16 *x, const bf16 *y, size_t n, int op, bf16 *out) {
+  pdl_enter();
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
        i += (size_t)gridDim.x * blockDim.x) {
     float a = bf2f(x[i]), b = bf2f(y[i]);
@@ -153,6 +157,7 @@ __global__ void k_ew(bf16 *x, const bf16 *y, size_t n, int op, bf16 *out) {
 /* The same per-element expressions, 8 elements (16 bytes) per thread and step: for n % 8 == 0
  * and 16-byte aligned operands (every activation buffer of the model). */
 __global__ void k_ew8(bf16 *x, const bf16 *y, size_t n8, int op, bf16 *out) {
+  pdl_enter();
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n8;
        i += (size_t)gridDim.x * blockDim.x) {
     uint4 ux = ((const uint4 *)x)[i], uy = ((const uint4 *)y)[i], uo;
@@ -204,6 +209,7 @@ __device__ __forceinline__ float rope_inv(double theta, int j, int rot) {
 /* tab[j] = rope_inv(theta, j, rot), j < rot / 2: built once per (theta, rot), so the kernel
  * below does not evaluate a double-precision pow per element (bench/NOTES.md). */
 __global__ void k_rope_table(double theta, int rot, float *tab) {
+  pdl_enter();
   int j = blockIdx.x * blockDim.x + threadIdx.x;
   if (j < rot / 2) tab[j] = rope_inv(theta, j, rot);
 }
@@ -212,6 +218,7 @@ __global__ void k_qk_norm_rope(const bf16 *qg, bf16 *k, const float *qn, const f
                                const int32_t *pos, int nh, int nkv, int hd, int rot,
                                double theta, float eps, const float *inv_tab, bf16 *q_out,
                                bf16 *gate_out) {
+  pdl_enter();
   extern __shared__ float sh[]; /* [hd] */
   __shared__ float red[33];
   int64_t t = blockIdx.x;
@@ -283,6 +290,7 @@ extern "C" void cuda_elem_qk_norm_rope(backend *be, backend_buf qg, backend_buf 
 __global__ void k_gdn_gates(bf16 *qkv, const bf16 *b, const bf16 *a, const float *A_log,
                             const float *dt_bias, int nk, int nv, int dk, int dv, float *beta,
                             float *g) {
+  pdl_enter();
   int64_t t = blockIdx.x;
   int64_t cd = 2 * (int64_t)nk * dk + (int64_t)nv * dv;
   bf16 *row = qkv + t * cd;
@@ -324,6 +332,7 @@ extern "C" void cuda_elem_gdn_gates(backend *be, backend_buf qkv, backend_buf b,
 #define GN_PER 16
 __global__ void k_gated_rmsnorm(const bf16 *o, const bf16 *z, const float *w, int64_t rows,
                                 int dv, float eps, bf16 *out) {
+  pdl_enter();
   int64_t r = blockIdx.x * (int64_t)(blockDim.x >> 5) + (threadIdx.x >> 5);
   int lane = threadIdx.x & 31;
   if (r >= rows) return;
@@ -350,6 +359,7 @@ __global__ void k_gated_rmsnorm(const bf16 *o, const bf16 *z, const float *w, in
 template <int VPL>
 __global__ void k_gated_rmsnorm_v(const bf16 *o, const bf16 *z, const float *w, int64_t rows,
                                   float eps, bf16 *out) {
+  pdl_enter();
   constexpr int dv = 32 * VPL;
   int64_t r = blockIdx.x * (int64_t)(blockDim.x >> 5) + (threadIdx.x >> 5);
   int lane = threadIdx.x & 31;
@@ -409,6 +419,7 @@ extern "C" void cuda_elem_gated_rmsnorm(backend *be, backend_buf o, backend_buf 
 
 __global__ void k_gather_norm(const bf16 *x, const int32_t *out_rows, const float *w, int H,
                               float eps, bf16 *xn) {
+  pdl_enter();
   __shared__ float red[33];
   int i = blockIdx.x;
   const bf16 *xr = x + (int64_t)out_rows[i] * H;

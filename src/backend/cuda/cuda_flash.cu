@@ -91,6 +91,7 @@ __global__ void __launch_bounds__(fl_shape<HD>::NT)
     k_flash(const bf16 *kp, const bf16 *vp, const bf16 *q, const int32_t *seq_len,
             const int32_t *seq_pos, const int32_t *seq_start, const int32_t *page_table,
             int max_pages, int n_seqs, int nh, int nkv, float sl2, bf16 *out) {
+  pdl_enter();
   typedef fl_shape<HD> S_;
   extern __shared__ __align__(16) unsigned char fl_smem[];
   bf16 *Ks = (bf16 *)fl_smem, *Vs = Ks + FLASH_BK * (HD + FLASH_PAD);

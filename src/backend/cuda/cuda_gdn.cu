@@ -34,6 +34,7 @@ __device__ __forceinline__ float conv_in(const bf16 *x, const float *st, int C, 
 __global__ void k_conv1d(const bf16 *x, const float *w, const float *state, const int32_t *seq,
                          const int32_t *seq_start, const int32_t *seq_pos,
                          const int32_t *seq_slot, int T, int C, int K, bf16 *out) {
+  pdl_enter();
   size_t n = (size_t)T * C;
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
        i += (size_t)gridDim.x * blockDim.x) {
@@ -89,6 +90,7 @@ template <int K>
 __global__ void k_conv1d_run(const bf16 *x, const float *w, const float *state, const int32_t *seq,
                              const int32_t *seq_start, const int32_t *seq_pos,
                              const int32_t *seq_slot, int T, int C, bf16 *out) {
+  pdl_enter();
   int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= C) return;
   int t0 = blockIdx.y * CONV_ROWS, t1 = t0 + CONV_ROWS < T ? t0 + CONV_ROWS : T;
@@ -104,6 +106,7 @@ __global__ void k_conv1d_run2(const bf16 *x, const float *w, const float *state,
                               const int32_t *seq, const int32_t *seq_start,
                               const int32_t *seq_pos, const int32_t *seq_slot, int T, int C,
                               bf16 *out) {
+  pdl_enter();
   int c = 2 * (blockIdx.x * blockDim.x + threadIdx.x);
   if (c >= C) return;
   int t0 = blockIdx.y * CONV_ROWS, t1 = t0 + CONV_ROWS < T ? t0 + CONV_ROWS : T;
@@ -157,6 +160,7 @@ __global__ void k_conv1d_run2(const bf16 *x, const float *w, const float *state,
 __global__ void k_conv_state(const bf16 *x, float *state, const int32_t *seq_start,
                              const int32_t *seq_len, const int32_t *seq_pos,
                              const int32_t *seq_slot, int S, int C, int K) {
+  pdl_enter();
   size_t n = (size_t)S * C;
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
        i += (size_t)gridDim.x * blockDim.x) {
@@ -176,6 +180,7 @@ __global__ void k_conv_state(const bf16 *x, float *state, const int32_t *seq_sta
 __global__ void k_conv1d_dec(const bf16 *x, const float *w, float *state, const int32_t *seq,
                              const int32_t *seq_pos, const int32_t *seq_slot, int T, int C,
                              int K, bf16 *out) {
+  pdl_enter();
   size_t n = (size_t)T * C;
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
        i += (size_t)gridDim.x * blockDim.x) {
@@ -252,6 +257,7 @@ __global__ void __launch_bounds__(DEC_THREADS)
     k_gdn_decode(float *ssm, const bf16 *qkv, const float *beta, const float *g,
                  const int32_t *ids, const int32_t *seq_start, const int32_t *seq_pos,
                  const int32_t *seq_slot, int nk, int nv, int dk, int dv, bf16 *out) {
+  pdl_enter();
   extern __shared__ float sh[]; /* q[dk] k[dk] red[DEC_G*dv] d[dv] */
   float *qs = sh, *ks = sh + dk, *red = ks + dk, *dd = red + DEC_G * dv;
   int s = ids[blockIdx.x], h = blockIdx.y;
@@ -370,6 +376,7 @@ __global__ void __launch_bounds__(256)
     k_gdn_decode4(float *ssm, const bf16 *qkv, const float *beta, const float *g,
                   const int32_t *ids, const int32_t *seq_start, const int32_t *seq_pos,
                   const int32_t *seq_slot, int nk, int nv, int dv, bf16 *out) {
+  pdl_enter();
   constexpr int DK = 8 * R;
   __shared__ float qs[DK], ks[DK];
   __shared__ __align__(16) float red[8][128];
@@ -472,6 +479,7 @@ __global__ void __launch_bounds__(256)
                 float *ssm, bf16 *o, const bf16 *z, const float *nw, float eps, bf16 *out,
                 const int32_t *ids, const int32_t *seq_start, const int32_t *seq_pos,
                 const int32_t *seq_slot, int nk, int nv, int *cnt) {
+  pdl_enter();
   constexpr int DK = 8 * R, DV = 128, K = 4, NCH = 2 * DK + DV, PER = (NCH + 255) / 256;
   __shared__ float qs[DK], ks[DK], vs[DV], gb[2];
   __shared__ __align__(16) float red[8][DV];
@@ -649,6 +657,7 @@ __global__ void __launch_bounds__(PRE_THREADS)
                   const int32_t *ids, const int32_t *seq_start, const int32_t *seq_len,
                   const int32_t *seq_pos, const int32_t *seq_slot, int nk, int nv, int dk, int dv,
                   bf16 *out, float *gscratch, size_t per_block) {
+  pdl_enter();
   extern __shared__ float dyn[];
   float *base = gscratch ? gscratch + (blockIdx.x * (size_t)gridDim.y + blockIdx.y) * per_block : dyn;
   const int C = GDN_C;
@@ -903,6 +912,7 @@ __device__ __forceinline__ static void p1_tail(const gdn_scr &o, const float *Kc
 __global__ void __launch_bounds__(P1_THREADS)
     k_gdn_p1(const bf16 *qkv, const float *beta, const float *g, const int32_t *ch_row,
              const int32_t *ch_len, int nk, int nv, int dv, float *scr) {
+  pdl_enter();
   extern __shared__ float sm1[];
   const int C = GDN_C;
   float *Kc = sm1, *Qc = Kc + C * GKP, *Vc = Qc + C * GKP, *A = Vc + (size_t)C * dv,
@@ -990,6 +1000,7 @@ __device__ static void p2_fetch(const gdn_scr &q, int dv, int cs, float *Wb, flo
 __global__ void __launch_bounds__(P2_THREADS)
     k_gdn_p2(float *ssm, const int32_t *ids, const int32_t *seq_pos, const int32_t *seq_slot,
              const int32_t *pre_ch0, const int32_t *ch_len, int nv, int dv, float *scr) {
+  pdl_enter();
   extern __shared__ __align__(16) float sm2[];
   const int C = GDN_C;
   float *Ss = sm2;                   /* [GK][32] */
@@ -1083,6 +1094,7 @@ __global__ void __launch_bounds__(P2_THREADS)
 __global__ void __launch_bounds__(P3_THREADS)
     k_gdn_p3(const bf16 *qkv, const int32_t *ch_row, const int32_t *ch_len, int nk, int nv,
              int dv, float *scr, bf16 *out) {
+  pdl_enter();
   extern __shared__ __align__(16) float sm3[];
   const int C = GDN_C;
   float *Ss = sm3;               /* [GK][P3_COLS] */
@@ -1200,6 +1212,7 @@ static size_t p1m_smem(int dv) {
 __global__ void __launch_bounds__(P1_THREADS)
     k_gdn_p1m(const bf16 *qkv, const float *beta, const float *g, const int32_t *ch_row,
               const int32_t *ch_len, int nk, int nv, int dv, float *scr) {
+  pdl_enter();
   extern __shared__ __align__(16) float sm1m[];
   const int C = GDN_C;
   bf16 *Qb = (bf16 *)sm1m, *Kb = Qb + C * GKB; /* [C][GKB] */
@@ -1318,6 +1331,7 @@ __device__ __forceinline__ static void p3_split_t(const float *src, int dv, int 
 __global__ void __launch_bounds__(P3_THREADS)
     k_gdn_p3m(const bf16 *qkv, const int32_t *ch_row, const int32_t *ch_len, int nk, int nv,
               int dv, float *scr, bf16 *out) {
+  pdl_enter();
   extern __shared__ __align__(16) float sm3m[];
   const int C = GDN_C;
   bf16 *Qb = (bf16 *)sm3m;      /* [C][GKB] */
@@ -1430,6 +1444,7 @@ __device__ __forceinline__ void split2(float x0, float x1, uint32_t &hi, uint32_
 __global__ void __launch_bounds__(P2_THREADS)
     k_gdn_p2m(float *ssm, const int32_t *ids, const int32_t *seq_pos, const int32_t *seq_slot,
               const int32_t *pre_ch0, const int32_t *ch_len, int nv, int dv, float *scr) {
+  pdl_enter();
   extern __shared__ __align__(16) float sm2m[];
   const int C = GDN_C;
   float *W0 = sm2m;              /* W [C][GKQ] x 2 */

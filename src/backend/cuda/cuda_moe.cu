@@ -120,6 +120,7 @@ __device__ __forceinline__ float warp_dot_bf16(const bf16 *w, const float *xs, i
 /* One warp per row: softmax over E logits, top-k, weights, shared gate. */
 __global__ void k_moe_route(const float *lg, const bf16 *x, const float *seg, int T, int E,
                             int k, int norm, int H, int32_t *ids, float *wts, float *sg) {
+  pdl_enter();
   int t = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
   int lane = threadIdx.x & 31;
   if (t >= T) return;
@@ -175,6 +176,7 @@ __global__ void k_moe_route(const float *lg, const bf16 *x, const float *seg, in
 /* grid (T*k, ceil(I/8)), 8 warps: hid[t, r, i] = silu(gate_e[i].x_t) * (up_e[i].x_t). */
 __global__ void k_moe_hidden(const bf16 *x, const int32_t *ids, const bf16 *const *tab, int E,
                              int k, int H, int I, float *hid) {
+  pdl_enter();
   extern __shared__ float xs[]; /* [H] */
   int tr = blockIdx.x, t = tr / k;
   const bf16 *xr = x + (size_t)t * H;
@@ -192,6 +194,7 @@ __global__ void k_moe_hidden(const bf16 *x, const int32_t *ids, const bf16 *cons
 __global__ void k_moe_down(const float *hid, const int32_t *ids, const float *wts,
                            const bf16 *const *tab, int E, int k, int H, int I, const float *sg,
                            const float *sd, bf16 *out) {
+  pdl_enter();
   extern __shared__ float hs[]; /* [k*I] */
   int t = blockIdx.x;
   for (int i = threadIdx.x; i < k * I; i += blockDim.x) hs[i] = hid[(size_t)t * k * I + i];
@@ -209,6 +212,7 @@ __global__ void k_moe_down(const float *hid, const int32_t *ids, const float *wt
 
 /* grid (T, ceil(E/8)), 8 warps: lg[t, e] = router_e . x_t with the fp32 router copy. */
 __global__ void k_moe_router(const bf16 *x, const float *R, int E, int H, float *lg) {
+  pdl_enter();
   extern __shared__ float xs[]; /* [H] */
   int t = blockIdx.x;
   for (int i = threadIdx.x; i < H; i += blockDim.x) xs[i] = bf2f(x[(size_t)t * H + i]);
@@ -223,6 +227,7 @@ __global__ void k_moe_router(const bf16 *x, const float *R, int E, int H, float 
 }
 
 __global__ void k_swiglu_bf16(bf16 *g, const bf16 *u, size_t n) {
+  pdl_enter();
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
        i += (size_t)gridDim.x * blockDim.x)
     g[i] = f2bf(siluf_dev(bf2f(g[i])) * bf2f(u[i]));
@@ -243,6 +248,7 @@ static size_t al256(size_t b) { return (b + 255) & ~(size_t)255; }
 /* grid E, block 256: lpos[s] = rank of slot s among the slots routed to expert e (slot order);
  * cnt[e] = their number. */
 __global__ void k_moe_rank(const int32_t *ids, int n, int32_t *lpos, int32_t *cnt) {
+  pdl_enter();
   __shared__ int wsum[8];
   int e = blockIdx.x, lane = threadIdx.x & 31, w = threadIdx.x >> 5, base = 0;
   for (int c0 = 0; c0 < n; c0 += 256) {
@@ -265,6 +271,7 @@ __global__ void k_moe_rank(const int32_t *ids, int n, int32_t *lpos, int32_t *cn
 
 /* one thread: off[e] = sum of cnt[0..e-1], off[E] = n */
 __global__ void k_moe_offsets(const int32_t *cnt, int E, int32_t *off) {
+  pdl_enter();
   if (blockIdx.x || threadIdx.x) return;
   int a = 0;
   for (int e = 0; e < E; e++) {
@@ -277,6 +284,7 @@ __global__ void k_moe_offsets(const int32_t *cnt, int E, int32_t *off) {
 /* grid-stride over slots: row g = off[e] + lpos[s] holds slot s; xg[g] = x[s / k]. */
 __global__ void k_moe_place(const int32_t *ids, const int32_t *lpos, const int32_t *off, int n,
                             int k, int H, const bf16 *x, int32_t *row_of, bf16 *xg) {
+  pdl_enter();
   int h8 = H / 8;
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (size_t)n * h8;
        i += (size_t)gridDim.x * blockDim.x) {
@@ -290,6 +298,7 @@ __global__ void k_moe_place(const int32_t *ids, const int32_t *lpos, const int32
 /* grid-stride over T*H: out[t, j] = sum_r wts[t, r] od[row_of[t k + r], j] (+ sg[t] sd[t, j]). */
 __global__ void k_moe_combine(const float *od, const int32_t *row_of, const float *wts, int T,
                               int k, int H, const float *sg, const float *sd, bf16 *out) {
+  pdl_enter();
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (size_t)T * H;
        i += (size_t)gridDim.x * blockDim.x) {
     int t = (int)(i / H), j = (int)(i % H);

@@ -61,6 +61,7 @@ template <int NT>
 __global__ void __launch_bounds__(SG_WARPS * 32)
     k_sgemm(const bf16 *__restrict__ x, sg_set s, int T, int K, int S, int y_f32,
             float *__restrict__ ws) {
+  pdl_enter();
   int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   int total = s.n0[s.cnt], rt = blockIdx.x, sl = blockIdx.y, nu = K / SG_UNIT;
   int u0 = (int)((long)sl * nu / S), u1 = (int)((long)(sl + 1) * nu / S);
@@ -131,6 +132,7 @@ __global__ void __launch_bounds__(SG_WARPS * 32)
 
 /* y = the S slices' partial sums added in slice order, one thread per output element */
 __global__ void k_sg_reduce(const float *__restrict__ ws, sg_set s, int T, int S, int y_f32) {
+  pdl_enter();
   int total = s.n0[s.cnt];
   size_t n = (size_t)T * total;
   for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < n;

@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include <functional>
+#include <unordered_set>
 #include <vector>
 
 #include "backend/cuda/cuda_common.cuh"
@@ -38,9 +39,12 @@ void cuda_fail(cuda_ctx *c, const char *what, const char *detail) {
   snprintf(c->err, sizeof c->err, "cuda: %s: %s", what, detail ? detail : "failed");
 }
 
+static void graph_note_launch(cuda_ctx *c);
+
 void cuda_check_launch(cuda_ctx *c, const char *what) {
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) cuda_fail(c, what, cudaGetErrorString(e));
+  if (c->capturing) graph_note_launch(c);
 }
 
 static int ck(cuda_ctx *c, cudaError_t e, const char *what) {
@@ -885,7 +889,22 @@ struct cuda_graphs {
   std::vector<graph_entry> cache;
   uint64_t tick;
   long captures, replays, direct, fused, pdl_edges;
+  /* the graph nodes of the capture in progress that are kernels of ours (graph_note_launch) */
+  std::unordered_set<cudaGraphNode_t> ours;
 };
+
+/* Called by cuda_check_launch, which follows every launch of ours: while a capture is open,
+ * the node the stream now ends in is the kernel just launched (cuBLAS calls are never followed
+ * by it). */
+static void graph_note_launch(cuda_ctx *c) {
+  cudaStreamCaptureStatus st;
+  const cudaGraphNode_t *deps = NULL;
+  size_t nd = 0;
+  if (!c->gr) return;
+  if (cudaStreamGetCaptureInfo(c->st, &st, NULL, NULL, &deps, NULL, &nd) == cudaSuccess &&
+      st == cudaStreamCaptureStatusActive && nd == 1)
+    c->gr->ours.insert(deps[0]);
+}
 
 static void sig_bytes(std::vector<uint8_t> &s, const void *p, size_t n) {
   const uint8_t *b = (const uint8_t *)p;
@@ -1123,24 +1142,12 @@ static void graph_run_ops(cuda_ctx *c) {
   }
 }
 
-/* 1 when graph node `nd` is a kernel of ours (every one begins with pdl_enter, see
- * cuda_common.cuh); library kernels (cuBLAS) and other nodes are not. Ours are the k_* kernels:
- * their mangled names read _Z<length>k_... */
-static int pdl_node_ours(cudaGraphNode_t nd) {
+/* 1 when graph node `nd` is a kernel of ours (noted at its launch; every one begins with
+ * pdl_enter, see cuda_common.cuh); library kernels (cuBLAS) and other nodes are not. */
+static int pdl_node_ours(const cuda_graphs *g, cudaGraphNode_t nd) {
   cudaGraphNodeType t;
-  cudaKernelNodeParams kp;
-  const char *name = NULL;
-  if (cudaGraphNodeGetType(nd, &t) != cudaSuccess || t != cudaGraphNodeTypeKernel ||
-      cudaGraphKernelNodeGetParams(nd, &kp) != cudaSuccess || !kp.func ||
-      cudaFuncGetName(&name, kp.func) != cudaSuccess || !name) {
-    cudaGetLastError();
-    return 0;
-  }
-  if (strncmp(name, "_Z", 2) != 0) return 0;
-  name += 2;
-  if (*name < '1' || *name > '9') return 0;
-  while (*name >= '0' && *name <= '9') name++;
-  return strncmp(name, "k_", 2) == 0;
+  return g->ours.count(nd) && cudaGraphNodeGetType(nd, &t) == cudaSuccess &&
+         t == cudaGraphNodeTypeKernel;
 }
 
 /* Programmatic dependent launch. A decode step is ~300 kernels in a row, most of them a few
@@ -1152,7 +1159,7 @@ static int pdl_node_ours(cudaGraphNode_t nd) {
  * ours waits before it exits, a kernel of ours never completes before the one before it, so
  * ordinary edges further on keep their meaning. Returns the edges changed (0: none or the
  * graph's API failed, the graph unchanged or fully ordered either way). */
-static long graph_pdl(cudaGraph_t graph) {
+static long graph_pdl(const cuda_graphs *g, cudaGraph_t graph) {
   size_t n = 0;
   if (cudaGraphGetEdges(graph, NULL, NULL, NULL, &n) != cudaSuccess || n == 0) {
     cudaGetLastError();
@@ -1168,11 +1175,9 @@ static long graph_pdl(cudaGraph_t graph) {
   for (size_t i = 0; i < n; i++) {
     if (ed[i].type != cudaGraphDependencyTypeDefault || ed[i].from_port != 0) continue;
     cudaGraphNodeType ft;
-    if (cudaGraphNodeGetType(from[i], &ft) != cudaSuccess || ft != cudaGraphNodeTypeKernel ||
-        !pdl_node_ours(to[i])) {
-      cudaGetLastError();
+    if (!pdl_node_ours(g, to[i]) || cudaGraphNodeGetType(from[i], &ft) != cudaSuccess ||
+        ft != cudaGraphNodeTypeKernel)
       continue;
-    }
     cudaGraphEdgeData pe;
     memset(&pe, 0, sizeof pe);
     pe.from_port = cudaGraphKernelNodePortProgrammatic;
@@ -1202,6 +1207,7 @@ static int graph_capture(cuda_ctx *c, uint64_t h) {
   }
   c->capturing = 1;
   c->capture_broken = 0;
+  g->ours.clear();
   graph_run_ops(c);
   c->capturing = 0;
   cudaGraph_t graph = NULL;
@@ -1217,7 +1223,8 @@ static int graph_capture(cuda_ctx *c, uint64_t h) {
     g->bad_sig = g->sig;
     return 0;
   }
-  long pdl = g->pdl ? graph_pdl(graph) : 0;
+  long pdl = g->pdl ? graph_pdl(g, graph) : 0;
+  g->ours.clear();
   cudaGraphExec_t exec = NULL;
   e = cudaGraphInstantiate(&exec, graph, 0);
   cudaGraphDestroy(graph);

@@ -162,24 +162,15 @@ void cuda_moe_release(cuda_ctx *c);
 
 /* ---- device helpers ---- */
 
-/* Programmatic dependent launch (backend_cuda.cu "PDL"): in a captured decode step a kernel of
- * ours may be launched while the kernel before it still runs. Every kernel of ours therefore
+/* Programmatic dependent launch (backend_cuda.cu, graph_pdl): in a captured decode step a kernel
+ * of ours may be launched while the kernel before it still runs. Every kernel of ours therefore
  * begins with pdl_enter(): wait until the previous kernel has finished and its writes are
- * visible (a no-op when launched the ordinary way), then let the next kernel be launched. Only
- * reads of data no earlier kernel writes (weights) may come before it (pdl_wait alone). */
-__device__ __forceinline__ void pdl_wait(void) {
+ * visible (a no-op when launched the ordinary way), then let the next kernel be launched. */
+__device__ __forceinline__ void pdl_enter(void) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void pdl_next(void) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
-}
-__device__ __forceinline__ void pdl_enter(void) {
-  pdl_wait();
-  pdl_next();
 }
 
 __device__ __forceinline__ float bf2f(bf16 x) { return __bfloat162float(x); }

@@ -613,6 +613,8 @@ TEST(attention) {
   attention_case(16, 2, 256); /* G = 8 at hd 256: the MoE shape's attention */
   attention_case(6, 3, 64);
   attention_case(4, 4, 80);
+  attention_case(8, 1, 128); /* split path with 4 values per lane, G = 8 */
+  attention_case(2, 1, 32);  /* split path with 1 value per lane: 8 lanes copy a position */
 }
 
 /* C odd: the one-channel prefill kernel; C even: two channels per thread, whose fast path

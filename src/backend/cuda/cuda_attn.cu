@@ -5,9 +5,10 @@
  * grid (row, kv head, split); the row's positions 0..p are cut into n_split(p) contiguous
  * ranges, a function of p alone (at most ATT_MAXS ranges of a multiple of ATT_SPLIT positions),
  * so a row's sums never depend on the batch. A block of ATT_WARPS warps handles one range for
- * all q heads of its kv head: a warp takes one position at a time, each lane loading hd/32
- * contiguous K and V values (16 bytes at hd = 256) once for the whole group, keeping an online
- * softmax per q head; the warps merge in a fixed order and the block writes (m, l, acc[hd]) per
+ * all q heads of its kv head: a warp takes one position at a time, its K and V rows arriving
+ * by cp.async into the warp's slots in shared memory ATT_STAGES - 1 positions ahead, each lane
+ * using hd/32 contiguous K and V values (16 bytes at hd = 256) for the whole group, keeping an
+ * online softmax per q head; the warps merge in a fixed order and the block writes (m, l, acc[hd]) per
  * q head to scratch. A second kernel merges a row's ranges in order. Other shapes take the
  * one-block-per-(row, q head) kernel below. By default the GEMM path's pieces go through the
  * fused flash kernel of cuda_flash.cu instead, where it covers the shape (DS_ATTN_FLASH=0:
@@ -244,8 +245,8 @@ static int att_gemm(cuda_ctx *c, const bf16 *kp, const bf16 *vp, const bf16 *q, 
 #define ATT_MAXS 16   /* ranges per row at most */
 #define ATT_SW 8      /* warps per block */
 #define ATT_MAXG 8    /* q heads per kv head */
-#ifndef ATT_AHEAD
-#define ATT_AHEAD 2 /* positions per warp whose K/V loads are in flight together */
+#ifndef ATT_STAGES
+#define ATT_STAGES 4 /* positions per warp in flight (cp.async into shared memory) */
 #endif
 
 /* Number of ranges and positions per range for a row at position p (a function of p alone). */
@@ -258,11 +259,13 @@ __device__ __forceinline__ int att_nsplit(int p, int *per) {
   return (n + q - 1) / q;
 }
 
-template <int VPL, int G>
-__device__ __forceinline__ void att_load(const bf16 *src, float *dst) {
-  if (VPL == 8) {
+/* VPL consecutive bf16 values (global or shared memory) as floats, in one load where VPL is
+ * 8 or 4. */
+template <int VPL>
+__device__ __forceinline__ void att_unpack(const bf16 *src, float *dst) {
+  if constexpr (VPL == 8) {
     bf16x8_to_f32(*(const uint4 *)src, dst);
-  } else if (VPL == 4) {
+  } else if constexpr (VPL == 4) {
     uint2 u = *(const uint2 *)src;
     const __nv_bfloat162 *b2 = (const __nv_bfloat162 *)&u;
 #pragma unroll
@@ -277,17 +280,32 @@ __device__ __forceinline__ void att_load(const bf16 *src, float *dst) {
   }
 }
 
+/* The split kernel's shared memory: first each warp's ATT_STAGES position slots (K row, then
+ * V row, hd bf16 each, filled by cp.async), then, after the positions, the warps' (m, l, acc)
+ * for the block's merge (the same bytes). */
+template <int HD, int G>
+struct att_smem {
+  static constexpr size_t slots = (size_t)ATT_SW * ATT_STAGES * 2 * HD * sizeof(bf16);
+  static constexpr size_t accs = (size_t)ATT_SW * G * HD * sizeof(float);
+  static constexpr size_t bytes = slots > accs ? slots : accs;
+};
+
 /* grid (T, nkv, ATT_MAXS), block ATT_SW*32. part: [T, nh, ATT_MAXS, hd] accumulators,
- * ml: [T, nh, ATT_MAXS, 2] (running max, sum). */
+ * ml: [T, nh, ATT_MAXS, 2] (running max, sum).
+ * A warp takes positions j0 + wp, j0 + wp + ATT_SW, ... in order; each position's K and V rows
+ * (hd * 4 bytes) are copied into one of the warp's ATT_STAGES slots by cp.async in 16-byte
+ * pieces, ATT_STAGES - 1 positions ahead of the one being used, so the loads in flight live in
+ * shared memory, not registers (holding them in registers capped the positions in flight at
+ * two: bench/NOTES.md). Each lane then reads its hd/32 values of the slot. */
 template <int VPL, int G>
 __global__ void __launch_bounds__(ATT_SW * 32)
     k_attn_split(const bf16 *kp, const bf16 *vp, const bf16 *q, const int32_t *seq,
                  const int32_t *pos, const int32_t *page_table, int max_pages, int nh, int nkv,
                  float scale, const int32_t *seq_len, int gemm_min, float *part, float *ml) {
   pdl_enter();
-  constexpr int HD = VPL * 32;
+  constexpr int HD = VPL * 32, PIECES = HD * 2 * 2 / 16; /* 16-byte pieces of a K + V row */
+  __shared__ __align__(16) unsigned char s_raw[att_smem<HD, G>::bytes];
   __shared__ float s_m[ATT_SW][G], s_l[ATT_SW][G];
-  __shared__ float s_acc[ATT_SW][G][HD];
   int t = blockIdx.x, kvh = blockIdx.y, z = blockIdx.z;
   if (gemm_min > 0 && seq_len[seq[t]] >= gemm_min) return; /* the GEMM path's row */
   int lane = threadIdx.x & 31, wp = threadIdx.x >> 5;
@@ -296,10 +314,31 @@ __global__ void __launch_bounds__(ATT_SW * 32)
   if (z >= ns) return;
   int j0 = z * per, j1 = min(p + 1, j0 + per);
   const int32_t *pt = page_table + (size_t)seq[t] * max_pages;
+  bf16(*slot)[2][HD] = (bf16(*)[2][HD])s_raw + (size_t)wp * ATT_STAGES;
+  size_t row_w = (size_t)nkv * HD;
+  int nj = j1 - j0 - wp > 0 ? (j1 - j0 - wp + ATT_SW - 1) / ATT_SW : 0; /* this warp's count */
+  /* position i of this warp (i < nj) into slot i % ATT_STAGES; one group per position, empty
+   * past the end, so the wait below always counts ATT_STAGES - 1 younger groups */
+  auto issue = [&](int i) {
+    if (i < nj) {
+      int j = j0 + wp + i * ATT_SW;
+      int page = pt[j / BACKEND_PAGE_TOKENS];
+      size_t off = ((size_t)page * BACKEND_PAGE_TOKENS + (size_t)(j % BACKEND_PAGE_TOKENS)) *
+                       row_w + (size_t)kvh * HD;
+      bf16 *dst = &slot[i % ATT_STAGES][0][0];
+      for (int c = lane; c < PIECES; c += 32) {
+        int kv = c >= PIECES / 2, e = (c - kv * PIECES / 2) * 8;
+        cp_async16(dst + kv * HD + e, (kv ? vp : kp) + off + e);
+      }
+    }
+    cp_async_commit();
+  };
   float qr[G][VPL], acc[G][VPL], m[G], l[G];
 #pragma unroll
+  for (int s = 0; s < ATT_STAGES - 1; s++) issue(s);
+#pragma unroll
   for (int g = 0; g < G; g++) {
-    att_load<VPL, G>(q + ((size_t)t * nh + kvh * G + g) * HD + lane * VPL, qr[g]);
+    att_unpack<VPL>(q + ((size_t)t * nh + kvh * G + g) * HD + lane * VPL, qr[g]);
 #pragma unroll
     for (int i = 0; i < VPL; i++) {
       qr[g][i] *= scale;
@@ -308,50 +347,40 @@ __global__ void __launch_bounds__(ATT_SW * 32)
     m[g] = -INFINITY;
     l[g] = 0.f;
   }
-  size_t row_w = (size_t)nkv * HD;
-  /* ATT_AHEAD positions' K and V are loaded before the first of them is used (the decode
-   * step was a chain of one load round trip per position per warp); the online softmax still
-   * takes the positions one at a time in the same order */
-  for (int j = j0 + wp; j < j1; j += ATT_AHEAD * ATT_SW) {
-    float kr[ATT_AHEAD][VPL], vr[ATT_AHEAD][VPL];
+  for (int i = 0; i < nj; i++) {
+    issue(i + ATT_STAGES - 1);
+    cp_async_wait<ATT_STAGES - 1>(); /* position i's pieces (this lane's) have landed */
+    __syncwarp();                    /* ... and every lane's */
+    float kr[VPL], vr[VPL];
+    att_unpack<VPL>(&slot[i % ATT_STAGES][0][lane * VPL], kr);
+    att_unpack<VPL>(&slot[i % ATT_STAGES][1][lane * VPL], vr);
+    __syncwarp(); /* every lane has read the slot before a later issue refills it */
+    float d[G];
 #pragma unroll
-    for (int u = 0; u < ATT_AHEAD; u++) {
-      int ju = j + u * ATT_SW;
-      if (ju < j1) {
-        int page = pt[ju / BACKEND_PAGE_TOKENS];
-        size_t off = ((size_t)page * BACKEND_PAGE_TOKENS + (size_t)(ju % BACKEND_PAGE_TOKENS)) *
-                         row_w + (size_t)kvh * HD + lane * VPL;
-        att_load<VPL, G>(kp + off, kr[u]);
-        att_load<VPL, G>(vp + off, vr[u]);
-      }
+    for (int g = 0; g < G; g++) {
+      float s = 0.f;
+#pragma unroll
+      for (int e = 0; e < VPL; e++) s += qr[g][e] * kr[e];
+      d[g] = s;
     }
 #pragma unroll
-    for (int u = 0; u < ATT_AHEAD; u++) {
-      if (j + u * ATT_SW >= j1) break;
-      float d[G];
+    for (int o = 16; o > 0; o >>= 1)
 #pragma unroll
-      for (int g = 0; g < G; g++) {
-        float s = 0.f;
+      for (int g = 0; g < G; g++) d[g] += __shfl_xor_sync(0xffffffffu, d[g], o);
 #pragma unroll
-        for (int i = 0; i < VPL; i++) s += qr[g][i] * kr[u][i];
-        d[g] = s;
-      }
+    for (int g = 0; g < G; g++) {
+      float sc = d[g];
+      float mn = fmaxf(m[g], sc);
+      float cr = __expf(m[g] - mn), e = __expf(sc - mn);
+      l[g] = l[g] * cr + e;
 #pragma unroll
-      for (int o = 16; o > 0; o >>= 1)
-#pragma unroll
-        for (int g = 0; g < G; g++) d[g] += __shfl_xor_sync(0xffffffffu, d[g], o);
-#pragma unroll
-      for (int g = 0; g < G; g++) {
-        float sc = d[g];
-        float mn = fmaxf(m[g], sc);
-        float cr = __expf(m[g] - mn), e = __expf(sc - mn);
-        l[g] = l[g] * cr + e;
-#pragma unroll
-        for (int i = 0; i < VPL; i++) acc[g][i] = acc[g][i] * cr + e * vr[u][i];
-        m[g] = mn;
-      }
+      for (int k = 0; k < VPL; k++) acc[g][k] = acc[g][k] * cr + e * vr[k];
+      m[g] = mn;
     }
   }
+  cp_async_wait<0>();
+  __syncthreads(); /* every warp is done with its slots: the bytes become the accumulators */
+  float(*s_acc)[G][HD] = (float(*)[G][HD])s_raw;
 #pragma unroll
   for (int g = 0; g < G; g++) {
     if (lane == 0) {

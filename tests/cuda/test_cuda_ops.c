@@ -144,9 +144,10 @@ static void wfree(wpair w) {
 
 /* ---- batch ---- */
 
+#define PIECES_MAX 40
 typedef struct {
   int n;
-  int len[8], pos[8], slot[8];
+  int len[PIECES_MAX], pos[PIECES_MAX], slot[PIECES_MAX];
 } pieces;
 
 static int T_of(const pieces *p) {
@@ -157,10 +158,10 @@ static int T_of(const pieces *p) {
 
 /* Sets the same batch on both backends; piece s gets pages s*MAXP + perm. Returns max_pages. */
 #define MAXP 32
-static int32_t g_pt[8 * MAXP];
+static int32_t g_pt[PIECES_MAX * MAXP];
 static backend *g_also; /* a third backend set_batch also sets (NULL: none) */
 static void set_batch(const pieces *p, int n_out, const int32_t *out_rows) {
-  static int32_t tokens[4096], pos[4096], seq[4096], st[8];
+  static int32_t tokens[4096], pos[4096], seq[4096], st[PIECES_MAX];
   int T = 0;
   for (int s = 0; s < p->n; s++) {
     st[s] = T;
@@ -768,11 +769,13 @@ TEST(gdn) {
 }
 
 /* ---- the DeltaNet decode chain (conv1d, gdn_gates, gdn_decode, gated_rmsnorm) ----
- * On the default backend a decode step's four ops become one k_gdn_chain launch; on one
+ * On the default backend a decode step's four ops become one k_gdn_chain launch (steps of up
+ * to 32 rows) or conv1d + gates in one launch and the other two alone (more rows); on one
  * created with DS_GDN_CHAIN=0 they run as four kernels. Three steps (direct, captured,
- * replayed) of 5 rows (one fresh at position 0, slots permuted) from random states: every
+ * replayed) of T rows (one fresh at position 0, slots permuted) from random states: every
  * output of the two — conv state, conv output, beta, g, DeltaNet state, normed output — must
- * be bit-identical after each step, within tolerance of the CPU, and the chain really fused. */
+ * be bit-identical after each step, within tolerance of the CPU, and the launches really
+ * fused. */
 enum { CH_CST, CH_X, CH_CO, CH_B, CH_A, CH_BETA, CH_G, CH_SSM, CH_Z, CH_O, CH_NB };
 enum { CHW_CONV, CHW_AL, CHW_DT, CHW_NORM, CH_NW };
 typedef struct {
@@ -811,8 +814,8 @@ static void chain_run(chain_set *cs, int T, int C, int nk, int nv, int dk, int d
   be->gated_rmsnorm(be, b[CH_O], b[CH_Z], cs->w[CHW_NORM], T, nv, dv, 1e-6f, b[CH_O]);
 }
 
-static void gdn_chain_case(backend *plain, int nk, int nv, int dk) {
-  int dv = 128, T = 5, C = 2 * nk * dk + nv * dv, nslots = 5;
+static void gdn_chain_case(backend *plain, int nk, int nv, int dk, int T) {
+  int dv = 128, C = 2 * nk * dk + nv * dv, nslots = T;
   static const char *name[CH_NB] = {"conv state", "x", "conv out", "b", "a",
                                     "beta", "g", "state", "z", "out"};
   size_t n[CH_NB] = {(size_t)nslots * C * 3, (size_t)T * C, (size_t)T * C, (size_t)T * nv,
@@ -835,8 +838,12 @@ static void gdn_chain_case(backend *plain, int nk, int nv, int dk) {
   g_also = plain;
   int same = 1;
   for (int step = 0; step < 3; step++) { /* direct, captured, replayed */
-    pieces p = {5, {1, 1, 1, 1, 1}, {7 + step, step, 40 + step, 3 + step, 100 + step},
-                {4, 1, 0, 3, 2}};
+    pieces p = {T, {0}, {0}, {0}};
+    for (int r = 0; r < T; r++) {
+      p.len[r] = 1;
+      p.pos[r] = r == 1 ? step : (r * 29 + 7) % 151 + 1 + step;
+      p.slot[r] = (r * 7 + 4) % T; /* a permutation for T = 5 and 40 */
+    }
     set_batch(&p, 0, NULL);
     for (int k = 0; k < 3; k++) chain_run(&cs[k], T, C, nk, nv, dk, dv);
     for (int i = 0; i < CH_NB; i++) {
@@ -846,8 +853,8 @@ static void gdn_chain_case(backend *plain, int nk, int nv, int dk) {
       EXPECT(GPU->read(GPU, cs[1].b[i], 0, x, bytes) == 0);
       EXPECT(plain->read(plain, cs[2].b[i], 0, y, bytes) == 0);
       int eq = memcmp(x, y, bytes) == 0;
-      EXPECT_MSG(eq, "gdn chain nk=%d nv=%d dk=%d step %d: %s differs from the four kernels",
-                 nk, nv, dk, step, name[i]);
+      EXPECT_MSG(eq, "gdn chain nk=%d nv=%d dk=%d T=%d step %d: %s differs from the four kernels",
+                 nk, nv, dk, T, step, name[i]);
       same &= eq;
       free(x);
       free(y);
@@ -857,7 +864,8 @@ static void gdn_chain_case(backend *plain, int nk, int nv, int dk) {
       double tol[CH_NB] = {1e-6, 0, 6e-3, 0, 0, 1e-5, 1e-5, 5e-3, 0, 1e-2};
       for (int i = 0; i < CH_NB; i++) {
         if (tol[i] == 0) continue;
-        snprintf(what, sizeof what, "chain %d/%d/%d step %d %s", nk, nv, dk, step, name[i]);
+        snprintf(what, sizeof what, "chain %d/%d/%d T=%d step %d %s", nk, nv, dk, T, step,
+                 name[i]);
         CMP(cs[0].b[i], cs[1].b[i], ch_kind[i], n[i], tol[i], what);
       }
     }
@@ -866,13 +874,15 @@ static void gdn_chain_case(backend *plain, int nk, int nv, int dk) {
   backend_cuda_graph_stats(GPU, g1);
   backend_cuda_graph_stats(plain, p1);
   n_checks++;
-  printf("  gdn chain nk=%d nv=%d dk=%d: bit-identical to the four kernels: %s; fused %ld "
+  printf("  gdn chain nk=%d nv=%d dk=%d T=%d: bit-identical to the four kernels: %s; fused %ld "
          "(plain %ld), replays %ld\n",
-         nk, nv, dk, same ? "yes" : "NO", g1[3] - g0[3], p1[3] - p0[3], g1[1] - g0[1]);
-  /* the list runs twice (direct, capture), 3 launches saved each time */
-  EXPECT_MSG(g1[3] - g0[3] >= 6 && p1[3] - p0[3] == 0 && g1[1] - g0[1] >= 1,
-             "gdn chain nk=%d nv=%d dk=%d: fused %ld (plain %ld), replays %ld", nk, nv, dk,
-             g1[3] - g0[3], p1[3] - p0[3], g1[1] - g0[1]);
+         nk, nv, dk, T, same ? "yes" : "NO", g1[3] - g0[3], p1[3] - p0[3], g1[1] - g0[1]);
+  /* the list runs twice (direct, capture), 3 launches saved each time by the chain, 1 by
+   * conv1d + gates */
+  long want = T <= 32 ? 6 : 2;
+  EXPECT_MSG(g1[3] - g0[3] == want && p1[3] - p0[3] == 0 && g1[1] - g0[1] >= 1,
+             "gdn chain nk=%d nv=%d dk=%d T=%d: fused %ld (want %ld; plain %ld), replays %ld", nk,
+             nv, dk, T, g1[3] - g0[3], want, p1[3] - p0[3], g1[1] - g0[1]);
   gpu_ok();
   for (int k = 0; k < 3; k++) chain_free(&cs[k]);
   for (int i = 0; i < CH_NB; i++) free(h[i]);
@@ -882,10 +892,14 @@ static void gdn_chain_case(backend *plain, int nk, int nv, int dk) {
 TEST(gdn_chain) {
   backend *plain = gpu_with("DS_GDN_CHAIN", "0");
   REQUIRE(plain != NULL);
-  gdn_chain_case(plain, 2, 4, 128); /* two value heads per key head (the 4B shape's) */
-  gdn_chain_case(plain, 3, 3, 128); /* one */
-  gdn_chain_case(plain, 2, 4, 64);
-  gdn_chain_case(plain, 1, 1, 64);
+  gdn_chain_case(plain, 2, 4, 128, 5); /* two value heads per key head (the 4B shape's) */
+  gdn_chain_case(plain, 3, 3, 128, 5); /* one */
+  gdn_chain_case(plain, 2, 4, 64, 5);
+  gdn_chain_case(plain, 1, 1, 64, 5);
+  /* 40 rows: conv1d + gates in one launch */
+  gdn_chain_case(plain, 2, 4, 128, 40);
+  gdn_chain_case(plain, 3, 3, 64, 40);
+  gdn_chain_case(plain, 1, 2, 96, 40); /* dk 96: three channels per lane, v in 96-wide units */
   char err[256] = "";
   EXPECT_MSG(plain->sync(plain, err, sizeof err) == 0, "plain backend: %s", err);
   plain->destroy(plain);

@@ -1049,6 +1049,27 @@ static int gdn_chain_of(const std::vector<gop> &ops, size_t i, cuda_gdn_chain_ar
   return 1;
 }
 
+/* ops[i..i+1] are conv1d and gdn_gates of one layer (the gates' qkv = the conv output): their
+ * arguments in *ch (cuda_gdn_conv_gates). */
+static int conv_gates_of(const std::vector<gop> &ops, size_t i, cuda_gdn_chain_args *ch) {
+  if (i + 1 >= ops.size() || ops[i].kind != GOP_CONV || ops[i + 1].kind != GOP_GATES ||
+      ops[i + 1].ch.conv_out != ops[i].ch.conv_out)
+    return 0;
+  const cuda_gdn_chain_args &gt = ops[i + 1].ch;
+  *ch = ops[i].ch;
+  ch->b = gt.b;
+  ch->a = gt.a;
+  ch->beta = gt.beta;
+  ch->g = gt.g;
+  ch->A_log = gt.A_log;
+  ch->dt_bias = gt.dt_bias;
+  ch->nk = gt.nk;
+  ch->nv = gt.nv;
+  ch->dk = gt.dk;
+  ch->dv = gt.dv;
+  return 1;
+}
+
 static void launch_glu(cuda_ctx *c, const gop &g, const gop &u, const gop &sw) {
   unsigned blocks = (unsigned)((g.N + GEMV_WARPS - 1) / GEMV_WARPS);
   switch (g.T) {
@@ -1074,6 +1095,12 @@ static void graph_run_ops(cuda_ctx *c) {
     if (g->fuse && o.kind == GOP_CONV && gdn_chain_of(ops, i, &ch) && cuda_gdn_chain(c, &ch)) {
       g->fused += 3;
       i += 4;
+      continue;
+    }
+    if (g->fuse && o.kind == GOP_CONV && conv_gates_of(ops, i, &ch) &&
+        cuda_gdn_conv_gates(c, &ch)) {
+      g->fused += 1;
+      i += 2;
       continue;
     }
     if (g->fuse && gemv_fits(c, o)) {

@@ -153,6 +153,10 @@ typedef struct cuda_gdn_chain_args {
   float eps;
 } cuda_gdn_chain_args;
 int cuda_gdn_chain(cuda_ctx *c, const cuda_gdn_chain_args *a);
+/* The chain's first two ops (conv1d and gdn_gates of a decode step: the args' conv and gates
+ * fields) as one launch, for the steps the chain does not cover; 1 when launched, else 0.
+ * Conv state and output (q, k normalised), beta and g get the two ops' bits. */
+int cuda_gdn_conv_gates(cuda_ctx *c, const cuda_gdn_chain_args *a);
 /* Its per-step counters (zeroed device memory); -1 when out of memory (the chain stays off). */
 extern "C" int cuda_gdn_chain_init(cuda_ctx *c);
 extern "C" void cuda_gdn_chain_release(cuda_ctx *c);

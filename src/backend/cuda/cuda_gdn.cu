@@ -642,6 +642,108 @@ int cuda_gdn_chain(cuda_ctx *c, const cuda_gdn_chain_args *a) {
   return 1;
 }
 
+/* ---- conv1d + gates of a decode step ----
+ * Above CHAIN_MAXT rows the chain is not used and a DeltaNet layer's decode step runs its
+ * four kernels; there conv1d (one thread per (row, channel), 1.1 TB/s: 11.4 µs of a 64-row
+ * step at the 4B shape) and the gates (one block per row: 6 µs) cost as much as the layer's
+ * attention share (bench/NOTES.md). Here one launch does both: warp u of row t takes a unit of
+ * dk channels (the 2 nk q/k heads, then the v channels in dk-wide pieces), lane l the channels
+ * base + l + 32 r as k_gdn_gates' lanes take them, each with k_conv1d_dec's expression (window
+ * from the state, output, state shift); a q/k unit then L2-normalises its head in k_gdn_gates'
+ * order (lane sums over r, butterfly) before writing, and unit 0 also computes the row's beta
+ * and g. Same bits as the two kernels. K = 4, dk = 32 R (R <= 8). grid (T, ceil(units / 8)),
+ * block 256. */
+template <int R>
+__global__ void __launch_bounds__(256)
+    k_conv_gates_dec(const bf16 *x, const float *cw, float *cst, bf16 *co, const bf16 *bb,
+                     const bf16 *aa, const float *A_log, const float *dt_bias, float *beta,
+                     float *g, const int32_t *seq, const int32_t *seq_pos,
+                     const int32_t *seq_slot, int C, int nk, int nv) {
+  pdl_enter();
+  constexpr int dk = 32 * R;
+  int t = blockIdx.x, lane = threadIdx.x & 31, u = blockIdx.y * 8 + (threadIdx.x >> 5);
+  int base = u * dk;
+  if (base >= C) return;
+  int s = seq[t], hs = seq_pos[s] > 0;
+  float *st = cst + (size_t)seq_slot[s] * C * 3;
+  const bf16 *xr = x + (size_t)t * C;
+  bf16 *orow = co + (size_t)t * C;
+  float win[R][3], xv[R], w[R][4];
+#pragma unroll
+  for (int r = 0; r < R; r++) { /* every load first */
+    int c = base + lane + 32 * r;
+    if (c < C) {
+#pragma unroll
+      for (int j = 0; j < 3; j++) win[r][j] = hs ? st[(size_t)c * 3 + j] : 0.f;
+      xv[r] = bf2f(xr[c]);
+      float4 wv = *(const float4 *)(cw + (size_t)c * 4);
+      w[r][0] = wv.x, w[r][1] = wv.y, w[r][2] = wv.z, w[r][3] = wv.w;
+    }
+  }
+  float v[R];
+#pragma unroll
+  for (int r = 0; r < R; r++) {
+    int c = base + lane + 32 * r;
+    if (c < C) {
+      float acc = 0.f;
+#pragma unroll
+      for (int j = 0; j < 3; j++) acc += w[r][j] * win[r][j];
+      acc += w[r][3] * xv[r];
+      v[r] = bf2f(f2bf(siluf_dev(acc)));
+      float *sc = st + (size_t)c * 3;
+      sc[0] = win[r][1];
+      sc[1] = win[r][2];
+      sc[2] = xv[r];
+    }
+  }
+  if (u < 2 * nk) { /* a q or k head: normalised as k_gdn_gates does */
+    float ss = 0.f;
+#pragma unroll
+    for (int r = 0; r < R; r++) ss += v[r] * v[r];
+    ss = warp_sum(ss);
+    float inv = 1.f / sqrtf(ss + 1e-6f);
+    float sc = u < nk ? 1.f / sqrtf((float)dk) : 1.f;
+#pragma unroll
+    for (int r = 0; r < R; r++) orow[base + lane + 32 * r] = f2bf(v[r] * inv * sc);
+  } else {
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+      int c = base + lane + 32 * r;
+      if (c < C) orow[c] = f2bf(v[r]);
+    }
+  }
+  if (u == 0)
+    for (int h = lane; h < nv; h += 32)
+      gdn_gate_vals(bf2f(bb[(size_t)t * nv + h]), bf2f(aa[(size_t)t * nv + h]), A_log[h],
+                    dt_bias[h], &beta[(size_t)t * nv + h], &g[(size_t)t * nv + h]);
+}
+
+int cuda_gdn_conv_gates(cuda_ctx *c, const cuda_gdn_chain_args *a) {
+  const cuda_weight *cw = CW(a->conv_w), *al = CW(a->A_log), *db = CW(a->dt_bias);
+  int T = c->b.n_tokens, nk = a->nk, nv = a->nv, dk = a->dk;
+  if (!c->gdn_chain || c->legacy || T <= 0 || c->b.n_prefill != 0 || c->b.n_decode != T ||
+      a->K != 4 || dk % 32 || dk > 256 || nk <= 0 || nv <= 0 ||
+      a->C != 2 * nk * dk + nv * a->dv || !cw->f32 || cw->rows * cw->cols != (int64_t)a->C * 4 ||
+      !al->f32 || !db->f32 || al->rows * al->cols < nv || db->rows * db->cols < nv ||
+      (size_t)T * a->C >= (1ull << 31))
+    return 0;
+  int units = (a->C + dk - 1) / dk;
+  dim3 grid((unsigned)T, (unsigned)((units + 7) / 8));
+#define CG(R_)                                                                                \
+  case R_:                                                                                    \
+    k_conv_gates_dec<R_><<<grid, 256, 0, c->st>>>(                                            \
+        (const bf16 *)a->x, cw->f32, (float *)a->conv_state, (bf16 *)a->conv_out,             \
+        (const bf16 *)a->b, (const bf16 *)a->a, al->f32, db->f32, (float *)a->beta,           \
+        (float *)a->g, c->b.seq, c->b.seq_pos, c->b.seq_slot, a->C, nk, nv);                  \
+    break;
+  switch (dk / 32) {
+    CG(1) CG(2) CG(3) CG(4) CG(5) CG(6) CG(7) CG(8)
+  }
+#undef CG
+  cuda_check_launch(c, "conv1d + gdn_gates (decode)");
+  return 1;
+}
+
 /* ---- chunked prefill ---- */
 
 #define PRE_THREADS 512

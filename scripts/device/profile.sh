@@ -8,9 +8,11 @@
 #   decode:  launches DS_PROF_DECODE_SKIP.. of `deltaserve bench --only decode --decode-conc C`
 #            (C = DS_PROF_DECODE_CONC, 1) with CUDA graphs off (each kernel its own launch;
 #            DS_PROF_GRAPHS=1 keeps them on: the fused launches, each graph node one kernel),
-#            i.e. decode steps of C sequences after the warm-up and the C prompts' prefill
-#            (skip 900 at C = 1, 3000 otherwise), DS_PROF_DECODE_N of them (800: about two
-#            steps at C = 1); the run is cut after 150 s (the profiled range is over by then).
+#            i.e. decode steps of C sequences after the 16-token warm-up and the C prompts'
+#            prefill (skip 7,000 at C = 1, 30,000 otherwise: at C = 64 windows from 20,000 to
+#            60,000 were all decode steps; check the table for prefill kernels such as k_gdn_p3
+#            at other C), DS_PROF_DECODE_N of them (800: about three steps at C = 1); the run
+#            is cut after 150 s (the profiled range is over by then).
 # Prints a table per part (scripts/device/ncu_sum.py: time, calls, mean per kernel name) and
 # leaves the CSVs in $OUT. Builds (make CUDA=1) and generates the model when they are missing.
 set -uo pipefail
@@ -31,7 +33,7 @@ for part in "${@:-prefill}"; do
         --out /tmp/prof.json >"$OUT/ncu-prefill.csv" 2>/dev/null ;;
     decode)
       C=${DS_PROF_DECODE_CONC:-1}
-      skip=${DS_PROF_DECODE_SKIP:-$([ "$C" = 1 ] && echo 900 || echo 3000)}
+      skip=${DS_PROF_DECODE_SKIP:-$([ "$C" = 1 ] && echo 7000 || echo 30000)}
       DS_CUDA_GRAPHS=${DS_PROF_GRAPHS:-0} timeout 150 $NCU -s "$skip" -c "${DS_PROF_DECODE_N:-800}" \
         $B bench --model "$M" --only decode --decode-conc "$C" --out /tmp/prof.json \
         >"$OUT/ncu-decode.csv" 2>/dev/null ;;

@@ -1015,40 +1015,6 @@ static void launch_multi(cuda_ctx *c, const gop *ops, int m) {
   cuda_check_launch(c, "matmul (fused gemv)");
 }
 
-/* ops[i..i+3] are conv1d, gdn_gates, gdn_decode and gated_rmsnorm of one layer, chained
- * through their buffers (conv output = the gates' and the step's qkv, the gates' beta and g =
- * the step's, the step's output = the norm's input) and of one shape: their arguments in *ch. */
-static int gdn_chain_of(const std::vector<gop> &ops, size_t i, cuda_gdn_chain_args *ch) {
-  if (i + 3 >= ops.size() || ops[i].kind != GOP_CONV || ops[i + 1].kind != GOP_GATES ||
-      ops[i + 2].kind != GOP_GDN_DEC || ops[i + 3].kind != GOP_GNORM)
-    return 0;
-  const cuda_gdn_chain_args &cv = ops[i].ch, &gt = ops[i + 1].ch, &dc = ops[i + 2].ch,
-                            &gn = ops[i + 3].ch;
-  if (gt.conv_out != cv.conv_out || dc.conv_out != cv.conv_out || dc.beta != gt.beta ||
-      dc.g != gt.g || gn.o != dc.o || gt.nk != dc.nk || gt.nv != dc.nv || gt.dk != dc.dk ||
-      gt.dv != dc.dv || gn.nv != dc.nv || gn.dv != dc.dv)
-    return 0;
-  *ch = cv;
-  ch->b = gt.b;
-  ch->a = gt.a;
-  ch->beta = gt.beta;
-  ch->g = gt.g;
-  ch->A_log = gt.A_log;
-  ch->dt_bias = gt.dt_bias;
-  ch->ssm = dc.ssm;
-  ch->o = dc.o;
-  ch->nk = dc.nk;
-  ch->nv = dc.nv;
-  ch->dk = dc.dk;
-  ch->dv = dc.dv;
-  ch->z = gn.z;
-  ch->out = gn.out;
-  ch->norm = gn.norm;
-  ch->T = gn.T;
-  ch->eps = gn.eps;
-  return 1;
-}
-
 /* ops[i..i+1] are conv1d and gdn_gates of one layer (the gates' qkv = the conv output): their
  * arguments in *ch (cuda_gdn_conv_gates). */
 static int conv_gates_of(const std::vector<gop> &ops, size_t i, cuda_gdn_chain_args *ch) {
@@ -1067,6 +1033,28 @@ static int conv_gates_of(const std::vector<gop> &ops, size_t i, cuda_gdn_chain_a
   ch->nv = gt.nv;
   ch->dk = gt.dk;
   ch->dv = gt.dv;
+  return 1;
+}
+
+/* ops[i..i+3] are conv1d, gdn_gates, gdn_decode and gated_rmsnorm of one layer, chained
+ * through their buffers (conv output = the gates' and the step's qkv, the gates' beta and g =
+ * the step's, the step's output = the norm's input) and of one shape: their arguments in *ch. */
+static int gdn_chain_of(const std::vector<gop> &ops, size_t i, cuda_gdn_chain_args *ch) {
+  if (i + 3 >= ops.size() || ops[i + 2].kind != GOP_GDN_DEC || ops[i + 3].kind != GOP_GNORM ||
+      !conv_gates_of(ops, i, ch))
+    return 0;
+  const cuda_gdn_chain_args &dc = ops[i + 2].ch, &gn = ops[i + 3].ch;
+  if (dc.conv_out != ch->conv_out || dc.beta != ch->beta || dc.g != ch->g || gn.o != dc.o ||
+      ch->nk != dc.nk || ch->nv != dc.nv || ch->dk != dc.dk || ch->dv != dc.dv ||
+      gn.nv != dc.nv || gn.dv != dc.dv)
+    return 0;
+  ch->ssm = dc.ssm;
+  ch->o = dc.o;
+  ch->z = gn.z;
+  ch->out = gn.out;
+  ch->norm = gn.norm;
+  ch->T = gn.T;
+  ch->eps = gn.eps;
   return 1;
 }
 

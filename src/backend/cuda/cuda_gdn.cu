@@ -309,6 +309,17 @@ __global__ void __launch_bounds__(DEC_THREADS)
   }
 }
 
+/* The state a thread of gdn_step4 holds: rows a0 .. a0+R-1 of columns j .. j+3 of the head's
+ * state S (row stride dv), zeros for a sequence starting at position 0 (zero). */
+template <int R>
+__device__ __forceinline__ void gdn_load4(const float *S, int dv, int j, int a0, int zero,
+                                          float4 *sv) {
+#pragma unroll
+  for (int r = 0; r < R; r++)
+    sv[r] = zero ? make_float4(0.f, 0.f, 0.f, 0.f)
+                 : *(const float4 *)(S + (size_t)(a0 + r) * dv + j);
+}
+
 /* The recurrent step of one (row, value head) on 128 state columns, shared by k_gdn_decode4 and
  * k_gdn_chain (one arithmetic, so the chain gives the step's bits): thread (grp, lane) holds
  * rows a0 .. a0+R-1 of columns j .. j+3 in sv (loaded by the caller), S points at the head's
@@ -393,13 +404,7 @@ __global__ void __launch_bounds__(256)
   float eg = expf(g[(size_t)t * nv + h]), bt = beta[(size_t)t * nv + h];
   int a0 = grp * R;
   float4 sv[R];
-  if (!zero) {
-#pragma unroll
-    for (int r = 0; r < R; r++) sv[r] = *(const float4 *)(S + (size_t)(a0 + r) * dv + j);
-  } else {
-#pragma unroll
-    for (int r = 0; r < R; r++) sv[r] = make_float4(0.f, 0.f, 0.f, 0.f);
-  }
+  gdn_load4<R>(S, dv, j, a0, zero, sv);
   for (int i = threadIdx.x; i < DK; i += blockDim.x) {
     qs[i] = bf2f(row[(size_t)kh * DK + i]);
     ks[i] = bf2f(row[(size_t)(nk + kh) * DK + i]);
@@ -492,13 +497,7 @@ __global__ void __launch_bounds__(256)
   int slot = seq_slot[s], zero = seq_pos[s] == 0;
   float *S = ssm + ((size_t)slot * nv + h) * (size_t)DK * DV;
   float4 sv[R];
-  if (!zero) {
-#pragma unroll
-    for (int r = 0; r < R; r++) sv[r] = *(const float4 *)(S + (size_t)(a0 + r) * DV + j);
-  } else {
-#pragma unroll
-    for (int r = 0; r < R; r++) sv[r] = make_float4(0.f, 0.f, 0.f, 0.f);
-  }
+  gdn_load4<R>(S, DV, j, a0, zero, sv);
   float keep[PER][K - 1]; /* new q/k conv state of this thread's channels */
 #pragma unroll
   for (int u = 0; u < PER; u++) {

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The CUDA backend must compile (sm_90a) wherever nvcc exists; it runs on the GPU machine
-# (scripts/device/check.sh). Prints PASS/FAIL like every test.
+# (scripts/device/check.sh). So must the device tool built on its helpers
+# (scripts/device/gemv_ceiling.cu). Prints PASS/FAIL like every test.
 cd "$(dirname "$0")/.."
 NVCC=${NVCC:-/usr/local/cuda/bin/nvcc}
 if [ -n "${DS_SKIP_CUDA_BUILD:-}" ]; then
@@ -16,5 +17,15 @@ if make -j2 CUDA=1 BUILD=build-cuda all cuda-tests >/tmp/ds-cuda-build.log 2>&1;
 else
   tail -30 /tmp/ds-cuda-build.log
   echo "FAIL cuda_build: make CUDA=1 failed"
+  exit 1
+fi
+NV=$NVCC
+[ -x "$NV" ] || NV=nvcc
+if "$NV" -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Isrc -o /tmp/ds-gemv-ceiling-build \
+  scripts/device/gemv_ceiling.cu >/tmp/ds-gemv-ceiling-build.log 2>&1; then
+  echo "PASS gemv_ceiling_build"
+else
+  tail -30 /tmp/ds-gemv-ceiling-build.log
+  echo "FAIL gemv_ceiling_build: scripts/device/gemv_ceiling.cu does not compile"
   exit 1
 fi

@@ -499,6 +499,22 @@ fail:
   return -1;
 }
 
+/* Tool message i (content c), as both templates render it: consecutive tool messages share
+ * one user turn, each in <tool_response> tags; offs[i] is the turn's start (*group_start,
+ * set by the first of the run). */
+static void render_tool_response(const msg_view *m, int n, int i, span c, strbuf *b,
+                                 size_t *group_start, size_t *offs) {
+  if (i == 0 || m[i - 1].role != ROLE_TOOL) {
+    *group_start = b->len;
+    strbuf_puts(b, "<|im_start|>user");
+  }
+  offs[i] = *group_start;
+  strbuf_puts(b, "\n<tool_response>\n");
+  strbuf_append(b, c.p, c.n);
+  strbuf_puts(b, "\n</tool_response>");
+  if (i == n - 1 || m[i + 1].role != ROLE_TOOL) strbuf_puts(b, "<|im_end|>\n");
+}
+
 /* ---------------------------------------------------------------- Qwen3 / Qwen3-Next */
 
 static void render_qwen3(const msg_view *m, int n, const json_t *tools, int add_gen,
@@ -590,15 +606,7 @@ static void render_qwen3(const msg_view *m, int n, const json_t *tools, int add_
       }
       strbuf_puts(b, "<|im_end|>\n");
     } else if (m[i].role == ROLE_TOOL) {
-      if (i == 0 || m[i - 1].role != ROLE_TOOL) {
-        group_start = b->len;
-        strbuf_puts(b, "<|im_start|>user");
-      }
-      offs[i] = group_start;
-      strbuf_puts(b, "\n<tool_response>\n");
-      strbuf_append(b, c.p, c.n);
-      strbuf_puts(b, "\n</tool_response>");
-      if (i == n - 1 || m[i + 1].role != ROLE_TOOL) strbuf_puts(b, "<|im_end|>\n");
+      render_tool_response(m, n, i, c, b, &group_start, offs);
     }
   }
   if (add_gen) {
@@ -717,15 +725,7 @@ static int render_qwen35(const msg_view *m, int n, const json_t *tools, int add_
       }
       strbuf_puts(b, "<|im_end|>\n");
     } else { /* tool: a preceding assistant call is guaranteed, so i > 0 */
-      if (m[i - 1].role != ROLE_TOOL) {
-        group_start = b->len;
-        strbuf_puts(b, "<|im_start|>user");
-      }
-      offs[i] = group_start;
-      strbuf_puts(b, "\n<tool_response>\n");
-      strbuf_append(b, c.p, c.n);
-      strbuf_puts(b, "\n</tool_response>");
-      if (i == n - 1 || m[i + 1].role != ROLE_TOOL) strbuf_puts(b, "<|im_end|>\n");
+      render_tool_response(m, n, i, c, b, &group_start, offs);
     }
   }
   if (add_gen) {

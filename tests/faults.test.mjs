@@ -23,7 +23,7 @@
 import fs from "node:fs";
 import path from "node:path";
 import {
-  makeModel, startServer, killAllServers, watchdog, post, metrics, healthy, isOpenAIError,
+  makeModel, startServer, killAllServers, watchdog, post, metrics, healthy, isOpenAIError, parseSSE,
   test, pass, fail, failureCount, assert, eq, poll, waitIdle,
 } from "./lib/server_harness.mjs";
 
@@ -86,37 +86,6 @@ const PHASES = [
   ],
 ];
 const AFTER = cmplIds([...SHARED_IDS, 11]); // a fresh request once the run is over
-
-function parseSSE(text) {
-  const out = { done: false, error: null, finish: null, usage: null, bad: null, content: "", tokenIds: [] };
-  for (const e of text.split("\n\n").filter((x) => x.length)) {
-    if (!e.startsWith("data: ")) {
-      out.bad = `non-data event ${JSON.stringify(e.slice(0, 60))}`;
-      continue;
-    }
-    const d = e.slice(6);
-    if (d === "[DONE]") {
-      out.done = true;
-      continue;
-    }
-    let j;
-    try {
-      j = JSON.parse(d);
-    } catch {
-      out.bad = `unparsable chunk ${JSON.stringify(d.slice(0, 60))}`;
-      continue;
-    }
-    if (j.error) out.error = j.error;
-    if (j.usage) out.usage = j.usage;
-    for (const c of j.choices || []) {
-      if (c.finish_reason) out.finish = c.finish_reason;
-      if (c.delta && typeof c.delta.content === "string") out.content += c.delta.content;
-      if (typeof c.text === "string") out.content += c.text;
-      if (Array.isArray(c.token_ids)) out.tokenIds.push(...c.token_ids);
-    }
-  }
-  return out;
-}
 
 /* Sends one request; returns {kind: "ok", result} | {kind: "error", status, message} |
  * {kind: "problem", why}. `result` is what must match the baseline. */

@@ -9,7 +9,7 @@
 import fs from "node:fs";
 import net from "node:net";
 import {
-  makeModel, startServer, killAllServers, watchdog, post, metrics, healthy, rssKiB, threadCount, isOpenAIError,
+  makeModel, startServer, killAllServers, watchdog, post, metrics, healthy, rssKiB, threadCount, isOpenAIError, parseSSE,
   test, pass, fail, failureCount, assert, eq, sleep, poll, waitIdle,
 } from "./lib/server_harness.mjs";
 
@@ -42,34 +42,6 @@ const T = { valid: 0, completed: 0, explicitErrors: 0, errorStatuses: {}, cancel
 const problem = (what) => {
   if (T.problems.length < 50) T.problems.push(what);
 };
-
-function parseSSE(text) {
-  const events = text.split("\n\n").filter((x) => x.length);
-  const out = { done: false, error: null, finish: null, usage: null, bad: null, nChunks: 0 };
-  for (const e of events) {
-    if (!e.startsWith("data: ")) {
-      out.bad = `non-data event ${JSON.stringify(e.slice(0, 60))}`;
-      continue;
-    }
-    const d = e.slice(6);
-    if (d === "[DONE]") {
-      out.done = true;
-      continue;
-    }
-    let j;
-    try {
-      j = JSON.parse(d);
-    } catch {
-      out.bad = `unparsable chunk ${JSON.stringify(d.slice(0, 60))}`;
-      continue;
-    }
-    out.nChunks++;
-    if (j.error) out.error = j.error;
-    if (j.usage) out.usage = j.usage;
-    for (const c of j.choices || []) if (c.finish_reason) out.finish = c.finish_reason;
-  }
-  return out;
-}
 
 /* One valid request: must end in a complete response or an explicit error. */
 async function validRequest(kind) {

@@ -146,6 +146,40 @@ export function isOpenAIError(r) {
   const e = r && r.json && r.json.error;
   return !!(e && typeof e.message === "string" && e.message.length > 0 && "type" in e && "param" in e && "code" in e);
 }
+/* A streamed response's body, event by event: whether [DONE] came, the last error, finish
+ * reason and usage seen, the first malformed event (bad), the number of data chunks, the text
+ * (chat deltas and completion text) and the token ids (return_token_ids) in order. */
+export function parseSSE(text) {
+  const out = { done: false, error: null, finish: null, usage: null, bad: null, nChunks: 0, content: "", tokenIds: [] };
+  for (const e of text.split("\n\n").filter((x) => x.length)) {
+    if (!e.startsWith("data: ")) {
+      out.bad = `non-data event ${JSON.stringify(e.slice(0, 60))}`;
+      continue;
+    }
+    const d = e.slice(6);
+    if (d === "[DONE]") {
+      out.done = true;
+      continue;
+    }
+    let j;
+    try {
+      j = JSON.parse(d);
+    } catch {
+      out.bad = `unparsable chunk ${JSON.stringify(d.slice(0, 60))}`;
+      continue;
+    }
+    out.nChunks++;
+    if (j.error) out.error = j.error;
+    if (j.usage) out.usage = j.usage;
+    for (const c of j.choices || []) {
+      if (c.finish_reason) out.finish = c.finish_reason;
+      if (c.delta && typeof c.delta.content === "string") out.content += c.delta.content;
+      if (typeof c.text === "string") out.content += c.text;
+      if (Array.isArray(c.token_ids)) out.tokenIds.push(...c.token_ids);
+    }
+  }
+  return out;
+}
 export async function metrics(srv) {
   const r = await fetch(`${srv.url}/metrics`);
   const text = await r.text();

@@ -9,10 +9,12 @@
 # Builds build-cuda/deltaserve as bench.sh does (DS_BIN=path skips the build), then serves the
 # committed fixture model tests/fixtures/models/dense_bf16 (no tokenizer: --skip-tokenizer-init,
 # token-id completions) with --device cuda twice: under `compute-sanitizer --tool memcheck`, then
-# under `--tool racecheck`. Each run: /health polled up to 150 s (start-up under the sanitizer is
-# slow), then a fixed sequence of requests — non-streamed and streamed, three at once (greedy,
-# sampled with top_p, logprobs), a stream cancelled after its first event, the same 300-token
-# prompt twice (the second must hit the prefix cache), one more request after the cancellation —
+# under `--tool racecheck`. Each run: /health polled up to DS_SAN_HEALTH_S (150 s; start-up
+# under the sanitizer is slow: racecheck at 2b4b011 needed more than 150 s, so give it 400 and a
+# longer DS_SAN_RACE_RUN_S), then a fixed sequence of requests — non-streamed and streamed,
+# three at once (greedy, sampled with top_p, logprobs), a stream cancelled after its first event,
+# the same 300-token prompt twice (the second must hit the prefix cache), one more request after
+# the cancellation —
 # the wait for idle (/metrics), SIGTERM to the server, the sanitizer's summary lines parsed
 # ("ERROR SUMMARY: N errors"; "RACECHECK SUMMARY: N hazards ..."). Each run is cut at
 # DS_SAN_RUN_S (170 s; racecheck DS_SAN_RACE_RUN_S, 420 s); clients wait DS_SAN_CLIENT_S (300 s).
@@ -21,8 +23,8 @@
 # and the tails of both runs' logs (sanitize-memcheck.log, sanitize-racecheck.log); prints a
 # short table. Exit status: 0 clean, 1 errors / hazards / failed requests, 2 could not run (no
 # compute-sanitizer, no GPU, build failed). Knobs: DS_SAN_PORT (18095), DS_SAN_RUN_S (170),
-# DS_SAN_LEAK_CHECK (no; full adds memcheck's leak check), DS_SAN_TOOLS ("memcheck racecheck"),
-# DS_BIN, DS_COMMIT, OUT.
+# DS_SAN_HEALTH_S (150), DS_SAN_LEAK_CHECK (no; full adds memcheck's leak check), DS_SAN_TOOLS
+# ("memcheck racecheck"), DS_BIN, DS_COMMIT, OUT.
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 2
 DRY=0
@@ -212,7 +214,7 @@ server_pid() {
 # one serving run: run_tool NAME  (NAME: memcheck | racecheck | dry)
 RESULTS=()
 run_tool() {
-  local tool=$1 log=$WORK/$1.log t0 cmd=() top sp ok=0 rc summary errors hazards health_s=150 exit_note
+  local tool=$1 log=$WORK/$1.log t0 cmd=() top sp ok=0 rc summary errors hazards health_s=${DS_SAN_HEALTH_S:-150} exit_note
   t0=$(date +%s)
   local serve=("$BIN" serve --model "$MODEL" --port "$PORT" --served-model-name fixture --skip-tokenizer-init
     --max-num-seqs 8 --kv-cache-tokens 16384 --gpu-memory-utilization 0.1)

@@ -9,6 +9,14 @@
  * line per design: ms per step of products, TB/s, and the fixed cost per product implied at
  * 4.0 TB/s streaming. Build and run on the GPU machine with scripts/device/gemv_ceiling.sh.
  *
+ * The second table asks whether one persistent kernel per step would do better: the same
+ * products in one launch of resident blocks that meet at a grid barrier after each product
+ * (the dependency a launch boundary gives now), optionally with each warp's first row of the
+ * next product copied into shared memory before the barrier (weights do not depend on the
+ * step, so their reads may cross it); and both designs again with a stand-in for the small
+ * kernels of a layer (a spin of --phase-us µs on 32 blocks after each layer's input product,
+ * where the DeltaNet chain or attention runs), which the persistent design's copies can hide.
+ *
  * Layers: 32, every fourth an attention layer (input products 10,240 x 2,560: q and its gate,
  * k, v) and the rest DeltaNet layers (12,352 x 2,560: qkv, z, b, a); output 2,560 x 4,096;
  * gate+up 18,432 x 2,560 (one product of both halves' rows); down 2,560 x 9,216. */
@@ -80,6 +88,135 @@ __global__ void __launch_bounds__(256) gc_read(const bf16 *x, const bf16 *W, int
   if (acc == 0x9e3779b9u) y[0] = x[0]; /* never: keeps the loads */
 }
 
+/* ---- one kernel per step ---- */
+
+__device__ __forceinline__ unsigned long long gc_now_ns(void) {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+__device__ __forceinline__ unsigned gc_ld_acquire(const unsigned *p) {
+  unsigned v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+/* Grid barrier of resident blocks: arrive on a counter, the last one resets it and bumps the
+ * generation the others wait on. *want is this block's generation count (thread 0's copy). */
+__device__ __forceinline__ void gc_grid_sync(unsigned *count, unsigned *gen, unsigned *want) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    unsigned w = ++*want;
+    __threadfence();
+    if (atomicAdd(count, 1) == gridDim.x - 1) {
+      atomicExch(count, 0);
+      __threadfence();
+      atomicExch(gen, w);
+    } else {
+      while ((int)(gc_ld_acquire(gen) - w) < 0) {
+      }
+    }
+  }
+  __syncthreads();
+}
+
+/* A stand-in for a layer's small kernels: the first 32 blocks (threads 0) spin for ns. */
+__device__ __forceinline__ void gc_spin_ns(unsigned ns) {
+  if (blockIdx.x < 32 && threadIdx.x == 0) {
+    unsigned long long t0 = gc_now_ns();
+    while (gc_now_ns() - t0 < ns) {
+    }
+  }
+}
+
+__global__ void gc_spin(unsigned ns) {
+  pdl_enter();
+  gc_spin_ns(ns);
+}
+
+struct gc_prod_dev {
+  const bf16 *W;
+  int N, K;
+  int phase; /* 1: a small phase follows this product */
+};
+
+/* Copies the first PF 16-byte pieces per lane of row n of p into the warp's slab. */
+template <int PF>
+__device__ __forceinline__ void gc_pf_issue(const gc_prod_dev &p, int n, uint4 *slab, int lane) {
+  if (n < p.N) {
+    const bf16 *w = p.W + (size_t)n * p.K + lane * 8;
+#pragma unroll
+    for (int i = 0; i < PF; i++)
+      if (lane * 8 + 256 * i < p.K) cp_async16(&slab[i * 32 + lane], w + 256 * i);
+  }
+  cp_async_commit();
+}
+
+/* The step's products in one launch: warp gw of nw takes rows gw, gw + nw, ...; a grid barrier
+ * after each product (and around its small phase). PF > 0: before the barrier each warp copies
+ * the start of its first row of the next product into shared memory, read from there after it.
+ * K is a multiple of 256 (every lane has the same pieces). */
+template <int WARPS, int UNR, int PF>
+__global__ void __launch_bounds__(WARPS * 32)
+    gc_persist(const gc_prod_dev *ps, int np, const bf16 *x, bf16 *y, unsigned *bar,
+               unsigned phase_ns) {
+  extern __shared__ uint4 gc_slabs[]; /* [WARPS][PF][32] */
+  int lane = threadIdx.x & 31, wp = threadIdx.x >> 5;
+  int gw = blockIdx.x * WARPS + wp, nw = gridDim.x * WARPS;
+  uint4 *slab = gc_slabs + (size_t)wp * (PF > 0 ? PF : 1) * 32;
+  unsigned want = 0;
+  if (threadIdx.x == 0) want = gc_ld_acquire(bar + 1);
+  if (PF > 0) gc_pf_issue<PF>(ps[0], gw, slab, lane);
+  for (int i = 0; i < np; i++) {
+    gc_prod_dev p = ps[i];
+    for (int n = gw; n < p.N; n += nw) {
+      const bf16 *w = p.W + (size_t)n * p.K;
+      float acc = 0.f;
+      int k0 = lane * 8;
+      if (PF > 0 && n == gw) {
+        cp_async_wait<0>();
+        __syncwarp();
+#pragma unroll
+        for (int j = 0; j < PF; j++)
+          if (k0 < p.K) {
+            float wf[8], xf[8];
+            bf16x8_to_f32(slab[j * 32 + lane], wf);
+            bf16x8_to_f32(*(const uint4 *)(x + k0), xf);
+#pragma unroll
+            for (int e = 0; e < 8; e++) acc += wf[e] * xf[e];
+            k0 += 256;
+          }
+        __syncwarp();
+      }
+#pragma unroll UNR
+      for (int k = k0; k < p.K; k += 256) {
+        float wf[8], xf[8];
+        bf16x8_to_f32(ld_stream16(w + k), wf);
+        bf16x8_to_f32(*(const uint4 *)(x + k), xf);
+#pragma unroll
+        for (int e = 0; e < 8; e++) acc += wf[e] * xf[e];
+      }
+      acc = warp_sum(acc);
+      if (lane == 0) y[n] = f2bf(acc);
+    }
+    if (PF > 0 && i + 1 < np) gc_pf_issue<PF>(ps[i + 1], gw, slab, lane);
+    gc_grid_sync(bar, bar + 1, &want);
+    if (p.phase && phase_ns) {
+      gc_spin_ns(phase_ns);
+      gc_grid_sync(bar, bar + 1, &want);
+    }
+  }
+  if (PF > 0) cp_async_wait<0>();
+}
+
+/* Barriers alone: np of them (the persistent design's fixed cost per product). */
+__global__ void __launch_bounds__(512) gc_barriers(int np, unsigned *bar) {
+  unsigned want = 0;
+  if (threadIdx.x == 0) want = gc_ld_acquire(bar + 1);
+  for (int i = 0; i < np; i++) gc_grid_sync(bar, bar + 1, &want);
+}
+
 typedef void (*gc_kernel)(const bf16 *, const bf16 *, int, int, bf16 *);
 
 struct gc_design {
@@ -111,8 +248,72 @@ static void gc_launch(const gc_design &d, int occ, int nsm, cudaStream_t st, con
   CK(cudaLaunchKernelEx(&cfg, d.f, x, (const bf16 *)p.W, p.K, p.N, y));
 }
 
+/* Times `step` (enqueues one step on st): 3 warm-up steps, then the mean of 20 (ms). */
+template <typename F>
+static double gc_time(cudaStream_t st, F step) {
+  for (int r = 0; r < 3; r++) step();
+  CK(cudaStreamSynchronize(st));
+  cudaEvent_t a, b;
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&b));
+  const int R = 20;
+  CK(cudaEventRecord(a, st));
+  for (int r = 0; r < R; r++) step();
+  CK(cudaEventRecord(b, st));
+  CK(cudaStreamSynchronize(st));
+  float ms;
+  CK(cudaEventElapsedTime(&ms, a, b));
+  CK(cudaEventDestroy(a));
+  CK(cudaEventDestroy(b));
+  return ms / R;
+}
+
+/* A kernel-per-product step as one graph: every product with `d`, and a spin kernel of
+ * phase_ns after each layer's input product when phase_ns > 0. */
+static cudaGraphExec_t gc_graph(const gc_design &d, int occ, int nsm, cudaStream_t st,
+                                const bf16 *x, const std::vector<gc_product> &ps, bf16 *y,
+                                unsigned phase_ns) {
+  cudaGraph_t g;
+  cudaGraphExec_t ge;
+  CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+  for (size_t i = 0; i < ps.size(); i++) {
+    gc_launch(d, occ, nsm, st, x, ps[i], y);
+    if (phase_ns && i % 4 == 0) {
+      cudaLaunchConfig_t cfg;
+      memset(&cfg, 0, sizeof cfg);
+      cfg.gridDim = dim3(32);
+      cfg.blockDim = dim3(32);
+      cfg.stream = st;
+      cudaLaunchAttribute at[1];
+      at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+      at[0].val.programmaticStreamSerializationAllowed = 1;
+      cfg.attrs = at;
+      cfg.numAttrs = 1;
+      CK(cudaLaunchKernelEx(&cfg, gc_spin, phase_ns));
+    }
+  }
+  CK(cudaStreamEndCapture(st, &g));
+  CK(cudaGraphInstantiate(&ge, g, 0));
+  CK(cudaGraphDestroy(g));
+  return ge;
+}
+
+typedef void (*gc_pkernel)(const gc_prod_dev *, int, const bf16 *, bf16 *, unsigned *, unsigned);
+
+struct gc_pdesign {
+  const char *name;
+  gc_pkernel f;
+  int warps, pf;
+};
+
 int main(int argc, char **argv) {
-  const char *json = argc > 2 && !strcmp(argv[1], "--json") ? argv[2] : NULL;
+  const char *json = NULL;
+  double phase_us = 8.0;
+  for (int a = 1; a + 1 < argc; a += 2) {
+    if (!strcmp(argv[a], "--json")) json = argv[a + 1];
+    else if (!strcmp(argv[a], "--phase-us")) phase_us = atof(argv[a + 1]);
+  }
+  unsigned phase_ns = (unsigned)(phase_us * 1000.0);
   int nsm;
   CK(cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, 0));
   cudaDeviceProp prop;
@@ -155,25 +356,9 @@ int main(int argc, char **argv) {
     const gc_design &d = ds[i];
     int occ;
     CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, d.f, d.warps * 32, 0));
-    cudaGraph_t g;
-    cudaGraphExec_t ge;
-    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
-    for (const gc_product &p : ps) gc_launch(d, occ, nsm, st, x, p, y);
-    CK(cudaStreamEndCapture(st, &g));
-    CK(cudaGraphInstantiate(&ge, g, 0));
-    for (int r = 0; r < 3; r++) CK(cudaGraphLaunch(ge, st));
-    CK(cudaStreamSynchronize(st));
-    cudaEvent_t a, b;
-    CK(cudaEventCreate(&a));
-    CK(cudaEventCreate(&b));
-    const int R = 20;
-    CK(cudaEventRecord(a, st));
-    for (int r = 0; r < R; r++) CK(cudaGraphLaunch(ge, st));
-    CK(cudaEventRecord(b, st));
-    CK(cudaStreamSynchronize(st));
-    float ms;
-    CK(cudaEventElapsedTime(&ms, a, b));
-    double per = ms / R, tbs = bytes / (per * 1e-3) / 1e12;
+    cudaGraphExec_t ge = gc_graph(d, occ, nsm, st, x, ps, y, 0);
+    double per = gc_time(st, [&] { CK(cudaGraphLaunch(ge, st)); });
+    double tbs = bytes / (per * 1e-3) / 1e12;
     double fixed_us = (per - bytes / 4.0e12 * 1e3) * 1e3 / (double)ps.size();
     printf("  %-46s %2d blocks/SM  %.3f ms  %.2f TB/s  fixed %.2f us/product at 4.0 TB/s\n",
            d.name, occ, per, tbs, fixed_us);
@@ -182,10 +367,78 @@ int main(int argc, char **argv) {
                   "\"fixed_us_per_product\": %.3f}",
               i ? ", " : "", d.name, occ, per, tbs, fixed_us);
     CK(cudaGraphExecDestroy(ge));
-    CK(cudaGraphDestroy(g));
-    CK(cudaEventDestroy(a));
-    CK(cudaEventDestroy(b));
   }
+  if (jf) fprintf(jf, "], \"phase_us\": %.1f, \"one_kernel\": [", phase_us);
+
+  /* ---- one kernel per step ---- */
+  std::vector<gc_prod_dev> hp;
+  for (size_t i = 0; i < ps.size(); i++) hp.push_back({ps[i].W, ps[i].N, ps[i].K, i % 4 == 0});
+  gc_prod_dev *dp;
+  CK(cudaMalloc(&dp, hp.size() * sizeof *dp));
+  CK(cudaMemcpy(dp, hp.data(), hp.size() * sizeof *dp, cudaMemcpyHostToDevice));
+  unsigned *bar;
+  CK(cudaMalloc(&bar, 2 * sizeof *bar));
+  CK(cudaMemset(bar, 0, 2 * sizeof *bar));
+  int np = (int)ps.size(), first = 1;
+  printf("one kernel per step (grid barrier after each product; phase: %.1f us spin on 32 blocks "
+         "after each layer's input product)\n", phase_us);
+  for (int bps = 1; bps <= 4; bps *= 2) {
+    int grid = nsm * bps;
+    void *args[] = {&np, &bar};
+    double per = gc_time(st, [&] {
+      CK(cudaLaunchCooperativeKernel((void *)gc_barriers, dim3(grid), dim3(512), args, 0, st));
+    });
+    printf("  %-46s %2d blocks/SM  %.2f us per barrier\n", "grid barriers alone", bps,
+           per * 1e3 / np);
+    if (jf)
+      fprintf(jf, "%s{\"design\": \"grid barriers alone\", \"blocks_per_sm\": %d, "
+                  "\"us_per_barrier\": %.3f}", first ? "" : ", ", bps, per * 1e3 / np);
+    first = 0;
+  }
+  for (int ph = 0; ph < 2; ph++) {
+    unsigned pns = ph ? phase_ns : 0;
+    {
+      const gc_design &d = ds[0];
+      int occ;
+      CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, d.f, d.warps * 32, 0));
+      cudaGraphExec_t ge = gc_graph(d, occ, nsm, st, x, ps, y, pns);
+      double per = gc_time(st, [&] { CK(cudaGraphLaunch(ge, st)); });
+      printf("  %-46s phase %4.1f us  %.3f ms  %.2f TB/s\n", "kernel per product (backend design)",
+             pns / 1e3, per, bytes / (per * 1e-3) / 1e12);
+      if (jf)
+        fprintf(jf, ", {\"design\": \"kernel per product (backend design)\", \"phase_us\": %.1f, "
+                    "\"ms\": %.4f}", pns / 1e3, per);
+      CK(cudaGraphExecDestroy(ge));
+    }
+    const gc_pdesign pds[] = {
+        {"one kernel, 16 warps, barrier per product", gc_persist<16, 4, 0>, 16, 0},
+        {"one kernel, 8 warps, barrier per product", gc_persist<8, 4, 0>, 8, 0},
+        {"one kernel, 16 warps, next 2 KB/warp copied", gc_persist<16, 4, 4>, 16, 4},
+        {"one kernel, 16 warps, next 4 KB/warp copied", gc_persist<16, 4, 8>, 16, 8},
+        {"one kernel, 8 warps, next 4 KB/warp copied", gc_persist<8, 4, 8>, 8, 8},
+        {"one kernel, 8 warps, next 8 KB/warp copied", gc_persist<8, 4, 16>, 8, 16},
+    };
+    for (const gc_pdesign &d : pds) {
+      size_t smem = (size_t)d.warps * (d.pf > 0 ? d.pf : 1) * 32 * 16;
+      CK(cudaFuncSetAttribute(d.f, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+      int occ;
+      CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, d.f, d.warps * 32, smem));
+      int grid = nsm * occ;
+      const bf16 *xc = x;
+      void *args[] = {&dp, &np, &xc, &y, &bar, &pns};
+      double per = gc_time(st, [&] {
+        CK(cudaLaunchCooperativeKernel((void *)d.f, dim3(grid), dim3(d.warps * 32), args, smem, st));
+      });
+      printf("  %-46s phase %4.1f us  %.3f ms  %.2f TB/s  (%d blocks/SM)\n", d.name, pns / 1e3, per,
+             bytes / (per * 1e-3) / 1e12, occ);
+      if (jf)
+        fprintf(jf, ", {\"design\": \"%s\", \"phase_us\": %.1f, \"blocks_per_sm\": %d, "
+                    "\"ms\": %.4f, \"tb_s\": %.3f}", d.name, pns / 1e3, occ, per,
+                bytes / (per * 1e-3) / 1e12);
+    }
+  }
+  CK(cudaFree(dp));
+  CK(cudaFree(bar));
   if (jf) {
     fprintf(jf, "]}\n");
     fclose(jf);

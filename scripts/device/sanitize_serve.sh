@@ -9,21 +9,21 @@
 # Builds build-cuda/deltaserve as bench.sh does (DS_BIN=path skips the build), then serves the
 # committed fixture model tests/fixtures/models/dense_bf16 (no tokenizer: --skip-tokenizer-init,
 # token-id completions) with --device cuda twice: under `compute-sanitizer --tool memcheck`, then
-# under `--tool racecheck`. Each run: /health polled up to DS_SAN_HEALTH_S (150 s; start-up
-# under the sanitizer is slow: racecheck at 2b4b011 needed more than 150 s, so give it 400 and a
-# longer DS_SAN_RACE_RUN_S), then a fixed sequence of requests — non-streamed and streamed,
+# under `--tool racecheck`. Each run: /health polled up to DS_SAN_HEALTH_S (memcheck 150 s,
+# racecheck 330 s: start-up under racecheck took 182 s at 132f6e2), then a fixed sequence of requests — non-streamed and streamed,
 # three at once (greedy, sampled with top_p, logprobs), a stream cancelled after its first event,
 # the same 300-token prompt twice (the second must hit the prefix cache), one more request after
 # the cancellation —
 # the wait for idle (/metrics), SIGTERM to the server, the sanitizer's summary lines parsed
 # ("ERROR SUMMARY: N errors"; "RACECHECK SUMMARY: N hazards ..."). Each run is cut at
-# DS_SAN_RUN_S (170 s; racecheck DS_SAN_RACE_RUN_S, 420 s); clients wait DS_SAN_CLIENT_S (300 s).
+# DS_SAN_RUN_S (170 s; racecheck DS_SAN_RACE_RUN_S, 540 s); clients wait DS_SAN_CLIENT_S (300 s).
+# Both runs take ~9 min: DS_SAN_TOOLS=racecheck (or memcheck) runs one within a 10-min call.
 # Writes under $OUT: sanitize-serve-<date>-<commit12>.json
 #   {commit, gpu, memcheck: {errors, requests_ok, ...}, racecheck: {hazards, requests_ok, ...}}
 # and the tails of both runs' logs (sanitize-memcheck.log, sanitize-racecheck.log); prints a
 # short table. Exit status: 0 clean, 1 errors / hazards / failed requests, 2 could not run (no
 # compute-sanitizer, no GPU, build failed). Knobs: DS_SAN_PORT (18095), DS_SAN_RUN_S (170),
-# DS_SAN_HEALTH_S (150), DS_SAN_LEAK_CHECK (no; full adds memcheck's leak check), DS_SAN_TOOLS
+# DS_SAN_HEALTH_S (both runs; unset: 150 / 330), DS_SAN_LEAK_CHECK (no; full adds memcheck's leak check), DS_SAN_TOOLS
 # ("memcheck racecheck"), DS_BIN, DS_COMMIT, OUT.
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 2
@@ -46,7 +46,7 @@ URL=http://127.0.0.1:$PORT
 RUN_S=${DS_SAN_RUN_S:-170}
 # racecheck slows the server ~50x: its run and every client wait get longer ceilings (the H200
 # run of 697f635 needed 180 s for the sequence; a 120 s client wait lost the cancel's first event)
-RACE_RUN_S=${DS_SAN_RACE_RUN_S:-420}
+RACE_RUN_S=${DS_SAN_RACE_RUN_S:-540}
 CLIENT_S=${DS_SAN_CLIENT_S:-300}
 export CLIENT_S # the node fallback reads it
 MODEL=tests/fixtures/models/dense_bf16
@@ -214,7 +214,8 @@ server_pid() {
 # one serving run: run_tool NAME  (NAME: memcheck | racecheck | dry)
 RESULTS=()
 run_tool() {
-  local tool=$1 log=$WORK/$1.log t0 cmd=() top sp ok=0 rc summary errors hazards health_s=${DS_SAN_HEALTH_S:-150} exit_note
+  local tool=$1 log=$WORK/$1.log t0 cmd=() top sp ok=0 rc summary errors hazards health_s exit_note
+  health_s=${DS_SAN_HEALTH_S:-$([ "$tool" = racecheck ] && echo 330 || echo 150)}
   t0=$(date +%s)
   local serve=("$BIN" serve --model "$MODEL" --port "$PORT" --served-model-name fixture --skip-tokenizer-init
     --max-num-seqs 8 --kv-cache-tokens 16384 --gpu-memory-utilization 0.1)

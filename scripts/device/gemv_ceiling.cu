@@ -231,20 +231,28 @@ struct gc_product {
   bf16 *W;
 };
 
-static void gc_launch(const gc_design &d, int occ, int nsm, cudaStream_t st, const bf16 *x,
-                      const gc_product &p, bf16 *y) {
-  int rows_grid = (p.N + d.warps - 1) / d.warps, grid = d.resident ? nsm * occ : rows_grid;
-  if (d.resident && d.f != gc_read && grid > rows_grid) grid = rows_grid;
+/* A launch of grid x block on st with programmatic dependent launch allowed (at: its one
+ * attribute, owned by the caller). */
+static cudaLaunchConfig_t gc_pdl_config(unsigned grid, unsigned block, cudaStream_t st,
+                                        cudaLaunchAttribute *at) {
   cudaLaunchConfig_t cfg;
   memset(&cfg, 0, sizeof cfg);
-  cfg.gridDim = dim3((unsigned)grid);
-  cfg.blockDim = dim3((unsigned)(d.warps * 32));
+  cfg.gridDim = dim3(grid);
+  cfg.blockDim = dim3(block);
   cfg.stream = st;
-  cudaLaunchAttribute at[1];
   at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   at[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = at;
   cfg.numAttrs = 1;
+  return cfg;
+}
+
+static void gc_launch(const gc_design &d, int occ, int nsm, cudaStream_t st, const bf16 *x,
+                      const gc_product &p, bf16 *y) {
+  int rows_grid = (p.N + d.warps - 1) / d.warps, grid = d.resident ? nsm * occ : rows_grid;
+  if (d.resident && d.f != gc_read && grid > rows_grid) grid = rows_grid;
+  cudaLaunchAttribute at[1];
+  cudaLaunchConfig_t cfg = gc_pdl_config((unsigned)grid, (unsigned)(d.warps * 32), st, at);
   CK(cudaLaunchKernelEx(&cfg, d.f, x, (const bf16 *)p.W, p.K, p.N, y));
 }
 
@@ -279,16 +287,8 @@ static cudaGraphExec_t gc_graph(const gc_design &d, int occ, int nsm, cudaStream
   for (size_t i = 0; i < ps.size(); i++) {
     gc_launch(d, occ, nsm, st, x, ps[i], y);
     if (phase_ns && i % 4 == 0) {
-      cudaLaunchConfig_t cfg;
-      memset(&cfg, 0, sizeof cfg);
-      cfg.gridDim = dim3(32);
-      cfg.blockDim = dim3(32);
-      cfg.stream = st;
       cudaLaunchAttribute at[1];
-      at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-      at[0].val.programmaticStreamSerializationAllowed = 1;
-      cfg.attrs = at;
-      cfg.numAttrs = 1;
+      cudaLaunchConfig_t cfg = gc_pdl_config(32, 32, st, at);
       CK(cudaLaunchKernelEx(&cfg, gc_spin, phase_ns));
     }
   }

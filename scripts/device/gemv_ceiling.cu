@@ -52,7 +52,7 @@ __device__ __forceinline__ float gc_row(const bf16 *x, const bf16 *w, int K, int
   return warp_sum(acc);
 }
 
-/* A warp per row, WARPS rows per block (the backend's GEMV: 8 warps, 4 pieces in flight). */
+/* A warp per row, WARPS rows per block (the backend's GEMV: 4 warps, 4 pieces in flight). */
 template <int WARPS, int UNR>
 __global__ void __launch_bounds__(WARPS * 32)
     gc_warp_row(const bf16 *x, const bf16 *W, int K, int N, bf16 *y) {
@@ -339,8 +339,8 @@ int main(int argc, char **argv) {
   cudaStream_t st;
   CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   const gc_design ds[] = {
-      {"warp per row, 8 warps, 4 in flight (backend)", gc_warp_row<8, 4>, 8, 0},
-      {"warp per row, 4 warps, 4 in flight", gc_warp_row<4, 4>, 4, 0},
+      {"warp per row, 4 warps, 4 in flight (backend)", gc_warp_row<4, 4>, 4, 0},
+      {"warp per row, 8 warps, 4 in flight", gc_warp_row<8, 4>, 8, 0},
       {"warp per row, 16 warps, 4 in flight", gc_warp_row<16, 4>, 16, 0},
       {"warp per row, 8 warps, 2 in flight", gc_warp_row<8, 2>, 8, 0},
       {"warp per row, 8 warps, 8 in flight", gc_warp_row<8, 8>, 8, 0},

@@ -390,7 +390,12 @@ static int cu_sync(backend *be, char *err, size_t errlen) {
 /* default for c->gemv_maxt: above 4 rows cuBLAS won at decode batch 8 on the H200
  * (1,275 -> 1,767 tok/s, bench/NOTES.md) */
 #define GEMV_MAXT_DEFAULT 4
-#define GEMV_WARPS 8
+/* warps (rows) per block: 4 read a step's products 0.8-0.9 % faster than 8 in
+ * scripts/device/gemv_ceiling.sh, decode 1 +1.9 % (bench/NOTES.md); -DGEMV_WARPS=8 for A/B
+ * builds (a row's sums do not depend on it: the same bits) */
+#ifndef GEMV_WARPS
+#define GEMV_WARPS 4
+#endif
 
 
 /* One warp's dot products of W's row w (K values) with the T activation rows: lane partials

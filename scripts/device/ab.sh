@@ -1,40 +1,95 @@
 #!/usr/bin/env bash
-# ab.sh — A/B timing of the CUDA backend's knobs on a random Qwen3.5-4B-shaped model, one command
-# on the GPU machine (device tool, carry [".deb"]): the op tests first (they run every knob's
-# variant against the CPU), then `deltaserve bench --only prefill|decode` once per setting, one
-# table at the end. A knob is promoted to the default only after its op tests pass and it wins
-# here (bench/NOTES.md keeps the record).
+# ab.sh — A/B timing of the CUDA backend's knobs and builds on a random Qwen3.5-4B-shaped model,
+# one command on the GPU machine (device tool, carry [".deb"]): the op tests first (they run
+# every knob's variant against the CPU), then `deltaserve bench --only prefill|decode` once per
+# setting and round, a table of the runs and a summary of the rounds at the end. A knob is
+# promoted to the default only after its op tests pass and it wins here (bench/NOTES.md keeps
+# the record).
 #   bash scripts/device/ab.sh                      # the default list below
 #   DS_AB="prefill:DS_GDN_MMA=1 decode:DS_SGEMM_MAXT=0" bash scripts/device/ab.sh
-# Each entry is part:VAR=VALUE[,VAR=VALUE...]; "part:" alone is the baseline of that part (added
-# automatically). DS_AB_MODEL (/tmp/m4b) is generated when missing; DS_AB_SKIP_OPS=1 skips the
-# op tests. Writes $OUT/ab.txt, the op-test log and one bench JSON per run.
+#   DS_AB_BUILDS="w8=-DGEMV_WARPS=8" DS_AB="decode@w8:" DS_AB_ROUNDS=4 bash scripts/device/ab.sh
+# Each entry is part[@build]:VAR=VALUE[,VAR=VALUE...]; "part:" alone is the baseline of that
+# part, added for every part the list names. DS_AB_BUILDS is a list of name=FLAG[,FLAG...]:
+# each is built from this tree with those nvcc flags into build-ab-<name> (no op tests), and
+# part@name entries time it. DS_AB_ROUNDS (1) runs the whole list that many times, one setting
+# after another (single runs spread 3-5 %, and a drift within the call then moves every setting
+# alike); scripts/device/ab_summary.py then prints each setting's mean per level and, for all
+# but the baseline, its mean change against the baseline of the same round and how many rounds
+# it was ahead. DS_AB_MODEL (/tmp/m4b) is generated when missing; DS_AB_SKIP_OPS=1 skips the op
+# tests; DS_AB_CONC=N times only the decode run of N sequences (`--decode-conc`).
+# DS_AB_DEVICE=cpu is a dry run of the script itself on the CPU backend (a tiny model, --quick;
+# no op tests, no build variants): what CI runs.
+# Writes $OUT/ab.txt (the runs, then the summary), $OUT/ab.tsv (round, part, setting, level,
+# tok/s), the op-test log and one bench JSON per run.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/ds-ab-out}
 mkdir -p "$OUT"
-. scripts/device/deb_prefix.sh
-ds_deb_prefix
-B=build-cuda/deltaserve
-make CUDA=1 -j"$(nproc)" all cuda-tests >"$OUT/build.log" 2>&1 || { tail -20 "$OUT/build.log"; exit 1; }
-if [ "${DS_AB_SKIP_OPS:-0}" != 1 ]; then
-  timeout 300 build-cuda/tests/cuda/test_cuda_ops >"$OUT/ops.log" 2>&1
-  echo "ops: $(grep -c '^PASS' "$OUT/ops.log") passed, $(grep -c '^FAIL' "$OUT/ops.log") failed"
-  grep '^FAIL' "$OUT/ops.log"
+CPU=0
+[ "${DS_AB_DEVICE:-cuda}" = cpu ] && CPU=1
+NVCC=${NVCC:-/usr/local/cuda/bin/nvcc}
+if [ $CPU = 1 ]; then
+  B=build/deltaserve
+  make -j"$(nproc)" build/deltaserve >"$OUT/build.log" 2>&1 || { tail -20 "$OUT/build.log"; exit 1; }
+  M=${DS_AB_MODEL:-/tmp/ds-ab-tiny}
+  [ -f "$M/config.json" ] || $B gen-random --config scripts/bench/tiny-config.json --out "$M" --seed 3 >/dev/null
+  BENCH_ARGS=(--device cpu --threads 2 --quick)
+  [ -n "${DS_AB_BUILDS:-}" ] && { echo "ab.sh: DS_AB_BUILDS needs the CUDA build"; exit 2; }
+else
+  . scripts/device/deb_prefix.sh
+  ds_deb_prefix
+  B=build-cuda/deltaserve
+  make CUDA=1 -j"$(nproc)" all cuda-tests >"$OUT/build.log" 2>&1 || { tail -20 "$OUT/build.log"; exit 1; }
+  for b in ${DS_AB_BUILDS:-}; do
+    name=${b%%=*} flags=${b#*=}
+    make CUDA=1 BUILD="build-ab-$name" NVCC="$NVCC ${flags//,/ }" -j"$(nproc)" all \
+      >"$OUT/build-$name.log" 2>&1 || { tail -20 "$OUT/build-$name.log"; exit 1; }
+  done
+  if [ "${DS_AB_SKIP_OPS:-0}" != 1 ]; then
+    timeout 300 build-cuda/tests/cuda/test_cuda_ops >"$OUT/ops.log" 2>&1
+    echo "ops: $(grep -c '^PASS' "$OUT/ops.log") passed, $(grep -c '^FAIL' "$OUT/ops.log") failed"
+    grep '^FAIL' "$OUT/ops.log"
+  fi
+  M=${DS_AB_MODEL:-/tmp/m4b}
+  [ -f "$M/config.json" ] || $B gen-random --config scripts/device/qwen35-4b-shape.json --out "$M" >/dev/null
+  BENCH_ARGS=()
 fi
-M=${DS_AB_MODEL:-/tmp/m4b}
-[ -f "$M/config.json" ] || $B gen-random --config scripts/device/qwen35-4b-shape.json --out "$M" >/dev/null
+[ -n "${DS_AB_CONC:-}" ] && BENCH_ARGS+=(--decode-conc "$DS_AB_CONC")
 LIST=${DS_AB:-"prefill:DS_GDN_MMA=0 prefill:DS_GDN_MMA=1 prefill:DS_ATTN_FLASH=0 decode:DS_SGEMM_MAXT=0"}
-runs="prefill: decode:"
-for e in $LIST; do runs="$runs $e"; done
-: >"$OUT/ab.txt"
-i=0
-for e in $runs; do
-  part=${e%%:*} env_s=${e#*:}
-  i=$((i + 1))
-  envs=()
-  [ -n "$env_s" ] && IFS=, read -ra envs <<<"$env_s"
-  line=$(env "${envs[@]}" timeout 240 $B bench --model "$M" --only "$part" --out "$OUT/ab-$i.json" 2>&1 |
-    grep "bench: $part" | sed -E 's/bench: (prefill|decode) //; s/ tok\/s.*//; s/ tokens:/:/; s/ sequences:/:/' | tr '\n' ' ')
-  printf '%-8s %-24s %s\n' "$part" "${env_s:-(default)}" "$line" | tee -a "$OUT/ab.txt"
+runs=""
+for e in $LIST; do
+  part=${e%%:*}
+  part=${part%%@*}
+  case " $runs " in *" $part: "*) ;; *) runs="$runs $part:" ;; esac
 done
+for e in $LIST; do runs="$runs $e"; done
+ROUNDS=${DS_AB_ROUNDS:-1}
+: >"$OUT/ab.txt"
+: >"$OUT/ab.tsv"
+i=0
+for ((r = 1; r <= ROUNDS; r++)); do
+  for e in $runs; do
+    head=${e%%:*} env_s=${e#*:}
+    part=${head%%@*} build=""
+    [ "$head" != "$part" ] && build=${head#*@}
+    bin=$B
+    [ -n "$build" ] && bin=build-ab-$build/deltaserve
+    if [ ! -x "$bin" ]; then echo "ab.sh: no binary for '$e' (is '$build' in DS_AB_BUILDS?)"; exit 2; fi
+    setting="${build:+[$build] }${env_s:-}"
+    [ -n "$setting" ] || setting="(default)"
+    i=$((i + 1))
+    envs=()
+    [ -n "$env_s" ] && IFS=, read -ra envs <<<"$env_s"
+    args=()
+    [ "$part" = decode ] && args=("${BENCH_ARGS[@]}")
+    [ "$part" = prefill ] && for a in "${BENCH_ARGS[@]}"; do [ "$a" = --decode-conc ] && break; args+=("$a"); done
+    log=$(env "${envs[@]}" timeout 240 "$bin" bench --model "$M" --only "$part" "${args[@]}" --out "$OUT/ab-$i.json" 2>&1)
+    # "bench: decode 8 sequences: 1995.1 tok/s (...)" / "bench: prefill 512 tokens: 45347.8 tok/s (...)"
+    rows=$(printf '%s\n' "$log" | awk -v p="$part" '$1 == "bench:" && $2 == p && $5 + 0 > 0 { print $3 "\t" $5 }')
+    printf '%s\n' "$rows" | awk -F'\t' -v r="$r" -v p="$part" -v s="$setting" 'NF == 2 { print r "\t" p "\t" s "\t" $1 "\t" $2 }' >>"$OUT/ab.tsv"
+    line=$(printf '%s\n' "$rows" | awk -F'\t' 'NF == 2 { printf "%s: %s ", $1, $2 }')
+    [ -n "$line" ] || line="no figures ($(printf '%s\n' "$log" | tail -1))"
+    printf '%-8s %-28s %s%s\n' "$part" "$setting" "$line" "$([ "$ROUNDS" -gt 1 ] && echo " (round $r)")" | tee -a "$OUT/ab.txt"
+  done
+done
+python3 scripts/device/ab_summary.py "$OUT/ab.tsv" | tee -a "$OUT/ab.txt"

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# ab_test — the A/B script of the GPU machine (scripts/device/ab.sh) on the CPU: its summary of
+# paired rounds on rows whose means and ratios are worked out by hand below, then a dry run of
+# the whole script (DS_AB_DEVICE=cpu, a tiny model, two rounds of one knob) that must write one
+# row per round, setting and decode size and a summary pairing every size in both rounds, and
+# a usage error for a build it was not given. No timing assertions.
+set -u
+cd "$(dirname "$0")/.."
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+pass() { echo "PASS $1"; }
+fail() { echo "FAIL $1: $2"; }
+
+# 1. The summary. Level 1: baseline 100 / 200, setting 110 / 190 -> means 150.0 and 150.0,
+#    ratios 1.10 and 0.95 -> mean +2.5 %, ahead in 1 of 2. Level 8: baseline 50 / 60, setting
+#    only in round 1 at 45 -> ratio 0.90 -> -10.0 %, 0 of 1.
+printf '1\tdecode\t(default)\t1\t100\n1\tdecode\t(default)\t8\t50\n1\tdecode\tX=1\t1\t110\n1\tdecode\tX=1\t8\t45\n2\tdecode\t(default)\t1\t200\n2\tdecode\t(default)\t8\t60\n2\tdecode\tX=1\t1\t190\n' >"$tmp/rows.tsv"
+out=$(python3 scripts/device/ab_summary.py "$tmp/rows.tsv" 2>&1)
+base=$(printf '%s\n' "$out" | grep '^decode *(default)')
+knob=$(printf '%s\n' "$out" | grep '^decode *X=1')
+case "$base" in
+  *"1: 150.0 [100.0-200.0]"*"8: 55.0 [50.0-60.0]"*) pass ab_summary_baseline ;;
+  *) fail ab_summary_baseline "got '$base'" ;;
+esac
+case "$knob" in
+  *"1: 150.0 +2.5 % 1/2"*"8: 45.0 -10.0 % 0/1"*) pass ab_summary_paired ;;
+  *) fail ab_summary_paired "got '$knob'" ;;
+esac
+case "$out" in
+  *"summary over 2 round(s)"*) pass ab_summary_rounds ;;
+  *) fail ab_summary_rounds "got '$(printf '%s\n' "$out" | head -1)'" ;;
+esac
+printf '1\tdecode\tonly four fields\n' >"$tmp/bad.tsv"
+if python3 scripts/device/ab_summary.py "$tmp/bad.tsv" >/dev/null 2>"$tmp/bad.err"; then
+  fail ab_summary_bad_row "a malformed row was accepted"
+elif grep -q "bad row" "$tmp/bad.err"; then
+  pass ab_summary_bad_row
+else
+  fail ab_summary_bad_row "$(head -1 "$tmp/bad.err")"
+fi
+
+# 2. The whole script on the CPU: 2 rounds x 2 settings x 5 decode sizes.
+if OUT=$tmp/ab DS_AB_DEVICE=cpu DS_AB_MODEL=$tmp/m DS_AB_ROUNDS=2 DS_AB="decode:DS_NARROW=0" \
+    bash scripts/device/ab.sh >"$tmp/ab.log" 2>&1; then
+  pass ab_dry_run
+else
+  fail ab_dry_run "exit status $? ($(tail -1 "$tmp/ab.log"))"
+fi
+rows=$(wc -l <"$tmp/ab/ab.tsv" 2>/dev/null || echo 0)
+[ "$rows" -eq 20 ] && pass ab_dry_run_rows || fail ab_dry_run_rows "$rows rows, expected 20"
+knob=$(grep '^decode *DS_NARROW=0' "$tmp/ab/ab.txt" | grep -v 'round' | tail -1)
+paired=$(printf '%s\n' "$knob" | grep -o ' [0-2]/2' | wc -l)
+[ "$paired" -eq 5 ] && pass ab_dry_run_summary || fail ab_dry_run_summary "summary line '$knob'"
+
+# 3. A build variant that was not built: a usage error, not a silent baseline.
+OUT=$tmp/ab2 DS_AB_DEVICE=cpu DS_AB_MODEL=$tmp/m DS_AB="decode@nope:" bash scripts/device/ab.sh >"$tmp/ab2.log" 2>&1
+rc=$?
+if [ $rc -eq 2 ] && grep -q "no binary for 'decode@nope:'" "$tmp/ab2.log"; then
+  pass ab_unknown_build
+else
+  fail ab_unknown_build "exit $rc: $(tail -1 "$tmp/ab2.log")"
+fi

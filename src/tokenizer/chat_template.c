@@ -499,6 +499,26 @@ fail:
   return -1;
 }
 
+/* An assistant message's reasoning and content, as both templates split them: the message's
+ * reasoning field when it has one (content = the whole text); else, when the text holds a
+ * </think>, reasoning = text.split('</think>')[0].rstrip('\n').split('<think>')[-1].lstrip('\n')
+ * and content = text.split('</think>')[-1].lstrip('\n'); else no reasoning. */
+static void split_think(const msg_view *mi, span c, span *reasoning, span *content) {
+  *content = c;
+  *reasoning = (span){"", 0};
+  if (mi->reasoning) {
+    *reasoning = span_of(mi->reasoning);
+  } else if (span_find(c, "</think>")) {
+    span head = {c.p, (size_t)(span_find(c, "</think>") - c.p)};
+    head = rstrip_nl(head);
+    const char *open = span_rfind(head, "<think>");
+    if (open) head = (span){open + 7, (size_t)(head.p + head.n - (open + 7))};
+    *reasoning = lstrip_nl(head);
+    const char *last = span_rfind(c, "</think>") + 8;
+    *content = lstrip_nl((span){last, (size_t)(c.p + c.n - last)});
+  }
+}
+
 /* Tool message i (content c), as both templates render it: consecutive tool messages share
  * one user turn, each in <tool_response> tags; offs[i] is the turn's start (*group_start,
  * set by the first of the run). */
@@ -569,20 +589,8 @@ static void render_qwen3(const msg_view *m, int n, const json_t *tools, int add_
       strbuf_puts(b, "<|im_end|>\n");
     } else if (m[i].role == ROLE_ASSISTANT) {
       offs[i] = b->len;
-      span content = c, reasoning = {"", 0};
-      if (m[i].reasoning) {
-        reasoning = span_of(m[i].reasoning);
-      } else if (span_find(c, "</think>")) {
-        /* content.split('</think>')[-1].lstrip('\n') */
-        const char *last = span_rfind(c, "</think>") + 8;
-        content = lstrip_nl((span){last, (size_t)(c.p + c.n - last)});
-        /* content.split('</think>')[0].rstrip('\n').split('<think>')[-1].lstrip('\n') */
-        span head = {c.p, (size_t)(span_find(c, "</think>") - c.p)};
-        head = rstrip_nl(head);
-        const char *open = span_rfind(head, "<think>");
-        if (open) head = (span){open + 7, (size_t)(head.p + head.n - (open + 7))};
-        reasoning = lstrip_nl(head);
-      }
+      span content, reasoning;
+      split_think(&m[i], c, &reasoning, &content);
       if (i > last_query && (i == n - 1 || reasoning.n)) {
         span r = rstrip_nl(lstrip_nl(reasoning));
         span cl = lstrip_nl(content);
@@ -677,18 +685,8 @@ static int render_qwen35(const msg_view *m, int n, const json_t *tools, int add_
       strbuf_puts(b, "<|im_end|>\n");
     } else if (m[i].role == ROLE_ASSISTANT) {
       offs[i] = b->len;
-      span content = c, reasoning = {"", 0};
-      if (m[i].reasoning) {
-        reasoning = span_of(m[i].reasoning);
-      } else if (span_find(c, "</think>")) {
-        span head = {c.p, (size_t)(span_find(c, "</think>") - c.p)};
-        head = rstrip_nl(head);
-        const char *open = span_rfind(head, "<think>");
-        if (open) head = (span){open + 7, (size_t)(head.p + head.n - (open + 7))};
-        reasoning = lstrip_nl(head);
-        const char *last = span_rfind(c, "</think>") + 8;
-        content = lstrip_nl((span){last, (size_t)(c.p + c.n - last)});
-      }
+      span content, reasoning;
+      split_think(&m[i], c, &reasoning, &content);
       reasoning = py_trim(reasoning);
       if ((qwen36 && preserve_thinking) || i > last_query) {
         strbuf_puts(b, "<|im_start|>assistant\n<think>\n");

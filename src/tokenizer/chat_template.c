@@ -499,6 +499,18 @@ fail:
   return -1;
 }
 
+/* The start of an assistant turn: the header, with a <think> block of reasoning when `think`,
+ * then the content (the templates' two forms). */
+static void put_assistant(strbuf *b, int think, span reasoning, span content) {
+  strbuf_puts(b, "<|im_start|>assistant\n");
+  if (think) {
+    strbuf_puts(b, "<think>\n");
+    strbuf_append(b, reasoning.p, reasoning.n);
+    strbuf_puts(b, "\n</think>\n\n");
+  }
+  strbuf_append(b, content.p, content.n);
+}
+
 /* An assistant message's reasoning and content, as both templates split them: the message's
  * reasoning field when it has one (content = the whole text); else, when the text holds a
  * </think>, reasoning = text.split('</think>')[0].rstrip('\n').split('<think>')[-1].lstrip('\n')
@@ -591,17 +603,10 @@ static void render_qwen3(const msg_view *m, int n, const json_t *tools, int add_
       offs[i] = b->len;
       span content, reasoning;
       split_think(&m[i], c, &reasoning, &content);
-      if (i > last_query && (i == n - 1 || reasoning.n)) {
-        span r = rstrip_nl(lstrip_nl(reasoning));
-        span cl = lstrip_nl(content);
-        strbuf_puts(b, "<|im_start|>assistant\n<think>\n");
-        strbuf_append(b, r.p, r.n);
-        strbuf_puts(b, "\n</think>\n\n");
-        strbuf_append(b, cl.p, cl.n);
-      } else {
-        strbuf_puts(b, "<|im_start|>assistant\n");
-        strbuf_append(b, content.p, content.n);
-      }
+      if (i > last_query && (i == n - 1 || reasoning.n))
+        put_assistant(b, 1, rstrip_nl(lstrip_nl(reasoning)), lstrip_nl(content));
+      else
+        put_assistant(b, 0, reasoning, content);
       for (int j = 0; j < m[i].n_calls; j++) {
         if ((j == 0 && content.n) || j > 0) strbuf_puts(b, "\n");
         strbuf_puts(b, "<tool_call>\n{\"name\": \"");
@@ -688,15 +693,7 @@ static int render_qwen35(const msg_view *m, int n, const json_t *tools, int add_
       span content, reasoning;
       split_think(&m[i], c, &reasoning, &content);
       reasoning = py_trim(reasoning);
-      if ((qwen36 && preserve_thinking) || i > last_query) {
-        strbuf_puts(b, "<|im_start|>assistant\n<think>\n");
-        strbuf_append(b, reasoning.p, reasoning.n);
-        strbuf_puts(b, "\n</think>\n\n");
-        strbuf_append(b, content.p, content.n);
-      } else {
-        strbuf_puts(b, "<|im_start|>assistant\n");
-        strbuf_append(b, content.p, content.n);
-      }
+      put_assistant(b, (qwen36 && preserve_thinking) || i > last_query, reasoning, content);
       for (int j = 0; j < m[i].n_calls; j++) {
         const call_view *cv = &m[i].calls[j];
         if (j == 0) strbuf_puts(b, py_trim(content).n ? "\n\n<tool_call>\n<function=" : "<tool_call>\n<function=");

@@ -44,6 +44,20 @@ else
   echo "FAIL bench_decode_conc_one_size"; tail -3 "$tmp/conc.log"
 fi
 
+# Repeated decode runs: the figure is the median of the runs listed in info.
+if "$BIN" bench --model "$tmp/m" --device cpu --threads 2 --quick --only decode --decode-conc 8 \
+    --decode-repeats 3 --out "$tmp/r.json" >"$tmp/rep.log" 2>&1 &&
+   node -e 'const d=JSON.parse(require("fs").readFileSync(process.argv[1],"utf8"));
+     const runs=(d.info.decode_runs_tok_s||{})["8"]||[];
+     const s=[...runs].sort((a,b)=>a-b);
+     process.exit(runs.length === 3 && runs.every((x)=>x > 0) && Math.abs(d.metrics.decode_tok_s_8 - s[1]) < 1e-9 ? 0 : 1)' "$tmp/r.json"; then
+  echo "PASS bench_decode_repeats_median"
+else
+  echo "FAIL bench_decode_repeats_median"; tail -3 "$tmp/rep.log"
+fi
+"$BIN" bench --model "$tmp/m" --out "$tmp/x.json" --decode-repeats 0 >/dev/null 2>&1; rc=$?
+[ $rc -eq 2 ] && echo "PASS bench_decode_repeats_range" || echo "FAIL bench_decode_repeats_range: exit $rc"
+
 node - "$tmp/b.json" <<'JS'
 const fs = require("fs");
 const d = JSON.parse(fs.readFileSync(process.argv[2], "utf8"));
@@ -93,6 +107,13 @@ if command -v python3 >/dev/null; then
     echo "PASS bench_report_markdown"
   else
     echo "FAIL bench_report_markdown"; tail -5 "$tmp/rep.log"
+  fi
+  # repeated decode runs: listed under the table (the 8-sequence row has its three runs)
+  if python3 scripts/bench/report.py --bench "$tmp/r.json" --out-prefix "$tmp/r/rep" --no-plots >/dev/null 2>"$tmp/rep2.log" &&
+     grep -q 'median of repeated runs' "$tmp/r/rep.md" && grep -Eq '^\| 8 \| [0-9.,]+ / [0-9.,]+ / [0-9.,]+ \|$' "$tmp/r/rep.md"; then
+    echo "PASS bench_report_decode_runs"
+  else
+    echo "FAIL bench_report_decode_runs"; tail -5 "$tmp/rep2.log"
   fi
 else
   echo "PASS bench_report_skipped_no_python"

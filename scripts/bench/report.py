@@ -73,6 +73,14 @@ def markdown(d):
     L.append("Ratios above 1 are better for tok/s, below 1 for seconds. "
              f"Checkpoint pauses: {info.get('capture_source', '-')}.")
     L.append("")
+    runs = info.get("decode_runs_tok_s")
+    if runs:
+        L.append("Decode figures are the median of repeated runs (tok/s of each run):")
+        L.append("")
+        L.append(md_table(["decode seqs", "runs"],
+                          [[n, " / ".join(fmt(v) for v in runs.get(str(n), []))] for n in DECODE
+                           if str(n) in runs]))
+        L.append("")
     L.append("## Roofline (H200 ceilings: 4.24 TB/s copy, 780 TFLOP/s bf16 GEMM)")
     L.append("")
     rows = []

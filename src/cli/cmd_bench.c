@@ -2,7 +2,8 @@
  * one JSON file next to the llama.cpp figures of shared/design/anchors.md.
  *
  *   deltaserve bench --model DIR [--device cpu|cuda|auto] [--threads N] --out FILE.json
- *                    [--quick] [--seed N] [--only decode|prefill] [engine flags]
+ *                    [--quick] [--seed N] [--only decode|prefill] [--decode-repeats N]
+ *                    [engine flags]
  *
  * Everything runs through engine_create / engine_submit / engine_next over a model whose pools
  * are sized by engine_mem_plan, in these phases over one backend:
@@ -17,8 +18,10 @@
  *      only: every prompt is prefilled (the staggered prefill of up to
  *      max_num_batched_tokens per step, decode rows of the earlier sequences riding along)
  *      before the last first token, and the window's batch only shrinks at the end as the
- *      earliest sequences finish. `--only decode` runs just this part (with its warm-up) and
- *      skips prefill, C and B; `--only prefill` runs the prefill part only.
+ *      earliest sequences finish. `--decode-repeats N` measures each level N times after its
+ *      warm-up and reports the median (every run in info.decode_runs_tok_s; single runs on
+ *      the H200 spread 3-5 %, bench/NOTES.md). `--only decode` runs just this part (with its
+ *      warm-up) and skips prefill, C and B; `--only prefill` runs the prefill part only.
  *   C  with the engine stopped, one checkpoint's copies timed directly on the same model:
  *      capture = slot -> slab (qwen35_slot_copy), restore = slab -> slot plus the copy-on-write
  *      copy of the partial last KV page; each followed by a backend sync
@@ -65,6 +68,7 @@
 
 static const int bench_prefill_names[BENCH_N_PREFILL] = {512, 4096, 16384};
 static const int bench_decode_names[BENCH_N_DECODE] = {1, 8, 32, 64, 128};
+#define BENCH_MAX_REPEATS 20 /* --decode-repeats at most */
 
 /* llama.cpp on the same H200 and shape (anchors.md, 2026-11-29). */
 static const struct {
@@ -101,6 +105,7 @@ typedef struct bench {
   int threads, quick;
   const char *only; /* NULL: everything; "decode" or "prefill": those figures only */
   int only_conc;    /* > 0: of the decode runs only the one at this concurrency (profiling) */
+  int decode_repeats; /* measured decode runs per level (the median is reported) */
   bench_sizes sz;
   engine_opts user; /* engine flags from the command line */
   int user_kv_tokens, user_max_seqs;
@@ -728,11 +733,35 @@ static int bench_phase_a(bench *b) {
     if (bench_decode(b, z->decode_conc[i], z->decode_prompt,
                      z->decode_gen < 16 ? z->decode_gen : 16, &tok_s, &s))
       return -1;
-    if (bench_decode(b, z->decode_conc[i], z->decode_prompt, z->decode_gen, &tok_s, &s)) return -1;
+    double runs[BENCH_MAX_REPEATS], sorted[BENCH_MAX_REPEATS];
+    int R = b->decode_repeats;
+    for (int r = 0; r < R; r++) {
+      if (bench_decode(b, z->decode_conc[i], z->decode_prompt, z->decode_gen, &runs[r], &s))
+        return -1;
+      sorted[r] = runs[r];
+    }
+    tok_s = bench_median(sorted, R);
     snprintf(k, sizeof k, "decode_tok_s_%d", bench_decode_names[i]);
     bench_set(b->metrics, k, tok_s);
-    fprintf(stderr, "bench: decode %d sequences: %.1f tok/s (phase %.3f s)\n", z->decode_conc[i],
-            tok_s, s);
+    if (R > 1) {
+      json_t *all = json_object_get(b->info, "decode_runs_tok_s");
+      if (!all) {
+        all = json_object();
+        json_object_set_new(b->info, "decode_runs_tok_s", all);
+      }
+      json_t *arr = json_array();
+      for (int r = 0; r < R; r++)
+        json_array_append_new(arr, isfinite(runs[r]) ? json_real(runs[r]) : json_null());
+      snprintf(k, sizeof k, "%d", bench_decode_names[i]);
+      json_object_set_new(all, k, arr);
+    }
+    fprintf(stderr, "bench: decode %d sequences: %.1f tok/s (", z->decode_conc[i], tok_s);
+    if (R > 1) {
+      fprintf(stderr, "median of %d runs:", R);
+      for (int r = 0; r < R; r++) fprintf(stderr, "%s %.1f", r ? " /" : "", runs[r]);
+      fprintf(stderr, "; last ");
+    }
+    fprintf(stderr, "phase %.3f s)\n", s);
   }
   bench_stop_engine(b);
   if (!b->only && bench_checkpoint(b, mo.n_slots, mo.n_pages)) return -1;
@@ -926,13 +955,17 @@ static void bench_usage(FILE *f) {
           "  --batch-invariant: GEMMs whose rows do not depend on the batch (as serve).\n"
           "  --only decode|prefill: those runs only (no prefix or checkpoint parts).\n"
           "  --decode-conc N: with --only decode, the run of N sequences only (N one of the\n"
-          "    decode sizes; for profiling one batch size).\n");
+          "    decode sizes; for profiling one batch size).\n"
+          "  --decode-repeats N: measure each decode size N times (1..%d) and report the\n"
+          "    median (every run in info.decode_runs_tok_s).\n",
+          BENCH_MAX_REPEATS);
 }
 
 int cmd_bench(int argc, char **argv) {
   bench b;
   memset(&b, 0, sizeof b);
   b.device = "auto";
+  b.decode_repeats = 1;
   b.rng = 0x5EEDBE9C4ULL;
   engine_opts_default(&b.user);
   const char *out = NULL;
@@ -969,7 +1002,15 @@ int cmd_bench(int argc, char **argv) {
     }
     const char *v = argv[++i];
     char *end;
-    if (!strcmp(a, "--decode-conc")) {
+    if (!strcmp(a, "--decode-repeats")) {
+      long c = strtol(v, &end, 10);
+      if (*end || end == v || c < 1 || c > BENCH_MAX_REPEATS) {
+        fprintf(stderr, "deltaserve bench: bad --decode-repeats '%s' (1..%d)\n", v,
+                BENCH_MAX_REPEATS);
+        return 2;
+      }
+      b.decode_repeats = (int)c;
+    } else if (!strcmp(a, "--decode-conc")) {
       long c = strtol(v, &end, 10);
       if (*end || end == v || c < 1 || c > 1 << 20) {
         fprintf(stderr, "deltaserve bench: bad --decode-conc '%s'\n", v);

@@ -922,9 +922,19 @@ static void sig_put(std::vector<uint8_t> &s, int id, const A &...a) {
   (sig_bytes(s, &a, sizeof a), ...);
 }
 
+/* The signature's hash for the graph cache (a hit also compares the whole signature): FNV-1a
+ * over 8-byte words, the tail by bytes. Runs on every decode step while the GPU waits; per byte
+ * it took ~21 µs for a 19 KB signature on this project's CI machine, per word ~4 µs. */
 static uint64_t sig_hash(const std::vector<uint8_t> &s) {
   uint64_t h = 1469598103934665603ull;
-  for (uint8_t b : s) h = (h ^ b) * 1099511628211ull;
+  size_t n = s.size(), i = 0;
+  for (; i + 8 <= n; i += 8) {
+    uint64_t w;
+    memcpy(&w, s.data() + i, 8);
+    h = (h ^ w) * 1099511628211ull;
+    h ^= h >> 29;
+  }
+  for (; i < n; i++) h = (h ^ s[i]) * 1099511628211ull;
   return h;
 }
 

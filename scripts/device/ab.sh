@@ -54,7 +54,8 @@ else
   [ -f "$M/config.json" ] || $B gen-random --config scripts/device/qwen35-4b-shape.json --out "$M" >/dev/null
   BENCH_ARGS=()
 fi
-[ -n "${DS_AB_CONC:-}" ] && BENCH_ARGS+=(--decode-conc "$DS_AB_CONC")
+CONC_ARGS=() # decode runs only
+[ -n "${DS_AB_CONC:-}" ] && CONC_ARGS=(--decode-conc "$DS_AB_CONC")
 LIST=${DS_AB:-"prefill:DS_GDN_MMA=0 prefill:DS_GDN_MMA=1 prefill:DS_ATTN_FLASH=0 decode:DS_SGEMM_MAXT=0"}
 runs=""
 for e in $LIST; do
@@ -80,9 +81,8 @@ for ((r = 1; r <= ROUNDS; r++)); do
     i=$((i + 1))
     envs=()
     [ -n "$env_s" ] && IFS=, read -ra envs <<<"$env_s"
-    args=()
-    [ "$part" = decode ] && args=("${BENCH_ARGS[@]}")
-    [ "$part" = prefill ] && for a in "${BENCH_ARGS[@]}"; do [ "$a" = --decode-conc ] && break; args+=("$a"); done
+    args=("${BENCH_ARGS[@]}")
+    [ "$part" = decode ] && args+=("${CONC_ARGS[@]}")
     log=$(env "${envs[@]}" timeout 240 "$bin" bench --model "$M" --only "$part" "${args[@]}" --out "$OUT/ab-$i.json" 2>&1)
     # "bench: decode 8 sequences: 1995.1 tok/s (...)" / "bench: prefill 512 tokens: 45347.8 tok/s (...)"
     rows=$(printf '%s\n' "$log" | awk -v p="$part" '$1 == "bench:" && $2 == p && $5 + 0 > 0 { print $3 "\t" $5 }')

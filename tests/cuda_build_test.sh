@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The CUDA backend must compile (sm_90a) wherever nvcc exists; it runs on the GPU machine
-# (scripts/device/check.sh). So must the device tool built on its helpers
-# (scripts/device/gemv_ceiling.cu). Prints PASS/FAIL like every test.
+# (scripts/device/check.sh). So must the device tools built with nvcc alone
+# (scripts/device/gemv_ceiling.cu, tma_ceiling.cu). Prints PASS/FAIL like every test.
 cd "$(dirname "$0")/.."
 NVCC=${NVCC:-/usr/local/cuda/bin/nvcc}
 if [ -n "${DS_SKIP_CUDA_BUILD:-}" ]; then
@@ -27,5 +27,13 @@ if "$NV" -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Isrc -o /tmp/ds-g
 else
   tail -30 /tmp/ds-gemv-ceiling-build.log
   echo "FAIL gemv_ceiling_build: scripts/device/gemv_ceiling.cu does not compile"
+  exit 1
+fi
+if "$NV" -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -o /tmp/ds-tma-ceiling-build \
+  scripts/device/tma_ceiling.cu >/tmp/ds-tma-ceiling-build.log 2>&1; then
+  echo "PASS tma_ceiling_build"
+else
+  tail -30 /tmp/ds-tma-ceiling-build.log
+  echo "FAIL tma_ceiling_build: scripts/device/tma_ceiling.cu does not compile"
   exit 1
 fi

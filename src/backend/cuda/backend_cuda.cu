@@ -17,8 +17,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
-#include <functional>
+#include <algorithm>
+#include <tuple>
 #include <unordered_set>
 #include <vector>
 
@@ -28,6 +30,7 @@
 static void graph_flush(cuda_ctx *c);
 static void graph_clear(cuda_ctx *c);
 static void graph_begin(cuda_ctx *c);
+static void graph_note_ready(cuda_ctx *c);
 static void gemv_all(cuda_ctx *c, const bf16 *x, const bf16 *W, int T, int K, int N, void *y,
                      int y_f32);
 
@@ -138,6 +141,7 @@ static int cu_read(backend *be, backend_buf src, size_t off, void *dst, size_t n
               "read"))
     return -1;
   if (ck(c, cudaStreamSynchronize(c->st), "read")) return -1;
+  graph_note_ready(c);
   return c->failed ? -1 : 0;
 }
 
@@ -862,7 +866,9 @@ enum {
 
 struct gop {
   int kind;
-  std::function<void()> run;
+  /* the op: call(be, the arguments at offset arg of cuda_graphs::args), see rec_call */
+  void (*call)(backend *, const uint8_t *);
+  uint32_t arg;
   /* GOP_MATMUL */
   const bf16 *x;
   const cuda_weight *W;
@@ -889,14 +895,72 @@ struct cuda_graphs {
   int use_graphs; /* capture and replay (else only the rewrites) */
   int fuse;       /* the peephole rewrites */
   int pdl;        /* programmatic edges in captured graphs (graph_pdl; DS_PDL=0: off) */
+  backend *be;
   std::vector<gop> ops;
+  std::vector<uint8_t> args; /* the recorded ops' arguments (rec_call) */
   std::vector<uint8_t> sig, last_sig, bad_sig;
   std::vector<graph_entry> cache;
   uint64_t tick;
   long captures, replays, direct, fused, pdl_edges;
   /* the graph nodes of the capture in progress that are kernels of ours (graph_note_launch) */
   std::unordered_set<cudaGraphNode_t> ours;
+  /* DS_CUDA_STEP_TIMING=1: each replay between two events, for the GPU's share of a step
+   * (graph_time); reported at destroy */
+  int timing, timed_pending;
+  cudaEvent_t ev[2];
+  double t_last, t_ready, t_begin;
+  std::vector<float> gpu_ms, wall_ms; /* per replay */
+  /* host intervals before each replay: the last read's return to set_batch (the engine), then
+   * to the launch (set_batch, recording, lookup), and cudaGraphLaunch itself */
+  std::vector<float> engine_ms, record_ms, launch_ms;
 };
+
+static double now_ms(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return t.tv_sec * 1e3 + t.tv_nsec * 1e-6;
+}
+
+static float median(std::vector<float> v) {
+  if (v.empty()) return 0.f;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+/* One line on stderr: the replays' median GPU time and wall time from one replay's launch to
+ * the next's (the difference is the host's share of a step: reading the result, scheduling,
+ * recording the next step, launching it). */
+static void graph_time_report(cuda_graphs *g) {
+  if (!g || !g->timing) return;
+  if (!g->gpu_ms.empty())
+    fprintf(stderr,
+            "cuda: %zu timed decode-step replays: median GPU %.3f ms, launch to launch %.3f ms; "
+            "host before a replay: result read to set_batch %.3f ms, to the launch %.3f ms, "
+            "cudaGraphLaunch %.3f ms\n",
+            g->gpu_ms.size(), median(g->gpu_ms), median(g->wall_ms), median(g->engine_ms),
+            median(g->record_ms), median(g->launch_ms));
+  cudaEventDestroy(g->ev[0]);
+  cudaEventDestroy(g->ev[1]);
+}
+
+/* Replay timing (DS_CUDA_STEP_TIMING): before a replay, the previous one's GPU time (its step
+ * has been read, so its events are done) and the wall time since its launch. */
+static void graph_time(cuda_graphs *g) {
+  if (!g->timing) return;
+  {
+    double t = now_ms();
+    if (g->timed_pending) {
+      float ms = 0.f;
+      if (cudaEventSynchronize(g->ev[1]) == cudaSuccess &&
+          cudaEventElapsedTime(&ms, g->ev[0], g->ev[1]) == cudaSuccess) {
+        g->gpu_ms.push_back(ms);
+        g->wall_ms.push_back((float)(t - g->t_last));
+      }
+      cudaGetLastError();
+    }
+    g->t_last = t;
+  }
+}
 
 /* Called by cuda_check_launch, which follows every launch of ours: while a capture is open,
  * the node the stream now ends in is the kernel just launched (cuBLAS calls are never followed
@@ -911,15 +975,16 @@ static void graph_note_launch(cuda_ctx *c) {
     c->gr->ours.insert(deps[0]);
 }
 
-static void sig_bytes(std::vector<uint8_t> &s, const void *p, size_t n) {
-  const uint8_t *b = (const uint8_t *)p;
-  s.insert(s.end(), b, b + n);
-}
-
+/* Appends id and the arguments' bytes to a signature (one resize per op: recording runs on
+ * every decode step while the GPU waits). */
 template <typename... A>
 static void sig_put(std::vector<uint8_t> &s, int id, const A &...a) {
-  sig_bytes(s, &id, sizeof id);
-  (sig_bytes(s, &a, sizeof a), ...);
+  size_t off = s.size();
+  s.resize(off + sizeof id + (sizeof a + ... + 0));
+  uint8_t *p = s.data() + off;
+  memcpy(p, &id, sizeof id);
+  p += sizeof id;
+  ((memcpy(p, &a, sizeof a), p += sizeof a), ...);
 }
 
 /* The signature's hash for the graph cache (a hit also compares the whole signature): FNV-1a
@@ -938,16 +1003,33 @@ static uint64_t sig_hash(const std::vector<uint8_t> &s) {
   return h;
 }
 
+/* A new recorded op that runs fn(be, a...): fn and the arguments are kept as one tuple in the
+ * step's argument arena (no allocation per op: the arena keeps its capacity from step to step;
+ * recording is host time the GPU waits for at one sequence, bench/NOTES.md). */
+template <typename... A>
+static gop &rec_call(cuda_graphs *g, void (*fn)(backend *, A...), A... a) {
+  typedef std::tuple<void (*)(backend *, A...), A...> tup;
+  size_t off = (g->args.size() + 15) & ~(size_t)15;
+  g->args.resize(off + sizeof(tup));
+  new (&g->args[off]) tup(fn, a...);
+  g->ops.emplace_back();
+  gop &o = g->ops.back();
+  o.arg = (uint32_t)off;
+  o.call = [](backend *be, const uint8_t *p) {
+    std::apply([be](auto f, auto... x) { f(be, x...); }, *(const tup *)p);
+  };
+  return o;
+}
+
+static void rec_run(cuda_graphs *g, const gop &o) { o.call(g->be, g->args.data() + o.arg); }
+
 /* Records op `fn(be, a...)` when the step is being recorded; 0 when the caller runs it. */
 template <typename... A>
 static int rec_op(backend *be, int id, void (*fn)(backend *, A...), A... a) {
   cuda_graphs *g = cuda_ctx_of(be)->gr;
   if (!g || !g->rec) return 0;
   sig_put(g->sig, id, a...);
-  gop o{};
-  o.kind = GOP_OTHER;
-  o.run = [be, fn, a...]() { fn(be, a...); };
-  g->ops.push_back(std::move(o));
+  rec_call(g, fn, a...).kind = GOP_OTHER;
   return 1;
 }
 
@@ -961,10 +1043,16 @@ static void graph_clear(cuda_ctx *c) {
 }
 
 /* Called at the end of set_batch: record the step when it is a decode step. */
+static void graph_note_ready(cuda_ctx *c) {
+  if (c->gr && c->gr->timing) c->gr->t_ready = now_ms();
+}
+
 static void graph_begin(cuda_ctx *c) {
   cuda_graphs *g = c->gr;
   if (!g || c->failed) return;
+  if (g->timing) g->t_begin = now_ms();
   g->ops.clear();
+  g->args.clear();
   g->sig.clear();
   g->rec = c->b.n_tokens > 0 && c->b.n_prefill == 0 && c->b.n_decode == c->b.n_tokens;
   if (g->rec)
@@ -1167,7 +1255,7 @@ static void graph_run_ops(cuda_ctx *c) {
         continue;
       }
     }
-    o.run();
+    rec_run(g, o);
     i++;
   }
 }
@@ -1296,6 +1384,7 @@ static void graph_flush(cuda_ctx *c) {
   g->rec = 0;
   if (g->ops.empty() || c->failed) {
     g->ops.clear();
+    g->args.clear();
     return;
   }
   uint64_t h = sig_hash(g->sig);
@@ -1303,12 +1392,24 @@ static void graph_flush(cuda_ctx *c) {
   if (g->use_graphs) {
     for (auto &e : g->cache) {
       if (e.h != h || e.scratch != c->scratch || e.sig != g->sig) continue;
+      graph_time(g);
+      double tl = g->timing ? now_ms() : 0;
+      if (g->timing) cudaEventRecord(g->ev[0], c->st);
       if (cudaGraphLaunch(e.exec, c->st) == cudaSuccess) {
         e.used = ++g->tick;
         g->replays++;
         done = 1;
+        if (g->timing) {
+          g->timed_pending = cudaEventRecord(g->ev[1], c->st) == cudaSuccess;
+          if (g->t_ready > 0 && g->t_begin >= g->t_ready) {
+            g->engine_ms.push_back((float)(g->t_begin - g->t_ready));
+            g->record_ms.push_back((float)(tl - g->t_begin));
+            g->launch_ms.push_back((float)(now_ms() - tl));
+          }
+        }
       } else {
         cudaGetLastError();
+        g->timed_pending = 0;
       }
       break;
     }
@@ -1320,6 +1421,7 @@ static void graph_flush(cuda_ctx *c) {
     g->last_sig.swap(g->sig);
   }
   g->ops.clear();
+  g->args.clear();
   g->sig.clear();
 }
 
@@ -1355,16 +1457,14 @@ static void w_matmul(backend *be, backend_buf x, backend_weight W, int T, int K,
     return;
   }
   sig_put(g->sig, 4, x, W, T, K, N, y);
-  gop o{};
+  gop &o = rec_call(g, cu_matmul, x, W, T, K, N, y);
   o.kind = GOP_MATMUL;
-  o.run = [be, x, W, T, K, N, y]() { cu_matmul(be, x, W, T, K, N, y); };
   o.x = (const bf16 *)x;
   o.W = CW(W);
   o.T = T;
   o.K = K;
   o.N = N;
   o.y = (bf16 *)y;
-  g->ops.push_back(std::move(o));
 }
 static void w_qk_norm_rope(backend *be, backend_buf qg, backend_buf k, backend_weight q_norm,
                            backend_weight k_norm, int nh, int nkv, int hd, int rot, double theta,
@@ -1390,14 +1490,12 @@ static void w_swiglu(backend *be, backend_buf gate, backend_buf up, size_t n, ba
     return;
   }
   sig_put(g->sig, 8, gate, up, n, out);
-  gop o{};
+  gop &o = rec_call(g, cuda_elem_swiglu, gate, up, n, out);
   o.kind = GOP_SWIGLU;
-  o.run = [be, gate, up, n, out]() { cuda_elem_swiglu(be, gate, up, n, out); };
   o.gate = (const bf16 *)gate;
   o.up = (const bf16 *)up;
   o.n = n;
   o.out = (bf16 *)out;
-  g->ops.push_back(std::move(o));
 }
 static void w_moe(backend *be, backend_buf x, const backend_moe *m, int T, int H,
                   backend_buf out) {
@@ -1520,6 +1618,7 @@ static void cu_destroy(backend *be) {
     graph_flush(c);
     if (c->st) cudaStreamSynchronize(c->st);
     graph_clear(c);
+    graph_time_report(c->gr);
     delete c->gr;
     c->gr = NULL;
     cuda_moe_release(c);
@@ -1626,10 +1725,15 @@ extern "C" backend *backend_cuda_create(int device, char *err, size_t errlen) {
     const char *gs = getenv("DS_CUDA_GRAPHS"), *fs = getenv("DS_CUDA_FUSE");
     if (!c->legacy && !(gs && strcmp(gs, "0") == 0)) {
       c->gr = new cuda_graphs();
+      c->gr->be = be;
       c->gr->use_graphs = 1;
       c->gr->fuse = !(fs && strcmp(fs, "0") == 0);
       const char *pd = getenv("DS_PDL"); /* programmatic edges in the graphs, on unless "0" */
       c->gr->pdl = !(pd && strcmp(pd, "0") == 0);
+      const char *tm = getenv("DS_CUDA_STEP_TIMING"); /* replay timing, off unless "1" */
+      c->gr->timing = tm && strcmp(tm, "1") == 0 &&
+                      cudaEventCreate(&c->gr->ev[0]) == cudaSuccess &&
+                      cudaEventCreate(&c->gr->ev[1]) == cudaSuccess;
     }
   }
   be->name = "cuda";

@@ -51,6 +51,7 @@
 #include "cache/prefix_cache.h"
 #include "cache/state_pool.h"
 #include "engine/request.h"
+#include "engine/notifier.h"
 #include "engine/sched.h"
 
 /* ---- options -------------------------------------------------------------------------------- */
@@ -499,6 +500,7 @@ struct engine {
   long long prof_steps[2]; /* steps with device greedy / with logits */
   sampler_scratch scratch; /* the engine thread's */
   engine_pool pool;         /* sampler threads and the step's jobs [max_num_seqs] */
+  notifier *nt; /* wakes the clients of a step's token events (NULL: the engine thread does) */
   pthread_t thread;
   pthread_mutex_t mu; /* incoming queue, stop, stats snapshot, check requests */
   pthread_cond_t cv;  /* wakes the engine thread */
@@ -529,8 +531,25 @@ static void engine_req_unref(engine_req *h) {
   free(h);
 }
 
-/* Pushes one event (engine thread). A final event (finish != 0) is the last. */
+/* Wakes the client of a handle whose wake-up was handed to the notifier, and drops the
+ * reference taken for it (notifier thread). */
+static void engine_wake(void *item) {
+  engine_req *h = item;
+  pthread_mutex_lock(&h->mu);
+  pthread_cond_broadcast(&h->cv);
+  pthread_mutex_unlock(&h->mu);
+  engine_req_unref(h);
+}
+
+/* Pushes one event (engine thread). A final event (finish != 0) is the last. With nt, the
+ * client's wake-up is queued there (a reference held until it runs) instead of done here;
+ * returns 1 when it was. */
+static int engine_push_via(engine_req *h, const sampler_result *res, int finish, notifier *nt);
 static void engine_push(engine_req *h, const sampler_result *res, int finish) {
+  engine_push_via(h, res, finish, NULL);
+}
+
+static int engine_push_via(engine_req *h, const sampler_result *res, int finish, notifier *nt) {
   pthread_mutex_lock(&h->mu);
   CHECK(!h->done && h->n_push < h->cap);
   engine_ev *ev = &h->ring[h->n_push];
@@ -555,8 +574,16 @@ static void engine_push(engine_req *h, const sampler_result *res, int finish) {
     h->cached_tokens = h->r.cached_tokens < h->r.n_prompt ? h->r.cached_tokens : h->r.n_prompt;
     snprintf(h->err, sizeof h->err, "%s", h->r.err);
   }
+  if (nt) {
+    h->refs++;
+    pthread_mutex_unlock(&h->mu);
+    if (notifier_post(nt, h) == 0) return 1;
+    engine_wake(h); /* the queue is full: here after all */
+    return 0;
+  }
   pthread_cond_broadcast(&h->cv);
   pthread_mutex_unlock(&h->mu);
+  return 0;
 }
 
 /* Ends a request that is already out of the scheduler (engine thread). */
@@ -744,6 +771,7 @@ static int engine_step(engine *e) {
     engine_pool_sample(&e->pool, n_jobs, &e->scratch);
   }
   row = 0;
+  int posted = 0;
   for (int i = 0; i < b.n; i++) {
     request *r = b.reqs[i];
     if (!r->sched_sample) continue;
@@ -766,8 +794,9 @@ static int engine_step(engine *e) {
     else if (request_n_output(r) >= r->smp.p.max_tokens || r->n_tokens >= e->max_model_len)
       r->finish = FINISH_LENGTH;
     if (!r->smp.p.logprobs) res.n_top = 0;
-    engine_push(h, &res, r->finish);
+    posted += engine_push_via(h, &res, r->finish, e->nt);
   }
+  if (posted) notifier_kick(e->nt);
   double t3 = e->profile ? engine_now() : 0;
   sched_postprocess(e->s, &b);
   for (int i = 0; i < b.n; i++) {
@@ -980,6 +1009,9 @@ engine *engine_create(qwen35 *model, const engine_opts *o, char *err, size_t err
     engine_destroy(e, 0);
     return NULL;
   }
+  /* token wake-ups off the engine thread (notifier.h); DS_ENGINE_NOTIFIER=0: on it, as before */
+  const char *nv = getenv("DS_ENGINE_NOTIFIER");
+  if (!(nv && strcmp(nv, "0") == 0)) e->nt = notifier_start(engine_wake, n_seq);
   if (!o->enable_prefix_caching) log_info("engine: prefix cache off");
   pthread_mutex_init(&e->mu, NULL);
   pthread_cond_init(&e->cv, NULL);
@@ -1019,6 +1051,7 @@ void engine_destroy(engine *e, int drain) {
     pthread_cond_destroy(&e->cv);
     pthread_cond_destroy(&e->check_cv);
   }
+  notifier_stop(e->nt); /* the last wake-ups the engine thread queued */
   prefix_cache_free(e->pc);
   sched_free(e->s);
   state_pool_free(e->sp);

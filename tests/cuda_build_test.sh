@@ -21,19 +21,13 @@ else
 fi
 NV=$NVCC
 [ -x "$NV" ] || NV=nvcc
-if "$NV" -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Isrc -o /tmp/ds-gemv-ceiling-build \
-  scripts/device/gemv_ceiling.cu >/tmp/ds-gemv-ceiling-build.log 2>&1; then
-  echo "PASS gemv_ceiling_build"
-else
-  tail -30 /tmp/ds-gemv-ceiling-build.log
-  echo "FAIL gemv_ceiling_build: scripts/device/gemv_ceiling.cu does not compile"
-  exit 1
-fi
-if "$NV" -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -o /tmp/ds-tma-ceiling-build \
-  scripts/device/tma_ceiling.cu >/tmp/ds-tma-ceiling-build.log 2>&1; then
-  echo "PASS tma_ceiling_build"
-else
-  tail -30 /tmp/ds-tma-ceiling-build.log
-  echo "FAIL tma_ceiling_build: scripts/device/tma_ceiling.cu does not compile"
-  exit 1
-fi
+for t in gemv_ceiling tma_ceiling; do
+  if "$NV" -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Isrc -o "/tmp/ds-$t-build" \
+    "scripts/device/$t.cu" >"/tmp/ds-$t-build.log" 2>&1; then
+    echo "PASS ${t}_build"
+  else
+    tail -30 "/tmp/ds-$t-build.log"
+    echo "FAIL ${t}_build: scripts/device/$t.cu does not compile"
+    exit 1
+  fi
+done

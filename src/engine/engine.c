@@ -5,7 +5,8 @@
  *                     (e->mu, e->cv)        loop: cancels -> sched_schedule -> batch build
  *                                                 -> qwen35_forward -> sample -> postprocess
  *   engine_next  <--- per-request channel <-- token / final events
- *                     (h->mu, h->cv; a ring of max_tokens + 1 events, never grows)
+ *                     (h->mu, h->cv; a ring of max_tokens + 1 events, never grows; a step's
+ *                      wake-ups are run by the notifier thread, notifier.h)
  *   engine_cancel --> atomic flag, seen at the next step
  *
  * The engine thread alone touches the scheduler, pages, slots and the requests' token

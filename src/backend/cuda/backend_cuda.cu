@@ -947,19 +947,17 @@ static void graph_time_report(cuda_graphs *g) {
  * has been read, so its events are done) and the wall time since its launch. */
 static void graph_time(cuda_graphs *g) {
   if (!g->timing) return;
-  {
-    double t = now_ms();
-    if (g->timed_pending) {
-      float ms = 0.f;
-      if (cudaEventSynchronize(g->ev[1]) == cudaSuccess &&
-          cudaEventElapsedTime(&ms, g->ev[0], g->ev[1]) == cudaSuccess) {
-        g->gpu_ms.push_back(ms);
-        g->wall_ms.push_back((float)(t - g->t_last));
-      }
-      cudaGetLastError();
+  double t = now_ms();
+  if (g->timed_pending) {
+    float ms = 0.f;
+    if (cudaEventSynchronize(g->ev[1]) == cudaSuccess &&
+        cudaEventElapsedTime(&ms, g->ev[0], g->ev[1]) == cudaSuccess) {
+      g->gpu_ms.push_back(ms);
+      g->wall_ms.push_back((float)(t - g->t_last));
     }
-    g->t_last = t;
+    cudaGetLastError();
   }
+  g->t_last = t;
 }
 
 /* Called by cuda_check_launch, which follows every launch of ours: while a capture is open,
@@ -1042,11 +1040,12 @@ static void graph_clear(cuda_ctx *c) {
   g->bad_sig.clear();
 }
 
-/* Called at the end of set_batch: record the step when it is a decode step. */
+/* Called when a read has its result (DS_CUDA_STEP_TIMING: the host's interval starts). */
 static void graph_note_ready(cuda_ctx *c) {
   if (c->gr && c->gr->timing) c->gr->t_ready = now_ms();
 }
 
+/* Called at the end of set_batch: record the step when it is a decode step. */
 static void graph_begin(cuda_ctx *c) {
   cuda_graphs *g = c->gr;
   if (!g || c->failed) return;

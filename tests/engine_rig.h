@@ -1,9 +1,11 @@
-/* engine_rig.h — the engine test rig shared by tests/test_prefix_engine.c (CPU, tiny fixture)
- * and tests/cuda/test_cuda_restore.c (any device, real-shape model): an engine over the
+/* engine_rig.h — the engine test rig shared by tests/test_engine.c and tests/test_prefix_engine.c
+ * (CPU, tiny fixture) and tests/cuda/test_cuda_restore.c (any device, real-shape model): an
+ * engine over the
  * includer's model (globals C, W, BE, V below, set by its main), greedy requests with
  * boundaries / forced split points / a salt, and the "cold" reference run (prefix cache off,
  * given split points). The includer defines MAXTOK (logits rows kept per request) first.
- * Waits use a generous ceiling (RIG_WAIT_MS), never a timing assertion. */
+ * Waits use a generous ceiling (RIG_WAIT_MS), never a timing assertion. Its functions are
+ * static inline: an includer may use only some of them. */
 #ifndef DS_TEST_ENGINE_RIG_H
 #define DS_TEST_ENGINE_RIG_H
 #include <stdio.h>
@@ -41,7 +43,7 @@ typedef struct rig {
   engine *e;
 } rig;
 
-static int rig_up(rig *g, const rig_opts *ro) {
+static inline int rig_up(rig *g, const rig_opts *ro) {
   engine_opts o;
   engine_opts_default(&o);
   o.max_num_batched_tokens = ro->budget ? ro->budget : 8192;
@@ -67,7 +69,7 @@ static int rig_up(rig *g, const rig_opts *ro) {
 }
 
 /* integrity: every check passes and nothing is held but cached pages and checkpoints */
-static int rig_ok(rig *g, char *why, size_t n) {
+static inline int rig_ok(rig *g, char *why, size_t n) {
   char err[200];
   if (engine_check(g->e, err, sizeof err) != 0) return snprintf(why, n, "check: %s", err), 0;
   engine_stats s;
@@ -79,7 +81,7 @@ static int rig_ok(rig *g, char *why, size_t n) {
   return 1;
 }
 
-static int rig_down(rig *g) {
+static inline int rig_down(rig *g) {
   char why[300] = "";
   int ok = g->e ? rig_ok(g, why, sizeof why) : 0;
   if (!ok) printf("%s\n", why);
@@ -108,13 +110,13 @@ typedef struct req {
   int finish, cached, prompt_tokens;
 } req;
 
-static void on_logits(void *user, const float *l, int n) {
+static inline void on_logits(void *user, const float *l, int n) {
   req *q = user;
   if (q->n_lg < MAXTOK) memcpy(q->lg + (size_t)q->n_lg * n, l, (size_t)n * sizeof *l);
   q->n_lg++;
 }
 
-static void req_set(req *q, const int32_t *p, int n, const int32_t *b, int nb, const int32_t *sp,
+static inline void req_set(req *q, const int32_t *p, int n, const int32_t *b, int nb, const int32_t *sp,
                     int ns) {
   float *lg = q->lg;
   memset(q, 0, sizeof *q);
@@ -128,7 +130,7 @@ static void req_set(req *q, const int32_t *p, int n, const int32_t *b, int nb, c
   q->max_tokens = MAXTOK;
 }
 
-static void req_submit(rig *g, req *q) {
+static inline void req_submit(rig *g, req *q) {
   q->n_tok = q->n_lg = 0;
   q->finish = FINISH_NONE;
   q->cached = -1;
@@ -157,7 +159,7 @@ static void req_submit(rig *g, req *q) {
 }
 
 /* waits for the first token (the request then holds pages and decodes) */
-static int req_first(req *q) {
+static inline int req_first(req *q) {
   engine_event ev;
   if (!q->h || !engine_next(q->h, &ev, RIG_WAIT_MS)) return 0;
   if (ev.has_token && q->n_tok < 64) q->tok[q->n_tok++] = ev.token;
@@ -170,7 +172,7 @@ static int req_first(req *q) {
   return 1;
 }
 
-static void req_wait(req *q) {
+static inline void req_wait(req *q) {
   if (!q->h) return;
   engine_event ev;
   for (;;) {
@@ -190,13 +192,13 @@ static void req_wait(req *q) {
   q->h = NULL;
 }
 
-static void req_run(rig *g, req *q) {
+static inline void req_run(rig *g, req *q) {
   req_submit(g, q);
   req_wait(q);
 }
 
 /* the cold reference of q: prefix cache off, q's bounds, the given split points */
-static int cold(req *ref, const req *q, const int32_t *splits, int ns) {
+static inline int cold(req *ref, const req *q, const int32_t *splits, int ns) {
   rig g;
   rig_opts ro = {0};
   if (rig_up(&g, &ro) != 0) {
@@ -209,7 +211,7 @@ static int cold(req *ref, const req *q, const int32_t *splits, int ns) {
   return rig_down(&g) && ref->finish == FINISH_LENGTH ? 0 : -1;
 }
 
-static void toks(int32_t *p, int n, uint32_t seed) {
+static inline void toks(int32_t *p, int n, uint32_t seed) {
   uint32_t x = seed;
   for (int i = 0; i < n; i++) {
     x = x * 1103515245u + 12345u;
@@ -218,7 +220,7 @@ static void toks(int32_t *p, int n, uint32_t seed) {
 }
 
 /* prompt = shared[0, ns) + suffix of n - ns tokens (seeded), first suffix token forced */
-static void prompt_make(int32_t *p, const int32_t *shared, int ns, int n, uint32_t seed,
+static inline void prompt_make(int32_t *p, const int32_t *shared, int ns, int n, uint32_t seed,
                         int32_t first) {
   memcpy(p, shared, (size_t)ns * sizeof *p);
   toks(p + ns, n - ns, seed);

@@ -24,52 +24,20 @@
 #define NREQ 16
 #define MAXTOK 6
 
-static model_config C;
-static int CACHE; /* rig_up: prefix cache on */
-static model_weights W;
-static backend *BE;
+#include "engine_rig.h"
 
-typedef struct rig {
-  qwen35 *m;
-  engine *e;
-} rig;
+static int CACHE; /* te_up: prefix cache on */
 
-static int rig_up(rig *g, int budget, int kv_tokens, int seqs) {
-  engine_opts o;
-  engine_opts_default(&o);
-  o.max_num_batched_tokens = budget;
-  o.kv_cache_tokens = kv_tokens;
-  o.max_num_seqs = seqs;
-  o.enable_prefix_caching = CACHE;
-  /* the default snapshot slab count (max(16, 2 x max_num_seqs)) */
-  o.host_cache_gib = CACHE ? 0.01 : 0; /* pages evicted under pressure go to the host */
-  qwen35_mem_opts mo;
-  char err[200];
-  if (engine_mem_plan(&o, &C, &mo, err, sizeof err) ||
-      qwen35_init(&g->m, &C, &W, BE, &mo, err, sizeof err)) {
-    printf("rig: %s\n", err);
-    return -1;
-  }
-  g->e = engine_create(g->m, &o, err, sizeof err);
-  if (!g->e) printf("rig: %s\n", err);
-  return g->e ? 0 : -1;
-}
-
-/* integrity after a scenario: checks pass, nothing held */
-static int rig_down(rig *g) {
-  char err[200];
-  int ok = engine_check(g->e, err, sizeof err) == 0;
-  if (!ok) printf("check: %s\n", err);
-  engine_stats s;
-  engine_get_stats(g->e, &s);
-  if (s.kv_pages_used || s.slots_used || s.num_running || s.num_waiting) {
-    printf("leak: pages %d slots %d running %d waiting %d\n", s.kv_pages_used, s.slots_used,
-           s.num_running, s.num_waiting);
-    ok = 0;
-  }
-  engine_destroy(g->e, 1);
-  qwen35_free(g->m);
-  return ok;
+/* the rig (engine_rig.h) with this file's settings: with the cache on, pages evicted under
+ * pressure go to the host tier; the default snapshot slab count (max(16, 2 x max_num_seqs)) */
+static int te_up(rig *g, int budget, int kv_tokens, int seqs) {
+  rig_opts ro = {0};
+  ro.cache = CACHE;
+  ro.budget = budget;
+  ro.kv_tokens = kv_tokens;
+  ro.seqs = seqs;
+  ro.host_gib = CACHE ? 0.01 : 0;
+  return rig_up(g, &ro);
 }
 
 typedef struct out {
@@ -80,7 +48,7 @@ typedef struct out {
   int finish;
 } out;
 
-static void on_logits(void *user, const float *l, int n) {
+static void out_logits(void *user, const float *l, int n) {
   out *o = user;
   if (o->n_lg < MAXTOK) memcpy(o->lg + (size_t)o->n_lg * n, l, (size_t)n * sizeof *l);
   o->n_lg++;
@@ -118,7 +86,7 @@ static int run_set(rig *g, const int *idx, int n, out *res, const sampling_param
     so.prompt = P[i];
     so.n_prompt = LEN[i];
     if (spo) so.sp = *spo; else sp_greedy(&so.sp);
-    so.on_logits = on_logits;
+    so.on_logits = out_logits;
     so.user = &res[i];
     engine_status st;
     char err[200];
@@ -147,7 +115,6 @@ static int run_set(rig *g, const int *idx, int n, out *res, const sampling_param
 }
 
 static out REF[NREQ], GOT[NREQ];
-static size_t V;
 
 static void outs_alloc(out *o) {
   for (int i = 0; i < NREQ; i++) o[i].lg = malloc((size_t)MAXTOK * V * sizeof(float));
@@ -161,14 +128,14 @@ static int same(const out *a, const out *b) {
 
 static void invariance(int budget, int kv_tokens, int expect_preempt) {
   rig g;
-  REQUIRE(rig_up(&g, budget, 0, 16) == 0);
+  REQUIRE(te_up(&g, budget, 0, 16) == 0);
   for (int i = 0; i < NREQ; i++) {
     int idx = i;
     EXPECT(run_set(&g, &idx, 1, REF, NULL) == 1);
     EXPECT_EQ_INT(REF[i].n, MAXTOK);
   }
   EXPECT(rig_down(&g));
-  REQUIRE(rig_up(&g, budget, kv_tokens, 16) == 0);
+  REQUIRE(te_up(&g, budget, kv_tokens, 16) == 0);
   int all[NREQ];
   for (int i = 0; i < NREQ; i++) all[i] = i;
   EXPECT_EQ_INT(run_set(&g, all, NREQ, GOT, NULL), NREQ);
@@ -222,7 +189,7 @@ TEST(invariance_cache_preempted_budget_37) { invariance_cache(37, 16 * 14, 1); }
  * without it, alone and batched, and the pools check clean. */
 TEST(startup_forward_leaves_no_trace) {
   rig g;
-  REQUIRE(rig_up(&g, 300, 0, 16) == 0); /* the same budget: the same split points */
+  REQUIRE(te_up(&g, 300, 0, 16) == 0); /* the same budget: the same split points */
   for (int i = 0; i < NREQ; i++) {
     int idx = i;
     EXPECT(run_set(&g, &idx, 1, REF, NULL) == 1);
@@ -232,7 +199,7 @@ TEST(startup_forward_leaves_no_trace) {
   engine_opts_default(&o);
   o.max_num_batched_tokens = 300; /* the forward covers every prompt's pages and slot 0 */
   o.max_num_seqs = 16;
-  o.enable_prefix_caching = CACHE; /* as rig_up: off */
+  o.enable_prefix_caching = CACHE; /* as te_up: off */
   o.startup_forward = 1;
   qwen35_mem_opts mo;
   char err[200];
@@ -322,7 +289,7 @@ TEST(mem_plan_from_device_memory) {
 
 TEST(seeded_sampling_batched) {
   rig g;
-  REQUIRE(rig_up(&g, 8192, 0, 16) == 0);
+  REQUIRE(te_up(&g, 8192, 0, 16) == 0);
   sampling_params sp;
   sp_greedy(&sp);
   sp.temperature = 0.9f;
@@ -369,7 +336,7 @@ TEST(sampler_threads_same_tokens) {
     sp.has_seed = 1;
     rig g;
     setenv("DS_SAMPLER_THREADS", "0", 1);
-    REQUIRE(rig_up(&g, 8192, 0, 16) == 0);
+    REQUIRE(te_up(&g, 8192, 0, 16) == 0);
     EXPECT_EQ_INT(run_set(&g, all, NREQ, REF, &sp), NREQ);
     for (int i = 0; i < NREQ; i++) {
       int idx = i;
@@ -377,7 +344,7 @@ TEST(sampler_threads_same_tokens) {
     }
     EXPECT(rig_down(&g));
     setenv("DS_SAMPLER_THREADS", "4", 1);
-    REQUIRE(rig_up(&g, 8192, 0, 16) == 0);
+    REQUIRE(te_up(&g, 8192, 0, 16) == 0);
     EXPECT_EQ_INT(run_set(&g, all, NREQ, GOT, &sp), NREQ);
     EXPECT(rig_down(&g));
     int distinct = 0;
@@ -397,7 +364,7 @@ TEST(sampler_threads_same_tokens) {
 
 TEST(reject_vs_wait) {
   rig g;
-  REQUIRE(rig_up(&g, 8192, 16 * 14, 4) == 0);
+  REQUIRE(te_up(&g, 8192, 16 * 14, 4) == 0);
   engine_submit_opts so;
   memset(&so, 0, sizeof so);
   sp_greedy(&so.sp);
@@ -437,7 +404,7 @@ static void *cancel_thread(void *arg) {
 
 TEST(cancel_from_another_thread) {
   rig g;
-  REQUIRE(rig_up(&g, 8192, 0, 4) == 0);
+  REQUIRE(te_up(&g, 8192, 0, 4) == 0);
   engine_submit_opts so;
   memset(&so, 0, sizeof so);
   sp_greedy(&so.sp);
@@ -478,7 +445,7 @@ TEST(fault_every_site) {
   /* reference outputs for requests 1, 4, 6, 9 alone, with enough room */
   int idx[4] = {1, 4, 6, 9};
   rig g;
-  REQUIRE(rig_up(&g, 64, 16 * 14, 4) == 0);
+  REQUIRE(te_up(&g, 64, 16 * 14, 4) == 0);
   for (int k = 0; k < 4; k++) run_set(&g, &idx[k], 1, REF, NULL);
   int n_faults = 0;
   for (long n = 1; n < 200; n++) {

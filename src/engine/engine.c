@@ -545,12 +545,7 @@ static void engine_wake(void *item) {
 /* Pushes one event (engine thread). A final event (finish != 0) is the last. With nt, the
  * client's wake-up is queued there (a reference held until it runs) instead of done here;
  * returns 1 when it was. */
-static int engine_push_via(engine_req *h, const sampler_result *res, int finish, notifier *nt);
-static void engine_push(engine_req *h, const sampler_result *res, int finish) {
-  engine_push_via(h, res, finish, NULL);
-}
-
-static int engine_push_via(engine_req *h, const sampler_result *res, int finish, notifier *nt) {
+static int engine_push(engine_req *h, const sampler_result *res, int finish, notifier *nt) {
   pthread_mutex_lock(&h->mu);
   CHECK(!h->done && h->n_push < h->cap);
   engine_ev *ev = &h->ring[h->n_push];
@@ -593,7 +588,7 @@ static void engine_end(engine *e, engine_req *h, int finish, int with_event) {
   if (finish == FINISH_CANCELLED) e->cancelled++;
   else if (finish == FINISH_ERROR) e->failed++;
   else e->finished++;
-  if (with_event) engine_push(h, NULL, finish);
+  if (with_event) engine_push(h, NULL, finish, NULL);
   engine_req_unref(h);
 }
 
@@ -795,7 +790,7 @@ static int engine_step(engine *e) {
     else if (request_n_output(r) >= r->smp.p.max_tokens || r->n_tokens >= e->max_model_len)
       r->finish = FINISH_LENGTH;
     if (!r->smp.p.logprobs) res.n_top = 0;
-    posted += engine_push_via(h, &res, r->finish, e->nt);
+    posted += engine_push(h, &res, r->finish, e->nt);
   }
   if (posted) notifier_kick(e->nt);
   double t3 = e->profile ? engine_now() : 0;

@@ -27,6 +27,8 @@
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_ops.h"
 
+CUDA_KTRACE_TU(cuda_backend_ktrace_bind) /* the kernel-release trace, cuda_ktrace.cu */
+
 static void graph_flush(cuda_ctx *c);
 static void graph_clear(cuda_ctx *c);
 static void graph_begin(cuda_ctx *c);
@@ -47,7 +49,10 @@ static void graph_note_launch(cuda_ctx *c);
 void cuda_check_launch(cuda_ctx *c, const char *what) {
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) cuda_fail(c, what, cudaGetErrorString(e));
-  if (c->capturing) graph_note_launch(c);
+  if (c->capturing) {
+    graph_note_launch(c);
+    cuda_ktrace_launch(c, what);
+  }
 }
 
 static int ck(cuda_ctx *c, cudaError_t e, const char *what) {
@@ -1325,6 +1330,7 @@ static int graph_capture(cuda_ctx *c, uint64_t h) {
   c->capturing = 1;
   c->capture_broken = 0;
   g->ours.clear();
+  cuda_ktrace_capture_begin(c);
   graph_run_ops(c);
   c->capturing = 0;
   cudaGraph_t graph = NULL;
@@ -1352,6 +1358,7 @@ static int graph_capture(cuda_ctx *c, uint64_t h) {
     return 0;
   }
   g->pdl_edges += pdl;
+  cuda_ktrace_capture_end(c, exec);
   if (cudaGraphLaunch(exec, c->st) != cudaSuccess) {
     cudaGetLastError();
     cudaGraphExecDestroy(exec);
@@ -1391,6 +1398,7 @@ static void graph_flush(cuda_ctx *c) {
   if (g->use_graphs) {
     for (auto &e : g->cache) {
       if (e.h != h || e.scratch != c->scratch || e.sig != g->sig) continue;
+      cuda_ktrace_replay(c, e.exec);
       graph_time(g);
       double tl = g->timing ? now_ms() : 0;
       if (g->timing) cudaEventRecord(g->ev[0], c->st);
@@ -1616,6 +1624,7 @@ static void cu_destroy(backend *be) {
   if (c) {
     graph_flush(c);
     if (c->st) cudaStreamSynchronize(c->st);
+    cuda_ktrace_release(c);
     graph_clear(c);
     graph_time_report(c->gr);
     delete c->gr;
@@ -1688,6 +1697,7 @@ extern "C" backend *backend_cuda_create(int device, char *err, size_t errlen) {
   c->rope_rot = -1;
   if (!why && cuda_sgemm_init(c)) why = "out of device memory for the GEMM workspace";
   if (!why && cuda_gdn_chain_init(c)) why = "out of device memory for the decode-chain counters";
+  if (!why && cuda_ktrace_init(c)) why = "out of device memory for the kernel trace";
   if (why) {
     cudaGetLastError();
     if (err && errlen) snprintf(err, errlen, "cannot create the CUDA backend: %s", why);

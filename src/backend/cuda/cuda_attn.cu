@@ -18,6 +18,8 @@
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_ops.h"
 
+CUDA_KTRACE_TU(cuda_attn_ktrace_bind) /* the kernel-release trace, cuda_ktrace.cu */
+
 #define ATT_WARPS 8
 #define ATT_MAXR 8 /* hd <= 256 */
 

@@ -96,6 +96,8 @@ typedef struct cuda_ctx {
   int moe_grouped;
   /* decode steps: ops recorded, fused and replayed as CUDA graphs (NULL: off) */
   struct cuda_graphs *gr;
+  /* the kernel-release trace of replayed steps (cuda_ktrace.cu; builds with -DDS_KTRACE) */
+  struct cuda_ktrace *kt;
   int capturing;      /* a stream capture is open: nothing may synchronise or allocate */
   int capture_broken; /* something needed to (cuda_scratch growth): the capture is dropped */
   /* sticky failure */
@@ -110,6 +112,18 @@ static inline cuda_ctx *cuda_ctx_of(backend *be) { return (cuda_ctx *)be->ctx; }
 void cuda_fail(cuda_ctx *c, const char *what, const char *detail);
 /* Checks the last launch; records a failure under `what`. */
 void cuda_check_launch(cuda_ctx *c, const char *what);
+
+/* Kernel-release trace (cuda_ktrace.cu). In a build with -DDS_KTRACE, every replayed decode
+ * graph's kernels of ours stamp the global timer as they pass their wait (their predecessor
+ * has finished); the interval to the next stamp is what the kernel cost inside the pipelined
+ * step, attributed to the name it was launched under. Reported per graph at destroy (stderr,
+ * and appended to $DS_KTRACE_OUT when set). Without the flag every call is a no-op. */
+int cuda_ktrace_init(cuda_ctx *c);                           /* -1: out of memory */
+void cuda_ktrace_capture_begin(cuda_ctx *c);                 /* a capture opens */
+void cuda_ktrace_launch(cuda_ctx *c, const char *what);      /* a kernel of ours captured */
+void cuda_ktrace_capture_end(cuda_ctx *c, const void *exec); /* instantiated as exec */
+void cuda_ktrace_replay(cuda_ctx *c, const void *exec); /* exec about to launch (stream idle) */
+void cuda_ktrace_release(cuda_ctx *c);                  /* report, free */
 /* Device scratch of at least `bytes` (grown rarely; growing waits for the stream). NULL and a
  * recorded failure when out of memory. */
 void *cuda_scratch(cuda_ctx *c, size_t bytes);
@@ -170,9 +184,31 @@ void cuda_moe_release(cuda_ctx *c);
  * of ours may be launched while the kernel before it still runs. Every kernel of ours therefore
  * begins with pdl_enter(): wait until the previous kernel has finished and its writes are
  * visible (a no-op when launched the ordinary way), then let the next kernel be launched. */
+#ifdef DS_KTRACE
+/* Kernel-release trace (cuda_ktrace.cu): block (0,0,0) of every kernel of ours appends the
+ * global timer, right after its wait, to a device ring that each kernel file binds. */
+#define KTRACE_CAP 8192
+static __device__ unsigned long long *ktrace_ring; /* [0]: count, [1..KTRACE_CAP]: stamps */
+__device__ __forceinline__ void ktrace_stamp(void) {
+  if (ktrace_ring && threadIdx.x == 0 && (blockIdx.x | blockIdx.y | blockIdx.z) == 0) {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    unsigned long long i = atomicAdd(ktrace_ring, 1ull);
+    if (i < KTRACE_CAP) ktrace_ring[1 + i] = t;
+  }
+}
+#define CUDA_KTRACE_TU(fn)                                                                     \
+  extern "C" void fn(void *ring) { cudaMemcpyToSymbol(ktrace_ring, &ring, sizeof ring); }
+#else
+#define CUDA_KTRACE_TU(fn)
+#endif
+
 __device__ __forceinline__ void pdl_enter(void) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
+#ifdef DS_KTRACE
+  ktrace_stamp();
+#endif
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }

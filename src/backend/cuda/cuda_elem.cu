@@ -7,6 +7,8 @@
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_ops.h"
 
+CUDA_KTRACE_TU(cuda_elem_ktrace_bind) /* the kernel-release trace, cuda_ktrace.cu */
+
 static const float *wf32(cuda_ctx *c, backend_weight w, const char *op) {
   if (!w || !CW(w)->f32) {
     cuda_fail(c, op, "1-D weight missing or uploaded with rows != 1");

@@ -28,6 +28,8 @@
 
 #include "backend/cuda/cuda_common.cuh"
 
+CUDA_KTRACE_TU(cuda_flash_ktrace_bind) /* the kernel-release trace, cuda_ktrace.cu */
+
 #define FLASH_MIN 32 /* = ATT_GEMM_MIN (cuda_attn.cu): the split path skips exactly these rows */
 #define FLASH_BQ 64  /* query rows per block */
 #define FLASH_BK 64  /* positions per K/V tile */

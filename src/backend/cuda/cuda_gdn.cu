@@ -18,6 +18,8 @@
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_ops.h"
 
+CUDA_KTRACE_TU(cuda_gdn_ktrace_bind) /* the kernel-release trace, cuda_ktrace.cu */
+
 #define GDN_C BACKEND_CHUNK
 #define CONV_MAXK 16
 

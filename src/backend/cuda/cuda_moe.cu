@@ -19,6 +19,8 @@
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_ops.h"
 
+CUDA_KTRACE_TU(cuda_moe_ktrace_bind) /* the kernel-release trace, cuda_ktrace.cu */
+
 #define MOE_MAX_LAYERS 256
 #define MOE_MAX_K 32
 

@@ -28,6 +28,8 @@
 
 #include "backend/cuda/cuda_common.cuh"
 
+CUDA_KTRACE_TU(cuda_sgemm_ktrace_bind) /* the kernel-release trace, cuda_ktrace.cu */
+
 #define SG_WARPS 4
 #define SG_ROWS (16 * SG_WARPS)
 #define SG_UNIT 128

@@ -441,10 +441,20 @@ __device__ __forceinline__ float gemv_pick(const float *acc, int lane) {
   return v;
 }
 
-template <int T>
-__global__ void __launch_bounds__(GEMV_WARPS * 32)
+/* Single products of at most GEMV_SMALL_N rows (a decode step's out, o and down products: 2,560
+ * rows at the 4B shape) in blocks of one warp: in blocks of 4 rows there are 4 or 5 per SM and
+ * the SMs holding 5 finish last; one-warp blocks spread ~19-20 rows on every SM. Decode 1
+ * +2.8 % (5 of 5 paired rounds; 2 warps: +0.2 %, bench/NOTES.md twelfth session). The same
+ * bits: a row's sums do not depend on the block. -DGEMV_SMALL_WARPS=N for A/B builds. */
+#ifndef GEMV_SMALL_WARPS
+#define GEMV_SMALL_WARPS 1
+#endif
+#define GEMV_SMALL_N 4096
+
+template <int T, int WB>
+__global__ void __launch_bounds__(WB * 32)
     k_gemv(const bf16 *__restrict__ x, const bf16 *__restrict__ W, int K, int N, bf16 *y) {
-  int n = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+  int n = blockIdx.x * WB + (threadIdx.x >> 5), lane = threadIdx.x & 31;
   pdl_enter();
   if (n >= N) return;
   float acc[T];
@@ -703,9 +713,14 @@ static void launch_narrow(cuda_ctx *c, const bf16 *x, int T, int K, int m, const
 static int gemv(cuda_ctx *c, const bf16 *x, const bf16 *W, int T, int K, int N, bf16 *y) {
   if (c->legacy || T < 1 || T > c->gemv_maxt || K % 8 || (((uintptr_t)x | (uintptr_t)W) & 15))
     return 0;
-  unsigned blocks = (unsigned)((N + GEMV_WARPS - 1) / GEMV_WARPS);
-  switch (T) {
-#define G(n) case n: k_gemv<n><<<blocks, GEMV_WARPS * 32, 0, c->st>>>(x, W, K, N, y); break;
+  int wb = N <= GEMV_SMALL_N ? GEMV_SMALL_WARPS : GEMV_WARPS;
+  unsigned blocks = (unsigned)((N + wb - 1) / wb);
+  switch (T * (wb == GEMV_WARPS ? 1 : -1)) {
+#define G(n)                                                                                   \
+  case n: k_gemv<n, GEMV_WARPS><<<blocks, GEMV_WARPS * 32, 0, c->st>>>(x, W, K, N, y); break;   \
+  case -n:                                                                                     \
+    k_gemv<n, GEMV_SMALL_WARPS><<<blocks, GEMV_SMALL_WARPS * 32, 0, c->st>>>(x, W, K, N, y);   \
+    break;
     G(1) G(2) G(3) G(4) G(5) G(6) G(7) G(8)
 #undef G
   }

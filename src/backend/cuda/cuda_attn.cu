@@ -243,7 +243,9 @@ static int att_gemm(cuda_ctx *c, const bf16 *kp, const bf16 *vp, const bf16 *q, 
 
 /* ---- split path ---- */
 
+#ifndef ATT_SPLIT
 #define ATT_SPLIT 128 /* positions per range, before the cap on ranges */
+#endif
 #define ATT_MAXS 16   /* ranges per row at most */
 #define ATT_SW 8      /* warps per block */
 #define ATT_MAXG 8    /* q heads per kv head */

@@ -116,8 +116,8 @@ void cuda_check_launch(cuda_ctx *c, const char *what);
 /* Kernel-release trace (cuda_ktrace.cu). In a build with -DDS_KTRACE, every replayed decode
  * graph's kernels of ours stamp the global timer as they pass their wait (their predecessor
  * has finished); the interval to the next stamp is what the kernel cost inside the pipelined
- * step, attributed to the name it was launched under. Reported per graph at destroy (stderr,
- * and appended to $DS_KTRACE_OUT when set). Without the flag every call is a no-op. */
+ * step, attributed to the name it was launched under. Reported per graph at destroy (appended
+ * to $DS_KTRACE_OUT when set, else on stderr). Without the flag every call is a no-op. */
 int cuda_ktrace_init(cuda_ctx *c);                           /* -1: out of memory */
 void cuda_ktrace_capture_begin(cuda_ctx *c);                 /* a capture opens */
 void cuda_ktrace_launch(cuda_ctx *c, const char *what);      /* a kernel of ours captured */

@@ -709,21 +709,23 @@ static void launch_narrow(cuda_ctx *c, const bf16 *x, int T, int K, int m, const
   cuda_check_launch(c, "matmul (narrow)");
 }
 
+/* k_gemv in blocks of WB warps (rows). */
+template <int WB>
+static void gemv_launch(cuda_ctx *c, const bf16 *x, const bf16 *W, int T, int K, int N, bf16 *y) {
+  unsigned blocks = (unsigned)((N + WB - 1) / WB);
+  switch (T) {
+#define G(n) case n: k_gemv<n, WB><<<blocks, WB * 32, 0, c->st>>>(x, W, K, N, y); break;
+    G(1) G(2) G(3) G(4) G(5) G(6) G(7) G(8)
+#undef G
+  }
+}
+
 /* 1 when the GEMV path took the product. */
 static int gemv(cuda_ctx *c, const bf16 *x, const bf16 *W, int T, int K, int N, bf16 *y) {
   if (c->legacy || T < 1 || T > c->gemv_maxt || K % 8 || (((uintptr_t)x | (uintptr_t)W) & 15))
     return 0;
-  int wb = N <= GEMV_SMALL_N ? GEMV_SMALL_WARPS : GEMV_WARPS;
-  unsigned blocks = (unsigned)((N + wb - 1) / wb);
-  switch (T * (wb == GEMV_WARPS ? 1 : -1)) {
-#define G(n)                                                                                   \
-  case n: k_gemv<n, GEMV_WARPS><<<blocks, GEMV_WARPS * 32, 0, c->st>>>(x, W, K, N, y); break;   \
-  case -n:                                                                                     \
-    k_gemv<n, GEMV_SMALL_WARPS><<<blocks, GEMV_SMALL_WARPS * 32, 0, c->st>>>(x, W, K, N, y);   \
-    break;
-    G(1) G(2) G(3) G(4) G(5) G(6) G(7) G(8)
-#undef G
-  }
+  if (N <= GEMV_SMALL_N) gemv_launch<GEMV_SMALL_WARPS>(c, x, W, T, K, N, y);
+  else gemv_launch<GEMV_WARPS>(c, x, W, T, K, N, y);
   cuda_check_launch(c, "matmul (gemv)");
   return 1;
 }

@@ -828,11 +828,101 @@ __global__ void __launch_bounds__(ARGMAX_THREADS)
   }
 }
 
+/* The same scan for steps of few rows, where one block per row leaves the GPU idle (one
+ * 1024-thread block read a 151,936-entry row in ~15 µs of a one-sequence step): grid (nb, n),
+ * block b of row r takes the b-th of nb contiguous float4-aligned chunks, writes its (value,
+ * id) to the partials and bumps the row's counter; the last block to arrive (fenced) reduces
+ * the nb partials in block order and resets the counter. am_take is a total order (value, then
+ * the lower id; NaN ignored), so the result is the one-block kernel's for any nb. */
+#define ARGMAX_PARTS 4096 /* partial pairs (rows x blocks per row) at most */
+#define ARGMAX_SPLIT_THREADS 256
+
+__device__ __forceinline__ void am_warp(float &v, int &i) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    float w = __shfl_xor_sync(0xffffffffu, v, o);
+    int k = __shfl_xor_sync(0xffffffffu, i, o);
+    am_take(v, i, w, k);
+  }
+}
+
+/* (v, i) over the block (blockDim.x = ARGMAX_SPLIT_THREADS), valid in thread 0 */
+__device__ __forceinline__ void am_block(float &v, int &i) {
+  __shared__ float sv[ARGMAX_SPLIT_THREADS / 32];
+  __shared__ int si[ARGMAX_SPLIT_THREADS / 32];
+  int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  am_warp(v, i);
+  if (lane == 0) {
+    sv[warp] = v;
+    si[warp] = i;
+  }
+  __syncthreads();
+  if (warp == 0) {
+    v = lane < ARGMAX_SPLIT_THREADS / 32 ? sv[lane] : -INFINITY;
+    i = lane < ARGMAX_SPLIT_THREADS / 32 ? si[lane] : INT32_MAX;
+    am_warp(v, i);
+  }
+}
+
+__global__ void __launch_bounds__(ARGMAX_SPLIT_THREADS)
+    k_argmax_split(const float *__restrict__ x, int V, float *pv, int *pi, int *cnt,
+                   int32_t *ids, float *maxv) {
+  pdl_enter();
+  int r = blockIdx.y, b = blockIdx.x, nb = gridDim.x;
+  const float *row = x + (size_t)r * V;
+  const float4 *r4 = (const float4 *)row;
+  int n4 = V / 4, per = (n4 + nb - 1) / nb, q0 = b * per, q1 = min(n4, q0 + per);
+  float v = -INFINITY;
+  int i = INT32_MAX;
+  for (int q = q0 + threadIdx.x; q < q1; q += blockDim.x) {
+    float4 f = r4[q];
+    am_take(v, i, f.x, 4 * q);
+    am_take(v, i, f.y, 4 * q + 1);
+    am_take(v, i, f.z, 4 * q + 2);
+    am_take(v, i, f.w, 4 * q + 3);
+  }
+  am_block(v, i);
+  __shared__ int last;
+  if (threadIdx.x == 0) {
+    pv[(size_t)r * nb + b] = v;
+    pi[(size_t)r * nb + b] = i;
+    __threadfence();
+    last = atomicAdd(&cnt[r], 1) == nb - 1;
+    __threadfence();
+  }
+  __syncthreads();
+  if (!last) return;
+  v = -INFINITY;
+  i = INT32_MAX;
+  for (int k = threadIdx.x; k < nb; k += blockDim.x)
+    am_take(v, i, __ldcg(&pv[(size_t)r * nb + k]), __ldcg(&pi[(size_t)r * nb + k]));
+  am_block(v, i);
+  if (threadIdx.x == 0) {
+    cnt[r] = 0;
+    if (i == INT32_MAX || isnan(row[0])) i = 0; /* all NaN, or the scan stuck at a NaN 0 */
+    ids[r] = i;
+    if (maxv) maxv[r] = row[i];
+  }
+}
+
+/* blocks per row for k_argmax_split (1: the one-block kernel) */
+static int argmax_blocks(const cuda_ctx *c, int n, int V, const void *x) {
+  if (!c->am_cnt || c->legacy || (V & 3) || (((uintptr_t)x) & 15)) return 1;
+  int nb = 64 / n; /* ~64 blocks in all: a row's chunks of >= 256 float4 at Qwen's vocabulary */
+  while (nb > 1 && (size_t)n * nb > ARGMAX_PARTS) nb--;
+  return nb;
+}
+
 static void cu_argmax(backend *be, backend_buf x, int n, int V, backend_buf ids,
                       backend_buf maxv) {
   cuda_ctx *c = cuda_ctx_of(be);
   if (n <= 0 || V <= 0) return;
-  k_argmax<<<n, ARGMAX_THREADS, 0, c->st>>>((const float *)x, V, (int32_t *)ids, (float *)maxv);
+  int nb = argmax_blocks(c, n, V, x);
+  if (nb > 1)
+    k_argmax_split<<<dim3((unsigned)nb, (unsigned)n), ARGMAX_SPLIT_THREADS, 0, c->st>>>(
+        (const float *)x, V, c->am_v, c->am_i, c->am_cnt, (int32_t *)ids, (float *)maxv);
+  else
+    k_argmax<<<n, ARGMAX_THREADS, 0, c->st>>>((const float *)x, V, (int32_t *)ids, (float *)maxv);
   cuda_check_launch(c, "argmax");
 }
 
@@ -858,10 +948,11 @@ static void cu_host_free(backend *be, void *p) {
  * cost as much as the weights' bytes. From set_batch of such a step to the next call that
  * must see its results (sync, read, write, copy, zero, the next set_batch) the ops are not
  * launched but recorded: each as a closure over its arguments, plus the arguments' bytes in a
- * signature. At that boundary the list runs, in order, with two rewrites (a peephole):
+ * signature. At that boundary the list runs, in order, with these rewrites (a peephole):
  *   matmuls of one x on the GEMV path, one after another    -> one k_gemv_multi launch
  *   matmul gate, matmul up, swiglu(gate, up)                  -> one k_gemv_glu launch
  *   conv1d, gdn_gates, gdn_decode, gated_rmsnorm of one layer -> one k_gdn_chain launch
+ *   attention, sigmoid_mul(its output, gate)                  -> the gate in the merge kernel
  * (each output element computed by the same code as unfused: the same bits). How it runs:
  *   - a graph captured for the same signature and scratch address exists: relaunch it;
  *   - the signature equals the previous step's: capture the run into a graph, keep it;
@@ -883,7 +974,17 @@ enum {
   GOP_CONV,
   GOP_GATES,
   GOP_GDN_DEC,
-  GOP_GNORM
+  GOP_GNORM,
+  GOP_ATTN,  /* attention (arguments in gop.at) */
+  GOP_SIGMUL /* sigmoid_mul(out, gate, n) */
+};
+
+/* GOP_ATTN's arguments */
+struct gop_attn {
+  backend_buf k_pool, v_pool, q, k, v;
+  int nh, nkv, hd;
+  float scale;
+  backend_buf out;
 };
 
 struct gop {
@@ -896,12 +997,13 @@ struct gop {
   const cuda_weight *W;
   int T, K, N;
   bf16 *y;
-  /* GOP_SWIGLU */
+  /* GOP_SWIGLU (GOP_SIGMUL: out, gate, n) */
   const bf16 *gate, *up;
   size_t n;
   bf16 *out;
   /* GOP_CONV .. GOP_GNORM: each fills its own op's fields */
   cuda_gdn_chain_args ch;
+  gop_attn at; /* GOP_ATTN */
 };
 
 struct graph_entry {
@@ -1215,6 +1317,19 @@ static void graph_run_ops(cuda_ctx *c) {
       i += 2;
       continue;
     }
+    if (g->fuse && o.kind == GOP_ATTN && i + 1 < n && ops[i + 1].kind == GOP_SIGMUL) {
+      /* attention, then its output gate: the gate in the merge kernel */
+      const gop_attn &a = o.at;
+      const gop &sm = ops[i + 1];
+      size_t on = (size_t)c->b.n_tokens * a.nh * a.hd;
+      if (sm.out == a.out && sm.n == on && !overlap(sm.gate, on * 2, a.out, on * 2)) {
+        cuda_attn_attention_gated(g->be, a.k_pool, a.v_pool, a.q, a.k, a.v, a.nh, a.nkv, a.hd,
+                                  a.scale, (backend_buf)sm.gate, a.out);
+        g->fused += 1;
+        i += 2;
+        continue;
+      }
+    }
     if (g->fuse && gemv_fits(c, o)) {
       size_t xb = (size_t)o.T * o.K * 2;
       /* gate, up, swiglu(gate, up) */
@@ -1501,11 +1616,28 @@ static void w_qk_norm_rope(backend *be, backend_buf qg, backend_buf k, backend_w
 static void w_attention(backend *be, backend_buf k_pool, backend_buf v_pool, backend_buf q,
                         backend_buf k, backend_buf v, int nh, int nkv, int hd, float scale,
                         backend_buf out) {
-  if (!rec_op(be, 6, cuda_attn_attention, k_pool, v_pool, q, k, v, nh, nkv, hd, scale, out))
+  cuda_graphs *g = cuda_ctx_of(be)->gr;
+  if (!g || !g->rec) {
     cuda_attn_attention(be, k_pool, v_pool, q, k, v, nh, nkv, hd, scale, out);
+    return;
+  }
+  sig_put(g->sig, 6, k_pool, v_pool, q, k, v, nh, nkv, hd, scale, out);
+  gop &o = rec_call(g, cuda_attn_attention, k_pool, v_pool, q, k, v, nh, nkv, hd, scale, out);
+  o.kind = GOP_ATTN;
+  o.at = {k_pool, v_pool, q, k, v, nh, nkv, hd, scale, out};
 }
 static void w_sigmoid_mul(backend *be, backend_buf x, backend_buf gate, size_t n) {
-  if (!rec_op(be, 7, cuda_elem_sigmoid_mul, x, gate, n)) cuda_elem_sigmoid_mul(be, x, gate, n);
+  cuda_graphs *g = cuda_ctx_of(be)->gr;
+  if (!g || !g->rec) {
+    cuda_elem_sigmoid_mul(be, x, gate, n);
+    return;
+  }
+  sig_put(g->sig, 7, x, gate, n);
+  gop &o = rec_call(g, cuda_elem_sigmoid_mul, x, gate, n);
+  o.kind = GOP_SIGMUL;
+  o.out = (bf16 *)x;
+  o.gate = (const bf16 *)gate;
+  o.n = n;
 }
 static void w_swiglu(backend *be, backend_buf gate, backend_buf up, size_t n, backend_buf out) {
   cuda_graphs *g = cuda_ctx_of(be)->gr;
@@ -1649,6 +1781,9 @@ static void cu_destroy(backend *be) {
     cuda_moe_release(c);
     cuda_sgemm_release(c);
     cuda_gdn_chain_release(c);
+    cudaFree(c->am_v);
+    cudaFree(c->am_i);
+    cudaFree(c->am_cnt);
     if (c->blas) cublasDestroy(c->blas);
     cudaFree(c->blas_ws);
     cudaFree(c->scratch);
@@ -1714,6 +1849,11 @@ extern "C" backend *backend_cuda_create(int device, char *err, size_t errlen) {
   c->rope_rot = -1;
   if (!why && cuda_sgemm_init(c)) why = "out of device memory for the GEMM workspace";
   if (!why && cuda_gdn_chain_init(c)) why = "out of device memory for the decode-chain counters";
+  if (!why && (cudaMalloc(&c->am_v, ARGMAX_PARTS * sizeof(float)) != cudaSuccess ||
+               cudaMalloc(&c->am_i, ARGMAX_PARTS * sizeof(int)) != cudaSuccess ||
+               cudaMalloc(&c->am_cnt, ARGMAX_PARTS * sizeof(int)) != cudaSuccess ||
+               cudaMemset(c->am_cnt, 0, ARGMAX_PARTS * sizeof(int)) != cudaSuccess))
+    why = "out of device memory for the argmax partials";
   if (!why && cuda_ktrace_init(c)) why = "out of device memory for the kernel trace";
   if (why) {
     cudaGetLastError();

@@ -1,15 +1,17 @@
 /* cuda_attn — paged causal GQA attention over bf16 K/V pages.
  *
- * First every row's k and v are written into its sequence's pages. Then, when hd is a multiple
- * of 32 (<= 256) and a kv head serves at most 8 q heads, the split path ("flash decoding"):
- * grid (row, kv head, split); the row's positions 0..p are cut into n_split(p) contiguous
- * ranges, a function of p alone (at most ATT_MAXS ranges of a multiple of ATT_SPLIT positions),
- * so a row's sums never depend on the batch. A block of ATT_WARPS warps handles one range for
- * all q heads of its kv head: a warp takes one position at a time, its K and V rows arriving
- * by cp.async into the warp's slots in shared memory ATT_STAGES - 1 positions ahead, each lane
- * using hd/32 contiguous K and V values (16 bytes at hd = 256) for the whole group, keeping an
- * online softmax per q head; the warps merge in a fixed order and the block writes (m, l, acc[hd]) per
- * q head to scratch. A second kernel merges a row's ranges in order. Other shapes take the
+ * First every row's k and v are written into its sequence's pages (in a decode step the split
+ * kernel does it). Then, when hd is a multiple of 32 (<= 256) and a kv head serves at most 8 q
+ * heads, the split path ("flash decoding"): grid (row, kv head, split); the row's positions
+ * 0..p are cut into contiguous ranges, a function of p and the step's row count (at most
+ * ATT_MAXS ranges of ATT_SPLIT positions, ATT_SPLIT_SMALL in steps of few rows; of p alone
+ * under --batch-invariant). A block of ATT_SW warps handles one range for all q heads of its kv
+ * head: a warp takes one position at a time, its K and V rows arriving by cp.async into the
+ * warp's slots in shared memory ATT_STAGES - 1 positions ahead, each lane using hd/32
+ * contiguous K and V values (16 bytes at hd = 256) for the whole group, keeping an online
+ * softmax per q head; the warps merge in a fixed order and the block writes (m, l, acc[hd]) per
+ * q head to scratch. A second kernel merges a row's ranges in order (and applies the output
+ * gate when the decode recorder fused the sigmoid_mul after it). Other shapes take the
  * one-block-per-(row, q head) kernel below. By default the GEMM path's pieces go through the
  * fused flash kernel of cuda_flash.cu instead, where it covers the shape (DS_ATTN_FLASH=0:
  * the GEMM path). */
@@ -246,6 +248,13 @@ static int att_gemm(cuda_ctx *c, const bf16 *kp, const bf16 *vp, const bf16 *q, 
 #ifndef ATT_SPLIT
 #define ATT_SPLIT 128 /* positions per range, before the cap on ranges */
 #endif
+/* Steps of at most ATT_SMALL_T rows (default mode) cut ranges of ATT_SPLIT_SMALL positions:
+ * a one-sequence step has too few blocks to keep the SMs busy at 128 (64: decode 1 +1.3 %,
+ * 8 / 32 +0.5 / +0.9 %, 64 / 128 -2.6 / -3.3 % when used for every step, bench/NOTES.md twelfth
+ * session). A row's ranges then depend on its step's row count as well as its position, as a
+ * row's GEMM bits do (cuBLAS); under --batch-invariant every step uses ATT_SPLIT. */
+#define ATT_SPLIT_SMALL 64
+#define ATT_SMALL_T 8
 #define ATT_MAXS 16   /* ranges per row at most */
 #define ATT_SW 8      /* warps per block */
 #define ATT_MAXG 8    /* q heads per kv head */
@@ -253,10 +262,11 @@ static int att_gemm(cuda_ctx *c, const bf16 *kp, const bf16 *vp, const bf16 *q, 
 #define ATT_STAGES 4 /* positions per warp in flight (cp.async into shared memory) */
 #endif
 
-/* Number of ranges and positions per range for a row at position p (a function of p alone). */
-__device__ __forceinline__ int att_nsplit(int p, int *per) {
+/* Number of ranges and positions per range for a row at position p, ranges of `split`
+ * positions before the cap (att_split_of: a function of the step's row count alone). */
+__device__ __forceinline__ int att_nsplit(int p, int split, int *per) {
   int n = p + 1;
-  int ns = (n + ATT_SPLIT - 1) / ATT_SPLIT;
+  int ns = (n + split - 1) / split;
   if (ns > ATT_MAXS) ns = ATT_MAXS;
   int q = (n + ns - 1) / ns;
   *per = q;
@@ -303,9 +313,10 @@ struct att_smem {
  * two: bench/NOTES.md). Each lane then reads its hd/32 values of the slot. */
 template <int VPL, int G>
 __global__ void __launch_bounds__(ATT_SW * 32)
-    k_attn_split(const bf16 *kp, const bf16 *vp, const bf16 *q, const int32_t *seq,
-                 const int32_t *pos, const int32_t *page_table, int max_pages, int nh, int nkv,
-                 float scale, const int32_t *seq_len, int gemm_min, float *part, float *ml) {
+    k_attn_split(bf16 *kp, bf16 *vp, const bf16 *q, const int32_t *seq, const int32_t *pos,
+                 const int32_t *page_table, int max_pages, int nh, int nkv, float scale,
+                 const int32_t *seq_len, int gemm_min, int split, const bf16 *kcur,
+                 const bf16 *vcur, float *part, float *ml) {
   pdl_enter();
   constexpr int HD = VPL * 32, PIECES = HD * 2 * 2 / 16; /* 16-byte pieces of a K + V row */
   __shared__ __align__(16) unsigned char s_raw[att_smem<HD, G>::bytes];
@@ -314,25 +325,46 @@ __global__ void __launch_bounds__(ATT_SW * 32)
   if (gemm_min > 0 && seq_len[seq[t]] >= gemm_min) return; /* the GEMM path's row */
   int lane = threadIdx.x & 31, wp = threadIdx.x >> 5;
   int p = pos[t], per;
-  int ns = att_nsplit(p, &per);
+  int ns = att_nsplit(p, split, &per);
   if (z >= ns) return;
   int j0 = z * per, j1 = min(p + 1, j0 + per);
   const int32_t *pt = page_table + (size_t)seq[t] * max_pages;
   bf16(*slot)[2][HD] = (bf16(*)[2][HD])s_raw + (size_t)wp * ATT_STAGES;
   size_t row_w = (size_t)nkv * HD;
+  /* kcur: the step's k and v rows have not been written to the pages (a decode step: the
+   * kv write is this kernel's); the last range's block writes this head's slice and reads
+   * position p from kcur / vcur (the same values), so nothing here reads it back */
+  const bf16 *kc = kcur ? kcur + (size_t)t * row_w + (size_t)kvh * HD : NULL;
+  const bf16 *vc = kcur ? vcur + (size_t)t * row_w + (size_t)kvh * HD : NULL;
+  if (kcur && z == ns - 1) {
+    int page = pt[p / BACKEND_PAGE_TOKENS];
+    size_t off = ((size_t)page * BACKEND_PAGE_TOKENS + (size_t)(p % BACKEND_PAGE_TOKENS)) *
+                     row_w + (size_t)kvh * HD;
+    for (int c = threadIdx.x; c < PIECES; c += blockDim.x) {
+      int kv = c >= PIECES / 2, e = (c - kv * PIECES / 2) * 8;
+      *(uint4 *)((kv ? vp : kp) + off + e) = *(const uint4 *)((kv ? vc : kc) + e);
+    }
+  }
   int nj = j1 - j0 - wp > 0 ? (j1 - j0 - wp + ATT_SW - 1) / ATT_SW : 0; /* this warp's count */
   /* position i of this warp (i < nj) into slot i % ATT_STAGES; one group per position, empty
    * past the end, so the wait below always counts ATT_STAGES - 1 younger groups */
   auto issue = [&](int i) {
     if (i < nj) {
       int j = j0 + wp + i * ATT_SW;
-      int page = pt[j / BACKEND_PAGE_TOKENS];
-      size_t off = ((size_t)page * BACKEND_PAGE_TOKENS + (size_t)(j % BACKEND_PAGE_TOKENS)) *
-                       row_w + (size_t)kvh * HD;
       bf16 *dst = &slot[i % ATT_STAGES][0][0];
-      for (int c = lane; c < PIECES; c += 32) {
-        int kv = c >= PIECES / 2, e = (c - kv * PIECES / 2) * 8;
-        cp_async16(dst + kv * HD + e, (kv ? vp : kp) + off + e);
+      if (kc && j == p) {
+        for (int c = lane; c < PIECES; c += 32) {
+          int kv = c >= PIECES / 2, e = (c - kv * PIECES / 2) * 8;
+          cp_async16(dst + kv * HD + e, (kv ? vc : kc) + e);
+        }
+      } else {
+        int page = pt[j / BACKEND_PAGE_TOKENS];
+        size_t off = ((size_t)page * BACKEND_PAGE_TOKENS + (size_t)(j % BACKEND_PAGE_TOKENS)) *
+                         row_w + (size_t)kvh * HD;
+        for (int c = lane; c < PIECES; c += 32) {
+          int kv = c >= PIECES / 2, e = (c - kv * PIECES / 2) * 8;
+          cp_async16(dst + kv * HD + e, (kv ? vp : kp) + off + e);
+        }
       }
     }
     cp_async_commit();
@@ -418,15 +450,17 @@ __global__ void __launch_bounds__(ATT_SW * 32)
   }
 }
 
-/* grid (T, nh), block hd: merges a row's ranges in order. */
+/* grid (T, nh), block hd: merges a row's ranges in order. gate (the attention output gate,
+ * [T, nh * hd]) or NULL: out = out * sigmoid(gate) with the sigmoid_mul op's expression on the
+ * bf16 output (cuda_elem.cu k_ew8), the two ops' bits in one launch. */
 __global__ void k_attn_merge(const float *part, const float *ml, const int32_t *pos,
-                             const int32_t *seq, const int32_t *seq_len, int gemm_min, int nh,
-                             int hd, bf16 *out) {
+                             const int32_t *seq, const int32_t *seq_len, int gemm_min, int split,
+                             int nh, int hd, const bf16 *gate, bf16 *out) {
   pdl_enter();
   int t = blockIdx.x, h = blockIdx.y, i = threadIdx.x;
   if (gemm_min > 0 && seq_len[seq[t]] >= gemm_min) return; /* the GEMM path's row */
   int per;
-  int ns = att_nsplit(pos[t], &per);
+  int ns = att_nsplit(pos[t], split, &per);
   size_t r0 = ((size_t)t * nh + h) * ATT_MAXS;
   float M = -INFINITY;
   for (int z = 0; z < ns; z++) M = fmaxf(M, ml[2 * (r0 + z)]);
@@ -436,29 +470,41 @@ __global__ void k_attn_merge(const float *part, const float *ml, const int32_t *
     L += ml[2 * (r0 + z) + 1] * f;
     if (i < hd) o += part[(r0 + z) * hd + i] * f;
   }
-  if (i < hd) out[((size_t)t * nh + h) * hd + i] = f2bf(o / L);
+  if (i < hd) {
+    size_t oi = ((size_t)t * nh + h) * hd + i;
+    bf16 ob = f2bf(o / L);
+    out[oi] = gate ? f2bf(bf2f(ob) * sigmoidf_dev(bf2f(gate[oi]))) : ob;
+  }
 }
 
+/* The split path's launch arguments. */
+struct att_args {
+  bf16 *kp, *vp;
+  const bf16 *q;
+  int nh, nkv;
+  float scale;
+  int split;               /* positions per range (att_split_of) */
+  const bf16 *kcur, *vcur; /* the step's k, v when the split kernel writes them (else NULL) */
+  float *part, *ml;
+};
+
 template <int VPL, int G>
-static void att_launch(cuda_ctx *c, const bf16 *kp, const bf16 *vp, const bf16 *q, int nh,
-                       int nkv, float scale, float *part, float *ml) {
-  dim3 grid(c->b.n_tokens, nkv, ATT_MAXS);
-  k_attn_split<VPL, G><<<grid, ATT_SW * 32, 0, c->st>>>(kp, vp, q, c->b.seq, c->b.pos,
-                                                         c->b.page_table, c->b.max_pages, nh, nkv,
-                                                         scale, c->b.seq_len,
-                                                         att_gemm_min(c, nkv, VPL * 32), part, ml);
+static void att_launch(cuda_ctx *c, const att_args &a) {
+  dim3 grid(c->b.n_tokens, a.nkv, ATT_MAXS);
+  k_attn_split<VPL, G><<<grid, ATT_SW * 32, 0, c->st>>>(
+      a.kp, a.vp, a.q, c->b.seq, c->b.pos, c->b.page_table, c->b.max_pages, a.nh, a.nkv, a.scale,
+      c->b.seq_len, att_gemm_min(c, a.nkv, VPL * 32), a.split, a.kcur, a.vcur, a.part, a.ml);
 }
 
 template <int VPL>
-static int att_launch_g(cuda_ctx *c, int G, const bf16 *kp, const bf16 *vp, const bf16 *q,
-                        int nh, int nkv, float scale, float *part, float *ml) {
+static int att_launch_g(cuda_ctx *c, int G, const att_args &a) {
   switch (G) {
-    case 1: att_launch<VPL, 1>(c, kp, vp, q, nh, nkv, scale, part, ml); return 1;
-    case 2: att_launch<VPL, 2>(c, kp, vp, q, nh, nkv, scale, part, ml); return 1;
-    case 4: att_launch<VPL, 4>(c, kp, vp, q, nh, nkv, scale, part, ml); return 1;
+    case 1: att_launch<VPL, 1>(c, a); return 1;
+    case 2: att_launch<VPL, 2>(c, a); return 1;
+    case 4: att_launch<VPL, 4>(c, a); return 1;
     case 8:
       if constexpr (VPL <= 4) {
-        att_launch<VPL, 8>(c, kp, vp, q, nh, nkv, scale, part, ml);
+        att_launch<VPL, 8>(c, a);
         return 1;
       }
       return 0;
@@ -466,36 +512,53 @@ static int att_launch_g(cuda_ctx *c, int G, const bf16 *kp, const bf16 *vp, cons
   return 0;
 }
 
-/* The split path; returns 0 when the shape is not covered (the caller falls back). */
-static int att_split(cuda_ctx *c, const bf16 *kp, const bf16 *vp, const bf16 *q, int nh,
-                     int nkv, int hd, float scale, bf16 *out) {
+/* Positions per range for this step (see ATT_SPLIT_SMALL). */
+static int att_split_of(const cuda_ctx *c) {
+  return !c->batch_invariant && c->b.n_tokens <= ATT_SMALL_T ? ATT_SPLIT_SMALL : ATT_SPLIT;
+}
+
+/* 1 when the split path covers this head shape. */
+static int att_split_fits(const cuda_ctx *c, int nh, int nkv, int hd) {
+  int G = nh / nkv, VPL = hd / 32;
+  return !c->legacy && hd % 32 == 0 && (VPL == 1 || VPL == 2 || VPL == 4 || VPL == 8) &&
+         (G == 1 || G == 2 || G == 4 || G == 8) && !(G == 8 && VPL == 8);
+}
+
+/* The split path (att_split_fits), merging with the output gate when gate is not NULL; kcur /
+ * vcur: the step's k, v rows for the split kernel to write into the pages (a decode step), or
+ * NULL when they are already there. */
+static void att_split(cuda_ctx *c, bf16 *kp, bf16 *vp, const bf16 *q, int nh, int nkv, int hd,
+                      float scale, const bf16 *kcur, const bf16 *vcur, const bf16 *gate,
+                      bf16 *out) {
   int G = nh / nkv;
-  if (c->legacy || hd % 32 || hd > 256 || (G != 1 && G != 2 && G != 4 && G != 8)) return 0;
-  int VPL = hd / 32;
-  if (VPL != 1 && VPL != 2 && VPL != 4 && VPL != 8) return 0;
   size_t rows = (size_t)c->b.n_tokens * nh * ATT_MAXS;
   float *part = (float *)cuda_scratch(c, rows * ((size_t)hd + 2) * sizeof(float));
-  if (!part) return 1;
-  float *ml = part + rows * hd;
-  int ok = 0;
-  switch (VPL) {
-    case 1: ok = att_launch_g<1>(c, G, kp, vp, q, nh, nkv, scale, part, ml); break;
-    case 2: ok = att_launch_g<2>(c, G, kp, vp, q, nh, nkv, scale, part, ml); break;
-    case 4: ok = att_launch_g<4>(c, G, kp, vp, q, nh, nkv, scale, part, ml); break;
-    case 8: ok = att_launch_g<8>(c, G, kp, vp, q, nh, nkv, scale, part, ml); break;
+  if (!part) return;
+  att_args a = {kp, vp, q, nh, nkv, scale, att_split_of(c), kcur, vcur, part, part + rows * hd};
+  switch (hd / 32) {
+    case 1: att_launch_g<1>(c, G, a); break;
+    case 2: att_launch_g<2>(c, G, a); break;
+    case 4: att_launch_g<4>(c, G, a); break;
+    case 8: att_launch_g<8>(c, G, a); break;
   }
-  if (!ok) return 0;
   cuda_check_launch(c, "attention (split)");
   dim3 g2(c->b.n_tokens, nh);
-  k_attn_merge<<<g2, (hd + 31) / 32 * 32, 0, c->st>>>(part, ml, c->b.pos, c->b.seq, c->b.seq_len,
-                                                       att_gemm_min(c, nkv, hd), nh, hd, out);
-  cuda_check_launch(c, "attention (merge)");
-  return 1;
+  k_attn_merge<<<g2, (hd + 31) / 32 * 32, 0, c->st>>>(part, a.ml, c->b.pos, c->b.seq,
+                                                       c->b.seq_len, att_gemm_min(c, nkv, hd),
+                                                       a.split, nh, hd, gate, out);
+  cuda_check_launch(c, gate ? "attention (merge + output gate)" : "attention (merge)");
 }
 
 extern "C" void cuda_attn_attention(backend *be, backend_buf k_pool, backend_buf v_pool,
                                     backend_buf q, backend_buf k, backend_buf v, int nh, int nkv,
                                     int hd, float scale, backend_buf out) {
+  cuda_attn_attention_gated(be, k_pool, v_pool, q, k, v, nh, nkv, hd, scale, NULL, out);
+}
+
+extern "C" void cuda_attn_attention_gated(backend *be, backend_buf k_pool, backend_buf v_pool,
+                                          backend_buf q, backend_buf k, backend_buf v, int nh,
+                                          int nkv, int hd, float scale, backend_buf gate,
+                                          backend_buf out) {
   cuda_ctx *c = cuda_ctx_of(be);
   int T = c->b.n_tokens;
   if (T <= 0) return;
@@ -508,10 +571,18 @@ extern "C" void cuda_attn_attention(backend *be, backend_buf k_pool, backend_buf
     cuda_fail(c, "attention", "step too large (T * nkv * hd >= 2^32)");
     return;
   }
-  k_kv_write<<<cuda_blocks((size_t)T * w, 256), 256, 0, c->st>>>(
-      (const bf16 *)k, (const bf16 *)v, c->b.seq, c->b.pos, c->b.page_table, c->b.max_pages, T, w,
-      (bf16 *)k_pool, (bf16 *)v_pool);
-  cuda_check_launch(c, "attention (kv write)");
+  int split = att_split_fits(c, nh, nkv, hd);
+  /* every piece one row (a decode step; no piece reaches ATT_GEMM_MIN): the split kernel
+   * writes the rows' k, v itself, one launch fewer per attention layer */
+  static_assert(ATT_GEMM_MIN > 1, "a one-row piece never takes the GEMM path");
+  int own_kv = split && c->b.max_len == 1 &&
+               !(((uintptr_t)k | (uintptr_t)v | (uintptr_t)k_pool | (uintptr_t)v_pool) & 15);
+  if (!own_kv) {
+    k_kv_write<<<cuda_blocks((size_t)T * w, 256), 256, 0, c->st>>>(
+        (const bf16 *)k, (const bf16 *)v, c->b.seq, c->b.pos, c->b.page_table, c->b.max_pages, T,
+        w, (bf16 *)k_pool, (bf16 *)v_pool);
+    cuda_check_launch(c, "attention (kv write)");
+  }
   int gmin = att_gemm_min(c, nkv, hd);
   if (gmin > 0) { /* the long pieces: fused kernel (unless DS_ATTN_FLASH=0) or GEMM path */
     int took = 0;
@@ -526,14 +597,21 @@ extern "C" void cuda_attn_attention(backend *be, backend_buf k_pool, backend_buf
     if (!took)
       took = att_gemm(c, (const bf16 *)k_pool, (const bf16 *)v_pool, (const bf16 *)q, nh, nkv, hd,
                       scale, (bf16 *)out);
-    if (took == T) return; /* every row was a long piece's */
+    if (took == T) { /* every row was a long piece's */
+      if (gate) cuda_elem_sigmoid_mul(be, out, gate, (size_t)T * nh * hd);
+      return;
+    }
   }
-  if (att_split(c, (const bf16 *)k_pool, (const bf16 *)v_pool, (const bf16 *)q, nh, nkv, hd, scale,
-                (bf16 *)out))
+  if (split) {
+    att_split(c, (bf16 *)k_pool, (bf16 *)v_pool, (const bf16 *)q, nh, nkv, hd, scale,
+              own_kv ? (const bf16 *)k : NULL, own_kv ? (const bf16 *)v : NULL,
+              (const bf16 *)gate, (bf16 *)out);
     return;
+  }
   dim3 grid(T, nh);
   k_attention<<<grid, ATT_WARPS * 32, ATT_WARPS * hd * sizeof(float), c->st>>>(
       (const bf16 *)k_pool, (const bf16 *)v_pool, (const bf16 *)q, c->b.seq, c->b.pos,
       c->b.page_table, c->b.max_pages, nh, nkv, hd, scale, c->b.seq_len, att_gemm_min(c, nkv, hd), (bf16 *)out);
   cuda_check_launch(c, "attention");
+  if (gate) cuda_elem_sigmoid_mul(be, out, gate, (size_t)T * nh * hd);
 }

@@ -86,6 +86,10 @@ typedef struct cuda_ctx {
   float *rope_tab;
   double rope_theta;
   int rope_rot;
+  /* argmax over rows of few: each row's scan split over blocks (backend_cuda.cu k_argmax_split):
+   * ARGMAX_PARTS partial (value, id) pairs and one arrival counter per row */
+  float *am_v;
+  int *am_i, *am_cnt;
   /* products of <= 64 columns through the narrow kernel (backend_cuda.cu; DS_NARROW=0: off) */
   int narrow;
   /* decode steps: each DeltaNet layer's conv, gates, recurrent step and gated norm as one

@@ -32,6 +32,11 @@ void cuda_elem_gather_norm(backend *be, backend_buf x, backend_weight norm, floa
 void cuda_attn_attention(backend *be, backend_buf k_pool, backend_buf v_pool, backend_buf q,
                          backend_buf k, backend_buf v, int nh, int nkv, int hd, float scale,
                          backend_buf out);
+/* The same, then out *= sigmoid(gate) (the sigmoid_mul op's bits; in the merge kernel on the
+ * split path). gate ACT [T, nh * hd] or NULL. */
+void cuda_attn_attention_gated(backend *be, backend_buf k_pool, backend_buf v_pool, backend_buf q,
+                               backend_buf k, backend_buf v, int nh, int nkv, int hd, float scale,
+                               backend_buf gate, backend_buf out);
 
 /* cuda_gdn.cu */
 void cuda_gdn_conv1d(backend *be, backend_buf conv_state, backend_buf x, backend_weight w, int C,

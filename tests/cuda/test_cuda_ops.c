@@ -1245,15 +1245,16 @@ static int dmodel_pools_differ(backend *ba, const dmodel *a, backend *bb, const 
 }
 
 TEST(decode_graph) {
-  backend *plain = gpu_with("DS_CUDA_GRAPHS", "0");
-  REQUIRE(plain != NULL);
+  /* the norm fold changes bits by design (decode_graph_norm_fold); every other rewrite may not */
+  backend *plain = gpu_with("DS_CUDA_GRAPHS", "0"), *gb = gpu_with("DS_NORM_FOLD", "0");
+  REQUIRE(plain != NULL && gb != NULL);
   float *wh[W_COUNT], *init[4];
   dmodel_data(wh, init);
   dmodel a, p;
-  dmodel_init(&a, GPU, wh, init);
+  dmodel_init(&a, gb, wh, init);
   dmodel_init(&p, plain, wh, init);
   long st0[5];
-  backend_cuda_graph_stats(GPU, st0);
+  backend_cuda_graph_stats(gb, st0);
   float la[2 * DV], lp[2 * DV];
   int32_t ia[2], ip[2];
   int ndiff = 0, idiff = 0, steps = 10;
@@ -1265,9 +1266,9 @@ TEST(decode_graph) {
     for (int i = 0; i < n * DV; i++) ndiff += memcmp(&la[i], &lp[i], 4) != 0;
     for (int i = 0; i < n; i++) idiff += ia[i] != ip[i];
   }
-  int sdiff = dmodel_pools_differ(GPU, &a, plain, &p);
+  int sdiff = dmodel_pools_differ(gb, &a, plain, &p);
   long st[5];
-  backend_cuda_graph_stats(GPU, st);
+  backend_cuda_graph_stats(gb, st);
   long cap = st[0] - st0[0], rep = st[1] - st0[1], dir = st[2] - st0[2], fus = st[3] - st0[3],
        pdl = st[4] - st0[4];
   n_checks++;
@@ -1282,6 +1283,126 @@ TEST(decode_graph) {
   /* every kernel of a captured step but the first is launched programmatically (the step is
    * ~20 launches after fusion; DS_PDL=0 would give 0) */
   EXPECT_MSG(pdl >= 15 * cap, "%ld programmatic edges in %ld captures", pdl, cap);
+  EXPECT_MSG(backend_cuda_norm_folds(gb) == 0, "DS_NORM_FOLD=0 folded %ld norms",
+             backend_cuda_norm_folds(gb));
+  char err[256] = "";
+  EXPECT_MSG(gb->sync(gb, err, sizeof err) == 0, "fold-off backend failed: %s", err);
+  dmodel_free(&a);
+  dmodel_free(&p);
+  plain->destroy(plain);
+  gb->destroy(gb);
+  for (int i = 0; i < W_COUNT; i++) free(wh[i]);
+  for (int i = 0; i < 4; i++) free(init[i]);
+}
+
+/* The same ten steps with the norms after a product taken off the products' critical path
+ * (the default): both such norms of the step (after the o product, after the DeltaNet out
+ * product; the first one follows the embedding) fold in every step that runs the list, and the
+ * logits stay within bf16 rounding of the ops as issued (the factor is applied to the sums
+ * instead of before xn's rounding): max difference <= 2e-2 of the largest logit; ids equal
+ * wherever the issued ops' top two logits are further apart than four times that difference. */
+TEST(decode_graph_norm_fold) {
+  backend *plain = gpu_with("DS_CUDA_GRAPHS", "0");
+  REQUIRE(plain != NULL);
+  float *wh[W_COUNT], *init[4];
+  dmodel_data(wh, init);
+  dmodel a, p;
+  dmodel_init(&a, GPU, wh, init);
+  dmodel_init(&p, plain, wh, init);
+  long st0[5], st[5], f0 = backend_cuda_norm_folds(GPU);
+  backend_cuda_graph_stats(GPU, st0);
+  float la[2 * DV], lp[2 * DV];
+  int32_t ia[2], ip[2];
+  double maxd = 0, maxl = 0;
+  int idiff = 0, steps = 10;
+  float margin[20];
+  int32_t ida[20], idp[20], nid = 0;
+  for (int k = 0; k < steps; k++) {
+    int n = k >= 5 && k < 8 ? 1 : 2;
+    int32_t pos[2] = {20 + k, k};
+    dmodel_step(&a, n, pos, la, ia);
+    dmodel_step(&p, n, pos, lp, ip);
+    for (int r = 0; r < n; r++) {
+      float b1 = -INFINITY, b2 = -INFINITY;
+      for (int i = 0; i < DV; i++) {
+        float d = fabsf(la[r * DV + i] - lp[r * DV + i]), v = lp[r * DV + i];
+        if (!(d <= maxd)) maxd = isnan(d) ? INFINITY : d;
+        if (fabsf(v) > maxl) maxl = fabsf(v);
+        if (v > b1) b2 = b1, b1 = v;
+        else if (v > b2) b2 = v;
+      }
+      margin[nid] = b1 - b2, ida[nid] = ia[r], idp[nid] = ip[r], nid++;
+    }
+  }
+  for (int i = 0; i < nid; i++) idiff += margin[i] > 4 * maxd && ida[i] != idp[i];
+  backend_cuda_graph_stats(GPU, st);
+  long runs = (st[0] - st0[0]) + (st[2] - st0[2]), folds = backend_cuda_norm_folds(GPU) - f0;
+  n_checks++;
+  printf("  decode steps, norms folded vs direct: logits max diff %.3g of max %.3g, %d clear ids "
+         "differ; %ld norms folded in %ld listed steps\n",
+         maxd, maxl, idiff, folds, runs);
+  EXPECT_MSG(maxl > 0 && maxd <= 2e-2 * maxl, "folded norms: logits differ by %.3g (max %.3g)",
+             maxd, maxl);
+  EXPECT_MSG(idiff == 0, "folded norms: %d ids differ", idiff);
+  EXPECT_MSG(runs >= 2 && folds == 2 * runs, "%ld norms folded in %ld listed steps", folds, runs);
+  gpu_ok();
+  dmodel_free(&a);
+  dmodel_free(&p);
+  plain->destroy(plain);
+  for (int i = 0; i < W_COUNT; i++) free(wh[i]);
+  for (int i = 0; i < 4; i++) free(init[i]);
+}
+
+/* [product -> mix, rmsnorm(x += mix) -> xn, q/k/v products of xn, then fg += xn]: xn is read
+ * after its products, so the norm may not fold (xn would hold the unscaled values). Three steps
+ * (direct, captured, replayed): no fold, every output bit equal to the ops as issued. */
+static void dmodel_xn_step(dmodel *m, uint16_t *out) {
+  backend *be = m->be;
+  backend_weight *w = m->w;
+  backend_buf *b = m->b;
+  static int32_t pt[2 * DMAXP] = {0, 1, 2, 3, 4, 5, 6, 7};
+  int32_t tok[1] = {7}, pos[1] = {3}, seq[1] = {0}, st[1] = {0}, len[1] = {1}, slot[1] = {0},
+          orow[1] = {0};
+  be->zero(be, b[B_FG], 0, (size_t)DI * 2);
+  backend_batch bb = {1, 1, tok, pos, seq, st, len, pos, slot, pt, DMAXP, 1, orow};
+  EXPECT(be->set_batch(be, &bb) == 0);
+  be->embed(be, w[W_E], DH, b[B_X]);
+  be->embed(be, w[W_E], DH, b[B_ATT]); /* DNH * DHD == DH */
+  be->matmul(be, b[B_ATT], w[W_O], 1, DNH * DHD, DH, b[B_MIX]);
+  be->rmsnorm(be, b[B_X], b[B_MIX], w[W_N1], 1, DH, 1e-6f, b[B_XN]);
+  be->matmul(be, b[B_XN], w[W_Q], 1, DH, DNH * 2 * DHD, b[B_QG]);
+  be->matmul(be, b[B_XN], w[W_K], 1, DH, DNKV * DHD, b[B_K]);
+  be->matmul(be, b[B_XN], w[W_V], 1, DH, DNKV * DHD, b[B_V]);
+  be->add(be, b[B_FG], b[B_XN], DH);
+  EXPECT(be->read(be, b[B_FG], 0, out, (size_t)DH * 2) == 0);
+  EXPECT(be->read(be, b[B_QG], 0, out + DH, (size_t)DNH * 2 * DHD * 2) == 0);
+}
+
+TEST(norm_fold_refused) {
+  _Static_assert(DNH * DHD == DH, "dmodel_xn_step embeds into the attention output");
+  backend *plain = gpu_with("DS_CUDA_GRAPHS", "0");
+  REQUIRE(plain != NULL);
+  float *wh[W_COUNT], *init[4];
+  dmodel_data(wh, init);
+  dmodel a, p;
+  dmodel_init(&a, GPU, wh, init);
+  dmodel_init(&p, plain, wh, init);
+  long f0 = backend_cuda_norm_folds(GPU), st0[5], st[5];
+  backend_cuda_graph_stats(GPU, st0);
+  uint16_t oa[DH + DNH * 2 * DHD], op[DH + DNH * 2 * DHD];
+  int diff = 0;
+  for (int k = 0; k < 3; k++) {
+    dmodel_xn_step(&a, oa);
+    dmodel_xn_step(&p, op);
+    diff += memcmp(oa, op, sizeof oa) != 0;
+  }
+  backend_cuda_graph_stats(GPU, st);
+  long folds = backend_cuda_norm_folds(GPU) - f0, listed = (st[0] - st0[0]) + (st[2] - st0[2]);
+  n_checks++;
+  printf("  xn read after its products: %ld norms folded in %ld listed steps, %d steps differ\n",
+         folds, listed, diff);
+  EXPECT_MSG(listed >= 2 && folds == 0, "%ld norms folded in %ld listed steps", folds, listed);
+  EXPECT_MSG(diff == 0, "%d steps differ from the ops as issued", diff);
   gpu_ok();
   dmodel_free(&a);
   dmodel_free(&p);
@@ -1324,6 +1445,8 @@ int main(void) {
   RUN(logits);
   RUN(argmax);
   RUN(decode_graph);
+  RUN(decode_graph_norm_fold);
+  RUN(norm_fold_refused);
   printf("op checks: %d\n", n_checks);
   GPU->destroy(GPU);
   CPU->destroy(CPU);

@@ -410,13 +410,13 @@ static int cu_sync(backend *be, char *err, size_t errlen) {
 /* One warp's dot products of W's row w (K values) with the T activation rows: lane partials
  * over 16-byte pieces, then a butterfly; every lane ends with the T sums. Shared by every GEMV
  * kernel, so a fused launch gives the same bits as the single one. */
-template <int T, bool STREAM = true>
+template <int T, bool STREAM = true, bool LATE = false>
 __device__ __forceinline__ void gemv_row(const bf16 *__restrict__ x, const bf16 *__restrict__ w,
-                                         int K, int lane, float *acc) {
+                                         int K, int lane, float *acc,
+                                         const float *inv = nullptr, float *iv = nullptr) {
 #pragma unroll
   for (int t = 0; t < T; t++) acc[t] = 0.f;
-#pragma unroll 4
-  for (int k = lane * 8; k < K; k += 256) {
+  auto piece = [&](int k) {
     float wf[8];
     bf16x8_to_f32(STREAM ? ld_stream16(w + k) : __ldg((const uint4 *)(w + k)), wf);
 #pragma unroll
@@ -426,6 +426,19 @@ __device__ __forceinline__ void gemv_row(const bf16 *__restrict__ x, const bf16 
 #pragma unroll
       for (int i = 0; i < 8; i++) acc[t] += wf[i] * xf[i];
     }
+  };
+  if constexpr (!LATE) {
+#pragma unroll 4
+    for (int k = lane * 8; k < K; k += 256) piece(k);
+  } else { /* GEMV_LATE: the first 4 pieces per lane, then the previous kernel's results */
+    int k = lane * 8, k1 = min(K, 1024);
+#pragma unroll 4
+    for (; k < k1; k += 256) piece(k);
+    pdl_wait();
+#pragma unroll
+    for (int t = 0; t < T; t++) iv[t] = __ldcg(inv + t);
+#pragma unroll 4
+    for (; k < K; k += 256) piece(k);
   }
 #pragma unroll
   for (int t = 0; t < T; t++) acc[t] = warp_sum(acc[t]);
@@ -451,15 +464,60 @@ __device__ __forceinline__ float gemv_pick(const float *acc, int lane) {
 #endif
 #define GEMV_SMALL_N 4096
 
-template <int T, int WB>
+/* What a GEMV launch does around its products (the decode recorder's norm fold, see
+ * norm_fold_at). GEMV_PLAIN: y = x.W^T. GEMV_RES (the product before a folded norm): also
+ * res[t, n] += y[t, n] (k_rmsnorm8's residual expression) and xg[t, n] = res[t, n] * (1 +
+ * g[n]) in bf16 (the norm's input scaled by its weight, the factor left out). GEMV_LATE (the
+ * products after it, x = xg): the next kernel is let launch at once, the products run while the
+ * norm's factor kernel before them still runs, and only then is it waited for and each row's
+ * sums scaled by inv[t]. */
+enum { GEMV_PLAIN = 0, GEMV_RES = 1, GEMV_LATE = 2 };
+#define NORM_FOLD_MAXT 4 /* steps of more rows keep the norm (GEMV_MAXT_DEFAULT) */
+struct gemv_nf {
+  const float *g; /* GEMV_RES: the norm's weight (zero-centred) */
+  bf16 *res, *xg; /* GEMV_RES: the residual stream and the scaled copy [T, N] */
+  const float *inv; /* GEMV_LATE: [T] */
+};
+
+template <int T, int MODE>
+__device__ __forceinline__ void gemv_enter(void) {
+  if (MODE == GEMV_LATE) pdl_launch_next();
+  else pdl_enter();
+}
+
+/* GEMV_LATE: the sums scaled by the norm's factors iv (loaded by gemv_row after its wait). */
+template <int T, int MODE>
+__device__ __forceinline__ void gemv_late(float *acc, const float *iv) {
+  if constexpr (MODE == GEMV_LATE) {
+#pragma unroll
+    for (int t = 0; t < T; t++) acc[t] *= iv[t];
+  }
+}
+
+template <int T, int WB, int MODE>
 __global__ void __launch_bounds__(WB * 32)
-    k_gemv(const bf16 *__restrict__ x, const bf16 *__restrict__ W, int K, int N, bf16 *y) {
+    k_gemv(const bf16 *__restrict__ x, const bf16 *__restrict__ W, int K, int N, bf16 *y,
+           gemv_nf nf) {
   int n = blockIdx.x * WB + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-  pdl_enter();
+  gemv_enter<T, MODE>();
   if (n >= N) return;
-  float acc[T];
-  gemv_row<T>(x, W + (size_t)n * K, K, lane, acc);
-  if (lane < T) y[(size_t)lane * N + n] = f2bf(gemv_pick<T>(acc, lane));
+  float acc[T], iv[T], r0 = 0.f, g0 = 0.f;
+  if (MODE == GEMV_RES && lane < T) { /* loaded now: not a dependent load after the sums */
+    r0 = bf2f(nf.res[(size_t)lane * N + n]);
+    g0 = nf.g[n];
+  }
+  gemv_row<T, true, MODE == GEMV_LATE>(x, W + (size_t)n * K, K, lane, acc, nf.inv, iv);
+  gemv_late<T, MODE>(acc, iv);
+  if (lane < T) {
+    size_t o = (size_t)lane * N + n;
+    bf16 yb = f2bf(gemv_pick<T>(acc, lane));
+    y[o] = yb;
+    if (MODE == GEMV_RES) {
+      bf16 rb = f2bf(r0 + bf2f(yb));
+      nf.res[o] = rb;
+      nf.xg[o] = f2bf(bf2f(rb) * (1.f + g0));
+    }
+  }
 }
 
 /* Up to GEMV_MULTI products of one x in one launch (the decode step's q/k/v and DeltaNet input
@@ -499,33 +557,37 @@ __device__ __forceinline__ void gemv_set_pick(const gemv_set &s, int n, const bf
   r = n - base;
 }
 
-template <int T>
+template <int T, int MODE>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
-    k_gemv_multi(const bf16 *__restrict__ x, gemv_set s, int K) {
-  pdl_enter();
+    k_gemv_multi(const bf16 *__restrict__ x, gemv_set s, int K, gemv_nf nf) {
+  gemv_enter<T, MODE>();
   int n = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
   if (n >= s.n0[GEMV_MULTI]) return;
   const bf16 *W;
   bf16 *y;
   int N, r;
   gemv_set_pick(s, n, W, y, N, r);
-  float acc[T];
-  gemv_row<T>(x, W + (size_t)r * K, K, lane, acc);
+  float acc[T], iv[T];
+  gemv_row<T, true, MODE == GEMV_LATE>(x, W + (size_t)r * K, K, lane, acc, nf.inv, iv);
+  gemv_late<T, MODE>(acc, iv);
   if (lane < T) y[(size_t)lane * N + r] = f2bf(gemv_pick<T>(acc, lane));
 }
 
 /* gate = x.Wg^T, up = x.Wu^T, out = silu(gate) * up (the swiglu op's expression on the bf16
  * values) in one launch; gate and up are still written (out may alias gate). */
-template <int T>
+template <int T, int MODE>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
     k_gemv_glu(const bf16 *__restrict__ x, const bf16 *__restrict__ Wg,
-               const bf16 *__restrict__ Wu, int K, int N, bf16 *yg, bf16 *yu, bf16 *out) {
+               const bf16 *__restrict__ Wu, int K, int N, bf16 *yg, bf16 *yu, bf16 *out,
+               gemv_nf nf) {
   int n = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-  pdl_enter();
+  gemv_enter<T, MODE>();
   if (n >= N) return;
-  float ag[T], au[T];
-  gemv_row<T>(x, Wg + (size_t)n * K, K, lane, ag);
+  float ag[T], au[T], iv[T];
+  gemv_row<T, true, MODE == GEMV_LATE>(x, Wg + (size_t)n * K, K, lane, ag, nf.inv, iv);
   gemv_row<T>(x, Wu + (size_t)n * K, K, lane, au);
+  gemv_late<T, MODE>(ag, iv);
+  gemv_late<T, MODE>(au, iv);
   if (lane < T) {
     bf16 gb = f2bf(gemv_pick<T>(ag, lane)), ub = f2bf(gemv_pick<T>(au, lane));
     size_t o = (size_t)lane * N + n;
@@ -710,23 +772,37 @@ static void launch_narrow(cuda_ctx *c, const bf16 *x, int T, int K, int m, const
 }
 
 /* k_gemv in blocks of WB warps (rows). */
-template <int WB>
-static void gemv_launch(cuda_ctx *c, const bf16 *x, const bf16 *W, int T, int K, int N, bf16 *y) {
+template <int WB, int MODE>
+static void gemv_launch(cuda_ctx *c, const bf16 *x, const bf16 *W, int T, int K, int N, bf16 *y,
+                        gemv_nf nf) {
   unsigned blocks = (unsigned)((N + WB - 1) / WB);
   switch (T) {
-#define G(n) case n: k_gemv<n, WB><<<blocks, WB * 32, 0, c->st>>>(x, W, K, N, y); break;
+#define G(n)                                                                 \
+  case n:                                                                    \
+    if constexpr (MODE == GEMV_PLAIN || n <= NORM_FOLD_MAXT)                 \
+      k_gemv<n, WB, MODE><<<blocks, WB * 32, 0, c->st>>>(x, W, K, N, y, nf); \
+    break;
     G(1) G(2) G(3) G(4) G(5) G(6) G(7) G(8)
 #undef G
   }
+}
+
+template <int MODE>
+static void gemv_mode(cuda_ctx *c, const bf16 *x, const bf16 *W, int T, int K, int N, bf16 *y,
+                      gemv_nf nf) {
+  if (N <= GEMV_SMALL_N) gemv_launch<GEMV_SMALL_WARPS, MODE>(c, x, W, T, K, N, y, nf);
+  else gemv_launch<GEMV_WARPS, MODE>(c, x, W, T, K, N, y, nf);
+  cuda_check_launch(c, MODE == GEMV_PLAIN ? "matmul (gemv)"
+                       : MODE == GEMV_RES ? "matmul (gemv + residual)"
+                                          : "matmul (gemv, norm factor late)");
 }
 
 /* 1 when the GEMV path took the product. */
 static int gemv(cuda_ctx *c, const bf16 *x, const bf16 *W, int T, int K, int N, bf16 *y) {
   if (c->legacy || T < 1 || T > c->gemv_maxt || K % 8 || (((uintptr_t)x | (uintptr_t)W) & 15))
     return 0;
-  if (N <= GEMV_SMALL_N) gemv_launch<GEMV_SMALL_WARPS>(c, x, W, T, K, N, y);
-  else gemv_launch<GEMV_WARPS>(c, x, W, T, K, N, y);
-  cuda_check_launch(c, "matmul (gemv)");
+  gemv_nf nf = {NULL, NULL, NULL, NULL};
+  gemv_mode<GEMV_PLAIN>(c, x, W, T, K, N, y, nf);
   return 1;
 }
 
@@ -953,6 +1029,8 @@ static void cu_host_free(backend *be, void *p) {
  *   matmul gate, matmul up, swiglu(gate, up)                  -> one k_gemv_glu launch
  *   conv1d, gdn_gates, gdn_decode, gated_rmsnorm of one layer -> one k_gdn_chain launch
  *   attention, sigmoid_mul(its output, gate)                  -> the gate in the merge kernel
+ *   product, rmsnorm, products of its output                  -> the norm off the products'
+ *                                                                critical path (norm_fold_at)
  * (each output element computed by the same code as unfused: the same bits). How it runs:
  *   - a graph captured for the same signature and scratch address exists: relaunch it;
  *   - the signature equals the previous step's: capture the run into a graph, keep it;
@@ -975,8 +1053,20 @@ enum {
   GOP_GATES,
   GOP_GDN_DEC,
   GOP_GNORM,
-  GOP_ATTN,  /* attention (arguments in gop.at) */
-  GOP_SIGMUL /* sigmoid_mul(out, gate, n) */
+  GOP_ATTN,   /* attention (arguments in gop.at) */
+  GOP_SIGMUL, /* sigmoid_mul(out, gate, n) */
+  GOP_RMSNORM /* rmsnorm (arguments in gop.nm) */
+};
+
+/* GOP_RMSNORM's arguments (the rmsnorm op: x += add; y = norm(x; w, eps)) */
+struct gop_norm {
+  bf16 *x;
+  const bf16 *add;
+  backend_weight wh;
+  const float *w; /* wh's fp32 values */
+  int T, n;
+  float eps;
+  bf16 *y;
 };
 
 /* GOP_ATTN's arguments */
@@ -1004,6 +1094,7 @@ struct gop {
   /* GOP_CONV .. GOP_GNORM: each fills its own op's fields */
   cuda_gdn_chain_args ch;
   gop_attn at; /* GOP_ATTN */
+  gop_norm nm; /* GOP_RMSNORM */
 };
 
 struct graph_entry {
@@ -1025,7 +1116,7 @@ struct cuda_graphs {
   std::vector<uint8_t> sig, last_sig, bad_sig;
   std::vector<graph_entry> cache;
   uint64_t tick;
-  long captures, replays, direct, fused, pdl_edges;
+  long captures, replays, direct, fused, pdl_edges, norm_folds;
   /* the graph nodes of the capture in progress that are kernels of ours (graph_note_launch) */
   std::unordered_set<cudaGraphNode_t> ours;
   /* DS_CUDA_STEP_TIMING=1: each replay between two events, for the GPU's share of a step
@@ -1225,7 +1316,8 @@ static int same_x_run(cuda_ctx *c, const std::vector<gop> &ops, size_t i, int ma
   return m;
 }
 
-static void launch_multi(cuda_ctx *c, const gop *ops, int m) {
+template <int MODE>
+static void launch_multi(cuda_ctx *c, const gop *ops, int m, gemv_nf nf) {
   gemv_set s;
   memset(&s, 0, sizeof s);
   for (int i = 0; i < m; i++) gemv_set_add(s, ops[i].W->bf, ops[i].y, ops[i].N);
@@ -1234,11 +1326,16 @@ static void launch_multi(cuda_ctx *c, const gop *ops, int m) {
   const bf16 *x = ops[0].x;
   int K = ops[0].K;
   switch (ops[0].T) {
-#define G(n) case n: k_gemv_multi<n><<<blocks, GEMV_WARPS * 32, 0, c->st>>>(x, s, K); break;
+#define G(n)                                                                     \
+  case n:                                                                        \
+    if constexpr (MODE == GEMV_PLAIN || n <= NORM_FOLD_MAXT)                     \
+      k_gemv_multi<n, MODE><<<blocks, GEMV_WARPS * 32, 0, c->st>>>(x, s, K, nf); \
+    break;
     G(1) G(2) G(3) G(4) G(5) G(6) G(7) G(8)
 #undef G
   }
-  cuda_check_launch(c, "matmul (fused gemv)");
+  cuda_check_launch(c, MODE == GEMV_LATE ? "matmul (fused gemv, norm factor late)"
+                                         : "matmul (fused gemv)");
 }
 
 /* ops[i..i+1] are conv1d and gdn_gates of one layer (the gates' qkv = the conv output): their
@@ -1284,18 +1381,115 @@ static int gdn_chain_of(const std::vector<gop> &ops, size_t i, cuda_gdn_chain_ar
   return 1;
 }
 
-static void launch_glu(cuda_ctx *c, const gop &g, const gop &u, const gop &sw) {
+template <int MODE>
+static void launch_glu(cuda_ctx *c, const gop &g, const gop &u, const gop &sw, gemv_nf nf) {
   unsigned blocks = (unsigned)((g.N + GEMV_WARPS - 1) / GEMV_WARPS);
   switch (g.T) {
-#define G(n)                                                                                   \
-  case n:                                                                                      \
-    k_gemv_glu<n><<<blocks, GEMV_WARPS * 32, 0, c->st>>>(g.x, g.W->bf, u.W->bf, g.K, g.N, g.y, \
-                                                         u.y, sw.out);                         \
+#define G(n)                                                                                 \
+  case n:                                                                                    \
+    if constexpr (MODE == GEMV_PLAIN || n <= NORM_FOLD_MAXT)                                 \
+      k_gemv_glu<n, MODE><<<blocks, GEMV_WARPS * 32, 0, c->st>>>(g.x, g.W->bf, u.W->bf, g.K, \
+                                                                g.N, g.y, u.y, sw.out, nf); \
     break;
     G(1) G(2) G(3) G(4) G(5) G(6) G(7) G(8)
 #undef G
   }
-  cuda_check_launch(c, "matmul (fused gate/up/swiglu)");
+  cuda_check_launch(c, MODE == GEMV_LATE ? "matmul (fused gate/up/swiglu, norm factor late)"
+                                         : "matmul (fused gate/up/swiglu)");
+}
+
+/* 1 when ops[i..i+2] are gate and up products of one x on the GEMV path and swiglu(gate, up)
+ * into outputs launch_glu may write (none over x; out may alias gate or up). */
+static int glu_at(cuda_ctx *c, const std::vector<gop> &ops, size_t i) {
+  if (i + 2 >= ops.size()) return 0;
+  const gop &o = ops[i], &u = ops[i + 1], &sw = ops[i + 2];
+  if (!gemv_fits(c, o) || !gemv_fits(c, u) || sw.kind != GOP_SWIGLU || u.x != o.x ||
+      u.T != o.T || u.K != o.K || u.N != o.N || sw.gate != o.y || sw.up != u.y ||
+      sw.n != (size_t)o.T * o.N)
+    return 0;
+  size_t xb = (size_t)o.T * o.K * 2, yb = (size_t)o.T * o.N * 2;
+  return !overlap(o.y, yb, o.x, xb) && !overlap(u.y, yb, o.x, xb) && !overlap(o.y, yb, u.y, yb) &&
+         !overlap(sw.out, yb, o.x, xb) &&
+         (sw.out == o.y || sw.out == u.y ||
+          (!overlap(sw.out, yb, o.y, yb) && !overlap(sw.out, yb, u.y, yb)));
+}
+
+/* ---- the rmsnorm off the products' critical path ----
+ * In a recorded step of <= NORM_FOLD_MAXT rows on the GEMV path,
+ *   [product P -> mix] [rmsnorm(x += mix; w) -> xn] [products of xn: gate/up/swiglu, or up to
+ *   GEMV_MULTI products]
+ * runs as
+ *   [P, whose epilogue also does x += its output (k_rmsnorm8's expression) and writes
+ *    xn = x * (1 + w) in bf16, the norm without its factor]
+ *   [the factor kernel: inv[t] = rsqrt(mean(x[t]^2) + eps), k_rmsnorm8's sums]
+ *   [the products of xn, GEMV_LATE: launched as the factor kernel starts, streaming their
+ *    weights while it runs, waiting for it only before scaling their sums by inv[t]]
+ * so a norm no longer stands between two products (~2 µs each of a one-sequence step inside
+ * the pipelined graph, bench/NOTES.md thirteenth session). Not bit-identical to the ops as
+ * issued (the factor is applied to the sums, not to xn before its bf16 rounding), so off under
+ * --batch-invariant (a row's bits would depend on its step taking this path) and with
+ * DS_NORM_FOLD=0. xn holds the unscaled values afterwards: the fold needs no later op to name
+ * an address inside xn before the next norm writes it (checked on the recorded arguments). The
+ * products read xn, written by P, before their wait: P finished before the factor kernel's wait
+ * returned, and they are launched only after that. */
+struct norm_fold {
+  int glu; /* the products after the norm are gate, up, swiglu */
+  int m;   /* ops after the norm taken by the fold */
+};
+
+/* 1 when the recorded arguments of ops[k] hold a pointer into [p, p + nb). */
+static int op_names(const cuda_graphs *g, const std::vector<gop> &ops, size_t k, const void *p,
+                    size_t nb) {
+  size_t a = ops[k].arg, e = k + 1 < ops.size() ? ops[k + 1].arg : g->args.size();
+  for (; a + 8 <= e; a += 8) { /* the argument tuple starts 16-aligned; pointers are 8-aligned */
+    uintptr_t v;
+    memcpy(&v, g->args.data() + a, 8);
+    if (v >= (uintptr_t)p && v < (uintptr_t)p + nb) return 1;
+  }
+  return 0;
+}
+
+/* 1 when the norm ops[j] folds (see above), with its products in *nf; the same answer at the
+ * product before it (which then takes the residual add and writes xn) and at the norm. */
+static int norm_fold_at(cuda_ctx *c, const std::vector<gop> &ops, size_t j, norm_fold *nf) {
+  const cuda_graphs *g = c->gr;
+  size_t n = ops.size();
+  if (!g->fuse || !c->norm_fold || !c->fold_inv || c->batch_invariant || j == 0 ||
+      j + 1 >= n || ops[j].kind != GOP_RMSNORM)
+    return 0;
+  const gop_norm &r = ops[j].nm;
+  size_t xb = (size_t)r.T * r.n * 2;
+  if (!r.w || !r.add || r.T < 1 || r.T > NORM_FOLD_MAXT || r.n % 8 || r.n > 8192 ||
+      (((uintptr_t)r.x | (uintptr_t)r.y | (uintptr_t)r.w) & 15) || overlap(r.x, xb, r.y, xb) ||
+      overlap(r.add, xb, r.y, xb))
+    return 0;
+  const gop &p = ops[j - 1]; /* the product before takes x += add and writes xn */
+  if (!gemv_fits(c, p) || p.y != r.add || p.T != r.T || p.N != r.n ||
+      overlap(p.x, (size_t)p.T * p.K * 2, r.x, xb) || overlap(p.x, (size_t)p.T * p.K * 2, r.y, xb) ||
+      overlap(p.y, xb, r.x, xb))
+    return 0;
+  const gop &q = ops[j + 1];
+  if (!gemv_fits(c, q) || q.x != r.y || q.T != r.T || q.K != r.n) return 0;
+  if (glu_at(c, ops, j + 1)) {
+    nf->glu = 1;
+    nf->m = 3;
+  } else {
+    nf->glu = 0;
+    nf->m = same_x_run(c, ops, j + 1, GEMV_MULTI, gemv_fits);
+  }
+  for (int k = 0; k < nf->m; k++) { /* nothing the factor kernel reads is written meanwhile */
+    const gop &o = ops[j + 1 + k];
+    if (o.kind == GOP_MATMUL && overlap(o.y, (size_t)o.T * o.N * 2, r.x, xb)) return 0;
+    if (o.kind == GOP_SWIGLU && overlap(o.out, o.n * 2, r.x, xb)) return 0;
+  }
+  for (size_t k = j + 1 + nf->m; k < n; k++) { /* xn's readers, up to its next writer */
+    const gop &o = ops[k];
+    if (o.kind == GOP_RMSNORM && o.nm.y == r.y && o.nm.T == r.T && o.nm.n == r.n &&
+        !overlap(o.nm.x, xb, r.y, xb) && !(o.nm.add && overlap(o.nm.add, xb, r.y, xb)))
+      break;
+    if (op_names(g, ops, k, r.y, xb)) return 0;
+  }
+  return 1;
 }
 
 /* Runs the recorded list in order, with the rewrites. */
@@ -1303,9 +1497,38 @@ static void graph_run_ops(cuda_ctx *c) {
   cuda_graphs *g = c->gr;
   std::vector<gop> &ops = g->ops;
   size_t n = ops.size();
+  size_t res_done = SIZE_MAX; /* the folded norm whose residual add the product before took */
   for (size_t i = 0; i < n;) {
     const gop &o = ops[i];
     cuda_gdn_chain_args ch;
+    norm_fold nf;
+    if (o.kind == GOP_MATMUL && i + 1 < n && ops[i + 1].kind == GOP_RMSNORM &&
+        norm_fold_at(c, ops, i + 1, &nf)) { /* the product before a folded norm */
+      const gop_norm &r = ops[i + 1].nm;
+      gemv_nf p = {r.w, r.x, r.y, NULL};
+      gemv_mode<GEMV_RES>(c, o.x, o.W->bf, o.T, o.K, o.N, o.y, p);
+      res_done = i + 1;
+      i++;
+      continue;
+    }
+    if (o.kind == GOP_RMSNORM && res_done == i) { /* the folded norm and its products */
+      const gop_norm &r = o.nm;
+      if (!norm_fold_at(c, ops, i, &nf)) { /* cannot happen: the product's answer was yes */
+        cuda_elem_rmsnorm(g->be, r.x, NULL, r.wh, r.T, r.n, r.eps, r.y);
+        i++;
+        continue;
+      }
+      cuda_elem_rmsnorm_inv(c, r.x, r.T, r.n, r.eps, c->fold_inv);
+      gemv_nf p = {NULL, NULL, NULL, c->fold_inv};
+      const gop *q = &ops[i + 1];
+      if (nf.glu) launch_glu<GEMV_LATE>(c, q[0], q[1], q[2], p);
+      else if (nf.m > 1) launch_multi<GEMV_LATE>(c, q, nf.m, p);
+      else gemv_mode<GEMV_LATE>(c, q[0].x, q[0].W->bf, q[0].T, q[0].K, q[0].N, q[0].y, p);
+      g->fused += nf.glu ? 2 : nf.m - 1;
+      g->norm_folds++;
+      i += 1 + nf.m;
+      continue;
+    }
     if (g->fuse && o.kind == GOP_CONV && gdn_chain_of(ops, i, &ch) && cuda_gdn_chain(c, &ch)) {
       g->fused += 3;
       i += 4;
@@ -1331,28 +1554,17 @@ static void graph_run_ops(cuda_ctx *c) {
       }
     }
     if (g->fuse && gemv_fits(c, o)) {
-      size_t xb = (size_t)o.T * o.K * 2;
-      /* gate, up, swiglu(gate, up) */
-      if (i + 2 < n) {
-        const gop &u = ops[i + 1], &sw = ops[i + 2];
-        if (gemv_fits(c, u) && sw.kind == GOP_SWIGLU && u.x == o.x && u.T == o.T && u.K == o.K &&
-            u.N == o.N && sw.gate == o.y && sw.up == u.y && sw.n == (size_t)o.T * o.N) {
-          size_t yb = (size_t)o.T * o.N * 2;
-          if (!overlap(o.y, yb, o.x, xb) && !overlap(u.y, yb, o.x, xb) &&
-              !overlap(o.y, yb, u.y, yb) && !overlap(sw.out, yb, o.x, xb) &&
-              (sw.out == o.y || sw.out == u.y ||
-               (!overlap(sw.out, yb, o.y, yb) && !overlap(sw.out, yb, u.y, yb)))) {
-            launch_glu(c, o, u, sw);
-            g->fused += 2;
-            i += 3;
-            continue;
-          }
-        }
+      gemv_nf plain = {NULL, NULL, NULL, NULL};
+      if (glu_at(c, ops, i)) { /* gate, up, swiglu(gate, up) */
+        launch_glu<GEMV_PLAIN>(c, o, ops[i + 1], ops[i + 2], plain);
+        g->fused += 2;
+        i += 3;
+        continue;
       }
       /* consecutive products of one x into distinct outputs */
       int m = same_x_run(c, ops, i, GEMV_MULTI, gemv_fits);
       if (m > 1) {
-        launch_multi(c, &ops[i], m);
+        launch_multi<GEMV_PLAIN>(c, &ops[i], m, plain);
         g->fused += m - 1;
         i += m;
         continue;
@@ -1582,8 +1794,15 @@ static void w_embed(backend *be, backend_weight E, int H, backend_buf out) {
 }
 static void w_rmsnorm(backend *be, backend_buf x, backend_buf add, backend_weight w, int T, int n,
                       float eps, backend_buf y) {
-  if (!rec_op(be, 2, cuda_elem_rmsnorm, x, add, w, T, n, eps, y))
+  cuda_graphs *g = cuda_ctx_of(be)->gr;
+  if (!g || !g->rec) {
     cuda_elem_rmsnorm(be, x, add, w, T, n, eps, y);
+    return;
+  }
+  sig_put(g->sig, 2, x, add, w, T, n, eps, y);
+  gop &o = rec_call(g, cuda_elem_rmsnorm, x, add, w, T, n, eps, y);
+  o.kind = GOP_RMSNORM;
+  o.nm = {(bf16 *)x, (const bf16 *)add, w, CW(w)->f32, T, n, eps, (bf16 *)y};
 }
 static void w_add(backend *be, backend_buf x, backend_buf y, size_t n) {
   if (!rec_op(be, 3, cuda_elem_add, x, y, n)) cuda_elem_add(be, x, y, n);
@@ -1743,6 +1962,11 @@ static void w_argmax(backend *be, backend_buf x, int n, int V, backend_buf ids, 
 }
 
 /* Counters of the decode-step recorder (see backend_cuda.h). */
+extern "C" long backend_cuda_norm_folds(backend *be) {
+  cuda_graphs *g = cuda_ctx_of(be)->gr;
+  return g ? g->norm_folds : 0;
+}
+
 extern "C" void backend_cuda_graph_stats(backend *be, long out[5]) {
   cuda_graphs *g = cuda_ctx_of(be)->gr;
   out[4] = g ? g->pdl_edges : 0;
@@ -1784,6 +2008,7 @@ static void cu_destroy(backend *be) {
     cudaFree(c->am_v);
     cudaFree(c->am_i);
     cudaFree(c->am_cnt);
+    cudaFree(c->fold_inv);
     if (c->blas) cublasDestroy(c->blas);
     cudaFree(c->blas_ws);
     cudaFree(c->scratch);
@@ -1854,6 +2079,8 @@ extern "C" backend *backend_cuda_create(int device, char *err, size_t errlen) {
                cudaMalloc(&c->am_cnt, ARGMAX_PARTS * sizeof(int)) != cudaSuccess ||
                cudaMemset(c->am_cnt, 0, ARGMAX_PARTS * sizeof(int)) != cudaSuccess))
     why = "out of device memory for the argmax partials";
+  if (!why && cudaMalloc(&c->fold_inv, NORM_FOLD_MAXT * sizeof(float)) != cudaSuccess)
+    why = "out of device memory for the norm factors";
   if (!why && cuda_ktrace_init(c)) why = "out of device memory for the kernel trace";
   if (why) {
     cudaGetLastError();
@@ -1883,6 +2110,8 @@ extern "C" backend *backend_cuda_create(int device, char *err, size_t errlen) {
     c->sgemm_maxt = sm ? atoi(sm) : 16;
     const char *nw = getenv("DS_NARROW"); /* narrow-product kernel, on unless "0" */
     c->narrow = !(nw && strcmp(nw, "0") == 0);
+    const char *nfo = getenv("DS_NORM_FOLD"); /* on unless "0" (bench/NOTES.md) */
+    c->norm_fold = !(nfo && strcmp(nfo, "0") == 0);
     const char *gc = getenv("DS_GDN_CHAIN"); /* the DeltaNet decode chain kernel, on unless "0" */
     c->gdn_chain = !(gc && strcmp(gc, "0") == 0);
     const char *mg = getenv("DS_MOE_GROUPED"); /* on unless "0" */

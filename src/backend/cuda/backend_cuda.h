@@ -24,6 +24,10 @@ backend *backend_cuda_create(int device, char *err, size_t errlen);
  * All 0 when recording is off (DS_CUDA_GRAPHS=0, DS_CUDA_LEGACY=1). For tests and benchmarks. */
 void backend_cuda_graph_stats(backend *be, long out[5]);
 
+/* rmsnorms the decode-step recorder took off the products' critical path (backend_cuda.cu
+ * norm_fold_at; DS_NORM_FOLD=0: none). For tests and benchmarks. */
+long backend_cuda_norm_folds(backend *be);
+
 #ifdef __cplusplus
 }
 #endif

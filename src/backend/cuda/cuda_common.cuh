@@ -90,6 +90,10 @@ typedef struct cuda_ctx {
    * ARGMAX_PARTS partial (value, id) pairs and one arrival counter per row */
   float *am_v;
   int *am_i, *am_cnt;
+  /* decode steps: rmsnorms folded into the products around them (backend_cuda.cu
+   * norm_fold_at; DS_NORM_FOLD=0: off), the factors of the folded norm's rows */
+  int norm_fold;
+  float *fold_inv;
   /* products of <= 64 columns through the narrow kernel (backend_cuda.cu; DS_NARROW=0: off) */
   int narrow;
   /* decode steps: each DeltaNet layer's conv, gates, recurrent step and gated norm as one
@@ -171,6 +175,9 @@ typedef struct cuda_gdn_chain_args {
   float eps;
 } cuda_gdn_chain_args;
 int cuda_gdn_chain(cuda_ctx *c, const cuda_gdn_chain_args *a);
+/* inv[t] = rsqrt(mean(x[t, :]^2) + eps) for t < T with the rmsnorm op's sums (n % 8 == 0,
+ * n <= 8192, x 16-byte aligned): the decode recorder's norm fold (backend_cuda.cu). */
+void cuda_elem_rmsnorm_inv(cuda_ctx *c, const bf16 *x, int T, int n, float eps, float *inv);
 /* The chain's first two ops (conv1d and gdn_gates of a decode step: the args' conv and gates
  * fields) as one launch, for the steps the chain does not cover; 1 when launched, else 0.
  * Conv state and output (q, k normalised), beta and g get the two ops' bits. */
@@ -214,6 +221,24 @@ __device__ __forceinline__ void pdl_enter(void) {
   ktrace_stamp();
 #endif
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+/* The two halves of pdl_enter for a kernel that needs the previous kernel's results only at
+ * its end (backend_cuda.cu, the norm fold): let the next kernel launch now, wait later. What
+ * such a kernel reads before pdl_wait must come from kernels before the previous one (done
+ * before this one was launched). */
+__device__ __forceinline__ void pdl_launch_next(void) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#ifdef DS_KTRACE
+  ktrace_stamp();
+#endif
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_wait(void) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
 }
 

@@ -83,8 +83,11 @@ __global__ void k_rmsnorm(bf16 *x, const bf16 *add, const float *w, int n, float
 /* The same row, 8 elements (16 bytes of x and add, 32 of w) per thread, every load issued
  * before the reduction: one block of n/8 threads (rounded up to a warp) per row, for n % 8 == 0,
  * n <= 8192 and 16-byte aligned operands (every model's rows). The one-element kernel above
- * moved ~1 TB/s on 512-row prefill steps (bench/NOTES.md). */
-__global__ void k_rmsnorm8(bf16 *x, const bf16 *add, const float *w, int n, float eps, bf16 *y) {
+ * moved ~1 TB/s on 512-row prefill steps (bench/NOTES.md). INV: only the row's factor
+ * rsqrt(mean + eps) into inv[t] (no add, no w, no y). */
+template <bool INV>
+__global__ void k_rmsnorm8(bf16 *x, const bf16 *add, const float *w, int n, float eps, bf16 *y,
+                           float *inv) {
   pdl_enter();
   __shared__ float red[33];
   int64_t t = blockIdx.x;
@@ -94,9 +97,11 @@ __global__ void k_rmsnorm8(bf16 *x, const bf16 *add, const float *w, int n, floa
   float ss = 0.f;
   if (on) {
     uint4 ux = *(const uint4 *)(x + t * n + i);
-    float4 w0 = *(const float4 *)(w + i), w1 = *(const float4 *)(w + i + 4);
-    wv[0] = w0.x, wv[1] = w0.y, wv[2] = w0.z, wv[3] = w0.w;
-    wv[4] = w1.x, wv[5] = w1.y, wv[6] = w1.z, wv[7] = w1.w;
+    if (!INV) {
+      float4 w0 = *(const float4 *)(w + i), w1 = *(const float4 *)(w + i + 4);
+      wv[0] = w0.x, wv[1] = w0.y, wv[2] = w0.z, wv[3] = w0.w;
+      wv[4] = w1.x, wv[5] = w1.y, wv[6] = w1.z, wv[7] = w1.w;
+    }
     bf16x8_to_f32(ux, v);
     if (add) {
       uint4 ua = *(const uint4 *)(add + t * n + i), us;
@@ -115,6 +120,10 @@ __global__ void k_rmsnorm8(bf16 *x, const bf16 *add, const float *w, int n, floa
   }
   ss = block_sum(ss, red);
   float rs = rsqrtf(ss / (float)n + eps);
+  if (INV) { /* the factor alone (cuda_elem_rmsnorm_inv) */
+    if (threadIdx.x == 0) inv[t] = rs;
+    return;
+  }
   if (on) {
     uint4 uo;
     bf16 *ob = (bf16 *)&uo;
@@ -122,6 +131,14 @@ __global__ void k_rmsnorm8(bf16 *x, const bf16 *add, const float *w, int n, floa
     for (int k = 0; k < 8; k++) ob[k] = f2bf(v[k] * rs * (1.f + wv[k]));
     *(uint4 *)(y + t * n + i) = uo;
   }
+}
+
+/* inv[t] = rsqrt(mean(x[t, :]^2) + eps) for t < T, k_rmsnorm8's sums (the factor it applies);
+ * the caller checks n % 8 == 0, n <= 8192 and 16-byte alignment. */
+void cuda_elem_rmsnorm_inv(cuda_ctx *c, const bf16 *x, int T, int n, float eps, float *inv) {
+  unsigned th = (unsigned)((n / 8 + 31) / 32 * 32);
+  k_rmsnorm8<true><<<T, th, 0, c->st>>>((bf16 *)x, NULL, NULL, n, eps, NULL, inv);
+  cuda_check_launch(c, "rmsnorm (factor)");
 }
 
 extern "C" void cuda_elem_rmsnorm(backend *be, backend_buf x, backend_buf add, backend_weight w,
@@ -136,7 +153,8 @@ extern "C" void cuda_elem_rmsnorm(backend *be, backend_buf x, backend_buf add, b
   if (!c->legacy && n % 8 == 0 && n / 8 <= 1024 &&
       !(((uintptr_t)x | (uintptr_t)add | (uintptr_t)y | (uintptr_t)wf) & 15)) {
     unsigned th = (unsigned)((n / 8 + 31) / 32 * 32);
-    k_rmsnorm8<<<T, th, 0, c->st>>>((bf16 *)x, (const bf16 *)add, wf, n, eps, (bf16 *)y);
+    k_rmsnorm8<false><<<T, th, 0, c->st>>>((bf16 *)x, (const bf16 *)add, wf, n, eps, (bf16 *)y,
+                                            NULL);
   } else {
     k_rmsnorm<<<T, RMS_THREADS, 0, c->st>>>((bf16 *)x, (const bf16 *)add, wf, n, eps, (bf16 *)y);
   }

@@ -1244,15 +1244,32 @@ static int dmodel_pools_differ(backend *ba, const dmodel *a, backend *bb, const 
   return n;
 }
 
+/* One model's weights and pools on two backends (the step under test on a, the reference on p). */
+typedef struct {
+  float *wh[W_COUNT], *init[4];
+  dmodel a, p;
+} dpair;
+
+static void dpair_init(dpair *d, backend *a, backend *p) {
+  dmodel_data(d->wh, d->init);
+  dmodel_init(&d->a, a, d->wh, d->init);
+  dmodel_init(&d->p, p, d->wh, d->init);
+}
+
+static void dpair_free(dpair *d) {
+  dmodel_free(&d->a);
+  dmodel_free(&d->p);
+  for (int i = 0; i < W_COUNT; i++) free(d->wh[i]);
+  for (int i = 0; i < 4; i++) free(d->init[i]);
+}
+
 TEST(decode_graph) {
   /* the norm fold changes bits by design (decode_graph_norm_fold); every other rewrite may not */
   backend *plain = gpu_with("DS_CUDA_GRAPHS", "0"), *gb = gpu_with("DS_NORM_FOLD", "0");
   REQUIRE(plain != NULL && gb != NULL);
-  float *wh[W_COUNT], *init[4];
-  dmodel_data(wh, init);
-  dmodel a, p;
-  dmodel_init(&a, gb, wh, init);
-  dmodel_init(&p, plain, wh, init);
+  dpair d;
+  dpair_init(&d, gb, plain);
+  dmodel *a = &d.a, *p = &d.p;
   long st0[5];
   backend_cuda_graph_stats(gb, st0);
   float la[2 * DV], lp[2 * DV];
@@ -1261,12 +1278,12 @@ TEST(decode_graph) {
   for (int k = 0; k < steps; k++) {
     int n = k >= 5 && k < 8 ? 1 : 2;
     int32_t pos[2] = {20 + k, k}; /* row 1 starts fresh at position 0 */
-    dmodel_step(&a, n, pos, la, ia);
-    dmodel_step(&p, n, pos, lp, ip);
+    dmodel_step(a, n, pos, la, ia);
+    dmodel_step(p, n, pos, lp, ip);
     for (int i = 0; i < n * DV; i++) ndiff += memcmp(&la[i], &lp[i], 4) != 0;
     for (int i = 0; i < n; i++) idiff += ia[i] != ip[i];
   }
-  int sdiff = dmodel_pools_differ(gb, &a, plain, &p);
+  int sdiff = dmodel_pools_differ(gb, a, plain, p);
   long st[5];
   backend_cuda_graph_stats(gb, st);
   long cap = st[0] - st0[0], rep = st[1] - st0[1], dir = st[2] - st0[2], fus = st[3] - st0[3],
@@ -1287,12 +1304,9 @@ TEST(decode_graph) {
              backend_cuda_norm_folds(gb));
   char err[256] = "";
   EXPECT_MSG(gb->sync(gb, err, sizeof err) == 0, "fold-off backend failed: %s", err);
-  dmodel_free(&a);
-  dmodel_free(&p);
+  dpair_free(&d);
   plain->destroy(plain);
   gb->destroy(gb);
-  for (int i = 0; i < W_COUNT; i++) free(wh[i]);
-  for (int i = 0; i < 4; i++) free(init[i]);
 }
 
 /* The same ten steps with the norms after a product taken off the products' critical path
@@ -1304,11 +1318,9 @@ TEST(decode_graph) {
 TEST(decode_graph_norm_fold) {
   backend *plain = gpu_with("DS_CUDA_GRAPHS", "0");
   REQUIRE(plain != NULL);
-  float *wh[W_COUNT], *init[4];
-  dmodel_data(wh, init);
-  dmodel a, p;
-  dmodel_init(&a, GPU, wh, init);
-  dmodel_init(&p, plain, wh, init);
+  dpair d;
+  dpair_init(&d, GPU, plain);
+  dmodel *a = &d.a, *p = &d.p;
   long st0[5], st[5], f0 = backend_cuda_norm_folds(GPU);
   backend_cuda_graph_stats(GPU, st0);
   float la[2 * DV], lp[2 * DV];
@@ -1320,8 +1332,8 @@ TEST(decode_graph_norm_fold) {
   for (int k = 0; k < steps; k++) {
     int n = k >= 5 && k < 8 ? 1 : 2;
     int32_t pos[2] = {20 + k, k};
-    dmodel_step(&a, n, pos, la, ia);
-    dmodel_step(&p, n, pos, lp, ip);
+    dmodel_step(a, n, pos, la, ia);
+    dmodel_step(p, n, pos, lp, ip);
     for (int r = 0; r < n; r++) {
       float b1 = -INFINITY, b2 = -INFINITY;
       for (int i = 0; i < DV; i++) {
@@ -1346,11 +1358,8 @@ TEST(decode_graph_norm_fold) {
   EXPECT_MSG(idiff == 0, "folded norms: %d ids differ", idiff);
   EXPECT_MSG(runs >= 2 && folds == 2 * runs, "%ld norms folded in %ld listed steps", folds, runs);
   gpu_ok();
-  dmodel_free(&a);
-  dmodel_free(&p);
+  dpair_free(&d);
   plain->destroy(plain);
-  for (int i = 0; i < W_COUNT; i++) free(wh[i]);
-  for (int i = 0; i < 4; i++) free(init[i]);
 }
 
 /* [product -> mix, rmsnorm(x += mix) -> xn, q/k/v products of xn, then fg += xn]: xn is read
@@ -1382,18 +1391,16 @@ TEST(norm_fold_refused) {
   _Static_assert(DNH * DHD == DH, "dmodel_xn_step embeds into the attention output");
   backend *plain = gpu_with("DS_CUDA_GRAPHS", "0");
   REQUIRE(plain != NULL);
-  float *wh[W_COUNT], *init[4];
-  dmodel_data(wh, init);
-  dmodel a, p;
-  dmodel_init(&a, GPU, wh, init);
-  dmodel_init(&p, plain, wh, init);
+  dpair d;
+  dpair_init(&d, GPU, plain);
+  dmodel *a = &d.a, *p = &d.p;
   long f0 = backend_cuda_norm_folds(GPU), st0[5], st[5];
   backend_cuda_graph_stats(GPU, st0);
   uint16_t oa[DH + DNH * 2 * DHD], op[DH + DNH * 2 * DHD];
   int diff = 0;
   for (int k = 0; k < 3; k++) {
-    dmodel_xn_step(&a, oa);
-    dmodel_xn_step(&p, op);
+    dmodel_xn_step(a, oa);
+    dmodel_xn_step(p, op);
     diff += memcmp(oa, op, sizeof oa) != 0;
   }
   backend_cuda_graph_stats(GPU, st);
@@ -1404,11 +1411,8 @@ TEST(norm_fold_refused) {
   EXPECT_MSG(listed >= 2 && folds == 0, "%ld norms folded in %ld listed steps", folds, listed);
   EXPECT_MSG(diff == 0, "%d steps differ from the ops as issued", diff);
   gpu_ok();
-  dmodel_free(&a);
-  dmodel_free(&p);
+  dpair_free(&d);
   plain->destroy(plain);
-  for (int i = 0; i < W_COUNT; i++) free(wh[i]);
-  for (int i = 0; i < 4; i++) free(init[i]);
 }
 
 int main(void) {

@@ -214,20 +214,15 @@ __device__ __forceinline__ void ktrace_stamp(void) {
 #define CUDA_KTRACE_TU(fn)
 #endif
 
-__device__ __forceinline__ void pdl_enter(void) {
+/* The two halves of pdl_enter, also used apart by a kernel that needs the previous kernel's
+ * results only late (backend_cuda.cu, the norm fold): pdl_launch_next lets the next kernel
+ * launch now, pdl_wait waits for the previous one. What such a kernel reads before pdl_wait
+ * must come from kernels before the previous one (done before this one was launched). */
+__device__ __forceinline__ void pdl_wait(void) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
-#ifdef DS_KTRACE
-  ktrace_stamp();
-#endif
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
-
-/* The two halves of pdl_enter for a kernel that needs the previous kernel's results only at
- * its end (backend_cuda.cu, the norm fold): let the next kernel launch now, wait later. What
- * such a kernel reads before pdl_wait must come from kernels before the previous one (done
- * before this one was launched). */
 __device__ __forceinline__ void pdl_launch_next(void) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #ifdef DS_KTRACE
@@ -236,10 +231,10 @@ __device__ __forceinline__ void pdl_launch_next(void) {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
-__device__ __forceinline__ void pdl_wait(void) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
+
+__device__ __forceinline__ void pdl_enter(void) {
+  pdl_wait();
+  pdl_launch_next();
 }
 
 __device__ __forceinline__ float bf2f(bf16 x) { return __bfloat162float(x); }

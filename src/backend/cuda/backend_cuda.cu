@@ -410,6 +410,13 @@ static int cu_sync(backend *be, char *err, size_t errlen) {
 /* One warp's dot products of W's row w (K values) with the T activation rows: lane partials
  * over 16-byte pieces, then a butterfly; every lane ends with the T sums. Shared by every GEMV
  * kernel, so a fused launch gives the same bits as the single one. */
+/* GEMV_LATE rows wait for the previous kernel after their first GEMV_LATE_K values (4 pieces
+ * per lane; the one point measured, bench/NOTES.md thirteenth session); -DGEMV_LATE_K=N for A/B
+ * builds (a multiple of 256). */
+#ifndef GEMV_LATE_K
+#define GEMV_LATE_K 1024
+#endif
+
 template <int T, bool STREAM = true, bool LATE = false>
 __device__ __forceinline__ void gemv_row(const bf16 *__restrict__ x, const bf16 *__restrict__ w,
                                          int K, int lane, float *acc,
@@ -430,8 +437,8 @@ __device__ __forceinline__ void gemv_row(const bf16 *__restrict__ x, const bf16 
   if constexpr (!LATE) {
 #pragma unroll 4
     for (int k = lane * 8; k < K; k += 256) piece(k);
-  } else { /* GEMV_LATE: the first 4 pieces per lane, then the previous kernel's results */
-    int k = lane * 8, k1 = min(K, 1024);
+  } else { /* GEMV_LATE: the first pieces, then the previous kernel's results */
+    int k = lane * 8, k1 = min(K, GEMV_LATE_K);
 #pragma unroll 4
     for (; k < k1; k += 256) piece(k);
     pdl_wait();

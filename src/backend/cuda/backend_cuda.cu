@@ -486,7 +486,7 @@ struct gemv_nf {
   const float *inv; /* GEMV_LATE: [T] */
 };
 
-template <int T, int MODE>
+template <int MODE>
 __device__ __forceinline__ void gemv_enter(void) {
   if (MODE == GEMV_LATE) pdl_launch_next();
   else pdl_enter();
@@ -506,7 +506,7 @@ __global__ void __launch_bounds__(WB * 32)
     k_gemv(const bf16 *__restrict__ x, const bf16 *__restrict__ W, int K, int N, bf16 *y,
            gemv_nf nf) {
   int n = blockIdx.x * WB + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-  gemv_enter<T, MODE>();
+  gemv_enter<MODE>();
   if (n >= N) return;
   float acc[T], iv[T], r0 = 0.f, g0 = 0.f;
   if (MODE == GEMV_RES && lane < T) { /* loaded now: not a dependent load after the sums */
@@ -567,7 +567,7 @@ __device__ __forceinline__ void gemv_set_pick(const gemv_set &s, int n, const bf
 template <int T, int MODE>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
     k_gemv_multi(const bf16 *__restrict__ x, gemv_set s, int K, gemv_nf nf) {
-  gemv_enter<T, MODE>();
+  gemv_enter<MODE>();
   int n = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
   if (n >= s.n0[GEMV_MULTI]) return;
   const bf16 *W;
@@ -588,7 +588,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
                const bf16 *__restrict__ Wu, int K, int N, bf16 *yg, bf16 *yu, bf16 *out,
                gemv_nf nf) {
   int n = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-  gemv_enter<T, MODE>();
+  gemv_enter<MODE>();
   if (n >= N) return;
   float ag[T], au[T], iv[T];
   gemv_row<T, true, MODE == GEMV_LATE>(x, Wg + (size_t)n * K, K, lane, ag, nf.inv, iv);
@@ -859,56 +859,68 @@ __device__ __forceinline__ void am_take(float &v, int &i, float w, int k) {
   }
 }
 
-/* One block per row: each thread scans a strided set of entries, then a warp and a block
- * reduction under the same rule. The result is the first maximum, as the sampler's scan
- * gives; a NaN at entry 0 gives 0 (that scan never leaves 0 then). */
-__global__ void __launch_bounds__(ARGMAX_THREADS)
-    k_argmax(const float *__restrict__ x, int V, int32_t *ids, float *maxv) {
-  pdl_enter();
-  const float *row = x + (size_t)blockIdx.x * V;
-  float v = -INFINITY;
-  int i = INT32_MAX;
-  if ((V & 3) == 0 && (((uintptr_t)row) & 15) == 0) {
-    const float4 *r4 = (const float4 *)row;
-    for (int q = threadIdx.x; q < V / 4; q += blockDim.x) {
-      float4 f = r4[q];
-      am_take(v, i, f.x, 4 * q);
-      am_take(v, i, f.y, 4 * q + 1);
-      am_take(v, i, f.z, 4 * q + 2);
-      am_take(v, i, f.w, 4 * q + 3);
-    }
-  } else {
-    for (int j = threadIdx.x; j < V; j += blockDim.x) am_take(v, i, row[j], j);
+/* (v, i) over entries 4 q0 .. 4 q1 - 1 of a 16-byte aligned row, strided over the block */
+__device__ __forceinline__ void am_scan4(const float4 *r4, int q0, int q1, float &v, int &i) {
+  for (int q = q0 + (int)threadIdx.x; q < q1; q += blockDim.x) {
+    float4 f = r4[q];
+    am_take(v, i, f.x, 4 * q);
+    am_take(v, i, f.y, 4 * q + 1);
+    am_take(v, i, f.z, 4 * q + 2);
+    am_take(v, i, f.w, 4 * q + 3);
   }
+}
+
+__device__ __forceinline__ void am_warp(float &v, int &i) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) {
     float w = __shfl_xor_sync(0xffffffffu, v, o);
     int k = __shfl_xor_sync(0xffffffffu, i, o);
     am_take(v, i, w, k);
   }
-  __shared__ float sv[ARGMAX_THREADS / 32];
-  __shared__ int si[ARGMAX_THREADS / 32];
-  int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+}
+
+/* (v, i) over a block of NT threads, valid in thread 0 */
+template <int NT>
+__device__ __forceinline__ void am_block(float &v, int &i) {
+  __shared__ float sv[NT / 32];
+  __shared__ int si[NT / 32];
+  int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  am_warp(v, i);
   if (lane == 0) {
     sv[warp] = v;
     si[warp] = i;
   }
   __syncthreads();
   if (warp == 0) {
-    v = lane < nw ? sv[lane] : -INFINITY;
-    i = lane < nw ? si[lane] : INT32_MAX;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      float w = __shfl_xor_sync(0xffffffffu, v, o);
-      int k = __shfl_xor_sync(0xffffffffu, i, o);
-      am_take(v, i, w, k);
-    }
-    if (lane == 0) {
-      if (i == INT32_MAX || isnan(row[0])) i = 0; /* all NaN, or the scan stuck at a NaN 0 */
-      ids[blockIdx.x] = i;
-      if (maxv) maxv[blockIdx.x] = row[i];
-    }
+    v = lane < NT / 32 ? sv[lane] : -INFINITY;
+    i = lane < NT / 32 ? si[lane] : INT32_MAX;
+    am_warp(v, i);
   }
+}
+
+/* Row r's result from its reduced (·, i): the first maximum, as the sampler's scan gives; all
+ * NaN, or a NaN at entry 0 (that scan never leaves 0 then), gives 0. */
+__device__ __forceinline__ void am_store(const float *row, int i, int r, int32_t *ids,
+                                         float *maxv) {
+  if (i == INT32_MAX || isnan(row[0])) i = 0;
+  ids[r] = i;
+  if (maxv) maxv[r] = row[i];
+}
+
+/* One block per row: each thread scans a strided set of entries, then a warp and a block
+ * reduction under the same rule. */
+__global__ void __launch_bounds__(ARGMAX_THREADS)
+    k_argmax(const float *__restrict__ x, int V, int32_t *ids, float *maxv) {
+  pdl_enter();
+  const float *row = x + (size_t)blockIdx.x * V;
+  float v = -INFINITY;
+  int i = INT32_MAX;
+  if ((V & 3) == 0 && (((uintptr_t)row) & 15) == 0)
+    am_scan4((const float4 *)row, 0, V / 4, v, i);
+  else
+    for (int j = threadIdx.x; j < V; j += blockDim.x) am_take(v, i, row[j], j);
+  am_block<ARGMAX_THREADS>(v, i);
+  if (threadIdx.x == 0) am_store(row, i, blockIdx.x, ids, maxv);
 }
 
 /* The same scan for steps of few rows, where one block per row leaves the GPU idle (one
@@ -920,51 +932,17 @@ __global__ void __launch_bounds__(ARGMAX_THREADS)
 #define ARGMAX_PARTS 4096 /* partial pairs (rows x blocks per row) at most */
 #define ARGMAX_SPLIT_THREADS 256
 
-__device__ __forceinline__ void am_warp(float &v, int &i) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    float w = __shfl_xor_sync(0xffffffffu, v, o);
-    int k = __shfl_xor_sync(0xffffffffu, i, o);
-    am_take(v, i, w, k);
-  }
-}
-
-/* (v, i) over the block (blockDim.x = ARGMAX_SPLIT_THREADS), valid in thread 0 */
-__device__ __forceinline__ void am_block(float &v, int &i) {
-  __shared__ float sv[ARGMAX_SPLIT_THREADS / 32];
-  __shared__ int si[ARGMAX_SPLIT_THREADS / 32];
-  int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  am_warp(v, i);
-  if (lane == 0) {
-    sv[warp] = v;
-    si[warp] = i;
-  }
-  __syncthreads();
-  if (warp == 0) {
-    v = lane < ARGMAX_SPLIT_THREADS / 32 ? sv[lane] : -INFINITY;
-    i = lane < ARGMAX_SPLIT_THREADS / 32 ? si[lane] : INT32_MAX;
-    am_warp(v, i);
-  }
-}
-
 __global__ void __launch_bounds__(ARGMAX_SPLIT_THREADS)
     k_argmax_split(const float *__restrict__ x, int V, float *pv, int *pi, int *cnt,
                    int32_t *ids, float *maxv) {
   pdl_enter();
   int r = blockIdx.y, b = blockIdx.x, nb = gridDim.x;
   const float *row = x + (size_t)r * V;
-  const float4 *r4 = (const float4 *)row;
-  int n4 = V / 4, per = (n4 + nb - 1) / nb, q0 = b * per, q1 = min(n4, q0 + per);
+  int n4 = V / 4, per = (n4 + nb - 1) / nb, q0 = b * per;
   float v = -INFINITY;
   int i = INT32_MAX;
-  for (int q = q0 + threadIdx.x; q < q1; q += blockDim.x) {
-    float4 f = r4[q];
-    am_take(v, i, f.x, 4 * q);
-    am_take(v, i, f.y, 4 * q + 1);
-    am_take(v, i, f.z, 4 * q + 2);
-    am_take(v, i, f.w, 4 * q + 3);
-  }
-  am_block(v, i);
+  am_scan4((const float4 *)row, q0, min(n4, q0 + per), v, i);
+  am_block<ARGMAX_SPLIT_THREADS>(v, i);
   __shared__ int last;
   if (threadIdx.x == 0) {
     pv[(size_t)r * nb + b] = v;
@@ -979,12 +957,10 @@ __global__ void __launch_bounds__(ARGMAX_SPLIT_THREADS)
   i = INT32_MAX;
   for (int k = threadIdx.x; k < nb; k += blockDim.x)
     am_take(v, i, __ldcg(&pv[(size_t)r * nb + k]), __ldcg(&pi[(size_t)r * nb + k]));
-  am_block(v, i);
+  am_block<ARGMAX_SPLIT_THREADS>(v, i);
   if (threadIdx.x == 0) {
     cnt[r] = 0;
-    if (i == INT32_MAX || isnan(row[0])) i = 0; /* all NaN, or the scan stuck at a NaN 0 */
-    ids[r] = i;
-    if (maxv) maxv[r] = row[i];
+    am_store(row, i, r, ids, maxv);
   }
 }
 
@@ -1069,8 +1045,7 @@ enum {
 struct gop_norm {
   bf16 *x;
   const bf16 *add;
-  backend_weight wh;
-  const float *w; /* wh's fp32 values */
+  const float *w; /* fp32 */
   int T, n;
   float eps;
   bf16 *y;
@@ -1456,8 +1431,8 @@ static int op_names(const cuda_graphs *g, const std::vector<gop> &ops, size_t k,
   return 0;
 }
 
-/* 1 when the norm ops[j] folds (see above), with its products in *nf; the same answer at the
- * product before it (which then takes the residual add and writes xn) and at the norm. */
+/* 1 when the norm ops[j] folds (see above), with its products in *nf; asked at the product
+ * before it, which then takes the residual add and writes xn. */
 static int norm_fold_at(cuda_ctx *c, const std::vector<gop> &ops, size_t j, norm_fold *nf) {
   const cuda_graphs *g = c->gr;
   size_t n = ops.size();
@@ -1504,27 +1479,22 @@ static void graph_run_ops(cuda_ctx *c) {
   cuda_graphs *g = c->gr;
   std::vector<gop> &ops = g->ops;
   size_t n = ops.size();
-  size_t res_done = SIZE_MAX; /* the folded norm whose residual add the product before took */
+  size_t folded = SIZE_MAX; /* the norm whose product before took its residual add */
+  norm_fold nf;              /* ... and its products (norm_fold_at) */
   for (size_t i = 0; i < n;) {
     const gop &o = ops[i];
     cuda_gdn_chain_args ch;
-    norm_fold nf;
     if (o.kind == GOP_MATMUL && i + 1 < n && ops[i + 1].kind == GOP_RMSNORM &&
         norm_fold_at(c, ops, i + 1, &nf)) { /* the product before a folded norm */
       const gop_norm &r = ops[i + 1].nm;
       gemv_nf p = {r.w, r.x, r.y, NULL};
       gemv_mode<GEMV_RES>(c, o.x, o.W->bf, o.T, o.K, o.N, o.y, p);
-      res_done = i + 1;
+      folded = i + 1;
       i++;
       continue;
     }
-    if (o.kind == GOP_RMSNORM && res_done == i) { /* the folded norm and its products */
+    if (i == folded) { /* the folded norm: its factor kernel, then its products */
       const gop_norm &r = o.nm;
-      if (!norm_fold_at(c, ops, i, &nf)) { /* cannot happen: the product's answer was yes */
-        cuda_elem_rmsnorm(g->be, r.x, NULL, r.wh, r.T, r.n, r.eps, r.y);
-        i++;
-        continue;
-      }
       cuda_elem_rmsnorm_inv(c, r.x, r.T, r.n, r.eps, c->fold_inv);
       gemv_nf p = {NULL, NULL, NULL, c->fold_inv};
       const gop *q = &ops[i + 1];
@@ -1809,7 +1779,7 @@ static void w_rmsnorm(backend *be, backend_buf x, backend_buf add, backend_weigh
   sig_put(g->sig, 2, x, add, w, T, n, eps, y);
   gop &o = rec_call(g, cuda_elem_rmsnorm, x, add, w, T, n, eps, y);
   o.kind = GOP_RMSNORM;
-  o.nm = {(bf16 *)x, (const bf16 *)add, w, CW(w)->f32, T, n, eps, (bf16 *)y};
+  o.nm = {(bf16 *)x, (const bf16 *)add, CW(w)->f32, T, n, eps, (bf16 *)y};
 }
 static void w_add(backend *be, backend_buf x, backend_buf y, size_t n) {
   if (!rec_op(be, 3, cuda_elem_add, x, y, n)) cuda_elem_add(be, x, y, n);

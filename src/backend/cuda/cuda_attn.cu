@@ -496,20 +496,17 @@ static void att_launch(cuda_ctx *c, const att_args &a) {
       c->b.seq_len, att_gemm_min(c, a.nkv, VPL * 32), a.split, a.kcur, a.vcur, a.part, a.ml);
 }
 
+/* G q heads per kv head (att_split_fits: 1, 2, 4, or 8 with VPL <= 4) */
 template <int VPL>
-static int att_launch_g(cuda_ctx *c, int G, const att_args &a) {
+static void att_launch_g(cuda_ctx *c, int G, const att_args &a) {
   switch (G) {
-    case 1: att_launch<VPL, 1>(c, a); return 1;
-    case 2: att_launch<VPL, 2>(c, a); return 1;
-    case 4: att_launch<VPL, 4>(c, a); return 1;
+    case 1: att_launch<VPL, 1>(c, a); break;
+    case 2: att_launch<VPL, 2>(c, a); break;
+    case 4: att_launch<VPL, 4>(c, a); break;
     case 8:
-      if constexpr (VPL <= 4) {
-        att_launch<VPL, 8>(c, a);
-        return 1;
-      }
-      return 0;
+      if constexpr (VPL <= 4) att_launch<VPL, 8>(c, a);
+      break;
   }
-  return 0;
 }
 
 /* Positions per range for this step (see ATT_SPLIT_SMALL). */
@@ -571,11 +568,11 @@ extern "C" void cuda_attn_attention_gated(backend *be, backend_buf k_pool, backe
     cuda_fail(c, "attention", "step too large (T * nkv * hd >= 2^32)");
     return;
   }
-  int split = att_split_fits(c, nh, nkv, hd);
+  int use_split = att_split_fits(c, nh, nkv, hd);
   /* every piece one row (a decode step; no piece reaches ATT_GEMM_MIN): the split kernel
    * writes the rows' k, v itself, one launch fewer per attention layer */
   static_assert(ATT_GEMM_MIN > 1, "a one-row piece never takes the GEMM path");
-  int own_kv = split && c->b.max_len == 1 &&
+  int own_kv = use_split && c->b.max_len == 1 &&
                !(((uintptr_t)k | (uintptr_t)v | (uintptr_t)k_pool | (uintptr_t)v_pool) & 15);
   if (!own_kv) {
     k_kv_write<<<cuda_blocks((size_t)T * w, 256), 256, 0, c->st>>>(
@@ -602,7 +599,7 @@ extern "C" void cuda_attn_attention_gated(backend *be, backend_buf k_pool, backe
       return;
     }
   }
-  if (split) {
+  if (use_split) {
     att_split(c, (bf16 *)k_pool, (bf16 *)v_pool, (const bf16 *)q, nh, nkv, hd, scale,
               own_kv ? (const bf16 *)k : NULL, own_kv ? (const bf16 *)v : NULL,
               (const bf16 *)gate, (bf16 *)out);

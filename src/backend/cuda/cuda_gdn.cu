@@ -981,7 +981,8 @@ __device__ __forceinline__ static void p1_gates(const float *beta, const float *
 
 /* The end of phase 1, after A is in shared memory: forward substitution (one thread per
  * column of U or W, the column in registers) and the decayed keys Kd. */
-__device__ __forceinline__ static void p1_tail(const gdn_scr &o, const float *Kc, const float *Vc,
+template <typename KAT>
+__device__ __forceinline__ static void p1_tail(const gdn_scr &o, KAT kat, const float *Vc,
                                                const float *A, const float *G, const float *Bt,
                                                const float *eG, int L, int dv, int tid) {
   const int C = GDN_C;
@@ -991,7 +992,7 @@ __device__ __forceinline__ static void p1_tail(const gdn_scr &o, const float *Kc
     for (int i = 0; i < GDN_C; i++) {
       float x = 0.f;
       if (i < L) {
-        x = col < dv ? Bt[i] * Vc[(size_t)i * dv + col] : Bt[i] * eG[i] * Kc[i * GKP + col - dv];
+        x = col < dv ? Bt[i] * Vc[(size_t)i * dv + col] : Bt[i] * eG[i] * kat(i, col - dv);
 #pragma unroll
         for (int j = 0; j < i; j++) x -= A[i * (C + 1) + j] * u[j];
       }
@@ -1008,7 +1009,7 @@ __device__ __forceinline__ static void p1_tail(const gdn_scr &o, const float *Kc
   float gl = G[L - 1];
   for (int idx = tid; idx < C * GK; idx += P1_THREADS) {
     int r = idx / GK, a = idx % GK;
-    o.Kd[idx] = Kc[r * GKP + a] * expf(gl - G[r]);
+    o.Kd[idx] = kat(r, a) * expf(gl - G[r]);
   }
 }
 
@@ -1081,7 +1082,7 @@ __global__ void __launch_bounds__(P1_THREADS)
       }
   }
   __syncthreads();
-  p1_tail(o, Kc, Vc, A, G, Bt, eG, L, dv, tid);
+  p1_tail(o, [&](int r, int a) { return Kc[r * GKP + a]; }, Vc, A, G, Bt, eG, L, dv, tid);
 }
 
 /* phase 2's copies of one chunk (W, Kd, the block's U columns, G) into buffer set b */
@@ -1303,24 +1304,30 @@ __device__ __forceinline__ uint32_t pack_b2(bf16 lo_idx, bf16 hi_idx) {
 
 static size_t p1m_smem(int dv) {
   return (size_t)2 * GDN_C * GKB * sizeof(bf16) +
-         ((size_t)GDN_C * GKP + (size_t)GDN_C * dv + GDN_C * (GDN_C + 1) + 3 * GDN_C) *
-             sizeof(float);
+         ((size_t)GDN_C * dv + GDN_C * (GDN_C + 1) + 3 * GDN_C) * sizeof(float);
 }
+/* Value widths up to P1M_PAIR_DV run k_gdn_p1m two blocks per SM: 128 registers per thread
+ * (the forward substitution's column then spills ~460 bytes) and 84 KB of shared memory at
+ * dv = 128; prefill 512 / 4,096 +1.2 / +1.7 % on the H200 against one block per SM (222
+ * registers), bench/NOTES.md fourteenth session. Wider values keep one block (their shared
+ * memory allows no second one). The same arithmetic either way. */
+#define P1M_PAIR_DV 128
 
 /* Phase 1 with P = Q K^T and K K^T on tensor cores: q and k are bf16 values, so the products
  * are exact and only the summation order differs from k_gdn_p1. Warp w computes row tile
  * mi = w/2 (rows 16mi..16mi+15) of Q K^T (w even) or K K^T (w odd), column tiles of 8 up to
  * the diagonal, then applies the decays and masks and writes the whole row tile (zeros above
  * the diagonal and for rows >= L). The rest is k_gdn_p1's. */
-__global__ void __launch_bounds__(P1_THREADS)
+template <int MINB>
+__global__ void __launch_bounds__(P1_THREADS, MINB)
     k_gdn_p1m(const bf16 *qkv, const float *beta, const float *g, const int32_t *ch_row,
               const int32_t *ch_len, int nk, int nv, int dv, float *scr) {
   pdl_enter();
   extern __shared__ __align__(16) float sm1m[];
   const int C = GDN_C;
   bf16 *Qb = (bf16 *)sm1m, *Kb = Qb + C * GKB; /* [C][GKB] */
-  float *Kc = (float *)(Kb + C * GKB), *Vc = Kc + C * GKP, *A = Vc + (size_t)C * dv,
-        *G = A + C * (C + 1), *Bt = G + C, *eG = Bt + C;
+  float *Vc = (float *)(Kb + C * GKB), *A = Vc + (size_t)C * dv, *G = A + C * (C + 1),
+        *Bt = G + C, *eG = Bt + C;
   int ch = blockIdx.x, h = blockIdx.y, tid = threadIdx.x;
   int kh = h / (nv / nk);
   int r0 = ch_row[ch], L = ch_len[ch];
@@ -1337,7 +1344,6 @@ __global__ void __launch_bounds__(P1_THREADS)
     }
     *(uint4 *)(Kb + r * GKB + a) = ku;
     *(uint4 *)(Qb + r * GKB + a) = qu;
-    bf16x8_to_f32(ku, Kc + r * GKP + a);
   }
   for (int idx = tid; idx < C * (dv / 8); idx += P1_THREADS) {
     int r = idx / (dv / 8), a = 8 * (idx % (dv / 8));
@@ -1392,7 +1398,8 @@ __global__ void __launch_bounds__(P1_THREADS)
       }
   }
   __syncthreads();
-  p1_tail(o, Kc, Vc, A, G, Bt, eG, L, dv, tid);
+  /* k as read (bf16 values, exact in fp32): the fp32 copy k_gdn_p1 keeps is not needed */
+  p1_tail(o, [&](int r, int a) { return bf2f(Kb[r * GKB + a]); }, Vc, A, G, Bt, eG, L, dv, tid);
 }
 
 static size_t p3m_smem(void) {
@@ -1711,8 +1718,10 @@ static int gdn_prefill2(cuda_ctx *c, float *ssm, const bf16 *qkv, const float *b
     cudaFuncSetAttribute(k_gdn_p1, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)p1_smem(256));
     cudaFuncSetAttribute(k_gdn_p2, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)p2_smem());
     cudaFuncSetAttribute(k_gdn_p3, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)p3_smem());
-    cudaFuncSetAttribute(k_gdn_p1m, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    cudaFuncSetAttribute(k_gdn_p1m<1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                          (int)p1m_smem(256));
+    cudaFuncSetAttribute(k_gdn_p1m<2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         (int)p1m_smem(P1M_PAIR_DV));
     cudaFuncSetAttribute(k_gdn_p3m, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)p3m_smem());
     cudaFuncSetAttribute(k_gdn_p2m, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)p2m_smem());
     attr = 1;
@@ -1721,9 +1730,12 @@ static int gdn_prefill2(cuda_ctx *c, float *ssm, const bf16 *qkv, const float *b
   float *scr = (float *)cuda_scratch(c, (size_t)c->b.n_chunks * nv * p1_per(dv) * sizeof(float));
   if (!scr) return 1;
   dim3 g1(c->b.n_chunks, nv);
-  if (mma & 1)
-    k_gdn_p1m<<<g1, P1_THREADS, p1m_smem(dv), c->st>>>(qkv, beta, g, c->b.ch_row, c->b.ch_len, nk,
-                                                      nv, dv, scr);
+  if (mma & 1 && dv <= P1M_PAIR_DV)
+    k_gdn_p1m<2><<<g1, P1_THREADS, p1m_smem(dv), c->st>>>(qkv, beta, g, c->b.ch_row, c->b.ch_len,
+                                                         nk, nv, dv, scr);
+  else if (mma & 1)
+    k_gdn_p1m<1><<<g1, P1_THREADS, p1m_smem(dv), c->st>>>(qkv, beta, g, c->b.ch_row, c->b.ch_len,
+                                                         nk, nv, dv, scr);
   else
     k_gdn_p1<<<g1, P1_THREADS, p1_smem(dv), c->st>>>(qkv, beta, g, c->b.ch_row, c->b.ch_len, nk,
                                                     nv, dv, scr);

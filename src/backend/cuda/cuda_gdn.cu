@@ -980,7 +980,8 @@ __device__ __forceinline__ static void p1_gates(const float *beta, const float *
 }
 
 /* The end of phase 1, after A is in shared memory: forward substitution (one thread per
- * column of U or W, the column in registers) and the decayed keys Kd. */
+ * column of U or W, the column in registers) and the decayed keys Kd. kat(r, a) is entry a of
+ * the chunk's key row r (each caller's own copy of k). */
 template <typename KAT>
 __device__ __forceinline__ static void p1_tail(const gdn_scr &o, KAT kat, const float *Vc,
                                                const float *A, const float *G, const float *Bt,

@@ -925,7 +925,7 @@ static size_t p2_smem(void) {
   return ((size_t)GK * 32 + 4 * GDN_C * GKQ + 3 * GDN_C * 32 + 2 * GDN_C) * sizeof(float);
 }
 static size_t p3_smem(void) {
-  return ((size_t)GK * P3_COLS + GDN_C * GKP + GDN_C * (GDN_C + 1) + GDN_C * P3_COLS + GDN_C) *
+  return ((size_t)GK * P3_COLS + GK * GDN_C + GDN_C * GDN_C + GDN_C * P3_COLS + GDN_C) *
          sizeof(float);
 }
 /* Scratch per (chunk, head), in floats: U/V' [C][dv], W [C][GK], P [C][C], G [C], Kd [C][GK],
@@ -1196,6 +1196,11 @@ __global__ void __launch_bounds__(P2_THREADS)
   }
 }
 
+/* Phase 3 (FMA): thread (ti, tc) owns rows 4ti..4ti+3 and columns 4tc..4tc+3 of the block's
+ * 64 x P3_COLS output tile. Q and P sit transposed in shared memory (QT [GK][C], PT [C][C]), so
+ * every step of both products is two 16-byte loads for 16 FMAs; each output's sums run in the
+ * order of the reference (a ascending for Q S, then the e^G scale, then j ascending up to its
+ * row for P V'). The transposing stores take one row per lane (no bank conflicts). */
 __global__ void __launch_bounds__(P3_THREADS)
     k_gdn_p3(const bf16 *qkv, const int32_t *ch_row, const int32_t *ch_len, int nk, int nv,
              int dv, float *scr, bf16 *out) {
@@ -1203,9 +1208,9 @@ __global__ void __launch_bounds__(P3_THREADS)
   extern __shared__ __align__(16) float sm3[];
   const int C = GDN_C;
   float *Ss = sm3;               /* [GK][P3_COLS] */
-  float *Qs = Ss + GK * P3_COLS; /* [C][GKP] */
-  float *Ps = Qs + C * GKP;      /* [C][C+1] */
-  float *Vs = Ps + C * (C + 1);  /* [C][P3_COLS] */
+  float *QT = Ss + GK * P3_COLS; /* [GK][C]: QT[a][i] = q_i[a] */
+  float *PT = QT + GK * C;       /* [C][C]: PT[j][i] = P[i][j] */
+  float *Vs = PT + C * C;        /* [C][P3_COLS] */
   float *Es = Vs + C * P3_COLS;  /* [C] e^G */
   int ch = blockIdx.x, h = blockIdx.y, cs = blockIdx.z * P3_COLS, tid = threadIdx.x;
   int kh = h / (nv / nk), r0 = ch_row[ch], L = ch_len[ch];
@@ -1222,59 +1227,64 @@ __global__ void __launch_bounds__(P3_THREADS)
     int r = idx / Q4, c = 4 * (idx % Q4);
     *(float4 *)(Vs + r * P3_COLS + c) = *(const float4 *)(q.U + (size_t)r * dv + cs + c);
   }
-#pragma unroll 4
+#pragma unroll 2
   for (int idx = tid; idx < C * (GK / 8); idx += P3_THREADS) {
-    int r = idx / (GK / 8), a = 8 * (idx % (GK / 8));
-    ld8_bf16(Qs + r * GKP + a, qkv + (size_t)(r0 + r) * cd + (size_t)kh * GK + a, r < L);
+    int i = idx % C, a = 8 * (idx / C);
+    float x[8];
+    ld8_bf16(x, qkv + (size_t)(r0 + i) * cd + (size_t)kh * GK + a, i < L);
+#pragma unroll
+    for (int k = 0; k < 8; k++) QT[(a + k) * C + i] = x[k];
   }
-#pragma unroll 4
-  for (int idx = tid; idx < C * C / 4; idx += P3_THREADS) {
-    int i = (4 * idx) / C, j = (4 * idx) % C;
-    float4 v = *(const float4 *)(q.P + 4 * idx);
-    float *d = Ps + i * (C + 1) + j;
-    d[0] = v.x; d[1] = v.y; d[2] = v.z; d[3] = v.w;
+#pragma unroll 2
+  for (int idx = tid; idx < C * (C / 4); idx += P3_THREADS) {
+    int i = idx % C, j = 4 * (idx / C);
+    float4 v = *(const float4 *)(q.P + i * C + j);
+    PT[j * C + i] = v.x;
+    PT[(j + 1) * C + i] = v.y;
+    PT[(j + 2) * C + i] = v.z;
+    PT[(j + 3) * C + i] = v.w;
   }
   if (tid < C) Es[tid] = expf(q.G[tid]);
   __syncthreads();
-  /* thread: rows 2ti, 2ti+1; columns 4tc.. and 32+4tc.. of the slice */
-  int tc = tid & 7, ti = tid >> 3;
-  float acc[2][8];
+  int tc = tid & (P3_COLS / 4 - 1), ti = tid / (P3_COLS / 4), i0 = 4 * ti, c0 = 4 * tc;
+  float acc[4][4];
 #pragma unroll
-  for (int r = 0; r < 2; r++)
+  for (int r = 0; r < 4; r++)
 #pragma unroll
-    for (int k = 0; k < 8; k++) acc[r][k] = 0.f;
+    for (int k = 0; k < 4; k++) acc[r][k] = 0.f;
 #pragma unroll 4
   for (int a = 0; a < GK; a++) {
-    float4 s0 = *(const float4 *)(Ss + a * P3_COLS + 4 * tc);
-    float4 s1 = *(const float4 *)(Ss + a * P3_COLS + 32 + 4 * tc);
-    float sv[8] = {s0.x, s0.y, s0.z, s0.w, s1.x, s1.y, s1.z, s1.w};
-    float q0 = Qs[(2 * ti) * GKP + a], q1 = Qs[(2 * ti + 1) * GKP + a];
+    float4 s4 = *(const float4 *)(Ss + a * P3_COLS + c0), q4 = *(const float4 *)(QT + a * C + i0);
+    float sv[4] = {s4.x, s4.y, s4.z, s4.w}, qv[4] = {q4.x, q4.y, q4.z, q4.w};
 #pragma unroll
-    for (int k = 0; k < 8; k++) {
-      acc[0][k] += q0 * sv[k];
-      acc[1][k] += q1 * sv[k];
-    }
+    for (int r = 0; r < 4; r++)
+#pragma unroll
+      for (int k = 0; k < 4; k++) acc[r][k] += qv[r] * sv[k];
   }
 #pragma unroll
-  for (int r = 0; r < 2; r++) {
-    int i = 2 * ti + r;
-    float e = Es[i];
+  for (int r = 0; r < 4; r++) {
+    float e = Es[i0 + r];
 #pragma unroll
-    for (int k = 0; k < 8; k++) acc[r][k] *= e;
-    for (int j = 0; j <= i; j++) {
-      float pj = Ps[i * (C + 1) + j];
-      float4 v0 = *(const float4 *)(Vs + j * P3_COLS + 4 * tc);
-      float4 v1 = *(const float4 *)(Vs + j * P3_COLS + 32 + 4 * tc);
-      acc[r][0] += pj * v0.x; acc[r][1] += pj * v0.y; acc[r][2] += pj * v0.z; acc[r][3] += pj * v0.w;
-      acc[r][4] += pj * v1.x; acc[r][5] += pj * v1.y; acc[r][6] += pj * v1.z; acc[r][7] += pj * v1.w;
-    }
-    if (i < L) {
-      bf16 *o = out + (size_t)(r0 + i) * ow + (size_t)h * dv + cs + 4 * tc;
+    for (int k = 0; k < 4; k++) acc[r][k] *= e;
+  }
+  /* P V': j <= i0 is in every row's range, j = i0 + 1 .. i0 + 3 only in the later rows' */
+  for (int j = 0; j <= i0 + 3; j++) {
+    float4 p4 = *(const float4 *)(PT + j * C + i0), v4 = *(const float4 *)(Vs + j * P3_COLS + c0);
+    float pv[4] = {p4.x, p4.y, p4.z, p4.w}, vv[4] = {v4.x, v4.y, v4.z, v4.w};
 #pragma unroll
-      for (int k = 0; k < 4; k++) {
-        o[k] = f2bf(acc[r][k]);
-        o[32 + k] = f2bf(acc[r][4 + k]);
+    for (int r = 0; r < 4; r++)
+      if (j <= i0 + r) {
+#pragma unroll
+        for (int k = 0; k < 4; k++) acc[r][k] += pv[r] * vv[k];
       }
+  }
+#pragma unroll
+  for (int r = 0; r < 4; r++) {
+    int i = i0 + r;
+    if (i < L) {
+      bf16 *o = out + (size_t)(r0 + i) * ow + (size_t)h * dv + cs + c0;
+#pragma unroll
+      for (int k = 0; k < 4; k++) o[k] = f2bf(acc[r][k]);
     }
   }
 }

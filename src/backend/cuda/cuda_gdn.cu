@@ -929,7 +929,9 @@ static size_t p3_smem(void) {
          sizeof(float);
 }
 /* Scratch per (chunk, head), in floats: U/V' [C][dv], W [C][GK], P [C][C], G [C], Kd [C][GK],
- * S (the state before the chunk) [GK][dv]; every offset a multiple of 4 floats. */
+ * S (the state before the chunk) [GK][dv]; every offset a multiple of 4 floats. When phase 2
+ * runs on tensor cores, W's and Kd's places hold bf16 hi / lo halves instead (same bytes):
+ * W hi [C][GK] then W lo, Kd^T hi [GK][C] then Kd^T lo (p1_tail<true>). */
 struct gdn_scr {
   float *U, *W, *P, *G, *Kd, *S;
 };
@@ -945,6 +947,12 @@ __device__ static gdn_scr scr_at(float *scr, int ch, int nv, int h, int dv) {
   r.Kd = r.G + GDN_C;
   r.S = r.Kd + (size_t)GDN_C * GK;
   return r;
+}
+
+/* x = hi + lo with hi = bf16(x), lo = bf16(x - hi): the pair carries ~16 mantissa bits */
+__device__ __forceinline__ void split_bf16(float x, bf16 &hi, bf16 &lo) {
+  hi = f2bf(x);
+  lo = f2bf(x - bf2f(hi));
 }
 
 /* 8 bf16 (one 16-byte load) to 8 floats at dst (any alignment); zeros when !ok */
@@ -981,8 +989,10 @@ __device__ __forceinline__ static void p1_gates(const float *beta, const float *
 
 /* The end of phase 1, after A is in shared memory: forward substitution (one thread per
  * column of U or W, the column in registers) and the decayed keys Kd. kat(r, a) is entry a of
- * the chunk's key row r (each caller's own copy of k). */
-template <typename KAT>
+ * the chunk's key row r (each caller's own copy of k). SPLIT (phase 2 on tensor cores next):
+ * W and Kd go to scratch as the bf16 hi / lo halves that k_gdn_p2m multiplies (split_bf16 of
+ * the same fp32 values), W row-major and Kd transposed (gdn_scr). */
+template <bool SPLIT, typename KAT>
 __device__ __forceinline__ static void p1_tail(const gdn_scr &o, KAT kat, const float *Vc,
                                                const float *A, const float *G, const float *Bt,
                                                const float *eG, int L, int dv, int tid) {
@@ -1002,18 +1012,39 @@ __device__ __forceinline__ static void p1_tail(const gdn_scr &o, KAT kat, const 
     if (col < dv) {
 #pragma unroll
       for (int i = 0; i < GDN_C; i++) o.U[(size_t)i * dv + col] = u[i];
+    } else if (SPLIT) {
+      bf16 *wh = (bf16 *)o.W, *wl = wh + GDN_C * GK;
+#pragma unroll
+      for (int i = 0; i < GDN_C; i++) {
+        bf16 hi, lo;
+        split_bf16(u[i], hi, lo);
+        wh[i * GK + col - dv] = hi;
+        wl[i * GK + col - dv] = lo;
+      }
     } else {
 #pragma unroll
       for (int i = 0; i < GDN_C; i++) o.W[(size_t)i * GK + col - dv] = u[i];
     }
   }
   float gl = G[L - 1];
-  for (int idx = tid; idx < C * GK; idx += P1_THREADS) {
-    int r = idx / GK, a = idx % GK;
-    o.Kd[idx] = kat(r, a) * expf(gl - G[r]);
+  if (SPLIT) { /* transposed: consecutive threads take consecutive rows r */
+    bf16 *kh = (bf16 *)o.Kd, *kl = kh + GK * GDN_C;
+    for (int idx = tid; idx < C * GK; idx += P1_THREADS) {
+      int r = idx % C, a = idx / C;
+      bf16 hi, lo;
+      split_bf16(kat(r, a) * expf(gl - G[r]), hi, lo);
+      kh[idx] = hi;
+      kl[idx] = lo;
+    }
+  } else {
+    for (int idx = tid; idx < C * GK; idx += P1_THREADS) {
+      int r = idx / GK, a = idx % GK;
+      o.Kd[idx] = kat(r, a) * expf(gl - G[r]);
+    }
   }
 }
 
+template <bool SPLIT>
 __global__ void __launch_bounds__(P1_THREADS)
     k_gdn_p1(const bf16 *qkv, const float *beta, const float *g, const int32_t *ch_row,
              const int32_t *ch_len, int nk, int nv, int dv, float *scr) {
@@ -1083,7 +1114,7 @@ __global__ void __launch_bounds__(P1_THREADS)
       }
   }
   __syncthreads();
-  p1_tail(o, [&](int r, int a) { return Kc[r * GKP + a]; }, Vc, A, G, Bt, eG, L, dv, tid);
+  p1_tail<SPLIT>(o, [&](int r, int a) { return Kc[r * GKP + a]; }, Vc, A, G, Bt, eG, L, dv, tid);
 }
 
 /* phase 2's copies of one chunk (W, Kd, the block's U columns, G) into buffer set b */
@@ -1304,11 +1335,6 @@ __device__ __forceinline__ void ld_afrag(uint32_t a[4], const bf16 *p, int ld, i
   a[2] = ld_b2(r + 8);
   a[3] = ld_b2(r + 8 * ld + 8);
 }
-/* x = hi + lo with hi = bf16(x), lo = bf16(x - hi): the pair carries ~16 mantissa bits */
-__device__ __forceinline__ void split_bf16(float x, bf16 &hi, bf16 &lo) {
-  hi = f2bf(x);
-  lo = f2bf(x - bf2f(hi));
-}
 __device__ __forceinline__ uint32_t pack_b2(bf16 lo_idx, bf16 hi_idx) {
   return (uint32_t)__bfloat16_as_ushort(lo_idx) | ((uint32_t)__bfloat16_as_ushort(hi_idx) << 16);
 }
@@ -1329,7 +1355,7 @@ static size_t p1m_smem(int dv) {
  * mi = w/2 (rows 16mi..16mi+15) of Q K^T (w even) or K K^T (w odd), column tiles of 8 up to
  * the diagonal, then applies the decays and masks and writes the whole row tile (zeros above
  * the diagonal and for rows >= L). The rest is k_gdn_p1's. */
-template <int MINB>
+template <int MINB, bool SPLIT>
 __global__ void __launch_bounds__(P1_THREADS, MINB)
     k_gdn_p1m(const bf16 *qkv, const float *beta, const float *g, const int32_t *ch_row,
               const int32_t *ch_len, int nk, int nv, int dv, float *scr) {
@@ -1410,7 +1436,8 @@ __global__ void __launch_bounds__(P1_THREADS, MINB)
   }
   __syncthreads();
   /* k as read (bf16 values, exact in fp32): the fp32 copy k_gdn_p1 keeps is not needed */
-  p1_tail(o, [&](int r, int a) { return bf2f(Kb[r * GKB + a]); }, Vc, A, G, Bt, eG, L, dv, tid);
+  p1_tail<SPLIT>(o, [&](int r, int a) { return bf2f(Kb[r * GKB + a]); }, Vc, A, G, Bt, eG, L, dv,
+                 tid);
 }
 
 static size_t p3m_smem(void) {
@@ -1542,36 +1569,50 @@ __global__ void __launch_bounds__(P3_THREADS)
 }
 
 static size_t p2m_smem(void) {
-  return ((size_t)4 * GDN_C * GKQ + 2 * GDN_C * 32 + 2 * GDN_C) * sizeof(float) +
-         ((size_t)2 * 32 * GKB + 2 * 32 * CB) * sizeof(bf16);
+  return ((size_t)4 * GDN_C * GKB + 4 * GK * CB + 2 * 32 * GKB + 2 * 32 * CB) * sizeof(bf16) +
+         ((size_t)2 * GDN_C * 32 + 2 * GDN_C) * sizeof(float);
 }
-/* (x0, x1) as bf16 pairs: hi = bf16(x), lo = bf16(x - hi), x0 in the low halves */
-__device__ __forceinline__ void split2(float x0, float x1, uint32_t &hi, uint32_t &lo) {
-  bf16 h0, l0, h1, l1;
-  split_bf16(x0, h0, l0);
-  split_bf16(x1, h1, l1);
-  hi = pack_b2(h0, h1);
-  lo = pack_b2(l0, l1);
+
+/* k_gdn_p2m's copies of one chunk into buffer set b: W's hi / lo halves [2][C][GKB], Kd^T's
+ * [2][GK][CB] (phase 1 wrote them split, gdn_scr), the block's U columns and G. */
+__device__ static void p2m_fetch(const gdn_scr &q, int dv, int cs, bf16 *Wb, bf16 *Kb, float *Ub,
+                                 float *Gb, int tid) {
+  const bf16 *w = (const bf16 *)q.W, *k = (const bf16 *)q.Kd;
+  for (int idx = tid; idx < 2 * GDN_C * (GK / 8); idx += P2_THREADS) {
+    int r = idx / (GK / 8), a = 8 * (idx % (GK / 8));
+    cp_async16(Wb + r * GKB + a, w + (size_t)r * GK + a);
+  }
+  for (int idx = tid; idx < 2 * GK * (GDN_C / 8); idx += P2_THREADS) {
+    int r = idx / (GDN_C / 8), j = 8 * (idx % (GDN_C / 8));
+    cp_async16(Kb + r * CB + j, k + (size_t)r * GDN_C + j);
+  }
+  for (int idx = tid; idx < GDN_C * 8; idx += P2_THREADS) {
+    int r = idx >> 3, c = 4 * (idx & 7);
+    cp_async16(Ub + r * 32 + c, q.U + (size_t)r * dv + cs + c);
+  }
+  if (tid < GDN_C / 4) cp_async16(Gb + 4 * tid, q.G + 4 * tid);
+  cp_async_commit();
 }
 
 /* Phase 2 on tensor cores, grid (prefill piece, value head, dv/32) as k_gdn_p2, the same
  * cp.async double buffering of W, Kd, U, G. The block's state slice S [128][32] lives in
  * registers as mma accumulators: warp w owns rows 16w..16w+15 (4 tiles of 16x8). Per chunk:
  *   the state goes to scratch (phase 3) and, split into hi/lo, transposed to shared memory;
- *   V' = U - W S: warp w computes rows 16(w%4).., columns 16(w/4).. (W split from the fp32
- *   buffer as its fragments are loaded); V' goes to scratch and, split, transposed to shared;
- *   S <- e^(G_last) S + Kd^T V' in the accumulators (Kd^T fragments split as loaded).
- * Every product is the 3-term hi/lo one. */
+ *   V' = U - W S: warp w computes rows 16(w%4).., columns 16(w/4).. (W's fragments loaded as
+ *   phase 1 split them); V' goes to scratch and, split, transposed to shared;
+ *   S <- e^(G_last) S + Kd^T V' in the accumulators (Kd^T's fragments likewise).
+ * Every product is the 3-term hi/lo one. W and Kd arrive split (p1_tail<true>): the split
+ * was the larger part of this kernel's instructions, done again by each of the dv/32 blocks. */
 __global__ void __launch_bounds__(P2_THREADS)
     k_gdn_p2m(float *ssm, const int32_t *ids, const int32_t *seq_pos, const int32_t *seq_slot,
               const int32_t *pre_ch0, const int32_t *ch_len, int nv, int dv, float *scr) {
   pdl_enter();
   extern __shared__ __align__(16) float sm2m[];
   const int C = GDN_C;
-  float *W0 = sm2m;              /* W [C][GKQ] x 2 */
-  float *K0 = W0 + 2 * C * GKQ;  /* Kd [C][GKQ] x 2 */
-  float *U0 = K0 + 2 * C * GKQ;  /* U [C][32] x 2 */
-  float *G0 = U0 + 2 * C * 32;   /* G [C] x 2 */
+  bf16 *W0 = (bf16 *)sm2m;                       /* W hi, lo [2][C][GKB] x 2 */
+  bf16 *K0 = W0 + 4 * C * GKB;                   /* Kd^T hi, lo [2][GK][CB] x 2 */
+  float *U0 = (float *)(K0 + 4 * GK * CB);       /* U [C][32] x 2 */
+  float *G0 = U0 + 2 * C * 32;                   /* G [C] x 2 */
   bf16 *Sh = (bf16 *)(G0 + 2 * C), *Sl = Sh + 32 * GKB; /* S^T [32][GKB] */
   bf16 *Vh = Sl + 32 * GKB, *Vl = Vh + 32 * CB;         /* V'^T [32][CB] */
   int bx = blockIdx.x, h = blockIdx.y, cs = blockIdx.z * 32, tid = threadIdx.x;
@@ -1580,7 +1621,7 @@ __global__ void __launch_bounds__(P2_THREADS)
   float *S = ssm + ((size_t)seq_slot[s] * nv + h) * (size_t)GK * dv;
   int zero = seq_pos[s] == 0;
   int c0 = pre_ch0[bx], c1 = pre_ch0[bx + 1];
-  p2_fetch(scr_at(scr, c0, nv, h, dv), dv, cs, W0, K0, U0, G0, tid);
+  p2m_fetch(scr_at(scr, c0, nv, h, dv), dv, cs, W0, K0, U0, G0, tid);
   /* st[n][2hh+e] = S[16 warp + gq + 8hh][8n + 2tq + e] */
   float st[4][4];
 #pragma unroll
@@ -1598,13 +1639,15 @@ __global__ void __launch_bounds__(P2_THREADS)
     gdn_scr q = scr_at(scr, ch, nv, h, dv);
     if (ch + 1 < c1) {
       int n = b ^ 1;
-      p2_fetch(scr_at(scr, ch + 1, nv, h, dv), dv, cs, W0 + n * C * GKQ, K0 + n * C * GKQ,
-               U0 + n * C * 32, G0 + n * C, tid);
+      p2m_fetch(scr_at(scr, ch + 1, nv, h, dv), dv, cs, W0 + n * 2 * C * GKB,
+                K0 + n * 2 * GK * CB, U0 + n * C * 32, G0 + n * C, tid);
       cp_async_wait<1>();
     } else {
       cp_async_wait<0>();
     }
-    const float *Ws = W0 + b * C * GKQ, *Ks = K0 + b * C * GKQ, *Us = U0 + b * C * 32;
+    const bf16 *Wh = W0 + b * 2 * C * GKB, *Wl = Wh + C * GKB;
+    const bf16 *Kh = K0 + b * 2 * GK * CB, *Kl = Kh + GK * CB;
+    const float *Us = U0 + b * C * 32;
     /* the state before this chunk: to scratch for phase 3, and split into S^T */
 #pragma unroll
     for (int n = 0; n < 4; n++)
@@ -1631,13 +1674,8 @@ __global__ void __launch_bounds__(P2_THREADS)
 #pragma unroll 2
       for (int k0 = 0; k0 < GK; k0 += 16) {
         uint32_t wh[4], wl[4];
-        const float *wr = Ws + (16 * mi + gq) * GKQ + k0 + 2 * tq;
-        float2 x0 = *(const float2 *)wr, x1 = *(const float2 *)(wr + 8 * GKQ);
-        float2 x2 = *(const float2 *)(wr + 8), x3 = *(const float2 *)(wr + 8 * GKQ + 8);
-        split2(x0.x, x0.y, wh[0], wl[0]);
-        split2(x1.x, x1.y, wh[1], wl[1]);
-        split2(x2.x, x2.y, wh[2], wl[2]);
-        split2(x3.x, x3.y, wh[3], wl[3]);
+        ld_afrag(wh, Wh + 16 * mi * GKB + k0, GKB, gq, tq);
+        ld_afrag(wl, Wl + 16 * mi * GKB + k0, GKB, gq, tq);
 #pragma unroll
         for (int nn = 0; nn < 2; nn++) {
           int off = (8 * (nb + nn) + gq) * GKB + k0 + 2 * tq;
@@ -1671,16 +1709,12 @@ __global__ void __launch_bounds__(P2_THREADS)
       for (int n = 0; n < 4; n++)
 #pragma unroll
         for (int e = 0; e < 4; e++) st[n][e] *= egl;
-      int a = 16 * warp + gq;
 #pragma unroll
       for (int k0 = 0; k0 < C; k0 += 16) {
-        /* A = Kd^T: A[a][j] = Kd[j][a]; register r pairs rows j, j+1 of Kd */
-        const float *kr = Ks + (k0 + 2 * tq) * GKQ + a;
+        /* A = Kd^T, rows 16 warp.. (a), columns k0.. (j) */
         uint32_t kh[4], kl[4];
-        split2(kr[0], kr[GKQ], kh[0], kl[0]);
-        split2(kr[8], kr[GKQ + 8], kh[1], kl[1]);
-        split2(kr[8 * GKQ], kr[9 * GKQ], kh[2], kl[2]);
-        split2(kr[8 * GKQ + 8], kr[9 * GKQ + 8], kh[3], kl[3]);
+        ld_afrag(kh, Kh + 16 * warp * CB + k0, CB, gq, tq);
+        ld_afrag(kl, Kl + 16 * warp * CB + k0, CB, gq, tq);
 #pragma unroll
         for (int n = 0; n < 4; n++) {
           int off = (8 * n + gq) * CB + k0 + 2 * tq;
@@ -1726,12 +1760,19 @@ static int gdn_prefill2(cuda_ctx *c, float *ssm, const bf16 *qkv, const float *b
   if (c->legacy || dk != GK || dv % P3_COLS || dv > 256 || c->b.n_chunks <= 0) return 0;
   static int attr = 0;
   if (!attr) {
-    cudaFuncSetAttribute(k_gdn_p1, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)p1_smem(256));
+    cudaFuncSetAttribute(k_gdn_p1<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         (int)p1_smem(256));
+    cudaFuncSetAttribute(k_gdn_p1<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         (int)p1_smem(256));
     cudaFuncSetAttribute(k_gdn_p2, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)p2_smem());
     cudaFuncSetAttribute(k_gdn_p3, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)p3_smem());
-    cudaFuncSetAttribute(k_gdn_p1m<1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    cudaFuncSetAttribute(k_gdn_p1m<1, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                          (int)p1m_smem(256));
-    cudaFuncSetAttribute(k_gdn_p1m<2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    cudaFuncSetAttribute(k_gdn_p1m<1, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         (int)p1m_smem(256));
+    cudaFuncSetAttribute(k_gdn_p1m<2, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         (int)p1m_smem(P1M_PAIR_DV));
+    cudaFuncSetAttribute(k_gdn_p1m<2, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                          (int)p1m_smem(P1M_PAIR_DV));
     cudaFuncSetAttribute(k_gdn_p3m, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)p3m_smem());
     cudaFuncSetAttribute(k_gdn_p2m, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)p2m_smem());
@@ -1741,15 +1782,26 @@ static int gdn_prefill2(cuda_ctx *c, float *ssm, const bf16 *qkv, const float *b
   float *scr = (float *)cuda_scratch(c, (size_t)c->b.n_chunks * nv * p1_per(dv) * sizeof(float));
   if (!scr) return 1;
   dim3 g1(c->b.n_chunks, nv);
-  if (mma & 1 && dv <= P1M_PAIR_DV)
-    k_gdn_p1m<2><<<g1, P1_THREADS, p1m_smem(dv), c->st>>>(qkv, beta, g, c->b.ch_row, c->b.ch_len,
-                                                         nk, nv, dv, scr);
-  else if (mma & 1)
-    k_gdn_p1m<1><<<g1, P1_THREADS, p1m_smem(dv), c->st>>>(qkv, beta, g, c->b.ch_row, c->b.ch_len,
-                                                         nk, nv, dv, scr);
-  else
-    k_gdn_p1<<<g1, P1_THREADS, p1_smem(dv), c->st>>>(qkv, beta, g, c->b.ch_row, c->b.ch_len, nk,
-                                                    nv, dv, scr);
+  /* phase 1 writes W and Kd split for phase 2 on tensor cores, in fp32 for the FMA one */
+  bool split = mma & 2, pair = dv <= P1M_PAIR_DV;
+#define P1M(MB, SP)                                                                             \
+  k_gdn_p1m<MB, SP><<<g1, P1_THREADS, p1m_smem(dv), c->st>>>(qkv, beta, g, c->b.ch_row,          \
+                                                            c->b.ch_len, nk, nv, dv, scr)
+#define P1(SP)                                                                                  \
+  k_gdn_p1<SP><<<g1, P1_THREADS, p1_smem(dv), c->st>>>(qkv, beta, g, c->b.ch_row, c->b.ch_len,   \
+                                                       nk, nv, dv, scr)
+  if (mma & 1) {
+    if (pair && split) P1M(2, true);
+    else if (pair) P1M(2, false);
+    else if (split) P1M(1, true);
+    else P1M(1, false);
+  } else if (split) {
+    P1(true);
+  } else {
+    P1(false);
+  }
+#undef P1M
+#undef P1
   cuda_check_launch(c, "gdn_prefill (chunks)");
   dim3 g2(c->b.n_prefill, nv, dv / 32);
   if (mma & 2)

@@ -1117,6 +1117,17 @@ __global__ void __launch_bounds__(P1_THREADS)
   p1_tail<SPLIT>(o, [&](int r, int a) { return Kc[r * GKP + a]; }, Vc, A, G, Bt, eG, L, dv, tid);
 }
 
+/* The end of a phase-2 chunk copy: the block's 32 U columns and G, then the commit. */
+__device__ static void p2_fetch_ug(const gdn_scr &q, int dv, int cs, float *Ub, float *Gb,
+                                   int tid) {
+  for (int idx = tid; idx < GDN_C * 8; idx += P2_THREADS) {
+    int r = idx >> 3, c = 4 * (idx & 7);
+    cp_async16(Ub + r * 32 + c, q.U + (size_t)r * dv + cs + c);
+  }
+  if (tid < GDN_C / 4) cp_async16(Gb + 4 * tid, q.G + 4 * tid);
+  cp_async_commit();
+}
+
 /* phase 2's copies of one chunk (W, Kd, the block's U columns, G) into buffer set b */
 __device__ static void p2_fetch(const gdn_scr &q, int dv, int cs, float *Wb, float *Kb, float *Ub,
                                 float *Gb, int tid) {
@@ -1125,12 +1136,7 @@ __device__ static void p2_fetch(const gdn_scr &q, int dv, int cs, float *Wb, flo
     cp_async16(Wb + r * GKQ + a, q.W + (size_t)r * GK + a);
     cp_async16(Kb + r * GKQ + a, q.Kd + (size_t)r * GK + a);
   }
-  for (int idx = tid; idx < GDN_C * 8; idx += P2_THREADS) {
-    int r = idx >> 3, c = 4 * (idx & 7);
-    cp_async16(Ub + r * 32 + c, q.U + (size_t)r * dv + cs + c);
-  }
-  if (tid < GDN_C / 4) cp_async16(Gb + 4 * tid, q.G + 4 * tid);
-  cp_async_commit();
+  p2_fetch_ug(q, dv, cs, Ub, Gb, tid);
 }
 
 __global__ void __launch_bounds__(P2_THREADS)
@@ -1586,12 +1592,7 @@ __device__ static void p2m_fetch(const gdn_scr &q, int dv, int cs, bf16 *Wb, bf1
     int r = idx / (GDN_C / 8), j = 8 * (idx % (GDN_C / 8));
     cp_async16(Kb + r * CB + j, k + (size_t)r * GDN_C + j);
   }
-  for (int idx = tid; idx < GDN_C * 8; idx += P2_THREADS) {
-    int r = idx >> 3, c = 4 * (idx & 7);
-    cp_async16(Ub + r * 32 + c, q.U + (size_t)r * dv + cs + c);
-  }
-  if (tid < GDN_C / 4) cp_async16(Gb + 4 * tid, q.G + 4 * tid);
-  cp_async_commit();
+  p2_fetch_ug(q, dv, cs, Ub, Gb, tid);
 }
 
 /* Phase 2 on tensor cores, grid (prefill piece, value head, dv/32) as k_gdn_p2, the same

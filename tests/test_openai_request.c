@@ -163,7 +163,32 @@ TEST(chat_errors) {
   EXPECT(rejects(C, "{" M ",\"chat_template_kwargs\":{\"enable_thinking\":\"no\"}}", 400,
                  "chat_template_kwargs"));
   EXPECT(rejects(C, "{" M ",\"a\":1,\"a\":2}", 400, NULL)); /* duplicate keys */
+  EXPECT(rejects(C, "{" M ",\"response_format\":{\"type\":\"json_object\"}}", 400,
+                 "response_format"));
+  EXPECT(rejects(C, "{" M ",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{}}}",
+                 400, "response_format"));
+  EXPECT(rejects(C, "{" M ",\"response_format\":\"text\"}", 400, "response_format"));
+  EXPECT(rejects(C, "{" M ",\"logit_bias\":{\"42\":5}}", 400, "logit_bias"));
+  EXPECT(rejects(C, "{" M ",\"logit_bias\":[1]}", 400, "logit_bias"));
 #undef M
+}
+
+/* What clients send by default for the two unsupported fields is accepted. */
+TEST(chat_accepts_default_format_and_bias) {
+  openai_request r;
+  openai_error e;
+  REQUIRE(parse(OPENAI_KIND_CHAT,
+                "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+                "\"response_format\":{\"type\":\"text\"},\"logit_bias\":{}}",
+                &r, &e) == 0);
+  openai_request_free(&r);
+  REQUIRE(parse(OPENAI_KIND_CHAT,
+                "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+                "\"response_format\":null,\"logit_bias\":null}",
+                &r, &e) == 0);
+  openai_request_free(&r);
+  EXPECT(rejects(OPENAI_KIND_COMPLETION, "{\"prompt\":\"x\",\"logit_bias\":{\"1\":-100}}", 400,
+                 "logit_bias"));
 }
 
 TEST(completion_prompts) {
@@ -519,6 +544,7 @@ int main(void) {
   RUN(chat_all_fields);
   RUN(tool_choice_none_drops_tools);
   RUN(chat_errors);
+  RUN(chat_accepts_default_format_and_bias);
   RUN(completion_prompts);
   RUN(completion_errors);
   RUN(tokenize_bodies);

@@ -194,6 +194,24 @@ static int parse_sampling(const json_t *o, openai_request *r, openai_error *err)
   if (best_of && !json_is_null(best_of) &&
       !(json_is_integer(best_of) && json_integer_value(best_of) == 1))
     return BAD("best_of", "only best_of = 1 is supported");
+  /* Constrained output and token biases are not implemented: refused by name rather than
+   * ignored, so a client that relies on them learns it at once (the defaults clients send,
+   * plain text and an empty bias map, are accepted). */
+  const json_t *rf = json_object_get(o, "response_format");
+  if (rf && !json_is_null(rf)) {
+    const json_t *t = json_is_object(rf) ? json_object_get(rf, "type") : NULL;
+    if (!json_is_string(t))
+      return BAD("response_format", "'response_format' must be an object with a string 'type'");
+    if (strcmp(json_string_value(t), "text"))
+      return BAD("response_format",
+                 "response_format type '%s' is not supported (no constrained decoding): only 'text'",
+                 json_string_value(t));
+  }
+  const json_t *lb = json_object_get(o, "logit_bias");
+  if (lb && !json_is_null(lb)) {
+    if (!json_is_object(lb)) return BAD("logit_bias", "'logit_bias' must be an object");
+    if (json_object_size(lb) > 0) return BAD("logit_bias", "'logit_bias' is not supported");
+  }
 
   if (get_bool(o, "skip_special_tokens", &r->skip_special_tokens, err)) return -1;
   if (get_bool(o, "include_stop_str_in_output", &r->include_stop_str_in_output, err)) return -1;

@@ -324,6 +324,23 @@ await test("completions_token_ids", async () => {
   checkUsage(usage, "stream usage");
 });
 
+await test("logit_bias", async () => {
+  const prompt = [785, 3974, 13876, 38835, 34208, 916, 279, 15678, 5562, 13];
+  const q = { model: NAME, prompt, max_tokens: 3, temperature: 0, return_token_ids: true };
+  const base = (await oa.completions.create(q)).choices[0].token_ids;
+  // -100 on the first greedy token: another one comes first
+  const ban = (await oa.completions.create({ ...q, logit_bias: { [base[0]]: -100 } })).choices[0].token_ids;
+  assert(ban[0] !== base[0], `banned token ${base[0]} was sampled: ${ban}`);
+  // +100 on one ordinary token: it wins every greedy step
+  const forced = (await oa.completions.create({ ...q, logit_bias: { 1000: 100 } })).choices[0].token_ids;
+  eq(forced, [1000, 1000, 1000], "forced token ids");
+  // an empty map is the plain request
+  eq((await oa.completions.create({ ...q, logit_bias: {} })).choices[0].token_ids, base, "empty logit_bias");
+  const r = await post(main, "/v1/completions", { prompt: [1], max_tokens: 1, logit_bias: { 99999999: 1 } });
+  eq(r.status, 400, "out-of-vocabulary id");
+  eq(r.json.error.param, "logit_bias", "error.param");
+});
+
 await test("completions_text_echo_logprobs", async () => {
   const r = await oa.completions.create({ model: NAME, prompt: "The capital of France is", max_tokens: 4, temperature: 0, echo: true, logprobs: 3 });
   const c = r.choices[0];

@@ -168,27 +168,45 @@ TEST(chat_errors) {
   EXPECT(rejects(C, "{" M ",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{}}}",
                  400, "response_format"));
   EXPECT(rejects(C, "{" M ",\"response_format\":\"text\"}", 400, "response_format"));
-  EXPECT(rejects(C, "{" M ",\"logit_bias\":{\"42\":5}}", 400, "logit_bias"));
   EXPECT(rejects(C, "{" M ",\"logit_bias\":[1]}", 400, "logit_bias"));
+  EXPECT(rejects(C, "{" M ",\"logit_bias\":{\"07\":5}}", 400, "logit_bias"));
+  EXPECT(rejects(C, "{" M ",\"logit_bias\":{\"-1\":5}}", 400, "logit_bias"));
+  EXPECT(rejects(C, "{" M ",\"logit_bias\":{\"x\":5}}", 400, "logit_bias"));
+  EXPECT(rejects(C, "{" M ",\"logit_bias\":{\"\":5}}", 400, "logit_bias"));
+  EXPECT(rejects(C, "{" M ",\"logit_bias\":{\"99999999999\":5}}", 400, "logit_bias"));
+  EXPECT(rejects(C, "{" M ",\"logit_bias\":{\"7\":101}}", 400, "logit_bias"));
+  EXPECT(rejects(C, "{" M ",\"logit_bias\":{\"7\":\"5\"}}", 400, "logit_bias"));
 #undef M
 }
 
-/* What clients send by default for the two unsupported fields is accepted. */
-TEST(chat_accepts_default_format_and_bias) {
+/* response_format's default (text) is accepted; logit_bias maps token ids to biases. */
+TEST(chat_format_and_bias) {
   openai_request r;
   openai_error e;
   REQUIRE(parse(OPENAI_KIND_CHAT,
                 "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
                 "\"response_format\":{\"type\":\"text\"},\"logit_bias\":{}}",
                 &r, &e) == 0);
+  EXPECT_EQ_INT(r.sp.n_bias, 0);
   openai_request_free(&r);
   REQUIRE(parse(OPENAI_KIND_CHAT,
                 "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
                 "\"response_format\":null,\"logit_bias\":null}",
                 &r, &e) == 0);
+  EXPECT_EQ_INT(r.sp.n_bias, 0);
   openai_request_free(&r);
-  EXPECT(rejects(OPENAI_KIND_COMPLETION, "{\"prompt\":\"x\",\"logit_bias\":{\"1\":-100}}", 400,
-                 "logit_bias"));
+  REQUIRE(parse(OPENAI_KIND_COMPLETION,
+                "{\"prompt\":\"x\",\"logit_bias\":{\"0\":-100,\"151643\":2.5,\"7\":100}}", &r,
+                &e) == 0);
+  REQUIRE(r.sp.n_bias == 3);
+  int seen = 0;
+  for (int i = 0; i < 3; i++) {
+    if (r.sp.bias_ids[i] == 0 && r.sp.bias[i] == -100.0f) seen |= 1;
+    if (r.sp.bias_ids[i] == 151643 && r.sp.bias[i] == 2.5f) seen |= 2;
+    if (r.sp.bias_ids[i] == 7 && r.sp.bias[i] == 100.0f) seen |= 4;
+  }
+  EXPECT_EQ_INT(seen, 7);
+  openai_request_free(&r);
 }
 
 TEST(completion_prompts) {
@@ -544,7 +562,7 @@ int main(void) {
   RUN(chat_all_fields);
   RUN(tool_choice_none_drops_tools);
   RUN(chat_errors);
-  RUN(chat_accepts_default_format_and_bias);
+  RUN(chat_format_and_bias);
   RUN(completion_prompts);
   RUN(completion_errors);
   RUN(tokenize_bodies);

@@ -78,6 +78,76 @@ TEST(argmax_rule) {
   p.frequency_penalty = 0;
   p.logprobs = 1;
   EXPECT(!sampler_is_plain_greedy(&p));
+  p.logprobs = 0;
+  p.bias_ids[0] = 3;
+  p.bias[0] = 1;
+  p.n_bias = 1;
+  EXPECT(!sampler_is_plain_greedy(&p));
+}
+
+TEST(logit_bias) {
+  sampling_params p;
+  sampling_params_default(&p);
+  /* added after the penalties; ids outside the vocabulary skipped */
+  p.repetition_penalty = 2.0f;
+  p.bias_ids[0] = 2;
+  p.bias[0] = -5;
+  p.bias_ids[1] = 0;
+  p.bias[1] = 0.5f;
+  p.bias_ids[2] = 9;
+  p.bias[2] = 100;
+  p.n_bias = 3;
+  float l[4] = {2, -1, 3, 0.5f};
+  int32_t prompt[1] = {0};
+  sampler_apply_penalties(&p, l, 4, prompt, 1, NULL, 0, &W);
+  EXPECT(l[0] == 1.5f && l[1] == -1.0f && l[2] == -2.0f && l[3] == 0.5f);
+  /* greedy: a bias of 100 makes a token win, -100 bans the top one */
+  sampling_params_default(&p);
+  p.temperature = 0;
+  p.bias_ids[0] = 1;
+  p.bias[0] = 100;
+  p.n_bias = 1;
+  sampler s;
+  sampler_init(&s, &p, 1);
+  sampler_result r;
+  float a[3] = {3, 1, 2};
+  EXPECT_EQ_INT(sampler_sample(&s, a, 3, NULL, 0, NULL, 0, &W, &r), 1);
+  p.bias_ids[0] = 0;
+  p.bias[0] = -100;
+  sampler_init(&s, &p, 1);
+  float b[3] = {3, 1, 2};
+  EXPECT_EQ_INT(sampler_sample(&s, b, 3, NULL, 0, NULL, 0, &W, &r), 2);
+  /* sampling at temperature 1 never picks a token biased by -100 against a near-tie */
+  sampling_params_default(&p);
+  p.seed = 5;
+  p.has_seed = 1;
+  p.bias_ids[0] = 0;
+  p.bias[0] = -100;
+  p.n_bias = 1;
+  sampler_init(&s, &p, 1);
+  int picked0 = 0;
+  for (int i = 0; i < 200; i++) {
+    float c[3] = {1.0f, 0.9f, 0.8f};
+    picked0 += sampler_sample(&s, c, 3, NULL, 0, NULL, 0, &W, &r) == 0;
+  }
+  EXPECT_EQ_INT(picked0, 0);
+  /* validation */
+  char err[128];
+  sampling_params_default(&p);
+  p.n_bias = 1;
+  p.bias_ids[0] = 1;
+  p.bias[0] = 100;
+  EXPECT(sampling_params_validate(&p, err, sizeof err) == 0);
+  p.bias[0] = 100.5f;
+  EXPECT(sampling_params_validate(&p, err, sizeof err) != 0);
+  p.bias[0] = NAN;
+  EXPECT(sampling_params_validate(&p, err, sizeof err) != 0);
+  p.bias[0] = 1;
+  p.bias_ids[0] = -1;
+  EXPECT(sampling_params_validate(&p, err, sizeof err) != 0);
+  p.bias_ids[0] = 1;
+  p.n_bias = SAMPLER_MAX_BIAS + 1;
+  EXPECT(sampling_params_validate(&p, err, sizeof err) != 0);
 }
 
 TEST(penalties) {
@@ -367,6 +437,7 @@ int main(void) {
   RUN(greedy);
   RUN(argmax_rule);
   RUN(penalties);
+  RUN(logit_bias);
   RUN(logprobs);
   RUN(distributions);
   RUN(seeded);

@@ -37,6 +37,13 @@ int sampling_params_validate(const sampling_params *p, char *err, size_t errlen)
     return errf(err, errlen, "at most %d stop token ids", SAMPLER_MAX_STOP_IDS);
   if (p->top_logprobs < 0 || p->top_logprobs > SAMPLER_MAX_TOP_LOGPROBS)
     return errf(err, errlen, "top_logprobs must be in [0, %d]", SAMPLER_MAX_TOP_LOGPROBS);
+  if (p->n_bias < 0 || p->n_bias > SAMPLER_MAX_BIAS)
+    return errf(err, errlen, "at most %d logit_bias entries", SAMPLER_MAX_BIAS);
+  for (int i = 0; i < p->n_bias; i++) {
+    if (p->bias_ids[i] < 0) return errf(err, errlen, "logit_bias token ids must be >= 0");
+    if (!isfinite(p->bias[i]) || p->bias[i] < -100 || p->bias[i] > 100)
+      return errf(err, errlen, "logit_bias values must be in [-100, 100]");
+  }
   return 0;
 }
 
@@ -137,6 +144,8 @@ void sampler_apply_penalties(const sampling_params *p, float *logits, int n_voca
       w->counts[t] = 0; /* applied once per distinct token; also restores the scratch */
     }
   }
+  for (int i = 0; i < p->n_bias; i++)
+    if (p->bias_ids[i] >= 0 && p->bias_ids[i] < n_vocab) logits[p->bias_ids[i]] += p->bias[i];
 }
 
 /* ---- sampling --------------------------------------------------------------------------- */
@@ -251,7 +260,8 @@ int32_t sampler_argmax(const float *x, int n) {
 
 int sampler_is_plain_greedy(const sampling_params *p) {
   return p->temperature < 1e-5f && p->repetition_penalty == 1.0f &&
-         p->presence_penalty == 0.0f && p->frequency_penalty == 0.0f && !p->logprobs;
+         p->presence_penalty == 0.0f && p->frequency_penalty == 0.0f && !p->logprobs &&
+         p->n_bias == 0;
 }
 
 int32_t sampler_sample(sampler *s, float *logits, int n_vocab, const int32_t *prompt,

@@ -1,12 +1,13 @@
 /* sampler — turns one row of logits into a token, per request: greedy, temperature, top-k,
- * top-p, min-p, repetition / presence / frequency penalties, and a seeded per-request RNG
- * (the same seed gives the same tokens, alone or batched). */
+ * top-p, min-p, repetition / presence / frequency penalties, logit biases, and a seeded
+ * per-request RNG (the same seed gives the same tokens, alone or batched). */
 #ifndef DS_SAMPLER_H
 #define DS_SAMPLER_H
 #include <stddef.h>
 #include <stdint.h>
 
 #define SAMPLER_MAX_STOP_IDS 64
+#define SAMPLER_MAX_BIAS 300 /* logit_bias entries per request */
 
 typedef struct sampling_params {
   float temperature;        /* 0: greedy (default 1.0 as in OpenAI; callers set it) */
@@ -24,6 +25,11 @@ typedef struct sampling_params {
   int n_stop_ids;
   int logprobs;     /* 0: off; else report the sampled token's logprob and top_logprobs */
   int top_logprobs; /* 0..20 */
+  /* logit_bias: bias[i] (in [-100, 100]) added to token bias_ids[i]'s logit after the
+   * penalties, before temperature and truncation; the ids distinct */
+  int32_t bias_ids[SAMPLER_MAX_BIAS];
+  float bias[SAMPLER_MAX_BIAS];
+  int n_bias;
 } sampling_params;
 
 void sampling_params_default(sampling_params *p);
@@ -74,7 +80,8 @@ void sampler_scratch_free(sampler_scratch *w);
 
 /* Penalties with vLLM semantics, in place on logits[n_vocab]: repetition_penalty over every
  * token seen in the prompt or the output (positive logits divided, negative multiplied);
- * frequency_penalty * count and presence_penalty over the output tokens only. */
+ * frequency_penalty * count and presence_penalty over the output tokens only; then the
+ * logit_bias entries added (ids outside the vocabulary skipped). */
 void sampler_apply_penalties(const sampling_params *p, float *logits, int n_vocab,
                              const int32_t *prompt, int n_prompt, const int32_t *output,
                              int n_output, sampler_scratch *w);
@@ -85,7 +92,8 @@ void sampler_apply_penalties(const sampling_params *p, float *logits, int n_voca
 int32_t sampler_argmax(const float *x, int n);
 
 /* 1 when sampler_sample's token for p is sampler_argmax of the raw logits and nothing else of
- * the result is filled (greedy, no penalties, no logprobs): a device argmax may stand in. */
+ * the result is filled (greedy, no penalties, no logit_bias, no logprobs): a device argmax may
+ * stand in. */
 int sampler_is_plain_greedy(const sampling_params *p);
 
 /* Samples one token from logits[n_vocab] (modified in place: penalties, temperature):

@@ -194,9 +194,8 @@ static int parse_sampling(const json_t *o, openai_request *r, openai_error *err)
   if (best_of && !json_is_null(best_of) &&
       !(json_is_integer(best_of) && json_integer_value(best_of) == 1))
     return BAD("best_of", "only best_of = 1 is supported");
-  /* Constrained output and token biases are not implemented: refused by name rather than
-   * ignored, so a client that relies on them learns it at once (the defaults clients send,
-   * plain text and an empty bias map, are accepted). */
+  /* Constrained output is not implemented: refused by name rather than ignored, so a client
+   * that relies on it learns it at once (the default clients send, plain text, is accepted). */
   const json_t *rf = json_object_get(o, "response_format");
   if (rf && !json_is_null(rf)) {
     const json_t *t = json_is_object(rf) ? json_object_get(rf, "type") : NULL;
@@ -207,10 +206,32 @@ static int parse_sampling(const json_t *o, openai_request *r, openai_error *err)
                  "response_format type '%s' is not supported (no constrained decoding): only 'text'",
                  json_string_value(t));
   }
-  const json_t *lb = json_object_get(o, "logit_bias");
+  json_t *lb = json_object_get(o, "logit_bias");
   if (lb && !json_is_null(lb)) {
-    if (!json_is_object(lb)) return BAD("logit_bias", "'logit_bias' must be an object");
-    if (json_object_size(lb) > 0) return BAD("logit_bias", "'logit_bias' is not supported");
+    if (!json_is_object(lb))
+      return BAD("logit_bias", "'logit_bias' must be an object mapping token ids to biases");
+    if (json_object_size(lb) > SAMPLER_MAX_BIAS)
+      return BAD("logit_bias", "'logit_bias' may hold at most %d entries", SAMPLER_MAX_BIAS);
+    const char *key;
+    json_t *v;
+    json_object_foreach(lb, key, v) {
+      /* canonical decimal ids only ("7", not "07" or "+7"): distinct keys, distinct ids */
+      size_t n = strlen(key);
+      int ok = n > 0 && n <= 10 && !(n > 1 && key[0] == '0');
+      long long id = 0;
+      for (size_t i = 0; ok && i < n; i++) {
+        if (key[i] < '0' || key[i] > '9') ok = 0;
+        else id = id * 10 + (key[i] - '0');
+      }
+      if (!ok || id > INT32_MAX)
+        return BAD("logit_bias", "'logit_bias' keys must be token ids, got \"%.40s\"", key);
+      double b = json_is_number(v) ? json_number_value(v) : NAN;
+      if (!(b >= -100 && b <= 100))
+        return BAD("logit_bias", "'logit_bias' values must be numbers in [-100, 100]");
+      sp->bias_ids[sp->n_bias] = (int32_t)id;
+      sp->bias[sp->n_bias] = (float)b;
+      sp->n_bias++;
+    }
   }
 
   if (get_bool(o, "skip_special_tokens", &r->skip_special_tokens, err)) return -1;

@@ -409,6 +409,10 @@ static int check_limits(conn *cx, openai_error *e) {
     if (r->sp.stop_ids[i] >= s->m.vocab_size)
       return openai_error_set(e, 400, "invalid_request_error", "stop_token_ids",
                               "stop token id %d is out of vocabulary (size %d)", r->sp.stop_ids[i], s->m.vocab_size);
+  for (int i = 0; i < r->sp.n_bias; i++)
+    if (r->sp.bias_ids[i] >= s->m.vocab_size)
+      return openai_error_set(e, 400, "invalid_request_error", "logit_bias",
+                              "logit_bias token id %d is out of vocabulary (size %d)", r->sp.bias_ids[i], s->m.vocab_size);
   if (r->n_stop > 0 && !s->m.tok)
     return openai_error_set(e, 400, "invalid_request_error", "stop",
                             "stop strings need a tokenizer; this model was loaded without one");

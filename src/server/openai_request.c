@@ -82,6 +82,21 @@ static int token_id_of(const json_t *v, int32_t *id) {
   return 0;
 }
 
+/* A token id written as an object key: canonical decimal only ("7", not "07", "+7" or "7.0"),
+ * so distinct keys are distinct ids. */
+static int token_id_of_key(const char *key, int32_t *id) {
+  size_t n = strlen(key);
+  if (n == 0 || n > 10 || (n > 1 && key[0] == '0')) return -1;
+  long long x = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (key[i] < '0' || key[i] > '9') return -1;
+    x = x * 10 + (key[i] - '0');
+  }
+  if (x > INT32_MAX) return -1;
+  *id = (int32_t)x;
+  return 0;
+}
+
 /* ---- sampling: shared by chat and completions ---- */
 
 static int parse_sampling(const json_t *o, openai_request *r, openai_error *err) {
@@ -215,22 +230,12 @@ static int parse_sampling(const json_t *o, openai_request *r, openai_error *err)
     const char *key;
     json_t *v;
     json_object_foreach(lb, key, v) {
-      /* canonical decimal ids only ("7", not "07" or "+7"): distinct keys, distinct ids */
-      size_t n = strlen(key);
-      int ok = n > 0 && n <= 10 && !(n > 1 && key[0] == '0');
-      long long id = 0;
-      for (size_t i = 0; ok && i < n; i++) {
-        if (key[i] < '0' || key[i] > '9') ok = 0;
-        else id = id * 10 + (key[i] - '0');
-      }
-      if (!ok || id > INT32_MAX)
+      if (token_id_of_key(key, &sp->bias_ids[sp->n_bias]))
         return BAD("logit_bias", "'logit_bias' keys must be token ids, got \"%.40s\"", key);
       double b = json_is_number(v) ? json_number_value(v) : NAN;
       if (!(b >= -100 && b <= 100))
         return BAD("logit_bias", "'logit_bias' values must be numbers in [-100, 100]");
-      sp->bias_ids[sp->n_bias] = (int32_t)id;
-      sp->bias[sp->n_bias] = (float)b;
-      sp->n_bias++;
+      sp->bias[sp->n_bias++] = (float)b;
     }
   }
 

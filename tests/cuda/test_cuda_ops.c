@@ -900,6 +900,11 @@ TEST(gdn_chain) {
   gdn_chain_case(plain, 3, 3, 128, 5); /* one */
   gdn_chain_case(plain, 2, 4, 64, 5);
   gdn_chain_case(plain, 1, 1, 64, 5);
+  /* 1 and 2 rows: the decode benchmark's one-sequence steps */
+  gdn_chain_case(plain, 2, 4, 128, 1);
+  gdn_chain_case(plain, 3, 3, 128, 2);
+  gdn_chain_case(plain, 2, 4, 64, 2);
+  gdn_chain_case(plain, 1, 2, 64, 1);
   /* 40 rows: conv1d + gates in one launch */
   gdn_chain_case(plain, 2, 4, 128, 40);
   gdn_chain_case(plain, 3, 3, 64, 40);

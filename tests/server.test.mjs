@@ -341,6 +341,43 @@ await test("logit_bias", async () => {
   eq(r.json.error.param, "logit_bias", "error.param");
 });
 
+// response_format json_object: the output is sampled under the JSON-object mask. Forced with
+// logit_bias (+100 on "{" and "}"), greedy gives "{" (a "}" cannot open), then "}" (a key or "}"
+// must follow "{"), then only an end token may follow: "{}" and finish "stop". Unforced, the
+// random model's text still has to open an object, and parse when it stops.
+await test("response_format_json_object", async () => {
+  const tk = fromPreTrained();
+  const [lb] = tk.encode("{", { add_special_tokens: false }), [rb] = tk.encode("}", { add_special_tokens: false });
+  const fmt = { type: "json_object" };
+  const forced = { model: NAME, prompt: "Answer in JSON:", max_tokens: 8, temperature: 0, response_format: fmt, logit_bias: { [lb]: 100, [rb]: 100 } };
+  const f = (await oa.completions.create(forced)).choices[0];
+  eq(f.text, "{}", "forced object");
+  eq(f.finish_reason, "stop", "forced finish_reason");
+  // without the mask the same biases give a brace at every step, to max_tokens
+  const nomask = (await oa.completions.create({ ...forced, response_format: { type: "text" } })).choices[0];
+  assert(/^[{}]{8}$/.test(nomask.text) && nomask.finish_reason === "length", `the biases alone: ${JSON.stringify(nomask.text)}`);
+  for (const stream of [false, true]) {
+    const q = { model: NAME, prompt: "Answer in JSON:", max_tokens: 40, temperature: 0, response_format: fmt, stream };
+    let text = "", finish = null;
+    if (stream) {
+      for await (const ch of await oa.completions.create(q)) for (const x of ch.choices) (text += x.text), x.finish_reason && (finish = x.finish_reason);
+    } else {
+      const c = (await oa.completions.create(q)).choices[0];
+      (text = c.text), (finish = c.finish_reason);
+    }
+    assert(/^[ \t\r\n]*\{/.test(text), `json_object output opens an object (stream ${stream}): ${JSON.stringify(text)}`);
+    if (finish === "stop") {
+      const v = JSON.parse(text);
+      assert(v && typeof v === "object" && !Array.isArray(v), "a stopped output is one JSON object");
+    } else eq(finish, "length", "finish_reason");
+  }
+  const ch = await oa.chat.completions.create({ model: NAME, messages: user("JSON please"), max_tokens: 6, temperature: 0.8, seed: 5, response_format: fmt });
+  assert(/^[ \t\r\n]*\{/.test(ch.choices[0].message.content), `chat json_object content: ${JSON.stringify(ch.choices[0].message.content)}`);
+  const r = await post(main, "/v1/chat/completions", { messages: user("x"), max_tokens: 2, response_format: { type: "json_schema", json_schema: { name: "x", schema: {} } } });
+  eq(r.status, 400, "json_schema is refused");
+  eq(r.json.error.param, "response_format", "error.param");
+});
+
 await test("completions_text_echo_logprobs", async () => {
   const r = await oa.completions.create({ model: NAME, prompt: "The capital of France is", max_tokens: 4, temperature: 0, echo: true, logprobs: 3 });
   const c = r.choices[0];

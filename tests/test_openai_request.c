@@ -163,8 +163,9 @@ TEST(chat_errors) {
   EXPECT(rejects(C, "{" M ",\"chat_template_kwargs\":{\"enable_thinking\":\"no\"}}", 400,
                  "chat_template_kwargs"));
   EXPECT(rejects(C, "{" M ",\"a\":1,\"a\":2}", 400, NULL)); /* duplicate keys */
-  EXPECT(rejects(C, "{" M ",\"response_format\":{\"type\":\"json_object\"}}", 400,
+  EXPECT(rejects(C, "{" M ",\"response_format\":{\"type\":\"grammar\"}}", 400,
                  "response_format"));
+  EXPECT(rejects(C, "{" M ",\"response_format\":{\"type\":7}}", 400, "response_format"));
   EXPECT(rejects(C, "{" M ",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{}}}",
                  400, "response_format"));
   EXPECT(rejects(C, "{" M ",\"response_format\":\"text\"}", 400, "response_format"));
@@ -179,7 +180,8 @@ TEST(chat_errors) {
 #undef M
 }
 
-/* response_format's default (text) is accepted; logit_bias maps token ids to biases. */
+/* response_format's default (text) is accepted, json_object sets the JSON-object constraint;
+ * logit_bias maps token ids to biases. */
 TEST(chat_format_and_bias) {
   openai_request r;
   openai_error e;
@@ -191,8 +193,31 @@ TEST(chat_format_and_bias) {
   for (int i = 0; i < 2; i++) {
     REQUIRE(parse(OPENAI_KIND_CHAT, plain[i], &r, &e) == 0);
     EXPECT_EQ_INT(r.sp.n_bias, 0);
+    EXPECT_EQ_INT(r.json_object, 0);
     openai_request_free(&r);
   }
+  const char *json[2] = {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+                         "\"response_format\":{\"type\":\"json_object\"}}",
+                         "{\"prompt\":\"x\",\"response_format\":{\"type\":\"json_object\"}}"};
+  for (int i = 0; i < 2; i++) {
+    REQUIRE(parse(i ? OPENAI_KIND_COMPLETION : OPENAI_KIND_CHAT, json[i], &r, &e) == 0);
+    EXPECT_EQ_INT(r.json_object, 1);
+    if (i == 0) { /* chat: rendered with thinking off (the mask admits no think tags) */
+      const json_t *kw = json_object_get(r.render, "chat_template_kwargs");
+      EXPECT(json_is_false(json_object_get(kw, "enable_thinking")));
+    }
+    openai_request_free(&r);
+  }
+  /* ...unless the client chose */
+  REQUIRE(parse(OPENAI_KIND_CHAT,
+                "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+                "\"response_format\":{\"type\":\"json_object\"},"
+                "\"chat_template_kwargs\":{\"enable_thinking\":true,\"k\":1}}",
+                &r, &e) == 0);
+  const json_t *kw = json_object_get(r.render, "chat_template_kwargs");
+  EXPECT(json_is_true(json_object_get(kw, "enable_thinking")));
+  EXPECT(json_integer_value(json_object_get(kw, "k")) == 1);
+  openai_request_free(&r);
   REQUIRE(parse(OPENAI_KIND_COMPLETION,
                 "{\"prompt\":\"x\",\"logit_bias\":{\"0\":-100,\"151643\":2.5,\"7\":100}}", &r,
                 &e) == 0);

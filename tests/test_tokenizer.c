@@ -86,6 +86,9 @@ TEST(load_qwen3) {
   EXPECT(tokenizer_is_special(qwen3, 151645));
   EXPECT(!tokenizer_is_special(qwen3, 151667)); /* <think> is not special */
   EXPECT(!tokenizer_is_special(qwen3, 279));
+  EXPECT(tokenizer_is_added(qwen3, 151645) && tokenizer_is_added(qwen3, 151667)); /* both added */
+  EXPECT(!tokenizer_is_added(qwen3, 279) && !tokenizer_is_added(qwen3, -1) &&
+         !tokenizer_is_added(qwen3, 1 << 30));
   EXPECT(tokenizer_eos_token(qwen3) && !strcmp(tokenizer_eos_token(qwen3), "<|im_end|>"));
   EXPECT(tokenizer_config_chat_template(qwen3) != NULL);
   char *nt = NULL;

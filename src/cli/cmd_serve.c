@@ -102,6 +102,39 @@ static void serve_fault_hook(const char *site, long hit, long fire) {
 
 static double serve_mib(double bytes) { return bytes / (1024.0 * 1024.0); }
 
+/* response_format json_object's vocabulary: each of the model's n_vocab ids as the bytes the
+ * tokenizer decodes it to (ids past the tokenizer's none), its added tokens (never inside the
+ * JSON: special ones and control tags such as <think> or <tool_call>), and the model's
+ * end tokens (the ones the engine stops on; the tokenizer's eos when the config names none).
+ * NULL when there is no tokenizer, no end token, or no memory: json_object is then refused. */
+static json_vocab *serve_json_vocab(const tokenizer *tok, int n_vocab, const model_config *cfg) {
+  if (!tok || n_vocab <= 0) return NULL;
+  int32_t eos[CONFIG_MAX_EOS + 1];
+  int n_eos = 0;
+  for (int i = 0; i < cfg->n_eos; i++) eos[n_eos++] = cfg->eos_token_ids[i];
+  if (n_eos == 0 && tokenizer_eos_token(tok)) {
+    int id = tokenizer_token_id(tok, tokenizer_eos_token(tok));
+    if (id >= 0) eos[n_eos++] = id;
+  }
+  if (n_eos == 0) return NULL;
+  const char **bytes = calloc((size_t)n_vocab, sizeof *bytes);
+  size_t *lens = calloc((size_t)n_vocab, sizeof *lens);
+  unsigned char *special = calloc((size_t)n_vocab, 1);
+  json_vocab *v = NULL;
+  if (bytes && lens && special) {
+    int nt = tokenizer_vocab_size(tok);
+    for (int i = 0; i < n_vocab && i < nt; i++) {
+      if (tokenizer_token_bytes(tok, i, &bytes[i], &lens[i])) bytes[i] = NULL, lens[i] = 0;
+      special[i] = (unsigned char)(tokenizer_is_added(tok, i) != 0); /* <think>, <tool_call>... too */
+    }
+    v = json_vocab_new(n_vocab, bytes, lens, special, eos, n_eos);
+  }
+  free(bytes);
+  free(lens);
+  free(special);
+  return v;
+}
+
 int cmd_serve(int argc, char **argv) {
   const char *model_dir = NULL, *host = "127.0.0.1", *name = NULL, *api_key = NULL, *device = "auto";
   long long port = 8000, threads = 0, max_req = 32LL << 20;
@@ -210,6 +243,7 @@ int cmd_serve(int argc, char **argv) {
   backend *be = NULL;
   qwen35 *m = NULL;
   engine *e = NULL;
+  json_vocab *jv = NULL;
   qwen35_mem_opts mo;
   int32_t eos[CONFIG_MAX_EOS + 1];
   int n_eos = 0;
@@ -264,13 +298,16 @@ int cmd_serve(int argc, char **argv) {
           st.max_model_len, eo.max_num_seqs, st.slots_total, eo.max_num_batched_tokens,
           eo.enable_prefix_caching ? "on" : "off");
 
+  jv = serve_json_vocab(tok, cfg.vocab_size, &cfg);
+  if (tok && !jv) fprintf(stderr, "deltaserve: response_format json_object unavailable (no end token or no memory)\n");
   server_model sm = {.eng = e,
                      .tok = tok,
                      .tmpl = chat_template_detect(tok ? tokenizer_config_chat_template(tok) : NULL, cfg.model_type),
                      .vocab_size = cfg.vocab_size,
                      .max_model_len = st.max_model_len,
                      .eos_ids = eos,
-                     .n_eos = n_eos};
+                     .n_eos = n_eos,
+                     .json = jv};
   fault_spec = getenv("DS_FAULT");
   if (fault_spec && fault_spec[0]) {
     if (fault_arm_spec(fault_spec, err, sizeof err)) {
@@ -294,6 +331,7 @@ done:;
   server_shutdown(srv, status == 0 ? grace : 0.0);
   if (e) engine_destroy(e, 0);
   server_free(srv);
+  json_vocab_free(jv);
   if (m) qwen35_free(m);
   if (be) be->destroy(be);
   if (tok) tokenizer_free(tok);

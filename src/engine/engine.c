@@ -15,7 +15,7 @@
  * the fwd_seq array and the logits buffer are sized at creation for max_num_seqs rows.
  *
  * Greedy steps: when every row a step samples is plain greedy (no penalties, no logprobs, no
- * logits callback) and the backend has an argmax op, the tokens are picked on the device and
+ * logits callback, no JSON mask) and the backend has an argmax op, the tokens are picked on the device and
  * only the ids come back (qwen35_forward_greedy); the same tokens as sampling the downloaded
  * rows. Other steps download the rows into page-locked memory (qwen35_host_alloc).
  * DS_ENGINE_HOST_SAMPLE=1 turns the device path off (for before/after timings);
@@ -27,7 +27,9 @@
  * its request's sampler (parameters, RNG) and the scratch of the thread that takes it, and
  * sampler_sample's result does not depend on the scratch used, so the tokens are the same
  * for any thread count. The logits callbacks run on the engine thread first, in row order;
- * the tokens are then pushed in row order, as before.
+ * the tokens are then pushed in row order, as before. A request with response_format
+ * json_object has its row masked (json_mask_apply) by the thread that samples it, and its
+ * recognizer advanced by the engine thread when the token is pushed.
  *
  * Prefix cache (when enabled): created over the same page pool and state pool (the snapshot
  * slabs are the slots past max_num_seqs), its copies wired to qwen35's page and slot
@@ -310,9 +312,11 @@ int engine_mem_plan_device(engine_opts *o, const model_config *c, const model_we
 
 /* ---- sampler pool ---------------------------------------------------------------------------- */
 
-/* One sampled row of a step: the request, its logits, what sampler_sample gave. */
+/* One sampled row of a step: the request, its logits (masked first by its JSON mask, when it
+ * has one), what sampler_sample gave. */
 typedef struct engine_job {
   request *r;
+  json_mask *jm;
   float *lg;
   int32_t t;
   sampler_result res;
@@ -348,6 +352,7 @@ static void engine_pool_run(engine_pool *p, sampler_scratch *w) {
     if (j >= p->n_jobs) return;
     engine_job *jb = &p->jobs[j];
     request *r = jb->r;
+    if (jb->jm) json_mask_apply(jb->jm, jb->lg, p->n_vocab);
     jb->t = sampler_sample(&r->smp, jb->lg, p->n_vocab, r->tokens, r->n_prompt,
                            r->tokens + r->n_prompt, request_n_output(r), w, &jb->res);
   }
@@ -477,6 +482,7 @@ struct engine_req {
   char err[160];
   void (*on_logits)(void *, const float *, int);
   void *user;
+  json_mask *jm; /* response_format json_object (NULL: none); sampling threads, one at a time */
   struct engine_req *qnext; /* the incoming queue */
 };
 
@@ -524,6 +530,7 @@ static void engine_req_unref(engine_req *h) {
   pthread_mutex_unlock(&h->mu);
   if (left > 0) return;
   request_free(&h->r);
+  json_mask_free(h->jm);
   pthread_mutex_destroy(&h->mu);
   pthread_cond_destroy(&h->cv);
   free(h->ring);
@@ -731,7 +738,8 @@ static int engine_step(engine *e) {
   int greedy = e->device_greedy && n_rows > 0;
   for (int i = 0; i < b.n && greedy; i++) {
     request *r = b.reqs[i];
-    if (r->sched_sample && (((engine_req *)r->owner)->on_logits || !sampler_is_plain_greedy(&r->smp.p)))
+    engine_req *h = r->owner;
+    if (r->sched_sample && (h->on_logits || h->jm || !sampler_is_plain_greedy(&r->smp.p)))
       greedy = 0;
   }
   double t1 = e->profile ? engine_now() : 0;
@@ -761,6 +769,7 @@ static int engine_step(engine *e) {
       engine_req *h = r->owner;
       engine_job *jb = &e->pool.jobs[n_jobs++];
       jb->r = r;
+      jb->jm = h->jm;
       jb->lg = e->logits + (size_t)row++ * e->n_vocab;
       if (h->on_logits) h->on_logits(h->user, jb->lg, e->n_vocab);
     }
@@ -784,6 +793,7 @@ static int engine_step(engine *e) {
       t = jb->t;
     }
     r->tokens[r->n_tokens++] = t;
+    if (h->jm) json_mask_advance(h->jm, t);
     e->gen_total++;
     if (engine_is_stop_token(e, r, t))
       r->finish = FINISH_STOP;
@@ -1098,6 +1108,13 @@ engine_req *engine_submit(engine *e, const engine_submit_opts *o, engine_status 
   h->ring = malloc((size_t)h->cap * sizeof *h->ring);
   h->top_ids = malloc((size_t)h->cap * (size_t)(k > 0 ? k : 1) * sizeof *h->top_ids);
   h->top_lps = malloc((size_t)h->cap * (size_t)(k > 0 ? k : 1) * sizeof *h->top_lps);
+  if (o->json && !(h->jm = json_mask_new(o->json))) {
+    free(h->ring);
+    free(h->top_ids);
+    free(h->top_lps);
+    free(h);
+    return errf(err, errlen, "out of memory"), NULL;
+  }
   pthread_mutex_lock(&e->mu);
   long long id = e->next_id++;
   pthread_mutex_unlock(&e->mu);
@@ -1124,6 +1141,7 @@ engine_req *engine_submit(engine *e, const engine_submit_opts *o, engine_status 
   }
   free(forced);
   if (rc != 0) {
+    json_mask_free(h->jm);
     free(h->ring);
     free(h->top_ids);
     free(h->top_lps);

@@ -22,6 +22,7 @@
 #include "backend/backend.h"
 #include "model/qwen35.h"
 #include "model/weights.h"
+#include "sampler/json_mask.h"
 #include "sampler/sampler.h"
 
 typedef struct engine engine;
@@ -143,6 +144,10 @@ typedef struct engine_submit_opts {
    * (prefix cache off) with the split points a restored run had. */
   const int32_t *split_points;
   int n_split_points;
+  /* Optional: response_format json_object. Each of this request's tokens is sampled under the
+   * JSON-object mask over this vocabulary (json_mask.h: only tokens that keep the output a
+   * prefix of one JSON object, eos once it is complete). Must outlive the request. NULL: none. */
+  const json_vocab *json;
   /* Optional test/inspection hook, called on the engine thread with the raw logits row
    * [n_vocab] (before penalties) each time a token of this request is sampled. */
   void (*on_logits)(void *user, const float *logits, int n_vocab);

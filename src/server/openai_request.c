@@ -209,16 +209,20 @@ static int parse_sampling(const json_t *o, openai_request *r, openai_error *err)
   if (best_of && !json_is_null(best_of) &&
       !(json_is_integer(best_of) && json_integer_value(best_of) == 1))
     return BAD("best_of", "only best_of = 1 is supported");
-  /* Constrained output is not implemented: refused by name rather than ignored, so a client
-   * that relies on it learns it at once (the default clients send, plain text, is accepted). */
+  /* response_format: "text" (the default), or "json_object": the output constrained to one JSON
+   * object (json_mask.h). Schema-guided output ("json_schema") is not implemented: refused by
+   * name rather than ignored, so a client that relies on it learns it at once. */
   const json_t *rf = json_object_get(o, "response_format");
   if (rf && !json_is_null(rf)) {
     const json_t *t = json_is_object(rf) ? json_object_get(rf, "type") : NULL;
     if (!json_is_string(t))
       return BAD("response_format", "'response_format' must be an object with a string 'type'");
-    if (strcmp(json_string_value(t), "text"))
+    if (!strcmp(json_string_value(t), "json_object"))
+      r->json_object = 1;
+    else if (strcmp(json_string_value(t), "text"))
       return BAD("response_format",
-                 "response_format type '%s' is not supported (no constrained decoding): only 'text'",
+                 "response_format type '%s' is not supported: only 'text' and 'json_object' "
+                 "(no schema-guided decoding)",
                  json_string_value(t));
   }
   json_t *lb = json_object_get(o, "logit_bias");
@@ -454,6 +458,21 @@ static int build_render(const json_t *o, openai_request *r, int with_tool_choice
 
 static int parse_chat(const json_t *o, openai_request *r, openai_error *err) {
   if (build_render(o, r, 1, err)) return -1;
+  /* json_object: the mask admits no </think> (nor <think>), so unless the client chose, the
+   * prompt is rendered with thinking off: the object is the answer, not reasoning */
+  if (r->json_object) {
+    const json_t *kw = json_object_get(r->render, "chat_template_kwargs");
+    const json_t *et = kw ? json_object_get(kw, "enable_thinking") : NULL;
+    if (!et || json_is_null(et)) {
+      json_t *nk = kw ? json_copy((json_t *)kw) : json_object();
+      if (!nk || json_object_set_new(nk, "enable_thinking", json_false())) {
+        json_decref(nk);
+        return openai_error_set(err, 500, "server_error", NULL, "out of memory");
+      }
+      if (json_object_set_new(r->render, "chat_template_kwargs", nk)) /* takes nk either way */
+        return openai_error_set(err, 500, "server_error", NULL, "out of memory");
+    }
+  }
   /* chat logprobs: a boolean, plus top_logprobs */
   const json_t *lp = json_object_get(o, "logprobs");
   if (lp && !json_is_null(lp)) {

@@ -59,6 +59,7 @@ typedef struct openai_request {
   int skip_special_tokens;        /* default 1 */
   int include_stop_str_in_output; /* default 0 */
   char *cache_salt;   /* NULL when absent */
+  int json_object;    /* response_format {"type": "json_object"}: one JSON object (json_mask.h) */
 
   /* completions: exactly one of prompt / prompt_ids */
   char *prompt; /* malloc'd UTF-8 text */

@@ -312,7 +312,9 @@ static int prepare_chat(conn *cx, openai_error *e) {
   if (chat_template_render(s->m.tmpl, cx->req.render, cx->req.add_generation_prompt, &cr, err, sizeof err))
     return openai_error_set(e, 400, "invalid_request_error", "messages", "%s",
                             err[0] ? err : "the messages could not be rendered");
-  cx->thinking_open = cr.thinking_open || openai_stream_prompt_thinking_open(cr.text, cr.len);
+  /* a json_object output is never reasoning: the mask admits no think tags */
+  cx->thinking_open = !cx->req.json_object &&
+                      (cr.thinking_open || openai_stream_prompt_thinking_open(cr.text, cr.len));
   int rc = encode_turns(s->m.tok, &cr, &cx->prompt_ids, &cx->n_prompt, &cx->bounds, &cx->n_bounds, err,
                         sizeof err);
   chat_render_free(&cr);
@@ -736,6 +738,9 @@ static enum MHD_Result handle_generate(conn *cx, openai_kind kind) {
   if (model_ok(s, cx->req.model, &e)) return send_error(cx, &e);
   if (kind == OPENAI_KIND_CHAT ? prepare_chat(cx, &e) : prepare_completion(cx, &e)) return send_error(cx, &e);
   if (check_limits(cx, &e)) return send_error(cx, &e);
+  if (cx->req.json_object && !s->m.json)
+    return fail(cx, 400, "invalid_request_error", "response_format",
+                "response_format json_object needs the model's tokenizer, which this server has not loaded");
   if (atomic_load(&s->stopping)) return fail(cx, 503, "server_error", NULL, "the server is shutting down");
 
   server_gen_opts go;
@@ -755,6 +760,7 @@ static enum MHD_Result handle_generate(conn *cx, openai_kind kind) {
   go.skip_special = cx->req.skip_special_tokens;
   go.eos_ids = s->m.eos_ids;
   go.n_eos = s->m.n_eos;
+  go.json = cx->req.json_object ? s->m.json : NULL;
   engine_status st;
   char err[200] = "";
   if (server_gen_start(&cx->g, &go, &st, err, sizeof err)) {

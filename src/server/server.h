@@ -55,6 +55,7 @@ typedef struct server_model {
   int max_model_len;
   const int32_t *eos_ids;
   int n_eos;
+  const json_vocab *json; /* response_format json_object's vocabulary (NULL: refused) */
 } server_model;
 
 /* Binds and starts the listener. Returns 0, or -1 with one line in err. */

@@ -34,6 +34,7 @@ int server_gen_start(server_gen *g, const server_gen_opts *o, engine_status *sta
   so.cache_salt = o->cache_salt;
   so.boundaries = o->boundaries;
   so.n_boundaries = o->n_boundaries;
+  so.json = o->json;
   g->t_submit = server_gen_now();
   *status = ENGINE_OK;
   g->req = engine_submit(o->eng, &so, status, err, errlen);

@@ -37,6 +37,7 @@ typedef struct server_gen_opts {
   int skip_special;
   const int32_t *eos_ids; /* the model's end tokens: their text is never shown */
   int n_eos;
+  const json_vocab *json; /* response_format json_object: the engine's JSON mask (NULL: none) */
 } server_gen_opts;
 
 /* One generated token's logprob record (kept when sp.logprobs). */

@@ -1828,6 +1828,10 @@ int tokenizer_is_special(const tokenizer *t, int32_t id) {
   return id >= 0 && id < t->n_ids && (t->flags[id] & TF_SPECIAL) != 0;
 }
 
+int tokenizer_is_added(const tokenizer *t, int32_t id) {
+  return id >= 0 && id < t->n_ids && (t->flags[id] & TF_ADDED) != 0;
+}
+
 int tokenizer_token_bytes(const tokenizer *t, int32_t id, const char **bytes, size_t *len) {
   if (id < 0 || id >= t->n_ids)
     return -1;

@@ -36,6 +36,9 @@ int tokenizer_token_id(const tokenizer *t, const char *token);  /* -1 when unkno
 const char *tokenizer_config_chat_template(const tokenizer *t); /* NULL when none */
 const char *tokenizer_eos_token(const tokenizer *t);            /* from tokenizer_config */
 int tokenizer_is_special(const tokenizer *t, int32_t id);
+/* 1 for every added token (tokenizer.json "added_tokens": the special ones and the others, such
+ * as <think> or <tool_call>), else 0. */
+int tokenizer_is_added(const tokenizer *t, int32_t id);
 
 /* The bytes id decodes to (its ByteLevel-decoded form; may be an incomplete
  * UTF-8 sequence). Borrowed from t, valid while t lives. Returns 0, or -1 when

@@ -1,0 +1,106 @@
+/* json_mask — response_format {"type": "json_object"}: which tokens a request may sample next
+ * so that its output stays a prefix of one JSON object (RFC 8259 text whose top-level value is an
+ * object), and the recognizer that follows the sampled tokens.
+ *
+ * Before each sampled token the engine calls json_mask_apply, which sets the logit of every token
+ * that would break the object to -INFINITY; after sampling it calls json_mask_advance with the
+ * chosen token. Tokens are byte strings (byte-level BPE: a token may hold part of a UTF-8
+ * sequence, the rest coming in the next token).
+ *
+ * The language (a byte-level recognizer, json_state):
+ *  - top level: optional whitespace, then one object; nothing may follow its closing brace, not
+ *    even whitespace (the model must stop with an eos token);
+ *  - values: object, array, string, number, true, false, null; at most JSON_MASK_MAX_DEPTH open
+ *    containers (a deeper opening bracket is rejected); keys are strings; no trailing commas;
+ *  - numbers: -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)? ending at the next structural
+ *    byte or whitespace (so "1." or "1e+" cannot be followed by , } ] or whitespace, and a
+ *    leading 0 cannot be followed by a digit); true / false / null byte by byte;
+ *  - strings: bytes >= 0x20 other than '"' and '\'; the escapes \" \\ \/ \b \f \n \r \t and
+ *    \uXXXX (any case); well-formed UTF-8 only (no overlongs C0 C1 E0 80..9F F0 80..8F, no
+ *    surrogates ED A0..BF, nothing above U+10FFFF, no stray continuation bytes), checked across
+ *    token boundaries; bytes >= 0x80 outside strings are rejected;
+ *  - whitespace (space, \t, \n, \r) outside strings: at most JSON_MASK_MAX_WS bytes in a row
+ *    (so a model cannot pad forever); any other byte starts a new run.
+ *
+ * Speed: json_vocab_new precomputes per token what json_mask_apply needs to reject most tokens
+ * without reading their bytes (the first byte after leading whitespace, and how the token runs
+ * through a string from the plain in-string state), so apply costs one small record per token
+ * plus a byte-by-byte check of the few tokens that pass that filter. apply and advance never
+ * allocate. */
+#ifndef DS_JSON_MASK_H
+#define DS_JSON_MASK_H
+#include <stddef.h>
+#include <stdint.h>
+
+#define JSON_MASK_MAX_DEPTH 64 /* open containers (objects + arrays), the top level's included */
+#define JSON_MASK_MAX_WS 16    /* consecutive whitespace bytes outside strings */
+
+/* ---- the byte-level recognizer ---------------------------------------------------------- */
+
+/* Where the text read so far stands. A plain value type: copy it to try bytes without changing
+ * the original. The stack of open containers is a bit set (bit d: container d, 0 = the
+ * top-level object, is an object (1) or an array (0)), so the whole state is 16 bytes. */
+typedef struct json_state {
+  uint64_t stack; /* bit d set: open container d is an object; clear: an array */
+  uint8_t depth;  /* open containers, 0..JSON_MASK_MAX_DEPTH */
+  uint8_t mode;   /* lexical state (json_mask.c's JS_* values) */
+  uint8_t aux;    /* the mode's detail: \u hex digits left, UTF-8 bytes left, literal position */
+  uint8_t ws;     /* whitespace bytes in a row outside strings, 0..JSON_MASK_MAX_WS */
+  uint8_t key;    /* 1 while the string being read is an object key */
+  uint8_t pad[3];
+} json_state;
+
+/* The state before any byte: expects optional whitespace then '{'. */
+void json_state_init(json_state *s);
+/* Feeds n bytes (b may be NULL when n == 0). Returns 0 when the text so far is still a prefix of
+ * one JSON object (within the limits above), -1 otherwise (s is then unspecified: feed a copy
+ * when the original must survive a rejection). */
+int json_state_feed(json_state *s, const char *b, size_t n);
+/* 1 when the text so far is one complete JSON object (its closing brace read), else 0. */
+int json_state_complete(const json_state *s);
+
+/* ---- the vocabulary --------------------------------------------------------------------- */
+
+/* Immutable after json_vocab_new; shared by many requests and threads. */
+typedef struct json_vocab json_vocab;
+
+/* n_vocab ids (the model's logits width); bytes[i]/lens[i] the bytes id i decodes to (copied);
+ * special[i] != 0 for special/added control tokens (never allowed except as eos; special may be
+ * NULL: none); eos ids [n_eos] the tokens that end generation (ids outside [0, n_vocab) are
+ * ignored). ids with lens[i] == 0 are never allowed (except as eos). bytes may be NULL for an id
+ * (treated as length 0). Returns NULL on out of memory or when n_vocab < 0. */
+json_vocab *json_vocab_new(int n_vocab, const char *const *bytes, const size_t *lens,
+                           const unsigned char *special, const int32_t *eos, int n_eos);
+void json_vocab_free(json_vocab *v); /* NULL is fine */
+int json_vocab_size(const json_vocab *v); /* its n_vocab */
+
+/* ---- one request's mask ----------------------------------------------------------------- */
+
+/* One request's recognizer; used by one thread at a time. Holds a pointer to v, which must
+ * outlive it. */
+typedef struct json_mask json_mask;
+
+json_mask *json_mask_new(const json_vocab *v); /* NULL on out of memory */
+void json_mask_free(json_mask *m);             /* NULL is fine */
+
+/* logits[n_vocab]: sets logits[i] = -INFINITY for every token i the output may not continue
+ * with: a non-eos token is allowed iff appending its bytes keeps the output a prefix of one
+ * JSON object (within the whitespace and depth limits); eos ids are allowed iff the object is
+ * complete, and once it is complete only eos ids are allowed. If no token at all would be
+ * allowed (a vocabulary without the needed bytes, a dead recognizer), only the eos ids are left.
+ * ids >= the vocab's n_vocab are forbidden; n_vocab may differ from the vocab's. Allowed logits
+ * are left as they were. Never allocates; reads m and its vocabulary only. */
+void json_mask_apply(const json_mask *m, float *logits, int n_vocab);
+
+/* The token that was sampled: the recognizer advances over its bytes. A token the mask would
+ * have forbidden (an out-of-range id, a special or empty token, bytes that break the object, an
+ * eos before the object is complete) leaves the recognizer dead (then only eos is allowed). An
+ * eos after the object is complete changes nothing. Never allocates. */
+void json_mask_advance(json_mask *m, int32_t token);
+
+/* 1 when the output so far is one complete JSON object (and the recognizer is not dead). */
+int json_mask_complete(const json_mask *m);
+/* 1 when a forbidden token was advanced over: only eos can follow. */
+int json_mask_dead(const json_mask *m);
+
+#endif

@@ -373,9 +373,40 @@ await test("response_format_json_object", async () => {
   }
   const ch = await oa.chat.completions.create({ model: NAME, messages: user("JSON please"), max_tokens: 6, temperature: 0.8, seed: 5, response_format: fmt });
   assert(/^[ \t\r\n]*\{/.test(ch.choices[0].message.content), `chat json_object content: ${JSON.stringify(ch.choices[0].message.content)}`);
-  const r = await post(main, "/v1/chat/completions", { messages: user("x"), max_tokens: 2, response_format: { type: "json_schema", json_schema: { name: "x", schema: {} } } });
-  eq(r.status, 400, "json_schema is refused");
+  const r = await post(main, "/v1/chat/completions", { messages: user("x"), max_tokens: 2, response_format: { type: "grammar" } });
+  eq(r.status, 400, "an unknown response_format type is refused");
   eq(r.json.error.param, "response_format", "error.param");
+});
+
+// response_format json_schema: a schema whose every instance is short (a bounded string, a
+// boolean, an enum), so that greedy output must complete: it stops, parses, and holds exactly
+// the schema's keys in its order with values of its types. Unsupported keywords are refused.
+await test("response_format_json_schema", async () => {
+  const schema = {
+    type: "object",
+    properties: { name: { type: "string", maxLength: 8 }, ok: { type: "boolean" }, tag: { enum: ["red", "green", null] } },
+    required: ["name", "ok", "tag"],
+    additionalProperties: false,
+  };
+  const fmt = { type: "json_schema", json_schema: { name: "t", schema, strict: true } };
+  for (const [route, body] of [["/v1/completions", { prompt: "JSON:" }], ["/v1/chat/completions", { messages: user("JSON please") }]]) {
+    for (const temperature of [0, 1]) {
+      const r = await post(main, route, { ...body, max_tokens: 400, temperature, seed: 11, response_format: fmt });
+      eq(r.status, 200, `${route} status`);
+      const c = r.json.choices[0], text = c.text ?? c.message.content;
+      eq(c.finish_reason, "stop", `${route} t=${temperature} finish_reason (${JSON.stringify(text)})`);
+      const v = JSON.parse(text);
+      eq(Object.keys(v), ["name", "ok", "tag"], "keys in the schema's order");
+      assert(typeof v.name === "string" && [...v.name].length <= 8, `name: ${JSON.stringify(v.name)}`);
+      assert(typeof v.ok === "boolean", `ok: ${JSON.stringify(v.ok)}`);
+      assert(["red", "green", null].includes(v.tag), `tag: ${JSON.stringify(v.tag)}`);
+    }
+  }
+  for (const bad of [{ type: "object", properties: { x: { type: "string", pattern: "^a" } } }, { type: "array", items: {} }, { type: "object", allOf: [] }]) {
+    const r = await post(main, "/v1/chat/completions", { messages: user("x"), max_tokens: 2, response_format: { type: "json_schema", json_schema: { name: "b", schema: bad } } });
+    eq(r.status, 400, `refused: ${JSON.stringify(bad)}`);
+    eq(r.json.error.param, "response_format", "error.param");
+  }
 });
 
 await test("completions_text_echo_logprobs", async () => {

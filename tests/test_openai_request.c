@@ -208,6 +208,29 @@ TEST(chat_format_and_bias) {
     }
     openai_request_free(&r);
   }
+  /* json_schema: compiled at parse time; what the compiler refuses is a 400 naming the field */
+  REQUIRE(parse(OPENAI_KIND_CHAT,
+                "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+                "\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"n\","
+                "\"strict\":true,\"schema\":{\"type\":\"object\",\"properties\":{\"a\":"
+                "{\"type\":\"integer\"}},\"required\":[\"a\"],\"additionalProperties\":false}}}}",
+                &r, &e) == 0);
+  EXPECT(r.json_object == 1 && r.schema != NULL);
+  openai_request_free(&r);
+  EXPECT(r.schema == NULL);
+  const char *bad_schema[] = {
+      "{\"prompt\":\"x\",\"response_format\":{\"type\":\"json_schema\"}}",
+      "{\"prompt\":\"x\",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":"
+      "{\"schema\":{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\","
+      "\"format\":\"date\"}}}}}}",
+      "{\"prompt\":\"x\",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":"
+      "{\"schema\":{\"type\":\"string\"}}}}"};
+  for (int i = 0; i < 3; i++) {
+    EXPECT(parse(OPENAI_KIND_COMPLETION, bad_schema[i], &r, &e) != 0);
+    EXPECT_EQ_INT(e.status, 400);
+    EXPECT_STR(e.param, "response_format");
+    if (i == 1) EXPECT(strstr(e.message, "format") != NULL);
+  }
   /* ...unless the client chose */
   REQUIRE(parse(OPENAI_KIND_CHAT,
                 "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"

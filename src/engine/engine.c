@@ -483,6 +483,7 @@ struct engine_req {
   void (*on_logits)(void *, const float *, int);
   void *user;
   json_mask *jm; /* response_format json_object (NULL: none); sampling threads, one at a time */
+  json_schema *schema; /* response_format json_schema: the schema jm follows (owned) */
   struct engine_req *qnext; /* the incoming queue */
 };
 
@@ -531,6 +532,7 @@ static void engine_req_unref(engine_req *h) {
   if (left > 0) return;
   request_free(&h->r);
   json_mask_free(h->jm);
+  json_schema_free(h->schema);
   pthread_mutex_destroy(&h->mu);
   pthread_cond_destroy(&h->cv);
   free(h->ring);
@@ -1079,8 +1081,19 @@ void engine_destroy(engine *e, int drain) {
   free(e);
 }
 
+static engine_req *engine_submit_req(engine *e, const engine_submit_opts *o,
+                                     engine_status *status, char *err, size_t errlen);
+
 engine_req *engine_submit(engine *e, const engine_submit_opts *o, engine_status *status,
                           char *err, size_t errlen) {
+  engine_req *h = engine_submit_req(e, o, status, err, errlen);
+  if (!h) json_schema_free(o->schema); /* taken in every case (engine.h) */
+  return h;
+}
+
+/* engine_submit's work; the handle it returns owns o->schema, NULL leaves it to the caller. */
+static engine_req *engine_submit_req(engine *e, const engine_submit_opts *o,
+                                     engine_status *status, char *err, size_t errlen) {
   engine_status dummy;
   if (!status) status = &dummy;
   *status = ENGINE_ERR_INVALID;
@@ -1108,7 +1121,8 @@ engine_req *engine_submit(engine *e, const engine_submit_opts *o, engine_status 
   h->ring = malloc((size_t)h->cap * sizeof *h->ring);
   h->top_ids = malloc((size_t)h->cap * (size_t)(k > 0 ? k : 1) * sizeof *h->top_ids);
   h->top_lps = malloc((size_t)h->cap * (size_t)(k > 0 ? k : 1) * sizeof *h->top_lps);
-  if (o->json && !(h->jm = json_mask_new(o->json))) {
+  if (o->json &&
+      !(h->jm = o->schema ? json_mask_new_schema(o->json, o->schema) : json_mask_new(o->json))) {
     free(h->ring);
     free(h->top_ids);
     free(h->top_lps);
@@ -1166,6 +1180,7 @@ engine_req *engine_submit(engine *e, const engine_submit_opts *o, engine_status 
     return errf(err, errlen, st == ENGINE_ERR_SHUTDOWN ? "the engine is shutting down"
                                                        : "too many requests waiting"), NULL;
   }
+  h->schema = o->schema; /* from here the handle owns it */
   if (e->in_tail) e->in_tail->qnext = h; else e->in_head = h;
   e->in_tail = h;
   e->n_in++;

@@ -23,6 +23,7 @@
 #include "model/qwen35.h"
 #include "model/weights.h"
 #include "sampler/json_mask.h"
+#include "sampler/json_schema.h"
 #include "sampler/sampler.h"
 
 typedef struct engine engine;
@@ -148,6 +149,10 @@ typedef struct engine_submit_opts {
    * JSON-object mask over this vocabulary (json_mask.h: only tokens that keep the output a
    * prefix of one JSON object, eos once it is complete). Must outlive the request. NULL: none. */
   const json_vocab *json;
+  /* Optional, with json: response_format json_schema — the mask follows this compiled schema
+   * (json_mask_new_schema). engine_submit takes it in every case: the engine frees it with the
+   * request, or at once when the submit fails. NULL: json_object (any one JSON object). */
+  json_schema *schema;
   /* Optional test/inspection hook, called on the engine thread with the raw logits row
    * [n_vocab] (before penalties) each time a token of this request is sampled. */
   void (*on_logits)(void *user, const float *logits, int n_vocab);

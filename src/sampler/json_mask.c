@@ -14,8 +14,19 @@
  *    it at byte k, and then only its bytes after k are walked, from the state after the quote;
  *  - inside an escape or a UTF-8 sequence, tokens are judged first by their first byte;
  *  - after the object is complete, or once the recognizer is dead, only eos ids are kept.
+ *
+ * A schema-guided mask (json_mask_new_schema) runs a second machine (ss_step, "the schema
+ * recognizer" below) over the compiled schema's node table (json_schema.h): the same lexical
+ * rules, plus per-node rules (which key may come next, item counts, string lengths in code
+ * points, enum literals through a byte trie, the branch a union's first byte picks). Its apply
+ * uses the same filters (the byte after leading whitespace; the first two bytes inside literals
+ * and escapes; precomputed in-string runs with code point counts), and tries the tokens that
+ * pass on a copy of the lexical state and of the few frames they change (ss_try).
  * Nothing is shared mutable: a vocabulary is read-only after json_vocab_new. */
 #include "sampler/json_mask.h"
+
+#define DS_JSON_SCHEMA_INTERNAL
+#include "sampler/json_schema.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -305,6 +316,526 @@ int json_state_feed(json_state *s, const char *b, size_t n) {
 
 int json_state_complete(const json_state *s) { return s->mode == JS_DONE; }
 
+/* ---- the schema recognizer -------------------------------------------------------------- */
+
+/* The schema-guided language is read by a second machine: a lexical state (ss_lex) and a stack
+ * of open containers, each a frame (its node, and a count: an object's next property index, an
+ * array's items so far). A token is tried on an ss_try: the lexical state, how many of a
+ * read-only base stack's frames are still open, and the frames above them it pushed or changed
+ * (a base frame is copied up before it changes), so a try costs the bytes it reads. */
+
+enum {
+  SM_START,     /* before the root: whitespace or its first byte */
+  SM_OBJ_FIRST, /* after '{': whitespace, '"' (a key) or '}' */
+  SM_OBJ_KEY,   /* after ',' in an object: whitespace or '"' */
+  SM_COLON,     /* after a key: whitespace or ':' */
+  SM_ARR_FIRST, /* after '[': whitespace, an item or ']' */
+  SM_VALUE,     /* a value of node `node`: whitespace or its first byte */
+  SM_AFTER,     /* after a value in a container: whitespace, ',' or the closer */
+  SM_DONE,      /* the root is complete: nothing may follow */
+  SM_KEY,       /* in a schema object's key: x is the key trie's node */
+  SM_ENUM,      /* in an enum / const literal: x is its trie's node */
+  SM_NUM_MINUS, /* numbers as JS_NUM_*; aux 1: an integer (no '.', no exponent) */
+  SM_NUM_ZERO,
+  SM_NUM_INT,
+  SM_NUM_DOT,
+  SM_NUM_FRAC,
+  SM_NUM_E,
+  SM_NUM_ESIGN,
+  SM_NUM_EXP,
+  SM_LIT,       /* in true / false / null: aux indexes js_lits */
+  SM_STR,       /* in a string (node `node`, x code points so far; key: a free object's key) */
+  SM_STR_ESC,   /* after '\' */
+  SM_STR_HEX1,  /* after \u */
+  SM_STR_HEXD,  /* after \uD: 0-7 a plain escape, 8-B a high surrogate, C-F refused */
+  SM_STR_HEX,   /* aux hex digits left */
+  SM_STR_HEXHI, /* aux hex digits left of a high surrogate: then \uDC00..\uDFFF must follow */
+  SM_STR_LO_BS, /* the low surrogate's '\' */
+  SM_STR_LO_U,  /* its 'u' */
+  SM_STR_LO_D,  /* its 'D' */
+  SM_STR_LO_CF, /* its C-F */
+  SM_STR_UTF8,  /* as JS_STR_UTF8 .. JS_STR_F4 */
+  SM_STR_E0,
+  SM_STR_ED,
+  SM_STR_F0,
+  SM_STR_F4,
+};
+
+typedef struct ss_lex {
+  uint8_t mode; /* SM_* */
+  uint8_t aux;
+  uint8_t ws;   /* whitespace bytes in a row outside strings */
+  uint8_t key;  /* SM_STR: a free object's key */
+  int32_t node; /* SM_VALUE: the value's node; SM_STR: the string's */
+  uint32_t x;   /* SM_STR: code points so far; SM_KEY, SM_ENUM: the trie node */
+} ss_lex;
+
+typedef struct ss_frame {
+  int32_t node; /* SN_OBJECT, SN_FREEOBJ, SN_ARRAY */
+  uint32_t n;   /* SN_OBJECT: the properties written or skipped (the next key's lowest index);
+                 * SN_ARRAY: items started */
+} ss_frame;
+
+typedef struct ss_try {
+  ss_lex l;
+  int base; /* frames of the base stack still open */
+  int nloc; /* frames above them, in loc */
+  ss_frame loc[JSON_MASK_MAX_DEPTH];
+} ss_try;
+
+/* One byte inside a string. Returns 0 when the string goes on, 1 for the closing quote (l
+ * unchanged), -1 when c breaks it or starts code point max + 1. */
+static inline int ss_str_step(ss_lex *l, unsigned c, uint32_t max) {
+  switch (l->mode) {
+  case SM_STR:
+    if (c == '"') return 1;
+    if (c == '\\') {
+      l->mode = SM_STR_ESC;
+    } else if (c < 0x20) {
+      return -1;
+    } else if (c >= 0x80) {
+      if (c >= 0xC2 && c <= 0xDF) {
+        l->mode = SM_STR_UTF8;
+        l->aux = 1;
+      } else if (c == 0xE0) {
+        l->mode = SM_STR_E0;
+      } else if (c == 0xED) {
+        l->mode = SM_STR_ED;
+      } else if (c >= 0xE1 && c <= 0xEF) {
+        l->mode = SM_STR_UTF8;
+        l->aux = 2;
+      } else if (c == 0xF0) {
+        l->mode = SM_STR_F0;
+      } else if (c >= 0xF1 && c <= 0xF3) {
+        l->mode = SM_STR_UTF8;
+        l->aux = 3;
+      } else if (c == 0xF4) {
+        l->mode = SM_STR_F4;
+      } else {
+        return -1;
+      }
+    }
+    if (l->x >= max) return -1;
+    l->x++;
+    return 0;
+  case SM_STR_ESC:
+    switch (c) {
+    case '"': case '\\': case '/': case 'b': case 'f': case 'n': case 'r': case 't':
+      l->mode = SM_STR;
+      return 0;
+    case 'u': l->mode = SM_STR_HEX1; return 0;
+    default: return -1;
+    }
+  case SM_STR_HEX1:
+    if (!js_is_hex(c)) return -1;
+    if ((c | 0x20) == 'd') {
+      l->mode = SM_STR_HEXD;
+    } else {
+      l->mode = SM_STR_HEX;
+      l->aux = 3;
+    }
+    return 0;
+  case SM_STR_HEXD:
+    if (c >= '0' && c <= '7') {
+      l->mode = SM_STR_HEX;
+    } else if (c == '8' || c == '9' || (c | 0x20) == 'a' || (c | 0x20) == 'b') {
+      l->mode = SM_STR_HEXHI;
+    } else {
+      return -1; /* a low surrogate without its high one, or not hex */
+    }
+    l->aux = 2;
+    return 0;
+  case SM_STR_HEX:
+  case SM_STR_HEXHI:
+    if (!js_is_hex(c)) return -1;
+    if (--l->aux == 0) l->mode = l->mode == SM_STR_HEX ? SM_STR : SM_STR_LO_BS;
+    return 0;
+  case SM_STR_LO_BS:
+    if (c != '\\') return -1;
+    l->mode = SM_STR_LO_U;
+    return 0;
+  case SM_STR_LO_U:
+    if (c != 'u') return -1;
+    l->mode = SM_STR_LO_D;
+    return 0;
+  case SM_STR_LO_D:
+    if ((c | 0x20) != 'd') return -1;
+    l->mode = SM_STR_LO_CF;
+    return 0;
+  case SM_STR_LO_CF:
+    if ((c | 0x20) < 'c' || (c | 0x20) > 'f') return -1;
+    l->mode = SM_STR_HEX;
+    l->aux = 2;
+    return 0;
+  case SM_STR_UTF8:
+    if (c < 0x80 || c > 0xBF) return -1;
+    if (--l->aux == 0) l->mode = SM_STR;
+    return 0;
+  case SM_STR_E0:
+    if (c < 0xA0 || c > 0xBF) return -1;
+    l->mode = SM_STR_UTF8;
+    l->aux = 1;
+    return 0;
+  case SM_STR_ED:
+    if (c < 0x80 || c > 0x9F) return -1;
+    l->mode = SM_STR_UTF8;
+    l->aux = 1;
+    return 0;
+  case SM_STR_F0:
+    if (c < 0x90 || c > 0xBF) return -1;
+    l->mode = SM_STR_UTF8;
+    l->aux = 2;
+    return 0;
+  case SM_STR_F4:
+    if (c < 0x80 || c > 0x8F) return -1;
+    l->mode = SM_STR_UTF8;
+    l->aux = 2;
+    return 0;
+  default: return -1;
+  }
+}
+
+static inline int ss_depth(const ss_try *t) { return t->base + t->nloc; }
+
+static inline const ss_frame *ss_top(const ss_frame *bs, const ss_try *t) {
+  return t->nloc ? &t->loc[t->nloc - 1] : &bs[t->base - 1];
+}
+
+/* the innermost frame, to change (a base frame is copied up first) */
+static inline ss_frame *ss_top_w(const ss_frame *bs, ss_try *t) {
+  if (!t->nloc) {
+    t->loc[0] = bs[--t->base];
+    t->nloc = 1;
+  }
+  return &t->loc[t->nloc - 1];
+}
+
+static inline void ss_pop(ss_try *t) {
+  if (t->nloc) t->nloc--;
+  else t->base--;
+}
+
+/* a value is complete */
+static inline void ss_done(ss_try *t) { t->l.mode = ss_depth(t) ? SM_AFTER : SM_DONE; }
+
+/* trie node x's child by byte c, -1 when none */
+static inline int32_t ss_child(const json_schema *sc, int32_t x, unsigned c) {
+  const ss_tnode *t = &sc->tn[x];
+  const uint8_t *ec = sc->ec + t->e0;
+  int ne = t->ne;
+  if (ne <= 8) {
+    for (int i = 0; i < ne; i++)
+      if (ec[i] == c) return sc->ech[t->e0 + i];
+    return -1;
+  }
+  int lo = 0, hi = ne;
+  while (lo < hi) {
+    int mid = (lo + hi) / 2;
+    if (ec[mid] < c) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo < ne && ec[lo] == c ? sc->ech[t->e0 + lo] : -1;
+}
+
+/* any bit lo..hi (inclusive) of b */
+static inline int ss_bits_any(const uint64_t *b, uint32_t lo, uint32_t hi) {
+  for (uint32_t w = lo / 64; w <= hi / 64; w++) {
+    uint64_t mask = ~(uint64_t)0;
+    if (w == lo / 64) mask &= ~(uint64_t)0 << (lo % 64);
+    if (w == hi / 64) mask &= ~(uint64_t)0 >> (63 - hi % 64);
+    if (b[w] & mask) return 1;
+  }
+  return 0;
+}
+
+/* Object o (open at depth d) can still take a key from property `from` on: one of properties
+ * from .. the first required one at or after from whose value fits under the depth limit (and,
+ * x >= 0, whose key's encoding runs through key-trie node x). */
+static int ss_keys_ok(const json_schema *sc, const ss_node *o, uint32_t from, int d, int32_t x) {
+  uint32_t np = (uint32_t)o->np;
+  if (from >= np) return 0;
+  uint32_t r = sc->freq[o->req + from];
+  if (r >= np) r = np - 1;
+  const uint64_t *b = x >= 0 ? sc->bits + sc->tn[x].bits : NULL;
+  if (d + o->mdmax <= JSON_MASK_MAX_DEPTH) return b ? ss_bits_any(b, from, r) : 1;
+  for (uint32_t j = from; j <= r; j++)
+    if ((!b || ((b[j / 64] >> (j % 64)) & 1)) &&
+        d + sc->nodes[sc->props[o->sub + j].node].md <= JSON_MASK_MAX_DEPTH)
+      return 1;
+  return 0;
+}
+
+/* the first byte c (not whitespace) of a value of node */
+static inline int ss_value(const json_schema *sc, ss_try *t, int32_t node, unsigned c) {
+  const ss_node *nd = &sc->nodes[node];
+  if (nd->kind == SN_UNION) {
+    node = sc->first[nd->sub + c];
+    if (node < 0) return -1;
+    nd = &sc->nodes[node];
+  }
+  if (ss_depth(t) + nd->md > JSON_MASK_MAX_DEPTH) return -1;
+  ss_lex *l = &t->l;
+  switch (nd->kind) {
+  case SN_OBJECT:
+  case SN_FREEOBJ:
+  case SN_ARRAY:
+    if (c != (nd->kind == SN_ARRAY ? '[' : '{')) return -1;
+    t->loc[t->nloc++] = (ss_frame){node, 0};
+    l->mode = nd->kind == SN_ARRAY ? SM_ARR_FIRST : SM_OBJ_FIRST;
+    return 0;
+  case SN_STRING:
+    if (c != '"') return -1;
+    l->mode = SM_STR;
+    l->node = node;
+    l->x = 0;
+    l->key = 0;
+    return 0;
+  case SN_NUMBER:
+  case SN_INTEGER:
+    l->aux = nd->kind == SN_INTEGER;
+    if (c == '-') l->mode = SM_NUM_MINUS;
+    else if (c == '0') l->mode = SM_NUM_ZERO;
+    else if (c >= '1' && c <= '9') l->mode = SM_NUM_INT;
+    else return -1;
+    return 0;
+  case SN_BOOL:
+  case SN_NULL:
+    if (c == 't' && nd->kind == SN_BOOL) l->aux = 0;
+    else if (c == 'f' && nd->kind == SN_BOOL) l->aux = 4;
+    else if (c == 'n' && nd->kind == SN_NULL) l->aux = 9;
+    else return -1;
+    l->mode = SM_LIT;
+    return 0;
+  case SN_ENUM: {
+    int32_t ch = ss_child(sc, nd->sub, c);
+    if (ch < 0) return -1;
+    l->mode = SM_ENUM;
+    l->x = (uint32_t)ch;
+    if (sc->tn[ch].ne == 0) ss_done(t);
+    return 0;
+  }
+  default: return -1;
+  }
+}
+
+/* One byte. Returns 0 when the text is still a prefix of a valid one, -1 otherwise (t is then
+ * partly updated). bs: the base stack, read only. */
+static inline int ss_step(const json_schema *sc, const ss_frame *bs, ss_try *t, unsigned c) {
+  ss_lex *l = &t->l;
+  if (l->mode >= SM_STR) {
+    const ss_node *nd = &sc->nodes[l->node];
+    int r = ss_str_step(l, c, nd->b);
+    if (r <= 0) return r;
+    if (l->x < nd->a) return -1; /* the closing quote, too early */
+    if (l->key) {
+      l->key = 0;
+      l->mode = SM_COLON;
+    } else {
+      ss_done(t);
+    }
+    return 0;
+  }
+  if (l->mode == SM_KEY) {
+    int32_t ch = ss_child(sc, (int32_t)l->x, c);
+    if (ch < 0) return -1;
+    const ss_frame *f = ss_top(bs, t);
+    const ss_node *o = &sc->nodes[f->node];
+    if (!ss_keys_ok(sc, o, f->n, ss_depth(t), ch)) return -1;
+    l->x = (uint32_t)ch;
+    int32_t j = sc->tn[ch].term;
+    if (j >= 0) {
+      ss_top_w(bs, t)->n = (uint32_t)j + 1;
+      l->mode = SM_COLON;
+    }
+    return 0;
+  }
+  if (l->mode == SM_ENUM) {
+    int32_t ch = ss_child(sc, (int32_t)l->x, c);
+    if (ch >= 0) {
+      l->x = (uint32_t)ch;
+      if (sc->tn[ch].ne == 0) ss_done(t);
+      return 0;
+    }
+    if (sc->tn[l->x].term < 0) return -1;
+    ss_done(t); /* a complete number literal, ended by c: c is read after it */
+  }
+  if (js_is_ws(c)) {
+    switch (l->mode) {
+    case SM_START: case SM_OBJ_FIRST: case SM_OBJ_KEY: case SM_COLON: case SM_ARR_FIRST:
+    case SM_VALUE: case SM_AFTER:
+      if (l->ws >= JSON_MASK_MAX_WS) return -1;
+      l->ws++;
+      return 0;
+    case SM_NUM_ZERO: case SM_NUM_INT: case SM_NUM_FRAC: case SM_NUM_EXP:
+      ss_done(t);
+      l->ws = 1;
+      return 0;
+    default: return -1;
+    }
+  }
+  l->ws = 0;
+  switch (l->mode) {
+  case SM_START: return ss_value(sc, t, sc->root, c);
+  case SM_VALUE: return ss_value(sc, t, l->node, c);
+  case SM_OBJ_FIRST:
+  case SM_OBJ_KEY: {
+    const ss_frame *f = ss_top(bs, t);
+    const ss_node *o = &sc->nodes[f->node];
+    if (c == '}' && l->mode == SM_OBJ_FIRST) {
+      if (o->kind == SN_OBJECT && sc->freq[o->req] < (uint32_t)o->np) return -1;
+      ss_pop(t);
+      ss_done(t);
+      return 0;
+    }
+    if (c != '"') return -1;
+    if (o->kind == SN_FREEOBJ) {
+      l->mode = SM_STR;
+      l->key = 1;
+      l->node = SN_ANY_STR;
+      l->x = 0;
+      return 0;
+    }
+    int32_t ch = ss_child(sc, o->trie, '"');
+    if (ch < 0 || !ss_keys_ok(sc, o, f->n, ss_depth(t), ch)) return -1;
+    l->mode = SM_KEY;
+    l->x = (uint32_t)ch;
+    return 0;
+  }
+  case SM_COLON: {
+    if (c != ':') return -1;
+    const ss_frame *f = ss_top(bs, t);
+    const ss_node *o = &sc->nodes[f->node];
+    l->node = o->kind == SN_OBJECT ? sc->props[o->sub + f->n - 1].node : SN_ANY;
+    l->mode = SM_VALUE;
+    return 0;
+  }
+  case SM_ARR_FIRST: {
+    const ss_node *a = &sc->nodes[ss_top(bs, t)->node];
+    if (c == ']') {
+      if (a->a > 0) return -1;
+      ss_pop(t);
+      ss_done(t);
+      return 0;
+    }
+    if (a->b == 0) return -1;
+    ss_top_w(bs, t)->n = 1;
+    return ss_value(sc, t, a->sub, c);
+  }
+  case SM_AFTER:
+  after: {
+    const ss_frame *f = ss_top(bs, t);
+    const ss_node *o = &sc->nodes[f->node];
+    if (o->kind == SN_ARRAY) {
+      if (c == ',') {
+        if (f->n >= o->b || ss_depth(t) + sc->nodes[o->sub].md > JSON_MASK_MAX_DEPTH) return -1;
+        ss_top_w(bs, t)->n++;
+        l->mode = SM_VALUE;
+        l->node = o->sub;
+        return 0;
+      }
+      if (c != ']' || f->n < o->a) return -1;
+    } else {
+      if (c == ',') {
+        if (o->kind == SN_OBJECT && !ss_keys_ok(sc, o, f->n, ss_depth(t), -1)) return -1;
+        l->mode = SM_OBJ_KEY;
+        return 0;
+      }
+      if (c != '}' || (o->kind == SN_OBJECT && sc->freq[o->req + f->n] < (uint32_t)o->np))
+        return -1;
+    }
+    ss_pop(t);
+    ss_done(t);
+    return 0;
+  }
+  case SM_NUM_MINUS:
+    if (c == '0') l->mode = SM_NUM_ZERO;
+    else if (c >= '1' && c <= '9') l->mode = SM_NUM_INT;
+    else return -1;
+    return 0;
+  case SM_NUM_ZERO:
+    if (c >= '0' && c <= '9') return -1;
+    /* fall through */
+  case SM_NUM_INT:
+    if (c >= '0' && c <= '9') return 0;
+    if (c == '.') {
+      if (l->aux) return -1;
+      l->mode = SM_NUM_DOT;
+      return 0;
+    }
+    /* fall through */
+  case SM_NUM_FRAC:
+    if (c >= '0' && c <= '9') return 0;
+    if (c == 'e' || c == 'E') {
+      if (l->aux) return -1;
+      l->mode = SM_NUM_E;
+      return 0;
+    }
+    ss_done(t);
+    if (l->mode != SM_AFTER) return -1;
+    goto after;
+  case SM_NUM_DOT:
+    if (c < '0' || c > '9') return -1;
+    l->mode = SM_NUM_FRAC;
+    return 0;
+  case SM_NUM_E:
+    if (c == '+' || c == '-') {
+      l->mode = SM_NUM_ESIGN;
+      return 0;
+    }
+    /* fall through */
+  case SM_NUM_ESIGN:
+    if (c < '0' || c > '9') return -1;
+    l->mode = SM_NUM_EXP;
+    return 0;
+  case SM_NUM_EXP:
+    if (c >= '0' && c <= '9') return 0;
+    ss_done(t);
+    if (l->mode != SM_AFTER) return -1;
+    goto after;
+  case SM_LIT:
+    if (c != (unsigned char)js_lits[l->aux]) return -1;
+    if (js_lits[++l->aux] == 0) ss_done(t);
+    return 0;
+  default: return -1; /* SM_DONE */
+  }
+}
+
+static inline int ss_feed(const json_schema *sc, const ss_frame *bs, ss_try *t,
+                          const unsigned char *b, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    if (ss_step(sc, bs, t, b[i])) return -1;
+  return 0;
+}
+
+/* A token's run through a schema-guided string from the plain in-string state (the schema
+ * lexer's: surrogate escapes paired), for json_mask_new_schema's masks. */
+enum { SV_STAY, SV_BREAK, SV_QUOTE, SV_WALK, SV_NEVER, SV_EOS };
+typedef struct sv_tok {
+  uint16_t q;   /* SV_QUOTE: the offset of the closing quote */
+  uint16_t ncp; /* code points before it (SV_STAY: in the whole token) */
+  uint8_t cls;  /* SV_*: SV_WALK when q or ncp would not fit */
+  uint8_t pad;
+} sv_tok;
+
+/* Fills s from a token's bytes b[n] (n > 0): its run from the plain in-string state. */
+static void sv_classify(sv_tok *s, const unsigned char *b, size_t n) {
+  ss_lex l = {SM_STR, 0, 0, 0, 0, 0};
+  s->cls = SV_STAY;
+  for (size_t i = 0; i < n; i++) {
+    int r = ss_str_step(&l, b[i], UINT32_MAX);
+    if (r == 0) continue;
+    if (r < 0) {
+      s->cls = SV_BREAK;
+      return;
+    }
+    s->cls = i > UINT16_MAX ? SV_WALK : SV_QUOTE;
+    s->q = (uint16_t)(i > UINT16_MAX ? 0 : i);
+    break;
+  }
+  if (l.x >= UINT16_MAX) s->cls = SV_WALK;
+  else s->ncp = (uint16_t)l.x;
+}
+
 /* ---- the vocabulary --------------------------------------------------------------------- */
 
 enum { TOK_NEVER = 1, TOK_EOS = 2 };    /* jv_tok.flags: never content (special, empty, eos) */
@@ -326,6 +857,8 @@ typedef struct jv_tok {
 struct json_vocab {
   int n;
   jv_tok *tok;           /* [n] */
+  sv_tok *sv;            /* [n] */
+  uint16_t *second;      /* [n] the second byte; 256: none (one byte) */
   size_t *off;           /* [n] into bytes */
   size_t *len;           /* [n] */
   unsigned char *bytes;  /* every token's bytes, back to back */
@@ -336,6 +869,8 @@ struct json_vocab {
 void json_vocab_free(json_vocab *v) {
   if (!v) return;
   free(v->tok);
+  free(v->sv);
+  free(v->second);
   free(v->off);
   free(v->len);
   free(v->bytes);
@@ -379,11 +914,13 @@ json_vocab *json_vocab_new(int n_vocab, const char *const *bytes, const size_t *
   for (size_t i = 0; i < nv; i++)
     if (bytes && bytes[i] && lens) total += lens[i];
   v->tok = calloc(nv ? nv : 1, sizeof *v->tok);
+  v->sv = calloc(nv ? nv : 1, sizeof *v->sv);
+  v->second = calloc(nv ? nv : 1, sizeof *v->second);
   v->off = calloc(nv ? nv : 1, sizeof *v->off);
   v->len = calloc(nv ? nv : 1, sizeof *v->len);
   v->bytes = malloc(total ? total : 1);
   v->eos = malloc((n_eos > 0 ? (size_t)n_eos : 1) * sizeof *v->eos);
-  if (!v->tok || !v->off || !v->len || !v->bytes || !v->eos) {
+  if (!v->tok || !v->sv || !v->second || !v->off || !v->len || !v->bytes || !v->eos) {
     json_vocab_free(v);
     return NULL;
   }
@@ -393,13 +930,16 @@ json_vocab *json_vocab_new(int n_vocab, const char *const *bytes, const size_t *
     jv_tok *t = &v->tok[i];
     v->off[i] = at;
     v->len[i] = n;
+    v->second[i] = (uint16_t)(n >= 2 ? (unsigned char)bytes[i][1] : 256);
     if (n) memcpy(v->bytes + at, bytes[i], n);
     if (n == 0 || (special && special[i])) {
       t->flags = TOK_NEVER;
       t->key = 256;
       t->str = STR_BREAK;
+      v->sv[i].cls = SV_NEVER;
     } else {
       jv_classify(t, v->bytes + at, n);
+      sv_classify(&v->sv[i], v->bytes + at, n);
     }
     at += n;
   }
@@ -407,6 +947,7 @@ json_vocab *json_vocab_new(int n_vocab, const char *const *bytes, const size_t *
     int32_t e = eos[k];
     if (e < 0 || e >= n_vocab || (v->tok[e].flags & TOK_EOS)) continue;
     v->tok[e].flags = TOK_NEVER | TOK_EOS;
+    v->sv[e].cls = SV_EOS;
     v->eos[v->n_eos++] = e;
   }
   return v;
@@ -417,7 +958,11 @@ json_vocab *json_vocab_new(int n_vocab, const char *const *bytes, const size_t *
 struct json_mask {
   const json_vocab *v;
   json_state s;
-  int dead; /* a forbidden token was advanced over */
+  int dead;              /* a forbidden token was advanced over */
+  const json_schema *sc; /* NULL: the free json_object mask (s); else the schema's (sl, stack) */
+  ss_lex sl;
+  int depth;
+  ss_frame stack[JSON_MASK_MAX_DEPTH];
 };
 
 json_mask *json_mask_new(const json_vocab *v) {
@@ -428,10 +973,191 @@ json_mask *json_mask_new(const json_vocab *v) {
   return m;
 }
 
+json_mask *json_mask_new_schema(const json_vocab *v, const json_schema *s) {
+  if (!s) return NULL;
+  json_mask *m = json_mask_new(v);
+  if (!m) return NULL;
+  m->sc = s;
+  m->sl.mode = SM_START;
+  return m;
+}
+
 void json_mask_free(json_mask *m) { free(m); }
 
-int json_mask_complete(const json_mask *m) { return !m->dead && m->s.mode == JS_DONE; }
+int json_mask_complete(const json_mask *m) {
+  return !m->dead && (m->sc ? m->sl.mode == SM_DONE : m->s.mode == JS_DONE);
+}
 int json_mask_dead(const json_mask *m) { return m->dead; }
+
+void json_mask_copy(json_mask *dst, const json_mask *src) { *dst = *src; }
+
+/* ---- the schema mask -------------------------------------------------------------------- */
+
+static inline void sm_begin(ss_try *t, const json_mask *m) {
+  t->l = m->sl;
+  t->base = m->depth;
+  t->nloc = 0;
+}
+
+/* *t = *from, copying only the frames in use */
+static inline void ss_copy(ss_try *t, const ss_try *from) {
+  t->l = from->l;
+  t->base = from->base;
+  t->nloc = from->nloc;
+  if (from->nloc) memcpy(t->loc, from->loc, (size_t)from->nloc * sizeof *t->loc);
+}
+
+/* 1 when bytes b[n], read from *from, keep the text a prefix */
+static inline int sm_walk(const json_mask *m, const ss_try *from, const unsigned char *b,
+                          size_t n) {
+  ss_try t;
+  ss_copy(&t, from);
+  return ss_feed(m->sc, m->stack, &t, b, n) == 0;
+}
+
+/* 1 when byte c, read from *from, keeps the text a prefix */
+static inline int sm_try(const json_mask *m, const ss_try *from, unsigned c) {
+  ss_try t;
+  ss_copy(&t, from);
+  return ss_step(m->sc, m->stack, &t, c) == 0;
+}
+
+/* feeds b[n] to the mask's state: 0, or -1 (the state unchanged) */
+static int sm_feed(json_mask *m, const unsigned char *b, size_t n) {
+  ss_try t;
+  sm_begin(&t, m);
+  if (ss_feed(m->sc, m->stack, &t, b, n)) return -1;
+  if (t.nloc) memcpy(m->stack + t.base, t.loc, (size_t)t.nloc * sizeof *t.loc);
+  m->depth = t.base + t.nloc;
+  m->sl = t.l;
+  return 0;
+}
+
+/* The plain in-string state: the precomputed runs and code point counts decide, quotes are
+ * walked from after them. */
+static int sm_in_string(const json_mask *m, float *logits, int n) {
+  const json_vocab *v = m->v;
+  const ss_node *nd = &m->sc->nodes[m->sl.node];
+  uint32_t cnt = m->sl.x;
+  uint32_t room = nd->b - cnt;                  /* code points the string may still take */
+  uint32_t need = nd->a > cnt ? nd->a - cnt : 0; /* and must still take */
+  ss_try t0, sq;
+  sm_begin(&t0, m);
+  ss_copy(&sq, &t0);
+  sq.l.x = cnt > nd->a ? cnt : nd->a;
+  int sq_ok = ss_step(m->sc, m->stack, &sq, '"') == 0; /* the state after the closing quote */
+  const sv_tok *sv = v->sv;
+  int bounded = room < UINT16_MAX; /* some tokens may not fit */
+  int n_ok = 0;
+  for (int i = 0; i < n; i++) {
+    unsigned cls = sv[i].cls;
+    if (cls == SV_EOS) continue;
+    /* the common case (a token that stays in the string) without branches: under a maxLength,
+     * which tokens fit is not predictable */
+    int ok = (cls == SV_STAY) & (sv[i].ncp <= room);
+    if (cls == SV_QUOTE)
+      ok = sq_ok && sv[i].ncp <= room && sv[i].ncp >= need &&
+           sm_walk(m, &sq, v->bytes + v->off[i] + sv[i].q + 1, v->len[i] - sv[i].q - 1);
+    else if (cls == SV_WALK)
+      ok = sm_walk(m, &t0, v->bytes + v->off[i], v->len[i]);
+    n_ok += ok;
+    if (!bounded) {
+      if (!ok) logits[i] = -INFINITY; /* rare: predictable */
+    } else {
+      uint32_t bits, keep = -(uint32_t)(ok != 0); /* logits[i], or -INFINITY's bits */
+      memcpy(&bits, &logits[i], sizeof bits);
+      bits = (bits & keep) | (UINT32_C(0xFF800000) & ~keep);
+      memcpy(&logits[i], &bits, sizeof bits);
+    }
+  }
+  return n_ok;
+}
+
+/* Inside a string's escape or UTF-8 sequence, or a literal (a key, an enum value) that may take
+ * whitespace: the first byte filters, then (when few first bytes pass) the second, and the rest
+ * is walked. */
+static int sm_first_byte(const json_mask *m, float *logits, int n) {
+  const json_vocab *v = m->v;
+  ss_try t0;
+  sm_begin(&t0, m);
+  uint8_t ok0[256];
+  int n0 = 0;
+  for (unsigned c = 0; c < 256; c++) {
+    ok0[c] = (uint8_t)sm_try(m, &t0, c);
+    n0 += ok0[c];
+  }
+  /* ok1[c]: the second bytes (and 256: none) the state takes after first byte c; only for the
+   * first bytes that pass, and only when they are few (each costs 256 steps) */
+  uint64_t ok1[256][5];
+  int two = n0 <= 24;
+  if (two) {
+    for (unsigned c = 0; c < 256; c++) {
+      memset(ok1[c], 0, sizeof ok1[c]);
+      if (!ok0[c]) continue;
+      ss_try t1;
+      ss_copy(&t1, &t0);
+      ss_step(m->sc, m->stack, &t1, c);
+      for (unsigned c2 = 0; c2 < 256; c2++)
+        if (sm_try(m, &t1, c2)) ok1[c][c2 / 64] |= (uint64_t)1 << (c2 % 64);
+      ok1[c][4] = 1;
+    }
+  }
+  const uint16_t *second = v->second;
+  int n_ok = 0;
+  for (int i = 0; i < n; i++) {
+    const jv_tok *t = &v->tok[i];
+    unsigned f = t->first, s2 = second[i];
+    /* computed without branches: the tokens that pass are few and scattered */
+    int pass = two ? (int)((ok1[f][s2 / 64] >> (s2 % 64)) & 1) : ok0[f];
+    pass &= t->flags == 0;
+    if (t->flags & TOK_EOS) continue;
+    if (pass && sm_walk(m, &t0, v->bytes + v->off[i], v->len[i])) n_ok++;
+    else logits[i] = -INFINITY;
+  }
+  return n_ok;
+}
+
+/* Elsewhere: the byte after the leading whitespace filters (as jm_outside), the rest is walked.
+ * Valid where whitespace is either refused or leads to a mode that keeps taking it. */
+static int sm_outside(const json_mask *m, float *logits, int n) {
+  const json_vocab *v = m->v;
+  uint8_t ok[2][257];
+  ss_try t0, s1;
+  sm_begin(&t0, m);
+  ss_copy(&s1, &t0);
+  int ws_ok = ss_step(m->sc, m->stack, &s1, ' ') == 0;
+  for (unsigned c = 0; c < 256; c++) {
+    ok[0][c] = (uint8_t)sm_try(m, &t0, c);
+    ok[1][c] = (uint8_t)(ws_ok && sm_try(m, &s1, c));
+  }
+  ok[0][256] = 0;
+  ok[1][256] = (uint8_t)ws_ok;
+  int n_ok = 0;
+  for (int i = 0; i < n; i++) {
+    const jv_tok *t = &v->tok[i];
+    if (t->flags & TOK_EOS) continue;
+    if (!t->flags && t->lead_ws <= JSON_MASK_MAX_WS && ok[t->lead_ws != 0][t->key] &&
+        sm_walk(m, &t0, v->bytes + v->off[i], v->len[i]))
+      n_ok++;
+    else
+      logits[i] = -INFINITY;
+  }
+  return n_ok;
+}
+
+/* trie node x has a whitespace edge */
+static int sm_trie_ws(const json_schema *sc, uint32_t x) {
+  return ss_child(sc, (int32_t)x, ' ') >= 0 || ss_child(sc, (int32_t)x, '\t') >= 0 ||
+         ss_child(sc, (int32_t)x, '\n') >= 0 || ss_child(sc, (int32_t)x, '\r') >= 0;
+}
+
+static int sm_apply(const json_mask *m, float *logits, int n) {
+  uint8_t mode = m->sl.mode;
+  if (mode == SM_STR) return sm_in_string(m, logits, n);
+  if (mode > SM_STR || ((mode == SM_KEY || mode == SM_ENUM) && sm_trie_ws(m->sc, m->sl.x)))
+    return sm_first_byte(m, logits, n);
+  return sm_outside(m, logits, n);
+}
 
 /* 1 when token i's bytes from offset skip on, read from state *from, keep the text a prefix. */
 static inline int jm_walk(const json_vocab *v, const json_state *from, int i, size_t skip) {
@@ -524,7 +1250,10 @@ void json_mask_apply(const json_mask *m, float *logits, int n_vocab) {
   for (int i = n; i < n_vocab; i++) logits[i] = -INFINITY;
   const json_state *s = &m->s;
   int n_ok = 0;
-  if (m->dead || s->mode == JS_DONE || s->mode == JS_DEAD)
+  if (m->sc) {
+    if (m->dead || m->sl.mode == SM_DONE) jm_only_eos(v, logits, n);
+    else n_ok = sm_apply(m, logits, n);
+  } else if (m->dead || s->mode == JS_DONE || s->mode == JS_DEAD)
     jm_only_eos(v, logits, n);
   else if (s->mode == JS_STR)
     n_ok = jm_in_string(v, s, logits, n);
@@ -547,7 +1276,11 @@ void json_mask_advance(json_mask *m, int32_t token) {
   }
   const jv_tok *t = &v->tok[token];
   if (t->flags & TOK_EOS) {
-    if (m->s.mode != JS_DONE) m->dead = 1;
+    if (!json_mask_complete(m)) m->dead = 1;
+    return;
+  }
+  if (m->sc) {
+    if (t->flags || sm_feed(m, v->bytes + v->off[token], v->len[token])) m->dead = 1;
     return;
   }
   json_state s = m->s;
@@ -555,4 +1288,18 @@ void json_mask_advance(json_mask *m, int32_t token) {
     m->dead = 1;
   else
     m->s = s;
+}
+
+int json_mask_feed(json_mask *m, const char *b, size_t n) {
+  if (m->dead) return -1;
+  if (!n) return 0;
+  const unsigned char *u = (const unsigned char *)b;
+  if (m->sc) {
+    if (sm_feed(m, u, n)) m->dead = 1;
+  } else {
+    json_state s = m->s;
+    if (js_feed(&s, u, n)) m->dead = 1;
+    else m->s = s;
+  }
+  return m->dead ? -1 : 0;
 }

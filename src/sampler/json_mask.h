@@ -1,6 +1,8 @@
 /* json_mask — response_format {"type": "json_object"}: which tokens a request may sample next
  * so that its output stays a prefix of one JSON object (RFC 8259 text whose top-level value is an
- * object), and the recognizer that follows the sampled tokens.
+ * object), and the recognizer that follows the sampled tokens. response_format {"type":
+ * "json_schema"}: the same for one JSON object valid under a compiled schema
+ * (json_mask_new_schema below; json_schema.h has the subset).
  *
  * Before each sampled token the engine calls json_mask_apply, which sets the logit of every token
  * that would break the object to -INFINITY; after sampling it calls json_mask_advance with the
@@ -102,5 +104,31 @@ void json_mask_advance(json_mask *m, int32_t token);
 int json_mask_complete(const json_mask *m);
 /* 1 when a forbidden token was advanced over: only eos can follow. */
 int json_mask_dead(const json_mask *m);
+
+/* ---- schema-guided masks (response_format json_schema; json_schema.h has the subset) ----- */
+
+typedef struct json_schema json_schema;
+
+/* A mask whose output must be one JSON object valid under s (which must outlive the mask);
+ * otherwise as json_mask_new (apply / advance / complete / dead / free unchanged). Its
+ * recognizer follows json_schema.h's rules (and, unlike the free mask's, never lets a \u escape
+ * of a surrogate stand alone). NULL on out of memory or when s is NULL.
+ *
+ * Speed: the state is a stack of (node, count) frames plus a 12-byte lexical state; a token is
+ * tried on a copy of the lexical state and of only the frames it changes, over the mask's stack
+ * read-only, so its cost is its length. json_mask_apply judges tokens as for the free mask: by
+ * the byte after their leading whitespace (outside strings), by their first byte (inside keys,
+ * enum values, escapes and UTF-8 sequences), and in the plain in-string state by a precomputed
+ * run (stays in the string with k code points, breaks it, or closes it at byte q after k code
+ * points), checked against the string's minLength / maxLength. */
+json_mask *json_mask_new_schema(const json_vocab *v, const json_schema *s);
+
+/* ---- byte-level access (tests, tools); both kinds of mask ------------------------------ */
+
+/* Feeds raw bytes, as advance feeds a token's: 0 when the output is still a prefix of a valid
+ * text, -1 otherwise (the mask is then dead). Never allocates. */
+int json_mask_feed(json_mask *m, const char *b, size_t n);
+/* dst becomes a copy of src (same vocabulary and schema; no allocation). */
+void json_mask_copy(json_mask *dst, const json_mask *src);
 
 #endif

@@ -209,21 +209,37 @@ static int parse_sampling(const json_t *o, openai_request *r, openai_error *err)
   if (best_of && !json_is_null(best_of) &&
       !(json_is_integer(best_of) && json_integer_value(best_of) == 1))
     return BAD("best_of", "only best_of = 1 is supported");
-  /* response_format: "text" (the default), or "json_object": the output constrained to one JSON
-   * object (json_mask.h). Schema-guided output ("json_schema") is not implemented: refused by
-   * name rather than ignored, so a client that relies on it learns it at once. */
+  /* response_format: "text" (the default); "json_object": the output constrained to one JSON
+   * object (json_mask.h); "json_schema": to one object valid under json_schema.schema (the
+   * subset json_schema.h compiles; anything else in the schema is refused by name, never
+   * ignored). */
   const json_t *rf = json_object_get(o, "response_format");
   if (rf && !json_is_null(rf)) {
     const json_t *t = json_is_object(rf) ? json_object_get(rf, "type") : NULL;
     if (!json_is_string(t))
       return BAD("response_format", "'response_format' must be an object with a string 'type'");
-    if (!strcmp(json_string_value(t), "json_object"))
+    const char *ty = json_string_value(t);
+    if (!strcmp(ty, "json_object")) {
       r->json_object = 1;
-    else if (strcmp(json_string_value(t), "text"))
+    } else if (!strcmp(ty, "json_schema")) {
+      const json_t *js = json_object_get(rf, "json_schema");
+      const json_t *sc = json_is_object(js) ? json_object_get(js, "schema") : NULL;
+      if (!json_is_object(sc))
+        return BAD("response_format",
+                   "response_format json_schema needs 'json_schema': {\"schema\": {...}}");
+      char why[200] = "";
+      r->schema = json_schema_compile(sc, why, sizeof why);
+      if (!r->schema)
+        return strcmp(why, "out of memory")
+                   ? BAD("response_format", "response_format json_schema: %s", why)
+                   : openai_error_set(err, 500, "server_error", NULL, "out of memory");
+      r->json_object = 1;
+    } else if (strcmp(ty, "text")) {
       return BAD("response_format",
-                 "response_format type '%s' is not supported: only 'text' and 'json_object' "
-                 "(no schema-guided decoding)",
-                 json_string_value(t));
+                 "response_format type '%s' is not supported: 'text', 'json_object' or "
+                 "'json_schema'",
+                 ty);
+    }
   }
   json_t *lb = json_object_get(o, "logit_bias");
   if (lb && !json_is_null(lb)) {
@@ -583,6 +599,7 @@ done:
 }
 
 void openai_request_free(openai_request *r) {
+  json_schema_free(r->schema);
   free(r->model);
   for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
   free(r->cache_salt);

@@ -16,6 +16,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "sampler/json_schema.h"
 #include "sampler/sampler.h"
 
 typedef enum { OPENAI_KIND_CHAT, OPENAI_KIND_COMPLETION } openai_kind;
@@ -59,7 +60,8 @@ typedef struct openai_request {
   int skip_special_tokens;        /* default 1 */
   int include_stop_str_in_output; /* default 0 */
   char *cache_salt;   /* NULL when absent */
-  int json_object;    /* response_format {"type": "json_object"}: one JSON object (json_mask.h) */
+  int json_object;    /* response_format json_object or json_schema: one JSON object (json_mask.h) */
+  json_schema *schema; /* response_format json_schema: compiled (owned; NULL for json_object) */
 
   /* completions: exactly one of prompt / prompt_ids */
   char *prompt; /* malloc'd UTF-8 text */

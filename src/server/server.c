@@ -740,7 +740,8 @@ static enum MHD_Result handle_generate(conn *cx, openai_kind kind) {
   if (check_limits(cx, &e)) return send_error(cx, &e);
   if (cx->req.json_object && !s->m.json)
     return fail(cx, 400, "invalid_request_error", "response_format",
-                "response_format json_object needs the model's tokenizer, which this server has not loaded");
+                "response_format json_object / json_schema needs the model's tokenizer, which this "
+                "server has not loaded");
   if (atomic_load(&s->stopping)) return fail(cx, 503, "server_error", NULL, "the server is shutting down");
 
   server_gen_opts go;
@@ -761,6 +762,8 @@ static enum MHD_Result handle_generate(conn *cx, openai_kind kind) {
   go.eos_ids = s->m.eos_ids;
   go.n_eos = s->m.n_eos;
   go.json = cx->req.json_object ? s->m.json : NULL;
+  go.schema = cx->req.schema; /* server_gen_start takes it */
+  cx->req.schema = NULL;
   engine_status st;
   char err[200] = "";
   if (server_gen_start(&cx->g, &go, &st, err, sizeof err)) {

@@ -21,6 +21,7 @@ int server_gen_start(server_gen *g, const server_gen_opts *o, engine_status *sta
   if (o->tok) {
     g->ds = detok_stream_new(o->tok, o->skip_special);
     if (!g->ds) {
+      json_schema_free(o->schema);
       *status = ENGINE_ERR_INVALID;
       snprintf(err, errlen, "out of memory");
       return -1;
@@ -35,6 +36,7 @@ int server_gen_start(server_gen *g, const server_gen_opts *o, engine_status *sta
   so.boundaries = o->boundaries;
   so.n_boundaries = o->n_boundaries;
   so.json = o->json;
+  so.schema = o->schema; /* engine_submit takes it */
   g->t_submit = server_gen_now();
   *status = ENGINE_OK;
   g->req = engine_submit(o->eng, &so, status, err, errlen);

@@ -38,6 +38,8 @@ typedef struct server_gen_opts {
   const int32_t *eos_ids; /* the model's end tokens: their text is never shown */
   int n_eos;
   const json_vocab *json; /* response_format json_object: the engine's JSON mask (NULL: none) */
+  json_schema *schema;    /* with json, response_format json_schema: taken by server_gen_start in
+                             every case (handed to the engine, or freed) */
 } server_gen_opts;
 
 /* One generated token's logprob record (kept when sp.logprobs). */

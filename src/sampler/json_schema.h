@@ -1,0 +1,143 @@
+/* json_schema — response_format {"type": "json_schema"}: a JSON Schema (a subset) compiled to a
+ * small immutable node table that json_mask (json_mask_new_schema) follows byte by byte, so that
+ * the sampled output is one JSON object valid under the schema.
+ *
+ * The supported subset (json_schema_compile rejects everything else with one line naming the
+ * keyword and where it is, e.g. "'pattern' is not supported (at #/properties/x)"):
+ *  - true or {} (only annotations): any JSON value (the free json_object grammar for it);
+ *  - type: "object", "array", "string", "number", "integer", "boolean", "null", or an array of
+ *    distinct such names (a union, see anyOf; "number" covers "integer" when both appear).
+ *    Without type, the keywords say it: properties / required / additionalProperties: an
+ *    object; items / minItems / maxItems: an array; minLength / maxLength: a string (keywords
+ *    of two of these families without type are rejected as ambiguous); enum / const alone: the
+ *    values' own types. Keywords of another type than the given one(s) are ignored (JSON
+ *    Schema: they do not apply);
+ *  - object: properties (generated in the schema's key order, each at most once; optional ones
+ *    may be skipped), required (distinct names, each in properties), additionalProperties absent
+ *    or false: keys other than the properties are never generated (additionalProperties true or
+ *    a schema is rejected). An object schema without properties (and without
+ *    additionalProperties: false) is any JSON object (free keys and values); with
+ *    additionalProperties: false and no properties it is only {}. Each key is written exactly in
+ *    its canonical encoding (json_dumps JSON_ENCODE_ANY | JSON_COMPACT of the string: raw UTF-8,
+ *    \" \\ and \b \f \n \r \t, other control bytes as \u00XX);
+ *  - array: items (one schema; absent: any values; the tuple form is rejected), minItems,
+ *    maxItems (integers 0..2^31-1, min <= max);
+ *  - string: minLength, maxLength (0..2^31-1, min <= max), counted in Unicode code points: a raw
+ *    UTF-8 character is one, an escape (\n, \u00e9) is one, and a surrogate pair \uD83D\uDE00 is
+ *    one (in schema-guided output a \u escape of a surrogate must be a high one directly followed
+ *    by a low one: lone surrogates, which jansson and others refuse, are never generated);
+ *  - number: JSON numbers; integer: -?(0|[1-9][0-9]*) (no fraction, no exponent);
+ *  - enum (1..256 values) and const: the value is written byte for byte as one of the values'
+ *    canonical compact encodings: json_dumps JSON_ENCODE_ANY | JSON_COMPACT, object keys in
+ *    their insertion order (not sorted), reals with the fewest significant digits (1..17) that
+ *    read back to the same double (so 0.1, not 0.10000000000000001). With type or other
+ *    keywords beside them, only the values valid under those are kept; none left is an error;
+ *  - anyOf / oneOf (alone, beside annotations): schemas whose first bytes are disjoint (a string,
+ *    null, an object, ...): the value's first byte picks the branch, so exactly one branch can
+ *    match and anyOf means oneOf. Two branches that can start with the same byte (two objects,
+ *    number and integer, a string and a string enum) are rejected; a one-branch list is that
+ *    branch;
+ *  - $ref: "#" (the root), "#/$defs/NAME" or "#/definitions/NAME" (the root's $defs /
+ *    definitions; NAME with ~0 ~1 escapes), recursion allowed; beside annotations (and $defs)
+ *    only. A definition is compiled when referenced; a $ref cycle that never reaches a value is
+ *    rejected, and so is a schema with no instance within JSON_MASK_MAX_DEPTH nesting;
+ *  - annotations, accepted without effect: title, description, default, examples, $schema, $id,
+ *    $comment, deprecated, readOnly, writeOnly, strict, name;
+ *  - the root must be an object schema (an object, or an enum/const of objects).
+ * Everything else is rejected by name (pattern, format, minimum, maximum, exclusiveMinimum,
+ * exclusiveMaximum, multipleOf, patternProperties, propertyNames, minProperties, maxProperties,
+ * dependentRequired, dependentSchemas, if / then / else, not, allOf, uniqueItems, contains,
+ * prefixItems, unevaluatedProperties, additionalItems, any unknown keyword, false schemas), so
+ * that no constraint is ever silently ignored. Schema documents nested more than 128 levels are
+ * rejected.
+ *
+ * Generation follows json_mask.h's rules outside strings (whitespace between tokens, at most
+ * JSON_MASK_MAX_WS bytes in a row, none after the root's closing brace; no whitespace inside an
+ * enum / const value) and at most JSON_MASK_MAX_DEPTH open containers (a container is only
+ * opened, and an optional key only written, when what it still requires fits under the limit,
+ * so the output never runs into a dead end; an enum / const value counts its own nesting, and is
+ * only started where its deepest value fits). Objects reached through "any value" (true, {}, an
+ * object schema without properties) are free JSON objects and, as in json_object mode, may
+ * repeat a key. Numbers are not range-limited (a long integer may exceed what a parser's
+ * integer type holds). */
+#ifndef DS_JSON_SCHEMA_H
+#define DS_JSON_SCHEMA_H
+#include <jansson.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct json_schema json_schema; /* compiled, immutable, shared by requests and threads */
+
+/* Compiles a JSON schema (the subset above). Returns NULL with one line in err naming the
+ * unsupported or invalid part (e.g. "'pattern' is not supported (at #/properties/x)") or "out of
+ * memory". The result does not reference schema. */
+json_schema *json_schema_compile(const json_t *schema, char *err, size_t errlen);
+void json_schema_free(json_schema *s); /* NULL is fine */
+
+/* ---- the compiled form: read by json_mask.c only ---------------------------------------- */
+#ifdef DS_JSON_SCHEMA_INTERNAL
+
+enum {
+  SN_UNION,   /* first[sub + c]: the node a value starting with byte c follows (-1: none) */
+  SN_OBJECT,  /* props[sub .. sub + np), key trie at trie, freq[req .. req + np] */
+  SN_FREEOBJ, /* any object: free string keys, any values */
+  SN_ARRAY,   /* items sub, a..b items */
+  SN_STRING,  /* a..b code points */
+  SN_NUMBER,
+  SN_INTEGER,
+  SN_BOOL,
+  SN_NULL,
+  SN_ENUM, /* one of the literals of the trie at sub */
+  SN_REF,  /* compile time only */
+};
+
+/* built-in nodes */
+enum { SN_ANY = 0, SN_ANY_OBJ, SN_ANY_ARR, SN_ANY_STR, SN_ANY_NUM, SN_ANY_BOOL, SN_ANY_NULL,
+       SN_ANY_INT, SN_N_BUILTIN };
+
+#define SN_UNLIMITED UINT32_MAX /* b of a string or an array without a maximum */
+#define SN_MD_NONE 255          /* md of a node with no finite instance */
+
+typedef struct ss_node {
+  uint8_t kind;
+  uint8_t md;    /* containers (objects + arrays) the smallest instance opens, nested (an enum:
+                  * its deepest value's); SN_MD_NONE: none */
+  uint8_t mdmax; /* SN_OBJECT: the largest md of its properties' nodes */
+  uint8_t pad;
+  uint32_t a, b; /* SN_STRING: code points a..b; SN_ARRAY: items a..b */
+  int32_t sub;   /* SN_ARRAY: the items' node; SN_OBJECT: its first entry in props; SN_UNION:
+                  * its table in first; SN_ENUM: its trie's root */
+  int32_t np;    /* SN_OBJECT: properties */
+  int32_t trie;  /* SN_OBJECT: the root of the trie of its keys' encodings (quotes included) */
+  int32_t nw;    /* SN_OBJECT: 64-bit words in each of its trie nodes' property sets */
+  int32_t req;   /* SN_OBJECT: freq[req + k], k = 0..np: the first required property >= k (np:
+                  * none) */
+} ss_node;
+
+typedef struct ss_prop {
+  int32_t node;
+  int32_t required;
+} ss_prop;
+
+/* A trie node: edges ec/ech[e0 .. e0 + ne) sorted by byte; term: the literal that ends here (a
+ * key trie: the property's index; an enum trie: 0), -1 when none; bits: a key trie's set of the
+ * properties below (nw words at bits[bits]). */
+typedef struct ss_tnode {
+  int32_t e0, ne, term, bits;
+} ss_tnode;
+
+struct json_schema {
+  int32_t root;
+  int32_t nn;
+  ss_node *nodes;
+  ss_prop *props;
+  uint32_t *freq;
+  int32_t *first;
+  ss_tnode *tn;
+  uint8_t *ec;
+  int32_t *ech;
+  uint64_t *bits;
+};
+
+#endif /* DS_JSON_SCHEMA_INTERNAL */
+#endif

@@ -196,9 +196,9 @@ TEST(chat_format_and_bias) {
     EXPECT_EQ_INT(r.json_object, 0);
     openai_request_free(&r);
   }
-  const char *json[2] = {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
-                         "\"response_format\":{\"type\":\"json_object\"}}",
-                         "{\"prompt\":\"x\",\"response_format\":{\"type\":\"json_object\"}}"};
+  const char *json[2] = {("{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+                          "\"response_format\":{\"type\":\"json_object\"}}"),
+                         ("{\"prompt\":\"x\",\"response_format\":{\"type\":\"json_object\"}}")};
   for (int i = 0; i < 2; i++) {
     REQUIRE(parse(i ? OPENAI_KIND_COMPLETION : OPENAI_KIND_CHAT, json[i], &r, &e) == 0);
     EXPECT_EQ_INT(r.json_object, 1);
@@ -219,12 +219,12 @@ TEST(chat_format_and_bias) {
   openai_request_free(&r);
   EXPECT(r.schema == NULL);
   const char *bad_schema[] = {
-      "{\"prompt\":\"x\",\"response_format\":{\"type\":\"json_schema\"}}",
-      "{\"prompt\":\"x\",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":"
-      "{\"schema\":{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\","
-      "\"format\":\"date\"}}}}}}",
-      "{\"prompt\":\"x\",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":"
-      "{\"schema\":{\"type\":\"string\"}}}}"};
+      ("{\"prompt\":\"x\",\"response_format\":{\"type\":\"json_schema\"}}"),
+      ("{\"prompt\":\"x\",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":"
+       "{\"schema\":{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\","
+       "\"format\":\"date\"}}}}}}"),
+      ("{\"prompt\":\"x\",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":"
+       "{\"schema\":{\"type\":\"string\"}}}}")};
   for (int i = 0; i < 3; i++) {
     EXPECT(parse(OPENAI_KIND_COMPLETION, bad_schema[i], &r, &e) != 0);
     EXPECT_EQ_INT(e.status, 400);

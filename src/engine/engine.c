@@ -15,9 +15,9 @@
  * the fwd_seq array and the logits buffer are sized at creation for max_num_seqs rows.
  *
  * Greedy steps: when every row a step samples is plain greedy (no penalties, no logprobs, no
- * logits callback, no JSON mask) and the backend has an argmax op, the tokens are picked on the device and
- * only the ids come back (qwen35_forward_greedy); the same tokens as sampling the downloaded
- * rows. Other steps download the rows into page-locked memory (qwen35_host_alloc).
+ * logits callback, no JSON mask) and the backend has an argmax op, the tokens are picked on the
+ * device and only the ids come back (qwen35_forward_greedy); the same tokens as sampling the
+ * downloaded rows. Other steps download the rows into page-locked memory (qwen35_host_alloc).
  * DS_ENGINE_HOST_SAMPLE=1 turns the device path off (for before/after timings);
  * DS_ENGINE_PROFILE=1 logs where the engine thread's time went, per step, at destroy.
  *
@@ -28,8 +28,8 @@
  * sampler_sample's result does not depend on the scratch used, so the tokens are the same
  * for any thread count. The logits callbacks run on the engine thread first, in row order;
  * the tokens are then pushed in row order, as before. A request with response_format
- * json_object has its row masked (json_mask_apply) by the thread that samples it, and its
- * recognizer advanced by the engine thread when the token is pushed.
+ * json_object or json_schema has its row masked (json_mask_apply) by the thread that samples it,
+ * and its recognizer advanced by the engine thread when the token is pushed.
  *
  * Prefix cache (when enabled): created over the same page pool and state pool (the snapshot
  * slabs are the slots past max_num_seqs), its copies wired to qwen35's page and slot
@@ -482,7 +482,7 @@ struct engine_req {
   char err[160];
   void (*on_logits)(void *, const float *, int);
   void *user;
-  json_mask *jm; /* response_format json_object (NULL: none); sampling threads, one at a time */
+  json_mask *jm; /* response_format json_object / json_schema (NULL: none); one thread at a time */
   json_schema *schema; /* response_format json_schema: the schema jm follows (owned) */
   struct engine_req *qnext; /* the incoming queue */
 };

@@ -17,7 +17,8 @@
  *
  * A schema-guided mask (json_mask_new_schema) runs a second machine (ss_step, "the schema
  * recognizer" below) over the compiled schema's node table (json_schema.h): the same lexical
- * rules, plus per-node rules (which key may come next, item counts, string lengths in code
+ * rules (numbers, literals, escapes, UTF-8 and whitespace are lexed by small helpers both
+ * machines call, "the shared lexing" below), plus per-node rules (which key may come next, item counts, string lengths in code
  * points, enum literals through a byte trie, the branch a union's first byte picks). Its apply
  * uses the same filters (the byte after leading whitespace; the first two bytes inside literals
  * and escapes; precomputed in-string runs with code point counts), and tries the tokens that
@@ -31,6 +32,185 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* ---- the shared lexing ------------------------------------------------------------------ */
+
+/* What both recognizers lex the same way: numbers, the literals true / false / null, a string's
+ * one-character escapes, UTF-8 sequences, and whitespace outside strings. Each machine keeps a
+ * number's or a UTF-8 sequence's sub-state as its own modes, in the order of the sub-states
+ * here (mode = its first such mode + sub-state), and a literal's in aux. */
+
+static inline int js_is_ws(unsigned c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+
+static inline int js_is_hex(unsigned c) {
+  return (c >= '0' && c <= '9') || ((c | 0x20) >= 'a' && (c | 0x20) <= 'f');
+}
+
+/* a number's sub-states */
+enum {
+  NUM_MINUS, /* after '-': a digit */
+  NUM_ZERO,  /* a leading 0 (complete) */
+  NUM_INT,   /* [1-9][0-9]* (complete) */
+  NUM_DOT,   /* after '.': a digit */
+  NUM_FRAC,  /* fraction digits (complete) */
+  NUM_E,     /* after e/E: a sign or a digit */
+  NUM_ESIGN, /* after the exponent's sign: a digit */
+  NUM_EXP,   /* exponent digits (complete) */
+};
+
+/* The sub-state of a number whose first byte is c, -1 when c cannot start one. */
+static inline int num_start(unsigned c) {
+  if (c == '-') return NUM_MINUS;
+  if (c == '0') return NUM_ZERO;
+  if (c >= '1' && c <= '9') return NUM_INT;
+  return -1;
+}
+
+/* One byte c (not whitespace) after a number in sub-state *k; int_only: an integer (no '.', no
+ * exponent). Returns 0 when the number goes on (*k updated), 1 when it ended before c (it is
+ * complete: c is read after it), -1 when c breaks it. */
+static inline int num_step(uint8_t *k, unsigned c, int int_only) {
+  switch (*k) {
+  case NUM_MINUS:
+    if (c == '0') *k = NUM_ZERO;
+    else if (c >= '1' && c <= '9') *k = NUM_INT;
+    else return -1;
+    return 0;
+  case NUM_ZERO:
+    if (c >= '0' && c <= '9') return -1; /* no leading zeros */
+    /* fall through */
+  case NUM_INT:
+    if (c >= '0' && c <= '9') return 0;
+    if (c == '.') {
+      if (int_only) return -1;
+      *k = NUM_DOT;
+      return 0;
+    }
+    /* fall through */
+  case NUM_FRAC:
+    if (c >= '0' && c <= '9') return 0; /* only NUM_FRAC gets here with a digit */
+    if (c == 'e' || c == 'E') {
+      if (int_only) return -1;
+      *k = NUM_E;
+      return 0;
+    }
+    return 1;
+  case NUM_DOT:
+    if (c < '0' || c > '9') return -1;
+    *k = NUM_FRAC;
+    return 0;
+  case NUM_E:
+    if (c == '+' || c == '-') {
+      *k = NUM_ESIGN;
+      return 0;
+    }
+    /* fall through */
+  case NUM_ESIGN:
+    if (c < '0' || c > '9') return -1;
+    *k = NUM_EXP;
+    return 0;
+  default: /* NUM_EXP */
+    if (c >= '0' && c <= '9') return 0;
+    return 1;
+  }
+}
+
+/* Whitespace outside strings, in mode `mode` of a machine whose modes up to `after` lie between
+ * values and whose number modes start at `num0`: 0 when it takes one more byte of a whitespace
+ * run (JSON_MASK_MAX_WS at most; *ws counts it), 1 when it ends a complete number (*ws = 1: the
+ * caller completes the value), -1 when it is refused. */
+static inline int ws_step(unsigned mode, unsigned after, unsigned num0, uint8_t *ws) {
+  if (mode <= after) {
+    if (*ws >= JSON_MASK_MAX_WS) return -1;
+    ++*ws;
+    return 0;
+  }
+  unsigned k = mode - num0; /* huge below num0 */
+  if (k != NUM_ZERO && k != NUM_INT && k != NUM_FRAC && k != NUM_EXP) return -1;
+  *ws = 1;
+  return 1;
+}
+
+/* The tails of the three literals after their first byte, each ended by a NUL: 't' starts at
+ * LIT_TRUE, 'f' at LIT_FALSE, 'n' at LIT_NULL. A literal's sub-state indexes js_lits: the next
+ * byte expected. */
+static const char js_lits[] = "rue\0alse\0ull";
+enum { LIT_TRUE = 0, LIT_FALSE = 4, LIT_NULL = 9 };
+
+/* The sub-state of a literal whose first byte is c, -1 when c cannot start one. */
+static inline int lit_start(unsigned c) {
+  switch (c) {
+  case 't': return LIT_TRUE;
+  case 'f': return LIT_FALSE;
+  case 'n': return LIT_NULL;
+  default: return -1;
+  }
+}
+
+/* One byte c of a literal in sub-state *i: 0 when it goes on, 1 when c completes it, -1 when c
+ * breaks it. */
+static inline int lit_step(uint8_t *i, unsigned c) {
+  if (c != (unsigned char)js_lits[*i]) return -1;
+  return js_lits[++*i] == 0;
+}
+
+/* the byte after '\' of a one-character escape (\" \\ \/ \b \f \n \r \t) */
+static inline int esc_simple(unsigned c) {
+  switch (c) {
+  case '"': case '\\': case '/': case 'b': case 'f': case 'n': case 'r': case 't': return 1;
+  default: return 0;
+  }
+}
+
+/* a UTF-8 sequence's sub-states after its lead byte */
+enum {
+  U8_CONT, /* aux continuation bytes 80..BF left */
+  U8_E0,   /* after E0: A0..BF, then one more */
+  U8_ED,   /* after ED: 80..9F, then one more */
+  U8_F0,   /* after F0: 90..BF, then two more */
+  U8_F4,   /* after F4: 80..8F, then two more */
+};
+
+/* The sub-state after lead byte c (c >= 0x80; U8_CONT sets *aux), -1 when c cannot lead a
+ * sequence (a stray continuation byte, C0, C1, F5..FF). */
+static inline int u8_lead(unsigned c, uint8_t *aux) {
+  if (c >= 0xC2 && c <= 0xDF) {
+    *aux = 1;
+    return U8_CONT;
+  }
+  if (c == 0xE0) return U8_E0;
+  if (c == 0xED) return U8_ED;
+  if (c >= 0xE1 && c <= 0xEF) {
+    *aux = 2;
+    return U8_CONT;
+  }
+  if (c == 0xF0) return U8_F0;
+  if (c >= 0xF1 && c <= 0xF3) {
+    *aux = 3;
+    return U8_CONT;
+  }
+  if (c == 0xF4) return U8_F4;
+  return -1;
+}
+
+/* One byte c of a UTF-8 sequence in sub-state *k: 0 when it goes on (*k, *aux updated), 1 when
+ * c completes it, -1 when c breaks it. */
+static inline int u8_step(uint8_t *k, uint8_t *aux, unsigned c) {
+  unsigned lo = 0x80, hi = 0xBF, left = 2; /* the byte's range, continuation bytes after it */
+  switch (*k) {
+  case U8_CONT:
+    if (c < 0x80 || c > 0xBF) return -1;
+    return --*aux == 0;
+  case U8_E0: lo = 0xA0; left = 1; break;
+  case U8_ED: hi = 0x9F; left = 1; break;
+  case U8_F0: lo = 0x90; break;
+  default: hi = 0x8F; break; /* U8_F4 */
+  }
+  if (c < lo || c > hi) return -1;
+  *k = U8_CONT;
+  *aux = (uint8_t)left;
+  return 0;
+}
 
 /* ---- the recognizer --------------------------------------------------------------------- */
 
@@ -46,38 +226,33 @@ enum {
   JS_STR,       /* in a string, no escape or UTF-8 sequence pending */
   JS_STR_ESC,   /* after '\' */
   JS_STR_HEX,   /* in \uXXXX, aux hex digits left */
-  JS_STR_UTF8,  /* aux continuation bytes 80..BF left */
-  JS_STR_E0,    /* after E0: A0..BF, then one more */
-  JS_STR_ED,    /* after ED: 80..9F, then one more */
-  JS_STR_F0,    /* after F0: 90..BF, then two more */
-  JS_STR_F4,    /* after F4: 80..8F, then two more */
-  JS_NUM_MINUS, /* after '-': a digit */
-  JS_NUM_ZERO,  /* a leading 0 (complete) */
-  JS_NUM_INT,   /* [1-9][0-9]* (complete) */
-  JS_NUM_DOT,   /* after '.': a digit */
-  JS_NUM_FRAC,  /* fraction digits (complete) */
-  JS_NUM_E,     /* after e/E: a sign or a digit */
-  JS_NUM_ESIGN, /* after the exponent's sign: a digit */
-  JS_NUM_EXP,   /* exponent digits (complete) */
-  JS_LIT,       /* in true / false / null: aux indexes js_lits, the next byte expected */
+  JS_STR_UTF8,  /* in a UTF-8 sequence: JS_STR_UTF8 + its U8_* sub-state (aux: U8_CONT's) */
+  JS_STR_E0,
+  JS_STR_ED,
+  JS_STR_F0,
+  JS_STR_F4,
+  JS_NUM_MINUS, /* in a number: JS_NUM_MINUS + its NUM_* sub-state */
+  JS_NUM_ZERO,
+  JS_NUM_INT,
+  JS_NUM_DOT,
+  JS_NUM_FRAC,
+  JS_NUM_E,
+  JS_NUM_ESIGN,
+  JS_NUM_EXP,
+  JS_LIT,       /* in true / false / null: aux its sub-state (indexes js_lits) */
   JS_DEAD,      /* rejected: every byte is rejected */
 };
 
-/* The tails of the three literals after their first byte, each ended by a NUL: 't' starts at 0,
- * 'f' at 4, 'n' at 9. */
-static const char js_lits[] = "rue\0alse\0ull";
-
-static inline int js_is_ws(unsigned c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
-
-static inline int js_is_hex(unsigned c) {
-  return (c >= '0' && c <= '9') || ((c | 0x20) >= 'a' && (c | 0x20) <= 'f');
-}
+_Static_assert(JS_STR_F4 - JS_STR_UTF8 == U8_F4 && JS_NUM_EXP - JS_NUM_MINUS == NUM_EXP &&
+                   JS_AFTER < JS_DONE && JS_AFTER < JS_STR && JS_AFTER < JS_NUM_MINUS &&
+                   JS_AFTER < JS_LIT && JS_AFTER < JS_DEAD,
+               "JS_* modes in the order of the shared sub-states, those between values first");
 
 /* One byte inside a string (mode one of JS_STR..JS_STR_F4). Returns 0 when the string goes on
  * (*mode, *aux updated), 1 for the closing quote (*mode, *aux unchanged), -1 when c breaks it. */
 static inline int js_str_step(uint8_t *mode, uint8_t *aux, unsigned c) {
   switch (*mode) {
-  case JS_STR:
+  case JS_STR: {
     if (c == '"') return 1;
     if (c == '\\') {
       *mode = JS_STR_ESC;
@@ -85,66 +260,31 @@ static inline int js_str_step(uint8_t *mode, uint8_t *aux, unsigned c) {
     }
     if (c < 0x20) return -1;
     if (c < 0x80) return 0;
-    if (c >= 0xC2 && c <= 0xDF) {
-      *mode = JS_STR_UTF8;
-      *aux = 1;
-    } else if (c == 0xE0) {
-      *mode = JS_STR_E0;
-    } else if (c == 0xED) {
-      *mode = JS_STR_ED;
-    } else if (c >= 0xE1 && c <= 0xEF) {
-      *mode = JS_STR_UTF8;
-      *aux = 2;
-    } else if (c == 0xF0) {
-      *mode = JS_STR_F0;
-    } else if (c >= 0xF1 && c <= 0xF3) {
-      *mode = JS_STR_UTF8;
-      *aux = 3;
-    } else if (c == 0xF4) {
-      *mode = JS_STR_F4;
-    } else {
-      return -1; /* a stray continuation byte, C0, C1, F5..FF */
-    }
+    int k = u8_lead(c, aux);
+    if (k < 0) return -1;
+    *mode = (uint8_t)(JS_STR_UTF8 + k);
     return 0;
+  }
   case JS_STR_ESC:
-    switch (c) {
-    case '"': case '\\': case '/': case 'b': case 'f': case 'n': case 'r': case 't':
+    if (esc_simple(c)) {
       *mode = JS_STR;
       return 0;
-    case 'u':
-      *mode = JS_STR_HEX;
-      *aux = 4;
-      return 0;
-    default: return -1;
     }
+    if (c != 'u') return -1;
+    *mode = JS_STR_HEX;
+    *aux = 4;
+    return 0;
   case JS_STR_HEX:
     if (!js_is_hex(c)) return -1;
     if (--*aux == 0) *mode = JS_STR;
     return 0;
-  case JS_STR_UTF8:
-    if (c < 0x80 || c > 0xBF) return -1;
-    if (--*aux == 0) *mode = JS_STR;
+  case JS_STR_UTF8: case JS_STR_E0: case JS_STR_ED: case JS_STR_F0: case JS_STR_F4: {
+    uint8_t k = (uint8_t)(*mode - JS_STR_UTF8);
+    int r = u8_step(&k, aux, c);
+    if (r < 0) return -1;
+    *mode = r ? JS_STR : (uint8_t)(JS_STR_UTF8 + k);
     return 0;
-  case JS_STR_E0:
-    if (c < 0xA0 || c > 0xBF) return -1;
-    *mode = JS_STR_UTF8;
-    *aux = 1;
-    return 0;
-  case JS_STR_ED:
-    if (c < 0x80 || c > 0x9F) return -1;
-    *mode = JS_STR_UTF8;
-    *aux = 1;
-    return 0;
-  case JS_STR_F0:
-    if (c < 0x90 || c > 0xBF) return -1;
-    *mode = JS_STR_UTF8;
-    *aux = 2;
-    return 0;
-  case JS_STR_F4:
-    if (c < 0x80 || c > 0x8F) return -1;
-    *mode = JS_STR_UTF8;
-    *aux = 2;
-    return 0;
+  }
   default: return -1;
   }
 }
@@ -181,17 +321,18 @@ static inline int js_value_start(json_state *s, unsigned c) {
     s->mode = JS_STR;
     s->key = 0;
     return 0;
-  case '-': s->mode = JS_NUM_MINUS; return 0;
-  case '0': s->mode = JS_NUM_ZERO; return 0;
-  case 't': s->mode = JS_LIT; s->aux = 0; return 0;
-  case 'f': s->mode = JS_LIT; s->aux = 4; return 0;
-  case 'n': s->mode = JS_LIT; s->aux = 9; return 0;
-  default:
-    if (c >= '1' && c <= '9') {
-      s->mode = JS_NUM_INT;
+  default: {
+    int k = num_start(c);
+    if (k >= 0) {
+      s->mode = (uint8_t)(JS_NUM_MINUS + k);
       return 0;
     }
-    return -1;
+    k = lit_start(c);
+    if (k < 0) return -1;
+    s->mode = JS_LIT;
+    s->aux = (uint8_t)k;
+    return 0;
+  }
   }
 }
 
@@ -206,20 +347,12 @@ static inline int js_step(json_state *s, unsigned c) {
     return 0;
   }
   if (js_is_ws(c)) {
-    switch (s->mode) {
-    case JS_START: case JS_OBJ_FIRST: case JS_OBJ_KEY: case JS_COLON: case JS_ARR_FIRST:
-    case JS_VALUE: case JS_AFTER:
-      if (s->ws >= JSON_MASK_MAX_WS) return -1;
-      s->ws++;
-      return 0;
-    case JS_NUM_ZERO: case JS_NUM_INT: case JS_NUM_FRAC: case JS_NUM_EXP:
-      s->mode = JS_AFTER; /* whitespace ends a complete number */
-      s->ws = 1;
-      return 0;
-    default: return -1;
-    }
+    int r = ws_step(s->mode, JS_AFTER, JS_NUM_MINUS, &s->ws);
+    if (r > 0) s->mode = JS_AFTER; /* whitespace ends a complete number */
+    return r < 0 ? -1 : 0;
   }
   s->ws = 0;
+  uint8_t k;
   switch (s->mode) {
   case JS_START: return c == '{' ? js_push(s, 1) : -1;
   case JS_OBJ_FIRST:
@@ -246,51 +379,32 @@ static inline int js_step(json_state *s, unsigned c) {
     }
     if (c == (js_top_is_obj(s) ? '}' : ']')) return js_pop(s);
     return -1;
-  case JS_NUM_MINUS:
-    if (c == '0') s->mode = JS_NUM_ZERO;
-    else if (c >= '1' && c <= '9') s->mode = JS_NUM_INT;
-    else return -1;
-    return 0;
-  case JS_NUM_ZERO:
-    if (c >= '0' && c <= '9') return -1; /* no leading zeros */
-    /* fall through */
-  case JS_NUM_INT:
-    if (c >= '0' && c <= '9') return 0;
-    if (c == '.') {
-      s->mode = JS_NUM_DOT;
-      return 0;
-    }
-    /* fall through */
-  case JS_NUM_FRAC:
-    if (c >= '0' && c <= '9') return 0; /* only JS_NUM_FRAC gets here with a digit */
-    if (c == 'e' || c == 'E') {
-      s->mode = JS_NUM_E;
+  /* in a number: the sub-state set as a constant on each path, so that num_step's own switch
+   * folds into this one (one dispatch a byte, as this path is hot) */
+  case JS_NUM_MINUS: k = NUM_MINUS; goto num;
+  case JS_NUM_ZERO: k = NUM_ZERO; goto num;
+  case JS_NUM_INT: k = NUM_INT; goto num;
+  case JS_NUM_DOT: k = NUM_DOT; goto num;
+  case JS_NUM_FRAC: k = NUM_FRAC; goto num;
+  case JS_NUM_E: k = NUM_E; goto num;
+  case JS_NUM_ESIGN: k = NUM_ESIGN; goto num;
+  case JS_NUM_EXP:
+    k = NUM_EXP;
+  num: {
+    int r = num_step(&k, c, 0);
+    if (r < 0) return -1;
+    if (r == 0) {
+      s->mode = (uint8_t)(JS_NUM_MINUS + k);
       return 0;
     }
     s->mode = JS_AFTER; /* the number ended: c is read after it */
     goto after;
-  case JS_NUM_DOT:
-    if (c < '0' || c > '9') return -1;
-    s->mode = JS_NUM_FRAC;
-    return 0;
-  case JS_NUM_E:
-    if (c == '+' || c == '-') {
-      s->mode = JS_NUM_ESIGN;
-      return 0;
-    }
-    /* fall through */
-  case JS_NUM_ESIGN:
-    if (c < '0' || c > '9') return -1;
-    s->mode = JS_NUM_EXP;
-    return 0;
-  case JS_NUM_EXP:
-    if (c >= '0' && c <= '9') return 0;
-    s->mode = JS_AFTER;
-    goto after;
-  case JS_LIT:
-    if (c != (unsigned char)js_lits[s->aux]) return -1;
-    if (js_lits[++s->aux] == 0) s->mode = JS_AFTER;
-    return 0;
+  }
+  case JS_LIT: {
+    int r = lit_step(&s->aux, c);
+    if (r > 0) s->mode = JS_AFTER;
+    return r < 0 ? -1 : 0;
+  }
   default: return -1; /* JS_DONE, JS_DEAD */
   }
 }
@@ -335,7 +449,8 @@ enum {
   SM_DONE,      /* the root is complete: nothing may follow */
   SM_KEY,       /* in a schema object's key: x is the key trie's node */
   SM_ENUM,      /* in an enum / const literal: x is its trie's node */
-  SM_NUM_MINUS, /* numbers as JS_NUM_*; aux 1: an integer (no '.', no exponent) */
+  SM_NUM_MINUS, /* in a number: SM_NUM_MINUS + its NUM_* sub-state; aux 1: an integer (no '.', no
+                 * exponent) */
   SM_NUM_ZERO,
   SM_NUM_INT,
   SM_NUM_DOT,
@@ -343,7 +458,7 @@ enum {
   SM_NUM_E,
   SM_NUM_ESIGN,
   SM_NUM_EXP,
-  SM_LIT,       /* in true / false / null: aux indexes js_lits */
+  SM_LIT,       /* in true / false / null: aux its sub-state (indexes js_lits) */
   SM_STR,       /* in a string (node `node`, x code points so far; key: a free object's key) */
   SM_STR_ESC,   /* after '\' */
   SM_STR_HEX1,  /* after \u */
@@ -354,12 +469,17 @@ enum {
   SM_STR_LO_U,  /* its 'u' */
   SM_STR_LO_D,  /* its 'D' */
   SM_STR_LO_CF, /* its C-F */
-  SM_STR_UTF8,  /* as JS_STR_UTF8 .. JS_STR_F4 */
+  SM_STR_UTF8,  /* in a UTF-8 sequence: SM_STR_UTF8 + its U8_* sub-state (aux: U8_CONT's) */
   SM_STR_E0,
   SM_STR_ED,
   SM_STR_F0,
   SM_STR_F4,
 };
+
+_Static_assert(SM_STR_F4 - SM_STR_UTF8 == U8_F4 && SM_NUM_EXP - SM_NUM_MINUS == NUM_EXP &&
+                   SM_AFTER < SM_DONE && SM_AFTER < SM_KEY && SM_AFTER < SM_ENUM &&
+                   SM_AFTER < SM_NUM_MINUS && SM_AFTER < SM_LIT && SM_AFTER < SM_STR,
+               "SM_* modes in the order of the shared sub-states, those between values first");
 
 typedef struct ss_lex {
   uint8_t mode; /* SM_* */
@@ -394,38 +514,21 @@ static inline int ss_str_step(ss_lex *l, unsigned c, uint32_t max) {
     } else if (c < 0x20) {
       return -1;
     } else if (c >= 0x80) {
-      if (c >= 0xC2 && c <= 0xDF) {
-        l->mode = SM_STR_UTF8;
-        l->aux = 1;
-      } else if (c == 0xE0) {
-        l->mode = SM_STR_E0;
-      } else if (c == 0xED) {
-        l->mode = SM_STR_ED;
-      } else if (c >= 0xE1 && c <= 0xEF) {
-        l->mode = SM_STR_UTF8;
-        l->aux = 2;
-      } else if (c == 0xF0) {
-        l->mode = SM_STR_F0;
-      } else if (c >= 0xF1 && c <= 0xF3) {
-        l->mode = SM_STR_UTF8;
-        l->aux = 3;
-      } else if (c == 0xF4) {
-        l->mode = SM_STR_F4;
-      } else {
-        return -1;
-      }
+      int k = u8_lead(c, &l->aux);
+      if (k < 0) return -1;
+      l->mode = (uint8_t)(SM_STR_UTF8 + k);
     }
     if (l->x >= max) return -1;
     l->x++;
     return 0;
   case SM_STR_ESC:
-    switch (c) {
-    case '"': case '\\': case '/': case 'b': case 'f': case 'n': case 'r': case 't':
+    if (esc_simple(c)) {
       l->mode = SM_STR;
       return 0;
-    case 'u': l->mode = SM_STR_HEX1; return 0;
-    default: return -1;
     }
+    if (c != 'u') return -1;
+    l->mode = SM_STR_HEX1;
+    return 0;
   case SM_STR_HEX1:
     if (!js_is_hex(c)) return -1;
     if ((c | 0x20) == 'd') {
@@ -467,30 +570,13 @@ static inline int ss_str_step(ss_lex *l, unsigned c, uint32_t max) {
     l->mode = SM_STR_HEX;
     l->aux = 2;
     return 0;
-  case SM_STR_UTF8:
-    if (c < 0x80 || c > 0xBF) return -1;
-    if (--l->aux == 0) l->mode = SM_STR;
+  case SM_STR_UTF8: case SM_STR_E0: case SM_STR_ED: case SM_STR_F0: case SM_STR_F4: {
+    uint8_t k = (uint8_t)(l->mode - SM_STR_UTF8);
+    int r = u8_step(&k, &l->aux, c);
+    if (r < 0) return -1;
+    l->mode = r ? SM_STR : (uint8_t)(SM_STR_UTF8 + k);
     return 0;
-  case SM_STR_E0:
-    if (c < 0xA0 || c > 0xBF) return -1;
-    l->mode = SM_STR_UTF8;
-    l->aux = 1;
-    return 0;
-  case SM_STR_ED:
-    if (c < 0x80 || c > 0x9F) return -1;
-    l->mode = SM_STR_UTF8;
-    l->aux = 1;
-    return 0;
-  case SM_STR_F0:
-    if (c < 0x90 || c > 0xBF) return -1;
-    l->mode = SM_STR_UTF8;
-    l->aux = 2;
-    return 0;
-  case SM_STR_F4:
-    if (c < 0x80 || c > 0x8F) return -1;
-    l->mode = SM_STR_UTF8;
-    l->aux = 2;
-    return 0;
+  }
   default: return -1;
   }
 }
@@ -591,21 +677,21 @@ static inline int ss_value(const json_schema *sc, ss_try *t, int32_t node, unsig
     l->key = 0;
     return 0;
   case SN_NUMBER:
-  case SN_INTEGER:
+  case SN_INTEGER: {
+    int k = num_start(c);
+    if (k < 0) return -1;
+    l->mode = (uint8_t)(SM_NUM_MINUS + k);
     l->aux = nd->kind == SN_INTEGER;
-    if (c == '-') l->mode = SM_NUM_MINUS;
-    else if (c == '0') l->mode = SM_NUM_ZERO;
-    else if (c >= '1' && c <= '9') l->mode = SM_NUM_INT;
-    else return -1;
     return 0;
+  }
   case SN_BOOL:
-  case SN_NULL:
-    if (c == 't' && nd->kind == SN_BOOL) l->aux = 0;
-    else if (c == 'f' && nd->kind == SN_BOOL) l->aux = 4;
-    else if (c == 'n' && nd->kind == SN_NULL) l->aux = 9;
-    else return -1;
+  case SN_NULL: {
+    int k = lit_start(c);
+    if (k < 0 || (k == LIT_NULL) != (nd->kind == SN_NULL)) return -1;
     l->mode = SM_LIT;
+    l->aux = (uint8_t)k;
     return 0;
+  }
   case SN_ENUM: {
     int32_t ch = ss_child(sc, nd->sub, c);
     if (ch < 0) return -1;
@@ -660,18 +746,9 @@ static inline int ss_step(const json_schema *sc, const ss_frame *bs, ss_try *t, 
     ss_done(t); /* a complete number literal, ended by c: c is read after it */
   }
   if (js_is_ws(c)) {
-    switch (l->mode) {
-    case SM_START: case SM_OBJ_FIRST: case SM_OBJ_KEY: case SM_COLON: case SM_ARR_FIRST:
-    case SM_VALUE: case SM_AFTER:
-      if (l->ws >= JSON_MASK_MAX_WS) return -1;
-      l->ws++;
-      return 0;
-    case SM_NUM_ZERO: case SM_NUM_INT: case SM_NUM_FRAC: case SM_NUM_EXP:
-      ss_done(t);
-      l->ws = 1;
-      return 0;
-    default: return -1;
-    }
+    int r = ws_step(l->mode, SM_AFTER, SM_NUM_MINUS, &l->ws);
+    if (r > 0) ss_done(t); /* whitespace ends a complete number */
+    return r < 0 ? -1 : 0;
   }
   l->ws = 0;
   switch (l->mode) {
@@ -747,55 +824,24 @@ static inline int ss_step(const json_schema *sc, const ss_frame *bs, ss_try *t, 
     ss_done(t);
     return 0;
   }
-  case SM_NUM_MINUS:
-    if (c == '0') l->mode = SM_NUM_ZERO;
-    else if (c >= '1' && c <= '9') l->mode = SM_NUM_INT;
-    else return -1;
-    return 0;
-  case SM_NUM_ZERO:
-    if (c >= '0' && c <= '9') return -1;
-    /* fall through */
-  case SM_NUM_INT:
-    if (c >= '0' && c <= '9') return 0;
-    if (c == '.') {
-      if (l->aux) return -1;
-      l->mode = SM_NUM_DOT;
+  case SM_NUM_MINUS: case SM_NUM_ZERO: case SM_NUM_INT: case SM_NUM_DOT: case SM_NUM_FRAC:
+  case SM_NUM_E: case SM_NUM_ESIGN: case SM_NUM_EXP: {
+    uint8_t k = (uint8_t)(l->mode - SM_NUM_MINUS);
+    int r = num_step(&k, c, l->aux);
+    if (r < 0) return -1;
+    if (r == 0) {
+      l->mode = (uint8_t)(SM_NUM_MINUS + k);
       return 0;
     }
-    /* fall through */
-  case SM_NUM_FRAC:
-    if (c >= '0' && c <= '9') return 0;
-    if (c == 'e' || c == 'E') {
-      if (l->aux) return -1;
-      l->mode = SM_NUM_E;
-      return 0;
-    }
-    ss_done(t);
+    ss_done(t); /* the number ended: c is read after it (nothing may follow the root) */
     if (l->mode != SM_AFTER) return -1;
     goto after;
-  case SM_NUM_DOT:
-    if (c < '0' || c > '9') return -1;
-    l->mode = SM_NUM_FRAC;
-    return 0;
-  case SM_NUM_E:
-    if (c == '+' || c == '-') {
-      l->mode = SM_NUM_ESIGN;
-      return 0;
-    }
-    /* fall through */
-  case SM_NUM_ESIGN:
-    if (c < '0' || c > '9') return -1;
-    l->mode = SM_NUM_EXP;
-    return 0;
-  case SM_NUM_EXP:
-    if (c >= '0' && c <= '9') return 0;
-    ss_done(t);
-    if (l->mode != SM_AFTER) return -1;
-    goto after;
-  case SM_LIT:
-    if (c != (unsigned char)js_lits[l->aux]) return -1;
-    if (js_lits[++l->aux] == 0) ss_done(t);
-    return 0;
+  }
+  case SM_LIT: {
+    int r = lit_step(&l->aux, c);
+    if (r > 0) ss_done(t);
+    return r < 0 ? -1 : 0;
+  }
   default: return -1; /* SM_DONE */
   }
 }

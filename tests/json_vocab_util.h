@@ -2,8 +2,10 @@
  * test vocabulary (token bytes, special flags, eos ids) and its json_vocab; the brute-force
  * reference mask (every content token tried on a copy of a recognizer fed the text so far; the
  * recognizer is the test's); a mask's verdicts read back from json_mask_apply and compared with
- * the reference on every id; the random walks' generator; and the real Qwen3 vocabulary, when
- * node_modules has it, with the time of json_mask_apply. The checks are test.h's. */
+ * the reference on every id, and json_mask_prepare + apply compared with apply alone (the same
+ * logits, byte for byte); the random walks' generator; and the real Qwen3 vocabulary, when
+ * node_modules has it, with the times of json_mask_apply, json_mask_prepare and a prepared
+ * apply. The checks are test.h's. */
 #ifndef DS_TEST_JSON_VOCAB_UTIL_H
 #define DS_TEST_JSON_VOCAB_UTIL_H
 #include <math.h>
@@ -87,12 +89,58 @@ static int mask_allowed_ids(const json_mask *m, int n_logits, float *logits,
   return k;
 }
 
+/* the random walks' (and prep_compare's) generator */
+static uint64_t rng_next(uint64_t *x) {
+  *x = *x * 6364136223846793005ULL + 1442695040888963407ULL;
+  return *x >> 33;
+}
+
+/* json_mask_prepare then json_mask_apply against json_mask_apply alone (m not prepared for that
+ * width: it computes), on the same random finite logits, for n_logits ids, for more than both
+ * n_logits and the vocabulary's n_vocab, for n_vocab, and for fewer: the two arrays must be the
+ * same bytes. m is left prepared for n_logits (so the caller's next apply in this state, and its
+ * first after the state changes, read the prepared set). Returns the number of widths that
+ * differed, the first described in why. */
+static int prep_compare(json_mask *m, int n_vocab, int n_logits, char *why, size_t whylen) {
+  static uint64_t x = 77;
+  int big = (n_logits > n_vocab ? n_logits : n_vocab) + 37;
+  const int widths[] = {big, n_vocab, n_logits / 2 + 1, 5, 1, n_logits};
+  float *a = malloc((size_t)big * sizeof *a), *b = malloc((size_t)big * sizeof *b);
+  int bad = 0, prev = -1;
+  if (!a || !b) {
+    snprintf(why, whylen, "out of memory");
+    bad = 1;
+  }
+  for (size_t w = 0; w < sizeof widths / sizeof *widths && !bad; w++) {
+    int k = widths[w];
+    if (k <= 0 || k == prev) continue;
+    prev = k; /* m is prepared for prev (or nothing): not for k */
+    for (int i = 0; i < k; i++) a[i] = (float)((int)(rng_next(&x) % 4001) - 2000) * 0.01f;
+    memcpy(b, a, (size_t)k * sizeof *a);
+    json_mask_apply(m, a, k);
+    json_mask_prepare(m, k);
+    json_mask_apply(m, b, k);
+    if (memcmp(a, b, (size_t)k * sizeof *a)) {
+      int i = 0;
+      while (memcmp(&a[i], &b[i], sizeof *a)) i++;
+      snprintf(why, whylen, "%d logits: id %d is %g prepared, %g computed", k, i, (double)b[i],
+               (double)a[i]);
+      bad++;
+    }
+  }
+  free(a);
+  free(b);
+  return bad;
+}
+
 /* Compares the mask with the reference's verdicts want[n_logits] (NULL: it ran out of memory)
- * and completeness on every id; returns the number of disagreements and describes the first in
- * why, with at most `show` bytes of the text so far: its last ones (tail), else its first. */
-static int tv_compare(const tvocab *tv, const json_mask *m, const unsigned char *want,
-                      int complete, const char *text, size_t len, size_t show, int tail,
-                      int n_logits, char *why, size_t whylen) {
+ * and completeness on every id (apply as the mask stands: prepared or not), then prepare +
+ * apply with apply alone (prep_compare: m is left prepared for n_logits); returns the number of
+ * disagreements and describes the first in why, with at most `show` bytes of the text so far:
+ * its last ones (tail), else its first. */
+static int tv_compare(const tvocab *tv, json_mask *m, const unsigned char *want, int complete,
+                      const char *text, size_t len, size_t show, int tail, int n_logits,
+                      char *why, size_t whylen) {
   float *logits = malloc((size_t)n_logits * sizeof *logits);
   unsigned char *got = malloc((size_t)n_logits);
   int bad = 0;
@@ -116,17 +164,11 @@ static int tv_compare(const tvocab *tv, const json_mask *m, const unsigned char 
                    want[i]);
         bad++;
       }
+    if (!bad) bad += prep_compare(m, tv->n, n_logits, why, whylen);
   }
   free(logits);
   free(got);
   return bad;
-}
-
-/* ---- random walks ----------------------------------------------------------------------- */
-
-static uint64_t rng_next(uint64_t *x) {
-  *x = *x * 6364136223846793005ULL + 1442695040888963407ULL;
-  return *x >> 33;
 }
 
 /* ---- the real vocabulary ---------------------------------------------------------------- */
@@ -137,16 +179,27 @@ static double now_s(void) {
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-/* json_mask_apply's time on m in ms per call (repeated for 0.2 s, 2000 calls at most) */
-static double apply_ms(const json_mask *m, float *logits, int n_logits) {
+/* the time in ms per call of json_mask_apply on m, or (prep) of json_mask_prepare (repeated for
+ * 0.2 s, 2000 calls at most) */
+static double call_ms(json_mask *m, float *logits, int n_logits, int prep) {
   int reps = 0;
   double t1 = now_s(), t2;
   do {
-    json_mask_apply(m, logits, n_logits);
+    if (prep) json_mask_prepare(m, n_logits);
+    else json_mask_apply(m, logits, n_logits);
     reps++;
     t2 = now_s();
   } while (t2 - t1 < 0.2 && reps < 2000);
   return (t2 - t1) * 1e3 / reps;
+}
+
+/* times on m in ms per call: ms[0] json_mask_apply without a prepared set, ms[1]
+ * json_mask_prepare, ms[2] json_mask_apply with it (m is left prepared for n_logits) */
+static void apply_times(json_mask *m, float *logits, int n_logits, double ms[3]) {
+  json_mask_prepare(m, 0); /* drops what was prepared */
+  ms[0] = call_ms(m, logits, n_logits, 0);
+  ms[1] = call_ms(m, logits, n_logits, 1);
+  ms[2] = call_ms(m, logits, n_logits, 0);
 }
 
 /* The real Qwen3 vocabulary: the tokenizer, its bytes as a tvocab of n_logits ids (the model's

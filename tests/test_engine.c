@@ -73,6 +73,11 @@ static void sp_greedy(sampling_params *sp) {
   sp->ignore_eos = 1;
 }
 
+/* run_set's response_format: each request under a JSON mask over this vocabulary (NULL: none),
+ * following this schema when set (compiled once per request: the engine takes it) */
+static const json_vocab *RUN_JSON;
+static const char *RUN_SCHEMA;
+
 /* runs requests idx[0..n) concurrently; returns the number that finished without error */
 static int run_set(rig *g, const int *idx, int n, out *res, const sampling_params *spo) {
   engine_req *h[NREQ];
@@ -88,6 +93,13 @@ static int run_set(rig *g, const int *idx, int n, out *res, const sampling_param
     if (spo) so.sp = *spo; else sp_greedy(&so.sp);
     so.on_logits = out_logits;
     so.user = &res[i];
+    so.json = RUN_JSON;
+    if (RUN_SCHEMA) {
+      json_t *js = json_loads(RUN_SCHEMA, 0, NULL);
+      so.schema = js ? json_schema_compile(js, NULL, 0) : NULL;
+      json_decref(js);
+      CHECK(so.schema != NULL);
+    }
     engine_status st;
     char err[200];
     h[k] = engine_submit(g->e, &so, &st, err, sizeof err);
@@ -362,6 +374,82 @@ TEST(sampler_threads_same_tokens) {
   else unsetenv("DS_SAMPLER_THREADS");
 }
 
+/* response_format masks: 16 seeded requests (temperature 1) under the JSON-object mask, and
+ * under a schema, over a small synthetic vocabulary (id i -> one of 24 JSON-ish byte strings;
+ * the model's eos an end token) give the same tokens whether the sampler threads prepare the
+ * masks while the forward runs (DS_ENGINE_MASK_OVERLAP=1) or each is computed as its row is
+ * sampled (=0); and every output is a prefix of a JSON object (of one the schema accepts). */
+TEST(json_mask_overlap_same_tokens) {
+  static const char *piece[24] = {"{", "}", "\"", "\"a\"", ":", ",", " ", "1", "-", ".", "e",
+                                  "true", "[", "]", "null", "{\"", "\"}", "\":", "x", "0",
+                                  "\n", "\"b\":", "false", "7}"};
+  const char *bytes[512];
+  size_t lens[512];
+  REQUIRE(V <= 512);
+  for (size_t i = 0; i < V; i++) {
+    bytes[i] = piece[i % 24];
+    lens[i] = strlen(bytes[i]);
+  }
+  int32_t eos = C.eos_token_ids[0];
+  json_vocab *jv = json_vocab_new((int)V, bytes, lens, NULL, &eos, 1);
+  REQUIRE(jv != NULL);
+  const char *saved[2] = {getenv("DS_SAMPLER_THREADS"), getenv("DS_ENGINE_MASK_OVERLAP")};
+  char keep[2][32] = {"", ""};
+  for (int k = 0; k < 2; k++)
+    if (saved[k]) snprintf(keep[k], sizeof keep[k], "%s", saved[k]);
+  setenv("DS_SAMPLER_THREADS", "4", 1);
+  int all[NREQ];
+  for (int i = 0; i < NREQ; i++) all[i] = i;
+  sampling_params sp;
+  sp_greedy(&sp);
+  sp.temperature = 1.0f;
+  sp.ignore_eos = 0;
+  sp.seed = 4242;
+  sp.has_seed = 1;
+  RUN_JSON = jv;
+  for (int mode = 0; mode < 2; mode++) {
+    RUN_SCHEMA = mode ? "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"array\","
+                        "\"items\":{\"type\":\"integer\"}},\"b\":{\"enum\":[true,null]}},"
+                        "\"required\":[\"b\"],\"additionalProperties\":false}"
+                      : NULL;
+    json_t *sj = RUN_SCHEMA ? json_loads(RUN_SCHEMA, 0, NULL) : NULL;
+    json_schema *sc = sj ? json_schema_compile(sj, NULL, 0) : NULL;
+    json_decref(sj);
+    REQUIRE(!RUN_SCHEMA || sc);
+    for (int ov = 0; ov < 2; ov++) {
+      rig g;
+      setenv("DS_ENGINE_MASK_OVERLAP", ov ? "1" : "0", 1);
+      REQUIRE(te_up(&g, 8192, 0, 16) == 0);
+      EXPECT_EQ_INT(run_set(&g, all, NREQ, ov ? GOT : REF, &sp), NREQ);
+      EXPECT(rig_down(&g));
+    }
+    int open = 0;
+    for (int i = 0; i < NREQ; i++) {
+      EXPECT_MSG(REF[i].n == GOT[i].n && !memcmp(REF[i].tok, GOT[i].tok, sizeof(int32_t) * GOT[i].n),
+                 "mode %d: request %d's tokens differ with the masks prepared during the forward",
+                 mode, i);
+      json_mask *m = sc ? json_mask_new_schema(jv, sc) : json_mask_new(jv);
+      REQUIRE(m != NULL);
+      for (int k = 0; k < GOT[i].n && GOT[i].tok[k] != eos; k++) {
+        json_mask_advance(m, GOT[i].tok[k]);
+        open |= GOT[i].tok[k] % 24 == 0 || GOT[i].tok[k] % 24 == 15;
+      }
+      EXPECT_MSG(!json_mask_dead(m), "mode %d: request %d's output left the grammar", mode, i);
+      json_mask_free(m);
+    }
+    EXPECT_MSG(open, "mode %d: no output opened an object", mode);
+    json_schema_free(sc);
+  }
+  RUN_JSON = NULL;
+  RUN_SCHEMA = NULL;
+  json_vocab_free(jv);
+  for (int k = 0; k < 2; k++) {
+    const char *name = k ? "DS_ENGINE_MASK_OVERLAP" : "DS_SAMPLER_THREADS";
+    if (saved[k]) setenv(name, keep[k], 1);
+    else unsetenv(name);
+  }
+}
+
 TEST(reject_vs_wait) {
   rig g;
   REQUIRE(te_up(&g, 8192, 16 * 14, 4) == 0);
@@ -505,6 +593,7 @@ int main(void) {
   RUN(invariance_cache_preempted_budget_37);
   RUN(seeded_sampling_batched);
   RUN(sampler_threads_same_tokens);
+  RUN(json_mask_overlap_same_tokens);
   RUN(reject_vs_wait);
   RUN(cancel_from_another_thread);
   RUN(fault_every_site);

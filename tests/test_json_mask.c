@@ -3,10 +3,13 @@
  * the expected byte), the same texts split into pieces, the token mask against a brute-force
  * reference (every token tried by feeding a fresh recognizer the prefix and the token) on a
  * small hand-made vocabulary, random walks over a random vocabulary, and the real Qwen3
- * vocabulary when node_modules has it (checks, and the time of json_mask_apply, printed). The
+ * vocabulary when node_modules has it (checks, and the times of json_mask_apply, of
+ * json_mask_prepare and of an apply after it, printed). Wherever the mask is compared with the
+ * reference, json_mask_prepare + apply is compared with apply alone too (the same logits). The
  * helpers shared with test_json_schema (test vocabularies, the reference's rules, the real
  * vocabulary) are in json_vocab_util.h. */
 #include <math.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -305,9 +308,10 @@ static int reference(const tvocab *tv, const char *text, size_t len, int dead, i
   return tv_reference(tv, try_free, &base, ok, complete, dead, n_logits, allowed);
 }
 
-/* compares the mask with the reference on every id; returns the number of disagreements and
- * describes the first in why (with the text's first 80 bytes) */
-static int compare(const tvocab *tv, const json_mask *m, const char *text, size_t len, int dead,
+/* compares the mask with the reference on every id, and prepare + apply with apply alone (m is
+ * left prepared for n_logits); returns the number of disagreements and describes the first in
+ * why (with the text's first 80 bytes) */
+static int compare(const tvocab *tv, json_mask *m, const char *text, size_t len, int dead,
                    int n_logits, char *why, size_t whylen) {
   unsigned char *want = malloc((size_t)n_logits);
   int complete = want ? reference(tv, text, len, dead, n_logits, want) : 0;
@@ -383,6 +387,11 @@ static void advance_all(json_mask *m, const tvocab *tv, const int *ids, int n, c
       *len += tv->lens[ids[i]];
     }
   }
+}
+
+static void *prepare_small(void *m) {
+  json_mask_prepare(m, N_SMALL);
+  return NULL;
 }
 
 TEST(mask_small_vocab) {
@@ -519,6 +528,47 @@ TEST(mask_small_vocab) {
     EXPECT_MSG(narrow[i] == (i == T_QA_Q ? -INFINITY : 1.0f), "narrow logits: id %d", i);
   free(narrow);
   json_mask_apply(m, lg, 0); /* nothing to do */
+  json_mask_prepare(m, 0);
+  json_mask_apply(m, lg, 0);
+  json_mask_free(m);
+
+  /* a prepared set is dropped by advance, feed and json_mask_copy (into dst): the next apply
+   * follows the new state */
+  m = json_mask_new(v);
+  json_mask *c = json_mask_new(v);
+  REQUIRE(m && c);
+  json_mask_prepare(m, N_SMALL);
+  ng = allowed_ids(m, N_SMALL, got);
+  EXPECT_MSG(same_set(got, ng, want_start, 5), "prepared at the start: %d allowed", ng);
+  json_mask_advance(m, T_LBRACE);
+  ng = allowed_ids(m, N_SMALL, got);
+  EXPECT_MSG(same_set(got, ng, want_obj, 11), "prepared, then advanced over {: %d allowed", ng);
+  json_mask_prepare(m, N_SMALL);
+  EXPECT(json_mask_feed(m, "\"a\":", 4) == 0);
+  memcpy(text, "{\"a\":", 5);
+  len = 5;
+  if (compare(&tv, m, text, len, 0, N_SMALL, why, sizeof why))
+    EXPECT_MSG(0, "prepared, then fed: %.300s", why);
+  json_mask_prepare(c, N_SMALL); /* c prepared at the start */
+  json_mask_copy(c, m);          /* m is prepared after {"a": (compare) */
+  json_mask_advance(m, T_1);
+  ng = allowed_ids(c, N_SMALL, got);
+  int got_m[64];
+  json_mask *fresh = json_mask_new(v);
+  REQUIRE(fresh);
+  EXPECT(json_mask_feed(fresh, "{\"a\":", 5) == 0);
+  int nf = allowed_ids(fresh, N_SMALL, got_m);
+  EXPECT_MSG(same_set(got, ng, got_m, nf), "copied over a prepared mask: %d allowed, %d", ng, nf);
+  if (compare(&tv, c, text, len, 0, N_SMALL, why, sizeof why))
+    EXPECT_MSG(0, "copied: %.300s", why);
+  /* prepared on another thread, applied on this one after the join */
+  pthread_t th;
+  REQUIRE(pthread_create(&th, NULL, prepare_small, fresh) == 0);
+  REQUIRE(pthread_join(th, NULL) == 0);
+  int nt = allowed_ids(fresh, N_SMALL, got_m);
+  EXPECT_MSG(same_set(got, ng, got_m, nt), "prepared on a thread: %d allowed, %d", nt, ng);
+  json_mask_free(fresh);
+  json_mask_free(c);
   json_mask_free(m);
   json_vocab_free(v);
 
@@ -533,6 +583,7 @@ TEST(mask_small_vocab) {
   ng = allowed_ids(m, 5, got);
   int want_few[] = {2};
   EXPECT_MSG(same_set(got, ng, want_few, 1), "no content token: %d allowed", ng);
+  EXPECT_MSG(!prep_compare(m, 3, 5, why, sizeof why), "no content token: %.300s", why);
   json_mask_free(m);
   json_vocab_free(v);
 
@@ -557,6 +608,7 @@ TEST(mask_small_vocab) {
     int want_long[] = {0, 2, 1};
     EXPECT_MSG(same_set(got, ng, want_long, variant ? 2 : 3), "long token %d: %d allowed",
                variant, ng);
+    EXPECT_MSG(!prep_compare(m, 4, 4, why, sizeof why), "long token %d: %.300s", variant, why);
     json_mask_advance(m, 1);
     EXPECT(json_mask_dead(m) == variant);
     json_mask_free(m);
@@ -571,6 +623,7 @@ TEST(mask_small_vocab) {
   REQUIRE(m);
   ng = allowed_ids(m, 3, got);
   EXPECT_EQ_INT(ng, 0);
+  EXPECT_MSG(!prep_compare(m, 0, 3, why, sizeof why), "empty vocabulary: %.300s", why);
   json_mask_advance(m, 0);
   EXPECT(json_mask_dead(m));
   json_mask_free(m);
@@ -792,9 +845,12 @@ TEST(mask_real_vocab) {
       EXPECT(json_mask_complete(m));
       EXPECT_MSG(n_ok == 2 && ok[im_end] && ok[eot], "complete: %d allowed", n_ok);
     }
-    /* time it */
-    printf("  json_mask_apply after %-22s %6.3f ms/call (%d allowed)\n",
-           s == 0 ? "(nothing)" : states[s], apply_ms(m, logits, n_logits), n_ok);
+    /* time it: apply alone, prepare, apply after prepare */
+    double ms[3];
+    apply_times(m, logits, n_logits, ms);
+    printf("  json_mask_apply after %-22s %6.3f ms/call (%6d allowed); prepare %6.3f, "
+           "prepared apply %6.3f\n",
+           s == 0 ? "(nothing)" : states[s], ms[0], n_ok, ms[1], ms[2]);
     json_mask_free(m);
   }
   json_vocab_free(v);

@@ -5,8 +5,10 @@
  * brute-force reference (every token tried on a copy of a mask fed the text so far) on
  * synthetic vocabularies over random walks, every completed walk parsed by jansson and checked
  * by a small validator written here (independent of the recognizer); and the real Qwen3
- * vocabulary when node_modules has it (checks in the states of a realistic schema, and the time
- * of json_mask_apply, printed).
+ * vocabulary when node_modules has it (checks in the states of a realistic schema, and the times
+ * of json_mask_apply, of json_mask_prepare and of an apply after it, printed). Wherever the mask
+ * is compared with the reference, json_mask_prepare + apply is compared with apply alone too
+ * (the same logits).
  *
  * Schemas and texts are written with ' for " (q() swaps them back). In texts, '|' marks the byte
  * that must be rejected. The helpers shared with test_json_mask (test vocabularies, the
@@ -637,8 +639,13 @@ TEST(mask_api) {
   REQUIRE(sc);
   json_mask *m = json_mask_new_schema(v, sc), *c = json_mask_new_schema(v, sc);
   REQUIRE(m && c);
+  json_mask_prepare(m, 2);
+  json_mask_prepare(c, 2); /* dropped by the feed and the copy below */
   EXPECT(json_mask_feed(m, "{\"a\"", 4) == 0);
   json_mask_copy(c, m);
+  float lg[2] = {1.0f, 2.0f};
+  json_mask_apply(c, lg, 2); /* after a key: not '{' (c's prepared set allowed it), so only eos */
+  EXPECT(isinf(lg[0]) && lg[1] == 2.0f);
   EXPECT(json_mask_feed(c, ":null}", 6) == 0 && json_mask_complete(c));
   EXPECT(!json_mask_complete(m) && json_mask_feed(m, ":1", 2) == -1 && json_mask_dead(m));
   EXPECT(json_mask_feed(c, "", 0) == 0);
@@ -819,11 +826,11 @@ static int reference(const tvocab *tv, const json_vocab *v, const json_schema *s
   return complete;
 }
 
-/* mask vs reference on every id; returns the number of disagreements, the first in why (with
- * the text's last 120 bytes) */
-static int compare(const tvocab *tv, const json_vocab *v, const json_schema *sc,
-                   const json_mask *m, const char *text, size_t len, int n_logits, char *why,
-                   size_t whylen) {
+/* mask vs reference on every id, and prepare + apply vs apply alone (m is left prepared for
+ * n_logits); returns the number of disagreements, the first in why (with the text's last 120
+ * bytes) */
+static int compare(const tvocab *tv, const json_vocab *v, const json_schema *sc, json_mask *m,
+                   const char *text, size_t len, int n_logits, char *why, size_t whylen) {
   unsigned char *want = malloc((size_t)n_logits);
   int complete = want ? reference(tv, v, sc, text, len, json_mask_dead(m), n_logits, want) : 0;
   int bad = tv_compare(tv, m, want, complete, text, len, 120, 1, n_logits, why, whylen);
@@ -1059,8 +1066,10 @@ TEST(mask_small_cases) {
   REQUIRE(m);
   float lg[16];
   unsigned char ok[16];
+  char why[256];
   mask_allowed(m, 16, lg, ok);
   EXPECT(ok[0] && ok[8] && ok[9] && !ok[4] && !ok[5] && !ok[10] && !ok[11] && !ok[15]);
+  EXPECT_MSG(!prep_compare(m, 11, 16, why, sizeof why), "start: %s", why);
   json_mask_advance(m, 0);
   mask_allowed(m, 16, lg, ok);
   EXPECT(ok[1] && !ok[6] && !ok[3] && !ok[4] && !ok[5]);
@@ -1069,16 +1078,19 @@ TEST(mask_small_cases) {
   json_mask_advance(m, 3);
   mask_allowed(m, 16, lg, ok);
   EXPECT(ok[3] && ok[4] && ok[8] && !ok[2] && !ok[5] && !ok[6]);
-  json_mask_advance(m, 4);
+  EXPECT_MSG(!prep_compare(m, 11, 16, why, sizeof why), "in a number: %s", why);
+  json_mask_advance(m, 4); /* the set prepared in the number is dropped */
   EXPECT(json_mask_complete(m));
   mask_allowed(m, 16, lg, ok);
   for (int i = 0; i < 16; i++) EXPECT_MSG(ok[i] == (i == 5), "complete: id %d", i);
+  EXPECT_MSG(!prep_compare(m, 11, 16, why, sizeof why), "complete: %s", why);
   json_mask_advance(m, 5);
   EXPECT(json_mask_complete(m) && !json_mask_dead(m));
   json_mask_advance(m, 8);
   EXPECT(json_mask_dead(m) && !json_mask_complete(m));
   mask_allowed(m, 16, lg, ok);
   for (int i = 0; i < 16; i++) EXPECT_MSG(ok[i] == (i == 5), "dead: id %d", i);
+  EXPECT_MSG(!prep_compare(m, 11, 16, why, sizeof why), "dead: %s", why);
   json_mask_free(m);
   /* an early eos, a special, an empty token, an out-of-range id: dead */
   const int killers[] = {5, 10, -1, 11, 1 << 30, 4};
@@ -1111,6 +1123,7 @@ TEST(mask_small_cases) {
   REQUIRE(m);
   mask_allowed(m, 2, lg, ok);
   EXPECT(!ok[0] && ok[1]);
+  EXPECT_MSG(!prep_compare(m, 2, 2, why, sizeof why), "nothing usable: %s", why);
   json_mask_free(m);
   json_vocab_free(v2);
   json_schema_free(sc);
@@ -1199,8 +1212,11 @@ TEST(mask_real_vocab) {
     for (int i = 0; i < n_logits; i++) n_ok += ok[i];
     if (!strcmp(states[s].label, "complete"))
       EXPECT_MSG(json_mask_complete(m) && n_ok == 1 && ok[im_end], "end");
-    printf("  json_mask_apply (schema) %-26s %6.3f ms/call (%d allowed)\n", states[s].label,
-           apply_ms(m, logits, n_logits), n_ok);
+    double ms[3]; /* apply alone, prepare, apply after prepare */
+    apply_times(m, logits, n_logits, ms);
+    printf("  json_mask_apply (schema) %-29s %6.3f ms/call (%6d allowed); prepare %6.3f, "
+           "prepared apply %6.3f\n",
+           states[s].label, ms[0], n_ok, ms[1], ms[2]);
     json_mask_free(m);
   }
 out:

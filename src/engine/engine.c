@@ -29,7 +29,11 @@
  * for any thread count. The logits callbacks run on the engine thread first, in row order;
  * the tokens are then pushed in row order, as before. A request with response_format
  * json_object or json_schema has its row masked (json_mask_apply) by the thread that samples it,
- * and its recognizer advanced by the engine thread when the token is pushed.
+ * and its recognizer advanced by the engine thread when the token is pushed. On a device
+ * backend the sampler threads prepare those masks (json_mask_prepare: the allowed set depends
+ * only on the tokens so far) while the engine thread waits for the forward, so that applying
+ * one after it costs a copy (DS_ENGINE_MASK_OVERLAP=0: computed when sampling, for timings; =1:
+ * prepared on a CPU backend too, whose forward then shares the cores).
  *
  * Prefix cache (when enabled): created over the same page pool and state pool (the snapshot
  * slabs are the slots past max_num_seqs), its copies wired to qwen35's page and slot
@@ -344,6 +348,10 @@ struct engine_pool {
   engine_job *jobs;
   int n_jobs, n_vocab;
   atomic_int next;
+  /* the other kind of work: JSON masks to prepare (json_mask_prepare) while the forward runs */
+  int prep_mode; /* the current round is mask preparation (set with gen, under mu) */
+  json_mask **prep;
+  int n_prep;
 };
 
 static void engine_pool_run(engine_pool *p, sampler_scratch *w) {
@@ -355,6 +363,14 @@ static void engine_pool_run(engine_pool *p, sampler_scratch *w) {
     if (jb->jm) json_mask_apply(jb->jm, jb->lg, p->n_vocab);
     jb->t = sampler_sample(&r->smp, jb->lg, p->n_vocab, r->tokens, r->n_prompt,
                            r->tokens + r->n_prompt, request_n_output(r), w, &jb->res);
+  }
+}
+
+static void engine_pool_run_prep(engine_pool *p) {
+  for (;;) {
+    int j = atomic_fetch_add(&p->next, 1);
+    if (j >= p->n_prep) return;
+    json_mask_prepare(p->prep[j], p->n_vocab);
   }
 }
 
@@ -370,8 +386,10 @@ static void *engine_pool_main(void *arg) {
       return NULL;
     }
     seen = p->gen;
+    int prep = p->prep_mode;
     pthread_mutex_unlock(&p->mu);
-    engine_pool_run(p, &wk->scratch);
+    if (prep) engine_pool_run_prep(p);
+    else engine_pool_run(p, &wk->scratch);
     pthread_mutex_lock(&p->mu);
     if (--p->n_active == 0) pthread_cond_signal(&p->done);
     pthread_mutex_unlock(&p->mu);
@@ -410,6 +428,7 @@ static void engine_pool_free(engine_pool *p) {
   }
   free(p->w);
   free(p->jobs);
+  free(p->prep);
   memset(p, 0, sizeof *p);
 }
 
@@ -418,7 +437,8 @@ static int engine_pool_init(engine_pool *p, int n, int n_vocab, int max_rows) {
   memset(p, 0, sizeof *p);
   p->n_vocab = n_vocab;
   p->jobs = calloc((size_t)max_rows, sizeof *p->jobs);
-  if (!p->jobs) return -1;
+  p->prep = calloc((size_t)max_rows, sizeof *p->prep);
+  if (!p->jobs || !p->prep) return -1;
   if (n <= 0) return 0;
   p->w = calloc((size_t)n, sizeof *p->w);
   if (!p->w) return -1;
@@ -436,6 +456,23 @@ static int engine_pool_init(engine_pool *p, int n, int n_vocab, int max_rows) {
   return 0;
 }
 
+/* Wakes the workers for one round of sampling (prep 0) or mask preparation (prep 1). */
+static void engine_pool_go(engine_pool *p, int prep) {
+  pthread_mutex_lock(&p->mu);
+  p->prep_mode = prep;
+  p->gen++;
+  p->n_active = p->n;
+  pthread_cond_broadcast(&p->go);
+  pthread_mutex_unlock(&p->mu);
+}
+
+/* Returns when every worker is done with the current round. */
+static void engine_pool_wait(engine_pool *p) {
+  pthread_mutex_lock(&p->mu);
+  while (p->n_active > 0) pthread_cond_wait(&p->done, &p->mu);
+  pthread_mutex_unlock(&p->mu);
+}
+
 /* Samples jobs[0..n_jobs) on the pool and the calling thread (scratch w); returns when all
  * are done. Inline when the pool is empty or there is one row. */
 static void engine_pool_sample(engine_pool *p, int n_jobs, sampler_scratch *w) {
@@ -445,15 +482,27 @@ static void engine_pool_sample(engine_pool *p, int n_jobs, sampler_scratch *w) {
     engine_pool_run(p, w);
     return;
   }
-  pthread_mutex_lock(&p->mu);
-  p->gen++;
-  p->n_active = p->n;
-  pthread_cond_broadcast(&p->go);
-  pthread_mutex_unlock(&p->mu);
+  engine_pool_go(p, 0);
   engine_pool_run(p, w);
-  pthread_mutex_lock(&p->mu);
-  while (p->n_active > 0) pthread_cond_wait(&p->done, &p->mu);
-  pthread_mutex_unlock(&p->mu);
+  engine_pool_wait(p);
+}
+
+/* Mask preparation while the forward runs: engine_pool_prep_start hands prep[0..n_prep) to the
+ * workers and returns at once; engine_pool_prep_finish (after the forward) takes what is left
+ * on the calling thread and returns when every mask is prepared. Nothing is started without
+ * workers: then json_mask_apply computes each mask as it samples, as before. Between the two
+ * calls nothing else may touch the masks (the engine thread is in the forward). */
+static void engine_pool_prep_start(engine_pool *p) {
+  atomic_store(&p->next, 0);
+  if (p->n == 0 || p->n_prep == 0) return;
+  engine_pool_go(p, 1);
+}
+
+static void engine_pool_prep_finish(engine_pool *p) {
+  if (p->n == 0 || p->n_prep == 0) return;
+  engine_pool_run_prep(p);
+  engine_pool_wait(p);
+  p->n_prep = 0;
 }
 
 /* ---- handles and their output channels --------------------------------------------------- */
@@ -500,6 +549,7 @@ struct engine {
   float *logits;  /* [max_num_seqs, n_vocab] (qwen35_host_alloc) */
   int32_t *ids;   /* [max_num_seqs] the greedy steps' tokens */
   int device_greedy; /* the model's backend has argmax and DS_ENGINE_HOST_SAMPLE is unset */
+  int mask_overlap;  /* JSON masks prepared during the forward (DS_ENGINE_MASK_OVERLAP) */
   int profile;       /* DS_ENGINE_PROFILE */
   int trace;         /* DS_ENGINE_TRACE: one log line per step (who computes what) */
   long long steps;   /* forward steps run */
@@ -744,10 +794,20 @@ static int engine_step(engine *e) {
     if (r->sched_sample && (h->on_logits || h->jm || !sampler_is_plain_greedy(&r->smp.p)))
       greedy = 0;
   }
+  /* the rows' JSON masks are prepared by the sampler threads while the device computes */
+  e->pool.n_prep = 0;
+  if (e->mask_overlap && !greedy)
+    for (int i = 0; i < b.n; i++) {
+      request *r = b.reqs[i];
+      engine_req *h = r->owner;
+      if (r->sched_sample && h->jm) e->pool.prep[e->pool.n_prep++] = h->jm;
+    }
+  engine_pool_prep_start(&e->pool);
   double t1 = e->profile ? engine_now() : 0;
   char err[160];
   int frc = greedy ? qwen35_forward_greedy(e->m, e->seqs, b.n, e->ids, err, sizeof err)
                    : qwen35_forward(e->m, e->seqs, b.n, e->logits, err, sizeof err);
+  engine_pool_prep_finish(&e->pool);
   double t2 = e->profile ? engine_now() : 0;
   if (e->profile) {
     e->prof[0] += t1 - t0;
@@ -1003,6 +1063,11 @@ engine *engine_create(qwen35 *model, const engine_opts *o, char *err, size_t err
   e->logits = qwen35_host_alloc(model, (size_t)n_seq * (size_t)e->n_vocab * sizeof *e->logits);
   e->ids = calloc((size_t)n_seq, sizeof *e->ids);
   e->device_greedy = qwen35_has_argmax(model) && !engine_env_on("DS_ENGINE_HOST_SAMPLE");
+  {
+    /* unset: on device backends (a CPU forward needs the cores); "0": off; else on */
+    const char *mo = getenv("DS_ENGINE_MASK_OVERLAP");
+    e->mask_overlap = mo && *mo ? strcmp(mo, "0") != 0 : qwen35_on_device(model);
+  }
   e->profile = engine_env_on("DS_ENGINE_PROFILE");
   e->trace = engine_env_on("DS_ENGINE_TRACE");
   if (!e->seqs || !e->logits || !e->ids || kv_pages_init(&e->kp, mo.n_pages) ||

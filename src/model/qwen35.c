@@ -475,6 +475,8 @@ int qwen35_forward(qwen35 *m, const fwd_seq *seqs, int n_seqs, float *logits, ch
 
 int qwen35_has_argmax(const qwen35 *m) { return m->be->argmax != NULL; }
 
+int qwen35_on_device(const qwen35 *m) { return m->be->mem_info != NULL; }
+
 int qwen35_forward_greedy(qwen35 *m, const fwd_seq *seqs, int n_seqs, int32_t *ids, char *err,
                           size_t errlen) {
   backend *be = m->be;

@@ -83,6 +83,9 @@ size_t qwen35_weight_bytes(const qwen35 *m);
  * (the token the sampler's greedy path picks). Returns 0, or -1 with err (backend failure, or
  * no argmax op). */
 int qwen35_has_argmax(const qwen35 *m);
+/* 1 when the model runs on a device backend (one with device memory: its forward leaves the
+ * host's cores free for other work while it runs). */
+int qwen35_on_device(const qwen35 *m);
 int qwen35_forward_greedy(qwen35 *m, const fwd_seq *seqs, int n_seqs, int32_t *ids, char *err,
                           size_t errlen);
 

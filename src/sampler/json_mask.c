@@ -1009,12 +1009,17 @@ struct json_mask {
   ss_lex sl;
   int depth;
   ss_frame stack[JSON_MASK_MAX_DEPTH];
+  int prep;              /* the n_vocab the allowed set in bits was prepared for; 0: none */
+  int cap;               /* the ids bits has room for (its vocabulary's size when allocated) */
+  uint64_t bits[];       /* [(cap + 63) / 64] json_mask_prepare's set: bit i set, id i allowed */
 };
 
 json_mask *json_mask_new(const json_vocab *v) {
-  json_mask *m = calloc(1, sizeof *m);
+  size_t words = ((size_t)v->n + 63) / 64;
+  json_mask *m = calloc(1, sizeof *m + words * sizeof m->bits[0]);
   if (!m) return NULL;
   m->v = v;
+  m->cap = v->n;
   json_state_init(&m->s);
   return m;
 }
@@ -1035,7 +1040,63 @@ int json_mask_complete(const json_mask *m) {
 }
 int json_mask_dead(const json_mask *m) { return m->dead; }
 
-void json_mask_copy(json_mask *dst, const json_mask *src) { *dst = *src; }
+/* The recognizer's state is copied; dst's prepared set is dropped (not copied: copies are made
+ * per token tried, and the set is 19 KB on a real vocabulary), and dst keeps its own bitset. */
+void json_mask_copy(json_mask *dst, const json_mask *src) {
+  int cap = dst->cap;
+  *dst = *src; /* the flexible array member bits is not part of the assignment */
+  dst->cap = cap;
+  dst->prep = 0;
+}
+
+/* ---- where the verdicts go ------------------------------------------------------------- */
+
+/* The computations below (the sm_* and jm_* kernels, one per kind of state) give every id below
+ * n a verdict, ok (1: allowed, its logit left as it was), and send it to an out: either logits
+ * (an id not ok gets -INFINITY: json_mask_apply without a prepared set) or, to_bits, the mask's
+ * bitset (bit i = ok, built in acc and stored a word at a time: json_mask_prepare). They are
+ * inlined into both callers (jm_compute's), where to_bits is a constant, so that each caller
+ * gets its own loops with nothing to decide per token. */
+#define JM_INLINE static inline __attribute__((always_inline))
+
+typedef struct jm_out {
+  int to_bits;    /* a constant where the kernels are inlined */
+  float *logits;  /* !to_bits */
+  uint64_t *bits; /* to_bits: [(n + 63) / 64] */
+  uint64_t acc;   /* to_bits: the verdicts of the current word so far */
+} jm_out;
+
+/* id i's verdict (ids in ascending order, each once; then out_end). blend (a constant): write
+ * the logit without a branch (verdicts that are not predictable). */
+JM_INLINE void out_put(jm_out *o, int i, int ok, int blend) {
+  if (!o->to_bits) {
+    if (!blend) {
+      if (!ok) o->logits[i] = -INFINITY;
+      return;
+    }
+    uint32_t bits, keep = -(uint32_t)(ok != 0); /* logits[i], or -INFINITY's bits */
+    memcpy(&bits, &o->logits[i], sizeof bits);
+    bits = (bits & keep) | (UINT32_C(0xFF800000) & ~keep);
+    memcpy(&o->logits[i], &bits, sizeof bits);
+    return;
+  }
+  o->acc |= (uint64_t)(ok != 0) << (i & 63);
+  if ((i & 63) == 63) {
+    o->bits[i >> 6] = o->acc;
+    o->acc = 0;
+  }
+}
+
+/* after the verdicts of ids 0..n-1: stores the last partial word */
+JM_INLINE void out_end(jm_out *o, int n) {
+  if (o->to_bits && (n & 63)) o->bits[n >> 6] = o->acc;
+}
+
+/* forbids id i after out_end */
+JM_INLINE void out_forbid(jm_out *o, int i) {
+  if (o->to_bits) o->bits[i >> 6] &= ~((uint64_t)1 << (i & 63));
+  else o->logits[i] = -INFINITY;
+}
 
 /* ---- the schema mask -------------------------------------------------------------------- */
 
@@ -1081,7 +1142,7 @@ static int sm_feed(json_mask *m, const unsigned char *b, size_t n) {
 
 /* The plain in-string state: the precomputed runs and code point counts decide, quotes are
  * walked from after them. */
-static int sm_in_string(const json_mask *m, float *logits, int n) {
+JM_INLINE int sm_in_string(const json_mask *m, jm_out *o, int n) {
   const json_vocab *v = m->v;
   const ss_node *nd = &m->sc->nodes[m->sl.node];
   uint32_t cnt = m->sl.x;
@@ -1097,7 +1158,10 @@ static int sm_in_string(const json_mask *m, float *logits, int n) {
   int n_ok = 0;
   for (int i = 0; i < n; i++) {
     unsigned cls = sv[i].cls;
-    if (cls == SV_EOS) continue;
+    if (cls == SV_EOS) {
+      out_put(o, i, 1, 0);
+      continue;
+    }
     /* the common case (a token that stays in the string) without branches: under a maxLength,
      * which tokens fit is not predictable */
     int ok = (cls == SV_STAY) & (sv[i].ncp <= room);
@@ -1107,14 +1171,8 @@ static int sm_in_string(const json_mask *m, float *logits, int n) {
     else if (cls == SV_WALK)
       ok = sm_walk(m, &t0, v->bytes + v->off[i], v->len[i]);
     n_ok += ok;
-    if (!bounded) {
-      if (!ok) logits[i] = -INFINITY; /* rare: predictable */
-    } else {
-      uint32_t bits, keep = -(uint32_t)(ok != 0); /* logits[i], or -INFINITY's bits */
-      memcpy(&bits, &logits[i], sizeof bits);
-      bits = (bits & keep) | (UINT32_C(0xFF800000) & ~keep);
-      memcpy(&logits[i], &bits, sizeof bits);
-    }
+    if (!bounded) out_put(o, i, ok, 0); /* rarely forbidden: predictable */
+    else out_put(o, i, ok, 1);
   }
   return n_ok;
 }
@@ -1122,7 +1180,7 @@ static int sm_in_string(const json_mask *m, float *logits, int n) {
 /* Inside a string's escape or UTF-8 sequence, or a literal (a key, an enum value) that may take
  * whitespace: the first byte filters, then (when few first bytes pass) the second, and the rest
  * is walked. */
-static int sm_first_byte(const json_mask *m, float *logits, int n) {
+JM_INLINE int sm_first_byte(const json_mask *m, jm_out *o, int n) {
   const json_vocab *v = m->v;
   ss_try t0;
   sm_begin(&t0, m);
@@ -1156,16 +1214,16 @@ static int sm_first_byte(const json_mask *m, float *logits, int n) {
     /* computed without branches: the tokens that pass are few and scattered */
     int pass = two ? (int)((ok1[f][s2 / 64] >> (s2 % 64)) & 1) : ok0[f];
     pass &= t->flags == 0;
-    if (t->flags & TOK_EOS) continue;
-    if (pass && sm_walk(m, &t0, v->bytes + v->off[i], v->len[i])) n_ok++;
-    else logits[i] = -INFINITY;
+    int ok = pass && sm_walk(m, &t0, v->bytes + v->off[i], v->len[i]);
+    n_ok += ok;
+    out_put(o, i, ok || (t->flags & TOK_EOS), 0);
   }
   return n_ok;
 }
 
 /* Elsewhere: the byte after the leading whitespace filters (as jm_outside), the rest is walked.
  * Valid where whitespace is either refused or leads to a mode that keeps taking it. */
-static int sm_outside(const json_mask *m, float *logits, int n) {
+JM_INLINE int sm_outside(const json_mask *m, jm_out *o, int n) {
   const json_vocab *v = m->v;
   uint8_t ok[2][257];
   ss_try t0, s1;
@@ -1181,12 +1239,10 @@ static int sm_outside(const json_mask *m, float *logits, int n) {
   int n_ok = 0;
   for (int i = 0; i < n; i++) {
     const jv_tok *t = &v->tok[i];
-    if (t->flags & TOK_EOS) continue;
-    if (!t->flags && t->lead_ws <= JSON_MASK_MAX_WS && ok[t->lead_ws != 0][t->key] &&
-        sm_walk(m, &t0, v->bytes + v->off[i], v->len[i]))
-      n_ok++;
-    else
-      logits[i] = -INFINITY;
+    int pass = !t->flags && t->lead_ws <= JSON_MASK_MAX_WS && ok[t->lead_ws != 0][t->key] &&
+               sm_walk(m, &t0, v->bytes + v->off[i], v->len[i]);
+    n_ok += pass;
+    out_put(o, i, pass || (t->flags & TOK_EOS), 0);
   }
   return n_ok;
 }
@@ -1197,12 +1253,12 @@ static int sm_trie_ws(const json_schema *sc, uint32_t x) {
          ss_child(sc, (int32_t)x, '\n') >= 0 || ss_child(sc, (int32_t)x, '\r') >= 0;
 }
 
-static int sm_apply(const json_mask *m, float *logits, int n) {
+JM_INLINE int sm_compute(const json_mask *m, jm_out *o, int n) {
   uint8_t mode = m->sl.mode;
-  if (mode == SM_STR) return sm_in_string(m, logits, n);
+  if (mode == SM_STR) return sm_in_string(m, o, n);
   if (mode > SM_STR || ((mode == SM_KEY || mode == SM_ENUM) && sm_trie_ws(m->sc, m->sl.x)))
-    return sm_first_byte(m, logits, n);
-  return sm_outside(m, logits, n);
+    return sm_first_byte(m, o, n);
+  return sm_outside(m, o, n);
 }
 
 /* 1 when token i's bytes from offset skip on, read from state *from, keep the text a prefix. */
@@ -1212,13 +1268,20 @@ static inline int jm_walk(const json_vocab *v, const json_state *from, int i, si
 }
 
 /* The object is complete, or the recognizer dead: every non-eos token is forbidden. */
-static void jm_only_eos(const json_vocab *v, float *logits, int n) {
-  for (int i = 0; i < n; i++)
-    if (!(v->tok[i].flags & TOK_EOS)) logits[i] = -INFINITY;
+JM_INLINE void jm_only_eos(const json_vocab *v, jm_out *o, int n) {
+  if (!o->to_bits) {
+    for (int i = 0; i < n; i++)
+      if (!(v->tok[i].flags & TOK_EOS)) o->logits[i] = -INFINITY;
+    return;
+  }
+  memset(o->bits, 0, ((size_t)n + 63) / 64 * sizeof *o->bits);
+  for (int k = 0; k < v->n_eos; k++)
+    if (v->eos[k] < n) o->bits[v->eos[k] >> 6] |= (uint64_t)1 << (v->eos[k] & 63);
+  if (n & 63) o->acc = o->bits[n >> 6]; /* out_end stores the last word from acc */
 }
 
 /* The plain in-string state: the precomputed runs decide, quotes are walked from after them. */
-static int jm_in_string(const json_vocab *v, const json_state *s, float *logits, int n) {
+JM_INLINE int jm_in_string(const json_vocab *v, const json_state *s, jm_out *o, int n) {
   json_state sq = *s;
   js_step(&sq, '"'); /* the state after the closing quote (a quote always closes here) */
   int n_ok = 0;
@@ -1226,8 +1289,8 @@ static int jm_in_string(const json_vocab *v, const json_state *s, float *logits,
     const jv_tok *t = &v->tok[i];
     int ok;
     if (t->flags) {
-      if (t->flags & TOK_EOS) continue;
-      ok = 0;
+      out_put(o, i, t->flags & TOK_EOS, 0);
+      continue;
     } else if (t->str == STR_STAY) {
       ok = 1;
     } else if (t->str == STR_BREAK) {
@@ -1237,14 +1300,14 @@ static int jm_in_string(const json_vocab *v, const json_state *s, float *logits,
     } else {
       ok = jm_walk(v, s, i, 0);
     }
-    if (ok) n_ok++;
-    else logits[i] = -INFINITY;
+    n_ok += ok;
+    out_put(o, i, ok, 0);
   }
   return n_ok;
 }
 
 /* In an escape, \u or a UTF-8 sequence: the first byte filters, the rest is walked. */
-static int jm_in_string_seq(const json_vocab *v, const json_state *s, float *logits, int n) {
+JM_INLINE int jm_in_string_seq(const json_vocab *v, const json_state *s, jm_out *o, int n) {
   uint8_t ok0[256];
   for (unsigned c = 0; c < 256; c++) {
     json_state t = *s;
@@ -1253,9 +1316,9 @@ static int jm_in_string_seq(const json_vocab *v, const json_state *s, float *log
   int n_ok = 0;
   for (int i = 0; i < n; i++) {
     const jv_tok *t = &v->tok[i];
-    if (t->flags & TOK_EOS) continue;
-    if (!t->flags && ok0[t->first] && jm_walk(v, s, i, 0)) n_ok++;
-    else logits[i] = -INFINITY;
+    int ok = !t->flags && ok0[t->first] && jm_walk(v, s, i, 0);
+    n_ok += ok;
+    out_put(o, i, ok || (t->flags & TOK_EOS), 0);
   }
   return n_ok;
 }
@@ -1264,7 +1327,7 @@ static int jm_in_string_seq(const json_vocab *v, const json_state *s, float *log
  * the state takes c directly; ok[1][c]: it takes c after whitespace (whitespace keeps the mode
  * it leads to, so one space stands for any run; the run's length is left to the walk);
  * ok[1][256]: it takes whitespace at all (for whitespace-only tokens). */
-static int jm_outside(const json_vocab *v, const json_state *s, float *logits, int n) {
+JM_INLINE int jm_outside(const json_vocab *v, const json_state *s, jm_out *o, int n) {
   uint8_t ok[2][257];
   json_state s1 = *s;
   int ws_ok = js_step(&s1, ' ') == 0;
@@ -1279,42 +1342,79 @@ static int jm_outside(const json_vocab *v, const json_state *s, float *logits, i
   int n_ok = 0;
   for (int i = 0; i < n; i++) {
     const jv_tok *t = &v->tok[i];
-    if (t->flags & TOK_EOS) continue;
-    if (!t->flags && t->lead_ws <= JSON_MASK_MAX_WS && ok[t->lead_ws != 0][t->key] &&
-        jm_walk(v, s, i, 0))
-      n_ok++;
-    else
-      logits[i] = -INFINITY;
+    int pass = !t->flags && t->lead_ws <= JSON_MASK_MAX_WS && ok[t->lead_ws != 0][t->key] &&
+               jm_walk(v, s, i, 0);
+    n_ok += pass;
+    out_put(o, i, pass || (t->flags & TOK_EOS), 0);
   }
   return n_ok;
 }
 
-void json_mask_apply(const json_mask *m, float *logits, int n_vocab) {
+/* The verdicts on ids 0..n-1 (n at most the vocabulary's size) in m's state, to o. */
+JM_INLINE void jm_compute(const json_mask *m, jm_out *o, int n) {
   const json_vocab *v = m->v;
-  if (n_vocab <= 0) return;
-  int n = n_vocab < v->n ? n_vocab : v->n;
-  for (int i = n; i < n_vocab; i++) logits[i] = -INFINITY;
   const json_state *s = &m->s;
   int n_ok = 0;
   if (m->sc) {
-    if (m->dead || m->sl.mode == SM_DONE) jm_only_eos(v, logits, n);
-    else n_ok = sm_apply(m, logits, n);
+    if (m->dead || m->sl.mode == SM_DONE) jm_only_eos(v, o, n);
+    else n_ok = sm_compute(m, o, n);
   } else if (m->dead || s->mode == JS_DONE || s->mode == JS_DEAD)
-    jm_only_eos(v, logits, n);
+    jm_only_eos(v, o, n);
   else if (s->mode == JS_STR)
-    n_ok = jm_in_string(v, s, logits, n);
+    n_ok = jm_in_string(v, s, o, n);
   else if (js_is_str_mode(s->mode))
-    n_ok = jm_in_string_seq(v, s, logits, n);
+    n_ok = jm_in_string_seq(v, s, o, n);
   else
-    n_ok = jm_outside(v, s, logits, n);
-  /* eos: kept when the object is complete, or when nothing else is left */
+    n_ok = jm_outside(v, s, o, n);
+  out_end(o, n);
+  /* eos (allowed so far): kept when the object is complete, or when nothing else is left */
   if (n_ok == 0 || json_mask_complete(m)) return;
   for (int k = 0; k < v->n_eos; k++)
-    if (v->eos[k] < n) logits[v->eos[k]] = -INFINITY;
+    if (v->eos[k] < n) out_forbid(o, v->eos[k]);
+}
+
+void json_mask_prepare(json_mask *m, int n_vocab) {
+  m->prep = 0;
+  /* a bitset too small (json_mask_copy from a mask over a larger vocabulary): apply computes */
+  if (n_vocab <= 0 || m->v->n > m->cap) return;
+  int n = n_vocab < m->v->n ? n_vocab : m->v->n;
+  jm_out o = {1, NULL, m->bits, 0};
+  jm_compute(m, &o, n);
+  m->prep = n_vocab;
+}
+
+/* logits[0..n): -INFINITY where bits has a clear bit, 64 ids at a time */
+static void jm_apply_bits(const uint64_t *bits, float *logits, int n) {
+  int nw = n / 64;
+  for (int w = 0; w < nw; w++) {
+    uint64_t b = bits[w];
+    float *l = logits + (size_t)w * 64;
+    if (b == ~(uint64_t)0) continue;
+    if (b == 0) {
+      for (int j = 0; j < 64; j++) l[j] = -INFINITY;
+      continue;
+    }
+    for (uint64_t f = ~b; f; f &= f - 1) l[__builtin_ctzll(f)] = -INFINITY;
+  }
+  for (int i = nw * 64; i < n; i++)
+    if (!((bits[nw] >> (i & 63)) & 1)) logits[i] = -INFINITY;
+}
+
+void json_mask_apply(const json_mask *m, float *logits, int n_vocab) {
+  if (n_vocab <= 0) return;
+  int n = n_vocab < m->v->n ? n_vocab : m->v->n;
+  for (int i = n; i < n_vocab; i++) logits[i] = -INFINITY;
+  if (m->prep == n_vocab) {
+    jm_apply_bits(m->bits, logits, n);
+    return;
+  }
+  jm_out o = {0, logits, NULL, 0};
+  jm_compute(m, &o, n);
 }
 
 void json_mask_advance(json_mask *m, int32_t token) {
   const json_vocab *v = m->v;
+  m->prep = 0;
   if (m->dead) return;
   if (token < 0 || token >= v->n) {
     m->dead = 1;
@@ -1337,6 +1437,7 @@ void json_mask_advance(json_mask *m, int32_t token) {
 }
 
 int json_mask_feed(json_mask *m, const char *b, size_t n) {
+  m->prep = 0;
   if (m->dead) return -1;
   if (!n) return 0;
   const unsigned char *u = (const unsigned char *)b;

@@ -6,8 +6,10 @@
  *
  * Before each sampled token the engine calls json_mask_apply, which sets the logit of every token
  * that would break the object to -INFINITY; after sampling it calls json_mask_advance with the
- * chosen token. Tokens are byte strings (byte-level BPE: a token may hold part of a UTF-8
- * sequence, the rest coming in the next token).
+ * chosen token. The allowed set may be computed ahead, while the logits are being computed
+ * (json_mask_prepare), so that apply then only copies it into the logits. Tokens are byte
+ * strings (byte-level BPE: a token may hold part of a UTF-8 sequence, the rest coming in the next
+ * token).
  *
  * The language (a byte-level recognizer, json_state):
  *  - top level: optional whitespace, then one object; nothing may follow its closing brace, not
@@ -91,8 +93,23 @@ void json_mask_free(json_mask *m);             /* NULL is fine */
  * complete, and once it is complete only eos ids are allowed. If no token at all would be
  * allowed (a vocabulary without the needed bytes, a dead recognizer), only the eos ids are left.
  * ids >= the vocab's n_vocab are forbidden; n_vocab may differ from the vocab's. Allowed logits
- * are left as they were. Never allocates; reads m and its vocabulary only. */
+ * are left as they were. Never allocates; reads m and its vocabulary only (and, when
+ * json_mask_prepare ran for this n_vocab since the state last changed, only m's prepared set). */
 void json_mask_apply(const json_mask *m, float *logits, int n_vocab);
+
+/* Computes now, into m's own bitset, the set of ids json_mask_apply(m, logits, n_vocab) would
+ * leave allowed in m's current state (by the same rules: eos only when complete, the "nothing
+ * allowed -> only eos" fallback, ids >= the vocab's size forbidden), so that the next
+ * json_mask_apply with the same n_vocab only copies the set into the logits (a word of 64 ids at
+ * a time: -INFINITY where a bit is clear), with bit-for-bit the logits it would have written
+ * without it. Anything that changes the state (json_mask_advance, json_mask_feed, being the dst
+ * of json_mask_copy) drops the prepared set; apply without one (or with another n_vocab)
+ * computes the set as before. Costs what an apply without it costs; n_vocab <= 0 only drops
+ * the prepared set. Never allocates: the bitset (one bit per vocabulary id) is allocated by
+ * json_mask_new / json_mask_new_schema. One thread at a time per mask, as for the other calls:
+ * prepare and apply may run on different threads one after the other when the caller orders
+ * them (a mutex / condition variable handoff). */
+void json_mask_prepare(json_mask *m, int n_vocab);
 
 /* The token that was sampled: the recognizer advances over its bytes. A token the mask would
  * have forbidden (an out-of-range id, a special or empty token, bytes that break the object, an
@@ -128,7 +145,10 @@ json_mask *json_mask_new_schema(const json_vocab *v, const json_schema *s);
 /* Feeds raw bytes, as advance feeds a token's: 0 when the output is still a prefix of a valid
  * text, -1 otherwise (the mask is then dead). Never allocates. */
 int json_mask_feed(json_mask *m, const char *b, size_t n);
-/* dst becomes a copy of src (same vocabulary and schema; no allocation). */
+/* dst becomes a copy of src (same vocabulary and schema; no allocation): its state, not src's
+ * prepared set (dst's is dropped: its next apply computes, unless it is prepared again). dst must
+ * have been made over src's vocabulary, or one at least as large, for json_mask_prepare to work
+ * on it (else its prepare does nothing and apply computes). */
 void json_mask_copy(json_mask *dst, const json_mask *src);
 
 #endif

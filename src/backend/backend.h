@@ -252,6 +252,19 @@ struct backend {
    * the greedy decode step's download shrinks from n * V * 4 bytes to n * 4. */
   void (*argmax)(backend *be, backend_buf x, int n, int V, backend_buf ids, backend_buf maxv);
 
+  /* The greedy step's ids straight from the final hidden rows: ids[i] (i < n_out, the batch's)
+   * is exactly what argmax(logits(x, norm, eps, W, H, V)) gives, the logits themselves perhaps
+   * never formed (a backend may bound them from a cheaper copy of W and compute only the rows
+   * that can win). logits F32 [n_out, V] is scratch the op may use; its contents afterwards are
+   * unspecified. NULL: logits, then argmax. */
+  void (*logits_argmax)(backend *be, backend_buf x, backend_weight norm, float eps,
+                        backend_weight W, int H, int V, backend_buf logits, backend_buf ids);
+  /* Lets logits_argmax prepare for W [V, H] once, after its upload (it may keep a derived copy
+   * of W in device memory until W is freed). Declining is not a failure (logits_argmax still
+   * gives the same ids); -1 with err only when the device failed. NULL: nothing to prepare. */
+  int (*logits_argmax_prepare)(backend *be, backend_weight W, int H, int V, char *err,
+                               size_t errlen);
+
   /* Device memory now: *free_bytes available to allocations, *total_bytes of the device.
    * Returns 0, or -1 when unknown. NULL (the CPU backend): no device figure; the engine then
    * sizes its pools from --kv-cache-tokens and its defaults (engine_mem_plan). */

@@ -275,6 +275,9 @@ int qwen35_init(qwen35 **out, const model_config *c, const model_weights *w, bac
   }
   for (int i = 0; i < c->n_layers; i++)
     if (init_layer(m, i, &w->layers[i], err, errlen)) goto fail;
+  if (be->logits_argmax_prepare &&
+      be->logits_argmax_prepare(be, m->lm_head, (int)H, (int)V, err, errlen))
+    goto fail;
   if (ensure_scratch(m, 64, err, errlen) || ensure_logits(m, 1, err, errlen)) goto fail;
   *out = m;
   return 0;
@@ -366,9 +369,11 @@ static void ffn_block(qwen35 *m, q_layer *L, int i, int T) {
   }
 }
 
-/* Issues one step up to the logits (into m->logits, *n_out_rows rows); nothing waited for. */
-static int forward_issue(qwen35 *m, const fwd_seq *seqs, int n_seqs, int *n_out_rows, char *err,
-                         size_t errlen) {
+/* Issues one step up to the logits (into m->logits, *n_out_rows rows), or with greedy and the
+ * backend's logits_argmax op up to the greedy ids (into m->ids; m->logits then scratch);
+ * nothing waited for. */
+static int forward_issue(qwen35 *m, const fwd_seq *seqs, int n_seqs, int greedy, int *n_out_rows,
+                         char *err, size_t errlen) {
   const model_config *c = m->c;
   backend *be = m->be;
   if (n_seqs < 1) return errf(err, errlen, "empty batch");
@@ -455,7 +460,11 @@ static int forward_issue(qwen35 *m, const fwd_seq *seqs, int n_seqs, int *n_out_
     ffn_block(m, L, i, T);
   }
   be->add(be, m->x, m->mix, (size_t)T * H);
-  if (n_out > 0) be->logits(be, m->x, m->final_norm, eps, m->lm_head, H, c->vocab_size, m->logits);
+  if (n_out > 0 && greedy && be->logits_argmax)
+    be->logits_argmax(be, m->x, m->final_norm, eps, m->lm_head, H, c->vocab_size, m->logits,
+                      m->ids);
+  else if (n_out > 0)
+    be->logits(be, m->x, m->final_norm, eps, m->lm_head, H, c->vocab_size, m->logits);
   *n_out_rows = n_out;
   return 0;
 }
@@ -465,7 +474,7 @@ int qwen35_forward(qwen35 *m, const fwd_seq *seqs, int n_seqs, float *logits, ch
   const model_config *c = m->c;
   backend *be = m->be;
   int n_out = 0;
-  if (forward_issue(m, seqs, n_seqs, &n_out, err, errlen)) return -1;
+  if (forward_issue(m, seqs, n_seqs, 0, &n_out, err, errlen)) return -1;
   if (be->sync(be, err, errlen)) return -1;
   if (n_out > 0 && logits &&
       be->read(be, m->logits, 0, logits, (size_t)n_out * c->vocab_size * sizeof(float)))
@@ -482,8 +491,9 @@ int qwen35_forward_greedy(qwen35 *m, const fwd_seq *seqs, int n_seqs, int32_t *i
   backend *be = m->be;
   if (!be->argmax) return errf(err, errlen, "backend %s has no argmax op", be->name);
   int n_out = 0;
-  if (forward_issue(m, seqs, n_seqs, &n_out, err, errlen)) return -1;
-  if (n_out > 0) be->argmax(be, m->logits, n_out, m->c->vocab_size, m->ids, NULL);
+  if (forward_issue(m, seqs, n_seqs, 1, &n_out, err, errlen)) return -1;
+  if (n_out > 0 && !be->logits_argmax)
+    be->argmax(be, m->logits, n_out, m->c->vocab_size, m->ids, NULL);
   if (be->sync(be, err, errlen)) return -1;
   if (n_out > 0 && be->read(be, m->ids, 0, ids, (size_t)n_out * sizeof *ids))
     return errf(err, errlen, "backend %s: reading token ids failed", be->name);

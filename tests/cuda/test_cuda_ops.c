@@ -1120,6 +1120,192 @@ TEST(argmax) {
 }
 
 
+/* ---- the greedy ids without the whole lm-head (logits_argmax; cuda_greedy.cu) ----
+ * For one output row the op screens the vocabulary with an int8 copy of W and computes only
+ * the rows that can win: its id must be exactly the first maximum of the same backend's
+ * logits, whatever the rows. Checked on random rows at the 4B vocabulary, duplicated winning
+ * rows (a tie: the lower id), a pair of rows whose int8 copies order them the other way than
+ * their bf16 values, a zero hidden row (every logit 0), a hidden row with a NaN, a W with an
+ * infinity (the screen declines), two rows out and widths the screen does not take (the
+ * logits + argmax path). Each case runs a few times: recorded, captured, then replayed. */
+static long greedy_screened(void) { return backend_cuda_greedy_screened(GPU, NULL, NULL); }
+
+/* ids from logits_argmax and from logits + the host's scan, n rows out, compared */
+static int greedy_trial(backend_weight nw, backend_weight W, int H, int V, const float *x, int n,
+                        int32_t *got) {
+  pieces p = {n, {1, 1}, {3, 9}, {0, 1}};
+  int32_t rows[2] = {0, 1};
+  backend_buf xb = mk(GPU, BACKEND_KIND_ACT, x, (size_t)n * H);
+  backend_buf lg = GPU->alloc(GPU, BACKEND_KIND_F32, (size_t)n * V);
+  backend_buf ib = GPU->alloc(GPU, BACKEND_KIND_I32, (size_t)n);
+  set_batch(&p, n, rows);
+  GPU->logits(GPU, xb, nw, 1e-6f, W, H, V, lg);
+  float *l = get(GPU, lg, BACKEND_KIND_F32, (size_t)n * V);
+  set_batch(&p, n, rows);
+  poison(GPU, lg, BACKEND_KIND_F32, (size_t)n * V);
+  GPU->logits_argmax(GPU, xb, nw, 1e-6f, W, H, V, lg, ib);
+  int32_t ids[2] = {-1, -1};
+  EXPECT(GPU->read(GPU, ib, 0, ids, sizeof(int32_t) * (size_t)n) == 0);
+  gpu_ok();
+  int bad = 0;
+  for (int r = 0; r < n; r++) {
+    int32_t want = sampler_argmax(l + (size_t)r * V, V);
+    if (ids[r] != want) {
+      printf("  logits_argmax row %d (H %d, V %d): %d, argmax of the logits %d (%.9g vs %.9g)\n", r, H, V,
+             ids[r], want, ids[r] >= 0 && ids[r] < V ? l[(size_t)r * V + ids[r]] : NAN,
+             l[(size_t)r * V + want]);
+      bad++;
+    }
+    if (got) got[r] = ids[r];
+  }
+  free(l);
+  GPU->free(GPU, xb), GPU->free(GPU, lg), GPU->free(GPU, ib);
+  return bad;
+}
+
+static uint16_t *bf_rand(size_t n, float scale) {
+  uint16_t *w = malloc(n * 2);
+  for (size_t i = 0; i < n; i++) w[i] = f2b(urand() * scale);
+  return w;
+}
+
+/* A case: W [V, H] (bf16 values), trials hidden rows; the screen is expected to run (screen)
+ * or not. Returns the rows that differ. */
+static int greedy_case(const uint16_t *Wb, int H, int V, int trials, int n, int screen,
+                       const float *nwv, const char *what) {
+  backend_weight W = GPU->weight_upload(GPU, Wb, DTYPE_BF16, V, H);
+  float *zero = calloc((size_t)H, sizeof(float));
+  backend_weight nw = GPU->weight_upload(GPU, nwv ? nwv : zero, DTYPE_F32, 1, H);
+  EXPECT(W && nw);
+  if (!W || !nw) return 1;
+  char err[256] = "";
+  EXPECT_MSG(GPU->logits_argmax_prepare(GPU, W, H, V, err, sizeof err) == 0, "prepare: %s", err);
+  long s0 = greedy_screened();
+  int bad = 0;
+  for (int t = 0; t < trials; t++) {
+    float *x = rand_vec((size_t)n * H, 1.f);
+    bad += greedy_trial(nw, W, H, V, x, n, NULL);
+    free(x);
+  }
+  long ran = greedy_screened() - s0;
+  long long rows = 0;
+  backend_cuda_greedy_screened(GPU, NULL, &rows);
+  printf("  %-44s %d of %d trials differ, %ld screened, %lld rows computed in all\n", what, bad,
+         trials, ran, rows);
+  EXPECT_MSG(bad == 0, "%s: %d ids differ from argmax of the logits", what, bad);
+  if (screen) EXPECT_MSG(ran >= 1, "%s: the screen never ran", what);
+  else EXPECT_MSG(ran == 0, "%s: the screen ran %ld times", what, ran);
+  GPU->weight_free(GPU, W);
+  GPU->weight_free(GPU, nw);
+  free(zero);
+  return bad;
+}
+
+/* bf16 values b (as float) with the screen's int8 rounding q(b) = rint(b / (1 / 127)) */
+static int greedy_q(float b) { return (int)rintf(b / (1.f / 127.f)); }
+
+TEST(logits_argmax) {
+  REQUIRE(GPU->logits_argmax && GPU->logits_argmax_prepare);
+  int H = 2560, V = 151936;
+  uint16_t *W = bf_rand((size_t)V * H, 0.05f);
+  float *nwv = rand_vec(H, 0.3f);
+  greedy_case(W, H, V, 6, 1, 1, nwv, "random rows, 4B shape");
+  greedy_case(W, H, V, 2, 2, 0, nwv, "two rows out (logits + argmax)");
+
+  /* the rows that win on one hidden row, copied to a lower and a higher id: a tie */
+  backend_weight Wg = GPU->weight_upload(GPU, W, DTYPE_BF16, V, H);
+  backend_weight ng = GPU->weight_upload(GPU, nwv, DTYPE_F32, 1, H);
+  float *x = rand_vec(H, 1.f);
+  int32_t first = -1;
+  char err[256] = "";
+  EXPECT(GPU->logits_argmax_prepare(GPU, Wg, H, V, err, sizeof err) == 0);
+  EXPECT(greedy_trial(ng, Wg, H, V, x, 1, &first) == 0);
+  GPU->weight_free(GPU, Wg);
+  REQUIRE(first > 0 && first < V);
+  int lo = first / 2, hi = first + (V - first) / 2;
+  memcpy(W + (size_t)lo * H, W + (size_t)first * H, (size_t)H * 2);
+  memcpy(W + (size_t)hi * H, W + (size_t)first * H, (size_t)H * 2);
+  Wg = GPU->weight_upload(GPU, W, DTYPE_BF16, V, H);
+  EXPECT(GPU->logits_argmax_prepare(GPU, Wg, H, V, err, sizeof err) == 0);
+  int32_t tie = -1;
+  long s0 = greedy_screened();
+  for (int k = 0; k < 3; k++) EXPECT(greedy_trial(ng, Wg, H, V, x, 1, &tie) == 0);
+  printf("  %-44s winner %d, copies at %d and %d: %d\n", "tie (duplicated rows)", first, lo, hi, tie);
+  EXPECT_MSG(tie == lo, "tie: %d, want the lower copy %d", tie, lo);
+  EXPECT(greedy_screened() - s0 >= 1); /* the later ones may be graph replays */
+
+  /* zero hidden row: every logit 0, id 0; a NaN in the hidden row: every logit NaN, id 0 */
+  float *z = calloc((size_t)H, sizeof(float));
+  int32_t zid = -1, nid = -1;
+  for (int k = 0; k < 2; k++) EXPECT(greedy_trial(ng, Wg, H, V, z, 1, &zid) == 0);
+  z[17] = NAN;
+  for (int k = 0; k < 2; k++) EXPECT(greedy_trial(ng, Wg, H, V, z, 1, &nid) == 0);
+  printf("  %-44s %d, %d\n", "zero / NaN hidden row", zid, nid);
+  EXPECT(zid == 0 && nid == 0);
+  GPU->weight_free(GPU, Wg);
+  GPU->weight_free(GPU, ng);
+  free(z);
+  free(x);
+
+  /* two rows whose int8 copies order them the other way: both [1, .., v, .., u, ..], the rest
+   * of W small; row A has (v1, u1), row B (> A) has (v2, u2): v2 one bf16 step below v1 but a
+   * whole int8 step lower, u2 one bf16 step above u1 in the same int8 step, so B's bf16 logit
+   * is larger and A's int8 one. The hidden row is all ones (norm weight 0). */
+  {
+    int Vs = 40000;
+    uint16_t *Ws = bf_rand((size_t)Vs * H, 0.005f);
+    float v1 = 0, v2 = 0, u1 = 0, u2 = 0;
+    for (uint16_t b = f2b(0.0625f); b < f2b(0.125f); b++)
+      if (greedy_q(b2f((uint16_t)(b + 1))) == greedy_q(b2f(b)) + 1) {
+        v2 = b2f(b), v1 = b2f((uint16_t)(b + 1));
+        break;
+      }
+    for (uint16_t b = f2b(0.5f); b < f2b(0.9f); b++)
+      if (greedy_q(b2f((uint16_t)(b + 1))) == greedy_q(b2f(b))) {
+        u1 = b2f(b), u2 = b2f((uint16_t)(b + 1));
+        break;
+      }
+    REQUIRE(v1 > 0 && u1 > 0 && (u2 - u1) > (v1 - v2));
+    int A = 1234, B = 30321;
+    for (int r = 0; r < 2; r++) {
+      uint16_t *row = Ws + (size_t)(r ? B : A) * H;
+      for (int j = 0; j < H; j++) row[j] = f2b(0.f);
+      row[0] = f2b(1.f);
+      row[100] = f2b(r ? v2 : v1);
+      row[2000] = f2b(r ? u2 : u1);
+    }
+    backend_weight Wq = GPU->weight_upload(GPU, Ws, DTYPE_BF16, Vs, H);
+    float *ones = malloc(sizeof(float) * (size_t)H), *nz = calloc((size_t)H, sizeof(float));
+    for (int j = 0; j < H; j++) ones[j] = 1.f;
+    backend_weight n0 = GPU->weight_upload(GPU, nz, DTYPE_F32, 1, H);
+    EXPECT(GPU->logits_argmax_prepare(GPU, Wq, H, Vs, err, sizeof err) == 0);
+    int32_t id = -1;
+    s0 = greedy_screened();
+    for (int k = 0; k < 3; k++) EXPECT(greedy_trial(n0, Wq, H, Vs, ones, 1, &id) == 0);
+    printf("  %-44s rows %d / %d (v %.6g / %.6g, u %.6g / %.6g): %d\n",
+           "int8 order against bf16 order", A, B, v1, v2, u1, u2, id);
+    EXPECT_MSG(id == B, "the int8-reversed pair: %d, want %d", id, B);
+    EXPECT(greedy_screened() - s0 >= 1);
+    GPU->weight_free(GPU, Wq);
+    GPU->weight_free(GPU, n0);
+    free(ones), free(nz), free(Ws);
+  }
+
+  /* an infinity in W: no bound holds, the screen declines (the ids still right) */
+  W[(size_t)5 * H + 3] = f2b(INFINITY);
+  greedy_case(W, H, 50000, 2, 1, 0, nwv, "an infinity in W (declined)");
+  free(W);
+  /* other widths: 1,024 screened, 1,000 not */
+  W = bf_rand((size_t)30000 * 1024, 0.05f);
+  greedy_case(W, 1024, 30000, 4, 1, 1, NULL, "H 1024");
+  free(W);
+  W = bf_rand((size_t)3001 * 1000, 0.05f);
+  greedy_case(W, 1000, 3001, 2, 1, 0, NULL, "H 1000 (not screened)");
+  free(W);
+  free(nwv);
+}
+
+
 /* ---- decode steps: recorded, fused and replayed as graphs vs launched as issued ----
  * A one-layer-of-each-kind model step (attention, DeltaNet, FFN, logits, argmax) run for ten
  * decode steps (2 rows, then 1, then 2 again: two graph shapes and a cache hit) on the default
@@ -1453,6 +1639,7 @@ int main(void) {
   RUN(moe_per_row);
   RUN(logits);
   RUN(argmax);
+  RUN(logits_argmax);
   RUN(decode_graph);
   RUN(decode_graph_norm_fold);
   RUN(norm_fold_refused);

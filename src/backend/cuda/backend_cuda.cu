@@ -188,6 +188,7 @@ static void cu_weight_free(backend *be, backend_weight w) {
   /* graphs hold this weight's device addresses */
   graph_flush(cuda_ctx_of(be));
   graph_clear(cuda_ctx_of(be));
+  cuda_greedy_forget(cuda_ctx_of(be), CW(w)->bf);
   cudaFree(CW(w)->bf);
   cudaFree(CW(w)->f32);
   free(w);
@@ -406,60 +407,6 @@ static int cu_sync(backend *be, char *err, size_t errlen) {
 #define GEMV_WARPS 4
 #endif
 
-
-/* One warp's dot products of W's row w (K values) with the T activation rows: lane partials
- * over 16-byte pieces, then a butterfly; every lane ends with the T sums. Shared by every GEMV
- * kernel, so a fused launch gives the same bits as the single one. */
-/* GEMV_LATE rows wait for the previous kernel after their first GEMV_LATE_K values (4 pieces
- * per lane; the one point measured, bench/NOTES.md thirteenth session); -DGEMV_LATE_K=N for A/B
- * builds (a multiple of 256). */
-#ifndef GEMV_LATE_K
-#define GEMV_LATE_K 1024
-#endif
-
-template <int T, bool STREAM = true, bool LATE = false>
-__device__ __forceinline__ void gemv_row(const bf16 *__restrict__ x, const bf16 *__restrict__ w,
-                                         int K, int lane, float *acc,
-                                         const float *inv = nullptr, float *iv = nullptr) {
-#pragma unroll
-  for (int t = 0; t < T; t++) acc[t] = 0.f;
-  auto piece = [&](int k) {
-    float wf[8];
-    bf16x8_to_f32(STREAM ? ld_stream16(w + k) : __ldg((const uint4 *)(w + k)), wf);
-#pragma unroll
-    for (int t = 0; t < T; t++) {
-      float xf[8];
-      bf16x8_to_f32(*(const uint4 *)(x + (size_t)t * K + k), xf);
-#pragma unroll
-      for (int i = 0; i < 8; i++) acc[t] += wf[i] * xf[i];
-    }
-  };
-  if constexpr (!LATE) {
-#pragma unroll 4
-    for (int k = lane * 8; k < K; k += 256) piece(k);
-  } else { /* GEMV_LATE: the first pieces, then the previous kernel's results */
-    int k = lane * 8, k1 = min(K, GEMV_LATE_K);
-#pragma unroll 4
-    for (; k < k1; k += 256) piece(k);
-    pdl_wait();
-#pragma unroll
-    for (int t = 0; t < T; t++) iv[t] = __ldcg(inv + t);
-#pragma unroll 4
-    for (; k < K; k += 256) piece(k);
-  }
-#pragma unroll
-  for (int t = 0; t < T; t++) acc[t] = warp_sum(acc[t]);
-}
-
-/* acc[lane] with a compile-time index (lane < T). */
-template <int T>
-__device__ __forceinline__ float gemv_pick(const float *acc, int lane) {
-  float v = acc[0];
-#pragma unroll
-  for (int t = 1; t < T; t++)
-    if (lane == t) v = acc[t];
-  return v;
-}
 
 /* Single products of at most GEMV_SMALL_N rows (a decode step's out, o and down products: 2,560
  * rows at the 4B shape) in blocks of one warp: in blocks of 4 rows there are 4 or 5 per SM and
@@ -831,6 +778,35 @@ static void cu_matmul(backend *be, backend_buf x, backend_weight W, int T, int K
   cuda_gemm(c, (const bf16 *)x, CW(W)->bf, T, K, N, y, 0);
 }
 
+/* The lm-head of steps the GEMV path takes, fp32 out: the row sums of gemv_row, which
+ * cuda_greedy.cu's exact rows repeat (so its ids are argmax of these logits). */
+template <int T>
+__global__ void __launch_bounds__(GEMV_WARPS * 32)
+    k_gemv_f32(const bf16 *__restrict__ x, const bf16 *__restrict__ W, int K, int N, float *y) {
+  pdl_enter();
+  int n = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+  if (n >= N) return;
+  float acc[T];
+  gemv_row<T>(x, W + (size_t)n * K, K, lane, acc);
+  if (lane < T) y[(size_t)lane * N + n] = gemv_pick<T>(acc, lane);
+}
+
+/* 1 when the GEMV path took the product (fp32 out). */
+static int gemv_f32(cuda_ctx *c, const bf16 *x, const bf16 *W, int T, int K, int N, float *y) {
+  if (c->legacy || c->batch_invariant || T < 1 || T > c->gemv_maxt || K % 8 ||
+      (((uintptr_t)x | (uintptr_t)W) & 15))
+    return 0;
+  unsigned blocks = (unsigned)((N + GEMV_WARPS - 1) / GEMV_WARPS);
+  switch (T) {
+#define G(t) case t: k_gemv_f32<t><<<blocks, GEMV_WARPS * 32, 0, c->st>>>(x, W, K, N, y); break;
+    G(1) G(2) G(3) G(4) G(5) G(6) G(7) G(8)
+#undef G
+    default: return 0;
+  }
+  cuda_check_launch(c, "logits (gemv)");
+  return 1;
+}
+
 static void cu_logits(backend *be, backend_buf x, backend_weight norm, float eps,
                       backend_weight W, int H, int V, backend_buf out) {
   cuda_ctx *c = cuda_ctx_of(be);
@@ -843,60 +819,13 @@ static void cu_logits(backend *be, backend_buf x, backend_weight norm, float eps
   void *xn = cuda_scratch(c, (size_t)n * H * 2);
   if (!xn) return;
   cuda_elem_gather_norm(be, x, norm, eps, H, xn);
-  cuda_gemm(c, (const bf16 *)xn, CW(W)->bf, n, H, V, out, 1);
+  if (!gemv_f32(c, (const bf16 *)xn, CW(W)->bf, n, H, V, (float *)out))
+    cuda_gemm(c, (const bf16 *)xn, CW(W)->bf, n, H, V, out, 1);
 }
 
 /* ---- argmax (optional op): the greedy step's token ids on the device ---- */
 
 #define ARGMAX_THREADS 1024
-
-/* (v, i) beats (w, k) when v > w, or v == w with the lower id; NaN never beats anything and
- * is beaten by nothing (a thread that saw only NaN keeps i = INT32_MAX). */
-__device__ __forceinline__ void am_take(float &v, int &i, float w, int k) {
-  if (w > v || (w == v && k < i)) {
-    v = w;
-    i = k;
-  }
-}
-
-/* (v, i) over entries 4 q0 .. 4 q1 - 1 of a 16-byte aligned row, strided over the block */
-__device__ __forceinline__ void am_scan4(const float4 *r4, int q0, int q1, float &v, int &i) {
-  for (int q = q0 + (int)threadIdx.x; q < q1; q += blockDim.x) {
-    float4 f = r4[q];
-    am_take(v, i, f.x, 4 * q);
-    am_take(v, i, f.y, 4 * q + 1);
-    am_take(v, i, f.z, 4 * q + 2);
-    am_take(v, i, f.w, 4 * q + 3);
-  }
-}
-
-__device__ __forceinline__ void am_warp(float &v, int &i) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    float w = __shfl_xor_sync(0xffffffffu, v, o);
-    int k = __shfl_xor_sync(0xffffffffu, i, o);
-    am_take(v, i, w, k);
-  }
-}
-
-/* (v, i) over a block of NT threads, valid in thread 0 */
-template <int NT>
-__device__ __forceinline__ void am_block(float &v, int &i) {
-  __shared__ float sv[NT / 32];
-  __shared__ int si[NT / 32];
-  int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  am_warp(v, i);
-  if (lane == 0) {
-    sv[warp] = v;
-    si[warp] = i;
-  }
-  __syncthreads();
-  if (warp == 0) {
-    v = lane < NT / 32 ? sv[lane] : -INFINITY;
-    i = lane < NT / 32 ? si[lane] : INT32_MAX;
-    am_warp(v, i);
-  }
-}
 
 /* Row r's result from its reduced (·, i): the first maximum, as the sampler's scan gives; all
  * NaN, or a NaN at entry 0 (that scan never leaves 0 then), gives 0. */
@@ -983,6 +912,16 @@ static void cu_argmax(backend *be, backend_buf x, int n, int V, backend_buf ids,
   else
     k_argmax<<<n, ARGMAX_THREADS, 0, c->st>>>((const float *)x, V, (int32_t *)ids, (float *)maxv);
   cuda_check_launch(c, "argmax");
+}
+
+/* The greedy ids of the step: cuda_greedy.cu's screen for one row (the same ids as below,
+ * without reading the bf16 lm-head), else the logits and argmax. */
+static void cu_logits_argmax(backend *be, backend_buf x, backend_weight norm, float eps,
+                             backend_weight W, int H, int V, backend_buf logits, backend_buf ids) {
+  cuda_ctx *c = cuda_ctx_of(be);
+  if (c->b.n_out <= 0 || cuda_greedy_run(be, x, norm, eps, W, H, V, ids)) return;
+  cu_logits(be, x, norm, eps, W, H, V, logits);
+  cu_argmax(be, logits, c->b.n_out, V, ids, NULL);
 }
 
 /* Page-locked host memory: `read` into it is one DMA, no staging through a bounce buffer. */
@@ -1937,6 +1876,17 @@ static void w_logits(backend *be, backend_buf x, backend_weight norm, float eps,
 static void w_argmax(backend *be, backend_buf x, int n, int V, backend_buf ids, backend_buf maxv) {
   if (!rec_op(be, 15, cu_argmax, x, n, V, ids, maxv)) cu_argmax(be, x, n, V, ids, maxv);
 }
+static void w_logits_argmax(backend *be, backend_buf x, backend_weight norm, float eps,
+                            backend_weight W, int H, int V, backend_buf logits, backend_buf ids) {
+  if (!rec_op(be, 16, cu_logits_argmax, x, norm, eps, W, H, V, logits, ids))
+    cu_logits_argmax(be, x, norm, eps, W, H, V, logits, ids);
+}
+static int cu_logits_argmax_prepare(backend *be, backend_weight W, int H, int V, char *err,
+                                    size_t errlen) {
+  cuda_ctx *c = cuda_ctx_of(be);
+  graph_flush(c);
+  return cuda_greedy_prepare(be, W, H, V, err, errlen);
+}
 
 /* Counters of the decode-step recorder (see backend_cuda.h). */
 extern "C" long backend_cuda_norm_folds(backend *be) {
@@ -1982,6 +1932,7 @@ static void cu_destroy(backend *be) {
     cuda_moe_release(c);
     cuda_sgemm_release(c);
     cuda_gdn_chain_release(c);
+    cuda_greedy_forget(c, NULL);
     cudaFree(c->am_v);
     cudaFree(c->am_i);
     cudaFree(c->am_cnt);
@@ -2139,6 +2090,8 @@ extern "C" backend *backend_cuda_create(int device, char *err, size_t errlen) {
   be->gated_rmsnorm = w_gated_rmsnorm;
   be->logits = w_logits;
   be->argmax = w_argmax;
+  be->logits_argmax = w_logits_argmax;
+  be->logits_argmax_prepare = cu_logits_argmax_prepare;
   be->host_alloc = cu_host_alloc;
   be->host_free = cu_host_free;
   be->mem_info = cu_mem_info;

@@ -28,6 +28,12 @@ void backend_cuda_graph_stats(backend *be, long out[5]);
  * norm_fold_at; DS_NORM_FOLD=0: none). For tests and benchmarks. */
 long backend_cuda_norm_folds(backend *be);
 
+/* One-row greedy steps issued through the lm-head screen (cuda_greedy.cu; replays of a
+ * captured step not counted), whether W's int8 copy exists, and the vocabulary rows the screen
+ * left to compute exactly, summed over every step since the copy was made (replays included;
+ * waits for the stream; -1 when unknown). For tests and benchmarks. */
+long backend_cuda_greedy_screened(backend *be, int *prepared, long long *rows);
+
 #ifdef __cplusplus
 }
 #endif

@@ -102,6 +102,9 @@ typedef struct cuda_ctx {
   int *chain_cnt;
   /* DS_MOE_GROUPED=1: routed experts of large steps as per-expert GEMMs (cuda_moe.cu) */
   int moe_grouped;
+  /* the lm-head's int8 copy and bounds for one-row greedy steps (cuda_greedy.cu; NULL: none) */
+  struct cuda_greedy *greedy;
+  long greedy_runs; /* steps issued through it */
   /* decode steps: ops recorded, fused and replayed as CUDA graphs (NULL: off) */
   struct cuda_graphs *gr;
   /* the kernel-release trace of replayed steps (cuda_ktrace.cu; builds with -DDS_KTRACE) */
@@ -178,6 +181,20 @@ int cuda_gdn_chain(cuda_ctx *c, const cuda_gdn_chain_args *a);
 /* inv[t] = rsqrt(mean(x[t, :]^2) + eps) for t < T with the rmsnorm op's sums (n % 8 == 0,
  * n <= 8192, x 16-byte aligned): the decode recorder's norm fold (backend_cuda.cu). */
 void cuda_elem_rmsnorm_inv(cuda_ctx *c, const bf16 *x, int T, int n, float eps, float *inv);
+/* cuda_elem_gather_norm for a step's one output row, also writing the normed row's int16 copy
+ * xq [H] and xs = {its scale t, sum |xn| rounded up, 1 when not finite} (cuda_greedy.cu). */
+void cuda_elem_gather_norm_q(backend *be, backend_buf x, backend_weight norm, float eps, int H,
+                             void *xn, int16_t *xq, float *xs);
+
+/* cuda_greedy.cu: greedy ids of a one-row step without the full lm-head product (the
+ * logits_argmax op's fast path; backend_cuda.cu falls back to logits + argmax).
+ * cuda_greedy_prepare makes W's int8 copy (DS_GREEDY_SCREEN=0: never); cuda_greedy_run returns
+ * 1 when it issued the step's ids, 0 when it does not apply (then nothing was issued);
+ * cuda_greedy_forget drops the copy when W (its bf16 rows) is freed or the context goes. */
+int cuda_greedy_prepare(backend *be, backend_weight W, int H, int V, char *err, size_t errlen);
+int cuda_greedy_run(backend *be, backend_buf x, backend_weight norm, float eps, backend_weight W,
+                    int H, int V, backend_buf ids);
+void cuda_greedy_forget(cuda_ctx *c, const void *W_bf);
 /* The chain's first two ops (conv1d and gdn_gates of a decode step: the args' conv and gates
  * fields) as one launch, for the steps the chain does not cover; 1 when launched, else 0.
  * Conv state and output (q, k normalised), beta and g get the two ops' bits. */
@@ -339,6 +356,112 @@ __device__ __forceinline__ void gated_norm_lane(const float *v, const float *zv,
   float rs = rsqrtf(ss / (float)(32 * VPL) + eps);
 #pragma unroll
   for (int k = 0; k < VPL; k++) ob[k] = f2bf(w[k] * (v[k] * rs) * siluf_dev(zv[k]));
+}
+
+/* ---- the GEMV row (backend_cuda.cu's GEMV kernels, cuda_greedy.cu's exact rows) ---- */
+
+/* One warp's dot products of W's row w (K values) with the T activation rows: lane partials
+ * over 16-byte pieces, then a butterfly; every lane ends with the T sums. Shared by every GEMV
+ * kernel, so a fused launch gives the same bits as the single one. */
+/* GEMV_LATE rows wait for the previous kernel after their first GEMV_LATE_K values (4 pieces
+ * per lane; the one point measured, bench/NOTES.md thirteenth session); -DGEMV_LATE_K=N for A/B
+ * builds (a multiple of 256). */
+#ifndef GEMV_LATE_K
+#define GEMV_LATE_K 1024
+#endif
+
+template <int T, bool STREAM = true, bool LATE = false>
+__device__ __forceinline__ void gemv_row(const bf16 *__restrict__ x, const bf16 *__restrict__ w,
+                                         int K, int lane, float *acc,
+                                         const float *inv = nullptr, float *iv = nullptr) {
+#pragma unroll
+  for (int t = 0; t < T; t++) acc[t] = 0.f;
+  auto piece = [&](int k) {
+    float wf[8];
+    bf16x8_to_f32(STREAM ? ld_stream16(w + k) : __ldg((const uint4 *)(w + k)), wf);
+#pragma unroll
+    for (int t = 0; t < T; t++) {
+      float xf[8];
+      bf16x8_to_f32(*(const uint4 *)(x + (size_t)t * K + k), xf);
+#pragma unroll
+      for (int i = 0; i < 8; i++) acc[t] += wf[i] * xf[i];
+    }
+  };
+  if constexpr (!LATE) {
+#pragma unroll 4
+    for (int k = lane * 8; k < K; k += 256) piece(k);
+  } else { /* GEMV_LATE: the first pieces, then the previous kernel's results */
+    int k = lane * 8, k1 = min(K, GEMV_LATE_K);
+#pragma unroll 4
+    for (; k < k1; k += 256) piece(k);
+    pdl_wait();
+#pragma unroll
+    for (int t = 0; t < T; t++) iv[t] = __ldcg(inv + t);
+#pragma unroll 4
+    for (; k < K; k += 256) piece(k);
+  }
+#pragma unroll
+  for (int t = 0; t < T; t++) acc[t] = warp_sum(acc[t]);
+}
+
+/* acc[lane] with a compile-time index (lane < T). */
+template <int T>
+__device__ __forceinline__ float gemv_pick(const float *acc, int lane) {
+  float v = acc[0];
+#pragma unroll
+  for (int t = 1; t < T; t++)
+    if (lane == t) v = acc[t];
+  return v;
+}
+
+/* ---- argmax reductions (backend_cuda.cu's argmax, cuda_greedy.cu) ---- */
+
+/* (v, i) beats (w, k) when v > w, or v == w with the lower id; NaN never beats anything and
+ * is beaten by nothing (a thread that saw only NaN keeps i = INT32_MAX). */
+__device__ __forceinline__ void am_take(float &v, int &i, float w, int k) {
+  if (w > v || (w == v && k < i)) {
+    v = w;
+    i = k;
+  }
+}
+
+/* (v, i) over entries 4 q0 .. 4 q1 - 1 of a 16-byte aligned row, strided over the block */
+__device__ __forceinline__ void am_scan4(const float4 *r4, int q0, int q1, float &v, int &i) {
+  for (int q = q0 + (int)threadIdx.x; q < q1; q += blockDim.x) {
+    float4 f = r4[q];
+    am_take(v, i, f.x, 4 * q);
+    am_take(v, i, f.y, 4 * q + 1);
+    am_take(v, i, f.z, 4 * q + 2);
+    am_take(v, i, f.w, 4 * q + 3);
+  }
+}
+
+__device__ __forceinline__ void am_warp(float &v, int &i) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    float w = __shfl_xor_sync(0xffffffffu, v, o);
+    int k = __shfl_xor_sync(0xffffffffu, i, o);
+    am_take(v, i, w, k);
+  }
+}
+
+/* (v, i) over a block of NT threads, valid in thread 0 */
+template <int NT>
+__device__ __forceinline__ void am_block(float &v, int &i) {
+  __shared__ float sv[NT / 32];
+  __shared__ int si[NT / 32];
+  int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  am_warp(v, i);
+  if (lane == 0) {
+    sv[warp] = v;
+    si[warp] = i;
+  }
+  __syncthreads();
+  if (warp == 0) {
+    v = lane < NT / 32 ? sv[lane] : -INFINITY;
+    i = lane < NT / 32 ? si[lane] : INT32_MAX;
+    am_warp(v, i);
+  }
 }
 
 static inline unsigned cuda_blocks(size_t n, unsigned threads) {

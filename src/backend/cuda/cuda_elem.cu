@@ -437,8 +437,13 @@ extern "C" void cuda_elem_gated_rmsnorm(backend *be, backend_buf o, backend_buf 
 
 /* ---- logits rows ---- */
 
+/* Q: also the row's int16 copy for cuda_greedy.cu (one row, i = 0, H <= 16 * blockDim.x):
+ * xq[j] = rint(xn[j] / t), t = max |xn| / 32767 (0 when the row is zero: xq = 0), and xs =
+ * {t, sum |xn| rounded up past its summation error, 1 when the row is not finite (the bounds
+ * then unusable)}. The max and the sum share one block reduction. */
+template <bool Q>
 __global__ void k_gather_norm(const bf16 *x, const int32_t *out_rows, const float *w, int H,
-                              float eps, bf16 *xn) {
+                              float eps, bf16 *xn, int16_t *xq, float *xs) {
   pdl_enter();
   __shared__ float red[33];
   int i = blockIdx.x;
@@ -450,8 +455,48 @@ __global__ void k_gather_norm(const bf16 *x, const int32_t *out_rows, const floa
   }
   ss = block_sum(ss, red);
   float rs = rsqrtf(ss / (float)H + eps);
-  for (int j = threadIdx.x; j < H; j += blockDim.x)
-    xn[(int64_t)i * H + j] = f2bf(bf2f(xr[j]) * rs * (1.f + w[j]));
+  if constexpr (!Q) {
+    for (int j = threadIdx.x; j < H; j += blockDim.x)
+      xn[(int64_t)i * H + j] = f2bf(bf2f(xr[j]) * rs * (1.f + w[j]));
+  } else {
+    float xv[16], am = 0.f, as = 0.f;
+#pragma unroll
+    for (int m = 0; m < 16; m++) {
+      int j = threadIdx.x + m * blockDim.x;
+      xv[m] = 0.f;
+      if (j < H) {
+        bf16 v = f2bf(bf2f(xr[j]) * rs * (1.f + w[j]));
+        xn[j] = v;
+        xv[m] = bf2f(v);
+        am = fmaxf(am, fabsf(xv[m]));
+        as += fabsf(xv[m]); /* a NaN or infinity stays in the sum: the flag below */
+      }
+    }
+    __shared__ float rm[32], rsum[32];
+    int lane = threadIdx.x & 31, wi = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    am = warp_max(am);
+    as = warp_sum(as);
+    if (lane == 0) rm[wi] = am, rsum[wi] = as;
+    __syncthreads();
+    am = lane < nw ? rm[lane] : 0.f;
+    as = lane < nw ? rsum[lane] : 0.f;
+    am = warp_max(am);
+    as = warp_sum(as);
+    float t = am / 32767.f;
+#pragma unroll
+    for (int m = 0; m < 16; m++) {
+      int j = threadIdx.x + m * blockDim.x;
+      if (j < H) {
+        float r = t > 0.f ? rintf(xv[m] / t) : 0.f;
+        xq[j] = (int16_t)fminf(fmaxf(r, -32767.f), 32767.f);
+      }
+    }
+    if (threadIdx.x == 0) {
+      xs[0] = t;
+      xs[1] = __fmul_ru(as, 1.f + (float)H * 1.2e-7f);
+      xs[2] = isfinite(as) ? 0.f : 1.f;
+    }
+  }
 }
 
 extern "C" void cuda_elem_gather_norm(backend *be, backend_buf x, backend_weight norm, float eps,
@@ -459,7 +504,17 @@ extern "C" void cuda_elem_gather_norm(backend *be, backend_buf x, backend_weight
   cuda_ctx *c = cuda_ctx_of(be);
   const float *wf = wf32(c, norm, "logits");
   if (!wf || c->b.n_out <= 0) return;
-  k_gather_norm<<<c->b.n_out, 256, 0, c->st>>>((const bf16 *)x, c->b.out_rows, wf, H, eps,
-                                                (bf16 *)xn);
+  k_gather_norm<false><<<c->b.n_out, 256, 0, c->st>>>((const bf16 *)x, c->b.out_rows, wf, H, eps,
+                                                       (bf16 *)xn, NULL, NULL);
   cuda_check_launch(c, "logits");
+}
+
+void cuda_elem_gather_norm_q(backend *be, backend_buf x, backend_weight norm, float eps, int H,
+                             void *xn, int16_t *xq, float *xs) {
+  cuda_ctx *c = cuda_ctx_of(be);
+  const float *wf = wf32(c, norm, "logits");
+  if (!wf || H > 16 * 256) return;
+  k_gather_norm<true><<<1, 256, 0, c->st>>>((const bf16 *)x, c->b.out_rows, wf, H, eps,
+                                            (bf16 *)xn, xq, xs);
+  cuda_check_launch(c, "logits (greedy norm)");
 }

@@ -1,0 +1,423 @@
+/* cuda_greedy — the greedy id of a one-row step without reading the whole lm-head in bf16.
+ *
+ * At one sequence the lm-head product (151,936 x 2,560 bf16 at the 4B shape: 0.78 GB) is ~8 %
+ * of a decode step, and a greedy step needs only the first maximum of its logits. So the
+ * lm-head is also kept as int8 rows with one scale per row (half the bytes), and a step:
+ *
+ *   1. normalises the row as the logits op does (xn, bf16) and makes an int16 copy of it
+ *      (cuda_elem_gather_norm_q: xq = rint(xn / t), t = max |xn| / 32767);
+ *   2. screens every vocabulary row r: a_r = s_r t sum_j q_rj xq_j (exact integer dot products,
+ *      __dp2a), and a bound B_r with |a_r - z_r| <= B_r, where z_r is the logit the logits op
+ *      computes (the GEMV's fp32 sums, gemv_row). hi_r = a_r + B_r is kept per row, and
+ *      L = max_r (a_r - B_r) over the vocabulary (an atomic max of ordered ints);
+ *   3. computes z_r exactly (gemv_row on the bf16 row, the logits op's bits) for the rows with
+ *      hi_r >= L, and row 0, and takes the first maximum among them (argmax's rule).
+ *
+ * Every row that reaches the maximum has z_r >= z_{r*} >= L for the row r* that gives L, so
+ * hi_r >= L: the rows left out cannot win, and ties are all computed. The id is therefore
+ * argmax(logits) exactly, however loose B is; B's looseness only sets how many rows step 3
+ * computes (a few hundred of 151,936 on random weights, where logits are closest together).
+ *
+ * The bound, per row (constants from the int8 copy's making, k_greedy_quant):
+ *   |w_j - q_j s| <= E (measured in double)           -> E * sum |xn|
+ *   |xn_j - t xq_j| <= 0.51 t                          -> 0.51 t s sum |q_j|
+ *   the float sum of the 32 exact int32 lane partials  -> 2 H t s (<= 1.5 H units of t s)
+ *   the logits op's own rounding, (H/32 + 5) fp32 steps over sum |w_j xn_j| <= 127.01 s sum |xn|
+ *                                                      -> (H/32 + 5) 8e-6 s sum |xn|
+ *   the products forming a_r                           -> 2e-6 |a_r|
+ * with the sums rounded up and a_r -+ B rounded outward. A row that is not finite makes the
+ * screen decline at preparation; a hidden row that is not finite makes every row a candidate
+ * (step 3 is then the full product, with argmax's NaN rules).
+ *
+ * DS_GREEDY_SCREEN=0 leaves the copy unmade (the logits op and argmax instead). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <algorithm>
+
+#include "backend/cuda/backend_cuda.h"
+#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_ops.h"
+
+CUDA_KTRACE_TU(cuda_greedy_ktrace_bind) /* the kernel-release trace, cuda_ktrace.cu */
+
+#define PICK_WARPS 8  /* warps per pick block */
+#define PICK_BLOCKS_MAX 1024
+
+struct cuda_greedy {
+  const bf16 *W; /* the lm-head's bf16 rows (the weight's, not owned) */
+  int H, V;
+  int8_t *q;      /* [V, H] */
+  float4 *rc;     /* [V] {s, E + rounding per |xn|, bound per t, 0} */
+  float *hi;      /* [V] the step's upper bounds */
+  int *lmax;      /* the step's max lower bound, ordered int (reset by the pick) */
+  int16_t *xq;    /* [H] */
+  float *xs;      /* [4] t, sum |xn|, not-finite flag */
+  float *pv, *z0; /* pick partials, z of row 0 */
+  int *pi, *cnt;
+  unsigned long long *ncand; /* rows computed exactly, summed over the steps */
+  void (*sk)(const int8_t *, const float4 *, const int16_t *, const float *, int, int, float *,
+             int *); /* the screen kernel */
+  int scr_warps, scr_blocks, pick_blocks;
+};
+
+/* floats ordered as ints (atomicMax), and back */
+__device__ __forceinline__ int gr_key(float f) {
+  int k = __float_as_int(f);
+  return k >= 0 ? k : k ^ 0x7fffffff;
+}
+__device__ __forceinline__ float gr_unkey(int k) {
+  return __int_as_float(k >= 0 ? k : k ^ 0x7fffffff);
+}
+static int host_key_neg_inf(void) {
+  float f = -INFINITY;
+  int k;
+  memcpy(&k, &f, sizeof k);
+  return k >= 0 ? k : k ^ 0x7fffffff;
+}
+
+/* One warp per row: s = max |w| / 127, q = rint(w / s) in [-127, 127], E = max |w - q s| in
+ * double; rc = {s, E (rounded up) + the logits op's rounding per |xn|, s (0.51 sum|q| + 2H)}. */
+__global__ void k_greedy_quant(const bf16 *__restrict__ W, int H, int V, int8_t *q, float4 *rc,
+                               int *bad) {
+  int r = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+  if (r >= V) return;
+  const bf16 *w = W + (size_t)r * H;
+  float m = 0.f;
+  int fin = 1;
+  for (int j = lane; j < H; j += 32) {
+    float v = bf2f(w[j]);
+    fin &= isfinite(v) ? 1 : 0;
+    m = fmaxf(m, fabsf(v));
+  }
+  m = warp_max(m);
+  if (!__all_sync(0xffffffffu, fin)) {
+    if (lane == 0) atomicExch(bad, 1);
+    return;
+  }
+  float s = m / 127.f;
+  double e = 0.0;
+  int Q = 0;
+  for (int j = lane; j < H; j += 32) {
+    float v = bf2f(w[j]);
+    int qq = s > 0.f ? (int)rintf(v / s) : 0;
+    qq = max(-127, min(127, qq));
+    q[(size_t)r * H + j] = (int8_t)qq;
+    e = fmax(e, fabs((double)v - (double)qq * (double)s));
+    Q += abs(qq);
+  }
+  for (int o = 16; o > 0; o >>= 1) {
+    e = fmax(e, __shfl_xor_sync(0xffffffffu, e, o));
+    Q += __shfl_xor_sync(0xffffffffu, Q, o);
+  }
+  if (lane == 0) {
+    float eg = (float)(H / 32 + 5) * 8e-6f;
+    float E = (float)(e * (1.0 + 1e-6)) + eg * s;
+    rc[r] = make_float4(s, E, s * (0.51f * (float)Q + 2.f * (float)H), 0.f);
+  }
+}
+
+/* Step 2. R rows per warp and iteration: IL, the warps' row groups interleaved (iteration i of
+ * warp w takes rows (i nw + w) R ..), else each warp a run of rpw rows. Lane l holds xq's
+ * columns p 512 + 16 l .. + 15 (p < NP = H / 512) as int16 pairs. The next rows' weights are
+ * requested before this iteration's sums are reduced. */
+template <int NP, int R>
+__device__ __forceinline__ void scr_load(uint4 (&w)[R][NP], float4 &k, const int8_t *q,
+                                         const float4 *rc, int r, int r1, int lane) {
+  const int H = NP * 512;
+#pragma unroll
+  for (int i = 0; i < R; i++)
+#pragma unroll
+    for (int p = 0; p < NP; p++)
+      w[i][p] = r + i < r1 ? ld_stream16(q + (size_t)(r + i) * H + p * 512 + lane * 16)
+                           : make_uint4(0, 0, 0, 0);
+  /* the row this lane reports (rl in k_greedy_screen) */
+  int row = r;
+#pragma unroll
+  for (int o = 16, n = R; n > 1; o >>= 1, n >>= 1)
+    if (lane & o) row += n / 2;
+  k = __ldg(rc + min(row, r1 - 1));
+}
+
+template <int NP, int R, bool IL>
+__global__ void __launch_bounds__(256)
+    k_greedy_screen(const int8_t *__restrict__ q, const float4 *__restrict__ rc,
+                    const int16_t *xq, const float *xs, int V, int rpw, float *hi, int *lmax) {
+  int lane = threadIdx.x & 31, gw = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  int nw = gridDim.x * (blockDim.x >> 5);
+  int r = IL ? gw * R : gw * rpw, rend = IL ? V : min(V, r + rpw), step = IL ? nw * R : R;
+  uint4 w[R][NP];
+  float4 k;
+  pdl_enter();
+  if (r < rend) scr_load<NP, R>(w, k, q, rc, r, min(rend, r + R), lane);
+  int xr[NP][8];
+#pragma unroll
+  for (int p = 0; p < NP; p++) {
+    const int4 *src = (const int4 *)(xq + p * 512 + lane * 16);
+    int4 u = __ldcg(src), v = __ldcg(src + 1);
+    xr[p][0] = u.x, xr[p][1] = u.y, xr[p][2] = u.z, xr[p][3] = u.w;
+    xr[p][4] = v.x, xr[p][5] = v.y, xr[p][6] = v.z, xr[p][7] = v.w;
+  }
+  float t = __ldcg(xs), x1 = __ldcg(xs + 1);
+  bool all = __ldcg(xs + 2) != 0.f;
+  int rl = 0; /* this lane's row in each iteration, and whether it writes it */
+#pragma unroll
+  for (int o = 16, n = R; n > 1; o >>= 1, n >>= 1)
+    if (lane & o) rl += n / 2;
+  bool writer = (lane & (32 / R - 1)) == 0;
+  float lo_max = -INFINITY;
+  for (; r < rend; r += step) {
+    int r1 = min(rend, r + R);
+    int sacc[R];
+#pragma unroll
+    for (int i = 0; i < R; i++) {
+      sacc[i] = 0;
+#pragma unroll
+      for (int p = 0; p < NP; p++) {
+        const unsigned a4[4] = {w[i][p].x, w[i][p].y, w[i][p].z, w[i][p].w};
+#pragma unroll
+        for (int m = 0; m < 4; m++) {
+          sacc[i] = __dp2a_lo(xr[p][2 * m], (int)a4[m], sacc[i]);
+          sacc[i] = __dp2a_hi(xr[p][2 * m + 1], (int)a4[m], sacc[i]);
+        }
+      }
+    }
+    float4 kc = k;
+    if (r + step < rend) scr_load<NP, R>(w, k, q, rc, r + step, min(rend, r + step + R), lane);
+    /* the R rows' 32 partials in one tree: first halving the rows between lane halves, then
+     * the butterfly; lane ends with row r + rl */
+    float v[R];
+#pragma unroll
+    for (int i = 0; i < R; i++) v[i] = (float)sacc[i];
+    int o = 16;
+#pragma unroll
+    for (int n = R; n > 1; n >>= 1, o >>= 1) {
+#pragma unroll
+      for (int i = 0; i < n / 2; i++) {
+        float keep = (lane & o) ? v[i + n / 2] : v[i], give = (lane & o) ? v[i] : v[i + n / 2];
+        v[i] = keep + __shfl_xor_sync(0xffffffffu, give, o);
+      }
+    }
+    for (; o > 0; o >>= 1) v[0] += __shfl_xor_sync(0xffffffffu, v[0], o);
+    int row = r + rl;
+    if (row < r1) {
+      float a = v[0] * (kc.x * t);
+      float B = __fmaf_ru(kc.y, x1, __fmaf_ru(kc.z, t, 2e-6f * fabsf(a)));
+      float h = all ? INFINITY : __fadd_ru(a, B), l = all ? -INFINITY : __fsub_rd(a, B);
+      if (writer) hi[row] = h;
+      lo_max = fmaxf(lo_max, l);
+    }
+  }
+  __shared__ float red[33];
+  float m = block_max(lo_max, red);
+  if (threadIdx.x == 0) atomicMax(lmax, gr_key(m));
+}
+
+/* Step 3: warps take groups of 32 rows; a row whose hi reaches L (and row 0) is computed by
+ * the warp with gemv_row (the logits op's bits). Then argmax_split's last-block reduction. */
+__global__ void __launch_bounds__(PICK_WARPS * 32)
+    k_greedy_pick(const bf16 *__restrict__ xn, const bf16 *__restrict__ W, int H, int V,
+                  const float *hi, int *lmax, float *pv, int *pi, int *cnt, float *z0,
+                  unsigned long long *ncand, int32_t *ids) {
+  pdl_enter();
+  float L = gr_unkey(__ldcg(lmax));
+  int lane = threadIdx.x & 31;
+  int gw = blockIdx.x * PICK_WARPS + (threadIdx.x >> 5), nw = gridDim.x * PICK_WARPS;
+  int ng = (V + 31) / 32;
+  float v = -INFINITY;
+  int i = INT32_MAX;
+  for (int g = gw; g < ng; g += nw) {
+    int r = g * 32 + lane;
+    bool cand = r < V && (r == 0 || __ldcg(hi + r) >= L);
+    unsigned m = __ballot_sync(0xffffffffu, cand);
+    if (lane == 0 && m) atomicAdd(ncand, (unsigned long long)__popc(m));
+    while (m) {
+      int rr = g * 32 + __ffs(m) - 1;
+      m &= m - 1;
+      float acc[1];
+      gemv_row<1, false>(xn, W + (size_t)rr * H, H, lane, acc);
+      am_take(v, i, acc[0], rr);
+      if (rr == 0 && lane == 0) *z0 = acc[0];
+    }
+  }
+  am_block<PICK_WARPS * 32>(v, i);
+  __shared__ int last;
+  if (threadIdx.x == 0) {
+    pv[blockIdx.x] = v;
+    pi[blockIdx.x] = i;
+    __threadfence();
+    last = atomicAdd(cnt, 1) == (int)gridDim.x - 1;
+    __threadfence();
+  }
+  __syncthreads();
+  if (!last) return;
+  v = -INFINITY;
+  i = INT32_MAX;
+  for (int b = threadIdx.x; b < (int)gridDim.x; b += blockDim.x)
+    am_take(v, i, __ldcg(pv + b), __ldcg(pi + b));
+  am_block<PICK_WARPS * 32>(v, i);
+  if (threadIdx.x == 0) {
+    if (i == INT32_MAX || isnan(__ldcg(z0))) i = 0;
+    ids[0] = i;
+    *cnt = 0;
+    *lmax = gr_key(-INFINITY);
+  }
+}
+
+static void greedy_free(cuda_greedy *g) {
+  if (!g) return;
+  cudaFree(g->q);
+  cudaFree(g->rc);
+  cudaFree(g->hi);
+  cudaFree(g->lmax);
+  cudaFree(g->xq);
+  cudaFree(g->xs);
+  cudaFree(g->pv);
+  cudaFree(g->z0);
+  cudaFree(g->pi);
+  cudaFree(g->cnt);
+  cudaFree(g->ncand);
+  free(g);
+}
+
+void cuda_greedy_forget(cuda_ctx *c, const void *W_bf) {
+  if (!c->greedy || (W_bf && c->greedy->W != W_bf)) return;
+  greedy_free(c->greedy);
+  c->greedy = NULL;
+}
+
+/* The screen kernel for H = 512 NP (NP in 2, 4, 5, 6, 8), R rows per iteration (1, 2) and IL,
+ * or NULL. */
+typedef void (*screen_fn)(const int8_t *, const float4 *, const int16_t *, const float *, int,
+                          int, float *, int *);
+template <int NP>
+static screen_fn screen_kernel_np(int R, int il) {
+  switch (R * 2 + (il != 0)) {
+    case 2: return k_greedy_screen<NP, 1, false>;
+    case 3: return k_greedy_screen<NP, 1, true>;
+    case 4: return k_greedy_screen<NP, 2, false>;
+    case 5: return k_greedy_screen<NP, 2, true>;
+    default: return NULL;
+  }
+}
+static screen_fn screen_kernel(int H, int R, int il) {
+  if (H % 512) return NULL;
+  switch (H / 512) {
+    case 2: return screen_kernel_np<2>(R, il);
+    case 4: return screen_kernel_np<4>(R, il);
+    case 5: return screen_kernel_np<5>(R, il);
+    case 6: return screen_kernel_np<6>(R, il);
+    case 8: return screen_kernel_np<8>(R, il);
+    default: return NULL;
+  }
+}
+
+static int env_int(const char *name, int def) {
+  const char *v = getenv(name);
+  return v && *v ? atoi(v) : def;
+}
+
+int cuda_greedy_prepare(backend *be, backend_weight W, int H, int V, char *err, size_t errlen) {
+  cuda_ctx *c = cuda_ctx_of(be);
+  const char *env = getenv("DS_GREEDY_SCREEN"); /* on unless "0" */
+  if ((env && strcmp(env, "0") == 0) || c->legacy) return 0;
+  /* launch shape (the A/B knobs of bench/NOTES.md): rows per iteration, interleaved rows,
+   * warps per block */
+  int R = env_int("DS_GREEDY_ROWS", 2), il = env_int("DS_GREEDY_IL", 1);
+  int warps = env_int("DS_GREEDY_WARPS", 4);
+  if (warps < 1 || warps > 8) warps = 4;
+  screen_fn sk = screen_kernel(H, R, il);
+  if (!sk || V < 2 || CW(W)->rows != V || CW(W)->cols != H) return 0;
+  cuda_greedy_forget(c, NULL);
+  cuda_greedy *g = (cuda_greedy *)calloc(1, sizeof *g);
+  if (!g) return 0;
+  g->W = CW(W)->bf;
+  g->H = H;
+  g->V = V;
+  int bps = 0;
+  g->sk = sk;
+  g->scr_warps = warps;
+  cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps, sk, warps * 32, 0);
+  g->scr_blocks = (bps > 0 ? bps : 1) * c->n_sm;
+  g->pick_blocks = std::min(PICK_BLOCKS_MAX, 2 * c->n_sm);
+  int bad = 0, *d_bad = NULL;
+  int neg = host_key_neg_inf();
+  if (cudaMalloc(&g->q, (size_t)V * H) != cudaSuccess ||
+      cudaMalloc(&g->rc, (size_t)V * sizeof(float4)) != cudaSuccess ||
+      cudaMalloc(&g->hi, (size_t)V * sizeof(float)) != cudaSuccess ||
+      cudaMalloc(&g->lmax, sizeof(int)) != cudaSuccess ||
+      cudaMalloc(&g->xq, (size_t)H * sizeof(int16_t)) != cudaSuccess ||
+      cudaMalloc(&g->xs, 4 * sizeof(float)) != cudaSuccess ||
+      cudaMalloc(&g->pv, PICK_BLOCKS_MAX * sizeof(float)) != cudaSuccess ||
+      cudaMalloc(&g->z0, sizeof(float)) != cudaSuccess ||
+      cudaMalloc(&g->pi, PICK_BLOCKS_MAX * sizeof(int)) != cudaSuccess ||
+      cudaMalloc(&g->cnt, sizeof(int)) != cudaSuccess ||
+      cudaMalloc(&g->ncand, sizeof(unsigned long long)) != cudaSuccess ||
+      cudaMalloc(&d_bad, sizeof(int)) != cudaSuccess) {
+    cudaGetLastError();
+    cudaFree(d_bad);
+    greedy_free(g);
+    fprintf(stderr, "cuda: no device memory for the lm-head's int8 copy (%.0f MB): greedy steps "
+            "read the bf16 lm-head\n", (double)V * H / 1e6);
+    return 0;
+  }
+  cudaMemsetAsync(d_bad, 0, sizeof(int), c->st);
+  cudaMemsetAsync(g->cnt, 0, sizeof(int), c->st);
+  cudaMemsetAsync(g->ncand, 0, sizeof(unsigned long long), c->st);
+  cudaMemcpyAsync(g->lmax, &neg, sizeof neg, cudaMemcpyHostToDevice, c->st);
+  k_greedy_quant<<<(V + 7) / 8, 256, 0, c->st>>>(g->W, H, V, g->q, g->rc, d_bad);
+  cudaMemcpyAsync(&bad, d_bad, sizeof bad, cudaMemcpyDeviceToHost, c->st);
+  cudaError_t e = cudaStreamSynchronize(c->st);
+  cudaFree(d_bad);
+  if (e != cudaSuccess) {
+    greedy_free(g);
+    cuda_fail(c, "greedy screen preparation", cudaGetErrorString(e));
+    if (err && errlen) snprintf(err, errlen, "%s", c->err);
+    return -1;
+  }
+  if (bad) { /* a row that is not finite: no bound holds */
+    greedy_free(g);
+    fprintf(stderr, "cuda: the lm-head has values that are not finite: greedy steps read it in "
+            "bf16\n");
+    return 0;
+  }
+  c->greedy = g;
+  return 0;
+}
+
+int cuda_greedy_run(backend *be, backend_buf x, backend_weight norm, float eps, backend_weight W,
+                    int H, int V, backend_buf ids) {
+  cuda_ctx *c = cuda_ctx_of(be);
+  cuda_greedy *g = c->greedy;
+  if (!g || c->b.n_out != 1 || g->W != CW(W)->bf || g->H != H || g->V != V) return 0;
+  void *xn = cuda_scratch(c, (size_t)H * 2);
+  if (!xn) return 0;
+  cuda_elem_gather_norm_q(be, x, norm, eps, H, xn, g->xq, g->xs);
+  int warps = g->scr_blocks * g->scr_warps;
+  int rpw = (V + warps - 1) / warps;
+  g->sk<<<g->scr_blocks, g->scr_warps * 32, 0, c->st>>>(g->q, g->rc, g->xq, g->xs, V, rpw, g->hi,
+                                                   g->lmax);
+  cuda_check_launch(c, "logits (greedy screen)");
+  k_greedy_pick<<<g->pick_blocks, PICK_WARPS * 32, 0, c->st>>>(
+      (const bf16 *)xn, g->W, H, V, g->hi, g->lmax, g->pv, g->pi, g->cnt, g->z0, g->ncand,
+      (int32_t *)ids);
+  cuda_check_launch(c, "logits (greedy pick)");
+  c->greedy_runs++;
+  return 1;
+}
+
+extern "C" long backend_cuda_greedy_screened(backend *be, int *prepared, long long *rows) {
+  cuda_ctx *c = cuda_ctx_of(be);
+  if (prepared) *prepared = c->greedy != NULL;
+  if (rows) {
+    unsigned long long n = 0;
+    if (c->greedy && cudaStreamSynchronize(c->st) == cudaSuccess &&
+        cudaMemcpy(&n, c->greedy->ncand, sizeof n, cudaMemcpyDeviceToHost) == cudaSuccess)
+      *rows = (long long)n;
+    else
+      *rows = -1;
+  }
+  return c->greedy_runs;
+}

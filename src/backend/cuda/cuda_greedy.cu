@@ -119,10 +119,10 @@ __global__ void k_greedy_quant(const bf16 *__restrict__ W, int H, int V, int8_t 
   }
 }
 
-/* Step 2. R rows per warp and iteration: IL, the warps' row groups interleaved (iteration i of
- * warp w takes rows (i nw + w) R ..), else each warp a run of rpw rows. Lane l holds xq's
- * columns p 512 + 16 l .. + 15 (p < NP = H / 512) as int16 pairs. The next rows' weights are
- * requested before this iteration's sums are reduced. */
+/* Step 2. Each warp a run of rpw rows, R per iteration (the rows of all warps interleaved
+ * instead read the same: bench/NOTES.md). Lane l holds xq's columns p 512 + 16 l .. + 15
+ * (p < NP = H / 512) as int16 pairs. The next rows' weights are requested before this
+ * iteration's sums are reduced. */
 template <int NP, int R>
 __device__ __forceinline__ void scr_load(uint4 (&w)[R][NP], float4 &k, const int8_t *q,
                                          const float4 *rc, int r, int r1, int lane) {
@@ -141,13 +141,12 @@ __device__ __forceinline__ void scr_load(uint4 (&w)[R][NP], float4 &k, const int
   k = __ldg(rc + min(row, r1 - 1));
 }
 
-template <int NP, int R, bool IL>
+template <int NP, int R>
 __global__ void __launch_bounds__(256)
     k_greedy_screen(const int8_t *__restrict__ q, const float4 *__restrict__ rc,
                     const int16_t *xq, const float *xs, int V, int rpw, float *hi, int *lmax) {
   int lane = threadIdx.x & 31, gw = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-  int nw = gridDim.x * (blockDim.x >> 5);
-  int r = IL ? gw * R : gw * rpw, rend = IL ? V : min(V, r + rpw), step = IL ? nw * R : R;
+  int r = gw * rpw, rend = min(V, r + rpw);
   uint4 w[R][NP];
   float4 k;
   pdl_enter();
@@ -168,7 +167,7 @@ __global__ void __launch_bounds__(256)
     if (lane & o) rl += n / 2;
   bool writer = (lane & (32 / R - 1)) == 0;
   float lo_max = -INFINITY;
-  for (; r < rend; r += step) {
+  for (; r < rend; r += R) {
     int r1 = min(rend, r + R);
     int sacc[R];
 #pragma unroll
@@ -185,7 +184,7 @@ __global__ void __launch_bounds__(256)
       }
     }
     float4 kc = k;
-    if (r + step < rend) scr_load<NP, R>(w, k, q, rc, r + step, min(rend, r + step + R), lane);
+    if (r + R < rend) scr_load<NP, R>(w, k, q, rc, r + R, min(rend, r + 2 * R), lane);
     /* the R rows' 32 partials in one tree: first halving the rows between lane halves, then
      * the butterfly; lane ends with row r + rl */
     float v[R];
@@ -288,28 +287,22 @@ void cuda_greedy_forget(cuda_ctx *c, const void *W_bf) {
   c->greedy = NULL;
 }
 
-/* The screen kernel for H = 512 NP (NP in 2, 4, 5, 6, 8), R rows per iteration (1, 2) and IL,
- * or NULL. */
+/* The screen kernel for H = 512 NP (NP in 2, 4, 5, 6, 8) and R rows per iteration (1, 2), or
+ * NULL. */
 typedef void (*screen_fn)(const int8_t *, const float4 *, const int16_t *, const float *, int,
                           int, float *, int *);
 template <int NP>
-static screen_fn screen_kernel_np(int R, int il) {
-  switch (R * 2 + (il != 0)) {
-    case 2: return k_greedy_screen<NP, 1, false>;
-    case 3: return k_greedy_screen<NP, 1, true>;
-    case 4: return k_greedy_screen<NP, 2, false>;
-    case 5: return k_greedy_screen<NP, 2, true>;
-    default: return NULL;
-  }
+static screen_fn screen_kernel_np(int R) {
+  return R == 1 ? k_greedy_screen<NP, 1> : R == 2 ? k_greedy_screen<NP, 2> : NULL;
 }
-static screen_fn screen_kernel(int H, int R, int il) {
+static screen_fn screen_kernel(int H, int R) {
   if (H % 512) return NULL;
   switch (H / 512) {
-    case 2: return screen_kernel_np<2>(R, il);
-    case 4: return screen_kernel_np<4>(R, il);
-    case 5: return screen_kernel_np<5>(R, il);
-    case 6: return screen_kernel_np<6>(R, il);
-    case 8: return screen_kernel_np<8>(R, il);
+    case 2: return screen_kernel_np<2>(R);
+    case 4: return screen_kernel_np<4>(R);
+    case 5: return screen_kernel_np<5>(R);
+    case 6: return screen_kernel_np<6>(R);
+    case 8: return screen_kernel_np<8>(R);
     default: return NULL;
   }
 }
@@ -323,12 +316,12 @@ int cuda_greedy_prepare(backend *be, backend_weight W, int H, int V, char *err, 
   cuda_ctx *c = cuda_ctx_of(be);
   const char *env = getenv("DS_GREEDY_SCREEN"); /* on unless "0" */
   if ((env && strcmp(env, "0") == 0) || c->legacy) return 0;
-  /* launch shape (the A/B knobs of bench/NOTES.md): rows per iteration, interleaved rows,
-   * warps per block */
-  int R = env_int("DS_GREEDY_ROWS", 2), il = env_int("DS_GREEDY_IL", 1);
+  /* launch shape (A/B knobs; 1 or 2 rows per iteration and 4 or 8 warps per block read the
+   * same, bench/NOTES.md) */
+  int R = env_int("DS_GREEDY_ROWS", 2);
   int warps = env_int("DS_GREEDY_WARPS", 4);
   if (warps < 1 || warps > 8) warps = 4;
-  screen_fn sk = screen_kernel(H, R, il);
+  screen_fn sk = screen_kernel(H, R);
   if (!sk || V < 2 || CW(W)->rows != V || CW(W)->cols != H) return 0;
   cuda_greedy_forget(c, NULL);
   cuda_greedy *g = (cuda_greedy *)calloc(1, sizeof *g);

@@ -1126,15 +1126,16 @@ TEST(argmax) {
  * logits, whatever the rows. Checked on random rows at the 4B vocabulary, duplicated winning
  * rows (a tie: the lower id), a pair of rows whose int8 copies order them the other way than
  * their bf16 values, a zero hidden row (every logit 0), a hidden row with a NaN, a W with an
- * infinity (the screen declines), two rows out and widths the screen does not take (the
- * logits + argmax path). Each case runs a few times: recorded, captured, then replayed. */
+ * infinity (the screen declines), two to four rows out (zero and NaN rows beside others),
+ * and five rows out and a width the screen does not take (the logits + argmax path). Each case
+ * runs a few times: recorded, captured, then replayed. */
 static long greedy_screened(void) { return backend_cuda_greedy_screened(GPU, NULL, NULL); }
 
 /* ids from logits_argmax and from logits + the host's scan, n rows out, compared */
 static int greedy_trial(backend_weight nw, backend_weight W, int H, int V, const float *x, int n,
                         int32_t *got) {
-  pieces p = {n, {1, 1}, {3, 9}, {0, 1}};
-  int32_t rows[2] = {0, 1};
+  pieces p = {n, {1, 1, 1, 1, 1}, {3, 9, 20, 7, 11}, {0, 1, 2, 3, 4}};
+  int32_t rows[5] = {0, 1, 2, 3, 4};
   backend_buf xb = mk(GPU, BACKEND_KIND_ACT, x, (size_t)n * H);
   backend_buf lg = GPU->alloc(GPU, BACKEND_KIND_F32, (size_t)n * V);
   backend_buf ib = GPU->alloc(GPU, BACKEND_KIND_I32, (size_t)n);
@@ -1144,7 +1145,7 @@ static int greedy_trial(backend_weight nw, backend_weight W, int H, int V, const
   set_batch(&p, n, rows);
   poison(GPU, lg, BACKEND_KIND_F32, (size_t)n * V);
   GPU->logits_argmax(GPU, xb, nw, 1e-6f, W, H, V, lg, ib);
-  int32_t ids[2] = {-1, -1};
+  int32_t ids[5] = {-1, -1, -1, -1, -1};
   EXPECT(GPU->read(GPU, ib, 0, ids, sizeof(int32_t) * (size_t)n) == 0);
   gpu_ok();
   int bad = 0;
@@ -1210,7 +1211,10 @@ TEST(logits_argmax) {
   uint16_t *W = bf_rand((size_t)V * H, 0.05f);
   float *nwv = rand_vec(H, 0.3f);
   greedy_case(W, H, V, 6, 1, 1, nwv, "random rows, 4B shape");
-  greedy_case(W, H, V, 2, 2, 0, nwv, "two rows out (logits + argmax)");
+  greedy_case(W, H, V, 3, 2, 1, nwv, "two rows out");
+  greedy_case(W, H, V, 3, 3, 1, nwv, "three rows out");
+  greedy_case(W, H, V, 3, 4, 1, nwv, "four rows out");
+  greedy_case(W, H, V, 2, 5, 0, nwv, "five rows out (logits + argmax)");
 
   /* the rows that win on one hidden row, copied to a lower and a higher id: a tie */
   backend_weight Wg = GPU->weight_upload(GPU, W, DTYPE_BF16, V, H);
@@ -1232,6 +1236,16 @@ TEST(logits_argmax) {
   for (int k = 0; k < 3; k++) EXPECT(greedy_trial(ng, Wg, H, V, x, 1, &tie) == 0);
   printf("  %-44s winner %d, copies at %d and %d: %d\n", "tie (duplicated rows)", first, lo, hi, tie);
   EXPECT_MSG(tie == lo, "tie: %d, want the lower copy %d", tie, lo);
+  { /* the same hidden row as the third of three, beside a zero row and a NaN row */
+    float *x3 = calloc((size_t)3 * H, sizeof(float));
+    memcpy(x3 + (size_t)2 * H, x, sizeof(float) * H);
+    x3[(size_t)1 * H + 5] = NAN;
+    int32_t id3[3] = {-1, -1, -1};
+    for (int k = 0; k < 2; k++) EXPECT(greedy_trial(ng, Wg, H, V, x3, 3, id3) == 0);
+    printf("  %-44s %d, %d, %d\n", "three rows: zero, NaN, the tie", id3[0], id3[1], id3[2]);
+    EXPECT(id3[0] == 0 && id3[1] == 0 && id3[2] == lo);
+    free(x3);
+  }
   EXPECT(greedy_screened() - s0 >= 1); /* the later ones may be graph replays */
 
   /* zero hidden row: every logit 0, id 0; a NaN in the hidden row: every logit NaN, id 0 */
@@ -1298,6 +1312,7 @@ TEST(logits_argmax) {
   /* other widths: 1,024 screened, 1,000 not */
   W = bf_rand((size_t)30000 * 1024, 0.05f);
   greedy_case(W, 1024, 30000, 4, 1, 1, NULL, "H 1024");
+  greedy_case(W, 1024, 30000, 2, 4, 1, NULL, "H 1024, four rows out");
   free(W);
   W = bf_rand((size_t)3001 * 1000, 0.05f);
   greedy_case(W, 1000, 3001, 2, 1, 0, NULL, "H 1000 (not screened)");

@@ -181,12 +181,12 @@ int cuda_gdn_chain(cuda_ctx *c, const cuda_gdn_chain_args *a);
 /* inv[t] = rsqrt(mean(x[t, :]^2) + eps) for t < T with the rmsnorm op's sums (n % 8 == 0,
  * n <= 8192, x 16-byte aligned): the decode recorder's norm fold (backend_cuda.cu). */
 void cuda_elem_rmsnorm_inv(cuda_ctx *c, const bf16 *x, int T, int n, float eps, float *inv);
-/* cuda_elem_gather_norm for a step's one output row, also writing the normed row's int16 copy
- * xq [H] and xs = {its scale t, sum |xn| rounded up, 1 when not finite} (cuda_greedy.cu). */
+/* cuda_elem_gather_norm, also writing each normed row's int16 copy xq [n_out, H] and xs [n_out,
+ * 4] = {its scale t, sum |xn| rounded up, 1 when not finite, -} (cuda_greedy.cu). */
 void cuda_elem_gather_norm_q(backend *be, backend_buf x, backend_weight norm, float eps, int H,
                              void *xn, int16_t *xq, float *xs);
 
-/* cuda_greedy.cu: greedy ids of a one-row step without the full lm-head product (the
+/* cuda_greedy.cu: greedy ids of a step of <= 4 rows without the full lm-head product (the
  * logits_argmax op's fast path; backend_cuda.cu falls back to logits + argmax).
  * cuda_greedy_prepare makes W's int8 copy (DS_GREEDY_SCREEN=0: never); cuda_greedy_run returns
  * 1 when it issued the step's ids, 0 when it does not apply (then nothing was issued);

@@ -437,10 +437,10 @@ extern "C" void cuda_elem_gated_rmsnorm(backend *be, backend_buf o, backend_buf 
 
 /* ---- logits rows ---- */
 
-/* Q: also the row's int16 copy for cuda_greedy.cu (one row, i = 0, H <= 16 * blockDim.x):
- * xq[j] = rint(xn[j] / t), t = max |xn| / 32767 (0 when the row is zero: xq = 0), and xs =
- * {t, sum |xn| rounded up past its summation error, 1 when the row is not finite (the bounds
- * then unusable)}. The max and the sum share one block reduction. */
+/* Q: also each row's int16 copy for cuda_greedy.cu (H <= 16 * blockDim.x): xq[i, j] =
+ * rint(xn[i, j] / t), t = max_j |xn[i, j]| / 32767 (0 when the row is zero: xq = 0), and
+ * xs[i, 0..2] = {t, sum |xn| rounded up past its summation error, 1 when the row is not finite
+ * (the bounds then unusable)}. The max and the sum share one block reduction. */
 template <bool Q>
 __global__ void k_gather_norm(const bf16 *x, const int32_t *out_rows, const float *w, int H,
                               float eps, bf16 *xn, int16_t *xq, float *xs) {
@@ -466,7 +466,7 @@ __global__ void k_gather_norm(const bf16 *x, const int32_t *out_rows, const floa
       xv[m] = 0.f;
       if (j < H) {
         bf16 v = f2bf(bf2f(xr[j]) * rs * (1.f + w[j]));
-        xn[j] = v;
+        xn[(int64_t)i * H + j] = v;
         xv[m] = bf2f(v);
         am = fmaxf(am, fabsf(xv[m]));
         as += fabsf(xv[m]); /* a NaN or infinity stays in the sum: the flag below */
@@ -488,13 +488,13 @@ __global__ void k_gather_norm(const bf16 *x, const int32_t *out_rows, const floa
       int j = threadIdx.x + m * blockDim.x;
       if (j < H) {
         float r = t > 0.f ? rintf(xv[m] / t) : 0.f;
-        xq[j] = (int16_t)fminf(fmaxf(r, -32767.f), 32767.f);
+        xq[(int64_t)i * H + j] = (int16_t)fminf(fmaxf(r, -32767.f), 32767.f);
       }
     }
     if (threadIdx.x == 0) {
-      xs[0] = t;
-      xs[1] = __fmul_ru(as, 1.f + (float)H * 1.2e-7f);
-      xs[2] = isfinite(as) ? 0.f : 1.f;
+      xs[4 * i] = t;
+      xs[4 * i + 1] = __fmul_ru(as, 1.f + (float)H * 1.2e-7f);
+      xs[4 * i + 2] = isfinite(as) ? 0.f : 1.f;
     }
   }
 }
@@ -513,8 +513,8 @@ void cuda_elem_gather_norm_q(backend *be, backend_buf x, backend_weight norm, fl
                              void *xn, int16_t *xq, float *xs) {
   cuda_ctx *c = cuda_ctx_of(be);
   const float *wf = wf32(c, norm, "logits");
-  if (!wf || H > 16 * 256) return;
-  k_gather_norm<true><<<1, 256, 0, c->st>>>((const bf16 *)x, c->b.out_rows, wf, H, eps,
+  if (!wf || H > 16 * 256 || c->b.n_out <= 0) return;
+  k_gather_norm<true><<<c->b.n_out, 256, 0, c->st>>>((const bf16 *)x, c->b.out_rows, wf, H, eps,
                                             (bf16 *)xn, xq, xs);
   cuda_check_launch(c, "logits (greedy norm)");
 }

@@ -46,21 +46,25 @@ CUDA_KTRACE_TU(cuda_greedy_ktrace_bind) /* the kernel-release trace, cuda_ktrace
 #define PICK_WARPS 8  /* warps per pick block */
 #define PICK_BLOCKS_MAX 1024
 
+#define GREEDY_MAXT 4 /* hidden rows a step may have for the screen */
+
+typedef void (*screen_fn)(const int8_t *, const float4 *, const int16_t *, const float *, int,
+                          int, float *, int *);
+
 struct cuda_greedy {
   const bf16 *W; /* the lm-head's bf16 rows (the weight's, not owned) */
   int H, V;
   int8_t *q;      /* [V, H] */
   float4 *rc;     /* [V] {s, E + rounding per |xn|, bound per t, 0} */
-  float *hi;      /* [V] the step's upper bounds */
-  int *lmax;      /* the step's max lower bound, ordered int (reset by the pick) */
-  int16_t *xq;    /* [H] */
-  float *xs;      /* [4] t, sum |xn|, not-finite flag */
-  float *pv, *z0; /* pick partials, z of row 0 */
-  int *pi, *cnt;
+  float *hi;      /* [GREEDY_MAXT, V] the step's upper bounds */
+  int *lmax;      /* [GREEDY_MAXT] the step's max lower bounds, ordered ints (reset by the pick) */
+  int16_t *xq;    /* [GREEDY_MAXT, H] */
+  float *xs;      /* [GREEDY_MAXT, 4] t, sum |xn|, not-finite flag */
+  float *pv, *z0; /* [GREEDY_MAXT, PICK_BLOCKS_MAX] pick partials, [GREEDY_MAXT] z of row 0 */
+  int *pi, *cnt;  /* [GREEDY_MAXT, PICK_BLOCKS_MAX], [GREEDY_MAXT] */
   unsigned long long *ncand; /* rows computed exactly, summed over the steps */
-  void (*sk)(const int8_t *, const float4 *, const int16_t *, const float *, int, int, float *,
-             int *); /* the screen kernel */
-  int scr_warps, scr_blocks, pick_blocks;
+  screen_fn sk[GREEDY_MAXT + 1]; /* the screen kernel for T hidden rows (NULL: not taken) */
+  int scr_warps, scr_blocks[GREEDY_MAXT + 1], pick_blocks;
 };
 
 /* floats ordered as ints (atomicMax), and back */
@@ -214,13 +218,115 @@ __global__ void __launch_bounds__(256)
   if (threadIdx.x == 0) atomicMax(lmax, gr_key(m));
 }
 
-/* Step 3: warps take groups of 32 rows; a row whose hi reaches L (and row 0) is computed by
- * the warp with gemv_row (the logits op's bits). Then argmax_split's last-block reduction. */
+/* Step 2 for steps of T = 2..4 rows: the same per (hidden row, vocabulary row), the hidden
+ * rows' int16 copies in shared memory (T H int16), each lane reading its 16 columns of piece p
+ * of each hidden row once per iteration for its R vocabulary rows. The T R sums of an iteration
+ * share one tree (padded to M, a power of two); lane groups of 32 / M end with one (t, row). */
+template <int NP, int R, int T>
+__global__ void __launch_bounds__(256)
+    k_greedy_screen_m(const int8_t *__restrict__ q, const float4 *__restrict__ rc,
+                      const int16_t *xq, const float *xs, int V, int rpw, float *hi, int *lmax) {
+  constexpr int H = NP * 512, TR = T * R, M = TR <= 2 ? 2 : TR <= 4 ? 4 : 8;
+  extern __shared__ int4 sx[]; /* [T][H / 8] */
+  __shared__ float st[T][3];
+  __shared__ int sl[T];
+  int lane = threadIdx.x & 31, gw = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  int r = gw * rpw, rend = min(V, r + rpw);
+  uint4 w[R][NP];
+  pdl_enter();
+  for (int k = threadIdx.x; k < T * H / 8; k += blockDim.x) sx[k] = __ldcg((const int4 *)xq + k);
+  if (threadIdx.x < T) {
+    st[threadIdx.x][0] = __ldcg(xs + 4 * threadIdx.x);
+    st[threadIdx.x][1] = __ldcg(xs + 4 * threadIdx.x + 1);
+    st[threadIdx.x][2] = __ldcg(xs + 4 * threadIdx.x + 2);
+    sl[threadIdx.x] = gr_key(-INFINITY);
+  }
+  /* the (t, i) this lane reports: index ix = t R + i of the M padded sums */
+  int ix = 0;
+#pragma unroll
+  for (int o = 16, n = M; n > 1; o >>= 1, n >>= 1)
+    if (lane & o) ix += n / 2;
+  int my_t = ix / R, my_i = ix % R;
+  bool valid_ix = ix < TR, writer = (lane & (32 / M - 1)) == 0;
+  float4 k = make_float4(0.f, 0.f, 0.f, 0.f);
+  auto load = [&](int rr) {
+#pragma unroll
+    for (int i = 0; i < R; i++)
+#pragma unroll
+      for (int p = 0; p < NP; p++)
+        w[i][p] = rr + i < rend ? ld_stream16(q + (size_t)(rr + i) * H + p * 512 + lane * 16)
+                                : make_uint4(0, 0, 0, 0);
+    k = __ldg(rc + min(rr + my_i, rend - 1));
+  };
+  if (r < rend) load(r);
+  __syncthreads();
+  float t_t = valid_ix ? st[my_t][0] : 0.f, x1_t = valid_ix ? st[my_t][1] : 0.f;
+  bool all = valid_ix && st[my_t][2] != 0.f;
+  float lo_max = -INFINITY;
+  for (; r < rend; r += R) {
+    int sacc[T][R];
+#pragma unroll
+    for (int t = 0; t < T; t++)
+#pragma unroll
+      for (int i = 0; i < R; i++) sacc[t][i] = 0;
+#pragma unroll
+    for (int p = 0; p < NP; p++) {
+#pragma unroll
+      for (int t = 0; t < T; t++) {
+        int4 u = sx[t * (H / 8) + p * 64 + lane * 2], u2 = sx[t * (H / 8) + p * 64 + lane * 2 + 1];
+        const int xr[8] = {u.x, u.y, u.z, u.w, u2.x, u2.y, u2.z, u2.w};
+#pragma unroll
+        for (int i = 0; i < R; i++) {
+          const unsigned a4[4] = {w[i][p].x, w[i][p].y, w[i][p].z, w[i][p].w};
+#pragma unroll
+          for (int m = 0; m < 4; m++) {
+            sacc[t][i] = __dp2a_lo(xr[2 * m], (int)a4[m], sacc[t][i]);
+            sacc[t][i] = __dp2a_hi(xr[2 * m + 1], (int)a4[m], sacc[t][i]);
+          }
+        }
+      }
+    }
+    float4 kc = k;
+    int rc0 = r;
+    if (r + R < rend) load(r + R);
+    float v[M];
+#pragma unroll
+    for (int j = 0; j < M; j++) v[j] = j < TR ? (float)sacc[j / R][j % R] : 0.f;
+    int o = 16;
+#pragma unroll
+    for (int n = M; n > 1; n >>= 1, o >>= 1) {
+#pragma unroll
+      for (int j = 0; j < n / 2; j++) {
+        float keep = (lane & o) ? v[j + n / 2] : v[j], give = (lane & o) ? v[j] : v[j + n / 2];
+        v[j] = keep + __shfl_xor_sync(0xffffffffu, give, o);
+      }
+    }
+    for (; o > 0; o >>= 1) v[0] += __shfl_xor_sync(0xffffffffu, v[0], o);
+    int row = rc0 + my_i;
+    if (valid_ix && row < rend) {
+      float a = v[0] * (kc.x * t_t);
+      float B = __fmaf_ru(kc.y, x1_t, __fmaf_ru(kc.z, t_t, 2e-6f * fabsf(a)));
+      float h = all ? INFINITY : __fadd_ru(a, B), l = all ? -INFINITY : __fsub_rd(a, B);
+      if (writer) hi[(size_t)my_t * V + row] = h;
+      lo_max = fmaxf(lo_max, l);
+    }
+  }
+  if (valid_ix) atomicMax(&sl[my_t], gr_key(lo_max));
+  __syncthreads();
+  if (threadIdx.x < T) atomicMax(lmax + threadIdx.x, sl[threadIdx.x]);
+}
+
+/* Step 3, for hidden row t = blockIdx.y: warps take groups of 32 rows; a row whose hi reaches L
+ * (and row 0) is computed by the warp with gemv_row (the logits op's bits). Then argmax_split's
+ * last-block reduction (per t). */
 __global__ void __launch_bounds__(PICK_WARPS * 32)
     k_greedy_pick(const bf16 *__restrict__ xn, const bf16 *__restrict__ W, int H, int V,
                   const float *hi, int *lmax, float *pv, int *pi, int *cnt, float *z0,
                   unsigned long long *ncand, int32_t *ids) {
   pdl_enter();
+  int t = blockIdx.y;
+  xn += (size_t)t * H, hi += (size_t)t * V, lmax += t, cnt += t, z0 += t, ids += t;
+  pv += (size_t)t * gridDim.x, pi += (size_t)t * gridDim.x;
   float L = gr_unkey(__ldcg(lmax));
   int lane = threadIdx.x & 31;
   int gw = blockIdx.x * PICK_WARPS + (threadIdx.x >> 5), nw = gridDim.x * PICK_WARPS;
@@ -287,22 +393,30 @@ void cuda_greedy_forget(cuda_ctx *c, const void *W_bf) {
   c->greedy = NULL;
 }
 
-/* The screen kernel for H = 512 NP (NP in 2, 4, 5, 6, 8) and R rows per iteration (1, 2), or
- * NULL. */
-typedef void (*screen_fn)(const int8_t *, const float4 *, const int16_t *, const float *, int,
-                          int, float *, int *);
-template <int NP>
-static screen_fn screen_kernel_np(int R) {
-  return R == 1 ? k_greedy_screen<NP, 1> : R == 2 ? k_greedy_screen<NP, 2> : NULL;
+/* The screen kernel for H = 512 NP (NP in 2, 4, 5, 6, 8), R vocabulary rows per iteration (1,
+ * 2) and T hidden rows (1..GREEDY_MAXT), or NULL. */
+template <int NP, int R>
+static screen_fn screen_kernel_r(int T) {
+  switch (T) {
+    case 1: return k_greedy_screen<NP, R>;
+    case 2: return k_greedy_screen_m<NP, R, 2>;
+    case 3: return k_greedy_screen_m<NP, R, 3>;
+    case 4: return k_greedy_screen_m<NP, R, 4>;
+    default: return NULL;
+  }
 }
-static screen_fn screen_kernel(int H, int R) {
+template <int NP>
+static screen_fn screen_kernel_np(int R, int T) {
+  return R == 1 ? screen_kernel_r<NP, 1>(T) : R == 2 ? screen_kernel_r<NP, 2>(T) : NULL;
+}
+static screen_fn screen_kernel(int H, int R, int T) {
   if (H % 512) return NULL;
   switch (H / 512) {
-    case 2: return screen_kernel_np<2>(R);
-    case 4: return screen_kernel_np<4>(R);
-    case 5: return screen_kernel_np<5>(R);
-    case 6: return screen_kernel_np<6>(R);
-    case 8: return screen_kernel_np<8>(R);
+    case 2: return screen_kernel_np<2>(R, T);
+    case 4: return screen_kernel_np<4>(R, T);
+    case 5: return screen_kernel_np<5>(R, T);
+    case 6: return screen_kernel_np<6>(R, T);
+    case 8: return screen_kernel_np<8>(R, T);
     default: return NULL;
   }
 }
@@ -321,32 +435,42 @@ int cuda_greedy_prepare(backend *be, backend_weight W, int H, int V, char *err, 
   int R = env_int("DS_GREEDY_ROWS", 2);
   int warps = env_int("DS_GREEDY_WARPS", 4);
   if (warps < 1 || warps > 8) warps = 4;
-  screen_fn sk = screen_kernel(H, R);
-  if (!sk || V < 2 || CW(W)->rows != V || CW(W)->cols != H) return 0;
+  if (!screen_kernel(H, R, 1) || V < 2 || CW(W)->rows != V || CW(W)->cols != H) return 0;
   cuda_greedy_forget(c, NULL);
   cuda_greedy *g = (cuda_greedy *)calloc(1, sizeof *g);
   if (!g) return 0;
   g->W = CW(W)->bf;
   g->H = H;
   g->V = V;
-  int bps = 0;
-  g->sk = sk;
   g->scr_warps = warps;
-  cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps, sk, warps * 32, 0);
-  g->scr_blocks = (bps > 0 ? bps : 1) * c->n_sm;
+  for (int T = 1; T <= GREEDY_MAXT; T++) {
+    int bps = 0;
+    g->sk[T] = screen_kernel(H, R, T);
+    if (g->sk[T] && T > 1 &&
+        cudaFuncSetAttribute(g->sk[T], cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             T * H * 2) != cudaSuccess)
+      g->sk[T] = NULL;
+    if (g->sk[T] && cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+                        &bps, g->sk[T], warps * 32, T > 1 ? T * H * 2 : 0) != cudaSuccess)
+      g->sk[T] = NULL;
+    cudaGetLastError();
+    g->scr_blocks[T] = (bps > 0 ? bps : 1) * c->n_sm;
+  }
   g->pick_blocks = std::min(PICK_BLOCKS_MAX, 2 * c->n_sm);
   int bad = 0, *d_bad = NULL;
-  int neg = host_key_neg_inf();
+  int neg[GREEDY_MAXT];
+  for (int t = 0; t < GREEDY_MAXT; t++) neg[t] = host_key_neg_inf();
+  const size_t TM = GREEDY_MAXT;
   if (cudaMalloc(&g->q, (size_t)V * H) != cudaSuccess ||
       cudaMalloc(&g->rc, (size_t)V * sizeof(float4)) != cudaSuccess ||
-      cudaMalloc(&g->hi, (size_t)V * sizeof(float)) != cudaSuccess ||
-      cudaMalloc(&g->lmax, sizeof(int)) != cudaSuccess ||
-      cudaMalloc(&g->xq, (size_t)H * sizeof(int16_t)) != cudaSuccess ||
-      cudaMalloc(&g->xs, 4 * sizeof(float)) != cudaSuccess ||
-      cudaMalloc(&g->pv, PICK_BLOCKS_MAX * sizeof(float)) != cudaSuccess ||
-      cudaMalloc(&g->z0, sizeof(float)) != cudaSuccess ||
-      cudaMalloc(&g->pi, PICK_BLOCKS_MAX * sizeof(int)) != cudaSuccess ||
-      cudaMalloc(&g->cnt, sizeof(int)) != cudaSuccess ||
+      cudaMalloc(&g->hi, TM * V * sizeof(float)) != cudaSuccess ||
+      cudaMalloc(&g->lmax, TM * sizeof(int)) != cudaSuccess ||
+      cudaMalloc(&g->xq, TM * H * sizeof(int16_t)) != cudaSuccess ||
+      cudaMalloc(&g->xs, TM * 4 * sizeof(float)) != cudaSuccess ||
+      cudaMalloc(&g->pv, TM * PICK_BLOCKS_MAX * sizeof(float)) != cudaSuccess ||
+      cudaMalloc(&g->z0, TM * sizeof(float)) != cudaSuccess ||
+      cudaMalloc(&g->pi, TM * PICK_BLOCKS_MAX * sizeof(int)) != cudaSuccess ||
+      cudaMalloc(&g->cnt, TM * sizeof(int)) != cudaSuccess ||
       cudaMalloc(&g->ncand, sizeof(unsigned long long)) != cudaSuccess ||
       cudaMalloc(&d_bad, sizeof(int)) != cudaSuccess) {
     cudaGetLastError();
@@ -357,9 +481,9 @@ int cuda_greedy_prepare(backend *be, backend_weight W, int H, int V, char *err, 
     return 0;
   }
   cudaMemsetAsync(d_bad, 0, sizeof(int), c->st);
-  cudaMemsetAsync(g->cnt, 0, sizeof(int), c->st);
+  cudaMemsetAsync(g->cnt, 0, TM * sizeof(int), c->st);
   cudaMemsetAsync(g->ncand, 0, sizeof(unsigned long long), c->st);
-  cudaMemcpyAsync(g->lmax, &neg, sizeof neg, cudaMemcpyHostToDevice, c->st);
+  cudaMemcpyAsync(g->lmax, neg, sizeof neg, cudaMemcpyHostToDevice, c->st);
   k_greedy_quant<<<(V + 7) / 8, 256, 0, c->st>>>(g->W, H, V, g->q, g->rc, d_bad);
   cudaMemcpyAsync(&bad, d_bad, sizeof bad, cudaMemcpyDeviceToHost, c->st);
   cudaError_t e = cudaStreamSynchronize(c->st);
@@ -384,16 +508,18 @@ int cuda_greedy_run(backend *be, backend_buf x, backend_weight norm, float eps, 
                     int H, int V, backend_buf ids) {
   cuda_ctx *c = cuda_ctx_of(be);
   cuda_greedy *g = c->greedy;
-  if (!g || c->b.n_out != 1 || g->W != CW(W)->bf || g->H != H || g->V != V) return 0;
-  void *xn = cuda_scratch(c, (size_t)H * 2);
+  int T = c->b.n_out;
+  if (!g || T < 1 || T > GREEDY_MAXT || !g->sk[T] || g->W != CW(W)->bf || g->H != H || g->V != V)
+    return 0;
+  void *xn = cuda_scratch(c, (size_t)T * H * 2);
   if (!xn) return 0;
   cuda_elem_gather_norm_q(be, x, norm, eps, H, xn, g->xq, g->xs);
-  int warps = g->scr_blocks * g->scr_warps;
+  int warps = g->scr_blocks[T] * g->scr_warps;
   int rpw = (V + warps - 1) / warps;
-  g->sk<<<g->scr_blocks, g->scr_warps * 32, 0, c->st>>>(g->q, g->rc, g->xq, g->xs, V, rpw, g->hi,
-                                                   g->lmax);
+  g->sk[T]<<<g->scr_blocks[T], g->scr_warps * 32, T > 1 ? T * H * 2 : 0, c->st>>>(
+      g->q, g->rc, g->xq, g->xs, V, rpw, g->hi, g->lmax);
   cuda_check_launch(c, "logits (greedy screen)");
-  k_greedy_pick<<<g->pick_blocks, PICK_WARPS * 32, 0, c->st>>>(
+  k_greedy_pick<<<dim3((unsigned)g->pick_blocks, (unsigned)T), PICK_WARPS * 32, 0, c->st>>>(
       (const bf16 *)xn, g->W, H, V, g->hi, g->lmax, g->pv, g->pi, g->cnt, g->z0, g->ncand,
       (int32_t *)ids);
   cuda_check_launch(c, "logits (greedy pick)");

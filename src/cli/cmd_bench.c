@@ -69,6 +69,7 @@
 static const int bench_prefill_names[BENCH_N_PREFILL] = {512, 4096, 16384};
 static const int bench_decode_names[BENCH_N_DECODE] = {1, 8, 32, 64, 128};
 #define BENCH_MAX_REPEATS 20 /* --decode-repeats at most */
+#define BENCH_MAX_CONC 1024  /* --decode-conc at most */
 
 /* llama.cpp on the same H200 and shape (anchors.md, 2026-11-29). */
 static const struct {
@@ -698,8 +699,21 @@ static int bench_phase_a(bench *b) {
   const bench_sizes *z = &b->sz;
   engine_opts o = b->user;
   o.enable_prefix_caching = 0;
+  /* the decode levels this run times: the sizes, or --decode-conc's one (any N: a level of
+   * its own when N is not one of the sizes) */
+  int lv_conc[BENCH_N_DECODE], lv_name[BENCH_N_DECODE], n_lv = 0;
+  for (int i = 0; i < BENCH_N_DECODE; i++)
+    if (!b->only_conc || z->decode_conc[i] == b->only_conc) {
+      lv_conc[n_lv] = z->decode_conc[i];
+      lv_name[n_lv++] = bench_decode_names[i];
+    }
+  if (b->only_conc && !n_lv) {
+    lv_conc[0] = lv_name[0] = b->only_conc;
+    n_lv = 1;
+  }
   int maxc = 0;
   for (int i = 0; i < BENCH_N_DECODE; i++) maxc = z->decode_conc[i] > maxc ? z->decode_conc[i] : maxc;
+  if (b->only_conc > maxc) maxc = b->only_conc;
   if (!b->user_max_seqs) o.max_num_seqs = maxc;
   if (!b->user_kv_tokens) {
     long need = (long)maxc * (z->decode_prompt + z->decode_gen);
@@ -726,22 +740,21 @@ static int bench_phase_a(bench *b) {
     bench_set(b->metrics, k, tok_s);
     fprintf(stderr, "bench: prefill %d tokens: %.1f tok/s (%.4f s)\n", z->prefill_len[i], tok_s, med);
   }
-  for (int i = 0; i < BENCH_N_DECODE && do_decode; i++) {
-    if (b->only_conc && z->decode_conc[i] != b->only_conc) continue;
+  for (int i = 0; i < n_lv && do_decode; i++) {
     /* a short warm-up at this concurrency: the step shapes' one-time work (graph capture, the
      * CUDA backend's GEMM algorithm timing) out of the window, as a server does it once */
-    if (bench_decode(b, z->decode_conc[i], z->decode_prompt,
-                     z->decode_gen < 16 ? z->decode_gen : 16, &tok_s, &s))
+    if (bench_decode(b, lv_conc[i], z->decode_prompt, z->decode_gen < 16 ? z->decode_gen : 16,
+                     &tok_s, &s))
       return -1;
     double runs[BENCH_MAX_REPEATS], sorted[BENCH_MAX_REPEATS];
     int R = b->decode_repeats;
     for (int r = 0; r < R; r++) {
-      if (bench_decode(b, z->decode_conc[i], z->decode_prompt, z->decode_gen, &runs[r], &s))
+      if (bench_decode(b, lv_conc[i], z->decode_prompt, z->decode_gen, &runs[r], &s))
         return -1;
       sorted[r] = runs[r];
     }
     tok_s = bench_median(sorted, R);
-    snprintf(k, sizeof k, "decode_tok_s_%d", bench_decode_names[i]);
+    snprintf(k, sizeof k, "decode_tok_s_%d", lv_name[i]);
     bench_set(b->metrics, k, tok_s);
     if (R > 1) {
       json_t *all = json_object_get(b->info, "decode_runs_tok_s");
@@ -752,10 +765,10 @@ static int bench_phase_a(bench *b) {
       json_t *arr = json_array();
       for (int r = 0; r < R; r++)
         json_array_append_new(arr, isfinite(runs[r]) ? json_real(runs[r]) : json_null());
-      snprintf(k, sizeof k, "%d", bench_decode_names[i]);
+      snprintf(k, sizeof k, "%d", lv_name[i]);
       json_object_set_new(all, k, arr);
     }
-    fprintf(stderr, "bench: decode %d sequences: %.1f tok/s (", z->decode_conc[i], tok_s);
+    fprintf(stderr, "bench: decode %d sequences: %.1f tok/s (", lv_conc[i], tok_s);
     if (R > 1) {
       fprintf(stderr, "median of %d runs:", R);
       for (int r = 0; r < R; r++) fprintf(stderr, "%s %.1f", r ? " /" : "", runs[r]);
@@ -954,11 +967,12 @@ static void bench_usage(FILE *f) {
           "  --quick: small sizes for CPU smoke tests.\n"
           "  --batch-invariant: GEMMs whose rows do not depend on the batch (as serve).\n"
           "  --only decode|prefill: those runs only (no prefix or checkpoint parts).\n"
-          "  --decode-conc N: with --only decode, the run of N sequences only (N one of the\n"
-          "    decode sizes; for profiling one batch size).\n"
+          "  --decode-conc N: with --only decode, the run of N sequences only (one of the\n"
+          "    decode sizes or any other N up to %d, reported as decode_tok_s_N; for profiling\n"
+          "    one batch size).\n"
           "  --decode-repeats N: measure each decode size N times (1..%d) and report the\n"
           "    median (every run in info.decode_runs_tok_s).\n",
-          BENCH_MAX_REPEATS);
+          BENCH_MAX_CONC, BENCH_MAX_REPEATS);
 }
 
 int cmd_bench(int argc, char **argv) {
@@ -1046,17 +1060,10 @@ int cmd_bench(int argc, char **argv) {
     return 2;
   }
   b.sz = b.quick ? bench_quick : bench_full;
-  if (b.only_conc) {
-    int known = 0;
-    for (int i = 0; i < BENCH_N_DECODE; i++) known |= b.sz.decode_conc[i] == b.only_conc;
-    if (!b.only || strcmp(b.only, "decode") || !known) {
-      fprintf(stderr, "deltaserve bench: --decode-conc %d needs --only decode and one of the "
-                      "decode sizes (", b.only_conc);
-      for (int i = 0; i < BENCH_N_DECODE; i++)
-        fprintf(stderr, "%s%d", i ? ", " : "", b.sz.decode_conc[i]);
-      fprintf(stderr, ")\n");
-      return 2;
-    }
+  if (b.only_conc && (!b.only || strcmp(b.only, "decode") || b.only_conc > BENCH_MAX_CONC)) {
+    fprintf(stderr, "deltaserve bench: --decode-conc N needs --only decode and 1 <= N <= %d\n",
+            BENCH_MAX_CONC);
+    return 2;
   }
   engine_opts def;
   engine_opts_default(&def);
@@ -1089,8 +1096,9 @@ int cmd_bench(int argc, char **argv) {
     int n = decode ? BENCH_N_DECODE : BENCH_N_PREFILL;
     for (int i = 0; i < n; i++) { /* only the asked figures are owed */
       char k[64];
-      if (decode && b.only_conc && b.sz.decode_conc[i] != b.only_conc) continue;
-      if (decode) snprintf(k, sizeof k, "decode_tok_s_%d", bench_decode_names[i]);
+      if (decode && b.only_conc && i > 0) break;
+      if (decode && b.only_conc) snprintf(k, sizeof k, "decode_tok_s_%d", b.only_conc);
+      else if (decode) snprintf(k, sizeof k, "decode_tok_s_%d", bench_decode_names[i]);
       else snprintf(k, sizeof k, "prefill_tok_s_%d", bench_prefill_names[i]);
       json_t *v = json_object_get(b.metrics, k);
       if (!v || !json_is_number(v)) failed = 1;

@@ -1,8 +1,9 @@
-/* cuda_greedy — the greedy id of a one-row step without reading the whole lm-head in bf16.
+/* cuda_greedy — the greedy ids of a step of 1-4 rows without reading the whole lm-head in bf16.
  *
  * At one sequence the lm-head product (151,936 x 2,560 bf16 at the 4B shape: 0.78 GB) is ~8 %
  * of a decode step, and a greedy step needs only the first maximum of its logits. So the
- * lm-head is also kept as int8 rows with one scale per row (half the bytes), and a step:
+ * lm-head is also kept as int8 rows with one scale per row (half the bytes), and a step, per
+ * hidden row (the screen reads the int8 rows once for all of them):
  *
  *   1. normalises the row as the logits op does (xn, bf16) and makes an int16 copy of it
  *      (cuda_elem_gather_norm_q: xq = rint(xn / t), t = max |xn| / 32767);
@@ -16,7 +17,7 @@
  * Every row that reaches the maximum has z_r >= z_{r*} >= L for the row r* that gives L, so
  * hi_r >= L: the rows left out cannot win, and ties are all computed. The id is therefore
  * argmax(logits) exactly, however loose B is; B's looseness only sets how many rows step 3
- * computes (a few hundred of 151,936 on random weights, where logits are closest together).
+ * computes (~10-20 of 151,936 per hidden row on random weights).
  *
  * The bound, per row (constants from the int8 copy's making, k_greedy_quant):
  *   |w_j - q_j s| <= E (measured in double)           -> E * sum |xn|

@@ -128,9 +128,49 @@ __global__ void k_greedy_quant(const bf16 *__restrict__ W, int H, int V, int8_t 
  * instead read the same: bench/NOTES.md). Lane l holds xq's columns p 512 + 16 l .. + 15
  * (p < NP = H / 512) as int16 pairs. The next rows' weights are requested before this
  * iteration's sums are reduced. */
+/* Which of M sums (a power of two) lane ends with after scr_tree. */
+template <int M>
+__device__ __forceinline__ int scr_lane_ix(int lane) {
+  int ix = 0;
+#pragma unroll
+  for (int o = 16, n = M; n > 1; o >>= 1, n >>= 1)
+    if (lane & o) ix += n / 2;
+  return ix;
+}
+
+/* The M sums of 32 lane partials each in one tree: the sums halved between lane halves at
+ * each of the first log2 M steps, then the butterfly; lane ends with sum scr_lane_ix<M>(lane)
+ * (every group of 32 / M lanes with one). */
+template <int M>
+__device__ __forceinline__ float scr_tree(float (&v)[M], int lane) {
+  int o = 16;
+#pragma unroll
+  for (int n = M; n > 1; n >>= 1, o >>= 1) {
+#pragma unroll
+    for (int j = 0; j < n / 2; j++) {
+      float keep = (lane & o) ? v[j + n / 2] : v[j], give = (lane & o) ? v[j] : v[j + n / 2];
+      v[j] = keep + __shfl_xor_sync(0xffffffffu, give, o);
+    }
+  }
+  for (; o > 0; o >>= 1) v[0] += __shfl_xor_sync(0xffffffffu, v[0], o);
+  return v[0];
+}
+
+/* A row's bounds from its integer sum S (as float), its constants kc and the hidden row's
+ * scale t and sum |xn| x1 (the header's bound; every row a candidate when all). */
+__device__ __forceinline__ void scr_bound(float S, float4 kc, float t, float x1, bool all,
+                                          float &h, float &l) {
+  float a = S * (kc.x * t);
+  float B = __fmaf_ru(kc.y, x1, __fmaf_ru(kc.z, t, 2e-6f * fabsf(a)));
+  h = all ? INFINITY : __fadd_ru(a, B);
+  l = all ? -INFINITY : __fsub_rd(a, B);
+}
+
+/* Rows r .. min(r + R, r1) - 1 of q into w (zeros past r1), and row r + ri's constants (the
+ * row this lane reports) into k. */
 template <int NP, int R>
 __device__ __forceinline__ void scr_load(uint4 (&w)[R][NP], float4 &k, const int8_t *q,
-                                         const float4 *rc, int r, int r1, int lane) {
+                                         const float4 *rc, int r, int r1, int lane, int ri) {
   const int H = NP * 512;
 #pragma unroll
   for (int i = 0; i < R; i++)
@@ -138,12 +178,7 @@ __device__ __forceinline__ void scr_load(uint4 (&w)[R][NP], float4 &k, const int
     for (int p = 0; p < NP; p++)
       w[i][p] = r + i < r1 ? ld_stream16(q + (size_t)(r + i) * H + p * 512 + lane * 16)
                            : make_uint4(0, 0, 0, 0);
-  /* the row this lane reports (rl in k_greedy_screen) */
-  int row = r;
-#pragma unroll
-  for (int o = 16, n = R; n > 1; o >>= 1, n >>= 1)
-    if (lane & o) row += n / 2;
-  k = __ldg(rc + min(row, r1 - 1));
+  k = __ldg(rc + min(r + ri, r1 - 1));
 }
 
 template <int NP, int R>
@@ -155,7 +190,8 @@ __global__ void __launch_bounds__(256)
   uint4 w[R][NP];
   float4 k;
   pdl_enter();
-  if (r < rend) scr_load<NP, R>(w, k, q, rc, r, min(rend, r + R), lane);
+  int rl = scr_lane_ix<R>(lane); /* this lane's row in each iteration */
+  if (r < rend) scr_load<NP, R>(w, k, q, rc, r, min(rend, r + R), lane, rl);
   int xr[NP][8];
 #pragma unroll
   for (int p = 0; p < NP; p++) {
@@ -166,10 +202,6 @@ __global__ void __launch_bounds__(256)
   }
   float t = __ldcg(xs), x1 = __ldcg(xs + 1);
   bool all = __ldcg(xs + 2) != 0.f;
-  int rl = 0; /* this lane's row in each iteration, and whether it writes it */
-#pragma unroll
-  for (int o = 16, n = R; n > 1; o >>= 1, n >>= 1)
-    if (lane & o) rl += n / 2;
   bool writer = (lane & (32 / R - 1)) == 0;
   float lo_max = -INFINITY;
   for (; r < rend; r += R) {
@@ -189,27 +221,15 @@ __global__ void __launch_bounds__(256)
       }
     }
     float4 kc = k;
-    if (r + R < rend) scr_load<NP, R>(w, k, q, rc, r + R, min(rend, r + 2 * R), lane);
-    /* the R rows' 32 partials in one tree: first halving the rows between lane halves, then
-     * the butterfly; lane ends with row r + rl */
+    if (r + R < rend) scr_load<NP, R>(w, k, q, rc, r + R, min(rend, r + 2 * R), lane, rl);
     float v[R];
 #pragma unroll
     for (int i = 0; i < R; i++) v[i] = (float)sacc[i];
-    int o = 16;
-#pragma unroll
-    for (int n = R; n > 1; n >>= 1, o >>= 1) {
-#pragma unroll
-      for (int i = 0; i < n / 2; i++) {
-        float keep = (lane & o) ? v[i + n / 2] : v[i], give = (lane & o) ? v[i] : v[i + n / 2];
-        v[i] = keep + __shfl_xor_sync(0xffffffffu, give, o);
-      }
-    }
-    for (; o > 0; o >>= 1) v[0] += __shfl_xor_sync(0xffffffffu, v[0], o);
+    float S = scr_tree<R>(v, lane); /* row r + rl's */
     int row = r + rl;
     if (row < r1) {
-      float a = v[0] * (kc.x * t);
-      float B = __fmaf_ru(kc.y, x1, __fmaf_ru(kc.z, t, 2e-6f * fabsf(a)));
-      float h = all ? INFINITY : __fadd_ru(a, B), l = all ? -INFINITY : __fsub_rd(a, B);
+      float h, l;
+      scr_bound(S, kc, t, x1, all, h, l);
       if (writer) hi[row] = h;
       lo_max = fmaxf(lo_max, l);
     }
@@ -242,24 +262,11 @@ __global__ void __launch_bounds__(256)
     st[threadIdx.x][2] = __ldcg(xs + 4 * threadIdx.x + 2);
     sl[threadIdx.x] = gr_key(-INFINITY);
   }
-  /* the (t, i) this lane reports: index ix = t R + i of the M padded sums */
-  int ix = 0;
-#pragma unroll
-  for (int o = 16, n = M; n > 1; o >>= 1, n >>= 1)
-    if (lane & o) ix += n / 2;
+  int ix = scr_lane_ix<M>(lane); /* the (t, i) this lane reports: ix = t R + i */
   int my_t = ix / R, my_i = ix % R;
   bool valid_ix = ix < TR, writer = (lane & (32 / M - 1)) == 0;
   float4 k = make_float4(0.f, 0.f, 0.f, 0.f);
-  auto load = [&](int rr) {
-#pragma unroll
-    for (int i = 0; i < R; i++)
-#pragma unroll
-      for (int p = 0; p < NP; p++)
-        w[i][p] = rr + i < rend ? ld_stream16(q + (size_t)(rr + i) * H + p * 512 + lane * 16)
-                                : make_uint4(0, 0, 0, 0);
-    k = __ldg(rc + min(rr + my_i, rend - 1));
-  };
-  if (r < rend) load(r);
+  if (r < rend) scr_load<NP, R>(w, k, q, rc, r, min(rend, r + R), lane, my_i);
   __syncthreads();
   float t_t = valid_ix ? st[my_t][0] : 0.f, x1_t = valid_ix ? st[my_t][1] : 0.f;
   bool all = valid_ix && st[my_t][2] != 0.f;
@@ -288,26 +295,15 @@ __global__ void __launch_bounds__(256)
       }
     }
     float4 kc = k;
-    int rc0 = r;
-    if (r + R < rend) load(r + R);
+    if (r + R < rend) scr_load<NP, R>(w, k, q, rc, r + R, min(rend, r + 2 * R), lane, my_i);
     float v[M];
 #pragma unroll
     for (int j = 0; j < M; j++) v[j] = j < TR ? (float)sacc[j / R][j % R] : 0.f;
-    int o = 16;
-#pragma unroll
-    for (int n = M; n > 1; n >>= 1, o >>= 1) {
-#pragma unroll
-      for (int j = 0; j < n / 2; j++) {
-        float keep = (lane & o) ? v[j + n / 2] : v[j], give = (lane & o) ? v[j] : v[j + n / 2];
-        v[j] = keep + __shfl_xor_sync(0xffffffffu, give, o);
-      }
-    }
-    for (; o > 0; o >>= 1) v[0] += __shfl_xor_sync(0xffffffffu, v[0], o);
-    int row = rc0 + my_i;
+    float S = scr_tree<M>(v, lane);
+    int row = r + my_i;
     if (valid_ix && row < rend) {
-      float a = v[0] * (kc.x * t_t);
-      float B = __fmaf_ru(kc.y, x1_t, __fmaf_ru(kc.z, t_t, 2e-6f * fabsf(a)));
-      float h = all ? INFINITY : __fadd_ru(a, B), l = all ? -INFINITY : __fsub_rd(a, B);
+      float h, l;
+      scr_bound(S, kc, t_t, x1_t, all, h, l);
       if (writer) hi[(size_t)my_t * V + row] = h;
       lo_max = fmaxf(lo_max, l);
     }

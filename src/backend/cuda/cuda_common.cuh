@@ -80,10 +80,6 @@ typedef struct cuda_ctx {
    * at most 16; 0: cuBLAS instead); their workspace (partial sums); the SM count */
   int sgemm_maxt;
   void *sg_ws;
-  /* their K slices summed by the last block of each row tile to finish (a counter per tile,
-   * cuda_sgemm.cu) instead of a second kernel; DS_SG_SLICE_SUMS=0: the second kernel */
-  int *sg_cnt;
-  int sg_fold;
   int n_sm;
   /* rotary frequencies of the last (theta, rot) seen by qk_norm_rope (cuda_elem.cu):
    * CUDA_ROPE_TAB floats, filled on the stream when (theta, rot) changes */

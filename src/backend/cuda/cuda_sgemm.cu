@@ -12,10 +12,8 @@
  * SG_UNIT = 128 columns so that the grid has about SG_BLOCKS_PER_SM blocks per SM; S is a
  * function of (K,
  * the total N of the launch, the SM count) only. With S > 1 each block writes fp32 partial
- * sums to a workspace and bumps its row tile's counter; the block that finds itself the tile's
- * last adds the S partials in slice order (its own from registers) and writes y, then resets
- * the counter (DS_SG_SLICE_SUMS=0: a second kernel adds them, the same order and bits). So a
- * result depends on (T, K, total N) and nothing else: repeatable bits.
+ * sums to a workspace and a second kernel adds the S partials in slice order and writes y.
+ * So a result depends on (T, K, total N) and nothing else: repeatable bits.
  *
  * Fragments without shuffles. The product sums over k, so any permutation of k applied to
  * both operands gives the same sum. Lane (g = lane / 4, t = lane % 4) loads 16 contiguous
@@ -26,7 +24,6 @@
  * streaming loads (not kept in L1); x (T * K * 2 bytes, read by every warp) through L1/L2.
  * Rows past N (single product) and x rows past T read the last valid row and are not
  * written. */
-#include <stdlib.h>
 #include <string.h>
 
 #include "backend/cuda/cuda_common.cuh"
@@ -40,7 +37,6 @@ CUDA_KTRACE_TU(cuda_sgemm_ktrace_bind) /* the kernel-release trace, cuda_ktrace.
 #define SG_BLOCKS_PER_SM 4 /* the grid's target size (K slices are added to reach it) */
 #define SG_MAXN 32768     /* wider products (the logits) stay on cuBLAS, already at bandwidth */
 #define SG_WS (4u << 20) /* partial sums (~2.2 MB at most at 16 rows) */
-#define SG_TILES (SG_MAXN / SG_ROWS) /* row tiles of a launch at most: one counter each */
 
 typedef struct sg_set {
   const bf16 *W[SG_MULTI];
@@ -66,7 +62,7 @@ __device__ __forceinline__ void sg_store(const sg_set &s, int y_f32, int r, int 
 template <int NT>
 __global__ void __launch_bounds__(SG_WARPS * 32)
     k_sgemm(const bf16 *__restrict__ x, sg_set s, int T, int K, int S, int y_f32,
-            float *__restrict__ ws, int *cnt) {
+            float *__restrict__ ws) {
   pdl_enter();
   int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   int total = s.n0[s.cnt], rt = blockIdx.x, sl = blockIdx.y, nu = K / SG_UNIT;
@@ -134,28 +130,6 @@ __global__ void __launch_bounds__(SG_WARPS * 32)
       int r = r0 + g + (e >= 2 ? 8 : 0), tok = i * 8 + 2 * t + (e & 1);
       if (r < total && tok < T) ws[((size_t)sl * T + tok) * total + r] = acc[i][e];
     }
-  if (!cnt) return; /* k_sg_reduce adds the slices */
-  __shared__ int last;
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) last = atomicAdd(cnt + rt, 1) == S - 1;
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  /* the tile's sums in slice order, as k_sg_reduce adds them; this block's slice from acc */
-#pragma unroll
-  for (int i = 0; i < NT; i++)
-#pragma unroll
-    for (int e = 0; e < 4; e++) {
-      int r = r0 + g + (e >= 2 ? 8 : 0), tok = i * 8 + 2 * t + (e & 1);
-      if (r < total && tok < T) {
-        float v = 0.f;
-        for (int q = 0; q < S; q++)
-          v += q == sl ? acc[i][e] : __ldcg(ws + ((size_t)q * T + tok) * total + r);
-        sg_store(s, y_f32, r, tok, v);
-      }
-    }
-  if (threadIdx.x == 0) cnt[rt] = 0;
 }
 
 /* y = the S slices' partial sums added in slice order, one thread per output element */
@@ -180,26 +154,19 @@ static void sg_reduce(cuda_ctx *c, float *ws, const sg_set &s, int T, int total,
 
 extern "C" int cuda_sgemm_init(cuda_ctx *c) {
   c->sg_ws = NULL;
-  c->sg_cnt = NULL;
   if (cudaDeviceGetAttribute(&c->n_sm, cudaDevAttrMultiProcessorCount, c->device) != cudaSuccess)
     c->n_sm = 132;
-  if (cudaMalloc(&c->sg_ws, SG_WS) != cudaSuccess ||
-      cudaMalloc(&c->sg_cnt, SG_TILES * sizeof(int)) != cudaSuccess ||
-      cudaMemset(c->sg_cnt, 0, SG_TILES * sizeof(int)) != cudaSuccess) {
+  if (cudaMalloc(&c->sg_ws, SG_WS) != cudaSuccess) {
     cudaGetLastError();
-    cuda_sgemm_release(c);
+    c->sg_ws = NULL;
     return -1;
   }
-  const char *f = getenv("DS_SG_SLICE_SUMS"); /* in the GEMM's last blocks, unless "0" */
-  c->sg_fold = !(f && strcmp(f, "0") == 0);
   return 0;
 }
 
 extern "C" void cuda_sgemm_release(cuda_ctx *c) {
   cudaFree(c->sg_ws);
-  cudaFree(c->sg_cnt);
   c->sg_ws = NULL;
-  c->sg_cnt = NULL;
 }
 
 int cuda_sgemm_fits(const cuda_ctx *c, int T, int K, int N, int multi) {
@@ -231,11 +198,10 @@ int cuda_sgemm(cuda_ctx *c, const bf16 *x, int T, int K, int m, const bf16 *cons
   if (S > 1 && (size_t)S * T * total * 4 > SG_WS) S = (int)(SG_WS / ((size_t)T * total * 4));
   if (S < 1) S = 1;
   dim3 grid(R, S);
-  int *cnt = S > 1 && c->sg_fold && R <= SG_TILES ? c->sg_cnt : NULL;
   switch ((T + 7) / 8) {
 #define G(n)                                                                             \
   case n:                                                                                \
-    k_sgemm<n><<<grid, SG_WARPS * 32, 0, c->st>>>(x, s, T, K, S, y_f32, ws, cnt);        \
+    k_sgemm<n><<<grid, SG_WARPS * 32, 0, c->st>>>(x, s, T, K, S, y_f32, ws);             \
     break;
     G(1) G(2)
 #undef G
@@ -243,6 +209,6 @@ int cuda_sgemm(cuda_ctx *c, const bf16 *x, int T, int K, int m, const bf16 *cons
       return 0;
   }
   cuda_check_launch(c, "matmul (skinny GEMM)");
-  if (!cnt) sg_reduce(c, ws, s, T, total, S, y_f32);
+  sg_reduce(c, ws, s, T, total, S, y_f32);
   return 1;
 }

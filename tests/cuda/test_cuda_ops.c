@@ -1568,47 +1568,6 @@ TEST(decode_graph_norm_fold) {
   plain->destroy(plain);
 }
 
-/* The same ten steps (1 and 2 rows) with the DeltaNet layer's z product in its chain's launch
- * (the default) against a backend that keeps z among the input products (DS_CHAIN_Z=0), both
- * folding norms: every logit, id and pool byte equal, and the rewrite taken in every listed
- * step of the default backend, never in the other. */
-TEST(decode_graph_chain_z) {
-  backend *off = gpu_with("DS_CHAIN_Z", "0");
-  REQUIRE(off != NULL);
-  dpair d;
-  dpair_init(&d, GPU, off);
-  dmodel *a = &d.a, *p = &d.p;
-  long st0[5], st[5], z0 = backend_cuda_chain_zs(GPU);
-  backend_cuda_graph_stats(GPU, st0);
-  float la[2 * DV], lp[2 * DV];
-  int32_t ia[2], ip[2];
-  int ndiff = 0, idiff = 0, steps = 10;
-  for (int k = 0; k < steps; k++) {
-    int n = k >= 5 && k < 8 ? 1 : 2;
-    int32_t pos[2] = {20 + k, k};
-    dmodel_step(a, n, pos, la, ia);
-    dmodel_step(p, n, pos, lp, ip);
-    for (int i = 0; i < n * DV; i++) ndiff += memcmp(&la[i], &lp[i], 4) != 0;
-    for (int i = 0; i < n; i++) idiff += ia[i] != ip[i];
-  }
-  int sdiff = dmodel_pools_differ(GPU, a, off, p);
-  backend_cuda_graph_stats(GPU, st);
-  long runs = (st[0] - st0[0]) + (st[2] - st0[2]), zs = backend_cuda_chain_zs(GPU) - z0;
-  n_checks++;
-  printf("  decode steps, z in the chain's launch vs not: %d logits, %d ids, %d state/KV buffers "
-         "differ; %ld chains with z in %ld listed steps (off: %ld)\n",
-         ndiff, idiff, sdiff, zs, runs, backend_cuda_chain_zs(off));
-  EXPECT_MSG(ndiff == 0 && idiff == 0 && sdiff == 0, "z in the chain's launch changed bits");
-  EXPECT_MSG(runs >= 2 && zs == runs, "%ld chains with z in %ld listed steps", zs, runs);
-  EXPECT_MSG(backend_cuda_chain_zs(off) == 0, "DS_CHAIN_Z=0 took z %ld times",
-             backend_cuda_chain_zs(off));
-  gpu_ok();
-  char err[256] = "";
-  EXPECT_MSG(off->sync(off, err, sizeof err) == 0, "DS_CHAIN_Z=0 backend failed: %s", err);
-  dpair_free(&d);
-  off->destroy(off);
-}
-
 /* [product -> mix, rmsnorm(x += mix) -> xn, q/k/v products of xn, then fg += xn]: xn is read
  * after its products, so the norm may not fold (xn would hold the unscaled values). Three steps
  * (direct, captured, replayed): no fold, every output bit equal to the ops as issued. */
@@ -1698,7 +1657,6 @@ int main(void) {
   RUN(logits_argmax);
   RUN(decode_graph);
   RUN(decode_graph_norm_fold);
-  RUN(decode_graph_chain_z);
   RUN(norm_fold_refused);
   printf("op checks: %d\n", n_checks);
   GPU->destroy(GPU);

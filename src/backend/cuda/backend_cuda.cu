@@ -1037,7 +1037,7 @@ struct cuda_graphs {
   std::vector<uint8_t> sig, last_sig, bad_sig;
   std::vector<graph_entry> cache;
   uint64_t tick;
-  long captures, replays, direct, fused, pdl_edges, norm_folds, chain_zs;
+  long captures, replays, direct, fused, pdl_edges, norm_folds;
   /* the graph nodes of the capture in progress that are kernels of ours (graph_note_launch) */
   std::unordered_set<cudaGraphNode_t> ours;
   /* DS_CUDA_STEP_TIMING=1: each replay between two events, for the GPU's share of a step
@@ -1413,35 +1413,6 @@ static int norm_fold_at(cuda_ctx *c, const std::vector<gop> &ops, size_t j, norm
   return 1;
 }
 
-/* ---- the z product beside the DeltaNet chain ----
- * A DeltaNet layer's products after its folded norm are q/k/v, z, b and a (ops[i .. i+m)), and
- * its chain follows them; the chain reads z only at its gated norm. When the chain takes z into
- * its launch (cuda_gdn_chain with a cuda_gdn_zprod): the other products as one GEMV_LATE launch,
- * then the chain with z's columns streamed by its spare blocks while the chain's small steps
- * run (cuda_gdn.cu). z's columns get the input product's arithmetic (the same bits). 1 when
- * launched (ops[i .. i+m+4) done). */
-static int chain_z_at(cuda_ctx *c, const std::vector<gop> &ops, size_t i, int m) {
-  cuda_gdn_chain_args ch;
-  if (m < 2 || !gdn_chain_of(ops, i + m, &ch)) return 0;
-  int zk = -1;
-  for (int k = 0; k < m; k++)
-    if (ops[i + k].kind == GOP_MATMUL && (void *)ops[i + k].y == (void *)ch.z) zk = k;
-  if (zk < 0) return 0;
-  const gop &zo = ops[i + zk];
-  if (zo.N != ch.nv * ch.dv || zo.T != ch.T) return 0;
-  cuda_gdn_zprod zp = {zo.x, zo.W->bf, zo.K, c->fold_inv};
-  if (!cuda_gdn_chain_fits(c, &ch, &zp)) return 0;
-  gop rest[GEMV_MULTI];
-  int r = 0;
-  for (int k = 0; k < m; k++)
-    if (k != zk) rest[r++] = ops[i + k];
-  gemv_nf p = {NULL, NULL, NULL, c->fold_inv};
-  if (r > 1) launch_multi<GEMV_LATE>(c, rest, r, p);
-  else gemv_mode<GEMV_LATE>(c, rest[0].x, rest[0].W->bf, rest[0].T, rest[0].K, rest[0].N,
-                            rest[0].y, p);
-  return cuda_gdn_chain(c, &ch, &zp);
-}
-
 /* Runs the recorded list in order, with the rewrites. */
 static void graph_run_ops(cuda_ctx *c) {
   cuda_graphs *g = c->gr;
@@ -1466,13 +1437,6 @@ static void graph_run_ops(cuda_ctx *c) {
       cuda_elem_rmsnorm_inv(c, r.x, r.T, r.n, r.eps, c->fold_inv);
       gemv_nf p = {NULL, NULL, NULL, c->fold_inv};
       const gop *q = &ops[i + 1];
-      if (!nf.glu && chain_z_at(c, ops, i + 1, nf.m)) {
-        g->fused += nf.m - 1 + 3;
-        g->norm_folds++;
-        g->chain_zs++;
-        i += 1 + nf.m + 4;
-        continue;
-      }
       if (nf.glu) launch_glu<GEMV_LATE>(c, q[0], q[1], q[2], p);
       else if (nf.m > 1) launch_multi<GEMV_LATE>(c, q, nf.m, p);
       else gemv_mode<GEMV_LATE>(c, q[0].x, q[0].W->bf, q[0].T, q[0].K, q[0].N, q[0].y, p);
@@ -1481,8 +1445,7 @@ static void graph_run_ops(cuda_ctx *c) {
       i += 1 + nf.m;
       continue;
     }
-    if (g->fuse && o.kind == GOP_CONV && gdn_chain_of(ops, i, &ch) &&
-        cuda_gdn_chain(c, &ch, NULL)) {
+    if (g->fuse && o.kind == GOP_CONV && gdn_chain_of(ops, i, &ch) && cuda_gdn_chain(c, &ch)) {
       g->fused += 3;
       i += 4;
       continue;
@@ -1931,11 +1894,6 @@ extern "C" long backend_cuda_norm_folds(backend *be) {
   return g ? g->norm_folds : 0;
 }
 
-extern "C" long backend_cuda_chain_zs(backend *be) {
-  cuda_graphs *g = cuda_ctx_of(be)->gr;
-  return g ? g->chain_zs : 0;
-}
-
 extern "C" void backend_cuda_graph_stats(backend *be, long out[5]) {
   cuda_graphs *g = cuda_ctx_of(be)->gr;
   out[4] = g ? g->pdl_edges : 0;
@@ -2084,8 +2042,6 @@ extern "C" backend *backend_cuda_create(int device, char *err, size_t errlen) {
     c->norm_fold = !(nfo && strcmp(nfo, "0") == 0);
     const char *gc = getenv("DS_GDN_CHAIN"); /* the DeltaNet decode chain kernel, on unless "0" */
     c->gdn_chain = !(gc && strcmp(gc, "0") == 0);
-    const char *cz = getenv("DS_CHAIN_Z"); /* the z product in the chain's launch */
-    c->chain_z = !(cz && strcmp(cz, "0") == 0);
     const char *mg = getenv("DS_MOE_GROUPED"); /* on unless "0" */
     c->moe_grouped = !(mg && strcmp(mg, "0") == 0);
     c->legacy = !c->batch_invariant && lg && *lg && strcmp(lg, "0") != 0;

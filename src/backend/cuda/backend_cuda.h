@@ -28,10 +28,6 @@ void backend_cuda_graph_stats(backend *be, long out[5]);
  * norm_fold_at; DS_NORM_FOLD=0: none). For tests and benchmarks. */
 long backend_cuda_norm_folds(backend *be);
 
-/* DeltaNet chains the decode-step recorder launched with their layer's z product (backend_cuda.cu
- * chain_z_at; DS_CHAIN_Z=0: none). For tests and benchmarks. */
-long backend_cuda_chain_zs(backend *be);
-
 /* One-row greedy steps issued through the lm-head screen (cuda_greedy.cu; replays of a
  * captured step not counted), whether W's int8 copy exists, and the vocabulary rows the screen
  * left to compute exactly, summed over every step since the copy was made (replays included;

@@ -99,7 +99,6 @@ typedef struct cuda_ctx {
   /* decode steps: each DeltaNet layer's conv, gates, recurrent step and gated norm as one
    * kernel (cuda_gdn.cu "decode chain"; DS_GDN_CHAIN=0: the four kernels), its counters */
   int gdn_chain;
-  int chain_z; /* the z product in the chain's launch (DS_CHAIN_Z=0: off) */
   int *chain_cnt;
   /* DS_MOE_GROUPED=1: routed experts of large steps as per-expert GEMMs (cuda_moe.cu) */
   int moe_grouped;
@@ -178,17 +177,7 @@ typedef struct cuda_gdn_chain_args {
   int T;
   float eps;
 } cuda_gdn_chain_args;
-/* The layer's z product (z = xg.W^T scaled by the norm's factors inv[t], GEMV_LATE's form in
- * backend_cuda.cu: the bits of the input products' z) taken into the chain's launch, so that it
- * streams while the chain's small dependent steps run (cuda_gdn.cu); K % 8 == 0, x and W
- * 16-byte aligned, at most 4 rows. z == NULL: the chain alone, z written before it. */
-typedef struct cuda_gdn_zprod {
-  const bf16 *x, *W;
-  int K;
-  const float *inv;
-} cuda_gdn_zprod;
-int cuda_gdn_chain_fits(cuda_ctx *c, const cuda_gdn_chain_args *a, const cuda_gdn_zprod *z);
-int cuda_gdn_chain(cuda_ctx *c, const cuda_gdn_chain_args *a, const cuda_gdn_zprod *z);
+int cuda_gdn_chain(cuda_ctx *c, const cuda_gdn_chain_args *a);
 /* inv[t] = rsqrt(mean(x[t, :]^2) + eps) for t < T with the rmsnorm op's sums (n % 8 == 0,
  * n <= 8192, x 16-byte aligned): the decode recorder's norm fold (backend_cuda.cu). */
 void cuda_elem_rmsnorm_inv(cuda_ctx *c, const bf16 *x, int T, int n, float eps, float *inv);

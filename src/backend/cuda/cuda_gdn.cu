@@ -479,48 +479,13 @@ extern "C" void cuda_gdn_decode(backend *be, backend_buf ssm, backend_buf qkv, b
  * bench/NOTES.md) */
 #define CHAIN_MAXT 32
 
-/* The chain's arguments, one struct for its two kernels. */
-struct gdn_chain_p {
-  const bf16 *x;
-  const float *cw;
-  float *cst;
-  bf16 *co;
-  const bf16 *bb, *aa;
-  const float *A_log, *dt_bias;
-  float *beta, *g, *ssm;
-  bf16 *o;
-  const bf16 *z;
-  const float *nw;
-  float eps;
-  bf16 *out;
-  const int32_t *seq_pos, *seq_slot;
-  int nk, nv, T;
-  int *cnt;
-  /* k_gdn_chain_z: z's arrivals per value head (zc[h] reaches zneed when h's z columns are
-   * written); NULL: z was written before the launch */
-  int *zc;
-  int zneed;
-};
-
-/* ld.acquire of a counter another block bumps */
-__device__ __forceinline__ int ld_acquire(const int *p) {
-  int v;
-  asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-
-/* One chain block: row s, value head h (the steps above). EARLY: what does not come from the
- * kernel before (the state, the conv windows and weights) is loaded before pdl_enter; else
- * pdl_enter was done by the caller. */
-template <int R, int EARLY>
-__device__ __forceinline__ void gdn_chain_block(const gdn_chain_p &P, int s, int h) {
-  const bf16 *x = P.x, *bb = P.bb, *aa = P.aa, *z = P.z;
-  const float *cw = P.cw, *A_log = P.A_log, *dt_bias = P.dt_bias, *nw = P.nw;
-  float *cst = P.cst, *beta = P.beta, *g = P.g, *ssm = P.ssm;
-  bf16 *co = P.co, *o = P.o, *out = P.out;
-  const int32_t *seq_pos = P.seq_pos, *seq_slot = P.seq_slot;
-  int nk = P.nk, nv = P.nv, *cnt = P.cnt;
-  float eps = P.eps;
+template <int R>
+__global__ void __launch_bounds__(256)
+    k_gdn_chain(const bf16 *x, const float *cw, float *cst, bf16 *co, const bf16 *bb,
+                const bf16 *aa, const float *A_log, const float *dt_bias, float *beta, float *g,
+                float *ssm, bf16 *o, const bf16 *z, const float *nw, float eps, bf16 *out,
+                const int32_t *seq_pos, const int32_t *seq_slot, int nk, int nv, int *cnt) {
+  pdl_enter();
   constexpr int DK = 8 * R, DV = 128, K = 4, NCH = 2 * DK + DV, PER = (NCH + 255) / 256;
   __shared__ float qs[DK], ks[DK], vs[DV], gb[2];
   __shared__ __align__(16) float red[8][DV];
@@ -528,7 +493,7 @@ __device__ __forceinline__ void gdn_chain_block(const gdn_chain_p &P, int s, int
   __shared__ int last;
   /* every piece is one row (cuda_gdn_chain's condition) and pieces are contiguous and in
    * order: piece s is row s, no lookup before the loads that depend on it */
-  int G = nv / nk, kh = h / G, t = s;
+  int s = blockIdx.x, h = blockIdx.y, G = nv / nk, kh = h / G, t = s;
   int lane = threadIdx.x & 31, grp = threadIdx.x >> 5;
   int j = 4 * lane, a0 = grp * R;
   size_t C = 2 * (size_t)nk * DK + (size_t)nv * DV;
@@ -537,21 +502,6 @@ __device__ __forceinline__ void gdn_chain_block(const gdn_chain_p &P, int s, int
   float4 sv[R];
   gdn_load4<R>(S, DV, j, a0, zero, sv);
   float keep[PER][K - 1]; /* new q/k conv state of this thread's channels */
-  float win[PER][K - 1], wk[PER][K];
-#pragma unroll
-  for (int u = 0; u < PER; u++) {
-    int i = threadIdx.x + 256 * u;
-    if (i >= NCH) break;
-    size_t c = i < DK       ? (size_t)kh * DK + i
-               : i < 2 * DK ? (size_t)(nk + kh) * DK + (i - DK)
-                            : 2 * (size_t)nk * DK + (size_t)h * DV + (i - 2 * DK);
-    const float *st = cst + (size_t)slot * C * (K - 1) + c * (K - 1);
-#pragma unroll
-    for (int q = 0; q < K - 1; q++) win[u][q] = zero ? 0.f : st[q];
-#pragma unroll
-    for (int q = 0; q < K; q++) wk[u][q] = cw[c * K + q];
-  }
-  if (EARLY) pdl_enter();
 #pragma unroll
   for (int u = 0; u < PER; u++) {
     int i = threadIdx.x + 256 * u;
@@ -560,15 +510,18 @@ __device__ __forceinline__ void gdn_chain_block(const gdn_chain_p &P, int s, int
                : i < 2 * DK ? (size_t)(nk + kh) * DK + (i - DK)
                             : 2 * (size_t)nk * DK + (size_t)h * DV + (i - 2 * DK);
     float *st = cst + (size_t)slot * C * (K - 1) + c * (K - 1);
-    const float *w = wk[u];
+    const float *w = cw + c * K;
+    float win[K - 1];
+#pragma unroll
+    for (int q = 0; q < K - 1; q++) win[q] = zero ? 0.f : st[q];
     float xv = bf2f(x[(size_t)t * C + c]);
     float acc = 0.f;
 #pragma unroll
-    for (int q = 0; q < K - 1; q++) acc += w[q] * win[u][q];
+    for (int q = 0; q < K - 1; q++) acc += w[q] * win[q];
     acc += w[K - 1] * xv;
     bf16 r = f2bf(siluf_dev(acc));
 #pragma unroll
-    for (int q = 0; q + 1 < K - 1; q++) keep[u][q] = win[u][q + 1];
+    for (int q = 0; q + 1 < K - 1; q++) keep[u][q] = win[q + 1];
     keep[u][K - 2] = xv;
     if (i < DK) {
       qs[i] = bf2f(r);
@@ -610,7 +563,7 @@ __device__ __forceinline__ void gdn_chain_block(const gdn_chain_p &P, int s, int
   } else if (threadIdx.x == 96) { /* this block's reads of kh's q/k conv state are done */
     int l = 1;                     /* G = 1: no other block reads them */
     if (G > 1) {
-      int *c1 = cnt + (size_t)s * nk + kh;
+      int *c1 = cnt + (size_t)blockIdx.x * nk + kh;
       __threadfence();
       l = atomicAdd(c1, 1) == G - 1;
       if (l) *c1 = 0;
@@ -637,22 +590,11 @@ __device__ __forceinline__ void gdn_chain_block(const gdn_chain_p &P, int s, int
     size_t off = (size_t)t * nv * DV + (size_t)h * DV + j;
     bf16 ob[4] = {f2bf(oo.x), f2bf(oo.y), f2bf(oo.z), f2bf(oo.w)}, nb[4];
     float of[4], zf[4];
-    if (P.zc) { /* h's z columns come from this launch's z blocks */
-      int *zc = P.zc + h;
-      while (ld_acquire(zc) < P.zneed) __nanosleep(64);
-      __syncwarp();
-      /* the last of the step's T readers resets the counter (all have passed the wait) */
-      if (lane == 0 && atomicAdd(zc, 1) == P.zneed + P.T - 1) atomicExch(zc, 0);
-#pragma unroll
-      for (int k = 0; k < 4; k++) zf[k] = bf2f(__ldcg(z + off + k));
-    } else {
-#pragma unroll
-      for (int k = 0; k < 4; k++) zf[k] = bf2f(z[off + k]);
-    }
 #pragma unroll
     for (int k = 0; k < 4; k++) {
       o[off + k] = ob[k];
       of[k] = bf2f(ob[k]);
+      zf[k] = bf2f(z[off + k]);
     }
     gated_norm_lane<4>(of, zf, nw + j, eps, nb);
 #pragma unroll
@@ -660,103 +602,9 @@ __device__ __forceinline__ void gdn_chain_block(const gdn_chain_p &P, int s, int
   }
 }
 
-template <int R>
-__global__ void __launch_bounds__(256) k_gdn_chain(gdn_chain_p P) {
-  pdl_enter();
-  gdn_chain_block<R, 0>(P, blockIdx.x, blockIdx.y);
-}
-
-/* ---- the chain with the layer's z product in its launch ----
- * z (the gated norm's gate, a product of the layer's normed input) is needed only at the
- * chain's last step, and at a few rows the chain is 32 blocks per row on 132 SMs, a dependent
- * chain of small loads and reductions: the rest of the GPU idles. So the decode recorder may
- * take z out of the layer's input products and hand it here: blocks 0 .. T nv - 1 are the chain
- * (row s = b % T, head h = b / T), the blocks after them each compute CHZ_ROWS columns of z,
- * a warp per column with gemv_row's arithmetic in GEMV_LATE form (weights streamed from the
- * launch on, the norm's factors inv[t] after the wait, the sums scaled by them: the bits of
- * the input products' z columns), then bump their head's counter (fenced). A chain block's
- * warp 0 waits for its head's count before the gated norm. No z block waits for a chain block,
- * and the chain blocks come first in the grid, so every z block gets to run. */
-#define CHZ_ROWS 8
-#define CHZ_MAXT 4 /* the norm fold's steps (backend_cuda.cu NORM_FOLD_MAXT) */
-
-#define CHZ_NP 12 /* a lane's pieces of a z row, all requested at once: K <= 256 CHZ_NP */
-#ifndef CHZ_DEEP /* build variants for A/B */
-#define CHZ_DEEP 1
-#endif
-#ifndef CHZ_EARLY
-#define CHZ_EARLY 1
-#endif
-
-/* gemv_row<T, true, true>'s sums of one row (the same pieces, each the same FMAs in the same
- * order, then the same butterfly: the same bits) with every piece of the lane requested before
- * the first is used: the z blocks are few per SM (the chain's registers), so a row may not
- * take a round trip per four pieces. */
-template <int T>
-__device__ __forceinline__ void chz_row(const bf16 *__restrict__ x, const bf16 *__restrict__ w,
-                                        int K, int lane, float *acc, const float *inv,
-                                        float *iv) {
-  uint4 wv[CHZ_NP];
-#pragma unroll
-  for (int p = 0; p < CHZ_NP; p++) {
-    int k = lane * 8 + p * 256;
-    if (k < K) wv[p] = ld_stream16(w + k);
-  }
-#pragma unroll
-  for (int t = 0; t < T; t++) acc[t] = 0.f;
-  pdl_wait();
-#pragma unroll
-  for (int t = 0; t < T; t++) iv[t] = __ldcg(inv + t);
-#pragma unroll
-  for (int p = 0; p < CHZ_NP; p++) {
-    int k = lane * 8 + p * 256;
-    if (k < K) {
-      float wf[8];
-      bf16x8_to_f32(wv[p], wf);
-#pragma unroll
-      for (int t = 0; t < T; t++) {
-        float xf[8];
-        bf16x8_to_f32(*(const uint4 *)(x + (size_t)t * K + k), xf);
-#pragma unroll
-        for (int i = 0; i < 8; i++) acc[t] += wf[i] * xf[i];
-      }
-    }
-  }
-#pragma unroll
-  for (int t = 0; t < T; t++) acc[t] = warp_sum(acc[t]);
-}
-
-template <int R, int T>
-__global__ void __launch_bounds__(256)
-    k_gdn_chain_z(gdn_chain_p P, const bf16 *__restrict__ zx, const bf16 *__restrict__ Wz,
-                  int K, const float *inv, bf16 *zy) {
-  int nchain = T * P.nv, b = blockIdx.x;
-  if (b < nchain) { /* its DRAM loads before the wait: the z blocks' stream follows it */
-    gdn_chain_block<R, CHZ_EARLY>(P, b % T, b / T);
-    return;
-  }
-  pdl_launch_next();
-  int N = P.nv * 128, r0 = (b - nchain) * CHZ_ROWS, r = r0 + (threadIdx.x >> 5),
-      lane = threadIdx.x & 31;
-  float acc[T], iv[T];
-  if (CHZ_DEEP) chz_row<T>(zx, Wz + (size_t)r * K, K, lane, acc, inv, iv);
-  else gemv_row<T, true, true>(zx, Wz + (size_t)r * K, K, lane, acc, inv, iv);
-#pragma unroll
-  for (int t = 0; t < T; t++) acc[t] *= iv[t];
-  if (lane < T) {
-    zy[(size_t)lane * N + r] = f2bf(gemv_pick<T>(acc, lane));
-    __threadfence();
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) atomicAdd(P.zc + r0 / 128, 1);
-}
-
-#define CHZ_CNT 1024 /* z counters: value heads, at most */
-
 extern "C" int cuda_gdn_chain_init(cuda_ctx *c) {
-  size_t n = CHAIN_CNT + CHZ_CNT;
-  if (cudaMalloc(&c->chain_cnt, n * sizeof(int)) != cudaSuccess ||
-      cudaMemset(c->chain_cnt, 0, n * sizeof(int)) != cudaSuccess) {
+  if (cudaMalloc(&c->chain_cnt, CHAIN_CNT * sizeof(int)) != cudaSuccess ||
+      cudaMemset(c->chain_cnt, 0, CHAIN_CNT * sizeof(int)) != cudaSuccess) {
     cudaGetLastError();
     cudaFree(c->chain_cnt);
     c->chain_cnt = NULL;
@@ -770,7 +618,7 @@ extern "C" void cuda_gdn_chain_release(cuda_ctx *c) {
   c->chain_cnt = NULL;
 }
 
-int cuda_gdn_chain_fits(cuda_ctx *c, const cuda_gdn_chain_args *a, const cuda_gdn_zprod *z) {
+int cuda_gdn_chain(cuda_ctx *c, const cuda_gdn_chain_args *a) {
   const cuda_weight *cw = CW(a->conv_w), *al = CW(a->A_log), *db = CW(a->dt_bias),
                     *nw = CW(a->norm);
   int T = c->b.n_tokens, nk = a->nk, nv = a->nv, dk = a->dk;
@@ -781,60 +629,17 @@ int cuda_gdn_chain_fits(cuda_ctx *c, const cuda_gdn_chain_args *a, const cuda_gd
       !nw->f32 || al->rows * al->cols < nv || db->rows * db->cols < nv ||
       nw->rows * nw->cols < a->dv || (size_t)T * a->C >= (1ull << 31))
     return 0;
-  if (z && (!c->chain_z || T > CHZ_MAXT || nv > CHZ_CNT || !z->x || !z->W || !z->inv ||
-            z->K % 8 || z->K > 256 * CHZ_NP || (((uintptr_t)z->x | (uintptr_t)z->W) & 15)))
-    return 0;
-  return 1;
-}
-
-int cuda_gdn_chain(cuda_ctx *c, const cuda_gdn_chain_args *a, const cuda_gdn_zprod *z) {
-  if (!cuda_gdn_chain_fits(c, a, z)) return 0;
-  int T = c->b.n_tokens, nv = a->nv;
-  gdn_chain_p P;
-  P.x = (const bf16 *)a->x;
-  P.cw = CW(a->conv_w)->f32;
-  P.cst = (float *)a->conv_state;
-  P.co = (bf16 *)a->conv_out;
-  P.bb = (const bf16 *)a->b;
-  P.aa = (const bf16 *)a->a;
-  P.A_log = CW(a->A_log)->f32;
-  P.dt_bias = CW(a->dt_bias)->f32;
-  P.beta = (float *)a->beta;
-  P.g = (float *)a->g;
-  P.ssm = (float *)a->ssm;
-  P.o = (bf16 *)a->o;
-  P.z = (const bf16 *)a->z;
-  P.nw = CW(a->norm)->f32;
-  P.eps = a->eps;
-  P.out = (bf16 *)a->out;
-  P.seq_pos = c->b.seq_pos;
-  P.seq_slot = c->b.seq_slot;
-  P.nk = a->nk;
-  P.nv = nv;
-  P.T = T;
-  P.cnt = c->chain_cnt;
-  P.zc = NULL;
-  P.zneed = 0;
-  if (!z) {
-    dim3 grid((unsigned)T, (unsigned)nv);
-    if (a->dk == 64) k_gdn_chain<8><<<grid, 256, 0, c->st>>>(P);
-    else k_gdn_chain<16><<<grid, 256, 0, c->st>>>(P);
-    cuda_check_launch(c, "gdn decode chain");
-    return 1;
-  }
-  P.zc = c->chain_cnt + CHAIN_CNT;
-  P.zneed = 128 / CHZ_ROWS;
-  unsigned blocks = (unsigned)(T * nv + nv * 128 / CHZ_ROWS);
-  switch (T * 2 + (a->dk == 64)) {
-#define CZ(T_, R_)                                                                      \
-  case T_ * 2 + (R_ == 8):                                                              \
-    k_gdn_chain_z<R_, T_><<<blocks, 256, 0, c->st>>>(P, z->x, z->W, z->K, z->inv, \
-                                                     (bf16 *)a->z);                     \
-    break;
-    CZ(1, 16) CZ(1, 8) CZ(2, 16) CZ(2, 8) CZ(3, 16) CZ(3, 8) CZ(4, 16) CZ(4, 8)
-#undef CZ
-  }
-  cuda_check_launch(c, "gdn decode chain + z product");
+  dim3 grid((unsigned)T, (unsigned)nv);
+#define CH(R_)                                                                                \
+  k_gdn_chain<R_><<<grid, 256, 0, c->st>>>(                                                   \
+      (const bf16 *)a->x, cw->f32, (float *)a->conv_state, (bf16 *)a->conv_out,               \
+      (const bf16 *)a->b, (const bf16 *)a->a, al->f32, db->f32, (float *)a->beta,             \
+      (float *)a->g, (float *)a->ssm, (bf16 *)a->o, (const bf16 *)a->z, nw->f32, a->eps,      \
+      (bf16 *)a->out, c->b.seq_pos, c->b.seq_slot, nk, nv, c->chain_cnt)
+  if (dk == 64) CH(8);
+  else CH(16);
+#undef CH
+  cuda_check_launch(c, "gdn decode chain");
   return 1;
 }
 

@@ -78,7 +78,8 @@ const keys = [
   "shared_prefix_8x12k_all_first_token_s", "warm_prefix_ttft_ms",
   "capture_pause_ms", "restore_pause_ms", "checkpoint_bytes",
   "roofline_bw_bytes_per_s", "roofline_flops_per_s",
-  ...[1, 8, 32, 64, 128].flatMap((n) => [`decode_bytes_per_step_${n}`, `decode_ceiling_tok_s_${n}`, `decode_roofline_frac_${n}`]),
+  ...[1, 8, 32, 64, 128].flatMap((n) => [`decode_bytes_per_step_${n}`, `decode_ceiling_tok_s_${n}`, `decode_roofline_frac_${n}`,
+    `decode_moved_bytes_per_step_${n}`, `decode_moved_ceiling_tok_s_${n}`, `decode_moved_roofline_frac_${n}`]),
   ...[512, 4096, 16384].flatMap((n) => [`prefill_flops_per_token_${n}`, `prefill_ceiling_tok_s_${n}`, `prefill_roofline_frac_${n}`]),
 ];
 const m = d.metrics || {};
@@ -101,6 +102,13 @@ const i = d.info || {};
 const b1 = m.decode_bytes_per_step_1, b8 = m.decode_bytes_per_step_8;
 check("bench_roofline_weights", Math.abs(b1 - i.weight_bytes - (b8 - i.weight_bytes) / 8) < 1e-6 * b1, `${b1} ${b8}`);
 check("bench_roofline_state", (b1 - i.weight_bytes) > 2 * i.slot_bytes, `${b1} ${i.weight_bytes} ${i.slot_bytes}`);
+// Bytes moved (CPU backend: no lm-head screen): the counted bytes without a separate
+// embedding matrix (info.embed_bytes, 0 when tied) and with its n rows read, so
+// counted - moved + n * row is embed_bytes at every n; above the state's bytes.
+const dm = [1, 8, 32, 64, 128].map((n) => m[`decode_bytes_per_step_${n}`] - m[`decode_moved_bytes_per_step_${n}`] + n * i.vocab_row_bytes);
+check("bench_roofline_moved", i.vocab_row_bytes > 0 && Number.isInteger(i.embed_bytes) &&
+  dm.every((x) => Math.abs(x - i.embed_bytes) < 1e-6 * b1) && m.decode_moved_bytes_per_step_1 > 2 * i.slot_bytes,
+  `${dm} ${i.embed_bytes} ${i.vocab_row_bytes}`);
 check("bench_checkpoint_bytes_is_slot", m.checkpoint_bytes === i.slot_bytes, `${m.checkpoint_bytes} vs ${i.slot_bytes}`);
 check("bench_prefix_stats", i.prefix_stats && i.prefix_stats.shared_wave && Number.isInteger(i.prefix_stats.shared_wave.prompt_tokens), JSON.stringify(i.prefix_stats));
 // 8 requests of (prefix + suffix) tokens went through the engine.

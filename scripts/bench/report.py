@@ -86,8 +86,12 @@ def markdown(d):
     rows = []
     for n in DECODE:
         rows.append([n, fmt(m.get(f"decode_bytes_per_step_{n}")), fmt(m.get(f"decode_ceiling_tok_s_{n}")),
-                     fmt(m.get(f"decode_tok_s_{n}")), fmt(m.get(f"decode_roofline_frac_{n}"), 3)])
-    L.append(md_table(["decode seqs", "bytes / step", "ceiling tok/s", "measured tok/s", "fraction"], rows))
+                     fmt(m.get(f"decode_tok_s_{n}")), fmt(m.get(f"decode_roofline_frac_{n}"), 3),
+                     fmt(m.get(f"decode_moved_bytes_per_step_{n}")),
+                     fmt(m.get(f"decode_moved_ceiling_tok_s_{n}")),
+                     fmt(m.get(f"decode_moved_roofline_frac_{n}"), 3)])
+    L.append(md_table(["decode seqs", "bytes / step", "ceiling tok/s", "measured tok/s", "fraction",
+                       "bytes moved / step", "its ceiling tok/s", "its fraction"], rows))
     L.append("")
     rows = []
     for n in PREFILL:

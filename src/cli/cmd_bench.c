@@ -50,6 +50,8 @@
 #include <time.h>
 #ifdef DS_CUDA
 #include <cuda_runtime_api.h>
+
+#include "backend/cuda/backend_cuda.h"
 #endif
 
 #include "backend/backend_create.h"
@@ -630,6 +632,23 @@ static double bench_decode_bytes(bench *b, int n, double ctx) {
   return (double)qwen35_weight_bytes(b->m) + n * ctx * kv_tok + 2.0 * n * (double)qwen35_slot_bytes(b->m);
 }
 
+/* What a greedy decode step of n sequences actually reads: bench_decode_bytes without the
+ * embedding matrix (its n rows only) and with the lm-head as the step reads it — the CUDA
+ * backend's int8 screen at <= 4 rows (backend_cuda_greedy_step_bytes), else the matrix. */
+static double bench_decode_moved(bench *b, int n, double ctx) {
+  const model_config *c = &b->cfg;
+  size_t emb, lmh;
+  qwen35_vocab_bytes(b->m, &emb, &lmh);
+  double row = (double)lmh / c->vocab_size, head = (double)lmh;
+#ifdef DS_CUDA
+  if (!strcmp(b->be->name, "cuda")) {
+    double sb = backend_cuda_greedy_step_bytes(b->be, n);
+    if (sb > 0) head = sb;
+  }
+#endif
+  return bench_decode_bytes(b, n, ctx) - (double)emb - (double)lmh + head + n * row;
+}
+
 static void bench_roofline(bench *b) {
   json_t *m = b->metrics;
   const bench_sizes *z = &b->sz;
@@ -649,6 +668,13 @@ static void bench_roofline(bench *b) {
     bench_set(m, k, ceil_tok);
     snprintf(k, sizeof k, "decode_roofline_frac_%d", nm);
     bench_set(m, k, meas / ceil_tok);
+    double moved = bench_decode_moved(b, n, ctx), ceil_moved = n / (moved / BENCH_BW_BYTES_S);
+    snprintf(k, sizeof k, "decode_moved_bytes_per_step_%d", nm);
+    bench_set(m, k, moved);
+    snprintf(k, sizeof k, "decode_moved_ceiling_tok_s_%d", nm);
+    bench_set(m, k, ceil_moved);
+    snprintf(k, sizeof k, "decode_moved_roofline_frac_%d", nm);
+    bench_set(m, k, meas / ceil_moved);
   }
   for (int i = 0; i < BENCH_N_PREFILL; i++) {
     int L = z->prefill_len[i], nm = bench_prefill_names[i];
@@ -666,11 +692,19 @@ static void bench_roofline(bench *b) {
   json_object_set_new(b->info, "params_total", json_real(bench_params(&b->cfg, 1)));
   json_object_set_new(b->info, "params_no_vocab", json_real(bench_params(&b->cfg, 0)));
   json_object_set_new(b->info, "weight_bytes", json_integer((json_int_t)qwen35_weight_bytes(b->m)));
+  size_t emb, lmh;
+  qwen35_vocab_bytes(b->m, &emb, &lmh);
+  json_object_set_new(b->info, "embed_bytes", json_integer((json_int_t)emb));
+  json_object_set_new(b->info, "lm_head_bytes", json_integer((json_int_t)lmh));
+  json_object_set_new(b->info, "vocab_row_bytes", json_real((double)lmh / b->cfg.vocab_size));
   json_object_set_new(b->info, "slot_bytes", json_integer((json_int_t)qwen35_slot_bytes(b->m)));
   json_object_set_new(b->info, "page_bytes", json_integer((json_int_t)qwen35_page_bytes(b->m)));
   json_object_set_new(b->info, "roofline_note",
                       json_string("decode: weights + n*ctx*KV/token + 2*n*slot bytes per step, "
-                                  "ctx = prompt + gen/2, over 4.24 TB/s; prefill: 2*params "
+                                  "ctx = prompt + gen/2, over 4.24 TB/s (decode_moved_*: the "
+                                  "same without the embedding matrix, its n rows only, and with "
+                                  "the lm-head as the greedy step reads it: the int8 screen's "
+                                  "bytes where it runs); prefill: 2*params "
                                   "(no lm_head: logits of the last row only) + causal attention "
                                   "at the mean position + 6*nv*dk*dv per DeltaNet layer, over "
                                   "780 TFLOP/s"));

@@ -609,3 +609,8 @@ size_t qwen35_page_bytes(const qwen35 *m) {
 }
 
 size_t qwen35_weight_bytes(const qwen35 *m) { return m->weight_bytes; }
+
+void qwen35_vocab_bytes(const qwen35 *m, size_t *embed, size_t *lm_head) {
+  *lm_head = m->be->weight_bytes(m->be, m->lm_head);
+  *embed = m->lm_head == m->embed ? 0 : m->be->weight_bytes(m->be, m->embed);
+}

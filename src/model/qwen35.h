@@ -74,6 +74,10 @@ int qwen35_page_write(qwen35 *m, int page, const void *host);
 size_t qwen35_slot_bytes(const qwen35 *m);
 size_t qwen35_page_bytes(const qwen35 *m);
 size_t qwen35_weight_bytes(const qwen35 *m);
+/* Device bytes of the vocabulary matrices within qwen35_weight_bytes: *embed the embedding when
+ * the lm-head is a separate matrix (else 0: the one matrix is counted as the lm-head), *lm_head
+ * the lm-head. */
+void qwen35_vocab_bytes(const qwen35 *m, size_t *embed, size_t *lm_head);
 
 /* Greedy fast path: when every row a step samples is plain greedy (sampler_is_plain_greedy),
  * the backend's optional argmax op picks the tokens where the logits are, so only n_rows int32

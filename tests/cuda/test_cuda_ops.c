@@ -1196,6 +1196,13 @@ static int greedy_case(const uint16_t *Wb, int H, int V, int trials, int n, int 
   EXPECT_MSG(bad == 0, "%s: %d ids differ from argmax of the logits", what, bad);
   if (screen) EXPECT_MSG(ran >= 1, "%s: the screen never ran", what);
   else EXPECT_MSG(ran == 0, "%s: the screen ran %ld times", what, ran);
+  /* the bytes the benchmark's roofline counts for a screened step: the int8 rows, a float4
+   * per row, the bounds written and read, the int16 copies; none for a step it does not take */
+  double sb = backend_cuda_greedy_step_bytes(GPU, n), want = (double)V * H + 16.0 * V +
+                                                              8.0 * n * V + 2.0 * n * H;
+  EXPECT_MSG(screen ? sb == want : sb == 0, "%s: step bytes %.0f (screen %d, want %.0f)", what,
+             sb, screen, want);
+  EXPECT(backend_cuda_greedy_step_bytes(GPU, 5) == 0);
   GPU->weight_free(GPU, W);
   GPU->weight_free(GPU, nw);
   free(zero);

@@ -34,6 +34,11 @@ long backend_cuda_norm_folds(backend *be);
  * waits for the stream; -1 when unknown). For tests and benchmarks. */
 long backend_cuda_greedy_screened(backend *be, int *prepared, long long *rows);
 
+/* Bytes a greedy step of `rows` hidden rows reads for its ids when the lm-head screen takes it
+ * (the int8 copy and its per-row terms, the bounds, the rows' int16 copies), in place of the
+ * bf16 lm-head's V x H x 2; 0 when the screen would not take it. For the benchmark's roofline. */
+double backend_cuda_greedy_step_bytes(backend *be, int rows);
+
 #ifdef __cplusplus
 }
 #endif

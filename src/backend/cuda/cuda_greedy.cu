@@ -524,6 +524,15 @@ int cuda_greedy_run(backend *be, backend_buf x, backend_weight norm, float eps, 
   return 1;
 }
 
+extern "C" double backend_cuda_greedy_step_bytes(backend *be, int rows) {
+  cuda_greedy *g = cuda_ctx_of(be)->greedy;
+  if (!g || rows < 1 || rows > GREEDY_MAXT || !g->sk[rows]) return 0;
+  /* the int8 rows and their float4 terms, each row's upper bound written and read, the
+   * normed rows' int16 copies; the rows computed exactly (~10-60 of 5 KB) left out */
+  return (double)g->V * g->H + (double)g->V * sizeof(float4) +
+         2.0 * rows * g->V * sizeof(float) + (double)rows * g->H * sizeof(int16_t);
+}
+
 extern "C" long backend_cuda_greedy_screened(backend *be, int *prepared, long long *rows) {
   cuda_ctx *c = cuda_ctx_of(be);
   if (prepared) *prepared = c->greedy != NULL;

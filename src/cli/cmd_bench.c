@@ -649,45 +649,46 @@ static double bench_decode_moved(bench *b, int n, double ctx) {
   return bench_decode_bytes(b, n, ctx) - (double)emb - (double)lmh + head + n * row;
 }
 
+/* <prefix>_<what>_<nm> = amount, <prefix>_ceiling_tok_s_<nm> = ceil, and the measured rate's
+ * fraction of it, <prefix>_roofline_frac_<nm>. */
+static void bench_roof_set(json_t *m, const char *prefix, const char *what, int nm, double amount,
+                           double ceil, double meas) {
+  char k[96];
+  snprintf(k, sizeof k, "%s_%s_%d", prefix, what, nm);
+  bench_set(m, k, amount);
+  snprintf(k, sizeof k, "%s_ceiling_tok_s_%d", prefix, nm);
+  bench_set(m, k, ceil);
+  snprintf(k, sizeof k, "%s_roofline_frac_%d", prefix, nm);
+  bench_set(m, k, meas / ceil);
+}
+
+/* metrics[<prefix>_tok_s_<nm>], NAN when missing */
+static double bench_measured(json_t *m, const char *prefix, int nm) {
+  char k[96];
+  snprintf(k, sizeof k, "%s_tok_s_%d", prefix, nm);
+  json_t *got = json_object_get(m, k);
+  return got && json_is_number(got) ? json_number_value(got) : NAN;
+}
+
 static void bench_roofline(bench *b) {
   json_t *m = b->metrics;
   const bench_sizes *z = &b->sz;
-  char k[96];
   bench_set(m, "roofline_bw_bytes_per_s", BENCH_BW_BYTES_S);
   bench_set(m, "roofline_flops_per_s", BENCH_FLOPS_S);
   double ctx = z->decode_prompt + z->decode_gen / 2.0;
   for (int i = 0; i < BENCH_N_DECODE; i++) {
     int n = z->decode_conc[i], nm = bench_decode_names[i];
-    double bytes = bench_decode_bytes(b, n, ctx), ceil_tok = n / (bytes / BENCH_BW_BYTES_S);
-    snprintf(k, sizeof k, "decode_tok_s_%d", nm);
-    json_t *got = json_object_get(m, k);
-    double meas = got && json_is_number(got) ? json_number_value(got) : NAN;
-    snprintf(k, sizeof k, "decode_bytes_per_step_%d", nm);
-    bench_set(m, k, bytes);
-    snprintf(k, sizeof k, "decode_ceiling_tok_s_%d", nm);
-    bench_set(m, k, ceil_tok);
-    snprintf(k, sizeof k, "decode_roofline_frac_%d", nm);
-    bench_set(m, k, meas / ceil_tok);
-    double moved = bench_decode_moved(b, n, ctx), ceil_moved = n / (moved / BENCH_BW_BYTES_S);
-    snprintf(k, sizeof k, "decode_moved_bytes_per_step_%d", nm);
-    bench_set(m, k, moved);
-    snprintf(k, sizeof k, "decode_moved_ceiling_tok_s_%d", nm);
-    bench_set(m, k, ceil_moved);
-    snprintf(k, sizeof k, "decode_moved_roofline_frac_%d", nm);
-    bench_set(m, k, meas / ceil_moved);
+    double meas = bench_measured(m, "decode", nm);
+    double bytes = bench_decode_bytes(b, n, ctx), moved = bench_decode_moved(b, n, ctx);
+    bench_roof_set(m, "decode", "bytes_per_step", nm, bytes, n / (bytes / BENCH_BW_BYTES_S), meas);
+    bench_roof_set(m, "decode_moved", "bytes_per_step", nm, moved,
+                   n / (moved / BENCH_BW_BYTES_S), meas);
   }
   for (int i = 0; i < BENCH_N_PREFILL; i++) {
     int L = z->prefill_len[i], nm = bench_prefill_names[i];
-    double f = bench_prefill_flops(&b->cfg, L), ceil_tok = BENCH_FLOPS_S / f;
-    snprintf(k, sizeof k, "prefill_tok_s_%d", nm);
-    json_t *got = json_object_get(m, k);
-    double meas = got && json_is_number(got) ? json_number_value(got) : NAN;
-    snprintf(k, sizeof k, "prefill_flops_per_token_%d", nm);
-    bench_set(m, k, f);
-    snprintf(k, sizeof k, "prefill_ceiling_tok_s_%d", nm);
-    bench_set(m, k, ceil_tok);
-    snprintf(k, sizeof k, "prefill_roofline_frac_%d", nm);
-    bench_set(m, k, meas / ceil_tok);
+    double f = bench_prefill_flops(&b->cfg, L);
+    bench_roof_set(m, "prefill", "flops_per_token", nm, f, BENCH_FLOPS_S / f,
+                   bench_measured(m, "prefill", nm));
   }
   json_object_set_new(b->info, "params_total", json_real(bench_params(&b->cfg, 1)));
   json_object_set_new(b->info, "params_no_vocab", json_real(bench_params(&b->cfg, 0)));

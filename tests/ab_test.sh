@@ -52,6 +52,15 @@ knob=$(grep '^decode *DS_NARROW=0' "$tmp/ab/ab.txt" | grep -v 'round' | tail -1)
 paired=$(printf '%s\n' "$knob" | grep -o ' [0-2]/2' | wc -l)
 [ "$paired" -eq 5 ] && pass ab_dry_run_summary || fail ab_dry_run_summary "summary line '$knob'"
 
+# 3b. Kernel traces need the CUDA build: on the CPU a usage error before any run.
+OUT=$tmp/ab3 DS_AB_DEVICE=cpu DS_AB_MODEL=$tmp/m DS_AB_KTRACE=1 DS_AB="decode:" bash scripts/device/ab.sh >"$tmp/ab3.log" 2>&1
+rc=$?
+if [ $rc -eq 2 ] && grep -q "DS_AB_KTRACE needs the CUDA build" "$tmp/ab3.log" && [ ! -s "$tmp/ab3/ab.tsv" ]; then
+  pass ab_ktrace_needs_cuda
+else
+  fail ab_ktrace_needs_cuda "exit $rc ($(tail -1 "$tmp/ab3.log"))"
+fi
+
 # 3. A build variant that was not built: a usage error, not a silent baseline.
 OUT=$tmp/ab2 DS_AB_DEVICE=cpu DS_AB_MODEL=$tmp/m DS_AB="decode@nope:" bash scripts/device/ab.sh >"$tmp/ab2.log" 2>&1
 rc=$?

@@ -17,8 +17,12 @@
 # but the baseline, its mean change against the baseline of the same round and how many rounds
 # it was ahead. DS_AB_MODEL (/tmp/m4b) is generated when missing; DS_AB_SKIP_OPS=1 skips the op
 # tests; DS_AB_CONC=N times only the decode run of N sequences (`--decode-conc`).
+# DS_AB_KTRACE=1 also builds each binary the list uses with -DDS_KTRACE (build-kt, build-kt-<name>)
+# and, after the rounds, runs one decode step trace per decode setting (`--decode-conc
+# ${DS_AB_CONC:-1}`, DS_KTRACE_OUT=$OUT/kt-<n>.txt): each kernel's mean interval from its stamp
+# to the next one's per step, appended to ab.txt (the first lines of each trace).
 # DS_AB_DEVICE=cpu is a dry run of the script itself on the CPU backend (a tiny model, --quick;
-# no op tests, no build variants): what CI runs.
+# no op tests, no build variants, no traces): what CI runs.
 # Writes $OUT/ab.txt (the runs, then the summary), $OUT/ab.tsv (round, part, setting, level,
 # tok/s), the op-test log and one bench JSON per run.
 set -uo pipefail
@@ -35,6 +39,7 @@ if [ $CPU = 1 ]; then
   [ -f "$M/config.json" ] || $B gen-random --config scripts/bench/tiny-config.json --out "$M" --seed 3 >/dev/null
   BENCH_ARGS=(--device cpu --threads 2 --quick)
   [ -n "${DS_AB_BUILDS:-}" ] && { echo "ab.sh: DS_AB_BUILDS needs the CUDA build"; exit 2; }
+  [ "${DS_AB_KTRACE:-0}" = 1 ] && { echo "ab.sh: DS_AB_KTRACE needs the CUDA build"; exit 2; }
 else
   . scripts/device/deb_prefix.sh
   ds_deb_prefix
@@ -44,7 +49,15 @@ else
     name=${b%%=*} flags=${b#*=}
     make CUDA=1 BUILD="build-ab-$name" NVCC="$NVCC ${flags//,/ }" -j"$(nproc)" all \
       >"$OUT/build-$name.log" 2>&1 || { tail -20 "$OUT/build-$name.log"; exit 1; }
+    if [ "${DS_AB_KTRACE:-0}" = 1 ]; then
+      make CUDA=1 BUILD="build-kt-$name" NVCC="$NVCC -DDS_KTRACE ${flags//,/ }" -j"$(nproc)" all \
+        >"$OUT/build-kt-$name.log" 2>&1 || { tail -20 "$OUT/build-kt-$name.log"; exit 1; }
+    fi
   done
+  if [ "${DS_AB_KTRACE:-0}" = 1 ]; then
+    make CUDA=1 BUILD=build-kt NVCC="$NVCC -DDS_KTRACE" -j"$(nproc)" all >"$OUT/build-kt.log" 2>&1 ||
+      { tail -20 "$OUT/build-kt.log"; exit 1; }
+  fi
   if [ "${DS_AB_SKIP_OPS:-0}" != 1 ]; then
     timeout 300 build-cuda/tests/cuda/test_cuda_ops >"$OUT/ops.log" 2>&1
     echo "ops: $(grep -c '^PASS' "$OUT/ops.log") passed, $(grep -c '^FAIL' "$OUT/ops.log") failed"
@@ -93,3 +106,22 @@ for ((r = 1; r <= ROUNDS; r++)); do
   done
 done
 python3 scripts/device/ab_summary.py "$OUT/ab.tsv" | tee -a "$OUT/ab.txt"
+if [ "${DS_AB_KTRACE:-0}" = 1 ]; then # one traced decode run per decode setting of the list
+  k=0
+  for e in $runs; do
+    head=${e%%:*} env_s=${e#*:}
+    part=${head%%@*} build=""
+    [ "$part" = decode ] || continue
+    [ "$head" != "$part" ] && build=${head#*@}
+    k=$((k + 1))
+    bin=build-kt/deltaserve
+    [ -n "$build" ] && bin=build-kt-$build/deltaserve
+    envs=()
+    [ -n "$env_s" ] && IFS=, read -ra envs <<<"$env_s"
+    env "${envs[@]}" DS_KTRACE_OUT="$OUT/kt-$k.txt" timeout 240 "$bin" bench --model "$M" \
+      --only decode --decode-conc "${DS_AB_CONC:-1}" --out "$OUT/kt-$k.json" >"$OUT/kt-$k.log" 2>&1
+    { echo "== kernel trace: ${build:+[$build] }${env_s:-(default)} (kt-$k.txt)"
+      head -"${DS_AB_KTRACE_LINES:-18}" "$OUT/kt-$k.txt" 2>/dev/null || echo "no trace ($(tail -1 "$OUT/kt-$k.log"))"
+    } | tee -a "$OUT/ab.txt"
+  done
+fi

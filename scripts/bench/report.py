@@ -102,6 +102,16 @@ def markdown(d):
     if info.get("roofline_note"):
         L.append(f"Counting: {info['roofline_note']}.")
         L.append("")
+    cb, cg = m.get("ceiling_copy_bytes_per_s"), m.get("ceiling_gemm_flops_per_s")
+    if cb or cg:
+        parts = []
+        if cb:
+            parts.append(f"copy {fmt(cb / 1e12, 3)} TB/s ({fmt(m.get('ceiling_copy_of_roofline_bw'), 3)} of 4.24)")
+        if cg:
+            parts.append(f"GEMM {fmt(cg / 1e12, 1)} TFLOP/s ({fmt(m.get('ceiling_gemm_of_roofline_flops'), 3)} of 780)")
+        L.append("Ceilings measured in this run: " + ", ".join(parts) +
+                 (f" — {info['ceilings_note']}." if info.get("ceilings_note") else "."))
+        L.append("")
     ps = info.get("prefix_stats")
     if ps:
         L.append("## Prefix cache (engine stats during the prefix tests)")

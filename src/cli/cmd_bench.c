@@ -711,6 +711,38 @@ static void bench_roofline(bench *b) {
                                   "780 TFLOP/s"));
 }
 
+/* The two ceilings measured in this run on the bench's device, before the model takes its
+ * memory (full CUDA runs; the roofline's fractions keep the fixed figures, these say how far
+ * this machine is from them): ceiling_copy_bytes_per_s, ceiling_gemm_flops_per_s and each one's
+ * share of the fixed figure. */
+static void bench_ceilings(bench *b) {
+#ifdef DS_CUDA
+  if (b->only || strcmp(b->be->name, "cuda")) return;
+  double bw = 0, fl = 0;
+  char err[256] = "";
+  if (backend_cuda_ceilings(b->be, &bw, &fl, err, sizeof err))
+    fprintf(stderr, "deltaserve bench: %s\n", err);
+  if (bw > 0) {
+    bench_set(b->metrics, "ceiling_copy_bytes_per_s", bw);
+    bench_set(b->metrics, "ceiling_copy_of_roofline_bw", bw / BENCH_BW_BYTES_S);
+  }
+  if (fl > 0) {
+    bench_set(b->metrics, "ceiling_gemm_flops_per_s", fl);
+    bench_set(b->metrics, "ceiling_gemm_of_roofline_flops", fl / BENCH_FLOPS_S);
+  }
+  json_object_set_new(b->info, "ceilings_note",
+                      json_string("measured in this run before the model loads: a 1 GiB "
+                                  "device-to-device copy (2 x bytes / s) and a bf16 8192^3 "
+                                  "cuBLAS GEMM (fp32 accumulation), best of three batches; the "
+                                  "roofline fractions divide by the fixed 4.24 TB/s and 780 "
+                                  "TFLOP/s"));
+  fprintf(stderr, "bench: ceilings measured: copy %.3f TB/s, GEMM %.1f TFLOP/s\n", bw / 1e12,
+          fl / 1e12);
+#else
+  (void)b;
+#endif
+}
+
 /* (Re)initialises the model and starts the engine for opts. */
 static int bench_start(bench *b, engine_opts *o, qwen35_mem_opts *mo) {
   if (engine_mem_plan_device(o, &b->cfg, &b->w, b->be, mo, b->err, sizeof b->err)) return -1;
@@ -1118,6 +1150,7 @@ int cmd_bench(int argc, char **argv) {
     goto done;
   }
   double t_start = bench_now();
+  bench_ceilings(&b);
   int failed = bench_phase_a(&b);
   if (failed) {
     fprintf(stderr, "deltaserve bench: %s\n", b.err);

@@ -39,6 +39,13 @@ long backend_cuda_greedy_screened(backend *be, int *prepared, long long *rows);
  * bf16 lm-head's V x H x 2; 0 when the screen would not take it. For the benchmark's roofline. */
 double backend_cuda_greedy_step_bytes(backend *be, int rows);
 
+/* The benchmark's two ceilings measured on this backend's device (cuda_ceiling.cu): a device-to-
+ * device copy in bytes read + written per second, a bf16 8,192^3 cuBLAS GEMM in FLOP/s (best of
+ * three batches each; ~2.4 GiB of device memory while it runs, freed after). 0, or -1 with err
+ * set (and what was measured left in place, the rest 0). */
+int backend_cuda_ceilings(backend *be, double *copy_bytes_s, double *gemm_flops_s, char *err,
+                          size_t errlen);
+
 #ifdef __cplusplus
 }
 #endif

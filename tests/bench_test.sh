@@ -34,24 +34,22 @@ if [ ! -f "$tmp/b.json" ]; then echo "FAIL bench_json_written"; exit 1; fi
 [ $rc -eq 2 ] && echo "PASS bench_decode_conc_needs_only" || echo "FAIL bench_decode_conc_needs_only: exit $rc"
 "$BIN" bench --model "$tmp/m" --out "$tmp/x.json" --only decode --decode-conc 5000 >/dev/null 2>&1; rc=$?
 [ $rc -eq 2 ] && echo "PASS bench_decode_conc_too_many" || echo "FAIL bench_decode_conc_too_many: exit $rc"
+# conc_case NAME N CHECK: `--only decode --decode-conc N` on the CPU must exit 0 and its metrics m
+# satisfy the JavaScript expression CHECK.
+conc_case() {
+  if "$BIN" bench --model "$tmp/m" --device cpu --threads 2 --quick --only decode --decode-conc "$2" \
+      --out "$tmp/c$2.json" >"$tmp/conc$2.log" 2>&1 &&
+     node -e 'const m=JSON.parse(require("fs").readFileSync(process.argv[1],"utf8")).metrics;
+       process.exit(eval(process.argv[2]) ? 0 : 1)' "$tmp/c$2.json" "$3"; then
+    echo "PASS $1"
+  else
+    echo "FAIL $1"; tail -3 "$tmp/conc$2.log"
+  fi
+}
 # A concurrency that is not one of the sizes: its own figure, decode_tok_s_N.
-if "$BIN" bench --model "$tmp/m" --device cpu --threads 2 --quick --only decode --decode-conc 3 \
-    --out "$tmp/c3.json" >"$tmp/conc3.log" 2>&1 &&
-   node -e 'const m=JSON.parse(require("fs").readFileSync(process.argv[1],"utf8")).metrics;
-     process.exit(m.decode_tok_s_3 > 0 && m.decode_tok_s_1 === null && m.decode_tok_s_8 === null ? 0 : 1)' "$tmp/c3.json"; then
-  echo "PASS bench_decode_conc_other_size"
-else
-  echo "FAIL bench_decode_conc_other_size"; tail -3 "$tmp/conc3.log"
-fi
+conc_case bench_decode_conc_other_size 3 'm.decode_tok_s_3 > 0 && m.decode_tok_s_1 === null && m.decode_tok_s_8 === null'
 # One decode size only: that figure is a number, the other decode figures are null.
-if "$BIN" bench --model "$tmp/m" --device cpu --threads 2 --quick --only decode --decode-conc 8 \
-    --out "$tmp/c.json" >"$tmp/conc.log" 2>&1 &&
-   node -e 'const m=JSON.parse(require("fs").readFileSync(process.argv[1],"utf8")).metrics;
-     process.exit(m.decode_tok_s_8 > 0 && m.decode_tok_s_1 === null && m.decode_tok_s_128 === null ? 0 : 1)' "$tmp/c.json"; then
-  echo "PASS bench_decode_conc_one_size"
-else
-  echo "FAIL bench_decode_conc_one_size"; tail -3 "$tmp/conc.log"
-fi
+conc_case bench_decode_conc_one_size 8 'm.decode_tok_s_8 > 0 && m.decode_tok_s_1 === null && m.decode_tok_s_128 === null'
 
 # Repeated decode runs: the figure is the median of the runs listed in info.
 if "$BIN" bench --model "$tmp/m" --device cpu --threads 2 --quick --only decode --decode-conc 8 \

@@ -287,8 +287,83 @@ TEST(split_prefill_bit_identical) {
   fx_close(&f);
 }
 
+/* The forward's step_repeat protocol (backend.h) over a CPU backend whose step_repeat only
+ * counts (and, when told, accepts): the model asks exactly when a step has the shape of the
+ * step before it (rows, pieces, outputs, greedy or not, prefill or decode), never after a
+ * change of any of them, and issues none of the step's ops when the backend accepts. */
+static backend *SR_REAL;
+static int sr_asks, sr_accept, sr_embeds;
+static int sr_step_repeat(backend *be) {
+  (void)be;
+  sr_asks++;
+  return sr_accept;
+}
+static void sr_embed(backend *be, backend_weight E, int H, backend_buf out) {
+  sr_embeds++;
+  SR_REAL->embed(be, E, H, out);
+}
+
+TEST(step_repeat_asked_on_same_shape) {
+  const char *dir = pick_fixture();
+  REQUIRE(dir != NULL);
+  char err[512] = "";
+  model_config cfg;
+  model_weights w;
+  REQUIRE(model_load(dir, &cfg, &w, err, sizeof err) == 0);
+  SR_REAL = backend_cpu_create(2);
+  REQUIRE(SR_REAL != NULL);
+  backend wr = *SR_REAL;
+  wr.step_repeat = sr_step_repeat;
+  wr.embed = sr_embed;
+  qwen35 *m = NULL;
+  qwen35_mem_opts o = {.n_pages = 8, .n_slots = 2}; /* 4 pages (64 positions) a piece */
+  int rc = qwen35_init(&m, &cfg, &w, &wr, &o, err, sizeof err);
+  EXPECT_MSG(rc == 0, "%s", err);
+  EXPECT_MSG(rc != 0 || qwen35_has_argmax(m), "the CPU backend has no argmax op");
+  if (rc == 0 && qwen35_has_argmax(m)) {
+    int V = cfg.vocab_size;
+    int32_t toks[8] = {3, 5, 7, 11, 13, 17, 19, 23}, p0[4] = {0, 1, 2, 3}, p1[4] = {4, 5, 6, 7};
+    int32_t ids[2];
+    float *lg = malloc(sizeof(float) * 2 * V);
+    qwen35_slot_zero(m, 0);
+    qwen35_slot_zero(m, 1);
+    /* step: pieces (1 or 2), the first piece's tokens, greedy; then asks / ops issued after it */
+    struct {
+      int n, len, greedy, accept, asks, embeds;
+    } st[] = {
+        {1, 5, 0, 0, 0, 1}, /* prefill: the first step */
+        {1, 1, 0, 0, 0, 2}, /* decode after prefill: another shape */
+        {1, 1, 0, 0, 1, 3}, /* the same shape: asked, declined, issued */
+        {1, 1, 0, 1, 2, 3}, /* asked, accepted: nothing issued */
+        {1, 1, 1, 0, 2, 4}, /* greedy: another step */
+        {1, 1, 1, 0, 3, 5},
+        {2, 1, 1, 1, 3, 6}, /* two pieces */
+        {2, 1, 1, 1, 4, 6},
+        {2, 1, 0, 1, 4, 7}, /* logits again */
+    };
+    int pos0 = 0;
+    for (size_t k = 0; k < sizeof st / sizeof st[0] && rc == 0; k++) {
+      sr_accept = st[k].accept;
+      fwd_seq q[2] = {{toks, st[k].len, pos0, p0, 4, 0, QWEN35_LOGITS_LAST},
+                      {toks + 1, 1, 3, p1, 4, 1, QWEN35_LOGITS_LAST}};
+      rc = st[k].greedy ? qwen35_forward_greedy(m, q, st[k].n, ids, err, sizeof err)
+                        : qwen35_forward(m, q, st[k].n, lg, err, sizeof err);
+      EXPECT_MSG(rc == 0, "step %zu: %s", k, err);
+      EXPECT_MSG(sr_asks == st[k].asks && sr_embeds == st[k].embeds,
+                 "step %zu: asked %d times (want %d), issued %d steps (want %d)", k, sr_asks,
+                 st[k].asks, sr_embeds, st[k].embeds);
+      pos0 += st[k].len;
+    }
+    free(lg);
+    qwen35_free(m);
+  }
+  SR_REAL->destroy(SR_REAL);
+  weights_free(&w);
+}
+
 int main(void) {
   RUN(reference_fixtures);
+  RUN(step_repeat_asked_on_same_shape);
   RUN(batch_invariance);
   RUN(split_prefill_bit_identical);
   TEST_MAIN_END();

@@ -140,6 +140,11 @@ struct backend {
   int (*set_batch)(backend *be, const backend_batch *b);
   /* Waits for all issued ops. Returns 0, or -1 with one line in err if any failed. */
   int (*sync)(backend *be, char *err, size_t errlen);
+  /* Called right after set_batch by a caller that would now issue exactly the ops, with the
+   * same arguments, that it issued after the previous set_batch: 1 when the backend runs
+   * those ops again against the new batch itself (the caller then issues none of this step's
+   * ops), 0 when the caller must issue them. NULL: always 0. */
+  int (*step_repeat)(backend *be);
 
   /* ---- ops ---- */
 

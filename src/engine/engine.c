@@ -1061,7 +1061,8 @@ engine *engine_create(qwen35 *model, const engine_opts *o, char *err, size_t err
   sched_opts so = {n_seq, o->max_num_batched_tokens, -1};
   e->seqs = calloc((size_t)n_seq, sizeof *e->seqs);
   e->logits = qwen35_host_alloc(model, (size_t)n_seq * (size_t)e->n_vocab * sizeof *e->logits);
-  e->ids = calloc((size_t)n_seq, sizeof *e->ids);
+  /* pinned on device backends: the step's ids come back by one copy queued behind the step */
+  e->ids = qwen35_host_alloc(model, (size_t)n_seq * sizeof *e->ids);
   e->device_greedy = qwen35_has_argmax(model) && !engine_env_on("DS_ENGINE_HOST_SAMPLE");
   {
     /* unset: on device backends (a CPU forward needs the cores); "0": off; else on */
@@ -1142,7 +1143,7 @@ void engine_destroy(engine *e, int drain) {
   }
   free(e->seqs);
   if (e->logits) qwen35_host_free(e->m, e->logits);
-  free(e->ids);
+  if (e->ids) qwen35_host_free(e->m, e->ids);
   free(e);
 }
 

@@ -49,6 +49,9 @@ struct qwen35 {
   backend_buf x, xn, mix, qg, q, gate, k, v, att, qkv, conv_out, z, bb, aa, beta, g, o, fg, fu;
   backend_buf logits; /* F32 [logits_cap, V] */
   backend_buf ids;    /* I32 [logits_cap]: the greedy step's token ids (when be->argmax) */
+  /* the last issued step's shape (step_key): a step of the same shape issues the same ops */
+  int key[7], key_set;
+  unsigned bufs_gen; /* bumped when scratch or logits buffers are reallocated */
 };
 
 /* ---- init ---- */
@@ -125,6 +128,7 @@ static int ensure_scratch(qwen35 *m, int T, char *err, size_t errlen) {
     return -1;
   }
   m->cap = T;
+  m->bufs_gen++;
   return 0;
 }
 
@@ -142,6 +146,7 @@ static int ensure_logits(qwen35 *m, int n, char *err, size_t errlen) {
     return -1;
   }
   m->logits_cap = n;
+  m->bufs_gen++;
   return 0;
 }
 
@@ -445,6 +450,16 @@ static int forward_issue(qwen35 *m, const fwd_seq *seqs, int n_seqs, int greedy,
   if (rc) return errf(err, errlen, "backend %s: cannot set batch", be->name);
   if (ensure_scratch(m, T, err, errlen) || ensure_logits(m, n_out > 0 ? n_out : 1, err, errlen))
     return -1;
+  *n_out_rows = n_out;
+  /* Everything the ops below are issued with, beyond the weights: a step with the key of the
+   * step before issues the same ops with the same arguments (the rows' tokens, positions and
+   * pages reach the ops only through set_batch), so the backend may run that step's ops again
+   * instead of taking them one by one (step_repeat). */
+  int key[7] = {T, n_seqs, n_out, greedy, any_prefill, any_decode, (int)m->bufs_gen};
+  int same = m->key_set && !memcmp(key, m->key, sizeof key);
+  memcpy(m->key, key, sizeof key);
+  m->key_set = 1;
+  if (same && be->step_repeat && be->step_repeat(be)) return 0;
 
   int H = c->hidden_size;
   float eps = c->rms_norm_eps;
@@ -465,7 +480,8 @@ static int forward_issue(qwen35 *m, const fwd_seq *seqs, int n_seqs, int greedy,
                       m->ids);
   else if (n_out > 0)
     be->logits(be, m->x, m->final_norm, eps, m->lm_head, H, c->vocab_size, m->logits);
-  *n_out_rows = n_out;
+  if (n_out > 0 && greedy && !be->logits_argmax)
+    be->argmax(be, m->logits, n_out, c->vocab_size, m->ids, NULL);
   return 0;
 }
 
@@ -475,10 +491,11 @@ int qwen35_forward(qwen35 *m, const fwd_seq *seqs, int n_seqs, float *logits, ch
   backend *be = m->be;
   int n_out = 0;
   if (forward_issue(m, seqs, n_seqs, 0, &n_out, err, errlen)) return -1;
+  int rrc = n_out > 0 && logits
+                ? be->read(be, m->logits, 0, logits, (size_t)n_out * c->vocab_size * sizeof(float))
+                : 0;
   if (be->sync(be, err, errlen)) return -1;
-  if (n_out > 0 && logits &&
-      be->read(be, m->logits, 0, logits, (size_t)n_out * c->vocab_size * sizeof(float)))
-    return errf(err, errlen, "backend %s: reading logits failed", be->name);
+  if (rrc) return errf(err, errlen, "backend %s: reading logits failed", be->name);
   return 0;
 }
 
@@ -492,11 +509,11 @@ int qwen35_forward_greedy(qwen35 *m, const fwd_seq *seqs, int n_seqs, int32_t *i
   if (!be->argmax) return errf(err, errlen, "backend %s has no argmax op", be->name);
   int n_out = 0;
   if (forward_issue(m, seqs, n_seqs, 1, &n_out, err, errlen)) return -1;
-  if (n_out > 0 && !be->logits_argmax)
-    be->argmax(be, m->logits, n_out, m->c->vocab_size, m->ids, NULL);
+  /* the read first: its copy is queued behind the step and waited for once (a sync before
+   * it would wait for the step, then the copy's own round trip) */
+  int rrc = n_out > 0 ? be->read(be, m->ids, 0, ids, (size_t)n_out * sizeof *ids) : 0;
   if (be->sync(be, err, errlen)) return -1;
-  if (n_out > 0 && be->read(be, m->ids, 0, ids, (size_t)n_out * sizeof *ids))
-    return errf(err, errlen, "backend %s: reading token ids failed", be->name);
+  if (rrc) return errf(err, errlen, "backend %s: reading token ids failed", be->name);
   return 0;
 }
 

@@ -380,7 +380,7 @@ static void fused_products_case(int T, int K, int m, const int *Ns, long min_fus
     w[j] = wup(W[j], Ns[j], K);
     y[j] = pr_out(BACKEND_KIND_ACT, (size_t)T * Ns[j]);
   }
-  long st0[5], st1[5];
+  long st0[6], st1[6];
   backend_cuda_graph_stats(GPU, st0);
   for (int step = 0; step < 3; step++) { /* direct, captured, replayed */
     decode_rows_batch(T);
@@ -836,7 +836,7 @@ static void gdn_chain_case(backend *plain, int nk, int nv, int dk, int T) {
   chain_init(&cs[0], CPU, h, n, wh, ws);
   chain_init(&cs[1], GPU, h, n, wh, ws);
   chain_init(&cs[2], plain, h, n, wh, ws);
-  long g0[5], g1[5], p0[5], p1[5];
+  long g0[6], g1[6], p0[6], p1[6];
   backend_cuda_graph_stats(GPU, g0);
   backend_cuda_graph_stats(plain, p0);
   g_also = plain;
@@ -1343,6 +1343,10 @@ typedef struct {
   backend *be;
   backend_weight w[W_COUNT];
   backend_buf b[B_COUNT];
+  /* repeat: a step of the previous step's row count asks the backend to run that step's ops
+   * again (step_repeat) instead of issuing them, as the model's forward does; last_n: that
+   * count (0: none yet) */
+  int repeat, last_n;
 } dmodel;
 
 static const int64_t dw_shape[W_COUNT][2] = {
@@ -1381,10 +1385,11 @@ static void dmodel_free(dmodel *m) {
   for (int i = 0; i < B_COUNT; i++) m->be->free(m->be, m->b[i]);
 }
 
+static void dmodel_ops(dmodel *m, int T, float eps);
+
 /* One decode step of rows (seq s at position pos[s]) for s < n; logits and ids read back. */
 static void dmodel_step(dmodel *m, int n, const int32_t *pos, float *logits, int32_t *ids) {
   backend *be = m->be;
-  backend_weight *w = m->w;
   backend_buf *b = m->b;
   static int32_t pt[2 * DMAXP] = {0, 1, 2, 3, 4, 5, 6, 7};
   int32_t tok[2] = {(int32_t)((pos[0] * 37 + 5) % DV), (int32_t)((pos[1] * 11 + 3) % DV)};
@@ -1393,6 +1398,18 @@ static void dmodel_step(dmodel *m, int n, const int32_t *pos, float *logits, int
   EXPECT(be->set_batch(be, &bb) == 0);
   int T = n;
   float eps = 1e-6f;
+  int again = m->repeat && n == m->last_n && be->step_repeat && be->step_repeat(be);
+  m->last_n = n;
+  if (!again) dmodel_ops(m, T, eps);
+  EXPECT(be->read(be, b[B_LOG], 0, logits, sizeof(float) * (size_t)T * DV) == 0);
+  EXPECT(be->read(be, b[B_IDS], 0, ids, sizeof(int32_t) * (size_t)T) == 0);
+}
+
+/* The ops of one step of T rows (dmodel_step). */
+static void dmodel_ops(dmodel *m, int T, float eps) {
+  backend *be = m->be;
+  backend_weight *w = m->w;
+  backend_buf *b = m->b;
   be->embed(be, w[W_E], DH, b[B_X]);
   be->rmsnorm(be, b[B_X], NULL, w[W_N1], T, DH, eps, b[B_XN]);
   be->matmul(be, b[B_XN], w[W_Q], T, DH, DNH * 2 * DHD, b[B_QG]);
@@ -1422,8 +1439,6 @@ static void dmodel_step(dmodel *m, int n, const int32_t *pos, float *logits, int
   be->add(be, b[B_X], b[B_MIX], (size_t)T * DH);
   be->logits(be, b[B_X], w[W_NF], eps, w[W_E], DH, DV, b[B_LOG]);
   be->argmax(be, b[B_LOG], T, DV, b[B_IDS], NULL);
-  EXPECT(be->read(be, b[B_LOG], 0, logits, sizeof(float) * (size_t)T * DV) == 0);
-  EXPECT(be->read(be, b[B_IDS], 0, ids, sizeof(int32_t) * (size_t)T) == 0);
 }
 
 /* Random weights and initial pools (K, V, conv state, DeltaNet state) for dmodel_init. */
@@ -1483,7 +1498,7 @@ TEST(decode_graph) {
   dpair d;
   dpair_init(&d, gb, plain);
   dmodel *a = &d.a, *p = &d.p;
-  long st0[5];
+  long st0[6];
   backend_cuda_graph_stats(gb, st0);
   float la[2 * DV], lp[2 * DV];
   int32_t ia[2], ip[2];
@@ -1497,7 +1512,7 @@ TEST(decode_graph) {
     for (int i = 0; i < n; i++) idiff += ia[i] != ip[i];
   }
   int sdiff = dmodel_pools_differ(gb, a, plain, p);
-  long st[5];
+  long st[6];
   backend_cuda_graph_stats(gb, st);
   long cap = st[0] - st0[0], rep = st[1] - st0[1], dir = st[2] - st0[2], fus = st[3] - st0[3],
        pdl = st[4] - st0[4];
@@ -1522,6 +1537,56 @@ TEST(decode_graph) {
   gb->destroy(gb);
 }
 
+/* The same ten steps (row counts 2 2 2 2 2 1 1 1 2 2) with the caller asking step_repeat
+ * whenever a step has the previous step's row count, as the model's forward does: every logit,
+ * id and pool byte equal to the ops launched as issued, and exactly the steps after a captured
+ * or replayed graph of their shape repeated without recording (steps 2-4, 7 and 9: 5; six
+ * replays with them, as without); with DS_CUDA_REPEAT=0 the backend declines every time and
+ * the results are the same. */
+TEST(decode_graph_repeat) {
+  backend *plain = gpu_with("DS_CUDA_GRAPHS", "0"), *gb = gpu_with("DS_NORM_FOLD", "0");
+  setenv("DS_CUDA_REPEAT", "0", 1);
+  backend *off = gpu_with("DS_NORM_FOLD", "0");
+  unsetenv("DS_CUDA_REPEAT");
+  REQUIRE(plain != NULL && gb != NULL && off != NULL);
+  backend *bs[2] = {gb, off};
+  for (int v = 0; v < 2; v++) {
+    dpair d;
+    dpair_init(&d, bs[v], plain);
+    dmodel *a = &d.a, *p = &d.p;
+    a->repeat = 1;
+    long st0[6], st[6];
+    backend_cuda_graph_stats(bs[v], st0);
+    float la[2 * DV], lp[2 * DV];
+    int32_t ia[2], ip[2];
+    int ndiff = 0, idiff = 0;
+    for (int k = 0; k < 10; k++) {
+      int n = k >= 5 && k < 8 ? 1 : 2;
+      int32_t pos[2] = {20 + k, k};
+      dmodel_step(a, n, pos, la, ia);
+      dmodel_step(p, n, pos, lp, ip);
+      for (int i = 0; i < n * DV; i++) ndiff += memcmp(&la[i], &lp[i], 4) != 0;
+      for (int i = 0; i < n; i++) idiff += ia[i] != ip[i];
+    }
+    int sdiff = dmodel_pools_differ(bs[v], a, plain, p);
+    backend_cuda_graph_stats(bs[v], st);
+    long reps = st[5] - st0[5], replays = st[1] - st0[1];
+    n_checks++;
+    printf("  decode steps with step_repeat %s vs direct: %d logits, %d ids, %d state/KV buffers "
+           "differ; %ld repeated, %ld replays\n",
+           v ? "declined (DS_CUDA_REPEAT=0)" : "on", ndiff, idiff, sdiff, reps, replays);
+    EXPECT_MSG(ndiff == 0 && idiff == 0 && sdiff == 0, "repeated decode steps differ from direct");
+    EXPECT_MSG(reps == (v ? 0 : 5), "%ld steps repeated, expected %d", reps, v ? 0 : 5);
+    EXPECT_MSG(replays == 6, "%ld replays, expected 6 (repeats included)", replays);
+    char err[256] = "";
+    EXPECT_MSG(bs[v]->sync(bs[v], err, sizeof err) == 0, "repeat backend failed: %s", err);
+    dpair_free(&d);
+  }
+  plain->destroy(plain);
+  gb->destroy(gb);
+  off->destroy(off);
+}
+
 /* The same ten steps with the norms after a product taken off the products' critical path
  * (the default): both such norms of the step (after the o product, after the DeltaNet out
  * product; the first one follows the embedding) fold in every step that runs the list, and the
@@ -1534,7 +1599,7 @@ TEST(decode_graph_norm_fold) {
   dpair d;
   dpair_init(&d, GPU, plain);
   dmodel *a = &d.a, *p = &d.p;
-  long st0[5], st[5], f0 = backend_cuda_norm_folds(GPU);
+  long st0[6], st[6], f0 = backend_cuda_norm_folds(GPU);
   backend_cuda_graph_stats(GPU, st0);
   float la[2 * DV], lp[2 * DV];
   int32_t ia[2], ip[2];
@@ -1607,7 +1672,7 @@ TEST(norm_fold_refused) {
   dpair d;
   dpair_init(&d, GPU, plain);
   dmodel *a = &d.a, *p = &d.p;
-  long f0 = backend_cuda_norm_folds(GPU), st0[5], st[5];
+  long f0 = backend_cuda_norm_folds(GPU), st0[6], st[6];
   backend_cuda_graph_stats(GPU, st0);
   uint16_t oa[DH + DNH * 2 * DHD], op[DH + DNH * 2 * DHD];
   int diff = 0;
@@ -1663,6 +1728,7 @@ int main(void) {
   RUN(argmax);
   RUN(logits_argmax);
   RUN(decode_graph);
+  RUN(decode_graph_repeat);
   RUN(decode_graph_norm_fold);
   RUN(norm_fold_refused);
   printf("op checks: %d\n", n_checks);

@@ -1024,6 +1024,7 @@ struct graph_entry {
   void *scratch;
   cudaGraphExec_t exec;
   uint64_t used;
+  uint64_t uid; /* never reused: what step_repeat names */
 };
 
 struct cuda_graphs {
@@ -1036,8 +1037,15 @@ struct cuda_graphs {
   std::vector<uint8_t> args; /* the recorded ops' arguments (rec_call) */
   std::vector<uint8_t> sig, last_sig, bad_sig;
   std::vector<graph_entry> cache;
-  uint64_t tick;
-  long captures, replays, direct, fused, pdl_edges, norm_folds;
+  uint64_t tick, uids;
+  long captures, replays, direct, fused, pdl_edges, norm_folds, repeats;
+  /* step_repeat (DS_CUDA_REPEAT=0: off): the last recorded step ran as graph rep_uid (0:
+   * it did not run as one graph), its signature beginning with rep_layout (the metadata
+   * layout entry, layout_len bytes); rep_pending: this step is that graph again */
+  int repeat, rep_pending;
+  uint64_t rep_uid;
+  size_t layout_len;
+  std::vector<uint8_t> rep_layout;
   /* the graph nodes of the capture in progress that are kernels of ours (graph_note_launch) */
   std::unordered_set<cudaGraphNode_t> ours;
   /* DS_CUDA_STEP_TIMING=1: each replay between two events, for the GPU's share of a step
@@ -1174,6 +1182,7 @@ static void graph_clear(cuda_ctx *c) {
   g->cache.clear();
   g->last_sig.clear();
   g->bad_sig.clear();
+  g->rep_uid = 0;
 }
 
 /* Called when a read has its result (DS_CUDA_STEP_TIMING: the host's interval starts). */
@@ -1189,10 +1198,33 @@ static void graph_begin(cuda_ctx *c) {
   g->ops.clear();
   g->args.clear();
   g->sig.clear();
+  g->rep_pending = 0;
   g->rec = c->b.n_tokens > 0 && c->b.n_prefill == 0 && c->b.n_decode == c->b.n_tokens;
   if (g->rec)
     sig_put(g->sig, 0, c->b.n_tokens, c->b.n_seqs, c->b.max_pages, c->b.n_out, c->d_meta,
             c->b.tokens, c->b.page_table, c->b.out_rows, c->b.decode_ids);
+  else
+    g->rep_uid = 0;
+  g->layout_len = g->sig.size();
+}
+
+/* The caller would issue the previous step's ops again (backend.h step_repeat): when that
+ * step ran as one captured graph, this step's metadata has its layout and the scratch has
+ * not moved, the graph is this step too (its signature would be the same: the ops' arguments
+ * are the caller's, the metadata layout is checked here), and no op is recorded. */
+static int cu_step_repeat(backend *be) {
+  cuda_ctx *c = cuda_ctx_of(be);
+  cuda_graphs *g = c->gr;
+  if (!g || !g->rec || !g->repeat || !g->use_graphs || c->failed || !g->rep_uid ||
+      !g->ops.empty() || g->sig != g->rep_layout)
+    return 0;
+  for (auto &e : g->cache)
+    if (e.uid == g->rep_uid) {
+      if (e.scratch != c->scratch) return 0;
+      g->rep_pending = 1;
+      return 1;
+    }
+  return 0;
 }
 
 static int gemv_fits(cuda_ctx *c, const gop &o) {
@@ -1638,9 +1670,55 @@ static int graph_capture(cuda_ctx *c, uint64_t h) {
   en.scratch = c->scratch;
   en.exec = exec;
   en.used = ++g->tick;
+  en.uid = ++g->uids;
+  g->rep_uid = en.uid;
+  g->rep_layout.assign(g->sig.begin(), g->sig.begin() + (long)g->layout_len);
   g->cache.push_back(std::move(en));
   g->captures++;
   return 1;
+}
+
+/* Launches a cached graph for the recorded step (its replay); 0 when the launch failed. */
+static int graph_replay(cuda_ctx *c, graph_entry &e) {
+  cuda_graphs *g = c->gr;
+  cuda_ktrace_replay(c, e.exec);
+  graph_time(g);
+  double tl = g->timing ? now_ms() : 0;
+  if (g->timing) cudaEventRecord(g->ev[0], c->st);
+  if (cudaGraphLaunch(e.exec, c->st) != cudaSuccess) {
+    cudaGetLastError();
+    g->timed_pending = 0;
+    return 0;
+  }
+  e.used = ++g->tick;
+  g->replays++;
+  if (g->timing) {
+    g->timed_pending = cudaEventRecord(g->ev[1], c->st) == cudaSuccess;
+    if (g->t_ready > 0 && g->t_begin >= g->t_ready) {
+      g->engine_ms.push_back((float)(g->t_begin - g->t_ready));
+      g->record_ms.push_back((float)(tl - g->t_begin));
+      g->launch_ms.push_back((float)(now_ms() - tl));
+    }
+  }
+  return 1;
+}
+
+/* A step_repeat step: the graph of the step before, launched again. Its ops were never
+ * issued, so a failed launch fails the step. */
+static void graph_repeat(cuda_ctx *c) {
+  cuda_graphs *g = c->gr;
+  g->rep_pending = 0;
+  if (!g->ops.empty()) {
+    cuda_fail(c, "step_repeat", "ops issued in a step the backend repeats");
+    return;
+  }
+  for (auto &e : g->cache)
+    if (e.uid == g->rep_uid) {
+      if (graph_replay(c, e)) g->repeats++;
+      else cuda_fail(c, "step_repeat", "graph launch failed");
+      return;
+    }
+  cuda_fail(c, "step_repeat", "the step's graph is gone");
 }
 
 /* Runs what was recorded (see above). */
@@ -1648,6 +1726,15 @@ static void graph_flush(cuda_ctx *c) {
   cuda_graphs *g = c->gr;
   if (!g || !g->rec) return;
   g->rec = 0;
+  if (g->rep_pending && !c->failed) {
+    graph_repeat(c);
+    g->ops.clear();
+    g->args.clear();
+    g->sig.clear();
+    return;
+  }
+  g->rep_pending = 0;
+  g->rep_uid = 0;
   if (g->ops.empty() || c->failed) {
     g->ops.clear();
     g->args.clear();
@@ -1658,25 +1745,10 @@ static void graph_flush(cuda_ctx *c) {
   if (g->use_graphs) {
     for (auto &e : g->cache) {
       if (e.h != h || e.scratch != c->scratch || e.sig != g->sig) continue;
-      cuda_ktrace_replay(c, e.exec);
-      graph_time(g);
-      double tl = g->timing ? now_ms() : 0;
-      if (g->timing) cudaEventRecord(g->ev[0], c->st);
-      if (cudaGraphLaunch(e.exec, c->st) == cudaSuccess) {
-        e.used = ++g->tick;
-        g->replays++;
-        done = 1;
-        if (g->timing) {
-          g->timed_pending = cudaEventRecord(g->ev[1], c->st) == cudaSuccess;
-          if (g->t_ready > 0 && g->t_begin >= g->t_ready) {
-            g->engine_ms.push_back((float)(g->t_begin - g->t_ready));
-            g->record_ms.push_back((float)(tl - g->t_begin));
-            g->launch_ms.push_back((float)(now_ms() - tl));
-          }
-        }
-      } else {
-        cudaGetLastError();
-        g->timed_pending = 0;
+      done = graph_replay(c, e);
+      if (done) {
+        g->rep_uid = e.uid;
+        g->rep_layout.assign(g->sig.begin(), g->sig.begin() + (long)g->layout_len);
       }
       break;
     }
@@ -1894,8 +1966,9 @@ extern "C" long backend_cuda_norm_folds(backend *be) {
   return g ? g->norm_folds : 0;
 }
 
-extern "C" void backend_cuda_graph_stats(backend *be, long out[5]) {
+extern "C" void backend_cuda_graph_stats(backend *be, long out[6]) {
   cuda_graphs *g = cuda_ctx_of(be)->gr;
+  out[5] = g ? g->repeats : 0;
   out[4] = g ? g->pdl_edges : 0;
   out[0] = g ? g->captures : 0;
   out[1] = g ? g->replays : 0;
@@ -2053,6 +2126,8 @@ extern "C" backend *backend_cuda_create(int device, char *err, size_t errlen) {
       c->gr->fuse = !(fs && strcmp(fs, "0") == 0);
       const char *pd = getenv("DS_PDL"); /* programmatic edges in the graphs, on unless "0" */
       c->gr->pdl = !(pd && strcmp(pd, "0") == 0);
+      const char *rp = getenv("DS_CUDA_REPEAT"); /* step_repeat, on unless "0" */
+      c->gr->repeat = !(rp && strcmp(rp, "0") == 0);
       const char *tm = getenv("DS_CUDA_STEP_TIMING"); /* replay timing, off unless "1" */
       c->gr->timing = tm && strcmp(tm, "1") == 0 &&
                       cudaEventCreate(&c->gr->ev[0]) == cudaSuccess &&
@@ -2073,6 +2148,7 @@ extern "C" backend *backend_cuda_create(int device, char *err, size_t errlen) {
   be->weight_free = cu_weight_free;
   be->weight_bytes = cu_weight_bytes;
   be->set_batch = cu_set_batch;
+  be->step_repeat = cu_step_repeat;
   be->sync = cu_sync;
   be->embed = w_embed;
   be->rmsnorm = w_rmsnorm;

@@ -20,9 +20,11 @@ backend *backend_cuda_create(int device, char *err, size_t errlen);
 
 /* Counters of the decode-step recorder: out[0] graphs captured, out[1] graph replays,
  * out[2] recorded steps run launch by launch, out[3] launches saved by fusing ops, out[4]
- * programmatic edges (kernels launched before the previous one finished) in the graphs captured.
- * All 0 when recording is off (DS_CUDA_GRAPHS=0, DS_CUDA_LEGACY=1). For tests and benchmarks. */
-void backend_cuda_graph_stats(backend *be, long out[5]);
+ * programmatic edges (kernels launched before the previous one finished) in the graphs captured,
+ * out[5] steps that ran the step before's graph again without recording (step_repeat; they
+ * count among the replays). All 0 when recording is off (DS_CUDA_GRAPHS=0, DS_CUDA_LEGACY=1).
+ * For tests and benchmarks. */
+void backend_cuda_graph_stats(backend *be, long out[6]);
 
 /* rmsnorms the decode-step recorder took off the products' critical path (backend_cuda.cu
  * norm_fold_at; DS_NORM_FOLD=0: none). For tests and benchmarks. */

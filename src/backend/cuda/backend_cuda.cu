@@ -977,18 +977,7 @@ enum {
   GOP_GNORM,
   GOP_ATTN,   /* attention (arguments in gop.at) */
   GOP_SIGMUL, /* sigmoid_mul(out, gate, n) */
-  GOP_RMSNORM, /* rmsnorm (arguments in gop.nm) */
-  GOP_QKNR    /* qk_norm_rope (arguments in gop.qr) */
-};
-
-/* GOP_QKNR's arguments */
-struct gop_qknr {
-  backend_buf qg, k;
-  backend_weight qn, kn;
-  int nh, nkv, hd, rot;
-  double theta;
-  float eps;
-  backend_buf q, gate;
+  GOP_RMSNORM /* rmsnorm (arguments in gop.nm) */
 };
 
 /* GOP_RMSNORM's arguments (the rmsnorm op: x += add; y = norm(x; w, eps)) */
@@ -1027,7 +1016,6 @@ struct gop {
   cuda_gdn_chain_args ch;
   gop_attn at; /* GOP_ATTN */
   gop_norm nm; /* GOP_RMSNORM */
-  gop_qknr qr; /* GOP_QKNR */
 };
 
 struct graph_entry {
@@ -1457,34 +1445,6 @@ static int norm_fold_at(cuda_ctx *c, const std::vector<gop> &ops, size_t j, norm
   return 1;
 }
 
-/* 1 when ops[i..i+2] are qk_norm_rope, the attention of its q and k, and that attention's
- * output gate by the gate qk_norm_rope wrote, and nothing after them reads the q or gate
- * buffers before the next qk_norm_rope writes them again (the fused form does not write them):
- * cuda_attn_decode_qknr may take the three (DS_ATTN_QKNR=0: never). */
-static int qknr_at(cuda_ctx *c, const std::vector<gop> &ops, size_t i) {
-  const cuda_graphs *g = c->gr;
-  size_t n = ops.size();
-  if (!g->fuse || !c->attn_qknr || i + 2 >= n || ops[i].kind != GOP_QKNR ||
-      ops[i + 1].kind != GOP_ATTN || ops[i + 2].kind != GOP_SIGMUL)
-    return 0;
-  const gop_qknr &r = ops[i].qr;
-  const gop_attn &a = ops[i + 1].at;
-  const gop &sm = ops[i + 2];
-  size_t qb = (size_t)c->b.n_tokens * r.nh * r.hd * 2;
-  if (a.q != r.q || a.k != r.k || a.nh != r.nh || a.nkv != r.nkv || a.hd != r.hd ||
-      sm.out != (bf16 *)a.out || sm.gate != (const bf16 *)r.gate || sm.n * 2 != qb ||
-      overlap(r.gate, qb, a.out, qb) || overlap(r.qg, 2 * qb, a.out, qb))
-    return 0;
-  for (size_t k = i + 3; k < n; k++) {
-    const gop &o = ops[k];
-    if (o.kind == GOP_QKNR && o.qr.q == r.q && o.qr.gate == r.gate && o.qr.nh == r.nh &&
-        o.qr.hd == r.hd && !overlap(o.qr.qg, 2 * qb, r.q, qb) && !overlap(o.qr.qg, 2 * qb, r.gate, qb))
-      break;
-    if (op_names(g, ops, k, r.q, qb) || op_names(g, ops, k, r.gate, qb)) return 0;
-  }
-  return 1;
-}
-
 /* Runs the recorded list in order, with the rewrites. */
 static void graph_run_ops(cuda_ctx *c) {
   cuda_graphs *g = c->gr;
@@ -1527,16 +1487,6 @@ static void graph_run_ops(cuda_ctx *c) {
       g->fused += 1;
       i += 2;
       continue;
-    }
-    if (qknr_at(c, ops, i)) {
-      const gop_qknr &r = o.qr;
-      const gop_attn &a = ops[i + 1].at;
-      if (cuda_attn_decode_qknr(g->be, a.k_pool, a.v_pool, r.qg, r.k, a.v, r.qn, r.kn, r.nh,
-                                r.nkv, r.hd, r.rot, r.theta, r.eps, a.scale, a.out)) {
-        g->fused += 2;
-        i += 3;
-        continue;
-      }
     }
     if (g->fuse && o.kind == GOP_ATTN && i + 1 < n && ops[i + 1].kind == GOP_SIGMUL) {
       /* attention, then its output gate: the gate in the merge kernel */
@@ -1866,14 +1816,9 @@ static void w_qk_norm_rope(backend *be, backend_buf qg, backend_buf k, backend_w
                            backend_weight k_norm, int nh, int nkv, int hd, int rot, double theta,
                            float eps, backend_buf q_out, backend_buf gate_out) {
   if (!rec_op(be, 5, cuda_elem_qk_norm_rope, qg, k, q_norm, k_norm, nh, nkv, hd, rot, theta, eps,
-              q_out, gate_out)) {
+              q_out, gate_out))
     cuda_elem_qk_norm_rope(be, qg, k, q_norm, k_norm, nh, nkv, hd, rot, theta, eps, q_out,
                            gate_out);
-    return;
-  }
-  gop &o = cuda_ctx_of(be)->gr->ops.back();
-  o.kind = GOP_QKNR;
-  o.qr = {qg, k, q_norm, k_norm, nh, nkv, hd, rot, theta, eps, q_out, gate_out};
 }
 static void w_attention(backend *be, backend_buf k_pool, backend_buf v_pool, backend_buf q,
                         backend_buf k, backend_buf v, int nh, int nkv, int hd, float scale,
@@ -2170,8 +2115,6 @@ extern "C" backend *backend_cuda_create(int device, char *err, size_t errlen) {
     c->norm_fold = !(nfo && strcmp(nfo, "0") == 0);
     const char *gc = getenv("DS_GDN_CHAIN"); /* the DeltaNet decode chain kernel, on unless "0" */
     c->gdn_chain = !(gc && strcmp(gc, "0") == 0);
-    const char *aq = getenv("DS_ATTN_QKNR"); /* qk-norm + rotary inside attention, on unless "0" */
-    c->attn_qknr = !(aq && strcmp(aq, "0") == 0);
     const char *mg = getenv("DS_MOE_GROUPED"); /* on unless "0" */
     c->moe_grouped = !(mg && strcmp(mg, "0") == 0);
     c->legacy = !c->batch_invariant && lg && *lg && strcmp(lg, "0") != 0;

@@ -311,30 +311,16 @@ struct att_smem {
  * pieces, ATT_STAGES - 1 positions ahead of the one being used, so the loads in flight live in
  * shared memory, not registers (holding them in registers capped the positions in flight at
  * two: bench/NOTES.md). Each lane then reads its hd/32 values of the slot. */
-/* The fused qk-norm + rotary of a decode step (att_args::nr): q holds the q projection's rows
- * with their gates ([T, nh, 2 * hd], k_qk_norm_rope's input), kcur the raw k rows; the split
- * kernel norms and rotates its q heads itself, the last range's block also the k row (written
- * back in place and into the pages), with k_qk_norm_rope's arithmetic (the same bits). */
-struct att_nr {
-  const float *qn, *kn; /* the norms' weights (fp32) */
-  const float *inv_tab; /* rotary frequencies (c->rope_tab) */
-  float eps;
-  int rot;
-};
-
-template <int VPL, int G, bool NR>
+template <int VPL, int G>
 __global__ void __launch_bounds__(ATT_SW * 32)
     k_attn_split(bf16 *kp, bf16 *vp, const bf16 *q, const int32_t *seq, const int32_t *pos,
                  const int32_t *page_table, int max_pages, int nh, int nkv, float scale,
                  const int32_t *seq_len, int gemm_min, int split, const bf16 *kcur,
-                 const bf16 *vcur, float *part, float *ml, att_nr nr) {
+                 const bf16 *vcur, float *part, float *ml) {
   pdl_enter();
   constexpr int HD = VPL * 32, PIECES = HD * 2 * 2 / 16; /* 16-byte pieces of a K + V row */
-  constexpr int NRH = NR ? G + 1 : 1; /* heads normed here: G q heads and the k row */
   __shared__ __align__(16) unsigned char s_raw[att_smem<HD, G>::bytes];
   __shared__ float s_m[ATT_SW][G], s_l[ATT_SW][G];
-  __shared__ __align__(16) bf16 s_q[NR ? G : 1][NR ? HD : 8];
-  __shared__ float s_y[NRH][NR ? HD : 1], s_red[NRH][ATT_SW], s_ss[NRH];
   int t = blockIdx.x, kvh = blockIdx.y, z = blockIdx.z;
   if (gemm_min > 0 && seq_len[seq[t]] >= gemm_min) return; /* the GEMM path's row */
   int lane = threadIdx.x & 31, wp = threadIdx.x >> 5;
@@ -350,19 +336,15 @@ __global__ void __launch_bounds__(ATT_SW * 32)
    * position p from kcur / vcur (the same values), so nothing here reads it back */
   const bf16 *kc = kcur ? kcur + (size_t)t * row_w + (size_t)kvh * HD : NULL;
   const bf16 *vc = kcur ? vcur + (size_t)t * row_w + (size_t)kvh * HD : NULL;
-  size_t cur_off = 0; /* the row's own K/V slice in the pages */
   if (kcur && z == ns - 1) {
     int page = pt[p / BACKEND_PAGE_TOKENS];
-    cur_off = ((size_t)page * BACKEND_PAGE_TOKENS + (size_t)(p % BACKEND_PAGE_TOKENS)) * row_w +
-              (size_t)kvh * HD;
-    for (int c = threadIdx.x + (NR ? PIECES / 2 : 0); c < PIECES; c += blockDim.x) {
+    size_t off = ((size_t)page * BACKEND_PAGE_TOKENS + (size_t)(p % BACKEND_PAGE_TOKENS)) *
+                     row_w + (size_t)kvh * HD;
+    for (int c = threadIdx.x; c < PIECES; c += blockDim.x) {
       int kv = c >= PIECES / 2, e = (c - kv * PIECES / 2) * 8;
-      *(uint4 *)((kv ? vp : kp) + cur_off + e) = *(const uint4 *)((kv ? vc : kc) + e);
+      *(uint4 *)((kv ? vp : kp) + off + e) = *(const uint4 *)((kv ? vc : kc) + e);
     }
   }
-  /* NR: the last range's block norms the k row before any position is issued (its own
-   * position reads kc); the other blocks issue first and norm their q heads meanwhile */
-  const bool k_here = NR && kcur && z == ns - 1;
   int nj = j1 - j0 - wp > 0 ? (j1 - j0 - wp + ATT_SW - 1) / ATT_SW : 0; /* this warp's count */
   /* position i of this warp (i < nj) into slot i % ATT_STAGES; one group per position, empty
    * past the end, so the wait below always counts ATT_STAGES - 1 younger groups */
@@ -388,57 +370,11 @@ __global__ void __launch_bounds__(ATT_SW * 32)
     cp_async_commit();
   };
   float qr[G][VPL], acc[G][VPL], m[G], l[G];
-  if (!k_here) {
 #pragma unroll
-    for (int s = 0; s < ATT_STAGES - 1; s++) issue(s);
-  }
-  if constexpr (NR) { /* k_qk_norm_rope's steps, thread i on dimension i of every head */
-    int i = threadIdx.x;
-    float xv[NRH];
-#pragma unroll
-    for (int g = 0; g < NRH; g++) {
-      const bf16 *src = g < G ? q + ((size_t)t * nh + kvh * G + g) * 2 * HD : kc;
-      xv[g] = i < HD && (g < G || k_here) ? bf2f(src[i]) : 0.f;
-      float v = warp_sum(__fmul_rn(xv[g], xv[g]));
-      if (lane == 0) s_red[g][wp] = v;
-    }
-    __syncthreads();
-    for (int g = wp; g < NRH; g += ATT_SW) { /* block_sum's second stage, one warp a head */
-      float v = lane < HD / 32 ? s_red[g][lane] : 0.f;
-      v = warp_sum(v);
-      if (lane == 0) s_ss[g] = v;
-    }
-    __syncthreads();
-#pragma unroll
-    for (int g = 0; g < NRH; g++)
-      if (i < HD) s_y[g][i] = qknr_norm(xv[g], qknr_factor(s_ss[g], HD, nr.eps), (g < G ? nr.qn : nr.kn)[i]);
-    __syncthreads();
-    int half = nr.rot / 2, lower = i < half;
-#pragma unroll
-    for (int g = 0; g < NRH; g++) {
-      if (i >= HD || (g == G && !k_here)) continue;
-      float o = s_y[g][i];
-      if (i < nr.rot)
-        o = qknr_rot(o, s_y[g][lower ? i + half : i - half], lower, p,
-                     nr.inv_tab[lower ? i : i - half]);
-      bf16 ob = f2bf(o);
-      if (g < G) {
-        s_q[g][i] = ob;
-      } else { /* the k row: in place (position p's issue below reads it) and into its page */
-        ((bf16 *)kc)[i] = ob;
-        kp[cur_off + i] = ob;
-      }
-    }
-    __syncthreads();
-  }
-  if (k_here) {
-#pragma unroll
-    for (int s = 0; s < ATT_STAGES - 1; s++) issue(s);
-  }
+  for (int s = 0; s < ATT_STAGES - 1; s++) issue(s);
 #pragma unroll
   for (int g = 0; g < G; g++) {
-    if constexpr (NR) att_unpack<VPL>(&s_q[g][lane * VPL], qr[g]);
-    else att_unpack<VPL>(q + ((size_t)t * nh + kvh * G + g) * HD + lane * VPL, qr[g]);
+    att_unpack<VPL>(q + ((size_t)t * nh + kvh * G + g) * HD + lane * VPL, qr[g]);
 #pragma unroll
     for (int i = 0; i < VPL; i++) {
       qr[g][i] *= scale;
@@ -515,11 +451,11 @@ __global__ void __launch_bounds__(ATT_SW * 32)
 }
 
 /* grid (T, nh), block hd: merges a row's ranges in order. gate (the attention output gate,
- * head h of row t at (t * nh + h) * gs) or NULL: out = out * sigmoid(gate) with the sigmoid_mul op's expression on the
+ * [T, nh * hd]) or NULL: out = out * sigmoid(gate) with the sigmoid_mul op's expression on the
  * bf16 output (cuda_elem.cu k_ew8), the two ops' bits in one launch. */
 __global__ void k_attn_merge(const float *part, const float *ml, const int32_t *pos,
                              const int32_t *seq, const int32_t *seq_len, int gemm_min, int split,
-                             int nh, int hd, const bf16 *gate, int gs, bf16 *out) {
+                             int nh, int hd, const bf16 *gate, bf16 *out) {
   pdl_enter();
   int t = blockIdx.x, h = blockIdx.y, i = threadIdx.x;
   if (gemm_min > 0 && seq_len[seq[t]] >= gemm_min) return; /* the GEMM path's row */
@@ -537,7 +473,7 @@ __global__ void k_attn_merge(const float *part, const float *ml, const int32_t *
   if (i < hd) {
     size_t oi = ((size_t)t * nh + h) * hd + i;
     bf16 ob = f2bf(o / L);
-    out[oi] = gate ? f2bf(bf2f(ob) * sigmoidf_dev(bf2f(gate[((size_t)t * nh + h) * gs + i]))) : ob;
+    out[oi] = gate ? f2bf(bf2f(ob) * sigmoidf_dev(bf2f(gate[oi]))) : ob;
   }
 }
 
@@ -550,23 +486,14 @@ struct att_args {
   int split;               /* positions per range (att_split_of) */
   const bf16 *kcur, *vcur; /* the step's k, v when the split kernel writes them (else NULL) */
   float *part, *ml;
-  const att_nr *nr; /* the fused qk-norm + rotary (q: the rows with their gates), or NULL */
 };
 
 template <int VPL, int G>
 static void att_launch(cuda_ctx *c, const att_args &a) {
   dim3 grid(c->b.n_tokens, a.nkv, ATT_MAXS);
-  att_nr none = {};
-  if (a.nr)
-    k_attn_split<VPL, G, true><<<grid, ATT_SW * 32, 0, c->st>>>(
-        a.kp, a.vp, a.q, c->b.seq, c->b.pos, c->b.page_table, c->b.max_pages, a.nh, a.nkv,
-        a.scale, c->b.seq_len, att_gemm_min(c, a.nkv, VPL * 32), a.split, a.kcur, a.vcur, a.part,
-        a.ml, *a.nr);
-  else
-    k_attn_split<VPL, G, false><<<grid, ATT_SW * 32, 0, c->st>>>(
-        a.kp, a.vp, a.q, c->b.seq, c->b.pos, c->b.page_table, c->b.max_pages, a.nh, a.nkv,
-        a.scale, c->b.seq_len, att_gemm_min(c, a.nkv, VPL * 32), a.split, a.kcur, a.vcur, a.part,
-        a.ml, none);
+  k_attn_split<VPL, G><<<grid, ATT_SW * 32, 0, c->st>>>(
+      a.kp, a.vp, a.q, c->b.seq, c->b.pos, c->b.page_table, c->b.max_pages, a.nh, a.nkv, a.scale,
+      c->b.seq_len, att_gemm_min(c, a.nkv, VPL * 32), a.split, a.kcur, a.vcur, a.part, a.ml);
 }
 
 /* G q heads per kv head (att_split_fits: 1, 2, 4, or 8 with VPL <= 4) */
@@ -598,13 +525,13 @@ static int att_split_fits(const cuda_ctx *c, int nh, int nkv, int hd) {
  * vcur: the step's k, v rows for the split kernel to write into the pages (a decode step), or
  * NULL when they are already there. */
 static void att_split(cuda_ctx *c, bf16 *kp, bf16 *vp, const bf16 *q, int nh, int nkv, int hd,
-                      float scale, const bf16 *kcur, const bf16 *vcur, const bf16 *gate, int gs,
-                      bf16 *out, const att_nr *nr) {
+                      float scale, const bf16 *kcur, const bf16 *vcur, const bf16 *gate,
+                      bf16 *out) {
   int G = nh / nkv;
   size_t rows = (size_t)c->b.n_tokens * nh * ATT_MAXS;
   float *part = (float *)cuda_scratch(c, rows * ((size_t)hd + 2) * sizeof(float));
   if (!part) return;
-  att_args a = {kp, vp, q, nh, nkv, scale, att_split_of(c), kcur, vcur, part, part + rows * hd, nr};
+  att_args a = {kp, vp, q, nh, nkv, scale, att_split_of(c), kcur, vcur, part, part + rows * hd};
   switch (hd / 32) {
     case 1: att_launch_g<1>(c, G, a); break;
     case 2: att_launch_g<2>(c, G, a); break;
@@ -615,7 +542,7 @@ static void att_split(cuda_ctx *c, bf16 *kp, bf16 *vp, const bf16 *q, int nh, in
   dim3 g2(c->b.n_tokens, nh);
   k_attn_merge<<<g2, (hd + 31) / 32 * 32, 0, c->st>>>(part, a.ml, c->b.pos, c->b.seq,
                                                        c->b.seq_len, att_gemm_min(c, nkv, hd),
-                                                       a.split, nh, hd, gate, gs, out);
+                                                       a.split, nh, hd, gate, out);
   cuda_check_launch(c, gate ? "attention (merge + output gate)" : "attention (merge)");
 }
 
@@ -675,7 +602,7 @@ extern "C" void cuda_attn_attention_gated(backend *be, backend_buf k_pool, backe
   if (use_split) {
     att_split(c, (bf16 *)k_pool, (bf16 *)v_pool, (const bf16 *)q, nh, nkv, hd, scale,
               own_kv ? (const bf16 *)k : NULL, own_kv ? (const bf16 *)v : NULL,
-              (const bf16 *)gate, hd, (bf16 *)out, NULL);
+              (const bf16 *)gate, (bf16 *)out);
     return;
   }
   dim3 grid(T, nh);
@@ -684,31 +611,4 @@ extern "C" void cuda_attn_attention_gated(backend *be, backend_buf k_pool, backe
       c->b.page_table, c->b.max_pages, nh, nkv, hd, scale, c->b.seq_len, att_gemm_min(c, nkv, hd), (bf16 *)out);
   cuda_check_launch(c, "attention");
   if (gate) cuda_elem_sigmoid_mul(be, out, gate, (size_t)T * nh * hd);
-}
-
-/* A decode step's qk_norm_rope(qg, k -> q, gate), attention(q, k, v) and sigmoid_mul(out, gate)
- * as the split kernel with the norm and rotary inside (att_nr) and the gate read from qg by the
- * merge: the three ops' bits, two launches instead of three. 0 (nothing launched) unless every
- * row is a one-row piece on the split path and the rotary table holds (theta, rot), i.e. the
- * unfused qk_norm_rope has run once. k is normed in place as qk_norm_rope leaves it; the q and
- * gate outputs of qk_norm_rope are not written. */
-extern "C" int cuda_attn_decode_qknr(backend *be, backend_buf k_pool, backend_buf v_pool,
-                                     backend_buf qg, backend_buf k, backend_buf v,
-                                     backend_weight q_norm, backend_weight k_norm, int nh,
-                                     int nkv, int hd, int rot, double theta, float eps,
-                                     float scale, backend_buf out) {
-  cuda_ctx *c = cuda_ctx_of(be);
-  int T = c->b.n_tokens;
-  const cuda_weight *qn = CW(q_norm), *kn = CW(k_norm);
-  if (T <= 0 || c->legacy || hd > 32 * ATT_MAXR || nkv <= 0 || nh % nkv ||
-      !att_split_fits(c, nh, nkv, hd) || c->b.max_len != 1 || c->b.n_prefill != 0 ||
-      (((uintptr_t)k | (uintptr_t)v | (uintptr_t)k_pool | (uintptr_t)v_pool) & 15) ||
-      (size_t)T * nkv * hd >= (1ull << 32) || !qn || !kn || !qn->f32 || !kn->f32 ||
-      rot < 2 || rot % 2 || rot > hd || !c->rope_tab || c->rope_theta != theta ||
-      c->rope_rot != rot || att_gemm_min(c, nkv, hd) == 1)
-    return 0;
-  att_nr nr = {qn->f32, kn->f32, c->rope_tab, eps, rot};
-  att_split(c, (bf16 *)k_pool, (bf16 *)v_pool, (const bf16 *)qg, nh, nkv, hd, scale,
-            (const bf16 *)k, (const bf16 *)v, (const bf16 *)qg + hd, 2 * hd, (bf16 *)out, &nr);
-  return 1;
 }

@@ -100,9 +100,6 @@ typedef struct cuda_ctx {
    * kernel (cuda_gdn.cu "decode chain"; DS_GDN_CHAIN=0: the four kernels), its counters */
   int gdn_chain;
   int *chain_cnt;
-  /* decode steps: qk_norm_rope, attention and its output gate as one split attention with the
-   * norm and rotary inside (backend_cuda.cu qknr_at; DS_ATTN_QKNR=0: off) */
-  int attn_qknr;
   /* DS_MOE_GROUPED=1: routed experts of large steps as per-expert GEMMs (cuda_moe.cu) */
   int moe_grouped;
   /* the lm-head's int8 copy and bounds for one-row greedy steps (cuda_greedy.cu; NULL: none) */
@@ -288,23 +285,6 @@ __device__ __forceinline__ float block_reduce(float v, float *red) {
   return red[32];
 }
 __device__ __forceinline__ float block_sum(float v, float *red) { return block_reduce<false>(v, red); }
-
-/* The qk-norm + rotary arithmetic of k_qk_norm_rope (cuda_elem.cu) and of the attention split
- * kernel's fused form (cuda_attn.cu), spelled out operation by operation so that both give the
- * same bits: a head's factor from its sum of squares, a normed value (weight w, stored as
- * w - 1), and the rotated value of dimension i < rot from its normed value a and its pair's b
- * (i < half: a cos - b sin, else a cos + b sin) at position pos, inv the pair's frequency. */
-__device__ __forceinline__ float qknr_factor(float ss, int hd, float eps) {
-  return rsqrtf(__fadd_rn(__fdiv_rn(ss, (float)hd), eps));
-}
-__device__ __forceinline__ float qknr_norm(float x, float r, float w) {
-  return __fmul_rn(__fmul_rn(x, r), __fadd_rn(1.f, w));
-}
-__device__ __forceinline__ float qknr_rot(float a, float b, int lower, int pos, float inv) {
-  float ang = __fmul_rn((float)pos, inv), cs = cosf(ang), sn = sinf(ang);
-  return lower ? __fsub_rn(__fmul_rn(a, cs), __fmul_rn(b, sn))
-               : __fadd_rn(__fmul_rn(a, cs), __fmul_rn(b, sn));
-}
 __device__ __forceinline__ float block_max(float v, float *red) { return block_reduce<true>(v, red); }
 
 /* 16 bytes of read-only data (weights) streamed past L1: read once, not kept */

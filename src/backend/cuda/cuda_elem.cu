@@ -258,8 +258,9 @@ __global__ void k_qk_norm_rope(const bf16 *qg, bf16 *k, const float *qn, const f
     w = kn;
   }
   float xv = i < hd ? bf2f(src[i]) : 0.f;
-  float ss = block_sum(__fmul_rn(xv, xv), red);
-  float y = i < hd ? qknr_norm(xv, qknr_factor(ss, hd, eps), w[i]) : 0.f;
+  float ss = block_sum(xv * xv, red);
+  float r = rsqrtf(ss / (float)hd + eps);
+  float y = xv * r * (i < hd ? 1.f + w[i] : 0.f);
   if (i < hd) sh[i] = y;
   __syncthreads();
   int half = rot / 2;
@@ -267,7 +268,10 @@ __global__ void k_qk_norm_rope(const bf16 *qg, bf16 *k, const float *qn, const f
   if (i < rot) {
     int j = i < half ? i : i - half;
     float inv = inv_tab ? inv_tab[j] : rope_inv(theta, j, rot);
-    o = qknr_rot(sh[i], sh[i < half ? i + half : i - half], i < half, pos[t], inv);
+    float a = (float)pos[t] * inv;
+    float cs = cosf(a), sn = sinf(a);
+    if (i < half) o = sh[i] * cs - sh[i + half] * sn;
+    else o = sh[i] * cs + sh[i - half] * sn;
   }
   if (i < hd) dst[i] = f2bf(o);
 }

@@ -37,13 +37,6 @@ void cuda_attn_attention(backend *be, backend_buf k_pool, backend_buf v_pool, ba
 void cuda_attn_attention_gated(backend *be, backend_buf k_pool, backend_buf v_pool, backend_buf q,
                                backend_buf k, backend_buf v, int nh, int nkv, int hd, float scale,
                                backend_buf gate, backend_buf out);
-/* qk_norm_rope(qg, k -> q, gate), attention(q, k, v -> out), sigmoid_mul(out, gate) of a decode
- * step as one attention with the norm and rotary inside (the three ops' bits; q and gate are
- * not written). 0 when it does not apply (nothing launched: issue the three ops). */
-int cuda_attn_decode_qknr(backend *be, backend_buf k_pool, backend_buf v_pool, backend_buf qg,
-                          backend_buf k, backend_buf v, backend_weight q_norm,
-                          backend_weight k_norm, int nh, int nkv, int hd, int rot, double theta,
-                          float eps, float scale, backend_buf out);
 
 /* cuda_gdn.cu */
 void cuda_gdn_conv1d(backend *be, backend_buf conv_state, backend_buf x, backend_weight w, int C,

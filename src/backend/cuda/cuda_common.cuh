@@ -19,6 +19,12 @@
 
 typedef __nv_bfloat16 bf16;
 
+/* the greedy lm-head's norm and screen read what does not depend on the kernel before them
+ * (the out rows, the norm's weights, the first int8 rows) before waiting for it; -DGREEDY_EARLY=0
+ * for A/B builds (the same bits) */
+#ifndef GREEDY_EARLY
+#define GREEDY_EARLY 1
+#endif
 #define CUDA_ROPE_TAB 512 /* rotary pairs the frequency table holds (rot <= 1024) */
 
 typedef struct cuda_weight {

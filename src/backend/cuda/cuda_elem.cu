@@ -444,32 +444,62 @@ extern "C" void cuda_elem_gated_rmsnorm(backend *be, backend_buf o, backend_buf 
 template <bool Q>
 __global__ void k_gather_norm(const bf16 *x, const int32_t *out_rows, const float *w, int H,
                               float eps, bf16 *xn, int16_t *xq, float *xs) {
-  pdl_enter();
   __shared__ float red[33];
   int i = blockIdx.x;
-  const bf16 *xr = x + (int64_t)out_rows[i] * H;
-  float ss = 0.f;
-  for (int j = threadIdx.x; j < H; j += blockDim.x) {
-    float v = bf2f(xr[j]);
-    ss += v * v;
-  }
-  ss = block_sum(ss, red);
-  float rs = rsqrtf(ss / (float)H + eps);
   if constexpr (!Q) {
+    pdl_enter();
+    const bf16 *xr = x + (int64_t)out_rows[i] * H;
+    float ss = 0.f;
+    for (int j = threadIdx.x; j < H; j += blockDim.x) {
+      float v = bf2f(xr[j]);
+      ss = __fmaf_rn(v, v, ss);
+    }
+    ss = block_sum(ss, red);
+    float rs = rsqrtf(ss / (float)H + eps);
     for (int j = threadIdx.x; j < H; j += blockDim.x)
-      xn[(int64_t)i * H + j] = f2bf(bf2f(xr[j]) * rs * (1.f + w[j]));
+      xn[(int64_t)i * H + j] = f2bf(__fmul_rn(__fmul_rn(bf2f(xr[j]), rs), __fadd_rn(1.f, w[j])));
   } else {
-    float xv[16], am = 0.f, as = 0.f;
+    /* H <= 16 x blockDim: the row's values stay in registers. The step's out row (set before
+     * the step) and the norm's weights are read before the wait for the product before. */
+    float wv[16], xv[16], ss = 0.f, am = 0.f, as = 0.f;
+#if GREEDY_EARLY
+    const bf16 *xr = x + (int64_t)out_rows[i] * H;
 #pragma unroll
     for (int m = 0; m < 16; m++) {
       int j = threadIdx.x + m * blockDim.x;
-      xv[m] = 0.f;
+      wv[m] = j < H ? w[j] : 0.f;
+    }
+    pdl_enter();
+#else
+    pdl_enter();
+    const bf16 *xr = x + (int64_t)out_rows[i] * H;
+#pragma unroll
+    for (int m = 0; m < 16; m++) {
+      int j = threadIdx.x + m * blockDim.x;
+      wv[m] = j < H ? w[j] : 0.f;
+    }
+#endif
+#pragma unroll
+    for (int m = 0; m < 16; m++) {
+      int j = threadIdx.x + m * blockDim.x;
+      xv[m] = j < H ? bf2f(xr[j]) : 0.f;
+    }
+#pragma unroll
+    for (int m = 0; m < 16; m++)
+      if (threadIdx.x + m * blockDim.x < H) ss = __fmaf_rn(xv[m], xv[m], ss);
+    ss = block_sum(ss, red);
+    float rs = rsqrtf(ss / (float)H + eps);
+#pragma unroll
+    for (int m = 0; m < 16; m++) {
+      int j = threadIdx.x + m * blockDim.x;
       if (j < H) {
-        bf16 v = f2bf(bf2f(xr[j]) * rs * (1.f + w[j]));
+        bf16 v = f2bf(__fmul_rn(__fmul_rn(xv[m], rs), __fadd_rn(1.f, wv[m])));
         xn[(int64_t)i * H + j] = v;
         xv[m] = bf2f(v);
         am = fmaxf(am, fabsf(xv[m]));
         as += fabsf(xv[m]); /* a NaN or infinity stays in the sum: the flag below */
+      } else {
+        xv[m] = 0.f;
       }
     }
     __shared__ float rm[32], rsum[32];

@@ -189,9 +189,14 @@ __global__ void __launch_bounds__(256)
   int r = gw * rpw, rend = min(V, r + rpw);
   uint4 w[R][NP];
   float4 k;
-  pdl_enter();
   int rl = scr_lane_ix<R>(lane); /* this lane's row in each iteration */
+#if GREEDY_EARLY /* the int8 rows are the lm-head's copy: read before the wait for the norm */
   if (r < rend) scr_load<NP, R>(w, k, q, rc, r, min(rend, r + R), lane, rl);
+  pdl_enter();
+#else
+  pdl_enter();
+  if (r < rend) scr_load<NP, R>(w, k, q, rc, r, min(rend, r + R), lane, rl);
+#endif
   int xr[NP][8];
 #pragma unroll
   for (int p = 0; p < NP; p++) {

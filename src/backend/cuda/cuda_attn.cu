@@ -4,8 +4,8 @@
  * kernel does it). Then, when hd is a multiple of 32 (<= 256) and a kv head serves at most 8 q
  * heads, the split path ("flash decoding"): grid (row, kv head, split); the row's positions
  * 0..p are cut into contiguous ranges, a function of p and the step's row count (at most
- * ATT_MAXS ranges of ATT_SPLIT positions, ATT_SPLIT_SMALL in steps of few rows; of p alone
- * under --batch-invariant). A block of ATT_SW warps handles one range for all q heads of its kv
+ * ATT_MAXS ranges of ATT_SPLIT positions, ATT_SPLIT_SMALL / ATT_SPLIT_TINY in steps of few
+ * rows; of p alone under --batch-invariant). A block of ATT_SW warps handles one range for all q heads of its kv
  * head: a warp takes one position at a time, its K and V rows arriving by cp.async into the
  * warp's slots in shared memory ATT_STAGES - 1 positions ahead, each lane using hd/32
  * contiguous K and V values (16 bytes at hd = 256) for the whole group, keeping an online
@@ -253,9 +253,20 @@ static int att_gemm(cuda_ctx *c, const bf16 *kp, const bf16 *vp, const bf16 *q, 
  * 8 / 32 +0.5 / +0.9 %, 64 / 128 -2.6 / -3.3 % when used for every step, bench/NOTES.md twelfth
  * session). A row's ranges then depend on its step's row count as well as its position, as a
  * row's GEMM bits do (cuBLAS); under --batch-invariant every step uses ATT_SPLIT. */
+#ifndef ATT_SPLIT_SMALL
 #define ATT_SPLIT_SMALL 64
+#endif
 #define ATT_SMALL_T 8
-#define ATT_MAXS 16   /* ranges per row at most */
+/* ... and steps of at most ATT_TINY_T rows ranges of ATT_SPLIT_TINY (up to the cap on ranges:
+ * decode 1 +0.3 %, 4 of 4 paired rounds; 32 for every step of <= 8 rows cost decode 8 1.0 %,
+ * bench/NOTES.md eighteenth session) */
+#ifndef ATT_SPLIT_TINY
+#define ATT_SPLIT_TINY 32
+#endif
+#define ATT_TINY_T 2
+#ifndef ATT_MAXS
+#define ATT_MAXS 16 /* ranges per row at most */
+#endif
 #define ATT_SW 8      /* warps per block */
 #define ATT_MAXG 8    /* q heads per kv head */
 #ifndef ATT_STAGES
@@ -511,7 +522,10 @@ static void att_launch_g(cuda_ctx *c, int G, const att_args &a) {
 
 /* Positions per range for this step (see ATT_SPLIT_SMALL). */
 static int att_split_of(const cuda_ctx *c) {
-  return !c->batch_invariant && c->b.n_tokens <= ATT_SMALL_T ? ATT_SPLIT_SMALL : ATT_SPLIT;
+  if (c->batch_invariant) return ATT_SPLIT;
+  return c->b.n_tokens <= ATT_TINY_T ? ATT_SPLIT_TINY
+         : c->b.n_tokens <= ATT_SMALL_T ? ATT_SPLIT_SMALL
+                                        : ATT_SPLIT;
 }
 
 /* 1 when the split path covers this head shape. */

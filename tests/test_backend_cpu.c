@@ -68,7 +68,7 @@ static backend_batch make_batch(int ns, const int *lens, const int *poss, int P)
       b_seq[t] = s;
     }
   }
-  backend_batch b = {t, ns, b_tok, b_pos, b_seq, b_st, b_len, b_sp, b_slot, b_pt, P, 0, NULL};
+  backend_batch b = {t, ns, b_tok, b_pos, b_seq, b_st, b_len, b_sp, b_slot, b_pt, P, 0, NULL, NULL};
   return b;
 }
 

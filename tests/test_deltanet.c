@@ -148,7 +148,7 @@ TEST(backend_ops_batch) {
   be->write(be, bs, 0, S, sizeof(float) * ssz);
   int32_t pos[71], seq[71], tok[71] = {0}, st[2] = {0, 70}, pt[2] = {0, 0};
   for (int t = 0; t < T; t++) seq[t] = t < 70 ? 0 : 1, pos[t] = t < 70 ? 64 + t : 9;
-  backend_batch b = {T, 2, tok, pos, seq, st, lens, poss, slots, pt, 1, 0, NULL};
+  backend_batch b = {T, 2, tok, pos, seq, st, lens, poss, slots, pt, 1, 0, NULL, NULL};
   REQUIRE(be->set_batch(be, &b) == 0);
   be->gdn_prefill(be, bs, bq, bbeta, bg, nk, nv, dk, dv, bo);
   be->gdn_decode(be, bs, bq, bbeta, bg, nk, nv, dk, dv, bo);

@@ -67,6 +67,7 @@ typedef enum {
 } backend_kind;
 
 #define BACKEND_PAGE_TOKENS 16
+#define BACKEND_READS 4 /* read_start tickets outstanding at most */
 #define BACKEND_CHUNK 64
 
 /* One step's metadata. All arrays are host memory; set_batch copies them. */
@@ -84,6 +85,9 @@ typedef struct backend_batch {
   int max_pages;             /* columns of page_table (>= 1) */
   int n_out;                 /* rows whose logits are wanted */
   const int32_t *out_rows;   /* [n_out] row indices, in output order */
+  /* NULL, or an I32 buffer whose first T elements, as the ops issued before this set_batch
+   * leave them (a greedy step's ids), are the rows' tokens; `tokens` is then not read */
+  backend_buf tokens_dev;
 } backend_batch;
 
 /* MoE FFN weights of one layer (see op moe). */
@@ -118,6 +122,13 @@ struct backend {
    * issued before them. Return 0, or -1 on a device failure. */
   int (*write)(backend *be, backend_buf dst, size_t off, const void *src, size_t nbytes);
   int (*read)(backend *be, backend_buf src, size_t off, void *dst, size_t nbytes);
+  /* A read that does not wait: queues the copy behind the ops issued so far (and starts them)
+   * and returns a ticket >= 0, or -1 on a device failure; dst (host_alloc memory where the
+   * backend has host_alloc) holds the bytes once read_wait(ticket) returned 0, which waits for
+   * that copy only (ops issued after read_start may still run). At most BACKEND_READS tickets
+   * outstanding. Both NULL: not supported. */
+  int (*read_start)(backend *be, backend_buf src, size_t off, void *dst, size_t nbytes);
+  int (*read_wait)(backend *be, int ticket, char *err, size_t errlen);
   /* Device-to-device copy and zero fill of raw bytes (slot and page copies). Regions of one
    * copy do not overlap. */
   void (*copy)(backend *be, backend_buf dst, size_t dst_off, backend_buf src, size_t src_off,

@@ -536,6 +536,14 @@ struct engine_req {
   struct engine_req *qnext; /* the incoming queue */
 };
 
+/* A greedy step issued and not yet read (engine_flight_step). */
+typedef struct engine_flight {
+  request **reqs; /* its rows, in batch order (one of engine.fl_store) */
+  int n;
+  int ticket; /* qwen35_greedy_start's */
+  int buf;    /* its ids land in engine.ids_buf[buf] */
+} engine_flight;
+
 struct engine {
   qwen35 *m;
   const model_config *cfg;
@@ -548,11 +556,19 @@ struct engine {
   fwd_seq *seqs;  /* [max_num_seqs] */
   float *logits;  /* [max_num_seqs, n_vocab] (qwen35_host_alloc) */
   int32_t *ids;   /* [max_num_seqs] the greedy steps' tokens */
+  /* steps ahead (engine_flight_step): DS_ENGINE_AHEAD; the steps in flight (fl[0] the older);
+   * each one's ids land in ids_buf[its buf] (ids_buf[0] == ids) */
+  int ahead;
+  engine_flight fl[2];
+  int n_fl;
+  int32_t *ids_buf[2];
+  request **fl_store[2]; /* [max_num_seqs] each: the flights' rows */
   int device_greedy; /* the model's backend has argmax and DS_ENGINE_HOST_SAMPLE is unset */
   int mask_overlap;  /* JSON masks prepared during the forward (DS_ENGINE_MASK_OVERLAP) */
   int profile;       /* DS_ENGINE_PROFILE */
   int trace;         /* DS_ENGINE_TRACE: one log line per step (who computes what) */
   long long steps;   /* forward steps run */
+  long long steps_ahead; /* of them, issued ahead (engine_flight_step) */
   double prof[5];    /* seconds: schedule, forward (device greedy), forward (logits), sample,
                         postprocess + snapshot */
   long long prof_steps[2]; /* steps with device greedy / with logits */
@@ -682,6 +698,7 @@ static void engine_cancel_scan(engine *e, int all) {
       next = r->next;
       engine_req *h = r->owner;
       if (!all && !atomic_load(&h->cancel)) continue;
+      if (r->in_flight) continue; /* after its step (no step goes ahead meanwhile) */
       sched_remove(e->s, r);
       engine_end(e, h, FINISH_CANCELLED, 1);
     }
@@ -697,6 +714,7 @@ static void engine_snapshot(engine *e) {
   s.generation_tokens_total = e->gen_total;
   s.prefilled_tokens_total = e->prefilled_total;
   s.steps = e->steps;
+  s.steps_ahead = e->steps_ahead;
   s.requests_finished = e->finished;
   s.requests_cancelled = e->cancelled;
   s.requests_failed = e->failed;
@@ -763,7 +781,151 @@ static void engine_trace(engine *e, const sched_batch *b) {
   log_info("engine: %s", line);
 }
 
+/* ---- steps ahead ------------------------------------------------------------------------
+ * A plain-greedy decode step is issued with qwen35_greedy_start and read with
+ * qwen35_greedy_finish; in between, the next step of the same requests may be issued
+ * "chained" (its tokens taken on the device from the step's ids), so that the host's work
+ * between two steps (reading, posting, scheduling, launching) is off the device's critical
+ * path. A step goes ahead only when it is the step the scheduler would make next anyway: every
+ * running request is a row of the step in flight, nobody waits, no row can reach its length
+ * limit with the token in flight, no row is cancelled or ends after the step in flight, the
+ * engine is not asked to stop or check, and every row gets the pages for one position more. A
+ * row that the token in flight ends (a stop token) has then been fed that token once more: its
+ * finish is sent with the token and takes effect after the step ahead (finish_next), whose
+ * output for it is dropped, so its state and the end-of-generation checkpoint cover the whole
+ * output. DS_ENGINE_AHEAD=0: off (on by default on device backends that can chain). */
+
+static int engine_ahead_ok(engine *e, const engine_flight *f) {
+  if (!e->ahead || f->n != sched_num_running(e->s) || sched_num_waiting(e->s) != 0) return 0;
+  pthread_mutex_lock(&e->mu);
+  int busy = e->in_head || e->stop || e->check_pending;
+  pthread_mutex_unlock(&e->mu);
+  if (busy) return 0;
+  for (int i = 0; i < f->n; i++) {
+    request *r = f->reqs[i];
+    engine_req *h = r->owner;
+    if (r->finish_next || atomic_load(&h->cancel) ||
+        request_n_output(r) + 1 >= r->smp.p.max_tokens || r->n_tokens + 1 >= e->max_model_len)
+      return 0;
+  }
+  return 1;
+}
+
+/* Issues the rows of reqs[0, n) as a greedy step into fl[e->n_fl] (chained: their tokens are
+ * the ids of the step in flight, fl[0]). 0, or -1 with err. */
+static int engine_flight_start(engine *e, request **reqs, int n, int chained, char *err,
+                               size_t errlen) {
+  engine_flight *f = &e->fl[e->n_fl];
+  int slot = e->n_fl == 0 ? 0 : e->fl[0].reqs == e->fl_store[0];
+  int buf = e->n_fl == 0 ? 0 : 1 - e->fl[0].buf;
+  for (int i = 0; i < n; i++) {
+    request *r = reqs[i];
+    fwd_seq *q = &e->seqs[i];
+    q->tokens = chained ? NULL : r->tokens + r->n_computed;
+    q->n_tokens = 1;
+    q->pos = r->n_computed + chained; /* the step in flight holds n_computed */
+    q->pages = r->pages.ids;
+    q->n_pages = r->pages.n;
+    q->slot = r->slot;
+    q->logits = QWEN35_LOGITS_LAST;
+  }
+  int ticket;
+  if (qwen35_greedy_start(e->m, e->seqs, n, chained, e->ids_buf[buf], &ticket, err, errlen))
+    return -1;
+  if (reqs != e->fl_store[slot]) memcpy(e->fl_store[slot], reqs, (size_t)n * sizeof *reqs);
+  f->reqs = e->fl_store[slot];
+  f->n = n;
+  f->ticket = ticket;
+  f->buf = buf;
+  for (int i = 0; i < n; i++) reqs[i]->in_flight = 1;
+  e->n_fl++;
+  e->steps++;
+  return 0;
+}
+
+/* Reads the oldest step in flight (issuing the next one ahead first when it may), posts its
+ * tokens and postprocesses it. Returns its row count. */
+static int engine_flight_step(engine *e) {
+  engine_flight *f = &e->fl[0];
+  char err[160];
+  int ahead = 0;
+  if (engine_ahead_ok(e, f) && sched_extend(e->s, f->reqs, f->n) == 0) {
+    if (engine_flight_start(e, f->reqs, f->n, 1, err, sizeof err) == 0) {
+      ahead = 1;
+      e->steps_ahead++;
+    }
+    else log_error("engine: a step ahead failed to start: %s", err);
+  }
+  int n = f->n;
+  if (qwen35_greedy_finish(e->m, f->ticket, err, sizeof err) != 0) {
+    log_error("engine: forward step failed: %s", err);
+    char why[160];
+    snprintf(why, sizeof why, "forward step failed: %.130s", err);
+    if (ahead) qwen35_greedy_finish(e->m, e->fl[1].ticket, err, sizeof err); /* same rows */
+    sched_batch fb = {0};
+    fb.reqs = f->reqs;
+    fb.n = n;
+    for (int i = 0; i < n; i++) f->reqs[i]->in_flight = 0;
+    sched_fail_batch(e->s, &fb, why);
+    for (int i = 0; i < n; i++) { /* a row with finish_next has sent its finish already */
+      int fin = f->reqs[i]->finish_next;
+      engine_end(e, f->reqs[i]->owner, fin ? fin : FINISH_ERROR, !fin);
+    }
+    e->n_fl = 0;
+    return n;
+  }
+  const int32_t *ids = e->ids_buf[f->buf];
+  int posted = 0;
+  for (int i = 0; i < n; i++) {
+    request *r = f->reqs[i];
+    engine_req *h = r->owner;
+    if (r->finish_next) { /* ended by the step before; this step fed its last token */
+      r->finish = r->finish_next;
+      r->finish_next = 0;
+      continue;
+    }
+    sampler_result res;
+    memset(&res, 0, sizeof res);
+    int32_t t = res.token = ids[i];
+    r->tokens[r->n_tokens++] = t;
+    e->gen_total++;
+    int fin = FINISH_NONE;
+    if (engine_is_stop_token(e, r, t)) fin = FINISH_STOP;
+    else if (request_n_output(r) >= r->smp.p.max_tokens || r->n_tokens >= e->max_model_len)
+      fin = FINISH_LENGTH;
+    if (fin != FINISH_NONE && ahead) r->finish_next = fin;
+    else r->finish = fin;
+    posted += engine_push(h, &res, fin, e->nt);
+  }
+  if (posted) notifier_kick(e->nt);
+  sched_batch pb = {0};
+  pb.reqs = f->reqs;
+  pb.n = n;
+  sched_postprocess(e->s, &pb);
+  for (int i = 0; i < n; i++) {
+    request *r = f->reqs[i];
+    if (!ahead) r->in_flight = 0;
+    if (r->state == REQ_STATE_FINISHED) {
+      r->in_flight = 0;
+      engine_end(e, r->owner, r->finish, 0);
+    }
+  }
+  if (ahead) {
+    e->fl[0] = e->fl[1];
+    sched_batch nb;
+    sched_again(e->s, &nb, e->fl[0].reqs, e->fl[0].n);
+  }
+  e->n_fl = ahead;
+  return n;
+}
+
+/* Completes the steps in flight (none goes ahead while the engine is asked to check). */
+static void engine_flight_drain(engine *e) {
+  while (e->n_fl) engine_flight_step(e);
+}
+
 static int engine_step(engine *e) {
+  if (e->n_fl) return engine_flight_step(e);
   double t0 = e->profile ? engine_now() : 0;
   sched_batch b;
   sched_schedule(e->s, &b);
@@ -793,6 +955,25 @@ static int engine_step(engine *e) {
     engine_req *h = r->owner;
     if (r->sched_sample && (h->on_logits || h->jm || !sampler_is_plain_greedy(&r->smp.p)))
       greedy = 0;
+  }
+  if (greedy && e->ahead && b.n_tokens == b.n) { /* every row a plain-greedy decode row */
+    int all_decode = 1;
+    for (int i = 0; i < b.n && all_decode; i++)
+      all_decode = b.reqs[i]->sched_tokens == 1 && b.reqs[i]->sched_sample &&
+                   b.reqs[i]->n_computed >= b.reqs[i]->n_prompt;
+    if (all_decode) {
+      e->steps--; /* counted by engine_flight_start */
+      char ferr[160];
+      if (engine_flight_start(e, b.reqs, b.n, 0, ferr, sizeof ferr) != 0) {
+        log_error("engine: forward step failed: %s", ferr);
+        char why[160];
+        snprintf(why, sizeof why, "forward step failed: %.130s", ferr);
+        sched_fail_batch(e->s, &b, why);
+        for (int i = 0; i < b.n; i++) engine_end(e, b.reqs[i]->owner, FINISH_ERROR, 1);
+        return b.n;
+      }
+      return engine_flight_step(e);
+    }
   }
   /* the rows' JSON masks are prepared by the sampler threads while the device computes */
   e->pool.n_prep = 0;
@@ -910,7 +1091,10 @@ static void *engine_main(void *arg) {
       sched_add(e->s, &h->r);
     }
     engine_cancel_scan(e, stop && !drain);
-    if (check) engine_run_check(e);
+    if (check) {
+      engine_flight_drain(e);
+      engine_run_check(e);
+    }
     int idle = sched_num_running(e->s) == 0 && sched_num_waiting(e->s) == 0;
     if (stop && idle) break;
     int did = idle ? 1 : engine_step(e);
@@ -1063,6 +1247,16 @@ engine *engine_create(qwen35 *model, const engine_opts *o, char *err, size_t err
   e->logits = qwen35_host_alloc(model, (size_t)n_seq * (size_t)e->n_vocab * sizeof *e->logits);
   /* pinned on device backends: the step's ids come back by one copy queued behind the step */
   e->ids = qwen35_host_alloc(model, (size_t)n_seq * sizeof *e->ids);
+  e->ids_buf[0] = e->ids;
+  e->ids_buf[1] = qwen35_host_alloc(model, (size_t)n_seq * sizeof *e->ids);
+  e->fl_store[0] = calloc((size_t)n_seq, sizeof *e->fl_store[0]);
+  e->fl_store[1] = calloc((size_t)n_seq, sizeof *e->fl_store[1]);
+  {
+    /* unset: on device backends that can chain steps; "0": off; else on */
+    const char *ah = getenv("DS_ENGINE_AHEAD");
+    e->ahead = qwen35_can_chain(model) &&
+               (ah && *ah ? strcmp(ah, "0") != 0 : qwen35_on_device(model));
+  }
   e->device_greedy = qwen35_has_argmax(model) && !engine_env_on("DS_ENGINE_HOST_SAMPLE");
   {
     /* unset: on device backends (a CPU forward needs the cores); "0": off; else on */
@@ -1071,7 +1265,8 @@ engine *engine_create(qwen35 *model, const engine_opts *o, char *err, size_t err
   }
   e->profile = engine_env_on("DS_ENGINE_PROFILE");
   e->trace = engine_env_on("DS_ENGINE_TRACE");
-  if (!e->seqs || !e->logits || !e->ids || kv_pages_init(&e->kp, mo.n_pages) ||
+  if (!e->seqs || !e->logits || !e->ids || !e->ids_buf[1] || !e->fl_store[0] || !e->fl_store[1] ||
+      kv_pages_init(&e->kp, mo.n_pages) ||
       state_pool_init(&e->sp, n_seq, n_slabs, &ops) || sched_init(&e->s, &so, e->kp, e->sp) ||
       sampler_scratch_init(&e->scratch, e->n_vocab) ||
       engine_pool_init(&e->pool, engine_pool_size(), e->n_vocab, n_seq) != 0 ||
@@ -1144,6 +1339,9 @@ void engine_destroy(engine *e, int drain) {
   free(e->seqs);
   if (e->logits) qwen35_host_free(e->m, e->logits);
   if (e->ids) qwen35_host_free(e->m, e->ids);
+  if (e->ids_buf[1]) qwen35_host_free(e->m, e->ids_buf[1]);
+  free(e->fl_store[0]);
+  free(e->fl_store[1]);
   free(e);
 }
 

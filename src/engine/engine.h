@@ -195,6 +195,7 @@ typedef struct engine_stats {
   long long prompt_tokens_total, generation_tokens_total, prefilled_tokens_total;
   long long requests_finished, requests_cancelled, requests_failed, preemptions;
   long long steps; /* forward steps run (DS_ENGINE_TRACE=1 logs each) */
+  long long steps_ahead; /* of them, issued before the step before was read (engine.c) */
   int kv_pages_total, kv_pages_used, kv_pages_cached;
   int slots_total, slots_used;
   int snapshot_slabs_total, snapshot_slabs_used;

@@ -49,6 +49,10 @@ typedef struct request {
   int n_preemptions;
   sampler smp;
   int finish; /* finish_reason (engine.h); 0 while generating */
+  /* steps ahead (engine.c): the finish already sent with the token of the step in flight, taking
+   * effect after the step issued ahead of it (which fed that token); in_flight: a step in
+   * flight uses this request's slot and pages (not removed meanwhile) */
+  int finish_next, in_flight;
   char err[160];
   /* this step's schedule (sched_schedule) */
   int sched_tokens; /* tokens fed this step, 0 when not scheduled */

@@ -522,6 +522,26 @@ void sched_postprocess(sched *s, sched_batch *b) {
   }
 }
 
+int sched_extend(sched *s, request **reqs, int n) {
+  for (int i = 0; i < n; i++) {
+    request *r = reqs[i];
+    int upto = r->n_computed + 2, need = kv_pages_table_need(&r->pages, upto);
+    if (need > 0 && !sched_pages_ok(s, need, 0)) return -1;
+    if (need > 0 && kv_pages_table_grow(s->kp, &r->pages, upto) != 0) return -1;
+  }
+  return 0;
+}
+
+void sched_again(sched *s, sched_batch *b, request **reqs, int n) {
+  b->reqs = s->reqs;
+  b->failed = s->failed;
+  b->n = b->n_tokens = b->n_failed = b->n_preempted = 0;
+  for (int i = 0; i < n; i++) {
+    CHECK(reqs[i]->state == REQ_STATE_RUNNING && reqs[i]->n_computed + 1 == reqs[i]->n_tokens);
+    sched_take(b, reqs[i], 1);
+  }
+}
+
 void sched_fail_batch(sched *s, sched_batch *b, const char *why) {
   for (int i = 0; i < b->n; i++) {
     request *r = b->reqs[i];

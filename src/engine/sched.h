@@ -110,6 +110,15 @@ void sched_schedule(sched *s, sched_batch *b);
  * checkpoint at its computed depth; then removes the requests whose finish was set
  * (sched_remove, which cancels their remaining tickets). */
 void sched_postprocess(sched *s, sched_batch *b);
+/* Steps ahead (engine.c): the next decode step of the requests of a decode step still in
+ * flight is issued before that step's results are read. sched_extend gives each of
+ * reqs[0, n) (n_computed not yet advanced past the step in flight) the pages for one position
+ * more, evicting only pages the prefix cache alone holds (never preempting): 0 when all have
+ * them, -1 when pages are short (those grown stay: the next step needs them anyway).
+ * sched_again, after sched_postprocess of the step in flight, makes b that next step: the
+ * same requests in the same order, one token each, sampled. */
+int sched_extend(sched *s, request **reqs, int n);
+void sched_again(sched *s, sched_batch *b, request **reqs, int n);
 /* The step failed as a whole: each scheduled request is removed with FINISH_ERROR. */
 void sched_fail_batch(sched *s, sched_batch *b, const char *why);
 

@@ -377,8 +377,9 @@ static void ffn_block(qwen35 *m, q_layer *L, int i, int T) {
 /* Issues one step up to the logits (into m->logits, *n_out_rows rows), or with greedy and the
  * backend's logits_argmax op up to the greedy ids (into m->ids; m->logits then scratch);
  * nothing waited for. */
-static int forward_issue(qwen35 *m, const fwd_seq *seqs, int n_seqs, int greedy, int *n_out_rows,
-                         char *err, size_t errlen) {
+/* chained: every piece's token is the previous greedy step's id of the same row (m->ids). */
+static int forward_issue(qwen35 *m, const fwd_seq *seqs, int n_seqs, int greedy, int chained,
+                         int *n_out_rows, char *err, size_t errlen) {
   const model_config *c = m->c;
   backend *be = m->be;
   if (n_seqs < 1) return errf(err, errlen, "empty batch");
@@ -398,7 +399,9 @@ static int forward_issue(qwen35 *m, const fwd_seq *seqs, int n_seqs, int greedy,
         if (q->pages[p] < 0 || q->pages[p] >= m->n_pages)
           return errf(err, errlen, "sequence %d: bad page id %d", s, q->pages[p]);
     }
-    for (int t = 0; t < q->n_tokens; t++)
+    if (chained && q->n_tokens != 1)
+      return errf(err, errlen, "sequence %d: a chained step's pieces are one row", s);
+    for (int t = 0; t < q->n_tokens && !chained; t++)
       if (q->tokens[t] < 0 || q->tokens[t] >= c->vocab_size)
         return errf(err, errlen, "sequence %d: token id %d out of range", s, q->tokens[t]);
     if (need > max_pages) max_pages = need;
@@ -425,7 +428,7 @@ static int forward_issue(qwen35 *m, const fwd_seq *seqs, int n_seqs, int greedy,
     for (int p = 0; p < max_pages; p++)
       pt[(size_t)s * max_pages + p] = (q->pages && p < q->n_pages) ? q->pages[p] : -1;
     for (int t = 0; t < q->n_tokens; t++, row++) {
-      tok[row] = q->tokens[t];
+      tok[row] = chained ? 0 : q->tokens[t];
       pos[row] = q->pos + t;
       seq[row] = s;
       if (q->logits == QWEN35_LOGITS_ALL || (q->logits == QWEN35_LOGITS_LAST && t == q->n_tokens - 1))
@@ -445,6 +448,13 @@ static int forward_issue(qwen35 *m, const fwd_seq *seqs, int n_seqs, int greedy,
   b.max_pages = max_pages;
   b.n_out = n_out;
   b.out_rows = orow;
+  if (chained) {
+    if (!m->ids || T > m->logits_cap) {
+      free(arr);
+      return errf(err, errlen, "a chained step needs a greedy step of as many rows before it");
+    }
+    b.tokens_dev = m->ids;
+  }
   int rc = be->set_batch(be, &b);
   free(arr);
   if (rc) return errf(err, errlen, "backend %s: cannot set batch", be->name);
@@ -490,7 +500,7 @@ int qwen35_forward(qwen35 *m, const fwd_seq *seqs, int n_seqs, float *logits, ch
   const model_config *c = m->c;
   backend *be = m->be;
   int n_out = 0;
-  if (forward_issue(m, seqs, n_seqs, 0, &n_out, err, errlen)) return -1;
+  if (forward_issue(m, seqs, n_seqs, 0, 0, &n_out, err, errlen)) return -1;
   int rrc = n_out > 0 && logits
                 ? be->read(be, m->logits, 0, logits, (size_t)n_out * c->vocab_size * sizeof(float))
                 : 0;
@@ -508,13 +518,37 @@ int qwen35_forward_greedy(qwen35 *m, const fwd_seq *seqs, int n_seqs, int32_t *i
   backend *be = m->be;
   if (!be->argmax) return errf(err, errlen, "backend %s has no argmax op", be->name);
   int n_out = 0;
-  if (forward_issue(m, seqs, n_seqs, 1, &n_out, err, errlen)) return -1;
+  if (forward_issue(m, seqs, n_seqs, 1, 0, &n_out, err, errlen)) return -1;
   /* the read first: its copy is queued behind the step and waited for once (a sync before
    * it would wait for the step, then the copy's own round trip) */
   int rrc = n_out > 0 ? be->read(be, m->ids, 0, ids, (size_t)n_out * sizeof *ids) : 0;
   if (be->sync(be, err, errlen)) return -1;
   if (rrc) return errf(err, errlen, "backend %s: reading token ids failed", be->name);
   return 0;
+}
+
+int qwen35_can_chain(const qwen35 *m) {
+  return m->be->argmax && m->be->read_start && m->be->read_wait;
+}
+
+int qwen35_greedy_start(qwen35 *m, const fwd_seq *seqs, int n_seqs, int chained, int32_t *ids,
+                        int *ticket, char *err, size_t errlen) {
+  backend *be = m->be;
+  if (!qwen35_can_chain(m))
+    return errf(err, errlen, "backend %s cannot start a step without waiting", be->name);
+  int n_out = 0;
+  if (forward_issue(m, seqs, n_seqs, 1, chained, &n_out, err, errlen)) return -1;
+  *ticket = be->read_start(be, m->ids, 0, ids, (size_t)(n_out > 0 ? n_out : 0) * sizeof *ids);
+  if (*ticket < 0) {
+    if (be->sync(be, err, errlen) == 0) errf(err, errlen, "backend %s: reading token ids failed",
+                                             be->name);
+    return -1;
+  }
+  return 0;
+}
+
+int qwen35_greedy_finish(qwen35 *m, int ticket, char *err, size_t errlen) {
+  return m->be->read_wait(m->be, ticket, err, errlen);
 }
 
 void *qwen35_host_alloc(qwen35 *m, size_t bytes) {

@@ -92,6 +92,18 @@ int qwen35_has_argmax(const qwen35 *m);
 int qwen35_on_device(const qwen35 *m);
 int qwen35_forward_greedy(qwen35 *m, const fwd_seq *seqs, int n_seqs, int32_t *ids, char *err,
                           size_t errlen);
+/* The greedy step in two halves, so that the next step can be issued before this one's ids are
+ * read: qwen35_greedy_start issues the step (as qwen35_forward_greedy) and queues the read of
+ * its ids into ids (qwen35_host_alloc memory), returning at once with a ticket;
+ * qwen35_greedy_finish(ticket) waits for those ids only. chained: every piece is one row whose
+ * token is the previous greedy step's id of the same row (that step's rows are the same
+ * sequences in the same order; seqs[i].tokens is not read) — the token never visits the host
+ * before the step. At most two steps in flight. qwen35_can_chain: 1 when the backend can do
+ * this (read_start). Return 0, or -1 with err. */
+int qwen35_can_chain(const qwen35 *m);
+int qwen35_greedy_start(qwen35 *m, const fwd_seq *seqs, int n_seqs, int chained, int32_t *ids,
+                        int *ticket, char *err, size_t errlen);
+int qwen35_greedy_finish(qwen35 *m, int ticket, char *err, size_t errlen);
 
 /* Host memory for logits rows (page-locked where the backend offers it, else malloc); NULL
  * when out of memory. Free with qwen35_host_free before the model's backend is destroyed. */

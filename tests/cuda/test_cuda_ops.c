@@ -174,7 +174,7 @@ static void set_batch(const pieces *p, int n_out, const int32_t *out_rows) {
   for (int s = 0; s < p->n; s++)
     for (int j = 0; j < MAXP; j++) g_pt[s * MAXP + j] = s * MAXP + (MAXP - 1 - j); /* reversed */
   backend_batch b = {T, p->n, tokens, pos, seq, st, p->len, p->pos, p->slot, g_pt, MAXP,
-                     n_out, out_rows};
+                     n_out, out_rows, NULL};
   EXPECT(CPU->set_batch(CPU, &b) == 0);
   EXPECT(GPU->set_batch(GPU, &b) == 0);
   if (g_also) EXPECT(g_also->set_batch(g_also, &b) == 0);
@@ -360,7 +360,7 @@ static void decode_rows_batch(int T) {
     seq[i] = st[i] = pt[i] = i;
     len[i] = 1;
   }
-  backend_batch b = {T, T, tok, pos, seq, st, len, pos, seq, pt, 1, 0, NULL};
+  backend_batch b = {T, T, tok, pos, seq, st, len, pos, seq, pt, 1, 0, NULL, NULL};
   EXPECT(CPU->set_batch(CPU, &b) == 0);
   EXPECT(GPU->set_batch(GPU, &b) == 0);
 }
@@ -1394,7 +1394,7 @@ static void dmodel_step(dmodel *m, int n, const int32_t *pos, float *logits, int
   static int32_t pt[2 * DMAXP] = {0, 1, 2, 3, 4, 5, 6, 7};
   int32_t tok[2] = {(int32_t)((pos[0] * 37 + 5) % DV), (int32_t)((pos[1] * 11 + 3) % DV)};
   int32_t seq[2] = {0, 1}, st[2] = {0, 1}, len[2] = {1, 1}, slot[2] = {0, 1}, orow[2] = {0, 1};
-  backend_batch bb = {n, n, tok, pos, seq, st, len, pos, slot, pt, DMAXP, n, orow};
+  backend_batch bb = {n, n, tok, pos, seq, st, len, pos, slot, pt, DMAXP, n, orow, NULL};
   EXPECT(be->set_batch(be, &bb) == 0);
   int T = n;
   float eps = 1e-6f;
@@ -1651,7 +1651,7 @@ static void dmodel_xn_step(dmodel *m, uint16_t *out) {
   int32_t tok[1] = {7}, pos[1] = {3}, seq[1] = {0}, st[1] = {0}, len[1] = {1}, slot[1] = {0},
           orow[1] = {0};
   be->zero(be, b[B_FG], 0, (size_t)DI * 2);
-  backend_batch bb = {1, 1, tok, pos, seq, st, len, pos, slot, pt, DMAXP, 1, orow};
+  backend_batch bb = {1, 1, tok, pos, seq, st, len, pos, slot, pt, DMAXP, 1, orow, NULL};
   EXPECT(be->set_batch(be, &bb) == 0);
   be->embed(be, w[W_E], DH, b[B_X]);
   be->embed(be, w[W_E], DH, b[B_ATT]); /* DNH * DHD == DH */

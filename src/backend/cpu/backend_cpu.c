@@ -115,6 +115,17 @@ static int cpu_read(backend *be, backend_buf src, size_t off, void *dst, size_t 
   return 0;
 }
 
+/* Ops run as issued: the copy is done at once. */
+static int cpu_read_start(backend *be, backend_buf src, size_t off, void *dst, size_t n) {
+  return cpu_read(be, src, off, dst, n);
+}
+static int cpu_read_wait(backend *be, int ticket, char *err, size_t errlen) {
+  (void)be;
+  (void)err;
+  (void)errlen;
+  return ticket == 0 ? 0 : -1;
+}
+
 static void cpu_copy(backend *be, backend_buf dst, size_t doff, backend_buf src, size_t soff,
                      size_t n) {
   (void)be;
@@ -179,6 +190,7 @@ static int cpu_set_batch(backend *be, const backend_batch *b) {
     p += (n);                                                  \
   } while (0)
   TAKE(tokens, T);
+  if (b->tokens_dev) memcpy((int32_t *)c->b.tokens, b->tokens_dev, T * sizeof *p);
   TAKE(pos, T);
   TAKE(seq, T);
   TAKE(seq_start, S);
@@ -841,6 +853,8 @@ backend *backend_cpu_create(int n_threads) {
   be->free = cpu_free;
   be->write = cpu_write;
   be->read = cpu_read;
+  be->read_start = cpu_read_start;
+  be->read_wait = cpu_read_wait;
   be->copy = cpu_copy;
   be->zero = cpu_zero;
   be->weight_upload = cpu_weight_upload;

@@ -150,6 +150,35 @@ static int cu_read(backend *be, backend_buf src, size_t off, void *dst, size_t n
   return c->failed ? -1 : 0;
 }
 
+/* read_start / read_wait (backend.h): the copy and an event behind it on the stream. */
+static int cu_read_start(backend *be, backend_buf src, size_t off, void *dst, size_t n) {
+  cuda_ctx *c = cuda_ctx_of(be);
+  graph_flush(c);
+  if (c->failed) return -1;
+  int k = c->rd_next;
+  c->rd_next = (k + 1) % BACKEND_READS;
+  if (n && ck(c, cudaMemcpyAsync(dst, (const char *)src + off, n, cudaMemcpyDeviceToHost, c->st),
+              "read"))
+    return -1;
+  if (ck(c, cudaEventRecord(c->rd_ev[k], c->st), "read")) return -1;
+  return k;
+}
+
+static int cu_read_wait(backend *be, int ticket, char *err, size_t errlen) {
+  cuda_ctx *c = cuda_ctx_of(be);
+  if (ticket < 0 || ticket >= BACKEND_READS) cuda_fail(c, "read", "bad ticket");
+  else {
+    cudaError_t e = cudaEventSynchronize(c->rd_ev[ticket]);
+    if (e != cudaSuccess) cuda_fail(c, "read", cudaGetErrorString(e));
+    graph_note_ready(c);
+  }
+  if (c->failed) {
+    if (err && errlen) snprintf(err, errlen, "%s", c->err);
+    return -1;
+  }
+  return 0;
+}
+
 static void cu_copy(backend *be, backend_buf dst, size_t doff, backend_buf src, size_t soff,
                     size_t n) {
   cuda_ctx *c = cuda_ctx_of(be);
@@ -372,6 +401,11 @@ static int cu_set_batch(backend *be, const backend_batch *b) {
   if (o && ck(c, cudaMemcpyAsync(c->d_meta, p, o * 4, cudaMemcpyHostToDevice, c->st), "set_batch"))
     return -1;
   cudaEventRecord(c->meta_done, c->st);
+  /* the rows' tokens from a device buffer (the metadata's first T words, zeros above) */
+  if (b->tokens_dev && T &&
+      ck(c, cudaMemcpyAsync(c->d_meta, b->tokens_dev, T * 4, cudaMemcpyDeviceToDevice, c->st),
+         "set_batch"))
+    return -1;
   c->meta_pending = 1;
   graph_begin(c);
   return 0;
@@ -1087,8 +1121,9 @@ static void graph_time_report(cuda_graphs *g) {
   cudaEventDestroy(g->ev[1]);
 }
 
-/* Replay timing (DS_CUDA_STEP_TIMING): before a replay, the previous one's GPU time (its step
- * has been read, so its events are done) and the wall time since its launch. */
+/* Replay timing (DS_CUDA_STEP_TIMING): before a replay, the previous one's GPU time and the
+ * wall time since its launch. It waits for the previous replay's end, so with steps ahead
+ * (engine.c) the timed run issues its steps one after the other instead. */
 static void graph_time(cuda_graphs *g) {
   if (!g->timing) return;
   double t = now_ms();
@@ -2018,6 +2053,8 @@ static void cu_destroy(backend *be) {
     cudaFree(c->d_meta);
     free(c->h_host);
     if (c->meta_done) cudaEventDestroy(c->meta_done);
+    for (int i = 0; i < BACKEND_READS; i++)
+      if (c->rd_ev[i]) cudaEventDestroy(c->rd_ev[i]);
     if (c->st) cudaStreamDestroy(c->st);
     free(c);
   }
@@ -2061,7 +2098,11 @@ extern "C" backend *backend_cuda_create(int device, char *err, size_t errlen) {
   if (cudaSetDevice(device) != cudaSuccess) why = "cudaSetDevice failed";
   else if (cudaStreamCreateWithFlags(&c->st, cudaStreamNonBlocking) != cudaSuccess) why = "cannot create a stream";
   else if (cudaEventCreateWithFlags(&c->meta_done, cudaEventDisableTiming) != cudaSuccess) why = "cannot create an event";
-  else if (cublasCreate(&c->blas) != CUBLAS_STATUS_SUCCESS) why = "cuBLAS initialisation failed";
+  for (int i = 0; i < BACKEND_READS && !why; i++)
+    if (cudaEventCreateWithFlags(&c->rd_ev[i], cudaEventDisableTiming) != cudaSuccess)
+      why = "cannot create an event";
+  if (why) {
+  } else if (cublasCreate(&c->blas) != CUBLAS_STATUS_SUCCESS) why = "cuBLAS initialisation failed";
   else if (cublasSetStream(c->blas, c->st) != CUBLAS_STATUS_SUCCESS) why = "cuBLAS stream";
   else {
     c->blas_ws_bytes = 32u << 20;
@@ -2148,6 +2189,8 @@ extern "C" backend *backend_cuda_create(int device, char *err, size_t errlen) {
   be->weight_free = cu_weight_free;
   be->weight_bytes = cu_weight_bytes;
   be->set_batch = cu_set_batch;
+  be->read_start = cu_read_start;
+  be->read_wait = cu_read_wait;
   be->step_repeat = cu_step_repeat;
   be->sync = cu_sync;
   be->embed = w_embed;

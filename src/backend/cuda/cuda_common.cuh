@@ -62,6 +62,8 @@ typedef struct cuda_ctx {
   int32_t *h_meta, *d_meta; /* pinned staging / device copy */
   size_t meta_cap;          /* int32 elements */
   cudaEvent_t meta_done;    /* the last upload finished reading h_meta */
+  cudaEvent_t rd_ev[BACKEND_READS]; /* read_start's copies, by ticket */
+  int rd_next;
   int meta_pending;
   cuda_batch b;        /* device pointers */
   backend_batch hb;    /* host copies (pointers into h_host) */

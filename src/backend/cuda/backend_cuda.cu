@@ -401,11 +401,9 @@ static int cu_set_batch(backend *be, const backend_batch *b) {
   if (o && ck(c, cudaMemcpyAsync(c->d_meta, p, o * 4, cudaMemcpyHostToDevice, c->st), "set_batch"))
     return -1;
   cudaEventRecord(c->meta_done, c->st);
-  /* the rows' tokens from a device buffer (the metadata's first T words, zeros above) */
-  if (b->tokens_dev && T &&
-      ck(c, cudaMemcpyAsync(c->d_meta, b->tokens_dev, T * 4, cudaMemcpyDeviceToDevice, c->st),
-         "set_batch"))
-    return -1;
+  /* the rows' tokens from a device buffer: the embedding reads them there (only it reads the
+   * tokens; a graph captured so is another layout: the signature holds db->tokens) */
+  if (b->tokens_dev) db->tokens = (const int32_t *)b->tokens_dev;
   c->meta_pending = 1;
   graph_begin(c);
   return 0;

@@ -1587,36 +1587,6 @@ TEST(decode_graph_repeat) {
   off->destroy(off);
 }
 
-/* The same ten steps with attention's merge in the split kernel's last block (the default)
- * and with the merge kernel (DS_ATTN_MERGE_FOLD=0), everything else alike: every logit, id and
- * pool byte equal (one merge expression, att_merge_one). */
-TEST(attention_merge_fold) {
-  backend *off = gpu_with("DS_ATTN_MERGE_FOLD", "0");
-  REQUIRE(off != NULL);
-  dpair d;
-  dpair_init(&d, GPU, off);
-  float la[2 * DV], lp[2 * DV];
-  int32_t ia[2], ip[2];
-  int ndiff = 0, idiff = 0;
-  for (int k = 0; k < 10; k++) {
-    int n = k >= 5 && k < 8 ? 1 : 2;
-    int32_t pos[2] = {20 + 4 * k, k}; /* row 0 over two ranges of 32 positions from step 3 */
-    dmodel_step(&d.a, n, pos, la, ia);
-    dmodel_step(&d.p, n, pos, lp, ip);
-    for (int i = 0; i < n * DV; i++) ndiff += memcmp(&la[i], &lp[i], 4) != 0;
-    for (int i = 0; i < n; i++) idiff += ia[i] != ip[i];
-  }
-  int sdiff = dmodel_pools_differ(GPU, &d.a, off, &d.p);
-  n_checks++;
-  printf("  decode steps, attention merge folded vs merge kernel: %d logits, %d ids, %d state/KV "
-         "buffers differ\n",
-         ndiff, idiff, sdiff);
-  EXPECT_MSG(ndiff == 0 && idiff == 0 && sdiff == 0, "the folded merge differs");
-  gpu_ok();
-  dpair_free(&d);
-  off->destroy(off);
-}
-
 /* The same ten steps with the norms after a product taken off the products' critical path
  * (the default): both such norms of the step (after the o product, after the DeltaNet out
  * product; the first one follows the embedding) fold in every step that runs the list, and the
@@ -1759,7 +1729,6 @@ int main(void) {
   RUN(logits_argmax);
   RUN(decode_graph);
   RUN(decode_graph_repeat);
-  RUN(attention_merge_fold);
   RUN(decode_graph_norm_fold);
   RUN(norm_fold_refused);
   printf("op checks: %d\n", n_checks);

@@ -2042,7 +2042,6 @@ static void cu_destroy(backend *be) {
     cudaFree(c->am_v);
     cudaFree(c->am_i);
     cudaFree(c->am_cnt);
-    cudaFree(c->att_cnt);
     cudaFree(c->fold_inv);
     if (c->blas) cublasDestroy(c->blas);
     cudaFree(c->blas_ws);
@@ -2120,9 +2119,6 @@ extern "C" backend *backend_cuda_create(int device, char *err, size_t errlen) {
                cudaMalloc(&c->am_cnt, ARGMAX_PARTS * sizeof(int)) != cudaSuccess ||
                cudaMemset(c->am_cnt, 0, ARGMAX_PARTS * sizeof(int)) != cudaSuccess))
     why = "out of device memory for the argmax partials";
-  if (!why && (cudaMalloc(&c->att_cnt, CUDA_ATT_CNT * sizeof(int)) != cudaSuccess ||
-               cudaMemset(c->att_cnt, 0, CUDA_ATT_CNT * sizeof(int)) != cudaSuccess))
-    why = "out of device memory for the attention counters";
   if (!why && cudaMalloc(&c->fold_inv, NORM_FOLD_MAXT * sizeof(float)) != cudaSuccess)
     why = "out of device memory for the norm factors";
   if (!why && cuda_ktrace_init(c)) why = "out of device memory for the kernel trace";
@@ -2158,8 +2154,6 @@ extern "C" backend *backend_cuda_create(int device, char *err, size_t errlen) {
     c->norm_fold = !(nfo && strcmp(nfo, "0") == 0);
     const char *gc = getenv("DS_GDN_CHAIN"); /* the DeltaNet decode chain kernel, on unless "0" */
     c->gdn_chain = !(gc && strcmp(gc, "0") == 0);
-    const char *amf = getenv("DS_ATTN_MERGE_FOLD"); /* attention's merge folded, on unless "0" */
-    c->attn_merge_fold = !(amf && strcmp(amf, "0") == 0);
     const char *mg = getenv("DS_MOE_GROUPED"); /* on unless "0" */
     c->moe_grouped = !(mg && strcmp(mg, "0") == 0);
     c->legacy = !c->batch_invariant && lg && *lg && strcmp(lg, "0") != 0;

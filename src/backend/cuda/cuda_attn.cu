@@ -322,39 +322,12 @@ struct att_smem {
  * pieces, ATT_STAGES - 1 positions ahead of the one being used, so the loads in flight live in
  * shared memory, not registers (holding them in registers capped the positions in flight at
  * two: bench/NOTES.md). Each lane then reads its hd/32 values of the slot. */
-/* Output i of head row r0 / ATT_MAXS merged over its ns ranges in order (k_attn_merge and the
- * split kernel's folded merge: one expression, the same bits), the gate applied as the
- * sigmoid_mul op does on the bf16 value. Reads go to L2: other blocks wrote the ranges. */
-__device__ __forceinline__ bf16 att_merge_one(const float *part, const float *ml, size_t r0, int ns,
-                                              int hd, int i, const bf16 *gate) {
-  float M = -INFINITY;
-  for (int z = 0; z < ns; z++) M = fmaxf(M, __ldcg(&ml[2 * (r0 + z)]));
-  float L = 0.f, o = 0.f;
-  for (int z = 0; z < ns; z++) {
-    float f = __expf(__ldcg(&ml[2 * (r0 + z)]) - M);
-    L = __fmaf_rn(__ldcg(&ml[2 * (r0 + z) + 1]), f, L);
-    o = __fmaf_rn(__ldcg(&part[(r0 + z) * hd + i]), f, o);
-  }
-  bf16 ob = f2bf(o / L);
-  return gate ? f2bf(bf2f(ob) * sigmoidf_dev(bf2f(*gate))) : ob;
-}
-
-/* The merge folded into the split kernel of a decode step (att_split): the last of a row's
- * ranges to finish, for its kv head (a counter per (row, kv head), reset by that block),
- * merges the head group's outputs; out NULL: the merge kernel runs after. */
-struct att_fold {
-  int *cnt;
-  const bf16 *gate; /* head h of row t at (t * nh + h) * gs, or NULL */
-  int gs;
-  bf16 *out;
-};
-
 template <int VPL, int G>
 __global__ void __launch_bounds__(ATT_SW * 32)
     k_attn_split(bf16 *kp, bf16 *vp, const bf16 *q, const int32_t *seq, const int32_t *pos,
                  const int32_t *page_table, int max_pages, int nh, int nkv, float scale,
                  const int32_t *seq_len, int gemm_min, int split, const bf16 *kcur,
-                 const bf16 *vcur, float *part, float *ml, att_fold mg) {
+                 const bf16 *vcur, float *part, float *ml) {
   pdl_enter();
   constexpr int HD = VPL * 32, PIECES = HD * 2 * 2 / 16; /* 16-byte pieces of a K + V row */
   __shared__ __align__(16) unsigned char s_raw[att_smem<HD, G>::bytes];
@@ -486,24 +459,6 @@ __global__ void __launch_bounds__(ATT_SW * 32)
       ml[2 * r + 1] = L;
     }
   }
-  if (!mg.out) return;
-  __shared__ int s_last;
-  __threadfence(); /* this block's ranges are visible before its arrival counts */
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    int *cnt = mg.cnt + (size_t)t * nkv + kvh;
-    s_last = atomicAdd(cnt, 1) == ns - 1;
-    if (s_last) *cnt = 0; /* every range has arrived: ready for the next step */
-  }
-  __syncthreads();
-  if (!s_last) return;
-  __threadfence();
-  for (int idx = threadIdx.x; idx < G * HD; idx += blockDim.x) {
-    int h = kvh * G + idx / HD, i = idx % HD;
-    size_t row = (size_t)t * nh + h;
-    mg.out[row * HD + i] = att_merge_one(part, ml, row * ATT_MAXS, ns, HD, i,
-                                         mg.gate ? mg.gate + row * mg.gs + i : NULL);
-  }
 }
 
 /* grid (T, nh), block hd: merges a row's ranges in order. gate (the attention output gate,
@@ -511,16 +466,26 @@ __global__ void __launch_bounds__(ATT_SW * 32)
  * bf16 output (cuda_elem.cu k_ew8), the two ops' bits in one launch. */
 __global__ void k_attn_merge(const float *part, const float *ml, const int32_t *pos,
                              const int32_t *seq, const int32_t *seq_len, int gemm_min, int split,
-                             int nh, int hd, const bf16 *gate, int gs, bf16 *out) {
+                             int nh, int hd, const bf16 *gate, bf16 *out) {
   pdl_enter();
   int t = blockIdx.x, h = blockIdx.y, i = threadIdx.x;
   if (gemm_min > 0 && seq_len[seq[t]] >= gemm_min) return; /* the GEMM path's row */
   int per;
   int ns = att_nsplit(pos[t], split, &per);
-  size_t row = (size_t)t * nh + h;
-  if (i < hd)
-    out[row * hd + i] = att_merge_one(part, ml, row * ATT_MAXS, ns, hd, i,
-                                      gate ? gate + row * gs + i : NULL);
+  size_t r0 = ((size_t)t * nh + h) * ATT_MAXS;
+  float M = -INFINITY;
+  for (int z = 0; z < ns; z++) M = fmaxf(M, ml[2 * (r0 + z)]);
+  float L = 0.f, o = 0.f;
+  for (int z = 0; z < ns; z++) {
+    float f = __expf(ml[2 * (r0 + z)] - M);
+    L += ml[2 * (r0 + z) + 1] * f;
+    if (i < hd) o += part[(r0 + z) * hd + i] * f;
+  }
+  if (i < hd) {
+    size_t oi = ((size_t)t * nh + h) * hd + i;
+    bf16 ob = f2bf(o / L);
+    out[oi] = gate ? f2bf(bf2f(ob) * sigmoidf_dev(bf2f(gate[oi]))) : ob;
+  }
 }
 
 /* The split path's launch arguments. */
@@ -532,7 +497,6 @@ struct att_args {
   int split;               /* positions per range (att_split_of) */
   const bf16 *kcur, *vcur; /* the step's k, v when the split kernel writes them (else NULL) */
   float *part, *ml;
-  att_fold mg; /* the merge folded in (mg.out), or not (mg.out NULL) */
 };
 
 template <int VPL, int G>
@@ -540,8 +504,7 @@ static void att_launch(cuda_ctx *c, const att_args &a) {
   dim3 grid(c->b.n_tokens, a.nkv, ATT_MAXS);
   k_attn_split<VPL, G><<<grid, ATT_SW * 32, 0, c->st>>>(
       a.kp, a.vp, a.q, c->b.seq, c->b.pos, c->b.page_table, c->b.max_pages, a.nh, a.nkv, a.scale,
-      c->b.seq_len, att_gemm_min(c, a.nkv, VPL * 32), a.split, a.kcur, a.vcur, a.part, a.ml,
-      a.mg);
+      c->b.seq_len, att_gemm_min(c, a.nkv, VPL * 32), a.split, a.kcur, a.vcur, a.part, a.ml);
 }
 
 /* G q heads per kv head (att_split_fits: 1, 2, 4, or 8 with VPL <= 4) */
@@ -582,25 +545,18 @@ static void att_split(cuda_ctx *c, bf16 *kp, bf16 *vp, const bf16 *q, int nh, in
   size_t rows = (size_t)c->b.n_tokens * nh * ATT_MAXS;
   float *part = (float *)cuda_scratch(c, rows * ((size_t)hd + 2) * sizeof(float));
   if (!part) return;
-  att_args a = {kp, vp, q, nh, nkv, scale, att_split_of(c), kcur, vcur, part, part + rows * hd,
-                {NULL, NULL, 0, NULL}};
-  /* a decode step (the kernel writes the rows' K/V: no row on the GEMM path) merges in the
-   * split kernel's last block per (row, kv head) (DS_ATTN_MERGE_FOLD=0: the merge kernel) */
-  int fold = kcur && c->attn_merge_fold && c->att_cnt &&
-             (size_t)c->b.n_tokens * nkv <= CUDA_ATT_CNT;
-  if (fold) a.mg = {c->att_cnt, gate, hd, out};
+  att_args a = {kp, vp, q, nh, nkv, scale, att_split_of(c), kcur, vcur, part, part + rows * hd};
   switch (hd / 32) {
     case 1: att_launch_g<1>(c, G, a); break;
     case 2: att_launch_g<2>(c, G, a); break;
     case 4: att_launch_g<4>(c, G, a); break;
     case 8: att_launch_g<8>(c, G, a); break;
   }
-  cuda_check_launch(c, fold ? "attention (split + merge)" : "attention (split)");
-  if (fold) return;
+  cuda_check_launch(c, "attention (split)");
   dim3 g2(c->b.n_tokens, nh);
   k_attn_merge<<<g2, (hd + 31) / 32 * 32, 0, c->st>>>(part, a.ml, c->b.pos, c->b.seq,
                                                        c->b.seq_len, att_gemm_min(c, nkv, hd),
-                                                       a.split, nh, hd, gate, hd, out);
+                                                       a.split, nh, hd, gate, out);
   cuda_check_launch(c, gate ? "attention (merge + output gate)" : "attention (merge)");
 }
 

@@ -25,7 +25,6 @@ typedef __nv_bfloat16 bf16;
 #ifndef GREEDY_EARLY
 #define GREEDY_EARLY 1
 #endif
-#define CUDA_ATT_CNT 4096 /* (row, kv head) pairs the attention merge fold counts */
 #define CUDA_ROPE_TAB 512 /* rotary pairs the frequency table holds (rot <= 1024) */
 
 typedef struct cuda_weight {
@@ -109,10 +108,6 @@ typedef struct cuda_ctx {
    * kernel (cuda_gdn.cu "decode chain"; DS_GDN_CHAIN=0: the four kernels), its counters */
   int gdn_chain;
   int *chain_cnt;
-  /* decode steps: attention's merge in the split kernel's last block per (row, kv head)
-   * (cuda_attn.cu att_fold; DS_ATTN_MERGE_FOLD=0: the merge kernel), its arrival counters */
-  int attn_merge_fold;
-  int *att_cnt; /* [CUDA_ATT_CNT], zero between steps */
   /* DS_MOE_GROUPED=1: routed experts of large steps as per-expert GEMMs (cuda_moe.cu) */
   int moe_grouped;
   /* the lm-head's int8 copy and bounds for one-row greedy steps (cuda_greedy.cu; NULL: none) */

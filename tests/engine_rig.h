@@ -12,6 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "test.h"
+
 #include "engine/engine.h"
 #include "model/weights.h"
 
@@ -217,6 +219,107 @@ static inline void toks(int32_t *p, int n, uint32_t seed) {
     x = x * 1103515245u + 12345u;
     p[i] = (int32_t)((x >> 8) % 256);
   }
+}
+
+/* ---- steps ahead (engine.c engine_flight_step) ------------------------------------------ */
+
+#define RIG_AHEAD_MAXREQ 16
+typedef struct rig_out {
+  int32_t tok[MAXTOK];
+  int n, finish;
+} rig_out;
+
+/* Runs prompts[idx[k]] (lens[idx[k]] tokens) for k < n at once as plain-greedy requests (no
+ * logits callback: the device-greedy path, steps ahead where on) with sp; their tokens and
+ * finishes into res[idx[k]]. Returns how many ended by stop or length. */
+static inline int rig_run_plain(rig *g, const int32_t *const *prompts, const int *lens,
+                                const int *idx, int n, rig_out *res, const sampling_params *sp) {
+  engine_req *h[RIG_AHEAD_MAXREQ];
+  int ok = 0;
+  for (int k = 0; k < n; k++) {
+    engine_submit_opts so;
+    memset(&so, 0, sizeof so);
+    so.prompt = prompts[idx[k]];
+    so.n_prompt = lens[idx[k]];
+    so.sp = *sp;
+    engine_status st;
+    char err[200];
+    h[k] = engine_submit(g->e, &so, &st, err, sizeof err);
+    res[idx[k]].n = 0;
+    res[idx[k]].finish = h[k] ? FINISH_NONE : -1;
+  }
+  for (int k = 0; k < n; k++) {
+    if (!h[k]) continue;
+    rig_out *o = &res[idx[k]];
+    engine_event ev;
+    for (;;) {
+      if (!engine_next(h[k], &ev, RIG_WAIT_MS)) {
+        o->finish = -2;
+        break;
+      }
+      if (ev.has_token && o->n < MAXTOK) o->tok[o->n++] = ev.token;
+      if (ev.finish) {
+        o->finish = ev.finish;
+        break;
+      }
+    }
+    ok += o->finish == FINISH_LENGTH || o->finish == FINISH_STOP;
+    engine_release(h[k]);
+  }
+  return ok;
+}
+
+/* Steps ahead against steps in turn: nreq (<= RIG_AHEAD_MAXREQ) plain-greedy requests of MAXTOK
+ * tokens, alone, all at once, and all at once with request 0's `stop_at`-th output token as a
+ * stop token (it ends some of them mid-output: their finish then takes effect after the step
+ * issued ahead, which fed the stop token once more), on engines made by rig_up(ro) with
+ * DS_ENGINE_AHEAD=0 and =1: the same tokens and finishes, steps went ahead (none with 0), some
+ * request stopped mid-output, and every pool checks clean with nothing held (rig_down). */
+static inline void rig_ahead_case(const rig_opts *ro, const int32_t *const *prompts,
+                                  const int *lens, int nreq, int stop_at) {
+  static rig_out ref[3][RIG_AHEAD_MAXREQ], got[3][RIG_AHEAD_MAXREQ];
+  int all[RIG_AHEAD_MAXREQ];
+  for (int i = 0; i < nreq; i++) all[i] = i;
+  sampling_params sp, stop;
+  sampling_params_default(&sp);
+  sp.temperature = 0;
+  sp.max_tokens = MAXTOK;
+  sp.ignore_eos = 1;
+  long long ahead_steps = 0;
+  for (int on = 0; on < 2; on++) {
+    setenv("DS_ENGINE_AHEAD", on ? "1" : "0", 1);
+    rig_out(*res)[RIG_AHEAD_MAXREQ] = on ? got : ref;
+    rig g;
+    REQUIRE(rig_up(&g, ro) == 0);
+    for (int i = 0; i < nreq; i++) EXPECT(rig_run_plain(&g, prompts, lens, &i, 1, res[0], &sp) == 1);
+    EXPECT_EQ_INT(rig_run_plain(&g, prompts, lens, all, nreq, res[1], &sp), nreq);
+    stop = sp;
+    stop.stop_ids[0] = ref[0][0].tok[stop_at];
+    stop.n_stop_ids = 1;
+    EXPECT_EQ_INT(rig_run_plain(&g, prompts, lens, all, nreq, res[2], &stop), nreq);
+    engine_stats st;
+    engine_get_stats(g.e, &st);
+    if (on) ahead_steps = st.steps_ahead;
+    else EXPECT_MSG(st.steps_ahead == 0, "DS_ENGINE_AHEAD=0: %lld steps ahead", st.steps_ahead);
+    EXPECT(rig_down(&g));
+  }
+  unsetenv("DS_ENGINE_AHEAD");
+  int stopped = 0, differ = 0;
+  for (int k = 0; k < 3; k++)
+    for (int i = 0; i < nreq; i++) {
+      const rig_out *a = &got[k][i], *b = &ref[k][i];
+      int eq = a->n == b->n && a->finish == b->finish &&
+               !memcmp(a->tok, b->tok, (size_t)b->n * sizeof(int32_t));
+      differ += !eq;
+      EXPECT_MSG(eq, "cache %d set %d request %d: %d tokens (finish %d) ahead, %d (finish %d) not",
+                 ro->cache, k, i, a->n, a->finish, b->n, b->finish);
+      if (k == 2) stopped += b->finish == FINISH_STOP && b->n < MAXTOK;
+    }
+  printf("  steps ahead, cache %s: %lld steps issued ahead, %d requests stopped mid-output, %d "
+         "of %d outputs differ\n",
+         ro->cache ? "on" : "off", ahead_steps, stopped, differ, 3 * nreq);
+  EXPECT_MSG(ahead_steps > 0, "no step went ahead");
+  EXPECT_MSG(stopped > 0, "no request stopped mid-output");
 }
 
 /* prompt = shared[0, ns) + suffix of n - ns tokens (seeded), first suffix token forced */

@@ -77,9 +77,7 @@ static void sp_greedy(sampling_params *sp) {
  * following this schema when set (compiled once per request: the engine takes it) */
 static const json_vocab *RUN_JSON;
 static const char *RUN_SCHEMA;
-/* run_set without the logits callback: plain greedy requests take the device-greedy path (and
- * steps ahead, where on) */
-static int RUN_PLAIN;
+
 
 /* runs requests idx[0..n) concurrently; returns the number that finished without error */
 static int run_set(rig *g, const int *idx, int n, out *res, const sampling_params *spo) {
@@ -94,7 +92,7 @@ static int run_set(rig *g, const int *idx, int n, out *res, const sampling_param
     so.prompt = P[i];
     so.n_prompt = LEN[i];
     if (spo) so.sp = *spo; else sp_greedy(&so.sp);
-    so.on_logits = RUN_PLAIN ? NULL : out_logits;
+    so.on_logits = out_logits;
     so.user = &res[i];
     so.json = RUN_JSON;
     if (RUN_SCHEMA) {
@@ -238,61 +236,19 @@ TEST(startup_forward_leaves_no_trace) {
 }
 
 /* Steps ahead (engine.c engine_flight_step): plain-greedy requests give the same tokens and
- * finishes with DS_ENGINE_AHEAD=1 as with 0 — alone, all 16 at once, and with a stop token that
- * ends some of them mid-output (their finish then takes effect after the step issued ahead,
- * which fed the stop token once more) — with the prefix cache off or on (a finished generation
- * checkpoints at the depth its state covers); steps went ahead; every pool checks clean and
- * nothing is left held (rig_down). On this backend read_start completes at once, so a chained
- * step's tokens are the ids of the step just issued. */
-static out AH_REF[3][NREQ], AH_GOT[3][NREQ];
-
+ * finishes with DS_ENGINE_AHEAD=1 as with 0 (engine_rig.h rig_ahead_case), with the prefix cache
+ * off and on (with the cache, a finished generation checkpoints at the depth its state covers).
+ * On this backend read_start completes at once, so a chained step's tokens are the ids of the
+ * step just issued. */
 static void ahead_case(int cache) {
-  int all[NREQ];
-  for (int i = 0; i < NREQ; i++) all[i] = i;
-  sampling_params sp, stop;
-  sp_greedy(&sp);
-  RUN_PLAIN = 1;
-  CACHE = cache;
-  long long ahead_steps = 0;
-  for (int on = 0; on < 2; on++) {
-    setenv("DS_ENGINE_AHEAD", on ? "1" : "0", 1);
-    out(*res)[NREQ] = on ? AH_GOT : AH_REF;
-    rig g;
-    REQUIRE(te_up(&g, 8192, 0, 16) == 0);
-    for (int i = 0; i < NREQ; i++) {
-      int idx = i;
-      EXPECT(run_set(&g, &idx, 1, res[0], &sp) == 1);
-    }
-    EXPECT_EQ_INT(run_set(&g, all, NREQ, res[1], &sp), NREQ);
-    /* the stop token: request 0's third output token (others may meet it too) */
-    stop = sp;
-    stop.stop_ids[0] = AH_REF[0][0].tok[2];
-    stop.n_stop_ids = 1;
-    EXPECT_EQ_INT(run_set(&g, all, NREQ, res[2], &stop), NREQ);
-    engine_stats st;
-    engine_get_stats(g.e, &st);
-    if (on) ahead_steps = st.steps_ahead;
-    else EXPECT_MSG(st.steps_ahead == 0, "DS_ENGINE_AHEAD=0: %lld steps ahead", st.steps_ahead);
-    EXPECT(rig_down(&g));
-  }
-  unsetenv("DS_ENGINE_AHEAD");
-  RUN_PLAIN = 0;
-  CACHE = 0;
-  int stopped = 0;
-  for (int k = 0; k < 3; k++)
-    for (int i = 0; i < NREQ; i++) {
-      EXPECT_MSG(AH_GOT[k][i].n == AH_REF[k][i].n && AH_GOT[k][i].finish == AH_REF[k][i].finish &&
-                     !memcmp(AH_GOT[k][i].tok, AH_REF[k][i].tok,
-                             (size_t)AH_REF[k][i].n * sizeof(int32_t)),
-                 "cache %d set %d request %d: %d tokens (finish %d) ahead, %d (finish %d) not",
-                 cache, k, i, AH_GOT[k][i].n, AH_GOT[k][i].finish, AH_REF[k][i].n,
-                 AH_REF[k][i].finish);
-      if (k == 2) stopped += AH_REF[k][i].finish == FINISH_STOP && AH_REF[k][i].n < MAXTOK;
-    }
-  printf("  steps ahead (cache %s): %lld issued ahead, %d requests stopped mid-output\n",
-         cache ? "on" : "off", ahead_steps, stopped);
-  EXPECT_MSG(ahead_steps > 0, "no step went ahead");
-  EXPECT_MSG(stopped > 0, "no request stopped mid-output");
+  const int32_t *prompts[NREQ];
+  for (int i = 0; i < NREQ; i++) prompts[i] = P[i];
+  rig_opts ro = {0};
+  ro.cache = cache;
+  ro.budget = 8192;
+  ro.seqs = 16;
+  ro.host_gib = cache ? 0.01 : 0; /* as te_up */
+  rig_ahead_case(&ro, prompts, LEN, NREQ, 2);
 }
 TEST(ahead_same_tokens) { ahead_case(0); }
 TEST(ahead_same_tokens_cache) { ahead_case(1); }

@@ -853,8 +853,9 @@ static int engine_flight_step(engine *e) {
     if (engine_flight_start(e, f->reqs, f->n, 1, err, sizeof err) == 0) {
       ahead = 1;
       e->steps_ahead++;
+    } else {
+      log_error("engine: a step ahead failed to start: %s", err);
     }
-    else log_error("engine: a step ahead failed to start: %s", err);
   }
   int n = f->n;
   if (qwen35_greedy_finish(e->m, f->ticket, err, sizeof err) != 0) {
@@ -924,6 +925,16 @@ static void engine_flight_drain(engine *e) {
   while (e->n_fl) engine_flight_step(e);
 }
 
+/* A forward step that failed (err): its requests end with an error. Returns its row count. */
+static int engine_fail_step(engine *e, sched_batch *b, const char *err) {
+  log_error("engine: forward step failed: %s", err);
+  char why[160];
+  snprintf(why, sizeof why, "forward step failed: %.130s", err);
+  sched_fail_batch(e->s, b, why);
+  for (int i = 0; i < b->n; i++) engine_end(e, b->reqs[i]->owner, FINISH_ERROR, 1);
+  return b->n;
+}
+
 static int engine_step(engine *e) {
   if (e->n_fl) return engine_flight_step(e);
   double t0 = e->profile ? engine_now() : 0;
@@ -964,14 +975,8 @@ static int engine_step(engine *e) {
     if (all_decode) {
       e->steps--; /* counted by engine_flight_start */
       char ferr[160];
-      if (engine_flight_start(e, b.reqs, b.n, 0, ferr, sizeof ferr) != 0) {
-        log_error("engine: forward step failed: %s", ferr);
-        char why[160];
-        snprintf(why, sizeof why, "forward step failed: %.130s", ferr);
-        sched_fail_batch(e->s, &b, why);
-        for (int i = 0; i < b.n; i++) engine_end(e, b.reqs[i]->owner, FINISH_ERROR, 1);
-        return b.n;
-      }
+      if (engine_flight_start(e, b.reqs, b.n, 0, ferr, sizeof ferr) != 0)
+        return engine_fail_step(e, &b, ferr);
       return engine_flight_step(e);
     }
   }
@@ -995,14 +1000,7 @@ static int engine_step(engine *e) {
     e->prof[greedy ? 1 : 2] += t2 - t1;
     e->prof_steps[greedy ? 0 : 1]++;
   }
-  if (frc != 0) {
-    log_error("engine: forward step failed: %s", err);
-    char why[160];
-    snprintf(why, sizeof why, "forward step failed: %.130s", err);
-    sched_fail_batch(e->s, &b, why);
-    for (int i = 0; i < b.n; i++) engine_end(e, b.reqs[i]->owner, FINISH_ERROR, 1);
-    return b.n;
-  }
+  if (frc != 0) return engine_fail_step(e, &b, err);
 
   int row = 0, n_jobs = 0;
   if (!greedy) { /* logits callbacks in row order, then every row sampled (in parallel) */

@@ -915,6 +915,7 @@ static int engine_flight_step(engine *e) {
     e->fl[0] = e->fl[1];
     sched_batch nb;
     sched_again(e->s, &nb, e->fl[0].reqs, e->fl[0].n);
+    if (e->trace) engine_trace(e, &nb); /* the step ahead, logged once it is the step */
   }
   e->n_fl = ahead;
   return n;

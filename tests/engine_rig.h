@@ -221,6 +221,17 @@ static inline void toks(int32_t *p, int n, uint32_t seed) {
   }
 }
 
+/* Reads h's events up to its final one (tokens into tok[0, cap), *n of them): its finish, or -2
+ * when no event came within RIG_WAIT_MS. */
+static inline int rig_collect(engine_req *h, int32_t *tok, int cap, int *n) {
+  engine_event ev;
+  for (;;) {
+    if (!engine_next(h, &ev, RIG_WAIT_MS)) return -2;
+    if (ev.has_token && *n < cap) tok[(*n)++] = ev.token;
+    if (ev.finish) return ev.finish;
+  }
+}
+
 /* ---- steps ahead (engine.c engine_flight_step) ------------------------------------------ */
 
 #define RIG_AHEAD_MAXREQ 16
@@ -251,18 +262,7 @@ static inline int rig_run_plain(rig *g, const int32_t *const *prompts, const int
   for (int k = 0; k < n; k++) {
     if (!h[k]) continue;
     rig_out *o = &res[idx[k]];
-    engine_event ev;
-    for (;;) {
-      if (!engine_next(h[k], &ev, RIG_WAIT_MS)) {
-        o->finish = -2;
-        break;
-      }
-      if (ev.has_token && o->n < MAXTOK) o->tok[o->n++] = ev.token;
-      if (ev.finish) {
-        o->finish = ev.finish;
-        break;
-      }
-    }
+    o->finish = rig_collect(h[k], o->tok, MAXTOK, &o->n);
     ok += o->finish == FINISH_LENGTH || o->finish == FINISH_STOP;
     engine_release(h[k]);
   }

@@ -109,18 +109,7 @@ static int run_set(rig *g, const int *idx, int n, out *res, const sampling_param
   for (int k = 0; k < n; k++) {
     if (!h[k]) continue;
     out *o = &res[idx[k]];
-    engine_event ev;
-    for (;;) {
-      if (!engine_next(h[k], &ev, 60000)) {
-        o->finish = -2;
-        break;
-      }
-      if (ev.has_token && o->n < MAXTOK) o->tok[o->n++] = ev.token;
-      if (ev.finish) {
-        o->finish = ev.finish;
-        break;
-      }
-    }
+    o->finish = rig_collect(h[k], o->tok, MAXTOK, &o->n);
     if (o->finish == FINISH_LENGTH || o->finish == FINISH_STOP) ok++;
     engine_release(h[k]);
   }

@@ -498,9 +498,16 @@ static void *cancel_thread(void *arg) {
   return NULL;
 }
 
-TEST(cancel_from_another_thread) {
+/* A long plain-greedy request cancelled from another thread while it decodes, a second one
+ * finishing normally, a third released unread. ahead: with DS_ENGINE_AHEAD=1, so the cancelled
+ * request is in a step issued ahead when the cancel lands (its removal waits for that step), and
+ * an engine_check while it decodes drains the steps in flight first. */
+static void cancel_case(int ahead) {
+  if (ahead) setenv("DS_ENGINE_AHEAD", "1", 1);
   rig g;
-  REQUIRE(te_up(&g, 8192, 0, 4) == 0);
+  int up = te_up(&g, 8192, 0, 4);
+  unsetenv("DS_ENGINE_AHEAD");
+  REQUIRE(up == 0);
   engine_submit_opts so;
   memset(&so, 0, sizeof so);
   sp_greedy(&so.sp);
@@ -517,6 +524,11 @@ TEST(cancel_from_another_thread) {
   int n = 0;
   while (n < 3 && engine_next(h, &ev, 60000)) n++;
   EXPECT_EQ_INT(n, 3);
+  if (ahead) {
+    EXPECT_MSG(engine_check(g.e, err, sizeof err) == 0, "check while decoding: %s", err);
+    while (n < 6 && engine_next(h, &ev, 60000)) n++; /* decoding goes on after the check */
+    EXPECT_EQ_INT(n, 6);
+  }
   canceller c = {h, 1};
   pthread_t t;
   REQUIRE(pthread_create(&t, NULL, cancel_thread, &c) == 0);
@@ -530,12 +542,15 @@ TEST(cancel_from_another_thread) {
   engine_stats s;
   engine_get_stats(g.e, &s);
   EXPECT(s.requests_cancelled == 1);
+  EXPECT_MSG(ahead ? s.steps_ahead > 0 : s.steps_ahead == 0, "%lld steps ahead", s.steps_ahead);
   /* release without reading: cancels and frees */
   h = engine_submit(g.e, &so, &st, err, sizeof err);
   REQUIRE(h);
   engine_release(h);
   EXPECT(rig_down(&g));
 }
+TEST(cancel_from_another_thread) { cancel_case(0); }
+TEST(cancel_from_another_thread_ahead) { cancel_case(1); }
 
 TEST(fault_every_site) {
   /* reference outputs for requests 1, 4, 6, 9 alone, with enough room */
@@ -606,6 +621,7 @@ int main(void) {
   RUN(json_mask_overlap_same_tokens);
   RUN(reject_vs_wait);
   RUN(cancel_from_another_thread);
+  RUN(cancel_from_another_thread_ahead);
   RUN(fault_every_site);
   for (int i = 0; i < NREQ; i++) {
     free(REF[i].lg);

@@ -1640,95 +1640,6 @@ TEST(decode_graph_norm_fold) {
   plain->destroy(plain);
 }
 
-
-/* Linked products: in a recorded decode step the down product reads the gate/up/swiglu output
- * chunk by chunk as it is finished. A two-FFN step (a plain gate/up/swiglu whose down product
- * takes a folded norm's residual add, then a gate/up/swiglu after that folded norm whose down
- * product is plain) at an intermediate size of three chunks, the last partial, for twelve steps
- * of 1-4 rows: every output, residual and normed byte the same as with DS_GEMV_LINK=0, graphs
- * captured and replayed, both down products linked in every step that ran the list, none with
- * the knob. */
-enum { LH = 256, LI = 2504, LQ = 512 };
-enum { LW_N1, LW_N2, LW_G, LW_U, LW_D, LW_Q, LW_COUNT };
-enum { LB_X, LB_XN, LB_FG, LB_FU, LB_MIX, LB_Y, LB_COUNT };
-
-static void link_step(backend *be, const backend_weight *w, const backend_buf *b, int T) {
-  static int32_t pt[4] = {0, 1, 2, 3};
-  int32_t tok[4] = {0, 0, 0, 0}, pos[4] = {5, 6, 7, 8}, seq[4] = {0, 1, 2, 3},
-          st[4] = {0, 1, 2, 3}, len[4] = {1, 1, 1, 1}, slot[4] = {0, 1, 2, 3},
-          orow[4] = {0, 1, 2, 3};
-  backend_batch bb = {T, T, tok, pos, seq, st, len, pos, slot, pt, 1, T, orow, NULL};
-  EXPECT(be->set_batch(be, &bb) == 0);
-  float eps = 1e-6f;
-  be->rmsnorm(be, b[LB_X], NULL, w[LW_N1], T, LH, eps, b[LB_XN]);
-  be->matmul(be, b[LB_XN], w[LW_G], T, LH, LI, b[LB_FG]);
-  be->matmul(be, b[LB_XN], w[LW_U], T, LH, LI, b[LB_FU]);
-  be->swiglu(be, b[LB_FG], b[LB_FU], (size_t)T * LI, b[LB_FG]);
-  be->matmul(be, b[LB_FG], w[LW_D], T, LI, LH, b[LB_MIX]); /* linked, + the residual add */
-  be->rmsnorm(be, b[LB_X], b[LB_MIX], w[LW_N2], T, LH, eps, b[LB_XN]); /* folded */
-  be->matmul(be, b[LB_XN], w[LW_G], T, LH, LI, b[LB_FG]);
-  be->matmul(be, b[LB_XN], w[LW_U], T, LH, LI, b[LB_FU]);
-  be->swiglu(be, b[LB_FG], b[LB_FU], (size_t)T * LI, b[LB_FG]);
-  be->matmul(be, b[LB_FG], w[LW_D], T, LI, LH, b[LB_MIX]); /* linked, plain */
-  be->add(be, b[LB_X], b[LB_MIX], (size_t)T * LH);
-  be->matmul(be, b[LB_X], w[LW_Q], T, LH, LQ, b[LB_Y]);
-}
-
-TEST(linked_products) {
-  backend *off = gpu_with("DS_GEMV_LINK", "0");
-  REQUIRE(off != NULL);
-  static const int64_t shp[LW_COUNT][2] = {{1, LH}, {1, LH}, {LI, LH}, {LI, LH}, {LH, LI}, {LQ, LH}};
-  static const size_t bn[LB_COUNT] = {4 * LH, 4 * LH, 4 * LI, 4 * LI, 4 * LH, 4 * LQ};
-  float *wh[LW_COUNT], *x0 = rand_vec(4 * LH, 1.f);
-  for (int i = 0; i < LW_COUNT; i++)
-    wh[i] = rand_vec((size_t)(shp[i][0] * shp[i][1]), shp[i][0] == 1 ? 0.3f : 0.06f);
-  backend *bs[2] = {GPU, off};
-  backend_weight w[2][LW_COUNT];
-  backend_buf b[2][LB_COUNT];
-  long l0[2] = {backend_cuda_links(GPU), backend_cuda_links(off)}, st0[6], st[6];
-  backend_cuda_graph_stats(GPU, st0);
-  for (int v = 0; v < 2; v++) {
-    for (int i = 0; i < LW_COUNT; i++)
-      w[v][i] = bs[v]->weight_upload(bs[v], wh[i], DTYPE_F32, shp[i][0], shp[i][1]);
-    for (int i = 0; i < LB_COUNT; i++) b[v][i] = mk(bs[v], BACKEND_KIND_ACT, NULL, bn[i]);
-    put(bs[v], b[v][LB_X], BACKEND_KIND_ACT, x0, 4 * LH);
-  }
-  static const int rows[12] = {1, 1, 1, 1, 2, 2, 2, 3, 4, 4, 4, 1};
-  int diff = 0;
-  for (int k = 0; k < 12; k++) {
-    int T = rows[k];
-    for (int v = 0; v < 2; v++) link_step(bs[v], w[v], b[v], T);
-    for (int i = 0; i < LB_COUNT; i++) {
-      size_t nb = (i == LB_FG || i == LB_FU ? (size_t)LI : i == LB_Y ? (size_t)LQ : (size_t)LH) * T * 2;
-      uint8_t *ha = malloc(nb), *hb = malloc(nb);
-      EXPECT(bs[0]->read(bs[0], b[0][i], 0, ha, nb) == 0);
-      EXPECT(bs[1]->read(bs[1], b[1][i], 0, hb, nb) == 0);
-      diff += memcmp(ha, hb, nb) != 0;
-      free(ha), free(hb);
-    }
-  }
-  backend_cuda_graph_stats(GPU, st);
-  long runs = (st[0] - st0[0]) + (st[2] - st0[2]), links = backend_cuda_links(GPU) - l0[0],
-       links_off = backend_cuda_links(off) - l0[1];
-  n_checks++;
-  printf("  linked vs DS_GEMV_LINK=0: %d of %d buffers differ; %ld products linked in %ld "
-         "listed steps (captures %ld, replays %ld), %ld with the knob off\n",
-         diff, 12 * LB_COUNT, links, runs, st[0] - st0[0], st[1] - st0[1], links_off);
-  EXPECT_MSG(diff == 0, "linked products: %d buffers differ", diff);
-  EXPECT_MSG(st[0] - st0[0] >= 2 && st[1] - st0[1] >= 4, "graphs not used");
-  EXPECT_MSG(runs >= 2 && links == 2 * runs, "%ld products linked in %ld listed steps", links, runs);
-  EXPECT_MSG(links_off == 0, "DS_GEMV_LINK=0 linked %ld products", links_off);
-  for (int v = 0; v < 2; v++) {
-    char err[256] = "";
-    EXPECT_MSG(bs[v]->sync(bs[v], err, sizeof err) == 0, "backend failed: %s", err);
-    for (int i = 0; i < LW_COUNT; i++) bs[v]->weight_free(bs[v], w[v][i]);
-    for (int i = 0; i < LB_COUNT; i++) bs[v]->free(bs[v], b[v][i]);
-  }
-  for (int i = 0; i < LW_COUNT; i++) free(wh[i]);
-  free(x0);
-  off->destroy(off);
-}
-
 /* [product -> mix, rmsnorm(x += mix) -> xn, q/k/v products of xn, then fg += xn]: xn is read
  * after its products, so the norm may not fold (xn would hold the unscaled values). Three steps
  * (direct, captured, replayed): no fold, every output bit equal to the ops as issued. */
@@ -1820,7 +1731,6 @@ int main(void) {
   RUN(decode_graph_repeat);
   RUN(decode_graph_norm_fold);
   RUN(norm_fold_refused);
-  RUN(linked_products);
   printf("op checks: %d\n", n_checks);
   GPU->destroy(GPU);
   CPU->destroy(CPU);

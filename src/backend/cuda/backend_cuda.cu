@@ -288,11 +288,6 @@ static size_t cu_weight_bytes(backend *be, backend_weight w) {
 
 /* ---- batch ---- */
 
-/* The link counters of a step's linked products (see "linked products" below): the first
- * LINK_WORDS words of the metadata array, zeros in every copy of a step the GEMV path may take,
- * so each step's kernels find them zeroed (the copy is ordered after the previous step). */
-#define LINK_WORDS 1024
-
 static int cu_set_batch(backend *be, const backend_batch *b) {
   cuda_ctx *c = cuda_ctx_of(be);
   graph_flush(c);
@@ -304,7 +299,7 @@ static int cu_set_batch(backend *be, const backend_batch *b) {
   /* the page table's row stride is padded to a multiple of 64 pages (1,024 positions), so the
    * layout, and a graph captured against it, stays the same while sequences grow */
   int mpp = (b->max_pages + 63) / 64 * 64;
-  size_t need = LINK_WORDS + 3 * T + 8 * S + S * (size_t)mpp + (size_t)b->n_out + 2 * nch + 16;
+  size_t need = 3 * T + 8 * S + S * (size_t)mpp + (size_t)b->n_out + 2 * nch + 16;
   if (c->meta_pending) {
     cudaEventSynchronize(c->meta_done);
     c->meta_pending = 0;
@@ -327,8 +322,7 @@ static int cu_set_batch(backend *be, const backend_batch *b) {
     c->meta_cap = cap;
   }
   int32_t *p = c->h_meta;
-  memset(p, 0, LINK_WORDS * sizeof *p);
-  size_t o = LINK_WORDS;
+  size_t o = 0;
   c->hb = *b;
   cuda_batch *db = &c->b;
   memset(db, 0, sizeof *db);
@@ -404,9 +398,7 @@ static int cu_set_batch(backend *be, const backend_batch *b) {
   db->max_len = maxlen;
   db->max_pos_end = maxend;
   memcpy(c->h_host, p, o * 4);
-  size_t o0 = (int)T <= c->gemv_maxt ? 0 : LINK_WORDS; /* larger steps link nothing */
-  if (o > o0 && ck(c, cudaMemcpyAsync(c->d_meta + o0, p + o0, (o - o0) * 4,
-                                      cudaMemcpyHostToDevice, c->st), "set_batch"))
+  if (o && ck(c, cudaMemcpyAsync(c->d_meta, p, o * 4, cudaMemcpyHostToDevice, c->st), "set_batch"))
     return -1;
   cudaEventRecord(c->meta_done, c->st);
   /* the rows' tokens from a device buffer: the embedding reads them there (only it reads the
@@ -488,115 +480,19 @@ __device__ __forceinline__ void gemv_late(float *acc, const float *iv) {
   }
 }
 
-/* ---- linked products ----
- * In a recorded step on the GEMV path the down product reads only the gate/up/swiglu launch's
- * output h. Instead of waiting for that whole launch (its last blocks run with most SMs idle),
- * a linked down product waits for h chunk by chunk: each gate/up/swiglu block, its outputs
- * written, adds 1 with release semantics to its chunk's counter (LINK_CHUNK rows of h each),
- * and each down warp, which streams its row's weights chunk by chunk in gemv_row's order (the
- * same sums, the same bits), reads a chunk of h only once an acquire load has seen the chunk's
- * count complete. The down launch lets the next kernel launch at once and never waits for the
- * previous one: what else it reads (the residual, the norm weight) was written before the
- * gate/up/swiglu launch was let launch, and the residual and xn it writes were last read by
- * kernels that finished before the warps that completed its chunks passed their own wait. A
- * down block runs only once every gate/up/swiglu block has started (programmatic launch), so
- * the chunks it waits for always complete. The counters live in the step's metadata array,
- * zeroed by its copy (set_batch); a step takes them in recording order (link_take). */
-#define LINK_CHUNK 1024 /* h elements per counter: one round of 4 pieces per lane in gemv_row */
-#define LINK_MAXC 32    /* chunks of a linked product (a lane per counter when polling) */
-/* counters: chunk c of the step's link set k at word c * LINK_SETS + k, so the chunks' counters
- * of one launch sit in different lines (one line took every add in turn: -6 %) */
-#define LINK_SETS 32
-#define LINK_BLOCKS (LINK_CHUNK / GEMV_WARPS) /* gate/up/swiglu blocks per chunk */
-static_assert(LINK_CHUNK % GEMV_WARPS == 0 && LINK_SETS * LINK_MAXC == LINK_WORDS,
-              "link counter layout");
-#ifndef LINK_SLEEP
-#define LINK_SLEEP 200 /* ns between two polls of a waiting warp */
-#endif
-
-__device__ __forceinline__ void link_done(int *cnt) {
-  asm volatile("red.release.gpu.global.add.s32 [%0], 1;" ::"l"(cnt) : "memory");
-}
-
-__device__ __forceinline__ int link_load(const int *p) {
-  int v;
-  asm volatile("ld.relaxed.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-
-/* Bit c set when chunk c of the K values is complete, as seen by lane c's relaxed load. When
- * chunk `want` is, a fence by every lane then the warp barrier order the warp's later loads
- * after the producers' writes (the fence-after-read acquire pattern), so the fence (which also
- * drops the SM's L1) runs once per wait rather than once per poll. */
-__device__ __forceinline__ unsigned link_ready(const int *cnt, int K, int lane, int want) {
-  int ok = 1;
-  if (lane * LINK_CHUNK < K)
-    ok = link_load(cnt + lane * LINK_SETS) >=
-         (min(LINK_CHUNK, K - lane * LINK_CHUNK) + GEMV_WARPS - 1) / GEMV_WARPS;
-  unsigned m = __ballot_sync(0xffffffffu, ok);
-  if ((m >> want) & 1u) {
-    asm volatile("fence.acq_rel.gpu;" ::: "memory");
-    __syncwarp();
-  }
-  return m;
-}
-
-/* gemv_row (STREAM, not LATE) with x read chunk by chunk once complete: each chunk's weights
- * requested first, then the chunk's x once its counter is full; the same pieces in the same
- * order, so the same sums. */
-template <int T>
-__device__ __forceinline__ void gemv_row_link(const bf16 *__restrict__ x,
-                                              const bf16 *__restrict__ w, int K, int lane,
-                                              float *acc, const int *cnt) {
-#pragma unroll
-  for (int t = 0; t < T; t++) acc[t] = 0.f;
-  unsigned ready = link_ready(cnt, K, lane, 0);
-  for (int k0 = 0, ch = 0; k0 < K; k0 += LINK_CHUNK, ch++) {
-    uint4 wv[4];
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-      int k = k0 + lane * 8 + 256 * i;
-      wv[i] = k < K ? ld_stream16(w + k) : make_uint4(0, 0, 0, 0);
-    }
-    while (!((ready >> ch) & 1u)) {
-      __nanosleep(LINK_SLEEP);
-      ready = link_ready(cnt, K, lane, ch);
-    }
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-      int k = k0 + lane * 8 + 256 * i;
-      if (k < K) {
-        float wf[8];
-        bf16x8_to_f32(wv[i], wf);
-#pragma unroll
-        for (int t = 0; t < T; t++) {
-          float xf[8];
-          bf16x8_to_f32(*(const uint4 *)(x + (size_t)t * K + k), xf);
-#pragma unroll
-          for (int j = 0; j < 8; j++) acc[t] += wf[j] * xf[j];
-        }
-      }
-    }
-  }
-#pragma unroll
-  for (int t = 0; t < T; t++) acc[t] = warp_sum(acc[t]);
-}
-
-template <int T, int WB, int MODE, bool LINK>
+template <int T, int WB, int MODE>
 __global__ void __launch_bounds__(WB * 32)
     k_gemv(const bf16 *__restrict__ x, const bf16 *__restrict__ W, int K, int N, bf16 *y,
-           gemv_nf nf, const int *link) {
+           gemv_nf nf) {
   int n = blockIdx.x * WB + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-  if constexpr (LINK) pdl_launch_next();
-  else gemv_enter<MODE>();
+  gemv_enter<MODE>();
   if (n >= N) return;
   float acc[T], iv[T], r0 = 0.f, g0 = 0.f;
   if (MODE == GEMV_RES && lane < T) { /* loaded now: not a dependent load after the sums */
     r0 = bf2f(nf.res[(size_t)lane * N + n]);
     g0 = nf.g[n];
   }
-  if constexpr (LINK) gemv_row_link<T>(x, W + (size_t)n * K, K, lane, acc, link);
-  else gemv_row<T, true, MODE == GEMV_LATE>(x, W + (size_t)n * K, K, lane, acc, nf.inv, iv);
+  gemv_row<T, true, MODE == GEMV_LATE>(x, W + (size_t)n * K, K, lane, acc, nf.inv, iv);
   gemv_late<T, MODE>(acc, iv);
   if (lane < T) {
     size_t o = (size_t)lane * N + n;
@@ -664,42 +560,26 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
 }
 
 /* gate = x.Wg^T, up = x.Wu^T, out = silu(gate) * up (the swiglu op's expression on the bf16
- * values) in one launch; gate and up are still written (out may alias gate). LINK (linked
- * products): each block, its rows written, adds 1 to its chunk's counter, and the next launch
- * (the product waiting for these rows chunk by chunk) is let launch only after the gate rows,
- * so that its warps arrive when most chunks are done instead of polling through the launch. */
-template <int T, int MODE, bool LINK>
+ * values) in one launch; gate and up are still written (out may alias gate). */
+template <int T, int MODE>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
     k_gemv_glu(const bf16 *__restrict__ x, const bf16 *__restrict__ Wg,
                const bf16 *__restrict__ Wu, int K, int N, bf16 *yg, bf16 *yu, bf16 *out,
-               gemv_nf nf, int *link) {
+               gemv_nf nf) {
   int n = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-  if constexpr (!LINK) {
-    gemv_enter<MODE>();
-    if (n >= N) return;
-  } else if (MODE != GEMV_LATE) {
-    pdl_wait();
-  }
+  gemv_enter<MODE>();
+  if (n >= N) return;
   float ag[T], au[T], iv[T];
-  if (LINK && n >= N) {
-    pdl_launch_next();
-  } else {
-    gemv_row<T, true, MODE == GEMV_LATE>(x, Wg + (size_t)n * K, K, lane, ag, nf.inv, iv);
-    if constexpr (LINK) pdl_launch_next();
-    gemv_row<T>(x, Wu + (size_t)n * K, K, lane, au);
-    gemv_late<T, MODE>(ag, iv);
-    gemv_late<T, MODE>(au, iv);
-    if (lane < T) {
-      bf16 gb = f2bf(gemv_pick<T>(ag, lane)), ub = f2bf(gemv_pick<T>(au, lane));
-      size_t o = (size_t)lane * N + n;
-      yg[o] = gb;
-      yu[o] = ub;
-      out[o] = f2bf(siluf_dev(bf2f(gb)) * bf2f(ub));
-    }
-  }
-  if constexpr (LINK) {
-    __syncthreads();
-    if (threadIdx.x == 0) link_done(link + (size_t)(blockIdx.x / LINK_BLOCKS) * LINK_SETS);
+  gemv_row<T, true, MODE == GEMV_LATE>(x, Wg + (size_t)n * K, K, lane, ag, nf.inv, iv);
+  gemv_row<T>(x, Wu + (size_t)n * K, K, lane, au);
+  gemv_late<T, MODE>(ag, iv);
+  gemv_late<T, MODE>(au, iv);
+  if (lane < T) {
+    bf16 gb = f2bf(gemv_pick<T>(ag, lane)), ub = f2bf(gemv_pick<T>(au, lane));
+    size_t o = (size_t)lane * N + n;
+    yg[o] = gb;
+    yu[o] = ub;
+    out[o] = f2bf(siluf_dev(bf2f(gb)) * bf2f(ub));
   }
 }
 
@@ -878,23 +758,15 @@ static void launch_narrow(cuda_ctx *c, const bf16 *x, int T, int K, int m, const
 }
 
 /* k_gemv in blocks of WB warps (rows). */
-/* k_gemv in blocks of WB warps (rows); link: its x chunk by chunk (linked products; PLAIN and
- * RES only, NULL: not). */
 template <int WB, int MODE>
 static void gemv_launch(cuda_ctx *c, const bf16 *x, const bf16 *W, int T, int K, int N, bf16 *y,
-                        gemv_nf nf, const int *link) {
+                        gemv_nf nf) {
   unsigned blocks = (unsigned)((N + WB - 1) / WB);
   switch (T) {
-#define G(n)                                                                                  \
-  case n:                                                                                     \
-    if constexpr (MODE == GEMV_PLAIN || n <= NORM_FOLD_MAXT) {                                \
-      if constexpr (MODE != GEMV_LATE)                                                        \
-        if (link) {                                                                           \
-          k_gemv<n, WB, MODE, true><<<blocks, WB * 32, 0, c->st>>>(x, W, K, N, y, nf, link);  \
-          break;                                                                              \
-        }                                                                                     \
-      k_gemv<n, WB, MODE, false><<<blocks, WB * 32, 0, c->st>>>(x, W, K, N, y, nf, NULL);     \
-    }                                                                                         \
+#define G(n)                                                                 \
+  case n:                                                                    \
+    if constexpr (MODE == GEMV_PLAIN || n <= NORM_FOLD_MAXT)                 \
+      k_gemv<n, WB, MODE><<<blocks, WB * 32, 0, c->st>>>(x, W, K, N, y, nf); \
     break;
     G(1) G(2) G(3) G(4) G(5) G(6) G(7) G(8)
 #undef G
@@ -903,13 +775,12 @@ static void gemv_launch(cuda_ctx *c, const bf16 *x, const bf16 *W, int T, int K,
 
 template <int MODE>
 static void gemv_mode(cuda_ctx *c, const bf16 *x, const bf16 *W, int T, int K, int N, bf16 *y,
-                      gemv_nf nf, const int *link = NULL) {
-  if (N <= GEMV_SMALL_N) gemv_launch<GEMV_SMALL_WARPS, MODE>(c, x, W, T, K, N, y, nf, link);
-  else gemv_launch<GEMV_WARPS, MODE>(c, x, W, T, K, N, y, nf, link);
-  cuda_check_launch(c, link                 ? "matmul (gemv, linked)"
-                       : MODE == GEMV_PLAIN ? "matmul (gemv)"
-                       : MODE == GEMV_RES   ? "matmul (gemv + residual)"
-                                            : "matmul (gemv, norm factor late)");
+                      gemv_nf nf) {
+  if (N <= GEMV_SMALL_N) gemv_launch<GEMV_SMALL_WARPS, MODE>(c, x, W, T, K, N, y, nf);
+  else gemv_launch<GEMV_WARPS, MODE>(c, x, W, T, K, N, y, nf);
+  cuda_check_launch(c, MODE == GEMV_PLAIN ? "matmul (gemv)"
+                       : MODE == GEMV_RES ? "matmul (gemv + residual)"
+                                          : "matmul (gemv, norm factor late)");
 }
 
 /* 1 when the GEMV path took the product. */
@@ -1200,7 +1071,6 @@ struct cuda_graphs {
   std::vector<graph_entry> cache;
   uint64_t tick, uids;
   long captures, replays, direct, fused, pdl_edges, norm_folds, repeats;
-  long links; /* products launched linked (link_take) */
   /* step_repeat (DS_CUDA_REPEAT=0: off): the last recorded step ran as graph rep_uid (0:
    * it did not run as one graph), its signature beginning with rep_layout (the metadata
    * layout entry, layout_len bytes); rep_pending: this step is that graph again */
@@ -1498,20 +1368,14 @@ static int gdn_chain_of(const std::vector<gop> &ops, size_t i, cuda_gdn_chain_ar
 }
 
 template <int MODE>
-static void launch_glu(cuda_ctx *c, const gop &g, const gop &u, const gop &sw, gemv_nf nf,
-                       int *link) {
+static void launch_glu(cuda_ctx *c, const gop &g, const gop &u, const gop &sw, gemv_nf nf) {
   unsigned blocks = (unsigned)((g.N + GEMV_WARPS - 1) / GEMV_WARPS);
   switch (g.T) {
 #define G(n)                                                                                 \
   case n:                                                                                    \
-    if constexpr (MODE == GEMV_PLAIN || n <= NORM_FOLD_MAXT) {                               \
-      if (link)                                                                              \
-        k_gemv_glu<n, MODE, true><<<blocks, GEMV_WARPS * 32, 0, c->st>>>(                    \
-            g.x, g.W->bf, u.W->bf, g.K, g.N, g.y, u.y, sw.out, nf, link);                   \
-      else                                                                                   \
-        k_gemv_glu<n, MODE, false><<<blocks, GEMV_WARPS * 32, 0, c->st>>>(                   \
-            g.x, g.W->bf, u.W->bf, g.K, g.N, g.y, u.y, sw.out, nf, NULL);                   \
-    }                                                                                        \
+    if constexpr (MODE == GEMV_PLAIN || n <= NORM_FOLD_MAXT)                                 \
+      k_gemv_glu<n, MODE><<<blocks, GEMV_WARPS * 32, 0, c->st>>>(g.x, g.W->bf, u.W->bf, g.K, \
+                                                                g.N, g.y, u.y, sw.out, nf); \
     break;
     G(1) G(2) G(3) G(4) G(5) G(6) G(7) G(8)
 #undef G
@@ -1614,20 +1478,6 @@ static int norm_fold_at(cuda_ctx *c, const std::vector<gop> &ops, size_t j, norm
   return 1;
 }
 
-/* Linked products: counters for the gate/up/swiglu launch of products g, sw when ops[j], the
- * op right after it, is a GEMV-path product of its output alone (then launched linked); NULL
- * when not (the knob, no room, a product of another input). */
-static int *link_take(cuda_ctx *c, const std::vector<gop> &ops, size_t j, const gop &g,
-                      const gop &sw) {
-  if (!c->gemv_link || j >= ops.size()) return NULL;
-  const gop &d = ops[j];
-  int nch = (g.N + LINK_CHUNK - 1) / LINK_CHUNK;
-  if (!gemv_fits(c, d) || d.x != sw.out || d.T != g.T || d.K != g.N || nch > LINK_MAXC ||
-      c->link_used >= LINK_SETS)
-    return NULL;
-  return c->d_meta + c->link_used++;
-}
-
 /* Runs the recorded list in order, with the rewrites. */
 static void graph_run_ops(cuda_ctx *c) {
   cuda_graphs *g = c->gr;
@@ -1635,27 +1485,15 @@ static void graph_run_ops(cuda_ctx *c) {
   size_t n = ops.size();
   size_t folded = SIZE_MAX; /* the norm whose product before took its residual add */
   norm_fold nf;              /* ... and its products (norm_fold_at) */
-  size_t link_at = SIZE_MAX; /* the product linked to the gate/up/swiglu launch before it */
-  int *link_cnt = NULL;      /* ... and their counters */
-  c->link_used = 0; /* one list runs per step (set_batch zeroes the counters) */
   for (size_t i = 0; i < n;) {
     const gop &o = ops[i];
     cuda_gdn_chain_args ch;
-    const int *lk = i == link_at ? link_cnt : NULL;
     if (o.kind == GOP_MATMUL && i + 1 < n && ops[i + 1].kind == GOP_RMSNORM &&
         norm_fold_at(c, ops, i + 1, &nf)) { /* the product before a folded norm */
       const gop_norm &r = ops[i + 1].nm;
       gemv_nf p = {r.w, r.x, r.y, NULL};
-      gemv_mode<GEMV_RES>(c, o.x, o.W->bf, o.T, o.K, o.N, o.y, p, lk);
-      g->links += lk != NULL;
+      gemv_mode<GEMV_RES>(c, o.x, o.W->bf, o.T, o.K, o.N, o.y, p);
       folded = i + 1;
-      i++;
-      continue;
-    }
-    if (lk) { /* a linked product not before a folded norm */
-      gemv_nf plain = {NULL, NULL, NULL, NULL};
-      gemv_mode<GEMV_PLAIN>(c, o.x, o.W->bf, o.T, o.K, o.N, o.y, plain, lk);
-      g->links++;
       i++;
       continue;
     }
@@ -1664,11 +1502,8 @@ static void graph_run_ops(cuda_ctx *c) {
       cuda_elem_rmsnorm_inv(c, r.x, r.T, r.n, r.eps, c->fold_inv);
       gemv_nf p = {NULL, NULL, NULL, c->fold_inv};
       const gop *q = &ops[i + 1];
-      if (nf.glu) {
-        link_cnt = link_take(c, ops, i + 1 + nf.m, q[0], q[2]);
-        if (link_cnt) link_at = i + 1 + nf.m;
-        launch_glu<GEMV_LATE>(c, q[0], q[1], q[2], p, link_cnt);
-      } else if (nf.m > 1) launch_multi<GEMV_LATE>(c, q, nf.m, p);
+      if (nf.glu) launch_glu<GEMV_LATE>(c, q[0], q[1], q[2], p);
+      else if (nf.m > 1) launch_multi<GEMV_LATE>(c, q, nf.m, p);
       else gemv_mode<GEMV_LATE>(c, q[0].x, q[0].W->bf, q[0].T, q[0].K, q[0].N, q[0].y, p);
       g->fused += nf.glu ? 2 : nf.m - 1;
       g->norm_folds++;
@@ -1702,9 +1537,7 @@ static void graph_run_ops(cuda_ctx *c) {
     if (g->fuse && gemv_fits(c, o)) {
       gemv_nf plain = {NULL, NULL, NULL, NULL};
       if (glu_at(c, ops, i)) { /* gate, up, swiglu(gate, up) */
-        link_cnt = link_take(c, ops, i + 3, o, ops[i + 2]);
-        if (link_cnt) link_at = i + 3;
-        launch_glu<GEMV_PLAIN>(c, o, ops[i + 1], ops[i + 2], plain, link_cnt);
+        launch_glu<GEMV_PLAIN>(c, o, ops[i + 1], ops[i + 2], plain);
         g->fused += 2;
         i += 3;
         continue;
@@ -2166,11 +1999,6 @@ extern "C" long backend_cuda_norm_folds(backend *be) {
   return g ? g->norm_folds : 0;
 }
 
-extern "C" long backend_cuda_links(backend *be) {
-  cuda_graphs *g = cuda_ctx_of(be)->gr;
-  return g ? g->links : 0;
-}
-
 extern "C" void backend_cuda_graph_stats(backend *be, long out[6]) {
   cuda_graphs *g = cuda_ctx_of(be)->gr;
   out[5] = g ? g->repeats : 0;
@@ -2324,8 +2152,6 @@ extern "C" backend *backend_cuda_create(int device, char *err, size_t errlen) {
     c->narrow = !(nw && strcmp(nw, "0") == 0);
     const char *nfo = getenv("DS_NORM_FOLD"); /* on unless "0" (bench/NOTES.md) */
     c->norm_fold = !(nfo && strcmp(nfo, "0") == 0);
-    const char *lnk = getenv("DS_GEMV_LINK"); /* linked products, on unless "0" */
-    c->gemv_link = !(lnk && strcmp(lnk, "0") == 0);
     const char *gc = getenv("DS_GDN_CHAIN"); /* the DeltaNet decode chain kernel, on unless "0" */
     c->gdn_chain = !(gc && strcmp(gc, "0") == 0);
     const char *mg = getenv("DS_MOE_GROUPED"); /* on unless "0" */

@@ -30,10 +30,6 @@ void backend_cuda_graph_stats(backend *be, long out[6]);
  * norm_fold_at; DS_NORM_FOLD=0: none). For tests and benchmarks. */
 long backend_cuda_norm_folds(backend *be);
 
-/* Products the decode-step recorder launched linked to the gate/up/swiglu launch before them
- * (backend_cuda.cu "linked products"; DS_GEMV_LINK=0: none). For tests and benchmarks. */
-long backend_cuda_links(backend *be);
-
 /* One-row greedy steps issued through the lm-head screen (cuda_greedy.cu; replays of a
  * captured step not counted), whether W's int8 copy exists, and the vocabulary rows the screen
  * left to compute exactly, summed over every step since the copy was made (replays included;

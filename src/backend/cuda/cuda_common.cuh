@@ -102,12 +102,6 @@ typedef struct cuda_ctx {
    * norm_fold_at; DS_NORM_FOLD=0: off), the factors of the folded norm's rows */
   int norm_fold;
   float *fold_inv;
-  /* decode steps: the down product reading the gate/up/swiglu output chunk by chunk as it is
-   * finished (backend_cuda.cu "linked products"; DS_GEMV_LINK=0: off); link sets taken by the
-   * step's recorded list (their counters sit at d_meta[0, LINK_WORDS), zeroed by every
-   * set_batch's metadata copy) */
-  int gemv_link;
-  int link_used;
   /* products of <= 64 columns through the narrow kernel (backend_cuda.cu; DS_NARROW=0: off) */
   int narrow;
   /* decode steps: each DeltaNet layer's conv, gates, recurrent step and gated norm as one

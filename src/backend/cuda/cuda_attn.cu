@@ -267,6 +267,9 @@ static int att_gemm(cuda_ctx *c, const bf16 *kp, const bf16 *vp, const bf16 *q, 
 #ifndef ATT_MAXS
 #define ATT_MAXS 16 /* ranges per row at most */
 #endif
+#ifndef ATT_MERGE_UNROLL
+#define ATT_MERGE_UNROLL 1 /* k_attn_merge's loads all at once (0: in a loop, for A/B builds) */
+#endif
 #define ATT_SW 8      /* warps per block */
 #define ATT_MAXG 8    /* q heads per kv head */
 #ifndef ATT_STAGES
@@ -473,14 +476,38 @@ __global__ void k_attn_merge(const float *part, const float *ml, const int32_t *
   int per;
   int ns = att_nsplit(pos[t], split, &per);
   size_t r0 = ((size_t)t * nh + h) * ATT_MAXS;
-  float M = -INFINITY;
+  float M = -INFINITY, L = 0.f, o = 0.f;
+#if ATT_MERGE_UNROLL
+  /* every range's values requested at once (a loop over ns would wait for each load in turn:
+   * ~16 dependent L2 round trips), then the same max and the same sums in the same order */
+  float mz[ATT_MAXS], lz[ATT_MAXS], pz[ATT_MAXS];
+#pragma unroll
+  for (int z = 0; z < ATT_MAXS; z++) {
+    mz[z] = -INFINITY, lz[z] = 0.f, pz[z] = 0.f;
+    if (z < ns) {
+      mz[z] = ml[2 * (r0 + z)];
+      lz[z] = ml[2 * (r0 + z) + 1];
+      if (i < hd) pz[z] = part[(r0 + z) * hd + i];
+    }
+  }
+#pragma unroll
+  for (int z = 0; z < ATT_MAXS; z++)
+    if (z < ns) M = fmaxf(M, mz[z]);
+#pragma unroll
+  for (int z = 0; z < ATT_MAXS; z++)
+    if (z < ns) {
+      float f = __expf(mz[z] - M);
+      L += lz[z] * f;
+      o += pz[z] * f;
+    }
+#else
   for (int z = 0; z < ns; z++) M = fmaxf(M, ml[2 * (r0 + z)]);
-  float L = 0.f, o = 0.f;
   for (int z = 0; z < ns; z++) {
     float f = __expf(ml[2 * (r0 + z)] - M);
     L += ml[2 * (r0 + z) + 1] * f;
     if (i < hd) o += part[(r0 + z) * hd + i] * f;
   }
+#endif
   if (i < hd) {
     size_t oi = ((size_t)t * nh + h) * hd + i;
     bf16 ob = f2bf(o / L);

@@ -496,6 +496,50 @@ await test("seeded_sampling_repeatable", async () => {
   eq(a.choices[0].token_ids, b.choices[0].token_ids, "same seed same tokens");
 });
 
+await test("n_choices", async () => {
+  // completions, seeded sampling: n choices at indexes 0..n-1, choice i sampled with seed + i
+  // (choice 0 = the same request with n = 1), repeatable, the usage summed over the choices
+  const p = { model: NAME, prompt: [1, 2, 3, 4], max_tokens: 8, temperature: 1.0, seed: 77, return_token_ids: true, ignore_eos: true };
+  const a = await oa.completions.create({ ...p, n: 3 });
+  eq(a.choices.length, 3, "3 choices");
+  eq(a.choices.map((c) => c.index), [0, 1, 2], "indexes");
+  const one = await oa.completions.create(p);
+  eq(a.choices[0].token_ids, one.choices[0].token_ids, "choice 0 samples with the request's seed");
+  const b = await oa.completions.create({ ...p, n: 3 });
+  for (let i = 0; i < 3; i++) eq(b.choices[i].token_ids, a.choices[i].token_ids, `choice ${i} repeatable`);
+  assert(new Set(a.choices.map((c) => JSON.stringify(c.token_ids))).size > 1, "seeded choices differ");
+  eq(a.usage.completion_tokens, 24, "completion tokens summed over the choices");
+  eq(a.usage.prompt_tokens, 4, "prompt counted once");
+  // chat, greedy: every choice the same answer; streamed: each index its own deltas, role and finish
+  const q = { model: NAME, messages: user("Name three colors"), max_tokens: 10, temperature: 0, n: 2 };
+  const c = await oa.chat.completions.create(q);
+  eq(c.choices.map((x) => x.index), [0, 1], "chat indexes");
+  eq(c.choices[1].message.content, c.choices[0].message.content, "greedy choices agree");
+  const stream = await oa.chat.completions.create({ ...q, stream: true, stream_options: { include_usage: true } });
+  const text = ["", ""], fin = [null, null];
+  let usage = null, roles = 0;
+  for await (const ch of stream) {
+    if (ch.usage) usage = ch.usage;
+    for (const x of ch.choices || []) {
+      if (x.delta && x.delta.role) roles++;
+      if (x.delta && x.delta.content) text[x.index] += x.delta.content;
+      if (x.finish_reason) {
+        assert(fin[x.index] === null, `one finish_reason for choice ${x.index}`);
+        fin[x.index] = x.finish_reason;
+      }
+    }
+  }
+  eq(roles, 2, "a role delta per choice");
+  eq(text, c.choices.map((x) => x.message.content), "streamed text per choice");
+  eq(fin, c.choices.map((x) => x.finish_reason), "finish_reason per choice");
+  assert(usage, "usage chunk");
+  eq(usage.completion_tokens, c.usage.completion_tokens, "stream usage");
+  // a compiled schema is one request's state: n > 1 under json_schema is refused, naming n
+  const r = await post(main, "/v1/chat/completions", { messages: user("x"), n: 2, response_format: { type: "json_schema", json_schema: { schema: { type: "object" } } } });
+  eq(r.status, 400, "n with json_schema");
+  eq(r.json.error.param, "n", "param");
+});
+
 await test("prefix_cache_hits_visible", async () => {
   const msgs = [
     { role: "system", content: "You are a meticulous assistant. ".repeat(12) },
@@ -534,7 +578,8 @@ await test("error_statuses", async () => {
     ["top_p > 1", "/v1/chat/completions", { messages: M, top_p: 1.5 }, 400],
     ["negative temperature", "/v1/chat/completions", { messages: M, temperature: -0.5 }, 400],
     ["temperature string NaN", "/v1/chat/completions", { messages: M, temperature: "NaN" }, 400],
-    ["n = 2", "/v1/chat/completions", { messages: M, n: 2 }, 400],
+    ["n = 0", "/v1/chat/completions", { messages: M, n: 0 }, 400],
+    ["n = 65", "/v1/chat/completions", { messages: M, n: 65 }, 400],
     ["token id out of range", "/v1/completions", { prompt: [1, 2, 99999999] }, 400],
     ["negative token id", "/v1/completions", { prompt: [1, -2] }, 400],
     ["stop id out of range", "/v1/completions", { prompt: [1], stop_token_ids: [99999999] }, 400],

@@ -33,6 +33,7 @@ TEST(chat_defaults) {
   REQUIRE(parse(OPENAI_KIND_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}",
                 &r, &e) == 0);
   EXPECT_STR(r.model, "m");
+  EXPECT_EQ_INT(r.n, 1);
   EXPECT_EQ_INT(r.stream, 0);
   EXPECT_EQ_INT(r.max_tokens, 0);
   EXPECT(r.sp.temperature == 1.0f);
@@ -55,7 +56,7 @@ TEST(chat_all_fields) {
       "\"stream\":true,\"stream_options\":{\"include_usage\":true},\"max_completion_tokens\":7,"
       "\"max_tokens\":99,\"temperature\":0,\"top_p\":0.5,\"top_k\":3,\"min_p\":0.1,"
       "\"presence_penalty\":0.5,\"frequency_penalty\":-0.5,\"repetition_penalty\":1.1,\"seed\":42,"
-      "\"stop\":[\"END\",\"\"],\"stop_token_ids\":[5,6],\"ignore_eos\":true,\"n\":1,"
+      "\"stop\":[\"END\",\"\"],\"stop_token_ids\":[5,6],\"ignore_eos\":true,\"n\":3,"
       "\"logprobs\":true,\"top_logprobs\":3,\"cache_salt\":\"t1\","
       "\"chat_template_kwargs\":{\"enable_thinking\":false},"
       "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"get\",\"parameters\":{}}}],"
@@ -64,6 +65,7 @@ TEST(chat_all_fields) {
   openai_error e;
   REQUIRE(parse(OPENAI_KIND_CHAT, body, &r, &e) == 0);
   EXPECT_EQ_INT(r.stream, 1);
+  EXPECT_EQ_INT(r.n, 3);
   EXPECT_EQ_INT(r.include_usage, 1);
   EXPECT_EQ_INT(r.max_tokens, 7);
   EXPECT(r.sp.temperature == 0.0f);
@@ -143,7 +145,10 @@ TEST(chat_errors) {
   EXPECT(rejects(C, "{" M ",\"max_tokens\":-5}", 400, "max_tokens"));
   EXPECT(rejects(C, "{" M ",\"max_completion_tokens\":0}", 400, "max_completion_tokens"));
   EXPECT(rejects(C, "{" M ",\"max_tokens\":\"10\"}", 400, "max_tokens"));
-  EXPECT(rejects(C, "{" M ",\"n\":2}", 400, "n"));
+  EXPECT(rejects(C, "{" M ",\"n\":0}", 400, "n"));
+  EXPECT(rejects(C, "{" M ",\"n\":65}", 400, "n"));
+  EXPECT(rejects(C, "{" M ",\"n\":1.5}", 400, "n"));
+  EXPECT(rejects(C, "{" M ",\"best_of\":3}", 400, "best_of"));
   EXPECT(rejects(C, "{" M ",\"stream\":\"yes\"}", 400, "stream"));
   EXPECT(rejects(C, "{" M ",\"stop\":5}", 400, "stop"));
   EXPECT(rejects(C, "{" M ",\"stop\":[\"a\",1]}", 400, "stop"));
@@ -218,6 +223,12 @@ TEST(chat_format_and_bias) {
   EXPECT(r.json_object == 1 && r.schema != NULL);
   openai_request_free(&r);
   EXPECT(r.schema == NULL);
+  /* a compiled schema is one request's state: several choices under one are refused */
+  EXPECT(rejects(OPENAI_KIND_CHAT,
+                 "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"n\":2,"
+                 "\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"schema\":"
+                 "{\"type\":\"object\"}}}}",
+                 400, "n"));
   const char *bad_schema[] = {
       ("{\"prompt\":\"x\",\"response_format\":{\"type\":\"json_schema\"}}"),
       ("{\"prompt\":\"x\",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":"

@@ -202,9 +202,11 @@ static int parse_sampling(const json_t *o, openai_request *r, openai_error *err)
     }
   }
 
+  /* n: choices sampled from the one prompt (each its own engine request; the prefix cache
+   * computes the prompt once) */
   x = 1;
-  if (get_int(o, "n", -(1LL << 40), 1LL << 40, &x, NULL, err)) return -1;
-  if (x != 1) return BAD("n", "only n = 1 is supported, got %lld", x);
+  if (get_int(o, "n", 1, OPENAI_MAX_N, &x, NULL, err)) return -1;
+  r->n = (int)x;
   const json_t *best_of = json_object_get(o, "best_of");
   if (best_of && !json_is_null(best_of) &&
       !(json_is_integer(best_of) && json_integer_value(best_of) == 1))
@@ -234,6 +236,8 @@ static int parse_sampling(const json_t *o, openai_request *r, openai_error *err)
                    ? BAD("response_format", "response_format json_schema: %s", why)
                    : openai_error_set(err, 500, "server_error", NULL, "out of memory");
       r->json_object = 1;
+      if (r->n > 1) /* the compiled schema is one request's state */
+        return BAD("n", "n > 1 with response_format json_schema is not supported");
     } else if (strcmp(ty, "text")) {
       return BAD("response_format",
                  "response_format type '%s' is not supported: 'text', 'json_object' or "

@@ -43,12 +43,14 @@ int openai_error_set(openai_error *e, int status, const char *type, const char *
 
 #define OPENAI_MAX_STOP 16
 #define OPENAI_MAX_LOGPROBS 20
+#define OPENAI_MAX_N 64 /* choices per request */
 
 typedef struct openai_request {
   openai_kind kind;
   char *model; /* NULL when absent */
   int stream;
   int include_usage; /* stream_options.include_usage */
+  int n;             /* choices (1..OPENAI_MAX_N; with a seed, choice i samples with seed + i) */
   sampling_params sp; /* every field set; sp.max_tokens == 0 until the server fills it */
   int max_tokens;     /* the client's max_tokens / max_completion_tokens, 0 when absent */
   char *stop[OPENAI_MAX_STOP]; /* stop strings (malloc'd) */

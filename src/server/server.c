@@ -46,6 +46,19 @@ struct server {
 
 enum { STREAM_FIRST, STREAM_RUNNING, STREAM_DONE };
 
+/* One choice of a request: its generation, its sampling parameters (the request's, the seed
+ * offset by the choice's index) and what of it a stream has sent. */
+typedef struct choice {
+  server_gen g;
+  int have_gen;
+  sampling_params sp;
+  openai_stream st; /* chat streams */
+  int have_st;
+  size_t sent_text; /* completions: bytes of g.text sent */
+  int sent_toks;    /* tokens whose ids / logprobs were sent */
+  int finished;     /* a stream sent its finish_reason */
+} choice;
+
 /* One HTTP request (MHD's per-request context). Owner: MHD, freed in on_completed. */
 struct conn {
   server *s;
@@ -53,13 +66,11 @@ struct conn {
   int fd;
   strbuf body;
   int too_large;
-  /* generation */
+  /* generation: the request's choices (req.n of them, each its own engine request) */
   openai_request req;
   int have_req;
-  server_gen g;
-  int have_gen;
-  openai_stream st;
-  int have_st;
+  choice *ch; /* [n_ch] */
+  int n_ch;   /* choices submitted */
   int thinking_open;
   int32_t *prompt_ids; /* owned */
   int n_prompt;
@@ -72,8 +83,6 @@ struct conn {
   /* streaming */
   strbuf out;      /* SSE bytes not yet handed to MHD */
   int phase;       /* STREAM_* */
-  size_t sent_text; /* completions: bytes of g.text sent */
-  int sent_toks;   /* tokens whose ids / logprobs were sent */
   conn *next, *prev; /* in s->active */
   int registered;
   /* disconnect detection (see client_gone) */
@@ -497,28 +506,65 @@ static json_t *ids_array(const int32_t *ids, int n) {
   return a;
 }
 
+/* Usage of the whole request: the prompt once (choice 0's count and cached share), the
+ * completion tokens of every choice. */
 static json_t *usage_of(const conn *cx) {
-  return openai_response_usage(cx->g.prompt_tokens, cx->g.completion_tokens, cx->g.cached_tokens);
+  int completion = 0;
+  for (int i = 0; i < cx->n_ch; i++) completion += cx->ch[i].g.completion_tokens;
+  return openai_response_usage(cx->ch[0].g.prompt_tokens, completion, cx->ch[0].g.cached_tokens);
 }
 
 /* The final error of a generation that did not complete, or 0. */
-static int gen_error(const conn *cx, openai_error *e) {
-  if (cx->g.finish == FINISH_ERROR)
-    return openai_error_set(e, 500, "server_error", NULL, "generation failed: %s", cx->g.err);
-  if (cx->g.finish == FINISH_CANCELLED)
+static int gen_error_of(const conn *cx, const server_gen *g, openai_error *e) {
+  if (g->finish == FINISH_ERROR)
+    return openai_error_set(e, 500, "server_error", NULL, "generation failed: %s", g->err);
+  if (g->finish == FINISH_CANCELLED)
     return openai_error_set(e, 503, "server_error", NULL,
                             atomic_load(&cx->s->stopping) ? "the server is shutting down" : "the request was cancelled");
   return 0;
 }
 
-static enum MHD_Result respond_chat(conn *cx) {
+/* The first failed choice's error, or 0. */
+static int gen_error(const conn *cx, openai_error *e) {
+  for (int i = 0; i < cx->n_ch; i++)
+    if (cx->ch[i].g.done && gen_error_of(cx, &cx->ch[i].g, e)) return -1;
+  return 0;
+}
+
+static int all_done(const conn *cx) {
+  for (int i = 0; i < cx->n_ch; i++)
+    if (!cx->ch[i].g.done) return 0;
+  return 1;
+}
+
+static void cancel_all(conn *cx) {
+  for (int i = 0; i < cx->n_ch; i++)
+    if (cx->ch[i].have_gen) server_gen_cancel(&cx->ch[i].g);
+}
+
+/* One engine event of any choice (server_gen_step's result): with one choice its step; with
+ * several, every unfinished choice's events that are there, else a short wait on the first
+ * unfinished one (so no choice waits long behind another). */
+static int conn_step(conn *cx, int timeout_ms) {
+  if (cx->n_ch == 1) return server_gen_step(&cx->ch[0].g, timeout_ms);
+  int got = 0, first = -1;
+  for (int i = 0; i < cx->n_ch; i++) {
+    if (cx->ch[i].g.done) continue;
+    if (first < 0) first = i;
+    int r = server_gen_step(&cx->ch[i].g, 0);
+    if (r < 0) got = -1;
+    else if (r > 0 && got == 0) got = 1;
+  }
+  if (got || first < 0) return got;
+  return server_gen_step(&cx->ch[first].g, timeout_ms < 5 ? timeout_ms : 5);
+}
+
+static json_t *chat_choice(conn *cx, int i) {
   server *s = cx->s;
-  openai_error e;
-  if (gen_error(cx, &e)) return send_error(cx, &e);
+  const server_gen *g = &cx->ch[i].g;
   chat_parsed p;
   memset(&p, 0, sizeof p);
-  if (chat_parse(cx->g.text.data ? cx->g.text.data : "", cx->thinking_open, cx->req.tools, &p))
-    return fail(cx, 500, "server_error", NULL, "out of memory");
+  if (chat_parse(g->text.data ? g->text.data : "", cx->thinking_open, cx->req.tools, &p)) return NULL;
   int has_calls = p.tool_calls && json_array_size(p.tool_calls) > 0;
   json_t *msg = json_object();
   json_object_set_new(msg, "role", json_string("assistant"));
@@ -530,47 +576,65 @@ static enum MHD_Result respond_chat(conn *cx) {
                       p.reasoning_content ? openai_response_string(p.reasoning_content, strlen(p.reasoning_content))
                                           : json_null());
   if (has_calls) json_object_set_new(msg, "tool_calls", json_incref(p.tool_calls)); /* OpenAI omits it when none */
-  const char *fr = server_gen_finish_name(&cx->g);
+  const char *fr = server_gen_finish_name(g);
   if (has_calls && !strcmp(fr, "stop")) fr = "tool_calls";
   json_t *choice = json_object();
-  json_object_set_new(choice, "index", json_integer(0));
+  json_object_set_new(choice, "index", json_integer(i));
   json_object_set_new(choice, "message", msg);
-  json_object_set_new(choice, "logprobs", cx->req.logprobs ? chat_logprobs(s, &cx->g, 0, cx->g.n_ids) : json_null());
+  json_object_set_new(choice, "logprobs", cx->req.logprobs ? chat_logprobs(s, g, 0, g->n_ids) : json_null());
   json_object_set_new(choice, "finish_reason", json_string(fr));
   json_object_set_new(choice, "stop_reason", json_null());
-  if (cx->req.return_token_ids) {
-    json_object_set_new(choice, "token_ids", ids_array(cx->g.ids, cx->g.n_ids));
-  }
+  if (cx->req.return_token_ids) json_object_set_new(choice, "token_ids", ids_array(g->ids, g->n_ids));
   chat_parsed_free(&p);
+  return choice;
+}
+
+static enum MHD_Result respond_chat(conn *cx) {
+  server *s = cx->s;
+  openai_error e;
+  if (gen_error(cx, &e)) return send_error(cx, &e);
   json_t *o = openai_response_object(cx->id, "chat.completion", cx->created, s->name);
-  json_array_append_new(json_object_get(o, "choices"), choice);
+  for (int i = 0; i < cx->n_ch; i++) {
+    json_t *c = chat_choice(cx, i);
+    if (!c) {
+      json_decref(o);
+      return fail(cx, 500, "server_error", NULL, "out of memory");
+    }
+    json_array_append_new(json_object_get(o, "choices"), c);
+  }
   json_object_set_new(o, "usage", usage_of(cx));
   if (cx->req.return_token_ids) json_object_set_new(o, "prompt_token_ids", ids_array(cx->prompt_ids, cx->n_prompt));
   return send_json(cx, 200, o);
+}
+
+static json_t *completion_choice(conn *cx, int i) {
+  server *s = cx->s;
+  const server_gen *g = &cx->ch[i].g;
+  strbuf text;
+  strbuf_init(&text);
+  if (cx->echo) strbuf_append(&text, cx->echo, cx->echo_len);
+  if (g->text.len) strbuf_append(&text, g->text.data, g->text.len);
+  json_t *choice = json_object();
+  json_object_set_new(choice, "index", json_integer(i));
+  json_object_set_new(choice, "text", openai_response_string(text.data ? text.data : "", text.len));
+  strbuf_free(&text);
+  json_object_set_new(choice, "logprobs",
+                      cx->req.logprobs ? completion_logprobs(s, g, 0, g->n_ids, cx->echo_len) : json_null());
+  json_object_set_new(choice, "finish_reason", json_string(server_gen_finish_name(g)));
+  json_object_set_new(choice, "stop_reason", json_null());
+  if (cx->req.return_token_ids) {
+    json_object_set_new(choice, "token_ids", ids_array(g->ids, g->n_ids));
+    json_object_set_new(choice, "prompt_token_ids", ids_array(cx->prompt_ids, cx->n_prompt));
+  }
+  return choice;
 }
 
 static enum MHD_Result respond_completion(conn *cx) {
   server *s = cx->s;
   openai_error e;
   if (gen_error(cx, &e)) return send_error(cx, &e);
-  strbuf text;
-  strbuf_init(&text);
-  if (cx->echo) strbuf_append(&text, cx->echo, cx->echo_len);
-  if (cx->g.text.len) strbuf_append(&text, cx->g.text.data, cx->g.text.len);
-  json_t *choice = json_object();
-  json_object_set_new(choice, "index", json_integer(0));
-  json_object_set_new(choice, "text", openai_response_string(text.data ? text.data : "", text.len));
-  strbuf_free(&text);
-  json_object_set_new(choice, "logprobs",
-                      cx->req.logprobs ? completion_logprobs(s, &cx->g, 0, cx->g.n_ids, cx->echo_len) : json_null());
-  json_object_set_new(choice, "finish_reason", json_string(server_gen_finish_name(&cx->g)));
-  json_object_set_new(choice, "stop_reason", json_null());
-  if (cx->req.return_token_ids) {
-    json_object_set_new(choice, "token_ids", ids_array(cx->g.ids, cx->g.n_ids));
-    json_object_set_new(choice, "prompt_token_ids", ids_array(cx->prompt_ids, cx->n_prompt));
-  }
   json_t *o = openai_response_object(cx->id, "text_completion", cx->created, s->name);
-  json_array_append_new(json_object_get(o, "choices"), choice);
+  for (int i = 0; i < cx->n_ch; i++) json_array_append_new(json_object_get(o, "choices"), completion_choice(cx, i));
   json_object_set_new(o, "usage", usage_of(cx));
   return send_json(cx, 200, o);
 }
@@ -595,32 +659,34 @@ static json_t *chunk_base(conn *cx) {
                                 cx->created, cx->s->name);
 }
 
-static void chunk_chat(conn *cx, json_t *delta, const char *finish, int tok_from, int tok_to) {
+static void chunk_chat(conn *cx, int i, json_t *delta, const char *finish, int tok_from, int tok_to) {
+  const server_gen *g = &cx->ch[i].g;
   json_t *o = chunk_base(cx);
   json_t *c = json_object();
-  json_object_set_new(c, "index", json_integer(0));
+  json_object_set_new(c, "index", json_integer(i));
   json_object_set_new(c, "delta", delta ? delta : json_object());
-  json_object_set_new(c, "logprobs", cx->req.logprobs && tok_to > tok_from ? chat_logprobs(cx->s, &cx->g, tok_from, tok_to)
+  json_object_set_new(c, "logprobs", cx->req.logprobs && tok_to > tok_from ? chat_logprobs(cx->s, g, tok_from, tok_to)
                                                                            : json_null());
   json_object_set_new(c, "finish_reason", finish ? json_string(finish) : json_null());
   if (cx->req.return_token_ids && tok_to > tok_from)
-    json_object_set_new(c, "token_ids", ids_array(cx->g.ids ? cx->g.ids + tok_from : NULL, tok_to - tok_from));
+    json_object_set_new(c, "token_ids", ids_array(g->ids ? g->ids + tok_from : NULL, tok_to - tok_from));
   json_array_append_new(json_object_get(o, "choices"), c);
   sse_json(cx, o);
 }
 
-static void chunk_completion(conn *cx, const char *text, size_t len, const char *finish, int tok_from, int tok_to,
-                             int first) {
+static void chunk_completion(conn *cx, int i, const char *text, size_t len, const char *finish, int tok_from,
+                             int tok_to, int first) {
+  const server_gen *g = &cx->ch[i].g;
   json_t *o = chunk_base(cx);
   json_t *c = json_object();
-  json_object_set_new(c, "index", json_integer(0));
+  json_object_set_new(c, "index", json_integer(i));
   json_object_set_new(c, "text", openai_response_string(text, len));
   json_object_set_new(c, "logprobs", cx->req.logprobs && tok_to > tok_from
-                                         ? completion_logprobs(cx->s, &cx->g, tok_from, tok_to, cx->echo_len)
+                                         ? completion_logprobs(cx->s, g, tok_from, tok_to, cx->echo_len)
                                          : json_null());
   json_object_set_new(c, "finish_reason", finish ? json_string(finish) : json_null());
   if (cx->req.return_token_ids) {
-    json_object_set_new(c, "token_ids", ids_array(cx->g.ids ? cx->g.ids + tok_from : NULL, tok_to - tok_from));
+    json_object_set_new(c, "token_ids", ids_array(g->ids ? g->ids + tok_from : NULL, tok_to - tok_from));
     if (first) json_object_set_new(c, "prompt_token_ids", ids_array(cx->prompt_ids, cx->n_prompt));
   }
   json_array_append_new(json_object_get(o, "choices"), c);
@@ -633,58 +699,65 @@ static void stream_error(conn *cx, const openai_error *e) {
   cx->phase = STREAM_DONE;
 }
 
-/* Produces the chunks for whatever the generation has now (after one step). */
-static void stream_emit(conn *cx) {
-  server_gen *g = &cx->g;
+/* Choice i's chunks for whatever its generation has now; its finish_reason once it is done. */
+static void stream_emit_choice(conn *cx, int i) {
+  choice *ch = &cx->ch[i];
+  server_gen *g = &ch->g;
   int tok_to = g->n_ids;
-  if (cx->phase == STREAM_FIRST) {
-    if (cx->req.kind == OPENAI_KIND_CHAT) {
-      json_t *d = json_pack("{s:s, s:s}", "role", "assistant", "content", "");
-      chunk_chat(cx, d, NULL, 0, 0);
-    } else if (cx->echo_len || cx->req.return_token_ids) {
-      chunk_completion(cx, cx->echo ? cx->echo : "", cx->echo_len, NULL, 0, 0, 1);
-    }
-    cx->phase = STREAM_RUNNING;
-  }
-  if (g->done) {
-    openai_error e;
-    if (gen_error(cx, &e)) {
-      stream_error(cx, &e);
-      return;
-    }
-  }
   const char *finish = g->done ? server_gen_finish_name(g) : NULL;
   if (cx->req.kind == OPENAI_KIND_CHAT) {
     json_t *deltas = NULL;
     size_t vis = server_gen_visible(g);
-    if (openai_stream_deltas(&cx->st, g->text.data ? g->text.data : "", vis, g->done, &deltas)) {
+    if (openai_stream_deltas(&ch->st, g->text.data ? g->text.data : "", vis, g->done, &deltas)) {
       cx->out.oom = 1;
       return;
     }
-    if (g->done && cx->st.n_tool_calls > 0 && !strcmp(finish, "stop")) finish = "tool_calls";
+    if (g->done && ch->st.n_tool_calls > 0 && !strcmp(finish, "stop")) finish = "tool_calls";
     size_t nd = deltas ? json_array_size(deltas) : 0;
-    if (nd == 0 && (finish || (cx->req.logprobs && tok_to > cx->sent_toks))) {
-      chunk_chat(cx, NULL, finish, cx->sent_toks, tok_to);
-      cx->sent_toks = tok_to;
+    if (nd == 0 && (finish || (cx->req.logprobs && tok_to > ch->sent_toks))) {
+      chunk_chat(cx, i, NULL, finish, ch->sent_toks, tok_to);
+      ch->sent_toks = tok_to;
     }
     /* one chunk per delta: the new tokens' logprobs / ids ride on the first, finish_reason
      * on the last */
     for (size_t k = 0; k < nd; k++) {
-      chunk_chat(cx, json_incref(json_array_get(deltas, k)), k + 1 == nd ? finish : NULL, cx->sent_toks, tok_to);
-      cx->sent_toks = tok_to;
+      chunk_chat(cx, i, json_incref(json_array_get(deltas, k)), k + 1 == nd ? finish : NULL, ch->sent_toks, tok_to);
+      ch->sent_toks = tok_to;
     }
     json_decref(deltas);
   } else {
     size_t vis = server_gen_visible(g);
-    int first = 0;
-    if (vis > cx->sent_text || finish || (tok_to > cx->sent_toks && (cx->req.return_token_ids || cx->req.logprobs))) {
-      chunk_completion(cx, g->text.data ? g->text.data + cx->sent_text : "", vis - cx->sent_text, finish,
-                       cx->sent_toks, tok_to, first);
-      cx->sent_text = vis;
-      cx->sent_toks = tok_to;
+    if (vis > ch->sent_text || finish || (tok_to > ch->sent_toks && (cx->req.return_token_ids || cx->req.logprobs))) {
+      chunk_completion(cx, i, g->text.data ? g->text.data + ch->sent_text : "", vis - ch->sent_text, finish,
+                       ch->sent_toks, tok_to, 0);
+      ch->sent_text = vis;
+      ch->sent_toks = tok_to;
     }
   }
-  if (g->done) {
+  if (g->done) ch->finished = 1;
+}
+
+/* Produces the chunks for whatever the generations have now (after a step). */
+static void stream_emit(conn *cx) {
+  if (cx->phase == STREAM_FIRST) {
+    for (int i = 0; i < cx->n_ch; i++) {
+      if (cx->req.kind == OPENAI_KIND_CHAT) {
+        json_t *d = json_pack("{s:s, s:s}", "role", "assistant", "content", "");
+        chunk_chat(cx, i, d, NULL, 0, 0);
+      } else if (cx->echo_len || cx->req.return_token_ids) {
+        chunk_completion(cx, i, cx->echo ? cx->echo : "", cx->echo_len, NULL, 0, 0, 1);
+      }
+    }
+    cx->phase = STREAM_RUNNING;
+  }
+  openai_error e;
+  if (gen_error(cx, &e)) {
+    stream_error(cx, &e);
+    return;
+  }
+  for (int i = 0; i < cx->n_ch; i++)
+    if (!cx->ch[i].finished) stream_emit_choice(cx, i);
+  if (all_done(cx)) {
     if (cx->req.include_usage) {
       json_t *o = chunk_base(cx);
       json_object_set_new(o, "usage", usage_of(cx));
@@ -704,18 +777,18 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
       stream_emit(cx);
       continue;
     }
-    int r = server_gen_step(&cx->g, 100);
+    int r = conn_step(cx, 100);
     if (client_gone(cx)) {
-      server_gen_cancel(&cx->g);
+      cancel_all(cx);
       return MHD_CONTENT_READER_END_WITH_ERROR;
     }
-    if (r != 0 || cx->g.done) stream_emit(cx);
+    if (r != 0 || all_done(cx)) stream_emit(cx);
     if (cx->probe_due) { /* an SSE comment: a closed client answers it with RST */
       cx->probe_due = 0;
       if (cx->out.len == 0 && cx->phase != STREAM_DONE) strbuf_puts(&cx->out, ": \n\n");
     }
     if (cx->out.oom) {
-      server_gen_cancel(&cx->g);
+      cancel_all(cx);
       return MHD_CONTENT_READER_END_WITH_ERROR;
     }
   }
@@ -744,50 +817,61 @@ static enum MHD_Result handle_generate(conn *cx, openai_kind kind) {
                 "server has not loaded");
   if (atomic_load(&s->stopping)) return fail(cx, 503, "server_error", NULL, "the server is shutting down");
 
-  server_gen_opts go;
-  memset(&go, 0, sizeof go);
-  go.eng = s->m.eng;
-  go.tok = s->m.tok;
-  go.met = s->met;
-  go.prompt = cx->prompt_ids;
-  go.n_prompt = cx->n_prompt;
-  go.boundaries = cx->bounds;
-  go.n_boundaries = cx->n_bounds;
-  go.sp = &cx->req.sp;
-  go.cache_salt = cx->req.cache_salt;
-  go.stop = cx->req.stop;
-  go.n_stop = cx->req.n_stop;
-  go.include_stop_str = cx->req.include_stop_str_in_output;
-  go.skip_special = cx->req.skip_special_tokens;
-  go.eos_ids = s->m.eos_ids;
-  go.n_eos = s->m.n_eos;
-  go.json = cx->req.json_object ? s->m.json : NULL;
-  go.schema = cx->req.schema; /* server_gen_start takes it */
-  cx->req.schema = NULL;
-  engine_status st;
-  char err[200] = "";
-  if (server_gen_start(&cx->g, &go, &st, err, sizeof err)) {
-    switch (st) {
-    case ENGINE_ERR_QUEUE_FULL:
-      return fail(cx, 429, "rate_limit_error", NULL, err[0] ? err : "too many requests are waiting; retry later");
-    case ENGINE_ERR_SHUTDOWN: return fail(cx, 503, "server_error", NULL, "the server is shutting down");
-    case ENGINE_ERR_NOMEM: return fail(cx, 503, "server_error", NULL, err[0] ? err : "out of memory");
-    default: {
-      openai_error_set(&e, 400, "invalid_request_error", sampler_param_of(err), "%s", err[0] ? err : "invalid request");
-      return send_error(cx, &e);
+  int n = cx->req.n > 0 ? cx->req.n : 1;
+  cx->ch = calloc((size_t)n, sizeof *cx->ch);
+  if (!cx->ch) return fail(cx, 503, "server_error", NULL, "out of memory");
+  for (int i = 0; i < n; i++) {
+    choice *ch = &cx->ch[i];
+    ch->sp = cx->req.sp;
+    if (ch->sp.has_seed) ch->sp.seed += (uint64_t)i; /* the choices differ, reproducibly */
+    server_gen_opts go;
+    memset(&go, 0, sizeof go);
+    go.eng = s->m.eng;
+    go.tok = s->m.tok;
+    go.met = s->met;
+    go.prompt = cx->prompt_ids;
+    go.n_prompt = cx->n_prompt;
+    go.boundaries = cx->bounds;
+    go.n_boundaries = cx->n_bounds;
+    go.sp = &ch->sp;
+    go.cache_salt = cx->req.cache_salt;
+    go.stop = cx->req.stop;
+    go.n_stop = cx->req.n_stop;
+    go.include_stop_str = cx->req.include_stop_str_in_output;
+    go.skip_special = cx->req.skip_special_tokens;
+    go.eos_ids = s->m.eos_ids;
+    go.n_eos = s->m.n_eos;
+    go.json = cx->req.json_object ? s->m.json : NULL;
+    go.schema = cx->req.schema; /* server_gen_start takes it (n is 1 with a schema) */
+    cx->req.schema = NULL;
+    engine_status st;
+    char err[200] = "";
+    if (server_gen_start(&ch->g, &go, &st, err, sizeof err)) {
+      /* the choices already submitted are released by on_completed */
+      switch (st) {
+      case ENGINE_ERR_QUEUE_FULL:
+        return fail(cx, 429, "rate_limit_error", NULL, err[0] ? err : "too many requests are waiting; retry later");
+      case ENGINE_ERR_SHUTDOWN: return fail(cx, 503, "server_error", NULL, "the server is shutting down");
+      case ENGINE_ERR_NOMEM: return fail(cx, 503, "server_error", NULL, err[0] ? err : "out of memory");
+      default: {
+        openai_error_set(&e, 400, "invalid_request_error", sampler_param_of(err), "%s", err[0] ? err : "invalid request");
+        return send_error(cx, &e);
+      }
+      }
     }
-    }
+    ch->have_gen = 1;
+    cx->n_ch = i + 1;
   }
-  cx->have_gen = 1;
   active_add(s, cx);
   openai_response_new_id(cx->id, sizeof cx->id, kind == OPENAI_KIND_CHAT ? "chatcmpl-" : "cmpl-");
   cx->created = (long long)time(NULL);
 
   if (cx->req.stream) {
-    if (kind == OPENAI_KIND_CHAT) {
-      openai_stream_init(&cx->st, cx->thinking_open, cx->req.tools);
-      cx->have_st = 1;
-    }
+    if (kind == OPENAI_KIND_CHAT)
+      for (int i = 0; i < n; i++) {
+        openai_stream_init(&cx->ch[i].st, cx->thinking_open, cx->req.tools);
+        cx->ch[i].have_st = 1;
+      }
     strbuf_init(&cx->out);
     cx->phase = STREAM_FIRST;
     struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_reader, cx, NULL);
@@ -798,11 +882,11 @@ static enum MHD_Result handle_generate(conn *cx, openai_kind kind) {
     MHD_destroy_response(r);
     return ret;
   }
-  while (!cx->g.done) {
-    server_gen_step(&cx->g, 100);
+  while (!all_done(cx)) {
+    conn_step(cx, 100);
     if (client_gone(cx)) {
-      server_gen_cancel(&cx->g);
-      return MHD_NO; /* MHD closes the connection; on_completed releases the request */
+      cancel_all(cx);
+      return MHD_NO; /* MHD closes the connection; on_completed releases the requests */
     }
     probe_interim(cx);
   }
@@ -1088,8 +1172,11 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
   conn *cx = *con_cls;
   if (!cx) return;
   active_remove(s, cx);
-  if (cx->have_gen) server_gen_free(&cx->g);
-  if (cx->have_st) openai_stream_free(&cx->st);
+  for (int i = 0; cx->ch && i < cx->n_ch; i++) {
+    if (cx->ch[i].have_gen) server_gen_free(&cx->ch[i].g);
+    if (cx->ch[i].have_st) openai_stream_free(&cx->ch[i].st);
+  }
+  free(cx->ch);
   if (cx->have_req) openai_request_free(&cx->req);
   strbuf_free(&cx->body);
   strbuf_free(&cx->out);
@@ -1191,7 +1278,7 @@ void server_shutdown(server *s, double grace_s) {
   pthread_mutex_lock(&s->mu);
   int n = 0;
   for (conn *cx = s->active; cx; cx = cx->next) {
-    server_gen_cancel(&cx->g);
+    cancel_all(cx);
     n++;
   }
   pthread_mutex_unlock(&s->mu);

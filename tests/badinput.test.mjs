@@ -41,8 +41,10 @@ function okShape(route, r, streamed) {
   if (streamed) return /data: \[DONE\]\s*$/.test(r.text);
   const j = r.json;
   if (!j) return false;
-  if (route === CHAT) return Array.isArray(j.choices) && j.choices.length === 1 && j.choices[0].message && j.usage;
-  if (route === CMPL) return Array.isArray(j.choices) && j.choices.length === 1 && typeof j.choices[0].text === "string" && j.usage;
+  // one choice per requested n (an accepted n > 1 gives choices 0 .. n-1)
+  const choicesOk = (each) => Array.isArray(j.choices) && j.choices.length >= 1 && j.choices.every((c, i) => c.index === i && each(c));
+  if (route === CHAT) return choicesOk((c) => c.message) && j.usage;
+  if (route === CMPL) return choicesOk((c) => typeof c.text === "string") && j.usage;
   if (route === TOK) return Array.isArray(j.tokens) && j.count === j.tokens.length;
   if (route === DETOK) return typeof j.prompt === "string";
   return true;

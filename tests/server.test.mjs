@@ -721,6 +721,23 @@ await test("disconnect_cancels_stream", async () => {
   assert(after > before, `the engine cancelled the request (${before} -> ${after})`);
 });
 
+// With n > 1 a disconnect cancels every choice's engine request.
+await test("disconnect_cancels_every_choice", async () => {
+  const before = (await metrics(main)).vals["deltaserve:engine_requests_cancelled_total"] || 0;
+  const ac = new AbortController();
+  const stream = await oa.completions.create({ model: NAME, prompt: [1, 2, 3], max_tokens: 480, ignore_eos: true, stream: true, n: 3 }, { signal: ac.signal });
+  let got = 0;
+  try {
+    for await (const ch of stream) {
+      got += ch.choices.length;
+      if (got >= 6) ac.abort();
+    }
+  } catch {}
+  await waitIdle(main);
+  const after = (await metrics(main)).vals["deltaserve:engine_requests_cancelled_total"];
+  eq(after - before, 3, `the engine cancelled the three choices (${before} -> ${after})`);
+});
+
 // A client that sends its whole request and then shuts down its sending side (shutdown(SHUT_WR),
 // `nc -N`) still reads: it gets the full answer, and nothing is cancelled.
 await test("half_close_still_answered", async () => {

@@ -534,6 +534,13 @@ await test("n_choices", async () => {
   eq(fin, c.choices.map((x) => x.finish_reason), "finish_reason per choice");
   assert(usage, "usage chunk");
   eq(usage.completion_tokens, c.usage.completion_tokens, "stream usage");
+  // a prompt long enough to be checkpointed is computed once: the other choices restore it
+  const computed = async () => (await metrics(main)).vals["deltaserve:prompt_tokens_computed_total"] || 0;
+  const c0 = await computed();
+  const long = await oa.completions.create({ model: NAME, prompt: Array.from({ length: 300 }, (_, i) => 2000 + i), max_tokens: 2, n: 4, temperature: 0 });
+  eq(long.choices.length, 4, "4 choices of a long prompt");
+  const dc = (await computed()) - c0;
+  assert(dc >= 300 && dc < 2 * 300, `n = 4 of a 300-token prompt computed ${dc} prompt tokens`);
   // a compiled schema is one request's state: n > 1 under json_schema is refused, naming n
   const r = await post(main, "/v1/chat/completions", { messages: user("x"), n: 2, response_format: { type: "json_schema", json_schema: { schema: { type: "object" } } } });
   eq(r.status, 400, "n with json_schema");

@@ -149,6 +149,31 @@ TEST(chat_errors) {
   EXPECT(rejects(C, "{" M ",\"n\":65}", 400, "n"));
   EXPECT(rejects(C, "{" M ",\"n\":1.5}", 400, "n"));
   EXPECT(rejects(C, "{" M ",\"best_of\":3}", 400, "best_of"));
+  /* fields that would change the output are refused by name, never ignored */
+  EXPECT(rejects(C, "{" M ",\"min_tokens\":5}", 400, "min_tokens"));
+  EXPECT(rejects(C, "{" M ",\"prompt_logprobs\":1}", 400, "prompt_logprobs"));
+  EXPECT(rejects(C, "{" M ",\"guided_json\":{}}", 400, "guided_json"));
+  EXPECT(rejects(C, "{" M ",\"guided_choice\":[\"a\"]}", 400, "guided_choice"));
+  EXPECT(rejects(C, "{" M ",\"use_beam_search\":true}", 400, "use_beam_search"));
+  EXPECT(rejects(C, "{" M ",\"bad_words\":[\"x\"]}", 400, "bad_words"));
+  EXPECT(rejects(C, "{" M ",\"functions\":[{\"name\":\"f\"}]}", 400, "functions"));
+  EXPECT(rejects(C, "{" M ",\"function_call\":\"auto\"}", 400, "function_call"));
+  EXPECT(rejects(C, "{" M ",\"modalities\":[\"text\",\"audio\"]}", 400, "modalities"));
+  EXPECT(rejects(C, "{" M ",\"audio\":{\"voice\":\"x\"}}", 400, "audio"));
+  {
+    /* ...but their no-op values, and fields that change nothing generated, are accepted */
+    const char *ok[] = {"{" M ",\"min_tokens\":0,\"use_beam_search\":false,\"bad_words\":[],"
+                        "\"prompt_logprobs\":null,\"functions\":null,\"modalities\":[\"text\"]}",
+                        "{" M ",\"user\":\"u\",\"metadata\":{\"a\":\"b\"},\"store\":false,"
+                        "\"service_tier\":\"auto\",\"parallel_tool_calls\":true}"};
+    for (int i = 0; i < 2; i++) {
+      openai_request r;
+      openai_error e;
+      int rc = parse(C, ok[i], &r, &e);
+      EXPECT_MSG(rc == 0, "accepted body %d refused: %s", i, e.message);
+      if (rc == 0) openai_request_free(&r);
+    }
+  }
   EXPECT(rejects(C, "{" M ",\"stream\":\"yes\"}", 400, "stream"));
   EXPECT(rejects(C, "{" M ",\"stop\":5}", 400, "stop"));
   EXPECT(rejects(C, "{" M ",\"stop\":[\"a\",1]}", 400, "stop"));

@@ -65,6 +65,51 @@ static int get_int(const json_t *o, const char *key, long long lo, long long hi,
   return 0;
 }
 
+/* Fields that other servers (OpenAI, vLLM) accept and that would change what is generated:
+ * refused with a 400 naming the field, never silently ignored, when set to anything but their
+ * no-op value (null, and the value given here). Fields that change nothing generated (user,
+ * metadata, store, service_tier, parallel_tool_calls, ...) are ignored. */
+static int refuse_unsupported(const json_t *o, openai_error *err) {
+  static const struct {
+    const char *key, *what;
+    int noop; /* 0: only null; 1: also 0 / false / an empty array */
+  } fields[] = {
+      {"min_tokens", "use stop_token_ids / ignore_eos, or check the length client-side", 1},
+      {"prompt_logprobs", "completions' echo with logprobs gives the prompt's tokens", 0},
+      {"guided_json", "use response_format json_schema", 0},
+      {"guided_regex", "structured output here is response_format json_object / json_schema", 0},
+      {"guided_choice", "use response_format json_schema with an enum", 0},
+      {"guided_grammar", "structured output here is response_format json_object / json_schema", 0},
+      {"structured_outputs", "use response_format json_schema", 0},
+      {"use_beam_search", "sampling only", 1},
+      {"bad_words", "use logit_bias", 1},
+      {"allowed_token_ids", "use logit_bias", 1},
+      {"functions", "use tools", 0},
+      {"function_call", "use tool_choice", 0},
+  };
+  for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
+    const json_t *v = json_object_get(o, fields[i].key);
+    if (!v || json_is_null(v)) continue;
+    if (fields[i].noop && (json_is_false(v) || (json_is_integer(v) && json_integer_value(v) == 0) ||
+                           (json_is_array(v) && json_array_size(v) == 0)))
+      continue;
+    return BAD(fields[i].key, "'%s' is not supported (%s)", fields[i].key, fields[i].what);
+  }
+  const json_t *m = json_object_get(o, "modalities");
+  if (m && !json_is_null(m)) {
+    size_t i;
+    const json_t *x;
+    if (!json_is_array(m)) return BAD("modalities", "'modalities' must be an array");
+    json_array_foreach(m, i, x) {
+      if (!json_is_string(x) || strcmp(json_string_value(x), "text"))
+        return BAD("modalities", "only the \"text\" modality is supported");
+    }
+  }
+  const json_t *audio = json_object_get(o, "audio");
+  if (audio && !json_is_null(audio)) return BAD("audio", "'audio' output is not supported");
+  return 0;
+}
+
 static int get_str(const json_t *o, const char *key, char **out, openai_error *err) {
   const json_t *v = json_object_get(o, key);
   if (!v || json_is_null(v)) return 0;
@@ -202,6 +247,7 @@ static int parse_sampling(const json_t *o, openai_request *r, openai_error *err)
     }
   }
 
+  if (refuse_unsupported(o, err)) return -1;
   /* n: choices sampled from the one prompt (each its own engine request; the prefix cache
    * computes the prompt once) */
   x = 1;

@@ -163,7 +163,8 @@ TEST(chat_errors) {
   {
     /* ...but their no-op values, and fields that change nothing generated, are accepted */
     const char *ok[] = {"{" M ",\"min_tokens\":0,\"use_beam_search\":false,\"bad_words\":[],"
-                        "\"prompt_logprobs\":null,\"functions\":null,\"modalities\":[\"text\"]}",
+                        "\"prompt_logprobs\":null,\"functions\":[],\"function_call\":\"none\","
+                        "\"modalities\":[\"text\"]}",
                         "{" M ",\"user\":\"u\",\"metadata\":{\"a\":\"b\"},\"store\":false,"
                         "\"service_tier\":\"auto\",\"parallel_tool_calls\":true}"};
     for (int i = 0; i < 2; i++) {

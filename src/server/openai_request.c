@@ -72,7 +72,7 @@ static int get_int(const json_t *o, const char *key, long long lo, long long hi,
 static int refuse_unsupported(const json_t *o, openai_error *err) {
   static const struct {
     const char *key, *what;
-    int noop; /* 0: only null; 1: also 0 / false / an empty array */
+    int noop; /* 0: only null; 1: also 0 / false / an empty array; 2: also "none" */
   } fields[] = {
       {"min_tokens", "use stop_token_ids / ignore_eos, or check the length client-side", 1},
       {"prompt_logprobs", "completions' echo with logprobs gives the prompt's tokens", 0},
@@ -84,15 +84,16 @@ static int refuse_unsupported(const json_t *o, openai_error *err) {
       {"use_beam_search", "sampling only", 1},
       {"bad_words", "use logit_bias", 1},
       {"allowed_token_ids", "use logit_bias", 1},
-      {"functions", "use tools", 0},
-      {"function_call", "use tool_choice", 0},
+      {"functions", "use tools", 1},
+      {"function_call", "use tool_choice", 2},
   };
   for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
     const json_t *v = json_object_get(o, fields[i].key);
     if (!v || json_is_null(v)) continue;
-    if (fields[i].noop && (json_is_false(v) || (json_is_integer(v) && json_integer_value(v) == 0) ||
-                           (json_is_array(v) && json_array_size(v) == 0)))
+    if (fields[i].noop == 1 && (json_is_false(v) || (json_is_integer(v) && json_integer_value(v) == 0) ||
+                                (json_is_array(v) && json_array_size(v) == 0)))
       continue;
+    if (fields[i].noop == 2 && json_is_string(v) && !strcmp(json_string_value(v), "none")) continue;
     return BAD(fields[i].key, "'%s' is not supported (%s)", fields[i].key, fields[i].what);
   }
   const json_t *m = json_object_get(o, "modalities");

@@ -496,6 +496,26 @@ await test("seeded_sampling_repeatable", async () => {
   eq(a.choices[0].token_ids, b.choices[0].token_ids, "same seed same tokens");
 });
 
+// min_tokens: a token made near-certain by logit_bias and named a stop token ends the output at
+// once without it; with min_tokens 4 (vLLM's rule: no end token while fewer than 4 are out) the
+// first four tokens are anything but it, and the fifth is it.
+await test("min_tokens", async () => {
+  const T = 1234;
+  const p = { model: NAME, prompt: [1, 2, 3, 4], max_tokens: 8, temperature: 0, logit_bias: { [T]: 100 }, stop_token_ids: [T], return_token_ids: true };
+  const a = await oa.completions.create(p);
+  eq(a.choices[0].token_ids, [T], "without min_tokens the stop token comes first");
+  eq(a.choices[0].finish_reason, "stop");
+  const b = await oa.completions.create({ ...p, min_tokens: 4 });
+  const ids = b.choices[0].token_ids;
+  assert(ids.length >= 5, `min_tokens 4 gave ${ids.length} tokens`);
+  assert(ids.slice(0, 4).every((t) => t !== T), `no stop token among the first four: ${ids}`);
+  eq(ids[4], T, "then the stop token at once");
+  eq(b.choices[0].finish_reason, "stop");
+  // with ignore_eos and no stop ids it changes nothing; at most max_tokens
+  const c = await oa.completions.create({ model: NAME, prompt: [1, 2, 3, 4], max_tokens: 5, temperature: 0, min_tokens: 5, ignore_eos: true, return_token_ids: true });
+  eq(c.choices[0].token_ids.length, 5, "min_tokens = max_tokens");
+});
+
 await test("n_choices", async () => {
   // completions, seeded sampling: n choices at indexes 0..n-1, choice i sampled with seed + i
   // (choice 0 = the same request with n = 1), repeatable, the usage summed over the choices
@@ -587,7 +607,7 @@ await test("error_statuses", async () => {
     ["temperature string NaN", "/v1/chat/completions", { messages: M, temperature: "NaN" }, 400],
     ["n = 0", "/v1/chat/completions", { messages: M, n: 0 }, 400],
     ["n = 65", "/v1/chat/completions", { messages: M, n: 65 }, 400],
-    ["min_tokens (would change the output: refused, not ignored)", "/v1/chat/completions", { messages: M, min_tokens: 3 }, 400],
+    ["min_tokens above max_tokens", "/v1/chat/completions", { messages: M, max_tokens: 2, min_tokens: 3 }, 400],
     ["legacy functions", "/v1/chat/completions", { messages: M, functions: [{ name: "f", parameters: { type: "object" } }] }, 400],
     ["guided_json", "/v1/completions", { prompt: "x", guided_json: { type: "object" } }, 400],
     ["token id out of range", "/v1/completions", { prompt: [1, 2, 99999999] }, 400],

@@ -56,7 +56,7 @@ TEST(chat_all_fields) {
       "\"stream\":true,\"stream_options\":{\"include_usage\":true},\"max_completion_tokens\":7,"
       "\"max_tokens\":99,\"temperature\":0,\"top_p\":0.5,\"top_k\":3,\"min_p\":0.1,"
       "\"presence_penalty\":0.5,\"frequency_penalty\":-0.5,\"repetition_penalty\":1.1,\"seed\":42,"
-      "\"stop\":[\"END\",\"\"],\"stop_token_ids\":[5,6],\"ignore_eos\":true,\"n\":3,"
+      "\"stop\":[\"END\",\"\"],\"stop_token_ids\":[5,6],\"ignore_eos\":true,\"n\":3,\"min_tokens\":2,"
       "\"logprobs\":true,\"top_logprobs\":3,\"cache_salt\":\"t1\","
       "\"chat_template_kwargs\":{\"enable_thinking\":false},"
       "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"get\",\"parameters\":{}}}],"
@@ -66,6 +66,7 @@ TEST(chat_all_fields) {
   REQUIRE(parse(OPENAI_KIND_CHAT, body, &r, &e) == 0);
   EXPECT_EQ_INT(r.stream, 1);
   EXPECT_EQ_INT(r.n, 3);
+  EXPECT_EQ_INT(r.sp.min_tokens, 2);
   EXPECT_EQ_INT(r.include_usage, 1);
   EXPECT_EQ_INT(r.max_tokens, 7);
   EXPECT(r.sp.temperature == 0.0f);
@@ -150,7 +151,9 @@ TEST(chat_errors) {
   EXPECT(rejects(C, "{" M ",\"n\":1.5}", 400, "n"));
   EXPECT(rejects(C, "{" M ",\"best_of\":3}", 400, "best_of"));
   /* fields that would change the output are refused by name, never ignored */
-  EXPECT(rejects(C, "{" M ",\"min_tokens\":5}", 400, "min_tokens"));
+  EXPECT(rejects(C, "{" M ",\"min_tokens\":-1}", 400, "min_tokens"));
+  EXPECT(rejects(C, "{" M ",\"min_tokens\":2,\"response_format\":{\"type\":\"json_object\"}}", 400,
+                 "min_tokens"));
   EXPECT(rejects(C, "{" M ",\"prompt_logprobs\":1}", 400, "prompt_logprobs"));
   EXPECT(rejects(C, "{" M ",\"guided_json\":{}}", 400, "guided_json"));
   EXPECT(rejects(C, "{" M ",\"guided_choice\":[\"a\"]}", 400, "guided_choice"));

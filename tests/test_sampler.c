@@ -83,6 +83,23 @@ TEST(argmax_rule) {
   p.bias[0] = 1;
   p.n_bias = 1;
   EXPECT(!sampler_is_plain_greedy(&p));
+  p.n_bias = 0;
+  EXPECT(sampler_is_plain_greedy(&p));
+  p.min_tokens = 2; /* the engine masks the end tokens on the host */
+  EXPECT(!sampler_is_plain_greedy(&p));
+}
+
+TEST(min_tokens_range) {
+  sampling_params p;
+  sampling_params_default(&p);
+  char err[128];
+  p.max_tokens = 8;
+  p.min_tokens = 8;
+  EXPECT(sampling_params_validate(&p, err, sizeof err) == 0);
+  p.min_tokens = 9;
+  EXPECT(sampling_params_validate(&p, err, sizeof err) != 0 && !strncmp(err, "min_tokens", 10));
+  p.min_tokens = -1;
+  EXPECT(sampling_params_validate(&p, err, sizeof err) != 0);
 }
 
 TEST(logit_bias) {
@@ -438,6 +455,7 @@ int main(void) {
   RUN(argmax_rule);
   RUN(penalties);
   RUN(logit_bias);
+  RUN(min_tokens_range);
   RUN(logprobs);
   RUN(distributions);
   RUN(seeded);

@@ -347,12 +347,27 @@ struct engine_pool {
   int n_active; /* workers not yet done with the current step */
   engine_job *jobs;
   int n_jobs, n_vocab;
+  const int32_t *eos; /* the model's end tokens (engine_ban_ends) */
+  int n_eos;
   atomic_int next;
   /* the other kind of work: JSON masks to prepare (json_mask_prepare) while the forward runs */
   int prep_mode; /* the current round is mask preparation (set with gen, under mu) */
   json_mask **prep;
   int n_prep;
 };
+
+/* min_tokens: while the request's output is shorter, its end tokens (what engine_is_stop_token
+ * would end it on: stop_ids, and the model's eos unless ignore_eos) get no probability. Not
+ * under a JSON mask, which may leave nothing but an end token (the server refuses the pair). */
+static void engine_ban_ends(const engine_pool *p, const engine_job *jb) {
+  const sampling_params *sp = &jb->r->smp.p;
+  if (jb->jm || request_n_output(jb->r) >= sp->min_tokens) return;
+  for (int i = 0; i < sp->n_stop_ids; i++)
+    if (sp->stop_ids[i] >= 0 && sp->stop_ids[i] < p->n_vocab) jb->lg[sp->stop_ids[i]] = -INFINITY;
+  if (!sp->ignore_eos)
+    for (int i = 0; i < p->n_eos; i++)
+      if (p->eos[i] >= 0 && p->eos[i] < p->n_vocab) jb->lg[p->eos[i]] = -INFINITY;
+}
 
 static void engine_pool_run(engine_pool *p, sampler_scratch *w) {
   for (;;) {
@@ -361,6 +376,7 @@ static void engine_pool_run(engine_pool *p, sampler_scratch *w) {
     engine_job *jb = &p->jobs[j];
     request *r = jb->r;
     if (jb->jm) json_mask_apply(jb->jm, jb->lg, p->n_vocab);
+    engine_ban_ends(p, jb);
     jb->t = sampler_sample(&r->smp, jb->lg, p->n_vocab, r->tokens, r->n_prompt,
                            r->tokens + r->n_prompt, request_n_output(r), w, &jb->res);
   }
@@ -1273,6 +1289,8 @@ engine *engine_create(qwen35 *model, const engine_opts *o, char *err, size_t err
     engine_destroy(e, 0);
     return errf(err, errlen, "out of memory creating the engine"), NULL;
   }
+  e->pool.eos = e->cfg->eos_token_ids;
+  e->pool.n_eos = e->cfg->n_eos;
   if (o->startup_forward && engine_startup_forward(e, mo.n_pages, err, errlen) != 0) {
     engine_destroy(e, 0);
     return NULL;

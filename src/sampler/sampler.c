@@ -33,6 +33,8 @@ int sampling_params_validate(const sampling_params *p, char *err, size_t errlen)
   if (!isfinite(p->frequency_penalty) || p->frequency_penalty < -2 || p->frequency_penalty > 2)
     return errf(err, errlen, "frequency_penalty must be in [-2, 2]");
   if (p->max_tokens < 1) return errf(err, errlen, "max_tokens must be >= 1");
+  if (p->min_tokens < 0 || p->min_tokens > p->max_tokens)
+    return errf(err, errlen, "min_tokens must be in [0, max_tokens = %d]", p->max_tokens);
   if (p->n_stop_ids < 0 || p->n_stop_ids > SAMPLER_MAX_STOP_IDS)
     return errf(err, errlen, "at most %d stop token ids", SAMPLER_MAX_STOP_IDS);
   if (p->top_logprobs < 0 || p->top_logprobs > SAMPLER_MAX_TOP_LOGPROBS)
@@ -261,7 +263,7 @@ int32_t sampler_argmax(const float *x, int n) {
 int sampler_is_plain_greedy(const sampling_params *p) {
   return p->temperature < 1e-5f && p->repetition_penalty == 1.0f &&
          p->presence_penalty == 0.0f && p->frequency_penalty == 0.0f && !p->logprobs &&
-         p->n_bias == 0;
+         p->n_bias == 0 && p->min_tokens == 0;
 }
 
 int32_t sampler_sample(sampler *s, float *logits, int n_vocab, const int32_t *prompt,

@@ -20,6 +20,8 @@ typedef struct sampling_params {
   uint64_t seed;
   int has_seed;
   int max_tokens;   /* >= 1 */
+  int min_tokens;   /* 0..max_tokens: no end token (the model's eos unless ignore_eos, and
+                       stop_ids) is sampled while the output is shorter (engine_ban_ends) */
   int ignore_eos;
   int32_t stop_ids[SAMPLER_MAX_STOP_IDS]; /* extra stop token ids (besides the model's eos) */
   int n_stop_ids;
@@ -92,8 +94,8 @@ void sampler_apply_penalties(const sampling_params *p, float *logits, int n_voca
 int32_t sampler_argmax(const float *x, int n);
 
 /* 1 when sampler_sample's token for p is sampler_argmax of the raw logits and nothing else of
- * the result is filled (greedy, no penalties, no logit_bias, no logprobs): a device argmax may
- * stand in. */
+ * the result is filled (greedy, no penalties, no logit_bias, no logprobs, no min_tokens): a
+ * device argmax may stand in. */
 int sampler_is_plain_greedy(const sampling_params *p);
 
 /* Samples one token from logits[n_vocab] (modified in place: penalties, temperature):

@@ -74,7 +74,6 @@ static int refuse_unsupported(const json_t *o, openai_error *err) {
     const char *key, *what;
     int noop; /* 0: only null; 1: also 0 / false / an empty array; 2: also "none" */
   } fields[] = {
-      {"min_tokens", "use stop_token_ids / ignore_eos, or check the length client-side", 1},
       {"prompt_logprobs", "completions' echo with logprobs gives the prompt's tokens", 0},
       {"guided_json", "use response_format json_schema", 0},
       {"guided_regex", "structured output here is response_format json_object / json_schema", 0},
@@ -208,6 +207,11 @@ static int parse_sampling(const json_t *o, openai_request *r, openai_error *err)
   }
 
   if (get_bool(o, "ignore_eos", &sp->ignore_eos, err)) return -1;
+  /* min_tokens (vLLM): no end token before that many tokens (checked against max_tokens by
+   * sampling_params_validate once the server knows it) */
+  x = 0;
+  if (get_int(o, "min_tokens", 0, 1 << 30, &x, NULL, err)) return -1;
+  sp->min_tokens = (int)x;
 
   /* stop strings */
   const json_t *stop = json_object_get(o, "stop");
@@ -292,6 +296,8 @@ static int parse_sampling(const json_t *o, openai_request *r, openai_error *err)
                  ty);
     }
   }
+  if (r->json_object && sp->min_tokens > 0) /* the mask may leave nothing but an end token */
+    return BAD("min_tokens", "min_tokens with a json_object / json_schema response format is not supported");
   json_t *lb = json_object_get(o, "logit_bias");
   if (lb && !json_is_null(lb)) {
     if (!json_is_object(lb))

@@ -384,8 +384,8 @@ static int prepare_completion(conn *cx, openai_error *e) {
 /* The request field a sampler message is about (its messages start with the field's name). */
 static const char *sampler_param_of(const char *msg) {
   static const char *const names[] = {"temperature", "top_p", "top_k", "min_p", "repetition_penalty",
-                                      "presence_penalty", "frequency_penalty", "max_tokens", "top_logprobs",
-                                      "seed"};
+                                      "presence_penalty", "frequency_penalty", "max_tokens", "min_tokens",
+                                      "top_logprobs", "seed"};
   for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
     size_t n = strlen(names[i]);
     if (!strncmp(msg, names[i], n) && (msg[n] == ' ' || msg[n] == ':' || msg[n] == 0)) return names[i];

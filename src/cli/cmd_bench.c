@@ -109,6 +109,8 @@ typedef struct bench {
   const char *only; /* NULL: everything; "decode" or "prefill": those figures only */
   int only_conc;    /* > 0: of the decode runs only the one at this concurrency (profiling) */
   int decode_repeats; /* measured decode runs per level (the median is reported) */
+  float temperature, top_p; /* every request's sampling (default greedy: 0, 1, 0) */
+  int top_k;
   bench_sizes sz;
   engine_opts user; /* engine flags from the command line */
   int user_kv_tokens, user_max_seqs;
@@ -214,7 +216,11 @@ static int bench_submit(bench *b, int n, int32_t **prompts, const int *lens, int
     so.prompt = prompts[i];
     so.n_prompt = lens[i];
     sampling_params_default(&so.sp);
-    so.sp.temperature = 0.0f;
+    so.sp.temperature = b->temperature;
+    so.sp.top_p = b->top_p;
+    so.sp.top_k = b->top_k;
+    so.sp.seed = 1000 + (uint64_t)i;
+    so.sp.has_seed = 1;
     so.sp.max_tokens = max_tokens;
     so.sp.ignore_eos = 1;
     if (boundary > 0) {
@@ -979,6 +985,11 @@ static int bench_write(bench *b, const char *out, int final, int quiet_missing, 
   json_object_set_new(b->info, "quick", json_boolean(b->quick));
   json_object_set_new(b->info, "complete", json_boolean(final));
   json_object_set_new(b->info, "sizes", bench_sizes_json(&b->sz));
+  json_t *smp = json_object();
+  json_object_set_new(smp, "temperature", json_real(b->temperature));
+  json_object_set_new(smp, "top_p", json_real(b->top_p));
+  json_object_set_new(smp, "top_k", json_integer(b->top_k));
+  json_object_set_new(b->info, "sampling", smp);
   json_object_set_new(b->info, "wall_s", json_real(bench_now() - t_start));
 
   json_t *root = json_object();
@@ -1038,7 +1049,9 @@ static void bench_usage(FILE *f) {
           "    decode sizes or any other N up to %d, reported as decode_tok_s_N; for profiling\n"
           "    one batch size).\n"
           "  --decode-repeats N: measure each decode size N times (1..%d) and report the\n"
-          "    median (every run in info.decode_runs_tok_s).\n",
+          "    median (every run in info.decode_runs_tok_s).\n"
+          "  --temperature T, --top-p P, --top-k K: every request sampled so (seeded; the\n"
+          "    default is greedy); the figures then include the sampling.\n",
           BENCH_MAX_CONC, BENCH_MAX_REPEATS);
 }
 
@@ -1047,6 +1060,7 @@ int cmd_bench(int argc, char **argv) {
   memset(&b, 0, sizeof b);
   b.device = "auto";
   b.decode_repeats = 1;
+  b.top_p = 1.0f;
   b.rng = 0x5EEDBE9C4ULL;
   engine_opts_default(&b.user);
   const char *out = NULL;
@@ -1098,6 +1112,22 @@ int cmd_bench(int argc, char **argv) {
         return 2;
       }
       b.only_conc = (int)c;
+    } else if (!strcmp(a, "--temperature") || !strcmp(a, "--top-p")) {
+      float f = strtof(v, &end);
+      int t = a[2] == 't' && a[3] == 'e';
+      if (*end || end == v || !(f >= 0.0f) || (t ? f > 100.0f : f == 0.0f || f > 1.0f)) {
+        fprintf(stderr, "deltaserve bench: bad %s '%s'\n", a, v);
+        return 2;
+      }
+      if (t) b.temperature = f;
+      else b.top_p = f;
+    } else if (!strcmp(a, "--top-k")) {
+      long k = strtol(v, &end, 10);
+      if (*end || end == v || k < 0 || k > 1 << 24) {
+        fprintf(stderr, "deltaserve bench: bad --top-k '%s'\n", v);
+        return 2;
+      }
+      b.top_k = (int)k;
     } else if (!strcmp(a, "--model")) b.model_dir = v;
     else if (!strcmp(a, "--out")) out = v;
     else if (!strcmp(a, "--device")) b.device = v;

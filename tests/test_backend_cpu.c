@@ -3,6 +3,7 @@
 #include <stdint.h>
 
 #include "backend/cpu/backend_cpu.h"
+#include "sample_cases.h"
 #include "sampler/sampler.h"
 #include "test.h"
 
@@ -496,6 +497,16 @@ TEST(thread_and_batch_invariance) {
   free(x), free(w), free(y1), free(y2);
 }
 
+/* The sample op (sample_rule.h by radix descent) gives the host sampler's ids. */
+TEST(sample_matches_sampler) {
+  int checked = 0, bad = 0;
+  sample_cases_run(be, 37, 64, 0, &checked, &bad);
+  sample_cases_run(be, 4000, 64, 0, &checked, &bad);
+  sample_cases_run(be, 151936, 16, 1, &checked, &bad);
+  EXPECT_MSG(bad == 0, "%d of %d ids differ from the sampler's", bad, checked);
+  EXPECT(checked > 2000);
+}
+
 int main(void) {
   be = backend_cpu_create(2);
   if (!be) return 1;
@@ -507,6 +518,7 @@ int main(void) {
   RUN(logits_rows_and_memory_ops);
   RUN(thread_and_batch_invariance);
   RUN(argmax_matches_sampler);
+  RUN(sample_matches_sampler);
   be->destroy(be);
   TEST_MAIN_END();
 }

@@ -1,5 +1,6 @@
 /* sampler: greedy, penalties (vLLM semantics), logprobs, top-k / top-p / min-p, seeded RNG,
  * parameter validation. Expected values are computed here independently. */
+#include "sampler/sample_rule.h"
 #include "sampler/sampler.h"
 
 #include "test.h"
@@ -293,12 +294,12 @@ TEST(validate) {
   EXPECT(sampling_params_validate(&p, err, sizeof err) == -1);
 }
 
-/* ---- the previous sampling path, kept as the reference for the faster one ---------------
- * Written out here as it was before the radix sort / selection: qsort of the candidates by
- * probability descending (ties to the lowest id), with the same RNG (xoshiro256**, which the
- * reference steps itself on a copy of the sampler's state). */
+/* ---- the rule of sample_rule.h written out plainly, the reference for the fast path ------
+ * qsort of the candidates by probability descending (ties to the lowest id), the masses summed
+ * in that order, the kept set sorted by id for the draw, and the same RNG (xoshiro256**, which
+ * the reference steps itself on a copy of the sampler's state). */
 static uint64_t ref_rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
-static double ref_uniform(uint64_t *r) {
+static uint64_t ref_bits53(uint64_t *r) {
   uint64_t out = ref_rotl(r[1] * 5, 7) * 9, t = r[1] << 17;
   r[2] ^= r[0];
   r[3] ^= r[1];
@@ -306,7 +307,7 @@ static double ref_uniform(uint64_t *r) {
   r[0] ^= r[3];
   r[2] ^= t;
   r[3] = ref_rotl(r[3], 45);
-  return (double)(out >> 11) * 0x1.0p-53;
+  return out >> 11;
 }
 static int ref_cmp_desc(const void *a, const void *b, void *ctx) {
   const float *pr = ctx;
@@ -315,49 +316,46 @@ static int ref_cmp_desc(const void *a, const void *b, void *ctx) {
   if (pr[x] < pr[y]) return 1;
   return x < y ? -1 : x > y;
 }
+static int ref_cmp_id(const void *a, const void *b) {
+  int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+  return (x > y) - (x < y);
+}
 static int32_t ref_sample(const sampling_params *p, uint64_t *rng, float *logits, int n_vocab,
                           float *probs, int32_t *idx) {
   if (p->temperature < 1e-5f) return sampler_argmax(logits, n_vocab);
+  uint64_t u53 = ref_bits53(rng);
   float inv_t = 1.0f / p->temperature;
   float m = -INFINITY;
   for (int i = 0; i < n_vocab; i++)
     if (logits[i] > m) m = logits[i];
   int n = 0;
   for (int i = 0; i < n_vocab; i++) {
-    float q = expf((logits[i] - m) * inv_t);
-    probs[i] = q;
-    if (q > 0 && q >= p->min_p) idx[n++] = i;
+    probs[i] = sample_rule_prob(logits[i], m, inv_t);
+    if (sample_rule_mass(probs[i], p->min_p) > 0) idx[n++] = i;
   }
-  if (n == 0) idx[n++] = 0;
-  int sorted = 0;
-  if (p->top_k > 0 && p->top_k < n) {
-    qsort_r(idx, (size_t)n, sizeof *idx, ref_cmp_desc, probs);
-    sorted = 1;
-    n = p->top_k;
-  }
+  if (n == 0) return sampler_argmax(logits, n_vocab);
+  qsort_r(idx, (size_t)n, sizeof *idx, ref_cmp_desc, probs);
+  if (p->top_k > 0 && p->top_k < n) n = p->top_k;
   if (p->top_p < 1.0f) {
-    if (!sorted) qsort_r(idx, (size_t)n, sizeof *idx, ref_cmp_desc, probs);
-    double total = 0, cum = 0;
-    for (int i = 0; i < n; i++) total += probs[idx[i]];
+    uint64_t total = 0, cum = 0;
+    for (int i = 0; i < n; i++) total += sample_rule_mass(probs[idx[i]], p->min_p);
+    uint64_t target = sample_rule_top_p_target(p->top_p, total);
     int keep = 0;
     while (keep < n) {
-      cum += probs[idx[keep++]];
-      if (cum >= p->top_p * total) break;
+      cum += sample_rule_mass(probs[idx[keep++]], p->min_p);
+      if (cum >= target) break;
     }
     n = keep;
   }
-  double total = 0;
-  for (int i = 0; i < n; i++) total += probs[idx[i]];
-  double u = ref_uniform(rng) * total, cum = 0;
-  int32_t tok = idx[n - 1];
+  qsort(idx, (size_t)n, sizeof *idx, ref_cmp_id);
+  uint64_t total = 0, cum = 0;
+  for (int i = 0; i < n; i++) total += sample_rule_mass(probs[idx[i]], p->min_p);
+  uint64_t r = sample_rule_draw_target(u53, total);
   for (int i = 0; i < n; i++) {
-    cum += probs[idx[i]];
-    if (u < cum) {
-      tok = idx[i];
-      break;
-    }
+    cum += sample_rule_mass(probs[idx[i]], p->min_p);
+    if (cum > r) return idx[i];
   }
-  return tok;
+  return -1;
 }
 
 static uint64_t lcg_state;

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "base/log.h"
+#include "sampler/sample_rule.h"
 
 void sampling_params_default(sampling_params *p) {
   memset(p, 0, sizeof *p);
@@ -71,9 +72,6 @@ static uint64_t sampler_next(sampler *s) {
   r[3] = sampler_rotl(r[3], 45);
   return out;
 }
-
-/* uniform in [0, 1) with 53 random bits */
-static double sampler_uniform(sampler *s) { return (double)(sampler_next(s) >> 11) * 0x1.0p-53; }
 
 void sampler_init(sampler *s, const sampling_params *p, uint64_t fallback_seed) {
   s->p = *p;
@@ -266,59 +264,98 @@ int sampler_is_plain_greedy(const sampling_params *p) {
          p->n_bias == 0 && p->min_tokens == 0;
 }
 
+int sampler_device_ok(const sampling_params *p) {
+  return p->repetition_penalty == 1.0f && p->presence_penalty == 0.0f &&
+         p->frequency_penalty == 0.0f && !p->logprobs && p->n_bias == 0 && p->min_tokens == 0;
+}
+
+void sampler_device_row(sampler *s, int32_t words[SAMPLE_RULE_WORDS]) {
+  const sampling_params *p = &s->p;
+  sample_rule_row r;
+  r.temperature = p->temperature;
+  r.top_k = p->top_k;
+  r.top_p = p->top_p;
+  r.min_p = p->min_p;
+  r.u53 = p->temperature < SAMPLE_RULE_GREEDY_T ? 0 : sampler_next(s) >> 11;
+  sample_rule_pack(&r, words);
+}
+
+static int sampler_cmp_id(const void *a, const void *b) {
+  int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+  return (x > y) - (x < y);
+}
+
+/* sample_rule.h's steps 2-6 over logits (temperature >= SAMPLE_RULE_GREEDY_T). */
+static int32_t sampler_pick(const sampling_params *p, const float *logits, int n_vocab,
+                            uint64_t u53, sampler_scratch *w) {
+  float inv_t = 1.0f / p->temperature;
+  float m = -INFINITY;
+  for (int i = 0; i < n_vocab; i++)
+    if (logits[i] > m) m = logits[i];
+  int n = 0;
+  for (int i = 0; i < n_vocab; i++) {
+    float q = sample_rule_prob(logits[i], m, inv_t);
+    w->probs[i] = q;
+    if (sample_rule_mass(q, p->min_p) > 0) w->idx[n++] = i;
+  }
+  if (n == 0) return sampler_argmax(logits, n_vocab);
+  int sorted = 0;
+  if (p->top_k > 0 && p->top_k < n) {
+    sampler_select_desc(w, n, p->top_k);
+    sorted = 1;
+    n = p->top_k;
+  }
+  if (p->top_p < 1.0f) {
+    if (!sorted) sampler_sort_desc(w, n);
+    sorted = 1;
+    uint64_t total = 0, cum = 0;
+    for (int i = 0; i < n; i++) total += sample_rule_mass(w->probs[w->idx[i]], p->min_p);
+    uint64_t target = sample_rule_top_p_target(p->top_p, total);
+    int keep = 0;
+    while (keep < n) {
+      cum += sample_rule_mass(w->probs[w->idx[keep++]], p->min_p);
+      if (cum >= target) break;
+    }
+    n = keep;
+  }
+  /* the draw, in ascending id order over what is kept */
+  uint64_t total = 0, cum = 0;
+  for (int i = 0; i < n; i++) total += sample_rule_mass(w->probs[w->idx[i]], p->min_p);
+  uint64_t r = sample_rule_draw_target(u53, total);
+  if (sorted && n <= 1024) {
+    qsort(w->idx, (size_t)n, sizeof *w->idx, sampler_cmp_id);
+    sorted = 0;
+  }
+  int32_t tok = -1;
+  if (!sorted) {
+    for (int i = 0; i < n && tok < 0; i++) {
+      cum += sample_rule_mass(w->probs[w->idx[i]], p->min_p);
+      if (cum > r) tok = w->idx[i];
+    }
+  } else { /* many kept: marked, then the vocabulary in order */
+    for (int i = 0; i < n; i++) w->mark[w->idx[i]] = 1;
+    for (int i = 0; i < n_vocab && tok < 0; i++)
+      if (w->mark[i]) {
+        cum += sample_rule_mass(w->probs[i], p->min_p);
+        if (cum > r) tok = i;
+      }
+    for (int i = 0; i < n; i++) w->mark[w->idx[i]] = 0;
+  }
+  CHECK(tok >= 0);
+  return tok;
+}
+
 int32_t sampler_sample(sampler *s, float *logits, int n_vocab, const int32_t *prompt,
                        int n_prompt, const int32_t *output, int n_output, sampler_scratch *w,
                        sampler_result *res) {
   const sampling_params *p = &s->p;
   memset(res, 0, sizeof *res);
   sampler_apply_penalties(p, logits, n_vocab, prompt, n_prompt, output, n_output, w);
-
-  int32_t tok = 0;
-  if (p->temperature < 1e-5f) {
+  int32_t tok;
+  if (p->temperature < SAMPLE_RULE_GREEDY_T)
     tok = sampler_argmax(logits, n_vocab);
-  } else {
-    /* probs before normalisation: exp((x - max) / T); the top token has 1 */
-    float inv_t = 1.0f / p->temperature;
-    float m = -INFINITY;
-    for (int i = 0; i < n_vocab; i++)
-      if (logits[i] > m) m = logits[i];
-    int n = 0;
-    for (int i = 0; i < n_vocab; i++) {
-      float q = expf((logits[i] - m) * inv_t);
-      w->probs[i] = q;
-      if (q > 0 && q >= p->min_p) w->idx[n++] = i; /* min_p relative to the top token */
-    }
-    if (n == 0) w->idx[n++] = 0; /* cannot happen: the max has probability 1 */
-    int sorted = 0;
-    if (p->top_k > 0 && p->top_k < n) {
-      sampler_select_desc(w, n, p->top_k);
-      sorted = 1;
-      n = p->top_k;
-    }
-    if (p->top_p < 1.0f) {
-      if (!sorted) sampler_sort_desc(w, n);
-      double total = 0, cum = 0;
-      for (int i = 0; i < n; i++) total += w->probs[w->idx[i]];
-      int keep = 0;
-      while (keep < n) {
-        cum += w->probs[w->idx[keep++]];
-        if (cum >= p->top_p * total) break;
-      }
-      n = keep;
-    }
-    double total = 0;
-    for (int i = 0; i < n; i++) total += w->probs[w->idx[i]];
-    double u = sampler_uniform(s) * total, cum = 0;
-    tok = w->idx[n - 1];
-    for (int i = 0; i < n; i++) {
-      cum += w->probs[w->idx[i]];
-      if (u < cum) {
-        tok = w->idx[i];
-        break;
-      }
-    }
-    /* logprobs are of the pre-temperature logits, which temperature did not touch */
-  }
+  else /* logprobs are of the pre-temperature logits, which the pick does not touch */
+    tok = sampler_pick(p, logits, n_vocab, sampler_next(s) >> 11, w);
   res->token = tok;
   if (p->logprobs) sampler_logprobs(p, logits, n_vocab, res);
   return tok;

@@ -98,15 +98,25 @@ int32_t sampler_argmax(const float *x, int n);
  * device argmax may stand in. */
 int sampler_is_plain_greedy(const sampling_params *p);
 
-/* Samples one token from logits[n_vocab] (modified in place: penalties, temperature):
- * penalties -> logprobs -> greedy argmax (temperature < 1e-5; ties to the lowest id), or
- * temperature -> min_p -> top_k -> top_p -> one draw from the RNG. Fills res and returns
- * the token. Never allocates. Thread-safe across calls with distinct s, logits and w.
- * top-k selects (histogram, then a sort of the few at the cut) and top-p sorts in O(n)
- * (radix); the candidates' order (probability descending, ties to the lowest id) is the one
- * a comparison sort gave, so the tokens are exactly as before. */
+/* Samples one token from logits[n_vocab] (modified in place: penalties): penalties ->
+ * greedy argmax (temperature < 1e-5; ties to the lowest id), or sample_rule.h's rule
+ * (temperature -> min_p -> top_k -> top_p -> one draw of 53 bits from the RNG) -> logprobs.
+ * Fills res and returns the token. Never allocates. Thread-safe across calls with distinct s,
+ * logits and w. top-k selects (histogram, then a sort of the few at the cut) and top-p sorts
+ * in O(n) (radix); the candidates' order (probability descending, ties to the lowest id) is
+ * the rule's. */
 int32_t sampler_sample(sampler *s, float *logits, int n_vocab, const int32_t *prompt,
                        int n_prompt, const int32_t *output, int n_output, sampler_scratch *w,
                        sampler_result *res);
+
+/* 1 when sampler_sample's token depends on nothing but the logits, the temperature, top_k,
+ * top_p, min_p and the RNG (no penalties, no logit_bias, no logprobs, no min_tokens): a
+ * backend's sample op (backend.h) given sampler_device_row's words picks the same token. */
+int sampler_device_ok(const sampling_params *p);
+
+/* The row's words for a backend sample op (sample_rule_pack: temperature, top_k, top_p, min_p,
+ * the draw's 53 bits), advancing the RNG exactly as sampler_sample would (one draw unless
+ * greedy). */
+void sampler_device_row(sampler *s, int32_t words[6]);
 
 #endif

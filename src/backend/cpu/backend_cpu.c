@@ -15,6 +15,7 @@
 #include "backend/cpu/cpu_gdn.h"
 #include "backend/cpu/cpu_pool.h"
 #include "base/log.h"
+#include "sampler/sample_rule.h"
 
 typedef struct cpu_weight {
   float *d; /* [rows, cols] */
@@ -791,18 +792,23 @@ typedef struct {
 
 /* The scan of sampler_argmax (sampler.h), kept here so the backend does not depend on the
  * sampler: m is always x[tok], so the result is that of  if (x[i] > x[tok]) tok = i. */
+static int32_t am_row(const float *x, int V, float *maxv) {
+  int32_t tok = 0;
+  float m = x[0];
+  for (int i = 1; i < V; i++)
+    if (x[i] > m) {
+      m = x[i];
+      tok = i;
+    }
+  *maxv = m;
+  return tok;
+}
+
 static void am_run(void *v, int64_t b, int64_t e) {
   am_job *j = v;
   for (int64_t r = b; r < e; r++) {
-    const float *x = j->x + r * j->V;
-    int32_t tok = 0;
-    float m = x[0];
-    for (int i = 1; i < j->V; i++)
-      if (x[i] > m) {
-        m = x[i];
-        tok = i;
-      }
-    j->ids[r] = tok;
+    float m;
+    j->ids[r] = am_row(j->x + r * j->V, j->V, &m);
     if (j->maxv) j->maxv[r] = m;
   }
 }
@@ -812,6 +818,106 @@ static void cpu_argmax(backend *be, backend_buf x, int n, int V, backend_buf ids
   if (n <= 0 || V <= 0) return;
   am_job j = {F(x), V, (int32_t *)ids, maxv ? F(maxv) : NULL};
   cpu_pool_run(ctx_of(be)->pool, n, 1, am_run, &j);
+}
+
+/* ---- sample (optional op) ---- */
+
+/* sample_rule.h's rule by the CUDA kernel's method (cuda_sample.cu), so that its steps run on
+ * every CPU test: the keys written over the row, then each cut found by a radix descent over
+ * the keys' four bytes (a count or a mass per digit, the digit where the running sum reaches
+ * the target) and, among equal keys, a scan in id order; the draw a scan in id order. */
+typedef struct {
+  const int32_t *params;
+  float *x;
+  int V;
+  int32_t *ids;
+} smp_job;
+
+/* cut (ka, ia): the candidates up to it in the rule's order; ka == 0: every candidate */
+static int smp_kept(uint32_t k, int32_t i, uint32_t ka, int32_t ia) {
+  return k != 0 && (ka == 0 || sample_rule_before(k, i, ka, ia) || (k == ka && i == ia));
+}
+
+static uint64_t smp_measure(uint32_t k, int mass) {
+  if (!mass) return 1;
+  float q;
+  memcpy(&q, &k, sizeof q);
+  return (uint64_t)sample_rule_mul(q, SAMPLE_RULE_MASS_SCALE);
+}
+
+/* The first kept candidate in the rule's order at which the running count (mass == 0) or mass
+ * reaches target (>= 1, <= the kept sum): its key in *kc, its id returned. */
+static int32_t smp_find(const uint32_t *key, int V, int mass, uint64_t target, uint32_t ka,
+                        int32_t ia, uint32_t *kc) {
+  uint32_t prefix = 0;
+  for (int pass = 0; pass < 4; pass++) {
+    int shift = 24 - 8 * pass;
+    uint64_t hist[256] = {0};
+    for (int i = 0; i < V; i++) {
+      uint32_t k = key[i];
+      if (!smp_kept(k, i, ka, ia) || (pass > 0 && (k >> (shift + 8)) != prefix)) continue;
+      hist[(k >> shift) & 255] += smp_measure(k, mass);
+    }
+    int d = 255;
+    for (; d > 0 && hist[d] < target; d--) target -= hist[d];
+    prefix = prefix << 8 | (uint32_t)d;
+  }
+  *kc = prefix;
+  uint64_t acc = 0;
+  for (int i = 0; i < V; i++)
+    if (key[i] == prefix && smp_kept(key[i], i, ka, ia) && (acc += smp_measure(prefix, mass)) >= target)
+      return i;
+  return -1;
+}
+
+static int32_t smp_row(float *x, int V, const sample_rule_row *p) {
+  float top;
+  int32_t first = am_row(x, V, &top); /* the argmax rule's answer */
+  if (p->temperature < SAMPLE_RULE_GREEDY_T) return first;
+  float inv_t = 1.0f / p->temperature, m = -INFINITY;
+  for (int i = 0; i < V; i++)
+    if (x[i] > m) m = x[i];
+  uint32_t *key = (uint32_t *)x;    /* written over the row */
+  int n = 0;
+  for (int i = 0; i < V; i++) {
+    key[i] = sample_rule_key(sample_rule_prob(x[i], m, inv_t), p->min_p);
+    n += key[i] != 0;
+  }
+  if (n == 0) return first;
+  uint32_t ka = 0;
+  int32_t ia = -1;
+  if (p->top_k > 0 && p->top_k < n) ia = smp_find(key, V, 0, (uint64_t)p->top_k, 0, -1, &ka);
+  if (p->top_p < 1.0f) {
+    uint64_t total = 0;
+    for (int i = 0; i < V; i++)
+      if (smp_kept(key[i], i, ka, ia)) total += smp_measure(key[i], 1);
+    uint32_t kb;
+    ia = smp_find(key, V, 1, sample_rule_top_p_target(p->top_p, total), ka, ia, &kb);
+    ka = kb;
+  }
+  uint64_t total = 0, acc = 0;
+  for (int i = 0; i < V; i++)
+    if (smp_kept(key[i], i, ka, ia)) total += smp_measure(key[i], 1);
+  uint64_t r = sample_rule_draw_target(p->u53, total);
+  for (int i = 0; i < V; i++)
+    if (smp_kept(key[i], i, ka, ia) && (acc += smp_measure(key[i], 1)) > r) return i;
+  return -1;
+}
+
+static void smp_run(void *v, int64_t b, int64_t e) {
+  smp_job *j = v;
+  for (int64_t r = b; r < e; r++) {
+    sample_rule_row p;
+    sample_rule_unpack(j->params + r * SAMPLE_RULE_WORDS, &p);
+    j->ids[r] = smp_row(j->x + r * j->V, j->V, &p);
+  }
+}
+
+static void cpu_sample(backend *be, backend_buf x, int n, int V, backend_buf params,
+                       backend_buf ids) {
+  if (n <= 0 || V <= 0) return;
+  smp_job j = {(const int32_t *)params, F(x), V, (int32_t *)ids};
+  cpu_pool_run(ctx_of(be)->pool, n, 1, smp_run, &j);
 }
 
 /* ---- lifetime ---- */
@@ -878,5 +984,6 @@ backend *backend_cpu_create(int n_threads) {
   be->gated_rmsnorm = cpu_gated_rmsnorm;
   be->logits = cpu_logits;
   be->argmax = cpu_argmax;
+  be->sample = cpu_sample;
   return be;
 }

@@ -77,6 +77,10 @@ static void sp_greedy(sampling_params *sp) {
  * following this schema when set (compiled once per request: the engine takes it) */
 static const json_vocab *RUN_JSON;
 static const char *RUN_SCHEMA;
+/* run_set without the logits callback (its rows may then be sampled by the backend's op), and
+ * the requests of parity RUN_PENALISED (-1: none) with a presence penalty (rows the op cannot
+ * take: their steps are sampled on the host) */
+static int RUN_NO_LOGITS, RUN_PENALISED = -1;
 
 
 /* runs requests idx[0..n) concurrently; returns the number that finished without error */
@@ -92,7 +96,8 @@ static int run_set(rig *g, const int *idx, int n, out *res, const sampling_param
     so.prompt = P[i];
     so.n_prompt = LEN[i];
     if (spo) so.sp = *spo; else sp_greedy(&so.sp);
-    so.on_logits = out_logits;
+    if (RUN_PENALISED >= 0 && i % 2 == RUN_PENALISED) so.sp.presence_penalty = 0.5f;
+    so.on_logits = RUN_NO_LOGITS ? NULL : out_logits;
     so.user = &res[i];
     so.json = RUN_JSON;
     if (RUN_SCHEMA) {
@@ -382,6 +387,64 @@ TEST(sampler_threads_same_tokens) {
   else unsetenv("DS_SAMPLER_THREADS");
 }
 
+/* Sampled steps picked by the backend's sample op (DS_ENGINE_DEVICE_SAMPLE=1; on the CPU
+ * backend, the op's radix descent) give the host sampler's tokens (=0): 16 seeded requests at
+ * once and each alone, three parameter sets (top-k + top-p, top-p + min-p, temperature alone),
+ * and a set where every other request has a presence penalty (its steps go to the host while
+ * such a request runs). The op path is taken (steps counted) exactly when it may be. */
+TEST(device_sample_same_tokens) {
+  const char *name = "DS_ENGINE_DEVICE_SAMPLE", *old = getenv(name);
+  char saved[32] = "";
+  if (old) snprintf(saved, sizeof saved, "%s", old);
+  int all[NREQ];
+  for (int i = 0; i < NREQ; i++) all[i] = i;
+  RUN_NO_LOGITS = 1;
+  for (int set = 0; set < 4; set++) {
+    sampling_params sp;
+    sp_greedy(&sp);
+    sp.temperature = set == 0 ? 0.8f : set == 1 ? 1.0f : 0.7f;
+    sp.top_k = set == 0 ? 40 : 0;
+    sp.top_p = set == 0 ? 0.9f : set == 1 ? 0.95f : 1.0f;
+    sp.min_p = set == 1 ? 0.02f : 0.0f;
+    sp.seed = 500 + (uint64_t)set;
+    sp.has_seed = 1;
+    RUN_PENALISED = set == 3 ? 1 : -1;
+    long long dev_steps[2] = {0, 0};
+    for (int dev = 0; dev < 2; dev++) {
+      setenv(name, dev ? "1" : "0", 1);
+      rig g;
+      REQUIRE(te_up(&g, 8192, 0, 16) == 0);
+      out *o = dev ? GOT : REF;
+      EXPECT_EQ_INT(run_set(&g, all, NREQ, o, &sp), NREQ);
+      if (dev)
+        for (int i = 0; i < NREQ; i++) {
+          int idx = i;
+          EXPECT(run_set(&g, &idx, 1, ALONE, &sp) == 1);
+        }
+      engine_stats st;
+      engine_get_stats(g.e, &st);
+      dev_steps[dev] = st.steps_device_sampled;
+      EXPECT(rig_down(&g));
+    }
+    EXPECT_MSG(dev_steps[0] == 0, "set %d: %lld steps sampled by the op with it off", set,
+               dev_steps[0]);
+    EXPECT_MSG(dev_steps[1] >= (set == 3 ? NREQ / 2 : NREQ * (MAXTOK - 1)),
+               "set %d: only %lld steps sampled by the op", set, dev_steps[1]);
+    int distinct = 0;
+    for (int i = 0; i < NREQ; i++) {
+      EXPECT_EQ_INT(GOT[i].n, MAXTOK);
+      EXPECT_MSG(same(&REF[i], &GOT[i]), "set %d: request %d differs with the op", set, i);
+      EXPECT_MSG(same(&REF[i], &ALONE[i]), "set %d: request %d differs alone", set, i);
+      for (int k = 1; k < GOT[i].n; k++) distinct |= GOT[i].tok[k] != GOT[i].tok[0];
+    }
+    EXPECT_MSG(distinct, "set %d: every request repeats one token", set);
+  }
+  RUN_NO_LOGITS = 0;
+  RUN_PENALISED = -1;
+  if (old) setenv(name, saved, 1);
+  else unsetenv(name);
+}
+
 /* response_format masks: 16 seeded requests (temperature 1) under the JSON-object mask, and
  * under a schema, over a small synthetic vocabulary (id i -> one of 24 JSON-ish byte strings;
  * the model's eos an end token) give the same tokens whether the sampler threads prepare the
@@ -618,6 +681,7 @@ int main(void) {
   RUN(invariance_cache_preempted_budget_37);
   RUN(seeded_sampling_batched);
   RUN(sampler_threads_same_tokens);
+  RUN(device_sample_same_tokens);
   RUN(json_mask_overlap_same_tokens);
   RUN(reject_vs_wait);
   RUN(cancel_from_another_thread);

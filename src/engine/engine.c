@@ -17,8 +17,13 @@
  * Greedy steps: when every row a step samples is plain greedy (no penalties, no logprobs, no
  * logits callback, no JSON mask) and the backend has an argmax op, the tokens are picked on the
  * device and only the ids come back (qwen35_forward_greedy); the same tokens as sampling the
- * downloaded rows. Other steps download the rows into page-locked memory (qwen35_host_alloc).
- * DS_ENGINE_HOST_SAMPLE=1 turns the device path off (for before/after timings);
+ * downloaded rows. Sampled steps: when every sampled row is sampler_device_ok (temperature,
+ * top_k, top_p, min_p, seed; no penalties, logit_bias, logprobs, min_tokens, JSON mask or
+ * callback), the engine draws each row's random bits as its sampler would and the backend's
+ * sample op picks the tokens by sample_rule.h (qwen35_forward_sample): the host sampler's
+ * tokens, n ids downloaded (on device backends; DS_ENGINE_DEVICE_SAMPLE=1 on any backend with
+ * the op, =0 never). Other steps download the rows into page-locked memory (qwen35_host_alloc).
+ * DS_ENGINE_HOST_SAMPLE=1 turns both device paths off (for before/after timings);
  * DS_ENGINE_PROFILE=1 logs where the engine thread's time went, per step, at destroy.
  *
  * Host sampling: the rows of a step are sampled in parallel by a small pool of sampler
@@ -60,6 +65,7 @@
 #include "engine/request.h"
 #include "engine/notifier.h"
 #include "engine/sched.h"
+#include "sampler/sample_rule.h"
 
 /* ---- options -------------------------------------------------------------------------------- */
 
@@ -580,11 +586,17 @@ struct engine {
   int32_t *ids_buf[2];
   request **fl_store[2]; /* [max_num_seqs] each: the flights' rows */
   int device_greedy; /* the model's backend has argmax and DS_ENGINE_HOST_SAMPLE is unset */
+  /* steps whose sampled rows are all sampler_device_ok are sampled by the backend's sample op
+   * (qwen35_forward_sample): the backend has it, DS_ENGINE_HOST_SAMPLE is unset, and the model
+   * is on a device or DS_ENGINE_DEVICE_SAMPLE is set (not "0") */
+  int device_sample;
+  int32_t *words; /* [max_num_seqs, SAMPLE_RULE_WORDS] such a step's rows */
   int mask_overlap;  /* JSON masks prepared during the forward (DS_ENGINE_MASK_OVERLAP) */
   int profile;       /* DS_ENGINE_PROFILE */
   int trace;         /* DS_ENGINE_TRACE: one log line per step (who computes what) */
   long long steps;   /* forward steps run */
   long long steps_ahead; /* of them, issued ahead (engine_flight_step) */
+  long long steps_device_sampled; /* of them, qwen35_forward_sample */
   double prof[5];    /* seconds: schedule, forward (device greedy), forward (logits), sample,
                         postprocess + snapshot */
   long long prof_steps[2]; /* steps with device greedy / with logits */
@@ -731,6 +743,7 @@ static void engine_snapshot(engine *e) {
   s.prefilled_tokens_total = e->prefilled_total;
   s.steps = e->steps;
   s.steps_ahead = e->steps_ahead;
+  s.steps_device_sampled = e->steps_device_sampled;
   s.requests_finished = e->finished;
   s.requests_cancelled = e->cancelled;
   s.requests_failed = e->failed;
@@ -997,6 +1010,19 @@ static int engine_step(engine *e) {
       return engine_flight_step(e);
     }
   }
+  /* every sampled row one the backend's sample op picks exactly as the host would */
+  int dev_sample = !greedy && e->device_sample && n_rows > 0;
+  for (int i = 0; i < b.n && dev_sample; i++) {
+    request *r = b.reqs[i];
+    engine_req *h = r->owner;
+    if (r->sched_sample && (h->on_logits || h->jm || !sampler_device_ok(&r->smp.p)))
+      dev_sample = 0;
+  }
+  e->steps_device_sampled += dev_sample;
+  if (dev_sample) /* the draws, in row order, before the step (as sampler_sample would) */
+    for (int i = 0, row = 0; i < b.n; i++)
+      if (b.reqs[i]->sched_sample)
+        sampler_device_row(&b.reqs[i]->smp, e->words + (size_t)row++ * SAMPLE_RULE_WORDS);
   /* the rows' JSON masks are prepared by the sampler threads while the device computes */
   e->pool.n_prep = 0;
   if (e->mask_overlap && !greedy)
@@ -1009,18 +1035,20 @@ static int engine_step(engine *e) {
   double t1 = e->profile ? engine_now() : 0;
   char err[160];
   int frc = greedy ? qwen35_forward_greedy(e->m, e->seqs, b.n, e->ids, err, sizeof err)
-                   : qwen35_forward(e->m, e->seqs, b.n, e->logits, err, sizeof err);
+            : dev_sample
+                ? qwen35_forward_sample(e->m, e->seqs, b.n, e->words, e->ids, err, sizeof err)
+                : qwen35_forward(e->m, e->seqs, b.n, e->logits, err, sizeof err);
   engine_pool_prep_finish(&e->pool);
   double t2 = e->profile ? engine_now() : 0;
   if (e->profile) {
     e->prof[0] += t1 - t0;
-    e->prof[greedy ? 1 : 2] += t2 - t1;
-    e->prof_steps[greedy ? 0 : 1]++;
+    e->prof[greedy || dev_sample ? 1 : 2] += t2 - t1;
+    e->prof_steps[greedy || dev_sample ? 0 : 1]++;
   }
   if (frc != 0) return engine_fail_step(e, &b, err);
 
   int row = 0, n_jobs = 0;
-  if (!greedy) { /* logits callbacks in row order, then every row sampled (in parallel) */
+  if (!greedy && !dev_sample) { /* logits callbacks in row order, then every row sampled */
     for (int i = 0; i < b.n; i++) {
       request *r = b.reqs[i];
       if (!r->sched_sample) continue;
@@ -1041,7 +1069,7 @@ static int engine_step(engine *e) {
     engine_req *h = r->owner;
     sampler_result res;
     int32_t t;
-    if (greedy) { /* what sampler_sample gives for plain greedy: the token, nothing else */
+    if (greedy || dev_sample) { /* what sampler_sample gives: the token, nothing else */
       memset(&res, 0, sizeof res);
       t = res.token = e->ids[row++];
     } else {
@@ -1274,6 +1302,12 @@ engine *engine_create(qwen35 *model, const engine_opts *o, char *err, size_t err
   }
   e->device_greedy = qwen35_has_argmax(model) && !engine_env_on("DS_ENGINE_HOST_SAMPLE");
   {
+    const char *ds = getenv("DS_ENGINE_DEVICE_SAMPLE");
+    e->device_sample = qwen35_has_sample(model) && !engine_env_on("DS_ENGINE_HOST_SAMPLE") &&
+                       (ds && *ds ? strcmp(ds, "0") != 0 : qwen35_on_device(model));
+  }
+  e->words = malloc((size_t)n_seq * SAMPLE_RULE_WORDS * sizeof *e->words);
+  {
     /* unset: on device backends (a CPU forward needs the cores); "0": off; else on */
     const char *mo = getenv("DS_ENGINE_MASK_OVERLAP");
     e->mask_overlap = mo && *mo ? strcmp(mo, "0") != 0 : qwen35_on_device(model);
@@ -1281,6 +1315,7 @@ engine *engine_create(qwen35 *model, const engine_opts *o, char *err, size_t err
   e->profile = engine_env_on("DS_ENGINE_PROFILE");
   e->trace = engine_env_on("DS_ENGINE_TRACE");
   if (!e->seqs || !e->logits || !e->ids || !e->ids_buf[1] || !e->fl_store[0] || !e->fl_store[1] ||
+      !e->words ||
       kv_pages_init(&e->kp, mo.n_pages) ||
       state_pool_init(&e->sp, n_seq, n_slabs, &ops) || sched_init(&e->s, &so, e->kp, e->sp) ||
       sampler_scratch_init(&e->scratch, e->n_vocab) ||
@@ -1347,8 +1382,8 @@ void engine_destroy(engine *e, int drain) {
   if (e->profile) {
     long long n = e->prof_steps[0] + e->prof_steps[1];
     double d = n > 0 ? 1e3 / (double)n : 0;
-    log_info("engine: profile over %lld steps (%lld device-greedy): per step schedule %.3f ms, "
-             "forward %.3f ms (device greedy %.3f s, logits %.3f s in all), sample %.3f ms, "
+    log_info("engine: profile over %lld steps (%lld device ids): per step schedule %.3f ms, "
+             "forward %.3f ms (device ids %.3f s, logits %.3f s in all), sample %.3f ms, "
              "postprocess %.3f ms",
              n, e->prof_steps[0], e->prof[0] * d, (e->prof[1] + e->prof[2]) * d, e->prof[1],
              e->prof[2], e->prof[3] * d, e->prof[4] * d);
@@ -1357,6 +1392,7 @@ void engine_destroy(engine *e, int drain) {
   if (e->logits) qwen35_host_free(e->m, e->logits);
   if (e->ids) qwen35_host_free(e->m, e->ids);
   if (e->ids_buf[1]) qwen35_host_free(e->m, e->ids_buf[1]);
+  free(e->words);
   free(e->fl_store[0]);
   free(e->fl_store[1]);
   free(e);

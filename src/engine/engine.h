@@ -196,6 +196,7 @@ typedef struct engine_stats {
   long long requests_finished, requests_cancelled, requests_failed, preemptions;
   long long steps; /* forward steps run (DS_ENGINE_TRACE=1 logs each) */
   long long steps_ahead; /* of them, issued before the step before was read (engine.c) */
+  long long steps_device_sampled; /* of them, sampled rows picked by the backend's sample op */
   int kv_pages_total, kv_pages_used, kv_pages_cached;
   int slots_total, slots_used;
   int snapshot_slabs_total, snapshot_slabs_used;

@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "base/log.h"
+#include "sampler/sample_rule.h"
 
 typedef struct q_layer {
   backend_weight input_norm, post_norm;
@@ -48,7 +49,9 @@ struct qwen35 {
   int cap, logits_cap;
   backend_buf x, xn, mix, qg, q, gate, k, v, att, qkv, conv_out, z, bb, aa, beta, g, o, fg, fu;
   backend_buf logits; /* F32 [logits_cap, V] */
-  backend_buf ids;    /* I32 [logits_cap]: the greedy step's token ids (when be->argmax) */
+  backend_buf ids;    /* I32 [logits_cap]: the greedy or sampled step's token ids (when be->argmax
+                         or be->sample) */
+  backend_buf sparams; /* I32 [logits_cap, SAMPLE_RULE_WORDS]: a sampled step's rows (be->sample) */
   /* the last issued step's shape (step_key): a step of the same shape issues the same ops */
   int key[7], key_set;
   unsigned bufs_gen; /* bumped when scratch or logits buffers are reallocated */
@@ -136,13 +139,18 @@ static int ensure_logits(qwen35 *m, int n, char *err, size_t errlen) {
   if (n <= m->logits_cap) return 0;
   m->be->free(m->be, m->logits);
   m->be->free(m->be, m->ids);
-  m->logits = m->ids = NULL;
+  m->be->free(m->be, m->sparams);
+  m->logits = m->ids = m->sparams = NULL;
   m->logits_cap = 0;
   if (alloc_buf(m, &m->logits, BACKEND_KIND_F32, (size_t)n * m->c->vocab_size, err, errlen))
     return -1;
-  if (m->be->argmax && alloc_buf(m, &m->ids, BACKEND_KIND_I32, (size_t)n, err, errlen)) {
+  if (((m->be->argmax || m->be->sample) &&
+       alloc_buf(m, &m->ids, BACKEND_KIND_I32, (size_t)n, err, errlen)) ||
+      (m->be->sample &&
+       alloc_buf(m, &m->sparams, BACKEND_KIND_I32, (size_t)n * SAMPLE_RULE_WORDS, err, errlen))) {
     m->be->free(m->be, m->logits);
-    m->logits = NULL;
+    m->be->free(m->be, m->ids);
+    m->logits = m->ids = NULL;
     return -1;
   }
   m->logits_cap = n;
@@ -320,6 +328,7 @@ void qwen35_free(qwen35 *m) {
   free_scratch(m);
   be->free(be, m->logits);
   be->free(be, m->ids);
+  be->free(be, m->sparams);
   free(m);
 }
 
@@ -374,11 +383,14 @@ static void ffn_block(qwen35 *m, q_layer *L, int i, int T) {
   }
 }
 
-/* Issues one step up to the logits (into m->logits, *n_out_rows rows), or with greedy and the
- * backend's logits_argmax op up to the greedy ids (into m->ids; m->logits then scratch);
- * nothing waited for. */
+/* Issues one step up to the logits (into m->logits, *n_out_rows rows); with mode FWD_GREEDY up
+ * to the greedy ids (into m->ids; m->logits then perhaps scratch), with FWD_SAMPLE up to the
+ * sampled ids of the rows' words in m->sparams (into m->ids; m->logits then scratch); nothing
+ * waited for. */
 /* chained: every piece's token is the previous greedy step's id of the same row (m->ids). */
-static int forward_issue(qwen35 *m, const fwd_seq *seqs, int n_seqs, int greedy, int chained,
+enum { FWD_LOGITS = 0, FWD_GREEDY = 1, FWD_SAMPLE = 2 };
+
+static int forward_issue(qwen35 *m, const fwd_seq *seqs, int n_seqs, int mode, int chained,
                          int *n_out_rows, char *err, size_t errlen) {
   const model_config *c = m->c;
   backend *be = m->be;
@@ -465,7 +477,7 @@ static int forward_issue(qwen35 *m, const fwd_seq *seqs, int n_seqs, int greedy,
    * step before issues the same ops with the same arguments (the rows' tokens, positions and
    * pages reach the ops only through set_batch), so the backend may run that step's ops again
    * instead of taking them one by one (step_repeat). */
-  int key[7] = {T, n_seqs, n_out, greedy, any_prefill, any_decode, (int)m->bufs_gen};
+  int key[7] = {T, n_seqs, n_out, mode, any_prefill, any_decode, (int)m->bufs_gen};
   int same = m->key_set && !memcmp(key, m->key, sizeof key);
   memcpy(m->key, key, sizeof key);
   m->key_set = 1;
@@ -485,6 +497,7 @@ static int forward_issue(qwen35 *m, const fwd_seq *seqs, int n_seqs, int greedy,
     ffn_block(m, L, i, T);
   }
   be->add(be, m->x, m->mix, (size_t)T * H);
+  int greedy = mode == FWD_GREEDY;
   if (n_out > 0 && greedy && be->logits_argmax)
     be->logits_argmax(be, m->x, m->final_norm, eps, m->lm_head, H, c->vocab_size, m->logits,
                       m->ids);
@@ -492,6 +505,8 @@ static int forward_issue(qwen35 *m, const fwd_seq *seqs, int n_seqs, int greedy,
     be->logits(be, m->x, m->final_norm, eps, m->lm_head, H, c->vocab_size, m->logits);
   if (n_out > 0 && greedy && !be->logits_argmax)
     be->argmax(be, m->logits, n_out, c->vocab_size, m->ids, NULL);
+  if (n_out > 0 && mode == FWD_SAMPLE)
+    be->sample(be, m->logits, n_out, c->vocab_size, m->sparams, m->ids);
   return 0;
 }
 
@@ -500,7 +515,7 @@ int qwen35_forward(qwen35 *m, const fwd_seq *seqs, int n_seqs, float *logits, ch
   const model_config *c = m->c;
   backend *be = m->be;
   int n_out = 0;
-  if (forward_issue(m, seqs, n_seqs, 0, 0, &n_out, err, errlen)) return -1;
+  if (forward_issue(m, seqs, n_seqs, FWD_LOGITS, 0, &n_out, err, errlen)) return -1;
   int rrc = n_out > 0 && logits
                 ? be->read(be, m->logits, 0, logits, (size_t)n_out * c->vocab_size * sizeof(float))
                 : 0;
@@ -518,9 +533,30 @@ int qwen35_forward_greedy(qwen35 *m, const fwd_seq *seqs, int n_seqs, int32_t *i
   backend *be = m->be;
   if (!be->argmax) return errf(err, errlen, "backend %s has no argmax op", be->name);
   int n_out = 0;
-  if (forward_issue(m, seqs, n_seqs, 1, 0, &n_out, err, errlen)) return -1;
+  if (forward_issue(m, seqs, n_seqs, FWD_GREEDY, 0, &n_out, err, errlen)) return -1;
   /* the read first: its copy is queued behind the step and waited for once (a sync before
    * it would wait for the step, then the copy's own round trip) */
+  int rrc = n_out > 0 ? be->read(be, m->ids, 0, ids, (size_t)n_out * sizeof *ids) : 0;
+  if (be->sync(be, err, errlen)) return -1;
+  if (rrc) return errf(err, errlen, "backend %s: reading token ids failed", be->name);
+  return 0;
+}
+
+int qwen35_has_sample(const qwen35 *m) { return m->be->sample != NULL; }
+
+int qwen35_forward_sample(qwen35 *m, const fwd_seq *seqs, int n_seqs, const int32_t *words,
+                          int32_t *ids, char *err, size_t errlen) {
+  backend *be = m->be;
+  if (!be->sample) return errf(err, errlen, "backend %s has no sample op", be->name);
+  int n = 0;
+  for (int s = 0; s < n_seqs; s++)
+    n += seqs[s].logits == QWEN35_LOGITS_ALL ? seqs[s].n_tokens : seqs[s].logits == QWEN35_LOGITS_LAST;
+  /* the rows' words first: a write waits for what was issued before it, so not after the step */
+  if (n > 0 && ensure_logits(m, n, err, errlen)) return -1;
+  if (n > 0 && be->write(be, m->sparams, 0, words, (size_t)n * SAMPLE_RULE_WORDS * sizeof *words))
+    return errf(err, errlen, "backend %s: writing sampling rows failed", be->name);
+  int n_out = 0;
+  if (forward_issue(m, seqs, n_seqs, FWD_SAMPLE, 0, &n_out, err, errlen)) return -1;
   int rrc = n_out > 0 ? be->read(be, m->ids, 0, ids, (size_t)n_out * sizeof *ids) : 0;
   if (be->sync(be, err, errlen)) return -1;
   if (rrc) return errf(err, errlen, "backend %s: reading token ids failed", be->name);
@@ -537,7 +573,7 @@ int qwen35_greedy_start(qwen35 *m, const fwd_seq *seqs, int n_seqs, int chained,
   if (!qwen35_can_chain(m))
     return errf(err, errlen, "backend %s cannot start a step without waiting", be->name);
   int n_out = 0;
-  if (forward_issue(m, seqs, n_seqs, 1, chained, &n_out, err, errlen)) return -1;
+  if (forward_issue(m, seqs, n_seqs, FWD_GREEDY, chained, &n_out, err, errlen)) return -1;
   *ticket = be->read_start(be, m->ids, 0, ids, (size_t)(n_out > 0 ? n_out : 0) * sizeof *ids);
   if (*ticket < 0) {
     if (be->sync(be, err, errlen) == 0) errf(err, errlen, "backend %s: reading token ids failed",

@@ -1986,6 +1986,11 @@ static void w_logits_argmax(backend *be, backend_buf x, backend_weight norm, flo
   if (!rec_op(be, 16, cu_logits_argmax, x, norm, eps, W, H, V, logits, ids))
     cu_logits_argmax(be, x, norm, eps, W, H, V, logits, ids);
 }
+static void w_sample(backend *be, backend_buf x, int n, int V, backend_buf params,
+                     backend_buf ids) {
+  if (!rec_op(be, 17, cuda_sample_sample, x, n, V, params, ids))
+    cuda_sample_sample(be, x, n, V, params, ids);
+}
 static int cu_logits_argmax_prepare(backend *be, backend_weight W, int H, int V, char *err,
                                     size_t errlen) {
   cuda_ctx *c = cuda_ctx_of(be);
@@ -2208,6 +2213,7 @@ extern "C" backend *backend_cuda_create(int device, char *err, size_t errlen) {
   be->logits = w_logits;
   be->argmax = w_argmax;
   be->logits_argmax = w_logits_argmax;
+  be->sample = w_sample;
   be->logits_argmax_prepare = cu_logits_argmax_prepare;
   be->host_alloc = cu_host_alloc;
   be->host_free = cu_host_free;

@@ -46,6 +46,10 @@ void cuda_gdn_prefill(backend *be, backend_buf ssm, backend_buf qkv, backend_buf
 void cuda_gdn_decode(backend *be, backend_buf ssm, backend_buf qkv, backend_buf beta,
                      backend_buf g, int nk, int nv, int dk, int dv, backend_buf out);
 
+/* cuda_sample.cu */
+void cuda_sample_sample(backend *be, backend_buf x, int n, int V, backend_buf params,
+                        backend_buf ids);
+
 /* cuda_moe.cu */
 void cuda_moe_moe(backend *be, backend_buf x, const backend_moe *m, int T, int H,
                   backend_buf out);

@@ -1,0 +1,252 @@
+/* cuda_sample — sampled token ids on the device (the backend's sample op), by sample_rule.h's
+ * rule, so a sampled decode step downloads n ids instead of n rows of logits and no host thread
+ * sorts a vocabulary (bench/NOTES.md, twentieth session: on the host path a sampled step of 64
+ * rows spent ~8 ms in the download and the sampler).
+ *
+ * One block of 1,024 threads per row:
+ *   1. the argmax rule's id (am_take / am_block, as the argmax op) and m, the largest value;
+ *      a greedy row (temperature < SAMPLE_RULE_GREEDY_T) ends here;
+ *   2. every entry's key (sample_rule_key: q's bits, 0 for a non-candidate) written over the
+ *      row; no candidate: the argmax id;
+ *   3. top_k and top_p cuts, each the first candidate in the rule's order (key descending, id
+ *      ascending) at which a running count or mass reaches a target: a radix descent over the
+ *      key's four bytes (a histogram of count or mass per digit among the entries that match
+ *      the digits chosen so far; the digit where the sum from the top reaches the target), then
+ *      among the entries of that exact key the target's one in id order (smp_ordered);
+ *   4. the draw: r = sample_rule_draw_target(u53, kept mass), the first kept entry in id order
+ *      whose running mass exceeds r (smp_ordered over the whole row).
+ * Every sum is of integers (counts, masses trunc(q 2^40)), so the order in which threads add
+ * does not matter: the ids are those of the host sampler (sampler.c) and of the CPU backend's
+ * op, bit for bit (op test `sample`). The histograms: one copy per lane (no two lanes of a warp
+ * add to one address), strided by 257 words against bank conflicts, summed per digit after. */
+#include <stdint.h>
+
+#include "backend/cuda/backend_cuda.h"
+#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_ops.h"
+#include "sampler/sample_rule.h"
+
+CUDA_KTRACE_TU(cuda_sample_ktrace_bind) /* the kernel-release trace, cuda_ktrace.cu */
+
+#define SMP_THREADS 1024
+#define SMP_WARPS (SMP_THREADS / 32)
+#define SMP_STRIDE 257 /* words per lane's histogram copy */
+#define SMP_SMEM (32 * SMP_STRIDE * 8)
+
+typedef unsigned long long u64;
+
+struct smp_state { /* one block's scalars, in shared memory */
+  u64 part[SMP_WARPS];
+  u64 target;
+  uint32_t prefix;
+  int id;
+  float m;
+  int first;
+};
+
+__device__ __forceinline__ u64 smp_measure(uint32_t k, bool mass) {
+  return mass ? (u64)__fmul_rn(__uint_as_float(k), SAMPLE_RULE_MASS_SCALE) : 1ull;
+}
+
+/* the candidates up to the cut (ka, ia) in the rule's order; ka == 0: every candidate */
+__device__ __forceinline__ bool smp_kept(uint32_t k, int i, uint32_t ka, int ia) {
+  return k != 0 && (ka == 0 || sample_rule_before(k, i, ka, ia) || (k == ka && i == ia));
+}
+
+__device__ __forceinline__ u64 warp_sum_u64(u64 v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+/* The block's sum of v (every thread gets it). */
+__device__ u64 smp_block_sum(u64 v, smp_state *s) {
+  int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+  v = warp_sum_u64(v);
+  __syncthreads();
+  if (lane == 0) s->part[w] = v;
+  __syncthreads();
+  u64 t = 0;
+#pragma unroll 8
+  for (int k = 0; k < SMP_WARPS; k++) t += s->part[k];
+  return t;
+}
+
+/* The first entry in id order at which the running measure of the entries that are kept (and,
+ * with exact, whose key is kc) reaches target (>= 1, <= their sum). Each thread takes one
+ * contiguous run of ids: its sum, an exclusive scan of the sums over the block, then the thread
+ * whose run holds the target walks it. */
+__device__ int smp_ordered(const uint32_t *key, int V, bool mass, u64 target, uint32_t ka, int ia,
+                           bool exact, uint32_t kc, smp_state *s) {
+  int per = (V + SMP_THREADS - 1) / SMP_THREADS, lo = threadIdx.x * per, hi = min(V, lo + per);
+  u64 mine = 0;
+  for (int i = lo; i < hi; i++) {
+    uint32_t k = key[i];
+    if (smp_kept(k, i, ka, ia) && (!exact || k == kc)) mine += smp_measure(k, mass);
+  }
+  int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+  u64 incl = mine; /* inclusive scan within the warp */
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    u64 y = __shfl_up_sync(0xffffffffu, incl, o);
+    if (lane >= o) incl += y;
+  }
+  __syncthreads();
+  if (lane == 31) s->part[w] = incl;
+  if (threadIdx.x == 0) s->id = -1;
+  __syncthreads();
+  u64 before = 0;
+  for (int k = 0; k < w; k++) before += s->part[k];
+  u64 excl = before + incl - mine;
+  if (mine && excl < target && excl + mine >= target) {
+    u64 acc = excl;
+    for (int i = lo; i < hi; i++) {
+      uint32_t k = key[i];
+      if (smp_kept(k, i, ka, ia) && (!exact || k == kc) && (acc += smp_measure(k, mass)) >= target) {
+        s->id = i;
+        break;
+      }
+    }
+  }
+  __syncthreads();
+  return s->id;
+}
+
+/* The first kept entry in the rule's order at which the running count (mass false) or mass
+ * reaches target: its key in *kc, its id returned. */
+__device__ int smp_find(const uint32_t *key, int V, bool mass, u64 target, uint32_t ka, int ia,
+                        u64 *hist, smp_state *s, uint32_t *kc) {
+  int lane = threadIdx.x & 31;
+  uint32_t prefix = 0;
+  __syncthreads();
+  if (threadIdx.x == 0) s->target = target;
+  for (int pass = 0; pass < 4; pass++) {
+    int shift = 24 - 8 * pass;
+    for (int k = threadIdx.x; k < 32 * SMP_STRIDE; k += SMP_THREADS) hist[k] = 0;
+    __syncthreads();
+    u64 *mine = hist + lane * SMP_STRIDE;
+    for (int i = threadIdx.x; i < V; i += SMP_THREADS) {
+      uint32_t k = key[i];
+      if (!smp_kept(k, i, ka, ia) || (pass > 0 && (k >> (shift + 8)) != prefix)) continue;
+      atomicAdd(&mine[(k >> shift) & 255], smp_measure(k, mass));
+    }
+    __syncthreads();
+    if (threadIdx.x < 256) { /* the 32 copies into copy 0 */
+      u64 t = 0;
+      for (int c = 0; c < 32; c++) t += hist[c * SMP_STRIDE + threadIdx.x];
+      hist[threadIdx.x] = t;
+    }
+    __syncthreads();
+    if (threadIdx.x < 32) { /* lane l holds digits 255 - 8 l .. 248 - 8 l, highest first */
+      u64 h[8], sum = 0;
+#pragma unroll
+      for (int j = 0; j < 8; j++) sum += (h[j] = hist[255 - 8 * lane - j]);
+      u64 incl = sum;
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        u64 y = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += y;
+      }
+      u64 t = s->target;
+      unsigned hit = __ballot_sync(0xffffffffu, incl >= t);
+      int l = hit ? __ffs(hit) - 1 : 31;
+      if (lane == l) {
+        u64 acc = incl - sum;
+        int d = 0;
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+          d = 255 - 8 * lane - j;
+          if (acc + h[j] >= t || d == 0) break;
+          acc += h[j];
+        }
+        s->target = t - acc;
+        s->prefix = prefix << 8 | (uint32_t)d;
+      }
+    }
+    __syncthreads();
+    prefix = s->prefix;
+  }
+  *kc = prefix;
+  u64 t = s->target;
+  return smp_ordered(key, V, mass, t, ka, ia, true, prefix, s);
+}
+
+__global__ void __launch_bounds__(SMP_THREADS)
+    k_sample(float *x, int V, const int32_t *__restrict__ params, int32_t *ids) {
+  pdl_enter();
+  extern __shared__ u64 hist[];
+  __shared__ smp_state s;
+  float *row = x + (size_t)blockIdx.x * V;
+  uint32_t *key = (uint32_t *)row;
+  sample_rule_row p;
+  sample_rule_unpack(params + (size_t)blockIdx.x * SAMPLE_RULE_WORDS, &p);
+
+  /* 1. the argmax rule (k_argmax's scan and reduction) and m */
+  float v = -INFINITY;
+  int i = INT32_MAX;
+  for (int j = threadIdx.x; j < V; j += SMP_THREADS) am_take(v, i, row[j], j);
+  am_block<SMP_THREADS>(v, i);
+  if (threadIdx.x == 0) {
+    s.first = i == INT32_MAX || isnan(row[0]) ? 0 : i;
+    s.m = v;
+  }
+  __syncthreads();
+  if (p.temperature < SAMPLE_RULE_GREEDY_T) {
+    if (threadIdx.x == 0) ids[blockIdx.x] = s.first;
+    return;
+  }
+
+  /* 2. the keys over the row */
+  float m = s.m, inv_t = __fdiv_rn(1.0f, p.temperature);
+  u64 n = 0;
+  for (int j = threadIdx.x; j < V; j += SMP_THREADS) {
+    uint32_t k = sample_rule_key(sample_rule_prob(row[j], m, inv_t), p.min_p);
+    key[j] = k;
+    n += k != 0;
+  }
+  n = smp_block_sum(n, &s); /* its barriers also make the keys visible */
+  if (n == 0) {
+    if (threadIdx.x == 0) ids[blockIdx.x] = s.first;
+    return;
+  }
+
+  /* 3. the cuts */
+  uint32_t ka = 0;
+  int ia = -1;
+  if (p.top_k > 0 && (u64)p.top_k < n) {
+    ia = smp_find(key, V, false, (u64)p.top_k, 0, -1, hist, &s, &ka);
+  }
+  if (p.top_p < 1.0f) {
+    u64 mass = 0;
+    for (int j = threadIdx.x; j < V; j += SMP_THREADS)
+      if (smp_kept(key[j], j, ka, ia)) mass += smp_measure(key[j], true);
+    u64 total = smp_block_sum(mass, &s);
+    u64 t = sample_rule_top_p_target(p.top_p, total);
+    uint32_t kb;
+    ia = smp_find(key, V, true, t, ka, ia, hist, &s, &kb);
+    ka = kb;
+  }
+
+  /* 4. the draw in id order */
+  u64 mass = 0;
+  for (int j = threadIdx.x; j < V; j += SMP_THREADS)
+    if (smp_kept(key[j], j, ka, ia)) mass += smp_measure(key[j], true);
+  u64 total = smp_block_sum(mass, &s);
+  u64 r = sample_rule_draw_target(p.u53, total);
+  int tok = smp_ordered(key, V, true, r + 1, ka, ia, false, 0, &s);
+  if (threadIdx.x == 0) ids[blockIdx.x] = tok;
+}
+
+extern "C" void cuda_sample_sample(backend *be, backend_buf x, int n, int V, backend_buf params,
+                                   backend_buf ids) {
+  cuda_ctx *c = cuda_ctx_of(be);
+  if (n <= 0 || V <= 0) return;
+  static int attr_set;
+  if (!attr_set) {
+    cudaFuncSetAttribute(k_sample, cudaFuncAttributeMaxDynamicSharedMemorySize, SMP_SMEM);
+    attr_set = 1;
+  }
+  k_sample<<<n, SMP_THREADS, SMP_SMEM, c->st>>>((float *)x, V, (const int32_t *)params,
+                                                 (int32_t *)ids);
+  cuda_check_launch(c, "sample");
+}

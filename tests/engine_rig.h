@@ -322,6 +322,59 @@ static inline void rig_ahead_case(const rig_opts *ro, const int32_t *const *prom
   EXPECT_MSG(stopped > 0, "no request stopped mid-output");
 }
 
+/* Sampled steps picked by the backend's sample op against the host sampler: nreq seeded
+ * requests of MAXTOK tokens, alone and all at once, under two parameter sets (top-k + top-p,
+ * min-p + top-p), on engines made by rig_up(ro) with DS_ENGINE_DEVICE_SAMPLE=0 and =1: the same
+ * tokens and finishes; the op ran (and not with 0); the tokens are not all one. */
+static inline void rig_device_sample_case(const rig_opts *ro, const int32_t *const *prompts,
+                                          const int *lens, int nreq) {
+  static rig_out ref[2][RIG_AHEAD_MAXREQ], got[2][RIG_AHEAD_MAXREQ];
+  int all[RIG_AHEAD_MAXREQ];
+  for (int i = 0; i < nreq; i++) all[i] = i;
+  int differ = 0, distinct = 0;
+  long long dev_steps = 0;
+  for (int set = 0; set < 2; set++) {
+    sampling_params sp;
+    sampling_params_default(&sp);
+    sp.temperature = set ? 1.0f : 0.8f;
+    sp.top_k = set ? 0 : 40;
+    sp.top_p = set ? 0.95f : 0.9f;
+    sp.min_p = set ? 0.02f : 0.0f;
+    sp.seed = 4242 + (uint64_t)set;
+    sp.has_seed = 1;
+    sp.max_tokens = MAXTOK;
+    sp.ignore_eos = 1;
+    for (int on = 0; on < 2; on++) {
+      setenv("DS_ENGINE_DEVICE_SAMPLE", on ? "1" : "0", 1);
+      rig_out(*res)[RIG_AHEAD_MAXREQ] = on ? got : ref;
+      rig g;
+      REQUIRE(rig_up(&g, ro) == 0);
+      for (int i = 0; i < nreq; i++) EXPECT(rig_run_plain(&g, prompts, lens, &i, 1, res[0], &sp) == 1);
+      EXPECT_EQ_INT(rig_run_plain(&g, prompts, lens, all, nreq, res[1], &sp), nreq);
+      engine_stats st;
+      engine_get_stats(g.e, &st);
+      if (on) dev_steps += st.steps_device_sampled;
+      else EXPECT_MSG(st.steps_device_sampled == 0, "op off: %lld steps", st.steps_device_sampled);
+      EXPECT(rig_down(&g));
+    }
+    for (int k = 0; k < 2; k++)
+      for (int i = 0; i < nreq; i++) {
+        const rig_out *a = &got[k][i], *b = &ref[k][i];
+        int eq = a->n == b->n && a->finish == b->finish &&
+                 !memcmp(a->tok, b->tok, (size_t)b->n * sizeof(int32_t));
+        differ += !eq;
+        EXPECT_MSG(eq, "set %d %s request %d: the op's tokens differ from the host's", set,
+                   k ? "batched" : "alone", i);
+        for (int t = 1; t < b->n; t++) distinct |= b->tok[t] != b->tok[0];
+      }
+  }
+  unsetenv("DS_ENGINE_DEVICE_SAMPLE");
+  printf("  sampled steps by the op: %lld, %d of %d outputs differ from the host sampler's\n",
+         dev_steps, differ, 4 * nreq);
+  EXPECT_MSG(dev_steps >= 2 * nreq * (MAXTOK - 1), "only %lld steps by the op", dev_steps);
+  EXPECT_MSG(distinct, "every output repeats one token");
+}
+
 /* prompt = shared[0, ns) + suffix of n - ns tokens (seeded), first suffix token forced */
 static inline void prompt_make(int32_t *p, const int32_t *shared, int ns, int n, uint32_t seed,
                         int32_t first) {

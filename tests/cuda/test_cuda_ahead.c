@@ -4,7 +4,8 @@
  * DS_ENGINE_AHEAD=1 as with 0 (engine_rig.h rig_ahead_case: sixteen requests of different
  * prompt lengths alone, all at once, and with a stop token that ends some of them mid-output),
  * with the prefix cache off and on; steps went ahead; every pool checks clean with nothing left
- * held.
+ * held. And sampled requests: the same tokens with the backend's sample op as with the host
+ * sampler (rig_device_sample_case).
  *
  * Environment: DS_REAL_MODEL (default: the tiny fixture tests/fixtures/models/dense_bf16). */
 #include "backend/backend_create.h"
@@ -33,6 +34,16 @@ static void ahead_case(int cache) {
 TEST(ahead_same_tokens) { ahead_case(0); }
 TEST(ahead_same_tokens_cache) { ahead_case(1); }
 
+/* sampled steps: the backend's sample op (cuda_sample.cu) inside the decode graphs gives the
+ * host sampler's tokens */
+TEST(device_sample_same_tokens) {
+  const int32_t *prompts[NREQ];
+  for (int i = 0; i < NREQ; i++) prompts[i] = P[i];
+  rig_opts ro = {0};
+  ro.seqs = NREQ;
+  rig_device_sample_case(&ro, prompts, LEN, NREQ);
+}
+
 int main(void) {
   char err[256];
   log_set_level(LOG_LEVEL_WARN);
@@ -56,6 +67,7 @@ int main(void) {
   V = (size_t)C.vocab_size;
   RUN(ahead_same_tokens);
   RUN(ahead_same_tokens_cache);
+  RUN(device_sample_same_tokens);
   BE->destroy(BE);
   weights_free(&W);
   TEST_MAIN_END();

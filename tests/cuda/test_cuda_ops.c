@@ -18,6 +18,7 @@
 #include "backend/cuda/backend_cuda.h"
 #include "sampler/sampler.h"
 #include "ref_io.h"
+#include "sample_cases.h"
 #include "test.h"
 
 static backend *CPU, *GPU;
@@ -1120,6 +1121,22 @@ TEST(argmax) {
 }
 
 
+/* ---- sampled ids (sample; cuda_sample.cu): the host sampler's, bit for bit ---- */
+TEST(sample) {
+  REQUIRE(GPU->sample != NULL);
+  int checked = 0, bad = 0;
+  sample_cases_run(GPU, 37, 64, 0, &checked, &bad);
+  sample_cases_run(GPU, 4000, 140, 0, &checked, &bad);
+  sample_cases_run(GPU, 151936, 130, 0, &checked, &bad);
+  sample_cases_run(GPU, 248320, 8, 1, &checked, &bad);
+  n_checks++;
+  printf("  sample: %d of %d ids differ from the host sampler's\n", bad, checked);
+  EXPECT_MSG(bad == 0, "%d of %d ids differ from the host sampler's", bad, checked);
+  EXPECT(checked > 5000);
+  char err[256] = "";
+  EXPECT_MSG(GPU->sync(GPU, err, sizeof err) == 0, "device failed: %s", err);
+}
+
 /* ---- the greedy ids without the whole lm-head (logits_argmax; cuda_greedy.cu) ----
  * For one output row the op screens the vocabulary with an int8 copy of W and computes only
  * the rows that can win: its id must be exactly the first maximum of the same backend's
@@ -1727,6 +1744,7 @@ int main(void) {
   RUN(logits);
   RUN(argmax);
   RUN(logits_argmax);
+  RUN(sample);
   RUN(decode_graph);
   RUN(decode_graph_repeat);
   RUN(decode_graph_norm_fold);

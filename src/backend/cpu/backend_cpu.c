@@ -824,8 +824,9 @@ static void cpu_argmax(backend *be, backend_buf x, int n, int V, backend_buf ids
 
 /* sample_rule.h's rule by the CUDA kernel's method (cuda_sample.cu), so that its steps run on
  * every CPU test: the keys written over the row, then each cut found by a radix descent over
- * the keys' four bytes (a count or a mass per digit, the digit where the running sum reaches
- * the target) and, among equal keys, a scan in id order; the draw a scan in id order. */
+ * the rebased keys' five six-bit digits (a count or a mass per digit, the digit where the
+ * running sum reaches the target) and, among equal keys, a scan in id order; the draw a scan
+ * in id order. */
 typedef struct {
   const int32_t *params;
   float *x;
@@ -846,26 +847,28 @@ static uint64_t smp_measure(uint32_t k, int mass) {
 }
 
 /* The first kept candidate in the rule's order at which the running count (mass == 0) or mass
- * reaches target (>= 1, <= the kept sum): its key in *kc, its id returned. */
+ * reaches target (>= 1, <= the kept sum): its key in *kc, its id returned. The descent is the
+ * kernel's: a candidate's key rebased, (key - 87 << 23) << 1 < 41 << 24 (q in [2^-40, 1] has
+ * exponent 87..127), in five digits of six bits. */
 static int32_t smp_find(const uint32_t *key, int V, int mass, uint64_t target, uint32_t ka,
                         int32_t ia, uint32_t *kc) {
   uint32_t prefix = 0;
-  for (int pass = 0; pass < 4; pass++) {
-    int shift = 24 - 8 * pass;
-    uint64_t hist[256] = {0};
+  for (int pass = 0; pass < 5; pass++) {
+    int shift = 24 - 6 * pass;
+    uint64_t hist[64] = {0};
     for (int i = 0; i < V; i++) {
-      uint32_t k = key[i];
-      if (!smp_kept(k, i, ka, ia) || (pass > 0 && (k >> (shift + 8)) != prefix)) continue;
-      hist[(k >> shift) & 255] += smp_measure(k, mass);
+      uint32_t k = key[i], r = (k - (87u << 23)) << 1;
+      if (!smp_kept(k, i, ka, ia) || (pass > 0 && (r >> (shift + 6)) != prefix)) continue;
+      hist[(r >> shift) & 63] += smp_measure(k, mass);
     }
-    int d = 255;
+    int d = 63;
     for (; d > 0 && hist[d] < target; d--) target -= hist[d];
-    prefix = prefix << 8 | (uint32_t)d;
+    prefix = prefix << 6 | (uint32_t)d;
   }
-  *kc = prefix;
+  *kc = (prefix >> 1) + (87u << 23);
   uint64_t acc = 0;
   for (int i = 0; i < V; i++)
-    if (key[i] == prefix && smp_kept(key[i], i, ka, ia) && (acc += smp_measure(prefix, mass)) >= target)
+    if (key[i] == *kc && smp_kept(key[i], i, ka, ia) && (acc += smp_measure(*kc, mass)) >= target)
       return i;
   return -1;
 }

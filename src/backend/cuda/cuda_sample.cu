@@ -30,8 +30,9 @@ CUDA_KTRACE_TU(cuda_sample_ktrace_bind) /* the kernel-release trace, cuda_ktrace
 
 #define SMP_THREADS 1024
 #define SMP_WARPS (SMP_THREADS / 32)
-#define SMP_STRIDE 257 /* words per lane's histogram copy */
-#define SMP_SMEM (32 * SMP_STRIDE * 8)
+#define SMP_COPIES 256 /* histogram copies: one per four lanes */
+#define SMP_BSTRIDE 65 /* words per copy: 64 digits, one more against bank conflicts */
+#define SMP_SMEM ((SMP_COPIES * SMP_BSTRIDE + 16 * 64 + 64) * 8)
 
 typedef unsigned long long u64;
 
@@ -80,6 +81,7 @@ __device__ int smp_ordered(const uint32_t *key, int V, bool mass, u64 target, ui
                            bool exact, uint32_t kc, smp_state *s) {
   int per = (V + SMP_THREADS - 1) / SMP_THREADS, lo = threadIdx.x * per, hi = min(V, lo + per);
   u64 mine = 0;
+#pragma unroll 4
   for (int i = lo; i < hi; i++) {
     uint32_t k = key[i];
     if (smp_kept(k, i, ka, ia) && (!exact || k == kc)) mine += smp_measure(k, mass);
@@ -112,36 +114,71 @@ __device__ int smp_ordered(const uint32_t *key, int V, bool mass, u64 target, ui
   return s->id;
 }
 
+/* Calls f(i, key[i]) for every i < V this thread takes (strided over the block), four loads
+ * in flight at a time. */
+template <typename F>
+__device__ __forceinline__ void smp_each(const uint32_t *key, int V, F f) {
+  for (int i0 = threadIdx.x; i0 < V; i0 += 4 * SMP_THREADS) {
+    uint32_t k[4];
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+      int i = i0 + u * SMP_THREADS;
+      k[u] = i < V ? key[i] : 0u;
+    }
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+      int i = i0 + u * SMP_THREADS;
+      if (i < V) f(i, k[u]);
+    }
+  }
+}
+
+/* A candidate's key rebased for the descent: q in [2^-40, 1] has exponent 87..127, so
+ * (key - 87 << 23) << 1 < 41 << 24: five digits of six bits (shifts 24, 18, 12, 6, 0), the top
+ * one 0..40. The order of rebased keys is the keys' order. */
+__device__ __forceinline__ uint32_t smp_rebase(uint32_t k) { return (k - (87u << 23)) << 1; }
+
 /* The first kept entry in the rule's order at which the running count (mass false) or mass
- * reaches target: its key in *kc, its id returned. */
+ * reaches target: its key in *kc, its id returned. Each pass: a histogram of the kept entries
+ * whose higher digits are the ones chosen so far, in SMP_COPIES copies (one per four lanes of a
+ * warp: an address takes at most four adds of one instruction), summed per digit; then the
+ * digit, from the top, at which the sum reaches the target. */
 __device__ int smp_find(const uint32_t *key, int V, bool mass, u64 target, uint32_t ka, int ia,
                         u64 *hist, smp_state *s, uint32_t *kc) {
-  int lane = threadIdx.x & 31;
+  u64 *red = hist + SMP_COPIES * SMP_BSTRIDE, *fin = red + 16 * 64;
+  u64 *mine = hist + (threadIdx.x >> 2) * SMP_BSTRIDE;
   uint32_t prefix = 0;
   __syncthreads();
   if (threadIdx.x == 0) s->target = target;
-  for (int pass = 0; pass < 4; pass++) {
-    int shift = 24 - 8 * pass;
-    for (int k = threadIdx.x; k < 32 * SMP_STRIDE; k += SMP_THREADS) hist[k] = 0;
+  for (int pass = 0; pass < 5; pass++) {
+    int shift = 24 - 6 * pass;
+    for (int k = threadIdx.x; k < SMP_COPIES * SMP_BSTRIDE; k += SMP_THREADS) hist[k] = 0;
     __syncthreads();
-    u64 *mine = hist + lane * SMP_STRIDE;
-    for (int i = threadIdx.x; i < V; i += SMP_THREADS) {
-      uint32_t k = key[i];
-      if (!smp_kept(k, i, ka, ia) || (pass > 0 && (k >> (shift + 8)) != prefix)) continue;
-      atomicAdd(&mine[(k >> shift) & 255], smp_measure(k, mass));
-    }
+    smp_each(key, V, [&](int i, uint32_t k) {
+      if (!smp_kept(k, i, ka, ia)) return;
+      uint32_t r = smp_rebase(k);
+      if (pass > 0 && (r >> (shift + 6)) != prefix) return;
+      atomicAdd(&mine[(r >> shift) & 63], smp_measure(k, mass));
+    });
     __syncthreads();
-    if (threadIdx.x < 256) { /* the 32 copies into copy 0 */
+    { /* the copies summed: 16 parts of 16 copies per digit, then the parts */
+      int d = threadIdx.x & 63, part = threadIdx.x >> 6;
       u64 t = 0;
-      for (int c = 0; c < 32; c++) t += hist[c * SMP_STRIDE + threadIdx.x];
-      hist[threadIdx.x] = t;
+#pragma unroll 4
+      for (int c = 0; c < SMP_COPIES / 16; c++) t += hist[(part * (SMP_COPIES / 16) + c) * SMP_BSTRIDE + d];
+      red[part * 64 + d] = t;
     }
     __syncthreads();
-    if (threadIdx.x < 32) { /* lane l holds digits 255 - 8 l .. 248 - 8 l, highest first */
-      u64 h[8], sum = 0;
+    if (threadIdx.x < 64) {
+      u64 t = 0;
 #pragma unroll
-      for (int j = 0; j < 8; j++) sum += (h[j] = hist[255 - 8 * lane - j]);
-      u64 incl = sum;
+      for (int part = 0; part < 16; part++) t += red[part * 64 + threadIdx.x];
+      fin[threadIdx.x] = t;
+    }
+    __syncthreads();
+    if (threadIdx.x < 32) { /* lane l holds digits 63 - 2 l and 62 - 2 l, highest first */
+      int lane = threadIdx.x;
+      u64 h0 = fin[63 - 2 * lane], h1 = fin[62 - 2 * lane], sum = h0 + h1, incl = sum;
 #pragma unroll
       for (int o = 1; o < 32; o <<= 1) {
         u64 y = __shfl_up_sync(0xffffffffu, incl, o);
@@ -152,23 +189,21 @@ __device__ int smp_find(const uint32_t *key, int V, bool mass, u64 target, uint3
       int l = hit ? __ffs(hit) - 1 : 31;
       if (lane == l) {
         u64 acc = incl - sum;
-        int d = 0;
-#pragma unroll
-        for (int j = 0; j < 8; j++) {
-          d = 255 - 8 * lane - j;
-          if (acc + h[j] >= t || d == 0) break;
-          acc += h[j];
+        int d = 63 - 2 * lane;
+        if (acc + h0 < t) { /* not the higher digit: the lower one */
+          acc += h0;
+          d--;
         }
         s->target = t - acc;
-        s->prefix = prefix << 8 | (uint32_t)d;
+        s->prefix = prefix << 6 | (uint32_t)d;
       }
     }
     __syncthreads();
     prefix = s->prefix;
   }
-  *kc = prefix;
+  *kc = (prefix >> 1) + (87u << 23);
   u64 t = s->target;
-  return smp_ordered(key, V, mass, t, ka, ia, true, prefix, s);
+  return smp_ordered(key, V, mass, t, ka, ia, true, *kc, s);
 }
 
 __global__ void __launch_bounds__(SMP_THREADS)
@@ -184,7 +219,7 @@ __global__ void __launch_bounds__(SMP_THREADS)
   /* 1. the argmax rule (k_argmax's scan and reduction) and m */
   float v = -INFINITY;
   int i = INT32_MAX;
-  for (int j = threadIdx.x; j < V; j += SMP_THREADS) am_take(v, i, row[j], j);
+  smp_each(key, V, [&](int j, uint32_t b) { am_take(v, i, __uint_as_float(b), j); });
   am_block<SMP_THREADS>(v, i);
   if (threadIdx.x == 0) {
     s.first = i == INT32_MAX || isnan(row[0]) ? 0 : i;
@@ -199,11 +234,11 @@ __global__ void __launch_bounds__(SMP_THREADS)
   /* 2. the keys over the row */
   float m = s.m, inv_t = __fdiv_rn(1.0f, p.temperature);
   u64 n = 0;
-  for (int j = threadIdx.x; j < V; j += SMP_THREADS) {
-    uint32_t k = sample_rule_key(sample_rule_prob(row[j], m, inv_t), p.min_p);
+  smp_each(key, V, [&](int j, uint32_t b) {
+    uint32_t k = sample_rule_key(sample_rule_prob(__uint_as_float(b), m, inv_t), p.min_p);
     key[j] = k;
     n += k != 0;
-  }
+  });
   n = smp_block_sum(n, &s); /* its barriers also make the keys visible */
   if (n == 0) {
     if (threadIdx.x == 0) ids[blockIdx.x] = s.first;
@@ -218,8 +253,9 @@ __global__ void __launch_bounds__(SMP_THREADS)
   }
   if (p.top_p < 1.0f) {
     u64 mass = 0;
-    for (int j = threadIdx.x; j < V; j += SMP_THREADS)
-      if (smp_kept(key[j], j, ka, ia)) mass += smp_measure(key[j], true);
+    smp_each(key, V, [&](int j, uint32_t k) {
+      if (smp_kept(k, j, ka, ia)) mass += smp_measure(k, true);
+    });
     u64 total = smp_block_sum(mass, &s);
     u64 t = sample_rule_top_p_target(p.top_p, total);
     uint32_t kb;
@@ -229,8 +265,9 @@ __global__ void __launch_bounds__(SMP_THREADS)
 
   /* 4. the draw in id order */
   u64 mass = 0;
-  for (int j = threadIdx.x; j < V; j += SMP_THREADS)
-    if (smp_kept(key[j], j, ka, ia)) mass += smp_measure(key[j], true);
+  smp_each(key, V, [&](int j, uint32_t k) {
+    if (smp_kept(k, j, ka, ia)) mass += smp_measure(k, true);
+  });
   u64 total = smp_block_sum(mass, &s);
   u64 r = sample_rule_draw_target(p.u53, total);
   int tok = smp_ordered(key, V, true, r + 1, ka, ia, false, 0, &s);

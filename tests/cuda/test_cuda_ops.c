@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "backend/backend.h"
 #include "backend/cpu/backend_cpu.h"
@@ -1137,6 +1138,62 @@ TEST(sample) {
   EXPECT_MSG(GPU->sync(GPU, err, sizeof err) == 0, "device failed: %s", err);
 }
 
+/* What the op costs (printed, not checked: timings are not the test's business): rows of the
+ * 4B vocabulary, each call on fresh logits (a device copy, timed alone and subtracted). */
+static double sample_now_us(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return t.tv_sec * 1e6 + t.tv_nsec * 1e-3;
+}
+
+TEST(sample_timing) {
+  REQUIRE(GPU->sample != NULL);
+  const int V = 151936, NR = 64, REPS = 20;
+  float *l = malloc((size_t)NR * V * sizeof *l);
+  int32_t *words = malloc((size_t)NR * SAMPLE_RULE_WORDS * sizeof *words);
+  REQUIRE(l && words);
+  for (int r = 0; r < NR; r++) sc_fill(l + (size_t)r * V, V, 0);
+  backend_buf src = GPU->alloc(GPU, BACKEND_KIND_F32, (size_t)NR * V);
+  backend_buf x = GPU->alloc(GPU, BACKEND_KIND_F32, (size_t)NR * V);
+  backend_buf bp = GPU->alloc(GPU, BACKEND_KIND_I32, (size_t)NR * SAMPLE_RULE_WORDS);
+  backend_buf bi = GPU->alloc(GPU, BACKEND_KIND_I32, NR);
+  REQUIRE(src && x && bp && bi);
+  GPU->write(GPU, src, 0, l, (size_t)NR * V * sizeof *l);
+  static const struct { const char *name; float t, p; int k; } cf[] = {
+      {"greedy", 0, 1, 0}, {"T 1", 1, 1, 0}, {"T 0.7 top_p 0.95", 0.7f, 0.95f, 0},
+      {"T 0.7 top_p 0.95 top_k 20", 0.7f, 0.95f, 20}};
+  for (int rows = 1; rows <= NR; rows *= 64) {
+    double t0 = sample_now_us();
+    for (int i = 0; i < REPS; i++) GPU->copy(GPU, x, 0, src, 0, (size_t)rows * V * 4);
+    GPU->sync(GPU, NULL, 0);
+    double copy_us = (sample_now_us() - t0) / REPS;
+    for (int c = 0; c < 4; c++) {
+      for (int r = 0; r < rows; r++) {
+        sample_rule_row q = {cf[c].t, cf[c].p, 0.0f, cf[c].k, 12345ull * (uint64_t)(r + 1)};
+        sample_rule_pack(&q, words + (size_t)r * SAMPLE_RULE_WORDS);
+      }
+      GPU->write(GPU, bp, 0, words, (size_t)rows * SAMPLE_RULE_WORDS * sizeof *words);
+      t0 = sample_now_us();
+      for (int i = 0; i < REPS; i++) {
+        GPU->copy(GPU, x, 0, src, 0, (size_t)rows * V * 4);
+        GPU->sample(GPU, x, rows, V, bp, bi);
+      }
+      GPU->sync(GPU, NULL, 0);
+      double us = (sample_now_us() - t0) / REPS - copy_us;
+      printf("  sample timing: %d row(s) of %d, %s: %.1f us per call\n", rows, V, cf[c].name, us);
+    }
+  }
+  n_checks++;
+  char err[256] = "";
+  EXPECT_MSG(GPU->sync(GPU, err, sizeof err) == 0, "device failed: %s", err);
+  GPU->free(GPU, src);
+  GPU->free(GPU, x);
+  GPU->free(GPU, bp);
+  GPU->free(GPU, bi);
+  free(l);
+  free(words);
+}
+
 /* ---- the greedy ids without the whole lm-head (logits_argmax; cuda_greedy.cu) ----
  * For one output row the op screens the vocabulary with an int8 copy of W and computes only
  * the rows that can win: its id must be exactly the first maximum of the same backend's
@@ -1745,6 +1802,7 @@ int main(void) {
   RUN(argmax);
   RUN(logits_argmax);
   RUN(sample);
+  RUN(sample_timing);
   RUN(decode_graph);
   RUN(decode_graph_repeat);
   RUN(decode_graph_norm_fold);

@@ -24,6 +24,9 @@
 #include "backend/cuda/backend_cuda.h"
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_ops.h"
+extern "C" {
+#include "base/log.h"
+}
 #include "sampler/sample_rule.h"
 
 CUDA_KTRACE_TU(cuda_sample_ktrace_bind) /* the kernel-release trace, cuda_ktrace.cu */
@@ -31,8 +34,21 @@ CUDA_KTRACE_TU(cuda_sample_ktrace_bind) /* the kernel-release trace, cuda_ktrace
 #define SMP_THREADS 1024
 #define SMP_WARPS (SMP_THREADS / 32)
 #define SMP_COPIES 256 /* histogram copies: one per four lanes */
-#define SMP_BSTRIDE 65 /* words per copy: 64 digits, one more against bank conflicts */
-#define SMP_SMEM ((SMP_COPIES * SMP_BSTRIDE + 16 * 64 + 64) * 8)
+/* A copy's words: 64 digits, one more against bank conflicts. -DSMP_ATOM64=1: one 64-bit add
+ * per entry; the default: 32-bit adds, a mass (< 2^41) as its low 20 bits and the rest in two
+ * halves of the copy (a copy takes at most 4 x 149 entries of a pass: each half < 2^30). */
+#ifndef SMP_ATOM64
+#define SMP_ATOM64 0
+#endif
+#if SMP_ATOM64
+typedef unsigned long long smp_word;
+#define SMP_BSTRIDE 65
+#else
+typedef uint32_t smp_word;
+#define SMP_BSTRIDE 129
+#endif
+#define SMP_HIST_BYTES (SMP_COPIES * SMP_BSTRIDE * sizeof(smp_word))
+#define SMP_SMEM (SMP_HIST_BYTES + (16 * 64 + 64) * 8)
 
 typedef unsigned long long u64;
 
@@ -143,10 +159,26 @@ __device__ __forceinline__ uint32_t smp_rebase(uint32_t k) { return (k - (87u <<
  * whose higher digits are the ones chosen so far, in SMP_COPIES copies (one per four lanes of a
  * warp: an address takes at most four adds of one instruction), summed per digit; then the
  * digit, from the top, at which the sum reaches the target. */
+__device__ __forceinline__ void smp_hist_add(smp_word *c, int d, u64 v) {
+#if SMP_ATOM64
+  atomicAdd(&c[d], v);
+#else
+  atomicAdd(&c[d], (uint32_t)(v & 0xfffffu));
+  if (v >> 20) atomicAdd(&c[64 + d], (uint32_t)(v >> 20));
+#endif
+}
+__device__ __forceinline__ u64 smp_hist_get(const smp_word *c, int d) {
+#if SMP_ATOM64
+  return c[d];
+#else
+  return ((u64)c[64 + d] << 20) + c[d];
+#endif
+}
+
 __device__ int smp_find(const uint32_t *key, int V, bool mass, u64 target, uint32_t ka, int ia,
-                        u64 *hist, smp_state *s, uint32_t *kc) {
-  u64 *red = hist + SMP_COPIES * SMP_BSTRIDE, *fin = red + 16 * 64;
-  u64 *mine = hist + (threadIdx.x >> 2) * SMP_BSTRIDE;
+                        smp_word *hist, smp_state *s, uint32_t *kc) {
+  u64 *red = (u64 *)(hist + SMP_COPIES * SMP_BSTRIDE), *fin = red + 16 * 64;
+  smp_word *mine = hist + (threadIdx.x >> 2) * SMP_BSTRIDE;
   uint32_t prefix = 0;
   __syncthreads();
   if (threadIdx.x == 0) s->target = target;
@@ -158,14 +190,15 @@ __device__ int smp_find(const uint32_t *key, int V, bool mass, u64 target, uint3
       if (!smp_kept(k, i, ka, ia)) return;
       uint32_t r = smp_rebase(k);
       if (pass > 0 && (r >> (shift + 6)) != prefix) return;
-      atomicAdd(&mine[(r >> shift) & 63], smp_measure(k, mass));
+      smp_hist_add(mine, (r >> shift) & 63, smp_measure(k, mass));
     });
     __syncthreads();
     { /* the copies summed: 16 parts of 16 copies per digit, then the parts */
       int d = threadIdx.x & 63, part = threadIdx.x >> 6;
       u64 t = 0;
 #pragma unroll 4
-      for (int c = 0; c < SMP_COPIES / 16; c++) t += hist[(part * (SMP_COPIES / 16) + c) * SMP_BSTRIDE + d];
+      for (int c = 0; c < SMP_COPIES / 16; c++)
+        t += smp_hist_get(hist + (part * (SMP_COPIES / 16) + c) * SMP_BSTRIDE, d);
       red[part * 64 + d] = t;
     }
     __syncthreads();
@@ -209,7 +242,8 @@ __device__ int smp_find(const uint32_t *key, int V, bool mass, u64 target, uint3
 __global__ void __launch_bounds__(SMP_THREADS)
     k_sample(float *x, int V, const int32_t *__restrict__ params, int32_t *ids) {
   pdl_enter();
-  extern __shared__ u64 hist[];
+  extern __shared__ u64 smem[];
+  smp_word *hist = (smp_word *)smem;
   __shared__ smp_state s;
   float *row = x + (size_t)blockIdx.x * V;
   uint32_t *key = (uint32_t *)row;
@@ -278,6 +312,7 @@ extern "C" void cuda_sample_sample(backend *be, backend_buf x, int n, int V, bac
                                    backend_buf ids) {
   cuda_ctx *c = cuda_ctx_of(be);
   if (n <= 0 || V <= 0) return;
+  CHECK(V < (1 << 20)); /* the 32-bit histogram halves' bound (SMP_ATOM64) */
   static int attr_set;
   if (!attr_set) {
     cudaFuncSetAttribute(k_sample, cudaFuncAttributeMaxDynamicSharedMemorySize, SMP_SMEM);

@@ -3,22 +3,27 @@
  * sorts a vocabulary (bench/NOTES.md, twentieth session: on the host path a sampled step of 64
  * rows spent ~8 ms in the download and the sampler).
  *
- * One block of 1,024 threads per row:
- *   1. the argmax rule's id (am_take / am_block, as the argmax op) and m, the largest value;
- *      a greedy row (temperature < SAMPLE_RULE_GREEDY_T) ends here;
+ * One cluster of SMP_CLUSTER blocks per row, block b owning the b-th slice of the row; what the
+ * rule sums over the whole row the blocks exchange through distributed shared memory:
+ *   1. the argmax rule's id (am_take / am_block, as the argmax op; am_take is a total order, so
+ *      the slices' results reduce to the row's) and m, the largest value; a greedy row
+ *      (temperature < SAMPLE_RULE_GREEDY_T) ends here;
  *   2. every entry's key (sample_rule_key: q's bits, 0 for a non-candidate) written over the
  *      row; no candidate: the argmax id;
  *   3. top_k and top_p cuts, each the first candidate in the rule's order (key descending, id
  *      ascending) at which a running count or mass reaches a target: a radix descent over the
- *      key's four bytes (a histogram of count or mass per digit among the entries that match
- *      the digits chosen so far; the digit where the sum from the top reaches the target), then
- *      among the entries of that exact key the target's one in id order (smp_ordered);
+ *      rebased key's five six-bit digits (each block's histogram of count or mass per digit
+ *      among the entries that match the digits chosen so far, the cluster's sum of them, the
+ *      digit where the sum from the top reaches the target), then among the entries of that
+ *      exact key the target's one in id order (smp_ordered);
  *   4. the draw: r = sample_rule_draw_target(u53, kept mass), the first kept entry in id order
  *      whose running mass exceeds r (smp_ordered over the whole row).
- * Every sum is of integers (counts, masses trunc(q 2^40)), so the order in which threads add
- * does not matter: the ids are those of the host sampler (sampler.c) and of the CPU backend's
- * op, bit for bit (op test `sample`). The histograms: one copy per lane (no two lanes of a warp
- * add to one address), strided by 257 words against bank conflicts, summed per digit after. */
+ * Every sum is of integers (counts, masses trunc(q 2^40)), so the order in which threads and
+ * blocks add does not matter: the ids are those of the host sampler (sampler.c) and of the CPU
+ * backend's op, bit for bit (op test `sample`). A block's histograms: one copy per four lanes
+ * (an address takes at most four adds of one instruction), 32-bit adds (a mass as two halves),
+ * summed per digit after. */
+#include <cooperative_groups.h>
 #include <stdint.h>
 
 #include "backend/cuda/backend_cuda.h"
@@ -29,31 +34,29 @@ extern "C" {
 }
 #include "sampler/sample_rule.h"
 
+namespace cg = cooperative_groups;
+
 CUDA_KTRACE_TU(cuda_sample_ktrace_bind) /* the kernel-release trace, cuda_ktrace.cu */
 
-#define SMP_THREADS 1024
+#define SMP_CLUSTER 8 /* blocks per row (the portable cluster size) */
+#define SMP_THREADS 512
 #define SMP_WARPS (SMP_THREADS / 32)
-#define SMP_COPIES 256 /* histogram copies: one per four lanes */
-/* A copy's words: 64 digits, one more against bank conflicts. -DSMP_ATOM64=1: one 64-bit add
- * per entry; the default: 32-bit adds, a mass (< 2^41) as its low 20 bits and the rest in two
- * halves of the copy (a copy takes at most 4 x 149 entries of a pass: each half < 2^30). */
-#ifndef SMP_ATOM64
-#define SMP_ATOM64 0
-#endif
-#if SMP_ATOM64
-typedef unsigned long long smp_word;
-#define SMP_BSTRIDE 65
-#else
-typedef uint32_t smp_word;
+#define SMP_COPIES (SMP_THREADS / 4) /* histogram copies: one per four lanes */
+/* A copy's words: 64 digits of low halves, 64 of high halves, one more against bank conflicts.
+ * A mass (< 2^41) adds its low 20 bits and the rest: a copy takes at most 4 ceil(V / (8 x
+ * 512)) entries of a pass, so with V < 2^20 each half stays < 2^30. */
 #define SMP_BSTRIDE 129
-#endif
-#define SMP_HIST_BYTES (SMP_COPIES * SMP_BSTRIDE * sizeof(smp_word))
-#define SMP_SMEM (SMP_HIST_BYTES + (16 * 64 + 64) * 8)
+#define SMP_SMEM (SMP_COPIES * SMP_BSTRIDE * 4)
 
 typedef unsigned long long u64;
 
-struct smp_state { /* one block's scalars, in shared memory */
+struct smp_state { /* one block's scalars, in shared memory (the cluster reads some) */
   u64 part[SMP_WARPS];
+  u64 red[SMP_THREADS / 64][64]; /* a pass's copies summed in parts */
+  u64 fin[2][64]; /* this block's histogram of the pass (parity), read by the cluster */
+  u64 xv[2];      /* this block's value of an exchange (parity), read by the cluster */
+  float pv;       /* this block's argmax pair, read by the cluster */
+  int pi;
   u64 target;
   uint32_t prefix;
   int id;
@@ -76,26 +79,65 @@ __device__ __forceinline__ u64 warp_sum_u64(u64 v) {
   return v;
 }
 
-/* The block's sum of v (every thread gets it). */
-__device__ u64 smp_block_sum(u64 v, smp_state *s) {
+/* A block's slice [lo, hi) of the row and its place in the cluster. */
+struct smp_slice {
+  int lo, hi, rank;
+};
+
+/* The block's sum of v, then the cluster's (every thread gets it); *before: the sum over the
+ * lower ranks. xp: the exchange's parity, toggled (the same in every thread). */
+__device__ u64 smp_sum(u64 v, smp_state *s, const smp_slice &sl, cg::cluster_group &cl, int &xp,
+                       u64 *before) {
   int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
   v = warp_sum_u64(v);
   __syncthreads();
   if (lane == 0) s->part[w] = v;
   __syncthreads();
-  u64 t = 0;
-#pragma unroll 8
-  for (int k = 0; k < SMP_WARPS; k++) t += s->part[k];
-  return t;
+  if (threadIdx.x == 0) {
+    u64 t = 0;
+    for (int k = 0; k < SMP_WARPS; k++) t += s->part[k];
+    s->xv[xp] = t;
+  }
+  cl.sync();
+  u64 tot = 0, bef = 0;
+  for (int r = 0; r < SMP_CLUSTER; r++) {
+    u64 x = *cl.map_shared_rank(&s->xv[xp], r);
+    tot += x;
+    bef += r < sl.rank ? x : 0;
+  }
+  xp ^= 1;
+  if (before) *before = bef;
+  return tot;
+}
+
+/* Calls f(i, key[i]) for every i of the block's slice this thread takes, four loads in flight. */
+template <typename F>
+__device__ __forceinline__ void smp_each(const uint32_t *key, const smp_slice &sl, F f) {
+  for (int i0 = sl.lo + threadIdx.x; i0 < sl.hi; i0 += 4 * SMP_THREADS) {
+    uint32_t k[4];
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+      int i = i0 + u * SMP_THREADS;
+      k[u] = i < sl.hi ? key[i] : 0u;
+    }
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+      int i = i0 + u * SMP_THREADS;
+      if (i < sl.hi) f(i, k[u]);
+    }
+  }
 }
 
 /* The first entry in id order at which the running measure of the entries that are kept (and,
- * with exact, whose key is kc) reaches target (>= 1, <= their sum). Each thread takes one
- * contiguous run of ids: its sum, an exclusive scan of the sums over the block, then the thread
- * whose run holds the target walks it. */
-__device__ int smp_ordered(const uint32_t *key, int V, bool mass, u64 target, uint32_t ka, int ia,
-                           bool exact, uint32_t kc, smp_state *s) {
-  int per = (V + SMP_THREADS - 1) / SMP_THREADS, lo = threadIdx.x * per, hi = min(V, lo + per);
+ * with exact, whose key is kc) reaches target (>= 1, <= their sum over the row). Each thread
+ * takes one contiguous run of its block's slice: the runs' sums scanned over the block, the
+ * blocks' sums over the cluster; the thread whose run holds the target walks it and writes the
+ * id into every block. */
+__device__ int smp_ordered(const uint32_t *key, const smp_slice &sl, bool mass, u64 target,
+                           uint32_t ka, int ia, bool exact, uint32_t kc, smp_state *s,
+                           cg::cluster_group &cl, int &xp) {
+  int per = (sl.hi - sl.lo + SMP_THREADS - 1) / SMP_THREADS, lo = sl.lo + threadIdx.x * per,
+      hi = min(sl.hi, lo + per);
   u64 mine = 0;
 #pragma unroll 4
   for (int i = lo; i < hi; i++) {
@@ -113,40 +155,26 @@ __device__ int smp_ordered(const uint32_t *key, int V, bool mass, u64 target, ui
   if (lane == 31) s->part[w] = incl;
   if (threadIdx.x == 0) s->id = -1;
   __syncthreads();
-  u64 before = 0;
-  for (int k = 0; k < w; k++) before += s->part[k];
-  u64 excl = before + incl - mine;
+  u64 wbefore = 0, block = 0;
+  for (int k = 0; k < SMP_WARPS; k++) {
+    wbefore += k < w ? s->part[k] : 0;
+    block += s->part[k];
+  }
+  u64 excl = wbefore + incl - mine, bbefore;
+  smp_sum(threadIdx.x == 0 ? block : 0, s, sl, cl, xp, &bbefore); /* the blocks' sums */
+  excl += bbefore;
   if (mine && excl < target && excl + mine >= target) {
     u64 acc = excl;
     for (int i = lo; i < hi; i++) {
       uint32_t k = key[i];
       if (smp_kept(k, i, ka, ia) && (!exact || k == kc) && (acc += smp_measure(k, mass)) >= target) {
-        s->id = i;
+        for (int r = 0; r < SMP_CLUSTER; r++) *cl.map_shared_rank(&s->id, r) = i;
         break;
       }
     }
   }
-  __syncthreads();
+  cl.sync();
   return s->id;
-}
-
-/* Calls f(i, key[i]) for every i < V this thread takes (strided over the block), four loads
- * in flight at a time. */
-template <typename F>
-__device__ __forceinline__ void smp_each(const uint32_t *key, int V, F f) {
-  for (int i0 = threadIdx.x; i0 < V; i0 += 4 * SMP_THREADS) {
-    uint32_t k[4];
-#pragma unroll
-    for (int u = 0; u < 4; u++) {
-      int i = i0 + u * SMP_THREADS;
-      k[u] = i < V ? key[i] : 0u;
-    }
-#pragma unroll
-    for (int u = 0; u < 4; u++) {
-      int i = i0 + u * SMP_THREADS;
-      if (i < V) f(i, k[u]);
-    }
-  }
 }
 
 /* A candidate's key rebased for the descent: q in [2^-40, 1] has exponent 87..127, so
@@ -155,63 +183,58 @@ __device__ __forceinline__ void smp_each(const uint32_t *key, int V, F f) {
 __device__ __forceinline__ uint32_t smp_rebase(uint32_t k) { return (k - (87u << 23)) << 1; }
 
 /* The first kept entry in the rule's order at which the running count (mass false) or mass
- * reaches target: its key in *kc, its id returned. Each pass: a histogram of the kept entries
- * whose higher digits are the ones chosen so far, in SMP_COPIES copies (one per four lanes of a
- * warp: an address takes at most four adds of one instruction), summed per digit; then the
- * digit, from the top, at which the sum reaches the target. */
-__device__ __forceinline__ void smp_hist_add(smp_word *c, int d, u64 v) {
-#if SMP_ATOM64
-  atomicAdd(&c[d], v);
-#else
-  atomicAdd(&c[d], (uint32_t)(v & 0xfffffu));
-  if (v >> 20) atomicAdd(&c[64 + d], (uint32_t)(v >> 20));
-#endif
-}
-__device__ __forceinline__ u64 smp_hist_get(const smp_word *c, int d) {
-#if SMP_ATOM64
-  return c[d];
-#else
-  return ((u64)c[64 + d] << 20) + c[d];
-#endif
-}
-
-__device__ int smp_find(const uint32_t *key, int V, bool mass, u64 target, uint32_t ka, int ia,
-                        smp_word *hist, smp_state *s, uint32_t *kc) {
-  u64 *red = (u64 *)(hist + SMP_COPIES * SMP_BSTRIDE), *fin = red + 16 * 64;
-  smp_word *mine = hist + (threadIdx.x >> 2) * SMP_BSTRIDE;
+ * reaches target: its key in *kc, its id returned. Each pass: every block's histogram of its
+ * kept entries whose higher digits are the ones chosen so far, the cluster's sum per digit,
+ * then the digit, from the top, at which the sum reaches the target (every block finds the
+ * same). */
+__device__ int smp_find(const uint32_t *key, const smp_slice &sl, bool mass, u64 target,
+                        uint32_t ka, int ia, uint32_t *hist, smp_state *s, cg::cluster_group &cl,
+                        int &xp, uint32_t *kc) {
+  uint32_t *mine = hist + (threadIdx.x >> 2) * SMP_BSTRIDE;
   uint32_t prefix = 0;
   __syncthreads();
   if (threadIdx.x == 0) s->target = target;
   for (int pass = 0; pass < 5; pass++) {
-    int shift = 24 - 6 * pass;
+    int shift = 24 - 6 * pass, par = pass & 1;
     for (int k = threadIdx.x; k < SMP_COPIES * SMP_BSTRIDE; k += SMP_THREADS) hist[k] = 0;
     __syncthreads();
-    smp_each(key, V, [&](int i, uint32_t k) {
+    smp_each(key, sl, [&](int i, uint32_t k) {
       if (!smp_kept(k, i, ka, ia)) return;
       uint32_t r = smp_rebase(k);
       if (pass > 0 && (r >> (shift + 6)) != prefix) return;
-      smp_hist_add(mine, (r >> shift) & 63, smp_measure(k, mass));
+      int d = (r >> shift) & 63;
+      u64 v = smp_measure(k, mass);
+      atomicAdd(&mine[d], (uint32_t)(v & 0xfffffu));
+      if (v >> 20) atomicAdd(&mine[64 + d], (uint32_t)(v >> 20));
     });
     __syncthreads();
-    { /* the copies summed: 16 parts of 16 copies per digit, then the parts */
+    { /* the copies summed per digit: in parts of 16 copies, then the parts */
       int d = threadIdx.x & 63, part = threadIdx.x >> 6;
-      u64 t = 0;
+      u64 lo = 0, hi = 0;
 #pragma unroll 4
-      for (int c = 0; c < SMP_COPIES / 16; c++)
-        t += smp_hist_get(hist + (part * (SMP_COPIES / 16) + c) * SMP_BSTRIDE, d);
-      red[part * 64 + d] = t;
+      for (int c = part * 16; c < part * 16 + 16; c++) {
+        lo += hist[c * SMP_BSTRIDE + d];
+        hi += hist[c * SMP_BSTRIDE + 64 + d];
+      }
+      s->red[part][d] = (hi << 20) + lo;
     }
     __syncthreads();
     if (threadIdx.x < 64) {
       u64 t = 0;
 #pragma unroll
-      for (int part = 0; part < 16; part++) t += red[part * 64 + threadIdx.x];
-      fin[threadIdx.x] = t;
+      for (int part = 0; part < SMP_THREADS / 64; part++) t += s->red[part][threadIdx.x];
+      s->fin[par][threadIdx.x] = t;
     }
-    __syncthreads();
+    cl.sync();
     if (threadIdx.x < 32) { /* lane l holds digits 63 - 2 l and 62 - 2 l, highest first */
       int lane = threadIdx.x;
-      u64 h0 = fin[63 - 2 * lane], h1 = fin[62 - 2 * lane], sum = h0 + h1, incl = sum;
+      u64 h0 = 0, h1 = 0;
+      for (int r = 0; r < SMP_CLUSTER; r++) {
+        const u64 *f = cl.map_shared_rank(s->fin[par], r);
+        h0 += f[63 - 2 * lane];
+        h1 += f[62 - 2 * lane];
+      }
+      u64 sum = h0 + h1, incl = sum;
 #pragma unroll
       for (int o = 1; o < 32; o <<= 1) {
         u64 y = __shfl_up_sync(0xffffffffu, incl, o);
@@ -236,89 +259,99 @@ __device__ int smp_find(const uint32_t *key, int V, bool mass, u64 target, uint3
   }
   *kc = (prefix >> 1) + (87u << 23);
   u64 t = s->target;
-  return smp_ordered(key, V, mass, t, ka, ia, true, *kc, s);
+  return smp_ordered(key, sl, mass, t, ka, ia, true, *kc, s, cl, xp);
 }
 
-__global__ void __launch_bounds__(SMP_THREADS)
+/* The kept entries' mass over the row. */
+__device__ u64 smp_kept_mass(const uint32_t *key, const smp_slice &sl, uint32_t ka, int ia,
+                             smp_state *s, cg::cluster_group &cl, int &xp) {
+  u64 mass = 0;
+  smp_each(key, sl, [&](int j, uint32_t k) {
+    if (smp_kept(k, j, ka, ia)) mass += smp_measure(k, true);
+  });
+  return smp_sum(mass, s, sl, cl, xp, NULL);
+}
+
+__global__ void __cluster_dims__(SMP_CLUSTER, 1, 1) __launch_bounds__(SMP_THREADS)
     k_sample(float *x, int V, const int32_t *__restrict__ params, int32_t *ids) {
   pdl_enter();
-  extern __shared__ u64 smem[];
-  smp_word *hist = (smp_word *)smem;
+  extern __shared__ uint32_t hist[];
   __shared__ smp_state s;
-  float *row = x + (size_t)blockIdx.x * V;
+  cg::cluster_group cl = cg::this_cluster();
+  int row_i = blockIdx.x / SMP_CLUSTER, xp = 0;
+  smp_slice sl;
+  sl.rank = (int)cl.block_rank();
+  int per = ((V + SMP_CLUSTER - 1) / SMP_CLUSTER + 3) & ~3;
+  sl.lo = min(V, sl.rank * per);
+  sl.hi = min(V, sl.lo + per);
+  float *row = x + (size_t)row_i * V;
   uint32_t *key = (uint32_t *)row;
   sample_rule_row p;
-  sample_rule_unpack(params + (size_t)blockIdx.x * SAMPLE_RULE_WORDS, &p);
+  sample_rule_unpack(params + (size_t)row_i * SAMPLE_RULE_WORDS, &p);
 
-  /* 1. the argmax rule (k_argmax's scan and reduction) and m */
+  /* 1. the argmax rule (k_argmax's scan and reduction, then over the blocks) and m */
   float v = -INFINITY;
   int i = INT32_MAX;
-  smp_each(key, V, [&](int j, uint32_t b) { am_take(v, i, __uint_as_float(b), j); });
+  smp_each(key, sl, [&](int j, uint32_t b) { am_take(v, i, __uint_as_float(b), j); });
   am_block<SMP_THREADS>(v, i);
   if (threadIdx.x == 0) {
+    s.pv = v;
+    s.pi = i;
+  }
+  cl.sync();
+  if (threadIdx.x == 0) {
+    v = -INFINITY;
+    i = INT32_MAX;
+    for (int r = 0; r < SMP_CLUSTER; r++)
+      am_take(v, i, *cl.map_shared_rank(&s.pv, r), *cl.map_shared_rank(&s.pi, r));
     s.first = i == INT32_MAX || isnan(row[0]) ? 0 : i;
     s.m = v;
   }
-  __syncthreads();
-  if (p.temperature < SAMPLE_RULE_GREEDY_T) {
-    if (threadIdx.x == 0) ids[blockIdx.x] = s.first;
-    return;
-  }
-
-  /* 2. the keys over the row */
-  float m = s.m, inv_t = __fdiv_rn(1.0f, p.temperature);
-  u64 n = 0;
-  smp_each(key, V, [&](int j, uint32_t b) {
-    uint32_t k = sample_rule_key(sample_rule_prob(__uint_as_float(b), m, inv_t), p.min_p);
-    key[j] = k;
-    n += k != 0;
-  });
-  n = smp_block_sum(n, &s); /* its barriers also make the keys visible */
-  if (n == 0) {
-    if (threadIdx.x == 0) ids[blockIdx.x] = s.first;
-    return;
-  }
-
-  /* 3. the cuts */
-  uint32_t ka = 0;
-  int ia = -1;
-  if (p.top_k > 0 && (u64)p.top_k < n) {
-    ia = smp_find(key, V, false, (u64)p.top_k, 0, -1, hist, &s, &ka);
-  }
-  if (p.top_p < 1.0f) {
-    u64 mass = 0;
-    smp_each(key, V, [&](int j, uint32_t k) {
-      if (smp_kept(k, j, ka, ia)) mass += smp_measure(k, true);
+  cl.sync(); /* every block has read the others' pairs (and row[0]) before keys overwrite them */
+  int tok = s.first;
+  if (p.temperature >= SAMPLE_RULE_GREEDY_T) {
+    /* 2. the keys over the row */
+    float m = s.m, inv_t = __fdiv_rn(1.0f, p.temperature);
+    u64 n = 0;
+    smp_each(key, sl, [&](int j, uint32_t b) {
+      uint32_t k = sample_rule_key(sample_rule_prob(__uint_as_float(b), m, inv_t), p.min_p);
+      key[j] = k;
+      n += k != 0;
     });
-    u64 total = smp_block_sum(mass, &s);
-    u64 t = sample_rule_top_p_target(p.top_p, total);
-    uint32_t kb;
-    ia = smp_find(key, V, true, t, ka, ia, hist, &s, &kb);
-    ka = kb;
+    n = smp_sum(n, &s, sl, cl, xp, NULL); /* its barriers also make the keys visible */
+    if (n > 0) {
+      /* 3. the cuts */
+      uint32_t ka = 0;
+      int ia = -1;
+      if (p.top_k > 0 && (u64)p.top_k < n)
+        ia = smp_find(key, sl, false, (u64)p.top_k, 0, -1, hist, &s, cl, xp, &ka);
+      if (p.top_p < 1.0f) {
+        u64 t = sample_rule_top_p_target(p.top_p, smp_kept_mass(key, sl, ka, ia, &s, cl, xp));
+        uint32_t kb;
+        ia = smp_find(key, sl, true, t, ka, ia, hist, &s, cl, xp, &kb);
+        ka = kb;
+      }
+      /* 4. the draw in id order */
+      u64 r = sample_rule_draw_target(p.u53, smp_kept_mass(key, sl, ka, ia, &s, cl, xp));
+      tok = smp_ordered(key, sl, true, r + 1, ka, ia, false, 0, &s, cl, xp);
+    }
   }
-
-  /* 4. the draw in id order */
-  u64 mass = 0;
-  smp_each(key, V, [&](int j, uint32_t k) {
-    if (smp_kept(k, j, ka, ia)) mass += smp_measure(k, true);
-  });
-  u64 total = smp_block_sum(mass, &s);
-  u64 r = sample_rule_draw_target(p.u53, total);
-  int tok = smp_ordered(key, V, true, r + 1, ka, ia, false, 0, &s);
-  if (threadIdx.x == 0) ids[blockIdx.x] = tok;
+  if (sl.rank == 0 && threadIdx.x == 0) ids[row_i] = tok;
+  cl.sync(); /* no block leaves while another may still read its shared memory */
 }
 
 extern "C" void cuda_sample_sample(backend *be, backend_buf x, int n, int V, backend_buf params,
                                    backend_buf ids) {
   cuda_ctx *c = cuda_ctx_of(be);
   if (n <= 0 || V <= 0) return;
-  CHECK(V < (1 << 20)); /* the 32-bit histogram halves' bound (SMP_ATOM64) */
+  CHECK(V < (1 << 20)); /* the histogram halves' bound (SMP_BSTRIDE) */
   static int attr_set;
   if (!attr_set) {
     cudaFuncSetAttribute(k_sample, cudaFuncAttributeMaxDynamicSharedMemorySize, SMP_SMEM);
     attr_set = 1;
   }
-  k_sample<<<n, SMP_THREADS, SMP_SMEM, c->st>>>((float *)x, V, (const int32_t *)params,
-                                                 (int32_t *)ids);
+  k_sample<<<n * SMP_CLUSTER, SMP_THREADS, SMP_SMEM, c->st>>>((float *)x, V,
+                                                              (const int32_t *)params,
+                                                              (int32_t *)ids);
   cuda_check_launch(c, "sample");
 }

@@ -363,6 +363,13 @@ static inline void rig_device_sample_case(const rig_opts *ro, const int32_t *con
         int eq = a->n == b->n && a->finish == b->finish &&
                  !memcmp(a->tok, b->tok, (size_t)b->n * sizeof(int32_t));
         differ += !eq;
+        if (!eq) {
+          int t = 0;
+          while (t < a->n && t < b->n && a->tok[t] == b->tok[t]) t++;
+          printf("  set %d %s request %d: first difference at token %d of %d / %d: op %d, host %d\n",
+                 set, k ? "batched" : "alone", i, t, a->n, b->n, t < a->n ? a->tok[t] : -1,
+                 t < b->n ? b->tok[t] : -1);
+        }
         EXPECT_MSG(eq, "set %d %s request %d: the op's tokens differ from the host's", set,
                    k ? "batched" : "alone", i);
         for (int t = 1; t < b->n; t++) distinct |= b->tok[t] != b->tok[0];

@@ -35,13 +35,24 @@ TEST(ahead_same_tokens) { ahead_case(0); }
 TEST(ahead_same_tokens_cache) { ahead_case(1); }
 
 /* sampled steps: the backend's sample op (cuda_sample.cu) inside the decode graphs gives the
- * host sampler's tokens */
+ * host sampler's tokens. On a batch-invariant backend (DS_BATCH_INVARIANT=1): how the engine
+ * happens to batch the sixteen requests (they arrive while it steps) must not change the
+ * logits, or a sampled token may differ for that reason alone. */
 TEST(device_sample_same_tokens) {
   const int32_t *prompts[NREQ];
   for (int i = 0; i < NREQ; i++) prompts[i] = P[i];
+  char err[256];
+  setenv("DS_BATCH_INVARIANT", "1", 1);
+  backend *inv = backend_create("cuda", 0, err, sizeof err);
+  unsetenv("DS_BATCH_INVARIANT");
+  REQUIRE(inv != NULL);
+  backend *keep = BE;
+  BE = inv;
   rig_opts ro = {0};
   ro.seqs = NREQ;
   rig_device_sample_case(&ro, prompts, LEN, NREQ);
+  BE = keep;
+  inv->destroy(inv);
 }
 
 int main(void) {

@@ -323,8 +323,8 @@ static inline void rig_ahead_case(const rig_opts *ro, const int32_t *const *prom
 }
 
 /* Sampled steps picked by the backend's sample op against the host sampler: nreq seeded
- * requests of MAXTOK tokens, alone and all at once, under two parameter sets (top-k + top-p,
- * min-p + top-p), on engines made by rig_up(ro) with DS_ENGINE_DEVICE_SAMPLE=0 and =1: the same
+ * requests of MAXTOK tokens, alone and all at once, under three parameter sets (top-k + top-p,
+ * min-p + top-p, top-p with penalties, logit_bias and min_tokens before a stop token), on engines made by rig_up(ro) with DS_ENGINE_DEVICE_SAMPLE=0 and =1: the same
  * tokens and finishes; the op ran (and not with 0); the tokens are not all one. */
 static inline void rig_device_sample_case(const rig_opts *ro, const int32_t *const *prompts,
                                           const int *lens, int nreq) {
@@ -333,17 +333,29 @@ static inline void rig_device_sample_case(const rig_opts *ro, const int32_t *con
   for (int i = 0; i < nreq; i++) all[i] = i;
   int differ = 0, distinct = 0;
   long long dev_steps = 0;
-  for (int set = 0; set < 2; set++) {
+  for (int set = 0; set < 3; set++) {
     sampling_params sp;
     sampling_params_default(&sp);
-    sp.temperature = set ? 1.0f : 0.8f;
-    sp.top_k = set ? 0 : 40;
-    sp.top_p = set ? 0.95f : 0.9f;
-    sp.min_p = set ? 0.02f : 0.0f;
+    sp.temperature = set == 1 ? 1.0f : 0.8f;
+    sp.top_k = set == 0 ? 40 : 0;
+    sp.top_p = set == 0 ? 0.9f : 0.95f;
+    sp.min_p = set == 1 ? 0.02f : 0.0f;
     sp.seed = 4242 + (uint64_t)set;
     sp.has_seed = 1;
     sp.max_tokens = MAXTOK;
     sp.ignore_eos = 1;
+    if (set == 2) { /* the rows' edits: penalties, logit_bias, min_tokens before a stop token */
+      sp.frequency_penalty = 0.6f;
+      sp.presence_penalty = 0.3f;
+      sp.n_bias = 2;
+      sp.bias_ids[0] = 5;
+      sp.bias[0] = 4.0f;
+      sp.bias_ids[1] = 11;
+      sp.bias[1] = -3.0f;
+      sp.stop_ids[0] = 12;
+      sp.n_stop_ids = 1;
+      sp.min_tokens = MAXTOK / 2;
+    }
     for (int on = 0; on < 2; on++) {
       setenv("DS_ENGINE_DEVICE_SAMPLE", on ? "1" : "0", 1);
       rig_out(*res)[RIG_AHEAD_MAXREQ] = on ? got : ref;
@@ -377,7 +389,7 @@ static inline void rig_device_sample_case(const rig_opts *ro, const int32_t *con
   }
   unsetenv("DS_ENGINE_DEVICE_SAMPLE");
   printf("  sampled steps by the op: %lld, %d of %d outputs differ from the host sampler's\n",
-         dev_steps, differ, 4 * nreq);
+         dev_steps, differ, 6 * nreq);
   EXPECT_MSG(dev_steps >= 2 * nreq * (MAXTOK - 1), "only %lld steps by the op", dev_steps);
   EXPECT_MSG(distinct, "every output repeats one token");
 }

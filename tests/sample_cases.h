@@ -2,7 +2,8 @@
  * logits and seeds: every id must be equal. Shared by the CPU backend's test and the CUDA op
  * tests. Rows: wide, peaked, quantised (many exact ties), very wide, with -inf and NaN, all
  * equal, all -inf, one +inf, all NaN; parameters: greedy and four temperatures, top_k from 1 to
- * past the vocabulary, top_p from 0.01 to 1, min_p 0 and 0.05. */
+ * past the vocabulary, top_p from 0.01 to 1, min_p 0 and 0.05; a third of them with edits
+ * (penalties over an output, logit_bias, banned ids: sc_edits_case). */
 #ifndef DS_TEST_SAMPLE_CASES_H
 #define DS_TEST_SAMPLE_CASES_H
 #include <math.h>
@@ -39,12 +40,21 @@ static void sc_fill(float *l, int n, int kind) {
   }
 }
 
+/* the n rows' edits packed after their words; the words in all */
+static int sc_pack(int32_t *words, int n, const sample_rule_edit *ed, const int *ned) {
+  int k = 0;
+  for (int r = 0; r < n; r++) k += ned[r];
+  for (int i = 0; i < k; i++)
+    sample_rule_edit_pack(&ed[i], words + (size_t)n * SAMPLE_RULE_WORDS + (size_t)i * SAMPLE_RULE_EDIT_WORDS);
+  return n * SAMPLE_RULE_WORDS + k * SAMPLE_RULE_EDIT_WORDS;
+}
+
 /* one op call over the n rows gathered, each id compared */
 static void sc_flush(backend *be, int V, int n, const float *rows, const int32_t *words,
-                     const int32_t *want, int32_t *got, backend_buf bx, backend_buf bp,
-                     backend_buf bi, int kind, int *checked, int *bad) {
+                     int n_words, const int32_t *want, int32_t *got, backend_buf bx,
+                     backend_buf bp, backend_buf bi, int kind, int *checked, int *bad) {
   be->write(be, bx, 0, rows, (size_t)n * V * sizeof *rows);
-  be->write(be, bp, 0, words, (size_t)n * SAMPLE_RULE_WORDS * sizeof *words);
+  be->write(be, bp, 0, words, (size_t)n_words * sizeof *words);
   be->sample(be, bx, n, V, bp, bi);
   be->read(be, bi, 0, got, (size_t)n * sizeof *got);
   be->sync(be, NULL, 0);
@@ -61,6 +71,36 @@ static void sc_flush(backend *be, int V, int n, const float *rows, const int32_t
   }
 }
 
+#define SC_EDITS 64 /* edits a case row has at most */
+
+/* Every third parameter set also has edits: an output of up to 40 earlier tokens (repeats
+ * among them) under frequency and presence penalties, logit_bias entries (some on those tokens)
+ * and banned ids (some on both), as the host sees them: bans set to -inf, then sampler_sample
+ * with the output. */
+static int sc_edits_case(int set, int V, sampling_params *p, int32_t *out, int *n_out,
+                         int32_t *ban, int *n_ban) {
+  *n_out = *n_ban = 0;
+  if (set % 3 != 1) return 0;
+  p->frequency_penalty = (float)(sc_u01() * 4 - 2);
+  p->presence_penalty = set % 2 ? (float)(sc_u01() * 4 - 2) : 0.0f;
+  *n_out = (int)(sc_u01() * 40);
+  for (int i = 0; i < *n_out; i++) out[i] = (int32_t)(sc_u01() * (V < 50 ? V : 50));
+  p->n_bias = 0;
+  for (int i = 0; i < 5 && i < V; i++) {
+    int32_t id = i < 2 && *n_out ? out[i] : (int32_t)(sc_u01() * V);
+    int dup = 0;
+    for (int k = 0; k < p->n_bias; k++) dup |= p->bias_ids[k] == id;
+    if (dup) continue;
+    p->bias_ids[p->n_bias] = id;
+    p->bias[p->n_bias++] = (float)(sc_u01() * 20 - 10);
+  }
+  *n_ban = 3;
+  ban[0] = (int32_t)(sc_u01() * V);
+  ban[1] = p->bias_ids[0];
+  ban[2] = *n_out ? out[0] : 0;
+  return 1;
+}
+
 /* Runs the cases at vocabulary size V (rows per op call: up to max_rows); big: fewer sets. */
 static void sample_cases_run(backend *be, int V, int max_rows, int big, int *checked, int *bad) {
   static const float temps[] = {0.0f, 0.3f, 0.7f, 1.0f, 2.5f};
@@ -70,13 +110,16 @@ static void sample_cases_run(backend *be, int V, int max_rows, int big, int *che
   int n_sets = 5 * 7 * 4 * 2;
   float *base = malloc((size_t)V * sizeof *base), *rows = malloc((size_t)max_rows * V * sizeof *rows);
   float *h = malloc((size_t)V * sizeof *h);
-  int32_t *words = malloc((size_t)max_rows * SAMPLE_RULE_WORDS * sizeof *words);
+  size_t cap_words = (size_t)max_rows * (SAMPLE_RULE_WORDS + SC_EDITS * SAMPLE_RULE_EDIT_WORDS);
+  int32_t *words = malloc(cap_words * sizeof *words);
+  sample_rule_edit *ed = malloc((size_t)max_rows * SC_EDITS * sizeof *ed);
+  int *ned = malloc((size_t)max_rows * sizeof *ned);
   int32_t *want = malloc((size_t)max_rows * sizeof *want), *got = malloc((size_t)max_rows * sizeof *got);
   backend_buf bx = be->alloc(be, BACKEND_KIND_F32, (size_t)max_rows * V);
-  backend_buf bp = be->alloc(be, BACKEND_KIND_I32, (size_t)max_rows * SAMPLE_RULE_WORDS);
+  backend_buf bp = be->alloc(be, BACKEND_KIND_I32, cap_words);
   backend_buf bi = be->alloc(be, BACKEND_KIND_I32, (size_t)max_rows);
   sampler_scratch w;
-  if (!base || !rows || !h || !words || !want || !got || !bx || !bp || !bi ||
+  if (!base || !rows || !h || !words || !ed || !ned || !want || !got || !bx || !bp || !bi ||
       sampler_scratch_init(&w, V)) {
     (*bad)++;
     fprintf(stderr, "  sample cases: out of memory\n");
@@ -96,13 +139,25 @@ static void sample_cases_run(backend *be, int V, int max_rows, int big, int *che
       p.min_p = min_ps[mi];
       p.seed = (uint64_t)kind * 100003 + (uint64_t)set * 7 + (uint64_t)V;
       p.has_seed = 1;
+      int32_t out[40], ban[3];
+      int n_out, n_ban;
+      sc_edits_case(set, V, &p, out, &n_out, ban, &n_ban);
       sampler sh, sd;
       sampler_init(&sh, &p, 0);
       sampler_init(&sd, &p, 0);
       sampler_result res;
       memcpy(h, base, (size_t)V * sizeof *h);
-      want[n] = sampler_sample(&sh, h, V, NULL, 0, NULL, 0, &w, &res);
-      sampler_device_row(&sd, words + (size_t)n * SAMPLE_RULE_WORDS);
+      for (int k = 0; k < n_ban; k++) h[ban[k]] = -INFINITY;
+      want[n] = sampler_sample(&sh, h, V, NULL, 0, out, n_out, &w, &res);
+      int off = 0;
+      for (int r = 0; r < n; r++) off += ned[r];
+      ned[n] = sampler_device_edits(&p, out, n_out, ban, n_ban, V, ed + off, SC_EDITS, &w);
+      if (ned[n] < 0) {
+        (*bad)++;
+        fprintf(stderr, "  sample cases: more than %d edits\n", SC_EDITS);
+        ned[n] = 0;
+      }
+      sampler_device_row(&sd, off, ned[n], words + (size_t)n * SAMPLE_RULE_WORDS);
       if (memcmp(sh.rng, sd.rng, sizeof sh.rng) != 0) {
         (*bad)++;
         fprintf(stderr, "  sample cases: the device row's draw left the RNG elsewhere\n");
@@ -110,11 +165,14 @@ static void sample_cases_run(backend *be, int V, int max_rows, int big, int *che
       memcpy(rows + (size_t)n * V, base, (size_t)V * sizeof *rows);
       n++;
       if (n == max_rows) {
-        sc_flush(be, V, n, rows, words, want, got, bx, bp, bi, kind, checked, bad);
+        sc_flush(be, V, n, rows, words, sc_pack(words, n, ed, ned), want, got, bx, bp, bi, kind,
+                 checked, bad);
         n = 0;
       }
     }
-    if (n) sc_flush(be, V, n, rows, words, want, got, bx, bp, bi, kind, checked, bad);
+    if (n)
+      sc_flush(be, V, n, rows, words, sc_pack(words, n, ed, ned), want, got, bx, bp, bi, kind,
+               checked, bad);
   }
   be->free(be, bx);
   be->free(be, bp);
@@ -124,6 +182,8 @@ static void sample_cases_run(backend *be, int V, int max_rows, int big, int *che
   free(rows);
   free(h);
   free(words);
+  free(ed);
+  free(ned);
   free(want);
   free(got);
 }

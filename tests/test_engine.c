@@ -78,7 +78,7 @@ static void sp_greedy(sampling_params *sp) {
 static const json_vocab *RUN_JSON;
 static const char *RUN_SCHEMA;
 /* run_set without the logits callback (its rows may then be sampled by the backend's op), and
- * the requests of parity RUN_PENALISED (-1: none) with a presence penalty (rows the op cannot
+ * the requests of parity RUN_PENALISED (-1: none) with a repetition penalty (rows the op cannot
  * take: their steps are sampled on the host) */
 static int RUN_NO_LOGITS, RUN_PENALISED = -1;
 
@@ -96,7 +96,7 @@ static int run_set(rig *g, const int *idx, int n, out *res, const sampling_param
     so.prompt = P[i];
     so.n_prompt = LEN[i];
     if (spo) so.sp = *spo; else sp_greedy(&so.sp);
-    if (RUN_PENALISED >= 0 && i % 2 == RUN_PENALISED) so.sp.presence_penalty = 0.5f;
+    if (RUN_PENALISED >= 0 && i % 2 == RUN_PENALISED) so.sp.repetition_penalty = 1.1f;
     so.on_logits = RUN_NO_LOGITS ? NULL : out_logits;
     so.user = &res[i];
     so.json = RUN_JSON;
@@ -390,8 +390,10 @@ TEST(sampler_threads_same_tokens) {
 /* Sampled steps picked by the backend's sample op (DS_ENGINE_DEVICE_SAMPLE=1; on the CPU
  * backend, the op's radix descent) give the host sampler's tokens (=0): 16 seeded requests at
  * once and each alone, three parameter sets (top-k + top-p, top-p + min-p, temperature alone),
- * and a set where every other request has a presence penalty (its steps go to the host while
- * such a request runs). The op path is taken (steps counted) exactly when it may be. */
+ * a set where every other request has a repetition penalty (its steps go to the host while
+ * such a request runs), and a set with frequency and presence penalties, logit_bias and
+ * min_tokens before a stop token (the rows' edits). The op path is taken (steps counted)
+ * exactly when it may be. */
 TEST(device_sample_same_tokens) {
   const char *name = "DS_ENGINE_DEVICE_SAMPLE", *old = getenv(name);
   char saved[32] = "";
@@ -399,7 +401,7 @@ TEST(device_sample_same_tokens) {
   int all[NREQ];
   for (int i = 0; i < NREQ; i++) all[i] = i;
   RUN_NO_LOGITS = 1;
-  for (int set = 0; set < 4; set++) {
+  for (int set = 0; set < 5; set++) {
     sampling_params sp;
     sp_greedy(&sp);
     sp.temperature = set == 0 ? 0.8f : set == 1 ? 1.0f : 0.7f;
@@ -408,6 +410,18 @@ TEST(device_sample_same_tokens) {
     sp.min_p = set == 1 ? 0.02f : 0.0f;
     sp.seed = 500 + (uint64_t)set;
     sp.has_seed = 1;
+    if (set == 4) {
+      sp.frequency_penalty = 0.7f;
+      sp.presence_penalty = -0.4f;
+      sp.n_bias = 2;
+      sp.bias_ids[0] = 7;
+      sp.bias[0] = 3.5f;
+      sp.bias_ids[1] = 200;
+      sp.bias[1] = -2.0f;
+      sp.stop_ids[0] = 9;
+      sp.n_stop_ids = 1;
+      sp.min_tokens = MAXTOK / 2;
+    }
     RUN_PENALISED = set == 3 ? 1 : -1;
     long long dev_steps[2] = {0, 0};
     for (int dev = 0; dev < 2; dev++) {
@@ -432,7 +446,8 @@ TEST(device_sample_same_tokens) {
                "set %d: only %lld steps sampled by the op", set, dev_steps[1]);
     int distinct = 0;
     for (int i = 0; i < NREQ; i++) {
-      EXPECT_EQ_INT(GOT[i].n, MAXTOK);
+      if (set != 4) EXPECT_EQ_INT(GOT[i].n, MAXTOK);
+      else EXPECT(GOT[i].n >= MAXTOK / 2);
       EXPECT_MSG(same(&REF[i], &GOT[i]), "set %d: request %d differs with the op", set, i);
       EXPECT_MSG(same(&REF[i], &ALONE[i]), "set %d: request %d differs alone", set, i);
       for (int k = 1; k < GOT[i].n; k++) distinct |= GOT[i].tok[k] != GOT[i].tok[0];

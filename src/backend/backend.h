@@ -276,11 +276,13 @@ struct backend {
   void (*logits_argmax)(backend *be, backend_buf x, backend_weight norm, float eps,
                         backend_weight W, int H, int V, backend_buf logits, backend_buf ids);
   /* Sampled ids over n rows of logits by sample_rule.h's rule: for i < n, ids[i] is the token
-   * the rule gives for row i of x with the parameters of row i of params (SAMPLE_RULE_WORDS
-   * int32 each, sample_rule_pack: temperature, top_k, top_p, min_p, the draw's 53 bits; a
-   * temperature below SAMPLE_RULE_GREEDY_T is the argmax rule) — exactly the host sampler's
-   * token for those logits and that draw (sampler_device_ok requests). x F32 [n, V] is scratch
-   * afterwards (its contents unspecified); params I32 [n, SAMPLE_RULE_WORDS]; ids I32 [n]. */
+   * the rule gives for row i of x, edited by its edits, with the parameters of row i of params
+   * (SAMPLE_RULE_WORDS int32 each, sample_rule_pack: temperature, top_k, top_p, min_p, the
+   * draw's 53 bits, the place of its edits among the SAMPLE_RULE_EDIT_WORDS-word edits that
+   * follow the n rows' words; a temperature below SAMPLE_RULE_GREEDY_T is the argmax rule) —
+   * exactly the host sampler's token for those logits and that draw (sampler_device_ok
+   * requests). x F32 [n, V] is scratch afterwards (its contents unspecified); params I32;
+   * ids I32 [n]. */
   void (*sample)(backend *be, backend_buf x, int n, int V, backend_buf params, backend_buf ids);
   /* Lets logits_argmax prepare for W [V, H] once, after its upload (it may keep a derived copy
    * of W in device memory until W is freed). Declining is not a failure (logits_argmax still

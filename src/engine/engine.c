@@ -365,14 +365,26 @@ struct engine_pool {
 /* min_tokens: while the request's output is shorter, its end tokens (what engine_is_stop_token
  * would end it on: stop_ids, and the model's eos unless ignore_eos) get no probability. Not
  * under a JSON mask, which may leave nothing but an end token (the server refuses the pair). */
-static void engine_ban_ends(const engine_pool *p, const engine_job *jb) {
-  const sampling_params *sp = &jb->r->smp.p;
-  if (jb->jm || request_n_output(jb->r) >= sp->min_tokens) return;
-  for (int i = 0; i < sp->n_stop_ids; i++)
-    if (sp->stop_ids[i] >= 0 && sp->stop_ids[i] < p->n_vocab) jb->lg[sp->stop_ids[i]] = -INFINITY;
+#define ENGINE_MAX_BANS (SAMPLER_MAX_STOP_IDS + CONFIG_MAX_EOS)
+
+/* The tokens min_tokens bans from request r's next row (out[], at most ENGINE_MAX_BANS; ids
+ * outside the vocabulary are the caller's to skip). */
+static int engine_ban_ids(const int32_t *eos, int n_eos, const request *r, int has_jm,
+                          int32_t *out) {
+  const sampling_params *sp = &r->smp.p;
+  int n = 0;
+  if (has_jm || request_n_output(r) >= sp->min_tokens) return 0;
+  for (int i = 0; i < sp->n_stop_ids; i++) out[n++] = sp->stop_ids[i];
   if (!sp->ignore_eos)
-    for (int i = 0; i < p->n_eos; i++)
-      if (p->eos[i] >= 0 && p->eos[i] < p->n_vocab) jb->lg[p->eos[i]] = -INFINITY;
+    for (int i = 0; i < n_eos && i < CONFIG_MAX_EOS; i++) out[n++] = eos[i];
+  return n;
+}
+
+static void engine_ban_ends(const engine_pool *p, const engine_job *jb) {
+  int32_t ban[ENGINE_MAX_BANS];
+  int n = engine_ban_ids(p->eos, p->n_eos, jb->r, jb->jm != NULL, ban);
+  for (int i = 0; i < n; i++)
+    if (ban[i] >= 0 && ban[i] < p->n_vocab) jb->lg[ban[i]] = -INFINITY;
 }
 
 static void engine_pool_run(engine_pool *p, sampler_scratch *w) {
@@ -590,7 +602,9 @@ struct engine {
    * (qwen35_forward_sample): the backend has it, DS_ENGINE_HOST_SAMPLE is unset, and the model
    * is on a device or DS_ENGINE_DEVICE_SAMPLE is set (not "0") */
   int device_sample;
-  int32_t *words; /* [max_num_seqs, SAMPLE_RULE_WORDS] such a step's rows */
+  int32_t *words; /* such a step's words: [max_num_seqs, SAMPLE_RULE_WORDS], then the edits */
+  sample_rule_edit *edits; /* [max_num_seqs * SAMPLE_RULE_EDITS_MAX] the rows' edits */
+  int *edit_n;             /* [max_num_seqs] each sampled row's number of them */
   int mask_overlap;  /* JSON masks prepared during the forward (DS_ENGINE_MASK_OVERLAP) */
   int profile;       /* DS_ENGINE_PROFILE */
   int trace;         /* DS_ENGINE_TRACE: one log line per step (who computes what) */
@@ -965,6 +979,35 @@ static int engine_fail_step(engine *e, sched_batch *b, const char *err) {
   return b->n;
 }
 
+/* A device-sampled step's words (qwen35_forward_sample): every sampled row's parameters, then
+ * their edits (frequency / presence penalties, logit_bias, the min_tokens ban). Returns the
+ * number of words, or 0 when a row has more edits than SAMPLE_RULE_EDITS_MAX (then no RNG has
+ * moved: the step samples on the host). */
+static int engine_device_words(engine *e, const sched_batch *b, int n_rows) {
+  int32_t ban[ENGINE_MAX_BANS];
+  int n_ed = 0, row = 0;
+  for (int i = 0; i < b->n; i++) {
+    request *r = b->reqs[i];
+    if (!r->sched_sample) continue;
+    int nb = engine_ban_ids(e->pool.eos, e->pool.n_eos, r, 0, ban);
+    int k = sampler_device_edits(&r->smp.p, r->tokens + r->n_prompt, request_n_output(r), ban, nb,
+                                 e->n_vocab, e->edits + n_ed, SAMPLE_RULE_EDITS_MAX, &e->scratch);
+    if (k < 0) return 0;
+    e->edit_n[row++] = k;
+    n_ed += k;
+  }
+  int32_t *ew = e->words + (size_t)n_rows * SAMPLE_RULE_WORDS;
+  for (int k = 0; k < n_ed; k++) sample_rule_edit_pack(&e->edits[k], ew + (size_t)k * SAMPLE_RULE_EDIT_WORDS);
+  row = 0;
+  for (int i = 0, off = 0; i < b->n; i++) {
+    request *r = b->reqs[i];
+    if (!r->sched_sample) continue;
+    sampler_device_row(&r->smp, off, e->edit_n[row], e->words + (size_t)row * SAMPLE_RULE_WORDS);
+    off += e->edit_n[row++];
+  }
+  return n_rows * SAMPLE_RULE_WORDS + n_ed * SAMPLE_RULE_EDIT_WORDS;
+}
+
 static int engine_step(engine *e) {
   if (e->n_fl) return engine_flight_step(e);
   double t0 = e->profile ? engine_now() : 0;
@@ -1018,11 +1061,12 @@ static int engine_step(engine *e) {
     if (r->sched_sample && (h->on_logits || h->jm || !sampler_device_ok(&r->smp.p)))
       dev_sample = 0;
   }
+  int n_words = 0;
+  if (dev_sample) /* the rows' edits (no RNG touched yet: a row with too many sends the step to
+                     the host), then the draws in row order, as sampler_sample would */
+    n_words = engine_device_words(e, &b, n_rows);
+  dev_sample = n_words > 0;
   e->steps_device_sampled += dev_sample;
-  if (dev_sample) /* the draws, in row order, before the step (as sampler_sample would) */
-    for (int i = 0, row = 0; i < b.n; i++)
-      if (b.reqs[i]->sched_sample)
-        sampler_device_row(&b.reqs[i]->smp, e->words + (size_t)row++ * SAMPLE_RULE_WORDS);
   /* the rows' JSON masks are prepared by the sampler threads while the device computes */
   e->pool.n_prep = 0;
   if (e->mask_overlap && !greedy)
@@ -1036,7 +1080,8 @@ static int engine_step(engine *e) {
   char err[160];
   int frc = greedy ? qwen35_forward_greedy(e->m, e->seqs, b.n, e->ids, err, sizeof err)
             : dev_sample
-                ? qwen35_forward_sample(e->m, e->seqs, b.n, e->words, e->ids, err, sizeof err)
+                ? qwen35_forward_sample(e->m, e->seqs, b.n, e->words, n_words, e->ids, err,
+                                        sizeof err)
                 : qwen35_forward(e->m, e->seqs, b.n, e->logits, err, sizeof err);
   engine_pool_prep_finish(&e->pool);
   double t2 = e->profile ? engine_now() : 0;
@@ -1306,7 +1351,10 @@ engine *engine_create(qwen35 *model, const engine_opts *o, char *err, size_t err
     e->device_sample = qwen35_has_sample(model) && !engine_env_on("DS_ENGINE_HOST_SAMPLE") &&
                        (ds && *ds ? strcmp(ds, "0") != 0 : qwen35_on_device(model));
   }
-  e->words = malloc((size_t)n_seq * SAMPLE_RULE_WORDS * sizeof *e->words);
+  e->words = malloc((size_t)n_seq * (SAMPLE_RULE_WORDS + SAMPLE_RULE_EDITS_MAX * SAMPLE_RULE_EDIT_WORDS) *
+                    sizeof *e->words);
+  e->edits = malloc((size_t)n_seq * SAMPLE_RULE_EDITS_MAX * sizeof *e->edits);
+  e->edit_n = malloc((size_t)n_seq * sizeof *e->edit_n);
   {
     /* unset: on device backends (a CPU forward needs the cores); "0": off; else on */
     const char *mo = getenv("DS_ENGINE_MASK_OVERLAP");
@@ -1315,7 +1363,7 @@ engine *engine_create(qwen35 *model, const engine_opts *o, char *err, size_t err
   e->profile = engine_env_on("DS_ENGINE_PROFILE");
   e->trace = engine_env_on("DS_ENGINE_TRACE");
   if (!e->seqs || !e->logits || !e->ids || !e->ids_buf[1] || !e->fl_store[0] || !e->fl_store[1] ||
-      !e->words ||
+      !e->words || !e->edits || !e->edit_n ||
       kv_pages_init(&e->kp, mo.n_pages) ||
       state_pool_init(&e->sp, n_seq, n_slabs, &ops) || sched_init(&e->s, &so, e->kp, e->sp) ||
       sampler_scratch_init(&e->scratch, e->n_vocab) ||
@@ -1393,6 +1441,8 @@ void engine_destroy(engine *e, int drain) {
   if (e->ids) qwen35_host_free(e->m, e->ids);
   if (e->ids_buf[1]) qwen35_host_free(e->m, e->ids_buf[1]);
   free(e->words);
+  free(e->edits);
+  free(e->edit_n);
   free(e->fl_store[0]);
   free(e->fl_store[1]);
   free(e);

@@ -24,6 +24,10 @@
 #include "base/log.h"
 #include "sampler/sample_rule.h"
 
+_Static_assert(QWEN35_SAMPLE_ROW_WORDS ==
+                   SAMPLE_RULE_WORDS + SAMPLE_RULE_EDIT_WORDS * SAMPLE_RULE_EDITS_MAX,
+               "a sampled row's words");
+
 typedef struct q_layer {
   backend_weight input_norm, post_norm;
   /* attention */
@@ -51,7 +55,7 @@ struct qwen35 {
   backend_buf logits; /* F32 [logits_cap, V] */
   backend_buf ids;    /* I32 [logits_cap]: the greedy or sampled step's token ids (when be->argmax
                          or be->sample) */
-  backend_buf sparams; /* I32 [logits_cap, SAMPLE_RULE_WORDS]: a sampled step's rows (be->sample) */
+  backend_buf sparams; /* I32 [logits_cap * QWEN35_SAMPLE_ROW_WORDS]: a sampled step's words */
   /* the last issued step's shape (step_key): a step of the same shape issues the same ops */
   int key[7], key_set;
   unsigned bufs_gen; /* bumped when scratch or logits buffers are reallocated */
@@ -147,7 +151,8 @@ static int ensure_logits(qwen35 *m, int n, char *err, size_t errlen) {
   if (((m->be->argmax || m->be->sample) &&
        alloc_buf(m, &m->ids, BACKEND_KIND_I32, (size_t)n, err, errlen)) ||
       (m->be->sample &&
-       alloc_buf(m, &m->sparams, BACKEND_KIND_I32, (size_t)n * SAMPLE_RULE_WORDS, err, errlen))) {
+       alloc_buf(m, &m->sparams, BACKEND_KIND_I32, (size_t)n * QWEN35_SAMPLE_ROW_WORDS, err,
+                 errlen))) {
     m->be->free(m->be, m->logits);
     m->be->free(m->be, m->ids);
     m->logits = m->ids = NULL;
@@ -545,15 +550,17 @@ int qwen35_forward_greedy(qwen35 *m, const fwd_seq *seqs, int n_seqs, int32_t *i
 int qwen35_has_sample(const qwen35 *m) { return m->be->sample != NULL; }
 
 int qwen35_forward_sample(qwen35 *m, const fwd_seq *seqs, int n_seqs, const int32_t *words,
-                          int32_t *ids, char *err, size_t errlen) {
+                          int n_words, int32_t *ids, char *err, size_t errlen) {
   backend *be = m->be;
   if (!be->sample) return errf(err, errlen, "backend %s has no sample op", be->name);
   int n = 0;
   for (int s = 0; s < n_seqs; s++)
     n += seqs[s].logits == QWEN35_LOGITS_ALL ? seqs[s].n_tokens : seqs[s].logits == QWEN35_LOGITS_LAST;
+  if (n_words < n * SAMPLE_RULE_WORDS || n_words > n * QWEN35_SAMPLE_ROW_WORDS)
+    return errf(err, errlen, "%d sampling words for %d rows", n_words, n);
   /* the rows' words first: a write waits for what was issued before it, so not after the step */
   if (n > 0 && ensure_logits(m, n, err, errlen)) return -1;
-  if (n > 0 && be->write(be, m->sparams, 0, words, (size_t)n * SAMPLE_RULE_WORDS * sizeof *words))
+  if (n > 0 && be->write(be, m->sparams, 0, words, (size_t)n_words * sizeof *words))
     return errf(err, errlen, "backend %s: writing sampling rows failed", be->name);
   int n_out = 0;
   if (forward_issue(m, seqs, n_seqs, FWD_SAMPLE, 0, &n_out, err, errlen)) return -1;

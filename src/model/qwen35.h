@@ -102,13 +102,16 @@ int qwen35_forward_greedy(qwen35 *m, const fwd_seq *seqs, int n_seqs, int32_t *i
  * this (read_start). Return 0, or -1 with err. */
 int qwen35_can_chain(const qwen35 *m);
 /* Sampled steps on the device: qwen35_forward, but the backend's sample op picks every row's
- * token from its logits with words[row * SAMPLE_RULE_WORDS ..] (sampler_device_row) and only
- * the ids come back: ids[n_rows] are the host sampler's tokens for the same logits and draws
- * (sampler_device_ok rows; a temperature below SAMPLE_RULE_GREEDY_T is the argmax rule).
- * qwen35_has_sample: 1 when the backend has the op. Returns 0, or -1 with err. */
+ * token from its logits with the step's n_words words (sample_rule.h: each row's
+ * SAMPLE_RULE_WORDS, sampler_device_row, then the rows' edits, sampler_device_edits; at most
+ * QWEN35_SAMPLE_ROW_WORDS per row in all) and only the ids come back: ids[n_rows] are the host
+ * sampler's tokens for the same logits and draws (sampler_device_ok rows; a temperature below
+ * SAMPLE_RULE_GREEDY_T is the argmax rule). qwen35_has_sample: 1 when the backend has the op.
+ * Returns 0, or -1 with err. */
+#define QWEN35_SAMPLE_ROW_WORDS (8 + 4 * 4096) /* SAMPLE_RULE_WORDS + EDIT_WORDS x EDITS_MAX */
 int qwen35_has_sample(const qwen35 *m);
 int qwen35_forward_sample(qwen35 *m, const fwd_seq *seqs, int n_seqs, const int32_t *words,
-                          int32_t *ids, char *err, size_t errlen);
+                          int n_words, int32_t *ids, char *err, size_t errlen);
 int qwen35_greedy_start(qwen35 *m, const fwd_seq *seqs, int n_seqs, int chained, int32_t *ids,
                         int *ticket, char *err, size_t errlen);
 int qwen35_greedy_finish(qwen35 *m, int ticket, char *err, size_t errlen);

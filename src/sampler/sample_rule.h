@@ -4,7 +4,8 @@
  * the device and the same request sampled on the host (batched with a row the device cannot
  * sample) get the same tokens for a seed.
  *
- * The rule for a row x[V] with temperature T, top_k, top_p, min_p and 53 random bits u53:
+ * The rule for a row x[V] with temperature T, top_k, top_p, min_p and 53 random bits u53,
+ * after the row's edits (sample_rule_edit_apply: penalties, logit_bias, a ban):
  *   1. T < 1e-5: the greedy argmax rule (sampler_argmax: the first maximum, NaN never wins).
  *   2. m = the largest x that is not NaN (-inf when none); inv_t = 1 / T.
  *   3. q_i = sample_rule_expf((x_i - m) inv_t), every operation rounded once (no contraction);
@@ -35,7 +36,17 @@
 
 #define SAMPLE_RULE_GREEDY_T 1e-5f /* temperatures below: the argmax rule */
 #define SAMPLE_RULE_MASS_SCALE 1099511627776.0f /* 2^40 */
-#define SAMPLE_RULE_WORDS 6 /* int32 words per row of a device sample op's parameters */
+/* A device sample op's parameters: SAMPLE_RULE_WORDS int32 per row (sample_rule_pack), then the
+ * rows' edits, SAMPLE_RULE_EDIT_WORDS each (sample_rule_edit_pack), row i's n_edits of them from
+ * edit edit_off on. */
+#define SAMPLE_RULE_WORDS 8
+#define SAMPLE_RULE_EDIT_WORDS 4
+#define SAMPLE_RULE_EDITS_MAX 4096 /* edits a row may have (more: the row samples on the host) */
+/* An edit of one logit before the rule (the host sampler's penalties and logit_bias, the
+ * engine's min_tokens ban, in that order): x - sub, then x + add, then -inf. */
+#define SAMPLE_RULE_EDIT_PEN 1u
+#define SAMPLE_RULE_EDIT_BIAS 2u
+#define SAMPLE_RULE_EDIT_BAN 4u
 
 /* single rounded operations on both sides (nvcc would otherwise fuse a * b + c) */
 SAMPLE_RULE_FN float sample_rule_mul(float a, float b) {
@@ -50,6 +61,13 @@ SAMPLE_RULE_FN float sample_rule_sub(float a, float b) {
   return __fsub_rn(a, b);
 #else
   return a - b;
+#endif
+}
+SAMPLE_RULE_FN float sample_rule_add(float a, float b) {
+#ifdef __CUDA_ARCH__
+  return __fadd_rn(a, b);
+#else
+  return a + b;
 #endif
 }
 SAMPLE_RULE_FN double sample_rule_dmul(double a, double b) {
@@ -129,6 +147,7 @@ typedef struct sample_rule_row {
   float temperature, top_p, min_p;
   int32_t top_k;
   uint64_t u53;
+  int32_t edit_off, n_edits;
 } sample_rule_row;
 
 SAMPLE_RULE_FN void sample_rule_pack(const sample_rule_row *r, int32_t *w) {
@@ -138,6 +157,8 @@ SAMPLE_RULE_FN void sample_rule_pack(const sample_rule_row *r, int32_t *w) {
   memcpy(&w[3], &r->min_p, 4);
   w[4] = (int32_t)(uint32_t)(r->u53 & 0xffffffffu);
   w[5] = (int32_t)(uint32_t)(r->u53 >> 32);
+  w[6] = r->edit_off;
+  w[7] = r->n_edits;
 }
 
 SAMPLE_RULE_FN void sample_rule_unpack(const int32_t *w, sample_rule_row *r) {
@@ -146,6 +167,43 @@ SAMPLE_RULE_FN void sample_rule_unpack(const int32_t *w, sample_rule_row *r) {
   memcpy(&r->top_p, &w[2], 4);
   memcpy(&r->min_p, &w[3], 4);
   r->u53 = (uint64_t)(uint32_t)w[4] | (uint64_t)(uint32_t)w[5] << 32;
+  r->edit_off = w[6];
+  r->n_edits = w[7];
+}
+
+/* One edit: the token, what applies (SAMPLE_RULE_EDIT_*), what is subtracted and added. */
+typedef struct sample_rule_edit {
+  int32_t id;
+  uint32_t flags;
+  float sub, add;
+} sample_rule_edit;
+
+SAMPLE_RULE_FN void sample_rule_edit_pack(const sample_rule_edit *e, int32_t *w) {
+  w[0] = e->id;
+  w[1] = (int32_t)e->flags;
+  memcpy(&w[2], &e->sub, 4);
+  memcpy(&w[3], &e->add, 4);
+}
+
+SAMPLE_RULE_FN void sample_rule_edit_unpack(const int32_t *w, sample_rule_edit *e) {
+  e->id = w[0];
+  e->flags = (uint32_t)w[1];
+  memcpy(&e->sub, &w[2], 4);
+  memcpy(&e->add, &w[3], 4);
+}
+
+/* What a frequency and presence penalty subtract from a token seen count times in the output. */
+SAMPLE_RULE_FN float sample_rule_penalty(float frequency, float presence, int32_t count) {
+  return sample_rule_add(sample_rule_mul(frequency, (float)count), presence);
+}
+
+/* The edited logit: the sampler's x -= frequency * count + presence, then x += bias; a ban
+ * (which the engine applies first, as -inf, and no later step changes) last. */
+SAMPLE_RULE_FN float sample_rule_edit_apply(float x, const sample_rule_edit *e) {
+  if (e->flags & SAMPLE_RULE_EDIT_PEN) x = sample_rule_sub(x, e->sub);
+  if (e->flags & SAMPLE_RULE_EDIT_BIAS) x = sample_rule_add(x, e->add);
+  if (e->flags & SAMPLE_RULE_EDIT_BAN) x = -INFINITY;
+  return x;
 }
 
 #endif

@@ -90,8 +90,11 @@ int sampler_scratch_init(sampler_scratch *w, int n_vocab) {
   w->hist = malloc(SAMPLER_HIST * sizeof *w->hist);
   w->counts = calloc(n, sizeof *w->counts);
   w->mark = calloc(n, 1);
+  w->slot = malloc(n * sizeof *w->slot);
+  if (w->slot)
+    for (size_t i = 0; i < n; i++) w->slot[i] = -1;
   if (!w->probs || !w->idx || !w->idx2 || !w->key || !w->key2 || !w->hist || !w->counts ||
-      !w->mark) {
+      !w->mark || !w->slot) {
     sampler_scratch_free(w);
     return -1;
   }
@@ -108,6 +111,7 @@ void sampler_scratch_free(sampler_scratch *w) {
   free(w->hist);
   free(w->counts);
   free(w->mark);
+  free(w->slot);
   memset(w, 0, sizeof *w);
 }
 
@@ -140,12 +144,14 @@ void sampler_apply_penalties(const sampling_params *p, float *logits, int n_voca
     for (int i = 0; i < n_output; i++) {
       int32_t t = output[i];
       if (t < 0 || t >= n_vocab || w->counts[t] == 0) continue;
-      logits[t] -= p->frequency_penalty * (float)w->counts[t] + p->presence_penalty;
+      logits[t] = sample_rule_sub(
+          logits[t], sample_rule_penalty(p->frequency_penalty, p->presence_penalty, w->counts[t]));
       w->counts[t] = 0; /* applied once per distinct token; also restores the scratch */
     }
   }
   for (int i = 0; i < p->n_bias; i++)
-    if (p->bias_ids[i] >= 0 && p->bias_ids[i] < n_vocab) logits[p->bias_ids[i]] += p->bias[i];
+    if (p->bias_ids[i] >= 0 && p->bias_ids[i] < n_vocab)
+      logits[p->bias_ids[i]] = sample_rule_add(logits[p->bias_ids[i]], p->bias[i]);
 }
 
 /* ---- sampling --------------------------------------------------------------------------- */
@@ -265,11 +271,61 @@ int sampler_is_plain_greedy(const sampling_params *p) {
 }
 
 int sampler_device_ok(const sampling_params *p) {
-  return p->repetition_penalty == 1.0f && p->presence_penalty == 0.0f &&
-         p->frequency_penalty == 0.0f && !p->logprobs && p->n_bias == 0 && p->min_tokens == 0;
+  return p->repetition_penalty == 1.0f && !p->logprobs;
 }
 
-void sampler_device_row(sampler *s, int32_t words[SAMPLE_RULE_WORDS]) {
+/* The edit of token t (a new one when it has none yet); NULL when cap are in use. */
+static sample_rule_edit *sampler_edit_of(sample_rule_edit *ed, int *n, int cap, int32_t t,
+                                         sampler_scratch *w) {
+  if (w->slot[t] >= 0) return &ed[w->slot[t]];
+  if (*n >= cap) return NULL;
+  w->slot[t] = *n;
+  ed[*n] = (sample_rule_edit){t, 0, 0.0f, 0.0f};
+  return &ed[(*n)++];
+}
+
+int sampler_device_edits(const sampling_params *p, const int32_t *output, int n_output,
+                         const int32_t *ban, int n_ban, int n_vocab, sample_rule_edit *ed,
+                         int cap, sampler_scratch *w) {
+  CHECK(w->n_vocab >= n_vocab);
+  int n = 0, full = 0;
+  if (p->frequency_penalty != 0.0f || p->presence_penalty != 0.0f) {
+    for (int i = 0; i < n_output; i++)
+      if (output[i] >= 0 && output[i] < n_vocab) w->counts[output[i]]++;
+    for (int i = 0; i < n_output; i++) {
+      int32_t t = output[i];
+      if (t < 0 || t >= n_vocab || w->counts[t] == 0) continue;
+      sample_rule_edit *e = full ? NULL : sampler_edit_of(ed, &n, cap, t, w);
+      if (e) {
+        e->flags |= SAMPLE_RULE_EDIT_PEN;
+        e->sub = sample_rule_penalty(p->frequency_penalty, p->presence_penalty, w->counts[t]);
+      }
+      full |= !e;
+      w->counts[t] = 0;
+    }
+  }
+  for (int i = 0; i < p->n_bias && !full; i++) {
+    int32_t t = p->bias_ids[i];
+    if (t < 0 || t >= n_vocab) continue;
+    sample_rule_edit *e = sampler_edit_of(ed, &n, cap, t, w);
+    if (e) {
+      e->flags |= SAMPLE_RULE_EDIT_BIAS;
+      e->add = p->bias[i];
+    }
+    full |= !e;
+  }
+  for (int i = 0; i < n_ban && !full; i++) {
+    int32_t t = ban[i];
+    if (t < 0 || t >= n_vocab) continue;
+    sample_rule_edit *e = sampler_edit_of(ed, &n, cap, t, w);
+    if (e) e->flags |= SAMPLE_RULE_EDIT_BAN;
+    full |= !e;
+  }
+  for (int i = 0; i < n; i++) w->slot[ed[i].id] = -1;
+  return full ? -1 : n;
+}
+
+void sampler_device_row(sampler *s, int edit_off, int n_edits, int32_t words[SAMPLE_RULE_WORDS]) {
   const sampling_params *p = &s->p;
   sample_rule_row r;
   r.temperature = p->temperature;
@@ -277,6 +333,8 @@ void sampler_device_row(sampler *s, int32_t words[SAMPLE_RULE_WORDS]) {
   r.top_p = p->top_p;
   r.min_p = p->min_p;
   r.u53 = p->temperature < SAMPLE_RULE_GREEDY_T ? 0 : sampler_next(s) >> 11;
+  r.edit_off = edit_off;
+  r.n_edits = n_edits;
   sample_rule_pack(&r, words);
 }
 

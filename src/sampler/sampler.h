@@ -6,6 +6,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "sampler/sample_rule.h"
+
 #define SAMPLER_MAX_STOP_IDS 64
 #define SAMPLER_MAX_BIAS 300 /* logit_bias entries per request */
 
@@ -63,6 +65,7 @@ typedef struct sampler_scratch {
   uint32_t *hist;  /* [SAMPLER_HIST] radix histograms */
   int32_t *counts; /* [n_vocab] occurrences in the output; all zero between calls */
   uint8_t *mark;   /* [n_vocab] seen in prompt or output; all zero between calls */
+  int32_t *slot;   /* [n_vocab] a token's edit (sampler_device_edits); all -1 between calls */
 } sampler_scratch;
 
 #define SAMPLER_HIST 16384
@@ -109,14 +112,22 @@ int32_t sampler_sample(sampler *s, float *logits, int n_vocab, const int32_t *pr
                        int n_prompt, const int32_t *output, int n_output, sampler_scratch *w,
                        sampler_result *res);
 
-/* 1 when sampler_sample's token depends on nothing but the logits, the temperature, top_k,
- * top_p, min_p and the RNG (no penalties, no logit_bias, no logprobs, no min_tokens): a
- * backend's sample op (backend.h) given sampler_device_row's words picks the same token. */
+/* 1 when a backend's sample op can pick sampler_sample's token: no repetition_penalty (it
+ * reaches into the prompt) and no logprobs; frequency / presence penalties, logit_bias and the
+ * engine's min_tokens ban travel as the row's edits (sampler_device_edits). */
 int sampler_device_ok(const sampling_params *p);
 
+/* The row's edits for a sample op (sample_rule.h): one per distinct token that a penalty, a
+ * logit_bias entry or the ban list ban[n_ban] (set to -inf, as the engine does before
+ * sampler_sample) touches, in ed[0..) — what sampler_apply_penalties and the ban do to the
+ * logits, bit for bit. Returns their number, or -1 when more than cap would be needed. */
+int sampler_device_edits(const sampling_params *p, const int32_t *output, int n_output,
+                         const int32_t *ban, int n_ban, int n_vocab, sample_rule_edit *ed,
+                         int cap, sampler_scratch *w);
+
 /* The row's words for a backend sample op (sample_rule_pack: temperature, top_k, top_p, min_p,
- * the draw's 53 bits), advancing the RNG exactly as sampler_sample would (one draw unless
- * greedy). */
-void sampler_device_row(sampler *s, int32_t words[6]);
+ * the draw's 53 bits, its edits' place), advancing the RNG exactly as sampler_sample would (one
+ * draw unless greedy). */
+void sampler_device_row(sampler *s, int edit_off, int n_edits, int32_t words[8]);
 
 #endif

@@ -1169,7 +1169,7 @@ TEST(sample_timing) {
     double copy_us = (sample_now_us() - t0) / REPS;
     for (int c = 0; c < 4; c++) {
       for (int r = 0; r < rows; r++) {
-        sample_rule_row q = {cf[c].t, cf[c].p, 0.0f, cf[c].k, 12345ull * (uint64_t)(r + 1)};
+        sample_rule_row q = {cf[c].t, cf[c].p, 0.0f, cf[c].k, 12345ull * (uint64_t)(r + 1), 0, 0};
         sample_rule_pack(&q, words + (size_t)r * SAMPLE_RULE_WORDS);
       }
       GPU->write(GPU, bp, 0, words, (size_t)rows * SAMPLE_RULE_WORDS * sizeof *words);

@@ -830,7 +830,7 @@ static void cpu_argmax(backend *be, backend_buf x, int n, int V, backend_buf ids
 typedef struct {
   const int32_t *params;
   float *x;
-  int V;
+  int n, V;
   int32_t *ids;
 } smp_job;
 
@@ -912,14 +912,22 @@ static void smp_run(void *v, int64_t b, int64_t e) {
   for (int64_t r = b; r < e; r++) {
     sample_rule_row p;
     sample_rule_unpack(j->params + r * SAMPLE_RULE_WORDS, &p);
-    j->ids[r] = smp_row(j->x + r * j->V, j->V, &p);
+    float *x = j->x + r * j->V;
+    const int32_t *ew = j->params + (size_t)j->n * SAMPLE_RULE_WORDS +
+                        (size_t)p.edit_off * SAMPLE_RULE_EDIT_WORDS;
+    for (int k = 0; k < p.n_edits; k++) {
+      sample_rule_edit e;
+      sample_rule_edit_unpack(ew + (size_t)k * SAMPLE_RULE_EDIT_WORDS, &e);
+      if (e.id >= 0 && e.id < j->V) x[e.id] = sample_rule_edit_apply(x[e.id], &e);
+    }
+    j->ids[r] = smp_row(x, j->V, &p);
   }
 }
 
 static void cpu_sample(backend *be, backend_buf x, int n, int V, backend_buf params,
                        backend_buf ids) {
   if (n <= 0 || V <= 0) return;
-  smp_job j = {(const int32_t *)params, F(x), V, (int32_t *)ids};
+  smp_job j = {(const int32_t *)params, F(x), n, V, (int32_t *)ids};
   cpu_pool_run(ctx_of(be)->pool, n, 1, smp_run, &j);
 }
 

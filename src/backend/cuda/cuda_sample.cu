@@ -5,6 +5,8 @@
  *
  * One cluster of SMP_CLUSTER blocks per row, block b owning the b-th slice of the row; what the
  * rule sums over the whole row the blocks exchange through distributed shared memory:
+ *   0. the row's edits (sample_rule_edit_apply: frequency / presence penalties, logit_bias, the
+ *      min_tokens ban), each block those in its slice;
  *   1. the argmax rule's id (am_take / am_block, as the argmax op; am_take is a total order, so
  *      the slices' results reduce to the row's) and m, the largest value; a greedy row
  *      (temperature < SAMPLE_RULE_GREEDY_T) ends here;
@@ -288,6 +290,16 @@ __global__ void __cluster_dims__(SMP_CLUSTER, 1, 1) __launch_bounds__(SMP_THREAD
   uint32_t *key = (uint32_t *)row;
   sample_rule_row p;
   sample_rule_unpack(params + (size_t)row_i * SAMPLE_RULE_WORDS, &p);
+
+  /* 0. the row's edits (penalties, logit_bias, a ban), each block those of its slice */
+  const int32_t *ew = params + (size_t)(gridDim.x / SMP_CLUSTER) * SAMPLE_RULE_WORDS +
+                      (size_t)p.edit_off * SAMPLE_RULE_EDIT_WORDS;
+  for (int k = threadIdx.x; k < p.n_edits; k += SMP_THREADS) {
+    sample_rule_edit e;
+    sample_rule_edit_unpack(ew + (size_t)k * SAMPLE_RULE_EDIT_WORDS, &e);
+    if (e.id >= sl.lo && e.id < sl.hi) row[e.id] = sample_rule_edit_apply(row[e.id], &e);
+  }
+  __syncthreads();
 
   /* 1. the argmax rule (k_argmax's scan and reduction, then over the blocks) and m */
   float v = -INFINITY;

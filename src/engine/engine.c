@@ -17,10 +17,11 @@
  * Greedy steps: when every row a step samples is plain greedy (no penalties, no logprobs, no
  * logits callback, no JSON mask) and the backend has an argmax op, the tokens are picked on the
  * device and only the ids come back (qwen35_forward_greedy); the same tokens as sampling the
- * downloaded rows. Sampled steps: when every sampled row is sampler_device_ok (temperature,
- * top_k, top_p, min_p, seed; no penalties, logit_bias, logprobs, min_tokens, JSON mask or
- * callback), the engine draws each row's random bits as its sampler would and the backend's
- * sample op picks the tokens by sample_rule.h (qwen35_forward_sample): the host sampler's
+ * downloaded rows. Sampled steps: when every sampled row is sampler_device_ok (no
+ * repetition_penalty, logprobs, JSON mask or callback; frequency / presence penalties,
+ * logit_bias and the min_tokens ban travel as the row's edits), the engine draws each row's
+ * random bits as its sampler would and the backend's sample op picks the tokens by
+ * sample_rule.h (engine_device_words, qwen35_forward_sample): the host sampler's
  * tokens, n ids downloaded (on device backends; DS_ENGINE_DEVICE_SAMPLE=1 on any backend with
  * the op, =0 never). Other steps download the rows into page-locked memory (qwen35_host_alloc).
  * DS_ENGINE_HOST_SAMPLE=1 turns both device paths off (for before/after timings);
@@ -1053,7 +1054,7 @@ static int engine_step(engine *e) {
       return engine_flight_step(e);
     }
   }
-  /* every sampled row one the backend's sample op picks exactly as the host would */
+  /* the backend's sample op when it picks every sampled row exactly as the host would */
   int dev_sample = !greedy && e->device_sample && n_rows > 0;
   for (int i = 0; i < b.n && dev_sample; i++) {
     request *r = b.reqs[i];

@@ -111,6 +111,7 @@ typedef struct bench {
   int decode_repeats; /* measured decode runs per level (the median is reported) */
   float temperature, top_p; /* every request's sampling (default greedy: 0, 1, 0) */
   int top_k;
+  float frequency_penalty, presence_penalty;
   bench_sizes sz;
   engine_opts user; /* engine flags from the command line */
   int user_kv_tokens, user_max_seqs;
@@ -219,6 +220,8 @@ static int bench_submit(bench *b, int n, int32_t **prompts, const int *lens, int
     so.sp.temperature = b->temperature;
     so.sp.top_p = b->top_p;
     so.sp.top_k = b->top_k;
+    so.sp.frequency_penalty = b->frequency_penalty;
+    so.sp.presence_penalty = b->presence_penalty;
     so.sp.seed = 1000 + (uint64_t)i;
     so.sp.has_seed = 1;
     so.sp.max_tokens = max_tokens;
@@ -989,6 +992,8 @@ static int bench_write(bench *b, const char *out, int final, int quiet_missing, 
   json_object_set_new(smp, "temperature", json_real(b->temperature));
   json_object_set_new(smp, "top_p", json_real(b->top_p));
   json_object_set_new(smp, "top_k", json_integer(b->top_k));
+  json_object_set_new(smp, "frequency_penalty", json_real(b->frequency_penalty));
+  json_object_set_new(smp, "presence_penalty", json_real(b->presence_penalty));
   json_object_set_new(b->info, "sampling", smp);
   json_object_set_new(b->info, "wall_s", json_real(bench_now() - t_start));
 
@@ -1050,8 +1055,9 @@ static void bench_usage(FILE *f) {
           "    one batch size).\n"
           "  --decode-repeats N: measure each decode size N times (1..%d) and report the\n"
           "    median (every run in info.decode_runs_tok_s).\n"
-          "  --temperature T, --top-p P, --top-k K: every request sampled so (seeded; the\n"
-          "    default is greedy); the figures then include the sampling.\n",
+          "  --temperature T, --top-p P, --top-k K, --frequency-penalty F, --presence-penalty F:\n"
+          "    every request sampled so (seeded; the default is greedy); the figures then\n"
+          "    include the sampling.\n",
           BENCH_MAX_CONC, BENCH_MAX_REPEATS);
 }
 
@@ -1121,6 +1127,14 @@ int cmd_bench(int argc, char **argv) {
       }
       if (t) b.temperature = f;
       else b.top_p = f;
+    } else if (!strcmp(a, "--frequency-penalty") || !strcmp(a, "--presence-penalty")) {
+      float f = strtof(v, &end);
+      if (*end || end == v || !(f >= -2.0f && f <= 2.0f)) {
+        fprintf(stderr, "deltaserve bench: bad %s '%s' (-2..2)\n", a, v);
+        return 2;
+      }
+      if (a[2] == 'f') b.frequency_penalty = f;
+      else b.presence_penalty = f;
     } else if (!strcmp(a, "--top-k")) {
       long k = strtol(v, &end, 10);
       if (*end || end == v || k < 0 || k > 1 << 24) {

@@ -323,27 +323,34 @@ static inline void rig_ahead_case(const rig_opts *ro, const int32_t *const *prom
 }
 
 /* Sampled steps picked by the backend's sample op against the host sampler: nreq seeded
- * requests of MAXTOK tokens, alone and all at once, under three parameter sets (top-k + top-p,
- * min-p + top-p, top-p with penalties, logit_bias and min_tokens before a stop token), on engines made by rig_up(ro) with DS_ENGINE_DEVICE_SAMPLE=0 and =1: the same
- * tokens and finishes; the op ran (and not with 0); the tokens are not all one. */
+ * requests of MAXTOK tokens, alone and all at once, under four parameter sets (top-k + top-p;
+ * min-p + top-p with min_tokens 3; top-p with penalties, logit_bias and min_tokens before a stop
+ * token; set 0's with request 0's third token as a stop token), on engines made by rig_up(ro)
+ * with DS_ENGINE_DEVICE_SAMPLE=0 (the host), =1 with DS_ENGINE_AHEAD=0, and =1 with
+ * DS_ENGINE_AHEAD=1 (steps issued ahead where the rows' words carry no edits: sets 0, 1 past
+ * min_tokens, 3): the same tokens and finishes; the op ran (and not with 0); steps went ahead
+ * (only with AHEAD=1, never in set 2); some request stopped mid-output; the tokens are not all
+ * one. */
 static inline void rig_device_sample_case(const rig_opts *ro, const int32_t *const *prompts,
                                           const int *lens, int nreq) {
-  static rig_out ref[2][RIG_AHEAD_MAXREQ], got[2][RIG_AHEAD_MAXREQ];
+  static rig_out res[3][2][RIG_AHEAD_MAXREQ]; /* [run][alone, batched][request] */
+  static int32_t stop_tok;
   int all[RIG_AHEAD_MAXREQ];
   for (int i = 0; i < nreq; i++) all[i] = i;
-  int differ = 0, distinct = 0;
-  long long dev_steps = 0;
-  for (int set = 0; set < 3; set++) {
+  int differ = 0, distinct = 0, stopped = 0;
+  long long dev_steps = 0, ahead_steps = 0;
+  for (int set = 0; set < 4; set++) {
     sampling_params sp;
     sampling_params_default(&sp);
     sp.temperature = set == 1 ? 1.0f : 0.8f;
-    sp.top_k = set == 0 ? 40 : 0;
-    sp.top_p = set == 0 ? 0.9f : 0.95f;
+    sp.top_k = set == 0 || set == 3 ? 40 : 0;
+    sp.top_p = set == 0 || set == 3 ? 0.9f : 0.95f;
     sp.min_p = set == 1 ? 0.02f : 0.0f;
-    sp.seed = 4242 + (uint64_t)set;
+    sp.seed = 4242 + (uint64_t)(set == 3 ? 0 : set);
     sp.has_seed = 1;
     sp.max_tokens = MAXTOK;
     sp.ignore_eos = 1;
+    if (set == 1) sp.min_tokens = 3; /* the rows go ahead once past it */
     if (set == 2) { /* the rows' edits: penalties, logit_bias, min_tokens before a stop token */
       sp.frequency_penalty = 0.6f;
       sp.presence_penalty = 0.3f;
@@ -356,41 +363,57 @@ static inline void rig_device_sample_case(const rig_opts *ro, const int32_t *con
       sp.n_stop_ids = 1;
       sp.min_tokens = MAXTOK / 2;
     }
-    for (int on = 0; on < 2; on++) {
-      setenv("DS_ENGINE_DEVICE_SAMPLE", on ? "1" : "0", 1);
-      rig_out(*res)[RIG_AHEAD_MAXREQ] = on ? got : ref;
+    if (set == 3) { /* set 0's outputs, each cut at its first stop_tok */
+      sp.stop_ids[0] = stop_tok;
+      sp.n_stop_ids = 1;
+    }
+    for (int run = 0; run < 3; run++) {
+      setenv("DS_ENGINE_DEVICE_SAMPLE", run ? "1" : "0", 1);
+      setenv("DS_ENGINE_AHEAD", run == 2 ? "1" : "0", 1);
       rig g;
       REQUIRE(rig_up(&g, ro) == 0);
-      for (int i = 0; i < nreq; i++) EXPECT(rig_run_plain(&g, prompts, lens, &i, 1, res[0], &sp) == 1);
-      EXPECT_EQ_INT(rig_run_plain(&g, prompts, lens, all, nreq, res[1], &sp), nreq);
+      for (int i = 0; i < nreq; i++)
+        EXPECT(rig_run_plain(&g, prompts, lens, &i, 1, res[run][0], &sp) == 1);
+      EXPECT_EQ_INT(rig_run_plain(&g, prompts, lens, all, nreq, res[run][1], &sp), nreq);
       engine_stats st;
       engine_get_stats(g.e, &st);
-      if (on) dev_steps += st.steps_device_sampled;
+      if (run) dev_steps += st.steps_device_sampled;
       else EXPECT_MSG(st.steps_device_sampled == 0, "op off: %lld steps", st.steps_device_sampled);
+      if (run == 2 && set != 2)
+        EXPECT_MSG(st.steps_ahead > 0, "set %d: no step went ahead", set);
+      if (run < 2 || set == 2)
+        EXPECT_MSG(st.steps_ahead == 0, "set %d run %d: %lld steps ahead", set, run, st.steps_ahead);
+      if (run == 2) ahead_steps += st.steps_ahead;
       EXPECT(rig_down(&g));
     }
-    for (int k = 0; k < 2; k++)
-      for (int i = 0; i < nreq; i++) {
-        const rig_out *a = &got[k][i], *b = &ref[k][i];
-        int eq = a->n == b->n && a->finish == b->finish &&
-                 !memcmp(a->tok, b->tok, (size_t)b->n * sizeof(int32_t));
-        differ += !eq;
-        if (!eq) {
-          int t = 0;
-          while (t < a->n && t < b->n && a->tok[t] == b->tok[t]) t++;
-          printf("  set %d %s request %d: first difference at token %d of %d / %d: op %d, host %d\n",
-                 set, k ? "batched" : "alone", i, t, a->n, b->n, t < a->n ? a->tok[t] : -1,
-                 t < b->n ? b->tok[t] : -1);
+    if (set == 0) stop_tok = res[0][0][0].n > 2 ? res[0][0][0].tok[2] : 0;
+    for (int run = 1; run < 3; run++)
+      for (int k = 0; k < 2; k++)
+        for (int i = 0; i < nreq; i++) {
+          const rig_out *a = &res[run][k][i], *b = &res[0][k][i];
+          int eq = a->n == b->n && a->finish == b->finish &&
+                   !memcmp(a->tok, b->tok, (size_t)b->n * sizeof(int32_t));
+          differ += !eq;
+          if (!eq) {
+            int t = 0;
+            while (t < a->n && t < b->n && a->tok[t] == b->tok[t]) t++;
+            printf("  set %d %s %s request %d: first difference at token %d of %d / %d: op %d, "
+                   "host %d\n", set, run == 2 ? "ahead" : "in turn", k ? "batched" : "alone", i,
+                   t, a->n, b->n, t < a->n ? a->tok[t] : -1, t < b->n ? b->tok[t] : -1);
+          }
+          EXPECT_MSG(eq, "set %d %s %s request %d: the op's tokens differ from the host's", set,
+                     run == 2 ? "ahead" : "in turn", k ? "batched" : "alone", i);
+          for (int t = 1; t < b->n; t++) distinct |= b->tok[t] != b->tok[0];
+          if (set == 3 && run == 1) stopped += b->finish == FINISH_STOP && b->n < MAXTOK;
         }
-        EXPECT_MSG(eq, "set %d %s request %d: the op's tokens differ from the host's", set,
-                   k ? "batched" : "alone", i);
-        for (int t = 1; t < b->n; t++) distinct |= b->tok[t] != b->tok[0];
-      }
   }
   unsetenv("DS_ENGINE_DEVICE_SAMPLE");
-  printf("  sampled steps by the op: %lld, %d of %d outputs differ from the host sampler's\n",
-         dev_steps, differ, 6 * nreq);
-  EXPECT_MSG(dev_steps >= 2 * nreq * (MAXTOK - 1), "only %lld steps by the op", dev_steps);
+  unsetenv("DS_ENGINE_AHEAD");
+  printf("  sampled steps by the op: %lld (%lld issued ahead), %d requests stopped mid-output, "
+         "%d of %d outputs differ from the host sampler's\n",
+         dev_steps, ahead_steps, stopped, differ, 16 * nreq);
+  EXPECT_MSG(dev_steps >= 4 * nreq * (MAXTOK - 1), "only %lld steps by the op", dev_steps);
+  EXPECT_MSG(stopped > 0, "no request stopped mid-output");
   EXPECT_MSG(distinct, "every output repeats one token");
 }
 

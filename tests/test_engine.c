@@ -247,6 +247,17 @@ static void ahead_case(int cache) {
 TEST(ahead_same_tokens) { ahead_case(0); }
 TEST(ahead_same_tokens_cache) { ahead_case(1); }
 
+/* Sampled steps ahead (engine.c engine_flight_sampled): the sample op's tokens with steps
+ * issued ahead, and without, are the host sampler's (engine_rig.h rig_device_sample_case). */
+TEST(device_sample_ahead_same_tokens) {
+  const int32_t *prompts[NREQ];
+  for (int i = 0; i < NREQ; i++) prompts[i] = P[i];
+  rig_opts ro = {0};
+  ro.budget = 8192;
+  ro.seqs = 16;
+  rig_device_sample_case(&ro, prompts, LEN, NREQ);
+}
+
 TEST(mem_plan_from_device_memory) {
   const size_t M = (size_t)1 << 20;
   engine_opts o;
@@ -682,6 +693,7 @@ int main(void) {
   RUN(startup_forward_leaves_no_trace);
   RUN(ahead_same_tokens);
   RUN(ahead_same_tokens_cache);
+  RUN(device_sample_ahead_same_tokens);
   RUN(mem_plan_from_device_memory);
   RUN(invariance_budget_8192);
   RUN(invariance_budget_64);

@@ -129,6 +129,11 @@ struct backend {
    * outstanding. Both NULL: not supported. */
   int (*read_start)(backend *be, backend_buf src, size_t off, void *dst, size_t nbytes);
   int (*read_wait)(backend *be, int ticket, char *err, size_t errlen);
+  /* A write that does not wait: queues the copy behind the ops issued so far; src (host_alloc
+   * memory where the backend has host_alloc) must stay unchanged until a read_wait of a read
+   * started after it, or a sync, returned. Returns 0, or -1 on a device failure. NULL: not
+   * supported (write). */
+  int (*write_start)(backend *be, backend_buf dst, size_t off, const void *src, size_t nbytes);
   /* Device-to-device copy and zero fill of raw bytes (slot and page copies). Regions of one
    * copy do not overlap. */
   void (*copy)(backend *be, backend_buf dst, size_t dst_off, backend_buf src, size_t src_off,

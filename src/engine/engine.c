@@ -571,12 +571,13 @@ struct engine_req {
   struct engine_req *qnext; /* the incoming queue */
 };
 
-/* A greedy step issued and not yet read (engine_flight_step). */
+/* A greedy or sampled step issued and not yet read (engine_flight_step). */
 typedef struct engine_flight {
   request **reqs; /* its rows, in batch order (one of engine.fl_store) */
   int n;
-  int ticket; /* qwen35_greedy_start's */
-  int buf;    /* its ids land in engine.ids_buf[buf] */
+  int sampled; /* by the sample op (qwen35_sample_start), else greedy (qwen35_greedy_start) */
+  int ticket;  /* the start's */
+  int buf;     /* its ids land in engine.ids_buf[buf] */
 } engine_flight;
 
 struct engine {
@@ -606,6 +607,7 @@ struct engine {
   int32_t *words; /* such a step's words: [max_num_seqs, SAMPLE_RULE_WORDS], then the edits */
   sample_rule_edit *edits; /* [max_num_seqs * SAMPLE_RULE_EDITS_MAX] the rows' edits */
   int *edit_n;             /* [max_num_seqs] each sampled row's number of them */
+  uint64_t (*rng_save)[4]; /* [max_num_seqs] a sampled flight's rows' RNG before its draws */
   int mask_overlap;  /* JSON masks prepared during the forward (DS_ENGINE_MASK_OVERLAP) */
   int profile;       /* DS_ENGINE_PROFILE */
   int trace;         /* DS_ENGINE_TRACE: one log line per step (who computes what) */
@@ -827,7 +829,11 @@ static void engine_trace(engine *e, const sched_batch *b) {
 
 /* ---- steps ahead ------------------------------------------------------------------------
  * A plain-greedy decode step is issued with qwen35_greedy_start and read with
- * qwen35_greedy_finish; in between, the next step of the same requests may be issued
+ * qwen35_greedy_finish — and so is a decode step whose rows the sample op picks with words that
+ * do not depend on the tokens before them (engine_flight_sampled: no penalties, logit_bias or
+ * min_tokens ban; each row's draw is taken when its step is issued, in the row's order of
+ * steps, as the host would take it), issued with qwen35_sample_start; in between, the next
+ * step of the same requests may be issued
  * "chained" (its tokens taken on the device from the step's ids), so that the host's work
  * between two steps (reading, posting, scheduling, launching) is off the device's critical
  * path. A step goes ahead only when it is the step the scheduler would make next anyway: every
@@ -855,10 +861,18 @@ static int engine_ahead_ok(engine *e, const engine_flight *f) {
   return 1;
 }
 
-/* Issues the rows of reqs[0, n) as a greedy step into fl[e->n_fl] (chained: their tokens are
- * the ids of the step in flight, fl[0]). 0, or -1 with err. */
-static int engine_flight_start(engine *e, request **reqs, int n, int chained, char *err,
-                               size_t errlen) {
+/* 1 when the row's sample-op words never carry edits from now on (engine_device_words): the
+ * sampler's edit-free parameters, past its min_tokens ban. */
+static int engine_flight_sampled(const engine *e, const request *r) {
+  engine_req *h = r->owner;
+  return e->device_sample && !h->on_logits && !h->jm && sampler_device_edit_free(&r->smp.p) &&
+         request_n_output(r) >= r->smp.p.min_tokens;
+}
+
+/* Issues the rows of reqs[0, n) as a greedy or sampled step into fl[e->n_fl] (chained: their
+ * tokens are the ids of the step in flight, fl[0]). 0, or -1 with err. */
+static int engine_flight_start(engine *e, request **reqs, int n, int chained, int sampled,
+                               char *err, size_t errlen) {
   engine_flight *f = &e->fl[e->n_fl];
   int slot = e->n_fl == 0 ? 0 : e->fl[0].reqs == e->fl_store[0];
   int buf = e->n_fl == 0 ? 0 : 1 - e->fl[0].buf;
@@ -874,11 +888,26 @@ static int engine_flight_start(engine *e, request **reqs, int n, int chained, ch
     q->logits = QWEN35_LOGITS_LAST;
   }
   int ticket;
-  if (qwen35_greedy_start(e->m, e->seqs, n, chained, e->ids_buf[buf], &ticket, err, errlen))
+  if (sampled) { /* each row's draw now: its steps are issued in its order */
+    for (int i = 0; i < n; i++) {
+      memcpy(e->rng_save[i], reqs[i]->smp.rng, sizeof e->rng_save[i]);
+      sampler_device_row(&reqs[i]->smp, 0, 0, e->words + (size_t)i * SAMPLE_RULE_WORDS);
+    }
+    if (qwen35_sample_start(e->m, e->seqs, n, chained, e->words, n * SAMPLE_RULE_WORDS,
+                            e->ids_buf[buf], &ticket, err, errlen)) {
+      for (int i = 0; i < n; i++) /* the step did not happen: nor did its draws */
+        memcpy(reqs[i]->smp.rng, e->rng_save[i], sizeof e->rng_save[i]);
+      return -1;
+    }
+    e->steps_device_sampled++;
+  } else if (qwen35_greedy_start(e->m, e->seqs, n, chained, e->ids_buf[buf], &ticket, err,
+                                 errlen)) {
     return -1;
+  }
   if (reqs != e->fl_store[slot]) memcpy(e->fl_store[slot], reqs, (size_t)n * sizeof *reqs);
   f->reqs = e->fl_store[slot];
   f->n = n;
+  f->sampled = sampled;
   f->ticket = ticket;
   f->buf = buf;
   for (int i = 0; i < n; i++) reqs[i]->in_flight = 1;
@@ -894,7 +923,7 @@ static int engine_flight_step(engine *e) {
   char err[160];
   int ahead = 0;
   if (engine_ahead_ok(e, f) && sched_extend(e->s, f->reqs, f->n) == 0) {
-    if (engine_flight_start(e, f->reqs, f->n, 1, err, sizeof err) == 0) {
+    if (engine_flight_start(e, f->reqs, f->n, 1, f->sampled, err, sizeof err) == 0) {
       ahead = 1;
       e->steps_ahead++;
     } else {
@@ -1041,15 +1070,18 @@ static int engine_step(engine *e) {
     if (r->sched_sample && (h->on_logits || h->jm || !sampler_is_plain_greedy(&r->smp.p)))
       greedy = 0;
   }
-  if (greedy && e->ahead && b.n_tokens == b.n) { /* every row a plain-greedy decode row */
-    int all_decode = 1;
-    for (int i = 0; i < b.n && all_decode; i++)
-      all_decode = b.reqs[i]->sched_tokens == 1 && b.reqs[i]->sched_sample &&
-                   b.reqs[i]->n_computed >= b.reqs[i]->n_prompt;
+  if (e->ahead && n_rows > 0 && b.n_tokens == b.n) {
+    /* every row a decode row, plain greedy or sampled by the op without edits */
+    int all_decode = 1, sampled = !greedy;
+    for (int i = 0; i < b.n && all_decode; i++) {
+      request *r = b.reqs[i];
+      all_decode = r->sched_tokens == 1 && r->sched_sample && r->n_computed >= r->n_prompt &&
+                   (greedy || engine_flight_sampled(e, r));
+    }
     if (all_decode) {
       e->steps--; /* counted by engine_flight_start */
       char ferr[160];
-      if (engine_flight_start(e, b.reqs, b.n, 0, ferr, sizeof ferr) != 0)
+      if (engine_flight_start(e, b.reqs, b.n, 0, sampled, ferr, sizeof ferr) != 0)
         return engine_fail_step(e, &b, ferr);
       return engine_flight_step(e);
     }
@@ -1355,6 +1387,7 @@ engine *engine_create(qwen35 *model, const engine_opts *o, char *err, size_t err
   e->words = malloc((size_t)n_seq * (SAMPLE_RULE_WORDS + SAMPLE_RULE_EDITS_MAX * SAMPLE_RULE_EDIT_WORDS) *
                     sizeof *e->words);
   e->edits = malloc((size_t)n_seq * SAMPLE_RULE_EDITS_MAX * sizeof *e->edits);
+  e->rng_save = malloc((size_t)n_seq * sizeof *e->rng_save);
   e->edit_n = malloc((size_t)n_seq * sizeof *e->edit_n);
   {
     /* unset: on device backends (a CPU forward needs the cores); "0": off; else on */
@@ -1364,7 +1397,7 @@ engine *engine_create(qwen35 *model, const engine_opts *o, char *err, size_t err
   e->profile = engine_env_on("DS_ENGINE_PROFILE");
   e->trace = engine_env_on("DS_ENGINE_TRACE");
   if (!e->seqs || !e->logits || !e->ids || !e->ids_buf[1] || !e->fl_store[0] || !e->fl_store[1] ||
-      !e->words || !e->edits || !e->edit_n ||
+      !e->words || !e->edits || !e->edit_n || !e->rng_save ||
       kv_pages_init(&e->kp, mo.n_pages) ||
       state_pool_init(&e->sp, n_seq, n_slabs, &ops) || sched_init(&e->s, &so, e->kp, e->sp) ||
       sampler_scratch_init(&e->scratch, e->n_vocab) ||
@@ -1444,6 +1477,7 @@ void engine_destroy(engine *e, int drain) {
   free(e->words);
   free(e->edits);
   free(e->edit_n);
+  free(e->rng_save);
   free(e->fl_store[0]);
   free(e->fl_store[1]);
   free(e);

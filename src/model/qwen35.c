@@ -56,6 +56,11 @@ struct qwen35 {
   backend_buf ids;    /* I32 [logits_cap]: the greedy or sampled step's token ids (when be->argmax
                          or be->sample) */
   backend_buf sparams; /* I32 [logits_cap * QWEN35_SAMPLE_ROW_WORDS]: a sampled step's words */
+  /* qwen35_sample_start's host copies of the words (host_alloc memory, used in turn: a step's
+   * copy is read by the device after the call returned, while the next step's is written) */
+  int32_t *sstage[2];
+  size_t sstage_cap; /* words, each */
+  int sstage_k;      /* the one the next call writes */
   /* the last issued step's shape (step_key): a step of the same shape issues the same ops */
   int key[7], key_set;
   unsigned bufs_gen; /* bumped when scratch or logits buffers are reallocated */
@@ -334,6 +339,8 @@ void qwen35_free(qwen35 *m) {
   be->free(be, m->logits);
   be->free(be, m->ids);
   be->free(be, m->sparams);
+  for (int k = 0; k < 2; k++)
+    if (m->sstage[k]) qwen35_host_free(m, m->sstage[k]);
   free(m);
 }
 
@@ -392,7 +399,8 @@ static void ffn_block(qwen35 *m, q_layer *L, int i, int T) {
  * to the greedy ids (into m->ids; m->logits then perhaps scratch), with FWD_SAMPLE up to the
  * sampled ids of the rows' words in m->sparams (into m->ids; m->logits then scratch); nothing
  * waited for. */
-/* chained: every piece's token is the previous greedy step's id of the same row (m->ids). */
+/* chained: every piece's token is the previous greedy or sampled step's id of the same row
+ * (m->ids). */
 enum { FWD_LOGITS = 0, FWD_GREEDY = 1, FWD_SAMPLE = 2 };
 
 static int forward_issue(qwen35 *m, const fwd_seq *seqs, int n_seqs, int mode, int chained,
@@ -468,7 +476,7 @@ static int forward_issue(qwen35 *m, const fwd_seq *seqs, int n_seqs, int mode, i
   if (chained) {
     if (!m->ids || T > m->logits_cap) {
       free(arr);
-      return errf(err, errlen, "a chained step needs a greedy step of as many rows before it");
+      return errf(err, errlen, "a chained step needs a step of as many rows before it");
     }
     b.tokens_dev = m->ids;
   }
@@ -574,13 +582,14 @@ int qwen35_can_chain(const qwen35 *m) {
   return m->be->argmax && m->be->read_start && m->be->read_wait;
 }
 
-int qwen35_greedy_start(qwen35 *m, const fwd_seq *seqs, int n_seqs, int chained, int32_t *ids,
-                        int *ticket, char *err, size_t errlen) {
+/* Issues a greedy or sampled step and queues the read of its ids (ticket). */
+static int step_start(qwen35 *m, const fwd_seq *seqs, int n_seqs, int mode, int chained,
+                      int32_t *ids, int *ticket, char *err, size_t errlen) {
   backend *be = m->be;
   if (!qwen35_can_chain(m))
     return errf(err, errlen, "backend %s cannot start a step without waiting", be->name);
   int n_out = 0;
-  if (forward_issue(m, seqs, n_seqs, FWD_GREEDY, chained, &n_out, err, errlen)) return -1;
+  if (forward_issue(m, seqs, n_seqs, mode, chained, &n_out, err, errlen)) return -1;
   *ticket = be->read_start(be, m->ids, 0, ids, (size_t)(n_out > 0 ? n_out : 0) * sizeof *ids);
   if (*ticket < 0) {
     if (be->sync(be, err, errlen) == 0) errf(err, errlen, "backend %s: reading token ids failed",
@@ -588,6 +597,49 @@ int qwen35_greedy_start(qwen35 *m, const fwd_seq *seqs, int n_seqs, int chained,
     return -1;
   }
   return 0;
+}
+
+int qwen35_greedy_start(qwen35 *m, const fwd_seq *seqs, int n_seqs, int chained, int32_t *ids,
+                        int *ticket, char *err, size_t errlen) {
+  return step_start(m, seqs, n_seqs, FWD_GREEDY, chained, ids, ticket, err, errlen);
+}
+
+int qwen35_sample_start(qwen35 *m, const fwd_seq *seqs, int n_seqs, int chained,
+                        const int32_t *words, int n_words, int32_t *ids, int *ticket, char *err,
+                        size_t errlen) {
+  backend *be = m->be;
+  if (!be->sample) return errf(err, errlen, "backend %s has no sample op", be->name);
+  int n = 0;
+  for (int s = 0; s < n_seqs; s++)
+    n += seqs[s].logits == QWEN35_LOGITS_ALL ? seqs[s].n_tokens : seqs[s].logits == QWEN35_LOGITS_LAST;
+  if (n_words < n * SAMPLE_RULE_WORDS || n_words > n * QWEN35_SAMPLE_ROW_WORDS)
+    return errf(err, errlen, "%d sampling words for %d rows", n_words, n);
+  if (n > 0 && !chained && ensure_logits(m, n, err, errlen)) return -1;
+  if (n > 0 && be->write_start) {
+    /* queued behind the step in flight (which reads the words before them), from a host copy
+     * that stays put until this step's ids are read: the one before it was read already */
+    if ((size_t)n_words > m->sstage_cap) {
+      if (be->sync(be, err, errlen)) return -1; /* no copy still reads the old ones */
+      for (int k = 0; k < 2; k++) {
+        if (m->sstage[k]) qwen35_host_free(m, m->sstage[k]);
+        m->sstage[k] = NULL;
+      }
+      m->sstage_cap = 0;
+      size_t cap = (size_t)n_words * 2;
+      for (int k = 0; k < 2; k++)
+        if (!(m->sstage[k] = qwen35_host_alloc(m, cap * sizeof(int32_t))))
+          return errf(err, errlen, "out of host memory for sampling words");
+      m->sstage_cap = cap;
+    }
+    int32_t *st = m->sstage[m->sstage_k];
+    m->sstage_k ^= 1;
+    memcpy(st, words, (size_t)n_words * sizeof *words);
+    if (be->write_start(be, m->sparams, 0, st, (size_t)n_words * sizeof *words))
+      return errf(err, errlen, "backend %s: writing sampling rows failed", be->name);
+  } else if (n > 0 && be->write(be, m->sparams, 0, words, (size_t)n_words * sizeof *words)) {
+    return errf(err, errlen, "backend %s: writing sampling rows failed", be->name);
+  }
+  return step_start(m, seqs, n_seqs, FWD_SAMPLE, chained, ids, ticket, err, errlen);
 }
 
 int qwen35_greedy_finish(qwen35 *m, int ticket, char *err, size_t errlen) {

@@ -114,6 +114,13 @@ int qwen35_forward_sample(qwen35 *m, const fwd_seq *seqs, int n_seqs, const int3
                           int n_words, int32_t *ids, char *err, size_t errlen);
 int qwen35_greedy_start(qwen35 *m, const fwd_seq *seqs, int n_seqs, int chained, int32_t *ids,
                         int *ticket, char *err, size_t errlen);
+/* qwen35_greedy_start for a sampled step (as qwen35_forward_sample: the words are copied before
+ * it returns); chained: as there, the previous step (greedy or sampled) of the same rows gives
+ * the tokens. Its ids are read with qwen35_greedy_finish. Needs qwen35_can_chain and
+ * qwen35_has_sample. */
+int qwen35_sample_start(qwen35 *m, const fwd_seq *seqs, int n_seqs, int chained,
+                        const int32_t *words, int n_words, int32_t *ids, int *ticket, char *err,
+                        size_t errlen);
 int qwen35_greedy_finish(qwen35 *m, int ticket, char *err, size_t errlen);
 
 /* Host memory for logits rows (page-locked where the backend offers it, else malloc); NULL

@@ -274,6 +274,11 @@ int sampler_device_ok(const sampling_params *p) {
   return p->repetition_penalty == 1.0f && !p->logprobs;
 }
 
+int sampler_device_edit_free(const sampling_params *p) {
+  return sampler_device_ok(p) && p->frequency_penalty == 0.0f && p->presence_penalty == 0.0f &&
+         p->n_bias == 0;
+}
+
 /* The edit of token t (a new one when it has none yet); NULL when cap are in use. */
 static sample_rule_edit *sampler_edit_of(sample_rule_edit *ed, int *n, int cap, int32_t t,
                                          sampler_scratch *w) {

@@ -116,6 +116,10 @@ int32_t sampler_sample(sampler *s, float *logits, int n_vocab, const int32_t *pr
  * reaches into the prompt) and no logprobs; frequency / presence penalties, logit_bias and the
  * engine's min_tokens ban travel as the row's edits (sampler_device_edits). */
 int sampler_device_ok(const sampling_params *p);
+/* 1 when sampler_device_ok and sampler_device_edits gives the row no edits whatever its output
+ * (no frequency / presence penalty, no logit_bias; the ban list is the caller's): its words
+ * for a step do not depend on the tokens before it. */
+int sampler_device_edit_free(const sampling_params *p);
 
 /* The row's edits for a sample op (sample_rule.h): one per distinct token that a penalty, a
  * logit_bias entry or the ban list ban[n_ban] (set to -inf, as the engine does before

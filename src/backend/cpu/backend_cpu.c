@@ -972,6 +972,7 @@ backend *backend_cpu_create(int n_threads) {
   be->read = cpu_read;
   be->read_start = cpu_read_start;
   be->read_wait = cpu_read_wait;
+  be->write_start = cpu_write; /* ops run as issued */
   be->copy = cpu_copy;
   be->zero = cpu_zero;
   be->weight_upload = cpu_weight_upload;

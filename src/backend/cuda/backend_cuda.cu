@@ -150,6 +150,15 @@ static int cu_read(backend *be, backend_buf src, size_t off, void *dst, size_t n
   return c->failed ? -1 : 0;
 }
 
+/* write_start (backend.h): the copy on the stream, from the caller's page-locked memory. */
+static int cu_write_start(backend *be, backend_buf dst, size_t off, const void *src, size_t n) {
+  cuda_ctx *c = cuda_ctx_of(be);
+  graph_flush(c);
+  if (c->failed || !n) return c->failed ? -1 : 0;
+  return ck(c, cudaMemcpyAsync((char *)dst + off, src, n, cudaMemcpyHostToDevice, c->st),
+            "write");
+}
+
 /* read_start / read_wait (backend.h): the copy and an event behind it on the stream. */
 static int cu_read_start(backend *be, backend_buf src, size_t off, void *dst, size_t n) {
   cuda_ctx *c = cuda_ctx_of(be);
@@ -2193,6 +2202,7 @@ extern "C" backend *backend_cuda_create(int device, char *err, size_t errlen) {
   be->weight_bytes = cu_weight_bytes;
   be->set_batch = cu_set_batch;
   be->read_start = cu_read_start;
+  be->write_start = cu_write_start;
   be->read_wait = cu_read_wait;
   be->step_repeat = cu_step_repeat;
   be->sync = cu_sync;

@@ -20,6 +20,11 @@
  *      exact key the target's one in id order (smp_ordered);
  *   4. the draw: r = sample_rule_draw_target(u53, kept mass), the first kept entry in id order
  *      whose running mass exceeds r (smp_ordered over the whole row).
+ * When at most SMP_SMALL entries are kept after top_k (top_k 20, or few candidates), steps 3's
+ * top_p and 4 run in block 0 alone over a list of them (smp_small): every block adds its kept
+ * entries to block 0's list, and each of block 0's threads takes one entry and sums the masses
+ * of the entries before it in the rule's order (top_p) and in id order (the draw) — a few
+ * microseconds instead of a descent and two passes over the row with cluster barriers.
  * Every sum is of integers (counts, masses trunc(q 2^40)), so the order in which threads and
  * blocks add does not matter: the ids are those of the host sampler (sampler.c) and of the CPU
  * backend's op, bit for bit (op test `sample`). A block's histograms: one copy per four lanes
@@ -48,6 +53,7 @@ CUDA_KTRACE_TU(cuda_sample_ktrace_bind) /* the kernel-release trace, cuda_ktrace
  * A mass (< 2^41) adds its low 20 bits and the rest: a copy takes at most 4 ceil(V / (8 x
  * 512)) entries of a pass, so with V < 2^20 each half stays < 2^30. */
 #define SMP_BSTRIDE 129
+#define SMP_SMALL SMP_THREADS /* kept entries that smp_small takes (one per thread of block 0) */
 #define SMP_SMEM (SMP_COPIES * SMP_BSTRIDE * 4)
 
 typedef unsigned long long u64;
@@ -64,7 +70,16 @@ struct smp_state { /* one block's scalars, in shared memory (the cluster reads s
   int id;
   float m;
   int first;
+  unsigned cnt; /* smp_small's list's length (block 0's) */
 };
+
+/* smp_small's list, in block 0's histogram memory (free once the cuts' descents are done) */
+struct smp_list {
+  uint32_t ck[SMP_SMALL]; /* the entries' keys */
+  int ci[SMP_SMALL];      /* their ids */
+  u64 cm[SMP_SMALL];      /* their masses once kept by top_p, else 0 */
+};
+static_assert(sizeof(smp_list) <= SMP_SMEM, "smp_small's list does not fit the histograms");
 
 __device__ __forceinline__ u64 smp_measure(uint32_t k, bool mass) {
   return mass ? (u64)__fmul_rn(__uint_as_float(k), SAMPLE_RULE_MASS_SCALE) : 1ull;
@@ -274,10 +289,65 @@ __device__ u64 smp_kept_mass(const uint32_t *key, const smp_slice &sl, uint32_t 
   return smp_sum(mass, s, sl, cl, xp, NULL);
 }
 
+/* The block's sum of v (every thread gets it). */
+__device__ u64 smp_block_sum(u64 v, smp_state *s) {
+  v = warp_sum_u64(v);
+  __syncthreads();
+  if ((threadIdx.x & 31) == 0) s->part[threadIdx.x >> 5] = v;
+  __syncthreads();
+  u64 t = 0;
+  for (int k = 0; k < SMP_WARPS; k++) t += s->part[k];
+  return t;
+}
+
+/* Steps 3 (top_p) and 4 over the kept entries (at most SMP_SMALL of them, after the top_k cut
+ * (ka, ia)), in block 0: the token there, -1 in the other blocks. The list's order is whatever
+ * the adds gave; every sum below is of integers over a set, so it does not matter. */
+__device__ int smp_small(const uint32_t *key, const smp_slice &sl, uint32_t ka, int ia,
+                         const sample_rule_row &p, uint32_t *hist, smp_state *s,
+                         cg::cluster_group &cl) {
+  smp_list *L = (smp_list *)hist, *L0 = cl.map_shared_rank(L, 0);
+  unsigned *cnt0 = cl.map_shared_rank(&s->cnt, 0);
+  smp_each(key, sl, [&](int j, uint32_t k) {
+    if (!smp_kept(k, j, ka, ia)) return;
+    unsigned at = atomicAdd(cnt0, 1u);
+    L0->ck[at] = k;
+    L0->ci[at] = j;
+  });
+  cl.sync();
+  if (sl.rank != 0) return -1;
+  int nk = (int)s->cnt, j = threadIdx.x;
+  bool mine = j < nk;
+  uint32_t kj = mine ? L->ck[j] : 0u;
+  int ij = mine ? L->ci[j] : INT32_MAX;
+  u64 mj = mine ? smp_measure(kj, true) : 0;
+  bool kept = mine;
+  if (threadIdx.x == 0) s->id = -1;
+  if (p.top_p < 1.0f) { /* kept: the entries whose mass before them in the rule's order is
+                            below the target (the shortest prefix that reaches it) */
+    u64 t = sample_rule_top_p_target(p.top_p, smp_block_sum(mj, s)), before = 0;
+    for (int i = 0; i < nk && mine; i++) {
+      uint32_t k = L->ck[i];
+      if (sample_rule_before(k, L->ci[i], kj, ij)) before += smp_measure(k, true);
+    }
+    kept = mine && before < t;
+  }
+  L->cm[j] = kept ? mj : 0;
+  u64 r = sample_rule_draw_target(p.u53, smp_block_sum(kept ? mj : 0, s)); /* (its barriers
+                                                                               publish cm) */
+  if (kept) { /* the entry whose running mass in id order first exceeds r */
+    u64 below = 0;
+    for (int i = 0; i < nk; i++) below += L->ci[i] < ij ? L->cm[i] : 0;
+    if (below <= r && r < below + mj) s->id = ij;
+  }
+  __syncthreads();
+  return s->id;
+}
+
 __global__ void __cluster_dims__(SMP_CLUSTER, 1, 1) __launch_bounds__(SMP_THREADS)
     k_sample(float *x, int V, const int32_t *__restrict__ params, int32_t *ids) {
   pdl_enter();
-  extern __shared__ uint32_t hist[];
+  extern __shared__ __align__(16) uint32_t hist[];
   __shared__ smp_state s;
   cg::cluster_group cl = cg::this_cluster();
   int row_i = blockIdx.x / SMP_CLUSTER, xp = 0;
@@ -290,6 +360,7 @@ __global__ void __cluster_dims__(SMP_CLUSTER, 1, 1) __launch_bounds__(SMP_THREAD
   uint32_t *key = (uint32_t *)row;
   sample_rule_row p;
   sample_rule_unpack(params + (size_t)row_i * SAMPLE_RULE_WORDS, &p);
+  if (threadIdx.x == 0) s.cnt = 0; /* before the cluster barriers below: smp_small's adds */
 
   /* 0. the row's edits (penalties, logit_bias, a ban), each block those of its slice */
   const int32_t *ew = params + (size_t)(gridDim.x / SMP_CLUSTER) * SAMPLE_RULE_WORDS +
@@ -335,17 +406,24 @@ __global__ void __cluster_dims__(SMP_CLUSTER, 1, 1) __launch_bounds__(SMP_THREAD
       /* 3. the cuts */
       uint32_t ka = 0;
       int ia = -1;
-      if (p.top_k > 0 && (u64)p.top_k < n)
+      u64 nk = n; /* kept so far */
+      if (p.top_k > 0 && (u64)p.top_k < n) {
         ia = smp_find(key, sl, false, (u64)p.top_k, 0, -1, hist, &s, cl, xp, &ka);
-      if (p.top_p < 1.0f) {
-        u64 t = sample_rule_top_p_target(p.top_p, smp_kept_mass(key, sl, ka, ia, &s, cl, xp));
-        uint32_t kb;
-        ia = smp_find(key, sl, true, t, ka, ia, hist, &s, cl, xp, &kb);
-        ka = kb;
+        nk = (u64)p.top_k;
       }
-      /* 4. the draw in id order */
-      u64 r = sample_rule_draw_target(p.u53, smp_kept_mass(key, sl, ka, ia, &s, cl, xp));
-      tok = smp_ordered(key, sl, true, r + 1, ka, ia, false, 0, &s, cl, xp);
+      if (nk <= SMP_SMALL) {
+        tok = smp_small(key, sl, ka, ia, p, hist, &s, cl);
+      } else {
+        if (p.top_p < 1.0f) {
+          u64 t = sample_rule_top_p_target(p.top_p, smp_kept_mass(key, sl, ka, ia, &s, cl, xp));
+          uint32_t kb;
+          ia = smp_find(key, sl, true, t, ka, ia, hist, &s, cl, xp, &kb);
+          ka = kb;
+        }
+        /* 4. the draw in id order */
+        u64 r = sample_rule_draw_target(p.u53, smp_kept_mass(key, sl, ka, ia, &s, cl, xp));
+        tok = smp_ordered(key, sl, true, r + 1, ka, ia, false, 0, &s, cl, xp);
+      }
     }
   }
   if (sl.rank == 0 && threadIdx.x == 0) ids[row_i] = tok;

@@ -557,15 +557,24 @@ int qwen35_forward_greedy(qwen35 *m, const fwd_seq *seqs, int n_seqs, int32_t *i
 
 int qwen35_has_sample(const qwen35 *m) { return m->be->sample != NULL; }
 
-int qwen35_forward_sample(qwen35 *m, const fwd_seq *seqs, int n_seqs, const int32_t *words,
-                          int n_words, int32_t *ids, char *err, size_t errlen) {
-  backend *be = m->be;
-  if (!be->sample) return errf(err, errlen, "backend %s has no sample op", be->name);
+/* A sampled step's rows (those with logits), or -1 with err when the backend has no sample op
+ * or n_words do not fit them. */
+static int sample_rows(const qwen35 *m, const fwd_seq *seqs, int n_seqs, int n_words, char *err,
+                       size_t errlen) {
+  if (!m->be->sample) return errf(err, errlen, "backend %s has no sample op", m->be->name);
   int n = 0;
   for (int s = 0; s < n_seqs; s++)
     n += seqs[s].logits == QWEN35_LOGITS_ALL ? seqs[s].n_tokens : seqs[s].logits == QWEN35_LOGITS_LAST;
   if (n_words < n * SAMPLE_RULE_WORDS || n_words > n * QWEN35_SAMPLE_ROW_WORDS)
     return errf(err, errlen, "%d sampling words for %d rows", n_words, n);
+  return n;
+}
+
+int qwen35_forward_sample(qwen35 *m, const fwd_seq *seqs, int n_seqs, const int32_t *words,
+                          int n_words, int32_t *ids, char *err, size_t errlen) {
+  backend *be = m->be;
+  int n = sample_rows(m, seqs, n_seqs, n_words, err, errlen);
+  if (n < 0) return -1;
   /* the rows' words first: a write waits for what was issued before it, so not after the step */
   if (n > 0 && ensure_logits(m, n, err, errlen)) return -1;
   if (n > 0 && be->write(be, m->sparams, 0, words, (size_t)n_words * sizeof *words))
@@ -608,12 +617,8 @@ int qwen35_sample_start(qwen35 *m, const fwd_seq *seqs, int n_seqs, int chained,
                         const int32_t *words, int n_words, int32_t *ids, int *ticket, char *err,
                         size_t errlen) {
   backend *be = m->be;
-  if (!be->sample) return errf(err, errlen, "backend %s has no sample op", be->name);
-  int n = 0;
-  for (int s = 0; s < n_seqs; s++)
-    n += seqs[s].logits == QWEN35_LOGITS_ALL ? seqs[s].n_tokens : seqs[s].logits == QWEN35_LOGITS_LAST;
-  if (n_words < n * SAMPLE_RULE_WORDS || n_words > n * QWEN35_SAMPLE_ROW_WORDS)
-    return errf(err, errlen, "%d sampling words for %d rows", n_words, n);
+  int n = sample_rows(m, seqs, n_seqs, n_words, err, errlen);
+  if (n < 0) return -1;
   if (n > 0 && !chained && ensure_logits(m, n, err, errlen)) return -1;
   if (n > 0 && be->write_start) {
     /* queued behind the step in flight (which reads the words before them), from a host copy

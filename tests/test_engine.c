@@ -674,6 +674,60 @@ TEST(fault_every_site) {
   EXPECT(rig_down(&g));
 }
 
+/* A step that fails to start (fault site "step_start", each hit in turn) with sampled steps
+ * ahead (DS_ENGINE_AHEAD=1, the sample op): a step issued in turn fails its requests; a step
+ * that fails to go ahead loses nothing — its rows' draws are put back, so the requests still
+ * finish with the tokens they get with no fault. Every pool checks clean after each run. */
+TEST(fault_step_start_sampled_ahead) {
+  setenv("DS_ENGINE_AHEAD", "1", 1);
+  setenv("DS_ENGINE_DEVICE_SAMPLE", "1", 1);
+  RUN_NO_LOGITS = 1;
+  sampling_params sp;
+  sp_greedy(&sp);
+  sp.temperature = 0.8f;
+  sp.top_k = 40;
+  sp.top_p = 0.9f;
+  sp.seed = 31;
+  sp.has_seed = 1;
+  int idx[4] = {2, 5, 7, 11};
+  rig g;
+  REQUIRE(te_up(&g, 8192, 0, 4) == 0);
+  for (int k = 0; k < 4; k++) EXPECT(run_set(&g, &idx[k], 1, REF, &sp) == 1);
+  int n_faults = 0, n_lossless = 0;
+  for (long n = 1; n < 200; n++) {
+    fault_arm(n, "step_start", 0);
+    run_set(&g, idx, 4, GOT, &sp);
+    int fired = fault_fired();
+    fault_disarm();
+    int all_len = 1;
+    for (int k = 0; k < 4; k++) {
+      out *o = &GOT[idx[k]];
+      all_len &= o->finish == FINISH_LENGTH;
+      if (o->finish == FINISH_LENGTH)
+        EXPECT_MSG(same(&REF[idx[k]], o), "fault %ld: request %d differs", n, idx[k]);
+      else
+        EXPECT_MSG(o->finish == FINISH_ERROR, "fault %ld: finish %d", n, o->finish);
+    }
+    char err[200];
+    EXPECT_MSG(engine_check(g.e, err, sizeof err) == 0, "fault %ld: %s", n, err);
+    engine_stats s;
+    engine_get_stats(g.e, &s);
+    EXPECT_MSG(s.kv_pages_used == 0 && s.slots_used == 0, "fault %ld: pages %d slots %d", n,
+               s.kv_pages_used, s.slots_used);
+    if (!fired) break;
+    n_faults++;
+    n_lossless += all_len;
+  }
+  printf("  step_start faults: %d, of them %d steps ahead that failed to start with nothing lost\n",
+         n_faults, n_lossless);
+  EXPECT_MSG(n_faults >= 2, "only %d step starts were hit", n_faults);
+  EXPECT_MSG(n_lossless >= 1, "no step ahead failed to start");
+  EXPECT(rig_down(&g));
+  RUN_NO_LOGITS = 0;
+  unsetenv("DS_ENGINE_AHEAD");
+  unsetenv("DS_ENGINE_DEVICE_SAMPLE");
+}
+
 int main(void) {
   char err[256];
   log_set_level(LOG_LEVEL_WARN);
@@ -694,6 +748,7 @@ int main(void) {
   RUN(ahead_same_tokens);
   RUN(ahead_same_tokens_cache);
   RUN(device_sample_ahead_same_tokens);
+  RUN(fault_step_start_sampled_ahead);
   RUN(mem_plan_from_device_memory);
   RUN(invariance_budget_8192);
   RUN(invariance_budget_64);

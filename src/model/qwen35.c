@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/fault.h"
 #include "base/log.h"
 #include "sampler/sample_rule.h"
 
@@ -597,6 +598,7 @@ static int step_start(qwen35 *m, const fwd_seq *seqs, int n_seqs, int mode, int 
   backend *be = m->be;
   if (!qwen35_can_chain(m))
     return errf(err, errlen, "backend %s cannot start a step without waiting", be->name);
+  if (fault_hit("step_start")) return errf(err, errlen, "step_start: injected fault");
   int n_out = 0;
   if (forward_issue(m, seqs, n_seqs, mode, chained, &n_out, err, errlen)) return -1;
   *ticket = be->read_start(be, m->ids, 0, ids, (size_t)(n_out > 0 ? n_out : 0) * sizeof *ids);

@@ -587,29 +587,6 @@ static void *cancel_thread(void *arg) {
   return NULL;
 }
 
-/* After a run under fault n: each request of idx[0, n_idx) finished by length with its REF
- * tokens, or failed (refused at submission too when refused_ok); every pool checks clean with
- * no page or slot held. Returns 1 when every request finished by length. */
-static int fault_run_checks(rig *g, const int *idx, int n_idx, long n, int refused_ok) {
-  int all_len = 1;
-  for (int k = 0; k < n_idx; k++) {
-    out *o = &GOT[idx[k]];
-    all_len &= o->finish == FINISH_LENGTH;
-    if (o->finish == FINISH_LENGTH)
-      EXPECT_MSG(same(&REF[idx[k]], o), "fault %ld: request %d differs", n, idx[k]);
-    else
-      EXPECT_MSG((refused_ok && o->finish == -1) || o->finish == FINISH_ERROR,
-                 "fault %ld: finish %d", n, o->finish);
-  }
-  char err[200];
-  EXPECT_MSG(engine_check(g->e, err, sizeof err) == 0, "fault %ld: %s", n, err);
-  engine_stats s;
-  engine_get_stats(g->e, &s);
-  EXPECT_MSG(s.kv_pages_used == 0 && s.slots_used == 0, "fault %ld: pages %d slots %d", n,
-             s.kv_pages_used, s.slots_used);
-  return all_len;
-}
-
 /* A long plain-greedy request cancelled from another thread while it decodes, a second one
  * finishing normally, a third released unread. ahead: with DS_ENGINE_AHEAD=1, so the cancelled
  * request is in a step issued ahead when the cancel lands (its removal waits for that step), and
@@ -663,6 +640,29 @@ static void cancel_case(int ahead) {
 }
 TEST(cancel_from_another_thread) { cancel_case(0); }
 TEST(cancel_from_another_thread_ahead) { cancel_case(1); }
+
+/* After a run under fault n: each request of idx[0, n_idx) finished by length with its REF
+ * tokens, or failed (refused at submission too when refused_ok); every pool checks clean with
+ * no page or slot held. Returns 1 when every request finished by length. */
+static int fault_run_checks(rig *g, const int *idx, int n_idx, long n, int refused_ok) {
+  int all_len = 1;
+  for (int k = 0; k < n_idx; k++) {
+    out *o = &GOT[idx[k]];
+    all_len &= o->finish == FINISH_LENGTH;
+    if (o->finish == FINISH_LENGTH)
+      EXPECT_MSG(same(&REF[idx[k]], o), "fault %ld: request %d differs", n, idx[k]);
+    else
+      EXPECT_MSG((refused_ok && o->finish == -1) || o->finish == FINISH_ERROR,
+                 "fault %ld: finish %d", n, o->finish);
+  }
+  char err[200];
+  EXPECT_MSG(engine_check(g->e, err, sizeof err) == 0, "fault %ld: %s", n, err);
+  engine_stats s;
+  engine_get_stats(g->e, &s);
+  EXPECT_MSG(s.kv_pages_used == 0 && s.slots_used == 0, "fault %ld: pages %d slots %d", n,
+             s.kv_pages_used, s.slots_used);
+  return all_len;
+}
 
 TEST(fault_every_site) {
   /* reference outputs for requests 1, 4, 6, 9 alone, with enough room */

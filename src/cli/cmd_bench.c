@@ -109,6 +109,10 @@ typedef struct bench {
   const char *only; /* NULL: everything; "decode" or "prefill": those figures only */
   int only_conc;    /* > 0: of the decode runs only the one at this concurrency (profiling) */
   int decode_repeats; /* measured decode runs per level (the median is reported) */
+  int decode_prompt;  /* > 0: the decode runs' prompt length instead of the size's */
+  int decode_shared;  /* > 0: the decode runs' prompts share their first this many tokens
+                         (prefix caching on: the shared pages are one copy) */
+  int32_t *shared_prefix; /* [decode_shared] */
   float temperature, top_p; /* every request's sampling (default greedy: 0, 1, 0) */
   int top_k;
   float frequency_penalty, presence_penalty;
@@ -331,7 +335,13 @@ static int bench_prefill(bench *b, int len, double *tok_s, double *median_s) {
 /* n sequences of P random tokens generating G tokens each: tokens generated after the last
  * sequence's first token over the time from then to the last token. */
 static int bench_decode(bench *b, int n, int P, int G, double *tok_s, double *phase_s) {
-  int32_t **p = bench_prompts(b, n, P, NULL, 0);
+  int S = b->decode_shared < P ? b->decode_shared : P;
+  if (S > 0 && !b->shared_prefix) { /* one prefix for every run: cached after the first */
+    if (!(b->shared_prefix = malloc(sizeof *b->shared_prefix * (size_t)S)))
+      return errf(b->err, sizeof b->err, "out of memory");
+    bench_fill(b, b->shared_prefix, S);
+  }
+  int32_t **p = bench_prompts(b, n, P, b->shared_prefix, S);
   int *lens = calloc((size_t)n, sizeof *lens);
   bench_req *r = malloc(sizeof *r * (size_t)n);
   if (!p || !lens || !r) {
@@ -774,7 +784,7 @@ static void bench_stop(bench *b) {
 static int bench_phase_a(bench *b) {
   const bench_sizes *z = &b->sz;
   engine_opts o = b->user;
-  o.enable_prefix_caching = 0;
+  o.enable_prefix_caching = b->decode_shared > 0;
   /* the decode levels this run times: the sizes, or --decode-conc's one (any N: a level of
    * its own when N is not one of the sizes) */
   int lv_conc[BENCH_N_DECODE], lv_name[BENCH_N_DECODE], n_lv = 0;
@@ -801,7 +811,12 @@ static int bench_phase_a(bench *b) {
   json_object_set_new(b->info, "phase_a_engine",
                       json_pack("{s:i, s:i, s:i, s:b}", "max_num_seqs", o.max_num_seqs,
                                 "max_num_batched_tokens", o.max_num_batched_tokens,
-                                "kv_cache_tokens", o.kv_cache_tokens, "prefix_caching", 0));
+                                "kv_cache_tokens", o.kv_cache_tokens, "prefix_caching",
+                                o.enable_prefix_caching));
+  if (b->decode_shared > 0)
+    json_object_set_new(b->info, "decode_shared_prefix", json_integer(b->decode_shared));
+  engine_stats st0, st1;
+  bench_stats(b, &st0);
   char k[64];
   double s, tok_s;
   /* warm-up: kernels, graphs, handles */
@@ -851,6 +866,10 @@ static int bench_phase_a(bench *b) {
       fprintf(stderr, "; last ");
     }
     fprintf(stderr, "phase %.3f s)\n", s);
+  }
+  if (b->decode_shared > 0) { /* whether the decode runs' prefixes were restored, not recomputed */
+    bench_stats(b, &st1);
+    json_object_set_new(b->info, "decode_prefix_stats", bench_stats_json(&st0, &st1));
   }
   bench_stop_engine(b);
   if (!b->only && bench_checkpoint(b, mo.n_slots, mo.n_pages)) return -1;
@@ -1055,6 +1074,10 @@ static void bench_usage(FILE *f) {
           "    one batch size).\n"
           "  --decode-repeats N: measure each decode size N times (1..%d) and report the\n"
           "    median (every run in info.decode_runs_tok_s).\n"
+          "  --decode-prompt N: the decode runs' prompts are N tokens (default 512).\n"
+          "  --decode-shared S: with --only decode, every decode run's prompts share their first\n"
+          "    S tokens (one prefix for every run; prefix caching on, so the prefix is computed\n"
+          "    once and its KV pages are one copy): decode over a shared system prompt.\n"
           "  --temperature T, --top-p P, --top-k K, --frequency-penalty F, --presence-penalty F:\n"
           "    every request sampled so (seeded; the default is greedy); the figures then\n"
           "    include the sampling.\n",
@@ -1118,6 +1141,14 @@ int cmd_bench(int argc, char **argv) {
         return 2;
       }
       b.only_conc = (int)c;
+    } else if (!strcmp(a, "--decode-prompt") || !strcmp(a, "--decode-shared")) {
+      long c = strtol(v, &end, 10);
+      if (*end || end == v || c < 1 || c > 1 << 20) {
+        fprintf(stderr, "deltaserve bench: bad %s '%s'\n", a, v);
+        return 2;
+      }
+      if (a[9] == 'p') b.decode_prompt = (int)c;
+      else b.decode_shared = (int)c;
     } else if (!strcmp(a, "--temperature") || !strcmp(a, "--top-p")) {
       float f = strtof(v, &end);
       int t = a[2] == 't' && a[3] == 'e';
@@ -1171,6 +1202,13 @@ int cmd_bench(int argc, char **argv) {
     return 2;
   }
   b.sz = b.quick ? bench_quick : bench_full;
+  if (b.decode_prompt) b.sz.decode_prompt = b.decode_prompt;
+  if (b.decode_shared && (!b.only || strcmp(b.only, "decode") ||
+                          b.decode_shared >= b.sz.decode_prompt)) {
+    fprintf(stderr, "deltaserve bench: --decode-shared S needs --only decode and S below the "
+                    "decode prompt length (%d)\n", b.sz.decode_prompt);
+    return 2;
+  }
   if (b.only_conc && (!b.only || strcmp(b.only, "decode") || b.only_conc > BENCH_MAX_CONC)) {
     fprintf(stderr, "deltaserve bench: --decode-conc N needs --only decode and 1 <= N <= %d\n",
             BENCH_MAX_CONC);
@@ -1232,6 +1270,7 @@ int cmd_bench(int argc, char **argv) {
   wrote = bench_write(&b, out, 1, failed, t_start);
   status = failed || wrote ? 1 : 0;
 done:
+  free(b.shared_prefix);
   json_decref(b.metrics);
   json_decref(b.info);
   if (b.be) b.be->destroy(b.be);

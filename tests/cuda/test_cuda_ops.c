@@ -591,6 +591,119 @@ static void attention_case(int nh, int nkv, int hd) {
   attention_case_p(nh, nkv, hd, ATT_DECODE);
 }
 
+/* Decode rows whose sequences hold the same first pages (the prefix cache shares a restored
+ * prefix's pages by reference): the CUDA backend reads those positions once per group on
+ * tensor cores (cuda_flash.cu k_flash_shared) and each row's own after them (kv_share.h).
+ * Pieces 0-5 share 56 pages (896 positions: two shared ranges), 6-8 share 20 with each other
+ * (320 positions, capped by piece 8's 321), 9 shares 3 pages with 0 (too few to join), 10-11
+ * share nothing; 12 is a prefill piece over the first group's pages in the mixed variant. Every output against the
+ * CPU; against a backend with the path off (DS_ATTN_SHARED=0) the outputs must differ
+ * somewhere (the other path's sums, so the shared kernel did run) and agree within the same
+ * tolerance; the step once more gives the same bits (a replayed graph in a decode step). */
+#define SHP 64 /* page-table columns here: 1,024 positions */
+static void attention_shared_case(int nh, int nkv, int hd, int mixed) {
+  pieces p = {mixed ? 13 : 12,
+              {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 40},
+              {900, 950, 1000, 897, 1010, 930, 350, 640, 321, 820, 333, 900, 900},
+              {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}};
+  static int32_t tokens[256], pos[256], seq[256], st[16], pt[16 * SHP];
+  int T = 0;
+  for (int s = 0; s < p.n; s++) {
+    st[s] = T;
+    for (int r = 0; r < p.len[s]; r++, T++) {
+      tokens[T] = 0;
+      pos[T] = p.pos[s] + r;
+      seq[T] = s;
+    }
+    for (int j = 0; j < SHP; j++) pt[s * SHP + j] = s * SHP + (SHP - 1 - j);
+  }
+  for (int s = 1; s <= 5; s++)
+    for (int j = 0; j < 56; j++) pt[s * SHP + j] = pt[j];
+  for (int s = 7; s <= 8; s++)
+    for (int j = 0; j < 20; j++) pt[s * SHP + j] = pt[6 * SHP + j];
+  for (int j = 0; j < 3; j++) pt[9 * SHP + j] = pt[j];
+  if (mixed)
+    for (int j = 0; j < 56; j++) pt[12 * SHP + j] = pt[j];
+  backend_batch b = {T, p.n, tokens, pos, seq, st, p.len, p.pos, p.slot, pt, SHP, 0, NULL, NULL};
+  backend *off = gpu_with("DS_ATTN_SHARED", "0");
+  if (!off) return;
+  EXPECT(CPU->set_batch(CPU, &b) == 0);
+  EXPECT(GPU->set_batch(GPU, &b) == 0);
+  EXPECT(off->set_batch(off, &b) == 0);
+  size_t pool = (size_t)16 * SHP * BACKEND_PAGE_TOKENS * nkv * hd;
+  float *kp = rand_vec(pool, 1.f), *vp = rand_vec(pool, 1.f);
+  float *q = rand_vec((size_t)T * nh * hd, 1.f), *k = rand_vec((size_t)T * nkv * hd, 1.f),
+        *v = rand_vec((size_t)T * nkv * hd, 1.f);
+  pair pkp = pr(BACKEND_KIND_KV, kp, pool), pvp = pr(BACKEND_KIND_KV, vp, pool);
+  pair pq = pr(BACKEND_KIND_ACT, q, (size_t)T * nh * hd), pk = pr(BACKEND_KIND_ACT, k, (size_t)T * nkv * hd),
+       pv = pr(BACKEND_KIND_ACT, v, (size_t)T * nkv * hd);
+  pair o = pr_out(BACKEND_KIND_ACT, (size_t)T * nh * hd);
+  backend_buf okp = mk(off, BACKEND_KIND_KV, kp, pool), ovp = mk(off, BACKEND_KIND_KV, vp, pool),
+              oq = mk(off, BACKEND_KIND_ACT, q, (size_t)T * nh * hd),
+              ok_ = mk(off, BACKEND_KIND_ACT, k, (size_t)T * nkv * hd),
+              ov = mk(off, BACKEND_KIND_ACT, v, (size_t)T * nkv * hd),
+              oo = mk(off, BACKEND_KIND_ACT, NULL, (size_t)T * nh * hd);
+  float scale = 1.f / sqrtf((float)hd) * 2.f;
+  CPU->attention(CPU, pkp.c, pvp.c, pq.c, pk.c, pv.c, nh, nkv, hd, scale, o.c);
+  GPU->attention(GPU, pkp.g, pvp.g, pq.g, pk.g, pv.g, nh, nkv, hd, scale, o.g);
+  off->attention(off, okp, ovp, oq, ok_, ov, nh, nkv, hd, scale, oo);
+  char what[96];
+  snprintf(what, sizeof what, "attention shared nh=%d nkv=%d hd=%d%s", nh, nkv, hd,
+           mixed ? " mixed" : "");
+  CMP(o.c, o.g, BACKEND_KIND_ACT, o.n, 8e-3, what);
+  CMP(pkp.c, pkp.g, BACKEND_KIND_KV, pool, 1e-6, "attention shared k pages");
+  CMP(pvp.c, pvp.g, BACKEND_KIND_KV, pool, 1e-6, "attention shared v pages");
+  size_t n = o.n;
+  float *a = get(GPU, o.g, BACKEND_KIND_ACT, n), *z = get(off, oo, BACKEND_KIND_ACT, n),
+        *rc = get(CPU, o.c, BACKEND_KIND_ACT, n);
+  size_t dif = 0;
+  for (size_t i = 0; i < n; i++) dif += a[i] != z[i];
+  double e = relerr(z, rc, n);
+  n_checks += 2;
+  printf("  %-28s %zu of %zu values differ from the path off (its rel err %.3e)\n", what, dif,
+         n, e);
+  EXPECT_MSG(dif > 0, "%s: no value differs from DS_ATTN_SHARED=0: the shared kernel did not run",
+             what);
+  EXPECT_MSG(e <= 8e-3, "%s: the path off: rel err %.3e", what, e);
+  /* the same step again (a decode step: the recorded graph replayed) */
+  EXPECT(GPU->set_batch(GPU, &b) == 0);
+  pair o2 = pr_out(BACKEND_KIND_ACT, (size_t)T * nh * hd);
+  GPU->attention(GPU, pkp.g, pvp.g, pq.g, pk.g, pv.g, nh, nkv, hd, scale, o2.g);
+  float *a2 = get(GPU, o2.g, BACKEND_KIND_ACT, n);
+  size_t rep = 0;
+  for (size_t i = 0; i < n; i++) rep += memcmp(&a[i], &a2[i], sizeof *a) != 0;
+  n_checks++;
+  EXPECT_MSG(rep == 0, "%s: %zu values differ when the step runs again", what, rep);
+  gpu_ok();
+  char err[256] = "";
+  EXPECT_MSG(off->sync(off, err, sizeof err) == 0, "path off: %s", err);
+  free(a);
+  free(a2);
+  free(z);
+  free(rc);
+  pr_free(o2);
+  pr_free(pkp);
+  pr_free(pvp);
+  pr_free(pq);
+  pr_free(pk);
+  pr_free(pv);
+  pr_free(o);
+  off->destroy(off);
+  free(kp);
+  free(vp);
+  free(q);
+  free(k);
+  free(v);
+}
+
+TEST(attention_shared) {
+  attention_shared_case(8, 2, 256, 0);  /* the 4B shape: G = 4 */
+  attention_shared_case(16, 2, 128, 0); /* G = 8 (at hd 256 the split path does not take G = 8) */
+  attention_shared_case(8, 2, 256, 1);  /* a prefill piece in the step (not a graph) */
+  attention_shared_case(4, 4, 128, 0);  /* G = 1 */
+  attention_shared_case(6, 3, 64, 0);   /* G = 2 */
+}
+
 /* Long pieces go to the fused flash kernel by default (TEST(attention); hd 80 falls back to
  * the GEMM path). Here: the GEMM path instead (DS_ATTN_FLASH=0), in blocks of 5 query rows
  * (DS_ATTN_GEMM_ROWS with the flash kernel off), and both switched off. */
@@ -1790,6 +1903,7 @@ int main(void) {
   RUN(qk_norm_rope);
   RUN(attention);
   RUN(attention_gemm_blocks);
+  RUN(attention_shared);
   RUN(conv1d);
   RUN(gdn_gates);
   RUN(gdn);

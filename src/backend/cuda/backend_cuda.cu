@@ -26,6 +26,9 @@
 
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_ops.h"
+extern "C" {
+#include "backend/kv_share.h"
+}
 
 CUDA_KTRACE_TU(cuda_backend_ktrace_bind) /* the kernel-release trace, cuda_ktrace.cu */
 
@@ -308,7 +311,9 @@ static int cu_set_batch(backend *be, const backend_batch *b) {
   /* the page table's row stride is padded to a multiple of 64 pages (1,024 positions), so the
    * layout, and a graph captured against it, stays the same while sequences grow */
   int mpp = (b->max_pages + 63) / 64 * 64;
-  size_t need = 3 * T + 8 * S + S * (size_t)mpp + (size_t)b->n_out + 2 * nch + 16;
+  /* + the shared-prefix plan: sh_start, sh_ns, sh_members [T] and the groups */
+  size_t need = 3 * T + 8 * S + S * (size_t)mpp + (size_t)b->n_out + 2 * nch + 16 + 3 * T +
+                1 + CUDA_SH_GROUPS * CUDA_SH_GROUP_WORDS;
   if (c->meta_pending) {
     cudaEventSynchronize(c->meta_done);
     c->meta_pending = 0;
@@ -406,6 +411,45 @@ static int cu_set_batch(backend *be, const backend_batch *b) {
   db->n_decode = nd;
   db->max_len = maxlen;
   db->max_pos_end = maxend;
+  /* the shared-prefix plan (kv_share.h), last: its arrays travel only when the step has a
+   * group, and a step with one is a graph layout of its own (graph_begin) */
+  if (c->attn_shared && S > c->sh_cap) {
+    int64_t *ns_ = (int64_t *)realloc(c->sh_scratch, 2 * S * sizeof *ns_);
+    if (ns_) {
+      c->sh_scratch = ns_;
+      c->sh_cap = S;
+    }
+  }
+  if (c->attn_shared && !c->legacy && !c->batch_invariant && nd >= 2 && S <= c->sh_cap) {
+    kv_share_group gs[CUDA_SH_GROUPS];
+    int32_t *st = p + o, *sn = st + T, *sm = sn + T, *sg = sm + T;
+    int ng = kv_share_plan(b, c->attn_shared_min, CUDA_SH_GROUPS, gs, sm, st, c->sh_scratch);
+    if (ng > 0) {
+      for (size_t t = 0; t < T; t++) sn[t] = 0;
+      sg[0] = ng;
+      for (int g = 0; g < ng; g++) {
+        int L = gs[g].len;
+        int ns = (L + CUDA_SH_SPLIT - 1) / CUDA_SH_SPLIT;
+        if (ns > CUDA_SH_MAXS) ns = CUDA_SH_MAXS;
+        int per = ((L + ns - 1) / ns + 63) / 64 * 64; /* whole K/V tiles per range */
+        ns = (L + per - 1) / per;
+        int32_t *w = sg + 1 + g * CUDA_SH_GROUP_WORDS;
+        w[0] = gs[g].leader;
+        w[1] = gs[g].member_off;
+        w[2] = gs[g].n_members;
+        w[3] = L;
+        w[4] = ns;
+        w[5] = per;
+        for (int m = 0; m < gs[g].n_members; m++) sn[sm[gs[g].member_off + m]] = ns;
+      }
+      db->sh_on = 1;
+      db->sh_start = c->d_meta + o;
+      db->sh_ns = c->d_meta + o + T;
+      db->sh_members = c->d_meta + o + 2 * T;
+      db->sh_groups = c->d_meta + o + 3 * T;
+      o += 3 * T + 1 + (size_t)ng * CUDA_SH_GROUP_WORDS;
+    }
+  }
   memcpy(c->h_host, p, o * 4);
   if (o && ck(c, cudaMemcpyAsync(c->d_meta, p, o * 4, cudaMemcpyHostToDevice, c->st), "set_batch"))
     return -1;
@@ -1244,7 +1288,7 @@ static void graph_begin(cuda_ctx *c) {
   g->rec = c->b.n_tokens > 0 && c->b.n_prefill == 0 && c->b.n_decode == c->b.n_tokens;
   if (g->rec)
     sig_put(g->sig, 0, c->b.n_tokens, c->b.n_seqs, c->b.max_pages, c->b.n_out, c->d_meta,
-            c->b.tokens, c->b.page_table, c->b.out_rows, c->b.decode_ids);
+            c->b.tokens, c->b.page_table, c->b.out_rows, c->b.decode_ids, c->b.sh_on);
   else
     g->rep_uid = 0;
   g->layout_len = g->sig.size();
@@ -2065,6 +2109,7 @@ static void cu_destroy(backend *be) {
     cudaFree(c->d_meta);
     free(c->h_host);
     if (c->meta_done) cudaEventDestroy(c->meta_done);
+    free(c->sh_scratch);
     for (int i = 0; i < BACKEND_READS; i++)
       if (c->rd_ev[i]) cudaEventDestroy(c->rd_ev[i]);
     if (c->st) cudaStreamDestroy(c->st);
@@ -2151,6 +2196,12 @@ extern "C" backend *backend_cuda_create(int device, char *err, size_t errlen) {
     c->attn_gemm_rows = ar ? atoi(ar) : 0;
     const char *af = getenv("DS_ATTN_FLASH"); /* on unless "0" (bench/NOTES.md) */
     c->attn_flash = !(af && strcmp(af, "0") == 0);
+    /* decode rows sharing KV pages: on unless "0"; groups sharing at least this many
+     * positions (bench/NOTES.md twenty-second session) */
+    const char *ash = getenv("DS_ATTN_SHARED"), *asm_ = getenv("DS_ATTN_SHARED_MIN");
+    c->attn_shared = !(ash && strcmp(ash, "0") == 0);
+    c->attn_shared_min = asm_ ? atoi(asm_) : 256;
+    if (c->attn_shared_min < 1) c->attn_shared_min = 1;
     /* GEMV path tuning knob (timed in bench/NOTES.md): rows of the step up to which the GEMV
      * path is taken (1..8) */
     const char *gm = getenv("DS_GEMV_MAXT");

@@ -11,7 +11,10 @@
  * contiguous K and V values (16 bytes at hd = 256) for the whole group, keeping an online
  * softmax per q head; the warps merge in a fixed order and the block writes (m, l, acc[hd]) per
  * q head to scratch. A second kernel merges a row's ranges in order (and applies the output
- * gate when the decode recorder fused the sigmoid_mul after it). Other shapes take the
+ * gate when the decode recorder fused the sigmoid_mul after it). Decode rows that share their
+ * first KV pages with other rows of the step (kv_share.h: a prefix restored from the cache)
+ * leave those positions to the shared-prefix kernel (cuda_flash.cu k_flash_shared: once per
+ * group on tensor cores), and the merge takes its partials too. Other shapes take the
  * one-block-per-(row, q head) kernel below. By default the GEMM path's pieces go through the
  * fused flash kernel of cuda_flash.cu instead, where it covers the shape (DS_ATTN_FLASH=0:
  * the GEMM path). */
@@ -276,10 +279,10 @@ static int att_gemm(cuda_ctx *c, const bf16 *kp, const bf16 *vp, const bf16 *q, 
 #define ATT_STAGES 4 /* positions per warp in flight (cp.async into shared memory) */
 #endif
 
-/* Number of ranges and positions per range for a row at position p, ranges of `split`
- * positions before the cap (att_split_of: a function of the step's row count alone). */
-__device__ __forceinline__ int att_nsplit(int p, int split, int *per) {
-  int n = p + 1;
+/* Number of ranges and positions per range for a row's n positions (p + 1, less its shared
+ * ones), ranges of `split` positions before the cap (att_split_of: a function of the step's
+ * row count alone). */
+__device__ __forceinline__ int att_nsplit(int n, int split, int *per) {
   int ns = (n + split - 1) / split;
   if (ns > ATT_MAXS) ns = ATT_MAXS;
   int q = (n + ns - 1) / ns;
@@ -318,8 +321,10 @@ struct att_smem {
   static constexpr size_t bytes = slots > accs ? slots : accs;
 };
 
-/* grid (T, nkv, ATT_MAXS), block ATT_SW*32. part: [T, nh, ATT_MAXS, hd] accumulators,
- * ml: [T, nh, ATT_MAXS, 2] (running max, sum).
+/* grid (T, nkv, ATT_MAXS), block ATT_SW*32. part: [T, nh, slots, hd] accumulators,
+ * ml: [T, nh, slots, 2] (running max, sum), this kernel's ranges in slots 0 .. ATT_MAXS-1.
+ * sh_start (NULL: none): a row's first sh_start[t] positions are its group's shared prefix,
+ * read by k_flash_shared (cuda_flash.cu); its ranges here cut positions sh_start[t] .. p.
  * A warp takes positions j0 + wp, j0 + wp + ATT_SW, ... in order; each position's K and V rows
  * (hd * 4 bytes) are copied into one of the warp's ATT_STAGES slots by cp.async in 16-byte
  * pieces, ATT_STAGES - 1 positions ahead of the one being used, so the loads in flight live in
@@ -330,7 +335,7 @@ __global__ void __launch_bounds__(ATT_SW * 32)
     k_attn_split(bf16 *kp, bf16 *vp, const bf16 *q, const int32_t *seq, const int32_t *pos,
                  const int32_t *page_table, int max_pages, int nh, int nkv, float scale,
                  const int32_t *seq_len, int gemm_min, int split, const bf16 *kcur,
-                 const bf16 *vcur, float *part, float *ml) {
+                 const bf16 *vcur, const int32_t *sh_start, int slots, float *part, float *ml) {
   pdl_enter();
   constexpr int HD = VPL * 32, PIECES = HD * 2 * 2 / 16; /* 16-byte pieces of a K + V row */
   __shared__ __align__(16) unsigned char s_raw[att_smem<HD, G>::bytes];
@@ -339,9 +344,10 @@ __global__ void __launch_bounds__(ATT_SW * 32)
   if (gemm_min > 0 && seq_len[seq[t]] >= gemm_min) return; /* the GEMM path's row */
   int lane = threadIdx.x & 31, wp = threadIdx.x >> 5;
   int p = pos[t], per;
-  int ns = att_nsplit(p, split, &per);
+  int s0 = sh_start ? sh_start[t] : 0; /* positions before s0: the shared kernel's */
+  int ns = att_nsplit(p + 1 - s0, split, &per);
   if (z >= ns) return;
-  int j0 = z * per, j1 = min(p + 1, j0 + per);
+  int j0 = s0 + z * per, j1 = min(p + 1, j0 + per);
   const int32_t *pt = page_table + (size_t)seq[t] * max_pages;
   bf16(*slot)[2][HD] = (bf16(*)[2][HD])s_raw + (size_t)wp * ATT_STAGES;
   size_t row_w = (size_t)nkv * HD;
@@ -455,7 +461,7 @@ __global__ void __launch_bounds__(ATT_SW * 32)
         o += s_acc[w][g][i] * f;
       }
     }
-    size_t r = ((size_t)t * nh + kvh * G + g) * ATT_MAXS + z;
+    size_t r = ((size_t)t * nh + kvh * G + g) * slots + z;
     part[r * HD + i] = o;
     if (i == 0) {
       ml[2 * r] = M;
@@ -466,43 +472,51 @@ __global__ void __launch_bounds__(ATT_SW * 32)
 
 /* grid (T, nh), block hd: merges a row's ranges in order. gate (the attention output gate,
  * [T, nh * hd]) or NULL: out = out * sigmoid(gate) with the sigmoid_mul op's expression on the
- * bf16 output (cuda_elem.cu k_ew8), the two ops' bits in one launch. */
+ * bf16 output (cuda_elem.cu k_ew8), the two ops' bits in one launch. SH: the step has groups
+ * sharing a prefix (c->b.sh_on): a row's own ranges start at sh_start[t], and its group's
+ * sh_ns[t] shared ranges (k_flash_shared) follow in slots ATT_MAXS .. (slots per (row, head)). */
+template <bool SH>
 __global__ void k_attn_merge(const float *part, const float *ml, const int32_t *pos,
                              const int32_t *seq, const int32_t *seq_len, int gemm_min, int split,
-                             int nh, int hd, const bf16 *gate, bf16 *out) {
+                             int nh, int hd, const int32_t *sh_start, const int32_t *sh_ns,
+                             int slots, const bf16 *gate, bf16 *out) {
   pdl_enter();
   int t = blockIdx.x, h = blockIdx.y, i = threadIdx.x;
   if (gemm_min > 0 && seq_len[seq[t]] >= gemm_min) return; /* the GEMM path's row */
   int per;
-  int ns = att_nsplit(pos[t], split, &per);
-  size_t r0 = ((size_t)t * nh + h) * ATT_MAXS;
+  int ns = att_nsplit(pos[t] + 1 - (SH ? sh_start[t] : 0), split, &per);
+  int nsh = SH ? sh_ns[t] : 0;
+  size_t r0 = ((size_t)t * nh + h) * slots;
   float M = -INFINITY, L = 0.f, o = 0.f;
+  constexpr int NZ = ATT_MAXS + (SH ? CUDA_SH_MAXS : 0);
 #if ATT_MERGE_UNROLL
   /* every range's values requested at once (a loop over ns would wait for each load in turn:
    * ~16 dependent L2 round trips), then the same max and the same sums in the same order */
-  float mz[ATT_MAXS], lz[ATT_MAXS], pz[ATT_MAXS];
+  float mz[NZ], lz[NZ], pz[NZ];
 #pragma unroll
-  for (int z = 0; z < ATT_MAXS; z++) {
+  for (int z = 0; z < NZ; z++) {
     mz[z] = -INFINITY, lz[z] = 0.f, pz[z] = 0.f;
-    if (z < ns) {
+    if (z < ATT_MAXS ? z < ns : z - ATT_MAXS < nsh) {
       mz[z] = ml[2 * (r0 + z)];
       lz[z] = ml[2 * (r0 + z) + 1];
       if (i < hd) pz[z] = part[(r0 + z) * hd + i];
     }
   }
 #pragma unroll
-  for (int z = 0; z < ATT_MAXS; z++)
-    if (z < ns) M = fmaxf(M, mz[z]);
+  for (int z = 0; z < NZ; z++)
+    if (z < ATT_MAXS ? z < ns : z - ATT_MAXS < nsh) M = fmaxf(M, mz[z]);
 #pragma unroll
-  for (int z = 0; z < ATT_MAXS; z++)
-    if (z < ns) {
+  for (int z = 0; z < NZ; z++)
+    if (z < ATT_MAXS ? z < ns : z - ATT_MAXS < nsh) {
       float f = __expf(mz[z] - M);
       L += lz[z] * f;
       o += pz[z] * f;
     }
 #else
-  for (int z = 0; z < ns; z++) M = fmaxf(M, ml[2 * (r0 + z)]);
-  for (int z = 0; z < ns; z++) {
+  for (int z = 0; z < NZ; z++)
+    if (z < ATT_MAXS ? z < ns : z - ATT_MAXS < nsh) M = fmaxf(M, ml[2 * (r0 + z)]);
+  for (int z = 0; z < NZ; z++) {
+    if (!(z < ATT_MAXS ? z < ns : z - ATT_MAXS < nsh)) continue;
     float f = __expf(ml[2 * (r0 + z)] - M);
     L += ml[2 * (r0 + z) + 1] * f;
     if (i < hd) o += part[(r0 + z) * hd + i] * f;
@@ -523,6 +537,8 @@ struct att_args {
   float scale;
   int split;               /* positions per range (att_split_of) */
   const bf16 *kcur, *vcur; /* the step's k, v when the split kernel writes them (else NULL) */
+  const int32_t *sh_start; /* the rows' shared positions (c->b.sh_start), NULL: none shared */
+  int slots;               /* partials per (row, q head): ATT_MAXS (+ CUDA_SH_MAXS shared) */
   float *part, *ml;
 };
 
@@ -531,7 +547,8 @@ static void att_launch(cuda_ctx *c, const att_args &a) {
   dim3 grid(c->b.n_tokens, a.nkv, ATT_MAXS);
   k_attn_split<VPL, G><<<grid, ATT_SW * 32, 0, c->st>>>(
       a.kp, a.vp, a.q, c->b.seq, c->b.pos, c->b.page_table, c->b.max_pages, a.nh, a.nkv, a.scale,
-      c->b.seq_len, att_gemm_min(c, a.nkv, VPL * 32), a.split, a.kcur, a.vcur, a.part, a.ml);
+      c->b.seq_len, att_gemm_min(c, a.nkv, VPL * 32), a.split, a.kcur, a.vcur, a.sh_start,
+      a.slots, a.part, a.ml);
 }
 
 /* G q heads per kv head (att_split_fits: 1, 2, 4, or 8 with VPL <= 4) */
@@ -562,6 +579,16 @@ static int att_split_fits(const cuda_ctx *c, int nh, int nkv, int hd) {
          (G == 1 || G == 2 || G == 4 || G == 8) && !(G == 8 && VPL == 8);
 }
 
+/* 1 when the step's shared groups (c->b.sh_on) take the shared-prefix kernel for this head
+ * shape: hd 64, 128 or 256 and nh / nkv 1, 2, 4 or 8 (cuda_attn_flash_shared), the split path
+ * covering the shape. The host's plan (set_batch) is made for every shape; a shape outside
+ * these reads its rows' positions all by itself (sh_start is then not passed). */
+static int att_shared_fits(const cuda_ctx *c, int nh, int nkv, int hd) {
+  int G = nh / nkv;
+  return c->b.sh_on && (hd == 64 || hd == 128 || hd == 256) &&
+         (G == 1 || G == 2 || G == 4 || G == 8) && att_split_fits(c, nh, nkv, hd);
+}
+
 /* The split path (att_split_fits), merging with the output gate when gate is not NULL; kcur /
  * vcur: the step's k, v rows for the split kernel to write into the pages (a decode step), or
  * NULL when they are already there. */
@@ -569,10 +596,20 @@ static void att_split(cuda_ctx *c, bf16 *kp, bf16 *vp, const bf16 *q, int nh, in
                       float scale, const bf16 *kcur, const bf16 *vcur, const bf16 *gate,
                       bf16 *out) {
   int G = nh / nkv;
-  size_t rows = (size_t)c->b.n_tokens * nh * ATT_MAXS;
+  /* groups of rows sharing a prefix: their shared positions once per group (cuda_flash.cu),
+   * each row's own after them here; the merge takes both (att_shared_fits) */
+  int sh = att_shared_fits(c, nh, nkv, hd);
+  int slots = ATT_MAXS + (sh ? CUDA_SH_MAXS : 0);
+  size_t rows = (size_t)c->b.n_tokens * nh * slots;
   float *part = (float *)cuda_scratch(c, rows * ((size_t)hd + 2) * sizeof(float));
   if (!part) return;
-  att_args a = {kp, vp, q, nh, nkv, scale, att_split_of(c), kcur, vcur, part, part + rows * hd};
+  att_args a = {kp,   vp,   q,     nh,   nkv, scale, att_split_of(c), kcur, vcur,
+                sh ? c->b.sh_start : NULL, slots, part, part + rows * hd};
+  if (sh && cuda_attn_flash_shared(c, kp, vp, q, nh, nkv, hd, scale, ATT_MAXS, slots, a.part,
+                                   a.ml)) {
+    cuda_fail(c, "attention", "shared-prefix kernel refused a covered shape");
+    return;
+  }
   switch (hd / 32) {
     case 1: att_launch_g<1>(c, G, a); break;
     case 2: att_launch_g<2>(c, G, a); break;
@@ -581,9 +618,14 @@ static void att_split(cuda_ctx *c, bf16 *kp, bf16 *vp, const bf16 *q, int nh, in
   }
   cuda_check_launch(c, "attention (split)");
   dim3 g2(c->b.n_tokens, nh);
-  k_attn_merge<<<g2, (hd + 31) / 32 * 32, 0, c->st>>>(part, a.ml, c->b.pos, c->b.seq,
-                                                       c->b.seq_len, att_gemm_min(c, nkv, hd),
-                                                       a.split, nh, hd, gate, out);
+  if (sh)
+    k_attn_merge<true><<<g2, (hd + 31) / 32 * 32, 0, c->st>>>(
+        part, a.ml, c->b.pos, c->b.seq, c->b.seq_len, att_gemm_min(c, nkv, hd), a.split, nh, hd,
+        c->b.sh_start, c->b.sh_ns, slots, gate, out);
+  else
+    k_attn_merge<false><<<g2, (hd + 31) / 32 * 32, 0, c->st>>>(
+        part, a.ml, c->b.pos, c->b.seq, c->b.seq_len, att_gemm_min(c, nkv, hd), a.split, nh, hd,
+        NULL, NULL, slots, gate, out);
   cuda_check_launch(c, gate ? "attention (merge + output gate)" : "attention (merge)");
 }
 

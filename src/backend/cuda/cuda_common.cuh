@@ -48,7 +48,18 @@ typedef struct cuda_batch {
    * prefill_ids order) owns chunks pre_ch0[i] .. pre_ch0[i+1]-1. */
   int n_chunks;
   const int32_t *ch_row, *ch_len, *pre_ch0;
+  /* decode rows that read the same KV pages (kv_share.h; cuda_attn.cu "shared prefix"):
+   * sh_on when the step has a group (a graph layout of its own); sh_start [T] a row's shared
+   * positions (0: none), sh_ns [T] its group's shared ranges, sh_members [T] the groups'
+   * rows, sh_groups: the group count, then CUDA_SH_GROUP_WORDS per group (leader piece,
+   * member offset, members, shared length, ranges, positions per range) */
+  int sh_on;
+  const int32_t *sh_start, *sh_ns, *sh_members, *sh_groups;
 } cuda_batch;
+#define CUDA_SH_GROUPS 4       /* groups per step at most (the ones that save the most) */
+#define CUDA_SH_GROUP_WORDS 6
+#define CUDA_SH_MAXS 16        /* shared ranges per group at most */
+#define CUDA_SH_SPLIT 512      /* positions per shared range before the cap (a multiple of 64) */
 
 struct cuda_graphs; /* the decode-step recorder and graph cache (backend_cuda.cu) */
 
@@ -82,6 +93,12 @@ typedef struct cuda_ctx {
   int attn_gemm_off, attn_gemm_rows;
   /* those pieces through the fused kernel instead (cuda_flash.cu); DS_ATTN_FLASH=0: not */
   int attn_flash;
+  /* decode rows sharing KV pages read them once per group (cuda_attn.cu "shared prefix";
+   * DS_ATTN_SHARED=0: not), for groups sharing at least attn_shared_min positions
+   * (DS_ATTN_SHARED_MIN) */
+  int attn_shared, attn_shared_min;
+  int64_t *sh_scratch; /* kv_share_plan's scratch, [2 * sh_cap] */
+  size_t sh_cap;
   /* GEMV path: the largest step (rows) it takes (DS_GEMV_MAXT) */
   int gemv_maxt;
   /* skinny GEMMs (cuda_sgemm.cu) for steps of gemv_maxt+1 .. sgemm_maxt rows (DS_SGEMM_MAXT,
@@ -166,6 +183,15 @@ extern "C" void cuda_sgemm_release(cuda_ctx *c);
  * covered (nothing launched). */
 int cuda_attn_flash(cuda_ctx *c, const bf16 *kp, const bf16 *vp, const bf16 *q, int nh, int nkv,
                     int hd, float scale, bf16 *out);
+/* The shared positions of the step's groups of decode rows (c->b.sh_*, the step has
+ * sh_on) on tensor cores: per group, range and kv head one block over up to 64 (member, q head)
+ * query rows, writing each member's (m, l, acc[hd]) softmax partial of range z into
+ * part / ml slot ATT_MAXS + z (slots per (row, q head)), m in the split kernel's units (natural
+ * log of scale * q.k). Returns 0, or -1 when the shape is not covered (hd not 64, 128 or 256,
+ * nh / nkv not 1, 2, 4 or 8; nothing launched). */
+int cuda_attn_flash_shared(cuda_ctx *c, const bf16 *kp, const bf16 *vp, const bf16 *q, int nh,
+                           int nkv, int hd, float scale, int att_maxs, int slots, float *part,
+                           float *ml);
 
 /* One layer's DeltaNet decode chain, conv1d -> gdn_gates -> gdn_decode -> gated_rmsnorm, as
  * the four ops' arguments (backend/backend.h): the decode-step recorder (backend_cuda.cu)

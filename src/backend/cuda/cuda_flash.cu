@@ -87,75 +87,29 @@ struct fl_shape {
   static constexpr size_t SMEM = 2 * KV_BYTES + (DW > 1 ? (size_t)NW * 32 * 32 * sizeof(float) : 0);
 };
 
-/* grid (query tiles of the long pieces, nh), block fl_shape<HD>::NT. */
+/* The K/V tile walk of one block (k_flash, k_flash_shared): tiles of FLASH_BK positions from jb
+ * (a multiple of FLASH_BK apart) up to jmax, read from the pages of table pt (kv head at hoff);
+ * each thread's rows a / b see the positions up to pa / pb; live: the warp has real rows, wlast:
+ * the last position any of its rows sees. Leaves each thread's O accumulators, running maxima
+ * (base 2) and partial sums (this thread's columns only) in o, ma / mb, la / lb. */
 template <int HD>
-__global__ void __launch_bounds__(fl_shape<HD>::NT)
-    k_flash(const bf16 *kp, const bf16 *vp, const bf16 *q, const int32_t *seq_len,
-            const int32_t *seq_pos, const int32_t *seq_start, const int32_t *page_table,
-            int max_pages, int n_seqs, int nh, int nkv, float sl2, bf16 *out) {
-  pdl_enter();
+__device__ __forceinline__ void fl_walk(bf16 *Ks, bf16 *Vs, float *Sx, const bf16 *kp,
+                                        const bf16 *vp, const int32_t *pt, size_t w, int hoff,
+                                        int jb, int jmax, float sl2,
+                                        const uint32_t (&qf)[fl_shape<HD>::KS][4], int pa, int pb,
+                                        bool live, int wlast, float (&o)[fl_shape<HD>::ON][4],
+                                        float &ma, float &mb, float &la, float &lb) {
   typedef fl_shape<HD> S_;
-  extern __shared__ __align__(16) unsigned char fl_smem[];
-  bf16 *Ks = (bf16 *)fl_smem, *Vs = Ks + FLASH_BK * (HD + FLASH_PAD);
-  float *Sx = (float *)(fl_smem + 2 * S_::KV_BYTES); /* [NW][32][32], DW = 2 only */
-
-  /* the block's piece and first row (tiles numbered backwards: long tiles start first) */
-  int b = (int)gridDim.x - 1 - (int)blockIdx.x, piece = -1;
-  for (int i = 0; i < n_seqs; i++) {
-    int L = seq_len[i];
-    if (L < FLASH_MIN) continue;
-    int n = (L + FLASH_BQ - 1) / FLASH_BQ;
-    if (b < n) {
-      piece = i;
-      break;
-    }
-    b -= n;
-  }
-  if (piece < 0) return; /* cannot happen: the grid counts these tiles */
-  int L = seq_len[piece], pos0 = seq_pos[piece], r0 = b * FLASH_BQ;
-  int nrows = min(FLASH_BQ, L - r0);
-  int p0 = pos0 + r0;           /* position of the tile's first row */
-  int jmax = p0 + nrows - 1;    /* last position the tile needs */
-  int ntiles = jmax / FLASH_BK + 1;
-  size_t t0 = (size_t)seq_start[piece] + r0; /* the tile's first row in the step */
-  const int32_t *pt = page_table + (size_t)piece * max_pages;
-  int h = blockIdx.y, kvh = h / (nh / nkv);
-  size_t w = (size_t)nkv * HD;
-
   int tid = threadIdx.x, wp = tid >> 5, lane = tid & 31;
-  int rg = wp & 3, dh = wp >> 2; /* row group, hd half */
+  int rg = wp & 3, dh = wp >> 2;
   int g = lane >> 2, t4 = lane & 3;
-  int ra = rg * 16 + g, rb = ra + 8; /* the thread's two rows in the tile */
-  int pa = p0 + ra, pb = p0 + rb;
-  int dbase = dh * S_::HDW; /* the warp's first hd column */
-  bool live = rg * 16 < nrows; /* the warp has real rows */
-  int wlast = p0 + rg * 16 + 15; /* the warp's last row position */
-
-  /* Q fragments (A, row major): regs {row g, cols 2t..}, {row g+8}, {row g, cols 8+2t..},
-   * {row g+8, cols 8+2t..} of each 16-column step */
-  uint32_t qf[S_::KS][4];
-  {
-    const bf16 *qa = q + ((t0 + ra) * nh + h) * HD + dbase + 2 * t4;
-    const bf16 *qb = q + ((t0 + rb) * nh + h) * HD + dbase + 2 * t4;
-    bool va = ra < nrows, vb = rb < nrows;
-#pragma unroll
-    for (int k = 0; k < S_::KS; k++) {
-      qf[k][0] = va ? *(const uint32_t *)(qa + 16 * k) : 0u;
-      qf[k][1] = vb ? *(const uint32_t *)(qb + 16 * k) : 0u;
-      qf[k][2] = va ? *(const uint32_t *)(qa + 16 * k + 8) : 0u;
-      qf[k][3] = vb ? *(const uint32_t *)(qb + 16 * k + 8) : 0u;
-    }
-  }
-  float o[S_::ON][4];
-#pragma unroll
-  for (int n = 0; n < S_::ON; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
-  float ma = -INFINITY, mb = -INFINITY, la = 0.f, lb = 0.f;
-
-  fl_load<HD, S_::NT>(Ks, kp, pt, 0, jmax, w, kvh * HD, tid);
+  int dbase = dh * S_::HDW;
+  int ntiles = (jmax - jb) / FLASH_BK + 1;
+  fl_load<HD, S_::NT>(Ks, kp, pt, jb, jmax, w, hoff, tid);
   cp_async_commit();
   for (int kt = 0; kt < ntiles; kt++) {
-    int j0 = kt * FLASH_BK;
-    fl_load<HD, S_::NT>(Vs, vp, pt, j0, jmax, w, kvh * HD, tid);
+    int j0 = jb + kt * FLASH_BK;
+    fl_load<HD, S_::NT>(Vs, vp, pt, j0, jmax, w, hoff, tid);
     cp_async_commit();
     cp_async_wait<1>(); /* K(kt) landed; V(kt) may be in flight */
     __syncthreads();
@@ -193,7 +147,7 @@ __global__ void __launch_bounds__(fl_shape<HD>::NT)
     }
     __syncthreads(); /* the K buffer (and Sx) is free */
     if (kt + 1 < ntiles) {
-      fl_load<HD, S_::NT>(Ks, kp, pt, j0 + FLASH_BK, jmax, w, kvh * HD, tid);
+      fl_load<HD, S_::NT>(Ks, kp, pt, j0 + FLASH_BK, jmax, w, hoff, tid);
       cp_async_commit();
     }
     uint32_t pf[4][4]; /* P as A fragments, one per 16 positions */
@@ -275,6 +229,73 @@ __global__ void __launch_bounds__(fl_shape<HD>::NT)
     }
     __syncthreads(); /* the V buffer is free */
   }
+}
+
+/* grid (query tiles of the long pieces, nh), block fl_shape<HD>::NT. */
+template <int HD>
+__global__ void __launch_bounds__(fl_shape<HD>::NT)
+    k_flash(const bf16 *kp, const bf16 *vp, const bf16 *q, const int32_t *seq_len,
+            const int32_t *seq_pos, const int32_t *seq_start, const int32_t *page_table,
+            int max_pages, int n_seqs, int nh, int nkv, float sl2, bf16 *out) {
+  pdl_enter();
+  typedef fl_shape<HD> S_;
+  extern __shared__ __align__(16) unsigned char fl_smem[];
+  bf16 *Ks = (bf16 *)fl_smem, *Vs = Ks + FLASH_BK * (HD + FLASH_PAD);
+  float *Sx = (float *)(fl_smem + 2 * S_::KV_BYTES); /* [NW][32][32], DW = 2 only */
+
+  /* the block's piece and first row (tiles numbered backwards: long tiles start first) */
+  int b = (int)gridDim.x - 1 - (int)blockIdx.x, piece = -1;
+  for (int i = 0; i < n_seqs; i++) {
+    int L = seq_len[i];
+    if (L < FLASH_MIN) continue;
+    int n = (L + FLASH_BQ - 1) / FLASH_BQ;
+    if (b < n) {
+      piece = i;
+      break;
+    }
+    b -= n;
+  }
+  if (piece < 0) return; /* cannot happen: the grid counts these tiles */
+  int L = seq_len[piece], pos0 = seq_pos[piece], r0 = b * FLASH_BQ;
+  int nrows = min(FLASH_BQ, L - r0);
+  int p0 = pos0 + r0;           /* position of the tile's first row */
+  int jmax = p0 + nrows - 1;    /* last position the tile needs */
+  size_t t0 = (size_t)seq_start[piece] + r0; /* the tile's first row in the step */
+  const int32_t *pt = page_table + (size_t)piece * max_pages;
+  int h = blockIdx.y, kvh = h / (nh / nkv);
+  size_t w = (size_t)nkv * HD;
+
+  int tid = threadIdx.x, wp = tid >> 5, lane = tid & 31;
+  int rg = wp & 3, dh = wp >> 2; /* row group, hd half */
+  int g = lane >> 2, t4 = lane & 3;
+  int ra = rg * 16 + g, rb = ra + 8; /* the thread's two rows in the tile */
+  int pa = p0 + ra, pb = p0 + rb;
+  int dbase = dh * S_::HDW; /* the warp's first hd column */
+  bool live = rg * 16 < nrows; /* the warp has real rows */
+  int wlast = p0 + rg * 16 + 15; /* the warp's last row position */
+
+  /* Q fragments (A, row major): regs {row g, cols 2t..}, {row g+8}, {row g, cols 8+2t..},
+   * {row g+8, cols 8+2t..} of each 16-column step */
+  uint32_t qf[S_::KS][4];
+  {
+    const bf16 *qa = q + ((t0 + ra) * nh + h) * HD + dbase + 2 * t4;
+    const bf16 *qb = q + ((t0 + rb) * nh + h) * HD + dbase + 2 * t4;
+    bool va = ra < nrows, vb = rb < nrows;
+#pragma unroll
+    for (int k = 0; k < S_::KS; k++) {
+      qf[k][0] = va ? *(const uint32_t *)(qa + 16 * k) : 0u;
+      qf[k][1] = vb ? *(const uint32_t *)(qb + 16 * k) : 0u;
+      qf[k][2] = va ? *(const uint32_t *)(qa + 16 * k + 8) : 0u;
+      qf[k][3] = vb ? *(const uint32_t *)(qb + 16 * k + 8) : 0u;
+    }
+  }
+  float o[S_::ON][4];
+#pragma unroll
+  for (int n = 0; n < S_::ON; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+  float ma = -INFINITY, mb = -INFINITY, la = 0.f, lb = 0.f;
+
+  fl_walk<HD>(Ks, Vs, Sx, kp, vp, pt, w, kvh * HD, 0, jmax, sl2, qf, pa, pb, live, wlast, o, ma, mb,
+              la, lb);
 
   if (!live) return;
   la += __shfl_xor_sync(0xffffffffu, la, 1);
@@ -293,6 +314,100 @@ __global__ void __launch_bounds__(fl_shape<HD>::NT)
 #pragma unroll
     for (int n = 0; n < S_::ON; n++)
       *(__nv_bfloat162 *)(ob + n * 8) = __floats2bfloat162_rn(o[n][2] * ib, o[n][3] * ib);
+  }
+}
+
+/* The shared positions of a step's groups of decode rows (kv_share.h, c->b.sh_*): grid
+ * (group ranges, member tiles, nkv), block fl_shape<HD>::NT. Block (x, y, kvh) takes range z
+ * of the group that x falls in (the groups' ranges numbered in group order), members
+ * y * (64 / G) .. of it, and as its 64 query rows every (member, q head of kvh) pair, member
+ * major; the keys are the range's positions [z per, min(L, (z + 1) per)), the same for every
+ * row (no mask inside the range), read from the group's first piece's pages. The walk is
+ * k_flash's; each row's unnormalised O, its maximum (in natural-log units of scale q.k, the
+ * split kernel's) and its sum go to part / ml slot att_maxs + z of (row, q head). Blocks past
+ * the groups' ranges or members return at once (the grid is a bound of the step's layout). */
+template <int HD, int G>
+__global__ void __launch_bounds__(fl_shape<HD>::NT)
+    k_flash_shared(const bf16 *kp, const bf16 *vp, const bf16 *q, const int32_t *page_table,
+                   int max_pages, const int32_t *groups, const int32_t *members, int nh, int nkv,
+                   float sl2, int att_maxs, int slots, float *part, float *ml) {
+  pdl_enter();
+  typedef fl_shape<HD> S_;
+  constexpr int R = FLASH_BQ / G; /* members per block */
+  extern __shared__ __align__(16) unsigned char fl_smem[];
+  bf16 *Ks = (bf16 *)fl_smem, *Vs = Ks + FLASH_BK * (HD + FLASH_PAD);
+  float *Sx = (float *)(fl_smem + 2 * S_::KV_BYTES);
+
+  int z = blockIdx.x, n_groups = groups[0];
+  const int32_t *gr = NULL;
+  for (int i = 0; i < n_groups; i++) {
+    const int32_t *gi = groups + 1 + i * CUDA_SH_GROUP_WORDS;
+    if (z < gi[4]) {
+      gr = gi;
+      break;
+    }
+    z -= gi[4];
+  }
+  if (!gr) return;
+  int m0 = blockIdx.y * R, nm = gr[2] - m0;
+  if (nm <= 0) return;
+  if (nm > R) nm = R;
+  int L = gr[3], per = gr[5];
+  int j0 = z * per, j1 = min(L, j0 + per); /* j0 < L: the host counts the ranges so */
+  int nrows = nm * G;
+  const int32_t *mem = members + gr[1] + m0;
+  const int32_t *pt = page_table + (size_t)gr[0] * max_pages;
+  int kvh = blockIdx.z;
+  size_t w = (size_t)nkv * HD;
+
+  int tid = threadIdx.x, wp = tid >> 5, lane = tid & 31;
+  int rg = wp & 3, dh = wp >> 2;
+  int g = lane >> 2, t4 = lane & 3;
+  int ra = rg * 16 + g, rb = ra + 8;
+  int dbase = dh * S_::HDW;
+  bool live = rg * 16 < nrows;
+  bool va = ra < nrows, vb = rb < nrows;
+  /* a query row's (row of the step, q head) */
+  int ta = va ? mem[ra / G] : 0, ha = kvh * G + ra % G;
+  int tb = vb ? mem[rb / G] : 0, hb = kvh * G + rb % G;
+
+  uint32_t qf[S_::KS][4];
+  {
+    const bf16 *qa = q + ((size_t)ta * nh + ha) * HD + dbase + 2 * t4;
+    const bf16 *qb = q + ((size_t)tb * nh + hb) * HD + dbase + 2 * t4;
+#pragma unroll
+    for (int k = 0; k < S_::KS; k++) {
+      qf[k][0] = va ? *(const uint32_t *)(qa + 16 * k) : 0u;
+      qf[k][1] = vb ? *(const uint32_t *)(qb + 16 * k) : 0u;
+      qf[k][2] = va ? *(const uint32_t *)(qa + 16 * k + 8) : 0u;
+      qf[k][3] = vb ? *(const uint32_t *)(qb + 16 * k + 8) : 0u;
+    }
+  }
+  float o[S_::ON][4];
+#pragma unroll
+  for (int n = 0; n < S_::ON; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+  float ma = -INFINITY, mb = -INFINITY, la = 0.f, lb = 0.f;
+  fl_walk<HD>(Ks, Vs, Sx, kp, vp, pt, w, kvh * HD, j0, j1 - 1, sl2, qf, j1 - 1, j1 - 1, live,
+              j1 - 1, o, ma, mb, la, lb);
+  if (!live) return;
+  la += __shfl_xor_sync(0xffffffffu, la, 1);
+  la += __shfl_xor_sync(0xffffffffu, la, 2);
+  lb += __shfl_xor_sync(0xffffffffu, lb, 1);
+  lb += __shfl_xor_sync(0xffffffffu, lb, 2);
+  const float ln2 = 0.6931471805599453f;
+  if (va) {
+    size_t r = ((size_t)ta * nh + ha) * slots + att_maxs + z;
+    float *pa = part + r * HD + dbase + 2 * t4;
+#pragma unroll
+    for (int n = 0; n < S_::ON; n++) *(float2 *)(pa + n * 8) = make_float2(o[n][0], o[n][1]);
+    if (dh == 0 && t4 == 0) *(float2 *)(ml + 2 * r) = make_float2(ma * ln2, la);
+  }
+  if (vb) {
+    size_t r = ((size_t)tb * nh + hb) * slots + att_maxs + z;
+    float *pb = part + r * HD + dbase + 2 * t4;
+#pragma unroll
+    for (int n = 0; n < S_::ON; n++) *(float2 *)(pb + n * 8) = make_float2(o[n][2], o[n][3]);
+    if (dh == 0 && t4 == 0) *(float2 *)(ml + 2 * r) = make_float2(mb * ln2, lb);
   }
 }
 
@@ -333,4 +448,46 @@ int cuda_attn_flash(cuda_ctx *c, const bf16 *kp, const bf16 *vp, const bf16 *q, 
   }
   cuda_check_launch(c, "attention (flash)");
   return rows;
+}
+
+template <int HD, int G>
+static void fl_shared_launch(cuda_ctx *c, const bf16 *kp, const bf16 *vp, const bf16 *q, int nh,
+                             int nkv, float scale, int att_maxs, int slots, float *part,
+                             float *ml) {
+  typedef fl_shape<HD> S_;
+  cudaFuncSetAttribute(k_flash_shared<HD, G>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                       (int)S_::SMEM);
+  constexpr int R = FLASH_BQ / G;
+  /* a bound of the layout (rows, CUDA_SH_GROUPS): every group's ranges, the most member tiles
+   * any group can need */
+  dim3 grid(CUDA_SH_GROUPS * CUDA_SH_MAXS, (c->b.n_tokens + R - 1) / R, nkv);
+  k_flash_shared<HD, G><<<grid, S_::NT, S_::SMEM, c->st>>>(
+      kp, vp, q, c->b.page_table, c->b.max_pages, c->b.sh_groups, c->b.sh_members, nh, nkv,
+      scale * 1.4426950408889634f, att_maxs, slots, part, ml);
+}
+
+template <int HD>
+static int fl_shared_g(cuda_ctx *c, int G, const bf16 *kp, const bf16 *vp, const bf16 *q, int nh,
+                       int nkv, float scale, int att_maxs, int slots, float *part, float *ml) {
+  switch (G) {
+    case 1: fl_shared_launch<HD, 1>(c, kp, vp, q, nh, nkv, scale, att_maxs, slots, part, ml); return 0;
+    case 2: fl_shared_launch<HD, 2>(c, kp, vp, q, nh, nkv, scale, att_maxs, slots, part, ml); return 0;
+    case 4: fl_shared_launch<HD, 4>(c, kp, vp, q, nh, nkv, scale, att_maxs, slots, part, ml); return 0;
+    case 8: fl_shared_launch<HD, 8>(c, kp, vp, q, nh, nkv, scale, att_maxs, slots, part, ml); return 0;
+  }
+  return -1;
+}
+
+int cuda_attn_flash_shared(cuda_ctx *c, const bf16 *kp, const bf16 *vp, const bf16 *q, int nh,
+                           int nkv, int hd, float scale, int att_maxs, int slots, float *part,
+                           float *ml) {
+  if (nkv <= 0 || nh % nkv || !c->b.sh_on) return -1;
+  int G = nh / nkv, rc = -1;
+  switch (hd) {
+    case 64: rc = fl_shared_g<64>(c, G, kp, vp, q, nh, nkv, scale, att_maxs, slots, part, ml); break;
+    case 128: rc = fl_shared_g<128>(c, G, kp, vp, q, nh, nkv, scale, att_maxs, slots, part, ml); break;
+    case 256: rc = fl_shared_g<256>(c, G, kp, vp, q, nh, nkv, scale, att_maxs, slots, part, ml); break;
+  }
+  if (rc == 0) cuda_check_launch(c, "attention (shared prefix)");
+  return rc;
 }

@@ -51,6 +51,21 @@ conc_case bench_decode_conc_other_size 3 'm.decode_tok_s_3 > 0 && m.decode_tok_s
 # One decode size only: that figure is a number, the other decode figures are null.
 conc_case bench_decode_conc_one_size 8 'm.decode_tok_s_8 > 0 && m.decode_tok_s_1 === null && m.decode_tok_s_128 === null'
 
+# Decode over a shared prefix: the runs' prompts share their first S tokens, prefix caching is
+# on, and the prefix is restored (hit tokens) rather than computed for every request.
+if "$BIN" bench --model "$tmp/m" --device cpu --threads 2 --quick --only decode --decode-conc 8 \
+    --decode-prompt 200 --decode-shared 150 --out "$tmp/sh.json" >"$tmp/sh.log" 2>&1 &&
+   node -e 'const d=JSON.parse(require("fs").readFileSync(process.argv[1],"utf8"));
+     const st=d.info.decode_prefix_stats||{};
+     process.exit(d.metrics.decode_tok_s_8 > 0 && d.info.decode_shared_prefix === 150 &&
+       d.info.phase_a_engine.prefix_caching === true && st.prefix_hit_tokens >= 8 * 150 ? 0 : 1)' "$tmp/sh.json"; then
+  echo "PASS bench_decode_shared_prefix"
+else
+  echo "FAIL bench_decode_shared_prefix"; tail -3 "$tmp/sh.log"
+fi
+"$BIN" bench --model "$tmp/m" --out "$tmp/x.json" --only decode --decode-prompt 100 --decode-shared 100 >/dev/null 2>&1; rc=$?
+[ $rc -eq 2 ] && echo "PASS bench_decode_shared_below_prompt" || echo "FAIL bench_decode_shared_below_prompt: exit $rc"
+
 # Repeated decode runs: the figure is the median of the runs listed in info.
 if "$BIN" bench --model "$tmp/m" --device cpu --threads 2 --quick --only decode --decode-conc 8 \
     --decode-repeats 3 --out "$tmp/r.json" >"$tmp/rep.log" 2>&1 &&

@@ -58,8 +58,12 @@ typedef struct cuda_batch {
 } cuda_batch;
 #define CUDA_SH_GROUPS 4       /* groups per step at most (the ones that save the most) */
 #define CUDA_SH_GROUP_WORDS 6
+#ifndef CUDA_SH_MAXS
 #define CUDA_SH_MAXS 16        /* shared ranges per group at most */
+#endif
+#ifndef CUDA_SH_SPLIT
 #define CUDA_SH_SPLIT 512      /* positions per shared range before the cap (a multiple of 64) */
+#endif
 
 struct cuda_graphs; /* the decode-step recorder and graph cache (backend_cuda.cu) */
 

@@ -87,6 +87,21 @@ struct fl_shape {
   static constexpr size_t SMEM = 2 * KV_BYTES + (DW > 1 ? (size_t)NW * 32 * 32 * sizeof(float) : 0);
 };
 
+/* A thread's Q fragments (A, row major) from its two query rows qa / qb (already offset to the
+ * thread's columns; a row that is not real gives zeros): regs {row g, cols 2t..}, {row g+8},
+ * {row g, cols 8+2t..}, {row g+8, cols 8+2t..} of each 16-column step. */
+template <int HD>
+__device__ __forceinline__ void fl_load_q(uint32_t (&qf)[fl_shape<HD>::KS][4], const bf16 *qa,
+                                          const bf16 *qb, bool va, bool vb) {
+#pragma unroll
+  for (int k = 0; k < fl_shape<HD>::KS; k++) {
+    qf[k][0] = va ? *(const uint32_t *)(qa + 16 * k) : 0u;
+    qf[k][1] = vb ? *(const uint32_t *)(qb + 16 * k) : 0u;
+    qf[k][2] = va ? *(const uint32_t *)(qa + 16 * k + 8) : 0u;
+    qf[k][3] = vb ? *(const uint32_t *)(qb + 16 * k + 8) : 0u;
+  }
+}
+
 /* The K/V tile walk of one block (k_flash, k_flash_shared): tiles of FLASH_BK positions from jb
  * (a multiple of FLASH_BK apart) up to jmax, read from the pages of table pt (kv head at hoff);
  * each thread's rows a / b see the positions up to pa / pb; live: the warp has real rows, wlast:
@@ -281,13 +296,7 @@ __global__ void __launch_bounds__(fl_shape<HD>::NT)
     const bf16 *qa = q + ((t0 + ra) * nh + h) * HD + dbase + 2 * t4;
     const bf16 *qb = q + ((t0 + rb) * nh + h) * HD + dbase + 2 * t4;
     bool va = ra < nrows, vb = rb < nrows;
-#pragma unroll
-    for (int k = 0; k < S_::KS; k++) {
-      qf[k][0] = va ? *(const uint32_t *)(qa + 16 * k) : 0u;
-      qf[k][1] = vb ? *(const uint32_t *)(qb + 16 * k) : 0u;
-      qf[k][2] = va ? *(const uint32_t *)(qa + 16 * k + 8) : 0u;
-      qf[k][3] = vb ? *(const uint32_t *)(qb + 16 * k + 8) : 0u;
-    }
+    fl_load_q<HD>(qf, qa, qb, va, vb);
   }
   float o[S_::ON][4];
 #pragma unroll
@@ -375,13 +384,7 @@ __global__ void __launch_bounds__(fl_shape<HD>::NT)
   {
     const bf16 *qa = q + ((size_t)ta * nh + ha) * HD + dbase + 2 * t4;
     const bf16 *qb = q + ((size_t)tb * nh + hb) * HD + dbase + 2 * t4;
-#pragma unroll
-    for (int k = 0; k < S_::KS; k++) {
-      qf[k][0] = va ? *(const uint32_t *)(qa + 16 * k) : 0u;
-      qf[k][1] = vb ? *(const uint32_t *)(qb + 16 * k) : 0u;
-      qf[k][2] = va ? *(const uint32_t *)(qa + 16 * k + 8) : 0u;
-      qf[k][3] = vb ? *(const uint32_t *)(qb + 16 * k + 8) : 0u;
-    }
+    fl_load_q<HD>(qf, qa, qb, va, vb);
   }
   float o[S_::ON][4];
 #pragma unroll

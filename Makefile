@@ -24,7 +24,7 @@ ifeq ($(CUDA),1)
 CUDA_HOME ?= /usr/local/cuda
 CU_SRCS  := $(sort $(wildcard src/backend/cuda/*.cu))
 CU_OBJS  := $(CU_SRCS:%.cu=$(BUILD)/obj/%.o)
-CUFLAGS  += -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Isrc -Xcompiler -Wall,-fPIC --expt-relaxed-constexpr
+CUFLAGS  += -O3 -std=c++17 -MMD -MP -gencode=arch=compute_90a,code=sm_90a -Isrc -Xcompiler -Wall,-fPIC --expt-relaxed-constexpr
 CFLAGS   += -DDS_CUDA=1 -I$(CUDA_HOME)/include
 LDLIBS   += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart -lstdc++
 OBJS     += $(CU_OBJS)

@@ -698,7 +698,9 @@ static void attention_shared_case(int nh, int nkv, int hd, int mixed) {
 
 TEST(attention_shared) {
   attention_shared_case(8, 2, 256, 0);  /* the 4B shape: G = 4 */
-  attention_shared_case(16, 2, 128, 0); /* G = 8 (at hd 256 the split path does not take G = 8) */
+  attention_shared_case(16, 2, 128, 0); /* G = 8 */
+  attention_shared_case(16, 2, 256, 0); /* G = 8 at hd 256 (the MoE shapes): split in two blocks */
+  attention_shared_case(24, 4, 256, 0); /* G = 6 (the 27B shape): 10 members a block, 60 rows */
   attention_shared_case(8, 2, 256, 1);  /* a prefill piece in the step (not a graph) */
   attention_shared_case(4, 4, 128, 0);  /* G = 1 */
   attention_shared_case(6, 3, 64, 0);   /* G = 2 */
@@ -735,6 +737,95 @@ TEST(attention) {
   attention_case(4, 4, 80);
   attention_case(8, 1, 128); /* split path with 4 values per lane, G = 8 */
   attention_case(2, 1, 32);  /* split path with 1 value per lane: 8 lanes copy a position */
+  attention_case(24, 4, 256); /* G = 6 (the 27B shape): two blocks of 3 heads */
+  attention_case(32, 2, 128); /* G = 16: two blocks of 8 */
+  attention_case(5, 1, 64);   /* G = 5: a block per head */
+}
+
+/* Head groups one split block cannot hold (G = 8 at hd 256, 6, 16, 5) go through the split
+ * kernel in sub-groups (counted: backend_cuda_attn_sub_launches); with DS_ATTN_SUBGROUPS=0
+ * through the one-block-per-head kernel (none counted). Both against the CPU; a shape one
+ * block holds (G = 4) takes the same kernel either way: the same bits, none counted. */
+static void attention_subgroup_case(backend *off, int nh, int nkv, int hd, int same) {
+  pieces p = ATT_DECODE;
+  g_also = off;
+  set_batch(&p, 0, NULL);
+  g_also = NULL;
+  int T = T_of(&p);
+  size_t pool = (size_t)4 * MAXP * BACKEND_PAGE_TOKENS * nkv * hd;
+  float *kp = rand_vec(pool, 1.f), *vp = rand_vec(pool, 1.f);
+  float *q = rand_vec((size_t)T * nh * hd, 1.f), *k = rand_vec((size_t)T * nkv * hd, 1.f),
+        *v = rand_vec((size_t)T * nkv * hd, 1.f);
+  size_t nq = (size_t)T * nh * hd, nk = (size_t)T * nkv * hd;
+  pair pkp = pr(BACKEND_KIND_KV, kp, pool), pvp = pr(BACKEND_KIND_KV, vp, pool);
+  pair pq = pr(BACKEND_KIND_ACT, q, nq), pk = pr(BACKEND_KIND_ACT, k, nk),
+       pv = pr(BACKEND_KIND_ACT, v, nk);
+  pair o = pr_out(BACKEND_KIND_ACT, nq);
+  backend_buf okp = mk(off, BACKEND_KIND_KV, kp, pool), ovp = mk(off, BACKEND_KIND_KV, vp, pool),
+              oq = mk(off, BACKEND_KIND_ACT, q, nq), ok_ = mk(off, BACKEND_KIND_ACT, k, nk),
+              ov = mk(off, BACKEND_KIND_ACT, v, nk), oo = mk(off, BACKEND_KIND_ACT, NULL, nq);
+  float scale = 1.f / sqrtf((float)hd) * 2.f;
+  long sub0 = backend_cuda_attn_sub_launches(GPU), off0 = backend_cuda_attn_sub_launches(off);
+  CPU->attention(CPU, pkp.c, pvp.c, pq.c, pk.c, pv.c, nh, nkv, hd, scale, o.c);
+  GPU->attention(GPU, pkp.g, pvp.g, pq.g, pk.g, pv.g, nh, nkv, hd, scale, o.g);
+  off->attention(off, okp, ovp, oq, ok_, ov, nh, nkv, hd, scale, oo);
+  long sub = backend_cuda_attn_sub_launches(GPU) - sub0,
+       offsub = backend_cuda_attn_sub_launches(off) - off0;
+  char what[64];
+  snprintf(what, sizeof what, "attention sub-groups nh=%d nkv=%d hd=%d", nh, nkv, hd);
+  CMP(o.c, o.g, BACKEND_KIND_ACT, nq, 8e-3, what);
+  CMP(pkp.c, pkp.g, BACKEND_KIND_KV, pool, 1e-6, "attention sub-groups k pages");
+  CMP(pvp.c, pvp.g, BACKEND_KIND_KV, pool, 1e-6, "attention sub-groups v pages");
+  float *a = get(GPU, o.g, BACKEND_KIND_ACT, nq), *z = get(off, oo, BACKEND_KIND_ACT, nq),
+        *rc = get(CPU, o.c, BACKEND_KIND_ACT, nq), *zk = get(off, okp, BACKEND_KIND_KV, pool),
+        *ck = get(CPU, pkp.c, BACKEND_KIND_KV, pool);
+  size_t dif = 0, kdif = 0;
+  for (size_t i = 0; i < nq; i++) dif += memcmp(&a[i], &z[i], sizeof *a) != 0;
+  for (size_t i = 0; i < pool; i++) kdif += zk[i] != ck[i];
+  double e = relerr(z, rc, nq);
+  n_checks += 5;
+  printf("  %-40s %ld sub-group launches (off: %ld); %zu of %zu values differ from "
+         "DS_ATTN_SUBGROUPS=0 (its rel err %.3e)\n",
+         what, sub, offsub, dif, nq, e);
+  EXPECT_MSG(offsub == 0, "%s: DS_ATTN_SUBGROUPS=0 launched %ld in sub-groups", what, offsub);
+  if (same) {
+    EXPECT_MSG(sub == 0, "%s: one block holds the group, yet %ld sub-group launches", what, sub);
+    EXPECT_MSG(dif == 0, "%s: one block holds the group, yet %zu values differ", what, dif);
+  } else {
+    EXPECT_MSG(sub >= 1, "%s: no launch in sub-groups", what);
+  }
+  EXPECT_MSG(e <= 8e-3, "%s: DS_ATTN_SUBGROUPS=0: rel err %.3e", what, e);
+  EXPECT_MSG(kdif == 0, "%s: DS_ATTN_SUBGROUPS=0: %zu k page values differ", what, kdif);
+  gpu_ok();
+  char err[256] = "";
+  EXPECT_MSG(off->sync(off, err, sizeof err) == 0, "sub-groups off: %s", err);
+  free(a);
+  free(z);
+  free(rc);
+  free(zk);
+  free(ck);
+  pr_free(pkp);
+  pr_free(pvp);
+  pr_free(pq);
+  pr_free(pk);
+  pr_free(pv);
+  pr_free(o);
+  free(kp);
+  free(vp);
+  free(q);
+  free(k);
+  free(v);
+}
+
+TEST(attention_subgroups) {
+  backend *off = gpu_with("DS_ATTN_SUBGROUPS", "0");
+  if (!off) return;
+  attention_subgroup_case(off, 16, 2, 256, 0); /* G = 8 at hd 256: two blocks of 4 */
+  attention_subgroup_case(off, 24, 4, 256, 0); /* G = 6: two of 3 */
+  attention_subgroup_case(off, 32, 2, 128, 0); /* G = 16: two of 8 */
+  attention_subgroup_case(off, 5, 1, 64, 0);   /* G = 5: five of 1 */
+  attention_subgroup_case(off, 8, 2, 256, 1);  /* G = 4: one block, as before */
+  off->destroy(off);
 }
 
 /* C odd: the one-channel prefill kernel; C even: two channels per thread, whose fast path
@@ -875,6 +966,7 @@ TEST(gdn) {
   gdn_case(2, 4, 128, 128); /* real head sizes: the three-phase chunk-parallel path */
   gdn_case(1, 3, 32, 48);   /* dk != 128: the one-block-per-(piece, head) kernel */
   gdn_case(2, 2, 128, 256); /* the chunk-parallel path at dv 256 */
+  gdn_case(2, 6, 128, 128); /* three value heads per key head (the 27B shape's 48 / 16) */
   /* the above ran the default (phases 1 and 2 on tensor cores); DS_GDN_MMA (read at each
    * call): the FMA kernels alone, every phase on tensor cores, then each tensor-core phase
    * beside the FMA versions of the others */
@@ -1012,6 +1104,9 @@ TEST(gdn_chain) {
   backend *plain = gpu_with("DS_GDN_CHAIN", "0");
   REQUIRE(plain != NULL);
   gdn_chain_case(plain, 2, 4, 128, 5); /* two value heads per key head (the 4B shape's) */
+  gdn_chain_case(plain, 2, 6, 128, 5); /* three (the 27B shape's) */
+  gdn_chain_case(plain, 2, 6, 128, 1);
+  gdn_chain_case(plain, 2, 6, 128, 40);
   gdn_chain_case(plain, 3, 3, 128, 5); /* one */
   gdn_chain_case(plain, 2, 4, 64, 5);
   gdn_chain_case(plain, 1, 1, 64, 5);
@@ -1902,6 +1997,7 @@ int main(void) {
   RUN(batch_invariant_gemm);
   RUN(qk_norm_rope);
   RUN(attention);
+  RUN(attention_subgroups);
   RUN(attention_gemm_blocks);
   RUN(attention_shared);
   RUN(conv1d);

@@ -2067,6 +2067,10 @@ extern "C" void backend_cuda_graph_stats(backend *be, long out[6]) {
   out[3] = g ? g->fused : 0;
 }
 
+extern "C" long backend_cuda_attn_sub_launches(backend *be) {
+  return cuda_ctx_of(be)->attn_sub_launches;
+}
+
 /* Device memory now (the engine's pool sizing, engine_mem_plan_device). */
 static int cu_mem_info(backend *be, size_t *free_bytes, size_t *total_bytes) {
   cudaSetDevice(cuda_ctx_of(be)->device);
@@ -2202,6 +2206,8 @@ extern "C" backend *backend_cuda_create(int device, char *err, size_t errlen) {
     c->attn_shared = !(ash && strcmp(ash, "0") == 0);
     c->attn_shared_min = asm_ ? atoi(asm_) : 256;
     if (c->attn_shared_min < 1) c->attn_shared_min = 1;
+    const char *asg = getenv("DS_ATTN_SUBGROUPS"); /* on unless "0" */
+    c->attn_subgroups = !(asg && strcmp(asg, "0") == 0);
     /* GEMV path tuning knob (timed in bench/NOTES.md): rows of the step up to which the GEMV
      * path is taken (1..8) */
     const char *gm = getenv("DS_GEMV_MAXT");

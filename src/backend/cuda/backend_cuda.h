@@ -26,6 +26,10 @@ backend *backend_cuda_create(int device, char *err, size_t errlen);
  * For tests and benchmarks. */
 void backend_cuda_graph_stats(backend *be, long out[6]);
 
+/* Split-attention launches that took a kv head's q heads in sub-groups (cuda_attn.cu
+ * att_heads_per_block; replays of a captured step not counted). For tests. */
+long backend_cuda_attn_sub_launches(backend *be);
+
 /* rmsnorms the decode-step recorder took off the products' critical path (backend_cuda.cu
  * norm_fold_at; DS_NORM_FOLD=0: none). For tests and benchmarks. */
 long backend_cuda_norm_folds(backend *be);

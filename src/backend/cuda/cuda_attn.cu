@@ -1,17 +1,19 @@
 /* cuda_attn — paged causal GQA attention over bf16 K/V pages.
  *
  * First every row's k and v are written into its sequence's pages (in a decode step the split
- * kernel does it). Then, when hd is a multiple of 32 (<= 256) and a kv head serves at most 8 q
- * heads, the split path ("flash decoding"): grid (row, kv head, split); the row's positions
- * 0..p are cut into contiguous ranges, a function of p and the step's row count (at most
- * ATT_MAXS ranges of ATT_SPLIT positions, ATT_SPLIT_SMALL / ATT_SPLIT_TINY in steps of few
- * rows; of p alone under --batch-invariant). A block of ATT_SW warps handles one range for all q heads of its kv
- * head: a warp takes one position at a time, its K and V rows arriving by cp.async into the
- * warp's slots in shared memory ATT_STAGES - 1 positions ahead, each lane using hd/32
- * contiguous K and V values (16 bytes at hd = 256) for the whole group, keeping an online
- * softmax per q head; the warps merge in a fixed order and the block writes (m, l, acc[hd]) per
- * q head to scratch. A second kernel merges a row's ranges in order (and applies the output
- * gate when the decode recorder fused the sigmoid_mul after it). Decode rows that share their
+ * kernel does it). Then, when hd is 32, 64, 128 or 256, the split path ("flash decoding"):
+ * grid (row, kv head x sub-group, split); the row's positions 0..p are cut into contiguous
+ * ranges, a function of p and the step's row count (at most ATT_MAXS ranges of ATT_SPLIT
+ * positions, ATT_SPLIT_SMALL / ATT_SPLIT_TINY in steps of few rows; of p alone under
+ * --batch-invariant). A block of ATT_SW warps handles one range for all q heads of its kv head
+ * (or a sub-group of them where the group's accumulators would not fit the registers: 6 heads
+ * as two blocks of 3, 8 at hd 256 as two of 4): a warp takes one position at a time, its K and
+ * V rows arriving by cp.async into the warp's slots in shared memory ATT_STAGES - 1 positions
+ * ahead, each lane using hd/32 contiguous K and V values (16 bytes at hd = 256) for the whole
+ * group, keeping an online softmax per q head; the warps merge in a fixed order and the block
+ * writes (m, l, acc[hd]) per q head to scratch. A second kernel merges a row's ranges in order
+ * (and applies the output gate when the decode recorder fused the sigmoid_mul after it).
+ * Decode rows that share their
  * first KV pages with other rows of the step (kv_share.h: a prefix restored from the cache)
  * leave those positions to the shared-prefix kernel (cuda_flash.cu k_flash_shared: once per
  * group on tensor cores), and the merge takes its partials too. Other shapes take the
@@ -321,7 +323,10 @@ struct att_smem {
   static constexpr size_t bytes = slots > accs ? slots : accs;
 };
 
-/* grid (T, nkv, ATT_MAXS), block ATT_SW*32. part: [T, nh, slots, hd] accumulators,
+/* grid (T, nkv * G / GB, ATT_MAXS), block ATT_SW*32: block (t, y, z) takes the GB q heads
+ * kvh * G + sub * GB .. of kv head kvh = y / (G / GB), sub = y % (G / GB) (att_heads_per_block:
+ * GB = G where the group's accumulators fit the registers, else a divisor of G, the kv head's
+ * positions then read once per sub-group). part: [T, nh, slots, hd] accumulators,
  * ml: [T, nh, slots, 2] (running max, sum), this kernel's ranges in slots 0 .. ATT_MAXS-1.
  * sh_start (NULL: none): a row's first sh_start[t] positions are its group's shared prefix,
  * read by k_flash_shared (cuda_flash.cu); its ranges here cut positions sh_start[t] .. p.
@@ -330,17 +335,19 @@ struct att_smem {
  * pieces, ATT_STAGES - 1 positions ahead of the one being used, so the loads in flight live in
  * shared memory, not registers (holding them in registers capped the positions in flight at
  * two: bench/NOTES.md). Each lane then reads its hd/32 values of the slot. */
-template <int VPL, int G>
+template <int VPL, int GB>
 __global__ void __launch_bounds__(ATT_SW * 32)
     k_attn_split(bf16 *kp, bf16 *vp, const bf16 *q, const int32_t *seq, const int32_t *pos,
-                 const int32_t *page_table, int max_pages, int nh, int nkv, float scale,
+                 const int32_t *page_table, int max_pages, int nh, int nkv, int nsub, float scale,
                  const int32_t *seq_len, int gemm_min, int split, const bf16 *kcur,
                  const bf16 *vcur, const int32_t *sh_start, int slots, float *part, float *ml) {
   pdl_enter();
   constexpr int HD = VPL * 32, PIECES = HD * 2 * 2 / 16; /* 16-byte pieces of a K + V row */
+  constexpr int G = GB; /* the block's q heads */
   __shared__ __align__(16) unsigned char s_raw[att_smem<HD, G>::bytes];
   __shared__ float s_m[ATT_SW][G], s_l[ATT_SW][G];
-  int t = blockIdx.x, kvh = blockIdx.y, z = blockIdx.z;
+  int t = blockIdx.x, kvh = blockIdx.y / nsub, sub = blockIdx.y % nsub, z = blockIdx.z;
+  int h0 = kvh * nsub * G + sub * G; /* the block's first q head */
   if (gemm_min > 0 && seq_len[seq[t]] >= gemm_min) return; /* the GEMM path's row */
   int lane = threadIdx.x & 31, wp = threadIdx.x >> 5;
   int p = pos[t], per;
@@ -356,7 +363,7 @@ __global__ void __launch_bounds__(ATT_SW * 32)
    * position p from kcur / vcur (the same values), so nothing here reads it back */
   const bf16 *kc = kcur ? kcur + (size_t)t * row_w + (size_t)kvh * HD : NULL;
   const bf16 *vc = kcur ? vcur + (size_t)t * row_w + (size_t)kvh * HD : NULL;
-  if (kcur && z == ns - 1) {
+  if (kcur && z == ns - 1 && sub == 0) {
     int page = pt[p / BACKEND_PAGE_TOKENS];
     size_t off = ((size_t)page * BACKEND_PAGE_TOKENS + (size_t)(p % BACKEND_PAGE_TOKENS)) *
                      row_w + (size_t)kvh * HD;
@@ -394,7 +401,7 @@ __global__ void __launch_bounds__(ATT_SW * 32)
   for (int s = 0; s < ATT_STAGES - 1; s++) issue(s);
 #pragma unroll
   for (int g = 0; g < G; g++) {
-    att_unpack<VPL>(q + ((size_t)t * nh + kvh * G + g) * HD + lane * VPL, qr[g]);
+    att_unpack<VPL>(q + ((size_t)t * nh + h0 + g) * HD + lane * VPL, qr[g]);
 #pragma unroll
     for (int i = 0; i < VPL; i++) {
       qr[g][i] *= scale;
@@ -461,7 +468,7 @@ __global__ void __launch_bounds__(ATT_SW * 32)
         o += s_acc[w][g][i] * f;
       }
     }
-    size_t r = ((size_t)t * nh + kvh * G + g) * slots + z;
+    size_t r = ((size_t)t * nh + h0 + g) * slots + z;
     part[r * HD + i] = o;
     if (i == 0) {
       ml[2 * r] = M;
@@ -542,24 +549,37 @@ struct att_args {
   float *part, *ml;
 };
 
-template <int VPL, int G>
-static void att_launch(cuda_ctx *c, const att_args &a) {
-  dim3 grid(c->b.n_tokens, a.nkv, ATT_MAXS);
-  k_attn_split<VPL, G><<<grid, ATT_SW * 32, 0, c->st>>>(
-      a.kp, a.vp, a.q, c->b.seq, c->b.pos, c->b.page_table, c->b.max_pages, a.nh, a.nkv, a.scale,
-      c->b.seq_len, att_gemm_min(c, a.nkv, VPL * 32), a.split, a.kcur, a.vcur, a.sh_start,
-      a.slots, a.part, a.ml);
+template <int VPL, int GB>
+static void att_launch(cuda_ctx *c, int G, const att_args &a) {
+  int nsub = G / GB;
+  if (nsub > 1) c->attn_sub_launches++;
+  dim3 grid(c->b.n_tokens, a.nkv * nsub, ATT_MAXS);
+  k_attn_split<VPL, GB><<<grid, ATT_SW * 32, 0, c->st>>>(
+      a.kp, a.vp, a.q, c->b.seq, c->b.pos, c->b.page_table, c->b.max_pages, a.nh, a.nkv, nsub,
+      a.scale, c->b.seq_len, att_gemm_min(c, a.nkv, VPL * 32), a.split, a.kcur, a.vcur,
+      a.sh_start, a.slots, a.part, a.ml);
 }
 
-/* G q heads per kv head (att_split_fits: 1, 2, 4, or 8 with VPL <= 4) */
+/* The q heads one split block takes for G q heads per kv head and VPL values per lane: all G
+ * when G is 1, 2, 4 or 8 and the accumulators fit (GB * VPL <= 32 words), else the largest of
+ * 8, 4, 3, 2 that divides G and fits, else 1 (every G is covered: 27B's 6 take 3, the MoE
+ * shapes' 8 at hd 256 take 4, 16 take 8 or 4). */
+static int att_heads_per_block(int G, int VPL) {
+  static const int gb[] = {8, 4, 3, 2};
+  for (int i = 0; i < 4; i++)
+    if (G % gb[i] == 0 && gb[i] * VPL <= 32) return gb[i];
+  return 1;
+}
+
 template <int VPL>
 static void att_launch_g(cuda_ctx *c, int G, const att_args &a) {
-  switch (G) {
-    case 1: att_launch<VPL, 1>(c, a); break;
-    case 2: att_launch<VPL, 2>(c, a); break;
-    case 4: att_launch<VPL, 4>(c, a); break;
+  switch (att_heads_per_block(G, VPL)) {
+    case 1: att_launch<VPL, 1>(c, G, a); break;
+    case 2: att_launch<VPL, 2>(c, G, a); break;
+    case 3: att_launch<VPL, 3>(c, G, a); break;
+    case 4: att_launch<VPL, 4>(c, G, a); break;
     case 8:
-      if constexpr (VPL <= 4) att_launch<VPL, 8>(c, a);
+      if constexpr (VPL <= 4) att_launch<VPL, 8>(c, G, a);
       break;
   }
 }
@@ -572,21 +592,23 @@ static int att_split_of(const cuda_ctx *c) {
                                         : ATT_SPLIT;
 }
 
-/* 1 when the split path covers this head shape. */
+/* 1 when the split path covers this head shape: hd 32, 64, 128 or 256, any q heads per kv head
+ * (att_heads_per_block; with DS_ATTN_SUBGROUPS=0 only 1, 2, 4 or 8 that one block takes). */
 static int att_split_fits(const cuda_ctx *c, int nh, int nkv, int hd) {
-  int G = nh / nkv, VPL = hd / 32;
-  return !c->legacy && hd % 32 == 0 && (VPL == 1 || VPL == 2 || VPL == 4 || VPL == 8) &&
-         (G == 1 || G == 2 || G == 4 || G == 8) && !(G == 8 && VPL == 8);
+  int VPL = hd / 32;
+  if (c->legacy || nkv <= 0 || nh % nkv || hd % 32) return 0;
+  if (!(VPL == 1 || VPL == 2 || VPL == 4 || VPL == 8)) return 0;
+  int G = nh / nkv; /* DS_ATTN_SUBGROUPS=0: the shapes the path took before sub-groups */
+  return c->attn_subgroups || ((G == 1 || G == 2 || G == 4 || G == 8) && G * VPL <= 32);
 }
 
 /* 1 when the step's shared groups (c->b.sh_on) take the shared-prefix kernel for this head
- * shape: hd 64, 128 or 256 and nh / nkv 1, 2, 4 or 8 (cuda_attn_flash_shared), the split path
- * covering the shape. The host's plan (set_batch) is made for every shape; a shape outside
- * these reads its rows' positions all by itself (sh_start is then not passed). */
+ * shape: hd 64, 128 or 256 and at most FLASH_BQ q heads per kv head (cuda_attn_flash_shared),
+ * the split path covering the shape. The host's plan (set_batch) is made for every shape; a
+ * shape outside these reads its rows' positions all by itself (sh_start is then not passed). */
 static int att_shared_fits(const cuda_ctx *c, int nh, int nkv, int hd) {
-  int G = nh / nkv;
-  return c->b.sh_on && (hd == 64 || hd == 128 || hd == 256) &&
-         (G == 1 || G == 2 || G == 4 || G == 8) && att_split_fits(c, nh, nkv, hd);
+  return c->b.sh_on && (hd == 64 || hd == 128 || hd == 256) && nh / nkv <= 64 &&
+         att_split_fits(c, nh, nkv, hd);
 }
 
 /* The split path (att_split_fits), merging with the output gate when gate is not NULL; kcur /

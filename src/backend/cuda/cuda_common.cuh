@@ -101,6 +101,11 @@ typedef struct cuda_ctx {
    * DS_ATTN_SHARED=0: not), for groups sharing at least attn_shared_min positions
    * (DS_ATTN_SHARED_MIN) */
   int attn_shared, attn_shared_min;
+  /* the split decode kernel takes a kv head's q heads in sub-groups where they do not all fit
+   * one block (cuda_attn.cu att_heads_per_block); DS_ATTN_SUBGROUPS=0: such shapes take the
+   * one-block-per-head kernel (the path before, for timings and tests) */
+  int attn_subgroups;
+  long attn_sub_launches; /* split launches in sub-groups (backend_cuda_attn_sub_launches) */
   int64_t *sh_scratch; /* kv_share_plan's scratch, [2 * sh_cap] */
   size_t sh_cap;
   /* GEMV path: the largest step (rows) it takes (DS_GEMV_MAXT) */
@@ -192,7 +197,7 @@ int cuda_attn_flash(cuda_ctx *c, const bf16 *kp, const bf16 *vp, const bf16 *q, 
  * query rows, writing each member's (m, l, acc[hd]) softmax partial of range z into
  * part / ml slot ATT_MAXS + z (slots per (row, q head)), m in the split kernel's units (natural
  * log of scale * q.k). Returns 0, or -1 when the shape is not covered (hd not 64, 128 or 256,
- * nh / nkv not 1, 2, 4 or 8; nothing launched). */
+ * nh / nkv over 64; nothing launched). */
 int cuda_attn_flash_shared(cuda_ctx *c, const bf16 *kp, const bf16 *vp, const bf16 *q, int nh,
                            int nkv, int hd, float scale, int att_maxs, int slots, float *part,
                            float *ml);

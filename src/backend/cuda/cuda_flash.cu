@@ -329,20 +329,20 @@ __global__ void __launch_bounds__(fl_shape<HD>::NT)
 /* The shared positions of a step's groups of decode rows (kv_share.h, c->b.sh_*): grid
  * (group ranges, member tiles, nkv), block fl_shape<HD>::NT. Block (x, y, kvh) takes range z
  * of the group that x falls in (the groups' ranges numbered in group order), members
- * y * (64 / G) .. of it, and as its 64 query rows every (member, q head of kvh) pair, member
- * major; the keys are the range's positions [z per, min(L, (z + 1) per)), the same for every
+ * y * R .. of it (R = 64 / G members, G <= 64 q heads per kv head), and as its query rows
+ * (R * G <= 64) every (member, q head of kvh) pair, member major; the keys are the range's positions [z per, min(L, (z + 1) per)), the same for every
  * row (no mask inside the range), read from the group's first piece's pages. The walk is
  * k_flash's; each row's unnormalised O, its maximum (in natural-log units of scale q.k, the
  * split kernel's) and its sum go to part / ml slot att_maxs + z of (row, q head). Blocks past
  * the groups' ranges or members return at once (the grid is a bound of the step's layout). */
-template <int HD, int G>
+template <int HD>
 __global__ void __launch_bounds__(fl_shape<HD>::NT)
     k_flash_shared(const bf16 *kp, const bf16 *vp, const bf16 *q, const int32_t *page_table,
                    int max_pages, const int32_t *groups, const int32_t *members, int nh, int nkv,
                    float sl2, int att_maxs, int slots, float *part, float *ml) {
   pdl_enter();
   typedef fl_shape<HD> S_;
-  constexpr int R = FLASH_BQ / G; /* members per block */
+  int G = nh / nkv, R = FLASH_BQ / G; /* q heads per kv head, members per block */
   extern __shared__ __align__(16) unsigned char fl_smem[];
   bf16 *Ks = (bf16 *)fl_smem, *Vs = Ks + FLASH_BK * (HD + FLASH_PAD);
   float *Sx = (float *)(fl_smem + 2 * S_::KV_BYTES);
@@ -453,44 +453,32 @@ int cuda_attn_flash(cuda_ctx *c, const bf16 *kp, const bf16 *vp, const bf16 *q, 
   return rows;
 }
 
-template <int HD, int G>
+template <int HD>
 static void fl_shared_launch(cuda_ctx *c, const bf16 *kp, const bf16 *vp, const bf16 *q, int nh,
                              int nkv, float scale, int att_maxs, int slots, float *part,
                              float *ml) {
   typedef fl_shape<HD> S_;
-  cudaFuncSetAttribute(k_flash_shared<HD, G>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  cudaFuncSetAttribute(k_flash_shared<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                        (int)S_::SMEM);
-  constexpr int R = FLASH_BQ / G;
+  int R = FLASH_BQ / (nh / nkv);
   /* a bound of the layout (rows, CUDA_SH_GROUPS): every group's ranges, the most member tiles
    * any group can need */
   dim3 grid(CUDA_SH_GROUPS * CUDA_SH_MAXS, (c->b.n_tokens + R - 1) / R, nkv);
-  k_flash_shared<HD, G><<<grid, S_::NT, S_::SMEM, c->st>>>(
+  k_flash_shared<HD><<<grid, S_::NT, S_::SMEM, c->st>>>(
       kp, vp, q, c->b.page_table, c->b.max_pages, c->b.sh_groups, c->b.sh_members, nh, nkv,
       scale * 1.4426950408889634f, att_maxs, slots, part, ml);
-}
-
-template <int HD>
-static int fl_shared_g(cuda_ctx *c, int G, const bf16 *kp, const bf16 *vp, const bf16 *q, int nh,
-                       int nkv, float scale, int att_maxs, int slots, float *part, float *ml) {
-  switch (G) {
-    case 1: fl_shared_launch<HD, 1>(c, kp, vp, q, nh, nkv, scale, att_maxs, slots, part, ml); return 0;
-    case 2: fl_shared_launch<HD, 2>(c, kp, vp, q, nh, nkv, scale, att_maxs, slots, part, ml); return 0;
-    case 4: fl_shared_launch<HD, 4>(c, kp, vp, q, nh, nkv, scale, att_maxs, slots, part, ml); return 0;
-    case 8: fl_shared_launch<HD, 8>(c, kp, vp, q, nh, nkv, scale, att_maxs, slots, part, ml); return 0;
-  }
-  return -1;
 }
 
 int cuda_attn_flash_shared(cuda_ctx *c, const bf16 *kp, const bf16 *vp, const bf16 *q, int nh,
                            int nkv, int hd, float scale, int att_maxs, int slots, float *part,
                            float *ml) {
-  if (nkv <= 0 || nh % nkv || !c->b.sh_on) return -1;
-  int G = nh / nkv, rc = -1;
+  if (nkv <= 0 || nh % nkv || nh / nkv > FLASH_BQ || !c->b.sh_on) return -1;
   switch (hd) {
-    case 64: rc = fl_shared_g<64>(c, G, kp, vp, q, nh, nkv, scale, att_maxs, slots, part, ml); break;
-    case 128: rc = fl_shared_g<128>(c, G, kp, vp, q, nh, nkv, scale, att_maxs, slots, part, ml); break;
-    case 256: rc = fl_shared_g<256>(c, G, kp, vp, q, nh, nkv, scale, att_maxs, slots, part, ml); break;
+    case 64: fl_shared_launch<64>(c, kp, vp, q, nh, nkv, scale, att_maxs, slots, part, ml); break;
+    case 128: fl_shared_launch<128>(c, kp, vp, q, nh, nkv, scale, att_maxs, slots, part, ml); break;
+    case 256: fl_shared_launch<256>(c, kp, vp, q, nh, nkv, scale, att_maxs, slots, part, ml); break;
+    default: return -1;
   }
-  if (rc == 0) cuda_check_launch(c, "attention (shared prefix)");
-  return rc;
+  cuda_check_launch(c, "attention (shared prefix)");
+  return 0;
 }

@@ -742,12 +742,14 @@ TEST(attention) {
   attention_case(5, 1, 64);   /* G = 5: a block per head */
 }
 
-/* Head groups one split block cannot hold (G = 8 at hd 256, 6, 16, 5) go through the split
- * kernel in sub-groups (counted: backend_cuda_attn_sub_launches); with DS_ATTN_SUBGROUPS=0
- * through the one-block-per-head kernel (none counted). Both against the CPU; a shape one
- * block holds (G = 4) takes the same kernel either way: the same bits, none counted. */
-static void attention_subgroup_case(backend *off, int nh, int nkv, int hd, int same) {
-  pieces p = ATT_DECODE;
+/* Two CUDA backends, `on` with a path and `off` with it switched off by a knob, on the same
+ * attention inputs: both against the CPU, the pages the same, and the path's launches counted
+ * (backend_cuda_attn_launches[which]) on `on` only; same: the path does not take this shape, so
+ * nothing is counted and the two give the same bits. */
+static void attention_path_case(backend *on, backend *off, const char *knob, int which, int nh,
+                                int nkv, int hd, pieces p, int same) {
+  backend *save = GPU;
+  GPU = on;
   g_also = off;
   set_batch(&p, 0, NULL);
   g_also = NULL;
@@ -765,17 +767,21 @@ static void attention_subgroup_case(backend *off, int nh, int nkv, int hd, int s
               oq = mk(off, BACKEND_KIND_ACT, q, nq), ok_ = mk(off, BACKEND_KIND_ACT, k, nk),
               ov = mk(off, BACKEND_KIND_ACT, v, nk), oo = mk(off, BACKEND_KIND_ACT, NULL, nq);
   float scale = 1.f / sqrtf((float)hd) * 2.f;
-  long sub0 = backend_cuda_attn_sub_launches(GPU), off0 = backend_cuda_attn_sub_launches(off);
+  long l0[2], l1[2], f0[2], f1[2];
+  backend_cuda_attn_launches(on, l0);
+  backend_cuda_attn_launches(off, f0);
   CPU->attention(CPU, pkp.c, pvp.c, pq.c, pk.c, pv.c, nh, nkv, hd, scale, o.c);
   GPU->attention(GPU, pkp.g, pvp.g, pq.g, pk.g, pv.g, nh, nkv, hd, scale, o.g);
   off->attention(off, okp, ovp, oq, ok_, ov, nh, nkv, hd, scale, oo);
-  long sub = backend_cuda_attn_sub_launches(GPU) - sub0,
-       offsub = backend_cuda_attn_sub_launches(off) - off0;
-  char what[64];
-  snprintf(what, sizeof what, "attention sub-groups nh=%d nkv=%d hd=%d", nh, nkv, hd);
+  backend_cuda_attn_launches(on, l1);
+  backend_cuda_attn_launches(off, f1);
+  long n_on = l1[which] - l0[which], n_off = f1[which] - f0[which];
+  char what[80];
+  snprintf(what, sizeof what, "attention %s nh=%d nkv=%d hd=%d T=%d", which ? "tc" : "sub-groups",
+           nh, nkv, hd, T);
   CMP(o.c, o.g, BACKEND_KIND_ACT, nq, 8e-3, what);
-  CMP(pkp.c, pkp.g, BACKEND_KIND_KV, pool, 1e-6, "attention sub-groups k pages");
-  CMP(pvp.c, pvp.g, BACKEND_KIND_KV, pool, 1e-6, "attention sub-groups v pages");
+  CMP(pkp.c, pkp.g, BACKEND_KIND_KV, pool, 1e-6, "k pages");
+  CMP(pvp.c, pvp.g, BACKEND_KIND_KV, pool, 1e-6, "v pages");
   float *a = get(GPU, o.g, BACKEND_KIND_ACT, nq), *z = get(off, oo, BACKEND_KIND_ACT, nq),
         *rc = get(CPU, o.c, BACKEND_KIND_ACT, nq), *zk = get(off, okp, BACKEND_KIND_KV, pool),
         *ck = get(CPU, pkp.c, BACKEND_KIND_KV, pool);
@@ -784,21 +790,23 @@ static void attention_subgroup_case(backend *off, int nh, int nkv, int hd, int s
   for (size_t i = 0; i < pool; i++) kdif += zk[i] != ck[i];
   double e = relerr(z, rc, nq);
   n_checks += 5;
-  printf("  %-40s %ld sub-group launches (off: %ld); %zu of %zu values differ from "
-         "DS_ATTN_SUBGROUPS=0 (its rel err %.3e)\n",
-         what, sub, offsub, dif, nq, e);
-  EXPECT_MSG(offsub == 0, "%s: DS_ATTN_SUBGROUPS=0 launched %ld in sub-groups", what, offsub);
+  printf("  %-44s %ld launches (%s=0: %ld); %zu of %zu values differ from it (its rel err %.3e)\n",
+         what, n_on, knob, n_off, dif, nq, e);
+  EXPECT_MSG(n_off == 0, "%s: %s=0 launched the path %ld times", what, knob, n_off);
   if (same) {
-    EXPECT_MSG(sub == 0, "%s: one block holds the group, yet %ld sub-group launches", what, sub);
-    EXPECT_MSG(dif == 0, "%s: one block holds the group, yet %zu values differ", what, dif);
+    EXPECT_MSG(n_on == 0, "%s: the path should not take this shape, yet %ld launches", what,
+               n_on);
+    EXPECT_MSG(dif == 0, "%s: the path does not take this shape, yet %zu values differ", what,
+               dif);
   } else {
-    EXPECT_MSG(sub >= 1, "%s: no launch in sub-groups", what);
+    EXPECT_MSG(n_on >= 1, "%s: the path did not run", what);
   }
-  EXPECT_MSG(e <= 8e-3, "%s: DS_ATTN_SUBGROUPS=0: rel err %.3e", what, e);
-  EXPECT_MSG(kdif == 0, "%s: DS_ATTN_SUBGROUPS=0: %zu k page values differ", what, kdif);
+  EXPECT_MSG(e <= 8e-3, "%s: %s=0: rel err %.3e", what, knob, e);
+  EXPECT_MSG(kdif == 0, "%s: %s=0: %zu k page values differ", what, knob, kdif);
   gpu_ok();
   char err[256] = "";
-  EXPECT_MSG(off->sync(off, err, sizeof err) == 0, "sub-groups off: %s", err);
+  EXPECT_MSG(off->sync(off, err, sizeof err) == 0, "%s=0: %s", knob, err);
+  GPU = save;
   free(a);
   free(z);
   free(rc);
@@ -817,16 +825,60 @@ static void attention_subgroup_case(backend *off, int nh, int nkv, int hd, int s
   free(v);
 }
 
+/* Head groups one lane-kernel block cannot hold (G = 8 at hd 256, 6, 16, 5) go through the
+ * split kernel in sub-groups; with DS_ATTN_SUBGROUPS=0 through the one-block-per-head kernel.
+ * (Both with the tensor-core kernel off.) */
 TEST(attention_subgroups) {
-  backend *off = gpu_with("DS_ATTN_SUBGROUPS", "0");
-  if (!off) return;
-  attention_subgroup_case(off, 16, 2, 256, 0); /* G = 8 at hd 256: two blocks of 4 */
-  attention_subgroup_case(off, 24, 4, 256, 0); /* G = 6: two of 3 */
-  attention_subgroup_case(off, 32, 2, 128, 0); /* G = 16: two of 8 */
-  attention_subgroup_case(off, 5, 1, 64, 0);   /* G = 5: five of 1 */
-  attention_subgroup_case(off, 8, 2, 256, 1);  /* G = 4: one block, as before */
+  setenv("DS_ATTN_TC", "0", 1);
+  backend *on = gpu_with("DS_ATTN_SUBGROUPS", "1"), *off = gpu_with("DS_ATTN_SUBGROUPS", "0");
+  unsetenv("DS_ATTN_TC");
+  if (!on || !off) return;
+  const char *kn = "DS_ATTN_SUBGROUPS";
+  attention_path_case(on, off, kn, 0, 16, 2, 256, ATT_DECODE, 0); /* G = 8 at hd 256: 2 x 4 */
+  attention_path_case(on, off, kn, 0, 24, 4, 256, ATT_DECODE, 0); /* G = 6: 2 x 3 */
+  attention_path_case(on, off, kn, 0, 32, 2, 128, ATT_DECODE, 0); /* G = 16: 2 x 8 */
+  attention_path_case(on, off, kn, 0, 5, 1, 64, ATT_DECODE, 0);   /* G = 5: 5 x 1 */
+  attention_path_case(on, off, kn, 0, 8, 2, 256, ATT_DECODE, 1);  /* G = 4: one block */
+  on->destroy(on);
   off->destroy(off);
 }
+
+/* The split path's ranges on tensor cores (k_attn_split_tc, steps of >= 3 rows by default)
+ * against the lane kernel (DS_ATTN_TC=0) and the CPU: decode steps (the kernel writes the
+ * rows' k, v), a mixed step (prefill rows over cached pages), head groups of 1 to 16, hd 64 to
+ * 256; a one-row step stays on the lane kernel. */
+TEST(attention_tc) {
+  backend *off = gpu_with("DS_ATTN_TC", "0");
+  if (!off) return;
+  const char *kn = "DS_ATTN_TC";
+  attention_path_case(GPU, off, kn, 1, 16, 4, 256, ATT_DECODE, 0); /* the 4B shape */
+  attention_path_case(GPU, off, kn, 1, 16, 4, 256, ATT_MIXED, 0);
+  attention_path_case(GPU, off, kn, 1, 16, 2, 256, ATT_DECODE, 0); /* G = 8 */
+  attention_path_case(GPU, off, kn, 1, 24, 4, 256, ATT_DECODE, 0); /* G = 6 */
+  attention_path_case(GPU, off, kn, 1, 32, 2, 128, ATT_DECODE, 0); /* G = 16: 2 x 8 */
+  attention_path_case(GPU, off, kn, 1, 6, 3, 64, ATT_MIXED, 0);    /* G = 2, hd 64 */
+  attention_path_case(GPU, off, kn, 1, 4, 4, 128, ATT_DECODE, 0);  /* G = 1 */
+  attention_path_case(GPU, off, kn, 1, 10, 1, 128, ATT_DECODE, 0); /* G = 10: 2 x 5 */
+  attention_path_case(GPU, off, kn, 1, 2, 1, 32, ATT_DECODE, 1);   /* hd 32: the lane kernel */
+  static const pieces one = {1, {1}, {300}, {0}};
+  attention_path_case(GPU, off, kn, 1, 16, 4, 256, one, 1); /* one row: the lane kernel */
+  off->destroy(off);
+}
+
+/* The attention tests once more with the tensor-core kernel off: the lane kernel's ranges. */
+static void attention_lane_all(void) {
+  attention_case(8, 2, 256);
+  attention_case(16, 2, 256);
+  attention_case(6, 3, 64);
+  attention_case(8, 1, 128);
+  attention_case(2, 1, 32);
+  attention_case(24, 4, 256);
+  attention_case(32, 2, 128);
+  attention_shared_case(8, 2, 256, 0);
+  attention_shared_case(16, 2, 256, 0);
+  attention_shared_case(8, 2, 256, 1);
+}
+TEST(attention_lane) { with_gpu("DS_ATTN_TC", "0", attention_lane_all); }
 
 /* C odd: the one-channel prefill kernel; C even: two channels per thread, whose fast path
  * takes runs of 16 rows inside one piece (fresh, from the state, from earlier rows) and whose
@@ -1998,6 +2050,8 @@ int main(void) {
   RUN(qk_norm_rope);
   RUN(attention);
   RUN(attention_subgroups);
+  RUN(attention_tc);
+  RUN(attention_lane);
   RUN(attention_gemm_blocks);
   RUN(attention_shared);
   RUN(conv1d);

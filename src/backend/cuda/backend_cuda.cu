@@ -2067,8 +2067,9 @@ extern "C" void backend_cuda_graph_stats(backend *be, long out[6]) {
   out[3] = g ? g->fused : 0;
 }
 
-extern "C" long backend_cuda_attn_sub_launches(backend *be) {
-  return cuda_ctx_of(be)->attn_sub_launches;
+extern "C" void backend_cuda_attn_launches(backend *be, long out[2]) {
+  out[0] = cuda_ctx_of(be)->attn_sub_launches;
+  out[1] = cuda_ctx_of(be)->attn_tc_launches;
 }
 
 /* Device memory now (the engine's pool sizing, engine_mem_plan_device). */
@@ -2208,6 +2209,10 @@ extern "C" backend *backend_cuda_create(int device, char *err, size_t errlen) {
     if (c->attn_shared_min < 1) c->attn_shared_min = 1;
     const char *asg = getenv("DS_ATTN_SUBGROUPS"); /* on unless "0" */
     c->attn_subgroups = !(asg && strcmp(asg, "0") == 0);
+    const char *atc = getenv("DS_ATTN_TC"), *atm = getenv("DS_ATTN_TC_MIN_T");
+    c->attn_tc = !(atc && strcmp(atc, "0") == 0); /* on unless "0" (bench/NOTES.md) */
+    c->attn_tc_min_t = atm ? atoi(atm) : 3;
+    if (c->attn_tc_min_t < 1) c->attn_tc_min_t = 1;
     /* GEMV path tuning knob (timed in bench/NOTES.md): rows of the step up to which the GEMV
      * path is taken (1..8) */
     const char *gm = getenv("DS_GEMV_MAXT");

@@ -26,9 +26,10 @@ backend *backend_cuda_create(int device, char *err, size_t errlen);
  * For tests and benchmarks. */
 void backend_cuda_graph_stats(backend *be, long out[6]);
 
-/* Split-attention launches that took a kv head's q heads in sub-groups (cuda_attn.cu
- * att_heads_per_block; replays of a captured step not counted). For tests. */
-long backend_cuda_attn_sub_launches(backend *be);
+/* Split-attention launches (replays of a captured step not counted): [0] the lane kernel's
+ * that took a kv head's q heads in sub-groups (cuda_attn.cu att_heads_per_block), [1] the
+ * tensor-core kernel's (k_attn_split_tc). For tests. */
+void backend_cuda_attn_launches(backend *be, long out[2]);
 
 /* rmsnorms the decode-step recorder took off the products' critical path (backend_cuda.cu
  * norm_fold_at; DS_NORM_FOLD=0: none). For tests and benchmarks. */

@@ -105,7 +105,11 @@ typedef struct cuda_ctx {
    * one block (cuda_attn.cu att_heads_per_block); DS_ATTN_SUBGROUPS=0: such shapes take the
    * one-block-per-head kernel (the path before, for timings and tests) */
   int attn_subgroups;
-  long attn_sub_launches; /* split launches in sub-groups (backend_cuda_attn_sub_launches) */
+  /* the split path's ranges on tensor cores in steps of at least attn_tc_min_t rows
+   * (cuda_attn.cu k_attn_split_tc; DS_ATTN_TC=0: never, DS_ATTN_TC_MIN_T) */
+  int attn_tc, attn_tc_min_t;
+  /* split launches in sub-groups, on tensor cores (backend_cuda_attn_launches) */
+  long attn_sub_launches, attn_tc_launches;
   int64_t *sh_scratch; /* kv_share_plan's scratch, [2 * sh_cap] */
   size_t sh_cap;
   /* GEMV path: the largest step (rows) it takes (DS_GEMV_MAXT) */

@@ -16,7 +16,9 @@
 # alike); scripts/device/ab_summary.py then prints each setting's mean per level and, for all
 # but the baseline, its mean change against the baseline of the same round and how many rounds
 # it was ahead. DS_AB_MODEL (/tmp/m4b) is generated when missing; DS_AB_SKIP_OPS=1 skips the op
-# tests; DS_AB_CONC=N times only the decode run of N sequences (`--decode-conc`).
+# tests; DS_AB_CONC=N times only the decode run of N sequences (`--decode-conc`);
+# DS_AB_DECODE_ARGS adds bench flags to every decode run (e.g. "--decode-prompt 12500
+# --decode-shared 12400": decode over a shared, cached prefix).
 # DS_AB_KTRACE=1 also builds each binary the list uses with -DDS_KTRACE (build-kt, build-kt-<name>)
 # and, after the rounds, runs one decode step trace per decode setting (`--decode-conc
 # ${DS_AB_CONC:-1}`, DS_KTRACE_OUT=$OUT/kt-<n>.txt): each kernel's mean interval from its stamp
@@ -69,6 +71,7 @@ else
 fi
 CONC_ARGS=() # decode runs only
 [ -n "${DS_AB_CONC:-}" ] && CONC_ARGS=(--decode-conc "$DS_AB_CONC")
+[ -n "${DS_AB_DECODE_ARGS:-}" ] && read -ra _da <<<"$DS_AB_DECODE_ARGS" && CONC_ARGS+=("${_da[@]}")
 LIST=${DS_AB:-"prefill:DS_GDN_MMA=0 prefill:DS_GDN_MMA=1 prefill:DS_ATTN_FLASH=0 decode:DS_SGEMM_MAXT=0"}
 runs=""
 for e in $LIST; do

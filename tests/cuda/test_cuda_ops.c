@@ -843,30 +843,31 @@ TEST(attention_subgroups) {
   off->destroy(off);
 }
 
-/* The split path's ranges on tensor cores (k_attn_split_tc, steps of >= 3 rows by default)
- * against the lane kernel (DS_ATTN_TC=0) and the CPU: decode steps (the kernel writes the
- * rows' k, v), a mixed step (prefill rows over cached pages), head groups of 1 to 16, hd 64 to
- * 256; a one-row step stays on the lane kernel. */
+/* The split path's ranges on tensor cores (k_attn_split_tc, DS_ATTN_TC=1: steps of >= 3 rows)
+ * against the lane kernel (the default, DS_ATTN_TC=0) and the CPU: decode steps (the kernel
+ * writes the rows' k, v), a mixed step (prefill rows over cached pages), head groups of 1 to 16,
+ * hd 64 to 256; a one-row step stays on the lane kernel. */
 TEST(attention_tc) {
-  backend *off = gpu_with("DS_ATTN_TC", "0");
-  if (!off) return;
+  backend *on = gpu_with("DS_ATTN_TC", "1"), *off = gpu_with("DS_ATTN_TC", "0");
+  if (!on || !off) return;
   const char *kn = "DS_ATTN_TC";
-  attention_path_case(GPU, off, kn, 1, 16, 4, 256, ATT_DECODE, 0); /* the 4B shape */
-  attention_path_case(GPU, off, kn, 1, 16, 4, 256, ATT_MIXED, 0);
-  attention_path_case(GPU, off, kn, 1, 16, 2, 256, ATT_DECODE, 0); /* G = 8 */
-  attention_path_case(GPU, off, kn, 1, 24, 4, 256, ATT_DECODE, 0); /* G = 6 */
-  attention_path_case(GPU, off, kn, 1, 32, 2, 128, ATT_DECODE, 0); /* G = 16: 2 x 8 */
-  attention_path_case(GPU, off, kn, 1, 6, 3, 64, ATT_MIXED, 0);    /* G = 2, hd 64 */
-  attention_path_case(GPU, off, kn, 1, 4, 4, 128, ATT_DECODE, 0);  /* G = 1 */
-  attention_path_case(GPU, off, kn, 1, 10, 1, 128, ATT_DECODE, 0); /* G = 10: 2 x 5 */
-  attention_path_case(GPU, off, kn, 1, 2, 1, 32, ATT_DECODE, 1);   /* hd 32: the lane kernel */
+  attention_path_case(on, off, kn, 1, 16, 4, 256, ATT_DECODE, 0); /* the 4B shape */
+  attention_path_case(on, off, kn, 1, 16, 4, 256, ATT_MIXED, 0);
+  attention_path_case(on, off, kn, 1, 16, 2, 256, ATT_DECODE, 0); /* G = 8 */
+  attention_path_case(on, off, kn, 1, 24, 4, 256, ATT_DECODE, 0); /* G = 6 */
+  attention_path_case(on, off, kn, 1, 32, 2, 128, ATT_DECODE, 0); /* G = 16: 2 x 8 */
+  attention_path_case(on, off, kn, 1, 6, 3, 64, ATT_MIXED, 0);    /* G = 2, hd 64 */
+  attention_path_case(on, off, kn, 1, 4, 4, 128, ATT_DECODE, 0);  /* G = 1 */
+  attention_path_case(on, off, kn, 1, 10, 1, 128, ATT_DECODE, 0); /* G = 10: 2 x 5 */
+  attention_path_case(on, off, kn, 1, 2, 1, 32, ATT_DECODE, 1);   /* hd 32: the lane kernel */
   static const pieces one = {1, {1}, {300}, {0}};
-  attention_path_case(GPU, off, kn, 1, 16, 4, 256, one, 1); /* one row: the lane kernel */
+  attention_path_case(on, off, kn, 1, 16, 4, 256, one, 1); /* one row: the lane kernel */
+  on->destroy(on);
   off->destroy(off);
 }
 
-/* The attention tests once more with the tensor-core kernel off: the lane kernel's ranges. */
-static void attention_lane_all(void) {
+/* The attention tests once more with the tensor-core kernel on (DS_ATTN_TC=1). */
+static void attention_tc_all(void) {
   attention_case(8, 2, 256);
   attention_case(16, 2, 256);
   attention_case(6, 3, 64);
@@ -878,7 +879,7 @@ static void attention_lane_all(void) {
   attention_shared_case(16, 2, 256, 0);
   attention_shared_case(8, 2, 256, 1);
 }
-TEST(attention_lane) { with_gpu("DS_ATTN_TC", "0", attention_lane_all); }
+TEST(attention_tc_cases) { with_gpu("DS_ATTN_TC", "1", attention_tc_all); }
 
 /* C odd: the one-channel prefill kernel; C even: two channels per thread, whose fast path
  * takes runs of 16 rows inside one piece (fresh, from the state, from earlier rows) and whose
@@ -2051,7 +2052,7 @@ int main(void) {
   RUN(attention);
   RUN(attention_subgroups);
   RUN(attention_tc);
-  RUN(attention_lane);
+  RUN(attention_tc_cases);
   RUN(attention_gemm_blocks);
   RUN(attention_shared);
   RUN(conv1d);

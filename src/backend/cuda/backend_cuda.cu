@@ -2210,7 +2210,9 @@ extern "C" backend *backend_cuda_create(int device, char *err, size_t errlen) {
     const char *asg = getenv("DS_ATTN_SUBGROUPS"); /* on unless "0" */
     c->attn_subgroups = !(asg && strcmp(asg, "0") == 0);
     const char *atc = getenv("DS_ATTN_TC"), *atm = getenv("DS_ATTN_TC_MIN_T");
-    c->attn_tc = !(atc && strcmp(atc, "0") == 0); /* on unless "0" (bench/NOTES.md) */
+    /* off unless "1": it lost to the lane kernel at 8-128 rows (bench/NOTES.md,
+     * twenty-fourth session) */
+    c->attn_tc = atc && strcmp(atc, "1") == 0;
     c->attn_tc_min_t = atm ? atoi(atm) : 3;
     if (c->attn_tc_min_t < 1) c->attn_tc_min_t = 1;
     /* GEMV path tuning knob (timed in bench/NOTES.md): rows of the step up to which the GEMV

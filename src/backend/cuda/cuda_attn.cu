@@ -341,19 +341,25 @@ __global__ void __launch_bounds__(ATT_SW * 32)
                  const int32_t *page_table, int max_pages, int nh, int nkv, int nsub, float scale,
                  const int32_t *seq_len, int gemm_min, int split, const bf16 *kcur,
                  const bf16 *vcur, const int32_t *sh_start, int slots, float *part, float *ml) {
-  pdl_enter();
+  /* SMALL_EARLY, a decode step (kcur): the metadata, and the first positions' K and V (pages
+   * written by earlier steps; position p, from kcur / vcur, excepted), are requested before the
+   * wait for the kernel before (which writes q and kcur) */
+  const int early = SMALL_EARLY && kcur != NULL;
+  if (!early) pdl_enter();
   constexpr int HD = VPL * 32, PIECES = HD * 2 * 2 / 16; /* 16-byte pieces of a K + V row */
   constexpr int G = GB; /* the block's q heads */
   __shared__ __align__(16) unsigned char s_raw[att_smem<HD, G>::bytes];
   __shared__ float s_m[ATT_SW][G], s_l[ATT_SW][G];
   int t = blockIdx.x, kvh = blockIdx.y / nsub, sub = blockIdx.y % nsub, z = blockIdx.z;
   int h0 = kvh * nsub * G + sub * G; /* the block's first q head */
-  if (gemm_min > 0 && seq_len[seq[t]] >= gemm_min) return; /* the GEMM path's row */
   int lane = threadIdx.x & 31, wp = threadIdx.x >> 5;
   int p = pos[t], per;
   int s0 = sh_start ? sh_start[t] : 0; /* positions before s0: the shared kernel's */
   int ns = att_nsplit(p + 1 - s0, split, &per);
-  if (z >= ns) return;
+  if ((gemm_min > 0 && seq_len[seq[t]] >= gemm_min) || z >= ns) { /* the GEMM path's row, */
+    if (early) pdl_enter(); /* or no range: every block waits before it exits */
+    return;
+  }
   int j0 = s0 + z * per, j1 = min(p + 1, j0 + per);
   const int32_t *pt = page_table + (size_t)seq[t] * max_pages;
   bf16(*slot)[2][HD] = (bf16(*)[2][HD])s_raw + (size_t)wp * ATT_STAGES;
@@ -363,15 +369,6 @@ __global__ void __launch_bounds__(ATT_SW * 32)
    * position p from kcur / vcur (the same values), so nothing here reads it back */
   const bf16 *kc = kcur ? kcur + (size_t)t * row_w + (size_t)kvh * HD : NULL;
   const bf16 *vc = kcur ? vcur + (size_t)t * row_w + (size_t)kvh * HD : NULL;
-  if (kcur && z == ns - 1 && sub == 0) {
-    int page = pt[p / BACKEND_PAGE_TOKENS];
-    size_t off = ((size_t)page * BACKEND_PAGE_TOKENS + (size_t)(p % BACKEND_PAGE_TOKENS)) *
-                     row_w + (size_t)kvh * HD;
-    for (int c = threadIdx.x; c < PIECES; c += blockDim.x) {
-      int kv = c >= PIECES / 2, e = (c - kv * PIECES / 2) * 8;
-      *(uint4 *)((kv ? vp : kp) + off + e) = *(const uint4 *)((kv ? vc : kc) + e);
-    }
-  }
   int nj = j1 - j0 - wp > 0 ? (j1 - j0 - wp + ATT_SW - 1) / ATT_SW : 0; /* this warp's count */
   /* position i of this warp (i < nj) into slot i % ATT_STAGES; one group per position, empty
    * past the end, so the wait below always counts ATT_STAGES - 1 younger groups */
@@ -396,9 +393,24 @@ __global__ void __launch_bounds__(ATT_SW * 32)
     }
     cp_async_commit();
   };
+  int s = 0; /* positions issued */
+  if (early) {
+    /* the positions before p's (its index in this warp's list, if the warp holds it) */
+    int ip = (p - j0 - wp) % ATT_SW == 0 && p >= j0 + wp ? (p - j0 - wp) / ATT_SW : nj;
+    for (; s < ATT_STAGES - 1 && s < ip; s++) issue(s);
+    pdl_enter();
+  }
+  if (kcur && z == ns - 1 && sub == 0) {
+    int page = pt[p / BACKEND_PAGE_TOKENS];
+    size_t off = ((size_t)page * BACKEND_PAGE_TOKENS + (size_t)(p % BACKEND_PAGE_TOKENS)) *
+                     row_w + (size_t)kvh * HD;
+    for (int c = threadIdx.x; c < PIECES; c += blockDim.x) {
+      int kv = c >= PIECES / 2, e = (c - kv * PIECES / 2) * 8;
+      *(uint4 *)((kv ? vp : kp) + off + e) = *(const uint4 *)((kv ? vc : kc) + e);
+    }
+  }
   float qr[G][VPL], acc[G][VPL], m[G], l[G];
-#pragma unroll
-  for (int s = 0; s < ATT_STAGES - 1; s++) issue(s);
+  for (; s < ATT_STAGES - 1; s++) issue(s);
 #pragma unroll
   for (int g = 0; g < G; g++) {
     att_unpack<VPL>(q + ((size_t)t * nh + h0 + g) * HD + lane * VPL, qr[g]);
@@ -487,12 +499,25 @@ __global__ void k_attn_merge(const float *part, const float *ml, const int32_t *
                              const int32_t *seq, const int32_t *seq_len, int gemm_min, int split,
                              int nh, int hd, const int32_t *sh_start, const int32_t *sh_ns,
                              int slots, const bf16 *gate, bf16 *out) {
-  pdl_enter();
   int t = blockIdx.x, h = blockIdx.y, i = threadIdx.x;
+#if SMALL_EARLY
+  /* the step's metadata, and the gate (written before the attention's first kernel, so done
+   * once the split kernel before this one has passed its own wait), before the wait */
+  int gemm_row = gemm_min > 0 && seq_len[seq[t]] >= gemm_min;
+  int per;
+  int ns = att_nsplit(pos[t] + 1 - (SH ? sh_start[t] : 0), split, &per);
+  int nsh = SH ? sh_ns[t] : 0;
+  size_t oi = ((size_t)t * nh + h) * hd + i;
+  float gv = gate && i < hd && !gemm_row ? bf2f(gate[oi]) : 0.f;
+  pdl_enter();
+  if (gemm_row) return; /* the GEMM path's row */
+#else
+  pdl_enter();
   if (gemm_min > 0 && seq_len[seq[t]] >= gemm_min) return; /* the GEMM path's row */
   int per;
   int ns = att_nsplit(pos[t] + 1 - (SH ? sh_start[t] : 0), split, &per);
   int nsh = SH ? sh_ns[t] : 0;
+#endif
   size_t r0 = ((size_t)t * nh + h) * slots;
   float M = -INFINITY, L = 0.f, o = 0.f;
   constexpr int NZ = ATT_MAXS + (SH ? CUDA_SH_MAXS : 0);
@@ -530,9 +555,14 @@ __global__ void k_attn_merge(const float *part, const float *ml, const int32_t *
   }
 #endif
   if (i < hd) {
+#if SMALL_EARLY
+    bf16 ob = f2bf(o / L);
+    out[oi] = gate ? f2bf(bf2f(ob) * sigmoidf_dev(gv)) : ob;
+#else
     size_t oi = ((size_t)t * nh + h) * hd + i;
     bf16 ob = f2bf(o / L);
     out[oi] = gate ? f2bf(bf2f(ob) * sigmoidf_dev(bf2f(gate[oi]))) : ob;
+#endif
   }
 }
 
@@ -801,7 +831,8 @@ static void att_launch(cuda_ctx *c, int G, const att_args &a) {
 /* 1 when the split path's ranges go to the tensor-core kernel in this step: hd 64, 128 or 256,
  * at least attn_tc_min_t rows (DS_ATTN_TC_MIN_T; fewer rows have few blocks, where the lane
  * kernel's finer ranges win), not under --batch-invariant (whose rows' results must not depend
- * on the step's row count) and DS_ATTN_TC not 0. */
+ * on the step's row count) and DS_ATTN_TC=1 (off by default: slower than the lane kernel at
+ * 8-128 rows on the H200, bench/NOTES.md twenty-fourth session). */
 static int att_tc_takes(const cuda_ctx *c, int hd) {
   return c->attn_tc && !c->batch_invariant && (hd == 64 || hd == 128 || hd == 256) &&
          c->b.n_tokens >= c->attn_tc_min_t;

@@ -25,6 +25,16 @@ typedef __nv_bfloat16 bf16;
 #ifndef GREEDY_EARLY
 #define GREEDY_EARLY 1
 #endif
+/* The small kernels of a decode step's layers (the DeltaNet chain, qk-norm + rotary, the split
+ * attention and its merge) issue every load their results depend on as early as it may go:
+ * what no kernel of the step writes (weights, the step's metadata, the KV pages of earlier
+ * positions in a decode step) before waiting for the kernel before them, what that kernel
+ * writes right after the wait instead of after their first reductions. A load no longer waits
+ * for the dependent round trips before it; the arithmetic is unchanged (the same bits).
+ * -DSMALL_EARLY=0 for A/B builds (bench/NOTES.md twenty-fourth session). */
+#ifndef SMALL_EARLY
+#define SMALL_EARLY 1
+#endif
 #define CUDA_ROPE_TAB 512 /* rotary pairs the frequency table holds (rot <= 1024) */
 
 typedef struct cuda_weight {

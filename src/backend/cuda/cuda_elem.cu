@@ -238,7 +238,6 @@ __global__ void k_qk_norm_rope(const bf16 *qg, bf16 *k, const float *qn, const f
                                const int32_t *pos, int nh, int nkv, int hd, int rot,
                                double theta, float eps, const float *inv_tab, bf16 *q_out,
                                bf16 *gate_out) {
-  pdl_enter();
   extern __shared__ float sh[]; /* [hd] */
   __shared__ float red[33];
   int64_t t = blockIdx.x;
@@ -251,24 +250,40 @@ __global__ void k_qk_norm_rope(const bf16 *qg, bf16 *k, const float *qn, const f
     src = qg + (t * nh + h) * 2 * hd;
     dst = q_out + (t * nh + h) * hd;
     w = qn;
-    if (i < hd) gate_out[(t * nh + h) * hd + i] = src[hd + i];
   } else {
     src = k + (t * nkv + (h - nh)) * hd;
     dst = k + (t * nkv + (h - nh)) * hd;
     w = kn;
   }
+  int half = rot / 2, j = i < half ? i : i - half;
+#if SMALL_EARLY
+  /* the norm's weight and the position (no kernel of the step writes them) before the wait,
+   * the rotary frequency (k_rope_table may be the kernel before) right after it */
+  float wi = i < hd ? 1.f + w[i] : 0.f, pt = (float)pos[t];
+  pdl_enter();
+  float inv = i < rot ? (inv_tab ? inv_tab[j] : rope_inv(theta, j, rot)) : 0.f;
+#else
+  pdl_enter();
+#endif
+  if (isq && i < hd) gate_out[(t * nh + h) * hd + i] = src[hd + i];
   float xv = i < hd ? bf2f(src[i]) : 0.f;
   float ss = block_sum(xv * xv, red);
   float r = rsqrtf(ss / (float)hd + eps);
+#if SMALL_EARLY
+  float y = xv * r * wi;
+#else
   float y = xv * r * (i < hd ? 1.f + w[i] : 0.f);
+#endif
   if (i < hd) sh[i] = y;
   __syncthreads();
-  int half = rot / 2;
   float o = y;
   if (i < rot) {
-    int j = i < half ? i : i - half;
+#if SMALL_EARLY
+    float a = pt * inv;
+#else
     float inv = inv_tab ? inv_tab[j] : rope_inv(theta, j, rot);
     float a = (float)pos[t] * inv;
+#endif
     float cs = cosf(a), sn = sinf(a);
     if (i < half) o = sh[i] * cs - sh[i + half] * sn;
     else o = sh[i] * cs + sh[i - half] * sn;

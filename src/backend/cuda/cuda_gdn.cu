@@ -501,6 +501,24 @@ __global__ void __launch_bounds__(256)
   float *S = ssm + ((size_t)slot * nv + h) * (size_t)DK * DV;
   float4 sv[R];
   gdn_load4<R>(S, DV, j, a0, zero, sv);
+  size_t gi = (size_t)t * nv + h, off = (size_t)t * nv * DV + (size_t)h * DV + j;
+#if SMALL_EARLY
+  /* what steps 3 and 5 read, requested now (SMALL_EARLY): not a round trip after a barrier */
+  float gin[4] = {0.f, 0.f, 0.f, 0.f}, zf[4] = {0.f, 0.f, 0.f, 0.f}, nwv[4] = {0.f, 0.f, 0.f, 0.f};
+  if (threadIdx.x == 64) {
+    gin[0] = bf2f(bb[gi]);
+    gin[1] = bf2f(aa[gi]);
+    gin[2] = A_log[h];
+    gin[3] = dt_bias[h];
+  }
+  if (grp == 0) {
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+      zf[k] = bf2f(z[off + k]);
+      nwv[k] = nw[j + k];
+    }
+  }
+#endif
   float keep[PER][K - 1]; /* new q/k conv state of this thread's channels */
 #pragma unroll
   for (int u = 0; u < PER; u++) {
@@ -553,9 +571,12 @@ __global__ void __launch_bounds__(256)
       if (h % G == 0) dst[i] = r;
     }
   } else if (threadIdx.x == 64) {
-    size_t gi = (size_t)t * nv + h;
     float bt, gg;
+#if SMALL_EARLY
+    gdn_gate_vals(gin[0], gin[1], gin[2], gin[3], &bt, &gg);
+#else
     gdn_gate_vals(bf2f(bb[gi]), bf2f(aa[gi]), A_log[h], dt_bias[h], &bt, &gg);
+#endif
     beta[gi] = bt;
     g[gi] = gg;
     gb[0] = expf(gg);
@@ -587,16 +608,21 @@ __global__ void __launch_bounds__(256)
                       : make_float4(0.f, 0.f, 0.f, 0.f); /* used by group 0 only */
   float4 oo = gdn_step4<R>(sv, S, DV, j, a0, grp, lane, qs, ks, gb[0], gb[1], v, red, dsh);
   if (grp == 0) {
-    size_t off = (size_t)t * nv * DV + (size_t)h * DV + j;
     bf16 ob[4] = {f2bf(oo.x), f2bf(oo.y), f2bf(oo.z), f2bf(oo.w)}, nb[4];
-    float of[4], zf[4];
+    float of[4];
+#if !SMALL_EARLY
+    float zf[4], nwv[4];
+#endif
 #pragma unroll
     for (int k = 0; k < 4; k++) {
       o[off + k] = ob[k];
       of[k] = bf2f(ob[k]);
+#if !SMALL_EARLY
       zf[k] = bf2f(z[off + k]);
+      nwv[k] = nw[j + k];
+#endif
     }
-    gated_norm_lane<4>(of, zf, nw + j, eps, nb);
+    gated_norm_lane<4>(of, zf, nwv, eps, nb);
 #pragma unroll
     for (int k = 0; k < 4; k++) out[off + k] = nb[k];
   }

@@ -1281,17 +1281,45 @@ TEST(moe) {
   moe_case(5, 2048, 64, 8, 512, 0, 0);
 }
 
-/* The grouped path (the default; asked for explicitly here): steps of >= 64 rows take
- * per-expert cuBLAS GEMMs over rows grouped by expert (two chunks of 2048 rows at T = 2100);
- * smaller steps keep the per-row kernels. */
+/* The grouped path (the default; asked for explicitly here): steps of >= 64 rows take the
+ * rows grouped by expert, through per-expert cuBLAS GEMMs (two chunks of 2048 rows at T = 2100,
+ * widths that are no multiple of 256) or the device-grouped kernels (T <= 512, H and I
+ * multiples of 256: T = 300 and 97 here; `dev` counts those), and so do steps of 8 .. 63 rows
+ * where the device-grouped kernels take them; smaller steps keep the per-row kernels. */
+static void moe_dev_case(int T, int H, int E, int k, int I, int Is, int norm, int dev) {
+  long r0 = backend_cuda_moe_dev_runs(GPU);
+  moe_case(T, H, E, k, I, Is, norm);
+  long n = backend_cuda_moe_dev_runs(GPU) - r0;
+  n_checks++;
+  EXPECT_MSG(n == dev, "moe T=%d H=%d I=%d: %ld device-grouped runs, expected %d", T, H, I, n, dev);
+}
 static void moe_grouped_cases(void) {
-  moe_case(100, 256, 16, 4, 48, 64, 1);
-  moe_case(2100, 256, 16, 4, 48, 64, 1);
-  moe_case(300, 2048, 64, 8, 512, 512, 1);
-  moe_case(97, 2048, 64, 8, 512, 0, 0);
-  moe_case(9, 256, 16, 4, 48, 64, 1); /* below the threshold */
+  moe_dev_case(100, 256, 16, 4, 48, 64, 1, 0);
+  moe_dev_case(2100, 256, 16, 4, 48, 64, 1, 0);
+  moe_dev_case(300, 2048, 64, 8, 512, 512, 1, 1); /* ~37 rows per expert: chunks of 8 */
+  moe_dev_case(97, 2048, 64, 8, 512, 0, 0, 1);
+  moe_dev_case(9, 256, 16, 4, 48, 64, 1, 0);  /* I = 48: the per-row kernels */
+  moe_dev_case(5, 2048, 64, 8, 512, 0, 0, 0);  /* below moe_dev_min: the per-row kernels */
+  moe_dev_case(13, 2048, 64, 8, 512, 0, 0, 1); /* 8 .. 63 rows: device-grouped */
 }
 TEST(moe_grouped) { with_gpu("DS_MOE_GROUPED", "1", moe_grouped_cases); }
+
+/* DS_MOE_DEV_MAX=0: the per-expert cuBLAS GEMMs at decode sizes too */
+static void moe_cublas_cases(void) {
+  moe_dev_case(300, 2048, 64, 8, 512, 512, 1, 0);
+  moe_dev_case(97, 2048, 64, 8, 512, 0, 0, 0);
+}
+TEST(moe_grouped_cublas) { with_gpu("DS_MOE_DEV_MAX", "0", moe_cublas_cases); }
+
+/* DS_MOE_DEV_MIN=1: the device-grouped kernels for every step of <= 512 rows: one row, experts
+ * with no rows, ragged counts, the 256-expert shape of Qwen3.5-35B-A3B at 128 rows */
+static void moe_dev_small_cases(void) {
+  moe_dev_case(1, 2048, 64, 8, 512, 512, 1, 1);
+  moe_dev_case(13, 2048, 64, 8, 512, 0, 0, 1);
+  moe_dev_case(128, 2048, 256, 8, 512, 512, 1, 1);
+  moe_dev_case(9, 256, 16, 4, 256, 64, 1, 1);
+}
+TEST(moe_grouped_dev) { with_gpu("DS_MOE_DEV_MIN", "1", moe_dev_small_cases); }
 
 /* DS_MOE_GROUPED=0: the per-row kernels for steps of >= 64 rows too */
 static void moe_per_row_cases(void) {
@@ -2062,6 +2090,8 @@ int main(void) {
   RUN(gdn_chain);
   RUN(moe);
   RUN(moe_grouped);
+  RUN(moe_grouped_cublas);
+  RUN(moe_grouped_dev);
   RUN(moe_per_row);
   RUN(logits);
   RUN(argmax);

@@ -2067,6 +2067,8 @@ extern "C" void backend_cuda_graph_stats(backend *be, long out[6]) {
   out[3] = g ? g->fused : 0;
 }
 
+extern "C" long backend_cuda_moe_dev_runs(backend *be) { return cuda_ctx_of(be)->moe_dev_runs; }
+
 extern "C" void backend_cuda_attn_launches(backend *be, long out[2]) {
   out[0] = cuda_ctx_of(be)->attn_sub_launches;
   out[1] = cuda_ctx_of(be)->attn_tc_launches;
@@ -2234,6 +2236,11 @@ extern "C" backend *backend_cuda_create(int device, char *err, size_t errlen) {
     c->gdn_chain = !(gc && strcmp(gc, "0") == 0);
     const char *mg = getenv("DS_MOE_GROUPED"); /* on unless "0" */
     c->moe_grouped = !(mg && strcmp(mg, "0") == 0);
+    /* the device-side grouped path for decode-sized steps (bench/NOTES.md twenty-fourth
+     * session); DS_MOE_DEV_MAX=0: every grouped step through the per-expert cuBLAS GEMMs */
+    const char *mdn = getenv("DS_MOE_DEV_MIN"), *mdx = getenv("DS_MOE_DEV_MAX");
+    c->moe_dev_min = mdn ? atoi(mdn) : 8;
+    c->moe_dev_max = mdx ? atoi(mdx) : 512;
     c->legacy = !c->batch_invariant && lg && *lg && strcmp(lg, "0") != 0;
     const char *gs = getenv("DS_CUDA_GRAPHS"), *fs = getenv("DS_CUDA_FUSE");
     if (!c->legacy && !(gs && strcmp(gs, "0") == 0)) {

@@ -30,6 +30,8 @@ void backend_cuda_graph_stats(backend *be, long out[6]);
  * that took a kv head's q heads in sub-groups (cuda_attn.cu att_heads_per_block), [1] the
  * tensor-core kernel's (k_attn_split_tc). For tests. */
 void backend_cuda_attn_launches(backend *be, long out[2]);
+/* MoE ops that took the device-grouped path (cuda_moe.cu). For tests. */
+long backend_cuda_moe_dev_runs(backend *be);
 
 /* rmsnorms the decode-step recorder took off the products' critical path (backend_cuda.cu
  * norm_fold_at; DS_NORM_FOLD=0: none). For tests and benchmarks. */

@@ -150,6 +150,10 @@ typedef struct cuda_ctx {
   int *chain_cnt;
   /* DS_MOE_GROUPED=1: routed experts of large steps as per-expert GEMMs (cuda_moe.cu) */
   int moe_grouped;
+  /* grouped steps of moe_dev_min .. moe_dev_max rows: the experts' products by our kernels
+   * over the grouped rows, no host round trip (cuda_moe.cu; DS_MOE_DEV_MIN / _MAX) */
+  int moe_dev_min, moe_dev_max;
+  long moe_dev_runs; /* MoE ops issued through it (backend_cuda_moe_dev_runs) */
   /* the lm-head's int8 copy and bounds for one-row greedy steps (cuda_greedy.cu; NULL: none) */
   struct cuda_greedy *greedy;
   long greedy_runs; /* steps issued through it */

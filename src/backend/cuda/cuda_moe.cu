@@ -8,6 +8,12 @@
  * cuBLAS GEMMs over the rows grouped by expert ("grouped path" below): each expert's weights
  * read once per chunk of rows instead of once per routed row (Qwen3.5-35B-A3B layer shape,
  * H200: prefill 4096 tokens 6.9k -> 29.6k tok/s). DS_MOE_GROUPED=0 keeps the per-row kernels.
+ * Grouped steps of at most moe_dev_max rows (decode steps of many sequences) run the experts'
+ * products in two launches of our own over the grouped rows instead ("device-grouped" below):
+ * the per-expert GEMMs need the group sizes on the host (a sync in mid-step, so no CUDA graph)
+ * and hundreds of tiny launches per layer. Steps of moe_dev_min (8) to 63 rows take it too
+ * (DS_MOE_DEV_MIN; decode 32 +38 % over the per-row kernels, bench/NOTES.md twenty-fourth
+ * session).
  *
  * Expert weight pointers reach the kernels through per-layer device tables, built on first use
  * of a layer (keyed by its host array of gate weights), checked against the weights on every
@@ -326,9 +332,17 @@ static int moe_gemm(cuda_ctx *c, const bf16 *x, const bf16 *W, int n, int K, int
   return 0;
 }
 
-/* The routed experts of rows [0, T) (ids/wts already routed), grouped; out as k_moe_down. */
+__global__ void k_moe_gu_dev(const bf16 *xg, const int32_t *off, const bf16 *const *tab, int E,
+                             int H, int I, float *h);
+__global__ void k_moe_down_dev(const float *h, const int32_t *off, const bf16 *const *tab, int E,
+                               int H, int I, float *od);
+#define MOE_DEV_DJ 4 /* down outputs per warp (k_moe_down_dev) */
+
+/* The routed experts of rows [0, T) (ids/wts already routed), grouped; out as k_moe_down.
+ * dev: through the device-grouped kernels (moe_dev_takes), else per-expert cuBLAS GEMMs. */
 static void moe_grouped(cuda_ctx *c, const bf16 *x, const int32_t *ids, const float *wts,
-                        const bf16 *const *htab, int E, int k, int H, int I, int T,
+                        const bf16 *const *htab, const bf16 *const *htab_d, int dev, int E,
+                        int k, int H, int I, int T,
                         const float *sg, const float *sd, bf16 *out, char *sc) {
   size_t nmax = (size_t)MOE_GROUPED_CHUNK * k;
   size_t o_lpos = 0, o_cnt = o_lpos + al256(nmax * 4), o_off = o_cnt + al256((size_t)E * 4),
@@ -352,6 +366,17 @@ static void moe_grouped(cuda_ctx *c, const bf16 *x, const int32_t *ids, const fl
     k_moe_place<<<cuda_blocks((size_t)n * (H / 8), 256), 256, 0, c->st>>>(ids_c, lpos, off, n, k, H,
                                                                            x + (size_t)t0 * H, row_of, xg);
     cuda_check_launch(c, "moe (grouping)");
+    if (dev) { /* T <= one chunk (moe_dev_takes) */
+      c->moe_dev_runs++;
+      float *hd = (float *)hg; /* hg and hu: n x I x 4 bytes, h in fp32 */
+      k_moe_gu_dev<<<dim3(E, (I + 7) / 8), 256, 0, c->st>>>(xg, off, htab_d, E, H, I, hd);
+      k_moe_down_dev<<<dim3(E, (H + 8 * MOE_DEV_DJ - 1) / (8 * MOE_DEV_DJ)), 256, 0, c->st>>>(
+          hd, off, htab_d, E, H, I, od);
+      k_moe_combine<<<cuda_blocks((size_t)Tc * H, 256), 256, 0, c->st>>>(
+          od, row_of, wts, Tc, k, H, sg, sd, out);
+      cuda_check_launch(c, "moe (device-grouped)");
+      break;
+    }
     if (cudaMemcpyAsync(hoff, off, sizeof(int32_t) * (size_t)(E + 1), cudaMemcpyDeviceToHost, c->st) != cudaSuccess ||
         cudaStreamSynchronize(c->st) != cudaSuccess) {
       cudaGetLastError();
@@ -379,6 +404,114 @@ static void moe_grouped(cuda_ctx *c, const bf16 *x, const int32_t *ids, const fl
     cuda_check_launch(c, "moe (grouped)");
   }
   free(hoff);
+}
+
+/* ---- device-grouped path (grouped steps of <= moe_dev_max rows) ----
+ * After k_moe_rank / k_moe_offsets / k_moe_place (the rows grouped by expert, as above): block
+ * (e, y) of k_moe_gu_dev takes outputs of expert e for the off[e+1] - off[e] rows routed to it
+ * (none: it returns), a warp per output i: h[g, i] = silu(gate_e[i].x_g) * (up_e[i].x_g) in
+ * fp32 for the expert's rows g in chunks of MOE_DEV_R; k_moe_down_dev likewise, a warp per
+ * MOE_DEV_DJ outputs j: od[g, j] = down_e[j].h[g]. Each expert's weights are read once (the
+ * chunks after the first from L1/L2), every sum in a fixed order (lane partials over 16-byte
+ * pieces, then the xor tree) that depends on the row's values alone; k_moe_combine then adds
+ * each row's slots as in the cuBLAS path. */
+#define MOE_DEV_R 8 /* rows per pass over a weight row */
+
+/* acc[r] += w . x[r] over one 16-byte piece of 8 values, rows r < nr */
+__device__ __forceinline__ void moe_dev_piece(const uint4 wu, const bf16 *x, size_t ld, int nr,
+                                              float *acc) {
+  float wf[8];
+  bf16x8_to_f32(wu, wf);
+#pragma unroll
+  for (int r = 0; r < MOE_DEV_R; r++) {
+    if (r >= nr) break;
+    float xf[8];
+    bf16x8_to_f32(*(const uint4 *)(x + (size_t)r * ld), xf);
+#pragma unroll
+    for (int i = 0; i < 8; i++) acc[r] += wf[i] * xf[i];
+  }
+}
+
+/* grid (E, ceil(I / 8)), 8 warps; H % 256 == 0 */
+__global__ void __launch_bounds__(256)
+    k_moe_gu_dev(const bf16 *xg, const int32_t *off, const bf16 *const *tab, int E, int H, int I,
+                 float *h) {
+  pdl_enter();
+  int e = blockIdx.x, i = blockIdx.y * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+  int g0 = off[e], ne = off[e + 1] - g0;
+  if (ne <= 0 || i >= I) return;
+  const bf16 *wg = tab[e] + (size_t)i * H, *wu = tab[E + e] + (size_t)i * H;
+  for (int r0 = 0; r0 < ne; r0 += MOE_DEV_R) {
+    int nr = min(MOE_DEV_R, ne - r0);
+    const bf16 *x = xg + (size_t)(g0 + r0) * H;
+    float ag[MOE_DEV_R], au[MOE_DEV_R];
+#pragma unroll
+    for (int r = 0; r < MOE_DEV_R; r++) ag[r] = au[r] = 0.f;
+#pragma unroll 2
+    for (int k = lane * 8; k < H; k += 256) {
+      uint4 a = ld_stream16(wg + k), b = ld_stream16(wu + k);
+      moe_dev_piece(a, x + k, H, nr, ag);
+      moe_dev_piece(b, x + k, H, nr, au);
+    }
+#pragma unroll
+    for (int r = 0; r < MOE_DEV_R; r++) {
+      if (r >= nr) break;
+      float gv = warp_sum(ag[r]), uv = warp_sum(au[r]);
+      if (lane == 0) h[(size_t)(g0 + r0 + r) * I + i] = siluf_dev(gv) * uv;
+    }
+  }
+}
+
+/* acc[r] += w . h[r] over 8 fp32 values of h, rows r < nr */
+__device__ __forceinline__ void moe_dev_piece_f(const uint4 wu, const float *hr, size_t ld, int nr,
+                                                float *acc) {
+  float wf[8];
+  bf16x8_to_f32(wu, wf);
+#pragma unroll
+  for (int r = 0; r < MOE_DEV_R; r++) {
+    if (r >= nr) break;
+    const float4 *p = (const float4 *)(hr + (size_t)r * ld);
+    float4 a = p[0], b = p[1];
+    acc[r] += wf[0] * a.x + wf[1] * a.y + wf[2] * a.z + wf[3] * a.w + wf[4] * b.x + wf[5] * b.y +
+              wf[6] * b.z + wf[7] * b.w;
+  }
+}
+
+/* grid (E, ceil(H / (8 MOE_DEV_DJ))), 8 warps; I % 256 == 0 */
+__global__ void __launch_bounds__(256)
+    k_moe_down_dev(const float *h, const int32_t *off, const bf16 *const *tab, int E, int H, int I,
+                   float *od) {
+  pdl_enter();
+  int e = blockIdx.x, lane = threadIdx.x & 31;
+  int j0 = (blockIdx.y * 8 + (threadIdx.x >> 5)) * MOE_DEV_DJ;
+  int g0 = off[e], ne = off[e + 1] - g0;
+  if (ne <= 0 || j0 >= H) return;
+  const bf16 *wd = tab[2 * E + e];
+  for (int r0 = 0; r0 < ne; r0 += MOE_DEV_R) {
+    int nr = min(MOE_DEV_R, ne - r0);
+    const float *hr = h + (size_t)(g0 + r0) * I;
+#pragma unroll
+    for (int d = 0; d < MOE_DEV_DJ; d++) {
+      int j = j0 + d;
+      if (j >= H) break;
+      const bf16 *w = wd + (size_t)j * I;
+      float acc[MOE_DEV_R];
+#pragma unroll
+      for (int r = 0; r < MOE_DEV_R; r++) acc[r] = 0.f;
+      for (int k = lane * 8; k < I; k += 256) moe_dev_piece_f(ld_stream16(w + k), hr + k, I, nr, acc);
+#pragma unroll
+      for (int r = 0; r < MOE_DEV_R; r++) {
+        if (r >= nr) break;
+        float v = warp_sum(acc[r]);
+        if (lane == 0) od[(size_t)(g0 + r0 + r) * H + j] = v;
+      }
+    }
+  }
+}
+
+/* 1 when a grouped step of T rows takes the device-grouped path */
+static int moe_dev_takes(const cuda_ctx *c, int T, int H, int I) {
+  return T <= c->moe_dev_max && T <= MOE_GROUPED_CHUNK && H % 256 == 0 && I % 256 == 0;
 }
 
 /* Scratch bytes the grouped path needs beyond the op's own. */
@@ -409,7 +542,9 @@ extern "C" void cuda_moe_moe(backend *be, backend_buf x, const backend_moe *m, i
   const bf16 *const *htab = NULL;
   const bf16 *const *tab = moe_table_get(c, m, &htab);
   if (!tab) return;
-  int grouped = c->moe_grouped && !c->batch_invariant && T >= MOE_GROUPED_MIN && H % 8 == 0;
+  int dev = c->moe_grouped && !c->batch_invariant && T >= c->moe_dev_min && H % 8 == 0 &&
+            moe_dev_takes(c, T, H, I);
+  int grouped = c->moe_grouped && !c->batch_invariant && (T >= MOE_GROUPED_MIN || dev) && H % 8 == 0;
   size_t o_lg = 0, o_ids = o_lg + al256((size_t)T * E * 4), o_w = o_ids + al256((size_t)T * k * 4),
          o_sg = o_w + al256((size_t)T * k * 4), o_hid = o_sg + al256((size_t)T * 4),
          o_g = o_hid + (grouped ? 0 : al256((size_t)T * k * I * 4)), o_u = o_g + al256((size_t)T * Is * 2),
@@ -444,7 +579,8 @@ extern "C" void cuda_moe_moe(backend *be, backend_buf x, const backend_moe *m, i
     cuda_gemm(c, gs, CW(m->shared_down)->bf, T, Is, H, sd, 1);
   }
   if (grouped) {
-    moe_grouped(c, xb, ids, wts, htab, E, k, H, I, T, sg, Is > 0 ? sd : NULL, (bf16 *)out, sc + o_grp);
+    moe_grouped(c, xb, ids, wts, htab, tab, dev, E, k, H, I, T, sg, Is > 0 ? sd : NULL, (bf16 *)out,
+                sc + o_grp);
     return;
   }
   dim3 gd(T, (H + 7) / 8);

@@ -52,6 +52,17 @@ knob=$(grep '^decode *DS_NARROW=0' "$tmp/ab/ab.txt" | grep -v 'round' | tail -1)
 paired=$(printf '%s\n' "$knob" | grep -o ' [0-2]/2' | wc -l)
 [ "$paired" -eq 5 ] && pass ab_dry_run_summary || fail ab_dry_run_summary "summary line '$knob'"
 
+# 2b. DS_AB_DECODE_ARGS reaches every decode run: a shared prefix of 32 of 40 prompt tokens at
+#     2 sequences, so each run's JSON names it and its prefix counters show restored tokens.
+if OUT=$tmp/abd DS_AB_DEVICE=cpu DS_AB_MODEL=$tmp/m DS_AB_CONC=2 DS_AB="decode:" \
+    DS_AB_DECODE_ARGS="--decode-prompt 40 --decode-shared 32" bash scripts/device/ab.sh >"$tmp/abd.log" 2>&1 &&
+  got=$(python3 -c "import json, sys; i = json.load(open(sys.argv[1]))['info']; print(i.get('decode_shared_prefix'), i['decode_prefix_stats']['prefix_hit_tokens'] > 0)" "$tmp/abd/ab-1.json" 2>&1) &&
+  [ "$got" = "32 True" ]; then
+  pass ab_decode_args
+else
+  fail ab_decode_args "got '${got:-}' ($(tail -1 "$tmp/abd.log"))"
+fi
+
 # 3b. Kernel traces need the CUDA build: on the CPU a usage error before any run.
 OUT=$tmp/ab3 DS_AB_DEVICE=cpu DS_AB_MODEL=$tmp/m DS_AB_KTRACE=1 DS_AB="decode:" bash scripts/device/ab.sh >"$tmp/ab3.log" 2>&1
 rc=$?

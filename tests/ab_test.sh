@@ -63,6 +63,16 @@ else
   fail ab_decode_args "got '${got:-}' ($(tail -1 "$tmp/abd.log"))"
 fi
 
+# 2c. DS_AB_CONFIG: a missing model is generated from that shape (here the demo model's).
+if OUT=$tmp/abc DS_AB_DEVICE=cpu DS_AB_MODEL=$tmp/mc DS_AB_CONFIG=scripts/demo-config.json DS_AB_CONC=1 \
+    DS_AB="decode:" bash scripts/device/ab.sh >"$tmp/abc.log" 2>&1 &&
+  got=$(python3 -c "import json, sys; a, b = (json.load(open(f)) for f in sys.argv[1:]); print(a['vocab_size'] == b['vocab_size'] == 151936)" "$tmp/mc/config.json" scripts/demo-config.json 2>&1) &&
+  [ "$got" = "True" ] && [ "$(wc -l <"$tmp/abc/ab.tsv")" -ge 1 ]; then
+  pass ab_config
+else
+  fail ab_config "got '${got:-}' ($(tail -1 "$tmp/abc.log"))"
+fi
+
 # 3b. Kernel traces need the CUDA build: on the CPU a usage error before any run.
 OUT=$tmp/ab3 DS_AB_DEVICE=cpu DS_AB_MODEL=$tmp/m DS_AB_KTRACE=1 DS_AB="decode:" bash scripts/device/ab.sh >"$tmp/ab3.log" 2>&1
 rc=$?

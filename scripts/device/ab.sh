@@ -15,7 +15,10 @@
 # after another (single runs spread 3-5 %, and a drift within the call then moves every setting
 # alike); scripts/device/ab_summary.py then prints each setting's mean per level and, for all
 # but the baseline, its mean change against the baseline of the same round and how many rounds
-# it was ahead. DS_AB_MODEL (/tmp/m4b) is generated when missing; DS_AB_SKIP_OPS=1 skips the op
+# it was ahead. DS_AB_MODEL (/tmp/m4b) is generated when missing, from DS_AB_CONFIG
+# (scripts/device/qwen35-4b-shape.json; e.g. scripts/device/qwen35-moe-shape.json with
+# DS_AB_MODEL=/tmp/moe for the MoE shape; on the CPU scripts/bench/tiny-config.json);
+# DS_AB_SKIP_OPS=1 skips the op
 # tests; DS_AB_CONC=N times only the decode run of N sequences (`--decode-conc`);
 # DS_AB_DECODE_ARGS adds bench flags to every decode run (e.g. "--decode-prompt 12500
 # --decode-shared 12400": decode over a shared, cached prefix).
@@ -38,7 +41,8 @@ if [ $CPU = 1 ]; then
   B=build/deltaserve
   make -j"$(nproc)" build/deltaserve >"$OUT/build.log" 2>&1 || { tail -20 "$OUT/build.log"; exit 1; }
   M=${DS_AB_MODEL:-/tmp/ds-ab-tiny}
-  [ -f "$M/config.json" ] || $B gen-random --config scripts/bench/tiny-config.json --out "$M" --seed 3 >/dev/null
+  [ -f "$M/config.json" ] || $B gen-random --config "${DS_AB_CONFIG:-scripts/bench/tiny-config.json}" \
+    --out "$M" --seed 3 >/dev/null
   BENCH_ARGS=(--device cpu --threads 2 --quick)
   [ -n "${DS_AB_BUILDS:-}" ] && { echo "ab.sh: DS_AB_BUILDS needs the CUDA build"; exit 2; }
   [ "${DS_AB_KTRACE:-0}" = 1 ] && { echo "ab.sh: DS_AB_KTRACE needs the CUDA build"; exit 2; }
@@ -66,7 +70,8 @@ else
     grep '^FAIL' "$OUT/ops.log"
   fi
   M=${DS_AB_MODEL:-/tmp/m4b}
-  [ -f "$M/config.json" ] || $B gen-random --config scripts/device/qwen35-4b-shape.json --out "$M" >/dev/null
+  [ -f "$M/config.json" ] || $B gen-random --config "${DS_AB_CONFIG:-scripts/device/qwen35-4b-shape.json}" \
+    --out "$M" >/dev/null
   BENCH_ARGS=()
 fi
 CONC_ARGS=() # decode runs only

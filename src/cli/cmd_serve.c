@@ -25,6 +25,7 @@
 #include "cli/cli.h"
 #include "engine/engine.h"
 #include "model/config.h"
+#include "model/generation_config.h"
 #include "model/qwen35.h"
 #include "model/weights.h"
 #include "server/server.h"
@@ -51,6 +52,11 @@ static void serve_usage(FILE *f) {
           "                              DS_BATCH_INVARIANT=1)\n"
           "  --max-request-bytes N       largest request body accepted (33554432)\n"
           "  --shutdown-grace S          seconds in-flight requests may finish after SIGTERM (5)\n"
+          "  --generation-config auto|vllm|DIR\n"
+          "                              defaults for the sampling fields a request leaves out\n"
+          "                              (temperature, top_p, top_k, min_p, repetition_penalty,\n"
+          "                              max_new_tokens as max_tokens) from generation_config.json\n"
+          "                              in the model folder (auto) or in DIR; vllm: none (auto)\n"
           "\n"
           "engine and cache:\n"
           "  --max-num-seqs N            concurrent sequences (64)\n"
@@ -136,7 +142,8 @@ static json_vocab *serve_json_vocab(const tokenizer *tok, int n_vocab, const mod
 }
 
 int cmd_serve(int argc, char **argv) {
-  const char *model_dir = NULL, *host = "127.0.0.1", *name = NULL, *api_key = NULL, *device = "auto";
+  const char *model_dir = NULL, *host = "127.0.0.1", *name = NULL, *api_key = NULL, *device = "auto",
+             *gen_cfg = "auto";
   long long port = 8000, threads = 0, max_req = 32LL << 20;
   double grace = 5.0;
   int skip_tok = 0;
@@ -166,7 +173,8 @@ int cmd_serve(int argc, char **argv) {
       continue;
     }
     static const char *with_value[] = {"--model", "--host", "--port", "--served-model-name", "--api-key",
-                                       "--device", "--threads", "--max-request-bytes", "--shutdown-grace"};
+                                       "--device", "--threads", "--max-request-bytes", "--shutdown-grace",
+                                       "--generation-config"};
     int known = 0;
     for (size_t k = 0; k < sizeof with_value / sizeof with_value[0]; k++) known |= !strcmp(a, with_value[k]);
     if (!known) {
@@ -183,6 +191,7 @@ int cmd_serve(int argc, char **argv) {
     else if (!strcmp(a, "--served-model-name")) name = v;
     else if (!strcmp(a, "--api-key")) api_key = v;
     else if (!strcmp(a, "--device")) device = v;
+    else if (!strcmp(a, "--generation-config")) gen_cfg = v;
     else if (!strcmp(a, "--port")) {
       if (serve_parse_long(a, v, 0, 65535, &port)) return 2;
     } else if (!strcmp(a, "--threads")) {
@@ -212,6 +221,19 @@ int cmd_serve(int argc, char **argv) {
     return 1;
   }
   if (!name) name = serve_basename(model_dir);
+  /* the sampling defaults (vLLM's --generation-config): read before anything starts, so a
+   * broken file is a start-up error */
+  generation_config gen;
+  memset(&gen, 0, sizeof gen);
+  const char *gen_dir = !strcmp(gen_cfg, "auto") ? model_dir : !strcmp(gen_cfg, "vllm") ? NULL : gen_cfg;
+  if (gen_dir && !serve_is_dir(gen_dir)) {
+    fprintf(stderr, "deltaserve serve: --generation-config %s: not auto, vllm or a folder\n", gen_cfg);
+    return 2;
+  }
+  if (gen_dir && generation_config_load(gen_dir, &gen, err, sizeof err)) {
+    fprintf(stderr, "deltaserve serve: --generation-config: %s\n", err);
+    return 1;
+  }
 
   /* Signals are taken by sigwait in this thread only: block them before any thread starts. */
   sigset_t sigs;
@@ -309,7 +331,16 @@ int cmd_serve(int argc, char **argv) {
                      .max_model_len = st.max_model_len,
                      .eos_ids = eos,
                      .n_eos = n_eos,
-                     .json = jv};
+                     .json = jv,
+                     .gen = gen.has ? &gen : NULL};
+  if (gen.has) {
+    char d[256];
+    generation_config_describe(&gen, d, sizeof d);
+    fprintf(stderr,
+            "deltaserve: sampling defaults from %s/generation_config.json for requests that leave them out: "
+            "%s (--generation-config vllm: none)\n",
+            gen_dir, d);
+  }
   fault_spec = getenv("DS_FAULT");
   if (fault_spec && fault_spec[0]) {
     if (fault_arm_spec(fault_spec, err, sizeof err)) {

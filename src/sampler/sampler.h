@@ -36,6 +36,17 @@ typedef struct sampling_params {
   int n_bias;
 } sampling_params;
 
+/* Sampling fields a request set itself (openai_request.sp_set): defaults from elsewhere
+ * (generation_config_apply) fill only the others. */
+enum {
+  SAMPLING_SET_TEMPERATURE = 1,
+  SAMPLING_SET_TOP_P = 2,
+  SAMPLING_SET_TOP_K = 4,
+  SAMPLING_SET_MIN_P = 8,
+  SAMPLING_SET_REPETITION_PENALTY = 16,
+  SAMPLING_SET_MAX_TOKENS = 32,
+};
+
 void sampling_params_default(sampling_params *p);
 /* Returns 0, or -1 with err when a value is out of range (NaN, top_p > 1, ...). */
 int sampling_params_validate(const sampling_params *p, char *err, size_t errlen);

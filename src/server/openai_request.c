@@ -144,6 +144,12 @@ static int token_id_of_key(const char *key, int32_t *id) {
 
 /* ---- sampling: shared by chat and completions ---- */
 
+/* 1 when the body gives `key` a value (null is no value) */
+static int given(const json_t *o, const char *key) {
+  const json_t *v = json_object_get(o, key);
+  return v && !json_is_null(v);
+}
+
 static int parse_sampling(const json_t *o, openai_request *r, openai_error *err) {
   sampling_params *sp = &r->sp;
   memset(sp, 0, sizeof *sp);
@@ -181,6 +187,15 @@ static int parse_sampling(const json_t *o, openai_request *r, openai_error *err)
   if (d <= 0.0 || (float)d <= 0.0f)
     return BAD("repetition_penalty", "'repetition_penalty' must be > 0 (at least %g), got %g", (double)FLT_TRUE_MIN, d);
   sp->repetition_penalty = (float)d;
+  static const struct {
+    const char *key;
+    unsigned bit;
+  } set_bits[] = {{"temperature", SAMPLING_SET_TEMPERATURE}, {"top_p", SAMPLING_SET_TOP_P},
+                  {"top_k", SAMPLING_SET_TOP_K}, {"min_p", SAMPLING_SET_MIN_P},
+                  {"repetition_penalty", SAMPLING_SET_REPETITION_PENALTY}};
+  r->sp_set = 0;
+  for (size_t i = 0; i < sizeof set_bits / sizeof set_bits[0]; i++)
+    if (given(o, set_bits[i].key)) r->sp_set |= set_bits[i].bit;
 
   const json_t *seed = json_object_get(o, "seed");
   if (seed && !json_is_null(seed)) {
@@ -204,6 +219,7 @@ static int parse_sampling(const json_t *o, openai_request *r, openai_error *err)
     if (mt < 1) return BAD(name, "'%s' must be at least 1, got %lld", name, mt);
     if (mt > (1 << 30)) mt = 1 << 30;
     r->max_tokens = (int)mt;
+    r->sp_set |= SAMPLING_SET_MAX_TOKENS;
   }
 
   if (get_bool(o, "ignore_eos", &sp->ignore_eos, err)) return -1;

@@ -52,6 +52,7 @@ typedef struct openai_request {
   int include_usage; /* stream_options.include_usage */
   int n;             /* choices (1..OPENAI_MAX_N; with a seed, choice i samples with seed + i) */
   sampling_params sp; /* every field set; sp.max_tokens == 0 until the server fills it */
+  unsigned sp_set;    /* SAMPLING_SET_* bits of the fields the client gave (not null) */
   int max_tokens;     /* the client's max_tokens / max_completion_tokens, 0 when absent */
   char *stop[OPENAI_MAX_STOP]; /* stop strings (malloc'd) */
   int n_stop;

@@ -394,10 +394,12 @@ static const char *sampler_param_of(const char *msg) {
   return NULL;
 }
 
-/* Checks what needs the model and fills sp.max_tokens. */
+/* Checks what needs the model and fills sp.max_tokens; the model's generation config fills
+ * the sampling fields the request left out. */
 static int check_limits(conn *cx, openai_error *e) {
   server *s = cx->s;
   openai_request *r = &cx->req;
+  if (s->m.gen) generation_config_apply(s->m.gen, r->sp_set, &r->sp);
   int mml = s->m.max_model_len;
   if (cx->n_prompt >= mml)
     return openai_error_set(e, 400, "invalid_request_error", r->kind == OPENAI_KIND_CHAT ? "messages" : "prompt",
@@ -414,7 +416,7 @@ static int check_limits(conn *cx, openai_error *e) {
                               mml, (long long)cx->n_prompt + r->max_tokens, cx->n_prompt, r->max_tokens);
     r->sp.max_tokens = r->max_tokens;
   } else {
-    r->sp.max_tokens = avail;
+    r->sp.max_tokens = s->m.gen ? generation_config_max_tokens(s->m.gen, avail) : avail;
   }
   for (int i = 0; i < r->sp.n_stop_ids; i++)
     if (r->sp.stop_ids[i] >= s->m.vocab_size)

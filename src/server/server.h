@@ -32,6 +32,7 @@
 #include <stdint.h>
 
 #include "engine/engine.h"
+#include "model/generation_config.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
@@ -56,6 +57,8 @@ typedef struct server_model {
   const int32_t *eos_ids;
   int n_eos;
   const json_vocab *json; /* response_format json_object's vocabulary (NULL: refused) */
+  const generation_config *gen; /* defaults of the sampling fields a request leaves out
+                                   (generation_config.json; NULL: none) */
 } server_model;
 
 /* Binds and starts the listener. Returns 0, or -1 with one line in err. */

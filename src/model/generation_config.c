@@ -1,6 +1,8 @@
 /* generation_config — see generation_config.h. */
 #include "model/generation_config.h"
 
+#include "base/log.h"
+
 #include <jansson.h>
 #include <limits.h>
 #include <math.h>
@@ -9,27 +11,16 @@
 #include <string.h>
 #include <sys/stat.h>
 
-static int gc_err(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int gc_err(char *err, size_t errlen, const char *fmt, ...) {
-  if (err && errlen) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-  }
-  return -1;
-}
-
 /* A number field in [lo, hi] (lo_open: lo itself excluded). 1: set, 0: absent or null, -1:
  * wrong type or out of range (err). */
 static int gc_num(const json_t *o, const char *key, double lo, int lo_open, double hi, double *out,
                   const char *path, char *err, size_t errlen) {
   const json_t *v = json_object_get(o, key);
   if (!v || json_is_null(v)) return 0;
-  if (!json_is_number(v)) return gc_err(err, errlen, "%s: '%s' must be a number", path, key);
+  if (!json_is_number(v)) return errf(err, errlen, "%s: '%s' must be a number", path, key);
   double d = json_number_value(v);
   if (!isfinite(d) || d < lo || (lo_open && d <= lo) || d > hi)
-    return gc_err(err, errlen, "%s: '%s' is %g, outside %s%g, %g]", path, key, d, lo_open ? "(" : "[", lo, hi);
+    return errf(err, errlen, "%s: '%s' is %g, outside %s%g, %g]", path, key, d, lo_open ? "(" : "[", lo, hi);
   *out = d;
   return 1;
 }
@@ -39,9 +30,9 @@ static int gc_int(const json_t *o, const char *key, long long lo, long long hi, 
                   const char *path, char *err, size_t errlen) {
   const json_t *v = json_object_get(o, key);
   if (!v || json_is_null(v)) return 0;
-  if (!json_is_integer(v)) return gc_err(err, errlen, "%s: '%s' must be an integer", path, key);
+  if (!json_is_integer(v)) return errf(err, errlen, "%s: '%s' must be an integer", path, key);
   long long x = json_integer_value(v);
-  if (x < lo || x > hi) return gc_err(err, errlen, "%s: '%s' is %lld, outside [%lld, %lld]", path, key, x, lo, hi);
+  if (x < lo || x > hi) return errf(err, errlen, "%s: '%s' is %lld, outside [%lld, %lld]", path, key, x, lo, hi);
   *out = x;
   return 1;
 }
@@ -50,15 +41,15 @@ int generation_config_load(const char *dir, generation_config *gc, char *err, si
   memset(gc, 0, sizeof *gc);
   char path[4096];
   if (snprintf(path, sizeof path, "%s/generation_config.json", dir) >= (int)sizeof path)
-    return gc_err(err, errlen, "%s: path too long", dir);
+    return errf(err, errlen, "%s: path too long", dir);
   struct stat st;
   if (stat(path, &st) != 0) return 0; /* no file: no defaults */
   json_error_t je;
   json_t *o = json_load_file(path, 0, &je);
-  if (!o) return gc_err(err, errlen, "%s: line %d: %s", path, je.line, je.text);
+  if (!o) return errf(err, errlen, "%s: line %d: %s", path, je.line, je.text);
   int rc = -1;
   if (!json_is_object(o)) {
-    gc_err(err, errlen, "%s: not a JSON object", path);
+    errf(err, errlen, "%s: not a JSON object", path);
     goto out;
   }
   double d;
@@ -78,11 +69,11 @@ int generation_config_load(const char *dir, generation_config *gc, char *err, si
   if (r) gc->max_new_tokens = (int)x, gc->has |= SAMPLING_SET_MAX_TOKENS;
   /* the float forms must still be in range (1e-46 passes as a double but is 0 as a float) */
   if ((gc->has & SAMPLING_SET_TOP_P) && !(gc->top_p > 0.f)) {
-    gc_err(err, errlen, "%s: 'top_p' is 0 as a float", path);
+    errf(err, errlen, "%s: 'top_p' is 0 as a float", path);
     goto out;
   }
   if ((gc->has & SAMPLING_SET_REPETITION_PENALTY) && !(gc->repetition_penalty > 0.f)) {
-    gc_err(err, errlen, "%s: 'repetition_penalty' is 0 as a float", path);
+    errf(err, errlen, "%s: 'repetition_penalty' is 0 as a float", path);
     goto out;
   }
   rc = 0;

@@ -2003,6 +2003,120 @@ TEST(decode_graph_norm_fold) {
   plain->destroy(plain);
 }
 
+/* ---- MoE decode steps recorded into graphs ----
+ * One MoE layer (embed, norm, MoE with a shared expert, residual add, logits, argmax) for
+ * twelve decode steps of 1, 12 and 2 rows (the per-row kernels, the device-grouped ones at 12)
+ * on the default backend against one with DS_CUDA_GRAPHS=0: every logit and id identical, and
+ * the default backend must have captured and replayed those steps; with DS_MOE_GRAPHS=0 the
+ * MoE op ends the recording and nothing is captured. */
+enum { MH = 256, MV = 300, ME = 16, MK = 4, MI = 256, MT = 12 };
+typedef struct {
+  backend *be;
+  backend_weight w[4 * ME + 8]; /* gate, up, down per expert; router, shared x3, seg, emb, 2 norms */
+  backend_moe moe;              /* read by recorded steps: lives as long as the model */
+  backend_buf x, xn, mix, lg, ids;
+} mmodel;
+
+static void mmodel_init(mmodel *m, backend *be, float *const *wh) {
+  memset(m, 0, sizeof *m);
+  m->be = be;
+  for (int e = 0; e < 3 * ME; e++) {
+    int down = e >= 2 * ME;
+    m->w[e] = be->weight_upload(be, wh[e], DTYPE_F32, down ? MH : MI, down ? MI : MH);
+  }
+  backend_weight *w = m->w + 3 * ME;
+  w[0] = be->weight_upload_exact(be, wh[3 * ME], DTYPE_F32, ME, MH);
+  w[1] = be->weight_upload(be, wh[3 * ME + 1], DTYPE_F32, MI, MH);
+  w[2] = be->weight_upload(be, wh[3 * ME + 2], DTYPE_F32, MI, MH);
+  w[3] = be->weight_upload(be, wh[3 * ME + 3], DTYPE_F32, MH, MI);
+  w[4] = be->weight_upload(be, wh[3 * ME + 4], DTYPE_F32, 1, MH);
+  w[5] = be->weight_upload(be, wh[3 * ME + 5], DTYPE_F32, MV, MH);
+  w[6] = be->weight_upload(be, wh[3 * ME + 6], DTYPE_F32, 1, MH);
+  w[7] = be->weight_upload(be, wh[3 * ME + 7], DTYPE_F32, 1, MH);
+  backend_moe mo = {ME, MK, 1, MI, MI, w[0], m->w, m->w + ME, m->w + 2 * ME, w[1], w[2], w[3], w[4]};
+  m->moe = mo;
+  m->x = be->alloc(be, BACKEND_KIND_ACT, (size_t)MT * MH);
+  m->xn = be->alloc(be, BACKEND_KIND_ACT, (size_t)MT * MH);
+  m->mix = be->alloc(be, BACKEND_KIND_ACT, (size_t)MT * MH);
+  m->lg = be->alloc(be, BACKEND_KIND_F32, (size_t)MT * MV);
+  m->ids = be->alloc(be, BACKEND_KIND_I32, MT);
+}
+
+static void mmodel_free(mmodel *m) {
+  for (int i = 0; i < 3 * ME + 8; i++) m->be->weight_free(m->be, m->w[i]);
+  backend_buf b[5] = {m->x, m->xn, m->mix, m->lg, m->ids};
+  for (int i = 0; i < 5; i++) m->be->free(m->be, b[i]);
+}
+
+static void mmodel_step(mmodel *m, int n, int k, float *logits, int32_t *ids) {
+  backend *be = m->be;
+  int32_t tok[MT], pos[MT], seq[MT], len[MT], slot[MT], pt[MT], orow[MT];
+  for (int i = 0; i < n; i++)
+    tok[i] = (i * 37 + k * 11 + 5) % MV, pos[i] = 3 + k, seq[i] = i, len[i] = 1, slot[i] = i,
+    pt[i] = i, orow[i] = i;
+  backend_batch bb = {n, n, tok, pos, seq, seq, len, pos, slot, pt, 1, n, orow, NULL};
+  EXPECT(be->set_batch(be, &bb) == 0);
+  backend_weight *w = m->w + 3 * ME;
+  be->embed(be, w[5], MH, m->x);
+  be->rmsnorm(be, m->x, NULL, w[6], n, MH, 1e-6f, m->xn);
+  be->moe(be, m->xn, &m->moe, n, MH, m->mix);
+  be->add(be, m->x, m->mix, (size_t)n * MH);
+  be->logits(be, m->x, w[7], 1e-6f, w[5], MH, MV, m->lg);
+  be->argmax(be, m->lg, n, MV, m->ids, NULL);
+  EXPECT(be->read(be, m->lg, 0, logits, sizeof(float) * (size_t)n * MV) == 0);
+  EXPECT(be->read(be, m->ids, 0, ids, sizeof(int32_t) * (size_t)n) == 0);
+}
+
+TEST(decode_graph_moe) {
+  backend *plain = gpu_with("DS_CUDA_GRAPHS", "0"), *off = gpu_with("DS_MOE_GRAPHS", "0");
+  REQUIRE(plain != NULL && off != NULL);
+  float *wh[3 * ME + 8];
+  for (int e = 0; e < 3 * ME; e++) wh[e] = rand_vec((size_t)MI * MH, 0.08f);
+  wh[3 * ME] = rand_vec((size_t)ME * MH, 0.2f);
+  for (int i = 1; i <= 3; i++) wh[3 * ME + i] = rand_vec((size_t)MI * MH, 0.08f);
+  wh[3 * ME + 4] = rand_vec(MH, 0.1f);
+  wh[3 * ME + 5] = rand_vec((size_t)MV * MH, 0.5f);
+  wh[3 * ME + 6] = rand_vec(MH, 0.3f);
+  wh[3 * ME + 7] = rand_vec(MH, 0.3f);
+  backend *bs[2] = {GPU, off};
+  for (int v = 0; v < 2; v++) {
+    mmodel a, p;
+    mmodel_init(&a, bs[v], wh);
+    mmodel_init(&p, plain, wh);
+    long st0[6], st[6];
+    backend_cuda_graph_stats(bs[v], st0);
+    long dev0 = backend_cuda_moe_dev_runs(bs[v]);
+    static float la[MT * MV], lp[MT * MV];
+    int32_t ia[MT], ip[MT];
+    int ndiff = 0, idiff = 0;
+    for (int k = 0; k < 12; k++) {
+      int n = k < 4 ? 1 : k < 8 ? 12 : 2;
+      mmodel_step(&a, n, k, la, ia);
+      mmodel_step(&p, n, k, lp, ip);
+      for (int i = 0; i < n * MV; i++) ndiff += memcmp(&la[i], &lp[i], 4) != 0;
+      for (int i = 0; i < n; i++) idiff += ia[i] != ip[i];
+    }
+    backend_cuda_graph_stats(bs[v], st);
+    long cap = st[0] - st0[0], rep = st[1] - st0[1], dev = backend_cuda_moe_dev_runs(bs[v]) - dev0;
+    n_checks++;
+    printf("  MoE decode steps %s vs direct: %d logits, %d ids differ; captures %ld, replays %ld, "
+           "device-grouped runs %ld\n", v ? "(DS_MOE_GRAPHS=0)" : "recorded", ndiff, idiff, cap, rep, dev);
+    EXPECT_MSG(ndiff == 0 && idiff == 0, "MoE decode steps differ from direct: %d logits, %d ids", ndiff, idiff);
+    if (v == 0) {
+      EXPECT_MSG(cap >= 3 && rep >= 6, "MoE steps not in graphs: %ld captures, %ld replays", cap, rep);
+      EXPECT_MSG(dev >= 2, "12-row steps: %ld device-grouped runs outside replays", dev);
+    } else {
+      EXPECT_MSG(cap == 0 && rep == 0, "DS_MOE_GRAPHS=0: %ld captures, %ld replays", cap, rep);
+    }
+    mmodel_free(&a);
+    mmodel_free(&p);
+  }
+  gpu_ok();
+  for (int i = 0; i < 3 * ME + 8; i++) free(wh[i]);
+  plain->destroy(plain);
+  off->destroy(off);
+}
+
 /* [product -> mix, rmsnorm(x += mix) -> xn, q/k/v products of xn, then fg += xn]: xn is read
  * after its products, so the norm may not fold (xn would hold the unscaled values). Three steps
  * (direct, captured, replayed): no fold, every output bit equal to the ops as issued. */
@@ -2101,6 +2215,7 @@ int main(void) {
   RUN(decode_graph);
   RUN(decode_graph_repeat);
   RUN(decode_graph_norm_fold);
+  RUN(decode_graph_moe);
   RUN(norm_fold_refused);
   printf("op checks: %d\n", n_checks);
   GPU->destroy(GPU);

@@ -1948,7 +1948,11 @@ static void w_swiglu(backend *be, backend_buf gate, backend_buf up, size_t n, ba
 }
 static void w_moe(backend *be, backend_buf x, const backend_moe *m, int T, int H,
                   backend_buf out) {
-  graph_stop(cuda_ctx_of(be)); /* the MoE op synchronises and allocates */
+  cuda_ctx *c = cuda_ctx_of(be);
+  /* the per-row and device-grouped paths are plain launches; the cuBLAS-grouped one reads the
+   * group sizes back (the recorded ops run first, the rest of the step as issued) */
+  if (cuda_moe_records(c, m, T, H) && rec_op(be, 18, cuda_moe_moe, x, m, T, H, out)) return;
+  graph_stop(c);
   cuda_moe_moe(be, x, m, T, H, out);
 }
 static void w_conv1d(backend *be, backend_buf conv_state, backend_buf x, backend_weight w, int C,
@@ -2241,6 +2245,8 @@ extern "C" backend *backend_cuda_create(int device, char *err, size_t errlen) {
     const char *mdn = getenv("DS_MOE_DEV_MIN"), *mdx = getenv("DS_MOE_DEV_MAX");
     c->moe_dev_min = mdn ? atoi(mdn) : 8;
     c->moe_dev_max = mdx ? atoi(mdx) : 512;
+    const char *mgr = getenv("DS_MOE_GRAPHS"); /* on unless "0" */
+    c->moe_graphs = !(mgr && strcmp(mgr, "0") == 0);
     c->legacy = !c->batch_invariant && lg && *lg && strcmp(lg, "0") != 0;
     const char *gs = getenv("DS_CUDA_GRAPHS"), *fs = getenv("DS_CUDA_FUSE");
     if (!c->legacy && !(gs && strcmp(gs, "0") == 0)) {

@@ -154,6 +154,9 @@ typedef struct cuda_ctx {
    * over the grouped rows, no host round trip (cuda_moe.cu; DS_MOE_DEV_MIN / _MAX) */
   int moe_dev_min, moe_dev_max;
   long moe_dev_runs; /* MoE ops issued through it (backend_cuda_moe_dev_runs) */
+  /* MoE ops of decode steps recorded into the step's graph when they need no host round trip
+   * (DS_MOE_GRAPHS=0: every MoE op ends the recording, the rest of its step runs as issued) */
+  int moe_graphs;
   /* the lm-head's int8 copy and bounds for one-row greedy steps (cuda_greedy.cu; NULL: none) */
   struct cuda_greedy *greedy;
   long greedy_runs; /* steps issued through it */
@@ -266,6 +269,9 @@ extern "C" void cuda_gdn_chain_release(cuda_ctx *c);
 
 /* Frees the MoE expert tables of this context (cuda_moe.cu). */
 void cuda_moe_release(cuda_ctx *c);
+/* 1 when the MoE op of a step of T rows may be recorded into a graph: it neither
+ * synchronises nor reads anything back (cuda_moe.cu). */
+extern "C" int cuda_moe_records(cuda_ctx *c, const backend_moe *m, int T, int H);
 
 /* ---- device helpers ---- */
 

@@ -1,11 +1,12 @@
 /* cuda_moe — the sparse MoE FFN: router logits from the fp32 router copy (cuBLAS on the bf16
  * copy for routers over 1024 experts), routing (fp32 softmax, top-k
- * with ties to the lower expert id, optional renormalisation, shared-expert gate), the routed
- * experts as warp-per-output dot products over bf16 weights (one block per (row, slot) for
- * gate/up, one per row for down and the weighted sum), and the shared expert as dense cuBLAS
- * GEMMs. Each output's sums run in a fixed order that depends only on its row.
+ * with ties to the lower expert id, optional renormalisation, shared-expert gate), then
+ * per-row kernels: the routed experts and the shared expert (as one more slot of each row) as
+ * warp-per-output dot products over bf16 weights, one launch for gate/up and one for down and
+ * the weighted sum. Each output's sums run in a fixed order that depends only on its row.
  * Steps of >= 64 rows (not under --batch-invariant) send the routed experts through per-expert
- * cuBLAS GEMMs over the rows grouped by expert ("grouped path" below): each expert's weights
+ * cuBLAS GEMMs over the rows grouped by expert ("grouped path" below; the shared expert as
+ * dense cuBLAS GEMMs): each expert's weights
  * read once per chunk of rows instead of once per routed row (Qwen3.5-35B-A3B layer shape,
  * H200: prefill 4096 tokens 6.9k -> 29.6k tok/s). DS_MOE_GROUPED=0 keeps the per-row kernels.
  * Grouped steps of at most moe_dev_max rows (decode steps of many sequences) run the experts'
@@ -13,11 +14,13 @@
  * the per-expert GEMMs need the group sizes on the host (a sync in mid-step, so no CUDA graph)
  * and hundreds of tiny launches per layer. Steps of moe_dev_min (8) to 63 rows take it too
  * (DS_MOE_DEV_MIN; decode 32 +38 % over the per-row kernels, bench/NOTES.md twenty-fourth
- * session).
+ * session). The per-row and device-grouped paths never wait for the host, so a decode step's
+ * MoE ops are recorded into its CUDA graph (cuda_moe_records; DS_MOE_GRAPHS=0: not).
  *
  * Expert weight pointers reach the kernels through per-layer device tables, built on first use
  * of a layer (keyed by its host array of gate weights), checked against the weights on every
- * call (rebuilt when they changed) and freed with the backend. */
+ * call that is not a graph replay (rebuilt when they changed; freeing a weight drops every
+ * graph) and freed with the backend. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,9 +49,14 @@ static int g_ntables;
 static const bf16 **moe_table_get(cuda_ctx *c, const backend_moe *m, const bf16 *const **host) {
   int E = m->n_experts;
   moe_table *t = NULL;
+  int stale = 0; /* an existing table whose weights changed */
   for (int i = 0; i < g_ntables && !t; i++)
     if (g_tables[i].ctx == c && g_tables[i].key == m->gate && g_tables[i].n == E) t = &g_tables[i];
   if (!t) {
+    if (c->capturing) {
+      c->capture_broken = 1;
+      return NULL;
+    }
     if (g_ntables == MOE_MAX_LAYERS) {
       cuda_fail(c, "moe", "too many MoE layers");
       return NULL;
@@ -75,8 +83,13 @@ static const bf16 **moe_table_get(cuda_ctx *c, const backend_moe *m, const bf16 
       if (host) *host = t->h;
       return t->d;
     }
-    cudaStreamSynchronize(c->st); /* earlier launches may still read the old table */
+    stale = 1;
   }
+  if (c->capturing) { /* no copies inside a capture: the step runs as issued instead */
+    c->capture_broken = 1;
+    return NULL;
+  }
+  if (stale) cudaStreamSynchronize(c->st); /* earlier launches may still read the old table */
   for (int e = 0; e < E; e++) {
     t->h[e] = CW(m->gate[e])->bf;
     t->h[E + e] = CW(m->up[e])->bf;
@@ -104,30 +117,63 @@ void cuda_moe_release(cuda_ctx *c) {
   }
 }
 
-/* Dot product of a bf16 row with an fp32 vector in shared memory, over one warp (fixed order:
- * per-lane strided partial sums, then the xor tree). */
-__device__ __forceinline__ float warp_dot_bf16(const bf16 *w, const float *xs, int n) {
+/* Per-row kernels (steps of fewer than moe_dev_min rows, every step under --batch-invariant):
+ * the routed experts of each row and its shared expert as one more slot, every input read
+ * straight from global memory (no shared-memory copies: the rows are L1/L2-resident), each
+ * lane's weight loads issued together. Dot products: per-lane partial sums over 16-byte pieces
+ * (lane l takes values 8 l + 256 j) in piece order, then the xor tree; rows whose width is no
+ * multiple of 8 (or unaligned) fall back to value-strided lanes. */
+
+/* w . x over n values, one warp (bf16 w and x) */
+__device__ __forceinline__ float moe_dot_bb(const bf16 *w, const bf16 *x, int n) {
   int lane = threadIdx.x & 31;
   float acc = 0.f;
-  if ((n & 7) == 0 && ((uintptr_t)w & 15) == 0) {
+  if ((n & 7) == 0 && (((uintptr_t)w | (uintptr_t)x) & 15) == 0) {
+#pragma unroll 4
     for (int i = lane * 8; i < n; i += 256) {
-      uint4 u = *(const uint4 *)(w + i);
-      const __nv_bfloat162 *p = (const __nv_bfloat162 *)&u;
+      float wf[8], xf[8];
+      bf16x8_to_f32(ld_stream16(w + i), wf);
+      bf16x8_to_f32(__ldg((const uint4 *)(x + i)), xf);
 #pragma unroll
-      for (int k = 0; k < 4; k++) {
-        float2 f = __bfloat1622float2(p[k]);
-        acc += f.x * xs[i + 2 * k] + f.y * xs[i + 2 * k + 1];
-      }
+      for (int k = 0; k < 4; k++) acc += wf[2 * k] * xf[2 * k] + wf[2 * k + 1] * xf[2 * k + 1];
     }
   } else {
-    for (int i = lane; i < n; i += 32) acc += bf2f(w[i]) * xs[i];
+    for (int i = lane; i < n; i += 32) acc += bf2f(w[i]) * bf2f(x[i]);
   }
   return warp_sum(acc);
 }
 
-/* One warp per row: softmax over E logits, top-k, weights, shared gate. */
-__global__ void k_moe_route(const float *lg, const bf16 *x, const float *seg, int T, int E,
-                            int k, int norm, int H, int32_t *ids, float *wts, float *sg) {
+/* Two products over the same x (gate and up rows), their loads interleaved. */
+__device__ __forceinline__ void moe_dot2_bb(const bf16 *wg, const bf16 *wu, const bf16 *x, int n,
+                                            float *g, float *u) {
+  int lane = threadIdx.x & 31;
+  if ((n & 7) == 0 && (((uintptr_t)wg | (uintptr_t)wu | (uintptr_t)x) & 15) == 0) {
+    float ag = 0.f, au = 0.f;
+#pragma unroll 4
+    for (int i = lane * 8; i < n; i += 256) {
+      float gf[8], uf[8], xf[8];
+      bf16x8_to_f32(ld_stream16(wg + i), gf);
+      bf16x8_to_f32(ld_stream16(wu + i), uf);
+      bf16x8_to_f32(__ldg((const uint4 *)(x + i)), xf);
+#pragma unroll
+      for (int k = 0; k < 4; k++) {
+        ag += gf[2 * k] * xf[2 * k] + gf[2 * k + 1] * xf[2 * k + 1];
+        au += uf[2 * k] * xf[2 * k] + uf[2 * k + 1] * xf[2 * k + 1];
+      }
+    }
+    *g = warp_sum(ag);
+    *u = warp_sum(au);
+  } else {
+    *g = moe_dot_bb(wg, x, n);
+    *u = moe_dot_bb(wu, x, n);
+  }
+}
+
+/* One warp per row: softmax over E logits, top-k, weights, shared gate (sigmoid of sgl[t] when
+ * the router kernel computed its logit, else of x_t . seg here). */
+__global__ void k_moe_route(const float *lg, const bf16 *x, const float *seg, const float *sgl,
+                            int T, int E, int k, int norm, int H, int32_t *ids, float *wts,
+                            float *sg) {
   pdl_enter();
   int t = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
   int lane = threadIdx.x & 31;
@@ -172,7 +218,9 @@ __global__ void k_moe_route(const float *lg, const bf16 *x, const float *seg, in
       ids[(size_t)t * k + r] = chosen[r];
       wts[(size_t)t * k + r] = norm ? chosen_w[r] / s : chosen_w[r];
     }
-  if (seg) {
+  if (sgl) {
+    if (lane == 0) sg[t] = sigmoidf_dev(sgl[t]);
+  } else if (seg) {
     const bf16 *xr = x + (size_t)t * H;
     float d = 0.f;
     for (int i = lane; i < H; i += 32) d += bf2f(xr[i]) * seg[i];
@@ -181,57 +229,124 @@ __global__ void k_moe_route(const float *lg, const bf16 *x, const float *seg, in
   }
 }
 
-/* grid (T*k, ceil(I/8)), 8 warps: hid[t, r, i] = silu(gate_e[i].x_t) * (up_e[i].x_t). */
-__global__ void k_moe_hidden(const bf16 *x, const int32_t *ids, const bf16 *const *tab, int E,
-                             int k, int H, int I, float *hid) {
+#define MOE_RW 2 /* router rows (warps) per block: ~E / 2 blocks spread the router's read */
+
+/* grid (T, ceil((E + S) / MOE_RW)), MOE_RW warps; S = 1 with a shared expert: lg[t, e] =
+ * R_e . x_t with the fp32 router copy for e < E, sgl[t] = seg . x_t for row E. */
+__global__ void k_moe_router(const bf16 *x, const float *R, const float *seg, int E, int H,
+                             float *lg, float *sgl) {
   pdl_enter();
-  extern __shared__ float xs[]; /* [H] */
-  int tr = blockIdx.x, t = tr / k;
+  int t = blockIdx.x, e = blockIdx.y * MOE_RW + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+  if (e > E || (e == E && !seg)) return;
+  const float *r = e < E ? R + (size_t)e * H : seg;
   const bf16 *xr = x + (size_t)t * H;
-  for (int i = threadIdx.x; i < H; i += blockDim.x) xs[i] = bf2f(xr[i]);
-  __syncthreads();
-  int e = ids[tr];
-  int i = blockIdx.y * (blockDim.x >> 5) + (threadIdx.x >> 5);
-  if (i >= I) return;
-  float gv = warp_dot_bf16(tab[e] + (size_t)i * H, xs, H);
-  float uv = warp_dot_bf16(tab[E + e] + (size_t)i * H, xs, H);
-  if ((threadIdx.x & 31) == 0) hid[(size_t)tr * I + i] = siluf_dev(gv) * uv;
-}
-
-/* grid (T, ceil(H/8)), 8 warps: out[t, j] = sum_r w_r down_e[j].hid[t, r] + sg[t] sd[t, j]. */
-__global__ void k_moe_down(const float *hid, const int32_t *ids, const float *wts,
-                           const bf16 *const *tab, int E, int k, int H, int I, const float *sg,
-                           const float *sd, bf16 *out) {
-  pdl_enter();
-  extern __shared__ float hs[]; /* [k*I] */
-  int t = blockIdx.x;
-  for (int i = threadIdx.x; i < k * I; i += blockDim.x) hs[i] = hid[(size_t)t * k * I + i];
-  __syncthreads();
-  int j = blockIdx.y * (blockDim.x >> 5) + (threadIdx.x >> 5);
-  if (j >= H) return;
   float acc = 0.f;
-  for (int r = 0; r < k; r++) {
-    int e = ids[(size_t)t * k + r];
-    acc += wts[(size_t)t * k + r] * warp_dot_bf16(tab[2 * E + e] + (size_t)j * I, hs + r * I, I);
+  if ((H & 127) == 0 && (((uintptr_t)r & 15) | ((uintptr_t)xr & 7)) == 0) {
+#pragma unroll 8
+    for (int i = lane * 4; i < H; i += 128) {
+      float4 a = __ldg((const float4 *)(r + i));
+      uint2 xb = __ldg((const uint2 *)(xr + i));
+      float2 x0 = __bfloat1622float2(*(const __nv_bfloat162 *)&xb.x),
+             x1 = __bfloat1622float2(*(const __nv_bfloat162 *)&xb.y);
+      acc += a.x * x0.x + a.y * x0.y + a.z * x1.x + a.w * x1.y;
+    }
+  } else {
+    for (int i = lane; i < H; i += 32) acc += r[i] * bf2f(xr[i]);
   }
-  if (sd) acc += sg[t] * sd[(size_t)t * H + j];
-  if ((threadIdx.x & 31) == 0) out[(size_t)t * H + j] = f2bf(acc);
+  acc = warp_sum(acc);
+  if (lane == 0) {
+    if (e < E) lg[(size_t)t * E + e] = acc;
+    else sgl[t] = acc;
+  }
 }
 
-/* grid (T, ceil(E/8)), 8 warps: lg[t, e] = router_e . x_t with the fp32 router copy. */
-__global__ void k_moe_router(const bf16 *x, const float *R, int E, int H, float *lg) {
+/* grid (T (k + S), ceil(max(I, Is) / 8)), 8 warps, a warp per output i of slot r of row t:
+ * r < k the routed expert ids[t, r] (width I), r == k the shared expert (S = 1, width Is):
+ * hid[t, r I + i] = silu(gate[i] . x_t) * (up[i] . x_t), rows of hid k I + Is wide. */
+__global__ void k_moe_hidden(const bf16 *x, const int32_t *ids, const bf16 *const *tab, int E,
+                             int k, int S, int H, int I, int Is, const bf16 *sgw, const bf16 *suw,
+                             float *hid) {
   pdl_enter();
-  extern __shared__ float xs[]; /* [H] */
+  int ks = k + S, t = blockIdx.x / ks, r = blockIdx.x % ks;
+  int i = blockIdx.y * 8 + (threadIdx.x >> 5);
+  if (i >= (r < k ? I : Is)) return;
+  const bf16 *wg, *wu;
+  if (r < k) {
+    int e = ids[(size_t)t * k + r];
+    wg = tab[e] + (size_t)i * H;
+    wu = tab[E + e] + (size_t)i * H;
+  } else {
+    wg = sgw + (size_t)i * H;
+    wu = suw + (size_t)i * H;
+  }
+  float gv, uv;
+  moe_dot2_bb(wg, wu, x + (size_t)t * H, H, &gv, &uv);
+  if ((threadIdx.x & 31) == 0) hid[(size_t)t * ((size_t)k * I + Is) + (size_t)r * I + i] = siluf_dev(gv) * uv;
+}
+
+#define MOE_DQ 4 /* slots whose down rows a warp streams at once */
+
+/* acc + sum over q < nq (slot order) of ww[q] (wp[q][j] . h[q n ...]), rows n wide */
+__device__ __forceinline__ float moe_down_slots(float acc, const bf16 *const *wp, const float *ww,
+                                                int nq, int j, const float *h, int n, int vec) {
+  int lane = threadIdx.x & 31;
+  float p[MOE_DQ];
+#pragma unroll
+  for (int q = 0; q < MOE_DQ; q++) p[q] = 0.f;
+  if (vec) {
+    for (int i = lane * 8; i < n; i += 256) {
+#pragma unroll
+      for (int q = 0; q < MOE_DQ; q++) {
+        if (q >= nq) break;
+        float wf[8];
+        bf16x8_to_f32(ld_stream16(wp[q] + (size_t)j * n + i), wf);
+        const float4 *hp = (const float4 *)(h + (size_t)q * n + i);
+        float4 a = __ldg(hp), b = __ldg(hp + 1);
+        p[q] += wf[0] * a.x + wf[1] * a.y;
+        p[q] += wf[2] * a.z + wf[3] * a.w;
+        p[q] += wf[4] * b.x + wf[5] * b.y;
+        p[q] += wf[6] * b.z + wf[7] * b.w;
+      }
+    }
+  } else {
+    for (int q = 0; q < nq; q++)
+      for (int i = lane; i < n; i += 32) p[q] += bf2f(wp[q][(size_t)j * n + i]) * h[(size_t)q * n + i];
+  }
+#pragma unroll
+  for (int q = 0; q < MOE_DQ; q++) {
+    if (q >= nq) break;
+    acc += ww[q] * warp_sum(p[q]);
+  }
+  return acc;
+}
+
+/* grid (T, ceil(H / 8)), 8 warps, a warp per output j: out[t, j] = sum_r w_r down_e[j] .
+ * hid[t, r] (slot order) + sg[t] sdown[j] . hid[t, shared] (sdw: the shared expert). */
+__global__ void k_moe_down(const float *hid, const int32_t *ids, const float *wts,
+                           const bf16 *const *tab, int E, int k, int H, int I, int Is,
+                           const float *sg, const bf16 *sdw, bf16 *out) {
+  pdl_enter();
+  __shared__ const bf16 *wp[MOE_MAX_K + 1];
+  __shared__ float ww[MOE_MAX_K + 1];
   int t = blockIdx.x;
-  for (int i = threadIdx.x; i < H; i += blockDim.x) xs[i] = bf2f(x[(size_t)t * H + i]);
+  size_t hw = (size_t)k * I + (sdw ? Is : 0);
+  if (threadIdx.x < k) {
+    wp[threadIdx.x] = tab[2 * E + ids[(size_t)t * k + threadIdx.x]];
+    ww[threadIdx.x] = wts[(size_t)t * k + threadIdx.x];
+  } else if (sdw && threadIdx.x == k) {
+    wp[k] = sdw;
+    ww[k] = sg[t];
+  }
   __syncthreads();
-  int e = blockIdx.y * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-  if (e >= E) return;
-  const float *r = R + (size_t)e * H;
+  int j = blockIdx.y * 8 + (threadIdx.x >> 5);
+  if (j >= H) return;
+  const float *h = hid + (size_t)t * hw;
+  int vec = (I & 7) == 0 && (!sdw || (Is & 7) == 0) && (hw & 3) == 0 && ((uintptr_t)hid & 15) == 0;
   float acc = 0.f;
-  for (int i = lane; i < H; i += 32) acc += r[i] * xs[i];
-  acc = warp_sum(acc);
-  if (lane == 0) lg[(size_t)t * E + e] = acc;
+  for (int r0 = 0; r0 < k; r0 += MOE_DQ)
+    acc = moe_down_slots(acc, wp + r0, ww + r0, min(MOE_DQ, k - r0), j, h + (size_t)r0 * I, I, vec);
+  if (sdw) acc = moe_down_slots(acc, wp + k, ww + k, 1, j, h + (size_t)k * I, Is, vec);
+  if ((threadIdx.x & 31) == 0) out[(size_t)t * H + j] = f2bf(acc);
 }
 
 __global__ void k_swiglu_bf16(bf16 *g, const bf16 *u, size_t n) {
@@ -353,8 +468,8 @@ static void moe_grouped(cuda_ctx *c, const bf16 *x, const int32_t *ids, const fl
           *row_of = (int32_t *)(sc + o_row);
   bf16 *xg = (bf16 *)(sc + o_xg), *hg = (bf16 *)(sc + o_hg), *hu = (bf16 *)(sc + o_hu);
   float *od = (float *)(sc + o_od);
-  int32_t *hoff = (int32_t *)malloc(sizeof(int32_t) * (size_t)(E + 1));
-  if (!hoff) {
+  int32_t *hoff = dev ? NULL : (int32_t *)malloc(sizeof(int32_t) * (size_t)(E + 1));
+  if (!dev && !hoff) {
     cuda_fail(c, "moe", "out of memory");
     return;
   }
@@ -362,7 +477,9 @@ static void moe_grouped(cuda_ctx *c, const bf16 *x, const int32_t *ids, const fl
     int Tc = T - t0 < MOE_GROUPED_CHUNK ? T - t0 : MOE_GROUPED_CHUNK, n = Tc * k;
     const int32_t *ids_c = ids + (size_t)t0 * k;
     k_moe_rank<<<E, 256, 0, c->st>>>(ids_c, n, lpos, cnt);
+    cuda_check_launch(c, "moe (rank)");
     k_moe_offsets<<<1, 32, 0, c->st>>>(cnt, E, off);
+    cuda_check_launch(c, "moe (offsets)");
     k_moe_place<<<cuda_blocks((size_t)n * (H / 8), 256), 256, 0, c->st>>>(ids_c, lpos, off, n, k, H,
                                                                            x + (size_t)t0 * H, row_of, xg);
     cuda_check_launch(c, "moe (grouping)");
@@ -370,11 +487,13 @@ static void moe_grouped(cuda_ctx *c, const bf16 *x, const int32_t *ids, const fl
       c->moe_dev_runs++;
       float *hd = (float *)hg; /* hg and hu: n x I x 4 bytes, h in fp32 */
       k_moe_gu_dev<<<dim3(E, (I + 7) / 8), 256, 0, c->st>>>(xg, off, htab_d, E, H, I, hd);
+      cuda_check_launch(c, "moe (device-grouped gate/up)");
       k_moe_down_dev<<<dim3(E, (H + 8 * MOE_DEV_DJ - 1) / (8 * MOE_DEV_DJ)), 256, 0, c->st>>>(
           hd, off, htab_d, E, H, I, od);
+      cuda_check_launch(c, "moe (device-grouped down)");
       k_moe_combine<<<cuda_blocks((size_t)Tc * H, 256), 256, 0, c->st>>>(
           od, row_of, wts, Tc, k, H, sg, sd, out);
-      cuda_check_launch(c, "moe (device-grouped)");
+      cuda_check_launch(c, "moe (combine)");
       break;
     }
     if (cudaMemcpyAsync(hoff, off, sizeof(int32_t) * (size_t)(E + 1), cudaMemcpyDeviceToHost, c->st) != cudaSuccess ||
@@ -521,6 +640,20 @@ static size_t moe_grouped_bytes(int E, int k, int H, int I) {
          al256(nmax * H * 2) + 2 * al256(nmax * I * 2) + al256(nmax * H * 4);
 }
 
+/* The path a step of T rows takes: 1 grouped (dev: on the device-grouped kernels), 0 the
+ * per-row kernels. */
+static int moe_path(const cuda_ctx *c, const backend_moe *m, int T, int H, int *dev) {
+  int I = m->inter;
+  *dev = c->moe_grouped && !c->batch_invariant && T >= c->moe_dev_min && H % 8 == 0 &&
+         moe_dev_takes(c, T, H, I);
+  return c->moe_grouped && !c->batch_invariant && (T >= MOE_GROUPED_MIN || *dev) && H % 8 == 0;
+}
+
+extern "C" int cuda_moe_records(cuda_ctx *c, const backend_moe *m, int T, int H) {
+  int dev, grouped = moe_path(c, m, T, H, &dev);
+  return c->moe_graphs && (!grouped || dev);
+}
+
 extern "C" void cuda_moe_moe(backend *be, backend_buf x, const backend_moe *m, int T, int H,
                              backend_buf out) {
   cuda_ctx *c = cuda_ctx_of(be);
@@ -531,10 +664,6 @@ extern "C" void cuda_moe_moe(backend *be, backend_buf x, const backend_moe *m, i
     cuda_fail(c, "moe", "top_k out of range (1..32, <= n_experts)");
     return;
   }
-  if ((size_t)H * 4 > 48 * 1024 || (size_t)k * I * 4 > 48 * 1024) {
-    cuda_fail(c, "moe", "hidden or k*expert width too large for this kernel");
-    return;
-  }
   if (Is > 0 && !CW(m->shared_expert_gate)->f32) {
     cuda_fail(c, "moe", "shared_expert_gate must be uploaded as [1, H]");
     return;
@@ -542,49 +671,55 @@ extern "C" void cuda_moe_moe(backend *be, backend_buf x, const backend_moe *m, i
   const bf16 *const *htab = NULL;
   const bf16 *const *tab = moe_table_get(c, m, &htab);
   if (!tab) return;
-  int dev = c->moe_grouped && !c->batch_invariant && T >= c->moe_dev_min && H % 8 == 0 &&
-            moe_dev_takes(c, T, H, I);
-  int grouped = c->moe_grouped && !c->batch_invariant && (T >= MOE_GROUPED_MIN || dev) && H % 8 == 0;
+  int dev, grouped = moe_path(c, m, T, H, &dev);
+  /* per-row steps: hid [T, k I + Is] (the shared expert its last slot); grouped steps: the
+   * shared expert through cuBLAS (gs, us, sd) and the grouping scratch */
+  size_t hw = (size_t)k * I + Is;
   size_t o_lg = 0, o_ids = o_lg + al256((size_t)T * E * 4), o_w = o_ids + al256((size_t)T * k * 4),
-         o_sg = o_w + al256((size_t)T * k * 4), o_hid = o_sg + al256((size_t)T * 4),
-         o_g = o_hid + (grouped ? 0 : al256((size_t)T * k * I * 4)), o_u = o_g + al256((size_t)T * Is * 2),
-         o_sd = o_u + al256((size_t)T * Is * 2), o_grp = o_sd + al256((size_t)T * H * 4),
+         o_sg = o_w + al256((size_t)T * k * 4), o_sgl = o_sg + al256((size_t)T * 4),
+         o_hid = o_sgl + al256((size_t)T * 4), o_g = o_hid + (grouped ? 0 : al256((size_t)T * hw * 4)),
+         o_u = o_g + (grouped ? al256((size_t)T * Is * 2) : 0),
+         o_sd = o_u + (grouped ? al256((size_t)T * Is * 2) : 0),
+         o_grp = o_sd + (grouped ? al256((size_t)T * H * 4) : 0),
          total = o_grp + (grouped ? moe_grouped_bytes(E, k, H, I) : 0);
   char *sc = (char *)cuda_scratch(c, total);
   if (!sc) return;
   float *lg = (float *)(sc + o_lg), *wts = (float *)(sc + o_w), *sg = (float *)(sc + o_sg);
-  float *hid = (float *)(sc + o_hid), *sd = (float *)(sc + o_sd);
+  float *sgl = (float *)(sc + o_sgl), *hid = (float *)(sc + o_hid), *sd = (float *)(sc + o_sd);
   int32_t *ids = (int32_t *)(sc + o_ids);
   bf16 *gs = (bf16 *)(sc + o_g), *us = (bf16 *)(sc + o_u);
   const bf16 *xb = (const bf16 *)x;
+  const float *seg = Is > 0 ? CW(m->shared_expert_gate)->f32 : NULL;
+  int router_sg = 0; /* the router kernel computes the shared gate's logit */
   if (CW(m->router)->f32) {
-    dim3 gr(T, (E + 7) / 8);
-    k_moe_router<<<gr, 256, H * sizeof(float), c->st>>>(xb, CW(m->router)->f32, E, H, lg);
+    router_sg = seg != NULL;
+    dim3 gr(T, (E + router_sg + MOE_RW - 1) / MOE_RW);
+    k_moe_router<<<gr, MOE_RW * 32, 0, c->st>>>(xb, CW(m->router)->f32, seg, E, H, lg, sgl);
     cuda_check_launch(c, "moe (router)");
   } else {
     cuda_gemm(c, xb, CW(m->router)->bf, T, H, E, lg, 1);
   }
-  k_moe_route<<<(T + 7) / 8, 256, 0, c->st>>>(lg, xb, Is > 0 ? CW(m->shared_expert_gate)->f32 : NULL,
-                                               T, E, k, m->norm_topk_prob, H, ids, wts, sg);
+  k_moe_route<<<(T + 7) / 8, 256, 0, c->st>>>(lg, xb, seg, router_sg ? sgl : NULL, T, E, k,
+                                               m->norm_topk_prob, H, ids, wts, sg);
   cuda_check_launch(c, "moe (route)");
-  if (!grouped) {
-    dim3 gh(T * k, (I + 7) / 8);
-    k_moe_hidden<<<gh, 256, H * sizeof(float), c->st>>>(xb, ids, tab, E, k, H, I, hid);
-    cuda_check_launch(c, "moe (experts)");
-  }
-  if (Is > 0) {
-    cuda_gemm(c, xb, CW(m->shared_gate)->bf, T, H, Is, gs, 0);
-    cuda_gemm(c, xb, CW(m->shared_up)->bf, T, H, Is, us, 0);
-    k_swiglu_bf16<<<cuda_blocks((size_t)T * Is, 256), 256, 0, c->st>>>(gs, us, (size_t)T * Is);
-    cuda_gemm(c, gs, CW(m->shared_down)->bf, T, Is, H, sd, 1);
-  }
   if (grouped) {
+    if (Is > 0) {
+      cuda_gemm(c, xb, CW(m->shared_gate)->bf, T, H, Is, gs, 0);
+      cuda_gemm(c, xb, CW(m->shared_up)->bf, T, H, Is, us, 0);
+      k_swiglu_bf16<<<cuda_blocks((size_t)T * Is, 256), 256, 0, c->st>>>(gs, us, (size_t)T * Is);
+      cuda_gemm(c, gs, CW(m->shared_down)->bf, T, Is, H, sd, 1);
+    }
     moe_grouped(c, xb, ids, wts, htab, tab, dev, E, k, H, I, T, sg, Is > 0 ? sd : NULL, (bf16 *)out,
                 sc + o_grp);
     return;
   }
+  int S = Is > 0, wmax = I > Is ? I : Is;
+  dim3 gh(T * (k + S), (wmax + 7) / 8);
+  k_moe_hidden<<<gh, 256, 0, c->st>>>(xb, ids, tab, E, k, S, H, I, Is,
+                                      S ? CW(m->shared_gate)->bf : NULL, S ? CW(m->shared_up)->bf : NULL, hid);
+  cuda_check_launch(c, "moe (experts)");
   dim3 gd(T, (H + 7) / 8);
-  k_moe_down<<<gd, 256, (size_t)k * I * sizeof(float), c->st>>>(hid, ids, wts, tab, E, k, H, I, sg,
-                                                                 Is > 0 ? sd : NULL, (bf16 *)out);
+  k_moe_down<<<gd, 256, 0, c->st>>>(hid, ids, wts, tab, E, k, H, I, Is, sg,
+                                    S ? CW(m->shared_down)->bf : NULL, (bf16 *)out);
   cuda_check_launch(c, "moe (down)");
 }

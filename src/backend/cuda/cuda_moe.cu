@@ -169,55 +169,103 @@ __device__ __forceinline__ void moe_dot2_bb(const bf16 *wg, const bf16 *wu, cons
   }
 }
 
-/* One warp per row: softmax over E logits, top-k, weights, shared gate (sigmoid of sgl[t] when
- * the router kernel computed its logit, else of x_t . seg here). */
+/* One warp per row: softmax over E logits, top-k (ties to the lower expert id; a round with no
+ * ordered candidate left, i.e. NaN logits, takes the lowest untaken id, as the CPU backend
+ * does), weights, shared gate (sigmoid of sgl[t] when the router kernel computed its logit,
+ * else of x_t . seg here). V > 0: the row's logits held in registers, V per lane (E <= 32 V),
+ * the taken experts as bits; V == 0: any E, the logits read again each round. With tab, the
+ * chosen experts' gate, up and down bases also go to wsel[t, r, 0..2] (one dependent load
+ * fewer for the per-row kernels). */
+template <int V>
 __global__ void k_moe_route(const float *lg, const bf16 *x, const float *seg, const float *sgl,
-                            int T, int E, int k, int norm, int H, int32_t *ids, float *wts,
-                            float *sg) {
+                            int T, int E, int k, int norm, int H, const bf16 *const *tab,
+                            const bf16 **wsel, int32_t *ids, float *wts, float *sg) {
   pdl_enter();
   int t = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
   int lane = threadIdx.x & 31;
   if (t >= T) return;
   const float *l = lg + (size_t)t * E;
-  float mx = -INFINITY;
-  for (int e = lane; e < E; e += 32) mx = fmaxf(mx, l[e]);
-  mx = warp_max(mx);
-  float sum = 0.f;
-  for (int e = lane; e < E; e += 32) sum += expf(l[e] - mx);
+  float v[V > 0 ? V : 1];
+  float mx = -INFINITY, sum = 0.f;
+  if (V > 0) {
+#pragma unroll
+    for (int q = 0; q < V; q++) {
+      v[q] = lane + 32 * q < E ? l[lane + 32 * q] : -INFINITY;
+      if (lane + 32 * q < E) mx = fmaxf(mx, v[q]);
+    }
+    mx = warp_max(mx);
+#pragma unroll
+    for (int q = 0; q < V; q++)
+      if (lane + 32 * q < E) sum += expf(v[q] - mx);
+  } else {
+    for (int e = lane; e < E; e += 32) mx = fmaxf(mx, l[e]);
+    mx = warp_max(mx);
+    for (int e = lane; e < E; e += 32) sum += expf(l[e] - mx);
+  }
   sum = warp_sum(sum);
-  float chosen_w[MOE_MAX_K];
-  int chosen[MOE_MAX_K];
+  unsigned tk = 0; /* V > 0: bit q set when expert lane + 32 q is taken */
+  int chosen[V > 0 ? 1 : MOE_MAX_K];
+  int my_id = 0;
+  float my_w = 0.f, s = 0.f;
   for (int r = 0; r < k; r++) {
     float bv = -INFINITY;
-    int bi = 0x7fffffff;
-    for (int e = lane; e < E; e += 32) {
-      int taken = 0;
-      for (int q = 0; q < r; q++) taken |= chosen[q] == e;
-      if (taken) continue;
-      float v = l[e];
-      if (v > bv || (v == bv && e < bi)) {
-        bv = v;
-        bi = e;
+    int bi = 0x7fffffff, fu = 0x7fffffff;
+    if (V > 0) {
+#pragma unroll
+      for (int q = 0; q < V; q++) {
+        int e = lane + 32 * q;
+        if (e >= E || ((tk >> q) & 1u)) continue;
+        fu = min(fu, e);
+        if (v[q] > bv || (v[q] == bv && e < bi)) {
+          bv = v[q];
+          bi = e;
+        }
+      }
+    } else {
+      for (int e = lane; e < E; e += 32) {
+        int taken = 0;
+        for (int q = 0; q < r; q++) taken |= chosen[q] == e;
+        if (taken) continue;
+        fu = min(fu, e);
+        float lv = l[e];
+        if (lv > bv || (lv == bv && e < bi)) {
+          bv = lv;
+          bi = e;
+        }
       }
     }
     for (int o = 16; o > 0; o >>= 1) {
       float ov = __shfl_xor_sync(0xffffffffu, bv, o);
       int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+      fu = min(fu, __shfl_xor_sync(0xffffffffu, fu, o));
       if (ov > bv || (ov == bv && oi < bi)) {
         bv = ov;
         bi = oi;
       }
     }
-    chosen[r] = bi;
-    chosen_w[r] = expf(bv - mx) / sum;
-  }
-  float s = 0.f;
-  for (int r = 0; r < k; r++) s += chosen_w[r];
-  if (lane == 0)
-    for (int r = 0; r < k; r++) {
-      ids[(size_t)t * k + r] = chosen[r];
-      wts[(size_t)t * k + r] = norm ? chosen_w[r] / s : chosen_w[r];
+    if (bi == 0x7fffffff) { /* only NaNs left */
+      bi = fu;
+      bv = l[bi];
     }
+    if (V > 0) {
+      if ((bi & 31) == lane) tk |= 1u << (bi >> 5);
+    } else {
+      chosen[r] = bi;
+    }
+    float w = expf(bv - mx) / sum;
+    s += w;
+    if (lane == r) my_id = bi, my_w = w;
+  }
+  if (lane < k) {
+    size_t o = (size_t)t * k + lane;
+    ids[o] = my_id;
+    wts[o] = norm ? my_w / s : my_w;
+    if (tab) {
+      wsel[3 * o] = tab[my_id];
+      wsel[3 * o + 1] = tab[E + my_id];
+      wsel[3 * o + 2] = tab[2 * E + my_id];
+    }
+  }
   if (sgl) {
     if (lane == 0) sg[t] = sigmoidf_dev(sgl[t]);
   } else if (seg) {
@@ -227,6 +275,19 @@ __global__ void k_moe_route(const float *lg, const bf16 *x, const float *seg, co
     d = warp_sum(d);
     if (lane == 0) sg[t] = sigmoidf_dev(d);
   }
+}
+
+/* k_moe_route for E experts: logits in registers up to 1024 */
+static void moe_route_launch(cuda_ctx *c, const float *lg, const bf16 *x, const float *seg,
+                             const float *sgl, int T, int E, int k, int norm, int H,
+                             const bf16 *const *tab, const bf16 **wsel, int32_t *ids, float *wts,
+                             float *sg) {
+  dim3 g((T + 7) / 8);
+  if (E <= 256) k_moe_route<8><<<g, 256, 0, c->st>>>(lg, x, seg, sgl, T, E, k, norm, H, tab, wsel, ids, wts, sg);
+  else if (E <= 512) k_moe_route<16><<<g, 256, 0, c->st>>>(lg, x, seg, sgl, T, E, k, norm, H, tab, wsel, ids, wts, sg);
+  else if (E <= 1024) k_moe_route<32><<<g, 256, 0, c->st>>>(lg, x, seg, sgl, T, E, k, norm, H, tab, wsel, ids, wts, sg);
+  else k_moe_route<0><<<g, 256, 0, c->st>>>(lg, x, seg, sgl, T, E, k, norm, H, tab, wsel, ids, wts, sg);
+  cuda_check_launch(c, "moe (route)");
 }
 
 #define MOE_RW 2 /* router rows (warps) per block: ~E / 2 blocks spread the router's read */
@@ -242,7 +303,7 @@ __global__ void k_moe_router(const bf16 *x, const float *R, const float *seg, in
   const bf16 *xr = x + (size_t)t * H;
   float acc = 0.f;
   if ((H & 127) == 0 && (((uintptr_t)r & 15) | ((uintptr_t)xr & 7)) == 0) {
-#pragma unroll 8
+#pragma unroll 16
     for (int i = lane * 4; i < H; i += 128) {
       float4 a = __ldg((const float4 *)(r + i));
       uint2 xb = __ldg((const uint2 *)(xr + i));
@@ -261,20 +322,19 @@ __global__ void k_moe_router(const bf16 *x, const float *R, const float *seg, in
 }
 
 /* grid (T (k + S), ceil(max(I, Is) / 8)), 8 warps, a warp per output i of slot r of row t:
- * r < k the routed expert ids[t, r] (width I), r == k the shared expert (S = 1, width Is):
+ * r < k the routed expert of wsel[t, r] (width I), r == k the shared expert (S = 1, width Is):
  * hid[t, r I + i] = silu(gate[i] . x_t) * (up[i] . x_t), rows of hid k I + Is wide. */
-__global__ void k_moe_hidden(const bf16 *x, const int32_t *ids, const bf16 *const *tab, int E,
-                             int k, int S, int H, int I, int Is, const bf16 *sgw, const bf16 *suw,
-                             float *hid) {
+__global__ void k_moe_hidden(const bf16 *x, const bf16 *const *wsel, int k, int S, int H, int I,
+                             int Is, const bf16 *sgw, const bf16 *suw, float *hid) {
   pdl_enter();
   int ks = k + S, t = blockIdx.x / ks, r = blockIdx.x % ks;
   int i = blockIdx.y * 8 + (threadIdx.x >> 5);
   if (i >= (r < k ? I : Is)) return;
   const bf16 *wg, *wu;
   if (r < k) {
-    int e = ids[(size_t)t * k + r];
-    wg = tab[e] + (size_t)i * H;
-    wu = tab[E + e] + (size_t)i * H;
+    const bf16 *const *p = wsel + 3 * ((size_t)t * k + r);
+    wg = p[0] + (size_t)i * H;
+    wu = p[1] + (size_t)i * H;
   } else {
     wg = sgw + (size_t)i * H;
     wu = suw + (size_t)i * H;
@@ -284,9 +344,10 @@ __global__ void k_moe_hidden(const bf16 *x, const int32_t *ids, const bf16 *cons
   if ((threadIdx.x & 31) == 0) hid[(size_t)t * ((size_t)k * I + Is) + (size_t)r * I + i] = siluf_dev(gv) * uv;
 }
 
-#define MOE_DQ 4 /* slots whose down rows a warp streams at once */
+#define MOE_DQ 8 /* slots whose down rows a warp requests at once */
 
-/* acc + sum over q < nq (slot order) of ww[q] (wp[q][j] . h[q n ...]), rows n wide */
+/* acc + sum over q < nq (slot order) of ww[q] (wp[q][j] . h[q n ...]), rows n wide; the
+ * weights of two pieces of every slot are requested before any is used */
 __device__ __forceinline__ float moe_down_slots(float acc, const bf16 *const *wp, const float *ww,
                                                 int nq, int j, const float *h, int n, int vec) {
   int lane = threadIdx.x & 31;
@@ -294,19 +355,28 @@ __device__ __forceinline__ float moe_down_slots(float acc, const bf16 *const *wp
 #pragma unroll
   for (int q = 0; q < MOE_DQ; q++) p[q] = 0.f;
   if (vec) {
-    for (int i = lane * 8; i < n; i += 256) {
+    for (int i0 = lane * 8; i0 < n; i0 += 512) {
+      uint4 wv[MOE_DQ][2];
 #pragma unroll
-      for (int q = 0; q < MOE_DQ; q++) {
-        if (q >= nq) break;
-        float wf[8];
-        bf16x8_to_f32(ld_stream16(wp[q] + (size_t)j * n + i), wf);
-        const float4 *hp = (const float4 *)(h + (size_t)q * n + i);
-        float4 a = __ldg(hp), b = __ldg(hp + 1);
-        p[q] += wf[0] * a.x + wf[1] * a.y;
-        p[q] += wf[2] * a.z + wf[3] * a.w;
-        p[q] += wf[4] * b.x + wf[5] * b.y;
-        p[q] += wf[6] * b.z + wf[7] * b.w;
-      }
+      for (int q = 0; q < MOE_DQ; q++)
+#pragma unroll
+        for (int u = 0; u < 2; u++)
+          if (q < nq && i0 + 256 * u < n) wv[q][u] = ld_stream16(wp[q] + (size_t)j * n + i0 + 256 * u);
+#pragma unroll
+      for (int q = 0; q < MOE_DQ; q++)
+#pragma unroll
+        for (int u = 0; u < 2; u++) {
+          int i = i0 + 256 * u;
+          if (q >= nq || i >= n) continue;
+          float wf[8];
+          bf16x8_to_f32(wv[q][u], wf);
+          const float4 *hp = (const float4 *)(h + (size_t)q * n + i);
+          float4 a = __ldg(hp), b = __ldg(hp + 1);
+          p[q] += wf[0] * a.x + wf[1] * a.y;
+          p[q] += wf[2] * a.z + wf[3] * a.w;
+          p[q] += wf[4] * b.x + wf[5] * b.y;
+          p[q] += wf[6] * b.z + wf[7] * b.w;
+        }
     }
   } else {
     for (int q = 0; q < nq; q++)
@@ -320,18 +390,19 @@ __device__ __forceinline__ float moe_down_slots(float acc, const bf16 *const *wp
   return acc;
 }
 
-/* grid (T, ceil(H / 8)), 8 warps, a warp per output j: out[t, j] = sum_r w_r down_e[j] .
- * hid[t, r] (slot order) + sg[t] sdown[j] . hid[t, shared] (sdw: the shared expert). */
-__global__ void k_moe_down(const float *hid, const int32_t *ids, const float *wts,
-                           const bf16 *const *tab, int E, int k, int H, int I, int Is,
-                           const float *sg, const bf16 *sdw, bf16 *out) {
+/* grid (T, ceil(H / 8)), 8 warps, a warp per output j: out[t, j] = sum_r w_r down_r[j] .
+ * hid[t, r] (slot order; down_r = wsel[t, r, 2]) + sg[t] sdown[j] . hid[t, shared] (sdw: the
+ * shared expert). */
+__global__ void __launch_bounds__(256, 2)
+    k_moe_down(const float *hid, const bf16 *const *wsel, const float *wts, int k,
+                           int H, int I, int Is, const float *sg, const bf16 *sdw, bf16 *out) {
   pdl_enter();
   __shared__ const bf16 *wp[MOE_MAX_K + 1];
   __shared__ float ww[MOE_MAX_K + 1];
   int t = blockIdx.x;
   size_t hw = (size_t)k * I + (sdw ? Is : 0);
   if (threadIdx.x < k) {
-    wp[threadIdx.x] = tab[2 * E + ids[(size_t)t * k + threadIdx.x]];
+    wp[threadIdx.x] = wsel[3 * ((size_t)t * k + threadIdx.x) + 2];
     ww[threadIdx.x] = wts[(size_t)t * k + threadIdx.x];
   } else if (sdw && threadIdx.x == k) {
     wp[k] = sdw;
@@ -672,12 +743,15 @@ extern "C" void cuda_moe_moe(backend *be, backend_buf x, const backend_moe *m, i
   const bf16 *const *tab = moe_table_get(c, m, &htab);
   if (!tab) return;
   int dev, grouped = moe_path(c, m, T, H, &dev);
-  /* per-row steps: hid [T, k I + Is] (the shared expert its last slot); grouped steps: the
+  /* per-row steps: wsel [T, k, 3] (the chosen experts' weights), hid [T, k I + Is] (the shared
+   * expert its last slot); grouped steps: the
    * shared expert through cuBLAS (gs, us, sd) and the grouping scratch */
   size_t hw = (size_t)k * I + Is;
   size_t o_lg = 0, o_ids = o_lg + al256((size_t)T * E * 4), o_w = o_ids + al256((size_t)T * k * 4),
          o_sg = o_w + al256((size_t)T * k * 4), o_sgl = o_sg + al256((size_t)T * 4),
-         o_hid = o_sgl + al256((size_t)T * 4), o_g = o_hid + (grouped ? 0 : al256((size_t)T * hw * 4)),
+         o_sel = o_sgl + al256((size_t)T * 4),
+         o_hid = o_sel + (grouped ? 0 : al256((size_t)T * k * 3 * sizeof(void *))),
+         o_g = o_hid + (grouped ? 0 : al256((size_t)T * hw * 4)),
          o_u = o_g + (grouped ? al256((size_t)T * Is * 2) : 0),
          o_sd = o_u + (grouped ? al256((size_t)T * Is * 2) : 0),
          o_grp = o_sd + (grouped ? al256((size_t)T * H * 4) : 0),
@@ -687,6 +761,7 @@ extern "C" void cuda_moe_moe(backend *be, backend_buf x, const backend_moe *m, i
   float *lg = (float *)(sc + o_lg), *wts = (float *)(sc + o_w), *sg = (float *)(sc + o_sg);
   float *sgl = (float *)(sc + o_sgl), *hid = (float *)(sc + o_hid), *sd = (float *)(sc + o_sd);
   int32_t *ids = (int32_t *)(sc + o_ids);
+  const bf16 **wsel = (const bf16 **)(sc + o_sel);
   bf16 *gs = (bf16 *)(sc + o_g), *us = (bf16 *)(sc + o_u);
   const bf16 *xb = (const bf16 *)x;
   const float *seg = Is > 0 ? CW(m->shared_expert_gate)->f32 : NULL;
@@ -699,9 +774,8 @@ extern "C" void cuda_moe_moe(backend *be, backend_buf x, const backend_moe *m, i
   } else {
     cuda_gemm(c, xb, CW(m->router)->bf, T, H, E, lg, 1);
   }
-  k_moe_route<<<(T + 7) / 8, 256, 0, c->st>>>(lg, xb, seg, router_sg ? sgl : NULL, T, E, k,
-                                               m->norm_topk_prob, H, ids, wts, sg);
-  cuda_check_launch(c, "moe (route)");
+  moe_route_launch(c, lg, xb, seg, router_sg ? sgl : NULL, T, E, k, m->norm_topk_prob, H,
+                   grouped ? NULL : tab, wsel, ids, wts, sg);
   if (grouped) {
     if (Is > 0) {
       cuda_gemm(c, xb, CW(m->shared_gate)->bf, T, H, Is, gs, 0);
@@ -715,11 +789,11 @@ extern "C" void cuda_moe_moe(backend *be, backend_buf x, const backend_moe *m, i
   }
   int S = Is > 0, wmax = I > Is ? I : Is;
   dim3 gh(T * (k + S), (wmax + 7) / 8);
-  k_moe_hidden<<<gh, 256, 0, c->st>>>(xb, ids, tab, E, k, S, H, I, Is,
+  k_moe_hidden<<<gh, 256, 0, c->st>>>(xb, wsel, k, S, H, I, Is,
                                       S ? CW(m->shared_gate)->bf : NULL, S ? CW(m->shared_up)->bf : NULL, hid);
   cuda_check_launch(c, "moe (experts)");
   dim3 gd(T, (H + 7) / 8);
-  k_moe_down<<<gd, 256, 0, c->st>>>(hid, ids, wts, tab, E, k, H, I, Is, sg,
+  k_moe_down<<<gd, 256, 0, c->st>>>(hid, wsel, wts, k, H, I, Is, sg,
                                     S ? CW(m->shared_down)->bf : NULL, (bf16 *)out);
   cuda_check_launch(c, "moe (down)");
 }

@@ -157,6 +157,9 @@ typedef struct cuda_ctx {
   /* MoE ops of decode steps recorded into the step's graph when they need no host round trip
    * (DS_MOE_GRAPHS=0: every MoE op ends the recording, the rest of its step runs as issued) */
   int moe_graphs;
+  /* the per-row MoE down kernel reads its slots and first weights before its wait
+   * (cuda_moe.cu k_moe_down; DS_MOE_DOWN_EARLY=0: after it) */
+  int moe_down_early;
   /* the lm-head's int8 copy and bounds for one-row greedy steps (cuda_greedy.cu; NULL: none) */
   struct cuda_greedy *greedy;
   long greedy_runs; /* steps issued through it */

@@ -346,37 +346,57 @@ __global__ void k_moe_hidden(const bf16 *x, const bf16 *const *wsel, int k, int 
 
 #define MOE_DQ 8 /* slots whose down rows a warp requests at once */
 
+/* The weights of two pieces (from value i0) of every slot q < nq, rows n wide. */
+__device__ __forceinline__ void moe_down_load(uint4 (&wv)[MOE_DQ][2], const bf16 *const *wp, int nq,
+                                              int j, int n, int i0) {
+#pragma unroll
+  for (int q = 0; q < MOE_DQ; q++)
+#pragma unroll
+    for (int u = 0; u < 2; u++)
+      if (q < nq && i0 + 256 * u < n) wv[q][u] = ld_stream16(wp[q] + (size_t)j * n + i0 + 256 * u);
+}
+
+/* p[q] += wv[q][u] . h[q n + i0 + 256 u ...] for the pieces inside the row (q < nq) */
+__device__ __forceinline__ void moe_down_use(float (&p)[MOE_DQ], const uint4 (&wv)[MOE_DQ][2], int nq,
+                                             const float *h, int n, int i0) {
+#pragma unroll
+  for (int q = 0; q < MOE_DQ; q++)
+#pragma unroll
+    for (int u = 0; u < 2; u++) {
+      int i = i0 + 256 * u;
+      if (q >= nq || i >= n) continue;
+      float wf[8];
+      bf16x8_to_f32(wv[q][u], wf);
+      const float4 *hp = (const float4 *)(h + (size_t)q * n + i);
+      float4 a = __ldg(hp), b = __ldg(hp + 1);
+      p[q] += wf[0] * a.x + wf[1] * a.y;
+      p[q] += wf[2] * a.z + wf[3] * a.w;
+      p[q] += wf[4] * b.x + wf[5] * b.y;
+      p[q] += wf[6] * b.z + wf[7] * b.w;
+    }
+}
+
 /* acc + sum over q < nq (slot order) of ww[q] (wp[q][j] . h[q n ...]), rows n wide; the
- * weights of two pieces of every slot are requested before any is used */
+ * weights of two pieces of every slot are requested before any is used (PRE: the first two
+ * pieces' are in pre already, moe_down_load) */
+template <int PRE>
 __device__ __forceinline__ float moe_down_slots(float acc, const bf16 *const *wp, const float *ww,
-                                                int nq, int j, const float *h, int n, int vec) {
+                                                int nq, int j, const float *h, int n, int vec,
+                                                const uint4 (&pre)[MOE_DQ][2]) {
   int lane = threadIdx.x & 31;
   float p[MOE_DQ];
 #pragma unroll
   for (int q = 0; q < MOE_DQ; q++) p[q] = 0.f;
   if (vec) {
-    for (int i0 = lane * 8; i0 < n; i0 += 512) {
+    int i0 = lane * 8;
+    if (PRE) {
+      moe_down_use(p, pre, nq, h, n, i0);
+      i0 += 512;
+    }
+    for (; i0 < n; i0 += 512) {
       uint4 wv[MOE_DQ][2];
-#pragma unroll
-      for (int q = 0; q < MOE_DQ; q++)
-#pragma unroll
-        for (int u = 0; u < 2; u++)
-          if (q < nq && i0 + 256 * u < n) wv[q][u] = ld_stream16(wp[q] + (size_t)j * n + i0 + 256 * u);
-#pragma unroll
-      for (int q = 0; q < MOE_DQ; q++)
-#pragma unroll
-        for (int u = 0; u < 2; u++) {
-          int i = i0 + 256 * u;
-          if (q >= nq || i >= n) continue;
-          float wf[8];
-          bf16x8_to_f32(wv[q][u], wf);
-          const float4 *hp = (const float4 *)(h + (size_t)q * n + i);
-          float4 a = __ldg(hp), b = __ldg(hp + 1);
-          p[q] += wf[0] * a.x + wf[1] * a.y;
-          p[q] += wf[2] * a.z + wf[3] * a.w;
-          p[q] += wf[4] * b.x + wf[5] * b.y;
-          p[q] += wf[6] * b.z + wf[7] * b.w;
-        }
+      moe_down_load(wv, wp, nq, j, n, i0);
+      moe_down_use(p, wv, nq, h, n, i0);
     }
   } else {
     for (int q = 0; q < nq; q++)
@@ -392,11 +412,14 @@ __device__ __forceinline__ float moe_down_slots(float acc, const bf16 *const *wp
 
 /* grid (T, ceil(H / 8)), 8 warps, a warp per output j: out[t, j] = sum_r w_r down_r[j] .
  * hid[t, r] (slot order; down_r = wsel[t, r, 2]) + sg[t] sdown[j] . hid[t, shared] (sdw: the
- * shared expert). */
+ * shared expert). EARLY: the slots, their weights and the first pieces of the first slots'
+ * down rows are read before the wait — wsel, wts and sg come from the route kernel, two
+ * launches back, done before this one may start; only hid is the previous kernel's. */
+template <int EARLY>
 __global__ void __launch_bounds__(256, 2)
-    k_moe_down(const float *hid, const bf16 *const *wsel, const float *wts, int k,
-                           int H, int I, int Is, const float *sg, const bf16 *sdw, bf16 *out) {
-  pdl_enter();
+    k_moe_down(const float *hid, const bf16 *const *wsel, const float *wts, int k, int H, int I,
+               int Is, const float *sg, const bf16 *sdw, bf16 *out) {
+  if (!EARLY) pdl_enter();
   __shared__ const bf16 *wp[MOE_MAX_K + 1];
   __shared__ float ww[MOE_MAX_K + 1];
   int t = blockIdx.x;
@@ -410,13 +433,23 @@ __global__ void __launch_bounds__(256, 2)
   }
   __syncthreads();
   int j = blockIdx.y * 8 + (threadIdx.x >> 5);
+  int vec = (I & 7) == 0 && (!sdw || (Is & 7) == 0) && (hw & 3) == 0 && ((uintptr_t)hid & 15) == 0;
+  uint4 pre[MOE_DQ][2];
+  if (EARLY) {
+    if (vec && j < H) moe_down_load(pre, wp, min(MOE_DQ, k), j, I, (threadIdx.x & 31) * 8);
+    pdl_enter();
+  }
   if (j >= H) return;
   const float *h = hid + (size_t)t * hw;
-  int vec = (I & 7) == 0 && (!sdw || (Is & 7) == 0) && (hw & 3) == 0 && ((uintptr_t)hid & 15) == 0;
   float acc = 0.f;
-  for (int r0 = 0; r0 < k; r0 += MOE_DQ)
-    acc = moe_down_slots(acc, wp + r0, ww + r0, min(MOE_DQ, k - r0), j, h + (size_t)r0 * I, I, vec);
-  if (sdw) acc = moe_down_slots(acc, wp + k, ww + k, 1, j, h + (size_t)k * I, Is, vec);
+  int r0 = 0;
+  if (EARLY && vec) {
+    acc = moe_down_slots<1>(acc, wp, ww, min(MOE_DQ, k), j, h, I, vec, pre);
+    r0 = MOE_DQ;
+  }
+  for (; r0 < k; r0 += MOE_DQ)
+    acc = moe_down_slots<0>(acc, wp + r0, ww + r0, min(MOE_DQ, k - r0), j, h + (size_t)r0 * I, I, vec, pre);
+  if (sdw) acc = moe_down_slots<0>(acc, wp + k, ww + k, 1, j, h + (size_t)k * I, Is, vec, pre);
   if ((threadIdx.x & 31) == 0) out[(size_t)t * H + j] = f2bf(acc);
 }
 
@@ -793,7 +826,10 @@ extern "C" void cuda_moe_moe(backend *be, backend_buf x, const backend_moe *m, i
                                       S ? CW(m->shared_gate)->bf : NULL, S ? CW(m->shared_up)->bf : NULL, hid);
   cuda_check_launch(c, "moe (experts)");
   dim3 gd(T, (H + 7) / 8);
-  k_moe_down<<<gd, 256, 0, c->st>>>(hid, wsel, wts, k, H, I, Is, sg,
-                                    S ? CW(m->shared_down)->bf : NULL, (bf16 *)out);
+  const bf16 *sdw = S ? CW(m->shared_down)->bf : NULL;
+  if (c->moe_down_early)
+    k_moe_down<1><<<gd, 256, 0, c->st>>>(hid, wsel, wts, k, H, I, Is, sg, sdw, (bf16 *)out);
+  else
+    k_moe_down<0><<<gd, 256, 0, c->st>>>(hid, wsel, wts, k, H, I, Is, sg, sdw, (bf16 *)out);
   cuda_check_launch(c, "moe (down)");
 }

@@ -1279,6 +1279,9 @@ TEST(moe) {
   moe_case(13, 2048, 64, 8, 512, 512, 1);
   moe_case(1, 2048, 64, 8, 512, 512, 1);
   moe_case(5, 2048, 64, 8, 512, 0, 0);
+  /* routing with 16 and 32 logits per lane (Qwen3-Next's 512 experts; 1,000) */
+  moe_case(3, 256, 512, 10, 64, 64, 1);
+  moe_case(2, 256, 1000, 8, 32, 0, 0);
 }
 
 /* The grouped path (the default; asked for explicitly here): steps of >= 64 rows take the
@@ -2008,7 +2011,8 @@ TEST(decode_graph_norm_fold) {
  * twelve decode steps of 1, 12 and 2 rows (the per-row kernels, the device-grouped ones at 12)
  * on the default backend against one with DS_CUDA_GRAPHS=0: every logit and id identical, and
  * the default backend must have captured and replayed those steps; with DS_MOE_GRAPHS=0 the
- * MoE op ends the recording and nothing is captured. */
+ * MoE op ends the recording and nothing is captured; with DS_MOE_ROUTE_FOLD=0 (a route launch
+ * instead of the routing inside gate/up and down) every bit is the same as folded. */
 enum { MH = 256, MV = 300, ME = 16, MK = 4, MI = 256, MT = 12 };
 typedef struct {
   backend *be;
@@ -2068,8 +2072,9 @@ static void mmodel_step(mmodel *m, int n, int k, float *logits, int32_t *ids) {
 }
 
 TEST(decode_graph_moe) {
-  backend *plain = gpu_with("DS_CUDA_GRAPHS", "0"), *off = gpu_with("DS_MOE_GRAPHS", "0");
-  REQUIRE(plain != NULL && off != NULL);
+  backend *plain = gpu_with("DS_CUDA_GRAPHS", "0"), *off = gpu_with("DS_MOE_GRAPHS", "0"),
+          *unfolded = gpu_with("DS_MOE_ROUTE_FOLD", "0");
+  REQUIRE(plain != NULL && off != NULL && unfolded != NULL);
   float *wh[3 * ME + 8];
   for (int e = 0; e < 3 * ME; e++) wh[e] = rand_vec((size_t)MI * MH, 0.08f);
   wh[3 * ME] = rand_vec((size_t)ME * MH, 0.2f);
@@ -2078,8 +2083,10 @@ TEST(decode_graph_moe) {
   wh[3 * ME + 5] = rand_vec((size_t)MV * MH, 0.5f);
   wh[3 * ME + 6] = rand_vec(MH, 0.3f);
   wh[3 * ME + 7] = rand_vec(MH, 0.3f);
-  backend *bs[2] = {GPU, off};
-  for (int v = 0; v < 2; v++) {
+  /* the unfolded backend (a route launch) against the folded reference: the same bits too */
+  backend *bs[3] = {GPU, off, unfolded};
+  const char *name[3] = {"recorded", "(DS_MOE_GRAPHS=0)", "(DS_MOE_ROUTE_FOLD=0)"};
+  for (int v = 0; v < 3; v++) {
     mmodel a, p;
     mmodel_init(&a, bs[v], wh);
     mmodel_init(&p, plain, wh);
@@ -2100,9 +2107,9 @@ TEST(decode_graph_moe) {
     long cap = st[0] - st0[0], rep = st[1] - st0[1], dev = backend_cuda_moe_dev_runs(bs[v]) - dev0;
     n_checks++;
     printf("  MoE decode steps %s vs direct: %d logits, %d ids differ; captures %ld, replays %ld, "
-           "device-grouped runs %ld\n", v ? "(DS_MOE_GRAPHS=0)" : "recorded", ndiff, idiff, cap, rep, dev);
+           "device-grouped runs %ld\n", name[v], ndiff, idiff, cap, rep, dev);
     EXPECT_MSG(ndiff == 0 && idiff == 0, "MoE decode steps differ from direct: %d logits, %d ids", ndiff, idiff);
-    if (v == 0) {
+    if (v != 1) {
       EXPECT_MSG(cap >= 3 && rep >= 6, "MoE steps not in graphs: %ld captures, %ld replays", cap, rep);
       EXPECT_MSG(dev >= 2, "12-row steps: %ld device-grouped runs outside replays", dev);
     } else {
@@ -2115,6 +2122,7 @@ TEST(decode_graph_moe) {
   for (int i = 0; i < 3 * ME + 8; i++) free(wh[i]);
   plain->destroy(plain);
   off->destroy(off);
+  unfolded->destroy(unfolded);
 }
 
 /* [product -> mix, rmsnorm(x += mix) -> xn, q/k/v products of xn, then fg += xn]: xn is read

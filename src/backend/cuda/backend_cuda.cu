@@ -2249,8 +2249,6 @@ extern "C" backend *backend_cuda_create(int device, char *err, size_t errlen) {
     c->moe_graphs = !(mgr && strcmp(mgr, "0") == 0);
     const char *mde = getenv("DS_MOE_DOWN_EARLY"); /* on unless "0" */
     c->moe_down_early = !(mde && strcmp(mde, "0") == 0);
-    const char *mrf = getenv("DS_MOE_ROUTE_FOLD"); /* on unless "0" */
-    c->moe_route_fold = !(mrf && strcmp(mrf, "0") == 0);
     c->legacy = !c->batch_invariant && lg && *lg && strcmp(lg, "0") != 0;
     const char *gs = getenv("DS_CUDA_GRAPHS"), *fs = getenv("DS_CUDA_FUSE");
     if (!c->legacy && !(gs && strcmp(gs, "0") == 0)) {

@@ -160,9 +160,6 @@ typedef struct cuda_ctx {
   /* the per-row MoE down kernel reads its slots and first weights before its wait
    * (cuda_moe.cu k_moe_down; DS_MOE_DOWN_EARLY=0: after it) */
   int moe_down_early;
-  /* per-row MoE steps route each row inside the gate/up and down kernels instead of a route
-   * launch between the router and them (cuda_moe.cu; DS_MOE_ROUTE_FOLD=0: the route kernel) */
-  int moe_route_fold;
   /* the lm-head's int8 copy and bounds for one-row greedy steps (cuda_greedy.cu; NULL: none) */
   struct cuda_greedy *greedy;
   long greedy_runs; /* steps issued through it */

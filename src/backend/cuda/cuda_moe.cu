@@ -169,15 +169,22 @@ __device__ __forceinline__ void moe_dot2_bb(const bf16 *wg, const bf16 *wu, cons
   }
 }
 
-/* The routing of one row by one warp: softmax over its E logits l, top-k (ties to the lower
- * expert id; a round with no ordered candidate left, i.e. NaN logits, takes the lowest untaken
- * id, as the CPU backend does), the weights (renormalised when norm). Lane r < k ends with slot
- * r's expert in *id and weight in *w. V > 0: the logits held in registers, V per lane (E <= 32
- * V), the taken experts as bits; V == 0: any E, the logits read again each round. */
+/* One warp per row: softmax over E logits, top-k (ties to the lower expert id; a round with no
+ * ordered candidate left, i.e. NaN logits, takes the lowest untaken id, as the CPU backend
+ * does), weights, shared gate (sigmoid of sgl[t] when the router kernel computed its logit,
+ * else of x_t . seg here). V > 0: the row's logits held in registers, V per lane (E <= 32 V),
+ * the taken experts as bits; V == 0: any E, the logits read again each round. With tab, the
+ * chosen experts' gate, up and down bases also go to wsel[t, r, 0..2] (one dependent load
+ * fewer for the per-row kernels). */
 template <int V>
-__device__ __forceinline__ void moe_route_warp(const float *l, int E, int k, int norm, int *id,
-                                               float *w_out) {
+__global__ void k_moe_route(const float *lg, const bf16 *x, const float *seg, const float *sgl,
+                            int T, int E, int k, int norm, int H, const bf16 *const *tab,
+                            const bf16 **wsel, int32_t *ids, float *wts, float *sg) {
+  pdl_enter();
+  int t = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
   int lane = threadIdx.x & 31;
+  if (t >= T) return;
+  const float *l = lg + (size_t)t * E;
   float v[V > 0 ? V : 1];
   float mx = -INFINITY, sum = 0.f;
   if (V > 0) {
@@ -249,29 +256,10 @@ __device__ __forceinline__ void moe_route_warp(const float *l, int E, int k, int
     s += w;
     if (lane == r) my_id = bi, my_w = w;
   }
-  *id = my_id;
-  *w_out = norm ? my_w / s : my_w;
-}
-
-/* One warp per row: its routing (moe_route_warp) into ids / wts, and the shared gate (sigmoid
- * of sgl[t] when the router kernel computed its logit, else of x_t . seg here). With tab, the
- * chosen experts' gate, up and down bases also go to wsel[t, r, 0..2] (one dependent load
- * fewer for the per-row kernels). */
-template <int V>
-__global__ void k_moe_route(const float *lg, const bf16 *x, const float *seg, const float *sgl,
-                            int T, int E, int k, int norm, int H, const bf16 *const *tab,
-                            const bf16 **wsel, int32_t *ids, float *wts, float *sg) {
-  pdl_enter();
-  int t = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-  int lane = threadIdx.x & 31;
-  if (t >= T) return;
-  int my_id;
-  float my_w;
-  moe_route_warp<V>(lg + (size_t)t * E, E, k, norm, &my_id, &my_w);
   if (lane < k) {
     size_t o = (size_t)t * k + lane;
     ids[o] = my_id;
-    wts[o] = my_w;
+    wts[o] = norm ? my_w / s : my_w;
     if (tab) {
       wsel[3 * o] = tab[my_id];
       wsel[3 * o + 1] = tab[E + my_id];
@@ -333,41 +321,18 @@ __global__ void k_moe_router(const bf16 *x, const float *R, const float *seg, in
   }
 }
 
-/* Routing folded into the per-row kernels (RV > 0, moe_route_warp<RV>): every block that needs
- * its row's experts routes the row itself from the router's logits, so no route launch sits
- * between the router and the experts (DS_MOE_ROUTE_FOLD=0: the route kernel and wsel). */
-#define MOE_FOLD_MAXT 4 /* rows up to which a step folds its routing */
-struct moe_fold {
-  const float *lg;       /* [T, E] router logits */
-  const float *sgl;      /* [T] shared gate logits, or NULL */
-  const bf16 *const *tab; /* [3, E] expert weights */
-  int E, norm;
-};
-
 /* grid (T (k + S), ceil(max(I, Is) / 8)), 8 warps, a warp per output i of slot r of row t:
- * r < k the routed expert of wsel[t, r] (RV > 0: of the block's own routing, fd), width I,
- * r == k the shared expert (S = 1, width Is):
+ * r < k the routed expert of wsel[t, r] (width I), r == k the shared expert (S = 1, width Is):
  * hid[t, r I + i] = silu(gate[i] . x_t) * (up[i] . x_t), rows of hid k I + Is wide. */
-template <int RV>
-__global__ void k_moe_hidden(const bf16 *x, const bf16 *const *wsel, moe_fold fd, int k, int S,
-                             int H, int I, int Is, const bf16 *sgw, const bf16 *suw, float *hid) {
+__global__ void k_moe_hidden(const bf16 *x, const bf16 *const *wsel, int k, int S, int H, int I,
+                             int Is, const bf16 *sgw, const bf16 *suw, float *hid) {
   pdl_enter();
-  __shared__ const bf16 *sw[2];
   int ks = k + S, t = blockIdx.x / ks, r = blockIdx.x % ks;
-  if (RV > 0 && r < k) {
-    if (threadIdx.x < 32) {
-      int id;
-      float w;
-      moe_route_warp<RV>(fd.lg + (size_t)t * fd.E, fd.E, k, fd.norm, &id, &w);
-      if (threadIdx.x == r) sw[0] = fd.tab[id], sw[1] = fd.tab[fd.E + id];
-    }
-    __syncthreads();
-  }
   int i = blockIdx.y * 8 + (threadIdx.x >> 5);
   if (i >= (r < k ? I : Is)) return;
   const bf16 *wg, *wu;
   if (r < k) {
-    const bf16 *const *p = RV > 0 ? sw : wsel + 3 * ((size_t)t * k + r);
+    const bf16 *const *p = wsel + 3 * ((size_t)t * k + r);
     wg = p[0] + (size_t)i * H;
     wu = p[1] + (size_t)i * H;
   } else {
@@ -446,30 +411,20 @@ __device__ __forceinline__ float moe_down_slots(float acc, const bf16 *const *wp
 }
 
 /* grid (T, ceil(H / 8)), 8 warps, a warp per output j: out[t, j] = sum_r w_r down_r[j] .
- * hid[t, r] (slot order; down_r = wsel[t, r, 2], w_r = wts[t, r]; RV > 0: the block's own
- * routing, fd) + sg[t] sdown[j] . hid[t, shared] (sdw: the shared expert; RV > 0: sg is
- * sigmoid(fd.sgl[t])). EARLY: the slots, their weights and the first pieces of the first slots'
- * down rows are read before the wait — wsel, wts, sg (the route kernel's) or the router's
- * logits come from two launches back, done before this one may start; only hid is the previous
- * kernel's. */
-template <int EARLY, int RV>
+ * hid[t, r] (slot order; down_r = wsel[t, r, 2]) + sg[t] sdown[j] . hid[t, shared] (sdw: the
+ * shared expert). EARLY: the slots, their weights and the first pieces of the first slots'
+ * down rows are read before the wait — wsel, wts and sg come from the route kernel, two
+ * launches back, done before this one may start; only hid is the previous kernel's. */
+template <int EARLY>
 __global__ void __launch_bounds__(256, 2)
-    k_moe_down(const float *hid, const bf16 *const *wsel, const float *wts, moe_fold fd, int k,
-               int H, int I, int Is, const float *sg, const bf16 *sdw, bf16 *out) {
+    k_moe_down(const float *hid, const bf16 *const *wsel, const float *wts, int k, int H, int I,
+               int Is, const float *sg, const bf16 *sdw, bf16 *out) {
   if (!EARLY) pdl_enter();
   __shared__ const bf16 *wp[MOE_MAX_K + 1];
   __shared__ float ww[MOE_MAX_K + 1];
   int t = blockIdx.x;
   size_t hw = (size_t)k * I + (sdw ? Is : 0);
-  if (RV > 0) {
-    if (threadIdx.x < 32) {
-      int id;
-      float w;
-      moe_route_warp<RV>(fd.lg + (size_t)t * fd.E, fd.E, k, fd.norm, &id, &w);
-      if (threadIdx.x < k) wp[threadIdx.x] = fd.tab[2 * fd.E + id], ww[threadIdx.x] = w;
-      if (sdw && threadIdx.x == 0) wp[k] = sdw, ww[k] = sigmoidf_dev(fd.sgl[t]);
-    }
-  } else if (threadIdx.x < k) {
+  if (threadIdx.x < k) {
     wp[threadIdx.x] = wsel[3 * ((size_t)t * k + threadIdx.x) + 2];
     ww[threadIdx.x] = wts[(size_t)t * k + threadIdx.x];
   } else if (sdw && threadIdx.x == k) {
@@ -852,13 +807,8 @@ extern "C" void cuda_moe_moe(backend *be, backend_buf x, const backend_moe *m, i
   } else {
     cuda_gemm(c, xb, CW(m->router)->bf, T, H, E, lg, 1);
   }
-  /* per-row steps of <= MOE_FOLD_MAXT rows with the router kernel's logits: the routing folded
-   * into gate/up and down (each of a row's ~(k + 1) I / 8 + H / 8 blocks routes it again) */
-  int rv = grouped || !c->moe_route_fold || !CW(m->router)->f32 || T > MOE_FOLD_MAXT ? 0
-           : E <= 256 ? 8 : E <= 512 ? 16 : E <= 1024 ? 32 : 0;
-  if (!rv)
-    moe_route_launch(c, lg, xb, seg, router_sg ? sgl : NULL, T, E, k, m->norm_topk_prob, H,
-                     grouped ? NULL : tab, wsel, ids, wts, sg);
+  moe_route_launch(c, lg, xb, seg, router_sg ? sgl : NULL, T, E, k, m->norm_topk_prob, H,
+                   grouped ? NULL : tab, wsel, ids, wts, sg);
   if (grouped) {
     if (Is > 0) {
       cuda_gemm(c, xb, CW(m->shared_gate)->bf, T, H, Is, gs, 0);
@@ -870,26 +820,16 @@ extern "C" void cuda_moe_moe(backend *be, backend_buf x, const backend_moe *m, i
                 sc + o_grp);
     return;
   }
-  moe_fold fd = {lg, router_sg ? sgl : NULL, tab, E, m->norm_topk_prob};
   int S = Is > 0, wmax = I > Is ? I : Is;
   dim3 gh(T * (k + S), (wmax + 7) / 8);
-  const bf16 *sgw = S ? CW(m->shared_gate)->bf : NULL, *suw = S ? CW(m->shared_up)->bf : NULL;
-  switch (rv) {
-#define H_(V) case V: k_moe_hidden<V><<<gh, 256, 0, c->st>>>(xb, wsel, fd, k, S, H, I, Is, sgw, suw, hid); break;
-    H_(0) H_(8) H_(16) H_(32)
-#undef H_
-  }
+  k_moe_hidden<<<gh, 256, 0, c->st>>>(xb, wsel, k, S, H, I, Is,
+                                      S ? CW(m->shared_gate)->bf : NULL, S ? CW(m->shared_up)->bf : NULL, hid);
   cuda_check_launch(c, "moe (experts)");
   dim3 gd(T, (H + 7) / 8);
   const bf16 *sdw = S ? CW(m->shared_down)->bf : NULL;
-  int early = c->moe_down_early;
-  switch (rv * 2 + early) {
-#define D_(V, EA)                                                                                \
-  case V * 2 + EA:                                                                                \
-    k_moe_down<EA, V><<<gd, 256, 0, c->st>>>(hid, wsel, wts, fd, k, H, I, Is, sg, sdw, (bf16 *)out); \
-    break;
-    D_(0, 0) D_(0, 1) D_(8, 0) D_(8, 1) D_(16, 0) D_(16, 1) D_(32, 0) D_(32, 1)
-#undef D_
-  }
+  if (c->moe_down_early)
+    k_moe_down<1><<<gd, 256, 0, c->st>>>(hid, wsel, wts, k, H, I, Is, sg, sdw, (bf16 *)out);
+  else
+    k_moe_down<0><<<gd, 256, 0, c->st>>>(hid, wsel, wts, k, H, I, Is, sg, sdw, (bf16 *)out);
   cuda_check_launch(c, "moe (down)");
 }

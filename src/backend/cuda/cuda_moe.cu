@@ -49,14 +49,24 @@ static int g_ntables;
 static const bf16 **moe_table_get(cuda_ctx *c, const backend_moe *m, const bf16 *const **host) {
   int E = m->n_experts;
   moe_table *t = NULL;
-  int stale = 0; /* an existing table whose weights changed */
   for (int i = 0; i < g_ntables && !t; i++)
     if (g_tables[i].ctx == c && g_tables[i].key == m->gate && g_tables[i].n == E) t = &g_tables[i];
-  if (!t) {
-    if (c->capturing) {
-      c->capture_broken = 1;
-      return NULL;
+  if (t) {
+    int same = 1;
+    for (int e = 0; e < E && same; e++)
+      same = t->h[e] == CW(m->gate[e])->bf && t->h[E + e] == CW(m->up[e])->bf &&
+             t->h[2 * E + e] == CW(m->down[e])->bf;
+    if (same) {
+      if (host) *host = t->h;
+      return t->d;
     }
+  }
+  if (c->capturing) { /* no allocation or copy inside a capture: the step runs as issued instead */
+    c->capture_broken = 1;
+    return NULL;
+  }
+  int stale = t != NULL; /* an existing table whose weights changed */
+  if (!t) {
     if (g_ntables == MOE_MAX_LAYERS) {
       cuda_fail(c, "moe", "too many MoE layers");
       return NULL;
@@ -74,20 +84,6 @@ static const bf16 **moe_table_get(cuda_ctx *c, const backend_moe *m, const bf16 
     t->key = m->gate;
     t->n = E;
     g_ntables++;
-  } else {
-    int same = 1;
-    for (int e = 0; e < E && same; e++)
-      same = t->h[e] == CW(m->gate[e])->bf && t->h[E + e] == CW(m->up[e])->bf &&
-             t->h[2 * E + e] == CW(m->down[e])->bf;
-    if (same) {
-      if (host) *host = t->h;
-      return t->d;
-    }
-    stale = 1;
-  }
-  if (c->capturing) { /* no copies inside a capture: the step runs as issued instead */
-    c->capture_broken = 1;
-    return NULL;
   }
   if (stale) cudaStreamSynchronize(c->st); /* earlier launches may still read the old table */
   for (int e = 0; e < E; e++) {

@@ -652,17 +652,52 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
 #ifndef ZS_PRE
 #define ZS_PRE 0
 #endif
+#ifndef ZS_DB
+#define ZS_DB 1 /* 1: a warp requests its next row's pieces before it sums the current one */
+#endif
+template <int T, int NP>
+__device__ __forceinline__ void zside_load(uint4 (&wv)[NP], const bf16 *W, int K, int n, int lane,
+                                           int p0) {
+  const bf16 *w = W + (size_t)n * K + lane * 8;
+#pragma unroll
+  for (int p = 0; p < NP; p++)
+    if (p >= p0) wv[p] = ld_stream16(w + 256 * p);
+}
+
+template <int T, int NP>
+__device__ __forceinline__ void zside_use(const uint4 (&wv)[NP], const bf16 *x, int K, int N,
+                                          int n, int lane, const float *iv, bf16 *y) {
+  float acc[T];
+#pragma unroll
+  for (int t = 0; t < T; t++) acc[t] = 0.f;
+#pragma unroll
+  for (int p = 0; p < NP; p++) {
+    float wf[8];
+    bf16x8_to_f32(wv[p], wf);
+#pragma unroll
+    for (int t = 0; t < T; t++) {
+      float xf[8];
+      bf16x8_to_f32(*(const uint4 *)(x + (size_t)t * K + lane * 8 + 256 * p), xf);
+#pragma unroll
+      for (int i = 0; i < 8; i++) acc[t] += wf[i] * xf[i];
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < T; t++) acc[t] = warp_sum(acc[t]) * iv[t];
+  if (lane < T) y[(size_t)lane * N + n] = f2bf(gemv_pick<T>(acc, lane));
+}
+
 template <int T, int NP>
 __global__ void __launch_bounds__(ZS_WARPS * 32)
     k_gemv_zside(const bf16 *__restrict__ x, const bf16 *__restrict__ W, int K, int N, bf16 *y,
                  const float *inv) {
   int n = blockIdx.x * ZS_WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
   int step = gridDim.x * ZS_WARPS, p0 = 0;
-  uint4 wv[NP];
-  if (n < N) {
-    const bf16 *w = W + (size_t)n * K + lane * 8;
+  uint4 wa[NP];
+  if (!ZS_DB && n < N) {
 #pragma unroll
-    for (int p = 0; p < (ZS_PRE < NP ? ZS_PRE : NP); p++) wv[p] = ld_stream16(w + 256 * p);
+    for (int p = 0; p < (ZS_PRE < NP ? ZS_PRE : NP); p++)
+      wa[p] = ld_stream16(W + (size_t)n * K + lane * 8 + 256 * p);
     p0 = ZS_PRE < NP ? ZS_PRE : NP;
   }
   pdl_wait(); /* the input products done (and the norm's factor kernel before them) */
@@ -670,30 +705,22 @@ __global__ void __launch_bounds__(ZS_WARPS * 32)
   float iv[T];
 #pragma unroll
   for (int t = 0; t < T; t++) iv[t] = __ldcg(inv + t);
-  for (; n < N; n += step, p0 = 0) {
-    const bf16 *w = W + (size_t)n * K + lane * 8;
-#pragma unroll
-    for (int p = 0; p < NP; p++)
-      if (p >= p0) wv[p] = ld_stream16(w + 256 * p);
-    float acc[T];
-#pragma unroll
-    for (int t = 0; t < T; t++) acc[t] = 0.f;
-#pragma unroll
-    for (int p = 0; p < NP; p++) {
-      float wf[8];
-      bf16x8_to_f32(wv[p], wf);
-#pragma unroll
-      for (int t = 0; t < T; t++) {
-        float xf[8];
-        bf16x8_to_f32(*(const uint4 *)(x + (size_t)t * K + lane * 8 + 256 * p), xf);
-#pragma unroll
-        for (int i = 0; i < 8; i++) acc[t] += wf[i] * xf[i];
-      }
+  if (ZS_DB) {
+    uint4 wb[NP];
+    if (n < N) zside_load<T, NP>(wa, W, K, n, lane, 0);
+    for (; n < N; n += 2 * step) {
+      int n1 = n + step;
+      if (n1 < N) zside_load<T, NP>(wb, W, K, n1, lane, 0);
+      zside_use<T, NP>(wa, x, K, N, n, lane, iv, y);
+      if (n1 >= N) break;
+      if (n1 + step < N) zside_load<T, NP>(wa, W, K, n1 + step, lane, 0);
+      zside_use<T, NP>(wb, x, K, N, n1, lane, iv, y);
     }
-#pragma unroll
-    for (int t = 0; t < T; t++) acc[t] = warp_sum(acc[t]);
-    gemv_late<T, GEMV_LATE>(acc, iv);
-    if (lane < T) y[(size_t)lane * N + n] = f2bf(gemv_pick<T>(acc, lane));
+  } else {
+    for (; n < N; n += step, p0 = 0) {
+      zside_load<T, NP>(wa, W, K, n, lane, p0);
+      zside_use<T, NP>(wa, x, K, N, n, lane, iv, y);
+    }
   }
 }
 

@@ -2006,55 +2006,6 @@ TEST(decode_graph_norm_fold) {
   plain->destroy(plain);
 }
 
-/* The same ten steps (1 and 2 rows) with the DeltaNet layer's z product as its own launch
- * beside the chain (the default: the chain reads the other input products without a wait and
- * waits for z before its gated norm; and with 3 blocks, so that its warps take several rows)
- * against a backend that keeps z among the input products (DS_CHAIN_ZSIDE=0), all folding
- * norms: every logit, id and pool byte equal, and the rewrite taken in every listed step of
- * the first two backends, never in the other. */
-TEST(decode_graph_chain_zside) {
-  backend *off = gpu_with("DS_CHAIN_ZSIDE", "0"), *few = gpu_with("DS_ZSIDE_BLOCKS", "3");
-  REQUIRE(off != NULL && few != NULL);
-  backend *ons[2] = {GPU, few};
-  for (int v = 0; v < 2; v++) {
-    backend *on = ons[v];
-    dpair d;
-    dpair_init(&d, on, off);
-    dmodel *a = &d.a, *p = &d.p;
-    long st0[6], st[6], z0 = backend_cuda_chain_zsides(on);
-    backend_cuda_graph_stats(on, st0);
-    float la[2 * DV], lp[2 * DV];
-    int32_t ia[2], ip[2];
-    int ndiff = 0, idiff = 0, steps = 10;
-    for (int k = 0; k < steps; k++) {
-      int n = k >= 5 && k < 8 ? 1 : 2;
-      int32_t pos[2] = {20 + k, k};
-      dmodel_step(a, n, pos, la, ia);
-      dmodel_step(p, n, pos, lp, ip);
-      for (int i = 0; i < n * DV; i++) ndiff += memcmp(&la[i], &lp[i], 4) != 0;
-      for (int i = 0; i < n; i++) idiff += ia[i] != ip[i];
-    }
-    int sdiff = dmodel_pools_differ(on, a, off, p);
-    backend_cuda_graph_stats(on, st);
-    long runs = (st[0] - st0[0]) + (st[2] - st0[2]), zs = backend_cuda_chain_zsides(on) - z0;
-    n_checks++;
-    printf("  decode steps, z beside the chain (%s) vs among the input products: %d logits, %d "
-           "ids, %d state/KV buffers differ; %ld chains with z beside in %ld listed steps\n",
-           v ? "3 blocks" : "default", ndiff, idiff, sdiff, zs, runs);
-    EXPECT_MSG(ndiff == 0 && idiff == 0 && sdiff == 0, "z beside the chain changed bits");
-    EXPECT_MSG(runs >= 2 && zs == runs, "%ld chains with z beside in %ld listed steps", zs, runs);
-    char err[256] = "";
-    EXPECT_MSG(on->sync(on, err, sizeof err) == 0, "backend failed: %s", err);
-    dpair_free(&d);
-  }
-  EXPECT_MSG(backend_cuda_chain_zsides(off) == 0, "DS_CHAIN_ZSIDE=0 took z beside %ld times",
-             backend_cuda_chain_zsides(off));
-  char err[256] = "";
-  EXPECT_MSG(off->sync(off, err, sizeof err) == 0, "DS_CHAIN_ZSIDE=0 backend failed: %s", err);
-  off->destroy(off);
-  few->destroy(few);
-}
-
 /* ---- MoE decode steps recorded into graphs ----
  * One MoE layer (embed, norm, MoE with a shared expert, residual add, logits, argmax) for
  * twelve decode steps of 1, 12 and 2 rows (the per-row kernels, the device-grouped ones at 12)
@@ -2267,7 +2218,6 @@ int main(void) {
   RUN(decode_graph);
   RUN(decode_graph_repeat);
   RUN(decode_graph_norm_fold);
-  RUN(decode_graph_chain_zside);
   RUN(decode_graph_moe);
   RUN(norm_fold_refused);
   printf("op checks: %d\n", n_checks);

@@ -636,100 +636,6 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
   }
 }
 
-/* The z product of a DeltaNet layer beside its chain (chain_zside_at): launched after the
- * layer's other input products (a GEMV_LATE launch) and before the chain, one block of
- * ZS_WARPS warps per SM, warp w taking rows w, w + warps, ... with the GEMV_LATE arithmetic
- * (gemv_row's pieces, sums and order: the same bits as among the input products). Each row's
- * NP = K / 256 pieces per lane are requested at once (the warps are few: a row per warp in
- * flight keeps the stream going), ZS_PRE of the first row's before the wait. After the wait
- * (the input products done) it lets the chain launch, which reads their outputs at once and
- * waits for this kernel only before its gated norm, so z streams while the chain runs. A
- * block of 8 warps (~66 registers each: 17K) leaves room for a chain block (~31K) beside it on
- * an SM; one of 16 did not (the chain waited for z's blocks to leave: decode 1 -3.2 %). */
-#ifndef ZS_WARPS
-#define ZS_WARPS 8
-#endif
-#ifndef ZS_PRE
-#define ZS_PRE 0
-#endif
-#ifndef ZS_DB
-#define ZS_DB 1 /* 1: a warp requests its next row's pieces before it sums the current one */
-#endif
-template <int T, int NP>
-__device__ __forceinline__ void zside_load(uint4 (&wv)[NP], const bf16 *W, int K, int n, int lane,
-                                           int p0) {
-  const bf16 *w = W + (size_t)n * K + lane * 8;
-#pragma unroll
-  for (int p = 0; p < NP; p++)
-    if (p >= p0) wv[p] = ld_stream16(w + 256 * p);
-}
-
-template <int T, int NP>
-__device__ __forceinline__ void zside_use(const uint4 (&wv)[NP], const bf16 *x, int K, int N,
-                                          int n, int lane, const float *iv, bf16 *y) {
-  float acc[T];
-#pragma unroll
-  for (int t = 0; t < T; t++) acc[t] = 0.f;
-#pragma unroll
-  for (int p = 0; p < NP; p++) {
-    float wf[8];
-    bf16x8_to_f32(wv[p], wf);
-#pragma unroll
-    for (int t = 0; t < T; t++) {
-      float xf[8];
-      bf16x8_to_f32(*(const uint4 *)(x + (size_t)t * K + lane * 8 + 256 * p), xf);
-#pragma unroll
-      for (int i = 0; i < 8; i++) acc[t] += wf[i] * xf[i];
-    }
-  }
-#pragma unroll
-  for (int t = 0; t < T; t++) acc[t] = warp_sum(acc[t]) * iv[t];
-  if (lane < T) y[(size_t)lane * N + n] = f2bf(gemv_pick<T>(acc, lane));
-}
-
-template <int T, int NP>
-__global__ void __launch_bounds__(ZS_WARPS * 32)
-    k_gemv_zside(const bf16 *__restrict__ x, const bf16 *__restrict__ W, int K, int N, bf16 *y,
-                 const float *inv) {
-  int n = blockIdx.x * ZS_WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-  int step = gridDim.x * ZS_WARPS, p0 = 0;
-  uint4 wa[NP];
-  if (!ZS_DB && n < N) {
-#pragma unroll
-    for (int p = 0; p < (ZS_PRE < NP ? ZS_PRE : NP); p++)
-      wa[p] = ld_stream16(W + (size_t)n * K + lane * 8 + 256 * p);
-    p0 = ZS_PRE < NP ? ZS_PRE : NP;
-  }
-  pdl_wait(); /* the input products done (and the norm's factor kernel before them) */
-  pdl_launch_next();
-  float iv[T];
-#pragma unroll
-  for (int t = 0; t < T; t++) iv[t] = __ldcg(inv + t);
-  if (ZS_DB) {
-    uint4 wb[NP];
-    if (n < N) zside_load<T, NP>(wa, W, K, n, lane, 0);
-    for (; n < N; n += 2 * step) {
-      int n1 = n + step;
-      if (n1 < N) zside_load<T, NP>(wb, W, K, n1, lane, 0);
-      zside_use<T, NP>(wa, x, K, N, n, lane, iv, y);
-      if (n1 >= N) break;
-      if (n1 + step < N) zside_load<T, NP>(wa, W, K, n1 + step, lane, 0);
-      zside_use<T, NP>(wb, x, K, N, n1, lane, iv, y);
-    }
-  } else {
-    for (; n < N; n += step, p0 = 0) {
-      zside_load<T, NP>(wa, W, K, n, lane, p0);
-      zside_use<T, NP>(wa, x, K, N, n, lane, iv, y);
-    }
-  }
-}
-
-/* 1 when k_gemv_zside has a form for K (pieces per lane NP = K / 256) */
-static int zside_np_ok(int K) {
-  int np = K % 256 ? 0 : K / 256;
-  return np == 1 || np == 4 || np == 8 || np == 10 || np == 12 || np == 16 || np == 20;
-}
-
 /* ---- batch-invariant GEMM (DS_BATCH_INVARIANT=1) ----
  * Every product, whatever its row count, through the GEMV arithmetic above: rows in groups of
  * 8, each row's sums in exactly the order of a GEMV of <= 8 rows, so a row's bits depend on
@@ -1217,7 +1123,7 @@ struct cuda_graphs {
   std::vector<uint8_t> sig, last_sig, bad_sig;
   std::vector<graph_entry> cache;
   uint64_t tick, uids;
-  long captures, replays, direct, fused, pdl_edges, norm_folds, repeats, chain_zsides;
+  long captures, replays, direct, fused, pdl_edges, norm_folds, repeats;
   /* step_repeat (DS_CUDA_REPEAT=0: off): the last recorded step ran as graph rep_uid (0:
    * it did not run as one graph), its signature beginning with rep_layout (the metadata
    * layout entry, layout_len bytes); rep_pending: this step is that graph again */
@@ -1625,49 +1531,6 @@ static int norm_fold_at(cuda_ctx *c, const std::vector<gop> &ops, size_t j, norm
   return 1;
 }
 
-/* ---- the z product beside the DeltaNet chain ----
- * After a folded norm a DeltaNet layer's products are qkv, z, b and a (ops[i .. i+m)), and its
- * chain follows them; the chain reads z only at its gated norm. Here the others go as one
- * GEMV_LATE launch, then z alone (k_gemv_zside, a third of the bytes, streaming in that launch's
- * tail and while the chain runs), then the chain (cuda_gdn_chain's zside form). z's rows get
- * the same arithmetic: the same bits. 1 when launched (ops[i .. i+m+4) done). */
-static int chain_zside_at(cuda_ctx *c, const std::vector<gop> &ops, size_t i, int m) {
-  cuda_gdn_chain_args ch;
-  if (!c->chain_zside || m < 2 || !gdn_chain_of(ops, i + m, &ch) || !cuda_gdn_chain_fits(c, &ch))
-    return 0;
-  int zk = -1;
-  for (int k = 0; k < m; k++)
-    if (ops[i + k].kind == GOP_MATMUL && (const void *)ops[i + k].y == (const void *)ch.z) zk = k;
-  if (zk < 0) return 0;
-  const gop &zo = ops[i + zk];
-  if (zo.T != ch.T || zo.T < 1 || zo.T > NORM_FOLD_MAXT || !zside_np_ok(zo.K) ||
-      (((uintptr_t)zo.x | (uintptr_t)zo.W->bf) & 15))
-    return 0;
-  gop rest[GEMV_MULTI];
-  int r = 0;
-  for (int k = 0; k < m; k++)
-    if (k != zk) rest[r++] = ops[i + k];
-  gemv_nf p = {NULL, NULL, NULL, c->fold_inv};
-  if (r > 1) launch_multi<GEMV_LATE>(c, rest, r, p);
-  else gemv_mode<GEMV_LATE>(c, rest[0].x, rest[0].W->bf, rest[0].T, rest[0].K, rest[0].N,
-                            rest[0].y, p);
-  int cap = c->zside_blocks > 0 ? c->zside_blocks : c->n_sm > 0 ? c->n_sm : 132;
-  unsigned blocks = (unsigned)std::min((zo.N + ZS_WARPS - 1) / ZS_WARPS, cap);
-  switch (zo.T * 32 + zo.K / 256) {
-#define Z(n, np)                                                                              \
-  case n * 32 + np:                                                                           \
-    k_gemv_zside<n, np><<<blocks, ZS_WARPS * 32, 0, c->st>>>(zo.x, zo.W->bf, zo.K, zo.N, zo.y, \
-                                                             c->fold_inv);                    \
-    break;
-#define ZT(n) Z(n, 1) Z(n, 4) Z(n, 8) Z(n, 10) Z(n, 12) Z(n, 16) Z(n, 20)
-    ZT(1) ZT(2) ZT(3) ZT(4)
-#undef ZT
-#undef Z
-  }
-  cuda_check_launch(c, "matmul (z beside the chain)");
-  return cuda_gdn_chain(c, &ch, 1);
-}
-
 /* Runs the recorded list in order, with the rewrites. */
 static void graph_run_ops(cuda_ctx *c) {
   cuda_graphs *g = c->gr;
@@ -1692,13 +1555,6 @@ static void graph_run_ops(cuda_ctx *c) {
       cuda_elem_rmsnorm_inv(c, r.x, r.T, r.n, r.eps, c->fold_inv);
       gemv_nf p = {NULL, NULL, NULL, c->fold_inv};
       const gop *q = &ops[i + 1];
-      if (!nf.glu && chain_zside_at(c, ops, i + 1, nf.m)) {
-        g->fused += nf.m - 2 + 3;
-        g->norm_folds++;
-        g->chain_zsides++;
-        i += 1 + nf.m + 4;
-        continue;
-      }
       if (nf.glu) launch_glu<GEMV_LATE>(c, q[0], q[1], q[2], p);
       else if (nf.m > 1) launch_multi<GEMV_LATE>(c, q, nf.m, p);
       else gemv_mode<GEMV_LATE>(c, q[0].x, q[0].W->bf, q[0].T, q[0].K, q[0].N, q[0].y, p);
@@ -2200,11 +2056,6 @@ static int cu_logits_argmax_prepare(backend *be, backend_weight W, int H, int V,
 }
 
 /* Counters of the decode-step recorder (see backend_cuda.h). */
-extern "C" long backend_cuda_chain_zsides(backend *be) {
-  cuda_graphs *g = cuda_ctx_of(be)->gr;
-  return g ? g->chain_zsides : 0;
-}
-
 extern "C" long backend_cuda_norm_folds(backend *be) {
   cuda_graphs *g = cuda_ctx_of(be)->gr;
   return g ? g->norm_folds : 0;
@@ -2387,10 +2238,6 @@ extern "C" backend *backend_cuda_create(int device, char *err, size_t errlen) {
     c->norm_fold = !(nfo && strcmp(nfo, "0") == 0);
     const char *gc = getenv("DS_GDN_CHAIN"); /* the DeltaNet decode chain kernel, on unless "0" */
     c->gdn_chain = !(gc && strcmp(gc, "0") == 0);
-    const char *zs = getenv("DS_CHAIN_ZSIDE"); /* z beside the DeltaNet chain, on unless "0" */
-    c->chain_zside = !(zs && strcmp(zs, "0") == 0);
-    const char *zb = getenv("DS_ZSIDE_BLOCKS"); /* its blocks (0: one per SM); tests */
-    c->zside_blocks = zb ? atoi(zb) : 0;
     const char *mg = getenv("DS_MOE_GROUPED"); /* on unless "0" */
     c->moe_grouped = !(mg && strcmp(mg, "0") == 0);
     /* the device-side grouped path for decode-sized steps (bench/NOTES.md twenty-fourth

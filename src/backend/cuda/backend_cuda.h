@@ -37,10 +37,6 @@ long backend_cuda_moe_dev_runs(backend *be);
  * norm_fold_at; DS_NORM_FOLD=0: none). For tests and benchmarks. */
 long backend_cuda_norm_folds(backend *be);
 
-/* DeltaNet chains the decode-step recorder launched after their layer's z product as its own
- * launch (backend_cuda.cu chain_zside_at; DS_CHAIN_ZSIDE=0: none). For tests and benchmarks. */
-long backend_cuda_chain_zsides(backend *be);
-
 /* One-row greedy steps issued through the lm-head screen (cuda_greedy.cu; replays of a
  * captured step not counted), whether W's int8 copy exists, and the vocabulary rows the screen
  * left to compute exactly, summed over every step since the copy was made (replays included;

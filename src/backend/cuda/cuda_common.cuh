@@ -148,11 +148,6 @@ typedef struct cuda_ctx {
    * kernel (cuda_gdn.cu "decode chain"; DS_GDN_CHAIN=0: the four kernels), its counters */
   int gdn_chain;
   int *chain_cnt;
-  /* decode steps: a DeltaNet layer's z product as its own launch between the other input
-   * products and the chain, streaming while the chain runs (backend_cuda.cu chain_zside_at;
-   * DS_CHAIN_ZSIDE=0: z among the input products) */
-  int chain_zside;
-  int zside_blocks; /* its grid (DS_ZSIDE_BLOCKS; 0: one block per SM) */
   /* DS_MOE_GROUPED=1: routed experts of large steps as per-expert GEMMs (cuda_moe.cu) */
   int moe_grouped;
   /* grouped steps of moe_dev_min .. moe_dev_max rows: the experts' products by our kernels
@@ -249,12 +244,7 @@ typedef struct cuda_gdn_chain_args {
   int T;
   float eps;
 } cuda_gdn_chain_args;
-/* zside: the kernel before is the layer's z product (k_gemv_zside), launched after the other
- * input products: the chain reads their outputs at once and waits for z's kernel only before
- * its gated norm. 1 when launched. */
-int cuda_gdn_chain(cuda_ctx *c, const cuda_gdn_chain_args *a, int zside = 0);
-/* 1 when cuda_gdn_chain would launch the chain for these arguments */
-int cuda_gdn_chain_fits(const cuda_ctx *c, const cuda_gdn_chain_args *a);
+int cuda_gdn_chain(cuda_ctx *c, const cuda_gdn_chain_args *a);
 /* inv[t] = rsqrt(mean(x[t, :]^2) + eps) for t < T with the rmsnorm op's sums (n % 8 == 0,
  * n <= 8192, x 16-byte aligned): the decode recorder's norm fold (backend_cuda.cu). */
 void cuda_elem_rmsnorm_inv(cuda_ctx *c, const bf16 *x, int T, int n, float eps, float *inv);
@@ -450,9 +440,7 @@ __device__ __forceinline__ void gated_norm_lane(const float *v, const float *zv,
 #define GEMV_LATE_K 1024
 #endif
 
-/* LATE: 0 no wait; 1 the GEMV_LATE wait after the first pieces; 2 the same wait, then the next
- * kernel let launch (the z product beside the DeltaNet chain, backend_cuda.cu k_gemv_zside). */
-template <int T, bool STREAM = true, int LATE = 0>
+template <int T, bool STREAM = true, bool LATE = false>
 __device__ __forceinline__ void gemv_row(const bf16 *__restrict__ x, const bf16 *__restrict__ w,
                                          int K, int lane, float *acc,
                                          const float *inv = nullptr, float *iv = nullptr) {
@@ -477,7 +465,6 @@ __device__ __forceinline__ void gemv_row(const bf16 *__restrict__ x, const bf16 
 #pragma unroll 4
     for (; k < k1; k += 256) piece(k);
     pdl_wait();
-    if constexpr (LATE == 2) pdl_launch_next();
 #pragma unroll
     for (int t = 0; t < T; t++) iv[t] = __ldcg(inv + t);
 #pragma unroll 4

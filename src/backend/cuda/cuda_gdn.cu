@@ -479,19 +479,13 @@ extern "C" void cuda_gdn_decode(backend *be, backend_buf ssm, backend_buf qkv, b
  * bench/NOTES.md) */
 #define CHAIN_MAXT 32
 
-/* ZS: the kernel before is the layer's z product beside the chain (backend_cuda.cu
- * k_gemv_zside), and the input products before it are done (its blocks let this kernel launch
- * only after their own wait): the chain lets the next kernel launch at once, reads the input
- * products' outputs (x, b, a) through L2 without a wait, and waits for z's kernel before its
- * gated norm. The same arithmetic in the same order: the same bits. */
-template <int R, int ZS>
+template <int R>
 __global__ void __launch_bounds__(256)
     k_gdn_chain(const bf16 *x, const float *cw, float *cst, bf16 *co, const bf16 *bb,
                 const bf16 *aa, const float *A_log, const float *dt_bias, float *beta, float *g,
                 float *ssm, bf16 *o, const bf16 *z, const float *nw, float eps, bf16 *out,
                 const int32_t *seq_pos, const int32_t *seq_slot, int nk, int nv, int *cnt) {
-  if (ZS) pdl_launch_next();
-  else pdl_enter();
+  pdl_enter();
   constexpr int DK = 8 * R, DV = 128, K = 4, NCH = 2 * DK + DV, PER = (NCH + 255) / 256;
   __shared__ float qs[DK], ks[DK], vs[DV], gb[2];
   __shared__ __align__(16) float red[8][DV];
@@ -512,15 +506,15 @@ __global__ void __launch_bounds__(256)
   /* what steps 3 and 5 read, requested now (SMALL_EARLY): not a round trip after a barrier */
   float gin[4] = {0.f, 0.f, 0.f, 0.f}, zf[4] = {0.f, 0.f, 0.f, 0.f}, nwv[4] = {0.f, 0.f, 0.f, 0.f};
   if (threadIdx.x == 64) {
-    gin[0] = bf2f(ZS ? __ldcg(bb + gi) : bb[gi]);
-    gin[1] = bf2f(ZS ? __ldcg(aa + gi) : aa[gi]);
+    gin[0] = bf2f(bb[gi]);
+    gin[1] = bf2f(aa[gi]);
     gin[2] = A_log[h];
     gin[3] = dt_bias[h];
   }
   if (grp == 0) {
 #pragma unroll
     for (int k = 0; k < 4; k++) {
-      if (!ZS) zf[k] = bf2f(z[off + k]);
+      zf[k] = bf2f(z[off + k]);
       nwv[k] = nw[j + k];
     }
   }
@@ -538,7 +532,7 @@ __global__ void __launch_bounds__(256)
     float win[K - 1];
 #pragma unroll
     for (int q = 0; q < K - 1; q++) win[q] = zero ? 0.f : st[q];
-    float xv = bf2f(ZS ? __ldcg(x + (size_t)t * C + c) : x[(size_t)t * C + c]);
+    float xv = bf2f(x[(size_t)t * C + c]);
     float acc = 0.f;
 #pragma unroll
     for (int q = 0; q < K - 1; q++) acc += w[q] * win[q];
@@ -581,8 +575,7 @@ __global__ void __launch_bounds__(256)
 #if SMALL_EARLY
     gdn_gate_vals(gin[0], gin[1], gin[2], gin[3], &bt, &gg);
 #else
-    gdn_gate_vals(bf2f(ZS ? __ldcg(bb + gi) : bb[gi]), bf2f(ZS ? __ldcg(aa + gi) : aa[gi]),
-                  A_log[h], dt_bias[h], &bt, &gg);
+    gdn_gate_vals(bf2f(bb[gi]), bf2f(aa[gi]), A_log[h], dt_bias[h], &bt, &gg);
 #endif
     beta[gi] = bt;
     g[gi] = gg;
@@ -620,7 +613,6 @@ __global__ void __launch_bounds__(256)
 #if !SMALL_EARLY
     float zf[4], nwv[4];
 #endif
-    if (ZS) pdl_wait(); /* z's kernel done */
 #pragma unroll
     for (int k = 0; k < 4; k++) {
       o[off + k] = ob[k];
@@ -628,8 +620,6 @@ __global__ void __launch_bounds__(256)
 #if !SMALL_EARLY
       zf[k] = bf2f(z[off + k]);
       nwv[k] = nw[j + k];
-#else
-      if (ZS) zf[k] = bf2f(z[off + k]);
 #endif
     }
     gated_norm_lane<4>(of, zf, nwv, eps, nb);
@@ -654,36 +644,28 @@ extern "C" void cuda_gdn_chain_release(cuda_ctx *c) {
   c->chain_cnt = NULL;
 }
 
-int cuda_gdn_chain_fits(const cuda_ctx *c, const cuda_gdn_chain_args *a) {
+int cuda_gdn_chain(cuda_ctx *c, const cuda_gdn_chain_args *a) {
   const cuda_weight *cw = CW(a->conv_w), *al = CW(a->A_log), *db = CW(a->dt_bias),
                     *nw = CW(a->norm);
   int T = c->b.n_tokens, nk = a->nk, nv = a->nv, dk = a->dk;
-  return !(!c->gdn_chain || !c->chain_cnt || c->legacy || T <= 0 || T > CHAIN_MAXT ||
+  if (!c->gdn_chain || !c->chain_cnt || c->legacy || T <= 0 || T > CHAIN_MAXT ||
       c->b.n_prefill != 0 || c->b.n_decode != T || a->T != T || a->K != 4 || a->dv != 128 ||
       (dk != 64 && dk != 128) || nk <= 0 || nv % nk || (size_t)T * nk > CHAIN_CNT || a->C != 2 * nk * dk + nv * a->dv ||
       !cw->f32 || cw->rows * cw->cols != (int64_t)a->C * 4 || !al->f32 || !db->f32 ||
       !nw->f32 || al->rows * al->cols < nv || db->rows * db->cols < nv ||
-      nw->rows * nw->cols < a->dv || (size_t)T * a->C >= (1ull << 31));
-}
-
-int cuda_gdn_chain(cuda_ctx *c, const cuda_gdn_chain_args *a, int zside) {
-  if (!cuda_gdn_chain_fits(c, a)) return 0;
-  const cuda_weight *cw = CW(a->conv_w), *al = CW(a->A_log), *db = CW(a->dt_bias),
-                    *nw = CW(a->norm);
-  int T = c->b.n_tokens, nk = a->nk, nv = a->nv, dk = a->dk;
+      nw->rows * nw->cols < a->dv || (size_t)T * a->C >= (1ull << 31))
+    return 0;
   dim3 grid((unsigned)T, (unsigned)nv);
-#define CH(R_, Z_)                                                                            \
-  k_gdn_chain<R_, Z_><<<grid, 256, 0, c->st>>>(                                               \
+#define CH(R_)                                                                                \
+  k_gdn_chain<R_><<<grid, 256, 0, c->st>>>(                                                   \
       (const bf16 *)a->x, cw->f32, (float *)a->conv_state, (bf16 *)a->conv_out,               \
       (const bf16 *)a->b, (const bf16 *)a->a, al->f32, db->f32, (float *)a->beta,             \
       (float *)a->g, (float *)a->ssm, (bf16 *)a->o, (const bf16 *)a->z, nw->f32, a->eps,      \
       (bf16 *)a->out, c->b.seq_pos, c->b.seq_slot, nk, nv, c->chain_cnt)
-  if (dk == 64 && zside) CH(8, 1);
-  else if (dk == 64) CH(8, 0);
-  else if (zside) CH(16, 1);
-  else CH(16, 0);
+  if (dk == 64) CH(8);
+  else CH(16);
 #undef CH
-  cuda_check_launch(c, zside ? "gdn decode chain (z beside)" : "gdn decode chain");
+  cuda_check_launch(c, "gdn decode chain");
   return 1;
 }
 

@@ -199,6 +199,14 @@ static backend *gpu_with(const char *knob, const char *value) {
   return be;
 }
 
+/* gpu_with with a second knob set too */
+static backend *gpu_with2(const char *k1, const char *v1, const char *k2, const char *v2) {
+  setenv(k1, v1, 1);
+  backend *be = gpu_with(k2, v2);
+  unsetenv(k1);
+  return be;
+}
+
 /* Runs fn with GPU swapped for a second backend created with knob=value. */
 static void with_gpu(const char *knob, const char *value, void (*fn)(void)) {
   backend *g2 = gpu_with(knob, value);
@@ -1331,6 +1339,22 @@ static void moe_per_row_cases(void) {
 }
 TEST(moe_per_row) { with_gpu("DS_MOE_GROUPED", "0", moe_per_row_cases); }
 
+/* The router kernel's knobs (written without the GPU, twenty-sixth session): its first weights
+ * before its wait (DS_MOE_ROUTER_EARLY=1) and the routing in each row's last router block
+ * (DS_MOE_ROUTE_LAST=1), against the CPU: one and five rows (per-row kernels), 13 (device-
+ * grouped), 100 (cuBLAS-grouped), 16 / 64 / 512 / 1,000 experts (8 / 8 / 16 / 32 logits per
+ * lane), H 256 and 2,048 (pieces past the first MOE_RPRE). decode_graph_moe checks their bits. */
+static void moe_router_cases(void) {
+  moe_case(1, 2048, 64, 8, 512, 512, 1);
+  moe_case(5, 2048, 64, 8, 512, 0, 0);
+  moe_case(13, 2048, 64, 8, 512, 0, 0);
+  moe_case(100, 256, 16, 4, 48, 64, 1);
+  moe_case(3, 256, 512, 10, 64, 64, 1);
+  moe_case(2, 256, 1000, 8, 32, 0, 0);
+}
+TEST(moe_router_early) { with_gpu("DS_MOE_ROUTER_EARLY", "1", moe_router_cases); }
+TEST(moe_route_last) { with_gpu("DS_MOE_ROUTE_LAST", "1", moe_router_cases); }
+
 TEST(logits) {
   pieces p = {3, {3, 1, 2}, {0, 7, 4}, {0, 1, 2}};
   int32_t rows[3] = {5, 0, 3};
@@ -2072,7 +2096,12 @@ static void mmodel_step(mmodel *m, int n, int k, float *logits, int32_t *ids) {
 
 TEST(decode_graph_moe) {
   backend *plain = gpu_with("DS_CUDA_GRAPHS", "0"), *off = gpu_with("DS_MOE_GRAPHS", "0");
-  REQUIRE(plain != NULL && off != NULL);
+  /* the router kernel's knobs: the same bits as the default kernels, recorded the same way */
+  backend *early = gpu_with("DS_MOE_ROUTER_EARLY", "1"), *last = gpu_with("DS_MOE_ROUTE_LAST", "1"),
+          *both = gpu_with2("DS_MOE_ROUTER_EARLY", "1", "DS_MOE_ROUTE_LAST", "1");
+  REQUIRE(plain != NULL && off != NULL && early != NULL && last != NULL && both != NULL);
+  const char *names[5] = {"recorded", "(DS_MOE_GRAPHS=0)", "(router early)", "(route last)",
+                          "(router early, route last)"};
   float *wh[3 * ME + 8];
   for (int e = 0; e < 3 * ME; e++) wh[e] = rand_vec((size_t)MI * MH, 0.08f);
   wh[3 * ME] = rand_vec((size_t)ME * MH, 0.2f);
@@ -2081,8 +2110,8 @@ TEST(decode_graph_moe) {
   wh[3 * ME + 5] = rand_vec((size_t)MV * MH, 0.5f);
   wh[3 * ME + 6] = rand_vec(MH, 0.3f);
   wh[3 * ME + 7] = rand_vec(MH, 0.3f);
-  backend *bs[2] = {GPU, off};
-  for (int v = 0; v < 2; v++) {
+  backend *bs[5] = {GPU, off, early, last, both};
+  for (int v = 0; v < 5; v++) {
     mmodel a, p;
     mmodel_init(&a, bs[v], wh);
     mmodel_init(&p, plain, wh);
@@ -2103,9 +2132,9 @@ TEST(decode_graph_moe) {
     long cap = st[0] - st0[0], rep = st[1] - st0[1], dev = backend_cuda_moe_dev_runs(bs[v]) - dev0;
     n_checks++;
     printf("  MoE decode steps %s vs direct: %d logits, %d ids differ; captures %ld, replays %ld, "
-           "device-grouped runs %ld\n", v ? "(DS_MOE_GRAPHS=0)" : "recorded", ndiff, idiff, cap, rep, dev);
+           "device-grouped runs %ld\n", names[v], ndiff, idiff, cap, rep, dev);
     EXPECT_MSG(ndiff == 0 && idiff == 0, "MoE decode steps differ from direct: %d logits, %d ids", ndiff, idiff);
-    if (v == 0) {
+    if (v != 1) {
       EXPECT_MSG(cap >= 3 && rep >= 6, "MoE steps not in graphs: %ld captures, %ld replays", cap, rep);
       EXPECT_MSG(dev >= 2, "12-row steps: %ld device-grouped runs outside replays", dev);
     } else {
@@ -2118,6 +2147,9 @@ TEST(decode_graph_moe) {
   for (int i = 0; i < 3 * ME + 8; i++) free(wh[i]);
   plain->destroy(plain);
   off->destroy(off);
+  early->destroy(early);
+  last->destroy(last);
+  both->destroy(both);
 }
 
 /* [product -> mix, rmsnorm(x += mix) -> xn, q/k/v products of xn, then fg += xn]: xn is read
@@ -2210,6 +2242,8 @@ int main(void) {
   RUN(moe_grouped_cublas);
   RUN(moe_grouped_dev);
   RUN(moe_per_row);
+  RUN(moe_router_early);
+  RUN(moe_route_last);
   RUN(logits);
   RUN(argmax);
   RUN(logits_argmax);

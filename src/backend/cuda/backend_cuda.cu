@@ -2184,6 +2184,7 @@ extern "C" backend *backend_cuda_create(int device, char *err, size_t errlen) {
   c->rope_rot = -1;
   if (!why && cuda_sgemm_init(c)) why = "out of device memory for the GEMM workspace";
   if (!why && cuda_gdn_chain_init(c)) why = "out of device memory for the decode-chain counters";
+  if (!why && cuda_moe_init(c)) why = "out of device memory for the MoE router counters";
   if (!why && (cudaMalloc(&c->am_v, ARGMAX_PARTS * sizeof(float)) != cudaSuccess ||
                cudaMalloc(&c->am_i, ARGMAX_PARTS * sizeof(int)) != cudaSuccess ||
                cudaMalloc(&c->am_cnt, ARGMAX_PARTS * sizeof(int)) != cudaSuccess ||
@@ -2249,6 +2250,10 @@ extern "C" backend *backend_cuda_create(int device, char *err, size_t errlen) {
     c->moe_graphs = !(mgr && strcmp(mgr, "0") == 0);
     const char *mde = getenv("DS_MOE_DOWN_EARLY"); /* on unless "0" */
     c->moe_down_early = !(mde && strcmp(mde, "0") == 0);
+    /* off unless "1": written without the GPU (bench/NOTES.md twenty-sixth session) */
+    const char *mre = getenv("DS_MOE_ROUTER_EARLY"), *mrl = getenv("DS_MOE_ROUTE_LAST");
+    c->moe_router_early = mre && strcmp(mre, "1") == 0;
+    c->moe_route_last = mrl && strcmp(mrl, "1") == 0;
     c->legacy = !c->batch_invariant && lg && *lg && strcmp(lg, "0") != 0;
     const char *gs = getenv("DS_CUDA_GRAPHS"), *fs = getenv("DS_CUDA_FUSE");
     if (!c->legacy && !(gs && strcmp(gs, "0") == 0)) {

@@ -160,6 +160,11 @@ typedef struct cuda_ctx {
   /* the per-row MoE down kernel reads its slots and first weights before its wait
    * (cuda_moe.cu k_moe_down; DS_MOE_DOWN_EARLY=0: after it) */
   int moe_down_early;
+  /* the per-row router kernel: its first weights before its wait (DS_MOE_ROUTER_EARLY=1), the
+   * routing in each row's last block instead of a route launch (DS_MOE_ROUTE_LAST=1), its
+   * arrival counters [MOE_CNT] (cuda_moe.cu k_moe_router) */
+  int moe_router_early, moe_route_last;
+  int *moe_cnt;
   /* the lm-head's int8 copy and bounds for one-row greedy steps (cuda_greedy.cu; NULL: none) */
   struct cuda_greedy *greedy;
   long greedy_runs; /* steps issued through it */
@@ -270,8 +275,10 @@ int cuda_gdn_conv_gates(cuda_ctx *c, const cuda_gdn_chain_args *a);
 extern "C" int cuda_gdn_chain_init(cuda_ctx *c);
 extern "C" void cuda_gdn_chain_release(cuda_ctx *c);
 
-/* Frees the MoE expert tables of this context (cuda_moe.cu). */
+/* Frees the MoE expert tables and counters of this context (cuda_moe.cu). */
 void cuda_moe_release(cuda_ctx *c);
+#define MOE_CNT 4096 /* rows of one step the router's last blocks can route */
+int cuda_moe_init(cuda_ctx *c);
 /* 1 when the MoE op of a step of T rows may be recorded into a graph: it neither
  * synchronises nor reads anything back (cuda_moe.cu). */
 extern "C" int cuda_moe_records(cuda_ctx *c, const backend_moe *m, int T, int H);

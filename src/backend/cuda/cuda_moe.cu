@@ -100,8 +100,22 @@ static const bf16 **moe_table_get(cuda_ctx *c, const backend_moe *m, const bf16 
   return t->d;
 }
 
+/* The router kernel's arrival counters (k_moe_router's LAST form), zeroed; 0 on success. */
+int cuda_moe_init(cuda_ctx *c) {
+  if (cudaMalloc(&c->moe_cnt, MOE_CNT * sizeof(int)) != cudaSuccess ||
+      cudaMemset(c->moe_cnt, 0, MOE_CNT * sizeof(int)) != cudaSuccess) {
+    cudaGetLastError();
+    cudaFree(c->moe_cnt);
+    c->moe_cnt = NULL;
+    return -1;
+  }
+  return 0;
+}
+
 /* Frees the expert tables of one backend (called by its destroy). */
 void cuda_moe_release(cuda_ctx *c) {
+  cudaFree(c->moe_cnt);
+  c->moe_cnt = NULL;
   for (int i = 0; i < g_ntables;) {
     if (g_tables[i].ctx != c) {
       i++;
@@ -165,28 +179,44 @@ __device__ __forceinline__ void moe_dot2_bb(const bf16 *wg, const bf16 *wu, cons
   }
 }
 
-/* One warp per row: softmax over E logits, top-k (ties to the lower expert id; a round with no
- * ordered candidate left, i.e. NaN logits, takes the lowest untaken id, as the CPU backend
- * does), weights, shared gate (sigmoid of sgl[t] when the router kernel computed its logit,
- * else of x_t . seg here). V > 0: the row's logits held in registers, V per lane (E <= 32 V),
- * the taken experts as bits; V == 0: any E, the logits read again each round. With tab, the
- * chosen experts' gate, up and down bases also go to wsel[t, r, 0..2] (one dependent load
- * fewer for the per-row kernels). */
-template <int V>
-__global__ void k_moe_route(const float *lg, const bf16 *x, const float *seg, const float *sgl,
-                            int T, int E, int k, int norm, int H, const bf16 *const *tab,
-                            const bf16 **wsel, int32_t *ids, float *wts, float *sg) {
-  pdl_enter();
-  int t = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+/* What routing reads and writes (k_moe_route, k_moe_router's LAST form). */
+struct moe_route_args {
+  const float *lg;  /* [T, E] router logits */
+  const bf16 *x;    /* [T, H] (the shared gate's logit when sgl is NULL) */
+  const float *seg; /* [H] shared expert gate row, or NULL */
+  const float *sgl; /* [T] the shared gate's logit from the router kernel, or NULL */
+  int T, E, k, norm, H;
+  const bf16 *const *tab; /* expert tables, or NULL (grouped steps) */
+  const bf16 **wsel;
+  int32_t *ids;
+  float *wts, *sg;
+};
+
+/* a float another block of this kernel wrote (LDCG: through L2, past a stale L1 line) */
+template <int LDCG>
+__device__ __forceinline__ float moe_ldf(const float *p) {
+  return LDCG ? __ldcg(p) : *p;
+}
+
+/* One warp routes row t: softmax over E logits, top-k (ties to the lower expert id; a round
+ * with no ordered candidate left, i.e. NaN logits, takes the lowest untaken id, as the CPU
+ * backend does), weights, shared gate (sigmoid of sgl[t] when the router kernel computed its
+ * logit, else of x_t . seg here). V > 0: the row's logits held in registers, V per lane
+ * (E <= 32 V), the taken experts as bits; V == 0: any E, the logits read again each round.
+ * With tab, the chosen experts' gate, up and down bases also go to wsel[t, r, 0..2] (one
+ * dependent load fewer for the per-row kernels). LDCG: the logits and sgl were written by
+ * other blocks of the same kernel (k_moe_router's last block), read through L2. */
+template <int V, int LDCG>
+__device__ __forceinline__ void moe_route_row(const moe_route_args &a, int t) {
   int lane = threadIdx.x & 31;
-  if (t >= T) return;
-  const float *l = lg + (size_t)t * E;
+  const int E = a.E, k = a.k;
+  const float *l = a.lg + (size_t)t * E;
   float v[V > 0 ? V : 1];
   float mx = -INFINITY, sum = 0.f;
   if (V > 0) {
 #pragma unroll
     for (int q = 0; q < V; q++) {
-      v[q] = lane + 32 * q < E ? l[lane + 32 * q] : -INFINITY;
+      v[q] = lane + 32 * q < E ? moe_ldf<LDCG>(l + lane + 32 * q) : -INFINITY;
       if (lane + 32 * q < E) mx = fmaxf(mx, v[q]);
     }
     mx = warp_max(mx);
@@ -194,9 +224,9 @@ __global__ void k_moe_route(const float *lg, const bf16 *x, const float *seg, co
     for (int q = 0; q < V; q++)
       if (lane + 32 * q < E) sum += expf(v[q] - mx);
   } else {
-    for (int e = lane; e < E; e += 32) mx = fmaxf(mx, l[e]);
+    for (int e = lane; e < E; e += 32) mx = fmaxf(mx, moe_ldf<LDCG>(l + e));
     mx = warp_max(mx);
-    for (int e = lane; e < E; e += 32) sum += expf(l[e] - mx);
+    for (int e = lane; e < E; e += 32) sum += expf(moe_ldf<LDCG>(l + e) - mx);
   }
   sum = warp_sum(sum);
   unsigned tk = 0; /* V > 0: bit q set when expert lane + 32 q is taken */
@@ -223,7 +253,7 @@ __global__ void k_moe_route(const float *lg, const bf16 *x, const float *seg, co
         for (int q = 0; q < r; q++) taken |= chosen[q] == e;
         if (taken) continue;
         fu = min(fu, e);
-        float lv = l[e];
+        float lv = moe_ldf<LDCG>(l + e);
         if (lv > bv || (lv == bv && e < bi)) {
           bv = lv;
           bi = e;
@@ -241,7 +271,7 @@ __global__ void k_moe_route(const float *lg, const bf16 *x, const float *seg, co
     }
     if (bi == 0x7fffffff) { /* only NaNs left */
       bi = fu;
-      bv = l[bi];
+      bv = moe_ldf<LDCG>(l + bi);
     }
     if (V > 0) {
       if ((bi & 31) == lane) tk |= 1u << (bi >> 5);
@@ -254,66 +284,115 @@ __global__ void k_moe_route(const float *lg, const bf16 *x, const float *seg, co
   }
   if (lane < k) {
     size_t o = (size_t)t * k + lane;
-    ids[o] = my_id;
-    wts[o] = norm ? my_w / s : my_w;
-    if (tab) {
-      wsel[3 * o] = tab[my_id];
-      wsel[3 * o + 1] = tab[E + my_id];
-      wsel[3 * o + 2] = tab[2 * E + my_id];
+    a.ids[o] = my_id;
+    a.wts[o] = a.norm ? my_w / s : my_w;
+    if (a.tab) {
+      a.wsel[3 * o] = a.tab[my_id];
+      a.wsel[3 * o + 1] = a.tab[E + my_id];
+      a.wsel[3 * o + 2] = a.tab[2 * E + my_id];
     }
   }
-  if (sgl) {
-    if (lane == 0) sg[t] = sigmoidf_dev(sgl[t]);
-  } else if (seg) {
-    const bf16 *xr = x + (size_t)t * H;
+  if (a.sgl) {
+    if (lane == 0) a.sg[t] = sigmoidf_dev(moe_ldf<LDCG>(a.sgl + t));
+  } else if (a.seg) {
+    const bf16 *xr = a.x + (size_t)t * a.H;
     float d = 0.f;
-    for (int i = lane; i < H; i += 32) d += bf2f(xr[i]) * seg[i];
+    for (int i = lane; i < a.H; i += 32) d += bf2f(xr[i]) * a.seg[i];
     d = warp_sum(d);
-    if (lane == 0) sg[t] = sigmoidf_dev(d);
+    if (lane == 0) a.sg[t] = sigmoidf_dev(d);
   }
 }
 
+/* One warp per row (moe_route_row). */
+template <int V>
+__global__ void k_moe_route(moe_route_args a) {
+  pdl_enter();
+  int t = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (t >= a.T) return;
+  moe_route_row<V, 0>(a, t);
+}
+
 /* k_moe_route for E experts: logits in registers up to 1024 */
-static void moe_route_launch(cuda_ctx *c, const float *lg, const bf16 *x, const float *seg,
-                             const float *sgl, int T, int E, int k, int norm, int H,
-                             const bf16 *const *tab, const bf16 **wsel, int32_t *ids, float *wts,
-                             float *sg) {
-  dim3 g((T + 7) / 8);
-  if (E <= 256) k_moe_route<8><<<g, 256, 0, c->st>>>(lg, x, seg, sgl, T, E, k, norm, H, tab, wsel, ids, wts, sg);
-  else if (E <= 512) k_moe_route<16><<<g, 256, 0, c->st>>>(lg, x, seg, sgl, T, E, k, norm, H, tab, wsel, ids, wts, sg);
-  else if (E <= 1024) k_moe_route<32><<<g, 256, 0, c->st>>>(lg, x, seg, sgl, T, E, k, norm, H, tab, wsel, ids, wts, sg);
-  else k_moe_route<0><<<g, 256, 0, c->st>>>(lg, x, seg, sgl, T, E, k, norm, H, tab, wsel, ids, wts, sg);
+static void moe_route_launch(cuda_ctx *c, const moe_route_args &a) {
+  dim3 g((a.T + 7) / 8);
+  if (a.E <= 256) k_moe_route<8><<<g, 256, 0, c->st>>>(a);
+  else if (a.E <= 512) k_moe_route<16><<<g, 256, 0, c->st>>>(a);
+  else if (a.E <= 1024) k_moe_route<32><<<g, 256, 0, c->st>>>(a);
+  else k_moe_route<0><<<g, 256, 0, c->st>>>(a);
   cuda_check_launch(c, "moe (route)");
 }
 
 #define MOE_RW 2 /* router rows (warps) per block: ~E / 2 blocks spread the router's read */
 
 /* grid (T, ceil((E + S) / MOE_RW)), MOE_RW warps; S = 1 with a shared expert: lg[t, e] =
- * R_e . x_t with the fp32 router copy for e < E, sgl[t] = seg . x_t for row E. */
+ * R_e . x_t with the fp32 router copy for e < E, sgl[t] = seg . x_t for row E.
+ * EARLY (DS_MOE_ROUTER_EARLY=1): each warp's first MOE_RPRE router pieces are requested before
+ * the wait (the router is a weight; only x is the kernel before's). LAST (DS_MOE_ROUTE_LAST=1):
+ * the last of a row's blocks to finish (a counter per row, fenced, reset by that block) routes
+ * the row with warp 0 (moe_route_row, the route kernel's arithmetic: the same bits), so the
+ * route launch goes. Both sum each logit in the same order as the plain kernel. */
+#define MOE_RPRE 16
+template <int EARLY, int LAST, int V>
 __global__ void k_moe_router(const bf16 *x, const float *R, const float *seg, int E, int H,
-                             float *lg, float *sgl) {
-  pdl_enter();
+                             float *lg, float *sgl, int *cnt, moe_route_args ra) {
   int t = blockIdx.x, e = blockIdx.y * MOE_RW + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-  if (e > E || (e == E && !seg)) return;
-  const float *r = e < E ? R + (size_t)e * H : seg;
+  int valid = !(e > E || (e == E && !seg));
+  const float *r = valid ? (e < E ? R + (size_t)e * H : seg) : R;
   const bf16 *xr = x + (size_t)t * H;
-  float acc = 0.f;
-  if ((H & 127) == 0 && (((uintptr_t)r & 15) | ((uintptr_t)xr & 7)) == 0) {
-#pragma unroll 16
-    for (int i = lane * 4; i < H; i += 128) {
-      float4 a = __ldg((const float4 *)(r + i));
-      uint2 xb = __ldg((const uint2 *)(xr + i));
-      float2 x0 = __bfloat1622float2(*(const __nv_bfloat162 *)&xb.x),
-             x1 = __bfloat1622float2(*(const __nv_bfloat162 *)&xb.y);
-      acc += a.x * x0.x + a.y * x0.y + a.z * x1.x + a.w * x1.y;
-    }
-  } else {
-    for (int i = lane; i < H; i += 32) acc += r[i] * bf2f(xr[i]);
+  int vec = (H & 127) == 0 && (((uintptr_t)r & 15) | ((uintptr_t)xr & 7)) == 0;
+  float4 pre[EARLY ? MOE_RPRE : 1];
+  if (EARLY && valid && vec) {
+#pragma unroll
+    for (int q = 0; q < MOE_RPRE; q++)
+      if (lane * 4 + 128 * q < H) pre[q] = __ldg((const float4 *)(r + lane * 4 + 128 * q));
   }
-  acc = warp_sum(acc);
-  if (lane == 0) {
-    if (e < E) lg[(size_t)t * E + e] = acc;
-    else sgl[t] = acc;
+  pdl_enter();
+  if (!LAST && !valid) return;
+  if (valid) {
+    float acc = 0.f;
+    if (vec) {
+      int i = lane * 4;
+      if (EARLY) {
+#pragma unroll
+        for (int q = 0; q < MOE_RPRE; q++, i += 128) {
+          if (i >= H) break;
+          float4 a = pre[q];
+          uint2 xb = __ldg((const uint2 *)(xr + i));
+          float2 x0 = __bfloat1622float2(*(const __nv_bfloat162 *)&xb.x),
+                 x1 = __bfloat1622float2(*(const __nv_bfloat162 *)&xb.y);
+          acc += a.x * x0.x + a.y * x0.y + a.z * x1.x + a.w * x1.y;
+        }
+      }
+#pragma unroll 16
+      for (; i < H; i += 128) {
+        float4 a = __ldg((const float4 *)(r + i));
+        uint2 xb = __ldg((const uint2 *)(xr + i));
+        float2 x0 = __bfloat1622float2(*(const __nv_bfloat162 *)&xb.x),
+               x1 = __bfloat1622float2(*(const __nv_bfloat162 *)&xb.y);
+        acc += a.x * x0.x + a.y * x0.y + a.z * x1.x + a.w * x1.y;
+      }
+    } else {
+      for (int i = lane; i < H; i += 32) acc += r[i] * bf2f(xr[i]);
+    }
+    acc = warp_sum(acc);
+    if (lane == 0) {
+      if (e < E) lg[(size_t)t * E + e] = acc;
+      else sgl[t] = acc;
+      if (LAST) __threadfence(); /* before the block's arrival */
+    }
+  }
+  if (LAST) {
+    __shared__ int last;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      last = atomicAdd(cnt + t, 1) == (int)gridDim.y - 1;
+      if (last) {
+        cnt[t] = 0;
+        __threadfence(); /* the other blocks' logits, seen through L2 below */
+      }
+    }
+    __syncthreads();
+    if (last && threadIdx.x < 32) moe_route_row<V, 1>(ra, t);
   }
 }
 
@@ -795,16 +874,35 @@ extern "C" void cuda_moe_moe(backend *be, backend_buf x, const backend_moe *m, i
   const bf16 *xb = (const bf16 *)x;
   const float *seg = Is > 0 ? CW(m->shared_expert_gate)->f32 : NULL;
   int router_sg = 0; /* the router kernel computes the shared gate's logit */
+  moe_route_args ra = {lg, xb, seg, NULL, T, E, k, m->norm_topk_prob, H, grouped ? NULL : tab,
+                       wsel, ids, wts, sg};
+  int routed = 0; /* the router kernel's last blocks routed the rows */
   if (CW(m->router)->f32) {
     router_sg = seg != NULL;
+    ra.sgl = router_sg ? sgl : NULL;
     dim3 gr(T, (E + router_sg + MOE_RW - 1) / MOE_RW);
-    k_moe_router<<<gr, MOE_RW * 32, 0, c->st>>>(xb, CW(m->router)->f32, seg, E, H, lg, sgl);
-    cuda_check_launch(c, "moe (router)");
+    int last = c->moe_route_last && c->moe_cnt && T <= MOE_CNT && E <= 1024;
+    const float *R = CW(m->router)->f32;
+#define RT(EA, LA, V) k_moe_router<EA, LA, V><<<gr, MOE_RW * 32, 0, c->st>>>(xb, R, seg, E, H, lg, sgl, c->moe_cnt, ra)
+    if (!last) {
+      if (c->moe_router_early) RT(1, 0, 0);
+      else RT(0, 0, 0);
+    } else if (c->moe_router_early) {
+      if (E <= 256) RT(1, 1, 8);
+      else if (E <= 512) RT(1, 1, 16);
+      else RT(1, 1, 32);
+    } else {
+      if (E <= 256) RT(0, 1, 8);
+      else if (E <= 512) RT(0, 1, 16);
+      else RT(0, 1, 32);
+    }
+#undef RT
+    cuda_check_launch(c, last ? "moe (router + route)" : "moe (router)");
+    routed = last;
   } else {
     cuda_gemm(c, xb, CW(m->router)->bf, T, H, E, lg, 1);
   }
-  moe_route_launch(c, lg, xb, seg, router_sg ? sgl : NULL, T, E, k, m->norm_topk_prob, H,
-                   grouped ? NULL : tab, wsel, ids, wts, sg);
+  if (!routed) moe_route_launch(c, ra);
   if (grouped) {
     if (Is > 0) {
       cuda_gemm(c, xb, CW(m->shared_gate)->bf, T, H, Is, gs, 0);

@@ -1343,7 +1343,8 @@ TEST(moe_per_row) { with_gpu("DS_MOE_GROUPED", "0", moe_per_row_cases); }
  * before its wait (DS_MOE_ROUTER_EARLY=1) and the routing in each row's last router block
  * (DS_MOE_ROUTE_LAST=1), against the CPU: one and five rows (per-row kernels), 13 (device-
  * grouped), 100 (cuBLAS-grouped), 16 / 64 / 512 / 1,000 experts (8 / 8 / 16 / 32 logits per
- * lane), H 256 and 2,048 (pieces past the first MOE_RPRE). decode_graph_moe checks their bits. */
+ * lane), H 256, 2,048 (every piece early) and 2,560 (four pieces per lane past the MOE_RPRE
+ * early ones). decode_graph_moe checks their bits. */
 static void moe_router_cases(void) {
   moe_case(1, 2048, 64, 8, 512, 512, 1);
   moe_case(5, 2048, 64, 8, 512, 0, 0);
@@ -1351,6 +1352,7 @@ static void moe_router_cases(void) {
   moe_case(100, 256, 16, 4, 48, 64, 1);
   moe_case(3, 256, 512, 10, 64, 64, 1);
   moe_case(2, 256, 1000, 8, 32, 0, 0);
+  moe_case(2, 2560, 16, 4, 64, 64, 1);
 }
 TEST(moe_router_early) { with_gpu("DS_MOE_ROUTER_EARLY", "1", moe_router_cases); }
 TEST(moe_route_last) { with_gpu("DS_MOE_ROUTE_LAST", "1", moe_router_cases); }

@@ -332,6 +332,16 @@ static void moe_route_launch(cuda_ctx *c, const moe_route_args &a) {
  * the row with warp 0 (moe_route_row, the route kernel's arithmetic: the same bits), so the
  * route launch goes. Both sum each logit in the same order as the plain kernel. */
 #define MOE_RPRE 16
+
+/* acc += r[i .. i+4) . x[i .. i+4) (fp32 router piece a, bf16 x): one expression for both of
+ * k_moe_router's loops, so the early pieces sum as the others do */
+__device__ __forceinline__ void moe_router_piece(float &acc, float4 a, const bf16 *xr, int i) {
+  uint2 xb = __ldg((const uint2 *)(xr + i));
+  float2 x0 = __bfloat1622float2(*(const __nv_bfloat162 *)&xb.x),
+         x1 = __bfloat1622float2(*(const __nv_bfloat162 *)&xb.y);
+  acc += a.x * x0.x + a.y * x0.y + a.z * x1.x + a.w * x1.y;
+}
+
 template <int EARLY, int LAST, int V>
 __global__ void k_moe_router(const bf16 *x, const float *R, const float *seg, int E, int H,
                              float *lg, float *sgl, int *cnt, moe_route_args ra) {
@@ -356,21 +366,11 @@ __global__ void k_moe_router(const bf16 *x, const float *R, const float *seg, in
 #pragma unroll
         for (int q = 0; q < MOE_RPRE; q++, i += 128) {
           if (i >= H) break;
-          float4 a = pre[q];
-          uint2 xb = __ldg((const uint2 *)(xr + i));
-          float2 x0 = __bfloat1622float2(*(const __nv_bfloat162 *)&xb.x),
-                 x1 = __bfloat1622float2(*(const __nv_bfloat162 *)&xb.y);
-          acc += a.x * x0.x + a.y * x0.y + a.z * x1.x + a.w * x1.y;
+          moe_router_piece(acc, pre[q], xr, i);
         }
       }
 #pragma unroll 16
-      for (; i < H; i += 128) {
-        float4 a = __ldg((const float4 *)(r + i));
-        uint2 xb = __ldg((const uint2 *)(xr + i));
-        float2 x0 = __bfloat1622float2(*(const __nv_bfloat162 *)&xb.x),
-               x1 = __bfloat1622float2(*(const __nv_bfloat162 *)&xb.y);
-        acc += a.x * x0.x + a.y * x0.y + a.z * x1.x + a.w * x1.y;
-      }
+      for (; i < H; i += 128) moe_router_piece(acc, __ldg((const float4 *)(r + i)), xr, i);
     } else {
       for (int i = lane; i < H; i += 32) acc += r[i] * bf2f(xr[i]);
     }

@@ -160,10 +160,12 @@ typedef struct cuda_ctx {
   /* the per-row MoE down kernel reads its slots and first weights before its wait
    * (cuda_moe.cu k_moe_down; DS_MOE_DOWN_EARLY=0: after it) */
   int moe_down_early;
-  /* the per-row router kernel: its first weights before its wait (DS_MOE_ROUTER_EARLY=1), the
-   * routing in each row's last block instead of a route launch (DS_MOE_ROUTE_LAST=1), its
-   * arrival counters [MOE_CNT] (cuda_moe.cu k_moe_router) */
-  int moe_router_early, moe_route_last;
+  /* the per-row router kernel: its first weights before its wait in steps of up to
+   * moe_router_early rows (DS_MOE_ROUTER_EARLY, 8), the routing in each row's last block
+   * instead of a route launch (DS_MOE_ROUTE_LAST=1), its arrival counters [MOE_CNT]
+   * (cuda_moe.cu k_moe_router); the per-row experts kernel's shared-expert blocks before its
+   * wait (DS_MOE_SHARED_EARLY=0: after it; k_moe_hidden) */
+  int moe_router_early, moe_route_last, moe_shared_early;
   int *moe_cnt;
   /* the lm-head's int8 copy and bounds for one-row greedy steps (cuda_greedy.cu; NULL: none) */
   struct cuda_greedy *greedy;

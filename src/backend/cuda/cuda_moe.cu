@@ -326,8 +326,9 @@ static void moe_route_launch(cuda_ctx *c, const moe_route_args &a) {
 
 /* grid (T, ceil((E + S) / MOE_RW)), MOE_RW warps; S = 1 with a shared expert: lg[t, e] =
  * R_e . x_t with the fp32 router copy for e < E, sgl[t] = seg . x_t for row E.
- * EARLY (DS_MOE_ROUTER_EARLY=1): each warp's first MOE_RPRE router pieces are requested before
- * the wait (the router is a weight; only x is the kernel before's). LAST (DS_MOE_ROUTE_LAST=1):
+ * EARLY (steps of up to DS_MOE_ROUTER_EARLY rows, 8 unless set): each warp's first MOE_RPRE
+ * router pieces are requested before the wait (the router is a weight; only x is the kernel
+ * before's). LAST (DS_MOE_ROUTE_LAST=1):
  * the last of a row's blocks to finish (a counter per row, fenced, reset by that block) routes
  * the row with warp 0 (moe_route_row, the route kernel's arithmetic: the same bits), so the
  * route launch goes. Both sum each logit in the same order as the plain kernel. */
@@ -396,14 +397,32 @@ __global__ void k_moe_router(const bf16 *x, const float *R, const float *seg, in
   }
 }
 
+/* hid[t, r I + i] = silu(wg . x_t) * (wu . x_t): one output of k_moe_hidden (a warp) */
+__device__ __forceinline__ void moe_hidden_out(const bf16 *x, const bf16 *wg, const bf16 *wu, int t,
+                                               int r, int i, int k, int H, int I, int Is, float *hid) {
+  float gv, uv;
+  moe_dot2_bb(wg, wu, x + (size_t)t * H, H, &gv, &uv);
+  if ((threadIdx.x & 31) == 0) hid[(size_t)t * ((size_t)k * I + Is) + (size_t)r * I + i] = siluf_dev(gv) * uv;
+}
+
 /* grid (T (k + S), ceil(max(I, Is) / 8)), 8 warps, a warp per output i of slot r of row t:
  * r < k the routed expert of wsel[t, r] (width I), r == k the shared expert (S = 1, width Is):
- * hid[t, r I + i] = silu(gate[i] . x_t) * (up[i] . x_t), rows of hid k I + Is wide. */
+ * hid[t, r I + i] = silu(gate[i] . x_t) * (up[i] . x_t), rows of hid k I + Is wide.
+ * SE (DS_MOE_SHARED_EARLY, on unless "0"): the shared expert's blocks compute their outputs
+ * before the wait: x is the MoE input's norm, done before the router (the kernel two back)
+ * began, their weights are weights, and the kernel before (route, or the router's last blocks)
+ * neither reads nor writes hid; only the routed slots need the route's wsel. */
+template <int SE>
 __global__ void k_moe_hidden(const bf16 *x, const bf16 *const *wsel, int k, int S, int H, int I,
                              int Is, const bf16 *sgw, const bf16 *suw, float *hid) {
-  pdl_enter();
   int ks = k + S, t = blockIdx.x / ks, r = blockIdx.x % ks;
   int i = blockIdx.y * 8 + (threadIdx.x >> 5);
+  if (SE && r == k) {
+    if (i < Is) moe_hidden_out(x, sgw + (size_t)i * H, suw + (size_t)i * H, t, r, i, k, H, I, Is, hid);
+    pdl_enter(); /* every block still waits before it exits */
+    return;
+  }
+  pdl_enter();
   if (i >= (r < k ? I : Is)) return;
   const bf16 *wg, *wu;
   if (r < k) {
@@ -414,9 +433,7 @@ __global__ void k_moe_hidden(const bf16 *x, const bf16 *const *wsel, int k, int 
     wg = sgw + (size_t)i * H;
     wu = suw + (size_t)i * H;
   }
-  float gv, uv;
-  moe_dot2_bb(wg, wu, x + (size_t)t * H, H, &gv, &uv);
-  if ((threadIdx.x & 31) == 0) hid[(size_t)t * ((size_t)k * I + Is) + (size_t)r * I + i] = siluf_dev(gv) * uv;
+  moe_hidden_out(x, wg, wu, t, r, i, k, H, I, Is, hid);
 }
 
 #define MOE_DQ 8 /* slots whose down rows a warp requests at once */
@@ -884,10 +901,11 @@ extern "C" void cuda_moe_moe(backend *be, backend_buf x, const backend_moe *m, i
     int last = c->moe_route_last && c->moe_cnt && T <= MOE_CNT && E <= 1024;
     const float *R = CW(m->router)->f32;
 #define RT(EA, LA, V) k_moe_router<EA, LA, V><<<gr, MOE_RW * 32, 0, c->st>>>(xb, R, seg, E, H, lg, sgl, c->moe_cnt, ra)
+    int early = T <= c->moe_router_early;
     if (!last) {
-      if (c->moe_router_early) RT(1, 0, 0);
+      if (early) RT(1, 0, 0);
       else RT(0, 0, 0);
-    } else if (c->moe_router_early) {
+    } else if (early) {
       if (E <= 256) RT(1, 1, 8);
       else if (E <= 512) RT(1, 1, 16);
       else RT(1, 1, 32);
@@ -916,8 +934,9 @@ extern "C" void cuda_moe_moe(backend *be, backend_buf x, const backend_moe *m, i
   }
   int S = Is > 0, wmax = I > Is ? I : Is;
   dim3 gh(T * (k + S), (wmax + 7) / 8);
-  k_moe_hidden<<<gh, 256, 0, c->st>>>(xb, wsel, k, S, H, I, Is,
-                                      S ? CW(m->shared_gate)->bf : NULL, S ? CW(m->shared_up)->bf : NULL, hid);
+  const bf16 *sgw = S ? CW(m->shared_gate)->bf : NULL, *suw = S ? CW(m->shared_up)->bf : NULL;
+  if (c->moe_shared_early) k_moe_hidden<1><<<gh, 256, 0, c->st>>>(xb, wsel, k, S, H, I, Is, sgw, suw, hid);
+  else k_moe_hidden<0><<<gh, 256, 0, c->st>>>(xb, wsel, k, S, H, I, Is, sgw, suw, hid);
   cuda_check_launch(c, "moe (experts)");
   dim3 gd(T, (H + 7) / 8);
   const bf16 *sdw = S ? CW(m->shared_down)->bf : NULL;

@@ -1341,9 +1341,8 @@ TEST(moe_per_row) { with_gpu("DS_MOE_GROUPED", "0", moe_per_row_cases); }
 
 /* The router kernel's knobs: its first weights before its wait in every step
  * (DS_MOE_ROUTER_EARLY=4096) or none (=0; by default steps up to 8 rows), the routing in each
- * row's last router block (DS_MOE_ROUTE_LAST=1), the experts kernel's shared-expert blocks
- * after its wait (DS_MOE_SHARED_EARLY=0), and a route launch instead of the experts and down
- * kernels routing their rows (DS_MOE_ROUTE_IN=0), against the CPU: one and five rows (per-row kernels), 13 (device-
+ * row's last router block (DS_MOE_ROUTE_LAST=1), and the experts kernel's shared-expert blocks
+ * after its wait (DS_MOE_SHARED_EARLY=0), against the CPU: one and five rows (per-row kernels), 13 (device-
  * grouped), 100 (cuBLAS-grouped), 16 / 64 / 512 / 1,000 experts (8 / 8 / 16 / 32 logits per
  * lane), H 256, 2,048 (every piece early) and 2,560 (four pieces per lane past the MOE_RPRE
  * early ones). decode_graph_moe checks their bits. */
@@ -1359,7 +1358,6 @@ static void moe_router_cases(void) {
 TEST(moe_router_early) { with_gpu("DS_MOE_ROUTER_EARLY", "4096", moe_router_cases); }
 TEST(moe_router_plain) { with_gpu("DS_MOE_ROUTER_EARLY", "0", moe_router_cases); }
 TEST(moe_shared_late) { with_gpu("DS_MOE_SHARED_EARLY", "0", moe_router_cases); }
-TEST(moe_route_launch) { with_gpu("DS_MOE_ROUTE_IN", "0", moe_router_cases); }
 TEST(moe_route_last) { with_gpu("DS_MOE_ROUTE_LAST", "1", moe_router_cases); }
 
 TEST(logits) {
@@ -2104,11 +2102,11 @@ static void mmodel_step(mmodel *m, int n, int k, float *logits, int32_t *ids) {
 TEST(decode_graph_moe) {
   backend *plain = gpu_with("DS_CUDA_GRAPHS", "0"), *off = gpu_with("DS_MOE_GRAPHS", "0");
   /* the router kernel's knobs: the same bits as the default kernels, recorded the same way */
-  backend *early = gpu_with2("DS_MOE_ROUTE_IN", "0", "DS_MOE_SHARED_EARLY", "0"),
+  backend *early = gpu_with2("DS_MOE_ROUTER_EARLY", "0", "DS_MOE_SHARED_EARLY", "0"),
           *last = gpu_with("DS_MOE_ROUTE_LAST", "1"),
           *both = gpu_with2("DS_MOE_ROUTER_EARLY", "4096", "DS_MOE_ROUTE_LAST", "1");
   REQUIRE(plain != NULL && off != NULL && early != NULL && last != NULL && both != NULL);
-  const char *names[5] = {"recorded", "(DS_MOE_GRAPHS=0)", "(route launch, shared expert late)",
+  const char *names[5] = {"recorded", "(DS_MOE_GRAPHS=0)", "(router and shared expert late)",
                           "(route last)", "(router early every step, route last)"};
   float *wh[3 * ME + 8];
   for (int e = 0; e < 3 * ME; e++) wh[e] = rand_vec((size_t)MI * MH, 0.08f);
@@ -2253,7 +2251,6 @@ int main(void) {
   RUN(moe_router_early);
   RUN(moe_router_plain);
   RUN(moe_shared_late);
-  RUN(moe_route_launch);
   RUN(moe_route_last);
   RUN(logits);
   RUN(argmax);

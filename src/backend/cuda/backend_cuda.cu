@@ -2259,10 +2259,6 @@ extern "C" backend *backend_cuda_create(int device, char *err, size_t errlen) {
     c->moe_route_last = mrl && strcmp(mrl, "1") == 0;
     const char *mse = getenv("DS_MOE_SHARED_EARLY");
     c->moe_shared_early = !(mse && strcmp(mse, "0") == 0);
-    /* the per-row experts and down kernels route their rows themselves, no route launch (on
-     * unless "0"; bench/NOTES.md twenty-seventh session) */
-    const char *mri = getenv("DS_MOE_ROUTE_IN");
-    c->moe_route_in = !(mri && strcmp(mri, "0") == 0);
     c->legacy = !c->batch_invariant && lg && *lg && strcmp(lg, "0") != 0;
     const char *gs = getenv("DS_CUDA_GRAPHS"), *fs = getenv("DS_CUDA_FUSE");
     if (!c->legacy && !(gs && strcmp(gs, "0") == 0)) {

@@ -164,10 +164,8 @@ typedef struct cuda_ctx {
    * moe_router_early rows (DS_MOE_ROUTER_EARLY, 8), the routing in each row's last block
    * instead of a route launch (DS_MOE_ROUTE_LAST=1), its arrival counters [MOE_CNT]
    * (cuda_moe.cu k_moe_router); the per-row experts kernel's shared-expert blocks before its
-   * wait (DS_MOE_SHARED_EARLY=0: after it; k_moe_hidden); the per-row experts and down
-   * kernels routing their rows themselves instead of a route launch (DS_MOE_ROUTE_IN=0: the
-   * route launch) */
-  int moe_router_early, moe_route_last, moe_shared_early, moe_route_in;
+   * wait (DS_MOE_SHARED_EARLY=0: after it; k_moe_hidden) */
+  int moe_router_early, moe_route_last, moe_shared_early;
   int *moe_cnt;
   /* the lm-head's int8 copy and bounds for one-row greedy steps (cuda_greedy.cu; NULL: none) */
   struct cuda_greedy *greedy;

@@ -205,12 +205,9 @@ __device__ __forceinline__ float moe_ldf(const float *p) {
  * (E <= 32 V), the taken experts as bits; V == 0: any E, the logits read again each round.
  * With tab, the chosen experts' gate, up and down bases also go to wsel[t, r, 0..2] (one
  * dependent load fewer for the per-row kernels). LDCG: the logits and sgl were written by
- * other blocks of the same kernel (k_moe_router's last block), read through L2. Returns, in
- * lane r < k, slot r's expert (and its weight in *wout); write 0: nothing is written (the
- * per-row experts and down kernels route a row themselves, DS_MOE_ROUTE_IN). */
+ * other blocks of the same kernel (k_moe_router's last block), read through L2. */
 template <int V, int LDCG>
-__device__ __forceinline__ int moe_route_row(const moe_route_args &a, int t, int write = 1,
-                                             float *wout = NULL) {
+__device__ __forceinline__ void moe_route_row(const moe_route_args &a, int t) {
   int lane = threadIdx.x & 31;
   const int E = a.E, k = a.k;
   const float *l = a.lg + (size_t)t * E;
@@ -285,13 +282,10 @@ __device__ __forceinline__ int moe_route_row(const moe_route_args &a, int t, int
     s += w;
     if (lane == r) my_id = bi, my_w = w;
   }
-  float wn = a.norm ? my_w / s : my_w;
-  if (wout) *wout = wn;
-  if (!write) return my_id;
   if (lane < k) {
     size_t o = (size_t)t * k + lane;
     a.ids[o] = my_id;
-    a.wts[o] = wn;
+    a.wts[o] = a.norm ? my_w / s : my_w;
     if (a.tab) {
       a.wsel[3 * o] = a.tab[my_id];
       a.wsel[3 * o + 1] = a.tab[E + my_id];
@@ -307,7 +301,6 @@ __device__ __forceinline__ int moe_route_row(const moe_route_args &a, int t, int
     d = warp_sum(d);
     if (lane == 0) a.sg[t] = sigmoidf_dev(d);
   }
-  return my_id;
 }
 
 /* One warp per row (moe_route_row). */
@@ -316,7 +309,7 @@ __global__ void k_moe_route(moe_route_args a) {
   pdl_enter();
   int t = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
   if (t >= a.T) return;
-  moe_route_row<V, 0>(a, t, 1);
+  moe_route_row<V, 0>(a, t);
 }
 
 /* k_moe_route for E experts: logits in registers up to 1024 */
@@ -400,7 +393,7 @@ __global__ void k_moe_router(const bf16 *x, const float *R, const float *seg, in
       }
     }
     __syncthreads();
-    if (last && threadIdx.x < 32) moe_route_row<V, 1>(ra, t, 1);
+    if (last && threadIdx.x < 32) moe_route_row<V, 1>(ra, t);
   }
 }
 
@@ -418,14 +411,10 @@ __device__ __forceinline__ void moe_hidden_out(const bf16 *x, const bf16 *wg, co
  * SE (DS_MOE_SHARED_EARLY, on unless "0"): the shared expert's blocks compute their outputs
  * before the wait: x is the MoE input's norm, done before the router (the kernel two back)
  * began, their weights are weights, and the kernel before (route, or the router's last blocks)
- * neither reads nor writes hid; only the routed slots need the route's wsel. V > 0
- * (DS_MOE_ROUTE_IN, on unless "0"): no route launch before this one; each routed warp routes
- * its row itself (moe_route_row over the router kernel's logits, V logits per lane) and takes
- * slot r's expert from the table, and nothing reads wsel. */
-template <int SE, int V>
+ * neither reads nor writes hid; only the routed slots need the route's wsel. */
+template <int SE>
 __global__ void k_moe_hidden(const bf16 *x, const bf16 *const *wsel, int k, int S, int H, int I,
-                             int Is, const bf16 *sgw, const bf16 *suw, float *hid,
-                             moe_route_args ra) {
+                             int Is, const bf16 *sgw, const bf16 *suw, float *hid) {
   int ks = k + S, t = blockIdx.x / ks, r = blockIdx.x % ks;
   int i = blockIdx.y * 8 + (threadIdx.x >> 5);
   if (SE && r == k) {
@@ -436,11 +425,7 @@ __global__ void k_moe_hidden(const bf16 *x, const bf16 *const *wsel, int k, int 
   pdl_enter();
   if (i >= (r < k ? I : Is)) return;
   const bf16 *wg, *wu;
-  if (V > 0 && r < k) { /* the row routed by this warp: slot r's expert from the router's logits */
-    int id = __shfl_sync(0xffffffffu, moe_route_row<V, 0>(ra, t, 0), r);
-    wg = ra.tab[id] + (size_t)i * H;
-    wu = ra.tab[ra.E + id] + (size_t)i * H;
-  } else if (r < k) {
+  if (r < k) {
     const bf16 *const *p = wsel + 3 * ((size_t)t * k + r);
     wg = p[0] + (size_t)i * H;
     wu = p[1] + (size_t)i * H;
@@ -521,31 +506,17 @@ __device__ __forceinline__ float moe_down_slots(float acc, const bf16 *const *wp
  * hid[t, r] (slot order; down_r = wsel[t, r, 2]) + sg[t] sdown[j] . hid[t, shared] (sdw: the
  * shared expert). EARLY: the slots, their weights and the first pieces of the first slots'
  * down rows are read before the wait — wsel, wts and sg come from the route kernel, two
- * launches back, done before this one may start; only hid is the previous kernel's. V > 0
- * (DS_MOE_ROUTE_IN): no route kernel; warp 0 routes the row from the router's logits (two
- * launches back as well) into the same slots and weights. */
-template <int EARLY, int V>
+ * launches back, done before this one may start; only hid is the previous kernel's. */
+template <int EARLY>
 __global__ void __launch_bounds__(256, 2)
     k_moe_down(const float *hid, const bf16 *const *wsel, const float *wts, int k, int H, int I,
-               int Is, const float *sg, const bf16 *sdw, bf16 *out, moe_route_args ra) {
+               int Is, const float *sg, const bf16 *sdw, bf16 *out) {
   if (!EARLY) pdl_enter();
   __shared__ const bf16 *wp[MOE_MAX_K + 1];
   __shared__ float ww[MOE_MAX_K + 1];
   int t = blockIdx.x;
   size_t hw = (size_t)k * I + (sdw ? Is : 0);
-  if (V > 0) { /* warp 0 routes the row (the router kernel's logits, two launches back) */
-    if (threadIdx.x < 32) {
-      float w;
-      int id = moe_route_row<V, 0>(ra, t, 0, &w);
-      if (threadIdx.x < k) {
-        wp[threadIdx.x] = ra.tab[2 * ra.E + id];
-        ww[threadIdx.x] = w;
-      }
-    } else if (sdw && threadIdx.x == 32) {
-      wp[k] = sdw;
-      ww[k] = sigmoidf_dev(ra.sgl[t]); /* moe_route_row's shared gate */
-    }
-  } else if (threadIdx.x < k) {
+  if (threadIdx.x < k) {
     wp[threadIdx.x] = wsel[3 * ((size_t)t * k + threadIdx.x) + 2];
     ww[threadIdx.x] = wts[(size_t)t * k + threadIdx.x];
   } else if (sdw && threadIdx.x == k) {
@@ -949,11 +920,7 @@ extern "C" void cuda_moe_moe(backend *be, backend_buf x, const backend_moe *m, i
   } else {
     cuda_gemm(c, xb, CW(m->router)->bf, T, H, E, lg, 1);
   }
-  /* the per-row experts and down kernels route the rows themselves: the router kernel's
-   * logits and shared gate logit, up to 1,024 experts (logits in registers) */
-  int rin = !grouped && !routed && c->moe_route_in && CW(m->router)->f32 && E <= 1024;
-  int V = !rin ? 0 : E <= 256 ? 8 : E <= 512 ? 16 : 32;
-  if (!routed && !rin) moe_route_launch(c, ra);
+  if (!routed) moe_route_launch(c, ra);
   if (grouped) {
     if (Is > 0) {
       cuda_gemm(c, xb, CW(m->shared_gate)->bf, T, H, Is, gs, 0);
@@ -968,34 +935,14 @@ extern "C" void cuda_moe_moe(backend *be, backend_buf x, const backend_moe *m, i
   int S = Is > 0, wmax = I > Is ? I : Is;
   dim3 gh(T * (k + S), (wmax + 7) / 8);
   const bf16 *sgw = S ? CW(m->shared_gate)->bf : NULL, *suw = S ? CW(m->shared_up)->bf : NULL;
-#define HK(SE, V) k_moe_hidden<SE, V><<<gh, 256, 0, c->st>>>(xb, wsel, k, S, H, I, Is, sgw, suw, hid, ra)
-  if (c->moe_shared_early) {
-    if (V == 0) HK(1, 0);
-    else if (V == 8) HK(1, 8);
-    else if (V == 16) HK(1, 16);
-    else HK(1, 32);
-  } else {
-    if (V == 0) HK(0, 0);
-    else if (V == 8) HK(0, 8);
-    else if (V == 16) HK(0, 16);
-    else HK(0, 32);
-  }
-#undef HK
-  cuda_check_launch(c, rin ? "moe (experts, routed)" : "moe (experts)");
+  if (c->moe_shared_early) k_moe_hidden<1><<<gh, 256, 0, c->st>>>(xb, wsel, k, S, H, I, Is, sgw, suw, hid);
+  else k_moe_hidden<0><<<gh, 256, 0, c->st>>>(xb, wsel, k, S, H, I, Is, sgw, suw, hid);
+  cuda_check_launch(c, "moe (experts)");
   dim3 gd(T, (H + 7) / 8);
   const bf16 *sdw = S ? CW(m->shared_down)->bf : NULL;
-#define DK(EA, V) k_moe_down<EA, V><<<gd, 256, 0, c->st>>>(hid, wsel, wts, k, H, I, Is, sg, sdw, (bf16 *)out, ra)
-  if (c->moe_down_early) {
-    if (V == 0) DK(1, 0);
-    else if (V == 8) DK(1, 8);
-    else if (V == 16) DK(1, 16);
-    else DK(1, 32);
-  } else {
-    if (V == 0) DK(0, 0);
-    else if (V == 8) DK(0, 8);
-    else if (V == 16) DK(0, 16);
-    else DK(0, 32);
-  }
-#undef DK
-  cuda_check_launch(c, rin ? "moe (down, routed)" : "moe (down)");
+  if (c->moe_down_early)
+    k_moe_down<1><<<gd, 256, 0, c->st>>>(hid, wsel, wts, k, H, I, Is, sg, sdw, (bf16 *)out);
+  else
+    k_moe_down<0><<<gd, 256, 0, c->st>>>(hid, wsel, wts, k, H, I, Is, sg, sdw, (bf16 *)out);
+  cuda_check_launch(c, "moe (down)");
 }

@@ -1219,11 +1219,17 @@ TEST(gated_rmsnorm) {
 
 /* Expert weights are windows into one shared random pool (each expert's at its own odd offset,
  * so every expert differs) to keep host memory small at real shapes. */
+/* moe_case with router rows in equal pairs (experts 2i and 2i + 1): every logit tied, so with
+ * an odd k the last slot must take the lower expert of a pair, as the CPU backend does */
+static int moe_tied_pairs;
+
 static void moe_case(int T, int H, int E, int k, int I, int Is, int norm) {
   int shared = Is > 0;
   size_t mat = (size_t)I * H, shift = 97;
   float *pool = rand_vec(mat + (size_t)(3 * E) * shift, 0.1f);
   float *x = rand_vec((size_t)T * H, 1.f), *R = rand_vec((size_t)E * H, 0.2f);
+  if (moe_tied_pairs)
+    for (int e = 1; e < E; e += 2) memcpy(R + (size_t)e * H, R + (size_t)(e - 1) * H, sizeof(float) * H);
   wpair wr = wup_exact(R, E, H);
   backend_weight *gc = malloc((size_t)6 * E * sizeof *gc);
   backend_weight *uc = gc + E, *dc = gc + 2 * E, *gg = gc + 3 * E, *ug = gc + 4 * E, *dg = gc + 5 * E;
@@ -1345,7 +1351,8 @@ TEST(moe_per_row) { with_gpu("DS_MOE_GROUPED", "0", moe_per_row_cases); }
  * after its wait (DS_MOE_SHARED_EARLY=0), against the CPU: one and five rows (per-row kernels), 13 (device-
  * grouped), 100 (cuBLAS-grouped), 16 / 64 / 512 / 1,000 experts (8 / 8 / 16 / 32 logits per
  * lane), H 256, 2,048 (every piece early) and 2,560 (four pieces per lane past the MOE_RPRE
- * early ones). decode_graph_moe checks their bits. */
+ * early ones); then three cases of tied router logits (moe_tied_pairs). decode_graph_moe checks
+ * their bits. */
 static void moe_router_cases(void) {
   moe_case(1, 2048, 64, 8, 512, 512, 1);
   moe_case(5, 2048, 64, 8, 512, 0, 0);
@@ -1354,6 +1361,11 @@ static void moe_router_cases(void) {
   moe_case(3, 256, 512, 10, 64, 64, 1);
   moe_case(2, 256, 1000, 8, 32, 0, 0);
   moe_case(2, 2560, 16, 4, 64, 64, 1);
+  moe_tied_pairs = 1;
+  moe_case(3, 256, 64, 7, 48, 64, 1);
+  moe_case(2, 256, 512, 5, 32, 0, 0);
+  moe_case(1, 256, 1000, 3, 32, 0, 1);
+  moe_tied_pairs = 0;
 }
 TEST(moe_router_early) { with_gpu("DS_MOE_ROUTER_EARLY", "4096", moe_router_cases); }
 TEST(moe_router_plain) { with_gpu("DS_MOE_ROUTER_EARLY", "0", moe_router_cases); }

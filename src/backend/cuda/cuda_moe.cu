@@ -198,6 +198,20 @@ __device__ __forceinline__ float moe_ldf(const float *p) {
   return LDCG ? __ldcg(p) : *p;
 }
 
+/* The routing's top-k by two warp reductions of ordered keys a round (MOE_ROUTE_REDUX, 1 unless
+ * built with -DMOE_ROUTE_REDUX=0: the (value, expert) pairs through five shuffle steps). */
+#ifndef MOE_ROUTE_REDUX
+#define MOE_ROUTE_REDUX 1
+#endif
+
+/* a float as an unsigned key in its order (-0 as +0, so equal floats give equal keys); NaN 0,
+ * below every float (-inf is 0x007fffff) */
+__device__ __forceinline__ unsigned moe_order_key(float f) {
+  if (f != f) return 0u;
+  unsigned u = __float_as_uint(f == 0.f ? 0.f : f);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
 /* One warp routes row t: softmax over E logits, top-k (ties to the lower expert id; a round
  * with no ordered candidate left, i.e. NaN logits, takes the lowest untaken id, as the CPU
  * backend does), weights, shared gate (sigmoid of sgl[t] when the router kernel computed its
@@ -233,45 +247,77 @@ __device__ __forceinline__ void moe_route_row(const moe_route_args &a, int t) {
   int chosen[V > 0 ? 1 : MOE_MAX_K];
   int my_id = 0;
   float my_w = 0.f, s = 0.f;
+  unsigned kq[V > 0 ? V : 1]; /* MOE_ROUTE_REDUX: the logits as ordered keys, 0 past E */
+  if (V > 0 && MOE_ROUTE_REDUX) {
+#pragma unroll
+    for (int q = 0; q < V; q++) kq[q] = lane + 32 * q < E ? moe_order_key(v[q]) : 0u;
+  }
   for (int r = 0; r < k; r++) {
     float bv = -INFINITY;
     int bi = 0x7fffffff, fu = 0x7fffffff;
-    if (V > 0) {
+    if (V > 0 && MOE_ROUTE_REDUX) {
+      /* the lane's largest untaken key (its lowest expert among equal ones), then the warp's
+       * largest and, among lanes holding it, the lowest expert: two warp reductions a round */
+      unsigned kb = 0;
+      int li = 0x7fffffff;
+      float lv = -INFINITY;
 #pragma unroll
       for (int q = 0; q < V; q++) {
         int e = lane + 32 * q;
         if (e >= E || ((tk >> q) & 1u)) continue;
         fu = min(fu, e);
-        if (v[q] > bv || (v[q] == bv && e < bi)) {
-          bv = v[q];
-          bi = e;
+        if (kq[q] > kb) {
+          kb = kq[q];
+          li = e;
+          lv = v[q];
         }
+      }
+      unsigned m = __reduce_max_sync(0xffffffffu, kb);
+      if (m == 0) { /* only NaNs left */
+        bi = (int)__reduce_min_sync(0xffffffffu, (unsigned)fu);
+        bv = moe_ldf<LDCG>(l + bi);
+      } else {
+        bi = (int)__reduce_min_sync(0xffffffffu, kb == m ? (unsigned)li : 0xffffffffu);
+        bv = __shfl_sync(0xffffffffu, lv, bi & 31);
       }
     } else {
-      for (int e = lane; e < E; e += 32) {
-        int taken = 0;
-        for (int q = 0; q < r; q++) taken |= chosen[q] == e;
-        if (taken) continue;
-        fu = min(fu, e);
-        float lv = moe_ldf<LDCG>(l + e);
-        if (lv > bv || (lv == bv && e < bi)) {
-          bv = lv;
-          bi = e;
+      if (V > 0) {
+#pragma unroll
+        for (int q = 0; q < V; q++) {
+          int e = lane + 32 * q;
+          if (e >= E || ((tk >> q) & 1u)) continue;
+          fu = min(fu, e);
+          if (v[q] > bv || (v[q] == bv && e < bi)) {
+            bv = v[q];
+            bi = e;
+          }
+        }
+      } else {
+        for (int e = lane; e < E; e += 32) {
+          int taken = 0;
+          for (int q = 0; q < r; q++) taken |= chosen[q] == e;
+          if (taken) continue;
+          fu = min(fu, e);
+          float lv = moe_ldf<LDCG>(l + e);
+          if (lv > bv || (lv == bv && e < bi)) {
+            bv = lv;
+            bi = e;
+          }
         }
       }
-    }
-    for (int o = 16; o > 0; o >>= 1) {
-      float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-      int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-      fu = min(fu, __shfl_xor_sync(0xffffffffu, fu, o));
-      if (ov > bv || (ov == bv && oi < bi)) {
-        bv = ov;
-        bi = oi;
+      for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        fu = min(fu, __shfl_xor_sync(0xffffffffu, fu, o));
+        if (ov > bv || (ov == bv && oi < bi)) {
+          bv = ov;
+          bi = oi;
+        }
       }
-    }
-    if (bi == 0x7fffffff) { /* only NaNs left */
-      bi = fu;
-      bv = moe_ldf<LDCG>(l + bi);
+      if (bi == 0x7fffffff) { /* only NaNs left */
+        bi = fu;
+        bv = moe_ldf<LDCG>(l + bi);
+      }
     }
     if (V > 0) {
       if ((bi & 31) == lane) tk |= 1u << (bi >> 5);

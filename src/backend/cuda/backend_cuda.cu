@@ -2187,8 +2187,7 @@ extern "C" backend *backend_cuda_create(int device, char *err, size_t errlen) {
   if (!why && cuda_moe_init(c)) why = "out of device memory for the MoE router counters";
   if (!why && (cudaMalloc(&c->am_v, ARGMAX_PARTS * sizeof(float)) != cudaSuccess ||
                cudaMalloc(&c->am_i, ARGMAX_PARTS * sizeof(int)) != cudaSuccess ||
-               cudaMalloc(&c->am_cnt, ARGMAX_PARTS * sizeof(int)) != cudaSuccess ||
-               cudaMemset(c->am_cnt, 0, ARGMAX_PARTS * sizeof(int)) != cudaSuccess))
+               cuda_zeroed_ints(&c->am_cnt, ARGMAX_PARTS)))
     why = "out of device memory for the argmax partials";
   if (!why && cudaMalloc(&c->fold_inv, NORM_FOLD_MAXT * sizeof(float)) != cudaSuccess)
     why = "out of device memory for the norm factors";

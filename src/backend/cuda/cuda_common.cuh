@@ -182,6 +182,18 @@ typedef struct cuda_ctx {
 } cuda_ctx;
 
 static inline cuda_ctx *cuda_ctx_of(backend *be) { return (cuda_ctx *)be->ctx; }
+
+/* *p = n device ints, zeroed (the arrival counters of the kernels whose last block does a
+ * row's remaining work); 0 on success, else -1 with *p NULL and the error cleared */
+static inline int cuda_zeroed_ints(int **p, size_t n) {
+  if (cudaMalloc(p, n * sizeof(int)) != cudaSuccess || cudaMemset(*p, 0, n * sizeof(int)) != cudaSuccess) {
+    cudaGetLastError();
+    cudaFree(*p);
+    *p = NULL;
+    return -1;
+  }
+  return 0;
+}
 #define CW(w) ((cuda_weight *)(w))
 
 /* Records the first failure (launch or library error) for the next sync/read. */

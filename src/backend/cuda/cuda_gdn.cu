@@ -628,16 +628,7 @@ __global__ void __launch_bounds__(256)
   }
 }
 
-extern "C" int cuda_gdn_chain_init(cuda_ctx *c) {
-  if (cudaMalloc(&c->chain_cnt, CHAIN_CNT * sizeof(int)) != cudaSuccess ||
-      cudaMemset(c->chain_cnt, 0, CHAIN_CNT * sizeof(int)) != cudaSuccess) {
-    cudaGetLastError();
-    cudaFree(c->chain_cnt);
-    c->chain_cnt = NULL;
-    return -1;
-  }
-  return 0;
-}
+extern "C" int cuda_gdn_chain_init(cuda_ctx *c) { return cuda_zeroed_ints(&c->chain_cnt, CHAIN_CNT); }
 
 extern "C" void cuda_gdn_chain_release(cuda_ctx *c) {
   cudaFree(c->chain_cnt);

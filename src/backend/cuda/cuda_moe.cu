@@ -101,16 +101,7 @@ static const bf16 **moe_table_get(cuda_ctx *c, const backend_moe *m, const bf16 
 }
 
 /* The router kernel's arrival counters (k_moe_router's LAST form), zeroed; 0 on success. */
-int cuda_moe_init(cuda_ctx *c) {
-  if (cudaMalloc(&c->moe_cnt, MOE_CNT * sizeof(int)) != cudaSuccess ||
-      cudaMemset(c->moe_cnt, 0, MOE_CNT * sizeof(int)) != cudaSuccess) {
-    cudaGetLastError();
-    cudaFree(c->moe_cnt);
-    c->moe_cnt = NULL;
-    return -1;
-  }
-  return 0;
-}
+int cuda_moe_init(cuda_ctx *c) { return cuda_zeroed_ints(&c->moe_cnt, MOE_CNT); }
 
 /* Frees the expert tables of one backend (called by its destroy). */
 void cuda_moe_release(cuda_ctx *c) {

@@ -189,12 +189,6 @@ __device__ __forceinline__ float moe_ldf(const float *p) {
   return LDCG ? __ldcg(p) : *p;
 }
 
-/* The routing's top-k by two warp reductions of ordered keys a round (MOE_ROUTE_REDUX, 1 unless
- * built with -DMOE_ROUTE_REDUX=0: the (value, expert) pairs through five shuffle steps). */
-#ifndef MOE_ROUTE_REDUX
-#define MOE_ROUTE_REDUX 1
-#endif
-
 /* a float as an unsigned key in its order (-0 as +0, so equal floats give equal keys); NaN 0,
  * below every float (-inf is 0x007fffff) */
 __device__ __forceinline__ unsigned moe_order_key(float f) {
@@ -207,7 +201,9 @@ __device__ __forceinline__ unsigned moe_order_key(float f) {
  * with no ordered candidate left, i.e. NaN logits, takes the lowest untaken id, as the CPU
  * backend does), weights, shared gate (sigmoid of sgl[t] when the router kernel computed its
  * logit, else of x_t . seg here). V > 0: the row's logits held in registers, V per lane
- * (E <= 32 V), the taken experts as bits; V == 0: any E, the logits read again each round.
+ * (E <= 32 V), also as ordered keys (moe_order_key), the taken experts as bits, a round two
+ * warp reductions (the largest key, then the lowest expert holding it); V == 0: any E, the
+ * logits read again each round, (value, expert) pairs through five shuffle steps.
  * With tab, the chosen experts' gate, up and down bases also go to wsel[t, r, 0..2] (one
  * dependent load fewer for the per-row kernels). LDCG: the logits and sgl were written by
  * other blocks of the same kernel (k_moe_router's last block), read through L2. */
@@ -238,15 +234,15 @@ __device__ __forceinline__ void moe_route_row(const moe_route_args &a, int t) {
   int chosen[V > 0 ? 1 : MOE_MAX_K];
   int my_id = 0;
   float my_w = 0.f, s = 0.f;
-  unsigned kq[V > 0 ? V : 1]; /* MOE_ROUTE_REDUX: the logits as ordered keys, 0 past E */
-  if (V > 0 && MOE_ROUTE_REDUX) {
+  unsigned kq[V > 0 ? V : 1]; /* V > 0: the logits as ordered keys, 0 past E */
+  if (V > 0) {
 #pragma unroll
     for (int q = 0; q < V; q++) kq[q] = lane + 32 * q < E ? moe_order_key(v[q]) : 0u;
   }
   for (int r = 0; r < k; r++) {
     float bv = -INFINITY;
     int bi = 0x7fffffff, fu = 0x7fffffff;
-    if (V > 0 && MOE_ROUTE_REDUX) {
+    if (V > 0) {
       /* the lane's largest untaken key (its lowest expert among equal ones), then the warp's
        * largest and, among lanes holding it, the lowest expert: two warp reductions a round */
       unsigned kb = 0;
@@ -272,28 +268,15 @@ __device__ __forceinline__ void moe_route_row(const moe_route_args &a, int t) {
         bv = __shfl_sync(0xffffffffu, lv, bi & 31);
       }
     } else {
-      if (V > 0) {
-#pragma unroll
-        for (int q = 0; q < V; q++) {
-          int e = lane + 32 * q;
-          if (e >= E || ((tk >> q) & 1u)) continue;
-          fu = min(fu, e);
-          if (v[q] > bv || (v[q] == bv && e < bi)) {
-            bv = v[q];
-            bi = e;
-          }
-        }
-      } else {
-        for (int e = lane; e < E; e += 32) {
-          int taken = 0;
-          for (int q = 0; q < r; q++) taken |= chosen[q] == e;
-          if (taken) continue;
-          fu = min(fu, e);
-          float lv = moe_ldf<LDCG>(l + e);
-          if (lv > bv || (lv == bv && e < bi)) {
-            bv = lv;
-            bi = e;
-          }
+      for (int e = lane; e < E; e += 32) {
+        int taken = 0;
+        for (int q = 0; q < r; q++) taken |= chosen[q] == e;
+        if (taken) continue;
+        fu = min(fu, e);
+        float lv = moe_ldf<LDCG>(l + e);
+        if (lv > bv || (lv == bv && e < bi)) {
+          bv = lv;
+          bi = e;
         }
       }
       for (int o = 16; o > 0; o >>= 1) {

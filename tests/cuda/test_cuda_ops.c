@@ -1346,9 +1346,10 @@ static void moe_per_row_cases(void) {
 TEST(moe_per_row) { with_gpu("DS_MOE_GROUPED", "0", moe_per_row_cases); }
 
 /* The router kernel's knobs: its first weights before its wait in every step
- * (DS_MOE_ROUTER_EARLY=4096) or none (=0; by default steps up to 8 rows), the routing in each
- * row's last router block (DS_MOE_ROUTE_LAST=1), and the experts kernel's shared-expert blocks
- * after its wait (DS_MOE_SHARED_EARLY=0), against the CPU: one and five rows (per-row kernels), 13 (device-
+ * (DS_MOE_ROUTER_EARLY=4096; by default in none), the routing by a route launch instead of each
+ * row's last router block (DS_MOE_ROUTE_LAST=0; also with the early weights), and the experts
+ * kernel's shared-expert blocks after its wait (DS_MOE_SHARED_EARLY=0), against the CPU (the
+ * default kernels by TEST(moe)): one and five rows (per-row kernels), 13 (device-
  * grouped), 100 (cuBLAS-grouped), 16 / 64 / 512 / 1,000 experts (8 / 8 / 16 / 32 logits per
  * lane), H 256, 2,048 (every piece early) and 2,560 (four pieces per lane past the MOE_RPRE
  * early ones); then three cases of tied router logits (moe_tied_pairs). decode_graph_moe checks
@@ -1368,9 +1369,13 @@ static void moe_router_cases(void) {
   moe_tied_pairs = 0;
 }
 TEST(moe_router_early) { with_gpu("DS_MOE_ROUTER_EARLY", "4096", moe_router_cases); }
-TEST(moe_router_plain) { with_gpu("DS_MOE_ROUTER_EARLY", "0", moe_router_cases); }
+TEST(moe_route_launch) { with_gpu("DS_MOE_ROUTE_LAST", "0", moe_router_cases); }
 TEST(moe_shared_late) { with_gpu("DS_MOE_SHARED_EARLY", "0", moe_router_cases); }
-TEST(moe_route_last) { with_gpu("DS_MOE_ROUTE_LAST", "1", moe_router_cases); }
+TEST(moe_route_launch_early) {
+  setenv("DS_MOE_ROUTER_EARLY", "4096", 1);
+  with_gpu("DS_MOE_ROUTE_LAST", "0", moe_router_cases);
+  unsetenv("DS_MOE_ROUTER_EARLY");
+}
 
 TEST(logits) {
   pieces p = {3, {3, 1, 2}, {0, 7, 4}, {0, 1, 2}};
@@ -2114,12 +2119,13 @@ static void mmodel_step(mmodel *m, int n, int k, float *logits, int32_t *ids) {
 TEST(decode_graph_moe) {
   backend *plain = gpu_with("DS_CUDA_GRAPHS", "0"), *off = gpu_with("DS_MOE_GRAPHS", "0");
   /* the router kernel's knobs: the same bits as the default kernels, recorded the same way */
-  backend *early = gpu_with2("DS_MOE_ROUTER_EARLY", "0", "DS_MOE_SHARED_EARLY", "0"),
-          *last = gpu_with("DS_MOE_ROUTE_LAST", "1"),
-          *both = gpu_with2("DS_MOE_ROUTER_EARLY", "4096", "DS_MOE_ROUTE_LAST", "1");
+  backend *early = gpu_with2("DS_MOE_ROUTER_EARLY", "4096", "DS_MOE_SHARED_EARLY", "0"),
+          *last = gpu_with("DS_MOE_ROUTE_LAST", "0"),
+          *both = gpu_with2("DS_MOE_ROUTER_EARLY", "8", "DS_MOE_ROUTE_LAST", "0");
   REQUIRE(plain != NULL && off != NULL && early != NULL && last != NULL && both != NULL);
-  const char *names[5] = {"recorded", "(DS_MOE_GRAPHS=0)", "(router and shared expert late)",
-                          "(route last)", "(router early every step, route last)"};
+  const char *names[5] = {"recorded", "(DS_MOE_GRAPHS=0)",
+                          "(router early every step, shared expert late)", "(route launch)",
+                          "(router early up to 8 rows, route launch)"};
   float *wh[3 * ME + 8];
   for (int e = 0; e < 3 * ME; e++) wh[e] = rand_vec((size_t)MI * MH, 0.08f);
   wh[3 * ME] = rand_vec((size_t)ME * MH, 0.2f);
@@ -2261,9 +2267,9 @@ int main(void) {
   RUN(moe_grouped_dev);
   RUN(moe_per_row);
   RUN(moe_router_early);
-  RUN(moe_router_plain);
+  RUN(moe_route_launch);
   RUN(moe_shared_late);
-  RUN(moe_route_last);
+  RUN(moe_route_launch_early);
   RUN(logits);
   RUN(argmax);
   RUN(logits_argmax);

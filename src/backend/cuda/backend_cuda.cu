@@ -2249,13 +2249,13 @@ extern "C" backend *backend_cuda_create(int device, char *err, size_t errlen) {
     c->moe_graphs = !(mgr && strcmp(mgr, "0") == 0);
     const char *mde = getenv("DS_MOE_DOWN_EARLY"); /* on unless "0" */
     c->moe_down_early = !(mde && strcmp(mde, "0") == 0);
-    /* the router's weights before its wait in steps of up to this many rows (8 unless set; 0:
-     * never), the routing in the router's last blocks (off unless "1"), the shared expert's
+    /* the router's weights before its wait in steps of up to this many rows (0 unless set:
+     * never), the routing in the router's last blocks (on unless "0"), the shared expert's
      * products before the experts kernel's wait (on unless "0"): bench/NOTES.md, twenty-sixth
-     * and twenty-seventh sessions */
+     * to twenty-eighth sessions */
     const char *mre = getenv("DS_MOE_ROUTER_EARLY"), *mrl = getenv("DS_MOE_ROUTE_LAST");
-    c->moe_router_early = mre ? atoi(mre) : 8;
-    c->moe_route_last = mrl && strcmp(mrl, "1") == 0;
+    c->moe_router_early = mre ? atoi(mre) : 0;
+    c->moe_route_last = !(mrl && strcmp(mrl, "0") == 0);
     const char *mse = getenv("DS_MOE_SHARED_EARLY");
     c->moe_shared_early = !(mse && strcmp(mse, "0") == 0);
     c->legacy = !c->batch_invariant && lg && *lg && strcmp(lg, "0") != 0;

@@ -1903,6 +1903,22 @@ static void dpair_free(dpair *d) {
   for (int i = 0; i < 4; i++) free(d->init[i]);
 }
 
+/* The ten decode steps of the decode_graph tests (rows 2 2 2 2 2 1 1 1 2 2; row 1 starts fresh
+ * at position 0) on both models of d: how many logits (bytes) and ids differ. */
+static void dpair_steps(dpair *d, int *ndiff, int *idiff) {
+  float la[2 * DV], lp[2 * DV];
+  int32_t ia[2], ip[2];
+  *ndiff = *idiff = 0;
+  for (int k = 0; k < 10; k++) {
+    int n = k >= 5 && k < 8 ? 1 : 2;
+    int32_t pos[2] = {20 + k, k};
+    dmodel_step(&d->a, n, pos, la, ia);
+    dmodel_step(&d->p, n, pos, lp, ip);
+    for (int i = 0; i < n * DV; i++) *ndiff += memcmp(&la[i], &lp[i], 4) != 0;
+    for (int i = 0; i < n; i++) *idiff += ia[i] != ip[i];
+  }
+}
+
 TEST(decode_graph) {
   /* the norm fold changes bits by design (decode_graph_norm_fold); every other rewrite may not */
   backend *plain = gpu_with("DS_CUDA_GRAPHS", "0"), *gb = gpu_with("DS_NORM_FOLD", "0");
@@ -1912,17 +1928,8 @@ TEST(decode_graph) {
   dmodel *a = &d.a, *p = &d.p;
   long st0[6];
   backend_cuda_graph_stats(gb, st0);
-  float la[2 * DV], lp[2 * DV];
-  int32_t ia[2], ip[2];
-  int ndiff = 0, idiff = 0, steps = 10;
-  for (int k = 0; k < steps; k++) {
-    int n = k >= 5 && k < 8 ? 1 : 2;
-    int32_t pos[2] = {20 + k, k}; /* row 1 starts fresh at position 0 */
-    dmodel_step(a, n, pos, la, ia);
-    dmodel_step(p, n, pos, lp, ip);
-    for (int i = 0; i < n * DV; i++) ndiff += memcmp(&la[i], &lp[i], 4) != 0;
-    for (int i = 0; i < n; i++) idiff += ia[i] != ip[i];
-  }
+  int ndiff, idiff;
+  dpair_steps(&d, &ndiff, &idiff);
   int sdiff = dmodel_pools_differ(gb, a, plain, p);
   long st[6];
   backend_cuda_graph_stats(gb, st);
@@ -1969,17 +1976,8 @@ TEST(decode_graph_repeat) {
     a->repeat = 1;
     long st0[6], st[6];
     backend_cuda_graph_stats(bs[v], st0);
-    float la[2 * DV], lp[2 * DV];
-    int32_t ia[2], ip[2];
-    int ndiff = 0, idiff = 0;
-    for (int k = 0; k < 10; k++) {
-      int n = k >= 5 && k < 8 ? 1 : 2;
-      int32_t pos[2] = {20 + k, k};
-      dmodel_step(a, n, pos, la, ia);
-      dmodel_step(p, n, pos, lp, ip);
-      for (int i = 0; i < n * DV; i++) ndiff += memcmp(&la[i], &lp[i], 4) != 0;
-      for (int i = 0; i < n; i++) idiff += ia[i] != ip[i];
-    }
+    int ndiff, idiff;
+    dpair_steps(&d, &ndiff, &idiff);
     int sdiff = dmodel_pools_differ(bs[v], a, plain, p);
     backend_cuda_graph_stats(bs[v], st);
     long reps = st[5] - st0[5], replays = st[1] - st0[1];
@@ -2064,17 +2062,8 @@ TEST(decode_graph_norm_early) {
     dpair d;
     dpair_init(&d, early, GPU);
     long f0 = backend_cuda_norm_folds(early);
-    float la[2 * DV], lp[2 * DV];
-    int32_t ia[2], ip[2];
-    int ndiff = 0, idiff = 0;
-    for (int k = 0; k < 10; k++) {
-      int n = k >= 5 && k < 8 ? 1 : 2;
-      int32_t pos[2] = {20 + k, k};
-      dmodel_step(&d.a, n, pos, la, ia);
-      dmodel_step(&d.p, n, pos, lp, ip);
-      for (int i = 0; i < n * DV; i++) ndiff += memcmp(&la[i], &lp[i], 4) != 0;
-      for (int i = 0; i < n; i++) idiff += ia[i] != ip[i];
-    }
+    int ndiff, idiff;
+    dpair_steps(&d, &ndiff, &idiff);
     int pools = dmodel_pools_differ(early, &d.a, GPU, &d.p);
     long folds = backend_cuda_norm_folds(early) - f0;
     n_checks++;

@@ -2050,35 +2050,6 @@ TEST(decode_graph_norm_fold) {
   plain->destroy(plain);
 }
 
-/* DS_NORM_EARLY (GEMV_EARLY: a folded norm's products launched beside the product ahead of the
- * norm, each warp asking L2 for its rows first, nothing of the step's read before the wait): the
- * same sums in the same order as the default fold, so every logit, id and pool byte of ten decode
- * steps of 1 and 2 rows equals the default backend's; whole rows, then 2 KB of each row. */
-TEST(decode_graph_norm_early) {
-  const char *vals[2] = {"1", "2048"};
-  for (int v = 0; v < 2; v++) {
-    backend *early = gpu_with("DS_NORM_EARLY", vals[v]);
-    REQUIRE(early != NULL);
-    dpair d;
-    dpair_init(&d, early, GPU);
-    long f0 = backend_cuda_norm_folds(early);
-    int ndiff, idiff;
-    dpair_steps(&d, &ndiff, &idiff);
-    int pools = dmodel_pools_differ(early, &d.a, GPU, &d.p);
-    long folds = backend_cuda_norm_folds(early) - f0;
-    n_checks++;
-    printf("  decode steps with DS_NORM_EARLY=%s vs the default fold: %d logits, %d ids, %d pools "
-           "differ; %ld norms folded\n", vals[v], ndiff, idiff, pools, folds);
-    EXPECT_MSG(ndiff == 0 && idiff == 0 && pools == 0,
-               "DS_NORM_EARLY=%s: %d logits, %d ids, %d pools differ from the default fold",
-               vals[v], ndiff, idiff, pools);
-    EXPECT_MSG(folds >= 2, "DS_NORM_EARLY=%s: %ld norms folded", vals[v], folds);
-    gpu_ok();
-    dpair_free(&d);
-    early->destroy(early);
-  }
-}
-
 /* ---- MoE decode steps recorded into graphs ----
  * One MoE layer (embed, norm, MoE with a shared expert, residual add, logits, argmax) for
  * twelve decode steps of 1, 12 and 2 rows (the per-row kernels, the device-grouped ones at 12)
@@ -2305,7 +2276,6 @@ int main(void) {
   RUN(decode_graph);
   RUN(decode_graph_repeat);
   RUN(decode_graph_norm_fold);
-  RUN(decode_graph_norm_early);
   RUN(decode_graph_moe);
   RUN(norm_fold_refused);
   printf("op checks: %d\n", n_checks);

@@ -14,7 +14,6 @@
  * CUDA graph (section "decode steps" below; DS_CUDA_GRAPHS=0 / DS_CUDA_FUSE=0 turn it off). */
 #include "backend/cuda/backend_cuda.h"
 
-#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -510,39 +509,25 @@ static int cu_sync(backend *be, char *err, size_t errlen) {
  * g[n]) in bf16 (the norm's input scaled by its weight, the factor left out). GEMV_LATE (the
  * products after it, x = xg): the next kernel is let launch at once, the products run while the
  * norm's factor kernel before them still runs, and only then is it waited for and each row's
- * sums scaled by inv[t]. GEMV_EARLY (DS_NORM_EARLY, off by default): GEMV_LATE whose factor
- * kernel lets it launch before waiting for the product ahead of it, so the products run beside
- * that product's tail: each warp first asks L2 for up to pf bytes of its rows, reads nothing of
- * the step's before its wait, and lets the next kernel launch only after it (gemv_row's EARLY).
- * A mode of its own so that the other modes' kernels stay as they were. */
-enum { GEMV_PLAIN = 0, GEMV_RES = 1, GEMV_LATE = 2, GEMV_EARLY = 3 };
+ * sums scaled by inv[t]. */
+enum { GEMV_PLAIN = 0, GEMV_RES = 1, GEMV_LATE = 2 };
 #define NORM_FOLD_MAXT 4 /* steps of more rows keep the norm (GEMV_MAXT_DEFAULT) */
 struct gemv_nf {
   const float *g; /* GEMV_RES: the norm's weight (zero-centred) */
   bf16 *res, *xg; /* GEMV_RES: the residual stream and the scaled copy [T, N] */
-  const float *inv; /* GEMV_LATE, GEMV_EARLY: [T] */
-  int pf;           /* GEMV_EARLY: bytes of each row asked of L2 before the wait */
+  const float *inv; /* GEMV_LATE: [T] */
 };
-#define GEMV_LATEISH(MODE) ((MODE) == GEMV_LATE || (MODE) == GEMV_EARLY)
 
 template <int MODE>
 __device__ __forceinline__ void gemv_enter(void) {
   if (MODE == GEMV_LATE) pdl_launch_next();
-  else if (MODE != GEMV_EARLY) pdl_enter();
+  else pdl_enter();
 }
 
-/* GEMV_EARLY: lane 0 asks L2 for the first pf bytes of the warp's row w (K values). */
-template <int MODE>
-__device__ __forceinline__ void gemv_pf(const bf16 *w, int K, int lane, int pf) {
-  if (MODE == GEMV_EARLY && pf > 0 && lane == 0)
-    l2_prefetch(w, (unsigned)min(pf, K * 2) & ~15u);
-}
-
-/* GEMV_LATE, GEMV_EARLY: the sums scaled by the norm's factors iv (loaded by gemv_row after its
- * wait). */
+/* GEMV_LATE: the sums scaled by the norm's factors iv (loaded by gemv_row after its wait). */
 template <int T, int MODE>
 __device__ __forceinline__ void gemv_late(float *acc, const float *iv) {
-  if constexpr (GEMV_LATEISH(MODE)) {
+  if constexpr (MODE == GEMV_LATE) {
 #pragma unroll
     for (int t = 0; t < T; t++) acc[t] *= iv[t];
   }
@@ -555,13 +540,12 @@ __global__ void __launch_bounds__(WB * 32)
   int n = blockIdx.x * WB + (threadIdx.x >> 5), lane = threadIdx.x & 31;
   gemv_enter<MODE>();
   if (n >= N) return;
-  gemv_pf<MODE>(W + (size_t)n * K, K, lane, nf.pf);
   float acc[T], iv[T], r0 = 0.f, g0 = 0.f;
   if (MODE == GEMV_RES && lane < T) { /* loaded now: not a dependent load after the sums */
     r0 = bf2f(nf.res[(size_t)lane * N + n]);
     g0 = nf.g[n];
   }
-  gemv_row<T, true, GEMV_LATEISH(MODE), MODE == GEMV_EARLY>(x, W + (size_t)n * K, K, lane, acc, nf.inv, iv);
+  gemv_row<T, true, MODE == GEMV_LATE>(x, W + (size_t)n * K, K, lane, acc, nf.inv, iv);
   gemv_late<T, MODE>(acc, iv);
   if (lane < T) {
     size_t o = (size_t)lane * N + n;
@@ -622,9 +606,8 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
   bf16 *y;
   int N, r;
   gemv_set_pick(s, n, W, y, N, r);
-  gemv_pf<MODE>(W + (size_t)r * K, K, lane, nf.pf);
   float acc[T], iv[T];
-  gemv_row<T, true, GEMV_LATEISH(MODE), MODE == GEMV_EARLY>(x, W + (size_t)r * K, K, lane, acc, nf.inv, iv);
+  gemv_row<T, true, MODE == GEMV_LATE>(x, W + (size_t)r * K, K, lane, acc, nf.inv, iv);
   gemv_late<T, MODE>(acc, iv);
   if (lane < T) y[(size_t)lane * N + r] = f2bf(gemv_pick<T>(acc, lane));
 }
@@ -639,10 +622,8 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
   int n = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
   gemv_enter<MODE>();
   if (n >= N) return;
-  gemv_pf<MODE>(Wg + (size_t)n * K, K, lane, nf.pf);
-  gemv_pf<MODE>(Wu + (size_t)n * K, K, lane, nf.pf);
   float ag[T], au[T], iv[T];
-  gemv_row<T, true, GEMV_LATEISH(MODE), MODE == GEMV_EARLY>(x, Wg + (size_t)n * K, K, lane, ag, nf.inv, iv);
+  gemv_row<T, true, MODE == GEMV_LATE>(x, Wg + (size_t)n * K, K, lane, ag, nf.inv, iv);
   gemv_row<T>(x, Wu + (size_t)n * K, K, lane, au);
   gemv_late<T, MODE>(ag, iv);
   gemv_late<T, MODE>(au, iv);
@@ -859,7 +840,7 @@ static void gemv_mode(cuda_ctx *c, const bf16 *x, const bf16 *W, int T, int K, i
 static int gemv(cuda_ctx *c, const bf16 *x, const bf16 *W, int T, int K, int N, bf16 *y) {
   if (c->legacy || T < 1 || T > c->gemv_maxt || K % 8 || (((uintptr_t)x | (uintptr_t)W) & 15))
     return 0;
-  gemv_nf nf = {NULL, NULL, NULL, NULL, 0};
+  gemv_nf nf = {NULL, NULL, NULL, NULL};
   gemv_mode<GEMV_PLAIN>(c, x, W, T, K, N, y, nf);
   return 1;
 }
@@ -1392,7 +1373,7 @@ static void launch_multi(cuda_ctx *c, const gop *ops, int m, gemv_nf nf) {
     G(1) G(2) G(3) G(4) G(5) G(6) G(7) G(8)
 #undef G
   }
-  cuda_check_launch(c, GEMV_LATEISH(MODE) ? "matmul (fused gemv, norm factor late)"
+  cuda_check_launch(c, MODE == GEMV_LATE ? "matmul (fused gemv, norm factor late)"
                                          : "matmul (fused gemv)");
 }
 
@@ -1452,7 +1433,7 @@ static void launch_glu(cuda_ctx *c, const gop &g, const gop &u, const gop &sw, g
     G(1) G(2) G(3) G(4) G(5) G(6) G(7) G(8)
 #undef G
   }
-  cuda_check_launch(c, GEMV_LATEISH(MODE) ? "matmul (fused gate/up/swiglu, norm factor late)"
+  cuda_check_launch(c, MODE == GEMV_LATE ? "matmul (fused gate/up/swiglu, norm factor late)"
                                          : "matmul (fused gate/up/swiglu)");
 }
 
@@ -1489,9 +1470,7 @@ static int glu_at(cuda_ctx *c, const std::vector<gop> &ops, size_t i) {
  * DS_NORM_FOLD=0. xn holds the unscaled values afterwards: the fold needs no later op to name
  * an address inside xn before the next norm writes it (checked on the recorded arguments). The
  * products read xn, written by P, before their wait: P finished before the factor kernel's wait
- * returned, and they are launched only after that (with DS_NORM_EARLY, GEMV_EARLY, they are
- * launched as the factor kernel starts, beside P, and read nothing of the step's before their
- * wait: off by default, measured in bench/NOTES.md). */
+ * returned, and they are launched only after that. */
 struct norm_fold {
   int glu; /* the products after the norm are gate, up, swiglu */
   int m;   /* ops after the norm taken by the fold */
@@ -1565,7 +1544,7 @@ static void graph_run_ops(cuda_ctx *c) {
     if (o.kind == GOP_MATMUL && i + 1 < n && ops[i + 1].kind == GOP_RMSNORM &&
         norm_fold_at(c, ops, i + 1, &nf)) { /* the product before a folded norm */
       const gop_norm &r = ops[i + 1].nm;
-      gemv_nf p = {r.w, r.x, r.y, NULL, 0};
+      gemv_nf p = {r.w, r.x, r.y, NULL};
       gemv_mode<GEMV_RES>(c, o.x, o.W->bf, o.T, o.K, o.N, o.y, p);
       folded = i + 1;
       i++;
@@ -1573,20 +1552,12 @@ static void graph_run_ops(cuda_ctx *c) {
     }
     if (i == folded) { /* the folded norm: its factor kernel, then its products */
       const gop_norm &r = o.nm;
-      cuda_elem_rmsnorm_inv(c, r.x, r.T, r.n, r.eps, c->fold_inv, c->norm_early > 0);
-      gemv_nf p = {NULL, NULL, NULL, c->fold_inv, c->norm_early};
+      cuda_elem_rmsnorm_inv(c, r.x, r.T, r.n, r.eps, c->fold_inv);
+      gemv_nf p = {NULL, NULL, NULL, c->fold_inv};
       const gop *q = &ops[i + 1];
-      if (c->norm_early) {
-        if (nf.glu) launch_glu<GEMV_EARLY>(c, q[0], q[1], q[2], p);
-        else if (nf.m > 1) launch_multi<GEMV_EARLY>(c, q, nf.m, p);
-        else gemv_mode<GEMV_EARLY>(c, q[0].x, q[0].W->bf, q[0].T, q[0].K, q[0].N, q[0].y, p);
-      } else if (nf.glu) {
-        launch_glu<GEMV_LATE>(c, q[0], q[1], q[2], p);
-      } else if (nf.m > 1) {
-        launch_multi<GEMV_LATE>(c, q, nf.m, p);
-      } else {
-        gemv_mode<GEMV_LATE>(c, q[0].x, q[0].W->bf, q[0].T, q[0].K, q[0].N, q[0].y, p);
-      }
+      if (nf.glu) launch_glu<GEMV_LATE>(c, q[0], q[1], q[2], p);
+      else if (nf.m > 1) launch_multi<GEMV_LATE>(c, q, nf.m, p);
+      else gemv_mode<GEMV_LATE>(c, q[0].x, q[0].W->bf, q[0].T, q[0].K, q[0].N, q[0].y, p);
       g->fused += nf.glu ? 2 : nf.m - 1;
       g->norm_folds++;
       i += 1 + nf.m;
@@ -1617,7 +1588,7 @@ static void graph_run_ops(cuda_ctx *c) {
       }
     }
     if (g->fuse && gemv_fits(c, o)) {
-      gemv_nf plain = {NULL, NULL, NULL, NULL, 0};
+      gemv_nf plain = {NULL, NULL, NULL, NULL};
       if (glu_at(c, ops, i)) { /* gate, up, swiglu(gate, up) */
         launch_glu<GEMV_PLAIN>(c, o, ops[i + 1], ops[i + 2], plain);
         g->fused += 2;
@@ -2265,10 +2236,6 @@ extern "C" backend *backend_cuda_create(int device, char *err, size_t errlen) {
     c->narrow = !(nw && strcmp(nw, "0") == 0);
     const char *nfo = getenv("DS_NORM_FOLD"); /* on unless "0" (bench/NOTES.md) */
     c->norm_fold = !(nfo && strcmp(nfo, "0") == 0);
-    /* DS_NORM_EARLY: the folded norm's products launched beside the product ahead of it, each
-     * warp asking L2 for N bytes of its rows first ("1": whole rows; 0 or unset: off) */
-    const char *ne = getenv("DS_NORM_EARLY");
-    c->norm_early = !ne ? 0 : strcmp(ne, "1") == 0 ? INT_MAX : atoi(ne) > 0 ? atoi(ne) : 0;
     const char *gc = getenv("DS_GDN_CHAIN"); /* the DeltaNet decode chain kernel, on unless "0" */
     c->gdn_chain = !(gc && strcmp(gc, "0") == 0);
     const char *mg = getenv("DS_MOE_GROUPED"); /* on unless "0" */

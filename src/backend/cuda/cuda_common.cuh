@@ -142,10 +142,6 @@ typedef struct cuda_ctx {
    * norm_fold_at; DS_NORM_FOLD=0: off), the factors of the folded norm's rows */
   int norm_fold;
   float *fold_inv;
-  /* the folded norm's products launched before the product ahead of the norm finishes, each
-   * warp asking L2 for up to this many bytes of its rows first (backend_cuda.cu norm_fold_at;
-   * DS_NORM_EARLY: 0, off, unless set) */
-  int norm_early;
   /* products of <= 64 columns through the narrow kernel (backend_cuda.cu; DS_NARROW=0: off) */
   int narrow;
   /* decode steps: each DeltaNet layer's conv, gates, recurrent step and gated norm as one
@@ -270,8 +266,7 @@ typedef struct cuda_gdn_chain_args {
 int cuda_gdn_chain(cuda_ctx *c, const cuda_gdn_chain_args *a);
 /* inv[t] = rsqrt(mean(x[t, :]^2) + eps) for t < T with the rmsnorm op's sums (n % 8 == 0,
  * n <= 8192, x 16-byte aligned): the decode recorder's norm fold (backend_cuda.cu). */
-void cuda_elem_rmsnorm_inv(cuda_ctx *c, const bf16 *x, int T, int n, float eps, float *inv,
-                           int early);
+void cuda_elem_rmsnorm_inv(cuda_ctx *c, const bf16 *x, int T, int n, float eps, float *inv);
 /* cuda_elem_gather_norm, also writing each normed row's int16 copy xq [n_out, H] and xs [n_out,
  * 4] = {its scale t, sum |xn| rounded up, 1 when not finite, -} (cuda_greedy.cu). */
 void cuda_elem_gather_norm_q(backend *be, backend_buf x, backend_weight norm, float eps, int H,
@@ -348,14 +343,6 @@ __device__ __forceinline__ void pdl_launch_next(void) {
 __device__ __forceinline__ void pdl_enter(void) {
   pdl_wait();
   pdl_launch_next();
-}
-
-/* Asks L2 for [p, p + bytes) (16-byte aligned, bytes a multiple of 16): one instruction, no
- * registers, nothing waited for. */
-__device__ __forceinline__ void l2_prefetch(const void *p, unsigned bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
-#endif
 }
 
 __device__ __forceinline__ float bf2f(bf16 x) { return __bfloat162float(x); }
@@ -474,11 +461,7 @@ __device__ __forceinline__ void gated_norm_lane(const float *v, const float *zv,
 #define GEMV_LATE_K 1024
 #endif
 
-/* LATE with EARLY (the norm's products launched before the product ahead of the norm is done,
- * DS_NORM_EARLY): nothing of x is read before the wait, and the next kernel is let launch only
- * after it, as when this one was launched after that product. The same sums in the same order
- * either way. */
-template <int T, bool STREAM = true, bool LATE = false, bool EARLY = false>
+template <int T, bool STREAM = true, bool LATE = false>
 __device__ __forceinline__ void gemv_row(const bf16 *__restrict__ x, const bf16 *__restrict__ w,
                                          int K, int lane, float *acc,
                                          const float *inv = nullptr, float *iv = nullptr) {
@@ -499,14 +482,10 @@ __device__ __forceinline__ void gemv_row(const bf16 *__restrict__ x, const bf16 
 #pragma unroll 4
     for (int k = lane * 8; k < K; k += 256) piece(k);
   } else { /* GEMV_LATE: the first pieces, then the previous kernel's results */
-    int k = lane * 8;
-    if constexpr (!EARLY) {
-      int k1 = min(K, GEMV_LATE_K);
+    int k = lane * 8, k1 = min(K, GEMV_LATE_K);
 #pragma unroll 4
-      for (; k < k1; k += 256) piece(k);
-    }
+    for (; k < k1; k += 256) piece(k);
     pdl_wait();
-    if constexpr (EARLY) pdl_launch_next();
 #pragma unroll
     for (int t = 0; t < T; t++) iv[t] = __ldcg(inv + t);
 #pragma unroll 4

@@ -84,18 +84,11 @@ __global__ void k_rmsnorm(bf16 *x, const bf16 *add, const float *w, int n, float
  * before the reduction: one block of n/8 threads (rounded up to a warp) per row, for n % 8 == 0,
  * n <= 8192 and 16-byte aligned operands (every model's rows). The one-element kernel above
  * moved ~1 TB/s on 512-row prefill steps (bench/NOTES.md). INV: only the row's factor
- * rsqrt(mean + eps) into inv[t] (no add, no w, no y). EARLY (with INV): the next kernel is let
- * launch before this one waits (DS_NORM_EARLY: products that read nothing of the step's before
- * their own wait). */
-template <bool INV, bool EARLY = false>
+ * rsqrt(mean + eps) into inv[t] (no add, no w, no y). */
+template <bool INV>
 __global__ void k_rmsnorm8(bf16 *x, const bf16 *add, const float *w, int n, float eps, bf16 *y,
                            float *inv) {
-  if (EARLY) {
-    pdl_launch_next();
-    pdl_wait();
-  } else {
-    pdl_enter();
-  }
+  pdl_enter();
   __shared__ float red[33];
   int64_t t = blockIdx.x;
   int i = threadIdx.x * 8;
@@ -142,11 +135,9 @@ __global__ void k_rmsnorm8(bf16 *x, const bf16 *add, const float *w, int n, floa
 
 /* inv[t] = rsqrt(mean(x[t, :]^2) + eps) for t < T, k_rmsnorm8's sums (the factor it applies);
  * the caller checks n % 8 == 0, n <= 8192 and 16-byte alignment. */
-void cuda_elem_rmsnorm_inv(cuda_ctx *c, const bf16 *x, int T, int n, float eps, float *inv,
-                           int early) {
+void cuda_elem_rmsnorm_inv(cuda_ctx *c, const bf16 *x, int T, int n, float eps, float *inv) {
   unsigned th = (unsigned)((n / 8 + 31) / 32 * 32);
-  if (early) k_rmsnorm8<true, true><<<T, th, 0, c->st>>>((bf16 *)x, NULL, NULL, n, eps, NULL, inv);
-  else k_rmsnorm8<true><<<T, th, 0, c->st>>>((bf16 *)x, NULL, NULL, n, eps, NULL, inv);
+  k_rmsnorm8<true><<<T, th, 0, c->st>>>((bf16 *)x, NULL, NULL, n, eps, NULL, inv);
   cuda_check_launch(c, "rmsnorm (factor)");
 }
 

@@ -495,6 +495,52 @@ __device__ __forceinline__ void gemv_row(const bf16 *__restrict__ x, const bf16 
   for (int t = 0; t < T; t++) acc[t] = warp_sum(acc[t]);
 }
 
+/* gemv_row for two rows wa, wb of one x at once (the glu's gate and up rows): each 16-byte
+ * piece of both rows in one loop, so twice the loads are in flight and the warp's two rows end
+ * together; every row's sums in gemv_row's order and expressions (the same bits). LATE: both
+ * rows' first GEMV_LATE_K values before the wait, inv after it. */
+#ifndef GEMV_ROW2_UNROLL
+#define GEMV_ROW2_UNROLL 4 /* pieces of each row per loop turn */
+#endif
+template <int T, bool LATE = false, int U = GEMV_ROW2_UNROLL>
+__device__ __forceinline__ void gemv_row2(const bf16 *__restrict__ x, const bf16 *__restrict__ wa,
+                                          const bf16 *__restrict__ wb, int K, int lane,
+                                          float *aa, float *ab, const float *inv = nullptr,
+                                          float *iv = nullptr) {
+#pragma unroll
+  for (int t = 0; t < T; t++) aa[t] = ab[t] = 0.f;
+  auto piece = [&](int k) {
+    float fa[8], fb[8];
+    bf16x8_to_f32(ld_stream16(wa + k), fa);
+    bf16x8_to_f32(ld_stream16(wb + k), fb);
+#pragma unroll
+    for (int t = 0; t < T; t++) {
+      float xf[8];
+      bf16x8_to_f32(*(const uint4 *)(x + (size_t)t * K + k), xf);
+#pragma unroll
+      for (int i = 0; i < 8; i++) aa[t] += fa[i] * xf[i];
+#pragma unroll
+      for (int i = 0; i < 8; i++) ab[t] += fb[i] * xf[i];
+    }
+  };
+  int k = lane * 8;
+  if constexpr (LATE) {
+    int k1 = min(K, GEMV_LATE_K);
+#pragma unroll U
+    for (; k < k1; k += 256) piece(k);
+    pdl_wait();
+#pragma unroll
+    for (int t = 0; t < T; t++) iv[t] = __ldcg(inv + t);
+  }
+#pragma unroll U
+  for (; k < K; k += 256) piece(k);
+#pragma unroll
+  for (int t = 0; t < T; t++) {
+    aa[t] = warp_sum(aa[t]);
+    ab[t] = warp_sum(ab[t]);
+  }
+}
+
 /* acc[lane] with a compile-time index (lane < T). */
 template <int T>
 __device__ __forceinline__ float gemv_pick(const float *acc, int lane) {

@@ -613,7 +613,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
 }
 
 #ifndef GLU_PAIR
-#define GLU_PAIR 0 /* -DGLU_PAIR=1: the gate and up rows streamed together (gemv_row2) */
+#define GLU_PAIR 1 /* -DGLU_PAIR=0: the gate row, then the up row (gemv_row twice) */
 #endif
 /* gate = x.Wg^T, up = x.Wu^T, out = silu(gate) * up (the swiglu op's expression on the bf16
  * values) in one launch; gate and up are still written (out may alias gate). */

@@ -19,7 +19,8 @@
 # (scripts/device/qwen35-4b-shape.json; e.g. scripts/device/qwen35-moe-shape.json with
 # DS_AB_MODEL=/tmp/moe for the MoE shape; on the CPU scripts/bench/tiny-config.json);
 # DS_AB_SKIP_OPS=1 skips the op
-# tests; DS_AB_CONC=N times only the decode run of N sequences (`--decode-conc`);
+# tests; DS_AB_BUILD_OPS=1 also builds and runs each DS_AB_BUILDS variant's op tests
+# (ops-<name>.log: a build flag's kernels against the CPU before they are timed); DS_AB_CONC=N times only the decode run of N sequences (`--decode-conc`);
 # DS_AB_DECODE_ARGS adds bench flags to every decode run (e.g. "--decode-prompt 12500
 # --decode-shared 12400": decode over a shared, cached prefix).
 # DS_AB_KTRACE=1 also builds each binary the list uses with -DDS_KTRACE (build-kt, build-kt-<name>)
@@ -55,6 +56,13 @@ else
     name=${b%%=*} flags=${b#*=}
     make CUDA=1 BUILD="build-ab-$name" NVCC="$NVCC ${flags//,/ }" -j"$(nproc)" all \
       >"$OUT/build-$name.log" 2>&1 || { tail -20 "$OUT/build-$name.log"; exit 1; }
+    if [ "${DS_AB_BUILD_OPS:-0}" = 1 ]; then # the variant's own op tests (ops-<name>.log)
+      make CUDA=1 BUILD="build-ab-$name" NVCC="$NVCC ${flags//,/ }" -j"$(nproc)" cuda-tests \
+        >>"$OUT/build-$name.log" 2>&1 || { tail -20 "$OUT/build-$name.log"; exit 1; }
+      timeout 300 "build-ab-$name/tests/cuda/test_cuda_ops" >"$OUT/ops-$name.log" 2>&1
+      echo "ops [$name]: $(grep -c '^PASS' "$OUT/ops-$name.log") passed, $(grep -c '^FAIL' "$OUT/ops-$name.log") failed"
+      grep '^FAIL' "$OUT/ops-$name.log"
+    fi
     if [ "${DS_AB_KTRACE:-0}" = 1 ]; then
       make CUDA=1 BUILD="build-kt-$name" NVCC="$NVCC -DDS_KTRACE ${flags//,/ }" -j"$(nproc)" all \
         >"$OUT/build-kt-$name.log" 2>&1 || { tail -20 "$OUT/build-kt-$name.log"; exit 1; }

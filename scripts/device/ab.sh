@@ -20,7 +20,8 @@
 # DS_AB_MODEL=/tmp/moe for the MoE shape; on the CPU scripts/bench/tiny-config.json);
 # DS_AB_SKIP_OPS=1 skips the op
 # tests; DS_AB_BUILD_OPS=1 also builds and runs each DS_AB_BUILDS variant's op tests
-# (ops-<name>.log: a build flag's kernels against the CPU before they are timed); DS_AB_CONC=N times only the decode run of N sequences (`--decode-conc`);
+# (ops-<name>.log: a build flag's kernels against the CPU before they are timed);
+# DS_AB_CONC=N times only the decode run of N sequences (`--decode-conc`);
 # DS_AB_DECODE_ARGS adds bench flags to every decode run (e.g. "--decode-prompt 12500
 # --decode-shared 12400": decode over a shared, cached prefix).
 # DS_AB_KTRACE=1 also builds each binary the list uses with -DDS_KTRACE (build-kt, build-kt-<name>)
@@ -49,6 +50,11 @@ if [ $CPU = 1 ]; then
   [ "${DS_AB_KTRACE:-0}" = 1 ] && { echo "ab.sh: DS_AB_KTRACE needs the CUDA build"; exit 2; }
 else
   . scripts/device/deb_prefix.sh
+  run_ops() { # <build dir> <log> <label>: the op tests of one build, counted
+    timeout 300 "$1/tests/cuda/test_cuda_ops" >"$2" 2>&1
+    echo "$3: $(grep -c '^PASS' "$2") passed, $(grep -c '^FAIL' "$2") failed"
+    grep '^FAIL' "$2"
+  }
   ds_deb_prefix
   B=build-cuda/deltaserve
   make CUDA=1 -j"$(nproc)" all cuda-tests >"$OUT/build.log" 2>&1 || { tail -20 "$OUT/build.log"; exit 1; }
@@ -59,9 +65,7 @@ else
     if [ "${DS_AB_BUILD_OPS:-0}" = 1 ]; then # the variant's own op tests (ops-<name>.log)
       make CUDA=1 BUILD="build-ab-$name" NVCC="$NVCC ${flags//,/ }" -j"$(nproc)" cuda-tests \
         >>"$OUT/build-$name.log" 2>&1 || { tail -20 "$OUT/build-$name.log"; exit 1; }
-      timeout 300 "build-ab-$name/tests/cuda/test_cuda_ops" >"$OUT/ops-$name.log" 2>&1
-      echo "ops [$name]: $(grep -c '^PASS' "$OUT/ops-$name.log") passed, $(grep -c '^FAIL' "$OUT/ops-$name.log") failed"
-      grep '^FAIL' "$OUT/ops-$name.log"
+      run_ops "build-ab-$name" "$OUT/ops-$name.log" "ops [$name]"
     fi
     if [ "${DS_AB_KTRACE:-0}" = 1 ]; then
       make CUDA=1 BUILD="build-kt-$name" NVCC="$NVCC -DDS_KTRACE ${flags//,/ }" -j"$(nproc)" all \
@@ -73,9 +77,7 @@ else
       { tail -20 "$OUT/build-kt.log"; exit 1; }
   fi
   if [ "${DS_AB_SKIP_OPS:-0}" != 1 ]; then
-    timeout 300 build-cuda/tests/cuda/test_cuda_ops >"$OUT/ops.log" 2>&1
-    echo "ops: $(grep -c '^PASS' "$OUT/ops.log") passed, $(grep -c '^FAIL' "$OUT/ops.log") failed"
-    grep '^FAIL' "$OUT/ops.log"
+    run_ops build-cuda "$OUT/ops.log" ops
   fi
   M=${DS_AB_MODEL:-/tmp/m4b}
   [ -f "$M/config.json" ] || $B gen-random --config "${DS_AB_CONFIG:-scripts/device/qwen35-4b-shape.json}" \

@@ -57,24 +57,40 @@ else
   }
   ds_deb_prefix
   B=build-cuda/deltaserve
-  make CUDA=1 -j"$(nproc)" all cuda-tests >"$OUT/build.log" 2>&1 || { tail -20 "$OUT/build.log"; exit 1; }
-  for b in ${DS_AB_BUILDS:-}; do
-    name=${b%%=*} flags=${b#*=}
-    make CUDA=1 BUILD="build-ab-$name" NVCC="$NVCC ${flags//,/ }" -j"$(nproc)" all \
-      >"$OUT/build-$name.log" 2>&1 || { tail -20 "$OUT/build-$name.log"; exit 1; }
-    if [ "${DS_AB_BUILD_OPS:-0}" = 1 ]; then # the variant's own op tests (ops-<name>.log)
+  build_variant() { # <name> <flags>: build-ab-<name> (and its op tests, its traced build)
+    local name=$1 flags=$2 log="$OUT/build-$1.log"
+    make CUDA=1 BUILD="build-ab-$name" NVCC="$NVCC ${flags//,/ }" -j"$(nproc)" all >"$log" 2>&1 || return 1
+    if [ "${DS_AB_BUILD_OPS:-0}" = 1 ]; then
       make CUDA=1 BUILD="build-ab-$name" NVCC="$NVCC ${flags//,/ }" -j"$(nproc)" cuda-tests \
-        >>"$OUT/build-$name.log" 2>&1 || { tail -20 "$OUT/build-$name.log"; exit 1; }
-      run_ops "build-ab-$name" "$OUT/ops-$name.log" "ops [$name]"
+        >>"$log" 2>&1 || return 1
     fi
     if [ "${DS_AB_KTRACE:-0}" = 1 ]; then
       make CUDA=1 BUILD="build-kt-$name" NVCC="$NVCC -DDS_KTRACE ${flags//,/ }" -j"$(nproc)" all \
-        >"$OUT/build-kt-$name.log" 2>&1 || { tail -20 "$OUT/build-kt-$name.log"; exit 1; }
+        >"$OUT/build-kt-$name.log" 2>&1 || return 1
     fi
+  }
+  # every build at once (nvcc spends most of a build in a few large files: one build leaves
+  # most cores idle), then the failures' logs
+  pids=() names=()
+  make CUDA=1 -j"$(nproc)" all cuda-tests >"$OUT/build.log" 2>&1 &
+  pids+=($!) names+=(build)
+  for b in ${DS_AB_BUILDS:-}; do
+    build_variant "${b%%=*}" "${b#*=}" &
+    pids+=($!) names+=("build-${b%%=*}")
   done
   if [ "${DS_AB_KTRACE:-0}" = 1 ]; then
-    make CUDA=1 BUILD=build-kt NVCC="$NVCC -DDS_KTRACE" -j"$(nproc)" all >"$OUT/build-kt.log" 2>&1 ||
-      { tail -20 "$OUT/build-kt.log"; exit 1; }
+    make CUDA=1 BUILD=build-kt NVCC="$NVCC -DDS_KTRACE" -j"$(nproc)" all >"$OUT/build-kt.log" 2>&1 &
+    pids+=($!) names+=(build-kt)
+  fi
+  bad=0
+  for k in "${!pids[@]}"; do
+    wait "${pids[$k]}" || { echo "ab.sh: ${names[$k]} failed"; tail -20 "$OUT/${names[$k]}.log"; bad=1; }
+  done
+  [ $bad = 0 ] || exit 1
+  if [ "${DS_AB_BUILD_OPS:-0}" = 1 ]; then
+    for b in ${DS_AB_BUILDS:-}; do
+      run_ops "build-ab-${b%%=*}" "$OUT/ops-${b%%=*}.log" "ops [${b%%=*}]"
+    done
   fi
   if [ "${DS_AB_SKIP_OPS:-0}" != 1 ]; then
     run_ops build-cuda "$OUT/ops.log" ops

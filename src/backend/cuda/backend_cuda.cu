@@ -533,19 +533,20 @@ __device__ __forceinline__ void gemv_late(float *acc, const float *iv) {
   }
 }
 
-/* -DGEMV_PAIR=1 (off, not yet measured; bench/NOTES.md thirtieth session): k_gemv and
- * k_gemv_multi with two rows a warp (rows 2w and 2w + 1 through gemv_row2, half the warps), the
- * glu's pairing for the single and input products; the same bits (gemv_row2 sums each row in
- * gemv_row's order). Taken only where every product's row count is even. */
-#ifndef GEMV_PAIR
-#define GEMV_PAIR 0
-#endif
-
-/* Row n's outputs from its sums acc (lane < T): y, and for GEMV_RES the residual and its scaled
- * copy from r0, g0 (loaded before the sums). */
-template <int T, int MODE>
-__device__ __forceinline__ void gemv_store(const float *acc, int lane, int n, int N, bf16 *y,
-                                           gemv_nf nf, float r0, float g0) {
+template <int T, int WB, int MODE>
+__global__ void __launch_bounds__(WB * 32)
+    k_gemv(const bf16 *__restrict__ x, const bf16 *__restrict__ W, int K, int N, bf16 *y,
+           gemv_nf nf) {
+  int n = blockIdx.x * WB + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+  gemv_enter<MODE>();
+  if (n >= N) return;
+  float acc[T], iv[T], r0 = 0.f, g0 = 0.f;
+  if (MODE == GEMV_RES && lane < T) { /* loaded now: not a dependent load after the sums */
+    r0 = bf2f(nf.res[(size_t)lane * N + n]);
+    g0 = nf.g[n];
+  }
+  gemv_row<T, true, MODE == GEMV_LATE>(x, W + (size_t)n * K, K, lane, acc, nf.inv, iv);
+  gemv_late<T, MODE>(acc, iv);
   if (lane < T) {
     size_t o = (size_t)lane * N + n;
     bf16 yb = f2bf(gemv_pick<T>(acc, lane));
@@ -555,38 +556,6 @@ __device__ __forceinline__ void gemv_store(const float *acc, int lane, int n, in
       nf.res[o] = rb;
       nf.xg[o] = f2bf(bf2f(rb) * (1.f + g0));
     }
-  }
-}
-
-/* P rows a warp (1, or 2 with GEMV_PAIR): warp w takes rows w * P .. w * P + P - 1. */
-template <int T, int WB, int MODE, int P = 1>
-__global__ void __launch_bounds__(WB * 32)
-    k_gemv(const bf16 *__restrict__ x, const bf16 *__restrict__ W, int K, int N, bf16 *y,
-           gemv_nf nf) {
-  int n = (blockIdx.x * WB + (threadIdx.x >> 5)) * P, lane = threadIdx.x & 31;
-  gemv_enter<MODE>();
-  if (n >= N) return;
-  float acc[T], iv[T], r0 = 0.f, g0 = 0.f;
-  if (MODE == GEMV_RES && lane < T) { /* loaded now: not a dependent load after the sums */
-    r0 = bf2f(nf.res[(size_t)lane * N + n]);
-    g0 = nf.g[n];
-  }
-  if constexpr (P == 1) {
-    gemv_row<T, true, MODE == GEMV_LATE>(x, W + (size_t)n * K, K, lane, acc, nf.inv, iv);
-    gemv_late<T, MODE>(acc, iv);
-    gemv_store<T, MODE>(acc, lane, n, N, y, nf, r0, g0);
-  } else {
-    float acc1[T], r1 = 0.f, g1 = 0.f;
-    if (MODE == GEMV_RES && lane < T) {
-      r1 = bf2f(nf.res[(size_t)lane * N + n + 1]);
-      g1 = nf.g[n + 1];
-    }
-    gemv_row2<T, MODE == GEMV_LATE>(x, W + (size_t)n * K, W + (size_t)(n + 1) * K, K, lane, acc,
-                                    acc1, nf.inv, iv);
-    gemv_late<T, MODE>(acc, iv);
-    gemv_late<T, MODE>(acc1, iv);
-    gemv_store<T, MODE>(acc, lane, n, N, y, nf, r0, g0);
-    gemv_store<T, MODE>(acc1, lane, n + 1, N, y, nf, r1, g1);
   }
 }
 
@@ -627,32 +596,20 @@ __device__ __forceinline__ void gemv_set_pick(const gemv_set &s, int n, const bf
   r = n - base;
 }
 
-template <int T, int MODE, int P = 1>
+template <int T, int MODE>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
     k_gemv_multi(const bf16 *__restrict__ x, gemv_set s, int K, gemv_nf nf) {
   gemv_enter<MODE>();
-  int n = (blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5)) * P, lane = threadIdx.x & 31;
+  int n = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
   if (n >= s.n0[GEMV_MULTI]) return;
   const bf16 *W;
   bf16 *y;
   int N, r;
   gemv_set_pick(s, n, W, y, N, r);
   float acc[T], iv[T];
-  if constexpr (P == 1) {
-    gemv_row<T, true, MODE == GEMV_LATE>(x, W + (size_t)r * K, K, lane, acc, nf.inv, iv);
-    gemv_late<T, MODE>(acc, iv);
-    if (lane < T) y[(size_t)lane * N + r] = f2bf(gemv_pick<T>(acc, lane));
-  } else { /* every product's rows even: r + 1 is in the same product */
-    float acc1[T];
-    gemv_row2<T, MODE == GEMV_LATE>(x, W + (size_t)r * K, W + (size_t)(r + 1) * K, K, lane, acc,
-                                    acc1, nf.inv, iv);
-    gemv_late<T, MODE>(acc, iv);
-    gemv_late<T, MODE>(acc1, iv);
-    if (lane < T) {
-      y[(size_t)lane * N + r] = f2bf(gemv_pick<T>(acc, lane));
-      y[(size_t)lane * N + r + 1] = f2bf(gemv_pick<T>(acc1, lane));
-    }
-  }
+  gemv_row<T, true, MODE == GEMV_LATE>(x, W + (size_t)r * K, K, lane, acc, nf.inv, iv);
+  gemv_late<T, MODE>(acc, iv);
+  if (lane < T) y[(size_t)lane * N + r] = f2bf(gemv_pick<T>(acc, lane));
 }
 
 /* gate = x.Wg^T, up = x.Wu^T, out = silu(gate) * up (the swiglu op's expression on the bf16
@@ -859,17 +816,12 @@ static void launch_narrow(cuda_ctx *c, const bf16 *x, int T, int K, int m, const
 template <int WB, int MODE>
 static void gemv_launch(cuda_ctx *c, const bf16 *x, const bf16 *W, int T, int K, int N, bf16 *y,
                         gemv_nf nf) {
-  const int P = GEMV_PAIR && N % 2 == 0 ? 2 : 1;
-  unsigned blocks = (unsigned)((N / P + WB - 1) / WB);
+  unsigned blocks = (unsigned)((N + WB - 1) / WB);
   switch (T) {
-#define G(n)                                                                      \
-  case n:                                                                         \
-    if constexpr (MODE == GEMV_PLAIN || n <= NORM_FOLD_MAXT) {                    \
-      if (GEMV_PAIR && P == 2)                                                    \
-        k_gemv<n, WB, MODE, GEMV_PAIR ? 2 : 1><<<blocks, WB * 32, 0, c->st>>>(x, W, K, N, y, nf); \
-      else                                                                        \
-        k_gemv<n, WB, MODE><<<blocks, WB * 32, 0, c->st>>>(x, W, K, N, y, nf);    \
-    }                                                                             \
+#define G(n)                                                                 \
+  case n:                                                                    \
+    if constexpr (MODE == GEMV_PLAIN || n <= NORM_FOLD_MAXT)                 \
+      k_gemv<n, WB, MODE><<<blocks, WB * 32, 0, c->st>>>(x, W, K, N, y, nf); \
     break;
     G(1) G(2) G(3) G(4) G(5) G(6) G(7) G(8)
 #undef G
@@ -1410,22 +1362,15 @@ static void launch_multi(cuda_ctx *c, const gop *ops, int m, gemv_nf nf) {
   gemv_set s;
   memset(&s, 0, sizeof s);
   for (int i = 0; i < m; i++) gemv_set_add(s, ops[i].W->bf, ops[i].y, ops[i].N);
-  int tot = s.n0[GEMV_MULTI], P = GEMV_PAIR ? 2 : 1;
-  for (int i = 0; i < m; i++)
-    if (ops[i].N % 2) P = 1;
-  unsigned blocks = (unsigned)((tot / P + GEMV_WARPS - 1) / GEMV_WARPS);
+  int tot = s.n0[GEMV_MULTI];
+  unsigned blocks = (unsigned)((tot + GEMV_WARPS - 1) / GEMV_WARPS);
   const bf16 *x = ops[0].x;
   int K = ops[0].K;
   switch (ops[0].T) {
-#define G(n)                                                                                 \
-  case n:                                                                                    \
-    if constexpr (MODE == GEMV_PLAIN || n <= NORM_FOLD_MAXT) {                               \
-      if (GEMV_PAIR && P == 2)                                                               \
-        k_gemv_multi<n, MODE, GEMV_PAIR ? 2 : 1><<<blocks, GEMV_WARPS * 32, 0, c->st>>>(x, s, K, \
-                                                                                    nf);     \
-      else                                                                                   \
-        k_gemv_multi<n, MODE><<<blocks, GEMV_WARPS * 32, 0, c->st>>>(x, s, K, nf);           \
-    }                                                                                        \
+#define G(n)                                                                     \
+  case n:                                                                        \
+    if constexpr (MODE == GEMV_PLAIN || n <= NORM_FOLD_MAXT)                     \
+      k_gemv_multi<n, MODE><<<blocks, GEMV_WARPS * 32, 0, c->st>>>(x, s, K, nf); \
     break;
     G(1) G(2) G(3) G(4) G(5) G(6) G(7) G(8)
 #undef G

@@ -454,11 +454,12 @@ __device__ __forceinline__ void gated_norm_lane(const float *v, const float *zv,
 /* One warp's dot products of W's row w (K values) with the T activation rows: lane partials
  * over 16-byte pieces, then a butterfly; every lane ends with the T sums. Shared by every GEMV
  * kernel, so a fused launch gives the same bits as the single one. */
-/* GEMV_LATE rows wait for the previous kernel after their first GEMV_LATE_K values (4 pieces
- * per lane; the one point measured, bench/NOTES.md thirteenth session); -DGEMV_LATE_K=N for A/B
- * builds (a multiple of 256). */
+/* GEMV_LATE rows wait for the previous kernel after their first GEMV_LATE_K values (2 pieces
+ * per lane; 512 against 1,024: +0.7 % and +1.1 % at decode 1, 5 of 5 paired rounds, once the
+ * glu's two rows shared a loop; 256 / 768 +0.4 / +0.6 %, 2,048 -0.4 %: bench/NOTES.md thirtieth
+ * session); -DGEMV_LATE_K=N for A/B builds (a multiple of 256; the same bits at every N). */
 #ifndef GEMV_LATE_K
-#define GEMV_LATE_K 1024
+#define GEMV_LATE_K 512
 #endif
 
 template <int T, bool STREAM = true, bool LATE = false>

@@ -454,13 +454,20 @@ __device__ __forceinline__ void gated_norm_lane(const float *v, const float *zv,
 /* One warp's dot products of W's row w (K values) with the T activation rows: lane partials
  * over 16-byte pieces, then a butterfly; every lane ends with the T sums. Shared by every GEMV
  * kernel, so a fused launch gives the same bits as the single one. */
-/* GEMV_LATE rows wait for the previous kernel after their first GEMV_LATE_K values (2 pieces
- * per lane; 512 against 1,024: +0.7 % and +1.1 % at decode 1, 5 of 5 paired rounds, once the
- * glu's two rows shared a loop; 256 / 768 +0.4 / +0.6 %, 2,048 -0.4 %: bench/NOTES.md thirtieth
- * session); -DGEMV_LATE_K=N for A/B builds (a multiple of 256; the same bits at every N). */
+/* GEMV_LATE rows wait for the previous kernel after their first gemv_late_k<T>() values: at
+ * one row GEMV_LATE_K1 (2 pieces per lane; against 1,024 +0.7 % and +1.1 % at decode 1, 5 of 5
+ * paired rounds, once the glu's two rows shared a loop; 256 / 768 +0.4 / +0.6 %, 2,048 -0.4 %),
+ * at 2-4 rows GEMV_LATE_K (4 pieces; 512 there lost 2.4 % / 1.8 % at decode 2 / 4):
+ * bench/NOTES.md thirteenth and thirtieth sessions. -DGEMV_LATE_K=N / -DGEMV_LATE_K1=N for A/B
+ * builds (multiples of 256; the same bits at every N). */
 #ifndef GEMV_LATE_K
-#define GEMV_LATE_K 512
+#define GEMV_LATE_K 1024
 #endif
+#ifndef GEMV_LATE_K1
+#define GEMV_LATE_K1 512
+#endif
+template <int T>
+__host__ __device__ constexpr int gemv_late_k() { return T == 1 ? GEMV_LATE_K1 : GEMV_LATE_K; }
 
 template <int T, bool STREAM = true, bool LATE = false>
 __device__ __forceinline__ void gemv_row(const bf16 *__restrict__ x, const bf16 *__restrict__ w,
@@ -483,7 +490,7 @@ __device__ __forceinline__ void gemv_row(const bf16 *__restrict__ x, const bf16 
 #pragma unroll 4
     for (int k = lane * 8; k < K; k += 256) piece(k);
   } else { /* GEMV_LATE: the first pieces, then the previous kernel's results */
-    int k = lane * 8, k1 = min(K, GEMV_LATE_K);
+    int k = lane * 8, k1 = min(K, gemv_late_k<T>());
 #pragma unroll 4
     for (; k < k1; k += 256) piece(k);
     pdl_wait();
@@ -499,7 +506,7 @@ __device__ __forceinline__ void gemv_row(const bf16 *__restrict__ x, const bf16 
 /* gemv_row for two rows wa, wb of one x at once (the glu's gate and up rows): each 16-byte
  * piece of both rows in one loop, so twice the loads are in flight and the warp's two rows end
  * together; every row's sums in gemv_row's order and expressions (the same bits). LATE: both
- * rows' first GEMV_LATE_K values before the wait, inv after it. */
+ * rows' first gemv_late_k<T>() values before the wait, inv after it. */
 #ifndef GEMV_ROW2_UNROLL
 #define GEMV_ROW2_UNROLL 4 /* pieces of each row per loop turn */
 #endif
@@ -526,7 +533,7 @@ __device__ __forceinline__ void gemv_row2(const bf16 *__restrict__ x, const bf16
   };
   int k = lane * 8;
   if constexpr (LATE) {
-    int k1 = min(K, GEMV_LATE_K);
+    int k1 = min(K, gemv_late_k<T>());
 #pragma unroll U
     for (; k < k1; k += 256) piece(k);
     pdl_wait();

@@ -462,122 +462,38 @@ __device__ __forceinline__ void gated_norm_lane(const float *v, const float *zv,
 #define GEMV_LATE_K 1024
 #endif
 
-/* -DGEMV_PIPE=U (0, off: not yet measured, bench/NOTES.md twenty-ninth session): gemv_row and
- * gemv_row2 as a register pipeline, the next U pieces of each row requested before the current
- * U are used, so a warp's stream never drains between loop turns (gemv_row's loop waits for its
- * U loads at the top of every turn). Every row's pieces in gemv_row's order and expressions:
- * the same bits. */
-#ifndef GEMV_PIPE
-#define GEMV_PIPE 0
-#endif
-
-/* R rows w[0..R) of one x, pipelined (GEMV_PIPE); LATE: inv read after the wait, which comes at
- * the first turn that starts at or past GEMV_LATE_K values (or after the loop). */
-template <int T, int R, bool STREAM, bool LATE, int U>
-__device__ __forceinline__ void gemv_rows_pipe(const bf16 *__restrict__ x,
-                                               const bf16 *const *w, int K, int lane,
-                                               float (*acc)[T], const float *inv, float *iv) {
-#pragma unroll
-  for (int r = 0; r < R; r++)
-#pragma unroll
-    for (int t = 0; t < T; t++) acc[r][t] = 0.f;
-  auto ld = [&](int r, int k) -> uint4 {
-    if (k >= K) return make_uint4(0u, 0u, 0u, 0u);
-    return STREAM ? ld_stream16(w[r] + k) : __ldg((const uint4 *)(w[r] + k));
-  };
-  const int k0 = lane * 8;
-  uint4 b[R][U];
-#pragma unroll
-  for (int u = 0; u < U; u++)
-#pragma unroll
-    for (int r = 0; r < R; r++) b[r][u] = ld(r, k0 + 256 * u);
-  bool waited = !LATE;
-  for (int j0 = 0; k0 + 256 * j0 < K; j0 += U) {
-    if (LATE && !waited && 256 * j0 >= GEMV_LATE_K) {
-      pdl_wait();
-#pragma unroll
-      for (int t = 0; t < T; t++) iv[t] = __ldcg(inv + t);
-      waited = true;
-    }
-    uint4 nb[R][U];
-#pragma unroll
-    for (int u = 0; u < U; u++)
-#pragma unroll
-      for (int r = 0; r < R; r++) nb[r][u] = ld(r, k0 + 256 * (j0 + U + u));
-#pragma unroll
-    for (int u = 0; u < U; u++) {
-      int k = k0 + 256 * (j0 + u);
-      if (k < K) {
-        float wf[R][8];
-#pragma unroll
-        for (int r = 0; r < R; r++) bf16x8_to_f32(b[r][u], wf[r]);
-#pragma unroll
-        for (int t = 0; t < T; t++) {
-          float xf[8];
-          bf16x8_to_f32(*(const uint4 *)(x + (size_t)t * K + k), xf);
-#pragma unroll
-          for (int r = 0; r < R; r++)
-#pragma unroll
-            for (int i = 0; i < 8; i++) acc[r][t] += wf[r][i] * xf[i];
-        }
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < U; u++)
-#pragma unroll
-      for (int r = 0; r < R; r++) b[r][u] = nb[r][u];
-  }
-  if (LATE && !waited) {
-    pdl_wait();
-#pragma unroll
-    for (int t = 0; t < T; t++) iv[t] = __ldcg(inv + t);
-  }
-#pragma unroll
-  for (int t = 0; t < T; t++)
-#pragma unroll
-    for (int r = 0; r < R; r++) acc[r][t] = warp_sum(acc[r][t]);
-}
-
 template <int T, bool STREAM = true, bool LATE = false>
 __device__ __forceinline__ void gemv_row(const bf16 *__restrict__ x, const bf16 *__restrict__ w,
                                          int K, int lane, float *acc,
                                          const float *inv = nullptr, float *iv = nullptr) {
-  if constexpr (GEMV_PIPE > 0) {
-    const bf16 *ws[1] = {w};
-    float a1[1][T];
-    gemv_rows_pipe<T, 1, STREAM, LATE, GEMV_PIPE>(x, ws, K, lane, a1, inv, iv);
 #pragma unroll
-    for (int t = 0; t < T; t++) acc[t] = a1[0][t];
-  } else {
+  for (int t = 0; t < T; t++) acc[t] = 0.f;
+  auto piece = [&](int k) {
+    float wf[8];
+    bf16x8_to_f32(STREAM ? ld_stream16(w + k) : __ldg((const uint4 *)(w + k)), wf);
 #pragma unroll
-    for (int t = 0; t < T; t++) acc[t] = 0.f;
-    auto piece = [&](int k) {
-      float wf[8];
-      bf16x8_to_f32(STREAM ? ld_stream16(w + k) : __ldg((const uint4 *)(w + k)), wf);
+    for (int t = 0; t < T; t++) {
+      float xf[8];
+      bf16x8_to_f32(*(const uint4 *)(x + (size_t)t * K + k), xf);
 #pragma unroll
-      for (int t = 0; t < T; t++) {
-        float xf[8];
-        bf16x8_to_f32(*(const uint4 *)(x + (size_t)t * K + k), xf);
-#pragma unroll
-        for (int i = 0; i < 8; i++) acc[t] += wf[i] * xf[i];
-      }
-    };
-    if constexpr (!LATE) {
-#pragma unroll 4
-      for (int k = lane * 8; k < K; k += 256) piece(k);
-    } else { /* GEMV_LATE: the first pieces, then the previous kernel's results */
-      int k = lane * 8, k1 = min(K, GEMV_LATE_K);
-#pragma unroll 4
-      for (; k < k1; k += 256) piece(k);
-      pdl_wait();
-#pragma unroll
-      for (int t = 0; t < T; t++) iv[t] = __ldcg(inv + t);
-#pragma unroll 4
-      for (; k < K; k += 256) piece(k);
+      for (int i = 0; i < 8; i++) acc[t] += wf[i] * xf[i];
     }
+  };
+  if constexpr (!LATE) {
+#pragma unroll 4
+    for (int k = lane * 8; k < K; k += 256) piece(k);
+  } else { /* GEMV_LATE: the first pieces, then the previous kernel's results */
+    int k = lane * 8, k1 = min(K, GEMV_LATE_K);
+#pragma unroll 4
+    for (; k < k1; k += 256) piece(k);
+    pdl_wait();
 #pragma unroll
-    for (int t = 0; t < T; t++) acc[t] = warp_sum(acc[t]);
+    for (int t = 0; t < T; t++) iv[t] = __ldcg(inv + t);
+#pragma unroll 4
+    for (; k < K; k += 256) piece(k);
   }
+#pragma unroll
+  for (int t = 0; t < T; t++) acc[t] = warp_sum(acc[t]);
 }
 
 /* gemv_row for two rows wa, wb of one x at once (the glu's gate and up rows): each 16-byte
@@ -592,48 +508,37 @@ __device__ __forceinline__ void gemv_row2(const bf16 *__restrict__ x, const bf16
                                           const bf16 *__restrict__ wb, int K, int lane,
                                           float *aa, float *ab, const float *inv = nullptr,
                                           float *iv = nullptr) {
-  if constexpr (GEMV_PIPE > 0) {
-    const bf16 *ws[2] = {wa, wb};
-    float a2[2][T];
-    gemv_rows_pipe<T, 2, true, LATE, GEMV_PIPE>(x, ws, K, lane, a2, inv, iv);
+#pragma unroll
+  for (int t = 0; t < T; t++) aa[t] = ab[t] = 0.f;
+  auto piece = [&](int k) {
+    float fa[8], fb[8];
+    bf16x8_to_f32(ld_stream16(wa + k), fa);
+    bf16x8_to_f32(ld_stream16(wb + k), fb);
 #pragma unroll
     for (int t = 0; t < T; t++) {
-      aa[t] = a2[0][t];
-      ab[t] = a2[1][t];
+      float xf[8];
+      bf16x8_to_f32(*(const uint4 *)(x + (size_t)t * K + k), xf);
+#pragma unroll
+      for (int i = 0; i < 8; i++) aa[t] += fa[i] * xf[i];
+#pragma unroll
+      for (int i = 0; i < 8; i++) ab[t] += fb[i] * xf[i];
     }
-  } else {
-#pragma unroll
-    for (int t = 0; t < T; t++) aa[t] = ab[t] = 0.f;
-    auto piece = [&](int k) {
-      float fa[8], fb[8];
-      bf16x8_to_f32(ld_stream16(wa + k), fa);
-      bf16x8_to_f32(ld_stream16(wb + k), fb);
-#pragma unroll
-      for (int t = 0; t < T; t++) {
-        float xf[8];
-        bf16x8_to_f32(*(const uint4 *)(x + (size_t)t * K + k), xf);
-#pragma unroll
-        for (int i = 0; i < 8; i++) aa[t] += fa[i] * xf[i];
-#pragma unroll
-        for (int i = 0; i < 8; i++) ab[t] += fb[i] * xf[i];
-      }
-    };
-    int k = lane * 8;
-    if constexpr (LATE) {
-      int k1 = min(K, GEMV_LATE_K);
+  };
+  int k = lane * 8;
+  if constexpr (LATE) {
+    int k1 = min(K, GEMV_LATE_K);
 #pragma unroll U
-      for (; k < k1; k += 256) piece(k);
-      pdl_wait();
+    for (; k < k1; k += 256) piece(k);
+    pdl_wait();
 #pragma unroll
-      for (int t = 0; t < T; t++) iv[t] = __ldcg(inv + t);
-    }
+    for (int t = 0; t < T; t++) iv[t] = __ldcg(inv + t);
+  }
 #pragma unroll U
-    for (; k < K; k += 256) piece(k);
+  for (; k < K; k += 256) piece(k);
 #pragma unroll
-    for (int t = 0; t < T; t++) {
-      aa[t] = warp_sum(aa[t]);
-      ab[t] = warp_sum(ab[t]);
-    }
+  for (int t = 0; t < T; t++) {
+    aa[t] = warp_sum(aa[t]);
+    ab[t] = warp_sum(ab[t]);
   }
 }
 

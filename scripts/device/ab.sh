@@ -58,12 +58,10 @@ else
   ds_deb_prefix
   B=build-cuda/deltaserve
   build_variant() { # <name> <flags>: build-ab-<name> (and its op tests, its traced build)
-    local name=$1 flags=$2 log="$OUT/build-$1.log"
-    make CUDA=1 BUILD="build-ab-$name" NVCC="$NVCC ${flags//,/ }" -j"$(nproc)" all >"$log" 2>&1 || return 1
-    if [ "${DS_AB_BUILD_OPS:-0}" = 1 ]; then
-      make CUDA=1 BUILD="build-ab-$name" NVCC="$NVCC ${flags//,/ }" -j"$(nproc)" cuda-tests \
-        >>"$log" 2>&1 || return 1
-    fi
+    local name=$1 flags=$2 targets=all
+    [ "${DS_AB_BUILD_OPS:-0}" = 1 ] && targets="all cuda-tests"
+    make CUDA=1 BUILD="build-ab-$name" NVCC="$NVCC ${flags//,/ }" -j"$(nproc)" $targets \
+      >"$OUT/build-$name.log" 2>&1 || return 1
     if [ "${DS_AB_KTRACE:-0}" = 1 ]; then
       make CUDA=1 BUILD="build-kt-$name" NVCC="$NVCC -DDS_KTRACE ${flags//,/ }" -j"$(nproc)" all \
         >"$OUT/build-kt-$name.log" 2>&1 || return 1

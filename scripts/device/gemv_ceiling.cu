@@ -4,7 +4,7 @@
  * (per layer: the input projections, the output projection, gate+up, down), each a kernel that
  * waits for the one before (programmatic dependent launch, as the backend's captured steps).
  * This program times exactly that sequence in one CUDA graph, with zeroed bf16 weights at the
- * real shapes (the time does not depend on the values), for a few GEMV designs and for a plain streaming read of the same
+ * real shapes (random bits: never time on zeros), for a few GEMV designs and for a plain streaming read of the same
  * bytes (no arithmetic: the ceiling of a kernel-per-product step on this GPU). It prints one
  * line per design: ms per step of products, TB/s, and the fixed cost per product implied at
  * 4.0 TB/s streaming. Build and run on the GPU machine with scripts/device/gemv_ceiling.sh.
@@ -22,8 +22,10 @@
  * gate+up 18,432 x 2,560 (one product of both halves' rows); down 2,560 x 9,216. */
 #include <stdio.h>
 #include <stdlib.h>
+#include <math.h>
 #include <string.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "backend/cuda/cuda_common.cuh"
@@ -86,6 +88,91 @@ __global__ void __launch_bounds__(256) gc_read(const bf16 *x, const bf16 *W, int
     acc ^= u.x ^ u.y ^ u.z ^ u.w;
   }
   if (acc == 0x9e3779b9u) y[0] = x[0]; /* never: keeps the loads */
+}
+
+
+/* Random finite bf16 (sign and mantissa random, |w| in [2^-8, 2^-7)): never time on zeros. */
+__global__ void gc_fill(unsigned short *w, size_t n, unsigned seed) {
+  for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+       i += (size_t)gridDim.x * blockDim.x) {
+    unsigned h = (unsigned)i * 2654435761u ^ seed * 0x9e3779b9u;
+    h ^= h >> 15;
+    h *= 2246822519u;
+    h ^= h >> 13;
+    w[i] = (unsigned short)(0x3b80u | (h & 0x807fu));
+  }
+}
+
+/* ---- weight layouts (the products' DRAM pattern) ----
+ * Row-major: warp n's lane l reads W[n][l*8 + 256 t] at turn t (the backend). Turn-major,
+ * [K/256][N][256]: at turn t every warp's 512 bytes lie side by side, so the grid sweeps the
+ * matrix front to back as the grid-stride read does. Block-tiled, [N/WARPS][K/256][WARPS][256]:
+ * a block's warps read one contiguous 512 x WARPS bytes per turn. The same sums in every layout. */
+template <int LAYOUT, int WARPS>
+__device__ __forceinline__ const bf16 *gc_piece(const bf16 *W, int n, int N, int K, int t) {
+  if (LAYOUT == 0) return W + (size_t)n * K + (size_t)t * 256;
+  if (LAYOUT == 1) return W + ((size_t)t * N + n) * 256;
+  int b = n / WARPS, w = n % WARPS;
+  return W + (((size_t)b * (K / 256) + t) * WARPS + w) * 256;
+}
+
+/* A warp per row over a layout; READ: the loads only, folded into one word (no arithmetic). */
+template <int WARPS, int UNR, int LAYOUT, int READ>
+__global__ void __launch_bounds__(WARPS * 32)
+    gc_layout_row(const bf16 *x, const bf16 *W, int K, int N, bf16 *y) {
+  int n = blockIdx.x * WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+  pdl_enter();
+  if (n >= N) return;
+  float acc = 0.f;
+  unsigned fold = 0;
+#pragma unroll UNR
+  for (int t = 0; t < K / 256; t++) {
+    uint4 u = ld_stream16(gc_piece<LAYOUT, WARPS>(W, n, N, K, t) + lane * 8);
+    if (READ) {
+      fold ^= u.x ^ u.y ^ u.z ^ u.w;
+    } else {
+      float wf[8], xf[8];
+      bf16x8_to_f32(u, wf);
+      bf16x8_to_f32(*(const uint4 *)(x + t * 256 + lane * 8), xf);
+#pragma unroll
+      for (int i = 0; i < 8; i++) acc += wf[i] * xf[i];
+    }
+  }
+  if (READ) {
+    if (fold == 0x9e3779b9u) y[n] = x[0];
+    return;
+  }
+  acc = warp_sum(acc);
+  if (lane == 0) y[n] = f2bf(acc);
+}
+
+
+/* A warp per row on the tensor cores: lane L's 16-byte piece of W (8 values at 8 L + 256 t) and
+ * the same 8 values of x form two m16n8k16 products whose B column g = L / 4 is "segment g" of
+ * the turn and whose A row g is x over the same segment, so D[g][g] accumulates segment g's dot
+ * product (the other entries are cross terms, unused): one load of W, one of x and two mma per
+ * piece, no conversions. The diagonal sits in lane 4 g + g / 2 (d0 or d1); a butterfly over
+ * those 8 values ends the row. */
+template <int WARPS, int UNR>
+__global__ void __launch_bounds__(WARPS * 32)
+    gc_mma_row(const bf16 *x, const bf16 *W, int K, int N, bf16 *y) {
+  int n = blockIdx.x * WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+  pdl_enter();
+  if (n >= N) return;
+  const bf16 *w = W + (size_t)n * K;
+  float d[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll UNR
+  for (int k = lane * 8; k < K; k += 256) {
+    uint4 u = ld_stream16(w + k);
+    uint4 v = *(const uint4 *)(x + k);
+    uint32_t a0[4] = {v.x, 0u, v.y, 0u}, a1[4] = {v.z, 0u, v.w, 0u};
+    mma_bf16(d, a0, u.x, u.y);
+    mma_bf16(d, a1, u.z, u.w);
+  }
+  int g = lane >> 2, t = lane & 3;
+  float s = (t == (g >> 1)) ? ((g & 1) ? d[1] : d[0]) : 0.f;
+  s = warp_sum(s);
+  if (lane == 0) y[n] = f2bf(s);
 }
 
 /* ---- one kernel per step ---- */
@@ -306,6 +393,140 @@ struct gc_pdesign {
   int warps, pf;
 };
 
+
+/* One layout design: `big` for products of more than 4,096 rows (WB warps per block), `small`
+ * for the others (WS warps: the backend's single products run one-warp blocks); resident: the
+ * grid-stride read over nsm * occ blocks instead. */
+struct gc_ldesign {
+  const char *name;
+  gc_kernel big, small;
+  int wb, ws, resident;
+};
+
+/* A graph of the products whose shape index (0 input, 1 out, 2 gate+up, 3 down) is in mask. */
+static cudaGraphExec_t gc_lgraph(const gc_ldesign &d, int nsm, cudaStream_t st, const bf16 *x,
+                                 const std::vector<gc_product> &ps, bf16 *y, unsigned mask) {
+  cudaGraph_t g;
+  cudaGraphExec_t ge;
+  CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+  for (size_t i = 0; i < ps.size(); i++) {
+    if (!(mask >> (i % 4) & 1)) continue;
+    const gc_product &p = ps[i];
+    int small = p.N <= 4096, warps = small ? d.ws : d.wb;
+    gc_kernel f = small ? d.small : d.big;
+    unsigned grid = (unsigned)((p.N + warps - 1) / warps);
+    if (d.resident) {
+      int occ;
+      CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, f, warps * 32, 0));
+      grid = (unsigned)(nsm * occ);
+    }
+    cudaLaunchAttribute at[1];
+    cudaLaunchConfig_t cfg = gc_pdl_config(grid, (unsigned)(warps * 32), st, at);
+    CK(cudaLaunchKernelEx(&cfg, f, x, (const bf16 *)p.W, p.K, p.N, y));
+  }
+  CK(cudaStreamEndCapture(st, &g));
+  CK(cudaGraphInstantiate(&ge, g, 0));
+  CK(cudaGraphDestroy(g));
+  return ge;
+}
+
+
+/* The mma row against the FMA row on one product: the largest difference over the largest |y|. */
+static void gc_check_mma(cudaStream_t st, const bf16 *x, const gc_product &p) {
+  bf16 *ya, *yb;
+  CK(cudaMalloc(&ya, (size_t)p.N * 2));
+  CK(cudaMalloc(&yb, (size_t)p.N * 2));
+  gc_layout_row<4, 4, 0, 0><<<(p.N + 3) / 4, 128, 0, st>>>(x, p.W, p.K, p.N, ya);
+  gc_mma_row<4, 4><<<(p.N + 3) / 4, 128, 0, st>>>(x, p.W, p.K, p.N, yb);
+  CK(cudaStreamSynchronize(st));
+  std::vector<unsigned short> ha(p.N), hb(p.N);
+  CK(cudaMemcpy(ha.data(), ya, (size_t)p.N * 2, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(hb.data(), yb, (size_t)p.N * 2, cudaMemcpyDeviceToHost));
+  double mx = 0, md = 0;
+  int same = 0;
+  for (int i = 0; i < p.N; i++) {
+    unsigned ua = (unsigned)ha[i] << 16, ub = (unsigned)hb[i] << 16;
+    float fa, fb;
+    memcpy(&fa, &ua, 4);
+    memcpy(&fb, &ub, 4);
+    mx = fmax(mx, fabs(fa));
+    md = fmax(md, fabs(fa - fb));
+    same += ha[i] == hb[i];
+  }
+  printf("mma row check (%d x %d): max |fma - mma| / max |y| = %.3e, %d of %d outputs equal\n", p.N,
+         p.K, md / mx, same, p.N);
+  CK(cudaFree(ya));
+  CK(cudaFree(yb));
+}
+
+/* The layout table: each design over the whole step and over each product class, µs per product
+ * and TB/s; every design timed in R alternating rounds (the medians printed). */
+static void gc_layouts(int nsm, cudaStream_t st, const bf16 *x, const std::vector<gc_product> &ps,
+                       bf16 *y, FILE *jf) {
+  const gc_ldesign ds[] = {
+      {"row-major GEMV (backend: 4 warps, singles 1)", gc_layout_row<4, 4, 0, 0>,
+       gc_layout_row<1, 4, 0, 0>, 4, 1, 0},
+      {"row-major loads only", gc_layout_row<4, 4, 0, 1>, gc_layout_row<1, 4, 0, 1>, 4, 1, 0},
+      {"turn-major GEMV [K/256][N][256]", gc_layout_row<4, 4, 1, 0>, gc_layout_row<1, 4, 1, 0>, 4,
+       1, 0},
+      {"turn-major loads only", gc_layout_row<4, 4, 1, 1>, gc_layout_row<1, 4, 1, 1>, 4, 1, 0},
+      {"block-tiled GEMV, 4 warps everywhere", gc_layout_row<4, 4, 2, 0>,
+       gc_layout_row<4, 4, 2, 0>, 4, 4, 0},
+      {"row-major GEMV, 4 warps everywhere", gc_layout_row<4, 4, 0, 0>, gc_layout_row<4, 4, 0, 0>,
+       4, 4, 0},
+      {"turn-major GEMV, 4 warps everywhere", gc_layout_row<4, 4, 1, 0>,
+       gc_layout_row<4, 4, 1, 0>, 4, 4, 0},
+      {"mma GEMV (4 warps, singles 1)", gc_mma_row<4, 4>, gc_mma_row<1, 4>, 4, 1, 0},
+      {"mma GEMV, 4 warps everywhere", gc_mma_row<4, 4>, gc_mma_row<4, 4>, 4, 4, 0},
+      {"mma GEMV, 8 in flight (4 warps, singles 1)", gc_mma_row<4, 8>, gc_mma_row<1, 8>, 4, 1, 0},
+      {"grid-stride read (ceiling)", gc_read, gc_read, 8, 8, 1},
+  };
+  const int ND = sizeof ds / sizeof ds[0], NM = 5, R = 5;
+  const unsigned masks[NM] = {15u, 1u, 2u, 4u, 8u};
+  const char *mname[NM] = {"step", "input", "out", "gate+up", "down"};
+  double mbytes[NM] = {0}, mcount[NM] = {0};
+  for (size_t i = 0; i < ps.size(); i++)
+    for (int m = 0; m < NM; m++)
+      if (masks[m] >> (i % 4) & 1) {
+        mbytes[m] += 2.0 * ps[i].N * ps[i].K;
+        mcount[m] += 1;
+      }
+  std::vector<cudaGraphExec_t> ge(ND * NM);
+  for (int d = 0; d < ND; d++)
+    for (int m = 0; m < NM; m++) ge[d * NM + m] = gc_lgraph(ds[d], nsm, st, x, ps, y, masks[m]);
+  std::vector<double> ms(ND * NM * R);
+  for (int r = 0; r < R; r++)
+    for (int m = 0; m < NM; m++)
+      for (int d = 0; d < ND; d++) {
+        cudaGraphExec_t g = ge[d * NM + m];
+        ms[(d * NM + m) * R + r] = gc_time(st, [&] { CK(cudaGraphLaunch(g, st)); });
+      }
+  printf("layouts (random weights; median of %d alternating rounds; us per product, TB/s):\n", R);
+  printf("  %-46s", "");
+  for (int m = 0; m < NM; m++) printf(" %16s", mname[m]);
+  printf("\n");
+  if (jf) fprintf(jf, ", \"layouts\": [");
+  for (int d = 0; d < ND; d++) {
+    printf("  %-46s", ds[d].name);
+    if (jf) fprintf(jf, "%s{\"design\": \"%s\"", d ? ", " : "", ds[d].name);
+    for (int m = 0; m < NM; m++) {
+      double *v = &ms[(d * NM + m) * R];
+      std::vector<double> s(v, v + R);
+      std::sort(s.begin(), s.end());
+      double med = s[R / 2], us = med * 1e3 / mcount[m], tbs = mbytes[m] / (med * 1e-3) / 1e12;
+      if (m == 0)
+        printf(" %7.3f ms %4.2f", med, tbs);
+      else
+        printf(" %7.2f us %4.2f", us, tbs);
+      if (jf) fprintf(jf, ", \"%s_ms\": %.4f, \"%s_tb_s\": %.3f", mname[m], med, mname[m], tbs);
+    }
+    printf("\n");
+    if (jf) fprintf(jf, "}");
+  }
+  if (jf) fprintf(jf, "]");
+  for (cudaGraphExec_t g : ge) CK(cudaGraphExecDestroy(g));
+}
+
 int main(int argc, char **argv) {
   const char *json = NULL;
   double phase_us = 8.0;
@@ -327,14 +548,16 @@ int main(int argc, char **argv) {
       gc_product p = {shapes[s][0], shapes[s][1], NULL};
       size_t b = (size_t)p.N * p.K * 2;
       CK(cudaMalloc(&p.W, b));
-      CK(cudaMemset(p.W, 0, b));
+      gc_fill<<<2048, 256>>>((unsigned short *)p.W, b / 2, (unsigned)(l * 4 + s));
+      CK(cudaGetLastError());
       bytes += (double)b;
       ps.push_back(p);
     }
   }
   bf16 *x, *y;
   CK(cudaMalloc(&x, 1 << 20));
-  CK(cudaMemset(x, 0, 1 << 20));
+  gc_fill<<<256, 256>>>((unsigned short *)x, (1 << 20) / 2, 977u);
+  CK(cudaGetLastError());
   CK(cudaMalloc(&y, 1 << 20));
   cudaStream_t st;
   CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
@@ -349,9 +572,14 @@ int main(int argc, char **argv) {
   };
   FILE *jf = json ? fopen(json, "w") : NULL;
   if (jf)
-    fprintf(jf, "{\"gpu\": \"%s\", \"products\": %zu, \"bytes\": %.0f, \"designs\": [", prop.name,
+    fprintf(jf, "{\"gpu\": \"%s\", \"products\": %zu, \"bytes\": %.0f, ", prop.name,
             ps.size(), bytes);
   printf("gemv_ceiling: %s, %zu products, %.2f GB per step\n", prop.name, ps.size(), bytes / 1e9);
+  if (jf) fprintf(jf, "\"layout_table\": 1");
+  gc_check_mma(st, x, ps[1]);
+  gc_check_mma(st, x, ps[3]);
+  gc_layouts(nsm, st, x, ps, y, jf);
+  if (jf) fprintf(jf, ", \"designs\": [");
   for (size_t i = 0; i < sizeof ds / sizeof ds[0]; i++) {
     const gc_design &d = ds[i];
     int occ;

@@ -510,54 +510,26 @@ static int cu_sync(backend *be, char *err, size_t errlen) {
  * products after it, x = xg): the next kernel is let launch at once, the products run while the
  * norm's factor kernel before them still runs, and only then is it waited for and each row's
  * sums scaled by inv[t]. */
-/* GEMV_RES_SUMS / GEMV_SUMS: the same fold without the factor kernel (norm_sums in
- * graph_run_ops). The product before the norm adds each new residual value's square into its
- * row's integer sums (norm_sums_add) and lets the next kernel launch once its rows' loads are
- * done; the products after it load their first weights, wait for it, and compute the factor
- * from the sums themselves (norm_sums_inv). */
-enum { GEMV_PLAIN = 0, GEMV_RES = 1, GEMV_LATE = 2, GEMV_RES_SUMS = 3, GEMV_SUMS = 4 };
+enum { GEMV_PLAIN = 0, GEMV_RES = 1, GEMV_LATE = 2 };
 #define NORM_FOLD_MAXT 4 /* steps of more rows keep the norm (GEMV_MAXT_DEFAULT) */
 struct gemv_nf {
-  const float *g; /* GEMV_RES*: the norm's weight (zero-centred) */
-  bf16 *res, *xg; /* GEMV_RES*: the residual stream and the scaled copy [T, N] */
+  const float *g; /* GEMV_RES: the norm's weight (zero-centred) */
+  bf16 *res, *xg; /* GEMV_RES: the residual stream and the scaled copy [T, N] */
   const float *inv; /* GEMV_LATE: [T] */
-  unsigned long long *sums; /* GEMV_RES_SUMS: this norm's sums (added to); GEMV_SUMS: read */
-  unsigned long long *zero; /* GEMV_RES*: the next norm's sums, zeroed by block 0 (or NULL) */
-  int n;                    /* GEMV_SUMS: the norm's width */
-  float eps;
 };
-
-/* the row helpers' LATE argument of a mode */
-template <int MODE>
-__host__ __device__ constexpr int gemv_late_kind(void) {
-  return MODE == GEMV_LATE ? 1 : MODE == GEMV_SUMS ? 2 : 0;
-}
 
 template <int MODE>
 __device__ __forceinline__ void gemv_enter(void) {
-  if (MODE == GEMV_LATE || MODE == GEMV_SUMS) pdl_launch_next();
-  else if (MODE == GEMV_RES_SUMS) pdl_wait(); /* the next kernel launches after the loads */
+  if (MODE == GEMV_LATE) pdl_launch_next();
   else pdl_enter();
 }
 
-/* GEMV_LATE: the sums scaled by the norm's factors iv (loaded by gemv_row after its wait);
- * GEMV_SUMS: the factors from the norm's sums first. */
+/* GEMV_LATE: the sums scaled by the norm's factors iv (loaded by gemv_row after its wait). */
 template <int T, int MODE>
-__device__ __forceinline__ void gemv_late(float *acc, float *iv, const unsigned long long *raw,
-                                          const gemv_nf &nf, int lane) {
-  if constexpr (MODE == GEMV_SUMS) norm_sums_inv<T>(raw, lane, nf.n, nf.eps, iv);
-  if constexpr (MODE == GEMV_LATE || MODE == GEMV_SUMS) {
+__device__ __forceinline__ void gemv_late(float *acc, const float *iv) {
+  if constexpr (MODE == GEMV_LATE) {
 #pragma unroll
     for (int t = 0; t < T; t++) acc[t] *= iv[t];
-  }
-}
-
-/* GEMV_RES*: block 0 zeroes the next folded norm's sums (its product runs after this kernel
- * and every kernel that read them has finished: this one waited for them all). */
-__device__ __forceinline__ void gemv_zero_next(const gemv_nf &nf) {
-  if (nf.zero && blockIdx.x == 0 && threadIdx.x < 32) {
-    nf.zero[threadIdx.x * NORM_SLOT_WORDS] = 0ull;
-    nf.zero[threadIdx.x * NORM_SLOT_WORDS + 1] = 0ull;
   }
 }
 
@@ -566,32 +538,23 @@ __global__ void __launch_bounds__(WB * 32)
     k_gemv(const bf16 *__restrict__ x, const bf16 *__restrict__ W, int K, int N, bf16 *y,
            gemv_nf nf) {
   int n = blockIdx.x * WB + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-  constexpr bool RES = MODE == GEMV_RES || MODE == GEMV_RES_SUMS;
   gemv_enter<MODE>();
-  if (RES) gemv_zero_next(nf);
   if (n >= N) return;
   float acc[T], iv[T], r0 = 0.f, g0 = 0.f;
-  unsigned long long raw[2];
-  if (RES && lane < T) { /* loaded now: not a dependent load after the sums */
+  if (MODE == GEMV_RES && lane < T) { /* loaded now: not a dependent load after the sums */
     r0 = bf2f(nf.res[(size_t)lane * N + n]);
     g0 = nf.g[n];
   }
-  gemv_row<T, true, gemv_late_kind<MODE>()>(x, W + (size_t)n * K, K, lane, acc, nf.inv, iv,
-                                            nf.sums, raw);
-  if (MODE == GEMV_RES_SUMS) pdl_launch_next();
-  gemv_late<T, MODE>(acc, iv, raw, nf, lane);
+  gemv_row<T, true, MODE == GEMV_LATE>(x, W + (size_t)n * K, K, lane, acc, nf.inv, iv);
+  gemv_late<T, MODE>(acc, iv);
   if (lane < T) {
     size_t o = (size_t)lane * N + n;
     bf16 yb = f2bf(gemv_pick<T>(acc, lane));
     y[o] = yb;
-    if (RES) {
+    if (MODE == GEMV_RES) {
       bf16 rb = f2bf(r0 + bf2f(yb));
       nf.res[o] = rb;
       nf.xg[o] = f2bf(bf2f(rb) * (1.f + g0));
-      if (MODE == GEMV_RES_SUMS)
-        norm_sums_add(nf.sums + (size_t)(lane * norm_slots<T>() + n % norm_slots<T>()) *
-                                    NORM_SLOT_WORDS,
-                      bf2f(rb));
     }
   }
 }
@@ -644,10 +607,8 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
   int N, r;
   gemv_set_pick(s, n, W, y, N, r);
   float acc[T], iv[T];
-  unsigned long long raw[2];
-  gemv_row<T, true, gemv_late_kind<MODE>()>(x, W + (size_t)r * K, K, lane, acc, nf.inv, iv,
-                                            nf.sums, raw);
-  gemv_late<T, MODE>(acc, iv, raw, nf, lane);
+  gemv_row<T, true, MODE == GEMV_LATE>(x, W + (size_t)r * K, K, lane, acc, nf.inv, iv);
+  gemv_late<T, MODE>(acc, iv);
   if (lane < T) y[(size_t)lane * N + r] = f2bf(gemv_pick<T>(acc, lane));
 }
 
@@ -664,16 +625,10 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
   gemv_enter<MODE>();
   if (n >= N) return;
   float ag[T], au[T], iv[T];
-  unsigned long long raw[2];
-  gemv_row2<T, gemv_late_kind<MODE>()>(x, Wg + (size_t)n * K, Wu + (size_t)n * K, K, lane, ag,
-                                       au, nf.inv, iv, nf.sums, raw);
-  gemv_late<T, MODE>(ag, iv, raw, nf, lane);
-  if constexpr (MODE == GEMV_SUMS) {
-#pragma unroll
-    for (int t = 0; t < T; t++) au[t] *= iv[t];
-  } else {
-    gemv_late<T, MODE>(au, iv, raw, nf, lane);
-  }
+  gemv_row2<T, MODE == GEMV_LATE>(x, Wg + (size_t)n * K, Wu + (size_t)n * K, K, lane, ag, au,
+                                  nf.inv, iv);
+  gemv_late<T, MODE>(ag, iv);
+  gemv_late<T, MODE>(au, iv);
   if (lane < T) {
     bf16 gb = f2bf(gemv_pick<T>(ag, lane)), ub = f2bf(gemv_pick<T>(au, lane));
     size_t o = (size_t)lane * N + n;
@@ -878,11 +833,9 @@ static void gemv_mode(cuda_ctx *c, const bf16 *x, const bf16 *W, int T, int K, i
                       gemv_nf nf) {
   if (N <= GEMV_SMALL_N) gemv_launch<GEMV_SMALL_WARPS, MODE>(c, x, W, T, K, N, y, nf);
   else gemv_launch<GEMV_WARPS, MODE>(c, x, W, T, K, N, y, nf);
-  cuda_check_launch(c, MODE == GEMV_PLAIN      ? "matmul (gemv)"
-                       : MODE == GEMV_RES    ? "matmul (gemv + residual)"
-                       : MODE == GEMV_RES_SUMS ? "matmul (gemv + residual, norm sums)"
-                       : MODE == GEMV_SUMS   ? "matmul (gemv, norm from sums)"
-                                             : "matmul (gemv, norm factor late)");
+  cuda_check_launch(c, MODE == GEMV_PLAIN ? "matmul (gemv)"
+                       : MODE == GEMV_RES ? "matmul (gemv + residual)"
+                                          : "matmul (gemv, norm factor late)");
 }
 
 /* 1 when the GEMV path took the product. */
@@ -1172,7 +1125,7 @@ struct cuda_graphs {
   std::vector<uint8_t> sig, last_sig, bad_sig;
   std::vector<graph_entry> cache;
   uint64_t tick, uids;
-  long captures, replays, direct, fused, pdl_edges, norm_folds, norm_sums, repeats;
+  long captures, replays, direct, fused, pdl_edges, norm_folds, repeats;
   /* step_repeat (DS_CUDA_REPEAT=0: off): the last recorded step ran as graph rep_uid (0:
    * it did not run as one graph), its signature beginning with rep_layout (the metadata
    * layout entry, layout_len bytes); rep_pending: this step is that graph again */
@@ -1422,9 +1375,8 @@ static void launch_multi(cuda_ctx *c, const gop *ops, int m, gemv_nf nf) {
     G(1) G(2) G(3) G(4) G(5) G(6) G(7) G(8)
 #undef G
   }
-  cuda_check_launch(c, MODE == GEMV_LATE   ? "matmul (fused gemv, norm factor late)"
-                       : MODE == GEMV_SUMS ? "matmul (fused gemv, norm from sums)"
-                                           : "matmul (fused gemv)");
+  cuda_check_launch(c, MODE == GEMV_LATE ? "matmul (fused gemv, norm factor late)"
+                                         : "matmul (fused gemv)");
 }
 
 /* ops[i..i+1] are conv1d and gdn_gates of one layer (the gates' qkv = the conv output): their
@@ -1483,9 +1435,8 @@ static void launch_glu(cuda_ctx *c, const gop &g, const gop &u, const gop &sw, g
     G(1) G(2) G(3) G(4) G(5) G(6) G(7) G(8)
 #undef G
   }
-  cuda_check_launch(c, MODE == GEMV_LATE   ? "matmul (fused gate/up/swiglu, norm factor late)"
-                       : MODE == GEMV_SUMS ? "matmul (fused gate/up/swiglu, norm from sums)"
-                                           : "matmul (fused gate/up/swiglu)");
+  cuda_check_launch(c, MODE == GEMV_LATE ? "matmul (fused gate/up/swiglu, norm factor late)"
+                                         : "matmul (fused gate/up/swiglu)");
 }
 
 /* 1 when ops[i..i+2] are gate and up products of one x on the GEMV path and swiglu(gate, up)
@@ -1582,17 +1533,6 @@ static int norm_fold_at(cuda_ctx *c, const std::vector<gop> &ops, size_t j, norm
   return 1;
 }
 
-/* The folded norms' sums (GEMV_RES_SUMS, DS_NORM_SUMS=0: off). The f-th folded norm of a
- * recorded list (f from 0) uses site f of c->fold_sums; its product before zeroes site f + 1
- * first, so every site a list adds to was zeroed earlier in the same list, whatever ran
- * before. The first fold of a list keeps the factor kernel (no earlier product of the list
- * zeroed its site); the others run without it. */
-static unsigned long long *norm_site(cuda_ctx *c, int f) {
-  return c->norm_sums && c->fold_sums && f >= 0 && f < NORM_SITES
-             ? c->fold_sums + (size_t)f * NORM_SITE_WORDS
-             : NULL;
-}
-
 /* Runs the recorded list in order, with the rewrites. */
 static void graph_run_ops(cuda_ctx *c) {
   cuda_graphs *g = c->gr;
@@ -1600,41 +1540,28 @@ static void graph_run_ops(cuda_ctx *c) {
   size_t n = ops.size();
   size_t folded = SIZE_MAX; /* the norm whose product before took its residual add */
   norm_fold nf;              /* ... and its products (norm_fold_at) */
-  int fsite = 0;             /* folds so far in this list (norm_site) */
-  unsigned long long *fsums = NULL; /* the current fold's sums (NULL: the factor kernel) */
   for (size_t i = 0; i < n;) {
     const gop &o = ops[i];
     cuda_gdn_chain_args ch;
     if (o.kind == GOP_MATMUL && i + 1 < n && ops[i + 1].kind == GOP_RMSNORM &&
         norm_fold_at(c, ops, i + 1, &nf)) { /* the product before a folded norm */
       const gop_norm &r = ops[i + 1].nm;
-      fsums = fsite > 0 ? norm_site(c, fsite) : NULL;
-      gemv_nf p = {r.w, r.x, r.y, NULL, fsums, norm_site(c, fsite + 1), 0, 0.f};
-      if (fsums) gemv_mode<GEMV_RES_SUMS>(c, o.x, o.W->bf, o.T, o.K, o.N, o.y, p);
-      else gemv_mode<GEMV_RES>(c, o.x, o.W->bf, o.T, o.K, o.N, o.y, p);
+      gemv_nf p = {r.w, r.x, r.y, NULL};
+      gemv_mode<GEMV_RES>(c, o.x, o.W->bf, o.T, o.K, o.N, o.y, p);
       folded = i + 1;
       i++;
       continue;
     }
-    if (i == folded) { /* the folded norm: its factor (kernel or sums), then its products */
+    if (i == folded) { /* the folded norm: its factor kernel, then its products */
       const gop_norm &r = o.nm;
+      cuda_elem_rmsnorm_inv(c, r.x, r.T, r.n, r.eps, c->fold_inv);
+      gemv_nf p = {NULL, NULL, NULL, c->fold_inv};
       const gop *q = &ops[i + 1];
-      if (fsums) {
-        gemv_nf p = {NULL, NULL, NULL, NULL, fsums, NULL, r.n, r.eps};
-        if (nf.glu) launch_glu<GEMV_SUMS>(c, q[0], q[1], q[2], p);
-        else if (nf.m > 1) launch_multi<GEMV_SUMS>(c, q, nf.m, p);
-        else gemv_mode<GEMV_SUMS>(c, q[0].x, q[0].W->bf, q[0].T, q[0].K, q[0].N, q[0].y, p);
-        g->norm_sums++;
-      } else {
-        cuda_elem_rmsnorm_inv(c, r.x, r.T, r.n, r.eps, c->fold_inv);
-        gemv_nf p = {NULL, NULL, NULL, c->fold_inv};
-        if (nf.glu) launch_glu<GEMV_LATE>(c, q[0], q[1], q[2], p);
-        else if (nf.m > 1) launch_multi<GEMV_LATE>(c, q, nf.m, p);
-        else gemv_mode<GEMV_LATE>(c, q[0].x, q[0].W->bf, q[0].T, q[0].K, q[0].N, q[0].y, p);
-      }
+      if (nf.glu) launch_glu<GEMV_LATE>(c, q[0], q[1], q[2], p);
+      else if (nf.m > 1) launch_multi<GEMV_LATE>(c, q, nf.m, p);
+      else gemv_mode<GEMV_LATE>(c, q[0].x, q[0].W->bf, q[0].T, q[0].K, q[0].N, q[0].y, p);
       g->fused += nf.glu ? 2 : nf.m - 1;
       g->norm_folds++;
-      fsite++;
       i += 1 + nf.m;
       continue;
     }
@@ -2131,11 +2058,6 @@ static int cu_logits_argmax_prepare(backend *be, backend_weight W, int H, int V,
 }
 
 /* Counters of the decode-step recorder (see backend_cuda.h). */
-extern "C" long backend_cuda_norm_sums(backend *be) {
-  cuda_graphs *g = cuda_ctx_of(be)->gr;
-  return g ? g->norm_sums : 0;
-}
-
 extern "C" long backend_cuda_norm_folds(backend *be) {
   cuda_graphs *g = cuda_ctx_of(be)->gr;
   return g ? g->norm_folds : 0;
@@ -2192,7 +2114,6 @@ static void cu_destroy(backend *be) {
     cudaFree(c->am_i);
     cudaFree(c->am_cnt);
     cudaFree(c->fold_inv);
-    cudaFree(c->fold_sums);
     if (c->blas) cublasDestroy(c->blas);
     cudaFree(c->blas_ws);
     cudaFree(c->scratch);
@@ -2272,9 +2193,6 @@ extern "C" backend *backend_cuda_create(int device, char *err, size_t errlen) {
     why = "out of device memory for the argmax partials";
   if (!why && cudaMalloc(&c->fold_inv, NORM_FOLD_MAXT * sizeof(float)) != cudaSuccess)
     why = "out of device memory for the norm factors";
-  if (!why && (cudaMalloc(&c->fold_sums, NORM_SITES * NORM_SITE_WORDS * 8) != cudaSuccess ||
-               cudaMemset(c->fold_sums, 0, NORM_SITES * NORM_SITE_WORDS * 8) != cudaSuccess))
-    why = "out of device memory for the norm sums";
   if (!why && cuda_ktrace_init(c)) why = "out of device memory for the kernel trace";
   if (why) {
     cudaGetLastError();
@@ -2320,10 +2238,6 @@ extern "C" backend *backend_cuda_create(int device, char *err, size_t errlen) {
     c->narrow = !(nw && strcmp(nw, "0") == 0);
     const char *nfo = getenv("DS_NORM_FOLD"); /* on unless "0" (bench/NOTES.md) */
     c->norm_fold = !(nfo && strcmp(nfo, "0") == 0);
-    /* the folded norms' factors from integer sums, not a factor kernel (bench/NOTES.md
-     * thirty-first session); on unless "0" */
-    const char *nsu = getenv("DS_NORM_SUMS");
-    c->norm_sums = !(nsu && strcmp(nsu, "0") == 0);
     const char *gc = getenv("DS_GDN_CHAIN"); /* the DeltaNet decode chain kernel, on unless "0" */
     c->gdn_chain = !(gc && strcmp(gc, "0") == 0);
     const char *mg = getenv("DS_MOE_GROUPED"); /* on unless "0" */

@@ -36,8 +36,6 @@ long backend_cuda_moe_dev_runs(backend *be);
 /* rmsnorms the decode-step recorder took off the products' critical path (backend_cuda.cu
  * norm_fold_at; DS_NORM_FOLD=0: none). For tests and benchmarks. */
 long backend_cuda_norm_folds(backend *be);
-/* of those, the folds whose factor came from the product's integer sums (DS_NORM_SUMS) */
-long backend_cuda_norm_sums(backend *be);
 
 /* One-row greedy steps issued through the lm-head screen (cuda_greedy.cu; replays of a
  * captured step not counted), whether W's int8 copy exists, and the vocabulary rows the screen

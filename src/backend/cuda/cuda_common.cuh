@@ -77,11 +77,6 @@ typedef struct cuda_batch {
 
 struct cuda_graphs; /* the decode-step recorder and graph cache (backend_cuda.cu) */
 
-/* The folded norms' integer sums (backend_cuda.cu, norm_site): per folded norm of a recorded
- * list 32 slots (norm_slots) of 16 words, each slot's first two words used. */
-#define NORM_SITES 256
-#define NORM_SITE_WORDS (32 * 16)
-
 typedef struct cuda_ctx {
   int device;
   cudaStream_t st;
@@ -147,8 +142,6 @@ typedef struct cuda_ctx {
    * norm_fold_at; DS_NORM_FOLD=0: off), the factors of the folded norm's rows */
   int norm_fold;
   float *fold_inv;
-  int norm_sums;                  /* DS_NORM_SUMS (backend_cuda.cu, norm_site) */
-  unsigned long long *fold_sums;  /* [NORM_SITES][NORM_SITE_WORDS] */
   /* products of <= 64 columns through the narrow kernel (backend_cuda.cu; DS_NARROW=0: off) */
   int narrow;
   /* decode steps: each DeltaNet layer's conv, gates, recurrent step and gated norm as one
@@ -469,39 +462,10 @@ __device__ __forceinline__ void gated_norm_lane(const float *v, const float *zv,
 #define GEMV_LATE_K 1024
 #endif
 
-/* GEMV_SUMS rows (LATE = 2: the products after a norm whose factor comes from the integer sums
- * of the product before it, backend_cuda.cu) load their first GEMV_SUMS_PRE pieces per lane of
- * weights before the wait (x is that product's output) and the sums right after it. */
-#ifndef GEMV_SUMS_PRE
-#define GEMV_SUMS_PRE 4
-#endif
-
-/* The norm-sum slots a step of T rows spreads each row's atomics over (one per lane-group):
- * T * norm_slots<T>() <= 32, every slot 16 words (128 bytes) apart. */
-template <int T>
-__host__ __device__ constexpr int norm_slots(void) {
-  return T == 1 ? 32 : T == 2 ? 16 : 8;
-}
-#define NORM_SLOT_WORDS 16
-
-/* After the wait of a LATE = 2 row: lane l < T * S loads row l / S's slot l % S (hi, lo). */
-template <int T>
-__device__ __forceinline__ void norm_sums_load(const unsigned long long *sums, int lane,
-                                               unsigned long long *raw) {
-  constexpr int S = norm_slots<T>();
-  raw[0] = raw[1] = 0ull;
-  if (lane < T * S) {
-    raw[0] = __ldcg(sums + (size_t)lane * NORM_SLOT_WORDS);
-    raw[1] = __ldcg(sums + (size_t)lane * NORM_SLOT_WORDS + 1);
-  }
-}
-
-template <int T, bool STREAM = true, int LATE = 0>
+template <int T, bool STREAM = true, bool LATE = false>
 __device__ __forceinline__ void gemv_row(const bf16 *__restrict__ x, const bf16 *__restrict__ w,
                                          int K, int lane, float *acc,
-                                         const float *inv = nullptr, float *iv = nullptr,
-                                         const unsigned long long *sums = nullptr,
-                                         unsigned long long *raw = nullptr) {
+                                         const float *inv = nullptr, float *iv = nullptr) {
 #pragma unroll
   for (int t = 0; t < T; t++) acc[t] = 0.f;
   auto piece = [&](int k) {
@@ -515,43 +479,16 @@ __device__ __forceinline__ void gemv_row(const bf16 *__restrict__ x, const bf16 
       for (int i = 0; i < 8; i++) acc[t] += wf[i] * xf[i];
     }
   };
-  auto use = [&](int k, uint4 u) { /* LATE 2: a piece loaded before the wait */
-    float wf[8];
-    bf16x8_to_f32(u, wf);
-#pragma unroll
-    for (int t = 0; t < T; t++) {
-      float xf[8];
-      bf16x8_to_f32(*(const uint4 *)(x + (size_t)t * K + k), xf);
-#pragma unroll
-      for (int i = 0; i < 8; i++) acc[t] += wf[i] * xf[i];
-    }
-  };
-  if constexpr (LATE == 0) {
+  if constexpr (!LATE) {
 #pragma unroll 4
     for (int k = lane * 8; k < K; k += 256) piece(k);
-  } else if constexpr (LATE == 1) { /* GEMV_LATE: the first pieces, then the previous kernel's results */
+  } else { /* GEMV_LATE: the first pieces, then the previous kernel's results */
     int k = lane * 8, k1 = min(K, GEMV_LATE_K);
 #pragma unroll 4
     for (; k < k1; k += 256) piece(k);
     pdl_wait();
 #pragma unroll
     for (int t = 0; t < T; t++) iv[t] = __ldcg(inv + t);
-#pragma unroll 4
-    for (; k < K; k += 256) piece(k);
-  } else { /* GEMV_SUMS: the first weights, the wait, the sums, then the pieces in order */
-    int k = lane * 8;
-    uint4 pre[GEMV_SUMS_PRE];
-#pragma unroll
-    for (int j = 0; j < GEMV_SUMS_PRE; j++)
-      if (k + 256 * j < K) pre[j] = ld_stream16(w + k + 256 * j);
-    pdl_wait();
-    norm_sums_load<T>(sums, lane, raw);
-#pragma unroll
-    for (int j = 0; j < GEMV_SUMS_PRE; j++)
-      if (k < K) {
-        use(k, pre[j]);
-        k += 256;
-      }
 #pragma unroll 4
     for (; k < K; k += 256) piece(k);
   }
@@ -561,19 +498,16 @@ __device__ __forceinline__ void gemv_row(const bf16 *__restrict__ x, const bf16 
 
 /* gemv_row for two rows wa, wb of one x at once (the glu's gate and up rows): each 16-byte
  * piece of both rows in one loop, so twice the loads are in flight and the warp's two rows end
- * together; every row's sums in gemv_row's order and expressions (the same bits). LATE 1: both
- * rows' first GEMV_LATE_K values before the wait, inv after it; LATE 2: both rows' first
- * GEMV_SUMS_PRE pieces loaded before the wait, the sums after it. */
+ * together; every row's sums in gemv_row's order and expressions (the same bits). LATE: both
+ * rows' first GEMV_LATE_K values before the wait, inv after it. */
 #ifndef GEMV_ROW2_UNROLL
 #define GEMV_ROW2_UNROLL 4 /* pieces of each row per loop turn */
 #endif
-template <int T, int LATE = 0, int U = GEMV_ROW2_UNROLL>
+template <int T, bool LATE = false, int U = GEMV_ROW2_UNROLL>
 __device__ __forceinline__ void gemv_row2(const bf16 *__restrict__ x, const bf16 *__restrict__ wa,
                                           const bf16 *__restrict__ wb, int K, int lane,
                                           float *aa, float *ab, const float *inv = nullptr,
-                                          float *iv = nullptr,
-                                          const unsigned long long *sums = nullptr,
-                                          unsigned long long *raw = nullptr) {
+                                          float *iv = nullptr) {
 #pragma unroll
   for (int t = 0; t < T; t++) aa[t] = ab[t] = 0.f;
   auto piece = [&](int k) {
@@ -590,44 +524,14 @@ __device__ __forceinline__ void gemv_row2(const bf16 *__restrict__ x, const bf16
       for (int i = 0; i < 8; i++) ab[t] += fb[i] * xf[i];
     }
   };
-  auto use = [&](int k, uint4 ua, uint4 ub) { /* LATE 2: pieces loaded before the wait */
-    float fa[8], fb[8];
-    bf16x8_to_f32(ua, fa);
-    bf16x8_to_f32(ub, fb);
-#pragma unroll
-    for (int t = 0; t < T; t++) {
-      float xf[8];
-      bf16x8_to_f32(*(const uint4 *)(x + (size_t)t * K + k), xf);
-#pragma unroll
-      for (int i = 0; i < 8; i++) aa[t] += fa[i] * xf[i];
-#pragma unroll
-      for (int i = 0; i < 8; i++) ab[t] += fb[i] * xf[i];
-    }
-  };
   int k = lane * 8;
-  if constexpr (LATE == 1) {
+  if constexpr (LATE) {
     int k1 = min(K, GEMV_LATE_K);
 #pragma unroll U
     for (; k < k1; k += 256) piece(k);
     pdl_wait();
 #pragma unroll
     for (int t = 0; t < T; t++) iv[t] = __ldcg(inv + t);
-  } else if constexpr (LATE == 2) {
-    uint4 pa[GEMV_SUMS_PRE], pb[GEMV_SUMS_PRE];
-#pragma unroll
-    for (int j = 0; j < GEMV_SUMS_PRE; j++)
-      if (k + 256 * j < K) {
-        pa[j] = ld_stream16(wa + k + 256 * j);
-        pb[j] = ld_stream16(wb + k + 256 * j);
-      }
-    pdl_wait();
-    norm_sums_load<T>(sums, lane, raw);
-#pragma unroll
-    for (int j = 0; j < GEMV_SUMS_PRE; j++)
-      if (k < K) {
-        use(k, pa[j], pb[j]);
-        k += 256;
-      }
   }
 #pragma unroll U
   for (; k < K; k += 256) piece(k);
@@ -636,38 +540,6 @@ __device__ __forceinline__ void gemv_row2(const bf16 *__restrict__ x, const bf16
     aa[t] = warp_sum(aa[t]);
     ab[t] = warp_sum(ab[t]);
   }
-}
-
-/* The factors rsqrt(mean + eps) of the T rows from the loaded sums (norm_sums_load): each slot
- * group's words summed as integers (exact, so in any order), then hi 2^-10 + lo 2^-60 in double;
- * every lane ends with iv[0..T-1]. */
-template <int T>
-__device__ __forceinline__ void norm_sums_inv(const unsigned long long *raw, int lane, int n,
-                                              float eps, float *iv) {
-  constexpr int S = norm_slots<T>();
-  unsigned long long hi = raw[0], lo = raw[1];
-#pragma unroll
-  for (int o = S / 2; o > 0; o >>= 1) {
-    hi += __shfl_xor_sync(0xffffffffu, hi, o);
-    lo += __shfl_xor_sync(0xffffffffu, lo, o);
-  }
-  double ss = (double)hi * 0x1p-10 + (double)lo * 0x1p-60;
-  float f = rsqrtf((float)(ss / (double)n) + eps);
-#pragma unroll
-  for (int t = 0; t < T; t++) iv[t] = __shfl_sync(0xffffffffu, f, t * S);
-  (void)lane;
-}
-
-/* The product before such a norm adds v^2 (v: a row's new residual value, bf16) into its row's
- * slot as two integers: hi = floor(v^2 2^10), lo = round(frac(v^2 2^10) 2^50), so the sum of a
- * row of n <= 8,192 values is exact and order-free for |v| < 2^20. */
-__device__ __forceinline__ void norm_sums_add(unsigned long long *slot, float v) {
-  float qs = v * v * 1024.f;
-  unsigned long long hi = __float2ull_rz(qs);
-  float fr = qs - __ull2float_rz(hi);
-  unsigned long long lo = __float2ull_rn(fr * 0x1p50f);
-  atomicAdd(slot, hi);
-  atomicAdd(slot + 1, lo);
 }
 
 /* acc[lane] with a compile-time index (lane < T). */

@@ -401,6 +401,7 @@ struct gc_ldesign {
   const char *name;
   gc_kernel big, small;
   int wb, ws, resident;
+  int small_smem; /* dynamic shared memory per block of the small products (caps blocks per SM) */
 };
 
 /* A graph of the products whose shape index (0 input, 1 out, 2 gate+up, 3 down) is in mask. */
@@ -415,6 +416,11 @@ static cudaGraphExec_t gc_lgraph(const gc_ldesign &d, int nsm, cudaStream_t st, 
     int small = p.N <= 4096, warps = small ? d.ws : d.wb;
     gc_kernel f = small ? d.small : d.big;
     unsigned grid = (unsigned)((p.N + warps - 1) / warps);
+    int smem = small ? d.small_smem : 0;
+    if (smem) {
+      CK(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+      CK(cudaFuncSetAttribute(f, cudaFuncAttributePreferredSharedMemoryCarveout, 100));
+    }
     if (d.resident) {
       int occ;
       CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, f, warps * 32, 0));
@@ -422,6 +428,7 @@ static cudaGraphExec_t gc_lgraph(const gc_ldesign &d, int nsm, cudaStream_t st, 
     }
     cudaLaunchAttribute at[1];
     cudaLaunchConfig_t cfg = gc_pdl_config(grid, (unsigned)(warps * 32), st, at);
+    cfg.dynamicSmemBytes = (size_t)smem;
     CK(cudaLaunchKernelEx(&cfg, f, x, (const bf16 *)p.W, p.K, p.N, y));
   }
   CK(cudaStreamEndCapture(st, &g));
@@ -480,6 +487,12 @@ static void gc_layouts(int nsm, cudaStream_t st, const bf16 *x, const std::vecto
       {"mma GEMV, 4 warps everywhere", gc_mma_row<4, 4>, gc_mma_row<4, 4>, 4, 4, 0},
       {"mma GEMV, 8 in flight (4 warps, singles 1)", gc_mma_row<4, 8>, gc_mma_row<1, 8>, 4, 1, 0},
       {"grid-stride read (ceiling)", gc_read, gc_read, 8, 8, 1},
+      {"backend, singles capped at 24 blocks/SM (8 KB smem)", gc_layout_row<4, 4, 0, 0>,
+       gc_layout_row<1, 4, 0, 0>, 4, 1, 0, 8192},
+      {"backend, singles capped at 20 blocks/SM (10 KB smem)", gc_layout_row<4, 4, 0, 0>,
+       gc_layout_row<1, 4, 0, 0>, 4, 1, 0, 10240},
+      {"backend, singles capped at 16 blocks/SM (13 KB smem)", gc_layout_row<4, 4, 0, 0>,
+       gc_layout_row<1, 4, 0, 0>, 4, 1, 0, 13312},
   };
   const int ND = sizeof ds / sizeof ds[0], NM = 5, R = 5;
   const unsigned masks[NM] = {15u, 1u, 2u, 4u, 8u};

@@ -1422,14 +1422,6 @@ static int gdn_chain_of(const std::vector<gop> &ops, size_t i, cuda_gdn_chain_ar
   return 1;
 }
 
-/* -DGLU_SPACER=1 (off; an A/B knob): after each gate/up/swiglu launch a one-warp kernel that
- * only waits for it, so the product after the glu (down) is placed on an idle GPU instead of
- * into the glu's last wave as its blocks leave. */
-#ifndef GLU_SPACER
-#define GLU_SPACER 0
-#endif
-__global__ void k_pdl_spacer(void) { pdl_enter(); }
-
 template <int MODE>
 static void launch_glu(cuda_ctx *c, const gop &g, const gop &u, const gop &sw, gemv_nf nf) {
   unsigned blocks = (unsigned)((g.N + GEMV_WARPS - 1) / GEMV_WARPS);
@@ -1445,10 +1437,6 @@ static void launch_glu(cuda_ctx *c, const gop &g, const gop &u, const gop &sw, g
   }
   cuda_check_launch(c, MODE == GEMV_LATE ? "matmul (fused gate/up/swiglu, norm factor late)"
                                          : "matmul (fused gate/up/swiglu)");
-  if (GLU_SPACER) {
-    k_pdl_spacer<<<1, 32, 0, c->st>>>();
-    cuda_check_launch(c, "spacer");
-  }
 }
 
 /* 1 when ops[i..i+2] are gate and up products of one x on the GEMV path and swiglu(gate, up)

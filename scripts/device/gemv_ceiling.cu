@@ -9,7 +9,15 @@
  * line per design: ms per step of products, TB/s, and the fixed cost per product implied at
  * 4.0 TB/s streaming. Build and run on the GPU machine with scripts/device/gemv_ceiling.sh.
  *
- * The second table asks whether one persistent kernel per step would do better: the same
+ * The first table (layouts) times the step's products and each class of them alone (input, out,
+ * gate+up, down: that class's products back to back) in alternating rounds, for: the backend's
+ * rows (4-warp blocks, the single products in one-warp blocks), the same loads without
+ * arithmetic, the weights laid out turn-major ([K/256][N][256]: every row's 256-column turn side
+ * by side, the grid-stride read's sweep) or in 4-row block tiles, rows on the tensor cores
+ * (gc_mma_row, checked against the FMA row first), the singles' blocks capped per SM by unused
+ * shared memory, and the grid-stride read.
+ *
+ * The persistent-kernel table asks whether one persistent kernel per step would do better: the same
  * products in one launch of resident blocks that meet at a grid barrier after each product
  * (the dependency a launch boundary gives now), optionally with each warp's first row of the
  * next product copied into shared memory before the barrier (weights do not depend on the

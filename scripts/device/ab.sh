@@ -8,14 +8,14 @@
 #   bash scripts/device/ab.sh                      # the default list below
 #   DS_AB="prefill:DS_GDN_MMA=1 decode:DS_SGEMM_MAXT=0" bash scripts/device/ab.sh
 #   DS_AB_BUILDS="w8=-DGEMV_WARPS=8" DS_AB="decode@w8:" DS_AB_ROUNDS=4 bash scripts/device/ab.sh
-# Each entry is part[@build]:VAR=VALUE[,VAR=VALUE...]; "part:" alone is the baseline of that
-# part, added for every part the list names. DS_AB_BUILDS is a list of name=FLAG[,FLAG...]:
-# each is built from this tree with those nvcc flags into build-ab-<name> (no op tests), and
-# part@name entries time it. DS_AB_ROUNDS (1) runs the whole list that many times, one setting
-# after another (single runs spread 3-5 %, and a drift within the call then moves every setting
-# alike); scripts/device/ab_summary.py then prints each setting's mean per level and, for all
-# but the baseline, its mean change against the baseline of the same round and how many rounds
-# it was ahead. DS_AB_MODEL (/tmp/m4b) is generated when missing, from DS_AB_CONFIG
+# Each entry is part[@build]:VAR=VALUE[,VAR=VALUE...]; "part:" alone is the baseline of that part,
+# added for every part the list names (and run once a round if the list names it too). DS_AB_BUILDS
+# is a list of name=FLAG[,FLAG...]: each is built from this tree with those nvcc flags into
+# build-ab-<name> (no op tests), and part@name entries time it. DS_AB_ROUNDS (1) runs the whole list that
+# many times, one setting after another (single runs spread 3-5 %, and a drift within the call then
+# moves every setting alike); scripts/device/ab_summary.py then prints each setting's mean per level
+# and, for all but the baseline, its mean change against the baseline of the same round and how many
+# rounds it was ahead. DS_AB_MODEL (/tmp/m4b) is generated when missing, from DS_AB_CONFIG
 # (scripts/device/qwen35-4b-shape.json; e.g. scripts/device/qwen35-moe-shape.json with
 # DS_AB_MODEL=/tmp/moe for the MoE shape; on the CPU scripts/bench/tiny-config.json);
 # DS_AB_SKIP_OPS=1 skips the op
@@ -108,7 +108,9 @@ for e in $LIST; do
   part=${part%%@*}
   case " $runs " in *" $part: "*) ;; *) runs="$runs $part:" ;; esac
 done
-for e in $LIST; do runs="$runs $e"; done
+for e in $LIST; do # an entry listed again (the baseline named explicitly, too) runs once a round
+  case " $runs " in *" $e "*) ;; *) runs="$runs $e" ;; esac
+done
 ROUNDS=${DS_AB_ROUNDS:-1}
 : >"$OUT/ab.txt"
 : >"$OUT/ab.tsv"

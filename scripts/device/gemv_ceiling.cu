@@ -154,7 +154,6 @@ __global__ void __launch_bounds__(WARPS * 32)
   if (lane == 0) y[n] = f2bf(acc);
 }
 
-
 /* A warp per row on the tensor cores: lane L's 16-byte piece of W (8 values at 8 L + 256 t) and
  * the same 8 values of x form two m16n8k16 products whose B column g = L / 4 is "segment g" of
  * the turn and whose A row g is x over the same segment, so D[g][g] accumulates segment g's dot

@@ -151,6 +151,13 @@ struct backend {
                                         int64_t cols);
   void (*weight_free)(backend *be, backend_weight w); /* NULL is a no-op */
   size_t (*weight_bytes)(backend *be, backend_weight w); /* device bytes it takes */
+  /* Optional (NULL: no such copy). Lets the backend keep a second, lossless copy of a product
+   * weight that the products of few rows (decode steps) stream faster than the weight itself:
+   * the CUDA backend's 12-bit packed copy (cuda/cuda_packed.cuh), ~0.75 of the bf16 bytes,
+   * whose products give exactly the bf16 weight's bits. Called after the upload, before the
+   * first step. Returns the copy's device bytes, 0 when the weight has no such layout, -1 when
+   * out of device memory (nothing kept). */
+  long long (*weight_pack)(backend *be, backend_weight w);
 
   /* Hands over the step's metadata (copied). Returns 0, or -1 on a device failure. */
   int (*set_batch)(backend *be, const backend_batch *b);

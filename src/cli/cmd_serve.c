@@ -69,7 +69,10 @@ static void serve_usage(FILE *f) {
           "  --snapshot-interval N       prefix-cache checkpoint every N prompt tokens (2048)\n"
           "  --snapshot-slabs N          recurrent-state snapshot slabs (0: derived)\n"
           "  --prefix-cache-gib F        device budget of the prefix cache\n"
-          "  --host-cache-gib F          host-memory tier of the prefix cache (0: off)\n");
+          "  --host-cache-gib F          host-memory tier of the prefix cache (0: off)\n"
+          "  --packed-weights auto|on|off  lossless 12-bit copies of the layers' product weights\n"
+          "                              for decode steps (CUDA; same results, ~0.75 of their\n"
+          "                              bytes extra; auto: when weights + copies <= half the GPU)\n");
 }
 
 static int serve_parse_long(const char *flag, const char *v, long long lo, long long hi, long long *out) {

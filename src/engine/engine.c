@@ -77,6 +77,7 @@ void engine_opts_default(engine_opts *o) {
   o->gpu_memory_utilization = 0.9f;
   o->enable_prefix_caching = 1;
   o->snapshot_interval = 2048;
+  o->packed_weights = -1;
 }
 
 static int engine_parse_int(const char *v, const char *flag, int lo, int *out, char *err,
@@ -114,6 +115,15 @@ int engine_opts_parse_flag(engine_opts *o, int argc, char **argv, int *i, char *
   if (!strcmp(name, "--enable-prefix-caching") || !strcmp(name, "--no-enable-prefix-caching")) {
     if (eq) return errf(err, errlen, "%s takes no value", name);
     o->enable_prefix_caching = name[2] != 'n';
+    return 1;
+  }
+  if (!strcmp(name, "--packed-weights")) {
+    const char *v = eq ? eq + 1 : *i + 1 < argc ? argv[++*i] : NULL;
+    if (!v) return errf(err, errlen, "%s needs a value (auto, on or off)", name);
+    if (!strcmp(v, "auto")) o->packed_weights = -1;
+    else if (!strcmp(v, "on")) o->packed_weights = 1;
+    else if (!strcmp(v, "off")) o->packed_weights = 0;
+    else return errf(err, errlen, "%s: expected auto, on or off, got '%s'", name, v);
     return 1;
   }
   static const char *const known[] = {
@@ -228,6 +238,7 @@ int engine_mem_plan(const engine_opts *o, const model_config *c, qwen35_mem_opts
   if (engine_mem_split_plan(o, NULL, &sp, err, errlen) != 0) return -1;
   mo->n_pages = sp.n_pages;
   mo->n_slots = o->max_num_seqs + sp.n_slabs;
+  mo->packed = o->packed_weights == 1; /* no device figure: only when asked */
   return 0;
 }
 
@@ -275,7 +286,13 @@ int engine_mem_facts_get(backend *be, const model_config *c, const model_weights
               engine_tensor_bytes(&L->experts[e].up, act) +
               engine_tensor_bytes(&L->experts[e].down, act);
   }
-  f->weight_bytes = (size_t)wb;
+  /* the packed copies: on when asked, or (auto) when the backend makes them and the weights
+   * with them take at most half the device */
+  double pb = be->weight_pack ? qwen35_packed_bytes(c, w) : 0;
+  if (pb > 0 && (o->packed_weights == 1 ||
+                 (o->packed_weights < 0 && wb + pb <= 0.5 * (double)f->total_bytes)))
+    f->packed_bytes = (size_t)pb;
+  f->weight_bytes = (size_t)(wb + (double)f->packed_bytes);
   size_t nkv = (size_t)c->n_kv_heads * (size_t)c->head_dim;
   f->page_bytes = (size_t)config_n_full_layers(c) * 2 * KV_PAGES_TOKENS * nkv * kv;
   f->slot_bytes = (size_t)config_n_linear_layers(c) *
@@ -303,10 +320,10 @@ int engine_mem_plan_device(engine_opts *o, const model_config *c, const model_we
   if (engine_mem_split_plan(o, &f, &sp, err, errlen) != 0) return -1;
   double mib = (double)ENGINE_MIB;
   log_info("engine: memory plan: %.0f MiB total, %.0f MiB free, utilisation %.2f; weights "
-           "~%.0f MiB, %d state slots %.0f MiB, step scratch %.0f MiB -> budget %.0f MiB = KV "
-           "%d pages (%d tokens) %.0f MiB + %d snapshot slabs %.0f MiB",
+           "~%.0f MiB (packed copies %.0f MiB), %d state slots %.0f MiB, step scratch %.0f MiB "
+           "-> budget %.0f MiB = KV %d pages (%d tokens) %.0f MiB + %d snapshot slabs %.0f MiB",
            f.total_bytes / mib, f.free_bytes / mib, o->gpu_memory_utilization,
-           f.weight_bytes / mib, o->max_num_seqs, o->max_num_seqs * (f.slot_bytes / mib),
+           f.weight_bytes / mib, f.packed_bytes / mib, o->max_num_seqs, o->max_num_seqs * (f.slot_bytes / mib),
            f.scratch_bytes / mib, sp.budget_bytes / mib, sp.n_pages,
            sp.n_pages * KV_PAGES_TOKENS, sp.kv_bytes / mib, sp.n_slabs, sp.slab_bytes / mib);
   /* resolved into the flags, so that engine_create (engine_mem_plan) agrees */
@@ -318,6 +335,7 @@ int engine_mem_plan_device(engine_opts *o, const model_config *c, const model_we
   if (o->enable_prefix_caching) o->n_snapshot_slabs = sp.n_slabs;
   mo->n_pages = sp.n_pages;
   mo->n_slots = o->max_num_seqs + (o->enable_prefix_caching ? sp.n_slabs : 0);
+  mo->packed = f.packed_bytes > 0;
   return 0;
 }
 

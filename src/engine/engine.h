@@ -42,6 +42,11 @@ typedef struct engine_opts {
   int n_snapshot_slabs;       /* --snapshot-slabs (0: derived from the budget) */
   double prefix_cache_gib;    /* --prefix-cache-gib */
   double host_cache_gib;      /* --host-cache-gib (0: no host tier) */
+  /* --packed-weights auto|on|off (-1 auto): keep the backend's lossless packed copy of the
+   * dense layers' product weights for decode steps (backend weight_pack; the CUDA backend's
+   * 12-bit rows, ~0.75 of their bf16 bytes, the same results). auto: on when the backend has
+   * one and the weights with the copies take at most half the device's memory. */
+  int packed_weights;
   /* One forward of the largest step (max_num_batched_tokens tokens in max_num_seqs pieces,
    * page ids from 0, state slots from 0) in engine_create, before any request: the backend's
    * workspaces reach their
@@ -58,7 +63,7 @@ void engine_opts_default(engine_opts *o);
  * --max-num-seqs N, --max-num-batched-tokens N, --max-model-len N, --kv-cache-tokens N,
  * --gpu-memory-utilization F, --max-waiting N, --enable-prefix-caching,
  * --no-enable-prefix-caching, --snapshot-interval N, --snapshot-slabs N, --prefix-cache-gib F,
- * --host-cache-gib F; "--flag=value" also accepted) stores it in o, advances *i past its
+ * --host-cache-gib F, --packed-weights auto|on|off; "--flag=value" also accepted) stores it in o, advances *i past its
  * value and returns 1; returns 0 when argv[*i] is not an engine flag (nothing changes), and -1
  * with one line in err when the value is missing or out of range. */
 int engine_opts_parse_flag(engine_opts *o, int argc, char **argv, int *i, char *err,
@@ -81,7 +86,8 @@ int engine_opts_parse_flag(engine_opts *o, int argc, char **argv, int *i, char *
  * then only caps how many of them the cache holds.) */
 typedef struct engine_mem_facts {
   size_t total_bytes, free_bytes; /* device memory (total 0: unknown) */
-  size_t weight_bytes;            /* the weights on the device */
+  size_t weight_bytes;            /* the weights on the device (with their packed copies) */
+  size_t packed_bytes;            /* of which the packed copies (0: none will be made) */
   size_t page_bytes, slot_bytes;  /* one KV page (every attention layer), one state slot */
   size_t scratch_bytes;           /* the step scratch reserve */
 } engine_mem_facts;

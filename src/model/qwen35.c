@@ -65,6 +65,8 @@ struct qwen35 {
   /* the last issued step's shape (step_key): a step of the same shape issues the same ops */
   int key[7], key_set;
   unsigned bufs_gen; /* bumped when scratch or logits buffers are reallocated */
+  int n_packed;        /* weights with a packed copy (qwen35_mem_opts.packed) */
+  size_t packed_bytes; /* ... and the copies' bytes (in weight_bytes too) */
 };
 
 /* ---- init ---- */
@@ -259,6 +261,77 @@ static int init_layer(qwen35 *m, int i, const layer_weights *lw, char *err, size
   return 0;
 }
 
+/* The dense layers' product weights, as layer_products lists them. */
+#define QWEN35_PRODUCTS 9
+static int layer_products(const q_layer *L, backend_weight *ws) {
+  backend_weight all[QWEN35_PRODUCTS] = {L->q_proj, L->k_proj, L->v_proj, L->o_proj, L->in_qkv,
+                                         L->in_z,   L->in_b,   L->in_a,   L->out_proj};
+  int n = 0;
+  for (int k = 0; k < QWEN35_PRODUCTS; k++)
+    if (all[k]) ws[n++] = all[k];
+  return n;
+}
+
+/* Packed copies (backend weight_pack) of every product weight of the dense layers; out of
+ * device memory stops there (the rest stay as they are: the same results, slower decode). */
+static void pack_layers(qwen35 *m) {
+  backend *be = m->be;
+  if (!be->weight_pack) return;
+  for (int i = 0; i < m->c->n_layers; i++) {
+    const q_layer *L = &m->L[i];
+    backend_weight ws[QWEN35_PRODUCTS + 3];
+    int n = layer_products(L, ws);
+    if (!m->c->layer_is_moe[i]) {
+      ws[n++] = L->gate;
+      ws[n++] = L->up;
+      ws[n++] = L->down;
+    }
+    for (int k = 0; k < n; k++) {
+      long long b = be->weight_pack(be, ws[k]);
+      if (b < 0) {
+        log_warn("qwen35: out of device memory for the packed weight copies after %d of them: "
+                 "the rest stay unpacked", m->n_packed);
+        return;
+      }
+      if (b > 0) {
+        m->n_packed++;
+        m->packed_bytes += (size_t)b;
+        m->weight_bytes += (size_t)b;
+      }
+    }
+  }
+  if (m->n_packed)
+    log_info("qwen35: packed copies of %d product weights for decode steps, %.0f MiB",
+             m->n_packed, (double)m->packed_bytes / 1048576.0);
+}
+
+static double packed_tensor_bytes(const tensor *t) {
+  if (!t->data || t->ndim != 2) return 0;
+  int64_t rows = t->shape[0], cols = t->shape[1];
+  if (cols % 512 || cols / 1024 > 24) return 0;
+  return 1.5 * (double)rows * (double)cols + 4.0 * (double)rows;
+}
+
+double qwen35_packed_bytes(const model_config *c, const model_weights *w) {
+  double b = 0;
+  for (int i = 0; i < c->n_layers; i++) {
+    const layer_weights *L = &w->layers[i];
+    const tensor *ts[] = {&L->q_proj,    &L->k_proj,    &L->v_proj,    &L->o_proj,
+                          &L->in_proj_qkv, &L->in_proj_z, &L->in_proj_b, &L->in_proj_a,
+                          &L->out_proj};
+    for (size_t k = 0; k < sizeof ts / sizeof *ts; k++) b += packed_tensor_bytes(ts[k]);
+    if (!c->layer_is_moe[i])
+      b += packed_tensor_bytes(&L->gate_proj) + packed_tensor_bytes(&L->up_proj) +
+           packed_tensor_bytes(&L->down_proj);
+  }
+  return b;
+}
+
+void qwen35_packed(const qwen35 *m, int *n, size_t *bytes) {
+  *n = m->n_packed;
+  *bytes = m->packed_bytes;
+}
+
 int qwen35_init(qwen35 **out, const model_config *c, const model_weights *w, backend *be,
                 const qwen35_mem_opts *o, char *err, size_t errlen) {
   *out = NULL;
@@ -299,6 +372,7 @@ int qwen35_init(qwen35 **out, const model_config *c, const model_weights *w, bac
   }
   for (int i = 0; i < c->n_layers; i++)
     if (init_layer(m, i, &w->layers[i], err, errlen)) goto fail;
+  if (o->packed) pack_layers(m);
   if (be->logits_argmax_prepare &&
       be->logits_argmax_prepare(be, m->lm_head, (int)H, (int)V, err, errlen))
     goto fail;

@@ -32,7 +32,14 @@ typedef struct qwen35 qwen35;
 typedef struct qwen35_mem_opts {
   int n_pages; /* KV pages in the pool */
   int n_slots; /* recurrent-state slots (running sequences + snapshot slabs) */
+  int packed;  /* 1: the backend's packed copies of the dense layers' products (weight_pack) */
 } qwen35_mem_opts;
+
+/* Device bytes the packed copies of the dense layers' product weights (q, k, v, o, the
+ * DeltaNet input and output projections, gate, up, down) would take: 1.5 bytes a value and 4
+ * a row for each whose width is a multiple of 512 and at most 24,576 (the CUDA layout,
+ * cuda/cuda_packed.cuh). An estimate from the checkpoint, made before the upload. */
+double qwen35_packed_bytes(const model_config *c, const model_weights *w);
 
 /* One sequence's part of a step. */
 typedef struct fwd_seq {
@@ -52,6 +59,8 @@ enum { QWEN35_LOGITS_NONE = 0, QWEN35_LOGITS_LAST = 1, QWEN35_LOGITS_ALL = 2 };
 int qwen35_init(qwen35 **out, const model_config *c, const model_weights *w, backend *be,
                 const qwen35_mem_opts *o, char *err, size_t errlen);
 void qwen35_free(qwen35 *m);
+/* Product weights with a packed copy, and the copies' device bytes (both 0: none). */
+void qwen35_packed(const qwen35 *m, int *n, size_t *bytes);
 const model_config *qwen35_config(const qwen35 *m);
 
 /* Runs one forward step over n_seqs sequences. Writes float32 logits [n_rows, vocab_size],

@@ -2199,6 +2199,161 @@ static void dmodel_xn_step(dmodel *m, uint16_t *out) {
   EXPECT(be->read(be, b[B_QG], 0, out + DH, (size_t)DNH * 2 * DHD * 2) == 0);
 }
 
+/* ---- the packed weight copies (cuda_packed.cuh) ----
+ * Random bf16 weights with escapes planted (tiny values, exact zeros, a row holding an
+ * infinity: its every turn escapes), uploaded twice, one of them packed (weight_pack). */
+static uint16_t *packed_weights(int N, int K, float scale) {
+  uint16_t *w = malloc(sizeof(uint16_t) * (size_t)N * K);
+  for (size_t i = 0; i < (size_t)N * K; i++) {
+    float v = urand() * scale;
+    if (i % 7919 == 11) v = 1e-9f * (v < 0 ? -1.f : 1.f); /* far below the row's window */
+    if (i % 10007 == 5) v = 0.f;
+    w[i] = f2b(v);
+  }
+  if (N > 3) w[(size_t)3 * K + K / 2] = f2b(INFINITY);
+  return w;
+}
+
+/* The products of every GEMV launch kind from packed copies, against the same weights unpacked
+ * on the same backend: plain products of 1-4 rows at K = 512 .. 9,216 (full and half turns),
+ * then a recorded decode step of 1 and 2 rows (products of one x fused, a norm folded into the
+ * product before it and the products after it, gate/up/swiglu) run direct, captured and
+ * replayed. Every output byte must be the same; the packed copy's size is 1.5 bytes a value
+ * and 4 a row, and a width that is not a multiple of 512 gets none. */
+TEST(packed_products) {
+  REQUIRE(GPU->weight_pack != NULL);
+  int Ks[5] = {512, 1536, 2560, 4096, 9216}, Ns[5] = {7, 300, 2560, 33, 2560};
+  for (int c = 0; c < 5; c++) {
+    int K = Ks[c], N = Ns[c];
+    uint16_t *W = packed_weights(N, K, 0.05f);
+    backend_weight wn = GPU->weight_upload(GPU, W, DTYPE_BF16, N, K),
+                   wp = GPU->weight_upload(GPU, W, DTYPE_BF16, N, K);
+    long long pb = GPU->weight_pack(GPU, wp);
+    n_checks++;
+    EXPECT_MSG(pb == (long long)N * K * 3 / 2 + 4LL * N, "K=%d N=%d: packed %lld bytes", K, N, pb);
+    EXPECT(GPU->weight_bytes(GPU, wp) == GPU->weight_bytes(GPU, wn) + (size_t)pb);
+    for (int T = 1; T <= 5; T++) {
+      float *x = rand_vec((size_t)T * K, 1.f);
+      backend_buf bx = mk(GPU, BACKEND_KIND_ACT, x, (size_t)T * K);
+      backend_buf yn = mk(GPU, BACKEND_KIND_ACT, NULL, (size_t)T * N),
+                  yp = mk(GPU, BACKEND_KIND_ACT, NULL, (size_t)T * N);
+      poison(GPU, yn, BACKEND_KIND_ACT, (size_t)T * N);
+      poison(GPU, yp, BACKEND_KIND_ACT, (size_t)T * N);
+      GPU->matmul(GPU, bx, wn, T, K, N, yn);
+      GPU->matmul(GPU, bx, wp, T, K, N, yp);
+      uint16_t *a = malloc((size_t)T * N * 2), *b = malloc((size_t)T * N * 2);
+      EXPECT(GPU->read(GPU, yn, 0, a, (size_t)T * N * 2) == 0);
+      EXPECT(GPU->read(GPU, yp, 0, b, (size_t)T * N * 2) == 0);
+      int diff = 0;
+      for (size_t i = 0; i < (size_t)T * N; i++) diff += a[i] != b[i];
+      n_checks++;
+      EXPECT_MSG(diff == 0, "packed matmul T=%d K=%d N=%d: %d of %d outputs differ", T, K, N, diff,
+                 T * N);
+      free(a), free(b), free(x);
+      GPU->free(GPU, bx), GPU->free(GPU, yn), GPU->free(GPU, yp);
+    }
+    printf("  %-44s K=%d N=%d: %lld bytes, T 1-5 equal\n", "packed matmul", K, N, pb);
+    GPU->weight_free(GPU, wn);
+    GPU->weight_free(GPU, wp);
+    free(W);
+  }
+  {
+    uint16_t *W = packed_weights(64, 1000, 0.05f);
+    backend_weight w = GPU->weight_upload(GPU, W, DTYPE_BF16, 64, 1000);
+    n_checks++;
+    EXPECT_MSG(GPU->weight_pack(GPU, w) == 0, "K=1000 has no packed layout");
+    GPU->weight_free(GPU, w);
+    free(W);
+  }
+
+  /* a recorded decode step: xn = norm(x); a = xn.Wq, b = xn.Wk (fused); mix = a.Wo; xn =
+   * norm(x += mix) (folded); g = xn.Wg, u = xn.Wu, h = swiglu (fused); mix = h.Wd; x += mix */
+  enum { H = 1024, NQ = 1536, NK = 512, I = 2048, NW = 6 };
+  const int64_t shp[NW][2] = {{1, H}, {NQ, H}, {NK, H}, {H, NQ}, {I, H}, {I, H}};
+  backend_weight wd_n = NULL, wd_p = NULL;
+  backend_weight ws[2][NW];
+  uint16_t *Wd = packed_weights(H, I, 0.03f);
+  float *hw[NW];
+  for (int k = 0; k < NW; k++) hw[k] = rand_vec((size_t)(shp[k][0] * shp[k][1]), k ? 0.05f : 0.3f);
+  for (int v = 0; v < 2; v++) {
+    for (int k = 0; k < NW; k++) {
+      ws[v][k] = GPU->weight_upload(GPU, hw[k], DTYPE_F32, shp[k][0], shp[k][1]);
+      if (v && k) EXPECT(GPU->weight_pack(GPU, ws[v][k]) > 0);
+    }
+  }
+  wd_n = GPU->weight_upload(GPU, Wd, DTYPE_BF16, H, I);
+  wd_p = GPU->weight_upload(GPU, Wd, DTYPE_BF16, H, I);
+  EXPECT(GPU->weight_pack(GPU, wd_p) > 0);
+  for (int T = 1; T <= 2; T++) {
+    float *x0 = rand_vec((size_t)T * H, 1.f);
+    uint16_t *out[2][3];
+    long st0[6], st1[6], f0 = backend_cuda_norm_folds(GPU);
+    backend_cuda_graph_stats(GPU, st0);
+    for (int v = 0; v < 2; v++) {
+      backend_buf x = mk(GPU, BACKEND_KIND_ACT, x0, (size_t)T * H),
+                  xn = mk(GPU, BACKEND_KIND_ACT, NULL, (size_t)T * H),
+                  a = mk(GPU, BACKEND_KIND_ACT, NULL, (size_t)T * NQ),
+                  bk = mk(GPU, BACKEND_KIND_ACT, NULL, (size_t)T * NK),
+                  mix = mk(GPU, BACKEND_KIND_ACT, NULL, (size_t)T * H),
+                  g = mk(GPU, BACKEND_KIND_ACT, NULL, (size_t)T * I),
+                  u = mk(GPU, BACKEND_KIND_ACT, NULL, (size_t)T * I);
+      backend_weight *w = ws[v], wd = v ? wd_p : wd_n;
+      for (int step = 0; step < 3; step++) { /* direct, captured, replayed */
+        put(GPU, x, BACKEND_KIND_ACT, x0, (size_t)T * H);
+        decode_rows_batch(T);
+        GPU->rmsnorm(GPU, x, NULL, w[0], T, H, 1e-6f, xn);
+        GPU->matmul(GPU, xn, w[1], T, H, NQ, a);
+        GPU->matmul(GPU, xn, w[2], T, H, NK, bk);
+        GPU->matmul(GPU, a, w[3], T, NQ, H, mix);
+        GPU->rmsnorm(GPU, x, mix, w[0], T, H, 1e-6f, xn);
+        GPU->matmul(GPU, xn, w[4], T, H, I, g);
+        GPU->matmul(GPU, xn, w[5], T, H, I, u);
+        GPU->swiglu(GPU, g, u, (size_t)T * I, g);
+        GPU->matmul(GPU, g, wd, T, I, H, mix);
+        GPU->add(GPU, x, mix, (size_t)T * H);
+        backend_buf rb[3] = {x, bk, g};
+        size_t rn[3] = {(size_t)T * H, (size_t)T * NK, (size_t)T * I};
+        for (int r = 0; r < 3; r++) {
+          uint16_t *h = malloc(rn[r] * 2);
+          EXPECT(GPU->read(GPU, rb[r], 0, h, rn[r] * 2) == 0);
+          if (step == 0) {
+            out[v][r] = h;
+          } else {
+            EXPECT_MSG(memcmp(out[v][r], h, rn[r] * 2) == 0, "packed %d T=%d step %d buffer %d "
+                       "differs from the step's first run", v, T, step, r);
+            free(h);
+          }
+        }
+      }
+      GPU->free(GPU, x), GPU->free(GPU, xn), GPU->free(GPU, a), GPU->free(GPU, bk);
+      GPU->free(GPU, mix), GPU->free(GPU, g), GPU->free(GPU, u);
+    }
+    backend_cuda_graph_stats(GPU, st1);
+    long folds = backend_cuda_norm_folds(GPU) - f0, fused = st1[3] - st0[3];
+    size_t rn[3] = {(size_t)T * H, (size_t)T * NK, (size_t)T * I};
+    int diff = 0;
+    for (int r = 0; r < 3; r++) {
+      for (size_t i = 0; i < rn[r]; i++) diff += out[0][r][i] != out[1][r][i];
+      free(out[0][r]), free(out[1][r]);
+    }
+    n_checks++;
+    printf("  %-44s T=%d: %d values differ; %ld norms folded, %ld launches fused\n",
+           "packed decode step (fused, folded, replayed)", T, diff, folds, fused);
+    EXPECT_MSG(diff == 0, "packed decode step T=%d: %d values differ", T, diff);
+    /* the list ran at least once per weight set: the fold (one norm) and the fusions (q/k: 1
+     * launch saved, gate/up/swiglu: 2) with packed copies too */
+    EXPECT_MSG(folds >= 2 && fused >= 6, "T=%d: %ld folds, %ld fused launches", T, folds, fused);
+    free(x0);
+  }
+  for (int v = 0; v < 2; v++)
+    for (int k = 0; k < NW; k++) GPU->weight_free(GPU, ws[v][k]);
+  GPU->weight_free(GPU, wd_n);
+  GPU->weight_free(GPU, wd_p);
+  for (int k = 0; k < NW; k++) free(hw[k]);
+  free(Wd);
+  gpu_ok();
+}
+
 TEST(norm_fold_refused) {
   _Static_assert(DNH * DHD == DH, "dmodel_xn_step embeds into the attention output");
   backend *plain = gpu_with("DS_CUDA_GRAPHS", "0");
@@ -2278,6 +2433,7 @@ int main(void) {
   RUN(decode_graph_norm_fold);
   RUN(decode_graph_moe);
   RUN(norm_fold_refused);
+  RUN(packed_products);
   printf("op checks: %d\n", n_checks);
   GPU->destroy(GPU);
   CPU->destroy(CPU);

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_packed.cuh"
 #include "backend/cuda/cuda_ops.h"
 extern "C" {
 #include "backend/kv_share.h"
@@ -232,7 +233,48 @@ static void cu_weight_free(backend *be, backend_weight w) {
   cuda_greedy_forget(cuda_ctx_of(be), CW(w)->bf);
   cudaFree(CW(w)->bf);
   cudaFree(CW(w)->f32);
+  cudaFree(CW(w)->pk);
+  cudaFree(CW(w)->pkh);
   free(w);
+}
+
+/* The packed copy of a weight (cuda_packed.cuh), made on the device from its bf16 rows. */
+static long long cu_weight_pack(backend *be, backend_weight wh) {
+  cuda_ctx *c = cuda_ctx_of(be);
+  cuda_weight *w = CW(wh);
+  if (!w || w->pk || w->f32 || !pk_fits(w->rows, w->cols) || w->rows > INT32_MAX / 2) return 0;
+  int N = (int)w->rows, K = (int)w->cols;
+  size_t pb = pk_bytes(N, K), hb = (size_t)N * 4;
+  if (cudaMalloc((void **)&w->pk, pb) != cudaSuccess ||
+      cudaMalloc((void **)&w->pkh, hb) != cudaSuccess) {
+    cudaGetLastError();
+    cudaFree(w->pk);
+    w->pk = NULL;
+    w->pkh = NULL;
+    return -1;
+  }
+  k_pk_base<<<(unsigned)((N + 7) / 8), 256, 0, c->st>>>(w->bf, N, K, w->pkh);
+  size_t pieces = (size_t)N * K / 8;
+  k_pk_encode<<<(unsigned)((pieces + 255) / 256), 256, 0, c->st>>>(w->bf, N, K, w->pkh, w->pk);
+  if (cudaGetLastError() != cudaSuccess || cudaStreamSynchronize(c->st) != cudaSuccess) {
+    cudaGetLastError();
+    cudaFree(w->pk);
+    cudaFree(w->pkh);
+    w->pk = NULL;
+    w->pkh = NULL;
+    return -1;
+  }
+  return (long long)(pb + hb);
+}
+
+/* A weight as the GEMV kernels read it: its packed copy too when it has one and they are used. */
+static pk_view gemv_view(const cuda_ctx *c, const cuda_weight *w) {
+  pk_view v = {w->bf, NULL, NULL};
+  if (c->packed && w->pk) {
+    v.pk = w->pk;
+    v.hd = w->pkh;
+  }
+  return v;
 }
 
 static backend_weight cu_weight_upload_as(backend *be, const void *data, dtype dt, int64_t rows,
@@ -295,7 +337,8 @@ static backend_weight cu_weight_upload_exact(backend *be, const void *data, dtyp
 static size_t cu_weight_bytes(backend *be, backend_weight w) {
   (void)be;
   size_t n = (size_t)(CW(w)->rows * CW(w)->cols);
-  return n * 2 + (CW(w)->f32 ? n * 4 : 0);
+  return n * 2 + (CW(w)->f32 ? n * 4 : 0) +
+         (CW(w)->pk ? pk_bytes(CW(w)->rows, CW(w)->cols) + (size_t)CW(w)->rows * 4 : 0);
 }
 
 /* ---- batch ---- */
@@ -535,8 +578,7 @@ __device__ __forceinline__ void gemv_late(float *acc, const float *iv) {
 
 template <int T, int WB, int MODE>
 __global__ void __launch_bounds__(WB * 32)
-    k_gemv(const bf16 *__restrict__ x, const bf16 *__restrict__ W, int K, int N, bf16 *y,
-           gemv_nf nf) {
+    k_gemv(const bf16 *__restrict__ x, pk_view W, int K, int N, bf16 *y, gemv_nf nf) {
   int n = blockIdx.x * WB + (threadIdx.x >> 5), lane = threadIdx.x & 31;
   gemv_enter<MODE>();
   if (n >= N) return;
@@ -545,7 +587,7 @@ __global__ void __launch_bounds__(WB * 32)
     r0 = bf2f(nf.res[(size_t)lane * N + n]);
     g0 = nf.g[n];
   }
-  gemv_row<T, true, MODE == GEMV_LATE>(x, W + (size_t)n * K, K, lane, acc, nf.inv, iv);
+  pk_gemv_row<T, MODE == GEMV_LATE>(x, W, n, K, lane, acc, nf.inv, iv);
   gemv_late<T, MODE>(acc, iv);
   if (lane < T) {
     size_t o = (size_t)lane * N + n;
@@ -567,6 +609,9 @@ struct gemv_set {
   bf16 *y[GEMV_MULTI];
   int n0[GEMV_MULTI + 1];
   int cnt;
+  /* the packed copies (gemv_view; NULL: bf16 rows) */
+  const uint8_t *pk[GEMV_MULTI];
+  const uint32_t *hd[GEMV_MULTI];
 };
 
 /* Appends a product to a zeroed set (at most GEMV_MULTI); n0[cnt..GEMV_MULTI] hold the total. */
@@ -604,10 +649,14 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
   if (n >= s.n0[GEMV_MULTI]) return;
   const bf16 *W;
   bf16 *y;
-  int N, r;
+  int N, r, m = 0;
   gemv_set_pick(s, n, W, y, N, r);
+#pragma unroll
+  for (int i = 1; i < GEMV_MULTI; i++)
+    if (i < s.cnt && n >= s.n0[i]) m = i;
+  pk_view v = {W, s.pk[m], s.hd[m]};
   float acc[T], iv[T];
-  gemv_row<T, true, MODE == GEMV_LATE>(x, W + (size_t)r * K, K, lane, acc, nf.inv, iv);
+  pk_gemv_row<T, MODE == GEMV_LATE>(x, v, r, K, lane, acc, nf.inv, iv);
   gemv_late<T, MODE>(acc, iv);
   if (lane < T) y[(size_t)lane * N + r] = f2bf(gemv_pick<T>(acc, lane));
 }
@@ -618,15 +667,13 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
  * the up row; bench/NOTES.md twenty-ninth session). */
 template <int T, int MODE>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
-    k_gemv_glu(const bf16 *__restrict__ x, const bf16 *__restrict__ Wg,
-               const bf16 *__restrict__ Wu, int K, int N, bf16 *yg, bf16 *yu, bf16 *out,
-               gemv_nf nf) {
+    k_gemv_glu(const bf16 *__restrict__ x, pk_view Wg, pk_view Wu, int K, int N, bf16 *yg,
+               bf16 *yu, bf16 *out, gemv_nf nf) {
   int n = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
   gemv_enter<MODE>();
   if (n >= N) return;
   float ag[T], au[T], iv[T];
-  gemv_row2<T, MODE == GEMV_LATE>(x, Wg + (size_t)n * K, Wu + (size_t)n * K, K, lane, ag, au,
-                                  nf.inv, iv);
+  pk_gemv_row2<T, MODE == GEMV_LATE>(x, Wg, Wu, n, K, lane, ag, au, nf.inv, iv);
   gemv_late<T, MODE>(ag, iv);
   gemv_late<T, MODE>(au, iv);
   if (lane < T) {
@@ -814,7 +861,7 @@ static void launch_narrow(cuda_ctx *c, const bf16 *x, int T, int K, int m, const
 
 /* k_gemv in blocks of WB warps (rows). */
 template <int WB, int MODE>
-static void gemv_launch(cuda_ctx *c, const bf16 *x, const bf16 *W, int T, int K, int N, bf16 *y,
+static void gemv_launch(cuda_ctx *c, const bf16 *x, pk_view W, int T, int K, int N, bf16 *y,
                         gemv_nf nf) {
   unsigned blocks = (unsigned)((N + WB - 1) / WB);
   switch (T) {
@@ -829,7 +876,7 @@ static void gemv_launch(cuda_ctx *c, const bf16 *x, const bf16 *W, int T, int K,
 }
 
 template <int MODE>
-static void gemv_mode(cuda_ctx *c, const bf16 *x, const bf16 *W, int T, int K, int N, bf16 *y,
+static void gemv_mode(cuda_ctx *c, const bf16 *x, pk_view W, int T, int K, int N, bf16 *y,
                       gemv_nf nf) {
   if (N <= GEMV_SMALL_N) gemv_launch<GEMV_SMALL_WARPS, MODE>(c, x, W, T, K, N, y, nf);
   else gemv_launch<GEMV_WARPS, MODE>(c, x, W, T, K, N, y, nf);
@@ -839,11 +886,11 @@ static void gemv_mode(cuda_ctx *c, const bf16 *x, const bf16 *W, int T, int K, i
 }
 
 /* 1 when the GEMV path took the product. */
-static int gemv(cuda_ctx *c, const bf16 *x, const bf16 *W, int T, int K, int N, bf16 *y) {
-  if (c->legacy || T < 1 || T > c->gemv_maxt || K % 8 || (((uintptr_t)x | (uintptr_t)W) & 15))
+static int gemv(cuda_ctx *c, const bf16 *x, const cuda_weight *W, int T, int K, int N, bf16 *y) {
+  if (c->legacy || T < 1 || T > c->gemv_maxt || K % 8 || (((uintptr_t)x | (uintptr_t)W->bf) & 15))
     return 0;
   gemv_nf nf = {NULL, NULL, NULL, NULL};
-  gemv_mode<GEMV_PLAIN>(c, x, W, T, K, N, y, nf);
+  gemv_mode<GEMV_PLAIN>(c, x, gemv_view(c, W), T, K, N, y, nf);
   return 1;
 }
 
@@ -854,7 +901,7 @@ static void cu_matmul(backend *be, backend_buf x, backend_weight W, int T, int K
     cuda_fail(c, "matmul", "weight shape does not match K, N");
     return;
   }
-  if (gemv(c, (const bf16 *)x, CW(W)->bf, T, K, N, (bf16 *)y)) return;
+  if (gemv(c, (const bf16 *)x, CW(W), T, K, N, (bf16 *)y)) return;
   if (!cuda_sgemm_fits(c, T, K, N, 0) &&
       narrow_fits_shape(c, (const bf16 *)x, CW(W)->bf, T, K, N, y)) {
     const bf16 *w1 = CW(W)->bf;
@@ -1361,7 +1408,12 @@ template <int MODE>
 static void launch_multi(cuda_ctx *c, const gop *ops, int m, gemv_nf nf) {
   gemv_set s;
   memset(&s, 0, sizeof s);
-  for (int i = 0; i < m; i++) gemv_set_add(s, ops[i].W->bf, ops[i].y, ops[i].N);
+  for (int i = 0; i < m; i++) {
+    pk_view v = gemv_view(c, ops[i].W);
+    s.pk[i] = v.pk;
+    s.hd[i] = v.hd;
+    gemv_set_add(s, ops[i].W->bf, ops[i].y, ops[i].N);
+  }
   int tot = s.n0[GEMV_MULTI];
   unsigned blocks = (unsigned)((tot + GEMV_WARPS - 1) / GEMV_WARPS);
   const bf16 *x = ops[0].x;
@@ -1429,8 +1481,8 @@ static void launch_glu(cuda_ctx *c, const gop &g, const gop &u, const gop &sw, g
 #define G(n)                                                                                 \
   case n:                                                                                    \
     if constexpr (MODE == GEMV_PLAIN || n <= NORM_FOLD_MAXT)                                 \
-      k_gemv_glu<n, MODE><<<blocks, GEMV_WARPS * 32, 0, c->st>>>(g.x, g.W->bf, u.W->bf, g.K, \
-                                                                g.N, g.y, u.y, sw.out, nf); \
+      k_gemv_glu<n, MODE><<<blocks, GEMV_WARPS * 32, 0, c->st>>>(                          \
+          g.x, gemv_view(c, g.W), gemv_view(c, u.W), g.K, g.N, g.y, u.y, sw.out, nf);        \
     break;
     G(1) G(2) G(3) G(4) G(5) G(6) G(7) G(8)
 #undef G
@@ -1547,7 +1599,7 @@ static void graph_run_ops(cuda_ctx *c) {
         norm_fold_at(c, ops, i + 1, &nf)) { /* the product before a folded norm */
       const gop_norm &r = ops[i + 1].nm;
       gemv_nf p = {r.w, r.x, r.y, NULL};
-      gemv_mode<GEMV_RES>(c, o.x, o.W->bf, o.T, o.K, o.N, o.y, p);
+      gemv_mode<GEMV_RES>(c, o.x, gemv_view(c, o.W), o.T, o.K, o.N, o.y, p);
       folded = i + 1;
       i++;
       continue;
@@ -1559,7 +1611,8 @@ static void graph_run_ops(cuda_ctx *c) {
       const gop *q = &ops[i + 1];
       if (nf.glu) launch_glu<GEMV_LATE>(c, q[0], q[1], q[2], p);
       else if (nf.m > 1) launch_multi<GEMV_LATE>(c, q, nf.m, p);
-      else gemv_mode<GEMV_LATE>(c, q[0].x, q[0].W->bf, q[0].T, q[0].K, q[0].N, q[0].y, p);
+      else
+        gemv_mode<GEMV_LATE>(c, q[0].x, gemv_view(c, q[0].W), q[0].T, q[0].K, q[0].N, q[0].y, p);
       g->fused += nf.glu ? 2 : nf.m - 1;
       g->norm_folds++;
       i += 1 + nf.m;
@@ -2234,6 +2287,8 @@ extern "C" backend *backend_cuda_create(int device, char *err, size_t errlen) {
      * on the H200; 0: cuBLAS above the GEMV path) */
     const char *sm = getenv("DS_SGEMM_MAXT");
     c->sgemm_maxt = sm ? atoi(sm) : 16;
+    const char *pku = getenv("DS_PACKED"); /* the packed copies, used unless "0" */
+    c->packed = !(pku && strcmp(pku, "0") == 0);
     const char *nw = getenv("DS_NARROW"); /* narrow-product kernel, on unless "0" */
     c->narrow = !(nw && strcmp(nw, "0") == 0);
     const char *nfo = getenv("DS_NORM_FOLD"); /* on unless "0" (bench/NOTES.md) */
@@ -2318,5 +2373,6 @@ extern "C" backend *backend_cuda_create(int device, char *err, size_t errlen) {
   be->host_alloc = cu_host_alloc;
   be->host_free = cu_host_free;
   be->mem_info = cu_mem_info;
+  be->weight_pack = cu_weight_pack;
   return be;
 }

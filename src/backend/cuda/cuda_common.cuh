@@ -41,6 +41,10 @@ typedef struct cuda_weight {
   bf16 *bf;       /* [rows, cols] bf16 (always) */
   float *f32;     /* [rows, cols] fp32 copy for small weights (1-D, conv), else NULL */
   int64_t rows, cols;
+  /* the packed copy the GEMV path streams (cuda_packed.cuh; weight_pack), else NULL: the
+   * 12-bit rows and their headers */
+  uint8_t *pk;
+  uint32_t *pkh;
 } cuda_weight;
 
 /* Device views of the step's metadata (pointers into ctx->d_meta). */
@@ -144,6 +148,9 @@ typedef struct cuda_ctx {
   float *fold_inv;
   /* products of <= 64 columns through the narrow kernel (backend_cuda.cu; DS_NARROW=0: off) */
   int narrow;
+  /* the GEMV path streams the weights' packed copies where they have one (cuda_packed.cuh;
+   * DS_PACKED=0: the bf16 rows, the same bits, for A/B timings) */
+  int packed;
   /* decode steps: each DeltaNet layer's conv, gates, recurrent step and gated norm as one
    * kernel (cuda_gdn.cu "decode chain"; DS_GDN_CHAIN=0: the four kernels), its counters */
   int gdn_chain;

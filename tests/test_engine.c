@@ -263,7 +263,7 @@ TEST(mem_plan_from_device_memory) {
   engine_opts o;
   engine_opts_default(&o);
   o.max_num_seqs = 8;
-  engine_mem_facts f = {81920 * M, 80896 * M, 16384 * M, 1 * M, 64 * M, 2048 * M};
+  engine_mem_facts f = {81920 * M, 80896 * M, 16384 * M, 1 * M, 64 * M, 2048 * M, 0};
   engine_mem_split sp;
   char err[300];
   REQUIRE(engine_mem_split_plan(&o, &f, &sp, err, sizeof err) == 0);
@@ -321,6 +321,52 @@ TEST(mem_plan_from_device_memory) {
   REQUIRE(engine_mem_plan_device(&o, &C, &W, BE, &mo, err, sizeof err) == 0);
   EXPECT_EQ_INT(mo.n_pages, 2048);
   EXPECT_EQ_INT(mo.n_slots, 64 + 128);
+}
+
+/* --packed-weights: the rule, and the copies' bytes a checkpoint would take (1.5 a value and 4 a
+ * row for the dense layers' product weights whose width is a multiple of 512, at most 24,576;
+ * MoE layers' FFN and every other tensor left out). */
+TEST(packed_weights_plan) {
+  EXPECT_EQ_INT(engine_packed_choice(-1, 7.4e9, 5.4e9, 141e9), 1); /* 4B on an H200 */
+  EXPECT_EQ_INT(engine_packed_choice(-1, 54e9, 40e9, 141e9), 0);   /* 27B: over half */
+  EXPECT_EQ_INT(engine_packed_choice(1, 54e9, 40e9, 141e9), 1);    /* asked */
+  EXPECT_EQ_INT(engine_packed_choice(0, 7.4e9, 5.4e9, 141e9), 0);
+  EXPECT_EQ_INT(engine_packed_choice(-1, 7.4e9, 5.4e9, 0), 0);     /* no device figure */
+  EXPECT_EQ_INT(engine_packed_choice(1, 7.4e9, 0, 141e9), 0);      /* nothing to pack */
+  model_config pc;
+  memset(&pc, 0, sizeof pc);
+  pc.n_layers = 2;
+  pc.layer_is_moe[1] = 1;
+  layer_weights lw[2];
+  memset(lw, 0, sizeof lw);
+  static const char d[1] = {0};
+  const struct {
+    int layer;
+    tensor *t;
+    int64_t rows, cols;
+  } ts[] = {{0, &lw[0].in_proj_qkv, 8192, 2560}, {0, &lw[0].in_proj_b, 32, 2560},
+            {0, &lw[0].out_proj, 2560, 4096},    {0, &lw[0].gate_proj, 9216, 2560},
+            {0, &lw[0].down_proj, 2560, 9216},   {0, &lw[0].conv1d, 8192, 4},
+            {0, &lw[0].q_norm, 1, 1024},         {1, &lw[1].q_proj, 100, 1000},
+            {1, &lw[1].o_proj, 64, 25600},       {1, &lw[1].k_proj, 64, 512},
+            {1, &lw[1].shared_gate, 512, 512}};
+  for (size_t i = 0; i < sizeof ts / sizeof *ts; i++) {
+    ts[i].t->data = d;
+    ts[i].t->ndim = ts[i].rows == 1 ? 1 : 2;
+    ts[i].t->shape[0] = ts[i].rows;
+    ts[i].t->shape[1] = ts[i].cols;
+  }
+  lw[0].q_norm.shape[0] = 1024; /* 1-D */
+  model_weights pw;
+  memset(&pw, 0, sizeof pw);
+  pw.layers = lw;
+  double want = 0;
+  const int64_t in[][2] = {{8192, 2560}, {32, 2560}, {2560, 4096}, {9216, 2560}, {2560, 9216},
+                           {64, 512}};
+  for (size_t i = 0; i < sizeof in / sizeof *in; i++)
+    want += 1.5 * (double)in[i][0] * (double)in[i][1] + 4.0 * (double)in[i][0];
+  double got = qwen35_packed_bytes(&pc, &pw);
+  EXPECT_MSG(got == want, "packed bytes %.0f, want %.0f", got, want);
 }
 
 TEST(seeded_sampling_batched) {
@@ -746,6 +792,7 @@ int main(void) {
   RUN(device_sample_ahead_same_tokens);
   RUN(fault_step_start_sampled_ahead);
   RUN(mem_plan_from_device_memory);
+  RUN(packed_weights_plan);
   RUN(invariance_budget_8192);
   RUN(invariance_budget_64);
   RUN(invariance_budget_100);

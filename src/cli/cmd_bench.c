@@ -642,30 +642,41 @@ static double bench_prefill_flops(const model_config *c, int L) {
   return 2.0 * bench_params(c, 0) + attn + gdn;
 }
 
-/* Bytes one decode step must move for n sequences at context ctx: every weight once, the KV
- * of every sequence, each sequence's recurrent state read and written. */
+/* Bytes one decode step must move for n sequences at context ctx: every weight once (as
+ * uploaded: the packed copies left out), the KV of every sequence, each sequence's recurrent
+ * state read and written. */
 static double bench_decode_bytes(bench *b, int n, double ctx) {
   const model_config *c = &b->cfg;
   double kv_tok = 2.0 * config_n_full_layers(c) * c->n_kv_heads * c->head_dim *
                   (double)b->be->kind_size(b->be, BACKEND_KIND_KV);
-  return (double)qwen35_weight_bytes(b->m) + n * ctx * kv_tok + 2.0 * n * (double)qwen35_slot_bytes(b->m);
+  int np;
+  size_t pb, po;
+  qwen35_packed(b->m, &np, &pb, &po);
+  return (double)qwen35_weight_bytes(b->m) - (double)pb + n * ctx * kv_tok +
+         2.0 * n * (double)qwen35_slot_bytes(b->m);
 }
 
 /* What a greedy decode step of n sequences actually reads: bench_decode_bytes without the
- * embedding matrix (its n rows only) and with the lm-head as the step reads it — the CUDA
- * backend's int8 screen at <= 4 rows (backend_cuda_greedy_step_bytes), else the matrix. */
+ * embedding matrix (its n rows only), with the lm-head as the step reads it — the CUDA
+ * backend's int8 screen at <= 4 rows (backend_cuda_greedy_step_bytes), else the matrix — and
+ * the packed copies in place of their weights where the step's products stream them
+ * (backend_cuda_packed_rows). */
 static double bench_decode_moved(bench *b, int n, double ctx) {
   const model_config *c = &b->cfg;
   size_t emb, lmh;
   qwen35_vocab_bytes(b->m, &emb, &lmh);
-  double row = (double)lmh / c->vocab_size, head = (double)lmh;
+  double row = (double)lmh / c->vocab_size, head = (double)lmh, packed = 0;
 #ifdef DS_CUDA
   if (!strcmp(b->be->name, "cuda")) {
     double sb = backend_cuda_greedy_step_bytes(b->be, n);
     if (sb > 0) head = sb;
+    int np;
+    size_t pb, po;
+    qwen35_packed(b->m, &np, &pb, &po);
+    if (np > 0 && backend_cuda_packed_rows(b->be, n)) packed = (double)pb - (double)po;
   }
 #endif
-  return bench_decode_bytes(b, n, ctx) - (double)emb - (double)lmh + head + n * row;
+  return bench_decode_bytes(b, n, ctx) - (double)emb - (double)lmh + head + n * row + packed;
 }
 
 /* <prefix>_<what>_<nm> = amount, <prefix>_ceiling_tok_s_<nm> = ceil, and the measured rate's
@@ -712,6 +723,14 @@ static void bench_roofline(bench *b) {
   json_object_set_new(b->info, "params_total", json_real(bench_params(&b->cfg, 1)));
   json_object_set_new(b->info, "params_no_vocab", json_real(bench_params(&b->cfg, 0)));
   json_object_set_new(b->info, "weight_bytes", json_integer((json_int_t)qwen35_weight_bytes(b->m)));
+  {
+    int np;
+    size_t pb, po;
+    qwen35_packed(b->m, &np, &pb, &po);
+    json_object_set_new(b->info, "packed_weights", json_integer(np));
+    json_object_set_new(b->info, "packed_bytes", json_integer((json_int_t)pb));
+    json_object_set_new(b->info, "packed_replaced_bytes", json_integer((json_int_t)po));
+  }
   size_t emb, lmh;
   qwen35_vocab_bytes(b->m, &emb, &lmh);
   json_object_set_new(b->info, "embed_bytes", json_integer((json_int_t)emb));
@@ -724,7 +743,8 @@ static void bench_roofline(bench *b) {
                                   "ctx = prompt + gen/2, over 4.24 TB/s (decode_moved_*: the "
                                   "same without the embedding matrix, its n rows only, and with "
                                   "the lm-head as the greedy step reads it: the int8 screen's "
-                                  "bytes where it runs); prefill: 2*params "
+                                  "bytes where it runs, and the packed weight copies in place "
+                                  "of their bf16 rows where the step streams them); prefill: 2*params "
                                   "(no lm_head: logits of the last row only) + causal attention "
                                   "at the mean position + 6*nv*dk*dv per DeltaNet layer, over "
                                   "780 TFLOP/s"));

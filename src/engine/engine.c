@@ -165,6 +165,11 @@ int engine_opts_parse_flag(engine_opts *o, int argc, char **argv, int *i, char *
 #define ENGINE_DEFAULT_KV_TOKENS 32768
 #define ENGINE_MIB ((size_t)1 << 20)
 
+int engine_packed_choice(int opt, double weights, double packed, double total) {
+  if (packed <= 0 || opt == 0) return 0;
+  return opt == 1 || (total > 0 && weights + packed <= 0.5 * total);
+}
+
 int engine_default_slabs(int max_num_seqs) {
   return 2 * max_num_seqs > 16 ? 2 * max_num_seqs : 16;
 }
@@ -286,11 +291,8 @@ int engine_mem_facts_get(backend *be, const model_config *c, const model_weights
               engine_tensor_bytes(&L->experts[e].up, act) +
               engine_tensor_bytes(&L->experts[e].down, act);
   }
-  /* the packed copies: on when asked, or (auto) when the backend makes them and the weights
-   * with them take at most half the device */
   double pb = be->weight_pack ? qwen35_packed_bytes(c, w) : 0;
-  if (pb > 0 && (o->packed_weights == 1 ||
-                 (o->packed_weights < 0 && wb + pb <= 0.5 * (double)f->total_bytes)))
+  if (engine_packed_choice(o->packed_weights, wb, pb, (double)f->total_bytes))
     f->packed_bytes = (size_t)pb;
   f->weight_bytes = (size_t)(wb + (double)f->packed_bytes);
   size_t nkv = (size_t)c->n_kv_heads * (size_t)c->head_dim;

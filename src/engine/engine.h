@@ -87,9 +87,9 @@ int engine_opts_parse_flag(engine_opts *o, int argc, char **argv, int *i, char *
 typedef struct engine_mem_facts {
   size_t total_bytes, free_bytes; /* device memory (total 0: unknown) */
   size_t weight_bytes;            /* the weights on the device (with their packed copies) */
-  size_t packed_bytes;            /* of which the packed copies (0: none will be made) */
   size_t page_bytes, slot_bytes;  /* one KV page (every attention layer), one state slot */
   size_t scratch_bytes;           /* the step scratch reserve */
+  size_t packed_bytes;            /* of weight_bytes the packed copies (0: none will be made) */
 } engine_mem_facts;
 
 typedef struct engine_mem_split {
@@ -97,6 +97,11 @@ typedef struct engine_mem_split {
   size_t budget_bytes;         /* B (0: no device figure) */
   size_t kv_bytes, slab_bytes; /* what the pages and slabs take (0 without a device figure) */
 } engine_mem_split;
+
+/* Whether the packed weight copies are made (--packed-weights; opt -1 auto, 0 off, 1 on):
+ * on when asked and the backend makes them (packed > 0: the copies' bytes), or (auto) when the
+ * weights with the copies take at most half of a known device memory total. */
+int engine_packed_choice(int opt, double weights, double packed, double total);
 
 /* The default snapshot slab count without a memory budget: max(16, 2 x max_num_seqs). */
 int engine_default_slabs(int max_num_seqs);

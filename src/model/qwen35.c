@@ -66,7 +66,8 @@ struct qwen35 {
   int key[7], key_set;
   unsigned bufs_gen; /* bumped when scratch or logits buffers are reallocated */
   int n_packed;        /* weights with a packed copy (qwen35_mem_opts.packed) */
-  size_t packed_bytes; /* ... and the copies' bytes (in weight_bytes too) */
+  size_t packed_bytes; /* ... the copies' bytes (in weight_bytes too) */
+  size_t packed_over;  /* ... and the weights' own bytes */
 };
 
 /* ---- init ---- */
@@ -287,6 +288,7 @@ static void pack_layers(qwen35 *m) {
       ws[n++] = L->down;
     }
     for (int k = 0; k < n; k++) {
+      size_t own = be->weight_bytes(be, ws[k]);
       long long b = be->weight_pack(be, ws[k]);
       if (b < 0) {
         log_warn("qwen35: out of device memory for the packed weight copies after %d of them: "
@@ -296,6 +298,7 @@ static void pack_layers(qwen35 *m) {
       if (b > 0) {
         m->n_packed++;
         m->packed_bytes += (size_t)b;
+        m->packed_over += own;
         m->weight_bytes += (size_t)b;
       }
     }
@@ -327,9 +330,10 @@ double qwen35_packed_bytes(const model_config *c, const model_weights *w) {
   return b;
 }
 
-void qwen35_packed(const qwen35 *m, int *n, size_t *bytes) {
+void qwen35_packed(const qwen35 *m, int *n, size_t *bytes, size_t *replaced) {
   *n = m->n_packed;
   *bytes = m->packed_bytes;
+  *replaced = m->packed_over;
 }
 
 int qwen35_init(qwen35 **out, const model_config *c, const model_weights *w, backend *be,

@@ -59,8 +59,9 @@ enum { QWEN35_LOGITS_NONE = 0, QWEN35_LOGITS_LAST = 1, QWEN35_LOGITS_ALL = 2 };
 int qwen35_init(qwen35 **out, const model_config *c, const model_weights *w, backend *be,
                 const qwen35_mem_opts *o, char *err, size_t errlen);
 void qwen35_free(qwen35 *m);
-/* Product weights with a packed copy, and the copies' device bytes (both 0: none). */
-void qwen35_packed(const qwen35 *m, int *n, size_t *bytes);
+/* Product weights with a packed copy, the copies' device bytes (in qwen35_weight_bytes too)
+ * and the weights' own bytes they stand in for in a decode step (all 0: none). */
+void qwen35_packed(const qwen35 *m, int *n, size_t *bytes, size_t *replaced);
 const model_config *qwen35_config(const qwen35 *m);
 
 /* Runs one forward step over n_seqs sequences. Writes float32 logits [n_rows, vocab_size],

@@ -239,6 +239,11 @@ static void cu_weight_free(backend *be, backend_weight w) {
 }
 
 /* The packed copy of a weight (cuda_packed.cuh), made on the device from its bf16 rows. */
+extern "C" int backend_cuda_packed_rows(backend *be, int rows) {
+  cuda_ctx *c = cuda_ctx_of(be);
+  return c->packed && !c->legacy && rows >= 1 && rows <= c->gemv_maxt;
+}
+
 static long long cu_weight_pack(backend *be, backend_weight wh) {
   cuda_ctx *c = cuda_ctx_of(be);
   cuda_weight *w = CW(wh);

@@ -48,6 +48,10 @@ long backend_cuda_greedy_screened(backend *be, int *prepared, long long *rows);
  * bf16 lm-head's V x H x 2; 0 when the screen would not take it. For the benchmark's roofline. */
 double backend_cuda_greedy_step_bytes(backend *be, int rows);
 
+/* 1 when the products of a step of `rows` rows stream the weights' packed copies where they have
+ * one (cuda_packed.cuh: the GEMV path with DS_PACKED not 0), else 0. For the benchmark. */
+int backend_cuda_packed_rows(backend *be, int rows);
+
 /* The benchmark's two ceilings measured on this backend's device (cuda_ceiling.cu): a device-to-
  * device copy in bytes read + written per second, a bf16 8,192^3 cuBLAS GEMM in FLOP/s (best of
  * three batches each; ~2.4 GiB of device memory while it runs, freed after). 0, or -1 with err

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The CUDA backend must compile (sm_90a) wherever nvcc exists; it runs on the GPU machine
 # (scripts/device/check.sh). So must the device tools built with nvcc alone
-# (scripts/device/gemv_ceiling.cu, tma_ceiling.cu). Prints PASS/FAIL like every test.
+# (scripts/device/gemv_ceiling.cu, tma_ceiling.cu, packed_gemv.cu). Prints PASS/FAIL like every test.
 cd "$(dirname "$0")/.."
 NVCC=${NVCC:-/usr/local/cuda/bin/nvcc}
 if [ -n "${DS_SKIP_CUDA_BUILD:-}" ]; then
@@ -21,7 +21,7 @@ else
 fi
 NV=$NVCC
 [ -x "$NV" ] || NV=nvcc
-for t in gemv_ceiling tma_ceiling; do
+for t in gemv_ceiling tma_ceiling packed_gemv; do
   if "$NV" -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Isrc -o "/tmp/ds-$t-build" \
     "scripts/device/$t.cu" >"/tmp/ds-$t-build.log" 2>&1; then
     echo "PASS ${t}_build"

@@ -6,7 +6,7 @@
 #   bash scripts/device/ceiling.sh gemv_ceiling     (or gemv_ceiling.sh, tma_ceiling.sh)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-name=${1:?usage: ceiling.sh gemv_ceiling|tma_ceiling}
+name=${1:?usage: ceiling.sh gemv_ceiling|tma_ceiling|packed_gemv}
 [ -f "scripts/device/$name.cu" ] || { echo "ceiling.sh: no scripts/device/$name.cu"; exit 2; }
 OUT=${OUT:-/tmp/ds-${name//_/-}-out}
 mkdir -p "$OUT"

@@ -128,54 +128,62 @@ __device__ __forceinline__ void pk_row(const bf16 *__restrict__ x, const bf16 *_
                                        float *iv = nullptr) {
 #pragma unroll
   for (int t = 0; t < T; t++) acc[t] = 0.f;
-  /* the packed words are requested before the header is back (an escaping turn's words are
-   * read and dropped): no dependent round trip before a warp's first loads */
+  /* the first turn's packed words are requested before the header is back (dropped when the
+   * turn escapes): no dependent round trip before a warp's first loads; later turns read only
+   * the copy their header bit names */
   uint32_t hd = *hdp;
   int nt = K / PK_TURN, t = 0;
-  auto turn = [&](const pk_words &q, int t) {
+  auto run = [&](const pk_words &q, int t) {
     int k0 = t * PK_TURN + 8 * lane;
     if (hd >> (8 + t) & 1u) pk_turn_bf<T>(x, w, K, k0, 4, acc);
     else pk_turn<T>(x, q.a, q.b, q.c, K, k0, (hd & 0xFFu) * 0x01010101u, acc);
   };
-  if constexpr (LATE) {
-    if (nt > 0) {
-      turn(pk_load(wp, lane), 0);
-      t = 1;
+  auto turn = [&](int t) {
+    int k0 = t * PK_TURN + 8 * lane;
+    if (hd >> (8 + t) & 1u) {
+      pk_turn_bf<T>(x, w, K, k0, 4, acc);
+    } else {
+      pk_words q = pk_load(wp + (size_t)t * PK_TURN_BYTES, lane);
+      pk_turn<T>(x, q.a, q.b, q.c, K, k0, (hd & 0xFFu) * 0x01010101u, acc);
     }
+  };
+  if (nt > 0) {
+    run(pk_load(wp, lane), 0);
+    t = 1;
+  }
+  if constexpr (LATE) {
     pdl_wait();
 #pragma unroll
     for (int r = 0; r < T; r++) iv[r] = __ldcg(inv + r);
   }
   if constexpr (UT == 2) {
     for (; t + 1 < nt; t += 2) {
-      pk_words q0 = pk_load(wp + (size_t)t * PK_TURN_BYTES, lane),
-               q1 = pk_load(wp + (size_t)(t + 1) * PK_TURN_BYTES, lane);
-      turn(q0, t);
-      turn(q1, t + 1);
+      if (hd >> (8 + t) & 3u) {
+        turn(t);
+        turn(t + 1);
+      } else {
+        pk_words q0 = pk_load(wp + (size_t)t * PK_TURN_BYTES, lane),
+                 q1 = pk_load(wp + (size_t)(t + 1) * PK_TURN_BYTES, lane);
+        run(q0, t);
+        run(q1, t + 1);
+      }
     }
   }
-  for (; t < nt; t++) turn(pk_load(wp + (size_t)t * PK_TURN_BYTES, lane), t);
+  for (; t < nt; t++) turn(t);
   if (K % PK_TURN) {
     const uint8_t *tp = wp + (size_t)nt * PK_TURN_BYTES;
-    uint4 a = ld_stream16(tp + 16 * lane);
-    uint2 c = *(const uint2 *)(tp + 512 + 8 * lane);
     int k0 = nt * PK_TURN + 8 * lane;
     if (hd >> (8 + nt) & 1u) {
       pk_turn_bf<T>(x, w, K, k0, 2, acc);
     } else {
+      uint4 a = ld_stream16(tp + 16 * lane);
+      uint2 c = *(const uint2 *)(tp + 512 + 8 * lane);
       uint32_t base4 = (hd & 0xFFu) * 0x01010101u;
       float wf[8];
       pk_f32x8(a.x, a.y, c.x, base4, wf);
       pk_fma8<T>(wf, x, K, k0, acc);
       pk_f32x8(a.z, a.w, c.y, base4, wf);
       pk_fma8<T>(wf, x, K, k0 + 256, acc);
-    }
-  }
-  if constexpr (LATE) {
-    if (nt == 0) { /* K = 512: nothing before the wait */
-      pdl_wait();
-#pragma unroll
-      for (int r = 0; r < T; r++) iv[r] = __ldcg(inv + r);
     }
   }
 #pragma unroll
@@ -200,14 +208,21 @@ __device__ __forceinline__ void pk_row2(const bf16 *__restrict__ x, const bf16 *
     if (hd >> (8 + t) & 1u) pk_turn_bf<T>(x, w, K, k0, 4, acc);
     else pk_turn<T>(x, q.a, q.b, q.c, K, k0, (hd & 0xFFu) * 0x01010101u, acc);
   };
-  auto both = [&](int t) {
-    pk_words qa = pk_load(pa + (size_t)t * PK_TURN_BYTES, lane),
-             qb = pk_load(pb + (size_t)t * PK_TURN_BYTES, lane);
+  auto both = [&](int t) { /* the headers known: only the copy each header bit names */
+    pk_words qa, qb;
+    int ea = hda >> (8 + t) & 1u, eb = hdb >> (8 + t) & 1u;
+    if (!ea) qa = pk_load(pa + (size_t)t * PK_TURN_BYTES, lane);
+    if (!eb) qb = pk_load(pb + (size_t)t * PK_TURN_BYTES, lane);
     turn(qa, hda, wa, t, aa);
     turn(qb, hdb, wb, t, ab);
   };
+  if (nt > 0) { /* the first turn's words before the headers are back (as pk_row) */
+    pk_words qa = pk_load(pa, lane), qb = pk_load(pb, lane);
+    turn(qa, hda, wa, 0, aa);
+    turn(qb, hdb, wb, 0, ab);
+    t = 1;
+  }
   if constexpr (LATE) {
-    if (nt > 0) both(t++);
     pdl_wait();
 #pragma unroll
     for (int r = 0; r < T; r++) iv[r] = __ldcg(inv + r);
@@ -216,10 +231,19 @@ __device__ __forceinline__ void pk_row2(const bf16 *__restrict__ x, const bf16 *
   if (K % PK_TURN) {
     int k0 = nt * PK_TURN + 8 * lane;
     const uint8_t *tpa = pa + (size_t)nt * PK_TURN_BYTES, *tpb = pb + (size_t)nt * PK_TURN_BYTES;
-    uint4 a0 = ld_stream16(tpa + 16 * lane), b0 = ld_stream16(tpb + 16 * lane);
-    uint2 ca = *(const uint2 *)(tpa + 512 + 8 * lane), cb = *(const uint2 *)(tpb + 512 + 8 * lane);
+    int ea = hda >> (8 + nt) & 1u, eb = hdb >> (8 + nt) & 1u;
+    uint4 a0, b0;
+    uint2 ca, cb;
+    if (!ea) {
+      a0 = ld_stream16(tpa + 16 * lane);
+      ca = *(const uint2 *)(tpa + 512 + 8 * lane);
+    }
+    if (!eb) {
+      b0 = ld_stream16(tpb + 16 * lane);
+      cb = *(const uint2 *)(tpb + 512 + 8 * lane);
+    }
     float wf[8];
-    if (hda >> (8 + nt) & 1u) {
+    if (ea) {
       pk_turn_bf<T>(x, wa, K, k0, 2, aa);
     } else {
       uint32_t base4 = (hda & 0xFFu) * 0x01010101u;
@@ -228,7 +252,7 @@ __device__ __forceinline__ void pk_row2(const bf16 *__restrict__ x, const bf16 *
       pk_f32x8(a0.z, a0.w, ca.y, base4, wf);
       pk_fma8<T>(wf, x, K, k0 + 256, aa);
     }
-    if (hdb >> (8 + nt) & 1u) {
+    if (eb) {
       pk_turn_bf<T>(x, wb, K, k0, 2, ab);
     } else {
       uint32_t base4 = (hdb & 0xFFu) * 0x01010101u;
@@ -236,13 +260,6 @@ __device__ __forceinline__ void pk_row2(const bf16 *__restrict__ x, const bf16 *
       pk_fma8<T>(wf, x, K, k0, ab);
       pk_f32x8(b0.z, b0.w, cb.y, base4, wf);
       pk_fma8<T>(wf, x, K, k0 + 256, ab);
-    }
-  }
-  if constexpr (LATE) {
-    if (nt == 0) {
-      pdl_wait();
-#pragma unroll
-      for (int r = 0; r < T; r++) iv[r] = __ldcg(inv + r);
     }
   }
 #pragma unroll

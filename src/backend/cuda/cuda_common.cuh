@@ -469,6 +469,20 @@ __device__ __forceinline__ void gated_norm_lane(const float *v, const float *zv,
 #define GEMV_LATE_K 1024
 #endif
 
+/* acc[t] += w . x[t] over one 8-value piece at column k (wf: its weights as floats): the
+ * GEMV's one expression, shared by gemv_row and the packed rows (cuda_packed.cuh). */
+template <int T>
+__device__ __forceinline__ void gemv_fma8(const float *wf, const bf16 *__restrict__ x, int K,
+                                          int k, float *acc) {
+#pragma unroll
+  for (int t = 0; t < T; t++) {
+    float xf[8];
+    bf16x8_to_f32(*(const uint4 *)(x + (size_t)t * K + k), xf);
+#pragma unroll
+    for (int i = 0; i < 8; i++) acc[t] += wf[i] * xf[i];
+  }
+}
+
 template <int T, bool STREAM = true, bool LATE = false>
 __device__ __forceinline__ void gemv_row(const bf16 *__restrict__ x, const bf16 *__restrict__ w,
                                          int K, int lane, float *acc,
@@ -478,13 +492,7 @@ __device__ __forceinline__ void gemv_row(const bf16 *__restrict__ x, const bf16 
   auto piece = [&](int k) {
     float wf[8];
     bf16x8_to_f32(STREAM ? ld_stream16(w + k) : __ldg((const uint4 *)(w + k)), wf);
-#pragma unroll
-    for (int t = 0; t < T; t++) {
-      float xf[8];
-      bf16x8_to_f32(*(const uint4 *)(x + (size_t)t * K + k), xf);
-#pragma unroll
-      for (int i = 0; i < 8; i++) acc[t] += wf[i] * xf[i];
-    }
+    gemv_fma8<T>(wf, x, K, k, acc);
   };
   if constexpr (!LATE) {
 #pragma unroll 4

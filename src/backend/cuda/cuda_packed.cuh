@@ -58,19 +58,6 @@ __device__ __forceinline__ void pk_f32x8(uint32_t l0, uint32_t l1, uint32_t n, u
   }
 }
 
-/* acc[t] += w . x[t] over one piece (gemv_row's expression) */
-template <int T>
-__device__ __forceinline__ void pk_fma8(const float *wf, const bf16 *__restrict__ x, int K, int k,
-                                        float *acc) {
-#pragma unroll
-  for (int t = 0; t < T; t++) {
-    float xf[8];
-    bf16x8_to_f32(*(const uint4 *)(x + (size_t)t * K + k), xf);
-#pragma unroll
-    for (int i = 0; i < 8; i++) acc[t] += wf[i] * xf[i];
-  }
-}
-
 /* A turn from the bf16 row (an escaping turn): gemv_row's pieces. */
 template <int T>
 __device__ __forceinline__ void pk_turn_bf(const bf16 *__restrict__ x,
@@ -85,7 +72,7 @@ __device__ __forceinline__ void pk_turn_bf(const bf16 *__restrict__ x,
     if (p < np) {
       float wf[8];
       bf16x8_to_f32(u[p], wf);
-      pk_fma8<T>(wf, x, K, k0 + 256 * p, acc);
+      gemv_fma8<T>(wf, x, K, k0 + 256 * p, acc);
     }
 }
 
@@ -95,13 +82,25 @@ __device__ __forceinline__ void pk_turn(const bf16 *__restrict__ x, uint4 a, uin
                                         int K, int k0, uint32_t base4, float *acc) {
   float wf[8];
   pk_f32x8(a.x, a.y, c.x, base4, wf);
-  pk_fma8<T>(wf, x, K, k0, acc);
+  gemv_fma8<T>(wf, x, K, k0, acc);
   pk_f32x8(a.z, a.w, c.y, base4, wf);
-  pk_fma8<T>(wf, x, K, k0 + 256, acc);
+  gemv_fma8<T>(wf, x, K, k0 + 256, acc);
   pk_f32x8(b.x, b.y, c.z, base4, wf);
-  pk_fma8<T>(wf, x, K, k0 + 512, acc);
+  gemv_fma8<T>(wf, x, K, k0 + 512, acc);
   pk_f32x8(b.z, b.w, c.w, base4, wf);
-  pk_fma8<T>(wf, x, K, k0 + 768, acc);
+  gemv_fma8<T>(wf, x, K, k0 + 768, acc);
+}
+
+/* A packed half turn (the last 512 columns of a row of K % 1024 == 512) from its words. */
+template <int T>
+__device__ __forceinline__ void pk_half(const bf16 *__restrict__ x, uint4 a, uint2 c, int K,
+                                        int k0, uint32_t hd, float *acc) {
+  uint32_t base4 = (hd & 0xFFu) * 0x01010101u;
+  float wf[8];
+  pk_f32x8(a.x, a.y, c.x, base4, wf);
+  gemv_fma8<T>(wf, x, K, k0, acc);
+  pk_f32x8(a.z, a.w, c.y, base4, wf);
+  gemv_fma8<T>(wf, x, K, k0 + 256, acc);
 }
 
 /* A turn's three words for lane L (tp: the row's turn). */
@@ -178,12 +177,7 @@ __device__ __forceinline__ void pk_row(const bf16 *__restrict__ x, const bf16 *_
     } else {
       uint4 a = ld_stream16(tp + 16 * lane);
       uint2 c = *(const uint2 *)(tp + 512 + 8 * lane);
-      uint32_t base4 = (hd & 0xFFu) * 0x01010101u;
-      float wf[8];
-      pk_f32x8(a.x, a.y, c.x, base4, wf);
-      pk_fma8<T>(wf, x, K, k0, acc);
-      pk_f32x8(a.z, a.w, c.y, base4, wf);
-      pk_fma8<T>(wf, x, K, k0 + 256, acc);
+      pk_half<T>(x, a, c, K, k0, hd, acc);
     }
   }
 #pragma unroll
@@ -242,25 +236,10 @@ __device__ __forceinline__ void pk_row2(const bf16 *__restrict__ x, const bf16 *
       b0 = ld_stream16(tpb + 16 * lane);
       cb = *(const uint2 *)(tpb + 512 + 8 * lane);
     }
-    float wf[8];
-    if (ea) {
-      pk_turn_bf<T>(x, wa, K, k0, 2, aa);
-    } else {
-      uint32_t base4 = (hda & 0xFFu) * 0x01010101u;
-      pk_f32x8(a0.x, a0.y, ca.x, base4, wf);
-      pk_fma8<T>(wf, x, K, k0, aa);
-      pk_f32x8(a0.z, a0.w, ca.y, base4, wf);
-      pk_fma8<T>(wf, x, K, k0 + 256, aa);
-    }
-    if (eb) {
-      pk_turn_bf<T>(x, wb, K, k0, 2, ab);
-    } else {
-      uint32_t base4 = (hdb & 0xFFu) * 0x01010101u;
-      pk_f32x8(b0.x, b0.y, cb.x, base4, wf);
-      pk_fma8<T>(wf, x, K, k0, ab);
-      pk_f32x8(b0.z, b0.w, cb.y, base4, wf);
-      pk_fma8<T>(wf, x, K, k0 + 256, ab);
-    }
+    if (ea) pk_turn_bf<T>(x, wa, K, k0, 2, aa);
+    else pk_half<T>(x, a0, ca, K, k0, hda, aa);
+    if (eb) pk_turn_bf<T>(x, wb, K, k0, 2, ab);
+    else pk_half<T>(x, b0, cb, K, k0, hdb, ab);
   }
 #pragma unroll
   for (int r = 0; r < T; r++) {

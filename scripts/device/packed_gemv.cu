@@ -200,6 +200,13 @@ static double pg_time(cudaStream_t st, cudaGraphExec_t ge) {
   return ms / R;
 }
 
+/* y's floats into v, after the work queued on st (a non-blocking stream: a plain cudaMemcpy
+ * on the legacy stream would not wait for it). */
+static void pg_get(std::vector<float> &v, const float *y, cudaStream_t st) {
+  CK(cudaMemcpyAsync(v.data(), y, v.size() * 4, cudaMemcpyDeviceToHost, st));
+  CK(cudaStreamSynchronize(st));
+}
+
 /* Packs p (its W filled): header and copy. */
 static void pg_pack(pg_prod &p, cudaStream_t st) {
   uint32_t *hd;
@@ -298,20 +305,20 @@ int main(int argc, char **argv) {
     const pg_prod &p = ps[pi];
     pg_bf<4><<<(p.N + 3) / 4, 128, 0, st>>>(x, p, ya);
     std::vector<float> a(p.N), b(p.N);
-    CK(cudaMemcpy(a.data(), ya, (size_t)p.N * 4, cudaMemcpyDeviceToHost));
+    pg_get(a, ya, st);
     for (int ut = 1; ut <= 2; ut++) {
-      CK(cudaMemset(yb, 0xFF, (size_t)p.N * 4));
+      CK(cudaMemsetAsync(yb, 0xFF, (size_t)p.N * 4, st));
       if (ut == 1) pg_pk<4, 1><<<(p.N + 3) / 4, 128, 0, st>>>(x, p, yb);
       else pg_pk<4, 2><<<(p.N + 3) / 4, 128, 0, st>>>(x, p, yb);
       CK(cudaGetLastError());
-      CK(cudaMemcpy(b.data(), yb, (size_t)p.N * 4, cudaMemcpyDeviceToHost));
+      pg_get(b, yb, st);
       for (int n = 0; n < p.N; n++) (ut == 1 ? same1 : same2) += !memcmp(&a[n], &b[n], 4);
     }
     if (pi % 4 == 2) { /* the glu's two rows a warp */
-      CK(cudaMemset(yb, 0xFF, (size_t)p.N * 4));
+      CK(cudaMemsetAsync(yb, 0xFF, (size_t)p.N * 4, st));
       pg_pk2<4><<<(p.N / 2 + 3) / 4, 128, 0, st>>>(x, p, yb);
       CK(cudaGetLastError());
-      CK(cudaMemcpy(b.data(), yb, (size_t)p.N * 4, cudaMemcpyDeviceToHost));
+      pg_get(b, yb, st);
       for (int n = 0; n < p.N; n++) same_glu += !memcmp(&a[n], &b[n], 4);
       rows_glu += p.N;
     }

@@ -72,8 +72,8 @@ static void serve_usage(FILE *f) {
           "  --host-cache-gib F          host-memory tier of the prefix cache (0: off)\n"
           "  --packed-weights auto|on|off  lossless 12-bit copies of the layers' product weights\n"
           "                              for decode steps (CUDA; same results, ~0.75 of their\n"
-          "                              bytes extra; auto: when weights + copies <= half the GPU;\n"
-          "                              off by default until measured)\n");
+          "                              bytes extra; auto, the default: when weights + copies\n"
+          "                              <= half the GPU)\n");
 }
 
 static int serve_parse_long(const char *flag, const char *v, long long lo, long long hi, long long *out) {

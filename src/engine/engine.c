@@ -77,7 +77,7 @@ void engine_opts_default(engine_opts *o) {
   o->gpu_memory_utilization = 0.9f;
   o->enable_prefix_caching = 1;
   o->snapshot_interval = 2048;
-  o->packed_weights = 0; /* off until measured on the GPU machine (bench/NOTES.md) */
+  o->packed_weights = -1; /* auto (bench/NOTES.md, thirty-third session) */
 }
 
 static int engine_parse_int(const char *v, const char *flag, int lo, int *out, char *err,

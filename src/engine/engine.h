@@ -42,7 +42,7 @@ typedef struct engine_opts {
   int n_snapshot_slabs;       /* --snapshot-slabs (0: derived from the budget) */
   double prefix_cache_gib;    /* --prefix-cache-gib */
   double host_cache_gib;      /* --host-cache-gib (0: no host tier) */
-  /* --packed-weights auto|on|off (default off until its first GPU run; -1 auto): keep the backend's lossless packed copy of the
+  /* --packed-weights auto|on|off (-1 auto, the default): keep the backend's lossless packed copy of the
    * dense layers' product weights for decode steps (backend weight_pack; the CUDA backend's
    * 12-bit rows, ~0.75 of their bf16 bytes, the same results). auto: on when the backend has
    * one and the weights with the copies take at most half the device's memory. */

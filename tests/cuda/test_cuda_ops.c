@@ -2220,7 +2220,7 @@ static uint16_t *packed_weights(int N, int K, float scale) {
  * product before it and the products after it, gate/up/swiglu) run direct, captured and
  * replayed. Every output byte must be the same; the packed copy's size is 1.5 bytes a value
  * and 4 a row, and a width that is not a multiple of 512 gets none. */
-TEST(packed_products) {
+static void packed_products_cases(void) {
   REQUIRE(GPU->weight_pack != NULL);
   int Ks[5] = {512, 1536, 2560, 4096, 9216}, Ns[5] = {7, 300, 2560, 33, 2560};
   for (int c = 0; c < 5; c++) {
@@ -2352,6 +2352,12 @@ TEST(packed_products) {
   for (int k = 0; k < NW; k++) free(hw[k]);
   free(Wd);
   gpu_ok();
+}
+
+/* at the default (one-row products read the copies) and with every GEMV row count reading them */
+TEST(packed_products) {
+  packed_products_cases();
+  with_gpu("DS_PACKED", "8", packed_products_cases);
 }
 
 TEST(norm_fold_refused) {

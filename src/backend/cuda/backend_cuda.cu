@@ -241,7 +241,7 @@ static void cu_weight_free(backend *be, backend_weight w) {
 /* The packed copy of a weight (cuda_packed.cuh), made on the device from its bf16 rows. */
 extern "C" int backend_cuda_packed_rows(backend *be, int rows) {
   cuda_ctx *c = cuda_ctx_of(be);
-  return c->packed && !c->legacy && rows >= 1 && rows <= c->gemv_maxt;
+  return !c->legacy && rows >= 1 && rows <= c->packed && rows <= c->gemv_maxt;
 }
 
 static long long cu_weight_pack(backend *be, backend_weight wh) {
@@ -272,10 +272,11 @@ static long long cu_weight_pack(backend *be, backend_weight wh) {
   return (long long)(pb + hb);
 }
 
-/* A weight as the GEMV kernels read it: its packed copy too when it has one and they are used. */
-static pk_view gemv_view(const cuda_ctx *c, const cuda_weight *w) {
+/* A weight as the GEMV kernels read it in a product of T rows: its packed copy too when it has
+ * one and products of T rows use them (T <= c->packed). */
+static pk_view gemv_view(const cuda_ctx *c, const cuda_weight *w, int T) {
   pk_view v = {w->bf, NULL, NULL};
-  if (c->packed && w->pk) {
+  if (T <= c->packed && w->pk) {
     v.pk = w->pk;
     v.hd = w->pkh;
   }
@@ -895,7 +896,7 @@ static int gemv(cuda_ctx *c, const bf16 *x, const cuda_weight *W, int T, int K, 
   if (c->legacy || T < 1 || T > c->gemv_maxt || K % 8 || (((uintptr_t)x | (uintptr_t)W->bf) & 15))
     return 0;
   gemv_nf nf = {NULL, NULL, NULL, NULL};
-  gemv_mode<GEMV_PLAIN>(c, x, gemv_view(c, W), T, K, N, y, nf);
+  gemv_mode<GEMV_PLAIN>(c, x, gemv_view(c, W, T), T, K, N, y, nf);
   return 1;
 }
 
@@ -1414,7 +1415,7 @@ static void launch_multi(cuda_ctx *c, const gop *ops, int m, gemv_nf nf) {
   gemv_set s;
   memset(&s, 0, sizeof s);
   for (int i = 0; i < m; i++) {
-    pk_view v = gemv_view(c, ops[i].W);
+    pk_view v = gemv_view(c, ops[i].W, ops[i].T);
     s.pk[i] = v.pk;
     s.hd[i] = v.hd;
     gemv_set_add(s, ops[i].W->bf, ops[i].y, ops[i].N);
@@ -1487,7 +1488,7 @@ static void launch_glu(cuda_ctx *c, const gop &g, const gop &u, const gop &sw, g
   case n:                                                                                    \
     if constexpr (MODE == GEMV_PLAIN || n <= NORM_FOLD_MAXT)                                 \
       k_gemv_glu<n, MODE><<<blocks, GEMV_WARPS * 32, 0, c->st>>>(                          \
-          g.x, gemv_view(c, g.W), gemv_view(c, u.W), g.K, g.N, g.y, u.y, sw.out, nf);        \
+          g.x, gemv_view(c, g.W, n), gemv_view(c, u.W, n), g.K, g.N, g.y, u.y, sw.out, nf);        \
     break;
     G(1) G(2) G(3) G(4) G(5) G(6) G(7) G(8)
 #undef G
@@ -1604,7 +1605,7 @@ static void graph_run_ops(cuda_ctx *c) {
         norm_fold_at(c, ops, i + 1, &nf)) { /* the product before a folded norm */
       const gop_norm &r = ops[i + 1].nm;
       gemv_nf p = {r.w, r.x, r.y, NULL};
-      gemv_mode<GEMV_RES>(c, o.x, gemv_view(c, o.W), o.T, o.K, o.N, o.y, p);
+      gemv_mode<GEMV_RES>(c, o.x, gemv_view(c, o.W, o.T), o.T, o.K, o.N, o.y, p);
       folded = i + 1;
       i++;
       continue;
@@ -1617,7 +1618,7 @@ static void graph_run_ops(cuda_ctx *c) {
       if (nf.glu) launch_glu<GEMV_LATE>(c, q[0], q[1], q[2], p);
       else if (nf.m > 1) launch_multi<GEMV_LATE>(c, q, nf.m, p);
       else
-        gemv_mode<GEMV_LATE>(c, q[0].x, gemv_view(c, q[0].W), q[0].T, q[0].K, q[0].N, q[0].y, p);
+        gemv_mode<GEMV_LATE>(c, q[0].x, gemv_view(c, q[0].W, q[0].T), q[0].T, q[0].K, q[0].N, q[0].y, p);
       g->fused += nf.glu ? 2 : nf.m - 1;
       g->norm_folds++;
       i += 1 + nf.m;
@@ -2292,8 +2293,11 @@ extern "C" backend *backend_cuda_create(int device, char *err, size_t errlen) {
      * on the H200; 0: cuBLAS above the GEMV path) */
     const char *sm = getenv("DS_SGEMM_MAXT");
     c->sgemm_maxt = sm ? atoi(sm) : 16;
-    const char *pku = getenv("DS_PACKED"); /* the packed copies, used unless "0" */
-    c->packed = !(pku && strcmp(pku, "0") == 0);
+    /* the packed copies are read by products of up to this many rows (DS_PACKED=N, 0: never;
+     * 1 by default: at 2 rows they gain nothing, at 4 they lose 3.7 %, bench/NOTES.md) */
+    const char *pku = getenv("DS_PACKED");
+    c->packed = pku ? atoi(pku) : 1;
+    if (c->packed < 0 || c->packed > GEMV_MAXT) c->packed = GEMV_MAXT;
     const char *nw = getenv("DS_NARROW"); /* narrow-product kernel, on unless "0" */
     c->narrow = !(nw && strcmp(nw, "0") == 0);
     const char *nfo = getenv("DS_NORM_FOLD"); /* on unless "0" (bench/NOTES.md) */

@@ -148,8 +148,9 @@ typedef struct cuda_ctx {
   float *fold_inv;
   /* products of <= 64 columns through the narrow kernel (backend_cuda.cu; DS_NARROW=0: off) */
   int narrow;
-  /* the GEMV path streams the weights' packed copies where they have one (cuda_packed.cuh;
-   * DS_PACKED=0: the bf16 rows, the same bits, for A/B timings) */
+  /* GEMV products of up to this many rows stream the weights' packed copies where they have
+   * one (cuda_packed.cuh; 1 by default, DS_PACKED=N; 0: the bf16 rows, the same bits, for A/B
+   * timings) */
   int packed;
   /* decode steps: each DeltaNet layer's conv, gates, recurrent step and gated norm as one
    * kernel (cuda_gdn.cu "decode chain"; DS_GDN_CHAIN=0: the four kernels), its counters */

@@ -582,7 +582,9 @@ __device__ __forceinline__ void gemv_late(float *acc, const float *iv) {
   }
 }
 
-template <int T, int WB, int MODE>
+/* PK (here and in the fused kernels): the instantiation that reads packed copies (launched when
+ * the product has one, T <= PK_MAXT); the other compiles only the bf16 rows. */
+template <int T, int WB, int MODE, bool PK>
 __global__ void __launch_bounds__(WB * 32)
     k_gemv(const bf16 *__restrict__ x, pk_view W, int K, int N, bf16 *y, gemv_nf nf) {
   int n = blockIdx.x * WB + (threadIdx.x >> 5), lane = threadIdx.x & 31;
@@ -593,7 +595,7 @@ __global__ void __launch_bounds__(WB * 32)
     r0 = bf2f(nf.res[(size_t)lane * N + n]);
     g0 = nf.g[n];
   }
-  pk_gemv_row<T, MODE == GEMV_LATE>(x, W, n, K, lane, acc, nf.inv, iv);
+  pk_gemv_row<T, MODE == GEMV_LATE, PK>(x, W, n, K, lane, acc, nf.inv, iv);
   gemv_late<T, MODE>(acc, iv);
   if (lane < T) {
     size_t o = (size_t)lane * N + n;
@@ -647,7 +649,7 @@ __device__ __forceinline__ void gemv_set_pick(const gemv_set &s, int n, const bf
   r = n - base;
 }
 
-template <int T, int MODE>
+template <int T, int MODE, bool PK>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
     k_gemv_multi(const bf16 *__restrict__ x, gemv_set s, int K, gemv_nf nf) {
   gemv_enter<MODE>();
@@ -662,7 +664,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
     if (i < s.cnt && n >= s.n0[i]) m = i;
   pk_view v = {W, s.pk[m], s.hd[m]};
   float acc[T], iv[T];
-  pk_gemv_row<T, MODE == GEMV_LATE>(x, v, r, K, lane, acc, nf.inv, iv);
+  pk_gemv_row<T, MODE == GEMV_LATE, PK>(x, v, r, K, lane, acc, nf.inv, iv);
   gemv_late<T, MODE>(acc, iv);
   if (lane < T) y[(size_t)lane * N + r] = f2bf(gemv_pick<T>(acc, lane));
 }
@@ -671,7 +673,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
  * values) in one launch; gate and up are still written (out may alias gate). The warp streams
  * its gate and up rows in one loop (gemv_row2: +1.9 % at decode 1 against the gate row, then
  * the up row; bench/NOTES.md twenty-ninth session). */
-template <int T, int MODE>
+template <int T, int MODE, bool PK>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
     k_gemv_glu(const bf16 *__restrict__ x, pk_view Wg, pk_view Wu, int K, int N, bf16 *yg,
                bf16 *yu, bf16 *out, gemv_nf nf) {
@@ -679,7 +681,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
   gemv_enter<MODE>();
   if (n >= N) return;
   float ag[T], au[T], iv[T];
-  pk_gemv_row2<T, MODE == GEMV_LATE>(x, Wg, Wu, n, K, lane, ag, au, nf.inv, iv);
+  pk_gemv_row2<T, MODE == GEMV_LATE, PK>(x, Wg, Wu, n, K, lane, ag, au, nf.inv, iv);
   gemv_late<T, MODE>(ag, iv);
   gemv_late<T, MODE>(au, iv);
   if (lane < T) {
@@ -871,10 +873,14 @@ static void gemv_launch(cuda_ctx *c, const bf16 *x, pk_view W, int T, int K, int
                         gemv_nf nf) {
   unsigned blocks = (unsigned)((N + WB - 1) / WB);
   switch (T) {
-#define G(n)                                                                 \
-  case n:                                                                    \
-    if constexpr (MODE == GEMV_PLAIN || n <= NORM_FOLD_MAXT)                 \
-      k_gemv<n, WB, MODE><<<blocks, WB * 32, 0, c->st>>>(x, W, K, N, y, nf); \
+#define G(n)                                                                          \
+  case n:                                                                             \
+    if constexpr (MODE == GEMV_PLAIN || n <= NORM_FOLD_MAXT) {                        \
+      if (n <= PK_MAXT && W.pk)                                                       \
+        k_gemv<n, WB, MODE, n <= PK_MAXT><<<blocks, WB * 32, 0, c->st>>>(x, W, K, N, y, nf); \
+      else                                                                            \
+        k_gemv<n, WB, MODE, false><<<blocks, WB * 32, 0, c->st>>>(x, W, K, N, y, nf); \
+    }                                                                                 \
     break;
     G(1) G(2) G(3) G(4) G(5) G(6) G(7) G(8)
 #undef G
@@ -1414,10 +1420,12 @@ template <int MODE>
 static void launch_multi(cuda_ctx *c, const gop *ops, int m, gemv_nf nf) {
   gemv_set s;
   memset(&s, 0, sizeof s);
+  bool pk = false;
   for (int i = 0; i < m; i++) {
     pk_view v = gemv_view(c, ops[i].W, ops[i].T);
     s.pk[i] = v.pk;
     s.hd[i] = v.hd;
+    pk |= v.pk != NULL;
     gemv_set_add(s, ops[i].W->bf, ops[i].y, ops[i].N);
   }
   int tot = s.n0[GEMV_MULTI];
@@ -1425,10 +1433,14 @@ static void launch_multi(cuda_ctx *c, const gop *ops, int m, gemv_nf nf) {
   const bf16 *x = ops[0].x;
   int K = ops[0].K;
   switch (ops[0].T) {
-#define G(n)                                                                     \
-  case n:                                                                        \
-    if constexpr (MODE == GEMV_PLAIN || n <= NORM_FOLD_MAXT)                     \
-      k_gemv_multi<n, MODE><<<blocks, GEMV_WARPS * 32, 0, c->st>>>(x, s, K, nf); \
+#define G(n)                                                                                \
+  case n:                                                                                   \
+    if constexpr (MODE == GEMV_PLAIN || n <= NORM_FOLD_MAXT) {                              \
+      if (n <= PK_MAXT && pk)                                                               \
+        k_gemv_multi<n, MODE, n <= PK_MAXT><<<blocks, GEMV_WARPS * 32, 0, c->st>>>(x, s, K, nf); \
+      else                                                                                  \
+        k_gemv_multi<n, MODE, false><<<blocks, GEMV_WARPS * 32, 0, c->st>>>(x, s, K, nf);   \
+    }                                                                                       \
     break;
     G(1) G(2) G(3) G(4) G(5) G(6) G(7) G(8)
 #undef G
@@ -1483,12 +1495,18 @@ static int gdn_chain_of(const std::vector<gop> &ops, size_t i, cuda_gdn_chain_ar
 template <int MODE>
 static void launch_glu(cuda_ctx *c, const gop &g, const gop &u, const gop &sw, gemv_nf nf) {
   unsigned blocks = (unsigned)((g.N + GEMV_WARPS - 1) / GEMV_WARPS);
+  pk_view vg = gemv_view(c, g.W, g.T), vu = gemv_view(c, u.W, g.T);
   switch (g.T) {
-#define G(n)                                                                                 \
-  case n:                                                                                    \
-    if constexpr (MODE == GEMV_PLAIN || n <= NORM_FOLD_MAXT)                                 \
-      k_gemv_glu<n, MODE><<<blocks, GEMV_WARPS * 32, 0, c->st>>>(                          \
-          g.x, gemv_view(c, g.W, n), gemv_view(c, u.W, n), g.K, g.N, g.y, u.y, sw.out, nf);        \
+#define G(n)                                                                                   \
+  case n:                                                                                      \
+    if constexpr (MODE == GEMV_PLAIN || n <= NORM_FOLD_MAXT) {                                 \
+      if (n <= PK_MAXT && vg.pk && vu.pk)                                                      \
+        k_gemv_glu<n, MODE, n <= PK_MAXT><<<blocks, GEMV_WARPS * 32, 0, c->st>>>(              \
+            g.x, vg, vu, g.K, g.N, g.y, u.y, sw.out, nf);                                      \
+      else                                                                                     \
+        k_gemv_glu<n, MODE, false><<<blocks, GEMV_WARPS * 32, 0, c->st>>>(                     \
+            g.x, vg, vu, g.K, g.N, g.y, u.y, sw.out, nf);                                      \
+    }                                                                                          \
     break;
     G(1) G(2) G(3) G(4) G(5) G(6) G(7) G(8)
 #undef G
@@ -2293,11 +2311,12 @@ extern "C" backend *backend_cuda_create(int device, char *err, size_t errlen) {
      * on the H200; 0: cuBLAS above the GEMV path) */
     const char *sm = getenv("DS_SGEMM_MAXT");
     c->sgemm_maxt = sm ? atoi(sm) : 16;
-    /* the packed copies are read by products of up to this many rows (DS_PACKED=N, 0: never;
-     * 1 by default: at 2 rows they gain nothing, at 4 they lose 3.7 %, bench/NOTES.md) */
+    /* the packed copies are read by products of up to this many rows (DS_PACKED=N, at most
+     * PK_MAXT; 0: never; 1 by default: at 2 rows they gain nothing, at 4 they lose 3.7 %,
+     * bench/NOTES.md thirty-third session) */
     const char *pku = getenv("DS_PACKED");
     c->packed = pku ? atoi(pku) : 1;
-    if (c->packed < 0 || c->packed > GEMV_MAXT) c->packed = GEMV_MAXT;
+    if (c->packed < 0 || c->packed > PK_MAXT) c->packed = PK_MAXT;
     const char *nw = getenv("DS_NARROW"); /* narrow-product kernel, on unless "0" */
     c->narrow = !(nw && strcmp(nw, "0") == 0);
     const char *nfo = getenv("DS_NORM_FOLD"); /* on unless "0" (bench/NOTES.md) */

@@ -276,12 +276,17 @@ struct pk_view {
   const uint32_t *hd;
 };
 
-/* Row n's sums from the packed copy when there is one, else gemv_row (the same bits). */
-template <int T, bool LATE = false>
+/* The most rows a GEMV product that reads packed copies has (the kernels' PK instantiations). */
+#define PK_MAXT 4
+
+/* Row n's sums from the packed copy when there is one, else gemv_row (the same bits). PK: the
+ * kernel is the one instantiated for packed copies; without it only gemv_row is compiled (a
+ * kernel holding both paths needs more registers: the bf16 rows lost ~3 % at one row). */
+template <int T, bool LATE = false, bool PK = true>
 __device__ __forceinline__ void pk_gemv_row(const bf16 *__restrict__ x, const pk_view &w, int n,
                                             int K, int lane, float *acc,
                                             const float *inv = nullptr, float *iv = nullptr) {
-  if (w.pk)
+  if (PK && w.pk)
     pk_row<T, LATE>(x, w.bf + (size_t)n * K, w.pk + pk_bytes(n, K), w.hd + n, K, lane, acc, inv,
                     iv);
   else
@@ -289,12 +294,12 @@ __device__ __forceinline__ void pk_gemv_row(const bf16 *__restrict__ x, const pk
 }
 
 /* The same for two rows of one x (gemv_row2 when either matrix has no packed copy). */
-template <int T, bool LATE = false>
+template <int T, bool LATE = false, bool PK = true>
 __device__ __forceinline__ void pk_gemv_row2(const bf16 *__restrict__ x, const pk_view &a,
                                              const pk_view &b, int n, int K, int lane, float *aa,
                                              float *ab, const float *inv = nullptr,
                                              float *iv = nullptr) {
-  if (a.pk && b.pk)
+  if (PK && a.pk && b.pk)
     pk_row2<T, LATE>(x, a.bf + (size_t)n * K, a.pk + pk_bytes(n, K), a.hd + n,
                      b.bf + (size_t)n * K, b.pk + pk_bytes(n, K), b.hd + n, K, lane, aa, ab, inv,
                      iv);

@@ -184,75 +184,11 @@ __device__ __forceinline__ void pk_row(const bf16 *__restrict__ x, const bf16 *_
   for (int r = 0; r < T; r++) acc[r] = warp_sum(acc[r]);
 }
 
-/* gemv_row2 (two rows of one x: the glu's gate and up) over packed rows; gemv_row2's bits.
- * PK_GLU_SEQ 1: one row after the other (pk_row twice: a turn of words in flight per warp, as
- * the single products; packed_gemv.cu timed the gate+up class 19.7 us so against 22.5 us for
- * the two rows' words of a turn requested together); 0: both rows' words of a turn together. */
-#ifndef PK_GLU_SEQ
-#define PK_GLU_SEQ 1
-#endif
-template <int T, bool LATE = false>
-__device__ __forceinline__ void pk_row2_pair(const bf16 *__restrict__ x, const bf16 *__restrict__ wa,
-                                             const uint8_t *__restrict__ pa, const uint32_t *ha,
-                                             const bf16 *__restrict__ wb,
-                                             const uint8_t *__restrict__ pb, const uint32_t *hb,
-                                             int K, int lane, float *aa, float *ab,
-                                             const float *inv = nullptr, float *iv = nullptr) {
-#pragma unroll
-  for (int t = 0; t < T; t++) aa[t] = ab[t] = 0.f;
-  uint32_t hda = *ha, hdb = *hb;
-  int nt = K / PK_TURN, t = 0;
-  auto turn = [&](const pk_words &q, uint32_t hd, const bf16 *w, int t, float *acc) {
-    int k0 = t * PK_TURN + 8 * lane;
-    if (hd >> (8 + t) & 1u) pk_turn_bf<T>(x, w, K, k0, 4, acc);
-    else pk_turn<T>(x, q.a, q.b, q.c, K, k0, (hd & 0xFFu) * 0x01010101u, acc);
-  };
-  auto both = [&](int t) { /* the headers known: only the copy each header bit names */
-    pk_words qa, qb;
-    int ea = hda >> (8 + t) & 1u, eb = hdb >> (8 + t) & 1u;
-    if (!ea) qa = pk_load(pa + (size_t)t * PK_TURN_BYTES, lane);
-    if (!eb) qb = pk_load(pb + (size_t)t * PK_TURN_BYTES, lane);
-    turn(qa, hda, wa, t, aa);
-    turn(qb, hdb, wb, t, ab);
-  };
-  if (nt > 0) { /* the first turn's words before the headers are back (as pk_row) */
-    pk_words qa = pk_load(pa, lane), qb = pk_load(pb, lane);
-    turn(qa, hda, wa, 0, aa);
-    turn(qb, hdb, wb, 0, ab);
-    t = 1;
-  }
-  if constexpr (LATE) {
-    pdl_wait();
-#pragma unroll
-    for (int r = 0; r < T; r++) iv[r] = __ldcg(inv + r);
-  }
-  for (; t < nt; t++) both(t);
-  if (K % PK_TURN) {
-    int k0 = nt * PK_TURN + 8 * lane;
-    const uint8_t *tpa = pa + (size_t)nt * PK_TURN_BYTES, *tpb = pb + (size_t)nt * PK_TURN_BYTES;
-    int ea = hda >> (8 + nt) & 1u, eb = hdb >> (8 + nt) & 1u;
-    uint4 a0, b0;
-    uint2 ca, cb;
-    if (!ea) {
-      a0 = ld_stream16(tpa + 16 * lane);
-      ca = *(const uint2 *)(tpa + 512 + 8 * lane);
-    }
-    if (!eb) {
-      b0 = ld_stream16(tpb + 16 * lane);
-      cb = *(const uint2 *)(tpb + 512 + 8 * lane);
-    }
-    if (ea) pk_turn_bf<T>(x, wa, K, k0, 2, aa);
-    else pk_half<T>(x, a0, ca, K, k0, hda, aa);
-    if (eb) pk_turn_bf<T>(x, wb, K, k0, 2, ab);
-    else pk_half<T>(x, b0, cb, K, k0, hdb, ab);
-  }
-#pragma unroll
-  for (int r = 0; r < T; r++) {
-    aa[r] = warp_sum(aa[r]);
-    ab[r] = warp_sum(ab[r]);
-  }
-}
-
+/* gemv_row2 (two rows of one x: the glu's gate and up) over packed rows, gemv_row2's bits: one
+ * row after the other (pk_row twice), a turn of words in flight per warp as in the single
+ * products. Both rows' words of a turn requested together (gemv_row2's design) lost: the
+ * gate+up products 22.5 us against 19.7 us (packed_gemv.cu), decode 1 436.7 against 454.5 tok/s
+ * (bench/NOTES.md thirty-third session). */
 template <int T, bool LATE = false>
 __device__ __forceinline__ void pk_row2(const bf16 *__restrict__ x, const bf16 *__restrict__ wa,
                                         const uint8_t *__restrict__ pa, const uint32_t *ha,
@@ -260,12 +196,8 @@ __device__ __forceinline__ void pk_row2(const bf16 *__restrict__ x, const bf16 *
                                         const uint8_t *__restrict__ pb, const uint32_t *hb,
                                         int K, int lane, float *aa, float *ab,
                                         const float *inv = nullptr, float *iv = nullptr) {
-  if constexpr (PK_GLU_SEQ) {
-    pk_row<T, LATE>(x, wa, pa, ha, K, lane, aa, inv, iv);
-    pk_row<T, false>(x, wb, pb, hb, K, lane, ab);
-  } else {
-    pk_row2_pair<T, LATE>(x, wa, pa, ha, wb, pb, hb, K, lane, aa, ab, inv, iv);
-  }
+  pk_row<T, LATE>(x, wa, pa, ha, K, lane, aa, inv, iv);
+  pk_row<T, false>(x, wb, pb, hb, K, lane, ab);
 }
 
 /* One matrix as the GEMV kernels read it: its bf16 rows and, when it has one, its packed copy

@@ -670,9 +670,10 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
 }
 
 /* gate = x.Wg^T, up = x.Wu^T, out = silu(gate) * up (the swiglu op's expression on the bf16
- * values) in one launch; gate and up are still written (out may alias gate). The warp streams
- * its gate and up rows in one loop (gemv_row2: +1.9 % at decode 1 against the gate row, then
- * the up row; bench/NOTES.md twenty-ninth session). */
+ * values) in one launch; gate and up are still written (out may alias gate). From bf16 rows the
+ * warp streams its gate and up rows in one loop (gemv_row2: +1.9 % at decode 1 against the gate
+ * row, then the up row; bench/NOTES.md twenty-ninth session); from packed copies one row after
+ * the other (pk_gemv_row2). */
 template <int T, int MODE, bool PK>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
     k_gemv_glu(const bf16 *__restrict__ x, pk_view Wg, pk_view Wu, int K, int N, bf16 *yg,
@@ -1636,7 +1637,8 @@ static void graph_run_ops(cuda_ctx *c) {
       if (nf.glu) launch_glu<GEMV_LATE>(c, q[0], q[1], q[2], p);
       else if (nf.m > 1) launch_multi<GEMV_LATE>(c, q, nf.m, p);
       else
-        gemv_mode<GEMV_LATE>(c, q[0].x, gemv_view(c, q[0].W, q[0].T), q[0].T, q[0].K, q[0].N, q[0].y, p);
+        gemv_mode<GEMV_LATE>(c, q[0].x, gemv_view(c, q[0].W, q[0].T), q[0].T, q[0].K, q[0].N,
+                             q[0].y, p);
       g->fused += nf.glu ? 2 : nf.m - 1;
       g->norm_folds++;
       i += 1 + nf.m;

@@ -85,7 +85,7 @@ run: deps all
 	$(BUILD)/deltaserve serve --model $(BUILD)/demo-model --port 8000
 
 format:
-	clang-format -i $$(find src tests -name '*.[ch]' -o -name '*.cu')
+	clang-format -i $$(find src tests scripts -name '*.[ch]' -o -name '*.cu' -o -name '*.cuh')
 
 clean:
 	rm -rf build build-asan build-cuda build-fuzz

@@ -33,11 +33,11 @@ typedef struct rig_opts {
   int cache;
   int kv_tokens; /* 0: default */
   int seqs;
-  int slabs;        /* --snapshot-slabs (0: default) */
-  double dev_gib;   /* --prefix-cache-gib */
-  double host_gib;  /* --host-cache-gib */
-  int budget;       /* --max-num-batched-tokens (0: 8192) */
-  int interval;     /* --snapshot-interval (0: default) */
+  int slabs;       /* --snapshot-slabs (0: default) */
+  double dev_gib;  /* --prefix-cache-gib */
+  double host_gib; /* --host-cache-gib */
+  int budget;      /* --max-num-batched-tokens (0: 8192) */
+  int interval;    /* --snapshot-interval (0: default) */
 } rig_opts;
 
 typedef struct rig {
@@ -78,8 +78,8 @@ static inline int rig_ok(rig *g, char *why, size_t n) {
   engine_get_stats(g->e, &s);
   if (s.kv_pages_used || s.slots_used || s.num_running || s.num_waiting || s.prefix_pending)
     return snprintf(why, n, "leak: pages %d slots %d running %d waiting %d tickets %d",
-                    s.kv_pages_used, s.slots_used, s.num_running, s.num_waiting,
-                    s.prefix_pending), 0;
+                    s.kv_pages_used, s.slots_used, s.num_running, s.num_waiting, s.prefix_pending),
+           0;
   return 1;
 }
 
@@ -118,8 +118,8 @@ static inline void on_logits(void *user, const float *l, int n) {
   q->n_lg++;
 }
 
-static inline void req_set(req *q, const int32_t *p, int n, const int32_t *b, int nb, const int32_t *sp,
-                    int ns) {
+static inline void req_set(req *q, const int32_t *p, int n, const int32_t *b, int nb,
+                           const int32_t *sp, int ns) {
   float *lg = q->lg;
   memset(q, 0, sizeof *q);
   q->lg = lg ? lg : malloc((size_t)MAXTOK * V * sizeof(float));
@@ -291,7 +291,8 @@ static inline void rig_ahead_case(const rig_opts *ro, const int32_t *const *prom
     rig_out(*res)[RIG_AHEAD_MAXREQ] = on ? got : ref;
     rig g;
     REQUIRE(rig_up(&g, ro) == 0);
-    for (int i = 0; i < nreq; i++) EXPECT(rig_run_plain(&g, prompts, lens, &i, 1, res[0], &sp) == 1);
+    for (int i = 0; i < nreq; i++)
+      EXPECT(rig_run_plain(&g, prompts, lens, &i, 1, res[0], &sp) == 1);
     EXPECT_EQ_INT(rig_run_plain(&g, prompts, lens, all, nreq, res[1], &sp), nreq);
     stop = sp;
     stop.stop_ids[0] = ref[0][0].tok[stop_at];
@@ -299,8 +300,10 @@ static inline void rig_ahead_case(const rig_opts *ro, const int32_t *const *prom
     EXPECT_EQ_INT(rig_run_plain(&g, prompts, lens, all, nreq, res[2], &stop), nreq);
     engine_stats st;
     engine_get_stats(g.e, &st);
-    if (on) ahead_steps = st.steps_ahead;
-    else EXPECT_MSG(st.steps_ahead == 0, "DS_ENGINE_AHEAD=0: %lld steps ahead", st.steps_ahead);
+    if (on)
+      ahead_steps = st.steps_ahead;
+    else
+      EXPECT_MSG(st.steps_ahead == 0, "DS_ENGINE_AHEAD=0: %lld steps ahead", st.steps_ahead);
     EXPECT(rig_down(&g));
   }
   unsetenv("DS_ENGINE_AHEAD");
@@ -315,9 +318,10 @@ static inline void rig_ahead_case(const rig_opts *ro, const int32_t *const *prom
                  ro->cache, k, i, a->n, a->finish, b->n, b->finish);
       if (k == 2) stopped += b->finish == FINISH_STOP && b->n < MAXTOK;
     }
-  printf("  steps ahead, cache %s: %lld steps issued ahead, %d requests stopped mid-output, %d "
-         "of %d outputs differ\n",
-         ro->cache ? "on" : "off", ahead_steps, stopped, differ, 3 * nreq);
+  printf(
+      "  steps ahead, cache %s: %lld steps issued ahead, %d requests stopped mid-output, %d "
+      "of %d outputs differ\n",
+      ro->cache ? "on" : "off", ahead_steps, stopped, differ, 3 * nreq);
   EXPECT_MSG(ahead_steps > 0, "no step went ahead");
   EXPECT_MSG(stopped > 0, "no request stopped mid-output");
 }
@@ -377,12 +381,14 @@ static inline void rig_device_sample_case(const rig_opts *ro, const int32_t *con
       EXPECT_EQ_INT(rig_run_plain(&g, prompts, lens, all, nreq, res[run][1], &sp), nreq);
       engine_stats st;
       engine_get_stats(g.e, &st);
-      if (run) dev_steps += st.steps_device_sampled;
-      else EXPECT_MSG(st.steps_device_sampled == 0, "op off: %lld steps", st.steps_device_sampled);
-      if (run == 2 && set != 2)
-        EXPECT_MSG(st.steps_ahead > 0, "set %d: no step went ahead", set);
+      if (run)
+        dev_steps += st.steps_device_sampled;
+      else
+        EXPECT_MSG(st.steps_device_sampled == 0, "op off: %lld steps", st.steps_device_sampled);
+      if (run == 2 && set != 2) EXPECT_MSG(st.steps_ahead > 0, "set %d: no step went ahead", set);
       if (run < 2 || set == 2)
-        EXPECT_MSG(st.steps_ahead == 0, "set %d run %d: %lld steps ahead", set, run, st.steps_ahead);
+        EXPECT_MSG(st.steps_ahead == 0, "set %d run %d: %lld steps ahead", set, run,
+                   st.steps_ahead);
       if (run == 2) ahead_steps += st.steps_ahead;
       EXPECT(rig_down(&g));
     }
@@ -397,9 +403,11 @@ static inline void rig_device_sample_case(const rig_opts *ro, const int32_t *con
           if (!eq) {
             int t = 0;
             while (t < a->n && t < b->n && a->tok[t] == b->tok[t]) t++;
-            printf("  set %d %s %s request %d: first difference at token %d of %d / %d: op %d, "
-                   "host %d\n", set, run == 2 ? "ahead" : "in turn", k ? "batched" : "alone", i,
-                   t, a->n, b->n, t < a->n ? a->tok[t] : -1, t < b->n ? b->tok[t] : -1);
+            printf(
+                "  set %d %s %s request %d: first difference at token %d of %d / %d: op %d, "
+                "host %d\n",
+                set, run == 2 ? "ahead" : "in turn", k ? "batched" : "alone", i, t, a->n, b->n,
+                t < a->n ? a->tok[t] : -1, t < b->n ? b->tok[t] : -1);
           }
           EXPECT_MSG(eq, "set %d %s %s request %d: the op's tokens differ from the host's", set,
                      run == 2 ? "ahead" : "in turn", k ? "batched" : "alone", i);
@@ -409,9 +417,10 @@ static inline void rig_device_sample_case(const rig_opts *ro, const int32_t *con
   }
   unsetenv("DS_ENGINE_DEVICE_SAMPLE");
   unsetenv("DS_ENGINE_AHEAD");
-  printf("  sampled steps by the op: %lld (%lld issued ahead), %d requests stopped mid-output, "
-         "%d of %d outputs differ from the host sampler's\n",
-         dev_steps, ahead_steps, stopped, differ, 16 * nreq);
+  printf(
+      "  sampled steps by the op: %lld (%lld issued ahead), %d requests stopped mid-output, "
+      "%d of %d outputs differ from the host sampler's\n",
+      dev_steps, ahead_steps, stopped, differ, 16 * nreq);
   EXPECT_MSG(dev_steps >= 4 * nreq * (MAXTOK - 1), "only %lld steps by the op", dev_steps);
   EXPECT_MSG(stopped > 0, "no request stopped mid-output");
   EXPECT_MSG(distinct, "every output repeats one token");
@@ -419,7 +428,7 @@ static inline void rig_device_sample_case(const rig_opts *ro, const int32_t *con
 
 /* prompt = shared[0, ns) + suffix of n - ns tokens (seeded), first suffix token forced */
 static inline void prompt_make(int32_t *p, const int32_t *shared, int ns, int n, uint32_t seed,
-                        int32_t first) {
+                               int32_t first) {
   memcpy(p, shared, (size_t)ns * sizeof *p);
   toks(p + ns, n - ns, seed);
   p[ns] = first;

@@ -67,8 +67,7 @@ static int tv_reference(const tvocab *tv, tv_try_fn try_tok, void *ctx, int ok, 
 
 /* runs apply on logits i * 0.25 - 7 and returns in allowed[] which stayed; fails the test when
  * a logit changed to anything but -INFINITY */
-static void mask_allowed(const json_mask *m, int n_logits, float *logits,
-                         unsigned char *allowed) {
+static void mask_allowed(const json_mask *m, int n_logits, float *logits, unsigned char *allowed) {
   for (int i = 0; i < n_logits; i++) logits[i] = (float)i * 0.25f - 7.0f;
   json_mask_apply(m, logits, n_logits);
   for (int i = 0; i < n_logits; i++) {
@@ -80,8 +79,8 @@ static void mask_allowed(const json_mask *m, int n_logits, float *logits,
 }
 
 /* mask_allowed, then the ids allowed listed in ascending order in ids[]; returns how many */
-static int mask_allowed_ids(const json_mask *m, int n_logits, float *logits,
-                            unsigned char *allowed, int *ids) {
+static int mask_allowed_ids(const json_mask *m, int n_logits, float *logits, unsigned char *allowed,
+                            int *ids) {
   mask_allowed(m, n_logits, logits, allowed);
   int k = 0;
   for (int i = 0; i < n_logits; i++)
@@ -139,8 +138,8 @@ static int prep_compare(json_mask *m, int n_vocab, int n_logits, char *why, size
  * disagreements and describes the first in why, with at most `show` bytes of the text so far:
  * its last ones (tail), else its first. */
 static int tv_compare(const tvocab *tv, json_mask *m, const unsigned char *want, int complete,
-                      const char *text, size_t len, size_t show, int tail, int n_logits,
-                      char *why, size_t whylen) {
+                      const char *text, size_t len, size_t show, int tail, int n_logits, char *why,
+                      size_t whylen) {
   float *logits = malloc((size_t)n_logits * sizeof *logits);
   unsigned char *got = malloc((size_t)n_logits);
   int bad = 0;
@@ -185,8 +184,10 @@ static double call_ms(json_mask *m, float *logits, int n_logits, int prep) {
   int reps = 0;
   double t1 = now_s(), t2;
   do {
-    if (prep) json_mask_prepare(m, n_logits);
-    else json_mask_apply(m, logits, n_logits);
+    if (prep)
+      json_mask_prepare(m, n_logits);
+    else
+      json_mask_apply(m, logits, n_logits);
     reps++;
     t2 = now_s();
   } while (t2 - t1 < 0.2 && reps < 2000);

@@ -107,15 +107,14 @@ static inline int fx_init(fx *f, int n_pages, int n_seq, int n_slabs, int device
   f->dev.page = calloc((size_t)n_pages + 1, sizeof *f->dev.page);
   f->dev.slot = calloc((size_t)(n_seq + n_slabs) + 1, sizeof *f->dev.slot);
   state_pool_ops sops = {&f->dev, fk_zero, fk_slot_copy};
-  if (kv_pages_init(&f->kp, n_pages) || state_pool_init(&f->sp, n_seq, n_slabs, &sops))
-    return -1;
+  if (kv_pages_init(&f->kp, n_pages) || state_pool_init(&f->sp, n_seq, n_slabs, &sops)) return -1;
   prefix_cache_opts o = {0};
   o.slab_bytes = FK_SLOT_BYTES;
   o.page_bytes = FK_PAGE_BYTES;
   o.device_budget_bytes = (size_t)device_slabs * FK_SLOT_BYTES;
   o.host_budget_bytes = host_bytes;
-  o.ops = (prefix_cache_ops){&f->dev, fk_page_copy, fk_page_read, fk_page_write, fk_slot_read,
-                             fk_slot_write};
+  o.ops = (prefix_cache_ops){&f->dev,       fk_page_copy, fk_page_read,
+                             fk_page_write, fk_slot_read, fk_slot_write};
   return prefix_cache_init(&f->pc, f->kp, f->sp, &o);
 }
 
@@ -137,10 +136,9 @@ static inline int fx_free(fx *f) {
   if (kv_pages_num_free(f->kp) != kv_pages_total(f->kp) ||
       state_pool_num_slabs_free(f->sp) != state_pool_num_slabs(f->sp) ||
       state_pool_num_slots_free(f->sp) != state_pool_num_slots(f->sp)) {
-    printf("leak: pages free %d/%d, slabs free %d/%d, slots free %d/%d\n",
-           kv_pages_num_free(f->kp), kv_pages_total(f->kp), state_pool_num_slabs_free(f->sp),
-           state_pool_num_slabs(f->sp), state_pool_num_slots_free(f->sp),
-           state_pool_num_slots(f->sp));
+    printf("leak: pages free %d/%d, slabs free %d/%d, slots free %d/%d\n", kv_pages_num_free(f->kp),
+           kv_pages_total(f->kp), state_pool_num_slabs_free(f->sp), state_pool_num_slabs(f->sp),
+           state_pool_num_slots_free(f->sp), state_pool_num_slots(f->sp));
     ok = 0;
   }
   kv_pages_free(f->kp);

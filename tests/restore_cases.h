@@ -138,7 +138,8 @@ static void restore_case_host_tier(const char *name) {
     REQUIRE(rig_up(&t, &r0) == 0);
     double gib = 1024.0 * 1024.0 * 1024.0;
     ro.dev_gib = 1.5 * (double)qwen35_slot_bytes(t.m) / gib;
-    ro.host_gib = (4.0 * (double)qwen35_slot_bytes(t.m) + 64.0 * (double)qwen35_page_bytes(t.m)) / gib;
+    ro.host_gib =
+        (4.0 * (double)qwen35_slot_bytes(t.m) + 64.0 * (double)qwen35_page_bytes(t.m)) / gib;
     rig_down(&t);
   }
   REQUIRE(rig_up(&g, &ro) == 0);
@@ -151,8 +152,7 @@ static void restore_case_host_tier(const char *name) {
   engine_get_stats(g.e, &s);
   EXPECT_EQ_INT(s.prefix_device_slabs_max, 1);
   EXPECT_MSG(s.prefix_demotions >= 2 && s.prefix_host_checkpoints >= 1,
-             "demotions %lld, host checkpoints %d", s.prefix_demotions,
-             s.prefix_host_checkpoints);
+             "demotions %lld, host checkpoints %d", s.prefix_demotions, s.prefix_host_checkpoints);
   req_set(&RC_B, RC_PB, 105, bnd, 2, NULL, 0);
   req_run(&g, &RC_B);
   EXPECT_EQ_INT(RC_B.cached, ns);
@@ -190,7 +190,8 @@ static void restore_case_next_turn(const char *name) {
   int32_t sp[MAXTOK + 2];
   int k = 0;
   sp[k++] = 59;
-  for (int p = 60; p <= 60 + MAXTOK - 1; p++) sp[k++] = p; /* 1-token steps, then the restored depth */
+  for (int p = 60; p <= 60 + MAXTOK - 1; p++)
+    sp[k++] = p; /* 1-token steps, then the restored depth */
   sp[k++] = n2 - 1;
   REQUIRE(cold(&RC_R1, &RC_B, sp, k) == 0);
   EXPECT_MSG(restore_same(name, &RC_B, &RC_R1), "turn 2 differs from cold");

@@ -27,15 +27,33 @@ static void sc_fill(float *l, int n, int kind) {
   for (int i = 0; i < n; i++) {
     double g = sqrt(-2 * log(sc_u01() + 1e-300)) * cos(6.283185307179586 * sc_u01());
     switch (kind) {
-    case 0: l[i] = (float)(3 * g); break;
-    case 1: l[i] = (float)(g + (sc_u01() < 0.001 ? 12 : 0)); break;
-    case 2: l[i] = (float)floor(4 * g) * 0.5f; break;
-    case 3: l[i] = (float)(20 * g); break;
-    case 4: l[i] = sc_u01() < 0.01 || i == 2 ? -INFINITY : i == 7 ? NAN : (float)(2 * g); break;
-    case 5: l[i] = 0.25f; break;
-    case 6: l[i] = -INFINITY; break;
-    case 7: l[i] = i == n / 2 ? INFINITY : (float)g; break;
-    default: l[i] = NAN; break;
+      case 0:
+        l[i] = (float)(3 * g);
+        break;
+      case 1:
+        l[i] = (float)(g + (sc_u01() < 0.001 ? 12 : 0));
+        break;
+      case 2:
+        l[i] = (float)floor(4 * g) * 0.5f;
+        break;
+      case 3:
+        l[i] = (float)(20 * g);
+        break;
+      case 4:
+        l[i] = sc_u01() < 0.01 || i == 2 ? -INFINITY : i == 7 ? NAN : (float)(2 * g);
+        break;
+      case 5:
+        l[i] = 0.25f;
+        break;
+      case 6:
+        l[i] = -INFINITY;
+        break;
+      case 7:
+        l[i] = i == n / 2 ? INFINITY : (float)g;
+        break;
+      default:
+        l[i] = NAN;
+        break;
     }
   }
 }
@@ -45,14 +63,15 @@ static int sc_pack(int32_t *words, int n, const sample_rule_edit *ed, const int 
   int k = 0;
   for (int r = 0; r < n; r++) k += ned[r];
   for (int i = 0; i < k; i++)
-    sample_rule_edit_pack(&ed[i], words + (size_t)n * SAMPLE_RULE_WORDS + (size_t)i * SAMPLE_RULE_EDIT_WORDS);
+    sample_rule_edit_pack(
+        &ed[i], words + (size_t)n * SAMPLE_RULE_WORDS + (size_t)i * SAMPLE_RULE_EDIT_WORDS);
   return n * SAMPLE_RULE_WORDS + k * SAMPLE_RULE_EDIT_WORDS;
 }
 
 /* one op call over the n rows gathered, each id compared */
 static void sc_flush(backend *be, int V, int n, const float *rows, const int32_t *words,
-                     int n_words, const int32_t *want, int32_t *got, backend_buf bx,
-                     backend_buf bp, backend_buf bi, int kind, int *checked, int *bad) {
+                     int n_words, const int32_t *want, int32_t *got, backend_buf bx, backend_buf bp,
+                     backend_buf bi, int kind, int *checked, int *bad) {
   be->write(be, bx, 0, rows, (size_t)n * V * sizeof *rows);
   be->write(be, bp, 0, words, (size_t)n_words * sizeof *words);
   be->sample(be, bx, n, V, bp, bi);
@@ -77,8 +96,8 @@ static void sc_flush(backend *be, int V, int n, const float *rows, const int32_t
  * among them) under frequency and presence penalties, logit_bias entries (some on those tokens)
  * and banned ids (some on both), as the host sees them: bans set to -inf, then sampler_sample
  * with the output. */
-static int sc_edits_case(int set, int V, sampling_params *p, int32_t *out, int *n_out,
-                         int32_t *ban, int *n_ban) {
+static int sc_edits_case(int set, int V, sampling_params *p, int32_t *out, int *n_out, int32_t *ban,
+                         int *n_ban) {
   *n_out = *n_ban = 0;
   if (set % 3 != 1) return 0;
   p->frequency_penalty = (float)(sc_u01() * 4 - 2);
@@ -108,13 +127,15 @@ static void sample_cases_run(backend *be, int V, int max_rows, int big, int *che
   static const float top_ps[] = {1.0f, 0.95f, 0.5f, 0.01f};
   static const float min_ps[] = {0.0f, 0.05f};
   int n_sets = 5 * 7 * 4 * 2;
-  float *base = malloc((size_t)V * sizeof *base), *rows = malloc((size_t)max_rows * V * sizeof *rows);
+  float *base = malloc((size_t)V * sizeof *base),
+        *rows = malloc((size_t)max_rows * V * sizeof *rows);
   float *h = malloc((size_t)V * sizeof *h);
   size_t cap_words = (size_t)max_rows * (SAMPLE_RULE_WORDS + SC_EDITS * SAMPLE_RULE_EDIT_WORDS);
   int32_t *words = malloc(cap_words * sizeof *words);
   sample_rule_edit *ed = malloc((size_t)max_rows * SC_EDITS * sizeof *ed);
   int *ned = malloc((size_t)max_rows * sizeof *ned);
-  int32_t *want = malloc((size_t)max_rows * sizeof *want), *got = malloc((size_t)max_rows * sizeof *got);
+  int32_t *want = malloc((size_t)max_rows * sizeof *want),
+          *got = malloc((size_t)max_rows * sizeof *got);
   backend_buf bx = be->alloc(be, BACKEND_KIND_F32, (size_t)max_rows * V);
   backend_buf bp = be->alloc(be, BACKEND_KIND_I32, cap_words);
   backend_buf bi = be->alloc(be, BACKEND_KIND_I32, (size_t)max_rows);

@@ -29,41 +29,41 @@ static int test_selected(const char *name) {
 }
 
 #define TEST(name) static void test_##name(void)
-#define RUN(name)                                                                        \
-  do {                                                                                   \
-    if (!test_selected(#name)) break;                                                    \
-    test_cur_failed = 0;                                                                 \
-    test_why[0] = 0;                                                                     \
-    test_##name();                                                                       \
-    if (test_cur_failed) {                                                               \
-      test_failed_total++;                                                               \
-      printf("FAIL %s: %s\n", #name, test_why);                                          \
-    } else {                                                                             \
-      printf("PASS %s\n", #name);                                                        \
-    }                                                                                    \
-    fflush(stdout);                                                                      \
+#define RUN(name)                               \
+  do {                                          \
+    if (!test_selected(#name)) break;           \
+    test_cur_failed = 0;                        \
+    test_why[0] = 0;                            \
+    test_##name();                              \
+    if (test_cur_failed) {                      \
+      test_failed_total++;                      \
+      printf("FAIL %s: %s\n", #name, test_why); \
+    } else {                                    \
+      printf("PASS %s\n", #name);               \
+    }                                           \
+    fflush(stdout);                             \
   } while (0)
 
-#define EXPECT_MSG(cond, ...)                                                            \
-  do {                                                                                   \
-    if (!(cond)) {                                                                       \
-      if (!test_cur_failed) {                                                            \
-        int _n = snprintf(test_why, sizeof test_why, "%s:%d: ", __FILE__, __LINE__);     \
-        snprintf(test_why + _n, sizeof test_why - (size_t)_n, __VA_ARGS__);              \
-      }                                                                                  \
-      test_cur_failed = 1;                                                               \
-    }                                                                                    \
+#define EXPECT_MSG(cond, ...)                                                        \
+  do {                                                                               \
+    if (!(cond)) {                                                                   \
+      if (!test_cur_failed) {                                                        \
+        int _n = snprintf(test_why, sizeof test_why, "%s:%d: ", __FILE__, __LINE__); \
+        snprintf(test_why + _n, sizeof test_why - (size_t)_n, __VA_ARGS__);          \
+      }                                                                              \
+      test_cur_failed = 1;                                                           \
+    }                                                                                \
   } while (0)
 #define EXPECT(cond) EXPECT_MSG(cond, "expected %s", #cond)
-#define REQUIRE(cond)                                                                    \
-  do {                                                                                   \
-    EXPECT(cond);                                                                        \
-    if (test_cur_failed) return;                                                         \
+#define REQUIRE(cond)            \
+  do {                           \
+    EXPECT(cond);                \
+    if (test_cur_failed) return; \
   } while (0)
-#define EXPECT_EQ_INT(a, b)                                                              \
-  EXPECT_MSG((long long)(a) == (long long)(b), "%s == %lld, expected %lld", #a,          \
-             (long long)(a), (long long)(b))
-#define EXPECT_STR(a, b)                                                                 \
+#define EXPECT_EQ_INT(a, b)                                                                     \
+  EXPECT_MSG((long long)(a) == (long long)(b), "%s == %lld, expected %lld", #a, (long long)(a), \
+             (long long)(b))
+#define EXPECT_STR(a, b) \
   EXPECT_MSG(strcmp((a), (b)) == 0, "%s == \"%s\", expected \"%s\"", #a, (a), (b))
 #define TEST_MAIN_END() return test_failed_total ? 1 : 0
 

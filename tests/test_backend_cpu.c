@@ -74,7 +74,7 @@ static backend_batch make_batch(int ns, const int *lens, const int *poss, int P)
 }
 
 TEST(weight_conversion_exact) {
-  uint16_t bf[4] = {0x3f80, 0xc040, 0x0001, 0x7f7f}; /* 1, -3, tiny subnormal, large */
+  uint16_t bf[4] = {0x3f80, 0xc040, 0x0001, 0x7f7f};         /* 1, -3, tiny subnormal, large */
   uint16_t hf[5] = {0x3c00, 0xc200, 0x0001, 0x7bff, 0x03ff}; /* 1, -3, 2^-24, 65504, subnormal */
   backend_weight a = be->weight_upload(be, bf, DTYPE_BF16, 1, 4);
   backend_weight b = be->weight_upload(be, hf, DTYPE_F16, 1, 5);
@@ -186,7 +186,8 @@ TEST(attention_paged_gqa) {
     for (int t = 0; t < T; t++) {
       int s = b.seq[t], p = b.pos[t];
       for (int h = 0; h < nh + nkv; h++) {
-        const float *src = h < nh ? qg + ((size_t)t * nh + h) * 2 * hd : k + ((size_t)t * nkv + h - nh) * hd;
+        const float *src =
+            h < nh ? qg + ((size_t)t * nh + h) * 2 * hd : k + ((size_t)t * nkv + h - nh) * hd;
         const float *w = h < nh ? qn : kn;
         double ss = 0, y[12];
         for (int i = 0; i < hd; i++) ss += (double)src[i] * src[i];
@@ -196,12 +197,14 @@ TEST(attention_paged_gqa) {
           y[i] = x0 * cos(a) - x1 * sin(a);
           y[i + rot / 2] = x1 * cos(a) + x0 * sin(a);
         }
-        const float *got = h < nh ? qs + ((size_t)t * nh + h) * hd : ks + ((size_t)t * nkv + h - nh) * hd;
+        const float *got =
+            h < nh ? qs + ((size_t)t * nh + h) * hd : ks + ((size_t)t * nkv + h - nh) * hd;
         double e = err(got, y, hd);
         if (e > worst_qk) worst_qk = e;
         if (h >= nh)
-          for (int i = 0; i < hd; i++) Kh[s][p][h - nh][i] = ks[((size_t)t * nkv + h - nh) * hd + i],
-                                        Vh[s][p][h - nh][i] = v[((size_t)t * nkv + h - nh) * hd + i];
+          for (int i = 0; i < hd; i++)
+            Kh[s][p][h - nh][i] = ks[((size_t)t * nkv + h - nh) * hd + i],
+                         Vh[s][p][h - nh][i] = v[((size_t)t * nkv + h - nh) * hd + i];
         if (h < nh) gate_ok &= memcmp(gates + ((size_t)t * nh + h) * hd, src + hd, hd * 4) == 0;
       }
     }
@@ -240,14 +243,26 @@ TEST(moe_ffn) {
   int T = 3, H = 16, E = 5, k = 2, I = 8, Is = 6;
   float *x = rnd((size_t)T * H, 1), *R = rnd((size_t)E * H, 1), *sgw = rnd(H, 0.5f);
   float *gw[5], *uw[5], *dw[5], *sg = rnd((size_t)Is * H, 0.5f), *su = rnd((size_t)Is * H, 0.5f),
-        *sd = rnd((size_t)H * Is, 0.5f);
+                                *sd = rnd((size_t)H * Is, 0.5f);
   backend_weight G[5], U[5], D[5];
   for (int e = 0; e < E; e++) {
-    gw[e] = rnd((size_t)I * H, 0.5f), uw[e] = rnd((size_t)I * H, 0.5f), dw[e] = rnd((size_t)H * I, 0.5f);
+    gw[e] = rnd((size_t)I * H, 0.5f), uw[e] = rnd((size_t)I * H, 0.5f),
+    dw[e] = rnd((size_t)H * I, 0.5f);
     G[e] = wt(gw[e], I, H), U[e] = wt(uw[e], I, H), D[e] = wt(dw[e], H, I);
   }
-  backend_moe m = {E, k, 1, I, Is, wt(R, E, H), G, U, D, wt(sg, Is, H), wt(su, Is, H),
-                   wt(sd, H, Is), wt(sgw, 1, H)};
+  backend_moe m = {E,
+                   k,
+                   1,
+                   I,
+                   Is,
+                   wt(R, E, H),
+                   G,
+                   U,
+                   D,
+                   wt(sg, Is, H),
+                   wt(su, Is, H),
+                   wt(sd, H, Is),
+                   wt(sgw, 1, H)};
   backend_buf bx = up(x, (size_t)T * H), bo = mk((size_t)T * H);
   be->moe(be, bx, &m, T, H, bo);
   float *o = down(bo, (size_t)T * H);
@@ -277,7 +292,8 @@ TEST(moe_ffn) {
         double acc = 0;
         for (int i = 0; i < I; i++) {
           double a = 0, b = 0;
-          for (int j = 0; j < H; j++) a += (double)gw[e][i * H + j] * xt[j], b += (double)uw[e][i * H + j] * xt[j];
+          for (int j = 0; j < H; j++)
+            a += (double)gw[e][i * H + j] * xt[j], b += (double)uw[e][i * H + j] * xt[j];
           acc += dw[e][hh * I + i] * silu(a) * b;
         }
         ref[t * H + hh] += p[e] / wsum * acc;
@@ -289,7 +305,8 @@ TEST(moe_ffn) {
       double acc = 0;
       for (int i = 0; i < Is; i++) {
         double a = 0, b = 0;
-        for (int j = 0; j < H; j++) a += (double)sg[i * H + j] * xt[j], b += (double)su[i * H + j] * xt[j];
+        for (int j = 0; j < H; j++)
+          a += (double)sg[i * H + j] * xt[j], b += (double)su[i * H + j] * xt[j];
         acc += sd[hh * Is + i] * silu(a) * b;
       }
       ref[t * H + hh] += sig(gs) * acc;
@@ -300,8 +317,9 @@ TEST(moe_ffn) {
     free(gw[e]), free(uw[e]), free(dw[e]);
     be->weight_free(be, G[e]), be->weight_free(be, U[e]), be->weight_free(be, D[e]);
   }
-  be->weight_free(be, m.router), be->weight_free(be, m.shared_gate), be->weight_free(be, m.shared_up),
-      be->weight_free(be, m.shared_down), be->weight_free(be, m.shared_expert_gate);
+  be->weight_free(be, m.router), be->weight_free(be, m.shared_gate),
+      be->weight_free(be, m.shared_up), be->weight_free(be, m.shared_down),
+      be->weight_free(be, m.shared_expert_gate);
   free(x), free(R), free(sgw), free(sg), free(su), free(sd), free(o);
   be->free(be, bx), be->free(be, bo);
 }
@@ -314,9 +332,11 @@ TEST(deltanet_conv_gates_norm) {
   backend_batch b = make_batch(3, lens, poss, 1);
   REQUIRE(be->set_batch(be, &b) == 0);
   int T = b.n_tokens;
-  float *x = rnd((size_t)T * C, 1), *w = rnd((size_t)C * K, 0.5f), *st = rnd((size_t)3 * C * (K - 1), 1);
+  float *x = rnd((size_t)T * C, 1), *w = rnd((size_t)C * K, 0.5f),
+        *st = rnd((size_t)3 * C * (K - 1), 1);
   backend_weight Wc = wt(w, C, K);
-  backend_buf bx = up(x, (size_t)T * C), bs = up(st, (size_t)3 * C * (K - 1)), bo = mk((size_t)T * C);
+  backend_buf bx = up(x, (size_t)T * C), bs = up(st, (size_t)3 * C * (K - 1)),
+              bo = mk((size_t)T * C);
   be->conv1d(be, bs, bx, Wc, C, K, bo);
   float *o = down(bo, (size_t)T * C), *st2 = down(bs, (size_t)3 * C * (K - 1));
   double ref[11 * 10], rst[3 * 10 * 3];
@@ -344,7 +364,8 @@ TEST(deltanet_conv_gates_norm) {
               bbeta = be->alloc(be, BACKEND_KIND_F32, (size_t)T * nv),
               bg = be->alloc(be, BACKEND_KIND_F32, (size_t)T * nv);
   be->gdn_gates(be, bo, bbb, baa, WA, WD, nk, nv, dk, dv, bbeta, bg);
-  float *qkv = down(bo, (size_t)T * C), *beta = down(bbeta, (size_t)T * nv), *g = down(bg, (size_t)T * nv);
+  float *qkv = down(bo, (size_t)T * C), *beta = down(bbeta, (size_t)T * nv),
+        *g = down(bg, (size_t)T * nv);
   double rq[11 * 10], rb[22], rg[22];
   for (int t = 0; t < T; t++) {
     for (int c = 0; c < C; c++) rq[t * C + c] = o[t * C + c];
@@ -352,7 +373,8 @@ TEST(deltanet_conv_gates_norm) {
       double ss = 0;
       for (int i = 0; i < dk; i++) ss += (double)o[t * C + h * dk + i] * o[t * C + h * dk + i];
       for (int i = 0; i < dk; i++)
-        rq[t * C + h * dk + i] = o[t * C + h * dk + i] / sqrt(ss + 1e-6) * (h < nk ? 1 / sqrt((double)dk) : 1);
+        rq[t * C + h * dk + i] =
+            o[t * C + h * dk + i] / sqrt(ss + 1e-6) * (h < nk ? 1 / sqrt((double)dk) : 1);
     }
     for (int h = 0; h < nv; h++) {
       double a = (double)aa[t * nv + h] + dt[h];
@@ -376,12 +398,14 @@ TEST(deltanet_conv_gates_norm) {
     for (int j = 0; j < dv; j++)
       rgn[i * dv + j] = nw[j] * ov[i * dv + j] / sqrt(ss / dv + 1e-6) * silu(z[i * dv + j]);
   }
-  EXPECT_MSG(err(gn, rgn, (size_t)T * nv * dv) < 1e-6, "gated norm err %g", err(gn, rgn, (size_t)T * nv * dv));
+  EXPECT_MSG(err(gn, rgn, (size_t)T * nv * dv) < 1e-6, "gated norm err %g",
+             err(gn, rgn, (size_t)T * nv * dv));
   free(x), free(w), free(st), free(o), free(st2), free(bb), free(aa), free(Al), free(dt), free(qkv),
       free(beta), free(g), free(ov), free(z), free(nw), free(gn);
   be->free(be, bx), be->free(be, bs), be->free(be, bo), be->free(be, bbb), be->free(be, baa),
       be->free(be, bbeta), be->free(be, bg), be->free(be, bov), be->free(be, bz);
-  be->weight_free(be, Wc), be->weight_free(be, WA), be->weight_free(be, WD), be->weight_free(be, WN);
+  be->weight_free(be, Wc), be->weight_free(be, WA), be->weight_free(be, WD),
+      be->weight_free(be, WN);
 }
 
 TEST(logits_rows_and_memory_ops) {
@@ -431,10 +455,10 @@ TEST(argmax_matches_sampler) {
     float f = frand();
     x[i] = (float)(int)(f * 6); /* few distinct values: many ties */
   }
-  x[1 * V + 17] = NAN;          /* a NaN inside a row */
-  x[2 * V + 0] = NAN;           /* a NaN first: the scan stays at 0 */
+  x[1 * V + 17] = NAN; /* a NaN inside a row */
+  x[2 * V + 0] = NAN;  /* a NaN first: the scan stays at 0 */
   for (int i = 0; i < V; i++) x[3 * V + i] = i % 2 ? 0.0f : -0.0f; /* -0 and +0 tie */
-  x[4 * V + V - 1] = 100;       /* the last entry */
+  x[4 * V + V - 1] = 100;                                          /* the last entry */
   for (int i = 0; i < V; i++) x[5 * V + i] = -INFINITY;
   backend *b1 = backend_cpu_create(1);
   REQUIRE(b1);
@@ -451,7 +475,8 @@ TEST(argmax_matches_sampler) {
     b->read(b, bm, 0, mv, sizeof mv);
     for (int r = 0; r < n; r++) {
       int32_t want = sampler_argmax(x + (size_t)r * V, V);
-      EXPECT_MSG(ids[r] == want, "threads %d row %d: id %d, sampler %d", k ? 1 : 2, r, ids[r], want);
+      EXPECT_MSG(ids[r] == want, "threads %d row %d: id %d, sampler %d", k ? 1 : 2, r, ids[r],
+                 want);
       EXPECT(memcmp(&mv[r], &x[(size_t)r * V + want], sizeof(float)) == 0);
     }
     EXPECT_EQ_INT(ids[2], 0);

@@ -24,8 +24,8 @@ static const char *call_name(const chat_parsed *p, size_t i) {
       json_object_get(json_object_get(json_array_get(p->tool_calls, i), "function"), "name"));
 }
 static const char *call_args(const chat_parsed *p, size_t i) {
-  return json_string_value(json_object_get(
-      json_object_get(json_array_get(p->tool_calls, i), "function"), "arguments"));
+  return json_string_value(
+      json_object_get(json_object_get(json_array_get(p->tool_calls, i), "function"), "arguments"));
 }
 static const char *call_id(const chat_parsed *p, size_t i) {
   return json_string_value(json_object_get(json_array_get(p->tool_calls, i), "id"));
@@ -239,8 +239,8 @@ TEST(render_parse_round_trip) {
   json_t *req = json_pack(
       "{s:[{s:s,s:s},{s:s,s:s,s:s,s:[{s:s,s:s,s:{s:s,s:s}}]}],s:O,s:{s:b}}", "messages", "role",
       "user", "content", "weather?", "role", "assistant", "content", "Checking.",
-      "reasoning_content", "The user wants weather.", "tool_calls", "id", "x", "type",
-      "function", "function", "name", "get_weather", "arguments",
+      "reasoning_content", "The user wants weather.", "tool_calls", "id", "x", "type", "function",
+      "function", "name", "get_weather", "arguments",
       "{\"city\": \"Rome\", \"days\": 2, \"metric\": false, \"opts\": {\"k\": [1, \"v\"]}}",
       "tools", tools, "chat_template_kwargs", "add_generation_prompt", 0);
   REQUIRE(tools && req);
@@ -269,11 +269,29 @@ TEST(render_parse_round_trip) {
  * set, each call has a name and arguments that parse as a JSON object; the safe prefix of
  * every prefix of a text grows monotonically and never holds a complete marker. */
 TEST(random_texts) {
-  static const char *pieces[] = {"<tool_call>", "</tool_call>", "<function=f>", "<function=",
-                                 "<parameter=x>", "</parameter>", "</function>", "{", "}",
-                                 "\"name\": \"g\"", ", \"arguments\": {\"a\": 1}", ":",
-                                 "\n", " ", "a", "<think>", "</think>", "<", "</", "\xc3\xa9",
-                                 "\xe2\x82\xac", "12", "true",
+  static const char *pieces[] = {"<tool_call>",
+                                 "</tool_call>",
+                                 "<function=f>",
+                                 "<function=",
+                                 "<parameter=x>",
+                                 "</parameter>",
+                                 "</function>",
+                                 "{",
+                                 "}",
+                                 "\"name\": \"g\"",
+                                 ", \"arguments\": {\"a\": 1}",
+                                 ":",
+                                 "\n",
+                                 " ",
+                                 "a",
+                                 "<think>",
+                                 "</think>",
+                                 "<",
+                                 "</",
+                                 "\xc3\xa9",
+                                 "\xe2\x82\xac",
+                                 "12",
+                                 "true",
                                  "{\"name\": \"h\", \"arguments\": {}}"};
   const int np = (int)(sizeof pieces / sizeof pieces[0]);
   unsigned long long x = 0x243f6a8885a308d3ULL;

@@ -89,8 +89,8 @@ static void check_family(chat_template_kind kind, const char *ref_path) {
     if (r.len != wl || memcmp(r.text, w, wl)) {
       size_t k = 0;
       while (k < r.len && k < wl && r.text[k] == w[k]) k++;
-      EXPECT_MSG(0, "%s: differs at byte %zu (len %zu vs %zu): got \"%.40s\" want \"%.40s\"",
-                 name, k, r.len, wl, r.text + k, w + k);
+      EXPECT_MSG(0, "%s: differs at byte %zu (len %zu vs %zu): got \"%.40s\" want \"%.40s\"", name,
+                 k, r.len, wl, r.text + k, w + k);
     } else {
       char why[160];
       EXPECT_MSG(check_offsets(req, &r, why, sizeof why) == 0, "%s: %s", name, why);
@@ -175,47 +175,58 @@ TEST(errors) {
   expect_error("{\"messages\": [{\"role\": \"user\", \"content\": 5}]}", 7, "content");
   expect_error("{\"messages\": [{\"role\": \"user\", \"content\": {\"text\": \"x\"}}]}", 7,
                "content");
-  expect_error("{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"image_url\", "
-               "\"image_url\": {\"url\": \"x\"}}]}]}",
-               7, "text");
+  expect_error(
+      "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"image_url\", "
+      "\"image_url\": {\"url\": \"x\"}}]}]}",
+      7, "text");
   expect_error("{\"messages\": [{\"role\": \"user\", \"content\": [\"plain\"]}]}", 7, "text");
-  expect_error("{\"messages\": [{\"role\": \"user\", \"content\": \"q\"}, {\"role\": \"tool\", "
-               "\"content\": \"r\"}]}",
-               7, "tool message");
-  expect_error("{\"messages\": [{\"role\": \"user\", \"content\": \"q\"}, {\"role\": "
-               "\"assistant\", \"content\": \"a\"}, {\"role\": \"tool\", \"content\": \"r\"}]}",
-               7, "tool message");
+  expect_error(
+      "{\"messages\": [{\"role\": \"user\", \"content\": \"q\"}, {\"role\": \"tool\", "
+      "\"content\": \"r\"}]}",
+      7, "tool message");
+  expect_error(
+      "{\"messages\": [{\"role\": \"user\", \"content\": \"q\"}, {\"role\": "
+      "\"assistant\", \"content\": \"a\"}, {\"role\": \"tool\", \"content\": \"r\"}]}",
+      7, "tool message");
   expect_error("{\"messages\": [{\"role\": \"user\", \"content\": \"q\"}], \"tools\": {}}", 7,
                "tools must be an array");
   expect_error("{\"messages\": [{\"role\": \"user\", \"content\": \"q\"}], \"tools\": [3]}", 7,
                "tools[0]");
-  expect_error("{\"messages\": [{\"role\": \"user\", \"content\": \"q\"}], "
-               "\"chat_template_kwargs\": {\"enable_thinking\": \"no\"}}",
-               7, "enable_thinking");
-  expect_error("{\"messages\": [{\"role\": \"user\", \"content\": \"q\"}], "
-               "\"chat_template_kwargs\": 7}",
-               7, "chat_template_kwargs");
-  expect_error("{\"messages\": [{\"role\": \"user\", \"content\": \"q\"}, {\"role\": "
-               "\"assistant\", \"reasoning_content\": 3, \"content\": \"a\"}]}",
-               7, "reasoning_content");
-  expect_error("{\"messages\": [{\"role\": \"user\", \"content\": \"q\"}, {\"role\": "
-               "\"assistant\", \"tool_calls\": {}}]}",
-               7, "tool_calls");
-  expect_error("{\"messages\": [{\"role\": \"user\", \"content\": \"q\"}, {\"role\": "
-               "\"assistant\", \"tool_calls\": [{\"function\": {\"arguments\": {}}}]}]}",
-               7, "name");
-  expect_error("{\"messages\": [{\"role\": \"user\", \"content\": \"q\"}, {\"role\": "
-               "\"assistant\", \"tool_calls\": [{\"function\": {\"name\": \"f\", \"arguments\": "
-               "[1]}}]}]}",
-               7, "arguments");
+  expect_error(
+      "{\"messages\": [{\"role\": \"user\", \"content\": \"q\"}], "
+      "\"chat_template_kwargs\": {\"enable_thinking\": \"no\"}}",
+      7, "enable_thinking");
+  expect_error(
+      "{\"messages\": [{\"role\": \"user\", \"content\": \"q\"}], "
+      "\"chat_template_kwargs\": 7}",
+      7, "chat_template_kwargs");
+  expect_error(
+      "{\"messages\": [{\"role\": \"user\", \"content\": \"q\"}, {\"role\": "
+      "\"assistant\", \"reasoning_content\": 3, \"content\": \"a\"}]}",
+      7, "reasoning_content");
+  expect_error(
+      "{\"messages\": [{\"role\": \"user\", \"content\": \"q\"}, {\"role\": "
+      "\"assistant\", \"tool_calls\": {}}]}",
+      7, "tool_calls");
+  expect_error(
+      "{\"messages\": [{\"role\": \"user\", \"content\": \"q\"}, {\"role\": "
+      "\"assistant\", \"tool_calls\": [{\"function\": {\"arguments\": {}}}]}]}",
+      7, "name");
+  expect_error(
+      "{\"messages\": [{\"role\": \"user\", \"content\": \"q\"}, {\"role\": "
+      "\"assistant\", \"tool_calls\": [{\"function\": {\"name\": \"f\", \"arguments\": "
+      "[1]}}]}]}",
+      7, "arguments");
   /* Qwen3.5 parses string arguments: they must hold a JSON object */
-  expect_error("{\"messages\": [{\"role\": \"user\", \"content\": \"q\"}, {\"role\": "
-               "\"assistant\", \"tool_calls\": [{\"function\": {\"name\": \"f\", \"arguments\": "
-               "\"{not json\"}}]}]}",
-               6, "not a JSON object");
-  expect_error("{\"messages\": [{\"role\": \"user\", \"content\": \"q\"}, {\"role\": "
-               "\"system\", \"content\": \"s\"}]}",
-               6, "first");
+  expect_error(
+      "{\"messages\": [{\"role\": \"user\", \"content\": \"q\"}, {\"role\": "
+      "\"assistant\", \"tool_calls\": [{\"function\": {\"name\": \"f\", \"arguments\": "
+      "\"{not json\"}}]}]}",
+      6, "not a JSON object");
+  expect_error(
+      "{\"messages\": [{\"role\": \"user\", \"content\": \"q\"}, {\"role\": "
+      "\"system\", \"content\": \"s\"}]}",
+      6, "first");
   expect_error("{\"messages\": [{\"role\": \"system\", \"content\": \"s\"}]}", 6, "user query");
 }
 
@@ -229,9 +240,10 @@ TEST(qwen3_string_arguments_verbatim) {
   chat_render r;
   char err[200];
   REQUIRE(chat_template_render(CHAT_TEMPLATE_QWEN3, req, 1, &r, err, sizeof err) == 0);
-  EXPECT_STR(r.text, "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>"
-                     "\n\n<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\":1}}\n</tool_call>"
-                     "<|im_end|>\n");
+  EXPECT_STR(r.text,
+             "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>"
+             "\n\n<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\":1}}\n</tool_call>"
+             "<|im_end|>\n");
   EXPECT_EQ_INT(r.thinking_open, 0);
   chat_render_free(&r);
   /* Qwen3.5 parses them and prints parameters; Python str() for scalars */
@@ -243,11 +255,12 @@ TEST(qwen3_string_arguments_verbatim) {
       0, NULL);
   REQUIRE(req2);
   REQUIRE(chat_template_render(CHAT_TEMPLATE_QWEN35, req2, 1, &r, err, sizeof err) == 0);
-  EXPECT_STR(r.text, "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>"
-                     "\n\n<tool_call>\n<function=f>\n<parameter=a>\n1.0\n</parameter>\n"
-                     "<parameter=b>\nTrue\n</parameter>\n<parameter=c>\nNone\n</parameter>\n"
-                     "<parameter=d>\n[1e+20]\n</parameter>\n</function>\n</tool_call>"
-                     "<|im_end|>\n");
+  EXPECT_STR(r.text,
+             "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>"
+             "\n\n<tool_call>\n<function=f>\n<parameter=a>\n1.0\n</parameter>\n"
+             "<parameter=b>\nTrue\n</parameter>\n<parameter=c>\nNone\n</parameter>\n"
+             "<parameter=d>\n[1e+20]\n</parameter>\n</function>\n</tool_call>"
+             "<|im_end|>\n");
   EXPECT_EQ_INT(r.thinking_open, 0);
   chat_render_free(&r);
   json_decref(req);
@@ -272,36 +285,41 @@ TEST(thinking_open_flag) {
 
 TEST(tojson_like_python) {
   /* expected strings printed by Python's json.dumps(..., ensure_ascii=False) */
-  json_t *v = json_loads("[0.1, 1.0, -0.0, 1e16, 1e15, 123456789012345678.0, 1e-5, 0.0001, "
-                         "1.5e300, 2.5, 0.3333333333333333, -1e-7, 5e-324, "
-                         "1.7976931348623157e308, 100.0, 12345.678]",
-                         0, NULL);
+  json_t *v = json_loads(
+      "[0.1, 1.0, -0.0, 1e16, 1e15, 123456789012345678.0, 1e-5, 0.0001, "
+      "1.5e300, 2.5, 0.3333333333333333, -1e-7, 5e-324, "
+      "1.7976931348623157e308, 100.0, 12345.678]",
+      0, NULL);
   REQUIRE(v);
   char *s = chat_template_tojson(v);
   REQUIRE(s);
-  EXPECT_STR(s, "[0.1, 1.0, -0.0, 1e+16, 1000000000000000.0, 1.2345678901234568e+17, 1e-05, "
-                "0.0001, 1.5e+300, 2.5, 0.3333333333333333, -1e-07, 5e-324, "
-                "1.7976931348623157e+308, 100.0, 12345.678]");
+  EXPECT_STR(s,
+             "[0.1, 1.0, -0.0, 1e+16, 1000000000000000.0, 1.2345678901234568e+17, 1e-05, "
+             "0.0001, 1.5e+300, 2.5, 0.3333333333333333, -1e-07, 5e-324, "
+             "1.7976931348623157e+308, 100.0, 12345.678]");
   free(s);
   json_decref(v);
-  v = json_loads("{\"a\": \"\\u0001\\u007f\\u00e9\\u2028\\\"\\\\/\\n\\t\\b\\f\\r\", "
-                 "\"k\": [true, false, null, {}], \"e\": [], \"z\": 1, \"b\": -42}",
-                 0, NULL);
+  v = json_loads(
+      "{\"a\": \"\\u0001\\u007f\\u00e9\\u2028\\\"\\\\/\\n\\t\\b\\f\\r\", "
+      "\"k\": [true, false, null, {}], \"e\": [], \"z\": 1, \"b\": -42}",
+      0, NULL);
   REQUIRE(v);
   s = chat_template_tojson(v);
   REQUIRE(s);
-  EXPECT_STR(s, "{\"a\": \"\\u0001\x7f\xc3\xa9\xe2\x80\xa8\\\"\\\\/\\n\\t\\b\\f\\r\", "
-                "\"k\": [true, false, null, {}], \"e\": [], \"z\": 1, \"b\": -42}");
+  EXPECT_STR(s,
+             "{\"a\": \"\\u0001\x7f\xc3\xa9\xe2\x80\xa8\\\"\\\\/\\n\\t\\b\\f\\r\", "
+             "\"k\": [true, false, null, {}], \"e\": [], \"z\": 1, \"b\": -42}");
   free(s);
   json_decref(v);
 }
 
 TEST(qwen35_unicode_trim) {
   /* Python str.strip() removes U+00A0, U+3000, U+0085, U+001C too */
-  json_t *req = json_loads("{\"messages\": [{\"role\": \"user\", \"content\": "
-                           "\"\\u00a0\\u3000 x \\u001c\\u0085\"}], \"add_generation_prompt\": "
-                           "false}",
-                           0, NULL);
+  json_t *req = json_loads(
+      "{\"messages\": [{\"role\": \"user\", \"content\": "
+      "\"\\u00a0\\u3000 x \\u001c\\u0085\"}], \"add_generation_prompt\": "
+      "false}",
+      0, NULL);
   REQUIRE(req);
   chat_render r;
   char err[200];

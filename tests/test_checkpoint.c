@@ -184,15 +184,33 @@ TEST(payload_validated_before_any_write) {
   for (int k = 0; k < 9; k++) {
     checkpoint_payload p = fseq_payload(&s);
     switch (k) {
-    case 0: p.depth = 39; break;
-    case 1: p.depth = 41; break;
-    case 2: p.slab = 3; break; /* another slab (the ticket's is 2) */
-    case 3: p.slot = 2; break; /* a slab id, not a sequence slot */
-    case 4: p.slot = -1; break;
-    case 5: p.pages = bad_range; break;
-    case 6: p.pages = unheld; break; /* page 9 is free */
-    case 7: p.pages = dup; break;
-    case 8: p.n_pages = 2; break;
+      case 0:
+        p.depth = 39;
+        break;
+      case 1:
+        p.depth = 41;
+        break;
+      case 2:
+        p.slab = 3;
+        break; /* another slab (the ticket's is 2) */
+      case 3:
+        p.slot = 2;
+        break; /* a slab id, not a sequence slot */
+      case 4:
+        p.slot = -1;
+        break;
+      case 5:
+        p.pages = bad_range;
+        break;
+      case 6:
+        p.pages = unheld;
+        break; /* page 9 is free */
+      case 7:
+        p.pages = dup;
+        break;
+      case 8:
+        p.n_pages = 2;
+        break;
     }
     EXPECT_MSG(checkpoint_capture(f.pc, t, &p) == PREFIX_CACHE_EPAYLOAD, "field %d", k);
     EXPECT_MSG(same(before, take(&f)), "field %d wrote something", k);
@@ -515,10 +533,10 @@ TEST(fault_injection_every_site) {
   printf("fault walk: %d fault points, each failed cleanly\n", fired_sites);
   EXPECT_MSG(fired_sites > 30, "only %d fault points", fired_sites);
   /* each named site separately, sticky: every later hit fails too */
-  const char *sites[] = {"prefix_cache_node", "prefix_cache_label", "prefix_cache_kids",
-                         "prefix_cache_salt", "prefix_cache_rec", "checkpoint_pages",
+  const char *sites[] = {"prefix_cache_node",    "prefix_cache_label",    "prefix_cache_kids",
+                         "prefix_cache_salt",    "prefix_cache_rec",      "checkpoint_pages",
                          "checkpoint_page_copy", "state_pool_slab_alloc", "state_pool_copy",
-                         "kv_pages_alloc", "host_tier_alloc", "host_tier_read",
+                         "kv_pages_alloc",       "host_tier_alloc",       "host_tier_read",
                          "host_tier_write"};
   for (int i = 0; i < (int)(sizeof sites / sizeof *sites); i++) {
     for (long k = 1; k < 200; k++) {

@@ -22,13 +22,17 @@ static char err[512];
 
 TEST(flat_qwen35_text) {
   const char *p = write_cfg(
-      "{\"model_type\":\"qwen3_5_text\",\"vocab_size\":1000,\"hidden_size\":64,\"intermediate_size\":96,"
+      "{\"model_type\":\"qwen3_5_text\",\"vocab_size\":1000,\"hidden_size\":64,\"intermediate_"
+      "size\":96,"
       "\"num_hidden_layers\":5,\"num_attention_heads\":4,\"num_key_value_heads\":2,\"head_dim\":32,"
       "\"linear_num_key_heads\":2,\"linear_num_value_heads\":6,\"linear_key_head_dim\":16,"
       "\"linear_value_head_dim\":8,\"linear_conv_kernel_dim\":3,"
-      "\"layer_types\":[\"full_attention\",\"linear_attention\",\"linear_attention\",\"full_attention\",\"linear_attention\"],"
-      "\"rope_parameters\":{\"rope_type\":\"default\",\"rope_theta\":5000000.0,\"partial_rotary_factor\":0.5},"
-      "\"rms_norm_eps\":1e-5,\"tie_word_embeddings\":true,\"eos_token_id\":[7,9],\"bos_token_id\":3,"
+      "\"layer_types\":[\"full_attention\",\"linear_attention\",\"linear_attention\",\"full_"
+      "attention\",\"linear_attention\"],"
+      "\"rope_parameters\":{\"rope_type\":\"default\",\"rope_theta\":5000000.0,\"partial_rotary_"
+      "factor\":0.5},"
+      "\"rms_norm_eps\":1e-5,\"tie_word_embeddings\":true,\"eos_token_id\":[7,9],\"bos_token_id\":"
+      "3,"
       "\"max_position_embeddings\":4096}");
   REQUIRE(config_load(p, &c, err, sizeof err) == 0);
   EXPECT_EQ_INT(c.arch, MODEL_ARCH_QWEN35);
@@ -82,15 +86,18 @@ TEST(vlm_text_config) {
   EXPECT(fabs(c.rope_theta - 1e7) < 1e-3);
   EXPECT_EQ_INT(c.conv_dim, 2 * 16 * 128 + 32 * 128);
   /* no layer_types: interval 4 => layers 3 and 7 are full */
-  for (int i = 0; i < 8; i++) EXPECT_EQ_INT(c.layer_types[i], (i == 3 || i == 7) ? LAYER_KIND_FULL : LAYER_KIND_LINEAR);
+  for (int i = 0; i < 8; i++)
+    EXPECT_EQ_INT(c.layer_types[i], (i == 3 || i == 7) ? LAYER_KIND_FULL : LAYER_KIND_LINEAR);
   EXPECT_EQ_INT(c.bos_token_id, -1);
   /* text_config serialised with its default false, the wrapper tied: tied */
-  p = write_cfg("{\"model_type\":\"qwen3_5\",\"tie_word_embeddings\":true,"
-                "\"text_config\":{\"tie_word_embeddings\":false,\"num_hidden_layers\":4}}");
+  p = write_cfg(
+      "{\"model_type\":\"qwen3_5\",\"tie_word_embeddings\":true,"
+      "\"text_config\":{\"tie_word_embeddings\":false,\"num_hidden_layers\":4}}");
   REQUIRE(config_load(p, &c, err, sizeof err) == 0);
   EXPECT_EQ_INT(c.tie_word_embeddings, 1);
-  p = write_cfg("{\"model_type\":\"qwen3_5\",\"tie_word_embeddings\":false,"
-                "\"text_config\":{\"tie_word_embeddings\":false,\"num_hidden_layers\":4}}");
+  p = write_cfg(
+      "{\"model_type\":\"qwen3_5\",\"tie_word_embeddings\":false,"
+      "\"text_config\":{\"tie_word_embeddings\":false,\"num_hidden_layers\":4}}");
   REQUIRE(config_load(p, &c, err, sizeof err) == 0);
   EXPECT_EQ_INT(c.tie_word_embeddings, 0);
 }
@@ -100,7 +107,8 @@ TEST(interval_and_top_level_rope) {
       "{\"model_type\":\"qwen3_5_text\",\"num_hidden_layers\":6,\"full_attention_interval\":2,"
       "\"rope_theta\":1000000.0,\"partial_rotary_factor\":0.5,\"head_dim\":64}");
   REQUIRE(config_load(p, &c, err, sizeof err) == 0);
-  for (int i = 0; i < 6; i++) EXPECT_EQ_INT(c.layer_types[i], (i % 2 == 1) ? LAYER_KIND_FULL : LAYER_KIND_LINEAR);
+  for (int i = 0; i < 6; i++)
+    EXPECT_EQ_INT(c.layer_types[i], (i % 2 == 1) ? LAYER_KIND_FULL : LAYER_KIND_LINEAR);
   EXPECT(fabs(c.rope_theta - 1e6) < 1e-3);
   EXPECT_EQ_INT(c.rot_dim, 32);
 }
@@ -132,7 +140,8 @@ TEST(defaults_qwen35) {
 TEST(moe_qwen35) {
   const char *p = write_cfg(
       "{\"model_type\":\"qwen3_5_moe_text\",\"num_hidden_layers\":4,\"num_experts\":8,"
-      "\"num_experts_per_tok\":2,\"moe_intermediate_size\":32,\"shared_expert_intermediate_size\":48,"
+      "\"num_experts_per_tok\":2,\"moe_intermediate_size\":32,\"shared_expert_intermediate_size\":"
+      "48,"
       "\"norm_topk_prob\":false}");
   REQUIRE(config_load(p, &c, err, sizeof err) == 0);
   EXPECT_EQ_INT(c.arch, MODEL_ARCH_QWEN35_MOE);
@@ -154,8 +163,9 @@ TEST(moe_qwen35) {
   EXPECT_EQ_INT(c.n_layers, 40);
   EXPECT_EQ_INT(c.vocab_size, 248320);
   /* VLM wrapper of the MoE model */
-  p = write_cfg("{\"model_type\":\"qwen3_5_moe\",\"text_config\":{\"num_hidden_layers\":2,\"num_experts\":4,"
-                "\"num_experts_per_tok\":2}}");
+  p = write_cfg(
+      "{\"model_type\":\"qwen3_5_moe\",\"text_config\":{\"num_hidden_layers\":2,\"num_experts\":4,"
+      "\"num_experts_per_tok\":2}}");
   REQUIRE(config_load(p, &c, err, sizeof err) == 0);
   EXPECT_EQ_INT(c.arch, MODEL_ARCH_QWEN35_MOE);
   EXPECT_EQ_INT(c.n_experts, 4);
@@ -164,8 +174,10 @@ TEST(moe_qwen35) {
 
 TEST(qwen3_next) {
   const char *p = write_cfg(
-      "{\"model_type\":\"qwen3_next\",\"num_hidden_layers\":8,\"num_experts\":16,\"num_experts_per_tok\":4,"
-      "\"decoder_sparse_step\":2,\"mlp_only_layers\":[3],\"norm_topk_prob\":false,\"rope_theta\":5000000,"
+      "{\"model_type\":\"qwen3_next\",\"num_hidden_layers\":8,\"num_experts\":16,\"num_experts_per_"
+      "tok\":4,"
+      "\"decoder_sparse_step\":2,\"mlp_only_layers\":[3],\"norm_topk_prob\":false,\"rope_theta\":"
+      "5000000,"
       "\"partial_rotary_factor\":0.25,\"intermediate_size\":100,\"eos_token_id\":151645}");
   REQUIRE(config_load(p, &c, err, sizeof err) == 0);
   EXPECT_EQ_INT(c.arch, MODEL_ARCH_QWEN3_NEXT);
@@ -173,7 +185,8 @@ TEST(qwen3_next) {
   EXPECT(fabs(c.rope_theta - 5e6) < 1e-3);
   /* sparse iff (i+1) % 2 == 0 and i not in mlp_only_layers */
   const int want[8] = {0, 1, 0, 0, 0, 1, 0, 1};
-  for (int i = 0; i < 8; i++) EXPECT_MSG(c.layer_is_moe[i] == want[i], "layer %d moe %d", i, c.layer_is_moe[i]);
+  for (int i = 0; i < 8; i++)
+    EXPECT_MSG(c.layer_is_moe[i] == want[i], "layer %d moe %d", i, c.layer_is_moe[i]);
   EXPECT_EQ_INT(c.n_eos, 1);
   EXPECT_EQ_INT(c.eos_token_ids[0], 151645);
   p = write_cfg("{\"model_type\":\"qwen3_next\"}");
@@ -188,7 +201,8 @@ TEST(qwen3_next) {
 }
 
 TEST(architecture_without_model_type) {
-  const char *p = write_cfg("{\"architectures\":[\"Qwen3NextForCausalLM\"],\"num_hidden_layers\":4}");
+  const char *p =
+      write_cfg("{\"architectures\":[\"Qwen3NextForCausalLM\"],\"num_hidden_layers\":4}");
   REQUIRE(config_load(p, &c, err, sizeof err) == 0);
   EXPECT_EQ_INT(c.arch, MODEL_ARCH_QWEN3_NEXT);
 }
@@ -209,20 +223,27 @@ TEST(bad_configs) {
   expect_error("{\"hidden_size\":64}", "model_type");
   expect_error("{\"model_type\":\"qwen3_5_text\",\"hidden_size\":\"big\"}", "hidden_size");
   expect_error("{\"model_type\":\"qwen3_5_text\",\"hidden_size\":0}", "hidden_size");
-  expect_error("{\"model_type\":\"qwen3_5_text\",\"num_hidden_layers\":2,\"layer_types\":[\"full_attention\"]}",
-               "layer_types");
-  expect_error("{\"model_type\":\"qwen3_5_text\",\"num_hidden_layers\":1,\"layer_types\":[\"sliding\"]}", "layer_types[0]");
-  expect_error("{\"model_type\":\"qwen3_5_text\",\"linear_num_key_heads\":3,\"linear_num_value_heads\":4}",
-               "linear_num_value_heads");
+  expect_error(
+      "{\"model_type\":\"qwen3_5_text\",\"num_hidden_layers\":2,\"layer_types\":[\"full_"
+      "attention\"]}",
+      "layer_types");
+  expect_error(
+      "{\"model_type\":\"qwen3_5_text\",\"num_hidden_layers\":1,\"layer_types\":[\"sliding\"]}",
+      "layer_types[0]");
+  expect_error(
+      "{\"model_type\":\"qwen3_5_text\",\"linear_num_key_heads\":3,\"linear_num_value_heads\":4}",
+      "linear_num_value_heads");
   expect_error("{\"model_type\":\"qwen3_5_text\",\"eos_token_id\":\"</s>\"}", "eos_token_id");
   expect_error("{\"model_type\":\"qwen3_5_text\",\"eos_token_id\":[1,\"x\"]}", "eos_token_id");
   expect_error("{\"model_type\":\"qwen3_5\"}", "text_config");
   expect_error("{\"model_type\":\"qwen3_5\",\"text_config\":3}", "text_config");
   expect_error("{\"model_type\":\"qwen3_5_text\",\"num_hidden_layers\":300}", "num_hidden_layers");
-  expect_error("{\"model_type\":\"qwen3_5_text\",\"rope_parameters\":{\"rope_theta\":\"x\"}}", "rope_theta");
+  expect_error("{\"model_type\":\"qwen3_5_text\",\"rope_parameters\":{\"rope_theta\":\"x\"}}",
+               "rope_theta");
   expect_error("{\"model_type\":\"qwen3_5_moe_text\",\"num_experts\":4,\"num_experts_per_tok\":5}",
                "num_experts_per_tok");
-  expect_error("{\"model_type\":\"qwen3_5_text\",\"tie_word_embeddings\":\"yes\"}", "tie_word_embeddings");
+  expect_error("{\"model_type\":\"qwen3_5_text\",\"tie_word_embeddings\":\"yes\"}",
+               "tie_word_embeddings");
   expect_error("{\"model_type\":\"qwen3_5_text\",", "invalid JSON");
   expect_error("[1,2]", "not a JSON object");
   /* a file that does not exist */

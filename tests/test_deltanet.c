@@ -29,8 +29,14 @@ static void l2(float *x, int n, float scale) {
 }
 
 static seq_in make_seq(int n, int dk, int dv) {
-  seq_in s = {n, dk, dv, malloc(sizeof(float) * n * dk), malloc(sizeof(float) * n * dk),
-              malloc(sizeof(float) * n * dv), malloc(sizeof(float) * n), malloc(sizeof(float) * n)};
+  seq_in s = {n,
+              dk,
+              dv,
+              malloc(sizeof(float) * n * dk),
+              malloc(sizeof(float) * n * dk),
+              malloc(sizeof(float) * n * dv),
+              malloc(sizeof(float) * n),
+              malloc(sizeof(float) * n)};
   for (int t = 0; t < n; t++) {
     for (int i = 0; i < dk; i++) s.q[t * dk + i] = frand(), s.k[t * dk + i] = frand();
     l2(s.q + t * dk, dk, 1.f / sqrtf((float)dk));
@@ -42,9 +48,7 @@ static seq_in make_seq(int n, int dk, int dv) {
   return s;
 }
 
-static void free_seq(seq_in *s) {
-  free(s->q), free(s->k), free(s->v), free(s->beta), free(s->g);
-}
+static void free_seq(seq_in *s) { free(s->q), free(s->k), free(s->v), free(s->beta), free(s->g); }
 
 /* Recurrent reference over tokens [t0, t0+n), in double-checked fp32 (cpu_gdn_step). */
 static void run_steps(const seq_in *s, int t0, int n, float *S, float *out) {
@@ -82,7 +86,8 @@ TEST(chunked_matches_recurrence) {
       float *S0 = malloc(sizeof(float) * dk * dv), *S1 = malloc(sizeof(float) * dk * dv);
       for (int i = 0; i < dk * dv; i++) S0[i] = p0 ? 0.3f * frand() : 0.f;
       memcpy(S1, S0, sizeof(float) * dk * dv);
-      float *o0 = calloc((size_t)n * dv, sizeof(float)), *o1 = calloc((size_t)n * dv, sizeof(float));
+      float *o0 = calloc((size_t)n * dv, sizeof(float)),
+            *o1 = calloc((size_t)n * dv, sizeof(float));
       run_steps(&s, 0, n, S0, o0);
       run_chunked(&s, 0, n, p0, S1, o1);
       double eo = rel_err(o1, o0, (size_t)n * dv), es = rel_err(S1, S0, (size_t)dk * dv);
@@ -132,7 +137,8 @@ TEST(backend_ops_batch) {
       l2(qkv + t * cd + h * dk, dk, h < nk ? 1.f / sqrtf((float)dk) : 1.f);
     }
     for (int i = 0; i < nv * dv; i++) qkv[t * cd + 2 * nk * dk + i] = frand();
-    for (int h = 0; h < nv; h++) beta[t * nv + h] = 0.5f + 0.4f * frand(), g[t * nv + h] = -0.2f * (1.f + frand());
+    for (int h = 0; h < nv; h++)
+      beta[t * nv + h] = 0.5f + 0.4f * frand(), g[t * nv + h] = -0.2f * (1.f + frand());
   }
   size_t ssz = (size_t)n_slots * nv * dk * dv;
   float *S = malloc(sizeof(float) * ssz);
@@ -168,14 +174,17 @@ TEST(backend_ops_batch) {
         cpu_gdn_chunked(lens[s], poss[s], q, k, cd, v, cd, beta + t0 * nv + h, g + t0 * nv + h, nv,
                         dk, dv, Sr, ref + t0 * nv * dv + h * dv, (size_t)nv * dv);
       else
-        cpu_gdn_step(q, k, v, beta[t0 * nv + h], g[t0 * nv + h], dk, dv, Sr, ref + t0 * nv * dv + h * dv);
+        cpu_gdn_step(q, k, v, beta[t0 * nv + h], g[t0 * nv + h], dk, dv, Sr,
+                     ref + t0 * nv * dv + h * dv);
       for (int r = 0; r < lens[s]; r++)
-        ok &= memcmp(ref + (t0 + r) * nv * dv + h * dv, out + (t0 + r) * nv * dv + h * dv, dv * 4) == 0;
+        ok &= memcmp(ref + (t0 + r) * nv * dv + h * dv, out + (t0 + r) * nv * dv + h * dv,
+                     dv * 4) == 0;
       ok &= memcmp(Sr, S2 + ((size_t)slots[s] * nv + h) * dk * dv, sizeof Sr) == 0;
     }
   EXPECT(ok);
   /* slot 1 untouched */
-  EXPECT(memcmp(S + (size_t)nv * dk * dv, S2 + (size_t)nv * dk * dv, sizeof(float) * nv * dk * dv) == 0);
+  EXPECT(memcmp(S + (size_t)nv * dk * dv, S2 + (size_t)nv * dk * dv,
+                sizeof(float) * nv * dk * dv) == 0);
   be->free(be, bq), be->free(be, bbeta), be->free(be, bg), be->free(be, bs), be->free(be, bo);
   free(qkv), free(beta), free(g), free(S), free(S2), free(out);
   be->destroy(be);

@@ -82,7 +82,6 @@ static const char *RUN_SCHEMA;
  * take: their steps are sampled on the host) */
 static int RUN_NO_LOGITS, RUN_PENALISED = -1;
 
-
 /* runs requests idx[0..n) concurrently; returns the number that finished without error */
 static int run_set(rig *g, const int *idx, int n, out *res, const sampling_params *spo) {
   engine_req *h[NREQ];
@@ -95,7 +94,10 @@ static int run_set(rig *g, const int *idx, int n, out *res, const sampling_param
     memset(&so, 0, sizeof so);
     so.prompt = P[i];
     so.n_prompt = LEN[i];
-    if (spo) so.sp = *spo; else sp_greedy(&so.sp);
+    if (spo)
+      so.sp = *spo;
+    else
+      sp_greedy(&so.sp);
     if (RUN_PENALISED >= 0 && i % 2 == RUN_PENALISED) so.sp.repetition_penalty = 1.1f;
     so.on_logits = RUN_NO_LOGITS ? NULL : out_logits;
     so.user = &res[i];
@@ -146,11 +148,15 @@ static void invariance(int budget, int kv_tokens, int expect_preempt) {
   int all[NREQ];
   for (int i = 0; i < NREQ; i++) all[i] = i;
   EXPECT_EQ_INT(run_set(&g, all, NREQ, GOT, NULL), NREQ);
-  for (int i = 0; i < NREQ; i++) EXPECT_MSG(same(&REF[i], &GOT[i]), "budget %d: request %d (len %d) differs batched", budget, i, LEN[i]);
+  for (int i = 0; i < NREQ; i++)
+    EXPECT_MSG(same(&REF[i], &GOT[i]), "budget %d: request %d (len %d) differs batched", budget, i,
+               LEN[i]);
   /* a few smaller mixes, in another order */
   int mix[5] = {8, 0, 4, 13, 11};
   EXPECT_EQ_INT(run_set(&g, mix, 5, GOT, NULL), 5);
-  for (int k = 0; k < 5; k++) EXPECT_MSG(same(&REF[mix[k]], &GOT[mix[k]]), "budget %d: mix request %d differs", budget, mix[k]);
+  for (int k = 0; k < 5; k++)
+    EXPECT_MSG(same(&REF[mix[k]], &GOT[mix[k]]), "budget %d: mix request %d differs", budget,
+               mix[k]);
   engine_stats s;
   engine_get_stats(g.e, &s);
   if (expect_preempt) EXPECT_MSG(s.preemptions > 0, "no preemption happened");
@@ -184,7 +190,6 @@ TEST(invariance_cache_budget_8192) { invariance_cache(8192, 0, 0); }
 TEST(invariance_cache_budget_37) { invariance_cache(37, 0, 0); }
 TEST(invariance_cache_preempted) { invariance_cache(8192, 16 * 14, 1); }
 TEST(invariance_cache_preempted_budget_37) { invariance_cache(37, 16 * 14, 1); }
-
 
 /* engine_mem_split_plan over fake numbers (MiB): 80 GiB device, 16 GiB weights, 1 MiB pages,
  * 64 MiB slots, 2 GiB scratch, utilisation 0.9, 8 sequences:
@@ -225,7 +230,8 @@ TEST(startup_forward_leaves_no_trace) {
   for (int i = 0; i < NREQ; i++) all[i] = i;
   EXPECT_EQ_INT(run_set(&g, all, NREQ, GOT, NULL), NREQ);
   for (int i = 0; i < NREQ; i++)
-    EXPECT_MSG(same(&REF[i], &GOT[i]), "request %d (len %d) differs after the start-up forward", i, LEN[i]);
+    EXPECT_MSG(same(&REF[i], &GOT[i]), "request %d (len %d) differs after the start-up forward", i,
+               LEN[i]);
   EXPECT(rig_down(&g));
 }
 
@@ -331,8 +337,8 @@ TEST(packed_weights_plan) {
   EXPECT_EQ_INT(engine_packed_choice(-1, 54e9, 40e9, 141e9), 0);   /* 27B: over half */
   EXPECT_EQ_INT(engine_packed_choice(1, 54e9, 40e9, 141e9), 1);    /* asked */
   EXPECT_EQ_INT(engine_packed_choice(0, 7.4e9, 5.4e9, 141e9), 0);
-  EXPECT_EQ_INT(engine_packed_choice(-1, 7.4e9, 5.4e9, 0), 0);     /* no device figure */
-  EXPECT_EQ_INT(engine_packed_choice(1, 7.4e9, 0, 141e9), 0);      /* nothing to pack */
+  EXPECT_EQ_INT(engine_packed_choice(-1, 7.4e9, 5.4e9, 0), 0); /* no device figure */
+  EXPECT_EQ_INT(engine_packed_choice(1, 7.4e9, 0, 141e9), 0);  /* nothing to pack */
   model_config pc;
   memset(&pc, 0, sizeof pc);
   pc.n_layers = 2;
@@ -361,8 +367,8 @@ TEST(packed_weights_plan) {
   memset(&pw, 0, sizeof pw);
   pw.layers = lw;
   double want = 0;
-  const int64_t in[][2] = {{8192, 2560}, {32, 2560}, {2560, 4096}, {9216, 2560}, {2560, 9216},
-                           {64, 512}};
+  const int64_t in[][2] = {{8192, 2560}, {32, 2560},   {2560, 4096},
+                           {9216, 2560}, {2560, 9216}, {64, 512}};
   for (size_t i = 0; i < sizeof in / sizeof *in; i++)
     want += 1.5 * (double)in[i][0] * (double)in[i][1] + 4.0 * (double)in[i][0];
   double got = qwen35_packed_bytes(&pc, &pw);
@@ -432,16 +438,18 @@ TEST(sampler_threads_same_tokens) {
     int distinct = 0;
     for (int i = 0; i < NREQ; i++) {
       EXPECT_EQ_INT(GOT[i].n, MAXTOK);
-      EXPECT_MSG(same(&REF[i], &GOT[i]), "set %d: request %d differs with 4 sampler threads",
-                 set, i);
+      EXPECT_MSG(same(&REF[i], &GOT[i]), "set %d: request %d differs with 4 sampler threads", set,
+                 i);
       EXPECT_MSG(same(&REF[i], &ALONE[i]), "set %d: request %d differs alone", set, i);
       for (int k = 1; k < GOT[i].n; k++) distinct |= GOT[i].tok[k] != GOT[i].tok[0];
     }
     EXPECT_MSG(distinct, "set %d: every request repeats one token", set);
   }
   for (int i = 0; i < NREQ; i++) free(ALONE[i].lg);
-  if (old) setenv("DS_SAMPLER_THREADS", saved, 1);
-  else unsetenv("DS_SAMPLER_THREADS");
+  if (old)
+    setenv("DS_SAMPLER_THREADS", saved, 1);
+  else
+    unsetenv("DS_SAMPLER_THREADS");
 }
 
 /* Sampled steps picked by the backend's sample op (DS_ENGINE_DEVICE_SAMPLE=1; on the CPU
@@ -503,8 +511,10 @@ TEST(device_sample_same_tokens) {
                "set %d: only %lld steps sampled by the op", set, dev_steps[1]);
     int distinct = 0;
     for (int i = 0; i < NREQ; i++) {
-      if (set != 4) EXPECT_EQ_INT(GOT[i].n, MAXTOK);
-      else EXPECT(GOT[i].n >= MAXTOK / 2);
+      if (set != 4)
+        EXPECT_EQ_INT(GOT[i].n, MAXTOK);
+      else
+        EXPECT(GOT[i].n >= MAXTOK / 2);
       EXPECT_MSG(same(&REF[i], &GOT[i]), "set %d: request %d differs with the op", set, i);
       EXPECT_MSG(same(&REF[i], &ALONE[i]), "set %d: request %d differs alone", set, i);
       for (int k = 1; k < GOT[i].n; k++) distinct |= GOT[i].tok[k] != GOT[i].tok[0];
@@ -513,8 +523,10 @@ TEST(device_sample_same_tokens) {
   }
   RUN_NO_LOGITS = 0;
   RUN_PENALISED = -1;
-  if (old) setenv(name, saved, 1);
-  else unsetenv(name);
+  if (old)
+    setenv(name, saved, 1);
+  else
+    unsetenv(name);
 }
 
 /* response_format masks: 16 seeded requests (temperature 1) under the JSON-object mask, and
@@ -523,9 +535,9 @@ TEST(device_sample_same_tokens) {
  * masks while the forward runs (DS_ENGINE_MASK_OVERLAP=1) or each is computed as its row is
  * sampled (=0); and every output is a prefix of a JSON object (of one the schema accepts). */
 TEST(json_mask_overlap_same_tokens) {
-  static const char *piece[24] = {"{", "}", "\"", "\"a\"", ":", ",", " ", "1", "-", ".", "e",
-                                  "true", "[", "]", "null", "{\"", "\"}", "\":", "x", "0",
-                                  "\n", "\"b\":", "false", "7}"};
+  static const char *piece[24] = {"{",   "}",   "\"", "\"a\"", ":",  ",",      " ",     "1",
+                                  "-",   ".",   "e",  "true",  "[",  "]",      "null",  "{\"",
+                                  "\"}", "\":", "x",  "0",     "\n", "\"b\":", "false", "7}"};
   const char *bytes[512];
   size_t lens[512];
   REQUIRE(V <= 512);
@@ -568,9 +580,10 @@ TEST(json_mask_overlap_same_tokens) {
     }
     int open = 0;
     for (int i = 0; i < NREQ; i++) {
-      EXPECT_MSG(REF[i].n == GOT[i].n && !memcmp(REF[i].tok, GOT[i].tok, sizeof(int32_t) * GOT[i].n),
-                 "mode %d: request %d's tokens differ with the masks prepared during the forward",
-                 mode, i);
+      EXPECT_MSG(
+          REF[i].n == GOT[i].n && !memcmp(REF[i].tok, GOT[i].tok, sizeof(int32_t) * GOT[i].n),
+          "mode %d: request %d's tokens differ with the masks prepared during the forward", mode,
+          i);
       json_mask *m = sc ? json_mask_new_schema(jv, sc) : json_mask_new(jv);
       REQUIRE(m != NULL);
       for (int k = 0; k < GOT[i].n && GOT[i].tok[k] != eos; k++) {
@@ -588,8 +601,10 @@ TEST(json_mask_overlap_same_tokens) {
   json_vocab_free(jv);
   for (int k = 0; k < 2; k++) {
     const char *name = k ? "DS_ENGINE_MASK_OVERLAP" : "DS_SAMPLER_THREADS";
-    if (saved[k]) setenv(name, keep[k], 1);
-    else unsetenv(name);
+    if (saved[k])
+      setenv(name, keep[k], 1);
+    else
+      unsetenv(name);
   }
 }
 

@@ -53,7 +53,8 @@ TEST(spec_parser) {
   EXPECT_EQ_INT(fault_hit("p"), 0);
   EXPECT_EQ_INT(fault_hit("q"), 1);
   EXPECT_EQ_INT(fault_hit("q"), 0);
-  const char *bad[] = {"", "site", ":3", "s:", "s:0", "s:-1", "s:x", "s:3x", "s:3:maybe", "s:3:", NULL};
+  const char *bad[] = {"",    "site", ":3",        "s:",   "s:0", "s:-1",
+                       "s:x", "s:3x", "s:3:maybe", "s:3:", NULL};
   for (int i = 0; bad[i]; i++) {
     fault_arm(1, "keep", 0);
     err[0] = 0;

@@ -34,7 +34,9 @@ static const struct {
 };
 #define N_TARGETS (int)(sizeof targets / sizeof targets[0])
 
-static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+static int cmp_str(const void *a, const void *b) {
+  return strcmp(*(char *const *)a, *(char *const *)b);
+}
 
 /* Sorted regular-file names of dir (malloc'd); *n = count (0 when dir is missing). */
 static char **list_dir(const char *dir, int *n) {
@@ -127,12 +129,16 @@ static int replay_forked(fuzz_entry_fn fn, char **paths, int n, char *why, size_
   /* the last "@file" line names the input; a "!msg" line says why */
   char *last = NULL, *msg = NULL;
   for (char *p = strtok(buf, "\n"); p; p = strtok(NULL, "\n")) {
-    if (p[0] == '@') last = p + 1;
-    else if (p[0] == '!') msg = p + 1;
+    if (p[0] == '@')
+      last = p + 1;
+    else if (p[0] == '!')
+      msg = p + 1;
   }
-  if (msg) snprintf(why, whylen, "%s: %s", last ? last : "?", msg);
+  if (msg)
+    snprintf(why, whylen, "%s: %s", last ? last : "?", msg);
   else if (WIFSIGNALED(st))
-    snprintf(why, whylen, "%s: crashed with signal %d (%s)", last ? last : "?", WTERMSIG(st), strsignal(WTERMSIG(st)));
+    snprintf(why, whylen, "%s: crashed with signal %d (%s)", last ? last : "?", WTERMSIG(st),
+             strsignal(WTERMSIG(st)));
   else
     snprintf(why, whylen, "%s: exited with status %d (sanitizer report above)", last ? last : "?",
              WIFEXITED(st) ? WEXITSTATUS(st) : -1);
@@ -178,15 +184,18 @@ static void replay_regressions(void) {
     const char *dash = strrchr(names[i], '-');
     int t = -1;
     for (int k = 0; dash && k < N_TARGETS; k++)
-      if (strlen(targets[k].name) == (size_t)(dash - names[i]) && !strncmp(names[i], targets[k].name, (size_t)(dash - names[i])))
+      if (strlen(targets[k].name) == (size_t)(dash - names[i]) &&
+          !strncmp(names[i], targets[k].name, (size_t)(dash - names[i])))
         t = k;
     char path[PATH_MAX + 256];
     snprintf(path, sizeof path, "%s/%s", dir, names[i]);
     char *one[1] = {path};
     test_cur_failed = 0;
     test_why[0] = 0;
-    if (t < 0) EXPECT_MSG(0, "%.200s does not name a target (<target>-<n>.bin)", names[i]);
-    else if (replay_forked(targets[t].fn, one, 1, why, sizeof why)) EXPECT_MSG(0, "%.400s", why);
+    if (t < 0)
+      EXPECT_MSG(0, "%.200s does not name a target (<target>-<n>.bin)", names[i]);
+    else if (replay_forked(targets[t].fn, one, 1, why, sizeof why))
+      EXPECT_MSG(0, "%.400s", why);
     if (test_cur_failed) {
       test_failed_total++;
       printf("FAIL regression_%s: %s\n", names[i], test_why);

@@ -46,10 +46,11 @@ TEST(qwen3_file) {
   /* the shape of the Qwen3 checkpoints' file */
   generation_config gc;
   char err[256];
-  REQUIRE(load_text("{\"bos_token_id\": 151643, \"do_sample\": true, \"eos_token_id\": [151645, 151643],"
-                    " \"pad_token_id\": 151643, \"temperature\": 0.6, \"top_k\": 20, \"top_p\": 0.95,"
-                    " \"transformers_version\": \"4.51.0\"}",
-                    &gc, err, sizeof err) == 0);
+  REQUIRE(load_text(
+              "{\"bos_token_id\": 151643, \"do_sample\": true, \"eos_token_id\": [151645, 151643],"
+              " \"pad_token_id\": 151643, \"temperature\": 0.6, \"top_k\": 20, \"top_p\": 0.95,"
+              " \"transformers_version\": \"4.51.0\"}",
+              &gc, err, sizeof err) == 0);
   EXPECT_EQ_INT(gc.has, SAMPLING_SET_TEMPERATURE | SAMPLING_SET_TOP_P | SAMPLING_SET_TOP_K);
   EXPECT(gc.temperature == 0.6f);
   EXPECT(gc.top_p == 0.95f);
@@ -65,8 +66,9 @@ TEST(every_field) {
   REQUIRE(load_text("{\"temperature\": 0, \"top_p\": 1, \"top_k\": -1, \"min_p\": 0.05,"
                     " \"repetition_penalty\": 1.05, \"max_new_tokens\": 300}",
                     &gc, err, sizeof err) == 0);
-  EXPECT_EQ_INT(gc.has, SAMPLING_SET_TEMPERATURE | SAMPLING_SET_TOP_P | SAMPLING_SET_TOP_K | SAMPLING_SET_MIN_P |
-                            SAMPLING_SET_REPETITION_PENALTY | SAMPLING_SET_MAX_TOKENS);
+  EXPECT_EQ_INT(gc.has, SAMPLING_SET_TEMPERATURE | SAMPLING_SET_TOP_P | SAMPLING_SET_TOP_K |
+                            SAMPLING_SET_MIN_P | SAMPLING_SET_REPETITION_PENALTY |
+                            SAMPLING_SET_MAX_TOKENS);
   EXPECT(gc.temperature == 0.f);
   EXPECT_EQ_INT(gc.top_k, 0); /* -1: off */
   EXPECT(gc.min_p == 0.05f);
@@ -74,7 +76,7 @@ TEST(every_field) {
   EXPECT_EQ_INT(gc.max_new_tokens, 300);
   EXPECT_EQ_INT(generation_config_max_tokens(&gc, 1000), 300);
   EXPECT_EQ_INT(generation_config_max_tokens(&gc, 100), 100); /* the context leaves less */
-  char d[32]; /* truncated, terminated */
+  char d[32];                                                 /* truncated, terminated */
   generation_config_describe(&gc, d, sizeof d);
   EXPECT_EQ_INT(strlen(d), sizeof d - 1);
 }
@@ -89,8 +91,9 @@ TEST(no_defaults) {
   EXPECT_EQ_INT(gc.has, 0);
   folder_rm(dir);
   /* nulls, top_k 50 (transformers' default, not taken by vLLM) and other keys: nothing */
-  REQUIRE(load_text("{\"temperature\": null, \"top_k\": 50, \"do_sample\": false, \"num_beams\": 4}", &gc, err,
-                    sizeof err) == 0);
+  REQUIRE(
+      load_text("{\"temperature\": null, \"top_k\": 50, \"do_sample\": false, \"num_beams\": 4}",
+                &gc, err, sizeof err) == 0);
   EXPECT_EQ_INT(gc.has, 0);
   EXPECT_EQ_INT(generation_config_max_tokens(&gc, 77), 77);
   char d[16];
@@ -120,8 +123,8 @@ TEST(errors) {
     char err[256];
     int rc = load_text(bad[i].text, &gc, err, sizeof err);
     EXPECT_MSG(rc == -1, "%s: loaded (rc %d)", bad[i].text, rc);
-    EXPECT_MSG(strstr(err, bad[i].says) && strstr(err, "generation_config.json"), "%s: error '%s'", bad[i].text,
-               err);
+    EXPECT_MSG(strstr(err, bad[i].says) && strstr(err, "generation_config.json"), "%s: error '%s'",
+               bad[i].text, err);
     EXPECT_MSG(gc.has == 0, "%s: has %u after an error", bad[i].text, gc.has);
   }
 }
@@ -139,22 +142,26 @@ TEST(apply_to_requests) {
   REQUIRE(openai_request_parse(OPENAI_KIND_COMPLETION, none, strlen(none), &r, &e) == 0);
   EXPECT_EQ_INT(r.sp_set, 0);
   generation_config_apply(&gc, r.sp_set, &r.sp);
-  EXPECT(r.sp.temperature == 0.6f && r.sp.top_k == 20 && r.sp.top_p == 0.95f && r.sp.min_p == 0.1f &&
-         r.sp.repetition_penalty == 1.1f);
+  EXPECT(r.sp.temperature == 0.6f && r.sp.top_k == 20 && r.sp.top_p == 0.95f &&
+         r.sp.min_p == 0.1f && r.sp.repetition_penalty == 1.1f);
   openai_request_free(&r);
-  const char *some = "{\"prompt\":\"x\",\"temperature\":1.0,\"top_k\":-1,\"repetition_penalty\":1,\"max_tokens\":4}";
+  const char *some =
+      "{\"prompt\":\"x\",\"temperature\":1.0,\"top_k\":-1,\"repetition_penalty\":1,\"max_tokens\":"
+      "4}";
   REQUIRE(openai_request_parse(OPENAI_KIND_COMPLETION, some, strlen(some), &r, &e) == 0);
-  EXPECT_EQ_INT(r.sp_set,
-                SAMPLING_SET_TEMPERATURE | SAMPLING_SET_TOP_K | SAMPLING_SET_REPETITION_PENALTY | SAMPLING_SET_MAX_TOKENS);
+  EXPECT_EQ_INT(r.sp_set, SAMPLING_SET_TEMPERATURE | SAMPLING_SET_TOP_K |
+                              SAMPLING_SET_REPETITION_PENALTY | SAMPLING_SET_MAX_TOKENS);
   generation_config_apply(&gc, r.sp_set, &r.sp);
-  EXPECT(r.sp.temperature == 1.0f);     /* the request's */
-  EXPECT_EQ_INT(r.sp.top_k, 0);         /* the request's -1: off */
+  EXPECT(r.sp.temperature == 1.0f); /* the request's */
+  EXPECT_EQ_INT(r.sp.top_k, 0);     /* the request's -1: off */
   EXPECT(r.sp.repetition_penalty == 1.0f);
   EXPECT(r.sp.top_p == 0.95f && r.sp.min_p == 0.1f); /* the file's */
   EXPECT_EQ_INT(r.max_tokens, 4);
   openai_request_free(&r);
   /* chat: max_completion_tokens counts as a max_tokens */
-  const char *chat = "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_completion_tokens\":3,\"top_p\":0.5}";
+  const char *chat =
+      "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_completion_tokens\":3,\"top_"
+      "p\":0.5}";
   REQUIRE(openai_request_parse(OPENAI_KIND_CHAT, chat, strlen(chat), &r, &e) == 0);
   EXPECT_EQ_INT(r.sp_set, SAMPLING_SET_MAX_TOKENS | SAMPLING_SET_TOP_P);
   openai_request_free(&r);

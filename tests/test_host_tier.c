@@ -13,10 +13,30 @@
 static unsigned char dev_page[8][PB], dev_slot[4][SB];
 static int n_read, n_write;
 
-static int rd_page(void *c, int p, void *h) { (void)c; n_read++; memcpy(h, dev_page[p], PB); return 0; }
-static int wr_page(void *c, int p, const void *h) { (void)c; n_write++; memcpy(dev_page[p], h, PB); return 0; }
-static int rd_slot(void *c, int s, void *h) { (void)c; n_read++; memcpy(h, dev_slot[s], SB); return 0; }
-static int wr_slot(void *c, int s, const void *h) { (void)c; n_write++; memcpy(dev_slot[s], h, SB); return 0; }
+static int rd_page(void *c, int p, void *h) {
+  (void)c;
+  n_read++;
+  memcpy(h, dev_page[p], PB);
+  return 0;
+}
+static int wr_page(void *c, int p, const void *h) {
+  (void)c;
+  n_write++;
+  memcpy(dev_page[p], h, PB);
+  return 0;
+}
+static int rd_slot(void *c, int s, void *h) {
+  (void)c;
+  n_read++;
+  memcpy(h, dev_slot[s], SB);
+  return 0;
+}
+static int wr_slot(void *c, int s, const void *h) {
+  (void)c;
+  n_write++;
+  memcpy(dev_slot[s], h, SB);
+  return 0;
+}
 static const host_tier_ops ops = {NULL, rd_page, wr_page, rd_slot, wr_slot};
 
 static void fill(void) {

@@ -42,9 +42,9 @@ static const char *const valid_texts[] = {
     "{\"a\":{}}",
     "{\"a\":0,\"b\":[0],\"c\":{\"d\":0}}",
     "{\"a\" :\n\t[ null ,true ] , \"b\": \"}\" }",
-    "                {}",                 /* 16 spaces before */
-    "{                }",                 /* 16 inside */
-    "{\"a\":1                ,\"b\":2}", /* 16 after a number */
+    "                {}",                             /* 16 spaces before */
+    "{                }",                             /* 16 inside */
+    "{\"a\":1                ,\"b\":2}",              /* 16 after a number */
     "{\"s\":\"                                  \"}", /* spaces in strings are not counted */
 };
 
@@ -55,14 +55,14 @@ typedef struct bad_text {
 } bad_text;
 
 static const bad_text invalid_texts[] = {
-    {"{\"a\":1,}", 7},            /* trailing comma */
-    {"{\"a\":[1,]}", 8},          /* trailing comma in an array */
+    {"{\"a\":1,}", 7},   /* trailing comma */
+    {"{\"a\":[1,]}", 8}, /* trailing comma in an array */
     {"{,}", 1},
-    {"{a:1}", 1},                 /* unquoted key */
-    {"{1:1}", 1},                 /* non-string key */
-    {"{\"a\":01}", 6},            /* leading zero */
+    {"{a:1}", 1},      /* unquoted key */
+    {"{1:1}", 1},      /* non-string key */
+    {"{\"a\":01}", 6}, /* leading zero */
     {"{\"a\":-01}", 7},
-    {"{\"a\":1.}", 7},            /* "1." then '}' */
+    {"{\"a\":1.}", 7}, /* "1." then '}' */
     {"{\"a\":1.e5}", 7},
     {"{\"a\":.5}", 5},
     {"{\"a\":+1}", 5},
@@ -74,39 +74,39 @@ static const bad_text invalid_texts[] = {
     {"{\"a\":1 2}", 7},
     {"{\"a\":1 .5}", 7},
     {"{\"a\":1x}", 6},
-    {"{\"a\":tru}", 8},           /* a literal cut short */
+    {"{\"a\":tru}", 8}, /* a literal cut short */
     {"{\"a\":nul}", 8},
     {"{\"a\":True}", 5},
     {"{\"a\":truex}", 9},
     {"{\"a\":falsee}", 10},
-    {"{\"a\" 1}", 5},             /* no colon */
+    {"{\"a\" 1}", 5}, /* no colon */
     {"{\"a\"::1}", 5},
     {"{\"a\":}", 5},
-    {"{\"a\":1\"b\":2}", 6},      /* no comma */
-    {"{\"a\":[1}", 7},            /* mismatched closers */
+    {"{\"a\":1\"b\":2}", 6}, /* no comma */
+    {"{\"a\":[1}", 7},       /* mismatched closers */
     {"{\"a\":{]}", 6},
     {"{\"a\":[1]]}", 8},
-    {"[1]", 0},                   /* top level not an object */
+    {"[1]", 0}, /* top level not an object */
     {"\"a\"", 0},
     {"1", 0},
     {"true", 0},
     {" [", 1},
     {"}", 0},
-    {"{} ", 2},                   /* anything after the closing brace */
+    {"{} ", 2}, /* anything after the closing brace */
     {"{}\n", 2},
     {"{}x", 2},
     {"{}{}", 2},
     {"{}}", 2},
-    {"{\"a\":\"x\x01\"}", 7},     /* control bytes in a string */
+    {"{\"a\":\"x\x01\"}", 7}, /* control bytes in a string */
     {"{\"a\":\"x\ny\"}", 7},
     {"{\"a\":\"\t\"}", 6},
     {"{\"a\n\":1}", 3},
-    {"{\"a\":\"\\q\"}", 7},       /* bad escapes */
+    {"{\"a\":\"\\q\"}", 7}, /* bad escapes */
     {"{\"a\":\"\\'\"}", 7},
     {"{\"a\":\"\\U0041\"}", 7},
     {"{\"a\":\"\\u12G4\"}", 10},
     {"{\"a\":\"\\u12\"}", 10},
-    {"{\"a\":\"\xc0\x80\"}", 6},  /* bad UTF-8: overlong two-byte */
+    {"{\"a\":\"\xc0\x80\"}", 6}, /* bad UTF-8: overlong two-byte */
     {"{\"a\":\"\xc1\xbf\"}", 6},
     {"{\"a\":\"\xe0\x80\x80\"}", 7}, /* overlong three-byte */
     {"{\"a\":\"\xe0\x9f\xbf\"}", 7},
@@ -117,18 +117,18 @@ static const bad_text invalid_texts[] = {
     {"{\"a\":\"\xf4\x90\x80\x80\"}", 7}, /* above U+10FFFF */
     {"{\"a\":\"\xf5\x80\x80\x80\"}", 6},
     {"{\"a\":\"\xff\"}", 6},
-    {"{\"a\":\"\x80\"}", 6},       /* lone continuation */
+    {"{\"a\":\"\x80\"}", 6}, /* lone continuation */
     {"{\"a\":\"\xc3\xa9\xa9\"}", 8},
-    {"{\"a\":\"\xc3\"}", 7},       /* sequence cut short */
+    {"{\"a\":\"\xc3\"}", 7}, /* sequence cut short */
     {"{\"a\":\"\xe2\x82\"}", 8},
     {"{\"a\":\"\xf0\x9f\x98z\"}", 9},
     {"{\"a\":\"\xe2z\"}", 7},
-    {"{\"a\":\xc3\xa9}", 5},       /* non-ASCII outside strings */
-    {"\xef\xbb\xbf{}", 0},         /* a byte-order mark */
-    {"{\xc2\xa0}", 1},             /* a non-breaking space is not whitespace */
-    {"{\f}", 1},                   /* nor is form feed */
+    {"{\"a\":\xc3\xa9}", 5}, /* non-ASCII outside strings */
+    {"\xef\xbb\xbf{}", 0},   /* a byte-order mark */
+    {"{\xc2\xa0}", 1},       /* a non-breaking space is not whitespace */
+    {"{\f}", 1},             /* nor is form feed */
     {"{\v}", 1},
-    {"                 {}", 16},   /* 17 spaces */
+    {"                 {}", 16}, /* 17 spaces */
     {"{                 }", 17},
     {"{\"a\":1                 }", 22},
     {"{\"a\"                 :1}", 20},
@@ -193,8 +193,8 @@ static void check_invalid(const char *s, int bad) {
     EXPECT_MSG(r == 0, "prefix %zu of \"%s\" (bad at %d) rejected", k, s, bad);
   }
   int complete;
-  EXPECT_MSG(feed_fresh(s, (size_t)bad + 1, &complete) == -1,
-             "\"%s\" not rejected at byte %d", s, bad);
+  EXPECT_MSG(feed_fresh(s, (size_t)bad + 1, &complete) == -1, "\"%s\" not rejected at byte %d", s,
+             bad);
   EXPECT_MSG(feed_fresh(s, n, &complete) == -1, "whole \"%s\" accepted", s);
   /* a rejected state stays rejected */
   json_state st;
@@ -210,8 +210,15 @@ TEST(recognizer_valid) {
   for (int i = 0; i < N_VALID; i++) check_valid(valid_texts[i]);
   check_valid(deep_ok);
   /* a few incomplete texts that are valid prefixes */
-  static const char *const prefixes[] = {"", " ", "{", "{\"a\"", "{\"a\":1", "{\"a\":1.5e",
-                                         "{\"a\":\"\\u00", "{\"a\":\"\xf0\x9f", "{\"a\":[{"};
+  static const char *const prefixes[] = {"",
+                                         " ",
+                                         "{",
+                                         "{\"a\"",
+                                         "{\"a\":1",
+                                         "{\"a\":1.5e",
+                                         "{\"a\":\"\\u00",
+                                         "{\"a\":\"\xf0\x9f",
+                                         "{\"a\":[{"};
   for (size_t i = 0; i < sizeof prefixes / sizeof *prefixes; i++) {
     int complete;
     EXPECT_MSG(feed_fresh(prefixes[i], strlen(prefixes[i]), &complete) == 0 && !complete,
@@ -323,24 +330,96 @@ static int compare(const tvocab *tv, json_mask *m, const char *text, size_t len,
 /* ---- a small hand-made vocabulary ------------------------------------------------------- */
 
 enum {
-  T_LBRACE, T_RBRACE, T_QUOTE, T_QA_Q, T_COLON, T_COMMA, T_SPACE, T_1, T_MINUS, T_DOT,
-  T_E, T_TRUE, T_LBRACKET, T_RBRACKET, T_BSLASH, T_N, T_LBRACE_Q, T_Q_RBRACE, T_Q_COLON,
-  T_EACUTE, T_C3, T_A9, T_FF, T_EMPTY, T_SPECIAL, T_EOS, T_0, T_NL, T_QA_Q_COLON, T_SP_Q,
-  T_NULL, T_FALSE, T_AB, T_U, T_00, T_1_5, T_RBRACE2, T_SPACE2, T_UESC, T_QABC, T_NULLBYTES,
-  T_EPLUS, T_EOS2, N_SMALL
+  T_LBRACE,
+  T_RBRACE,
+  T_QUOTE,
+  T_QA_Q,
+  T_COLON,
+  T_COMMA,
+  T_SPACE,
+  T_1,
+  T_MINUS,
+  T_DOT,
+  T_E,
+  T_TRUE,
+  T_LBRACKET,
+  T_RBRACKET,
+  T_BSLASH,
+  T_N,
+  T_LBRACE_Q,
+  T_Q_RBRACE,
+  T_Q_COLON,
+  T_EACUTE,
+  T_C3,
+  T_A9,
+  T_FF,
+  T_EMPTY,
+  T_SPECIAL,
+  T_EOS,
+  T_0,
+  T_NL,
+  T_QA_Q_COLON,
+  T_SP_Q,
+  T_NULL,
+  T_FALSE,
+  T_AB,
+  T_U,
+  T_00,
+  T_1_5,
+  T_RBRACE2,
+  T_SPACE2,
+  T_UESC,
+  T_QABC,
+  T_NULLBYTES,
+  T_EPLUS,
+  T_EOS2,
+  N_SMALL
 };
 
 static const char *const small_bytes[N_SMALL] = {
-    [T_LBRACE] = "{", [T_RBRACE] = "}", [T_QUOTE] = "\"", [T_QA_Q] = "\"a\"", [T_COLON] = ":",
-    [T_COMMA] = ",", [T_SPACE] = " ", [T_1] = "1", [T_MINUS] = "-", [T_DOT] = ".",
-    [T_E] = "e", [T_TRUE] = "true", [T_LBRACKET] = "[", [T_RBRACKET] = "]",
-    [T_BSLASH] = "\\", [T_N] = "n", [T_LBRACE_Q] = "{\"", [T_Q_RBRACE] = "\"}",
-    [T_Q_COLON] = "\":", [T_EACUTE] = "\xc3\xa9", [T_C3] = "\xc3", [T_A9] = "\xa9",
-    [T_FF] = "\xff", [T_EMPTY] = "", [T_SPECIAL] = "<|special|>", [T_EOS] = "<|eos|>",
-    [T_0] = "0", [T_NL] = "\n", [T_QA_Q_COLON] = "\"a\":", [T_SP_Q] = " \"", [T_NULL] = "null",
-    [T_FALSE] = "false", [T_AB] = "ab", [T_U] = "u", [T_00] = "00", [T_1_5] = "1.5",
-    [T_RBRACE2] = "}}", [T_SPACE2] = "  ", [T_UESC] = "\\u00e9", [T_QABC] = "\"abc",
-    [T_NULLBYTES] = NULL, [T_EPLUS] = "e+", [T_EOS2] = "",
+    [T_LBRACE] = "{",
+    [T_RBRACE] = "}",
+    [T_QUOTE] = "\"",
+    [T_QA_Q] = "\"a\"",
+    [T_COLON] = ":",
+    [T_COMMA] = ",",
+    [T_SPACE] = " ",
+    [T_1] = "1",
+    [T_MINUS] = "-",
+    [T_DOT] = ".",
+    [T_E] = "e",
+    [T_TRUE] = "true",
+    [T_LBRACKET] = "[",
+    [T_RBRACKET] = "]",
+    [T_BSLASH] = "\\",
+    [T_N] = "n",
+    [T_LBRACE_Q] = "{\"",
+    [T_Q_RBRACE] = "\"}",
+    [T_Q_COLON] = "\":",
+    [T_EACUTE] = "\xc3\xa9",
+    [T_C3] = "\xc3",
+    [T_A9] = "\xa9",
+    [T_FF] = "\xff",
+    [T_EMPTY] = "",
+    [T_SPECIAL] = "<|special|>",
+    [T_EOS] = "<|eos|>",
+    [T_0] = "0",
+    [T_NL] = "\n",
+    [T_QA_Q_COLON] = "\"a\":",
+    [T_SP_Q] = " \"",
+    [T_NULL] = "null",
+    [T_FALSE] = "false",
+    [T_AB] = "ab",
+    [T_U] = "u",
+    [T_00] = "00",
+    [T_1_5] = "1.5",
+    [T_RBRACE2] = "}}",
+    [T_SPACE2] = "  ",
+    [T_UESC] = "\\u00e9",
+    [T_QABC] = "\"abc",
+    [T_NULLBYTES] = NULL,
+    [T_EPLUS] = "e+",
+    [T_EOS2] = "",
 };
 
 static const char *small_ptrs[N_SMALL];
@@ -415,8 +494,8 @@ TEST(mask_small_vocab) {
   size_t len = 0;
   int p1[] = {T_LBRACE};
   advance_all(m, &tv, p1, 1, text, &len);
-  int want_obj[] = {T_RBRACE, T_QUOTE, T_QA_Q, T_SPACE, T_Q_RBRACE, T_Q_COLON, T_NL,
-                    T_QA_Q_COLON, T_SP_Q, T_SPACE2, T_QABC};
+  int want_obj[] = {T_RBRACE, T_QUOTE,      T_QA_Q, T_SPACE,  T_Q_RBRACE, T_Q_COLON,
+                    T_NL,     T_QA_Q_COLON, T_SP_Q, T_SPACE2, T_QABC};
   ng = allowed_ids(m, N_SMALL, got);
   EXPECT_MSG(same_set(got, ng, want_obj, 11), "after {: %d allowed", ng);
   if (compare(&tv, m, text, len, 0, N_SMALL, why, sizeof why)) EXPECT_MSG(0, "%.300s", why);
@@ -444,8 +523,8 @@ TEST(mask_small_vocab) {
   int p4[] = {T_A9, T_BSLASH};
   advance_all(m, &tv, p4, 2, text, &len);
   ng = allowed_ids(m, N_SMALL, got);
-  int want_esc[] = {T_QUOTE, T_QA_Q, T_TRUE, T_BSLASH, T_N, T_Q_RBRACE, T_Q_COLON,
-                    T_QA_Q_COLON, T_NULL, T_FALSE, T_U, T_UESC, T_QABC};
+  int want_esc[] = {T_QUOTE,      T_QA_Q, T_TRUE,  T_BSLASH, T_N,    T_Q_RBRACE, T_Q_COLON,
+                    T_QA_Q_COLON, T_NULL, T_FALSE, T_U,      T_UESC, T_QABC};
   EXPECT_MSG(same_set(got, ng, want_esc, 13), "after \\: %d allowed", ng);
   if (compare(&tv, m, text, len, 0, N_SMALL, why, sizeof why)) EXPECT_MSG(0, "%.300s", why);
 
@@ -490,8 +569,8 @@ TEST(mask_small_vocab) {
   json_mask_free(m);
 
   /* dead by a forbidden token, an out-of-range id, a special, an empty token, an early eos */
-  const int killers[] = {T_RBRACE, -1, N_SMALL, 1 << 30, T_SPECIAL, T_EMPTY, T_NULLBYTES, T_EOS,
-                         T_FF};
+  const int killers[] = {T_RBRACE, -1,          N_SMALL, 1 << 30, T_SPECIAL,
+                         T_EMPTY,  T_NULLBYTES, T_EOS,   T_FF};
   for (size_t k = 0; k < sizeof killers / sizeof *killers; k++) {
     m = json_mask_new(v);
     REQUIRE(m);
@@ -559,8 +638,7 @@ TEST(mask_small_vocab) {
   EXPECT(json_mask_feed(fresh, "{\"a\":", 5) == 0);
   int nf = allowed_ids(fresh, N_SMALL, got_m);
   EXPECT_MSG(same_set(got, ng, got_m, nf), "copied over a prepared mask: %d allowed, %d", ng, nf);
-  if (compare(&tv, c, text, len, 0, N_SMALL, why, sizeof why))
-    EXPECT_MSG(0, "copied: %.300s", why);
+  if (compare(&tv, c, text, len, 0, N_SMALL, why, sizeof why)) EXPECT_MSG(0, "copied: %.300s", why);
   /* prepared on another thread, applied on this one after the join */
   pthread_t th;
   REQUIRE(pthread_create(&th, NULL, prepare_small, fresh) == 0);
@@ -606,8 +684,8 @@ TEST(mask_small_vocab) {
     json_mask_advance(m, 0); /* in a key: '{', '"' (a key "{"), '}' are fine */
     ng = allowed_ids(m, 4, got);
     int want_long[] = {0, 2, 1};
-    EXPECT_MSG(same_set(got, ng, want_long, variant ? 2 : 3), "long token %d: %d allowed",
-               variant, ng);
+    EXPECT_MSG(same_set(got, ng, want_long, variant ? 2 : 3), "long token %d: %d allowed", variant,
+               ng);
     EXPECT_MSG(!prep_compare(m, 4, 4, why, sizeof why), "long token %d: %.300s", variant, why);
     json_mask_advance(m, 1);
     EXPECT(json_mask_dead(m) == variant);
@@ -787,17 +865,17 @@ TEST(mask_real_vocab) {
 
   /* the states timed, with what each must allow and forbid */
   static const char *const states[] = {
-      "",                      /* the start */
-      "{",                     /* a key or '}' */
-      "{\"",                   /* in a key */
-      "{\"name\": \"",         /* in a string value */
-      "{\"name\": \"abc def",  /* in a string value */
-      "{\"a\": ",              /* a value */
-      "{\"a\": 1",             /* in a number */
-      "{\"a\": [1, ",          /* an array element */
-      "{\"a\": \"\\u00",       /* in \u */
-      "{\"a\": tr",            /* in a literal */
-      "{\"a\": 1}",            /* complete */
+      "",                     /* the start */
+      "{",                    /* a key or '}' */
+      "{\"",                  /* in a key */
+      "{\"name\": \"",        /* in a string value */
+      "{\"name\": \"abc def", /* in a string value */
+      "{\"a\": ",             /* a value */
+      "{\"a\": 1",            /* in a number */
+      "{\"a\": [1, ",         /* an array element */
+      "{\"a\": \"\\u00",      /* in \u */
+      "{\"a\": tr",           /* in a literal */
+      "{\"a\": 1}",           /* complete */
   };
   const int n_states = (int)(sizeof states / sizeof *states);
   for (int s = 0; s < n_states; s++) {
@@ -816,9 +894,9 @@ TEST(mask_real_vocab) {
         break;
       }
     if (!strcmp(text, "{\"name\": \"") || !strcmp(text, "{\"name\": \"abc def")) {
-      EXPECT_MSG(ok[id_abc] && ok[id_hello] && ok[id_name] && ok[id_world] && ok[id_q] &&
-                     ok[id_comma],
-                 "in a string: a word token forbidden");
+      EXPECT_MSG(
+          ok[id_abc] && ok[id_hello] && ok[id_name] && ok[id_world] && ok[id_q] && ok[id_comma],
+          "in a string: a word token forbidden");
       /* '}' is string content here ({"name": "} is a prefix of {"name": "}"}) */
       EXPECT_MSG(ok[id_rb], "in a string: '}' forbidden");
       EXPECT(!ok[im_end] && !ok[eot]);
@@ -848,9 +926,10 @@ TEST(mask_real_vocab) {
     /* time it: apply alone, prepare, apply after prepare */
     double ms[3];
     apply_times(m, logits, n_logits, ms);
-    printf("  json_mask_apply after %-22s %6.3f ms/call (%6d allowed); prepare %6.3f, "
-           "prepared apply %6.3f\n",
-           s == 0 ? "(nothing)" : states[s], ms[0], n_ok, ms[1], ms[2]);
+    printf(
+        "  json_mask_apply after %-22s %6.3f ms/call (%6d allowed); prepare %6.3f, "
+        "prepared apply %6.3f\n",
+        s == 0 ? "(nothing)" : states[s], ms[0], n_ok, ms[1], ms[2]);
     json_mask_free(m);
   }
   json_vocab_free(v);

@@ -208,19 +208,32 @@ typedef struct bad_schema {
 TEST(compile_rejects) {
   /* each unsupported keyword, inside a property: named, with where */
   static const char *const kws[][2] = {
-      {"pattern", "'^a'"},           {"format", "'email'"},
-      {"minimum", "1"},              {"maximum", "1"},
-      {"exclusiveMinimum", "1"},     {"exclusiveMaximum", "1"},
-      {"multipleOf", "2"},           {"patternProperties", "{}"},
-      {"propertyNames", "{}"},       {"minProperties", "1"},
-      {"maxProperties", "1"},        {"dependentRequired", "{}"},
-      {"dependentSchemas", "{}"},    {"if", "{}"},
-      {"then", "{}"},                {"else", "{}"},
-      {"not", "{}"},                 {"allOf", "[{}]"},
-      {"uniqueItems", "true"},       {"contains", "{}"},
-      {"prefixItems", "[{}]"},       {"unevaluatedProperties", "false"},
-      {"additionalItems", "false"},  {"nullable", "true"},
-      {"foo", "1"},                  {"dependencies", "{}"},
+      {"pattern", "'^a'"},
+      {"format", "'email'"},
+      {"minimum", "1"},
+      {"maximum", "1"},
+      {"exclusiveMinimum", "1"},
+      {"exclusiveMaximum", "1"},
+      {"multipleOf", "2"},
+      {"patternProperties", "{}"},
+      {"propertyNames", "{}"},
+      {"minProperties", "1"},
+      {"maxProperties", "1"},
+      {"dependentRequired", "{}"},
+      {"dependentSchemas", "{}"},
+      {"if", "{}"},
+      {"then", "{}"},
+      {"else", "{}"},
+      {"not", "{}"},
+      {"allOf", "[{}]"},
+      {"uniqueItems", "true"},
+      {"contains", "{}"},
+      {"prefixItems", "[{}]"},
+      {"unevaluatedProperties", "false"},
+      {"additionalItems", "false"},
+      {"nullable", "true"},
+      {"foo", "1"},
+      {"dependencies", "{}"},
   };
   for (size_t i = 0; i < sizeof kws / sizeof *kws; i++) {
     char schema[256], want[128], err[256] = "";
@@ -289,8 +302,7 @@ TEST(compile_rejects) {
       {"{'type':'object','properties':{'a':{'anyOf':[]}}}", "'anyOf' must be a non-empty array"},
       {"{'type':'object','properties':{'a':{'anyOf':[{'type':'null'}],'type':'string'}}}",
        "'type' beside 'anyOf' is not supported"},
-      {"{'type':'object','properties':{'a':{'anyOf':[{'type':'null'}],'oneOf':[{}]}}}",
-       "beside"},
+      {"{'type':'object','properties':{'a':{'anyOf':[{'type':'null'}],'oneOf':[{}]}}}", "beside"},
       /* types */
       {"{'type':'object','properties':{'a':{'type':'str'}}}", "'type' must be one of"},
       {"{'type':'object','properties':{'a':{'type':['null','null']}}}",
@@ -380,8 +392,9 @@ typedef struct case_t {
 
 static const case_t valid_cases[] = {
     {S_PERSON, "{'name':'a','tags':['a']}"},
-    {S_PERSON, "{'name':'h\xc3\xa9llo','age':-12,'email':null,'tags':['a','ab','b'],'kind':12,"
-               "'score':1.5e3,'meta':{'x':[1,{'y':null}]},'any':'s'}"},
+    {S_PERSON,
+     "{'name':'h\xc3\xa9llo','age':-12,'email':null,'tags':['a','ab','b'],'kind':12,"
+     "'score':1.5e3,'meta':{'x':[1,{'y':null}]},'any':'s'}"},
     {S_PERSON, " { 'name' : 'x' , 'tags' : [ 'b' ] , 'kind' : 1 }"},
     {S_PERSON, "{'name':'12345678','tags':['a'],'kind':{'x':[1]}}"},
     {S_PERSON, "{'name':'\\u00e9\\uD83D\\uDE00\\n\xf0\x9f\x98\x80\\\\\\/\\'','tags':['a']}"},
@@ -397,8 +410,9 @@ static const case_t valid_cases[] = {
     {S_TREE, "{'root':{'v':1},'note':[true,false]}"},
     {S_TREE, "{'root':{'v':1},'note':[]}"},
     {S_KEYS, "{'n':{'q':'ab'}}"},
-    {S_KEYS, "{'a\\'b':'x\\ny','\xd0\xba\xd0\xbb\xd1\x8e\xd1\x87':true,'\\u0001':null,"
-             "'n':{'p':1,'q':'\\u00e9\\u00e9'}}"},
+    {S_KEYS,
+     "{'a\\'b':'x\\ny','\xd0\xba\xd0\xbb\xd1\x8e\xd1\x87':true,'\\u0001':null,"
+     "'n':{'p':1,'q':'\\u00e9\\u00e9'}}"},
     {S_KEYS, "{'\\u0001':null,'n':{'q':'\xf0\x9f\x98\x80\xf0\x9f\x98\x80'}}"},
     {S_ENUM_ROOT, "{'a':1}"},
     {S_ENUM_ROOT, "  {'b':[true,'s']}"},
@@ -416,12 +430,12 @@ static const case_t valid_cases[] = {
 };
 
 static const case_t invalid_cases[] = {
-    {S_PERSON, "{'|tags':['a']}"},                   /* a required key skipped */
-    {S_PERSON, "{'name':'a'|}"},                      /* a required key missing */
-    {S_PERSON, "{'name':'a','tags':['a'],'a|ge':1}"}, /* out of order ('any' starts with a) */
-    {S_PERSON, "{'name':'a','tags':['a'],'|zzz':1}"}, /* not a property */
+    {S_PERSON, "{'|tags':['a']}"},                       /* a required key skipped */
+    {S_PERSON, "{'name':'a'|}"},                         /* a required key missing */
+    {S_PERSON, "{'name':'a','tags':['a'],'a|ge':1}"},    /* out of order ('any' starts with a) */
+    {S_PERSON, "{'name':'a','tags':['a'],'|zzz':1}"},    /* not a property */
     {S_PERSON, "{'name':'a','|name':'b','tags':['a']}"}, /* twice */
-    {S_PERSON, "{'name':|1,'tags':['a']}"},           /* wrong types */
+    {S_PERSON, "{'name':|1,'tags':['a']}"},              /* wrong types */
     {S_PERSON, "{'name':'a','age':|'1','tags':['a']}"},
     {S_PERSON, "{'name':'a','age':1|.5,'tags':['a']}"},
     {S_PERSON, "{'name':'a','age':1|e5,'tags':['a']}"},
@@ -429,7 +443,7 @@ static const case_t invalid_cases[] = {
     {S_PERSON, "{'name':'a','tags':|'a'}"},
     {S_PERSON, "{'name':'a','tags':['a'],'meta':|[]}"},
     {S_PERSON, "{'name':'a','tags':['a'],'score':|true}"},
-    {S_PERSON, "{'name':'a','tags':['|c']}"},          /* enum mismatches */
+    {S_PERSON, "{'name':'a','tags':['|c']}"}, /* enum mismatches */
     {S_PERSON, "{'name':'a','tags':['a|c']}"},
     {S_PERSON, "{'name':'a','tags':['a'],'kind':'c|o'}"},
     {S_PERSON, "{'name':'a','tags':['a'],'kind':12|3}"},
@@ -438,19 +452,19 @@ static const case_t invalid_cases[] = {
     {S_PERSON, "{'name':'a','tags':['a'],'kind':{'x':[1]|,'y':1}}"},
     {S_PERSON, "{'name':'a','tags':['a'],'kind':|false}"},
     {S_PERSON, "{'name':'a','tags':['a'],'kind':1|0}"},
-    {S_PERSON, "{'name':'a','tags':[|]}"},             /* too few items */
+    {S_PERSON, "{'name':'a','tags':[|]}"},                /* too few items */
     {S_PERSON, "{'name':'a','tags':['a','a','a'|,'a']}"}, /* too many */
-    {S_PERSON, "{'name':'12345678|9','tags':['a']}"}, /* too long */
+    {S_PERSON, "{'name':'12345678|9','tags':['a']}"},     /* too long */
     {S_PERSON, "{'name':'1234567\xc3\xa9|\xc3\xa9','tags':['a']}"},
     {S_PERSON, "{'name':'1234567\\n|\\n','tags':['a']}"},
     {S_PERSON, "{'name':'1234567\\uD83D\\uDE00|x','tags':['a']}"},
-    {S_PERSON, "{'name':'|','tags':['a']}"},          /* too short */
-    {S_PERSON, "{'name':'\\uD83D|x','tags':['a']}"},  /* lone surrogates */
+    {S_PERSON, "{'name':'|','tags':['a']}"},         /* too short */
+    {S_PERSON, "{'name':'\\uD83D|x','tags':['a']}"}, /* lone surrogates */
     {S_PERSON, "{'name':'\\uD83D\\|n','tags':['a']}"},
     {S_PERSON, "{'name':'\\uD83D\\uD|83D','tags':['a']}"},
     {S_PERSON, "{'name':'\\uD|E00','tags':['a']}"},
     {S_PERSON, "{'name':'\\ud|c00','tags':['a']}"},
-    {S_PERSON, "{'name':'a','tags':['a']}| "},        /* nothing after the root */
+    {S_PERSON, "{'name':'a','tags':['a']}| "}, /* nothing after the root */
     {S_PERSON, "{'name':'a','tags':['a'],|}"},
     {S_PERSON, "{'name':'a','tags':['a'],'kind':1                |  }"}, /* 17 spaces */
     {S_PERSON, "|['a']"},
@@ -510,8 +524,8 @@ TEST(recognizer_valid) {
       int complete;
       int r = feed_text(sc, v, s, k, &complete);
       EXPECT_MSG(r == 0, "case %zu: prefix %zu of \"%s\" rejected", i, k, s);
-      EXPECT_MSG(r != 0 || complete == (k == n), "case %zu: prefix %zu of \"%s\": complete %d",
-                 i, k, s, complete);
+      EXPECT_MSG(r != 0 || complete == (k == n), "case %zu: prefix %zu of \"%s\": complete %d", i,
+                 k, s, complete);
     }
     /* byte by byte on one mask, and in two pieces */
     json_mask *m = json_mask_new_schema(v, sc);
@@ -559,11 +573,10 @@ TEST(recognizer_invalid) {
     for (size_t k = 0; k <= bad; k++) {
       int complete;
       EXPECT_MSG(feed_text(sc, v, s, k, &complete) == 0 && (k == bad || !complete),
-                 "case %zu: prefix %zu of \"%s\" (bad at %zu) rejected or complete", i, k, s,
-                 bad);
+                 "case %zu: prefix %zu of \"%s\" (bad at %zu) rejected or complete", i, k, s, bad);
     }
-    EXPECT_MSG(feed_text(sc, v, s, bad + 1, NULL) == -1, "case %zu: \"%s\" not rejected at %zu",
-               i, s, bad);
+    EXPECT_MSG(feed_text(sc, v, s, bad + 1, NULL) == -1, "case %zu: \"%s\" not rejected at %zu", i,
+               s, bad);
     EXPECT_MSG(feed_text(sc, v, s, n, NULL) == -1, "case %zu: whole \"%s\" accepted", i, s);
     /* a rejected mask stays dead */
     json_mask *m = json_mask_new_schema(v, sc);
@@ -616,9 +629,10 @@ TEST(recognizer_depth) {
   json_schema_free(sc);
   /* a required chain 3 deep under an optional array of depth 62: the array item fits only
    * while the chain does */
-  sc = compile_q("{'type':'object','properties':{'a':{'$ref':'#/$defs/x'}},"
-                 "'$defs':{'x':{'type':'array','items':{'$ref':'#/$defs/x'}}}}",
-                 err, sizeof err);
+  sc = compile_q(
+      "{'type':'object','properties':{'a':{'$ref':'#/$defs/x'}},"
+      "'$defs':{'x':{'type':'array','items':{'$ref':'#/$defs/x'}}}}",
+      err, sizeof err);
   REQUIRE(sc);
   strcpy(text, "{\"a\":");
   for (int i = 0; i < 63; i++) strcat(text, "[");
@@ -634,8 +648,8 @@ TEST(mask_api) {
   REQUIRE(v);
   EXPECT(json_mask_new_schema(v, NULL) == NULL);
   char err[256];
-  json_schema *sc = compile_q("{'type':'object','properties':{'a':{'type':'null'}}}", err,
-                              sizeof err);
+  json_schema *sc =
+      compile_q("{'type':'object','properties':{'a':{'type':'null'}}}", err, sizeof err);
   REQUIRE(sc);
   json_mask *m = json_mask_new_schema(v, sc), *c = json_mask_new_schema(v, sc);
   REQUIRE(m && c);
@@ -692,8 +706,10 @@ static int tvalid(const json_t *root, const json_t *sch, const json_t *x, int de
   if (ref) {
     const char *r = json_string_value(ref);
     const json_t *t = NULL;
-    if (!strcmp(r, "#")) t = root;
-    else if (!strncmp(r, "#/$defs/", 8)) t = json_object_get(json_object_get(root, "$defs"), r + 8);
+    if (!strcmp(r, "#"))
+      t = root;
+    else if (!strncmp(r, "#/$defs/", 8))
+      t = json_object_get(json_object_get(root, "$defs"), r + 8);
     else if (!strncmp(r, "#/definitions/", 14))
       t = json_object_get(json_object_get(root, "definitions"), r + 14);
     return t && tvalid(root, t, x, depth + 1);
@@ -811,15 +827,14 @@ static int try_schema(void *ctx, const char *b, size_t n) {
 
 /* allowed[i] for i < n_logits: a fresh schema mask fed the text so far as bytes, then each
  * token tried on a copy; returns 1 when the text is complete */
-static int reference(const tvocab *tv, const json_vocab *v, const json_schema *sc,
-                     const char *text, size_t len, int dead, int n_logits,
-                     unsigned char *allowed) {
+static int reference(const tvocab *tv, const json_vocab *v, const json_schema *sc, const char *text,
+                     size_t len, int dead, int n_logits, unsigned char *allowed) {
   ref_masks r = {json_mask_new_schema(v, sc), json_mask_new_schema(v, sc)};
   int complete = -1;
   if (r.base && r.t) {
     int ok = json_mask_feed(r.base, text, len) == 0;
-    complete = tv_reference(tv, try_schema, &r, ok, !dead && ok && json_mask_complete(r.base),
-                            dead, n_logits, allowed);
+    complete = tv_reference(tv, try_schema, &r, ok, !dead && ok && json_mask_complete(r.base), dead,
+                            n_logits, allowed);
   }
   json_mask_free(r.base);
   json_mask_free(r.t);
@@ -847,9 +862,12 @@ static int open_count(const char *t, size_t n) {
   for (size_t i = 0; i < n; i++) {
     char c = t[i];
     if (in) {
-      if (esc) esc = 0;
-      else if (c == '\\') esc = 1;
-      else if (c == '"') in = 0;
+      if (esc)
+        esc = 0;
+      else if (c == '\\')
+        esc = 1;
+      else if (c == '"')
+        in = 0;
     } else if (c == '"') {
       in = 1;
     } else if (c == '{' || c == '[') {
@@ -873,7 +891,8 @@ enum { W_SPECIAL, W_EOS, W_EOS2, W_EMPTY, W_FIRST };
 static int wv_build(wvocab *w, const case_t *seeds, int n_seeds, uint64_t *x) {
   static const char alphabet[] =
       "{}[]\":,  \n\t0123456789-+.eEtrufalsn\\u/abxyzQ{\"\"}:\"\xc3\xa9\xe2\x82\xac\xf0\x9f\x98"
-      "\x80\xed\xa0\x01\xff\xc0" "DdEe";
+      "\x80\xed\xa0\x01\xff\xc0"
+      "DdEe";
   static const char *const extra[] = {"\\uD83D", "\\uDE00", "\\ud800", "\\udc00", "\\u00e9",
                                       "\\u0001", "\\n",     "\\\"",    "\":",     "\",\"",
                                       "\":\"",   "\"}",     "\"]",     "},",      "}}",
@@ -887,15 +906,15 @@ static int wv_build(wvocab *w, const case_t *seeds, int n_seeds, uint64_t *x) {
   if (!w->tv.bytes || !w->tv.lens || !w->tv.special || !w->pool) return -1;
   int n = 0;
   char *p = w->pool;
-#define ADD(b, l)                                                                             \
-  do {                                                                                        \
-    if (n < cap) {                                                                            \
-      memcpy(p, (b), (size_t)(l));                                                            \
-      w->tv.bytes[n] = p;                                                                     \
-      w->tv.lens[n] = (size_t)(l);                                                            \
-      p += 16;                                                                                \
-      n++;                                                                                    \
-    }                                                                                         \
+#define ADD(b, l)                  \
+  do {                             \
+    if (n < cap) {                 \
+      memcpy(p, (b), (size_t)(l)); \
+      w->tv.bytes[n] = p;          \
+      w->tv.lens[n] = (size_t)(l); \
+      p += 16;                     \
+      n++;                         \
+    }                              \
   } while (0)
   ADD("<|sp|>", 6);
   w->tv.special[W_SPECIAL] = 1;
@@ -1023,9 +1042,10 @@ static void walks(const char *schema, int n_walks, uint64_t seed, int *n_complet
     }
     json_mask_free(m);
   }
-  printf("  %d walks: %d steps checked, %d complete (%d with numbers past jansson's range, %d "
-         "repeating a key of a free object)\n",
-         n_walks, n_steps, n_complete, n_big, n_dup);
+  printf(
+      "  %d walks: %d steps checked, %d complete (%d with numbers past jansson's range, %d "
+      "repeating a key of a free object)\n",
+      n_walks, n_steps, n_complete, n_big, n_dup);
   *n_complete_out = n_complete;
   free(logits);
   free(ok);
@@ -1058,9 +1078,10 @@ TEST(mask_small_cases) {
   json_vocab *v = json_vocab_new(11, b, l, sp, eos, 1);
   REQUIRE(v);
   char err[256];
-  json_schema *sc = compile_q("{'type':'object','properties':{'a':{'type':'integer'}},"
-                              "'required':['a']}",
-                              err, sizeof err);
+  json_schema *sc = compile_q(
+      "{'type':'object','properties':{'a':{'type':'integer'}},"
+      "'required':['a']}",
+      err, sizeof err);
   REQUIRE(sc);
   json_mask *m = json_mask_new_schema(v, sc);
   REQUIRE(m);
@@ -1154,8 +1175,8 @@ TEST(mask_real_vocab) {
   json_schema *task = compile_q(S_TASK, err, sizeof err);
   EXPECT_MSG(task, "%s", err);
   if (!strict || !task) goto out;
-  /* instances cut at the states timed */
-#define ADA                                                                                  \
+    /* instances cut at the states timed */
+#define ADA \
   "{\"name\": \"Ada\", \"age\": 36, \"email\": null, \"address\": {\"street\": \"1 Main\", "
 #define ADA2 ADA "\"city\": \"London\", \"zip\": \"12345\"}, \"status\": \""
   static const struct {
@@ -1214,9 +1235,10 @@ TEST(mask_real_vocab) {
       EXPECT_MSG(json_mask_complete(m) && n_ok == 1 && ok[im_end], "end");
     double ms[3]; /* apply alone, prepare, apply after prepare */
     apply_times(m, logits, n_logits, ms);
-    printf("  json_mask_apply (schema) %-29s %6.3f ms/call (%6d allowed); prepare %6.3f, "
-           "prepared apply %6.3f\n",
-           states[s].label, ms[0], n_ok, ms[1], ms[2]);
+    printf(
+        "  json_mask_apply (schema) %-29s %6.3f ms/call (%6d allowed); prepare %6.3f, "
+        "prepared apply %6.3f\n",
+        states[s].label, ms[0], n_ok, ms[1], ms[2]);
     json_mask_free(m);
   }
 out:

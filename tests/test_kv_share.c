@@ -29,8 +29,8 @@ static void tb_init(tb *x, int n, const int *len, const int *pos) {
     }
     for (int j = 0; j < MP; j++) x->pt[s * MP + j] = 1000 * (s + 1) + j; /* private pages */
   }
-  x->b = (backend_batch){x->T, n, x->tokens, x->rpos, x->seq, x->start, x->len, x->pos, x->slot,
-                         x->pt, MP, 0, NULL, NULL};
+  x->b = (backend_batch){x->T,   n,       x->tokens, x->rpos, x->seq, x->start, x->len,
+                         x->pos, x->slot, x->pt,     MP,      0,      NULL,     NULL};
 }
 
 /* pieces a and b hold the same first k pages (a's) */

@@ -58,7 +58,8 @@ TEST(fires_in_order_after_a_kick) {
   notifier_kick(n);
   EXPECT(wait_fired(13) == 13);
   pthread_mutex_lock(&mu);
-  for (int i = 5; i < 13; i++) EXPECT_MSG(fired[i] == i + 1, "item %d fired as %d", i + 1, fired[i]);
+  for (int i = 5; i < 13; i++)
+    EXPECT_MSG(fired[i] == i + 1, "item %d fired as %d", i + 1, fired[i]);
   pthread_mutex_unlock(&mu);
   notifier_stop(n);
   EXPECT(n_fired == 13);

@@ -30,8 +30,9 @@ static int rejects(openai_kind k, const char *body, int status, const char *para
 TEST(chat_defaults) {
   openai_request r;
   openai_error e;
-  REQUIRE(parse(OPENAI_KIND_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}",
-                &r, &e) == 0);
+  REQUIRE(parse(OPENAI_KIND_CHAT,
+                "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}", &r,
+                &e) == 0);
   EXPECT_STR(r.model, "m");
   EXPECT_EQ_INT(r.n, 1);
   EXPECT_EQ_INT(r.stream, 0);
@@ -56,7 +57,8 @@ TEST(chat_all_fields) {
       "\"stream\":true,\"stream_options\":{\"include_usage\":true},\"max_completion_tokens\":7,"
       "\"max_tokens\":99,\"temperature\":0,\"top_p\":0.5,\"top_k\":3,\"min_p\":0.1,"
       "\"presence_penalty\":0.5,\"frequency_penalty\":-0.5,\"repetition_penalty\":1.1,\"seed\":42,"
-      "\"stop\":[\"END\",\"\"],\"stop_token_ids\":[5,6],\"ignore_eos\":true,\"n\":3,\"min_tokens\":2,"
+      "\"stop\":[\"END\",\"\"],\"stop_token_ids\":[5,6],\"ignore_eos\":true,\"n\":3,\"min_tokens\":"
+      "2,"
       "\"logprobs\":true,\"top_logprobs\":3,\"cache_salt\":\"t1\","
       "\"chat_template_kwargs\":{\"enable_thinking\":false},"
       "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"get\",\"parameters\":{}}}],"
@@ -92,7 +94,8 @@ TEST(chat_all_fields) {
   const json_t *m0 = json_array_get(json_object_get(r.render, "messages"), 0);
   EXPECT_STR(json_string_value(json_object_get(m0, "role")), "system");
   EXPECT_STR(json_string_value(json_object_get(m0, "content")), "ab");
-  EXPECT(json_is_false(json_object_get(json_object_get(r.render, "chat_template_kwargs"), "enable_thinking")));
+  EXPECT(json_is_false(
+      json_object_get(json_object_get(r.render, "chat_template_kwargs"), "enable_thinking")));
   openai_request_free(&r);
 }
 
@@ -107,10 +110,11 @@ TEST(tool_choice_none_drops_tools) {
   EXPECT(r.tools == NULL);
   EXPECT(json_object_get(r.render, "tools") == NULL);
   openai_request_free(&r);
-  REQUIRE(parse(OPENAI_KIND_CHAT,
-                "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tool_choice\":\"required\","
-                "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}]}",
-                &r, &e) == 0);
+  REQUIRE(
+      parse(OPENAI_KIND_CHAT,
+            "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tool_choice\":\"required\","
+            "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}]}",
+            &r, &e) == 0);
   EXPECT_EQ_INT(r.tool_choice, OPENAI_TOOL_CHOICE_REQUIRED);
   EXPECT(json_object_get(r.render, "tools") != NULL);
   openai_request_free(&r);
@@ -123,12 +127,14 @@ TEST(chat_errors) {
   EXPECT(rejects(C, "{}", 400, "messages"));
   EXPECT(rejects(C, "{\"messages\":[]}", 400, "messages"));
   EXPECT(rejects(C, "{\"messages\":\"hi\"}", 400, "messages"));
-  EXPECT(rejects(C, "{\"messages\":[{\"role\":\"wizard\",\"content\":\"x\"}]}", 400, "messages[0].role"));
+  EXPECT(rejects(C, "{\"messages\":[{\"role\":\"wizard\",\"content\":\"x\"}]}", 400,
+                 "messages[0].role"));
   EXPECT(rejects(C, "{\"messages\":[{\"content\":\"x\"}]}", 400, "messages[0].role"));
   EXPECT(rejects(C, "{\"messages\":[{\"role\":\"user\"}]}", 400, "messages[0].content"));
-  EXPECT(rejects(C, "{\"messages\":[{\"role\":\"user\",\"content\":5}]}", 400, "messages[0].content"));
-  EXPECT(rejects(C, "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\"}]}]}", 400,
-                 "messages[0].content"));
+  EXPECT(
+      rejects(C, "{\"messages\":[{\"role\":\"user\",\"content\":5}]}", 400, "messages[0].content"));
+  EXPECT(rejects(C, "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\"}]}]}",
+                 400, "messages[0].content"));
 #define M "\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]"
   EXPECT(rejects(C, "{" M ",\"model\":5}", 400, "model"));
   EXPECT(rejects(C, "{" M ",\"temperature\":-1}", 400, "temperature"));
@@ -165,10 +171,12 @@ TEST(chat_errors) {
   EXPECT(rejects(C, "{" M ",\"audio\":{\"voice\":\"x\"}}", 400, "audio"));
   {
     /* ...but their no-op values, and fields that change nothing generated, are accepted */
-    const char *ok[] = {"{" M ",\"min_tokens\":0,\"use_beam_search\":false,\"bad_words\":[],"
+    const char *ok[] = {"{" M
+                        ",\"min_tokens\":0,\"use_beam_search\":false,\"bad_words\":[],"
                         "\"prompt_logprobs\":null,\"functions\":[],\"function_call\":\"none\","
                         "\"modalities\":[\"text\"]}",
-                        "{" M ",\"user\":\"u\",\"metadata\":{\"a\":\"b\"},\"store\":false,"
+                        "{" M
+                        ",\"user\":\"u\",\"metadata\":{\"a\":\"b\"},\"store\":false,"
                         "\"service_tier\":\"auto\",\"parallel_tool_calls\":true}"};
     for (int i = 0; i < 2; i++) {
       openai_request r;
@@ -197,8 +205,7 @@ TEST(chat_errors) {
   EXPECT(rejects(C, "{" M ",\"chat_template_kwargs\":{\"enable_thinking\":\"no\"}}", 400,
                  "chat_template_kwargs"));
   EXPECT(rejects(C, "{" M ",\"a\":1,\"a\":2}", 400, NULL)); /* duplicate keys */
-  EXPECT(rejects(C, "{" M ",\"response_format\":{\"type\":\"grammar\"}}", 400,
-                 "response_format"));
+  EXPECT(rejects(C, "{" M ",\"response_format\":{\"type\":\"grammar\"}}", 400, "response_format"));
   EXPECT(rejects(C, "{" M ",\"response_format\":{\"type\":7}}", 400, "response_format"));
   EXPECT(rejects(C, "{" M ",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{}}}",
                  400, "response_format"));
@@ -298,15 +305,16 @@ TEST(chat_format_and_bias) {
 TEST(completion_prompts) {
   openai_request r;
   openai_error e;
-  REQUIRE(parse(OPENAI_KIND_COMPLETION, "{\"prompt\":\"hello\",\"echo\":true,\"logprobs\":2}", &r, &e) == 0);
+  REQUIRE(parse(OPENAI_KIND_COMPLETION, "{\"prompt\":\"hello\",\"echo\":true,\"logprobs\":2}", &r,
+                &e) == 0);
   EXPECT_STR(r.prompt, "hello");
   EXPECT_EQ_INT(r.prompt_len, 5);
   EXPECT_EQ_INT(r.echo, 1);
   EXPECT_EQ_INT(r.sp.logprobs, 1);
   EXPECT_EQ_INT(r.sp.top_logprobs, 2);
   openai_request_free(&r);
-  REQUIRE(parse(OPENAI_KIND_COMPLETION, "{\"prompt\":[1,2,3],\"return_token_ids\":true,\"max_tokens\":4}",
-                &r, &e) == 0);
+  REQUIRE(parse(OPENAI_KIND_COMPLETION,
+                "{\"prompt\":[1,2,3],\"return_token_ids\":true,\"max_tokens\":4}", &r, &e) == 0);
   EXPECT(r.prompt == NULL);
   EXPECT_EQ_INT(r.n_prompt_ids, 3);
   EXPECT_EQ_INT(r.prompt_ids[2], 3);
@@ -320,7 +328,8 @@ TEST(completion_prompts) {
   EXPECT_STR(r.prompt, "one");
   openai_request_free(&r);
   /* max_completion_tokens belongs to chat only: ignored here */
-  REQUIRE(parse(OPENAI_KIND_COMPLETION, "{\"prompt\":\"x\",\"max_completion_tokens\":0}", &r, &e) == 0);
+  REQUIRE(parse(OPENAI_KIND_COMPLETION, "{\"prompt\":\"x\",\"max_completion_tokens\":0}", &r, &e) ==
+          0);
   openai_request_free(&r);
 }
 
@@ -347,19 +356,23 @@ TEST(tokenize_bodies) {
   int agp;
   openai_error e;
   const char *b1 = "{\"model\":\"m\",\"prompt\":\"abc\"}";
-  REQUIRE(openai_request_parse_tokenize(b1, strlen(b1), &model, &prompt, &plen, &render, &agp, &e) == 0);
+  REQUIRE(openai_request_parse_tokenize(b1, strlen(b1), &model, &prompt, &plen, &render, &agp,
+                                        &e) == 0);
   EXPECT_STR(model, "m");
   EXPECT_STR(prompt, "abc");
   EXPECT(render == NULL);
   free(model);
   free(prompt);
-  const char *b2 = "{\"messages\":[{\"role\":\"user\",\"content\":\"q\"}],\"add_generation_prompt\":false}";
-  REQUIRE(openai_request_parse_tokenize(b2, strlen(b2), &model, &prompt, &plen, &render, &agp, &e) == 0);
+  const char *b2 =
+      "{\"messages\":[{\"role\":\"user\",\"content\":\"q\"}],\"add_generation_prompt\":false}";
+  REQUIRE(openai_request_parse_tokenize(b2, strlen(b2), &model, &prompt, &plen, &render, &agp,
+                                        &e) == 0);
   EXPECT(prompt == NULL && render != NULL && model == NULL);
   EXPECT_EQ_INT(agp, 0);
   json_decref(render);
   const char *b3 = "{\"prompt\":3}";
-  EXPECT(openai_request_parse_tokenize(b3, strlen(b3), &model, &prompt, &plen, &render, &agp, &e) == -1);
+  EXPECT(openai_request_parse_tokenize(b3, strlen(b3), &model, &prompt, &plen, &render, &agp, &e) ==
+         -1);
   EXPECT_EQ_INT(e.status, 400);
 
   int32_t *ids;
@@ -392,7 +405,8 @@ TEST(error_body_shape) {
   s = openai_response_error_body(&e);
   j = json_loads(s, 0, NULL);
   REQUIRE(j != NULL);
-  EXPECT_STR(json_string_value(json_object_get(json_object_get(j, "error"), "code")), "model_not_found");
+  EXPECT_STR(json_string_value(json_object_get(json_object_get(j, "error"), "code")),
+             "model_not_found");
   json_decref(j);
   free(s);
 }
@@ -400,7 +414,9 @@ TEST(error_body_shape) {
 TEST(usage_shape) {
   json_t *u = openai_response_usage(10, 3, 8);
   EXPECT_EQ_INT(json_integer_value(json_object_get(u, "total_tokens")), 13);
-  EXPECT_EQ_INT(json_integer_value(json_object_get(json_object_get(u, "prompt_tokens_details"), "cached_tokens")), 8);
+  EXPECT_EQ_INT(json_integer_value(
+                    json_object_get(json_object_get(u, "prompt_tokens_details"), "cached_tokens")),
+                8);
   json_decref(u);
 }
 
@@ -445,8 +461,8 @@ TEST(utf8_helpers) {
  * checks that the concatenated deltas say exactly what chat_parse says about the whole text:
  * reasoning, content, and tool calls streamed the OpenAI way (per call: a first delta with
  * index, id, type, function.name and arguments "", then argument pieces). */
-static int stream_cuts_match_parse(const char *text, int thinking_open, const json_t *tools, const size_t *cuts,
-                                   int n_cuts, char *why, size_t whylen) {
+static int stream_cuts_match_parse(const char *text, int thinking_open, const json_t *tools,
+                                   const size_t *cuts, int n_cuts, char *why, size_t whylen) {
   openai_stream st;
   openai_stream_init(&st, thinking_open, tools);
   strbuf r, c;
@@ -472,7 +488,8 @@ static int stream_cuts_match_parse(const char *text, int thinking_open, const js
       if (x) strbuf_puts(&c, json_string_value(x));
       x = json_object_get(d, "tool_calls");
       if (x && !final) ok = 0, snprintf(why, whylen, "a tool call before the end");
-      if (x && json_array_size(x) != 1) ok = 0, snprintf(why, whylen, "one tool call per delta expected");
+      if (x && json_array_size(x) != 1)
+        ok = 0, snprintf(why, whylen, "one tool call per delta expected");
       const json_t *tc = json_array_get(x, 0);
       if (!tc) continue;
       size_t idx = (size_t)json_integer_value(json_object_get(tc, "index"));
@@ -487,15 +504,17 @@ static int stream_cuts_match_parse(const char *text, int thinking_open, const js
         const char *type = json_string_value(json_object_get(tc, "type"));
         const char *name = json_string_value(json_object_get(fn, "name"));
         if (!id || !id[0] || !type || strcmp(type, "function") || !name || args[0])
-          ok = 0, snprintf(why, whylen, "first delta of call %zu lacks id/type/name or has arguments", idx);
-        json_array_append_new(calls, json_pack("{s:s, s:s, s:s}", "id", id ? id : "", "name", name ? name : "",
-                                               "arguments", ""));
+          ok = 0,
+          snprintf(why, whylen, "first delta of call %zu lacks id/type/name or has arguments", idx);
+        json_array_append_new(calls, json_pack("{s:s, s:s, s:s}", "id", id ? id : "", "name",
+                                               name ? name : "", "arguments", ""));
       } else if (idx + 1 == json_array_size(calls)) { /* argument pieces */
         if (json_object_get(tc, "id") || json_object_get(fn, "name"))
           ok = 0, snprintf(why, whylen, "an argument delta of call %zu repeats id or name", idx);
         json_t *a = json_array_get(calls, idx);
         char *joined = NULL;
-        if (asprintf(&joined, "%s%s", json_string_value(json_object_get(a, "arguments")), args) < 0) joined = NULL;
+        if (asprintf(&joined, "%s%s", json_string_value(json_object_get(a, "arguments")), args) < 0)
+          joined = NULL;
         json_object_set_new(a, "arguments", json_string(joined ? joined : ""));
         free(joined);
       } else {
@@ -515,7 +534,8 @@ static int stream_cuts_match_parse(const char *text, int thinking_open, const js
       ok = 0, snprintf(why, whylen, "content \"%s\" != \"%s\"", c.data ? c.data : "", ec);
     size_t ne = p.tool_calls ? json_array_size(p.tool_calls) : 0;
     size_t ng = json_array_size(calls);
-    if (ok && ne != ng) ok = 0, snprintf(why, whylen, "%zu tool calls streamed, %zu parsed", ng, ne);
+    if (ok && ne != ng)
+      ok = 0, snprintf(why, whylen, "%zu tool calls streamed, %zu parsed", ng, ne);
     for (size_t i = 0; ok && i < ne; i++) {
       const json_t *a = json_object_get(json_array_get(p.tool_calls, i), "function");
       const json_t *b = json_array_get(calls, i);
@@ -533,8 +553,8 @@ static int stream_cuts_match_parse(const char *text, int thinking_open, const js
 }
 
 /* Pieces of `step` bytes. */
-static int stream_matches_parse(const char *text, int thinking_open, const json_t *tools, size_t step,
-                                char *why, size_t whylen) {
+static int stream_matches_parse(const char *text, int thinking_open, const json_t *tools,
+                                size_t step, char *why, size_t whylen) {
   size_t cuts[4096];
   int n = 0;
   for (size_t at = step; at < strlen(text) && n < 4096; at += step) cuts[n++] = at;
@@ -549,11 +569,16 @@ TEST(stream_split_matches_parse) {
       {"I think so.\n</think>\n\nThe answer is 4.", 1},
       {"<think>\nhmm, let me see\n</think>\n\nHello world", 0},
       {"Plain answer with no reasoning at all.", 0},
-      {"Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>", 0},
-      {"need weather\n</think>\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
+      {"Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": "
+       "\"Paris\"}}\n</tool_call>",
+       0},
+      {"need "
+       "weather\n</think>\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</"
+       "parameter>\n"
        "</function>\n</tool_call>",
        1},
-      {"<tool_call>\n{\"name\": \"a\", \"arguments\": {}}\n</tool_call>\n<tool_call>\n{\"name\": \"b\", "
+      {"<tool_call>\n{\"name\": \"a\", \"arguments\": {}}\n</tool_call>\n<tool_call>\n{\"name\": "
+       "\"b\", "
        "\"arguments\": {\"x\": 1}}\n</tool_call>",
        0},
       {"text with < and </thin but no tag", 0},
@@ -565,15 +590,17 @@ TEST(stream_split_matches_parse) {
       {"  <think>\nr \n</think>\n\n c ", 0},
       {"<think>\n</think>\n\nHi", 0},
       {"<think>\nnever closed\n\n", 0},
-      {"<think>\nweather?\n</think>\n\nSure.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": "
+      {"<think>\nweather?\n</think>\n\nSure.\n<tool_call>\n{\"name\": \"get_weather\", "
+       "\"arguments\": "
        "{\"city\": \"Paris\"}}\n</tool_call>\nDone.",
        0},
       {"<thinking is not a tag", 0},
       {"\xe4\xbd\xa0\xe5\xa5\xbd <think> later", 0},
   };
-  json_t *tools = json_loads("[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"parameters\":"
-                             "{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"}}}}}]",
-                             0, NULL);
+  json_t *tools = json_loads(
+      "[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"parameters\":"
+      "{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"}}}}}]",
+      0, NULL);
   REQUIRE(tools != NULL);
   char why[300];
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
@@ -628,17 +655,34 @@ TEST(metrics_text) {
   EXPECT(strstr(t, "deltaserve:prefix_cache_hits_total{model_name=\"my\\\"model\"} 7\n") != NULL);
   EXPECT(strstr(t, "# TYPE deltaserve:time_to_first_token_seconds histogram\n") != NULL);
   /* 0.003 falls in le=0.005; 100 in le=160; 1e9 only in +Inf */
-  EXPECT(strstr(t, "time_to_first_token_seconds_bucket{le=\"0.001\",model_name=\"my\\\"model\"} 0\n") != NULL);
-  EXPECT(strstr(t, "time_to_first_token_seconds_bucket{le=\"0.005\",model_name=\"my\\\"model\"} 1\n") != NULL);
-  EXPECT(strstr(t, "time_to_first_token_seconds_bucket{le=\"80\",model_name=\"my\\\"model\"} 1\n") != NULL);
-  EXPECT(strstr(t, "time_to_first_token_seconds_bucket{le=\"160\",model_name=\"my\\\"model\"} 2\n") != NULL);
-  EXPECT(strstr(t, "time_to_first_token_seconds_bucket{le=\"+Inf\",model_name=\"my\\\"model\"} 3\n") != NULL);
+  EXPECT(
+      strstr(t,
+             "time_to_first_token_seconds_bucket{le=\"0.001\",model_name=\"my\\\"model\"} 0\n") !=
+      NULL);
+  EXPECT(
+      strstr(t,
+             "time_to_first_token_seconds_bucket{le=\"0.005\",model_name=\"my\\\"model\"} 1\n") !=
+      NULL);
+  EXPECT(
+      strstr(t, "time_to_first_token_seconds_bucket{le=\"80\",model_name=\"my\\\"model\"} 1\n") !=
+      NULL);
+  EXPECT(
+      strstr(t, "time_to_first_token_seconds_bucket{le=\"160\",model_name=\"my\\\"model\"} 2\n") !=
+      NULL);
+  EXPECT(
+      strstr(t, "time_to_first_token_seconds_bucket{le=\"+Inf\",model_name=\"my\\\"model\"} 3\n") !=
+      NULL);
   EXPECT(strstr(t, "time_to_first_token_seconds_count{model_name=\"my\\\"model\"} 3\n") != NULL);
-  EXPECT(strstr(t, "request_success_total{finished_reason=\"length\",model_name=\"my\\\"model\"} 1\n") != NULL);
-  EXPECT(strstr(t, "request_rejected_total{status=\"404\",model_name=\"my\\\"model\"} 1\n") != NULL);
+  EXPECT(
+      strstr(t,
+             "request_success_total{finished_reason=\"length\",model_name=\"my\\\"model\"} 1\n") !=
+      NULL);
+  EXPECT(strstr(t, "request_rejected_total{status=\"404\",model_name=\"my\\\"model\"} 1\n") !=
+         NULL);
   free(t);
   t = metrics_render(m, NULL); /* still loading: no engine gauges */
-  EXPECT(t && strstr(t, "num_requests_running") == NULL && strstr(t, "e2e_request_latency_seconds_count") != NULL);
+  EXPECT(t && strstr(t, "num_requests_running") == NULL &&
+         strstr(t, "e2e_request_latency_seconds_count") != NULL);
   free(t);
   metrics_free(m);
 }

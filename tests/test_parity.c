@@ -41,8 +41,6 @@ static void fx_close(fx_model *f) {
   weights_free(&f->w);
 }
 
-
-
 static int n_fixtures;
 
 /* One fixture folder: logits of every prompt row within 1e-4 relative error, and the 24 greedy
@@ -169,7 +167,7 @@ static void run_schedule(fx_model *f, const int32_t *toks, int together, float *
     fwd_seq seqs[N_SEQ];
     for (int s = 0; s < N_SEQ; s++) {
       seqs[s] = (fwd_seq){toks + s * 200 + pos[s], piece_len[st][s], pos[s], pages[s], per,
-                          (N_SEQ - 1 - s), QWEN35_LOGITS_ALL};
+                          (N_SEQ - 1 - s),         QWEN35_LOGITS_ALL};
     }
     if (together) {
       int total = 0;
@@ -331,15 +329,13 @@ TEST(step_repeat_asked_on_same_shape) {
     struct {
       int n, len, greedy, accept, asks, embeds;
     } st[] = {
-        {1, 5, 0, 0, 0, 1}, /* prefill: the first step */
-        {1, 1, 0, 0, 0, 2}, /* decode after prefill: another shape */
-        {1, 1, 0, 0, 1, 3}, /* the same shape: asked, declined, issued */
-        {1, 1, 0, 1, 2, 3}, /* asked, accepted: nothing issued */
-        {1, 1, 1, 0, 2, 4}, /* greedy: another step */
-        {1, 1, 1, 0, 3, 5},
-        {2, 1, 1, 1, 3, 6}, /* two pieces */
-        {2, 1, 1, 1, 4, 6},
-        {2, 1, 0, 1, 4, 7}, /* logits again */
+        {1, 5, 0, 0, 0, 1},                     /* prefill: the first step */
+        {1, 1, 0, 0, 0, 2},                     /* decode after prefill: another shape */
+        {1, 1, 0, 0, 1, 3},                     /* the same shape: asked, declined, issued */
+        {1, 1, 0, 1, 2, 3},                     /* asked, accepted: nothing issued */
+        {1, 1, 1, 0, 2, 4},                     /* greedy: another step */
+        {1, 1, 1, 0, 3, 5}, {2, 1, 1, 1, 3, 6}, /* two pieces */
+        {2, 1, 1, 1, 4, 6}, {2, 1, 0, 1, 4, 7}, /* logits again */
     };
     int pos0 = 0;
     for (size_t k = 0; k < sizeof st / sizeof st[0] && rc == 0; k++) {

@@ -259,7 +259,6 @@ TEST(protected_heads_last) {
   EXPECT(fx_free(&f));
 }
 
-
 /* The classes of prefix_cache.h's example, 4 slabs: NORMAL a, b; LOW x, y (x older). A LOW
  * reserve evicts x (not a, the least recently used overall); a NORMAL reserve evicts y (the
  * last LOW one), then a (LRU of NORMAL); with every slab NORMAL a LOW reserve fails and
@@ -277,8 +276,7 @@ TEST(low_class_evicted_first_and_only_by_itself) {
   uint64_t z = fx_capture(&f, NULL, p[4], 32, CHECKPOINT_LOW); /* evicts x, not a */
   REQUIRE(z);
   EXPECT(!checkpoint_is_live(f.pc, x));
-  EXPECT(checkpoint_is_live(f.pc, a) && checkpoint_is_live(f.pc, b) &&
-         checkpoint_is_live(f.pc, y));
+  EXPECT(checkpoint_is_live(f.pc, a) && checkpoint_is_live(f.pc, b) && checkpoint_is_live(f.pc, y));
   uint64_t c = fx_capture(&f, NULL, p[5], 32, 0); /* evicts y (the older LOW one) */
   REQUIRE(c);
   EXPECT(!checkpoint_is_live(f.pc, y) && checkpoint_is_live(f.pc, z) &&
@@ -405,7 +403,8 @@ TEST(protected_pages_last) {
   int32_t a[48], b[48];
   fk_tokens(a, 48, 1, 0);
   fk_tokens(b, 48, 2, 0);
-  uint64_t ia = fx_capture(&f, NULL, a, 32, CHECKPOINT_PROTECT), ib = fx_capture(&f, NULL, b, 32, 0);
+  uint64_t ia = fx_capture(&f, NULL, a, 32, CHECKPOINT_PROTECT),
+           ib = fx_capture(&f, NULL, b, 32, 0);
   REQUIRE(ia && ib);
   EXPECT_EQ_INT(prefix_cache_evict_for_pages(f.pc, 1), 2);
   EXPECT(checkpoint_is_live(f.pc, ia) && !checkpoint_is_live(f.pc, ib));
@@ -426,7 +425,7 @@ TEST(pinned_and_inflight_never_evicted) {
   REQUIRE(fseq_init(&f, &s, 48) == 0);
   checkpoint_plan plan;
   REQUIRE(checkpoint_restore_begin(f.pc, ia, 48, &s.t, s.slot, &plan) == 0);
-  EXPECT_EQ_INT(prefix_cache_evict_slabs(f.pc, 1), 0);     /* pinned by the restore */
+  EXPECT_EQ_INT(prefix_cache_evict_slabs(f.pc, 1), 0); /* pinned by the restore */
   EXPECT_EQ_INT(prefix_cache_evict_for_pages(f.pc, 8), 0);
   uint64_t t;
   REQUIRE(checkpoint_reserve(f.pc, NULL, b, 48, 32, 0, &t) == 0); /* the free slab */
@@ -527,7 +526,8 @@ TEST(budgets_never_exceeded) {
     fk_tokens(toks, 96, k, (int)(rng >> 20) % 40);
     int op = (int)(rng >> 4) % 4;
     if (op < 2) {
-      uint64_t id = fx_capture(&f, k % 2 ? "s" : NULL, toks, depth, k == 0 ? CHECKPOINT_PROTECT : 0);
+      uint64_t id =
+          fx_capture(&f, k % 2 ? "s" : NULL, toks, depth, k == 0 ? CHECKPOINT_PROTECT : 0);
       if (id && n_ids < 64) ids[n_ids++] = id;
     } else if (op == 2 && n_ids > 0) {
       uint64_t id = ids[(rng >> 3) % (unsigned)n_ids];

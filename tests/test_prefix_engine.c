@@ -34,8 +34,8 @@
 static int req_same(const req *a, const req *b) {
   return a->finish == b->finish && a->n_tok == b->n_tok && a->n_lg == b->n_lg &&
          memcmp(a->tok, b->tok, (size_t)a->n_tok * sizeof(int32_t)) == 0 &&
-         memcmp(a->lg, b->lg, (size_t)(a->n_lg < MAXTOK ? a->n_lg : MAXTOK) * V *
-                                  sizeof(float)) == 0;
+         memcmp(a->lg, b->lg, (size_t)(a->n_lg < MAXTOK ? a->n_lg : MAXTOK) * V * sizeof(float)) ==
+             0;
 }
 
 static req A, B, Cq, F, Q8[8], QREF[8];
@@ -51,9 +51,13 @@ static int restore_same(const char *name, const req *a, const req *cold_run) {
 #include "restore_cases.h"
 
 TEST(parity_cut_on_page_boundary) { restore_case_shared_head("page_boundary", 80); }
-TEST(parity_cut_mid_page) { restore_case_shared_head("partial_final_page", 90); /* copy-on-write */ }
+TEST(parity_cut_mid_page) {
+  restore_case_shared_head("partial_final_page", 90); /* copy-on-write */
+}
 TEST(parity_cut_mid_message) { restore_case_mid_message("mid_message"); }
-TEST(parity_fresh_pages_while_decoding) { restore_case_fresh_pages("fresh_pages", "fresh_pages_other"); }
+TEST(parity_fresh_pages_while_decoding) {
+  restore_case_fresh_pages("fresh_pages", "fresh_pages_other");
+}
 TEST(parity_restore_from_host_tier) { restore_case_host_tier("host_tier"); }
 TEST(parity_next_turn_hits_end_of_generation) { restore_case_next_turn("next_turn"); }
 
@@ -98,7 +102,6 @@ TEST(coalesce_shared_prefix_8) {
   }
   EXPECT_EQ_INT(hits, 7);
 }
-
 
 /* ---- the shared-prefix wave ------------------------------------------------------------ */
 
@@ -230,8 +233,8 @@ static const int FN[3] = {110, 115, 105};
 static int32_t FP[3][MAXP];
 static double FDEV;
 
-static int fault_scenario(rig_opts *ro, long n, const char *site, int must_succeed,
-                          char *why, size_t wn) {
+static int fault_scenario(rig_opts *ro, long n, const char *site, int must_succeed, char *why,
+                          size_t wn) {
   rig g;
   if (rig_up(&g, ro) != 0) return snprintf(why, wn, "rig"), 0;
   int32_t bnd[2] = {0, 90};
@@ -305,11 +308,10 @@ TEST(fault_scenario_clean) {
 /* every site of the prefix cache, each hit in turn: captures and restores fail, requests
  * never do (a failed restore admits cold; a failed capture keeps the incumbent) */
 TEST(fault_every_cache_site) {
-  static const char *const sites[] = {"state_pool_copy",  "state_pool_slab_alloc",
-                                      "checkpoint_pages", "prefix_cache_rec",
-                                      "checkpoint_page_copy", "host_tier_alloc",
-                                      "host_tier_read",   "host_tier_write",
-                                      "request_init_prefix"};
+  static const char *const sites[] = {
+      "state_pool_copy",  "state_pool_slab_alloc", "checkpoint_pages",
+      "prefix_cache_rec", "checkpoint_page_copy",  "host_tier_alloc",
+      "host_tier_read",   "host_tier_write",       "request_init_prefix"};
   rig_opts ro;
   fault_setup(&ro);
   int total = 0;

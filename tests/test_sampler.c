@@ -370,22 +370,29 @@ static void fill_logits(float *l, int n, int kind) {
     double u = lcg01(), v = lcg01();
     double g = sqrt(-2 * log(u + 1e-300)) * cos(6.283185307179586 * v);
     switch (kind) {
-    case 0: l[i] = (float)(3 * g); break;
-    case 1: l[i] = (float)(g + (lcg01() < 0.001 ? 12 : 0)); break;
-    case 2: l[i] = (float)floor(4 * g) * 0.5f; break;
-    case 3: l[i] = (float)(20 * g); break;
-    default:
-      l[i] = lcg01() < 0.01 ? -INFINITY : (float)(2 * g);
-      if (i == 7) l[i] = NAN;
-      break;
+      case 0:
+        l[i] = (float)(3 * g);
+        break;
+      case 1:
+        l[i] = (float)(g + (lcg01() < 0.001 ? 12 : 0));
+        break;
+      case 2:
+        l[i] = (float)floor(4 * g) * 0.5f;
+        break;
+      case 3:
+        l[i] = (float)(20 * g);
+        break;
+      default:
+        l[i] = lcg01() < 0.01 ? -INFINITY : (float)(2 * g);
+        if (i == 7) l[i] = NAN;
+        break;
     }
   }
 }
 
 /* n_draws draws per parameter set; big: temperature 1 only (the reference's qsort of a whole
  * vocabulary is slow) */
-static void compare_paths(int n, int n_seeds, int n_draws, int big, int *n_checked,
-                          int *n_bad) {
+static void compare_paths(int n, int n_seeds, int n_draws, int big, int *n_checked, int *n_bad) {
   sampler_scratch w;
   REQUIRE(sampler_scratch_init(&w, n) == 0);
   float *base = malloc((size_t)n * sizeof *base), *a = malloc((size_t)n * sizeof *a);
@@ -423,8 +430,8 @@ static void compare_paths(int n, int n_seeds, int n_draws, int big, int *n_check
               (*n_checked)++;
               if (got != want || memcmp(rng, s.rng, sizeof rng) != 0) {
                 if (*n_bad < 5)
-                  fprintf(stderr, "  n %d seed %d T %g k %d p %g min_p %g: %d vs ref %d\n", n,
-                          seed, p.temperature, p.top_k, p.top_p, p.min_p, got, want);
+                  fprintf(stderr, "  n %d seed %d T %g k %d p %g min_p %g: %d vs ref %d\n", n, seed,
+                          p.temperature, p.top_k, p.top_p, p.min_p, got, want);
                 (*n_bad)++;
               }
             }

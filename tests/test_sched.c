@@ -268,7 +268,6 @@ TEST(fault_fails_one_request) {
   world_free(&w);
 }
 
-
 /* ---- the shared-prefix wave (prefix cache on, simulated model) ---------------------------
  * n requests = one shared prefix of `prefix` tokens + distinct `suffix`-token tails, all
  * queued before the first step (8 x 1,250 + 50 with a 512-token budget and a 256-token
@@ -289,15 +288,15 @@ typedef struct wave {
 } wave;
 
 typedef struct wave_result {
-  int steps;             /* steps until every request sampled its first token */
-  long long prefilled;   /* prompt tokens computed (restored ones excluded) */
+  int steps;              /* steps until every request sampled its first token */
+  long long prefilled;    /* prompt tokens computed (restored ones excluded) */
   int restored[WAVE_MAX]; /* depth each request restored from at admission */
   int admitted_step[WAVE_MAX];
   int max_admitted_per_step;
 } wave_result;
 
-static int wave_run(int n, int prefix, int suffix, int budget, int interval, int slabs,
-                    int trace, wave_result *res) {
+static int wave_run(int n, int prefix, int suffix, int budget, int interval, int slabs, int trace,
+                    wave_result *res) {
   wave w;
   memset(&w, 0, sizeof w);
   memset(res, 0, sizeof *res);

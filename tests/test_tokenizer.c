@@ -25,19 +25,16 @@ static tokenizer *qwen3;
 static json_t *vectors;
 
 static int ids_equal(const int32_t *a, int na, json_t *b) {
-  if (na != (int)json_array_size(b))
-    return 0;
+  if (na != (int)json_array_size(b)) return 0;
   for (int i = 0; i < na; i++)
-    if (a[i] != (int32_t)json_integer_value(json_array_get(b, (size_t)i)))
-      return 0;
+    if (a[i] != (int32_t)json_integer_value(json_array_get(b, (size_t)i))) return 0;
   return 1;
 }
 
 static int32_t *json_ids(json_t *arr, int *n) {
   *n = (int)json_array_size(arr);
   int32_t *ids = malloc(((size_t)*n + 1) * sizeof *ids);
-  for (int i = 0; i < *n; i++)
-    ids[i] = (int32_t)json_integer_value(json_array_get(arr, (size_t)i));
+  for (int i = 0; i < *n; i++) ids[i] = (int32_t)json_integer_value(json_array_get(arr, (size_t)i));
   return ids;
 }
 
@@ -61,10 +58,8 @@ static char *stream_decode(const tokenizer *t, const int32_t *ids, int n, int sk
       detok_stream_free(s);
       return NULL;
     }
-    while (o + (size_t)k + 1 > cap)
-      acc = realloc(acc, cap *= 2);
-    if (k)
-      memcpy(acc + o, piece, (size_t)k);
+    while (o + (size_t)k + 1 > cap) acc = realloc(acc, cap *= 2);
+    if (k) memcpy(acc + o, piece, (size_t)k);
     o += (size_t)k;
     free(piece);
   }
@@ -114,8 +109,7 @@ TEST(vectors_encode_match_hf) {
     int n = tokenizer_encode(qwen3, json_string_value(jt), json_string_length(jt), &ids, err,
                              sizeof err);
     if (n < 0 || !ids_equal(ids, n, json_object_get(c, "ids"))) {
-      if (!bad++)
-        EXPECT_MSG(0, "case %zu (%.40s): ids differ from HF", i, json_string_value(jt));
+      if (!bad++) EXPECT_MSG(0, "case %zu (%.40s): ids differ from HF", i, json_string_value(jt));
     }
     free(ids);
   }
@@ -174,15 +168,13 @@ TEST(stream_equals_whole_decode) {
   /* a 4-byte char split over single-byte tokens: nothing until the last byte */
   int32_t ids[4];
   const char *bl[4] = {"ð", "Ł", "ĺ", "Ģ"}; /* F0 9F 98 80 = U+1F600 */
-  for (int k = 0; k < 4; k++)
-    ids[k] = tokenizer_token_id(qwen3, bl[k]);
+  for (int k = 0; k < 4; k++) ids[k] = tokenizer_token_id(qwen3, bl[k]);
   detok_stream *s = detok_stream_new(qwen3, 0);
   for (int k = 0; k < 4; k++) {
     char *p = NULL;
     long r = detok_stream_push(s, ids[k], &p);
     EXPECT_EQ_INT(r, k < 3 ? 0 : 4);
-    if (k == 3 && r == 4)
-      EXPECT(!memcmp(p, "\xF0\x9F\x98\x80", 4));
+    if (k == 3 && r == 4) EXPECT(!memcmp(p, "\xF0\x9F\x98\x80", 4));
     free(p);
   }
   char *p = NULL;
@@ -235,8 +227,7 @@ TEST(round_trip) {
       uint32_t cp = kind == 0   ? (uint32_t)(32 + rand() % 95)
                     : kind == 1 ? (uint32_t) " \t\n\r"[rand() % 4]
                                 : (uint32_t)(0xA0 + rand() % 0x2F000);
-      if (cp >= 0xD800 && cp <= 0xDFFF)
-        cp = 'z';
+      if (cp >= 0xD800 && cp <= 0xDFFF) cp = 'z';
       n += (size_t)utf8proc_encode_char((utf8proc_int32_t)cp, (utf8proc_uint8_t *)buf + n);
     }
     int32_t *ids = NULL;
@@ -408,8 +399,7 @@ static void bl_string(const uint8_t *b, size_t n, char *out) {
     } else { /* position among the remapped bytes */
       int k = 0;
       for (int j = 0; j < c; j++)
-        if (!((j >= 33 && j <= 126) || (j >= 161 && j <= 172) || (j >= 174 && j <= 255)))
-          k++;
+        if (!((j >= 33 && j <= 126) || (j >= 161 && j <= 172) || (j >= 174 && j <= 255))) k++;
       cp = 256 + k;
     }
     o += (size_t)utf8proc_encode_char(cp, (utf8proc_uint8_t *)out + o);
@@ -482,17 +472,16 @@ static int enc_is(const tokenizer *t, const char *s, const int32_t *want, int nw
   int ok = n == nw && (nw == 0 || memcmp(ids, want, (size_t)nw * sizeof *ids) == 0);
   if (!ok) {
     fprintf(stderr, "encode(\"%s\") =", s);
-    for (int i = 0; i < n; i++)
-      fprintf(stderr, " %d", ids[i]);
+    for (int i = 0; i < n; i++) fprintf(stderr, " %d", ids[i]);
     fprintf(stderr, "\n");
   }
   free(ids);
   return ok;
 }
-#define ENC(t, s, ...)                                                                             \
-  do {                                                                                             \
-    const int32_t _w[] = {__VA_ARGS__};                                                            \
-    EXPECT_MSG(enc_is(t, s, _w, (int)(sizeof _w / sizeof _w[0])), "encode(%s)", #s);               \
+#define ENC(t, s, ...)                                                               \
+  do {                                                                               \
+    const int32_t _w[] = {__VA_ARGS__};                                              \
+    EXPECT_MSG(enc_is(t, s, _w, (int)(sizeof _w / sizeof _w[0])), "encode(%s)", #s); \
   } while (0)
 
 TEST(qwen35_style_rules) {
@@ -602,8 +591,7 @@ static void *encode_all(void *arg) {
       char err[256];
       int n = tokenizer_encode(qwen3, json_string_value(jt), json_string_length(jt), &ids, err,
                                sizeof err);
-      if (n < 0 || !ids_equal(ids, n, json_object_get(c, "ids")))
-        bad++;
+      if (n < 0 || !ids_equal(ids, n, json_object_get(c, "ids"))) bad++;
       free(ids);
     }
   }
@@ -614,8 +602,7 @@ static void *encode_all(void *arg) {
 TEST(threads_share_one_tokenizer) {
   REQUIRE(qwen3 && vectors);
   pthread_t th[4];
-  for (int i = 0; i < 4; i++)
-    REQUIRE(pthread_create(&th[i], NULL, encode_all, NULL) == 0);
+  for (int i = 0; i < 4; i++) REQUIRE(pthread_create(&th[i], NULL, encode_all, NULL) == 0);
   long bad = 0;
   for (int i = 0; i < 4; i++) {
     void *r;

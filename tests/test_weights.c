@@ -14,7 +14,8 @@
 #include "test.h"
 
 #if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wformat-truncation" /* long error lines in FAIL messages are cut */
+#pragma GCC diagnostic ignored "-Wformat-truncation" /* long error lines in FAIL messages are cut \
+                                                      */
 #endif
 
 static char root[256];
@@ -49,10 +50,11 @@ static int make_model(const char *name, const char *config_text, gen_random_opts
   return gen_random_write(cfg, dirof(name), &o, err, sizeof err);
 }
 
-#define DENSE_CFG                                                                                          \
-  "{\"model_type\":\"qwen3_5_text\",\"vocab_size\":300,\"hidden_size\":48,\"intermediate_size\":80,"       \
-  "\"num_hidden_layers\":4,\"num_attention_heads\":4,\"num_key_value_heads\":2,\"head_dim\":16,"          \
-  "\"linear_num_key_heads\":2,\"linear_num_value_heads\":4,\"linear_key_head_dim\":8,"                    \
+#define DENSE_CFG                                                                                 \
+  "{\"model_type\":\"qwen3_5_text\",\"vocab_size\":300,\"hidden_size\":48,\"intermediate_size\":" \
+  "80,"                                                                                           \
+  "\"num_hidden_layers\":4,\"num_attention_heads\":4,\"num_key_value_heads\":2,\"head_dim\":16,"  \
+  "\"linear_num_key_heads\":2,\"linear_num_value_heads\":4,\"linear_key_head_dim\":8,"            \
   "\"linear_value_head_dim\":12,\"linear_conv_kernel_dim\":4,\"tie_word_embeddings\":%s}"
 
 static char dense_cfg_untied[1024], dense_cfg_tied[1024];
@@ -62,7 +64,8 @@ static int same_as_file(const tensor *t, const char *file, const char *name) {
   st_file *f;
   if (st_open(file, &f, err, sizeof err)) return 0;
   const st_tensor *s = st_find(f, name);
-  int ok = s && s->is_float && s->dt == t->dt && s->nbytes == (uint64_t)tensor_numel(t) * dtype_size(t->dt) &&
+  int ok = s && s->is_float && s->dt == t->dt &&
+           s->nbytes == (uint64_t)tensor_numel(t) * dtype_size(t->dt) &&
            memcmp(s->data, t->data, s->nbytes) == 0;
   st_close(f);
   return ok;
@@ -137,7 +140,8 @@ TEST(dense_round_trip) {
   EXPECT(same_as_file(&w.lm_head, file, "lm_head.weight"));
   EXPECT(w.lm_head.data != w.embed.data);
   EXPECT(same_as_file(&w.final_norm, file, "model.norm.weight"));
-  EXPECT(same_as_file(&w.layers[0].in_proj_qkv, file, "model.layers.0.linear_attn.in_proj_qkv.weight"));
+  EXPECT(same_as_file(&w.layers[0].in_proj_qkv, file,
+                      "model.layers.0.linear_attn.in_proj_qkv.weight"));
   EXPECT(same_as_file(&w.layers[3].q_proj, file, "model.layers.3.self_attn.q_proj.weight"));
   EXPECT(same_as_file(&w.layers[2].down_proj, file, "model.layers.2.mlp.down_proj.weight"));
   EXPECT_EQ_INT(w.layers[3].q_proj.shape[0], 4 * 2 * 16);
@@ -191,28 +195,37 @@ TEST(tied_f16_round_trip) {
 TEST(gen_random_deterministic) {
   /* vocab large enough that the embedding spans several chunks */
   const char *cfg =
-      "{\"model_type\":\"qwen3_5_text\",\"vocab_size\":40000,\"hidden_size\":64,\"intermediate_size\":32,"
+      "{\"model_type\":\"qwen3_5_text\",\"vocab_size\":40000,\"hidden_size\":64,\"intermediate_"
+      "size\":32,"
       "\"num_hidden_layers\":1,\"num_attention_heads\":2,\"num_key_value_heads\":1,\"head_dim\":8,"
       "\"linear_num_key_heads\":1,\"linear_num_value_heads\":1,\"linear_key_head_dim\":8,"
       "\"linear_value_head_dim\":8,\"tie_word_embeddings\":true}";
-  EXPECT_MSG(make_model("det1", cfg, (gen_random_opts){.seed = 5, .dt = DTYPE_BF16, .threads = 1}) == 0, "%s", err);
-  EXPECT_MSG(make_model("det3", cfg, (gen_random_opts){.seed = 5, .dt = DTYPE_BF16, .threads = 3}) == 0, "%s", err);
-  EXPECT_MSG(make_model("det9", cfg, (gen_random_opts){.seed = 9, .dt = DTYPE_BF16, .threads = 3}) == 0, "%s", err);
+  EXPECT_MSG(
+      make_model("det1", cfg, (gen_random_opts){.seed = 5, .dt = DTYPE_BF16, .threads = 1}) == 0,
+      "%s", err);
+  EXPECT_MSG(
+      make_model("det3", cfg, (gen_random_opts){.seed = 5, .dt = DTYPE_BF16, .threads = 3}) == 0,
+      "%s", err);
+  EXPECT_MSG(
+      make_model("det9", cfg, (gen_random_opts){.seed = 9, .dt = DTYPE_BF16, .threads = 3}) == 0,
+      "%s", err);
   char cmd[1600];
-  snprintf(cmd, sizeof cmd, "cmp -s %s/model.safetensors %s/model.safetensors", dirof("det1"), dirof("det3"));
+  snprintf(cmd, sizeof cmd, "cmp -s %s/model.safetensors %s/model.safetensors", dirof("det1"),
+           dirof("det3"));
   EXPECT_MSG(system(cmd) == 0, "same seed, different thread counts, different bytes");
-  snprintf(cmd, sizeof cmd, "cmp -s %s/model.safetensors %s/model.safetensors", dirof("det1"), dirof("det9"));
+  snprintf(cmd, sizeof cmd, "cmp -s %s/model.safetensors %s/model.safetensors", dirof("det1"),
+           dirof("det9"));
   EXPECT_MSG(system(cmd) != 0, "different seeds, same bytes");
   snprintf(cmd, sizeof cmd, "cmp -s %s/det1.config.json %s/config.json", root, dirof("det1"));
   EXPECT_MSG(system(cmd) == 0, "config.json is not a copy");
 }
 
-#define MOE_CFG                                                                                            \
-  "{\"model_type\":\"qwen3_5_moe_text\",\"vocab_size\":200,\"hidden_size\":32,"                            \
-  "\"num_hidden_layers\":2,\"num_attention_heads\":2,\"num_key_value_heads\":1,\"head_dim\":16,"          \
-  "\"linear_num_key_heads\":1,\"linear_num_value_heads\":2,\"linear_key_head_dim\":8,"                    \
-  "\"linear_value_head_dim\":8,\"layer_types\":[\"linear_attention\",\"full_attention\"],"                \
-  "\"num_experts\":3,\"num_experts_per_tok\":2,\"moe_intermediate_size\":12,"                             \
+#define MOE_CFG                                                                                  \
+  "{\"model_type\":\"qwen3_5_moe_text\",\"vocab_size\":200,\"hidden_size\":32,"                  \
+  "\"num_hidden_layers\":2,\"num_attention_heads\":2,\"num_key_value_heads\":1,\"head_dim\":16," \
+  "\"linear_num_key_heads\":1,\"linear_num_value_heads\":2,\"linear_key_head_dim\":8,"           \
+  "\"linear_value_head_dim\":8,\"layer_types\":[\"linear_attention\",\"full_attention\"],"       \
+  "\"num_experts\":3,\"num_experts_per_tok\":2,\"moe_intermediate_size\":12,"                    \
   "\"shared_expert_intermediate_size\":20}"
 
 TEST(moe_fused_round_trip) {
@@ -249,7 +262,8 @@ TEST(moe_fused_round_trip) {
           EXPECT(tensor_get_f32(&x->up, r * H + k) == G[((size_t)e * 2 * I + I + r) * H + k]);
         }
       for (int r = 0; r < H; r++)
-        for (int k = 0; k < I; k++) EXPECT(tensor_get_f32(&x->down, r * I + k) == D[((size_t)e * H + r) * I + k]);
+        for (int k = 0; k < I; k++)
+          EXPECT(tensor_get_f32(&x->down, r * I + k) == D[((size_t)e * H + r) * I + k]);
     }
     snprintf(n, sizeof n, "model.layers.%d.mlp.gate.weight", l);
     EXPECT(same_as_file(&w.layers[l].router, file, n));
@@ -263,8 +277,9 @@ TEST(moe_fused_round_trip) {
 }
 
 TEST(moe_per_expert_round_trip) {
-  int rc = make_model("moe_pe", MOE_CFG,
-                      (gen_random_opts){.seed = 3, .dt = DTYPE_BF16, .experts = GEN_RANDOM_EXPERTS_PER_EXPERT});
+  int rc = make_model(
+      "moe_pe", MOE_CFG,
+      (gen_random_opts){.seed = 3, .dt = DTYPE_BF16, .experts = GEN_RANDOM_EXPERTS_PER_EXPERT});
   EXPECT_MSG(rc == 0, "gen: %s", err);
   if (rc) return;
   model_config c;
@@ -289,25 +304,28 @@ TEST(moe_per_expert_round_trip) {
 /* Checks that L's in_proj_qkv/z/b/a are the regrouping of the fused qkvz/ba rows, by the
  * transformers view: qkvz as [nk, 2dk + 2r dv] split (dk, dk, r dv, r dv); ba as [nk, 2r]
  * split (r, r); value head h = g*r + j. */
-static int check_next_regroup(const layer_weights *L, const st_tensor *qkvz, const st_tensor *ba, int H, int nk,
-                              int nv, int dk, int dv) {
+static int check_next_regroup(const layer_weights *L, const st_tensor *qkvz, const st_tensor *ba,
+                              int H, int nk, int nv, int dk, int dv) {
   int r = nv / nk, bad = 0;
   size_t es = dtype_size(qkvz->dt);
   const char *Q = qkvz->data, *B = ba->data;
-  const char *qkv = L->in_proj_qkv.data, *z = L->in_proj_z.data, *b = L->in_proj_b.data, *a = L->in_proj_a.data;
+  const char *qkv = L->in_proj_qkv.data, *z = L->in_proj_z.data, *b = L->in_proj_b.data,
+             *a = L->in_proj_a.data;
   size_t row = (size_t)H * es;
   int per = 2 * dk + 2 * r * dv;
   for (int g = 0; g < nk; g++) {
     for (int i = 0; i < dk; i++) {
       bad |= memcmp(qkv + (size_t)(g * dk + i) * row, Q + (size_t)(g * per + i) * row, row) != 0;
-      bad |= memcmp(qkv + (size_t)(nk * dk + g * dk + i) * row, Q + (size_t)(g * per + dk + i) * row, row) != 0;
+      bad |= memcmp(qkv + (size_t)(nk * dk + g * dk + i) * row,
+                    Q + (size_t)(g * per + dk + i) * row, row) != 0;
     }
     for (int j = 0; j < r; j++) {
       int h = g * r + j;
       for (int i = 0; i < dv; i++) {
-        bad |= memcmp(qkv + (size_t)(2 * nk * dk + h * dv + i) * row, Q + (size_t)(g * per + 2 * dk + j * dv + i) * row,
-                      row) != 0;
-        bad |= memcmp(z + (size_t)(h * dv + i) * row, Q + (size_t)(g * per + 2 * dk + r * dv + j * dv + i) * row, row) != 0;
+        bad |= memcmp(qkv + (size_t)(2 * nk * dk + h * dv + i) * row,
+                      Q + (size_t)(g * per + 2 * dk + j * dv + i) * row, row) != 0;
+        bad |= memcmp(z + (size_t)(h * dv + i) * row,
+                      Q + (size_t)(g * per + 2 * dk + r * dv + j * dv + i) * row, row) != 0;
       }
       bad |= memcmp(b + (size_t)h * row, B + (size_t)(g * 2 * r + j) * row, row) != 0;
       bad |= memcmp(a + (size_t)h * row, B + (size_t)(g * 2 * r + r + j) * row, row) != 0;
@@ -318,15 +336,17 @@ static int check_next_regroup(const layer_weights *L, const st_tensor *qkvz, con
 
 TEST(next_fused_regroup) {
   const char *cfg =
-      "{\"model_type\":\"qwen3_next\",\"vocab_size\":100,\"hidden_size\":16,\"intermediate_size\":24,"
+      "{\"model_type\":\"qwen3_next\",\"vocab_size\":100,\"hidden_size\":16,\"intermediate_size\":"
+      "24,"
       "\"num_hidden_layers\":2,\"num_attention_heads\":2,\"num_key_value_heads\":1,\"head_dim\":8,"
       "\"linear_num_key_heads\":2,\"linear_num_value_heads\":6,\"linear_key_head_dim\":4,"
       "\"linear_value_head_dim\":3,\"layer_types\":[\"linear_attention\",\"full_attention\"],"
       "\"num_experts\":2,\"num_experts_per_tok\":1,\"moe_intermediate_size\":8,"
       "\"shared_expert_intermediate_size\":8,\"mlp_only_layers\":[1]}";
-  int rc = make_model("next", cfg,
-                      (gen_random_opts){.seed = 4, .dt = DTYPE_F32, .next_fused = 1,
-                                        .experts = GEN_RANDOM_EXPERTS_PER_EXPERT});
+  int rc = make_model(
+      "next", cfg,
+      (gen_random_opts){
+          .seed = 4, .dt = DTYPE_F32, .next_fused = 1, .experts = GEN_RANDOM_EXPERTS_PER_EXPERT});
   EXPECT_MSG(rc == 0, "gen: %s", err);
   if (rc) return;
   model_config c;
@@ -349,7 +369,8 @@ TEST(next_fused_regroup) {
   /* spot check one value by hand: value head 4 = key group 1, j = 1; its row 2 of v */
   const float *Q = qkvz->data, *V = L->in_proj_qkv.data;
   int per = 2 * 4 + 2 * 3 * 3;
-  EXPECT(V[(size_t)(2 * 2 * 4 + 4 * 3 + 2) * 16 + 5] == Q[(size_t)(1 * per + 8 + 1 * 3 + 2) * 16 + 5]);
+  EXPECT(V[(size_t)(2 * 2 * 4 + 4 * 3 + 2) * 16 + 5] ==
+         Q[(size_t)(1 * per + 8 + 1 * 3 + 2) * 16 + 5]);
   EXPECT(w.layers[1].gate_proj.data != NULL); /* mlp_only_layers */
   EXPECT(w.layers[0].experts != NULL);
   st_close(f);
@@ -358,10 +379,11 @@ TEST(next_fused_regroup) {
 
 /* Rewrites src_dir/model.safetensors into dst_dir with tensor `skip` left out, or with
  * tensor `reshape` given `shape` (same byte count). Copies config.json. */
-static int rewrite(const char *src_dir, const char *dst_dir, const char *skip, const char *reshape, int ndim,
-                   const int64_t *shape) {
+static int rewrite(const char *src_dir, const char *dst_dir, const char *skip, const char *reshape,
+                   int ndim, const int64_t *shape) {
   char p[1200], cmd[2600];
-  snprintf(cmd, sizeof cmd, "rm -rf %s && mkdir -p %s && cp %s/config.json %s/", dst_dir, dst_dir, src_dir, dst_dir);
+  snprintf(cmd, sizeof cmd, "rm -rf %s && mkdir -p %s && cp %s/config.json %s/", dst_dir, dst_dir,
+           src_dir, dst_dir);
   sh(cmd);
   snprintf(p, sizeof p, "%s/model.safetensors", src_dir);
   st_file *f;
@@ -374,8 +396,10 @@ static int rewrite(const char *src_dir, const char *dst_dir, const char *skip, c
     const st_tensor *t = st_tensor_at(f, i);
     map[i] = -1;
     if (skip && !strcmp(t->name, skip)) continue;
-    if (reshape && !strcmp(t->name, reshape)) map[i] = st_writer_add(w, t->name, t->dt, ndim, shape);
-    else map[i] = st_writer_add(w, t->name, t->dt, t->ndim, t->shape);
+    if (reshape && !strcmp(t->name, reshape))
+      map[i] = st_writer_add(w, t->name, t->dt, ndim, shape);
+    else
+      map[i] = st_writer_add(w, t->name, t->dt, t->ndim, t->shape);
   }
   int rc = st_writer_begin(w, err, sizeof err);
   for (int i = 0; i < st_n_tensors(f) && rc == 0; i++)
@@ -389,7 +413,8 @@ static int rewrite(const char *src_dir, const char *dst_dir, const char *skip, c
 /* Splits src_dir's model.safetensors into two shards + index in dst_dir. */
 static int shard(const char *src_dir, const char *dst_dir) {
   char p[1200], cmd[2600];
-  snprintf(cmd, sizeof cmd, "rm -rf %s && mkdir -p %s && cp %s/config.json %s/", dst_dir, dst_dir, src_dir, dst_dir);
+  snprintf(cmd, sizeof cmd, "rm -rf %s && mkdir -p %s && cp %s/config.json %s/", dst_dir, dst_dir,
+           src_dir, dst_dir);
   sh(cmd);
   snprintf(p, sizeof p, "%s/model.safetensors", src_dir);
   st_file *f;
@@ -411,7 +436,8 @@ static int shard(const char *src_dir, const char *dst_dir) {
   fprintf(ix, "}}");
   fclose(ix);
   int rc = st_writer_begin(w[0], err, sizeof err) || st_writer_begin(w[1], err, sizeof err);
-  for (int i = 0; i < n && rc == 0; i++) rc = st_writer_put(w[i % 2], map[i], st_tensor_at(f, i)->data, err, sizeof err);
+  for (int i = 0; i < n && rc == 0; i++)
+    rc = st_writer_put(w[i % 2], map[i], st_tensor_at(f, i)->data, err, sizeof err);
   free(map);
   st_close(f);
   st_writer_close(w[0], NULL, 0);
@@ -421,11 +447,15 @@ static int shard(const char *src_dir, const char *dst_dir) {
 
 TEST(vlm_prefix_sharded) {
   const char *cfg =
-      "{\"model_type\":\"qwen3_5\",\"tie_word_embeddings\":false,\"text_config\":{\"vocab_size\":120,"
-      "\"hidden_size\":32,\"intermediate_size\":40,\"num_hidden_layers\":4,\"num_attention_heads\":2,"
-      "\"num_key_value_heads\":1,\"head_dim\":16,\"linear_num_key_heads\":1,\"linear_num_value_heads\":2,"
+      "{\"model_type\":\"qwen3_5\",\"tie_word_embeddings\":false,\"text_config\":{\"vocab_size\":"
+      "120,"
+      "\"hidden_size\":32,\"intermediate_size\":40,\"num_hidden_layers\":4,\"num_attention_heads\":"
+      "2,"
+      "\"num_key_value_heads\":1,\"head_dim\":16,\"linear_num_key_heads\":1,\"linear_num_value_"
+      "heads\":2,"
       "\"linear_key_head_dim\":8,\"linear_value_head_dim\":8}}";
-  int rc = make_model("vlm1", cfg, (gen_random_opts){.seed = 11, .dt = DTYPE_BF16, .vlm_prefix = 1});
+  int rc =
+      make_model("vlm1", cfg, (gen_random_opts){.seed = 11, .dt = DTYPE_BF16, .vlm_prefix = 1});
   EXPECT_MSG(rc == 0, "gen: %s", err);
   if (rc) return;
   REQUIRE(shard(dirof("vlm1"), dirof("vlm2")) == 0);
@@ -438,7 +468,8 @@ TEST(vlm_prefix_sharded) {
   EXPECT_MSG(rc == 0, "load sharded: %s", err);
   if (rc == 0) {
     EXPECT(memcmp(w1.embed.data, w2.embed.data, (size_t)tensor_numel(&w1.embed) * 2) == 0);
-    EXPECT(memcmp(w1.layers[3].o_proj.data, w2.layers[3].o_proj.data, (size_t)tensor_numel(&w1.layers[3].o_proj) * 2) == 0);
+    EXPECT(memcmp(w1.layers[3].o_proj.data, w2.layers[3].o_proj.data,
+                  (size_t)tensor_numel(&w1.layers[3].o_proj) * 2) == 0);
     EXPECT(memcmp(w1.lm_head.data, w2.lm_head.data, (size_t)tensor_numel(&w1.lm_head) * 2) == 0);
     weights_free(&w2);
   }
@@ -491,28 +522,28 @@ TEST(bad_inputs) {
 
   /* no folder / no weights */
   expect_load_error(dirof("absent"), "absent/config.json", NULL);
-  snprintf(cmd, sizeof cmd, "rm -rf %s && mkdir -p %s && cp %s/config.json %s/", dirof("nofile"), dirof("nofile"), good,
-           dirof("nofile"));
+  snprintf(cmd, sizeof cmd, "rm -rf %s && mkdir -p %s && cp %s/config.json %s/", dirof("nofile"),
+           dirof("nofile"), good, dirof("nofile"));
   sh(cmd);
   expect_load_error(dirof("nofile"), "nofile", "model.safetensors");
 
   /* truncated: the last tensors run past the end */
-  snprintf(cmd, sizeof cmd, "rm -rf %s && cp -r %s %s && truncate -s -1000 %s/model.safetensors", dirof("trunc"), good,
-           dirof("trunc"), dirof("trunc"));
+  snprintf(cmd, sizeof cmd, "rm -rf %s && cp -r %s %s && truncate -s -1000 %s/model.safetensors",
+           dirof("trunc"), good, dirof("trunc"), dirof("trunc"));
   sh(cmd);
   expect_load_error(dirof("trunc"), "trunc/model.safetensors", "lm_head.weight");
   /* shorter than the length prefix, and a header longer than the file */
-  snprintf(cmd, sizeof cmd, "rm -rf %s && cp -r %s %s && truncate -s 5 %s/model.safetensors", dirof("tiny"), good,
-           dirof("tiny"), dirof("tiny"));
+  snprintf(cmd, sizeof cmd, "rm -rf %s && cp -r %s %s && truncate -s 5 %s/model.safetensors",
+           dirof("tiny"), good, dirof("tiny"), dirof("tiny"));
   sh(cmd);
   expect_load_error(dirof("tiny"), "tiny/model.safetensors", "truncated");
-  snprintf(cmd, sizeof cmd, "rm -rf %s && cp -r %s %s && truncate -s 100 %s/model.safetensors", dirof("hdr"), good,
-           dirof("hdr"), dirof("hdr"));
+  snprintf(cmd, sizeof cmd, "rm -rf %s && cp -r %s %s && truncate -s 100 %s/model.safetensors",
+           dirof("hdr"), good, dirof("hdr"), dirof("hdr"));
   sh(cmd);
   expect_load_error(dirof("hdr"), "hdr/model.safetensors", "header");
   /* empty */
-  snprintf(cmd, sizeof cmd, "rm -rf %s && cp -r %s %s && : > %s/model.safetensors", dirof("empty"), good,
-           dirof("empty"), dirof("empty"));
+  snprintf(cmd, sizeof cmd, "rm -rf %s && cp -r %s %s && : > %s/model.safetensors", dirof("empty"),
+           good, dirof("empty"), dirof("empty"));
   sh(cmd);
   expect_load_error(dirof("empty"), "empty/model.safetensors", NULL);
 
@@ -528,7 +559,8 @@ TEST(bad_inputs) {
   sh(cmd);
   snprintf(p, sizeof p, "%s/model.safetensors", dirof("i32"));
   EXPECT(patch_file(p, "A_log\":{\"dtype\":\"F32\"", "A_log\":{\"dtype\":\"I32\"") == 0);
-  expect_load_error(dirof("i32"), "i32/model.safetensors", "model.layers.0.linear_attn.A_log has dtype I32");
+  expect_load_error(dirof("i32"), "i32/model.safetensors",
+                    "model.layers.0.linear_attn.A_log has dtype I32");
   snprintf(cmd, sizeof cmd, "rm -rf %s && cp -r %s %s", dirof("q99"), good, dirof("q99"));
   sh(cmd);
   snprintf(p, sizeof p, "%s/model.safetensors", dirof("q99"));
@@ -543,13 +575,16 @@ TEST(bad_inputs) {
 
   /* missing tensor */
   REQUIRE(rewrite(good, dirof("miss"), "model.layers.2.mlp.up_proj.weight", NULL, 0, NULL) == 0);
-  expect_load_error(dirof("miss"), "miss/model.safetensors", "missing tensor model.layers.2.mlp.up_proj.weight");
+  expect_load_error(dirof("miss"), "miss/model.safetensors",
+                    "missing tensor model.layers.2.mlp.up_proj.weight");
   REQUIRE(rewrite(good, dirof("nohead"), "lm_head.weight", NULL, 0, NULL) == 0);
   expect_load_error(dirof("nohead"), "nohead/model.safetensors", "lm_head.weight");
 
   /* wrong shape (same byte count) */
-  REQUIRE(rewrite(good, dirof("shape"), NULL, "model.layers.3.self_attn.o_proj.weight", 2, (int64_t[]){64, 48}) == 0);
-  expect_load_error(dirof("shape"), "shape/model.safetensors", "model.layers.3.self_attn.o_proj.weight has shape [64, 48]");
+  REQUIRE(rewrite(good, dirof("shape"), NULL, "model.layers.3.self_attn.o_proj.weight", 2,
+                  (int64_t[]){64, 48}) == 0);
+  expect_load_error(dirof("shape"), "shape/model.safetensors",
+                    "model.layers.3.self_attn.o_proj.weight has shape [64, 48]");
 
   /* config problems name config.json */
   snprintf(cmd, sizeof cmd, "rm -rf %s && cp -r %s %s", dirof("arch"), good, dirof("arch"));
@@ -566,23 +601,27 @@ TEST(bad_inputs) {
   char *h = strstr(txt, "\"hidden_size\":48");
   if (h) memcpy(h, "\"hidden_size\":40", 16);
   write_text(p, txt);
-  expect_load_error(dirof("mismatch"), "mismatch/model.safetensors", "model.embed_tokens.weight has shape [300, 48]");
+  expect_load_error(dirof("mismatch"), "mismatch/model.safetensors",
+                    "model.embed_tokens.weight has shape [300, 48]");
 
   /* shards: a missing shard file, an index naming a shard that lacks the tensor, bad index */
   REQUIRE(shard(good, dirof("sh")) == 0);
   rc = model_load(dirof("sh"), &c, &w, err, sizeof err);
   EXPECT_MSG(rc == 0, "sharded load: %s", err);
   if (rc == 0) weights_free(&w);
-  snprintf(cmd, sizeof cmd, "rm -rf %s && cp -r %s %s && rm %s/model-00002-of-00002.safetensors", dirof("sh_miss"),
-           dirof("sh"), dirof("sh_miss"), dirof("sh_miss"));
+  snprintf(cmd, sizeof cmd, "rm -rf %s && cp -r %s %s && rm %s/model-00002-of-00002.safetensors",
+           dirof("sh_miss"), dirof("sh"), dirof("sh_miss"), dirof("sh_miss"));
   sh(cmd);
   expect_load_error(dirof("sh_miss"), "sh_miss/model-00002-of-00002.safetensors", NULL);
-  snprintf(cmd, sizeof cmd, "rm -rf %s && cp -r %s %s && cp %s/model-00001-of-00002.safetensors %s/model-00002-of-00002.safetensors",
+  snprintf(cmd, sizeof cmd,
+           "rm -rf %s && cp -r %s %s && cp %s/model-00001-of-00002.safetensors "
+           "%s/model-00002-of-00002.safetensors",
            dirof("sh_lack"), dirof("sh"), dirof("sh_lack"), dirof("sh_lack"), dirof("sh_lack"));
   sh(cmd);
   /* shard 2 is now a duplicate of shard 1: duplicated names are an error too */
   expect_load_error(dirof("sh_lack"), "appears in both", NULL);
-  snprintf(cmd, sizeof cmd, "rm -rf %s && cp -r %s %s", dirof("sh_json"), dirof("sh"), dirof("sh_json"));
+  snprintf(cmd, sizeof cmd, "rm -rf %s && cp -r %s %s", dirof("sh_json"), dirof("sh"),
+           dirof("sh_json"));
   sh(cmd);
   snprintf(p, sizeof p, "%s/model.safetensors.index.json", dirof("sh_json"));
   write_text(p, "{\"weight_map\": [");
@@ -592,8 +631,11 @@ TEST(bad_inputs) {
   /* an index that lists a tensor in a shard that lacks it */
   REQUIRE(rewrite(good, dirof("sh_one"), "model.norm.weight", NULL, 0, NULL) == 0);
   snprintf(p, sizeof p, "%s/model.safetensors.index.json", dirof("sh_one"));
-  write_text(p, "{\"weight_map\": {\"model.norm.weight\": \"model.safetensors\", \"model.embed_tokens.weight\": \"model.safetensors\"}}");
-  expect_load_error(dirof("sh_one"), "sh_one/model.safetensors: missing tensor model.norm.weight", "index");
+  write_text(p,
+             "{\"weight_map\": {\"model.norm.weight\": \"model.safetensors\", "
+             "\"model.embed_tokens.weight\": \"model.safetensors\"}}");
+  expect_load_error(dirof("sh_one"), "sh_one/model.safetensors: missing tensor model.norm.weight",
+                    "index");
 }
 
 TEST(cli_gen_random_exit_codes) {
@@ -606,8 +648,9 @@ TEST(cli_gen_random_exit_codes) {
   }
   snprintf(cfg, sizeof cfg, "%s/cli.config.json", root);
   write_text(cfg, dense_cfg_tied);
-  snprintf(cmd, sizeof cmd, "%s/deltaserve gen-random --config %s --out %s --seed 3 --dtype f32 >/dev/null", bin, cfg,
-           dirof("cli"));
+  snprintf(cmd, sizeof cmd,
+           "%s/deltaserve gen-random --config %s --out %s --seed 3 --dtype f32 >/dev/null", bin,
+           cfg, dirof("cli"));
   EXPECT(system(cmd) == 0);
   model_config c;
   model_weights w;
@@ -617,11 +660,13 @@ TEST(cli_gen_random_exit_codes) {
     EXPECT_EQ_INT(w.embed.dt, DTYPE_F32);
     weights_free(&w);
   }
-  snprintf(cmd, sizeof cmd, "%s/deltaserve gen-random --config %s/nope.json --out %s 2>/dev/null", bin, root, dirof("cli2"));
+  snprintf(cmd, sizeof cmd, "%s/deltaserve gen-random --config %s/nope.json --out %s 2>/dev/null",
+           bin, root, dirof("cli2"));
   EXPECT_EQ_INT(WEXITSTATUS(system(cmd)), 1);
   snprintf(cmd, sizeof cmd, "%s/deltaserve gen-random --config %s 2>/dev/null", bin, cfg);
   EXPECT_EQ_INT(WEXITSTATUS(system(cmd)), 2);
-  snprintf(cmd, sizeof cmd, "%s/deltaserve gen-random --config %s --out %s --dtype f8 2>/dev/null", bin, cfg, dirof("cli3"));
+  snprintf(cmd, sizeof cmd, "%s/deltaserve gen-random --config %s --out %s --dtype f8 2>/dev/null",
+           bin, cfg, dirof("cli3"));
   EXPECT_EQ_INT(WEXITSTATUS(system(cmd)), 2);
 }
 
@@ -656,11 +701,12 @@ static void check_fixture(const char *name) {
   note(&w.lm_head);
   for (int i = 0; i < c.n_layers; i++) {
     const layer_weights *L = &w.layers[i];
-    const tensor *all[] = {&L->input_norm, &L->post_norm, &L->q_proj, &L->k_proj, &L->v_proj, &L->o_proj,
-                           &L->q_norm, &L->k_norm, &L->in_proj_qkv, &L->in_proj_z, &L->in_proj_b, &L->in_proj_a,
-                           &L->conv1d, &L->dt_bias, &L->A_log, &L->lin_norm, &L->out_proj, &L->gate_proj,
-                           &L->up_proj, &L->down_proj, &L->router, &L->shared_gate, &L->shared_up,
-                           &L->shared_down, &L->shared_expert_gate};
+    const tensor *all[] = {
+        &L->input_norm, &L->post_norm,   &L->q_proj,    &L->k_proj,      &L->v_proj,
+        &L->o_proj,     &L->q_norm,      &L->k_norm,    &L->in_proj_qkv, &L->in_proj_z,
+        &L->in_proj_b,  &L->in_proj_a,   &L->conv1d,    &L->dt_bias,     &L->A_log,
+        &L->lin_norm,   &L->out_proj,    &L->gate_proj, &L->up_proj,     &L->down_proj,
+        &L->router,     &L->shared_gate, &L->shared_up, &L->shared_down, &L->shared_expert_gate};
     for (size_t k = 0; k < sizeof all / sizeof all[0]; k++) note(all[k]);
     if (L->experts)
       for (int e = 0; e < c.n_experts; e++) {
@@ -695,10 +741,11 @@ static void check_fixture(const char *name) {
       if (strstr(tname, "in_proj_qkvz")) {
         int li = atoi(tname + strlen("model.layers."));
         char bn[512];
-        snprintf(bn, sizeof bn, "%.*sin_proj_ba.weight", (int)(strstr(tname, "in_proj_qkvz") - tname), tname);
+        snprintf(bn, sizeof bn, "%.*sin_proj_ba.weight",
+                 (int)(strstr(tname, "in_proj_qkvz") - tname), tname);
         const st_tensor *ba = st_find(sf, bn);
-        EXPECT_MSG(ba && check_next_regroup(&w.layers[li], t, ba, c.hidden_size, c.lin_n_k_heads, c.lin_n_v_heads,
-                                            c.lin_k_head_dim, c.lin_v_head_dim),
+        EXPECT_MSG(ba && check_next_regroup(&w.layers[li], t, ba, c.hidden_size, c.lin_n_k_heads,
+                                            c.lin_n_v_heads, c.lin_k_head_dim, c.lin_v_head_dim),
                    "%s: layer %d regroup", name, li);
         used++;
       } else if (strstr(tname, "in_proj_ba")) {
@@ -706,7 +753,8 @@ static void check_fixture(const char *name) {
       } else {
         uint64_t nb = 0;
         const void *raw = weights_raw(&w, tname, &nb);
-        EXPECT_MSG(raw && nb == t->nbytes && memcmp(raw, t->data, nb) == 0, "%s: %s differs from the file", name, tname);
+        EXPECT_MSG(raw && nb == t->nbytes && memcmp(raw, t->data, nb) == 0,
+                   "%s: %s differs from the file", name, tname);
         EXPECT_MSG(raw && was_loaded(raw), "%s: tensor %s is not used by the loader", name, tname);
         used += raw && was_loaded(raw);
       }
@@ -739,7 +787,8 @@ TEST(reference_fixtures) {
     n++;
   }
   closedir(d);
-  for (int k = 0; k < 5; k++) EXPECT_MSG(seen[k], "no %s fixture under tests/fixtures/models", kinds[k]);
+  for (int k = 0; k < 5; k++)
+    EXPECT_MSG(seen[k], "no %s fixture under tests/fixtures/models", kinds[k]);
   EXPECT(n >= 5);
 }
 

@@ -4,10 +4,10 @@
  * (per layer: the input projections, the output projection, gate+up, down), each a kernel that
  * waits for the one before (programmatic dependent launch, as the backend's captured steps).
  * This program times exactly that sequence in one CUDA graph, with zeroed bf16 weights at the
- * real shapes (random bits: never time on zeros), for a few GEMV designs and for a plain streaming read of the same
- * bytes (no arithmetic: the ceiling of a kernel-per-product step on this GPU). It prints one
- * line per design: ms per step of products, TB/s, and the fixed cost per product implied at
- * 4.0 TB/s streaming. Build and run on the GPU machine with scripts/device/gemv_ceiling.sh.
+ * real shapes (random bits: never time on zeros), for a few GEMV designs and for a plain streaming
+ * read of the same bytes (no arithmetic: the ceiling of a kernel-per-product step on this GPU). It
+ * prints one line per design: ms per step of products, TB/s, and the fixed cost per product implied
+ * at 4.0 TB/s streaming. Build and run on the GPU machine with scripts/device/gemv_ceiling.sh.
  *
  * The first table (layouts) times the step's products and each class of them alone (input, out,
  * gate+up, down: that class's products back to back) in alternating rounds, for: the backend's
@@ -38,13 +38,13 @@
 
 #include "backend/cuda/cuda_common.cuh"
 
-#define CK(x)                                                                    \
-  do {                                                                           \
-    cudaError_t e_ = (x);                                                        \
-    if (e_ != cudaSuccess) {                                                     \
+#define CK(x)                                                                            \
+  do {                                                                                   \
+    cudaError_t e_ = (x);                                                                \
+    if (e_ != cudaSuccess) {                                                             \
       fprintf(stderr, "gemv_ceiling: %s (line %d)\n", cudaGetErrorString(e_), __LINE__); \
-      exit(2);                                                                   \
-    }                                                                            \
+      exit(2);                                                                           \
+    }                                                                                    \
   } while (0)
 
 /* One warp's dot product of a K-row with x: 16-byte pieces per lane, UNR in flight. */
@@ -86,7 +86,8 @@ __global__ void __launch_bounds__(WARPS * 32)
 }
 
 /* The product's bytes read and folded into one word: no arithmetic per weight. */
-__global__ void __launch_bounds__(256) gc_read(const bf16 *x, const bf16 *W, int K, int N, bf16 *y) {
+__global__ void __launch_bounds__(256)
+    gc_read(const bf16 *x, const bf16 *W, int K, int N, bf16 *y) {
   pdl_enter();
   size_t n16 = (size_t)N * K / 8;
   const uint4 *p = (const uint4 *)W;
@@ -97,7 +98,6 @@ __global__ void __launch_bounds__(256) gc_read(const bf16 *x, const bf16 *W, int
   }
   if (acc == 0x9e3779b9u) y[0] = x[0]; /* never: keeps the loads */
 }
-
 
 /* Random finite bf16 (sign and mantissa random, |w| in [2^-8, 2^-7)): never time on zeros. */
 __global__ void gc_fill(unsigned short *w, size_t n, unsigned seed) {
@@ -400,7 +400,6 @@ struct gc_pdesign {
   int warps, pf;
 };
 
-
 /* One layout design: `big` for products of more than 4,096 rows (WB warps per block), `small`
  * for the others (WS warps: the backend's single products run one-warp blocks); resident: the
  * grid-stride read over nsm * occ blocks instead. */
@@ -444,7 +443,6 @@ static cudaGraphExec_t gc_lgraph(const gc_ldesign &d, int nsm, cudaStream_t st, 
   return ge;
 }
 
-
 /* The mma row against the FMA row on one product: the largest difference over the largest |y|. */
 static void gc_check_mma(cudaStream_t st, const bf16 *x, const gc_product &p) {
   bf16 *ya, *yb;
@@ -484,12 +482,12 @@ static void gc_layouts(int nsm, cudaStream_t st, const bf16 *x, const std::vecto
       {"turn-major GEMV [K/256][N][256]", gc_layout_row<4, 4, 1, 0>, gc_layout_row<1, 4, 1, 0>, 4,
        1, 0},
       {"turn-major loads only", gc_layout_row<4, 4, 1, 1>, gc_layout_row<1, 4, 1, 1>, 4, 1, 0},
-      {"block-tiled GEMV, 4 warps everywhere", gc_layout_row<4, 4, 2, 0>,
-       gc_layout_row<4, 4, 2, 0>, 4, 4, 0},
+      {"block-tiled GEMV, 4 warps everywhere", gc_layout_row<4, 4, 2, 0>, gc_layout_row<4, 4, 2, 0>,
+       4, 4, 0},
       {"row-major GEMV, 4 warps everywhere", gc_layout_row<4, 4, 0, 0>, gc_layout_row<4, 4, 0, 0>,
        4, 4, 0},
-      {"turn-major GEMV, 4 warps everywhere", gc_layout_row<4, 4, 1, 0>,
-       gc_layout_row<4, 4, 1, 0>, 4, 4, 0},
+      {"turn-major GEMV, 4 warps everywhere", gc_layout_row<4, 4, 1, 0>, gc_layout_row<4, 4, 1, 0>,
+       4, 4, 0},
       {"mma GEMV (4 warps, singles 1)", gc_mma_row<4, 4>, gc_mma_row<1, 4>, 4, 1, 0},
       {"mma GEMV, 4 warps everywhere", gc_mma_row<4, 4>, gc_mma_row<4, 4>, 4, 4, 0},
       {"mma GEMV, 8 in flight (4 warps, singles 1)", gc_mma_row<4, 8>, gc_mma_row<1, 8>, 4, 1, 0},
@@ -551,8 +549,10 @@ int main(int argc, char **argv) {
   const char *json = NULL;
   double phase_us = 8.0;
   for (int a = 1; a + 1 < argc; a += 2) {
-    if (!strcmp(argv[a], "--json")) json = argv[a + 1];
-    else if (!strcmp(argv[a], "--phase-us")) phase_us = atof(argv[a + 1]);
+    if (!strcmp(argv[a], "--json"))
+      json = argv[a + 1];
+    else if (!strcmp(argv[a], "--phase-us"))
+      phase_us = atof(argv[a + 1]);
   }
   unsigned phase_ns = (unsigned)(phase_us * 1000.0);
   int nsm;
@@ -592,8 +592,8 @@ int main(int argc, char **argv) {
   };
   FILE *jf = json ? fopen(json, "w") : NULL;
   if (jf)
-    fprintf(jf, "{\"gpu\": \"%s\", \"products\": %zu, \"bytes\": %.0f, ", prop.name,
-            ps.size(), bytes);
+    fprintf(jf, "{\"gpu\": \"%s\", \"products\": %zu, \"bytes\": %.0f, ", prop.name, ps.size(),
+            bytes);
   printf("gemv_ceiling: %s, %zu products, %.2f GB per step\n", prop.name, ps.size(), bytes / 1e9);
   if (jf) fprintf(jf, "\"layout_table\": 1");
   gc_check_mma(st, x, ps[1]);
@@ -608,11 +608,12 @@ int main(int argc, char **argv) {
     double per = gc_time(st, [&] { CK(cudaGraphLaunch(ge, st)); });
     double tbs = bytes / (per * 1e-3) / 1e12;
     double fixed_us = (per - bytes / 4.0e12 * 1e3) * 1e3 / (double)ps.size();
-    printf("  %-46s %2d blocks/SM  %.3f ms  %.2f TB/s  fixed %.2f us/product at 4.0 TB/s\n",
-           d.name, occ, per, tbs, fixed_us);
+    printf("  %-46s %2d blocks/SM  %.3f ms  %.2f TB/s  fixed %.2f us/product at 4.0 TB/s\n", d.name,
+           occ, per, tbs, fixed_us);
     if (jf)
-      fprintf(jf, "%s{\"design\": \"%s\", \"blocks_per_sm\": %d, \"ms\": %.4f, \"tb_s\": %.3f, "
-                  "\"fixed_us_per_product\": %.3f}",
+      fprintf(jf,
+              "%s{\"design\": \"%s\", \"blocks_per_sm\": %d, \"ms\": %.4f, \"tb_s\": %.3f, "
+              "\"fixed_us_per_product\": %.3f}",
               i ? ", " : "", d.name, occ, per, tbs, fixed_us);
     CK(cudaGraphExecDestroy(ge));
   }
@@ -628,8 +629,10 @@ int main(int argc, char **argv) {
   CK(cudaMalloc(&bar, 2 * sizeof *bar));
   CK(cudaMemset(bar, 0, 2 * sizeof *bar));
   int np = (int)ps.size(), first = 1;
-  printf("one kernel per step (grid barrier after each product; phase: %.1f us spin on 32 blocks "
-         "after each layer's input product)\n", phase_us);
+  printf(
+      "one kernel per step (grid barrier after each product; phase: %.1f us spin on 32 blocks "
+      "after each layer's input product)\n",
+      phase_us);
   for (int bps = 1; bps <= 4; bps *= 2) {
     int grid = nsm * bps;
     void *args[] = {&np, &bar};
@@ -639,8 +642,10 @@ int main(int argc, char **argv) {
     printf("  %-46s %2d blocks/SM  %.2f us per barrier\n", "grid barriers alone", bps,
            per * 1e3 / np);
     if (jf)
-      fprintf(jf, "%s{\"design\": \"grid barriers alone\", \"blocks_per_sm\": %d, "
-                  "\"us_per_barrier\": %.3f}", first ? "" : ", ", bps, per * 1e3 / np);
+      fprintf(jf,
+              "%s{\"design\": \"grid barriers alone\", \"blocks_per_sm\": %d, "
+              "\"us_per_barrier\": %.3f}",
+              first ? "" : ", ", bps, per * 1e3 / np);
     first = 0;
   }
   for (int ph = 0; ph < 2; ph++) {
@@ -654,8 +659,10 @@ int main(int argc, char **argv) {
       printf("  %-46s phase %4.1f us  %.3f ms  %.2f TB/s\n", "kernel per product (backend design)",
              pns / 1e3, per, bytes / (per * 1e-3) / 1e12);
       if (jf)
-        fprintf(jf, ", {\"design\": \"kernel per product (backend design)\", \"phase_us\": %.1f, "
-                    "\"ms\": %.4f}", pns / 1e3, per);
+        fprintf(jf,
+                ", {\"design\": \"kernel per product (backend design)\", \"phase_us\": %.1f, "
+                "\"ms\": %.4f}",
+                pns / 1e3, per);
       CK(cudaGraphExecDestroy(ge));
     }
     const gc_pdesign pds[] = {
@@ -675,14 +682,16 @@ int main(int argc, char **argv) {
       const bf16 *xc = x;
       void *args[] = {&dp, &np, &xc, &y, &bar, &pns};
       double per = gc_time(st, [&] {
-        CK(cudaLaunchCooperativeKernel((void *)d.f, dim3(grid), dim3(d.warps * 32), args, smem, st));
+        CK(cudaLaunchCooperativeKernel((void *)d.f, dim3(grid), dim3(d.warps * 32), args, smem,
+                                       st));
       });
       printf("  %-46s phase %4.1f us  %.3f ms  %.2f TB/s  (%d blocks/SM)\n", d.name, pns / 1e3, per,
              bytes / (per * 1e-3) / 1e12, occ);
       if (jf)
-        fprintf(jf, ", {\"design\": \"%s\", \"phase_us\": %.1f, \"blocks_per_sm\": %d, "
-                    "\"ms\": %.4f, \"tb_s\": %.3f}", d.name, pns / 1e3, occ, per,
-                bytes / (per * 1e-3) / 1e12);
+        fprintf(jf,
+                ", {\"design\": \"%s\", \"phase_us\": %.1f, \"blocks_per_sm\": %d, "
+                "\"ms\": %.4f, \"tb_s\": %.3f}",
+                d.name, pns / 1e3, occ, per, bytes / (per * 1e-3) / 1e12);
     }
   }
   CK(cudaFree(dp));

@@ -20,13 +20,13 @@
 
 #include "backend/cuda/cuda_packed.cuh"
 
-#define CK(x)                                                                            \
-  do {                                                                                   \
-    cudaError_t e_ = (x);                                                                \
-    if (e_ != cudaSuccess) {                                                             \
+#define CK(x)                                                                           \
+  do {                                                                                  \
+    cudaError_t e_ = (x);                                                               \
+    if (e_ != cudaSuccess) {                                                            \
       fprintf(stderr, "packed_gemv: %s (line %d)\n", cudaGetErrorString(e_), __LINE__); \
-      exit(2);                                                                           \
-    }                                                                                    \
+      exit(2);                                                                          \
+    }                                                                                   \
   } while (0)
 
 __device__ __forceinline__ unsigned pg_hash(unsigned long long i, unsigned seed) {
@@ -80,8 +80,7 @@ __global__ void __launch_bounds__(WARPS * 32) pg_pk(const bf16 *x, pg_prod p, fl
   pdl_enter();
   if (n >= p.N) return;
   float acc[1];
-  pk_row<1, false, UT>(x, p.W + (size_t)n * p.K, p.pk + pk_bytes(n, p.K), p.hd + n, p.K, lane,
-                       acc);
+  pk_row<1, false, UT>(x, p.W + (size_t)n * p.K, p.pk + pk_bytes(n, p.K), p.hd + n, p.K, lane, acc);
   if (lane == 0) y[n] = acc[0];
 }
 
@@ -105,8 +104,7 @@ __global__ void __launch_bounds__(WARPS * 32) pg_pk2(const bf16 *x, pg_prod p, f
   pdl_enter();
   if (n >= h) return;
   float a[1], b[1];
-  pk_view va = {p.W, p.pk, p.hd},
-          vb = {p.W + (size_t)h * p.K, p.pk + pk_bytes(h, p.K), p.hd + h};
+  pk_view va = {p.W, p.pk, p.hd}, vb = {p.W + (size_t)h * p.K, p.pk + pk_bytes(h, p.K), p.hd + h};
   pk_gemv_row2<1>(x, va, vb, n, p.K, lane, a, b);
   if (lane == 0) {
     y[n] = a[0];
@@ -286,8 +284,10 @@ int main(int argc, char **argv) {
   CK(cudaStreamSynchronize(st));
   long long turns = 0, esc = 0;
   for (const pg_prod &p : ps) pg_escapes(p, &turns, &esc);
-  printf("uniform weights (gen-random): %lld of %lld turns escape (%.3f %%); %.3f GB bf16, %.3f GB "
-         "packed + headers\n", esc, turns, 100.0 * esc / turns, bytes / 1e9, pbytes / 1e9);
+  printf(
+      "uniform weights (gen-random): %lld of %lld turns escape (%.3f %%); %.3f GB bf16, %.3f GB "
+      "packed + headers\n",
+      esc, turns, 100.0 * esc / turns, bytes / 1e9, pbytes / 1e9);
   if (jf)
     fprintf(jf, ", \"uniform_escaping_turns\": %.6f, \"bf16_bytes\": %.0f, \"packed_bytes\": %.0f",
             (double)esc / turns, bytes, pbytes);
@@ -308,8 +308,10 @@ int main(int argc, char **argv) {
     pg_get(a, ya, st);
     for (int ut = 1; ut <= 2; ut++) {
       CK(cudaMemsetAsync(yb, 0xFF, (size_t)p.N * 4, st));
-      if (ut == 1) pg_pk<4, 1><<<(p.N + 3) / 4, 128, 0, st>>>(x, p, yb);
-      else pg_pk<4, 2><<<(p.N + 3) / 4, 128, 0, st>>>(x, p, yb);
+      if (ut == 1)
+        pg_pk<4, 1><<<(p.N + 3) / 4, 128, 0, st>>>(x, p, yb);
+      else
+        pg_pk<4, 2><<<(p.N + 3) / 4, 128, 0, st>>>(x, p, yb);
       CK(cudaGetLastError());
       pg_get(b, yb, st);
       for (int n = 0; n < p.N; n++) (ut == 1 ? same1 : same2) += !memcmp(&a[n], &b[n], 4);
@@ -327,7 +329,8 @@ int main(int argc, char **argv) {
   printf("bits: glu rows (two a warp) equal to bf16 rows: %lld / %lld\n", same_glu, rows_glu);
   printf("bits: packed rows equal to bf16 rows: %lld / %lld (1 turn in flight), %lld / %lld (2)\n",
          same1, rows, same2, rows);
-  if (jf) fprintf(jf, ", \"rows\": %lld, \"same_ut1\": %lld, \"same_ut2\": %lld", rows, same1, same2);
+  if (jf)
+    fprintf(jf, ", \"rows\": %lld, \"same_ut1\": %lld, \"same_ut2\": %lld", rows, same1, same2);
 
   const pg_design ds[] = {
       {"bf16 rows (backend: 4 warps, singles 1)", pg_bf<4>, pg_bf<1>, 4, 1, 0, 0},
@@ -353,8 +356,10 @@ int main(int argc, char **argv) {
   for (int r = 0; r < R; r++)
     for (int m = 0; m < NM; m++)
       for (int d = 0; d < ND; d++) ms[(d * NM + m) * R + r] = pg_time(st, ge[d * NM + m]);
-  printf("products back to back (median of %d alternating rounds; step ms, else us per product; "
-         "bf16-equivalent TB/s = bf16 bytes / time):\n", R);
+  printf(
+      "products back to back (median of %d alternating rounds; step ms, else us per product; "
+      "bf16-equivalent TB/s = bf16 bytes / time):\n",
+      R);
   printf("  %-40s", "");
   for (int m = 0; m < NM; m++) printf(" %16s", mname[m]);
   printf("\n");
@@ -369,8 +374,10 @@ int main(int argc, char **argv) {
       std::vector<double> s(&ms[(d * NM + m) * R], &ms[(d * NM + m) * R] + R);
       std::sort(s.begin(), s.end());
       double med = s[R / 2], tbs = mb / (med * 1e-3) / 1e12;
-      if (m == 0) printf(" %7.3f ms %4.2f", med, tbs);
-      else printf(" %7.2f us %4.2f", med * 1e3 / mcount[m], tbs);
+      if (m == 0)
+        printf(" %7.3f ms %4.2f", med, tbs);
+      else
+        printf(" %7.2f us %4.2f", med * 1e3 / mcount[m], tbs);
       if (jf) fprintf(jf, ", \"%s_ms\": %.4f", mname[m], med);
     }
     printf("\n");

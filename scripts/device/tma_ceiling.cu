@@ -23,13 +23,13 @@
 
 #include <vector>
 
-#define CK(x)                                                                               \
-  do {                                                                                      \
-    cudaError_t e_ = (x);                                                                   \
-    if (e_ != cudaSuccess) {                                                                \
-      fprintf(stderr, "tma_ceiling: %s (line %d)\n", cudaGetErrorString(e_), __LINE__);    \
-      exit(2);                                                                              \
-    }                                                                                       \
+#define CK(x)                                                                           \
+  do {                                                                                  \
+    cudaError_t e_ = (x);                                                               \
+    if (e_ != cudaSuccess) {                                                            \
+      fprintf(stderr, "tma_ceiling: %s (line %d)\n", cudaGetErrorString(e_), __LINE__); \
+      exit(2);                                                                          \
+    }                                                                                   \
   } while (0)
 
 #define TC_MAXST 32
@@ -43,8 +43,7 @@ __device__ __forceinline__ void tc_bar_init(uint64_t *b, int count) {
 }
 
 __device__ __forceinline__ void tc_bar_expect(uint64_t *b, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(tc_u32(b)),
-               "r"(bytes)
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(tc_u32(b)), "r"(bytes)
                : "memory");
 }
 
@@ -129,8 +128,7 @@ int main(int argc, char **argv) {
     if (!strcmp(argv[a], "--json")) json = argv[a + 1];
   void *fn = NULL;
   cudaDriverEntryPointQueryResult q;
-  CK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
-                                      &q));
+  CK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q));
   if (q != cudaDriverEntryPointSuccess || !fn) {
     fprintf(stderr, "tma_ceiling: no cuTensorMapEncodeTiled in this driver\n");
     return 2;
@@ -141,8 +139,8 @@ int main(int argc, char **argv) {
   int nsm = prop.multiProcessorCount;
   const shape shapes[] = {{"gate+up", 18432, 2560}, {"down", 2560, 9216}, {"qkv+z", 12288, 2560}};
   const variant vs[] = {
-      {64, 128, 1, 1, 64},  {64, 128, 1, 1, 128}, {64, 128, 1, 1, 200}, {64, 64, 1, 1, 200},
-      {64, 256, 1, 1, 200}, {64, 128, 1, 2, 200}, {64, 128, 1, 4, 200}, {128, 64, 0, 1, 200},
+      {64, 128, 1, 1, 64},  {64, 128, 1, 1, 128}, {64, 128, 1, 1, 200},  {64, 64, 1, 1, 200},
+      {64, 256, 1, 1, 200}, {64, 128, 1, 2, 200}, {64, 128, 1, 4, 200},  {128, 64, 0, 1, 200},
       {256, 32, 0, 1, 200}, {256, 16, 0, 1, 200}, {128, 128, 0, 1, 200}, {256, 64, 0, 1, 200},
   };
   const int copies = 4, reps = 20;

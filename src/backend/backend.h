@@ -56,6 +56,13 @@
 #include "model/weights.h"
 
 typedef struct backend backend;
+
+/* The choices a user makes about a backend (CLI flags --device, --threads, --batch-invariant). */
+typedef struct backend_options {
+  const char *device;  /* "cpu", "cuda" or "auto" (NULL: auto) */
+  int n_threads;       /* CPU backend threads (0: all cores) */
+  int batch_invariant; /* CUDA: a row's bits never depend on the rest of the batch */
+} backend_options;
 typedef void *backend_buf;    /* opaque device buffer (device memory on CUDA) */
 typedef void *backend_weight; /* opaque uploaded weight */
 
@@ -93,15 +100,15 @@ typedef struct backend_batch {
 /* MoE FFN weights of one layer (see op moe). */
 typedef struct backend_moe {
   int n_experts, top_k, norm_topk_prob;
-  int inter;        /* I: expert width */
-  int shared_inter; /* Is: shared expert width, 0 when absent */
-  backend_weight router;        /* [E, H] */
-  const backend_weight *gate;   /* [E] of [I, H] */
-  const backend_weight *up;     /* [E] of [I, H] */
-  const backend_weight *down;   /* [E] of [H, I] */
-  backend_weight shared_gate;   /* [Is, H] or NULL */
-  backend_weight shared_up;     /* [Is, H] or NULL */
-  backend_weight shared_down;   /* [H, Is] or NULL */
+  int inter;                         /* I: expert width */
+  int shared_inter;                  /* Is: shared expert width, 0 when absent */
+  backend_weight router;             /* [E, H] */
+  const backend_weight *gate;        /* [E] of [I, H] */
+  const backend_weight *up;          /* [E] of [I, H] */
+  const backend_weight *down;        /* [E] of [H, I] */
+  backend_weight shared_gate;        /* [Is, H] or NULL */
+  backend_weight shared_up;          /* [Is, H] or NULL */
+  backend_weight shared_down;        /* [H, Is] or NULL */
   backend_weight shared_expert_gate; /* [1, H] or NULL */
 } backend_moe;
 
@@ -149,7 +156,7 @@ struct backend {
    * router (routing is a discrete choice): the backend also keeps it at full precision. */
   backend_weight (*weight_upload_exact)(backend *be, const void *data, dtype dt, int64_t rows,
                                         int64_t cols);
-  void (*weight_free)(backend *be, backend_weight w); /* NULL is a no-op */
+  void (*weight_free)(backend *be, backend_weight w);    /* NULL is a no-op */
   size_t (*weight_bytes)(backend *be, backend_weight w); /* device bytes it takes */
   /* Optional (NULL: no such copy). Lets the backend keep a second, lossless copy of a product
    * weight that the products of few rows (decode steps) stream faster than the weight itself:
@@ -185,8 +192,7 @@ struct backend {
   void (*add)(backend *be, backend_buf x, backend_buf y, size_t n);
 
   /* y[t, j] = sum_k x[t, k] * W[j, k].  x ACT [T, K]; W [N, K]; y ACT [T, N]. */
-  void (*matmul)(backend *be, backend_buf x, backend_weight W, int T, int K, int N,
-                 backend_buf y);
+  void (*matmul)(backend *be, backend_buf x, backend_weight W, int T, int K, int N, backend_buf y);
 
   /* Gated attention input prep. qg ACT [T, nh*2*hd]: per head hd query values then hd gate
    * values. k ACT [T, nkv*hd] (normalised and rotated in place).
@@ -231,8 +237,8 @@ struct backend {
    *   out[t, c] = silu(sum_j w[c, j] * window[j][c])
    * then the slot's state becomes the last K-1 inputs (state then the piece's rows). Pieces of
    * one token are the decode step. out ACT [T, C]. */
-  void (*conv1d)(backend *be, backend_buf conv_state, backend_buf x, backend_weight w, int C,
-                 int K, backend_buf out);
+  void (*conv1d)(backend *be, backend_buf conv_state, backend_buf x, backend_weight w, int C, int K,
+                 backend_buf out);
 
   /* DeltaNet gates and q/k normalisation. qkv ACT [T, 2*nk*dk + nv*dv] (the conv output,
    * q | k | v head-major): each q and k head is L2-normalised in place, x/sqrt(sum x^2 + 1e-6),
@@ -255,14 +261,14 @@ struct backend {
    * qkv ACT [T, conv_dim] (normalised by gdn_gates); beta, g F32 [T, nv]; out ACT [T, nv*dv]. */
   void (*gdn_prefill)(backend *be, backend_buf ssm, backend_buf qkv, backend_buf beta,
                       backend_buf g, int nk, int nv, int dk, int dv, backend_buf out);
-  void (*gdn_decode)(backend *be, backend_buf ssm, backend_buf qkv, backend_buf beta,
-                     backend_buf g, int nk, int nv, int dk, int dv, backend_buf out);
+  void (*gdn_decode)(backend *be, backend_buf ssm, backend_buf qkv, backend_buf beta, backend_buf g,
+                     int nk, int nv, int dk, int dv, backend_buf out);
 
   /* Gated RMSNorm per value head: o, z ACT [T, nv*dv]; w [1, dv] (plain weight);
    *   out[t, h*dv + i] = w[i] * o_i * rsqrt(mean(o_h^2) + eps) * silu(z[t, h*dv + i])
    * out ACT [T, nv*dv] (may alias o). */
-  void (*gated_rmsnorm)(backend *be, backend_buf o, backend_buf z, backend_weight w, int T,
-                        int nv, int dv, float eps, backend_buf out);
+  void (*gated_rmsnorm)(backend *be, backend_buf o, backend_buf z, backend_weight w, int T, int nv,
+                        int dv, float eps, backend_buf out);
 
   /* Logits of the rows out_rows (uses the batch): for i < n_out, t = out_rows[i]:
    *   out[i, :] = W . rmsnorm_zero_centred(x[t, :], norm)

@@ -8,21 +8,22 @@
 #include "backend/cuda/backend_cuda.h"
 #endif
 
-backend *backend_create(const char *device, int n_threads, char *err, size_t errlen) {
+backend *backend_create(const backend_options *opt, char *err, size_t errlen) {
+  const char *device = opt->device;
   if (!device || !strcmp(device, "auto")) {
-#ifdef DS_CUDA
-    if (backend_cuda_available()) return backend_create("cuda", n_threads, err, errlen);
-#endif
     device = "cpu";
+#ifdef DS_CUDA
+    if (backend_cuda_available()) device = "cuda";
+#endif
   }
   if (!strcmp(device, "cpu")) {
-    backend *be = backend_cpu_create(n_threads);
+    backend *be = backend_cpu_create(opt->n_threads);
     if (!be) errf(err, errlen, "cannot create the CPU backend (out of memory)");
     return be;
   }
   if (!strcmp(device, "cuda")) {
 #ifdef DS_CUDA
-    return backend_cuda_create(0, err, errlen);
+    return backend_cuda_create(0, opt, err, errlen);
 #else
     errf(err, errlen, "--device cuda: this build has no CUDA backend (build with make CUDA=1)");
     return NULL;

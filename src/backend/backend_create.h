@@ -6,8 +6,8 @@
 
 #include "backend/backend.h"
 
-/* Returns the backend, or NULL with one line in err ("cuda" in a build without CUDA, no GPU,
- * unknown name). n_threads applies to the CPU backend (0: all cores). */
-backend *backend_create(const char *device, int n_threads, char *err, size_t errlen);
+/* Returns the backend opt describes, or NULL with one line in err ("cuda" in a build without
+ * CUDA, no GPU, unknown name). */
+backend *backend_create(const backend_options *opt, char *err, size_t errlen);
 
 #endif

@@ -23,7 +23,7 @@ static int32_t kv_share_common(const backend_batch *b, int32_t l, int32_t m) {
 }
 
 typedef struct kv_share_pick {
-  int64_t saved; /* (members - 1) * len */
+  int64_t saved;             /* (members - 1) * len */
   int32_t first, count, len; /* the bucket: keys [first, first + count) */
 } kv_share_pick;
 
@@ -36,7 +36,8 @@ int kv_share_plan(const backend_batch *b, int min_len, int max_groups, kv_share_
   int64_t *key = scratch, *cl = scratch + b->n_seqs;
   int n = 0;
   for (int s = 0; s < b->n_seqs; s++)
-    if (b->seq_len[s] == 1 && b->seq_pos[s] >= min_len && b->page_table[(size_t)s * b->max_pages] >= 0)
+    if (b->seq_len[s] == 1 && b->seq_pos[s] >= min_len &&
+        b->page_table[(size_t)s * b->max_pages] >= 0)
       key[n++] = (int64_t)b->page_table[(size_t)s * b->max_pages] << 32 | (uint32_t)s;
   if (n < 2) return 0;
   qsort(key, (size_t)n, sizeof *key, kv_share_cmp); /* by first page, then piece */
@@ -53,7 +54,8 @@ int kv_share_plan(const backend_batch *b, int min_len, int max_groups, kv_share_
       kv_share_pick best = {0, i, 0, 0};
       for (int k = 1; k < j - i; k++) { /* the k + 1 longest together share cl[k] */
         int64_t len = -cl[k], saved = (int64_t)k * len;
-        if (len >= min_len && saved > best.saved) best = (kv_share_pick){saved, i, j - i, (int32_t)len};
+        if (len >= min_len && saved > best.saved)
+          best = (kv_share_pick){saved, i, j - i, (int32_t)len};
       }
       if (best.saved > 0) { /* keep the max_groups that save the most, in bucket order */
         int at = np;
@@ -61,7 +63,8 @@ int kv_share_plan(const backend_batch *b, int min_len, int max_groups, kv_share_
           at = 0;
           for (int k = 1; k < np; k++)
             if (pick[k].saved < pick[at].saved) at = k;
-          if (pick[at].saved >= best.saved) at = -1;
+          if (pick[at].saved >= best.saved)
+            at = -1;
           else {
             memmove(&pick[at], &pick[at + 1], sizeof *pick * (size_t)(np - 1 - at));
             at = --np;

@@ -65,7 +65,8 @@ int fault_arm_spec(const char *spec, char *err, size_t errlen) {
   int sticky = 0;
   if (*end == ':') {
     const char *m = end + 1;
-    if (!strcmp(m, "sticky") || !strcmp(m, "1")) sticky = 1;
+    if (!strcmp(m, "sticky") || !strcmp(m, "1"))
+      sticky = 1;
     else if (strcmp(m, "once") && strcmp(m, "0")) {
       snprintf(err, errlen, "fault spec '%s': the third field must be 'sticky' or 'once'", spec);
       return -1;

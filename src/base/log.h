@@ -17,9 +17,9 @@ void log_msg(log_level lv, const char *fmt, ...) __attribute__((format(printf, 2
 #define log_error(...) log_msg(LOG_LEVEL_ERROR, __VA_ARGS__)
 
 void log_check_failed(const char *file, int line, const char *expr) __attribute__((noreturn));
-#define CHECK(cond)                                                                      \
-  do {                                                                                   \
-    if (!(cond)) log_check_failed(__FILE__, __LINE__, #cond);                            \
+#define CHECK(cond)                                           \
+  do {                                                        \
+    if (!(cond)) log_check_failed(__FILE__, __LINE__, #cond); \
   } while (0)
 
 /* errf: formats into a caller's error buffer (err may be NULL). Returns -1 so that

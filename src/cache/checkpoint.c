@@ -76,8 +76,7 @@ int checkpoint_capture(prefix_cache *pc, uint64_t ticket, const checkpoint_paylo
   /* validate every field before any write */
   int total = kv_pages_total(pc->kp);
   int bad = !p || p->depth != r->depth || !state_pool_slot_used(pc->sp, p->slot) ||
-            (p->slab != -1 && p->slab != r->slab) ||
-            !p->pages || p->n_pages < r->n_pages;
+            (p->slab != -1 && p->slab != r->slab) || !p->pages || p->n_pages < r->n_pages;
   for (int k = 0; !bad && k < r->n_pages; k++)
     bad = p->pages[k] < 0 || p->pages[k] >= total || kv_pages_refcount(pc->kp, p->pages[k]) <= 0;
   for (int k = 0; !bad && k < r->n_pages; k++) /* a page table never repeats a page */
@@ -111,7 +110,7 @@ int checkpoint_commit(prefix_cache *pc, uint64_t ticket, uint64_t *ckpt) {
   pc_node *n = r->node;
   int old = n->ckpt;
   n->pending = -1;
-  n->ckpt = i; /* the node never goes empty: no prune while swapping */
+  n->ckpt = i;    /* the node never goes empty: no prune while swapping */
   if (old >= 0) { /* the incumbent leaves only now; a pinned one lives on as a zombie */
     pc_rec *o = &pc->recs[old];
     if (o->pins == 0) {
@@ -283,8 +282,8 @@ void checkpoint_restore_end(prefix_cache *pc, checkpoint_plan *plan, int ok) {
   pc_rec_drop(pc, i); /* its payload cannot be trusted */
 }
 
-int checkpoint_restore(prefix_cache *pc, uint64_t ckpt, int n_prompt, kv_pages_table *t,
-                       int slot, checkpoint_plan *plan) {
+int checkpoint_restore(prefix_cache *pc, uint64_t ckpt, int n_prompt, kv_pages_table *t, int slot,
+                       checkpoint_plan *plan) {
   int rc = checkpoint_restore_begin(pc, ckpt, n_prompt, t, slot, plan);
   if (rc != 0) return rc;
   rc = checkpoint_restore_run(pc, plan);

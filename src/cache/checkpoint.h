@@ -33,10 +33,12 @@
 #include "cache/kv_pages.h"
 #include "cache/prefix_cache.h"
 
-enum { CHECKPOINT_PROTECT = 1, /* a system+tools head: evicted last */
-       CHECKPOINT_REPLACE = 2, /* capture even if a checkpoint exists at that depth */
-       CHECKPOINT_LOW = 4      /* speculative (end of generation, interval): evicted first,
-                                  and evicts only its own class (prefix_cache.h) */ };
+enum {
+  CHECKPOINT_PROTECT = 1, /* a system+tools head: evicted last */
+  CHECKPOINT_REPLACE = 2, /* capture even if a checkpoint exists at that depth */
+  CHECKPOINT_LOW = 4      /* speculative (end of generation, interval): evicted first,
+                             and evicts only its own class (prefix_cache.h) */
+};
 
 /* Reserves a capture of depth `depth` of tokens[0, depth) in the salt's namespace: a slab
  * (evicting by class then LRU when the pool or the device budget is full, see prefix_cache.h)
@@ -94,17 +96,17 @@ void checkpoint_txn_cancel(prefix_cache *pc, checkpoint_txn *t);
 
 /* A restore, as planned by checkpoint_restore_begin. */
 typedef struct checkpoint_plan {
-  uint64_t ckpt;          /* the checkpoint restored from */
-  int depth;              /* tokens restored: the sequence prefills from here */
-  kv_pages_table *table;  /* the sequence's page table, filled with n_pages entries */
-  int slot;               /* the sequence's state slot */
-  int n_pages;            /* kv_pages_for_tokens(depth) */
-  int n_shared;           /* table ids [0, n_shared) are the checkpoint's pages, read-only */
-  int cow_src, cow_dst;   /* copy page cow_src into cow_dst (= table->ids[n_shared]), or -1 */
-  int host_pages;         /* 1: ids [0, n_pages) are fresh, written from the host tier */
-  int slab;               /* copy this slab into slot, or -1: write the slot from the host */
-  int host_slab;          /* 1: the state comes from the host tier */
-  int ran;                /* copies done (checkpoint_restore_run returned 0) */
+  uint64_t ckpt;         /* the checkpoint restored from */
+  int depth;             /* tokens restored: the sequence prefills from here */
+  kv_pages_table *table; /* the sequence's page table, filled with n_pages entries */
+  int slot;              /* the sequence's state slot */
+  int n_pages;           /* kv_pages_for_tokens(depth) */
+  int n_shared;          /* table ids [0, n_shared) are the checkpoint's pages, read-only */
+  int cow_src, cow_dst;  /* copy page cow_src into cow_dst (= table->ids[n_shared]), or -1 */
+  int host_pages;        /* 1: ids [0, n_pages) are fresh, written from the host tier */
+  int slab;              /* copy this slab into slot, or -1: write the slot from the host */
+  int host_slab;         /* 1: the state comes from the host tier */
+  int ran;               /* copies done (checkpoint_restore_run returned 0) */
 } checkpoint_plan;
 
 /* Plans a restore of ckpt into a sequence with an empty page table t (capacity >= the
@@ -126,7 +128,7 @@ int checkpoint_restore_run(prefix_cache *pc, checkpoint_plan *plan);
 void checkpoint_restore_end(prefix_cache *pc, checkpoint_plan *plan, int ok);
 /* begin + run + end. Returns 0 (restored plan->depth tokens) or the failing status (the
  * table is empty then). */
-int checkpoint_restore(prefix_cache *pc, uint64_t ckpt, int n_prompt, kv_pages_table *t,
-                       int slot, checkpoint_plan *plan);
+int checkpoint_restore(prefix_cache *pc, uint64_t ckpt, int n_prompt, kv_pages_table *t, int slot,
+                       checkpoint_plan *plan);
 
 #endif

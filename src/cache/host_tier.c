@@ -102,7 +102,8 @@ int host_tier_put(host_tier *ht, int slot, const int32_t *pages, int n_pages, in
   int rc = 0;
   unsigned char *p = d;
   if (has_slot) {
-    if (fault_hit("host_tier_read") || (ht->ops.slot_read && ht->ops.slot_read(ht->ops.ctx, slot, p)))
+    if (fault_hit("host_tier_read") ||
+        (ht->ops.slot_read && ht->ops.slot_read(ht->ops.ctx, slot, p)))
       rc = -1;
     p += ht->slot_bytes;
   }
@@ -182,12 +183,11 @@ int host_tier_check(const host_tier *ht, char *err, size_t errlen) {
       return errf(err, errlen, "host_tier: broken free list at %d", i);
   }
   if (live != ht->live || used != ht->used)
-    return errf(err, errlen, "host_tier: counted %d entries %zu bytes, recorded %d %zu", live,
-                used, ht->live, ht->used);
+    return errf(err, errlen, "host_tier: counted %d entries %zu bytes, recorded %d %zu", live, used,
+                ht->live, ht->used);
   if (live + n_free != ht->n)
     return errf(err, errlen, "host_tier: %d live + %d free != %d handles", live, n_free, ht->n);
   if (ht->used > ht->budget)
-    return errf(err, errlen, "host_tier: %zu bytes over the budget of %zu", ht->used,
-                ht->budget);
+    return errf(err, errlen, "host_tier: %zu bytes over the budget of %zu", ht->used, ht->budget);
   return 0;
 }

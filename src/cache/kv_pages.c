@@ -136,8 +136,10 @@ int kv_pages_check(const kv_pages *kp, char *err, size_t errlen) {
   int bad = -1;
   for (int i = 0; i < kp->q_len && bad < 0; i++) {
     int32_t id = kp->queue[(kp->q_head + i) % kp->n_pages];
-    if (id < 0 || id >= kp->n_pages || seen[id] || kp->ref[id] || kp->cache_ref[id]) bad = id;
-    else seen[id] = 1;
+    if (id < 0 || id >= kp->n_pages || seen[id] || kp->ref[id] || kp->cache_ref[id])
+      bad = id;
+    else
+      seen[id] = 1;
   }
   free(seen);
   if (bad >= 0) return errf(err, errlen, "kv_pages: page %d is wrongly in the free queue", bad);

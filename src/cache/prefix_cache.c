@@ -11,16 +11,26 @@
 
 const char *prefix_cache_strerror(int rc) {
   switch (rc) {
-  case PREFIX_CACHE_OK: return "ok";
-  case PREFIX_CACHE_ENOMEM: return "out of memory";
-  case PREFIX_CACHE_ENOSPACE: return "no cache space left";
-  case PREFIX_CACHE_EXISTS: return "checkpoint exists";
-  case PREFIX_CACHE_INFLIGHT: return "capture in flight";
-  case PREFIX_CACHE_EINVAL: return "invalid argument";
-  case PREFIX_CACHE_ESTALE: return "stale or unknown id";
-  case PREFIX_CACHE_EPAYLOAD: return "invalid checkpoint payload";
-  case PREFIX_CACHE_ECOPY: return "checkpoint copy failed";
-  default: return "unknown prefix-cache error";
+    case PREFIX_CACHE_OK:
+      return "ok";
+    case PREFIX_CACHE_ENOMEM:
+      return "out of memory";
+    case PREFIX_CACHE_ENOSPACE:
+      return "no cache space left";
+    case PREFIX_CACHE_EXISTS:
+      return "checkpoint exists";
+    case PREFIX_CACHE_INFLIGHT:
+      return "capture in flight";
+    case PREFIX_CACHE_EINVAL:
+      return "invalid argument";
+    case PREFIX_CACHE_ESTALE:
+      return "stale or unknown id";
+    case PREFIX_CACHE_EPAYLOAD:
+      return "invalid checkpoint payload";
+    case PREFIX_CACHE_ECOPY:
+      return "checkpoint copy failed";
+    default:
+      return "unknown prefix-cache error";
   }
 }
 
@@ -97,9 +107,7 @@ static void pc_kid_remove(pc_node *n, pc_node *kid) {
   n->n_kids--;
 }
 
-static int pc_salt_eq(const char *a, const char *b) {
-  return strcmp(a ? a : "", b ? b : "") == 0;
-}
+static int pc_salt_eq(const char *a, const char *b) { return strcmp(a ? a : "", b ? b : "") == 0; }
 
 static pc_node *pc_root_find(const prefix_cache *pc, const char *salt) {
   for (int i = 0; i < pc->n_roots; i++)
@@ -406,8 +414,8 @@ void prefix_cache_clear(prefix_cache *pc) {
 
 /* ---------------------------------------------------------------- lookup */
 
-void prefix_cache_lookup(prefix_cache *pc, const char *salt, const int32_t *prompt,
-                         int n_prompt, prefix_cache_match *m) {
+void prefix_cache_lookup(prefix_cache *pc, const char *salt, const int32_t *prompt, int n_prompt,
+                         prefix_cache_match *m) {
   pc->st.queries++;
   prefix_cache_peek(pc, salt, prompt, n_prompt, m);
 }
@@ -458,8 +466,8 @@ int prefix_cache_capture_points_max(int n_prompt, int n_boundaries, int interval
   return 4 + (n_prompt > 0 ? n_prompt / pc_interval(interval) : 0);
 }
 
-static int pc_point_add(prefix_cache_point *out, int n, int cap, int depth, int flags,
-                        int restored, int n_prompt) {
+static int pc_point_add(prefix_cache_point *out, int n, int cap, int depth, int flags, int restored,
+                        int n_prompt) {
   if (depth <= restored || depth > n_prompt - 1 || depth < 1) return n;
   int i = 0;
   while (i < n && out[i].depth < depth) i++;
@@ -478,8 +486,8 @@ static int pc_point_add(prefix_cache_point *out, int n, int cap, int depth, int 
 }
 
 int prefix_cache_capture_points(int n_prompt, const int32_t *boundaries, int n_boundaries,
-                                int interval, int divergence, int restored,
-                                prefix_cache_point *out, int cap) {
+                                int interval, int divergence, int restored, prefix_cache_point *out,
+                                int cap) {
   int n = 0;
   if (cap <= 0 || n_prompt < 2) return 0;
   if (n_boundaries >= 2) {
@@ -673,8 +681,8 @@ static int pc_check_rec_binding(pc_check_ctx *c, const pc_node *n, int i, int pe
                          : r->state == PC_REC_COMMITTED;
   if (!ok_state || r->node != n || r->depth != n->depth)
     return errf(c->err, c->errlen,
-                "prefix_cache: record %d (state %d, depth %d) badly bound to a node of depth %d",
-                i, r->state, r->depth, n->depth);
+                "prefix_cache: record %d (state %d, depth %d) badly bound to a node of depth %d", i,
+                r->state, r->depth, n->depth);
   c->n_bound++;
   return 0;
 }
@@ -723,7 +731,8 @@ int prefix_cache_check(const prefix_cache *pc, char *err, size_t errlen) {
   for (int i = 0; i < pc->n_recs && rc == 0; i++) {
     const pc_rec *r = &pc->recs[i];
     if (r->state == PC_REC_FREE) continue;
-    if (r->state != PC_REC_ZOMBIE) live++;
+    if (r->state != PC_REC_ZOMBIE)
+      live++;
     else if (r->pins <= 0 || r->node)
       rc = errf(err, errlen, "prefix_cache: zombie record %d unpinned or bound", i);
     if (r->n_pages != kv_pages_for_tokens(r->depth) || r->depth < 1 || !r->pages)
@@ -771,14 +780,12 @@ int prefix_cache_check(const prefix_cache *pc, char *err, size_t errlen) {
   free(cnt);
   if (rc) return rc;
   if (live != c.n_bound)
-    return errf(err, errlen, "prefix_cache: %d live records, %d bound to nodes", live,
-                c.n_bound);
+    return errf(err, errlen, "prefix_cache: %d live records, %d bound to nodes", live, c.n_bound);
   if (slabs != pc->n_dev_slabs || slabs != n_slabs - state_pool_num_slabs_free(pc->sp))
     return errf(err, errlen, "prefix_cache: %d slabs held, recorded %d, pool uses %d", slabs,
                 pc->n_dev_slabs, n_slabs - state_pool_num_slabs_free(pc->sp));
   if (slabs > pc->max_slabs)
-    return errf(err, errlen, "prefix_cache: %d slabs over the budget of %d", slabs,
-                pc->max_slabs);
+    return errf(err, errlen, "prefix_cache: %d slabs over the budget of %d", slabs, pc->max_slabs);
   if (pc->ht) {
     if (host != host_tier_count(pc->ht))
       return errf(err, errlen, "prefix_cache: %d host entries held, tier has %d", host,

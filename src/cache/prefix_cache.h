@@ -89,22 +89,21 @@ typedef struct prefix_cache_opts {
 /* Status codes of the prefix cache and checkpoint calls. */
 enum {
   PREFIX_CACHE_OK = 0,
-  PREFIX_CACHE_ENOMEM = -1,    /* a request-time allocation failed (or a fault fired) */
-  PREFIX_CACHE_ENOSPACE = -2,  /* no slab / page / budget left, nothing evictable */
-  PREFIX_CACHE_EXISTS = -3,    /* a committed checkpoint already sits at that depth */
-  PREFIX_CACHE_INFLIGHT = -4,  /* a capture of that depth on that path is already in flight */
-  PREFIX_CACHE_EINVAL = -5,    /* bad arguments (depth out of range...) */
-  PREFIX_CACHE_ESTALE = -6,    /* unknown id, or its generation moved on */
-  PREFIX_CACHE_EPAYLOAD = -7,  /* a payload field failed validation; nothing was written */
-  PREFIX_CACHE_ECOPY = -8,     /* a device or host copy failed */
+  PREFIX_CACHE_ENOMEM = -1,   /* a request-time allocation failed (or a fault fired) */
+  PREFIX_CACHE_ENOSPACE = -2, /* no slab / page / budget left, nothing evictable */
+  PREFIX_CACHE_EXISTS = -3,   /* a committed checkpoint already sits at that depth */
+  PREFIX_CACHE_INFLIGHT = -4, /* a capture of that depth on that path is already in flight */
+  PREFIX_CACHE_EINVAL = -5,   /* bad arguments (depth out of range...) */
+  PREFIX_CACHE_ESTALE = -6,   /* unknown id, or its generation moved on */
+  PREFIX_CACHE_EPAYLOAD = -7, /* a payload field failed validation; nothing was written */
+  PREFIX_CACHE_ECOPY = -8,    /* a device or host copy failed */
 };
 const char *prefix_cache_strerror(int rc);
 
 /* Creates the cache over the pools (borrowed; they must outlive it). o is copied. The
  * device slab budget is min(state_pool slabs, device_budget_bytes / slab_bytes). Returns 0,
  * or -1 on out of memory (start-up only). */
-int prefix_cache_init(prefix_cache **out, kv_pages *kp, state_pool *sp,
-                      const prefix_cache_opts *o);
+int prefix_cache_init(prefix_cache **out, kv_pages *kp, state_pool *sp, const prefix_cache_opts *o);
 /* Aborts every in-flight ticket, drops every checkpoint (page refs, slabs and host copies
  * are returned) and frees the cache. Restores still pinned are a caller bug (CHECK). */
 void prefix_cache_free(prefix_cache *pc);
@@ -113,29 +112,35 @@ void prefix_cache_clear(prefix_cache *pc);
 
 /* The outcome of a lookup. */
 typedef struct prefix_cache_match {
-  uint64_t ckpt;      /* the deepest restorable checkpoint, 0 when none */
-  int depth;          /* its depth: tokens a restore provides (0 when none) */
-  int on_host;        /* 1 when some of it lives in the host tier (the restore writes it) */
-  uint64_t inflight;  /* the deepest in-flight capture on the prompt's path, deeper than
-                         depth and <= n_prompt - 1: wait for it rather than recompute (0: none) */
+  uint64_t ckpt;     /* the deepest restorable checkpoint, 0 when none */
+  int depth;         /* its depth: tokens a restore provides (0 when none) */
+  int on_host;       /* 1 when some of it lives in the host tier (the restore writes it) */
+  uint64_t inflight; /* the deepest in-flight capture on the prompt's path, deeper than
+                        depth and <= n_prompt - 1: wait for it rather than recompute (0: none) */
   int inflight_depth;
-  int match_len;      /* prompt tokens on an existing path of the tree: the divergence depth */
+  int match_len; /* prompt tokens on an existing path of the tree: the divergence depth */
 } prefix_cache_match;
 
 /* Finds the deepest committed checkpoint at depth <= n_prompt - 1 whose path equals the
  * prompt, in the salt's namespace (NULL or "": shared). A checkpoint at depth n_prompt never
  * masks a shorter one. Counts one query; no hit is counted and nothing is promoted until a
  * restore from it is validated (checkpoint_restore_end). Never fails. */
-void prefix_cache_lookup(prefix_cache *pc, const char *salt, const int32_t *prompt,
-                         int n_prompt, prefix_cache_match *m);
+void prefix_cache_lookup(prefix_cache *pc, const char *salt, const int32_t *prompt, int n_prompt,
+                         prefix_cache_match *m);
 /* prefix_cache_lookup without counting a query (the scheduler's look-ahead over requests it
  * cannot admit this step). */
 void prefix_cache_peek(prefix_cache *pc, const char *salt, const int32_t *prompt, int n_prompt,
                        prefix_cache_match *m);
 
 /* Capture points (a pure function: the policy is the scheduler's). */
-enum { PREFIX_CACHE_POINT_PROTECT = 1, PREFIX_CACHE_POINT_HEAD = 2, PREFIX_CACHE_POINT_LAST_TURN = 4,
-       PREFIX_CACHE_POINT_INTERVAL = 8, PREFIX_CACHE_POINT_END = 16, PREFIX_CACHE_POINT_DIVERGE = 32 };
+enum {
+  PREFIX_CACHE_POINT_PROTECT = 1,
+  PREFIX_CACHE_POINT_HEAD = 2,
+  PREFIX_CACHE_POINT_LAST_TURN = 4,
+  PREFIX_CACHE_POINT_INTERVAL = 8,
+  PREFIX_CACHE_POINT_END = 16,
+  PREFIX_CACHE_POINT_DIVERGE = 32
+};
 typedef struct prefix_cache_point {
   int depth;
   int flags; /* PREFIX_CACHE_POINT_*: why; PROTECT marks a system+tools head */
@@ -156,8 +161,8 @@ int prefix_cache_capture_points_max(int n_prompt, int n_boundaries, int interval
  * boundaries are chat-message start positions (ascending). Writes at most cap points; returns
  * how many were written. */
 int prefix_cache_capture_points(int n_prompt, const int32_t *boundaries, int n_boundaries,
-                                int interval, int divergence, int restored,
-                                prefix_cache_point *out, int cap);
+                                int interval, int divergence, int restored, prefix_cache_point *out,
+                                int cap);
 
 /* Eviction on page pressure: the scheduler calls it when kv_pages_alloc would fail. Releases
  * pages held only by the cache, leaf checkpoints first (LRU; protected heads last; pinned and
@@ -177,7 +182,7 @@ typedef struct prefix_cache_stats {
   long long rejected;                   /* malformed or foreign events refused */
   int n_checkpoints, n_pending, n_host; /* committed, in flight, with a host part */
   int device_slabs, device_slabs_max;
-  int device_pages;                     /* distinct pages the cache references */
+  int device_pages; /* distinct pages the cache references */
   size_t device_slab_bytes, device_page_bytes, host_bytes, host_budget_bytes;
 } prefix_cache_stats;
 void prefix_cache_get_stats(const prefix_cache *pc, prefix_cache_stats *s);

@@ -23,8 +23,8 @@ struct pc_node {
   char *salt;      /* roots only: the namespace ("" shared) */
   int32_t *label;  /* [n_label] tokens of the edge from the parent; n_label >= 1 below a root */
   int n_label;
-  int depth;       /* parent depth + n_label */
-  pc_node **kids;  /* [cap_kids], n_kids used, sorted by kids[i]->label[0] */
+  int depth;      /* parent depth + n_label */
+  pc_node **kids; /* [cap_kids], n_kids used, sorted by kids[i]->label[0] */
   int n_kids, cap_kids;
   int ckpt;    /* committed record index, -1 */
   int pending; /* in-flight capture record index, -1 */
@@ -37,7 +37,7 @@ enum { PC_REC_FREE = 0, PC_REC_RESERVED, PC_REC_CAPTURED, PC_REC_COMMITTED, PC_R
 
 typedef struct pc_rec {
   uint32_t gen;
-  int state; /* PC_REC_* */
+  int state;     /* PC_REC_* */
   int cls;       /* PC_CLASS_*: eviction class, lowest evicted first */
   pc_node *node; /* NULL when FREE or ZOMBIE */
   int depth;

@@ -62,8 +62,8 @@
 #include "model/qwen35.h"
 #include "model/weights.h"
 
-#define BENCH_BW_BYTES_S 4.24e12  /* measured device-to-device copy, H200 */
-#define BENCH_FLOPS_S 780e12      /* measured bf16 GEMM, H200 */
+#define BENCH_BW_BYTES_S 4.24e12 /* measured device-to-device copy, H200 */
+#define BENCH_FLOPS_S 780e12     /* measured bf16 GEMM, H200 */
 #define BENCH_EVENT_TIMEOUT_MS (20 * 60 * 1000)
 #define BENCH_N_PREFILL 3
 #define BENCH_N_DECODE 5
@@ -98,20 +98,20 @@ typedef struct bench_sizes {
   int pause_bg, pause_gen, pause_len, pause_pairs; /* D: the pauses while pause_bg decode */
 } bench_sizes;
 
-static const bench_sizes bench_full = {{512, 4096, 16384}, 3, {1, 8, 32, 64, 128}, 512, 128,
-                                       12475, 50, 8, 3, 20, 32, 4096, 1000, 8};
-static const bench_sizes bench_quick = {{64, 128, 256}, 2, {1, 8, 32, 64, 128}, 32, 8,
-                                        300, 10, 8, 2, 5, 32, 1024, 48, 3};
+static const bench_sizes bench_full = {
+    {512, 4096, 16384}, 3, {1, 8, 32, 64, 128}, 512, 128, 12475, 50, 8, 3, 20, 32, 4096, 1000, 8};
+static const bench_sizes bench_quick = {
+    {64, 128, 256}, 2, {1, 8, 32, 64, 128}, 32, 8, 300, 10, 8, 2, 5, 32, 1024, 48, 3};
 
 typedef struct bench {
   const char *model_dir, *device;
-  int threads, quick;
-  const char *only; /* NULL: everything; "decode" or "prefill": those figures only */
-  int only_conc;    /* > 0: of the decode runs only the one at this concurrency (profiling) */
-  int decode_repeats; /* measured decode runs per level (the median is reported) */
-  int decode_prompt;  /* > 0: the decode runs' prompt length instead of the size's */
-  int decode_shared;  /* > 0: the decode runs' prompts share their first this many tokens
-                         (prefix caching on: the shared pages are one copy) */
+  int threads, quick, batch_invariant;
+  const char *only;       /* NULL: everything; "decode" or "prefill": those figures only */
+  int only_conc;          /* > 0: of the decode runs only the one at this concurrency (profiling) */
+  int decode_repeats;     /* measured decode runs per level (the median is reported) */
+  int decode_prompt;      /* > 0: the decode runs' prompt length instead of the size's */
+  int decode_shared;      /* > 0: the decode runs' prompts share their first this many tokens
+                             (prefix caching on: the shared pages are one copy) */
   int32_t *shared_prefix; /* [decode_shared] */
   float temperature, top_p; /* every request's sampling (default greedy: 0, 1, 0) */
   int top_k;
@@ -180,7 +180,8 @@ static void *bench_consume(void *arg) {
   int cancelled = 0;
   for (;;) {
     if (!engine_next(r->h, &ev, cancelled ? -1 : BENCH_EVENT_TIMEOUT_MS)) {
-      snprintf(r->err, sizeof r->err, "no event for %d s: cancelled", BENCH_EVENT_TIMEOUT_MS / 1000);
+      snprintf(r->err, sizeof r->err, "no event for %d s: cancelled",
+               BENCH_EVENT_TIMEOUT_MS / 1000);
       engine_cancel(r->h);
       cancelled = 1;
       continue;
@@ -385,7 +386,8 @@ static json_t *bench_stats_json(const engine_stats *a, const engine_stats *z) {
                       json_integer(z->prefix_restore_failures - a->prefix_restore_failures));
   json_object_set_new(o, "prefix_evictions",
                       json_integer(z->prefix_evictions - a->prefix_evictions));
-  json_object_set_new(o, "prompt_tokens", json_integer(z->prompt_tokens_total - a->prompt_tokens_total));
+  json_object_set_new(o, "prompt_tokens",
+                      json_integer(z->prompt_tokens_total - a->prompt_tokens_total));
   json_object_set_new(o, "prefilled_tokens",
                       json_integer(z->prefilled_tokens_total - a->prefilled_tokens_total));
   json_object_set_new(o, "snapshot_slabs_total", json_integer(z->snapshot_slabs_total));
@@ -494,7 +496,8 @@ out:
 /* Phase C: one checkpoint's copies, timed with the engine stopped (slots hold real state from
  * phase A). Capture = slot -> slab; restore = slab -> slot + the partial last page. */
 static int bench_checkpoint(bench *b, int n_slots, int n_pages) {
-  if (n_slots < 2 || n_pages < 2) return errf(b->err, sizeof b->err, "too few slots to time copies");
+  if (n_slots < 2 || n_pages < 2)
+    return errf(b->err, sizeof b->err, "too few slots to time copies");
   int half = n_slots / 2, phalf = n_pages / 2, reps = b->sz.ckpt_repeats;
   double cap[64], res[64];
   if (reps > 64) reps = 64;
@@ -535,7 +538,8 @@ static int bench_checkpoint(bench *b, int n_slots, int n_pages) {
 static int bench_pause(bench *b) {
   const bench_sizes *z = &b->sz;
   int n = z->pause_bg, P = z->decode_prompt, G = z->pause_gen, L = z->pause_len;
-  int32_t **bg = bench_prompts(b, n, P, NULL, 0), **pp = bench_prompts(b, z->pause_pairs, L, NULL, 0);
+  int32_t **bg = bench_prompts(b, n, P, NULL, 0),
+          **pp = bench_prompts(b, z->pause_pairs, L, NULL, 0);
   int *lens = calloc((size_t)n, sizeof *lens);
   bench_req *r = calloc((size_t)n, sizeof *r);
   if (!bg || !pp || !lens || !r) {
@@ -584,7 +588,8 @@ static int bench_pause(bench *b) {
   long long nc = e.ckpt_captures_timed - a.ckpt_captures_timed;
   long long nr = e.ckpt_restores_timed - a.ckpt_restores_timed;
   if (rc == 0 && done_early)
-    rc = errf(b->err, sizeof b->err, "%d background requests finished inside the window", done_early);
+    rc = errf(b->err, sizeof b->err, "%d background requests finished inside the window",
+              done_early);
   if (rc == 0 && (nc < 1 || nr < 1 || restored < z->pause_pairs))
     rc = errf(b->err, sizeof b->err, "%lld captures, %lld restores, %d of %d second runs restored",
               nc, nr, restored, z->pause_pairs);
@@ -597,8 +602,8 @@ static int bench_pause(bench *b) {
                   "decode_prompt", P, "prompt_len", L, "pairs", z->pause_pairs, "captures",
                   (json_int_t)nc, "restores", (json_int_t)nr, "restore_page_copies",
                   (json_int_t)(e.ckpt_restore_page_copies - a.ckpt_restore_page_copies),
-                  "decode_tokens_in_window", tok1 - tok0, "capture_max_ms",
-                  e.ckpt_capture_ms_max, "restore_max_ms", e.ckpt_restore_ms_max, "source",
+                  "decode_tokens_in_window", tok1 - tok0, "capture_max_ms", e.ckpt_capture_ms_max,
+                  "restore_max_ms", e.ckpt_restore_ms_max, "source",
                   "engine_stats.ckpt_*: host time around each synchronous checkpoint copy, "
                   "between two steps, while the background sequences decode"));
   }
@@ -625,7 +630,8 @@ static double bench_params(const model_config *c, int with_vocab) {
     }
     if (c->layer_is_moe[l] && c->n_experts > 0)
       p += H * c->n_experts + 3.0 * H * c->moe_intermediate_size * c->n_experts_per_tok +
-           3.0 * H * c->shared_expert_intermediate_size + (c->shared_expert_intermediate_size ? H : 0);
+           3.0 * H * c->shared_expert_intermediate_size +
+           (c->shared_expert_intermediate_size ? H : 0);
     else
       p += 3.0 * H * c->intermediate_size;
   }
@@ -711,8 +717,8 @@ static void bench_roofline(bench *b) {
     double meas = bench_measured(m, "decode", nm);
     double bytes = bench_decode_bytes(b, n, ctx), moved = bench_decode_moved(b, n, ctx);
     bench_roof_set(m, "decode", "bytes_per_step", nm, bytes, n / (bytes / BENCH_BW_BYTES_S), meas);
-    bench_roof_set(m, "decode_moved", "bytes_per_step", nm, moved,
-                   n / (moved / BENCH_BW_BYTES_S), meas);
+    bench_roof_set(m, "decode_moved", "bytes_per_step", nm, moved, n / (moved / BENCH_BW_BYTES_S),
+                   meas);
   }
   for (int i = 0; i < BENCH_N_PREFILL; i++) {
     int L = z->prefill_len[i], nm = bench_prefill_names[i];
@@ -738,16 +744,17 @@ static void bench_roofline(bench *b) {
   json_object_set_new(b->info, "vocab_row_bytes", json_real((double)lmh / b->cfg.vocab_size));
   json_object_set_new(b->info, "slot_bytes", json_integer((json_int_t)qwen35_slot_bytes(b->m)));
   json_object_set_new(b->info, "page_bytes", json_integer((json_int_t)qwen35_page_bytes(b->m)));
-  json_object_set_new(b->info, "roofline_note",
-                      json_string("decode: weights + n*ctx*KV/token + 2*n*slot bytes per step, "
-                                  "ctx = prompt + gen/2, over 4.24 TB/s (decode_moved_*: the "
-                                  "same without the embedding matrix, its n rows only, and with "
-                                  "the lm-head as the greedy step reads it: the int8 screen's "
-                                  "bytes where it runs, and the packed weight copies in place "
-                                  "of their bf16 rows where the step streams them); prefill: 2*params "
-                                  "(no lm_head: logits of the last row only) + causal attention "
-                                  "at the mean position + 6*nv*dk*dv per DeltaNet layer, over "
-                                  "780 TFLOP/s"));
+  json_object_set_new(
+      b->info, "roofline_note",
+      json_string("decode: weights + n*ctx*KV/token + 2*n*slot bytes per step, "
+                  "ctx = prompt + gen/2, over 4.24 TB/s (decode_moved_*: the "
+                  "same without the embedding matrix, its n rows only, and with "
+                  "the lm-head as the greedy step reads it: the int8 screen's "
+                  "bytes where it runs, and the packed weight copies in place "
+                  "of their bf16 rows where the step streams them); prefill: 2*params "
+                  "(no lm_head: logits of the last row only) + causal attention "
+                  "at the mean position + 6*nv*dk*dv per DeltaNet layer, over "
+                  "780 TFLOP/s"));
 }
 
 /* The two ceilings measured in this run on the bench's device, before the model takes its
@@ -818,7 +825,8 @@ static int bench_phase_a(bench *b) {
     n_lv = 1;
   }
   int maxc = 0;
-  for (int i = 0; i < BENCH_N_DECODE; i++) maxc = z->decode_conc[i] > maxc ? z->decode_conc[i] : maxc;
+  for (int i = 0; i < BENCH_N_DECODE; i++)
+    maxc = z->decode_conc[i] > maxc ? z->decode_conc[i] : maxc;
   if (b->only_conc > maxc) maxc = b->only_conc;
   if (!b->user_max_seqs) o.max_num_seqs = maxc;
   if (!b->user_kv_tokens) {
@@ -828,11 +836,11 @@ static int bench_phase_a(bench *b) {
   }
   qwen35_mem_opts mo;
   if (bench_start(b, &o, &mo)) return -1;
-  json_object_set_new(b->info, "phase_a_engine",
-                      json_pack("{s:i, s:i, s:i, s:b}", "max_num_seqs", o.max_num_seqs,
-                                "max_num_batched_tokens", o.max_num_batched_tokens,
-                                "kv_cache_tokens", o.kv_cache_tokens, "prefix_caching",
-                                o.enable_prefix_caching));
+  json_object_set_new(
+      b->info, "phase_a_engine",
+      json_pack("{s:i, s:i, s:i, s:b}", "max_num_seqs", o.max_num_seqs, "max_num_batched_tokens",
+                o.max_num_batched_tokens, "kv_cache_tokens", o.kv_cache_tokens, "prefix_caching",
+                o.enable_prefix_caching));
   if (b->decode_shared > 0)
     json_object_set_new(b->info, "decode_shared_prefix", json_integer(b->decode_shared));
   engine_stats st0, st1;
@@ -849,7 +857,8 @@ static int bench_phase_a(bench *b) {
     if (bench_prefill(b, z->prefill_len[i], &tok_s, &med)) return -1;
     snprintf(k, sizeof k, "prefill_tok_s_%d", bench_prefill_names[i]);
     bench_set(b->metrics, k, tok_s);
-    fprintf(stderr, "bench: prefill %d tokens: %.1f tok/s (%.4f s)\n", z->prefill_len[i], tok_s, med);
+    fprintf(stderr, "bench: prefill %d tokens: %.1f tok/s (%.4f s)\n", z->prefill_len[i], tok_s,
+            med);
   }
   for (int i = 0; i < n_lv && do_decode; i++) {
     /* a short warm-up at this concurrency: the step shapes' one-time work (graph capture, the
@@ -860,8 +869,7 @@ static int bench_phase_a(bench *b) {
     double runs[BENCH_MAX_REPEATS], sorted[BENCH_MAX_REPEATS];
     int R = b->decode_repeats;
     for (int r = 0; r < R; r++) {
-      if (bench_decode(b, lv_conc[i], z->decode_prompt, z->decode_gen, &runs[r], &s))
-        return -1;
+      if (bench_decode(b, lv_conc[i], z->decode_prompt, z->decode_gen, &runs[r], &s)) return -1;
       sorted[r] = runs[r];
     }
     tok_s = bench_median(sorted, R);
@@ -935,9 +943,11 @@ static int bench_phase_d(bench *b) {
   if (bench_start(b, &o, &mo)) return -1;
   int rc = bench_pause(b);
   if (rc == 0)
-    fprintf(stderr, "bench: checkpoint pauses while %d sequences decode: capture %.4f ms, restore %.4f ms\n",
-            z->pause_bg, json_number_value(json_object_get(b->metrics, "capture_pause_ms")),
-            json_number_value(json_object_get(b->metrics, "restore_pause_ms")));
+    fprintf(
+        stderr,
+        "bench: checkpoint pauses while %d sequences decode: capture %.4f ms, restore %.4f ms\n",
+        z->pause_bg, json_number_value(json_object_get(b->metrics, "capture_pause_ms")),
+        json_number_value(json_object_get(b->metrics, "restore_pause_ms")));
   bench_stop(b);
   return rc;
 }
@@ -973,22 +983,25 @@ static void bench_gpu_name(bench *b, char *out, size_t n) {
 
 static json_t *bench_sizes_json(const bench_sizes *z) {
   json_t *pf = json_array(), *dc = json_array();
-  for (int i = 0; i < BENCH_N_PREFILL; i++) json_array_append_new(pf, json_integer(z->prefill_len[i]));
-  for (int i = 0; i < BENCH_N_DECODE; i++) json_array_append_new(dc, json_integer(z->decode_conc[i]));
+  for (int i = 0; i < BENCH_N_PREFILL; i++)
+    json_array_append_new(pf, json_integer(z->prefill_len[i]));
+  for (int i = 0; i < BENCH_N_DECODE; i++)
+    json_array_append_new(dc, json_integer(z->decode_conc[i]));
   return json_pack("{s:o, s:i, s:o, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i}",
                    "prefill_len", pf, "prefill_repeats", z->prefill_repeats, "decode_conc", dc,
                    "decode_prompt", z->decode_prompt, "decode_gen", z->decode_gen, "prefix_len",
                    z->prefix_len, "suffix_len", z->suffix_len, "prefix_n", z->prefix_n,
                    "warm_repeats", z->warm_repeats, "ckpt_repeats", z->ckpt_repeats, "pause_bg",
-                   z->pause_bg, "pause_gen", z->pause_gen, "pause_len", z->pause_len,
-                   "pause_pairs", z->pause_pairs);
+                   z->pause_bg, "pause_gen", z->pause_gen, "pause_len", z->pause_len, "pause_pairs",
+                   z->pause_pairs);
 }
 
 static const char *bench_metric_keys[] = {
-    "decode_tok_s_1", "decode_tok_s_8", "decode_tok_s_32", "decode_tok_s_64", "decode_tok_s_128",
-    "prefill_tok_s_512", "prefill_tok_s_4096", "prefill_tok_s_16384",
-    "shared_prefix_8x12k_all_first_token_s", "warm_prefix_ttft_ms", "capture_pause_ms",
-    "restore_pause_ms", "checkpoint_bytes"};
+    "decode_tok_s_1",      "decode_tok_s_8",      "decode_tok_s_32",
+    "decode_tok_s_64",     "decode_tok_s_128",    "prefill_tok_s_512",
+    "prefill_tok_s_4096",  "prefill_tok_s_16384", "shared_prefix_8x12k_all_first_token_s",
+    "warm_prefix_ttft_ms", "capture_pause_ms",    "restore_pause_ms",
+    "checkpoint_bytes"};
 
 /* Writes the JSON (final: also checks that every headline metric is there, prints the table on
  * stdout). Returns 0, or 1 when a headline metric is missing or the file cannot be written. */
@@ -1056,7 +1069,8 @@ static int bench_write(bench *b, const char *out, int final, int quiet_missing, 
   /* written whole to a temporary name, then renamed: a kill never leaves half a file */
   char tmp[4096];
   snprintf(tmp, sizeof tmp, "%s.tmp", out);
-  if (json_dump_file(root, tmp, JSON_INDENT(2) | JSON_REAL_PRECISION(8)) != 0 || rename(tmp, out) != 0) {
+  if (json_dump_file(root, tmp, JSON_INDENT(2) | JSON_REAL_PRECISION(8)) != 0 ||
+      rename(tmp, out) != 0) {
     fprintf(stderr, "deltaserve bench: cannot write %s: %s\n", out, strerror(errno));
     bad = 1;
   }
@@ -1131,7 +1145,7 @@ int cmd_bench(int argc, char **argv) {
       continue;
     }
     if (!strcmp(a, "--batch-invariant")) {
-      setenv("DS_BATCH_INVARIANT", "1", 1); /* read by the backend when it is created */
+      b.batch_invariant = 1;
       continue;
     }
     if (!strcmp(a, "--only") && i + 1 < argc &&
@@ -1167,8 +1181,10 @@ int cmd_bench(int argc, char **argv) {
         fprintf(stderr, "deltaserve bench: bad %s '%s'\n", a, v);
         return 2;
       }
-      if (a[9] == 'p') b.decode_prompt = (int)c;
-      else b.decode_shared = (int)c;
+      if (a[9] == 'p')
+        b.decode_prompt = (int)c;
+      else
+        b.decode_shared = (int)c;
     } else if (!strcmp(a, "--temperature") || !strcmp(a, "--top-p")) {
       float f = strtof(v, &end);
       int t = a[2] == 't' && a[3] == 'e';
@@ -1176,16 +1192,20 @@ int cmd_bench(int argc, char **argv) {
         fprintf(stderr, "deltaserve bench: bad %s '%s'\n", a, v);
         return 2;
       }
-      if (t) b.temperature = f;
-      else b.top_p = f;
+      if (t)
+        b.temperature = f;
+      else
+        b.top_p = f;
     } else if (!strcmp(a, "--frequency-penalty") || !strcmp(a, "--presence-penalty")) {
       float f = strtof(v, &end);
       if (*end || end == v || !(f >= -2.0f && f <= 2.0f)) {
         fprintf(stderr, "deltaserve bench: bad %s '%s' (-2..2)\n", a, v);
         return 2;
       }
-      if (a[2] == 'f') b.frequency_penalty = f;
-      else b.presence_penalty = f;
+      if (a[2] == 'f')
+        b.frequency_penalty = f;
+      else
+        b.presence_penalty = f;
     } else if (!strcmp(a, "--top-k")) {
       long k = strtol(v, &end, 10);
       if (*end || end == v || k < 0 || k > 1 << 24) {
@@ -1193,9 +1213,12 @@ int cmd_bench(int argc, char **argv) {
         return 2;
       }
       b.top_k = (int)k;
-    } else if (!strcmp(a, "--model")) b.model_dir = v;
-    else if (!strcmp(a, "--out")) out = v;
-    else if (!strcmp(a, "--device")) b.device = v;
+    } else if (!strcmp(a, "--model"))
+      b.model_dir = v;
+    else if (!strcmp(a, "--out"))
+      out = v;
+    else if (!strcmp(a, "--device"))
+      b.device = v;
     else if (!strcmp(a, "--threads")) {
       long t = strtol(v, &end, 10);
       if (*end || end == v || t < 0 || t > 1024) {
@@ -1223,10 +1246,12 @@ int cmd_bench(int argc, char **argv) {
   }
   b.sz = b.quick ? bench_quick : bench_full;
   if (b.decode_prompt) b.sz.decode_prompt = b.decode_prompt;
-  if (b.decode_shared && (!b.only || strcmp(b.only, "decode") ||
-                          b.decode_shared >= b.sz.decode_prompt)) {
-    fprintf(stderr, "deltaserve bench: --decode-shared S needs --only decode and S below the "
-                    "decode prompt length (%d)\n", b.sz.decode_prompt);
+  if (b.decode_shared &&
+      (!b.only || strcmp(b.only, "decode") || b.decode_shared >= b.sz.decode_prompt)) {
+    fprintf(stderr,
+            "deltaserve bench: --decode-shared S needs --only decode and S below the "
+            "decode prompt length (%d)\n",
+            b.sz.decode_prompt);
     return 2;
   }
   if (b.only_conc && (!b.only || strcmp(b.only, "decode") || b.only_conc > BENCH_MAX_CONC)) {
@@ -1247,7 +1272,9 @@ int cmd_bench(int argc, char **argv) {
   b.metrics = json_object();
   b.info = json_object();
   int status = 1;
-  if (!(b.be = backend_create(b.device, b.threads, b.err, sizeof b.err))) {
+  backend_options bo = {
+      .device = b.device, .n_threads = b.threads, .batch_invariant = b.batch_invariant};
+  if (!(b.be = backend_create(&bo, b.err, sizeof b.err))) {
     fprintf(stderr, "deltaserve bench: %s\n", b.err);
     goto done;
   }
@@ -1267,9 +1294,12 @@ int cmd_bench(int argc, char **argv) {
     for (int i = 0; i < n; i++) { /* only the asked figures are owed */
       char k[64];
       if (decode && b.only_conc && i > 0) break;
-      if (decode && b.only_conc) snprintf(k, sizeof k, "decode_tok_s_%d", b.only_conc);
-      else if (decode) snprintf(k, sizeof k, "decode_tok_s_%d", bench_decode_names[i]);
-      else snprintf(k, sizeof k, "prefill_tok_s_%d", bench_prefill_names[i]);
+      if (decode && b.only_conc)
+        snprintf(k, sizeof k, "decode_tok_s_%d", b.only_conc);
+      else if (decode)
+        snprintf(k, sizeof k, "decode_tok_s_%d", bench_decode_names[i]);
+      else
+        snprintf(k, sizeof k, "prefill_tok_s_%d", bench_prefill_names[i]);
       json_t *v = json_object_get(b.metrics, k);
       if (!v || !json_is_number(v)) failed = 1;
     }

@@ -20,10 +20,11 @@ int cmd_detokenize(int argc, char **argv) {
     else if (!strcmp(argv[i], "--skip-special"))
       skip = 1;
     else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-      printf("usage: deltaserve detokenize --tokenizer DIR [--skip-special] < "
-             "ids\n"
-             "  prints the text of the ids on stdin (whitespace or comma "
-             "separated)\n");
+      printf(
+          "usage: deltaserve detokenize --tokenizer DIR [--skip-special] < "
+          "ids\n"
+          "  prints the text of the ids on stdin (whitespace or comma "
+          "separated)\n");
       return 0;
     } else {
       fprintf(stderr, "deltaserve detokenize: unknown argument '%s'\n", argv[i]);
@@ -68,8 +69,7 @@ int cmd_detokenize(int argc, char **argv) {
         ids[n++] = (int32_t)v;
         wl = 0;
       }
-      if (c == EOF)
-        break;
+      if (c == EOF) break;
     } else if (wl + 1 < sizeof word) {
       word[wl++] = (char)c;
     } else {

@@ -13,7 +13,8 @@
 
 static void gen_random_usage(FILE *f) {
   fprintf(f,
-          "usage: deltaserve gen-random --config CONFIG.json --out DIR [--seed N] [--dtype bf16|f16|f32] "
+          "usage: deltaserve gen-random --config CONFIG.json --out DIR [--seed N] [--dtype "
+          "bf16|f16|f32] "
           "[--threads N]\n"
           "  writes DIR/config.json and DIR/model.safetensors with random weights.\n"
           "  --dtype defaults to the config's \"dtype\" / \"torch_dtype\", else bf16.\n");

@@ -15,10 +15,11 @@
 #include "tokenizer/chat_template.h"
 
 static void render_usage(FILE *f) {
-  fprintf(f, "usage: deltaserve render --tokenizer DIR < request.json\n"
-             "  prints the prompt the chat template of DIR makes of an OpenAI chat request\n"
-             "  (messages, tools, chat_template_kwargs: enable_thinking, "
-             "add_generation_prompt)\n");
+  fprintf(f,
+          "usage: deltaserve render --tokenizer DIR < request.json\n"
+          "  prints the prompt the chat template of DIR makes of an OpenAI chat request\n"
+          "  (messages, tools, chat_template_kwargs: enable_thinking, "
+          "add_generation_prompt)\n");
 }
 
 /* Reads all of f into a malloc'd buffer (NUL-terminated). NULL on failure. */
@@ -79,7 +80,8 @@ static char *render_template_text(const char *dir, int *bad) {
     json_t *it;
     json_array_foreach(ct, i, it) {
       const char *name = json_string_value(json_object_get(it, "name"));
-      if (name && !strcmp(name, "default")) text = json_string_value(json_object_get(it, "template"));
+      if (name && !strcmp(name, "default"))
+        text = json_string_value(json_object_get(it, "template"));
     }
   }
   char *out = text ? strdup(text) : NULL;
@@ -127,8 +129,10 @@ int cmd_render(int argc, char **argv) {
   }
   char *model_type = render_model_type(dir);
   if (!tmpl && !model_type) {
-    fprintf(stderr, "deltaserve render: %s has no chat template (tokenizer_config.json) and no "
-                    "config.json model_type\n", dir);
+    fprintf(stderr,
+            "deltaserve render: %s has no chat template (tokenizer_config.json) and no "
+            "config.json model_type\n",
+            dir);
     return 1;
   }
   chat_template_kind kind = chat_template_detect(tmpl, model_type);

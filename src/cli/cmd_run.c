@@ -70,10 +70,11 @@ int cmd_run(int argc, char **argv) {
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-      printf("usage: deltaserve run --model DIR --prompt-ids \"1,2,3\" --max-tokens N "
-             "[--logits-out FILE] [--threads N] [--device cpu|cuda|auto]\n"
-             "       (--device defaults to cpu, the fp32 reference)\n"
-             "       deltaserve run --prompts-file FILE ...  (the engine, see run_batch)\n");
+      printf(
+          "usage: deltaserve run --model DIR --prompt-ids \"1,2,3\" --max-tokens N "
+          "[--logits-out FILE] [--threads N] [--device cpu|cuda|auto]\n"
+          "       (--device defaults to cpu, the fp32 reference)\n"
+          "       deltaserve run --prompts-file FILE ...  (the engine, see run_batch)\n");
       return 0;
     }
     if (i + 1 >= argc) {
@@ -140,7 +141,8 @@ int cmd_run(int argc, char **argv) {
               cfg.vocab_size);
       goto done;
     }
-  be = backend_create(device, (int)threads, err, sizeof err);
+  backend_options bo = {.device = device, .n_threads = (int)threads};
+  be = backend_create(&bo, err, sizeof err);
   if (!be) {
     fprintf(stderr, "deltaserve run: %s\n", err);
     goto done;
@@ -165,8 +167,12 @@ int cmd_run(int argc, char **argv) {
     fprintf(stderr, "deltaserve run: backend failure\n");
     goto done;
   }
-  fwd_seq s = {.tokens = prompt, .n_tokens = n_prompt, .pos = 0, .pages = pages,
-               .n_pages = n_pages, .slot = 0,
+  fwd_seq s = {.tokens = prompt,
+               .n_tokens = n_prompt,
+               .pos = 0,
+               .pages = pages,
+               .n_pages = n_pages,
+               .slot = 0,
                .logits = logits_out ? QWEN35_LOGITS_ALL : QWEN35_LOGITS_LAST};
   if (qwen35_forward(m, &s, 1, logits, err, sizeof err)) {
     fprintf(stderr, "deltaserve run: %s\n", err);
@@ -187,8 +193,13 @@ int cmd_run(int argc, char **argv) {
     int tok = argmax(logits + (logits_out ? V * (size_t)(n_prompt - 1) : 0), (int)V);
     out[n_out++] = tok;
     while (n_out < max_tokens) {
-      fwd_seq d = {.tokens = &out[n_out - 1], .n_tokens = 1, .pos = n_prompt + n_out - 1,
-                   .pages = pages, .n_pages = n_pages, .slot = 0, .logits = QWEN35_LOGITS_LAST};
+      fwd_seq d = {.tokens = &out[n_out - 1],
+                   .n_tokens = 1,
+                   .pos = n_prompt + n_out - 1,
+                   .pages = pages,
+                   .n_pages = n_pages,
+                   .slot = 0,
+                   .logits = QWEN35_LOGITS_LAST};
       if (qwen35_forward(m, &d, 1, logits, err, sizeof err)) {
         fprintf(stderr, "deltaserve run: %s\n", err);
         goto done;

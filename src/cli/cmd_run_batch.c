@@ -25,8 +25,8 @@ typedef struct run_item {
   int32_t *prompt;
   int n_prompt;
   sampling_params sp;
-  char *salt;        /* cache_salt, NULL: shared */
-  int32_t *bounds;   /* boundaries */
+  char *salt;      /* cache_salt, NULL: shared */
+  int32_t *bounds; /* boundaries */
   int n_bounds;
   engine_req *h;
   char err[200];
@@ -91,8 +91,10 @@ static int run_batch_parse(const char *line, run_item *it) {
       goto out;
     }
     if (g == 0) continue;
-    if (fields[f].kind == 0) *(float *)fields[f].dst = (float)d;
-    else *(int *)fields[f].dst = d < -1e9 ? -1000000000 : d > 1e9 ? 1000000000 : (int)d;
+    if (fields[f].kind == 0)
+      *(float *)fields[f].dst = (float)d;
+    else
+      *(int *)fields[f].dst = d < -1e9 ? -1000000000 : d > 1e9 ? 1000000000 : (int)d;
   }
   json_t *seed = json_object_get(o, "seed");
   if (json_is_integer(seed)) {
@@ -135,7 +137,8 @@ static int run_batch_parse(const char *line, run_item *it) {
     for (int i = 0; i < it->n_bounds; i++) {
       json_t *v = json_array_get(bnd, (size_t)i);
       if (!json_is_integer(v) || json_integer_value(v) < 0 ||
-          json_integer_value(v) > it->n_prompt || (i && json_integer_value(v) < it->bounds[i - 1])) {
+          json_integer_value(v) > it->n_prompt ||
+          (i && json_integer_value(v) < it->bounds[i - 1])) {
         errf(it->err, sizeof it->err, "boundaries must be ascending positions in the prompt");
         goto out;
       }
@@ -196,8 +199,9 @@ static void run_batch_print(run_item *it) {
 }
 
 static int run_batch_usage(void) {
-  fprintf(stderr, "usage: deltaserve run --model DIR --prompts-file F [--max-num-seqs N] "
-                  "[--max-num-batched-tokens T] [--threads N] [other engine flags]\n");
+  fprintf(stderr,
+          "usage: deltaserve run --model DIR --prompts-file F [--max-num-seqs N] "
+          "[--max-num-batched-tokens T] [--threads N] [other engine flags]\n");
   return 2;
 }
 
@@ -215,9 +219,12 @@ int cmd_run_batch(int argc, char **argv) {
       return 2;
     }
     if (rc > 0) continue;
-    if (!strcmp(argv[i], "--model") && i + 1 < argc) model_dir = argv[++i];
-    else if (!strcmp(argv[i], "--prompts-file") && i + 1 < argc) prompts = argv[++i];
-    else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
+    if (!strcmp(argv[i], "--model") && i + 1 < argc)
+      model_dir = argv[++i];
+    else if (!strcmp(argv[i], "--prompts-file") && i + 1 < argc)
+      prompts = argv[++i];
+    else if (!strcmp(argv[i], "--threads") && i + 1 < argc)
+      threads = atoi(argv[++i]);
     else {
       fprintf(stderr, "deltaserve: run: unknown argument '%s'\n", argv[i]);
       return run_batch_usage();

@@ -35,53 +35,57 @@
 #define SERVE_DEMO_MODEL "build/demo-model"
 
 static void serve_usage(FILE *f) {
-  fprintf(f,
-          "usage: deltaserve serve [flags]\n"
-          "\n"
-          "server:\n"
-          "  --model DIR                 model folder (default: the demo model at " SERVE_DEMO_MODEL ")\n"
-          "  --host ADDR                 IPv4 address to listen on (127.0.0.1)\n"
-          "  --port N                    port (8000; 0 picks a free one)\n"
-          "  --served-model-name NAME    the model name clients send (default: the folder name)\n"
-          "  --api-key KEY               require 'Authorization: Bearer KEY' on /v1/*\n"
-          "  --device cpu|cuda|auto      backend (auto)\n"
-          "  --threads N                 CPU backend threads (0: all cores)\n"
-          "  --skip-tokenizer-init       no tokenizer: /v1/completions with token-id prompts only\n"
-          "  --batch-invariant           a request's tokens do not depend on what shares its\n"
-          "                              steps (CUDA: slower GEMMs; the CPU always is; also\n"
-          "                              DS_BATCH_INVARIANT=1)\n"
-          "  --max-request-bytes N       largest request body accepted (33554432)\n"
-          "  --shutdown-grace S          seconds in-flight requests may finish after SIGTERM (5)\n"
-          "  --generation-config auto|vllm|DIR\n"
-          "                              defaults for the sampling fields a request leaves out\n"
-          "                              (temperature, top_p, top_k, min_p, repetition_penalty,\n"
-          "                              max_new_tokens as max_tokens) from generation_config.json\n"
-          "                              in the model folder (auto) or in DIR; vllm: none (auto)\n"
-          "\n"
-          "engine and cache:\n"
-          "  --max-num-seqs N            concurrent sequences (64)\n"
-          "  --max-num-batched-tokens N  tokens per step (8192)\n"
-          "  --max-model-len N           longest prompt + output (model's max_position_embeddings)\n"
-          "  --kv-cache-tokens N         KV cache size in tokens (0: derived)\n"
-          "  --gpu-memory-utilization F  share of device memory to use (0.9)\n"
-          "  --max-waiting N             queued requests before 429 (4096)\n"
-          "  --enable-prefix-caching / --no-enable-prefix-caching   (on)\n"
-          "  --snapshot-interval N       prefix-cache checkpoint every N prompt tokens (2048)\n"
-          "  --snapshot-slabs N          recurrent-state snapshot slabs (0: derived)\n"
-          "  --prefix-cache-gib F        device budget of the prefix cache\n"
-          "  --host-cache-gib F          host-memory tier of the prefix cache (0: off)\n"
-          "  --packed-weights auto|on|off  lossless 12-bit copies of the layers' product weights\n"
-          "                              for decode steps (CUDA; same results, ~0.75 of their\n"
-          "                              bytes extra; auto, the default: when weights + copies\n"
-          "                              <= half the GPU)\n");
+  fprintf(
+      f,
+      "usage: deltaserve serve [flags]\n"
+      "\n"
+      "server:\n"
+      "  --model DIR                 model folder (default: the demo model at " SERVE_DEMO_MODEL
+      ")\n"
+      "  --host ADDR                 IPv4 address to listen on (127.0.0.1)\n"
+      "  --port N                    port (8000; 0 picks a free one)\n"
+      "  --served-model-name NAME    the model name clients send (default: the folder name)\n"
+      "  --api-key KEY               require 'Authorization: Bearer KEY' on /v1/*\n"
+      "  --device cpu|cuda|auto      backend (auto)\n"
+      "  --threads N                 CPU backend threads (0: all cores)\n"
+      "  --skip-tokenizer-init       no tokenizer: /v1/completions with token-id prompts only\n"
+      "  --batch-invariant           a request's tokens do not depend on what shares its\n"
+      "                              steps (CUDA: slower GEMMs; the CPU always is; also\n"
+      "                              DS_BATCH_INVARIANT=1)\n"
+      "  --max-request-bytes N       largest request body accepted (33554432)\n"
+      "  --shutdown-grace S          seconds in-flight requests may finish after SIGTERM (5)\n"
+      "  --generation-config auto|vllm|DIR\n"
+      "                              defaults for the sampling fields a request leaves out\n"
+      "                              (temperature, top_p, top_k, min_p, repetition_penalty,\n"
+      "                              max_new_tokens as max_tokens) from generation_config.json\n"
+      "                              in the model folder (auto) or in DIR; vllm: none (auto)\n"
+      "\n"
+      "engine and cache:\n"
+      "  --max-num-seqs N            concurrent sequences (64)\n"
+      "  --max-num-batched-tokens N  tokens per step (8192)\n"
+      "  --max-model-len N           longest prompt + output (model's max_position_embeddings)\n"
+      "  --kv-cache-tokens N         KV cache size in tokens (0: derived)\n"
+      "  --gpu-memory-utilization F  share of device memory to use (0.9)\n"
+      "  --max-waiting N             queued requests before 429 (4096)\n"
+      "  --enable-prefix-caching / --no-enable-prefix-caching   (on)\n"
+      "  --snapshot-interval N       prefix-cache checkpoint every N prompt tokens (2048)\n"
+      "  --snapshot-slabs N          recurrent-state snapshot slabs (0: derived)\n"
+      "  --prefix-cache-gib F        device budget of the prefix cache\n"
+      "  --host-cache-gib F          host-memory tier of the prefix cache (0: off)\n"
+      "  --packed-weights auto|on|off  lossless 12-bit copies of the layers' product weights\n"
+      "                              for decode steps (CUDA; same results, ~0.75 of their\n"
+      "                              bytes extra; auto, the default: when weights + copies\n"
+      "                              <= half the GPU)\n");
 }
 
-static int serve_parse_long(const char *flag, const char *v, long long lo, long long hi, long long *out) {
+static int serve_parse_long(const char *flag, const char *v, long long lo, long long hi,
+                            long long *out) {
   char *end;
   errno = 0;
   long long x = strtoll(v, &end, 10);
   if (errno || end == v || *end || x < lo || x > hi) {
-    fprintf(stderr, "deltaserve serve: %s: expected an integer in [%lld, %lld], got '%s'\n", flag, lo, hi, v);
+    fprintf(stderr, "deltaserve serve: %s: expected an integer in [%lld, %lld], got '%s'\n", flag,
+            lo, hi, v);
     return -1;
   }
   *out = x;
@@ -112,11 +116,11 @@ static void serve_fault_hook(const char *site, long hit, long fire) {
 
 static double serve_mib(double bytes) { return bytes / (1024.0 * 1024.0); }
 
-/* response_format json_object's / json_schema's vocabulary: each of the model's n_vocab ids as the bytes the
- * tokenizer decodes it to (ids past the tokenizer's none), its added tokens (never inside the
- * JSON: special ones and control tags such as <think> or <tool_call>), and the model's
- * end tokens (the ones the engine stops on; the tokenizer's eos when the config names none).
- * NULL when there is no tokenizer, no end token, or no memory: both are then refused. */
+/* response_format json_object's / json_schema's vocabulary: each of the model's n_vocab ids as the
+ * bytes the tokenizer decodes it to (ids past the tokenizer's none), its added tokens (never inside
+ * the JSON: special ones and control tags such as <think> or <tool_call>), and the model's end
+ * tokens (the ones the engine stops on; the tokenizer's eos when the config names none). NULL when
+ * there is no tokenizer, no end token, or no memory: both are then refused. */
 static json_vocab *serve_json_vocab(const tokenizer *tok, int n_vocab, const model_config *cfg) {
   if (!tok || n_vocab <= 0) return NULL;
   int32_t eos[CONFIG_MAX_EOS + 1];
@@ -135,7 +139,8 @@ static json_vocab *serve_json_vocab(const tokenizer *tok, int n_vocab, const mod
     int nt = tokenizer_vocab_size(tok);
     for (int i = 0; i < n_vocab && i < nt; i++) {
       if (tokenizer_token_bytes(tok, i, &bytes[i], &lens[i])) bytes[i] = NULL, lens[i] = 0;
-      special[i] = (unsigned char)(tokenizer_is_added(tok, i) != 0); /* <think>, <tool_call>... too */
+      special[i] =
+          (unsigned char)(tokenizer_is_added(tok, i) != 0); /* <think>, <tool_call>... too */
     }
     v = json_vocab_new(n_vocab, bytes, lens, special, eos, n_eos);
   }
@@ -146,9 +151,10 @@ static json_vocab *serve_json_vocab(const tokenizer *tok, int n_vocab, const mod
 }
 
 int cmd_serve(int argc, char **argv) {
-  const char *model_dir = NULL, *host = "127.0.0.1", *name = NULL, *api_key = NULL, *device = "auto",
-             *gen_cfg = "auto";
+  const char *model_dir = NULL, *host = "127.0.0.1", *name = NULL, *api_key = NULL,
+             *device = "auto", *gen_cfg = "auto";
   long long port = 8000, threads = 0, max_req = 32LL << 20;
+  int batch_invariant = 0;
   double grace = 5.0;
   int skip_tok = 0;
   engine_opts eo;
@@ -173,14 +179,17 @@ int cmd_serve(int argc, char **argv) {
       continue;
     }
     if (!strcmp(a, "--batch-invariant")) {
-      setenv("DS_BATCH_INVARIANT", "1", 1); /* read by the backend when it is created */
+      batch_invariant = 1;
       continue;
     }
-    static const char *with_value[] = {"--model", "--host", "--port", "--served-model-name", "--api-key",
-                                       "--device", "--threads", "--max-request-bytes", "--shutdown-grace",
-                                       "--generation-config"};
+    static const char *with_value[] = {"--model",          "--host",
+                                       "--port",           "--served-model-name",
+                                       "--api-key",        "--device",
+                                       "--threads",        "--max-request-bytes",
+                                       "--shutdown-grace", "--generation-config"};
     int known = 0;
-    for (size_t k = 0; k < sizeof with_value / sizeof with_value[0]; k++) known |= !strcmp(a, with_value[k]);
+    for (size_t k = 0; k < sizeof with_value / sizeof with_value[0]; k++)
+      known |= !strcmp(a, with_value[k]);
     if (!known) {
       fprintf(stderr, "deltaserve serve: unknown flag '%s' (see deltaserve serve --help)\n", a);
       return 2;
@@ -190,12 +199,18 @@ int cmd_serve(int argc, char **argv) {
       return 2;
     }
     const char *v = argv[++i];
-    if (!strcmp(a, "--model")) model_dir = v;
-    else if (!strcmp(a, "--host")) host = v;
-    else if (!strcmp(a, "--served-model-name")) name = v;
-    else if (!strcmp(a, "--api-key")) api_key = v;
-    else if (!strcmp(a, "--device")) device = v;
-    else if (!strcmp(a, "--generation-config")) gen_cfg = v;
+    if (!strcmp(a, "--model"))
+      model_dir = v;
+    else if (!strcmp(a, "--host"))
+      host = v;
+    else if (!strcmp(a, "--served-model-name"))
+      name = v;
+    else if (!strcmp(a, "--api-key"))
+      api_key = v;
+    else if (!strcmp(a, "--device"))
+      device = v;
+    else if (!strcmp(a, "--generation-config"))
+      gen_cfg = v;
     else if (!strcmp(a, "--port")) {
       if (serve_parse_long(a, v, 0, 65535, &port)) return 2;
     } else if (!strcmp(a, "--threads")) {
@@ -206,7 +221,8 @@ int cmd_serve(int argc, char **argv) {
       char *end;
       grace = strtod(v, &end);
       if (*end || end == v || !(grace >= 0 && grace <= 3600)) {
-        fprintf(stderr, "deltaserve serve: --shutdown-grace: expected seconds in [0, 3600], got '%s'\n", v);
+        fprintf(stderr,
+                "deltaserve serve: --shutdown-grace: expected seconds in [0, 3600], got '%s'\n", v);
         return 2;
       }
     }
@@ -229,9 +245,12 @@ int cmd_serve(int argc, char **argv) {
    * broken file is a start-up error */
   generation_config gen;
   memset(&gen, 0, sizeof gen);
-  const char *gen_dir = !strcmp(gen_cfg, "auto") ? model_dir : !strcmp(gen_cfg, "vllm") ? NULL : gen_cfg;
+  const char *gen_dir = !strcmp(gen_cfg, "auto")   ? model_dir
+                        : !strcmp(gen_cfg, "vllm") ? NULL
+                                                   : gen_cfg;
   if (gen_dir && !serve_is_dir(gen_dir)) {
-    fprintf(stderr, "deltaserve serve: --generation-config %s: not auto, vllm or a folder\n", gen_cfg);
+    fprintf(stderr, "deltaserve serve: --generation-config %s: not auto, vllm or a folder\n",
+            gen_cfg);
     return 2;
   }
   if (gen_dir && generation_config_load(gen_dir, &gen, err, sizeof err)) {
@@ -258,7 +277,8 @@ int cmd_serve(int argc, char **argv) {
     fprintf(stderr, "deltaserve serve: %s\n", err);
     return 1;
   }
-  fprintf(stderr, "deltaserve: listening on http://%s:%d (loading %s)\n", host, server_port(srv), model_dir);
+  fprintf(stderr, "deltaserve: listening on http://%s:%d (loading %s)\n", host, server_port(srv),
+          model_dir);
   fflush(stderr);
 
   int status = 1;
@@ -284,9 +304,13 @@ int cmd_serve(int argc, char **argv) {
     char terr[512] = "";
     tok = tokenizer_load(model_dir, terr, sizeof terr);
     if (!tok)
-      fprintf(stderr, "deltaserve: no tokenizer (%s): serving /v1/completions with token-id prompts only\n", terr);
+      fprintf(stderr,
+              "deltaserve: no tokenizer (%s): serving /v1/completions with token-id prompts only\n",
+              terr);
   }
-  if (!(be = backend_create(device, (int)threads, err, sizeof err))) {
+  backend_options bo = {
+      .device = device, .n_threads = (int)threads, .batch_invariant = batch_invariant};
+  if (!(be = backend_create(&bo, err, sizeof err))) {
     fprintf(stderr, "deltaserve serve: %s\n", err);
     goto done;
   }
@@ -295,7 +319,8 @@ int cmd_serve(int argc, char **argv) {
     const char *wu = getenv("DS_ENGINE_WARMUP");
     eo.startup_forward = wu && *wu ? strcmp(wu, "0") != 0 : be->mem_info != NULL;
   }
-  if (engine_mem_plan_device(&eo, &cfg, &w, be, &mo, err, sizeof err) || qwen35_init(&m, &cfg, &w, be, &mo, err, sizeof err) ||
+  if (engine_mem_plan_device(&eo, &cfg, &w, be, &mo, err, sizeof err) ||
+      qwen35_init(&m, &cfg, &w, be, &mo, err, sizeof err) ||
       !(e = engine_create(m, &eo, err, sizeof err))) {
     fprintf(stderr, "deltaserve serve: %s\n", err);
     goto done;
@@ -309,28 +334,34 @@ int cmd_serve(int argc, char **argv) {
   engine_stats st;
   engine_get_stats(e, &st);
   size_t slot_b = qwen35_slot_bytes(m), page_b = qwen35_page_bytes(m);
-  fprintf(stderr, "deltaserve: model %s (%s, %d layers, hidden %d, vocab %d) as '%s'%s\n", model_dir, cfg.model_type,
-          cfg.n_layers, cfg.hidden_size, cfg.vocab_size, name, tok ? "" : ", no tokenizer");
+  fprintf(stderr, "deltaserve: model %s (%s, %d layers, hidden %d, vocab %d) as '%s'%s\n",
+          model_dir, cfg.model_type, cfg.n_layers, cfg.hidden_size, cfg.vocab_size, name,
+          tok ? "" : ", no tokenizer");
   fprintf(stderr,
-          "deltaserve: memory: weights %.1f MiB, KV pages %d x %.2f MiB = %.1f MiB (%d tokens), state slots %d x "
+          "deltaserve: memory: weights %.1f MiB, KV pages %d x %.2f MiB = %.1f MiB (%d tokens), "
+          "state slots %d x "
           "%.2f MiB = %.1f MiB, snapshot slabs %d x %.2f MiB = %.1f MiB\n",
           serve_mib((double)qwen35_weight_bytes(m)), st.kv_pages_total, serve_mib((double)page_b),
-          serve_mib((double)page_b * st.kv_pages_total), st.kv_pages_total * QWEN35_PAGE_TOKENS, st.slots_total,
-          serve_mib((double)slot_b), serve_mib((double)slot_b * st.slots_total), st.snapshot_slabs_total,
-          serve_mib((double)slot_b), serve_mib((double)slot_b * st.snapshot_slabs_total));
+          serve_mib((double)page_b * st.kv_pages_total), st.kv_pages_total * QWEN35_PAGE_TOKENS,
+          st.slots_total, serve_mib((double)slot_b), serve_mib((double)slot_b * st.slots_total),
+          st.snapshot_slabs_total, serve_mib((double)slot_b),
+          serve_mib((double)slot_b * st.snapshot_slabs_total));
   fprintf(stderr,
-          "deltaserve: limits: max_model_len %d, max_num_seqs %d (concurrency is capped by %d state slots), "
+          "deltaserve: limits: max_model_len %d, max_num_seqs %d (concurrency is capped by %d "
+          "state slots), "
           "max_num_batched_tokens %d, prefix caching %s\n",
           st.max_model_len, eo.max_num_seqs, st.slots_total, eo.max_num_batched_tokens,
           eo.enable_prefix_caching ? "on" : "off");
 
   jv = serve_json_vocab(tok, cfg.vocab_size, &cfg);
   if (tok && !jv)
-    fprintf(stderr, "deltaserve: response_format json_object / json_schema unavailable (no end token "
-                    "or no memory)\n");
+    fprintf(stderr,
+            "deltaserve: response_format json_object / json_schema unavailable (no end token "
+            "or no memory)\n");
   server_model sm = {.eng = e,
                      .tok = tok,
-                     .tmpl = chat_template_detect(tok ? tokenizer_config_chat_template(tok) : NULL, cfg.model_type),
+                     .tmpl = chat_template_detect(tok ? tokenizer_config_chat_template(tok) : NULL,
+                                                  cfg.model_type),
                      .vocab_size = cfg.vocab_size,
                      .max_model_len = st.max_model_len,
                      .eos_ids = eos,
@@ -341,7 +372,8 @@ int cmd_serve(int argc, char **argv) {
     char d[256];
     generation_config_describe(&gen, d, sizeof d);
     fprintf(stderr,
-            "deltaserve: sampling defaults from %s/generation_config.json for requests that leave them out: "
+            "deltaserve: sampling defaults from %s/generation_config.json for requests that leave "
+            "them out: "
             "%s (--generation-config vllm: none)\n",
             gen_dir, d);
   }
@@ -355,7 +387,8 @@ int cmd_serve(int argc, char **argv) {
     fprintf(stderr, "deltaserve: DS_FAULT armed: %s (test-only fault injection)\n", fault_spec);
   }
   server_set_model(srv, &sm);
-  fprintf(stderr, "deltaserve: ready: http://%s:%d/v1 (model '%s')\n", host, server_port(srv), name);
+  fprintf(stderr, "deltaserve: ready: http://%s:%d/v1 (model '%s')\n", host, server_port(srv),
+          name);
   fflush(stderr);
   status = 0;
 
@@ -375,7 +408,8 @@ done:;
   if (have_w) weights_free(&w);
   if (fault_spec && fault_spec[0] && status == 0) {
     fault_disarm();
-    fprintf(stderr, "deltaserve: faults fired: %ld of %ld hits\n", fault_fire_count(), fault_count());
+    fprintf(stderr, "deltaserve: faults fired: %ld of %ld hits\n", fault_fire_count(),
+            fault_count());
   }
   if (status == 0) fprintf(stderr, "deltaserve: stopped\n");
   return status;

@@ -13,8 +13,7 @@
 static char *read_all(FILE *f, size_t *n) {
   size_t cap = 1 << 16, len = 0;
   char *buf = malloc(cap);
-  if (!buf)
-    return NULL;
+  if (!buf) return NULL;
   for (;;) {
     if (len == cap) {
       char *nb = realloc(buf, cap *= 2);
@@ -26,8 +25,7 @@ static char *read_all(FILE *f, size_t *n) {
     }
     size_t r = fread(buf + len, 1, cap - len, f);
     len += r;
-    if (r == 0)
-      break;
+    if (r == 0) break;
   }
   *n = len;
   return buf;
@@ -48,8 +46,9 @@ int cmd_tokenize(int argc, char **argv) {
     else if (!strcmp(argv[i], "--bench") && i + 1 < argc)
       bench = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-      printf("usage: deltaserve tokenize --tokenizer DIR [--bench N] < text\n"
-             "  prints the token ids of stdin, space-separated, on one line\n");
+      printf(
+          "usage: deltaserve tokenize --tokenizer DIR [--bench N] < text\n"
+          "  prints the token ids of stdin, space-separated, on one line\n");
       return 0;
     } else {
       fprintf(stderr, "deltaserve tokenize: unknown argument '%s'\n", argv[i]);
@@ -91,9 +90,10 @@ int cmd_tokenize(int argc, char **argv) {
       fprintf(stderr, "deltaserve tokenize: %s\n", err);
       rc = 1;
     } else {
-      printf("load %.3f s; %zu bytes -> %ld tokens; %d runs in %.3f s: %.2f "
-             "MB/s\n",
-             t_load, n, ntok, bench, dt, (double)n * bench / dt / 1e6);
+      printf(
+          "load %.3f s; %zu bytes -> %ld tokens; %d runs in %.3f s: %.2f "
+          "MB/s\n",
+          t_load, n, ntok, bench, dt, (double)n * bench / dt / 1e6);
     }
   } else {
     int k = tokenizer_encode(t, text, n, &ids, err, sizeof err);
@@ -101,8 +101,7 @@ int cmd_tokenize(int argc, char **argv) {
       fprintf(stderr, "deltaserve tokenize: %s\n", err);
       rc = 1;
     } else {
-      for (int i = 0; i < k; i++)
-        printf(i ? " %d" : "%d", ids[i]);
+      for (int i = 0; i < k; i++) printf(i ? " %d" : "%d", ids[i]);
       printf("\n");
     }
     free(ids);

@@ -91,8 +91,8 @@ static int engine_parse_int(const char *v, const char *flag, int lo, int *out, c
   return 0;
 }
 
-static int engine_parse_double(const char *v, const char *flag, double lo, double hi,
-                               double *out, char *err, size_t errlen) {
+static int engine_parse_double(const char *v, const char *flag, double lo, double hi, double *out,
+                               char *err, size_t errlen) {
   char *end;
   errno = 0;
   double x = strtod(v, &end);
@@ -120,17 +120,21 @@ int engine_opts_parse_flag(engine_opts *o, int argc, char **argv, int *i, char *
   if (!strcmp(name, "--packed-weights")) {
     const char *v = eq ? eq + 1 : *i + 1 < argc ? argv[++*i] : NULL;
     if (!v) return errf(err, errlen, "%s needs a value (auto, on or off)", name);
-    if (!strcmp(v, "auto")) o->packed_weights = -1;
-    else if (!strcmp(v, "on")) o->packed_weights = 1;
-    else if (!strcmp(v, "off")) o->packed_weights = 0;
-    else return errf(err, errlen, "%s: expected auto, on or off, got '%s'", name, v);
+    if (!strcmp(v, "auto"))
+      o->packed_weights = -1;
+    else if (!strcmp(v, "on"))
+      o->packed_weights = 1;
+    else if (!strcmp(v, "off"))
+      o->packed_weights = 0;
+    else
+      return errf(err, errlen, "%s: expected auto, on or off, got '%s'", name, v);
     return 1;
   }
-  static const char *const known[] = {
-      "--max-num-seqs",      "--max-num-batched-tokens", "--max-model-len",
-      "--kv-cache-tokens",   "--gpu-memory-utilization", "--max-waiting",
-      "--snapshot-interval", "--snapshot-slabs",         "--prefix-cache-gib",
-      "--host-cache-gib"};
+  static const char *const known[] = {"--max-num-seqs",           "--max-num-batched-tokens",
+                                      "--max-model-len",          "--kv-cache-tokens",
+                                      "--gpu-memory-utilization", "--max-waiting",
+                                      "--snapshot-interval",      "--snapshot-slabs",
+                                      "--prefix-cache-gib",       "--host-cache-gib"};
   int k = -1;
   for (int j = 0; j < (int)(sizeof known / sizeof *known); j++)
     if (!strcmp(name, known[j])) k = j;
@@ -145,19 +149,37 @@ int engine_opts_parse_flag(engine_opts *o, int argc, char **argv, int *i, char *
   double d;
   int rc = 0;
   switch (k) {
-  case 0: rc = engine_parse_int(v, name, 1, &o->max_num_seqs, err, errlen); break;
-  case 1: rc = engine_parse_int(v, name, 1, &o->max_num_batched_tokens, err, errlen); break;
-  case 2: rc = engine_parse_int(v, name, 1, &o->max_model_len, err, errlen); break;
-  case 3: rc = engine_parse_int(v, name, 16, &o->kv_cache_tokens, err, errlen); break;
-  case 4:
-    rc = engine_parse_double(v, name, 0.01, 1.0, &d, err, errlen);
-    o->gpu_memory_utilization = (float)d;
-    break;
-  case 5: rc = engine_parse_int(v, name, 1, &o->max_waiting, err, errlen); break;
-  case 6: rc = engine_parse_int(v, name, 1, &o->snapshot_interval, err, errlen); break;
-  case 7: rc = engine_parse_int(v, name, 0, &o->n_snapshot_slabs, err, errlen); break;
-  case 8: rc = engine_parse_double(v, name, 0, 1e6, &o->prefix_cache_gib, err, errlen); break;
-  case 9: rc = engine_parse_double(v, name, 0, 1e6, &o->host_cache_gib, err, errlen); break;
+    case 0:
+      rc = engine_parse_int(v, name, 1, &o->max_num_seqs, err, errlen);
+      break;
+    case 1:
+      rc = engine_parse_int(v, name, 1, &o->max_num_batched_tokens, err, errlen);
+      break;
+    case 2:
+      rc = engine_parse_int(v, name, 1, &o->max_model_len, err, errlen);
+      break;
+    case 3:
+      rc = engine_parse_int(v, name, 16, &o->kv_cache_tokens, err, errlen);
+      break;
+    case 4:
+      rc = engine_parse_double(v, name, 0.01, 1.0, &d, err, errlen);
+      o->gpu_memory_utilization = (float)d;
+      break;
+    case 5:
+      rc = engine_parse_int(v, name, 1, &o->max_waiting, err, errlen);
+      break;
+    case 6:
+      rc = engine_parse_int(v, name, 1, &o->snapshot_interval, err, errlen);
+      break;
+    case 7:
+      rc = engine_parse_int(v, name, 0, &o->n_snapshot_slabs, err, errlen);
+      break;
+    case 8:
+      rc = engine_parse_double(v, name, 0, 1e6, &o->prefix_cache_gib, err, errlen);
+      break;
+    case 9:
+      rc = engine_parse_double(v, name, 0, 1e6, &o->host_cache_gib, err, errlen);
+      break;
   }
   return rc < 0 ? -1 : 1;
 }
@@ -170,9 +192,7 @@ int engine_packed_choice(int opt, double weights, double packed, double total) {
   return opt == 1 || (total > 0 && weights + packed <= 0.5 * total);
 }
 
-int engine_default_slabs(int max_num_seqs) {
-  return 2 * max_num_seqs > 16 ? 2 * max_num_seqs : 16;
-}
+int engine_default_slabs(int max_num_seqs) { return 2 * max_num_seqs > 16 ? 2 * max_num_seqs : 16; }
 
 static int engine_n_slabs(const engine_opts *o) {
   if (!o->enable_prefix_caching) return 0;
@@ -215,9 +235,12 @@ int engine_mem_split_plan(const engine_opts *o, const engine_mem_facts *f, engin
       sp->n_slabs = left > 0 ? (int)(left / slab) : 0;
   } else if (o->enable_prefix_caching) {
     double sb;
-    if (o->n_snapshot_slabs > 0) sb = (double)o->n_snapshot_slabs * slab;
-    else if (o->prefix_cache_gib > 0) sb = o->prefix_cache_gib * 1073741824.0;
-    else sb = 0.25 * b;
+    if (o->n_snapshot_slabs > 0)
+      sb = (double)o->n_snapshot_slabs * slab;
+    else if (o->prefix_cache_gib > 0)
+      sb = o->prefix_cache_gib * 1073741824.0;
+    else
+      sb = 0.25 * b;
     if (sb > 0.5 * b) sb = 0.5 * b; /* the KV cache keeps at least half */
     int n = (int)(sb / slab);
     if (o->n_snapshot_slabs == 0 && o->prefix_cache_gib <= 0 && n > cap) n = cap;
@@ -228,16 +251,15 @@ int engine_mem_split_plan(const engine_opts *o, const engine_mem_facts *f, engin
     double pages = kv / (double)f->page_bytes;
     sp->n_pages = pages > 1e9 ? 1000000000 : (int)pages;
     if (sp->n_pages < kv_pages_for_tokens(o->max_num_batched_tokens) && sp->n_pages < 64)
-      return errf(err, errlen, "not enough device memory for the KV cache (%d pages)",
-                  sp->n_pages);
+      return errf(err, errlen, "not enough device memory for the KV cache (%d pages)", sp->n_pages);
   }
   sp->kv_bytes = (size_t)sp->n_pages * f->page_bytes;
   sp->slab_bytes = (size_t)sp->n_slabs * f->slot_bytes;
   return 0;
 }
 
-int engine_mem_plan(const engine_opts *o, const model_config *c, qwen35_mem_opts *mo,
-                    char *err, size_t errlen) {
+int engine_mem_plan(const engine_opts *o, const model_config *c, qwen35_mem_opts *mo, char *err,
+                    size_t errlen) {
   (void)c;
   engine_mem_split sp;
   if (engine_mem_split_plan(o, NULL, &sp, err, errlen) != 0) return -1;
@@ -277,12 +299,12 @@ int engine_mem_facts_get(backend *be, const model_config *c, const model_weights
     wb += engine_tensor_bytes(&w->lm_head, act);
   for (int i = 0; i < c->n_layers; i++) {
     const layer_weights *L = &w->layers[i];
-    const tensor *ts[] = {&L->input_norm, &L->post_norm, &L->q_proj, &L->k_proj, &L->v_proj,
-                          &L->o_proj, &L->q_norm, &L->k_norm, &L->in_proj_qkv, &L->in_proj_z,
-                          &L->in_proj_b, &L->in_proj_a, &L->conv1d, &L->dt_bias, &L->A_log,
-                          &L->lin_norm, &L->out_proj, &L->gate_proj, &L->up_proj,
-                          &L->down_proj, &L->shared_gate, &L->shared_up, &L->shared_down,
-                          &L->shared_expert_gate};
+    const tensor *ts[] = {&L->input_norm,  &L->post_norm, &L->q_proj,      &L->k_proj,
+                          &L->v_proj,      &L->o_proj,    &L->q_norm,      &L->k_norm,
+                          &L->in_proj_qkv, &L->in_proj_z, &L->in_proj_b,   &L->in_proj_a,
+                          &L->conv1d,      &L->dt_bias,   &L->A_log,       &L->lin_norm,
+                          &L->out_proj,    &L->gate_proj, &L->up_proj,     &L->down_proj,
+                          &L->shared_gate, &L->shared_up, &L->shared_down, &L->shared_expert_gate};
     for (size_t k = 0; k < sizeof ts / sizeof *ts; k++) wb += engine_tensor_bytes(ts[k], act);
     wb += engine_tensor_bytes_as(&L->router, act, 1);
     if (L->experts && c->layer_is_moe[i])
@@ -299,7 +321,8 @@ int engine_mem_facts_get(backend *be, const model_config *c, const model_weights
   f->page_bytes = (size_t)config_n_full_layers(c) * 2 * KV_PAGES_TOKENS * nkv * kv;
   f->slot_bytes = (size_t)config_n_linear_layers(c) *
                   ((size_t)c->conv_dim * (size_t)(c->conv_kernel - 1) +
-                   (size_t)c->lin_n_v_heads * c->lin_k_head_dim * c->lin_v_head_dim) * 4;
+                   (size_t)c->lin_n_v_heads * c->lin_k_head_dim * c->lin_v_head_dim) *
+                  4;
   /* the largest step's activations (qwen35's scratch, doubled for the backend's own
    * workspaces), the logits rows, and a fixed reserve for libraries and fragmentation */
   size_t H = (size_t)c->hidden_size, nhd = (size_t)c->n_heads * c->head_dim;
@@ -307,8 +330,9 @@ int engine_mem_facts_get(backend *be, const model_config *c, const model_weights
   size_t I = (size_t)(c->intermediate_size > c->moe_intermediate_size * c->n_experts_per_tok
                           ? c->intermediate_size
                           : c->moe_intermediate_size * c->n_experts_per_tok);
-  size_t per_tok = (3 * H + 5 * nhd + 2 * nkv + 2 * (size_t)c->conv_dim + 2 * vd + 2 * nv +
-                    2 * I) * act + 2 * nv * 4;
+  size_t per_tok =
+      (3 * H + 5 * nhd + 2 * nkv + 2 * (size_t)c->conv_dim + 2 * vd + 2 * nv + 2 * I) * act +
+      2 * nv * 4;
   f->scratch_bytes = 2 * per_tok * (size_t)o->max_num_batched_tokens +
                      (size_t)o->max_num_seqs * (size_t)c->vocab_size * 4 + 512 * ENGINE_MIB;
   return 0;
@@ -321,13 +345,14 @@ int engine_mem_plan_device(engine_opts *o, const model_config *c, const model_we
   engine_mem_split sp;
   if (engine_mem_split_plan(o, &f, &sp, err, errlen) != 0) return -1;
   double mib = (double)ENGINE_MIB;
-  log_info("engine: memory plan: %.0f MiB total, %.0f MiB free, utilisation %.2f; weights "
-           "~%.0f MiB (packed copies %.0f MiB), %d state slots %.0f MiB, step scratch %.0f MiB "
-           "-> budget %.0f MiB = KV %d pages (%d tokens) %.0f MiB + %d snapshot slabs %.0f MiB",
-           f.total_bytes / mib, f.free_bytes / mib, o->gpu_memory_utilization,
-           f.weight_bytes / mib, f.packed_bytes / mib, o->max_num_seqs, o->max_num_seqs * (f.slot_bytes / mib),
-           f.scratch_bytes / mib, sp.budget_bytes / mib, sp.n_pages,
-           sp.n_pages * KV_PAGES_TOKENS, sp.kv_bytes / mib, sp.n_slabs, sp.slab_bytes / mib);
+  log_info(
+      "engine: memory plan: %.0f MiB total, %.0f MiB free, utilisation %.2f; weights "
+      "~%.0f MiB (packed copies %.0f MiB), %d state slots %.0f MiB, step scratch %.0f MiB "
+      "-> budget %.0f MiB = KV %d pages (%d tokens) %.0f MiB + %d snapshot slabs %.0f MiB",
+      f.total_bytes / mib, f.free_bytes / mib, o->gpu_memory_utilization, f.weight_bytes / mib,
+      f.packed_bytes / mib, o->max_num_seqs, o->max_num_seqs * (f.slot_bytes / mib),
+      f.scratch_bytes / mib, sp.budget_bytes / mib, sp.n_pages, sp.n_pages * KV_PAGES_TOKENS,
+      sp.kv_bytes / mib, sp.n_slabs, sp.slab_bytes / mib);
   /* resolved into the flags, so that engine_create (engine_mem_plan) agrees */
   o->kv_cache_tokens = sp.n_pages * KV_PAGES_TOKENS;
   if (o->enable_prefix_caching && sp.n_slabs == 0) {
@@ -443,8 +468,10 @@ static void *engine_pool_main(void *arg) {
     seen = p->gen;
     int prep = p->prep_mode;
     pthread_mutex_unlock(&p->mu);
-    if (prep) engine_pool_run_prep(p);
-    else engine_pool_run(p, &wk->scratch);
+    if (prep)
+      engine_pool_run_prep(p);
+    else
+      engine_pool_run(p, &wk->scratch);
     pthread_mutex_lock(&p->mu);
     if (--p->n_active == 0) pthread_cond_signal(&p->done);
     pthread_mutex_unlock(&p->mu);
@@ -575,19 +602,19 @@ struct engine_req {
   engine *e;
   pthread_mutex_t mu;
   pthread_cond_t cv;
-  engine_ev *ring; /* [cap] events in order (at most max_tokens tokens + 1 final) */
+  engine_ev *ring;  /* [cap] events in order (at most max_tokens tokens + 1 final) */
   int32_t *top_ids; /* [cap * top_logprobs] */
   float *top_lps;
   int cap, n_push, n_pop;
-  int done;  /* the final event was pushed */
-  int refs;  /* client + engine */
+  int done; /* the final event was pushed */
+  int refs; /* client + engine */
   atomic_int cancel;
   int prompt_tokens, completion_tokens, cached_tokens;
   char err[160];
   void (*on_logits)(void *, const float *, int);
   void *user;
   json_mask *jm; /* response_format json_object / json_schema (NULL: none); one thread at a time */
-  json_schema *schema; /* response_format json_schema: the schema jm follows (owned) */
+  json_schema *schema;      /* response_format json_schema: the schema jm follows (owned) */
   struct engine_req *qnext; /* the incoming queue */
 };
 
@@ -609,9 +636,9 @@ struct engine {
   state_pool *sp;
   prefix_cache *pc; /* NULL when --no-enable-prefix-caching */
   sched *s;
-  fwd_seq *seqs;  /* [max_num_seqs] */
-  float *logits;  /* [max_num_seqs, n_vocab] (qwen35_host_alloc) */
-  int32_t *ids;   /* [max_num_seqs] the greedy steps' tokens */
+  fwd_seq *seqs; /* [max_num_seqs] */
+  float *logits; /* [max_num_seqs, n_vocab] (qwen35_host_alloc) */
+  int32_t *ids;  /* [max_num_seqs] the greedy steps' tokens */
   /* steps ahead (engine_flight_step): DS_ENGINE_AHEAD; the steps in flight (fl[0] the older);
    * each one's ids land in ids_buf[its buf] (ids_buf[0] == ids) */
   int ahead;
@@ -619,7 +646,7 @@ struct engine {
   int n_fl;
   int32_t *ids_buf[2];
   request **fl_store[2]; /* [max_num_seqs] each: the flights' rows */
-  int device_greedy; /* the model's backend has argmax and DS_ENGINE_HOST_SAMPLE is unset */
+  int device_greedy;     /* the model's backend has argmax and DS_ENGINE_HOST_SAMPLE is unset */
   /* steps whose sampled rows are all sampler_device_ok are sampled by the backend's sample op
    * (qwen35_forward_sample): the backend has it, DS_ENGINE_HOST_SAMPLE is unset, and the model
    * is on a device or DS_ENGINE_DEVICE_SAMPLE is set (not "0") */
@@ -628,17 +655,17 @@ struct engine {
   sample_rule_edit *edits; /* [max_num_seqs * SAMPLE_RULE_EDITS_MAX] the rows' edits */
   int *edit_n;             /* [max_num_seqs] each sampled row's number of them */
   uint64_t (*rng_save)[4]; /* [max_num_seqs] a sampled flight's rows' RNG before its draws */
-  int mask_overlap;  /* JSON masks prepared during the forward (DS_ENGINE_MASK_OVERLAP) */
-  int profile;       /* DS_ENGINE_PROFILE */
-  int trace;         /* DS_ENGINE_TRACE: one log line per step (who computes what) */
-  long long steps;   /* forward steps run */
-  long long steps_ahead; /* of them, issued ahead (engine_flight_step) */
+  int mask_overlap;        /* JSON masks prepared during the forward (DS_ENGINE_MASK_OVERLAP) */
+  int profile;             /* DS_ENGINE_PROFILE */
+  int trace;               /* DS_ENGINE_TRACE: one log line per step (who computes what) */
+  long long steps;         /* forward steps run */
+  long long steps_ahead;   /* of them, issued ahead (engine_flight_step) */
   long long steps_device_sampled; /* of them, qwen35_forward_sample */
-  double prof[5];    /* seconds: schedule, forward (device greedy), forward (logits), sample,
-                        postprocess + snapshot */
+  double prof[5];          /* seconds: schedule, forward (device greedy), forward (logits), sample,
+                              postprocess + snapshot */
   long long prof_steps[2]; /* steps with device greedy / with logits */
   sampler_scratch scratch; /* the engine thread's */
-  engine_pool pool;         /* sampler threads and the step's jobs [max_num_seqs] */
+  engine_pool pool;        /* sampler threads and the step's jobs [max_num_seqs] */
   notifier *nt; /* wakes the clients of a step's token events (NULL: the engine thread does) */
   pthread_t thread;
   pthread_mutex_t mu; /* incoming queue, stop, stats snapshot, check requests */
@@ -725,9 +752,12 @@ static int engine_push(engine_req *h, const sampler_result *res, int finish, not
 /* Ends a request that is already out of the scheduler (engine thread). */
 static void engine_end(engine *e, engine_req *h, int finish, int with_event) {
   h->r.finish = finish;
-  if (finish == FINISH_CANCELLED) e->cancelled++;
-  else if (finish == FINISH_ERROR) e->failed++;
-  else e->finished++;
+  if (finish == FINISH_CANCELLED)
+    e->cancelled++;
+  else if (finish == FINISH_ERROR)
+    e->failed++;
+  else
+    e->finished++;
   if (with_event) engine_push(h, NULL, finish, NULL);
   engine_req_unref(h);
 }
@@ -840,8 +870,10 @@ static void engine_trace(engine *e, const sched_batch *b) {
     int fresh = r->n_computed == r->cached_tokens && r->n_computed < r->n_prompt;
     n += snprintf(line + n, sizeof line - (size_t)n, " r%lld[%d,%d)", (long long)r->id,
                   r->n_computed, r->n_computed + r->sched_tokens);
-    if (fresh && r->cached_tokens) n += snprintf(line + n, sizeof line - (size_t)n, "<-%d", r->cached_tokens);
-    else if (fresh) n += snprintf(line + n, sizeof line - (size_t)n, "+");
+    if (fresh && r->cached_tokens)
+      n += snprintf(line + n, sizeof line - (size_t)n, "<-%d", r->cached_tokens);
+    else if (fresh)
+      n += snprintf(line + n, sizeof line - (size_t)n, "+");
     if (r->sched_sample) n += snprintf(line + n, sizeof line - (size_t)n, "!");
   }
   log_info("engine: %s", line);
@@ -984,11 +1016,14 @@ static int engine_flight_step(engine *e) {
     r->tokens[r->n_tokens++] = t;
     e->gen_total++;
     int fin = FINISH_NONE;
-    if (engine_is_stop_token(e, r, t)) fin = FINISH_STOP;
+    if (engine_is_stop_token(e, r, t))
+      fin = FINISH_STOP;
     else if (request_n_output(r) >= r->smp.p.max_tokens || r->n_tokens >= e->max_model_len)
       fin = FINISH_LENGTH;
-    if (fin != FINISH_NONE && ahead) r->finish_next = fin;
-    else r->finish = fin;
+    if (fin != FINISH_NONE && ahead)
+      r->finish_next = fin;
+    else
+      r->finish = fin;
     posted += engine_push(h, &res, fin, e->nt);
   }
   if (posted) notifier_kick(e->nt);
@@ -1047,7 +1082,8 @@ static int engine_device_words(engine *e, const sched_batch *b, int n_rows) {
     n_ed += k;
   }
   int32_t *ew = e->words + (size_t)n_rows * SAMPLE_RULE_WORDS;
-  for (int k = 0; k < n_ed; k++) sample_rule_edit_pack(&e->edits[k], ew + (size_t)k * SAMPLE_RULE_EDIT_WORDS);
+  for (int k = 0; k < n_ed; k++)
+    sample_rule_edit_pack(&e->edits[k], ew + (size_t)k * SAMPLE_RULE_EDIT_WORDS);
   row = 0;
   for (int i = 0, off = 0; i < b->n; i++) {
     request *r = b->reqs[i];
@@ -1111,8 +1147,7 @@ static int engine_step(engine *e) {
   for (int i = 0; i < b.n && dev_sample; i++) {
     request *r = b.reqs[i];
     engine_req *h = r->owner;
-    if (r->sched_sample && (h->on_logits || h->jm || !sampler_device_ok(&r->smp.p)))
-      dev_sample = 0;
+    if (r->sched_sample && (h->on_logits || h->jm || !sampler_device_ok(&r->smp.p))) dev_sample = 0;
   }
   int n_words = 0;
   if (dev_sample) /* the rows' edits (no RNG touched yet: a row with too many sends the step to
@@ -1131,11 +1166,10 @@ static int engine_step(engine *e) {
   engine_pool_prep_start(&e->pool);
   double t1 = e->profile ? engine_now() : 0;
   char err[160];
-  int frc = greedy ? qwen35_forward_greedy(e->m, e->seqs, b.n, e->ids, err, sizeof err)
-            : dev_sample
-                ? qwen35_forward_sample(e->m, e->seqs, b.n, e->words, n_words, e->ids, err,
-                                        sizeof err)
-                : qwen35_forward(e->m, e->seqs, b.n, e->logits, err, sizeof err);
+  int frc = greedy       ? qwen35_forward_greedy(e->m, e->seqs, b.n, e->ids, err, sizeof err)
+            : dev_sample ? qwen35_forward_sample(e->m, e->seqs, b.n, e->words, n_words, e->ids, err,
+                                                 sizeof err)
+                         : qwen35_forward(e->m, e->seqs, b.n, e->logits, err, sizeof err);
   engine_pool_prep_finish(&e->pool);
   double t2 = e->profile ? engine_now() : 0;
   if (e->profile) {
@@ -1317,10 +1351,11 @@ static int engine_prefix_init(engine *e) {
   sched_set_prefix_cache(e->s, e->pc, e->o.snapshot_interval);
   prefix_cache_stats st;
   prefix_cache_get_stats(e->pc, &st);
-  log_info("engine: prefix cache on: %d snapshot slabs on the device (%.2f MiB each), host tier "
-           "%.1f MiB, capture interval %d tokens",
-           st.device_slabs_max, po.slab_bytes / (1024.0 * 1024.0),
-           po.host_budget_bytes / (1024.0 * 1024.0), e->o.snapshot_interval);
+  log_info(
+      "engine: prefix cache on: %d snapshot slabs on the device (%.2f MiB each), host tier "
+      "%.1f MiB, capture interval %d tokens",
+      st.device_slabs_max, po.slab_bytes / (1024.0 * 1024.0),
+      po.host_budget_bytes / (1024.0 * 1024.0), e->o.snapshot_interval);
   return 0;
 }
 
@@ -1341,7 +1376,8 @@ static int engine_startup_forward(engine *e, int n_pages, char *err, size_t errl
     np_long = (n_long + KV_PAGES_TOKENS - 1) / KV_PAGES_TOKENS;
   }
   if (np_long > n_pages) return 0; /* cannot happen: n <= n_pages * page tokens */
-  int32_t *toks = calloc((size_t)n, sizeof *toks), *pages = malloc(sizeof *pages * (size_t)(np_long + singles));
+  int32_t *toks = calloc((size_t)n, sizeof *toks),
+          *pages = malloc(sizeof *pages * (size_t)(np_long + singles));
   fwd_seq *seqs = calloc((size_t)singles + 1, sizeof *seqs);
   if (!toks || !pages || !seqs) {
     free(toks);
@@ -1352,7 +1388,8 @@ static int engine_startup_forward(engine *e, int n_pages, char *err, size_t errl
   for (int i = 0; i < np_long + singles; i++) pages[i] = i;
   seqs[0] = (fwd_seq){toks, n_long, 0, pages, np_long, 0, QWEN35_LOGITS_LAST};
   for (int i = 1; i <= singles; i++)
-    seqs[i] = (fwd_seq){toks + n_long + i - 1, 1, 0, pages + np_long + i - 1, 1, i, QWEN35_LOGITS_LAST};
+    seqs[i] =
+        (fwd_seq){toks + n_long + i - 1, 1, 0, pages + np_long + i - 1, 1, i, QWEN35_LOGITS_LAST};
   char ferr[256] = "";
   double t0 = engine_now();
   int rc = qwen35_forward(e->m, seqs, singles + 1, e->logits, ferr, sizeof ferr);
@@ -1395,8 +1432,8 @@ engine *engine_create(qwen35 *model, const engine_opts *o, char *err, size_t err
   {
     /* unset: on device backends that can chain steps; "0": off; else on */
     const char *ah = getenv("DS_ENGINE_AHEAD");
-    e->ahead = qwen35_can_chain(model) &&
-               (ah && *ah ? strcmp(ah, "0") != 0 : qwen35_on_device(model));
+    e->ahead =
+        qwen35_can_chain(model) && (ah && *ah ? strcmp(ah, "0") != 0 : qwen35_on_device(model));
   }
   e->device_greedy = qwen35_has_argmax(model) && !engine_env_on("DS_ENGINE_HOST_SAMPLE");
   {
@@ -1404,8 +1441,9 @@ engine *engine_create(qwen35 *model, const engine_opts *o, char *err, size_t err
     e->device_sample = qwen35_has_sample(model) && !engine_env_on("DS_ENGINE_HOST_SAMPLE") &&
                        (ds && *ds ? strcmp(ds, "0") != 0 : qwen35_on_device(model));
   }
-  e->words = malloc((size_t)n_seq * (SAMPLE_RULE_WORDS + SAMPLE_RULE_EDITS_MAX * SAMPLE_RULE_EDIT_WORDS) *
-                    sizeof *e->words);
+  e->words =
+      malloc((size_t)n_seq * (SAMPLE_RULE_WORDS + SAMPLE_RULE_EDITS_MAX * SAMPLE_RULE_EDIT_WORDS) *
+             sizeof *e->words);
   e->edits = malloc((size_t)n_seq * SAMPLE_RULE_EDITS_MAX * sizeof *e->edits);
   e->rng_save = malloc((size_t)n_seq * sizeof *e->rng_save);
   e->edit_n = malloc((size_t)n_seq * sizeof *e->edit_n);
@@ -1417,8 +1455,7 @@ engine *engine_create(qwen35 *model, const engine_opts *o, char *err, size_t err
   e->profile = engine_env_on("DS_ENGINE_PROFILE");
   e->trace = engine_env_on("DS_ENGINE_TRACE");
   if (!e->seqs || !e->logits || !e->ids || !e->ids_buf[1] || !e->fl_store[0] || !e->fl_store[1] ||
-      !e->words || !e->edits || !e->edit_n || !e->rng_save ||
-      kv_pages_init(&e->kp, mo.n_pages) ||
+      !e->words || !e->edits || !e->edit_n || !e->rng_save || kv_pages_init(&e->kp, mo.n_pages) ||
       state_pool_init(&e->sp, n_seq, n_slabs, &ops) || sched_init(&e->s, &so, e->kp, e->sp) ||
       sampler_scratch_init(&e->scratch, e->n_vocab) ||
       engine_pool_init(&e->pool, engine_pool_size(), e->n_vocab, n_seq) != 0 ||
@@ -1441,14 +1478,16 @@ engine *engine_create(qwen35 *model, const engine_opts *o, char *err, size_t err
   pthread_cond_init(&e->check_cv, NULL);
   double mib = 1024.0 * 1024.0;
   size_t pb = qwen35_page_bytes(model), sb = qwen35_slot_bytes(model);
-  log_info("engine: memory: weights %.1f MiB, KV pages %d x %.3f MiB = %.1f MiB (%d tokens), "
-           "state slots %d x %.2f MiB = %.1f MiB, snapshot slabs %d x %.2f MiB = %.1f MiB",
-           qwen35_weight_bytes(model) / mib, mo.n_pages, pb / mib, mo.n_pages * (pb / mib),
-           mo.n_pages * KV_PAGES_TOKENS, n_seq, sb / mib, n_seq * (sb / mib), n_slabs,
-           sb / mib, n_slabs * (sb / mib));
-  log_info("engine: max_num_seqs %d, max_num_batched_tokens %d, max_model_len %d, "
-           "sampler threads %d", n_seq, o->max_num_batched_tokens, e->max_model_len,
-           e->pool.n);
+  log_info(
+      "engine: memory: weights %.1f MiB, KV pages %d x %.3f MiB = %.1f MiB (%d tokens), "
+      "state slots %d x %.2f MiB = %.1f MiB, snapshot slabs %d x %.2f MiB = %.1f MiB",
+      qwen35_weight_bytes(model) / mib, mo.n_pages, pb / mib, mo.n_pages * (pb / mib),
+      mo.n_pages * KV_PAGES_TOKENS, n_seq, sb / mib, n_seq * (sb / mib), n_slabs, sb / mib,
+      n_slabs * (sb / mib));
+  log_info(
+      "engine: max_num_seqs %d, max_num_batched_tokens %d, max_model_len %d, "
+      "sampler threads %d",
+      n_seq, o->max_num_batched_tokens, e->max_model_len, e->pool.n);
   engine_snapshot(e);
   if (pthread_create(&e->thread, NULL, engine_main, e) != 0) {
     pthread_mutex_destroy(&e->mu);
@@ -1484,11 +1523,12 @@ void engine_destroy(engine *e, int drain) {
   if (e->profile) {
     long long n = e->prof_steps[0] + e->prof_steps[1];
     double d = n > 0 ? 1e3 / (double)n : 0;
-    log_info("engine: profile over %lld steps (%lld device ids): per step schedule %.3f ms, "
-             "forward %.3f ms (device ids %.3f s, logits %.3f s in all), sample %.3f ms, "
-             "postprocess %.3f ms",
-             n, e->prof_steps[0], e->prof[0] * d, (e->prof[1] + e->prof[2]) * d, e->prof[1],
-             e->prof[2], e->prof[3] * d, e->prof[4] * d);
+    log_info(
+        "engine: profile over %lld steps (%lld device ids): per step schedule %.3f ms, "
+        "forward %.3f ms (device ids %.3f s, logits %.3f s in all), sample %.3f ms, "
+        "postprocess %.3f ms",
+        n, e->prof_steps[0], e->prof[0] * d, (e->prof[1] + e->prof[2]) * d, e->prof[1], e->prof[2],
+        e->prof[3] * d, e->prof[4] * d);
   }
   free(e->seqs);
   if (e->logits) qwen35_host_free(e->m, e->logits);
@@ -1503,37 +1543,41 @@ void engine_destroy(engine *e, int drain) {
   free(e);
 }
 
-static engine_req *engine_submit_req(engine *e, const engine_submit_opts *o,
-                                     engine_status *status, char *err, size_t errlen);
+static engine_req *engine_submit_req(engine *e, const engine_submit_opts *o, engine_status *status,
+                                     char *err, size_t errlen);
 
-engine_req *engine_submit(engine *e, const engine_submit_opts *o, engine_status *status,
-                          char *err, size_t errlen) {
+engine_req *engine_submit(engine *e, const engine_submit_opts *o, engine_status *status, char *err,
+                          size_t errlen) {
   engine_req *h = engine_submit_req(e, o, status, err, errlen);
   if (!h) json_schema_free(o->schema); /* taken in every case (engine.h) */
   return h;
 }
 
 /* engine_submit's work; the handle it returns owns o->schema, NULL leaves it to the caller. */
-static engine_req *engine_submit_req(engine *e, const engine_submit_opts *o,
-                                     engine_status *status, char *err, size_t errlen) {
+static engine_req *engine_submit_req(engine *e, const engine_submit_opts *o, engine_status *status,
+                                     char *err, size_t errlen) {
   engine_status dummy;
   if (!status) status = &dummy;
   *status = ENGINE_ERR_INVALID;
   if (!o->prompt || o->n_prompt < 1) return errf(err, errlen, "the prompt is empty"), NULL;
   for (int i = 0; i < o->n_prompt; i++)
     if (o->prompt[i] < 0 || o->prompt[i] >= e->n_vocab)
-      return errf(err, errlen, "prompt token %d is out of range [0, %d)", o->prompt[i],
-                  e->n_vocab), NULL;
+      return errf(err, errlen, "prompt token %d is out of range [0, %d)", o->prompt[i], e->n_vocab),
+             NULL;
   if (sampling_params_validate(&o->sp, err, errlen) != 0) return NULL;
   long long total = (long long)o->n_prompt + o->sp.max_tokens;
   *status = ENGINE_ERR_TOO_LONG;
   if (total > e->max_model_len)
     return errf(err, errlen,
                 "prompt (%d tokens) + max_tokens (%d) exceeds the maximum model length %d",
-                o->n_prompt, o->sp.max_tokens, e->max_model_len), NULL;
+                o->n_prompt, o->sp.max_tokens, e->max_model_len),
+           NULL;
   if (kv_pages_for_tokens((int)total - 1) > kv_pages_total(e->kp))
-    return errf(err, errlen, "prompt (%d tokens) + max_tokens (%d) exceeds the KV cache (%d "
-                "tokens)", o->n_prompt, o->sp.max_tokens, kv_pages_total(e->kp) * 16), NULL;
+    return errf(err, errlen,
+                "prompt (%d tokens) + max_tokens (%d) exceeds the KV cache (%d "
+                "tokens)",
+                o->n_prompt, o->sp.max_tokens, kv_pages_total(e->kp) * 16),
+           NULL;
   *status = ENGINE_ERR_NOMEM;
   if (fault_hit("engine_submit")) return errf(err, errlen, "out of memory"), NULL;
   engine_req *h = calloc(1, sizeof *h);
@@ -1568,9 +1612,9 @@ static engine_req *engine_submit_req(engine *e, const engine_submit_opts *o,
     rc = request_init(&h->r, id, o->prompt, o->n_prompt, &o->sp, forced, nb + ns,
                       0x5eed0000ULL + (uint64_t)id);
     if (rc == 0 && e->pc &&
-        request_init_prefix(&h->r, o->cache_salt, o->boundaries, nb,
-                            prefix_cache_capture_points_max(o->n_prompt, nb,
-                                                            e->o.snapshot_interval)) != 0) {
+        request_init_prefix(
+            &h->r, o->cache_salt, o->boundaries, nb,
+            prefix_cache_capture_points_max(o->n_prompt, nb, e->o.snapshot_interval)) != 0) {
       request_free(&h->r);
       rc = -1;
     }
@@ -1599,11 +1643,16 @@ static engine_req *engine_submit_req(engine *e, const engine_submit_opts *o,
     h->refs = 1;
     engine_req_unref(h);
     *status = st;
-    return errf(err, errlen, st == ENGINE_ERR_SHUTDOWN ? "the engine is shutting down"
-                                                       : "too many requests waiting"), NULL;
+    return errf(err, errlen,
+                st == ENGINE_ERR_SHUTDOWN ? "the engine is shutting down"
+                                          : "too many requests waiting"),
+           NULL;
   }
   h->schema = o->schema; /* from here the handle owns it */
-  if (e->in_tail) e->in_tail->qnext = h; else e->in_head = h;
+  if (e->in_tail)
+    e->in_tail->qnext = h;
+  else
+    e->in_head = h;
   e->in_tail = h;
   e->n_in++;
   pthread_cond_signal(&e->cv);
@@ -1693,11 +1742,16 @@ int engine_check(engine *e, char *err, size_t errlen) {
 
 const char *finish_reason_name(finish_reason f) {
   switch (f) {
-  case FINISH_NONE: return "none";
-  case FINISH_STOP: return "stop";
-  case FINISH_LENGTH: return "length";
-  case FINISH_CANCELLED: return "cancelled";
-  case FINISH_ERROR: return "error";
+    case FINISH_NONE:
+      return "none";
+    case FINISH_STOP:
+      return "stop";
+    case FINISH_LENGTH:
+      return "length";
+    case FINISH_CANCELLED:
+      return "cancelled";
+    case FINISH_ERROR:
+      return "error";
   }
   return "unknown";
 }

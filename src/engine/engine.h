@@ -30,20 +30,20 @@ typedef struct engine engine;
 typedef struct engine_req engine_req;
 
 typedef struct engine_opts {
-  int max_num_seqs;           /* --max-num-seqs (64) */
-  int max_num_batched_tokens; /* --max-num-batched-tokens (8192) */
-  int max_model_len;          /* --max-model-len (0: the model's max_position_embeddings) */
-  int kv_cache_tokens;        /* --kv-cache-tokens (0: derived from memory utilisation) */
+  int max_num_seqs;             /* --max-num-seqs (64) */
+  int max_num_batched_tokens;   /* --max-num-batched-tokens (8192) */
+  int max_model_len;            /* --max-model-len (0: the model's max_position_embeddings) */
+  int kv_cache_tokens;          /* --kv-cache-tokens (0: derived from memory utilisation) */
   float gpu_memory_utilization; /* --gpu-memory-utilization (0.9) */
-  int max_waiting;            /* queue limit before ENGINE_ERR_QUEUE_FULL (0: 4096) */
+  int max_waiting;              /* queue limit before ENGINE_ERR_QUEUE_FULL (0: 4096) */
   /* prefix cache */
-  int enable_prefix_caching;  /* --enable-prefix-caching / --no-enable-prefix-caching (1) */
-  int snapshot_interval;      /* --snapshot-interval (2048) */
-  int n_snapshot_slabs;       /* --snapshot-slabs (0: derived from the budget) */
-  double prefix_cache_gib;    /* --prefix-cache-gib */
-  double host_cache_gib;      /* --host-cache-gib (0: no host tier) */
-  /* --packed-weights auto|on|off (-1 auto, the default): keep the backend's lossless packed copy of the
-   * dense layers' product weights for decode steps (backend weight_pack; the CUDA backend's
+  int enable_prefix_caching; /* --enable-prefix-caching / --no-enable-prefix-caching (1) */
+  int snapshot_interval;     /* --snapshot-interval (2048) */
+  int n_snapshot_slabs;      /* --snapshot-slabs (0: derived from the budget) */
+  double prefix_cache_gib;   /* --prefix-cache-gib */
+  double host_cache_gib;     /* --host-cache-gib (0: no host tier) */
+  /* --packed-weights auto|on|off (-1 auto, the default): keep the backend's lossless packed copy of
+   * the dense layers' product weights for decode steps (backend weight_pack; the CUDA backend's
    * 12-bit rows, ~0.75 of their bf16 bytes, the same results). auto: on when the backend has
    * one and the weights with the copies take at most half the device's memory. */
   int packed_weights;
@@ -63,11 +63,10 @@ void engine_opts_default(engine_opts *o);
  * --max-num-seqs N, --max-num-batched-tokens N, --max-model-len N, --kv-cache-tokens N,
  * --gpu-memory-utilization F, --max-waiting N, --enable-prefix-caching,
  * --no-enable-prefix-caching, --snapshot-interval N, --snapshot-slabs N, --prefix-cache-gib F,
- * --host-cache-gib F, --packed-weights auto|on|off; "--flag=value" also accepted) stores it in o, advances *i past its
- * value and returns 1; returns 0 when argv[*i] is not an engine flag (nothing changes), and -1
- * with one line in err when the value is missing or out of range. */
-int engine_opts_parse_flag(engine_opts *o, int argc, char **argv, int *i, char *err,
-                           size_t errlen);
+ * --host-cache-gib F, --packed-weights auto|on|off; "--flag=value" also accepted) stores it in o,
+ * advances *i past its value and returns 1; returns 0 when argv[*i] is not an engine flag (nothing
+ * changes), and -1 with one line in err when the value is missing or out of range. */
+int engine_opts_parse_flag(engine_opts *o, int argc, char **argv, int *i, char *err, size_t errlen);
 
 /* Memory sizing. The pools are n_pages KV pages and max_num_seqs sequence slots + n_slabs
  * snapshot slabs (qwen35_mem_opts.n_slots).
@@ -116,8 +115,8 @@ int engine_mem_facts_get(backend *be, const model_config *c, const model_weights
 /* The pool sizes for qwen35_init without a device figure (see above). The model given to
  * engine_create must have been initialised with exactly these sizes for the same opts.
  * Returns 0, or -1 with err (a value out of range). */
-int engine_mem_plan(const engine_opts *o, const model_config *c, qwen35_mem_opts *mo,
-                    char *err, size_t errlen);
+int engine_mem_plan(const engine_opts *o, const model_config *c, qwen35_mem_opts *mo, char *err,
+                    size_t errlen);
 /* The pool sizes from the device's memory (engine_mem_facts_get + engine_mem_split_plan; no
  * figure: engine_mem_plan), logged at start-up. Writes the result back into o
  * (kv_cache_tokens, n_snapshot_slabs; prefix caching off when no slab fits) so that
@@ -146,8 +145,8 @@ typedef enum {
 typedef struct engine_submit_opts {
   const int32_t *prompt; /* [n_prompt] token ids */
   int n_prompt;
-  sampling_params sp;      /* see sampler.h; max_tokens, stop ids, ignore_eos, logprobs, seed... */
-  const char *cache_salt;  /* prefix-cache namespace, NULL or "" for the shared one */
+  sampling_params sp;     /* see sampler.h; max_tokens, stop ids, ignore_eos, logprobs, seed... */
+  const char *cache_salt; /* prefix-cache namespace, NULL or "" for the shared one */
   const int32_t *boundaries; /* chat-message start positions (prefix-cache capture points);
                                 every boundary is also a prefill split point */
   int n_boundaries;
@@ -173,17 +172,17 @@ typedef struct engine_submit_opts {
 #define ENGINE_MAX_TOP_LOGPROBS 20
 
 typedef struct engine_event {
-  int32_t token;       /* the sampled token (valid when has_token) */
+  int32_t token; /* the sampled token (valid when has_token) */
   int has_token;
-  float logprob;       /* log-softmax of the sampled token (when sp.logprobs) */
-  int n_top;           /* top_logprobs entries */
+  float logprob; /* log-softmax of the sampled token (when sp.logprobs) */
+  int n_top;     /* top_logprobs entries */
   int32_t top_ids[ENGINE_MAX_TOP_LOGPROBS];
   float top_logprobs[ENGINE_MAX_TOP_LOGPROBS];
   finish_reason finish; /* FINISH_NONE while generating */
   int prompt_tokens;    /* set on the final event */
   int cached_tokens;    /* prompt tokens restored from the prefix cache (final event) */
   int completion_tokens;
-  char err[160];        /* FINISH_ERROR: what went wrong */
+  char err[160]; /* FINISH_ERROR: what went wrong */
 } engine_event;
 
 /* Creates the engine over a loaded model and starts its thread. Returns NULL with err. */
@@ -192,8 +191,8 @@ engine *engine_create(qwen35 *model, const engine_opts *o, char *err, size_t err
  * joins the thread and frees everything. */
 void engine_destroy(engine *e, int drain);
 
-engine_req *engine_submit(engine *e, const engine_submit_opts *o, engine_status *status,
-                          char *err, size_t errlen);
+engine_req *engine_submit(engine *e, const engine_submit_opts *o, engine_status *status, char *err,
+                          size_t errlen);
 /* Blocks for the next event; timeout_ms < 0 waits forever. Returns 1 with an event, 0 on
  * timeout. */
 int engine_next(engine_req *r, engine_event *ev, int timeout_ms);
@@ -205,8 +204,8 @@ typedef struct engine_stats {
   int num_running, num_waiting;
   long long prompt_tokens_total, generation_tokens_total, prefilled_tokens_total;
   long long requests_finished, requests_cancelled, requests_failed, preemptions;
-  long long steps; /* forward steps run (DS_ENGINE_TRACE=1 logs each) */
-  long long steps_ahead; /* of them, issued before the step before was read (engine.c) */
+  long long steps;                /* forward steps run (DS_ENGINE_TRACE=1 logs each) */
+  long long steps_ahead;          /* of them, issued before the step before was read (engine.c) */
   long long steps_device_sampled; /* of them, sampled rows picked by the backend's sample op */
   int kv_pages_total, kv_pages_used, kv_pages_cached;
   int slots_total, slots_used;

@@ -103,7 +103,10 @@ int request_is_forced(const request *r, int d) {
   int lo = 0, hi = r->n_forced;
   while (lo < hi) {
     int mid = (lo + hi) / 2;
-    if (r->forced[mid] < d) lo = mid + 1; else hi = mid;
+    if (r->forced[mid] < d)
+      lo = mid + 1;
+    else
+      hi = mid;
   }
   return lo < r->n_forced && r->forced[lo] == d;
 }

@@ -38,7 +38,7 @@ typedef struct request {
   req_state state;
   int32_t *tokens; /* [cap] prompt then generated */
   int n_prompt, n_tokens, cap;
-  int n_computed; /* positions held in the cache */
+  int n_computed;  /* positions held in the cache */
   int32_t *forced; /* [cap_forced] split points, ascending, in (0, n_prompt) */
   int n_forced, cap_forced;
   int n_forced_base; /* forced[0, n_forced_base) as given at request_init, before any point of
@@ -58,14 +58,14 @@ typedef struct request {
   int sched_tokens; /* tokens fed this step, 0 when not scheduled */
   int sched_sample; /* 1 when the piece ends at n_tokens: sample a token after it */
   /* prefix cache (request_init_prefix; unused when the cache is off) */
-  char *salt;           /* cache_salt, NULL: the shared namespace */
-  int32_t *bounds;      /* [n_bounds] chat-message start positions */
+  char *salt;      /* cache_salt, NULL: the shared namespace */
+  int32_t *bounds; /* [n_bounds] chat-message start positions */
   int n_bounds;
   prefix_cache_point *pts; /* [cap_txn] scratch: the capture points of an admission */
-  checkpoint_txn *txn;  /* [cap_txn] capture tickets, ascending depth */
+  checkpoint_txn *txn;     /* [cap_txn] capture tickets, ascending depth */
   int n_txn, cap_txn;
-  uint64_t wait_ticket; /* in-flight capture waited for before admission (0: none) */
-  int cached_tokens;    /* tokens restored from the prefix cache at the last admission */
+  uint64_t wait_ticket;        /* in-flight capture waited for before admission (0: none) */
+  int cached_tokens;           /* tokens restored from the prefix cache at the last admission */
   struct request *prev, *next; /* the waiting or running list */
   void *owner;                 /* the engine's per-request handle */
 } request;

@@ -22,17 +22,23 @@ struct sched {
   sched_list waiting; /* FCFS; preempted requests go back to the front */
   sched_list running; /* sorted by id: the tail is the youngest */
   long long n_preemptions;
-  request **reqs, **failed; /* [max_num_seqs] batch arrays */
-  prefix_cache *pc;         /* NULL: no prefix cache */
-  int interval;             /* --snapshot-interval */
+  request **reqs, **failed;     /* [max_num_seqs] batch arrays */
+  prefix_cache *pc;             /* NULL: no prefix cache */
+  int interval;                 /* --snapshot-interval */
   long long n_waits, n_demands; /* admissions deferred for an in-flight capture; demands */
 };
 
 /* ---- lists -------------------------------------------------------------------------------- */
 
 static void sched_list_remove(sched_list *l, request *r) {
-  if (r->prev) r->prev->next = r->next; else l->head = r->next;
-  if (r->next) r->next->prev = r->prev; else l->tail = r->prev;
+  if (r->prev)
+    r->prev->next = r->next;
+  else
+    l->head = r->next;
+  if (r->next)
+    r->next->prev = r->prev;
+  else
+    l->tail = r->prev;
   r->prev = r->next = NULL;
   l->n--;
 }
@@ -40,8 +46,14 @@ static void sched_list_remove(sched_list *l, request *r) {
 static void sched_list_insert_before(sched_list *l, request *at, request *r) {
   r->next = at;
   r->prev = at ? at->prev : l->tail;
-  if (r->prev) r->prev->next = r; else l->head = r;
-  if (at) at->prev = r; else l->tail = r;
+  if (r->prev)
+    r->prev->next = r;
+  else
+    l->head = r;
+  if (at)
+    at->prev = r;
+  else
+    l->tail = r;
   l->n++;
 }
 
@@ -145,8 +157,10 @@ void sched_add(sched *s, request *r) {
 }
 
 void sched_remove(sched *s, request *r) {
-  if (r->state == REQ_STATE_WAITING) sched_list_remove(&s->waiting, r);
-  else if (r->state == REQ_STATE_RUNNING) sched_list_remove(&s->running, r);
+  if (r->state == REQ_STATE_WAITING)
+    sched_list_remove(&s->waiting, r);
+  else if (r->state == REQ_STATE_RUNNING)
+    sched_list_remove(&s->running, r);
   sched_release(s, r);
   r->state = REQ_STATE_FINISHED;
 }
@@ -181,8 +195,7 @@ static int sched_reserve(sched *s, sched_batch *b, request *r, int upto) {
   int need = kv_pages_table_need(&r->pages, upto);
   while (!kv_pages_can_alloc(s->kp, need)) {
     /* pages held only by the prefix cache go before any running request */
-    if (s->pc && prefix_cache_evict_for_pages(s->pc, need - kv_pages_num_free(s->kp)) > 0)
-      continue;
+    if (s->pc && prefix_cache_evict_for_pages(s->pc, need - kv_pages_num_free(s->kp)) > 0) continue;
     request *v = sched_victim(s);
     CHECK(v); /* r itself is unscheduled */
     sched_preempt(s, v);
@@ -358,8 +371,8 @@ static int sched_admit(sched *s, sched_batch *b, request *r, int budget, int *n_
     /* every capture point, restored or not, is a split point: a cold run of the same request
      * (or a failed restore) splits exactly like the restored one; interval points are not
      * (they are captured where pieces happen to end, sched_capture_interval) */
-    np = prefix_cache_capture_points(r->n_prompt, r->bounds, r->n_bounds, s->interval,
-                                     m.match_len, 0, r->pts, r->cap_txn);
+    np = prefix_cache_capture_points(r->n_prompt, r->bounds, r->n_bounds, s->interval, m.match_len,
+                                     0, r->pts, r->cap_txn);
     int k = 0;
     for (int i = 0; i < np; i++)
       if (r->pts[i].flags != PREFIX_CACHE_POINT_INTERVAL) r->pts[k++] = r->pts[i];

@@ -89,10 +89,14 @@ static json_t *cfg_get2(cfg_ctx *x, const char *key) {
 }
 
 static int cfg_arch_of(const char *mt, model_arch *a) {
-  if (!strcmp(mt, "qwen3_5_text") || !strcmp(mt, "qwen3_5")) *a = MODEL_ARCH_QWEN35;
-  else if (!strcmp(mt, "qwen3_5_moe_text") || !strcmp(mt, "qwen3_5_moe")) *a = MODEL_ARCH_QWEN35_MOE;
-  else if (!strcmp(mt, "qwen3_next")) *a = MODEL_ARCH_QWEN3_NEXT;
-  else return -1;
+  if (!strcmp(mt, "qwen3_5_text") || !strcmp(mt, "qwen3_5"))
+    *a = MODEL_ARCH_QWEN35;
+  else if (!strcmp(mt, "qwen3_5_moe_text") || !strcmp(mt, "qwen3_5_moe"))
+    *a = MODEL_ARCH_QWEN35_MOE;
+  else if (!strcmp(mt, "qwen3_next"))
+    *a = MODEL_ARCH_QWEN3_NEXT;
+  else
+    return -1;
   return 0;
 }
 
@@ -116,31 +120,37 @@ static int cfg_parse(cfg_ctx *x, model_config *c) {
   /* --- architecture --- */
   const char *mt = NULL;
   json_t *jmt = json_object_get(root, "model_type");
-  if (jmt && !json_is_string(jmt)) return errf(x->err, x->errlen, "%s: key \"model_type\" must be a string", x->path);
+  if (jmt && !json_is_string(jmt))
+    return errf(x->err, x->errlen, "%s: key \"model_type\" must be a string", x->path);
   if (jmt) mt = json_string_value(jmt);
   if (!mt) {
     json_t *ja = json_object_get(root, "architectures");
     if (json_is_array(ja) && json_array_size(ja) > 0 && json_is_string(json_array_get(ja, 0)))
       mt = cfg_type_of_architecture(json_string_value(json_array_get(ja, 0)));
     if (!mt)
-      return errf(x->err, x->errlen, "%s: missing key \"model_type\" (and no known \"architectures\" entry)", x->path);
+      return errf(x->err, x->errlen,
+                  "%s: missing key \"model_type\" (and no known \"architectures\" entry)", x->path);
   }
   if (cfg_arch_of(mt, &c->arch) != 0)
     return errf(x->err, x->errlen,
-                "%s: unsupported model_type \"%.60s\" (expected qwen3_5, qwen3_5_text, qwen3_5_moe, qwen3_5_moe_text or qwen3_next)",
+                "%s: unsupported model_type \"%.60s\" (expected qwen3_5, qwen3_5_text, "
+                "qwen3_5_moe, qwen3_5_moe_text or qwen3_next)",
                 x->path, mt);
   snprintf(c->model_type, sizeof c->model_type, "%s", mt);
   json_t *tc = json_object_get(root, "text_config");
   if (tc && !json_is_null(tc)) {
-    if (!json_is_object(tc)) return errf(x->err, x->errlen, "%s: key \"text_config\" must be an object", x->path);
+    if (!json_is_object(tc))
+      return errf(x->err, x->errlen, "%s: key \"text_config\" must be an object", x->path);
     x->t = tc;
     json_t *tmt = json_object_get(tc, "model_type");
     model_arch ta;
     if (json_is_string(tmt) && cfg_arch_of(json_string_value(tmt), &ta) == 0 && ta != c->arch)
-      return errf(x->err, x->errlen, "%s: text_config.model_type \"%s\" does not match model_type \"%s\"", x->path,
+      return errf(x->err, x->errlen,
+                  "%s: text_config.model_type \"%s\" does not match model_type \"%s\"", x->path,
                   json_string_value(tmt), mt);
   } else if (!strcmp(mt, "qwen3_5") || !strcmp(mt, "qwen3_5_moe")) {
-    return errf(x->err, x->errlen, "%s: model_type \"%s\" needs a \"text_config\" object", x->path, mt);
+    return errf(x->err, x->errlen, "%s: model_type \"%s\" needs a \"text_config\" object", x->path,
+                mt);
   }
   json_t *t = x->t;
   int next = c->arch == MODEL_ARCH_QWEN3_NEXT, moe = c->arch == MODEL_ARCH_QWEN35_MOE;
@@ -150,7 +160,8 @@ static int cfg_parse(cfg_ctx *x, model_config *c) {
   rc |= cfg_int(x, t, "vocab_size", next ? 151936 : 248320, &c->vocab_size);
   if (!rc) rc |= cfg_int(x, t, "hidden_size", (next || moe) ? 2048 : 4096, &c->hidden_size);
   if (!rc) rc |= cfg_int(x, t, "num_hidden_layers", next ? 48 : moe ? 40 : 32, &c->n_layers);
-  if (!rc) rc |= cfg_int(x, t, "intermediate_size", next ? 5632 : moe ? 0 : 12288, &c->intermediate_size);
+  if (!rc)
+    rc |= cfg_int(x, t, "intermediate_size", next ? 5632 : moe ? 0 : 12288, &c->intermediate_size);
   double eps = 1e-6;
   if (!rc) rc |= cfg_num(x, t, "rms_norm_eps", 1e-6, &eps);
   c->rms_norm_eps = (float)eps;
@@ -180,15 +191,19 @@ static int cfg_parse(cfg_ctx *x, model_config *c) {
   json_t *rp = json_object_get(t, "rope_parameters");
   if (rp && !json_is_null(rp) && !json_is_object(rp))
     return errf(x->err, x->errlen, "%s: key \"rope_parameters\" must be an object", x->path);
-  if (cfg_num(x, t, "rope_theta", theta, &theta) || cfg_num(x, t, "partial_rotary_factor", prf, &prf)) return -1;
+  if (cfg_num(x, t, "rope_theta", theta, &theta) ||
+      cfg_num(x, t, "partial_rotary_factor", prf, &prf))
+    return -1;
   if (json_is_object(rp)) {
-    if (cfg_num(x, rp, "rope_theta", theta, &theta) || cfg_num(x, rp, "partial_rotary_factor", prf, &prf))
+    if (cfg_num(x, rp, "rope_theta", theta, &theta) ||
+        cfg_num(x, rp, "partial_rotary_factor", prf, &prf))
       return -1;
   }
   c->rope_theta = theta;
   c->partial_rotary_factor = (float)prf;
   if (!(theta > 0)) return errf(x->err, x->errlen, "%s: rope_theta must be positive", x->path);
-  if (!(prf > 0 && prf <= 1)) return errf(x->err, x->errlen, "%s: partial_rotary_factor must be in (0, 1]", x->path);
+  if (!(prf > 0 && prf <= 1))
+    return errf(x->err, x->errlen, "%s: partial_rotary_factor must be in (0, 1]", x->path);
   c->rot_dim = ((int)(c->head_dim * prf)) & ~1;
 
   /* --- checks --- */
@@ -210,16 +225,22 @@ static int cfg_parse(cfg_ctx *x, model_config *c) {
       {"max_position_embeddings", c->max_position_embeddings},
   };
   for (size_t i = 0; i < sizeof pos / sizeof pos[0]; i++)
-    if (pos[i].v <= 0) return errf(x->err, x->errlen, "%s: key \"%s\" must be positive (got %d)", x->path, pos[i].key, pos[i].v);
+    if (pos[i].v <= 0)
+      return errf(x->err, x->errlen, "%s: key \"%s\" must be positive (got %d)", x->path,
+                  pos[i].key, pos[i].v);
   if (c->n_layers > CONFIG_MAX_LAYERS)
-    return errf(x->err, x->errlen, "%s: num_hidden_layers %d exceeds the supported %d", x->path, c->n_layers, CONFIG_MAX_LAYERS);
+    return errf(x->err, x->errlen, "%s: num_hidden_layers %d exceeds the supported %d", x->path,
+                c->n_layers, CONFIG_MAX_LAYERS);
   if (c->n_heads % c->n_kv_heads)
-    return errf(x->err, x->errlen, "%s: num_attention_heads %d is not a multiple of num_key_value_heads %d", x->path,
+    return errf(x->err, x->errlen,
+                "%s: num_attention_heads %d is not a multiple of num_key_value_heads %d", x->path,
                 c->n_heads, c->n_kv_heads);
   if (c->lin_n_v_heads % c->lin_n_k_heads)
-    return errf(x->err, x->errlen, "%s: linear_num_value_heads %d is not a multiple of linear_num_key_heads %d", x->path,
-                c->lin_n_v_heads, c->lin_n_k_heads);
-  if (c->rms_norm_eps <= 0) return errf(x->err, x->errlen, "%s: rms_norm_eps must be positive", x->path);
+    return errf(x->err, x->errlen,
+                "%s: linear_num_value_heads %d is not a multiple of linear_num_key_heads %d",
+                x->path, c->lin_n_v_heads, c->lin_n_k_heads);
+  if (c->rms_norm_eps <= 0)
+    return errf(x->err, x->errlen, "%s: rms_norm_eps must be positive", x->path);
   /* sizes beyond any real model are refused, so that every product of two of them fits */
   const struct {
     const char *key;
@@ -239,70 +260,91 @@ static int cfg_parse(cfg_ctx *x, model_config *c) {
   };
   for (size_t i = 0; i < sizeof lim / sizeof lim[0]; i++)
     if (lim[i].v > lim[i].max)
-      return errf(x->err, x->errlen, "%s: key \"%s\" is %d, larger than any supported model (%d)", x->path,
-                  lim[i].key, lim[i].v, lim[i].max);
-  int64_t conv_dim = 2LL * c->lin_n_k_heads * c->lin_k_head_dim + (int64_t)c->lin_n_v_heads * c->lin_v_head_dim;
-  if (conv_dim > (1 << 24)) return errf(x->err, x->errlen, "%s: linear-attention sizes are too large", x->path);
+      return errf(x->err, x->errlen, "%s: key \"%s\" is %d, larger than any supported model (%d)",
+                  x->path, lim[i].key, lim[i].v, lim[i].max);
+  int64_t conv_dim =
+      2LL * c->lin_n_k_heads * c->lin_k_head_dim + (int64_t)c->lin_n_v_heads * c->lin_v_head_dim;
+  if (conv_dim > (1 << 24))
+    return errf(x->err, x->errlen, "%s: linear-attention sizes are too large", x->path);
   c->conv_dim = (int)conv_dim;
 
   /* --- layer types --- */
   json_t *lt = json_object_get(t, "layer_types");
   if (lt && !json_is_null(lt)) {
-    if (!json_is_array(lt)) return errf(x->err, x->errlen, "%s: key \"layer_types\" must be a list", x->path);
+    if (!json_is_array(lt))
+      return errf(x->err, x->errlen, "%s: key \"layer_types\" must be a list", x->path);
     if ((int)json_array_size(lt) != c->n_layers)
-      return errf(x->err, x->errlen, "%s: layer_types has %zu entries but num_hidden_layers is %d", x->path,
-                  json_array_size(lt), c->n_layers);
+      return errf(x->err, x->errlen, "%s: layer_types has %zu entries but num_hidden_layers is %d",
+                  x->path, json_array_size(lt), c->n_layers);
     for (int i = 0; i < c->n_layers; i++) {
       const char *s = json_string_value(json_array_get(lt, (size_t)i));
-      if (s && !strcmp(s, "linear_attention")) c->layer_types[i] = LAYER_KIND_LINEAR;
-      else if (s && !strcmp(s, "full_attention")) c->layer_types[i] = LAYER_KIND_FULL;
+      if (s && !strcmp(s, "linear_attention"))
+        c->layer_types[i] = LAYER_KIND_LINEAR;
+      else if (s && !strcmp(s, "full_attention"))
+        c->layer_types[i] = LAYER_KIND_FULL;
       else
-        return errf(x->err, x->errlen, "%s: layer_types[%d] is \"%.40s\" (expected linear_attention or full_attention)",
-                    x->path, i, s ? s : "(not a string)");
+        return errf(
+            x->err, x->errlen,
+            "%s: layer_types[%d] is \"%.40s\" (expected linear_attention or full_attention)",
+            x->path, i, s ? s : "(not a string)");
     }
   } else {
     int interval;
     if (cfg_int(x, t, "full_attention_interval", 4, &interval)) return -1;
-    if (interval <= 0) return errf(x->err, x->errlen, "%s: key \"full_attention_interval\" must be positive", x->path);
+    if (interval <= 0)
+      return errf(x->err, x->errlen, "%s: key \"full_attention_interval\" must be positive",
+                  x->path);
     for (int i = 0; i < c->n_layers; i++)
       c->layer_types[i] = (i + 1) % interval ? LAYER_KIND_LINEAR : LAYER_KIND_FULL;
   }
 
   /* --- MoE --- */
   memset(c->layer_is_moe, 0, sizeof c->layer_is_moe);
-  c->n_experts = c->n_experts_per_tok = c->moe_intermediate_size = c->shared_expert_intermediate_size = 0;
+  c->n_experts = c->n_experts_per_tok = c->moe_intermediate_size =
+      c->shared_expert_intermediate_size = 0;
   c->norm_topk_prob = 0;
   if (moe || next) {
     rc = cfg_int(x, t, "num_experts", moe ? 256 : 512, &c->n_experts);
     if (!rc) rc = cfg_int(x, t, "num_experts_per_tok", moe ? 8 : 10, &c->n_experts_per_tok);
     if (!rc) rc = cfg_int(x, t, "moe_intermediate_size", 512, &c->moe_intermediate_size);
-    if (!rc) rc = cfg_int(x, t, "shared_expert_intermediate_size", 512, &c->shared_expert_intermediate_size);
+    if (!rc)
+      rc = cfg_int(x, t, "shared_expert_intermediate_size", 512,
+                   &c->shared_expert_intermediate_size);
     /* Qwen3.5-MoE's router always renormalises the top-k weights; Qwen3-Next reads the key */
-    if (!rc) rc = moe ? (c->norm_topk_prob = 1, 0) : cfg_bool(x, t, "norm_topk_prob", 1, &c->norm_topk_prob);
+    if (!rc)
+      rc = moe ? (c->norm_topk_prob = 1, 0)
+               : cfg_bool(x, t, "norm_topk_prob", 1, &c->norm_topk_prob);
     if (rc) return -1;
     if (c->n_experts < 0 || c->shared_expert_intermediate_size < 0)
-      return errf(x->err, x->errlen, "%s: num_experts and shared_expert_intermediate_size must not be negative", x->path);
+      return errf(x->err, x->errlen,
+                  "%s: num_experts and shared_expert_intermediate_size must not be negative",
+                  x->path);
     if (c->n_experts > 0) {
       if (c->n_experts_per_tok <= 0 || c->n_experts_per_tok > c->n_experts)
-        return errf(x->err, x->errlen, "%s: num_experts_per_tok %d must be in 1..num_experts (%d)", x->path,
-                    c->n_experts_per_tok, c->n_experts);
+        return errf(x->err, x->errlen, "%s: num_experts_per_tok %d must be in 1..num_experts (%d)",
+                    x->path, c->n_experts_per_tok, c->n_experts);
       if (c->moe_intermediate_size <= 0)
-        return errf(x->err, x->errlen, "%s: key \"moe_intermediate_size\" must be positive", x->path);
+        return errf(x->err, x->errlen, "%s: key \"moe_intermediate_size\" must be positive",
+                    x->path);
     }
     if (moe) {
       for (int i = 0; i < c->n_layers; i++) c->layer_is_moe[i] = c->n_experts > 0;
     } else {
       int step;
       if (cfg_int(x, t, "decoder_sparse_step", 1, &step)) return -1;
-      if (step <= 0) return errf(x->err, x->errlen, "%s: key \"decoder_sparse_step\" must be positive", x->path);
-      for (int i = 0; i < c->n_layers; i++) c->layer_is_moe[i] = c->n_experts > 0 && (i + 1) % step == 0;
+      if (step <= 0)
+        return errf(x->err, x->errlen, "%s: key \"decoder_sparse_step\" must be positive", x->path);
+      for (int i = 0; i < c->n_layers; i++)
+        c->layer_is_moe[i] = c->n_experts > 0 && (i + 1) % step == 0;
       json_t *mo = json_object_get(t, "mlp_only_layers");
       if (mo && !json_is_null(mo)) {
-        if (!json_is_array(mo)) return errf(x->err, x->errlen, "%s: key \"mlp_only_layers\" must be a list", x->path);
+        if (!json_is_array(mo))
+          return errf(x->err, x->errlen, "%s: key \"mlp_only_layers\" must be a list", x->path);
         for (size_t k = 0; k < json_array_size(mo); k++) {
           json_t *e = json_array_get(mo, k);
           if (!json_is_integer(e))
-            return errf(x->err, x->errlen, "%s: mlp_only_layers[%zu] must be an integer", x->path, k);
+            return errf(x->err, x->errlen, "%s: mlp_only_layers[%zu] must be an integer", x->path,
+                        k);
           json_int_t li = json_integer_value(e);
           if (li >= 0 && li < c->n_layers) c->layer_is_moe[li] = 0;
         }
@@ -311,8 +353,8 @@ static int cfg_parse(cfg_ctx *x, model_config *c) {
   }
   for (int i = 0; i < c->n_layers; i++)
     if (!c->layer_is_moe[i] && c->intermediate_size <= 0)
-      return errf(x->err, x->errlen, "%s: layer %d has a dense MLP but intermediate_size is %d", x->path, i,
-                  c->intermediate_size);
+      return errf(x->err, x->errlen, "%s: layer %d has a dense MLP but intermediate_size is %d",
+                  x->path, i, c->intermediate_size);
 
   /* --- special tokens (text object first, then the top level) --- */
   c->n_eos = 0;
@@ -322,19 +364,22 @@ static int cfg_parse(cfg_ctx *x, model_config *c) {
       c->eos_token_ids[c->n_eos++] = (int)json_integer_value(eos);
     } else if (json_is_array(eos)) {
       if (json_array_size(eos) > CONFIG_MAX_EOS)
-        return errf(x->err, x->errlen, "%s: eos_token_id lists %zu ids (at most %d)", x->path, json_array_size(eos),
-                    CONFIG_MAX_EOS);
+        return errf(x->err, x->errlen, "%s: eos_token_id lists %zu ids (at most %d)", x->path,
+                    json_array_size(eos), CONFIG_MAX_EOS);
       for (size_t k = 0; k < json_array_size(eos); k++) {
         json_t *e = json_array_get(eos, k);
-        if (!json_is_integer(e)) return errf(x->err, x->errlen, "%s: eos_token_id[%zu] must be an integer", x->path, k);
+        if (!json_is_integer(e))
+          return errf(x->err, x->errlen, "%s: eos_token_id[%zu] must be an integer", x->path, k);
         c->eos_token_ids[c->n_eos++] = (int)json_integer_value(e);
       }
     } else {
-      return errf(x->err, x->errlen, "%s: key \"eos_token_id\" must be an integer or a list of integers", x->path);
+      return errf(x->err, x->errlen,
+                  "%s: key \"eos_token_id\" must be an integer or a list of integers", x->path);
     }
   }
   json_t *bos = cfg_get2(x, "bos_token_id");
-  if (bos && !json_is_integer(bos)) return errf(x->err, x->errlen, "%s: key \"bos_token_id\" must be an integer", x->path);
+  if (bos && !json_is_integer(bos))
+    return errf(x->err, x->errlen, "%s: key \"bos_token_id\" must be an integer", x->path);
   c->bos_token_id = bos ? (int)json_integer_value(bos) : -1;
   return 0;
 }
@@ -344,7 +389,8 @@ int config_load(const char *path, model_config *c, char *err, size_t errlen) {
   json_error_t je;
   json_t *root = json_load_file(path, 0, &je);
   if (!root) {
-    if (je.line < 0 || je.position == 0) return errf(err, errlen, "%s: cannot read: %s", path, je.text);
+    if (je.line < 0 || je.position == 0)
+      return errf(err, errlen, "%s: cannot read: %s", path, je.text);
     return errf(err, errlen, "%s: invalid JSON at line %d: %s", path, je.line, je.text);
   }
   if (!json_is_object(root)) {

@@ -35,7 +35,7 @@ typedef struct model_config {
   int rot_dim; /* = head_dim * partial_rotary_factor, rounded down to even */
 
   /* Gated DeltaNet */
-  int lin_n_k_heads, lin_n_v_heads; /* nk, nv */
+  int lin_n_k_heads, lin_n_v_heads;   /* nk, nv */
   int lin_k_head_dim, lin_v_head_dim; /* dk, dv */
   int conv_kernel;                    /* K */
   int conv_dim;                       /* 2*nk*dk + nv*dv */

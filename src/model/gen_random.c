@@ -39,9 +39,10 @@ typedef struct gen_list {
   int n, cap;
 } gen_list;
 
-static int gen_add(gen_list *l, gen_kind kind, dtype dt, int ndim, const int64_t *shape, const char *fmt, ...)
-    __attribute__((format(printf, 6, 7)));
-static int gen_add(gen_list *l, gen_kind kind, dtype dt, int ndim, const int64_t *shape, const char *fmt, ...) {
+static int gen_add(gen_list *l, gen_kind kind, dtype dt, int ndim, const int64_t *shape,
+                   const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+static int gen_add(gen_list *l, gen_kind kind, dtype dt, int ndim, const int64_t *shape,
+                   const char *fmt, ...) {
   if (l->n == l->cap) {
     int nc = l->cap ? 2 * l->cap : 256;
     gen_spec *nv = realloc(l->v, (size_t)nc * sizeof *nv);
@@ -66,14 +67,16 @@ static int gen_add(gen_list *l, gen_kind kind, dtype dt, int ndim, const int64_t
   return 0;
 }
 
-#define S(...) (int)(sizeof((const int64_t[]){__VA_ARGS__}) / sizeof(int64_t)), ((const int64_t[]){__VA_ARGS__})
+#define S(...) \
+  (int)(sizeof((const int64_t[]){__VA_ARGS__}) / sizeof(int64_t)), ((const int64_t[]){__VA_ARGS__})
 
 /* The tensor list of config c in canonical order. Returns 0, or -1 when out of memory. */
 static int gen_plan(const model_config *c, const gen_random_opts *o, gen_list *l) {
   const int64_t V = c->vocab_size, H = c->hidden_size, I = c->intermediate_size, nh = c->n_heads,
                 nkv = c->n_kv_heads, hd = c->head_dim, nk = c->lin_n_k_heads, nv = c->lin_n_v_heads,
                 dk = c->lin_k_head_dim, dv = c->lin_v_head_dim, K = c->conv_kernel, C = c->conv_dim,
-                E = c->n_experts, mI = c->moe_intermediate_size, sI = c->shared_expert_intermediate_size;
+                E = c->n_experts, mI = c->moe_intermediate_size,
+                sI = c->shared_expert_intermediate_size;
   const char *p = o->vlm_prefix ? "model.language_model." : "model.";
   dtype dt = o->dt;
   int rc = gen_add(l, GEN_KIND_MAT, dt, S(V, H), "%sembed_tokens.weight", p);
@@ -81,45 +84,66 @@ static int gen_plan(const model_config *c, const gen_random_opts *o, gen_list *l
     rc |= gen_add(l, GEN_KIND_NORM0, dt, S(H), "%slayers.%d.input_layernorm.weight", p, i);
     rc |= gen_add(l, GEN_KIND_NORM0, dt, S(H), "%slayers.%d.post_attention_layernorm.weight", p, i);
     if (c->layer_types[i] == LAYER_KIND_FULL) {
-      rc |= gen_add(l, GEN_KIND_MAT, dt, S(nh * 2 * hd, H), "%slayers.%d.self_attn.q_proj.weight", p, i);
-      rc |= gen_add(l, GEN_KIND_MAT, dt, S(nkv * hd, H), "%slayers.%d.self_attn.k_proj.weight", p, i);
-      rc |= gen_add(l, GEN_KIND_MAT, dt, S(nkv * hd, H), "%slayers.%d.self_attn.v_proj.weight", p, i);
-      rc |= gen_add(l, GEN_KIND_MAT, dt, S(H, nh * hd), "%slayers.%d.self_attn.o_proj.weight", p, i);
+      rc |= gen_add(l, GEN_KIND_MAT, dt, S(nh * 2 * hd, H), "%slayers.%d.self_attn.q_proj.weight",
+                    p, i);
+      rc |=
+          gen_add(l, GEN_KIND_MAT, dt, S(nkv * hd, H), "%slayers.%d.self_attn.k_proj.weight", p, i);
+      rc |=
+          gen_add(l, GEN_KIND_MAT, dt, S(nkv * hd, H), "%slayers.%d.self_attn.v_proj.weight", p, i);
+      rc |=
+          gen_add(l, GEN_KIND_MAT, dt, S(H, nh * hd), "%slayers.%d.self_attn.o_proj.weight", p, i);
       rc |= gen_add(l, GEN_KIND_NORM0, dt, S(hd), "%slayers.%d.self_attn.q_norm.weight", p, i);
       rc |= gen_add(l, GEN_KIND_NORM0, dt, S(hd), "%slayers.%d.self_attn.k_norm.weight", p, i);
     } else {
       if (o->next_fused) {
-        rc |= gen_add(l, GEN_KIND_MAT, dt, S(2 * nk * dk + 2 * nv * dv, H), "%slayers.%d.linear_attn.in_proj_qkvz.weight", p, i);
-        rc |= gen_add(l, GEN_KIND_MAT, dt, S(2 * nv, H), "%slayers.%d.linear_attn.in_proj_ba.weight", p, i);
+        rc |= gen_add(l, GEN_KIND_MAT, dt, S(2 * nk * dk + 2 * nv * dv, H),
+                      "%slayers.%d.linear_attn.in_proj_qkvz.weight", p, i);
+        rc |= gen_add(l, GEN_KIND_MAT, dt, S(2 * nv, H),
+                      "%slayers.%d.linear_attn.in_proj_ba.weight", p, i);
       } else {
-        rc |= gen_add(l, GEN_KIND_MAT, dt, S(C, H), "%slayers.%d.linear_attn.in_proj_qkv.weight", p, i);
-        rc |= gen_add(l, GEN_KIND_MAT, dt, S(nv * dv, H), "%slayers.%d.linear_attn.in_proj_z.weight", p, i);
-        rc |= gen_add(l, GEN_KIND_MAT, dt, S(nv, H), "%slayers.%d.linear_attn.in_proj_b.weight", p, i);
-        rc |= gen_add(l, GEN_KIND_MAT, dt, S(nv, H), "%slayers.%d.linear_attn.in_proj_a.weight", p, i);
+        rc |= gen_add(l, GEN_KIND_MAT, dt, S(C, H), "%slayers.%d.linear_attn.in_proj_qkv.weight", p,
+                      i);
+        rc |= gen_add(l, GEN_KIND_MAT, dt, S(nv * dv, H),
+                      "%slayers.%d.linear_attn.in_proj_z.weight", p, i);
+        rc |= gen_add(l, GEN_KIND_MAT, dt, S(nv, H), "%slayers.%d.linear_attn.in_proj_b.weight", p,
+                      i);
+        rc |= gen_add(l, GEN_KIND_MAT, dt, S(nv, H), "%slayers.%d.linear_attn.in_proj_a.weight", p,
+                      i);
       }
-      rc |= gen_add(l, GEN_KIND_CONV, dt, S(C, 1, K), "%slayers.%d.linear_attn.conv1d.weight", p, i);
+      rc |=
+          gen_add(l, GEN_KIND_CONV, dt, S(C, 1, K), "%slayers.%d.linear_attn.conv1d.weight", p, i);
       rc |= gen_add(l, GEN_KIND_DT, dt, S(nv), "%slayers.%d.linear_attn.dt_bias", p, i);
       rc |= gen_add(l, GEN_KIND_ALOG, DTYPE_F32, S(nv), "%slayers.%d.linear_attn.A_log", p, i);
-      rc |= gen_add(l, GEN_KIND_NORM1, DTYPE_F32, S(dv), "%slayers.%d.linear_attn.norm.weight", p, i);
-      rc |= gen_add(l, GEN_KIND_MAT, dt, S(H, nv * dv), "%slayers.%d.linear_attn.out_proj.weight", p, i);
+      rc |=
+          gen_add(l, GEN_KIND_NORM1, DTYPE_F32, S(dv), "%slayers.%d.linear_attn.norm.weight", p, i);
+      rc |= gen_add(l, GEN_KIND_MAT, dt, S(H, nv * dv), "%slayers.%d.linear_attn.out_proj.weight",
+                    p, i);
     }
     if (c->layer_is_moe[i]) {
       rc |= gen_add(l, GEN_KIND_MAT, dt, S(E, H), "%slayers.%d.mlp.gate.weight", p, i);
       if (o->experts == GEN_RANDOM_EXPERTS_FUSED) {
-        rc |= gen_add(l, GEN_KIND_MAT, dt, S(E, 2 * mI, H), "%slayers.%d.mlp.experts.gate_up_proj", p, i);
+        rc |= gen_add(l, GEN_KIND_MAT, dt, S(E, 2 * mI, H), "%slayers.%d.mlp.experts.gate_up_proj",
+                      p, i);
         rc |= gen_add(l, GEN_KIND_MAT, dt, S(E, H, mI), "%slayers.%d.mlp.experts.down_proj", p, i);
       } else {
         for (int64_t e = 0; e < E; e++) {
-          rc |= gen_add(l, GEN_KIND_MAT, dt, S(mI, H), "%slayers.%d.mlp.experts.%lld.gate_proj.weight", p, i, (long long)e);
-          rc |= gen_add(l, GEN_KIND_MAT, dt, S(mI, H), "%slayers.%d.mlp.experts.%lld.up_proj.weight", p, i, (long long)e);
-          rc |= gen_add(l, GEN_KIND_MAT, dt, S(H, mI), "%slayers.%d.mlp.experts.%lld.down_proj.weight", p, i, (long long)e);
+          rc |= gen_add(l, GEN_KIND_MAT, dt, S(mI, H),
+                        "%slayers.%d.mlp.experts.%lld.gate_proj.weight", p, i, (long long)e);
+          rc |= gen_add(l, GEN_KIND_MAT, dt, S(mI, H),
+                        "%slayers.%d.mlp.experts.%lld.up_proj.weight", p, i, (long long)e);
+          rc |= gen_add(l, GEN_KIND_MAT, dt, S(H, mI),
+                        "%slayers.%d.mlp.experts.%lld.down_proj.weight", p, i, (long long)e);
         }
       }
       if (sI > 0) {
-        rc |= gen_add(l, GEN_KIND_MAT, dt, S(sI, H), "%slayers.%d.mlp.shared_expert.gate_proj.weight", p, i);
-        rc |= gen_add(l, GEN_KIND_MAT, dt, S(sI, H), "%slayers.%d.mlp.shared_expert.up_proj.weight", p, i);
-        rc |= gen_add(l, GEN_KIND_MAT, dt, S(H, sI), "%slayers.%d.mlp.shared_expert.down_proj.weight", p, i);
-        rc |= gen_add(l, GEN_KIND_MAT, dt, S(1, H), "%slayers.%d.mlp.shared_expert_gate.weight", p, i);
+        rc |= gen_add(l, GEN_KIND_MAT, dt, S(sI, H),
+                      "%slayers.%d.mlp.shared_expert.gate_proj.weight", p, i);
+        rc |= gen_add(l, GEN_KIND_MAT, dt, S(sI, H), "%slayers.%d.mlp.shared_expert.up_proj.weight",
+                      p, i);
+        rc |= gen_add(l, GEN_KIND_MAT, dt, S(H, sI),
+                      "%slayers.%d.mlp.shared_expert.down_proj.weight", p, i);
+        rc |= gen_add(l, GEN_KIND_MAT, dt, S(1, H), "%slayers.%d.mlp.shared_expert_gate.weight", p,
+                      i);
       }
     } else {
       rc |= gen_add(l, GEN_KIND_MAT, dt, S(I, H), "%slayers.%d.mlp.gate_proj.weight", p, i);
@@ -128,7 +152,8 @@ static int gen_plan(const model_config *c, const gen_random_opts *o, gen_list *l
     }
   }
   if (rc == 0) rc |= gen_add(l, GEN_KIND_NORM0, dt, S(H), "%snorm.weight", p);
-  if (rc == 0 && !c->tie_word_embeddings) rc |= gen_add(l, GEN_KIND_MAT, dt, S(V, H), "lm_head.weight");
+  if (rc == 0 && !c->tie_word_embeddings)
+    rc |= gen_add(l, GEN_KIND_MAT, dt, S(V, H), "lm_head.weight");
   return rc ? -1 : 0;
 }
 
@@ -164,7 +189,9 @@ static void gen_seed(gen_rng *r, uint64_t seed, uint64_t tensor, uint64_t chunk)
 }
 
 /* Uniform in [-1, 1). */
-static inline float gen_sym(gen_rng *r) { return (float)(gen_next(r) >> 40) * (1.0f / 8388608.0f) - 1.0f; }
+static inline float gen_sym(gen_rng *r) {
+  return (float)(gen_next(r) >> 40) * (1.0f / 8388608.0f) - 1.0f;
+}
 
 static inline uint16_t gen_to_bf16(float f) {
   uint32_t u;
@@ -195,12 +222,17 @@ static inline uint16_t gen_to_f16(float f) {
 
 static inline float gen_value(gen_rng *r, gen_kind k) {
   switch (k) {
-    case GEN_KIND_MAT: return 0.02f * 1.7320508f * gen_sym(r);
-    case GEN_KIND_NORM0: return 0.1f * gen_sym(r);
+    case GEN_KIND_MAT:
+      return 0.02f * 1.7320508f * gen_sym(r);
+    case GEN_KIND_NORM0:
+      return 0.1f * gen_sym(r);
     case GEN_KIND_NORM1:
-    case GEN_KIND_DT: return 1.0f + 0.1f * gen_sym(r);
-    case GEN_KIND_ALOG: return logf(1.0f + 7.5f * (gen_sym(r) + 1.0f));
-    case GEN_KIND_CONV: return 0.2f * 1.7320508f * gen_sym(r);
+    case GEN_KIND_DT:
+      return 1.0f + 0.1f * gen_sym(r);
+    case GEN_KIND_ALOG:
+      return logf(1.0f + 7.5f * (gen_sym(r) + 1.0f));
+    case GEN_KIND_CONV:
+      return 0.2f * 1.7320508f * gen_sym(r);
   }
   return 0.0f;
 }
@@ -224,7 +256,8 @@ static void *gen_worker(void *arg) {
   void *buf = malloc((size_t)GEN_RANDOM_CHUNK * 4);
   if (!buf) {
     pthread_mutex_lock(&j->err_mu);
-    if (!atomic_exchange(&j->failed, 1)) snprintf(j->err, sizeof j->err, "out of memory in gen-random");
+    if (!atomic_exchange(&j->failed, 1))
+      snprintf(j->err, sizeof j->err, "out of memory in gen-random");
     pthread_mutex_unlock(&j->err_mu);
     return NULL;
   }
@@ -235,8 +268,10 @@ static void *gen_worker(void *arg) {
     int lo = 0, hi = j->l->n - 1; /* tensor t with first_chunk[t] <= job < first_chunk[t+1] */
     while (lo < hi) {
       int mid = (lo + hi + 1) / 2;
-      if (j->first_chunk[mid] <= job) lo = mid;
-      else hi = mid - 1;
+      if (j->first_chunk[mid] <= job)
+        lo = mid;
+      else
+        hi = mid - 1;
     }
     const gen_spec *s = &j->l->v[lo];
     int64_t chunk = job - j->first_chunk[lo], e0 = chunk * GEN_RANDOM_CHUNK;
@@ -272,18 +307,21 @@ static void *gen_worker(void *arg) {
 
 static int gen_mkdirs(const char *dir, char *err, size_t errlen) {
   char p[1024];
-  if (snprintf(p, sizeof p, "%s", dir) >= (int)sizeof p) return errf(err, errlen, "%s: path too long", dir);
+  if (snprintf(p, sizeof p, "%s", dir) >= (int)sizeof p)
+    return errf(err, errlen, "%s: path too long", dir);
   for (char *q = p + 1;; q++) {
     if (*q == '/' || *q == 0) {
       char was = *q;
       *q = 0;
-      if (mkdir(p, 0755) != 0 && errno != EEXIST) return errf(err, errlen, "%s: cannot create: %s", p, strerror(errno));
+      if (mkdir(p, 0755) != 0 && errno != EEXIST)
+        return errf(err, errlen, "%s: cannot create: %s", p, strerror(errno));
       *q = was;
       if (!was) break;
     }
   }
   struct stat sb;
-  if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode)) return errf(err, errlen, "%s: not a folder", dir);
+  if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode))
+    return errf(err, errlen, "%s: not a folder", dir);
   return 0;
 }
 
@@ -308,15 +346,19 @@ static int gen_copy_file(const char *src, const char *dst, char *err, size_t err
 }
 
 int gen_random_parse_dtype(const char *s, dtype *out) {
-  if (!strcmp(s, "bf16") || !strcmp(s, "bfloat16")) *out = DTYPE_BF16;
-  else if (!strcmp(s, "f16") || !strcmp(s, "float16") || !strcmp(s, "fp16")) *out = DTYPE_F16;
-  else if (!strcmp(s, "f32") || !strcmp(s, "float32") || !strcmp(s, "fp32")) *out = DTYPE_F32;
-  else return -1;
+  if (!strcmp(s, "bf16") || !strcmp(s, "bfloat16"))
+    *out = DTYPE_BF16;
+  else if (!strcmp(s, "f16") || !strcmp(s, "float16") || !strcmp(s, "fp16"))
+    *out = DTYPE_F16;
+  else if (!strcmp(s, "f32") || !strcmp(s, "float32") || !strcmp(s, "fp32"))
+    *out = DTYPE_F32;
+  else
+    return -1;
   return 0;
 }
 
-int gen_random_write(const char *config_path, const char *out_dir, const gen_random_opts *o, char *err,
-                     size_t errlen) {
+int gen_random_write(const char *config_path, const char *out_dir, const gen_random_opts *o,
+                     char *err, size_t errlen) {
   model_config *c = malloc(sizeof *c);
   if (!c) return errf(err, errlen, "out of memory");
   if (config_load(config_path, c, err, errlen)) {
@@ -391,8 +433,8 @@ int gen_random_write(const char *config_path, const char *out_dir, const gen_ran
   if (rc == 0 && !o->quiet) {
     clock_gettime(CLOCK_MONOTONIC, &t1);
     double secs = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
-    printf("gen-random: wrote %s (%d tensors, %.3f B params, %s) in %.1f s\n", out_dir, l.n, (double)params / 1e9,
-           dtype_name(o->dt), secs);
+    printf("gen-random: wrote %s (%d tensors, %.3f B params, %s) in %.1f s\n", out_dir, l.n,
+           (double)params / 1e9, dtype_name(o->dt), secs);
   }
 done:
   if (w) st_writer_close(w, NULL, 0);

@@ -28,18 +28,18 @@ typedef enum {
 typedef struct gen_random_opts {
   uint64_t seed;
   dtype dt;
-  int threads;                  /* 0: one per online CPU */
-  gen_random_experts experts;   /* MoE layout */
-  int next_fused;               /* 1: Qwen3-Next fused in_proj_qkvz / in_proj_ba instead */
-  int vlm_prefix;               /* 1: names under model.language_model. */
-  int quiet;                    /* 1: no summary line on stdout */
+  int threads;                /* 0: one per online CPU */
+  gen_random_experts experts; /* MoE layout */
+  int next_fused;             /* 1: Qwen3-Next fused in_proj_qkvz / in_proj_ba instead */
+  int vlm_prefix;             /* 1: names under model.language_model. */
+  int quiet;                  /* 1: no summary line on stdout */
 } gen_random_opts;
 
 /* Writes out_dir/config.json (a byte copy of config_path) and out_dir/model.safetensors,
  * creating out_dir (and its parents) when missing. Returns 0, or -1 with one line in err
  * (bad config, unwritable folder, disk full). */
-int gen_random_write(const char *config_path, const char *out_dir, const gen_random_opts *o, char *err,
-                     size_t errlen);
+int gen_random_write(const char *config_path, const char *out_dir, const gen_random_opts *o,
+                     char *err, size_t errlen);
 
 /* Dtype named by a config.json's "dtype" / "torch_dtype" ("bfloat16", "float16", "float32")
  * or by a flag ("bf16", "f16", "f32"). Returns 0, or -1 when unknown. */

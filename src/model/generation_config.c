@@ -20,7 +20,8 @@ static int gc_num(const json_t *o, const char *key, double lo, int lo_open, doub
   if (!json_is_number(v)) return errf(err, errlen, "%s: '%s' must be a number", path, key);
   double d = json_number_value(v);
   if (!isfinite(d) || d < lo || (lo_open && d <= lo) || d > hi)
-    return errf(err, errlen, "%s: '%s' is %g, outside %s%g, %g]", path, key, d, lo_open ? "(" : "[", lo, hi);
+    return errf(err, errlen, "%s: '%s' is %g, outside %s%g, %g]", path, key, d, lo_open ? "(" : "[",
+                lo, hi);
   *out = d;
   return 1;
 }
@@ -32,7 +33,8 @@ static int gc_int(const json_t *o, const char *key, long long lo, long long hi, 
   if (!v || json_is_null(v)) return 0;
   if (!json_is_integer(v)) return errf(err, errlen, "%s: '%s' must be an integer", path, key);
   long long x = json_integer_value(v);
-  if (x < lo || x > hi) return errf(err, errlen, "%s: '%s' is %lld, outside [%lld, %lld]", path, key, x, lo, hi);
+  if (x < lo || x > hi)
+    return errf(err, errlen, "%s: '%s' is %lld, outside [%lld, %lld]", path, key, x, lo, hi);
   *out = x;
   return 1;
 }
@@ -98,7 +100,8 @@ int generation_config_max_tokens(const generation_config *gc, int avail) {
 }
 
 /* Appends to buf (n bytes, *o used), truncating. */
-static void gc_put(char *buf, size_t n, size_t *o, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static void gc_put(char *buf, size_t n, size_t *o, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
 static void gc_put(char *buf, size_t n, size_t *o, const char *fmt, ...) {
   if (*o + 1 >= n) return;
   va_list ap;
@@ -112,11 +115,15 @@ void generation_config_describe(const generation_config *gc, char *buf, size_t n
   if (!n) return;
   buf[0] = 0;
   size_t o = 0;
-  if (gc->has & SAMPLING_SET_TEMPERATURE) gc_put(buf, n, &o, "%stemperature=%g", o ? " " : "", (double)gc->temperature);
-  if (gc->has & SAMPLING_SET_TOP_P) gc_put(buf, n, &o, "%stop_p=%g", o ? " " : "", (double)gc->top_p);
+  if (gc->has & SAMPLING_SET_TEMPERATURE)
+    gc_put(buf, n, &o, "%stemperature=%g", o ? " " : "", (double)gc->temperature);
+  if (gc->has & SAMPLING_SET_TOP_P)
+    gc_put(buf, n, &o, "%stop_p=%g", o ? " " : "", (double)gc->top_p);
   if (gc->has & SAMPLING_SET_TOP_K) gc_put(buf, n, &o, "%stop_k=%d", o ? " " : "", gc->top_k);
-  if (gc->has & SAMPLING_SET_MIN_P) gc_put(buf, n, &o, "%smin_p=%g", o ? " " : "", (double)gc->min_p);
+  if (gc->has & SAMPLING_SET_MIN_P)
+    gc_put(buf, n, &o, "%smin_p=%g", o ? " " : "", (double)gc->min_p);
   if (gc->has & SAMPLING_SET_REPETITION_PENALTY)
     gc_put(buf, n, &o, "%srepetition_penalty=%g", o ? " " : "", (double)gc->repetition_penalty);
-  if (gc->has & SAMPLING_SET_MAX_TOKENS) gc_put(buf, n, &o, "%smax_tokens=%d", o ? " " : "", gc->max_new_tokens);
+  if (gc->has & SAMPLING_SET_MAX_TOKENS)
+    gc_put(buf, n, &o, "%smax_tokens=%d", o ? " " : "", gc->max_new_tokens);
 }

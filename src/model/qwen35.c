@@ -53,9 +53,9 @@ struct qwen35 {
   /* scratch, [cap, width] */
   int cap, logits_cap;
   backend_buf x, xn, mix, qg, q, gate, k, v, att, qkv, conv_out, z, bb, aa, beta, g, o, fg, fu;
-  backend_buf logits; /* F32 [logits_cap, V] */
-  backend_buf ids;    /* I32 [logits_cap]: the greedy or sampled step's token ids (when be->argmax
-                         or be->sample) */
+  backend_buf logits;  /* F32 [logits_cap, V] */
+  backend_buf ids;     /* I32 [logits_cap]: the greedy or sampled step's token ids (when be->argmax
+                          or be->sample) */
   backend_buf sparams; /* I32 [logits_cap * QWEN35_SAMPLE_ROW_WORDS]: a sampled step's words */
   /* qwen35_sample_start's host copies of the words (host_alloc memory, used in turn: a step's
    * copy is read by the device after the call returned, while the next step's is written) */
@@ -64,7 +64,7 @@ struct qwen35 {
   int sstage_k;      /* the one the next call writes */
   /* the last issued step's shape (step_key): a step of the same shape issues the same ops */
   int key[7], key_set;
-  unsigned bufs_gen; /* bumped when scratch or logits buffers are reallocated */
+  unsigned bufs_gen;   /* bumped when scratch or logits buffers are reallocated */
   int n_packed;        /* weights with a packed copy (qwen35_mem_opts.packed) */
   size_t packed_bytes; /* ... the copies' bytes (in weight_bytes too) */
   size_t packed_over;  /* ... and the weights' own bytes */
@@ -100,9 +100,9 @@ static int alloc_buf(qwen35 *m, backend_buf *b, backend_kind kind, size_t n, cha
 
 static void free_scratch(qwen35 *m) {
   backend *be = m->be;
-  backend_buf *bufs[] = {&m->x,   &m->xn,  &m->mix, &m->qg,       &m->q,  &m->gate, &m->k,
-                         &m->v,   &m->att, &m->qkv, &m->conv_out, &m->z,  &m->bb,   &m->aa,
-                         &m->beta, &m->g,  &m->o,   &m->fg,       &m->fu};
+  backend_buf *bufs[] = {&m->x,    &m->xn,  &m->mix, &m->qg,       &m->q, &m->gate, &m->k,
+                         &m->v,    &m->att, &m->qkv, &m->conv_out, &m->z, &m->bb,   &m->aa,
+                         &m->beta, &m->g,   &m->o,   &m->fg,       &m->fu};
   for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
     be->free(be, *bufs[i]);
     *bufs[i] = NULL;
@@ -116,7 +116,8 @@ static int ensure_scratch(qwen35 *m, int T, char *err, size_t errlen) {
   const model_config *c = m->c;
   size_t n = (size_t)T;
   size_t H = (size_t)c->hidden_size, nhd = (size_t)c->n_heads * c->head_dim;
-  size_t kvd = (size_t)c->n_kv_heads * c->head_dim, vd = (size_t)c->lin_n_v_heads * c->lin_v_head_dim;
+  size_t kvd = (size_t)c->n_kv_heads * c->head_dim,
+         vd = (size_t)c->lin_n_v_heads * c->lin_v_head_dim;
   size_t I = (size_t)c->intermediate_size;
   if (I < 1) I = 1;
   int rc = 0;
@@ -159,9 +160,8 @@ static int ensure_logits(qwen35 *m, int n, char *err, size_t errlen) {
     return -1;
   if (((m->be->argmax || m->be->sample) &&
        alloc_buf(m, &m->ids, BACKEND_KIND_I32, (size_t)n, err, errlen)) ||
-      (m->be->sample &&
-       alloc_buf(m, &m->sparams, BACKEND_KIND_I32, (size_t)n * QWEN35_SAMPLE_ROW_WORDS, err,
-                 errlen))) {
+      (m->be->sample && alloc_buf(m, &m->sparams, BACKEND_KIND_I32,
+                                  (size_t)n * QWEN35_SAMPLE_ROW_WORDS, err, errlen))) {
     m->be->free(m->be, m->logits);
     m->be->free(m->be, m->ids);
     m->logits = m->ids = NULL;
@@ -227,11 +227,12 @@ static int init_layer(qwen35 *m, int i, const layer_weights *lw, char *err, size
     int E = c->n_experts, I = c->moe_intermediate_size, Is = c->shared_expert_intermediate_size;
     L->experts = calloc((size_t)3 * E, sizeof *L->experts);
     if (!L->experts) return errf(err, errlen, "out of memory");
-    if (upload_as(m, &lw->router, E, H, "mlp.gate", i, 1, &L->moe.router, err, errlen))
-      return -1;
+    if (upload_as(m, &lw->router, E, H, "mlp.gate", i, 1, &L->moe.router, err, errlen)) return -1;
     for (int e = 0; e < E; e++)
-      if (upload(m, &lw->experts[e].gate, I, H, "expert gate_proj", i, &L->experts[e], err, errlen) ||
-          upload(m, &lw->experts[e].up, I, H, "expert up_proj", i, &L->experts[E + e], err, errlen) ||
+      if (upload(m, &lw->experts[e].gate, I, H, "expert gate_proj", i, &L->experts[e], err,
+                 errlen) ||
+          upload(m, &lw->experts[e].up, I, H, "expert up_proj", i, &L->experts[E + e], err,
+                 errlen) ||
           upload(m, &lw->experts[e].down, H, I, "expert down_proj", i, &L->experts[2 * E + e], err,
                  errlen))
         return -1;
@@ -243,14 +244,14 @@ static int init_layer(qwen35 *m, int i, const layer_weights *lw, char *err, size
     L->moe.gate = L->experts;
     L->moe.up = L->experts + E;
     L->moe.down = L->experts + 2 * E;
-    if (Is > 0 &&
-        (upload(m, &lw->shared_gate, Is, H, "shared_expert.gate_proj", i, &L->moe.shared_gate, err,
-                errlen) ||
-         upload(m, &lw->shared_up, Is, H, "shared_expert.up_proj", i, &L->moe.shared_up, err, errlen) ||
-         upload(m, &lw->shared_down, H, Is, "shared_expert.down_proj", i, &L->moe.shared_down, err,
-                errlen) ||
-         upload(m, &lw->shared_expert_gate, 1, H, "shared_expert_gate", i,
-                &L->moe.shared_expert_gate, err, errlen)))
+    if (Is > 0 && (upload(m, &lw->shared_gate, Is, H, "shared_expert.gate_proj", i,
+                          &L->moe.shared_gate, err, errlen) ||
+                   upload(m, &lw->shared_up, Is, H, "shared_expert.up_proj", i, &L->moe.shared_up,
+                          err, errlen) ||
+                   upload(m, &lw->shared_down, H, Is, "shared_expert.down_proj", i,
+                          &L->moe.shared_down, err, errlen) ||
+                   upload(m, &lw->shared_expert_gate, 1, H, "shared_expert_gate", i,
+                          &L->moe.shared_expert_gate, err, errlen)))
       return -1;
   } else {
     int64_t I = c->intermediate_size;
@@ -265,7 +266,7 @@ static int init_layer(qwen35 *m, int i, const layer_weights *lw, char *err, size
 /* The dense layers' product weights, as layer_products lists them. */
 #define QWEN35_PRODUCTS 9
 static int layer_products(const q_layer *L, backend_weight *ws) {
-  backend_weight all[QWEN35_PRODUCTS] = {L->q_proj, L->k_proj, L->v_proj, L->o_proj, L->in_qkv,
+  backend_weight all[QWEN35_PRODUCTS] = {L->q_proj, L->k_proj, L->v_proj, L->o_proj,  L->in_qkv,
                                          L->in_z,   L->in_b,   L->in_a,   L->out_proj};
   int n = 0;
   for (int k = 0; k < QWEN35_PRODUCTS; k++)
@@ -291,8 +292,10 @@ static void pack_layers(qwen35 *m) {
       size_t own = be->weight_bytes(be, ws[k]);
       long long b = be->weight_pack(be, ws[k]);
       if (b < 0) {
-        log_warn("qwen35: out of device memory for the packed weight copies after %d of them: "
-                 "the rest stay unpacked", m->n_packed);
+        log_warn(
+            "qwen35: out of device memory for the packed weight copies after %d of them: "
+            "the rest stay unpacked",
+            m->n_packed);
         return;
       }
       if (b > 0) {
@@ -304,8 +307,8 @@ static void pack_layers(qwen35 *m) {
     }
   }
   if (m->n_packed)
-    log_info("qwen35: packed copies of %d product weights for decode steps, %.0f MiB",
-             m->n_packed, (double)m->packed_bytes / 1048576.0);
+    log_info("qwen35: packed copies of %d product weights for decode steps, %.0f MiB", m->n_packed,
+             (double)m->packed_bytes / 1048576.0);
 }
 
 static double packed_tensor_bytes(const tensor *t) {
@@ -319,9 +322,8 @@ double qwen35_packed_bytes(const model_config *c, const model_weights *w) {
   double b = 0;
   for (int i = 0; i < c->n_layers; i++) {
     const layer_weights *L = &w->layers[i];
-    const tensor *ts[] = {&L->q_proj,    &L->k_proj,    &L->v_proj,    &L->o_proj,
-                          &L->in_proj_qkv, &L->in_proj_z, &L->in_proj_b, &L->in_proj_a,
-                          &L->out_proj};
+    const tensor *ts[] = {&L->q_proj,    &L->k_proj,    &L->v_proj,    &L->o_proj,  &L->in_proj_qkv,
+                          &L->in_proj_z, &L->in_proj_b, &L->in_proj_a, &L->out_proj};
     for (size_t k = 0; k < sizeof ts / sizeof *ts; k++) b += packed_tensor_bytes(ts[k]);
     if (!c->layer_is_moe[i])
       b += packed_tensor_bytes(&L->gate_proj) + packed_tensor_bytes(&L->up_proj) +
@@ -342,14 +344,14 @@ int qwen35_init(qwen35 **out, const model_config *c, const model_weights *w, bac
   if (c->n_layers < 1 || c->n_layers > CONFIG_MAX_LAYERS || c->hidden_size < 1)
     return errf(err, errlen, "unsupported config: %d layers, hidden size %d", c->n_layers,
                 c->hidden_size);
-  if (config_n_full_layers(c) > 0 &&
-      (c->n_kv_heads < 1 || c->n_heads % c->n_kv_heads || c->rot_dim > c->head_dim ||
-       c->rot_dim % 2))
+  if (config_n_full_layers(c) > 0 && (c->n_kv_heads < 1 || c->n_heads % c->n_kv_heads ||
+                                      c->rot_dim > c->head_dim || c->rot_dim % 2))
     return errf(err, errlen, "unsupported attention config (heads %d/%d, rot %d, head_dim %d)",
                 c->n_heads, c->n_kv_heads, c->rot_dim, c->head_dim);
   if (config_n_linear_layers(c) > 0 &&
       (c->lin_n_k_heads < 1 || c->lin_n_v_heads % c->lin_n_k_heads || c->conv_kernel < 1 ||
-       c->conv_dim != 2 * c->lin_n_k_heads * c->lin_k_head_dim + c->lin_n_v_heads * c->lin_v_head_dim))
+       c->conv_dim !=
+           2 * c->lin_n_k_heads * c->lin_k_head_dim + c->lin_n_v_heads * c->lin_v_head_dim))
     return errf(err, errlen, "unsupported linear-attention config (heads %d/%d)", c->lin_n_k_heads,
                 c->lin_n_v_heads);
   if (o->n_pages < 1 || o->n_slots < 1)
@@ -394,12 +396,31 @@ void qwen35_free(qwen35 *m) {
   if (m->L) {
     for (int i = 0; i < m->c->n_layers; i++) {
       q_layer *L = &m->L[i];
-      backend_weight ws[] = {L->input_norm, L->post_norm, L->q_proj,  L->k_proj, L->v_proj,
-                             L->o_proj,     L->q_norm,    L->k_norm,  L->in_qkv, L->in_z,
-                             L->in_b,       L->in_a,      L->conv1d,  L->dt_bias, L->A_log,
-                             L->lin_norm,   L->out_proj,  L->gate,    L->up,     L->down,
-                             L->moe.router, L->moe.shared_gate, L->moe.shared_up,
-                             L->moe.shared_down, L->moe.shared_expert_gate};
+      backend_weight ws[] = {L->input_norm,
+                             L->post_norm,
+                             L->q_proj,
+                             L->k_proj,
+                             L->v_proj,
+                             L->o_proj,
+                             L->q_norm,
+                             L->k_norm,
+                             L->in_qkv,
+                             L->in_z,
+                             L->in_b,
+                             L->in_a,
+                             L->conv1d,
+                             L->dt_bias,
+                             L->A_log,
+                             L->lin_norm,
+                             L->out_proj,
+                             L->gate,
+                             L->up,
+                             L->down,
+                             L->moe.router,
+                             L->moe.shared_gate,
+                             L->moe.shared_up,
+                             L->moe.shared_down,
+                             L->moe.shared_expert_gate};
       for (size_t k = 0; k < sizeof ws / sizeof ws[0]; k++) be->weight_free(be, ws[k]);
       if (L->experts)
         for (int e = 0; e < 3 * m->c->n_experts; e++) be->weight_free(be, L->experts[e]);
@@ -511,13 +532,15 @@ static int forward_issue(qwen35 *m, const fwd_seq *seqs, int n_seqs, int mode, i
     if (need > max_pages) max_pages = need;
     T += q->n_tokens;
     n_out += q->logits == QWEN35_LOGITS_ALL ? q->n_tokens : q->logits == QWEN35_LOGITS_LAST ? 1 : 0;
-    if (q->n_tokens > 1) any_prefill = 1;
-    else any_decode = 1;
+    if (q->n_tokens > 1)
+      any_prefill = 1;
+    else
+      any_decode = 1;
   }
   /* batch metadata */
   size_t S = (size_t)n_seqs;
-  int32_t *arr = malloc((3 * (size_t)T + 5 * S + S * (size_t)max_pages + (size_t)n_out + 1) *
-                        sizeof *arr);
+  int32_t *arr =
+      malloc((3 * (size_t)T + 5 * S + S * (size_t)max_pages + (size_t)n_out + 1) * sizeof *arr);
   if (!arr) return errf(err, errlen, "out of memory");
   backend_batch b = {0};
   int32_t *tok = arr, *pos = tok + T, *seq = pos + T, *st = seq + T, *ln = st + S, *sp = ln + S,
@@ -535,7 +558,8 @@ static int forward_issue(qwen35 *m, const fwd_seq *seqs, int n_seqs, int mode, i
       tok[row] = chained ? 0 : q->tokens[t];
       pos[row] = q->pos + t;
       seq[row] = s;
-      if (q->logits == QWEN35_LOGITS_ALL || (q->logits == QWEN35_LOGITS_LAST && t == q->n_tokens - 1))
+      if (q->logits == QWEN35_LOGITS_ALL ||
+          (q->logits == QWEN35_LOGITS_LAST && t == q->n_tokens - 1))
         orow[oi++] = row;
     }
   }
@@ -643,7 +667,8 @@ static int sample_rows(const qwen35 *m, const fwd_seq *seqs, int n_seqs, int n_w
   if (!m->be->sample) return errf(err, errlen, "backend %s has no sample op", m->be->name);
   int n = 0;
   for (int s = 0; s < n_seqs; s++)
-    n += seqs[s].logits == QWEN35_LOGITS_ALL ? seqs[s].n_tokens : seqs[s].logits == QWEN35_LOGITS_LAST;
+    n += seqs[s].logits == QWEN35_LOGITS_ALL ? seqs[s].n_tokens
+                                             : seqs[s].logits == QWEN35_LOGITS_LAST;
   if (n_words < n * SAMPLE_RULE_WORDS || n_words > n * QWEN35_SAMPLE_ROW_WORDS)
     return errf(err, errlen, "%d sampling words for %d rows", n_words, n);
   return n;
@@ -681,8 +706,8 @@ static int step_start(qwen35 *m, const fwd_seq *seqs, int n_seqs, int mode, int 
   if (forward_issue(m, seqs, n_seqs, mode, chained, &n_out, err, errlen)) return -1;
   *ticket = be->read_start(be, m->ids, 0, ids, (size_t)(n_out > 0 ? n_out : 0) * sizeof *ids);
   if (*ticket < 0) {
-    if (be->sync(be, err, errlen) == 0) errf(err, errlen, "backend %s: reading token ids failed",
-                                             be->name);
+    if (be->sync(be, err, errlen) == 0)
+      errf(err, errlen, "backend %s: reading token ids failed", be->name);
     return -1;
   }
   return 0;
@@ -738,8 +763,10 @@ void *qwen35_host_alloc(qwen35 *m, size_t bytes) {
 
 void qwen35_host_free(qwen35 *m, void *p) {
   backend *be = m->be;
-  if (be->host_alloc && be->host_free) be->host_free(be, p);
-  else free(p);
+  if (be->host_alloc && be->host_free)
+    be->host_free(be, p);
+  else
+    free(p);
 }
 
 /* ---- slots and pages ---- */

@@ -30,9 +30,9 @@ static const struct {
   const char *s;
   size_t size;
 } st_dtypes[] = {
-    {"F64", 8},  {"F32", 4},  {"F16", 2},     {"BF16", 2},    {"I64", 8},
-    {"I32", 4},  {"I16", 2},  {"I8", 1},      {"U64", 8},     {"U32", 4},
-    {"U16", 2},  {"U8", 1},   {"BOOL", 1},    {"F8_E4M3", 1}, {"F8_E5M2", 1},
+    {"F64", 8}, {"F32", 4}, {"F16", 2},  {"BF16", 2},    {"I64", 8},
+    {"I32", 4}, {"I16", 2}, {"I8", 1},   {"U64", 8},     {"U32", 4},
+    {"U16", 2}, {"U8", 1},  {"BOOL", 1}, {"F8_E4M3", 1}, {"F8_E5M2", 1},
 };
 
 size_t st_dtype_str_size(const char *s) {
@@ -43,9 +43,12 @@ size_t st_dtype_str_size(const char *s) {
 
 const char *st_dtype_str(dtype t) {
   switch (t) {
-    case DTYPE_F32: return "F32";
-    case DTYPE_F16: return "F16";
-    case DTYPE_BF16: return "BF16";
+    case DTYPE_F32:
+      return "F32";
+    case DTYPE_F16:
+      return "F16";
+    case DTYPE_BF16:
+      return "BF16";
   }
   return "?";
 }
@@ -66,7 +69,8 @@ void st_close(st_file *f) {
 /* Parses one header entry into t. Returns 0, or -1 with err. */
 static int st_parse_entry(const char *path, const char *name, json_t *v, uint64_t data_len,
                           const uint8_t *data, st_tensor *t, char *err, size_t errlen) {
-  if (!json_is_object(v)) return errf(err, errlen, "%s: tensor %s: header entry is not an object", path, name);
+  if (!json_is_object(v))
+    return errf(err, errlen, "%s: tensor %s: header entry is not an object", path, name);
   json_t *jd = json_object_get(v, "dtype"), *js = json_object_get(v, "shape"),
          *jo = json_object_get(v, "data_offsets");
   if (!json_is_string(jd)) return errf(err, errlen, "%s: tensor %s: missing \"dtype\"", path, name);
@@ -78,12 +82,18 @@ static int st_parse_entry(const char *path, const char *name, json_t *v, uint64_
     return errf(err, errlen, "%s: tensor %s: unknown dtype \"%.20s\"", path, name, ds);
   strcpy(t->dtype_str, ds);
   t->is_float = 1;
-  if (!strcmp(ds, "F32")) t->dt = DTYPE_F32;
-  else if (!strcmp(ds, "F16")) t->dt = DTYPE_F16;
-  else if (!strcmp(ds, "BF16")) t->dt = DTYPE_BF16;
-  else t->is_float = 0;
+  if (!strcmp(ds, "F32"))
+    t->dt = DTYPE_F32;
+  else if (!strcmp(ds, "F16"))
+    t->dt = DTYPE_F16;
+  else if (!strcmp(ds, "BF16"))
+    t->dt = DTYPE_BF16;
+  else
+    t->is_float = 0;
   size_t nd = json_array_size(js);
-  if (nd > ST_MAX_DIMS) return errf(err, errlen, "%s: tensor %s: %zu dimensions (at most %d)", path, name, nd, ST_MAX_DIMS);
+  if (nd > ST_MAX_DIMS)
+    return errf(err, errlen, "%s: tensor %s: %zu dimensions (at most %d)", path, name, nd,
+                ST_MAX_DIMS);
   t->ndim = (int)nd;
   uint64_t numel = 1;
   int overflow = 0;
@@ -102,11 +112,15 @@ static int st_parse_entry(const char *path, const char *name, json_t *v, uint64_
   uint64_t b = (uint64_t)json_integer_value(jb), e = (uint64_t)json_integer_value(je);
   if (e > data_len)
     return errf(err, errlen,
-                "%s: tensor %s: data_offsets [%" PRIu64 ", %" PRIu64 "] run past the end of the file (data section is %" PRIu64 " bytes; truncated file?)",
+                "%s: tensor %s: data_offsets [%" PRIu64 ", %" PRIu64
+                "] run past the end of the file (data section is %" PRIu64
+                " bytes; truncated file?)",
                 path, name, b, e, data_len);
   size_t es = st_dtype_str_size(ds);
   if (es && (overflow || numel > UINT64_MAX / es || numel * es != e - b))
-    return errf(err, errlen, "%s: tensor %s: data_offsets span %" PRIu64 " bytes but dtype %s and shape need %" PRIu64,
+    return errf(err, errlen,
+                "%s: tensor %s: data_offsets span %" PRIu64
+                " bytes but dtype %s and shape need %" PRIu64,
                 path, name, e - b, ds, overflow ? 0 : numel * es);
   t->data = data + b;
   t->nbytes = e - b;
@@ -153,7 +167,9 @@ int st_open(const char *path, st_file **out, char *err, size_t errlen) {
   uint64_t hlen = 0;
   for (int i = 7; i >= 0; i--) hlen = (hlen << 8) | p[i];
   if (hlen > f->map_len - 8 || hlen > ST_MAX_HEADER) {
-    errf(err, errlen, "%s: truncated or not a safetensors file: header length %" PRIu64 " but file has %zu bytes",
+    errf(err, errlen,
+         "%s: truncated or not a safetensors file: header length %" PRIu64
+         " but file has %zu bytes",
          path, hlen, f->map_len);
     st_close(f);
     return -1;
@@ -309,7 +325,8 @@ int st_writer_begin(st_writer *w, char *err, size_t errlen) {
       rc = -1;
       break;
     }
-    rc |= st_buf_printf(&h, &len, &cap, ",%s:{\"dtype\":\"%s\",\"shape\":[", quoted, st_dtype_str(e->dt));
+    rc |= st_buf_printf(&h, &len, &cap, ",%s:{\"dtype\":\"%s\",\"shape\":[", quoted,
+                        st_dtype_str(e->dt));
     free(quoted);
     for (int d = 0; d < e->ndim && rc == 0; d++)
       rc |= st_buf_printf(&h, &len, &cap, "%s%lld", d ? "," : "", (long long)e->shape[d]);
@@ -345,7 +362,9 @@ int st_writer_pwrite(st_writer *w, int idx, uint64_t off, const void *buf, size_
   while (n > 0) {
     ssize_t k = pwrite(w->fd, p, n, (off_t)pos);
     if (k < 0 && errno == EINTR) continue;
-    if (k <= 0) return errf(err, errlen, "%s: write failed: %s", w->path, k < 0 ? strerror(errno) : "no progress");
+    if (k <= 0)
+      return errf(err, errlen, "%s: write failed: %s", w->path,
+                  k < 0 ? strerror(errno) : "no progress");
     p += k;
     pos += (uint64_t)k;
     n -= (size_t)k;
@@ -360,7 +379,8 @@ int st_writer_put(st_writer *w, int idx, const void *buf, char *err, size_t errl
 int st_writer_close(st_writer *w, char *err, size_t errlen) {
   if (!w) return 0;
   int rc = 0;
-  if (w->fd >= 0 && close(w->fd) != 0) rc = errf(err, errlen, "%s: close failed: %s", w->path, strerror(errno));
+  if (w->fd >= 0 && close(w->fd) != 0)
+    rc = errf(err, errlen, "%s: close failed: %s", w->path, strerror(errno));
   for (int i = 0; i < w->n; i++) free(w->e[i].name);
   free(w->e);
   free(w->path);

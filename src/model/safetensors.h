@@ -29,13 +29,13 @@
 #define ST_MAX_DIMS 8
 
 typedef struct st_tensor {
-  char *name;             /* owned by the st_file */
-  char dtype_str[16];     /* as written in the header, e.g. "BF16" */
-  int is_float;           /* 1: dt below is valid (F32, F16, BF16) */
+  char *name;         /* owned by the st_file */
+  char dtype_str[16]; /* as written in the header, e.g. "BF16" */
+  int is_float;       /* 1: dt below is valid (F32, F16, BF16) */
   dtype dt;
   int ndim;
   int64_t shape[ST_MAX_DIMS];
-  const void *data;       /* into the mapping */
+  const void *data; /* into the mapping */
   uint64_t nbytes;
 } st_tensor;
 

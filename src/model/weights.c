@@ -22,18 +22,24 @@
 
 size_t dtype_size(dtype t) {
   switch (t) {
-    case DTYPE_F32: return 4;
-    case DTYPE_F16: return 2;
-    case DTYPE_BF16: return 2;
+    case DTYPE_F32:
+      return 4;
+    case DTYPE_F16:
+      return 2;
+    case DTYPE_BF16:
+      return 2;
   }
   return 0;
 }
 
 const char *dtype_name(dtype t) {
   switch (t) {
-    case DTYPE_F32: return "f32";
-    case DTYPE_F16: return "f16";
-    case DTYPE_BF16: return "bf16";
+    case DTYPE_F32:
+      return "f32";
+    case DTYPE_F16:
+      return "f16";
+    case DTYPE_BF16:
+      return "bf16";
   }
   return "?";
 }
@@ -170,8 +176,8 @@ static int weights_build_index(struct weights_store *s, char *err, size_t errlen
   qsort(s->idx, s->n_idx, sizeof *s->idx, weights_cmp_entry);
   for (size_t i = 1; i < s->n_idx; i++)
     if (!strcmp(s->idx[i].name, s->idx[i - 1].name))
-      return errf(err, errlen, "tensor %s appears in both %s and %s", s->idx[i].name, st_path(s->files[s->idx[i - 1].file]),
-                  st_path(s->files[s->idx[i].file]));
+      return errf(err, errlen, "tensor %s appears in both %s and %s", s->idx[i].name,
+                  st_path(s->files[s->idx[i - 1].file]), st_path(s->files[s->idx[i].file]));
   return 0;
 }
 
@@ -187,7 +193,8 @@ static int weights_open_dir(struct weights_store *s, const char *dir, char *err,
   if (stat(s->index_path, &sb) == 0) {
     json_error_t je;
     json_t *root = json_load_file(s->index_path, 0, &je);
-    if (!root) return errf(err, errlen, "%s: invalid JSON at line %d: %s", s->index_path, je.line, je.text);
+    if (!root)
+      return errf(err, errlen, "%s: invalid JSON at line %d: %s", s->index_path, je.line, je.text);
     json_t *wm = json_object_get(root, "weight_map");
     if (!json_is_object(wm)) {
       json_decref(root);
@@ -204,7 +211,8 @@ static int weights_open_dir(struct weights_store *s, const char *dir, char *err,
     json_object_foreach(wm, name, v) {
       const char *sh = json_string_value(v);
       if (!sh || !*sh || strchr(sh, '/')) {
-        rc = errf(err, errlen, "%s: weight_map entry for %s is not a file name in the folder", s->index_path, name);
+        rc = errf(err, errlen, "%s: weight_map entry for %s is not a file name in the folder",
+                  s->index_path, name);
         break;
       }
       int seen = 0;
@@ -222,7 +230,8 @@ static int weights_open_dir(struct weights_store *s, const char *dir, char *err,
     s->index_path[0] = 0;
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
     if (stat(path, &sb) != 0)
-      return errf(err, errlen, "%s: no model.safetensors or model.safetensors.index.json in the folder", dir);
+      return errf(err, errlen,
+                  "%s: no model.safetensors or model.safetensors.index.json in the folder", dir);
     if (weights_add_file(s, path, err, errlen)) return -1;
   }
   return weights_build_index(s, err, errlen);
@@ -240,23 +249,29 @@ typedef struct weights_ctx {
 
 static void weights_fmt_shape(char *buf, size_t n, int ndim, const int64_t *shape) {
   size_t k = (size_t)snprintf(buf, n, "[");
-  for (int i = 0; i < ndim && k < n; i++) k += (size_t)snprintf(buf + k, n - k, "%s%lld", i ? ", " : "", (long long)shape[i]);
+  for (int i = 0; i < ndim && k < n; i++)
+    k += (size_t)snprintf(buf + k, n - k, "%s%lld", i ? ", " : "", (long long)shape[i]);
   if (k < n) snprintf(buf + k, n - k, "]");
 }
 
 /* Where a missing tensor should have been, for the error line. */
 static int weights_missing(weights_ctx *x, const char *name) {
   struct weights_store *s = x->s;
-  if (!s->weight_map) return errf(x->err, x->errlen, "%s: missing tensor %s", st_path(s->files[0]), name);
+  if (!s->weight_map)
+    return errf(x->err, x->errlen, "%s: missing tensor %s", st_path(s->files[0]), name);
   const char *sh = json_string_value(json_object_get(s->weight_map, name));
-  if (sh) return errf(x->err, x->errlen, "%s/%s: missing tensor %s (listed in model.safetensors.index.json)", x->dir, sh, name);
+  if (sh)
+    return errf(x->err, x->errlen,
+                "%s/%s: missing tensor %s (listed in model.safetensors.index.json)", x->dir, sh,
+                name);
   return errf(x->err, x->errlen, "%s: missing tensor %s", s->index_path, name);
 }
 
 /* Looks `name` up: 1 and a view in *out when found with a float dtype and the expected shape,
  * 0 when absent and `optional`, -1 with err otherwise. The shape may carry extra 1-sized
  * middle dimensions in the file (conv1d [C, 1, K] for an expected [C, K]). */
-static int weights_get(weights_ctx *x, const char *name, int optional, int ndim, const int64_t *shape, tensor *out) {
+static int weights_get(weights_ctx *x, const char *name, int optional, int ndim,
+                       const int64_t *shape, tensor *out) {
   const weights_entry *e = weights_find(x->s, name);
   if (!e) {
     if (optional) return 0;
@@ -265,7 +280,8 @@ static int weights_get(weights_ctx *x, const char *name, int optional, int ndim,
   const st_tensor *t = e->t;
   const char *file = st_path(x->s->files[e->file]);
   if (!t->is_float)
-    return errf(x->err, x->errlen, "%s: tensor %s has dtype %s; expected BF16, F16 or F32", file, name, t->dtype_str);
+    return errf(x->err, x->errlen, "%s: tensor %s has dtype %s; expected BF16, F16 or F32", file,
+                name, t->dtype_str);
   /* compare shapes ignoring size-1 dimensions that the expected shape lacks */
   int64_t got[ST_MAX_DIMS];
   int gn = 0;
@@ -291,13 +307,15 @@ static int weights_get(weights_ctx *x, const char *name, int optional, int ndim,
 #define NDIM(...) ((int)(sizeof((const int64_t[]){__VA_ARGS__}) / sizeof(int64_t)))
 
 /* Required tensor `<prefix><suffix>` with the given shape. Returns 0 or -1. */
-static int weights_req(weights_ctx *x, tensor *out, const char *suffix, int ndim, const int64_t *shape) {
+static int weights_req(weights_ctx *x, tensor *out, const char *suffix, int ndim,
+                       const int64_t *shape) {
   char name[512];
   snprintf(name, sizeof name, "%s%s", x->prefix, suffix);
   return weights_get(x, name, 0, ndim, shape, out) == 1 ? 0 : -1;
 }
 /* Optional: 1 found, 0 absent, -1 error. */
-static int weights_opt(weights_ctx *x, tensor *out, const char *suffix, int ndim, const int64_t *shape) {
+static int weights_opt(weights_ctx *x, tensor *out, const char *suffix, int ndim,
+                       const int64_t *shape) {
   char name[512];
   snprintf(name, sizeof name, "%s%s", x->prefix, suffix);
   return weights_get(x, name, 1, ndim, shape, out);
@@ -308,22 +326,26 @@ static int weights_opt(weights_ctx *x, tensor *out, const char *suffix, int ndim
 /* Qwen3-Next: in_proj_qkvz [nk*(2dk + 2r*dv), H] and in_proj_ba [nk*2r, H], grouped per key
  * head g as [q_g | k_g | v_g (r*dv) | z_g (r*dv)] and [b_g (r) | a_g (r)], into owned
  * qkv [q all | k all | v all], z, b, a with value head g*r + j. */
-static int weights_regroup_next(weights_ctx *x, const model_config *c, const tensor *qkvz, const tensor *ba,
-                                layer_weights *L) {
-  const int64_t H = c->hidden_size, nk = c->lin_n_k_heads, nv = c->lin_n_v_heads, dk = c->lin_k_head_dim,
-                dv = c->lin_v_head_dim, r = nv / nk;
+static int weights_regroup_next(weights_ctx *x, const model_config *c, const tensor *qkvz,
+                                const tensor *ba, layer_weights *L) {
+  const int64_t H = c->hidden_size, nk = c->lin_n_k_heads, nv = c->lin_n_v_heads,
+                dk = c->lin_k_head_dim, dv = c->lin_v_head_dim, r = nv / nk;
   size_t row1 = (size_t)H * dtype_size(qkvz->dt), row2 = (size_t)H * dtype_size(ba->dt);
-  char *qkv = weights_own(x->s, (size_t)c->conv_dim * row1), *z = weights_own(x->s, (size_t)(nv * dv) * row1);
+  char *qkv = weights_own(x->s, (size_t)c->conv_dim * row1),
+       *z = weights_own(x->s, (size_t)(nv * dv) * row1);
   char *b = weights_own(x->s, (size_t)nv * row2), *a = weights_own(x->s, (size_t)nv * row2);
-  if (!qkv || !z || !b || !a) return errf(x->err, x->errlen, "out of memory regrouping in_proj_qkvz");
+  if (!qkv || !z || !b || !a)
+    return errf(x->err, x->errlen, "out of memory regrouping in_proj_qkvz");
   const char *src = qkvz->data, *sba = ba->data;
   const int64_t grp = 2 * dk + 2 * r * dv;
   for (int64_t g = 0; g < nk; g++) {
     const char *base = src + (size_t)(g * grp) * row1;
     memcpy(qkv + (size_t)(g * dk) * row1, base, (size_t)dk * row1);
     memcpy(qkv + (size_t)(nk * dk + g * dk) * row1, base + (size_t)dk * row1, (size_t)dk * row1);
-    memcpy(qkv + (size_t)(2 * nk * dk + g * r * dv) * row1, base + (size_t)(2 * dk) * row1, (size_t)(r * dv) * row1);
-    memcpy(z + (size_t)(g * r * dv) * row1, base + (size_t)(2 * dk + r * dv) * row1, (size_t)(r * dv) * row1);
+    memcpy(qkv + (size_t)(2 * nk * dk + g * r * dv) * row1, base + (size_t)(2 * dk) * row1,
+           (size_t)(r * dv) * row1);
+    memcpy(z + (size_t)(g * r * dv) * row1, base + (size_t)(2 * dk + r * dv) * row1,
+           (size_t)(r * dv) * row1);
     const char *bb = sba + (size_t)(g * 2 * r) * row2;
     memcpy(b + (size_t)(g * r) * row2, bb, (size_t)r * row2);
     memcpy(a + (size_t)(g * r) * row2, bb + (size_t)r * row2, (size_t)r * row2);
@@ -336,14 +358,15 @@ static int weights_regroup_next(weights_ctx *x, const model_config *c, const ten
 }
 
 static int weights_linear_attn(weights_ctx *x, const model_config *c, int li, layer_weights *L) {
-  const int64_t H = c->hidden_size, nk = c->lin_n_k_heads, nv = c->lin_n_v_heads, dk = c->lin_k_head_dim,
-                dv = c->lin_v_head_dim, K = c->conv_kernel, C = c->conv_dim;
+  const int64_t H = c->hidden_size, nk = c->lin_n_k_heads, nv = c->lin_n_v_heads,
+                dk = c->lin_k_head_dim, dv = c->lin_v_head_dim, K = c->conv_kernel, C = c->conv_dim;
   char n[256];
 #define P(s) (snprintf(n, sizeof n, "layers.%d.linear_attn.%s", li, s), n)
   int have = OPT(&L->in_proj_qkv, P("in_proj_qkv.weight"), C, H);
   if (have < 0) return -1;
   if (have) {
-    if (REQ(&L->in_proj_z, P("in_proj_z.weight"), nv * dv, H) || REQ(&L->in_proj_b, P("in_proj_b.weight"), nv, H) ||
+    if (REQ(&L->in_proj_z, P("in_proj_z.weight"), nv * dv, H) ||
+        REQ(&L->in_proj_b, P("in_proj_b.weight"), nv, H) ||
         REQ(&L->in_proj_a, P("in_proj_a.weight"), nv, H))
       return -1;
   } else {
@@ -351,8 +374,9 @@ static int weights_linear_attn(weights_ctx *x, const model_config *c, int li, la
     int hq = OPT(&qkvz, P("in_proj_qkvz.weight"), 2 * nk * dk + 2 * nv * dv, H);
     if (hq < 0) return -1;
     if (hq == 0) /* neither layout: name the one this architecture's checkpoints use */
-      return c->arch == MODEL_ARCH_QWEN3_NEXT ? REQ(&qkvz, P("in_proj_qkvz.weight"), 2 * nk * dk + 2 * nv * dv, H)
-                                              : REQ(&L->in_proj_qkv, P("in_proj_qkv.weight"), C, H);
+      return c->arch == MODEL_ARCH_QWEN3_NEXT
+                 ? REQ(&qkvz, P("in_proj_qkvz.weight"), 2 * nk * dk + 2 * nv * dv, H)
+                 : REQ(&L->in_proj_qkv, P("in_proj_qkv.weight"), C, H);
     if (REQ(&ba, P("in_proj_ba.weight"), 2 * nv, H)) return -1;
     if (weights_regroup_next(x, c, &qkvz, &ba, L)) return -1;
   }
@@ -368,9 +392,11 @@ static int weights_attn(weights_ctx *x, const model_config *c, int li, layer_wei
   const int64_t H = c->hidden_size, nh = c->n_heads, nkv = c->n_kv_heads, hd = c->head_dim;
   char n[256];
 #define P(s) (snprintf(n, sizeof n, "layers.%d.self_attn.%s", li, s), n)
-  if (REQ(&L->q_proj, P("q_proj.weight"), nh * 2 * hd, H) || REQ(&L->k_proj, P("k_proj.weight"), nkv * hd, H) ||
-      REQ(&L->v_proj, P("v_proj.weight"), nkv * hd, H) || REQ(&L->o_proj, P("o_proj.weight"), H, nh * hd) ||
-      REQ(&L->q_norm, P("q_norm.weight"), hd) || REQ(&L->k_norm, P("k_norm.weight"), hd))
+  if (REQ(&L->q_proj, P("q_proj.weight"), nh * 2 * hd, H) ||
+      REQ(&L->k_proj, P("k_proj.weight"), nkv * hd, H) ||
+      REQ(&L->v_proj, P("v_proj.weight"), nkv * hd, H) ||
+      REQ(&L->o_proj, P("o_proj.weight"), H, nh * hd) || REQ(&L->q_norm, P("q_norm.weight"), hd) ||
+      REQ(&L->k_norm, P("k_norm.weight"), hd))
     return -1;
 #undef P
   return 0;
@@ -379,7 +405,8 @@ static int weights_attn(weights_ctx *x, const model_config *c, int li, layer_wei
 /* A view of rows [row0, row0 + rows) of slab e of a 3-D tensor t [E, R, H]. */
 static tensor weights_slab(const tensor *t, int64_t e, int64_t row0, int64_t rows) {
   size_t es = dtype_size(t->dt);
-  const char *p = (const char *)t->data + ((size_t)(e * t->shape[1] + row0) * (size_t)t->shape[2]) * es;
+  const char *p =
+      (const char *)t->data + ((size_t)(e * t->shape[1] + row0) * (size_t)t->shape[2]) * es;
   return (tensor){.data = p, .dt = t->dt, .ndim = 2, .shape = {rows, t->shape[2]}};
 }
 
@@ -434,27 +461,34 @@ static int weights_layer(weights_ctx *x, const model_config *c, int li, layer_we
   const int64_t H = c->hidden_size, I = c->intermediate_size;
   char n[256];
 #define P(s) (snprintf(n, sizeof n, "layers.%d.%s", li, s), n)
-  if (REQ(&L->input_norm, P("input_layernorm.weight"), H) || REQ(&L->post_norm, P("post_attention_layernorm.weight"), H))
+  if (REQ(&L->input_norm, P("input_layernorm.weight"), H) ||
+      REQ(&L->post_norm, P("post_attention_layernorm.weight"), H))
     return -1;
-  if (c->layer_types[li] == LAYER_KIND_FULL ? weights_attn(x, c, li, L) : weights_linear_attn(x, c, li, L)) return -1;
+  if (c->layer_types[li] == LAYER_KIND_FULL ? weights_attn(x, c, li, L)
+                                            : weights_linear_attn(x, c, li, L))
+    return -1;
   if (c->layer_is_moe[li]) return weights_moe(x, c, li, L);
-  if (REQ(&L->gate_proj, P("mlp.gate_proj.weight"), I, H) || REQ(&L->up_proj, P("mlp.up_proj.weight"), I, H) ||
+  if (REQ(&L->gate_proj, P("mlp.gate_proj.weight"), I, H) ||
+      REQ(&L->up_proj, P("mlp.up_proj.weight"), I, H) ||
       REQ(&L->down_proj, P("mlp.down_proj.weight"), H, I))
     return -1;
 #undef P
   return 0;
 }
 
-int weights_load(const char *dir, const model_config *c, model_weights *w, char *err, size_t errlen) {
+int weights_load(const char *dir, const model_config *c, model_weights *w, char *err,
+                 size_t errlen) {
   memset(w, 0, sizeof *w);
   struct weights_store *s = calloc(1, sizeof *s);
   if (!s) return errf(err, errlen, "%s: out of memory", dir);
   w->store = s;
   if (weights_open_dir(s, dir, err, errlen)) goto fail;
   weights_ctx xc = {.s = s, .dir = dir, .prefix = "model.", .err = err, .errlen = errlen}, *x = &xc;
-  if (weights_find(s, "model.language_model.embed_tokens.weight")) xc.prefix = "model.language_model.";
+  if (weights_find(s, "model.language_model.embed_tokens.weight"))
+    xc.prefix = "model.language_model.";
   const int64_t V = c->vocab_size, H = c->hidden_size;
-  if (REQ(&w->embed, "embed_tokens.weight", V, H) || REQ(&w->final_norm, "norm.weight", H)) goto fail;
+  if (REQ(&w->embed, "embed_tokens.weight", V, H) || REQ(&w->final_norm, "norm.weight", H))
+    goto fail;
   if (c->tie_word_embeddings) {
     w->lm_head = w->embed;
   } else if (weights_get(x, "lm_head.weight", 0, 2, SHAPE(V, H), &w->lm_head) != 1) {

@@ -82,10 +82,10 @@ typedef struct layer_weights {
 } layer_weights;
 
 typedef struct model_weights {
-  tensor embed;      /* [V, H] */
-  tensor final_norm; /* [H] zero-centred */
-  tensor lm_head;    /* [V, H]  == embed when tied */
-  layer_weights *layers; /* [n_layers] */
+  tensor embed;                /* [V, H] */
+  tensor final_norm;           /* [H] zero-centred */
+  tensor lm_head;              /* [V, H]  == embed when tied */
+  layer_weights *layers;       /* [n_layers] */
   struct weights_store *store; /* mmaps and owned buffers; private */
 } model_weights;
 

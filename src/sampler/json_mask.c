@@ -18,12 +18,12 @@
  * A schema-guided mask (json_mask_new_schema) runs a second machine (ss_step, "the schema
  * recognizer" below) over the compiled schema's node table (json_schema.h): the same lexical
  * rules (numbers, literals, escapes, UTF-8 and whitespace are lexed by small helpers both
- * machines call, "the shared lexing" below), plus per-node rules (which key may come next, item counts, string lengths in code
- * points, enum literals through a byte trie, the branch a union's first byte picks). Its apply
- * uses the same filters (the byte after leading whitespace; the first two bytes inside literals
- * and escapes; precomputed in-string runs with code point counts), and tries the tokens that
- * pass on a copy of the lexical state and of the few frames they change (ss_try).
- * Nothing is shared mutable: a vocabulary is read-only after json_vocab_new. */
+ * machines call, "the shared lexing" below), plus per-node rules (which key may come next, item
+ * counts, string lengths in code points, enum literals through a byte trie, the branch a union's
+ * first byte picks). Its apply uses the same filters (the byte after leading whitespace; the first
+ * two bytes inside literals and escapes; precomputed in-string runs with code point counts), and
+ * tries the tokens that pass on a copy of the lexical state and of the few frames they change
+ * (ss_try). Nothing is shared mutable: a vocabulary is read-only after json_vocab_new. */
 #include "sampler/json_mask.h"
 
 #define DS_JSON_SCHEMA_INTERNAL
@@ -71,47 +71,50 @@ static inline int num_start(unsigned c) {
  * complete: c is read after it), -1 when c breaks it. */
 static inline int num_step(uint8_t *k, unsigned c, int int_only) {
   switch (*k) {
-  case NUM_MINUS:
-    if (c == '0') *k = NUM_ZERO;
-    else if (c >= '1' && c <= '9') *k = NUM_INT;
-    else return -1;
-    return 0;
-  case NUM_ZERO:
-    if (c >= '0' && c <= '9') return -1; /* no leading zeros */
-    /* fall through */
-  case NUM_INT:
-    if (c >= '0' && c <= '9') return 0;
-    if (c == '.') {
-      if (int_only) return -1;
-      *k = NUM_DOT;
+    case NUM_MINUS:
+      if (c == '0')
+        *k = NUM_ZERO;
+      else if (c >= '1' && c <= '9')
+        *k = NUM_INT;
+      else
+        return -1;
       return 0;
-    }
-    /* fall through */
-  case NUM_FRAC:
-    if (c >= '0' && c <= '9') return 0; /* only NUM_FRAC gets here with a digit */
-    if (c == 'e' || c == 'E') {
-      if (int_only) return -1;
-      *k = NUM_E;
+    case NUM_ZERO:
+      if (c >= '0' && c <= '9') return -1; /* no leading zeros */
+      /* fall through */
+    case NUM_INT:
+      if (c >= '0' && c <= '9') return 0;
+      if (c == '.') {
+        if (int_only) return -1;
+        *k = NUM_DOT;
+        return 0;
+      }
+      /* fall through */
+    case NUM_FRAC:
+      if (c >= '0' && c <= '9') return 0; /* only NUM_FRAC gets here with a digit */
+      if (c == 'e' || c == 'E') {
+        if (int_only) return -1;
+        *k = NUM_E;
+        return 0;
+      }
+      return 1;
+    case NUM_DOT:
+      if (c < '0' || c > '9') return -1;
+      *k = NUM_FRAC;
       return 0;
-    }
-    return 1;
-  case NUM_DOT:
-    if (c < '0' || c > '9') return -1;
-    *k = NUM_FRAC;
-    return 0;
-  case NUM_E:
-    if (c == '+' || c == '-') {
-      *k = NUM_ESIGN;
+    case NUM_E:
+      if (c == '+' || c == '-') {
+        *k = NUM_ESIGN;
+        return 0;
+      }
+      /* fall through */
+    case NUM_ESIGN:
+      if (c < '0' || c > '9') return -1;
+      *k = NUM_EXP;
       return 0;
-    }
-    /* fall through */
-  case NUM_ESIGN:
-    if (c < '0' || c > '9') return -1;
-    *k = NUM_EXP;
-    return 0;
-  default: /* NUM_EXP */
-    if (c >= '0' && c <= '9') return 0;
-    return 1;
+    default: /* NUM_EXP */
+      if (c >= '0' && c <= '9') return 0;
+      return 1;
   }
 }
 
@@ -140,10 +143,14 @@ enum { LIT_TRUE = 0, LIT_FALSE = 4, LIT_NULL = 9 };
 /* The sub-state of a literal whose first byte is c, -1 when c cannot start one. */
 static inline int lit_start(unsigned c) {
   switch (c) {
-  case 't': return LIT_TRUE;
-  case 'f': return LIT_FALSE;
-  case 'n': return LIT_NULL;
-  default: return -1;
+    case 't':
+      return LIT_TRUE;
+    case 'f':
+      return LIT_FALSE;
+    case 'n':
+      return LIT_NULL;
+    default:
+      return -1;
   }
 }
 
@@ -157,8 +164,17 @@ static inline int lit_step(uint8_t *i, unsigned c) {
 /* the byte after '\' of a one-character escape (\" \\ \/ \b \f \n \r \t) */
 static inline int esc_simple(unsigned c) {
   switch (c) {
-  case '"': case '\\': case '/': case 'b': case 'f': case 'n': case 'r': case 't': return 1;
-  default: return 0;
+    case '"':
+    case '\\':
+    case '/':
+    case 'b':
+    case 'f':
+    case 'n':
+    case 'r':
+    case 't':
+      return 1;
+    default:
+      return 0;
   }
 }
 
@@ -198,13 +214,23 @@ static inline int u8_lead(unsigned c, uint8_t *aux) {
 static inline int u8_step(uint8_t *k, uint8_t *aux, unsigned c) {
   unsigned lo = 0x80, hi = 0xBF, left = 2; /* the byte's range, continuation bytes after it */
   switch (*k) {
-  case U8_CONT:
-    if (c < 0x80 || c > 0xBF) return -1;
-    return --*aux == 0;
-  case U8_E0: lo = 0xA0; left = 1; break;
-  case U8_ED: hi = 0x9F; left = 1; break;
-  case U8_F0: lo = 0x90; break;
-  default: hi = 0x8F; break; /* U8_F4 */
+    case U8_CONT:
+      if (c < 0x80 || c > 0xBF) return -1;
+      return --*aux == 0;
+    case U8_E0:
+      lo = 0xA0;
+      left = 1;
+      break;
+    case U8_ED:
+      hi = 0x9F;
+      left = 1;
+      break;
+    case U8_F0:
+      lo = 0x90;
+      break;
+    default:
+      hi = 0x8F;
+      break; /* U8_F4 */
   }
   if (c < lo || c > hi) return -1;
   *k = U8_CONT;
@@ -239,8 +265,8 @@ enum {
   JS_NUM_E,
   JS_NUM_ESIGN,
   JS_NUM_EXP,
-  JS_LIT,       /* in true / false / null: aux its sub-state (indexes js_lits) */
-  JS_DEAD,      /* rejected: every byte is rejected */
+  JS_LIT,  /* in true / false / null: aux its sub-state (indexes js_lits) */
+  JS_DEAD, /* rejected: every byte is rejected */
 };
 
 _Static_assert(JS_STR_F4 - JS_STR_UTF8 == U8_F4 && JS_NUM_EXP - JS_NUM_MINUS == NUM_EXP &&
@@ -252,40 +278,45 @@ _Static_assert(JS_STR_F4 - JS_STR_UTF8 == U8_F4 && JS_NUM_EXP - JS_NUM_MINUS == 
  * (*mode, *aux updated), 1 for the closing quote (*mode, *aux unchanged), -1 when c breaks it. */
 static inline int js_str_step(uint8_t *mode, uint8_t *aux, unsigned c) {
   switch (*mode) {
-  case JS_STR: {
-    if (c == '"') return 1;
-    if (c == '\\') {
-      *mode = JS_STR_ESC;
+    case JS_STR: {
+      if (c == '"') return 1;
+      if (c == '\\') {
+        *mode = JS_STR_ESC;
+        return 0;
+      }
+      if (c < 0x20) return -1;
+      if (c < 0x80) return 0;
+      int k = u8_lead(c, aux);
+      if (k < 0) return -1;
+      *mode = (uint8_t)(JS_STR_UTF8 + k);
       return 0;
     }
-    if (c < 0x20) return -1;
-    if (c < 0x80) return 0;
-    int k = u8_lead(c, aux);
-    if (k < 0) return -1;
-    *mode = (uint8_t)(JS_STR_UTF8 + k);
-    return 0;
-  }
-  case JS_STR_ESC:
-    if (esc_simple(c)) {
-      *mode = JS_STR;
+    case JS_STR_ESC:
+      if (esc_simple(c)) {
+        *mode = JS_STR;
+        return 0;
+      }
+      if (c != 'u') return -1;
+      *mode = JS_STR_HEX;
+      *aux = 4;
+      return 0;
+    case JS_STR_HEX:
+      if (!js_is_hex(c)) return -1;
+      if (--*aux == 0) *mode = JS_STR;
+      return 0;
+    case JS_STR_UTF8:
+    case JS_STR_E0:
+    case JS_STR_ED:
+    case JS_STR_F0:
+    case JS_STR_F4: {
+      uint8_t k = (uint8_t)(*mode - JS_STR_UTF8);
+      int r = u8_step(&k, aux, c);
+      if (r < 0) return -1;
+      *mode = r ? JS_STR : (uint8_t)(JS_STR_UTF8 + k);
       return 0;
     }
-    if (c != 'u') return -1;
-    *mode = JS_STR_HEX;
-    *aux = 4;
-    return 0;
-  case JS_STR_HEX:
-    if (!js_is_hex(c)) return -1;
-    if (--*aux == 0) *mode = JS_STR;
-    return 0;
-  case JS_STR_UTF8: case JS_STR_E0: case JS_STR_ED: case JS_STR_F0: case JS_STR_F4: {
-    uint8_t k = (uint8_t)(*mode - JS_STR_UTF8);
-    int r = u8_step(&k, aux, c);
-    if (r < 0) return -1;
-    *mode = r ? JS_STR : (uint8_t)(JS_STR_UTF8 + k);
-    return 0;
-  }
-  default: return -1;
+    default:
+      return -1;
   }
 }
 
@@ -315,24 +346,26 @@ static inline int js_top_is_obj(const json_state *s) {
 /* The first byte of a value (c not whitespace). */
 static inline int js_value_start(json_state *s, unsigned c) {
   switch (c) {
-  case '{': return js_push(s, 1);
-  case '[': return js_push(s, 0);
-  case '"':
-    s->mode = JS_STR;
-    s->key = 0;
-    return 0;
-  default: {
-    int k = num_start(c);
-    if (k >= 0) {
-      s->mode = (uint8_t)(JS_NUM_MINUS + k);
+    case '{':
+      return js_push(s, 1);
+    case '[':
+      return js_push(s, 0);
+    case '"':
+      s->mode = JS_STR;
+      s->key = 0;
+      return 0;
+    default: {
+      int k = num_start(c);
+      if (k >= 0) {
+        s->mode = (uint8_t)(JS_NUM_MINUS + k);
+        return 0;
+      }
+      k = lit_start(c);
+      if (k < 0) return -1;
+      s->mode = JS_LIT;
+      s->aux = (uint8_t)k;
       return 0;
     }
-    k = lit_start(c);
-    if (k < 0) return -1;
-    s->mode = JS_LIT;
-    s->aux = (uint8_t)k;
-    return 0;
-  }
   }
 }
 
@@ -354,58 +387,75 @@ static inline int js_step(json_state *s, unsigned c) {
   s->ws = 0;
   uint8_t k;
   switch (s->mode) {
-  case JS_START: return c == '{' ? js_push(s, 1) : -1;
-  case JS_OBJ_FIRST:
-    if (c == '}') return js_pop(s);
-    /* fall through */
-  case JS_OBJ_KEY:
-    if (c != '"') return -1;
-    s->mode = JS_STR;
-    s->key = 1;
-    return 0;
-  case JS_COLON:
-    if (c != ':') return -1;
-    s->mode = JS_VALUE;
-    return 0;
-  case JS_ARR_FIRST:
-    if (c == ']') return js_pop(s);
-    return js_value_start(s, c);
-  case JS_VALUE: return js_value_start(s, c);
-  case JS_AFTER:
-  after:
-    if (c == ',') {
-      s->mode = js_top_is_obj(s) ? JS_OBJ_KEY : JS_VALUE;
+    case JS_START:
+      return c == '{' ? js_push(s, 1) : -1;
+    case JS_OBJ_FIRST:
+      if (c == '}') return js_pop(s);
+      /* fall through */
+    case JS_OBJ_KEY:
+      if (c != '"') return -1;
+      s->mode = JS_STR;
+      s->key = 1;
       return 0;
-    }
-    if (c == (js_top_is_obj(s) ? '}' : ']')) return js_pop(s);
-    return -1;
-  /* in a number: the sub-state set as a constant on each path, so that num_step's own switch
-   * folds into this one (one dispatch a byte, as this path is hot) */
-  case JS_NUM_MINUS: k = NUM_MINUS; goto num;
-  case JS_NUM_ZERO: k = NUM_ZERO; goto num;
-  case JS_NUM_INT: k = NUM_INT; goto num;
-  case JS_NUM_DOT: k = NUM_DOT; goto num;
-  case JS_NUM_FRAC: k = NUM_FRAC; goto num;
-  case JS_NUM_E: k = NUM_E; goto num;
-  case JS_NUM_ESIGN: k = NUM_ESIGN; goto num;
-  case JS_NUM_EXP:
-    k = NUM_EXP;
-  num: {
-    int r = num_step(&k, c, 0);
-    if (r < 0) return -1;
-    if (r == 0) {
-      s->mode = (uint8_t)(JS_NUM_MINUS + k);
+    case JS_COLON:
+      if (c != ':') return -1;
+      s->mode = JS_VALUE;
       return 0;
+    case JS_ARR_FIRST:
+      if (c == ']') return js_pop(s);
+      return js_value_start(s, c);
+    case JS_VALUE:
+      return js_value_start(s, c);
+    case JS_AFTER:
+    after:
+      if (c == ',') {
+        s->mode = js_top_is_obj(s) ? JS_OBJ_KEY : JS_VALUE;
+        return 0;
+      }
+      if (c == (js_top_is_obj(s) ? '}' : ']')) return js_pop(s);
+      return -1;
+    /* in a number: the sub-state set as a constant on each path, so that num_step's own switch
+     * folds into this one (one dispatch a byte, as this path is hot) */
+    case JS_NUM_MINUS:
+      k = NUM_MINUS;
+      goto num;
+    case JS_NUM_ZERO:
+      k = NUM_ZERO;
+      goto num;
+    case JS_NUM_INT:
+      k = NUM_INT;
+      goto num;
+    case JS_NUM_DOT:
+      k = NUM_DOT;
+      goto num;
+    case JS_NUM_FRAC:
+      k = NUM_FRAC;
+      goto num;
+    case JS_NUM_E:
+      k = NUM_E;
+      goto num;
+    case JS_NUM_ESIGN:
+      k = NUM_ESIGN;
+      goto num;
+    case JS_NUM_EXP:
+      k = NUM_EXP;
+    num : {
+      int r = num_step(&k, c, 0);
+      if (r < 0) return -1;
+      if (r == 0) {
+        s->mode = (uint8_t)(JS_NUM_MINUS + k);
+        return 0;
+      }
+      s->mode = JS_AFTER; /* the number ended: c is read after it */
+      goto after;
     }
-    s->mode = JS_AFTER; /* the number ended: c is read after it */
-    goto after;
-  }
-  case JS_LIT: {
-    int r = lit_step(&s->aux, c);
-    if (r > 0) s->mode = JS_AFTER;
-    return r < 0 ? -1 : 0;
-  }
-  default: return -1; /* JS_DONE, JS_DEAD */
+    case JS_LIT: {
+      int r = lit_step(&s->aux, c);
+      if (r > 0) s->mode = JS_AFTER;
+      return r < 0 ? -1 : 0;
+    }
+    default:
+      return -1; /* JS_DONE, JS_DEAD */
   }
 }
 
@@ -507,77 +557,82 @@ typedef struct ss_try {
  * unchanged), -1 when c breaks it or starts code point max + 1. */
 static inline int ss_str_step(ss_lex *l, unsigned c, uint32_t max) {
   switch (l->mode) {
-  case SM_STR:
-    if (c == '"') return 1;
-    if (c == '\\') {
-      l->mode = SM_STR_ESC;
-    } else if (c < 0x20) {
-      return -1;
-    } else if (c >= 0x80) {
-      int k = u8_lead(c, &l->aux);
-      if (k < 0) return -1;
-      l->mode = (uint8_t)(SM_STR_UTF8 + k);
-    }
-    if (l->x >= max) return -1;
-    l->x++;
-    return 0;
-  case SM_STR_ESC:
-    if (esc_simple(c)) {
-      l->mode = SM_STR;
+    case SM_STR:
+      if (c == '"') return 1;
+      if (c == '\\') {
+        l->mode = SM_STR_ESC;
+      } else if (c < 0x20) {
+        return -1;
+      } else if (c >= 0x80) {
+        int k = u8_lead(c, &l->aux);
+        if (k < 0) return -1;
+        l->mode = (uint8_t)(SM_STR_UTF8 + k);
+      }
+      if (l->x >= max) return -1;
+      l->x++;
+      return 0;
+    case SM_STR_ESC:
+      if (esc_simple(c)) {
+        l->mode = SM_STR;
+        return 0;
+      }
+      if (c != 'u') return -1;
+      l->mode = SM_STR_HEX1;
+      return 0;
+    case SM_STR_HEX1:
+      if (!js_is_hex(c)) return -1;
+      if ((c | 0x20) == 'd') {
+        l->mode = SM_STR_HEXD;
+      } else {
+        l->mode = SM_STR_HEX;
+        l->aux = 3;
+      }
+      return 0;
+    case SM_STR_HEXD:
+      if (c >= '0' && c <= '7') {
+        l->mode = SM_STR_HEX;
+      } else if (c == '8' || c == '9' || (c | 0x20) == 'a' || (c | 0x20) == 'b') {
+        l->mode = SM_STR_HEXHI;
+      } else {
+        return -1; /* a low surrogate without its high one, or not hex */
+      }
+      l->aux = 2;
+      return 0;
+    case SM_STR_HEX:
+    case SM_STR_HEXHI:
+      if (!js_is_hex(c)) return -1;
+      if (--l->aux == 0) l->mode = l->mode == SM_STR_HEX ? SM_STR : SM_STR_LO_BS;
+      return 0;
+    case SM_STR_LO_BS:
+      if (c != '\\') return -1;
+      l->mode = SM_STR_LO_U;
+      return 0;
+    case SM_STR_LO_U:
+      if (c != 'u') return -1;
+      l->mode = SM_STR_LO_D;
+      return 0;
+    case SM_STR_LO_D:
+      if ((c | 0x20) != 'd') return -1;
+      l->mode = SM_STR_LO_CF;
+      return 0;
+    case SM_STR_LO_CF:
+      if ((c | 0x20) < 'c' || (c | 0x20) > 'f') return -1;
+      l->mode = SM_STR_HEX;
+      l->aux = 2;
+      return 0;
+    case SM_STR_UTF8:
+    case SM_STR_E0:
+    case SM_STR_ED:
+    case SM_STR_F0:
+    case SM_STR_F4: {
+      uint8_t k = (uint8_t)(l->mode - SM_STR_UTF8);
+      int r = u8_step(&k, &l->aux, c);
+      if (r < 0) return -1;
+      l->mode = r ? SM_STR : (uint8_t)(SM_STR_UTF8 + k);
       return 0;
     }
-    if (c != 'u') return -1;
-    l->mode = SM_STR_HEX1;
-    return 0;
-  case SM_STR_HEX1:
-    if (!js_is_hex(c)) return -1;
-    if ((c | 0x20) == 'd') {
-      l->mode = SM_STR_HEXD;
-    } else {
-      l->mode = SM_STR_HEX;
-      l->aux = 3;
-    }
-    return 0;
-  case SM_STR_HEXD:
-    if (c >= '0' && c <= '7') {
-      l->mode = SM_STR_HEX;
-    } else if (c == '8' || c == '9' || (c | 0x20) == 'a' || (c | 0x20) == 'b') {
-      l->mode = SM_STR_HEXHI;
-    } else {
-      return -1; /* a low surrogate without its high one, or not hex */
-    }
-    l->aux = 2;
-    return 0;
-  case SM_STR_HEX:
-  case SM_STR_HEXHI:
-    if (!js_is_hex(c)) return -1;
-    if (--l->aux == 0) l->mode = l->mode == SM_STR_HEX ? SM_STR : SM_STR_LO_BS;
-    return 0;
-  case SM_STR_LO_BS:
-    if (c != '\\') return -1;
-    l->mode = SM_STR_LO_U;
-    return 0;
-  case SM_STR_LO_U:
-    if (c != 'u') return -1;
-    l->mode = SM_STR_LO_D;
-    return 0;
-  case SM_STR_LO_D:
-    if ((c | 0x20) != 'd') return -1;
-    l->mode = SM_STR_LO_CF;
-    return 0;
-  case SM_STR_LO_CF:
-    if ((c | 0x20) < 'c' || (c | 0x20) > 'f') return -1;
-    l->mode = SM_STR_HEX;
-    l->aux = 2;
-    return 0;
-  case SM_STR_UTF8: case SM_STR_E0: case SM_STR_ED: case SM_STR_F0: case SM_STR_F4: {
-    uint8_t k = (uint8_t)(l->mode - SM_STR_UTF8);
-    int r = u8_step(&k, &l->aux, c);
-    if (r < 0) return -1;
-    l->mode = r ? SM_STR : (uint8_t)(SM_STR_UTF8 + k);
-    return 0;
-  }
-  default: return -1;
+    default:
+      return -1;
   }
 }
 
@@ -597,8 +652,10 @@ static inline ss_frame *ss_top_w(const ss_frame *bs, ss_try *t) {
 }
 
 static inline void ss_pop(ss_try *t) {
-  if (t->nloc) t->nloc--;
-  else t->base--;
+  if (t->nloc)
+    t->nloc--;
+  else
+    t->base--;
 }
 
 /* a value is complete */
@@ -617,8 +674,10 @@ static inline int32_t ss_child(const json_schema *sc, int32_t x, unsigned c) {
   int lo = 0, hi = ne;
   while (lo < hi) {
     int mid = (lo + hi) / 2;
-    if (ec[mid] < c) lo = mid + 1;
-    else hi = mid;
+    if (ec[mid] < c)
+      lo = mid + 1;
+    else
+      hi = mid;
   }
   return lo < ne && ec[lo] == c ? sc->ech[t->e0 + lo] : -1;
 }
@@ -662,45 +721,46 @@ static inline int ss_value(const json_schema *sc, ss_try *t, int32_t node, unsig
   if (ss_depth(t) + nd->md > JSON_MASK_MAX_DEPTH) return -1;
   ss_lex *l = &t->l;
   switch (nd->kind) {
-  case SN_OBJECT:
-  case SN_FREEOBJ:
-  case SN_ARRAY:
-    if (c != (nd->kind == SN_ARRAY ? '[' : '{')) return -1;
-    t->loc[t->nloc++] = (ss_frame){node, 0};
-    l->mode = nd->kind == SN_ARRAY ? SM_ARR_FIRST : SM_OBJ_FIRST;
-    return 0;
-  case SN_STRING:
-    if (c != '"') return -1;
-    l->mode = SM_STR;
-    l->node = node;
-    l->x = 0;
-    l->key = 0;
-    return 0;
-  case SN_NUMBER:
-  case SN_INTEGER: {
-    int k = num_start(c);
-    if (k < 0) return -1;
-    l->mode = (uint8_t)(SM_NUM_MINUS + k);
-    l->aux = nd->kind == SN_INTEGER;
-    return 0;
-  }
-  case SN_BOOL:
-  case SN_NULL: {
-    int k = lit_start(c);
-    if (k < 0 || (k == LIT_NULL) != (nd->kind == SN_NULL)) return -1;
-    l->mode = SM_LIT;
-    l->aux = (uint8_t)k;
-    return 0;
-  }
-  case SN_ENUM: {
-    int32_t ch = ss_child(sc, nd->sub, c);
-    if (ch < 0) return -1;
-    l->mode = SM_ENUM;
-    l->x = (uint32_t)ch;
-    if (sc->tn[ch].ne == 0) ss_done(t);
-    return 0;
-  }
-  default: return -1;
+    case SN_OBJECT:
+    case SN_FREEOBJ:
+    case SN_ARRAY:
+      if (c != (nd->kind == SN_ARRAY ? '[' : '{')) return -1;
+      t->loc[t->nloc++] = (ss_frame){node, 0};
+      l->mode = nd->kind == SN_ARRAY ? SM_ARR_FIRST : SM_OBJ_FIRST;
+      return 0;
+    case SN_STRING:
+      if (c != '"') return -1;
+      l->mode = SM_STR;
+      l->node = node;
+      l->x = 0;
+      l->key = 0;
+      return 0;
+    case SN_NUMBER:
+    case SN_INTEGER: {
+      int k = num_start(c);
+      if (k < 0) return -1;
+      l->mode = (uint8_t)(SM_NUM_MINUS + k);
+      l->aux = nd->kind == SN_INTEGER;
+      return 0;
+    }
+    case SN_BOOL:
+    case SN_NULL: {
+      int k = lit_start(c);
+      if (k < 0 || (k == LIT_NULL) != (nd->kind == SN_NULL)) return -1;
+      l->mode = SM_LIT;
+      l->aux = (uint8_t)k;
+      return 0;
+    }
+    case SN_ENUM: {
+      int32_t ch = ss_child(sc, nd->sub, c);
+      if (ch < 0) return -1;
+      l->mode = SM_ENUM;
+      l->x = (uint32_t)ch;
+      if (sc->tn[ch].ne == 0) ss_done(t);
+      return 0;
+    }
+    default:
+      return -1;
   }
 }
 
@@ -752,97 +812,106 @@ static inline int ss_step(const json_schema *sc, const ss_frame *bs, ss_try *t, 
   }
   l->ws = 0;
   switch (l->mode) {
-  case SM_START: return ss_value(sc, t, sc->root, c);
-  case SM_VALUE: return ss_value(sc, t, l->node, c);
-  case SM_OBJ_FIRST:
-  case SM_OBJ_KEY: {
-    const ss_frame *f = ss_top(bs, t);
-    const ss_node *o = &sc->nodes[f->node];
-    if (c == '}' && l->mode == SM_OBJ_FIRST) {
-      if (o->kind == SN_OBJECT && sc->freq[o->req] < (uint32_t)o->np) return -1;
+    case SM_START:
+      return ss_value(sc, t, sc->root, c);
+    case SM_VALUE:
+      return ss_value(sc, t, l->node, c);
+    case SM_OBJ_FIRST:
+    case SM_OBJ_KEY: {
+      const ss_frame *f = ss_top(bs, t);
+      const ss_node *o = &sc->nodes[f->node];
+      if (c == '}' && l->mode == SM_OBJ_FIRST) {
+        if (o->kind == SN_OBJECT && sc->freq[o->req] < (uint32_t)o->np) return -1;
+        ss_pop(t);
+        ss_done(t);
+        return 0;
+      }
+      if (c != '"') return -1;
+      if (o->kind == SN_FREEOBJ) {
+        l->mode = SM_STR;
+        l->key = 1;
+        l->node = SN_ANY_STR;
+        l->x = 0;
+        return 0;
+      }
+      int32_t ch = ss_child(sc, o->trie, '"');
+      if (ch < 0 || !ss_keys_ok(sc, o, f->n, ss_depth(t), ch)) return -1;
+      l->mode = SM_KEY;
+      l->x = (uint32_t)ch;
+      return 0;
+    }
+    case SM_COLON: {
+      if (c != ':') return -1;
+      const ss_frame *f = ss_top(bs, t);
+      const ss_node *o = &sc->nodes[f->node];
+      l->node = o->kind == SN_OBJECT ? sc->props[o->sub + f->n - 1].node : SN_ANY;
+      l->mode = SM_VALUE;
+      return 0;
+    }
+    case SM_ARR_FIRST: {
+      const ss_node *a = &sc->nodes[ss_top(bs, t)->node];
+      if (c == ']') {
+        if (a->a > 0) return -1;
+        ss_pop(t);
+        ss_done(t);
+        return 0;
+      }
+      if (a->b == 0) return -1;
+      ss_top_w(bs, t)->n = 1;
+      return ss_value(sc, t, a->sub, c);
+    }
+    case SM_AFTER:
+    after : {
+      const ss_frame *f = ss_top(bs, t);
+      const ss_node *o = &sc->nodes[f->node];
+      if (o->kind == SN_ARRAY) {
+        if (c == ',') {
+          if (f->n >= o->b || ss_depth(t) + sc->nodes[o->sub].md > JSON_MASK_MAX_DEPTH) return -1;
+          ss_top_w(bs, t)->n++;
+          l->mode = SM_VALUE;
+          l->node = o->sub;
+          return 0;
+        }
+        if (c != ']' || f->n < o->a) return -1;
+      } else {
+        if (c == ',') {
+          if (o->kind == SN_OBJECT && !ss_keys_ok(sc, o, f->n, ss_depth(t), -1)) return -1;
+          l->mode = SM_OBJ_KEY;
+          return 0;
+        }
+        if (c != '}' || (o->kind == SN_OBJECT && sc->freq[o->req + f->n] < (uint32_t)o->np))
+          return -1;
+      }
       ss_pop(t);
       ss_done(t);
       return 0;
     }
-    if (c != '"') return -1;
-    if (o->kind == SN_FREEOBJ) {
-      l->mode = SM_STR;
-      l->key = 1;
-      l->node = SN_ANY_STR;
-      l->x = 0;
-      return 0;
-    }
-    int32_t ch = ss_child(sc, o->trie, '"');
-    if (ch < 0 || !ss_keys_ok(sc, o, f->n, ss_depth(t), ch)) return -1;
-    l->mode = SM_KEY;
-    l->x = (uint32_t)ch;
-    return 0;
-  }
-  case SM_COLON: {
-    if (c != ':') return -1;
-    const ss_frame *f = ss_top(bs, t);
-    const ss_node *o = &sc->nodes[f->node];
-    l->node = o->kind == SN_OBJECT ? sc->props[o->sub + f->n - 1].node : SN_ANY;
-    l->mode = SM_VALUE;
-    return 0;
-  }
-  case SM_ARR_FIRST: {
-    const ss_node *a = &sc->nodes[ss_top(bs, t)->node];
-    if (c == ']') {
-      if (a->a > 0) return -1;
-      ss_pop(t);
-      ss_done(t);
-      return 0;
-    }
-    if (a->b == 0) return -1;
-    ss_top_w(bs, t)->n = 1;
-    return ss_value(sc, t, a->sub, c);
-  }
-  case SM_AFTER:
-  after: {
-    const ss_frame *f = ss_top(bs, t);
-    const ss_node *o = &sc->nodes[f->node];
-    if (o->kind == SN_ARRAY) {
-      if (c == ',') {
-        if (f->n >= o->b || ss_depth(t) + sc->nodes[o->sub].md > JSON_MASK_MAX_DEPTH) return -1;
-        ss_top_w(bs, t)->n++;
-        l->mode = SM_VALUE;
-        l->node = o->sub;
+    case SM_NUM_MINUS:
+    case SM_NUM_ZERO:
+    case SM_NUM_INT:
+    case SM_NUM_DOT:
+    case SM_NUM_FRAC:
+    case SM_NUM_E:
+    case SM_NUM_ESIGN:
+    case SM_NUM_EXP: {
+      uint8_t k = (uint8_t)(l->mode - SM_NUM_MINUS);
+      int r = num_step(&k, c, l->aux);
+      if (r < 0) return -1;
+      if (r == 0) {
+        l->mode = (uint8_t)(SM_NUM_MINUS + k);
         return 0;
       }
-      if (c != ']' || f->n < o->a) return -1;
-    } else {
-      if (c == ',') {
-        if (o->kind == SN_OBJECT && !ss_keys_ok(sc, o, f->n, ss_depth(t), -1)) return -1;
-        l->mode = SM_OBJ_KEY;
-        return 0;
-      }
-      if (c != '}' || (o->kind == SN_OBJECT && sc->freq[o->req + f->n] < (uint32_t)o->np))
-        return -1;
+      ss_done(t); /* the number ended: c is read after it (nothing may follow the root) */
+      if (l->mode != SM_AFTER) return -1;
+      goto after;
     }
-    ss_pop(t);
-    ss_done(t);
-    return 0;
-  }
-  case SM_NUM_MINUS: case SM_NUM_ZERO: case SM_NUM_INT: case SM_NUM_DOT: case SM_NUM_FRAC:
-  case SM_NUM_E: case SM_NUM_ESIGN: case SM_NUM_EXP: {
-    uint8_t k = (uint8_t)(l->mode - SM_NUM_MINUS);
-    int r = num_step(&k, c, l->aux);
-    if (r < 0) return -1;
-    if (r == 0) {
-      l->mode = (uint8_t)(SM_NUM_MINUS + k);
-      return 0;
+    case SM_LIT: {
+      int r = lit_step(&l->aux, c);
+      if (r > 0) ss_done(t);
+      return r < 0 ? -1 : 0;
     }
-    ss_done(t); /* the number ended: c is read after it (nothing may follow the root) */
-    if (l->mode != SM_AFTER) return -1;
-    goto after;
-  }
-  case SM_LIT: {
-    int r = lit_step(&l->aux, c);
-    if (r > 0) ss_done(t);
-    return r < 0 ? -1 : 0;
-  }
-  default: return -1; /* SM_DONE */
+    default:
+      return -1; /* SM_DONE */
   }
 }
 
@@ -878,13 +947,15 @@ static void sv_classify(sv_tok *s, const unsigned char *b, size_t n) {
     s->q = (uint16_t)(i > UINT16_MAX ? 0 : i);
     break;
   }
-  if (l.x >= UINT16_MAX) s->cls = SV_WALK;
-  else s->ncp = (uint16_t)l.x;
+  if (l.x >= UINT16_MAX)
+    s->cls = SV_WALK;
+  else
+    s->ncp = (uint16_t)l.x;
 }
 
 /* ---- the vocabulary --------------------------------------------------------------------- */
 
-enum { TOK_NEVER = 1, TOK_EOS = 2 };    /* jv_tok.flags: never content (special, empty, eos) */
+enum { TOK_NEVER = 1, TOK_EOS = 2 }; /* jv_tok.flags: never content (special, empty, eos) */
 enum { STR_STAY, STR_BREAK, STR_QUOTE, STR_WALK }; /* jv_tok.str: its run through a string */
 
 /* What apply reads for every token: 8 bytes (the bytes themselves are read only for the tokens
@@ -902,13 +973,13 @@ typedef struct jv_tok {
 
 struct json_vocab {
   int n;
-  jv_tok *tok;           /* [n] */
-  sv_tok *sv;            /* [n] */
-  uint16_t *second;      /* [n] the second byte; 256: none (one byte) */
-  size_t *off;           /* [n] into bytes */
-  size_t *len;           /* [n] */
-  unsigned char *bytes;  /* every token's bytes, back to back */
-  int32_t *eos;          /* [n_eos], in range, distinct */
+  jv_tok *tok;          /* [n] */
+  sv_tok *sv;           /* [n] */
+  uint16_t *second;     /* [n] the second byte; 256: none (one byte) */
+  size_t *off;          /* [n] into bytes */
+  size_t *len;          /* [n] */
+  unsigned char *bytes; /* every token's bytes, back to back */
+  int32_t *eos;         /* [n_eos], in range, distinct */
   int n_eos;
 };
 
@@ -1009,9 +1080,9 @@ struct json_mask {
   ss_lex sl;
   int depth;
   ss_frame stack[JSON_MASK_MAX_DEPTH];
-  int prep;              /* the n_vocab the allowed set in bits was prepared for; 0: none */
-  int cap;               /* the ids bits has room for (its vocabulary's size when allocated) */
-  uint64_t bits[];       /* [(cap + 63) / 64] json_mask_prepare's set: bit i set, id i allowed */
+  int prep;        /* the n_vocab the allowed set in bits was prepared for; 0: none */
+  int cap;         /* the ids bits has room for (its vocabulary's size when allocated) */
+  uint64_t bits[]; /* [(cap + 63) / 64] json_mask_prepare's set: bit i set, id i allowed */
 };
 
 json_mask *json_mask_new(const json_vocab *v) {
@@ -1094,8 +1165,10 @@ JM_INLINE void out_end(jm_out *o, int n) {
 
 /* forbids id i after out_end */
 JM_INLINE void out_forbid(jm_out *o, int i) {
-  if (o->to_bits) o->bits[i >> 6] &= ~((uint64_t)1 << (i & 63));
-  else o->logits[i] = -INFINITY;
+  if (o->to_bits)
+    o->bits[i >> 6] &= ~((uint64_t)1 << (i & 63));
+  else
+    o->logits[i] = -INFINITY;
 }
 
 /* ---- the schema mask -------------------------------------------------------------------- */
@@ -1146,7 +1219,7 @@ JM_INLINE int sm_in_string(const json_mask *m, jm_out *o, int n) {
   const json_vocab *v = m->v;
   const ss_node *nd = &m->sc->nodes[m->sl.node];
   uint32_t cnt = m->sl.x;
-  uint32_t room = nd->b - cnt;                  /* code points the string may still take */
+  uint32_t room = nd->b - cnt;                   /* code points the string may still take */
   uint32_t need = nd->a > cnt ? nd->a - cnt : 0; /* and must still take */
   ss_try t0, sq;
   sm_begin(&t0, m);
@@ -1171,8 +1244,10 @@ JM_INLINE int sm_in_string(const json_mask *m, jm_out *o, int n) {
     else if (cls == SV_WALK)
       ok = sm_walk(m, &t0, v->bytes + v->off[i], v->len[i]);
     n_ok += ok;
-    if (!bounded) out_put(o, i, ok, 0); /* rarely forbidden: predictable */
-    else out_put(o, i, ok, 1);
+    if (!bounded)
+      out_put(o, i, ok, 0); /* rarely forbidden: predictable */
+    else
+      out_put(o, i, ok, 1);
   }
   return n_ok;
 }
@@ -1356,8 +1431,10 @@ JM_INLINE void jm_compute(const json_mask *m, jm_out *o, int n) {
   const json_state *s = &m->s;
   int n_ok = 0;
   if (m->sc) {
-    if (m->dead || m->sl.mode == SM_DONE) jm_only_eos(v, o, n);
-    else n_ok = sm_compute(m, o, n);
+    if (m->dead || m->sl.mode == SM_DONE)
+      jm_only_eos(v, o, n);
+    else
+      n_ok = sm_compute(m, o, n);
   } else if (m->dead || s->mode == JS_DONE || s->mode == JS_DEAD)
     jm_only_eos(v, o, n);
   else if (s->mode == JS_STR)
@@ -1445,8 +1522,10 @@ int json_mask_feed(json_mask *m, const char *b, size_t n) {
     if (sm_feed(m, u, n)) m->dead = 1;
   } else {
     json_state s = m->s;
-    if (js_feed(&s, u, n)) m->dead = 1;
-    else m->s = s;
+    if (js_feed(&s, u, n))
+      m->dead = 1;
+    else
+      m->s = s;
   }
   return m->dead ? -1 : 0;
 }

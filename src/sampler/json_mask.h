@@ -75,7 +75,7 @@ typedef struct json_vocab json_vocab;
  * (treated as length 0). Returns NULL on out of memory or when n_vocab < 0. */
 json_vocab *json_vocab_new(int n_vocab, const char *const *bytes, const size_t *lens,
                            const unsigned char *special, const int32_t *eos, int n_eos);
-void json_vocab_free(json_vocab *v); /* NULL is fine */
+void json_vocab_free(json_vocab *v);      /* NULL is fine */
 int json_vocab_size(const json_vocab *v); /* its n_vocab */
 
 /* ---- one request's mask ----------------------------------------------------------------- */

@@ -49,13 +49,13 @@ typedef struct cc {
   char *err;
   size_t errlen;
   int failed;
-  size_t cap_nodes, n_props, cap_props, n_freq, cap_freq, n_first, cap_first, n_tn, cap_tn,
-      n_e, cap_e, cap_ech, n_bits, cap_bits, n_br, cap_br, n_wl, cap_wl, cap_pname;
+  size_t cap_nodes, n_props, cap_props, n_freq, cap_freq, n_first, cap_first, n_tn, cap_tn, n_e,
+      cap_e, cap_ech, n_bits, cap_bits, n_br, cap_br, n_wl, cap_wl, cap_pname;
   caux *aux;
   int *br;
-  char **pname;    /* [n_props] property names */
+  char **pname; /* [n_props] property names */
   size_t *pnamelen;
-  int *psort;      /* [n_props] each object's property indices (from its first) by name */
+  int *psort;            /* [n_props] each object's property indices (from its first) by name */
   const json_t **memo_k; /* $ref targets (open addressing on the pointer) -> memo_v */
   int *memo_v;
   size_t memo_cap, memo_n;
@@ -314,14 +314,15 @@ static char *canon(const json_t *v, int *depth) {
 
 /* ---- keywords --------------------------------------------------------------------------- */
 
-static const char *const annotations[] = {"title",    "description", "default",   "examples",
-                                          "$schema",  "$id",         "$comment",  "deprecated",
-                                          "readOnly", "writeOnly",   "strict",    "name",
-                                          NULL};
+static const char *const annotations[] = {
+    "title",      "description", "default",   "examples", "$schema", "$id", "$comment",
+    "deprecated", "readOnly",    "writeOnly", "strict",   "name",    NULL};
 static const char *const supported[] = {
-    "type",     "properties", "required",  "additionalProperties", "items",  "minItems",
-    "maxItems", "minLength",  "maxLength", "enum",                 "const",  "anyOf",
-    "oneOf",    "$ref",       "$defs",     "definitions",          NULL};
+    "type",      "properties", "required", "additionalProperties",
+    "items",     "minItems",   "maxItems", "minLength",
+    "maxLength", "enum",       "const",    "anyOf",
+    "oneOf",     "$ref",       "$defs",    "definitions",
+    NULL};
 
 static int in_list(const char *const *l, const char *k) {
   for (; *l; l++)
@@ -450,8 +451,7 @@ static int cref(cc *c, const json_t *ref) {
   int ph = memo_get(c, target);
   if (ph >= 0) return ph;
   ph = new_node(c, SN_REF);
-  if (ph < 0 || grow(c, &c->wl, &c->cap_wl, c->n_wl + 1, sizeof *c->wl) ||
-      memo_put(c, target, ph))
+  if (ph < 0 || grow(c, &c->wl, &c->cap_wl, c->n_wl + 1, sizeof *c->wl) || memo_put(c, target, ph))
     return -1;
   char *p = strdup(r);
   if (!p) return oom(c);
@@ -484,9 +484,12 @@ static int prop_find(const cc *c, size_t p0, size_t np, const char *nm, size_t n
     size_t mid = (lo + hi) / 2;
     size_t k = p0 + (size_t)c->psort[p0 + mid];
     int r = name_cmp2(c->pname[k], c->pnamelen[k], nm, nl);
-    if (r < 0) lo = mid + 1;
-    else if (r > 0) hi = mid;
-    else return c->psort[p0 + mid];
+    if (r < 0)
+      lo = mid + 1;
+    else if (r > 0)
+      hi = mid;
+    else
+      return c->psort[p0 + mid];
   }
   return -1;
 }
@@ -498,8 +501,9 @@ static int cobject(cc *c, const json_t *sch, int level) {
   const json_t *ap = json_object_get(sch, "additionalProperties");
   if (ap && !json_is_false(ap)) {
     size_t o = path_push(c, "additionalProperties", 20);
-    fail(c, "'additionalProperties' must be false or absent (keys other than the properties "
-            "are never generated)");
+    fail(c,
+         "'additionalProperties' must be false or absent (keys other than the properties "
+         "are never generated)");
     path_pop(c, o);
     return -1;
   }
@@ -573,8 +577,7 @@ static int cobject(cc *c, const json_t *sch, int level) {
     int jj = prop_find(c, p0, np, nm, nl);
     if (jj < 0) return fail(c, "required property \"%.64s\" is not in 'properties'", nm);
     size_t j = (size_t)jj;
-    if (s->props[p0 + j].required)
-      return fail(c, "'required' lists \"%.64s\" twice", nm);
+    if (s->props[p0 + j].required) return fail(c, "'required' lists \"%.64s\" twice", nm);
     s->props[p0 + j].required = 1;
   }
   size_t f0 = c->n_freq;
@@ -599,8 +602,10 @@ static int cobject(cc *c, const json_t *sch, int level) {
     }
     enc[k] = json_dumps(js, JSON_ENCODE_ANY | JSON_COMPACT);
     json_decref(js);
-    if (!enc[k]) rc = oom(c);
-    else L[k] = (lit){(const unsigned char *)enc[k], strlen(enc[k]), (int)k};
+    if (!enc[k])
+      rc = oom(c);
+    else
+      L[k] = (lit){(const unsigned char *)enc[k], strlen(enc[k]), (int)k};
   }
   int nw = (int)((np + 63) / 64);
   int root = rc ? -1 : trie_build(c, L, (int)np, nw);
@@ -669,9 +674,16 @@ static int cunion(cc *c, const int *br, int n, const char *kw) {
 
 /* ---- one schema ------------------------------------------------------------------------- */
 
-enum { T_OBJECT = 1, T_ARRAY = 2, T_STRING = 4, T_NUMBER = 8, T_INTEGER = 16, T_BOOLEAN = 32,
-       T_NULL = 64 };
-static const char *const type_names[] = {"object", "array",   "string", "number",
+enum {
+  T_OBJECT = 1,
+  T_ARRAY = 2,
+  T_STRING = 4,
+  T_NUMBER = 8,
+  T_INTEGER = 16,
+  T_BOOLEAN = 32,
+  T_NULL = 64
+};
+static const char *const type_names[] = {"object",  "array",   "string", "number",
                                          "integer", "boolean", "null"};
 
 static int type_bit(const json_t *t) {
@@ -732,22 +744,25 @@ static int cnode(cc *c, const json_t *sch, int level) {
       if (!json_array_size(ty)) return fail(c, "'type' must not be an empty array");
       for (size_t i = 0; i < json_array_size(ty); i++) {
         int b = type_bit(json_array_get(ty, i));
-        if (b < 0) return fail(c, "'type' must be one of object, array, string, number, "
-                                  "integer, boolean, null, or an array of them");
-        if (tm & b) return fail(c, "'type' lists \"%s\" twice",
-                                json_string_value(json_array_get(ty, i)));
+        if (b < 0)
+          return fail(c,
+                      "'type' must be one of object, array, string, number, "
+                      "integer, boolean, null, or an array of them");
+        if (tm & b)
+          return fail(c, "'type' lists \"%s\" twice", json_string_value(json_array_get(ty, i)));
         tm |= b;
       }
     } else {
       tm = type_bit(ty);
-      if (tm < 0) return fail(c, "'type' must be one of object, array, string, number, integer, "
-                                 "boolean, null, or an array of them");
+      if (tm < 0)
+        return fail(c,
+                    "'type' must be one of object, array, string, number, integer, "
+                    "boolean, null, or an array of them");
     }
   } else {
-    static const char *const fam[3][4] = {
-        {"properties", "required", "additionalProperties", NULL},
-        {"items", "minItems", "maxItems", NULL},
-        {"minLength", "maxLength", NULL, NULL}};
+    static const char *const fam[3][4] = {{"properties", "required", "additionalProperties", NULL},
+                                          {"items", "minItems", "maxItems", NULL},
+                                          {"minLength", "maxLength", NULL, NULL}};
     const char *seen[3] = {NULL, NULL, NULL};
     int nf = 0;
     for (int f = 0; f < 3; f++)
@@ -769,13 +784,27 @@ static int cnode(cc *c, const json_t *sch, int level) {
     if (!(tm & (1 << i))) continue;
     int node;
     switch (1 << i) {
-    case T_OBJECT: node = cobject(c, sch, level); break;
-    case T_ARRAY: node = carray(c, sch, level); break;
-    case T_STRING: node = cstring(c, sch); break;
-    case T_NUMBER: node = SN_ANY_NUM; break;
-    case T_INTEGER: node = SN_ANY_INT; break;
-    case T_BOOLEAN: node = SN_ANY_BOOL; break;
-    default: node = SN_ANY_NULL; break;
+      case T_OBJECT:
+        node = cobject(c, sch, level);
+        break;
+      case T_ARRAY:
+        node = carray(c, sch, level);
+        break;
+      case T_STRING:
+        node = cstring(c, sch);
+        break;
+      case T_NUMBER:
+        node = SN_ANY_NUM;
+        break;
+      case T_INTEGER:
+        node = SN_ANY_INT;
+        break;
+      case T_BOOLEAN:
+        node = SN_ANY_BOOL;
+        break;
+      default:
+        node = SN_ANY_NULL;
+        break;
     }
     if (node < 0) return -1;
     br[n++] = node;
@@ -840,52 +869,58 @@ static int validate(cc *c, int n, const json_t *v, int level) {
   if (level > 4 * JS_MAX_LEVEL + 64) return 0;
   const ss_node *nd = &s->nodes[n];
   switch (nd->kind) {
-  case SN_UNION:
-    if (n == SN_ANY) return 1;
-    for (int i = 0; i < c->aux[n].nbr; i++)
-      if (validate(c, c->br[c->aux[n].br0 + i], v, level + 1)) return 1;
-    return 0;
-  case SN_OBJECT: {
-    if (!json_is_object(v)) return 0;
-    const char *key;
-    size_t klen;
-    json_t *x;
-    json_object_keylen_foreach((json_t *)v, key, klen, x) {
-      int j = prop_find(c, (size_t)nd->sub, (size_t)nd->np, key, klen);
-      if (j < 0 || !validate(c, s->props[nd->sub + j].node, x, level + 1)) return 0;
+    case SN_UNION:
+      if (n == SN_ANY) return 1;
+      for (int i = 0; i < c->aux[n].nbr; i++)
+        if (validate(c, c->br[c->aux[n].br0 + i], v, level + 1)) return 1;
+      return 0;
+    case SN_OBJECT: {
+      if (!json_is_object(v)) return 0;
+      const char *key;
+      size_t klen;
+      json_t *x;
+      json_object_keylen_foreach((json_t *)v, key, klen, x) {
+        int j = prop_find(c, (size_t)nd->sub, (size_t)nd->np, key, klen);
+        if (j < 0 || !validate(c, s->props[nd->sub + j].node, x, level + 1)) return 0;
+      }
+      for (int j = 0; j < nd->np; j++)
+        if (s->props[nd->sub + j].required &&
+            !json_object_getn(v, c->pname[nd->sub + j], c->pnamelen[nd->sub + j]))
+          return 0;
+      return 1;
     }
-    for (int j = 0; j < nd->np; j++)
-      if (s->props[nd->sub + j].required &&
-          !json_object_getn(v, c->pname[nd->sub + j], c->pnamelen[nd->sub + j]))
-        return 0;
-    return 1;
-  }
-  case SN_FREEOBJ: return json_is_object(v);
-  case SN_ARRAY: {
-    if (!json_is_array(v)) return 0;
-    size_t na = json_array_size(v);
-    if (na < nd->a || na > nd->b) return 0;
-    for (size_t i = 0; i < na; i++)
-      if (!validate(c, nd->sub, json_array_get(v, i), level + 1)) return 0;
-    return 1;
-  }
-  case SN_STRING: {
-    if (!json_is_string(v)) return 0;
-    size_t k = utf8_cps(json_string_value(v), json_string_length(v));
-    return k >= nd->a && k <= nd->b;
-  }
-  case SN_NUMBER: return json_is_number(v);
-  case SN_INTEGER: return json_is_integer(v);
-  case SN_BOOL: return json_is_boolean(v);
-  case SN_NULL: return json_is_null(v);
-  case SN_ENUM: {
-    const json_t *vals = c->aux[n].vals;
-    for (size_t i = 0; i < json_array_size(vals); i++)
-      if (json_equal((json_t *)v, json_array_get(vals, i)))
-        return validate(c, c->aux[n].base, v, level + 1);
-    return 0;
-  }
-  default: return 0;
+    case SN_FREEOBJ:
+      return json_is_object(v);
+    case SN_ARRAY: {
+      if (!json_is_array(v)) return 0;
+      size_t na = json_array_size(v);
+      if (na < nd->a || na > nd->b) return 0;
+      for (size_t i = 0; i < na; i++)
+        if (!validate(c, nd->sub, json_array_get(v, i), level + 1)) return 0;
+      return 1;
+    }
+    case SN_STRING: {
+      if (!json_is_string(v)) return 0;
+      size_t k = utf8_cps(json_string_value(v), json_string_length(v));
+      return k >= nd->a && k <= nd->b;
+    }
+    case SN_NUMBER:
+      return json_is_number(v);
+    case SN_INTEGER:
+      return json_is_integer(v);
+    case SN_BOOL:
+      return json_is_boolean(v);
+    case SN_NULL:
+      return json_is_null(v);
+    case SN_ENUM: {
+      const json_t *vals = c->aux[n].vals;
+      for (size_t i = 0; i < json_array_size(vals); i++)
+        if (json_equal((json_t *)v, json_array_get(vals, i)))
+          return validate(c, c->aux[n].base, v, level + 1);
+      return 0;
+    }
+    default:
+      return 0;
   }
 }
 
@@ -930,8 +965,10 @@ static int build_enum(cc *c, int n) {
 }
 
 static void byte_name(char *b, size_t n, int ch) {
-  if (ch > 0x20 && ch < 0x7f) snprintf(b, n, "'%c'", ch);
-  else snprintf(b, n, "byte 0x%02x", ch);
+  if (ch > 0x20 && ch < 0x7f)
+    snprintf(b, n, "'%c'", ch);
+  else
+    snprintf(b, n, "byte 0x%02x", ch);
 }
 
 /* fills node n's table (state: 0 not done, 1 in progress, 2 done) */
@@ -956,25 +993,38 @@ static int build_union(cc *c, int n, uint8_t *state) {
     for (int i = 0; i < 256; i++) bt[i] = -1;
     const ss_node *nd = &s->nodes[b];
     switch (nd->kind) {
-    case SN_UNION:
-      if (build_union(c, b, state)) return -1;
-      memcpy(bt, s->first + s->nodes[b].sub, sizeof bt);
-      break;
-    case SN_OBJECT: case SN_FREEOBJ: bt['{'] = b; break;
-    case SN_ARRAY: bt['['] = b; break;
-    case SN_STRING: bt['"'] = b; break;
-    case SN_NUMBER: case SN_INTEGER:
-      bt['-'] = b;
-      for (int d = '0'; d <= '9'; d++) bt[d] = b;
-      break;
-    case SN_BOOL: bt['t'] = bt['f'] = b; break;
-    case SN_NULL: bt['n'] = b; break;
-    case SN_ENUM: {
-      const ss_tnode *r = &s->tn[nd->sub];
-      for (int e = 0; e < r->ne; e++) bt[s->ec[r->e0 + e]] = b;
-      break;
-    }
-    default: break;
+      case SN_UNION:
+        if (build_union(c, b, state)) return -1;
+        memcpy(bt, s->first + s->nodes[b].sub, sizeof bt);
+        break;
+      case SN_OBJECT:
+      case SN_FREEOBJ:
+        bt['{'] = b;
+        break;
+      case SN_ARRAY:
+        bt['['] = b;
+        break;
+      case SN_STRING:
+        bt['"'] = b;
+        break;
+      case SN_NUMBER:
+      case SN_INTEGER:
+        bt['-'] = b;
+        for (int d = '0'; d <= '9'; d++) bt[d] = b;
+        break;
+      case SN_BOOL:
+        bt['t'] = bt['f'] = b;
+        break;
+      case SN_NULL:
+        bt['n'] = b;
+        break;
+      case SN_ENUM: {
+        const ss_tnode *r = &s->tn[nd->sub];
+        for (int e = 0; e < r->ne; e++) bt[s->ec[r->e0 + e]] = b;
+        break;
+      }
+      default:
+        break;
     }
     for (int i = 0; i < 256; i++) {
       if (bt[i] < 0) continue;
@@ -1079,21 +1129,34 @@ static int finish(cc *c, int root_ph) {
         const ss_node *nd = &s->nodes[i];
         int m = SN_MD_NONE;
         switch (nd->kind) {
-        case SN_STRING: case SN_NUMBER: case SN_INTEGER: case SN_BOOL: case SN_NULL: m = 0; break;
-        case SN_FREEOBJ: m = 1; break;
-        case SN_ENUM: m = nd->md; break;
-        case SN_ARRAY: m = nd->a ? 1 + md[nd->sub] : 1; break;
-        case SN_OBJECT:
-          m = 1;
-          for (int j = 0; j < nd->np; j++)
-            if (s->props[nd->sub + j].required && 1 + md[s->props[nd->sub + j].node] > m)
-              m = 1 + md[s->props[nd->sub + j].node];
-          break;
-        case SN_UNION:
-          for (int k = 0; k < utn[i]; k++)
-            if (md[ut[ut0[i] + k]] < m) m = md[ut[ut0[i] + k]];
-          break;
-        default: break; /* refs: unused */
+          case SN_STRING:
+          case SN_NUMBER:
+          case SN_INTEGER:
+          case SN_BOOL:
+          case SN_NULL:
+            m = 0;
+            break;
+          case SN_FREEOBJ:
+            m = 1;
+            break;
+          case SN_ENUM:
+            m = nd->md;
+            break;
+          case SN_ARRAY:
+            m = nd->a ? 1 + md[nd->sub] : 1;
+            break;
+          case SN_OBJECT:
+            m = 1;
+            for (int j = 0; j < nd->np; j++)
+              if (s->props[nd->sub + j].required && 1 + md[s->props[nd->sub + j].node] > m)
+                m = 1 + md[s->props[nd->sub + j].node];
+            break;
+          case SN_UNION:
+            for (int k = 0; k < utn[i]; k++)
+              if (md[ut[ut0[i] + k]] < m) m = md[ut[ut0[i] + k]];
+            break;
+          default:
+            break; /* refs: unused */
         }
         if (m <= L) {
           md[i] = (uint8_t)m;
@@ -1122,8 +1185,7 @@ static int finish(cc *c, int root_ph) {
         (r->kind == SN_ENUM && c->aux[s->root].all_objects)))
     return fail(c, "the root must be an object schema");
   if (r->md > JSON_MASK_MAX_DEPTH)
-    return fail(c, "the schema has no instance within %d levels of nesting",
-                JSON_MASK_MAX_DEPTH);
+    return fail(c, "the schema has no instance within %d levels of nesting", JSON_MASK_MAX_DEPTH);
   return 0;
 }
 
@@ -1144,8 +1206,8 @@ void json_schema_free(json_schema *s) {
 
 /* the built-in nodes: SN_ANY (a union of the others but the integer) and the free kinds */
 static int builtins(cc *c) {
-  static const int kinds[SN_N_BUILTIN] = {SN_UNION, SN_FREEOBJ, SN_ARRAY, SN_STRING,
-                                          SN_NUMBER, SN_BOOL, SN_NULL, SN_INTEGER};
+  static const int kinds[SN_N_BUILTIN] = {SN_UNION,  SN_FREEOBJ, SN_ARRAY, SN_STRING,
+                                          SN_NUMBER, SN_BOOL,    SN_NULL,  SN_INTEGER};
   static const uint8_t mds[SN_N_BUILTIN] = {0, 1, 1, 0, 0, 0, 0, 0};
   json_schema *s = c->s;
   for (int i = 0; i < SN_N_BUILTIN; i++) {
@@ -1190,8 +1252,10 @@ json_schema *json_schema_compile(const json_t *schema, char *err, size_t errlen)
     int ph = new_node(&c, SN_REF);
     if (ph >= 0 && !grow(&c, &c.wl, &c.cap_wl, 1, sizeof *c.wl) && !memo_put(&c, schema, ph)) {
       char *p = strdup("#");
-      if (!p) oom(&c);
-      else c.wl[c.n_wl++] = (work){schema, ph, p};
+      if (!p)
+        oom(&c);
+      else
+        c.wl[c.n_wl++] = (work){schema, ph, p};
       /* the root, then each $ref target once */
       for (size_t i = 0; i < c.n_wl && !c.failed; i++) {
         snprintf(c.path, sizeof c.path, "%.400s", c.wl[i].path);

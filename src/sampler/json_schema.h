@@ -92,8 +92,17 @@ enum {
 };
 
 /* built-in nodes */
-enum { SN_ANY = 0, SN_ANY_OBJ, SN_ANY_ARR, SN_ANY_STR, SN_ANY_NUM, SN_ANY_BOOL, SN_ANY_NULL,
-       SN_ANY_INT, SN_N_BUILTIN };
+enum {
+  SN_ANY = 0,
+  SN_ANY_OBJ,
+  SN_ANY_ARR,
+  SN_ANY_STR,
+  SN_ANY_NUM,
+  SN_ANY_BOOL,
+  SN_ANY_NULL,
+  SN_ANY_INT,
+  SN_N_BUILTIN
+};
 
 #define SN_UNLIMITED UINT32_MAX /* b of a string or an array without a maximum */
 #define SN_MD_NONE 255          /* md of a node with no finite instance */

@@ -34,7 +34,7 @@
 #endif
 #endif
 
-#define SAMPLE_RULE_GREEDY_T 1e-5f /* temperatures below: the argmax rule */
+#define SAMPLE_RULE_GREEDY_T 1e-5f              /* temperatures below: the argmax rule */
 #define SAMPLE_RULE_MASS_SCALE 1099511627776.0f /* 2^40 */
 /* A device sample op's parameters: SAMPLE_RULE_WORDS int32 per row (sample_rule_pack), then the
  * rows' edits, SAMPLE_RULE_EDIT_WORDS each (sample_rule_edit_pack), row i's n_edits of them from

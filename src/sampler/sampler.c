@@ -265,9 +265,8 @@ int32_t sampler_argmax(const float *x, int n) {
 }
 
 int sampler_is_plain_greedy(const sampling_params *p) {
-  return p->temperature < 1e-5f && p->repetition_penalty == 1.0f &&
-         p->presence_penalty == 0.0f && p->frequency_penalty == 0.0f && !p->logprobs &&
-         p->n_bias == 0 && p->min_tokens == 0;
+  return p->temperature < 1e-5f && p->repetition_penalty == 1.0f && p->presence_penalty == 0.0f &&
+         p->frequency_penalty == 0.0f && !p->logprobs && p->n_bias == 0 && p->min_tokens == 0;
 }
 
 int sampler_device_ok(const sampling_params *p) {
@@ -290,8 +289,8 @@ static sample_rule_edit *sampler_edit_of(sample_rule_edit *ed, int *n, int cap, 
 }
 
 int sampler_device_edits(const sampling_params *p, const int32_t *output, int n_output,
-                         const int32_t *ban, int n_ban, int n_vocab, sample_rule_edit *ed,
-                         int cap, sampler_scratch *w) {
+                         const int32_t *ban, int n_ban, int n_vocab, sample_rule_edit *ed, int cap,
+                         sampler_scratch *w) {
   CHECK(w->n_vocab >= n_vocab);
   int n = 0, full = 0;
   if (p->frequency_penalty != 0.0f || p->presence_penalty != 0.0f) {
@@ -408,8 +407,8 @@ static int32_t sampler_pick(const sampling_params *p, const float *logits, int n
   return tok;
 }
 
-int32_t sampler_sample(sampler *s, float *logits, int n_vocab, const int32_t *prompt,
-                       int n_prompt, const int32_t *output, int n_output, sampler_scratch *w,
+int32_t sampler_sample(sampler *s, float *logits, int n_vocab, const int32_t *prompt, int n_prompt,
+                       const int32_t *output, int n_output, sampler_scratch *w,
                        sampler_result *res) {
   const sampling_params *p = &s->p;
   memset(res, 0, sizeof *res);

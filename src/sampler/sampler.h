@@ -21,9 +21,9 @@ typedef struct sampling_params {
   float frequency_penalty;  /* 0 = off */
   uint64_t seed;
   int has_seed;
-  int max_tokens;   /* >= 1 */
-  int min_tokens;   /* 0..max_tokens: no end token (the model's eos unless ignore_eos, and
-                       stop_ids) is sampled while the output is shorter (engine_ban_ends) */
+  int max_tokens; /* >= 1 */
+  int min_tokens; /* 0..max_tokens: no end token (the model's eos unless ignore_eos, and
+                     stop_ids) is sampled while the output is shorter (engine_ban_ends) */
   int ignore_eos;
   int32_t stop_ids[SAMPLER_MAX_STOP_IDS]; /* extra stop token ids (besides the model's eos) */
   int n_stop_ids;
@@ -119,8 +119,8 @@ int sampler_is_plain_greedy(const sampling_params *p);
  * logits and w. top-k selects (histogram, then a sort of the few at the cut) and top-p sorts
  * in O(n) (radix); the candidates' order (probability descending, ties to the lowest id) is
  * the rule's. */
-int32_t sampler_sample(sampler *s, float *logits, int n_vocab, const int32_t *prompt,
-                       int n_prompt, const int32_t *output, int n_output, sampler_scratch *w,
+int32_t sampler_sample(sampler *s, float *logits, int n_vocab, const int32_t *prompt, int n_prompt,
+                       const int32_t *output, int n_output, sampler_scratch *w,
                        sampler_result *res);
 
 /* 1 when a backend's sample op can pick sampler_sample's token: no repetition_penalty (it
@@ -137,8 +137,8 @@ int sampler_device_edit_free(const sampling_params *p);
  * sampler_sample) touches, in ed[0..) — what sampler_apply_penalties and the ban do to the
  * logits, bit for bit. Returns their number, or -1 when more than cap would be needed. */
 int sampler_device_edits(const sampling_params *p, const int32_t *output, int n_output,
-                         const int32_t *ban, int n_ban, int n_vocab, sample_rule_edit *ed,
-                         int cap, sampler_scratch *w);
+                         const int32_t *ban, int n_ban, int n_vocab, sample_rule_edit *ed, int cap,
+                         sampler_scratch *w);
 
 /* The row's words for a backend sample op (sample_rule_pack: temperature, top_k, top_p, min_p,
  * the draw's 53 bits, its edits' place), advancing the RNG exactly as sampler_sample would (one

@@ -13,15 +13,21 @@ static const struct {
   int n;
   double le[METRICS_MAX_BUCKETS];
 } hist_def[METRICS_N_HIST] = {
-    [METRICS_TTFT] = {"time_to_first_token_seconds", "Histogram of time to first token in seconds.", 20,
-                      {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
-                       7.5, 10.0, 20.0, 40.0, 80.0, 160.0}},
-    [METRICS_ITL] = {"inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", 19,
-                     {0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0,
-                      2.5, 5.0, 10.0, 20.0, 80.0}},
-    [METRICS_E2E] = {"e2e_request_latency_seconds", "Histogram of end-to-end request latency in seconds.",
-                     20, {0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 60.0,
-                          120.0, 240.0, 480.0, 960.0, 1920.0}},
+    [METRICS_TTFT] = {"time_to_first_token_seconds",
+                      "Histogram of time to first token in seconds.",
+                      20,
+                      {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1,  0.25, 0.5,
+                       0.75,  1.0,   2.5,  5.0,  7.5,  10.0, 20.0, 40.0, 80.0, 160.0}},
+    [METRICS_ITL] = {"inter_token_latency_seconds",
+                     "Histogram of inter-token latency in seconds.",
+                     19,
+                     {0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
+                      1.0, 2.5, 5.0, 10.0, 20.0, 80.0}},
+    [METRICS_E2E] = {"e2e_request_latency_seconds",
+                     "Histogram of end-to-end request latency in seconds.",
+                     20,
+                     {0.05, 0.1,  0.3,  0.5,  0.8,  1.0,   1.5,   2.0,   2.5,   5.0,
+                      10.0, 15.0, 20.0, 30.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0}},
 };
 
 static const char *finish_reasons[] = {"stop", "length", "abort", "error"};
@@ -49,9 +55,12 @@ static char *escape_label(const char *s) {
   if (!o) return NULL;
   size_t j = 0;
   for (size_t i = 0; i < n; i++) {
-    if (s[i] == '\\' || s[i] == '"') o[j++] = '\\', o[j++] = s[i];
-    else if (s[i] == '\n') o[j++] = '\\', o[j++] = 'n';
-    else o[j++] = s[i];
+    if (s[i] == '\\' || s[i] == '"')
+      o[j++] = '\\', o[j++] = s[i];
+    else if (s[i] == '\n')
+      o[j++] = '\\', o[j++] = 'n';
+    else
+      o[j++] = s[i];
   }
   o[j] = 0;
   return o;
@@ -140,24 +149,32 @@ char *metrics_render(metrics *m, const engine_stats *s) {
   strbuf b;
   strbuf_init(&b);
   if (s) {
-    gauge(&b, &c, "num_requests_running", "Number of requests in model execution batches.", s->num_running);
-    gauge(&b, &c, "num_requests_waiting", "Number of requests waiting to be processed.", s->num_waiting);
-    counter(&b, &c, "prompt_tokens_total", "Number of prompt tokens processed.", s->prompt_tokens_total);
+    gauge(&b, &c, "num_requests_running", "Number of requests in model execution batches.",
+          s->num_running);
+    gauge(&b, &c, "num_requests_waiting", "Number of requests waiting to be processed.",
+          s->num_waiting);
+    counter(&b, &c, "prompt_tokens_total", "Number of prompt tokens processed.",
+            s->prompt_tokens_total);
     counter(&b, &c, "generation_tokens_total", "Number of generation tokens processed.",
             s->generation_tokens_total);
     counter(&b, &c, "prompt_tokens_computed_total",
             "Number of prompt tokens actually computed (not restored from the prefix cache).",
             s->prefilled_tokens_total);
     counter(&b, &c, "num_preemptions_total", "Number of preemptions by recompute.", s->preemptions);
-    counter(&b, &c, "engine_requests_finished_total", "Requests the engine finished.", s->requests_finished);
-    counter(&b, &c, "engine_requests_cancelled_total", "Requests the engine cancelled.", s->requests_cancelled);
-    counter(&b, &c, "engine_requests_failed_total", "Requests the engine failed.", s->requests_failed);
+    counter(&b, &c, "engine_requests_finished_total", "Requests the engine finished.",
+            s->requests_finished);
+    counter(&b, &c, "engine_requests_cancelled_total", "Requests the engine cancelled.",
+            s->requests_cancelled);
+    counter(&b, &c, "engine_requests_failed_total", "Requests the engine failed.",
+            s->requests_failed);
     gauge(&b, &c, "kv_pages_total", "KV cache pages in the pool.", s->kv_pages_total);
     gauge(&b, &c, "kv_pages_used", "KV cache pages in use by running requests.", s->kv_pages_used);
-    gauge(&b, &c, "kv_pages_cached", "KV cache pages held only by the prefix cache.", s->kv_pages_cached);
+    gauge(&b, &c, "kv_pages_cached", "KV cache pages held only by the prefix cache.",
+          s->kv_pages_cached);
     gauge(&b, &c, "kv_cache_usage_perc", "KV cache usage (1 means 100 percent).",
           s->kv_pages_total > 0 ? (double)s->kv_pages_used / s->kv_pages_total : 0.0);
-    gauge(&b, &c, "state_slots_total", "Recurrent-state slots for running sequences.", s->slots_total);
+    gauge(&b, &c, "state_slots_total", "Recurrent-state slots for running sequences.",
+          s->slots_total);
     gauge(&b, &c, "state_slots_used", "Recurrent-state slots in use.", s->slots_used);
     gauge(&b, &c, "state_slot_usage_perc", "State slot usage (1 means 100 percent).",
           s->slots_total > 0 ? (double)s->slots_used / s->slots_total : 0.0);
@@ -167,8 +184,8 @@ char *metrics_render(metrics *m, const engine_stats *s) {
     counter(&b, &c, "prefix_cache_queries_total", "Prefix-cache lookups.", s->prefix_queries);
     counter(&b, &c, "prefix_cache_hits_total", "Prefix-cache lookups that restored a checkpoint.",
             s->prefix_hits);
-    counter(&b, &c, "prefix_cache_hit_tokens_total", "Prompt tokens restored from the prefix cache.",
-            s->prefix_hit_tokens);
+    counter(&b, &c, "prefix_cache_hit_tokens_total",
+            "Prompt tokens restored from the prefix cache.", s->prefix_hit_tokens);
     counter(&b, &c, "prefix_cache_captures_total", "Checkpoints captured.", s->prefix_captures);
     counter(&b, &c, "prefix_cache_capture_failures_total", "Checkpoint captures that failed.",
             s->prefix_capture_failures);
@@ -182,7 +199,8 @@ char *metrics_render(metrics *m, const engine_stats *s) {
             "Device time of checkpoint restores (slab to slot, with the copy-on-write page), a "
             "pause between two steps.",
             s->ckpt_restore_ms_sum * 1e-3, s->ckpt_restores_timed);
-    gauge(&b, &c, "max_model_len", "Longest sequence (prompt + generation) served.", s->max_model_len);
+    gauge(&b, &c, "max_model_len", "Longest sequence (prompt + generation) served.",
+          s->max_model_len);
   }
   for (int k = 0; k < METRICS_N_HIST; k++) {
     head(&b, hist_def[k].name, "histogram", hist_def[k].help);
@@ -190,28 +208,31 @@ char *metrics_render(metrics *m, const engine_stats *s) {
     for (int i = 0; i <= hist_def[k].n; i++) {
       cum += c.h[k].bucket[i];
       if (i < hist_def[k].n)
-        strbuf_printf(&b, "deltaserve:%s_bucket{le=\"%g\",model_name=\"%s\"} %llu\n", hist_def[k].name,
-                      hist_def[k].le[i], c.model_name, cum);
+        strbuf_printf(&b, "deltaserve:%s_bucket{le=\"%g\",model_name=\"%s\"} %llu\n",
+                      hist_def[k].name, hist_def[k].le[i], c.model_name, cum);
       else
-        strbuf_printf(&b, "deltaserve:%s_bucket{le=\"+Inf\",model_name=\"%s\"} %llu\n", hist_def[k].name,
-                      c.model_name, cum);
+        strbuf_printf(&b, "deltaserve:%s_bucket{le=\"+Inf\",model_name=\"%s\"} %llu\n",
+                      hist_def[k].name, c.model_name, cum);
     }
     strbuf_printf(&b, "deltaserve:%s_sum{model_name=\"%s\"} %.9g\n", hist_def[k].name, c.model_name,
                   c.h[k].sum);
-    strbuf_printf(&b, "deltaserve:%s_count{model_name=\"%s\"} %llu\n", hist_def[k].name, c.model_name,
-                  c.h[k].count);
+    strbuf_printf(&b, "deltaserve:%s_count{model_name=\"%s\"} %llu\n", hist_def[k].name,
+                  c.model_name, c.h[k].count);
   }
   head(&b, "request_success_total", "counter", "Finished requests by finish reason.");
   for (int i = 0; i < N_REASONS; i++)
-    strbuf_printf(&b, "deltaserve:request_success_total{finished_reason=\"%s\",model_name=\"%s\"} %llu\n",
-                  finish_reasons[i], c.model_name, c.finished[i]);
-  head(&b, "request_rejected_total", "counter", "Requests answered with an error status before generation.");
+    strbuf_printf(
+        &b, "deltaserve:request_success_total{finished_reason=\"%s\",model_name=\"%s\"} %llu\n",
+        finish_reasons[i], c.model_name, c.finished[i]);
+  head(&b, "request_rejected_total", "counter",
+       "Requests answered with an error status before generation.");
   for (int i = 0; i <= N_REJECTED; i++) {
     if (i < N_REJECTED)
       strbuf_printf(&b, "deltaserve:request_rejected_total{status=\"%d\",model_name=\"%s\"} %llu\n",
                     rejected_statuses[i], c.model_name, c.rejected[i]);
     else
-      strbuf_printf(&b, "deltaserve:request_rejected_total{status=\"other\",model_name=\"%s\"} %llu\n",
+      strbuf_printf(&b,
+                    "deltaserve:request_rejected_total{status=\"other\",model_name=\"%s\"} %llu\n",
                     c.model_name, c.rejected[i]);
   }
   return strbuf_take(&b);

@@ -59,7 +59,8 @@ static int get_int(const json_t *o, const char *key, long long lo, long long hi,
   } else {
     return BAD(key, "'%s' must be an integer", key);
   }
-  if (x < lo || x > hi) return BAD(key, "'%s' must be between %lld and %lld, got %lld", key, lo, hi, x);
+  if (x < lo || x > hi)
+    return BAD(key, "'%s' must be between %lld and %lld, got %lld", key, lo, hi, x);
   *out = x;
   if (present) *present = 1;
   return 0;
@@ -89,8 +90,9 @@ static int refuse_unsupported(const json_t *o, openai_error *err) {
   for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
     const json_t *v = json_object_get(o, fields[i].key);
     if (!v || json_is_null(v)) continue;
-    if (fields[i].noop == 1 && (json_is_false(v) || (json_is_integer(v) && json_integer_value(v) == 0) ||
-                                (json_is_array(v) && json_array_size(v) == 0)))
+    if (fields[i].noop == 1 &&
+        (json_is_false(v) || (json_is_integer(v) && json_integer_value(v) == 0) ||
+         (json_is_array(v) && json_array_size(v) == 0)))
       continue;
     if (fields[i].noop == 2 && json_is_string(v) && !strcmp(json_string_value(v), "none")) continue;
     return BAD(fields[i].key, "'%s' is not supported (%s)", fields[i].key, fields[i].what);
@@ -185,13 +187,16 @@ static int parse_sampling(const json_t *o, openai_request *r, openai_error *err)
   d = 1.0;
   if (get_num(o, "repetition_penalty", 0.0, 1e6, &d, err)) return -1;
   if (d <= 0.0 || (float)d <= 0.0f)
-    return BAD("repetition_penalty", "'repetition_penalty' must be > 0 (at least %g), got %g", (double)FLT_TRUE_MIN, d);
+    return BAD("repetition_penalty", "'repetition_penalty' must be > 0 (at least %g), got %g",
+               (double)FLT_TRUE_MIN, d);
   sp->repetition_penalty = (float)d;
   static const struct {
     const char *key;
     unsigned bit;
-  } set_bits[] = {{"temperature", SAMPLING_SET_TEMPERATURE}, {"top_p", SAMPLING_SET_TOP_P},
-                  {"top_k", SAMPLING_SET_TOP_K}, {"min_p", SAMPLING_SET_MIN_P},
+  } set_bits[] = {{"temperature", SAMPLING_SET_TEMPERATURE},
+                  {"top_p", SAMPLING_SET_TOP_P},
+                  {"top_k", SAMPLING_SET_TOP_K},
+                  {"min_p", SAMPLING_SET_MIN_P},
                   {"repetition_penalty", SAMPLING_SET_REPETITION_PENALTY}};
   r->sp_set = 0;
   for (size_t i = 0; i < sizeof set_bits / sizeof set_bits[0]; i++)
@@ -244,10 +249,12 @@ static int parse_sampling(const json_t *o, openai_request *r, openai_error *err)
       size_t i;
       const json_t *s;
       json_array_foreach(stop, i, s) {
-        if (!json_is_string(s)) return BAD("stop", "'stop' must be a string or an array of strings");
+        if (!json_is_string(s))
+          return BAD("stop", "'stop' must be a string or an array of strings");
         if (json_string_length(s) == 0) continue;
         r->stop[r->n_stop] = strdup(json_string_value(s));
-        if (!r->stop[r->n_stop]) return openai_error_set(err, 500, "server_error", NULL, "out of memory");
+        if (!r->stop[r->n_stop])
+          return openai_error_set(err, 500, "server_error", NULL, "out of memory");
         r->n_stop++;
       }
     } else {
@@ -256,9 +263,11 @@ static int parse_sampling(const json_t *o, openai_request *r, openai_error *err)
   }
   const json_t *stop_ids = json_object_get(o, "stop_token_ids");
   if (stop_ids && !json_is_null(stop_ids)) {
-    if (!json_is_array(stop_ids)) return BAD("stop_token_ids", "'stop_token_ids' must be an array of token ids");
+    if (!json_is_array(stop_ids))
+      return BAD("stop_token_ids", "'stop_token_ids' must be an array of token ids");
     if (json_array_size(stop_ids) > SAMPLER_MAX_STOP_IDS)
-      return BAD("stop_token_ids", "'stop_token_ids' may hold at most %d ids", SAMPLER_MAX_STOP_IDS);
+      return BAD("stop_token_ids", "'stop_token_ids' may hold at most %d ids",
+                 SAMPLER_MAX_STOP_IDS);
     size_t i;
     const json_t *s;
     json_array_foreach(stop_ids, i, s) {
@@ -313,7 +322,8 @@ static int parse_sampling(const json_t *o, openai_request *r, openai_error *err)
     }
   }
   if (r->json_object && sp->min_tokens > 0) /* the mask may leave nothing but an end token */
-    return BAD("min_tokens", "min_tokens with a json_object / json_schema response format is not supported");
+    return BAD("min_tokens",
+               "min_tokens with a json_object / json_schema response format is not supported");
   json_t *lb = json_object_get(o, "logit_bias");
   if (lb && !json_is_null(lb)) {
     if (!json_is_object(lb))
@@ -369,7 +379,8 @@ static json_t *content_to_string(const json_t *c, const char *param, openai_erro
     const json_t *text = json_object_get(part, "text");
     if (!json_is_object(part) || !json_is_string(type) || strcmp(json_string_value(type), "text") ||
         !json_is_string(text)) {
-      BAD(param, "'%s' parts must be {\"type\": \"text\", \"text\": string} (only text is supported)",
+      BAD(param,
+          "'%s' parts must be {\"type\": \"text\", \"text\": string} (only text is supported)",
           param);
       return NULL;
     }
@@ -421,8 +432,8 @@ static json_t *normalise_messages(const json_t *msgs, openai_error *err) {
     const char *rs = json_string_value(role);
     if (strcmp(rs, "system") && strcmp(rs, "developer") && strcmp(rs, "user") &&
         strcmp(rs, "assistant") && strcmp(rs, "tool")) {
-      BAD(param, "unknown role '%s' in %s (expected system, developer, user, assistant or tool)", rs,
-          param);
+      BAD(param, "unknown role '%s' in %s (expected system, developer, user, assistant or tool)",
+          rs, param);
       goto fail;
     }
     json_t *nm = json_deep_copy(m);
@@ -467,9 +478,11 @@ static int check_tools(const json_t *tools, openai_error *err) {
     snprintf(param, sizeof param, "tools[%zu]", i);
     const json_t *type = json_object_get(t, "type");
     const json_t *fn = json_object_get(t, "function");
-    if (!json_is_object(t) || !json_is_string(type) || strcmp(json_string_value(type), "function") ||
-        !json_is_object(fn) || !json_is_string(json_object_get(fn, "name")))
-      return BAD(param, "'%s' must be {\"type\": \"function\", \"function\": {\"name\": ...}}", param);
+    if (!json_is_object(t) || !json_is_string(type) ||
+        strcmp(json_string_value(type), "function") || !json_is_object(fn) ||
+        !json_is_string(json_object_get(fn, "name")))
+      return BAD(param, "'%s' must be {\"type\": \"function\", \"function\": {\"name\": ...}}",
+                 param);
     const json_t *params = json_object_get(fn, "parameters");
     if (params && !json_is_null(params) && !json_is_object(params))
       return BAD(param, "'%s.function.parameters' must be an object", param);
@@ -494,31 +507,41 @@ static int parse_tool_choice(const json_t *o, const json_t *tools, openai_reques
   if (!tc || json_is_null(tc)) return 0;
   if (json_is_string(tc)) {
     const char *s = json_string_value(tc);
-    if (!strcmp(s, "auto")) r->tool_choice = OPENAI_TOOL_CHOICE_AUTO;
-    else if (!strcmp(s, "none")) r->tool_choice = OPENAI_TOOL_CHOICE_NONE;
-    else if (!strcmp(s, "required")) r->tool_choice = OPENAI_TOOL_CHOICE_REQUIRED;
-    else return BAD("tool_choice", "'tool_choice' must be auto, none, required or a named function");
+    if (!strcmp(s, "auto"))
+      r->tool_choice = OPENAI_TOOL_CHOICE_AUTO;
+    else if (!strcmp(s, "none"))
+      r->tool_choice = OPENAI_TOOL_CHOICE_NONE;
+    else if (!strcmp(s, "required"))
+      r->tool_choice = OPENAI_TOOL_CHOICE_REQUIRED;
+    else
+      return BAD("tool_choice", "'tool_choice' must be auto, none, required or a named function");
   } else if (json_is_object(tc)) {
     const json_t *name = json_object_get(json_object_get(tc, "function"), "name");
     if (!json_is_string(name))
-      return BAD("tool_choice", "'tool_choice' object must be {\"type\": \"function\", \"function\": {\"name\": ...}}");
+      return BAD(
+          "tool_choice",
+          "'tool_choice' object must be {\"type\": \"function\", \"function\": {\"name\": ...}}");
     r->tool_choice = OPENAI_TOOL_CHOICE_NAMED;
     r->tool_choice_name = strdup(json_string_value(name));
-    if (!r->tool_choice_name) return openai_error_set(err, 500, "server_error", NULL, "out of memory");
+    if (!r->tool_choice_name)
+      return openai_error_set(err, 500, "server_error", NULL, "out of memory");
   } else {
     return BAD("tool_choice", "'tool_choice' must be a string or an object");
   }
-  if ((r->tool_choice == OPENAI_TOOL_CHOICE_REQUIRED || r->tool_choice == OPENAI_TOOL_CHOICE_NAMED) &&
+  if ((r->tool_choice == OPENAI_TOOL_CHOICE_REQUIRED ||
+       r->tool_choice == OPENAI_TOOL_CHOICE_NAMED) &&
       (!tools || json_array_size(tools) == 0))
     return BAD("tool_choice", "'tool_choice' %s needs 'tools'",
                r->tool_choice == OPENAI_TOOL_CHOICE_NAMED ? "naming a function" : "\"required\"");
   if (r->tool_choice == OPENAI_TOOL_CHOICE_NAMED && !tools_have(tools, r->tool_choice_name))
-    return BAD("tool_choice", "'tool_choice' names '%s', which is not in 'tools'", r->tool_choice_name);
+    return BAD("tool_choice", "'tool_choice' names '%s', which is not in 'tools'",
+               r->tool_choice_name);
   return 0;
 }
 
 /* Builds r->render from messages, tools and chat_template_kwargs. */
-static int build_render(const json_t *o, openai_request *r, int with_tool_choice, openai_error *err) {
+static int build_render(const json_t *o, openai_request *r, int with_tool_choice,
+                        openai_error *err) {
   json_t *msgs = normalise_messages(json_object_get(o, "messages"), err);
   if (!msgs) return -1;
   r->render = json_object();
@@ -534,10 +557,12 @@ static int build_render(const json_t *o, openai_request *r, int with_tool_choice
   }
   const json_t *kw = json_object_get(o, "chat_template_kwargs");
   if (kw && !json_is_null(kw)) {
-    if (!json_is_object(kw)) return BAD("chat_template_kwargs", "'chat_template_kwargs' must be an object");
+    if (!json_is_object(kw))
+      return BAD("chat_template_kwargs", "'chat_template_kwargs' must be an object");
     const json_t *et = json_object_get(kw, "enable_thinking");
     if (et && !json_is_null(et) && !json_is_boolean(et))
-      return BAD("chat_template_kwargs", "'chat_template_kwargs.enable_thinking' must be a boolean");
+      return BAD("chat_template_kwargs",
+                 "'chat_template_kwargs.enable_thinking' must be a boolean");
     json_object_set(r->render, "chat_template_kwargs", (json_t *)kw);
   }
   r->add_generation_prompt = 1;
@@ -630,13 +655,14 @@ static json_t *load_object(const char *body, size_t len, openai_error *err) {
   json_error_t je;
   json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
   if (!root) {
-    openai_error_set(err, 400, "invalid_request_error", NULL, "invalid JSON body: %s (line %d, column %d)",
-                     je.text, je.line, je.column);
+    openai_error_set(err, 400, "invalid_request_error", NULL,
+                     "invalid JSON body: %s (line %d, column %d)", je.text, je.line, je.column);
     return NULL;
   }
   if (!json_is_object(root)) {
     json_decref(root);
-    openai_error_set(err, 400, "invalid_request_error", NULL, "the request body must be a JSON object");
+    openai_error_set(err, 400, "invalid_request_error", NULL,
+                     "the request body must be a JSON object");
     return NULL;
   }
   return root;
@@ -713,8 +739,10 @@ int openai_request_parse_tokenize(const char *body, size_t len, char **model, ch
     } else {
       *prompt_len = json_string_length(p);
       *prompt = malloc(*prompt_len + 1);
-      if (!*prompt) rc = openai_error_set(err, 500, "server_error", NULL, "out of memory");
-      else memcpy(*prompt, json_string_value(p), *prompt_len + 1);
+      if (!*prompt)
+        rc = openai_error_set(err, 500, "server_error", NULL, "out of memory");
+      else
+        memcpy(*prompt, json_string_value(p), *prompt_len + 1);
     }
   }
   json_decref(root);

@@ -49,21 +49,21 @@ typedef struct openai_request {
   openai_kind kind;
   char *model; /* NULL when absent */
   int stream;
-  int include_usage; /* stream_options.include_usage */
-  int n;             /* choices (1..OPENAI_MAX_N; with a seed, choice i samples with seed + i) */
+  int include_usage;  /* stream_options.include_usage */
+  int n;              /* choices (1..OPENAI_MAX_N; with a seed, choice i samples with seed + i) */
   sampling_params sp; /* every field set; sp.max_tokens == 0 until the server fills it */
   unsigned sp_set;    /* SAMPLING_SET_* bits of the fields the client gave (not null) */
   int max_tokens;     /* the client's max_tokens / max_completion_tokens, 0 when absent */
   char *stop[OPENAI_MAX_STOP]; /* stop strings (malloc'd) */
   int n_stop;
-  int logprobs;       /* chat: logprobs == true; completions: logprobs != null */
-  int top_logprobs;   /* 0..20 */
-  int echo;           /* completions */
+  int logprobs;     /* chat: logprobs == true; completions: logprobs != null */
+  int top_logprobs; /* 0..20 */
+  int echo;         /* completions */
   int return_token_ids;
   int skip_special_tokens;        /* default 1 */
   int include_stop_str_in_output; /* default 0 */
-  char *cache_salt;   /* NULL when absent */
-  int json_object;    /* response_format json_object or json_schema: one JSON object (json_mask.h) */
+  char *cache_salt;               /* NULL when absent */
+  int json_object; /* response_format json_object or json_schema: one JSON object (json_mask.h) */
   json_schema *schema; /* response_format json_schema: compiled (owned; NULL for json_object) */
 
   /* completions: exactly one of prompt / prompt_ids */
@@ -73,10 +73,10 @@ typedef struct openai_request {
   int n_prompt_ids;
 
   /* chat */
-  json_t *render;   /* owned reference; see above */
+  json_t *render;      /* owned reference; see above */
   const json_t *tools; /* borrowed from render (NULL: none or tool_choice "none") */
   openai_tool_choice tool_choice;
-  char *tool_choice_name; /* OPENAI_TOOL_CHOICE_NAMED */
+  char *tool_choice_name;    /* OPENAI_TOOL_CHOICE_NAMED */
   int add_generation_prompt; /* default 1 */
 } openai_request;
 
@@ -90,8 +90,8 @@ void openai_request_free(openai_request *r);
  * {"messages": [...], "tools", "add_generation_prompt", "chat_template_kwargs"}.
  * On success exactly one of *prompt (malloc'd) or *render (owned reference) is set. */
 int openai_request_parse_tokenize(const char *body, size_t len, char **model, char **prompt,
-                                  size_t *prompt_len, json_t **render,
-                                  int *add_generation_prompt, openai_error *err);
+                                  size_t *prompt_len, json_t **render, int *add_generation_prompt,
+                                  openai_error *err);
 /* The /detokenize body: {"tokens": [ids]}. *ids is malloc'd (may be empty). */
 int openai_request_parse_detokenize(const char *body, size_t len, char **model, int32_t **ids,
                                     int *n_ids, openai_error *err);

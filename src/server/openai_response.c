@@ -29,7 +29,10 @@ char *openai_response_error_body(const openai_error *e) {
   json_t *o = openai_response_error_json(e);
   char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
   json_decref(o);
-  if (!s) s = strdup("{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\",\"param\":null,\"code\":null}}");
+  if (!s)
+    s = strdup(
+        "{\"error\":{\"message\":\"out of "
+        "memory\",\"type\":\"server_error\",\"param\":null,\"code\":null}}");
   return s;
 }
 
@@ -55,10 +58,14 @@ static int utf8_seq(const unsigned char *s, size_t len) {
   int n;
   uint32_t cp;
   if (c < 0x80) return 1;
-  if (c >= 0xc2 && c <= 0xdf) n = 2, cp = c & 0x1f;
-  else if (c >= 0xe0 && c <= 0xef) n = 3, cp = c & 0x0f;
-  else if (c >= 0xf0 && c <= 0xf4) n = 4, cp = c & 0x07;
-  else return 0;
+  if (c >= 0xc2 && c <= 0xdf)
+    n = 2, cp = c & 0x1f;
+  else if (c >= 0xe0 && c <= 0xef)
+    n = 3, cp = c & 0x0f;
+  else if (c >= 0xf0 && c <= 0xf4)
+    n = 4, cp = c & 0x07;
+  else
+    return 0;
   if ((size_t)n > len) return 0;
   for (int i = 1; i < n; i++) {
     if ((s[i] & 0xc0) != 0x80) return 0;
@@ -167,7 +174,8 @@ size_t openai_response_tag_holdback(const char *text, size_t len, const char *ta
   return 0;
 }
 
-size_t openai_response_stop_holdback(const char *text, size_t len, char *const *stops, int n_stops) {
+size_t openai_response_stop_holdback(const char *text, size_t len, char *const *stops,
+                                     int n_stops) {
   size_t best = 0;
   for (int i = 0; i < n_stops; i++) {
     size_t k = openai_response_tag_holdback(text, len, stops[i]);

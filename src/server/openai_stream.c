@@ -96,18 +96,21 @@ static int push_tool_calls(json_t *deltas, const json_t *calls) {
     const char *id = json_string_value(json_object_get(tc, "id"));
     const char *name = json_string_value(json_object_get(fn, "name"));
     const char *args = json_string_value(json_object_get(fn, "arguments"));
-    json_t *head = json_pack("{s:I, s:s, s:s, s:{s:s, s:s}}", "index", (json_int_t)i, "id", id ? id : "", "type",
-                             "function", "function", "name", name ? name : "", "arguments", "");
+    json_t *head =
+        json_pack("{s:I, s:s, s:s, s:{s:s, s:s}}", "index", (json_int_t)i, "id", id ? id : "",
+                  "type", "function", "function", "name", name ? name : "", "arguments", "");
     if (push_call_delta(deltas, head)) return -1;
     if (args && args[0]) {
-      json_t *body = json_pack("{s:I, s:{s:s}}", "index", (json_int_t)i, "function", "arguments", args);
+      json_t *body =
+          json_pack("{s:I, s:{s:s}}", "index", (json_int_t)i, "function", "arguments", args);
       if (push_call_delta(deltas, body)) return -1;
     }
   }
   return 0;
 }
 
-int openai_stream_deltas(openai_stream *s, const char *text, size_t len, int final, json_t **deltas) {
+int openai_stream_deltas(openai_stream *s, const char *text, size_t len, int final,
+                         json_t **deltas) {
   *deltas = NULL;
   if (!text) text = "", len = 0;
   json_t *out = json_array(), *d = json_object();
@@ -122,8 +125,8 @@ int openai_stream_deltas(openai_stream *s, const char *text, size_t len, int fin
     int rc = chat_parse(whole, s->thinking_open, s->tools, &p);
     free(whole);
     if (rc) goto oom;
-    if (p.reasoning_content &&
-        extend(d, "reasoning_content", &s->sent_reasoning, p.reasoning_content, strlen(p.reasoning_content)))
+    if (p.reasoning_content && extend(d, "reasoning_content", &s->sent_reasoning,
+                                      p.reasoning_content, strlen(p.reasoning_content)))
       goto oom;
     if (p.content && extend(d, "content", &s->sent_content, p.content, strlen(p.content))) goto oom;
   } else {

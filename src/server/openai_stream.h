@@ -35,7 +35,7 @@ typedef struct openai_stream {
   const json_t *tools;   /* the request's tools (borrowed), NULL when none */
   strbuf sent_reasoning; /* everything sent so far */
   strbuf sent_content;
-  int n_tool_calls;      /* tool calls in the final parse */
+  int n_tool_calls; /* tool calls in the final parse */
 } openai_stream;
 
 void openai_stream_init(openai_stream *s, int thinking_open, const json_t *tools);
@@ -48,7 +48,8 @@ void openai_stream_free(openai_stream *s);
  *   {"tool_calls":[{"index":i,"id":..,"type":"function","function":{"name":..,"arguments":""}}]}
  *   {"tool_calls":[{"index":i,"function":{"arguments":"{...}"}}]}   (left out when "")
  * Returns 0, or -1 on out of memory. */
-int openai_stream_deltas(openai_stream *s, const char *text, size_t len, int final, json_t **deltas);
+int openai_stream_deltas(openai_stream *s, const char *text, size_t len, int final,
+                         json_t **deltas);
 
 /* True when `rendered` (a prompt) ends inside an open <think> block. */
 int openai_stream_prompt_thinking_open(const char *rendered, size_t len);

@@ -74,21 +74,21 @@ struct conn {
   int thinking_open;
   int32_t *prompt_ids; /* owned */
   int n_prompt;
-  int32_t *bounds;     /* owned */
+  int32_t *bounds; /* owned */
   int n_bounds;
-  char *echo;          /* completions echo text (owned) */
+  char *echo; /* completions echo text (owned) */
   size_t echo_len;
   char id[64];
   long long created;
   /* streaming */
-  strbuf out;      /* SSE bytes not yet handed to MHD */
-  int phase;       /* STREAM_* */
+  strbuf out;        /* SSE bytes not yet handed to MHD */
+  int phase;         /* STREAM_* */
   conn *next, *prev; /* in s->active */
   int registered;
   /* disconnect detection (see client_gone) */
-  int http11;      /* the request is HTTP/1.1: a 1xx interim response may be sent */
-  int peer_eof;    /* the client has shut down its sending side */
-  int probe_due;   /* send a probe now (bytes that make a closed peer answer RST) */
+  int http11;                   /* the request is HTTP/1.1: a 1xx interim response may be sent */
+  int peer_eof;                 /* the client has shut down its sending side */
+  int probe_due;                /* send a probe now (bytes that make a closed peer answer RST) */
   double next_probe, probe_gap; /* when the next probe is due after peer_eof; the gap grows */
 };
 
@@ -99,7 +99,8 @@ struct conn {
 static int ct_equal(const char *given, const char *key) {
   size_t lg = strlen(given), lk = strlen(key);
   volatile unsigned char d = (unsigned char)(lg != lk);
-  for (size_t i = 0; i < lk; i++) d |= (unsigned char)((i < lg ? (unsigned char)given[i] : 0) ^ (unsigned char)key[i]);
+  for (size_t i = 0; i < lk; i++)
+    d |= (unsigned char)((i < lg ? (unsigned char)given[i] : 0) ^ (unsigned char)key[i]);
   return d == 0;
 }
 
@@ -171,8 +172,10 @@ static void active_add(server *s, conn *cx) {
 static void active_remove(server *s, conn *cx) {
   pthread_mutex_lock(&s->mu);
   if (cx->registered) {
-    if (cx->prev) cx->prev->next = cx->next;
-    else s->active = cx->next;
+    if (cx->prev)
+      cx->prev->next = cx->next;
+    else
+      s->active = cx->next;
     if (cx->next) cx->next->prev = cx->prev;
     s->n_active--;
     cx->registered = 0;
@@ -180,8 +183,8 @@ static void active_remove(server *s, conn *cx) {
   pthread_mutex_unlock(&s->mu);
 }
 
-static enum MHD_Result send_body(conn *cx, unsigned status, const char *ctype, char *body, size_t len,
-                                 const char *hname, const char *hval) {
+static enum MHD_Result send_body(conn *cx, unsigned status, const char *ctype, char *body,
+                                 size_t len, const char *hname, const char *hval) {
   struct MHD_Response *r = MHD_create_response_from_buffer(len, body, MHD_RESPMEM_MUST_FREE);
   if (!r) {
     free(body);
@@ -198,7 +201,9 @@ static enum MHD_Result send_json(conn *cx, unsigned status, json_t *j) {
   char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
   json_decref(j);
   if (!s) {
-    s = strdup("{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\",\"param\":null,\"code\":null}}");
+    s = strdup(
+        "{\"error\":{\"message\":\"out of "
+        "memory\",\"type\":\"server_error\",\"param\":null,\"code\":null}}");
     if (!s) return MHD_NO;
     status = 500;
   }
@@ -210,12 +215,15 @@ static enum MHD_Result send_error(conn *cx, const openai_error *e) {
   char *b = openai_response_error_body(e);
   if (!b) return MHD_NO;
   const char *hn = NULL, *hv = NULL;
-  if (e->status == 429) hn = "Retry-After", hv = "1";
-  else if (e->status == 401) hn = "WWW-Authenticate", hv = "Bearer";
+  if (e->status == 429)
+    hn = "Retry-After", hv = "1";
+  else if (e->status == 401)
+    hn = "WWW-Authenticate", hv = "Bearer";
   return send_body(cx, (unsigned)e->status, "application/json", b, strlen(b), hn, hv);
 }
 
-static enum MHD_Result fail(conn *cx, int status, const char *type, const char *param, const char *msg) {
+static enum MHD_Result fail(conn *cx, int status, const char *type, const char *param,
+                            const char *msg) {
   openai_error e;
   openai_error_set(&e, status, type, param, "%s", msg);
   return send_error(cx, &e);
@@ -264,8 +272,10 @@ static int encode_turns(const tokenizer *tok, const chat_render *cr, int32_t **i
   int monotone = 1;
   for (int i = 0; i < cr->n_msgs; i++) {
     size_t off = cr->msg_offsets[i];
-    if (off > cr->len || off < cut[k - 1]) monotone = 0;
-    else if (off > cut[k - 1]) cut[k++] = off;
+    if (off > cr->len || off < cut[k - 1])
+      monotone = 0;
+    else if (off > cut[k - 1])
+      cut[k++] = off;
   }
   if (!monotone) k = 1;
   cut[k] = cr->len;
@@ -318,14 +328,15 @@ static int prepare_chat(conn *cx, openai_error *e) {
   memset(&cr, 0, sizeof cr);
   char err[300];
   err[0] = 0;
-  if (chat_template_render(s->m.tmpl, cx->req.render, cx->req.add_generation_prompt, &cr, err, sizeof err))
+  if (chat_template_render(s->m.tmpl, cx->req.render, cx->req.add_generation_prompt, &cr, err,
+                           sizeof err))
     return openai_error_set(e, 400, "invalid_request_error", "messages", "%s",
                             err[0] ? err : "the messages could not be rendered");
   /* a json_object output is never reasoning: the mask admits no think tags */
   cx->thinking_open = !cx->req.json_object &&
                       (cr.thinking_open || openai_stream_prompt_thinking_open(cr.text, cr.len));
-  int rc = encode_turns(s->m.tok, &cr, &cx->prompt_ids, &cx->n_prompt, &cx->bounds, &cx->n_bounds, err,
-                        sizeof err);
+  int rc = encode_turns(s->m.tok, &cr, &cx->prompt_ids, &cx->n_prompt, &cx->bounds, &cx->n_bounds,
+                        err, sizeof err);
   chat_render_free(&cr);
   if (rc == TOKENIZER_ENOMEM) return openai_error_set(e, 503, "server_error", NULL, "%s", err);
   if (rc) return openai_error_set(e, 400, "invalid_request_error", "messages", "%s", err);
@@ -342,7 +353,9 @@ static int prepare_completion(conn *cx, openai_error *e) {
     if (n == TOKENIZER_ENOMEM) return openai_error_set(e, 503, "server_error", NULL, "%s", err);
     if (n < 0) return openai_error_set(e, 400, "invalid_request_error", "prompt", "%s", err);
     cx->n_prompt = n;
-    if (n == 0) return openai_error_set(e, 400, "invalid_request_error", "prompt", "the prompt encodes to no tokens");
+    if (n == 0)
+      return openai_error_set(e, 400, "invalid_request_error", "prompt",
+                              "the prompt encodes to no tokens");
     if (r->echo) {
       cx->echo = malloc(r->prompt_len + 1);
       if (!cx->echo) return openai_error_set(e, 500, "server_error", NULL, "out of memory");
@@ -357,8 +370,8 @@ static int prepare_completion(conn *cx, openai_error *e) {
     for (int i = 0; i < cx->n_prompt; i++)
       if (cx->prompt_ids[i] >= s->m.vocab_size)
         return openai_error_set(e, 400, "invalid_request_error", "prompt",
-                                "token id %d at position %d is out of vocabulary (size %d)", cx->prompt_ids[i],
-                                i, s->m.vocab_size);
+                                "token id %d at position %d is out of vocabulary (size %d)",
+                                cx->prompt_ids[i], i, s->m.vocab_size);
     if (r->echo && s->m.tok) {
       /* ids that are model rows beyond the tokenizer's vocabulary have no text: they echo as "" */
       int tv = tokenizer_vocab_size(s->m.tok), m = 0;
@@ -371,7 +384,8 @@ static int prepare_completion(conn *cx, openai_error *e) {
       if (n < 0) {
         free(cx->echo);
         cx->echo = NULL;
-        return openai_error_set(e, 400, "invalid_request_error", "prompt", "the prompt ids cannot be decoded for echo");
+        return openai_error_set(e, 400, "invalid_request_error", "prompt",
+                                "the prompt ids cannot be decoded for echo");
       }
       if (!cx->echo) cx->echo = strdup("");
       if (!cx->echo) return openai_error_set(e, 500, "server_error", NULL, "out of memory");
@@ -383,12 +397,21 @@ static int prepare_completion(conn *cx, openai_error *e) {
 
 /* The request field a sampler message is about (its messages start with the field's name). */
 static const char *sampler_param_of(const char *msg) {
-  static const char *const names[] = {"temperature", "top_p", "top_k", "min_p", "repetition_penalty",
-                                      "presence_penalty", "frequency_penalty", "max_tokens", "min_tokens",
-                                      "top_logprobs", "seed"};
+  static const char *const names[] = {"temperature",
+                                      "top_p",
+                                      "top_k",
+                                      "min_p",
+                                      "repetition_penalty",
+                                      "presence_penalty",
+                                      "frequency_penalty",
+                                      "max_tokens",
+                                      "min_tokens",
+                                      "top_logprobs",
+                                      "seed"};
   for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
     size_t n = strlen(names[i]);
-    if (!strncmp(msg, names[i], n) && (msg[n] == ' ' || msg[n] == ':' || msg[n] == 0)) return names[i];
+    if (!strncmp(msg, names[i], n) && (msg[n] == ' ' || msg[n] == ':' || msg[n] == 0))
+      return names[i];
   }
   if (strstr(msg, "stop token ids")) return "stop_token_ids";
   return NULL;
@@ -402,18 +425,20 @@ static int check_limits(conn *cx, openai_error *e) {
   if (s->m.gen) generation_config_apply(s->m.gen, r->sp_set, &r->sp);
   int mml = s->m.max_model_len;
   if (cx->n_prompt >= mml)
-    return openai_error_set(e, 400, "invalid_request_error", r->kind == OPENAI_KIND_CHAT ? "messages" : "prompt",
-                            "This model's maximum context length is %d tokens. However, your request has %d "
-                            "input tokens. Please reduce the length of the input.",
-                            mml, cx->n_prompt);
+    return openai_error_set(
+        e, 400, "invalid_request_error", r->kind == OPENAI_KIND_CHAT ? "messages" : "prompt",
+        "This model's maximum context length is %d tokens. However, your request has %d "
+        "input tokens. Please reduce the length of the input.",
+        mml, cx->n_prompt);
   int avail = mml - cx->n_prompt;
   if (r->max_tokens > 0) {
     if (r->max_tokens > avail)
-      return openai_error_set(e, 400, "invalid_request_error", "max_tokens",
-                              "This model's maximum context length is %d tokens. However, you requested %lld "
-                              "tokens (%d in the input, %d in the completion). Please reduce the length of the "
-                              "input or the completion.",
-                              mml, (long long)cx->n_prompt + r->max_tokens, cx->n_prompt, r->max_tokens);
+      return openai_error_set(
+          e, 400, "invalid_request_error", "max_tokens",
+          "This model's maximum context length is %d tokens. However, you requested %lld "
+          "tokens (%d in the input, %d in the completion). Please reduce the length of the "
+          "input or the completion.",
+          mml, (long long)cx->n_prompt + r->max_tokens, cx->n_prompt, r->max_tokens);
     r->sp.max_tokens = r->max_tokens;
   } else {
     r->sp.max_tokens = s->m.gen ? generation_config_max_tokens(s->m.gen, avail) : avail;
@@ -421,11 +446,13 @@ static int check_limits(conn *cx, openai_error *e) {
   for (int i = 0; i < r->sp.n_stop_ids; i++)
     if (r->sp.stop_ids[i] >= s->m.vocab_size)
       return openai_error_set(e, 400, "invalid_request_error", "stop_token_ids",
-                              "stop token id %d is out of vocabulary (size %d)", r->sp.stop_ids[i], s->m.vocab_size);
+                              "stop token id %d is out of vocabulary (size %d)", r->sp.stop_ids[i],
+                              s->m.vocab_size);
   for (int i = 0; i < r->sp.n_bias; i++)
     if (r->sp.bias_ids[i] >= s->m.vocab_size)
       return openai_error_set(e, 400, "invalid_request_error", "logit_bias",
-                              "logit_bias token id %d is out of vocabulary (size %d)", r->sp.bias_ids[i], s->m.vocab_size);
+                              "logit_bias token id %d is out of vocabulary (size %d)",
+                              r->sp.bias_ids[i], s->m.vocab_size);
   if (r->n_stop > 0 && !s->m.tok)
     return openai_error_set(e, 400, "invalid_request_error", "stop",
                             "stop strings need a tokenizer; this model was loaded without one");
@@ -458,13 +485,17 @@ static json_t *chat_logprobs(server *s, const server_gen *g, int from, int to) {
     const char *tops[ENGINE_MAX_TOP_LOGPROBS];
     size_t lens[ENGINE_MAX_TOP_LOGPROBS];
     char *owned[ENGINE_MAX_TOP_LOGPROBS];
-    for (int k = 0; k < t->n_top; k++) owned[k] = token_bytes(s, t->top_ids[k], &lens[k]), tops[k] = owned[k] ? owned[k] : "";
-    json_t *e = openai_response_chat_logprob(tok ? tok : "", tok ? len : 0, t->logprob, tops, lens, t->top_lps, t->n_top);
+    for (int k = 0; k < t->n_top; k++)
+      owned[k] = token_bytes(s, t->top_ids[k], &lens[k]), tops[k] = owned[k] ? owned[k] : "";
+    json_t *e = openai_response_chat_logprob(tok ? tok : "", tok ? len : 0, t->logprob, tops, lens,
+                                             t->top_lps, t->n_top);
     /* a token without text is named by its id ("bytes" stays the empty truth) */
     if (e && (!tok || len == 0)) json_object_set_new(e, "token", token_name(t->id, "", 0));
     json_t *te = json_object_get(e, "top_logprobs");
     for (int k = 0; e && te && k < t->n_top; k++)
-      if (lens[k] == 0) json_object_set_new(json_array_get(te, (size_t)k), "token", token_name(t->top_ids[k], "", 0));
+      if (lens[k] == 0)
+        json_object_set_new(json_array_get(te, (size_t)k), "token",
+                            token_name(t->top_ids[k], "", 0));
     json_array_append_new(content, e);
     for (int k = 0; k < t->n_top; k++) free(owned[k]);
     free(tok);
@@ -472,7 +503,8 @@ static json_t *chat_logprobs(server *s, const server_gen *g, int from, int to) {
   return json_pack("{s:o}", "content", content ? content : json_array());
 }
 
-static json_t *completion_logprobs(server *s, const server_gen *g, int from, int to, size_t base_off) {
+static json_t *completion_logprobs(server *s, const server_gen *g, int from, int to,
+                                   size_t base_off) {
   json_t *tokens = json_array(), *lps = json_array(), *tops = json_array(), *offs = json_array();
   for (int i = from; i < to; i++) {
     const server_gen_token *t = &g->toks[i];
@@ -491,15 +523,17 @@ static json_t *completion_logprobs(server *s, const server_gen *g, int from, int
         json_decref(key);
         key = token_name(t->top_ids[k], "", 0);
       }
-      if (key) json_object_set_new(top, json_string_value(key), json_real(t->top_lps[k] < -9999.0f ? -9999.0 : t->top_lps[k]));
+      if (key)
+        json_object_set_new(top, json_string_value(key),
+                            json_real(t->top_lps[k] < -9999.0f ? -9999.0 : t->top_lps[k]));
       json_decref(key);
       free(tt);
     }
     json_array_append_new(tops, top);
     json_array_append_new(offs, json_integer((json_int_t)(base_off + t->text_off)));
   }
-  return json_pack("{s:o, s:o, s:o, s:o}", "tokens", tokens, "token_logprobs", lps, "top_logprobs", tops,
-                   "text_offset", offs);
+  return json_pack("{s:o, s:o, s:o, s:o}", "tokens", tokens, "token_logprobs", lps, "top_logprobs",
+                   tops, "text_offset", offs);
 }
 
 static json_t *ids_array(const int32_t *ids, int n) {
@@ -522,7 +556,8 @@ static int gen_error_of(const conn *cx, const server_gen *g, openai_error *e) {
     return openai_error_set(e, 500, "server_error", NULL, "generation failed: %s", g->err);
   if (g->finish == FINISH_CANCELLED)
     return openai_error_set(e, 503, "server_error", NULL,
-                            atomic_load(&cx->s->stopping) ? "the server is shutting down" : "the request was cancelled");
+                            atomic_load(&cx->s->stopping) ? "the server is shutting down"
+                                                          : "the request was cancelled");
   return 0;
 }
 
@@ -554,8 +589,10 @@ static int conn_step(conn *cx, int timeout_ms) {
     if (cx->ch[i].g.done) continue;
     if (first < 0) first = i;
     int r = server_gen_step(&cx->ch[i].g, 0);
-    if (r < 0) got = -1;
-    else if (r > 0 && got == 0) got = 1;
+    if (r < 0)
+      got = -1;
+    else if (r > 0 && got == 0)
+      got = 1;
   }
   if (got || first < 0) return got;
   return server_gen_step(&cx->ch[first].g, timeout_ms < 5 ? timeout_ms : 5);
@@ -566,7 +603,8 @@ static json_t *chat_choice(conn *cx, int i) {
   const server_gen *g = &cx->ch[i].g;
   chat_parsed p;
   memset(&p, 0, sizeof p);
-  if (chat_parse(g->text.data ? g->text.data : "", cx->thinking_open, cx->req.tools, &p)) return NULL;
+  if (chat_parse(g->text.data ? g->text.data : "", cx->thinking_open, cx->req.tools, &p))
+    return NULL;
   int has_calls = p.tool_calls && json_array_size(p.tool_calls) > 0;
   json_t *msg = json_object();
   json_object_set_new(msg, "role", json_string("assistant"));
@@ -575,18 +613,23 @@ static json_t *chat_choice(conn *cx, int i) {
   else
     json_object_set_new(msg, "content", json_null());
   json_object_set_new(msg, "reasoning_content",
-                      p.reasoning_content ? openai_response_string(p.reasoning_content, strlen(p.reasoning_content))
-                                          : json_null());
-  if (has_calls) json_object_set_new(msg, "tool_calls", json_incref(p.tool_calls)); /* OpenAI omits it when none */
+                      p.reasoning_content
+                          ? openai_response_string(p.reasoning_content, strlen(p.reasoning_content))
+                          : json_null());
+  if (has_calls)
+    json_object_set_new(msg, "tool_calls",
+                        json_incref(p.tool_calls)); /* OpenAI omits it when none */
   const char *fr = server_gen_finish_name(g);
   if (has_calls && !strcmp(fr, "stop")) fr = "tool_calls";
   json_t *choice = json_object();
   json_object_set_new(choice, "index", json_integer(i));
   json_object_set_new(choice, "message", msg);
-  json_object_set_new(choice, "logprobs", cx->req.logprobs ? chat_logprobs(s, g, 0, g->n_ids) : json_null());
+  json_object_set_new(choice, "logprobs",
+                      cx->req.logprobs ? chat_logprobs(s, g, 0, g->n_ids) : json_null());
   json_object_set_new(choice, "finish_reason", json_string(fr));
   json_object_set_new(choice, "stop_reason", json_null());
-  if (cx->req.return_token_ids) json_object_set_new(choice, "token_ids", ids_array(g->ids, g->n_ids));
+  if (cx->req.return_token_ids)
+    json_object_set_new(choice, "token_ids", ids_array(g->ids, g->n_ids));
   chat_parsed_free(&p);
   return choice;
 }
@@ -605,7 +648,8 @@ static enum MHD_Result respond_chat(conn *cx) {
     json_array_append_new(json_object_get(o, "choices"), c);
   }
   json_object_set_new(o, "usage", usage_of(cx));
-  if (cx->req.return_token_ids) json_object_set_new(o, "prompt_token_ids", ids_array(cx->prompt_ids, cx->n_prompt));
+  if (cx->req.return_token_ids)
+    json_object_set_new(o, "prompt_token_ids", ids_array(cx->prompt_ids, cx->n_prompt));
   return send_json(cx, 200, o);
 }
 
@@ -620,8 +664,9 @@ static json_t *completion_choice(conn *cx, int i) {
   json_object_set_new(choice, "index", json_integer(i));
   json_object_set_new(choice, "text", openai_response_string(text.data ? text.data : "", text.len));
   strbuf_free(&text);
-  json_object_set_new(choice, "logprobs",
-                      cx->req.logprobs ? completion_logprobs(s, g, 0, g->n_ids, cx->echo_len) : json_null());
+  json_object_set_new(
+      choice, "logprobs",
+      cx->req.logprobs ? completion_logprobs(s, g, 0, g->n_ids, cx->echo_len) : json_null());
   json_object_set_new(choice, "finish_reason", json_string(server_gen_finish_name(g)));
   json_object_set_new(choice, "stop_reason", json_null());
   if (cx->req.return_token_ids) {
@@ -636,7 +681,8 @@ static enum MHD_Result respond_completion(conn *cx) {
   openai_error e;
   if (gen_error(cx, &e)) return send_error(cx, &e);
   json_t *o = openai_response_object(cx->id, "text_completion", cx->created, s->name);
-  for (int i = 0; i < cx->n_ch; i++) json_array_append_new(json_object_get(o, "choices"), completion_choice(cx, i));
+  for (int i = 0; i < cx->n_ch; i++)
+    json_array_append_new(json_object_get(o, "choices"), completion_choice(cx, i));
   json_object_set_new(o, "usage", usage_of(cx));
   return send_json(cx, 200, o);
 }
@@ -657,38 +703,45 @@ static void sse_json(conn *cx, json_t *j) {
 }
 
 static json_t *chunk_base(conn *cx) {
-  return openai_response_object(cx->id, cx->req.kind == OPENAI_KIND_CHAT ? "chat.completion.chunk" : "text_completion",
-                                cx->created, cx->s->name);
+  return openai_response_object(
+      cx->id, cx->req.kind == OPENAI_KIND_CHAT ? "chat.completion.chunk" : "text_completion",
+      cx->created, cx->s->name);
 }
 
-static void chunk_chat(conn *cx, int i, json_t *delta, const char *finish, int tok_from, int tok_to) {
+static void chunk_chat(conn *cx, int i, json_t *delta, const char *finish, int tok_from,
+                       int tok_to) {
   const server_gen *g = &cx->ch[i].g;
   json_t *o = chunk_base(cx);
   json_t *c = json_object();
   json_object_set_new(c, "index", json_integer(i));
   json_object_set_new(c, "delta", delta ? delta : json_object());
-  json_object_set_new(c, "logprobs", cx->req.logprobs && tok_to > tok_from ? chat_logprobs(cx->s, g, tok_from, tok_to)
-                                                                           : json_null());
+  json_object_set_new(c, "logprobs",
+                      cx->req.logprobs && tok_to > tok_from
+                          ? chat_logprobs(cx->s, g, tok_from, tok_to)
+                          : json_null());
   json_object_set_new(c, "finish_reason", finish ? json_string(finish) : json_null());
   if (cx->req.return_token_ids && tok_to > tok_from)
-    json_object_set_new(c, "token_ids", ids_array(g->ids ? g->ids + tok_from : NULL, tok_to - tok_from));
+    json_object_set_new(c, "token_ids",
+                        ids_array(g->ids ? g->ids + tok_from : NULL, tok_to - tok_from));
   json_array_append_new(json_object_get(o, "choices"), c);
   sse_json(cx, o);
 }
 
-static void chunk_completion(conn *cx, int i, const char *text, size_t len, const char *finish, int tok_from,
-                             int tok_to, int first) {
+static void chunk_completion(conn *cx, int i, const char *text, size_t len, const char *finish,
+                             int tok_from, int tok_to, int first) {
   const server_gen *g = &cx->ch[i].g;
   json_t *o = chunk_base(cx);
   json_t *c = json_object();
   json_object_set_new(c, "index", json_integer(i));
   json_object_set_new(c, "text", openai_response_string(text, len));
-  json_object_set_new(c, "logprobs", cx->req.logprobs && tok_to > tok_from
-                                         ? completion_logprobs(cx->s, g, tok_from, tok_to, cx->echo_len)
-                                         : json_null());
+  json_object_set_new(c, "logprobs",
+                      cx->req.logprobs && tok_to > tok_from
+                          ? completion_logprobs(cx->s, g, tok_from, tok_to, cx->echo_len)
+                          : json_null());
   json_object_set_new(c, "finish_reason", finish ? json_string(finish) : json_null());
   if (cx->req.return_token_ids) {
-    json_object_set_new(c, "token_ids", ids_array(g->ids ? g->ids + tok_from : NULL, tok_to - tok_from));
+    json_object_set_new(c, "token_ids",
+                        ids_array(g->ids ? g->ids + tok_from : NULL, tok_to - tok_from));
     if (first) json_object_set_new(c, "prompt_token_ids", ids_array(cx->prompt_ids, cx->n_prompt));
   }
   json_array_append_new(json_object_get(o, "choices"), c);
@@ -723,15 +776,17 @@ static void stream_emit_choice(conn *cx, int i) {
     /* one chunk per delta: the new tokens' logprobs / ids ride on the first, finish_reason
      * on the last */
     for (size_t k = 0; k < nd; k++) {
-      chunk_chat(cx, i, json_incref(json_array_get(deltas, k)), k + 1 == nd ? finish : NULL, ch->sent_toks, tok_to);
+      chunk_chat(cx, i, json_incref(json_array_get(deltas, k)), k + 1 == nd ? finish : NULL,
+                 ch->sent_toks, tok_to);
       ch->sent_toks = tok_to;
     }
     json_decref(deltas);
   } else {
     size_t vis = server_gen_visible(g);
-    if (vis > ch->sent_text || finish || (tok_to > ch->sent_toks && (cx->req.return_token_ids || cx->req.logprobs))) {
-      chunk_completion(cx, i, g->text.data ? g->text.data + ch->sent_text : "", vis - ch->sent_text, finish,
-                       ch->sent_toks, tok_to, 0);
+    if (vis > ch->sent_text || finish ||
+        (tok_to > ch->sent_toks && (cx->req.return_token_ids || cx->req.logprobs))) {
+      chunk_completion(cx, i, g->text.data ? g->text.data + ch->sent_text : "", vis - ch->sent_text,
+                       finish, ch->sent_toks, tok_to, 0);
       ch->sent_text = vis;
       ch->sent_toks = tok_to;
     }
@@ -811,13 +866,15 @@ static enum MHD_Result handle_generate(conn *cx, openai_kind kind) {
     return send_error(cx, &e);
   cx->have_req = 1;
   if (model_ok(s, cx->req.model, &e)) return send_error(cx, &e);
-  if (kind == OPENAI_KIND_CHAT ? prepare_chat(cx, &e) : prepare_completion(cx, &e)) return send_error(cx, &e);
+  if (kind == OPENAI_KIND_CHAT ? prepare_chat(cx, &e) : prepare_completion(cx, &e))
+    return send_error(cx, &e);
   if (check_limits(cx, &e)) return send_error(cx, &e);
   if (cx->req.json_object && !s->m.json)
     return fail(cx, 400, "invalid_request_error", "response_format",
                 "response_format json_object / json_schema needs the model's tokenizer, which this "
                 "server has not loaded");
-  if (atomic_load(&s->stopping)) return fail(cx, 503, "server_error", NULL, "the server is shutting down");
+  if (atomic_load(&s->stopping))
+    return fail(cx, 503, "server_error", NULL, "the server is shutting down");
 
   int n = cx->req.n > 0 ? cx->req.n : 1;
   cx->ch = calloc((size_t)n, sizeof *cx->ch);
@@ -851,14 +908,18 @@ static enum MHD_Result handle_generate(conn *cx, openai_kind kind) {
     if (server_gen_start(&ch->g, &go, &st, err, sizeof err)) {
       /* the choices already submitted are released by on_completed */
       switch (st) {
-      case ENGINE_ERR_QUEUE_FULL:
-        return fail(cx, 429, "rate_limit_error", NULL, err[0] ? err : "too many requests are waiting; retry later");
-      case ENGINE_ERR_SHUTDOWN: return fail(cx, 503, "server_error", NULL, "the server is shutting down");
-      case ENGINE_ERR_NOMEM: return fail(cx, 503, "server_error", NULL, err[0] ? err : "out of memory");
-      default: {
-        openai_error_set(&e, 400, "invalid_request_error", sampler_param_of(err), "%s", err[0] ? err : "invalid request");
-        return send_error(cx, &e);
-      }
+        case ENGINE_ERR_QUEUE_FULL:
+          return fail(cx, 429, "rate_limit_error", NULL,
+                      err[0] ? err : "too many requests are waiting; retry later");
+        case ENGINE_ERR_SHUTDOWN:
+          return fail(cx, 503, "server_error", NULL, "the server is shutting down");
+        case ENGINE_ERR_NOMEM:
+          return fail(cx, 503, "server_error", NULL, err[0] ? err : "out of memory");
+        default: {
+          openai_error_set(&e, 400, "invalid_request_error", sampler_param_of(err), "%s",
+                           err[0] ? err : "invalid request");
+          return send_error(cx, &e);
+        }
       }
     }
     ch->have_gen = 1;
@@ -876,7 +937,8 @@ static enum MHD_Result handle_generate(conn *cx, openai_kind kind) {
       }
     strbuf_init(&cx->out);
     cx->phase = STREAM_FIRST;
-    struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_reader, cx, NULL);
+    struct MHD_Response *r =
+        MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_reader, cx, NULL);
     if (!r) return MHD_NO;
     MHD_add_response_header(r, "Content-Type", "text/event-stream");
     MHD_add_response_header(r, "Cache-Control", "no-cache");
@@ -897,9 +959,10 @@ static enum MHD_Result handle_generate(conn *cx, openai_kind kind) {
 
 static enum MHD_Result handle_models(conn *cx) {
   server *s = cx->s;
-  json_t *m = json_pack("{s:s, s:s, s:I, s:s, s:s, s:n, s:i, s:[]}", "id", s->name, "object", "model", "created",
-                        (json_int_t)s->created, "owned_by", "deltaserve", "root", s->path ? s->path : s->name,
-                        "parent", "max_model_len", atomic_load(&s->ready) ? s->m.max_model_len : 0, "permission");
+  json_t *m = json_pack("{s:s, s:s, s:I, s:s, s:s, s:n, s:i, s:[]}", "id", s->name, "object",
+                        "model", "created", (json_int_t)s->created, "owned_by", "deltaserve",
+                        "root", s->path ? s->path : s->name, "parent", "max_model_len",
+                        atomic_load(&s->ready) ? s->m.max_model_len : 0, "permission");
   return send_json(cx, 200, json_pack("{s:s, s:[o]}", "object", "list", "data", m));
 }
 
@@ -910,8 +973,8 @@ static enum MHD_Result handle_tokenize(conn *cx) {
   size_t plen = 0;
   json_t *render = NULL;
   int agp = 1;
-  if (openai_request_parse_tokenize(cx->body.data ? cx->body.data : "", cx->body.len, &model, &prompt, &plen, &render,
-                                    &agp, &e))
+  if (openai_request_parse_tokenize(cx->body.data ? cx->body.data : "", cx->body.len, &model,
+                                    &prompt, &plen, &render, &agp, &e))
     return send_error(cx, &e);
   int rc = model_ok(s, model, &e);
   free(model);
@@ -923,17 +986,22 @@ static enum MHD_Result handle_tokenize(conn *cx) {
     chat_render cr;
     memset(&cr, 0, sizeof cr);
     if (chat_template_render(s->m.tmpl, render, agp, &cr, err, sizeof err)) {
-      rc = openai_error_set(&e, 400, "invalid_request_error", "messages", "%s", err[0] ? err : "render failed");
+      rc = openai_error_set(&e, 400, "invalid_request_error", "messages", "%s",
+                            err[0] ? err : "render failed");
     } else {
       n = tokenizer_encode(s->m.tok, cr.text, cr.len, &ids, err, sizeof err);
-      if (n == TOKENIZER_ENOMEM) rc = openai_error_set(&e, 503, "server_error", NULL, "%s", err);
-      else if (n < 0) rc = openai_error_set(&e, 400, "invalid_request_error", "messages", "%s", err);
+      if (n == TOKENIZER_ENOMEM)
+        rc = openai_error_set(&e, 503, "server_error", NULL, "%s", err);
+      else if (n < 0)
+        rc = openai_error_set(&e, 400, "invalid_request_error", "messages", "%s", err);
       chat_render_free(&cr);
     }
   } else if (!rc) {
     n = tokenizer_encode(s->m.tok, prompt, plen, &ids, err, sizeof err);
-    if (n == TOKENIZER_ENOMEM) rc = openai_error_set(&e, 503, "server_error", NULL, "%s", err);
-    else if (n < 0) rc = openai_error_set(&e, 400, "invalid_request_error", "prompt", "%s", err);
+    if (n == TOKENIZER_ENOMEM)
+      rc = openai_error_set(&e, 503, "server_error", NULL, "%s", err);
+    else if (n < 0)
+      rc = openai_error_set(&e, 400, "invalid_request_error", "prompt", "%s", err);
   }
   free(prompt);
   json_decref(render);
@@ -941,8 +1009,8 @@ static enum MHD_Result handle_tokenize(conn *cx) {
     free(ids);
     return send_error(cx, &e);
   }
-  json_t *o = json_pack("{s:i, s:i, s:o, s:n}", "count", n, "max_model_len", s->m.max_model_len, "tokens",
-                        ids_array(ids, n), "token_strs");
+  json_t *o = json_pack("{s:i, s:i, s:o, s:n}", "count", n, "max_model_len", s->m.max_model_len,
+                        "tokens", ids_array(ids, n), "token_strs");
   free(ids);
   return send_json(cx, 200, o);
 }
@@ -953,20 +1021,24 @@ static enum MHD_Result handle_detokenize(conn *cx) {
   char *model = NULL;
   int32_t *ids = NULL;
   int n = 0;
-  if (openai_request_parse_detokenize(cx->body.data ? cx->body.data : "", cx->body.len, &model, &ids, &n, &e))
+  if (openai_request_parse_detokenize(cx->body.data ? cx->body.data : "", cx->body.len, &model,
+                                      &ids, &n, &e))
     return send_error(cx, &e);
   int rc = model_ok(s, model, &e);
   free(model);
   if (!rc && !s->m.tok) rc = no_tokenizer(&e);
   for (int i = 0; !rc && i < n; i++)
     if (ids[i] >= tokenizer_vocab_size(s->m.tok))
-      rc = openai_error_set(&e, 400, "invalid_request_error", "tokens", "token id %d is out of vocabulary (size %d)",
-                            ids[i], tokenizer_vocab_size(s->m.tok));
+      rc = openai_error_set(&e, 400, "invalid_request_error", "tokens",
+                            "token id %d is out of vocabulary (size %d)", ids[i],
+                            tokenizer_vocab_size(s->m.tok));
   char *text = NULL;
   long len = 0;
   if (!rc) {
     len = tokenizer_decode(s->m.tok, ids, n, 0, &text);
-    if (len < 0) rc = openai_error_set(&e, 400, "invalid_request_error", "tokens", "a token id is out of range");
+    if (len < 0)
+      rc = openai_error_set(&e, 400, "invalid_request_error", "tokens",
+                            "a token id is out of range");
   }
   free(ids);
   if (rc) {
@@ -985,16 +1057,26 @@ static enum MHD_Result handle_metrics(conn *cx) {
   if (ready) engine_get_stats(s->m.eng, &st);
   char *txt = metrics_render(s->met, ready ? &st : NULL);
   if (!txt) return MHD_NO;
-  return send_body(cx, 200, "text/plain; version=0.0.4; charset=utf-8", txt, strlen(txt), NULL, NULL);
+  return send_body(cx, 200, "text/plain; version=0.0.4; charset=utf-8", txt, strlen(txt), NULL,
+                   NULL);
 }
 
-typedef enum { R_HEALTH, R_MODELS, R_METRICS, R_CHAT, R_COMPLETIONS, R_TOKENIZE, R_DETOKENIZE, R_VERSION } route_id;
+typedef enum {
+  R_HEALTH,
+  R_MODELS,
+  R_METRICS,
+  R_CHAT,
+  R_COMPLETIONS,
+  R_TOKENIZE,
+  R_DETOKENIZE,
+  R_VERSION
+} route_id;
 
 static const struct {
   const char *path;
   const char *method;
   route_id id;
-  int auth;     /* needs the API key */
+  int auth; /* needs the API key */
   int needs_model;
 } routes[] = {
     {"/health", "GET", R_HEALTH, 0, 0},
@@ -1016,7 +1098,8 @@ static enum MHD_Result dispatch(conn *cx, const char *url, const char *method) {
     if (strcmp(url, routes[i].path)) continue;
     path_known = 1;
     allow = routes[i].method;
-    if (!strcmp(method, routes[i].method) || (!strcmp(method, "HEAD") && !strcmp(routes[i].method, "GET"))) {
+    if (!strcmp(method, routes[i].method) ||
+        (!strcmp(method, "HEAD") && !strcmp(routes[i].method, "GET"))) {
       found = (int)i;
       break;
     }
@@ -1024,7 +1107,8 @@ static enum MHD_Result dispatch(conn *cx, const char *url, const char *method) {
   if (found < 0) {
     if (path_known) {
       openai_error e;
-      openai_error_set(&e, 405, "invalid_request_error", NULL, "method %s is not allowed on %s", method, url);
+      openai_error_set(&e, 405, "invalid_request_error", NULL, "method %s is not allowed on %s",
+                       method, url);
       metrics_request_rejected(s->met, 405);
       char *b = openai_response_error_body(&e);
       return b ? send_body(cx, 405, "application/json", b, strlen(b), "Allow", allow) : MHD_NO;
@@ -1039,32 +1123,42 @@ static enum MHD_Result dispatch(conn *cx, const char *url, const char *method) {
     if (h && !strncasecmp(h, "Bearer ", 7)) tok = h + 7;
     if (!tok || !ct_equal(tok, s->api_key)) {
       openai_error e;
-      openai_error_set(&e, 401, "authentication_error", NULL,
-                       tok ? "invalid API key" : "missing API key: send 'Authorization: Bearer <key>'");
+      openai_error_set(
+          &e, 401, "authentication_error", NULL,
+          tok ? "invalid API key" : "missing API key: send 'Authorization: Bearer <key>'");
       e.code = "invalid_api_key";
       return send_error(cx, &e);
     }
   }
   if (cx->too_large) {
     char msg[200];
-    snprintf(msg, sizeof msg, "the request body is larger than the limit of %zu bytes", s->o.max_request_bytes);
+    snprintf(msg, sizeof msg, "the request body is larger than the limit of %zu bytes",
+             s->o.max_request_bytes);
     return fail(cx, 413, "invalid_request_error", NULL, msg);
   }
   if (routes[found].needs_model && !atomic_load(&s->ready))
     return fail(cx, 503, "server_error", NULL, "the model is still loading");
   switch (routes[found].id) {
-  case R_HEALTH:
-    if (!atomic_load(&s->ready) || atomic_load(&s->stopping))
-      return fail(cx, 503, "server_error", NULL,
-                  atomic_load(&s->stopping) ? "the server is shutting down" : "the model is still loading");
-    return send_body(cx, 200, "application/json", strdup("{}"), 2, NULL, NULL);
-  case R_VERSION: return send_json(cx, 200, json_pack("{s:s}", "version", "deltaserve 0.1"));
-  case R_MODELS: return handle_models(cx);
-  case R_METRICS: return handle_metrics(cx);
-  case R_CHAT: return handle_generate(cx, OPENAI_KIND_CHAT);
-  case R_COMPLETIONS: return handle_generate(cx, OPENAI_KIND_COMPLETION);
-  case R_TOKENIZE: return handle_tokenize(cx);
-  case R_DETOKENIZE: return handle_detokenize(cx);
+    case R_HEALTH:
+      if (!atomic_load(&s->ready) || atomic_load(&s->stopping))
+        return fail(cx, 503, "server_error", NULL,
+                    atomic_load(&s->stopping) ? "the server is shutting down"
+                                              : "the model is still loading");
+      return send_body(cx, 200, "application/json", strdup("{}"), 2, NULL, NULL);
+    case R_VERSION:
+      return send_json(cx, 200, json_pack("{s:s}", "version", "deltaserve 0.1"));
+    case R_MODELS:
+      return handle_models(cx);
+    case R_METRICS:
+      return handle_metrics(cx);
+    case R_CHAT:
+      return handle_generate(cx, OPENAI_KIND_CHAT);
+    case R_COMPLETIONS:
+      return handle_generate(cx, OPENAI_KIND_COMPLETION);
+    case R_TOKENIZE:
+      return handle_tokenize(cx);
+    case R_DETOKENIZE:
+      return handle_detokenize(cx);
   }
   return MHD_NO;
 }
@@ -1082,14 +1176,15 @@ static enum MHD_Result dispatch(conn *cx, const char *url, const char *method) {
 #define SERVER_CONN_MEMORY (256u << 10)
 
 typedef struct head_scan {
-  int n;             /* header lines */
-  size_t bytes;      /* names + values */
+  int n;        /* header lines */
+  size_t bytes; /* names + values */
   int n_host;
-  const char *cl;    /* the first Content-Length */
-  int cl_conflict;   /* a second Content-Length with another value */
+  const char *cl;  /* the first Content-Length */
+  int cl_conflict; /* a second Content-Length with another value */
 } head_scan;
 
-static enum MHD_Result head_scan_one(void *cls, enum MHD_ValueKind kind, const char *key, const char *value) {
+static enum MHD_Result head_scan_one(void *cls, enum MHD_ValueKind kind, const char *key,
+                                     const char *value) {
   (void)kind;
   head_scan *h = cls;
   h->n++;
@@ -1097,8 +1192,10 @@ static enum MHD_Result head_scan_one(void *cls, enum MHD_ValueKind kind, const c
   if (key && !strcasecmp(key, "Host")) h->n_host++;
   if (key && !strcasecmp(key, "Content-Length")) {
     const char *v = value ? value : "";
-    if (!h->cl) h->cl = v;
-    else if (strcmp(h->cl, v)) h->cl_conflict = 1;
+    if (!h->cl)
+      h->cl = v;
+    else if (strcmp(h->cl, v))
+      h->cl_conflict = 1;
   }
   return MHD_YES;
 }
@@ -1115,24 +1212,27 @@ static int head_refused(conn *cx, const char *url, const char *version, enum MHD
     snprintf(msg, sizeof msg, "the request URL is longer than %d bytes", SERVER_MAX_URL);
     *ret = fail(cx, 414, "invalid_request_error", NULL, msg);
   } else if (h.n > SERVER_MAX_HEADERS || h.bytes > SERVER_MAX_HEADER_BYTES) {
-    snprintf(msg, sizeof msg, "the request has more than %d headers or %d bytes of them", SERVER_MAX_HEADERS,
-             SERVER_MAX_HEADER_BYTES);
+    snprintf(msg, sizeof msg, "the request has more than %d headers or %d bytes of them",
+             SERVER_MAX_HEADERS, SERVER_MAX_HEADER_BYTES);
     *ret = fail(cx, 431, "invalid_request_error", NULL, msg);
   } else if (h.cl_conflict) {
-    *ret = fail(cx, 400, "invalid_request_error", NULL, "the request has Content-Length headers that disagree");
+    *ret = fail(cx, 400, "invalid_request_error", NULL,
+                "the request has Content-Length headers that disagree");
   } else if (h.n_host > 1) {
-    *ret = fail(cx, 400, "invalid_request_error", NULL, "the request has more than one Host header");
+    *ret =
+        fail(cx, 400, "invalid_request_error", NULL, "the request has more than one Host header");
   } else if (h.n_host == 0 && version && !strcmp(version, MHD_HTTP_VERSION_1_1)) {
-    *ret = fail(cx, 400, "invalid_request_error", NULL, "an HTTP/1.1 request must have a Host header");
+    *ret =
+        fail(cx, 400, "invalid_request_error", NULL, "an HTTP/1.1 request must have a Host header");
   } else {
     return 0;
   }
   return 1;
 }
 
-static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
-                                  const char *version, const char *upload_data, size_t *upload_data_size,
-                                  void **con_cls) {
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url,
+                                  const char *method, const char *version, const char *upload_data,
+                                  size_t *upload_data_size, void **con_cls) {
   server *s = cls;
   conn *cx = *con_cls;
   if (!cx) {
@@ -1141,7 +1241,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     cx->s = s;
     cx->mc = c;
     cx->fd = -1;
-    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
     if (ci) cx->fd = ci->connect_fd;
     strbuf_init(&cx->body);
     cx->http11 = version && !strcmp(version, MHD_HTTP_VERSION_1_1);
@@ -1167,7 +1268,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
   return dispatch(cx, url, method);
 }
 
-static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
+static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
+                         enum MHD_RequestTerminationCode toe) {
   (void)c;
   (void)toe;
   server *s = cls;
@@ -1232,16 +1334,18 @@ int server_start(server **out, const server_opts *o, char *err, size_t errlen) {
     server_free(s);
     return -1;
   }
-  unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | MHD_USE_ITC |
-                   MHD_USE_ERROR_LOG;
+  unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL |
+                   MHD_USE_ITC | MHD_USE_ERROR_LOG;
   s->d = MHD_start_daemon(flags, (uint16_t)o->port, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR,
                           (struct sockaddr *)&addr, MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
-                          MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)600, MHD_OPTION_CONNECTION_LIMIT,
-                          (unsigned int)1024, MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)SERVER_CONN_MEMORY,
+                          MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)600,
+                          MHD_OPTION_CONNECTION_LIMIT, (unsigned int)1024,
+                          MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)SERVER_CONN_MEMORY,
                           MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned int)1,
                           MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, NULL, MHD_OPTION_END);
   if (!s->d) {
-    errf(err, errlen, "cannot listen on %s:%d (%s)", s->host, o->port, errno ? strerror(errno) : "libmicrohttpd failed");
+    errf(err, errlen, "cannot listen on %s:%d (%s)", s->host, o->port,
+         errno ? strerror(errno) : "libmicrohttpd failed");
     server_free(s);
     return -1;
   }

@@ -52,11 +52,11 @@ typedef struct server_model {
   engine *eng;
   const tokenizer *tok; /* NULL: token-id prompts only */
   chat_template_kind tmpl;
-  int vocab_size;       /* rows of the model's embedding: prompt ids must be below */
+  int vocab_size; /* rows of the model's embedding: prompt ids must be below */
   int max_model_len;
   const int32_t *eos_ids;
   int n_eos;
-  const json_vocab *json; /* response_format json_object's vocabulary (NULL: refused) */
+  const json_vocab *json;       /* response_format json_object's vocabulary (NULL: refused) */
   const generation_config *gen; /* defaults of the sampling fields a request leaves out
                                    (generation_config.json; NULL: none) */
 } server_model;

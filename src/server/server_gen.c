@@ -76,7 +76,9 @@ static int push_id(server_gen *g, const engine_event *ev) {
     server_gen_token *t = &g->toks[g->n_ids];
     t->id = ev->token;
     t->logprob = ev->logprob;
-    t->n_top = ev->n_top < 0 ? 0 : ev->n_top > ENGINE_MAX_TOP_LOGPROBS ? ENGINE_MAX_TOP_LOGPROBS : ev->n_top;
+    t->n_top = ev->n_top < 0                         ? 0
+               : ev->n_top > ENGINE_MAX_TOP_LOGPROBS ? ENGINE_MAX_TOP_LOGPROBS
+                                                     : ev->n_top;
     if (t->n_top > g->o.sp->top_logprobs) t->n_top = g->o.sp->top_logprobs;
     memcpy(t->top_ids, ev->top_ids, sizeof t->top_ids[0] * (size_t)t->n_top);
     memcpy(t->top_lps, ev->top_logprobs, sizeof t->top_lps[0] * (size_t)t->n_top);
@@ -126,8 +128,10 @@ int server_gen_step(server_gen *g, int timeout_ms) {
   g->n_events++;
   if (ev.has_token && !g->draining) {
     if (g->o.met) {
-      if (g->n_ids == 0) metrics_observe(g->o.met, METRICS_TTFT, now - g->t_submit);
-      else metrics_observe(g->o.met, METRICS_ITL, now - g->t_last);
+      if (g->n_ids == 0)
+        metrics_observe(g->o.met, METRICS_TTFT, now - g->t_submit);
+      else
+        metrics_observe(g->o.met, METRICS_ITL, now - g->t_last);
     }
     g->t_last = now;
     if (push_id(g, &ev)) goto oom;
@@ -159,10 +163,12 @@ int server_gen_step(server_gen *g, int timeout_ms) {
   if (ev.finish != FINISH_NONE) {
     g->done = 1;
     if (!g->stop_string_hit) g->finish = ev.finish;
-    if (ev.finish == FINISH_ERROR) snprintf(g->err, sizeof g->err, "%s", ev.err[0] ? ev.err : "internal error");
+    if (ev.finish == FINISH_ERROR)
+      snprintf(g->err, sizeof g->err, "%s", ev.err[0] ? ev.err : "internal error");
     if (ev.prompt_tokens > 0) g->prompt_tokens = ev.prompt_tokens;
     g->cached_tokens = ev.cached_tokens;
-    g->completion_tokens = g->stop_string_hit || ev.completion_tokens <= 0 ? g->n_ids : ev.completion_tokens;
+    g->completion_tokens =
+        g->stop_string_hit || ev.completion_tokens <= 0 ? g->n_ids : ev.completion_tokens;
     finish_metrics(g, now);
   }
   return 1;
@@ -183,11 +189,16 @@ size_t server_gen_visible(const server_gen *g) {
 
 const char *server_gen_finish_name(const server_gen *g) {
   switch (g->finish) {
-  case FINISH_STOP: return "stop";
-  case FINISH_LENGTH: return "length";
-  case FINISH_CANCELLED: return "abort";
-  case FINISH_ERROR: return "error";
-  default: return "abort";
+    case FINISH_STOP:
+      return "stop";
+    case FINISH_LENGTH:
+      return "length";
+    case FINISH_CANCELLED:
+      return "abort";
+    case FINISH_ERROR:
+      return "error";
+    default:
+      return "abort";
   }
 }
 

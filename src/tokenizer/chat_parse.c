@@ -35,7 +35,6 @@
 
 /* ---------------------------------------------------------------- small helpers */
 
-
 static int is_ws(char c) { return c == ' ' || c == '\n' || c == '\t' || c == '\r'; }
 
 static const char *find(const char *s, const char *end, const char *needle) {
@@ -91,8 +90,9 @@ static const char *schema_type(const json_t *tools, const char *fn, const char *
     if (json_is_array(ty)) {
       size_t k;
       json_t *e;
-      json_array_foreach(ty, k, e) if (json_is_string(e) && strcmp(json_string_value(e), "null"))
-          return json_string_value(e);
+      json_array_foreach(ty, k,
+                         e) if (json_is_string(e) &&
+                                strcmp(json_string_value(e), "null")) return json_string_value(e);
     }
     return NULL;
   }
@@ -115,16 +115,21 @@ static json_t *typed_value(const char *v, size_t n, const char *type) {
   } else if (!strcmp(type, "integer") || !strcmp(type, "number")) {
     if (json_is_number(j)) out = j;
   } else if (!strcmp(type, "boolean")) {
-    if (json_is_boolean(j)) out = j;
-    else if (!strcmp(s, "True")) out = json_true();
-    else if (!strcmp(s, "False")) out = json_false();
+    if (json_is_boolean(j))
+      out = j;
+    else if (!strcmp(s, "True"))
+      out = json_true();
+    else if (!strcmp(s, "False"))
+      out = json_false();
   } else if (!strcmp(type, "object")) {
     if (json_is_object(j)) out = j;
   } else if (!strcmp(type, "array")) {
     if (json_is_array(j)) out = j;
   } else if (!strcmp(type, "null")) {
-    if (json_is_null(j)) out = j;
-    else if (!strcmp(s, "None")) out = json_null();
+    if (json_is_null(j))
+      out = j;
+    else if (!strcmp(s, "None"))
+      out = json_null();
   } else {
     out = j;
   }
@@ -223,9 +228,12 @@ static int parse_call(const char *s, const char *end, const json_t *tools, chat_
   char *name = NULL;
   json_t *args = NULL;
   int rc;
-  if (starts(s, end, "<function=")) rc = parse_xml(s, end, tools, &name, &args);
-  else if (starts(s, end, "{")) rc = parse_json_call(s, end, &name, &args);
-  else rc = CALL_BAD;
+  if (starts(s, end, "<function="))
+    rc = parse_xml(s, end, tools, &name, &args);
+  else if (starts(s, end, "{"))
+    rc = parse_json_call(s, end, &name, &args);
+  else
+    rc = CALL_BAD;
   if (rc != CALL_OK) return rc;
   char *astr = json_is_string(args) ? strdup(json_string_value(args)) : chat_template_tojson(args);
   if (astr && (utf8_valid_prefix((const uint8_t *)name, strlen(name)) != strlen(name) ||
@@ -318,8 +326,10 @@ int chat_parse_ex(const char *text, int thinking_open, const json_t *tools_json,
     goto oom;
   }
   out->content = content.data;
-  if (json_array_size(calls)) out->tool_calls = calls;
-  else json_decref(calls);
+  if (json_array_size(calls))
+    out->tool_calls = calls;
+  else
+    json_decref(calls);
   return 0;
 oom:
   chat_parsed_free(out);

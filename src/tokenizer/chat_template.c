@@ -2,8 +2,8 @@
  *
  * Each family's official Jinja template is transcribed statement by statement into one render
  * function below (render_qwen3; render_qwen35, which also serves Qwen3.6 whose template
- * differs in two lines: preserve_thinking, and tojson for non-string parameter values). Byte-exactness depends on a few Python
- * behaviours the templates lean on, implemented here once:
+ * differs in two lines: preserve_thinking, and tojson for non-string parameter values).
+ * Byte-exactness depends on a few Python behaviours the templates lean on, implemented here once:
  *
  *   tojson        transformers binds Jinja's tojson to json.dumps(x, ensure_ascii=False):
  *                 keys in insertion order, ", " and ": " separators, non-ASCII kept raw,
@@ -111,13 +111,20 @@ static void py_json_string(strbuf *b, const char *s, size_t n) {
     unsigned char c = (unsigned char)s[i];
     const char *esc = NULL;
     char u[8];
-    if (c == '"') esc = "\\\"";
-    else if (c == '\\') esc = "\\\\";
-    else if (c == '\n') esc = "\\n";
-    else if (c == '\r') esc = "\\r";
-    else if (c == '\t') esc = "\\t";
-    else if (c == '\b') esc = "\\b";
-    else if (c == '\f') esc = "\\f";
+    if (c == '"')
+      esc = "\\\"";
+    else if (c == '\\')
+      esc = "\\\\";
+    else if (c == '\n')
+      esc = "\\n";
+    else if (c == '\r')
+      esc = "\\r";
+    else if (c == '\t')
+      esc = "\\t";
+    else if (c == '\b')
+      esc = "\\b";
+    else if (c == '\f')
+      esc = "\\f";
     else if (c < 0x20) {
       snprintf(u, sizeof u, "\\u%04x", c);
       esc = u;
@@ -137,42 +144,50 @@ static void py_json_string(strbuf *b, const char *s, size_t n) {
 static void py_json(strbuf *b, const json_t *v) {
   char num[64];
   switch (json_typeof(v)) {
-  case JSON_OBJECT: {
-    const char *k;
-    json_t *x;
-    int first = 1;
-    strbuf_append(b, "{", 1);
-    json_object_foreach((json_t *)v, k, x) {
-      if (!first) strbuf_append(b, ", ", 2);
-      first = 0;
-      py_json_string(b, k, strlen(k));
-      strbuf_append(b, ": ", 2);
-      py_json(b, x);
+    case JSON_OBJECT: {
+      const char *k;
+      json_t *x;
+      int first = 1;
+      strbuf_append(b, "{", 1);
+      json_object_foreach((json_t *)v, k, x) {
+        if (!first) strbuf_append(b, ", ", 2);
+        first = 0;
+        py_json_string(b, k, strlen(k));
+        strbuf_append(b, ": ", 2);
+        py_json(b, x);
+      }
+      strbuf_append(b, "}", 1);
+      break;
     }
-    strbuf_append(b, "}", 1);
-    break;
-  }
-  case JSON_ARRAY: {
-    strbuf_append(b, "[", 1);
-    for (size_t i = 0; i < json_array_size(v); i++) {
-      if (i) strbuf_append(b, ", ", 2);
-      py_json(b, json_array_get(v, i));
+    case JSON_ARRAY: {
+      strbuf_append(b, "[", 1);
+      for (size_t i = 0; i < json_array_size(v); i++) {
+        if (i) strbuf_append(b, ", ", 2);
+        py_json(b, json_array_get(v, i));
+      }
+      strbuf_append(b, "]", 1);
+      break;
     }
-    strbuf_append(b, "]", 1);
-    break;
-  }
-  case JSON_STRING: py_json_string(b, json_string_value(v), json_string_length(v)); break;
-  case JSON_INTEGER:
-    snprintf(num, sizeof num, "%" JSON_INTEGER_FORMAT, json_integer_value(v));
-    strbuf_puts(b, num);
-    break;
-  case JSON_REAL:
-    py_float_repr(json_real_value(v), num, sizeof num);
-    strbuf_puts(b, num);
-    break;
-  case JSON_TRUE: strbuf_puts(b, "true"); break;
-  case JSON_FALSE: strbuf_puts(b, "false"); break;
-  case JSON_NULL: strbuf_puts(b, "null"); break;
+    case JSON_STRING:
+      py_json_string(b, json_string_value(v), json_string_length(v));
+      break;
+    case JSON_INTEGER:
+      snprintf(num, sizeof num, "%" JSON_INTEGER_FORMAT, json_integer_value(v));
+      strbuf_puts(b, num);
+      break;
+    case JSON_REAL:
+      py_float_repr(json_real_value(v), num, sizeof num);
+      strbuf_puts(b, num);
+      break;
+    case JSON_TRUE:
+      strbuf_puts(b, "true");
+      break;
+    case JSON_FALSE:
+      strbuf_puts(b, "false");
+      break;
+    case JSON_NULL:
+      strbuf_puts(b, "null");
+      break;
   }
 }
 
@@ -191,11 +206,21 @@ char *chat_template_tojson(const json_t *v) {
  * as py_json writes them). */
 static void py_str(strbuf *b, const json_t *v) {
   switch (json_typeof(v)) {
-  case JSON_STRING: strbuf_append(b, json_string_value(v), json_string_length(v)); break;
-  case JSON_TRUE: strbuf_puts(b, "True"); break;
-  case JSON_FALSE: strbuf_puts(b, "False"); break;
-  case JSON_NULL: strbuf_puts(b, "None"); break;
-  default: py_json(b, v); break;
+    case JSON_STRING:
+      strbuf_append(b, json_string_value(v), json_string_length(v));
+      break;
+    case JSON_TRUE:
+      strbuf_puts(b, "True");
+      break;
+    case JSON_FALSE:
+      strbuf_puts(b, "False");
+      break;
+    case JSON_NULL:
+      strbuf_puts(b, "None");
+      break;
+    default:
+      py_json(b, v);
+      break;
   }
 }
 
@@ -305,8 +330,8 @@ static const char *const role_names[] = {"system", "user", "assistant", "tool"};
 
 typedef struct call_view {
   const char *name;
-  const json_t *args;  /* object, or string (Qwen3 prints it verbatim); borrowed or owned */
-  json_t *args_owned;  /* parsed from a string (Qwen3.5), freed with the view */
+  const json_t *args; /* object, or string (Qwen3 prints it verbatim); borrowed or owned */
+  json_t *args_owned; /* parsed from a string (Qwen3.5), freed with the view */
 } call_view;
 
 typedef struct msg_view {
@@ -351,8 +376,8 @@ static int content_join(const json_t *c, int idx, char **out, size_t *len, char 
       strbuf_append(&b, json_string_value(tx), json_string_length(tx));
     }
   } else {
-    return errf(err, errlen,
-                "messages[%d].content must be a string or an array of text parts", idx);
+    return errf(err, errlen, "messages[%d].content must be a string or an array of text parts",
+                idx);
   }
   if (!b.data) strbuf_append(&b, "", 0);
   if (b.oom) {
@@ -440,8 +465,7 @@ static int check_request(chat_template_kind kind, const json_t *request, msg_vie
         if (!fn) fn = tc;
         const json_t *name = json_object_get(fn, "name");
         if (!json_is_object(fn) || !json_is_string(name)) {
-          errf(err, errlen, "messages[%d].tool_calls[%zu].function.name must be a string", i,
-               j);
+          errf(err, errlen, "messages[%d].tool_calls[%zu].function.name must be a string", i, j);
           goto fail;
         }
         call_view *c = &v[i].calls[v[i].n_calls++];
@@ -560,17 +584,19 @@ static void render_qwen3(const msg_view *m, int n, const json_t *tools, int add_
       strbuf_append(b, c0.p, c0.n);
       strbuf_puts(b, "\n\n");
     }
-    strbuf_puts(b, "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
-               "You are provided with function signatures within <tools></tools> XML tags:\n"
-               "<tools>");
+    strbuf_puts(b,
+                "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+                "You are provided with function signatures within <tools></tools> XML tags:\n"
+                "<tools>");
     for (size_t i = 0; i < json_array_size(tools); i++) {
       strbuf_puts(b, "\n");
       py_json(b, json_array_get(tools, i));
     }
-    strbuf_puts(b, "\n</tools>\n\nFor each function call, return a json object with function name "
-               "and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
-               "{\"name\": <function-name>, \"arguments\": <args-json-object>}\n"
-               "</tool_call><|im_end|>\n");
+    strbuf_puts(b,
+                "\n</tools>\n\nFor each function call, return a json object with function name "
+                "and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+                "{\"name\": <function-name>, \"arguments\": <args-json-object>}\n"
+                "</tool_call><|im_end|>\n");
   } else if (m[0].role == ROLE_SYSTEM) {
     strbuf_puts(b, "<|im_start|>system\n");
     strbuf_append(b, c0.p, c0.n);
@@ -613,8 +639,10 @@ static void render_qwen3(const msg_view *m, int n, const json_t *tools, int add_
         strbuf_puts(b, m[i].calls[j].name);
         strbuf_puts(b, "\", \"arguments\": ");
         const json_t *a = m[i].calls[j].args;
-        if (json_is_string(a)) strbuf_append(b, json_string_value(a), json_string_length(a));
-        else py_json(b, a);
+        if (json_is_string(a))
+          strbuf_append(b, json_string_value(a), json_string_length(a));
+        else
+          py_json(b, a);
         strbuf_puts(b, "}\n</tool_call>");
       }
       strbuf_puts(b, "<|im_end|>\n");
@@ -648,8 +676,9 @@ static int render_qwen35(const msg_view *m, int n, const json_t *tools, int add_
                          size_t *offs, char *err, size_t errlen) {
   span sys = py_trim((span){m[0].content, m[0].content_len});
   if (json_array_size(tools) > 0) {
-    strbuf_puts(b, "<|im_start|>system\n# Tools\n\nYou have access to the following functions:\n\n"
-               "<tools>");
+    strbuf_puts(b,
+                "<|im_start|>system\n# Tools\n\nYou have access to the following functions:\n\n"
+                "<tools>");
     for (size_t i = 0; i < json_array_size(tools); i++) {
       strbuf_puts(b, "\n");
       py_json(b, json_array_get(tools, i));
@@ -696,8 +725,11 @@ static int render_qwen35(const msg_view *m, int n, const json_t *tools, int add_
       put_assistant(b, (qwen36 && preserve_thinking) || i > last_query, reasoning, content);
       for (int j = 0; j < m[i].n_calls; j++) {
         const call_view *cv = &m[i].calls[j];
-        if (j == 0) strbuf_puts(b, py_trim(content).n ? "\n\n<tool_call>\n<function=" : "<tool_call>\n<function=");
-        else strbuf_puts(b, "\n<tool_call>\n<function=");
+        if (j == 0)
+          strbuf_puts(
+              b, py_trim(content).n ? "\n\n<tool_call>\n<function=" : "<tool_call>\n<function=");
+        else
+          strbuf_puts(b, "\n<tool_call>\n<function=");
         strbuf_puts(b, cv->name);
         strbuf_puts(b, ">\n");
         const char *k;
@@ -707,8 +739,10 @@ static int render_qwen35(const msg_view *m, int n, const json_t *tools, int add_
           strbuf_puts(b, k);
           strbuf_puts(b, ">\n");
           if (qwen36) {
-            if (json_is_string(val)) py_str(b, val);
-            else py_json(b, val);
+            if (json_is_string(val))
+              py_str(b, val);
+            else
+              py_json(b, val);
           } else if (json_is_object(val) || json_is_array(val)) {
             py_json(b, val);
           } else {

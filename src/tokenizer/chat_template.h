@@ -25,15 +25,15 @@ typedef enum {
 chat_template_kind chat_template_detect(const char *template_text, const char *model_type);
 
 typedef struct chat_render {
-  char *text;          /* the rendered prompt (malloc'd) */
+  char *text; /* the rendered prompt (malloc'd) */
   size_t len;
   size_t *msg_offsets; /* byte offset where each message's turn starts in text [n_msgs]:
                           always at an "<|im_start|>"; a leading system message is at 0 (also
                           when tools share its turn); consecutive tool messages share the
                           offset of their grouped "<|im_start|>user" turn */
   int n_msgs;
-  int thinking_open;   /* the prompt ends inside an open <think> block (Qwen3.5 generation
-                          prompt with thinking on): pass to chat_parse as thinking_open */
+  int thinking_open; /* the prompt ends inside an open <think> block (Qwen3.5 generation
+                        prompt with thinking on): pass to chat_parse as thinking_open */
 } chat_render;
 
 /* Renders an OpenAI chat request (`messages`, optional `tools`, optional

@@ -122,8 +122,7 @@ static int16_t bl_cp_to_byte[512]; /* -1: not in the alphabet */
 static pthread_once_t bl_once = PTHREAD_ONCE_INIT;
 
 static void bl_init(void) {
-  for (int i = 0; i < 512; i++)
-    bl_cp_to_byte[i] = -1;
+  for (int i = 0; i < 512; i++) bl_cp_to_byte[i] = -1;
   int n = 0;
   for (int b = 0; b < 256; b++) {
     int keep = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255);
@@ -140,10 +139,8 @@ static long bl_decode(const uint8_t *s, size_t n, uint8_t *out) {
   while (i < n) {
     size_t len;
     uint32_t cp;
-    if (utf8_step(s + i, n - i, &len, &cp) != UTF8_STEP_VALID)
-      return -1;
-    if (cp >= 512 || bl_cp_to_byte[cp] < 0)
-      return -1;
+    if (utf8_step(s + i, n - i, &len, &cp) != UTF8_STEP_VALID) return -1;
+    if (cp >= 512 || bl_cp_to_byte[cp] < 0) return -1;
     out[o++] = (uint8_t)bl_cp_to_byte[cp];
     i += len;
   }
@@ -160,22 +157,18 @@ typedef struct {
 } sbuf;
 
 static int sbuf_reserve(sbuf *b, size_t extra) {
-  if (b->n + extra + 1 <= b->cap)
-    return 0;
+  if (b->n + extra + 1 <= b->cap) return 0;
   size_t cap = b->cap ? b->cap : 64;
-  while (cap < b->n + extra + 1)
-    cap *= 2;
+  while (cap < b->n + extra + 1) cap *= 2;
   char *np = realloc(b->p, cap);
-  if (!np)
-    return -1;
+  if (!np) return -1;
   b->p = np;
   b->cap = cap;
   return 0;
 }
 
 static int sbuf_put(sbuf *b, const void *s, size_t n) {
-  if (sbuf_reserve(b, n))
-    return -1;
+  if (sbuf_reserve(b, n)) return -1;
   memcpy(b->p + b->n, s, n);
   b->n += n;
   b->p[b->n] = 0;
@@ -190,11 +183,9 @@ typedef struct {
 static int ivec_push(ivec *v, int32_t x) {
   if (v->n == v->cap) {
     size_t cap = v->cap ? v->cap * 2 : 256;
-    if (fault_hit("tokenizer_encode"))
-      return -1;
+    if (fault_hit("tokenizer_encode")) return -1;
     int32_t *nv = realloc(v->v, cap * sizeof *nv);
-    if (!nv)
-      return -1;
+    if (!nv) return -1;
     v->v = nv;
     v->cap = cap;
   }
@@ -204,8 +195,7 @@ static int ivec_push(ivec *v, int32_t x) {
 
 static uint64_t hash_bytes(const uint8_t *s, size_t n) {
   uint64_t h = 0xcbf29ce484222325ull;
-  for (size_t i = 0; i < n; i++)
-    h = (h ^ s[i]) * 0x100000001b3ull;
+  for (size_t i = 0; i < n; i++) h = (h ^ s[i]) * 0x100000001b3ull;
   return h ^ (h >> 29);
 }
 
@@ -214,13 +204,10 @@ static uint32_t hash_pair(uint64_t key) { return (uint32_t)((key * 0x9E3779B97F4
 static long arena_put(tokenizer *t, const void *s, size_t n) {
   if (t->arena_len + n > t->arena_cap) {
     size_t cap = t->arena_cap ? t->arena_cap : 1 << 20;
-    while (cap < t->arena_len + n)
-      cap *= 2;
-    if (cap > UINT32_MAX)
-      return -1;
+    while (cap < t->arena_len + n) cap *= 2;
+    if (cap > UINT32_MAX) return -1;
     uint8_t *na = realloc(t->arena, cap);
-    if (!na)
-      return -1;
+    if (!na) return -1;
     t->arena = na;
     t->arena_cap = cap;
   }
@@ -231,16 +218,13 @@ static long arena_put(tokenizer *t, const void *s, size_t n) {
 }
 
 static int32_t vocab_find(const tokenizer *t, const uint8_t *s, size_t n) {
-  if (!t->vmap)
-    return -1;
+  if (!t->vmap) return -1;
   uint32_t h = (uint32_t)hash_bytes(s, n) & t->vmask;
   for (;;) {
     int32_t id = t->vmap[h];
-    if (id < 0)
-      return -1;
+    if (id < 0) return -1;
     span e = t->enc[id];
-    if (e.len == n && memcmp(t->arena + e.off, s, n) == 0)
-      return id;
+    if (e.len == n && memcmp(t->arena + e.off, s, n) == 0) return id;
     h = (h + 1) & t->vmask;
   }
 }
@@ -250,18 +234,15 @@ static inline const merge_slot *merge_find(const tokenizer *t, int32_t a, int32_
   uint32_t h = hash_pair(key) & t->mmask;
   for (;;) {
     const merge_slot *m = &t->mmap[h];
-    if (m->rank < 0)
-      return NULL;
-    if (m->key == key)
-      return m;
+    if (m->rank < 0) return NULL;
+    if (m->key == key) return m;
     h = (h + 1) & t->mmask;
   }
 }
 
 static uint32_t pow2_at_least(size_t n) {
   uint32_t c = 16;
-  while (c < n)
-    c *= 2;
+  while (c < n) c *= 2;
   return c;
 }
 
@@ -275,10 +256,8 @@ static int is_space_cp(uint32_t c) {
 /* Rust's char::is_alphanumeric || '_' (approximated by the L and N categories).
  */
 static int is_word_cp(uint32_t c) {
-  if (c == '_')
-    return 1;
-  if (c < 128)
-    return (c >= '0' && c <= '9') || ((c | 32) >= 'a' && (c | 32) <= 'z');
+  if (c == '_') return 1;
+  if (c < 128) return (c >= '0' && c <= '9') || ((c | 32) >= 'a' && (c | 32) <= 'z');
   utf8proc_category_t k = utf8proc_category((utf8proc_int32_t)c);
   return (k >= UTF8PROC_CATEGORY_LU && k <= UTF8PROC_CATEGORY_LO) ||
          (k >= UTF8PROC_CATEGORY_ND && k <= UTF8PROC_CATEGORY_NO);
@@ -288,8 +267,7 @@ static int is_word_cp(uint32_t c) {
  * length. */
 static uint32_t cp_before(const uint8_t *s, size_t n, size_t *len) {
   size_t i = n - 1;
-  while (i > 0 && (s[i] & 0xC0) == 0x80)
-    i--;
+  while (i > 0 && (s[i] & 0xC0) == 0x80) i--;
   uint32_t cp = 0;
   size_t l;
   utf8_step(s + i, n - i, &l, &cp);
@@ -306,8 +284,7 @@ typedef struct {
 } js;
 
 static void js_ws(js *s) {
-  while (s->p < s->e && (*s->p == ' ' || *s->p == '\n' || *s->p == '\r' || *s->p == '\t'))
-    s->p++;
+  while (s->p < s->e && (*s->p == ' ' || *s->p == '\n' || *s->p == '\r' || *s->p == '\t')) s->p++;
 }
 
 static int js_skip_string(js *s) {
@@ -315,8 +292,7 @@ static int js_skip_string(js *s) {
   while (s->p < s->e) {
     char c = *s->p++;
     if (c == '\\') {
-      if (s->p >= s->e)
-        return -1;
+      if (s->p >= s->e) return -1;
       s->p++;
     } else if (c == '"') {
       return 0;
@@ -327,18 +303,15 @@ static int js_skip_string(js *s) {
 
 static int js_skip(js *s) {
   js_ws(s);
-  if (s->p >= s->e)
-    return -1;
+  if (s->p >= s->e) return -1;
   char c = *s->p;
-  if (c == '"')
-    return js_skip_string(s);
+  if (c == '"') return js_skip_string(s);
   if (c == '{' || c == '[') {
     int depth = 0;
     while (s->p < s->e) {
       c = *s->p;
       if (c == '"') {
-        if (js_skip_string(s))
-          return -1;
+        if (js_skip_string(s)) return -1;
         continue;
       }
       if (c == '{' || c == '[')
@@ -354,27 +327,22 @@ static int js_skip(js *s) {
     return -1;
   }
   const char *st = s->p;
-  while (s->p < s->e && !memchr(",}] \n\r\t", *s->p, 7))
-    s->p++;
+  while (s->p < s->e && !memchr(",}] \n\r\t", *s->p, 7)) s->p++;
   return s->p > st ? 0 : -1;
 }
 
 static int hexval(char c) {
-  if (c >= '0' && c <= '9')
-    return c - '0';
-  if ((c | 32) >= 'a' && (c | 32) <= 'f')
-    return (c | 32) - 'a' + 10;
+  if (c >= '0' && c <= '9') return c - '0';
+  if ((c | 32) >= 'a' && (c | 32) <= 'f') return (c | 32) - 'a' + 10;
   return -1;
 }
 
 static int js_hex4(js *s, uint32_t *v) {
-  if (s->e - s->p < 4)
-    return -1;
+  if (s->e - s->p < 4) return -1;
   uint32_t x = 0;
   for (int i = 0; i < 4; i++) {
     int h = hexval(s->p[i]);
-    if (h < 0)
-      return -1;
+    if (h < 0) return -1;
     x = x << 4 | (uint32_t)h;
   }
   s->p += 4;
@@ -411,82 +379,71 @@ static void put_utf8(sbuf *b, uint32_t c) {
 static int js_string(js *s, sbuf *b) {
   js_ws(s);
   b->n = 0;
-  if (sbuf_reserve(b, 16))
-    return -1;
+  if (sbuf_reserve(b, 16)) return -1;
   b->p[0] = 0;
-  if (s->p >= s->e || *s->p != '"')
-    return -1;
+  if (s->p >= s->e || *s->p != '"') return -1;
   s->p++;
   for (;;) {
     const char *st = s->p;
-    while (s->p < s->e && *s->p != '"' && *s->p != '\\')
-      s->p++;
-    if (s->p >= s->e)
-      return -1;
-    if (s->p > st && sbuf_put(b, st, (size_t)(s->p - st)))
-      return -1;
+    while (s->p < s->e && *s->p != '"' && *s->p != '\\') s->p++;
+    if (s->p >= s->e) return -1;
+    if (s->p > st && sbuf_put(b, st, (size_t)(s->p - st))) return -1;
     if (*s->p == '"') {
       s->p++;
       return 0;
     }
     s->p++; /* backslash */
-    if (s->p >= s->e)
-      return -1;
+    if (s->p >= s->e) return -1;
     char c = *s->p++, o;
     switch (c) {
-    case '"':
-      o = '"';
-      break;
-    case '\\':
-      o = '\\';
-      break;
-    case '/':
-      o = '/';
-      break;
-    case 'b':
-      o = '\b';
-      break;
-    case 'f':
-      o = '\f';
-      break;
-    case 'n':
-      o = '\n';
-      break;
-    case 'r':
-      o = '\r';
-      break;
-    case 't':
-      o = '\t';
-      break;
-    case 'u': {
-      uint32_t v, w;
-      if (js_hex4(s, &v))
-        return -1;
-      if (v >= 0xD800 && v <= 0xDBFF) {
-        if (s->e - s->p < 6 || s->p[0] != '\\' || s->p[1] != 'u')
+      case '"':
+        o = '"';
+        break;
+      case '\\':
+        o = '\\';
+        break;
+      case '/':
+        o = '/';
+        break;
+      case 'b':
+        o = '\b';
+        break;
+      case 'f':
+        o = '\f';
+        break;
+      case 'n':
+        o = '\n';
+        break;
+      case 'r':
+        o = '\r';
+        break;
+      case 't':
+        o = '\t';
+        break;
+      case 'u': {
+        uint32_t v, w;
+        if (js_hex4(s, &v)) return -1;
+        if (v >= 0xD800 && v <= 0xDBFF) {
+          if (s->e - s->p < 6 || s->p[0] != '\\' || s->p[1] != 'u') return -1;
+          s->p += 2;
+          if (js_hex4(s, &w) || w < 0xDC00 || w > 0xDFFF) return -1;
+          v = 0x10000 + ((v - 0xD800) << 10) + (w - 0xDC00);
+        } else if (v >= 0xDC00 && v <= 0xDFFF) {
           return -1;
-        s->p += 2;
-        if (js_hex4(s, &w) || w < 0xDC00 || w > 0xDFFF)
-          return -1;
-        v = 0x10000 + ((v - 0xD800) << 10) + (w - 0xDC00);
-      } else if (v >= 0xDC00 && v <= 0xDFFF) {
-        return -1;
+        }
+        put_utf8(b, v);
+        continue;
       }
-      put_utf8(b, v);
-      continue;
+      default:
+        return -1;
     }
-    default:
-      return -1;
-    }
-    if (sbuf_put(b, &o, 1))
-      return -1;
+    if (sbuf_put(b, &o, 1)) return -1;
   }
 }
 
 static int js_expect(js *s, char c) {
   js_ws(s);
-  if (s->p >= s->e || *s->p != c)
-    return -1;
+  if (s->p >= s->e || *s->p != c) return -1;
   s->p++;
   return 0;
 }
@@ -496,22 +453,18 @@ static int js_expect(js *s, char c) {
  * error. */
 static int js_obj_next(js *s, int *first, sbuf *key) {
   js_ws(s);
-  if (s->p >= s->e)
-    return -1;
+  if (s->p >= s->e) return -1;
   if (*s->p == '}') {
     s->p++;
     return 0;
   }
   if (!*first) {
-    if (*s->p != ',')
-      return -1;
+    if (*s->p != ',') return -1;
     s->p++;
   }
   *first = 0;
-  if (js_string(s, key))
-    return -1;
-  if (js_expect(s, ':'))
-    return -1;
+  if (js_string(s, key)) return -1;
+  if (js_expect(s, ':')) return -1;
   js_ws(s);
   return 1;
 }
@@ -521,8 +474,7 @@ static int js_int(js *s, long *v) {
   char *end;
   errno = 0;
   long x = strtol(s->p, &end, 10);
-  if (end == s->p || errno)
-    return -1;
+  if (end == s->p || errno) return -1;
   s->p = end;
   *v = x;
   return 0;
@@ -538,24 +490,18 @@ typedef struct {
 } jspan;
 
 static int ensure_ids(tokenizer *t, long id) {
-  if (id < t->n_ids)
-    return 0;
-  if (id >= INT32_MAX / 2)
-    return -1;
+  if (id < t->n_ids) return 0;
+  if (id >= INT32_MAX / 2) return -1;
   int n = t->n_ids ? t->n_ids : 1024;
-  while (n <= id)
-    n *= 2;
+  while (n <= id) n *= 2;
   span *e = realloc(t->enc, (size_t)n * sizeof *e);
-  if (!e)
-    return -1;
+  if (!e) return -1;
   t->enc = e;
   span *d = realloc(t->dec, (size_t)n * sizeof *d);
-  if (!d)
-    return -1;
+  if (!d) return -1;
   t->dec = d;
   uint8_t *f = realloc(t->flags, (size_t)n);
-  if (!f)
-    return -1;
+  if (!f) return -1;
   t->flags = f;
   for (int i = t->n_ids; i < n; i++) {
     t->enc[i] = (span){UINT32_MAX, 0};
@@ -573,50 +519,40 @@ static int load_vocab(tokenizer *t, jspan v, long *max_id, char *err, size_t err
   size_t tmpcap = 0;
   long count = 0, maxid = -1;
   int first = 1, r, rc = -1;
-  if (js_expect(&s, '{'))
-    goto bad;
+  if (js_expect(&s, '{')) goto bad;
   while ((r = js_obj_next(&s, &first, &key)) == 1) {
     long id;
-    if (js_int(&s, &id) || id < 0)
-      goto bad;
+    if (js_int(&s, &id) || id < 0) goto bad;
     if (key.n > tmpcap) {
       tmpcap = key.n * 2 + 16;
       uint8_t *nt = realloc(tmp, tmpcap);
-      if (!nt)
-        goto oom;
+      if (!nt) goto oom;
       tmp = nt;
     }
     long nb = bl_decode((const uint8_t *)key.p, key.n, tmp);
     const uint8_t *kb = nb >= 0 ? tmp : (const uint8_t *)key.p;
     size_t kn = nb >= 0 ? (size_t)nb : key.n;
     long off = arena_put(t, kb, kn);
-    if (off < 0 || ensure_ids(t, id))
-      goto oom;
+    if (off < 0 || ensure_ids(t, id)) goto oom;
     t->enc[id] = (span){(uint32_t)off, (uint32_t)kn};
     t->dec[id] = t->enc[id];
     t->flags[id] |= TF_EXISTS | TF_IN_VOCAB;
-    if (id > maxid)
-      maxid = id;
+    if (id > maxid) maxid = id;
     count++;
   }
-  if (r < 0)
-    goto bad;
+  if (r < 0) goto bad;
   /* the hash map, built once all keys are in */
   size_t cap = pow2_at_least((size_t)count * 2 + 1);
   t->vmap = malloc(cap * sizeof *t->vmap);
-  if (!t->vmap)
-    goto oom;
+  if (!t->vmap) goto oom;
   memset(t->vmap, 0xff, cap * sizeof *t->vmap);
   t->vmask = (uint32_t)cap - 1;
   for (long id = 0; id <= maxid; id++) {
-    if (!(t->flags[id] & TF_IN_VOCAB))
-      continue;
+    if (!(t->flags[id] & TF_IN_VOCAB)) continue;
     span e = t->enc[id];
-    if (vocab_find(t, t->arena + e.off, e.len) >= 0)
-      continue; /* duplicate key: first wins */
+    if (vocab_find(t, t->arena + e.off, e.len) >= 0) continue; /* duplicate key: first wins */
     uint32_t h = (uint32_t)hash_bytes(t->arena + e.off, e.len) & t->vmask;
-    while (t->vmap[h] >= 0)
-      h = (h + 1) & t->vmask;
+    while (t->vmap[h] >= 0) h = (h + 1) & t->vmask;
     t->vmap[h] = (int32_t)id;
   }
   *max_id = maxid;
@@ -635,16 +571,14 @@ done:
 
 static int32_t lookup_bl(const tokenizer *t, const char *s, size_t n, uint8_t *tmp) {
   long nb = bl_decode((const uint8_t *)s, n, tmp);
-  if (nb >= 0)
-    return vocab_find(t, tmp, (size_t)nb);
+  if (nb >= 0) return vocab_find(t, tmp, (size_t)nb);
   return vocab_find(t, (const uint8_t *)s, n);
 }
 
 static int merge_insert(tokenizer *t, int32_t a, int32_t b, int32_t rank, int32_t id) {
   uint64_t key = ((uint64_t)(uint32_t)a << 32) | (uint32_t)b;
   uint32_t h = hash_pair(key) & t->mmask;
-  while (t->mmap[h].rank >= 0 && t->mmap[h].key != key)
-    h = (h + 1) & t->mmask;
+  while (t->mmap[h].rank >= 0 && t->mmap[h].key != key) h = (h + 1) & t->mmask;
   t->mmap[h] = (merge_slot){key, rank, id}; /* a later duplicate replaces, as HF's map */
   return 0;
 }
@@ -660,46 +594,36 @@ static int load_merges(tokenizer *t, jspan m, char *err, size_t errlen) {
   {
     js c = s;
     js_ws(&c);
-    if (c.p >= c.e || *c.p != '[')
-      goto bad;
+    if (c.p >= c.e || *c.p != '[') goto bad;
     c.p++;
     js_ws(&c);
     while (c.p < c.e && *c.p != ']') {
-      if (js_skip(&c))
-        goto bad;
+      if (js_skip(&c)) goto bad;
       count++;
       js_ws(&c);
-      if (c.p < c.e && *c.p == ',')
-        c.p++;
+      if (c.p < c.e && *c.p == ',') c.p++;
       js_ws(&c);
     }
   }
   size_t cap = pow2_at_least((size_t)count * 2 + 1);
   t->mmap = malloc(cap * sizeof *t->mmap);
-  if (!t->mmap)
-    goto oom;
-  for (size_t i = 0; i < cap; i++)
-    t->mmap[i].rank = -1;
+  if (!t->mmap) goto oom;
+  for (size_t i = 0; i < cap; i++) t->mmap[i].rank = -1;
   t->mmask = (uint32_t)cap - 1;
-  if (js_expect(&s, '['))
-    goto bad;
+  if (js_expect(&s, '[')) goto bad;
   for (long rank = 0; rank < count; rank++) {
-    if (rank > 0 && js_expect(&s, ','))
-      goto bad;
+    if (rank > 0 && js_expect(&s, ',')) goto bad;
     js_ws(&s);
     if (s.p < s.e && *s.p == '[') {
       s.p++;
       if (js_string(&s, &a) || js_expect(&s, ',') || js_string(&s, &b) || js_expect(&s, ']'))
         goto bad;
     } else {
-      if (js_string(&s, &a))
-        goto bad;
+      if (js_string(&s, &a)) goto bad;
       char *sp = memchr(a.p, ' ', a.n);
-      if (!sp)
-        goto bad;
+      if (!sp) goto bad;
       b.n = 0;
-      if (sbuf_put(&b, sp + 1, a.n - (size_t)(sp + 1 - a.p)))
-        goto oom;
+      if (sbuf_put(&b, sp + 1, a.n - (size_t)(sp + 1 - a.p))) goto oom;
       a.n = (size_t)(sp - a.p);
     }
     if (a.n + b.n + 16 > tcap) {
@@ -710,8 +634,7 @@ static int load_merges(tokenizer *t, jspan m, char *err, size_t errlen) {
       ta = malloc(tcap);
       tb = malloc(tcap);
       tab = malloc(tcap);
-      if (!ta || !tb || !tab)
-        goto oom;
+      if (!ta || !tb || !tab) goto oom;
     }
     int32_t ia = lookup_bl(t, a.p, a.n, ta), ib = lookup_bl(t, b.p, b.n, tb);
     /* the merged token: concatenate the decoded bytes of both halves */
@@ -736,8 +659,7 @@ static int load_merges(tokenizer *t, jspan m, char *err, size_t errlen) {
     }
     merge_insert(t, ia, ib, (int32_t)rank, iab);
   }
-  if (js_expect(&s, ']'))
-    goto bad;
+  if (js_expect(&s, ']')) goto bad;
   rc = 0;
   goto done;
 bad:
@@ -755,18 +677,15 @@ done:
 }
 
 static json_t *parse_span(jspan sp) {
-  if (!sp.p)
-    return NULL;
+  if (!sp.p) return NULL;
   json_error_t je;
   return json_loadb(sp.p, sp.n, JSON_DECODE_ANY, &je);
 }
 
 static int norm_from_json(tokenizer *t, json_t *n, char *err, size_t errlen) {
-  if (!n || json_is_null(n))
-    return 0;
+  if (!n || json_is_null(n)) return 0;
   const char *type = json_string_value(json_object_get(n, "type"));
-  if (!type)
-    return errf(err, errlen, "tokenizer.json: normalizer without a type");
+  if (!type) return errf(err, errlen, "tokenizer.json: normalizer without a type");
   if (!strcmp(type, "Sequence")) {
     json_t *list = json_object_get(n, "normalizers");
     size_t i;
@@ -785,8 +704,7 @@ static int norm_from_json(tokenizer *t, json_t *n, char *err, size_t errlen) {
     opts = UTF8PROC_STABLE | UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT;
   else
     return errf(err, errlen, "tokenizer.json: normalizer '%s' is not supported", type);
-  if (t->n_norm >= MAX_NORM)
-    return errf(err, errlen, "tokenizer.json: too many normalizers");
+  if (t->n_norm >= MAX_NORM) return errf(err, errlen, "tokenizer.json: too many normalizers");
   t->norm_opts[t->n_norm++] = opts;
   return 0;
 }
@@ -814,27 +732,21 @@ static char *regex_to_pcre2(const char *pat) {
     if (!in_class && *p == '[') {
       in_class = 1;
       sbuf_put(&o, p, 1);
-      if (p[1] == '^')
-        sbuf_put(&o, ++p, 1);
-      if (p[1] == ']')
-        sbuf_put(&o, ++p, 1); /* a leading ] is literal */
+      if (p[1] == '^') sbuf_put(&o, ++p, 1);
+      if (p[1] == ']') sbuf_put(&o, ++p, 1); /* a leading ] is literal */
       continue;
     }
-    if (in_class && *p == ']')
-      in_class = 0;
+    if (in_class && *p == ']') in_class = 0;
     sbuf_put(&o, p, 1);
   }
-  if (!o.p)
-    sbuf_put(&o, "", 0);
+  if (!o.p) sbuf_put(&o, "", 0);
   return o.p;
 }
 
 static int add_regex(tokenizer *t, const char *pat, int literal, char *err, size_t errlen) {
-  if (t->n_re >= MAX_REGEX)
-    return errf(err, errlen, "tokenizer.json: too many Split steps");
+  if (t->n_re >= MAX_REGEX) return errf(err, errlen, "tokenizer.json: too many Split steps");
   char *conv = literal ? strdup(pat) : regex_to_pcre2(pat);
-  if (!conv)
-    return errf(err, errlen, "out of memory");
+  if (!conv) return errf(err, errlen, "out of memory");
   int ec;
   PCRE2_SIZE eo;
   pcre2_code *re =
@@ -852,15 +764,14 @@ static int add_regex(tokenizer *t, const char *pat, int literal, char *err, size
   return 0;
 }
 
-static const char *GPT2_REGEX = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| "
-                                "?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
+static const char *GPT2_REGEX =
+    "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| "
+    "?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
 
 static int pretok_from_json(tokenizer *t, json_t *p, int *bytelevel, char *err, size_t errlen) {
-  if (!p || json_is_null(p))
-    return 0;
+  if (!p || json_is_null(p)) return 0;
   const char *type = json_string_value(json_object_get(p, "type"));
-  if (!type)
-    return errf(err, errlen, "tokenizer.json: pre_tokenizer without a type");
+  if (!type) return errf(err, errlen, "tokenizer.json: pre_tokenizer without a type");
   if (!strcmp(type, "Sequence")) {
     json_t *list = json_object_get(p, "pretokenizers");
     size_t i;
@@ -873,8 +784,7 @@ static int pretok_from_json(tokenizer *t, json_t *p, int *bytelevel, char *err, 
       return errf(err, errlen, "tokenizer.json: ByteLevel add_prefix_space is not supported");
     *bytelevel = 1;
     json_t *ur = json_object_get(p, "use_regex");
-    if (!ur || json_is_true(ur))
-      return add_regex(t, GPT2_REGEX, 0, err, errlen);
+    if (!ur || json_is_true(ur)) return add_regex(t, GPT2_REGEX, 0, err, errlen);
     return 0;
   }
   if (!strcmp(type, "Split")) {
@@ -884,10 +794,8 @@ static int pretok_from_json(tokenizer *t, json_t *p, int *bytelevel, char *err, 
     json_t *pat = json_object_get(p, "pattern");
     const char *rx = json_string_value(json_object_get(pat, "Regex"));
     const char *lit = json_string_value(json_object_get(pat, "String"));
-    if (rx)
-      return add_regex(t, rx, 0, err, errlen);
-    if (lit)
-      return add_regex(t, lit, 1, err, errlen);
+    if (rx) return add_regex(t, rx, 0, err, errlen);
+    if (lit) return add_regex(t, lit, 1, err, errlen);
     return errf(err, errlen, "tokenizer.json: Split without a pattern");
   }
   return errf(err, errlen, "tokenizer.json: pre_tokenizer '%s' is not supported", type);
@@ -899,10 +807,8 @@ static int added_cmp(const void *x, const void *y, void *ctx) {
   const tokenizer *t = ctx;
   const added_tok *a = x, *b = y;
   uint8_t fa = t->arena[a->off], fb = t->arena[b->off];
-  if (fa != fb)
-    return fa < fb ? -1 : 1;
-  if (a->len != b->len)
-    return a->len > b->len ? -1 : 1;
+  if (fa != fb) return fa < fb ? -1 : 1;
+  if (a->len != b->len) return a->len > b->len ? -1 : 1;
   return a->id < b->id ? -1 : a->id > b->id;
 }
 
@@ -917,23 +823,19 @@ static void added_set_finish(tokenizer *t, added_set *s) {
   pthread_mutex_unlock(&sort_mu);
   int k = 0;
   for (int b = 0; b <= 256; b++) {
-    while (k < s->n && t->arena[s->a[k].off] < b)
-      k++;
+    while (k < s->n && t->arena[s->a[k].off] < b) k++;
     s->start[b] = k;
   }
 }
 
 static int added_from_json(tokenizer *t, json_t *arr, char *err, size_t errlen) {
-  if (!arr || json_is_null(arr))
-    return 0;
-  if (!json_is_array(arr))
-    return errf(err, errlen, "tokenizer.json: added_tokens is not a list");
+  if (!arr || json_is_null(arr)) return 0;
+  if (!json_is_array(arr)) return errf(err, errlen, "tokenizer.json: added_tokens is not a list");
   size_t n = json_array_size(arr), i;
   json_t *x;
   t->added_raw.a = calloc(n + 1, sizeof(added_tok));
   t->added_norm.a = calloc(n + 1, sizeof(added_tok));
-  if (!t->added_raw.a || !t->added_norm.a)
-    return errf(err, errlen, "out of memory");
+  if (!t->added_raw.a || !t->added_norm.a) return errf(err, errlen, "out of memory");
   uint8_t *tmp = NULL;
   json_array_foreach(arr, i, x) {
     json_t *jid = json_object_get(x, "id");
@@ -944,8 +846,7 @@ static int added_from_json(tokenizer *t, json_t *arr, char *err, size_t errlen) 
     }
     long id = (long)json_integer_value(jid);
     size_t clen = json_string_length(json_object_get(x, "content"));
-    if (ensure_ids(t, id))
-      return errf(err, errlen, "out of memory");
+    if (ensure_ids(t, id)) return errf(err, errlen, "out of memory");
     int special = json_is_true(json_object_get(x, "special"));
     json_t *jn = json_object_get(x, "normalized");
     int normalized = jn ? json_is_true(jn) : !special; /* HF's default when absent */
@@ -953,8 +854,7 @@ static int added_from_json(tokenizer *t, json_t *arr, char *err, size_t errlen) 
      * raw (HF) */
     free(tmp);
     tmp = malloc(clen + 1);
-    if (!tmp)
-      return errf(err, errlen, "out of memory");
+    if (!tmp) return errf(err, errlen, "out of memory");
     long nb = bl_decode((const uint8_t *)content, clen, tmp);
     long doff = nb >= 0 ? arena_put(t, tmp, (size_t)nb) : arena_put(t, content, clen);
     if (doff < 0) {
@@ -977,8 +877,7 @@ static int added_from_json(tokenizer *t, json_t *arr, char *err, size_t errlen) 
     }
     long moff = mlen ? arena_put(t, m, mlen) : -1;
     free(nm);
-    if (mlen == 0)
-      continue;
+    if (mlen == 0) continue;
     if (moff < 0) {
       free(tmp);
       return errf(err, errlen, "out of memory");
@@ -999,8 +898,7 @@ static int added_from_json(tokenizer *t, json_t *arr, char *err, size_t errlen) 
 
 static char *read_file(const char *path, size_t *n) {
   FILE *f = fopen(path, "rb");
-  if (!f)
-    return NULL;
+  if (!f) return NULL;
   char *buf = NULL;
   if (fseek(f, 0, SEEK_END) == 0) {
     long sz = ftell(f);
@@ -1024,8 +922,7 @@ static void load_config(tokenizer *t, const char *dir) {
   snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
   json_error_t je;
   json_t *c = json_load_file(path, 0, &je);
-  if (!c)
-    return;
+  if (!c) return;
   json_t *ct = json_object_get(c, "chat_template");
   if (json_is_string(ct)) {
     t->chat_template = strdup(json_string_value(ct));
@@ -1042,10 +939,8 @@ static void load_config(tokenizer *t, const char *dir) {
     }
   }
   json_t *eos = json_object_get(c, "eos_token");
-  if (json_is_object(eos))
-    eos = json_object_get(eos, "content");
-  if (json_is_string(eos))
-    t->eos_token = strdup(json_string_value(eos));
+  if (json_is_object(eos)) eos = json_object_get(eos, "content");
+  if (json_is_string(eos)) t->eos_token = strdup(json_string_value(eos));
   json_decref(c);
 }
 
@@ -1065,26 +960,22 @@ tokenizer *tokenizer_load(const char *dir, char *err, size_t errlen) {
     errf(err, errlen, "out of memory");
     return NULL;
   }
-  for (int i = 0; i < CACHE_SHARDS; i++)
-    pthread_mutex_init(&t->cache[i].mu, NULL);
+  for (int i = 0; i < CACHE_SHARDS; i++) pthread_mutex_init(&t->cache[i].mu, NULL);
   jspan vocab = {0}, merges = {0}, added = {0}, norm = {0}, pre = {0}, dec = {0}, mtype = {0},
         ign = {0}, bfb = {0}, cont = {0}, eow = {0};
   sbuf key = {0};
   json_t *jadded = NULL, *jnorm = NULL, *jpre = NULL, *jdec = NULL, *jx = NULL;
   js s = {file, file + flen};
   int first = 1, r;
-  if (js_expect(&s, '{'))
-    goto bad;
+  if (js_expect(&s, '{')) goto bad;
   while ((r = js_obj_next(&s, &first, &key)) == 1) {
     const char *st = s.p;
     if (!strcmp(key.p, "model")) {
       int mf = 1, mr;
-      if (js_expect(&s, '{'))
-        goto bad;
+      if (js_expect(&s, '{')) goto bad;
       while ((mr = js_obj_next(&s, &mf, &key)) == 1) {
         const char *ms = s.p;
-        if (js_skip(&s))
-          goto bad;
+        if (js_skip(&s)) goto bad;
         jspan sp = {ms, (size_t)(s.p - ms)};
         if (!strcmp(key.p, "vocab"))
           vocab = sp;
@@ -1101,12 +992,10 @@ tokenizer *tokenizer_load(const char *dir, char *err, size_t errlen) {
         else if (!strcmp(key.p, "end_of_word_suffix"))
           eow = sp;
       }
-      if (mr < 0)
-        goto bad;
+      if (mr < 0) goto bad;
       continue;
     }
-    if (js_skip(&s))
-      goto bad;
+    if (js_skip(&s)) goto bad;
     jspan sp = {st, (size_t)(s.p - st)};
     if (!strcmp(key.p, "added_tokens"))
       added = sp;
@@ -1117,8 +1006,7 @@ tokenizer *tokenizer_load(const char *dir, char *err, size_t errlen) {
     else if (!strcmp(key.p, "decoder"))
       dec = sp;
   }
-  if (r < 0)
-    goto bad;
+  if (r < 0) goto bad;
   if (!vocab.p || !merges.p) {
     errf(err, errlen, "%s: no BPE model (model.vocab / model.merges)", path);
     goto fail;
@@ -1136,8 +1024,7 @@ tokenizer *tokenizer_load(const char *dir, char *err, size_t errlen) {
   {
     jspan strs[2] = {cont, eow};
     for (int i = 0; i < 2; i++) {
-      if (!strs[i].p)
-        continue;
+      if (!strs[i].p) continue;
       jx = parse_span(strs[i]);
       if (json_is_string(jx) && json_string_length(jx) > 0) {
         errf(err, errlen, "%s: BPE subword prefix/suffix is not supported", path);
@@ -1163,25 +1050,19 @@ tokenizer *tokenizer_load(const char *dir, char *err, size_t errlen) {
     }
   }
   long max_vocab;
-  if (load_vocab(t, vocab, &max_vocab, err, errlen))
-    goto fail;
-  if (load_merges(t, merges, err, errlen))
-    goto fail;
+  if (load_vocab(t, vocab, &max_vocab, err, errlen)) goto fail;
+  if (load_merges(t, merges, err, errlen)) goto fail;
   for (int b = 0; b < 256; b++) {
     uint8_t c = (uint8_t)b;
     t->byte_id[b] = vocab_find(t, &c, 1);
   }
   jnorm = parse_span(norm);
-  if (norm.p && !jnorm)
-    goto bad;
-  if (norm_from_json(t, jnorm, err, errlen))
-    goto fail;
+  if (norm.p && !jnorm) goto bad;
+  if (norm_from_json(t, jnorm, err, errlen)) goto fail;
   jpre = parse_span(pre);
-  if (pre.p && !jpre)
-    goto bad;
+  if (pre.p && !jpre) goto bad;
   int bytelevel = 0;
-  if (pretok_from_json(t, jpre, &bytelevel, err, errlen))
-    goto fail;
+  if (pretok_from_json(t, jpre, &bytelevel, err, errlen)) goto fail;
   if (!bytelevel) {
     errf(err, errlen,
          "%s: only byte-level BPE tokenizers are supported (no ByteLevel "
@@ -1198,16 +1079,13 @@ tokenizer *tokenizer_load(const char *dir, char *err, size_t errlen) {
     }
   }
   jadded = parse_span(added);
-  if (added.p && !jadded)
-    goto bad;
-  if (added_from_json(t, jadded, err, errlen))
-    goto fail;
+  if (added.p && !jadded) goto bad;
+  if (added_from_json(t, jadded, err, errlen)) goto fail;
   /* n_ids: one past the highest id that exists */
   {
     int n = 0;
     for (int i = 0; i < t->n_ids; i++)
-      if (t->flags[i] & TF_EXISTS)
-        n = i + 1;
+      if (t->flags[i] & TF_EXISTS) n = i + 1;
     t->n_ids = n;
   }
   for (int i = 0; i < CACHE_SHARDS; i++) {
@@ -1240,16 +1118,14 @@ fail:
 }
 
 void tokenizer_free(tokenizer *t) {
-  if (!t)
-    return;
+  if (!t) return;
   free(t->arena);
   free(t->enc);
   free(t->dec);
   free(t->flags);
   free(t->vmap);
   free(t->mmap);
-  for (int i = 0; i < t->n_re; i++)
-    pcre2_code_free(t->re[i]);
+  for (int i = 0; i < t->n_re; i++) pcre2_code_free(t->re[i]);
   free(t->added_raw.a);
   free(t->added_norm.a);
   free(t->chat_template);
@@ -1280,16 +1156,13 @@ typedef struct {
 } enc_ctx;
 
 static int ctx_reserve(enc_ctx *c, size_t n) {
-  if (n <= c->cap)
-    return 0;
+  if (n <= c->cap) return 0;
   size_t cap = c->cap ? c->cap : 256;
-  while (cap < n)
-    cap *= 2;
+  while (cap < n) cap *= 2;
   int32_t **arrs[5] = {&c->sym, &c->rank, &c->nid, &c->prev, &c->next};
   for (int i = 0; i < 5; i++) {
     int32_t *p = realloc(*arrs[i], cap * sizeof(int32_t));
-    if (!p)
-      return -1;
+    if (!p) return -1;
     *arrs[i] = p;
   }
   c->cap = cap;
@@ -1307,8 +1180,7 @@ static void pair_rank(const tokenizer *t, int32_t a, int32_t b, int32_t *rank, i
 static int bpe_linear(enc_ctx *c, int32_t *sym, size_t m) {
   const tokenizer *t = c->t;
   int32_t *rank = c->rank, *nid = c->nid;
-  for (size_t i = 0; i + 1 < m; i++)
-    pair_rank(t, sym[i], sym[i + 1], &rank[i], &nid[i]);
+  for (size_t i = 0; i + 1 < m; i++) pair_rank(t, sym[i], sym[i + 1], &rank[i], &nid[i]);
   while (m > 1) {
     size_t best = 0;
     int32_t br = INT32_MAX;
@@ -1317,8 +1189,7 @@ static int bpe_linear(enc_ctx *c, int32_t *sym, size_t m) {
         br = rank[i];
         best = i;
       }
-    if (br == INT32_MAX)
-      break;
+    if (br == INT32_MAX) break;
     sym[best] = nid[best];
     /* drop symbol best+1 and pair best+1; pairs after it shift down */
     memmove(sym + best + 1, sym + best + 2, (m - best - 2) * sizeof *sym);
@@ -1327,14 +1198,11 @@ static int bpe_linear(enc_ctx *c, int32_t *sym, size_t m) {
       memmove(nid + best + 1, nid + best + 2, (m - best - 3) * sizeof *nid);
     }
     m--;
-    if (best + 1 < m)
-      pair_rank(t, sym[best], sym[best + 1], &rank[best], &nid[best]);
-    if (best > 0)
-      pair_rank(t, sym[best - 1], sym[best], &rank[best - 1], &nid[best - 1]);
+    if (best + 1 < m) pair_rank(t, sym[best], sym[best + 1], &rank[best], &nid[best]);
+    if (best > 0) pair_rank(t, sym[best - 1], sym[best], &rank[best - 1], &nid[best - 1]);
   }
   for (size_t i = 0; i < m; i++)
-    if (ivec_push(&c->out, sym[i]))
-      return -1;
+    if (ivec_push(&c->out, sym[i])) return -1;
   return 0;
 }
 
@@ -1346,8 +1214,7 @@ static int heap_push(enc_ctx *c, size_t *n, heap_ent e) {
   if (*n == c->heap_cap) {
     size_t cap = c->heap_cap ? c->heap_cap * 2 : 1024;
     heap_ent *h = realloc(c->heap, cap * sizeof *h);
-    if (!h)
-      return -1;
+    if (!h) return -1;
     c->heap = h;
     c->heap_cap = cap;
   }
@@ -1355,8 +1222,7 @@ static int heap_push(enc_ctx *c, size_t *n, heap_ent e) {
   size_t i = (*n)++;
   while (i > 0) {
     size_t p = (i - 1) / 2;
-    if (!heap_less(e, h[p]))
-      break;
+    if (!heap_less(e, h[p])) break;
     h[i] = h[p];
     i = p;
   }
@@ -1374,15 +1240,12 @@ static heap_ent heap_pop(enc_ctx *c, size_t *n) {
       m = l;
       mv = h[l];
     }
-    if (r < *n && heap_less(h[r], mv))
-      m = r;
-    if (m == i)
-      break;
+    if (r < *n && heap_less(h[r], mv)) m = r;
+    if (m == i) break;
     h[i] = h[m];
     i = m;
   }
-  if (*n)
-    h[i] = last;
+  if (*n) h[i] = last;
   return top;
 }
 
@@ -1400,41 +1263,33 @@ static int bpe_heap(enc_ctx *c, int32_t *sym, size_t m) {
   for (size_t i = 0; i + 1 < m; i++) {
     int32_t r, id;
     pair_rank(t, sym[i], sym[i + 1], &r, &id);
-    if (r != INT32_MAX && heap_push(c, &hn, (heap_ent){r, (int32_t)i}))
-      return -1;
+    if (r != INT32_MAX && heap_push(c, &hn, (heap_ent){r, (int32_t)i})) return -1;
   }
   /* nid[i] < 0 marks a symbol merged away */
-  for (size_t i = 0; i < m; i++)
-    nid[i] = 0;
+  for (size_t i = 0; i < m; i++) nid[i] = 0;
   while (hn) {
     heap_ent e = heap_pop(c, &hn);
     int32_t p = e.pos;
-    if (nid[p] < 0 || next[p] < 0)
-      continue;
+    if (nid[p] < 0 || next[p] < 0) continue;
     int32_t q = next[p];
     const merge_slot *ms = merge_find(t, sym[p], sym[q]);
-    if (!ms || ms->rank != e.rank)
-      continue;
+    if (!ms || ms->rank != e.rank) continue;
     sym[p] = ms->id;
     nid[q] = -1;
     next[p] = next[q];
-    if (next[q] >= 0)
-      prev[next[q]] = p;
+    if (next[q] >= 0) prev[next[q]] = p;
     int32_t r, id;
     if (prev[p] >= 0) {
       pair_rank(t, sym[prev[p]], sym[p], &r, &id);
-      if (r != INT32_MAX && heap_push(c, &hn, (heap_ent){r, prev[p]}))
-        return -1;
+      if (r != INT32_MAX && heap_push(c, &hn, (heap_ent){r, prev[p]})) return -1;
     }
     if (next[p] >= 0) {
       pair_rank(t, sym[p], sym[next[p]], &r, &id);
-      if (r != INT32_MAX && heap_push(c, &hn, (heap_ent){r, p}))
-        return -1;
+      if (r != INT32_MAX && heap_push(c, &hn, (heap_ent){r, p})) return -1;
     }
   }
   for (int32_t i = 0; i >= 0; i = next[i])
-    if (ivec_push(&c->out, sym[i]))
-      return -1;
+    if (ivec_push(&c->out, sym[i])) return -1;
   return 0;
 }
 
@@ -1451,18 +1306,15 @@ static int cache_get(const tokenizer *t, const uint8_t *s, size_t n, uint64_t h,
     memcpy(ids, e->ids, k * sizeof *ids);
   }
   pthread_mutex_unlock(&sh->mu);
-  if (!hit)
-    return 0;
+  if (!hit) return 0;
   for (uint8_t i = 0; i < k; i++)
-    if (ivec_push(out, ids[i]))
-      return -1;
+    if (ivec_push(out, ids[i])) return -1;
   return 1;
 }
 
 static void cache_put(const tokenizer *t, const uint8_t *s, size_t n, uint64_t h,
                       const int32_t *ids, size_t k) {
-  if (k > CACHE_IDS_MAX)
-    return;
+  if (k > CACHE_IDS_MAX) return;
   cache_shard *sh = (cache_shard *)&t->cache[h % CACHE_SHARDS];
   pthread_mutex_lock(&sh->mu);
   cache_slot *e = &sh->slot[(h >> 8) & (CACHE_SLOTS - 1)];
@@ -1476,32 +1328,25 @@ static void cache_put(const tokenizer *t, const uint8_t *s, size_t n, uint64_t h
 /* BPE of one pre-token (its raw bytes). */
 static int bpe_word(enc_ctx *c, const uint8_t *s, size_t n) {
   const tokenizer *t = c->t;
-  if (n == 0)
-    return 0;
-  if (n == 1)
-    return t->byte_id[s[0]] >= 0 ? ivec_push(&c->out, t->byte_id[s[0]]) : 0;
+  if (n == 0) return 0;
+  if (n == 1) return t->byte_id[s[0]] >= 0 ? ivec_push(&c->out, t->byte_id[s[0]]) : 0;
   if (t->ignore_merges) {
     int32_t id = vocab_find(t, s, n);
-    if (id >= 0)
-      return ivec_push(&c->out, id);
+    if (id >= 0) return ivec_push(&c->out, id);
   }
   uint64_t h = 0;
   if (n <= CACHE_KEY_MAX) {
     h = hash_bytes(s, n);
     int r = cache_get(t, s, n, h, &c->out);
-    if (r)
-      return r < 0 ? -1 : 0;
+    if (r) return r < 0 ? -1 : 0;
   }
-  if (ctx_reserve(c, n))
-    return -1;
+  if (ctx_reserve(c, n)) return -1;
   size_t m = 0;
   for (size_t i = 0; i < n; i++) /* bytes missing from the vocab are dropped, as HF */
-    if (t->byte_id[s[i]] >= 0)
-      c->sym[m++] = t->byte_id[s[i]];
+    if (t->byte_id[s[i]] >= 0) c->sym[m++] = t->byte_id[s[i]];
   size_t before = c->out.n;
   int rc = m <= BPE_LINEAR_MAX ? bpe_linear(c, c->sym, m) : bpe_heap(c, c->sym, m);
-  if (rc == 0 && n <= CACHE_KEY_MAX)
-    cache_put(t, s, n, h, c->out.v + before, c->out.n - before);
+  if (rc == 0 && n <= CACHE_KEY_MAX) cache_put(t, s, n, h, c->out.v + before, c->out.n - before);
   return rc;
 }
 
@@ -1509,34 +1354,27 @@ static int bpe_word(enc_ctx *c, const uint8_t *s, size_t n) {
  * are pieces. */
 static int pretok(enc_ctx *c, int level, const uint8_t *s, size_t n) {
   const tokenizer *t = c->t;
-  if (level >= t->n_re)
-    return bpe_word(c, s, n);
+  if (level >= t->n_re) return bpe_word(c, s, n);
   size_t off = 0, last = 0;
   while (off < n) {
     int rc = pcre2_match(t->re[level], s, n, off, PCRE2_NO_UTF_CHECK, c->md, NULL);
-    if (rc == PCRE2_ERROR_NOMATCH)
-      break;
-    if (rc < 0 && rc != 0)
-      return -1;
+    if (rc == PCRE2_ERROR_NOMATCH) break;
+    if (rc < 0 && rc != 0) return -1;
     PCRE2_SIZE *ov = pcre2_get_ovector_pointer(c->md);
     size_t ms = ov[0], me = ov[1];
-    if (ms > last && pretok(c, level + 1, s + last, ms - last))
-      return -1;
+    if (ms > last && pretok(c, level + 1, s + last, ms - last)) return -1;
     if (me > ms) {
-      if (pretok(c, level + 1, s + ms, me - ms))
-        return -1;
+      if (pretok(c, level + 1, s + ms, me - ms)) return -1;
       last = off = me;
     } else { /* empty match: step over one char */
       size_t len;
-      if (ms >= n)
-        break;
+      if (ms >= n) break;
       utf8_step(s + ms, n - ms, &len, NULL);
       off = ms + len;
       last = ms;
     }
   }
-  if (last < n && pretok(c, level + 1, s + last, n - last))
-    return -1;
+  if (last < n && pretok(c, level + 1, s + last, n - last)) return -1;
   return 0;
 }
 
@@ -1559,8 +1397,7 @@ static void inert_init(void) {
     if (utf8proc_get_property(cp)->combining_class != 0 || k != 1 || d[0] != cp)
       inert_bits[cp >> 3] &= (uint8_t) ~(1u << (cp & 7));
     for (utf8proc_ssize_t j = 1; j < k && j < 32; j++)
-      if (d[j] >= 0 && d[j] < INERT_MAX)
-        inert_bits[d[j] >> 3] &= (uint8_t) ~(1u << (d[j] & 7));
+      if (d[j] >= 0 && d[j] < INERT_MAX) inert_bits[d[j] >> 3] &= (uint8_t) ~(1u << (d[j] & 7));
   }
 }
 
@@ -1588,29 +1425,22 @@ static uint8_t *normalize_canon(const uint8_t *s, size_t n, int opts, size_t *ou
     while (re < n) {
       uint32_t c2 = s[re];
       size_t l2 = 1;
-      if (c2 >= 0x80)
-        utf8_step(s + re, n - re, &l2, &c2);
-      if (is_inert(c2))
-        break;
+      if (c2 >= 0x80) utf8_step(s + re, n - re, &l2, &c2);
+      if (is_inert(c2)) break;
       re += l2;
     }
-    if (rs > copied && sbuf_put(&o, s + copied, rs - copied))
-      goto oom;
+    if (rs > copied && sbuf_put(&o, s + copied, rs - copied)) goto oom;
     utf8proc_uint8_t *dst = NULL;
     utf8proc_ssize_t r =
         utf8proc_map(s + rs, (utf8proc_ssize_t)(re - rs), &dst, (utf8proc_option_t)opts);
-    if (r < 0)
-      goto oom;
+    if (r < 0) goto oom;
     int bad = sbuf_put(&o, dst, (size_t)r);
     free(dst);
-    if (bad)
-      goto oom;
+    if (bad) goto oom;
     copied = i = last_inert = re;
   }
-  if (n > copied && sbuf_put(&o, s + copied, n - copied))
-    goto oom;
-  if (!o.p && sbuf_put(&o, "", 0))
-    goto oom;
+  if (n > copied && sbuf_put(&o, s + copied, n - copied)) goto oom;
+  if (!o.p && sbuf_put(&o, "", 0)) goto oom;
   *out_n = o.n;
   return (uint8_t *)o.p;
 oom:
@@ -1621,18 +1451,15 @@ oom:
 /* Applies the normaliser chain; returns a malloc'd copy (NULL on failure). */
 static uint8_t *normalize_alloc(const tokenizer *t, const uint8_t *s, size_t n, size_t *out_n) {
   uint8_t *cur = malloc(n + 1);
-  if (!cur)
-    return NULL;
+  if (!cur) return NULL;
   memcpy(cur, s, n);
   cur[n] = 0;
   size_t cn = n;
   for (int i = 0; i < t->n_norm; i++) {
     int opts = t->norm_opts[i];
     int need = 0;
-    for (size_t k = 0; k < cn && !need; k++)
-      need = cur[k] >= 0x80;
-    if (!need)
-      continue; /* ASCII is left alone by every form */
+    for (size_t k = 0; k < cn && !need; k++) need = cur[k] >= 0x80;
+    if (!need) continue; /* ASCII is left alone by every form */
     uint8_t *next;
     size_t nn;
     if (!(opts & UTF8PROC_COMPAT)) {
@@ -1645,8 +1472,7 @@ static uint8_t *normalize_alloc(const tokenizer *t, const uint8_t *s, size_t n, 
       nn = r < 0 ? 0 : (size_t)r;
     }
     free(cur);
-    if (!next)
-      return NULL;
+    if (!next) return NULL;
     cur = next;
     cn = nn;
   }
@@ -1660,8 +1486,7 @@ static int encode_normalized(enc_ctx *c, const uint8_t *s, size_t n);
 static int split_added(enc_ctx *c, const added_set *set, const uint8_t *s, size_t n,
                        int (*next)(enc_ctx *, const uint8_t *, size_t)) {
   const tokenizer *t = c->t;
-  if (set->n == 0)
-    return n ? next(c, s, n) : 0;
+  if (set->n == 0) return n ? next(c, s, n) : 0;
   size_t pos = 0, i = 0, prev_stop = 0;
   while (i < n) {
     int b0 = set->start[s[i]], b1 = set->start[s[i] + 1];
@@ -1691,24 +1516,19 @@ static int split_added(enc_ctx *c, const added_set *set, const uint8_t *s, size_
       }
     }
     if (hit->lstrip)
-      while (ms > prev_stop && is_space_cp(cp_before(s, ms, &l)))
-        ms -= l;
+      while (ms > prev_stop && is_space_cp(cp_before(s, ms, &l))) ms -= l;
     if (hit->rstrip)
       while (me < n) {
         uint32_t cp = 0;
         utf8_step(s + me, n - me, &l, &cp);
-        if (!is_space_cp(cp))
-          break;
+        if (!is_space_cp(cp)) break;
         me += l;
       }
-    if (ms > pos && next(c, s + pos, ms - pos))
-      return -1;
-    if (ivec_push(&c->out, hit->id))
-      return -1;
+    if (ms > pos && next(c, s + pos, ms - pos)) return -1;
+    if (ivec_push(&c->out, hit->id)) return -1;
     pos = prev_stop = i = me;
   }
-  if (pos < n && next(c, s + pos, n - pos))
-    return -1;
+  if (pos < n && next(c, s + pos, n - pos)) return -1;
   return 0;
 }
 
@@ -1719,12 +1539,10 @@ static int encode_normalized(enc_ctx *c, const uint8_t *s, size_t n) {
 }
 
 static int encode_raw_piece(enc_ctx *c, const uint8_t *s, size_t n) {
-  if (!c->t->n_norm)
-    return encode_normalized(c, s, n);
+  if (!c->t->n_norm) return encode_normalized(c, s, n);
   size_t nn;
   uint8_t *ns = normalize_alloc(c->t, s, n, &nn);
-  if (!ns)
-    return -1;
+  if (!ns) return -1;
   int rc = encode_normalized(c, ns, nn);
   free(ns);
   return rc;
@@ -1735,15 +1553,12 @@ int tokenizer_encode(const tokenizer *t, const char *text, size_t len, int32_t *
   *ids = NULL;
   const uint8_t *s = (const uint8_t *)text;
   size_t bad = utf8_valid_prefix(s, len);
-  if (bad < len)
-    return errf(err, errlen, "input is not valid UTF-8 (byte %zu)", bad);
+  if (bad < len) return errf(err, errlen, "input is not valid UTF-8 (byte %zu)", bad);
   enc_ctx c = {.t = t};
   int rc = -1;
   c.md = pcre2_match_data_create(1, NULL);
-  if (!c.md || fault_hit("tokenizer_encode"))
-    goto done;
-  if (split_added(&c, &t->added_raw, s, len, encode_raw_piece))
-    goto done;
+  if (!c.md || fault_hit("tokenizer_encode")) goto done;
+  if (split_added(&c, &t->added_raw, s, len, encode_raw_piece)) goto done;
   rc = 0;
 done:
   pcre2_match_data_free(c.md);
@@ -1758,8 +1573,7 @@ done:
     errf(err, errlen, "tokenizer: out of memory while encoding");
     return TOKENIZER_ENOMEM;
   }
-  if (!c.out.v)
-    c.out.v = malloc(sizeof(int32_t)); /* a valid pointer even for no ids */
+  if (!c.out.v) c.out.v = malloc(sizeof(int32_t)); /* a valid pointer even for no ids */
   if (!c.out.v) {
     errf(err, errlen, "tokenizer: out of memory while encoding");
     return TOKENIZER_ENOMEM;
@@ -1781,8 +1595,7 @@ long tokenizer_decode(const tokenizer *t, const int32_t *ids, int n, int skip_sp
       free(raw.p);
       return -1;
     }
-    if (skip_special && (t->flags[id] & TF_SPECIAL))
-      continue;
+    if (skip_special && (t->flags[id] & TF_SPECIAL)) continue;
     span d = t->dec[id];
     if (d.len && sbuf_put(&raw, t->arena + d.off, d.len)) {
       free(raw.p);
@@ -1809,12 +1622,10 @@ int tokenizer_token_id(const tokenizer *t, const char *token) {
   for (int k = 0; k < 2; k++)
     for (int i = 0; i < sets[k]->n; i++) {
       const added_tok *a = &sets[k]->a[i];
-      if (a->len == n && memcmp(t->arena + a->off, token, n) == 0)
-        return a->id;
+      if (a->len == n && memcmp(t->arena + a->off, token, n) == 0) return a->id;
     }
   uint8_t *tmp = malloc(n + 1);
-  if (!tmp)
-    return -1;
+  if (!tmp) return -1;
   long nb = bl_decode((const uint8_t *)token, n, tmp);
   int32_t id = nb >= 0 ? vocab_find(t, tmp, (size_t)nb) : vocab_find(t, (const uint8_t *)token, n);
   free(tmp);
@@ -1833,8 +1644,7 @@ int tokenizer_is_added(const tokenizer *t, int32_t id) {
 }
 
 int tokenizer_token_bytes(const tokenizer *t, int32_t id, const char **bytes, size_t *len) {
-  if (id < 0 || id >= t->n_ids)
-    return -1;
+  if (id < 0 || id >= t->n_ids) return -1;
   *bytes = (const char *)t->arena + t->dec[id].off;
   *len = t->dec[id].len;
   return 0;

@@ -7,8 +7,7 @@ int utf8_step(const uint8_t *p, size_t n, size_t *len, uint32_t *cp) {
   uint8_t b = p[0];
   if (b < 0x80) {
     *len = 1;
-    if (cp)
-      *cp = b;
+    if (cp) *cp = b;
     return UTF8_STEP_VALID;
   }
   size_t need;
@@ -20,17 +19,13 @@ int utf8_step(const uint8_t *p, size_t n, size_t *len, uint32_t *cp) {
   } else if (b >= 0xE0 && b <= 0xEF) {
     need = 3;
     c = b & 0x0F;
-    if (b == 0xE0)
-      lo = 0xA0;
-    if (b == 0xED)
-      hi = 0x9F;
+    if (b == 0xE0) lo = 0xA0;
+    if (b == 0xED) hi = 0x9F;
   } else if (b >= 0xF0 && b <= 0xF4) {
     need = 4;
     c = b & 0x07;
-    if (b == 0xF0)
-      lo = 0x90;
-    if (b == 0xF4)
-      hi = 0x8F;
+    if (b == 0xF0) lo = 0x90;
+    if (b == 0xF4) hi = 0x8F;
   } else {
     *len = 1;
     return UTF8_STEP_INVALID;
@@ -49,8 +44,7 @@ int utf8_step(const uint8_t *p, size_t n, size_t *len, uint32_t *cp) {
     c = (c << 6) | (x & 0x3F);
   }
   *len = need;
-  if (cp)
-    *cp = c;
+  if (cp) *cp = c;
   return UTF8_STEP_VALID;
 }
 
@@ -62,22 +56,18 @@ size_t utf8_valid_prefix(const uint8_t *s, size_t n) {
       continue;
     }
     size_t len;
-    if (utf8_step(s + i, n - i, &len, NULL) != UTF8_STEP_VALID)
-      return i;
+    if (utf8_step(s + i, n - i, &len, NULL) != UTF8_STEP_VALID) return i;
     i += len;
   }
   return n;
 }
 
 static int grow(char **buf, size_t *bcap, size_t need) {
-  if (need <= *bcap)
-    return 0;
+  if (need <= *bcap) return 0;
   size_t cap = *bcap ? *bcap : 64;
-  while (cap < need)
-    cap *= 2;
+  while (cap < need) cap *= 2;
   char *nb = realloc(*buf, cap);
-  if (!nb)
-    return -1;
+  if (!nb) return -1;
   *buf = nb;
   *bcap = cap;
   return 0;
@@ -87,20 +77,17 @@ long utf8_lossy_append(const uint8_t *s, size_t n, int hold_incomplete, char **b
                        size_t *bcap) {
   /* worst case: every byte becomes 3 bytes of U+FFFD; +1 for a terminating NUL
    */
-  if (grow(buf, bcap, *blen + 3 * n + 1))
-    return -1;
+  if (grow(buf, bcap, *blen + 3 * n + 1)) return -1;
   char *o = *buf + *blen;
   size_t i = 0;
   while (i < n) {
     size_t run = i;
-    while (run < n && s[run] < 0x80)
-      run++;
+    while (run < n && s[run] < 0x80) run++;
     if (run > i) {
       memcpy(o, s + i, run - i);
       o += run - i;
       i = run;
-      if (i >= n)
-        break;
+      if (i >= n) break;
     }
     size_t len;
     int k = utf8_step(s + i, n - i, &len, NULL);

@@ -42,9 +42,8 @@ TEST(device_sample_same_tokens) {
   const int32_t *prompts[NREQ];
   for (int i = 0; i < NREQ; i++) prompts[i] = P[i];
   char err[256];
-  setenv("DS_BATCH_INVARIANT", "1", 1);
-  backend *inv = backend_create("cuda", 0, err, sizeof err);
-  unsetenv("DS_BATCH_INVARIANT");
+  backend *inv =
+      backend_create(&(backend_options){.device = "cuda", .batch_invariant = 1}, err, sizeof err);
   REQUIRE(inv != NULL);
   backend *keep = BE;
   BE = inv;
@@ -70,7 +69,7 @@ int main(void) {
     printf("FAIL load: %s\n", err);
     return 1;
   }
-  BE = backend_create("cuda", 0, err, sizeof err);
+  BE = backend_create(&(backend_options){.device = "cuda"}, err, sizeof err);
   if (!BE) {
     printf("FAIL backend: %s\n", err);
     return 1;

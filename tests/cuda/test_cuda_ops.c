@@ -93,15 +93,15 @@ static double relerr(const float *a, const float *ref, size_t n) {
 
 static int n_checks;
 /* Compares buffer `bc` (cpu) and `bg` (cuda) of n elements. */
-#define CMP(bc, bg, kind, n, tol, what)                                                    \
-  do {                                                                                     \
-    float *rc_ = get(CPU, bc, kind, n), *rg_ = get(GPU, bg, kind, n);                      \
-    double e_ = relerr(rg_, rc_, n);                                                       \
-    n_checks++;                                                                            \
-    printf("  %-28s rel err %.3e (tol %.0e)\n", what, e_, (double)(tol));                  \
-    EXPECT_MSG(e_ <= (tol), "%s: rel err %.3e > %.0e", what, e_, (double)(tol));           \
-    free(rc_);                                                                             \
-    free(rg_);                                                                             \
+#define CMP(bc, bg, kind, n, tol, what)                                          \
+  do {                                                                           \
+    float *rc_ = get(CPU, bc, kind, n), *rg_ = get(GPU, bg, kind, n);            \
+    double e_ = relerr(rg_, rc_, n);                                             \
+    n_checks++;                                                                  \
+    printf("  %-28s rel err %.3e (tol %.0e)\n", what, e_, (double)(tol));        \
+    EXPECT_MSG(e_ <= (tol), "%s: rel err %.3e > %.0e", what, e_, (double)(tol)); \
+    free(rc_);                                                                   \
+    free(rg_);                                                                   \
   } while (0)
 
 /* a pair of buffers with the same contents on both backends */
@@ -175,8 +175,8 @@ static void set_batch(const pieces *p, int n_out, const int32_t *out_rows) {
   }
   for (int s = 0; s < p->n; s++)
     for (int j = 0; j < MAXP; j++) g_pt[s * MAXP + j] = s * MAXP + (MAXP - 1 - j); /* reversed */
-  backend_batch b = {T, p->n, tokens, pos, seq, st, p->len, p->pos, p->slot, g_pt, MAXP,
-                     n_out, out_rows, NULL};
+  backend_batch b = {T,      p->n,    tokens, pos,  seq,   st,       p->len,
+                     p->pos, p->slot, g_pt,   MAXP, n_out, out_rows, NULL};
   EXPECT(CPU->set_batch(CPU, &b) == 0);
   EXPECT(GPU->set_batch(GPU, &b) == 0);
   if (g_also) EXPECT(g_also->set_batch(g_also, &b) == 0);
@@ -193,7 +193,7 @@ static void gpu_ok(void) {
 static backend *gpu_with(const char *knob, const char *value) {
   char err[256] = "";
   setenv(knob, value, 1);
-  backend *be = backend_cuda_create(0, err, sizeof err);
+  backend *be = backend_cuda_create(0, &(backend_options){0}, err, sizeof err);
   unsetenv(knob);
   EXPECT_MSG(be != NULL, "create with %s=%s: %s", knob, value, err);
   return be;
@@ -226,8 +226,8 @@ TEST(memory) {
   float *h = rand_vec(n, 1.f);
   backend_buf a = mk(GPU, BACKEND_KIND_F32, h, n), b = mk(GPU, BACKEND_KIND_F32, NULL, n);
   poison(GPU, b, BACKEND_KIND_F32, n);
-  GPU->copy(GPU, b, 40, a, 80, 400);  /* b[10..110) = a[20..120) */
-  GPU->zero(GPU, b, 800, 400);        /* b[200..300) = 0 */
+  GPU->copy(GPU, b, 40, a, 80, 400); /* b[10..110) = a[20..120) */
+  GPU->zero(GPU, b, 800, 400);       /* b[200..300) = 0 */
   float *r = get(GPU, b, BACKEND_KIND_F32, n);
   int bad = 0;
   for (int i = 10; i < 110; i++) bad += r[i] != h[i + 10];
@@ -329,12 +329,13 @@ TEST(elementwise) {
  * rows with K % 128 == 0 the skinny GEMM (cuda_sgemm.cu: one K slice at N = 32768, several
  * with partial sums at N = 2560, N not a multiple of 16, one and two 8-row column blocks);
  * products of <= 64 columns above that, up to 128 rows, the narrow kernel (40, 100 and 125
- * rows, the last with a 5-row tail); the rest cuBLAS (K = 100; 64 .. 129 rows). TEST(matmul) runs these again with
- * the skinny GEMM off (DS_SGEMM_MAXT=0: 6 and 13 rows go narrow, the rest cuBLAS) and with
- * the narrow kernel off (DS_NARROW=0). */
+ * rows, the last with a 5-row tail); the rest cuBLAS (K = 100; 64 .. 129 rows). TEST(matmul) runs
+ * these again with the skinny GEMM off (DS_SGEMM_MAXT=0: 6 and 13 rows go narrow, the rest cuBLAS)
+ * and with the narrow kernel off (DS_NARROW=0). */
 static void matmul_cases(void) {
   int Ts[15] = {1, 5, 67, 8, 3, 16, 128, 13, 11, 129, 6, 64, 40, 100, 125};
-  int Ks[15] = {264, 100, 1024, 2560, 9216, 9216, 9216, 256, 2560, 1024, 128, 4096, 2560, 1024, 2560};
+  int Ks[15] = {264,  100,  1024, 2560, 9216, 9216, 9216, 256,
+                2560, 1024, 128,  4096, 2560, 1024, 2560};
   int Ns[15] = {333, 64, 515, 300, 77, 2560, 2560, 48, 32768, 515, 7, 2560, 32, 64, 33};
   for (int c = 0; c < 15; c++) {
     int T = Ts[c], K = Ks[c], N = Ns[c];
@@ -408,16 +409,16 @@ static void fused_products_case(int T, int K, int m, const int *Ns, long min_fus
         CMP(y[j].c, y[j].g, BACKEND_KIND_ACT, n, 6e-3, what);
         first[j] = r;
       } else {
-        EXPECT_MSG(memcmp(first[j], r, n * 2) == 0, "%s T=%d product %d: step %d differs", label,
-                   T, j, step);
+        EXPECT_MSG(memcmp(first[j], r, n * 2) == 0, "%s T=%d product %d: step %d differs", label, T,
+                   j, step);
         free(r);
       }
     }
   }
   backend_cuda_graph_stats(GPU, st1);
   n_checks++;
-  EXPECT_MSG(st1[3] - st0[3] >= min_fused, "%s T=%d: %ld launches fused, expected >= %ld", label,
-             T, st1[3] - st0[3], min_fused);
+  EXPECT_MSG(st1[3] - st0[3] >= min_fused, "%s T=%d: %ld launches fused, expected >= %ld", label, T,
+             st1[3] - st0[3], min_fused);
   gpu_ok();
   for (int j = 0; j < m; j++) {
     free(first[j]);
@@ -471,10 +472,12 @@ TEST(batch_invariant_gemm) {
       size_t diff = 0;
       for (size_t j = 0; j < (size_t)T * N; j++) diff += ra[j] != rt[j];
       n_checks++;
-      EXPECT_MSG(diff == 0, "batch-invariant K=%d N=%d: %zu of %d rows' values differ at T=%d vs %d",
-                 K, N, diff, T, T, TALL);
+      EXPECT_MSG(diff == 0,
+                 "batch-invariant K=%d N=%d: %zu of %d rows' values differ at T=%d vs %d", K, N,
+                 diff, T, T, TALL);
       if (T <= 4) { /* the default backend's GEMV (T <= DS_GEMV_MAXT, 4) gives the same bits */
-        pair px = pr(BACKEND_KIND_ACT, x, (size_t)T * K), y = pr_out(BACKEND_KIND_ACT, (size_t)T * N);
+        pair px = pr(BACKEND_KIND_ACT, x, (size_t)T * K),
+             y = pr_out(BACKEND_KIND_ACT, (size_t)T * N);
         GPU->matmul(GPU, px.g, w.g, T, K, N, y.g);
         uint16_t *rg = malloc((size_t)T * N * 2);
         GPU->read(GPU, y.g, 0, rg, (size_t)T * N * 2);
@@ -482,14 +485,16 @@ TEST(batch_invariant_gemm) {
         for (size_t j = 0; j < (size_t)T * N; j++) d2 += ra[j] != rg[j];
         /* the default GEMV path needs K % 8 == 0 (else cuBLAS, other bits) */
         if (K % 8 == 0)
-          EXPECT_MSG(d2 == 0, "batch-invariant vs default GEMV K=%d N=%d T=%d: %zu values differ", K, N, T, d2);
+          EXPECT_MSG(d2 == 0, "batch-invariant vs default GEMV K=%d N=%d T=%d: %zu values differ",
+                     K, N, T, d2);
         free(rg);
         pr_free(px);
         pr_free(y);
       }
     }
     /* against the CPU */
-    pair px = pr(BACKEND_KIND_ACT, x, (size_t)TALL * K), y = pr_out(BACKEND_KIND_ACT, (size_t)TALL * N);
+    pair px = pr(BACKEND_KIND_ACT, x, (size_t)TALL * K),
+         y = pr_out(BACKEND_KIND_ACT, (size_t)TALL * N);
     CPU->matmul(CPU, px.c, w.c, TALL, K, N, y.c);
     float *rc = get(CPU, y.c, BACKEND_KIND_ACT, y.n), *rb = get(BI, yall, BACKEND_KIND_ACT, y.n);
     double e = relerr(rb, rc, y.n);
@@ -523,8 +528,10 @@ static void qk_norm_rope_case(int rot, double theta) {
   float *qg = rand_vec((size_t)T * nh * 2 * hd, 2.f), *k = rand_vec((size_t)T * nkv * hd, 2.f);
   float *qn = rand_vec(hd, 0.3f), *kn = rand_vec(hd, 0.3f);
   wpair wq = wup(qn, 1, hd), wk = wup(kn, 1, hd);
-  pair pq = pr(BACKEND_KIND_ACT, qg, (size_t)T * nh * 2 * hd), pk = pr(BACKEND_KIND_ACT, k, (size_t)T * nkv * hd);
-  pair qo = pr_out(BACKEND_KIND_ACT, (size_t)T * nh * hd), go = pr_out(BACKEND_KIND_ACT, (size_t)T * nh * hd);
+  pair pq = pr(BACKEND_KIND_ACT, qg, (size_t)T * nh * 2 * hd),
+       pk = pr(BACKEND_KIND_ACT, k, (size_t)T * nkv * hd);
+  pair qo = pr_out(BACKEND_KIND_ACT, (size_t)T * nh * hd),
+       go = pr_out(BACKEND_KIND_ACT, (size_t)T * nh * hd);
   CPU->qk_norm_rope(CPU, pq.c, pk.c, wq.c, wk.c, nh, nkv, hd, rot, theta, 1e-6f, qo.c, go.c);
   GPU->qk_norm_rope(GPU, pq.g, pk.g, wq.g, wk.g, nh, nkv, hd, rot, theta, 1e-6f, qo.g, go.g);
   char what[64];
@@ -568,7 +575,8 @@ static void attention_case_p(int nh, int nkv, int hd, pieces p) {
   float *q = rand_vec((size_t)T * nh * hd, 1.f), *k = rand_vec((size_t)T * nkv * hd, 1.f),
         *v = rand_vec((size_t)T * nkv * hd, 1.f);
   pair pkp = pr(BACKEND_KIND_KV, kp, pool), pvp = pr(BACKEND_KIND_KV, vp, pool);
-  pair pq = pr(BACKEND_KIND_ACT, q, (size_t)T * nh * hd), pk = pr(BACKEND_KIND_ACT, k, (size_t)T * nkv * hd),
+  pair pq = pr(BACKEND_KIND_ACT, q, (size_t)T * nh * hd),
+       pk = pr(BACKEND_KIND_ACT, k, (size_t)T * nkv * hd),
        pv = pr(BACKEND_KIND_ACT, v, (size_t)T * nkv * hd);
   pair o = pr_out(BACKEND_KIND_ACT, (size_t)T * nh * hd);
   float scale = 1.f / sqrtf((float)hd) * 2.f; /* sharper than usual */
@@ -604,9 +612,9 @@ static void attention_case(int nh, int nkv, int hd) {
  * tensor cores (cuda_flash.cu k_flash_shared) and each row's own after them (kv_share.h).
  * Pieces 0-5 share 56 pages (896 positions: two shared ranges), 6-8 share 20 with each other
  * (320 positions, capped by piece 8's 321), 9 shares 3 pages with 0 (too few to join), 10-11
- * share nothing; 12 is a prefill piece over the first group's pages in the mixed variant. Every output against the
- * CPU; against a backend with the path off (DS_ATTN_SHARED=0) the outputs must differ
- * somewhere (the other path's sums, so the shared kernel did run) and agree within the same
+ * share nothing; 12 is a prefill piece over the first group's pages in the mixed variant. Every
+ * output against the CPU; against a backend with the path off (DS_ATTN_SHARED=0) the outputs must
+ * differ somewhere (the other path's sums, so the shared kernel did run) and agree within the same
  * tolerance; the step once more gives the same bits (a replayed graph in a decode step). */
 #define SHP 64 /* page-table columns here: 1,024 positions */
 static void attention_shared_case(int nh, int nkv, int hd, int mixed) {
@@ -643,7 +651,8 @@ static void attention_shared_case(int nh, int nkv, int hd, int mixed) {
   float *q = rand_vec((size_t)T * nh * hd, 1.f), *k = rand_vec((size_t)T * nkv * hd, 1.f),
         *v = rand_vec((size_t)T * nkv * hd, 1.f);
   pair pkp = pr(BACKEND_KIND_KV, kp, pool), pvp = pr(BACKEND_KIND_KV, vp, pool);
-  pair pq = pr(BACKEND_KIND_ACT, q, (size_t)T * nh * hd), pk = pr(BACKEND_KIND_ACT, k, (size_t)T * nkv * hd),
+  pair pq = pr(BACKEND_KIND_ACT, q, (size_t)T * nh * hd),
+       pk = pr(BACKEND_KIND_ACT, k, (size_t)T * nkv * hd),
        pv = pr(BACKEND_KIND_ACT, v, (size_t)T * nkv * hd);
   pair o = pr_out(BACKEND_KIND_ACT, (size_t)T * nh * hd);
   backend_buf okp = mk(off, BACKEND_KIND_KV, kp, pool), ovp = mk(off, BACKEND_KIND_KV, vp, pool),
@@ -668,8 +677,8 @@ static void attention_shared_case(int nh, int nkv, int hd, int mixed) {
   for (size_t i = 0; i < n; i++) dif += a[i] != z[i];
   double e = relerr(z, rc, n);
   n_checks += 2;
-  printf("  %-28s %zu of %zu values differ from the path off (its rel err %.3e)\n", what, dif,
-         n, e);
+  printf("  %-28s %zu of %zu values differ from the path off (its rel err %.3e)\n", what, dif, n,
+         e);
   EXPECT_MSG(dif > 0, "%s: no value differs from DS_ATTN_SHARED=0: the shared kernel did not run",
              what);
   EXPECT_MSG(e <= 8e-3, "%s: the path off: rel err %.3e", what, e);
@@ -743,8 +752,8 @@ TEST(attention) {
   attention_case(16, 2, 256); /* G = 8 at hd 256: the MoE shape's attention */
   attention_case(6, 3, 64);
   attention_case(4, 4, 80);
-  attention_case(8, 1, 128); /* split path with 4 values per lane, G = 8 */
-  attention_case(2, 1, 32);  /* split path with 1 value per lane: 8 lanes copy a position */
+  attention_case(8, 1, 128);  /* split path with 4 values per lane, G = 8 */
+  attention_case(2, 1, 32);   /* split path with 1 value per lane: 8 lanes copy a position */
   attention_case(24, 4, 256); /* G = 6 (the 27B shape): two blocks of 3 heads */
   attention_case(32, 2, 128); /* G = 16: two blocks of 8 */
   attention_case(5, 1, 64);   /* G = 5: a block per head */
@@ -802,10 +811,8 @@ static void attention_path_case(backend *on, backend *off, const char *knob, int
          what, n_on, knob, n_off, dif, nq, e);
   EXPECT_MSG(n_off == 0, "%s: %s=0 launched the path %ld times", what, knob, n_off);
   if (same) {
-    EXPECT_MSG(n_on == 0, "%s: the path should not take this shape, yet %ld launches", what,
-               n_on);
-    EXPECT_MSG(dif == 0, "%s: the path does not take this shape, yet %zu values differ", what,
-               dif);
+    EXPECT_MSG(n_on == 0, "%s: the path should not take this shape, yet %ld launches", what, n_on);
+    EXPECT_MSG(dif == 0, "%s: the path does not take this shape, yet %zu values differ", what, dif);
   } else {
     EXPECT_MSG(n_on >= 1, "%s: the path did not run", what);
   }
@@ -898,7 +905,8 @@ static void conv1d_case(int C, const pieces *p) {
   float *x = rand_vec((size_t)T * C, 1.f), *w = rand_vec((size_t)C * K, 0.5f),
         *st = rand_vec((size_t)4 * C * (K - 1), 1.f);
   wpair wp = wup(w, C, K);
-  pair px = pr(BACKEND_KIND_ACT, x, (size_t)T * C), ps = pr(BACKEND_KIND_F32, st, (size_t)4 * C * (K - 1));
+  pair px = pr(BACKEND_KIND_ACT, x, (size_t)T * C),
+       ps = pr(BACKEND_KIND_F32, st, (size_t)4 * C * (K - 1));
   pair o = pr_out(BACKEND_KIND_ACT, (size_t)T * C);
   CPU->conv1d(CPU, ps.c, px.c, wp.c, C, K, o.c);
   GPU->conv1d(GPU, ps.g, px.g, wp.g, C, K, o.g);
@@ -946,7 +954,8 @@ TEST(gdn_gates) {
   wpair wal = wup(al, 1, nv), wdb = wup(db, 1, nv);
   pair pq = pr(BACKEND_KIND_ACT, qkv, (size_t)T * cd), pb = pr(BACKEND_KIND_ACT, b, (size_t)T * nv),
        pa = pr(BACKEND_KIND_ACT, a, (size_t)T * nv);
-  pair beta = pr_out(BACKEND_KIND_F32, (size_t)T * nv), g = pr_out(BACKEND_KIND_F32, (size_t)T * nv);
+  pair beta = pr_out(BACKEND_KIND_F32, (size_t)T * nv),
+       g = pr_out(BACKEND_KIND_F32, (size_t)T * nv);
   CPU->gdn_gates(CPU, pq.c, pb.c, pa.c, wal.c, wdb.c, nk, nv, dk, dv, beta.c, g.c);
   GPU->gdn_gates(GPU, pq.g, pb.g, pa.g, wal.g, wdb.g, nk, nv, dk, dv, beta.g, g.g);
   CMP(pq.c, pq.g, BACKEND_KIND_ACT, pq.n, 6e-3, "gdn_gates qkv (l2 norm)");
@@ -991,7 +1000,8 @@ static void gdn_case(int nk, int nv, int dk, int dv) {
   }
   size_t ns = (size_t)nslots * nv * dk * dv;
   float *S = rand_vec(ns, 0.3f);
-  pair pq = pr(BACKEND_KIND_ACT, qkv, (size_t)T * cd), pb = pr(BACKEND_KIND_F32, beta, (size_t)T * nv),
+  pair pq = pr(BACKEND_KIND_ACT, qkv, (size_t)T * cd),
+       pb = pr(BACKEND_KIND_F32, beta, (size_t)T * nv),
        pg = pr(BACKEND_KIND_F32, g, (size_t)T * nv), ps = pr(BACKEND_KIND_F32, S, ns);
   pair o = pr_out(BACKEND_KIND_ACT, (size_t)T * nv * dv);
   CPU->gdn_prefill(CPU, ps.c, pq.c, pb.c, pg.c, nk, nv, dk, dv, o.c);
@@ -1000,9 +1010,11 @@ static void gdn_case(int nk, int nv, int dk, int dv) {
   GPU->gdn_decode(GPU, ps.g, pq.g, pb.g, pg.g, nk, nv, dk, dv, o.g);
   char what[80];
   const char *mma = getenv("DS_GDN_MMA");
-  snprintf(what, sizeof what, "gdn out nk=%d nv=%d dk=%d dv=%d mma=%s", nk, nv, dk, dv, mma ? mma : "default");
+  snprintf(what, sizeof what, "gdn out nk=%d nv=%d dk=%d dv=%d mma=%s", nk, nv, dk, dv,
+           mma ? mma : "default");
   CMP(o.c, o.g, BACKEND_KIND_ACT, o.n, 1e-2, what);
-  snprintf(what, sizeof what, "gdn state nk=%d nv=%d dk=%d dv=%d mma=%s", nk, nv, dk, dv, mma ? mma : "default");
+  snprintf(what, sizeof what, "gdn state nk=%d nv=%d dk=%d dv=%d mma=%s", nk, nv, dk, dv,
+           mma ? mma : "default");
   CMP(ps.c, ps.g, BACKEND_KIND_F32, ns, 5e-3, what);
   /* a second step: decode rows continuing every sequence from the updated states */
   pieces p2 = {5, {1, 1, 1, 1, 1}, {300, 100, 192, 78, 1}, {4, 1, 0, 3, 2}};
@@ -1089,10 +1101,11 @@ static void chain_run(chain_set *cs, int T, int C, int nk, int nv, int dk, int d
 static void gdn_chain_case(backend *plain, int nk, int nv, int dk, int T) {
   int dv = 128, C = 2 * nk * dk + nv * dv, nslots = T;
   static const char *name[CH_NB] = {"conv state", "x", "conv out", "b", "a",
-                                    "beta", "g", "state", "z", "out"};
-  size_t n[CH_NB] = {(size_t)nslots * C * 3, (size_t)T * C, (size_t)T * C, (size_t)T * nv,
-                     (size_t)T * nv, (size_t)T * nv, (size_t)T * nv,
-                     (size_t)nslots * nv * dk * dv, (size_t)T * nv * dv, (size_t)T * nv * dv};
+                                    "beta",       "g", "state",    "z", "out"};
+  size_t n[CH_NB] = {
+      (size_t)nslots * C * 3, (size_t)T * C,      (size_t)T * C,  (size_t)T * nv,
+      (size_t)T * nv,         (size_t)T * nv,     (size_t)T * nv, (size_t)nslots * nv * dk * dv,
+      (size_t)T * nv * dv,    (size_t)T * nv * dv};
   float sc[CH_NB] = {1.f, 1.f, 0.f, 4.f, 4.f, 0.f, 0.f, 0.3f, 2.f, 0.f};
   float *h[CH_NB];
   for (int i = 0; i < CH_NB; i++) h[i] = sc[i] > 0.f ? rand_vec(n[i], sc[i]) : NULL;
@@ -1136,8 +1149,7 @@ static void gdn_chain_case(backend *plain, int nk, int nv, int dk, int T) {
       double tol[CH_NB] = {1e-6, 0, 6e-3, 0, 0, 1e-5, 1e-5, 5e-3, 0, 1e-2};
       for (int i = 0; i < CH_NB; i++) {
         if (tol[i] == 0) continue;
-        snprintf(what, sizeof what, "chain %d/%d/%d T=%d step %d %s", nk, nv, dk, T, step,
-                 name[i]);
+        snprintf(what, sizeof what, "chain %d/%d/%d T=%d step %d %s", nk, nv, dk, T, step, name[i]);
         CMP(cs[0].b[i], cs[1].b[i], ch_kind[i], n[i], tol[i], what);
       }
     }
@@ -1146,9 +1158,10 @@ static void gdn_chain_case(backend *plain, int nk, int nv, int dk, int T) {
   backend_cuda_graph_stats(GPU, g1);
   backend_cuda_graph_stats(plain, p1);
   n_checks++;
-  printf("  gdn chain nk=%d nv=%d dk=%d T=%d: bit-identical to the four kernels: %s; fused %ld "
-         "(plain %ld), replays %ld\n",
-         nk, nv, dk, T, same ? "yes" : "NO", g1[3] - g0[3], p1[3] - p0[3], g1[1] - g0[1]);
+  printf(
+      "  gdn chain nk=%d nv=%d dk=%d T=%d: bit-identical to the four kernels: %s; fused %ld "
+      "(plain %ld), replays %ld\n",
+      nk, nv, dk, T, same ? "yes" : "NO", g1[3] - g0[3], p1[3] - p0[3], g1[1] - g0[1]);
   /* the list runs twice (direct, capture), 3 launches saved each time by the chain, 1 by
    * conv1d + gates */
   long want = T <= 32 ? 6 : 2;
@@ -1191,7 +1204,8 @@ static void gated_rmsnorm_case(int dv) {
   size_t n = (size_t)T * nv * dv;
   float *o = rand_vec(n, 1.f), *z = rand_vec(n, 2.f), *w = rand_vec(dv, 1.f);
   wpair wp = wup(w, 1, dv);
-  pair po = pr(BACKEND_KIND_ACT, o, n), pz = pr(BACKEND_KIND_ACT, z, n), out = pr_out(BACKEND_KIND_ACT, n);
+  pair po = pr(BACKEND_KIND_ACT, o, n), pz = pr(BACKEND_KIND_ACT, z, n),
+       out = pr_out(BACKEND_KIND_ACT, n);
   CPU->gated_rmsnorm(CPU, po.c, pz.c, wp.c, T, nv, dv, 1e-6f, out.c);
   GPU->gated_rmsnorm(GPU, po.g, pz.g, wp.g, T, nv, dv, 1e-6f, out.g);
   char what[64];
@@ -1229,10 +1243,12 @@ static void moe_case(int T, int H, int E, int k, int I, int Is, int norm) {
   float *pool = rand_vec(mat + (size_t)(3 * E) * shift, 0.1f);
   float *x = rand_vec((size_t)T * H, 1.f), *R = rand_vec((size_t)E * H, 0.2f);
   if (moe_tied_pairs)
-    for (int e = 1; e < E; e += 2) memcpy(R + (size_t)e * H, R + (size_t)(e - 1) * H, sizeof(float) * H);
+    for (int e = 1; e < E; e += 2)
+      memcpy(R + (size_t)e * H, R + (size_t)(e - 1) * H, sizeof(float) * H);
   wpair wr = wup_exact(R, E, H);
   backend_weight *gc = malloc((size_t)6 * E * sizeof *gc);
-  backend_weight *uc = gc + E, *dc = gc + 2 * E, *gg = gc + 3 * E, *ug = gc + 4 * E, *dg = gc + 5 * E;
+  backend_weight *uc = gc + E, *dc = gc + 2 * E, *gg = gc + 3 * E, *ug = gc + 4 * E,
+                 *dg = gc + 5 * E;
   for (int e = 0; e < E; e++) {
     wpair p1 = wup(pool + (size_t)(3 * e) * shift, I, H),
           p2 = wup(pool + (size_t)(3 * e + 1) * shift, I, H),
@@ -1252,10 +1268,12 @@ static void moe_case(int T, int H, int E, int k, int I, int Is, int norm) {
   CPU->moe(CPU, px.c, &mc, T, H, out.c);
   GPU->moe(GPU, px.g, &mg, T, H, out.g);
   char what[96];
-  snprintf(what, sizeof what, "moe T=%d H=%d E=%d k=%d I=%d Is=%d norm=%d", T, H, E, k, I, Is, norm);
+  snprintf(what, sizeof what, "moe T=%d H=%d E=%d k=%d I=%d Is=%d norm=%d", T, H, E, k, I, Is,
+           norm);
   CMP(out.c, out.g, BACKEND_KIND_ACT, out.n, 1e-2, what);
   /* per row too: one wrongly routed or wrongly weighted row hides in the whole-tensor error */
-  float *rc = get(CPU, out.c, BACKEND_KIND_ACT, out.n), *rg = get(GPU, out.g, BACKEND_KIND_ACT, out.n);
+  float *rc = get(CPU, out.c, BACKEND_KIND_ACT, out.n),
+        *rg = get(GPU, out.g, BACKEND_KIND_ACT, out.n);
   double worst = 0;
   int worst_t = -1;
   for (int t = 0; t < T; t++) {
@@ -1315,7 +1333,7 @@ static void moe_grouped_cases(void) {
   moe_dev_case(2100, 256, 16, 4, 48, 64, 1, 0);
   moe_dev_case(300, 2048, 64, 8, 512, 512, 1, 1); /* ~37 rows per expert: chunks of 8 */
   moe_dev_case(97, 2048, 64, 8, 512, 0, 0, 1);
-  moe_dev_case(9, 256, 16, 4, 48, 64, 1, 0);  /* I = 48: the per-row kernels */
+  moe_dev_case(9, 256, 16, 4, 48, 64, 1, 0);   /* I = 48: the per-row kernels */
   moe_dev_case(5, 2048, 64, 8, 512, 0, 0, 0);  /* below moe_dev_min: the per-row kernels */
   moe_dev_case(13, 2048, 64, 8, 512, 0, 0, 1); /* 8 .. 63 rows: device-grouped */
 }
@@ -1382,7 +1400,8 @@ TEST(logits) {
   int32_t rows[3] = {5, 0, 3};
   set_batch(&p, 3, rows);
   int T = T_of(&p), H = 256, V = 1001;
-  float *x = rand_vec((size_t)T * H, 1.f), *nw = rand_vec(H, 0.3f), *W = rand_vec((size_t)V * H, 0.1f);
+  float *x = rand_vec((size_t)T * H, 1.f), *nw = rand_vec(H, 0.3f),
+        *W = rand_vec((size_t)V * H, 0.1f);
   wpair wn = wup(nw, 1, H), ww = wup(W, V, H);
   pair px = pr(BACKEND_KIND_ACT, x, (size_t)T * H), out = pr_out(BACKEND_KIND_F32, (size_t)3 * V);
   CPU->logits(CPU, px.c, wn.c, 1e-6f, ww.c, H, V, out.c);
@@ -1406,9 +1425,9 @@ static void argmax_case(int n, int V) {
   for (size_t i = 0; i < (size_t)n * V; i++) x[i] = bfr(urand() * 4);
   if (n >= 6) {
     for (int i = 0; i < V; i++) x[(size_t)1 * V + i] = (float)((i * 7) % 5); /* many ties */
-    x[(size_t)2 * V + 0] = NAN; /* NaN first: 0 */
+    x[(size_t)2 * V + 0] = NAN;                                              /* NaN first: 0 */
     x[(size_t)2 * V + 9] = NAN;
-    x[(size_t)3 * V + 5] = NAN; /* NaN inside */
+    x[(size_t)3 * V + 5] = NAN;    /* NaN inside */
     x[(size_t)3 * V + V - 1] = 50; /* max last */
     for (int i = 0; i < V; i++) x[(size_t)4 * V + i] = i % 3 ? 0.0f : -0.0f;
     for (int i = 0; i < V; i++) x[(size_t)5 * V + i] = -INFINITY;
@@ -1433,7 +1452,9 @@ static void argmax_case(int n, int V) {
     int32_t want = sampler_argmax(x + (size_t)r * V, V);
     if (idg[r] != want || idc[r] != want ||
         memcmp(&mv[r], &x[(size_t)r * V + want], sizeof(float)) != 0) {
-      if (!bad) printf("  argmax row %d of %d x %d: cuda %d, cpu %d, sampler %d\n", r, n, V, idg[r], idc[r], want);
+      if (!bad)
+        printf("  argmax row %d of %d x %d: cuda %d, cpu %d, sampler %d\n", r, n, V, idg[r], idc[r],
+               want);
       bad++;
     }
   }
@@ -1449,7 +1470,7 @@ static void argmax_case(int n, int V) {
 
 TEST(argmax) {
   REQUIRE(GPU->argmax && GPU->host_alloc && GPU->host_free);
-  argmax_case(9, 151936); /* rows split over 7 blocks each */
+  argmax_case(9, 151936);   /* rows split over 7 blocks each */
   argmax_case(130, 151936); /* one block per row */
   argmax_case(7, 1001);
   argmax_case(1, 3);
@@ -1458,7 +1479,6 @@ TEST(argmax) {
   argmax_case(6, 4000);   /* again: the counters were reset */
   argmax_case(2, 8);      /* 32 blocks, most of them past the row's end */
 }
-
 
 /* ---- sampled ids (sample; cuda_sample.cu): the host sampler's, bit for bit ---- */
 TEST(sample) {
@@ -1497,9 +1517,14 @@ TEST(sample_timing) {
   backend_buf bi = GPU->alloc(GPU, BACKEND_KIND_I32, NR);
   REQUIRE(src && x && bp && bi);
   GPU->write(GPU, src, 0, l, (size_t)NR * V * sizeof *l);
-  static const struct { const char *name; float t, p; int k; } cf[] = {
-      {"greedy", 0, 1, 0}, {"T 1", 1, 1, 0}, {"T 0.7 top_p 0.95", 0.7f, 0.95f, 0},
-      {"T 0.7 top_p 0.95 top_k 20", 0.7f, 0.95f, 20}};
+  static const struct {
+    const char *name;
+    float t, p;
+    int k;
+  } cf[] = {{"greedy", 0, 1, 0},
+            {"T 1", 1, 1, 0},
+            {"T 0.7 top_p 0.95", 0.7f, 0.95f, 0},
+            {"T 0.7 top_p 0.95 top_k 20", 0.7f, 0.95f, 20}};
   for (int rows = 1; rows <= NR; rows *= 64) {
     double t0 = sample_now_us();
     for (int i = 0; i < REPS; i++) GPU->copy(GPU, x, 0, src, 0, (size_t)rows * V * 4);
@@ -1564,8 +1589,8 @@ static int greedy_trial(backend_weight nw, backend_weight W, int H, int V, const
   for (int r = 0; r < n; r++) {
     int32_t want = sampler_argmax(l + (size_t)r * V, V);
     if (ids[r] != want) {
-      printf("  logits_argmax row %d (H %d, V %d): %d, argmax of the logits %d (%.9g vs %.9g)\n", r, H, V,
-             ids[r], want, ids[r] >= 0 && ids[r] < V ? l[(size_t)r * V + ids[r]] : NAN,
+      printf("  logits_argmax row %d (H %d, V %d): %d, argmax of the logits %d (%.9g vs %.9g)\n", r,
+             H, V, ids[r], want, ids[r] >= 0 && ids[r] < V ? l[(size_t)r * V + ids[r]] : NAN,
              l[(size_t)r * V + want]);
       bad++;
     }
@@ -1606,14 +1631,16 @@ static int greedy_case(const uint16_t *Wb, int H, int V, int trials, int n, int 
   printf("  %-44s %d of %d trials differ, %ld screened, %lld rows computed in all\n", what, bad,
          trials, ran, rows);
   EXPECT_MSG(bad == 0, "%s: %d ids differ from argmax of the logits", what, bad);
-  if (screen) EXPECT_MSG(ran >= 1, "%s: the screen never ran", what);
-  else EXPECT_MSG(ran == 0, "%s: the screen ran %ld times", what, ran);
+  if (screen)
+    EXPECT_MSG(ran >= 1, "%s: the screen never ran", what);
+  else
+    EXPECT_MSG(ran == 0, "%s: the screen ran %ld times", what, ran);
   /* the bytes the benchmark's roofline counts for a screened step: the int8 rows, a float4
    * per row, the bounds written and read, the int16 copies; none for a step it does not take */
-  double sb = backend_cuda_greedy_step_bytes(GPU, n), want = (double)V * H + 16.0 * V +
-                                                              8.0 * n * V + 2.0 * n * H;
-  EXPECT_MSG(screen ? sb == want : sb == 0, "%s: step bytes %.0f (screen %d, want %.0f)", what,
-             sb, screen, want);
+  double sb = backend_cuda_greedy_step_bytes(GPU, n),
+         want = (double)V * H + 16.0 * V + 8.0 * n * V + 2.0 * n * H;
+  EXPECT_MSG(screen ? sb == want : sb == 0, "%s: step bytes %.0f (screen %d, want %.0f)", what, sb,
+             screen, want);
   EXPECT(backend_cuda_greedy_step_bytes(GPU, 5) == 0);
   GPU->weight_free(GPU, W);
   GPU->weight_free(GPU, nw);
@@ -1653,7 +1680,8 @@ TEST(logits_argmax) {
   int32_t tie = -1;
   long s0 = greedy_screened();
   for (int k = 0; k < 3; k++) EXPECT(greedy_trial(ng, Wg, H, V, x, 1, &tie) == 0);
-  printf("  %-44s winner %d, copies at %d and %d: %d\n", "tie (duplicated rows)", first, lo, hi, tie);
+  printf("  %-44s winner %d, copies at %d and %d: %d\n", "tie (duplicated rows)", first, lo, hi,
+         tie);
   EXPECT_MSG(tie == lo, "tie: %d, want the lower copy %d", tie, lo);
   { /* the same hidden row as the third of three, beside a zero row and a NaN row */
     float *x3 = calloc((size_t)3 * H, sizeof(float));
@@ -1739,18 +1767,81 @@ TEST(logits_argmax) {
   free(nwv);
 }
 
-
 /* ---- decode steps: recorded, fused and replayed as graphs vs launched as issued ----
  * A one-layer-of-each-kind model step (attention, DeltaNet, FFN, logits, argmax) run for ten
  * decode steps (2 rows, then 1, then 2 again: two graph shapes and a cache hit) on the default
  * CUDA backend and on one created with DS_CUDA_GRAPHS=0. Every logit, id, state and KV byte
  * must be identical, and the first backend must really have captured, replayed and fused. */
-enum { DH = 256, DV = 300, DNH = 4, DNKV = 2, DHD = 64, DROT = 32, DNK = 1, DNVH = 2, DDK = 128,
-       DDV = 128, DCD = 2 * DNK * DDK + DNVH * DDV, DI = 384, DPAGES = 8, DMAXP = 4 };
-enum { W_E, W_N1, W_N2, W_N3, W_NF, W_Q, W_K, W_V, W_O, W_QN, W_KN, W_QKV, W_Z, W_B, W_A, W_CONV,
-       W_DT, W_AL, W_LN, W_OUT, W_G, W_U, W_D, W_COUNT };
-enum { B_X, B_XN, B_QG, B_Q, B_GO, B_K, B_V, B_ATT, B_MIX, B_QKV, B_CO, B_Z, B_BB, B_AA, B_BETA,
-       B_G, B_O, B_FG, B_FU, B_LOG, B_IDS, B_KP, B_VP, B_CONV, B_SSM, B_COUNT };
+enum {
+  DH = 256,
+  DV = 300,
+  DNH = 4,
+  DNKV = 2,
+  DHD = 64,
+  DROT = 32,
+  DNK = 1,
+  DNVH = 2,
+  DDK = 128,
+  DDV = 128,
+  DCD = 2 * DNK * DDK + DNVH * DDV,
+  DI = 384,
+  DPAGES = 8,
+  DMAXP = 4
+};
+enum {
+  W_E,
+  W_N1,
+  W_N2,
+  W_N3,
+  W_NF,
+  W_Q,
+  W_K,
+  W_V,
+  W_O,
+  W_QN,
+  W_KN,
+  W_QKV,
+  W_Z,
+  W_B,
+  W_A,
+  W_CONV,
+  W_DT,
+  W_AL,
+  W_LN,
+  W_OUT,
+  W_G,
+  W_U,
+  W_D,
+  W_COUNT
+};
+enum {
+  B_X,
+  B_XN,
+  B_QG,
+  B_Q,
+  B_GO,
+  B_K,
+  B_V,
+  B_ATT,
+  B_MIX,
+  B_QKV,
+  B_CO,
+  B_Z,
+  B_BB,
+  B_AA,
+  B_BETA,
+  B_G,
+  B_O,
+  B_FG,
+  B_FU,
+  B_LOG,
+  B_IDS,
+  B_KP,
+  B_VP,
+  B_CONV,
+  B_SSM,
+  B_COUNT
+};
 typedef struct {
   backend *be;
   backend_weight w[W_COUNT];
@@ -1762,10 +1853,10 @@ typedef struct {
 } dmodel;
 
 static const int64_t dw_shape[W_COUNT][2] = {
-    {DV, DH}, {1, DH}, {1, DH}, {1, DH}, {1, DH}, {DNH * 2 * DHD, DH}, {DNKV * DHD, DH},
-    {DNKV * DHD, DH}, {DH, DNH * DHD}, {1, DHD}, {1, DHD}, {DCD, DH}, {DNVH * DDV, DH},
-    {DNVH, DH}, {DNVH, DH}, {DCD, 4}, {1, DNVH}, {1, DNVH}, {1, DDV}, {DH, DNVH * DDV},
-    {DI, DH}, {DI, DH}, {DH, DI}};
+    {DV, DH},         {1, DH},          {1, DH},        {1, DH},  {1, DH},   {DNH * 2 * DHD, DH},
+    {DNKV * DHD, DH}, {DNKV * DHD, DH}, {DH, DNH *DHD}, {1, DHD}, {1, DHD},  {DCD, DH},
+    {DNVH * DDV, DH}, {DNVH, DH},       {DNVH, DH},     {DCD, 4}, {1, DNVH}, {1, DNVH},
+    {1, DDV},         {DH, DNVH *DDV},  {DI, DH},       {DI, DH}, {DH, DI}};
 
 static void dmodel_init(dmodel *m, backend *be, float **wh, float **init) {
   m->be = be;
@@ -1775,17 +1866,31 @@ static void dmodel_init(dmodel *m, backend *be, float **wh, float **init) {
   struct {
     backend_kind k;
     size_t n;
-  } sz[B_COUNT] = {
-      {BACKEND_KIND_ACT, T * DH}, {BACKEND_KIND_ACT, T * DH}, {BACKEND_KIND_ACT, T * DNH * 2 * DHD},
-      {BACKEND_KIND_ACT, T * DNH * DHD}, {BACKEND_KIND_ACT, T * DNH * DHD},
-      {BACKEND_KIND_ACT, T * DNKV * DHD}, {BACKEND_KIND_ACT, T * DNKV * DHD},
-      {BACKEND_KIND_ACT, T * DNH * DHD}, {BACKEND_KIND_ACT, T * DH}, {BACKEND_KIND_ACT, T * DCD},
-      {BACKEND_KIND_ACT, T * DCD}, {BACKEND_KIND_ACT, T * DNVH * DDV}, {BACKEND_KIND_ACT, T * DNVH},
-      {BACKEND_KIND_ACT, T * DNVH}, {BACKEND_KIND_F32, T * DNVH}, {BACKEND_KIND_F32, T * DNVH},
-      {BACKEND_KIND_ACT, T * DNVH * DDV}, {BACKEND_KIND_ACT, T * DI}, {BACKEND_KIND_ACT, T * DI},
-      {BACKEND_KIND_F32, T * DV}, {BACKEND_KIND_I32, T},
-      {BACKEND_KIND_KV, (size_t)DPAGES * 16 * DNKV * DHD}, {BACKEND_KIND_KV, (size_t)DPAGES * 16 * DNKV * DHD},
-      {BACKEND_KIND_F32, (size_t)2 * DCD * 3}, {BACKEND_KIND_F32, (size_t)2 * DNVH * DDK * DDV}};
+  } sz[B_COUNT] = {{BACKEND_KIND_ACT, T * DH},
+                   {BACKEND_KIND_ACT, T * DH},
+                   {BACKEND_KIND_ACT, T * DNH * 2 * DHD},
+                   {BACKEND_KIND_ACT, T * DNH * DHD},
+                   {BACKEND_KIND_ACT, T * DNH * DHD},
+                   {BACKEND_KIND_ACT, T * DNKV * DHD},
+                   {BACKEND_KIND_ACT, T * DNKV * DHD},
+                   {BACKEND_KIND_ACT, T * DNH * DHD},
+                   {BACKEND_KIND_ACT, T * DH},
+                   {BACKEND_KIND_ACT, T * DCD},
+                   {BACKEND_KIND_ACT, T * DCD},
+                   {BACKEND_KIND_ACT, T * DNVH * DDV},
+                   {BACKEND_KIND_ACT, T * DNVH},
+                   {BACKEND_KIND_ACT, T * DNVH},
+                   {BACKEND_KIND_F32, T * DNVH},
+                   {BACKEND_KIND_F32, T * DNVH},
+                   {BACKEND_KIND_ACT, T * DNVH * DDV},
+                   {BACKEND_KIND_ACT, T * DI},
+                   {BACKEND_KIND_ACT, T * DI},
+                   {BACKEND_KIND_F32, T * DV},
+                   {BACKEND_KIND_I32, T},
+                   {BACKEND_KIND_KV, (size_t)DPAGES * 16 * DNKV * DHD},
+                   {BACKEND_KIND_KV, (size_t)DPAGES * 16 * DNKV * DHD},
+                   {BACKEND_KIND_F32, (size_t)2 * DCD * 3},
+                   {BACKEND_KIND_F32, (size_t)2 * DNVH * DDK * DDV}};
   for (int i = 0; i < B_COUNT; i++) {
     m->b[i] = be->alloc(be, sz[i].k, sz[i].n);
     if (i >= B_KP) put(be, m->b[i], sz[i].k, init[i - B_KP], sz[i].n);
@@ -1936,9 +2041,10 @@ TEST(decode_graph) {
   long cap = st[0] - st0[0], rep = st[1] - st0[1], dir = st[2] - st0[2], fus = st[3] - st0[3],
        pdl = st[4] - st0[4];
   n_checks++;
-  printf("  decode steps graph vs direct: %d logits, %d ids, %d state/KV buffers differ; "
-         "captures %ld, replays %ld, direct %ld, fused launches %ld, programmatic edges %ld\n",
-         ndiff, idiff, sdiff, cap, rep, dir, fus, pdl);
+  printf(
+      "  decode steps graph vs direct: %d logits, %d ids, %d state/KV buffers differ; "
+      "captures %ld, replays %ld, direct %ld, fused launches %ld, programmatic edges %ld\n",
+      ndiff, idiff, sdiff, cap, rep, dir, fus, pdl);
   EXPECT_MSG(ndiff == 0 && idiff == 0 && sdiff == 0, "graph/fused decode steps differ from direct");
   EXPECT_MSG(cap >= 2 && rep >= 4, "graphs not used: %ld captures, %ld replays", cap, rep);
   /* 11 launches saved per step that runs the list (q/k/v 2, qkv/z/b/a 3, gate/up/swiglu 2,
@@ -1982,9 +2088,10 @@ TEST(decode_graph_repeat) {
     backend_cuda_graph_stats(bs[v], st);
     long reps = st[5] - st0[5], replays = st[1] - st0[1];
     n_checks++;
-    printf("  decode steps with step_repeat %s vs direct: %d logits, %d ids, %d state/KV buffers "
-           "differ; %ld repeated, %ld replays\n",
-           v ? "declined (DS_CUDA_REPEAT=0)" : "on", ndiff, idiff, sdiff, reps, replays);
+    printf(
+        "  decode steps with step_repeat %s vs direct: %d logits, %d ids, %d state/KV buffers "
+        "differ; %ld repeated, %ld replays\n",
+        v ? "declined (DS_CUDA_REPEAT=0)" : "on", ndiff, idiff, sdiff, reps, replays);
     EXPECT_MSG(ndiff == 0 && idiff == 0 && sdiff == 0, "repeated decode steps differ from direct");
     EXPECT_MSG(reps == (v ? 0 : 5), "%ld steps repeated, expected %d", reps, v ? 0 : 5);
     EXPECT_MSG(replays == 6, "%ld replays, expected 6 (repeats included)", replays);
@@ -2028,8 +2135,10 @@ TEST(decode_graph_norm_fold) {
         float d = fabsf(la[r * DV + i] - lp[r * DV + i]), v = lp[r * DV + i];
         if (!(d <= maxd)) maxd = isnan(d) ? INFINITY : d;
         if (fabsf(v) > maxl) maxl = fabsf(v);
-        if (v > b1) b2 = b1, b1 = v;
-        else if (v > b2) b2 = v;
+        if (v > b1)
+          b2 = b1, b1 = v;
+        else if (v > b2)
+          b2 = v;
       }
       margin[nid] = b1 - b2, ida[nid] = ia[r], idp[nid] = ip[r], nid++;
     }
@@ -2038,9 +2147,10 @@ TEST(decode_graph_norm_fold) {
   backend_cuda_graph_stats(GPU, st);
   long runs = (st[0] - st0[0]) + (st[2] - st0[2]), folds = backend_cuda_norm_folds(GPU) - f0;
   n_checks++;
-  printf("  decode steps, norms folded vs direct: logits max diff %.3g of max %.3g, %d clear ids "
-         "differ; %ld norms folded in %ld listed steps\n",
-         maxd, maxl, idiff, folds, runs);
+  printf(
+      "  decode steps, norms folded vs direct: logits max diff %.3g of max %.3g, %d clear ids "
+      "differ; %ld norms folded in %ld listed steps\n",
+      maxd, maxl, idiff, folds, runs);
   EXPECT_MSG(maxl > 0 && maxd <= 2e-2 * maxl, "folded norms: logits differ by %.3g (max %.3g)",
              maxd, maxl);
   EXPECT_MSG(idiff == 0, "folded norms: %d ids differ", idiff);
@@ -2059,8 +2169,9 @@ TEST(decode_graph_norm_fold) {
 enum { MH = 256, MV = 300, ME = 16, MK = 4, MI = 256, MT = 12 };
 typedef struct {
   backend *be;
-  backend_weight w[4 * ME + 8]; /* gate, up, down per expert; router, shared x3, seg, emb, 2 norms */
-  backend_moe moe;              /* read by recorded steps: lives as long as the model */
+  backend_weight
+      w[4 * ME + 8]; /* gate, up, down per expert; router, shared x3, seg, emb, 2 norms */
+  backend_moe moe;   /* read by recorded steps: lives as long as the model */
   backend_buf x, xn, mix, lg, ids;
 } mmodel;
 
@@ -2080,7 +2191,8 @@ static void mmodel_init(mmodel *m, backend *be, float *const *wh) {
   w[5] = be->weight_upload(be, wh[3 * ME + 5], DTYPE_F32, MV, MH);
   w[6] = be->weight_upload(be, wh[3 * ME + 6], DTYPE_F32, 1, MH);
   w[7] = be->weight_upload(be, wh[3 * ME + 7], DTYPE_F32, 1, MH);
-  backend_moe mo = {ME, MK, 1, MI, MI, w[0], m->w, m->w + ME, m->w + 2 * ME, w[1], w[2], w[3], w[4]};
+  backend_moe mo = {ME,   MK,   1,    MI,  MI, w[0], m->w, m->w + ME, m->w + 2 * ME,
+                    w[1], w[2], w[3], w[4]};
   m->moe = mo;
   m->x = be->alloc(be, BACKEND_KIND_ACT, (size_t)MT * MH);
   m->xn = be->alloc(be, BACKEND_KIND_ACT, (size_t)MT * MH);
@@ -2153,11 +2265,15 @@ TEST(decode_graph_moe) {
     backend_cuda_graph_stats(bs[v], st);
     long cap = st[0] - st0[0], rep = st[1] - st0[1], dev = backend_cuda_moe_dev_runs(bs[v]) - dev0;
     n_checks++;
-    printf("  MoE decode steps %s vs direct: %d logits, %d ids differ; captures %ld, replays %ld, "
-           "device-grouped runs %ld\n", names[v], ndiff, idiff, cap, rep, dev);
-    EXPECT_MSG(ndiff == 0 && idiff == 0, "MoE decode steps differ from direct: %d logits, %d ids", ndiff, idiff);
+    printf(
+        "  MoE decode steps %s vs direct: %d logits, %d ids differ; captures %ld, replays %ld, "
+        "device-grouped runs %ld\n",
+        names[v], ndiff, idiff, cap, rep, dev);
+    EXPECT_MSG(ndiff == 0 && idiff == 0, "MoE decode steps differ from direct: %d logits, %d ids",
+               ndiff, idiff);
     if (v != 1) {
-      EXPECT_MSG(cap >= 3 && rep >= 6, "MoE steps not in graphs: %ld captures, %ld replays", cap, rep);
+      EXPECT_MSG(cap >= 3 && rep >= 6, "MoE steps not in graphs: %ld captures, %ld replays", cap,
+                 rep);
       EXPECT_MSG(dev >= 2, "12-row steps: %ld device-grouped runs outside replays", dev);
     } else {
       EXPECT_MSG(cap == 0 && rep == 0, "DS_MOE_GRAPHS=0: %ld captures, %ld replays", cap, rep);
@@ -2319,8 +2435,10 @@ static void packed_products_cases(void) {
           if (step == 0) {
             out[v][r] = h;
           } else {
-            EXPECT_MSG(memcmp(out[v][r], h, rn[r] * 2) == 0, "packed %d T=%d step %d buffer %d "
-                       "differs from the step's first run", v, T, step, r);
+            EXPECT_MSG(memcmp(out[v][r], h, rn[r] * 2) == 0,
+                       "packed %d T=%d step %d buffer %d "
+                       "differs from the step's first run",
+                       v, T, step, r);
             free(h);
           }
         }
@@ -2394,7 +2512,7 @@ int main(void) {
     return 1;
   }
   char err[256];
-  GPU = backend_cuda_create(0, err, sizeof err);
+  GPU = backend_cuda_create(0, &(backend_options){0}, err, sizeof err);
   CPU = backend_cpu_create(0);
   if (!GPU || !CPU) {
     printf("FAIL create: %s\n", GPU ? "cpu backend" : err);

@@ -79,42 +79,54 @@ static void emu_destroy(backend *be) {
   EC = NULL;
   free(be);
 }
-#define EMU(name, sig, args) \
-  static void emu_##name sig {  \
-    (void)be;                   \
-    EC->name args;              \
-    emu_round();                \
+#define EMU(name, sig, args)   \
+  static void emu_##name sig { \
+    (void)be;                  \
+    EC->name args;             \
+    emu_round();               \
   }
-EMU(embed, (backend *be, backend_weight E, int H, backend_buf o), (EC, E, H, o))
-EMU(rmsnorm, (backend *be, backend_buf x, backend_buf a, backend_weight w, int T, int n, float eps, backend_buf y),
+EMU(embed, (backend * be, backend_weight E, int H, backend_buf o), (EC, E, H, o))
+EMU(rmsnorm,
+    (backend * be, backend_buf x, backend_buf a, backend_weight w, int T, int n, float eps,
+     backend_buf y),
     (EC, x, a, w, T, n, eps, y))
-EMU(add, (backend *be, backend_buf x, backend_buf y, size_t n), (EC, x, y, n))
-EMU(matmul, (backend *be, backend_buf x, backend_weight W, int T, int K, int N, backend_buf y),
+EMU(add, (backend * be, backend_buf x, backend_buf y, size_t n), (EC, x, y, n))
+EMU(matmul, (backend * be, backend_buf x, backend_weight W, int T, int K, int N, backend_buf y),
     (EC, x, W, T, K, N, y))
-EMU(qk_norm_rope, (backend *be, backend_buf qg, backend_buf k, backend_weight a, backend_weight b, int nh, int nkv,
-                   int hd, int rot, double th, float eps, backend_buf q, backend_buf g),
+EMU(qk_norm_rope,
+    (backend * be, backend_buf qg, backend_buf k, backend_weight a, backend_weight b, int nh,
+     int nkv, int hd, int rot, double th, float eps, backend_buf q, backend_buf g),
     (EC, qg, k, a, b, nh, nkv, hd, rot, th, eps, q, g))
-EMU(attention, (backend *be, backend_buf kp, backend_buf vp, backend_buf q, backend_buf k, backend_buf v, int nh,
-                int nkv, int hd, float s, backend_buf o),
+EMU(attention,
+    (backend * be, backend_buf kp, backend_buf vp, backend_buf q, backend_buf k, backend_buf v,
+     int nh, int nkv, int hd, float s, backend_buf o),
     (EC, kp, vp, q, k, v, nh, nkv, hd, s, o))
-EMU(sigmoid_mul, (backend *be, backend_buf x, backend_buf g, size_t n), (EC, x, g, n))
-EMU(swiglu, (backend *be, backend_buf g, backend_buf u, size_t n, backend_buf o), (EC, g, u, n, o))
-EMU(moe, (backend *be, backend_buf x, const backend_moe *m, int T, int H, backend_buf o), (EC, x, m, T, H, o))
-EMU(conv1d, (backend *be, backend_buf s, backend_buf x, backend_weight w, int Cc, int K, backend_buf o),
+EMU(sigmoid_mul, (backend * be, backend_buf x, backend_buf g, size_t n), (EC, x, g, n))
+EMU(swiglu, (backend * be, backend_buf g, backend_buf u, size_t n, backend_buf o), (EC, g, u, n, o))
+EMU(moe, (backend * be, backend_buf x, const backend_moe *m, int T, int H, backend_buf o),
+    (EC, x, m, T, H, o))
+EMU(conv1d,
+    (backend * be, backend_buf s, backend_buf x, backend_weight w, int Cc, int K, backend_buf o),
     (EC, s, x, w, Cc, K, o))
-EMU(gdn_gates, (backend *be, backend_buf q, backend_buf b, backend_buf a, backend_weight al, backend_weight db,
-                int nk, int nv, int dk, int dv, backend_buf bt, backend_buf g),
+EMU(gdn_gates,
+    (backend * be, backend_buf q, backend_buf b, backend_buf a, backend_weight al,
+     backend_weight db, int nk, int nv, int dk, int dv, backend_buf bt, backend_buf g),
     (EC, q, b, a, al, db, nk, nv, dk, dv, bt, g))
-EMU(gdn_prefill, (backend *be, backend_buf s, backend_buf q, backend_buf b, backend_buf g, int nk, int nv, int dk,
-                  int dv, backend_buf o),
+EMU(gdn_prefill,
+    (backend * be, backend_buf s, backend_buf q, backend_buf b, backend_buf g, int nk, int nv,
+     int dk, int dv, backend_buf o),
     (EC, s, q, b, g, nk, nv, dk, dv, o))
-EMU(gdn_decode, (backend *be, backend_buf s, backend_buf q, backend_buf b, backend_buf g, int nk, int nv, int dk,
-                 int dv, backend_buf o),
+EMU(gdn_decode,
+    (backend * be, backend_buf s, backend_buf q, backend_buf b, backend_buf g, int nk, int nv,
+     int dk, int dv, backend_buf o),
     (EC, s, q, b, g, nk, nv, dk, dv, o))
-EMU(gated_rmsnorm, (backend *be, backend_buf o, backend_buf z, backend_weight w, int T, int nv, int dv, float eps,
-                    backend_buf out),
+EMU(gated_rmsnorm,
+    (backend * be, backend_buf o, backend_buf z, backend_weight w, int T, int nv, int dv, float eps,
+     backend_buf out),
     (EC, o, z, w, T, nv, dv, eps, out))
-EMU(logits, (backend *be, backend_buf x, backend_weight n, float eps, backend_weight W, int H, int V, backend_buf o),
+EMU(logits,
+    (backend * be, backend_buf x, backend_weight n, float eps, backend_weight W, int H, int V,
+     backend_buf o),
     (EC, x, n, eps, W, H, V, o))
 
 static backend *emu_create(void) {
@@ -188,53 +200,67 @@ static void prof_print(const char *title, int steps) {
            prof[i].s * 1e3 / steps, 100.0 * prof[i].s / tot);
   printf("PROFILE   %-28s %15.3f ms\n", "total", tot * 1e3 / steps);
 }
-#define PROF_T(name_expr, call)                 \
-  do {                                          \
-    if (!prof_on) {                             \
-      call;                                     \
-      break;                                    \
-    }                                           \
-    PC->sync(PC, NULL, 0);                      \
-    double t0_ = prof_now();                    \
-    call;                                       \
-    PC->sync(PC, NULL, 0);                      \
-    prof_acc(name_expr, prof_now() - t0_);      \
+#define PROF_T(name_expr, call)            \
+  do {                                     \
+    if (!prof_on) {                        \
+      call;                                \
+      break;                               \
+    }                                      \
+    PC->sync(PC, NULL, 0);                 \
+    double t0_ = prof_now();               \
+    call;                                  \
+    PC->sync(PC, NULL, 0);                 \
+    prof_acc(name_expr, prof_now() - t0_); \
   } while (0)
-#define PROF(name, sig, args)                                   \
-  static void prof_##name sig {                                 \
-    (void)be;                                                   \
-    PROF_T(#name, PC->name args);                               \
+#define PROF(name, sig, args)     \
+  static void prof_##name sig {   \
+    (void)be;                     \
+    PROF_T(#name, PC->name args); \
   }
-PROF(embed, (backend *be, backend_buf E, int H, backend_buf o), (PC, E, H, o))
-PROF(rmsnorm, (backend *be, backend_buf x, backend_buf a, backend_weight w, int T, int n, float eps, backend_buf y),
+PROF(embed, (backend * be, backend_buf E, int H, backend_buf o), (PC, E, H, o))
+PROF(rmsnorm,
+     (backend * be, backend_buf x, backend_buf a, backend_weight w, int T, int n, float eps,
+      backend_buf y),
      (PC, x, a, w, T, n, eps, y))
-PROF(add, (backend *be, backend_buf x, backend_buf y, size_t n), (PC, x, y, n))
-PROF(qk_norm_rope, (backend *be, backend_buf qg, backend_buf k, backend_weight a, backend_weight b, int nh, int nkv,
-                    int hd, int rot, double th, float eps, backend_buf q, backend_buf g),
+PROF(add, (backend * be, backend_buf x, backend_buf y, size_t n), (PC, x, y, n))
+PROF(qk_norm_rope,
+     (backend * be, backend_buf qg, backend_buf k, backend_weight a, backend_weight b, int nh,
+      int nkv, int hd, int rot, double th, float eps, backend_buf q, backend_buf g),
      (PC, qg, k, a, b, nh, nkv, hd, rot, th, eps, q, g))
-PROF(attention, (backend *be, backend_buf kp, backend_buf vp, backend_buf q, backend_buf k, backend_buf v, int nh,
-                 int nkv, int hd, float s, backend_buf o),
+PROF(attention,
+     (backend * be, backend_buf kp, backend_buf vp, backend_buf q, backend_buf k, backend_buf v,
+      int nh, int nkv, int hd, float s, backend_buf o),
      (PC, kp, vp, q, k, v, nh, nkv, hd, s, o))
-PROF(sigmoid_mul, (backend *be, backend_buf x, backend_buf g, size_t n), (PC, x, g, n))
-PROF(swiglu, (backend *be, backend_buf g, backend_buf u, size_t n, backend_buf o), (PC, g, u, n, o))
-PROF(moe, (backend *be, backend_buf x, const backend_moe *m, int T, int H, backend_buf o), (PC, x, m, T, H, o))
-PROF(conv1d, (backend *be, backend_buf s, backend_buf x, backend_weight w, int Cc, int K, backend_buf o),
+PROF(sigmoid_mul, (backend * be, backend_buf x, backend_buf g, size_t n), (PC, x, g, n))
+PROF(swiglu, (backend * be, backend_buf g, backend_buf u, size_t n, backend_buf o),
+     (PC, g, u, n, o))
+PROF(moe, (backend * be, backend_buf x, const backend_moe *m, int T, int H, backend_buf o),
+     (PC, x, m, T, H, o))
+PROF(conv1d,
+     (backend * be, backend_buf s, backend_buf x, backend_weight w, int Cc, int K, backend_buf o),
      (PC, s, x, w, Cc, K, o))
-PROF(gdn_gates, (backend *be, backend_buf q, backend_buf b, backend_buf a, backend_weight al, backend_weight db,
-                 int nk, int nv, int dk, int dv, backend_buf bt, backend_buf g),
+PROF(gdn_gates,
+     (backend * be, backend_buf q, backend_buf b, backend_buf a, backend_weight al,
+      backend_weight db, int nk, int nv, int dk, int dv, backend_buf bt, backend_buf g),
      (PC, q, b, a, al, db, nk, nv, dk, dv, bt, g))
-PROF(gdn_prefill, (backend *be, backend_buf s, backend_buf q, backend_buf b, backend_buf g, int nk, int nv, int dk,
-                   int dv, backend_buf o),
+PROF(gdn_prefill,
+     (backend * be, backend_buf s, backend_buf q, backend_buf b, backend_buf g, int nk, int nv,
+      int dk, int dv, backend_buf o),
      (PC, s, q, b, g, nk, nv, dk, dv, o))
-PROF(gdn_decode, (backend *be, backend_buf s, backend_buf q, backend_buf b, backend_buf g, int nk, int nv, int dk,
-                  int dv, backend_buf o),
+PROF(gdn_decode,
+     (backend * be, backend_buf s, backend_buf q, backend_buf b, backend_buf g, int nk, int nv,
+      int dk, int dv, backend_buf o),
      (PC, s, q, b, g, nk, nv, dk, dv, o))
-PROF(gated_rmsnorm, (backend *be, backend_buf o, backend_buf z, backend_weight w, int T, int nv, int dv, float eps,
-                     backend_buf out),
+PROF(gated_rmsnorm,
+     (backend * be, backend_buf o, backend_buf z, backend_weight w, int T, int nv, int dv,
+      float eps, backend_buf out),
      (PC, o, z, w, T, nv, dv, eps, out))
-PROF(logits, (backend *be, backend_buf x, backend_weight n, float eps, backend_weight W, int H, int V, backend_buf o),
+PROF(logits,
+     (backend * be, backend_buf x, backend_weight n, float eps, backend_weight W, int H, int V,
+      backend_buf o),
      (PC, x, n, eps, W, H, V, o))
-static void prof_matmul(backend *be, backend_buf x, backend_weight W, int T, int K, int N, backend_buf y) {
+static void prof_matmul(backend *be, backend_buf x, backend_weight W, int T, int K, int N,
+                        backend_buf y) {
   (void)be;
   char nm[48];
   snprintf(nm, sizeof nm, "matmul N=%d K=%d", N, K);
@@ -246,7 +272,7 @@ static void prof_destroy(backend *be) {
   free(be);
 }
 static backend *prof_create(char *err, size_t errlen) {
-  PC = backend_cuda_create(0, err, errlen);
+  PC = backend_cuda_create(0, &(backend_options){0}, err, errlen);
   backend *be = malloc(sizeof *be);
   if (!PC || !be) return NULL;
   *be = *PC;
@@ -277,13 +303,13 @@ static void prof_sync_overhead(void) {
   printf("PROFILE   (one sync round trip: %.1f us)\n", (prof_now() - t0) * 1e4);
 }
 
-static int fx_open(fx_model *f, const char *dir, int n_pages, int n_slots, char *err,
-                   size_t errlen, int emulate) {
+static int fx_open(fx_model *f, const char *dir, int n_pages, int n_slots, char *err, size_t errlen,
+                   int emulate) {
   memset(f, 0, sizeof *f);
   if (model_load(dir, &f->cfg, &f->w, err, errlen)) return -1;
   f->be = emulate == 2 ? prof_create(err, errlen)
-          : emulate ? emu_create()
-                    : backend_cuda_create(0, err, errlen);
+          : emulate    ? emu_create()
+                       : backend_cuda_create(0, &(backend_options){0}, err, errlen);
   if (!f->be) return -1;
   qwen35_mem_opts o = {.n_pages = n_pages, .n_slots = n_slots};
   return qwen35_init(&f->m, &f->cfg, &f->w, f->be, &o, err, errlen);
@@ -294,8 +320,6 @@ static void fx_close(fx_model *f) {
   if (f->be) f->be->destroy(f->be);
   weights_free(&f->w);
 }
-
-
 
 static int n_fixtures;
 static double g_worst;
@@ -402,8 +426,8 @@ static void check_fixture(const char *name) {
   n_fixtures++;
   printf("  %-12s worst logits rel err %.3e (bf16-emulated CPU %.3e), greedy %d/%d (emulated %d)\n",
          name, cu.worst, em.worst, cu.gok, cu.gtot, em.gok);
-  EXPECT_MSG(cu.worst <= 1.5 * em.worst + 1e-2, "%s: logits rel err %.3e vs bf16-emulated %.3e", name,
-             cu.worst, em.worst);
+  EXPECT_MSG(cu.worst <= 1.5 * em.worst + 1e-2, "%s: logits rel err %.3e vs bf16-emulated %.3e",
+             name, cu.worst, em.worst);
   if (cu.worst > g_worst) g_worst = cu.worst;
   g_greedy_ok += cu.gok;
   g_greedy_total += cu.gtot;
@@ -496,7 +520,8 @@ static void bench(const char *dir) {
     double a = now_s();
     rc |= qwen35_forward(f.m, &s, 1, logits, err, sizeof err);
     double b = now_s();
-    if (rep) printf("BENCH prefill %d tokens: %.1f ms, %.0f tok/s\n", plen, (b - a) * 1e3, plen / (b - a));
+    if (rep)
+      printf("BENCH prefill %d tokens: %.1f ms, %.0f tok/s\n", plen, (b - a) * 1e3, plen / (b - a));
   }
   if (getenv("DS_PROFILE")) {
     prof_sync_overhead();
@@ -529,7 +554,8 @@ static void bench(const char *dir) {
     if (getenv("DS_PROFILE") && !rc) {
       prof_reset();
       prof_on = 1;
-      for (int k = 0; k < 3 && !rc; k++) rc |= qwen35_forward(f.m, seqs, bs, logits, err, sizeof err);
+      for (int k = 0; k < 3 && !rc; k++)
+        rc |= qwen35_forward(f.m, seqs, bs, logits, err, sizeof err);
       prof_on = 0;
       char title[64];
       snprintf(title, sizeof title, "decode batch %d ctx %d", bs, plen);

@@ -66,14 +66,13 @@
 static const char *DEV = "cuda";
 static int STRICT;    /* the CPU backend: everything bit-exact */
 static int BI_STRICT; /* DS_BATCH_INVARIANT=1 or the CPU: batched logits rows bit-exact */
+static int BI;        /* the backend built batch-invariant */
 
 static double now_s(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
-
-
 
 /* relative L2 error of got against want, and the RMS absolute error */
 static double rel_err(const float *got, const float *want, int V, double *rms) {
@@ -137,7 +136,8 @@ static int real_model(const char *dir, const char *name, real_res *res) {
   }
   int V = cfg.vocab_size;
   res->bound = cfg.n_experts > 0 ? REL_BOUND_MOE : REL_BOUND;
-  json_t *hp = json_object_get(ref, "bf16_prefill_rel_err"), *hd = json_object_get(ref, "bf16_decode_rel_err");
+  json_t *hp = json_object_get(ref, "bf16_prefill_rel_err"),
+         *hd = json_object_get(ref, "bf16_decode_rel_err");
   res->hf_pre = json_is_number(hp) ? json_number_value(hp) : -1;
   res->hf_dec = json_is_number(hd) ? json_number_value(hd) : -1;
   res->hf_tf = (int)json_integer_value(json_object_get(ref, "bf16_tf_match"));
@@ -150,7 +150,7 @@ static int real_model(const char *dir, const char *name, real_res *res) {
     EXPECT_MSG(want_steps != NULL, "%s: cannot read %s", name, path);
   }
   if (!want_last || (f_steps && !want_steps)) goto out;
-  be = backend_create(DEV, 0, err, sizeof err);
+  be = backend_create(&(backend_options){.device = DEV, .batch_invariant = BI}, err, sizeof err);
   if (!be) {
     EXPECT_MSG(0, "%s: %s", name, err);
     goto out;
@@ -234,12 +234,14 @@ static int real_model(const char *dir, const char *name, real_res *res) {
     } else if (gap <= TIE_FACTOR * rms) {
       res->tf_ties++;
       if (gap > res->max_tie_gap) res->max_tie_gap = gap;
-      printf("  %s: step %d: picked %d, reference %d: a tie (reference gap %.4f, RMS logit error %.4f)\n",
-             name, k, a, greedy[k], gap, rms);
+      printf(
+          "  %s: step %d: picked %d, reference %d: a tie (reference gap %.4f, RMS logit error "
+          "%.4f)\n",
+          name, k, a, greedy[k], gap, rms);
     } else {
       res->tf_bad++;
-      printf("  %s: step %d: picked %d, reference %d: reference gap %.4f > %.0f x RMS error %.4f\n", name,
-             k, a, greedy[k], gap, TIE_FACTOR, rms);
+      printf("  %s: step %d: picked %d, reference %d: reference gap %.4f > %.0f x RMS error %.4f\n",
+             name, k, a, greedy[k], gap, TIE_FACTOR, rms);
     }
   }
   res->ng = ng;
@@ -280,18 +282,23 @@ static void real_one(const char *refs, const char *name) {
   if (!STRICT && r.hf_pre >= 0 && 1.5 * r.hf_pre + 1e-2 > bp) bp = 1.5 * r.hf_pre + 1e-2;
   if (!STRICT && r.hf_dec >= 0 && 1.5 * r.hf_dec + 1e-2 > bd) bd = 1.5 * r.hf_dec + 1e-2;
   int pass = r.prefill_rel <= bp && r.decode_rel <= bd && greedy_ok;
-  printf("REAL name=%s prefill_rel_err=%.4e decode_rel_err=%.4e bound=%.0e hf_bf16_prefill_rel_err=%.4e "
-         "hf_bf16_decode_rel_err=%.4e hf_bf16_tf_match=%d bound_prefill=%.3e bound_decode=%.3e greedy_lead=%d/%d "
-         "tf_match=%d/%d tf_ties=%d max_tie_gap=%.4f secs=%.1f pass=%d\n",
-         name, r.prefill_rel, r.decode_rel, r.bound, r.hf_pre, r.hf_dec, r.hf_tf, bp, bd, r.lead, r.ng, r.tf_match,
-         r.ng, r.tf_ties, r.max_tie_gap, r.secs, pass);
-  EXPECT_MSG(r.prefill_rel <= bp, "%s: prefill logits rel err %.3e > %.3e", name, r.prefill_rel, bp);
+  printf(
+      "REAL name=%s prefill_rel_err=%.4e decode_rel_err=%.4e bound=%.0e "
+      "hf_bf16_prefill_rel_err=%.4e "
+      "hf_bf16_decode_rel_err=%.4e hf_bf16_tf_match=%d bound_prefill=%.3e bound_decode=%.3e "
+      "greedy_lead=%d/%d "
+      "tf_match=%d/%d tf_ties=%d max_tie_gap=%.4f secs=%.1f pass=%d\n",
+      name, r.prefill_rel, r.decode_rel, r.bound, r.hf_pre, r.hf_dec, r.hf_tf, bp, bd, r.lead, r.ng,
+      r.tf_match, r.ng, r.tf_ties, r.max_tie_gap, r.secs, pass);
+  EXPECT_MSG(r.prefill_rel <= bp, "%s: prefill logits rel err %.3e > %.3e", name, r.prefill_rel,
+             bp);
   EXPECT_MSG(r.decode_rel <= bd, "%s: decode logits rel err %.3e > %.3e", name, r.decode_rel, bd);
-  EXPECT_MSG(greedy_ok, "%s: greedy matched %d leading tokens (< %d) and %d teacher-forced steps are no ties",
+  EXPECT_MSG(greedy_ok,
+             "%s: greedy matched %d leading tokens (< %d) and %d teacher-forced steps are no ties",
              name, r.lead, need, r.tf_bad);
   if (STRICT) /* fp32 against fp32: no flips at all */
-    EXPECT_MSG(r.lead == r.ng && r.tf_match == r.ng, "%s: cpu: greedy %d/%d, teacher-forced %d/%d", name, r.lead,
-               r.ng, r.tf_match, r.ng);
+    EXPECT_MSG(r.lead == r.ng && r.tf_match == r.ng, "%s: cpu: greedy %d/%d, teacher-forced %d/%d",
+               name, r.lead, r.ng, r.tf_match, r.ng);
 }
 
 static int name_cmp(const void *a, const void *b) { return strcmp(a, b); }
@@ -414,7 +421,8 @@ TEST(batch_invariance_33) {
   int rc = model_load(dir, &cfg, &w, err, sizeof err);
   EXPECT_MSG(rc == 0, "%s", err);
   if (rc) return;
-  backend *be = backend_create(DEV, 0, err, sizeof err);
+  backend *be =
+      backend_create(&(backend_options){.device = DEV, .batch_invariant = BI}, err, sizeof err);
   EXPECT_MSG(be != NULL, "%s", err);
   qwen35 *m = NULL;
   engine *e = NULL;
@@ -425,7 +433,8 @@ TEST(batch_invariance_33) {
   o.max_num_batched_tokens = 8192;
   o.kv_cache_tokens = 32768;
   qwen35_mem_opts mo;
-  if (be && (engine_mem_plan(&o, &cfg, &mo, err, sizeof err) || qwen35_init(&m, &cfg, &w, be, &mo, err, sizeof err) ||
+  if (be && (engine_mem_plan(&o, &cfg, &mo, err, sizeof err) ||
+             qwen35_init(&m, &cfg, &w, be, &mo, err, sizeof err) ||
              !(e = engine_create(m, &o, err, sizeof err)))) {
     EXPECT_MSG(0, "%s", err);
   }
@@ -446,14 +455,16 @@ TEST(batch_invariance_33) {
     char first[200] = "none";
     for (int i = 0; i < BI_N; i++) {
       bi_req *a = &BA[i], *b = &BB[i];
-      bad_finish += a->finish != FINISH_LENGTH || b->finish != FINISH_LENGTH || a->n_tok != a->max_tokens;
+      bad_finish +=
+          a->finish != FINISH_LENGTH || b->finish != FINISH_LENGTH || a->n_tok != a->max_tokens;
       int k = 0;
       while (k < a->n_tok && k < b->n_tok && a->tok[k] == b->tok[k]) k++;
       int eq = a->n_tok == b->n_tok && k == a->n_tok;
       same += eq;
       if (!eq && !strcmp(first, "none"))
-        snprintf(first, sizeof first, "request %d (prompt %d) step %d: alone %d margin %.4g, batched %d margin %.4g",
-                 i, a->n, k, k < a->n_tok ? a->tok[k] : -1, k < a->n_lg ? a->margin[k] : -1.0,
+        snprintf(first, sizeof first,
+                 "request %d (prompt %d) step %d: alone %d margin %.4g, batched %d margin %.4g", i,
+                 a->n, k, k < a->n_tok ? a->tok[k] : -1, k < a->n_lg ? a->margin[k] : -1.0,
                  k < b->n_tok ? b->tok[k] : -1, k < b->n_lg ? b->margin[k] : -1.0);
       int nr = a->n_lg < b->n_lg ? a->n_lg : b->n_lg;
       for (int j = 0; j < nr && j < k + 1; j++) { /* rows with the same history */
@@ -464,14 +475,17 @@ TEST(batch_invariance_33) {
     int x_same = BA[BI_X].n_tok == 32 && !memcmp(BA[BI_X].tok, BB[BI_X].tok, sizeof(int32_t) * 32);
     int pass = same == BI_N && !bad_finish && (!BI_STRICT || rows_same == rows);
     printf("  alone %.1f s, together %.1f s\n", t1 - t0, t2 - t1);
-    printf("BATCH32 mode=%s identical=%d/%d x_identical=%d rows_bit_identical=%d/%d bad_finish=%d "
-           "first_divergence=\"%s\" alone_s=%.1f together_s=%.1f pass=%d\n",
-           BI_STRICT && !STRICT ? "batch-invariant" : "default", same, BI_N, x_same, rows_same, rows,
-           bad_finish, first, t1 - t0, t2 - t1, pass);
+    printf(
+        "BATCH32 mode=%s identical=%d/%d x_identical=%d rows_bit_identical=%d/%d bad_finish=%d "
+        "first_divergence=\"%s\" alone_s=%.1f together_s=%.1f pass=%d\n",
+        BI_STRICT && !STRICT ? "batch-invariant" : "default", same, BI_N, x_same, rows_same, rows,
+        bad_finish, first, t1 - t0, t2 - t1, pass);
     EXPECT_MSG(!bad_finish, "%d requests did not finish with their full length", bad_finish);
-    EXPECT_MSG(same == BI_N, "%d of %d requests differ alone vs batched; first: %s", BI_N - same, BI_N, first);
+    EXPECT_MSG(same == BI_N, "%d of %d requests differ alone vs batched; first: %s", BI_N - same,
+               BI_N, first);
     if (BI_STRICT)
-      EXPECT_MSG(rows_same == rows, "%d of %d logits rows differ alone vs batched", rows - rows_same, rows);
+      EXPECT_MSG(rows_same == rows, "%d of %d logits rows differ alone vs batched",
+                 rows - rows_same, rows);
     char why[200];
     EXPECT_MSG(engine_check(e, why, sizeof why) == 0, "engine_check: %s", why);
   }
@@ -487,7 +501,8 @@ int main(void) {
   if (d && *d) DEV = d;
   STRICT = !strcmp(DEV, "cpu");
   const char *bi = getenv("DS_BATCH_INVARIANT");
-  BI_STRICT = STRICT || (bi && *bi && strcmp(bi, "0") != 0);
+  BI = bi && *bi && strcmp(bi, "0") != 0;
+  BI_STRICT = STRICT || BI;
   printf("device %s%s\n", DEV, STRICT ? " (bit-exact checks)" : "");
   if (getenv("DS_REAL_REFS")) RUN(real_shapes_vs_transformers);
   if (getenv("DS_REAL_MODEL")) RUN(batch_invariance_33);

@@ -31,6 +31,7 @@
 
 static const char *DEV = "cuda";
 static int STRICT;
+static int BI; /* the backend built batch-invariant */
 
 #include "engine_rig.h"
 
@@ -42,11 +43,12 @@ static int restore_same(const char *name, const req *a, const req *ref) {
   size_t differ = 0;
   int nl = a->n_lg < ref->n_lg ? a->n_lg : ref->n_lg;
   if (nl > MAXTOK) nl = MAXTOK;
-  for (size_t i = 0; i < (size_t)nl * V; i++) differ += memcmp(&a->lg[i], &ref->lg[i], sizeof(float)) != 0;
+  for (size_t i = 0; i < (size_t)nl * V; i++)
+    differ += memcmp(&a->lg[i], &ref->lg[i], sizeof(float)) != 0;
   if (a->n_lg != ref->n_lg) differ += V;
   int pass = tok_eq && a->finish == FINISH_LENGTH && (!STRICT || differ == 0);
-  printf("RESTORE case=%s cached=%d tokens_equal=%d logits_differ=%zu pass=%d\n", name, a->cached, tok_eq, differ,
-         pass);
+  printf("RESTORE case=%s cached=%d tokens_equal=%d logits_differ=%zu pass=%d\n", name, a->cached,
+         tok_eq, differ, pass);
   if (!tok_eq) {
     printf("  restored:");
     for (int i = 0; i < a->n_tok; i++) printf(" %d", a->tok[i]);
@@ -72,7 +74,8 @@ int main(void) {
   const char *d = getenv("DS_REAL_DEVICE");
   if (d && *d) DEV = d;
   const char *bi = getenv("DS_BATCH_INVARIANT");
-  STRICT = !strcmp(DEV, "cpu") || (bi && *bi && strcmp(bi, "0") != 0);
+  BI = bi && *bi && strcmp(bi, "0") != 0;
+  STRICT = !strcmp(DEV, "cpu") || BI;
   const char *dir = getenv("DS_REAL_MODEL");
   if (!dir || !*dir) dir = "tests/fixtures/models/dense_bf16";
   printf("device %s%s, model %s\n", DEV, STRICT ? " (bit-exact checks)" : "", dir);
@@ -80,7 +83,7 @@ int main(void) {
     printf("FAIL load: %s\n", err);
     return 1;
   }
-  BE = backend_create(DEV, 0, err, sizeof err);
+  BE = backend_create(&(backend_options){.device = DEV, .batch_invariant = BI}, err, sizeof err);
   if (!BE) {
     printf("FAIL backend: %s\n", err);
     return 1;

@@ -1,9 +1,9 @@
 /* test_cuda_shadow — the forward pass run on a "shadow" backend that issues every op on both
  * the CPU reference backend and the CUDA backend, compares each op's outputs on the model's
  * real data, then gives both the CPU result (rounded to bf16 for bf16 kinds) so that every op
- * is judged on identical inputs. Reports, per op, the worst ||cuda - cpu|| / ||cpu|| over all calls, and
- * fails when one exceeds SHADOW_TOL (bf16 outputs round at 2^-9 relative; bf16 weight copies
- * of f32 checkpoints add about as much). GPU machine only (scripts/device/check.sh). */
+ * is judged on identical inputs. Reports, per op, the worst ||cuda - cpu|| / ||cpu|| over all
+ * calls, and fails when one exceeds SHADOW_TOL (bf16 outputs round at 2^-9 relative; bf16 weight
+ * copies of f32 checkpoints add about as much). GPU machine only (scripts/device/check.sh). */
 #pragma GCC diagnostic ignored "-Wformat-truncation"
 #include <dirent.h>
 #include <jansson.h>
@@ -53,14 +53,14 @@ static char first_bad[256];
 
 static void note(const char *op, double e) {
   int i;
-  for (i = 0; i < nstats && strcmp(stats[i].op, op); i++) {}
+  for (i = 0; i < nstats && strcmp(stats[i].op, op); i++) {
+  }
   if (i == nstats) stats[nstats++] = (stat){op, 0, 0};
   stats[i].calls++;
   if (!(e <= stats[i].worst)) stats[i].worst = e;
   if (!(e <= SHADOW_TOL) && !first_bad[0])
     snprintf(first_bad, sizeof first_bad, "op #%ld %s: rel err %.3e", op_index, op, e);
 }
-
 
 /* Compares elements [off, off+n) of a shadow buffer, then copies the CPU values to the GPU. */
 static void cmp(const char *op, backend_buf b, size_t off, size_t n) {
@@ -211,13 +211,15 @@ static void s_wfree(backend *be, backend_weight w) {
   G->weight_free(G, SW(w)->g);
   free(w);
 }
-static size_t s_wbytes(backend *be, backend_weight w) { return C->weight_bytes(C, SW(w)->c) + 0 * (size_t)be; }
+static size_t s_wbytes(backend *be, backend_weight w) {
+  return C->weight_bytes(C, SW(w)->c) + 0 * (size_t)be;
+}
 static int s_set_batch(backend *be, const backend_batch *b) {
   (void)be;
   size_t T = (size_t)b->n_tokens, S = (size_t)b->n_seqs;
   int32_t *p = hb_arr;
   hb = *b;
-#define TK(f, n) memcpy(p, b->f, (n) * 4), hb.f = p, p += (n)
+#define TK(f, n) memcpy(p, b->f, (n)*4), hb.f = p, p += (n)
   TK(tokens, T);
   TK(pos, T);
   TK(seq, T);
@@ -261,7 +263,8 @@ static void s_add(backend *be, backend_buf x, backend_buf y, size_t n) {
   G->add(G, BG(x), BG(y), n);
   cmp("add", x, 0, n);
 }
-static void s_matmul(backend *be, backend_buf x, backend_weight W, int T, int K, int N, backend_buf y) {
+static void s_matmul(backend *be, backend_buf x, backend_weight W, int T, int K, int N,
+                     backend_buf y) {
   (void)be;
   op_index++;
   C->matmul(C, BC(x), WC(W), T, K, N, BC(y));
@@ -320,7 +323,8 @@ static void s_moe(backend *be, backend_buf x, const backend_moe *m, int T, int H
   mc.shared_gate = WC(m->shared_gate), mg.shared_gate = WG(m->shared_gate);
   mc.shared_up = WC(m->shared_up), mg.shared_up = WG(m->shared_up);
   mc.shared_down = WC(m->shared_down), mg.shared_down = WG(m->shared_down);
-  mc.shared_expert_gate = WC(m->shared_expert_gate), mg.shared_expert_gate = WG(m->shared_expert_gate);
+  mc.shared_expert_gate = WC(m->shared_expert_gate),
+  mg.shared_expert_gate = WG(m->shared_expert_gate);
   C->moe(C, BC(x), &mc, T, H, BC(out));
   G->moe(G, BG(x), &mg, T, H, BG(out));
   G->sync(G, NULL, 0);
@@ -338,7 +342,8 @@ static void s_conv1d(backend *be, backend_buf st, backend_buf x, backend_weight 
   cmp("conv1d(state)", st, 0, SB(st)->n);
 }
 static void s_gates(backend *be, backend_buf qkv, backend_buf b, backend_buf a, backend_weight al,
-                    backend_weight db, int nk, int nv, int dk, int dv, backend_buf beta, backend_buf g) {
+                    backend_weight db, int nk, int nv, int dk, int dv, backend_buf beta,
+                    backend_buf g) {
   (void)be;
   op_index++;
   C->gdn_gates(C, BC(qkv), BC(b), BC(a), WC(al), WC(db), nk, nv, dk, dv, BC(beta), BC(g));
@@ -348,8 +353,8 @@ static void s_gates(backend *be, backend_buf qkv, backend_buf b, backend_buf a, 
   cmp("gdn_gates(beta)", beta, 0, T * nv);
   cmp("gdn_gates(g)", g, 0, T * nv);
 }
-static void gdn_cmp(const char *op, const char *op_s, backend_buf ssm, backend_buf out, int nv, int dk,
-                    int dv, int prefill) {
+static void gdn_cmp(const char *op, const char *op_s, backend_buf ssm, backend_buf out, int nv,
+                    int dk, int dv, int prefill) {
   for (int s = 0; s < hb.n_seqs; s++) {
     if ((hb.seq_len[s] > 1) != prefill) continue;
     cmp(op, out, (size_t)hb.seq_start[s] * nv * dv, (size_t)hb.seq_len[s] * nv * dv);
@@ -357,8 +362,8 @@ static void gdn_cmp(const char *op, const char *op_s, backend_buf ssm, backend_b
     cmp(op_s, ssm, (size_t)hb.seq_slot[s] * sz, sz);
   }
 }
-static void s_prefill(backend *be, backend_buf ssm, backend_buf qkv, backend_buf beta, backend_buf g,
-                      int nk, int nv, int dk, int dv, backend_buf out) {
+static void s_prefill(backend *be, backend_buf ssm, backend_buf qkv, backend_buf beta,
+                      backend_buf g, int nk, int nv, int dk, int dv, backend_buf out) {
   (void)be;
   op_index++;
   C->gdn_prefill(C, BC(ssm), BC(qkv), BC(beta), BC(g), nk, nv, dk, dv, BC(out));
@@ -373,16 +378,16 @@ static void s_decode(backend *be, backend_buf ssm, backend_buf qkv, backend_buf 
   G->gdn_decode(G, BG(ssm), BG(qkv), BG(beta), BG(g), nk, nv, dk, dv, BG(out));
   gdn_cmp("gdn_decode", "gdn_decode(state)", ssm, out, nv, dk, dv, 0);
 }
-static void s_gnorm(backend *be, backend_buf o, backend_buf z, backend_weight w, int T, int nv, int dv,
-                    float eps, backend_buf out) {
+static void s_gnorm(backend *be, backend_buf o, backend_buf z, backend_weight w, int T, int nv,
+                    int dv, float eps, backend_buf out) {
   (void)be;
   op_index++;
   C->gated_rmsnorm(C, BC(o), BC(z), WC(w), T, nv, dv, eps, BC(out));
   G->gated_rmsnorm(G, BG(o), BG(z), WG(w), T, nv, dv, eps, BG(out));
   cmp("gated_rmsnorm", out, 0, (size_t)T * nv * dv);
 }
-static void s_logits(backend *be, backend_buf x, backend_weight nw, float eps, backend_weight W, int H,
-                     int V, backend_buf out) {
+static void s_logits(backend *be, backend_buf x, backend_weight nw, float eps, backend_weight W,
+                     int H, int V, backend_buf out) {
   (void)be;
   op_index++;
   C->logits(C, BC(x), WC(nw), eps, WC(W), H, V, BC(out));
@@ -470,8 +475,8 @@ static void shadow_fixture(const char *name) {
   }
   printf("  %s:\n", name);
   for (int i = 0; i < nstats; i++)
-    printf("    %-22s calls %5ld  worst rel err %.3e%s\n", stats[i].op, stats[i].calls, stats[i].worst,
-           stats[i].worst > SHADOW_TOL ? "  <-- over" : "");
+    printf("    %-22s calls %5ld  worst rel err %.3e%s\n", stats[i].op, stats[i].calls,
+           stats[i].worst, stats[i].worst > SHADOW_TOL ? "  <-- over" : "");
   for (int i = 0; i < nstats; i++)
     if (!strcmp(stats[i].op, "moe")) moe_calls0 = stats[i].calls;
   if (moe_rows)
@@ -509,7 +514,7 @@ int main(void) {
     return 1;
   }
   char err[256];
-  G = backend_cuda_create(0, err, sizeof err);
+  G = backend_cuda_create(0, &(backend_options){0}, err, sizeof err);
   C = backend_cpu_create(0);
   if (!G || !C) {
     printf("FAIL create: %s\n", G ? "cpu" : err);

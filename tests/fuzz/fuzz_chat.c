@@ -27,10 +27,13 @@ static void fuzz_chat_init(void) {
   const char *tools =
       "[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"description\":\"Weather\","
       "\"parameters\":{\"type\":\"object\",\"properties\":{"
-      "\"city\":{\"type\":\"string\"},\"days\":{\"type\":\"integer\"},\"scale\":{\"type\":\"number\"},"
-      "\"metric\":{\"type\":\"boolean\"},\"opts\":{\"type\":\"object\"},\"tags\":{\"type\":\"array\"},"
+      "\"city\":{\"type\":\"string\"},\"days\":{\"type\":\"integer\"},\"scale\":{\"type\":"
+      "\"number\"},"
+      "\"metric\":{\"type\":\"boolean\"},\"opts\":{\"type\":\"object\"},\"tags\":{\"type\":"
+      "\"array\"},"
       "\"nothing\":{\"type\":\"null\"}},\"required\":[\"city\"]}}},"
-      "{\"type\":\"function\",\"function\":{\"name\":\"search\",\"parameters\":{\"type\":\"object\","
+      "{\"type\":\"function\",\"function\":{\"name\":\"search\",\"parameters\":{\"type\":"
+      "\"object\","
       "\"properties\":{\"q\":{\"type\":\"string\"},\"n\":{\"type\":[\"integer\",\"null\"]}}}}}]";
   json_error_t je;
   fuzz_chat_tools = json_loads(tools, 0, &je);
@@ -55,7 +58,8 @@ static int fuzz_chat_render(int b, const uint8_t *p, size_t n) {
     if (!eq) {
       json_decref(v);
       free(tj);
-      FUZZ_CHECK(0, "chat_template_tojson printed text that does not parse back equal (%s)", je.text);
+      FUZZ_CHECK(0, "chat_template_tojson printed text that does not parse back equal (%s)",
+                 je.text);
     }
     free(tj);
   }
@@ -80,13 +84,15 @@ static int fuzz_chat_render(int b, const uint8_t *p, size_t n) {
   err[0] = 0;
   memset(&r2, 0, sizeof r2);
   int rc2 = chat_template_render(kind, v, agp, &r2, err, sizeof err);
-  int same = rc2 == 0 && r2.len == r.len && r2.n_msgs == r.n_msgs && memcmp(r2.text, r.text, r.len) == 0 &&
-             r2.thinking_open == r.thinking_open &&
-             (r.n_msgs == 0 || memcmp(r2.msg_offsets, r.msg_offsets, sizeof *r.msg_offsets * (size_t)r.n_msgs) == 0);
+  int same = rc2 == 0 && r2.len == r.len && r2.n_msgs == r.n_msgs &&
+             memcmp(r2.text, r.text, r.len) == 0 && r2.thinking_open == r.thinking_open &&
+             (r.n_msgs == 0 ||
+              memcmp(r2.msg_offsets, r.msg_offsets, sizeof *r.msg_offsets * (size_t)r.n_msgs) == 0);
   if (rc2 == 0) chat_render_free(&r2);
   chat_render_free(&r);
   json_decref(v);
-  FUZZ_CHECK(bad == 0, "rendered prompt is malformed (%s)", bad == 1 ? "text/len" : "message offsets");
+  FUZZ_CHECK(bad == 0, "rendered prompt is malformed (%s)",
+             bad == 1 ? "text/len" : "message offsets");
   FUZZ_CHECK(same, "two renders of the same request differ");
   return 0;
 }
@@ -104,7 +110,8 @@ static int fuzz_chat_check_calls(const json_t *tc) {
                    !strcmp(json_string_value(json_object_get(c, "type")), "function"),
                "tool_calls[%zu].type is not \"function\"", i);
     FUZZ_CHECK(name && *name, "tool_calls[%zu] has no function name", i);
-    FUZZ_CHECK(json_is_string(json_object_get(fn, "arguments")), "tool_calls[%zu].arguments is not a string", i);
+    FUZZ_CHECK(json_is_string(json_object_get(fn, "arguments")),
+               "tool_calls[%zu].arguments is not a string", i);
   }
   return 0;
 }
@@ -135,8 +142,10 @@ static int fuzz_chat_parse(int b, const uint8_t *p, size_t n) {
     free(text);
     return 0;
   }
-  if (ra != 0 || rc != 0) why = 1;
-  else if (!a.content) why = 2;
+  if (ra != 0 || rc != 0)
+    why = 1;
+  else if (!a.content)
+    why = 2;
   else if (strcmp(a.content, c.content ? c.content : "") != 0 ||
            (a.reasoning_content == NULL) != (c.reasoning_content == NULL) ||
            (a.reasoning_content && strcmp(a.reasoning_content, c.reasoning_content) != 0) ||
@@ -152,7 +161,8 @@ static int fuzz_chat_parse(int b, const uint8_t *p, size_t n) {
   FUZZ_CHECK(why != 3, "two parses of the same text differ");
   if (calls_bad) return 1;
   /* streaming safe prefix */
-  size_t cuts[6] = {len, len / 2, len / 3, len ? len - 1 : 0, len > 1 ? len - 2 : 0, len > 2 ? len - 3 : 0};
+  size_t cuts[6] = {
+      len, len / 2, len / 3, len ? len - 1 : 0, len > 1 ? len - 2 : 0, len > 2 ? len - 3 : 0};
   for (int k = 0; k < 6; k++) {
     size_t L = cuts[k];
     size_t s = chat_parse_safe_prefix(text, L);
@@ -164,7 +174,10 @@ static int fuzz_chat_parse(int b, const uint8_t *p, size_t n) {
     }
     if (!ok) {
       free(text);
-      FUZZ_CHECK(0, "chat_parse_safe_prefix(text, %zu) = %zu stops at neither '<' nor a cut UTF-8 sequence", L, s);
+      FUZZ_CHECK(
+          0,
+          "chat_parse_safe_prefix(text, %zu) = %zu stops at neither '<' nor a cut UTF-8 sequence",
+          L, s);
     }
   }
   free(text);

@@ -28,23 +28,23 @@
 __attribute__((unused)) static char fuzz_why[512];
 
 #ifdef FUZZ_REGRESSION
-#define FUZZ_CHECK(cond, ...)                                                            \
-  do {                                                                                   \
-    if (!(cond)) {                                                                       \
-      int _n = snprintf(fuzz_why, sizeof fuzz_why, "%s:%d: ", __FILE__, __LINE__);       \
-      snprintf(fuzz_why + _n, sizeof fuzz_why - (size_t)_n, __VA_ARGS__);                \
-      return 1;                                                                          \
-    }                                                                                    \
+#define FUZZ_CHECK(cond, ...)                                                      \
+  do {                                                                             \
+    if (!(cond)) {                                                                 \
+      int _n = snprintf(fuzz_why, sizeof fuzz_why, "%s:%d: ", __FILE__, __LINE__); \
+      snprintf(fuzz_why + _n, sizeof fuzz_why - (size_t)_n, __VA_ARGS__);          \
+      return 1;                                                                    \
+    }                                                                              \
   } while (0)
 #else
-#define FUZZ_CHECK(cond, ...)                                                            \
-  do {                                                                                   \
-    if (!(cond)) {                                                                       \
-      fprintf(stderr, "FUZZ_CHECK failed at %s:%d: ", __FILE__, __LINE__);               \
-      fprintf(stderr, __VA_ARGS__);                                                      \
-      fputc('\n', stderr);                                                               \
-      abort();                                                                           \
-    }                                                                                    \
+#define FUZZ_CHECK(cond, ...)                                              \
+  do {                                                                     \
+    if (!(cond)) {                                                         \
+      fprintf(stderr, "FUZZ_CHECK failed at %s:%d: ", __FILE__, __LINE__); \
+      fprintf(stderr, __VA_ARGS__);                                        \
+      fputc('\n', stderr);                                                 \
+      abort();                                                             \
+    }                                                                      \
   } while (0)
 #endif
 
@@ -58,14 +58,16 @@ __attribute__((unused)) static char fuzz_why[512];
 #define FUZZ_STRICT 1
 #endif
 #ifdef FUZZ_STRICT
-#define FUZZ_CHECK_MSG(err, what) \
-  FUZZ_CHECK((err)[0] && !strchr((err), '\n'), "%s failed without a one-line message: \"%s\"", what, err)
+#define FUZZ_CHECK_MSG(err, what)                                                              \
+  FUZZ_CHECK((err)[0] && !strchr((err), '\n'), "%s failed without a one-line message: \"%s\"", \
+             what, err)
 #else
 #define FUZZ_CHECK_MSG(err, what) FUZZ_CHECK((err)[0], "%s failed without a message", what)
 #endif
 
 /* Exits the process on a failure of the harness itself (missing fixture): not a finding. */
-__attribute__((unused)) static void fuzz_die(const char *fmt, ...) __attribute__((noreturn, unused, format(printf, 1, 2)));
+__attribute__((unused)) static void fuzz_die(const char *fmt, ...)
+    __attribute__((noreturn, unused, format(printf, 1, 2)));
 __attribute__((unused)) static void fuzz_die(const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
@@ -84,7 +86,8 @@ __attribute__((unused)) static const char *fuzz_path(char *buf, size_t n, const 
 }
 
 /* Writes exactly size bytes to path (truncating). Returns 0 or -1. */
-__attribute__((unused)) static int fuzz_write_file(const char *path, const void *data, size_t size) {
+__attribute__((unused)) static int fuzz_write_file(const char *path, const void *data,
+                                                   size_t size) {
   int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
   if (fd < 0) return -1;
   const char *p = data;
@@ -147,8 +150,8 @@ __attribute__((unused)) static const char *fuzz_tmp_dir(void) {
   const char *base = getenv("DS_FUZZ_TMP");
   if (!base || !*base)
     base = (stat("/dev/shm", &sb) == 0 && S_ISDIR(sb.st_mode) && access("/dev/shm", W_OK) == 0)
-                         ? "/dev/shm"
-                         : (getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
+               ? "/dev/shm"
+               : (getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
   snprintf(fuzz_tmp_root, sizeof fuzz_tmp_root, "%s/ds-fuzz-XXXXXX", base);
   if (!mkdtemp(fuzz_tmp_root)) fuzz_die("mkdtemp %s: %s", fuzz_tmp_root, strerror(errno));
   atexit(fuzz_tmp_cleanup);
@@ -166,10 +169,14 @@ __attribute__((unused)) static int fuzz_utf8_valid(const uint8_t *s, size_t n) {
     }
     size_t k;
     uint32_t cp, min;
-    if ((c & 0xE0) == 0xC0) k = 1, cp = c & 0x1F, min = 0x80;
-    else if ((c & 0xF0) == 0xE0) k = 2, cp = c & 0x0F, min = 0x800;
-    else if ((c & 0xF8) == 0xF0) k = 3, cp = c & 0x07, min = 0x10000;
-    else return 0;
+    if ((c & 0xE0) == 0xC0)
+      k = 1, cp = c & 0x1F, min = 0x80;
+    else if ((c & 0xF0) == 0xE0)
+      k = 2, cp = c & 0x0F, min = 0x800;
+    else if ((c & 0xF8) == 0xF0)
+      k = 3, cp = c & 0x07, min = 0x10000;
+    else
+      return 0;
     if (i + k >= n) return 0; /* sequence cut by the end */
     for (size_t j = 1; j <= k; j++) {
       if ((s[i + j] & 0xC0) != 0x80) return 0;

@@ -24,8 +24,8 @@
 
 static int fuzz_loader_ready;
 static char fuzz_loader_d[4][PATH_MAX];
-static model_config fuzz_loader_cfg;  /* dense_bf16 */
-static uint64_t fuzz_loader_datalen;  /* bytes of the dense_bf16 data section */
+static model_config fuzz_loader_cfg; /* dense_bf16 */
+static uint64_t fuzz_loader_datalen; /* bytes of the dense_bf16 data section */
 
 static void fuzz_loader_init(void) {
   char rel[PATH_MAX], abs_st[PATH_MAX], p[PATH_MAX + 64], err[512];
@@ -66,16 +66,19 @@ static int fuzz_loader_view_ok(const tensor *t) {
 
 static int fuzz_loader_check_weights(const model_config *c, const model_weights *w) {
   FUZZ_CHECK(w->layers != NULL, "weights_load succeeded without layers");
-  FUZZ_CHECK(w->embed.data && w->lm_head.data && w->final_norm.data, "weights_load succeeded without embed/lm_head/norm");
-  FUZZ_CHECK(w->embed.ndim == 2 && w->embed.shape[0] == c->vocab_size && w->embed.shape[1] == c->hidden_size,
+  FUZZ_CHECK(w->embed.data && w->lm_head.data && w->final_norm.data,
+             "weights_load succeeded without embed/lm_head/norm");
+  FUZZ_CHECK(w->embed.ndim == 2 && w->embed.shape[0] == c->vocab_size &&
+                 w->embed.shape[1] == c->hidden_size,
              "embed shape [%lld,%lld] does not match the config", (long long)w->embed.shape[0],
              (long long)w->embed.shape[1]);
   for (int i = 0; i < c->n_layers; i++) {
     const layer_weights *L = &w->layers[i];
-    const tensor *all[] = {&L->input_norm, &L->post_norm, &L->q_proj, &L->k_proj, &L->v_proj,
-                           &L->o_proj, &L->q_norm, &L->k_norm, &L->in_proj_qkv, &L->in_proj_z,
-                           &L->in_proj_b, &L->in_proj_a, &L->conv1d, &L->dt_bias, &L->A_log,
-                           &L->lin_norm, &L->out_proj, &L->gate_proj, &L->up_proj, &L->down_proj};
+    const tensor *all[] = {&L->input_norm,  &L->post_norm, &L->q_proj,    &L->k_proj,
+                           &L->v_proj,      &L->o_proj,    &L->q_norm,    &L->k_norm,
+                           &L->in_proj_qkv, &L->in_proj_z, &L->in_proj_b, &L->in_proj_a,
+                           &L->conv1d,      &L->dt_bias,   &L->A_log,     &L->lin_norm,
+                           &L->out_proj,    &L->gate_proj, &L->up_proj,   &L->down_proj};
     for (size_t k = 0; k < sizeof all / sizeof all[0]; k++)
       FUZZ_CHECK(fuzz_loader_view_ok(all[k]), "layer %d tensor %zu has a bad view", i, k);
     FUZZ_CHECK(L->input_norm.data && L->post_norm.data, "layer %d lacks its norms", i);
@@ -97,15 +100,18 @@ static int fuzz_loader_check_weights(const model_config *c, const model_weights 
 static int fuzz_loader_check_config(const model_config *c) {
   FUZZ_CHECK(c->n_layers >= 1 && c->n_layers <= CONFIG_MAX_LAYERS, "n_layers %d", c->n_layers);
   FUZZ_CHECK(c->n_eos >= 0 && c->n_eos <= CONFIG_MAX_EOS, "n_eos %d", c->n_eos);
-  FUZZ_CHECK(c->vocab_size > 0 && c->hidden_size > 0 && c->head_dim > 0, "non-positive size accepted");
-  FUZZ_CHECK(c->rot_dim >= 0 && c->rot_dim <= c->head_dim && c->rot_dim % 2 == 0, "rot_dim %d (head_dim %d)",
-             c->rot_dim, c->head_dim);
-  FUZZ_CHECK(c->n_heads > 0 && c->n_kv_heads > 0 && c->n_heads % c->n_kv_heads == 0, "heads %d/%d", c->n_heads,
-             c->n_kv_heads);
-  FUZZ_CHECK(c->conv_dim > 0 && (int64_t)c->conv_dim == 2 * (int64_t)c->lin_n_k_heads * c->lin_k_head_dim +
-                                                           (int64_t)c->lin_n_v_heads * c->lin_v_head_dim,
-             "conv_dim %d does not equal 2*nk*dk + nv*dv", c->conv_dim);
-  FUZZ_CHECK(config_n_full_layers(c) + config_n_linear_layers(c) == c->n_layers, "layer kinds do not add up");
+  FUZZ_CHECK(c->vocab_size > 0 && c->hidden_size > 0 && c->head_dim > 0,
+             "non-positive size accepted");
+  FUZZ_CHECK(c->rot_dim >= 0 && c->rot_dim <= c->head_dim && c->rot_dim % 2 == 0,
+             "rot_dim %d (head_dim %d)", c->rot_dim, c->head_dim);
+  FUZZ_CHECK(c->n_heads > 0 && c->n_kv_heads > 0 && c->n_heads % c->n_kv_heads == 0, "heads %d/%d",
+             c->n_heads, c->n_kv_heads);
+  FUZZ_CHECK(
+      c->conv_dim > 0 && (int64_t)c->conv_dim == 2 * (int64_t)c->lin_n_k_heads * c->lin_k_head_dim +
+                                                     (int64_t)c->lin_n_v_heads * c->lin_v_head_dim,
+      "conv_dim %d does not equal 2*nk*dk + nv*dv", c->conv_dim);
+  FUZZ_CHECK(config_n_full_layers(c) + config_n_linear_layers(c) == c->n_layers,
+             "layer kinds do not add up");
   FUZZ_CHECK(memchr(c->model_type, 0, sizeof c->model_type) != NULL, "model_type not terminated");
   return 0;
 }
@@ -145,12 +151,16 @@ static int fuzz_loader_st(const char *path) {
       uint64_t ne = 1;
       int ovf = 0;
       for (int d = 0; d < t->ndim; d++) {
-        if (t->shape[d] < 0) ovf = 1;
-        else if (t->shape[d] && ne > UINT64_MAX / (uint64_t)t->shape[d]) ovf = 1;
-        else ne *= (uint64_t)t->shape[d];
+        if (t->shape[d] < 0)
+          ovf = 1;
+        else if (t->shape[d] && ne > UINT64_MAX / (uint64_t)t->shape[d])
+          ovf = 1;
+        else
+          ne *= (uint64_t)t->shape[d];
       }
       FUZZ_CHECK(!ovf && ne <= UINT64_MAX / 4 && t->nbytes == ne * dtype_size(t->dt),
-                 "tensor %s: nbytes %llu does not match its shape", t->name, (unsigned long long)t->nbytes);
+                 "tensor %s: nbytes %llu does not match its shape", t->name,
+                 (unsigned long long)t->nbytes);
     }
     /* read the first and last byte: ASan/SEGV when the view leaves the mapping */
     if (t->nbytes > 0) {

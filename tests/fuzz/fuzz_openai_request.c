@@ -31,7 +31,8 @@ static int fuzz_openai_render(const json_t *render, int agp) {
     char err[512];
     err[0] = 0;
     memset(&r, 0, sizeof r);
-    int rc = chat_template_render(k ? CHAT_TEMPLATE_QWEN35 : CHAT_TEMPLATE_QWEN3, render, agp, &r, err, sizeof err);
+    int rc = chat_template_render(k ? CHAT_TEMPLATE_QWEN35 : CHAT_TEMPLATE_QWEN3, render, agp, &r,
+                                  err, sizeof err);
     if (rc == 0) {
       int ok = r.text && r.text[r.len] == 0;
       chat_render_free(&r);
@@ -48,23 +49,34 @@ static int fuzz_openai_main(openai_kind kind, const char *body, size_t len) {
   openai_error e;
   memset(&r, 0x5a, sizeof r);
   memset(&e, 0, sizeof e);
-  if (openai_request_parse(kind, body, len, &r, &e) != 0) return fuzz_openai_check_err(&e, "openai_request_parse");
+  if (openai_request_parse(kind, body, len, &r, &e) != 0)
+    return fuzz_openai_check_err(&e, "openai_request_parse");
   int bad = 0;
-  if (r.kind != kind) bad = 1;
-  else if (r.n_stop < 0 || r.n_stop > OPENAI_MAX_STOP) bad = 2;
-  else if (r.top_logprobs < 0 || r.top_logprobs > OPENAI_MAX_LOGPROBS) bad = 3;
-  else if (r.max_tokens < 0) bad = 4;
+  if (r.kind != kind)
+    bad = 1;
+  else if (r.n_stop < 0 || r.n_stop > OPENAI_MAX_STOP)
+    bad = 2;
+  else if (r.top_logprobs < 0 || r.top_logprobs > OPENAI_MAX_LOGPROBS)
+    bad = 3;
+  else if (r.max_tokens < 0)
+    bad = 4;
   for (int i = 0; !bad && i < r.n_stop; i++)
     if (!r.stop[i]) bad = 5;
   if (!bad && kind == OPENAI_KIND_COMPLETION) {
-    if ((r.prompt != NULL) == (r.prompt_ids != NULL)) bad = 6;
-    else if (r.prompt_ids && r.n_prompt_ids < 0) bad = 7;
-    else if (r.prompt && r.prompt[r.prompt_len] != 0) bad = 8;
+    if ((r.prompt != NULL) == (r.prompt_ids != NULL))
+      bad = 6;
+    else if (r.prompt_ids && r.n_prompt_ids < 0)
+      bad = 7;
+    else if (r.prompt && r.prompt[r.prompt_len] != 0)
+      bad = 8;
   }
   if (!bad && kind == OPENAI_KIND_CHAT) {
-    if (!json_is_object(r.render) || !json_is_array(json_object_get(r.render, "messages"))) bad = 9;
-    else if (r.tools && r.tools != json_object_get(r.render, "tools")) bad = 10;
-    else if (r.tool_choice == OPENAI_TOOL_CHOICE_NAMED && !r.tool_choice_name) bad = 11;
+    if (!json_is_object(r.render) || !json_is_array(json_object_get(r.render, "messages")))
+      bad = 9;
+    else if (r.tools && r.tools != json_object_get(r.render, "tools"))
+      bad = 10;
+    else if (r.tool_choice == OPENAI_TOOL_CHOICE_NAMED && !r.tool_choice_name)
+      bad = 11;
   }
   if (!bad && kind == OPENAI_KIND_CHAT && fuzz_openai_render(r.render, r.add_generation_prompt)) {
     openai_request_free(&r);

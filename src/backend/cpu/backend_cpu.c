@@ -155,7 +155,8 @@ static backend_weight cpu_weight_upload(backend *be, const void *data, dtype dt,
     memcpy(w->d, data, n * 4);
   } else {
     const uint16_t *h = data;
-    for (size_t i = 0; i < n; i++) w->d[i] = dt == DTYPE_BF16 ? dtype_bf16_to_f32(h[i]) : dtype_f16_to_f32(h[i]);
+    for (size_t i = 0; i < n; i++)
+      w->d[i] = dt == DTYPE_BF16 ? dtype_bf16_to_f32(h[i]) : dtype_f16_to_f32(h[i]);
   }
   return w;
 }
@@ -184,11 +185,11 @@ static int cpu_set_batch(backend *be, const backend_batch *b) {
   }
   int32_t *p = c->arr;
   c->b = *b;
-#define TAKE(field, n)                                         \
-  do {                                                         \
+#define TAKE(field, n)                                             \
+  do {                                                             \
     if ((n) > 0 && b->field) memcpy(p, b->field, (n) * sizeof *p); \
-    c->b.field = p;                                            \
-    p += (n);                                                  \
+    c->b.field = p;                                                \
+    p += (n);                                                      \
   } while (0)
   TAKE(tokens, T);
   if (b->tokens_dev) memcpy((int32_t *)c->b.tokens, b->tokens_dev, T * sizeof *p);
@@ -263,8 +264,8 @@ static void rms_run(void *v, int64_t b, int64_t e) {
   }
 }
 
-static void cpu_rmsnorm(backend *be, backend_buf x, backend_buf add, backend_weight w, int T,
-                        int n, float eps, backend_buf y) {
+static void cpu_rmsnorm(backend *be, backend_buf x, backend_buf add, backend_weight w, int T, int n,
+                        float eps, backend_buf y) {
   rms_job j = {F(x), F(add), F(y), W(w)->d, n, eps};
   cpu_pool_run(ctx_of(be)->pool, T, 4, rms_run, &j);
 }
@@ -324,7 +325,8 @@ static void mm_run(void *v, int64_t b, int64_t e) {
   }
   for (; n < e; n++) {
     const float *wr = j->w + n * j->K;
-    for (int t = 0; t < j->T; t++) j->y[(int64_t)t * j->N + n] = dotf(j->x + (int64_t)t * j->K, wr, j->K);
+    for (int t = 0; t < j->T; t++)
+      j->y[(int64_t)t * j->N + n] = dotf(j->x + (int64_t)t * j->K, wr, j->K);
   }
 }
 
@@ -384,8 +386,8 @@ static void cpu_qk_norm_rope(backend *be, backend_buf qg, backend_buf k, backend
                              backend_weight k_norm, int nh, int nkv, int hd, int rot, double theta,
                              float eps, backend_buf q_out, backend_buf gate_out) {
   cpu_ctx *c = ctx_of(be);
-  qkr_job j = {c, F(qg), F(k), F(q_out), F(gate_out), W(q_norm)->d, W(k_norm)->d,
-               nh, nkv, hd, rot, theta, eps};
+  qkr_job j = {c,  F(qg), F(k), F(q_out), F(gate_out), W(q_norm)->d, W(k_norm)->d,
+               nh, nkv,   hd,   rot,      theta,       eps};
   cpu_pool_run(c->pool, c->b.n_tokens, 1, qkr_run, &j);
 }
 
@@ -461,10 +463,10 @@ typedef struct {
   const backend_moe *m;
   const float *x;
   int T, H, I, Is, kk;
-  int32_t *ids;  /* [T, k] */
-  float *wts;    /* [T, k] */
-  float *sg;     /* [T] shared gate scalar */
-  float *hid;    /* [T, k*I + Is] */
+  int32_t *ids; /* [T, k] */
+  float *wts;   /* [T, k] */
+  float *sg;    /* [T] shared gate scalar */
+  float *hid;   /* [T, k*I + Is] */
   float *out;
 } moe_job;
 
@@ -541,10 +543,12 @@ static void moe_out_run(void *v, int64_t b, int64_t e) {
     float acc = 0.f;
     for (int r = 0; r < j->kk; r++) {
       int ei = j->ids[t * j->kk + r];
-      acc += j->wts[t * j->kk + r] * dotf(W(m->down[ei])->d + (int64_t)hh * j->I, hid + r * j->I, j->I);
+      acc += j->wts[t * j->kk + r] *
+             dotf(W(m->down[ei])->d + (int64_t)hh * j->I, hid + r * j->I, j->I);
     }
     if (j->Is > 0)
-      acc += j->sg[t] * dotf(W(m->shared_down)->d + (int64_t)hh * j->Is, hid + (int64_t)j->kk * j->I, j->Is);
+      acc += j->sg[t] *
+             dotf(W(m->shared_down)->d + (int64_t)hh * j->Is, hid + (int64_t)j->kk * j->I, j->Is);
     j->out[task] = acc;
   }
 }
@@ -609,8 +613,8 @@ static void conv_run(void *v, int64_t b, int64_t e) {
   }
 }
 
-static void cpu_conv1d(backend *be, backend_buf conv_state, backend_buf x, backend_weight w,
-                       int C, int K, backend_buf out) {
+static void cpu_conv1d(backend *be, backend_buf conv_state, backend_buf x, backend_weight w, int C,
+                       int K, backend_buf out) {
   cpu_ctx *c = ctx_of(be);
   CHECK(W(w)->rows * W(w)->cols == (int64_t)C * K);
   conv_job j = {c, F(conv_state), F(x), W(w)->d, C, K, F(out)};
@@ -765,12 +769,13 @@ static void lg_run(void *v, int64_t b, int64_t e) {
   int n = j->c->b.n_out;
   for (int64_t r = b; r < e; r++) {
     const float *wr = j->w + r * j->H;
-    for (int i = 0; i < n; i++) j->out[(int64_t)i * j->V + r] = dotf(j->xn + (int64_t)i * j->H, wr, j->H);
+    for (int i = 0; i < n; i++)
+      j->out[(int64_t)i * j->V + r] = dotf(j->xn + (int64_t)i * j->H, wr, j->H);
   }
 }
 
-static void cpu_logits(backend *be, backend_buf x, backend_weight norm, float eps,
-                       backend_weight w, int H, int V, backend_buf out) {
+static void cpu_logits(backend *be, backend_buf x, backend_weight norm, float eps, backend_weight w,
+                       int H, int V, backend_buf out) {
   cpu_ctx *c = ctx_of(be);
   if (c->b.n_out <= 0) return;
   float *xn = malloc((size_t)c->b.n_out * H * sizeof *xn);
@@ -880,7 +885,7 @@ static int32_t smp_row(float *x, int V, const sample_rule_row *p) {
   float inv_t = 1.0f / p->temperature, m = -INFINITY;
   for (int i = 0; i < V; i++)
     if (x[i] > m) m = x[i];
-  uint32_t *key = (uint32_t *)x;    /* written over the row */
+  uint32_t *key = (uint32_t *)x; /* written over the row */
   int n = 0;
   for (int i = 0; i < V; i++) {
     key[i] = sample_rule_key(sample_rule_prob(x[i], m, inv_t), p->min_p);
@@ -913,8 +918,8 @@ static void smp_run(void *v, int64_t b, int64_t e) {
     sample_rule_row p;
     sample_rule_unpack(j->params + r * SAMPLE_RULE_WORDS, &p);
     float *x = j->x + r * j->V;
-    const int32_t *ew = j->params + (size_t)j->n * SAMPLE_RULE_WORDS +
-                        (size_t)p.edit_off * SAMPLE_RULE_EDIT_WORDS;
+    const int32_t *ew =
+        j->params + (size_t)j->n * SAMPLE_RULE_WORDS + (size_t)p.edit_off * SAMPLE_RULE_EDIT_WORDS;
     for (int k = 0; k < p.n_edits; k++) {
       sample_rule_edit e;
       sample_rule_edit_unpack(ew + (size_t)k * SAMPLE_RULE_EDIT_WORDS, &e);

@@ -55,10 +55,10 @@ int cpu_gdn_chunked(int n, int pos0, const float *q, const float *k, size_t qk_s
   size_t nf = (size_t)C + (size_t)C * C + (size_t)C * dv * 2 + (size_t)C * dk;
   float *scratch = malloc(nf * sizeof(float));
   if (!scratch) return -1;
-  float *G = scratch;            /* [C] */
-  float *A = G + C;              /* [C, C] */
-  float *U = A + (size_t)C * C;  /* [C, dv]  U, then V' in place */
-  float *W = U + (size_t)C * dv; /* [C, dk] */
+  float *G = scratch;              /* [C] */
+  float *A = G + C;                /* [C, C] */
+  float *U = A + (size_t)C * C;    /* [C, dv]  U, then V' in place */
+  float *W = U + (size_t)C * dv;   /* [C, dk] */
   float *acc = W + (size_t)C * dk; /* [C, dv] unused rows beyond 1: per-row output scratch */
 
   int t0 = 0;

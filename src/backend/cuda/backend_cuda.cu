@@ -7,7 +7,7 @@
  * are kept as bf16 (GEMM operands) plus an fp32 copy of the weights the model uploads as
  * exact (weight_upload_exact: 1-D and conv weights, MoE routers), which the elementwise and
  * routing kernels read. DS_BATCH_INVARIANT=1 sends every GEMM through one kernel whose rows'
- * bits do not depend on the row count ("batch-invariant GEMM" below). 
+ * bits do not depend on the row count ("batch-invariant GEMM" below).
  *
  * Decode steps (every piece one row) are recorded rather than launched, then run at the next
  * boundary with adjacent GEMVs fused and, from the second identical step on, as a replayed
@@ -87,8 +87,7 @@ void *cuda_scratch(cuda_ctx *c, size_t bytes) {
 
 /* ---- GEMM ---- */
 
-void cuda_gemm(cuda_ctx *c, const bf16 *x, const bf16 *W, int T, int K, int N, void *y,
-               int y_f32) {
+void cuda_gemm(cuda_ctx *c, const bf16 *x, const bf16 *W, int T, int K, int N, void *y, int y_f32) {
   if (T <= 0 || N <= 0) return;
   if (c->batch_invariant) {
     gemv_all(c, x, W, T, K, N, y, y_f32);
@@ -97,10 +96,9 @@ void cuda_gemm(cuda_ctx *c, const bf16 *x, const bf16 *W, int T, int K, int N, v
   if (cuda_sgemm(c, x, T, K, 1, &W, &y, &N, y_f32)) return;
   const float alpha = 1.f, beta = 0.f;
   /* column-major view: Y^T [N, T] = W^T(as [K, N] col-major)^T . X^T [K, T] */
-  cublasStatus_t s = cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, N, T, K, &alpha, W,
-                                  CUDA_R_16BF, K, x, CUDA_R_16BF, K, &beta, y,
-                                  y_f32 ? CUDA_R_32F : CUDA_R_16BF, N, CUBLAS_COMPUTE_32F,
-                                  CUBLAS_GEMM_DEFAULT);
+  cublasStatus_t s = cublasGemmEx(
+      c->blas, CUBLAS_OP_T, CUBLAS_OP_N, N, T, K, &alpha, W, CUDA_R_16BF, K, x, CUDA_R_16BF, K,
+      &beta, y, y_f32 ? CUDA_R_32F : CUDA_R_16BF, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
   if (s != CUBLAS_STATUS_SUCCESS) {
     char d[64];
     snprintf(d, sizeof d, "cublasGemmEx status %d (T=%d K=%d N=%d)", (int)s, T, K, N);
@@ -159,8 +157,7 @@ static int cu_write_start(backend *be, backend_buf dst, size_t off, const void *
   cuda_ctx *c = cuda_ctx_of(be);
   graph_flush(c);
   if (c->failed || !n) return c->failed ? -1 : 0;
-  return ck(c, cudaMemcpyAsync((char *)dst + off, src, n, cudaMemcpyHostToDevice, c->st),
-            "write");
+  return ck(c, cudaMemcpyAsync((char *)dst + off, src, n, cudaMemcpyHostToDevice, c->st), "write");
 }
 
 /* read_start / read_wait (backend.h): the copy and an event behind it on the stream. */
@@ -179,7 +176,8 @@ static int cu_read_start(backend *be, backend_buf src, size_t off, void *dst, si
 
 static int cu_read_wait(backend *be, int ticket, char *err, size_t errlen) {
   cuda_ctx *c = cuda_ctx_of(be);
-  if (ticket < 0 || ticket >= BACKEND_READS) cuda_fail(c, "read", "bad ticket");
+  if (ticket < 0 || ticket >= BACKEND_READS)
+    cuda_fail(c, "read", "bad ticket");
   else {
     cudaError_t e = cudaEventSynchronize(c->rd_ev[ticket]);
     if (e != cudaSuccess) cuda_fail(c, "read", cudaGetErrorString(e));
@@ -197,8 +195,9 @@ static void cu_copy(backend *be, backend_buf dst, size_t doff, backend_buf src, 
   cuda_ctx *c = cuda_ctx_of(be);
   graph_flush(c);
   if (!n) return;
-  ck(c, cudaMemcpyAsync((char *)dst + doff, (const char *)src + soff, n, cudaMemcpyDeviceToDevice,
-                        c->st),
+  ck(c,
+     cudaMemcpyAsync((char *)dst + doff, (const char *)src + soff, n, cudaMemcpyDeviceToDevice,
+                     c->st),
      "copy");
 }
 
@@ -335,8 +334,8 @@ static backend_weight cu_weight_upload(backend *be, const void *data, dtype dt, 
   return cu_weight_upload_as(be, data, dt, rows, cols, 0);
 }
 
-static backend_weight cu_weight_upload_exact(backend *be, const void *data, dtype dt,
-                                             int64_t rows, int64_t cols) {
+static backend_weight cu_weight_upload_exact(backend *be, const void *data, dtype dt, int64_t rows,
+                                             int64_t cols) {
   return cu_weight_upload_as(be, data, dt, rows, cols, 1);
 }
 
@@ -361,8 +360,8 @@ static int cu_set_batch(backend *be, const backend_batch *b) {
    * layout, and a graph captured against it, stays the same while sequences grow */
   int mpp = (b->max_pages + 63) / 64 * 64;
   /* + the shared-prefix plan: sh_start, sh_ns, sh_members [T] and the groups */
-  size_t need = 3 * T + 8 * S + S * (size_t)mpp + (size_t)b->n_out + 2 * nch + 16 + 3 * T +
-                1 + CUDA_SH_GROUPS * CUDA_SH_GROUP_WORDS;
+  size_t need = 3 * T + 8 * S + S * (size_t)mpp + (size_t)b->n_out + 2 * nch + 16 + 3 * T + 1 +
+                CUDA_SH_GROUPS * CUDA_SH_GROUP_WORDS;
   if (c->meta_pending) {
     cudaEventSynchronize(c->meta_done);
     c->meta_pending = 0;
@@ -393,13 +392,15 @@ static int cu_set_batch(backend *be, const backend_batch *b) {
   db->n_seqs = b->n_seqs;
   db->max_pages = mpp;
   db->n_out = b->n_out;
-#define TAKE(field, n)                                                     \
-  do {                                                                     \
-    if ((n) > 0 && b->field) memcpy(p + o, b->field, (n) * sizeof *p);      \
-    else if ((n) > 0) memset(p + o, 0, (n) * sizeof *p);                    \
-    c->hb.field = c->h_host + o;                                           \
-    db->field = c->d_meta + o;                                             \
-    o += (n);                                                              \
+#define TAKE(field, n)                          \
+  do {                                          \
+    if ((n) > 0 && b->field)                    \
+      memcpy(p + o, b->field, (n) * sizeof *p); \
+    else if ((n) > 0)                           \
+      memset(p + o, 0, (n) * sizeof *p);        \
+    c->hb.field = c->h_host + o;                \
+    db->field = c->d_meta + o;                  \
+    o += (n);                                   \
   } while (0)
   TAKE(tokens, T);
   TAKE(pos, T);
@@ -410,8 +411,10 @@ static int cu_set_batch(backend *be, const backend_batch *b) {
   TAKE(seq_slot, S);
   for (size_t s = 0; s < S; s++) {
     int32_t *row = p + o + s * (size_t)mpp;
-    if (b->page_table) memcpy(row, b->page_table + s * (size_t)b->max_pages, (size_t)b->max_pages * 4);
-    else memset(row, 0, (size_t)b->max_pages * 4);
+    if (b->page_table)
+      memcpy(row, b->page_table + s * (size_t)b->max_pages, (size_t)b->max_pages * 4);
+    else
+      memset(row, 0, (size_t)b->max_pages * 4);
     for (int j = b->max_pages; j < mpp; j++) row[j] = -1; /* never read */
   }
   c->hb.page_table = c->h_host + o;
@@ -425,8 +428,10 @@ static int cu_set_batch(backend *be, const backend_batch *b) {
   int32_t *pre = p + o, *dec = p + o + S;
   for (size_t s = 0; s < S; s++) {
     int len = b->seq_len[s];
-    if (len > 1) pre[np++] = (int32_t)s;
-    else dec[nd++] = (int32_t)s;
+    if (len > 1)
+      pre[np++] = (int32_t)s;
+    else
+      dec[nd++] = (int32_t)s;
     if (len > maxlen) maxlen = len;
     if (b->seq_pos[s] + len > maxend) maxend = b->seq_pos[s] + len;
   }
@@ -541,7 +546,6 @@ static int cu_sync(backend *be, char *err, size_t errlen) {
 #define GEMV_WARPS 4
 #endif
 
-
 /* Single products of at most GEMV_SMALL_N rows (a decode step's out, o and down products: 2,560
  * rows at the 4B shape) in blocks of one warp: in blocks of 4 rows there are 4 or 5 per SM and
  * the SMs holding 5 finish last; one-warp blocks spread ~19-20 rows on every SM. Decode 1
@@ -562,15 +566,17 @@ static int cu_sync(backend *be, char *err, size_t errlen) {
 enum { GEMV_PLAIN = 0, GEMV_RES = 1, GEMV_LATE = 2 };
 #define NORM_FOLD_MAXT 4 /* steps of more rows keep the norm (GEMV_MAXT_DEFAULT) */
 struct gemv_nf {
-  const float *g; /* GEMV_RES: the norm's weight (zero-centred) */
-  bf16 *res, *xg; /* GEMV_RES: the residual stream and the scaled copy [T, N] */
+  const float *g;   /* GEMV_RES: the norm's weight (zero-centred) */
+  bf16 *res, *xg;   /* GEMV_RES: the residual stream and the scaled copy [T, N] */
   const float *inv; /* GEMV_LATE: [T] */
 };
 
 template <int MODE>
 __device__ __forceinline__ void gemv_enter(void) {
-  if (MODE == GEMV_LATE) pdl_launch_next();
-  else pdl_enter();
+  if (MODE == GEMV_LATE)
+    pdl_launch_next();
+  else
+    pdl_enter();
 }
 
 /* GEMV_LATE: the sums scaled by the norm's factors iv (loaded by gemv_row after its wait). */
@@ -676,8 +682,8 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
  * the other (pk_gemv_row2). */
 template <int T, int MODE, bool PK>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
-    k_gemv_glu(const bf16 *__restrict__ x, pk_view Wg, pk_view Wu, int K, int N, bf16 *yg,
-               bf16 *yu, bf16 *out, gemv_nf nf) {
+    k_gemv_glu(const bf16 *__restrict__ x, pk_view Wg, pk_view Wu, int K, int N, bf16 *yg, bf16 *yu,
+               bf16 *out, gemv_nf nf) {
   int n = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
   gemv_enter<MODE>();
   if (n >= N) return;
@@ -748,10 +754,12 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
   int t0 = blockIdx.y * GEMV_ALL_ROWS, t1 = min(T, t0 + GEMV_ALL_ROWS);
   for (; t0 + 8 <= t1; t0 += 8) gemv_all_group<8, F32, VEC>(x, w, K, N, n, lane, t0, y);
   switch (t1 - t0) {
+// clang-format off
 #define G(r) case r: gemv_all_group<r, F32, VEC>(x, w, K, N, n, lane, t0, y); break;
     G(1) G(2) G(3) G(4) G(5) G(6) G(7)
 #undef G
-    default: break;
+        // clang-format on
+        default : break;
   }
 }
 
@@ -760,10 +768,14 @@ static void gemv_all(cuda_ctx *c, const bf16 *x, const bf16 *W, int T, int K, in
   int vec = K % 8 == 0 && ((((uintptr_t)x | (uintptr_t)W) & 15) == 0);
   dim3 grid((unsigned)((N + GEMV_WARPS - 1) / GEMV_WARPS),
             (unsigned)((T + GEMV_ALL_ROWS - 1) / GEMV_ALL_ROWS));
-  if (y_f32 && vec) k_gemv_all<1, 1><<<grid, GEMV_WARPS * 32, 0, c->st>>>(x, W, T, K, N, y);
-  else if (y_f32) k_gemv_all<1, 0><<<grid, GEMV_WARPS * 32, 0, c->st>>>(x, W, T, K, N, y);
-  else if (vec) k_gemv_all<0, 1><<<grid, GEMV_WARPS * 32, 0, c->st>>>(x, W, T, K, N, y);
-  else k_gemv_all<0, 0><<<grid, GEMV_WARPS * 32, 0, c->st>>>(x, W, T, K, N, y);
+  if (y_f32 && vec)
+    k_gemv_all<1, 1><<<grid, GEMV_WARPS * 32, 0, c->st>>>(x, W, T, K, N, y);
+  else if (y_f32)
+    k_gemv_all<1, 0><<<grid, GEMV_WARPS * 32, 0, c->st>>>(x, W, T, K, N, y);
+  else if (vec)
+    k_gemv_all<0, 1><<<grid, GEMV_WARPS * 32, 0, c->st>>>(x, W, T, K, N, y);
+  else
+    k_gemv_all<0, 0><<<grid, GEMV_WARPS * 32, 0, c->st>>>(x, W, T, K, N, y);
   cuda_check_launch(c, "matmul (batch-invariant)");
 }
 
@@ -783,8 +795,8 @@ static void gemv_all(cuda_ctx *c, const bf16 *x, const bf16 *W, int T, int K, in
 #define NARROW_KW 8
 
 template <int R>
-__device__ __forceinline__ void narrow_tile(const bf16 *__restrict__ x, const bf16 *const *w,
-                                            int K, int t0, int wp, int lane,
+__device__ __forceinline__ void narrow_tile(const bf16 *__restrict__ x, const bf16 *const *w, int K,
+                                            int t0, int wp, int lane,
                                             float (*red)[NARROW_COLS][8]) {
   float acc[NARROW_COLS][R];
 #pragma unroll
@@ -830,10 +842,12 @@ __global__ void __launch_bounds__(NARROW_KW * 32)
     w[c] = Wm + (size_t)r * K;
   }
   switch (min(T - t0, 8)) {
+// clang-format off
 #define G(R) case R: narrow_tile<R>(x, w, K, t0, wp, lane, red); break;
     G(1) G(2) G(3) G(4) G(5) G(6) G(7) G(8)
 #undef G
-    default: break;
+        // clang-format on
+        default : break;
   }
   __syncthreads();
   int c = threadIdx.x >> 3, t = threadIdx.x & 7, n = n0 + c;
@@ -849,11 +863,10 @@ __global__ void __launch_bounds__(NARROW_KW * 32)
   }
 }
 
-static int narrow_fits_shape(const cuda_ctx *c, const bf16 *x, const bf16 *W, int T, int K,
-                             int N, const void *y) {
-  return c->narrow && !c->legacy && !c->batch_invariant && T > c->gemv_maxt &&
-         T <= NARROW_MAXT && N >= 1 && N <= NARROW_MAXN && K % 8 == 0 &&
-         !(((uintptr_t)x | (uintptr_t)W) & 15) && y;
+static int narrow_fits_shape(const cuda_ctx *c, const bf16 *x, const bf16 *W, int T, int K, int N,
+                             const void *y) {
+  return c->narrow && !c->legacy && !c->batch_invariant && T > c->gemv_maxt && T <= NARROW_MAXT &&
+         N >= 1 && N <= NARROW_MAXN && K % 8 == 0 && !(((uintptr_t)x | (uintptr_t)W) & 15) && y;
 }
 
 /* m products of one x (each narrow_fits_shape) in one launch. */
@@ -874,6 +887,7 @@ static void gemv_launch(cuda_ctx *c, const bf16 *x, pk_view W, int T, int K, int
                         gemv_nf nf) {
   unsigned blocks = (unsigned)((N + WB - 1) / WB);
   switch (T) {
+// clang-format off
 #define G(n)                                                                          \
   case n:                                                                             \
     if constexpr (MODE == GEMV_PLAIN || n <= NORM_FOLD_MAXT) {                        \
@@ -885,14 +899,17 @@ static void gemv_launch(cuda_ctx *c, const bf16 *x, pk_view W, int T, int K, int
     break;
     G(1) G(2) G(3) G(4) G(5) G(6) G(7) G(8)
 #undef G
+    // clang-format on
   }
 }
 
 template <int MODE>
 static void gemv_mode(cuda_ctx *c, const bf16 *x, pk_view W, int T, int K, int N, bf16 *y,
                       gemv_nf nf) {
-  if (N <= GEMV_SMALL_N) gemv_launch<GEMV_SMALL_WARPS, MODE>(c, x, W, T, K, N, y, nf);
-  else gemv_launch<GEMV_WARPS, MODE>(c, x, W, T, K, N, y, nf);
+  if (N <= GEMV_SMALL_N)
+    gemv_launch<GEMV_SMALL_WARPS, MODE>(c, x, W, T, K, N, y, nf);
+  else
+    gemv_launch<GEMV_WARPS, MODE>(c, x, W, T, K, N, y, nf);
   cuda_check_launch(c, MODE == GEMV_PLAIN ? "matmul (gemv)"
                        : MODE == GEMV_RES ? "matmul (gemv + residual)"
                                           : "matmul (gemv, norm factor late)");
@@ -945,17 +962,19 @@ static int gemv_f32(cuda_ctx *c, const bf16 *x, const bf16 *W, int T, int K, int
     return 0;
   unsigned blocks = (unsigned)((N + GEMV_WARPS - 1) / GEMV_WARPS);
   switch (T) {
+// clang-format off
 #define G(t) case t: k_gemv_f32<t><<<blocks, GEMV_WARPS * 32, 0, c->st>>>(x, W, K, N, y); break;
     G(1) G(2) G(3) G(4) G(5) G(6) G(7) G(8)
 #undef G
-    default: return 0;
+        // clang-format on
+        default : return 0;
   }
   cuda_check_launch(c, "logits (gemv)");
   return 1;
 }
 
-static void cu_logits(backend *be, backend_buf x, backend_weight norm, float eps,
-                      backend_weight W, int H, int V, backend_buf out) {
+static void cu_logits(backend *be, backend_buf x, backend_weight norm, float eps, backend_weight W,
+                      int H, int V, backend_buf out) {
   cuda_ctx *c = cuda_ctx_of(be);
   int n = c->b.n_out;
   if (n <= 0) return;
@@ -1009,8 +1028,8 @@ __global__ void __launch_bounds__(ARGMAX_THREADS)
 #define ARGMAX_SPLIT_THREADS 256
 
 __global__ void __launch_bounds__(ARGMAX_SPLIT_THREADS)
-    k_argmax_split(const float *__restrict__ x, int V, float *pv, int *pi, int *cnt,
-                   int32_t *ids, float *maxv) {
+    k_argmax_split(const float *__restrict__ x, int V, float *pv, int *pi, int *cnt, int32_t *ids,
+                   float *maxv) {
   pdl_enter();
   int r = blockIdx.y, b = blockIdx.x, nb = gridDim.x;
   const float *row = x + (size_t)r * V;
@@ -1048,8 +1067,7 @@ static int argmax_blocks(const cuda_ctx *c, int n, int V, const void *x) {
   return nb;
 }
 
-static void cu_argmax(backend *be, backend_buf x, int n, int V, backend_buf ids,
-                      backend_buf maxv) {
+static void cu_argmax(backend *be, backend_buf x, int n, int V, backend_buf ids, backend_buf maxv) {
   cuda_ctx *c = cuda_ctx_of(be);
   if (n <= 0 || V <= 0) return;
   int nb = argmax_blocks(c, n, V, x);
@@ -1434,6 +1452,7 @@ static void launch_multi(cuda_ctx *c, const gop *ops, int m, gemv_nf nf) {
   const bf16 *x = ops[0].x;
   int K = ops[0].K;
   switch (ops[0].T) {
+// clang-format off
 #define G(n)                                                                                \
   case n:                                                                                   \
     if constexpr (MODE == GEMV_PLAIN || n <= NORM_FOLD_MAXT) {                              \
@@ -1445,9 +1464,10 @@ static void launch_multi(cuda_ctx *c, const gop *ops, int m, gemv_nf nf) {
     break;
     G(1) G(2) G(3) G(4) G(5) G(6) G(7) G(8)
 #undef G
+    // clang-format on
   }
-  cuda_check_launch(c, MODE == GEMV_LATE ? "matmul (fused gemv, norm factor late)"
-                                         : "matmul (fused gemv)");
+  cuda_check_launch(
+      c, MODE == GEMV_LATE ? "matmul (fused gemv, norm factor late)" : "matmul (fused gemv)");
 }
 
 /* ops[i..i+1] are conv1d and gdn_gates of one layer (the gates' qkv = the conv output): their
@@ -1480,8 +1500,8 @@ static int gdn_chain_of(const std::vector<gop> &ops, size_t i, cuda_gdn_chain_ar
     return 0;
   const cuda_gdn_chain_args &dc = ops[i + 2].ch, &gn = ops[i + 3].ch;
   if (dc.conv_out != ch->conv_out || dc.beta != ch->beta || dc.g != ch->g || gn.o != dc.o ||
-      ch->nk != dc.nk || ch->nv != dc.nv || ch->dk != dc.dk || ch->dv != dc.dv ||
-      gn.nv != dc.nv || gn.dv != dc.dv)
+      ch->nk != dc.nk || ch->nv != dc.nv || ch->dk != dc.dk || ch->dv != dc.dv || gn.nv != dc.nv ||
+      gn.dv != dc.dv)
     return 0;
   ch->ssm = dc.ssm;
   ch->o = dc.o;
@@ -1498,6 +1518,7 @@ static void launch_glu(cuda_ctx *c, const gop &g, const gop &u, const gop &sw, g
   unsigned blocks = (unsigned)((g.N + GEMV_WARPS - 1) / GEMV_WARPS);
   pk_view vg = gemv_view(c, g.W, g.T), vu = gemv_view(c, u.W, g.T);
   switch (g.T) {
+// clang-format off
 #define G(n)                                                                                   \
   case n:                                                                                      \
     if constexpr (MODE == GEMV_PLAIN || n <= NORM_FOLD_MAXT) {                                 \
@@ -1511,6 +1532,7 @@ static void launch_glu(cuda_ctx *c, const gop &g, const gop &u, const gop &sw, g
     break;
     G(1) G(2) G(3) G(4) G(5) G(6) G(7) G(8)
 #undef G
+    // clang-format on
   }
   cuda_check_launch(c, MODE == GEMV_LATE ? "matmul (fused gate/up/swiglu, norm factor late)"
                                          : "matmul (fused gate/up/swiglu)");
@@ -1521,9 +1543,8 @@ static void launch_glu(cuda_ctx *c, const gop &g, const gop &u, const gop &sw, g
 static int glu_at(cuda_ctx *c, const std::vector<gop> &ops, size_t i) {
   if (i + 2 >= ops.size()) return 0;
   const gop &o = ops[i], &u = ops[i + 1], &sw = ops[i + 2];
-  if (!gemv_fits(c, o) || !gemv_fits(c, u) || sw.kind != GOP_SWIGLU || u.x != o.x ||
-      u.T != o.T || u.K != o.K || u.N != o.N || sw.gate != o.y || sw.up != u.y ||
-      sw.n != (size_t)o.T * o.N)
+  if (!gemv_fits(c, o) || !gemv_fits(c, u) || sw.kind != GOP_SWIGLU || u.x != o.x || u.T != o.T ||
+      u.K != o.K || u.N != o.N || sw.gate != o.y || sw.up != u.y || sw.n != (size_t)o.T * o.N)
     return 0;
   size_t xb = (size_t)o.T * o.K * 2, yb = (size_t)o.T * o.N * 2;
   return !overlap(o.y, yb, o.x, xb) && !overlap(u.y, yb, o.x, xb) && !overlap(o.y, yb, u.y, yb) &&
@@ -1572,8 +1593,8 @@ static int op_names(const cuda_graphs *g, const std::vector<gop> &ops, size_t k,
 static int norm_fold_at(cuda_ctx *c, const std::vector<gop> &ops, size_t j, norm_fold *nf) {
   const cuda_graphs *g = c->gr;
   size_t n = ops.size();
-  if (!g->fuse || !c->norm_fold || !c->fold_inv || c->batch_invariant || j == 0 ||
-      j + 1 >= n || ops[j].kind != GOP_RMSNORM)
+  if (!g->fuse || !c->norm_fold || !c->fold_inv || c->batch_invariant || j == 0 || j + 1 >= n ||
+      ops[j].kind != GOP_RMSNORM)
     return 0;
   const gop_norm &r = ops[j].nm;
   size_t xb = (size_t)r.T * r.n * 2;
@@ -1583,8 +1604,8 @@ static int norm_fold_at(cuda_ctx *c, const std::vector<gop> &ops, size_t j, norm
     return 0;
   const gop &p = ops[j - 1]; /* the product before takes x += add and writes xn */
   if (!gemv_fits(c, p) || p.y != r.add || p.T != r.T || p.N != r.n ||
-      overlap(p.x, (size_t)p.T * p.K * 2, r.x, xb) || overlap(p.x, (size_t)p.T * p.K * 2, r.y, xb) ||
-      overlap(p.y, xb, r.x, xb))
+      overlap(p.x, (size_t)p.T * p.K * 2, r.x, xb) ||
+      overlap(p.x, (size_t)p.T * p.K * 2, r.y, xb) || overlap(p.y, xb, r.x, xb))
     return 0;
   const gop &q = ops[j + 1];
   if (!gemv_fits(c, q) || q.x != r.y || q.T != r.T || q.K != r.n) return 0;
@@ -1616,7 +1637,7 @@ static void graph_run_ops(cuda_ctx *c) {
   std::vector<gop> &ops = g->ops;
   size_t n = ops.size();
   size_t folded = SIZE_MAX; /* the norm whose product before took its residual add */
-  norm_fold nf;              /* ... and its products (norm_fold_at) */
+  norm_fold nf;             /* ... and its products (norm_fold_at) */
   for (size_t i = 0; i < n;) {
     const gop &o = ops[i];
     cuda_gdn_chain_args ch;
@@ -1634,8 +1655,10 @@ static void graph_run_ops(cuda_ctx *c) {
       cuda_elem_rmsnorm_inv(c, r.x, r.T, r.n, r.eps, c->fold_inv);
       gemv_nf p = {NULL, NULL, NULL, c->fold_inv};
       const gop *q = &ops[i + 1];
-      if (nf.glu) launch_glu<GEMV_LATE>(c, q[0], q[1], q[2], p);
-      else if (nf.m > 1) launch_multi<GEMV_LATE>(c, q, nf.m, p);
+      if (nf.glu)
+        launch_glu<GEMV_LATE>(c, q[0], q[1], q[2], p);
+      else if (nf.m > 1)
+        launch_multi<GEMV_LATE>(c, q, nf.m, p);
       else
         gemv_mode<GEMV_LATE>(c, q[0].x, gemv_view(c, q[0].W, q[0].T), q[0].T, q[0].K, q[0].N,
                              q[0].y, p);
@@ -1812,8 +1835,10 @@ static int graph_capture(cuda_ctx *c, uint64_t h) {
   cudaGraphDestroy(graph);
   if (e != cudaSuccess) {
     cudaGetLastError();
-    if (pdl) g->pdl = 0; /* the next capture goes without the programmatic edges */
-    else g->bad_sig = g->sig;
+    if (pdl)
+      g->pdl = 0; /* the next capture goes without the programmatic edges */
+    else
+      g->bad_sig = g->sig;
     return 0;
   }
   g->pdl_edges += pdl;
@@ -1881,8 +1906,10 @@ static void graph_repeat(cuda_ctx *c) {
   }
   for (auto &e : g->cache)
     if (e.uid == g->rep_uid) {
-      if (graph_replay(c, e)) g->repeats++;
-      else cuda_fail(c, "step_repeat", "graph launch failed");
+      if (graph_replay(c, e))
+        g->repeats++;
+      else
+        cuda_fail(c, "step_repeat", "graph launch failed");
       return;
     }
   cuda_fail(c, "step_repeat", "the step's graph is gone");
@@ -2027,8 +2054,7 @@ static void w_swiglu(backend *be, backend_buf gate, backend_buf up, size_t n, ba
   o.n = n;
   o.out = (bf16 *)out;
 }
-static void w_moe(backend *be, backend_buf x, const backend_moe *m, int T, int H,
-                  backend_buf out) {
+static void w_moe(backend *be, backend_buf x, const backend_moe *m, int T, int H, backend_buf out) {
   cuda_ctx *c = cuda_ctx_of(be);
   /* the per-row and device-grouped paths are plain launches; the cuBLAS-grouped one reads the
    * group sizes back (the recorded ops run first, the rest of the step as issued) */
@@ -2114,7 +2140,8 @@ static void w_gated_rmsnorm(backend *be, backend_buf o, backend_buf z, backend_w
 }
 static void w_logits(backend *be, backend_buf x, backend_weight norm, float eps, backend_weight W,
                      int H, int V, backend_buf out) {
-  if (!rec_op(be, 14, cu_logits, x, norm, eps, W, H, V, out)) cu_logits(be, x, norm, eps, W, H, V, out);
+  if (!rec_op(be, 14, cu_logits, x, norm, eps, W, H, V, out))
+    cu_logits(be, x, norm, eps, W, H, V, out);
 }
 static void w_argmax(backend *be, backend_buf x, int n, int V, backend_buf ids, backend_buf maxv) {
   if (!rec_op(be, 15, cu_argmax, x, n, V, ids, maxv)) cu_argmax(be, x, n, V, ids, maxv);
@@ -2219,7 +2246,8 @@ extern "C" int backend_cuda_available(void) {
   return n > 0;
 }
 
-extern "C" backend *backend_cuda_create(int device, char *err, size_t errlen) {
+extern "C" backend *backend_cuda_create(int device, const backend_options *opt, char *err,
+                                        size_t errlen) {
   int n = 0;
   cudaError_t e = cudaGetDeviceCount(&n);
   if (e != cudaSuccess || n <= 0) {
@@ -2230,7 +2258,8 @@ extern "C" backend *backend_cuda_create(int device, char *err, size_t errlen) {
     return NULL;
   }
   if (device < 0 || device >= n) {
-    if (err && errlen) snprintf(err, errlen, "--device cuda: no CUDA device %d (%d present)", device, n);
+    if (err && errlen)
+      snprintf(err, errlen, "--device cuda: no CUDA device %d (%d present)", device, n);
     return NULL;
   }
   backend *be = (backend *)calloc(1, sizeof *be);
@@ -2244,15 +2273,20 @@ extern "C" backend *backend_cuda_create(int device, char *err, size_t errlen) {
   be->ctx = c;
   c->device = device;
   const char *why = NULL;
-  if (cudaSetDevice(device) != cudaSuccess) why = "cudaSetDevice failed";
-  else if (cudaStreamCreateWithFlags(&c->st, cudaStreamNonBlocking) != cudaSuccess) why = "cannot create a stream";
-  else if (cudaEventCreateWithFlags(&c->meta_done, cudaEventDisableTiming) != cudaSuccess) why = "cannot create an event";
+  if (cudaSetDevice(device) != cudaSuccess)
+    why = "cudaSetDevice failed";
+  else if (cudaStreamCreateWithFlags(&c->st, cudaStreamNonBlocking) != cudaSuccess)
+    why = "cannot create a stream";
+  else if (cudaEventCreateWithFlags(&c->meta_done, cudaEventDisableTiming) != cudaSuccess)
+    why = "cannot create an event";
   for (int i = 0; i < BACKEND_READS && !why; i++)
     if (cudaEventCreateWithFlags(&c->rd_ev[i], cudaEventDisableTiming) != cudaSuccess)
       why = "cannot create an event";
   if (why) {
-  } else if (cublasCreate(&c->blas) != CUBLAS_STATUS_SUCCESS) why = "cuBLAS initialisation failed";
-  else if (cublasSetStream(c->blas, c->st) != CUBLAS_STATUS_SUCCESS) why = "cuBLAS stream";
+  } else if (cublasCreate(&c->blas) != CUBLAS_STATUS_SUCCESS)
+    why = "cuBLAS initialisation failed";
+  else if (cublasSetStream(c->blas, c->st) != CUBLAS_STATUS_SUCCESS)
+    why = "cuBLAS stream";
   else {
     c->blas_ws_bytes = 32u << 20;
     if (cudaMalloc(&c->blas_ws, c->blas_ws_bytes) != cudaSuccess ||
@@ -2281,8 +2315,8 @@ extern "C" backend *backend_cuda_create(int device, char *err, size_t errlen) {
   }
   cublasSetMathMode(c->blas, CUBLAS_DEFAULT_MATH);
   {
-    const char *lg = getenv("DS_CUDA_LEGACY"), *bi = getenv("DS_BATCH_INVARIANT");
-    c->batch_invariant = bi && *bi && strcmp(bi, "0") != 0;
+    const char *lg = getenv("DS_CUDA_LEGACY");
+    c->batch_invariant = opt && opt->batch_invariant;
     const char *ag = getenv("DS_ATTN_GEMM"), *ar = getenv("DS_ATTN_GEMM_ROWS");
     c->attn_gemm_off = ag && strcmp(ag, "0") == 0;
     c->attn_gemm_rows = ar ? atoi(ar) : 0;
@@ -2357,8 +2391,7 @@ extern "C" backend *backend_cuda_create(int device, char *err, size_t errlen) {
       const char *rp = getenv("DS_CUDA_REPEAT"); /* step_repeat, on unless "0" */
       c->gr->repeat = !(rp && strcmp(rp, "0") == 0);
       const char *tm = getenv("DS_CUDA_STEP_TIMING"); /* replay timing, off unless "1" */
-      c->gr->timing = tm && strcmp(tm, "1") == 0 &&
-                      cudaEventCreate(&c->gr->ev[0]) == cudaSuccess &&
+      c->gr->timing = tm && strcmp(tm, "1") == 0 && cudaEventCreate(&c->gr->ev[0]) == cudaSuccess &&
                       cudaEventCreate(&c->gr->ev[1]) == cudaSuccess;
     }
   }

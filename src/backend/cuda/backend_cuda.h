@@ -14,9 +14,9 @@ extern "C" {
 /* 1 when at least one CUDA device is usable, else 0 (never fails loudly). */
 int backend_cuda_available(void);
 
-/* The backend on device `device`, or NULL with one line in err (no device, out of memory,
- * library initialisation failure). */
-backend *backend_cuda_create(int device, char *err, size_t errlen);
+/* The backend on device `device` with opt's choices (opt->device and n_threads unused), or NULL
+ * with one line in err (no device, out of memory, library initialisation failure). */
+backend *backend_cuda_create(int device, const backend_options *opt, char *err, size_t errlen);
 
 /* Counters of the decode-step recorder: out[0] graphs captured, out[1] graph replays,
  * out[2] recorded steps run launch by launch, out[3] launches saved by fusing ops, out[4]

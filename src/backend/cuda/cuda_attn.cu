@@ -123,7 +123,6 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
   }
 }
 
-
 /* ---- GEMM path: prefill pieces of >= ATT_GEMM_MIN rows on tensor cores ----
  *
  * Per piece: its keys and values for positions 0 .. pos0+len-1 are gathered from the pages
@@ -134,8 +133,8 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
  * R is a function of the piece's context length only (S and P of one block fit
  * ATT_GEMM_BUDGET), so a piece's result never depends on what else is in the step. The rows
  * of shorter pieces (decode rows, short resumes) stay on the split path, which skips these. */
-#define ATT_GEMM_MIN 32                /* rows of a piece for the GEMM path (= FLASH_MIN) */
-#define ATT_GEMM_BUDGET (256u << 20)   /* bytes of S + P per block */
+#define ATT_GEMM_MIN 32              /* rows of a piece for the GEMM path (= FLASH_MIN) */
+#define ATT_GEMM_BUDGET (256u << 20) /* bytes of S + P per block */
 
 /* The GEMM path's piece length threshold for this shape; 0: the path is off. */
 static int att_gemm_min(const cuda_ctx *c, int nkv, int hd) {
@@ -162,7 +161,9 @@ __global__ void k_kv_gather(const bf16 *kp, const bf16 *vp, const int32_t *pt, i
        i += (size_t)gridDim.x * blockDim.x) {
     int j = (int)(i / w8), e = (int)(i % w8) * 8;
     size_t src = ((size_t)pt[j / BACKEND_PAGE_TOKENS] * BACKEND_PAGE_TOKENS +
-                  (size_t)(j % BACKEND_PAGE_TOKENS)) * w + e;
+                  (size_t)(j % BACKEND_PAGE_TOKENS)) *
+                     w +
+                 e;
     *(uint4 *)(kc + (size_t)j * w + e) = *(const uint4 *)(kp + src);
     *(uint4 *)(vc + (size_t)j * w + e) = *(const uint4 *)(vp + src);
   }
@@ -235,8 +236,8 @@ static int att_gemm(cuda_ctx *c, const bf16 *kp, const bf16 *vp, const bf16 *q, 
         bf16 *ob = out + ((size_t)(s0 + r0) * nh + (size_t)kvh * G) * hd;
         st = cublasGemmStridedBatchedEx(c->blas, CUBLAS_OP_N, CUBLAS_OP_N, hd, Rb, cb, &one,
                                         vc + (size_t)kvh * hd, CUDA_R_16BF, w, 0, P, CUDA_R_16BF,
-                                        cb, (long long)Rb * cb, &zero, ob, CUDA_R_16BF, nh * hd,
-                                        hd, G, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+                                        cb, (long long)Rb * cb, &zero, ob, CUDA_R_16BF, nh * hd, hd,
+                                        G, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
         if (st != CUBLAS_STATUS_SUCCESS) {
           cuda_fail(c, "attention", "cuBLAS PV failed");
           return 0;
@@ -275,8 +276,8 @@ static int att_gemm(cuda_ctx *c, const bf16 *kp, const bf16 *vp, const bf16 *q, 
 #ifndef ATT_MERGE_UNROLL
 #define ATT_MERGE_UNROLL 1 /* k_attn_merge's loads all at once (0: in a loop, for A/B builds) */
 #endif
-#define ATT_SW 8      /* warps per block */
-#define ATT_MAXG 8    /* q heads per kv head */
+#define ATT_SW 8   /* warps per block */
+#define ATT_MAXG 8 /* q heads per kv head */
 #ifndef ATT_STAGES
 #define ATT_STAGES 4 /* positions per warp in flight (cp.async into shared memory) */
 #endif
@@ -347,7 +348,7 @@ __global__ void __launch_bounds__(ATT_SW * 32)
   const int early = SMALL_EARLY && kcur != NULL;
   if (!early) pdl_enter();
   constexpr int HD = VPL * 32, PIECES = HD * 2 * 2 / 16; /* 16-byte pieces of a K + V row */
-  constexpr int G = GB; /* the block's q heads */
+  constexpr int G = GB;                                  /* the block's q heads */
   __shared__ __align__(16) unsigned char s_raw[att_smem<HD, G>::bytes];
   __shared__ float s_m[ATT_SW][G], s_l[ATT_SW][G];
   int t = blockIdx.x, kvh = blockIdx.y / nsub, sub = blockIdx.y % nsub, z = blockIdx.z;
@@ -383,8 +384,9 @@ __global__ void __launch_bounds__(ATT_SW * 32)
         }
       } else {
         int page = pt[j / BACKEND_PAGE_TOKENS];
-        size_t off = ((size_t)page * BACKEND_PAGE_TOKENS + (size_t)(j % BACKEND_PAGE_TOKENS)) *
-                         row_w + (size_t)kvh * HD;
+        size_t off =
+            ((size_t)page * BACKEND_PAGE_TOKENS + (size_t)(j % BACKEND_PAGE_TOKENS)) * row_w +
+            (size_t)kvh * HD;
         for (int c = lane; c < PIECES; c += 32) {
           int kv = c >= PIECES / 2, e = (c - kv * PIECES / 2) * 8;
           cp_async16(dst + kv * HD + e, (kv ? vp : kp) + off + e);
@@ -402,8 +404,8 @@ __global__ void __launch_bounds__(ATT_SW * 32)
   }
   if (kcur && z == ns - 1 && sub == 0) {
     int page = pt[p / BACKEND_PAGE_TOKENS];
-    size_t off = ((size_t)page * BACKEND_PAGE_TOKENS + (size_t)(p % BACKEND_PAGE_TOKENS)) *
-                     row_w + (size_t)kvh * HD;
+    size_t off = ((size_t)page * BACKEND_PAGE_TOKENS + (size_t)(p % BACKEND_PAGE_TOKENS)) * row_w +
+                 (size_t)kvh * HD;
     for (int c = threadIdx.x; c < PIECES; c += blockDim.x) {
       int kv = c >= PIECES / 2, e = (c - kv * PIECES / 2) * 8;
       *(uint4 *)((kv ? vp : kp) + off + e) = *(const uint4 *)((kv ? vc : kc) + e);
@@ -591,7 +593,7 @@ __global__ void k_attn_merge(const float *part, const float *ml, const int32_t *
 
 template <int HD>
 struct att_tc_shape {
-  static constexpr int ROW = HD + ATT_TC_PAD;             /* bf16 per shared row */
+  static constexpr int ROW = HD + ATT_TC_PAD;              /* bf16 per shared row */
   static constexpr size_t SLAB = (size_t)2 * 16 * ROW * 2; /* bytes of a K + V slab */
   static constexpr size_t MERGE = (size_t)ATT_TC_W * 8 * (HD + 2) * sizeof(float);
   static constexpr size_t PIPE = (size_t)ATT_TC_W * ATT_TC_STAGES * SLAB;
@@ -631,8 +633,7 @@ __global__ void __launch_bounds__(ATT_TC_W * 32)
     k_attn_split_tc(bf16 *kp, bf16 *vp, const bf16 *q, const int32_t *seq, const int32_t *pos,
                     const int32_t *page_table, int max_pages, int nh, int nkv, int nsub, int GB,
                     float sl2, const int32_t *seq_len, int gemm_min, int split, const bf16 *kcur,
-                    const bf16 *vcur, const int32_t *sh_start, int slots, float *part,
-                    float *ml) {
+                    const bf16 *vcur, const int32_t *sh_start, int slots, float *part, float *ml) {
   pdl_enter();
   typedef att_tc_shape<HD> S_;
   constexpr int ROW = S_::ROW, KS = HD / 16, PIECES = HD / 8; /* 16-byte pieces of a row */
@@ -652,8 +653,8 @@ __global__ void __launch_bounds__(ATT_TC_W * 32)
   const bf16 *vc = kcur ? vcur + (size_t)t * row_w + (size_t)kvh * HD : NULL;
   if (kcur && z == ns - 1 && sub == 0) { /* the step's k, v into the pages (k_attn_split's) */
     int page = pt[p / BACKEND_PAGE_TOKENS];
-    size_t off = ((size_t)page * BACKEND_PAGE_TOKENS + (size_t)(p % BACKEND_PAGE_TOKENS)) *
-                     row_w + (size_t)kvh * HD;
+    size_t off = ((size_t)page * BACKEND_PAGE_TOKENS + (size_t)(p % BACKEND_PAGE_TOKENS)) * row_w +
+                 (size_t)kvh * HD;
     for (int c = threadIdx.x; c < 2 * PIECES; c += blockDim.x) {
       int kv = c >= PIECES, e = (c - kv * PIECES) * 8;
       *(uint4 *)((kv ? vp : kp) + off + e) = *(const uint4 *)((kv ? vc : kc) + e);
@@ -677,9 +678,10 @@ __global__ void __launch_bounds__(ATT_TC_W * 32)
           cp_async16(a, kc + e);
           cp_async16(b, vc + e);
         } else {
-          size_t off =
-              ((size_t)pt[j / BACKEND_PAGE_TOKENS] * BACKEND_PAGE_TOKENS +
-               (size_t)(j % BACKEND_PAGE_TOKENS)) * row_w + (size_t)kvh * HD + e;
+          size_t off = ((size_t)pt[j / BACKEND_PAGE_TOKENS] * BACKEND_PAGE_TOKENS +
+                        (size_t)(j % BACKEND_PAGE_TOKENS)) *
+                           row_w +
+                       (size_t)kvh * HD + e;
           cp_async16(a, kp + off);
           cp_async16(b, vp + off);
         }
@@ -729,7 +731,7 @@ __global__ void __launch_bounds__(ATT_TC_W * 32)
       c0 = fmaxf(c0, __shfl_xor_sync(0xffffffffu, c0, d));
       c1 = fmaxf(c1, __shfl_xor_sync(0xffffffffu, c1, d));
     }
-    float n0 = fmaxf(m0, c0), n1 = fmaxf(m1, c1); /* slab 0 of a warp has position jb real */
+    float n0 = fmaxf(m0, c0), n1 = fmaxf(m1, c1);   /* slab 0 of a warp has position jb real */
     float r0 = exp2f(m0 - n0), r1 = exp2f(m1 - n1); /* 0 while m = -inf */
     m0 = n0;
     m1 = n1;
@@ -760,8 +762,8 @@ __global__ void __launch_bounds__(ATT_TC_W * 32)
     l0 += __shfl_xor_sync(0xffffffffu, l0, d);
     l1 += __shfl_xor_sync(0xffffffffu, l1, d);
   }
-  __syncthreads(); /* the slabs' bytes become the merge's */
-  float *s_o = (float *)tc_smem;              /* [ATT_TC_W][8][HD] */
+  __syncthreads();                               /* the slabs' bytes become the merge's */
+  float *s_o = (float *)tc_smem;                 /* [ATT_TC_W][8][HD] */
   float *s_ml = s_o + (size_t)ATT_TC_W * 8 * HD; /* [ATT_TC_W][8][2] */
   float *wo = s_o + (size_t)wp * 8 * HD;
 #pragma unroll
@@ -824,8 +826,8 @@ static void att_launch(cuda_ctx *c, int G, const att_args &a) {
   dim3 grid(c->b.n_tokens, a.nkv * nsub, ATT_MAXS);
   k_attn_split<VPL, GB><<<grid, ATT_SW * 32, 0, c->st>>>(
       a.kp, a.vp, a.q, c->b.seq, c->b.pos, c->b.page_table, c->b.max_pages, a.nh, a.nkv, nsub,
-      a.scale, c->b.seq_len, att_gemm_min(c, a.nkv, VPL * 32), a.split, a.kcur, a.vcur,
-      a.sh_start, a.slots, a.part, a.ml);
+      a.scale, c->b.seq_len, att_gemm_min(c, a.nkv, VPL * 32), a.split, a.kcur, a.vcur, a.sh_start,
+      a.slots, a.part, a.ml);
 }
 
 /* 1 when the split path's ranges go to the tensor-core kernel in this step: hd 64, 128 or 256,
@@ -874,10 +876,18 @@ static int att_heads_per_block(int G, int VPL) {
 template <int VPL>
 static void att_launch_g(cuda_ctx *c, int G, const att_args &a) {
   switch (att_heads_per_block(G, VPL)) {
-    case 1: att_launch<VPL, 1>(c, G, a); break;
-    case 2: att_launch<VPL, 2>(c, G, a); break;
-    case 3: att_launch<VPL, 3>(c, G, a); break;
-    case 4: att_launch<VPL, 4>(c, G, a); break;
+    case 1:
+      att_launch<VPL, 1>(c, G, a);
+      break;
+    case 2:
+      att_launch<VPL, 2>(c, G, a);
+      break;
+    case 3:
+      att_launch<VPL, 3>(c, G, a);
+      break;
+    case 4:
+      att_launch<VPL, 4>(c, G, a);
+      break;
     case 8:
       if constexpr (VPL <= 4) att_launch<VPL, 8>(c, G, a);
       break;
@@ -887,7 +897,7 @@ static void att_launch_g(cuda_ctx *c, int G, const att_args &a) {
 /* Positions per range for this step (see ATT_SPLIT_SMALL). */
 static int att_split_of(const cuda_ctx *c) {
   if (c->batch_invariant) return ATT_SPLIT;
-  return c->b.n_tokens <= ATT_TINY_T ? ATT_SPLIT_TINY
+  return c->b.n_tokens <= ATT_TINY_T    ? ATT_SPLIT_TINY
          : c->b.n_tokens <= ATT_SMALL_T ? ATT_SPLIT_SMALL
                                         : ATT_SPLIT;
 }
@@ -925,25 +935,50 @@ static void att_split(cuda_ctx *c, bf16 *kp, bf16 *vp, const bf16 *q, int nh, in
   size_t rows = (size_t)c->b.n_tokens * nh * slots;
   float *part = (float *)cuda_scratch(c, rows * ((size_t)hd + 2) * sizeof(float));
   if (!part) return;
-  att_args a = {kp,   vp,   q,     nh,   nkv, scale, att_split_of(c), kcur, vcur,
-                sh ? c->b.sh_start : NULL, slots, part, part + rows * hd};
-  if (sh && cuda_attn_flash_shared(c, kp, vp, q, nh, nkv, hd, scale, ATT_MAXS, slots, a.part,
-                                   a.ml)) {
+  att_args a = {kp,
+                vp,
+                q,
+                nh,
+                nkv,
+                scale,
+                att_split_of(c),
+                kcur,
+                vcur,
+                sh ? c->b.sh_start : NULL,
+                slots,
+                part,
+                part + rows * hd};
+  if (sh &&
+      cuda_attn_flash_shared(c, kp, vp, q, nh, nkv, hd, scale, ATT_MAXS, slots, a.part, a.ml)) {
     cuda_fail(c, "attention", "shared-prefix kernel refused a covered shape");
     return;
   }
   if (att_tc_takes(c, hd)) {
     switch (hd) {
-      case 64: att_tc_launch<64>(c, G, a); break;
-      case 128: att_tc_launch<128>(c, G, a); break;
-      case 256: att_tc_launch<256>(c, G, a); break;
+      case 64:
+        att_tc_launch<64>(c, G, a);
+        break;
+      case 128:
+        att_tc_launch<128>(c, G, a);
+        break;
+      case 256:
+        att_tc_launch<256>(c, G, a);
+        break;
     }
   } else {
     switch (hd / 32) {
-      case 1: att_launch_g<1>(c, G, a); break;
-      case 2: att_launch_g<2>(c, G, a); break;
-      case 4: att_launch_g<4>(c, G, a); break;
-      case 8: att_launch_g<8>(c, G, a); break;
+      case 1:
+        att_launch_g<1>(c, G, a);
+        break;
+      case 2:
+        att_launch_g<2>(c, G, a);
+        break;
+      case 4:
+        att_launch_g<4>(c, G, a);
+        break;
+      case 8:
+        att_launch_g<8>(c, G, a);
+        break;
     }
   }
   cuda_check_launch(c, "attention (split)");
@@ -989,8 +1024,8 @@ extern "C" void cuda_attn_attention_gated(backend *be, backend_buf k_pool, backe
                !(((uintptr_t)k | (uintptr_t)v | (uintptr_t)k_pool | (uintptr_t)v_pool) & 15);
   if (!own_kv) {
     k_kv_write<<<cuda_blocks((size_t)T * w, 256), 256, 0, c->st>>>(
-        (const bf16 *)k, (const bf16 *)v, c->b.seq, c->b.pos, c->b.page_table, c->b.max_pages, T,
-        w, (bf16 *)k_pool, (bf16 *)v_pool);
+        (const bf16 *)k, (const bf16 *)v, c->b.seq, c->b.pos, c->b.page_table, c->b.max_pages, T, w,
+        (bf16 *)k_pool, (bf16 *)v_pool);
     cuda_check_launch(c, "attention (kv write)");
   }
   int gmin = att_gemm_min(c, nkv, hd);
@@ -1014,14 +1049,15 @@ extern "C" void cuda_attn_attention_gated(backend *be, backend_buf k_pool, backe
   }
   if (use_split) {
     att_split(c, (bf16 *)k_pool, (bf16 *)v_pool, (const bf16 *)q, nh, nkv, hd, scale,
-              own_kv ? (const bf16 *)k : NULL, own_kv ? (const bf16 *)v : NULL,
-              (const bf16 *)gate, (bf16 *)out);
+              own_kv ? (const bf16 *)k : NULL, own_kv ? (const bf16 *)v : NULL, (const bf16 *)gate,
+              (bf16 *)out);
     return;
   }
   dim3 grid(T, nh);
   k_attention<<<grid, ATT_WARPS * 32, ATT_WARPS * hd * sizeof(float), c->st>>>(
       (const bf16 *)k_pool, (const bf16 *)v_pool, (const bf16 *)q, c->b.seq, c->b.pos,
-      c->b.page_table, c->b.max_pages, nh, nkv, hd, scale, c->b.seq_len, att_gemm_min(c, nkv, hd), (bf16 *)out);
+      c->b.page_table, c->b.max_pages, nh, nkv, hd, scale, c->b.seq_len, att_gemm_min(c, nkv, hd),
+      (bf16 *)out);
   cuda_check_launch(c, "attention");
   if (gate) cuda_elem_sigmoid_mul(be, out, gate, (size_t)T * nh * hd);
 }

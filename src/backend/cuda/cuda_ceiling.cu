@@ -75,10 +75,14 @@ extern "C" int backend_cuda_ceilings(backend *be, double *copy_bytes_s, double *
   } else {
     float ms = ceiling_time(
         c->st,
-        [&] { return cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, c->st) == cudaSuccess; },
+        [&] {
+          return cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, c->st) == cudaSuccess;
+        },
         CEIL_COPY_REPS);
-    if (ms > 0.f) *copy_bytes_s = 2.0 * (double)n * CEIL_COPY_REPS / (ms * 1e-3);
-    else what = "timed copies";
+    if (ms > 0.f)
+      *copy_bytes_s = 2.0 * (double)n * CEIL_COPY_REPS / (ms * 1e-3);
+    else
+      what = "timed copies";
   }
   cudaFree(src);
   cudaFree(dst);
@@ -92,13 +96,15 @@ extern "C" int backend_cuda_ceilings(backend *be, double *copy_bytes_s, double *
       float ms = ceiling_time(
           c->st,
           [&] {
-            return cublasGemmEx(c->blas, CUBLAS_OP_N, CUBLAS_OP_N, N, N, N, &alpha, A,
-                                CUDA_R_16BF, N, B, CUDA_R_16BF, N, &beta, C, CUDA_R_16BF, N,
-                                CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS;
+            return cublasGemmEx(c->blas, CUBLAS_OP_N, CUBLAS_OP_N, N, N, N, &alpha, A, CUDA_R_16BF,
+                                N, B, CUDA_R_16BF, N, &beta, C, CUDA_R_16BF, N, CUBLAS_COMPUTE_32F,
+                                CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS;
           },
           CEIL_GEMM_REPS);
-      if (ms > 0.f) *gemm_flops_s = 2.0 * N * (double)N * N * CEIL_GEMM_REPS / (ms * 1e-3);
-      else what = "timed GEMMs";
+      if (ms > 0.f)
+        *gemm_flops_s = 2.0 * N * (double)N * N * CEIL_GEMM_REPS / (ms * 1e-3);
+      else
+        what = "timed GEMMs";
     }
     cudaFree(A);
     cudaFree(B);

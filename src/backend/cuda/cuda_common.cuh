@@ -38,8 +38,8 @@ typedef __nv_bfloat16 bf16;
 #define CUDA_ROPE_TAB 512 /* rotary pairs the frequency table holds (rot <= 1024) */
 
 typedef struct cuda_weight {
-  bf16 *bf;       /* [rows, cols] bf16 (always) */
-  float *f32;     /* [rows, cols] fp32 copy for small weights (1-D, conv), else NULL */
+  bf16 *bf;   /* [rows, cols] bf16 (always) */
+  float *f32; /* [rows, cols] fp32 copy for small weights (1-D, conv), else NULL */
   int64_t rows, cols;
   /* the packed copy the GEMV path streams (cuda_packed.cuh; weight_pack), else NULL: the
    * 12-bit rows and their headers */
@@ -70,13 +70,13 @@ typedef struct cuda_batch {
   int sh_on;
   const int32_t *sh_start, *sh_ns, *sh_members, *sh_groups;
 } cuda_batch;
-#define CUDA_SH_GROUPS 4       /* groups per step at most (the ones that save the most) */
+#define CUDA_SH_GROUPS 4 /* groups per step at most (the ones that save the most) */
 #define CUDA_SH_GROUP_WORDS 6
 #ifndef CUDA_SH_MAXS
-#define CUDA_SH_MAXS 16        /* shared ranges per group at most */
+#define CUDA_SH_MAXS 16 /* shared ranges per group at most */
 #endif
 #ifndef CUDA_SH_SPLIT
-#define CUDA_SH_SPLIT 512      /* positions per shared range before the cap (a multiple of 64) */
+#define CUDA_SH_SPLIT 512 /* positions per shared range before the cap (a multiple of 64) */
 #endif
 
 struct cuda_graphs; /* the decode-step recorder and graph cache (backend_cuda.cu) */
@@ -88,15 +88,15 @@ typedef struct cuda_ctx {
   void *blas_ws;
   size_t blas_ws_bytes;
   /* metadata */
-  int32_t *h_meta, *d_meta; /* pinned staging / device copy */
-  size_t meta_cap;          /* int32 elements */
-  cudaEvent_t meta_done;    /* the last upload finished reading h_meta */
+  int32_t *h_meta, *d_meta;         /* pinned staging / device copy */
+  size_t meta_cap;                  /* int32 elements */
+  cudaEvent_t meta_done;            /* the last upload finished reading h_meta */
   cudaEvent_t rd_ev[BACKEND_READS]; /* read_start's copies, by ticket */
   int rd_next;
   int meta_pending;
-  cuda_batch b;        /* device pointers */
-  backend_batch hb;    /* host copies (pointers into h_host) */
-  int32_t *h_host;     /* host copy of the metadata (plain memory) */
+  cuda_batch b;     /* device pointers */
+  backend_batch hb; /* host copies (pointers into h_host) */
+  int32_t *h_host;  /* host copy of the metadata (plain memory) */
   int32_t *h_prefill, *h_decode;
   /* scratch */
   void *scratch;
@@ -194,7 +194,8 @@ static inline cuda_ctx *cuda_ctx_of(backend *be) { return (cuda_ctx *)be->ctx; }
 /* *p = n device ints, zeroed (the arrival counters of the kernels whose last block does a
  * row's remaining work); 0 on success, else -1 with *p NULL and the error cleared */
 static inline int cuda_zeroed_ints(int **p, size_t n) {
-  if (cudaMalloc(p, n * sizeof(int)) != cudaSuccess || cudaMemset(*p, 0, n * sizeof(int)) != cudaSuccess) {
+  if (cudaMalloc(p, n * sizeof(int)) != cudaSuccess ||
+      cudaMemset(*p, 0, n * sizeof(int)) != cudaSuccess) {
     cudaGetLastError();
     cudaFree(*p);
     *p = NULL;
@@ -224,8 +225,7 @@ void cuda_ktrace_release(cuda_ctx *c);                  /* report, free */
  * recorded failure when out of memory. */
 void *cuda_scratch(cuda_ctx *c, size_t bytes);
 /* y[T, N] = x[T, K] . W[N, K]^T with fp32 accumulation; y bf16 (y_f32 = 0) or fp32. */
-void cuda_gemm(cuda_ctx *c, const bf16 *x, const bf16 *W, int T, int K, int N, void *y,
-               int y_f32);
+void cuda_gemm(cuda_ctx *c, const bf16 *x, const bf16 *W, int T, int K, int N, void *y, int y_f32);
 
 /* Skinny GEMMs (cuda_sgemm.cu): y_i[T, N_i] = x[T, K] . W_i[N_i, K]^T for m <= SG_MULTI
  * products of one x, in one launch; y bf16 or (y_f32) fp32. Returns 0 when the shape is not
@@ -324,7 +324,7 @@ __device__ __forceinline__ void ktrace_stamp(void) {
     if (i < KTRACE_CAP) ktrace_ring[1 + i] = t;
   }
 }
-#define CUDA_KTRACE_TU(fn)                                                                     \
+#define CUDA_KTRACE_TU(fn) \
   extern "C" void fn(void *ring) { cudaMemcpyToSymbol(ktrace_ring, &ring, sizeof ring); }
 #else
 #define CUDA_KTRACE_TU(fn)
@@ -383,8 +383,12 @@ __device__ __forceinline__ float block_reduce(float v, float *red) {
   __syncthreads();
   return red[32];
 }
-__device__ __forceinline__ float block_sum(float v, float *red) { return block_reduce<false>(v, red); }
-__device__ __forceinline__ float block_max(float v, float *red) { return block_reduce<true>(v, red); }
+__device__ __forceinline__ float block_sum(float v, float *red) {
+  return block_reduce<false>(v, red);
+}
+__device__ __forceinline__ float block_max(float v, float *red) {
+  return block_reduce<true>(v, red);
+}
 
 /* 16 bytes of read-only data (weights) streamed past L1: read once, not kept */
 __device__ __forceinline__ uint4 ld_stream16(const void *p) {
@@ -473,8 +477,8 @@ __device__ __forceinline__ void gated_norm_lane(const float *v, const float *zv,
 /* acc[t] += w . x[t] over one 8-value piece at column k (wf: its weights as floats): the
  * GEMV's one expression, shared by gemv_row and the packed rows (cuda_packed.cuh). */
 template <int T>
-__device__ __forceinline__ void gemv_fma8(const float *wf, const bf16 *__restrict__ x, int K,
-                                          int k, float *acc) {
+__device__ __forceinline__ void gemv_fma8(const float *wf, const bf16 *__restrict__ x, int K, int k,
+                                          float *acc) {
 #pragma unroll
   for (int t = 0; t < T; t++) {
     float xf[8];
@@ -486,8 +490,8 @@ __device__ __forceinline__ void gemv_fma8(const float *wf, const bf16 *__restric
 
 template <int T, bool STREAM = true, bool LATE = false>
 __device__ __forceinline__ void gemv_row(const bf16 *__restrict__ x, const bf16 *__restrict__ w,
-                                         int K, int lane, float *acc,
-                                         const float *inv = nullptr, float *iv = nullptr) {
+                                         int K, int lane, float *acc, const float *inv = nullptr,
+                                         float *iv = nullptr) {
 #pragma unroll
   for (int t = 0; t < T; t++) acc[t] = 0.f;
   auto piece = [&](int k) {
@@ -521,8 +525,8 @@ __device__ __forceinline__ void gemv_row(const bf16 *__restrict__ x, const bf16 
 #endif
 template <int T, bool LATE = false, int U = GEMV_ROW2_UNROLL>
 __device__ __forceinline__ void gemv_row2(const bf16 *__restrict__ x, const bf16 *__restrict__ wa,
-                                          const bf16 *__restrict__ wb, int K, int lane,
-                                          float *aa, float *ab, const float *inv = nullptr,
+                                          const bf16 *__restrict__ wb, int K, int lane, float *aa,
+                                          float *ab, const float *inv = nullptr,
                                           float *iv = nullptr) {
 #pragma unroll
   for (int t = 0; t < T; t++) aa[t] = ab[t] = 0.f;

@@ -153,8 +153,8 @@ extern "C" void cuda_elem_rmsnorm(backend *be, backend_buf x, backend_buf add, b
   if (!c->legacy && n % 8 == 0 && n / 8 <= 1024 &&
       !(((uintptr_t)x | (uintptr_t)add | (uintptr_t)y | (uintptr_t)wf) & 15)) {
     unsigned th = (unsigned)((n / 8 + 31) / 32 * 32);
-    k_rmsnorm8<false><<<T, th, 0, c->st>>>((bf16 *)x, (const bf16 *)add, wf, n, eps, (bf16 *)y,
-                                            NULL);
+    k_rmsnorm8<false>
+        <<<T, th, 0, c->st>>>((bf16 *)x, (const bf16 *)add, wf, n, eps, (bf16 *)y, NULL);
   } else {
     k_rmsnorm<<<T, RMS_THREADS, 0, c->st>>>((bf16 *)x, (const bf16 *)add, wf, n, eps, (bf16 *)y);
   }
@@ -168,9 +168,12 @@ __global__ void k_ew(bf16 *x, const bf16 *y, size_t n, int op, bf16 *out) {
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
        i += (size_t)gridDim.x * blockDim.x) {
     float a = bf2f(x[i]), b = bf2f(y[i]);
-    if (op == 0) x[i] = f2bf(a + b);
-    else if (op == 1) x[i] = f2bf(a * sigmoidf_dev(b));
-    else out[i] = f2bf(siluf_dev(a) * b);
+    if (op == 0)
+      x[i] = f2bf(a + b);
+    else if (op == 1)
+      x[i] = f2bf(a * sigmoidf_dev(b));
+    else
+      out[i] = f2bf(siluf_dev(a) * b);
   }
 }
 
@@ -186,7 +189,9 @@ __global__ void k_ew8(bf16 *x, const bf16 *y, size_t n8, int op, bf16 *out) {
 #pragma unroll
     for (int k = 0; k < 8; k++) {
       float av = bf2f(a[k]), bv = bf2f(b[k]);
-      o[k] = op == 0 ? f2bf(av + bv) : op == 1 ? f2bf(av * sigmoidf_dev(bv)) : f2bf(siluf_dev(av) * bv);
+      o[k] = op == 0   ? f2bf(av + bv)
+             : op == 1 ? f2bf(av * sigmoidf_dev(bv))
+                       : f2bf(siluf_dev(av) * bv);
     }
     ((uint4 *)(op == 2 ? out : x))[i] = uo;
   }
@@ -235,9 +240,8 @@ __global__ void k_rope_table(double theta, int rot, float *tab) {
 }
 
 __global__ void k_qk_norm_rope(const bf16 *qg, bf16 *k, const float *qn, const float *kn,
-                               const int32_t *pos, int nh, int nkv, int hd, int rot,
-                               double theta, float eps, const float *inv_tab, bf16 *q_out,
-                               bf16 *gate_out) {
+                               const int32_t *pos, int nh, int nkv, int hd, int rot, double theta,
+                               float eps, const float *inv_tab, bf16 *q_out, bf16 *gate_out) {
   extern __shared__ float sh[]; /* [hd] */
   __shared__ float red[33];
   int64_t t = blockIdx.x;
@@ -285,8 +289,10 @@ __global__ void k_qk_norm_rope(const bf16 *qg, bf16 *k, const float *qn, const f
     float a = (float)pos[t] * inv;
 #endif
     float cs = cosf(a), sn = sinf(a);
-    if (i < half) o = sh[i] * cs - sh[i + half] * sn;
-    else o = sh[i] * cs + sh[i - half] * sn;
+    if (i < half)
+      o = sh[i] * cs - sh[i + half] * sn;
+    else
+      o = sh[i] * cs + sh[i - half] * sn;
   }
   if (i < hd) dst[i] = f2bf(o);
 }
@@ -313,9 +319,9 @@ extern "C" void cuda_elem_qk_norm_rope(backend *be, backend_buf qg, backend_buf 
   }
   dim3 grid(c->b.n_tokens, nh + nkv);
   int th = (hd + 31) / 32 * 32;
-  k_qk_norm_rope<<<grid, th, hd * sizeof(float), c->st>>>(
-      (const bf16 *)qg, (bf16 *)k, qn, kn, c->b.pos, nh, nkv, hd, rot, theta, eps, tab,
-      (bf16 *)q_out, (bf16 *)gate_out);
+  k_qk_norm_rope<<<grid, th, hd * sizeof(float), c->st>>>((const bf16 *)qg, (bf16 *)k, qn, kn,
+                                                          c->b.pos, nh, nkv, hd, rot, theta, eps,
+                                                          tab, (bf16 *)q_out, (bf16 *)gate_out);
   cuda_check_launch(c, "qk_norm_rope");
 }
 
@@ -354,9 +360,8 @@ extern "C" void cuda_elem_gdn_gates(backend *be, backend_buf qkv, backend_buf b,
   cuda_ctx *c = cuda_ctx_of(be);
   const float *al = wf32(c, A_log, "gdn_gates"), *db = wf32(c, dt_bias, "gdn_gates");
   if (!al || !db || c->b.n_tokens <= 0) return;
-  k_gdn_gates<<<c->b.n_tokens, 256, 0, c->st>>>((bf16 *)qkv, (const bf16 *)b, (const bf16 *)a,
-                                                 al, db, nk, nv, dk, dv, (float *)beta,
-                                                 (float *)g);
+  k_gdn_gates<<<c->b.n_tokens, 256, 0, c->st>>>((bf16 *)qkv, (const bf16 *)b, (const bf16 *)a, al,
+                                                db, nk, nv, dk, dv, (float *)beta, (float *)g);
   cuda_check_launch(c, "gdn_gates");
 }
 
@@ -365,8 +370,8 @@ extern "C" void cuda_elem_gdn_gates(backend *be, backend_buf qkv, backend_buf b,
 /* One warp per (row, value head). out may alias o: each lane reads its elements before the
  * reduction and writes the same elements after it. */
 #define GN_PER 16
-__global__ void k_gated_rmsnorm(const bf16 *o, const bf16 *z, const float *w, int64_t rows,
-                                int dv, float eps, bf16 *out) {
+__global__ void k_gated_rmsnorm(const bf16 *o, const bf16 *z, const float *w, int64_t rows, int dv,
+                                float eps, bf16 *out) {
   pdl_enter();
   int64_t r = blockIdx.x * (int64_t)(blockDim.x >> 5) + (threadIdx.x >> 5);
   int lane = threadIdx.x & 31;
@@ -425,9 +430,8 @@ __global__ void k_gated_rmsnorm_v(const bf16 *o, const bf16 *z, const float *w, 
     *(uint2 *)(out + r * dv + i0) = make_uint2(ob.u.x, ob.u.y);
 }
 
-extern "C" void cuda_elem_gated_rmsnorm(backend *be, backend_buf o, backend_buf z,
-                                        backend_weight w, int T, int nv, int dv, float eps,
-                                        backend_buf out) {
+extern "C" void cuda_elem_gated_rmsnorm(backend *be, backend_buf o, backend_buf z, backend_weight w,
+                                        int T, int nv, int dv, float eps, backend_buf out) {
   cuda_ctx *c = cuda_ctx_of(be);
   const float *wf = wf32(c, w, "gated_rmsnorm");
   if (!wf || T <= 0) return;
@@ -439,14 +443,14 @@ extern "C" void cuda_elem_gated_rmsnorm(backend *be, backend_buf o, backend_buf 
   unsigned blocks = (unsigned)((rows + 7) / 8);
   int al = !(((uintptr_t)o | (uintptr_t)z | (uintptr_t)out) & 15);
   if (!c->legacy && al && dv == 128)
-    k_gated_rmsnorm_v<4><<<blocks, 256, 0, c->st>>>((const bf16 *)o, (const bf16 *)z, wf, rows,
-                                                    eps, (bf16 *)out);
+    k_gated_rmsnorm_v<4>
+        <<<blocks, 256, 0, c->st>>>((const bf16 *)o, (const bf16 *)z, wf, rows, eps, (bf16 *)out);
   else if (!c->legacy && al && dv == 256)
-    k_gated_rmsnorm_v<8><<<blocks, 256, 0, c->st>>>((const bf16 *)o, (const bf16 *)z, wf, rows,
-                                                    eps, (bf16 *)out);
+    k_gated_rmsnorm_v<8>
+        <<<blocks, 256, 0, c->st>>>((const bf16 *)o, (const bf16 *)z, wf, rows, eps, (bf16 *)out);
   else
-    k_gated_rmsnorm<<<blocks, 256, 0, c->st>>>((const bf16 *)o, (const bf16 *)z, wf, rows, dv,
-                                               eps, (bf16 *)out);
+    k_gated_rmsnorm<<<blocks, 256, 0, c->st>>>((const bf16 *)o, (const bf16 *)z, wf, rows, dv, eps,
+                                               (bf16 *)out);
   cuda_check_launch(c, "gated_rmsnorm");
 }
 
@@ -550,7 +554,7 @@ extern "C" void cuda_elem_gather_norm(backend *be, backend_buf x, backend_weight
   const float *wf = wf32(c, norm, "logits");
   if (!wf || c->b.n_out <= 0) return;
   k_gather_norm<false><<<c->b.n_out, 256, 0, c->st>>>((const bf16 *)x, c->b.out_rows, wf, H, eps,
-                                                       (bf16 *)xn, NULL, NULL);
+                                                      (bf16 *)xn, NULL, NULL);
   cuda_check_launch(c, "logits");
 }
 
@@ -560,6 +564,6 @@ void cuda_elem_gather_norm_q(backend *be, backend_buf x, backend_weight norm, fl
   const float *wf = wf32(c, norm, "logits");
   if (!wf || H > 16 * 256 || c->b.n_out <= 0) return;
   k_gather_norm<true><<<c->b.n_out, 256, 0, c->st>>>((const bf16 *)x, c->b.out_rows, wf, H, eps,
-                                            (bf16 *)xn, xq, xs);
+                                                     (bf16 *)xn, xq, xs);
   cuda_check_launch(c, "logits (greedy norm)");
 }

@@ -47,7 +47,6 @@ __device__ __forceinline__ void fl_ldsm_t4(uint32_t *r, const bf16 *p) {
                : "memory");
 }
 
-
 /* ---- kernel ---- */
 
 __device__ __forceinline__ uint32_t fl_pack(float lo, float hi) {
@@ -78,11 +77,11 @@ __device__ __forceinline__ void fl_load(bf16 *dst, const bf16 *pool, const int32
 template <int HD>
 struct fl_shape {
   static constexpr int DW = HD > 128 ? 2 : 1;
-  static constexpr int HDW = HD / DW;     /* hd columns per warp */
-  static constexpr int NW = 4 * DW;       /* warps per block */
+  static constexpr int HDW = HD / DW; /* hd columns per warp */
+  static constexpr int NW = 4 * DW;   /* warps per block */
   static constexpr int NT = NW * 32;
-  static constexpr int KS = HDW / 16;     /* k steps of S = Q K^T */
-  static constexpr int ON = HDW / 8;      /* 8-column tiles of O */
+  static constexpr int KS = HDW / 16; /* k steps of S = Q K^T */
+  static constexpr int ON = HDW / 8;  /* 8-column tiles of O */
   static constexpr size_t KV_BYTES = (size_t)FLASH_BK * (HD + FLASH_PAD) * sizeof(bf16);
   static constexpr size_t SMEM = 2 * KV_BYTES + (DW > 1 ? (size_t)NW * 32 * 32 * sizeof(float) : 0);
 };
@@ -156,8 +155,8 @@ __device__ __forceinline__ void fl_walk(bf16 *Ks, bf16 *Vs, float *Sx, const bf1
         for (int n = 0; n < 8; n++)
 #pragma unroll
           for (int c = 0; c < 4; c++)
-            s[n][c] = Sx[(rg * 32 + n * 4 + c) * 32 + lane] +
-                      Sx[((rg + 4) * 32 + n * 4 + c) * 32 + lane];
+            s[n][c] =
+                Sx[(rg * 32 + n * 4 + c) * 32 + lane] + Sx[((rg + 4) * 32 + n * 4 + c) * 32 + lane];
       }
     }
     __syncthreads(); /* the K buffer (and Sx) is free */
@@ -273,8 +272,8 @@ __global__ void __launch_bounds__(fl_shape<HD>::NT)
   if (piece < 0) return; /* cannot happen: the grid counts these tiles */
   int L = seq_len[piece], pos0 = seq_pos[piece], r0 = b * FLASH_BQ;
   int nrows = min(FLASH_BQ, L - r0);
-  int p0 = pos0 + r0;           /* position of the tile's first row */
-  int jmax = p0 + nrows - 1;    /* last position the tile needs */
+  int p0 = pos0 + r0;                        /* position of the tile's first row */
+  int jmax = p0 + nrows - 1;                 /* last position the tile needs */
   size_t t0 = (size_t)seq_start[piece] + r0; /* the tile's first row in the step */
   const int32_t *pt = page_table + (size_t)piece * max_pages;
   int h = blockIdx.y, kvh = h / (nh / nkv);
@@ -285,8 +284,8 @@ __global__ void __launch_bounds__(fl_shape<HD>::NT)
   int g = lane >> 2, t4 = lane & 3;
   int ra = rg * 16 + g, rb = ra + 8; /* the thread's two rows in the tile */
   int pa = p0 + ra, pb = p0 + rb;
-  int dbase = dh * S_::HDW; /* the warp's first hd column */
-  bool live = rg * 16 < nrows; /* the warp has real rows */
+  int dbase = dh * S_::HDW;      /* the warp's first hd column */
+  bool live = rg * 16 < nrows;   /* the warp has real rows */
   int wlast = p0 + rg * 16 + 15; /* the warp's last row position */
 
   /* Q fragments (A, row major): regs {row g, cols 2t..}, {row g+8}, {row g, cols 8+2t..},
@@ -330,11 +329,12 @@ __global__ void __launch_bounds__(fl_shape<HD>::NT)
  * (group ranges, member tiles, nkv), block fl_shape<HD>::NT. Block (x, y, kvh) takes range z
  * of the group that x falls in (the groups' ranges numbered in group order), members
  * y * R .. of it (R = 64 / G members, G <= 64 q heads per kv head), and as its query rows
- * (R * G <= 64) every (member, q head of kvh) pair, member major; the keys are the range's positions [z per, min(L, (z + 1) per)), the same for every
- * row (no mask inside the range), read from the group's first piece's pages. The walk is
- * k_flash's; each row's unnormalised O, its maximum (in natural-log units of scale q.k, the
- * split kernel's) and its sum go to part / ml slot att_maxs + z of (row, q head). Blocks past
- * the groups' ranges or members return at once (the grid is a bound of the step's layout). */
+ * (R * G <= 64) every (member, q head of kvh) pair, member major; the keys are the range's
+ * positions [z per, min(L, (z + 1) per)), the same for every row (no mask inside the range), read
+ * from the group's first piece's pages. The walk is k_flash's; each row's unnormalised O, its
+ * maximum (in natural-log units of scale q.k, the split kernel's) and its sum go to part / ml slot
+ * att_maxs + z of (row, q head). Blocks past the groups' ranges or members return at once (the grid
+ * is a bound of the step's layout). */
 template <int HD>
 __global__ void __launch_bounds__(fl_shape<HD>::NT)
     k_flash_shared(const bf16 *kp, const bf16 *vp, const bf16 *q, const int32_t *page_table,
@@ -417,8 +417,8 @@ __global__ void __launch_bounds__(fl_shape<HD>::NT)
 /* ---- launcher ---- */
 
 template <int HD>
-static void fl_launch(cuda_ctx *c, unsigned tiles, const bf16 *kp, const bf16 *vp,
-                      const bf16 *q, int nh, int nkv, float scale, bf16 *out) {
+static void fl_launch(cuda_ctx *c, unsigned tiles, const bf16 *kp, const bf16 *vp, const bf16 *q,
+                      int nh, int nkv, float scale, bf16 *out) {
   typedef fl_shape<HD> S_;
   cudaFuncSetAttribute(k_flash<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)S_::SMEM);
   dim3 grid(tiles, nh);
@@ -445,9 +445,15 @@ int cuda_attn_flash(cuda_ctx *c, const bf16 *kp, const bf16 *vp, const bf16 *q, 
   }
   if (!tiles || nh > 65535 || tiles > 0x7fffffffu) return 0;
   switch (hd) {
-    case 64: fl_launch<64>(c, (unsigned)tiles, kp, vp, q, nh, nkv, scale, out); break;
-    case 128: fl_launch<128>(c, (unsigned)tiles, kp, vp, q, nh, nkv, scale, out); break;
-    default: fl_launch<256>(c, (unsigned)tiles, kp, vp, q, nh, nkv, scale, out); break;
+    case 64:
+      fl_launch<64>(c, (unsigned)tiles, kp, vp, q, nh, nkv, scale, out);
+      break;
+    case 128:
+      fl_launch<128>(c, (unsigned)tiles, kp, vp, q, nh, nkv, scale, out);
+      break;
+    default:
+      fl_launch<256>(c, (unsigned)tiles, kp, vp, q, nh, nkv, scale, out);
+      break;
   }
   cuda_check_launch(c, "attention (flash)");
   return rows;
@@ -474,10 +480,17 @@ int cuda_attn_flash_shared(cuda_ctx *c, const bf16 *kp, const bf16 *vp, const bf
                            float *ml) {
   if (nkv <= 0 || nh % nkv || nh / nkv > FLASH_BQ || !c->b.sh_on) return -1;
   switch (hd) {
-    case 64: fl_shared_launch<64>(c, kp, vp, q, nh, nkv, scale, att_maxs, slots, part, ml); break;
-    case 128: fl_shared_launch<128>(c, kp, vp, q, nh, nkv, scale, att_maxs, slots, part, ml); break;
-    case 256: fl_shared_launch<256>(c, kp, vp, q, nh, nkv, scale, att_maxs, slots, part, ml); break;
-    default: return -1;
+    case 64:
+      fl_shared_launch<64>(c, kp, vp, q, nh, nkv, scale, att_maxs, slots, part, ml);
+      break;
+    case 128:
+      fl_shared_launch<128>(c, kp, vp, q, nh, nkv, scale, att_maxs, slots, part, ml);
+      break;
+    case 256:
+      fl_shared_launch<256>(c, kp, vp, q, nh, nkv, scale, att_maxs, slots, part, ml);
+      break;
+    default:
+      return -1;
   }
   cuda_check_launch(c, "attention (shared prefix)");
   return 0;

@@ -34,8 +34,8 @@ __device__ __forceinline__ float conv_in(const bf16 *x, const float *st, int C, 
 }
 
 __global__ void k_conv1d(const bf16 *x, const float *w, const float *state, const int32_t *seq,
-                         const int32_t *seq_start, const int32_t *seq_pos,
-                         const int32_t *seq_slot, int T, int C, int K, bf16 *out) {
+                         const int32_t *seq_start, const int32_t *seq_pos, const int32_t *seq_slot,
+                         int T, int C, int K, bf16 *out) {
   pdl_enter();
   size_t n = (size_t)T * C;
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
@@ -60,8 +60,8 @@ __global__ void k_conv1d(const bf16 *x, const float *w, const float *state, cons
 template <int K>
 __device__ __forceinline__ void conv_run_ch(const bf16 *x, const float *w, const float *state,
                                             const int32_t *seq, const int32_t *seq_start,
-                                            const int32_t *seq_pos, const int32_t *seq_slot,
-                                            int C, int c, int t0, int t1, bf16 *out) {
+                                            const int32_t *seq_pos, const int32_t *seq_slot, int C,
+                                            int c, int t0, int t1, bf16 *out) {
   float wk[K], win[K - 1];
 #pragma unroll
   for (int j = 0; j < K; j++) wk[j] = w[(size_t)c * K + j];
@@ -73,7 +73,8 @@ __device__ __forceinline__ void conv_run_ch(const bf16 *x, const float *w, const
       const float *st = state + (size_t)seq_slot[s] * C * (K - 1);
       int hs = seq_pos[s] > 0;
 #pragma unroll
-      for (int j = 0; j < K - 1; j++) win[j] = conv_in(x, st, C, K, c, start, t - start - (K - 1) + j, hs);
+      for (int j = 0; j < K - 1; j++)
+        win[j] = conv_in(x, st, C, K, c, start, t - start - (K - 1) + j, hs);
       cur = s;
     }
     float xv = bf2f(x[(size_t)t * C + c]);
@@ -104,10 +105,9 @@ __global__ void k_conv1d_run(const bf16 *x, const float *w, const float *state, 
  * loads in flight together) and then summed exactly as above; other runs take the per-row
  * loop per channel. The one-channel kernel moved ~1 TB/s (bench/NOTES.md). */
 template <int K>
-__global__ void k_conv1d_run2(const bf16 *x, const float *w, const float *state,
-                              const int32_t *seq, const int32_t *seq_start,
-                              const int32_t *seq_pos, const int32_t *seq_slot, int T, int C,
-                              bf16 *out) {
+__global__ void k_conv1d_run2(const bf16 *x, const float *w, const float *state, const int32_t *seq,
+                              const int32_t *seq_start, const int32_t *seq_pos,
+                              const int32_t *seq_slot, int T, int C, bf16 *out) {
   pdl_enter();
   int c = 2 * (blockIdx.x * blockDim.x + threadIdx.x);
   if (c >= C) return;
@@ -120,7 +120,8 @@ __global__ void k_conv1d_run2(const bf16 *x, const float *w, const float *state,
   }
   __nv_bfloat162 xr[CONV_ROWS];
 #pragma unroll
-  for (int r = 0; r < CONV_ROWS; r++) xr[r] = *(const __nv_bfloat162 *)(x + (size_t)(t0 + r) * C + c);
+  for (int r = 0; r < CONV_ROWS; r++)
+    xr[r] = *(const __nv_bfloat162 *)(x + (size_t)(t0 + r) * C + c);
   float wa[K], wb[K], wina[K - 1], winb[K - 1];
 #pragma unroll
   for (int j = 0; j < K; j++) {
@@ -180,8 +181,8 @@ __global__ void k_conv_state(const bf16 *x, float *state, const int32_t *seq_sta
  * k_conv1d does (same sum order) and then shifts that channel's state itself: one launch
  * instead of two. Row t is the whole piece, so no other thread reads its (slot, channel). */
 __global__ void k_conv1d_dec(const bf16 *x, const float *w, float *state, const int32_t *seq,
-                             const int32_t *seq_pos, const int32_t *seq_slot, int T, int C,
-                             int K, bf16 *out) {
+                             const int32_t *seq_pos, const int32_t *seq_slot, int T, int C, int K,
+                             bf16 *out) {
   pdl_enter();
   size_t n = (size_t)T * C;
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
@@ -218,8 +219,8 @@ extern "C" void cuda_gdn_conv1d(backend *be, backend_buf conv_state, backend_buf
   }
   if (!c->legacy && K > 1 && c->b.n_prefill == 0 && c->b.n_decode == c->b.n_tokens) {
     k_conv1d_dec<<<cuda_blocks((size_t)T * C, 256), 256, 0, c->st>>>(
-        (const bf16 *)x, CW(w)->f32, (float *)conv_state, c->b.seq, c->b.seq_pos, c->b.seq_slot,
-        T, C, K, (bf16 *)out);
+        (const bf16 *)x, CW(w)->f32, (float *)conv_state, c->b.seq, c->b.seq_pos, c->b.seq_slot, T,
+        C, K, (bf16 *)out);
     cuda_check_launch(c, "conv1d (decode)");
     return;
   }
@@ -230,9 +231,9 @@ extern "C" void cuda_gdn_conv1d(backend *be, backend_buf conv_state, backend_buf
                                               c->b.seq_pos, c->b.seq_slot, T, C, (bf16 *)out);
   } else if (!c->legacy && K == 4) {
     dim3 grid((C + 127) / 128, (T + CONV_ROWS - 1) / CONV_ROWS);
-    k_conv1d_run<4><<<grid, 128, 0, c->st>>>((const bf16 *)x, CW(w)->f32,
-                                             (const float *)conv_state, c->b.seq, c->b.seq_start,
-                                             c->b.seq_pos, c->b.seq_slot, T, C, (bf16 *)out);
+    k_conv1d_run<4><<<grid, 128, 0, c->st>>>((const bf16 *)x, CW(w)->f32, (const float *)conv_state,
+                                             c->b.seq, c->b.seq_start, c->b.seq_pos, c->b.seq_slot,
+                                             T, C, (bf16 *)out);
   } else {
     k_conv1d<<<cuda_blocks((size_t)T * C, 256), 256, 0, c->st>>>(
         (const bf16 *)x, CW(w)->f32, (const float *)conv_state, c->b.seq, c->b.seq_start,
@@ -256,9 +257,9 @@ extern "C" void cuda_gdn_conv1d(backend *be, backend_buf conv_state, backend_buf
  * a = grp + r*DEC_G; partial sums over rows are merged through shared memory in group
  * order. */
 __global__ void __launch_bounds__(DEC_THREADS)
-    k_gdn_decode(float *ssm, const bf16 *qkv, const float *beta, const float *g,
-                 const int32_t *ids, const int32_t *seq_start, const int32_t *seq_pos,
-                 const int32_t *seq_slot, int nk, int nv, int dk, int dv, bf16 *out) {
+    k_gdn_decode(float *ssm, const bf16 *qkv, const float *beta, const float *g, const int32_t *ids,
+                 const int32_t *seq_start, const int32_t *seq_pos, const int32_t *seq_slot, int nk,
+                 int nv, int dk, int dv, bf16 *out) {
   pdl_enter();
   extern __shared__ float sh[]; /* q[dk] k[dk] red[DEC_G*dv] d[dv] */
   float *qs = sh, *ks = sh + dk, *red = ks + dk, *dd = red + DEC_G * dv;
@@ -318,8 +319,8 @@ __device__ __forceinline__ void gdn_load4(const float *S, int dv, int j, int a0,
                                           float4 *sv) {
 #pragma unroll
   for (int r = 0; r < R; r++)
-    sv[r] = zero ? make_float4(0.f, 0.f, 0.f, 0.f)
-                 : *(const float4 *)(S + (size_t)(a0 + r) * dv + j);
+    sv[r] =
+        zero ? make_float4(0.f, 0.f, 0.f, 0.f) : *(const float4 *)(S + (size_t)(a0 + r) * dv + j);
 }
 
 /* The recurrent step of one (row, value head) on 128 state columns, shared by k_gdn_decode4 and
@@ -335,8 +336,14 @@ __device__ __forceinline__ float4 gdn_step4(float4 *sv, float *S, int dv, int j,
 #pragma unroll
   for (int r = 0; r < R; r++) {
     float kk = ks[a0 + r];
-    sv[r].x *= eg; sv[r].y *= eg; sv[r].z *= eg; sv[r].w *= eg;
-    p.x += sv[r].x * kk; p.y += sv[r].y * kk; p.z += sv[r].z * kk; p.w += sv[r].w * kk;
+    sv[r].x *= eg;
+    sv[r].y *= eg;
+    sv[r].z *= eg;
+    sv[r].w *= eg;
+    p.x += sv[r].x * kk;
+    p.y += sv[r].y * kk;
+    p.z += sv[r].z * kk;
+    p.w += sv[r].w * kk;
   }
   *(float4 *)&red[grp][4 * lane] = p;
   __syncthreads();
@@ -345,7 +352,10 @@ __device__ __forceinline__ float4 gdn_step4(float4 *sv, float *S, int dv, int j,
 #pragma unroll
     for (int q = 0; q < 8; q++) {
       float4 w = *(const float4 *)&red[q][4 * lane];
-      kv.x += w.x; kv.y += w.y; kv.z += w.z; kv.w += w.w;
+      kv.x += w.x;
+      kv.y += w.y;
+      kv.z += w.z;
+      kv.w += w.w;
     }
     float4 d;
     d.x = bt * (v.x - kv.x);
@@ -361,9 +371,15 @@ __device__ __forceinline__ float4 gdn_step4(float4 *sv, float *S, int dv, int j,
   for (int r = 0; r < R; r++) {
     float kk = ks[a0 + r], qq = qs[a0 + r];
     float4 w = sv[r];
-    w.x += kk * d.x; w.y += kk * d.y; w.z += kk * d.z; w.w += kk * d.w;
+    w.x += kk * d.x;
+    w.y += kk * d.y;
+    w.z += kk * d.z;
+    w.w += kk * d.w;
     *(float4 *)(S + (size_t)(a0 + r) * dv + j) = w;
-    p.x += w.x * qq; p.y += w.y * qq; p.z += w.z * qq; p.w += w.w * qq;
+    p.x += w.x * qq;
+    p.y += w.y * qq;
+    p.z += w.z * qq;
+    p.w += w.w * qq;
   }
   *(float4 *)&red[grp][4 * lane] = p;
   __syncthreads();
@@ -372,7 +388,10 @@ __device__ __forceinline__ float4 gdn_step4(float4 *sv, float *S, int dv, int j,
 #pragma unroll
     for (int q = 0; q < 8; q++) {
       float4 w = *(const float4 *)&red[q][4 * lane];
-      o.x += w.x; o.y += w.y; o.z += w.z; o.w += w.w;
+      o.x += w.x;
+      o.y += w.y;
+      o.z += w.z;
+      o.w += w.w;
     }
   }
   return o;
@@ -435,13 +454,16 @@ extern "C" void cuda_gdn_decode(backend *be, backend_buf ssm, backend_buf qkv, b
   }
   if (!c->legacy && (dk == 64 || dk == 128 || dk == 256) && dv % 128 == 0) {
     dim3 g2(c->b.n_decode, nv, dv / 128);
-#define D4(R)                                                                                  \
+#define D4(R)                                                                                   \
   k_gdn_decode4<R><<<g2, 256, 0, c->st>>>((float *)ssm, (const bf16 *)qkv, (const float *)beta, \
-                                           (const float *)g, c->b.decode_ids, c->b.seq_start,   \
-                                           c->b.seq_pos, c->b.seq_slot, nk, nv, dv, (bf16 *)out)
-    if (dk == 64) D4(8);
-    else if (dk == 128) D4(16);
-    else D4(32);
+                                          (const float *)g, c->b.decode_ids, c->b.seq_start,    \
+                                          c->b.seq_pos, c->b.seq_slot, nk, nv, dv, (bf16 *)out)
+    if (dk == 64)
+      D4(8);
+    else if (dk == 128)
+      D4(16);
+    else
+      D4(32);
 #undef D4
     cuda_check_launch(c, "gdn_decode");
     return;
@@ -582,7 +604,7 @@ __global__ void __launch_bounds__(256)
     gb[0] = expf(gg);
     gb[1] = bt;
   } else if (threadIdx.x == 96) { /* this block's reads of kh's q/k conv state are done */
-    int l = 1;                     /* G = 1: no other block reads them */
+    int l = 1;                    /* G = 1: no other block reads them */
     if (G > 1) {
       int *c1 = cnt + (size_t)blockIdx.x * nk + kh;
       __threadfence();
@@ -628,7 +650,9 @@ __global__ void __launch_bounds__(256)
   }
 }
 
-extern "C" int cuda_gdn_chain_init(cuda_ctx *c) { return cuda_zeroed_ints(&c->chain_cnt, CHAIN_CNT); }
+extern "C" int cuda_gdn_chain_init(cuda_ctx *c) {
+  return cuda_zeroed_ints(&c->chain_cnt, CHAIN_CNT);
+}
 
 extern "C" void cuda_gdn_chain_release(cuda_ctx *c) {
   cudaFree(c->chain_cnt);
@@ -641,20 +665,22 @@ int cuda_gdn_chain(cuda_ctx *c, const cuda_gdn_chain_args *a) {
   int T = c->b.n_tokens, nk = a->nk, nv = a->nv, dk = a->dk;
   if (!c->gdn_chain || !c->chain_cnt || c->legacy || T <= 0 || T > CHAIN_MAXT ||
       c->b.n_prefill != 0 || c->b.n_decode != T || a->T != T || a->K != 4 || a->dv != 128 ||
-      (dk != 64 && dk != 128) || nk <= 0 || nv % nk || (size_t)T * nk > CHAIN_CNT || a->C != 2 * nk * dk + nv * a->dv ||
-      !cw->f32 || cw->rows * cw->cols != (int64_t)a->C * 4 || !al->f32 || !db->f32 ||
-      !nw->f32 || al->rows * al->cols < nv || db->rows * db->cols < nv ||
+      (dk != 64 && dk != 128) || nk <= 0 || nv % nk || (size_t)T * nk > CHAIN_CNT ||
+      a->C != 2 * nk * dk + nv * a->dv || !cw->f32 || cw->rows * cw->cols != (int64_t)a->C * 4 ||
+      !al->f32 || !db->f32 || !nw->f32 || al->rows * al->cols < nv || db->rows * db->cols < nv ||
       nw->rows * nw->cols < a->dv || (size_t)T * a->C >= (1ull << 31))
     return 0;
   dim3 grid((unsigned)T, (unsigned)nv);
-#define CH(R_)                                                                                \
-  k_gdn_chain<R_><<<grid, 256, 0, c->st>>>(                                                   \
-      (const bf16 *)a->x, cw->f32, (float *)a->conv_state, (bf16 *)a->conv_out,               \
-      (const bf16 *)a->b, (const bf16 *)a->a, al->f32, db->f32, (float *)a->beta,             \
-      (float *)a->g, (float *)a->ssm, (bf16 *)a->o, (const bf16 *)a->z, nw->f32, a->eps,      \
-      (bf16 *)a->out, c->b.seq_pos, c->b.seq_slot, nk, nv, c->chain_cnt)
-  if (dk == 64) CH(8);
-  else CH(16);
+#define CH(R_)                                                                                   \
+  k_gdn_chain<R_><<<grid, 256, 0, c->st>>>(                                                      \
+      (const bf16 *)a->x, cw->f32, (float *)a->conv_state, (bf16 *)a->conv_out,                  \
+      (const bf16 *)a->b, (const bf16 *)a->a, al->f32, db->f32, (float *)a->beta, (float *)a->g, \
+      (float *)a->ssm, (bf16 *)a->o, (const bf16 *)a->z, nw->f32, a->eps, (bf16 *)a->out,        \
+      c->b.seq_pos, c->b.seq_slot, nk, nv, c->chain_cnt)
+  if (dk == 64)
+    CH(8);
+  else
+    CH(16);
 #undef CH
   cuda_check_launch(c, "gdn decode chain");
   return 1;
@@ -675,8 +701,8 @@ template <int R>
 __global__ void __launch_bounds__(256)
     k_conv_gates_dec(const bf16 *x, const float *cw, float *cst, bf16 *co, const bf16 *bb,
                      const bf16 *aa, const float *A_log, const float *dt_bias, float *beta,
-                     float *g, const int32_t *seq, const int32_t *seq_pos,
-                     const int32_t *seq_slot, int C, int nk, int nv) {
+                     float *g, const int32_t *seq, const int32_t *seq_pos, const int32_t *seq_slot,
+                     int C, int nk, int nv) {
   pdl_enter();
   constexpr int dk = 32 * R;
   int t = blockIdx.x, lane = threadIdx.x & 31, u = blockIdx.y * 8 + (threadIdx.x >> 5);
@@ -740,23 +766,20 @@ int cuda_gdn_conv_gates(cuda_ctx *c, const cuda_gdn_chain_args *a) {
   const cuda_weight *cw = CW(a->conv_w), *al = CW(a->A_log), *db = CW(a->dt_bias);
   int T = c->b.n_tokens, nk = a->nk, nv = a->nv, dk = a->dk;
   if (!c->gdn_chain || c->legacy || T <= 0 || c->b.n_prefill != 0 || c->b.n_decode != T ||
-      a->K != 4 || dk % 32 || dk > 256 || nk <= 0 || nv <= 0 ||
-      a->C != 2 * nk * dk + nv * a->dv || !cw->f32 || cw->rows * cw->cols != (int64_t)a->C * 4 ||
-      !al->f32 || !db->f32 || al->rows * al->cols < nv || db->rows * db->cols < nv ||
-      (size_t)T * a->C >= (1ull << 31))
+      a->K != 4 || dk % 32 || dk > 256 || nk <= 0 || nv <= 0 || a->C != 2 * nk * dk + nv * a->dv ||
+      !cw->f32 || cw->rows * cw->cols != (int64_t)a->C * 4 || !al->f32 || !db->f32 ||
+      al->rows * al->cols < nv || db->rows * db->cols < nv || (size_t)T * a->C >= (1ull << 31))
     return 0;
   int units = (a->C + dk - 1) / dk;
   dim3 grid((unsigned)T, (unsigned)((units + 7) / 8));
-#define CG(R_)                                                                                \
-  case R_:                                                                                    \
-    k_conv_gates_dec<R_><<<grid, 256, 0, c->st>>>(                                            \
-        (const bf16 *)a->x, cw->f32, (float *)a->conv_state, (bf16 *)a->conv_out,             \
-        (const bf16 *)a->b, (const bf16 *)a->a, al->f32, db->f32, (float *)a->beta,           \
-        (float *)a->g, c->b.seq, c->b.seq_pos, c->b.seq_slot, a->C, nk, nv);                  \
+#define CG(R_)                                                                                     \
+  case R_:                                                                                         \
+    k_conv_gates_dec<R_><<<grid, 256, 0, c->st>>>(                                                 \
+        (const bf16 *)a->x, cw->f32, (float *)a->conv_state, (bf16 *)a->conv_out,                  \
+        (const bf16 *)a->b, (const bf16 *)a->a, al->f32, db->f32, (float *)a->beta, (float *)a->g, \
+        c->b.seq, c->b.seq_pos, c->b.seq_slot, a->C, nk, nv);                                      \
     break;
-  switch (dk / 32) {
-    CG(1) CG(2) CG(3) CG(4) CG(5) CG(6) CG(7) CG(8)
-  }
+  switch (dk / 32) { CG(1) CG(2) CG(3) CG(4) CG(5) CG(6) CG(7) CG(8) }
 #undef CG
   cuda_check_launch(c, "conv1d + gdn_gates (decode)");
   return 1;
@@ -779,16 +802,17 @@ __global__ void __launch_bounds__(PRE_THREADS)
                   bf16 *out, float *gscratch, size_t per_block) {
   pdl_enter();
   extern __shared__ float dyn[];
-  float *base = gscratch ? gscratch + (blockIdx.x * (size_t)gridDim.y + blockIdx.y) * per_block : dyn;
+  float *base =
+      gscratch ? gscratch + (blockIdx.x * (size_t)gridDim.y + blockIdx.y) * per_block : dyn;
   const int C = GDN_C;
-  float *Sm = base;                        /* [dk, dv] */
-  float *Kc = Sm + (size_t)dk * dv;        /* [C, dk] */
-  float *Qc = Kc + (size_t)C * dk;         /* [C, dk] */
-  float *U = Qc + (size_t)C * dk;          /* [C, dv] U, then V' */
-  float *Wm = U + (size_t)C * dv;          /* [C, dk] */
-  float *A = Wm + (size_t)C * dk;          /* [C, C] A, then P */
-  float *G = A + (size_t)C * C;            /* [C] */
-  float *Bt = G + C;                       /* [C] */
+  float *Sm = base;                 /* [dk, dv] */
+  float *Kc = Sm + (size_t)dk * dv; /* [C, dk] */
+  float *Qc = Kc + (size_t)C * dk;  /* [C, dk] */
+  float *U = Qc + (size_t)C * dk;   /* [C, dv] U, then V' */
+  float *Wm = U + (size_t)C * dv;   /* [C, dk] */
+  float *A = Wm + (size_t)C * dk;   /* [C, C] A, then P */
+  float *G = A + (size_t)C * C;     /* [C] */
+  float *Bt = G + C;                /* [C] */
   int s = ids[blockIdx.x], h = blockIdx.y;
   int kh = h / (nv / nk);
   int n = seq_len[s], pos0 = seq_pos[s], start = seq_start[s];
@@ -930,7 +954,7 @@ __global__ void __launch_bounds__(PRE_THREADS)
 #define P2_THREADS 256
 #define P3_THREADS 256
 #define P3_COLS 64 /* output columns per phase-3 block */
-#define GK 128 /* dk of this path */
+#define GK 128     /* dk of this path */
 #define GKP (GK + 1)
 #define GKQ (GK + 4) /* row stride of the cp.async targets: 16-byte rows, no bank conflicts */
 
@@ -1131,7 +1155,8 @@ __global__ void __launch_bounds__(P1_THREADS)
       }
   }
   __syncthreads();
-  p1_tail<SPLIT>(o, [&](int r, int a) { return Kc[r * GKP + a]; }, Vc, A, G, Bt, eG, L, dv, tid);
+  p1_tail<SPLIT>(
+      o, [&](int r, int a) { return Kc[r * GKP + a]; }, Vc, A, G, Bt, eG, L, dv, tid);
 }
 
 /* The end of a phase-2 chunk copy: the block's 32 U columns and G, then the commit. */
@@ -1162,12 +1187,12 @@ __global__ void __launch_bounds__(P2_THREADS)
   pdl_enter();
   extern __shared__ __align__(16) float sm2[];
   const int C = GDN_C;
-  float *Ss = sm2;                   /* [GK][32] */
-  float *W0 = Ss + GK * 32;          /* two buffer sets: W [C][GKQ] x 2, Kd x 2, U [C][32] x 2 */
+  float *Ss = sm2;          /* [GK][32] */
+  float *W0 = Ss + GK * 32; /* two buffer sets: W [C][GKQ] x 2, Kd x 2, U [C][32] x 2 */
   float *K0 = W0 + 2 * C * GKQ;
   float *U0 = K0 + 2 * C * GKQ;
-  float *G0 = U0 + 2 * C * 32;       /* G [C] x 2 */
-  float *Vs = G0 + 2 * C;            /* [C][32] */
+  float *G0 = U0 + 2 * C * 32; /* G [C] x 2 */
+  float *Vs = G0 + 2 * C;      /* [C][32] */
   int bx = blockIdx.x, h = blockIdx.y, cs = blockIdx.z * 32, tid = threadIdx.x;
   int s = ids[bx];
   float *S = ssm + ((size_t)seq_slot[s] * nv + h) * (size_t)GK * dv;
@@ -1208,8 +1233,14 @@ __global__ void __launch_bounds__(P2_THREADS)
       for (int a = 0; a < GK; a++) {
         float4 s4 = *(const float4 *)(Ss + a * 32 + 4 * tc);
         float w0 = Ws[(2 * ti) * GKQ + a], w1 = Ws[(2 * ti + 1) * GKQ + a];
-        acc[0][0] -= w0 * s4.x; acc[0][1] -= w0 * s4.y; acc[0][2] -= w0 * s4.z; acc[0][3] -= w0 * s4.w;
-        acc[1][0] -= w1 * s4.x; acc[1][1] -= w1 * s4.y; acc[1][2] -= w1 * s4.z; acc[1][3] -= w1 * s4.w;
+        acc[0][0] -= w0 * s4.x;
+        acc[0][1] -= w0 * s4.y;
+        acc[0][2] -= w0 * s4.z;
+        acc[0][3] -= w0 * s4.w;
+        acc[1][0] -= w1 * s4.x;
+        acc[1][1] -= w1 * s4.y;
+        acc[1][2] -= w1 * s4.z;
+        acc[1][3] -= w1 * s4.w;
       }
 #pragma unroll
       for (int r = 0; r < 2; r++) {
@@ -1226,7 +1257,10 @@ __global__ void __launch_bounds__(P2_THREADS)
 #pragma unroll
       for (int r = 0; r < 4; r++) {
         float4 s4 = *(const float4 *)(Ss + (4 * ti + r) * 32 + 4 * tc);
-        acc[r][0] = s4.x * egl; acc[r][1] = s4.y * egl; acc[r][2] = s4.z * egl; acc[r][3] = s4.w * egl;
+        acc[r][0] = s4.x * egl;
+        acc[r][1] = s4.y * egl;
+        acc[r][2] = s4.z * egl;
+        acc[r][3] = s4.w * egl;
       }
       for (int j = 0; j < L; j++) {
         float4 v4 = *(const float4 *)(Vs + j * 32 + 4 * tc);
@@ -1234,7 +1268,10 @@ __global__ void __launch_bounds__(P2_THREADS)
         float kd[4] = {k4.x, k4.y, k4.z, k4.w};
 #pragma unroll
         for (int r = 0; r < 4; r++) {
-          acc[r][0] += kd[r] * v4.x; acc[r][1] += kd[r] * v4.y; acc[r][2] += kd[r] * v4.z; acc[r][3] += kd[r] * v4.w;
+          acc[r][0] += kd[r] * v4.x;
+          acc[r][1] += kd[r] * v4.y;
+          acc[r][2] += kd[r] * v4.z;
+          acc[r][3] += kd[r] * v4.w;
         }
       }
 #pragma unroll
@@ -1256,8 +1293,8 @@ __global__ void __launch_bounds__(P2_THREADS)
  * order of the reference (a ascending for Q S, then the e^G scale, then j ascending up to its
  * row for P V'). The transposing stores take one row per lane (no bank conflicts). */
 __global__ void __launch_bounds__(P3_THREADS)
-    k_gdn_p3(const bf16 *qkv, const int32_t *ch_row, const int32_t *ch_len, int nk, int nv,
-             int dv, float *scr, bf16 *out) {
+    k_gdn_p3(const bf16 *qkv, const int32_t *ch_row, const int32_t *ch_len, int nk, int nv, int dv,
+             float *scr, bf16 *out) {
   pdl_enter();
   extern __shared__ __align__(16) float sm3[];
   const int C = GDN_C;
@@ -1345,8 +1382,10 @@ __global__ void __launch_bounds__(P3_THREADS)
 
 /* ---- chunk-parallel prefill on tensor cores (gdn_mma_mask says which phases) ---- */
 
-#define GKB (GK + 8)         /* bf16 row stride of 128-wide tiles: 68 words, fragment loads hit 32 banks */
-#define CB (GDN_C + 8)       /* bf16 row stride of 64-wide tiles: 36 words, likewise */
+#define GKB                                                                                        \
+  (GK + 8)             /* bf16 row stride of 128-wide tiles: 68 words, fragment loads hit 32 banks \
+                        */
+#define CB (GDN_C + 8) /* bf16 row stride of 64-wide tiles: 36 words, likewise */
 
 /* two adjacent bf16 (the lower index in the low half) as one register */
 __device__ __forceinline__ uint32_t ld_b2(const bf16 *p) { return *(const uint32_t *)p; }
@@ -1386,8 +1425,8 @@ __global__ void __launch_bounds__(P1_THREADS, MINB)
   extern __shared__ __align__(16) float sm1m[];
   const int C = GDN_C;
   bf16 *Qb = (bf16 *)sm1m, *Kb = Qb + C * GKB; /* [C][GKB] */
-  float *Vc = (float *)(Kb + C * GKB), *A = Vc + (size_t)C * dv, *G = A + C * (C + 1),
-        *Bt = G + C, *eG = Bt + C;
+  float *Vc = (float *)(Kb + C * GKB), *A = Vc + (size_t)C * dv, *G = A + C * (C + 1), *Bt = G + C,
+        *eG = Bt + C;
   int ch = blockIdx.x, h = blockIdx.y, tid = threadIdx.x;
   int kh = h / (nv / nk);
   int r0 = ch_row[ch], L = ch_len[ch];
@@ -1459,8 +1498,8 @@ __global__ void __launch_bounds__(P1_THREADS, MINB)
   }
   __syncthreads();
   /* k as read (bf16 values, exact in fp32): the fp32 copy k_gdn_p1 keeps is not needed */
-  p1_tail<SPLIT>(o, [&](int r, int a) { return bf2f(Kb[r * GKB + a]); }, Vc, A, G, Bt, eG, L, dv,
-                 tid);
+  p1_tail<SPLIT>(
+      o, [&](int r, int a) { return bf2f(Kb[r * GKB + a]); }, Vc, A, G, Bt, eG, L, dv, tid);
 }
 
 static size_t p3m_smem(void) {
@@ -1500,17 +1539,17 @@ __device__ __forceinline__ static void p3_split_t(const float *src, int dv, int 
  * 16(w%4).. and columns 32(w/4).. of the 64x64 output (4 tiles of 16x8); the P V' product
  * stops at the diagonal tile (P is zero above it). */
 __global__ void __launch_bounds__(P3_THREADS)
-    k_gdn_p3m(const bf16 *qkv, const int32_t *ch_row, const int32_t *ch_len, int nk, int nv,
-              int dv, float *scr, bf16 *out) {
+    k_gdn_p3m(const bf16 *qkv, const int32_t *ch_row, const int32_t *ch_len, int nk, int nv, int dv,
+              float *scr, bf16 *out) {
   pdl_enter();
   extern __shared__ __align__(16) float sm3m[];
   const int C = GDN_C;
-  bf16 *Qb = (bf16 *)sm3m;      /* [C][GKB] */
-  bf16 *Sh = Qb + C * GKB;      /* [P3_COLS][GKB]: S^T hi */
-  bf16 *Sl = Sh + C * GKB;      /* S^T lo */
-  bf16 *Ph = Sl + C * GKB;      /* [C][CB] */
+  bf16 *Qb = (bf16 *)sm3m; /* [C][GKB] */
+  bf16 *Sh = Qb + C * GKB; /* [P3_COLS][GKB]: S^T hi */
+  bf16 *Sl = Sh + C * GKB; /* S^T lo */
+  bf16 *Ph = Sl + C * GKB; /* [C][CB] */
   bf16 *Pl = Ph + C * CB;
-  bf16 *Vh = Pl + C * CB;       /* [P3_COLS][CB]: V'^T hi */
+  bf16 *Vh = Pl + C * CB; /* [P3_COLS][CB]: V'^T hi */
   bf16 *Vl = Vh + C * CB;
   float *Es = (float *)(Vl + C * CB);
   int ch = blockIdx.x, h = blockIdx.y, cs = blockIdx.z * P3_COLS, tid = threadIdx.x;
@@ -1627,10 +1666,10 @@ __global__ void __launch_bounds__(P2_THREADS)
   pdl_enter();
   extern __shared__ __align__(16) float sm2m[];
   const int C = GDN_C;
-  bf16 *W0 = (bf16 *)sm2m;                       /* W hi, lo [2][C][GKB] x 2 */
-  bf16 *K0 = W0 + 4 * C * GKB;                   /* Kd^T hi, lo [2][GK][CB] x 2 */
-  float *U0 = (float *)(K0 + 4 * GK * CB);       /* U [C][32] x 2 */
-  float *G0 = U0 + 2 * C * 32;                   /* G [C] x 2 */
+  bf16 *W0 = (bf16 *)sm2m;                              /* W hi, lo [2][C][GKB] x 2 */
+  bf16 *K0 = W0 + 4 * C * GKB;                          /* Kd^T hi, lo [2][GK][CB] x 2 */
+  float *U0 = (float *)(K0 + 4 * GK * CB);              /* U [C][32] x 2 */
+  float *G0 = U0 + 2 * C * 32;                          /* G [C] x 2 */
   bf16 *Sh = (bf16 *)(G0 + 2 * C), *Sl = Sh + 32 * GKB; /* S^T [32][GKB] */
   bf16 *Vh = Sl + 32 * GKB, *Vl = Vh + 32 * CB;         /* V'^T [32][CB] */
   int bx = blockIdx.x, h = blockIdx.y, cs = blockIdx.z * 32, tid = threadIdx.x;
@@ -1647,7 +1686,8 @@ __global__ void __launch_bounds__(P2_THREADS)
 #pragma unroll
     for (int hh = 0; hh < 2; hh++) {
       float2 v = make_float2(0.f, 0.f);
-      if (!zero) v = *(const float2 *)(S + (size_t)(16 * warp + gq + 8 * hh) * dv + cs + 8 * n + 2 * tq);
+      if (!zero)
+        v = *(const float2 *)(S + (size_t)(16 * warp + gq + 8 * hh) * dv + cs + 8 * n + 2 * tq);
       st[n][2 * hh] = v.x;
       st[n][2 * hh + 1] = v.y;
     }
@@ -1657,8 +1697,8 @@ __global__ void __launch_bounds__(P2_THREADS)
     gdn_scr q = scr_at(scr, ch, nv, h, dv);
     if (ch + 1 < c1) {
       int n = b ^ 1;
-      p2m_fetch(scr_at(scr, ch + 1, nv, h, dv), dv, cs, W0 + n * 2 * C * GKB,
-                K0 + n * 2 * GK * CB, U0 + n * C * 32, G0 + n * C, tid);
+      p2m_fetch(scr_at(scr, ch + 1, nv, h, dv), dv, cs, W0 + n * 2 * C * GKB, K0 + n * 2 * GK * CB,
+                U0 + n * C * 32, G0 + n * C, tid);
       cp_async_wait<1>();
     } else {
       cp_async_wait<0>();
@@ -1708,7 +1748,8 @@ __global__ void __launch_bounds__(P2_THREADS)
 #pragma unroll
         for (int hh = 0; hh < 2; hh++) {
           int j = 16 * mi + gq + 8 * hh, c = 8 * (nb + nn) + 2 * tq;
-          float v0 = Us[j * 32 + c] - acc[nn][2 * hh], v1 = Us[j * 32 + c + 1] - acc[nn][2 * hh + 1];
+          float v0 = Us[j * 32 + c] - acc[nn][2 * hh],
+                v1 = Us[j * 32 + c + 1] - acc[nn][2 * hh + 1];
           *(float2 *)(q.U + (size_t)j * dv + cs + c) = make_float2(v0, v1); /* V' for phase 3 */
           bf16 hi, lo;
           split_bf16(v0, hi, lo);
@@ -1773,8 +1814,8 @@ static int gdn_mma_mask(void) {
 }
 
 /* The chunk-parallel path; returns 0 when the shape is not covered. */
-static int gdn_prefill2(cuda_ctx *c, float *ssm, const bf16 *qkv, const float *beta,
-                        const float *g, int nk, int nv, int dk, int dv, bf16 *out) {
+static int gdn_prefill2(cuda_ctx *c, float *ssm, const bf16 *qkv, const float *beta, const float *g,
+                        int nk, int nv, int dk, int dv, bf16 *out) {
   if (c->legacy || dk != GK || dv % P3_COLS || dv > 256 || c->b.n_chunks <= 0) return 0;
   static int attr = 0;
   if (!attr) {
@@ -1802,17 +1843,21 @@ static int gdn_prefill2(cuda_ctx *c, float *ssm, const bf16 *qkv, const float *b
   dim3 g1(c->b.n_chunks, nv);
   /* phase 1 writes W and Kd split for phase 2 on tensor cores, in fp32 for the FMA one */
   bool split = mma & 2, pair = dv <= P1M_PAIR_DV;
-#define P1M(MB, SP)                                                                             \
-  k_gdn_p1m<MB, SP><<<g1, P1_THREADS, p1m_smem(dv), c->st>>>(qkv, beta, g, c->b.ch_row,          \
-                                                            c->b.ch_len, nk, nv, dv, scr)
-#define P1(SP)                                                                                  \
-  k_gdn_p1<SP><<<g1, P1_THREADS, p1_smem(dv), c->st>>>(qkv, beta, g, c->b.ch_row, c->b.ch_len,   \
-                                                       nk, nv, dv, scr)
+#define P1M(MB, SP)                                                                     \
+  k_gdn_p1m<MB, SP><<<g1, P1_THREADS, p1m_smem(dv), c->st>>>(qkv, beta, g, c->b.ch_row, \
+                                                             c->b.ch_len, nk, nv, dv, scr)
+#define P1(SP)                                                                                     \
+  k_gdn_p1<SP><<<g1, P1_THREADS, p1_smem(dv), c->st>>>(qkv, beta, g, c->b.ch_row, c->b.ch_len, nk, \
+                                                       nv, dv, scr)
   if (mma & 1) {
-    if (pair && split) P1M(2, true);
-    else if (pair) P1M(2, false);
-    else if (split) P1M(1, true);
-    else P1M(1, false);
+    if (pair && split)
+      P1M(2, true);
+    else if (pair)
+      P1M(2, false);
+    else if (split)
+      P1M(1, true);
+    else
+      P1M(1, false);
   } else if (split) {
     P1(true);
   } else {
@@ -1823,28 +1868,25 @@ static int gdn_prefill2(cuda_ctx *c, float *ssm, const bf16 *qkv, const float *b
   cuda_check_launch(c, "gdn_prefill (chunks)");
   dim3 g2(c->b.n_prefill, nv, dv / 32);
   if (mma & 2)
-    k_gdn_p2m<<<g2, P2_THREADS, p2m_smem(), c->st>>>(ssm, c->b.prefill_ids, c->b.seq_pos,
-                                                    c->b.seq_slot, c->b.pre_ch0, c->b.ch_len, nv,
-                                                    dv, scr);
+    k_gdn_p2m<<<g2, P2_THREADS, p2m_smem(), c->st>>>(
+        ssm, c->b.prefill_ids, c->b.seq_pos, c->b.seq_slot, c->b.pre_ch0, c->b.ch_len, nv, dv, scr);
   else
-    k_gdn_p2<<<g2, P2_THREADS, p2_smem(), c->st>>>(ssm, c->b.prefill_ids, c->b.seq_pos,
-                                                    c->b.seq_slot, c->b.pre_ch0, c->b.ch_len, nv,
-                                                    dv, scr);
+    k_gdn_p2<<<g2, P2_THREADS, p2_smem(), c->st>>>(
+        ssm, c->b.prefill_ids, c->b.seq_pos, c->b.seq_slot, c->b.pre_ch0, c->b.ch_len, nv, dv, scr);
   cuda_check_launch(c, "gdn_prefill (scan)");
   dim3 g3(c->b.n_chunks, nv, dv / P3_COLS);
   if (mma & 4)
-    k_gdn_p3m<<<g3, P3_THREADS, p3m_smem(), c->st>>>(qkv, c->b.ch_row, c->b.ch_len, nk, nv, dv,
-                                                    scr, out);
+    k_gdn_p3m<<<g3, P3_THREADS, p3m_smem(), c->st>>>(qkv, c->b.ch_row, c->b.ch_len, nk, nv, dv, scr,
+                                                     out);
   else
     k_gdn_p3<<<g3, P3_THREADS, p3_smem(), c->st>>>(qkv, c->b.ch_row, c->b.ch_len, nk, nv, dv, scr,
-                                                    out);
+                                                   out);
   cuda_check_launch(c, "gdn_prefill (outputs)");
   return 1;
 }
 
-extern "C" void cuda_gdn_prefill(backend *be, backend_buf ssm, backend_buf qkv,
-                                 backend_buf beta, backend_buf g, int nk, int nv, int dk, int dv,
-                                 backend_buf out) {
+extern "C" void cuda_gdn_prefill(backend *be, backend_buf ssm, backend_buf qkv, backend_buf beta,
+                                 backend_buf g, int nk, int nv, int dk, int dv, backend_buf out) {
   cuda_ctx *c = cuda_ctx_of(be);
   if (c->b.n_prefill <= 0) return;
   if (nk <= 0 || nv % nk) {

@@ -44,13 +44,13 @@
 
 CUDA_KTRACE_TU(cuda_greedy_ktrace_bind) /* the kernel-release trace, cuda_ktrace.cu */
 
-#define PICK_WARPS 8  /* warps per pick block */
+#define PICK_WARPS 8 /* warps per pick block */
 #define PICK_BLOCKS_MAX 1024
 
 #define GREEDY_MAXT 4 /* hidden rows a step may have for the screen */
 
-typedef void (*screen_fn)(const int8_t *, const float4 *, const int16_t *, const float *, int,
-                          int, float *, int *);
+typedef void (*screen_fn)(const int8_t *, const float4 *, const int16_t *, const float *, int, int,
+                          float *, int *);
 
 struct cuda_greedy {
   const bf16 *W; /* the lm-head's bf16 rows (the weight's, not owned) */
@@ -63,7 +63,7 @@ struct cuda_greedy {
   float *xs;      /* [GREEDY_MAXT, 4] t, sum |xn|, not-finite flag */
   float *pv, *z0; /* [GREEDY_MAXT, PICK_BLOCKS_MAX] pick partials, [GREEDY_MAXT] z of row 0 */
   int *pi, *cnt;  /* [GREEDY_MAXT, PICK_BLOCKS_MAX], [GREEDY_MAXT] */
-  unsigned long long *ncand; /* rows computed exactly, summed over the steps */
+  unsigned long long *ncand;     /* rows computed exactly, summed over the steps */
   screen_fn sk[GREEDY_MAXT + 1]; /* the screen kernel for T hidden rows (NULL: not taken) */
   int scr_warps, scr_blocks[GREEDY_MAXT + 1], pick_blocks;
 };
@@ -158,8 +158,8 @@ __device__ __forceinline__ float scr_tree(float (&v)[M], int lane) {
 
 /* A row's bounds from its integer sum S (as float), its constants kc and the hidden row's
  * scale t and sum |xn| x1 (the header's bound; every row a candidate when all). */
-__device__ __forceinline__ void scr_bound(float S, float4 kc, float t, float x1, bool all,
-                                          float &h, float &l) {
+__device__ __forceinline__ void scr_bound(float S, float4 kc, float t, float x1, bool all, float &h,
+                                          float &l) {
   float a = S * (kc.x * t);
   float B = __fmaf_ru(kc.y, x1, __fmaf_ru(kc.z, t, 2e-6f * fabsf(a)));
   h = all ? INFINITY : __fadd_ru(a, B);
@@ -183,8 +183,8 @@ __device__ __forceinline__ void scr_load(uint4 (&w)[R][NP], float4 &k, const int
 
 template <int NP, int R>
 __global__ void __launch_bounds__(256)
-    k_greedy_screen(const int8_t *__restrict__ q, const float4 *__restrict__ rc,
-                    const int16_t *xq, const float *xs, int V, int rpw, float *hi, int *lmax) {
+    k_greedy_screen(const int8_t *__restrict__ q, const float4 *__restrict__ rc, const int16_t *xq,
+                    const float *xs, int V, int rpw, float *hi, int *lmax) {
   int lane = threadIdx.x & 31, gw = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
   int r = gw * rpw, rend = min(V, r + rpw);
   uint4 w[R][NP];
@@ -400,11 +400,16 @@ void cuda_greedy_forget(cuda_ctx *c, const void *W_bf) {
 template <int NP, int R>
 static screen_fn screen_kernel_r(int T) {
   switch (T) {
-    case 1: return k_greedy_screen<NP, R>;
-    case 2: return k_greedy_screen_m<NP, R, 2>;
-    case 3: return k_greedy_screen_m<NP, R, 3>;
-    case 4: return k_greedy_screen_m<NP, R, 4>;
-    default: return NULL;
+    case 1:
+      return k_greedy_screen<NP, R>;
+    case 2:
+      return k_greedy_screen_m<NP, R, 2>;
+    case 3:
+      return k_greedy_screen_m<NP, R, 3>;
+    case 4:
+      return k_greedy_screen_m<NP, R, 4>;
+    default:
+      return NULL;
   }
 }
 template <int NP>
@@ -414,12 +419,18 @@ static screen_fn screen_kernel_np(int R, int T) {
 static screen_fn screen_kernel(int H, int R, int T) {
   if (H % 512) return NULL;
   switch (H / 512) {
-    case 2: return screen_kernel_np<2>(R, T);
-    case 4: return screen_kernel_np<4>(R, T);
-    case 5: return screen_kernel_np<5>(R, T);
-    case 6: return screen_kernel_np<6>(R, T);
-    case 8: return screen_kernel_np<8>(R, T);
-    default: return NULL;
+    case 2:
+      return screen_kernel_np<2>(R, T);
+    case 4:
+      return screen_kernel_np<4>(R, T);
+    case 5:
+      return screen_kernel_np<5>(R, T);
+    case 6:
+      return screen_kernel_np<6>(R, T);
+    case 8:
+      return screen_kernel_np<8>(R, T);
+    default:
+      return NULL;
   }
 }
 
@@ -449,8 +460,8 @@ int cuda_greedy_prepare(backend *be, backend_weight W, int H, int V, char *err, 
     int bps = 0;
     g->sk[T] = screen_kernel(H, R, T);
     if (g->sk[T] && T > 1 &&
-        cudaFuncSetAttribute(g->sk[T], cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             T * H * 2) != cudaSuccess)
+        cudaFuncSetAttribute(g->sk[T], cudaFuncAttributeMaxDynamicSharedMemorySize, T * H * 2) !=
+            cudaSuccess)
       g->sk[T] = NULL;
     if (g->sk[T] && cudaOccupancyMaxActiveBlocksPerMultiprocessor(
                         &bps, g->sk[T], warps * 32, T > 1 ? T * H * 2 : 0) != cudaSuccess)
@@ -478,8 +489,10 @@ int cuda_greedy_prepare(backend *be, backend_weight W, int H, int V, char *err, 
     cudaGetLastError();
     cudaFree(d_bad);
     greedy_free(g);
-    fprintf(stderr, "cuda: no device memory for the lm-head's int8 copy (%.0f MB): greedy steps "
-            "read the bf16 lm-head\n", (double)V * H / 1e6);
+    fprintf(stderr,
+            "cuda: no device memory for the lm-head's int8 copy (%.0f MB): greedy steps "
+            "read the bf16 lm-head\n",
+            (double)V * H / 1e6);
     return 0;
   }
   cudaMemsetAsync(d_bad, 0, sizeof(int), c->st);
@@ -498,7 +511,8 @@ int cuda_greedy_prepare(backend *be, backend_weight W, int H, int V, char *err, 
   }
   if (bad) { /* a row that is not finite: no bound holds */
     greedy_free(g);
-    fprintf(stderr, "cuda: the lm-head has values that are not finite: greedy steps read it in "
+    fprintf(stderr,
+            "cuda: the lm-head has values that are not finite: greedy steps read it in "
             "bf16\n");
     return 0;
   }
@@ -518,8 +532,10 @@ int cuda_greedy_run(backend *be, backend_buf x, backend_weight norm, float eps, 
   cuda_elem_gather_norm_q(be, x, norm, eps, H, xn, g->xq, g->xs);
   int warps = g->scr_blocks[T] * g->scr_warps;
   int rpw = (V + warps - 1) / warps;
-  g->sk[T]<<<g->scr_blocks[T], g->scr_warps * 32, T > 1 ? T * H * 2 : 0, c->st>>>(
-      g->q, g->rc, g->xq, g->xs, V, rpw, g->hi, g->lmax);
+  screen_fn screen = g->sk[T];
+  size_t smem = T > 1 ? (size_t)T * H * 2 : 0;
+  screen<<<g->scr_blocks[T], g->scr_warps * 32, smem, c->st>>>(g->q, g->rc, g->xq, g->xs, V, rpw,
+                                                               g->hi, g->lmax);
   cuda_check_launch(c, "logits (greedy screen)");
   k_greedy_pick<<<dim3((unsigned)g->pick_blocks, (unsigned)T), PICK_WARPS * 32, 0, c->st>>>(
       (const bf16 *)xn, g->W, H, V, g->hi, g->lmax, g->pv, g->pi, g->cnt, g->z0, g->ncand,
@@ -534,8 +550,8 @@ extern "C" double backend_cuda_greedy_step_bytes(backend *be, int rows) {
   if (!g || rows < 1 || rows > GREEDY_MAXT || !g->sk[rows]) return 0;
   /* the int8 rows and their float4 terms, each row's upper bound written and read, the
    * normed rows' int16 copies; the rows computed exactly (~10-60 of 5 KB) left out */
-  return (double)g->V * g->H + (double)g->V * sizeof(float4) +
-         2.0 * rows * g->V * sizeof(float) + (double)rows * g->H * sizeof(int16_t);
+  return (double)g->V * g->H + (double)g->V * sizeof(float4) + 2.0 * rows * g->V * sizeof(float) +
+         (double)rows * g->H * sizeof(int16_t);
 }
 
 extern "C" long backend_cuda_greedy_screened(backend *be, int *prepared, long long *rows) {

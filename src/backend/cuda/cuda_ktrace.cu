@@ -34,9 +34,9 @@
 #ifdef DS_KTRACE
 
 extern "C" {
-void cuda_backend_ktrace_bind(void *), cuda_attn_ktrace_bind(void *),
-    cuda_elem_ktrace_bind(void *), cuda_flash_ktrace_bind(void *), cuda_gdn_ktrace_bind(void *),
-    cuda_moe_ktrace_bind(void *), cuda_sgemm_ktrace_bind(void *), cuda_greedy_ktrace_bind(void *),
+void cuda_backend_ktrace_bind(void *), cuda_attn_ktrace_bind(void *), cuda_elem_ktrace_bind(void *),
+    cuda_flash_ktrace_bind(void *), cuda_gdn_ktrace_bind(void *), cuda_moe_ktrace_bind(void *),
+    cuda_sgemm_ktrace_bind(void *), cuda_greedy_ktrace_bind(void *),
     cuda_sample_ktrace_bind(void *);
 }
 
@@ -64,10 +64,10 @@ int cuda_ktrace_init(cuda_ctx *c) {
     delete k;
     return -1;
   }
-  void (*bind[])(void *) = {cuda_backend_ktrace_bind, cuda_attn_ktrace_bind, cuda_elem_ktrace_bind,
-                            cuda_flash_ktrace_bind,   cuda_gdn_ktrace_bind,  cuda_moe_ktrace_bind,
-                            cuda_sgemm_ktrace_bind,   cuda_greedy_ktrace_bind,
-                            cuda_sample_ktrace_bind};
+  void (*bind[])(void *) = {
+      cuda_backend_ktrace_bind, cuda_attn_ktrace_bind,   cuda_elem_ktrace_bind,
+      cuda_flash_ktrace_bind,   cuda_gdn_ktrace_bind,    cuda_moe_ktrace_bind,
+      cuda_sgemm_ktrace_bind,   cuda_greedy_ktrace_bind, cuda_sample_ktrace_bind};
   for (auto f : bind) f(k->ring);
   k->host.resize(KTRACE_CAP + 1);
   c->kt = k;
@@ -124,7 +124,9 @@ void cuda_ktrace_replay(cuda_ctx *c, const void *exec) {
  * kernels in launch order with their mean intervals. */
 static void ktrace_report_graph(FILE *f, const ktrace_graph &g, int idx) {
   double r = (double)g.replays;
-  fprintf(f, "ktrace graph %d: %zu kernels, %ld replays timed (%ld dropped), first to last stamp %.1f us\n",
+  fprintf(f,
+          "ktrace graph %d: %zu kernels, %ld replays timed (%ld dropped), first to last stamp %.1f "
+          "us\n",
           idx, g.names.size(), g.replays, g.dropped, g.span_us / r);
   std::map<std::string, std::pair<int, double>> by;
   for (size_t i = 0; i + 1 < g.names.size(); i++) {
@@ -137,8 +139,8 @@ static void ktrace_report_graph(FILE *f, const ktrace_graph &g, int idx) {
   std::sort(order.rbegin(), order.rend());
   for (auto &o : order) {
     auto &e = by[o.second];
-    fprintf(f, "  %-32s %4d per step %9.1f us per step %7.2f us each\n", o.second.c_str(),
-            e.first, e.second, e.second / e.first);
+    fprintf(f, "  %-32s %4d per step %9.1f us per step %7.2f us each\n", o.second.c_str(), e.first,
+            e.second, e.second / e.first);
   }
   for (size_t i = 0; i + 1 < g.names.size(); i++)
     fprintf(f, "  #%zu %s %.2f\n", i, g.names[i], g.sum_us[i] / r);

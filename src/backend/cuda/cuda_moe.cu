@@ -335,10 +335,14 @@ __global__ void k_moe_route(moe_route_args a) {
 /* k_moe_route for E experts: logits in registers up to 1024 */
 static void moe_route_launch(cuda_ctx *c, const moe_route_args &a) {
   dim3 g((a.T + 7) / 8);
-  if (a.E <= 256) k_moe_route<8><<<g, 256, 0, c->st>>>(a);
-  else if (a.E <= 512) k_moe_route<16><<<g, 256, 0, c->st>>>(a);
-  else if (a.E <= 1024) k_moe_route<32><<<g, 256, 0, c->st>>>(a);
-  else k_moe_route<0><<<g, 256, 0, c->st>>>(a);
+  if (a.E <= 256)
+    k_moe_route<8><<<g, 256, 0, c->st>>>(a);
+  else if (a.E <= 512)
+    k_moe_route<16><<<g, 256, 0, c->st>>>(a);
+  else if (a.E <= 1024)
+    k_moe_route<32><<<g, 256, 0, c->st>>>(a);
+  else
+    k_moe_route<0><<<g, 256, 0, c->st>>>(a);
   cuda_check_launch(c, "moe (route)");
 }
 
@@ -398,8 +402,10 @@ __global__ void k_moe_router(const bf16 *x, const float *R, const float *seg, in
     }
     acc = warp_sum(acc);
     if (lane == 0) {
-      if (e < E) lg[(size_t)t * E + e] = acc;
-      else sgl[t] = acc;
+      if (e < E)
+        lg[(size_t)t * E + e] = acc;
+      else
+        sgl[t] = acc;
       if (LAST) __threadfence(); /* before the block's arrival */
     }
   }
@@ -420,10 +426,12 @@ __global__ void k_moe_router(const bf16 *x, const float *R, const float *seg, in
 
 /* hid[t, r I + i] = silu(wg . x_t) * (wu . x_t): one output of k_moe_hidden (a warp) */
 __device__ __forceinline__ void moe_hidden_out(const bf16 *x, const bf16 *wg, const bf16 *wu, int t,
-                                               int r, int i, int k, int H, int I, int Is, float *hid) {
+                                               int r, int i, int k, int H, int I, int Is,
+                                               float *hid) {
   float gv, uv;
   moe_dot2_bb(wg, wu, x + (size_t)t * H, H, &gv, &uv);
-  if ((threadIdx.x & 31) == 0) hid[(size_t)t * ((size_t)k * I + Is) + (size_t)r * I + i] = siluf_dev(gv) * uv;
+  if ((threadIdx.x & 31) == 0)
+    hid[(size_t)t * ((size_t)k * I + Is) + (size_t)r * I + i] = siluf_dev(gv) * uv;
 }
 
 /* grid (T (k + S), ceil(max(I, Is) / 8)), 8 warps, a warp per output i of slot r of row t:
@@ -439,7 +447,8 @@ __global__ void k_moe_hidden(const bf16 *x, const bf16 *const *wsel, int k, int 
   int ks = k + S, t = blockIdx.x / ks, r = blockIdx.x % ks;
   int i = blockIdx.y * 8 + (threadIdx.x >> 5);
   if (SE && r == k) {
-    if (i < Is) moe_hidden_out(x, sgw + (size_t)i * H, suw + (size_t)i * H, t, r, i, k, H, I, Is, hid);
+    if (i < Is)
+      moe_hidden_out(x, sgw + (size_t)i * H, suw + (size_t)i * H, t, r, i, k, H, I, Is, hid);
     pdl_enter(); /* every block still waits before it exits */
     return;
   }
@@ -470,8 +479,8 @@ __device__ __forceinline__ void moe_down_load(uint4 (&wv)[MOE_DQ][2], const bf16
 }
 
 /* p[q] += wv[q][u] . h[q n + i0 + 256 u ...] for the pieces inside the row (q < nq) */
-__device__ __forceinline__ void moe_down_use(float (&p)[MOE_DQ], const uint4 (&wv)[MOE_DQ][2], int nq,
-                                             const float *h, int n, int i0) {
+__device__ __forceinline__ void moe_down_use(float (&p)[MOE_DQ], const uint4 (&wv)[MOE_DQ][2],
+                                             int nq, const float *h, int n, int i0) {
 #pragma unroll
   for (int q = 0; q < MOE_DQ; q++)
 #pragma unroll
@@ -513,7 +522,8 @@ __device__ __forceinline__ float moe_down_slots(float acc, const bf16 *const *wp
     }
   } else {
     for (int q = 0; q < nq; q++)
-      for (int i = lane; i < n; i += 32) p[q] += bf2f(wp[q][(size_t)j * n + i]) * h[(size_t)q * n + i];
+      for (int i = lane; i < n; i += 32)
+        p[q] += bf2f(wp[q][(size_t)j * n + i]) * h[(size_t)q * n + i];
   }
 #pragma unroll
   for (int q = 0; q < MOE_DQ; q++) {
@@ -561,7 +571,8 @@ __global__ void __launch_bounds__(256, 2)
     r0 = MOE_DQ;
   }
   for (; r0 < k; r0 += MOE_DQ)
-    acc = moe_down_slots<0>(acc, wp + r0, ww + r0, min(MOE_DQ, k - r0), j, h + (size_t)r0 * I, I, vec, pre);
+    acc = moe_down_slots<0>(acc, wp + r0, ww + r0, min(MOE_DQ, k - r0), j, h + (size_t)r0 * I, I,
+                            vec, pre);
   if (sdw) acc = moe_down_slots<0>(acc, wp + k, ww + k, 1, j, h + (size_t)k * I, Is, vec, pre);
   if ((threadIdx.x & 31) == 0) out[(size_t)t * H + j] = f2bf(acc);
 }
@@ -575,7 +586,8 @@ __global__ void k_swiglu_bf16(bf16 *g, const bf16 *u, size_t n) {
 
 static size_t al256(size_t b) { return (b + 255) & ~(size_t)255; }
 
-/* ---- grouped path (default; DS_MOE_GROUPED=0 turns it off; steps of >= MOE_GROUPED_MIN rows, not under
+/* ---- grouped path (default; DS_MOE_GROUPED=0 turns it off; steps of >= MOE_GROUPED_MIN rows, not
+ * under
  * --batch-invariant) ----
  * Per chunk of <= MOE_GROUPED_CHUNK rows: the (row, slot) pairs are ordered by expert (stable:
  * within an expert in slot order), their x rows gathered, then per expert with rows one cuBLAS
@@ -673,16 +685,16 @@ __global__ void k_moe_down_dev(const float *h, const int32_t *off, const bf16 *c
 /* The routed experts of rows [0, T) (ids/wts already routed), grouped; out as k_moe_down.
  * dev: through the device-grouped kernels (moe_dev_takes), else per-expert cuBLAS GEMMs. */
 static void moe_grouped(cuda_ctx *c, const bf16 *x, const int32_t *ids, const float *wts,
-                        const bf16 *const *htab, const bf16 *const *htab_d, int dev, int E,
-                        int k, int H, int I, int T,
-                        const float *sg, const float *sd, bf16 *out, char *sc) {
+                        const bf16 *const *htab, const bf16 *const *htab_d, int dev, int E, int k,
+                        int H, int I, int T, const float *sg, const float *sd, bf16 *out,
+                        char *sc) {
   size_t nmax = (size_t)MOE_GROUPED_CHUNK * k;
   size_t o_lpos = 0, o_cnt = o_lpos + al256(nmax * 4), o_off = o_cnt + al256((size_t)E * 4),
          o_row = o_off + al256((size_t)(E + 1) * 4), o_xg = o_row + al256(nmax * 4),
          o_hg = o_xg + al256(nmax * H * 2), o_hu = o_hg + al256(nmax * I * 2),
          o_od = o_hu + al256(nmax * I * 2);
-  int32_t *lpos = (int32_t *)(sc + o_lpos), *cnt = (int32_t *)(sc + o_cnt), *off = (int32_t *)(sc + o_off),
-          *row_of = (int32_t *)(sc + o_row);
+  int32_t *lpos = (int32_t *)(sc + o_lpos), *cnt = (int32_t *)(sc + o_cnt),
+          *off = (int32_t *)(sc + o_off), *row_of = (int32_t *)(sc + o_row);
   bf16 *xg = (bf16 *)(sc + o_xg), *hg = (bf16 *)(sc + o_hg), *hu = (bf16 *)(sc + o_hu);
   float *od = (float *)(sc + o_od);
   int32_t *hoff = dev ? NULL : (int32_t *)malloc(sizeof(int32_t) * (size_t)(E + 1));
@@ -697,8 +709,8 @@ static void moe_grouped(cuda_ctx *c, const bf16 *x, const int32_t *ids, const fl
     cuda_check_launch(c, "moe (rank)");
     k_moe_offsets<<<1, 32, 0, c->st>>>(cnt, E, off);
     cuda_check_launch(c, "moe (offsets)");
-    k_moe_place<<<cuda_blocks((size_t)n * (H / 8), 256), 256, 0, c->st>>>(ids_c, lpos, off, n, k, H,
-                                                                           x + (size_t)t0 * H, row_of, xg);
+    k_moe_place<<<cuda_blocks((size_t)n * (H / 8), 256), 256, 0, c->st>>>(
+        ids_c, lpos, off, n, k, H, x + (size_t)t0 * H, row_of, xg);
     cuda_check_launch(c, "moe (grouping)");
     if (dev) { /* T <= one chunk (moe_dev_takes) */
       c->moe_dev_runs++;
@@ -708,12 +720,13 @@ static void moe_grouped(cuda_ctx *c, const bf16 *x, const int32_t *ids, const fl
       k_moe_down_dev<<<dim3(E, (H + 8 * MOE_DEV_DJ - 1) / (8 * MOE_DEV_DJ)), 256, 0, c->st>>>(
           hd, off, htab_d, E, H, I, od);
       cuda_check_launch(c, "moe (device-grouped down)");
-      k_moe_combine<<<cuda_blocks((size_t)Tc * H, 256), 256, 0, c->st>>>(
-          od, row_of, wts, Tc, k, H, sg, sd, out);
+      k_moe_combine<<<cuda_blocks((size_t)Tc * H, 256), 256, 0, c->st>>>(od, row_of, wts, Tc, k, H,
+                                                                         sg, sd, out);
       cuda_check_launch(c, "moe (combine)");
       break;
     }
-    if (cudaMemcpyAsync(hoff, off, sizeof(int32_t) * (size_t)(E + 1), cudaMemcpyDeviceToHost, c->st) != cudaSuccess ||
+    if (cudaMemcpyAsync(hoff, off, sizeof(int32_t) * (size_t)(E + 1), cudaMemcpyDeviceToHost,
+                        c->st) != cudaSuccess ||
         cudaStreamSynchronize(c->st) != cudaSuccess) {
       cudaGetLastError();
       cuda_fail(c, "moe", "cannot read the expert offsets");
@@ -735,8 +748,8 @@ static void moe_grouped(cuda_ctx *c, const bf16 *x, const int32_t *ids, const fl
       if (moe_gemm(c, hg + g0 * I, htab[2 * E + e], ne, I, H, od + g0 * H, 1)) break;
     }
     k_moe_combine<<<cuda_blocks((size_t)Tc * H, 256), 256, 0, c->st>>>(
-        od, row_of, wts + (size_t)t0 * k, Tc, k, H, sg ? sg + t0 : NULL, sd ? sd + (size_t)t0 * H : NULL,
-        out + (size_t)t0 * H);
+        od, row_of, wts + (size_t)t0 * k, Tc, k, H, sg ? sg + t0 : NULL,
+        sd ? sd + (size_t)t0 * H : NULL, out + (size_t)t0 * H);
     cuda_check_launch(c, "moe (grouped)");
   }
   free(hoff);
@@ -834,7 +847,8 @@ __global__ void __launch_bounds__(256)
       float acc[MOE_DEV_R];
 #pragma unroll
       for (int r = 0; r < MOE_DEV_R; r++) acc[r] = 0.f;
-      for (int k = lane * 8; k < I; k += 256) moe_dev_piece_f(ld_stream16(w + k), hr + k, I, nr, acc);
+      for (int k = lane * 8; k < I; k += 256)
+        moe_dev_piece_f(ld_stream16(w + k), hr + k, I, nr, acc);
 #pragma unroll
       for (int r = 0; r < MOE_DEV_R; r++) {
         if (r >= nr) break;
@@ -912,7 +926,7 @@ extern "C" void cuda_moe_moe(backend *be, backend_buf x, const backend_moe *m, i
   const bf16 *xb = (const bf16 *)x;
   const float *seg = Is > 0 ? CW(m->shared_expert_gate)->f32 : NULL;
   int router_sg = 0; /* the router kernel computes the shared gate's logit */
-  moe_route_args ra = {lg, xb, seg, NULL, T, E, k, m->norm_topk_prob, H, grouped ? NULL : tab,
+  moe_route_args ra = {lg,   xb,  seg, NULL, T, E, k, m->norm_topk_prob, H, grouped ? NULL : tab,
                        wsel, ids, wts, sg};
   int routed = 0; /* the router kernel's last blocks routed the rows */
   if (CW(m->router)->f32) {
@@ -921,19 +935,28 @@ extern "C" void cuda_moe_moe(backend *be, backend_buf x, const backend_moe *m, i
     dim3 gr(T, (E + router_sg + MOE_RW - 1) / MOE_RW);
     int last = c->moe_route_last && c->moe_cnt && T <= MOE_CNT && E <= 1024;
     const float *R = CW(m->router)->f32;
-#define RT(EA, LA, V) k_moe_router<EA, LA, V><<<gr, MOE_RW * 32, 0, c->st>>>(xb, R, seg, E, H, lg, sgl, c->moe_cnt, ra)
+#define RT(EA, LA, V) \
+  k_moe_router<EA, LA, V><<<gr, MOE_RW * 32, 0, c->st>>>(xb, R, seg, E, H, lg, sgl, c->moe_cnt, ra)
     int early = T <= c->moe_router_early;
     if (!last) {
-      if (early) RT(1, 0, 0);
-      else RT(0, 0, 0);
+      if (early)
+        RT(1, 0, 0);
+      else
+        RT(0, 0, 0);
     } else if (early) {
-      if (E <= 256) RT(1, 1, 8);
-      else if (E <= 512) RT(1, 1, 16);
-      else RT(1, 1, 32);
+      if (E <= 256)
+        RT(1, 1, 8);
+      else if (E <= 512)
+        RT(1, 1, 16);
+      else
+        RT(1, 1, 32);
     } else {
-      if (E <= 256) RT(0, 1, 8);
-      else if (E <= 512) RT(0, 1, 16);
-      else RT(0, 1, 32);
+      if (E <= 256)
+        RT(0, 1, 8);
+      else if (E <= 512)
+        RT(0, 1, 16);
+      else
+        RT(0, 1, 32);
     }
 #undef RT
     cuda_check_launch(c, last ? "moe (router + route)" : "moe (router)");
@@ -956,8 +979,10 @@ extern "C" void cuda_moe_moe(backend *be, backend_buf x, const backend_moe *m, i
   int S = Is > 0, wmax = I > Is ? I : Is;
   dim3 gh(T * (k + S), (wmax + 7) / 8);
   const bf16 *sgw = S ? CW(m->shared_gate)->bf : NULL, *suw = S ? CW(m->shared_up)->bf : NULL;
-  if (c->moe_shared_early) k_moe_hidden<1><<<gh, 256, 0, c->st>>>(xb, wsel, k, S, H, I, Is, sgw, suw, hid);
-  else k_moe_hidden<0><<<gh, 256, 0, c->st>>>(xb, wsel, k, S, H, I, Is, sgw, suw, hid);
+  if (c->moe_shared_early)
+    k_moe_hidden<1><<<gh, 256, 0, c->st>>>(xb, wsel, k, S, H, I, Is, sgw, suw, hid);
+  else
+    k_moe_hidden<0><<<gh, 256, 0, c->st>>>(xb, wsel, k, S, H, I, Is, sgw, suw, hid);
   cuda_check_launch(c, "moe (experts)");
   dim3 gd(T, (H + 7) / 8);
   const bf16 *sdw = S ? CW(m->shared_down)->bf : NULL;

@@ -11,14 +11,14 @@ extern "C" {
 
 /* cuda_elem.cu */
 void cuda_elem_embed(backend *be, backend_weight E, int H, backend_buf out);
-void cuda_elem_rmsnorm(backend *be, backend_buf x, backend_buf add, backend_weight w, int T,
-                       int n, float eps, backend_buf y);
+void cuda_elem_rmsnorm(backend *be, backend_buf x, backend_buf add, backend_weight w, int T, int n,
+                       float eps, backend_buf y);
 void cuda_elem_add(backend *be, backend_buf x, backend_buf y, size_t n);
 void cuda_elem_sigmoid_mul(backend *be, backend_buf x, backend_buf gate, size_t n);
 void cuda_elem_swiglu(backend *be, backend_buf gate, backend_buf up, size_t n, backend_buf out);
 void cuda_elem_qk_norm_rope(backend *be, backend_buf qg, backend_buf k, backend_weight q_norm,
-                            backend_weight k_norm, int nh, int nkv, int hd, int rot,
-                            double theta, float eps, backend_buf q_out, backend_buf gate_out);
+                            backend_weight k_norm, int nh, int nkv, int hd, int rot, double theta,
+                            float eps, backend_buf q_out, backend_buf gate_out);
 void cuda_elem_gdn_gates(backend *be, backend_buf qkv, backend_buf b, backend_buf a,
                          backend_weight A_log, backend_weight dt_bias, int nk, int nv, int dk,
                          int dv, backend_buf beta, backend_buf g);
@@ -43,16 +43,15 @@ void cuda_gdn_conv1d(backend *be, backend_buf conv_state, backend_buf x, backend
                      int K, backend_buf out);
 void cuda_gdn_prefill(backend *be, backend_buf ssm, backend_buf qkv, backend_buf beta,
                       backend_buf g, int nk, int nv, int dk, int dv, backend_buf out);
-void cuda_gdn_decode(backend *be, backend_buf ssm, backend_buf qkv, backend_buf beta,
-                     backend_buf g, int nk, int nv, int dk, int dv, backend_buf out);
+void cuda_gdn_decode(backend *be, backend_buf ssm, backend_buf qkv, backend_buf beta, backend_buf g,
+                     int nk, int nv, int dk, int dv, backend_buf out);
 
 /* cuda_sample.cu */
 void cuda_sample_sample(backend *be, backend_buf x, int n, int V, backend_buf params,
                         backend_buf ids);
 
 /* cuda_moe.cu */
-void cuda_moe_moe(backend *be, backend_buf x, const backend_moe *m, int T, int H,
-                  backend_buf out);
+void cuda_moe_moe(backend *be, backend_buf x, const backend_moe *m, int T, int H, backend_buf out);
 
 #ifdef __cplusplus
 }

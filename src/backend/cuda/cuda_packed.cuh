@@ -31,7 +31,9 @@
 __host__ __device__ static inline int pk_fits(long long N, long long K) {
   return N > 0 && K > 0 && K % 512 == 0 && K / PK_TURN <= PK_MAX_TURNS;
 }
-__host__ __device__ static inline size_t pk_bytes(long long N, long long K) { return (size_t)N * (size_t)K * 3 / 2; }
+__host__ __device__ static inline size_t pk_bytes(long long N, long long K) {
+  return (size_t)N * (size_t)K * 3 / 2;
+}
 
 /* The high bytes of one code word's 8 values: h0 byte j = value j's, h1 byte j = value j + 4's
  * (code = sign << 3 | E' - base, high byte = sign << 7 | E'). */
@@ -60,9 +62,8 @@ __device__ __forceinline__ void pk_f32x8(uint32_t l0, uint32_t l1, uint32_t n, u
 
 /* A turn from the bf16 row (an escaping turn): gemv_row's pieces. */
 template <int T>
-__device__ __forceinline__ void pk_turn_bf(const bf16 *__restrict__ x,
-                                           const bf16 *__restrict__ w, int K, int k0, int np,
-                                           float *acc) {
+__device__ __forceinline__ void pk_turn_bf(const bf16 *__restrict__ x, const bf16 *__restrict__ w,
+                                           int K, int k0, int np, float *acc) {
   uint4 u[4];
 #pragma unroll
   for (int p = 0; p < 4; p++)
@@ -93,8 +94,8 @@ __device__ __forceinline__ void pk_turn(const bf16 *__restrict__ x, uint4 a, uin
 
 /* A packed half turn (the last 512 columns of a row of K % 1024 == 512) from its words. */
 template <int T>
-__device__ __forceinline__ void pk_half(const bf16 *__restrict__ x, uint4 a, uint2 c, int K,
-                                        int k0, uint32_t hd, float *acc) {
+__device__ __forceinline__ void pk_half(const bf16 *__restrict__ x, uint4 a, uint2 c, int K, int k0,
+                                        uint32_t hd, float *acc) {
   uint32_t base4 = (hd & 0xFFu) * 0x01010101u;
   float wf[8];
   pk_f32x8(a.x, a.y, c.x, base4, wf);
@@ -122,8 +123,8 @@ __device__ __forceinline__ pk_words pk_load(const uint8_t *tp, int lane) {
 #endif
 template <int T, bool LATE = false, int UT = PK_UT>
 __device__ __forceinline__ void pk_row(const bf16 *__restrict__ x, const bf16 *__restrict__ w,
-                                       const uint8_t *__restrict__ wp, const uint32_t *hdp,
-                                       int K, int lane, float *acc, const float *inv = nullptr,
+                                       const uint8_t *__restrict__ wp, const uint32_t *hdp, int K,
+                                       int lane, float *acc, const float *inv = nullptr,
                                        float *iv = nullptr) {
 #pragma unroll
   for (int t = 0; t < T; t++) acc[t] = 0.f;
@@ -134,8 +135,10 @@ __device__ __forceinline__ void pk_row(const bf16 *__restrict__ x, const bf16 *_
   int nt = K / PK_TURN, t = 0;
   auto run = [&](const pk_words &q, int t) {
     int k0 = t * PK_TURN + 8 * lane;
-    if (hd >> (8 + t) & 1u) pk_turn_bf<T>(x, w, K, k0, 4, acc);
-    else pk_turn<T>(x, q.a, q.b, q.c, K, k0, (hd & 0xFFu) * 0x01010101u, acc);
+    if (hd >> (8 + t) & 1u)
+      pk_turn_bf<T>(x, w, K, k0, 4, acc);
+    else
+      pk_turn<T>(x, q.a, q.b, q.c, K, k0, (hd & 0xFFu) * 0x01010101u, acc);
   };
   auto turn = [&](int t) {
     int k0 = t * PK_TURN + 8 * lane;
@@ -192,9 +195,8 @@ __device__ __forceinline__ void pk_row(const bf16 *__restrict__ x, const bf16 *_
 template <int T, bool LATE = false>
 __device__ __forceinline__ void pk_row2(const bf16 *__restrict__ x, const bf16 *__restrict__ wa,
                                         const uint8_t *__restrict__ pa, const uint32_t *ha,
-                                        const bf16 *__restrict__ wb,
-                                        const uint8_t *__restrict__ pb, const uint32_t *hb,
-                                        int K, int lane, float *aa, float *ab,
+                                        const bf16 *__restrict__ wb, const uint8_t *__restrict__ pb,
+                                        const uint32_t *hb, int K, int lane, float *aa, float *ab,
                                         const float *inv = nullptr, float *iv = nullptr) {
   pk_row<T, LATE>(x, wa, pa, ha, K, lane, aa, inv, iv);
   pk_row<T, false>(x, wb, pb, hb, K, lane, ab);
@@ -216,8 +218,8 @@ struct pk_view {
  * kernel holding both paths needs more registers: the bf16 rows lost ~3 % at one row). */
 template <int T, bool LATE = false, bool PK = true>
 __device__ __forceinline__ void pk_gemv_row(const bf16 *__restrict__ x, const pk_view &w, int n,
-                                            int K, int lane, float *acc,
-                                            const float *inv = nullptr, float *iv = nullptr) {
+                                            int K, int lane, float *acc, const float *inv = nullptr,
+                                            float *iv = nullptr) {
   if (PK && w.pk)
     pk_row<T, LATE>(x, w.bf + (size_t)n * K, w.pk + pk_bytes(n, K), w.hd + n, K, lane, acc, inv,
                     iv);
@@ -232,9 +234,8 @@ __device__ __forceinline__ void pk_gemv_row2(const bf16 *__restrict__ x, const p
                                              float *ab, const float *inv = nullptr,
                                              float *iv = nullptr) {
   if (PK && a.pk && b.pk)
-    pk_row2<T, LATE>(x, a.bf + (size_t)n * K, a.pk + pk_bytes(n, K), a.hd + n,
-                     b.bf + (size_t)n * K, b.pk + pk_bytes(n, K), b.hd + n, K, lane, aa, ab, inv,
-                     iv);
+    pk_row2<T, LATE>(x, a.bf + (size_t)n * K, a.pk + pk_bytes(n, K), a.hd + n, b.bf + (size_t)n * K,
+                     b.pk + pk_bytes(n, K), b.hd + n, K, lane, aa, ab, inv, iv);
   else
     gemv_row2<T, LATE>(x, a.bf + (size_t)n * K, b.bf + (size_t)n * K, K, lane, aa, ab, inv, iv);
 }
@@ -255,7 +256,7 @@ static __global__ void k_pk_base(const bf16 *__restrict__ W, int N, int K, uint3
 /* One thread per 8-value piece (row n, columns 8 q ..): its low bytes and code word into the
  * layout; a piece with an escape marks its turn in hd[n]. */
 static __global__ void k_pk_encode(const bf16 *__restrict__ W, int N, int K, uint32_t *hd,
-                            uint8_t *pk) {
+                                   uint8_t *pk) {
   size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x, pr = (size_t)K / 8;
   if (i >= (size_t)N * pr) return;
   int n = (int)(i / pr), c0 = (int)(i % pr) * 8;
@@ -265,11 +266,15 @@ static __global__ void k_pk_encode(const bf16 *__restrict__ W, int N, int K, uin
   int esc = 0;
   for (int j = 0; j < 8; j++) {
     unsigned hi = v[j] >> 8, e = hi & 0x7Fu, code = 0;
-    if (e < base) esc = 1;
-    else code = (hi >> 7) << 3 | (e - base);
+    if (e < base)
+      esc = 1;
+    else
+      code = (hi >> 7) << 3 | (e - base);
     word |= code << (j < 4 ? 8 * j : 8 * (j - 4) + 4);
-    if (j < 4) lo0 |= (unsigned)(v[j] & 0xFFu) << (8 * j);
-    else lo1 |= (unsigned)(v[j] & 0xFFu) << (8 * (j - 4));
+    if (j < 4)
+      lo0 |= (unsigned)(v[j] & 0xFFu) << (8 * j);
+    else
+      lo1 |= (unsigned)(v[j] & 0xFFu) << (8 * (j - 4));
   }
   int t = c0 / PK_TURN, cc = c0 % PK_TURN, p = cc / 256, L = (cc % 256) / 8;
   uint8_t *tp = pk + pk_bytes(n, K) + (size_t)t * PK_TURN_BYTES;

@@ -184,7 +184,8 @@ __device__ int smp_ordered(const uint32_t *key, const smp_slice &sl, bool mass, 
     u64 acc = excl;
     for (int i = lo; i < hi; i++) {
       uint32_t k = key[i];
-      if (smp_kept(k, i, ka, ia) && (!exact || k == kc) && (acc += smp_measure(k, mass)) >= target) {
+      if (smp_kept(k, i, ka, ia) && (!exact || k == kc) &&
+          (acc += smp_measure(k, mass)) >= target) {
         for (int r = 0; r < SMP_CLUSTER; r++) *cl.map_shared_rank(&s->id, r) = i;
         break;
       }
@@ -440,8 +441,7 @@ extern "C" void cuda_sample_sample(backend *be, backend_buf x, int n, int V, bac
     cudaFuncSetAttribute(k_sample, cudaFuncAttributeMaxDynamicSharedMemorySize, SMP_SMEM);
     attr_set = 1;
   }
-  k_sample<<<n * SMP_CLUSTER, SMP_THREADS, SMP_SMEM, c->st>>>((float *)x, V,
-                                                              (const int32_t *)params,
-                                                              (int32_t *)ids);
+  k_sample<<<n * SMP_CLUSTER, SMP_THREADS, SMP_SMEM, c->st>>>(
+      (float *)x, V, (const int32_t *)params, (int32_t *)ids);
   cuda_check_launch(c, "sample");
 }

@@ -35,8 +35,8 @@ CUDA_KTRACE_TU(cuda_sgemm_ktrace_bind) /* the kernel-release trace, cuda_ktrace.
 #define SG_UNIT 128
 #define SG_MAXT 16
 #define SG_BLOCKS_PER_SM 4 /* the grid's target size (K slices are added to reach it) */
-#define SG_MAXN 32768     /* wider products (the logits) stay on cuBLAS, already at bandwidth */
-#define SG_WS (4u << 20) /* partial sums (~2.2 MB at most at 16 rows) */
+#define SG_MAXN 32768      /* wider products (the logits) stay on cuBLAS, already at bandwidth */
+#define SG_WS (4u << 20)   /* partial sums (~2.2 MB at most at 16 rows) */
 
 typedef struct sg_set {
   const bf16 *W[SG_MULTI];
@@ -55,8 +55,10 @@ __device__ __forceinline__ int sg_seg(const sg_set &s, int r) {
 __device__ __forceinline__ void sg_store(const sg_set &s, int y_f32, int r, int tok, float v) {
   int i = sg_seg(s, r), n = s.n0[i + 1] - s.n0[i];
   size_t o = (size_t)tok * n + (r - s.n0[i]);
-  if (y_f32) ((float *)s.y[i])[o] = v;
-  else ((bf16 *)s.y[i])[o] = f2bf(v);
+  if (y_f32)
+    ((float *)s.y[i])[o] = v;
+  else
+    ((bf16 *)s.y[i])[o] = f2bf(v);
 }
 
 template <int NT>
@@ -199,14 +201,15 @@ int cuda_sgemm(cuda_ctx *c, const bf16 *x, int T, int K, int m, const bf16 *cons
   if (S < 1) S = 1;
   dim3 grid(R, S);
   switch ((T + 7) / 8) {
+// clang-format off
 #define G(n)                                                                             \
   case n:                                                                                \
     k_sgemm<n><<<grid, SG_WARPS * 32, 0, c->st>>>(x, s, T, K, S, y_f32, ws);             \
     break;
     G(1) G(2)
 #undef G
-    default:
-      return 0;
+        // clang-format on
+        default : return 0;
   }
   cuda_check_launch(c, "matmul (skinny GEMM)");
   sg_reduce(c, ws, s, T, total, S, y_f32);

@@ -9,7 +9,8 @@
 # Each round runs the parent and the head one after the other (the order alternates by round), so
 # a drift of the machine within the call moves both alike; scripts/device/ab_summary.py prints each
 # level's mean and the head's mean change against the parent of the same round. Writes $OUT/pab.txt
-# (the runs, then the summary) and $OUT/pab.tsv. DS_PAB_ROUNDS (3), DS_PAB_BUDGET_S (540).
+# (the runs, then the summary) and $OUT/pab.tsv. DS_PAB_ROUNDS (3), DS_PAB_BUDGET_S (540);
+# DS_PAB_DEVICE=cpu is a dry run of the script itself here (CPU builds, a tiny model, --quick).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/ds-pab-out}
@@ -20,12 +21,23 @@ left() { echo $((BUDGET - ($(date +%s) - T0))); }
 PARENT=${DS_PARENT:-.carry/parent}
 ROUNDS=${DS_PAB_ROUNDS:-3}
 [ -f "$PARENT/Makefile" ] || { echo "parent_ab: no parent source in $PARENT"; exit 2; }
-. scripts/device/deb_prefix.sh
-ds_deb_prefix
+DEV=${DS_PAB_DEVICE:-cuda}
+if [ "$DEV" = cuda ]; then
+  . scripts/device/deb_prefix.sh
+  ds_deb_prefix
+  MK=(CUDA=1 BUILD=build-cuda)
+  CFG=scripts/device/qwen35-4b-shape.json
+  XARGS=()
+else
+  MK=(BUILD=build-pab)
+  CFG=scripts/bench/tiny-config.json
+  XARGS=(--quick --threads 2)
+fi
 J=$(($(nproc) / 2))
-(make -C "$PARENT" CUDA=1 -j"$J" build-cuda/deltaserve >"$OUT/build-parent.log" 2>&1
+[ "$J" -ge 1 ] || J=1
+(make -C "$PARENT" "${MK[@]}" -j"$J" all >"$OUT/build-parent.log" 2>&1
   echo $? >/tmp/pab-parent.rc) &
-make CUDA=1 -j"$J" build-cuda/deltaserve >"$OUT/build-head.log" 2>&1
+make "${MK[@]}" -j"$J" all >"$OUT/build-head.log" 2>&1
 HRC=$?
 wait
 PRC=$(cat /tmp/pab-parent.rc)
@@ -36,18 +48,19 @@ if [ $HRC -ne 0 ] || [ "$PRC" -ne 0 ]; then
 fi
 rm -f "$OUT/build-head.log" "$OUT/build-parent.log"
 echo "parent_ab: built both ($(($(date +%s) - T0)) s)"
-M=/tmp/m4b
-build-cuda/deltaserve gen-random --config scripts/device/qwen35-4b-shape.json --out "$M" \
+B=${MK[-1]#BUILD=}
+M=/tmp/pab-model-$DEV
+$B/deltaserve gen-random --config "$CFG" --out "$M" \
   --dtype bf16 --seed 7 >/dev/null 2>&1 || { echo "parent_ab: gen-random failed"; exit 1; }
 echo "parent_ab: model ready ($(($(date +%s) - T0)) s)"
-declare -A BIN=([parent]="$PARENT/build-cuda/deltaserve" [head]=build-cuda/deltaserve)
+declare -A BIN=([parent]="$PARENT/$B/deltaserve" [head]=$B/deltaserve)
 declare -A SETTING=([parent]="(default)" [head]="head")
 TSV=$OUT/pab.tsv
 : >"$TSV"
 run() { # round side part
   local j=$OUT/r$1-$2-$3.json
-  timeout $(($(left) > 200 ? 200 : $(left))) "${BIN[$2]}" bench --model "$M" --device cuda \
-    --only "$3" --out "$j" >"$OUT/run.log" 2>&1 || { echo "  $2 $3 failed: $(tail -1 "$OUT/run.log")"; return; }
+  timeout $(($(left) > 200 ? 200 : $(left))) "${BIN[$2]}" bench --model "$M" --device "$DEV" \
+    "${XARGS[@]}" --only "$3" --out "$j" >"$OUT/run.log" 2>&1 || { echo "  $2 $3 failed: $(tail -1 "$OUT/run.log")"; return; }
   python3 - "$j" "$1" "$3" "${SETTING[$2]}" >>"$TSV" <<'EOF'
 import json, sys
 path, rnd, part, setting = sys.argv[1:]
@@ -70,7 +83,7 @@ for r in $(seq 1 "$ROUNDS"); do
   echo "parent_ab: round $r done ($(($(date +%s) - T0)) s)"
 done
 {
-  echo "parent ${DS_PARENT_COMMIT:-?} = (default), head ${DS_COMMIT:-?} = head; $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
+  echo "parent ${DS_PARENT_COMMIT:-?} = (default), head ${DS_COMMIT:-?} = head; $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)"
   cat "$TSV"
   echo
   python3 scripts/device/ab_summary.py "$TSV"

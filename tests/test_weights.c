@@ -93,6 +93,27 @@ TEST(tensor_get_f32_all_dtypes) {
   EXPECT_STR(dtype_name(DTYPE_F16), "f16");
 }
 
+/* The writers' conversions: every stored value survives float and back, ties go to even,
+ * NaN stays NaN (rounding must not carry it into infinity), overflow gives infinity. */
+TEST(dtype_from_f32_rounding) {
+  for (uint32_t h = 0; h < 0x10000; h++) {
+    float f = dtype_bf16_to_f32((uint16_t)h);
+    if (f == f) EXPECT_EQ_INT(dtype_f32_to_bf16(f), h);
+    float g = dtype_f16_to_f32((uint16_t)h);
+    if (g == g) EXPECT_EQ_INT(dtype_f32_to_f16(g), h);
+  }
+  EXPECT_EQ_INT(dtype_f32_to_bf16(1.0f + ldexpf(1.0f, -8)), 0x3f80);     /* tie: even */
+  EXPECT_EQ_INT(dtype_f32_to_bf16(1.0f + 3 * ldexpf(1.0f, -8)), 0x3f82); /* tie: even */
+  EXPECT_EQ_INT(dtype_f32_to_f16(1.0f + ldexpf(1.0f, -11)), 0x3c00);     /* tie: even */
+  EXPECT_EQ_INT(dtype_f32_to_f16(65520.0f), 0x7c00);                     /* overflow */
+  EXPECT_EQ_INT(dtype_f32_to_f16(ldexpf(1.0f, -25)), 0x0000);            /* tie to zero */
+  float nan;
+  uint32_t nb = 0x7fffffffu;
+  memcpy(&nan, &nb, 4);
+  EXPECT((dtype_f32_to_bf16(nan) & 0x7fff) > 0x7f80);
+  EXPECT((dtype_f32_to_f16(nan) & 0x7fff) > 0x7c00);
+}
+
 /* ---- safetensors writer/reader ---- */
 
 TEST(safetensors_round_trip) {
@@ -800,6 +821,7 @@ int main(void) {
   snprintf(dense_cfg_untied, sizeof dense_cfg_untied, DENSE_CFG, "false");
   snprintf(dense_cfg_tied, sizeof dense_cfg_tied, DENSE_CFG, "true");
   RUN(tensor_get_f32_all_dtypes);
+  RUN(dtype_from_f32_rounding);
   RUN(safetensors_round_trip);
   RUN(dense_round_trip);
   RUN(tied_f16_round_trip);

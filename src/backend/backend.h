@@ -29,8 +29,8 @@
  * [seq_start[s], seq_start[s] + seq_len[s]), at positions seq_pos[s] .. seq_pos[s]+seq_len[s]-1.
  *
  * Paged K/V. One pool per full-attention layer for K and one for V, each
- * [n_pages, PAGE=16, nkv, hd] of KIND_KV. Position p of sequence s lives in page
- * page_table[s*max_pages + p/16], row p%16.
+ * [n_pages, P, nkv, hd] of KIND_KV (P = BACKEND_PAGE_TOKENS, 16). Position p of sequence s
+ * lives in page page_table[s*max_pages + p/P], row p%P.
  *
  * Recurrent state. Per DeltaNet layer one conv pool F32 [n_slots, conv_dim, K-1] (per channel
  * the last K-1 pre-conv inputs, oldest first) and one SSM pool F32 [n_slots, nv, dk, dv]
@@ -53,7 +53,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "model/weights.h"
+#include "base/dtype.h"
+#include "base/kv_page.h"
 
 typedef struct backend backend;
 
@@ -73,9 +74,9 @@ typedef enum {
   BACKEND_KIND_I32 = 3,
 } backend_kind;
 
-#define BACKEND_PAGE_TOKENS 16
-#define BACKEND_READS 4 /* read_start tickets outstanding at most */
-#define BACKEND_CHUNK 64
+#define BACKEND_PAGE_TOKENS KV_PAGE_TOKENS /* base/kv_page.h */
+#define BACKEND_READS 4                    /* read_start tickets outstanding at most */
+#define BACKEND_CHUNK 64 /* DeltaNet prefill chunk, aligned to absolute positions */
 
 /* One step's metadata. All arrays are host memory; set_batch copies them. */
 typedef struct backend_batch {
@@ -158,6 +159,10 @@ struct backend {
                                         int64_t cols);
   void (*weight_free)(backend *be, backend_weight w);    /* NULL is a no-op */
   size_t (*weight_bytes)(backend *be, backend_weight w); /* device bytes it takes */
+  /* Optional (NULL: rows * cols * kind_size(ACT)). The device bytes weight_upload (exact:
+   * weight_upload_exact) would take for a weight [rows, cols], without uploading it: the
+   * engine's memory plan, made before the upload. */
+  size_t (*weight_size)(backend *be, int64_t rows, int64_t cols, int exact);
   /* Optional (NULL: no such copy). Lets the backend keep a second, lossless copy of a product
    * weight that the products of few rows (decode steps) stream faster than the weight itself:
    * the CUDA backend's 12-bit packed copy (cuda/cuda_packed.cuh), ~0.75 of the bf16 bytes,

@@ -1,6 +1,6 @@
 /* kv_pages — the pool of KV-cache pages shared by every full-attention layer.
  *
- * A page holds QWEN35_PAGE_TOKENS (16) consecutive token positions of one sequence; page id p
+ * A page holds KV_PAGES_TOKENS (16) consecutive token positions of one sequence; page id p
  * names the same rows in every full-attention layer (the device memory is qwen35's). This
  * module only counts: which ids are free, who references them. It never decides anything;
  * the scheduler and the prefix cache do.
@@ -28,7 +28,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define KV_PAGES_TOKENS 16
+#include "base/kv_page.h"
+
+#define KV_PAGES_TOKENS KV_PAGE_TOKENS /* positions per page (base/kv_page.h) */
 
 typedef struct kv_pages kv_pages;
 
@@ -67,7 +69,8 @@ int kv_pages_cache_refcount(const kv_pages *kp, int32_t id);
 /* Verifies every invariant; returns 0, or -1 with one line in err. */
 int kv_pages_check(const kv_pages *kp, char *err, size_t errlen);
 
-/* One sequence's page table: ids[0..n) cover positions [0, n*16). Owned by the request. */
+/* One sequence's page table: ids[0..n) cover positions [0, n*KV_PAGES_TOKENS). Owned by the
+ * request. */
 typedef struct kv_pages_table {
   int32_t *ids; /* [cap] */
   int n, cap;

@@ -193,33 +193,6 @@ static inline float gen_sym(gen_rng *r) {
   return (float)(gen_next(r) >> 40) * (1.0f / 8388608.0f) - 1.0f;
 }
 
-static inline uint16_t gen_to_bf16(float f) {
-  uint32_t u;
-  memcpy(&u, &f, 4);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return (uint16_t)(u >> 16);
-}
-
-static inline uint16_t gen_to_f16(float f) {
-  uint32_t x;
-  memcpy(&x, &f, 4);
-  uint32_t sign = (x >> 16) & 0x8000u, man = x & 0x7fffffu;
-  int32_t fexp = (int32_t)((x >> 23) & 0xff), exp = fexp - 127 + 15;
-  if (fexp == 0xff) return (uint16_t)(sign | 0x7c00u | (man ? 0x200u : 0));
-  if (exp >= 31) return (uint16_t)(sign | 0x7c00u);
-  if (exp <= 0) {
-    if (exp < -10) return (uint16_t)sign;
-    man |= 0x800000u;
-    int shift = 14 - exp;
-    uint32_t h = man >> shift, rem = man & ((1u << shift) - 1), half = 1u << (shift - 1);
-    if (rem > half || (rem == half && (h & 1))) h++;
-    return (uint16_t)(sign | h);
-  }
-  uint32_t h = ((uint32_t)exp << 10) | (man >> 13), rem = man & 0x1fffu;
-  if (rem > 0x1000u || (rem == 0x1000u && (h & 1))) h++;
-  return (uint16_t)(sign | h);
-}
-
 static inline float gen_value(gen_rng *r, gen_kind k) {
   switch (k) {
     case GEN_KIND_MAT:
@@ -284,12 +257,12 @@ static void *gen_worker(void *arg) {
     } else if (s->dt == DTYPE_BF16) {
       uint16_t *h = buf;
       if (s->kind == GEN_KIND_MAT)
-        for (int64_t i = 0; i < n; i++) h[i] = gen_to_bf16(0.02f * 1.7320508f * gen_sym(&r));
+        for (int64_t i = 0; i < n; i++) h[i] = dtype_f32_to_bf16(0.02f * 1.7320508f * gen_sym(&r));
       else
-        for (int64_t i = 0; i < n; i++) h[i] = gen_to_bf16(gen_value(&r, s->kind));
+        for (int64_t i = 0; i < n; i++) h[i] = dtype_f32_to_bf16(gen_value(&r, s->kind));
     } else {
       uint16_t *h = buf;
-      for (int64_t i = 0; i < n; i++) h[i] = gen_to_f16(gen_value(&r, s->kind));
+      for (int64_t i = 0; i < n; i++) h[i] = dtype_f32_to_f16(gen_value(&r, s->kind));
     }
     char err[512];
     size_t es = dtype_size(s->dt);

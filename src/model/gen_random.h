@@ -15,8 +15,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "base/dtype.h"
 #include "model/config.h"
-#include "model/weights.h"
 
 #define GEN_RANDOM_CHUNK (1 << 20)
 

@@ -24,8 +24,9 @@
 #include "model/config.h"
 #include "model/weights.h"
 
-#define QWEN35_PAGE_TOKENS 16
-#define QWEN35_CHUNK 64
+/* The backend's page size and DeltaNet chunk, under the model's prefix for its callers. */
+#define QWEN35_PAGE_TOKENS BACKEND_PAGE_TOKENS
+#define QWEN35_CHUNK BACKEND_CHUNK
 
 typedef struct qwen35 qwen35;
 
@@ -40,6 +41,16 @@ typedef struct qwen35_mem_opts {
  * a row for each whose width is a multiple of 512 and at most 24,576 (the CUDA layout,
  * cuda/cuda_packed.cuh). An estimate from the checkpoint, made before the upload. */
 double qwen35_packed_bytes(const model_config *c, const model_weights *w);
+
+/* What qwen35_init and its steps would take on be, in device bytes, known from the config and
+ * the checkpoint before the upload (the engine's memory plan). */
+typedef struct qwen35_plan_bytes {
+  size_t weights; /* the uploaded weights as be stores them (be->weight_size), no packed copy */
+  size_t page;    /* one KV page over every full-attention layer */
+  size_t slot;    /* one recurrent-state slot */
+  size_t token;   /* one token's activations in a step (qwen35's scratch) */
+} qwen35_plan_bytes;
+void qwen35_plan(const model_config *c, const model_weights *w, backend *be, qwen35_plan_bytes *b);
 
 /* One sequence's part of a step. */
 typedef struct fwd_seq {

@@ -24,7 +24,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "model/weights.h"
+#include "base/dtype.h"
 
 #define ST_MAX_DIMS 8
 

@@ -20,64 +20,10 @@
 #include "base/log.h"
 #include "model/safetensors.h"
 
-size_t dtype_size(dtype t) {
-  switch (t) {
-    case DTYPE_F32:
-      return 4;
-    case DTYPE_F16:
-      return 2;
-    case DTYPE_BF16:
-      return 2;
-  }
-  return 0;
-}
-
-const char *dtype_name(dtype t) {
-  switch (t) {
-    case DTYPE_F32:
-      return "f32";
-    case DTYPE_F16:
-      return "f16";
-    case DTYPE_BF16:
-      return "bf16";
-  }
-  return "?";
-}
-
 int64_t tensor_numel(const tensor *t) {
   int64_t n = 1;
   for (int i = 0; i < t->ndim; i++) n *= t->shape[i];
   return n;
-}
-
-float dtype_bf16_to_f32(uint16_t h) {
-  uint32_t bits = (uint32_t)h << 16;
-  float f;
-  memcpy(&f, &bits, 4);
-  return f;
-}
-
-float dtype_f16_to_f32(uint16_t h) {
-  uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
-  if (exp == 0) {
-    if (man == 0) {
-      bits = sign;
-    } else { /* subnormal: renormalise */
-      int e = -1;
-      do {
-        e++;
-        man <<= 1;
-      } while (!(man & 0x400));
-      bits = sign | ((uint32_t)(127 - 15 - e) << 23) | ((man & 0x3ff) << 13);
-    }
-  } else if (exp == 31) {
-    bits = sign | 0x7f800000u | (man << 13);
-  } else {
-    bits = sign | ((exp + 127 - 15) << 23) | (man << 13);
-  }
-  float f;
-  memcpy(&f, &bits, 4);
-  return f;
 }
 
 float tensor_get_f32(const tensor *t, int64_t i) {

@@ -13,19 +13,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "base/dtype.h"
 #include "model/config.h"
-
-typedef enum { DTYPE_F32, DTYPE_F16, DTYPE_BF16 } dtype;
 
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-size_t dtype_size(dtype t);
-const char *dtype_name(dtype t);
-/* Exact conversions of one stored element to float (used by every backend's upload). */
-float dtype_bf16_to_f32(uint16_t h);
-float dtype_f16_to_f32(uint16_t h);
 
 typedef struct tensor {
   const void *data; /* into an mmap, or into `owned` storage of model_weights; NULL if absent */

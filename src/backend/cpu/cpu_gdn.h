@@ -8,7 +8,9 @@
 #define DS_CPU_GDN_H
 #include <stddef.h>
 
-#define CPU_GDN_CHUNK 64
+#include "backend/backend.h"
+
+#define CPU_GDN_CHUNK BACKEND_CHUNK /* backend.h fixes where chunks start */
 
 /* One token: S <- exp(g) S; d = beta (v - S^T k); S <- S + k d^T; o = S^T q.
  * q, k [dk]; v, o [dv]. */

@@ -1,0 +1,87 @@
+/* dtype — element sizes, names and float conversions; see dtype.h. */
+#include "base/dtype.h"
+
+#include <string.h>
+
+size_t dtype_size(dtype t) {
+  switch (t) {
+    case DTYPE_F32:
+      return 4;
+    case DTYPE_F16:
+      return 2;
+    case DTYPE_BF16:
+      return 2;
+  }
+  return 0;
+}
+
+const char *dtype_name(dtype t) {
+  switch (t) {
+    case DTYPE_F32:
+      return "f32";
+    case DTYPE_F16:
+      return "f16";
+    case DTYPE_BF16:
+      return "bf16";
+  }
+  return "?";
+}
+
+float dtype_bf16_to_f32(uint16_t h) {
+  uint32_t bits = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &bits, 4);
+  return f;
+}
+
+float dtype_f16_to_f32(uint16_t h) {
+  uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
+  if (exp == 0) {
+    if (man == 0) {
+      bits = sign;
+    } else { /* subnormal: renormalise */
+      int e = -1;
+      do {
+        e++;
+        man <<= 1;
+      } while (!(man & 0x400));
+      bits = sign | ((uint32_t)(127 - 15 - e) << 23) | ((man & 0x3ff) << 13);
+    }
+  } else if (exp == 31) {
+    bits = sign | 0x7f800000u | (man << 13);
+  } else {
+    bits = sign | ((exp + 127 - 15) << 23) | (man << 13);
+  }
+  float f;
+  memcpy(&f, &bits, 4);
+  return f;
+}
+
+uint16_t dtype_f32_to_bf16(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  /* a NaN keeps a mantissa bit set: rounding could carry it into the exponent (infinity) */
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (uint16_t)(u >> 16);
+}
+
+uint16_t dtype_f32_to_f16(float f) {
+  uint32_t x;
+  memcpy(&x, &f, 4);
+  uint32_t sign = (x >> 16) & 0x8000u, man = x & 0x7fffffu;
+  int32_t fexp = (int32_t)((x >> 23) & 0xff), exp = fexp - 127 + 15;
+  if (fexp == 0xff) return (uint16_t)(sign | 0x7c00u | (man ? 0x200u : 0));
+  if (exp >= 31) return (uint16_t)(sign | 0x7c00u);
+  if (exp <= 0) { /* a subnormal half, or zero below half the smallest one */
+    if (exp < -10) return (uint16_t)sign;
+    man |= 0x800000u;
+    int shift = 14 - exp;
+    uint32_t h = man >> shift, rem = man & ((1u << shift) - 1), half = 1u << (shift - 1);
+    if (rem > half || (rem == half && (h & 1))) h++;
+    return (uint16_t)(sign | h);
+  }
+  uint32_t h = ((uint32_t)exp << 10) | (man >> 13), rem = man & 0x1fffu;
+  if (rem > 0x1000u || (rem == 0x1000u && (h & 1))) h++;
+  return (uint16_t)(sign | h);
+}

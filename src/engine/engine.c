@@ -1576,7 +1576,7 @@ static engine_req *engine_submit_req(engine *e, const engine_submit_opts *o, eng
     return errf(err, errlen,
                 "prompt (%d tokens) + max_tokens (%d) exceeds the KV cache (%d "
                 "tokens)",
-                o->n_prompt, o->sp.max_tokens, kv_pages_total(e->kp) * 16),
+                o->n_prompt, o->sp.max_tokens, kv_pages_total(e->kp) * KV_PAGES_TOKENS),
            NULL;
   *status = ENGINE_ERR_NOMEM;
   if (fault_hit("engine_submit")) return errf(err, errlen, "out of memory"), NULL;

@@ -338,6 +338,50 @@ void qwen35_packed(const qwen35 *m, int *n, size_t *bytes, size_t *replaced) {
   *replaced = m->packed_over;
 }
 
+/* Device bytes of one checkpoint tensor once uploaded (exact: as weight_upload_exact). */
+static double plan_tensor(backend *be, const tensor *t, int exact) {
+  if (!t->data) return 0;
+  int64_t rows = t->ndim > 1 ? t->shape[0] : 1;
+  int64_t cols = rows > 0 ? tensor_numel(t) / rows : 0;
+  if (be->weight_size) return (double)be->weight_size(be, rows, cols, exact);
+  return (double)tensor_numel(t) * (double)be->kind_size(be, BACKEND_KIND_ACT);
+}
+
+void qwen35_plan(const model_config *c, const model_weights *w, backend *be, qwen35_plan_bytes *b) {
+  double wb = plan_tensor(be, &w->embed, 0) + plan_tensor(be, &w->final_norm, 0);
+  if (!c->tie_word_embeddings && w->lm_head.data && w->lm_head.data != w->embed.data)
+    wb += plan_tensor(be, &w->lm_head, 0);
+  for (int i = 0; i < c->n_layers; i++) {
+    const layer_weights *L = &w->layers[i];
+    const tensor *ts[] = {&L->input_norm,  &L->post_norm, &L->q_proj,      &L->k_proj,
+                          &L->v_proj,      &L->o_proj,    &L->q_norm,      &L->k_norm,
+                          &L->in_proj_qkv, &L->in_proj_z, &L->in_proj_b,   &L->in_proj_a,
+                          &L->conv1d,      &L->dt_bias,   &L->A_log,       &L->lin_norm,
+                          &L->out_proj,    &L->gate_proj, &L->up_proj,     &L->down_proj,
+                          &L->shared_gate, &L->shared_up, &L->shared_down, &L->shared_expert_gate};
+    for (size_t k = 0; k < sizeof ts / sizeof *ts; k++) wb += plan_tensor(be, ts[k], 0);
+    wb += plan_tensor(be, &L->router, 1);
+    if (L->experts && c->layer_is_moe[i])
+      for (int e = 0; e < c->n_experts; e++)
+        wb += plan_tensor(be, &L->experts[e].gate, 0) + plan_tensor(be, &L->experts[e].up, 0) +
+              plan_tensor(be, &L->experts[e].down, 0);
+  }
+  b->weights = (size_t)wb;
+  size_t act = be->kind_size(be, BACKEND_KIND_ACT);
+  b->page =
+      (size_t)config_n_full_layers(c) * 2 * page_elems(c) * be->kind_size(be, BACKEND_KIND_KV);
+  b->slot = (size_t)config_n_linear_layers(c) * (conv_elems(c) + ssm_elems(c)) * 4;
+  /* the scratch buffers of ensure_scratch, the FFN's at the wider of the dense and the routed
+   * experts' widths */
+  size_t H = (size_t)c->hidden_size, nhd = (size_t)c->n_heads * c->head_dim;
+  size_t nkv = (size_t)c->n_kv_heads * c->head_dim;
+  size_t vd = (size_t)c->lin_n_v_heads * c->lin_v_head_dim, nv = (size_t)c->lin_n_v_heads;
+  size_t moe = (size_t)c->moe_intermediate_size * (size_t)c->n_experts_per_tok;
+  size_t I = (size_t)c->intermediate_size > moe ? (size_t)c->intermediate_size : moe;
+  b->token = (3 * H + 5 * nhd + 2 * nkv + 2 * (size_t)c->conv_dim + 2 * vd + 2 * nv + 2 * I) * act +
+             2 * nv * 4;
+}
+
 int qwen35_init(qwen35 **out, const model_config *c, const model_weights *w, backend *be,
                 const qwen35_mem_opts *o, char *err, size_t errlen) {
   *out = NULL;

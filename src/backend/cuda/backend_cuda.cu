@@ -282,6 +282,18 @@ static pk_view gemv_view(const cuda_ctx *c, const cuda_weight *w, int T) {
   return v;
 }
 
+/* fp32 copies: 1-D weights, conv weights, and weights uploaded as exact (MoE routers [E, H]:
+ * routing is a discrete choice, its logits are computed from the exact weights) */
+static int cu_weight_has_f32(int64_t rows, int64_t cols, int exact) {
+  return rows == 1 || cols <= 16 || exact;
+}
+
+static size_t cu_weight_size(backend *be, int64_t rows, int64_t cols, int exact) {
+  (void)be;
+  size_t n = (size_t)(rows * cols);
+  return n * 2 + (cu_weight_has_f32(rows, cols, exact) ? n * 4 : 0);
+}
+
 static backend_weight cu_weight_upload_as(backend *be, const void *data, dtype dt, int64_t rows,
                                           int64_t cols, int exact) {
   cuda_ctx *c = cuda_ctx_of(be);
@@ -290,9 +302,7 @@ static backend_weight cu_weight_upload_as(backend *be, const void *data, dtype d
   w->rows = rows;
   w->cols = cols;
   size_t n = (size_t)(rows * cols);
-  /* fp32 copies: 1-D weights, conv weights, and weights uploaded as exact (MoE routers [E, H]:
-   * routing is a discrete choice, its logits are computed from the exact weights) */
-  int small = rows == 1 || cols <= 16 || exact;
+  int small = cu_weight_has_f32(rows, cols, exact);
   if (cudaMalloc((void **)&w->bf, (n ? n : 1) * 2) != cudaSuccess ||
       (small && cudaMalloc((void **)&w->f32, (n ? n : 1) * 4) != cudaSuccess)) {
     cudaGetLastError();
@@ -2408,6 +2418,7 @@ extern "C" backend *backend_cuda_create(int device, const backend_options *opt, 
   be->weight_upload_exact = cu_weight_upload_exact;
   be->weight_free = cu_weight_free;
   be->weight_bytes = cu_weight_bytes;
+  be->weight_size = cu_weight_size;
   be->set_batch = cu_set_batch;
   be->read_start = cu_read_start;
   be->write_start = cu_write_start;

@@ -3,29 +3,16 @@
 
 #include <string.h>
 
-size_t dtype_size(dtype t) {
-  switch (t) {
-    case DTYPE_F32:
-      return 4;
-    case DTYPE_F16:
-      return 2;
-    case DTYPE_BF16:
-      return 2;
-  }
-  return 0;
-}
+static const struct {
+  size_t size;
+  const char *name;
+} dtype_info[] = {[DTYPE_F32] = {4, "f32"}, [DTYPE_F16] = {2, "f16"}, [DTYPE_BF16] = {2, "bf16"}};
 
-const char *dtype_name(dtype t) {
-  switch (t) {
-    case DTYPE_F32:
-      return "f32";
-    case DTYPE_F16:
-      return "f16";
-    case DTYPE_BF16:
-      return "bf16";
-  }
-  return "?";
-}
+#define DTYPE_COUNT (sizeof dtype_info / sizeof dtype_info[0])
+
+size_t dtype_size(dtype t) { return (size_t)t < DTYPE_COUNT ? dtype_info[t].size : 0; }
+
+const char *dtype_name(dtype t) { return (size_t)t < DTYPE_COUNT ? dtype_info[t].name : "?"; }
 
 float dtype_bf16_to_f32(uint16_t h) {
   uint32_t bits = (uint32_t)h << 16;

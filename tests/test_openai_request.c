@@ -420,21 +420,7 @@ TEST(usage_shape) {
   json_decref(u);
 }
 
-TEST(stop_find_and_holdback) {
-  char *stops[] = {"END", "ab", "xyz"};
-  size_t ml = 0;
-  const char *t = "hello aENDab";
-  EXPECT_EQ_INT(openai_response_stop_find(t, strlen(t), 0, stops, 3, &ml), 7);
-  EXPECT_EQ_INT(ml, 3);
-  EXPECT_EQ_INT(openai_response_stop_find(t, strlen(t), 8, stops, 3, &ml), 10);
-  EXPECT_EQ_INT(ml, 2);
-  EXPECT_EQ_INT(openai_response_stop_find("nothing", 7, 0, stops, 3, &ml), -1);
-  /* earliest wins even when a later-listed stop string matches first */
-  EXPECT_EQ_INT(openai_response_stop_find("zzabEND", 7, 0, stops, 3, &ml), 2);
-  EXPECT_EQ_INT(openai_response_stop_holdback("hello E", 7, stops, 3), 1);
-  EXPECT_EQ_INT(openai_response_stop_holdback("hello EN", 8, stops, 3), 2);
-  EXPECT_EQ_INT(openai_response_stop_holdback("hello xy", 8, stops, 3), 2);
-  EXPECT_EQ_INT(openai_response_stop_holdback("hello", 5, stops, 3), 0);
+TEST(tag_holdback) {
   EXPECT_EQ_INT(openai_response_tag_holdback("abc</thi", 8, "</think>"), 5);
   EXPECT_EQ_INT(openai_response_tag_holdback("abc</think>", 11, "</think>"), 0);
 }
@@ -698,7 +684,7 @@ int main(void) {
   RUN(tokenize_bodies);
   RUN(error_body_shape);
   RUN(usage_shape);
-  RUN(stop_find_and_holdback);
+  RUN(tag_holdback);
   RUN(utf8_helpers);
   RUN(stream_split_matches_parse);
   RUN(stream_thinking_open_detect);

@@ -143,28 +143,6 @@ json_t *openai_response_chat_logprob(const char *tok, size_t tok_len, float logp
   return e;
 }
 
-long openai_response_stop_find(const char *text, size_t len, size_t from, char *const *stops,
-                               int n_stops, size_t *match_len) {
-  long best = -1;
-  size_t best_len = 0;
-  for (int i = 0; i < n_stops; i++) {
-    size_t sl = strlen(stops[i]);
-    if (sl == 0 || sl > len) continue;
-    size_t start = from;
-    /* only positions that can still beat the best match */
-    for (size_t p = start; p + sl <= len; p++) {
-      if (best >= 0 && (long)p >= best) break;
-      if (text[p] == stops[i][0] && !memcmp(text + p, stops[i], sl)) {
-        best = (long)p;
-        best_len = sl;
-        break;
-      }
-    }
-  }
-  if (match_len) *match_len = best_len;
-  return best;
-}
-
 size_t openai_response_tag_holdback(const char *text, size_t len, const char *tag) {
   size_t tl = strlen(tag);
   size_t max = tl > 0 ? tl - 1 : 0;
@@ -172,16 +150,6 @@ size_t openai_response_tag_holdback(const char *text, size_t len, const char *ta
   for (size_t k = max; k > 0; k--)
     if (!memcmp(text + len - k, tag, k)) return k;
   return 0;
-}
-
-size_t openai_response_stop_holdback(const char *text, size_t len, char *const *stops,
-                                     int n_stops) {
-  size_t best = 0;
-  for (int i = 0; i < n_stops; i++) {
-    size_t k = openai_response_tag_holdback(text, len, stops[i]);
-    if (k > best) best = k;
-  }
-  return best;
 }
 
 size_t openai_response_utf8_complete(const char *s, size_t len) {

@@ -1,7 +1,7 @@
 /* openai_response — the JSON the OpenAI API answers with: error bodies, usage, ids, chat and
- * completion objects and their streaming chunks, logprob entries; plus the stop-string
- * scanner the streaming path uses (find a match; how many trailing bytes must be held back
- * because they could still become one).
+ * completion objects and their streaming chunks, logprob entries; plus the tag holdback the
+ * streaming path uses (how many trailing bytes must be held back because they could still
+ * become a tag).
  * Pure: no globals but an id counter; safe from any thread. Returned json_t are new
  * references and returned char* are malloc'd; both belong to the caller. */
 #ifndef DS_OPENAI_RESPONSE_H
@@ -40,14 +40,6 @@ json_t *openai_response_object(const char *id, const char *object, long long cre
 json_t *openai_response_chat_logprob(const char *tok, size_t tok_len, float logprob,
                                      const char *const *top_toks, const size_t *top_lens,
                                      const float *top_lps, int n_top);
-
-/* Stop strings. openai_response_stop_find returns the smallest position p >= from at which
- * one of stops[] occurs in text[0, len), with its length in *match_len; -1 when none. */
-long openai_response_stop_find(const char *text, size_t len, size_t from, char *const *stops,
-                               int n_stops, size_t *match_len);
-/* The number of trailing bytes of text that are a proper prefix of some stop string (these
- * must not be sent yet). */
-size_t openai_response_stop_holdback(const char *text, size_t len, char *const *stops, int n_stops);
 
 /* The longest trailing part of text[0,len) that is a proper prefix of `tag` (e.g. a partial
  * "</think>" at the end of a stream). */

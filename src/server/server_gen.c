@@ -5,7 +5,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "server/openai_response.h"
+#include "server/stop_match.h"
 
 double server_gen_now(void) {
   struct timespec ts;
@@ -20,7 +20,12 @@ int server_gen_start(server_gen *g, const server_gen_opts *o, engine_status *sta
   strbuf_init(&g->text);
   if (o->tok) {
     g->ds = detok_stream_new(o->tok, o->skip_special);
-    if (!g->ds) {
+    if (o->n_stop > 0) g->stops = stop_match_new(o->stop, o->n_stop);
+    if (!g->ds || (o->n_stop > 0 && !g->stops)) {
+      if (g->ds) detok_stream_free(g->ds);
+      stop_match_free(g->stops);
+      g->ds = NULL;
+      g->stops = NULL;
       json_schema_free(o->schema);
       *status = ENGINE_ERR_INVALID;
       snprintf(err, errlen, "out of memory");
@@ -43,7 +48,9 @@ int server_gen_start(server_gen *g, const server_gen_opts *o, engine_status *sta
   if (!g->req) {
     if (*status == ENGINE_OK) *status = ENGINE_ERR_INVALID;
     if (g->ds) detok_stream_free(g->ds);
+    stop_match_free(g->stops);
     g->ds = NULL;
+    g->stops = NULL;
     return -1;
   }
   g->prompt_tokens = o->n_prompt;
@@ -88,17 +95,12 @@ static int push_id(server_gen *g, const engine_event *ev) {
   return 0;
 }
 
-/* Looks for a stop string in the new text; on a match cuts the text and cancels. */
+/* Feeds the new text to the stop-string matcher; on a match cuts the text and cancels. */
 static void check_stop_strings(server_gen *g) {
-  if (g->o.n_stop == 0 || g->stop_string_hit) return;
-  size_t maxlen = 0;
-  for (int i = 0; i < g->o.n_stop; i++) {
-    size_t l = strlen(g->o.stop[i]);
-    if (l > maxlen) maxlen = l;
-  }
-  size_t from = g->scanned + 1 > maxlen ? g->scanned + 1 - maxlen : 0;
+  if (!g->stops || g->stop_string_hit || g->text.len == g->scanned) return;
   size_t ml = 0;
-  long p = openai_response_stop_find(g->text.data, g->text.len, from, g->o.stop, g->o.n_stop, &ml);
+  long p = stop_match_feed(g->stops, g->text.data + g->scanned, g->text.len - g->scanned,
+                           g->scanned, &ml);
   g->scanned = g->text.len;
   if (p < 0) return;
   size_t cut = (size_t)p + (g->o.include_stop_str ? ml : 0);
@@ -183,8 +185,7 @@ oom:
 
 size_t server_gen_visible(const server_gen *g) {
   if (g->done || g->stop_string_hit) return g->text.len;
-  size_t hold = openai_response_stop_holdback(g->text.data, g->text.len, g->o.stop, g->o.n_stop);
-  return g->text.len - hold;
+  return g->text.len - (g->stops ? stop_match_holdback(g->stops) : 0);
 }
 
 const char *server_gen_finish_name(const server_gen *g) {
@@ -215,6 +216,7 @@ void server_gen_free(server_gen *g) {
     engine_release(g->req);
   }
   if (g->ds) detok_stream_free(g->ds);
+  stop_match_free(g->stops);
   strbuf_free(&g->text);
   free(g->ids);
   free(g->toks);

@@ -18,6 +18,7 @@
 
 #include "engine/engine.h"
 #include "server/metrics.h"
+#include "server/stop_match.h"
 #include "base/strbuf.h"
 #include "tokenizer/tokenizer.h"
 
@@ -56,9 +57,10 @@ typedef struct server_gen {
   server_gen_opts o;
   engine_req *req;
   detok_stream *ds;
-  strbuf text;    /* generated text, cut at a matched stop string */
-  size_t scanned; /* stop strings were searched for up to here */
-  int32_t *ids;   /* generated ids [n_ids] */
+  strbuf text;       /* generated text, cut at a matched stop string */
+  size_t scanned;    /* bytes of text fed to stops */
+  stop_match *stops; /* the stop strings' matcher (NULL: none); owned */
+  int32_t *ids;      /* generated ids [n_ids] */
   int n_ids, cap_ids;
   server_gen_token *toks; /* [n_ids] when sp.logprobs */
   int done;

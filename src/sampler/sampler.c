@@ -251,8 +251,8 @@ static void sampler_logprobs(const sampling_params *p, const float *logits, int 
 }
 
 int32_t sampler_argmax(const float *x, int n) {
-  /* m is always x[tok]: the comparison is the scan's, without reloading x[tok] each time
-   * (which made the loop one long dependency chain through memory, ~4 ns per entry) */
+  /* m is always x[tok], held in a register: the comparison is the scan's, and no load of
+   * x[tok] depends on the previous iteration, so the loop carries no chain through memory */
   int32_t tok = 0;
   if (n <= 0) return 0;
   float m = x[0];

@@ -17,8 +17,8 @@ trap cleanup EXIT
 if ! "$BIN" gen-random --config scripts/bench/tiny-config.json --out "$tmp/m" --seed 3 >"$tmp/gen.log" 2>&1; then
   echo "FAIL bench_gen_random: $(tail -1 "$tmp/gen.log")"; exit 1
 fi
-if DS_COMMIT=0123456789abcdef0123456789abcdef01234567 \
-    "$BIN" bench --model "$tmp/m" --device cpu --threads 2 --quick --out "$tmp/b.json" >"$tmp/bench.log" 2>&1; then
+if "$BIN" bench --model "$tmp/m" --device cpu --threads 2 --quick --commit 0123456789abcdef0123456789abcdef01234567 \
+    --out "$tmp/b.json" >"$tmp/bench.log" 2>&1; then
   echo "PASS bench_runs"
 else
   echo "FAIL bench_runs: exit status $?"; tail -5 "$tmp/bench.log"
@@ -102,7 +102,7 @@ const nonfinite = Object.entries(m).filter(([, v]) => !fin(v)).map(([k]) => k);
 check("bench_all_metrics_numbers", nonfinite.length === 0, nonfinite.join(", "));
 const pos = keys.filter((k) => fin(m[k]) && !(m[k] > 0) && !k.startsWith("capture") && !k.startsWith("restore"));
 check("bench_metrics_positive", pos.length === 0, pos.join(", "));
-check("bench_commit_from_env", d.commit === "0123456789abcdef0123456789abcdef01234567", d.commit);
+check("bench_commit_from_flag", d.commit === "0123456789abcdef0123456789abcdef01234567", d.commit);
 check("bench_gpu_cpu", d.gpu === "cpu", d.gpu);
 check("bench_date", typeof d.date === "string" && !Number.isNaN(Date.parse(d.date)), d.date);
 const pm = (d.peers && d.peers.metrics) || {};

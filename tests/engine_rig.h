@@ -15,6 +15,7 @@
 #include "test.h"
 
 #include "engine/engine.h"
+#include "engine/engine_mem.h"
 #include "model/weights.h"
 
 #ifndef MAXTOK
@@ -38,7 +39,13 @@ typedef struct rig_opts {
   double host_gib; /* --host-cache-gib */
   int budget;      /* --max-num-batched-tokens (0: 8192) */
   int interval;    /* --snapshot-interval (0: default) */
+  /* engine_opts.steps_ahead / device_sample: -1 off, 0 the engine's default, 1 on */
+  int ahead, device_sample;
+  int threads; /* --sampler-threads + 1 (0: the default; 1: none, the engine thread samples) */
 } rig_opts;
+
+/* --log-steps for every rig engine (an includer's main may set it, for debugging) */
+static int RIG_LOG_STEPS;
 
 typedef struct rig {
   qwen35 *m;
@@ -56,6 +63,10 @@ static inline int rig_up(rig *g, const rig_opts *ro) {
   o.n_snapshot_slabs = ro->slabs;
   o.prefix_cache_gib = ro->dev_gib;
   o.host_cache_gib = ro->host_gib;
+  o.steps_ahead = ro->ahead ? ro->ahead > 0 : -1;
+  o.device_sample = ro->device_sample ? ro->device_sample > 0 : -1;
+  o.sampler_threads = ro->threads - 1;
+  o.log_steps = RIG_LOG_STEPS;
   qwen35_mem_opts mo;
   char err[200];
   g->e = NULL;
@@ -232,7 +243,7 @@ static inline int rig_collect(engine_req *h, int32_t *tok, int cap, int *n) {
   }
 }
 
-/* ---- steps ahead (engine.c engine_flight_step) ------------------------------------------ */
+/* ---- steps ahead (engine_step.c engine_step_flight) ------------------------------------- */
 
 #define RIG_AHEAD_MAXREQ 16
 typedef struct rig_out {
@@ -272,8 +283,8 @@ static inline int rig_run_plain(rig *g, const int32_t *const *prompts, const int
 /* Steps ahead against steps in turn: nreq (<= RIG_AHEAD_MAXREQ) plain-greedy requests of MAXTOK
  * tokens, alone, all at once, and all at once with request 0's `stop_at`-th output token as a
  * stop token (it ends some of them mid-output: their finish then takes effect after the step
- * issued ahead, which fed the stop token once more), on engines made by rig_up(ro) with
- * DS_ENGINE_AHEAD=0 and =1: the same tokens and finishes, steps went ahead (none with 0), some
+ * issued ahead, which fed the stop token once more), on engines made by rig_up(ro) with steps
+ * ahead off and on: the same tokens and finishes, steps went ahead (none with 0), some
  * request stopped mid-output, and every pool checks clean with nothing held (rig_down). */
 static inline void rig_ahead_case(const rig_opts *ro, const int32_t *const *prompts,
                                   const int *lens, int nreq, int stop_at) {
@@ -287,10 +298,11 @@ static inline void rig_ahead_case(const rig_opts *ro, const int32_t *const *prom
   sp.ignore_eos = 1;
   long long ahead_steps = 0;
   for (int on = 0; on < 2; on++) {
-    setenv("DS_ENGINE_AHEAD", on ? "1" : "0", 1);
+    rig_opts rao = *ro;
+    rao.ahead = on ? 1 : -1;
     rig_out(*res)[RIG_AHEAD_MAXREQ] = on ? got : ref;
     rig g;
-    REQUIRE(rig_up(&g, ro) == 0);
+    REQUIRE(rig_up(&g, &rao) == 0);
     for (int i = 0; i < nreq; i++)
       EXPECT(rig_run_plain(&g, prompts, lens, &i, 1, res[0], &sp) == 1);
     EXPECT_EQ_INT(rig_run_plain(&g, prompts, lens, all, nreq, res[1], &sp), nreq);
@@ -303,10 +315,9 @@ static inline void rig_ahead_case(const rig_opts *ro, const int32_t *const *prom
     if (on)
       ahead_steps = st.steps_ahead;
     else
-      EXPECT_MSG(st.steps_ahead == 0, "DS_ENGINE_AHEAD=0: %lld steps ahead", st.steps_ahead);
+      EXPECT_MSG(st.steps_ahead == 0, "steps ahead off: %lld steps ahead", st.steps_ahead);
     EXPECT(rig_down(&g));
   }
-  unsetenv("DS_ENGINE_AHEAD");
   int stopped = 0, differ = 0;
   for (int k = 0; k < 3; k++)
     for (int i = 0; i < nreq; i++) {
@@ -330,10 +341,10 @@ static inline void rig_ahead_case(const rig_opts *ro, const int32_t *const *prom
  * requests of MAXTOK tokens, alone and all at once, under four parameter sets (top-k + top-p;
  * min-p + top-p with min_tokens 3; top-p with penalties, logit_bias and min_tokens before a stop
  * token; set 0's with request 0's third token as a stop token), on engines made by rig_up(ro)
- * with DS_ENGINE_DEVICE_SAMPLE=0 (the host), =1 with DS_ENGINE_AHEAD=0, and =1 with
- * DS_ENGINE_AHEAD=1 (steps issued ahead where the rows' words carry no edits: sets 0, 1 past
- * min_tokens, 3): the same tokens and finishes; the op ran (and not with 0); steps went ahead
- * (only with AHEAD=1, never in set 2); some request stopped mid-output; the tokens are not all
+ * with the op off (the host), on with steps ahead off, and on with steps ahead on (steps issued
+ * ahead where the rows' words carry no edits: sets 0, 1 past min_tokens, 3): the same tokens
+ * and finishes; the op ran (and not when off); steps went ahead (only with steps ahead on,
+ * never in set 2); some request stopped mid-output; the tokens are not all
  * one. */
 static inline void rig_device_sample_case(const rig_opts *ro, const int32_t *const *prompts,
                                           const int *lens, int nreq) {
@@ -372,10 +383,11 @@ static inline void rig_device_sample_case(const rig_opts *ro, const int32_t *con
       sp.n_stop_ids = 1;
     }
     for (int run = 0; run < 3; run++) {
-      setenv("DS_ENGINE_DEVICE_SAMPLE", run ? "1" : "0", 1);
-      setenv("DS_ENGINE_AHEAD", run == 2 ? "1" : "0", 1);
+      rig_opts rdo = *ro;
+      rdo.device_sample = run ? 1 : -1;
+      rdo.ahead = run == 2 ? 1 : -1;
       rig g;
-      REQUIRE(rig_up(&g, ro) == 0);
+      REQUIRE(rig_up(&g, &rdo) == 0);
       for (int i = 0; i < nreq; i++)
         EXPECT(rig_run_plain(&g, prompts, lens, &i, 1, res[run][0], &sp) == 1);
       EXPECT_EQ_INT(rig_run_plain(&g, prompts, lens, all, nreq, res[run][1], &sp), nreq);
@@ -415,8 +427,6 @@ static inline void rig_device_sample_case(const rig_opts *ro, const int32_t *con
           if (set == 3 && run == 1) stopped += b->finish == FINISH_STOP && b->n < MAXTOK;
         }
   }
-  unsetenv("DS_ENGINE_DEVICE_SAMPLE");
-  unsetenv("DS_ENGINE_AHEAD");
   printf(
       "  sampled steps by the op: %lld (%lld issued ahead), %d requests stopped mid-output, "
       "%d of %d outputs differ from the host sampler's\n",

@@ -27,6 +27,8 @@
 #include "engine_rig.h"
 
 static int CACHE; /* te_up: prefix cache on */
+/* te_up: rig_opts.ahead, device_sample and threads (0: the engine's defaults) */
+static int AHEAD, DEV_SAMPLE, THREADS;
 
 /* the rig (engine_rig.h) with this file's settings: with the cache on, pages evicted under
  * pressure go to the host tier; the default snapshot slab count (max(16, 2 x max_num_seqs)) */
@@ -37,6 +39,9 @@ static int te_up(rig *g, int budget, int kv_tokens, int seqs) {
   ro.kv_tokens = kv_tokens;
   ro.seqs = seqs;
   ro.host_gib = CACHE ? 0.01 : 0;
+  ro.ahead = AHEAD;
+  ro.device_sample = DEV_SAMPLE;
+  ro.threads = THREADS;
   return rig_up(g, &ro);
 }
 
@@ -235,8 +240,8 @@ TEST(startup_forward_leaves_no_trace) {
   EXPECT(rig_down(&g));
 }
 
-/* Steps ahead (engine.c engine_flight_step): plain-greedy requests give the same tokens and
- * finishes with DS_ENGINE_AHEAD=1 as with 0 (engine_rig.h rig_ahead_case), with the prefix cache
+/* Steps ahead (engine_step.c engine_step_flight): plain-greedy requests give the same tokens
+ * and finishes with steps ahead on as off (engine_rig.h rig_ahead_case), with the prefix cache
  * off and on (with the cache, a finished generation checkpoints at the depth its state covers).
  * On this backend read_start completes at once, so a chained step's tokens are the ids of the
  * step just issued. */
@@ -253,7 +258,7 @@ static void ahead_case(int cache) {
 TEST(ahead_same_tokens) { ahead_case(0); }
 TEST(ahead_same_tokens_cache) { ahead_case(1); }
 
-/* Sampled steps ahead (engine.c engine_flight_sampled): the sample op's tokens with steps
+/* Sampled steps ahead (engine_step.c engine_step_flight_sampled): the sample op's tokens with steps
  * issued ahead, and without, are the host sampler's (engine_rig.h rig_device_sample_case). */
 TEST(device_sample_ahead_same_tokens) {
   const int32_t *prompts[NREQ];
@@ -333,12 +338,12 @@ TEST(mem_plan_from_device_memory) {
  * row for the dense layers' product weights whose width is a multiple of 512, at most 24,576;
  * MoE layers' FFN and every other tensor left out). */
 TEST(packed_weights_plan) {
-  EXPECT_EQ_INT(engine_packed_choice(-1, 7.4e9, 5.4e9, 141e9), 1); /* 4B on an H200 */
-  EXPECT_EQ_INT(engine_packed_choice(-1, 54e9, 40e9, 141e9), 0);   /* 27B: over half */
-  EXPECT_EQ_INT(engine_packed_choice(1, 54e9, 40e9, 141e9), 1);    /* asked */
-  EXPECT_EQ_INT(engine_packed_choice(0, 7.4e9, 5.4e9, 141e9), 0);
-  EXPECT_EQ_INT(engine_packed_choice(-1, 7.4e9, 5.4e9, 0), 0); /* no device figure */
-  EXPECT_EQ_INT(engine_packed_choice(1, 7.4e9, 0, 141e9), 0);  /* nothing to pack */
+  EXPECT_EQ_INT(engine_mem_packed_choice(-1, 7.4e9, 5.4e9, 141e9), 1); /* 4B on an H200 */
+  EXPECT_EQ_INT(engine_mem_packed_choice(-1, 54e9, 40e9, 141e9), 0);   /* 27B: over half */
+  EXPECT_EQ_INT(engine_mem_packed_choice(1, 54e9, 40e9, 141e9), 1);    /* asked */
+  EXPECT_EQ_INT(engine_mem_packed_choice(0, 7.4e9, 5.4e9, 141e9), 0);
+  EXPECT_EQ_INT(engine_mem_packed_choice(-1, 7.4e9, 5.4e9, 0), 0); /* no device figure */
+  EXPECT_EQ_INT(engine_mem_packed_choice(1, 7.4e9, 0, 141e9), 0);  /* nothing to pack */
   model_config pc;
   memset(&pc, 0, sizeof pc);
   pc.n_layers = 2;
@@ -397,15 +402,12 @@ TEST(seeded_sampling_batched) {
 }
 
 /* The same seeded non-greedy requests, all 16 in one batch, give the same tokens and logits
- * whether the rows are sampled inline (DS_SAMPLER_THREADS=0) or on 4 sampler threads; and
+ * whether the rows are sampled inline (--sampler-threads 0) or on 4 sampler threads; and
  * the same as each request alone. Two parameter sets: top-p / min-p, and top-k with
  * penalties and logprobs. */
 static out ALONE[NREQ];
 
 TEST(sampler_threads_same_tokens) {
-  const char *old = getenv("DS_SAMPLER_THREADS");
-  char saved[32] = "";
-  if (old) snprintf(saved, sizeof saved, "%s", old);
   outs_alloc(ALONE);
   int all[NREQ];
   for (int i = 0; i < NREQ; i++) all[i] = i;
@@ -423,7 +425,7 @@ TEST(sampler_threads_same_tokens) {
     sp.seed = 1000 + (uint64_t)set;
     sp.has_seed = 1;
     rig g;
-    setenv("DS_SAMPLER_THREADS", "0", 1);
+    THREADS = 1; /* none */
     REQUIRE(te_up(&g, 8192, 0, 16) == 0);
     EXPECT_EQ_INT(run_set(&g, all, NREQ, REF, &sp), NREQ);
     for (int i = 0; i < NREQ; i++) {
@@ -431,7 +433,7 @@ TEST(sampler_threads_same_tokens) {
       EXPECT(run_set(&g, &idx, 1, ALONE, &sp) == 1);
     }
     EXPECT(rig_down(&g));
-    setenv("DS_SAMPLER_THREADS", "4", 1);
+    THREADS = 1 + 4;
     REQUIRE(te_up(&g, 8192, 0, 16) == 0);
     EXPECT_EQ_INT(run_set(&g, all, NREQ, GOT, &sp), NREQ);
     EXPECT(rig_down(&g));
@@ -445,24 +447,18 @@ TEST(sampler_threads_same_tokens) {
     }
     EXPECT_MSG(distinct, "set %d: every request repeats one token", set);
   }
+  THREADS = 0;
   for (int i = 0; i < NREQ; i++) free(ALONE[i].lg);
-  if (old)
-    setenv("DS_SAMPLER_THREADS", saved, 1);
-  else
-    unsetenv("DS_SAMPLER_THREADS");
 }
 
-/* Sampled steps picked by the backend's sample op (DS_ENGINE_DEVICE_SAMPLE=1; on the CPU
- * backend, the op's radix descent) give the host sampler's tokens (=0): 16 seeded requests at
+/* Sampled steps picked by the backend's sample op (engine_opts.device_sample 1; on the CPU
+ * backend, the op's radix descent) give the host sampler's tokens (0): 16 seeded requests at
  * once and each alone, three parameter sets (top-k + top-p, top-p + min-p, temperature alone),
  * a set where every other request has a repetition penalty (its steps go to the host while
  * such a request runs), and a set with frequency and presence penalties, logit_bias and
  * min_tokens before a stop token (the rows' edits). The op path is taken (steps counted)
  * exactly when it may be. */
 TEST(device_sample_same_tokens) {
-  const char *name = "DS_ENGINE_DEVICE_SAMPLE", *old = getenv(name);
-  char saved[32] = "";
-  if (old) snprintf(saved, sizeof saved, "%s", old);
   int all[NREQ];
   for (int i = 0; i < NREQ; i++) all[i] = i;
   RUN_NO_LOGITS = 1;
@@ -490,7 +486,7 @@ TEST(device_sample_same_tokens) {
     RUN_PENALISED = set == 3 ? 1 : -1;
     long long dev_steps[2] = {0, 0};
     for (int dev = 0; dev < 2; dev++) {
-      setenv(name, dev ? "1" : "0", 1);
+      DEV_SAMPLE = dev ? 1 : -1;
       rig g;
       REQUIRE(te_up(&g, 8192, 0, 16) == 0);
       out *o = dev ? GOT : REF;
@@ -523,17 +519,15 @@ TEST(device_sample_same_tokens) {
   }
   RUN_NO_LOGITS = 0;
   RUN_PENALISED = -1;
-  if (old)
-    setenv(name, saved, 1);
-  else
-    unsetenv(name);
+  DEV_SAMPLE = 0;
 }
 
 /* response_format masks: 16 seeded requests (temperature 1) under the JSON-object mask, and
  * under a schema, over a small synthetic vocabulary (id i -> one of 24 JSON-ish byte strings;
  * the model's eos an end token) give the same tokens whether the sampler threads prepare the
- * masks while the forward runs (DS_ENGINE_MASK_OVERLAP=1) or each is computed as its row is
- * sampled (=0); and every output is a prefix of a JSON object (of one the schema accepts). */
+ * masks while the forward runs (4 sampler threads) or each is computed as its row is sampled
+ * (none: the engine thread samples); and every output is a prefix of a JSON object (of one the
+ * schema accepts). */
 TEST(json_mask_overlap_same_tokens) {
   static const char *piece[24] = {"{",   "}",   "\"", "\"a\"", ":",  ",",      " ",     "1",
                                   "-",   ".",   "e",  "true",  "[",  "]",      "null",  "{\"",
@@ -548,11 +542,6 @@ TEST(json_mask_overlap_same_tokens) {
   int32_t eos = C.eos_token_ids[0];
   json_vocab *jv = json_vocab_new((int)V, bytes, lens, NULL, &eos, 1);
   REQUIRE(jv != NULL);
-  const char *saved[2] = {getenv("DS_SAMPLER_THREADS"), getenv("DS_ENGINE_MASK_OVERLAP")};
-  char keep[2][32] = {"", ""};
-  for (int k = 0; k < 2; k++)
-    if (saved[k]) snprintf(keep[k], sizeof keep[k], "%s", saved[k]);
-  setenv("DS_SAMPLER_THREADS", "4", 1);
   int all[NREQ];
   for (int i = 0; i < NREQ; i++) all[i] = i;
   sampling_params sp;
@@ -573,7 +562,7 @@ TEST(json_mask_overlap_same_tokens) {
     REQUIRE(!RUN_SCHEMA || sc);
     for (int ov = 0; ov < 2; ov++) {
       rig g;
-      setenv("DS_ENGINE_MASK_OVERLAP", ov ? "1" : "0", 1);
+      THREADS = ov ? 1 + 4 : 1;
       REQUIRE(te_up(&g, 8192, 0, 16) == 0);
       EXPECT_EQ_INT(run_set(&g, all, NREQ, ov ? GOT : REF, &sp), NREQ);
       EXPECT(rig_down(&g));
@@ -599,13 +588,7 @@ TEST(json_mask_overlap_same_tokens) {
   RUN_JSON = NULL;
   RUN_SCHEMA = NULL;
   json_vocab_free(jv);
-  for (int k = 0; k < 2; k++) {
-    const char *name = k ? "DS_ENGINE_MASK_OVERLAP" : "DS_SAMPLER_THREADS";
-    if (saved[k])
-      setenv(name, keep[k], 1);
-    else
-      unsetenv(name);
-  }
+  THREADS = 0;
 }
 
 TEST(reject_vs_wait) {
@@ -649,14 +632,14 @@ static void *cancel_thread(void *arg) {
 }
 
 /* A long plain-greedy request cancelled from another thread while it decodes, a second one
- * finishing normally, a third released unread. ahead: with DS_ENGINE_AHEAD=1, so the cancelled
+ * finishing normally, a third released unread. ahead: with steps ahead on, so the cancelled
  * request is in a step issued ahead when the cancel lands (its removal waits for that step), and
  * an engine_check while it decodes drains the steps in flight first. */
 static void cancel_case(int ahead) {
-  if (ahead) setenv("DS_ENGINE_AHEAD", "1", 1);
+  AHEAD = ahead ? 1 : 0;
   rig g;
   int up = te_up(&g, 8192, 0, 4);
-  unsetenv("DS_ENGINE_AHEAD");
+  AHEAD = 0;
   REQUIRE(up == 0);
   engine_submit_opts so;
   memset(&so, 0, sizeof so);
@@ -746,12 +729,12 @@ TEST(fault_every_site) {
 }
 
 /* A step that fails to start (fault site "step_start", each hit in turn) with sampled steps
- * ahead (DS_ENGINE_AHEAD=1, the sample op): a step issued in turn fails its requests; a step
+ * ahead (steps ahead and the sample op on): a step issued in turn fails its requests; a step
  * that fails to go ahead loses nothing — its rows' draws are put back, so the requests still
  * finish with the tokens they get with no fault. Every pool checks clean after each run. */
 TEST(fault_step_start_sampled_ahead) {
-  setenv("DS_ENGINE_AHEAD", "1", 1);
-  setenv("DS_ENGINE_DEVICE_SAMPLE", "1", 1);
+  AHEAD = 1;
+  DEV_SAMPLE = 1;
   RUN_NO_LOGITS = 1;
   sampling_params sp;
   sp_greedy(&sp);
@@ -781,8 +764,8 @@ TEST(fault_step_start_sampled_ahead) {
   EXPECT_MSG(n_lossless >= 1, "no step ahead failed to start");
   EXPECT(rig_down(&g));
   RUN_NO_LOGITS = 0;
-  unsetenv("DS_ENGINE_AHEAD");
-  unsetenv("DS_ENGINE_DEVICE_SAMPLE");
+  AHEAD = 0;
+  DEV_SAMPLE = 0;
 }
 
 int main(void) {

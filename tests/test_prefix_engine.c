@@ -378,7 +378,8 @@ TEST(restore_failure_admits_cold) {
 
 int main(void) {
   char err[256];
-  log_set_level(getenv("DS_ENGINE_TRACE") ? LOG_LEVEL_INFO : LOG_LEVEL_WARN);
+  RIG_LOG_STEPS = getenv("DS_TEST_LOG_STEPS") != NULL; /* the engine's step lines, to debug */
+  log_set_level(RIG_LOG_STEPS ? LOG_LEVEL_INFO : LOG_LEVEL_WARN);
   if (model_load(MODEL_DIR, &C, &W, err, sizeof err) != 0) {
     printf("FAIL load: %s\n", err);
     return 1;

@@ -3,7 +3,7 @@
  *
  *   deltaserve bench --model DIR [--device cpu|cuda|auto] [--threads N] --out FILE.json
  *                    [--quick] [--seed N] [--only decode|prefill] [--decode-repeats N]
- *                    [engine flags]
+ *                    [--commit SHA] [engine flags]
  *
  * Everything runs through engine_create / engine_submit / engine_next over a model whose pools
  * are sized by engine_mem_plan, in these phases over one backend:
@@ -19,8 +19,8 @@
  *      max_num_batched_tokens per step, decode rows of the earlier sequences riding along)
  *      before the last first token, and the window's batch only shrinks at the end as the
  *      earliest sequences finish. `--decode-repeats N` measures each level N times after its
- *      warm-up and reports the median (every run in info.decode_runs_tok_s; single runs on
- *      the H200 spread 3-5 %, bench/NOTES.md). `--only decode` runs just this part (with its
+ *      warm-up and reports the median (every run in info.decode_runs_tok_s; single runs
+ *      spread by a few per cent). `--only decode` runs just this part (with its
  *      warm-up) and skips prefill, C and B; `--only prefill` runs the prefill part only.
  *   C  with the engine stopped, one checkpoint's copies timed directly on the same model:
  *      capture = slot -> slab (qwen35_slot_copy), restore = slab -> slot plus the copy-on-write
@@ -57,7 +57,9 @@
 #include "backend/backend_create.h"
 #include "base/log.h"
 #include "cli/cli.h"
+#include "cli/cli_flags.h"
 #include "engine/engine.h"
+#include "engine/engine_mem.h"
 #include "model/config.h"
 #include "model/qwen35.h"
 #include "model/weights.h"
@@ -105,6 +107,7 @@ static const bench_sizes bench_quick = {
 
 typedef struct bench {
   const char *model_dir, *device;
+  const char *commit; /* --commit (NULL: the checkout's HEAD) */
   int threads, quick, batch_invariant;
   const char *only;       /* NULL: everything; "decode" or "prefill": those figures only */
   int only_conc;          /* > 0: of the decode runs only the one at this concurrency (profiling) */
@@ -952,10 +955,11 @@ static int bench_phase_d(bench *b) {
   return rc;
 }
 
-static void bench_commit(char *out, size_t n) {
-  const char *env = getenv("DS_COMMIT");
-  if (env && *env) {
-    snprintf(out, n, "%s", env);
+/* The commit the results are recorded under: --commit, else the checkout's HEAD, else
+ * "unknown". */
+static void bench_commit(const char *given, char *out, size_t n) {
+  if (given && *given) {
+    snprintf(out, n, "%s", given);
     return;
   }
   snprintf(out, n, "unknown");
@@ -1007,7 +1011,7 @@ static const char *bench_metric_keys[] = {
  * stdout). Returns 0, or 1 when a headline metric is missing or the file cannot be written. */
 static int bench_write(bench *b, const char *out, int final, int quiet_missing, double t_start) {
   char commit[128], gpu[256], date[64];
-  bench_commit(commit, sizeof commit);
+  bench_commit(b->commit, commit, sizeof commit);
   bench_gpu_name(b, gpu, sizeof gpu);
   time_t now = time(NULL);
   struct tm tmv;
@@ -1101,6 +1105,8 @@ static void bench_usage(FILE *f) {
           "  128 out), shared-prefix wave and warm-prefix TTFT, checkpoint copy pauses, roofline\n"
           "  fractions, and the llama.cpp figures of the same H200, as JSON.\n"
           "  --quick: small sizes for CPU smoke tests.\n"
+          "  --commit SHA: the commit recorded in the JSON (default: git rev-parse HEAD, for a\n"
+          "    tree that travelled without its .git).\n"
           "  --batch-invariant: GEMMs whose rows do not depend on the batch (as serve).\n"
           "  --only decode|prefill: those runs only (no prefix or checkpoint parts).\n"
           "  --decode-conc N: with --only decode, the run of N sequences only (one of the\n"
@@ -1114,8 +1120,9 @@ static void bench_usage(FILE *f) {
           "    once and its KV pages are one copy): decode over a shared system prompt.\n"
           "  --temperature T, --top-p P, --top-k K, --frequency-penalty F, --presence-penalty F:\n"
           "    every request sampled so (seeded; the default is greedy); the figures then\n"
-          "    include the sampling.\n",
-          BENCH_MAX_CONC, BENCH_MAX_REPEATS);
+          "    include the sampling.\n"
+          "engine flags (as serve):\n%s",
+          BENCH_MAX_CONC, BENCH_MAX_REPEATS, cli_flags_engine_help);
 }
 
 int cmd_bench(int argc, char **argv) {
@@ -1129,7 +1136,7 @@ int cmd_bench(int argc, char **argv) {
   const char *out = NULL;
   for (int i = 1; i < argc; i++) {
     char err[256] = "";
-    int rc = engine_opts_parse_flag(&b.user, argc, argv, &i, err, sizeof err);
+    int rc = cli_flags_engine(&b.user, argc, argv, &i, err, sizeof err);
     if (rc < 0) {
       fprintf(stderr, "deltaserve bench: %s\n", err);
       return 2;
@@ -1219,6 +1226,8 @@ int cmd_bench(int argc, char **argv) {
       out = v;
     else if (!strcmp(a, "--device"))
       b.device = v;
+    else if (!strcmp(a, "--commit"))
+      b.commit = v;
     else if (!strcmp(a, "--threads")) {
       long t = strtol(v, &end, 10);
       if (*end || end == v || t < 0 || t > 1024) {

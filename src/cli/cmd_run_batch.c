@@ -18,7 +18,9 @@
 #include "backend/cpu/backend_cpu.h"
 #include "base/log.h"
 #include "cli/cli.h"
+#include "cli/cli_flags.h"
 #include "engine/engine.h"
+#include "engine/engine_mem.h"
 #include "model/weights.h"
 
 typedef struct run_item {
@@ -201,7 +203,9 @@ static void run_batch_print(run_item *it) {
 static int run_batch_usage(void) {
   fprintf(stderr,
           "usage: deltaserve run --model DIR --prompts-file F [--max-num-seqs N] "
-          "[--max-num-batched-tokens T] [--threads N] [other engine flags]\n");
+          "[--max-num-batched-tokens T] [--threads N] [other engine flags]\n"
+          "engine flags (as serve):\n%s",
+          cli_flags_engine_help);
   return 2;
 }
 
@@ -213,7 +217,7 @@ int cmd_run_batch(int argc, char **argv) {
   /* the prefix cache is on by default, as in serve (--no-enable-prefix-caching turns it off) */
   char err[256];
   for (int i = 1; i < argc; i++) {
-    int rc = engine_opts_parse_flag(&eo, argc, argv, &i, err, sizeof err);
+    int rc = cli_flags_engine(&eo, argc, argv, &i, err, sizeof err);
     if (rc < 0) {
       fprintf(stderr, "deltaserve: %s\n", err);
       return 2;

@@ -23,7 +23,9 @@
 #include "base/fault.h"
 #include "base/log.h"
 #include "cli/cli.h"
+#include "cli/cli_flags.h"
 #include "engine/engine.h"
+#include "engine/engine_mem.h"
 #include "model/config.h"
 #include "model/generation_config.h"
 #include "model/qwen35.h"
@@ -46,12 +48,12 @@ static void serve_usage(FILE *f) {
       "  --port N                    port (8000; 0 picks a free one)\n"
       "  --served-model-name NAME    the model name clients send (default: the folder name)\n"
       "  --api-key KEY               require 'Authorization: Bearer KEY' on /v1/*\n"
+      "  --metrics-require-api-key   with --api-key, /metrics needs the key too (default: open)\n"
       "  --device cpu|cuda|auto      backend (auto)\n"
       "  --threads N                 CPU backend threads (0: all cores)\n"
       "  --skip-tokenizer-init       no tokenizer: /v1/completions with token-id prompts only\n"
       "  --batch-invariant           a request's tokens do not depend on what shares its\n"
-      "                              steps (CUDA: slower GEMMs; the CPU always is; also\n"
-      "                              DS_BATCH_INVARIANT=1)\n"
+      "                              steps (CUDA: slower GEMMs; the CPU always is)\n"
       "  --max-request-bytes N       largest request body accepted (33554432)\n"
       "  --shutdown-grace S          seconds in-flight requests may finish after SIGTERM (5)\n"
       "  --generation-config auto|vllm|DIR\n"
@@ -59,23 +61,13 @@ static void serve_usage(FILE *f) {
       "                              (temperature, top_p, top_k, min_p, repetition_penalty,\n"
       "                              max_new_tokens as max_tokens) from generation_config.json\n"
       "                              in the model folder (auto) or in DIR; vllm: none (auto)\n"
+      "  --no-warmup                 skip the start-up forward of the largest step (device\n"
+      "                              backends run it so that a plan that does not fit fails\n"
+      "                              at start and device memory stays flat under load)\n"
       "\n"
       "engine and cache:\n"
-      "  --max-num-seqs N            concurrent sequences (64)\n"
-      "  --max-num-batched-tokens N  tokens per step (8192)\n"
-      "  --max-model-len N           longest prompt + output (model's max_position_embeddings)\n"
-      "  --kv-cache-tokens N         KV cache size in tokens (0: derived)\n"
-      "  --gpu-memory-utilization F  share of device memory to use (0.9)\n"
-      "  --max-waiting N             queued requests before 429 (4096)\n"
-      "  --enable-prefix-caching / --no-enable-prefix-caching   (on)\n"
-      "  --snapshot-interval N       prefix-cache checkpoint every N prompt tokens (2048)\n"
-      "  --snapshot-slabs N          recurrent-state snapshot slabs (0: derived)\n"
-      "  --prefix-cache-gib F        device budget of the prefix cache\n"
-      "  --host-cache-gib F          host-memory tier of the prefix cache (0: off)\n"
-      "  --packed-weights auto|on|off  lossless 12-bit copies of the layers' product weights\n"
-      "                              for decode steps (CUDA; same results, ~0.75 of their\n"
-      "                              bytes extra; auto, the default: when weights + copies\n"
-      "                              <= half the GPU)\n");
+      "%s",
+      cli_flags_engine_help);
 }
 
 static int serve_parse_long(const char *flag, const char *v, long long lo, long long hi,
@@ -154,16 +146,17 @@ int cmd_serve(int argc, char **argv) {
   const char *model_dir = NULL, *host = "127.0.0.1", *name = NULL, *api_key = NULL,
              *device = "auto", *gen_cfg = "auto";
   long long port = 8000, threads = 0, max_req = 32LL << 20;
-  int batch_invariant = 0;
+  int batch_invariant = 0, no_warmup = 0;
   double grace = 5.0;
   int skip_tok = 0;
+  int metrics_key = 0; /* --metrics-require-api-key */
   engine_opts eo;
   engine_opts_default(&eo);
   char err[512];
 
   for (int i = 1; i < argc; i++) {
     err[0] = 0;
-    int rc = engine_opts_parse_flag(&eo, argc, argv, &i, err, sizeof err);
+    int rc = cli_flags_engine(&eo, argc, argv, &i, err, sizeof err);
     if (rc < 0) {
       fprintf(stderr, "deltaserve serve: %s\n", err);
       return 2;
@@ -180,6 +173,14 @@ int cmd_serve(int argc, char **argv) {
     }
     if (!strcmp(a, "--batch-invariant")) {
       batch_invariant = 1;
+      continue;
+    }
+    if (!strcmp(a, "--metrics-require-api-key")) {
+      metrics_key = 1;
+      continue;
+    }
+    if (!strcmp(a, "--no-warmup")) {
+      no_warmup = 1;
       continue;
     }
     static const char *with_value[] = {"--model",          "--host",
@@ -271,7 +272,8 @@ int cmd_serve(int argc, char **argv) {
                     .served_model_name = name,
                     .model_path = model_dir,
                     .api_key = api_key,
-                    .max_request_bytes = (size_t)max_req};
+                    .max_request_bytes = (size_t)max_req,
+                    .metrics_require_api_key = metrics_key};
   server *srv = NULL;
   if (server_start(&srv, &so, err, sizeof err)) {
     fprintf(stderr, "deltaserve serve: %s\n", err);
@@ -314,11 +316,8 @@ int cmd_serve(int argc, char **argv) {
     fprintf(stderr, "deltaserve serve: %s\n", err);
     goto done;
   }
-  {
-    /* device backends: the largest step once at start-up (engine_opts.startup_forward) */
-    const char *wu = getenv("DS_ENGINE_WARMUP");
-    eo.startup_forward = wu && *wu ? strcmp(wu, "0") != 0 : be->mem_info != NULL;
-  }
+  /* device backends: the largest step once at start-up (engine_opts.startup_forward) */
+  eo.startup_forward = !no_warmup && be->mem_info != NULL;
   if (engine_mem_plan_device(&eo, &cfg, &w, be, &mo, err, sizeof err) ||
       qwen35_init(&m, &cfg, &w, be, &mo, err, sizeof err) ||
       !(e = engine_create(m, &eo, err, sizeof err))) {

@@ -48,81 +48,24 @@ typedef struct engine_opts {
    * one and the weights with the copies take at most half the device's memory. */
   int packed_weights;
   /* One forward of the largest step (max_num_batched_tokens tokens in max_num_seqs pieces,
-   * page ids from 0, state slots from 0) in engine_create, before any request: the backend's
-   * workspaces reach their
-   * largest size at start-up (device memory then stays flat under load) and a plan that does
-   * not fit fails at start with one line. Leaves nothing behind that a request could see
-   * (sequences write their K/V before reading it; a slot is zeroed or overwritten at
-   * admission). `serve` turns it on for device backends (DS_ENGINE_WARMUP=0/1 overrides). */
+   * page ids from 0, state slots from 0) in engine_create, before any request, so that the
+   * backend's workspaces reach their largest size at start-up (device memory then stays flat
+   * under load) and a plan that does not fit fails at start with one line. Leaves nothing
+   * behind that a request could see: sequences write their K/V before reading it, and a slot
+   * is zeroed or overwritten at admission. `serve` turns it on for device backends
+   * (--no-warmup: off). */
   int startup_forward;
+  int sampler_threads; /* --sampler-threads (-1: min(8, online CPUs - 1); 0: engine thread) */
+  int log_steps;       /* --log-steps: one log line per step (engine_step.c) */
+  /* Test-only (no flag): the step paths the engine picks by backend, forced so that the CPU
+   * suite runs the ones a device backend takes. -1 (the default): on device backends only;
+   * 0: off; 1: on wherever the backend can (qwen35_can_chain, qwen35_has_sample). */
+  int steps_ahead;   /* decode steps issued before the step in flight is read */
+  int device_sample; /* sampled rows picked by the backend's sample op */
 } engine_opts;
 
+/* The defaults each field's comment names. */
 void engine_opts_default(engine_opts *o);
-
-/* Shared flag parsing for `serve` and `run`: if argv[*i] is an engine flag (vLLM names:
- * --max-num-seqs N, --max-num-batched-tokens N, --max-model-len N, --kv-cache-tokens N,
- * --gpu-memory-utilization F, --max-waiting N, --enable-prefix-caching,
- * --no-enable-prefix-caching, --snapshot-interval N, --snapshot-slabs N, --prefix-cache-gib F,
- * --host-cache-gib F, --packed-weights auto|on|off; "--flag=value" also accepted) stores it in o,
- * advances *i past its value and returns 1; returns 0 when argv[*i] is not an engine flag (nothing
- * changes), and -1 with one line in err when the value is missing or out of range. */
-int engine_opts_parse_flag(engine_opts *o, int argc, char **argv, int *i, char *err, size_t errlen);
-
-/* Memory sizing. The pools are n_pages KV pages and max_num_seqs sequence slots + n_slabs
- * snapshot slabs (qwen35_mem_opts.n_slots).
- *
- * With a device figure (the backend's mem_info; the CUDA backend), the budget is
- *     B = min(util x total, free) - weights - max_num_seqs slots - step scratch
- * (util = --gpu-memory-utilization; weights estimated from the checkpoint before upload;
- * scratch = twice the largest step's activations + the logits rows + 512 MiB), and
- *   - --kv-cache-tokens not given: the slabs take --snapshot-slabs x slab, else
- *     --prefix-cache-gib, else 25% of B capped at max(16, 4 x max_num_seqs) slabs; never more
- *     than half of B; the KV pages take the rest;
- *   - --kv-cache-tokens given: KV as asked; the slabs (--snapshot-slabs, else
- *     --prefix-cache-gib, else the default count below) cut to what fits in B beside it.
- * Without a device figure (the CPU backend): KV from --kv-cache-tokens (0: 32768 tokens), and
- * --snapshot-slabs or the default count max(16, 2 x max_num_seqs) slabs. (--prefix-cache-gib
- * then only caps how many of them the cache holds.) */
-typedef struct engine_mem_facts {
-  size_t total_bytes, free_bytes; /* device memory (total 0: unknown) */
-  size_t weight_bytes;            /* the weights on the device (with their packed copies) */
-  size_t page_bytes, slot_bytes;  /* one KV page (every attention layer), one state slot */
-  size_t scratch_bytes;           /* the step scratch reserve */
-  size_t packed_bytes;            /* of weight_bytes the packed copies (0: none will be made) */
-} engine_mem_facts;
-
-typedef struct engine_mem_split {
-  int n_pages, n_slabs;
-  size_t budget_bytes;         /* B (0: no device figure) */
-  size_t kv_bytes, slab_bytes; /* what the pages and slabs take (0 without a device figure) */
-} engine_mem_split;
-
-/* Whether the packed weight copies are made (--packed-weights; opt -1 auto, 0 off, 1 on):
- * on when asked and the backend makes them (packed > 0: the copies' bytes), or (auto) when the
- * weights with the copies take at most half of a known device memory total. */
-int engine_packed_choice(int opt, double weights, double packed, double total);
-
-/* The default snapshot slab count without a memory budget: max(16, 2 x max_num_seqs). */
-int engine_default_slabs(int max_num_seqs);
-/* The rule above as a pure function of the flags and the facts (f NULL or total 0: no device
- * figure). Returns 0, or -1 with err (flags out of range, or not enough device memory). */
-int engine_mem_split_plan(const engine_opts *o, const engine_mem_facts *f, engine_mem_split *sp,
-                          char *err, size_t errlen);
-/* The facts for a backend and a loaded checkpoint (before upload). Returns 0, or -1 when the
- * backend has no memory figure (f then says total 0). */
-int engine_mem_facts_get(backend *be, const model_config *c, const model_weights *w,
-                         const engine_opts *o, engine_mem_facts *f);
-/* The pool sizes for qwen35_init without a device figure (see above). The model given to
- * engine_create must have been initialised with exactly these sizes for the same opts.
- * Returns 0, or -1 with err (a value out of range). */
-int engine_mem_plan(const engine_opts *o, const model_config *c, qwen35_mem_opts *mo, char *err,
-                    size_t errlen);
-/* The pool sizes from the device's memory (engine_mem_facts_get + engine_mem_split_plan; no
- * figure: engine_mem_plan), logged at start-up. Writes the result back into o
- * (kv_cache_tokens, n_snapshot_slabs; prefix caching off when no slab fits) so that
- * engine_create(model, o) agrees with it. Returns 0, or -1 with err. */
-int engine_mem_plan_device(engine_opts *o, const model_config *c, const model_weights *w,
-                           backend *be, qwen35_mem_opts *mo, char *err, size_t errlen);
 
 typedef enum {
   FINISH_NONE = 0,
@@ -204,8 +147,8 @@ typedef struct engine_stats {
   int num_running, num_waiting;
   long long prompt_tokens_total, generation_tokens_total, prefilled_tokens_total;
   long long requests_finished, requests_cancelled, requests_failed, preemptions;
-  long long steps;                /* forward steps run (DS_ENGINE_TRACE=1 logs each) */
-  long long steps_ahead;          /* of them, issued before the step before was read (engine.c) */
+  long long steps;                /* forward steps run (--log-steps logs each) */
+  long long steps_ahead;          /* of them, issued before the step before was read */
   long long steps_device_sampled; /* of them, sampled rows picked by the backend's sample op */
   int kv_pages_total, kv_pages_used, kv_pages_cached;
   int slots_total, slots_used;

@@ -1,9 +1,9 @@
 /* notifier — a thread that runs a callback on items handed to it, off the caller's thread.
  *
  * The engine hands each step's token wake-ups to it: waking a client blocked on its channel is
- * a futex call per client (~2 µs), 0.13 ms of a 64-sequence step on the engine thread, during
- * which the GPU had nothing to do (bench/NOTES.md). With a notifier the engine thread queues the
- * channels (no system call), kicks the notifier once per step and goes on to the next step.
+ * a system call per client, time the engine thread would spend between two steps while the
+ * device waits. With a notifier the engine thread queues the channels (no system call), kicks
+ * the notifier once per step and goes on to the next step.
  * Items run in the order they were posted. */
 #ifndef DS_NOTIFIER_H
 #define DS_NOTIFIER_H

@@ -23,7 +23,7 @@ typedef struct sampling_params {
   int has_seed;
   int max_tokens; /* >= 1 */
   int min_tokens; /* 0..max_tokens: no end token (the model's eos unless ignore_eos, and
-                     stop_ids) is sampled while the output is shorter (engine_ban_ends) */
+                     stop_ids) is sampled while the output is shorter (engine_step_ban_ends) */
   int ignore_eos;
   int32_t stop_ids[SAMPLER_MAX_STOP_IDS]; /* extra stop token ids (besides the model's eos) */
   int n_stop_ids;

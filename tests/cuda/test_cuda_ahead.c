@@ -1,7 +1,7 @@
-/* test_cuda_ahead — steps ahead (engine.c engine_flight_step) on the GPU, where the step ahead
+/* test_cuda_ahead — steps ahead (engine_step.c engine_step_flight) on the GPU, where the step ahead
  * really overlaps the step before it (its embedding reads the ids of a step still running):
- * plain-greedy requests through the engine give the same tokens and finishes with
- * DS_ENGINE_AHEAD=1 as with 0 (engine_rig.h rig_ahead_case: sixteen requests of different
+ * plain-greedy requests through the engine give the same tokens and finishes with steps
+ * ahead on as off (engine_rig.h rig_ahead_case: sixteen requests of different
  * prompt lengths alone, all at once, and with a stop token that ends some of them mid-output),
  * with the prefix cache off and on; steps went ahead; every pool checks clean with nothing left
  * held. And sampled requests: the same tokens with the backend's sample op as with the host

@@ -53,6 +53,7 @@
 #include "backend/backend_create.h"
 #include "base/log.h"
 #include "engine/engine.h"
+#include "engine/engine_mem.h"
 #include "model/qwen35.h"
 #include "model/weights.h"
 #include "ref_io.h"

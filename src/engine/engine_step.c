@@ -1,0 +1,429 @@
+/* engine_step — one step of the engine thread: schedule, build the batch, run the forward,
+ * pick the tokens, post them, postprocess.
+ *
+ * Three ways to pick a step's tokens, chosen per step:
+ *   - greedy: every sampled row is plain greedy (no penalties, logprobs, logits callback or
+ *     JSON mask) and the backend has argmax: the device picks the tokens and only the ids come
+ *     back (qwen35_forward_greedy); the same tokens as sampling the downloaded rows.
+ *   - the sample op: every sampled row is sampler_device_ok (no repetition_penalty, logprobs,
+ *     JSON mask or callback; frequency / presence penalties, logit_bias and the min_tokens ban
+ *     travel as the row's edits); the engine draws each row's random bits as its sampler would
+ *     and the backend's sample op picks the tokens by sample_rule.h (qwen35_forward_sample):
+ *     the host sampler's tokens, n ids downloaded. On device backends (engine_opts.device_sample).
+ *   - host sampling: the rows are downloaded into page-locked memory (qwen35_host_alloc) and
+ *     sampled by the sampler pool (sampler_pool.h) and the engine thread. The logits callbacks
+ *     run on the engine thread first, in row order; the tokens are pushed in row order. A row
+ *     under a JSON mask is masked by the thread that samples it, after the sampler threads
+ *     prepared the mask (json_mask_prepare) while the forward ran; its recognizer is advanced
+ *     by the engine thread when the token is pushed.
+ * Decode steps of the first two kinds may go ahead (below). Nothing allocates inside a step:
+ * the fwd_seq array, the logits rows and the job array are sized at creation. */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "base/log.h"
+#include "engine/engine_int.h"
+#include "sampler/sample_rule.h"
+
+/* min_tokens: while the request's output is shorter, its end tokens (what engine_step_is_stop
+ * would end it on: stop_ids, and the model's eos unless ignore_eos) get no probability. Not
+ * under a JSON mask, which may leave nothing but an end token (the server refuses the pair). */
+#define ENGINE_MAX_BANS (SAMPLER_MAX_STOP_IDS + CONFIG_MAX_EOS)
+
+/* The tokens min_tokens bans from request r's next row (out[], at most ENGINE_MAX_BANS; ids
+ * outside the vocabulary are the caller's to skip). */
+static int engine_step_ban_ids(const engine *e, const request *r, int has_jm, int32_t *out) {
+  const sampling_params *sp = &r->smp.p;
+  int n = 0;
+  if (has_jm || request_n_output(r) >= sp->min_tokens) return 0;
+  for (int i = 0; i < sp->n_stop_ids; i++) out[n++] = sp->stop_ids[i];
+  if (!sp->ignore_eos)
+    for (int i = 0; i < e->cfg->n_eos && i < CONFIG_MAX_EOS; i++)
+      out[n++] = e->cfg->eos_token_ids[i];
+  return n;
+}
+
+/* Sets request r's banned end tokens in its logits row lg to -inf (host sampling). */
+static void engine_step_ban_ends(const engine *e, const request *r, int has_jm, float *lg) {
+  int32_t ban[ENGINE_MAX_BANS];
+  int n = engine_step_ban_ids(e, r, has_jm, ban);
+  for (int i = 0; i < n; i++)
+    if (ban[i] >= 0 && ban[i] < e->n_vocab) lg[ban[i]] = -INFINITY;
+}
+
+static int engine_step_is_stop(engine *e, const request *r, int32_t t) {
+  const sampling_params *p = &r->smp.p;
+  for (int i = 0; i < p->n_stop_ids; i++)
+    if (p->stop_ids[i] == t) return 1;
+  if (!p->ignore_eos)
+    for (int i = 0; i < e->cfg->n_eos; i++)
+      if (e->cfg->eos_token_ids[i] == t) return 1;
+  return 0;
+}
+
+/* --log-steps: "step N (T tokens): r<id>[from,to)" per scheduled request; an
+ * admission is marked "+" (cold) or "<-D" (restored D tokens), a sampling row "!". */
+static void engine_step_trace(engine *e, const sched_batch *b) {
+  char line[1024];
+  int n = snprintf(line, sizeof line, "step %lld (%d tokens):", e->steps, b->n_tokens);
+  for (int i = 0; i < b->n && n < (int)sizeof line - 64; i++) {
+    const request *r = b->reqs[i];
+    int fresh = r->n_computed == r->cached_tokens && r->n_computed < r->n_prompt;
+    n += snprintf(line + n, sizeof line - (size_t)n, " r%lld[%d,%d)", (long long)r->id,
+                  r->n_computed, r->n_computed + r->sched_tokens);
+    if (fresh && r->cached_tokens)
+      n += snprintf(line + n, sizeof line - (size_t)n, "<-%d", r->cached_tokens);
+    else if (fresh)
+      n += snprintf(line + n, sizeof line - (size_t)n, "+");
+    if (r->sched_sample) n += snprintf(line + n, sizeof line - (size_t)n, "!");
+  }
+  log_info("engine: %s", line);
+}
+
+/* ---- steps ahead ------------------------------------------------------------------------
+ * A plain-greedy decode step is issued with qwen35_greedy_start and read with
+ * qwen35_greedy_finish — and so is a decode step whose rows the sample op picks with words that
+ * do not depend on the tokens before them (engine_step_flight_sampled: no penalties, logit_bias or
+ * min_tokens ban; each row's draw is taken when its step is issued, in the row's order of
+ * steps, as the host would take it), issued with qwen35_sample_start; in between, the next
+ * step of the same requests may be issued
+ * "chained" (its tokens taken on the device from the step's ids), so that the host's work
+ * between two steps (reading, posting, scheduling, launching) is off the device's critical
+ * path. A step goes ahead only when it is the step the scheduler would make next anyway: every
+ * running request is a row of the step in flight, nobody waits, no row can reach its length
+ * limit with the token in flight, no row is cancelled or ends after the step in flight, the
+ * engine is not asked to stop or check, and every row gets the pages for one position more. A
+ * row that the token in flight ends (a stop token) has then been fed that token once more: its
+ * finish is sent with the token and takes effect after the step ahead (finish_next), whose
+ * output for it is dropped, so its state and the end-of-generation checkpoint cover the whole
+ * output. On by default on device backends that can chain (engine_opts.steps_ahead). */
+
+static int engine_step_ahead_ok(engine *e, const engine_flight *f) {
+  if (!e->ahead || f->n != sched_num_running(e->s) || sched_num_waiting(e->s) != 0) return 0;
+  pthread_mutex_lock(&e->mu);
+  int busy = e->in_head || e->stop || e->check_pending;
+  pthread_mutex_unlock(&e->mu);
+  if (busy) return 0;
+  for (int i = 0; i < f->n; i++) {
+    request *r = f->reqs[i];
+    engine_req *h = r->owner;
+    if (r->finish_next || atomic_load(&h->cancel) ||
+        request_n_output(r) + 1 >= r->smp.p.max_tokens || r->n_tokens + 1 >= e->max_model_len)
+      return 0;
+  }
+  return 1;
+}
+
+/* 1 when the row's sample-op words never carry edits from now on (engine_step_device_words): the
+ * sampler's edit-free parameters, past its min_tokens ban. */
+static int engine_step_flight_sampled(const engine *e, const request *r) {
+  engine_req *h = r->owner;
+  return e->device_sample && !h->on_logits && !h->jm && sampler_device_edit_free(&r->smp.p) &&
+         request_n_output(r) >= r->smp.p.min_tokens;
+}
+
+/* Issues the rows of reqs[0, n) as a greedy or sampled step into fl[e->n_fl] (chained: their
+ * tokens are the ids of the step in flight, fl[0]). 0, or -1 with err. */
+static int engine_step_flight_start(engine *e, request **reqs, int n, int chained, int sampled,
+                                    char *err, size_t errlen) {
+  engine_flight *f = &e->fl[e->n_fl];
+  int slot = e->n_fl == 0 ? 0 : e->fl[0].reqs == e->fl_store[0];
+  int buf = e->n_fl == 0 ? 0 : 1 - e->fl[0].buf;
+  for (int i = 0; i < n; i++) {
+    request *r = reqs[i];
+    fwd_seq *q = &e->seqs[i];
+    q->tokens = chained ? NULL : r->tokens + r->n_computed;
+    q->n_tokens = 1;
+    q->pos = r->n_computed + chained; /* the step in flight holds n_computed */
+    q->pages = r->pages.ids;
+    q->n_pages = r->pages.n;
+    q->slot = r->slot;
+    q->logits = QWEN35_LOGITS_LAST;
+  }
+  int ticket;
+  if (sampled) { /* each row's draw now: its steps are issued in its order */
+    for (int i = 0; i < n; i++) {
+      memcpy(e->rng_save[i], reqs[i]->smp.rng, sizeof e->rng_save[i]);
+      sampler_device_row(&reqs[i]->smp, 0, 0, e->words + (size_t)i * SAMPLE_RULE_WORDS);
+    }
+    if (qwen35_sample_start(e->m, e->seqs, n, chained, e->words, n * SAMPLE_RULE_WORDS,
+                            e->ids_buf[buf], &ticket, err, errlen)) {
+      for (int i = 0; i < n; i++) /* the step did not happen: nor did its draws */
+        memcpy(reqs[i]->smp.rng, e->rng_save[i], sizeof e->rng_save[i]);
+      return -1;
+    }
+    e->steps_device_sampled++;
+  } else if (qwen35_greedy_start(e->m, e->seqs, n, chained, e->ids_buf[buf], &ticket, err,
+                                 errlen)) {
+    return -1;
+  }
+  if (reqs != e->fl_store[slot]) memcpy(e->fl_store[slot], reqs, (size_t)n * sizeof *reqs);
+  f->reqs = e->fl_store[slot];
+  f->n = n;
+  f->sampled = sampled;
+  f->ticket = ticket;
+  f->buf = buf;
+  for (int i = 0; i < n; i++) reqs[i]->in_flight = 1;
+  e->n_fl++;
+  e->steps++;
+  return 0;
+}
+
+/* Reads the oldest step in flight (issuing the next one ahead first when it may), posts its
+ * tokens and postprocesses it. Returns its row count. */
+static int engine_step_flight(engine *e) {
+  engine_flight *f = &e->fl[0];
+  char err[160];
+  int ahead = 0;
+  if (engine_step_ahead_ok(e, f) && sched_extend(e->s, f->reqs, f->n) == 0) {
+    if (engine_step_flight_start(e, f->reqs, f->n, 1, f->sampled, err, sizeof err) == 0) {
+      ahead = 1;
+      e->steps_ahead++;
+    } else {
+      log_error("engine: a step ahead failed to start: %s", err);
+    }
+  }
+  int n = f->n;
+  if (qwen35_greedy_finish(e->m, f->ticket, err, sizeof err) != 0) {
+    log_error("engine: forward step failed: %s", err);
+    char why[160];
+    snprintf(why, sizeof why, "forward step failed: %.130s", err);
+    if (ahead) qwen35_greedy_finish(e->m, e->fl[1].ticket, err, sizeof err); /* same rows */
+    sched_batch fb = {0};
+    fb.reqs = f->reqs;
+    fb.n = n;
+    for (int i = 0; i < n; i++) f->reqs[i]->in_flight = 0;
+    sched_fail_batch(e->s, &fb, why);
+    for (int i = 0; i < n; i++) { /* a row with finish_next has sent its finish already */
+      int fin = f->reqs[i]->finish_next;
+      engine_end(e, f->reqs[i]->owner, fin ? fin : FINISH_ERROR, !fin);
+    }
+    e->n_fl = 0;
+    return n;
+  }
+  const int32_t *ids = e->ids_buf[f->buf];
+  int posted = 0;
+  for (int i = 0; i < n; i++) {
+    request *r = f->reqs[i];
+    engine_req *h = r->owner;
+    if (r->finish_next) { /* ended by the step before; this step fed its last token */
+      r->finish = r->finish_next;
+      r->finish_next = 0;
+      continue;
+    }
+    sampler_result res;
+    memset(&res, 0, sizeof res);
+    int32_t t = res.token = ids[i];
+    r->tokens[r->n_tokens++] = t;
+    e->gen_total++;
+    int fin = FINISH_NONE;
+    if (engine_step_is_stop(e, r, t))
+      fin = FINISH_STOP;
+    else if (request_n_output(r) >= r->smp.p.max_tokens || r->n_tokens >= e->max_model_len)
+      fin = FINISH_LENGTH;
+    if (fin != FINISH_NONE && ahead)
+      r->finish_next = fin;
+    else
+      r->finish = fin;
+    posted += engine_push(h, &res, fin, e->nt);
+  }
+  if (posted) notifier_kick(e->nt);
+  sched_batch pb = {0};
+  pb.reqs = f->reqs;
+  pb.n = n;
+  sched_postprocess(e->s, &pb);
+  for (int i = 0; i < n; i++) {
+    request *r = f->reqs[i];
+    if (!ahead) r->in_flight = 0;
+    if (r->state == REQ_STATE_FINISHED) {
+      r->in_flight = 0;
+      engine_end(e, r->owner, r->finish, 0);
+    }
+  }
+  if (ahead) {
+    e->fl[0] = e->fl[1];
+    sched_batch nb;
+    sched_again(e->s, &nb, e->fl[0].reqs, e->fl[0].n);
+    if (e->o.log_steps) engine_step_trace(e, &nb); /* the step ahead, logged once it is the step */
+  }
+  e->n_fl = ahead;
+  return n;
+}
+
+/* Completes the steps in flight (none goes ahead while the engine is asked to check). */
+void engine_step_drain(engine *e) {
+  while (e->n_fl) engine_step_flight(e);
+}
+
+/* A forward step that failed (err): its requests end with an error. Returns its row count. */
+static int engine_step_fail(engine *e, sched_batch *b, const char *err) {
+  log_error("engine: forward step failed: %s", err);
+  char why[160];
+  snprintf(why, sizeof why, "forward step failed: %.130s", err);
+  sched_fail_batch(e->s, b, why);
+  for (int i = 0; i < b->n; i++) engine_end(e, b->reqs[i]->owner, FINISH_ERROR, 1);
+  return b->n;
+}
+
+/* A device-sampled step's words (qwen35_forward_sample): every sampled row's parameters, then
+ * their edits (frequency / presence penalties, logit_bias, the min_tokens ban). Returns the
+ * number of words, or 0 when a row has more edits than SAMPLE_RULE_EDITS_MAX (then no RNG has
+ * moved: the step samples on the host). */
+static int engine_step_device_words(engine *e, const sched_batch *b, int n_rows) {
+  int32_t ban[ENGINE_MAX_BANS];
+  int n_ed = 0, row = 0;
+  for (int i = 0; i < b->n; i++) {
+    request *r = b->reqs[i];
+    if (!r->sched_sample) continue;
+    int nb = engine_step_ban_ids(e, r, 0, ban);
+    int k = sampler_device_edits(&r->smp.p, r->tokens + r->n_prompt, request_n_output(r), ban, nb,
+                                 e->n_vocab, e->edits + n_ed, SAMPLE_RULE_EDITS_MAX, &e->scratch);
+    if (k < 0) return 0;
+    e->edit_n[row++] = k;
+    n_ed += k;
+  }
+  int32_t *ew = e->words + (size_t)n_rows * SAMPLE_RULE_WORDS;
+  for (int k = 0; k < n_ed; k++)
+    sample_rule_edit_pack(&e->edits[k], ew + (size_t)k * SAMPLE_RULE_EDIT_WORDS);
+  row = 0;
+  for (int i = 0, off = 0; i < b->n; i++) {
+    request *r = b->reqs[i];
+    if (!r->sched_sample) continue;
+    sampler_device_row(&r->smp, off, e->edit_n[row], e->words + (size_t)row * SAMPLE_RULE_WORDS);
+    off += e->edit_n[row++];
+  }
+  return n_rows * SAMPLE_RULE_WORDS + n_ed * SAMPLE_RULE_EDIT_WORDS;
+}
+
+int engine_step_run(engine *e) {
+  if (e->n_fl) return engine_step_flight(e);
+  sched_batch b;
+  sched_schedule(e->s, &b);
+  for (int i = 0; i < b.n_failed; i++) engine_end(e, b.failed[i]->owner, FINISH_ERROR, 1);
+  if (b.n == 0) return b.n_failed;
+
+  int n_rows = 0;
+  for (int i = 0; i < b.n; i++) {
+    request *r = b.reqs[i];
+    fwd_seq *q = &e->seqs[i];
+    q->tokens = r->tokens + r->n_computed;
+    q->n_tokens = r->sched_tokens;
+    q->pos = r->n_computed;
+    q->pages = r->pages.ids;
+    q->n_pages = r->pages.n;
+    q->slot = r->slot;
+    q->logits = r->sched_sample ? QWEN35_LOGITS_LAST : QWEN35_LOGITS_NONE;
+    n_rows += r->sched_sample;
+    if (r->n_computed < r->n_prompt) e->prefilled_total += r->sched_tokens;
+  }
+  e->steps++;
+  if (e->o.log_steps) engine_step_trace(e, &b);
+  /* plain greedy everywhere: the device picks the tokens */
+  int greedy = e->device_greedy && n_rows > 0;
+  for (int i = 0; i < b.n && greedy; i++) {
+    request *r = b.reqs[i];
+    engine_req *h = r->owner;
+    if (r->sched_sample && (h->on_logits || h->jm || !sampler_is_plain_greedy(&r->smp.p)))
+      greedy = 0;
+  }
+  if (e->ahead && n_rows > 0 && b.n_tokens == b.n) {
+    /* every row a decode row, plain greedy or sampled by the op without edits */
+    int all_decode = 1, sampled = !greedy;
+    for (int i = 0; i < b.n && all_decode; i++) {
+      request *r = b.reqs[i];
+      all_decode = r->sched_tokens == 1 && r->sched_sample && r->n_computed >= r->n_prompt &&
+                   (greedy || engine_step_flight_sampled(e, r));
+    }
+    if (all_decode) {
+      e->steps--; /* counted by engine_step_flight_start */
+      char ferr[160];
+      if (engine_step_flight_start(e, b.reqs, b.n, 0, sampled, ferr, sizeof ferr) != 0)
+        return engine_step_fail(e, &b, ferr);
+      return engine_step_flight(e);
+    }
+  }
+  /* the backend's sample op when it picks every sampled row exactly as the host would */
+  int dev_sample = !greedy && e->device_sample && n_rows > 0;
+  for (int i = 0; i < b.n && dev_sample; i++) {
+    request *r = b.reqs[i];
+    engine_req *h = r->owner;
+    if (r->sched_sample && (h->on_logits || h->jm || !sampler_device_ok(&r->smp.p))) dev_sample = 0;
+  }
+  int n_words = 0;
+  if (dev_sample) /* the rows' edits (no RNG touched yet: a row with too many sends the step to
+                     the host), then the draws in row order, as sampler_sample would */
+    n_words = engine_step_device_words(e, &b, n_rows);
+  dev_sample = n_words > 0;
+  e->steps_device_sampled += dev_sample;
+  /* the rows' JSON masks are prepared by the sampler threads while the forward runs */
+  int n_masks = 0;
+  for (int i = 0; i < b.n && !greedy; i++) {
+    request *r = b.reqs[i];
+    engine_req *h = r->owner;
+    if (r->sched_sample && h->jm) e->masks[n_masks++] = h->jm;
+  }
+  sampler_pool_prep_start(e->pool, e->masks, n_masks);
+  char err[160];
+  int frc = greedy       ? qwen35_forward_greedy(e->m, e->seqs, b.n, e->ids, err, sizeof err)
+            : dev_sample ? qwen35_forward_sample(e->m, e->seqs, b.n, e->words, n_words, e->ids, err,
+                                                 sizeof err)
+                         : qwen35_forward(e->m, e->seqs, b.n, e->logits, err, sizeof err);
+  sampler_pool_prep_finish(e->pool);
+  if (frc != 0) return engine_step_fail(e, &b, err);
+
+  int row = 0, n_jobs = 0;
+  sampler_pool_job *jobs = sampler_pool_jobs(e->pool);
+  if (!greedy && !dev_sample) { /* logits callbacks in row order, then every row sampled */
+    for (int i = 0; i < b.n; i++) {
+      request *r = b.reqs[i];
+      if (!r->sched_sample) continue;
+      engine_req *h = r->owner;
+      sampler_pool_job *jb = &jobs[n_jobs++];
+      jb->smp = &r->smp;
+      jb->prompt = r->tokens;
+      jb->n_prompt = r->n_prompt;
+      jb->output = r->tokens + r->n_prompt;
+      jb->n_output = request_n_output(r);
+      jb->jm = h->jm;
+      jb->lg = e->logits + (size_t)row++ * e->n_vocab;
+      if (h->on_logits) h->on_logits(h->user, jb->lg, e->n_vocab);
+      engine_step_ban_ends(e, r, h->jm != NULL, jb->lg);
+    }
+    sampler_pool_sample(e->pool, n_jobs, &e->scratch);
+  }
+  row = 0;
+  int posted = 0;
+  for (int i = 0; i < b.n; i++) {
+    request *r = b.reqs[i];
+    if (!r->sched_sample) continue;
+    engine_req *h = r->owner;
+    sampler_result res;
+    int32_t t;
+    if (greedy || dev_sample) { /* what sampler_sample gives: the token, nothing else */
+      memset(&res, 0, sizeof res);
+      t = res.token = e->ids[row++];
+    } else {
+      sampler_pool_job *jb = &jobs[row++];
+      CHECK(jb->smp == &r->smp);
+      res = jb->res;
+      t = jb->t;
+    }
+    r->tokens[r->n_tokens++] = t;
+    if (h->jm) json_mask_advance(h->jm, t);
+    e->gen_total++;
+    if (engine_step_is_stop(e, r, t))
+      r->finish = FINISH_STOP;
+    else if (request_n_output(r) >= r->smp.p.max_tokens || r->n_tokens >= e->max_model_len)
+      r->finish = FINISH_LENGTH;
+    if (!r->smp.p.logprobs) res.n_top = 0;
+    posted += engine_push(h, &res, r->finish, e->nt);
+  }
+  if (posted) notifier_kick(e->nt);
+  sched_postprocess(e->s, &b);
+  for (int i = 0; i < b.n; i++) {
+    request *r = b.reqs[i];
+    if (r->state == REQ_STATE_FINISHED) engine_end(e, r->owner, r->finish, 0);
+  }
+  return b.n;
+}

@@ -30,7 +30,7 @@ typedef struct kv_share_group {
  * a group); row_len [b->n_tokens]: each row's shared length (0: the row is in no group).
  * scratch [2 * b->n_seqs]. Returns the number of groups (0 .. max_groups, max_groups <=
  * KV_SHARE_MAX_GROUPS). */
-#define KV_SHARE_MAX_GROUPS 16
+#define KV_SHARE_MAX_GROUPS 16 /* the plan keeps its candidates on the stack */
 int kv_share_plan(const backend_batch *b, int min_len, int max_groups, kv_share_group *groups,
                   int32_t *members, int32_t *row_len, int64_t *scratch);
 

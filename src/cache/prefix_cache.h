@@ -145,6 +145,8 @@ typedef struct prefix_cache_point {
   int depth;
   int flags; /* PREFIX_CACHE_POINT_*: why; PROTECT marks a system+tools head */
 } prefix_cache_point;
+/* Tokens between INTERVAL captures when the caller gives none: a long prompt keeps a restore
+ * point every 2,048 tokens without a capture per chunk. */
 #define PREFIX_CACHE_DEFAULT_INTERVAL 2048
 /* Upper bound of the points prefix_cache_capture_points can return. */
 int prefix_cache_capture_points_max(int n_prompt, int n_boundaries, int interval);

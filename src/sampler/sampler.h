@@ -79,6 +79,8 @@ typedef struct sampler_scratch {
   int32_t *slot;   /* [n_vocab] a token's edit (sampler_device_edits); all -1 between calls */
 } sampler_scratch;
 
+/* Buckets of sampler_select_desc's histogram: the top 16 bits of a probability in [0, 1] are at
+ * most 0x3f80 (1.0f), so 2^14 buckets hold every one. */
 #define SAMPLER_HIST 16384
 
 typedef struct sampler_result {

@@ -31,9 +31,9 @@ static const struct {
 };
 
 static const char *finish_reasons[] = {"stop", "length", "abort", "error"};
-#define N_REASONS 4
+#define N_REASONS (int)(sizeof finish_reasons / sizeof finish_reasons[0])
 static const int rejected_statuses[] = {400, 401, 404, 405, 413, 429, 500, 503};
-#define N_REJECTED 8
+#define N_REJECTED (int)(sizeof rejected_statuses / sizeof rejected_statuses[0])
 
 typedef struct hist {
   unsigned long long bucket[METRICS_MAX_BUCKETS + 1]; /* last: +Inf */

@@ -47,13 +47,13 @@
 #include "base/log.h"
 #include "tokenizer/utf8.h"
 
-#define BPE_LINEAR_MAX 256
-#define MAX_REGEX 4
-#define MAX_NORM 4
-#define CACHE_SHARDS 16
-#define CACHE_SLOTS 4096 /* per shard, power of two */
-#define CACHE_KEY_MAX 24 /* pre-tokens up to this many bytes are cached */
-#define CACHE_IDS_MAX 8
+#define BPE_LINEAR_MAX 256 /* above this many bytes the O(n^2) pair scan gives way to the heap */
+#define MAX_REGEX 4        /* Split steps of a pre-tokenizer (the Qwen files have one) */
+#define MAX_NORM 4         /* normalizers in sequence (the Qwen files have NFC alone) */
+#define CACHE_SHARDS 16    /* one mutex each, so that server threads seldom wait on one */
+#define CACHE_SLOTS 4096   /* per shard, power of two */
+#define CACHE_KEY_MAX 24   /* pre-tokens up to this many bytes are cached */
+#define CACHE_IDS_MAX 8    /* pre-tokens that encode to more ids are not cached (rare, long) */
 
 typedef struct {
   uint32_t off, len;

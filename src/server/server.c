@@ -1090,20 +1090,35 @@ static const struct {
 };
 #define N_ROUTES (sizeof routes / sizeof routes[0])
 
-static enum MHD_Result dispatch(conn *cx, const char *url, const char *method) {
-  server *s = cx->s;
-  int found = -1, path_known = 0;
-  const char *allow = NULL;
+/* The route of a method and path: its index, or -1 (then *path_known says whether another
+ * method has the path, and *allow names that method). */
+static int route_find(const char *url, const char *method, int *path_known, const char **allow) {
+  *path_known = 0;
+  *allow = NULL;
   for (size_t i = 0; i < N_ROUTES; i++) {
     if (strcmp(url, routes[i].path)) continue;
-    path_known = 1;
-    allow = routes[i].method;
+    *path_known = 1;
+    *allow = routes[i].method;
     if (!strcmp(method, routes[i].method) ||
-        (!strcmp(method, "HEAD") && !strcmp(routes[i].method, "GET"))) {
-      found = (int)i;
-      break;
-    }
+        (!strcmp(method, "HEAD") && !strcmp(routes[i].method, "GET")))
+      return (int)i;
   }
+  return -1;
+}
+
+/* Does route i need the API key? */
+static int route_needs_key(const server *s, int i) { return s->api_key && routes[i].auth; }
+
+/* The answers decided by the request head alone: no route (404 / 405), a missing or wrong API
+ * key (401), a Content-Length over --max-request-bytes (413). Called on the first access-handler
+ * call, before any body byte is read: an answer queued then makes MHD skip the body (and send
+ * no "100 Continue"), so an unauthenticated client cannot make the server read its body.
+ * Returns 1 when it answered (*ret: the queue result), else 0. */
+static int route_refused(conn *cx, const char *url, const char *method, enum MHD_Result *ret) {
+  server *s = cx->s;
+  int path_known;
+  const char *allow;
+  int found = route_find(url, method, &path_known, &allow);
   if (found < 0) {
     if (path_known) {
       openai_error e;
@@ -1111,13 +1126,15 @@ static enum MHD_Result dispatch(conn *cx, const char *url, const char *method) {
                        method, url);
       metrics_request_rejected(s->met, 405);
       char *b = openai_response_error_body(&e);
-      return b ? send_body(cx, 405, "application/json", b, strlen(b), "Allow", allow) : MHD_NO;
+      *ret = b ? send_body(cx, 405, "application/json", b, strlen(b), "Allow", allow) : MHD_NO;
+      return 1;
     }
     char msg[300];
     snprintf(msg, sizeof msg, "no route %s %.200s", method, url);
-    return fail(cx, 404, "not_found_error", NULL, msg);
+    *ret = fail(cx, 404, "not_found_error", NULL, msg);
+    return 1;
   }
-  if (routes[found].auth && s->api_key) {
+  if (route_needs_key(s, found)) {
     const char *h = MHD_lookup_connection_value(cx->mc, MHD_HEADER_KIND, "Authorization");
     const char *tok = NULL;
     if (h && !strncasecmp(h, "Bearer ", 7)) tok = h + 7;
@@ -1127,14 +1144,30 @@ static enum MHD_Result dispatch(conn *cx, const char *url, const char *method) {
           &e, 401, "authentication_error", NULL,
           tok ? "invalid API key" : "missing API key: send 'Authorization: Bearer <key>'");
       e.code = "invalid_api_key";
-      return send_error(cx, &e);
+      *ret = send_error(cx, &e);
+      return 1;
     }
   }
   if (cx->too_large) {
     char msg[200];
     snprintf(msg, sizeof msg, "the request body is larger than the limit of %zu bytes",
              s->o.max_request_bytes);
-    return fail(cx, 413, "invalid_request_error", NULL, msg);
+    *ret = fail(cx, 413, "invalid_request_error", NULL, msg);
+    return 1;
+  }
+  return 0;
+}
+
+/* Serves a request whose head route_refused accepted and whose body has been read. */
+static enum MHD_Result dispatch(conn *cx, const char *url, const char *method) {
+  server *s = cx->s;
+  int path_known;
+  const char *allow;
+  int found = route_find(url, method, &path_known, &allow);
+  enum MHD_Result ret;
+  if (found < 0 || cx->too_large) { /* too_large: a chunked body grew past the limit */
+    if (route_refused(cx, url, method, &ret)) return ret;
+    return MHD_NO;
   }
   if (routes[found].needs_model && !atomic_load(&s->ready))
     return fail(cx, 503, "server_error", NULL, "the model is still loading");
@@ -1251,6 +1284,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     if (head_refused(cx, url, version, &ret)) return ret;
     const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
     if (cl && strtoull(cl, NULL, 10) > s->o.max_request_bytes) cx->too_large = 1;
+    if (route_refused(cx, url, method, &ret)) return ret;
     return MHD_YES;
   }
   if (*upload_data_size) {

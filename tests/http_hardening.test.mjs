@@ -19,7 +19,7 @@ const stopWatchdog = watchdog(240000, "http_hardening");
 const model = makeModel("ds-http-");
 let srv;
 try {
-  srv = await startServer(model.dir, ["--api-key", KEY, "--max-request-bytes", "65536"]);
+  srv = await startServer(model.dir, ["--api-key", KEY, "--max-request-bytes", "65536", "--metrics-require-api-key"]);
 
   // ---- the key and the size limit from the head: the answer comes before any body byte ----
   // Each request announces a 31 MB body and sends none of it: the server must answer from the
@@ -42,6 +42,15 @@ try {
       assert(p.json && p.json.error && p.json.error.message, "the OpenAI error JSON");
     });
 
+  // ---- /metrics behind the key (--metrics-require-api-key) ----
+  await test("metrics_require_api_key", async () => {
+    eq((await get(srv, "/metrics")).status, 401, "/metrics without the key");
+    eq((await get(srv, "/metrics", { Authorization: "Bearer nope" })).status, 401, "/metrics with a wrong key");
+    const ok = await get(srv, "/metrics", AUTH);
+    eq(ok.status, 200, "/metrics with the key");
+    assert(/deltaserve:num_requests_running/.test(ok.text), "the metrics text");
+    eq((await get(srv, "/health")).status, 200, "/health stays open");
+  });
 } catch (e) {
   console.log(`FAIL http_hardening: ${e && e.message ? e.message : e}`);
 } finally {

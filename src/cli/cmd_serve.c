@@ -48,6 +48,7 @@ static void serve_usage(FILE *f) {
       "  --port N                    port (8000; 0 picks a free one)\n"
       "  --served-model-name NAME    the model name clients send (default: the folder name)\n"
       "  --api-key KEY               require 'Authorization: Bearer KEY' on /v1/*\n"
+      "  --metrics-require-api-key   with --api-key, /metrics needs the key too (default: open)\n"
       "  --device cpu|cuda|auto      backend (auto)\n"
       "  --threads N                 CPU backend threads (0: all cores)\n"
       "  --skip-tokenizer-init       no tokenizer: /v1/completions with token-id prompts only\n"
@@ -148,6 +149,7 @@ int cmd_serve(int argc, char **argv) {
   int batch_invariant = 0, no_warmup = 0;
   double grace = 5.0;
   int skip_tok = 0;
+  int metrics_key = 0; /* --metrics-require-api-key */
   engine_opts eo;
   engine_opts_default(&eo);
   char err[512];
@@ -171,6 +173,10 @@ int cmd_serve(int argc, char **argv) {
     }
     if (!strcmp(a, "--batch-invariant")) {
       batch_invariant = 1;
+      continue;
+    }
+    if (!strcmp(a, "--metrics-require-api-key")) {
+      metrics_key = 1;
       continue;
     }
     if (!strcmp(a, "--no-warmup")) {
@@ -266,7 +272,8 @@ int cmd_serve(int argc, char **argv) {
                     .served_model_name = name,
                     .model_path = model_dir,
                     .api_key = api_key,
-                    .max_request_bytes = (size_t)max_req};
+                    .max_request_bytes = (size_t)max_req,
+                    .metrics_require_api_key = metrics_key};
   server *srv = NULL;
   if (server_start(&srv, &so, err, sizeof err)) {
     fprintf(stderr, "deltaserve serve: %s\n", err);

@@ -1106,8 +1106,11 @@ static int route_find(const char *url, const char *method, int *path_known, cons
   return -1;
 }
 
-/* Does route i need the API key? */
-static int route_needs_key(const server *s, int i) { return s->api_key && routes[i].auth; }
+/* Does route i need the API key? (/metrics when --metrics-require-api-key says so) */
+static int route_needs_key(const server *s, int i) {
+  return s->api_key &&
+         (routes[i].auth || (routes[i].id == R_METRICS && s->o.metrics_require_api_key));
+}
 
 /* The answers decided by the request head alone: no route (404 / 405), a missing or wrong API
  * key (401), a Content-Length over --max-request-bytes (413). Called on the first access-handler

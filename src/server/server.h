@@ -45,6 +45,7 @@ typedef struct server_opts {
   const char *model_path;        /* shown in /v1/models */
   const char *api_key;           /* NULL: no authentication */
   size_t max_request_bytes;      /* larger bodies get 413 */
+  int metrics_require_api_key;   /* with api_key: /metrics needs it too (default open, as vLLM) */
 } server_opts;
 
 /* What serving needs from the loaded model; all borrowed, outliving the server's use. */

@@ -17,9 +17,8 @@
  * first KV pages with other rows of the step (kv_share.h: a prefix restored from the cache)
  * leave those positions to the shared-prefix kernel (cuda_flash.cu k_flash_shared: once per
  * group on tensor cores), and the merge takes its partials too. Other shapes take the
- * one-block-per-(row, q head) kernel below. By default the GEMM path's pieces go through the
- * fused flash kernel of cuda_flash.cu instead, where it covers the shape (DS_ATTN_FLASH=0:
- * the GEMM path). */
+ * one-block-per-(row, q head) kernel below. The GEMM path's pieces go through the fused flash
+ * kernel of cuda_flash.cu instead where it covers the shape. */
 #include <math.h>
 
 #include "backend/cuda/cuda_common.cuh"
@@ -138,11 +137,11 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
 
 /* The GEMM path's piece length threshold for this shape; 0: the path is off. */
 static int att_gemm_min(const cuda_ctx *c, int nkv, int hd) {
-  return (c->legacy || c->attn_gemm_off || (nkv * hd) % 8) ? 0 : ATT_GEMM_MIN;
+  return (nkv * hd) % 8 ? 0 : ATT_GEMM_MIN;
 }
 
-/* Query rows per block for a piece of `len` rows and context ctx (a function of these and
- * the knob only). DS_ATTN_GEMM_ROWS caps it (tests: several blocks per piece). */
+/* Query rows per block for a piece of `len` rows and context ctx (a function of these only; a
+ * test may cap it: backend_cuda_test attn_gemm_rows, several blocks per piece). */
 static size_t att_gemm_rows(const cuda_ctx *c, int G, size_t ctx, int len) {
   size_t R = ATT_GEMM_BUDGET / ((size_t)G * ctx * 6);
   if (R < 16) R = 16;
@@ -251,36 +250,22 @@ static int att_gemm(cuda_ctx *c, const bf16 *kp, const bf16 *vp, const bf16 *q, 
 
 /* ---- split path ---- */
 
-#ifndef ATT_SPLIT
 #define ATT_SPLIT 128 /* positions per range, before the cap on ranges */
-#endif
-/* Steps of at most ATT_SMALL_T rows (default mode) cut ranges of ATT_SPLIT_SMALL positions:
- * a one-sequence step has too few blocks to keep the SMs busy at 128 (64: decode 1 +1.3 %,
- * 8 / 32 +0.5 / +0.9 %, 64 / 128 -2.6 / -3.3 % when used for every step, bench/NOTES.md twelfth
- * session). A row's ranges then depend on its step's row count as well as its position, as a
- * row's GEMM bits do (cuBLAS); under --batch-invariant every step uses ATT_SPLIT. */
-#ifndef ATT_SPLIT_SMALL
+/* Steps of at most ATT_SMALL_T rows cut ranges of ATT_SPLIT_SMALL positions: a one-sequence
+ * step has too few blocks to keep the SMs busy at 128 (for every step it loses at 64+ rows). A
+ * row's ranges then depend on its step's row count as well as its position, as a row's GEMM
+ * bits do (cuBLAS); under --batch-invariant every step uses ATT_SPLIT. */
 #define ATT_SPLIT_SMALL 64
-#endif
 #define ATT_SMALL_T 8
-/* ... and steps of at most ATT_TINY_T rows ranges of ATT_SPLIT_TINY (up to the cap on ranges:
- * decode 1 +0.3 %, 4 of 4 paired rounds; 32 for every step of <= 8 rows cost decode 8 1.0 %,
- * bench/NOTES.md eighteenth session) */
-#ifndef ATT_SPLIT_TINY
+/* ... and steps of at most ATT_TINY_T rows ranges of ATT_SPLIT_TINY (up to the cap on ranges;
+ * for every step of <= 8 rows it loses at 8) */
 #define ATT_SPLIT_TINY 32
-#endif
 #define ATT_TINY_T 2
-#ifndef ATT_MAXS
-#define ATT_MAXS 16 /* ranges per row at most */
-#endif
-#ifndef ATT_MERGE_UNROLL
-#define ATT_MERGE_UNROLL 1 /* k_attn_merge's loads all at once (0: in a loop, for A/B builds) */
-#endif
-#define ATT_SW 8   /* warps per block */
-#define ATT_MAXG 8 /* q heads per kv head */
-#ifndef ATT_STAGES
-#define ATT_STAGES 4 /* positions per warp in flight (cp.async into shared memory) */
-#endif
+#define ATT_MAXS 16 /* ranges per row at most: the merge's loads stay one unrolled batch */
+#define ATT_SW 8    /* warps per block */
+#define ATT_MAXG 8  /* q heads per kv head */
+#define ATT_STAGES \
+  4 /* positions per warp in flight (cp.async into shared memory): the latency hidden */
 
 /* Number of ranges and positions per range for a row's n positions (p + 1, less its shared
  * ones), ranges of `split` positions before the cap (att_split_of: a function of the step's
@@ -335,17 +320,17 @@ struct att_smem {
  * (hd * 4 bytes) are copied into one of the warp's ATT_STAGES slots by cp.async in 16-byte
  * pieces, ATT_STAGES - 1 positions ahead of the one being used, so the loads in flight live in
  * shared memory, not registers (holding them in registers capped the positions in flight at
- * two: bench/NOTES.md). Each lane then reads its hd/32 values of the slot. */
+ * two). Each lane then reads its hd/32 values of the slot. */
 template <int VPL, int GB>
 __global__ void __launch_bounds__(ATT_SW * 32)
     k_attn_split(bf16 *kp, bf16 *vp, const bf16 *q, const int32_t *seq, const int32_t *pos,
                  const int32_t *page_table, int max_pages, int nh, int nkv, int nsub, float scale,
                  const int32_t *seq_len, int gemm_min, int split, const bf16 *kcur,
                  const bf16 *vcur, const int32_t *sh_start, int slots, float *part, float *ml) {
-  /* SMALL_EARLY, a decode step (kcur): the metadata, and the first positions' K and V (pages
+  /* a decode step (kcur): the metadata, and the first positions' K and V (pages
    * written by earlier steps; position p, from kcur / vcur, excepted), are requested before the
    * wait for the kernel before (which writes q and kcur) */
-  const int early = SMALL_EARLY && kcur != NULL;
+  const int early = kcur != NULL;
   if (!early) pdl_enter();
   constexpr int HD = VPL * 32, PIECES = HD * 2 * 2 / 16; /* 16-byte pieces of a K + V row */
   constexpr int G = GB;                                  /* the block's q heads */
@@ -502,7 +487,6 @@ __global__ void k_attn_merge(const float *part, const float *ml, const int32_t *
                              int nh, int hd, const int32_t *sh_start, const int32_t *sh_ns,
                              int slots, const bf16 *gate, bf16 *out) {
   int t = blockIdx.x, h = blockIdx.y, i = threadIdx.x;
-#if SMALL_EARLY
   /* the step's metadata, and the gate (written before the attention's first kernel, so done
    * once the split kernel before this one has passed its own wait), before the wait */
   int gemm_row = gemm_min > 0 && seq_len[seq[t]] >= gemm_min;
@@ -513,17 +497,9 @@ __global__ void k_attn_merge(const float *part, const float *ml, const int32_t *
   float gv = gate && i < hd && !gemm_row ? bf2f(gate[oi]) : 0.f;
   pdl_enter();
   if (gemm_row) return; /* the GEMM path's row */
-#else
-  pdl_enter();
-  if (gemm_min > 0 && seq_len[seq[t]] >= gemm_min) return; /* the GEMM path's row */
-  int per;
-  int ns = att_nsplit(pos[t] + 1 - (SH ? sh_start[t] : 0), split, &per);
-  int nsh = SH ? sh_ns[t] : 0;
-#endif
   size_t r0 = ((size_t)t * nh + h) * slots;
   float M = -INFINITY, L = 0.f, o = 0.f;
   constexpr int NZ = ATT_MAXS + (SH ? CUDA_SH_MAXS : 0);
-#if ATT_MERGE_UNROLL
   /* every range's values requested at once (a loop over ns would wait for each load in turn:
    * ~16 dependent L2 round trips), then the same max and the same sums in the same order */
   float mz[NZ], lz[NZ], pz[NZ];
@@ -546,263 +522,9 @@ __global__ void k_attn_merge(const float *part, const float *ml, const int32_t *
       L += lz[z] * f;
       o += pz[z] * f;
     }
-#else
-  for (int z = 0; z < NZ; z++)
-    if (z < ATT_MAXS ? z < ns : z - ATT_MAXS < nsh) M = fmaxf(M, ml[2 * (r0 + z)]);
-  for (int z = 0; z < NZ; z++) {
-    if (!(z < ATT_MAXS ? z < ns : z - ATT_MAXS < nsh)) continue;
-    float f = __expf(ml[2 * (r0 + z)] - M);
-    L += ml[2 * (r0 + z) + 1] * f;
-    if (i < hd) o += part[(r0 + z) * hd + i] * f;
-  }
-#endif
   if (i < hd) {
-#if SMALL_EARLY
     bf16 ob = f2bf(o / L);
     out[oi] = gate ? f2bf(bf2f(ob) * sigmoidf_dev(gv)) : ob;
-#else
-    size_t oi = ((size_t)t * nh + h) * hd + i;
-    bf16 ob = f2bf(o / L);
-    out[oi] = gate ? f2bf(bf2f(ob) * sigmoidf_dev(bf2f(gate[oi]))) : ob;
-#endif
-  }
-}
-
-/* ---- the split kernel on tensor cores (k_attn_split_tc) ----
- *
- * The same blocks, ranges and partials as k_attn_split, for steps of many rows (att_tc_takes):
- * block (t, kv head x sub-group, z) with ATT_TC_W warps; a warp takes 16-position slabs of the
- * range (slab w, w + ATT_TC_W, ...), their K and V rows arriving by cp.async into the warp's
- * ATT_TC_STAGES slab buffers in shared memory. Per slab, with the block's GB <= 8 q heads as the
- * 8 columns of the products (heads past GB: zero queries, never written):
- *   S^T [16 positions x 8 heads] = K Q^T        (m16n8k16: A = K rows by ldmatrix, B = Q)
- *   x = S^T scale log2(e), -inf past the range; per head (column) m' = max(m, max x),
- *   P = 2^(x - m'), l = l 2^(m - m') + sum P, O^T = O^T 2^(m - m') + V^T P
- *                                               (A = V^T by ldmatrix.trans, B = P through
- *                                                movmatrix.trans of its bf16 C fragments)
- * so a position costs a few tensor-core instructions instead of k_attn_split's lane products
- * and shuffle reductions (which bound that kernel at ~2 TB/s on long rows of many-row steps).
- * P is rounded to bf16 for its product (as in cuda_flash.cu). The warps' (m, l, O) merge in
- * warp order through shared memory; the block writes slot z of part / ml in k_attn_split's
- * units (m: natural log of scale q.k), and k_attn_merge reads them unchanged. */
-#ifndef ATT_TC_STAGES
-#define ATT_TC_STAGES 3 /* slabs per warp in flight or in use */
-#endif
-#define ATT_TC_W 4   /* warps per block */
-#define ATT_TC_PAD 8 /* bf16 of padding per shared row: conflict-free ldmatrix */
-
-template <int HD>
-struct att_tc_shape {
-  static constexpr int ROW = HD + ATT_TC_PAD;              /* bf16 per shared row */
-  static constexpr size_t SLAB = (size_t)2 * 16 * ROW * 2; /* bytes of a K + V slab */
-  static constexpr size_t MERGE = (size_t)ATT_TC_W * 8 * (HD + 2) * sizeof(float);
-  static constexpr size_t PIPE = (size_t)ATT_TC_W * ATT_TC_STAGES * SLAB;
-  static constexpr size_t SMEM = PIPE > MERGE ? PIPE : MERGE;
-};
-
-__device__ __forceinline__ void att_ldsm4(uint32_t *r, const bf16 *p) {
-  unsigned a = (unsigned)__cvta_generic_to_shared(p);
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(a)
-               : "memory");
-}
-__device__ __forceinline__ void att_ldsm4_t(uint32_t *r, const bf16 *p) {
-  unsigned a = (unsigned)__cvta_generic_to_shared(p);
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(a)
-               : "memory");
-}
-/* the transpose of an 8x8 bf16 matrix held one row pair per lane (row g, cols 2t..2t+1) */
-__device__ __forceinline__ uint32_t att_movt(uint32_t x) {
-  uint32_t y;
-  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
-  return y;
-}
-__device__ __forceinline__ uint32_t att_pack(float lo, float hi) {
-  __nv_bfloat162 b = __floats2bfloat162_rn(lo, hi);
-  return *(uint32_t *)&b;
-}
-
-/* grid (T, nkv * nsub, ATT_MAXS), block ATT_TC_W * 32, dynamic shared att_tc_shape<HD>::SMEM;
- * GB = G / nsub <= 8 q heads per block; the other arguments as k_attn_split's (sl2: scale *
- * log2(e)). */
-template <int HD>
-__global__ void __launch_bounds__(ATT_TC_W * 32)
-    k_attn_split_tc(bf16 *kp, bf16 *vp, const bf16 *q, const int32_t *seq, const int32_t *pos,
-                    const int32_t *page_table, int max_pages, int nh, int nkv, int nsub, int GB,
-                    float sl2, const int32_t *seq_len, int gemm_min, int split, const bf16 *kcur,
-                    const bf16 *vcur, const int32_t *sh_start, int slots, float *part, float *ml) {
-  pdl_enter();
-  typedef att_tc_shape<HD> S_;
-  constexpr int ROW = S_::ROW, KS = HD / 16, PIECES = HD / 8; /* 16-byte pieces of a row */
-  extern __shared__ __align__(16) unsigned char tc_smem[];
-  int t = blockIdx.x, kvh = blockIdx.y / nsub, sub = blockIdx.y % nsub, z = blockIdx.z;
-  if (gemm_min > 0 && seq_len[seq[t]] >= gemm_min) return; /* the GEMM path's row */
-  int lane = threadIdx.x & 31, wp = threadIdx.x >> 5, g = lane >> 2, t4 = lane & 3;
-  int h0 = kvh * nsub * GB + sub * GB; /* the block's first q head */
-  int p = pos[t], per;
-  int s0 = sh_start ? sh_start[t] : 0;
-  int ns = att_nsplit(p + 1 - s0, split, &per);
-  if (z >= ns) return;
-  int j0 = s0 + z * per, j1 = min(p + 1, j0 + per);
-  const int32_t *pt = page_table + (size_t)seq[t] * max_pages;
-  size_t row_w = (size_t)nkv * HD;
-  const bf16 *kc = kcur ? kcur + (size_t)t * row_w + (size_t)kvh * HD : NULL;
-  const bf16 *vc = kcur ? vcur + (size_t)t * row_w + (size_t)kvh * HD : NULL;
-  if (kcur && z == ns - 1 && sub == 0) { /* the step's k, v into the pages (k_attn_split's) */
-    int page = pt[p / BACKEND_PAGE_TOKENS];
-    size_t off = ((size_t)page * BACKEND_PAGE_TOKENS + (size_t)(p % BACKEND_PAGE_TOKENS)) * row_w +
-                 (size_t)kvh * HD;
-    for (int c = threadIdx.x; c < 2 * PIECES; c += blockDim.x) {
-      int kv = c >= PIECES, e = (c - kv * PIECES) * 8;
-      *(uint4 *)((kv ? vp : kp) + off + e) = *(const uint4 *)((kv ? vc : kc) + e);
-    }
-  }
-  /* the warp's slabs: slab i of the warp starts at position j0 + 16 (wp + i ATT_TC_W) */
-  int nslab = (j1 - j0 + 15) / 16;
-  int nj = nslab > wp ? (nslab - wp + ATT_TC_W - 1) / ATT_TC_W : 0;
-  bf16 *buf = (bf16 *)tc_smem + (size_t)wp * ATT_TC_STAGES * 2 * 16 * ROW;
-  auto issue = [&](int i) {
-    if (i < nj) {
-      int jb = j0 + 16 * (wp + i * ATT_TC_W);
-      bf16 *dk = buf + (size_t)(i % ATT_TC_STAGES) * 2 * 16 * ROW, *dv = dk + 16 * ROW;
-      for (int c = lane; c < 16 * PIECES; c += 32) {
-        int r = c / PIECES, e = (c % PIECES) * 8, j = jb + r;
-        bf16 *a = dk + r * ROW + e, *b = dv + r * ROW + e;
-        if (j >= j1) {
-          *(uint4 *)a = make_uint4(0u, 0u, 0u, 0u);
-          *(uint4 *)b = make_uint4(0u, 0u, 0u, 0u);
-        } else if (kc && j == p) {
-          cp_async16(a, kc + e);
-          cp_async16(b, vc + e);
-        } else {
-          size_t off = ((size_t)pt[j / BACKEND_PAGE_TOKENS] * BACKEND_PAGE_TOKENS +
-                        (size_t)(j % BACKEND_PAGE_TOKENS)) *
-                           row_w +
-                       (size_t)kvh * HD + e;
-          cp_async16(a, kp + off);
-          cp_async16(b, vp + off);
-        }
-      }
-    }
-    cp_async_commit();
-  };
-#pragma unroll
-  for (int s = 0; s < ATT_TC_STAGES - 1; s++) issue(s);
-  /* Q^T as B fragments: b0 = Q[head g][16k + 2t..], b1 = Q[g][16k + 8 + 2t..] */
-  uint32_t qb[KS][2];
-  {
-    bool live = g < GB;
-    const bf16 *qr = q + ((size_t)t * nh + h0 + (live ? g : 0)) * HD + 2 * t4;
-#pragma unroll
-    for (int k = 0; k < KS; k++) {
-      qb[k][0] = live ? *(const uint32_t *)(qr + 16 * k) : 0u;
-      qb[k][1] = live ? *(const uint32_t *)(qr + 16 * k + 8) : 0u;
-    }
-  }
-  /* O^T accumulators: o[m] = rows hd 16m + g (0, 1) and + 8 (2, 3), heads 2t, 2t + 1 */
-  float o[KS][4];
-#pragma unroll
-  for (int m = 0; m < KS; m++) o[m][0] = o[m][1] = o[m][2] = o[m][3] = 0.f;
-  float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f; /* heads 2t, 2t + 1 (base 2) */
-  int mi = lane >> 3, mr = lane & 7;
-  for (int i = 0; i < nj; i++) {
-    issue(i + ATT_TC_STAGES - 1);
-    cp_async_wait<ATT_TC_STAGES - 1>();
-    __syncwarp();
-    const bf16 *Ks = buf + (size_t)(i % ATT_TC_STAGES) * 2 * 16 * ROW, *Vs = Ks + 16 * ROW;
-    int jb = j0 + 16 * (wp + i * ATT_TC_W);
-    float s[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-    for (int k = 0; k < KS; k++) {
-      uint32_t a[4]; /* K rows: matrices (pos 0-7 | 8-15) x (cols 16k | 16k + 8) */
-      att_ldsm4(a, Ks + ((mi & 1) * 8 + mr) * ROW + 16 * k + (mi >> 1) * 8);
-      mma_bf16(s, a, qb[k][0], qb[k][1]);
-    }
-    /* s: [pos g][head 2t], [g][2t + 1], [g + 8][2t], [g + 8][2t + 1] */
-    bool va = jb + g < j1, vb = jb + g + 8 < j1;
-    float x0 = va ? s[0] * sl2 : -INFINITY, x1 = va ? s[1] * sl2 : -INFINITY;
-    float x2 = vb ? s[2] * sl2 : -INFINITY, x3 = vb ? s[3] * sl2 : -INFINITY;
-    float c0 = fmaxf(x0, x2), c1 = fmaxf(x1, x3);
-#pragma unroll
-    for (int d = 4; d < 32; d <<= 1) {
-      c0 = fmaxf(c0, __shfl_xor_sync(0xffffffffu, c0, d));
-      c1 = fmaxf(c1, __shfl_xor_sync(0xffffffffu, c1, d));
-    }
-    float n0 = fmaxf(m0, c0), n1 = fmaxf(m1, c1);   /* slab 0 of a warp has position jb real */
-    float r0 = exp2f(m0 - n0), r1 = exp2f(m1 - n1); /* 0 while m = -inf */
-    m0 = n0;
-    m1 = n1;
-    float e0 = exp2f(x0 - n0), e1 = exp2f(x1 - n1), e2 = exp2f(x2 - n0), e3 = exp2f(x3 - n1);
-    l0 = l0 * r0 + e0 + e2;
-    l1 = l1 * r1 + e1 + e3;
-#pragma unroll
-    for (int m = 0; m < KS; m++) {
-      o[m][0] *= r0;
-      o[m][1] *= r1;
-      o[m][2] *= r0;
-      o[m][3] *= r1;
-    }
-    /* P [pos x head] as B fragments: the transposes of its two 8x8 halves */
-    uint32_t pb0 = att_movt(att_pack(e0, e1)), pb1 = att_movt(att_pack(e2, e3));
-#pragma unroll
-    for (int m = 0; m < KS; m++) {
-      uint32_t a[4]; /* V^T: matrices (hd 16m | 16m + 8) x (pos 0-7 | 8-15), transposed */
-      att_ldsm4_t(a, Vs + ((mi >> 1) * 8 + mr) * ROW + 16 * m + (mi & 1) * 8);
-      mma_bf16(o[m], a, pb0, pb1);
-    }
-    __syncwarp(); /* every lane has read the slab before a later issue refills it */
-  }
-  cp_async_wait<0>();
-  /* each head's sum over the warp's positions: lanes of one t */
-#pragma unroll
-  for (int d = 4; d < 32; d <<= 1) {
-    l0 += __shfl_xor_sync(0xffffffffu, l0, d);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, d);
-  }
-  __syncthreads();                               /* the slabs' bytes become the merge's */
-  float *s_o = (float *)tc_smem;                 /* [ATT_TC_W][8][HD] */
-  float *s_ml = s_o + (size_t)ATT_TC_W * 8 * HD; /* [ATT_TC_W][8][2] */
-  float *wo = s_o + (size_t)wp * 8 * HD;
-#pragma unroll
-  for (int m = 0; m < KS; m++) {
-    wo[(2 * t4) * HD + 16 * m + g] = o[m][0];
-    wo[(2 * t4 + 1) * HD + 16 * m + g] = o[m][1];
-    wo[(2 * t4) * HD + 16 * m + g + 8] = o[m][2];
-    wo[(2 * t4 + 1) * HD + 16 * m + g + 8] = o[m][3];
-  }
-  if (g == 0) {
-    float *w = s_ml + (size_t)wp * 16;
-    w[4 * t4] = m0;
-    w[4 * t4 + 1] = l0;
-    w[4 * t4 + 2] = m1;
-    w[4 * t4 + 3] = l1;
-  }
-  __syncthreads();
-  const float ln2 = 0.6931471805599453f;
-  for (int idx = threadIdx.x; idx < GB * HD; idx += blockDim.x) {
-    int hh = idx / HD, e = idx % HD;
-    float M = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < ATT_TC_W; w++) M = fmaxf(M, s_ml[w * 16 + 2 * hh]);
-    float L = 0.f, acc = 0.f;
-#pragma unroll
-    for (int w = 0; w < ATT_TC_W; w++) {
-      float lw = s_ml[w * 16 + 2 * hh + 1];
-      if (lw > 0.f) {
-        float f = exp2f(s_ml[w * 16 + 2 * hh] - M);
-        L += lw * f;
-        acc += s_o[((size_t)w * 8 + hh) * HD + e] * f;
-      }
-    }
-    size_t r = ((size_t)t * nh + h0 + hh) * slots + z;
-    part[r * HD + e] = acc;
-    if (e == 0) {
-      ml[2 * r] = M * ln2;
-      ml[2 * r + 1] = L;
-    }
   }
 }
 
@@ -828,38 +550,6 @@ static void att_launch(cuda_ctx *c, int G, const att_args &a) {
       a.kp, a.vp, a.q, c->b.seq, c->b.pos, c->b.page_table, c->b.max_pages, a.nh, a.nkv, nsub,
       a.scale, c->b.seq_len, att_gemm_min(c, a.nkv, VPL * 32), a.split, a.kcur, a.vcur, a.sh_start,
       a.slots, a.part, a.ml);
-}
-
-/* 1 when the split path's ranges go to the tensor-core kernel in this step: hd 64, 128 or 256,
- * at least attn_tc_min_t rows (DS_ATTN_TC_MIN_T; fewer rows have few blocks, where the lane
- * kernel's finer ranges win), not under --batch-invariant (whose rows' results must not depend
- * on the step's row count) and DS_ATTN_TC=1 (off by default: slower than the lane kernel at
- * 8-128 rows on the H200, bench/NOTES.md twenty-fourth session). */
-static int att_tc_takes(const cuda_ctx *c, int hd) {
-  return c->attn_tc && !c->batch_invariant && (hd == 64 || hd == 128 || hd == 256) &&
-         c->b.n_tokens >= c->attn_tc_min_t;
-}
-
-/* The tensor-core kernel's q heads per block: G when G <= 8 (its products' 8 columns), else
- * the largest divisor of G up to 8. */
-static int att_tc_heads_per_block(int G) {
-  for (int gb = 8; gb > 1; gb--)
-    if (G % gb == 0 && gb <= G) return gb;
-  return 1;
-}
-
-template <int HD>
-static void att_tc_launch(cuda_ctx *c, int G, const att_args &a) {
-  typedef att_tc_shape<HD> S_;
-  int gb = G <= 8 ? G : att_tc_heads_per_block(G), nsub = G / gb;
-  cudaFuncSetAttribute(k_attn_split_tc<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                       (int)S_::SMEM);
-  c->attn_tc_launches++;
-  dim3 grid(c->b.n_tokens, a.nkv * nsub, ATT_MAXS);
-  k_attn_split_tc<HD><<<grid, ATT_TC_W * 32, S_::SMEM, c->st>>>(
-      a.kp, a.vp, a.q, c->b.seq, c->b.pos, c->b.page_table, c->b.max_pages, a.nh, a.nkv, nsub, gb,
-      a.scale * 1.4426950408889634f, c->b.seq_len, att_gemm_min(c, a.nkv, HD), a.split, a.kcur,
-      a.vcur, a.sh_start, a.slots, a.part, a.ml);
 }
 
 /* The q heads one split block takes for G q heads per kv head and VPL values per lane: all G
@@ -903,13 +593,11 @@ static int att_split_of(const cuda_ctx *c) {
 }
 
 /* 1 when the split path covers this head shape: hd 32, 64, 128 or 256, any q heads per kv head
- * (att_heads_per_block; with DS_ATTN_SUBGROUPS=0 only 1, 2, 4 or 8 that one block takes). */
-static int att_split_fits(const cuda_ctx *c, int nh, int nkv, int hd) {
+ * (att_heads_per_block). */
+static int att_split_fits(int nh, int nkv, int hd) {
   int VPL = hd / 32;
-  if (c->legacy || nkv <= 0 || nh % nkv || hd % 32) return 0;
-  if (!(VPL == 1 || VPL == 2 || VPL == 4 || VPL == 8)) return 0;
-  int G = nh / nkv; /* DS_ATTN_SUBGROUPS=0: the shapes the path took before sub-groups */
-  return c->attn_subgroups || ((G == 1 || G == 2 || G == 4 || G == 8) && G * VPL <= 32);
+  if (nkv <= 0 || nh % nkv || hd % 32) return 0;
+  return VPL == 1 || VPL == 2 || VPL == 4 || VPL == 8;
 }
 
 /* 1 when the step's shared groups (c->b.sh_on) take the shared-prefix kernel for this head
@@ -918,7 +606,7 @@ static int att_split_fits(const cuda_ctx *c, int nh, int nkv, int hd) {
  * shape outside these reads its rows' positions all by itself (sh_start is then not passed). */
 static int att_shared_fits(const cuda_ctx *c, int nh, int nkv, int hd) {
   return c->b.sh_on && (hd == 64 || hd == 128 || hd == 256) && nh / nkv <= 64 &&
-         att_split_fits(c, nh, nkv, hd);
+         att_split_fits(nh, nkv, hd);
 }
 
 /* The split path (att_split_fits), merging with the output gate when gate is not NULL; kcur /
@@ -953,33 +641,19 @@ static void att_split(cuda_ctx *c, bf16 *kp, bf16 *vp, const bf16 *q, int nh, in
     cuda_fail(c, "attention", "shared-prefix kernel refused a covered shape");
     return;
   }
-  if (att_tc_takes(c, hd)) {
-    switch (hd) {
-      case 64:
-        att_tc_launch<64>(c, G, a);
-        break;
-      case 128:
-        att_tc_launch<128>(c, G, a);
-        break;
-      case 256:
-        att_tc_launch<256>(c, G, a);
-        break;
-    }
-  } else {
-    switch (hd / 32) {
-      case 1:
-        att_launch_g<1>(c, G, a);
-        break;
-      case 2:
-        att_launch_g<2>(c, G, a);
-        break;
-      case 4:
-        att_launch_g<4>(c, G, a);
-        break;
-      case 8:
-        att_launch_g<8>(c, G, a);
-        break;
-    }
+  switch (hd / 32) {
+    case 1:
+      att_launch_g<1>(c, G, a);
+      break;
+    case 2:
+      att_launch_g<2>(c, G, a);
+      break;
+    case 4:
+      att_launch_g<4>(c, G, a);
+      break;
+    case 8:
+      att_launch_g<8>(c, G, a);
+      break;
   }
   cuda_check_launch(c, "attention (split)");
   dim3 g2(c->b.n_tokens, nh);
@@ -1016,7 +690,7 @@ extern "C" void cuda_attn_attention_gated(backend *be, backend_buf k_pool, backe
     cuda_fail(c, "attention", "step too large (T * nkv * hd >= 2^32)");
     return;
   }
-  int use_split = att_split_fits(c, nh, nkv, hd);
+  int use_split = att_split_fits(nh, nkv, hd);
   /* every piece one row (a decode step; no piece reaches ATT_GEMM_MIN): the split kernel
    * writes the rows' k, v itself, one launch fewer per attention layer */
   static_assert(ATT_GEMM_MIN > 1, "a one-row piece never takes the GEMM path");
@@ -1029,7 +703,8 @@ extern "C" void cuda_attn_attention_gated(backend *be, backend_buf k_pool, backe
     cuda_check_launch(c, "attention (kv write)");
   }
   int gmin = att_gemm_min(c, nkv, hd);
-  if (gmin > 0) { /* the long pieces: fused kernel (unless DS_ATTN_FLASH=0) or GEMM path */
+  if (gmin >
+      0) { /* the long pieces: the fused kernel, else (shapes it does not cover) the GEMM path */
     int took = 0;
     if (c->attn_flash) {
       took = cuda_attn_flash(c, (const bf16 *)k_pool, (const bf16 *)v_pool, (const bf16 *)q, nh,

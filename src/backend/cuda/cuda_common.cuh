@@ -19,22 +19,12 @@
 
 typedef __nv_bfloat16 bf16;
 
-/* the greedy lm-head's norm and screen read what does not depend on the kernel before them
- * (the out rows, the norm's weights, the first int8 rows) before waiting for it; -DGREEDY_EARLY=0
- * for A/B builds (the same bits) */
-#ifndef GREEDY_EARLY
-#define GREEDY_EARLY 1
-#endif
-/* The small kernels of a decode step's layers (the DeltaNet chain, qk-norm + rotary, the split
- * attention and its merge) issue every load their results depend on as early as it may go:
- * what no kernel of the step writes (weights, the step's metadata, the KV pages of earlier
- * positions in a decode step) before waiting for the kernel before them, what that kernel
- * writes right after the wait instead of after their first reductions. A load no longer waits
- * for the dependent round trips before it; the arithmetic is unchanged (the same bits).
- * -DSMALL_EARLY=0 for A/B builds (bench/NOTES.md twenty-fourth session). */
-#ifndef SMALL_EARLY
-#define SMALL_EARLY 1
-#endif
+/* The small kernels of a decode step (the DeltaNet chain, qk-norm + rotary, the split attention
+ * and its merge, the greedy lm-head's norm and screen) issue every load their results depend on
+ * as early as it may go: what no kernel of the step writes (weights, the step's metadata, the KV
+ * pages of earlier positions in a decode step) before waiting for the kernel before them, what
+ * that kernel writes right after the wait instead of after their first reductions. A load no
+ * longer waits for the dependent round trips before it; the arithmetic is unchanged. */
 #define CUDA_ROPE_TAB 512 /* rotary pairs the frequency table holds (rot <= 1024) */
 
 typedef struct cuda_weight {
@@ -72,14 +62,10 @@ typedef struct cuda_batch {
 } cuda_batch;
 #define CUDA_SH_GROUPS 4 /* groups per step at most (the ones that save the most) */
 #define CUDA_SH_GROUP_WORDS 6
-#ifndef CUDA_SH_MAXS
-#define CUDA_SH_MAXS 16 /* shared ranges per group at most */
-#endif
-#ifndef CUDA_SH_SPLIT
+#define CUDA_SH_MAXS 16   /* shared ranges per group at most */
 #define CUDA_SH_SPLIT 512 /* positions per shared range before the cap (a multiple of 64) */
-#endif
 
-struct cuda_graphs; /* the decode-step recorder and graph cache (backend_cuda.cu) */
+struct cuda_graphs; /* the decode-step recorder and graph cache (cuda_graph.cu) */
 
 typedef struct cuda_ctx {
   int device;
@@ -101,36 +87,22 @@ typedef struct cuda_ctx {
   /* scratch */
   void *scratch;
   size_t scratch_bytes;
-  /* DS_CUDA_LEGACY=1: the first (simple) kernels only, for before/after timings */
-  int legacy;
-  /* DS_BATCH_INVARIANT=1: every GEMM through one kernel whose row results do not depend on
-   * the row count (backend_cuda.cu, "batch-invariant GEMM") */
+  /* --batch-invariant: every GEMM through one kernel whose row results do not depend on the
+   * row count (cuda_gemm.cu, "batch-invariant GEMM") */
   int batch_invariant;
-  /* prefill attention on tensor cores (cuda_attn.cu "GEMM path"): DS_ATTN_GEMM=0 turns it
-   * off, DS_ATTN_GEMM_ROWS=N caps its query rows per block */
-  int attn_gemm_off, attn_gemm_rows;
-  /* those pieces through the fused kernel instead (cuda_flash.cu); DS_ATTN_FLASH=0: not */
-  int attn_flash;
-  /* decode rows sharing KV pages read them once per group (cuda_attn.cu "shared prefix";
-   * DS_ATTN_SHARED=0: not), for groups sharing at least attn_shared_min positions
-   * (DS_ATTN_SHARED_MIN) */
-  int attn_shared, attn_shared_min;
-  /* the split decode kernel takes a kv head's q heads in sub-groups where they do not all fit
-   * one block (cuda_attn.cu att_heads_per_block); DS_ATTN_SUBGROUPS=0: such shapes take the
-   * one-block-per-head kernel (the path before, for timings and tests) */
-  int attn_subgroups;
-  /* the split path's ranges on tensor cores in steps of at least attn_tc_min_t rows
-   * (cuda_attn.cu k_attn_split_tc; DS_ATTN_TC=0: never, DS_ATTN_TC_MIN_T) */
-  int attn_tc, attn_tc_min_t;
-  /* split launches in sub-groups, on tensor cores (backend_cuda_attn_launches) */
-  long attn_sub_launches, attn_tc_launches;
+  /* test-only caps (backend_cuda_test): the GEMM attention path's query rows per block (0: the
+   * budget's), the long pieces kept off the fused kernel */
+  int attn_gemm_rows, attn_flash;
+  /* decode rows sharing KV pages read them once per group (cuda_attn.cu "shared prefix") */
+  int attn_shared;
+  /* split launches that took a kv head's q heads in sub-groups (backend_cuda_attn_launches) */
+  long attn_sub_launches;
   int64_t *sh_scratch; /* kv_share_plan's scratch, [2 * sh_cap] */
   size_t sh_cap;
-  /* GEMV path: the largest step (rows) it takes (DS_GEMV_MAXT) */
+  /* GEMV path: the largest step (rows) it takes (cuda_gemm.cu GEMV_MAXT_DEFAULT, or GEMV_MAXT
+   * under --batch-invariant) */
   int gemv_maxt;
-  /* skinny GEMMs (cuda_sgemm.cu) for steps of gemv_maxt+1 .. sgemm_maxt rows (DS_SGEMM_MAXT,
-   * at most 16; 0: cuBLAS instead); their workspace (partial sums); the SM count */
-  int sgemm_maxt;
+  /* the skinny GEMMs' workspace (cuda_sgemm.cu, partial sums); the SM count */
   void *sg_ws;
   int n_sm;
   /* rotary frequencies of the last (theta, rot) seen by qk_norm_rope (cuda_elem.cu):
@@ -138,43 +110,26 @@ typedef struct cuda_ctx {
   float *rope_tab;
   double rope_theta;
   int rope_rot;
-  /* argmax over rows of few: each row's scan split over blocks (backend_cuda.cu k_argmax_split):
+  /* argmax over rows of few: each row's scan split over blocks (cuda_greedy.cu k_argmax_split):
    * ARGMAX_PARTS partial (value, id) pairs and one arrival counter per row */
   float *am_v;
   int *am_i, *am_cnt;
-  /* decode steps: rmsnorms folded into the products around them (backend_cuda.cu
-   * norm_fold_at; DS_NORM_FOLD=0: off), the factors of the folded norm's rows */
+  /* decode steps: rmsnorms folded into the products around them (cuda_graph.cu norm_fold_at;
+   * off under --batch-invariant and for tests), the factors of the folded norm's rows */
   int norm_fold;
   float *fold_inv;
-  /* products of <= 64 columns through the narrow kernel (backend_cuda.cu; DS_NARROW=0: off) */
-  int narrow;
   /* GEMV products of up to this many rows stream the weights' packed copies where they have
-   * one (cuda_packed.cuh; 1 by default, DS_PACKED=N; 0: the bf16 rows, the same bits, for A/B
-   * timings) */
+   * one (cuda_packed.cuh; PACKED_ROWS, a test may raise it) */
   int packed;
-  /* decode steps: each DeltaNet layer's conv, gates, recurrent step and gated norm as one
-   * kernel (cuda_gdn.cu "decode chain"; DS_GDN_CHAIN=0: the four kernels), its counters */
-  int gdn_chain;
+  /* the DeltaNet decode chain's counters (cuda_gdn.cu "decode chain") */
   int *chain_cnt;
-  /* DS_MOE_GROUPED=1: routed experts of large steps as per-expert GEMMs (cuda_moe.cu) */
+  /* routed experts of large steps grouped by expert (cuda_moe.cu; a test may turn it off) */
   int moe_grouped;
   /* grouped steps of moe_dev_min .. moe_dev_max rows: the experts' products by our kernels
-   * over the grouped rows, no host round trip (cuda_moe.cu; DS_MOE_DEV_MIN / _MAX) */
+   * over the grouped rows, no host round trip (cuda_moe.cu MOE_DEV_MIN / MOE_DEV_MAX) */
   int moe_dev_min, moe_dev_max;
   long moe_dev_runs; /* MoE ops issued through it (backend_cuda_moe_dev_runs) */
-  /* MoE ops of decode steps recorded into the step's graph when they need no host round trip
-   * (DS_MOE_GRAPHS=0: every MoE op ends the recording, the rest of its step runs as issued) */
-  int moe_graphs;
-  /* the per-row MoE down kernel reads its slots and first weights before its wait
-   * (cuda_moe.cu k_moe_down; DS_MOE_DOWN_EARLY=0: after it) */
-  int moe_down_early;
-  /* the per-row router kernel: its first weights before its wait in steps of up to
-   * moe_router_early rows (DS_MOE_ROUTER_EARLY, 8), the routing in each row's last block
-   * instead of a route launch (DS_MOE_ROUTE_LAST=1), its arrival counters [MOE_CNT]
-   * (cuda_moe.cu k_moe_router); the per-row experts kernel's shared-expert blocks before its
-   * wait (DS_MOE_SHARED_EARLY=0: after it; k_moe_hidden) */
-  int moe_router_early, moe_route_last, moe_shared_early;
-  int *moe_cnt;
+  int *moe_cnt;      /* the router's arrival counters [MOE_CNT] (cuda_moe.cu k_moe_router) */
   /* the lm-head's int8 copy and bounds for one-row greedy steps (cuda_greedy.cu; NULL: none) */
   struct cuda_greedy *greedy;
   long greedy_runs; /* steps issued through it */
@@ -213,14 +168,27 @@ void cuda_check_launch(cuda_ctx *c, const char *what);
 /* Kernel-release trace (cuda_ktrace.cu). In a build with -DDS_KTRACE, every replayed decode
  * graph's kernels of ours stamp the global timer as they pass their wait (their predecessor
  * has finished); the interval to the next stamp is what the kernel cost inside the pipelined
- * step, attributed to the name it was launched under. Reported per graph at destroy (appended
- * to $DS_KTRACE_OUT when set, else on stderr). Without the flag every call is a no-op. */
+ * step, attributed to the name it was launched under. Reported per graph on stderr at destroy.
+ * Without the flag every call is a no-op. */
 int cuda_ktrace_init(cuda_ctx *c);                           /* -1: out of memory */
 void cuda_ktrace_capture_begin(cuda_ctx *c);                 /* a capture opens */
 void cuda_ktrace_launch(cuda_ctx *c, const char *what);      /* a kernel of ours captured */
 void cuda_ktrace_capture_end(cuda_ctx *c, const void *exec); /* instantiated as exec */
 void cuda_ktrace_replay(cuda_ctx *c, const void *exec); /* exec about to launch (stream idle) */
 void cuda_ktrace_release(cuda_ctx *c);                  /* report, free */
+/* The decode-step recorder (cuda_graph.cu). cuda_graph_init: recording on (-1: out of memory),
+ * step_repeat taken when `repeat`; cuda_graph_release: its graphs and state freed. cuda_graph_ops
+ * puts the recording op-table entries into be (they launch as issued while c->gr is NULL).
+ * cuda_graph_begin (end of set_batch) starts recording a decode step; cuda_graph_flush runs what
+ * was recorded (every call that must see results first); cuda_graph_clear drops the graphs (their
+ * addresses moved); cuda_graph_note_launch marks the kernel just captured as ours. */
+int cuda_graph_init(cuda_ctx *c, backend *be, int repeat);
+void cuda_graph_release(cuda_ctx *c);
+void cuda_graph_ops(backend *be);
+void cuda_graph_begin(cuda_ctx *c);
+void cuda_graph_flush(cuda_ctx *c);
+void cuda_graph_clear(cuda_ctx *c);
+void cuda_graph_note_launch(cuda_ctx *c);
 /* Device scratch of at least `bytes` (grown rarely; growing waits for the stream). NULL and a
  * recorded failure when out of memory. */
 void *cuda_scratch(cuda_ctx *c, size_t bytes);
@@ -282,7 +250,7 @@ void cuda_elem_gather_norm_q(backend *be, backend_buf x, backend_weight norm, fl
 
 /* cuda_greedy.cu: greedy ids of a step of <= 4 rows without the full lm-head product (the
  * logits_argmax op's fast path; backend_cuda.cu falls back to logits + argmax).
- * cuda_greedy_prepare makes W's int8 copy (DS_GREEDY_SCREEN=0: never); cuda_greedy_run returns
+ * cuda_greedy_prepare makes W's int8 copy; cuda_greedy_run returns
  * 1 when it issued the step's ids, 0 when it does not apply (then nothing was issued);
  * cuda_greedy_forget drops the copy when W (its bf16 rows) is freed or the context goes. */
 int cuda_greedy_prepare(backend *be, backend_weight W, int H, int V, char *err, size_t errlen);
@@ -299,6 +267,8 @@ extern "C" void cuda_gdn_chain_release(cuda_ctx *c);
 
 /* Frees the MoE expert tables and counters of this context (cuda_moe.cu). */
 void cuda_moe_release(cuda_ctx *c);
+#define ARGMAX_PARTS \
+  4096               /* argmax partial pairs (rows x blocks per row) at most (cuda_greedy.cu) */
 #define MOE_CNT 4096 /* rows of one step the router's last blocks can route */
 int cuda_moe_init(cuda_ctx *c);
 /* 1 when the MoE op of a step of T rows may be recorded into a graph: it neither
@@ -461,18 +431,15 @@ __device__ __forceinline__ void gated_norm_lane(const float *v, const float *zv,
   for (int k = 0; k < VPL; k++) ob[k] = f2bf(w[k] * (v[k] * rs) * siluf_dev(zv[k]));
 }
 
-/* ---- the GEMV row (backend_cuda.cu's GEMV kernels, cuda_greedy.cu's exact rows) ---- */
+/* ---- the GEMV row (cuda_gemm.cu's GEMV kernels, cuda_greedy.cu's exact rows) ---- */
 
 /* One warp's dot products of W's row w (K values) with the T activation rows: lane partials
  * over 16-byte pieces, then a butterfly; every lane ends with the T sums. Shared by every GEMV
  * kernel, so a fused launch gives the same bits as the single one. */
 /* GEMV_LATE rows wait for the previous kernel after their first GEMV_LATE_K values (4 pieces
- * per lane). 512 against 1,024: no difference at decode 1 in a call that built both (418.1
- * against 418.6), -2.4 % / -1.8 % at decode 2 / 4 (bench/NOTES.md thirteenth and thirtieth
- * sessions); -DGEMV_LATE_K=N for A/B builds (a multiple of 256; the same bits at every N). */
-#ifndef GEMV_LATE_K
+ * per lane): 512 is slower at decode 2 and 4, the same at 1 (a multiple of 256; the same bits at
+ * every value). */
 #define GEMV_LATE_K 1024
-#endif
 
 /* acc[t] += w . x[t] over one 8-value piece at column k (wf: its weights as floats): the
  * GEMV's one expression, shared by gemv_row and the packed rows (cuda_packed.cuh). */
@@ -520,9 +487,7 @@ __device__ __forceinline__ void gemv_row(const bf16 *__restrict__ x, const bf16 
  * piece of both rows in one loop, so twice the loads are in flight and the warp's two rows end
  * together; every row's sums in gemv_row's order and expressions (the same bits). LATE: both
  * rows' first GEMV_LATE_K values before the wait, inv after it. */
-#ifndef GEMV_ROW2_UNROLL
-#define GEMV_ROW2_UNROLL 4 /* pieces of each row per loop turn */
-#endif
+#define GEMV_ROW2_UNROLL 4 /* pieces of each row per loop turn: 8 loads in flight per lane */
 template <int T, bool LATE = false, int U = GEMV_ROW2_UNROLL>
 __device__ __forceinline__ void gemv_row2(const bf16 *__restrict__ x, const bf16 *__restrict__ wa,
                                           const bf16 *__restrict__ wb, int K, int lane, float *aa,

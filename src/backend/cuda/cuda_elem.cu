@@ -82,8 +82,8 @@ __global__ void k_rmsnorm(bf16 *x, const bf16 *add, const float *w, int n, float
 
 /* The same row, 8 elements (16 bytes of x and add, 32 of w) per thread, every load issued
  * before the reduction: one block of n/8 threads (rounded up to a warp) per row, for n % 8 == 0,
- * n <= 8192 and 16-byte aligned operands (every model's rows). The one-element kernel above
- * moved ~1 TB/s on 512-row prefill steps (bench/NOTES.md). INV: only the row's factor
+ * n <= 8192 and 16-byte aligned operands (every model's rows), where the one-element kernel
+ * above is far from bandwidth. INV: only the row's factor
  * rsqrt(mean + eps) into inv[t] (no add, no w, no y). */
 template <bool INV>
 __global__ void k_rmsnorm8(bf16 *x, const bf16 *add, const float *w, int n, float eps, bf16 *y,
@@ -150,7 +150,7 @@ extern "C" void cuda_elem_rmsnorm(backend *be, backend_buf x, backend_buf add, b
     cuda_fail(c, "rmsnorm", "row wider than 8192");
     return;
   }
-  if (!c->legacy && n % 8 == 0 && n / 8 <= 1024 &&
+  if (n % 8 == 0 && n / 8 <= 1024 &&
       !(((uintptr_t)x | (uintptr_t)add | (uintptr_t)y | (uintptr_t)wf) & 15)) {
     unsigned th = (unsigned)((n / 8 + 31) / 32 * 32);
     k_rmsnorm8<false>
@@ -203,7 +203,7 @@ static void ew(backend *be, backend_buf x, backend_buf y, size_t n, int op, back
                const char *what) {
   cuda_ctx *c = cuda_ctx_of(be);
   if (!n) return;
-  if (!c->legacy && n % 8 == 0 && ew_aligned(x) && ew_aligned(y) && (op != 2 || ew_aligned(out)))
+  if (n % 8 == 0 && ew_aligned(x) && ew_aligned(y) && (op != 2 || ew_aligned(out)))
     k_ew8<<<cuda_blocks(n / 8, 256), 256, 0, c->st>>>((bf16 *)x, (const bf16 *)y, n / 8, op,
                                                       (bf16 *)out);
   else
@@ -232,7 +232,7 @@ __device__ __forceinline__ float rope_inv(double theta, int j, int rot) {
 }
 
 /* tab[j] = rope_inv(theta, j, rot), j < rot / 2: built once per (theta, rot), so the kernel
- * below does not evaluate a double-precision pow per element (bench/NOTES.md). */
+ * below does not evaluate a double-precision pow per element (slow on the GPU). */
 __global__ void k_rope_table(double theta, int rot, float *tab) {
   pdl_enter();
   int j = blockIdx.x * blockDim.x + threadIdx.x;
@@ -260,34 +260,21 @@ __global__ void k_qk_norm_rope(const bf16 *qg, bf16 *k, const float *qn, const f
     w = kn;
   }
   int half = rot / 2, j = i < half ? i : i - half;
-#if SMALL_EARLY
   /* the norm's weight and the position (no kernel of the step writes them) before the wait,
    * the rotary frequency (k_rope_table may be the kernel before) right after it */
   float wi = i < hd ? 1.f + w[i] : 0.f, pt = (float)pos[t];
   pdl_enter();
   float inv = i < rot ? (inv_tab ? inv_tab[j] : rope_inv(theta, j, rot)) : 0.f;
-#else
-  pdl_enter();
-#endif
   if (isq && i < hd) gate_out[(t * nh + h) * hd + i] = src[hd + i];
   float xv = i < hd ? bf2f(src[i]) : 0.f;
   float ss = block_sum(xv * xv, red);
   float r = rsqrtf(ss / (float)hd + eps);
-#if SMALL_EARLY
   float y = xv * r * wi;
-#else
-  float y = xv * r * (i < hd ? 1.f + w[i] : 0.f);
-#endif
   if (i < hd) sh[i] = y;
   __syncthreads();
   float o = y;
   if (i < rot) {
-#if SMALL_EARLY
     float a = pt * inv;
-#else
-    float inv = inv_tab ? inv_tab[j] : rope_inv(theta, j, rot);
-    float a = (float)pos[t] * inv;
-#endif
     float cs = cosf(a), sn = sinf(a);
     if (i < half)
       o = sh[i] * cs - sh[i + half] * sn;
@@ -309,7 +296,7 @@ extern "C" void cuda_elem_qk_norm_rope(backend *be, backend_buf qg, backend_buf 
     return;
   }
   const float *tab = NULL;
-  if (!c->legacy && c->rope_tab && rot / 2 <= CUDA_ROPE_TAB) {
+  if (c->rope_tab && rot / 2 <= CUDA_ROPE_TAB) {
     if (c->rope_theta != theta || c->rope_rot != rot) {
       k_rope_table<<<(rot / 2 + 127) / 128 + (rot < 2), 128, 0, c->st>>>(theta, rot, c->rope_tab);
       c->rope_theta = theta;
@@ -442,10 +429,10 @@ extern "C" void cuda_elem_gated_rmsnorm(backend *be, backend_buf o, backend_buf 
   int64_t rows = (int64_t)T * nv;
   unsigned blocks = (unsigned)((rows + 7) / 8);
   int al = !(((uintptr_t)o | (uintptr_t)z | (uintptr_t)out) & 15);
-  if (!c->legacy && al && dv == 128)
+  if (al && dv == 128)
     k_gated_rmsnorm_v<4>
         <<<blocks, 256, 0, c->st>>>((const bf16 *)o, (const bf16 *)z, wf, rows, eps, (bf16 *)out);
-  else if (!c->legacy && al && dv == 256)
+  else if (al && dv == 256)
     k_gated_rmsnorm_v<8>
         <<<blocks, 256, 0, c->st>>>((const bf16 *)o, (const bf16 *)z, wf, rows, eps, (bf16 *)out);
   else
@@ -481,7 +468,6 @@ __global__ void k_gather_norm(const bf16 *x, const int32_t *out_rows, const floa
     /* H <= 16 x blockDim: the row's values stay in registers. The step's out row (set before
      * the step) and the norm's weights are read before the wait for the product before. */
     float wv[16], xv[16], ss = 0.f, am = 0.f, as = 0.f;
-#if GREEDY_EARLY
     const bf16 *xr = x + (int64_t)out_rows[i] * H;
 #pragma unroll
     for (int m = 0; m < 16; m++) {
@@ -489,15 +475,6 @@ __global__ void k_gather_norm(const bf16 *x, const int32_t *out_rows, const floa
       wv[m] = j < H ? w[j] : 0.f;
     }
     pdl_enter();
-#else
-    pdl_enter();
-    const bf16 *xr = x + (int64_t)out_rows[i] * H;
-#pragma unroll
-    for (int m = 0; m < 16; m++) {
-      int j = threadIdx.x + m * blockDim.x;
-      wv[m] = j < H ? w[j] : 0.f;
-    }
-#endif
 #pragma unroll
     for (int m = 0; m < 16; m++) {
       int j = threadIdx.x + m * blockDim.x;

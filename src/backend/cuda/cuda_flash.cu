@@ -1,5 +1,5 @@
 /* cuda_flash — fused causal attention for the step's long prefill pieces (flash attention on
- * tensor cores), taken before cuda_attn.cu's GEMM path (DS_ATTN_FLASH=0: not): same pieces
+ * tensor cores), taken before cuda_attn.cu's GEMM path where it covers the shape: same pieces
  * (seq_len >= FLASH_MIN, = ATT_GEMM_MIN), same contract, S never leaves the chip.
  *
  * Grid (query tile, q head). A query tile is FLASH_BQ = 64 consecutive rows of one piece,
@@ -432,7 +432,7 @@ static void fl_launch(cuda_ctx *c, unsigned tiles, const bf16 *kp, const bf16 *v
  * the shape is not covered (hd not 64, 128 or 256, the GEMM path off) or no piece is long. */
 int cuda_attn_flash(cuda_ctx *c, const bf16 *kp, const bf16 *vp, const bf16 *q, int nh, int nkv,
                     int hd, float scale, bf16 *out) {
-  if (c->legacy || c->attn_gemm_off || nkv <= 0 || nh % nkv) return 0;
+  if (nkv <= 0 || nh % nkv) return 0;
   if (hd != 64 && hd != 128 && hd != 256) return 0;
   const backend_batch *hb = &c->hb;
   size_t tiles = 0;

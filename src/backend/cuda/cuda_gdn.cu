@@ -103,7 +103,7 @@ __global__ void k_conv1d_run(const bf16 *x, const float *w, const float *state, 
 /* The same for even C, two channels per thread: where one piece covers the whole run of
  * CONV_ROWS rows (almost every run), the run's inputs are loaded first (4-byte pairs, all
  * loads in flight together) and then summed exactly as above; other runs take the per-row
- * loop per channel. The one-channel kernel moved ~1 TB/s (bench/NOTES.md). */
+ * loop per channel (the one-channel kernel is far from bandwidth). */
 template <int K>
 __global__ void k_conv1d_run2(const bf16 *x, const float *w, const float *state, const int32_t *seq,
                               const int32_t *seq_start, const int32_t *seq_pos,
@@ -217,19 +217,19 @@ extern "C" void cuda_gdn_conv1d(backend *be, backend_buf conv_state, backend_buf
     cuda_fail(c, "conv1d", "weight is not [C, K] with K <= 16");
     return;
   }
-  if (!c->legacy && K > 1 && c->b.n_prefill == 0 && c->b.n_decode == c->b.n_tokens) {
+  if (K > 1 && c->b.n_prefill == 0 && c->b.n_decode == c->b.n_tokens) {
     k_conv1d_dec<<<cuda_blocks((size_t)T * C, 256), 256, 0, c->st>>>(
         (const bf16 *)x, CW(w)->f32, (float *)conv_state, c->b.seq, c->b.seq_pos, c->b.seq_slot, T,
         C, K, (bf16 *)out);
     cuda_check_launch(c, "conv1d (decode)");
     return;
   }
-  if (!c->legacy && K == 4 && C % 2 == 0 && !(((uintptr_t)x | (uintptr_t)out) & 3)) {
+  if (K == 4 && C % 2 == 0 && !(((uintptr_t)x | (uintptr_t)out) & 3)) {
     dim3 grid((C / 2 + 127) / 128, (T + CONV_ROWS - 1) / CONV_ROWS);
     k_conv1d_run2<4><<<grid, 128, 0, c->st>>>((const bf16 *)x, CW(w)->f32,
                                               (const float *)conv_state, c->b.seq, c->b.seq_start,
                                               c->b.seq_pos, c->b.seq_slot, T, C, (bf16 *)out);
-  } else if (!c->legacy && K == 4) {
+  } else if (K == 4) {
     dim3 grid((C + 127) / 128, (T + CONV_ROWS - 1) / CONV_ROWS);
     k_conv1d_run<4><<<grid, 128, 0, c->st>>>((const bf16 *)x, CW(w)->f32, (const float *)conv_state,
                                              c->b.seq, c->b.seq_start, c->b.seq_pos, c->b.seq_slot,
@@ -452,7 +452,7 @@ extern "C" void cuda_gdn_decode(backend *be, backend_buf ssm, backend_buf qkv, b
     cuda_fail(c, "gdn_decode", "nv not a multiple of nk");
     return;
   }
-  if (!c->legacy && (dk == 64 || dk == 128 || dk == 256) && dv % 128 == 0) {
+  if ((dk == 64 || dk == 128 || dk == 256) && dv % 128 == 0) {
     dim3 g2(c->b.n_decode, nv, dv / 128);
 #define D4(R)                                                                                   \
   k_gdn_decode4<R><<<g2, 256, 0, c->st>>>((float *)ssm, (const bf16 *)qkv, (const float *)beta, \
@@ -479,7 +479,7 @@ extern "C" void cuda_gdn_decode(backend *be, backend_buf ssm, backend_buf qkv, b
 /* ---- the decode chain ----
  * A decode step's DeltaNet layer is four small launches (conv1d, gates, recurrent step, gated
  * norm), each a round trip to memory for a few KB per row: at one sequence they cost as much
- * as the layer's recurrent step itself (bench/NOTES.md). Here one block per (row, value head
+ * as the layer's recurrent step itself. Here one block per (row, value head
  * h), laid out as k_gdn_decode4 (256 threads, the state in registers), does all four:
  *   1. the recurrent state's loads are issued first;
  *   2. conv1d of the q and k channels of h's key head kh and of h's v channels, with
@@ -496,9 +496,7 @@ extern "C" void cuda_gdn_decode(backend *be, backend_buf ssm, backend_buf qkv, b
  * one resets to 0 — no block waits for another. dv = 128, dk = 8 R (64 or 128), K = 4.
  * grid (n_decode, nv), block 256. */
 #define CHAIN_CNT 65536 /* counters: rows x key heads of one step, at most */
-/* steps of at most this many rows: above it the four kernels were faster on the H200 (decode
- * 64 9.7k vs 9.6k, 128 13.0k vs 12.8k tok/s; at 1 and 8 rows the chain wins 5 % and 2 %,
- * bench/NOTES.md) */
+/* steps of at most this many rows: above it the four kernels are faster on the H200 */
 #define CHAIN_MAXT 32
 
 template <int R>
@@ -524,7 +522,6 @@ __global__ void __launch_bounds__(256)
   float4 sv[R];
   gdn_load4<R>(S, DV, j, a0, zero, sv);
   size_t gi = (size_t)t * nv + h, off = (size_t)t * nv * DV + (size_t)h * DV + j;
-#if SMALL_EARLY
   /* what steps 3 and 5 read, requested now (SMALL_EARLY): not a round trip after a barrier */
   float gin[4] = {0.f, 0.f, 0.f, 0.f}, zf[4] = {0.f, 0.f, 0.f, 0.f}, nwv[4] = {0.f, 0.f, 0.f, 0.f};
   if (threadIdx.x == 64) {
@@ -540,7 +537,6 @@ __global__ void __launch_bounds__(256)
       nwv[k] = nw[j + k];
     }
   }
-#endif
   float keep[PER][K - 1]; /* new q/k conv state of this thread's channels */
 #pragma unroll
   for (int u = 0; u < PER; u++) {
@@ -594,11 +590,7 @@ __global__ void __launch_bounds__(256)
     }
   } else if (threadIdx.x == 64) {
     float bt, gg;
-#if SMALL_EARLY
     gdn_gate_vals(gin[0], gin[1], gin[2], gin[3], &bt, &gg);
-#else
-    gdn_gate_vals(bf2f(bb[gi]), bf2f(aa[gi]), A_log[h], dt_bias[h], &bt, &gg);
-#endif
     beta[gi] = bt;
     g[gi] = gg;
     gb[0] = expf(gg);
@@ -632,17 +624,10 @@ __global__ void __launch_bounds__(256)
   if (grp == 0) {
     bf16 ob[4] = {f2bf(oo.x), f2bf(oo.y), f2bf(oo.z), f2bf(oo.w)}, nb[4];
     float of[4];
-#if !SMALL_EARLY
-    float zf[4], nwv[4];
-#endif
 #pragma unroll
     for (int k = 0; k < 4; k++) {
       o[off + k] = ob[k];
       of[k] = bf2f(ob[k]);
-#if !SMALL_EARLY
-      zf[k] = bf2f(z[off + k]);
-      nwv[k] = nw[j + k];
-#endif
     }
     gated_norm_lane<4>(of, zf, nwv, eps, nb);
 #pragma unroll
@@ -663,12 +648,12 @@ int cuda_gdn_chain(cuda_ctx *c, const cuda_gdn_chain_args *a) {
   const cuda_weight *cw = CW(a->conv_w), *al = CW(a->A_log), *db = CW(a->dt_bias),
                     *nw = CW(a->norm);
   int T = c->b.n_tokens, nk = a->nk, nv = a->nv, dk = a->dk;
-  if (!c->gdn_chain || !c->chain_cnt || c->legacy || T <= 0 || T > CHAIN_MAXT ||
-      c->b.n_prefill != 0 || c->b.n_decode != T || a->T != T || a->K != 4 || a->dv != 128 ||
-      (dk != 64 && dk != 128) || nk <= 0 || nv % nk || (size_t)T * nk > CHAIN_CNT ||
-      a->C != 2 * nk * dk + nv * a->dv || !cw->f32 || cw->rows * cw->cols != (int64_t)a->C * 4 ||
-      !al->f32 || !db->f32 || !nw->f32 || al->rows * al->cols < nv || db->rows * db->cols < nv ||
-      nw->rows * nw->cols < a->dv || (size_t)T * a->C >= (1ull << 31))
+  if (!c->chain_cnt || T <= 0 || T > CHAIN_MAXT || c->b.n_prefill != 0 || c->b.n_decode != T ||
+      a->T != T || a->K != 4 || a->dv != 128 || (dk != 64 && dk != 128) || nk <= 0 || nv % nk ||
+      (size_t)T * nk > CHAIN_CNT || a->C != 2 * nk * dk + nv * a->dv || !cw->f32 ||
+      cw->rows * cw->cols != (int64_t)a->C * 4 || !al->f32 || !db->f32 || !nw->f32 ||
+      al->rows * al->cols < nv || db->rows * db->cols < nv || nw->rows * nw->cols < a->dv ||
+      (size_t)T * a->C >= (1ull << 31))
     return 0;
   dim3 grid((unsigned)T, (unsigned)nv);
 #define CH(R_)                                                                                   \
@@ -690,7 +675,7 @@ int cuda_gdn_chain(cuda_ctx *c, const cuda_gdn_chain_args *a) {
  * Above CHAIN_MAXT rows the chain is not used and a DeltaNet layer's decode step runs its
  * four kernels; there conv1d (one thread per (row, channel), 1.1 TB/s: 11.4 µs of a 64-row
  * step at the 4B shape) and the gates (one block per row: 6 µs) cost as much as the layer's
- * attention share (bench/NOTES.md). Here one launch does both: warp u of row t takes a unit of
+ * attention share. Here one launch does both: warp u of row t takes a unit of
  * dk channels (the 2 nk q/k heads, then the v channels in dk-wide pieces), lane l the channels
  * base + l + 32 r as k_gdn_gates' lanes take them, each with k_conv1d_dec's expression (window
  * from the state, output, state shift); a q/k unit then L2-normalises its head in k_gdn_gates'
@@ -765,9 +750,9 @@ __global__ void __launch_bounds__(256)
 int cuda_gdn_conv_gates(cuda_ctx *c, const cuda_gdn_chain_args *a) {
   const cuda_weight *cw = CW(a->conv_w), *al = CW(a->A_log), *db = CW(a->dt_bias);
   int T = c->b.n_tokens, nk = a->nk, nv = a->nv, dk = a->dk;
-  if (!c->gdn_chain || c->legacy || T <= 0 || c->b.n_prefill != 0 || c->b.n_decode != T ||
-      a->K != 4 || dk % 32 || dk > 256 || nk <= 0 || nv <= 0 || a->C != 2 * nk * dk + nv * a->dv ||
-      !cw->f32 || cw->rows * cw->cols != (int64_t)a->C * 4 || !al->f32 || !db->f32 ||
+  if (T <= 0 || c->b.n_prefill != 0 || c->b.n_decode != T || a->K != 4 || dk % 32 || dk > 256 ||
+      nk <= 0 || nv <= 0 || a->C != 2 * nk * dk + nv * a->dv || !cw->f32 ||
+      cw->rows * cw->cols != (int64_t)a->C * 4 || !al->f32 || !db->f32 ||
       al->rows * al->cols < nv || db->rows * db->cols < nv || (size_t)T * a->C >= (1ull << 31))
     return 0;
   int units = (a->C + dk - 1) / dk;
@@ -937,19 +922,18 @@ __global__ void __launch_bounds__(PRE_THREADS)
  *   O = e^G (Q S) + P V'.
  * Every sum runs in the same order as the one-block kernel above and the CPU reference.
  *
- * Tensor-core variants (phases 1 and 2 by default, see gdn_mma_mask; k_gdn_p1m, k_gdn_p3m
- * below) use mma.sync m16n8k16 bf16 with fp32 accumulation, same grids, scratch layout and
- * phase protocol, so any phase can be mixed with the FMA version of the others. Phase 1's
- * Q K^T and K K^T take q and k as they are: they are bf16 values, so the products are exact
- * and only the summation order changes. Phase 3's S, P and V' are fp32; each enters as a pair
- * x_hi = bf16(x), x_lo = bf16(x - x_hi) (about 16 mantissa bits together): Q S = Q S_hi + Q S_lo,
- * P V' ~ P_hi V_hi + P_hi V_lo + P_lo V_hi (the dropped P_lo V_lo is ~2^-16 relative), i.e.
+ * Phases 1 and 2 run on tensor cores (k_gdn_p1m, k_gdn_p2m below: faster than FMA versions;
+ * phase 3 on tensor cores moved the MoE-shape parity check past its bound, so it stays on FMA,
+ * k_gdn_p3) with mma.sync m16n8k16 bf16 and fp32 accumulation. Phase 1's Q K^T and K K^T take
+ * q and k as they are: they are bf16 values, so the products are exact and only the summation
+ * order changes. Phase 2's fp32 operands (W, S for V' = U - W S; Kd, V' for the state update)
+ * each enter as a pair x_hi = bf16(x), x_lo = bf16(x - x_hi) (about 16 mantissa bits together):
+ * A B ~ A_hi B_hi + A_hi B_lo + A_lo B_hi (the dropped lo x lo term is ~2^-16 relative), i.e.
  * relative errors ~1e-5, far below the bf16 rounding of the output. Tiles sit in shared memory
  * as bf16 with rows padded to 4 (mod 32) words, so fragment loads hit 32 distinct banks; B
- * operands (S, V') are stored transposed so each fragment register is one 32-bit load. Tile
- * order is fixed, so results still depend only on the piece. Phase 2 (k_gdn_p2m) splits every
- * operand the same way (W, S for V' = U - W S; Kd, V' for the state update) and keeps its
- * state slice in registers as mma accumulators across the piece's chunks. */
+ * operands are stored transposed so each fragment register is one 32-bit load. Tile order is
+ * fixed, so results still depend only on the piece. Phase 2 keeps its state slice in registers
+ * as mma accumulators across the piece's chunks. */
 #define P1_THREADS 256
 #define P2_THREADS 256
 #define P3_THREADS 256
@@ -958,13 +942,6 @@ __global__ void __launch_bounds__(PRE_THREADS)
 #define GKP (GK + 1)
 #define GKQ (GK + 4) /* row stride of the cp.async targets: 16-byte rows, no bank conflicts */
 
-static size_t p1_smem(int dv) {
-  return ((size_t)2 * GDN_C * GKP + (size_t)GDN_C * dv + GDN_C * (GDN_C + 1) + 3 * GDN_C) *
-         sizeof(float);
-}
-static size_t p2_smem(void) {
-  return ((size_t)GK * 32 + 4 * GDN_C * GKQ + 3 * GDN_C * 32 + 2 * GDN_C) * sizeof(float);
-}
 static size_t p3_smem(void) {
   return ((size_t)GK * P3_COLS + GK * GDN_C + GDN_C * GDN_C + GDN_C * P3_COLS + GDN_C) *
          sizeof(float);
@@ -1085,80 +1062,6 @@ __device__ __forceinline__ static void p1_tail(const gdn_scr &o, KAT kat, const 
   }
 }
 
-template <bool SPLIT>
-__global__ void __launch_bounds__(P1_THREADS)
-    k_gdn_p1(const bf16 *qkv, const float *beta, const float *g, const int32_t *ch_row,
-             const int32_t *ch_len, int nk, int nv, int dv, float *scr) {
-  pdl_enter();
-  extern __shared__ float sm1[];
-  const int C = GDN_C;
-  float *Kc = sm1, *Qc = Kc + C * GKP, *Vc = Qc + C * GKP, *A = Vc + (size_t)C * dv,
-        *G = A + C * (C + 1), *Bt = G + C, *eG = Bt + C;
-  int ch = blockIdx.x, h = blockIdx.y, tid = threadIdx.x;
-  int kh = h / (nv / nk);
-  int r0 = ch_row[ch], L = ch_len[ch];
-  size_t cd = 2 * (size_t)nk * GK + (size_t)nv * dv;
-  gdn_scr o = scr_at(scr, ch, nv, h, dv);
-  /* k, q, v rows of the chunk: 16-byte loads, all issued before any is used */
-#pragma unroll 4
-  for (int idx = tid; idx < C * (GK / 8); idx += P1_THREADS) {
-    int r = idx / (GK / 8), a = 8 * (idx % (GK / 8));
-    const bf16 *row = qkv + (size_t)(r0 + r) * cd;
-    ld8_bf16(Kc + r * GKP + a, row + (size_t)(nk + kh) * GK + a, r < L);
-    ld8_bf16(Qc + r * GKP + a, row + (size_t)kh * GK + a, r < L);
-  }
-  for (int idx = tid; idx < C * (dv / 8); idx += P1_THREADS) {
-    int r = idx / (dv / 8), a = 8 * (idx % (dv / 8));
-    ld8_bf16(Vc + (size_t)r * dv + a,
-             qkv + (size_t)(r0 + r) * cd + 2 * (size_t)nk * GK + (size_t)h * dv + a, r < L);
-  }
-  p1_gates(beta, g, r0, L, nv, h, tid, Bt, G, eG, o.G);
-  {
-    /* P and A: thread (ti, tj) owns rows 4ti.., columns 4tj.. of both */
-    int i0 = 4 * (tid >> 4), j0 = 4 * (tid & 15);
-    float dq[4][4], dd[4][4];
-#pragma unroll
-    for (int r = 0; r < 4; r++)
-#pragma unroll
-      for (int k = 0; k < 4; k++) dq[r][k] = dd[r][k] = 0.f;
-    if (j0 <= i0 + 3 && i0 < L) {
-      for (int a = 0; a < GK; a++) {
-        float qi[4], ki[4], kj[4];
-#pragma unroll
-        for (int r = 0; r < 4; r++) {
-          qi[r] = Qc[(i0 + r) * GKP + a];
-          ki[r] = Kc[(i0 + r) * GKP + a];
-          kj[r] = Kc[(j0 + r) * GKP + a];
-        }
-#pragma unroll
-        for (int r = 0; r < 4; r++)
-#pragma unroll
-          for (int k = 0; k < 4; k++) {
-            dq[r][k] += qi[r] * kj[k];
-            dd[r][k] += ki[r] * kj[k];
-          }
-      }
-    }
-#pragma unroll
-    for (int r = 0; r < 4; r++)
-#pragma unroll
-      for (int k = 0; k < 4; k++) {
-        int i = i0 + r, j = j0 + k;
-        float pv = 0.f, av = 0.f;
-        if (i < L && j <= i) {
-          float e = expf(G[i] - G[j]);
-          pv = dq[r][k] * e;
-          if (j < i) av = Bt[i] * dd[r][k] * e;
-        }
-        o.P[i * C + j] = pv;
-        A[i * (C + 1) + j] = av;
-      }
-  }
-  __syncthreads();
-  p1_tail<SPLIT>(
-      o, [&](int r, int a) { return Kc[r * GKP + a]; }, Vc, A, G, Bt, eG, L, dv, tid);
-}
-
 /* The end of a phase-2 chunk copy: the block's 32 U columns and G, then the commit. */
 __device__ static void p2_fetch_ug(const gdn_scr &q, int dv, int cs, float *Ub, float *Gb,
                                    int tid) {
@@ -1168,123 +1071,6 @@ __device__ static void p2_fetch_ug(const gdn_scr &q, int dv, int cs, float *Ub, 
   }
   if (tid < GDN_C / 4) cp_async16(Gb + 4 * tid, q.G + 4 * tid);
   cp_async_commit();
-}
-
-/* phase 2's copies of one chunk (W, Kd, the block's U columns, G) into buffer set b */
-__device__ static void p2_fetch(const gdn_scr &q, int dv, int cs, float *Wb, float *Kb, float *Ub,
-                                float *Gb, int tid) {
-  for (int idx = tid; idx < GDN_C * (GK / 4); idx += P2_THREADS) {
-    int r = idx / (GK / 4), a = 4 * (idx % (GK / 4));
-    cp_async16(Wb + r * GKQ + a, q.W + (size_t)r * GK + a);
-    cp_async16(Kb + r * GKQ + a, q.Kd + (size_t)r * GK + a);
-  }
-  p2_fetch_ug(q, dv, cs, Ub, Gb, tid);
-}
-
-__global__ void __launch_bounds__(P2_THREADS)
-    k_gdn_p2(float *ssm, const int32_t *ids, const int32_t *seq_pos, const int32_t *seq_slot,
-             const int32_t *pre_ch0, const int32_t *ch_len, int nv, int dv, float *scr) {
-  pdl_enter();
-  extern __shared__ __align__(16) float sm2[];
-  const int C = GDN_C;
-  float *Ss = sm2;          /* [GK][32] */
-  float *W0 = Ss + GK * 32; /* two buffer sets: W [C][GKQ] x 2, Kd x 2, U [C][32] x 2 */
-  float *K0 = W0 + 2 * C * GKQ;
-  float *U0 = K0 + 2 * C * GKQ;
-  float *G0 = U0 + 2 * C * 32; /* G [C] x 2 */
-  float *Vs = G0 + 2 * C;      /* [C][32] */
-  int bx = blockIdx.x, h = blockIdx.y, cs = blockIdx.z * 32, tid = threadIdx.x;
-  int s = ids[bx];
-  float *S = ssm + ((size_t)seq_slot[s] * nv + h) * (size_t)GK * dv;
-  int zero = seq_pos[s] == 0;
-  int c0 = pre_ch0[bx], c1 = pre_ch0[bx + 1];
-  p2_fetch(scr_at(scr, c0, nv, h, dv), dv, cs, W0, K0, U0, G0, tid);
-  for (int idx = tid; idx < GK * 32; idx += P2_THREADS) {
-    int a = idx >> 5, cc = idx & 31;
-    Ss[idx] = zero ? 0.f : S[(size_t)a * dv + cs + cc];
-  }
-  int tc = tid & 7, ti = tid >> 3; /* cols 4tc..4tc+3; rows 2ti, 2ti+1 (a) or 4ti.. (c) */
-  for (int ch = c0; ch < c1; ch++) {
-    int b = (ch - c0) & 1, L = ch_len[ch];
-    gdn_scr q = scr_at(scr, ch, nv, h, dv);
-    if (ch + 1 < c1) {
-      int n = b ^ 1;
-      p2_fetch(scr_at(scr, ch + 1, nv, h, dv), dv, cs, W0 + n * C * GKQ, K0 + n * C * GKQ,
-               U0 + n * C * 32, G0 + n * C, tid);
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncthreads();
-    const float *Ws = W0 + b * C * GKQ, *Ks = K0 + b * C * GKQ, *Us = U0 + b * C * 32;
-    /* the state before this chunk, for phase 3 */
-    for (int idx = tid; idx < GK * 8; idx += P2_THREADS) {
-      int a = idx >> 3, c = 4 * (idx & 7);
-      *(float4 *)(q.S + (size_t)a * dv + cs + c) = *(const float4 *)(Ss + a * 32 + c);
-    }
-    /* (a) V' = U - W S */
-    {
-      float acc[2][4];
-#pragma unroll
-      for (int r = 0; r < 2; r++)
-#pragma unroll
-        for (int k = 0; k < 4; k++) acc[r][k] = Us[(2 * ti + r) * 32 + 4 * tc + k];
-#pragma unroll 4
-      for (int a = 0; a < GK; a++) {
-        float4 s4 = *(const float4 *)(Ss + a * 32 + 4 * tc);
-        float w0 = Ws[(2 * ti) * GKQ + a], w1 = Ws[(2 * ti + 1) * GKQ + a];
-        acc[0][0] -= w0 * s4.x;
-        acc[0][1] -= w0 * s4.y;
-        acc[0][2] -= w0 * s4.z;
-        acc[0][3] -= w0 * s4.w;
-        acc[1][0] -= w1 * s4.x;
-        acc[1][1] -= w1 * s4.y;
-        acc[1][2] -= w1 * s4.z;
-        acc[1][3] -= w1 * s4.w;
-      }
-#pragma unroll
-      for (int r = 0; r < 2; r++) {
-        float4 v = make_float4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]);
-        *(float4 *)(Vs + (2 * ti + r) * 32 + 4 * tc) = v;
-        *(float4 *)(q.U + (size_t)(2 * ti + r) * dv + cs + 4 * tc) = v; /* V' for phase 3 */
-      }
-    }
-    __syncthreads();
-    /* (c) S <- e^(G_last) S + Kd^T V' (each thread reads and writes its own 4x4 of S) */
-    {
-      float egl = expf(G0[b * C + L - 1]);
-      float acc[4][4];
-#pragma unroll
-      for (int r = 0; r < 4; r++) {
-        float4 s4 = *(const float4 *)(Ss + (4 * ti + r) * 32 + 4 * tc);
-        acc[r][0] = s4.x * egl;
-        acc[r][1] = s4.y * egl;
-        acc[r][2] = s4.z * egl;
-        acc[r][3] = s4.w * egl;
-      }
-      for (int j = 0; j < L; j++) {
-        float4 v4 = *(const float4 *)(Vs + j * 32 + 4 * tc);
-        float4 k4 = *(const float4 *)(Ks + j * GKQ + 4 * ti);
-        float kd[4] = {k4.x, k4.y, k4.z, k4.w};
-#pragma unroll
-        for (int r = 0; r < 4; r++) {
-          acc[r][0] += kd[r] * v4.x;
-          acc[r][1] += kd[r] * v4.y;
-          acc[r][2] += kd[r] * v4.z;
-          acc[r][3] += kd[r] * v4.w;
-        }
-      }
-#pragma unroll
-      for (int r = 0; r < 4; r++)
-        *(float4 *)(Ss + (4 * ti + r) * 32 + 4 * tc) =
-            make_float4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]);
-    }
-    __syncthreads(); /* buffer set b is refilled by the next iteration's fetch */
-  }
-  for (int idx = tid; idx < GK * 32; idx += P2_THREADS) {
-    int a = idx >> 5, cc = idx & 31;
-    S[(size_t)a * dv + cs + cc] = Ss[idx];
-  }
 }
 
 /* Phase 3 (FMA): thread (ti, tc) owns rows 4ti..4ti+3 and columns 4tc..4tc+3 of the block's
@@ -1380,7 +1166,7 @@ __global__ void __launch_bounds__(P3_THREADS)
   }
 }
 
-/* ---- chunk-parallel prefill on tensor cores (gdn_mma_mask says which phases) ---- */
+/* ---- chunk-parallel prefill: phases 1 and 2 on tensor cores ---- */
 
 #define GKB                                                                                        \
   (GK + 8)             /* bf16 row stride of 128-wide tiles: 68 words, fragment loads hit 32 banks \
@@ -1407,16 +1193,15 @@ static size_t p1m_smem(int dv) {
 }
 /* Value widths up to P1M_PAIR_DV run k_gdn_p1m two blocks per SM: 128 registers per thread
  * (the forward substitution's column then spills ~460 bytes) and 84 KB of shared memory at
- * dv = 128; prefill 512 / 4,096 +1.2 / +1.7 % on the H200 against one block per SM (222
- * registers), bench/NOTES.md fourteenth session. Wider values keep one block (their shared
- * memory allows no second one). The same arithmetic either way. */
+ * dv = 128: faster at prefill on the H200 than one block per SM (222 registers). Wider values
+ * keep one block (their shared memory allows no second one). The same arithmetic either way. */
 #define P1M_PAIR_DV 128
 
 /* Phase 1 with P = Q K^T and K K^T on tensor cores: q and k are bf16 values, so the products
- * are exact and only the summation order differs from k_gdn_p1. Warp w computes row tile
+ * are exact and only the summation order differs from an FMA loop. Warp w computes row tile
  * mi = w/2 (rows 16mi..16mi+15) of Q K^T (w even) or K K^T (w odd), column tiles of 8 up to
  * the diagonal, then applies the decays and masks and writes the whole row tile (zeros above
- * the diagonal and for rows >= L). The rest is k_gdn_p1's. */
+ * the diagonal and for rows >= L). The rest (gates, forward substitution) is p1_tail. */
 template <int MINB, bool SPLIT>
 __global__ void __launch_bounds__(P1_THREADS, MINB)
     k_gdn_p1m(const bf16 *qkv, const float *beta, const float *g, const int32_t *ch_row,
@@ -1497,137 +1282,9 @@ __global__ void __launch_bounds__(P1_THREADS, MINB)
       }
   }
   __syncthreads();
-  /* k as read (bf16 values, exact in fp32): the fp32 copy k_gdn_p1 keeps is not needed */
+  /* k as read (bf16 values, exact in fp32): no fp32 copy needed */
   p1_tail<SPLIT>(
       o, [&](int r, int a) { return bf2f(Kb[r * GKB + a]); }, Vc, A, G, Bt, eG, L, dv, tid);
-}
-
-static size_t p3m_smem(void) {
-  return ((size_t)3 * GDN_C * GKB + 4 * (size_t)GDN_C * CB) * sizeof(bf16) + GDN_C * sizeof(float);
-}
-
-/* Phase 3's fp32 operand rows [R][dv] (columns cs.. of the block) as transposed bf16 hi / lo
- * tiles [P3_COLS][LD]: thread (row pair p, 8 columns) reads 32 bytes of rows 2p and 2p+1 and
- * writes 8 words of each tile. */
-template <int R, int LD>
-__device__ __forceinline__ static void p3_split_t(const float *src, int dv, int cs, bf16 *hi,
-                                                  bf16 *lo, int tid) {
-#pragma unroll 2
-  for (int idx = tid; idx < (R / 2) * (P3_COLS / 8); idx += P3_THREADS) {
-    int p = idx % (R / 2), c8 = 8 * (idx / (R / 2));
-    const float *s0 = src + (size_t)(2 * p) * dv + cs + c8, *s1 = s0 + dv;
-    float4 x0 = *(const float4 *)s0, x1 = *(const float4 *)(s0 + 4);
-    float4 y0 = *(const float4 *)s1, y1 = *(const float4 *)(s1 + 4);
-    float a[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
-    float b[8] = {y0.x, y0.y, y0.z, y0.w, y1.x, y1.y, y1.z, y1.w};
-#pragma unroll
-    for (int m = 0; m < 8; m++) {
-      bf16 ah, al, bh, bl;
-      split_bf16(a[m], ah, al);
-      split_bf16(b[m], bh, bl);
-      *(uint32_t *)(hi + (c8 + m) * LD + 2 * p) = pack_b2(ah, bh);
-      *(uint32_t *)(lo + (c8 + m) * LD + 2 * p) = pack_b2(al, bl);
-    }
-  }
-}
-
-/* Phase 3 on tensor cores, grid (chunk, value head, dv/64) as k_gdn_p3:
- * O = e^G (Q S) + P V'. Q is bf16-exact; S, P and V' are fp32 and enter as bf16 hi + lo pairs
- * (split once when loaded to shared memory): Q S = Q S_hi + Q S_lo,
- * P V' ~ P_hi V_hi + P_hi V_lo + P_lo V_hi. The B operands (S, V') are kept transposed
- * (column-major, [col][k]) so each fragment register is one 32-bit load. Warp w computes rows
- * 16(w%4).. and columns 32(w/4).. of the 64x64 output (4 tiles of 16x8); the P V' product
- * stops at the diagonal tile (P is zero above it). */
-__global__ void __launch_bounds__(P3_THREADS)
-    k_gdn_p3m(const bf16 *qkv, const int32_t *ch_row, const int32_t *ch_len, int nk, int nv, int dv,
-              float *scr, bf16 *out) {
-  pdl_enter();
-  extern __shared__ __align__(16) float sm3m[];
-  const int C = GDN_C;
-  bf16 *Qb = (bf16 *)sm3m; /* [C][GKB] */
-  bf16 *Sh = Qb + C * GKB; /* [P3_COLS][GKB]: S^T hi */
-  bf16 *Sl = Sh + C * GKB; /* S^T lo */
-  bf16 *Ph = Sl + C * GKB; /* [C][CB] */
-  bf16 *Pl = Ph + C * CB;
-  bf16 *Vh = Pl + C * CB; /* [P3_COLS][CB]: V'^T hi */
-  bf16 *Vl = Vh + C * CB;
-  float *Es = (float *)(Vl + C * CB);
-  int ch = blockIdx.x, h = blockIdx.y, cs = blockIdx.z * P3_COLS, tid = threadIdx.x;
-  int kh = h / (nv / nk), r0 = ch_row[ch], L = ch_len[ch];
-  size_t cd = 2 * (size_t)nk * GK + (size_t)nv * dv, ow = (size_t)nv * dv;
-  gdn_scr q = scr_at(scr, ch, nv, h, dv);
-  /* S and V': thread (row pair p, 8 columns) reads 32 bytes of rows 2p and 2p+1, writes 8
-   * words of the transposed hi and lo tiles */
-  p3_split_t<GK, GKB>(q.S, dv, cs, Sh, Sl, tid);
-  p3_split_t<C, CB>(q.U, dv, cs, Vh, Vl, tid);
-  /* P row-major, 4 values per thread */
-#pragma unroll 4
-  for (int idx = tid; idx < C * C / 4; idx += P3_THREADS) {
-    int i = (4 * idx) / C, j = (4 * idx) % C;
-    float4 v = *(const float4 *)(q.P + 4 * idx);
-    bf16 h0, l0, h1, l1, h2, l2, h3, l3;
-    split_bf16(v.x, h0, l0);
-    split_bf16(v.y, h1, l1);
-    split_bf16(v.z, h2, l2);
-    split_bf16(v.w, h3, l3);
-    *(uint2 *)(Ph + i * CB + j) = make_uint2(pack_b2(h0, h1), pack_b2(h2, h3));
-    *(uint2 *)(Pl + i * CB + j) = make_uint2(pack_b2(l0, l1), pack_b2(l2, l3));
-  }
-#pragma unroll 4
-  for (int idx = tid; idx < C * (GK / 8); idx += P3_THREADS) {
-    int r = idx / (GK / 8), a = 8 * (idx % (GK / 8));
-    uint4 u = make_uint4(0u, 0u, 0u, 0u);
-    if (r < L) u = *(const uint4 *)(qkv + (size_t)(r0 + r) * cd + (size_t)kh * GK + a);
-    *(uint4 *)(Qb + r * GKB + a) = u;
-  }
-  if (tid < C) Es[tid] = expf(q.G[tid]);
-  __syncthreads();
-  int warp = tid >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
-  int mi = warp & 3, n0 = 32 * (warp >> 2);
-  if (16 * mi >= L) return; /* no output rows here (no barrier follows) */
-  float qs[4][4], pv[4][4];
-#pragma unroll
-  for (int n = 0; n < 4; n++)
-#pragma unroll
-    for (int e = 0; e < 4; e++) qs[n][e] = pv[n][e] = 0.f;
-#pragma unroll 2
-  for (int k0 = 0; k0 < GK; k0 += 16) {
-    uint32_t a[4];
-    ld_afrag(a, Qb + 16 * mi * GKB + k0, GKB, gq, tq);
-#pragma unroll
-    for (int n = 0; n < 4; n++) {
-      int off = (n0 + 8 * n + gq) * GKB + k0 + 2 * tq;
-      mma_bf16(qs[n], a, ld_b2(Sh + off), ld_b2(Sh + off + 8));
-      mma_bf16(qs[n], a, ld_b2(Sl + off), ld_b2(Sl + off + 8));
-    }
-  }
-  for (int kk = 0; kk <= mi; kk++) {
-    uint32_t ah[4], al[4];
-    ld_afrag(ah, Ph + 16 * mi * CB + 16 * kk, CB, gq, tq);
-    ld_afrag(al, Pl + 16 * mi * CB + 16 * kk, CB, gq, tq);
-#pragma unroll
-    for (int n = 0; n < 4; n++) {
-      int off = (n0 + 8 * n + gq) * CB + 16 * kk + 2 * tq;
-      uint32_t vh0 = ld_b2(Vh + off), vh1 = ld_b2(Vh + off + 8);
-      mma_bf16(pv[n], ah, vh0, vh1);
-      mma_bf16(pv[n], ah, ld_b2(Vl + off), ld_b2(Vl + off + 8));
-      mma_bf16(pv[n], al, vh0, vh1);
-    }
-  }
-#pragma unroll
-  for (int hh = 0; hh < 2; hh++) {
-    int i = 16 * mi + gq + 8 * hh;
-    if (i >= L) continue;
-    float e = Es[i];
-    bf16 *orow = out + (size_t)(r0 + i) * ow + (size_t)h * dv + cs + n0 + 2 * tq;
-#pragma unroll
-    for (int n = 0; n < 4; n++) {
-      __nv_bfloat162 v;
-      v.x = f2bf(e * qs[n][2 * hh] + pv[n][2 * hh]);
-      v.y = f2bf(e * qs[n][2 * hh + 1] + pv[n][2 * hh + 1]);
-      *(__nv_bfloat162 *)(orow + 8 * n) = v;
-    }
-  }
 }
 
 static size_t p2m_smem(void) {
@@ -1651,8 +1308,8 @@ __device__ static void p2m_fetch(const gdn_scr &q, int dv, int cs, bf16 *Wb, bf1
   p2_fetch_ug(q, dv, cs, Ub, Gb, tid);
 }
 
-/* Phase 2 on tensor cores, grid (prefill piece, value head, dv/32) as k_gdn_p2, the same
- * cp.async double buffering of W, Kd, U, G. The block's state slice S [128][32] lives in
+/* Phase 2 on tensor cores, grid (prefill piece, value head, dv/32), cp.async double buffering
+ * of W, Kd, U, G. The block's state slice S [128][32] lives in
  * registers as mma accumulators: warp w owns rows 16w..16w+15 (4 tiles of 16x8). Per chunk:
  *   the state goes to scratch (phase 3) and, split into hi/lo, transposed to shared memory;
  *   V' = U - W S: warp w computes rows 16(w%4).., columns 16(w/4).. (W's fragments loaded as
@@ -1794,93 +1451,39 @@ __global__ void __launch_bounds__(P2_THREADS)
           make_float2(st[n][2 * hh], st[n][2 * hh + 1]);
 }
 
-/* Which phases run on tensor cores, as a mask (bit p-1 for phase p): unset, phases 1 and 2
- * (GDN_MMA_DEFAULT: timed faster, bench/NOTES.md; phase 3 on tensor cores has the same op-level
- * error but moved the chaotic MoE-shape parity check past its bound, so it stays opt-in);
- * DS_GDN_MMA=1 every phase; DS_GDN_MMA=p13 (any of the digits 1..3 after 'p') only those
- * listed; "0" or anything else: none (the FMA kernels). Read at each call (a getenv is cheap
- * next to a prefill). */
-#define GDN_MMA_PHASES 7  /* phases 1, 2 and 3 */
-#define GDN_MMA_DEFAULT 3 /* phases 1 and 2 */
-static int gdn_mma_mask(void) {
-  const char *e = getenv("DS_GDN_MMA");
-  if (!e) return GDN_MMA_DEFAULT;
-  if (!strcmp(e, "1")) return GDN_MMA_PHASES;
-  int m = 0;
-  if (e[0] == 'p')
-    for (const char *x = e + 1; *x; x++)
-      if (*x >= '1' && *x <= '3') m |= 1 << (*x - '1');
-  return m & GDN_MMA_PHASES;
-}
-
 /* The chunk-parallel path; returns 0 when the shape is not covered. */
 static int gdn_prefill2(cuda_ctx *c, float *ssm, const bf16 *qkv, const float *beta, const float *g,
                         int nk, int nv, int dk, int dv, bf16 *out) {
-  if (c->legacy || dk != GK || dv % P3_COLS || dv > 256 || c->b.n_chunks <= 0) return 0;
+  if (dk != GK || dv % P3_COLS || dv > 256 || c->b.n_chunks <= 0) return 0;
   static int attr = 0;
   if (!attr) {
-    cudaFuncSetAttribute(k_gdn_p1<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                         (int)p1_smem(256));
-    cudaFuncSetAttribute(k_gdn_p1<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                         (int)p1_smem(256));
-    cudaFuncSetAttribute(k_gdn_p2, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)p2_smem());
     cudaFuncSetAttribute(k_gdn_p3, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)p3_smem());
-    cudaFuncSetAttribute(k_gdn_p1m<1, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                         (int)p1m_smem(256));
     cudaFuncSetAttribute(k_gdn_p1m<1, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                          (int)p1m_smem(256));
-    cudaFuncSetAttribute(k_gdn_p1m<2, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                         (int)p1m_smem(P1M_PAIR_DV));
     cudaFuncSetAttribute(k_gdn_p1m<2, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                          (int)p1m_smem(P1M_PAIR_DV));
-    cudaFuncSetAttribute(k_gdn_p3m, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)p3m_smem());
     cudaFuncSetAttribute(k_gdn_p2m, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)p2m_smem());
     attr = 1;
   }
-  int mma = gdn_mma_mask();
   float *scr = (float *)cuda_scratch(c, (size_t)c->b.n_chunks * nv * p1_per(dv) * sizeof(float));
   if (!scr) return 1;
   dim3 g1(c->b.n_chunks, nv);
-  /* phase 1 writes W and Kd split for phase 2 on tensor cores, in fp32 for the FMA one */
-  bool split = mma & 2, pair = dv <= P1M_PAIR_DV;
-#define P1M(MB, SP)                                                                     \
-  k_gdn_p1m<MB, SP><<<g1, P1_THREADS, p1m_smem(dv), c->st>>>(qkv, beta, g, c->b.ch_row, \
-                                                             c->b.ch_len, nk, nv, dv, scr)
-#define P1(SP)                                                                                     \
-  k_gdn_p1<SP><<<g1, P1_THREADS, p1_smem(dv), c->st>>>(qkv, beta, g, c->b.ch_row, c->b.ch_len, nk, \
-                                                       nv, dv, scr)
-  if (mma & 1) {
-    if (pair && split)
-      P1M(2, true);
-    else if (pair)
-      P1M(2, false);
-    else if (split)
-      P1M(1, true);
-    else
-      P1M(1, false);
-  } else if (split) {
-    P1(true);
-  } else {
-    P1(false);
-  }
-#undef P1M
-#undef P1
+  /* phase 1 writes W and Kd split (bf16 hi / lo) for phase 2; two blocks per SM up to
+   * P1M_PAIR_DV */
+  if (dv <= P1M_PAIR_DV)
+    k_gdn_p1m<2, true><<<g1, P1_THREADS, p1m_smem(dv), c->st>>>(qkv, beta, g, c->b.ch_row,
+                                                                c->b.ch_len, nk, nv, dv, scr);
+  else
+    k_gdn_p1m<1, true><<<g1, P1_THREADS, p1m_smem(dv), c->st>>>(qkv, beta, g, c->b.ch_row,
+                                                                c->b.ch_len, nk, nv, dv, scr);
   cuda_check_launch(c, "gdn_prefill (chunks)");
   dim3 g2(c->b.n_prefill, nv, dv / 32);
-  if (mma & 2)
-    k_gdn_p2m<<<g2, P2_THREADS, p2m_smem(), c->st>>>(
-        ssm, c->b.prefill_ids, c->b.seq_pos, c->b.seq_slot, c->b.pre_ch0, c->b.ch_len, nv, dv, scr);
-  else
-    k_gdn_p2<<<g2, P2_THREADS, p2_smem(), c->st>>>(
-        ssm, c->b.prefill_ids, c->b.seq_pos, c->b.seq_slot, c->b.pre_ch0, c->b.ch_len, nv, dv, scr);
+  k_gdn_p2m<<<g2, P2_THREADS, p2m_smem(), c->st>>>(
+      ssm, c->b.prefill_ids, c->b.seq_pos, c->b.seq_slot, c->b.pre_ch0, c->b.ch_len, nv, dv, scr);
   cuda_check_launch(c, "gdn_prefill (scan)");
   dim3 g3(c->b.n_chunks, nv, dv / P3_COLS);
-  if (mma & 4)
-    k_gdn_p3m<<<g3, P3_THREADS, p3m_smem(), c->st>>>(qkv, c->b.ch_row, c->b.ch_len, nk, nv, dv, scr,
-                                                     out);
-  else
-    k_gdn_p3<<<g3, P3_THREADS, p3_smem(), c->st>>>(qkv, c->b.ch_row, c->b.ch_len, nk, nv, dv, scr,
-                                                   out);
+  k_gdn_p3<<<g3, P3_THREADS, p3_smem(), c->st>>>(qkv, c->b.ch_row, c->b.ch_len, nk, nv, dv, scr,
+                                                 out);
   cuda_check_launch(c, "gdn_prefill (outputs)");
   return 1;
 }

@@ -29,8 +29,7 @@
  * with the sums rounded up and a_r -+ B rounded outward. A row that is not finite makes the
  * screen decline at preparation; a hidden row that is not finite makes every row a candidate
  * (step 3 is then the full product, with argmax's NaN rules).
- *
- * DS_GREEDY_SCREEN=0 leaves the copy unmade (the logits op and argmax instead). */
+ */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -125,7 +124,7 @@ __global__ void k_greedy_quant(const bf16 *__restrict__ W, int H, int V, int8_t 
 }
 
 /* Step 2. Each warp a run of rpw rows, R per iteration (the rows of all warps interleaved
- * instead read the same: bench/NOTES.md). Lane l holds xq's columns p 512 + 16 l .. + 15
+ * instead read the same). Lane l holds xq's columns p 512 + 16 l .. + 15
  * (p < NP = H / 512) as int16 pairs. The next rows' weights are requested before this
  * iteration's sums are reduced. */
 /* Which of M sums (a power of two) lane ends with after scr_tree. */
@@ -190,13 +189,8 @@ __global__ void __launch_bounds__(256)
   uint4 w[R][NP];
   float4 k;
   int rl = scr_lane_ix<R>(lane); /* this lane's row in each iteration */
-#if GREEDY_EARLY /* the int8 rows are the lm-head's copy: read before the wait for the norm */
   if (r < rend) scr_load<NP, R>(w, k, q, rc, r, min(rend, r + R), lane, rl);
   pdl_enter();
-#else
-  pdl_enter();
-  if (r < rend) scr_load<NP, R>(w, k, q, rc, r, min(rend, r + R), lane, rl);
-#endif
   int xr[NP][8];
 #pragma unroll
   for (int p = 0; p < NP; p++) {
@@ -395,8 +389,13 @@ void cuda_greedy_forget(cuda_ctx *c, const void *W_bf) {
   c->greedy = NULL;
 }
 
-/* The screen kernel for H = 512 NP (NP in 2, 4, 5, 6, 8), R vocabulary rows per iteration (1,
- * 2) and T hidden rows (1..GREEDY_MAXT), or NULL. */
+/* The screen's launch shape: SCREEN_ROWS vocabulary rows per iteration, SCREEN_WARPS warps per
+ * block (1 or 2 rows and 4 or 8 warps read the same; these are the smaller code). */
+#define SCREEN_ROWS 2
+#define SCREEN_WARPS 4
+
+/* The screen kernel for H = 512 NP (NP in 2, 4, 5, 6, 8) and T hidden rows (1..GREEDY_MAXT), or
+ * NULL. */
 template <int NP, int R>
 static screen_fn screen_kernel_r(int T) {
   switch (T) {
@@ -412,59 +411,43 @@ static screen_fn screen_kernel_r(int T) {
       return NULL;
   }
 }
-template <int NP>
-static screen_fn screen_kernel_np(int R, int T) {
-  return R == 1 ? screen_kernel_r<NP, 1>(T) : R == 2 ? screen_kernel_r<NP, 2>(T) : NULL;
-}
-static screen_fn screen_kernel(int H, int R, int T) {
+static screen_fn screen_kernel(int H, int T) {
   if (H % 512) return NULL;
   switch (H / 512) {
     case 2:
-      return screen_kernel_np<2>(R, T);
+      return screen_kernel_r<2, SCREEN_ROWS>(T);
     case 4:
-      return screen_kernel_np<4>(R, T);
+      return screen_kernel_r<4, SCREEN_ROWS>(T);
     case 5:
-      return screen_kernel_np<5>(R, T);
+      return screen_kernel_r<5, SCREEN_ROWS>(T);
     case 6:
-      return screen_kernel_np<6>(R, T);
+      return screen_kernel_r<6, SCREEN_ROWS>(T);
     case 8:
-      return screen_kernel_np<8>(R, T);
+      return screen_kernel_r<8, SCREEN_ROWS>(T);
     default:
       return NULL;
   }
 }
 
-static int env_int(const char *name, int def) {
-  const char *v = getenv(name);
-  return v && *v ? atoi(v) : def;
-}
-
 int cuda_greedy_prepare(backend *be, backend_weight W, int H, int V, char *err, size_t errlen) {
   cuda_ctx *c = cuda_ctx_of(be);
-  const char *env = getenv("DS_GREEDY_SCREEN"); /* on unless "0" */
-  if ((env && strcmp(env, "0") == 0) || c->legacy) return 0;
-  /* launch shape (A/B knobs; 1 or 2 rows per iteration and 4 or 8 warps per block read the
-   * same, bench/NOTES.md) */
-  int R = env_int("DS_GREEDY_ROWS", 2);
-  int warps = env_int("DS_GREEDY_WARPS", 4);
-  if (warps < 1 || warps > 8) warps = 4;
-  if (!screen_kernel(H, R, 1) || V < 2 || CW(W)->rows != V || CW(W)->cols != H) return 0;
+  if (!screen_kernel(H, 1) || V < 2 || CW(W)->rows != V || CW(W)->cols != H) return 0;
   cuda_greedy_forget(c, NULL);
   cuda_greedy *g = (cuda_greedy *)calloc(1, sizeof *g);
   if (!g) return 0;
   g->W = CW(W)->bf;
   g->H = H;
   g->V = V;
-  g->scr_warps = warps;
+  g->scr_warps = SCREEN_WARPS;
   for (int T = 1; T <= GREEDY_MAXT; T++) {
     int bps = 0;
-    g->sk[T] = screen_kernel(H, R, T);
+    g->sk[T] = screen_kernel(H, T);
     if (g->sk[T] && T > 1 &&
         cudaFuncSetAttribute(g->sk[T], cudaFuncAttributeMaxDynamicSharedMemorySize, T * H * 2) !=
             cudaSuccess)
       g->sk[T] = NULL;
     if (g->sk[T] && cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-                        &bps, g->sk[T], warps * 32, T > 1 ? T * H * 2 : 0) != cudaSuccess)
+                        &bps, g->sk[T], SCREEN_WARPS * 32, T > 1 ? T * H * 2 : 0) != cudaSuccess)
       g->sk[T] = NULL;
     cudaGetLastError();
     g->scr_blocks[T] = (bps > 0 ? bps : 1) * c->n_sm;
@@ -566,4 +549,105 @@ extern "C" long backend_cuda_greedy_screened(backend *be, int *prepared, long lo
       *rows = -1;
   }
   return c->greedy_runs;
+}
+
+/* ---- argmax (optional op): the greedy step's token ids on the device ---- */
+
+#define ARGMAX_THREADS 1024
+
+/* Row r's result from its reduced (·, i): the first maximum, as the sampler's scan gives; all
+ * NaN, or a NaN at entry 0 (that scan never leaves 0 then), gives 0. */
+__device__ __forceinline__ void am_store(const float *row, int i, int r, int32_t *ids,
+                                         float *maxv) {
+  if (i == INT32_MAX || isnan(row[0])) i = 0;
+  ids[r] = i;
+  if (maxv) maxv[r] = row[i];
+}
+
+/* One block per row: each thread scans a strided set of entries, then a warp and a block
+ * reduction under the same rule. */
+__global__ void __launch_bounds__(ARGMAX_THREADS)
+    k_argmax(const float *__restrict__ x, int V, int32_t *ids, float *maxv) {
+  pdl_enter();
+  const float *row = x + (size_t)blockIdx.x * V;
+  float v = -INFINITY;
+  int i = INT32_MAX;
+  if ((V & 3) == 0 && (((uintptr_t)row) & 15) == 0)
+    am_scan4((const float4 *)row, 0, V / 4, v, i);
+  else
+    for (int j = threadIdx.x; j < V; j += blockDim.x) am_take(v, i, row[j], j);
+  am_block<ARGMAX_THREADS>(v, i);
+  if (threadIdx.x == 0) am_store(row, i, blockIdx.x, ids, maxv);
+}
+
+/* The same scan for steps of few rows, where one block per row leaves the GPU idle (one
+ * 1024-thread block read a 151,936-entry row in ~15 µs of a one-sequence step): grid (nb, n),
+ * block b of row r takes the b-th of nb contiguous float4-aligned chunks, writes its (value,
+ * id) to the partials and bumps the row's counter; the last block to arrive (fenced) reduces
+ * the nb partials in block order and resets the counter. am_take is a total order (value, then
+ * the lower id; NaN ignored), so the result is the one-block kernel's for any nb. */
+#define ARGMAX_SPLIT_THREADS 256
+
+__global__ void __launch_bounds__(ARGMAX_SPLIT_THREADS)
+    k_argmax_split(const float *__restrict__ x, int V, float *pv, int *pi, int *cnt, int32_t *ids,
+                   float *maxv) {
+  pdl_enter();
+  int r = blockIdx.y, b = blockIdx.x, nb = gridDim.x;
+  const float *row = x + (size_t)r * V;
+  int n4 = V / 4, per = (n4 + nb - 1) / nb, q0 = b * per;
+  float v = -INFINITY;
+  int i = INT32_MAX;
+  am_scan4((const float4 *)row, q0, min(n4, q0 + per), v, i);
+  am_block<ARGMAX_SPLIT_THREADS>(v, i);
+  __shared__ int last;
+  if (threadIdx.x == 0) {
+    pv[(size_t)r * nb + b] = v;
+    pi[(size_t)r * nb + b] = i;
+    __threadfence();
+    last = atomicAdd(&cnt[r], 1) == nb - 1;
+    __threadfence();
+  }
+  __syncthreads();
+  if (!last) return;
+  v = -INFINITY;
+  i = INT32_MAX;
+  for (int k = threadIdx.x; k < nb; k += blockDim.x)
+    am_take(v, i, __ldcg(&pv[(size_t)r * nb + k]), __ldcg(&pi[(size_t)r * nb + k]));
+  am_block<ARGMAX_SPLIT_THREADS>(v, i);
+  if (threadIdx.x == 0) {
+    cnt[r] = 0;
+    am_store(row, i, r, ids, maxv);
+  }
+}
+
+/* blocks per row for k_argmax_split (1: the one-block kernel) */
+static int argmax_blocks(const cuda_ctx *c, int n, int V, const void *x) {
+  if (!c->am_cnt || (V & 3) || (((uintptr_t)x) & 15)) return 1;
+  int nb = 64 / n; /* ~64 blocks in all: a row's chunks of >= 256 float4 at Qwen's vocabulary */
+  while (nb > 1 && (size_t)n * nb > ARGMAX_PARTS) nb--;
+  return nb;
+}
+
+extern "C" void cuda_greedy_argmax(backend *be, backend_buf x, int n, int V, backend_buf ids,
+                                   backend_buf maxv) {
+  cuda_ctx *c = cuda_ctx_of(be);
+  if (n <= 0 || V <= 0) return;
+  int nb = argmax_blocks(c, n, V, x);
+  if (nb > 1)
+    k_argmax_split<<<dim3((unsigned)nb, (unsigned)n), ARGMAX_SPLIT_THREADS, 0, c->st>>>(
+        (const float *)x, V, c->am_v, c->am_i, c->am_cnt, (int32_t *)ids, (float *)maxv);
+  else
+    k_argmax<<<n, ARGMAX_THREADS, 0, c->st>>>((const float *)x, V, (int32_t *)ids, (float *)maxv);
+  cuda_check_launch(c, "argmax");
+}
+
+/* The greedy ids of the step: cuda_greedy.cu's screen for one row (the same ids as below,
+ * without reading the bf16 lm-head), else the logits and argmax. */
+extern "C" void cuda_greedy_logits_argmax(backend *be, backend_buf x, backend_weight norm,
+                                          float eps, backend_weight W, int H, int V,
+                                          backend_buf logits, backend_buf ids) {
+  cuda_ctx *c = cuda_ctx_of(be);
+  if (c->b.n_out <= 0 || cuda_greedy_run(be, x, norm, eps, W, H, V, ids)) return;
+  cuda_gemm_logits(be, x, norm, eps, W, H, V, logits);
+  cuda_greedy_argmax(be, logits, c->b.n_out, V, ids, NULL);
 }

@@ -1,5 +1,7 @@
 /* cuda_ktrace — where a replayed decode step's time goes, kernel by kernel, inside the real
- * pipelined run (a measurement build: -DDS_KTRACE; without it every function is a no-op).
+ * pipelined run (an instrument build: `make CUDA=1 cuda-ktrace`, -DDS_KTRACE; without it every
+ * function is a no-op). The report goes to stderr at the backend's destroy, each line prefixed
+ * "ktrace| " (scripts/device/ab.sh DS_AB_KTRACE=1 collects them).
  *
  * ncu times each kernel alone and cold, and its sums miss what a programmatic-launch step
  * actually pays at each kernel boundary (the tail of one kernel, the release of the next, its
@@ -37,7 +39,7 @@ extern "C" {
 void cuda_backend_ktrace_bind(void *), cuda_attn_ktrace_bind(void *), cuda_elem_ktrace_bind(void *),
     cuda_flash_ktrace_bind(void *), cuda_gdn_ktrace_bind(void *), cuda_moe_ktrace_bind(void *),
     cuda_sgemm_ktrace_bind(void *), cuda_greedy_ktrace_bind(void *),
-    cuda_sample_ktrace_bind(void *);
+    cuda_sample_ktrace_bind(void *), cuda_gemm_ktrace_bind(void *);
 }
 
 struct ktrace_graph {
@@ -64,10 +66,11 @@ int cuda_ktrace_init(cuda_ctx *c) {
     delete k;
     return -1;
   }
-  void (*bind[])(void *) = {
-      cuda_backend_ktrace_bind, cuda_attn_ktrace_bind,   cuda_elem_ktrace_bind,
-      cuda_flash_ktrace_bind,   cuda_gdn_ktrace_bind,    cuda_moe_ktrace_bind,
-      cuda_sgemm_ktrace_bind,   cuda_greedy_ktrace_bind, cuda_sample_ktrace_bind};
+  void (*bind[])(void *) = {cuda_backend_ktrace_bind, cuda_attn_ktrace_bind,
+                            cuda_elem_ktrace_bind,    cuda_flash_ktrace_bind,
+                            cuda_gdn_ktrace_bind,     cuda_moe_ktrace_bind,
+                            cuda_sgemm_ktrace_bind,   cuda_greedy_ktrace_bind,
+                            cuda_sample_ktrace_bind,  cuda_gemm_ktrace_bind};
   for (auto f : bind) f(k->ring);
   k->host.resize(KTRACE_CAP + 1);
   c->kt = k;
@@ -124,10 +127,11 @@ void cuda_ktrace_replay(cuda_ctx *c, const void *exec) {
  * kernels in launch order with their mean intervals. */
 static void ktrace_report_graph(FILE *f, const ktrace_graph &g, int idx) {
   double r = (double)g.replays;
-  fprintf(f,
-          "ktrace graph %d: %zu kernels, %ld replays timed (%ld dropped), first to last stamp %.1f "
-          "us\n",
-          idx, g.names.size(), g.replays, g.dropped, g.span_us / r);
+  fprintf(
+      f,
+      "ktrace| graph %d: %zu kernels, %ld replays timed (%ld dropped), first to last stamp %.1f "
+      "us\n",
+      idx, g.names.size(), g.replays, g.dropped, g.span_us / r);
   std::map<std::string, std::pair<int, double>> by;
   for (size_t i = 0; i + 1 < g.names.size(); i++) {
     auto &e = by[g.names[i]];
@@ -139,24 +143,21 @@ static void ktrace_report_graph(FILE *f, const ktrace_graph &g, int idx) {
   std::sort(order.rbegin(), order.rend());
   for (auto &o : order) {
     auto &e = by[o.second];
-    fprintf(f, "  %-32s %4d per step %9.1f us per step %7.2f us each\n", o.second.c_str(), e.first,
-            e.second, e.second / e.first);
+    fprintf(f, "ktrace|   %-32s %4d per step %9.1f us per step %7.2f us each\n", o.second.c_str(),
+            e.first, e.second, e.second / e.first);
   }
   for (size_t i = 0; i + 1 < g.names.size(); i++)
-    fprintf(f, "  #%zu %s %.2f\n", i, g.names[i], g.sum_us[i] / r);
+    fprintf(f, "ktrace|   #%zu %s %.2f\n", i, g.names[i], g.sum_us[i] / r);
 }
 
 void cuda_ktrace_release(cuda_ctx *c) {
   cuda_ktrace *k = c->kt;
   if (!k) return;
-  const char *path = getenv("DS_KTRACE_OUT");
-  FILE *f = path && *path ? fopen(path, "a") : NULL;
   int idx = 0;
   for (auto &e : k->graphs) {
     if (e.second.replays < 5) continue;
-    ktrace_report_graph(f ? f : stderr, e.second, idx++);
+    ktrace_report_graph(stderr, e.second, idx++);
   }
-  if (f) fclose(f);
   cudaFree(k->ring);
   delete k;
   c->kt = NULL;

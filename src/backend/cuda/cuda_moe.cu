@@ -8,14 +8,13 @@
  * cuBLAS GEMMs over the rows grouped by expert ("grouped path" below; the shared expert as
  * dense cuBLAS GEMMs): each expert's weights
  * read once per chunk of rows instead of once per routed row (Qwen3.5-35B-A3B layer shape,
- * H200: prefill 4096 tokens 6.9k -> 29.6k tok/s). DS_MOE_GROUPED=0 keeps the per-row kernels.
- * Grouped steps of at most moe_dev_max rows (decode steps of many sequences) run the experts'
- * products in two launches of our own over the grouped rows instead ("device-grouped" below):
- * the per-expert GEMMs need the group sizes on the host (a sync in mid-step, so no CUDA graph)
- * and hundreds of tiny launches per layer. Steps of moe_dev_min (8) to 63 rows take it too
- * (DS_MOE_DEV_MIN; decode 32 +38 % over the per-row kernels, bench/NOTES.md twenty-fourth
- * session). The per-row and device-grouped paths never wait for the host, so a decode step's
- * MoE ops are recorded into its CUDA graph (cuda_moe_records; DS_MOE_GRAPHS=0: not).
+ * H200: several times faster at prefill).
+ * Grouped steps of at most moe_dev_max (512) rows (decode steps of many sequences) run the
+ * experts' products in two launches of our own over the grouped rows instead ("device-grouped"
+ * below): the per-expert GEMMs need the group sizes on the host (a sync in mid-step, so no CUDA
+ * graph) and hundreds of tiny launches per layer. Steps of moe_dev_min (8) to 63 rows take it
+ * too (faster than the per-row kernels there). The per-row and device-grouped paths never wait
+ * for the host, so a decode step's MoE ops are recorded into its CUDA graph (cuda_moe_records).
  *
  * Expert weight pointers reach the kernels through per-layer device tables, built on first use
  * of a layer (keyed by its host array of gate weights), checked against the weights on every
@@ -350,17 +349,12 @@ static void moe_route_launch(cuda_ctx *c, const moe_route_args &a) {
 
 /* grid (T, ceil((E + S) / MOE_RW)), MOE_RW warps; S = 1 with a shared expert: lg[t, e] =
  * R_e . x_t with the fp32 router copy for e < E, sgl[t] = seg . x_t for row E.
- * EARLY (steps of up to DS_MOE_ROUTER_EARLY rows, none unless set): each warp's first MOE_RPRE
- * router pieces are requested before the wait (the router is a weight; only x is the kernel
- * before's). LAST (unless DS_MOE_ROUTE_LAST=0; with the reduction top-k it won beside the
- * plain router: MoE decode 1 +0.7-1.1 %, bench/NOTES.md twenty-eighth session):
+ * LAST (where the arrival counters cover the step; it saves the route launch at decode):
  * the last of a row's blocks to finish (a counter per row, fenced, reset by that block) routes
  * the row with warp 0 (moe_route_row, the route kernel's arithmetic: the same bits), so the
- * route launch goes. Both sum each logit in the same order as the plain kernel. */
-#define MOE_RPRE 16
+ * route launch goes. Both sum each logit in the same order. */
 
-/* acc += r[i .. i+4) . x[i .. i+4) (fp32 router piece a, bf16 x): one expression for both of
- * k_moe_router's loops, so the early pieces sum as the others do */
+/* acc += r[i .. i+4) . x[i .. i+4) (fp32 router piece a, bf16 x) */
 __device__ __forceinline__ void moe_router_piece(float &acc, float4 a, const bf16 *xr, int i) {
   uint2 xb = __ldg((const uint2 *)(xr + i));
   float2 x0 = __bfloat1622float2(*(const __nv_bfloat162 *)&xb.x),
@@ -368,7 +362,7 @@ __device__ __forceinline__ void moe_router_piece(float &acc, float4 a, const bf1
   acc += a.x * x0.x + a.y * x0.y + a.z * x1.x + a.w * x1.y;
 }
 
-template <int EARLY, int LAST, int V>
+template <int LAST, int V>
 __global__ void k_moe_router(const bf16 *x, const float *R, const float *seg, int E, int H,
                              float *lg, float *sgl, int *cnt, moe_route_args ra) {
   int t = blockIdx.x, e = blockIdx.y * MOE_RW + (threadIdx.x >> 5), lane = threadIdx.x & 31;
@@ -376,25 +370,12 @@ __global__ void k_moe_router(const bf16 *x, const float *R, const float *seg, in
   const float *r = valid ? (e < E ? R + (size_t)e * H : seg) : R;
   const bf16 *xr = x + (size_t)t * H;
   int vec = (H & 127) == 0 && (((uintptr_t)r & 15) | ((uintptr_t)xr & 7)) == 0;
-  float4 pre[EARLY ? MOE_RPRE : 1];
-  if (EARLY && valid && vec) {
-#pragma unroll
-    for (int q = 0; q < MOE_RPRE; q++)
-      if (lane * 4 + 128 * q < H) pre[q] = __ldg((const float4 *)(r + lane * 4 + 128 * q));
-  }
   pdl_enter();
   if (!LAST && !valid) return;
   if (valid) {
     float acc = 0.f;
     if (vec) {
       int i = lane * 4;
-      if (EARLY) {
-#pragma unroll
-        for (int q = 0; q < MOE_RPRE; q++, i += 128) {
-          if (i >= H) break;
-          moe_router_piece(acc, pre[q], xr, i);
-        }
-      }
 #pragma unroll 16
       for (; i < H; i += 128) moe_router_piece(acc, __ldg((const float4 *)(r + i)), xr, i);
     } else {
@@ -437,16 +418,15 @@ __device__ __forceinline__ void moe_hidden_out(const bf16 *x, const bf16 *wg, co
 /* grid (T (k + S), ceil(max(I, Is) / 8)), 8 warps, a warp per output i of slot r of row t:
  * r < k the routed expert of wsel[t, r] (width I), r == k the shared expert (S = 1, width Is):
  * hid[t, r I + i] = silu(gate[i] . x_t) * (up[i] . x_t), rows of hid k I + Is wide.
- * SE (DS_MOE_SHARED_EARLY, on unless "0"): the shared expert's blocks compute their outputs
- * before the wait: x is the MoE input's norm, done before the router (the kernel two back)
- * began, their weights are weights, and the kernel before (route, or the router's last blocks)
- * neither reads nor writes hid; only the routed slots need the route's wsel. */
-template <int SE>
+ * The shared expert's blocks compute their outputs before the wait: x is the MoE input's norm, done
+ * before the router (the kernel two back) began, their weights are weights, and the kernel before
+ * (route, or the router's last blocks) neither reads nor writes hid; only the routed slots need the
+ * route's wsel. */
 __global__ void k_moe_hidden(const bf16 *x, const bf16 *const *wsel, int k, int S, int H, int I,
                              int Is, const bf16 *sgw, const bf16 *suw, float *hid) {
   int ks = k + S, t = blockIdx.x / ks, r = blockIdx.x % ks;
   int i = blockIdx.y * 8 + (threadIdx.x >> 5);
-  if (SE && r == k) {
+  if (r == k) {
     if (i < Is)
       moe_hidden_out(x, sgw + (size_t)i * H, suw + (size_t)i * H, t, r, i, k, H, I, Is, hid);
     pdl_enter(); /* every block still waits before it exits */
@@ -535,14 +515,12 @@ __device__ __forceinline__ float moe_down_slots(float acc, const bf16 *const *wp
 
 /* grid (T, ceil(H / 8)), 8 warps, a warp per output j: out[t, j] = sum_r w_r down_r[j] .
  * hid[t, r] (slot order; down_r = wsel[t, r, 2]) + sg[t] sdown[j] . hid[t, shared] (sdw: the
- * shared expert). EARLY: the slots, their weights and the first pieces of the first slots'
- * down rows are read before the wait — wsel, wts and sg come from the route kernel, two
+ * shared expert). The slots, their weights and the first pieces of the first slots' down rows
+ * are read before the wait — wsel, wts and sg come from the route kernel, two
  * launches back, done before this one may start; only hid is the previous kernel's. */
-template <int EARLY>
 __global__ void __launch_bounds__(256, 2)
     k_moe_down(const float *hid, const bf16 *const *wsel, const float *wts, int k, int H, int I,
                int Is, const float *sg, const bf16 *sdw, bf16 *out) {
-  if (!EARLY) pdl_enter();
   __shared__ const bf16 *wp[MOE_MAX_K + 1];
   __shared__ float ww[MOE_MAX_K + 1];
   int t = blockIdx.x;
@@ -558,15 +536,13 @@ __global__ void __launch_bounds__(256, 2)
   int j = blockIdx.y * 8 + (threadIdx.x >> 5);
   int vec = (I & 7) == 0 && (!sdw || (Is & 7) == 0) && (hw & 3) == 0 && ((uintptr_t)hid & 15) == 0;
   uint4 pre[MOE_DQ][2];
-  if (EARLY) {
-    if (vec && j < H) moe_down_load(pre, wp, min(MOE_DQ, k), j, I, (threadIdx.x & 31) * 8);
-    pdl_enter();
-  }
+  if (vec && j < H) moe_down_load(pre, wp, min(MOE_DQ, k), j, I, (threadIdx.x & 31) * 8);
+  pdl_enter();
   if (j >= H) return;
   const float *h = hid + (size_t)t * hw;
   float acc = 0.f;
   int r0 = 0;
-  if (EARLY && vec) {
+  if (vec) {
     acc = moe_down_slots<1>(acc, wp, ww, min(MOE_DQ, k), j, h, I, vec, pre);
     r0 = MOE_DQ;
   }
@@ -586,9 +562,7 @@ __global__ void k_swiglu_bf16(bf16 *g, const bf16 *u, size_t n) {
 
 static size_t al256(size_t b) { return (b + 255) & ~(size_t)255; }
 
-/* ---- grouped path (default; DS_MOE_GROUPED=0 turns it off; steps of >= MOE_GROUPED_MIN rows, not
- * under
- * --batch-invariant) ----
+/* ---- grouped path (steps of >= MOE_GROUPED_MIN rows, not under --batch-invariant) ----
  * Per chunk of <= MOE_GROUPED_CHUNK rows: the (row, slot) pairs are ordered by expert (stable:
  * within an expert in slot order), their x rows gathered, then per expert with rows one cuBLAS
  * GEMM each for gate, up (bf16 out), SwiGLU, and down (fp32 out), and each row sums its k slots'
@@ -882,7 +856,7 @@ static int moe_path(const cuda_ctx *c, const backend_moe *m, int T, int H, int *
 
 extern "C" int cuda_moe_records(cuda_ctx *c, const backend_moe *m, int T, int H) {
   int dev, grouped = moe_path(c, m, T, H, &dev);
-  return c->moe_graphs && (!grouped || dev);
+  return !grouped || dev;
 }
 
 extern "C" void cuda_moe_moe(backend *be, backend_buf x, const backend_moe *m, int T, int H,
@@ -933,31 +907,19 @@ extern "C" void cuda_moe_moe(backend *be, backend_buf x, const backend_moe *m, i
     router_sg = seg != NULL;
     ra.sgl = router_sg ? sgl : NULL;
     dim3 gr(T, (E + router_sg + MOE_RW - 1) / MOE_RW);
-    int last = c->moe_route_last && c->moe_cnt && T <= MOE_CNT && E <= 1024;
+    /* the routing in the router's last blocks where the counters cover the step */
+    int last = c->moe_cnt && T <= MOE_CNT && E <= 1024;
     const float *R = CW(m->router)->f32;
-#define RT(EA, LA, V) \
-  k_moe_router<EA, LA, V><<<gr, MOE_RW * 32, 0, c->st>>>(xb, R, seg, E, H, lg, sgl, c->moe_cnt, ra)
-    int early = T <= c->moe_router_early;
-    if (!last) {
-      if (early)
-        RT(1, 0, 0);
-      else
-        RT(0, 0, 0);
-    } else if (early) {
-      if (E <= 256)
-        RT(1, 1, 8);
-      else if (E <= 512)
-        RT(1, 1, 16);
-      else
-        RT(1, 1, 32);
-    } else {
-      if (E <= 256)
-        RT(0, 1, 8);
-      else if (E <= 512)
-        RT(0, 1, 16);
-      else
-        RT(0, 1, 32);
-    }
+#define RT(LA, V) \
+  k_moe_router<LA, V><<<gr, MOE_RW * 32, 0, c->st>>>(xb, R, seg, E, H, lg, sgl, c->moe_cnt, ra)
+    if (!last)
+      RT(0, 0);
+    else if (E <= 256)
+      RT(1, 8);
+    else if (E <= 512)
+      RT(1, 16);
+    else
+      RT(1, 32);
 #undef RT
     cuda_check_launch(c, last ? "moe (router + route)" : "moe (router)");
     routed = last;
@@ -979,16 +941,10 @@ extern "C" void cuda_moe_moe(backend *be, backend_buf x, const backend_moe *m, i
   int S = Is > 0, wmax = I > Is ? I : Is;
   dim3 gh(T * (k + S), (wmax + 7) / 8);
   const bf16 *sgw = S ? CW(m->shared_gate)->bf : NULL, *suw = S ? CW(m->shared_up)->bf : NULL;
-  if (c->moe_shared_early)
-    k_moe_hidden<1><<<gh, 256, 0, c->st>>>(xb, wsel, k, S, H, I, Is, sgw, suw, hid);
-  else
-    k_moe_hidden<0><<<gh, 256, 0, c->st>>>(xb, wsel, k, S, H, I, Is, sgw, suw, hid);
+  k_moe_hidden<<<gh, 256, 0, c->st>>>(xb, wsel, k, S, H, I, Is, sgw, suw, hid);
   cuda_check_launch(c, "moe (experts)");
   dim3 gd(T, (H + 7) / 8);
   const bf16 *sdw = S ? CW(m->shared_down)->bf : NULL;
-  if (c->moe_down_early)
-    k_moe_down<1><<<gd, 256, 0, c->st>>>(hid, wsel, wts, k, H, I, Is, sg, sdw, (bf16 *)out);
-  else
-    k_moe_down<0><<<gd, 256, 0, c->st>>>(hid, wsel, wts, k, H, I, Is, sg, sdw, (bf16 *)out);
+  k_moe_down<<<gd, 256, 0, c->st>>>(hid, wsel, wts, k, H, I, Is, sg, sdw, (bf16 *)out);
   cuda_check_launch(c, "moe (down)");
 }

@@ -28,6 +28,19 @@ void cuda_elem_gated_rmsnorm(backend *be, backend_buf o, backend_buf z, backend_
 void cuda_elem_gather_norm(backend *be, backend_buf x, backend_weight norm, float eps, int H,
                            void *xn);
 
+/* cuda_gemm.cu: the matmul op; the logits op (the gathered rows normed, then fp32 logits) */
+void cuda_gemm_matmul(backend *be, backend_buf x, backend_weight W, int T, int K, int N,
+                      backend_buf y);
+void cuda_gemm_logits(backend *be, backend_buf x, backend_weight norm, float eps, backend_weight W,
+                      int H, int V, backend_buf out);
+
+/* cuda_greedy.cu: the argmax op; logits_argmax (the screen for steps of few rows, else logits
+ * and argmax) */
+void cuda_greedy_argmax(backend *be, backend_buf x, int n, int V, backend_buf ids,
+                        backend_buf maxv);
+void cuda_greedy_logits_argmax(backend *be, backend_buf x, backend_weight norm, float eps,
+                               backend_weight W, int H, int V, backend_buf logits, backend_buf ids);
+
 /* cuda_attn.cu */
 void cuda_attn_attention(backend *be, backend_buf k_pool, backend_buf v_pool, backend_buf q,
                          backend_buf k, backend_buf v, int nh, int nkv, int hd, float scale,

@@ -118,9 +118,7 @@ __device__ __forceinline__ pk_words pk_load(const uint8_t *tp, int lane) {
 
 /* gemv_row over a packed row (wp, header hd) with its bf16 row w for the escaping turns: the
  * same sums, the same bits. LATE: the first turn, then the wait and inv. */
-#ifndef PK_UT
-#define PK_UT 1 /* packed turns in flight per warp (1 or 2) */
-#endif
+#define PK_UT 1 /* packed turns in flight per warp (1 or 2: 1 is the faster) */
 template <int T, bool LATE = false, int UT = PK_UT>
 __device__ __forceinline__ void pk_row(const bf16 *__restrict__ x, const bf16 *__restrict__ w,
                                        const uint8_t *__restrict__ wp, const uint32_t *hdp, int K,
@@ -189,9 +187,8 @@ __device__ __forceinline__ void pk_row(const bf16 *__restrict__ x, const bf16 *_
 
 /* gemv_row2 (two rows of one x: the glu's gate and up) over packed rows, gemv_row2's bits: one
  * row after the other (pk_row twice), a turn of words in flight per warp as in the single
- * products. Both rows' words of a turn requested together (gemv_row2's design) lost: the
- * gate+up products 22.5 us against 19.7 us (packed_gemv.cu), decode 1 436.7 against 454.5 tok/s
- * (bench/NOTES.md thirty-third session). */
+ * products (both rows' words of a turn requested together, gemv_row2's design, is slower
+ * here: scripts/device/packed_gemv.cu). */
 template <int T, bool LATE = false>
 __device__ __forceinline__ void pk_row2(const bf16 *__restrict__ x, const bf16 *__restrict__ wa,
                                         const uint8_t *__restrict__ pa, const uint32_t *ha,
@@ -215,7 +212,7 @@ struct pk_view {
 
 /* Row n's sums from the packed copy when there is one, else gemv_row (the same bits). PK: the
  * kernel is the one instantiated for packed copies; without it only gemv_row is compiled (a
- * kernel holding both paths needs more registers: the bf16 rows lost ~3 % at one row). */
+ * kernel holding both paths needs more registers, which slows its bf16 rows). */
 template <int T, bool LATE = false, bool PK = true>
 __device__ __forceinline__ void pk_gemv_row(const bf16 *__restrict__ x, const pk_view &w, int n,
                                             int K, int lane, float *acc, const float *inv = nullptr,

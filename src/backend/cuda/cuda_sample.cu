@@ -1,7 +1,7 @@
 /* cuda_sample — sampled token ids on the device (the backend's sample op), by sample_rule.h's
  * rule, so a sampled decode step downloads n ids instead of n rows of logits and no host thread
- * sorts a vocabulary (bench/NOTES.md, twentieth session: on the host path a sampled step of 64
- * rows spent ~8 ms in the download and the sampler).
+ * sorts a vocabulary (on the host path a sampled step of 64 rows spends milliseconds in the
+ * download and the sampler).
  *
  * One cluster of SMP_CLUSTER blocks per row, block b owning the b-th slice of the row; what the
  * rule sums over the whole row the blocks exchange through distributed shared memory:

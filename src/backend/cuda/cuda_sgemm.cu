@@ -1,10 +1,9 @@
 /* cuda_sgemm — skinny GEMMs on tensor cores: y[T, N] = x[T, K] . W[N, K]^T for the decode
- * steps of 5 .. 16 rows (between the GEMV path and cuBLAS; DS_SGEMM_MAXT in backend_cuda.cu
- * lowers the limit), up to SG_MULTI products of one x in one launch. These steps are bound by
- * the weights' bytes; this kernel streams every weight byte once from about four blocks per
- * SM, where cuBLAS's kernels use few wide tiles. On the H200 it wins at 8 rows (decode batch
- * 8, +9 %). At 32 - 128 rows it lost to cuBLAS, and so did a version staging x and W through
- * shared memory (bench/NOTES.md; that kernel is in commit 0ca0c3a): cuBLAS takes those.
+ * steps of 5 .. 16 rows (between the GEMV path and cuBLAS), up to SG_MULTI products of one x in
+ * one launch. These steps are bound by the weights' bytes; this kernel streams every weight
+ * byte once from about four blocks per SM, where cuBLAS's kernels use few wide tiles, and wins
+ * on the H200 at 8 rows. At 32 - 128 rows it loses to cuBLAS (so does a version staging x and W
+ * through shared memory): cuBLAS takes those.
  *
  * Work split. A warp owns 16 output rows (one m16n8k16 row block) and all T rows of x (NT =
  * ceil(T / 8) column blocks, NT * 4 fp32 accumulators per lane); a block is SG_WARPS warps,
@@ -172,9 +171,9 @@ extern "C" void cuda_sgemm_release(cuda_ctx *c) {
 }
 
 int cuda_sgemm_fits(const cuda_ctx *c, int T, int K, int N, int multi) {
-  return c->sg_ws && !c->legacy && !c->batch_invariant && T > c->gemv_maxt && T <= c->sgemm_maxt &&
-         T <= SG_MAXT && K > 0 && K % SG_UNIT == 0 && (size_t)T * K < (1u << 31) && N > 0 &&
-         N <= SG_MAXN && (!multi || N % 16 == 0);
+  return c->sg_ws && !c->batch_invariant && T > c->gemv_maxt && T <= SG_MAXT && K > 0 &&
+         K % SG_UNIT == 0 && (size_t)T * K < (1u << 31) && N > 0 && N <= SG_MAXN &&
+         (!multi || N % 16 == 0);
 }
 
 int cuda_sgemm(cuda_ctx *c, const bf16 *x, int T, int K, int m, const bf16 *const *W,

@@ -33,7 +33,7 @@ endif
 CUDA_TEST_SRCS := $(sort $(wildcard tests/cuda/test_*.c))
 CUDA_TESTS     := $(CUDA_TEST_SRCS:tests/cuda/%.c=$(BUILD)/tests/cuda/%)
 
-.PHONY: all test run deps clean test-asan asan-build format cuda-tests
+.PHONY: all test run deps clean test-asan asan-build format cuda-tests cuda-ktrace
 all: $(BUILD)/deltaserve
 
 $(BUILD)/obj/%.o: %.c
@@ -61,6 +61,12 @@ cuda-tests: $(CUDA_TESTS)
 $(BUILD)/tests/cuda/%: tests/cuda/%.c tests/test.h $(BUILD)/libdeltaserve.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Itests $< $(BUILD)/libdeltaserve.a -o $@ $(LDLIBS)
+
+# Instrument build, not the server's: the kernel-release trace (src/backend/cuda/cuda_ktrace.cu),
+# deltaserve built with -DDS_KTRACE into BUILD (say `make BUILD=build-kt cuda-ktrace`); it
+# reports on stderr ("ktrace| " lines) at exit. scripts/device/ab.sh DS_AB_KTRACE=1 uses it.
+cuda-ktrace:
+	@$(MAKE) --no-print-directory CUDA=1 BUILD=$(BUILD) NVCC="$(NVCC) -DDS_KTRACE" all
 
 deps:
 	@bash scripts/setup.sh

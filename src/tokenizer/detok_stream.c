@@ -1,13 +1,9 @@
-/* detok_stream — incremental detokenizer. The bytes of each pushed token go
- * into a pending buffer; everything up to the last complete UTF-8 sequence is
- * converted (invalid parts become U+FFFD exactly as a whole decode would) and
- * handed out, and only a trailing valid-but-unfinished sequence (at most 3
- * bytes) stays pending for the next token. So the concatenation of all pushes
- * and the final flush equals tokenizer_decode of all ids. */
+/* detok_stream — the incremental detokenizer; see detok_stream.h. */
+#include "tokenizer/detok_stream.h"
+
 #include <stdlib.h>
 #include <string.h>
 
-#include "tokenizer/tokenizer.h"
 #include "tokenizer/utf8.h"
 
 struct detok_stream {

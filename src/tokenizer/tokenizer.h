@@ -45,16 +45,4 @@ int tokenizer_is_added(const tokenizer *t, int32_t id);
  * id is out of range. */
 int tokenizer_token_bytes(const tokenizer *t, int32_t id, const char **bytes, size_t *len);
 
-/* Streaming detokenizer: feed ids one at a time, get back only complete UTF-8
- * text. */
-typedef struct detok_stream detok_stream;
-detok_stream *detok_stream_new(const tokenizer *t, int skip_special);
-/* Appends the text that became complete with this id to *out (malloc'd, caller
- * frees; may be empty). Returns its length or -1. */
-long detok_stream_push(detok_stream *s, int32_t id, char **out);
-/* Whatever is left (an incomplete sequence at the end becomes U+FFFD, as HF
- * decodes). */
-long detok_stream_flush(detok_stream *s, char **out);
-void detok_stream_free(detok_stream *s);
-
 #endif

@@ -13,6 +13,7 @@
 #include <utf8proc.h>
 
 #include "fuzz/fuzz_common.h"
+#include "tokenizer/detok_stream.h"
 #include "tokenizer/tokenizer.h"
 
 static tokenizer *fuzz_tok;

@@ -489,6 +489,23 @@ typedef struct {
   size_t n;
 } jspan;
 
+/* A key of an object whose value the loader keeps as a raw span, parsed later or not at all. */
+typedef struct {
+  const char *key;
+  jspan *dst;
+} jspan_field;
+#define JSPAN_N(fields) (int)(sizeof(fields) / sizeof(fields)[0])
+
+/* Skips the value at s; when key is one of the n fields', that field gets the value's span.
+ * Returns 0, or -1 on malformed JSON. */
+static int jspan_keep(js *s, const char *key, const jspan_field *f, int n) {
+  const char *st = s->p;
+  if (js_skip(s)) return -1;
+  for (int i = 0; i < n; i++)
+    if (!strcmp(key, f[i].key)) *f[i].dst = (jspan){st, (size_t)(s->p - st)};
+  return 0;
+}
+
 static int ensure_ids(tokenizer *t, long id) {
   if (id < t->n_ids) return 0;
   if (id >= INT32_MAX / 2) return -1;
@@ -965,46 +982,25 @@ tokenizer *tokenizer_load(const char *dir, char *err, size_t errlen) {
         ign = {0}, bfb = {0}, cont = {0}, eow = {0};
   sbuf key = {0};
   json_t *jadded = NULL, *jnorm = NULL, *jpre = NULL, *jdec = NULL, *jx = NULL;
+  const jspan_field model_fields[] = {
+      {"vocab", &vocab},           {"merges", &merges},     {"type", &mtype},
+      {"ignore_merges", &ign},     {"byte_fallback", &bfb}, {"continuing_subword_prefix", &cont},
+      {"end_of_word_suffix", &eow}};
+  const jspan_field top_fields[] = {
+      {"added_tokens", &added}, {"normalizer", &norm}, {"pre_tokenizer", &pre}, {"decoder", &dec}};
   js s = {file, file + flen};
   int first = 1, r;
   if (js_expect(&s, '{')) goto bad;
   while ((r = js_obj_next(&s, &first, &key)) == 1) {
-    const char *st = s.p;
     if (!strcmp(key.p, "model")) {
       int mf = 1, mr;
       if (js_expect(&s, '{')) goto bad;
-      while ((mr = js_obj_next(&s, &mf, &key)) == 1) {
-        const char *ms = s.p;
-        if (js_skip(&s)) goto bad;
-        jspan sp = {ms, (size_t)(s.p - ms)};
-        if (!strcmp(key.p, "vocab"))
-          vocab = sp;
-        else if (!strcmp(key.p, "merges"))
-          merges = sp;
-        else if (!strcmp(key.p, "type"))
-          mtype = sp;
-        else if (!strcmp(key.p, "ignore_merges"))
-          ign = sp;
-        else if (!strcmp(key.p, "byte_fallback"))
-          bfb = sp;
-        else if (!strcmp(key.p, "continuing_subword_prefix"))
-          cont = sp;
-        else if (!strcmp(key.p, "end_of_word_suffix"))
-          eow = sp;
-      }
+      while ((mr = js_obj_next(&s, &mf, &key)) == 1)
+        if (jspan_keep(&s, key.p, model_fields, JSPAN_N(model_fields))) goto bad;
       if (mr < 0) goto bad;
       continue;
     }
-    if (js_skip(&s)) goto bad;
-    jspan sp = {st, (size_t)(s.p - st)};
-    if (!strcmp(key.p, "added_tokens"))
-      added = sp;
-    else if (!strcmp(key.p, "normalizer"))
-      norm = sp;
-    else if (!strcmp(key.p, "pre_tokenizer"))
-      pre = sp;
-    else if (!strcmp(key.p, "decoder"))
-      dec = sp;
+    if (jspan_keep(&s, key.p, top_fields, JSPAN_N(top_fields))) goto bad;
   }
   if (r < 0) goto bad;
   if (!vocab.p || !merges.p) {

@@ -80,6 +80,12 @@ TEST(reasoning_split) {
   EXPECT_STR(p.reasoning_content, "a");
   EXPECT_STR(p.content, "b</think>c");
   chat_parsed_free(&p);
+  /* a stray </think> in a text that opened no block is content: a stream has sent the text
+   * before it as content by the time it comes */
+  REQUIRE(parse("answer</think>more", 0, NULL, &p) == 0);
+  EXPECT(p.reasoning_content == NULL);
+  EXPECT_STR(p.content, "answer</think>more");
+  chat_parsed_free(&p);
 }
 
 TEST(qwen3_json_calls) {

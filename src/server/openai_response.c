@@ -143,15 +143,6 @@ json_t *openai_response_chat_logprob(const char *tok, size_t tok_len, float logp
   return e;
 }
 
-size_t openai_response_tag_holdback(const char *text, size_t len, const char *tag) {
-  size_t tl = strlen(tag);
-  size_t max = tl > 0 ? tl - 1 : 0;
-  if (max > len) max = len;
-  for (size_t k = max; k > 0; k--)
-    if (!memcmp(text + len - k, tag, k)) return k;
-  return 0;
-}
-
 size_t openai_response_utf8_complete(const char *s, size_t len) {
   const unsigned char *u = (const unsigned char *)s;
   /* walk back over at most 3 continuation bytes to the last lead byte */

@@ -1,7 +1,6 @@
 /* openai_response — the JSON the OpenAI API answers with: error bodies, usage, ids, chat and
- * completion objects and their streaming chunks, logprob entries; plus the tag holdback the
- * streaming path uses (how many trailing bytes must be held back because they could still
- * become a tag).
+ * completion objects and their streaming chunks, logprob entries; plus the UTF-8 boundary the
+ * streaming path cuts text at.
  * Pure: no globals but an id counter; safe from any thread. Returned json_t are new
  * references and returned char* are malloc'd; both belong to the caller. */
 #ifndef DS_OPENAI_RESPONSE_H
@@ -40,10 +39,6 @@ json_t *openai_response_object(const char *id, const char *object, long long cre
 json_t *openai_response_chat_logprob(const char *tok, size_t tok_len, float logprob,
                                      const char *const *top_toks, const size_t *top_lens,
                                      const float *top_lps, int n_top);
-
-/* The longest trailing part of text[0,len) that is a proper prefix of `tag` (e.g. a partial
- * "</think>" at the end of a stream). */
-size_t openai_response_tag_holdback(const char *text, size_t len, const char *tag);
 
 /* Length of the longest prefix of s[0,len) that ends on a UTF-8 character boundary. */
 size_t openai_response_utf8_complete(const char *s, size_t len);

@@ -8,15 +8,14 @@
 
 void openai_stream_init(openai_stream *s, int thinking_open, const json_t *tools) {
   memset(s, 0, sizeof *s);
-  s->thinking_open = thinking_open;
-  s->tools = tools;
-  strbuf_init(&s->sent_reasoning);
-  strbuf_init(&s->sent_content);
+  s->parser = chat_parse_stream_new(thinking_open, tools, NULL, NULL);
+  chat_parse_out_init(&s->out);
 }
 
 void openai_stream_free(openai_stream *s) {
-  strbuf_free(&s->sent_reasoning);
-  strbuf_free(&s->sent_content);
+  chat_parse_stream_free(s->parser);
+  chat_parse_out_free(&s->out);
+  memset(s, 0, sizeof *s);
 }
 
 /* The whitespace chat_parse skips before "<think>" and drops around tool calls. */
@@ -27,58 +26,15 @@ int openai_stream_prompt_thinking_open(const char *rendered, size_t len) {
   return len >= 7 && !memcmp(rendered + len - 7, "<think>", 7);
 }
 
-static const char *find_mem(const char *h, size_t hl, const char *n) {
-  size_t nl = strlen(n);
-  if (nl == 0 || nl > hl) return NULL;
-  for (size_t i = 0; i + nl <= hl; i++)
-    if (h[i] == n[0] && !memcmp(h + i, n, nl)) return h + i;
-  return NULL;
-}
-
-/* The parts of a partial text that chat_parse of any longer text will still begin with. */
-typedef struct stable_parts {
-  const char *r; /* reasoning so far (NULL: none yet) */
-  size_t rl;
-  const char *c; /* content so far (NULL: none yet) */
-  size_t cl;
-} stable_parts;
-
-static void stable_of(const openai_stream *s, const char *text, size_t len, stable_parts *out) {
-  memset(out, 0, sizeof *out);
-  size_t p = 0;
-  while (p < len && is_space(text[p])) p++;
-  size_t rest = len - p;
-  if (rest < 7 && !memcmp(text + p, "<think>", rest)) return; /* may still open a think block */
-  int opened = rest >= 7 && !memcmp(text + p, "<think>", 7);
-  size_t c0 = 0;
-  if (opened || s->thinking_open) {
-    size_t r0 = opened ? p + 7 : 0;
-    const char *close = find_mem(text + r0, len - r0, "</think>");
-    size_t rend = close ? (size_t)(close - text)
-                        : len - openai_response_tag_holdback(text + r0, len - r0, "</think>");
-    size_t a = r0;
-    while (a < rend && text[a] == '\n') a++; /* chat_parse strips leading newlines */
-    size_t b = close ? rend : a + openai_response_utf8_complete(text + a, rend - a);
-    while (b > a && text[b - 1] == '\n') b--; /* trailing ones: stripped before </think> */
-    out->r = text + a;
-    out->rl = b - a;
-    if (!close) return;
-    c0 = rend + 8;
-    while (c0 < len && text[c0] == '\n') c0++;
-  }
-  size_t n = chat_parse_safe_prefix(text + c0, len - c0);
-  while (n > 0 && is_space(text[c0 + n - 1])) n--;
-  out->c = text + c0;
-  out->cl = n;
-}
-
-/* Adds to `delta` under `key` the part of `now` beyond `sent`, when `now` extends it. */
-static int extend(json_t *delta, const char *key, strbuf *sent, const char *now, size_t now_len) {
-  if (now_len <= sent->len) return 0;
-  if (sent->len && memcmp(now, sent->data, sent->len)) return 0; /* diverged: send nothing more */
-  json_t *v = openai_response_string(now + sent->len, now_len - sent->len);
+/* Moves the sendable bytes of `pending` (all when final, else up to the last whole UTF-8
+ * character) into delta[key]. */
+static int take_text(json_t *delta, const char *key, strbuf *pending, int final) {
+  size_t n = final ? pending->len : openai_response_utf8_complete(pending->data, pending->len);
+  if (n == 0) return 0;
+  json_t *v = openai_response_string(pending->data, n);
   if (!v || json_object_set_new(delta, key, v)) return -1;
-  return strbuf_append(sent, now + sent->len, now_len - sent->len);
+  strbuf_consume(pending, n);
+  return 0;
 }
 
 /* {"tool_calls":[entry]} */
@@ -88,7 +44,7 @@ static int push_call_delta(json_t *deltas, json_t *entry) {
   return json_array_append_new(deltas, d);
 }
 
-static int push_tool_calls(json_t *deltas, const json_t *calls) {
+static int push_tool_calls(json_t *deltas, const json_t *calls, int first_index) {
   size_t i;
   const json_t *tc;
   json_array_foreach(calls, i, tc) {
@@ -96,13 +52,13 @@ static int push_tool_calls(json_t *deltas, const json_t *calls) {
     const char *id = json_string_value(json_object_get(tc, "id"));
     const char *name = json_string_value(json_object_get(fn, "name"));
     const char *args = json_string_value(json_object_get(fn, "arguments"));
+    json_int_t index = (json_int_t)first_index + (json_int_t)i;
     json_t *head =
-        json_pack("{s:I, s:s, s:s, s:{s:s, s:s}}", "index", (json_int_t)i, "id", id ? id : "",
-                  "type", "function", "function", "name", name ? name : "", "arguments", "");
+        json_pack("{s:I, s:s, s:s, s:{s:s, s:s}}", "index", index, "id", id ? id : "", "type",
+                  "function", "function", "name", name ? name : "", "arguments", "");
     if (push_call_delta(deltas, head)) return -1;
     if (args && args[0]) {
-      json_t *body =
-          json_pack("{s:I, s:{s:s}}", "index", (json_int_t)i, "function", "arguments", args);
+      json_t *body = json_pack("{s:I, s:{s:s}}", "index", index, "function", "arguments", args);
       if (push_call_delta(deltas, body)) return -1;
     }
   }
@@ -112,29 +68,21 @@ static int push_tool_calls(json_t *deltas, const json_t *calls) {
 int openai_stream_deltas(openai_stream *s, const char *text, size_t len, int final,
                          json_t **deltas) {
   *deltas = NULL;
-  if (!text) text = "", len = 0;
-  json_t *out = json_array(), *d = json_object();
-  chat_parsed p;
-  memset(&p, 0, sizeof p);
-  if (!out || !d) goto oom;
-  if (final) {
-    char *whole = malloc(len + 1);
-    if (!whole) goto oom;
-    memcpy(whole, text, len);
-    whole[len] = 0;
-    int rc = chat_parse(whole, s->thinking_open, s->tools, &p);
-    free(whole);
-    if (rc) goto oom;
-    if (p.reasoning_content && extend(d, "reasoning_content", &s->sent_reasoning,
-                                      p.reasoning_content, strlen(p.reasoning_content)))
-      goto oom;
-    if (p.content && extend(d, "content", &s->sent_content, p.content, strlen(p.content))) goto oom;
-  } else {
-    stable_parts sp;
-    stable_of(s, text, len, &sp);
-    if (sp.r && extend(d, "reasoning_content", &s->sent_reasoning, sp.r, sp.rl)) goto oom;
-    if (sp.c && extend(d, "content", &s->sent_content, sp.c, sp.cl)) goto oom;
+  if (!s->parser) return -1;
+  if (s->finished) return 0;
+  if (len > s->fed) {
+    if (chat_parse_stream_feed(s->parser, text + s->fed, len - s->fed, &s->out)) return -1;
+    s->fed = len;
   }
+  if (final) {
+    if (chat_parse_stream_finish(s->parser, &s->out)) return -1;
+    s->finished = 1;
+  }
+  json_t *out = json_array(), *d = json_object();
+  if (!out || !d) goto oom;
+  if (take_text(d, "reasoning_content", &s->out.reasoning, final) ||
+      take_text(d, "content", &s->out.content, final))
+    goto oom;
   if (json_object_size(d) > 0) {
     if (json_array_append_new(out, d)) {
       d = NULL;
@@ -144,11 +92,12 @@ int openai_stream_deltas(openai_stream *s, const char *text, size_t len, int fin
     json_decref(d);
   }
   d = NULL;
-  if (final && p.tool_calls && json_array_size(p.tool_calls) > 0) {
-    if (push_tool_calls(out, p.tool_calls)) goto oom;
-    s->n_tool_calls = (int)json_array_size(p.tool_calls);
+  size_t nc = json_array_size(s->out.calls);
+  if (nc > 0) {
+    if (push_tool_calls(out, s->out.calls, s->n_tool_calls)) goto oom;
+    s->n_tool_calls += (int)nc;
+    json_array_clear(s->out.calls);
   }
-  chat_parsed_free(&p);
   if (json_array_size(out) == 0) {
     json_decref(out);
     return 0;
@@ -156,7 +105,6 @@ int openai_stream_deltas(openai_stream *s, const char *text, size_t len, int fin
   *deltas = out;
   return 0;
 oom:
-  chat_parsed_free(&p);
   json_decref(d);
   json_decref(out);
   return -1;

@@ -255,85 +255,278 @@ static int parse_call(const char *s, const char *end, const json_t *tools, chat_
   return CALL_OK;
 }
 
+/* ---------------------------------------------------------------- the incremental parser
+ *
+ * One pass over the text, byte by byte; what it decides it never takes back, so the parts it
+ * emits as bytes arrive concatenate to what it emits for the whole text at once (chat_parse is
+ * this parser fed the whole text). Each mode holds back only what the next bytes can still
+ * change:
+ *
+ *   START     leading whitespace and a partial "<think>": the text may still open a block
+ *   REASON    newlines (trimmed before "</think>" and at the end) and a partial "</think>"
+ *   LEAD      the newlines after "</think>" (dropped)
+ *   CONTENT   whitespace (dropped before a parsed call) and a partial "<tool_call>"
+ *   CALL      the whole block up to "</tool_call>", then parsed: a call, or content verbatim
+ *
+ * A "</think>" counts only in REASON: a text that neither opens "<think>" nor follows a prompt
+ * that left one open is content throughout, since its start was already sent as content. */
+
+typedef enum { CPS_START, CPS_REASON, CPS_LEAD, CPS_CONTENT, CPS_CALL } cps_mode;
+
+static const char TAG_OPEN_THINK[] = "<think>", TAG_CLOSE_THINK[] = "</think>",
+                  TAG_OPEN_CALL[] = "<tool_call>", TAG_CLOSE_CALL[] = "</tool_call>";
+
+struct chat_parse_stream {
+  int thinking_open;
+  const json_t *tools; /* borrowed */
+  chat_parse_id_fn id_fn;
+  void *id_ctx;
+  cps_mode mode;
+  strbuf hold;      /* START: the bytes so far; CONTENT: whitespace held */
+  size_t hold_ws;   /* START: leading whitespace bytes in hold */
+  size_t tag;       /* bytes matched of the mode's tag */
+  size_t nl;        /* REASON: newlines held */
+  int started;      /* REASON: a byte was emitted (leading newlines are dropped until then) */
+  int seg_text;     /* CONTENT: the segment since the last call block has non-whitespace */
+  int n_calls;      /* calls parsed */
+  strbuf body;      /* CALL: the block's bytes so far */
+  strbuf ws_before; /* CALL: the whitespace held before "<tool_call>" */
+  int ended;        /* a NUL byte was fed: the text ends there (as a C string would) */
+  int finished;
+};
+
+static int cps_step(chat_parse_stream *p, char c, chat_parse_out *o);
+
+static void emit_nl(strbuf *b, size_t n) {
+  static const char nls[] = "\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n";
+  while (n > 0) {
+    size_t k = n < sizeof nls - 1 ? n : sizeof nls - 1;
+    strbuf_append(b, nls, k);
+    n -= k;
+  }
+}
+
+/* Hands the held bytes of START to the mode the text turned out to be in. */
+static int cps_leave_start(chat_parse_stream *p, chat_parse_out *o) {
+  strbuf held = p->hold;
+  strbuf_init(&p->hold);
+  p->mode = p->thinking_open ? CPS_REASON : CPS_CONTENT;
+  int rc = 0;
+  for (size_t i = 0; i < held.len && !rc; i++) rc = cps_step(p, held.data[i], o);
+  if (held.oom) rc = -1;
+  strbuf_free(&held);
+  return rc;
+}
+
+/* The call block in body is complete (closed: its "</tool_call>" was seen, and cut off). */
+static int cps_end_block(chat_parse_stream *p, int closed, chat_parse_out *o) {
+  if (!o->calls && !(o->calls = json_array())) return -1;
+  int rc =
+      parse_call(p->body.data ? p->body.data : "", (p->body.data ? p->body.data : "") + p->body.len,
+                 p->tools, p->id_fn, p->id_ctx, o->calls);
+  if (rc == CALL_OOM) return -1;
+  if (rc == CALL_OK) {
+    p->n_calls++;
+  } else { /* malformed: kept verbatim, with the whitespace before it */
+    strbuf_append(&o->content, p->ws_before.data, p->ws_before.len);
+    strbuf_puts(&o->content, TAG_OPEN_CALL);
+    strbuf_append(&o->content, p->body.data, p->body.len);
+    if (closed) strbuf_puts(&o->content, TAG_CLOSE_CALL);
+  }
+  p->ws_before.len = p->body.len = 0;
+  p->seg_text = 0;
+  p->tag = 0;
+  p->mode = CPS_CONTENT;
+  return p->body.oom || p->ws_before.oom ? -1 : 0;
+}
+
+static int cps_step(chat_parse_stream *p, char c, chat_parse_out *o) {
+  switch (p->mode) {
+    case CPS_START: {
+      if (strbuf_append(&p->hold, &c, 1)) return -1;
+      if (p->hold_ws + 1 == p->hold.len && is_ws(c)) {
+        p->hold_ws++;
+        return 0;
+      }
+      size_t rest = p->hold.len - p->hold_ws;
+      if (memcmp(p->hold.data + p->hold_ws, TAG_OPEN_THINK, rest)) return cps_leave_start(p, o);
+      if (rest == sizeof TAG_OPEN_THINK - 1) { /* opened: reasoning follows the tag */
+        p->hold.len = 0;
+        p->mode = CPS_REASON;
+      }
+      return 0;
+    }
+    case CPS_REASON:
+      if (p->tag > 0) {
+        if (c == TAG_CLOSE_THINK[p->tag]) {
+          if (++p->tag == sizeof TAG_CLOSE_THINK - 1) { /* newlines before it are trimmed */
+            p->tag = p->nl = 0;
+            p->mode = CPS_LEAD;
+          }
+          return 0;
+        }
+        emit_nl(&o->reasoning, p->nl);
+        strbuf_append(&o->reasoning, TAG_CLOSE_THINK, p->tag);
+        p->nl = p->tag = 0;
+        p->started = 1;
+      }
+      if (c == '<') {
+        p->tag = 1;
+      } else if (c == '\n') {
+        if (p->started) p->nl++;
+      } else {
+        emit_nl(&o->reasoning, p->nl);
+        p->nl = 0;
+        strbuf_append(&o->reasoning, &c, 1);
+        p->started = 1;
+      }
+      return o->reasoning.oom ? -1 : 0;
+    case CPS_LEAD:
+      if (c == '\n') return 0;
+      p->mode = CPS_CONTENT;
+      return cps_step(p, c, o);
+    case CPS_CONTENT:
+      if (p->tag > 0) {
+        if (c == TAG_OPEN_CALL[p->tag]) {
+          if (++p->tag == sizeof TAG_OPEN_CALL - 1) {
+            strbuf t = p->ws_before;
+            p->ws_before = p->hold;
+            p->hold = t;
+            p->hold.len = p->body.len = 0;
+            p->tag = 0;
+            p->mode = CPS_CALL;
+          }
+          return 0;
+        }
+        strbuf_append(&o->content, p->hold.data, p->hold.len);
+        strbuf_append(&o->content, TAG_OPEN_CALL, p->tag);
+        p->hold.len = p->tag = 0;
+        p->seg_text = 1;
+      }
+      if (c == '<') {
+        p->tag = 1;
+      } else if (is_ws(c)) {
+        strbuf_append(&p->hold, &c, 1);
+      } else {
+        strbuf_append(&o->content, p->hold.data, p->hold.len);
+        strbuf_append(&o->content, &c, 1);
+        p->hold.len = 0;
+        p->seg_text = 1;
+      }
+      return o->content.oom || p->hold.oom ? -1 : 0;
+    case CPS_CALL:
+      if (strbuf_append(&p->body, &c, 1)) return -1;
+      if (p->tag > 0 && c == TAG_CLOSE_CALL[p->tag]) {
+        if (++p->tag == sizeof TAG_CLOSE_CALL - 1) {
+          p->body.len -= sizeof TAG_CLOSE_CALL - 1;
+          return cps_end_block(p, 1, o);
+        }
+        return 0;
+      }
+      p->tag = c == '<';
+      return 0;
+  }
+  return 0;
+}
+
+chat_parse_stream *chat_parse_stream_new(int thinking_open, const json_t *tools_json,
+                                         chat_parse_id_fn id_fn, void *id_ctx) {
+  chat_parse_stream *p = calloc(1, sizeof *p);
+  if (!p) return NULL;
+  p->thinking_open = thinking_open;
+  p->tools = tools_json;
+  p->id_fn = id_fn ? id_fn : chat_parse_random_id;
+  p->id_ctx = id_ctx;
+  p->mode = CPS_START;
+  return p;
+}
+
+void chat_parse_stream_free(chat_parse_stream *p) {
+  if (!p) return;
+  strbuf_free(&p->hold);
+  strbuf_free(&p->body);
+  strbuf_free(&p->ws_before);
+  free(p);
+}
+
+int chat_parse_stream_feed(chat_parse_stream *p, const char *text, size_t len, chat_parse_out *o) {
+  if (p->finished || p->ended) return 0;
+  for (size_t i = 0; i < len; i++) {
+    if (text[i] == 0) {
+      p->ended = 1;
+      break;
+    }
+    if (cps_step(p, text[i], o)) return -1;
+  }
+  return 0;
+}
+
+int chat_parse_stream_finish(chat_parse_stream *p, chat_parse_out *o) {
+  if (p->finished) return 0;
+  p->finished = 1;
+  if (p->mode == CPS_START && cps_leave_start(p, o)) return -1;
+  switch (p->mode) {
+    case CPS_REASON: /* a block that never closed: a partial tag is text, newlines trimmed */
+      if (p->tag > 0) {
+        emit_nl(&o->reasoning, p->nl);
+        strbuf_append(&o->reasoning, TAG_CLOSE_THINK, p->tag);
+      }
+      break;
+    case CPS_CONTENT:
+      if (p->tag > 0) {
+        strbuf_append(&o->content, p->hold.data, p->hold.len);
+        strbuf_append(&o->content, TAG_OPEN_CALL, p->tag);
+        p->hold.len = 0;
+        p->seg_text = 1;
+      }
+      /* whitespace after the last call is dropped when nothing else follows it */
+      if (!(p->n_calls > 0 && !p->seg_text)) strbuf_append(&o->content, p->hold.data, p->hold.len);
+      break;
+    case CPS_CALL: /* a last block without "</tool_call>": counts when its body parses */
+      if (cps_end_block(p, 0, o)) return -1;
+      break;
+    default:
+      break;
+  }
+  return o->reasoning.oom || o->content.oom ? -1 : 0;
+}
+
+void chat_parse_out_init(chat_parse_out *o) {
+  strbuf_init(&o->reasoning);
+  strbuf_init(&o->content);
+  o->calls = NULL;
+}
+
+void chat_parse_out_free(chat_parse_out *o) {
+  strbuf_free(&o->reasoning);
+  strbuf_free(&o->content);
+  json_decref(o->calls);
+  o->calls = NULL;
+}
+
 /* ---------------------------------------------------------------- entry points */
 
 int chat_parse_ex(const char *text, int thinking_open, const json_t *tools_json,
                   chat_parse_id_fn id_fn, void *id_ctx, chat_parsed *out) {
   memset(out, 0, sizeof *out);
-  if (!id_fn) id_fn = chat_parse_random_id;
-  const char *s = text, *end = text + strlen(text);
-
-  /* step 1: reasoning */
-  const char *p = s;
-  while (p < end && is_ws(*p)) p++;
-  int opened = starts(p, end, "<think>");
-  const char *r = opened ? p + 7 : s;
-  const char *close = find(r, end, "</think>");
-  if (thinking_open || opened || close) {
-    const char *a = r, *b = close ? close : end;
-    while (a < b && *a == '\n') a++;
-    while (b > a && b[-1] == '\n') b--;
-    if (b > a) {
-      out->reasoning_content = dup_range(a, (size_t)(b - a));
-      if (!out->reasoning_content) goto oom;
-    }
-    s = close ? close + 8 : end;
-    while (s < end && *s == '\n') s++;
+  chat_parse_out o;
+  chat_parse_out_init(&o);
+  chat_parse_stream *p = chat_parse_stream_new(thinking_open, tools_json, id_fn, id_ctx);
+  int rc =
+      !p || chat_parse_stream_feed(p, text, strlen(text), &o) || chat_parse_stream_finish(p, &o)
+          ? -1
+          : 0;
+  chat_parse_stream_free(p);
+  if (!rc && o.reasoning.len > 0 && !(out->reasoning_content = strbuf_take(&o.reasoning))) rc = -1;
+  if (!rc && (strbuf_append(&o.content, "", 0) || !(out->content = strbuf_take(&o.content))))
+    rc = -1;
+  if (!rc && json_array_size(o.calls) > 0) {
+    out->tool_calls = o.calls;
+    o.calls = NULL;
   }
-
-  /* step 2: tool calls */
-  strbuf content = {0};
-  json_t *calls = json_array();
-  if (!calls) goto oom;
-  const char *pos = s;
-  for (;;) {
-    const char *open = find(pos, end, "<tool_call>");
-    if (!open) {
-      const char *q = pos;
-      if (json_array_size(calls)) {
-        while (q < end && is_ws(*q)) q++;
-      }
-      if (q < end) strbuf_append(&content, pos, (size_t)(end - pos));
-      break;
-    }
-    const char *body = open + 11;
-    const char *cl = find(body, end, "</tool_call>");
-    const char *bend = cl ? cl : end;
-    const char *after = cl ? cl + 12 : end;
-    size_t before = json_array_size(calls);
-    int rc = parse_call(body, bend, tools_json, id_fn, id_ctx, calls);
-    if (rc == CALL_OOM) {
-      free(content.data);
-      json_decref(calls);
-      goto oom;
-    }
-    const char *seg_end = open;
-    if (rc == CALL_OK) {
-      while (seg_end > pos && is_ws(seg_end[-1])) seg_end--;
-      const char *q = pos;
-      if (before) /* whitespace between two calls */
-        while (q < seg_end && is_ws(*q)) q++;
-      if (q < seg_end) strbuf_append(&content, pos, (size_t)(seg_end - pos));
-    } else {
-      strbuf_append(&content, pos, (size_t)(after - pos)); /* malformed: kept verbatim */
-    }
-    pos = after;
-  }
-  if (!content.data) strbuf_append(&content, "", 0);
-  if (content.oom) {
-    free(content.data);
-    json_decref(calls);
-    goto oom;
-  }
-  out->content = content.data;
-  if (json_array_size(calls))
-    out->tool_calls = calls;
-  else
-    json_decref(calls);
-  return 0;
-oom:
-  chat_parsed_free(out);
-  return -1;
+  chat_parse_out_free(&o);
+  if (rc) chat_parsed_free(out);
+  return rc;
 }
 
 int chat_parse(const char *text, int thinking_open, const json_t *tools_json, chat_parsed *out) {

@@ -3,12 +3,16 @@
  *   <tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>
  * and Qwen3.5 / 3.6 XML calls
  *   <tool_call>\n<function=NAME>\n<parameter=ARG>\nVALUE\n</parameter>\n</function>\n</tool_call>
- * Reasoning is the text before </think> (a leading <think> removed) when the prompt opened a
- * think block or the text has one. */
+ * Reasoning is the text before </think> (a leading <think> removed) when the prompt left a
+ * think block open or the text opens one. One incremental parser (chat_parse_stream) does
+ * the work: chat_parse is it fed the whole text, and a stream fed piece by piece emits parts
+ * that concatenate to exactly that. */
 #ifndef DS_CHAT_PARSE_H
 #define DS_CHAT_PARSE_H
 #include <jansson.h>
 #include <stddef.h>
+
+#include "base/strbuf.h"
 
 typedef struct chat_parsed {
   char *reasoning_content; /* NULL when none (malloc'd) */
@@ -26,10 +30,11 @@ int chat_parse(const char *text, int thinking_open, const json_t *tools_json, ch
 void chat_parsed_free(chat_parsed *p);
 
 /* Details of chat_parse:
- * - reasoning: with thinking_open, or a text that starts (after whitespace) with <think> or
- *   holds a </think>, the text before the first </think> is reasoning, newlines trimmed at
- *   both ends (NULL when empty); a block that never closes makes all of the text reasoning
- *   and content "". Content is what follows </think>, leading newlines removed.
+ * - reasoning: with thinking_open, or a text that starts (after whitespace) with <think>, the
+ *   text before the first </think> is reasoning, newlines trimmed at both ends (NULL when
+ *   empty); a block that never closes makes all of the text reasoning and content "".
+ *   Content is what follows </think>, leading newlines removed. Any other text is content
+ *   throughout, a "</think>" in it included (a stream has sent its start as content by then).
  * - tool calls: JSON bodies need a non-empty string "name" and an object (or string)
  *   "arguments" ("parameters" accepted); XML bodies need <function=NAME> ... </function> with
  *   <parameter=ARG>\nVALUE\n</parameter> entries (one newline trimmed at each end of VALUE).
@@ -51,15 +56,37 @@ void chat_parse_random_id(void *ctx, char *buf, size_t buflen);
 int chat_parse_ex(const char *text, int thinking_open, const json_t *tools_json,
                   chat_parse_id_fn id_fn, void *id_ctx, chat_parsed *out);
 
-/* Streaming: how many leading bytes of the partial generated text `text[0..len)` are safe to
- * emit now as plain text (content, or reasoning while inside a think block). The answer is the
- * offset of the first '<' that starts one of the markers "<tool_call>", "</think>", "<think>"
- * — either complete, or a prefix of one cut by the end of the text — or len when there is
- * none; it never ends inside a UTF-8 sequence cut by the end of the text. The server emits
- * text[0..n) (it never needs to take it back), then waits for more tokens; when a complete
- * marker sits at n it switches state (reasoning ends, or a tool call starts and is buffered
- * until </tool_call> and parsed with chat_parse). Markers are ASCII, so a cut is always at a
- * character boundary. */
+/* The incremental parser. Feed the generated text in pieces of any size; each call appends
+ * what became certain to *out: reasoning bytes, content bytes, and finished tool calls (to
+ * out->calls, created on first need). After chat_parse_stream_finish, out's reasoning and
+ * content concatenate (over all calls) to chat_parse's reasoning_content and content of the
+ * whole text, and out->calls holds its tool_calls (ids from id_fn, NULL = random), whatever
+ * the pieces. Bytes from a NUL on are ignored (chat_parse reads a C string). The parser holds
+ * back only what later bytes can change: a partial tag, whitespace that a call would drop,
+ * newlines that "</think>" would trim, an unfinished call block. Work is linear in the text.
+ * tools_json is borrowed for the parser's life. _feed and _finish return 0, or -1 on out of
+ * memory (out then holds what was emitted before). Owner: the caller of _new. */
+typedef struct chat_parse_stream chat_parse_stream;
+typedef struct chat_parse_out {
+  strbuf reasoning; /* reasoning bytes emitted (owner: the caller) */
+  strbuf content;   /* content bytes emitted */
+  json_t *calls;    /* NULL or the tool calls emitted, in the OpenAI shape of chat_parsed */
+} chat_parse_out;
+
+void chat_parse_out_init(chat_parse_out *o);
+void chat_parse_out_free(chat_parse_out *o);
+/* Returns NULL on out of memory. */
+chat_parse_stream *chat_parse_stream_new(int thinking_open, const json_t *tools_json,
+                                         chat_parse_id_fn id_fn, void *id_ctx);
+void chat_parse_stream_free(chat_parse_stream *p);
+int chat_parse_stream_feed(chat_parse_stream *p, const char *text, size_t len, chat_parse_out *out);
+/* The text is over: emits what was held back. Further feeds and finishes do nothing. */
+int chat_parse_stream_finish(chat_parse_stream *p, chat_parse_out *out);
+
+/* How many leading bytes of the partial generated text `text[0..len)` come before any of the
+ * markers "<tool_call>", "</think>", "<think>" — complete, or a prefix of one cut by the end
+ * of the text — and never inside a UTF-8 sequence cut by the end of the text (len when
+ * there is none). A check of text that is to hold no marker (the fuzzer uses it). */
 size_t chat_parse_safe_prefix(const char *text, size_t len);
 
 #endif

@@ -3,8 +3,10 @@
  *   rows of the step        path                                         kernel
  *   1 .. gemv_maxt (4)      GEMV: one warp per output row, W streamed     k_gemv (packed copies
  *                           past L1 (packed copies at 1 row)              at 1 row), k_gemv_f32
- *   gemv_maxt+1 .. 16       skinny GEMM (cuda_sgemm.cu)                   k_sgemm
- *   N <= 64, T <= 128       narrow products (e.g. DeltaNet b and a)       k_gemv_narrow
+ *   gemv_maxt+1 .. 16,      skinny GEMM (cuda_sgemm.cu)                   k_sgemm
+ *    K % 128 == 0
+ *   N <= 64, T <= 128,      narrow products (e.g. DeltaNet b and a)       k_gemv_narrow
+ *    no skinny GEMM
  *   larger                  cuBLAS bf16 GEMM, fp32 accumulation           cublasGemmEx
  *   --batch-invariant       GEMV up to 8 rows, else the GEMV arithmetic   k_gemv, k_gemv_all
  *                           in groups of 8 rows

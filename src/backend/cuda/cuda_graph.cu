@@ -1,8 +1,8 @@
 /* cuda_graph — the decode-step recorder: decode steps recorded, rewritten and replayed as CUDA
  * graphs; the op table's entries (recorded in decode steps, else launched as issued).
  *
- * The kernels a decode step runs (rows = the step's sequences; a range in brackets is the rows
- * that take that cell; every kernel of ours a programmatic edge after the one before it):
+ * The kernels a decode step runs (rows = the step's sequences; a range in parentheses is the
+ * rows that take that cell; every kernel of ours a programmatic edge after the one before it):
  *
  *   op                      dense and MoE models, by rows of the step
  *   embed                   k_embed
@@ -10,7 +10,8 @@
  *                           | k_rmsnorm8 (5+)
  *   q/k/v, DeltaNet qkv, z  k_gemv_multi (1-4; packed copies at 1) | k_sgemm, fused per x (5-16)
  *                           | cuBLAS (17+)
- *   DeltaNet b, a           k_gemv_multi (1-4) | k_gemv_narrow, both in one (5-128) | cuBLAS
+ *   DeltaNet b, a           k_gemv_multi (1-4) | k_sgemm (5-16) | k_gemv_narrow, both in one
+ *                           (17-128) | cuBLAS
  *   conv1d, gates, decode,  k_gdn_chain (1-32) | k_conv_gates_dec, k_gdn_decode4,
  *    gated rmsnorm          k_gated_rmsnorm_v (33+)
  *   qk-norm + rotary        k_qk_norm_rope
@@ -19,7 +20,8 @@
  *   out, o, down products   k_gemv (one-warp blocks; packed at 1) | k_sgemm (5-16) | cuBLAS
  *   gate/up/swiglu (dense)  k_gemv_glu (1-4) | k_sgemm + k_ew8 (5-16) | cuBLAS + k_ew8 (17+)
  *   MoE block (MoE)         k_moe_router (routes in its last blocks), k_moe_hidden, k_moe_down
- *                           (1-7) | the device-grouped kernels (8-512)
+ *                           (1-7) | the device-grouped kernels (8-512) | per-expert cuBLAS
+ *                           (513+; it reads group sizes back, so it ends the recording)
  *   lm-head, greedy ids     int8 screen: k_gather_norm, k_greedy_screen, pick (1-4)
  *                           | cuBLAS + k_argmax_split (5-32) | cuBLAS + k_argmax (33+)
  *   lm-head, sampled ids    k_gemv_f32 (1-4) | cuBLAS (5+); then the sample clusters
@@ -32,14 +34,9 @@
  * cost as much as the weights' bytes. From set_batch of such a step to the next call that
  * must see its results (sync, read, write, copy, zero, the next set_batch) the ops are not
  * launched but recorded: each as a closure over its arguments, plus the arguments' bytes in a
- * signature. At that boundary the list runs, in order, with these rewrites (a peephole):
- *   matmuls of one x on the GEMV path, one after another    -> one k_gemv_multi launch
- *   matmul gate, matmul up, swiglu(gate, up)                  -> one k_gemv_glu launch
- *   conv1d, gdn_gates, gdn_decode, gated_rmsnorm of one layer -> one k_gdn_chain launch
- *   attention, sigmoid_mul(its output, gate)                  -> the gate in the merge kernel
- *   product, rmsnorm, products of its output                  -> the norm off the products'
- *                                                                critical path (norm_fold_at)
- * (each output element computed by the same code as unfused: the same bits). How it runs:
+ * signature. At that boundary the list runs, in order, with the rewrites of FUSE_RULES below (a
+ * peephole; each output element computed by the same code as unfused, the same bits, except
+ * the norm fold). How it runs:
  *   - a graph captured for the same signature and scratch address exists: relaunch it;
  *   - the signature equals the previous step's: capture the run into a graph, keep it;
  *   - else run the launches directly (first sight of a shape; it also grows the scratch, so
@@ -47,7 +44,7 @@
  * The signature starts with the metadata layout key and the metadata array's address; every
  * host value a launch depends on is either an op argument or a function of that key, so a
  * replay issues exactly the kernels a direct run would, reading the new step's metadata from
- * the same addresses. The rewrites are the table FUSE_RULES below. */
+ * the same addresses. */
 #include <stdio.h>
 #include <string.h>
 

@@ -2,6 +2,7 @@
 #include "cli/cli_flags.h"
 
 #include <errno.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -30,12 +31,13 @@ const char cli_flags_engine_help[] =
     "                              (+ cold admission, <-N restored from the prefix cache,\n"
     "                              ! sampled)\n";
 
-int cli_flags_int(const char *v, const char *flag, int lo, int *out, char *err, size_t errlen) {
+int cli_flags_int(const char *v, const char *flag, int lo, int hi, int *out, char *err,
+                  size_t errlen) {
   char *end;
   errno = 0;
   long x = strtol(v, &end, 10);
-  if (errno || end == v || *end || x < lo || x > 1000000000)
-    return errf(err, errlen, "%s: expected an integer >= %d, got '%s'", flag, lo, v);
+  if (errno || end == v || *end || x < lo || x > hi)
+    return errf(err, errlen, "%s: expected an integer in [%d, %d], got '%s'", flag, lo, hi, v);
   *out = (int)x;
   return 0;
 }
@@ -60,13 +62,16 @@ int cli_flags_engine(engine_opts *o, int argc, char **argv, int *i, char *err, s
   if (len >= sizeof name) return 0;
   memcpy(name, a, len);
   name[len] = 0;
-  if (!strcmp(name, "--enable-prefix-caching") || !strcmp(name, "--no-enable-prefix-caching") ||
-      !strcmp(name, "--log-steps")) {
+  const struct {
+    const char *name;
+    int *field, value;
+  } switches[] = {{"--enable-prefix-caching", &o->enable_prefix_caching, 1},
+                  {"--no-enable-prefix-caching", &o->enable_prefix_caching, 0},
+                  {"--log-steps", &o->log_steps, 1}};
+  for (size_t k = 0; k < sizeof switches / sizeof switches[0]; k++) {
+    if (strcmp(name, switches[k].name)) continue;
     if (eq) return errf(err, errlen, "%s takes no value", name);
-    if (name[2] == 'l')
-      o->log_steps = 1;
-    else
-      o->enable_prefix_caching = name[2] != 'n';
+    *switches[k].field = switches[k].value;
     return 1;
   }
   if (!strcmp(name, "--packed-weights")) {
@@ -82,14 +87,30 @@ int cli_flags_engine(engine_opts *o, int argc, char **argv, int *i, char *err, s
       return errf(err, errlen, "%s: expected auto, on or off, got '%s'", name, v);
     return 1;
   }
-  static const char *const known[] = {
-      "--max-num-seqs",      "--max-num-batched-tokens", "--max-model-len",
-      "--kv-cache-tokens",   "--gpu-memory-utilization", "--max-waiting",
-      "--snapshot-interval", "--snapshot-slabs",         "--prefix-cache-gib",
-      "--host-cache-gib",    "--sampler-threads"};
+  /* the flags with a number: where it goes, its type, its range (an integer's hi 0: 1e9) */
+  enum { NUM_INT, NUM_FLOAT, NUM_DOUBLE };
+  static const struct {
+    const char *name;
+    size_t off;
+    int type;
+    double lo, hi;
+  } nums[] = {
+      {"--max-num-seqs", offsetof(engine_opts, max_num_seqs), NUM_INT, 1, 0},
+      {"--max-num-batched-tokens", offsetof(engine_opts, max_num_batched_tokens), NUM_INT, 1, 0},
+      {"--max-model-len", offsetof(engine_opts, max_model_len), NUM_INT, 1, 0},
+      {"--kv-cache-tokens", offsetof(engine_opts, kv_cache_tokens), NUM_INT, 16, 0},
+      {"--gpu-memory-utilization", offsetof(engine_opts, gpu_memory_utilization), NUM_FLOAT, 0.01,
+       1.0},
+      {"--max-waiting", offsetof(engine_opts, max_waiting), NUM_INT, 1, 0},
+      {"--snapshot-interval", offsetof(engine_opts, snapshot_interval), NUM_INT, 1, 0},
+      {"--snapshot-slabs", offsetof(engine_opts, n_snapshot_slabs), NUM_INT, 0, 0},
+      {"--prefix-cache-gib", offsetof(engine_opts, prefix_cache_gib), NUM_DOUBLE, 0, 1e6},
+      {"--host-cache-gib", offsetof(engine_opts, host_cache_gib), NUM_DOUBLE, 0, 1e6},
+      {"--sampler-threads", offsetof(engine_opts, sampler_threads), NUM_INT, 0, 64},
+  };
   int k = -1;
-  for (int j = 0; j < (int)(sizeof known / sizeof *known); j++)
-    if (!strcmp(name, known[j])) k = j;
+  for (int j = 0; j < (int)(sizeof nums / sizeof *nums); j++)
+    if (!strcmp(name, nums[j].name)) k = j;
   if (k < 0) return 0;
   const char *v;
   if (eq) {
@@ -98,45 +119,16 @@ int cli_flags_engine(engine_opts *o, int argc, char **argv, int *i, char *err, s
     if (*i + 1 >= argc) return errf(err, errlen, "%s needs a value", name);
     v = argv[++*i];
   }
+  char *dst = (char *)o + nums[k].off;
   double d;
-  int rc = 0;
-  switch (k) {
-    case 0:
-      rc = cli_flags_int(v, name, 1, &o->max_num_seqs, err, errlen);
-      break;
-    case 1:
-      rc = cli_flags_int(v, name, 1, &o->max_num_batched_tokens, err, errlen);
-      break;
-    case 2:
-      rc = cli_flags_int(v, name, 1, &o->max_model_len, err, errlen);
-      break;
-    case 3:
-      rc = cli_flags_int(v, name, 16, &o->kv_cache_tokens, err, errlen);
-      break;
-    case 4:
-      rc = cli_flags_double(v, name, 0.01, 1.0, &d, err, errlen);
-      o->gpu_memory_utilization = (float)d;
-      break;
-    case 5:
-      rc = cli_flags_int(v, name, 1, &o->max_waiting, err, errlen);
-      break;
-    case 6:
-      rc = cli_flags_int(v, name, 1, &o->snapshot_interval, err, errlen);
-      break;
-    case 7:
-      rc = cli_flags_int(v, name, 0, &o->n_snapshot_slabs, err, errlen);
-      break;
-    case 8:
-      rc = cli_flags_double(v, name, 0, 1e6, &o->prefix_cache_gib, err, errlen);
-      break;
-    case 9:
-      rc = cli_flags_double(v, name, 0, 1e6, &o->host_cache_gib, err, errlen);
-      break;
-    case 10:
-      rc = cli_flags_int(v, name, 0, &o->sampler_threads, err, errlen);
-      if (rc == 0 && o->sampler_threads > 64)
-        rc = errf(err, errlen, "%s: at most 64, got '%s'", name, v);
-      break;
+  int rc;
+  if (nums[k].type == NUM_INT) {
+    rc = cli_flags_int(v, name, (int)nums[k].lo, nums[k].hi > 0 ? (int)nums[k].hi : 1000000000,
+                       (int *)dst, err, errlen);
+  } else {
+    rc = cli_flags_double(v, name, nums[k].lo, nums[k].hi, &d, err, errlen);
+    if (rc == 0 && nums[k].type == NUM_FLOAT) *(float *)dst = (float)d;
+    if (rc == 0 && nums[k].type == NUM_DOUBLE) *(double *)dst = d;
   }
   return rc < 0 ? -1 : 1;
 }

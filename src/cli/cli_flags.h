@@ -15,8 +15,9 @@ extern const char cli_flags_engine_help[];
  * of range. */
 int cli_flags_engine(engine_opts *o, int argc, char **argv, int *i, char *err, size_t errlen);
 
-/* v as an integer in [lo, 1e9] into *out; returns 0, or -1 with err naming flag. */
-int cli_flags_int(const char *v, const char *flag, int lo, int *out, char *err, size_t errlen);
+/* v as an integer in [lo, hi] into *out; returns 0, or -1 with err naming flag. */
+int cli_flags_int(const char *v, const char *flag, int lo, int hi, int *out, char *err,
+                  size_t errlen);
 /* v as a number in [lo, hi] into *out; returns 0, or -1 with err naming flag. */
 int cli_flags_double(const char *v, const char *flag, double lo, double hi, double *out, char *err,
                      size_t errlen);

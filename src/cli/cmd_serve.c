@@ -167,20 +167,18 @@ int cmd_serve(int argc, char **argv) {
       serve_usage(stdout);
       return 0;
     }
-    if (!strcmp(a, "--skip-tokenizer-init")) {
-      skip_tok = 1;
-      continue;
-    }
-    if (!strcmp(a, "--batch-invariant")) {
-      batch_invariant = 1;
-      continue;
-    }
+    const struct {
+      const char *name;
+      int *on;
+    } switches[] = {{"--skip-tokenizer-init", &skip_tok},
+                    {"--batch-invariant", &batch_invariant},
+                    {"--no-warmup", &no_warmup}};
+    int sw = 0;
+    for (size_t k = 0; k < sizeof switches / sizeof switches[0]; k++)
+      if (!strcmp(a, switches[k].name)) *switches[k].on = sw = 1;
+    if (sw) continue;
     if (!strcmp(a, "--metrics-require-api-key")) {
       metrics_key = 1;
-      continue;
-    }
-    if (!strcmp(a, "--no-warmup")) {
-      no_warmup = 1;
       continue;
     }
     static const char *with_value[] = {"--model",          "--host",

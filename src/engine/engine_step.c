@@ -83,21 +83,21 @@ static void engine_step_trace(engine *e, const sched_batch *b) {
 
 /* ---- steps ahead ------------------------------------------------------------------------
  * A plain-greedy decode step is issued with qwen35_greedy_start and read with
- * qwen35_greedy_finish — and so is a decode step whose rows the sample op picks with words that
- * do not depend on the tokens before them (engine_step_flight_sampled: no penalties, logit_bias or
- * min_tokens ban; each row's draw is taken when its step is issued, in the row's order of
- * steps, as the host would take it), issued with qwen35_sample_start; in between, the next
- * step of the same requests may be issued
- * "chained" (its tokens taken on the device from the step's ids), so that the host's work
- * between two steps (reading, posting, scheduling, launching) is off the device's critical
- * path. A step goes ahead only when it is the step the scheduler would make next anyway: every
- * running request is a row of the step in flight, nobody waits, no row can reach its length
- * limit with the token in flight, no row is cancelled or ends after the step in flight, the
- * engine is not asked to stop or check, and every row gets the pages for one position more. A
- * row that the token in flight ends (a stop token) has then been fed that token once more: its
- * finish is sent with the token and takes effect after the step ahead (finish_next), whose
- * output for it is dropped, so its state and the end-of-generation checkpoint cover the whole
- * output. On by default on device backends that can chain (engine_opts.steps_ahead). */
+ * qwen35_greedy_finish, and so is a decode step whose rows the sample op picks with words that
+ * do not depend on the tokens before them (engine_step_flight_sampled: no penalties, logit_bias
+ * or min_tokens ban; each row's draw is taken when its step is issued, in the row's order of
+ * steps, as the host would take it), issued with qwen35_sample_start. In between, the next step
+ * of the same requests may be issued "chained" (its tokens taken on the device from the step's
+ * ids), so that the host's work between two steps (reading, posting, scheduling, launching) is
+ * off the device's critical path. A step goes ahead only when it is the step the scheduler
+ * would make next anyway: every running request is a row of the step in flight, nobody waits,
+ * no row can reach its length limit with the token in flight, no row is cancelled or ends after
+ * the step in flight, the engine is not asked to stop or check, and every row gets the pages
+ * for one position more. A row that the token in flight ends (a stop token) has then been fed
+ * that token once more: its finish is sent with the token and takes effect after the step ahead
+ * (finish_next), whose output for it is dropped, so its state and the end-of-generation
+ * checkpoint cover the whole output. On by default on device backends that can chain
+ * (engine_opts.steps_ahead). */
 
 static int engine_step_ahead_ok(engine *e, const engine_flight *f) {
   if (!e->ahead || f->n != sched_num_running(e->s) || sched_num_waiting(e->s) != 0) return 0;

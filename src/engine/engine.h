@@ -13,7 +13,11 @@
  *   - engine_cancel may be called from any thread at any time; it takes effect at the next
  *     step, frees everything, and ends the stream with FINISH_CANCELLED (unless already ended).
  *   - engine_release frees the handle; call it exactly once per successful submit, after the
- *     final event or after cancel (it cancels if still running). */
+ *     final event or after cancel (it cancels if still running).
+ *
+ * Files: engine.c (the threads, the channels, this API), engine_step.c (one step: the batch,
+ * the forward, the tokens, steps ahead), engine_mem.c (the memory plan, engine_mem.h),
+ * engine_int.h (what those share); the sampler threads are sampler/sampler_pool.c. */
 #ifndef DS_ENGINE_H
 #define DS_ENGINE_H
 #include <stddef.h>

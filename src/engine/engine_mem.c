@@ -8,9 +8,13 @@
 #include "base/log.h"
 #include "cache/kv_pages.h"
 
+/* the KV cache without a device figure or --kv-cache-tokens: a few long requests' worth, small
+ * next to a host's memory */
 #define ENGINE_MEM_DEFAULT_KV_TOKENS 32768
 #define ENGINE_MEM_MIB ((size_t)1 << 20)
 
+/* auto keeps the copies only while weights and copies take at most half the device, so that
+ * they never crowd the KV cache of a large model */
 int engine_mem_packed_choice(int opt, double weights, double packed, double total) {
   if (packed <= 0 || opt == 0) return 0;
   return opt == 1 || (total > 0 && weights + packed <= 0.5 * total);

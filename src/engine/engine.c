@@ -129,6 +129,8 @@ void engine_end(engine *e, engine_req *h, int finish, int with_event) {
   engine_req_unref(h);
 }
 
+/* ---- the engine thread --------------------------------------------------------------------- */
+
 static void engine_cancel_scan(engine *e, int all) {
   request *lists[2] = {sched_first_waiting(e->s), sched_first_running(e->s)};
   for (int l = 0; l < 2; l++) {
@@ -489,6 +491,8 @@ void engine_destroy(engine *e, int drain) {
   free(e->fl_store[1]);
   free(e);
 }
+
+/* ---- requests ------------------------------------------------------------------------------- */
 
 static engine_req *engine_submit_req(engine *e, const engine_submit_opts *o, engine_status *status,
                                      char *err, size_t errlen);

@@ -98,7 +98,7 @@ echo "bench: model $MODEL ($(since))"
 BENCH_JSON=$OUT/bench-raw.json
 BT=$(( $(left) - 40 )); [ $BT -gt 420 ] && BT=420; [ $BT -lt 30 ] && BT=30
 timeout $BT "$BIN" bench --model "$MODEL" --device $DEVICE --out "$BENCH_JSON" $QUICK \
-  --decode-repeats "${DS_BENCH_DECODE_REPEATS:-3}" >"$OUT/bench.log" 2>&1
+  --decode-repeats "${DS_BENCH_DECODE_REPEATS:-3}" --commit "$COMMIT" >"$OUT/bench.log" 2>&1
 RC=$?
 grep '^bench:' "$OUT/bench.log" || true
 if [ $RC -ne 0 ]; then

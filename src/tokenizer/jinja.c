@@ -558,24 +558,34 @@ static void jinja_repr_into(jinja_ctx *c, jinja_sb *b, jv v, int depth) {
   }
 }
 
-static void jinja_str_into(jinja_ctx *c, jinja_sb *b, jv v, int depth) {
+/* None, bool, int and float as Python's str() (json = 0) or json.dumps (json = 1) prints
+ * them; returns 0, printing nothing, for the other types */
+static int jinja_scalar_into(jinja_ctx *c, jinja_sb *b, jv v, int json) {
   char tmp[64];
-  if (depth > 500) jinja_fail(c, "RecursionError: maximum recursion depth exceeded in repr");
   switch (v.t) {
-    case JV_UNDEF:
-      return;
     case JV_NONE:
-      jinja_sb_puts(c, b, "None");
-      return;
+      jinja_sb_puts(c, b, json ? "null" : "None");
+      return 1;
     case JV_BOOL:
-      jinja_sb_puts(c, b, v.u.i ? "True" : "False");
-      return;
+      jinja_sb_puts(c, b, v.u.i ? (json ? "true" : "True") : (json ? "false" : "False"));
+      return 1;
     case JV_INT:
       jinja_sb_printf(c, b, "%lld", (long long)v.u.i);
-      return;
+      return 1;
     case JV_FLOAT:
-      jinja_float_repr(v.u.f, tmp, sizeof tmp, 0);
+      jinja_float_repr(v.u.f, tmp, sizeof tmp, json);
       jinja_sb_puts(c, b, tmp);
+      return 1;
+    default:
+      return 0;
+  }
+}
+
+static void jinja_str_into(jinja_ctx *c, jinja_sb *b, jv v, int depth) {
+  if (depth > 500) jinja_fail(c, "RecursionError: maximum recursion depth exceeded in repr");
+  if (jinja_scalar_into(c, b, v, 0)) return;
+  switch (v.t) {
+    case JV_UNDEF:
       return;
     case JV_STR:
       jinja_sb_put(c, b, v.u.s.p, v.u.s.n);
@@ -672,22 +682,9 @@ static void jinja_json_str(jinja_ctx *c, jinja_sb *b, const char *s, size_t n) {
 static int jv_lt(jinja_ctx *c, jv a, jv b);
 
 static void jinja_json_into(jinja_ctx *c, jinja_sb *b, jv v, const jinja_json_opts *o, int depth) {
-  char tmp[64];
   if (depth > 200) jinja_fail(c, "RecursionError: maximum recursion depth exceeded in tojson");
+  if (jinja_scalar_into(c, b, v, 1)) return;
   switch (v.t) {
-    case JV_NONE:
-      jinja_sb_puts(c, b, "null");
-      return;
-    case JV_BOOL:
-      jinja_sb_puts(c, b, v.u.i ? "true" : "false");
-      return;
-    case JV_INT:
-      jinja_sb_printf(c, b, "%lld", (long long)v.u.i);
-      return;
-    case JV_FLOAT:
-      jinja_float_repr(v.u.f, tmp, sizeof tmp, 1);
-      jinja_sb_puts(c, b, tmp);
-      return;
     case JV_STR:
       jinja_json_str(c, b, v.u.s.p, v.u.s.n);
       return;
@@ -1780,6 +1777,19 @@ static void jp_targets(jinja_parser *P, jnode *n) {
 
 static void jp_body(jinja_parser *P, const char *const *ends, jp_vec *out);
 
+/* The body of a block statement through its end tag (consumed with its %}); {% endmacro %}
+ * may repeat the macro's name. */
+static void jp_block(jinja_parser *P, jnode *n, const char *end) {
+  const char *const ends[] = {end, NULL};
+  jp_vec b = {0};
+  jp_body(P, ends, &b);
+  n->body = b.v;
+  n->nbody = b.n;
+  jp_next(P);
+  if (n->kind == N_MACRO && jp_cur(P)->type == JT_NAME) jp_next(P);
+  jp_expect_bend(P);
+}
+
 static const char *jp_end_tag(jinja_parser *P) {
   return jinja_strndup(P->c, jp_cur(P)->s, jp_cur(P)->n);
 }
@@ -1881,13 +1891,7 @@ static jnode *jp_statement(jinja_parser *P) {
       }
       n->a = f;
       jp_expect_bend(P);
-      static const char *const ends[] = {"endset", NULL};
-      jp_vec b = {0};
-      jp_body(P, ends, &b);
-      n->body = b.v;
-      n->nbody = b.n;
-      jp_next(P);
-      jp_expect_bend(P);
+      jp_block(P, n, "endset");
     }
   } else if (jp_is_name(P, "macro")) {
     jp_next(P);
@@ -1916,14 +1920,7 @@ static jnode *jp_statement(jinja_parser *P) {
     memcpy(n->kwn, pn, (size_t)k * sizeof(char *));
     memcpy(n->kwv, pd, (size_t)k * sizeof(jnode *));
     n->nkw = k;
-    static const char *const ends[] = {"endmacro", NULL};
-    jp_vec b = {0};
-    jp_body(P, ends, &b);
-    n->body = b.v;
-    n->nbody = b.n;
-    jp_next(P);
-    if (jp_cur(P)->type == JT_NAME) jp_next(P);
-    jp_expect_bend(P);
+    jp_block(P, n, "endmacro");
   } else if (jp_is_name(P, "call")) {
     jp_next(P);
     n = jp_node(P, N_CALLBLOCK);
@@ -1944,13 +1941,7 @@ static jnode *jp_statement(jinja_parser *P) {
     n->a = jp_expr(P, 1);
     if (n->a->kind != E_CALL) jp_fail(P, "expected call");
     jp_expect_bend(P);
-    static const char *const ends[] = {"endcall", NULL};
-    jp_vec b = {0};
-    jp_body(P, ends, &b);
-    n->body = b.v;
-    n->nbody = b.n;
-    jp_next(P);
-    jp_expect_bend(P);
+    jp_block(P, n, "endcall");
   } else if (jp_is_name(P, "break") || jp_is_name(P, "continue")) {
     n = jp_node(P, jp_is_name(P, "break") ? N_BREAK : N_CONTINUE);
     jp_next(P);
@@ -1965,24 +1956,12 @@ static jnode *jp_statement(jinja_parser *P) {
     }
     n->a = f;
     jp_expect_bend(P);
-    static const char *const ends[] = {"endfilter", NULL};
-    jp_vec b = {0};
-    jp_body(P, ends, &b);
-    n->body = b.v;
-    n->nbody = b.n;
-    jp_next(P);
-    jp_expect_bend(P);
+    jp_block(P, n, "endfilter");
   } else if (jp_is_name(P, "generation")) {
     jp_next(P);
     n = jp_node(P, N_BLOCK);
     jp_expect_bend(P);
-    static const char *const ends[] = {"endgeneration", NULL};
-    jp_vec b = {0};
-    jp_body(P, ends, &b);
-    n->body = b.v;
-    n->nbody = b.n;
-    jp_next(P);
-    jp_expect_bend(P);
+    jp_block(P, n, "endgeneration");
   } else {
     jp_fail(P, "Encountered unknown tag '%.*s'", (int)t->n, t->s);
   }

@@ -2492,6 +2492,8 @@ static int jv_lt(jinja_ctx *c, jv a, jv b) {
              jv_type_name(b));
 }
 
+static jv jinja_percent_format(jinja_rs *rs, jv fmt, const jv *args, int nargs);
+
 static jv jinja_arith(jinja_rs *rs, int op, jv a, jv b) {
   if (op == OP_CONCAT) {
     if ((a.t == JV_UNDEF && a.flag) || (b.t == JV_UNDEF && b.flag))
@@ -2597,8 +2599,11 @@ static jv jinja_arith(jinja_rs *rs, int op, jv a, jv b) {
   }
   if (op == OP_MUL && (b.t == JV_STR || b.t == JV_LIST) && (a.t == JV_INT || a.t == JV_BOOL))
     return jinja_arith(rs, op, b, a);
-  if (op == OP_MOD && a.t == JV_STR)
-    RS_FAIL(rs, "TypeError: %% formatting of strings is not supported");
+  if (op == OP_MOD && a.t == JV_STR) {
+    if (b.t == JV_LIST && b.flag == JL_TUPLE)
+      return jinja_percent_format(rs, a, b.u.l->v, (int)b.u.l->n);
+    return jinja_percent_format(rs, a, &b, 1);
+  }
   if (op == OP_ADD && a.t == JV_STR)
     RS_FAIL(rs, "TypeError: can only concatenate str (not \"%s\") to str", jv_type_name(b));
   if (op == OP_ADD && a.t == JV_LIST)
@@ -2631,6 +2636,10 @@ static int jinja_contains(jinja_rs *rs, jv hay, jv needle) {
 }
 
 static int jinja_compare(jinja_rs *rs, int op, jv a, jv b) {
+  if (op >= CMP_LT && op <= CMP_GE) { /* Undefined refuses ordering */
+    if (a.t == JV_UNDEF) jinja_undef_fail(rs, a);
+    if (b.t == JV_UNDEF) jinja_undef_fail(rs, b);
+  }
   switch (op) {
     case CMP_EQ:
       return jv_eq(a, b);
@@ -2973,36 +2982,85 @@ static jv jinja_format(jinja_rs *rs, jv fmt, const jargs *a) {
   return jv_strn(b.p ? b.p : "", b.n);
 }
 
-/* "%s"|format(...) (printf-style: %s %d %i %r %f %%) */
-static jv jinja_percent_format(jinja_rs *rs, jv fmt, const jargs *a) {
+/* Python's printf-style `fmt % args` (the `format` filter and the % operator on strings):
+ * conversions s r d i f F e E g G x X o c and %%, with flags - 0 + space, width, precision. */
+static jv jinja_percent_format(jinja_rs *rs, jv fmt, const jv *args, int nargs) {
   jinja_sb b = {0};
   b.max = rs->lim.max_output;
   int k = 0;
-  for (size_t i = 0; i < fmt.u.s.n; i++) {
-    char ch = fmt.u.s.p[i];
-    if (ch != '%' || i + 1 >= fmt.u.s.n) {
-      jinja_sb_put(&rs->c, &b, &ch, 1);
+  const char *p = fmt.u.s.p;
+  size_t n = fmt.u.s.n;
+  for (size_t i = 0; i < n; i++) {
+    if (p[i] != '%') {
+      jinja_sb_put(&rs->c, &b, p + i, 1);
       continue;
     }
-    char t = fmt.u.s.p[++i];
+    char spec[64], flags[8];
+    int nf = 0, width = -1, prec = -1;
+    i++;
+    while (i < n && strchr("-0+ #", p[i]) && nf < 6) flags[nf++] = p[i++];
+    flags[nf] = 0;
+    if (i < n && isdigit((unsigned char)p[i])) {
+      width = 0;
+      while (i < n && isdigit((unsigned char)p[i]) && width < 10000)
+        width = width * 10 + p[i++] - '0';
+    }
+    if (i < n && p[i] == '.') {
+      prec = 0;
+      i++;
+      while (i < n && isdigit((unsigned char)p[i]) && prec < 10000) prec = prec * 10 + p[i++] - '0';
+    }
+    if (i >= n) RS_FAIL(rs, "ValueError: incomplete format");
+    char t = p[i];
     if (t == '%') {
       jinja_sb_put(&rs->c, &b, "%", 1);
       continue;
     }
-    jv v;
-    if (!jargs_get(a, k++, NULL, &v))
-      RS_FAIL(rs, "TypeError: not enough arguments for format string");
-    if (t == 's')
-      jinja_str_into(&rs->c, &b, v, 0);
-    else if (t == 'r')
-      jinja_repr_into(&rs->c, &b, v, 0);
-    else if ((t == 'd' || t == 'i') && jv_is_num(v))
-      jinja_sb_printf(&rs->c, &b, "%lld", (long long)(v.t == JV_FLOAT ? (int64_t)v.u.f : v.u.i));
-    else if (t == 'f' && jv_is_num(v))
-      jinja_sb_printf(&rs->c, &b, "%f", jv_num(v));
-    else
+    if (k >= nargs) RS_FAIL(rs, "TypeError: not enough arguments for format string");
+    jv v = args[k++];
+    if (width > 4096 || prec > 4096) RS_FAIL(rs, "LimitError: format width too large");
+    if (t == 's' || t == 'r' || t == 'c') {
+      jinja_sb one = {0};
+      one.max = rs->lim.max_output;
+      if (t == 's')
+        jinja_str_into(&rs->c, &one, v, 0);
+      else if (t == 'r')
+        jinja_repr_into(&rs->c, &one, v, 0);
+      else if (v.t == JV_INT && v.u.i >= 0 && v.u.i <= 0x10FFFF)
+        jinja_sb_cp(&rs->c, &one, (int32_t)v.u.i);
+      else if (v.t == JV_STR && jinja_u8_len(v.u.s.p, v.u.s.n) == 1)
+        jinja_sb_put(&rs->c, &one, v.u.s.p, v.u.s.n);
+      else
+        RS_FAIL(rs, "TypeError: %%c requires an int or a unicode character");
+      size_t len = one.n;
+      if (prec >= 0) len = jinja_u8_off(one.p ? one.p : "", one.n, (size_t)prec);
+      int64_t pad = width - (int64_t)jinja_u8_len(one.p ? one.p : "", len);
+      int left = strchr(flags, '-') != NULL;
+      for (int64_t q = 0; !left && q < pad; q++) jinja_sb_put(&rs->c, &b, " ", 1);
+      jinja_sb_put(&rs->c, &b, one.p ? one.p : "", len);
+      for (int64_t q = 0; left && q < pad; q++) jinja_sb_put(&rs->c, &b, " ", 1);
+      continue;
+    }
+    if (!jv_is_num(v))
+      RS_FAIL(rs, "TypeError: %%%c format: a real number is required, not %s", t, jv_type_name(v));
+    char w[16] = "", pr[16] = "";
+    if (width >= 0) snprintf(w, sizeof w, "%d", width);
+    if (prec >= 0) snprintf(pr, sizeof pr, ".%d", prec);
+    char out[8300];
+    if (strchr("diouxX", t)) {
+      if (v.t == JV_FLOAT && !isfinite(v.u.f)) RS_FAIL(rs, "OverflowError: cannot convert float");
+      long long x = v.t == JV_FLOAT ? (long long)v.u.f : (long long)v.u.i;
+      snprintf(spec, sizeof spec, "%%%s%s%sll%c", flags, w, pr, t == 'i' || t == 'u' ? 'd' : t);
+      snprintf(out, sizeof out, spec, x);
+    } else if (strchr("fFeEgG", t)) {
+      snprintf(spec, sizeof spec, "%%%s%s%s%c", flags, w, pr, t);
+      snprintf(out, sizeof out, spec, jv_num(v));
+    } else {
       RS_FAIL(rs, "ValueError: unsupported format character '%c'", t);
+    }
+    jinja_sb_puts(&rs->c, &b, out);
   }
+  if (k < nargs) RS_FAIL(rs, "TypeError: not all arguments converted during string formatting");
   return jv_strn(b.p ? b.p : "", b.n);
 }
 
@@ -3245,6 +3303,20 @@ static jv jinja_indent(jinja_rs *rs, jv s, const jargs *a) {
   return jv_strn(b.p ? b.p : "", b.n);
 }
 
+/* dict.items(): a list of (key, value) tuples */
+static jv jinja_dict_items(jinja_rs *rs, jv v) {
+  jv out = jv_list_new(&rs->c, v.u.d->n, 0);
+  for (size_t i = 0; i < v.u.d->n; i++) {
+    jv t = jv_list_new(&rs->c, 2, JL_TUPLE);
+    t.u.l->v[0] = v.u.d->k[i];
+    t.u.l->v[1] = v.u.d->v[i];
+    t.u.l->n = 2;
+    out.u.l->v[i] = t;
+  }
+  out.u.l->n = v.u.d->n;
+  return out;
+}
+
 static jv jinja_filter(jinja_rs *rs, const char *name, jv v, const jargs *a) {
 #define IS(x) (!strcmp(name, x))
   if (IS("default") || IS("d")) {
@@ -3266,17 +3338,12 @@ static jv jinja_filter(jinja_rs *rs, const char *name, jv v, const jargs *a) {
   }
   if (IS("escape") || IS("e") || IS("forceescape")) return jinja_html_escape(rs, v);
   if (IS("items")) {
-    if (v.t == JV_UNDEF) return jv_list_new(&rs->c, 0, 0);
-    if (v.t != JV_DICT) RS_FAIL(rs, "TypeError: Can only get item pairs from a mapping.");
-    jv out = jv_list_new(&rs->c, v.u.d->n, 0);
-    for (size_t i = 0; i < v.u.d->n; i++) {
-      jv t = jv_list_new(&rs->c, 2, 1);
-      t.u.l->v[0] = v.u.d->k[i];
-      t.u.l->v[1] = v.u.d->v[i];
-      t.u.l->n = 2;
-      out.u.l->v[i] = t;
+    jv out = jv_list_new(&rs->c, 0, 0);
+    if (v.t != JV_UNDEF) {
+      if (v.t != JV_DICT) RS_FAIL(rs, "TypeError: Can only get item pairs from a mapping.");
+      out = jinja_dict_items(rs, v);
     }
-    out.u.l->n = v.u.d->n;
+    out.flag = JL_GEN;
     return out;
   }
   if (IS("list")) {
@@ -3342,14 +3409,13 @@ static jv jinja_filter(jinja_rs *rs, const char *name, jv v, const jargs *a) {
     return jinja_sorted(rs, jinja_iter(rs, v), rev, cs, jarg(a, 2, "attribute", jv_none_v), -1);
   }
   if (IS("dictsort")) {
+    if (v.t == JV_UNDEF) jinja_undef_fail(rs, v);
     if (v.t != JV_DICT) RS_FAIL(rs, "TypeError: dictsort expects a mapping");
     int cs = jv_truthy(jarg(a, 0, "case_sensitive", jv_bool(0)));
     jv by = jarg(a, 1, "by", jv_strn("key", 3));
     int rev = jv_truthy(jarg(a, 2, "reverse", jv_bool(0)));
     int pos = by.t == JV_STR && by.u.s.n == 5 && !memcmp(by.u.s.p, "value", 5) ? 1 : 0;
-    jargs none = {0};
-    jv items = jinja_filter(rs, "items", v, &none);
-    return jinja_sorted(rs, items.u.l, rev, cs, jv_none_v, pos);
+    return jinja_sorted(rs, jinja_dict_items(rs, v).u.l, rev, cs, jv_none_v, pos);
   }
   if (IS("unique")) {
     int cs = jv_truthy(jarg(a, 0, "case_sensitive", jv_bool(0)));
@@ -3477,7 +3543,10 @@ static jv jinja_filter(jinja_rs *rs, const char *name, jv v, const jargs *a) {
   }
   /* string filters: the value is converted with str() first */
   if (v.t == JV_UNDEF && v.flag) jinja_undef_fail(rs, v);
-  if (IS("format")) return jinja_percent_format(rs, jinja_to_str(&rs->c, v), a);
+  if (IS("format")) {
+    if (a->nkw) RS_FAIL(rs, "NotImplementedError: format with keyword arguments is not supported");
+    return jinja_percent_format(rs, jinja_to_str(&rs->c, v), a->pos, a->npos);
+  }
   jv s = jinja_to_str(&rs->c, v);
   if (IS("trim")) {
     jv ch = jarg(a, 0, "chars", jv_none_v);
@@ -3682,8 +3751,7 @@ static jv jinja_method(jinja_rs *rs, jmeth *me, const jargs *a) {
   const char *m = me->name;
   if (self.t == JV_STR) return jinja_str_method(rs, self, m, a);
   if (self.t == JV_DICT) {
-    jargs none = {0};
-    if (!strcmp(m, "items")) return jinja_filter(rs, "items", self, &none);
+    if (!strcmp(m, "items")) return jinja_dict_items(rs, self);
     if (!strcmp(m, "copy")) return self;
     if (!strcmp(m, "keys") || !strcmp(m, "values")) {
       jv out = jv_list_new(&rs->c, self.u.d->n, 0);

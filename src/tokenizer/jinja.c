@@ -553,6 +553,8 @@ static void jinja_repr_into(jinja_ctx *c, jinja_sb *b, jv v, int depth) {
     if (v.flag) jinja_sb_puts(c, b, "Markup(");
     jinja_repr_str(c, b, v.u.s.p, v.u.s.n);
     if (v.flag) jinja_sb_puts(c, b, ")");
+  } else if (v.t == JV_UNDEF) {
+    jinja_sb_puts(c, b, "Undefined");
   } else {
     jinja_str_into(c, b, v, depth);
   }
@@ -1391,9 +1393,13 @@ static void jp_call_args(jinja_parser *P, jnode *n) {
 static jnode *jp_filter(jinja_parser *P, jnode *input) {
   jnode *f = jp_node(P, E_FILTER);
   f->name = jp_expect_name(P);
-  while (jp_is_op(P, ".")) { /* dotted filter names are not ours: keep the last part */
+  while (jp_is_op(P, ".")) { /* a dotted name names no filter of ours: it fails when run */
     jp_next(P);
-    f->name = jp_expect_name(P);
+    const char *part = jp_expect_name(P);
+    size_t n = strlen(f->name) + strlen(part) + 2;
+    char *full = jinja_alloc(P->c, n);
+    snprintf(full, n, "%s.%s", f->name, part);
+    f->name = full;
   }
   f->a = input;
   if (jp_is_op(P, "(")) jp_call_args(P, f);
@@ -1777,6 +1783,23 @@ static void jp_targets(jinja_parser *P, jnode *n) {
 
 static void jp_body(jinja_parser *P, const char *const *ends, jp_vec *out);
 
+/* Whether the subtree reads the variable `name` (macros take extra arguments only when their
+ * body reads varargs / kwargs). */
+static int jp_uses_name(const jnode *n, const char *name) {
+  if (!n) return 0;
+  if (n->kind == E_NAME && !strcmp(n->name, name)) return 1;
+  if (jp_uses_name(n->a, name) || jp_uses_name(n->b, name) || jp_uses_name(n->c, name)) return 1;
+  for (int i = 0; i < n->nargs; i++)
+    if (jp_uses_name(n->args[i], name)) return 1;
+  for (int i = 0; i < n->nkw; i++)
+    if (n->kwv && jp_uses_name(n->kwv[i], name)) return 1;
+  for (int i = 0; i < n->nbody; i++)
+    if (jp_uses_name(n->body[i], name)) return 1;
+  for (int i = 0; i < n->nels; i++)
+    if (jp_uses_name(n->els[i], name)) return 1;
+  return 0;
+}
+
 /* The body of a block statement through its end tag (consumed with its %}); {% endmacro %}
  * may repeat the macro's name. */
 static void jp_block(jinja_parser *P, jnode *n, const char *end) {
@@ -1788,6 +1811,10 @@ static void jp_block(jinja_parser *P, jnode *n, const char *end) {
   jp_next(P);
   if (n->kind == N_MACRO && jp_cur(P)->type == JT_NAME) jp_next(P);
   jp_expect_bend(P);
+  if (n->kind == N_MACRO || n->kind == N_CALLBLOCK)
+    for (int i = 0; i < n->nbody; i++)
+      n->op |= (jp_uses_name(n->body[i], "varargs") ? 1 : 0) |
+               (jp_uses_name(n->body[i], "kwargs") ? 2 : 0);
 }
 
 static const char *jp_end_tag(jinja_parser *P) {
@@ -3131,7 +3158,16 @@ static jv jinja_attr_path(jinja_rs *rs, jv v, jv path) {
 static jv jinja_call(jinja_rs *rs, jv f, const jargs *a, jv caller);
 static jv jinja_filter(jinja_rs *rs, const char *name, jv v, const jargs *a);
 
+static jv jinja_str_method(jinja_rs *rs, jv s, const char *m, const jargs *a);
+
 static int jinja_test(jinja_rs *rs, const char *name, jv v, const jargs *a) {
+  static const char *const one_arg[] = {
+      "divisibleby", "eq", "equalto",     "==", "ne", "!=", "lt", "lessthan", "<", "le",
+      "<=",          "gt", "greaterthan", ">",  "ge", ">=", "in", "sameas",   NULL};
+  int want = jinja_in_list(name, one_arg);
+  if (a->npos + a->nkw != want)
+    RS_FAIL(rs, "TypeError: test_%s() takes %d positional argument%s but %d were given", name,
+            want + 1, want ? "s" : "", a->npos + a->nkw + 1);
   jv x = jarg(a, 0, NULL, jv_undef_v);
   if (!strcmp(name, "defined")) return v.t != JV_UNDEF;
   if (!strcmp(name, "undefined")) return v.t == JV_UNDEF;
@@ -3175,9 +3211,9 @@ static int jinja_test(jinja_rs *rs, const char *name, jv v, const jargs *a) {
     return jv_eq(v, x) && v.u.l == x.u.l;
   }
   if (!strcmp(name, "lower") || !strcmp(name, "upper")) {
-    if (v.t != JV_STR) return 0;
-    jv c = jinja_case(rs, v, name[0] == 'l' ? 0 : 1);
-    return c.u.s.n == v.u.s.n && !memcmp(c.u.s.p, v.u.s.p, v.u.s.n);
+    jargs none = {0};
+    jv s = jinja_to_str(&rs->c, v);
+    return jv_truthy(jinja_str_method(rs, s, name[0] == 'l' ? "islower" : "isupper", &none));
   }
   RS_FAIL(rs, "TemplateAssertionError: No test named '%s'.", name);
 }
@@ -3317,8 +3353,59 @@ static jv jinja_dict_items(jinja_rs *rs, jv v) {
   return out;
 }
 
+/* The parameters of each filter after its value, in order ("*" = any arguments): a call with
+ * more positional arguments or another keyword is a TypeError, as in Python. */
+static const char *const jinja_filter_params[][5] = {
+    {"default", "default_value", "boolean"},
+    {"d", "default_value", "boolean"},
+    {"tojson", "ensure_ascii", "indent", "separators", "sort_keys"},
+    {"join", "d", "attribute"},
+    {"sort", "reverse", "case_sensitive", "attribute"},
+    {"dictsort", "case_sensitive", "by", "reverse"},
+    {"unique", "case_sensitive", "attribute"},
+    {"int", "default", "base"},
+    {"float", "default"},
+    {"round", "precision", "method"},
+    {"sum", "attribute", "start"},
+    {"min", "case_sensitive", "attribute"},
+    {"max", "case_sensitive", "attribute"},
+    {"attr", "name"},
+    {"batch", "linecount", "fill_with"},
+    {"trim", "chars"},
+    {"replace", "old", "new", "count"},
+    {"indent", "width", "first", "blank"},
+    {"center", "width"},
+    {"map", "*"},
+    {"select", "*"},
+    {"reject", "*"},
+    {"selectattr", "*"},
+    {"rejectattr", "*"},
+    {"format", "*"},
+};
+
+static void jinja_filter_check_args(jinja_rs *rs, const char *name, const jargs *a) {
+  const char *const *params = NULL;
+  for (size_t i = 0; i < sizeof jinja_filter_params / sizeof *jinja_filter_params; i++)
+    if (!strcmp(jinja_filter_params[i][0], name)) params = jinja_filter_params[i] + 1;
+  int np = 0;
+  if (params) {
+    if (params[0] && !strcmp(params[0], "*")) return;
+    while (np < 4 && params[np]) np++;
+  }
+  if (a->npos > np)
+    RS_FAIL(rs, "TypeError: filter %s takes %d argument%s but %d were given", name, np,
+            np == 1 ? "" : "s", a->npos);
+  for (int k = 0; k < a->nkw; k++) {
+    int ok = 0;
+    for (int i = 0; i < np; i++) ok |= !strcmp(params[i], a->kwn[k]);
+    if (!ok)
+      RS_FAIL(rs, "TypeError: filter %s got an unexpected keyword argument '%s'", name, a->kwn[k]);
+  }
+}
+
 static jv jinja_filter(jinja_rs *rs, const char *name, jv v, const jargs *a) {
 #define IS(x) (!strcmp(name, x))
+  jinja_filter_check_args(rs, name, a);
   if (IS("default") || IS("d")) {
     jv dflt = jarg(a, 0, "default_value", jv_strn("", 0));
     int boolean = jv_truthy(jarg(a, 1, "boolean", jv_bool(0)));
@@ -3805,12 +3892,19 @@ static jv jinja_macro_call(jinja_rs *rs, jmacro *mc, const jargs *a, jv caller) 
       v = jv_undef_msg(jinja_fmt(rs, "parameter '%s' was not provided", pn[i]));
     jinja_scope_set(rs, sc, pn[i], v);
   }
+  /* extra arguments only when the body reads varargs / kwargs (parser: op bits 1, 2) */
+  const char *mname = is_caller ? "caller" : nd->name;
+  if (a->npos > np && !(nd->op & 1))
+    RS_FAIL(rs, "TypeError: macro '%s' takes not more than %d argument(s)", mname, np);
   jv varargs = jv_list_new(&rs->c, 0, 1);
   for (int i = np; i < a->npos; i++) jv_list_push(&rs->c, varargs.u.l, a->pos[i]);
   jv kwargs = jv_dict_new(&rs->c, 0, 0);
   for (int k = 0; k < a->nkw; k++) {
     int known = 0;
     for (int i = 0; i < np; i++) known |= !strcmp(pn[i], a->kwn[k]);
+    if (!known && !strcmp(a->kwn[k], "caller") && !is_caller) continue;
+    if (!known && !(nd->op & 2))
+      RS_FAIL(rs, "TypeError: macro '%s' takes no keyword argument '%s'", mname, a->kwn[k]);
     if (!known) jv_dict_set(&rs->c, kwargs.u.d, jv_strn(a->kwn[k], strlen(a->kwn[k])), a->kwv[k]);
   }
   (void)used_kw;

@@ -690,11 +690,24 @@ int openai_request_parse(openai_kind kind, const char *body, size_t len, openai_
   if (rc == 0) {
     r->sp.logprobs = r->logprobs;
     r->sp.top_logprobs = r->top_logprobs;
+    if (r->max_tokens > 0) rc = openai_request_check_logprobs(r, r->max_tokens, err);
   }
 done:
   json_decref(root);
   if (rc) openai_request_free(r);
   return rc;
+}
+
+int openai_request_check_logprobs(const openai_request *r, long long max_tokens, openai_error *e) {
+  if (!r->logprobs) return 0;
+  long long n = r->n > 0 ? r->n : 1, top = r->top_logprobs > 0 ? r->top_logprobs : 1;
+  if (n * max_tokens * top <= OPENAI_MAX_LOGPROB_ENTRIES) return 0;
+  return openai_error_set(
+      e, 400, "invalid_request_error", r->kind == OPENAI_KIND_CHAT ? "top_logprobs" : "logprobs",
+      "n x max_tokens x top_logprobs is %lld x %lld x %lld = %lld logprob entries; at most %d "
+      "are allowed per request (lower n, max_tokens or top_logprobs; max_tokens defaults to the "
+      "rest of the context)",
+      n, max_tokens, top, n * max_tokens * top, OPENAI_MAX_LOGPROB_ENTRIES);
 }
 
 void openai_request_free(openai_request *r) {

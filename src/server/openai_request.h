@@ -44,6 +44,9 @@ int openai_error_set(openai_error *e, int status, const char *type, const char *
 #define OPENAI_MAX_STOP 16
 #define OPENAI_MAX_LOGPROBS 20
 #define OPENAI_MAX_N 64 /* choices per request */
+/* n x max_tokens x top_logprobs (top_logprobs 0 counting 1) with logprobs on: the logprob
+ * entries one response may carry (about 70 bytes of JSON each). */
+#define OPENAI_MAX_LOGPROB_ENTRIES (1 << 20)
 
 typedef struct openai_request {
   openai_kind kind;
@@ -95,5 +98,10 @@ int openai_request_parse_tokenize(const char *body, size_t len, char **model, ch
 /* The /detokenize body: {"tokens": [ids]}. *ids is malloc'd (may be empty). */
 int openai_request_parse_detokenize(const char *body, size_t len, char **model, int32_t **ids,
                                     int *n_ids, openai_error *err);
+
+/* Checks the logprob entries r asks for with max_tokens completion tokens per choice against
+ * OPENAI_MAX_LOGPROB_ENTRIES. Returns 0, or -1 with a 400 in e that states the cap.
+ * openai_request_parse checks an explicit max_tokens; the server checks the one it fills in. */
+int openai_request_check_logprobs(const openai_request *r, long long max_tokens, openai_error *e);
 
 #endif

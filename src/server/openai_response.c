@@ -155,3 +155,226 @@ size_t openai_response_utf8_complete(const char *s, size_t len) {
   if (back + 1 >= need) return len;
   return i - 1;
 }
+
+/* ---------------------------------------------------------------- JSON written as text
+ *
+ * A non-streamed response with logprobs carries several entries per token; as a jansson tree
+ * each entry is a dozen allocations (a 20-entry top list is ~25 KiB per token), many times
+ * the bytes sent. These write the same JSON straight into the body. */
+
+int openai_response_put_string(strbuf *b, const char *s, size_t len) {
+  static const char hex[] = "0123456789abcdef";
+  const unsigned char *u = (const unsigned char *)s;
+  strbuf_append(b, "\"", 1);
+  size_t i = 0, run = 0; /* bytes [run, i) go out as they are */
+  while (i < len) {
+    unsigned char c = u[i];
+    int n = c >= 0x80 ? utf8_seq(u + i, len - i) : 1;
+    const char *esc = NULL;
+    char ub[6];
+    if (n == 0 || c == 0) {
+      esc = "\xef\xbf\xbd"; /* an invalid byte or NUL: U+FFFD, as openai_response_string */
+      n = 1;
+    } else if (c == '"') {
+      esc = "\\\"";
+    } else if (c == '\\') {
+      esc = "\\\\";
+    } else if (c < 0x20) {
+      switch (c) {
+        case '\n':
+          esc = "\\n";
+          break;
+        case '\t':
+          esc = "\\t";
+          break;
+        case '\r':
+          esc = "\\r";
+          break;
+        case '\b':
+          esc = "\\b";
+          break;
+        case '\f':
+          esc = "\\f";
+          break;
+        default:
+          memcpy(ub, "\\u00", 4);
+          ub[4] = hex[c >> 4];
+          ub[5] = hex[c & 15];
+          strbuf_append(b, s + run, i - run);
+          strbuf_append(b, ub, 6);
+          run = i + 1;
+          i++;
+          continue;
+      }
+    }
+    if (esc) {
+      strbuf_append(b, s + run, i - run);
+      strbuf_puts(b, esc);
+      run = i + (size_t)n;
+    }
+    i += (size_t)n;
+  }
+  strbuf_append(b, s + run, len - run);
+  return strbuf_append(b, "\"", 1);
+}
+
+int openai_response_put_json(strbuf *b, const json_t *j) {
+  char *s = j ? json_dumps(j, JSON_COMPACT | JSON_ENCODE_ANY) : NULL;
+  if (!s) {
+    b->oom = 1;
+    return -1;
+  }
+  int rc = strbuf_puts(b, s);
+  free(s);
+  return rc;
+}
+
+int openai_response_put_open(strbuf *b, const json_t *obj) {
+  size_t at = b->len;
+  if (openai_response_put_json(b, obj)) return -1;
+  if (b->len - at < 2 || b->data[b->len - 1] != '}') {
+    b->oom = 1;
+    return -1;
+  }
+  b->data[--b->len] = 0;
+  return 0;
+}
+
+int openai_response_put_ids(strbuf *b, const int32_t *ids, int n) {
+  strbuf_append(b, "[", 1);
+  for (int i = 0; i < n; i++) strbuf_printf(b, i ? ",%d" : "%d", (int)ids[i]);
+  return strbuf_append(b, "]", 1);
+}
+
+/* A logprob as jansson writes a real (17 significant digits, always a '.' or an exponent). */
+static void put_real(strbuf *b, float lp) {
+  double v = lp < -9999.0f ? -9999.0 : (double)lp;
+  char t[40];
+  int n = snprintf(t, sizeof t, "%.17g", v);
+  if (n > 0 && !strpbrk(t, ".eEni")) memcpy(t + n, ".0", 3);
+  strbuf_puts(b, t);
+}
+
+/* The token's bytes (malloc'd; "" without a tokenizer or for an id it has no text for). */
+static char *token_text(const tokenizer *tok, int32_t id, size_t *len) {
+  char *out = NULL;
+  long n = tok ? tokenizer_decode(tok, &id, 1, 0, &out) : -1;
+  if (n < 0) {
+    free(out);
+    out = strdup("");
+    n = 0;
+  }
+  *len = out ? (size_t)n : 0;
+  return out;
+}
+
+/* The name logprobs give a token: its text, or "token_id:N" (as vLLM names tokens by id)
+ * when it has none. */
+static void put_token_name(strbuf *b, int32_t id, const char *s, size_t len) {
+  if (len > 0)
+    openai_response_put_string(b, s, len);
+  else
+    strbuf_printf(b, "\"token_id:%d\"", (int)id);
+}
+
+static void put_bytes(strbuf *b, const char *s, size_t len) {
+  strbuf_append(b, "[", 1);
+  for (size_t i = 0; i < len; i++) strbuf_printf(b, i ? ",%u" : "%u", (unsigned char)s[i]);
+  strbuf_append(b, "]", 1);
+}
+
+/* {"token","logprob","bytes"} without the closing brace. */
+static int put_chat_entry(strbuf *b, const tokenizer *tok, int32_t id, float lp) {
+  size_t len;
+  char *t = token_text(tok, id, &len);
+  if (!t) return -1;
+  strbuf_puts(b, "{\"token\":");
+  put_token_name(b, id, t, len);
+  strbuf_puts(b, ",\"logprob\":");
+  put_real(b, lp);
+  strbuf_puts(b, ",\"bytes\":");
+  put_bytes(b, t, len);
+  free(t);
+  return 0;
+}
+
+int openai_response_put_chat_logprobs(strbuf *b, const tokenizer *tok, const server_gen_token *toks,
+                                      int from, int to) {
+  strbuf_puts(b, "{\"content\":[");
+  for (int i = from; i < to && !b->oom; i++) {
+    const server_gen_token *t = &toks[i];
+    if (i > from) strbuf_append(b, ",", 1);
+    if (put_chat_entry(b, tok, t->id, t->logprob)) return -1;
+    strbuf_puts(b, ",\"top_logprobs\":[");
+    for (int k = 0; k < t->n_top; k++) {
+      if (k) strbuf_append(b, ",", 1);
+      if (put_chat_entry(b, tok, t->top_ids[k], t->top_lps[k])) return -1;
+      strbuf_append(b, "}", 1);
+    }
+    strbuf_puts(b, "]}");
+  }
+  return strbuf_puts(b, "]}");
+}
+
+int openai_response_put_completion_logprobs(strbuf *b, const tokenizer *tok,
+                                            const server_gen_token *toks, int from, int to,
+                                            size_t base_off) {
+  strbuf_puts(b, "{\"tokens\":[");
+  for (int i = from; i < to && !b->oom; i++) {
+    size_t len;
+    char *t = token_text(tok, toks[i].id, &len);
+    if (!t) return -1;
+    if (i > from) strbuf_append(b, ",", 1);
+    put_token_name(b, toks[i].id, t, len);
+    free(t);
+  }
+  strbuf_puts(b, "],\"token_logprobs\":[");
+  for (int i = from; i < to; i++) {
+    if (i > from) strbuf_append(b, ",", 1);
+    put_real(b, toks[i].logprob);
+  }
+  strbuf_puts(b, "],\"top_logprobs\":[");
+  strbuf key;
+  strbuf_init(&key);
+  for (int i = from; i < to && !b->oom; i++) {
+    const server_gen_token *t = &toks[i];
+    size_t offs[ENGINE_MAX_TOP_LOGPROBS + 1];
+    int n_keys = 0;
+    key.len = 0;
+    strbuf_append(b, i > from ? ",{" : "{", i > from ? 2 : 1);
+    for (int k = 0; k < t->n_top; k++) {
+      size_t len, at = key.len;
+      char *tt = token_text(tok, t->top_ids[k], &len);
+      if (!tt) {
+        strbuf_free(&key);
+        return -1;
+      }
+      put_token_name(&key, t->top_ids[k], tt, len);
+      free(tt);
+      /* keys never collide: a second token with the same text (two partial UTF-8 pieces both
+       * shown as U+FFFD, say) is named by its id */
+      for (int q = 0; q < n_keys; q++)
+        if (offs[q + 1] - offs[q] == key.len - at &&
+            !memcmp(key.data + offs[q], key.data + at, key.len - at)) {
+          key.len = at;
+          strbuf_printf(&key, "\"token_id:%d\"", (int)t->top_ids[k]);
+          break;
+        }
+      if (key.oom) break;
+      offs[n_keys] = at;
+      offs[++n_keys] = key.len;
+      if (k) strbuf_append(b, ",", 1);
+      strbuf_append(b, key.data + at, key.len - at);
+      strbuf_append(b, ":", 1);
+      put_real(b, t->top_lps[k]);
+    }
+    strbuf_append(b, "}", 1);
+  }
+  int oom = key.oom;
+  strbuf_free(&key);
+  if (oom) b->oom = 1;
+  strbuf_puts(b, "],\"text_offset\":[");
+  for (int i = from; i < to; i++)
+    strbuf_printf(b, i > from ? ",%zu" : "%zu", base_off + toks[i].text_off);
+  return strbuf_puts(b, "]}");
+}

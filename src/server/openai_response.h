@@ -9,7 +9,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "base/strbuf.h"
 #include "server/openai_request.h"
+#include "server/server_gen.h"
+#include "tokenizer/tokenizer.h"
 
 /* {"error": {"message","type","param","code"}} as a compact JSON string (never NULL: falls
  * back to a static-sized message on out of memory... caller frees). "code" is e->code (a short
@@ -42,5 +45,29 @@ json_t *openai_response_chat_logprob(const char *tok, size_t tok_len, float logp
 
 /* Length of the longest prefix of s[0,len) that ends on a UTF-8 character boundary. */
 size_t openai_response_utf8_complete(const char *s, size_t len);
+
+/* JSON written as text into a body (a non-streamed response with per-token fields: a tree of
+ * them would take many times the bytes sent). Each returns 0, or -1 on out of memory (then
+ * b->oom is set, as for any strbuf append). */
+/* A JSON string of bytes that may be invalid UTF-8 (as openai_response_string). */
+int openai_response_put_string(strbuf *b, const char *s, size_t len);
+/* A compact dump of j. */
+int openai_response_put_json(strbuf *b, const json_t *j);
+/* A compact dump of the object obj without its closing brace: the caller appends
+ * ",\"key\":value" fields and the "}". */
+int openai_response_put_open(strbuf *b, const json_t *obj);
+/* [id, ...] */
+int openai_response_put_ids(strbuf *b, const int32_t *ids, int n);
+/* Chat logprobs of toks[from, to): {"content":[{"token","logprob","bytes","top_logprobs":
+ * [{"token","logprob","bytes"}...]}...]}; a token without text is named "token_id:N". tok may
+ * be NULL (every token without text). */
+int openai_response_put_chat_logprobs(strbuf *b, const tokenizer *tok, const server_gen_token *toks,
+                                      int from, int to);
+/* Completion logprobs of toks[from, to): {"tokens","token_logprobs","top_logprobs":[{name:
+ * logprob}],"text_offset"} with offsets base_off + text_off (two top tokens of the same name:
+ * the second is named by its id). */
+int openai_response_put_completion_logprobs(strbuf *b, const tokenizer *tok,
+                                            const server_gen_token *toks, int from, int to,
+                                            size_t base_off);
 
 #endif

@@ -443,6 +443,7 @@ static int check_limits(conn *cx, openai_error *e) {
   } else {
     r->sp.max_tokens = s->m.gen ? generation_config_max_tokens(s->m.gen, avail) : avail;
   }
+  if (openai_request_check_logprobs(r, r->sp.max_tokens, e)) return -1;
   for (int i = 0; i < r->sp.n_stop_ids; i++)
     if (r->sp.stop_ids[i] >= s->m.vocab_size)
       return openai_error_set(e, 400, "invalid_request_error", "stop_token_ids",
@@ -599,7 +600,6 @@ static int conn_step(conn *cx, int timeout_ms) {
 }
 
 static json_t *chat_choice(conn *cx, int i) {
-  server *s = cx->s;
   const server_gen *g = &cx->ch[i].g;
   chat_parsed p;
   memset(&p, 0, sizeof p);
@@ -624,37 +624,72 @@ static json_t *chat_choice(conn *cx, int i) {
   json_t *choice = json_object();
   json_object_set_new(choice, "index", json_integer(i));
   json_object_set_new(choice, "message", msg);
-  json_object_set_new(choice, "logprobs",
-                      cx->req.logprobs ? chat_logprobs(s, g, 0, g->n_ids) : json_null());
   json_object_set_new(choice, "finish_reason", json_string(fr));
   json_object_set_new(choice, "stop_reason", json_null());
-  if (cx->req.return_token_ids)
-    json_object_set_new(choice, "token_ids", ids_array(g->ids, g->n_ids));
   chat_parsed_free(&p);
   return choice;
 }
 
-static enum MHD_Result respond_chat(conn *cx) {
+/* The per-token fields of choice i ("logprobs", "token_ids"), written as text after the
+ * fields of its tree, and the choice's closing brace. */
+static void put_token_fields(conn *cx, int i, strbuf *b) {
+  const server_gen *g = &cx->ch[i].g;
+  strbuf_puts(b, ",\"logprobs\":");
+  if (!cx->req.logprobs)
+    strbuf_puts(b, "null");
+  else if (cx->req.kind == OPENAI_KIND_CHAT)
+    openai_response_put_chat_logprobs(b, cx->s->m.tok, g->toks, 0, g->n_ids);
+  else
+    openai_response_put_completion_logprobs(b, cx->s->m.tok, g->toks, 0, g->n_ids, cx->echo_len);
+  if (cx->req.return_token_ids) {
+    strbuf_puts(b, ",\"token_ids\":");
+    openai_response_put_ids(b, g->ids, g->n_ids);
+  }
+  strbuf_puts(b, "}");
+}
+
+/* A non-streamed body, written as text choice by choice: only one choice's message is ever a
+ * tree, the per-token fields never are (as trees they take many times the bytes sent). */
+static enum MHD_Result respond_body(conn *cx, json_t *(*choice_of)(conn *, int)) {
   server *s = cx->s;
   openai_error e;
   if (gen_error(cx, &e)) return send_error(cx, &e);
-  json_t *o = openai_response_object(cx->id, "chat.completion", cx->created, s->name);
-  for (int i = 0; i < cx->n_ch; i++) {
-    json_t *c = chat_choice(cx, i);
-    if (!c) {
-      json_decref(o);
-      return fail(cx, 500, "server_error", NULL, "out of memory");
-    }
-    json_array_append_new(json_object_get(o, "choices"), c);
+  int chat = cx->req.kind == OPENAI_KIND_CHAT;
+  strbuf b;
+  strbuf_init(&b);
+  json_t *o = openai_response_object(cx->id, chat ? "chat.completion" : "text_completion",
+                                     cx->created, s->name);
+  json_object_del(o, "choices");
+  openai_response_put_open(&b, o);
+  json_decref(o);
+  strbuf_puts(&b, ",\"choices\":[");
+  for (int i = 0; i < cx->n_ch && !b.oom; i++) {
+    json_t *c = choice_of(cx, i);
+    if (i) strbuf_puts(&b, ",");
+    if (!c || openai_response_put_open(&b, c)) b.oom = 1;
+    json_decref(c);
+    put_token_fields(cx, i, &b);
   }
-  json_object_set_new(o, "usage", usage_of(cx));
-  if (cx->req.return_token_ids)
-    json_object_set_new(o, "prompt_token_ids", ids_array(cx->prompt_ids, cx->n_prompt));
-  return send_json(cx, 200, o);
+  strbuf_puts(&b, "],\"usage\":");
+  json_t *u = usage_of(cx);
+  openai_response_put_json(&b, u);
+  json_decref(u);
+  if (chat && cx->req.return_token_ids) {
+    strbuf_puts(&b, ",\"prompt_token_ids\":");
+    openai_response_put_ids(&b, cx->prompt_ids, cx->n_prompt);
+  }
+  strbuf_puts(&b, "}");
+  if (b.oom) {
+    strbuf_free(&b);
+    return fail(cx, 500, "server_error", NULL, "out of memory");
+  }
+  size_t len = b.len;
+  return send_body(cx, 200, "application/json", strbuf_take(&b), len, NULL, NULL);
 }
 
+static enum MHD_Result respond_chat(conn *cx) { return respond_body(cx, chat_choice); }
+
 static json_t *completion_choice(conn *cx, int i) {
-  server *s = cx->s;
   const server_gen *g = &cx->ch[i].g;
   strbuf text;
   strbuf_init(&text);
@@ -664,28 +699,14 @@ static json_t *completion_choice(conn *cx, int i) {
   json_object_set_new(choice, "index", json_integer(i));
   json_object_set_new(choice, "text", openai_response_string(text.data ? text.data : "", text.len));
   strbuf_free(&text);
-  json_object_set_new(
-      choice, "logprobs",
-      cx->req.logprobs ? completion_logprobs(s, g, 0, g->n_ids, cx->echo_len) : json_null());
   json_object_set_new(choice, "finish_reason", json_string(server_gen_finish_name(g)));
   json_object_set_new(choice, "stop_reason", json_null());
-  if (cx->req.return_token_ids) {
-    json_object_set_new(choice, "token_ids", ids_array(g->ids, g->n_ids));
+  if (cx->req.return_token_ids)
     json_object_set_new(choice, "prompt_token_ids", ids_array(cx->prompt_ids, cx->n_prompt));
-  }
   return choice;
 }
 
-static enum MHD_Result respond_completion(conn *cx) {
-  server *s = cx->s;
-  openai_error e;
-  if (gen_error(cx, &e)) return send_error(cx, &e);
-  json_t *o = openai_response_object(cx->id, "text_completion", cx->created, s->name);
-  for (int i = 0; i < cx->n_ch; i++)
-    json_array_append_new(json_object_get(o, "choices"), completion_choice(cx, i));
-  json_object_set_new(o, "usage", usage_of(cx));
-  return send_json(cx, 200, o);
-}
+static enum MHD_Result respond_completion(conn *cx) { return respond_body(cx, completion_choice); }
 
 /* ---- streaming ---- */
 

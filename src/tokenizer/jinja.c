@@ -1017,6 +1017,12 @@ static int jinja_lex_tag(jinja_lexer *L, int block) {
           while (k < left && isdigit((unsigned char)p[k])) k++;
         }
       }
+      if (!is_float && p[0] == '0') { /* an integer is 0 or starts 1-9: "05" lexes as 0, 5 */
+        k = 1;
+        while (k + 1 < left && ((p[k] == '0') || (p[k] == '_' && p[k + 1] == '0')))
+          k += p[k] == '_' ? 2 : 1;
+        if (k < left && p[k] == '0') k++;
+      }
       char num[64];
       size_t nn = 0;
       for (size_t i = 0; i < k && nn < sizeof num - 1; i++)
@@ -1145,6 +1151,7 @@ static void jinja_lex(jinja_lexer *L) {
     jinja_lex_text(L, s + start, q - start, sign, kind != '{', line_starting);
     L->pos = after;
     if (kind == '#') {
+      if (after >= L->n) break; /* "{#" closing the source: jinja2 drops it */
       size_t r = after;
       while (r + 1 < L->n && !(s[r] == '#' && s[r + 1] == '}')) r++;
       if (r + 1 >= L->n)
@@ -3189,10 +3196,11 @@ static int jinja_test(jinja_rs *rs, const char *name, jv v, const jargs *a) {
   if (!strcmp(name, "escaped")) return v.t == JV_STR && v.flag;
   if (!strcmp(name, "odd") || !strcmp(name, "even") || !strcmp(name, "divisibleby")) {
     if (v.t == JV_UNDEF) jinja_undef_fail(rs, v);
-    int64_t d = !strcmp(name, "divisibleby") ? jinja_need_int(rs, x, "divisor") : 2;
-    if (!jv_is_num(v))
-      RS_FAIL(rs, "TypeError: unsupported operand type(s) for %%: '%s' and 'int'", jv_type_name(v));
-    jv m = jinja_arith(rs, OP_MOD, v, jv_int(d));
+    jv d = !strcmp(name, "divisibleby") ? x : jv_int(2);
+    if (!jv_is_num(v) || !jv_is_num(d))
+      RS_FAIL(rs, "TypeError: unsupported operand type(s) for %%: '%s' and '%s'", jv_type_name(v),
+              jv_type_name(d));
+    jv m = jinja_arith(rs, OP_MOD, v, d);
     return !strcmp(name, "odd") ? jv_eq(m, jv_int(1)) : jv_eq(m, jv_int(0));
   }
   if (!strcmp(name, "eq") || !strcmp(name, "equalto") || !strcmp(name, "==")) return jv_eq(v, x);
@@ -3942,6 +3950,7 @@ static jv jinja_call(jinja_rs *rs, jv f, const jargs *a, jv caller) {
   switch ((int)f.u.i) {
     case JF_RAISE: {
       jv m = jinja_to_str(&rs->c, jarg(a, 0, NULL, jv_strn("", 0)));
+      if (m.u.s.n == 0) RS_FAIL(rs, "TemplateError: raise_exception with an empty message");
       rs->raised = 1;
       RS_FAIL(rs, "%.*s", (int)(m.u.s.n > 500 ? 500 : m.u.s.n), m.u.s.p);
     }

@@ -222,6 +222,20 @@ TEST(garbage_fails_cleanly) {
   }
 }
 
+/* Strings from templates may hold invalid UTF-8 (JSON strings cannot): counting, indexing,
+ * slicing and iterating must agree on where characters start. */
+TEST(invalid_utf8_consistent) {
+  char err[256], *out;
+  const char *t =
+      "{% set s = '\x93\x93"
+      "a\xc3\xa9\xff' %}{{ s|length }} {{ s|list|length }} "
+      "{{ s[::-1]|length }} {{ s[::-1]|list|length }} {{ s|map('upper')|list|length }} "
+      "{{ s[-1]|length }}";
+  REQUIRE(jinja_render(t, NULL, &out, err, sizeof err) == 0);
+  EXPECT_STR(out, "4 4 3 3 4 1"); /* reversed, the stray bytes follow the 'a' */
+  free(out);
+}
+
 int main(void) {
   RUN(units);
   RUN(templates);
@@ -229,5 +243,6 @@ int main(void) {
   RUN(syntax_error_names_line);
   RUN(limits);
   RUN(garbage_fails_cleanly);
+  RUN(invalid_utf8_consistent);
   TEST_MAIN_END();
 }

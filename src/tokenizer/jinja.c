@@ -401,11 +401,13 @@ static const char *jv_type_name(jv v) {
   }
 }
 
-/* ---- UTF-8 helpers: Python indexes strings by code point ---- */
+/* ---- UTF-8 helpers: Python indexes strings by code point ----
+ * A character starts at byte 0 and at every byte that is not a continuation byte (10xxxxxx), so
+ * that counting, indexing and iterating agree on invalid UTF-8 too. */
 
 static size_t jinja_u8_len(const char *s, size_t n) {
   size_t k = 0;
-  for (size_t i = 0; i < n; i++) k += ((unsigned char)s[i] & 0xC0) != 0x80;
+  for (size_t i = 0; i < n; i++) k += i == 0 || ((unsigned char)s[i] & 0xC0) != 0x80;
   return k;
 }
 
@@ -2428,7 +2430,7 @@ static jv jinja_slice(jinja_rs *rs, jv obj, jv a, jv b, jv c) {
     size_t *offs = jinja_alloc(&rs->c, (cpn + 1) * sizeof *offs);
     size_t j = 0;
     for (size_t i = 0; i < n; i++)
-      if (((unsigned char)s[i] & 0xC0) != 0x80) offs[j++] = i;
+      if (i == 0 || ((unsigned char)s[i] & 0xC0) != 0x80) offs[j++] = i;
     offs[cpn] = n;
     jinja_sb sb = {0};
     sb.max = SIZE_MAX;

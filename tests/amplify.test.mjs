@@ -57,6 +57,29 @@ try {
     console.log(`NOTE amplify_response_memory: ${mb(bytes)} MiB sent, peak +${mb(grew)} MiB (${(grew / bytes).toFixed(2)} x)`);
     if (!ASAN) assert(grew <= 4 * bytes + 3 * MiB, `peak grew ${mb(grew)} MiB for a ${mb(bytes)} MiB response`);
   });
+
+  // ---- requests: a body of small JSON values is refused before a tree is built; two at once
+  // peak at a small multiple of their bytes and give the memory back
+  await test("amplify_request_memory", async () => {
+    const N = 14 * MiB; // "1," each: a 28 MiB body, under the default 32 MiB limit
+    const body = '{"model":"' + NAME + '","messages":[{"role":"user","content":"hi"}],"max_tokens":2,"x":[' + "1,".repeat(N) + "1]}";
+    const before = mem(srv);
+    const rs = await Promise.all([post(srv, "/v1/chat/completions", body), post(srv, "/v1/chat/completions", body)]);
+    for (const r of rs) {
+      eq(r.status, 400, "status");
+      assert(/JSON values/.test(r.json.error.message), `message: ${r.json.error.message}`);
+    }
+    const after = mem(srv), total = 2 * body.length, grew = after.hwm - before.hwm, held = after.rss - before.rss;
+    console.log(`NOTE amplify_request_memory: 2 x ${mb(body.length)} MiB bodies, peak +${mb(grew)} MiB (${(grew / total).toFixed(2)} x), held +${mb(held)} MiB`);
+    if (!ASAN) {
+      assert(grew <= 3 * total, `peak grew ${mb(grew)} MiB for ${mb(total)} MiB of bodies`);
+      assert(held <= total / 2, `${mb(held)} MiB still held after ${mb(total)} MiB of bodies`);
+    }
+    // a long list of token ids (of 5 and 6 digits, as real ones are) is still accepted
+    const ids = Array.from({ length: 40000 }, (_, i) => 10000 + ((i * 7919) % 140000));
+    const ok = await post(srv, "/detokenize", { model: NAME, tokens: ids });
+    eq(ok.status, 200, `40,000 ids: ${ok.text.slice(0, 200)}`);
+  });
 } finally {
   await srv.stop().catch(() => {});
   killAllServers();

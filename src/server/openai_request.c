@@ -4,6 +4,7 @@
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <malloc.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -651,7 +652,45 @@ static int parse_completion(const json_t *o, openai_request *r, openai_error *er
   return 0;
 }
 
+/* The JSON values a body would become, counted before jansson builds any: each '[', '{', ','
+ * and ':' outside strings (about one per value, object keys included). A jansson value takes
+ * ~50 bytes however few it is written in ("1," is two), so a body is refused here, in one
+ * pass that allocates nothing, when its tree would be many times its size. */
+static size_t count_values(const char *body, size_t len, size_t limit) {
+  size_t n = 0;
+  int in_str = 0;
+  for (size_t i = 0; i < len && n <= limit; i++) {
+    char c = body[i];
+    if (in_str) {
+      if (c == '\\')
+        i++;
+      else if (c == '"')
+        in_str = 0;
+    } else if (c == '"') {
+      in_str = 1;
+    } else if (c == '[' || c == '{' || c == ',' || c == ':') {
+      n++;
+    }
+  }
+  return n;
+}
+
+/* The values a body of len bytes may hold: a tree of ~40 bytes a value stays within about ten
+ * times the body (a token-id prompt writes an id in 5 to 7 bytes), and within ~40 MiB. */
+static size_t max_values(size_t len) {
+  size_t n = 16384 + len / 4;
+  return n < OPENAI_MAX_JSON_VALUES ? n : OPENAI_MAX_JSON_VALUES;
+}
+
 static json_t *load_object(const char *body, size_t len, openai_error *err) {
+  size_t limit = max_values(len);
+  if (count_values(body, len, limit) > limit) {
+    openai_error_set(err, 400, "invalid_request_error", NULL,
+                     "the request body holds more than %zu JSON values (at most 16384 + one per 4 "
+                     "bytes of body, and %d)",
+                     limit, OPENAI_MAX_JSON_VALUES);
+    return NULL;
+  }
   json_error_t je;
   json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
   if (!root) {
@@ -708,6 +747,12 @@ int openai_request_check_logprobs(const openai_request *r, long long max_tokens,
       "are allowed per request (lower n, max_tokens or top_logprobs; max_tokens defaults to the "
       "rest of the context)",
       n, max_tokens, top, n * max_tokens * top, OPENAI_MAX_LOGPROB_ENTRIES);
+}
+
+void openai_request_body_free(strbuf *body) {
+  size_t cap = body->cap;
+  strbuf_free(body);
+  if (cap >= OPENAI_TRIM_BYTES) malloc_trim(0);
 }
 
 void openai_request_free(openai_request *r) {

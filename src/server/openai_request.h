@@ -16,6 +16,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "base/strbuf.h"
 #include "sampler/json_schema.h"
 #include "sampler/sampler.h"
 
@@ -47,6 +48,12 @@ int openai_error_set(openai_error *e, int status, const char *type, const char *
 /* n x max_tokens x top_logprobs (top_logprobs 0 counting 1) with logprobs on: the logprob
  * entries one response may carry (about 70 bytes of JSON each). */
 #define OPENAI_MAX_LOGPROB_ENTRIES (1 << 20)
+/* JSON values (arrays, objects, keys, scalars) in one request body, at most: its jansson tree
+ * stays under ~40 MiB (a token-id prompt of a 262,144-token context is a quarter of it); a
+ * smaller body may hold 16384 + one per 4 bytes (openai_request_parse's 400 says so). */
+#define OPENAI_MAX_JSON_VALUES (1 << 20)
+/* Bodies of at least this many bytes hand their memory back to the system once freed. */
+#define OPENAI_TRIM_BYTES (1 << 20)
 
 typedef struct openai_request {
   openai_kind kind;
@@ -103,5 +110,10 @@ int openai_request_parse_detokenize(const char *body, size_t len, char **model, 
  * OPENAI_MAX_LOGPROB_ENTRIES. Returns 0, or -1 with a 400 in e that states the cap.
  * openai_request_parse checks an explicit max_tokens; the server checks the one it fills in. */
 int openai_request_check_logprobs(const openai_request *r, long long max_tokens, openai_error *e);
+
+/* Frees a request body (strbuf_free); after a large one (OPENAI_TRIM_BYTES) also hands the
+ * allocator's free memory back to the system (malloc_trim): a body and its parsed tree are
+ * freed in the connection thread's arena, which would otherwise keep their pages. */
+void openai_request_body_free(strbuf *body);
 
 #endif

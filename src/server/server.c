@@ -883,8 +883,10 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
 static enum MHD_Result handle_generate(conn *cx, openai_kind kind) {
   server *s = cx->s;
   openai_error e;
-  if (openai_request_parse(kind, cx->body.data ? cx->body.data : "", cx->body.len, &cx->req, &e))
-    return send_error(cx, &e);
+  int bad =
+      openai_request_parse(kind, cx->body.data ? cx->body.data : "", cx->body.len, &cx->req, &e);
+  openai_request_body_free(&cx->body); /* the request holds what it needs: not kept while it runs */
+  if (bad) return send_error(cx, &e);
   cx->have_req = 1;
   if (model_ok(s, cx->req.model, &e)) return send_error(cx, &e);
   if (kind == OPENAI_KIND_CHAT ? prepare_chat(cx, &e) : prepare_completion(cx, &e))
@@ -1340,7 +1342,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
   }
   free(cx->ch);
   if (cx->have_req) openai_request_free(&cx->req);
-  strbuf_free(&cx->body);
+  openai_request_body_free(&cx->body);
   strbuf_free(&cx->out);
   free(cx->prompt_ids);
   free(cx->bounds);

@@ -3,10 +3,11 @@
  *   [<think>] reasoning </think> \n\n content [ <tool_call> BODY </tool_call> ]* trailing
  *   \___________ reasoning ____/      \________ content + tool_calls __________________/
  *
- * Step 1 (reasoning): when the prompt left a <think> block open, or the text holds a
- * "</think>", everything before the first "</think>" (a leading "<think>" removed, newlines
- * trimmed as the templates trim them) is reasoning. An open block that never closes (the
- * model ran out of tokens while thinking) makes all of the text reasoning.
+ * Step 1 (reasoning): when the prompt left a <think> block open, or the text opens one,
+ * everything before the first "</think>" (a leading "<think>" removed, newlines trimmed as the
+ * templates trim them) is reasoning. An open block that never closes (the model ran out of
+ * tokens while thinking) makes all of the text reasoning. Any other text is content, a stray
+ * "</think>" included.
  *
  * Step 2 (tool calls): each <tool_call>...</tool_call> block of the rest is parsed as
  *   JSON:  {"name": NAME, "arguments": {...}}                      (Qwen3 / Qwen3-Next)

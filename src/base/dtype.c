@@ -6,7 +6,10 @@
 static const struct {
   size_t size;
   const char *name;
-} dtype_info[] = {[DTYPE_F32] = {4, "f32"}, [DTYPE_F16] = {2, "f16"}, [DTYPE_BF16] = {2, "bf16"}};
+} dtype_info[] = {[DTYPE_F32] = {4, "f32"},
+                  [DTYPE_F16] = {2, "f16"},
+                  [DTYPE_BF16] = {2, "bf16"},
+                  [DTYPE_F8_E4M3] = {1, "f8_e4m3"}};
 
 #define DTYPE_COUNT (sizeof dtype_info / sizeof dtype_info[0])
 
@@ -71,4 +74,42 @@ uint16_t dtype_f32_to_f16(float f) {
   uint32_t h = ((uint32_t)exp << 10) | (man >> 13), rem = man & 0x1fffu;
   if (rem > 0x1000u || (rem == 0x1000u && (h & 1))) h++;
   return (uint16_t)(sign | h);
+}
+
+float dtype_e4m3_to_f32(uint8_t b) {
+  uint32_t sign = (uint32_t)(b & 0x80) << 24, exp = (b >> 3) & 0xf, man = b & 7, bits;
+  if (exp == 15 && man == 7) {
+    bits = sign | 0x7fc00000u;
+  } else if (exp == 0) { /* zero or subnormal: man * 2^-9, exact in float */
+    float f = (float)man * (1.0f / 512.0f);
+    return sign ? -f : f;
+  } else {
+    bits = sign | ((exp - 7 + 127) << 23) | (man << 20);
+  }
+  float f;
+  memcpy(&f, &bits, 4);
+  return f;
+}
+
+uint8_t dtype_f32_to_e4m3(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  uint8_t sign = (uint8_t)((u >> 24) & 0x80);
+  uint32_t a = u & 0x7fffffffu;
+  if (a >= 0x7f800000u) return sign | 0x7f; /* NaN, infinity */
+  if (a < 0x3c800000u) {                    /* below 2^-6: a subnormal, rounded on m * 2^-9 */
+    float q;
+    memcpy(&q, &a, 4);
+    q *= 512.0f; /* exact: a power of two */
+    uint32_t n = (uint32_t)q;
+    float frac = q - (float)n;
+    if (frac > 0.5f || (frac == 0.5f && (n & 1))) n++;
+    return sign | (uint8_t)n; /* n == 8 is the smallest normal, code 0x08 */
+  }
+  int32_t e = (int32_t)(a >> 23) - 127 + 7;
+  if (e > 15) return sign | 0x7f;
+  uint32_t code = ((uint32_t)e << 3) | ((a >> 20) & 7), rem = a & 0xfffffu;
+  if (rem > 0x80000u || (rem == 0x80000u && (code & 1))) code++; /* may carry into the exponent */
+  if (code > 0x7e) return sign | 0x7f;
+  return sign | (uint8_t)code;
 }

@@ -115,6 +115,71 @@ static const char *cfg_type_of_architecture(const char *an) {
   return NULL;
 }
 
+/* quantization_config: block-wise FP8 is read, every other format refused by name (a
+ * checkpoint is never loaded as if it were bf16). */
+static int cfg_quant(cfg_ctx *x, model_config *c) {
+  static const struct {
+    const char *method, *format;
+  } refused[] = {
+      {"awq", "AWQ"},
+      {"gptq", "GPTQ"},
+      {"compressed-tensors", "compressed-tensors"},
+      {"compressed_tensors", "compressed-tensors"},
+      {"bitsandbytes", "bitsandbytes"},
+      {"gguf", "GGUF"},
+      {"mxfp4", "MXFP4"},
+      {"modelopt", "ModelOpt"},
+      {"fbgemm_fp8", "FBGEMM FP8"},
+  };
+  const char *supported =
+      "deltaserve loads bf16, f16, f32 and block-wise FP8 (\"fp8\") checkpoints";
+  if (cfg_get2(x, "compression_config"))
+    return errf(x->err, x->errlen,
+                "%s: compressed-tensors checkpoint (\"compression_config\") is not supported: %s",
+                x->path, supported);
+  json_t *q = cfg_get2(x, "quantization_config");
+  if (!q) return 0;
+  if (!json_is_object(q))
+    return errf(x->err, x->errlen, "%s: key \"quantization_config\" must be an object", x->path);
+  json_t *jm = json_object_get(q, "quant_method");
+  if (!json_is_string(jm))
+    return errf(x->err, x->errlen, "%s: quantization_config has no \"quant_method\" string",
+                x->path);
+  const char *m = json_string_value(jm);
+  for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++)
+    if (!strcmp(m, refused[i].method))
+      return errf(x->err, x->errlen, "%s: %s checkpoint (quant_method \"%s\") is not supported: %s",
+                  x->path, refused[i].format, m, supported);
+  if (strcmp(m, "fp8"))
+    return errf(x->err, x->errlen, "%s: unknown quant_method \"%.40s\": %s", x->path, m, supported);
+  json_t *jf = json_object_get(q, "fmt"), *ja = json_object_get(q, "activation_scheme");
+  if (jf && !json_is_null(jf) && !(json_is_string(jf) && !strcmp(json_string_value(jf), "e4m3")))
+    return errf(x->err, x->errlen,
+                "%s: fp8 checkpoint with fmt %s is not supported: only \"e4m3\" weights", x->path,
+                json_is_string(jf) ? json_string_value(jf) : "(not a string)");
+  if (ja && !json_is_null(ja) && !(json_is_string(ja) && !strcmp(json_string_value(ja), "dynamic")))
+    return errf(x->err, x->errlen,
+                "%s: fp8 checkpoint with activation_scheme %s is not supported: only \"dynamic\" "
+                "(no stored activation scales)",
+                x->path, json_is_string(ja) ? json_string_value(ja) : "(not a string)");
+  json_t *jb = json_object_get(q, "weight_block_size");
+  if (!jb || json_is_null(jb))
+    return errf(x->err, x->errlen,
+                "%s: fp8 checkpoint without weight_block_size (per-tensor FP8 scales) is not "
+                "supported: only block-wise FP8",
+                x->path);
+  if (!json_is_array(jb) || json_array_size(jb) != 2 || !json_is_integer(json_array_get(jb, 0)) ||
+      !json_is_integer(json_array_get(jb, 1)) || json_integer_value(json_array_get(jb, 0)) < 1 ||
+      json_integer_value(json_array_get(jb, 1)) < 1 ||
+      json_integer_value(json_array_get(jb, 0)) > 65536 ||
+      json_integer_value(json_array_get(jb, 1)) > 65536)
+    return errf(x->err, x->errlen,
+                "%s: quantization_config.weight_block_size must be two positive integers", x->path);
+  c->fp8_block_n = (int)json_integer_value(json_array_get(jb, 0));
+  c->fp8_block_k = (int)json_integer_value(json_array_get(jb, 1));
+  return 0;
+}
+
 static int cfg_parse(cfg_ctx *x, model_config *c) {
   json_t *root = x->outer;
   /* --- architecture --- */
@@ -381,7 +446,7 @@ static int cfg_parse(cfg_ctx *x, model_config *c) {
   if (bos && !json_is_integer(bos))
     return errf(x->err, x->errlen, "%s: key \"bos_token_id\" must be an integer", x->path);
   c->bos_token_id = bos ? (int)json_integer_value(bos) : -1;
-  return 0;
+  return cfg_quant(x, c);
 }
 
 int config_load(const char *path, model_config *c, char *err, size_t errlen) {

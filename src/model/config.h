@@ -47,13 +47,20 @@ typedef struct model_config {
   layer_kind layer_types[CONFIG_MAX_LAYERS];
   uint8_t layer_is_moe[CONFIG_MAX_LAYERS]; /* 1: sparse MoE FFN, 0: dense SwiGLU */
 
+  /* weight quantization (config.json "quantization_config"): a "fp8" checkpoint's e4m3
+   * blocks are fp8_block_n rows x fp8_block_k columns (weight_block_size); both 0 when the
+   * checkpoint has no quantization_config. Every other quant_method is refused by config_load.
+   * Which tensors are FP8 is up to the file (model/fp8.h). */
+  int fp8_block_n, fp8_block_k;
+
   int eos_token_ids[CONFIG_MAX_EOS];
   int n_eos;
   int bos_token_id; /* -1 when absent */
 } model_config;
 
 /* Reads `path` (a config.json). Returns 0, or -1 with one line in err naming the file and the
- * key at fault (missing key, wrong type, unknown model_type/architecture, bad sizes). */
+ * key at fault (missing key, wrong type, unknown model_type/architecture, bad sizes, a
+ * quantization format other than block-wise FP8 e4m3 with dynamic activations, named). */
 int config_load(const char *path, model_config *c, char *err, size_t errlen);
 
 /* Counts of each layer kind. */

@@ -330,24 +330,14 @@ int gen_random_parse_dtype(const char *s, dtype *out) {
   return 0;
 }
 
-int gen_random_write(const char *config_path, const char *out_dir, const gen_random_opts *o,
-                     char *err, size_t errlen) {
-  model_config *c = malloc(sizeof *c);
-  if (!c) return errf(err, errlen, "out of memory");
-  if (config_load(config_path, c, err, errlen)) {
-    free(c);
-    return -1;
-  }
+int gen_random_write_weights(const model_config *c, const char *path, const gen_random_opts *o,
+                             char *err, size_t errlen) {
   struct timespec t0, t1;
   clock_gettime(CLOCK_MONOTONIC, &t0);
   gen_list l = {0};
   int64_t *first = NULL;
   st_writer *w = NULL;
-  char path[1200];
   int rc = -1;
-  if (gen_mkdirs(out_dir, err, errlen)) goto done;
-  snprintf(path, sizeof path, "%s/config.json", out_dir);
-  if (gen_copy_file(config_path, path, err, errlen)) goto done;
   if (gen_plan(c, o, &l)) {
     errf(err, errlen, "out of memory planning tensors");
     goto done;
@@ -364,7 +354,6 @@ int gen_random_write(const char *config_path, const char *out_dir, const gen_ran
       if ((dtype_size(l.v[i].dt) == 4) == (pass == 0)) sorted[ns++] = l.v[i];
   free(l.v);
   l.v = sorted;
-  snprintf(path, sizeof path, "%s/model.safetensors", out_dir);
   if (st_writer_open(&w, path, err, errlen)) goto done;
   first = malloc((size_t)(l.n + 1) * sizeof *first);
   if (!first) {
@@ -406,13 +395,32 @@ int gen_random_write(const char *config_path, const char *out_dir, const gen_ran
   if (rc == 0 && !o->quiet) {
     clock_gettime(CLOCK_MONOTONIC, &t1);
     double secs = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
-    printf("gen-random: wrote %s (%d tensors, %.3f B params, %s) in %.1f s\n", out_dir, l.n,
+    printf("gen-random: wrote %s (%d tensors, %.3f B params, %s) in %.1f s\n", path, l.n,
            (double)params / 1e9, dtype_name(o->dt), secs);
   }
 done:
   if (w) st_writer_close(w, NULL, 0);
   free(first);
   free(l.v);
+  return rc;
+}
+
+int gen_random_write(const char *config_path, const char *out_dir, const gen_random_opts *o,
+                     char *err, size_t errlen) {
+  model_config *c = malloc(sizeof *c);
+  if (!c) return errf(err, errlen, "out of memory");
+  if (config_load(config_path, c, err, errlen)) {
+    free(c);
+    return -1;
+  }
+  char path[1200];
+  int rc = -1;
+  if (gen_mkdirs(out_dir, err, errlen)) goto done;
+  snprintf(path, sizeof path, "%s/config.json", out_dir);
+  if (gen_copy_file(config_path, path, err, errlen)) goto done;
+  snprintf(path, sizeof path, "%s/model.safetensors", out_dir);
+  rc = gen_random_write_weights(c, path, o, err, errlen);
+done:
   free(c);
   return rc;
 }

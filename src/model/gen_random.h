@@ -41,6 +41,11 @@ typedef struct gen_random_opts {
 int gen_random_write(const char *config_path, const char *out_dir, const gen_random_opts *o,
                      char *err, size_t errlen);
 
+/* Writes only the weights file `path` (model.safetensors) for the loaded config c. Returns 0,
+ * or -1 with one line in err (unwritable path, disk or memory full). */
+int gen_random_write_weights(const model_config *c, const char *path, const gen_random_opts *o,
+                             char *err, size_t errlen);
+
 /* Dtype named by a config.json's "dtype" / "torch_dtype" ("bfloat16", "float16", "float32")
  * or by a flag ("bf16", "f16", "f32"). Returns 0, or -1 when unknown. */
 int gen_random_parse_dtype(const char *s, dtype *out);

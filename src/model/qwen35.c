@@ -23,6 +23,7 @@
 
 #include "base/fault.h"
 #include "base/log.h"
+#include "model/fp8.h"
 #include "sampler/sample_rule.h"
 
 _Static_assert(QWEN35_SAMPLE_ROW_WORDS ==
@@ -68,6 +69,7 @@ struct qwen35 {
   int n_packed;        /* weights with a packed copy (qwen35_mem_opts.packed) */
   size_t packed_bytes; /* ... the copies' bytes (in weight_bytes too) */
   size_t packed_over;  /* ... and the weights' own bytes */
+  int n_fp8;           /* FP8 weights, dequantized at upload */
 };
 
 /* ---- init ---- */
@@ -78,9 +80,23 @@ static int upload_as(qwen35 *m, const tensor *t, int64_t rows, int64_t cols, con
   if (tensor_numel(t) != rows * cols)
     return errf(err, errlen, "layer %d: tensor %s has %lld values, expected %lld", layer, what,
                 (long long)tensor_numel(t), (long long)(rows * cols));
+  /* FP8 (model/fp8.h): no backend takes e4m3 blocks yet; each gets the exact fp32
+   * dequantization and converts it as it converts any weight (the CPU backend keeps it) */
+  const void *data = t->data;
+  dtype dt = t->dt;
+  float *deq = NULL;
+  if (dt == DTYPE_F8_E4M3) {
+    deq = malloc((size_t)(rows * cols) * sizeof *deq);
+    if (!deq) return errf(err, errlen, "out of memory dequantizing %s", what);
+    fp8_dequantize(t, 0, t->shape[0], deq);
+    data = deq;
+    dt = DTYPE_F32;
+    m->n_fp8++;
+  }
   *out = exact && m->be->weight_upload_exact
-             ? m->be->weight_upload_exact(m->be, t->data, t->dt, rows, cols)
-             : m->be->weight_upload(m->be, t->data, t->dt, rows, cols);
+             ? m->be->weight_upload_exact(m->be, data, dt, rows, cols)
+             : m->be->weight_upload(m->be, data, dt, rows, cols);
+  free(deq);
   if (!*out) return errf(err, errlen, "out of device memory uploading %s", what);
   m->weight_bytes += m->be->weight_bytes(m->be, *out);
   return 0;
@@ -422,6 +438,11 @@ int qwen35_init(qwen35 **out, const model_config *c, const model_weights *w, bac
   }
   for (int i = 0; i < c->n_layers; i++)
     if (init_layer(m, i, &w->layers[i], err, errlen)) goto fail;
+  if (m->n_fp8)
+    log_info(
+        "qwen35: %d fp8 weights are dequantized to %s on the %s backend (no fp8 products "
+        "there yet)",
+        m->n_fp8, !strcmp(be->name, "cpu") ? "fp32 (exactly)" : "bf16", be->name);
   if (o->packed) pack_layers(m);
   if (be->logits_argmax_prepare &&
       be->logits_argmax_prepare(be, m->lm_head, (int)H, (int)V, err, errlen))

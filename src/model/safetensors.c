@@ -49,6 +49,8 @@ const char *st_dtype_str(dtype t) {
       return "F16";
     case DTYPE_BF16:
       return "BF16";
+    case DTYPE_F8_E4M3:
+      return "F8_E4M3";
   }
   return "?";
 }
@@ -88,6 +90,8 @@ static int st_parse_entry(const char *path, const char *name, json_t *v, uint64_
     t->dt = DTYPE_F16;
   else if (!strcmp(ds, "BF16"))
     t->dt = DTYPE_BF16;
+  else if (!strcmp(ds, "F8_E4M3"))
+    t->dt = DTYPE_F8_E4M3;
   else
     t->is_float = 0;
   size_t nd = json_array_size(js);

@@ -13,8 +13,8 @@
  * The reader maps the whole file once (PROT_READ, MAP_PRIVATE) and checks every header entry
  * against the file: offsets inside the data section, end - begin == numel * element size for
  * the dtypes it knows. Tensor data pointers point into the mapping; nothing is copied.
- * Dtypes other than F32 / F16 / BF16 are kept (their bytes stay reachable) but have
- * `is_float == 0`; a caller that needs a float tensor rejects them.
+ * Dtypes other than F32 / F16 / BF16 / F8_E4M3 are kept (their bytes stay reachable) but
+ * have `is_float == 0`; a caller that needs a float tensor rejects them.
  *
  * The writer declares every tensor first (st_writer_add), then writes the header and sizes
  * the file (st_writer_begin); after that tensor bytes may be written in any order and from
@@ -31,7 +31,7 @@
 typedef struct st_tensor {
   char *name;         /* owned by the st_file */
   char dtype_str[16]; /* as written in the header, e.g. "BF16" */
-  int is_float;       /* 1: dt below is valid (F32, F16, BF16) */
+  int is_float;       /* 1: dt below is valid (F32, F16, BF16, F8_E4M3) */
   dtype dt;
   int ndim;
   int64_t shape[ST_MAX_DIMS];
@@ -53,7 +53,7 @@ const st_tensor *st_find(const st_file *f, const char *name);
 
 /* Element size of a header dtype string ("BF16" -> 2), 0 when unknown. */
 size_t st_dtype_str_size(const char *s);
-/* Header spelling of t ("BF16", "F16", "F32"). */
+/* Header spelling of t ("BF16", "F16", "F32", "F8_E4M3"). */
 const char *st_dtype_str(dtype t);
 
 typedef struct st_writer st_writer;

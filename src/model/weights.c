@@ -11,13 +11,22 @@
  * owned by the store. */
 #include "model/weights.h"
 
+#include <errno.h>
+#include <fnmatch.h>
 #include <jansson.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "base/log.h"
+#include "model/fp8.h"
+#include "model/gen_random.h"
 #include "model/safetensors.h"
 
 int64_t tensor_numel(const tensor *t) {
@@ -43,6 +52,15 @@ float tensor_get_f32(const tensor *t, int64_t i) {
       uint16_t h;
       memcpy(&h, p, 2);
       return dtype_bf16_to_f32(h);
+    }
+    case DTYPE_F8_E4M3: {
+      int64_t cols = t->shape[t->ndim - 1], r = i / cols, k = i % cols;
+      float s;
+      memcpy(&s,
+             (const char *)t->scale +
+                 (size_t)((t->row0 + r) / t->block_n * t->scale_cols + k / t->block_k) * 4,
+             4);
+      return dtype_e4m3_to_f32(*(const uint8_t *)p) * s;
     }
   }
   return 0.0f;
@@ -187,8 +205,11 @@ static int weights_open_dir(struct weights_store *s, const char *dir, char *err,
 
 typedef struct weights_ctx {
   struct weights_store *s;
+  const model_config *c;
   const char *dir;
-  const char *prefix; /* "model." or "model.language_model." */
+  const char *prefix;    /* "model." or "model.language_model." */
+  json_t *not_converted; /* quantization_config.modules_to_not_convert, or NULL */
+  double bytes[DTYPE_F8_E4M3 + 1], scale_bytes; /* of the tensors read, by stored dtype */
   char *err;
   size_t errlen;
 } weights_ctx;
@@ -213,6 +234,102 @@ static int weights_missing(weights_ctx *x, const char *name) {
   return errf(x->err, x->errlen, "%s: missing tensor %s", s->index_path, name);
 }
 
+/* The scale tensor of weight `name` (X.weight -> X.weight_scale_inv; a fused expert tensor
+ * X -> X_scale_inv or X_scales_inv, as transformers names them), or NULL; its name in sn. */
+static const weights_entry *weights_scale_entry(weights_ctx *x, const char *name, char *sn,
+                                                size_t n) {
+  size_t len = strlen(name);
+  if (len > 7 && !strcmp(name + len - 7, ".weight")) {
+    snprintf(sn, n, "%s_scale_inv", name);
+    return weights_find(x->s, sn);
+  }
+  char alt[600];
+  snprintf(alt, sizeof alt, "%s_scales_inv", name);
+  const weights_entry *e = weights_find(x->s, alt);
+  snprintf(sn, n, "%s_scale_inv", name);
+  if (e) return e;
+  return weights_find(x->s, sn);
+}
+
+/* 1 when quantization_config.modules_to_not_convert lists module `mod` (the tensor name less
+ * ".weight"): an entry equal to it, a dot-bounded prefix or suffix of it ("lm_head",
+ * "mlp.gate"), or a glob over it ("model.layers.*.mlp.gate"); the entry in *which. */
+static int weights_not_converted(const weights_ctx *x, const char *mod, const char **which) {
+  if (!x->not_converted) return 0;
+  size_t ml = strlen(mod);
+  for (size_t i = 0; i < json_array_size(x->not_converted); i++) {
+    const char *e = json_string_value(json_array_get(x->not_converted, i));
+    if (!e || !*e) continue;
+    size_t el = strlen(e);
+    int hit = !strcmp(mod, e) || (ml > el && !strncmp(mod, e, el) && mod[el] == '.') ||
+              (ml > el && !strcmp(mod + ml - el, e) && mod[ml - el - 1] == '.') ||
+              (strchr(e, '*') && fnmatch(e, mod, 0) == 0);
+    if (hit) {
+      *which = e;
+      return 1;
+    }
+  }
+  return 0;
+}
+
+/* For an F8_E4M3 tensor: finds and checks its scales and fills out's fp8 fields. For any
+ * other dtype: refuses a stray scale tensor. Returns 0, or -1 with err. */
+static int weights_fp8_attach(weights_ctx *x, const char *name, const char *file,
+                              const st_tensor *t, tensor *out) {
+  char sn[600], mod[600];
+  const weights_entry *se = weights_scale_entry(x, name, sn, sizeof sn);
+  if (t->dt != DTYPE_F8_E4M3) {
+    if (se)
+      return errf(x->err, x->errlen,
+                  "%s: tensor %s is stored %s but has a scale tensor %s (FP8 weights are stored "
+                  "F8_E4M3)",
+                  file, name, t->dtype_str, se->name);
+    return 0;
+  }
+  const model_config *c = x->c;
+  if (c->fp8_block_n <= 0)
+    return errf(x->err, x->errlen,
+                "%s: tensor %s is stored F8_E4M3 but config.json has no fp8 quantization_config "
+                "(weight_block_size)",
+                file, name);
+  if (!se)
+    return errf(x->err, x->errlen, "%s: tensor %s is stored F8_E4M3 without its scales %s", file,
+                name, sn);
+  if (!se->t->is_float || se->t->dt != DTYPE_F32)
+    return errf(x->err, x->errlen, "%s: scale tensor %s has dtype %s; expected F32",
+                st_path(x->s->files[se->file]), se->name, se->t->dtype_str);
+  const int bn = c->fp8_block_n, bk = c->fp8_block_k, nd = t->ndim;
+  const int64_t lead = nd == 3 ? t->shape[0] : 1, sr = fp8_scale_rows(t->shape[nd - 2], bn),
+                sc = fp8_scale_cols(t->shape[nd - 1], bk);
+  int64_t n = 1;
+  for (int i = 0; i < se->t->ndim; i++) n *= se->t->shape[i];
+  if (n != lead * sr * sc) {
+    char a[128];
+    weights_fmt_shape(a, sizeof a, se->t->ndim, se->t->shape);
+    return errf(x->err, x->errlen,
+                "%s: scale tensor %s has shape %s; weight_block_size [%d, %d] over %s [%lld, %lld] "
+                "needs %lld x %lld scales",
+                st_path(x->s->files[se->file]), se->name, a, bn, bk, name,
+                (long long)t->shape[nd - 2], (long long)t->shape[nd - 1], (long long)(lead * sr),
+                (long long)sc);
+  }
+  snprintf(mod, sizeof mod, "%s", name);
+  size_t ml = strlen(mod);
+  if (ml > 7 && !strcmp(mod + ml - 7, ".weight")) mod[ml - 7] = 0;
+  const char *which = NULL;
+  if (weights_not_converted(x, mod, &which))
+    return errf(x->err, x->errlen,
+                "%s: tensor %s is stored F8_E4M3 but quantization_config.modules_to_not_convert "
+                "lists \"%s\"",
+                file, name, which);
+  out->scale = se->t->data;
+  out->scale_cols = sc;
+  out->block_n = bn;
+  out->block_k = bk;
+  x->scale_bytes += (double)se->t->nbytes;
+  return 0;
+}
+
 /* Looks `name` up: 1 and a view in *out when found with a float dtype and the expected shape,
  * 0 when absent and `optional`, -1 with err otherwise. The shape may carry extra 1-sized
  * middle dimensions in the file (conv1d [C, 1, K] for an expected [C, K]). */
@@ -226,8 +343,13 @@ static int weights_get(weights_ctx *x, const char *name, int optional, int ndim,
   const st_tensor *t = e->t;
   const char *file = st_path(x->s->files[e->file]);
   if (!t->is_float)
-    return errf(x->err, x->errlen, "%s: tensor %s has dtype %s; expected BF16, F16 or F32", file,
-                name, t->dtype_str);
+    return errf(x->err, x->errlen,
+                "%s: tensor %s has dtype %s; expected BF16, F16, F32 or F8_E4M3 (block-wise FP8)",
+                file, name, t->dtype_str);
+  if (t->dt == DTYPE_F8_E4M3 && (ndim < 2 || t->ndim != ndim))
+    return errf(x->err, x->errlen,
+                "%s: tensor %s is stored F8_E4M3; FP8 is read for weight matrices only", file,
+                name);
   /* compare shapes ignoring size-1 dimensions that the expected shape lacks */
   int64_t got[ST_MAX_DIMS];
   int gn = 0;
@@ -246,6 +368,8 @@ static int weights_get(weights_ctx *x, const char *name, int optional, int ndim,
   out->dt = t->dt;
   out->ndim = ndim;
   for (int i = 0; i < ndim; i++) out->shape[i] = shape[i];
+  if (weights_fp8_attach(x, name, file, t, out)) return -1;
+  x->bytes[t->dt] += (double)t->nbytes;
   return 1;
 }
 
@@ -268,6 +392,18 @@ static int weights_opt(weights_ctx *x, tensor *out, const char *suffix, int ndim
 }
 #define REQ(out, sfx, ...) weights_req(x, out, sfx, NDIM(__VA_ARGS__), SHAPE(__VA_ARGS__))
 #define OPT(out, sfx, ...) weights_opt(x, out, sfx, NDIM(__VA_ARGS__), SHAPE(__VA_ARGS__))
+
+/* Replaces the F8_E4M3 view *t [rows, cols] by an owned F32 copy, dequantized exactly (for
+ * regrouping rows that cut through scale blocks). Returns 0, or -1 with err. */
+static int weights_dequant_owned(weights_ctx *x, tensor *t) {
+  if (t->dt != DTYPE_F8_E4M3) return 0;
+  int64_t rows = t->shape[0], cols = t->shape[1];
+  float *f = weights_own(x->s, (size_t)(rows * cols) * 4);
+  if (!f) return errf(x->err, x->errlen, "out of memory dequantizing an fp8 tensor");
+  fp8_dequantize(t, 0, rows, f);
+  *t = (tensor){.data = f, .dt = DTYPE_F32, .ndim = 2, .shape = {rows, cols}};
+  return 0;
+}
 
 /* Qwen3-Next: in_proj_qkvz [nk*(2dk + 2r*dv), H] and in_proj_ba [nk*2r, H], grouped per key
  * head g as [q_g | k_g | v_g (r*dv) | z_g (r*dv)] and [b_g (r) | a_g (r)], into owned
@@ -324,7 +460,10 @@ static int weights_linear_attn(weights_ctx *x, const model_config *c, int li, la
                  ? REQ(&qkvz, P("in_proj_qkvz.weight"), 2 * nk * dk + 2 * nv * dv, H)
                  : REQ(&L->in_proj_qkv, P("in_proj_qkv.weight"), C, H);
     if (REQ(&ba, P("in_proj_ba.weight"), 2 * nv, H)) return -1;
-    if (weights_regroup_next(x, c, &qkvz, &ba, L)) return -1;
+    /* FP8 rows are regrouped as fp32 (the groups need not follow the scale blocks) */
+    if (weights_dequant_owned(x, &qkvz) || weights_dequant_owned(x, &ba) ||
+        weights_regroup_next(x, c, &qkvz, &ba, L))
+      return -1;
   }
   if (REQ(&L->conv1d, P("conv1d.weight"), C, K) || REQ(&L->dt_bias, P("dt_bias"), nv) ||
       REQ(&L->A_log, P("A_log"), nv) || REQ(&L->lin_norm, P("norm.weight"), dv) ||
@@ -348,12 +487,22 @@ static int weights_attn(weights_ctx *x, const model_config *c, int li, layer_wei
   return 0;
 }
 
-/* A view of rows [row0, row0 + rows) of slab e of a 3-D tensor t [E, R, H]. */
+/* A view of rows [row0, row0 + rows) of slab e of a 3-D tensor t [E, R, H] (an FP8 view
+ * keeps slab e's scales and row0 in its block grid). */
 static tensor weights_slab(const tensor *t, int64_t e, int64_t row0, int64_t rows) {
   size_t es = dtype_size(t->dt);
   const char *p =
       (const char *)t->data + ((size_t)(e * t->shape[1] + row0) * (size_t)t->shape[2]) * es;
-  return (tensor){.data = p, .dt = t->dt, .ndim = 2, .shape = {rows, t->shape[2]}};
+  tensor v = {.data = p, .dt = t->dt, .ndim = 2, .shape = {rows, t->shape[2]}};
+  if (t->dt == DTYPE_F8_E4M3) {
+    int64_t sr = fp8_scale_rows(t->shape[1], t->block_n);
+    v.scale = (const char *)t->scale + (size_t)(e * sr * t->scale_cols) * 4;
+    v.scale_cols = t->scale_cols;
+    v.block_n = t->block_n;
+    v.block_k = t->block_k;
+    v.row0 = row0;
+  }
+  return v;
 }
 
 static int weights_moe(weights_ctx *x, const model_config *c, int li, layer_weights *L) {
@@ -422,14 +571,165 @@ static int weights_layer(weights_ctx *x, const model_config *c, int li, layer_we
   return 0;
 }
 
-int weights_load(const char *dir, const model_config *c, model_weights *w, char *err,
-                 size_t errlen) {
+/* quantization_config.modules_to_not_convert of dir/config.json (top level or under
+ * text_config): a new reference, or NULL. */
+static json_t *weights_read_not_converted(const char *dir) {
+  char path[1200];
+  snprintf(path, sizeof path, "%s/config.json", dir);
+  json_t *root = json_load_file(path, 0, NULL);
+  if (!root) return NULL;
+  json_t *q = json_object_get(root, "quantization_config");
+  if (!json_is_object(q))
+    q = json_object_get(json_object_get(root, "text_config"), "quantization_config");
+  json_t *l = json_is_object(q) ? json_object_get(q, "modules_to_not_convert") : NULL;
+  json_t *r = json_is_array(l) ? json_incref(l) : NULL;
+  json_decref(root);
+  return r;
+}
+
+/* --load-format dummy: gen_random's tensors for c, written into an anonymous memory file
+ * (no weight file on disk) and mapped like a checkpoint. */
+static int weights_open_dummy(struct weights_store *s, const model_config *c, const weights_opts *o,
+                              char *err, size_t errlen) {
+  int fd = memfd_create("deltaserve-dummy-weights", MFD_CLOEXEC);
+  if (fd < 0) return errf(err, errlen, "--load-format dummy: memfd_create: %s", strerror(errno));
+  char path[64];
+  snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+  gen_random_opts go = {
+      .seed = o->seed, .dt = DTYPE_BF16, .experts = GEN_RANDOM_EXPERTS_PER_EXPERT, .quiet = 1};
+  int rc = gen_random_write_weights(c, path, &go, err, errlen);
+  if (rc == 0) rc = weights_add_file(s, path, err, errlen);
+  close(fd); /* the mapping keeps the memory file */
+  if (rc) return -1;
+  return weights_build_index(s, err, errlen);
+}
+
+/* ---- quantization at load (--quantization fp8) -------------------------------------------- */
+
+typedef struct weights_qjob {
+  tensor **ts;  /* [n] views to quantize, replaced in place */
+  uint8_t **qs; /* [n] owned outputs */
+  float **ss;
+  int n, bn, bk;
+  atomic_int next, failed;
+} weights_qjob;
+
+static void *weights_qworker(void *arg) {
+  weights_qjob *j = arg;
+  for (int i; (i = atomic_fetch_add(&j->next, 1)) < j->n;)
+    if (fp8_quantize(j->ts[i], j->bn, j->bk, j->qs[i], j->ss[i])) atomic_store(&j->failed, 1);
+  return NULL;
+}
+
+/* Appends every product weight of w (the matrices an FP8 checkpoint stores as FP8: not the
+ * embeddings, lm_head, norms, conv1d, in_proj_a / in_proj_b, the router, shared_expert_gate)
+ * that is not FP8 yet to ts (NULL: counts only). Returns the count. */
+static int weights_products(const model_config *c, model_weights *w, tensor **ts) {
+  int n = 0;
+  for (int i = 0; i < c->n_layers; i++) {
+    layer_weights *L = &w->layers[i];
+    tensor *all[] = {&L->q_proj,      &L->k_proj,    &L->v_proj,     &L->o_proj,  &L->in_proj_qkv,
+                     &L->in_proj_z,   &L->out_proj,  &L->gate_proj,  &L->up_proj, &L->down_proj,
+                     &L->shared_gate, &L->shared_up, &L->shared_down};
+    for (size_t k = 0; k < sizeof all / sizeof all[0]; k++)
+      if (all[k]->data && all[k]->dt != DTYPE_F8_E4M3 && all[k]->ndim == 2) {
+        if (ts) ts[n] = all[k];
+        n++;
+      }
+    if (L->experts && c->layer_is_moe[i])
+      for (int e = 0; e < c->n_experts; e++) {
+        tensor *ex[] = {&L->experts[e].gate, &L->experts[e].up, &L->experts[e].down};
+        for (int k = 0; k < 3; k++)
+          if (ex[k]->data && ex[k]->dt != DTYPE_F8_E4M3) {
+            if (ts) ts[n] = ex[k];
+            n++;
+          }
+      }
+  }
+  return n;
+}
+
+/* Quantizes the product weights that are not FP8 into owned bn x bk-block e4m3 views, on one
+ * thread per online CPU. Returns 0, or -1 with err (out of memory). */
+static int weights_quantize(weights_ctx *x, const model_config *c, model_weights *w, int bn,
+                            int bk) {
+  int n = weights_products(c, w, NULL), rc = -1;
+  weights_qjob j = {.n = n, .bn = bn, .bk = bk};
+  j.ts = calloc((size_t)n + 1, sizeof *j.ts);
+  j.qs = calloc((size_t)n + 1, sizeof *j.qs);
+  j.ss = calloc((size_t)n + 1, sizeof *j.ss);
+  double before = 0, after = 0;
+  if (!j.ts || !j.qs || !j.ss) goto oom;
+  weights_products(c, w, j.ts);
+  for (int i = 0; i < n; i++) {
+    const tensor *t = j.ts[i];
+    int64_t rows = t->shape[0], cols = t->shape[1];
+    size_t ns = (size_t)(fp8_scale_rows(rows, bn) * fp8_scale_cols(cols, bk));
+    j.qs[i] = weights_own(x->s, (size_t)(rows * cols));
+    j.ss[i] = weights_own(x->s, ns * 4);
+    if (!j.qs[i] || !j.ss[i]) goto oom;
+    before += (double)(rows * cols) * (double)dtype_size(t->dt);
+    after += (double)(rows * cols) + 4.0 * (double)ns;
+  }
+  atomic_init(&j.next, 0);
+  atomic_init(&j.failed, 0);
+  long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+  int nt = ncpu < 1 ? 1 : ncpu > 64 ? 64 : (int)ncpu, started = 0;
+  if (nt > n) nt = n;
+  pthread_t th[64];
+  for (int i = 0; i < nt; i++)
+    if (pthread_create(&th[started], NULL, weights_qworker, &j) == 0) started++;
+  weights_qworker(&j);
+  for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
+  if (atomic_load(&j.failed)) goto oom;
+  for (int i = 0; i < n; i++)
+    *j.ts[i] = fp8_view(j.qs[i], j.ss[i], j.ts[i]->shape[0], j.ts[i]->shape[1], bn, bk);
+  log_info(
+      "weights: %d product weights quantized to F8_E4M3 in %d x %d blocks at load: %.3f GiB "
+      "-> %.3f GiB with scales",
+      n, bn, bk, before / 1073741824.0, after / 1073741824.0);
+  rc = 0;
+  goto done;
+oom:
+  errf(x->err, x->errlen, "out of memory quantizing weights to fp8");
+done:
+  free(j.ts);
+  free(j.qs);
+  free(j.ss);
+  return rc;
+}
+
+/* Start-up line: the bytes of the tensors read, by their stored dtype. */
+static void weights_log_bytes(const weights_ctx *x, const weights_opts *o) {
+  char line[512];
+  size_t k = 0;
+  static const dtype order[] = {DTYPE_F8_E4M3, DTYPE_BF16, DTYPE_F16, DTYPE_F32};
+  for (size_t i = 0; i < sizeof order / sizeof order[0]; i++) {
+    double b = x->bytes[order[i]];
+    if (b <= 0 || k >= sizeof line) continue;
+    k += (size_t)snprintf(line + k, sizeof line - k, "%s%s %.3f GiB", k ? ", " : "",
+                          st_dtype_str(order[i]), b / 1073741824.0);
+    if (order[i] == DTYPE_F8_E4M3 && k < sizeof line)
+      k += (size_t)snprintf(line + k, sizeof line - k, " (+ F32 block scales %.2f MiB)",
+                            x->scale_bytes / 1048576.0);
+  }
+  log_info("weights: %s%s", k ? line : "none",
+           o->dummy ? " (--load-format dummy: random values, no weight files)" : "");
+}
+
+int weights_load_with(const char *dir, const model_config *c, const weights_opts *o,
+                      model_weights *w, char *err, size_t errlen) {
+  static const weights_opts none;
+  if (!o) o = &none;
   memset(w, 0, sizeof *w);
+  weights_ctx xc = {.c = c, .dir = dir, .prefix = "model.", .err = err, .errlen = errlen}, *x = &xc;
   struct weights_store *s = calloc(1, sizeof *s);
   if (!s) return errf(err, errlen, "%s: out of memory", dir);
   w->store = s;
-  if (weights_open_dir(s, dir, err, errlen)) goto fail;
-  weights_ctx xc = {.s = s, .dir = dir, .prefix = "model.", .err = err, .errlen = errlen}, *x = &xc;
+  xc.s = s;
+  if (o->dummy ? weights_open_dummy(s, c, o, err, errlen) : weights_open_dir(s, dir, err, errlen))
+    goto fail;
+  if (!o->dummy) xc.not_converted = weights_read_not_converted(dir);
   if (weights_find(s, "model.language_model.embed_tokens.weight"))
     xc.prefix = "model.language_model.";
   const int64_t V = c->vocab_size, H = c->hidden_size;
@@ -447,10 +747,23 @@ int weights_load(const char *dir, const model_config *c, model_weights *w, char 
   }
   for (int i = 0; i < c->n_layers; i++)
     if (weights_layer(x, c, i, &w->layers[i])) goto fail;
+  weights_log_bytes(x, o);
+  /* a dummy model of an FP8 config is FP8 as the checkpoint would be */
+  if (o->quantize_fp8 || (o->dummy && c->fp8_block_n > 0)) {
+    int bn = o->quantize_fp8 ? 128 : c->fp8_block_n, bk = o->quantize_fp8 ? 128 : c->fp8_block_k;
+    if (weights_quantize(x, c, w, bn, bk)) goto fail;
+  }
+  json_decref(xc.not_converted);
   return 0;
 fail:
+  json_decref(xc.not_converted);
   weights_free(w);
   return -1;
+}
+
+int weights_load(const char *dir, const model_config *c, model_weights *w, char *err,
+                 size_t errlen) {
+  return weights_load_with(dir, c, NULL, w, err, errlen);
 }
 
 void weights_free(model_weights *w) {
@@ -468,10 +781,35 @@ const void *weights_raw(const model_weights *w, const char *name, uint64_t *nbyt
   return e->t->data;
 }
 
-int model_load(const char *dir, model_config *c, model_weights *w, char *err, size_t errlen) {
+int model_check_path(const char *path, char *err, size_t errlen) {
+  struct stat sb;
+  if (stat(path, &sb) != 0 || S_ISDIR(sb.st_mode)) return 0; /* config.json's error names it */
+  char magic[4] = {0};
+  FILE *f = fopen(path, "rb");
+  if (f) {
+    if (fread(magic, 1, 4, f) != 4) magic[0] = 0;
+    fclose(f);
+  }
+  size_t n = strlen(path);
+  if ((n > 5 && !strcasecmp(path + n - 5, ".gguf")) || !memcmp(magic, "GGUF", 4))
+    return errf(err, errlen,
+                "%s: a GGUF file is not supported: deltaserve loads a Hugging Face model folder "
+                "(config.json + safetensors)",
+                path);
+  return errf(err, errlen, "%s: not a folder (a model is a folder with config.json + safetensors)",
+              path);
+}
+
+int model_load_with(const char *dir, const weights_opts *o, model_config *c, model_weights *w,
+                    char *err, size_t errlen) {
   char path[1200];
-  snprintf(path, sizeof path, "%s/config.json", dir);
   memset(w, 0, sizeof *w);
+  if (model_check_path(dir, err, errlen)) return -1;
+  snprintf(path, sizeof path, "%s/config.json", dir);
   if (config_load(path, c, err, errlen)) return -1;
-  return weights_load(dir, c, w, err, errlen);
+  return weights_load_with(dir, c, o, w, err, errlen);
+}
+
+int model_load(const char *dir, model_config *c, model_weights *w, char *err, size_t errlen) {
+  return model_load_with(dir, NULL, c, w, err, errlen);
 }

@@ -25,10 +25,17 @@ typedef struct tensor {
   dtype dt;
   int ndim;
   int64_t shape[4];
+  /* DTYPE_F8_E4M3 only (model/fp8.h): the F32 block scales (weight_scale_inv, little-endian,
+   * maybe unaligned) of the stored matrix this view lies in, [ceil(rows/block_n), scale_cols]
+   * row-major; row0 is the view's first row in that matrix (a fused expert's up rows). */
+  const void *scale;
+  int64_t scale_cols, row0;
+  int block_n, block_k;
 } tensor;
 
 int64_t tensor_numel(const tensor *t);
-/* Element i of t converted to float (any dtype). */
+/* Element i of t converted to float (any dtype; an F8_E4M3 view, 2-D, times its block's
+ * scale, as fp8_dequantize does). */
 float tensor_get_f32(const tensor *t, int64_t i);
 
 typedef struct expert_weights {
@@ -82,10 +89,27 @@ typedef struct model_weights {
   struct weights_store *store; /* mmaps and owned buffers; private */
 } model_weights;
 
+typedef struct weights_opts {
+  /* vLLM's --quantization fp8: every product weight stored BF16 / F16 / F32 is quantized at
+   * load to F8_E4M3 in 128 x 128 blocks (model/fp8.h), owned by the store; FP8 ones stay. */
+  int quantize_fp8;
+  /* vLLM's --load-format dummy: no weight file is read; gen_random's tensors for the config
+   * (BF16, its values for `seed`) are made in host memory, and quantized as the config's
+   * weight_block_size says when the config is an fp8 one. */
+  int dummy;
+  uint64_t seed;
+} weights_opts;
+
 /* Loads every tensor the config needs from the folder `dir`, checking names, dtypes and
- * shapes. Returns 0, or -1 with one line in err naming the file and tensor at fault (missing
- * or truncated file, invalid header JSON, missing tensor, wrong shape, unknown dtype).
- * On failure nothing is left allocated. */
+ * shapes. FP8 tensors (F8_E4M3 + their weight_scale_inv, model/fp8.h) become F8_E4M3 views;
+ * which tensors are FP8 is read from the file, modules_to_not_convert is only cross-checked.
+ * Logs the bytes read by dtype. o may be NULL (no options). Returns 0, or -1 with one line in
+ * err naming the file and tensor at fault (missing or truncated file, invalid header JSON,
+ * missing tensor, wrong shape, unknown dtype, an FP8 tensor without or with wrong scales or
+ * listed as not converted). On failure nothing is left allocated. */
+int weights_load_with(const char *dir, const model_config *c, const weights_opts *o,
+                      model_weights *w, char *err, size_t errlen);
+/* weights_load_with without options. */
 int weights_load(const char *dir, const model_config *c, model_weights *w, char *err,
                  size_t errlen);
 void weights_free(model_weights *w);
@@ -95,7 +119,13 @@ void weights_free(model_weights *w);
  * Points into w's mappings; valid until weights_free. For tools and tests. */
 const void *weights_raw(const model_weights *w, const char *name, uint64_t *nbytes);
 
-/* Convenience: config_load(dir/config.json) + weights_load(dir). */
+/* -1 with one line in err when path is a file (a GGUF file named as such), 0 otherwise (a
+ * folder, or nothing: reading dir/config.json then names what is missing). */
+int model_check_path(const char *path, char *err, size_t errlen);
+
+/* Convenience: model_check_path + config_load(dir/config.json) + weights_load_with(dir, o). */
+int model_load_with(const char *dir, const weights_opts *o, model_config *c, model_weights *w,
+                    char *err, size_t errlen);
 int model_load(const char *dir, model_config *c, model_weights *w, char *err, size_t errlen);
 
 #ifdef __cplusplus

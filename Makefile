@@ -33,7 +33,7 @@ endif
 CUDA_TEST_SRCS := $(sort $(wildcard tests/cuda/test_*.c))
 CUDA_TESTS     := $(CUDA_TEST_SRCS:tests/cuda/%.c=$(BUILD)/tests/cuda/%)
 
-.PHONY: all test run deps clean test-asan asan-build format cuda-tests cuda-ktrace
+.PHONY: all test run deps clean test-asan asan-build format cuda-tests cuda-ktrace FORCE
 all: $(BUILD)/deltaserve
 
 $(BUILD)/obj/%.o: %.c
@@ -43,6 +43,18 @@ $(BUILD)/obj/%.o: %.c
 $(BUILD)/obj/%.o: %.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) $(CUFLAGS) -c $< -o $@
+
+# The commit `deltaserve --version` names: this tree's, when it is a git checkout (none from a
+# tarball, also one unpacked inside another repository). $(BUILD)/git-commit changes only when
+# the commit does, so that version.o is rebuilt then and only then.
+GIT_COMMIT := $(shell [ "$$(git rev-parse --show-toplevel 2>/dev/null)" = "$(CURDIR)" ] && \
+                git rev-parse --short=12 HEAD 2>/dev/null)
+$(BUILD)/git-commit: FORCE
+	@mkdir -p $(BUILD)
+	@echo '$(GIT_COMMIT)' | cmp -s - $@ || echo '$(GIT_COMMIT)' >$@
+$(BUILD)/obj/src/base/version.o: $(BUILD)/git-commit
+$(BUILD)/obj/src/base/version.o: CFLAGS += -DDS_GIT_COMMIT='"$(GIT_COMMIT)"'
+FORCE:
 
 $(BUILD)/libdeltaserve.a: $(OBJS)
 	@rm -f $@
@@ -86,9 +98,13 @@ asan-build:
 	  LDFLAGS="-fsanitize=address,undefined" all \
 	  $(TEST_SRCS:tests/%.c=build-asan/tests/%)
 
+# make run PORT=8001 HOST=0.0.0.0. HOST from the environment is not taken: shells set it to the
+# machine's name.
+PORT ?= 8000
+RUN_HOST := $(if $(filter environment,$(origin HOST)),127.0.0.1,$(or $(HOST),127.0.0.1))
 run: deps all
 	@bash scripts/demo.sh
-	$(BUILD)/deltaserve serve --model $(BUILD)/demo-model --port 8000
+	$(BUILD)/deltaserve serve $(BUILD)/demo-model --host $(RUN_HOST) --port $(PORT)
 
 format:
 	clang-format -i $$(find src tests scripts -name '*.[ch]' -o -name '*.cu' -o -name '*.cuh')

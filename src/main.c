@@ -1,9 +1,12 @@
 /* deltaserve — an inference server for the hybrid Gated-DeltaNet models (Qwen3.5/3.6,
  * Qwen3-Next). main() only dispatches to the subcommands in src/cli/. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "base/version.h"
 #include "cli/cli.h"
+#include "cli/cli_flags.h"
 
 static const struct {
   const char *name;
@@ -20,7 +23,9 @@ static const struct {
 };
 
 static void usage(FILE *f) {
-  fprintf(f, "usage: deltaserve <command> [flags]   (deltaserve <command> --help)\n\ncommands:\n");
+  fprintf(f,
+          "usage: deltaserve <command> [flags]   (deltaserve <command> --help; deltaserve "
+          "--version)\n\ncommands:\n");
   for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
     fprintf(f, "  %-11s %s\n", commands[i].name, commands[i].help);
 }
@@ -30,8 +35,22 @@ int main(int argc, char **argv) {
     usage(argc < 2 ? stderr : stdout);
     return argc < 2 ? 2 : 0;
   }
-  for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
-    if (!strcmp(argv[1], commands[i].name)) return commands[i].fn(argc - 1, argv + 1);
+  if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "-v")) {
+    printf("deltaserve %s\n", version_string());
+    return 0;
+  }
+  for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) {
+    if (strcmp(argv[1], commands[i].name)) continue;
+    /* every command reads "--flag value"; "--flag=value" arrives so too */
+    char **av = cli_flags_split(&argc, argv);
+    if (!av) {
+      fprintf(stderr, "deltaserve: out of memory\n");
+      return 1;
+    }
+    int rc = commands[i].fn(argc - 1, av + 1);
+    free(av);
+    return rc;
+  }
   fprintf(stderr, "deltaserve: unknown command '%s'\n", argv[1]);
   usage(stderr);
   return 2;

@@ -1,17 +1,21 @@
 /* cli_flags — see cli_flags.h. */
 #include "cli/cli_flags.h"
 
+#include <ctype.h>
 #include <errno.h>
+#include <limits.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "base/log.h"
 
 const char cli_flags_engine_help[] =
     "  --max-num-seqs N            concurrent sequences (64)\n"
     "  --max-num-batched-tokens N  tokens per step (8192)\n"
-    "  --max-model-len N           longest prompt + output (model's max_position_embeddings)\n"
+    "  --max-model-len N           longest prompt + output (auto or -1: the model's\n"
+    "                              max_position_embeddings, the default)\n"
     "  --kv-cache-tokens N         KV cache size in tokens (0: derived)\n"
     "  --gpu-memory-utilization F  share of device memory to use (0.9)\n"
     "  --max-waiting N             queued requests before 429 (4096)\n"
@@ -29,7 +33,102 @@ const char cli_flags_engine_help[] =
     "                              CPUs - 1)); the tokens do not depend on it\n"
     "  --log-steps                 log one line per engine step: each request's token range\n"
     "                              (+ cold admission, <-N restored from the prefix cache,\n"
-    "                              ! sampled)\n";
+    "                              ! sampled)\n"
+    "  Token and byte counts (N above, --max-request-bytes) take vLLM's suffixes: k m g t\n"
+    "  = 10^3 10^6 10^9 10^12 (25.6k = 25600), K M G T = 2^10 2^20 2^30 2^40 (32K = 32768).\n";
+
+/* "--name=value" with a name of letters, digits, '-' and '_': where its '=' is, else NULL. */
+static const char *cli_flags_eq(const char *a) {
+  if (strncmp(a, "--", 2) != 0 || a[2] == '=') return NULL;
+  for (const char *p = a + 2; *p; p++) {
+    if (*p == '=') return p;
+    if (!isalnum((unsigned char)*p) && *p != '-' && *p != '_') return NULL;
+  }
+  return NULL;
+}
+
+char **cli_flags_split(int *argc, char **argv) {
+  size_t n = (size_t)*argc, out = 0, bytes = 0;
+  for (size_t i = 0; i < n; i++) bytes += strlen(argv[i]) + 1;
+  /* at most twice the entries, and the strings copied once ('=' becomes the first's end) */
+  char **av = malloc((2 * n + 1) * sizeof *av + bytes);
+  if (!av) return NULL;
+  char *text = (char *)(av + 2 * n + 1);
+  int rest = 0; /* after "--": kept as they are */
+  for (size_t i = 0; i < n; i++) {
+    size_t len = strlen(argv[i]);
+    memcpy(text, argv[i], len + 1);
+    const char *eq = i > 0 && !rest ? cli_flags_eq(argv[i]) : NULL;
+    rest |= i > 0 && !strcmp(argv[i], "--");
+    av[out++] = text;
+    if (eq) {
+      text[eq - argv[i]] = 0;
+      av[out++] = text + (eq - argv[i]) + 1;
+    }
+    text += len + 1;
+  }
+  av[out] = NULL;
+  *argc = (int)out;
+  return av;
+}
+
+/* [+-]digits with single '_' between digits (Python's int()); 0 and *out, or -1. */
+static int cli_flags_plain(const char *s, const char *end, long long *out) {
+  int neg = *s == '-';
+  if (*s == '+' || *s == '-') s++;
+  if (s == end || !isdigit((unsigned char)*s)) return -1;
+  long long x = 0;
+  for (; s < end; s++) {
+    if (*s == '_' && s + 1 < end && isdigit((unsigned char)s[-1]) && isdigit((unsigned char)s[1]))
+      continue;
+    if (!isdigit((unsigned char)*s) || x > (LLONG_MAX - 9) / 10) return -1;
+    x = x * 10 + (*s - '0');
+  }
+  *out = neg ? -x : x;
+  return 0;
+}
+
+int cli_flags_size(const char *v, const char *flag, long long lo, long long hi, long long *out,
+                   char *err, size_t errlen) {
+  const char *s = v, *end = v + strlen(v);
+  while (s < end && isspace((unsigned char)*s)) s++;
+  while (end > s && isspace((unsigned char)end[-1])) end--;
+  long long x = 0;
+  int ok = 0;
+  const char *suffix = end > s ? strchr("kmgtKMGT", end[-1]) : NULL;
+  if (suffix && *suffix) {
+    /* digits [. digits] then the suffix, as vLLM's (\d+(?:\.\d+)?)([kKmMgGtT]) */
+    const char *p = s, *dot = NULL;
+    while (p < end - 1 && (isdigit((unsigned char)*p) || (*p == '.' && !dot && p > s))) {
+      if (*p == '.') dot = p;
+      p++;
+    }
+    int form = p == end - 1 && p > s && (!dot || dot < p - 1);
+    int k = (int)(suffix - "kmgtKMGT");
+    if (form && k < 4) { /* decimal: int(float(number) * 10^(3(k+1))) */
+      static const double mult[] = {1e3, 1e6, 1e9, 1e12};
+      double d = strtod(s, NULL) * mult[k];
+      ok = d < 9.2e18;
+      x = ok ? (long long)d : 0;
+    } else if (form && dot) {
+      return errf(err, errlen,
+                  "%s: '%s': decimals are not allowed with binary suffixes like %c (did you mean "
+                  "%.*s%c, x 10^%d?)",
+                  flag, v, end[-1], (int)(end - 1 - s), s, "kmgt"[k - 4], 3 * (k - 3));
+    } else if (form) { /* binary: int(number) * 2^(10(k-3)) */
+      ok = !cli_flags_plain(s, end - 1, &x) && x <= (LLONG_MAX >> (10 * (k - 3)));
+      x = ok ? x << (10 * (k - 3)) : 0;
+    }
+  } else {
+    ok = !cli_flags_plain(s, end, &x);
+  }
+  if (!ok || x < lo || x > hi)
+    return errf(err, errlen,
+                "%s: expected a count in [%lld, %lld] (32768, 32k = 32000, 32K = 32768), got '%s'",
+                flag, lo, hi, v);
+  *out = x;
+  return 0;
+}
 
 int cli_flags_int(const char *v, const char *flag, int lo, int hi, int *out, char *err,
                   size_t errlen) {
@@ -88,7 +187,7 @@ int cli_flags_engine(engine_opts *o, int argc, char **argv, int *i, char *err, s
     return 1;
   }
   /* the flags with a number: where it goes, its type, its range (an integer's hi 0: 1e9) */
-  enum { NUM_INT, NUM_FLOAT, NUM_DOUBLE };
+  enum { NUM_INT, NUM_SIZE, NUM_FLOAT, NUM_DOUBLE }; /* NUM_SIZE: an int as cli_flags_size */
   static const struct {
     const char *name;
     size_t off;
@@ -96,13 +195,13 @@ int cli_flags_engine(engine_opts *o, int argc, char **argv, int *i, char *err, s
     double lo, hi;
   } nums[] = {
       {"--max-num-seqs", offsetof(engine_opts, max_num_seqs), NUM_INT, 1, 0},
-      {"--max-num-batched-tokens", offsetof(engine_opts, max_num_batched_tokens), NUM_INT, 1, 0},
-      {"--max-model-len", offsetof(engine_opts, max_model_len), NUM_INT, 1, 0},
-      {"--kv-cache-tokens", offsetof(engine_opts, kv_cache_tokens), NUM_INT, 16, 0},
+      {"--max-num-batched-tokens", offsetof(engine_opts, max_num_batched_tokens), NUM_SIZE, 1, 0},
+      {"--max-model-len", offsetof(engine_opts, max_model_len), NUM_SIZE, 1, 0},
+      {"--kv-cache-tokens", offsetof(engine_opts, kv_cache_tokens), NUM_SIZE, 16, 0},
       {"--gpu-memory-utilization", offsetof(engine_opts, gpu_memory_utilization), NUM_FLOAT, 0.01,
        1.0},
       {"--max-waiting", offsetof(engine_opts, max_waiting), NUM_INT, 1, 0},
-      {"--snapshot-interval", offsetof(engine_opts, snapshot_interval), NUM_INT, 1, 0},
+      {"--snapshot-interval", offsetof(engine_opts, snapshot_interval), NUM_SIZE, 1, 0},
       {"--snapshot-slabs", offsetof(engine_opts, n_snapshot_slabs), NUM_INT, 0, 0},
       {"--prefix-cache-gib", offsetof(engine_opts, prefix_cache_gib), NUM_DOUBLE, 0, 1e6},
       {"--host-cache-gib", offsetof(engine_opts, host_cache_gib), NUM_DOUBLE, 0, 1e6},
@@ -122,7 +221,14 @@ int cli_flags_engine(engine_opts *o, int argc, char **argv, int *i, char *err, s
   char *dst = (char *)o + nums[k].off;
   double d;
   int rc;
-  if (nums[k].type == NUM_INT) {
+  long long n;
+  if (!strcmp(name, "--max-model-len") && (!strcmp(v, "-1") || !strcasecmp(v, "auto"))) {
+    o->max_model_len = 0; /* vLLM's human_readable_int_or_auto: derived from the model */
+    rc = 0;
+  } else if (nums[k].type == NUM_SIZE) {
+    rc = cli_flags_size(v, name, (long long)nums[k].lo, 1000000000, &n, err, errlen);
+    if (rc == 0) *(int *)dst = (int)n;
+  } else if (nums[k].type == NUM_INT) {
     rc = cli_flags_int(v, name, (int)nums[k].lo, nums[k].hi > 0 ? (int)nums[k].hi : 1000000000,
                        (int *)dst, err, errlen);
   } else {

@@ -1183,9 +1183,9 @@ int cmd_bench(int argc, char **argv) {
       }
       b.only_conc = (int)c;
     } else if (!strcmp(a, "--decode-prompt") || !strcmp(a, "--decode-shared")) {
-      long c = strtol(v, &end, 10);
-      if (*end || end == v || c < 1 || c > 1 << 20) {
-        fprintf(stderr, "deltaserve bench: bad %s '%s'\n", a, v);
+      long long c;
+      if (cli_flags_size(v, a, 1, 1 << 20, &c, err, sizeof err)) {
+        fprintf(stderr, "deltaserve bench: %s\n", err);
         return 2;
       }
       if (a[9] == 'p')

@@ -16,6 +16,7 @@
 #include "backend/cpu/backend_cpu.h"
 #include "backend/backend_create.h"
 #include "cli/cli.h"
+#include "cli/cli_flags.h"
 #include "model/qwen35.h"
 
 static int parse_ids(const char *s, int32_t **out, int *n) {
@@ -90,11 +91,13 @@ int cmd_run(int argc, char **argv) {
     } else if (!strcmp(a, "--logits-out")) {
       logits_out = val;
     } else if (!strcmp(a, "--max-tokens")) {
-      max_tokens = strtol(val, &end, 10);
-      if (*end || max_tokens < 0 || max_tokens > 1000000) {
-        fprintf(stderr, "deltaserve run: bad --max-tokens '%s'\n", val);
+      long long n;
+      char err[256];
+      if (cli_flags_size(val, a, 0, 1000000, &n, err, sizeof err)) {
+        fprintf(stderr, "deltaserve run: %s\n", err);
         return 1;
       }
+      max_tokens = (long)n;
     } else if (!strcmp(a, "--device")) {
       device = val;
     } else if (!strcmp(a, "--threads")) {

@@ -24,6 +24,7 @@
 #include "base/log.h"
 #include "cli/cli.h"
 #include "cli/cli_flags.h"
+#include "cli/cli_vllm.h"
 #include "engine/engine.h"
 #include "engine/engine_mem.h"
 #include "model/config.h"
@@ -39,15 +40,16 @@
 static void serve_usage(FILE *f) {
   fprintf(
       f,
-      "usage: deltaserve serve [flags]\n"
+      "usage: deltaserve serve [MODEL] [flags]   (flags as --flag value or --flag=value)\n"
       "\n"
       "server:\n"
-      "  --model DIR                 model folder (default: the demo model at " SERVE_DEMO_MODEL
+      "  MODEL, --model DIR          model folder (default: the demo model at " SERVE_DEMO_MODEL
       ")\n"
       "  --host ADDR                 IPv4 address to listen on (127.0.0.1)\n"
       "  --port N                    port (8000; 0 picks a free one)\n"
       "  --served-model-name NAME    the model name clients send (default: the folder name)\n"
-      "  --api-key KEY               require 'Authorization: Bearer KEY' on /v1/*\n"
+      "  --api-key KEY               require 'Authorization: Bearer KEY' on /v1/* (default:\n"
+      "                              $DELTASERVE_API_KEY, else $VLLM_API_KEY, if set)\n"
       "  --metrics-require-api-key   with --api-key, /metrics needs the key too (default: open)\n"
       "  --device cpu|cuda|auto      backend (auto)\n"
       "  --threads N                 CPU backend threads (0: all cores)\n"
@@ -66,8 +68,11 @@ static void serve_usage(FILE *f) {
       "                              at start and device memory stays flat under load)\n"
       "\n"
       "engine and cache:\n"
-      "%s",
+      "%s"
+      "\n"
+      "vLLM's flags without an effect here (accepted with a log line) or refused:\n",
       cli_flags_engine_help);
+  cli_vllm_usage(f);
 }
 
 static int serve_parse_long(const char *flag, const char *v, long long lo, long long hi,
@@ -87,6 +92,15 @@ static int serve_parse_long(const char *flag, const char *v, long long lo, long 
 static int serve_is_dir(const char *p) {
   struct stat st;
   return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+/* a and b name the same file (the same text when either does not resolve) */
+static int serve_same_path(const char *a, const char *b) {
+  char *ra = realpath(a, NULL), *rb = realpath(b, NULL);
+  int same = ra && rb ? !strcmp(ra, rb) : !strcmp(a, b);
+  free(ra);
+  free(rb);
+  return same;
 }
 
 static const char *serve_basename(const char *p) {
@@ -143,6 +157,7 @@ static json_vocab *serve_json_vocab(const tokenizer *tok, int n_vocab, const mod
 }
 
 int cmd_serve(int argc, char **argv) {
+  const char *model_arg = NULL; /* MODEL, positional */
   const char *model_dir = NULL, *host = "127.0.0.1", *name = NULL, *api_key = NULL,
              *device = "auto", *gen_cfg = "auto";
   long long port = 8000, threads = 0, max_req = 32LL << 20;
@@ -167,6 +182,15 @@ int cmd_serve(int argc, char **argv) {
       serve_usage(stdout);
       return 0;
     }
+    if (a[0] != '-') { /* MODEL, as `vllm serve MODEL` */
+      if (model_arg) {
+        fprintf(stderr, "deltaserve serve: unexpected argument '%s' (the model is '%s')\n", a,
+                model_arg);
+        return 2;
+      }
+      model_arg = a;
+      continue;
+    }
     const struct {
       const char *name;
       int *on;
@@ -190,7 +214,12 @@ int cmd_serve(int argc, char **argv) {
     for (size_t k = 0; k < sizeof with_value / sizeof with_value[0]; k++)
       known |= !strcmp(a, with_value[k]);
     if (!known) {
-      fprintf(stderr, "deltaserve serve: unknown flag '%s' (see deltaserve serve --help)\n", a);
+      int vrc = cli_vllm_flag(argc, argv, &i, err, sizeof err);
+      if (vrc > 0) continue;
+      if (vrc < 0)
+        fprintf(stderr, "deltaserve serve: %s\n", err);
+      else
+        fprintf(stderr, "deltaserve serve: unknown flag '%s' (see deltaserve serve --help)\n", a);
       return 2;
     }
     if (i + 1 >= argc) {
@@ -215,7 +244,10 @@ int cmd_serve(int argc, char **argv) {
     } else if (!strcmp(a, "--threads")) {
       if (serve_parse_long(a, v, 0, 1024, &threads)) return 2;
     } else if (!strcmp(a, "--max-request-bytes")) {
-      if (serve_parse_long(a, v, 1024, 1LL << 40, &max_req)) return 2;
+      if (cli_flags_size(v, a, 1024, 1LL << 40, &max_req, err, sizeof err)) {
+        fprintf(stderr, "deltaserve serve: %s\n", err);
+        return 2;
+      }
     } else if (!strcmp(a, "--shutdown-grace")) {
       char *end;
       grace = strtod(v, &end);
@@ -226,17 +258,36 @@ int cmd_serve(int argc, char **argv) {
       }
     }
   }
+  if (model_arg && model_dir && !serve_same_path(model_arg, model_dir)) {
+    fprintf(stderr, "deltaserve serve: two models given: '%s' and --model '%s'\n", model_arg,
+            model_dir);
+    return 2;
+  }
+  if (model_arg) model_dir = model_arg;
+  if (!api_key) { /* vLLM's VLLM_API_KEY, and deltaserve's own name first */
+    static const char *const key_vars[] = {"DELTASERVE_API_KEY", "VLLM_API_KEY"};
+    for (size_t k = 0; k < sizeof key_vars / sizeof *key_vars && !api_key; k++) {
+      const char *v = getenv(key_vars[k]);
+      if (v && v[0]) {
+        api_key = v;
+        log_info("API key from $%s", key_vars[k]);
+      }
+    }
+  }
   if (!model_dir) {
     model_dir = SERVE_DEMO_MODEL;
     if (!serve_is_dir(model_dir)) {
       fprintf(stderr,
-              "deltaserve serve: no --model given and the demo model %s is missing: run `make run` "
-              "(or bash scripts/demo.sh) to create it, or pass --model DIR\n",
+              "deltaserve serve: no model given and the demo model %s is missing: run `make run` "
+              "(or bash scripts/demo.sh) to create it, or name a model folder (serve DIR)\n",
               model_dir);
       return 1;
     }
   } else if (!serve_is_dir(model_dir)) {
-    fprintf(stderr, "deltaserve serve: --model %s: no such folder\n", model_dir);
+    fprintf(stderr,
+            "deltaserve serve: model %s: no such folder (a local folder of config.json, "
+            "*.safetensors and tokenizer files)\n",
+            model_dir);
     return 1;
   }
   if (!name) name = serve_basename(model_dir);

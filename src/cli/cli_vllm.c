@@ -1,0 +1,123 @@
+/* cli_vllm — see cli_vllm.h. One table: a flag, the values deltaserve accepts, why it has no
+ * effect here, and why other values (or the flag itself) are refused. */
+#include "cli/cli_vllm.h"
+
+#include <string.h>
+
+#include "base/log.h"
+
+typedef struct {
+  const char *name;
+  const char *alias;  /* vLLM's short form ("-tp"), or NULL */
+  const char *values; /* NULL: a switch; "": any value; else the accepted ones, '|' between */
+  const char *ok;     /* accepted: why it changes nothing; NULL: the flag is refused */
+  const char *no;     /* refused (the flag, or a value not in values): why, what to do */
+} cli_vllm_entry;
+
+static const cli_vllm_entry cli_vllm_flags[] = {
+    {"--trust-remote-code", NULL, NULL, "no code from the model folder is run", NULL},
+    {"--dtype", NULL, "auto|bfloat16", "the weights are used as the checkpoint stores them",
+     "another dtype would change the results"},
+    {"--tensor-parallel-size", "-tp", "1", "one GPU per server",
+     "tensor parallelism is not implemented: one GPU per server"},
+    {"--pipeline-parallel-size", "-pp", "1", "one GPU per server",
+     "pipeline parallelism is not implemented: one GPU per server"},
+    {"--data-parallel-size", "-dp", "1", "one GPU per server",
+     "data parallelism is not implemented: run a server per GPU behind a load balancer"},
+    {"--enable-auto-tool-choice", NULL, NULL,
+     "tool calls are always parsed and tool_choice auto is always available", NULL},
+    {"--tool-call-parser", NULL, "hermes|qwen3_coder|qwen3_xml",
+     "Qwen's <tool_call> blocks are parsed in both forms (hermes JSON, qwen3_coder XML)",
+     "deltaserve parses Qwen's <tool_call> forms only"},
+    {"--reasoning-parser", NULL, "qwen3|deepseek_r1",
+     "<think> ... </think> is returned as reasoning_content",
+     "deltaserve parses Qwen's <think> blocks only"},
+    {"--disable-log-requests", NULL, NULL, "requests are not logged", NULL},
+    {"--disable-log-stats", NULL, NULL, "no periodic stats line is logged", NULL},
+    {"--uvicorn-log-level", NULL, "", "there is no uvicorn", NULL},
+    {"--disable-uvicorn-access-log", NULL, NULL, "there is no uvicorn", NULL},
+    {"--disable-frontend-multiprocessing", NULL, NULL, "deltaserve is one process", NULL},
+    {"--distributed-executor-backend", NULL, "", "deltaserve is one process", NULL},
+    {"--enforce-eager", NULL, NULL, "CUDA graphs change no result", NULL},
+    {"--enable-chunked-prefill", NULL, NULL,
+     "prompts are always prefilled in pieces of at most --max-num-batched-tokens", NULL},
+    {"--no-enable-chunked-prefill", NULL, NULL,
+     "prompts are always prefilled in pieces of at most --max-num-batched-tokens", NULL},
+    {"--swap-space", NULL, "", "no swap space (--host-cache-gib: a host tier of the prefix cache)",
+     NULL},
+    {"--block-size", NULL, "", "KV pages are 16 tokens", NULL},
+    {"--max-log-len", NULL, "", "prompts are not logged", NULL},
+    {"--download-dir", NULL, "", "MODEL is a local folder", NULL},
+    {"--kv-cache-dtype", NULL, "auto|bfloat16", "the KV cache is bfloat16",
+     "another KV cache dtype would change the results"},
+    {"--mamba-ssm-cache-dtype", NULL, "auto|float32", "the recurrent state is float32",
+     "another state dtype would change the results"},
+    {"--task", NULL, "auto|generate", "deltaserve generates text",
+     "deltaserve generates text only"},
+    {"--runner", NULL, "auto|generate", "deltaserve generates text",
+     "deltaserve generates text only"},
+    {"--seed", NULL, NULL, NULL,
+     "no server-wide seed: give a request a 'seed' field for reproducible sampling"},
+    {"--tokenizer", NULL, NULL, NULL, "the tokenizer is read from the model folder"},
+    {"--chat-template", NULL, NULL, NULL, "the model folder's chat template is used"},
+    {"--speculative-config", NULL, NULL, NULL, "speculative decoding is not implemented"},
+    {"--enable-lora", NULL, NULL, NULL, "LoRA adapters are not supported"},
+    {"--lora-modules", NULL, NULL, NULL, "LoRA adapters are not supported"},
+    {"--hf-overrides", NULL, NULL, NULL, "edit the model folder's config.json instead"},
+    {"--rope-scaling", NULL, NULL, NULL, "edit the model folder's config.json instead"},
+    {"--override-generation-config", NULL, NULL, NULL,
+     "use --generation-config DIR with a generation_config.json instead"},
+    {"--revision", NULL, NULL, NULL, "MODEL is a local folder"},
+    {"--ssl-keyfile", NULL, NULL, NULL, "no TLS: put a TLS proxy in front"},
+    {"--ssl-certfile", NULL, NULL, NULL, "no TLS: put a TLS proxy in front"},
+};
+
+/* value is one of the '|'-separated list */
+static int cli_vllm_in(const char *list, const char *value) {
+  size_t n = strlen(value);
+  for (const char *p = list; *p;) {
+    const char *bar = strchr(p, '|');
+    size_t len = bar ? (size_t)(bar - p) : strlen(p);
+    if (len == n && !strncmp(p, value, n)) return 1;
+    p += len + (bar != NULL);
+  }
+  return 0;
+}
+
+void cli_vllm_usage(FILE *f) {
+  for (size_t k = 0; k < sizeof cli_vllm_flags / sizeof *cli_vllm_flags; k++) {
+    const cli_vllm_entry *e = &cli_vllm_flags[k];
+    char what[96];
+    snprintf(what, sizeof what, "%s%s%s%s%s", e->alias ? e->alias : "", e->alias ? ", " : "",
+             e->name, e->ok && e->values ? " " : "",
+             !e->ok || !e->values ? ""
+             : e->values[0]       ? e->values
+                                  : "X");
+    fprintf(f, "  %-30s %s: %s\n", what,
+            !e->ok                      ? "refused"
+            : e->values && e->values[0] ? "accepted, others refused"
+                                        : "accepted",
+            e->ok ? e->ok : e->no);
+  }
+}
+
+int cli_vllm_flag(int argc, char **argv, int *i, char *err, size_t errlen) {
+  const char *a = argv[*i];
+  const cli_vllm_entry *e = NULL;
+  for (size_t k = 0; k < sizeof cli_vllm_flags / sizeof *cli_vllm_flags && !e; k++)
+    if (!strcmp(a, cli_vllm_flags[k].name) ||
+        (cli_vllm_flags[k].alias && !strcmp(a, cli_vllm_flags[k].alias)))
+      e = &cli_vllm_flags[k];
+  if (!e) return 0;
+  if (!e->ok) return errf(err, errlen, "%s: not supported: %s", a, e->no);
+  if (!e->values) {
+    log_info("%s: accepted, no effect: %s", a, e->ok);
+    return 1;
+  }
+  if (*i + 1 >= argc) return errf(err, errlen, "%s needs a value", a);
+  const char *v = argv[++*i];
+  if (e->values[0] && !cli_vllm_in(e->values, v))
+    return errf(err, errlen, "%s %s: not supported: %s (accepted: %s)", a, v, e->no, e->values);
+  log_info("%s %s: accepted, no effect: %s", a, v, e->ok);
+  return 1;
+}

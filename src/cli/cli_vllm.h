@@ -1,0 +1,19 @@
+/* cli_vllm — the flags of `vllm serve` that mean nothing in deltaserve, so that a vLLM launch
+ * line starts it: accepted with one log line where they change no result, refused with one
+ * line where deltaserve cannot do what they ask. The vLLM flags that map (--max-model-len,
+ * --port...) are deltaserve's own flags and are not here. */
+#ifndef DS_CLI_VLLM_H
+#define DS_CLI_VLLM_H
+#include <stddef.h>
+#include <stdio.h>
+
+/* Prints one help line per flag below to f, for `serve --help`. */
+void cli_vllm_usage(FILE *f);
+
+/* If argv[*i] is one of those flags: when deltaserve accepts it (and its value, argv[*i + 1]
+ * for a flag with one), logs one line "FLAG [VALUE]: accepted, no effect: WHY", advances *i
+ * past its value and returns 1; when it refuses it, returns -1 with one line in err saying why
+ * and what to do. Returns 0 when argv[*i] is none of them (nothing changes). */
+int cli_vllm_flag(int argc, char **argv, int *i, char *err, size_t errlen);
+
+#endif

@@ -4,7 +4,7 @@
 // DELTASERVE_API_KEY, and `make run PORT=... HOST=...`. Prints "PASS name" / "FAIL name: why".
 import { spawn, spawnSync } from "node:child_process";
 import path from "node:path";
-import { BIN, BUILD, test, assert, eq, poll, makeModel, killAllServers, watchdog, failureCount } from "./lib/server_harness.mjs";
+import { BIN, BUILD, test, assert, eq, poll, healthy, makeModel, killAllServers, watchdog, failureCount } from "./lib/server_harness.mjs";
 
 const done = watchdog(240000, "cli.test.mjs");
 const model = makeModel("ds-cli-");
@@ -29,14 +29,7 @@ async function serve(args, env = {}) {
     return m && Number(m[1]);
   }, "the listening line");
   srv.url = `http://127.0.0.1:${port}`;
-  await poll(async () => {
-    if (srv.exited) throw new Error(`serve exited (${JSON.stringify(srv.exited)}): ${srv.log.slice(-400)}`);
-    try {
-      return (await fetch(`${srv.url}/health`)).status === 200;
-    } catch {
-      return false;
-    }
-  }, "/health 200");
+  await poll(() => healthy(srv), "/health 200");
   srv.stop = async () => {
     p.kill("SIGTERM");
     await poll(() => srv.exited, "serve to exit");

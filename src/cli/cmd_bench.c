@@ -58,6 +58,7 @@
 #include "base/log.h"
 #include "cli/cli.h"
 #include "cli/cli_flags.h"
+#include "cli/cli_load.h"
 #include "engine/engine.h"
 #include "engine/engine_mem.h"
 #include "model/config.h"
@@ -120,7 +121,8 @@ typedef struct bench {
   int top_k;
   float frequency_penalty, presence_penalty;
   bench_sizes sz;
-  engine_opts user; /* engine flags from the command line */
+  engine_opts user;  /* engine flags from the command line */
+  weights_opts load; /* --quantization, --load-format */
   int user_kv_tokens, user_max_seqs;
   model_config cfg;
   model_weights w;
@@ -1121,8 +1123,9 @@ static void bench_usage(FILE *f) {
           "  --temperature T, --top-p P, --top-k K, --frequency-penalty F, --presence-penalty F:\n"
           "    every request sampled so (seeded; the default is greedy); the figures then\n"
           "    include the sampling.\n"
+          "%s"
           "engine flags (as serve):\n%s",
-          BENCH_MAX_CONC, BENCH_MAX_REPEATS, cli_flags_engine_help);
+          BENCH_MAX_CONC, BENCH_MAX_REPEATS, cli_load_help, cli_flags_engine_help);
 }
 
 int cmd_bench(int argc, char **argv) {
@@ -1138,6 +1141,11 @@ int cmd_bench(int argc, char **argv) {
     char err[256] = "";
     int rc = cli_flags_engine(&b.user, argc, argv, &i, err, sizeof err);
     if (rc < 0) {
+      fprintf(stderr, "deltaserve bench: %s\n", err);
+      return 2;
+    }
+    if (rc > 0) continue;
+    if ((rc = cli_load_flag(&b.load, argc, argv, &i, err, sizeof err)) < 0) {
       fprintf(stderr, "deltaserve bench: %s\n", err);
       return 2;
     }
@@ -1273,7 +1281,7 @@ int cmd_bench(int argc, char **argv) {
   b.user_kv_tokens = b.user.kv_cache_tokens != def.kv_cache_tokens;
   b.user_max_seqs = b.user.max_num_seqs != def.max_num_seqs;
 
-  if (model_load(b.model_dir, &b.cfg, &b.w, b.err, sizeof b.err)) {
+  if (model_load_with(b.model_dir, &b.load, &b.cfg, &b.w, b.err, sizeof b.err)) {
     fprintf(stderr, "deltaserve bench: %s\n", b.err);
     return 1;
   }

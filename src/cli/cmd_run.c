@@ -17,6 +17,7 @@
 #include "backend/backend_create.h"
 #include "cli/cli.h"
 #include "cli/cli_flags.h"
+#include "cli/cli_load.h"
 #include "model/qwen35.h"
 
 static int parse_ids(const char *s, int32_t **out, int *n) {
@@ -66,6 +67,7 @@ static int argmax(const float *x, int n) {
 int cmd_run(int argc, char **argv) {
   const char *model = NULL, *ids = NULL, *logits_out = NULL, *device = "cpu";
   long max_tokens = -1, threads = 0;
+  weights_opts wo = {0}; /* --quantization, --load-format */
   for (int i = 1; i < argc; i++)
     if (!strcmp(argv[i], "--prompts-file")) return cmd_run_batch(argc, argv);
   for (int i = 1; i < argc; i++) {
@@ -74,10 +76,18 @@ int cmd_run(int argc, char **argv) {
       printf(
           "usage: deltaserve run --model DIR --prompt-ids \"1,2,3\" --max-tokens N "
           "[--logits-out FILE] [--threads N] [--device cpu|cuda|auto]\n"
+          "       [--quantization fp8] [--load-format auto|safetensors|dummy]\n"
           "       (--device defaults to cpu, the fp32 reference)\n"
           "       deltaserve run --prompts-file FILE ...  (the engine, see run_batch)\n");
       return 0;
     }
+    char lerr[256];
+    int lf = cli_load_flag(&wo, argc, argv, &i, lerr, sizeof lerr);
+    if (lf < 0) {
+      fprintf(stderr, "deltaserve run: %s\n", lerr);
+      return 1;
+    }
+    if (lf) continue;
     if (i + 1 >= argc) {
       fprintf(stderr, "deltaserve run: %s needs a value\n", a);
       return 1;
@@ -133,7 +143,7 @@ int cmd_run(int argc, char **argv) {
   float *logits = NULL;
   int32_t *pages = NULL, *out = NULL;
   FILE *lf = NULL;
-  if (model_load(model, &cfg, &w, err, sizeof err)) {
+  if (model_load_with(model, &wo, &cfg, &w, err, sizeof err)) {
     fprintf(stderr, "deltaserve run: %s\n", err);
     free(prompt);
     return 1;

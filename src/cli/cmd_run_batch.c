@@ -19,6 +19,7 @@
 #include "base/log.h"
 #include "cli/cli.h"
 #include "cli/cli_flags.h"
+#include "cli/cli_load.h"
 #include "engine/engine.h"
 #include "engine/engine_mem.h"
 #include "model/weights.h"
@@ -204,8 +205,9 @@ static int run_batch_usage(void) {
   fprintf(stderr,
           "usage: deltaserve run --model DIR --prompts-file F [--max-num-seqs N] "
           "[--max-num-batched-tokens T] [--threads N] [other engine flags]\n"
+          "%s"
           "engine flags (as serve):\n%s",
-          cli_flags_engine_help);
+          cli_load_help, cli_flags_engine_help);
   return 2;
 }
 
@@ -214,11 +216,17 @@ int cmd_run_batch(int argc, char **argv) {
   int threads = 0;
   engine_opts eo;
   engine_opts_default(&eo);
+  weights_opts wo = {0}; /* --quantization, --load-format */
   /* the prefix cache is on by default, as in serve (--no-enable-prefix-caching turns it off) */
   char err[256];
   for (int i = 1; i < argc; i++) {
     int rc = cli_flags_engine(&eo, argc, argv, &i, err, sizeof err);
     if (rc < 0) {
+      fprintf(stderr, "deltaserve: %s\n", err);
+      return 2;
+    }
+    if (rc > 0) continue;
+    if ((rc = cli_load_flag(&wo, argc, argv, &i, err, sizeof err)) < 0) {
       fprintf(stderr, "deltaserve: %s\n", err);
       return 2;
     }
@@ -268,7 +276,7 @@ int cmd_run_batch(int argc, char **argv) {
 
   model_config cfg;
   model_weights w;
-  if (model_load(model_dir, &cfg, &w, err, sizeof err) != 0) {
+  if (model_load_with(model_dir, &wo, &cfg, &w, err, sizeof err) != 0) {
     fprintf(stderr, "deltaserve: %s\n", err);
     return 1;
   }

@@ -24,6 +24,7 @@
 #include "base/log.h"
 #include "cli/cli.h"
 #include "cli/cli_flags.h"
+#include "cli/cli_load.h"
 #include "cli/cli_vllm.h"
 #include "engine/engine.h"
 #include "engine/engine_mem.h"
@@ -66,12 +67,13 @@ static void serve_usage(FILE *f) {
       "  --no-warmup                 skip the start-up forward of the largest step (device\n"
       "                              backends run it so that a plan that does not fit fails\n"
       "                              at start and device memory stays flat under load)\n"
+      "%s"
       "\n"
       "engine and cache:\n"
       "%s"
       "\n"
       "vLLM's flags without an effect here (accepted with a log line) or refused:\n",
-      cli_flags_engine_help);
+      cli_load_help, cli_flags_engine_help);
   cli_vllm_usage(f);
 }
 
@@ -167,12 +169,18 @@ int cmd_serve(int argc, char **argv) {
   int metrics_key = 0; /* --metrics-require-api-key */
   engine_opts eo;
   engine_opts_default(&eo);
+  weights_opts wo = {0}; /* --quantization, --load-format */
   char err[512];
 
   for (int i = 1; i < argc; i++) {
     err[0] = 0;
     int rc = cli_flags_engine(&eo, argc, argv, &i, err, sizeof err);
     if (rc < 0) {
+      fprintf(stderr, "deltaserve serve: %s\n", err);
+      return 2;
+    }
+    if (rc > 0) continue;
+    if ((rc = cli_load_flag(&wo, argc, argv, &i, err, sizeof err)) < 0) {
       fprintf(stderr, "deltaserve serve: %s\n", err);
       return 2;
     }
@@ -283,6 +291,9 @@ int cmd_serve(int argc, char **argv) {
               model_dir);
       return 1;
     }
+  } else if (model_check_path(model_dir, err, sizeof err)) {
+    fprintf(stderr, "deltaserve serve: %s\n", err);
+    return 1;
   } else if (!serve_is_dir(model_dir)) {
     fprintf(stderr,
             "deltaserve serve: model %s: no such folder (a local folder of config.json, "
@@ -346,7 +357,7 @@ int cmd_serve(int argc, char **argv) {
   int n_eos = 0;
   const char *fault_spec = NULL;
 
-  if (model_load(model_dir, &cfg, &w, err, sizeof err)) {
+  if (model_load_with(model_dir, &wo, &cfg, &w, err, sizeof err)) {
     fprintf(stderr, "deltaserve serve: %s\n", err);
     goto done;
   }

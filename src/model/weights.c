@@ -604,6 +604,15 @@ static int weights_open_dummy(struct weights_store *s, const model_config *c, co
   return weights_build_index(s, err, errlen);
 }
 
+/* b bytes as "1.234 GiB" or "5.67 MiB" into buf. */
+static const char *weights_fmt_bytes(char *buf, size_t n, double b) {
+  if (b >= 1073741824.0)
+    snprintf(buf, n, "%.3f GiB", b / 1073741824.0);
+  else
+    snprintf(buf, n, "%.2f MiB", b / 1048576.0);
+  return buf;
+}
+
 /* ---- quantization at load (--quantization fp8) -------------------------------------------- */
 
 typedef struct weights_qjob {
@@ -684,10 +693,11 @@ static int weights_quantize(weights_ctx *x, const model_config *c, model_weights
   if (atomic_load(&j.failed)) goto oom;
   for (int i = 0; i < n; i++)
     *j.ts[i] = fp8_view(j.qs[i], j.ss[i], j.ts[i]->shape[0], j.ts[i]->shape[1], bn, bk);
+  char a[32], b[32];
   log_info(
-      "weights: %d product weights quantized to F8_E4M3 in %d x %d blocks at load: %.3f GiB "
-      "-> %.3f GiB with scales",
-      n, bn, bk, before / 1073741824.0, after / 1073741824.0);
+      "weights: %d product weights quantized to F8_E4M3 in %d x %d blocks at load: %s -> %s "
+      "with scales",
+      n, bn, bk, weights_fmt_bytes(a, sizeof a, before), weights_fmt_bytes(b, sizeof b, after));
   rc = 0;
   goto done;
 oom:
@@ -707,11 +717,12 @@ static void weights_log_bytes(const weights_ctx *x, const weights_opts *o) {
   for (size_t i = 0; i < sizeof order / sizeof order[0]; i++) {
     double b = x->bytes[order[i]];
     if (b <= 0 || k >= sizeof line) continue;
-    k += (size_t)snprintf(line + k, sizeof line - k, "%s%s %.3f GiB", k ? ", " : "",
-                          st_dtype_str(order[i]), b / 1073741824.0);
+    char a[32];
+    k += (size_t)snprintf(line + k, sizeof line - k, "%s%s %s", k ? ", " : "",
+                          st_dtype_str(order[i]), weights_fmt_bytes(a, sizeof a, b));
     if (order[i] == DTYPE_F8_E4M3 && k < sizeof line)
-      k += (size_t)snprintf(line + k, sizeof line - k, " (+ F32 block scales %.2f MiB)",
-                            x->scale_bytes / 1048576.0);
+      k += (size_t)snprintf(line + k, sizeof line - k, " (+ F32 block scales %s)",
+                            weights_fmt_bytes(a, sizeof a, x->scale_bytes));
   }
   log_info("weights: %s%s", k ? line : "none",
            o->dummy ? " (--load-format dummy: random values, no weight files)" : "");

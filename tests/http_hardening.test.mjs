@@ -15,7 +15,14 @@ const AUTH = { Authorization: `Bearer ${KEY}` };
 const CHAT = "/v1/chat/completions";
 const M = [{ role: "user", content: "hi" }];
 
-const stopWatchdog = watchdog(240000, "http_hardening");
+/* A metric's value (the keyed /metrics). */
+async function counter(srv, name) {
+  const r = await get(srv, "/metrics", AUTH);
+  const m = new RegExp(`^${name.replace(/[:]/g, "[:]")}(\\{[^}]*\\})? (\\S+)$`, "m").exec(r.text);
+  return m ? Number(m[2]) : 0;
+}
+
+const stopWatchdog = watchdog(300000, "http_hardening");
 const model = makeModel("ds-http-");
 let srv;
 try {
@@ -51,6 +58,21 @@ try {
     assert(/deltaserve:num_requests_running/.test(ok.text), "the metrics text");
     eq((await get(srv, "/health")).status, 200, "/health stays open");
   });
+
+  // ---- an abandoned HTTP/1.0 request is cancelled (no 1xx probe exists for HTTP/1.0) ----
+  await test("http10_abandoned_request_cancelled", async () => {
+    const before = await counter(srv, "deltaserve:engine_requests_cancelled_total");
+    const b = JSON.stringify({ prompt: [1, 2, 3], max_tokens: 6000, ignore_eos: true });
+    const s = net.connect(srv.port, "127.0.0.1", () =>
+      s.write(`POST /v1/completions HTTP/1.0\r\nAuthorization: Bearer ${KEY}\r\nContent-Type: application/json\r\nContent-Length: ${Buffer.byteLength(b)}\r\n\r\n${b}`));
+    s.on("error", () => {});
+    await poll(async () => (await counter(srv, "deltaserve:num_requests_running")) > 0, "the request to run", 30000);
+    s.destroy(); // the client goes away while the request runs
+    await poll(async () => (await counter(srv, "deltaserve:num_requests_running")) === 0, "the request to end", 120000);
+    const after = await counter(srv, "deltaserve:engine_requests_cancelled_total");
+    assert(after > before, `the engine cancelled the request (${before} -> ${after}); it ran to its end instead`);
+  });
+
 } catch (e) {
   console.log(`FAIL http_hardening: ${e && e.message ? e.message : e}`);
 } finally {

@@ -86,9 +86,13 @@ struct conn {
   conn *next, *prev; /* in s->active */
   int registered;
   /* disconnect detection (see client_gone) */
-  int http11;                   /* the request is HTTP/1.1: a 1xx interim response may be sent */
-  int peer_eof;                 /* the client has shut down its sending side */
-  int probe_due;                /* send a probe now (bytes that make a closed peer answer RST) */
+  int http11;     /* the request is HTTP/1.1: a 1xx interim response may be sent */
+  int peer_eof;   /* the client has shut down its sending side */
+  int probe_due;  /* send a probe now (bytes that make a closed peer answer RST) */
+  int late;       /* an HTTP/1.0 non-stream answer sent as a late body */
+  char *captured; /* late: the answer's body, taken from send_body (owned) */
+  size_t captured_len;
+  int capture;                  /* send_body keeps the body in captured instead of queuing */
   double next_probe, probe_gap; /* when the next probe is due after peer_eof; the gap grows */
 };
 
@@ -185,6 +189,12 @@ static void active_remove(server *s, conn *cx) {
 
 static enum MHD_Result send_body(conn *cx, unsigned status, const char *ctype, char *body,
                                  size_t len, const char *hname, const char *hval) {
+  if (cx->capture) { /* a late body: its status line is already sent */
+    free(cx->captured);
+    cx->captured = body;
+    cx->captured_len = body ? len : 0;
+    return body ? MHD_YES : MHD_NO;
+  }
   struct MHD_Response *r = MHD_create_response_from_buffer(len, body, MHD_RESPMEM_MUST_FREE);
   if (!r) {
     free(body);
@@ -846,6 +856,45 @@ static void stream_emit(conn *cx) {
   }
 }
 
+/* The reader of a late body (see handle_generate): JSON whitespace as probes while the
+ * choices run, then the answer (or its error JSON: the status line, 200, is already sent). */
+static ssize_t late_reader(void *cls, uint64_t pos, char *buf, size_t max) {
+  (void)pos;
+  conn *cx = cls;
+  while (cx->out.len == 0) {
+    if (cx->phase == STREAM_DONE) return MHD_CONTENT_READER_END_OF_STREAM;
+    if (!all_done(cx)) conn_step(cx, 100);
+    if (client_gone(cx)) {
+      cancel_all(cx);
+      return MHD_CONTENT_READER_END_WITH_ERROR;
+    }
+    if (all_done(cx)) {
+      cx->capture = 1;
+      if (cx->req.kind == OPENAI_KIND_CHAT)
+        respond_chat(cx);
+      else
+        respond_completion(cx);
+      cx->capture = 0;
+      if (!cx->captured) return MHD_CONTENT_READER_END_WITH_ERROR;
+      strbuf_append(&cx->out, cx->captured, cx->captured_len);
+      free(cx->captured);
+      cx->captured = NULL;
+      cx->phase = STREAM_DONE;
+    } else if (cx->probe_due) {
+      cx->probe_due = 0;
+      strbuf_puts(&cx->out, "\n");
+    }
+    if (cx->out.oom) {
+      cancel_all(cx);
+      return MHD_CONTENT_READER_END_WITH_ERROR;
+    }
+  }
+  size_t n = cx->out.len < max ? cx->out.len : max;
+  memcpy(buf, cx->out.data, n);
+  strbuf_consume(&cx->out, n);
+  return (ssize_t)n;
+}
+
 static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
   (void)pos;
   conn *cx = cls;
@@ -974,6 +1023,21 @@ static enum MHD_Result handle_generate(conn *cx, openai_kind kind) {
     if (client_gone(cx)) {
       cancel_all(cx);
       return MHD_NO; /* MHD closes the connection; on_completed releases the requests */
+    }
+    if (cx->peer_eof && !cx->http11) {
+      /* HTTP/1.0 has no interim response to probe with: the answer turns late, a 200 now
+       * whose body (delimited by the close) starts with JSON whitespace sent as probes (a
+       * gone client answers one with a reset, which cancels the choices), then the JSON */
+      strbuf_init(&cx->out);
+      cx->phase = STREAM_RUNNING;
+      cx->late = 1;
+      struct MHD_Response *r =
+          MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, late_reader, cx, NULL);
+      if (!r) return MHD_NO;
+      MHD_add_response_header(r, "Content-Type", "application/json");
+      enum MHD_Result ret = MHD_queue_response(cx->mc, 200, r);
+      MHD_destroy_response(r);
+      return ret;
     }
     probe_interim(cx);
   }
@@ -1347,6 +1411,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
   free(cx->prompt_ids);
   free(cx->bounds);
   free(cx->echo);
+  free(cx->captured);
   free(cx);
   *con_cls = NULL;
 }

@@ -15,7 +15,10 @@
  * socket (POLLERR / POLLHUP) or a failed write. A client that only shut down its sending side
  * after the request (half-close, `nc -N`) still gets its answer: its FIN triggers probes (an
  * SSE comment line in a stream, an interim "HTTP/1.1 100 Continue" before a non-stream
- * response; none to HTTP/1.0 clients) that a fully closed client answers with a reset.
+ * response) that a fully closed client answers with a reset. HTTP/1.0 has no interim
+ * response: after such a client's FIN its non-stream answer turns late, a 200 sent at once
+ * whose body (ended by the close) starts with JSON whitespace sent as the probes, then the
+ * JSON (a generation that fails after that puts its error JSON in that body).
  *
  * Errors: every error the server produces is the OpenAI JSON {"error": {"message", "type",
  * "param", "code"}} (code: a short string or null). The request head is checked before the

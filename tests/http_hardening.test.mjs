@@ -73,6 +73,43 @@ try {
     assert(after > before, `the engine cancelled the request (${before} -> ${after}); it ran to its end instead`);
   });
 
+  // ---- SIGTERM with streaming clients that stopped reading: bounded by the grace ----
+  await test("shutdown_bounded_with_stuck_readers", async () => {
+    const GRACE = 1;
+    // short engine steps: the prefill of the long prompts below ends at the step after SIGTERM
+    const s2 = await startServer(model.dir, ["--shutdown-grace", String(GRACE), "--max-num-batched-tokens", "256"]);
+    const stuck = [];
+    try {
+      // two streaming clients that never read; each stream's first chunks echo a prompt of
+      // 16,000 tokens of 128 spaces (id 56940) three times (n: 3), some 6 MB, more than the
+      // socket buffers take: the server's sends block at once
+      const body = JSON.stringify({ prompt: new Array(16000).fill(56940), echo: true, max_tokens: 4000, ignore_eos: true, stream: true, n: 3 });
+      for (let i = 0; i < 2; i++) {
+        const c = net.connect(s2.port, "127.0.0.1", () =>
+          c.write(`POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: ${Buffer.byteLength(body)}\r\n\r\n${body}`));
+        c.on("error", () => {});
+        c.pause(); // never reads
+        stuck.push(c);
+      }
+      await poll(async () => {
+        const r = await get(s2, "/metrics");
+        const m = /^deltaserve:num_requests_running(?:\{[^}]*\})? (\S+)$/m.exec(r.text);
+        return m && Number(m[1]) > 0;
+      }, "the streams to run", 60000);
+      await sleep(1000);
+      const t0 = Date.now();
+      s2.p.kill("SIGTERM");
+      const ceiling = (GRACE + 15) * 1000;
+      const ex = await poll(() => s2.exited, "the server to exit", ceiling).catch(() => null);
+      const took = (Date.now() - t0) / 1000;
+      assert(ex, `still running ${ceiling / 1000} s after SIGTERM (--shutdown-grace ${GRACE})`);
+      eq(ex.code, 0, "exit status");
+      console.log(`NOTE SIGTERM with 2 stuck streaming readers: exited in ${took.toFixed(1)} s (--shutdown-grace ${GRACE})`);
+    } finally {
+      for (const c of stuck) c.destroy();
+      if (!s2.exited) s2.p.kill("SIGKILL");
+    }
+  });
 } catch (e) {
   console.log(`FAIL http_hardening: ${e && e.message ? e.message : e}`);
 } finally {

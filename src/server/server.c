@@ -28,6 +28,13 @@
  * State
  * ====================================================================================== */
 
+/* After the grace and the cancel, how long answers may still drain before every connection is
+ * closed: a client that stopped reading cannot hold the shutdown. */
+#define SERVER_DRAIN_S 2.0
+/* A connection's kernel send buffer (the kernel doubles it): bounds what a client that stops
+ * reading holds in kernel memory, instead of the send buffer growing to tcp_wmem's maximum. */
+#define SERVER_SNDBUF (128 << 10)
+
 typedef struct conn conn;
 
 struct server {
@@ -1416,6 +1423,17 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
   *con_cls = NULL;
 }
 
+static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
+                          enum MHD_ConnectionNotificationCode code) {
+  (void)cls;
+  (void)socket_context;
+  if (code != MHD_CONNECTION_NOTIFY_STARTED) return;
+  const union MHD_ConnectionInfo *ci =
+      MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+  int sndbuf = SERVER_SNDBUF;
+  if (ci) setsockopt(ci->connect_fd, SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof sndbuf);
+}
+
 static void on_mhd_log(void *cls, const char *fmt, va_list ap) {
   (void)cls;
   char line[512];
@@ -1463,6 +1481,7 @@ int server_start(server **out, const server_opts *o, char *err, size_t errlen) {
                    MHD_USE_ITC | MHD_USE_ERROR_LOG;
   s->d = MHD_start_daemon(flags, (uint16_t)o->port, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR,
                           (struct sockaddr *)&addr, MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
+                          MHD_OPTION_NOTIFY_CONNECTION, on_connection, s,
                           MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)600,
                           MHD_OPTION_CONNECTION_LIMIT, (unsigned int)1024,
                           MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)SERVER_CONN_MEMORY,
@@ -1515,7 +1534,7 @@ void server_shutdown(server *s, double grace_s) {
   pthread_mutex_unlock(&s->mu);
   if (n) log_info("shutdown: cancelled %d in-flight request%s", n, n == 1 ? "" : "s");
   t0 = server_gen_now();
-  while (n_active(s) > 0 && server_gen_now() - t0 < 60.0) sleep_ms(20);
+  while (n_active(s) > 0 && server_gen_now() - t0 < SERVER_DRAIN_S) sleep_ms(20);
   MHD_stop_daemon(s->d);
   s->d = NULL;
 }

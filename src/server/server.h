@@ -7,8 +7,9 @@
  *   server_start       listener up at once; /health answers 503 while the model loads
  *   server_set_model   the engine and tokenizer are ready: /health 200, requests served
  *   server_shutdown    stop accepting; in-flight requests get `grace_s` to finish, then are
- *                      cancelled (streams end with an error event); returns when every
- *                      connection is closed
+ *                      cancelled (streams end with an error event) and their answers get 2 s
+ *                      more to go out; then every connection is closed, whatever the
+ *                      clients do (one that stopped reading holds nothing)
  *   server_free
  * A handler talks to the engine only through server_gen (submit / next / cancel). A client
  * that disconnects is noticed between engine events and its request is cancelled: a reset

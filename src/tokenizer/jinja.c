@@ -1115,6 +1115,7 @@ static void jinja_lex(jinja_lexer *L) {
       }
       if (closed) {
         jinja_lex_text(L, s + start, q - start, sign, 1, line_starting);
+        if (e >= L->n) break; /* "{% raw %}" closing the source: jinja2 drops it */
         L->line += jinja_lines(s + q, e - q);
         /* find {% endraw %} */
         size_t r = e;
@@ -1246,6 +1247,7 @@ typedef struct jinja_parser {
   jinja_tok *t;
   size_t pos;
   int depth;
+  int loops; /* for loops open around the statement being parsed (0 again in a macro) */
 } jinja_parser;
 
 static jinja_tok *jp_cur(jinja_parser *P) { return &P->t[P->pos]; }
@@ -1886,7 +1888,9 @@ static jnode *jp_statement(jinja_parser *P) {
     jp_expect_bend(P);
     static const char *const ends[] = {"else", "endfor", NULL};
     jp_vec b = {0};
+    P->loops++;
     jp_body(P, ends, &b);
+    P->loops--;
     n->body = b.v;
     n->nbody = b.n;
     if (jp_is_name(P, "else")) {
@@ -1956,7 +1960,10 @@ static jnode *jp_statement(jinja_parser *P) {
     memcpy(n->kwn, pn, (size_t)k * sizeof(char *));
     memcpy(n->kwv, pd, (size_t)k * sizeof(jnode *));
     n->nkw = k;
+    int loops = P->loops;
+    P->loops = 0; /* a macro body is a function of its own: loop controls stop at it */
     jp_block(P, n, "endmacro");
+    P->loops = loops;
   } else if (jp_is_name(P, "call")) {
     jp_next(P);
     n = jp_node(P, N_CALLBLOCK);
@@ -1977,8 +1984,12 @@ static jnode *jp_statement(jinja_parser *P) {
     n->a = jp_expr(P, 1);
     if (n->a->kind != E_CALL) jp_fail(P, "expected call");
     jp_expect_bend(P);
+    int loops = P->loops;
+    P->loops = 0; /* a macro body is a function of its own: loop controls stop at it */
     jp_block(P, n, "endcall");
+    P->loops = loops;
   } else if (jp_is_name(P, "break") || jp_is_name(P, "continue")) {
+    if (!P->loops) jp_fail(P, "'%.*s' not properly in loop", (int)t->n, t->s);
     n = jp_node(P, jp_is_name(P, "break") ? N_BREAK : N_CONTINUE);
     jp_next(P);
     jp_expect_bend(P);
@@ -2081,7 +2092,7 @@ jinja_template *jinja_parse(const char *src, char *err, size_t errlen) {
   s[k] = 0;
   jinja_lexer L = {&t->c, s, k, 0, 1, NULL, 0, 0};
   jinja_lex(&L);
-  jinja_parser P = {&t->c, L.toks, 0, 0};
+  jinja_parser P = {&t->c, L.toks, 0, 0, 0};
   jp_vec body = {0};
   jp_body(&P, NULL, &body);
   t->body = body.v;

@@ -22,6 +22,24 @@ async function counter(srv, name) {
   return m ? Number(m[2]) : 0;
 }
 
+/* n connections from the given local addresses (round robin), each sending the start of a
+ * request head; x.closed turns true when the server closes one. */
+async function openSlow(port, n, addrs) {
+  const socks = [];
+  const ready = [];
+  for (let i = 0; i < n; i++) {
+    const x = { closed: false };
+    x.s = net.connect({ port, host: "127.0.0.1", localAddress: addrs[i % addrs.length] });
+    x.s.on("error", () => (x.closed = true));
+    x.s.on("close", () => (x.closed = true));
+    x.s.on("data", () => {});
+    ready.push(new Promise((r) => { x.s.on("connect", () => { x.s.write("GET /health HTTP/1.1\r\nX-Slow: "); r(); }); x.s.on("close", r); }));
+    socks.push(x);
+  }
+  await Promise.all(ready);
+  return socks;
+}
+
 const stopWatchdog = watchdog(300000, "http_hardening");
 const model = makeModel("ds-http-");
 let srv;
@@ -71,6 +89,42 @@ try {
     await poll(async () => (await counter(srv, "deltaserve:num_requests_running")) === 0, "the request to end", 120000);
     const after = await counter(srv, "deltaserve:engine_requests_cancelled_total");
     assert(after > before, `the engine cancelled the request (${before} -> ${after}); it ran to its end instead`);
+  });
+
+  // ---- thousands of slow connections: /health and a real request are still served ----
+  await test("slow_connections_keep_service", async () => {
+    const N = 2000, ADDRS = ["127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5"];
+    const socks = await openSlow(srv.port, N, ADDRS);
+    try {
+      const t = setInterval(() => { for (const x of socks) if (!x.closed) x.s.write("a"); }, 1000);
+      try {
+        await sleep(2500); // a few slow header bytes each
+        const open = socks.filter((x) => !x.closed).length;
+        assert(open >= N * 0.95, `the server dropped slow connections early: ${open} of ${N} open`);
+        eq((await get(srv, "/health")).status, 200, `/health with ${open} slow connections held`);
+        const r = await post(srv, CHAT, { messages: M, max_tokens: 8 }, AUTH);
+        eq(r.status, 200, `a completion with ${open} slow connections held`);
+        assert(r.json && r.json.choices && r.json.choices.length === 1, "the completion's body");
+        console.log(`NOTE ${open} slow connections held; /health 200 and a completion served`);
+      } finally {
+        clearInterval(t);
+      }
+    } finally {
+      for (const x of socks) x.s.destroy();
+    }
+    await poll(async () => (await get(srv, "/health")).status === 200, "/health after the slow connections", 30000);
+  });
+
+  // one address holds at most its share; the others are still served
+  await test("slow_connections_per_address_limit", async () => {
+    const N = 1100;
+    const socks = await openSlow(srv.port, N, ["127.0.0.6"]);
+    try {
+      await poll(() => socks.filter((x) => x.closed).length >= N - 1024, "the connections over the per-address limit to be refused", 30000);
+      eq((await get(srv, "/health")).status, 200, "/health from another address");
+    } finally {
+      for (const x of socks) x.s.destroy();
+    }
   });
 
   // ---- SIGTERM with streaming clients that stopped reading: bounded by the grace ----

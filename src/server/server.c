@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -28,6 +29,18 @@
  * State
  * ====================================================================================== */
 
+/* Connections: one thread each (MHD's thread-per-connection mode). A connection that sends or
+ * takes nothing for SERVER_IDLE_S is closed; one address may hold at most SERVER_PER_ADDRESS
+ * connections; the total is bounded by SERVER_MAX_CONNECTIONS and by the descriptors the
+ * process may open (server_start raises its soft limit to the hard one). */
+#define SERVER_IDLE_S 60
+/* A stream or late body silent this long (a long prefill, a wait in the queue) sends a
+ * keep-alive (an SSE comment, JSON whitespace): the idle timeout above, and a proxy's, would
+ * close it. */
+#define SERVER_KEEPALIVE_S 15.0
+#define SERVER_PER_ADDRESS 1024
+#define SERVER_MAX_CONNECTIONS 8192
+#define SERVER_FD_RESERVE 256 /* descriptors left for model files, logs, the engine */
 /* After the grace and the cancel, how long answers may still drain before every connection is
  * closed: a client that stopped reading cannot hold the shutdown. */
 #define SERVER_DRAIN_S 2.0
@@ -100,6 +113,7 @@ struct conn {
   char *captured; /* late: the answer's body, taken from send_body (owned) */
   size_t captured_len;
   int capture;                  /* send_body keeps the body in captured instead of queuing */
+  double last_out;              /* a stream / late body: when its reader last gave bytes */
   double next_probe, probe_gap; /* when the next probe is due after peer_eof; the gap grows */
 };
 
@@ -887,7 +901,7 @@ static ssize_t late_reader(void *cls, uint64_t pos, char *buf, size_t max) {
       free(cx->captured);
       cx->captured = NULL;
       cx->phase = STREAM_DONE;
-    } else if (cx->probe_due) {
+    } else if (cx->probe_due || server_gen_now() - cx->last_out >= SERVER_KEEPALIVE_S) {
       cx->probe_due = 0;
       strbuf_puts(&cx->out, "\n");
     }
@@ -899,6 +913,7 @@ static ssize_t late_reader(void *cls, uint64_t pos, char *buf, size_t max) {
   size_t n = cx->out.len < max ? cx->out.len : max;
   memcpy(buf, cx->out.data, n);
   strbuf_consume(&cx->out, n);
+  cx->last_out = server_gen_now();
   return (ssize_t)n;
 }
 
@@ -917,7 +932,8 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
       return MHD_CONTENT_READER_END_WITH_ERROR;
     }
     if (r != 0 || all_done(cx)) stream_emit(cx);
-    if (cx->probe_due) { /* an SSE comment: a closed client answers it with RST */
+    if (cx->probe_due || server_gen_now() - cx->last_out >= SERVER_KEEPALIVE_S) {
+      /* an SSE comment: a closed client answers it with RST; a silent stream stays open */
       cx->probe_due = 0;
       if (cx->out.len == 0 && cx->phase != STREAM_DONE) strbuf_puts(&cx->out, ": \n\n");
     }
@@ -929,6 +945,7 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
   size_t n = cx->out.len < max ? cx->out.len : max;
   memcpy(buf, cx->out.data, n);
   strbuf_consume(&cx->out, n);
+  cx->last_out = server_gen_now();
   return (ssize_t)n;
 }
 
@@ -1016,6 +1033,7 @@ static enum MHD_Result handle_generate(conn *cx, openai_kind kind) {
       }
     strbuf_init(&cx->out);
     cx->phase = STREAM_FIRST;
+    cx->last_out = server_gen_now();
     struct MHD_Response *r =
         MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_reader, cx, NULL);
     if (!r) return MHD_NO;
@@ -1038,6 +1056,7 @@ static enum MHD_Result handle_generate(conn *cx, openai_kind kind) {
       strbuf_init(&cx->out);
       cx->phase = STREAM_RUNNING;
       cx->late = 1;
+      cx->last_out = server_gen_now();
       struct MHD_Response *r =
           MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, late_reader, cx, NULL);
       if (!r) return MHD_NO;
@@ -1477,16 +1496,29 @@ int server_start(server **out, const server_opts *o, char *err, size_t errlen) {
     server_free(s);
     return -1;
   }
+  /* as many connections as descriptors allow, up to SERVER_MAX_CONNECTIONS */
+  struct rlimit rl;
+  unsigned max_conns = 1024;
+  if (getrlimit(RLIMIT_NOFILE, &rl) == 0) {
+    if (rl.rlim_cur < rl.rlim_max) {
+      rl.rlim_cur = rl.rlim_max;
+      if (setrlimit(RLIMIT_NOFILE, &rl)) getrlimit(RLIMIT_NOFILE, &rl);
+    }
+    if (rl.rlim_cur > 2 * SERVER_FD_RESERVE)
+      max_conns = rl.rlim_cur - SERVER_FD_RESERVE > SERVER_MAX_CONNECTIONS
+                      ? SERVER_MAX_CONNECTIONS
+                      : (unsigned)(rl.rlim_cur - SERVER_FD_RESERVE);
+  }
   unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL |
                    MHD_USE_ITC | MHD_USE_ERROR_LOG;
-  s->d = MHD_start_daemon(flags, (uint16_t)o->port, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR,
-                          (struct sockaddr *)&addr, MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
-                          MHD_OPTION_NOTIFY_CONNECTION, on_connection, s,
-                          MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)600,
-                          MHD_OPTION_CONNECTION_LIMIT, (unsigned int)1024,
-                          MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)SERVER_CONN_MEMORY,
-                          MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned int)1,
-                          MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, NULL, MHD_OPTION_END);
+  s->d = MHD_start_daemon(
+      flags, (uint16_t)o->port, NULL, NULL, on_request, s, MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log,
+      NULL, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr, MHD_OPTION_NOTIFY_COMPLETED,
+      on_completed, s, MHD_OPTION_NOTIFY_CONNECTION, on_connection, s,
+      MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)SERVER_IDLE_S, MHD_OPTION_CONNECTION_LIMIT,
+      max_conns, MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned int)SERVER_PER_ADDRESS,
+      MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)SERVER_CONN_MEMORY,
+      MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned int)1, MHD_OPTION_END);
   if (!s->d) {
     errf(err, errlen, "cannot listen on %s:%d (%s)", s->host, o->port,
          errno ? strerror(errno) : "libmicrohttpd failed");

@@ -1,5 +1,12 @@
 /* server — the OpenAI-compatible HTTP server (libmicrohttpd, one thread per connection).
  *
+ * Connections: up to 8192 (fewer when the descriptor limit, raised to its hard limit, is
+ * lower), at most 1024 from one address, each closed after 60 s without a byte either way,
+ * each with 256 KiB of kernel send buffer. A stream silent for 15 s (a long prefill, a wait
+ * in the queue) sends an SSE comment, a late body a newline, so that neither that timeout nor
+ * a proxy's closes it. Thousands of idle or slow connections (a head sent a byte a second)
+ * leave /health and requests served.
+ *
  *   POST /v1/chat/completions   POST /v1/completions   GET /v1/models
  *   POST /tokenize   POST /detokenize   GET /health   GET /metrics
  *

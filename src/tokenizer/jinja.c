@@ -1,6 +1,6 @@
 /* jinja — lexer, parser and renderer of the Jinja subset chat templates use (see jinja.h).
  *
- *   source ──jinja_lex──> tokens ──jinja_parse_*──> jnode tree (template arena)
+ *   source ──jinja_lex──> tokens ──jp_*──> jnode tree (template arena)
  *                                                        │
  *   json_t context ──jinja_from_json──> jv values ──jinja_exec──> text (render arena)
  *
@@ -11,7 +11,9 @@
  *
  * Python semantics kept where templates can see them: str() and repr() of values, float repr
  * (shortest round trip), code-point string indexing, jinja2's Undefined, per-iteration scopes
- * of for loops, whitespace control (trim_blocks, lstrip_blocks, `-` and `+` markers). */
+ * of for loops, whitespace control (trim_blocks, lstrip_blocks, `-` and `+` markers).
+ * Not supported (no chat template we know uses them): recursive loops, include / import /
+ * extends / block, and the do and i18n extensions; they are syntax errors here. */
 #include "tokenizer/jinja.h"
 
 #include <ctype.h>
@@ -1192,6 +1194,7 @@ typedef enum {
   N_CONTINUE,
   N_FILTERBLOCK,
   N_BLOCK, /* a body rendered as is ({% generation %}) */
+  N_WITH,  /* names bound for a body ({% with a = 1 %}) */
   N_CALLBLOCK,
   E_LIT,
   E_NAME,
@@ -2004,6 +2007,26 @@ static jnode *jp_statement(jinja_parser *P) {
     n->a = f;
     jp_expect_bend(P);
     jp_block(P, n, "endfilter");
+  } else if (jp_is_name(P, "with")) {
+    jp_next(P);
+    n = jp_node(P, N_WITH);
+    jp_vec vals = {0};
+    const char *names[64];
+    int k = 0;
+    while (jp_cur(P)->type != JT_BEND) {
+      if (k) jp_expect_op(P, ",");
+      if (k == 64) jp_fail(P, "too many with targets");
+      names[k++] = jp_expect_name(P);
+      jp_expect_op(P, "=");
+      jp_vec_push(P, &vals, jp_expr(P, 1));
+    }
+    jp_next(P);
+    n->names = jinja_alloc(P->c, (size_t)(k ? k : 1) * sizeof(char *));
+    memcpy(n->names, names, (size_t)k * sizeof(char *));
+    n->nnames = k;
+    n->args = vals.v;
+    n->nargs = vals.n;
+    jp_block(P, n, "endwith");
   } else if (jp_is_name(P, "generation")) {
     jp_next(P);
     n = jp_node(P, N_BLOCK);
@@ -2047,7 +2070,7 @@ static void jp_body(jinja_parser *P, const char *const *ends, jp_vec *out) {
           if (jp_is_name(P, ends[i])) return;
       static const char *const stray[] = {"endif",         "endfor", "endset",    "endmacro",
                                           "else",          "elif",   "endfilter", "endcall",
-                                          "endgeneration", "endraw", NULL};
+                                          "endgeneration", "endraw", "endwith",   NULL};
       for (int i = 0; stray[i]; i++)
         if (jp_is_name(P, stray[i])) jp_fail(P, "Encountered unknown tag '%s'", jp_end_tag(P));
       jp_vec_push(P, out, jp_statement(P));
@@ -4289,6 +4312,13 @@ static void jinja_exec(jinja_rs *rs, jscope *sc, jnode **body, int nb, jinja_sb 
       case N_BLOCK:
         jinja_exec(rs, sc, n->body, n->nbody, out, flow);
         break;
+      case N_WITH: { /* values from the outer scope, names in a scope of the body's own */
+        jscope *ws = jinja_scope_new(rs, sc);
+        for (int i = 0; i < n->nnames; i++)
+          jinja_scope_set(rs, ws, n->names[i], jinja_eval(rs, sc, n->args[i]));
+        jinja_exec(rs, ws, n->body, n->nbody, out, flow);
+        break;
+      }
       default:
         RS_FAIL(rs, "RuntimeError: bad statement node");
     }

@@ -66,12 +66,12 @@ int fp8_quantize(const tensor *src, int bn, int bk, uint8_t *q, float *scale_inv
           float a = fabsf(buf[r * cols + k]);
           if (a > amax) amax = a;
         }
-      s[j] = amax > 0.0f ? FP8_E4M3_MAX / amax : 1.0f;
-      scale_inv[(r0 / bn) * sc + j] = 1.0f / s[j];
+      s[j] = amax > 0.0f ? 1.0f / (FP8_E4M3_MAX / amax) : 1.0f;
+      scale_inv[(r0 / bn) * sc + j] = s[j];
     }
     for (int64_t r = 0; r < nr; r++)
       for (int64_t k = 0; k < cols; k++) {
-        float v = buf[r * cols + k] * s[k / bk];
+        float v = buf[r * cols + k] / s[k / bk];
         v = v < -FP8_E4M3_MAX ? -FP8_E4M3_MAX : v > FP8_E4M3_MAX ? FP8_E4M3_MAX : v;
         q[(r0 + r) * cols + k] = dtype_f32_to_e4m3(v);
       }

@@ -14,8 +14,11 @@
  * is read). Fused experts [E, N, K] have scales [E, ceil(N/bn), ceil(K/bk)]. A scale tensor
  * stored with other dimensions (squeezed) is accepted when its element count matches.
  *
- * Quantization, as transformers does it: per block s = 448 / amax (1 for an all-zero block),
- * q = e4m3(clamp(w * s, -448, 448)) rounded to nearest even, scale_inv = 1 / s, all in fp32. */
+ * Quantization, as transformers 5.17's FineGrainedFP8 writes it: per block
+ * scale_inv = 1 / (448 / amax) (1 for an all-zero block; within an ulp of amax / 448), q =
+ * e4m3(clamp(w / scale_inv, -448, 448)) rounded to nearest even, all in fp32. (Its
+ * quantize-on-load also rounds the weights to e4m3 unscaled first, losing the small ones:
+ * deltaserve quantizes the weights themselves.) */
 #ifndef DS_FP8_H
 #define DS_FP8_H
 #include <stddef.h>

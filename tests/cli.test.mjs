@@ -65,6 +65,8 @@ const accepted = [
   ["--enforce-eager"],
   ["--kv-cache-dtype", "auto"],
   ["--mamba-ssm-cache-dtype", "float32"],
+  ["--language-model-only"],
+  ["--enable-expert-parallel"],
 ];
 
 let srv = null;
@@ -126,6 +128,7 @@ const refused = [
   [["--enable-lora"], "LoRA"],
   [["--hf-overrides", "{}"], "config.json"],
   [["--ssl-keyfile", "k.pem"], "TLS"],
+  [["--kv-cache-memory-bytes", "8G"], "--kv-cache-tokens"],
   [["--max-model-len", "1.5K"], "decimals are not allowed with binary suffixes"],
   [["--max-model-len=32x"], "32k = 32000"],
 ];

@@ -83,6 +83,9 @@ await test("serve_positional_model_and_flag_equals_value", async () => {
   eq(m.body.data[0].id, "tiny", "served name");
   eq(m.body.data[0].max_model_len, 1000, "--max-model-len=1k");
   assert(/limits: max_model_len 1000, max_num_seqs 4/.test(srv.log), "the limits line");
+  // GET /version names the version --version prints (one definition, base/version.h)
+  const number = ds(["--version"]).out.split(" ")[1].trim();
+  eq(await (await fetch(`${srv.url}/version`)).json(), { version: `deltaserve ${number}` }, "/version");
 });
 
 for (const a of accepted) {

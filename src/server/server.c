@@ -23,6 +23,7 @@
 #include "server/openai_stream.h"
 #include "server/server_gen.h"
 #include "base/strbuf.h"
+#include "base/version.h"
 #include "tokenizer/chat_parse.h"
 
 /* ======================================================================================
@@ -1295,7 +1296,7 @@ static enum MHD_Result dispatch(conn *cx, const char *url, const char *method) {
                                               : "the model is still loading");
       return send_body(cx, 200, "application/json", strdup("{}"), 2, NULL, NULL);
     case R_VERSION:
-      return send_json(cx, 200, json_pack("{s:s}", "version", "deltaserve 0.1"));
+      return send_json(cx, 200, json_pack("{s:s}", "version", "deltaserve " VERSION_NUMBER));
     case R_MODELS:
       return handle_models(cx);
     case R_METRICS:

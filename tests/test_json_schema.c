@@ -208,13 +208,6 @@ typedef struct bad_schema {
 TEST(compile_rejects) {
   /* each unsupported keyword, inside a property: named, with where */
   static const char *const kws[][2] = {
-      {"pattern", "'^a'"},
-      {"format", "'email'"},
-      {"minimum", "1"},
-      {"maximum", "1"},
-      {"exclusiveMinimum", "1"},
-      {"exclusiveMaximum", "1"},
-      {"multipleOf", "2"},
       {"patternProperties", "{}"},
       {"propertyNames", "{}"},
       {"minProperties", "1"},
@@ -225,12 +218,9 @@ TEST(compile_rejects) {
       {"then", "{}"},
       {"else", "{}"},
       {"not", "{}"},
-      {"allOf", "[{}]"},
       {"uniqueItems", "true"},
       {"contains", "{}"},
-      {"prefixItems", "[{}]"},
       {"unevaluatedProperties", "false"},
-      {"additionalItems", "false"},
       {"nullable", "true"},
       {"foo", "1"},
       {"dependencies", "{}"},
@@ -264,11 +254,8 @@ TEST(compile_rejects) {
       {"{'type':'object','properties':{'a':{}},'required':['a','a']}",
        "'required' lists \"a\" twice"},
       {"{'type':'object','properties':{'a':{}},'required':'a'}", "'required' must be an array"},
-      {"{'type':'object','properties':{'a':{}},'additionalProperties':true}",
-       "'additionalProperties' must be false or absent (keys other than the properties are "
-       "never generated) (at #/additionalProperties)"},
-      {"{'type':'object','additionalProperties':{'type':'string'}}",
-       "'additionalProperties' must be false or absent"},
+      {"{'type':'object','properties':{'a':{}},'additionalProperties':{'minimum':'x'}}",
+       "'minimum' must be a number (at #/additionalProperties)"},
       {"{'type':'object','properties':[]}", "'properties' must be an object"},
       /* arrays */
       {"{'type':'object','properties':{'a':{'type':'array','minItems':-1}}}",
@@ -281,8 +268,8 @@ TEST(compile_rejects) {
        "'maxItems' must be a non-negative integer"},
       {"{'type':'object','properties':{'a':{'type':'array','minItems':3,'maxItems':2}}}",
        "'minItems' is greater than 'maxItems' (at #/properties/a)"},
-      {"{'type':'object','properties':{'a':{'type':'array','items':[{}]}}}",
-       "'items' as an array (tuple validation) is not supported (at #/properties/a/items)"},
+      {"{'type':'object','properties':{'a':{'type':'array','items':[{}],'prefixItems':[{}]}}}",
+       "'items' as an array beside 'prefixItems' is not supported (at #/properties/a)"},
       {"{'type':'object','properties':{'a':{'type':'string','minLength':3,'maxLength':2}}}",
        "'minLength' is greater than 'maxLength'"},
       /* unions */
@@ -301,7 +288,7 @@ TEST(compile_rejects) {
        "can both start with 'n'"},
       {"{'type':'object','properties':{'a':{'anyOf':[]}}}", "'anyOf' must be a non-empty array"},
       {"{'type':'object','properties':{'a':{'anyOf':[{'type':'null'}],'type':'string'}}}",
-       "'type' beside 'anyOf' is not supported"},
+       "the 'allOf' schemas' types have nothing in common"},
       {"{'type':'object','properties':{'a':{'anyOf':[{'type':'null'}],'oneOf':[{}]}}}", "beside"},
       /* types */
       {"{'type':'object','properties':{'a':{'type':'str'}}}", "'type' must be one of"},
@@ -330,8 +317,8 @@ TEST(compile_rejects) {
       {"{'type':'object','properties':{'a':{'$ref':'#/$defs/zz'}}}",
        "'$ref' target \"#/$defs/zz\" is not found"},
       {"{'type':'object','properties':{'a':{'$ref':'#/$defs/s','type':'string'}},"
-       "'$defs':{'s':{}}}",
-       "'type' beside '$ref' is not supported"},
+       "'$defs':{'s':{'type':'null'}}}",
+       "the 'allOf' schemas' types have nothing in common"},
       {"{'type':'object','properties':{'a':{'$ref':1}}}", "'$ref' must be a string"},
       {"{'type':'object','properties':{'x':{'$ref':'#/$defs/a'}},"
        "'$defs':{'a':{'$ref':'#/$defs/b'},'b':{'$ref':'#/$defs/a'}}}",
@@ -340,8 +327,8 @@ TEST(compile_rejects) {
        "'$defs':{'u':{'anyOf':[{'$ref':'#/$defs/u'},{'type':'null'}]}}}",
        "'anyOf' contains itself (at #/$defs/u)"},
       {"{'type':'object','properties':{'x':{'$ref':'#/$defs/s'}},"
-       "'$defs':{'s':{'type':'string','pattern':'a'}}}",
-       "'pattern' is not supported (at #/$defs/s)"},
+       "'$defs':{'s':{'type':'string','pattern':'(?=a)'}}}",
+       "'pattern' \"(?=a)\": lookahead '(?=' is not supported (at #/$defs/s/pattern)"},
       {"{'type':'object','properties':{'self':{'$ref':'#'}},'required':['self']}",
        "the schema has no instance within 64 levels of nesting"},
       {"{'type':'object','properties':{'x':{'type':'object','$defs':[]}}}",

@@ -269,7 +269,7 @@ TEST(chat_format_and_bias) {
       ("{\"prompt\":\"x\",\"response_format\":{\"type\":\"json_schema\"}}"),
       ("{\"prompt\":\"x\",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":"
        "{\"schema\":{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\","
-       "\"format\":\"date\"}}}}}}"),
+       "\"format\":\"hostname\"}}}}}}"),
       ("{\"prompt\":\"x\",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":"
        "{\"schema\":{\"type\":\"string\"}}}}")};
   for (int i = 0; i < 3; i++) {

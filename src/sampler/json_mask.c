@@ -534,10 +534,16 @@ _Static_assert(SM_STR_F4 - SM_STR_UTF8 == U8_F4 && SM_NUM_EXP - SM_NUM_MINUS == 
 typedef struct ss_lex {
   uint8_t mode; /* SM_* */
   uint8_t aux;
-  uint8_t ws;   /* whitespace bytes in a row outside strings */
-  uint8_t key;  /* SM_STR: a free object's key */
-  int32_t node; /* SM_VALUE: the value's node; SM_STR: the string's */
-  uint32_t x;   /* SM_STR: code points so far; SM_KEY, SM_ENUM: the trie node */
+  uint8_t ws;     /* whitespace bytes in a row outside strings */
+  uint8_t key;    /* SM_STR: 1 a free object's key, 2 a key of an object with additional
+                   * properties */
+  int32_t node;   /* SM_VALUE, SM_COLON: the value's node; SM_STR: the string's; in a number: its
+                   * node */
+  uint32_t x;     /* SM_STR: code points so far; SM_KEY, SM_ENUM: the trie node */
+  int32_t q;      /* SM_STR: the pattern automaton's state; key 2: the key trie's node (-1: the
+                   * key is none of the properties') */
+  uint8_t fl;     /* key 2: an escape was read (the key must be a property's) */
+  json_num_st ns; /* in a number with bounds */
 } ss_lex;
 
 typedef struct ss_frame {
@@ -710,6 +716,116 @@ static int ss_keys_ok(const json_schema *sc, const ss_node *o, uint32_t from, in
   return 0;
 }
 
+/* Object o (open at depth d) can take an additional property now. */
+static inline int ss_ap_ok(const json_schema *sc, const ss_node *o, int d) {
+  return o->kind == SN_OBJECT && o->ap >= 0 && d + sc->nodes[o->ap].md <= JSON_MASK_MAX_DEPTH;
+}
+
+/* the node of array a's item i (its prefix items first) */
+static inline int32_t ss_item(const json_schema *sc, const ss_node *a, uint32_t i) {
+  return i < (uint32_t)a->np ? sc->pitems[a->req + (int32_t)i] : a->sub;
+}
+
+/* a number that ends here (its mode a complete one) is within its node's bounds */
+static inline int ss_num_end_ok(const json_schema *sc, const ss_lex *l) {
+  if (l->mode < SM_NUM_MINUS || l->mode > SM_NUM_EXP) return 1;
+  int32_t nb = sc->nodes[l->node].sub;
+  return nb < 0 || json_num_final(&sc->nums[nb], &l->ns);
+}
+
+/* The byte after '\' of a one-character escape, as the string carries it. */
+static inline int esc_byte(unsigned c) {
+  switch (c) {
+    case 'b':
+      return '\b';
+    case 'f':
+      return '\f';
+    case 'n':
+      return '\n';
+    case 'r':
+      return '\r';
+    case 't':
+      return '\t';
+    default:
+      return (int)c; /* " \ / */
+  }
+}
+
+/* A string under a pattern / format: byte c, read in string mode m0 (ss_str_step's result r:
+ * 0 it goes on, 1 the closing quote), steps the automaton over the string's own bytes. The
+ * automaton reads each raw byte, and the byte a one-character escape stands for; a \u escape
+ * is refused, so that the bytes read are exactly the string's UTF-8 (and every code point the
+ * automaton allows can be written raw or with a one-character escape: regex_dfa_restrict
+ * removed the other control bytes). Returns 0, or -1 when c is refused. */
+static inline int ss_dfa_step(const regex_dfa *d, ss_lex *l, uint8_t m0, unsigned c, int r) {
+  if (r) return d->acc[l->q] ? 0 : -1;
+  int dc;
+  if (m0 == SM_STR)
+    dc = c == '\\' ? -1 : (int)c;
+  else if (m0 == SM_STR_ESC)
+    dc = c == 'u' ? -2 : esc_byte(c);
+  else if (m0 >= SM_STR_UTF8)
+    dc = (int)c;
+  else
+    dc = -2;
+  const int32_t *row = d->next + (size_t)l->q * (size_t)d->nc;
+  if (dc == -1) { /* '\\': some escape must be able to follow */
+    static const char esc[] = "\"\\/\b\f\n\r\t";
+    for (int i = 0; i < 8; i++)
+      if (row[d->cls[(unsigned char)esc[i]]] >= 0) return 0;
+    return -1;
+  }
+  if (dc < 0) return -1;
+  int32_t n = row[d->cls[dc]];
+  if (n < 0) return -1;
+  l->q = n;
+  return 0;
+}
+
+/* property j of object o (open at depth d, properties from `from` on still free) may be
+ * written now */
+static inline int ss_prop_ok(const json_schema *sc, const ss_node *o, uint32_t from, int d,
+                             uint32_t j) {
+  uint32_t np = (uint32_t)o->np;
+  if (j < from || j >= np) return 0;
+  uint32_t r = sc->freq[o->req + from];
+  if (j > r) return 0;
+  return d + sc->nodes[sc->props[o->sub + j].node].md <= JSON_MASK_MAX_DEPTH;
+}
+
+/* A key of an object with additional properties (mode SM_STR, key 2): byte c read in string
+ * mode m0 (ss_str_step's result r). The key trie is followed alongside: a key that ends as a
+ * property's name is that property (when its turn allows it), any other is an additional
+ * property. Such keys carry no escapes unless they are a property's (so that no two spellings
+ * of one name can meet: an escape is only read while the trie still leads to a property that
+ * may come now). Returns 0, or -1 when c is refused. */
+static int ss_akey_step(const json_schema *sc, const ss_frame *bs, ss_try *t, uint8_t m0,
+                        unsigned c, int r) {
+  ss_lex *l = &t->l;
+  const ss_frame *f = ss_top(bs, t);
+  const ss_node *o = &sc->nodes[f->node];
+  int d = ss_depth(t);
+  if (r) {
+    int32_t ch = l->q >= 0 ? ss_child(sc, l->q, '"') : -1;
+    int32_t j = ch >= 0 ? sc->tn[ch].term : -1;
+    l->key = 0;
+    l->mode = SM_COLON;
+    if (j >= 0) {
+      if (!ss_prop_ok(sc, o, f->n, d, (uint32_t)j)) return -1;
+      ss_top_w(bs, t)->n = (uint32_t)j + 1;
+      l->node = sc->props[o->sub + j].node;
+      return 0;
+    }
+    if (l->fl) return -1;
+    l->node = o->ap;
+    return 0;
+  }
+  if (m0 == SM_STR && c == '\\') l->fl = 1;
+  l->q = l->q >= 0 ? ss_child(sc, l->q, c) : -1;
+  if (l->fl && (l->q < 0 || !ss_keys_ok(sc, o, f->n, d, l->q))) return -1;
+  return 0;
+}
+
 /* the first byte c (not whitespace) of a value of node */
 static inline int ss_value(const json_schema *sc, ss_try *t, int32_t node, unsigned c) {
   const ss_node *nd = &sc->nodes[node];
@@ -734,6 +850,7 @@ static inline int ss_value(const json_schema *sc, ss_try *t, int32_t node, unsig
       l->node = node;
       l->x = 0;
       l->key = 0;
+      l->q = 0;
       return 0;
     case SN_NUMBER:
     case SN_INTEGER: {
@@ -741,6 +858,11 @@ static inline int ss_value(const json_schema *sc, ss_try *t, int32_t node, unsig
       if (k < 0) return -1;
       l->mode = (uint8_t)(SM_NUM_MINUS + k);
       l->aux = nd->kind == SN_INTEGER;
+      l->node = node;
+      if (nd->sub >= 0) {
+        memset(&l->ns, 0, sizeof l->ns);
+        if (json_num_step(&sc->nums[nd->sub], &l->ns, c)) return -1;
+      }
       return 0;
     }
     case SN_BOOL:
@@ -770,12 +892,17 @@ static inline int ss_step(const json_schema *sc, const ss_frame *bs, ss_try *t, 
   ss_lex *l = &t->l;
   if (l->mode >= SM_STR) {
     const ss_node *nd = &sc->nodes[l->node];
+    uint8_t m0 = l->mode;
     int r = ss_str_step(l, c, nd->b);
-    if (r <= 0) return r;
+    if (r < 0) return -1;
+    if (l->key == 2) return ss_akey_step(sc, bs, t, m0, c, r);
+    if (nd->sub >= 0 && ss_dfa_step(&sc->dfa[nd->sub], l, m0, c, r)) return -1;
+    if (r == 0) return 0;
     if (l->x < nd->a) return -1; /* the closing quote, too early */
     if (l->key) {
       l->key = 0;
       l->mode = SM_COLON;
+      l->node = SN_ANY;
     } else {
       ss_done(t);
     }
@@ -792,6 +919,7 @@ static inline int ss_step(const json_schema *sc, const ss_frame *bs, ss_try *t, 
     if (j >= 0) {
       ss_top_w(bs, t)->n = (uint32_t)j + 1;
       l->mode = SM_COLON;
+      l->node = sc->props[o->sub + j].node;
     }
     return 0;
   }
@@ -807,7 +935,10 @@ static inline int ss_step(const json_schema *sc, const ss_frame *bs, ss_try *t, 
   }
   if (js_is_ws(c)) {
     int r = ws_step(l->mode, SM_AFTER, SM_NUM_MINUS, &l->ws);
-    if (r > 0) ss_done(t); /* whitespace ends a complete number */
+    if (r > 0) { /* whitespace ends a complete number */
+      if (!ss_num_end_ok(sc, l)) return -1;
+      ss_done(t);
+    }
     return r < 0 ? -1 : 0;
   }
   l->ws = 0;
@@ -835,19 +966,24 @@ static inline int ss_step(const json_schema *sc, const ss_frame *bs, ss_try *t, 
         return 0;
       }
       int32_t ch = ss_child(sc, o->trie, '"');
+      if (ss_ap_ok(sc, o, ss_depth(t))) {
+        l->mode = SM_STR;
+        l->key = 2;
+        l->node = SN_ANY_STR;
+        l->x = 0;
+        l->q = ch;
+        l->fl = 0;
+        return 0;
+      }
       if (ch < 0 || !ss_keys_ok(sc, o, f->n, ss_depth(t), ch)) return -1;
       l->mode = SM_KEY;
       l->x = (uint32_t)ch;
       return 0;
     }
-    case SM_COLON: {
+    case SM_COLON:
       if (c != ':') return -1;
-      const ss_frame *f = ss_top(bs, t);
-      const ss_node *o = &sc->nodes[f->node];
-      l->node = o->kind == SN_OBJECT ? sc->props[o->sub + f->n - 1].node : SN_ANY;
-      l->mode = SM_VALUE;
+      l->mode = SM_VALUE; /* l->node: the value's, set with the key */
       return 0;
-    }
     case SM_ARR_FIRST: {
       const ss_node *a = &sc->nodes[ss_top(bs, t)->node];
       if (c == ']') {
@@ -858,7 +994,7 @@ static inline int ss_step(const json_schema *sc, const ss_frame *bs, ss_try *t, 
       }
       if (a->b == 0) return -1;
       ss_top_w(bs, t)->n = 1;
-      return ss_value(sc, t, a->sub, c);
+      return ss_value(sc, t, ss_item(sc, a, 0), c);
     }
     case SM_AFTER:
     after : {
@@ -866,16 +1002,19 @@ static inline int ss_step(const json_schema *sc, const ss_frame *bs, ss_try *t, 
       const ss_node *o = &sc->nodes[f->node];
       if (o->kind == SN_ARRAY) {
         if (c == ',') {
-          if (f->n >= o->b || ss_depth(t) + sc->nodes[o->sub].md > JSON_MASK_MAX_DEPTH) return -1;
+          int32_t it = f->n < o->b ? ss_item(sc, o, f->n) : -1;
+          if (it < 0 || ss_depth(t) + sc->nodes[it].md > JSON_MASK_MAX_DEPTH) return -1;
           ss_top_w(bs, t)->n++;
           l->mode = SM_VALUE;
-          l->node = o->sub;
+          l->node = it;
           return 0;
         }
         if (c != ']' || f->n < o->a) return -1;
       } else {
         if (c == ',') {
-          if (o->kind == SN_OBJECT && !ss_keys_ok(sc, o, f->n, ss_depth(t), -1)) return -1;
+          if (o->kind == SN_OBJECT && !ss_keys_ok(sc, o, f->n, ss_depth(t), -1) &&
+              !ss_ap_ok(sc, o, ss_depth(t)))
+            return -1;
           l->mode = SM_OBJ_KEY;
           return 0;
         }
@@ -897,10 +1036,13 @@ static inline int ss_step(const json_schema *sc, const ss_frame *bs, ss_try *t, 
       uint8_t k = (uint8_t)(l->mode - SM_NUM_MINUS);
       int r = num_step(&k, c, l->aux);
       if (r < 0) return -1;
+      int32_t nb = sc->nodes[l->node].sub;
       if (r == 0) {
         l->mode = (uint8_t)(SM_NUM_MINUS + k);
+        if (nb >= 0 && json_num_step(&sc->nums[nb], &l->ns, c)) return -1;
         return 0;
       }
+      if (!ss_num_end_ok(sc, l)) return -1;
       ss_done(t); /* the number ended: c is read after it (nothing may follow the root) */
       if (l->mode != SM_AFTER) return -1;
       goto after;
@@ -934,7 +1076,9 @@ typedef struct sv_tok {
 
 /* Fills s from a token's bytes b[n] (n > 0): its run from the plain in-string state. */
 static void sv_classify(sv_tok *s, const unsigned char *b, size_t n) {
-  ss_lex l = {SM_STR, 0, 0, 0, 0, 0};
+  ss_lex l;
+  memset(&l, 0, sizeof l);
+  l.mode = SM_STR;
   s->cls = SV_STAY;
   for (size_t i = 0; i < n; i++) {
     int r = ss_str_step(&l, b[i], UINT32_MAX);
@@ -1330,7 +1474,9 @@ static int sm_trie_ws(const json_schema *sc, uint32_t x) {
 
 JM_INLINE int sm_compute(const json_mask *m, jm_out *o, int n) {
   uint8_t mode = m->sl.mode;
-  if (mode == SM_STR) return sm_in_string(m, o, n);
+  /* strings under a pattern and keys that may be additional: each token walked */
+  if (mode == SM_STR && m->sl.key != 2 && m->sc->nodes[m->sl.node].sub < 0)
+    return sm_in_string(m, o, n);
   if (mode > SM_STR || ((mode == SM_KEY || mode == SM_ENUM) && sm_trie_ws(m->sc, m->sl.x)))
     return sm_first_byte(m, o, n);
   return sm_outside(m, o, n);

@@ -11,6 +11,7 @@
 #define DS_JSON_SCHEMA_INTERNAL
 #include "sampler/json_schema.h"
 
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,6 +27,9 @@
 #define JS_MAX_TRIE (1 << 20)  /* trie nodes */
 #define JS_MAX_BITS (1 << 20)  /* 64-bit words of the key tries' property sets */
 #define JS_MAX_COUNT 2147483647LL
+#define JS_MAX_DFA_STATES (1 << 16) /* states of one string's automaton */
+#define JS_MAX_DFA_TOTAL (1 << 18)  /* all automata's states together */
+#define JS_MAX_ALLOF 256            /* schemas merged into one by allOf ($ref targets included) */
 
 /* compile-time detail of a node */
 typedef struct caux {
@@ -60,6 +64,9 @@ typedef struct cc {
   int *memo_v;
   size_t memo_cap, memo_n;
   work *wl;
+  size_t n_pitems, cap_pitems, n_nums, cap_nums, cap_dfa, dfa_total;
+  json_t **keep; /* schemas made by merging (allOf), alive until the end */
+  size_t n_keep, cap_keep;
   char path[512];
   size_t plen;
 } cc;
@@ -164,6 +171,7 @@ static int new_node(cc *c, int kind) {
   s->nodes[i].kind = (uint8_t)kind;
   s->nodes[i].md = SN_MD_NONE;
   s->nodes[i].sub = -1;
+  s->nodes[i].ap = -1;
   c->aux[i].base = -1;
   c->aux[i].br0 = -1;
   return i;
@@ -317,12 +325,33 @@ static char *canon(const json_t *v, int *depth) {
 static const char *const annotations[] = {
     "title",      "description", "default",   "examples", "$schema", "$id", "$comment",
     "deprecated", "readOnly",    "writeOnly", "strict",   "name",    NULL};
-static const char *const supported[] = {
-    "type",      "properties", "required", "additionalProperties",
-    "items",     "minItems",   "maxItems", "minLength",
-    "maxLength", "enum",       "const",    "anyOf",
-    "oneOf",     "$ref",       "$defs",    "definitions",
-    NULL};
+static const char *const supported[] = {"type",
+                                        "properties",
+                                        "required",
+                                        "additionalProperties",
+                                        "items",
+                                        "minItems",
+                                        "maxItems",
+                                        "minLength",
+                                        "maxLength",
+                                        "enum",
+                                        "const",
+                                        "anyOf",
+                                        "oneOf",
+                                        "$ref",
+                                        "$defs",
+                                        "definitions",
+                                        "minimum",
+                                        "maximum",
+                                        "exclusiveMinimum",
+                                        "exclusiveMaximum",
+                                        "multipleOf",
+                                        "pattern",
+                                        "format",
+                                        "allOf",
+                                        "prefixItems",
+                                        "additionalItems",
+                                        NULL};
 
 static int in_list(const char *const *l, const char *k) {
   for (; *l; l++)
@@ -340,19 +369,6 @@ static int get_count(cc *c, const json_t *sch, const char *kw, uint32_t *out) {
   if (!(d >= 0 && d <= (double)JS_MAX_COUNT && d == (double)(long long)d))
     return fail(c, "'%s' must be a non-negative integer (at most %lld)", kw, JS_MAX_COUNT);
   *out = (uint32_t)d;
-  return 0;
-}
-
-/* the only non-annotation keywords of sch are kw and $defs / definitions */
-static int alone(cc *c, const json_t *sch, const char *kw) {
-  const char *k;
-  json_t *v;
-  json_object_foreach((json_t *)sch, k, v) {
-    if (!strcmp(k, kw) || in_list(annotations, k) || !strcmp(k, "$defs") ||
-        !strcmp(k, "definitions"))
-      continue;
-    return fail(c, "'%.64s' beside '%s' is not supported", k, kw);
-  }
   return 0;
 }
 
@@ -412,8 +428,12 @@ static int memo_put(cc *c, const json_t *k, int v) {
   return 0;
 }
 
-static int cref(cc *c, const json_t *ref) {
-  if (!json_is_string(ref)) return fail(c, "'$ref' must be a string");
+/* the schema $ref ref names, NULL with an error */
+static const json_t *ref_lookup(cc *c, const json_t *ref) {
+  if (!json_is_string(ref)) {
+    fail(c, "'$ref' must be a string");
+    return NULL;
+  }
   const char *r = json_string_value(ref);
   const json_t *target = NULL;
   const char *defs_kw = NULL, *name = NULL;
@@ -426,15 +446,20 @@ static int cref(cc *c, const json_t *ref) {
     defs_kw = "definitions";
     name = r + 14;
   }
-  if (!target && (!name || !*name || strchr(name, '/')))
-    return fail(c,
-                "'$ref' \"%.80s\" is not supported: only \"#\", \"#/$defs/NAME\" and "
-                "\"#/definitions/NAME\"",
-                r);
+  if (!target && (!name || !*name || strchr(name, '/'))) {
+    fail(c,
+         "'$ref' \"%.80s\" is not supported: only \"#\", \"#/$defs/NAME\" and "
+         "\"#/definitions/NAME\"",
+         r);
+    return NULL;
+  }
   if (!target) {
     size_t n = strlen(name), k = 0;
     char *un = malloc(n + 1);
-    if (!un) return oom(c);
+    if (!un) {
+      oom(c);
+      return NULL;
+    }
     for (size_t i = 0; i < n; i++) {
       if (name[i] == '~' && (name[i + 1] == '0' || name[i + 1] == '1')) {
         un[k++] = name[i + 1] == '0' ? '~' : '/';
@@ -446,8 +471,15 @@ static int cref(cc *c, const json_t *ref) {
     const json_t *defs = json_object_get(c->root, defs_kw);
     target = json_is_object(defs) ? json_object_getn(defs, un, k) : NULL;
     free(un);
-    if (!target) return fail(c, "'$ref' target \"%.80s\" is not found", r);
+    if (!target) fail(c, "'$ref' target \"%.80s\" is not found", r);
   }
+  return target;
+}
+
+static int cref(cc *c, const json_t *ref) {
+  const json_t *target = ref_lookup(c, ref);
+  if (!target) return -1;
+  const char *r = json_string_value(ref);
   int ph = memo_get(c, target);
   if (ph >= 0) return ph;
   ph = new_node(c, SN_REF);
@@ -499,17 +531,19 @@ static int cobject(cc *c, const json_t *sch, int level) {
   const json_t *props = json_object_get(sch, "properties");
   const json_t *req = json_object_get(sch, "required");
   const json_t *ap = json_object_get(sch, "additionalProperties");
-  if (ap && !json_is_false(ap)) {
-    size_t o = path_push(c, "additionalProperties", 20);
-    fail(c,
-         "'additionalProperties' must be false or absent (keys other than the properties "
-         "are never generated)");
-    path_pop(c, o);
-    return -1;
-  }
   if (props && !json_is_object(props)) return fail(c, "'properties' must be an object");
   if (req && !json_is_array(req)) return fail(c, "'required' must be an array of names");
-  if (!props && !ap) {
+  /* additionalProperties true or a schema: keys other than the properties, each value valid
+   * under that schema (the mask writes such keys without escapes and never as a property's
+   * name, see json_mask.c) */
+  int apn = -1;
+  if (ap && !json_is_false(ap)) {
+    size_t o = path_push(c, "additionalProperties", 20);
+    apn = cnode(c, ap, level + 1);
+    path_pop(c, o);
+    if (apn < 0) return -1;
+  }
+  if (!props && (!ap || apn == SN_ANY)) {
     if (json_array_size(req)) {
       const json_t *r0 = json_array_get(req, 0);
       return fail(c, "required property \"%.64s\" is not in 'properties'",
@@ -615,45 +649,313 @@ static int cobject(cc *c, const json_t *sch, int level) {
   if (root < 0) return -1;
   s->nodes[node].trie = root;
   s->nodes[node].nw = nw;
+  s->nodes[node].ap = apn;
   return node;
 }
 
+/* Arrays. Tuples: prefixItems (2020-12) then items for the rest, or items as an array (draft
+ * 7) then additionalItems; the rest false: at most the prefix's length. */
 static int carray(cc *c, const json_t *sch, int level) {
   const json_t *items = json_object_get(sch, "items");
+  const json_t *pre = json_object_get(sch, "prefixItems");
+  const json_t *rest = items;
+  const char *pkw = "prefixItems", *rkw = "items";
+  if (pre && !json_is_array(pre)) return fail(c, "'prefixItems' must be an array of schemas");
   if (json_is_array(items)) {
-    size_t o = path_push(c, "items", 5);
-    fail(c, "'items' as an array (tuple validation) is not supported");
-    path_pop(c, o);
-    return -1;
+    if (pre) return fail(c, "'items' as an array beside 'prefixItems' is not supported");
+    pre = items;
+    pkw = "items";
+    rest = json_object_get(sch, "additionalItems");
+    rkw = "additionalItems";
+  } else if (json_object_get(sch, "additionalItems")) {
+    return fail(c, "'additionalItems' without 'items' as an array is not supported");
   }
   uint32_t a = 0, b = SN_UNLIMITED;
   if (get_count(c, sch, "minItems", &a) || get_count(c, sch, "maxItems", &b)) return -1;
+  size_t np = json_array_size(pre);
+  if (np > 4096) return fail(c, "'%s' has more than 4096 schemas", pkw);
   if (a > b) return fail(c, "'minItems' is greater than 'maxItems'");
+  if (json_is_false(rest)) {
+    if (!pre) return fail(c, "'items': false without 'prefixItems' is not supported");
+    if (b > np) b = (uint32_t)np;
+    rest = NULL;
+  }
+  if (a > b) return fail(c, "'minItems' is greater than the tuple's length");
   int ch = SN_ANY;
-  if (items) {
-    size_t o = path_push(c, "items", 5);
-    ch = cnode(c, items, level + 1);
+  if (rest) {
+    size_t o = path_push(c, rkw, strlen(rkw));
+    ch = cnode(c, rest, level + 1);
     path_pop(c, o);
     if (ch < 0) return -1;
   }
-  if (ch == SN_ANY && a == 0 && b == SN_UNLIMITED) return SN_ANY_ARR;
+  if (ch == SN_ANY && a == 0 && b == SN_UNLIMITED && !np) return SN_ANY_ARR;
+  int32_t *pn = NULL;
+  if (np) {
+    pn = malloc(np * sizeof *pn);
+    if (!pn) return oom(c);
+    for (size_t i = 0; i < np; i++) {
+      size_t o = path_push_i(c, pkw, i);
+      pn[i] = cnode(c, json_array_get(pre, i), level + 1);
+      path_pop(c, o);
+      if (pn[i] < 0) {
+        free(pn);
+        return -1;
+      }
+    }
+  }
+  size_t p0 = c->n_pitems;
   int node = new_node(c, SN_ARRAY);
-  if (node < 0) return -1;
+  if (node < 0 || grow(c, &c->s->pitems, &c->cap_pitems, p0 + np + 1, sizeof *c->s->pitems)) {
+    free(pn);
+    return -1;
+  }
+  if (np) memcpy(c->s->pitems + p0, pn, np * sizeof *pn);
+  free(pn);
+  c->n_pitems = p0 + np;
   c->s->nodes[node].sub = ch;
   c->s->nodes[node].a = a;
   c->s->nodes[node].b = b;
+  c->s->nodes[node].np = (int32_t)np;
+  c->s->nodes[node].req = (int32_t)p0;
   return node;
+}
+
+/* the node of item i of array node nd */
+static int item_node(const json_schema *s, const ss_node *nd, uint32_t i) {
+  return i < (uint32_t)nd->np ? s->pitems[nd->req + (int32_t)i] : nd->sub;
+}
+
+/* The formats, each a pattern of regex_dfa's subset matching what the common checkers accept
+ * (Python's datetime / ipaddress / uuid, RFC 3339, RFC 3986, email-validator's dot-atom). */
+#define F_YEAR "([1-9][0-9]{3}|0[1-9][0-9]{2}|00[1-9][0-9]|000[1-9])"
+#define F_LEAP "([0-9]{2}(0[48]|[2468][048]|[13579][26])|(0[48]|[2468][048]|[13579][26])00)"
+#define F_MD "((0[1-9]|1[0-2])-(0[1-9]|1[0-9]|2[0-8])|(0[13-9]|1[0-2])-(29|30)|(0[13578]|1[02])-31)"
+#define F_DATE "(" F_YEAR "-" F_MD "|" F_LEAP "-02-29)"
+#define F_TIME                                                                         \
+  "([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,9})?(Z|[+-]([01][0-9]|2[0-3]):" \
+  "[0-5][0-9])"
+#define F_H "[0-9a-fA-F]{1,4}"
+#define F_OCT "(25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])"
+#define F_PCT "%[0-9A-Fa-f]{2}"
+#define F_PCHAR "([A-Za-z0-9._~!$&'()*+,;=:@-]|" F_PCT ")"
+#define F_QCHAR "([A-Za-z0-9._~!$&'()*+,;=:@/?-]|" F_PCT ")"
+#define F_ATOM "[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+"
+static const char *const formats[][2] = {
+    {"date", "^" F_DATE "$"},
+    {"time", "^" F_TIME "$"},
+    {"date-time", "^" F_DATE "T" F_TIME "$"},
+    {"uuid", "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"},
+    {"email", "^" F_ATOM "(\\." F_ATOM ")*@([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?\\.)+"
+              "[A-Za-z]{2,24}$"},
+    {"ipv4", "^" F_OCT "(\\." F_OCT "){3}$"},
+    {"ipv6", "^((" F_H ":){7}" F_H "|(" F_H ":){1,7}:|(" F_H ":){1,6}:" F_H "|(" F_H ":){1,5}(:" F_H
+             "){1,2}|(" F_H ":){1,4}(:" F_H "){1,3}|(" F_H ":){1,3}(:" F_H "){1,4}|(" F_H
+             ":){1,2}(:" F_H "){1,5}|" F_H ":(:" F_H "){1,6}|:((:" F_H "){1,7}|:))$"},
+    {"uri",
+     "^[A-Za-z][A-Za-z0-9+.-]*:(//(([A-Za-z0-9._~!$&'()*+,;=:-]|" F_PCT
+     ")*@)?([A-Za-z0-9._~!$&'()*+,;=-]|" F_PCT ")*(:[0-9]*)?(/" F_PCHAR "*)*|/(" F_PCHAR
+     "+(/" F_PCHAR "*)*)?|" F_PCHAR "+(/" F_PCHAR "*)*)?(\\?" F_QCHAR "*)?(#" F_QCHAR "*)?$"},
+};
+
+/* A string's automaton: the pattern's and the format's, over the bytes a JSON string can carry
+ * without a \u escape, cut to minLength..maxLength code points; its index, -1 with an error. */
+static int string_dfa(cc *c, const json_t *pat, const json_t *fmt, uint32_t a, uint32_t b) {
+  char e[200];
+  regex_dfa d[2];
+  int nd = 0;
+  memset(d, 0, sizeof d);
+  if (pat) {
+    size_t o = path_push(c, "pattern", 7);
+    if (!json_is_string(pat)) {
+      path_pop(c, o);
+      return fail(c, "'pattern' must be a string");
+    }
+    if (regex_dfa_compile(json_string_value(pat), json_string_length(pat), JS_MAX_DFA_STATES,
+                          &d[nd], e, sizeof e)) {
+      fail(c, "'pattern' \"%.80s\": %s", json_string_value(pat), e);
+      path_pop(c, o);
+      return -1;
+    }
+    nd++;
+    path_pop(c, o);
+  }
+  if (fmt) {
+    const char *f = json_is_string(fmt) ? json_string_value(fmt) : NULL;
+    size_t k = 0, nf = sizeof formats / sizeof *formats;
+    while (f && k < nf && strcmp(formats[k][0], f)) k++;
+    if (!f || k == nf) {
+      for (int i = 0; i < nd; i++) regex_dfa_free(&d[i]);
+      return fail(c,
+                  "'format' \"%.40s\" is not supported (only date, time, date-time, uuid, "
+                  "email, ipv4, ipv6, uri)",
+                  f ? f : "?");
+    }
+    if (regex_dfa_compile(formats[k][1], strlen(formats[k][1]), JS_MAX_DFA_STATES, &d[nd], e,
+                          sizeof e)) {
+      for (int i = 0; i < nd; i++) regex_dfa_free(&d[i]);
+      return fail(c, "'format' \"%s\": %s", f, e);
+    }
+    nd++;
+  }
+  int rc = 0;
+  if (nd == 2) {
+    regex_dfa x;
+    rc = regex_dfa_intersect(&d[0], &d[1], JS_MAX_DFA_STATES, &x, e, sizeof e);
+    regex_dfa_free(&d[0]);
+    regex_dfa_free(&d[1]);
+    d[0] = x;
+  }
+  /* the bytes: all but the control bytes without a one-character escape (\u escapes are not
+   * generated in such strings, so each byte the automaton reads is one the text carries, raw or
+   * as \" \\ \/ \b \f \n \r \t) */
+  uint8_t ok[256];
+  for (int i = 0; i < 256; i++)
+    ok[i] = i >= 0x20 || i == '\b' || i == '\f' || i == '\n' || i == '\r' || i == '\t';
+  regex_dfa r;
+  memset(&r, 0, sizeof r);
+  if (!rc) rc = regex_dfa_restrict(&d[0], ok, a, b, JS_MAX_DFA_STATES, &r, e, sizeof e);
+  regex_dfa_free(&d[0]);
+  if (rc) return fail(c, "%s", e);
+  if (!r.n) {
+    regex_dfa_free(&r);
+    return fail(c, "no string satisfies 'pattern' / 'format' with 'minLength' / 'maxLength'");
+  }
+  if (c->dfa_total + (size_t)r.n > JS_MAX_DFA_TOTAL) {
+    regex_dfa_free(&r);
+    return fail(c, "the schema's patterns need more than %d automaton states", JS_MAX_DFA_TOTAL);
+  }
+  if (grow(c, &c->s->dfa, &c->cap_dfa, (size_t)c->s->ndfa + 1, sizeof *c->s->dfa)) {
+    regex_dfa_free(&r);
+    return -1;
+  }
+  c->dfa_total += (size_t)r.n;
+  c->s->dfa[c->s->ndfa] = r;
+  return c->s->ndfa++;
 }
 
 static int cstring(cc *c, const json_t *sch) {
   uint32_t a = 0, b = SN_UNLIMITED;
   if (get_count(c, sch, "minLength", &a) || get_count(c, sch, "maxLength", &b)) return -1;
   if (a > b) return fail(c, "'minLength' is greater than 'maxLength'");
-  if (a == 0 && b == SN_UNLIMITED) return SN_ANY_STR;
+  const json_t *pat = json_object_get(sch, "pattern"), *fmt = json_object_get(sch, "format");
+  if (a == 0 && b == SN_UNLIMITED && !pat && !fmt) return SN_ANY_STR;
+  int d = -1;
+  if ((pat || fmt) && (d = string_dfa(c, pat, fmt, a, b)) < 0) return -1;
   int node = new_node(c, SN_STRING);
   if (node < 0) return -1;
   c->s->nodes[node].a = a;
   c->s->nodes[node].b = b;
+  c->s->nodes[node].sub = d;
+  return node;
+}
+
+/* ---- numbers ---------------------------------------------------------------------------- */
+
+/* floor(D * 10^k) of D, d's shortest decimal form (what a validator's double compares equal
+ * to); *exact: no digits were dropped. |d| * 10^k must be below 10^17. */
+static int64_t dec_floor(double d, int k, int *exact) {
+  char b[64];
+  int p = real_digits(d);
+  snprintf(b, sizeof b, "%.*e", p - 1, fabs(d));
+  int64_t digits = 0;
+  int nd = 0;
+  const char *e = b;
+  for (; *e && *e != 'e'; e++)
+    if (*e >= '0' && *e <= '9') digits = digits * 10 + (*e - '0'), nd++;
+  int ex = atoi(e + 1), sh = ex - (nd - 1) + k;
+  int64_t v = digits, rem = 0;
+  for (; sh > 0; sh--) v *= 10;
+  for (; sh < 0; sh++) rem |= v % 10, v /= 10;
+  *exact = rem == 0;
+  if (d < 0) return rem ? -v - 1 : -v;
+  return v;
+}
+
+/* a numeric keyword's value; absent: 0 */
+static int get_num(cc *c, const json_t *sch, const char *kw, double *out) {
+  const json_t *v = json_object_get(sch, kw);
+  if (!v) return 0;
+  if (!json_is_number(v)) return fail(c, "'%s' must be a number", kw);
+  *out = json_number_value(v);
+  if (!isfinite(*out)) return fail(c, "'%s' must be a finite number", kw);
+  return 1;
+}
+
+/* Numbers and integers with bounds or multipleOf. Integers: exact, up to 19 digits. Numbers:
+ * written without an exponent, with at most 9 integer and 6 fraction digits (15 significant
+ * digits at most: such a decimal and a bound's shortest form compare as their doubles do), and
+ * then exact; numbers with multipleOf are written as integers. */
+static int cnum(cc *c, const json_t *sch, int is_int) {
+  double mn = 0, mx = 0, emn = 0, emx = 0, mul = 0;
+  int hmn = get_num(c, sch, "minimum", &mn), hmx = get_num(c, sch, "maximum", &mx);
+  const json_t *xmn = json_object_get(sch, "exclusiveMinimum");
+  const json_t *xmx = json_object_get(sch, "exclusiveMaximum");
+  int bmn = json_is_boolean(xmn), bmx = json_is_boolean(xmx); /* draft 4's form */
+  int hemn = bmn ? 0 : get_num(c, sch, "exclusiveMinimum", &emn);
+  int hemx = bmx ? 0 : get_num(c, sch, "exclusiveMaximum", &emx);
+  int hmul = get_num(c, sch, "multipleOf", &mul);
+  if (c->failed) return -1;
+  if ((bmn && !hmn) || (bmx && !hmx))
+    return fail(c, "a boolean 'exclusiveMinimum' / 'exclusiveMaximum' needs its bound");
+  if (bmn && json_is_true(xmn)) hemn = 1, emn = mn, hmn = 0;
+  if (bmx && json_is_true(xmx)) hemx = 1, emx = mx, hmx = 0;
+  if (!hmn && !hmx && !hemn && !hemx && !hmul) return is_int ? SN_ANY_INT : SN_ANY_NUM;
+  json_num q;
+  memset(&q, 0, sizeof q);
+  /* the tightest bound of each side, as the schema says it */
+  if (hmn && hemn) {
+    if (emn >= mn)
+      hmn = 0;
+    else
+      hemn = 0;
+  }
+  if (hmx && hemx) {
+    if (emx <= mx)
+      hmx = 0;
+    else
+      hemx = 0;
+  }
+  q.dhas_lo = (uint8_t)(hmn || hemn);
+  q.dhas_hi = (uint8_t)(hmx || hemx);
+  q.dlo = hmn ? mn : emn;
+  q.dhi = hmx ? mx : emx;
+  q.dlo_ex = (uint8_t)hemn;
+  q.dhi_ex = (uint8_t)hemx;
+  if (hmul) {
+    if (!(mul >= 1 && mul <= 2147483647.0 && mul == floor(mul)))
+      return fail(c,
+                  "'multipleOf' %g is not supported: only whole numbers 1..2^31-1 (a fraction "
+                  "like 0.01 is judged differently by validators)",
+                  mul);
+    q.mult = (uint32_t)mul;
+    q.dmult = mul;
+    is_int = 1;
+  }
+  q.k = is_int ? 0 : 6;
+  q.int_digits = is_int ? 19 : 9;
+  double lim = is_int ? 9007199254740992.0 : 999999999.0;
+  const char *what = is_int ? "2^53" : "999999999 for a 'number' (use 'integer')";
+  if ((q.dhas_lo && fabs(q.dlo) > lim) || (q.dhas_hi && fabs(q.dhi) > lim))
+    return fail(c, "bounds beyond +-%s are not supported", what);
+  if (q.dhas_lo) {
+    int ex;
+    int64_t f = dec_floor(q.dlo, q.k, &ex);
+    q.lo = ex ? f + (q.dlo_ex ? 1 : 0) : f + 1; /* the least scaled value above or at it */
+    q.has_lo = 1;
+  }
+  if (q.dhas_hi) {
+    int ex;
+    int64_t f = dec_floor(q.dhi, q.k, &ex);
+    q.hi = ex && q.dhi_ex ? f - 1 : f;
+    q.has_hi = 1;
+  }
+  if (grow(c, &c->s->nums, &c->cap_nums, c->n_nums + 1, sizeof *c->s->nums)) return -1;
+  c->s->nums[c->n_nums] = q;
+  int node = new_node(c, is_int ? SN_INTEGER : SN_NUMBER);
+  if (node < 0) return -1;
+  c->s->nodes[node].sub = (int32_t)c->n_nums++;
+  if (!json_num_any(&c->s->nums[c->n_nums - 1]))
+    return fail(c, "no %s satisfies the bounds and 'multipleOf'", is_int ? "integer" : "number");
   return node;
 }
 
@@ -693,6 +995,281 @@ static int type_bit(const json_t *t) {
   return -1;
 }
 
+/* ---- allOf: merging schemas ------------------------------------------------------------- */
+
+/* allOf (and $ref or anyOf / oneOf beside other keywords) is compiled as one schema: the
+ * schemas' keywords merged into a new one (json level, before compiling): bounds take the
+ * tighter value, required lists and enums intersect or join as their meaning says, types
+ * intersect, properties valid under both schemas become allOf's of their own, and each side's
+ * additionalProperties applies to the other side's extra properties. A keyword both schemas
+ * give that cannot be merged exactly (two different patterns or formats, two tuples, two
+ * unknown keywords) is refused. anyOf / oneOf beside other keywords is distributed: anyOf [a,
+ * b] with rest is anyOf [allOf [a, rest], allOf [b, rest]]. */
+
+static int keep(cc *c, json_t *j) {
+  if (!j) return oom(c);
+  if (grow(c, &c->keep, &c->cap_keep, c->n_keep + 1, sizeof *c->keep)) {
+    json_decref(j);
+    return -1;
+  }
+  c->keep[c->n_keep++] = j;
+  return 0;
+}
+
+/* sch's only non-annotation keyword (beside $defs / definitions) is kw */
+static int only(const json_t *sch, const char *kw) {
+  const char *k;
+  json_t *v;
+  json_object_foreach((json_t *)sch, k, v) {
+    if (!strcmp(k, kw) || in_list(annotations, k) || !strcmp(k, "$defs") ||
+        !strcmp(k, "definitions"))
+      continue;
+    return 0;
+  }
+  return 1;
+}
+
+/* {"allOf": [a, b]} (new), NULL on out of memory */
+static json_t *all2(const json_t *a, const json_t *b) {
+  return json_pack("{s:[OO]}", "allOf", (json_t *)a, (json_t *)b);
+}
+
+static int type_bits(cc *c, const json_t *t) {
+  int tm = 0;
+  if (json_is_string(t)) {
+    tm = type_bit(t);
+  } else if (json_is_array(t)) {
+    for (size_t i = 0; i < json_array_size(t) && tm >= 0; i++) {
+      int b = type_bit(json_array_get(t, i));
+      tm = b < 0 ? -1 : tm | b;
+    }
+  } else {
+    tm = -1;
+  }
+  if (tm < 0)
+    return fail(c,
+                "'type' must be one of object, array, string, number, integer, boolean, null, or "
+                "an array of them");
+  if (tm & T_NUMBER) tm |= T_INTEGER; /* number covers integer */
+  return tm;
+}
+
+static json_t *type_json(int tm) {
+  if (tm & T_NUMBER) tm &= ~T_INTEGER;
+  json_t *a = json_array();
+  for (int i = 0; a && i < 7; i++)
+    if (tm & (1 << i)) json_array_append_new(a, json_string(type_names[i]));
+  return a;
+}
+
+/* *acc's additionalProperties meet the other side's: absent / true neutral, false wins */
+static json_t *ap_meet(const json_t *x, const json_t *y) {
+  if (!x || json_is_true(x)) return y ? json_incref((json_t *)y) : NULL;
+  if (!y || json_is_true(y)) return json_incref((json_t *)x);
+  if (json_is_false(x) || json_is_false(y)) return json_false();
+  return all2(x, y);
+}
+
+/* value schema of an extra property p under the other side's additionalProperties ap: NULL
+ * when ap forbids it (*forbid), a new reference otherwise */
+static json_t *extra_prop(const json_t *p, const json_t *ap, int *forbid) {
+  *forbid = 0;
+  if (!ap || json_is_true(ap)) return json_incref((json_t *)p);
+  if (json_is_false(ap)) {
+    *forbid = 1;
+    return NULL;
+  }
+  return all2(p, ap);
+}
+
+/* properties + additionalProperties of acc and of x together */
+static int merge_object(cc *c, json_t *acc, const json_t *x) {
+  const json_t *pa = json_object_get(acc, "properties"), *pb = json_object_get(x, "properties");
+  const json_t *aa = json_object_get(acc, "additionalProperties");
+  const json_t *ab = json_object_get(x, "additionalProperties");
+  if ((pa && !json_is_object(pa)) || (pb && !json_is_object(pb)))
+    return fail(c, "'properties' must be an object");
+  if (!pb && !ab) return 0;
+  json_t *np = json_object();
+  if (!np) return oom(c);
+  const char *k;
+  json_t *v;
+  int forbid = 0, rc = 0;
+  if (pa) json_object_foreach((json_t *)pa, k, v) {
+      const json_t *w = pb ? json_object_get(pb, k) : NULL;
+      json_t *m = w ? all2(v, w) : extra_prop(v, ab, &forbid);
+      if (m ? json_object_set_new(np, k, m) : !forbid) rc = oom(c);
+    }
+  if (pb) json_object_foreach((json_t *)pb, k, v) {
+      if (pa && json_object_get(pa, k)) continue;
+      json_t *m = extra_prop(v, aa, &forbid);
+      if (m ? json_object_set_new(np, k, m) : !forbid) rc = oom(c);
+    }
+  json_t *ap = ap_meet(aa, ab);
+  if (rc || json_object_set_new(acc, "properties", np)) {
+    json_decref(ap);
+    return rc ? rc : oom(c);
+  }
+  if (ap && json_object_set_new(acc, "additionalProperties", ap)) return oom(c);
+  return 0;
+}
+
+static int merge_kw(cc *c, json_t *acc, const char *k, const json_t *v) {
+  static const char *const lower[] = {"minimum", "exclusiveMinimum", "minLength", "minItems", NULL};
+  static const char *const upper[] = {"maximum", "exclusiveMaximum", "maxLength", "maxItems", NULL};
+  if (!strcmp(k, "properties") || !strcmp(k, "additionalProperties") || !strcmp(k, "$defs") ||
+      !strcmp(k, "definitions") || !strcmp(k, "allOf") || !strcmp(k, "$ref"))
+    return 0; /* merge_object's, the root's, or merge_in's */
+  json_t *old = json_object_get(acc, k);
+  if (!old) {
+    json_t *n = json_is_array(v) ? json_copy((json_t *)v) : json_incref((json_t *)v);
+    if (!n || json_object_set_new(acc, k, n)) return oom(c);
+    return 0;
+  }
+  if (in_list(annotations, k)) return 0; /* the first one's */
+  if (in_list(lower, k) || in_list(upper, k)) {
+    if (!json_is_number(v) || !json_is_number(old)) return fail(c, "'%s' must be a number", k);
+    double a = json_number_value(old), b = json_number_value(v);
+    if (in_list(lower, k) ? b > a : b < a) json_object_set(acc, k, (json_t *)v);
+    return 0;
+  }
+  if (!strcmp(k, "type")) {
+    int a = type_bits(c, old), b = type_bits(c, v);
+    if (a < 0 || b < 0) return -1;
+    if (!(a & b)) return fail(c, "the 'allOf' schemas' types have nothing in common");
+    json_t *t = type_json(a & b);
+    if (!t || json_object_set_new(acc, k, t)) return oom(c);
+    return 0;
+  }
+  if (!strcmp(k, "required")) {
+    if (!json_is_array(v) || !json_is_array(old))
+      return fail(c, "'required' must be an array of names");
+    for (size_t i = 0; i < json_array_size(v); i++) {
+      json_t *r = json_array_get(v, i);
+      size_t j = 0;
+      while (j < json_array_size(old) && !json_equal(json_array_get(old, j), r)) j++;
+      if (j == json_array_size(old) && json_array_append(old, r)) return oom(c);
+    }
+    return 0;
+  }
+  if (!strcmp(k, "enum")) {
+    if (!json_is_array(v) || !json_is_array(old)) return fail(c, "'enum' must be an array");
+    json_t *n = json_array();
+    if (!n) return oom(c);
+    for (size_t i = 0; i < json_array_size(old); i++)
+      for (size_t j = 0; j < json_array_size(v); j++)
+        if (json_equal(json_array_get(old, i), json_array_get(v, j))) {
+          json_array_append(n, json_array_get(old, i));
+          break;
+        }
+    if (!json_array_size(n)) {
+      json_decref(n);
+      return fail(c, "no 'enum' value is in every 'allOf' schema");
+    }
+    json_object_set_new(acc, k, n);
+    return 0;
+  }
+  if (!strcmp(k, "items") && json_is_object(v) && json_is_object(old)) {
+    json_t *m = all2(old, v);
+    if (!m || json_object_set_new(acc, k, m)) return oom(c);
+    return 0;
+  }
+  if (!strcmp(k, "multipleOf") && json_is_number(v) && json_is_number(old)) {
+    double a = json_number_value(old), b = json_number_value(v);
+    if (a == floor(a) && b == floor(b) && a >= 1 && b >= 1 && a < 2147483648.0 &&
+        b < 2147483648.0) {
+      long long x = (long long)a, y = (long long)b, g = x, h = y;
+      while (h) {
+        long long t = g % h;
+        g = h;
+        h = t;
+      }
+      json_object_set_new(acc, k, json_integer(x / g * y));
+      return 0;
+    }
+  }
+  if (json_equal(old, (json_t *)v)) return 0;
+  if (!strcmp(k, "const")) return fail(c, "the 'allOf' schemas have different 'const' values");
+  return fail(c, "'%.64s' in two 'allOf' schemas is not supported (unless equal)", k);
+}
+
+/* merges schema x (its $ref target and allOf members first) into acc */
+static int merge_in(cc *c, json_t *acc, const json_t *x, int *budget) {
+  if (--*budget < 0)
+    return fail(c, "'allOf' merges more than %d schemas (or refers to itself)", JS_MAX_ALLOF);
+  if (json_is_true(x)) return 0;
+  if (json_is_false(x)) return fail(c, "a false schema is not supported");
+  if (!json_is_object(x)) return fail(c, "a schema must be an object or true");
+  const json_t *ref = json_object_get(x, "$ref"), *all = json_object_get(x, "allOf");
+  if (ref) {
+    const json_t *t = ref_lookup(c, ref);
+    if (!t || merge_in(c, acc, t, budget)) return -1;
+  }
+  if (all) {
+    if (!json_is_array(all) || !json_array_size(all))
+      return fail(c, "'allOf' must be a non-empty array of schemas");
+    for (size_t i = 0; i < json_array_size(all); i++)
+      if (merge_in(c, acc, json_array_get(all, i), budget)) return -1;
+  }
+  const json_t *xb = json_object_get(x, "exclusiveMinimum"),
+               *xt = json_object_get(x, "exclusiveMaximum");
+  if ((json_is_boolean(xb) || json_is_boolean(xt)) && json_object_size(acc))
+    return fail(c, "a boolean 'exclusiveMinimum' / 'exclusiveMaximum' in 'allOf' is not supported");
+  const char *k;
+  json_t *v;
+  if (merge_object(c, acc, x)) return -1;
+  json_object_foreach((json_t *)x, k, v) {
+    if (!strcmp(k, "anyOf") || !strcmp(k, "oneOf")) {
+      if (json_object_get(acc, "anyOf") || json_object_get(acc, "oneOf"))
+        return fail(c, "'anyOf' / 'oneOf' in two 'allOf' schemas is not supported");
+    }
+    if (merge_kw(c, acc, k, v)) return -1;
+  }
+  return 0;
+}
+
+/* anyOf / oneOf in acc beside other keywords: distributed over its branches */
+static json_t *distribute(cc *c, json_t *acc) {
+  const char *kw = json_object_get(acc, "anyOf") ? "anyOf" : "oneOf";
+  const json_t *l = json_object_get(acc, kw);
+  if (!l || only(acc, kw)) return acc;
+  if (!json_is_array(l) || !json_array_size(l)) {
+    fail(c, "'%s' must be a non-empty array of schemas", kw);
+    json_decref(acc);
+    return NULL;
+  }
+  json_t *rest = json_copy(acc), *br = json_array();
+  if (rest) json_object_del(rest, kw);
+  for (size_t i = 0; rest && br && i < json_array_size(l); i++)
+    if (json_array_append_new(br, all2(json_array_get(l, i), rest))) {
+      json_decref(br);
+      br = NULL;
+    }
+  json_t *r = rest && br ? json_pack("{s:O}", kw, br) : NULL;
+  json_decref(rest);
+  json_decref(br);
+  json_decref(acc);
+  if (!r) oom(c);
+  return r;
+}
+
+/* the schema sch means, merged (a new one kept until the end), NULL with an error */
+static const json_t *merged(cc *c, const json_t *sch) {
+  json_t *acc = json_object();
+  int budget = JS_MAX_ALLOF;
+  if (!acc) {
+    oom(c);
+    return NULL;
+  }
+  if (merge_in(c, acc, sch, &budget)) {
+    json_decref(acc);
+    return NULL;
+  }
+  acc = distribute(c, acc);
+  if (!acc || keep(c, acc)) return NULL;
+  return acc;
+}
+
 static int cnode(cc *c, const json_t *sch, int level) {
   if (json_is_true(sch)) return SN_ANY;
   if (json_is_false(sch)) return fail(c, "a false schema is not supported");
@@ -711,12 +1288,17 @@ static int cnode(cc *c, const json_t *sch, int level) {
     if (d && !json_is_object(d)) return fail(c, "'%s' must be an object", defkw[i]);
   }
   const json_t *ref = json_object_get(sch, "$ref");
-  if (ref) return alone(c, sch, "$ref") ? -1 : cref(c, ref);
   const json_t *any = json_object_get(sch, "anyOf"), *one = json_object_get(sch, "oneOf");
+  if (json_object_get(sch, "allOf") || (ref && !only(sch, "$ref")) ||
+      (any && !only(sch, "anyOf")) || (one && !only(sch, "oneOf"))) {
+    if (any && one) return fail(c, "'anyOf' beside 'oneOf' is not supported");
+    const json_t *m = merged(c, sch);
+    return m ? cnode(c, m, level + 1) : -1;
+  }
+  if (ref) return cref(c, ref);
   if (any || one) {
     const char *kw = any ? "anyOf" : "oneOf";
     const json_t *l = any ? any : one;
-    if (alone(c, sch, kw)) return -1;
     size_t n = json_array_size(l);
     if (!json_is_array(l) || n == 0)
       return fail(c, "'%s' must be a non-empty array of schemas", kw);
@@ -760,21 +1342,23 @@ static int cnode(cc *c, const json_t *sch, int level) {
                     "boolean, null, or an array of them");
     }
   } else {
-    static const char *const fam[3][4] = {{"properties", "required", "additionalProperties", NULL},
-                                          {"items", "minItems", "maxItems", NULL},
-                                          {"minLength", "maxLength", NULL, NULL}};
-    const char *seen[3] = {NULL, NULL, NULL};
+    static const char *const fam[4][6] = {
+        {"properties", "required", "additionalProperties", NULL},
+        {"items", "minItems", "maxItems", "prefixItems", "additionalItems", NULL},
+        {"minLength", "maxLength", "pattern", "format", NULL},
+        {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", NULL}};
+    const char *seen[4] = {NULL, NULL, NULL, NULL};
     int nf = 0;
-    for (int f = 0; f < 3; f++)
+    for (int f = 0; f < 4; f++)
       for (int i = 0; fam[f][i] && !seen[f]; i++)
         if (json_object_get(sch, fam[f][i])) seen[f] = fam[f][i];
     const char *first = NULL;
-    for (int f = 0; f < 3; f++) {
+    for (int f = 0; f < 4; f++) {
       if (!seen[f]) continue;
       if (first) return fail(c, "'%s' and '%s' without 'type' are ambiguous", first, seen[f]);
       first = seen[f];
       nf++;
-      tm = f == 0 ? T_OBJECT : f == 1 ? T_ARRAY : T_STRING;
+      tm = f == 0 ? T_OBJECT : f == 1 ? T_ARRAY : f == 2 ? T_STRING : T_NUMBER;
     }
     (void)nf;
   }
@@ -794,10 +1378,10 @@ static int cnode(cc *c, const json_t *sch, int level) {
         node = cstring(c, sch);
         break;
       case T_NUMBER:
-        node = SN_ANY_NUM;
+        node = cnum(c, sch, 0);
         break;
       case T_INTEGER:
-        node = SN_ANY_INT;
+        node = cnum(c, sch, 1);
         break;
       case T_BOOLEAN:
         node = SN_ANY_BOOL;
@@ -881,7 +1465,8 @@ static int validate(cc *c, int n, const json_t *v, int level) {
       json_t *x;
       json_object_keylen_foreach((json_t *)v, key, klen, x) {
         int j = prop_find(c, (size_t)nd->sub, (size_t)nd->np, key, klen);
-        if (j < 0 || !validate(c, s->props[nd->sub + j].node, x, level + 1)) return 0;
+        int vn = j >= 0 ? s->props[nd->sub + j].node : nd->ap;
+        if (vn < 0 || !validate(c, vn, x, level + 1)) return 0;
       }
       for (int j = 0; j < nd->np; j++)
         if (s->props[nd->sub + j].required &&
@@ -896,18 +1481,26 @@ static int validate(cc *c, int n, const json_t *v, int level) {
       size_t na = json_array_size(v);
       if (na < nd->a || na > nd->b) return 0;
       for (size_t i = 0; i < na; i++)
-        if (!validate(c, nd->sub, json_array_get(v, i), level + 1)) return 0;
+        if (!validate(c, item_node(s, nd, (uint32_t)i), json_array_get(v, i), level + 1)) return 0;
       return 1;
     }
     case SN_STRING: {
       if (!json_is_string(v)) return 0;
       size_t k = utf8_cps(json_string_value(v), json_string_length(v));
+      if (nd->sub >= 0 &&
+          !regex_dfa_match(&s->dfa[nd->sub], (const unsigned char *)json_string_value(v),
+                           json_string_length(v)))
+        return 0;
       return k >= nd->a && k <= nd->b;
     }
     case SN_NUMBER:
-      return json_is_number(v);
+      return json_is_number(v) &&
+             (nd->sub < 0 ||
+              json_num_valid(&s->nums[nd->sub], json_number_value(v), json_is_integer(v),
+                             json_is_integer(v) ? json_integer_value(v) : 0));
     case SN_INTEGER:
-      return json_is_integer(v);
+      return json_is_integer(v) &&
+             (nd->sub < 0 || json_num_valid(&s->nums[nd->sub], 0, 1, json_integer_value(v)));
     case SN_BOOL:
       return json_is_boolean(v);
     case SN_NULL:
@@ -1065,10 +1658,13 @@ static int finish(cc *c, int root_ph) {
   for (int i = 0; i < nn; i++) {
     ss_node *nd = &s->nodes[i];
     if (nd->kind == SN_ARRAY && (nd->sub = resolve(c, nd->sub)) < 0) return -1;
+    if (nd->kind == SN_OBJECT && nd->ap >= 0 && (nd->ap = resolve(c, nd->ap)) < 0) return -1;
     if (nd->kind == SN_ENUM && (c->aux[i].base = resolve(c, c->aux[i].base)) < 0) return -1;
   }
   for (size_t i = 0; i < c->n_props; i++)
     if ((s->props[i].node = resolve(c, s->props[i].node)) < 0) return -1;
+  for (size_t i = 0; i < c->n_pitems; i++)
+    if ((s->pitems[i] = resolve(c, s->pitems[i])) < 0) return -1;
   for (size_t i = 0; i < c->n_br; i++)
     if ((c->br[i] = resolve(c, c->br[i])) < 0) return -1;
   if ((s->root = resolve(c, root_ph)) < 0) return -1;
@@ -1143,7 +1739,11 @@ static int finish(cc *c, int root_ph) {
             m = nd->md;
             break;
           case SN_ARRAY:
-            m = nd->a ? 1 + md[nd->sub] : 1;
+            m = 1;
+            for (uint32_t j = 0; j < nd->a && j <= (uint32_t)nd->np; j++) {
+              int d = md[item_node(s, nd, j)];
+              if (1 + d > m) m = 1 + d;
+            }
             break;
           case SN_OBJECT:
             m = 1;
@@ -1201,6 +1801,10 @@ void json_schema_free(json_schema *s) {
   free(s->ec);
   free(s->ech);
   free(s->bits);
+  free(s->pitems);
+  free(s->nums);
+  for (int i = 0; i < s->ndfa; i++) regex_dfa_free(&s->dfa[i]);
+  free(s->dfa);
   free(s);
 }
 
@@ -1270,6 +1874,7 @@ json_schema *json_schema_compile(const json_t *schema, char *err, size_t errlen)
                  grow(&c, &c.s->tn, &c.cap_tn, 1, sizeof *c.s->tn) ||
                  grow(&c, &c.s->bits, &c.cap_bits, 1, sizeof *c.s->bits) ||
                  grow(&c, &c.s->props, &c.cap_props, 1, sizeof *c.s->props) ||
+                 grow(&c, &c.s->pitems, &c.cap_pitems, 1, sizeof *c.s->pitems) ||
                  grow(&c, &c.s->freq, &c.cap_freq, 1, sizeof *c.s->freq)))
         ok = 0;
     }
@@ -1288,6 +1893,8 @@ json_schema *json_schema_compile(const json_t *schema, char *err, size_t errlen)
   free(c.memo_k);
   free(c.memo_v);
   free(c.wl);
+  for (size_t i = 0; i < c.n_keep; i++) json_decref(c.keep[i]);
+  free(c.keep);
   if (!ok) {
     if (!c.failed) oom(&c);
     json_schema_free(c.s);

@@ -66,6 +66,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "sampler/json_num.h"
+#include "sampler/regex_dfa.h"
+
 typedef struct json_schema json_schema; /* compiled, immutable, shared by requests and threads */
 
 /* Compiles a JSON schema (the subset above). Returns NULL with one line in err naming the
@@ -81,8 +84,8 @@ enum {
   SN_UNION,   /* first[sub + c]: the node a value starting with byte c follows (-1: none) */
   SN_OBJECT,  /* props[sub .. sub + np), key trie at trie, freq[req .. req + np] */
   SN_FREEOBJ, /* any object: free string keys, any values */
-  SN_ARRAY,   /* items sub, a..b items */
-  SN_STRING,  /* a..b code points */
+  SN_ARRAY,   /* items: np prefix items (pitems[req..]), then sub; a..b items */
+  SN_STRING,  /* a..b code points; sub >= 0: dfa[sub] (pattern / format) accepts its bytes */
   SN_NUMBER,
   SN_INTEGER,
   SN_BOOL,
@@ -120,8 +123,11 @@ typedef struct ss_node {
   int32_t trie;  /* SN_OBJECT: the root of the trie of its keys' encodings (quotes included) */
   int32_t nw;    /* SN_OBJECT: 64-bit words in each of its trie nodes' property sets */
   int32_t req;   /* SN_OBJECT: freq[req + k], k = 0..np: the first required property >= k (np:
-                  * none) */
+                  * none); SN_ARRAY: its np prefix items' nodes at pitems[req] */
+  int32_t ap;    /* SN_OBJECT: the node of additional properties' values, -1: none */
 } ss_node;
+
+/* SN_NUMBER, SN_INTEGER with sub >= 0: their bounds are nums[sub] (json_num.h) */
 
 typedef struct ss_prop {
   int32_t node;
@@ -146,6 +152,10 @@ struct json_schema {
   uint8_t *ec;
   int32_t *ech;
   uint64_t *bits;
+  int32_t *pitems;
+  json_num *nums;
+  regex_dfa *dfa;
+  int32_t ndfa;
 };
 
 #endif /* DS_JSON_SCHEMA_INTERNAL */

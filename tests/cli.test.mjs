@@ -156,6 +156,9 @@ await test("serve_two_models", async () => {
   const r3 = ds(["serve", path.join(model.tmp, "nosuch")]);
   eq(r3.code, 1, "exit status");
   assert(/no such folder/.test(r3.err), r3.err);
+  const r4 = ds(["serve", "Qwen/Qwen3.5-0.8B-nosuch"]); // a Hugging Face id, as vLLM takes it
+  eq(r4.code, 1, "exit status");
+  assert(r4.err.includes("huggingface-cli download Qwen/Qwen3.5-0.8B-nosuch --local-dir DIR"), r4.err);
 });
 
 await test("run_flag_equals_value", async () => {

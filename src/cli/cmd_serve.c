@@ -295,10 +295,15 @@ int cmd_serve(int argc, char **argv) {
     fprintf(stderr, "deltaserve serve: %s\n", err);
     return 1;
   } else if (!serve_is_dir(model_dir)) {
+    /* "org/name", as vLLM takes a Hugging Face id: say how to fetch it */
+    const char *slash = strchr(model_dir, '/');
+    int hub_id = model_dir[0] != '/' && model_dir[0] != '.' && slash && slash > model_dir &&
+                 slash[1] && !strchr(slash + 1, '/');
     fprintf(stderr,
             "deltaserve serve: model %s: no such folder (a local folder of config.json, "
-            "*.safetensors and tokenizer files)\n",
-            model_dir);
+            "*.safetensors and tokenizer files%s%s%s)\n",
+            model_dir, hub_id ? "; fetch it with `huggingface-cli download " : "",
+            hub_id ? model_dir : "", hub_id ? " --local-dir DIR` and serve DIR" : "");
     return 1;
   }
   if (!name) name = serve_basename(model_dir);

@@ -402,7 +402,31 @@ await test("response_format_json_schema", async () => {
       assert(["red", "green", null].includes(v.tag), `tag: ${JSON.stringify(v.tag)}`);
     }
   }
-  for (const bad of [{ type: "object", properties: { x: { type: "string", pattern: "^a" } } }, { type: "array", items: {} }, { type: "object", allOf: [] }]) {
+  // keywords zod and Pydantic write (bounds, multipleOf, format, pattern, allOf, prefixItems):
+  // enforced, so that even a small model's output validates
+  const zod = {
+    type: "object",
+    properties: {
+      n: { type: "integer", minimum: 1, exclusiveMaximum: 4 },
+      d: { type: "string", format: "date" },
+      c: { type: "string", pattern: "^[A-Z]{2}$" },
+      t: { type: "array", prefixItems: [{ type: "boolean" }, { type: "number", minimum: 0, maximum: 1 }], items: false, minItems: 2 },
+      e: { allOf: [{ $ref: "#/$defs/level" }, { description: "how bad" }] },
+    },
+    required: ["n", "d", "c", "t", "e"],
+    additionalProperties: false,
+    $defs: { level: { type: "integer", multipleOf: 5, minimum: 10, maximum: 20 } },
+  };
+  const r0 = await post(main, "/v1/chat/completions", { messages: user("JSON please"), max_tokens: 400, temperature: 0, response_format: { type: "json_schema", json_schema: { name: "z", schema: zod } } });
+  eq(r0.status, 200, "zod-style schema status");
+  eq(r0.json.choices[0].finish_reason, "stop", `zod-style finish_reason (${JSON.stringify(r0.json.choices[0].message.content)})`);
+  const z = JSON.parse(r0.json.choices[0].message.content);
+  assert(Number.isInteger(z.n) && z.n >= 1 && z.n < 4, `n: ${z.n}`);
+  assert(/^\d{4}-(0[1-9]|1[0-2])-\d{2}$/.test(z.d) && !isNaN(Date.parse(z.d)), `d: ${z.d}`);
+  assert(/^[A-Z]{2}$/.test(z.c), `c: ${z.c}`);
+  assert(z.t.length === 2 && typeof z.t[0] === "boolean" && z.t[1] >= 0 && z.t[1] <= 1, `t: ${JSON.stringify(z.t)}`);
+  assert([10, 15, 20].includes(z.e), `e: ${z.e}`);
+  for (const bad of [{ type: "object", properties: { x: { type: "string", pattern: "(?=a)" } } }, { type: "array", items: {} }, { type: "object", allOf: [] }]) {
     const r = await post(main, "/v1/chat/completions", { messages: user("x"), max_tokens: 2, response_format: { type: "json_schema", json_schema: { name: "b", schema: bad } } });
     eq(r.status, 400, `refused: ${JSON.stringify(bad)}`);
     eq(r.json.error.param, "response_format", "error.param");

@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "json_schema_util.h"
 #include "json_vocab_util.h"
 #include "sampler/json_mask.h"
 #include "sampler/json_schema.h"
@@ -24,17 +25,6 @@
 #include "test.h"
 
 /* ---- helpers ---------------------------------------------------------------------------- */
-
-static const char *q(const char *s) {
-  static char buf[8][8192];
-  static int k;
-  char *b = buf[k++ % 8];
-  size_t n = strlen(s);
-  if (n >= sizeof buf[0]) n = sizeof buf[0] - 1;
-  for (size_t i = 0; i < n; i++) b[i] = s[i] == '\'' ? '"' : s[i];
-  b[n] = 0;
-  return b;
-}
 
 static json_schema *compile_q(const char *text, char *err, size_t errlen) {
   json_error_t e;
@@ -298,33 +288,6 @@ static const kw_case cases[] = {
 
 /* ---- random walks ----------------------------------------------------------------------- */
 
-typedef struct ref_masks {
-  json_mask *base, *t;
-} ref_masks;
-
-static int try_schema(void *ctx, const char *b, size_t n) {
-  ref_masks *r = ctx;
-  json_mask_copy(r->t, r->base);
-  return json_mask_feed(r->t, b, n) == 0;
-}
-
-static int compare(const tvocab *tv, const json_vocab *v, const json_schema *sc, json_mask *m,
-                   const char *text, size_t len, int n_logits, char *why, size_t whylen) {
-  unsigned char *want = malloc((size_t)n_logits);
-  ref_masks r = {json_mask_new_schema(v, sc), json_mask_new_schema(v, sc)};
-  int complete = -1;
-  if (want && r.base && r.t) {
-    int ok = json_mask_feed(r.base, text, len) == 0;
-    complete = tv_reference(tv, try_schema, &r, ok, ok && json_mask_complete(r.base),
-                            json_mask_dead(m), n_logits, want);
-  }
-  json_mask_free(r.base);
-  json_mask_free(r.t);
-  int bad = tv_compare(tv, m, want, complete, text, len, 120, 1, n_logits, why, whylen);
-  free(want);
-  return bad;
-}
-
 enum { W_EOS, W_FIRST };
 
 /* the vocabulary: eos, every printable ASCII byte, a few UTF-8 characters, the case's pieces
@@ -372,29 +335,6 @@ static int vocab_build(tvocab *tv, char *pool, size_t cap_pool, const char *piec
   tv->eos[0] = W_EOS;
   tv->n_eos = 1;
   return 0;
-}
-
-/* how much is still open: containers, plus one inside a string */
-static int open_count(const char *t, size_t n) {
-  int d = 0, in = 0, esc = 0;
-  for (size_t i = 0; i < n; i++) {
-    char c = t[i];
-    if (in) {
-      if (esc)
-        esc = 0;
-      else if (c == '\\')
-        esc = 1;
-      else if (c == '"')
-        in = 0;
-    } else if (c == '"') {
-      in = 1;
-    } else if (c == '{' || c == '[') {
-      d++;
-    } else if (c == '}' || c == ']') {
-      d--;
-    }
-  }
-  return 2 * d + in;
 }
 
 static void walks(const kw_case *kc, int n_walks, uint64_t seed, int *n_complete_out) {

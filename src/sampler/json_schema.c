@@ -653,6 +653,26 @@ static int cobject(cc *c, const json_t *sch, int level) {
   return node;
 }
 
+/* the nodes of the schemas of array l (keyword kw), in a new array; NULL on failure */
+static int *cnode_list(cc *c, const json_t *l, const char *kw, int level) {
+  size_t n = json_array_size(l);
+  int *r = malloc((n ? n : 1) * sizeof *r);
+  if (!r) {
+    oom(c);
+    return NULL;
+  }
+  for (size_t i = 0; i < n; i++) {
+    size_t o = path_push_i(c, kw, i);
+    r[i] = cnode(c, json_array_get(l, i), level + 1);
+    path_pop(c, o);
+    if (r[i] < 0) {
+      free(r);
+      return NULL;
+    }
+  }
+  return r;
+}
+
 /* Arrays. Tuples: prefixItems (2020-12) then items for the rest, or items as an array (draft
  * 7) then additionalItems; the rest false: at most the prefix's length. */
 static int carray(cc *c, const json_t *sch, int level) {
@@ -689,27 +709,15 @@ static int carray(cc *c, const json_t *sch, int level) {
     if (ch < 0) return -1;
   }
   if (ch == SN_ANY && a == 0 && b == SN_UNLIMITED && !np) return SN_ANY_ARR;
-  int32_t *pn = NULL;
-  if (np) {
-    pn = malloc(np * sizeof *pn);
-    if (!pn) return oom(c);
-    for (size_t i = 0; i < np; i++) {
-      size_t o = path_push_i(c, pkw, i);
-      pn[i] = cnode(c, json_array_get(pre, i), level + 1);
-      path_pop(c, o);
-      if (pn[i] < 0) {
-        free(pn);
-        return -1;
-      }
-    }
-  }
+  int *pn = NULL;
+  if (np && !(pn = cnode_list(c, pre, pkw, level))) return -1;
   size_t p0 = c->n_pitems;
   int node = new_node(c, SN_ARRAY);
   if (node < 0 || grow(c, &c->s->pitems, &c->cap_pitems, p0 + np + 1, sizeof *c->s->pitems)) {
     free(pn);
     return -1;
   }
-  if (np) memcpy(c->s->pitems + p0, pn, np * sizeof *pn);
+  for (size_t i = 0; i < np; i++) c->s->pitems[p0 + i] = pn[i];
   free(pn);
   c->n_pitems = p0 + np;
   c->s->nodes[node].sub = ch;
@@ -1303,17 +1311,8 @@ static int cnode(cc *c, const json_t *sch, int level) {
     if (!json_is_array(l) || n == 0)
       return fail(c, "'%s' must be a non-empty array of schemas", kw);
     if (n > 1024) return fail(c, "'%s' has more than 1024 schemas", kw);
-    int *br = malloc(n * sizeof *br);
-    if (!br) return oom(c);
-    for (size_t i = 0; i < n; i++) {
-      size_t o = path_push_i(c, kw, i);
-      br[i] = cnode(c, json_array_get(l, i), level + 1);
-      path_pop(c, o);
-      if (br[i] < 0) {
-        free(br);
-        return -1;
-      }
-    }
+    int *br = cnode_list(c, l, kw, level);
+    if (!br) return -1;
     int node = n == 1 ? br[0] : cunion(c, br, (int)n, kw);
     free(br);
     return node;

@@ -760,6 +760,16 @@ static int db_get(dbuild *b, const int32_t *k, int n, int *isnew) {
   return s;
 }
 
+/* out takes b's tables (the keys stay b's) */
+static void db_take(dbuild *b, regex_dfa *out) {
+  out->n = b->n;
+  out->nc = b->nc;
+  out->next = b->next;
+  out->acc = b->acc;
+  b->next = NULL;
+  b->acc = NULL;
+}
+
 static void db_free(dbuild *b) {
   free(b->next);
   free(b->acc);
@@ -864,12 +874,7 @@ static int nfa_to_dfa(const nfa *a, int start, int accn, int max_states, regex_d
       b.next[(size_t)s * (size_t)b.nc + (size_t)c] = t;
     }
   }
-  out->n = b.n;
-  out->nc = b.nc;
-  out->next = b.next;
-  out->acc = b.acc;
-  b.next = NULL;
-  b.acc = NULL;
+  db_take(&b, out);
   goto done;
 over:
   rc = db_error(&b, max_states, err, errlen);
@@ -988,12 +993,7 @@ static int dfa_product(const regex_dfa *a, const regex_dfa *b, const uint8_t *ok
       db.next[(size_t)s * (size_t)db.nc + (size_t)c] = t;
     }
   }
-  out->n = db.n;
-  out->nc = db.nc;
-  out->next = db.next;
-  out->acc = db.acc;
-  db.next = NULL;
-  db.acc = NULL;
+  db_take(&db, out);
   db_free(&db);
   if (dfa_trim(out)) {
     regex_dfa_free(out);

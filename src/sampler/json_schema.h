@@ -3,52 +3,73 @@
  * the sampled output is one JSON object valid under the schema.
  *
  * The supported subset (json_schema_compile rejects everything else with one line naming the
- * keyword and where it is, e.g. "'pattern' is not supported (at #/properties/x)"):
+ * keyword and where it is, e.g. "'not' is not supported (at #/properties/x)"):
  *  - true or {} (only annotations): any JSON value (the free json_object grammar for it);
  *  - type: "object", "array", "string", "number", "integer", "boolean", "null", or an array of
  *    distinct such names (a union, see anyOf; "number" covers "integer" when both appear).
  *    Without type, the keywords say it: properties / required / additionalProperties: an
- *    object; items / minItems / maxItems: an array; minLength / maxLength: a string (keywords
- *    of two of these families without type are rejected as ambiguous); enum / const alone: the
- *    values' own types. Keywords of another type than the given one(s) are ignored (JSON
+ *    object; items / minItems / maxItems / prefixItems: an array; minLength / maxLength /
+ *    pattern / format: a string; minimum / maximum / exclusive* / multipleOf: a number
+ *    (keywords of two of these families without type are rejected as ambiguous); enum / const
+ *    alone: the values' own types. Keywords of another type than the given one(s) are ignored (JSON
  *    Schema: they do not apply);
  *  - object: properties (generated in the schema's key order, each at most once; optional ones
  *    may be skipped), required (distinct names, each in properties), additionalProperties absent
- *    or false: keys other than the properties are never generated (additionalProperties true or
- *    a schema is rejected). An object schema without properties (and without
- *    additionalProperties: false) is any JSON object (free keys and values); with
- *    additionalProperties: false and no properties it is only {}. Each key is written exactly in
- *    its canonical encoding (json_dumps JSON_ENCODE_ANY | JSON_COMPACT of the string: raw UTF-8,
- *    \" \\ and \b \f \n \r \t, other control bytes as \u00XX);
- *  - array: items (one schema; absent: any values; the tuple form is rejected), minItems,
- *    maxItems (integers 0..2^31-1, min <= max);
+ *    or false: keys other than the properties are never generated; true or a schema: other keys
+ *    may come between them (any number, in any place), each value valid under that schema;
+ *    such a key is written without escapes, and never spells a property's name (a key that
+ *    ends as one is that property, in its turn). An object schema without properties (and
+ *    with additionalProperties absent or true) is any JSON object (free keys and values); with
+ *    additionalProperties: false and no properties it is only {}. Each property's key is
+ *    written exactly in its canonical encoding (json_dumps JSON_ENCODE_ANY | JSON_COMPACT of the
+ *    string: raw UTF-8, \" \\ and \b \f \n \r \t, other control bytes as \u00XX);
+ *  - array: items (one schema; absent: any values), minItems, maxItems (integers 0..2^31-1,
+ *    min <= max); tuples: prefixItems then items for the rest (false: none), or items as an
+ *    array (draft 7) then additionalItems;
  *  - string: minLength, maxLength (0..2^31-1, min <= max), counted in Unicode code points: a raw
  *    UTF-8 character is one, an escape (\n, \u00e9) is one, and a surrogate pair \uD83D\uDE00 is
  *    one (in schema-guided output a \u escape of a surrogate must be a high one directly followed
  *    by a low one: lone surrogates, which jansson and others refuse, are never generated);
- *  - number: JSON numbers; integer: -?(0|[1-9][0-9]*) (no fraction, no exponent);
+ *    pattern (regex_dfa.h's ECMA subset, searched as JSON Schema says: unanchored unless ^ /
+ *    $) and format (date, time, date-time, uuid, email, ipv4, ipv6, uri: fixed patterns of the
+ *    same subset, as strict as Python's and RFC 3339's checkers), compiled with the length
+ *    bounds into one byte automaton; such strings carry no \u escapes (the automaton reads the
+ *    string's own bytes, a one-character escape as the byte it stands for). Other formats are
+ *    rejected;
+ *  - number: JSON numbers; integer: -?(0|[1-9][0-9]*) (no fraction, no exponent); minimum,
+ *    maximum, exclusiveMinimum, exclusiveMaximum (draft 4's boolean form too), multipleOf
+ *    (whole numbers 1..2^31-1; a number with it is written as an integer), enforced exactly
+ *    (json_num.h): integers within +-2^53 bounds, up to 19 digits; numbers with bounds within
+ *    +-999999999, written without an exponent with at most 9 integer and 6 fraction digits
+ *    (so that they compare with a bound as their doubles do);
  *  - enum (1..256 values) and const: the value is written byte for byte as one of the values'
  *    canonical compact encodings: json_dumps JSON_ENCODE_ANY | JSON_COMPACT, object keys in
  *    their insertion order (not sorted), reals with the fewest significant digits (1..17) that
  *    read back to the same double (so 0.1, not 0.10000000000000001). With type or other
  *    keywords beside them, only the values valid under those are kept; none left is an error;
- *  - anyOf / oneOf (alone, beside annotations): schemas whose first bytes are disjoint (a string,
+ *  - anyOf / oneOf: schemas whose first bytes are disjoint (a string,
  *    null, an object, ...): the value's first byte picks the branch, so exactly one branch can
  *    match and anyOf means oneOf. Two branches that can start with the same byte (two objects,
  *    number and integer, a string and a string enum) are rejected; a one-branch list is that
- *    branch;
+ *    branch; beside other keywords, they are distributed (anyOf [a, b] with rest: anyOf
+ *    [allOf [a, rest], allOf [b, rest]]);
  *  - $ref: "#" (the root), "#/$defs/NAME" or "#/definitions/NAME" (the root's $defs /
- *    definitions; NAME with ~0 ~1 escapes), recursion allowed; beside annotations (and $defs)
- *    only. A definition is compiled when referenced; a $ref cycle that never reaches a value is
- *    rejected, and so is a schema with no instance within JSON_MASK_MAX_DEPTH nesting;
+ *    definitions; NAME with ~0 ~1 escapes), recursion allowed; beside other keywords it is
+ *    merged with them as allOf. A definition is compiled when referenced; a $ref cycle that never
+ *    reaches a value is rejected, and so is a schema with no instance within JSON_MASK_MAX_DEPTH
+ *    nesting;
+ *  - allOf: its schemas (and $ref targets in them) merged into one before compiling: bounds
+ *    take the tighter value, types and enums intersect, required lists join, shared properties
+ *    become allOf's of their own, and each side's additionalProperties applies to the other
+ *    side's extra properties; a keyword two schemas give that cannot be merged exactly (two
+ *    different patterns, formats, tuples, or const values) is rejected;
  *  - annotations, accepted without effect: title, description, default, examples, $schema, $id,
  *    $comment, deprecated, readOnly, writeOnly, strict, name;
  *  - the root must be an object schema (an object, or an enum/const of objects).
- * Everything else is rejected by name (pattern, format, minimum, maximum, exclusiveMinimum,
- * exclusiveMaximum, multipleOf, patternProperties, propertyNames, minProperties, maxProperties,
- * dependentRequired, dependentSchemas, if / then / else, not, allOf, uniqueItems, contains,
- * prefixItems, unevaluatedProperties, additionalItems, any unknown keyword, false schemas), so
- * that no constraint is ever silently ignored. Schema documents nested more than 128 levels are
+ * Everything else is rejected by name (patternProperties, propertyNames, minProperties,
+ * maxProperties, dependentRequired, dependentSchemas, if / then / else, not, uniqueItems,
+ * contains, unevaluatedProperties, any unknown keyword, false schemas), so that no constraint is
+ * ever silently ignored. Schema documents nested more than 128 levels are
  * rejected.
  *
  * Generation follows json_mask.h's rules outside strings (whitespace between tokens, at most

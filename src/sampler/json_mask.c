@@ -1071,7 +1071,7 @@ typedef struct sv_tok {
   uint16_t q;   /* SV_QUOTE: the offset of the closing quote */
   uint16_t ncp; /* code points before it (SV_STAY: in the whole token) */
   uint8_t cls;  /* SV_*: SV_WALK when q or ncp would not fit */
-  uint8_t pad;
+  uint8_t bs;   /* a '\\' before the closing quote (SV_STAY: in the whole token) */
 } sv_tok;
 
 /* Fills s from a token's bytes b[n] (n > 0): its run from the plain in-string state. */
@@ -1080,8 +1080,10 @@ static void sv_classify(sv_tok *s, const unsigned char *b, size_t n) {
   memset(&l, 0, sizeof l);
   l.mode = SM_STR;
   s->cls = SV_STAY;
+  s->bs = 0;
   for (size_t i = 0; i < n; i++) {
     int r = ss_str_step(&l, b[i], UINT32_MAX);
+    s->bs |= b[i] == '\\' && r == 0;
     if (r == 0) continue;
     if (r < 0) {
       s->cls = SV_BREAK;
@@ -1396,6 +1398,78 @@ JM_INLINE int sm_in_string(const json_mask *m, jm_out *o, int n) {
   return n_ok;
 }
 
+/* The plain in-string state of a string under a pattern, or of a key that may be additional:
+ * the precomputed runs decide what they can. A token without a backslash that stays in the
+ * string runs through the automaton (pattern: its bytes; key: once past the key trie, nothing
+ * to check), one that closes it does the same up to the quote and walks the rest from after
+ * it; other tokens (escapes, a key's bytes that may still spell a property's name) are walked
+ * whole. */
+JM_INLINE int sm_in_special_string(const json_mask *m, jm_out *o, int n) {
+  const json_vocab *v = m->v;
+  const json_schema *sc = m->sc;
+  const ss_lex *l = &m->sl;
+  const int key = l->key == 2;
+  const regex_dfa *d = key ? NULL : &sc->dfa[sc->nodes[l->node].sub];
+  const int32_t *row0 = d ? d->next + (size_t)l->q * (size_t)d->nc : NULL;
+  ss_try t0, sq;
+  sm_begin(&t0, m);
+  /* walk0[c]: tokens starting with c are walked (escapes, quotes, a key's next trie byte) */
+  uint8_t walk0[256];
+  memset(walk0, 0, sizeof walk0);
+  if (key && l->q >= 0) {
+    const ss_tnode *tn = &sc->tn[l->q];
+    for (int e = 0; e < tn->ne; e++) walk0[sc->ec[tn->e0 + e]] = 1;
+  }
+  walk0['\\'] = walk0['"'] = 1;
+  if (key && l->fl) memset(walk0, 1, sizeof walk0); /* an escape read: a property's name */
+  int sq_ok = 0;
+  if (key) { /* the state after the closing quote of a key that is none of the properties' */
+    ss_copy(&sq, &t0);
+    sq.l.q = -1;
+    sq_ok = l->fl == 0 && ss_step(sc, m->stack, &sq, '"') == 0;
+  }
+  const sv_tok *sv = v->sv;
+  int n_ok = 0;
+  for (int i = 0; i < n; i++) {
+    unsigned cls = sv[i].cls;
+    if (cls == SV_EOS) {
+      out_put(o, i, 1, 0);
+      continue;
+    }
+    unsigned f = v->tok[i].first; /* the bytes are read only past the filters */
+    int ok;
+    if (cls == SV_NEVER || cls == SV_BREAK || (d && !walk0[f] && row0[d->cls[f]] < 0)) {
+      ok = 0;
+    } else if (cls == SV_WALK || sv[i].bs || walk0[f]) {
+      ok = sm_walk(m, &t0, v->bytes + v->off[i], v->len[i]);
+    } else {
+      const unsigned char *b = v->bytes + v->off[i];
+      size_t end = cls == SV_QUOTE ? sv[i].q : v->len[i];
+      ok = 1;
+      if (d) {
+        int32_t q = row0[d->cls[f]];
+        for (size_t k = 1; k < end && ok; k++) {
+          q = d->next[(size_t)q * (size_t)d->nc + d->cls[b[k]]];
+          ok = q >= 0;
+        }
+        if (ok && cls == SV_QUOTE) {
+          ss_copy(&sq, &t0);
+          sq.l.q = q;
+          sq.l.x = UINT32_MAX / 2; /* the automaton counted the code points */
+          sq.l.mode = SM_STR;
+          ok = ss_step(sc, m->stack, &sq, '"') == 0 &&
+               sm_walk(m, &sq, b + end + 1, v->len[i] - end - 1);
+        }
+      } else if (cls == SV_QUOTE) {
+        ok = sq_ok && sm_walk(m, &sq, b + end + 1, v->len[i] - end - 1);
+      }
+    }
+    n_ok += ok;
+    out_put(o, i, ok, 1);
+  }
+  return n_ok;
+}
+
 /* Inside a string's escape or UTF-8 sequence, or a literal (a key, an enum value) that may take
  * whitespace: the first byte filters, then (when few first bytes pass) the second, and the rest
  * is walked. */
@@ -1475,9 +1549,10 @@ static int sm_trie_ws(const json_schema *sc, uint32_t x) {
 JM_INLINE int sm_compute(const json_mask *m, jm_out *o, int n) {
   uint8_t mode = m->sl.mode;
   /* strings under a pattern and keys that may be additional: each token walked */
-  if (mode == SM_STR && m->sl.key != 2 && m->sc->nodes[m->sl.node].sub < 0)
-    return sm_in_string(m, o, n);
-  if (mode > SM_STR || ((mode == SM_KEY || mode == SM_ENUM) && sm_trie_ws(m->sc, m->sl.x)))
+  if (mode == SM_STR)
+    return m->sl.key != 2 && m->sc->nodes[m->sl.node].sub < 0 ? sm_in_string(m, o, n)
+                                                              : sm_in_special_string(m, o, n);
+  if (mode >= SM_STR || ((mode == SM_KEY || mode == SM_ENUM) && sm_trie_ws(m->sc, m->sl.x)))
     return sm_first_byte(m, o, n);
   return sm_outside(m, o, n);
 }

@@ -77,6 +77,30 @@ try {
     eq((await get(srv, "/health")).status, 200, "/health stays open");
   });
 
+  // ---- framing errors: the OpenAI error JSON, one response, the connection closed ----
+  const body = JSON.stringify({ prompt: "hi", max_tokens: 1 });
+  const post1 = (extra) => `POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${KEY}\r\nContent-Type: application/json\r\n${extra}\r\n${body}`;
+  const framing = [
+    ["Content-Length not a number", post1("Content-Length: abc\r\n"), 400],
+    ["Content-Length negative", post1("Content-Length: -1\r\n"), 400],
+    ["Content-Length over 2^63", post1("Content-Length: 99999999999999999999999\r\n"), 413],
+    ["Content-Length with Transfer-Encoding", post1(`Content-Length: ${body.length}\r\nTransfer-Encoding: chunked\r\n`), 400],
+    ["unknown Transfer-Encoding", post1("Transfer-Encoding: gzip\r\n"), 400],
+    ["header line without a colon", "GET /health HTTP/1.1\r\nHost: x\r\nNoColonHere\r\n\r\n", 400],
+    ["malformed request line", "GET /health\r\n\r\n", 400],
+    ["HTTP/9.9", "GET /health HTTP/9.9\r\nHost: x\r\n\r\n", 505],
+    ["10000 header lines", `GET /health HTTP/1.1\r\nHost: x\r\n${"X-A: 1\r\n".repeat(10000)}\r\n`, 431],
+  ];
+  for (const [name, raw, want] of framing)
+    await test(`framing_error_json (${name})`, async () => {
+      const r = await rawSocket(srv.port, [raw], { holdMs: 15000 });
+      const p = parseRawResponse(r.data);
+      assert(p, `no answer (${JSON.stringify(r.data.toString("latin1").slice(0, 80))})`);
+      eq(p.status, want, "status");
+      assert(p.json && p.json.error && p.json.error.message, `the OpenAI error JSON, got ${JSON.stringify(p.text.slice(0, 80))}`);
+      eq((r.data.toString("latin1").match(/HTTP\/1\.[01] \d{3}/g) || []).length, 1, "one response");
+    });
+
   // ---- an abandoned HTTP/1.0 request is cancelled (no 1xx probe exists for HTTP/1.0) ----
   await test("http10_abandoned_request_cancelled", async () => {
     const before = await counter(srv, "deltaserve:engine_requests_cancelled_total");

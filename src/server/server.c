@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "base/log.h"
+#include "server/http_gate.h"
 #include "server/metrics.h"
 #include "server/openai_request.h"
 #include "server/openai_response.h"
@@ -30,16 +31,20 @@
  * State
  * ====================================================================================== */
 
-/* Connections: one thread each (MHD's thread-per-connection mode). A connection that sends or
- * takes nothing for SERVER_IDLE_S is closed; one address may hold at most SERVER_PER_ADDRESS
- * connections; the total is bounded by SERVER_MAX_CONNECTIONS and by the descriptors the
- * process may open (server_start raises its soft limit to the hard one). */
+/* Connections: one thread each (MHD's thread-per-connection mode) once http_gate has let their
+ * first head through. A connection that sends or takes nothing for SERVER_IDLE_S is closed;
+ * one address may hold at most SERVER_PER_ADDRESS connections; the total is bounded by
+ * SERVER_MAX_CONNECTIONS and by the descriptors the process may open (server_start raises its
+ * soft limit to the hard one). */
 #define SERVER_IDLE_S 60
 /* A stream or late body silent this long (a long prefill, a wait in the queue) sends a
  * keep-alive (an SSE comment, JSON whitespace): the idle timeout above, and a proxy's, would
  * close it. */
 #define SERVER_KEEPALIVE_S 15.0
 #define SERVER_PER_ADDRESS 1024
+/* A request head (its first request on a connection, checked by http_gate before
+ * libmicrohttpd sees it) must be complete this long after the connection opened. */
+#define SERVER_HEAD_TIMEOUT_S 30.0
 #define SERVER_MAX_CONNECTIONS 8192
 #define SERVER_FD_RESERVE 256 /* descriptors left for model files, logs, the engine */
 /* After the grace and the cancel, how long answers may still drain before every connection is
@@ -55,6 +60,7 @@ struct server {
   server_opts o; /* strings below are owned copies */
   char *host, *name, *path, *api_key;
   struct MHD_Daemon *d;
+  http_gate *gate; /* the listener; hands well-framed connections to d */
   int port;
   atomic_int ready, stopping;
   server_model m; /* valid once ready */
@@ -1454,6 +1460,13 @@ static void on_connection(void *cls, struct MHD_Connection *c, void **socket_con
   if (ci) setsockopt(ci->connect_fd, SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof sndbuf);
 }
 
+/* A connection whose first head http_gate let through: libmicrohttpd serves it from here (and
+ * closes it when it cannot). */
+static void on_gate_pass(void *user, int fd, const struct sockaddr *addr, socklen_t addrlen) {
+  server *s = user;
+  MHD_add_connection(s->d, fd, addr, addrlen);
+}
+
 static void on_mhd_log(void *cls, const char *fmt, va_list ap) {
   (void)cls;
   char line[512];
@@ -1510,24 +1523,40 @@ int server_start(server **out, const server_opts *o, char *err, size_t errlen) {
                       ? SERVER_MAX_CONNECTIONS
                       : (unsigned)(rl.rlim_cur - SERVER_FD_RESERVE);
   }
-  unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL |
-                   MHD_USE_ITC | MHD_USE_ERROR_LOG;
-  s->d = MHD_start_daemon(
-      flags, (uint16_t)o->port, NULL, NULL, on_request, s, MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log,
-      NULL, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr, MHD_OPTION_NOTIFY_COMPLETED,
-      on_completed, s, MHD_OPTION_NOTIFY_CONNECTION, on_connection, s,
-      MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)SERVER_IDLE_S, MHD_OPTION_CONNECTION_LIMIT,
-      max_conns, MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned int)SERVER_PER_ADDRESS,
-      MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)SERVER_CONN_MEMORY,
-      MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned int)1, MHD_OPTION_END);
-  if (!s->d) {
-    errf(err, errlen, "cannot listen on %s:%d (%s)", s->host, o->port,
-         errno ? strerror(errno) : "libmicrohttpd failed");
+  /* the listener is http_gate's: libmicrohttpd gets the connections it lets through */
+  int lfd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  int one = 1;
+  if (lfd < 0 || setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) ||
+      bind(lfd, (struct sockaddr *)&addr, sizeof addr) || listen(lfd, 1024)) {
+    errf(err, errlen, "cannot listen on %s:%d (%s)", s->host, o->port, strerror(errno));
+    if (lfd >= 0) close(lfd);
     server_free(s);
     return -1;
   }
-  const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->d, MHD_DAEMON_INFO_BIND_PORT);
-  s->port = di ? di->port : o->port;
+  struct sockaddr_in bound;
+  socklen_t bl = sizeof bound;
+  s->port = getsockname(lfd, (struct sockaddr *)&bound, &bl) == 0 ? ntohs(bound.sin_port) : o->port;
+  unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL |
+                   MHD_USE_ITC | MHD_USE_NO_LISTEN_SOCKET | MHD_USE_ERROR_LOG;
+  s->d = MHD_start_daemon(
+      flags, 0, NULL, NULL, on_request, s, MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, NULL,
+      MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_NOTIFY_CONNECTION, on_connection, s,
+      MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)SERVER_IDLE_S, MHD_OPTION_CONNECTION_LIMIT,
+      max_conns, MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned int)SERVER_PER_ADDRESS,
+      MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)SERVER_CONN_MEMORY, MHD_OPTION_END);
+  http_gate_opts go = {.listen_fd = lfd,
+                       .head_timeout_s = SERVER_HEAD_TIMEOUT_S,
+                       .max_pending = (int)max_conns,
+                       .max_pending_per_addr = SERVER_PER_ADDRESS,
+                       .pass = on_gate_pass,
+                       .user = s};
+  if (!s->d || http_gate_start(&s->gate, &go)) {
+    errf(err, errlen, "cannot serve on %s:%d (%s)", s->host, o->port,
+         !s->d ? "libmicrohttpd failed" : "out of memory");
+    close(lfd);
+    server_free(s);
+    return -1;
+  }
   *out = s;
   return 0;
 }
@@ -1554,8 +1583,8 @@ static void sleep_ms(int ms) {
 void server_shutdown(server *s, double grace_s) {
   if (!s || !s->d) return;
   atomic_store(&s->stopping, 1);
-  MHD_socket lfd = MHD_quiesce_daemon(s->d);
-  if (lfd != MHD_INVALID_SOCKET) close(lfd);
+  http_gate_stop(s->gate); /* stop accepting */
+  s->gate = NULL;
   double t0 = server_gen_now();
   while (n_active(s) > 0 && server_gen_now() - t0 < grace_s) sleep_ms(20);
   pthread_mutex_lock(&s->mu);
@@ -1574,6 +1603,7 @@ void server_shutdown(server *s, double grace_s) {
 
 void server_free(server *s) {
   if (!s) return;
+  http_gate_stop(s->gate);
   if (s->d) MHD_stop_daemon(s->d);
   metrics_free(s->met);
   pthread_mutex_destroy(&s->mu);

@@ -4,8 +4,9 @@
  * lower), at most 1024 from one address, each closed after 60 s without a byte either way,
  * each with 256 KiB of kernel send buffer. A stream silent for 15 s (a long prefill, a wait
  * in the queue) sends an SSE comment, a late body a newline, so that neither that timeout nor
- * a proxy's closes it. Thousands of idle or slow connections (a head sent a byte a second)
- * leave /health and requests served.
+ * a proxy's closes it. A connection costs a thread only once its first request head is
+ * complete: until then http_gate holds it on one epoll thread, for 30 s at most. Thousands of
+ * slow connections (a head sent a byte a second) leave /health and requests served.
  *
  *   POST /v1/chat/completions   POST /v1/completions   GET /v1/models
  *   POST /tokenize   POST /detokenize   GET /health   GET /metrics
@@ -29,14 +30,17 @@
  * JSON (a generation that fails after that puts its error JSON in that body).
  *
  * Errors: every error the server produces is the OpenAI JSON {"error": {"message", "type",
- * "param", "code"}} (code: a short string or null). The request head is checked before the
+ * "param", "code"}} (code: a short string or null). The first request head of a connection
+ * is checked by http_gate before libmicrohttpd reads it (a malformed request line or header
+ * line, a Content-Length that is not a number or over 2^63 - 1, Content-Length with
+ * Transfer-Encoding, a transfer coding other than chunked, an HTTP version other than 1.0 /
+ * 1.1 (505), over 200 headers or 64 KiB of them (431)); then the head is checked before the
  * body: URL over 8 KiB (414), over 200 headers or 64 KiB of them (431), Content-Length
  * headers that disagree (400, connection closed: the framing is in doubt), more than one Host
- * or an HTTP/1.1 request without Host (400). What libmicrohttpd refuses before any handler
- * runs keeps its own HTML or empty body, since it offers no hook for it: a malformed request
- * line or header line, a Content-Length that is not a number or too large for it, bad
- * chunked framing, Content-Length together with Transfer-Encoding, an HTTP version it does
- * not speak (505), and a request head over its per-connection memory (256 KiB: 431 / 414). */
+ * or an HTTP/1.1 request without Host (400). What libmicrohttpd still refuses itself keeps its
+ * own HTML body, since it offers no hook for it: bad chunked framing in a body (a chunk size
+ * that is not hex or is negative), a head over 256 KiB, and framing errors in the second and
+ * later requests of a kept-alive connection (the gate sees only the first). */
 #ifndef DS_SERVER_H
 #define DS_SERVER_H
 #include <stddef.h>

@@ -757,7 +757,8 @@ static inline int esc_byte(unsigned c) {
  * is refused, so that the bytes read are exactly the string's UTF-8 (and every code point the
  * automaton allows can be written raw or with a one-character escape: regex_dfa_restrict
  * removed the other control bytes). Returns 0, or -1 when c is refused. */
-static inline int ss_dfa_step(const regex_dfa *d, ss_lex *l, uint8_t m0, unsigned c, int r) {
+static inline int ss_dfa_step(const regex_dfa *d, ss_lex *l, uint8_t m0, unsigned c, int r,
+                              uint32_t max) {
   if (r) return d->acc[l->q] ? 0 : -1;
   int dc;
   if (m0 == SM_STR)
@@ -771,13 +772,15 @@ static inline int ss_dfa_step(const regex_dfa *d, ss_lex *l, uint8_t m0, unsigne
   const int32_t *row = d->next + (size_t)l->q * (size_t)d->nc;
   if (dc == -1) { /* '\\': some escape must be able to follow */
     static const char esc[] = "\"\\/\b\f\n\r\t";
-    for (int i = 0; i < 8; i++)
-      if (row[d->cls[(unsigned char)esc[i]]] >= 0) return 0;
+    for (int i = 0; i < 8; i++) {
+      int32_t n = row[d->cls[(unsigned char)esc[i]]];
+      if (n >= 0 && d->dist[n] <= max - l->x) return 0;
+    }
     return -1;
   }
   if (dc < 0) return -1;
   int32_t n = row[d->cls[dc]];
-  if (n < 0) return -1;
+  if (n < 0 || d->dist[n] > max - l->x) return -1; /* l->x <= max: ss_str_step saw to it */
   l->q = n;
   return 0;
 }
@@ -896,7 +899,7 @@ static inline int ss_step(const json_schema *sc, const ss_frame *bs, ss_try *t, 
     int r = ss_str_step(l, c, nd->b);
     if (r < 0) return -1;
     if (l->key == 2) return ss_akey_step(sc, bs, t, m0, c, r);
-    if (nd->sub >= 0 && ss_dfa_step(&sc->dfa[nd->sub], l, m0, c, r)) return -1;
+    if (nd->sub >= 0 && ss_dfa_step(&sc->dfa[nd->sub], l, m0, c, r, nd->b)) return -1;
     if (r == 0) return 0;
     if (l->x < nd->a) return -1; /* the closing quote, too early */
     if (l->key) {
@@ -1452,6 +1455,9 @@ JM_INLINE int sm_in_special_string(const json_mask *m, jm_out *o, int n) {
           q = d->next[(size_t)q * (size_t)d->nc + d->cls[b[k]]];
           ok = q >= 0;
         }
+        /* within maxLength: a token's code points, then the fewest the automaton still needs */
+        uint32_t room = sc->nodes[l->node].b - l->x;
+        ok = ok && sv[i].ncp <= room && d->dist[q] <= room - sv[i].ncp;
         if (ok && cls == SV_QUOTE) {
           ss_copy(&sq, &t0);
           sq.l.q = q;

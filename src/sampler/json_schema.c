@@ -821,10 +821,12 @@ static int string_dfa(cc *c, const json_t *pat, const json_t *fmt, uint32_t a, u
     ok[i] = i >= 0x20 || i == '\b' || i == '\f' || i == '\n' || i == '\r' || i == '\t';
   regex_dfa r;
   memset(&r, 0, sizeof r);
-  if (!rc) rc = regex_dfa_restrict(&d[0], ok, a, b, JS_MAX_DFA_STATES, &r, e, sizeof e);
+  /* the minimum in the automaton's states, the maximum left to its dist (the mask checks code
+   * points so far + dist <= maxLength), so that a large maxLength costs no states */
+  if (!rc) rc = regex_dfa_restrict(&d[0], ok, a, UINT32_MAX, JS_MAX_DFA_STATES, &r, e, sizeof e);
   regex_dfa_free(&d[0]);
   if (rc) return fail(c, "%s", e);
-  if (!r.n) {
+  if (!r.n || r.dist[0] > b) {
     regex_dfa_free(&r);
     return fail(c, "no string satisfies 'pattern' / 'format' with 'minLength' / 'maxLength'");
   }

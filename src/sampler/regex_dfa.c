@@ -656,8 +656,10 @@ void regex_dfa_free(regex_dfa *d) {
   if (!d) return;
   free(d->next);
   free(d->acc);
+  free(d->dist);
   d->next = NULL;
   d->acc = NULL;
+  d->dist = NULL;
   d->n = 0;
 }
 
@@ -1007,10 +1009,75 @@ over : {
 }
 }
 
+/* d->dist by a backward search from the accepting states: a byte 0x80..0xBF costs nothing, any
+ * other one code point (a 0-1 search: free edges to the front of a deque, costly ones to the
+ * back) */
+static int dfa_dist(regex_dfa *d) {
+  int n = d->n, nc = d->nc;
+  d->dist = malloc((size_t)(n ? n : 1) * sizeof *d->dist);
+  int32_t *cnt = calloc((size_t)n + 1, sizeof *cnt), *src = NULL, *dq = NULL, *fill = NULL;
+  uint8_t *w = NULL;
+  int rc = -1;
+  if (!d->dist || !cnt) goto done;
+  uint8_t cost[256];
+  for (int c = 0; c < 256; c++) cost[d->cls[c]] = (uint8_t)((c & 0xC0) != 0x80);
+  size_t ne = 0;
+  for (int s = 0; s < n; s++)
+    for (int c = 0; c < nc; c++) {
+      int32_t t = d->next[(size_t)s * (size_t)nc + (size_t)c];
+      if (t >= 0) cnt[t + 1]++, ne++;
+    }
+  for (int s = 0; s < n; s++) cnt[s + 1] += cnt[s];
+  src = malloc((ne ? ne : 1) * sizeof *src);
+  w = malloc(ne ? ne : 1);
+  fill = malloc((size_t)(n ? n : 1) * sizeof *fill);
+  /* each state enters the deque at most once per improvement: ne + n entries at most */
+  size_t cap = 2 * (ne + (size_t)n) + 2;
+  dq = malloc(cap * sizeof *dq);
+  if (!src || !w || !fill || !dq) goto done;
+  memcpy(fill, cnt, (size_t)n * sizeof *fill);
+  for (int s = 0; s < n; s++)
+    for (int c = 0; c < nc; c++) {
+      int32_t t = d->next[(size_t)s * (size_t)nc + (size_t)c];
+      if (t >= 0) src[fill[t]] = s, w[fill[t]++] = cost[c];
+    }
+  size_t h = cap / 2, tl = cap / 2;
+  for (int s = 0; s < n; s++) {
+    d->dist[s] = d->acc[s] ? 0 : UINT32_MAX;
+    if (d->acc[s]) dq[tl++] = s;
+  }
+  while (h < tl) {
+    int t = dq[h++];
+    for (int32_t e = cnt[t]; e < cnt[t + 1]; e++) {
+      uint32_t nd = d->dist[t] + w[e];
+      int s = src[e];
+      if (nd >= d->dist[s]) continue;
+      d->dist[s] = nd;
+      if (w[e] == 0)
+        dq[--h] = s;
+      else
+        dq[tl++] = s;
+    }
+  }
+  rc = 0;
+done:
+  free(cnt);
+  free(src);
+  free(w);
+  free(fill);
+  free(dq);
+  return rc;
+}
+
 int regex_dfa_restrict(const regex_dfa *in, const uint8_t ok[256], uint32_t min, uint32_t max,
                        int max_states, regex_dfa *out, char *err, size_t errlen) {
   if (max_states < 1) max_states = 1;
-  return dfa_product(in, NULL, ok, min, max, max_states, out, err, errlen);
+  if (dfa_product(in, NULL, ok, min, max, max_states, out, err, errlen)) return -1;
+  if (dfa_dist(out)) {
+    regex_dfa_free(out);
+    return rx_fail(err, errlen, "out of memory");
+  }
+  return 0;
 }
 
 int regex_dfa_intersect(const regex_dfa *a, const regex_dfa *b, int max_states, regex_dfa *out,

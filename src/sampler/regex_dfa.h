@@ -31,8 +31,10 @@ typedef struct regex_dfa {
   int n;  /* states */
   int nc; /* byte classes */
   uint8_t cls[256];
-  int32_t *next; /* [n * nc], owned */
-  uint8_t *acc;  /* [n], owned: 1 when the string read so far is accepted */
+  int32_t *next;  /* [n * nc], owned */
+  uint8_t *acc;   /* [n], owned: 1 when the string read so far is accepted */
+  uint32_t *dist; /* [n], owned, regex_dfa_restrict's (else NULL): the fewest code points from
+                   * the state to an accepted string */
 } regex_dfa;
 
 /* Compiles pattern pat[len] (UTF-8) with search semantics into *out (at most max_states
@@ -43,9 +45,11 @@ int regex_dfa_compile(const char *pat, size_t len, int max_states, regex_dfa *ou
 
 /* *out = the part of *in that reads only bytes with ok[c] set, and whose strings are min..max
  * code points long (a code point: a byte that is not 0x80..0xBF; max UINT32_MAX: no maximum),
- * with every state live (some accepted string goes through it) and at most max_states states.
- * A DFA without any string has n == 0. Returns 0, or -1 with err (too many states, out of
- * memory). in is unchanged. */
+ * with every state live (some accepted string goes through it), its dist filled, and at most
+ * max_states states. The minimum takes a counter in the states (up to min); a maximum too
+ * (up to max), so a large one is better left to dist: a prefix of c code points in state q can
+ * still end within max iff c + dist[q] <= max. A DFA without any string has n == 0. Returns 0,
+ * or -1 with err (too many states, out of memory). in is unchanged. */
 int regex_dfa_restrict(const regex_dfa *in, const uint8_t ok[256], uint32_t min, uint32_t max,
                        int max_states, regex_dfa *out, char *err, size_t errlen);
 

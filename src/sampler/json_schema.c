@@ -733,8 +733,9 @@ static int item_node(const json_schema *s, const ss_node *nd, uint32_t i) {
   return i < (uint32_t)nd->np ? s->pitems[nd->req + (int32_t)i] : nd->sub;
 }
 
-/* The formats, each a pattern of regex_dfa's subset matching what the common checkers accept
- * (Python's datetime / ipaddress / uuid, RFC 3339, RFC 3986, email-validator's dot-atom). */
+/* The formats, each a pattern of regex_dfa's subset matching only what the common checkers
+ * accept (Python's datetime / ipaddress / uuid, jsonschema's RFC 3339 checks, RFC 3986 and the
+ * WHATWG URL parser, email-validator's dot-atom form). */
 #define F_YEAR "([1-9][0-9]{3}|0[1-9][0-9]{2}|00[1-9][0-9]|000[1-9])"
 #define F_LEAP "([0-9]{2}(0[48]|[2468][048]|[13579][26])|(0[48]|[2468][048]|[13579][26])00)"
 #define F_MD "((0[1-9]|1[0-2])-(0[1-9]|1[0-9]|2[0-8])|(0[13-9]|1[0-2])-(29|30)|(0[13578]|1[02])-31)"
@@ -759,10 +760,12 @@ static const char *const formats[][2] = {
     {"ipv6", "^((" F_H ":){7}" F_H "|(" F_H ":){1,7}:|(" F_H ":){1,6}:" F_H "|(" F_H ":){1,5}(:" F_H
              "){1,2}|(" F_H ":){1,4}(:" F_H "){1,3}|(" F_H ":){1,3}(:" F_H "){1,4}|(" F_H
              ":){1,2}(:" F_H "){1,5}|" F_H ":(:" F_H "){1,6}|:((:" F_H "){1,7}|:))$"},
-    {"uri",
-     "^[A-Za-z][A-Za-z0-9+.-]*:(//(([A-Za-z0-9._~!$&'()*+,;=:-]|" F_PCT
-     ")*@)?([A-Za-z0-9._~!$&'()*+,;=-]|" F_PCT ")*(:[0-9]*)?(/" F_PCHAR "*)*|/(" F_PCHAR
-     "+(/" F_PCHAR "*)*)?|" F_PCHAR "+(/" F_PCHAR "*)*)?(\\?" F_QCHAR "*)?(#" F_QCHAR "*)?$"},
+    /* with an authority and a host name whose last label starts with a letter: what RFC 3986
+     * and the WHATWG parser (Pydantic's, browsers') both take (no empty host, no host read as
+     * a bad IPv4 address, a port of at most 4 digits) */
+    {"uri", "^[A-Za-z][A-Za-z0-9+.-]*://(([A-Za-z0-9._~!$&'()*+,;=:-]|" F_PCT
+            ")*@)?([A-Za-z0-9-]+\\.)*[A-Za-z][A-Za-z0-9-]*(:[0-9]{1,4})?(/" F_PCHAR
+            "*)*(\\?" F_QCHAR "*)?(#" F_QCHAR "*)?$"},
 };
 
 /* A string's automaton: the pattern's and the format's, over the bytes a JSON string can carry

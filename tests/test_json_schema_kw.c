@@ -650,6 +650,81 @@ TEST(refusals) {
   json_schema_free(s);
 }
 
+/* ---- Python's verdicts ------------------------------------------------------------------ */
+
+/* tests/fixtures/json_schema/formats.json (scripts/fixtures/json_format_refs.py: jsonschema's
+ * format checker, pydantic's AnyUrl, re.search): the mask takes no string they refuse, and the
+ * pattern automaton agrees with re.search on ASCII strings not ending in a newline (on others
+ * it may match less: \S \D \W and '.' keep to what every validator agrees on, and $ is the
+ * end of the string, as in ECMA). */
+TEST(python_verdicts) {
+  json_error_t e;
+  json_t *fx = json_load_file("tests/fixtures/json_schema/formats.json", 0, &e);
+  REQUIRE(fx);
+  const char *b[] = {"{", "<eos>"};
+  size_t l[] = {1, 5};
+  unsigned char sp[] = {0, 1};
+  int32_t eos[] = {1};
+  json_vocab *v = json_vocab_new(2, b, l, sp, eos, 1);
+  REQUIRE(v);
+  const json_t *forms = json_object_get(fx, "formats");
+  int taken = 0, valid = 0;
+  char sch[256], err[256];
+  json_schema *sc = NULL;
+  const char *cur = "";
+  for (size_t i = 0; i < json_array_size(forms); i++) {
+    const json_t *r = json_array_get(forms, i);
+    const char *fmt = json_string_value(json_array_get(r, 0));
+    json_t *str = json_array_get(r, 1);
+    int ok = json_is_true(json_array_get(r, 2));
+    if (strcmp(fmt, cur)) {
+      json_schema_free(sc);
+      snprintf(sch, sizeof sch,
+               "{'type':'object','properties':{'x':{'type':'string','format':'%s'}}}", fmt);
+      sc = compile_q(sch, err, sizeof err);
+      REQUIRE(sc);
+      cur = fmt;
+    }
+    char *enc = json_dumps(str, JSON_ENCODE_ANY);
+    char text[512];
+    snprintf(text, sizeof text, "{\"x\":%s}", enc);
+    free(enc);
+    json_mask *m = json_mask_new_schema(v, sc);
+    REQUIRE(m);
+    int t = json_mask_feed(m, text, strlen(text)) == 0 && json_mask_complete(m);
+    EXPECT_MSG(!t || ok, "format %s: the mask takes %s, which Python refuses", fmt, text);
+    taken += t;
+    valid += ok;
+    json_mask_free(m);
+  }
+  json_schema_free(sc);
+  printf("  formats: %d of %d strings Python takes are taken by the mask, none it refuses\n", taken,
+         valid);
+  const json_t *pats = json_object_get(fx, "patterns");
+  int n_same = 0;
+  for (size_t i = 0; i < json_array_size(pats); i++) {
+    const json_t *r = json_array_get(pats, i);
+    const char *pat = json_string_value(json_array_get(r, 0));
+    const json_t *str = json_array_get(r, 1);
+    const char *s = json_string_value(str);
+    size_t n = json_string_length(str);
+    int want = json_is_true(json_array_get(r, 2));
+    regex_dfa d;
+    REQUIRE(regex_dfa_compile(pat, strlen(pat), 100000, &d, err, sizeof err) == 0);
+    int got = regex_dfa_match(&d, (const unsigned char *)s, n);
+    regex_dfa_free(&d);
+    /* Python's $ also matches before a final newline; ECMA's and the automaton's do not */
+    int ascii = !n || s[n - 1] != '\n';
+    for (size_t k = 0; k < n; k++) ascii &= (unsigned char)s[k] < 0x80;
+    EXPECT_MSG(ascii ? got == want : got <= want, "/%s/ on \"%s\": automaton %d, re.search %d", pat,
+               s, got, want);
+    n_same += got == want;
+  }
+  printf("  patterns: %d of %zu verdicts the same as re.search's\n", n_same, json_array_size(pats));
+  json_vocab_free(v);
+  json_decref(fx);
+}
+
 /* ---- schemas as Pydantic and zod write them --------------------------------------------- */
 
 TEST(pydantic_zod_schemas) {
@@ -760,6 +835,7 @@ int main(void) {
   RUN(regex_vs_pcre);
   RUN(texts);
   RUN(pydantic_zod_schemas);
+  RUN(python_verdicts);
   RUN(walks_validate);
   RUN(mask_real_vocab);
   TEST_MAIN_END();

@@ -22,6 +22,9 @@
 #include "server/openai_request.h"
 #include "server/openai_response.h"
 #include "server/openai_stream.h"
+#include "server/responses_request.h"
+#include "server/responses_response.h"
+#include "server/responses_stream.h"
 #include "server/server_gen.h"
 #include "base/strbuf.h"
 #include "base/version.h"
@@ -103,7 +106,9 @@ struct conn {
   int n_prompt;
   int32_t *bounds; /* owned */
   int n_bounds;
-  char *echo; /* completions echo text (owned) */
+  char *echo;            /* completions echo text (owned) */
+  responses_request *rr; /* /v1/responses: the request translated (owned; NULL otherwise) */
+  responses_stream *rs;  /* /v1/responses streams (owned) */
   size_t echo_len;
   char id[64];
   long long created;
@@ -249,6 +254,8 @@ static enum MHD_Result send_json(conn *cx, unsigned status, json_t *j) {
 }
 
 static enum MHD_Result send_error(conn *cx, const openai_error *e) {
+  openai_error re; /* a /v1/responses error names the Responses field */
+  if (cx->rr) re = *e, responses_request_error_param(&re), e = &re;
   metrics_request_rejected(cx->s->met, e->status);
   char *b = openai_response_error_body(e);
   if (!b) return MHD_NO;
@@ -853,8 +860,77 @@ static void stream_emit_choice(conn *cx, int i) {
   if (g->done) ch->finished = 1;
 }
 
+/* ---- /v1/responses (the Responses shapes of the same generation) ---- */
+
+/* The usage's reasoning_tokens: the reasoning text's encoding length. */
+static int reasoning_tokens(const server *s, const char *text, size_t len) {
+  if (!s->m.tok || !text || !len) return 0;
+  int32_t *ids = NULL;
+  char err[80];
+  int n = tokenizer_encode(s->m.tok, text, len, &ids, err, sizeof err);
+  free(ids);
+  return n > 0 ? n : 0;
+}
+
+static responses_usage responses_usage_of(const conn *cx, const char *reasoning, size_t len) {
+  const server_gen *g = &cx->ch[0].g;
+  responses_usage u = {g->prompt_tokens, g->cached_tokens, g->completion_tokens,
+                       reasoning_tokens(cx->s, reasoning, len)};
+  return u;
+}
+
+static enum MHD_Result respond_responses(conn *cx) {
+  openai_error e;
+  if (gen_error(cx, &e)) return send_error(cx, &e);
+  const server_gen *g = &cx->ch[0].g;
+  chat_parsed p;
+  memset(&p, 0, sizeof p);
+  if (chat_parse(g->text.data ? g->text.data : "", cx->thinking_open, cx->req.tools, &p))
+    return fail(cx, 500, "server_error", NULL, "out of memory");
+  const char *r = p.reasoning_content;
+  responses_usage u = responses_usage_of(cx, r, r ? strlen(r) : 0);
+  json_t *out = responses_response_output(r, p.content, p.tool_calls, cx->rr->parallel_tool_calls);
+  chat_parsed_free(&p);
+  const char *status = responses_response_status(server_gen_finish_name(g));
+  return send_json(cx, 200,
+                   out ? responses_response_object(cx->rr->echo, cx->id, cx->created, cx->s->name,
+                                                   status, out, &u)
+                       : NULL);
+}
+
+/* The events for whatever the generation has now (after a step). */
+static void responses_emit(conn *cx) {
+  responses_stream *rs = cx->rs;
+  const server_gen *g = &cx->ch[0].g;
+  int rc = 0;
+  if (cx->phase == STREAM_FIRST) {
+    rc = responses_stream_start(rs, &cx->out);
+    cx->phase = STREAM_RUNNING;
+  }
+  openai_error e;
+  if (gen_error(cx, &e)) {
+    responses_request_error_param(&e);
+    responses_stream_error(rs, &e, &cx->out);
+    cx->phase = STREAM_DONE;
+    return;
+  }
+  if (!rc)
+    rc = responses_stream_step(rs, g->text.data ? g->text.data : "", server_gen_visible(g), g->done,
+                               &cx->out);
+  if (!rc && g->done) {
+    responses_usage u = responses_usage_of(cx, rs->reasoning_all.data, rs->reasoning_all.len);
+    rc = responses_stream_finish(rs, server_gen_finish_name(g), &u, &cx->out);
+    cx->phase = STREAM_DONE;
+  }
+  if (rc) cx->out.oom = 1;
+}
+
 /* Produces the chunks for whatever the generations have now (after a step). */
 static void stream_emit(conn *cx) {
+  if (cx->rs) {
+    responses_emit(cx);
+    return;
+  }
   if (cx->phase == STREAM_FIRST) {
     for (int i = 0; i < cx->n_ch; i++) {
       if (cx->req.kind == OPENAI_KIND_CHAT) {
@@ -898,7 +974,9 @@ static ssize_t late_reader(void *cls, uint64_t pos, char *buf, size_t max) {
     }
     if (all_done(cx)) {
       cx->capture = 1;
-      if (cx->req.kind == OPENAI_KIND_CHAT)
+      if (cx->rr)
+        respond_responses(cx);
+      else if (cx->req.kind == OPENAI_KIND_CHAT)
         respond_chat(cx);
       else
         respond_completion(cx);
@@ -1029,11 +1107,19 @@ static enum MHD_Result handle_generate(conn *cx, openai_kind kind) {
     cx->n_ch = i + 1;
   }
   active_add(s, cx);
-  openai_response_new_id(cx->id, sizeof cx->id, kind == OPENAI_KIND_CHAT ? "chatcmpl-" : "cmpl-");
+  openai_response_new_id(cx->id, sizeof cx->id,
+                         cx->rr                     ? "resp_"
+                         : kind == OPENAI_KIND_CHAT ? "chatcmpl-"
+                                                    : "cmpl-");
   cx->created = (long long)time(NULL);
 
   if (cx->req.stream) {
-    if (kind == OPENAI_KIND_CHAT)
+    if (cx->rr) {
+      cx->rs = calloc(1, sizeof *cx->rs);
+      if (!cx->rs) return fail(cx, 503, "server_error", NULL, "out of memory");
+      responses_stream_init(cx->rs, cx->rr->echo, cx->id, cx->created, s->name,
+                            cx->rr->parallel_tool_calls, cx->thinking_open, cx->req.tools);
+    } else if (kind == OPENAI_KIND_CHAT)
       for (int i = 0; i < n; i++) {
         openai_stream_init(&cx->ch[i].st, cx->thinking_open, cx->req.tools);
         cx->ch[i].have_st = 1;
@@ -1074,7 +1160,32 @@ static enum MHD_Result handle_generate(conn *cx, openai_kind kind) {
     }
     probe_interim(cx);
   }
+  if (cx->rr) return respond_responses(cx);
   return kind == OPENAI_KIND_CHAT ? respond_chat(cx) : respond_completion(cx);
+}
+
+/* POST /v1/responses: the body becomes the chat request it means (responses_request), served
+ * by handle_generate; the answer and the stream take the Responses shapes. */
+static enum MHD_Result handle_responses(conn *cx) {
+  openai_error e;
+  responses_request rr;
+  int bad = responses_request_parse(cx->body.data ? cx->body.data : "", cx->body.len, &rr, &e);
+  openai_request_body_free(&cx->body);
+  if (bad) return send_error(cx, &e);
+  cx->rr = malloc(sizeof *cx->rr);
+  char *chat = cx->rr ? json_dumps(rr.chat, JSON_COMPACT) : NULL;
+  if (!chat) {
+    responses_request_free(&rr);
+    free(cx->rr);
+    cx->rr = NULL;
+    return fail(cx, 503, "server_error", NULL, "out of memory");
+  }
+  *cx->rr = rr;
+  strbuf_init(&cx->body);
+  strbuf_puts(&cx->body, chat);
+  free(chat);
+  if (cx->body.oom) return fail(cx, 503, "server_error", NULL, "out of memory");
+  return handle_generate(cx, OPENAI_KIND_CHAT);
 }
 
 static enum MHD_Result handle_models(conn *cx) {
@@ -1189,7 +1300,8 @@ typedef enum {
   R_COMPLETIONS,
   R_TOKENIZE,
   R_DETOKENIZE,
-  R_VERSION
+  R_VERSION,
+  R_RESPONSES
 } route_id;
 
 static const struct {
@@ -1205,6 +1317,7 @@ static const struct {
     {"/version", "GET", R_VERSION, 0, 0},
     {"/v1/chat/completions", "POST", R_CHAT, 1, 1},
     {"/v1/completions", "POST", R_COMPLETIONS, 1, 1},
+    {"/v1/responses", "POST", R_RESPONSES, 1, 1},
     {"/tokenize", "POST", R_TOKENIZE, 1, 1},
     {"/detokenize", "POST", R_DETOKENIZE, 1, 1},
 };
@@ -1311,6 +1424,8 @@ static enum MHD_Result dispatch(conn *cx, const char *url, const char *method) {
       return handle_generate(cx, OPENAI_KIND_CHAT);
     case R_COMPLETIONS:
       return handle_generate(cx, OPENAI_KIND_COMPLETION);
+    case R_RESPONSES:
+      return handle_responses(cx);
     case R_TOKENIZE:
       return handle_tokenize(cx);
     case R_DETOKENIZE:
@@ -1439,6 +1554,10 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
   }
   free(cx->ch);
   if (cx->have_req) openai_request_free(&cx->req);
+  if (cx->rr) responses_request_free(cx->rr);
+  if (cx->rs) responses_stream_free(cx->rs);
+  free(cx->rr);
+  free(cx->rs);
   openai_request_body_free(&cx->body);
   strbuf_free(&cx->out);
   free(cx->prompt_ids);

@@ -137,7 +137,10 @@ typedef struct json_schema json_schema;
  * the byte after their leading whitespace (outside strings), by their first byte (inside keys,
  * enum values, escapes and UTF-8 sequences), and in the plain in-string state by a precomputed
  * run (stays in the string with k code points, breaks it, or closes it at byte q after k code
- * points), checked against the string's minLength / maxLength. */
+ * points), checked against the string's minLength / maxLength. In a string under a pattern or
+ * format the tokens that pass the first-byte filter run through its automaton (only tokens with
+ * an escape are walked); in a key that may be an additional property, only tokens that may
+ * still spell a property's name, or hold an escape, are walked. */
 json_mask *json_mask_new_schema(const json_vocab *v, const json_schema *s);
 
 /* ---- byte-level access (tests, tools); both kinds of mask ------------------------------ */

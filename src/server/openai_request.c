@@ -707,6 +707,10 @@ static json_t *load_object(const char *body, size_t len, openai_error *err) {
   return root;
 }
 
+json_t *openai_request_load(const char *body, size_t len, openai_error *err) {
+  return load_object(body, len, err);
+}
+
 int openai_request_parse(openai_kind kind, const char *body, size_t len, openai_request *r,
                          openai_error *err) {
   memset(r, 0, sizeof *r);

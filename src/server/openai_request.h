@@ -96,6 +96,11 @@ int openai_request_parse(openai_kind kind, const char *body, size_t len, openai_
                          openai_error *err);
 void openai_request_free(openai_request *r);
 
+/* A request body as a JSON object, under the same guards as openai_request_parse (a bound on
+ * its JSON values, duplicate keys refused). Returns a new reference, or NULL with a 400 in
+ * *err. Other APIs' parsers (anthropic_request) read their bodies through it. */
+json_t *openai_request_load(const char *body, size_t len, openai_error *err);
+
 /* The /tokenize body (vLLM's shape): either {"prompt": str, "add_special_tokens"} or
  * {"messages": [...], "tools", "add_generation_prompt", "chat_template_kwargs"}.
  * On success exactly one of *prompt (malloc'd) or *render (owned reference) is set. */

@@ -103,6 +103,9 @@ static void check_stop_strings(server_gen *g) {
                            g->scanned, &ml);
   g->scanned = g->text.len;
   if (p < 0) return;
+  for (int i = 0; i < g->o.n_stop && !g->stop_hit; i++)
+    if (strlen(g->o.stop[i]) == ml && !memcmp(g->text.data + p, g->o.stop[i], ml))
+      g->stop_hit = g->o.stop[i];
   size_t cut = (size_t)p + (g->o.include_stop_str ? ml : 0);
   g->text.len = cut;
   g->text.data[cut] = 0;

@@ -67,7 +67,8 @@ typedef struct server_gen {
   int done;
   finish_reason finish;
   int stop_string_hit;
-  int draining; /* cancelled after a stop-string match; waiting for the final event */
+  const char *stop_hit; /* the stop string that matched (borrowed from o.stop), or NULL */
+  int draining;         /* cancelled after a stop-string match; waiting for the final event */
   char err[160];
   int prompt_tokens, cached_tokens, completion_tokens;
   double t_submit, t_last;

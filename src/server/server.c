@@ -1164,6 +1164,16 @@ static enum MHD_Result handle_generate(conn *cx, openai_kind kind) {
   return kind == OPENAI_KIND_CHAT ? respond_chat(cx) : respond_completion(cx);
 }
 
+/* Serves chat, a chat-completions body (taken), as cx's request: the routes of the APIs that
+ * translate into the chat request they mean. */
+static enum MHD_Result serve_chat_body(conn *cx, char *chat) {
+  strbuf_init(&cx->body);
+  strbuf_puts(&cx->body, chat);
+  free(chat);
+  if (cx->body.oom) return fail(cx, 503, "server_error", NULL, "out of memory");
+  return handle_generate(cx, OPENAI_KIND_CHAT);
+}
+
 /* POST /v1/responses: the body becomes the chat request it means (responses_request), served
  * by handle_generate; the answer and the stream take the Responses shapes. */
 static enum MHD_Result handle_responses(conn *cx) {
@@ -1181,11 +1191,7 @@ static enum MHD_Result handle_responses(conn *cx) {
     return fail(cx, 503, "server_error", NULL, "out of memory");
   }
   *cx->rr = rr;
-  strbuf_init(&cx->body);
-  strbuf_puts(&cx->body, chat);
-  free(chat);
-  if (cx->body.oom) return fail(cx, 503, "server_error", NULL, "out of memory");
-  return handle_generate(cx, OPENAI_KIND_CHAT);
+  return serve_chat_body(cx, chat);
 }
 
 static enum MHD_Result handle_models(conn *cx) {

@@ -50,6 +50,13 @@ static json_t *content_text(const json_t *c, const char *param, openai_error *er
   return out;
 }
 
+/* The text of item field `key` (content, output), named "<param>.<key>" in errors. */
+static json_t *item_text(const json_t *it, const char *key, const char *param, openai_error *err) {
+  char p[80];
+  snprintf(p, sizeof p, "%s.%s", param, key);
+  return content_text(json_object_get(it, key), p, err);
+}
+
 /* The assistant message function calls and reasoning attach to: the last message when it is
  * an assistant's that may still take them, else a new one. */
 static json_t *assistant_for(json_t *msgs, int fresh, openai_error *err) {
@@ -93,9 +100,7 @@ static int input_items(const json_t *input, json_t *msgs, openai_error *err) {
         BAD(param, "'%s.role' must be user, assistant, system or developer", param);
         goto out;
       }
-      char cp[80];
-      snprintf(cp, sizeof cp, "%s.content", param);
-      json_t *text = content_text(json_object_get(it, "content"), cp, err);
+      json_t *text = item_text(it, "content", param, err);
       if (!text) goto out;
       json_t *m = NULL;
       if (!strcmp(r, "assistant") && pending_reasoning) {
@@ -157,9 +162,7 @@ static int input_items(const json_t *input, json_t *msgs, openai_error *err) {
         BAD(param, "'%s' (function_call_output) needs a string 'call_id'", param);
         goto out;
       }
-      char cp[80];
-      snprintf(cp, sizeof cp, "%s.output", param);
-      json_t *text = content_text(json_object_get(it, "output"), cp, err);
+      json_t *text = item_text(it, "output", param, err);
       if (!text) goto out;
       json_t *m =
           json_pack("{s:s, s:O, s:o}", "role", "tool", "tool_call_id", call_id, "content", text);

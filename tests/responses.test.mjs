@@ -200,7 +200,11 @@ await test("responses_cached_tokens_on_repeat", async () => {
   assert(b.usage.input_tokens_details.cached_tokens > 0, `cached_tokens ${JSON.stringify(b.usage)}`);
 });
 
-await srv.stop();
+await test("responses_server_exit_clean", async () => {
+  const ex = await srv.stop();
+  assert(!/AddressSanitizer|LeakSanitizer|runtime error/.test(srv.log), `sanitizer report: ${srv.log.slice(-300)}`);
+  eq(ex.code, 0, `exit status (${JSON.stringify(ex)})`);
+});
 stopWatch();
 model.cleanup();
 process.exit(failureCount() ? 1 : 0);

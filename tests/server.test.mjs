@@ -703,7 +703,7 @@ await test("error_auth_routes_size", async () => {
 });
 
 await test("garbage_does_not_crash", async () => {
-  const junk = ["", "{", '{"messages":[{"role":"user","content":"\\ud800"}]}', '{"prompt":[1e400]}', '{"prompt":{"a":1}}', "\u0000\u0001", '{"messages":[null]}', '{"messages":[{"role":"tool","content":"x"}]}'];
+  const junk = ["", "{", '{"messages":[{"role":"user","content":"\\ud800"}]}', '{"prompt":[1e400]}', '{"prompt":{"a":1}}', "\u0000\u0001", '{"messages":[null]}', '{"messages":[{"role":"assistant","tool_calls":[{"function":{"name":"f","arguments":"{nope"}}]}]}'];
   for (const j of junk) {
     for (const route of ["/v1/chat/completions", "/v1/completions", "/tokenize", "/detokenize"]) {
       const r = await post(main, route, j);

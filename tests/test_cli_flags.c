@@ -145,6 +145,7 @@ static int vllm(const char *flag, const char *value, int *used, char *err, size_
 
 TEST(vllm_flags_accepted) {
   static const char *const ok[][2] = {{"--trust-remote-code", NULL},
+                                      {"--trust-request-chat-template", NULL},
                                       {"--dtype", "auto"},
                                       {"--dtype", "bfloat16"},
                                       {"--tensor-parallel-size", "1"},
@@ -190,7 +191,6 @@ TEST(vllm_flags_refused) {
       {"--task", "embed", "generates text only"},
       {"--seed", "0", "'seed' field"},
       {"--tokenizer", "x", "model folder"},
-      {"--chat-template", "x", "chat template"},
       {"--speculative-config", "{}", "speculative decoding"},
       {"--enable-lora", NULL, "LoRA"},
       {"--hf-overrides", "{}", "config.json"},
@@ -206,6 +206,7 @@ TEST(vllm_flags_refused) {
   int used;
   EXPECT_EQ_INT(vllm("--port", "1", &used, err, sizeof err), 0); /* not one of them */
   EXPECT_EQ_INT(used, 1);
+  EXPECT_EQ_INT(vllm("--chat-template", "t.jinja", &used, err, sizeof err), 0); /* serve's own */
 }
 
 TEST(version) {

@@ -32,6 +32,10 @@ static const cli_vllm_entry cli_vllm_flags[] = {
     {"--reasoning-parser", NULL, "qwen3|deepseek_r1",
      "<think> ... </think> is returned as reasoning_content",
      "deltaserve parses Qwen's <think> blocks only"},
+    {"--trust-request-chat-template", NULL, NULL,
+     "a request's chat_template is always accepted: it renders in the sandboxed Jinja engine "
+     "under its limits",
+     NULL},
     {"--disable-log-requests", NULL, NULL, "requests are not logged", NULL},
     {"--disable-log-stats", NULL, NULL, "no periodic stats line is logged", NULL},
     {"--uvicorn-log-level", NULL, "", "there is no uvicorn", NULL},
@@ -66,7 +70,6 @@ static const cli_vllm_entry cli_vllm_flags[] = {
     {"--seed", NULL, NULL, NULL,
      "no server-wide seed: give a request a 'seed' field for reproducible sampling"},
     {"--tokenizer", NULL, NULL, NULL, "the tokenizer is read from the model folder"},
-    {"--chat-template", NULL, NULL, NULL, "the model folder's chat template is used"},
     {"--speculative-config", NULL, NULL, NULL, "speculative decoding is not implemented"},
     {"--enable-lora", NULL, NULL, NULL, "LoRA adapters are not supported"},
     {"--lora-modules", NULL, NULL, NULL, "LoRA adapters are not supported"},

@@ -33,6 +33,7 @@
 #include "model/qwen35.h"
 #include "model/weights.h"
 #include "server/server.h"
+#include "tokenizer/chat_jinja.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
@@ -59,6 +60,9 @@ static void serve_usage(FILE *f) {
       "                              steps (CUDA: slower GEMMs; the CPU always is)\n"
       "  --max-request-bytes N       largest request body accepted (33554432)\n"
       "  --shutdown-grace S          seconds in-flight requests may finish after SIGTERM (5)\n"
+      "  --chat-template FILE        the Jinja chat template (default: the model folder's\n"
+      "                              chat_template.jinja, else tokenizer_config.json's, else\n"
+      "                              the built-in one of the model type)\n"
       "  --generation-config auto|vllm|DIR\n"
       "                              defaults for the sampling fields a request leaves out\n"
       "                              (temperature, top_p, top_k, min_p, repetition_penalty,\n"
@@ -161,7 +165,7 @@ static json_vocab *serve_json_vocab(const tokenizer *tok, int n_vocab, const mod
 int cmd_serve(int argc, char **argv) {
   const char *model_arg = NULL; /* MODEL, positional */
   const char *model_dir = NULL, *host = "127.0.0.1", *name = NULL, *api_key = NULL,
-             *device = "auto", *gen_cfg = "auto";
+             *device = "auto", *gen_cfg = "auto", *chat_tpl = NULL;
   long long port = 8000, threads = 0, max_req = 32LL << 20;
   int batch_invariant = 0, no_warmup = 0;
   double grace = 5.0;
@@ -217,7 +221,8 @@ int cmd_serve(int argc, char **argv) {
                                        "--port",           "--served-model-name",
                                        "--api-key",        "--device",
                                        "--threads",        "--max-request-bytes",
-                                       "--shutdown-grace", "--generation-config"};
+                                       "--shutdown-grace", "--generation-config",
+                                       "--chat-template"};
     int known = 0;
     for (size_t k = 0; k < sizeof with_value / sizeof with_value[0]; k++)
       known |= !strcmp(a, with_value[k]);
@@ -247,6 +252,8 @@ int cmd_serve(int argc, char **argv) {
       device = v;
     else if (!strcmp(a, "--generation-config"))
       gen_cfg = v;
+    else if (!strcmp(a, "--chat-template"))
+      chat_tpl = v;
     else if (!strcmp(a, "--port")) {
       if (serve_parse_long(a, v, 0, 65535, &port)) return 2;
     } else if (!strcmp(a, "--threads")) {
@@ -357,6 +364,7 @@ int cmd_serve(int argc, char **argv) {
   qwen35 *m = NULL;
   engine *e = NULL;
   json_vocab *jv = NULL;
+  chat_jinja *chat = NULL;
   qwen35_mem_opts mo;
   int32_t eos[CONFIG_MAX_EOS + 1];
   int n_eos = 0;
@@ -367,6 +375,12 @@ int cmd_serve(int argc, char **argv) {
     goto done;
   }
   have_w = 1;
+  if (chat_jinja_load(&chat, model_dir, chat_tpl, chat_template_detect(NULL, cfg.model_type), err,
+                      sizeof err)) {
+    fprintf(stderr, "deltaserve serve: chat template: %s\n", err);
+    goto done;
+  }
+  fprintf(stderr, "deltaserve: chat template: %s\n", chat_jinja_origin(chat));
   if (!skip_tok) {
     char terr[512] = "";
     tok = tokenizer_load(model_dir, terr, sizeof terr);
@@ -424,6 +438,7 @@ int cmd_serve(int argc, char **argv) {
             "or no memory)\n");
   server_model sm = {.eng = e,
                      .tok = tok,
+                     .chat = chat,
                      .tmpl = chat_template_detect(tok ? tokenizer_config_chat_template(tok) : NULL,
                                                   cfg.model_type),
                      .vocab_size = cfg.vocab_size,
@@ -466,6 +481,7 @@ done:;
   if (e) engine_destroy(e, 0);
   server_free(srv);
   json_vocab_free(jv);
+  chat_jinja_free(chat);
   if (m) qwen35_free(m);
   if (be) be->destroy(be);
   if (tok) tokenizer_free(tok);

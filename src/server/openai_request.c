@@ -568,6 +568,21 @@ static int build_render(const json_t *o, openai_request *r, int with_tool_choice
   }
   r->add_generation_prompt = 1;
   if (get_bool(o, "add_generation_prompt", &r->add_generation_prompt, err)) return -1;
+  /* vLLM's: a template (or a template's name) for this request; continue the last message */
+  const json_t *ct = json_object_get(o, "chat_template");
+  if (ct && !json_is_null(ct)) {
+    if (!json_is_string(ct)) return BAD("chat_template", "'chat_template' must be a string");
+    json_object_set(r->render, "chat_template", (json_t *)ct);
+  }
+  const json_t *cf = json_object_get(o, "continue_final_message");
+  if (cf && !json_is_null(cf)) {
+    if (!json_is_boolean(cf))
+      return BAD("continue_final_message", "'continue_final_message' must be a boolean");
+    if (json_is_true(cf) && json_is_true(json_object_get(o, "add_generation_prompt")))
+      return BAD("continue_final_message",
+                 "Cannot set both `continue_final_message` and `add_generation_prompt` to True.");
+    json_object_set(r->render, "continue_final_message", (json_t *)cf);
+  }
   return 0;
 }
 

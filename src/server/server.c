@@ -373,8 +373,8 @@ static int prepare_chat(conn *cx, openai_error *e) {
   memset(&cr, 0, sizeof cr);
   char err[300];
   err[0] = 0;
-  if (chat_template_render(s->m.tmpl, cx->req.render, cx->req.add_generation_prompt, &cr, err,
-                           sizeof err))
+  if (chat_jinja_render(s->m.chat, s->m.tmpl, cx->req.render, cx->req.add_generation_prompt, &cr,
+                        err, sizeof err))
     return openai_error_set(e, 400, "invalid_request_error", "messages", "%s",
                             err[0] ? err : "the messages could not be rendered");
   /* a json_object output is never reasoning: the mask admits no think tags */
@@ -1222,7 +1222,7 @@ static enum MHD_Result handle_tokenize(conn *cx) {
   if (!rc && render) {
     chat_render cr;
     memset(&cr, 0, sizeof cr);
-    if (chat_template_render(s->m.tmpl, render, agp, &cr, err, sizeof err)) {
+    if (chat_jinja_render(s->m.chat, s->m.tmpl, render, agp, &cr, err, sizeof err)) {
       rc = openai_error_set(&e, 400, "invalid_request_error", "messages", "%s",
                             err[0] ? err : "render failed");
     } else {

@@ -48,6 +48,7 @@
 
 #include "engine/engine.h"
 #include "model/generation_config.h"
+#include "tokenizer/chat_jinja.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
@@ -68,7 +69,8 @@ typedef struct server_model {
   engine *eng;
   const tokenizer *tok; /* NULL: token-id prompts only */
   chat_template_kind tmpl;
-  int vocab_size; /* rows of the model's embedding: prompt ids must be below */
+  const chat_jinja *chat; /* the model's chat template (NULL: tmpl, the built-in one) */
+  int vocab_size;         /* rows of the model's embedding: prompt ids must be below */
   int max_model_len;
   const int32_t *eos_ids;
   int n_eos;

@@ -326,6 +326,7 @@ static json_t *accumulate(const char *sse, int *n_pings) {
       const char *key = !strcmp(dt, "text_delta") ? "text" : "thinking";
       if (!strcmp(dt, "input_json_delta")) {
         strbuf_puts(&partial, json_string_value(json_object_get(d, "partial_json")));
+        json_decref(ev);
         continue;
       }
       strbuf s;

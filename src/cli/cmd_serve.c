@@ -375,8 +375,8 @@ int cmd_serve(int argc, char **argv) {
     goto done;
   }
   have_w = 1;
-  if (chat_jinja_load(&chat, model_dir, chat_tpl, chat_template_detect(NULL, cfg.model_type), err,
-                      sizeof err)) {
+  chat_template_kind builtin = chat_template_detect(NULL, cfg.model_type);
+  if (chat_jinja_load(&chat, model_dir, chat_tpl, builtin, err, sizeof err)) {
     fprintf(stderr, "deltaserve serve: chat template: %s\n", err);
     goto done;
   }
@@ -439,8 +439,7 @@ int cmd_serve(int argc, char **argv) {
   server_model sm = {.eng = e,
                      .tok = tok,
                      .chat = chat,
-                     .tmpl = chat_template_detect(tok ? tokenizer_config_chat_template(tok) : NULL,
-                                                  cfg.model_type),
+                     .tmpl = builtin,
                      .vocab_size = cfg.vocab_size,
                      .max_model_len = st.max_model_len,
                      .eos_ids = eos,

@@ -17,6 +17,9 @@
 #include <unistd.h>
 
 #include "base/log.h"
+#include "server/anthropic_request.h"
+#include "server/anthropic_response.h"
+#include "server/anthropic_stream.h"
 #include "server/http_gate.h"
 #include "server/metrics.h"
 #include "server/openai_request.h"
@@ -109,6 +112,8 @@ struct conn {
   char *echo;            /* completions echo text (owned) */
   responses_request *rr; /* /v1/responses: the request translated (owned; NULL otherwise) */
   responses_stream *rs;  /* /v1/responses streams (owned) */
+  int anthropic;         /* /v1/messages*: Anthropic shapes (errors, answer, stream) */
+  anthropic_stream *as;  /* /v1/messages streams (owned) */
   size_t echo_len;
   char id[64];
   long long created;
@@ -257,7 +262,7 @@ static enum MHD_Result send_error(conn *cx, const openai_error *e) {
   openai_error re; /* a /v1/responses error names the Responses field */
   if (cx->rr) re = *e, responses_request_error_param(&re), e = &re;
   metrics_request_rejected(cx->s->met, e->status);
-  char *b = openai_response_error_body(e);
+  char *b = cx->anthropic ? anthropic_response_error_body(e) : openai_response_error_body(e);
   if (!b) return MHD_NO;
   const char *hn = NULL, *hv = NULL;
   if (e->status == 429)
@@ -732,7 +737,16 @@ static enum MHD_Result respond_body(conn *cx, json_t *(*choice_of)(conn *, int))
   return send_body(cx, 200, "application/json", strbuf_take(&b), len, NULL, NULL);
 }
 
-static enum MHD_Result respond_chat(conn *cx) { return respond_body(cx, chat_choice); }
+static enum MHD_Result respond_chat(conn *cx) {
+  if (cx->anthropic) { /* /v1/messages: one choice */
+    openai_error e;
+    if (gen_error(cx, &e)) return send_error(cx, &e);
+    return send_json(cx, 200,
+                     anthropic_response_message(cx->id, cx->s->name, &cx->ch[0].g,
+                                                cx->thinking_open, cx->req.tools));
+  }
+  return respond_body(cx, chat_choice);
+}
 
 static json_t *completion_choice(conn *cx, int i) {
   const server_gen *g = &cx->ch[i].g;
@@ -927,6 +941,18 @@ static void responses_emit(conn *cx) {
 
 /* Produces the chunks for whatever the generations have now (after a step). */
 static void stream_emit(conn *cx) {
+  if (cx->anthropic) { /* /v1/messages: one choice, Anthropic's events */
+    openai_error e;
+    server_gen *g = &cx->ch[0].g;
+    if (!cx->as)
+      cx->as = anthropic_stream_new(cx->id, cx->s->name, cx->thinking_open, cx->req.tools);
+    if (gen_error(cx, &e)
+            ? anthropic_stream_error(&cx->out, &e)
+            : !cx->as || anthropic_stream_events(cx->as, g, server_gen_visible(g), &cx->out))
+      cx->out.oom = 1;
+    cx->phase = g->done ? STREAM_DONE : STREAM_RUNNING;
+    return;
+  }
   if (cx->rs) {
     responses_emit(cx);
     return;
@@ -1108,7 +1134,8 @@ static enum MHD_Result handle_generate(conn *cx, openai_kind kind) {
   }
   active_add(s, cx);
   openai_response_new_id(cx->id, sizeof cx->id,
-                         cx->rr                     ? "resp_"
+                         cx->anthropic              ? "msg_"
+                         : cx->rr                   ? "resp_"
                          : kind == OPENAI_KIND_CHAT ? "chatcmpl-"
                                                     : "cmpl-");
   cx->created = (long long)time(NULL);
@@ -1192,6 +1219,30 @@ static enum MHD_Result handle_responses(conn *cx) {
   }
   *cx->rr = rr;
   return serve_chat_body(cx, chat);
+}
+
+/* POST /v1/messages: the body becomes the chat request it means (anthropic_request), served by
+ * handle_generate; errors, the answer and the stream take Anthropic's shapes (cx->anthropic,
+ * set with the route). */
+static enum MHD_Result handle_messages(conn *cx) {
+  openai_error e;
+  char *chat = anthropic_request_to_chat(ANTHROPIC_REQUEST_MESSAGES,
+                                         cx->body.data ? cx->body.data : "", cx->body.len, &e);
+  openai_request_body_free(&cx->body);
+  if (!chat) return send_error(cx, &e);
+  return serve_chat_body(cx, chat);
+}
+
+/* POST /v1/messages/count_tokens: the prompt /v1/messages would render, counted. */
+static enum MHD_Result handle_count_tokens(conn *cx) {
+  openai_error e;
+  int bad = anthropic_request_parse(ANTHROPIC_REQUEST_COUNT_TOKENS,
+                                    cx->body.data ? cx->body.data : "", cx->body.len, &cx->req, &e);
+  openai_request_body_free(&cx->body);
+  if (bad) return send_error(cx, &e);
+  cx->have_req = 1;
+  if (model_ok(cx->s, cx->req.model, &e) || prepare_chat(cx, &e)) return send_error(cx, &e);
+  return send_json(cx, 200, json_pack("{s:i}", "input_tokens", cx->n_prompt));
 }
 
 static enum MHD_Result handle_models(conn *cx) {
@@ -1307,7 +1358,9 @@ typedef enum {
   R_TOKENIZE,
   R_DETOKENIZE,
   R_VERSION,
-  R_RESPONSES
+  R_RESPONSES,
+  R_MESSAGES,
+  R_COUNT_TOKENS
 } route_id;
 
 static const struct {
@@ -1324,6 +1377,8 @@ static const struct {
     {"/v1/chat/completions", "POST", R_CHAT, 1, 1},
     {"/v1/completions", "POST", R_COMPLETIONS, 1, 1},
     {"/v1/responses", "POST", R_RESPONSES, 1, 1},
+    {"/v1/messages", "POST", R_MESSAGES, 1, 1},
+    {"/v1/messages/count_tokens", "POST", R_COUNT_TOKENS, 1, 1},
     {"/tokenize", "POST", R_TOKENIZE, 1, 1},
     {"/detokenize", "POST", R_DETOKENIZE, 1, 1},
 };
@@ -1376,15 +1431,18 @@ static int route_refused(conn *cx, const char *url, const char *method, enum MHD
     *ret = fail(cx, 404, "not_found_error", NULL, msg);
     return 1;
   }
+  cx->anthropic = routes[found].id == R_MESSAGES || routes[found].id == R_COUNT_TOKENS;
   if (route_needs_key(s, found)) {
     const char *h = MHD_lookup_connection_value(cx->mc, MHD_HEADER_KIND, "Authorization");
     const char *tok = NULL;
     if (h && !strncasecmp(h, "Bearer ", 7)) tok = h + 7;
+    if (!tok) tok = MHD_lookup_connection_value(cx->mc, MHD_HEADER_KIND, "x-api-key");
     if (!tok || !ct_equal(tok, s->api_key)) {
       openai_error e;
       openai_error_set(
           &e, 401, "authentication_error", NULL,
-          tok ? "invalid API key" : "missing API key: send 'Authorization: Bearer <key>'");
+          tok ? "invalid API key"
+              : "missing API key: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'");
       e.code = "invalid_api_key";
       *ret = send_error(cx, &e);
       return 1;
@@ -1432,6 +1490,10 @@ static enum MHD_Result dispatch(conn *cx, const char *url, const char *method) {
       return handle_generate(cx, OPENAI_KIND_COMPLETION);
     case R_RESPONSES:
       return handle_responses(cx);
+    case R_MESSAGES:
+      return handle_messages(cx);
+    case R_COUNT_TOKENS:
+      return handle_count_tokens(cx);
     case R_TOKENIZE:
       return handle_tokenize(cx);
     case R_DETOKENIZE:
@@ -1561,6 +1623,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
   free(cx->ch);
   if (cx->have_req) openai_request_free(&cx->req);
   if (cx->rr) responses_request_free(cx->rr);
+  anthropic_stream_free(cx->as);
   if (cx->rs) responses_stream_free(cx->rs);
   free(cx->rr);
   free(cx->rs);

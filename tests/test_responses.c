@@ -409,6 +409,46 @@ TEST(stream_empty_and_error) {
   json_decref(echo);
 }
 
+/* Every prefix of a rich body, and the body with each byte replaced by a few others, parse or
+ * fail cleanly (a 400 with a message): never a crash, a leak or a success with no chat. */
+TEST(mutations_fail_cleanly) {
+  static const char body[] =
+      "{\"model\":\"m\",\"instructions\":\"i\",\"input\":[{\"role\":\"user\",\"content\":[{"
+      "\"type\":\"input_text\",\"text\":\"a\"}]},{\"type\":\"reasoning\",\"summary\":[]},"
+      "{\"type\":\"function_call\",\"call_id\":\"c\",\"name\":\"f\",\"arguments\":\"{}\"},"
+      "{\"type\":\"function_call_output\",\"call_id\":\"c\",\"output\":\"o\"}],\"tools\":[{"
+      "\"type\":\"function\",\"name\":\"f\",\"parameters\":{}}],\"text\":{\"format\":{\"type\":"
+      "\"json_schema\",\"schema\":{}}},\"reasoning\":{\"effort\":\"low\"},\"store\":false}";
+  static const char subst[] = "\"{}[]:,0an\\";
+  size_t n = strlen(body);
+  char buf[sizeof body];
+  int ok = 0, bad = 0;
+  for (size_t i = 0; i <= n; i++) {
+    for (size_t k = 0; k <= sizeof subst - 1; k++) {
+      memcpy(buf, body, n + 1);
+      size_t len = n;
+      if (k == sizeof subst - 1)
+        len = i; /* a prefix */
+      else if (i < n)
+        buf[i] = subst[k];
+      else
+        continue;
+      responses_request r;
+      openai_error e;
+      memset(&e, 0, sizeof e);
+      if (responses_request_parse(buf, len, &r, &e) == 0) {
+        EXPECT(r.chat != NULL && r.echo != NULL);
+        responses_request_free(&r);
+        ok++;
+      } else {
+        EXPECT_MSG(e.status == 400 && e.message[0], "status %d at %zu", e.status, i);
+        bad++;
+      }
+    }
+  }
+  EXPECT(ok > 0 && bad > 0);
+}
+
 int main(void) {
   RUN(string_input_and_instructions);
   RUN(items_translate);
@@ -419,5 +459,6 @@ int main(void) {
   RUN(response_object);
   RUN(stream_events_match_output);
   RUN(stream_empty_and_error);
+  RUN(mutations_fail_cleanly);
   TEST_MAIN_END();
 }

@@ -100,6 +100,18 @@ static int starts_special(const char *text, size_t len, size_t o) {
   return 0;
 }
 
+/* A model folder whose chat_template.jinja is the official Qwen3.5 template, loaded. */
+static chat_jinja *qwen35_folder(const char **dir) {
+  char *src = slurp("tests/fixtures/chat/qwen35_chat_template.jinja");
+  *dir = src ? model_dir(NULL, src) : NULL;
+  free(src);
+  chat_jinja *cj = NULL;
+  char err[400];
+  if (*dir && chat_jinja_load(&cj, *dir, NULL, CHAT_TEMPLATE_QWEN35, err, sizeof err))
+    fprintf(stderr, "%s\n", err);
+  return cj;
+}
+
 TEST(matches_jinja2_reference) {
   json_t *ref = load("tests/fixtures/chat_jinja/rendered.json");
   REQUIRE(ref);
@@ -175,12 +187,10 @@ TEST(matches_jinja2_reference) {
 /* The official Qwen3.5 template through Jinja gives the C template's bytes and offsets (where
  * the prefix could be rendered), and the time of each is printed. */
 TEST(builtin_qwen35_equals_jinja_and_timing) {
-  char *src = slurp("tests/fixtures/chat/qwen35_chat_template.jinja");
-  REQUIRE(src);
-  const char *d = model_dir(NULL, src);
-  chat_jinja *cj = NULL;
+  const char *d = NULL;
+  chat_jinja *cj = qwen35_folder(&d);
+  REQUIRE(cj);
   char err[400];
-  REQUIRE(chat_jinja_load(&cj, d, NULL, CHAT_TEMPLATE_QWEN35, err, sizeof err) == 0);
   json_t *convs = load("tests/fixtures/chat/conversations.json");
   REQUIRE(convs);
   double t_c = 0, t_j = 0;
@@ -226,7 +236,6 @@ TEST(builtin_qwen35_equals_jinja_and_timing) {
   json_decref(convs);
   chat_jinja_free(cj);
   rm_dir(d);
-  free(src);
 }
 
 TEST(template_sources) {
@@ -366,12 +375,10 @@ TEST(per_request_template_kwargs_and_errors) {
 /* A long agent conversation: boundaries only for the last CHAT_JINJA_MAX_BOUNDARIES messages,
  * each at its turn's <|im_start|>; thinking_open follows the generation prompt. */
 TEST(offsets_long_conversation_and_thinking_open) {
-  char *src = slurp("tests/fixtures/chat/qwen35_chat_template.jinja");
-  REQUIRE(src);
-  const char *d = model_dir(NULL, src);
-  chat_jinja *cj = NULL;
+  const char *d = NULL;
+  chat_jinja *cj = qwen35_folder(&d);
+  REQUIRE(cj);
   char err[400];
-  REQUIRE(chat_jinja_load(&cj, d, NULL, CHAT_TEMPLATE_QWEN35, err, sizeof err) == 0);
   json_t *r = json_object();
   json_t *msgs = json_array();
   json_array_append_new(msgs, json_pack("{s:s, s:s}", "role", "system", "content", "sys"));
@@ -408,7 +415,6 @@ TEST(offsets_long_conversation_and_thinking_open) {
   json_decref(r);
   chat_jinja_free(cj);
   rm_dir(d);
-  free(src);
 }
 
 int main(void) {

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/file_read.h"
 #include "base/log.h"
 #include "base/strbuf.h"
 #include "tokenizer/jinja.h"
@@ -31,25 +32,6 @@ struct chat_jinja {
 };
 
 /* ---------------------------------------------------------------- loading */
-
-static char *chat_jinja_read(const char *path) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return NULL;
-  char *buf = NULL;
-  if (fseek(f, 0, SEEK_END) == 0) {
-    long sz = ftell(f);
-    if (sz >= 0 && fseek(f, 0, SEEK_SET) == 0 && (buf = malloc((size_t)sz + 1))) {
-      if (fread(buf, 1, (size_t)sz, f) == (size_t)sz) {
-        buf[sz] = 0;
-      } else {
-        free(buf);
-        buf = NULL;
-      }
-    }
-  }
-  fclose(f);
-  return buf;
-}
 
 /* A literal --chat-template value, with the escapes a shell leaves in it decoded (vLLM decodes
  * it with Python's unicode_escape; the common ones here). */
@@ -162,7 +144,7 @@ int chat_jinja_load(chat_jinja **out, const char *model_dir, const char *templat
   char path[4096];
   int rc = 0;
   if (template_arg) {
-    char *src = chat_jinja_read(template_arg);
+    char *src = file_read(template_arg, NULL);
     int e = errno;
     snprintf(cj->origin, sizeof cj->origin, "%.500s", template_arg);
     if (!src && !strpbrk(template_arg, "{}\n")) {
@@ -179,7 +161,7 @@ int chat_jinja_load(chat_jinja **out, const char *model_dir, const char *templat
     }
   } else if (model_dir) {
     snprintf(path, sizeof path, "%s/chat_template.jinja", model_dir);
-    char *src = chat_jinja_read(path);
+    char *src = file_read(path, NULL);
     if (src) {
       snprintf(cj->origin, sizeof cj->origin, "%.500s", path);
       rc = chat_jinja_compile(src, path, &cj->main, err, errlen);

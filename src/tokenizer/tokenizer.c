@@ -43,6 +43,7 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 
+#include "base/file_read.h"
 #include "base/fault.h"
 #include "base/log.h"
 #include "tokenizer/utf8.h"
@@ -913,27 +914,6 @@ static int added_from_json(tokenizer *t, json_t *arr, char *err, size_t errlen) 
   return 0;
 }
 
-static char *read_file(const char *path, size_t *n) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return NULL;
-  char *buf = NULL;
-  if (fseek(f, 0, SEEK_END) == 0) {
-    long sz = ftell(f);
-    if (sz >= 0 && fseek(f, 0, SEEK_SET) == 0) {
-      buf = malloc((size_t)sz + 1);
-      if (buf && fread(buf, 1, (size_t)sz, f) == (size_t)sz) {
-        buf[sz] = 0;
-        *n = (size_t)sz;
-      } else {
-        free(buf);
-        buf = NULL;
-      }
-    }
-  }
-  fclose(f);
-  return buf;
-}
-
 static void load_config(tokenizer *t, const char *dir) {
   char path[4096];
   snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
@@ -966,7 +946,7 @@ tokenizer *tokenizer_load(const char *dir, char *err, size_t errlen) {
   char path[4096];
   snprintf(path, sizeof path, "%s/tokenizer.json", dir);
   size_t flen = 0;
-  char *file = read_file(path, &flen);
+  char *file = file_read(path, &flen);
   if (!file) {
     errf(err, errlen, "cannot read %s: %s", path, strerror(errno ? errno : ENOENT));
     return NULL;

@@ -200,6 +200,43 @@ await test("responses_cached_tokens_on_repeat", async () => {
   assert(b.usage.input_tokens_details.cached_tokens > 0, `cached_tokens ${JSON.stringify(b.usage)}`);
 });
 
+// the Qwen3.5 template's generation prompt opens a <think> block, which the random model never
+// closes: its whole output is reasoning, returned as a reasoning item (and an empty message)
+await test("responses_reasoning_item_qwen35", async () => {
+  const fs = await import("node:fs");
+  const path = await import("node:path");
+  const dir35 = path.join(model.tmp, "model35");
+  fs.mkdirSync(dir35);
+  for (const f of fs.readdirSync(model.dir)) fs.copyFileSync(path.join(model.dir, f), path.join(dir35, f));
+  const cfg = JSON.parse(fs.readFileSync(path.join(dir35, "tokenizer_config.json"), "utf8"));
+  delete cfg.chat_template;
+  fs.writeFileSync(path.join(dir35, "tokenizer_config.json"), JSON.stringify(cfg));
+  const s35 = await startServer(dir35, []);
+  try {
+    const c = new OpenAI({ apiKey: "x", baseURL: `${s35.url}/v1`, maxRetries: 0 });
+    const body = { model: "tiny", input: "Why?", max_output_tokens: 10, temperature: 1.0, seed: 42 };
+    const r = await c.responses.create(body);
+    eq(r.output.map((o) => o.type), ["reasoning", "message"], "items");
+    const rs = r.output[0];
+    assert(/^rs_/.test(rs.id) && rs.content[0].type === "reasoning_text" && rs.content[0].text.length > 0, `reasoning item ${JSON.stringify(rs)}`);
+    eq(rs.summary, [], "summary");
+    eq(r.output_text, "", "no text while the think block never closed");
+    assert(r.usage.output_tokens_details.reasoning_tokens > 0, `reasoning_tokens ${JSON.stringify(r.usage)}`);
+    const events = [];
+    const st = c.responses.stream(body);
+    for await (const ev of st) events.push(ev);
+    const fin = await st.finalResponse();
+    const text = events.filter((e) => e.type === "response.reasoning_text.delta").map((e) => e.delta).join("");
+    eq(text, rs.content[0].text, "reasoning deltas concatenate to the reasoning text");
+    eq(strip(fin), strip(r), "streamed final == non-streamed");
+    // effort "none": thinking off, no reasoning item
+    const off = await c.responses.create({ ...body, reasoning: { effort: "none" } });
+    eq(off.output.map((o) => o.type), ["message"], "thinking off");
+  } finally {
+    await s35.stop();
+  }
+});
+
 await test("responses_server_exit_clean", async () => {
   const ex = await srv.stop();
   assert(!/AddressSanitizer|LeakSanitizer|runtime error/.test(srv.log), `sanitizer report: ${srv.log.slice(-300)}`);

@@ -190,6 +190,17 @@ out:
   return rc;
 }
 
+/* {"type": type, type: {the non-null fields keys[0..n) of from}}: the chat API nests what the
+ * Responses API keeps flat. NULL on out of memory. */
+static json_t *nested(const char *type, const json_t *from, const char *const *keys, size_t n) {
+  json_t *in = json_object();
+  for (size_t k = 0; in && k < n; k++) {
+    const json_t *v = json_object_get(from, keys[k]);
+    if (!nullish(v)) json_object_set(in, keys[k], (json_t *)v);
+  }
+  return in ? json_pack("{s:s, s:o}", "type", type, type, in) : NULL;
+}
+
 /* tools in the Responses shape -> the chat shape */
 static json_t *chat_tools(const json_t *tools, openai_error *err) {
   if (!json_is_array(tools)) {
@@ -216,13 +227,8 @@ static json_t *chat_tools(const json_t *tools, openai_error *err) {
       BAD(param, "'%s.name' must be a string", param);
       return NULL;
     }
-    json_t *fn = json_object();
-    const char *keys[] = {"name", "description", "parameters", "strict"};
-    for (size_t k = 0; fn && k < sizeof keys / sizeof keys[0]; k++) {
-      const json_t *v = json_object_get(t, keys[k]);
-      if (!nullish(v)) json_object_set(fn, keys[k], (json_t *)v);
-    }
-    json_t *ct = fn ? json_pack("{s:s, s:o}", "type", "function", "function", fn) : NULL;
+    static const char *const keys[] = {"name", "description", "parameters", "strict"};
+    json_t *ct = nested("function", t, keys, sizeof keys / sizeof keys[0]);
     if (!ct || json_array_append_new(out, ct)) {
       json_decref(out);
       OOM();
@@ -250,13 +256,8 @@ static int chat_format(const json_t *text, json_t *chat, openai_error *err) {
     const json_t *schema = json_object_get(f, "schema");
     if (!json_is_object(schema))
       return BAD("text.format", "'text.format' json_schema needs 'schema': {...}");
-    json_t *js = json_object();
-    const char *keys[] = {"name", "schema", "strict", "description"};
-    for (size_t k = 0; js && k < sizeof keys / sizeof keys[0]; k++) {
-      const json_t *v = json_object_get(f, keys[k]);
-      if (!nullish(v)) json_object_set(js, keys[k], (json_t *)v);
-    }
-    json_t *rf = js ? json_pack("{s:s, s:o}", "type", "json_schema", "json_schema", js) : NULL;
+    static const char *const keys[] = {"name", "schema", "strict", "description"};
+    json_t *rf = nested("json_schema", f, keys, sizeof keys / sizeof keys[0]);
     return !rf || json_object_set_new(chat, "response_format", rf) ? OOM() : 0;
   }
   return BAD("text.format",

@@ -153,7 +153,13 @@ await test("tokenizer_config_string_and_named_templates", async () => {
   await s.stop();
 });
 
-for (const s of servers) await s.stop();
+await test("servers_exit_cleanly", async () => {
+  for (const s of servers) {
+    const ex = await s.stop();
+    eq(ex.code, 0, "exit status");
+    assert(!/AddressSanitizer|LeakSanitizer|runtime error/.test(s.log), `sanitizer report: ${s.log.slice(-300)}`);
+  }
+});
 model.cleanup();
 stopWatchdog();
 process.exit(failureCount() ? 1 : 0);

@@ -898,15 +898,13 @@ done:
 
 /* ---- products and trimming ------------------------------------------------------------ */
 
-/* Keeps the states of d from which an accepting one is reachable, renumbered in order (the
- * start stays 0 when it is kept; none kept: n 0). */
-static int dfa_trim(regex_dfa *d) {
+/* d's edges backwards: src[cnt[t] .. cnt[t + 1]) are the states with an edge to t, ec[...] its
+ * class. Returns 0 (the three arrays the caller's to free), -1 on out of memory. */
+static int dfa_reverse(const regex_dfa *d, int32_t **cnt_out, int32_t **src_out, uint8_t **ec_out) {
   int n = d->n, nc = d->nc;
-  if (!n) return 0;
-  int32_t *cnt = calloc((size_t)n + 1, sizeof *cnt), *src = NULL, *qu = NULL, *map = NULL;
-  uint8_t *live = calloc((size_t)n, 1);
-  int rc = -1;
-  if (!cnt || !live) goto done;
+  int32_t *cnt = calloc((size_t)n + 1, sizeof *cnt), *src = NULL, *fill = NULL;
+  uint8_t *ec = NULL;
+  if (!cnt) return -1;
   size_t ne = 0;
   for (int s = 0; s < n; s++)
     for (int c = 0; c < nc; c++) {
@@ -915,20 +913,39 @@ static int dfa_trim(regex_dfa *d) {
     }
   for (int s = 0; s < n; s++) cnt[s + 1] += cnt[s];
   src = malloc((ne ? ne : 1) * sizeof *src);
-  qu = malloc((size_t)n * sizeof *qu);
-  map = malloc((size_t)n * sizeof *map);
-  if (!src || !qu || !map) goto done;
-  {
-    int32_t *fill = malloc((size_t)n * sizeof *fill);
-    if (!fill) goto done;
-    memcpy(fill, cnt, (size_t)n * sizeof *fill);
-    for (int s = 0; s < n; s++)
-      for (int c = 0; c < nc; c++) {
-        int32_t t = d->next[(size_t)s * (size_t)nc + (size_t)c];
-        if (t >= 0) src[fill[t]++] = s;
-      }
+  ec = malloc(ne ? ne : 1);
+  fill = malloc((size_t)(n ? n : 1) * sizeof *fill);
+  if (!src || !ec || !fill) {
+    free(cnt);
+    free(src);
+    free(ec);
     free(fill);
+    return -1;
   }
+  memcpy(fill, cnt, (size_t)n * sizeof *fill);
+  for (int s = 0; s < n; s++)
+    for (int c = 0; c < nc; c++) {
+      int32_t t = d->next[(size_t)s * (size_t)nc + (size_t)c];
+      if (t >= 0) src[fill[t]] = s, ec[fill[t]++] = (uint8_t)c;
+    }
+  free(fill);
+  *cnt_out = cnt;
+  *src_out = src;
+  *ec_out = ec;
+  return 0;
+}
+
+/* Keeps the states of d from which an accepting one is reachable, renumbered in order (the
+ * start stays 0 when it is kept; none kept: n 0). */
+static int dfa_trim(regex_dfa *d) {
+  int n = d->n, nc = d->nc;
+  if (!n) return 0;
+  int32_t *cnt = NULL, *src = NULL;
+  uint8_t *ec = NULL;
+  int32_t *qu = malloc((size_t)n * sizeof *qu), *map = malloc((size_t)n * sizeof *map);
+  uint8_t *live = calloc((size_t)n, 1);
+  int rc = -1;
+  if (!qu || !map || !live || dfa_reverse(d, &cnt, &src, &ec)) goto done;
   int h = 0, tl = 0;
   for (int s = 0; s < n; s++)
     if (d->acc[s]) live[s] = 1, qu[tl++] = s;
@@ -952,6 +969,7 @@ static int dfa_trim(regex_dfa *d) {
 done:
   free(cnt);
   free(src);
+  free(ec);
   free(qu);
   free(map);
   free(live);
@@ -1020,34 +1038,17 @@ over : {
  * other one code point (a 0-1 search: free edges to the front of a deque, costly ones to the
  * back) */
 static int dfa_dist(regex_dfa *d) {
-  int n = d->n, nc = d->nc;
+  int n = d->n;
+  int32_t *cnt = NULL, *src = NULL, *dq = NULL;
+  uint8_t *ec = NULL;
   d->dist = malloc((size_t)(n ? n : 1) * sizeof *d->dist);
-  int32_t *cnt = calloc((size_t)n + 1, sizeof *cnt), *src = NULL, *dq = NULL, *fill = NULL;
-  uint8_t *w = NULL;
-  int rc = -1;
-  if (!d->dist || !cnt) goto done;
+  if (!d->dist || dfa_reverse(d, &cnt, &src, &ec)) goto done;
   uint8_t cost[256];
   for (int c = 0; c < 256; c++) cost[d->cls[c]] = (uint8_t)((c & 0xC0) != 0x80);
-  size_t ne = 0;
-  for (int s = 0; s < n; s++)
-    for (int c = 0; c < nc; c++) {
-      int32_t t = d->next[(size_t)s * (size_t)nc + (size_t)c];
-      if (t >= 0) cnt[t + 1]++, ne++;
-    }
-  for (int s = 0; s < n; s++) cnt[s + 1] += cnt[s];
-  src = malloc((ne ? ne : 1) * sizeof *src);
-  w = malloc(ne ? ne : 1);
-  fill = malloc((size_t)(n ? n : 1) * sizeof *fill);
-  /* each state enters the deque at most once per improvement: ne + n entries at most */
-  size_t cap = 2 * (ne + (size_t)n) + 2;
+  /* a state enters the deque once per improvement: edges + states times at most */
+  size_t ne = (size_t)cnt[n], cap = 2 * (ne + (size_t)n) + 2;
   dq = malloc(cap * sizeof *dq);
-  if (!src || !w || !fill || !dq) goto done;
-  memcpy(fill, cnt, (size_t)n * sizeof *fill);
-  for (int s = 0; s < n; s++)
-    for (int c = 0; c < nc; c++) {
-      int32_t t = d->next[(size_t)s * (size_t)nc + (size_t)c];
-      if (t >= 0) src[fill[t]] = s, w[fill[t]++] = cost[c];
-    }
+  if (!dq) goto done;
   size_t h = cap / 2, tl = cap / 2;
   for (int s = 0; s < n; s++) {
     d->dist[s] = d->acc[s] ? 0 : UINT32_MAX;
@@ -1056,24 +1057,27 @@ static int dfa_dist(regex_dfa *d) {
   while (h < tl) {
     int t = dq[h++];
     for (int32_t e = cnt[t]; e < cnt[t + 1]; e++) {
-      uint32_t nd = d->dist[t] + w[e];
+      uint32_t w = cost[ec[e]], nd = d->dist[t] + w;
       int s = src[e];
       if (nd >= d->dist[s]) continue;
       d->dist[s] = nd;
-      if (w[e] == 0)
+      if (w == 0)
         dq[--h] = s;
       else
         dq[tl++] = s;
     }
   }
-  rc = 0;
+  free(cnt);
+  free(src);
+  free(ec);
+  free(dq);
+  return 0;
 done:
   free(cnt);
   free(src);
-  free(w);
-  free(fill);
+  free(ec);
   free(dq);
-  return rc;
+  return -1;
 }
 
 int regex_dfa_restrict(const regex_dfa *in, const uint8_t ok[256], uint32_t min, uint32_t max,

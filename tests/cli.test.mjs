@@ -126,7 +126,6 @@ const refused = [
   [["--kv-cache-dtype", "fp8"], "change the results"],
   [["--seed", "0"], "'seed' field"],
   [["--tokenizer", "x"], "model folder"],
-  [["--chat-template", "t.jinja"], "chat template"],
   [["--speculative-config", "{}"], "speculative decoding"],
   [["--enable-lora"], "LoRA"],
   [["--hf-overrides", "{}"], "config.json"],

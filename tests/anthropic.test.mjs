@@ -157,6 +157,38 @@ await test("anthropic_thinking_switch", async () => {
   checkMessage(m, "thinking");
 });
 
+await test("anthropic_claude_code_request_shape", async () => {
+  // as Claude Code sends it: ?beta=true, system blocks with cache_control, a system message in
+  // the conversation, adaptive thinking, context_management that clears nothing, effort high
+  const body = {
+    model: "tiny",
+    max_tokens: 6,
+    stream: true,
+    system: [{ type: "text", text: "You are an agent.", cache_control: { type: "ephemeral" } }],
+    messages: [
+      { role: "user", content: [{ type: "text", text: "<system-reminder>ctx</system-reminder>" }, { type: "text", text: "Say hi", cache_control: { type: "ephemeral" } }] },
+      { role: "system", content: "Available agents: none." },
+    ],
+    tools: [{ name: "Bash", description: "Run a command", input_schema: { type: "object", properties: { command: { type: "string" } }, required: ["command"], additionalProperties: false, $schema: "http://json-schema.org/draft-07/schema#" } }],
+    metadata: { user_id: JSON.stringify({ device_id: "d", session_id: "s" }) },
+    thinking: { type: "adaptive" },
+    context_management: { edits: [{ type: "clear_thinking_20251015", keep: "all" }] },
+    output_config: { effort: "high" },
+  };
+  const r = await post(srv, "/v1/messages?beta=true", body, { ...HEADERS, "anthropic-beta": "claude-code-20250219,context-management-2025-06-27" });
+  eq(r.status, 200, `status (${r.text.slice(0, 200)})`);
+  assert(/event: message_stop/.test(r.text), "a whole stream");
+});
+
+await test("anthropic_output_format_json_schema", async () => {
+  const schema = { type: "object", properties: { ok: { type: "boolean" } }, required: ["ok"], additionalProperties: false };
+  const m = await client.messages.create(ask({ max_tokens: 40, output_config: { format: { type: "json_schema", schema } } }));
+  checkMessage(m, "format");
+  const v = JSON.parse(textOf(m));
+  eq(Object.keys(v), ["ok"], "the object's keys");
+  eq(typeof v.ok, "boolean", "ok is a boolean");
+});
+
 async function expectError(fn, status, type, what, re) {
   try {
     await fn();

@@ -117,6 +117,56 @@ TEST(translate_small_cases) {
   json_decref(r);
 }
 
+/* What Claude Code sends beside the basics: accepted where it leaves the output as it is */
+TEST(claude_code_fields) {
+  openai_error e;
+  json_t *r = translate(
+      ANTHROPIC_REQUEST_MESSAGES,
+      "{\"model\":\"m\",\"max_tokens\":8,\"thinking\":{\"type\":\"adaptive\"},"
+      "\"context_management\":{\"edits\":[{\"type\":\"clear_thinking_20251015\",\"keep\":"
+      "\"all\"}]},\"output_config\":{\"effort\":\"high\"},\"messages\":[{\"role\":\"user\","
+      "\"content\":\"a\"},{\"role\":\"system\",\"content\":[{\"type\":\"text\",\"text\":\"s\"}]}]}",
+      &e);
+  REQUIRE(r);
+  EXPECT_JSON(r,
+              "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"a\"},"
+              "{\"role\":\"system\",\"content\":\"s\"}],\"chat_template_kwargs\":"
+              "{\"enable_thinking\":true},\"max_tokens\":8}");
+  json_decref(r);
+  /* a JSON-schema output format: response_format json_schema, adaptive thinking off */
+  r = translate(ANTHROPIC_REQUEST_MESSAGES,
+                "{\"model\":\"m\",\"max_tokens\":8,\"thinking\":{\"type\":\"adaptive\"},"
+                "\"output_config\":{\"format\":{\"type\":\"json_schema\",\"schema\":{\"type\":"
+                "\"object\"}}},\"messages\":[{\"role\":\"user\",\"content\":\"a\"}]}",
+                &e);
+  REQUIRE(r);
+  EXPECT_JSON(r,
+              "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],"
+              "\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":"
+              "\"output\",\"schema\":{\"type\":\"object\"}}},\"chat_template_kwargs\":"
+              "{\"enable_thinking\":false},\"max_tokens\":8}");
+  json_decref(r);
+  const anthropic_request_kind M = ANTHROPIC_REQUEST_MESSAGES;
+#define MSG "\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]"
+  EXPECT(refused(
+      M, "{\"model\":\"m\",\"max_tokens\":1,\"output_config\":{\"effort\":\"low\"}," MSG "}",
+      "only 'high'"));
+  EXPECT(refused(M,
+                 "{\"model\":\"m\",\"max_tokens\":1,\"context_management\":{\"edits\":[{\"type\":"
+                 "\"clear_tool_uses_20250919\"}]}," MSG "}",
+                 "context_management.edits.0"));
+  EXPECT(refused(M,
+                 "{\"model\":\"m\",\"max_tokens\":1,\"thinking\":{\"type\":\"enabled\","
+                 "\"budget_tokens\":100},\"output_format\":{\"type\":\"json_schema\",\"schema\":"
+                 "{}}," MSG "}",
+                 "with an output format"));
+  EXPECT(refused(M,
+                 "{\"model\":\"m\",\"max_tokens\":1,\"output_config\":{\"format\":{\"type\":"
+                 "\"text\"}}," MSG "}",
+                 "output_config.format"));
+#undef MSG
+}
+
 TEST(parse_fills_openai_request) {
   openai_request r;
   openai_error e;
@@ -448,6 +498,7 @@ TEST(stream_error_event) {
 int main(void) {
   RUN(translate_conversation);
   RUN(translate_small_cases);
+  RUN(claude_code_fields);
   RUN(parse_fills_openai_request);
   RUN(refusals);
   RUN(error_shape);

@@ -18,14 +18,17 @@ static int is_type(const json_t *block, const char *type) {
 /* The fields each endpoint knows; anything else is refused as Anthropic refuses it. */
 static int check_fields(anthropic_request_kind kind, const json_t *o, openai_error *err) {
   static const char *const messages_fields[] = {
-      "model",       "max_tokens", "messages",     "system",         "tools",
-      "tool_choice", "thinking",   "temperature",  "top_p",          "top_k",
-      "stream",      "metadata",   "service_tier", "stop_sequences", NULL};
-  static const char *const count_fields[] = {"model",       "messages", "system", "tools",
-                                             "tool_choice", "thinking", NULL};
+      "model",         "max_tokens",     "messages",
+      "system",        "tools",          "tool_choice",
+      "thinking",      "temperature",    "top_p",
+      "top_k",         "stream",         "metadata",
+      "service_tier",  "stop_sequences", "context_management",
+      "output_config", "output_format",  NULL};
+  static const char *const count_fields[] = {
+      "model",    "messages",           "system",        "tools",         "tool_choice",
+      "thinking", "context_management", "output_config", "output_format", NULL};
   /* served elsewhere by Anthropic, and changing what is generated */
-  static const char *const refused[] = {"mcp_servers",   "container",     "context_management",
-                                        "output_format", "output_config", NULL};
+  static const char *const refused[] = {"mcp_servers", "container", NULL};
   const char *key;
   const json_t *v;
   json_object_foreach((json_t *)o, key, v) {
@@ -323,7 +326,7 @@ static int tool_choice_of(const json_t *tc, json_t *req, openai_error *err) {
 /* thinking -> chat_template_kwargs.enable_thinking; without it reasoning is off, as Anthropic
  * models do not think unless asked. budget_tokens is checked, not enforced: Anthropic's own
  * models may go past it too. */
-static int thinking_of(const json_t *th, json_t *req, openai_error *err) {
+static int thinking_of(const json_t *th, int format, json_t *req, openai_error *err) {
   int on = 0;
   if (th && !json_is_null(th)) {
     const char *t = json_string_value(json_object_get(th, "type"));
@@ -340,8 +343,79 @@ static int thinking_of(const json_t *th, json_t *req, openai_error *err) {
       return BAD("thinking", "thinking.type: must be 'enabled', 'adaptive' or 'disabled'");
     }
   }
+  /* an output format is the answer, never reasoning (the JSON mask admits no think tags):
+   * adaptive thinking then thinks not at all; thinking that was asked for is refused */
+  if (on && format) {
+    if (!strcmp(json_string_value(json_object_get(th, "type")), "enabled"))
+      return BAD("thinking",
+                 "thinking: 'enabled' with an output format is not supported (the "
+                 "format constrains the whole output); use 'adaptive' or 'disabled'");
+    on = 0;
+  }
   json_t *kw = json_pack("{s:b}", "enable_thinking", on);
   return !kw || json_object_set_new(req, "chat_template_kwargs", kw) ? OOM() : 0;
+}
+
+/* ---- output_config, output_format, context_management ---- */
+
+/* output_config {effort, format} and the older output_format: a json_schema format becomes
+ * response_format json_schema (enforced by the JSON-schema mask); effort is accepted at its
+ * default, "high" (the model has no effort setting). *format: a format was given. */
+static int output_of(const json_t *o, json_t *req, int *format, openai_error *err) {
+  *format = 0;
+  const json_t *oc = json_object_get(o, "output_config"),
+               *fmt = json_object_get(o, "output_format");
+  if (oc && !json_is_null(oc)) {
+    if (!json_is_object(oc)) return BAD("output_config", "output_config: must be an object");
+    const char *key;
+    const json_t *v;
+    json_object_foreach((json_t *)oc, key, v) {
+      if (json_is_null(v)) continue;
+      if (!strcmp(key, "effort")) {
+        if (!json_is_string(v) || strcmp(json_string_value(v), "high"))
+          return BAD("output_config",
+                     "output_config.effort: only 'high' (the default) is supported: this model "
+                     "has no effort setting");
+      } else if (!strcmp(key, "format")) {
+        if (fmt && !json_is_null(fmt))
+          return BAD("output_format", "output_format: give output_config.format alone");
+        fmt = v;
+      } else {
+        return BAD("output_config", "output_config.%s: Extra inputs are not permitted", key);
+      }
+    }
+  }
+  if (!fmt || json_is_null(fmt)) return 0;
+  const json_t *schema = json_object_get(fmt, "schema");
+  if (!is_type(fmt, "json_schema") || !json_is_object(schema))
+    return BAD("output_config",
+               "output_config.format: must be {\"type\": \"json_schema\", \"schema\": {...}}");
+  *format = 1;
+  json_t *rf = json_pack("{s:s, s:{s:s, s:O}}", "type", "json_schema", "json_schema", "name",
+                         "output", "schema", schema);
+  return !rf || json_object_set_new(req, "response_format", rf) ? OOM() : 0;
+}
+
+/* context_management edits: only clearing no thinking (keep "all", as Claude Code sends it)
+ * leaves the prompt as it is; any other edit would remove context, and is refused. */
+static int context_management_of(const json_t *cm, openai_error *err) {
+  if (!cm || json_is_null(cm)) return 0;
+  const json_t *edits = json_object_get(cm, "edits");
+  if (!json_is_object(cm) || (edits && !json_is_array(edits)))
+    return BAD("context_management", "context_management: must be an object with an 'edits' array");
+  size_t i;
+  const json_t *e;
+  json_array_foreach(edits, i, e) {
+    const json_t *keep = json_object_get(e, "keep");
+    int keep_all =
+        (json_is_string(keep) && !strcmp(json_string_value(keep), "all")) || is_type(keep, "all");
+    if (!is_type(e, "clear_thinking_20251015") || !keep_all)
+      return BAD("context_management",
+                 "context_management.edits.%zu: not supported (only clear_thinking_20251015 "
+                 "with keep 'all', which clears nothing)",
+                 i);
+  }
+  return 0;
 }
 
 /* ---- sampling and the rest ---- */
@@ -416,8 +490,11 @@ json_t *anthropic_request_translate(anthropic_request_kind kind, const json_t *o
     json_t *t = tools_of(tools, err);
     if (!t || json_object_set_new(req, "tools", t)) goto fail;
   }
+  int format = 0;
   if (tool_choice_of(json_object_get(o, "tool_choice"), req, err) ||
-      thinking_of(json_object_get(o, "thinking"), req, err))
+      output_of(o, req, &format, err) ||
+      context_management_of(json_object_get(o, "context_management"), err) ||
+      thinking_of(json_object_get(o, "thinking"), format, req, err))
     goto fail;
   if (kind == ANTHROPIC_REQUEST_MESSAGES && sampling_of(o, req, err)) goto fail;
   return req;

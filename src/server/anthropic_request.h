@@ -12,13 +12,18 @@
  *   tool_choice {auto | none}          ->  "auto" | "none"   (any / tool: refused, see below)
  *   thinking {enabled | adaptive | disabled}, absent -> chat_template_kwargs.enable_thinking
  *   stop_sequences, temperature, top_p, top_k, max_tokens, stream -> the same-named fields
+ *   output_config.format / output_format json_schema -> response_format json_schema (the
+ *                                          JSON-schema mask; adaptive thinking then off)
  *
  * Refused with a 400 naming the field: any field that would change the output and is not
  * served (tool_choice any / tool until tool calls can be forced by constrained decoding,
  * disable_parallel_tool_use, server tools, image / document blocks, redacted thinking, MCP
- * servers, containers), and, as Anthropic does, any unknown top-level field ("Extra inputs are
+ * servers, containers, an effort other than the default "high", context_management edits that
+ * would clear context), and, as Anthropic does, any unknown top-level field ("Extra inputs are
  * not permitted"). Accepted without effect: metadata, service_tier, cache_control on blocks
- * (the prefix cache needs no marks), the anthropic-version header.
+ * (the prefix cache needs no marks), output_config.effort "high", context_management's
+ * clear_thinking with keep "all" (both as Claude Code sends them), the anthropic-version and
+ * anthropic-beta headers.
  * Pure: no globals, no I/O; safe from any thread. */
 #ifndef DS_ANTHROPIC_REQUEST_H
 #define DS_ANTHROPIC_REQUEST_H

@@ -28,6 +28,7 @@ struct chat_jinja {
   char **markers;   /* texts of the special tokens: where a rendered prompt may be cut */
   int n_markers;
   chat_template_kind builtin;
+  int fast; /* the C template that renders main byte for byte (chat_template_official), or -1 */
   char origin[600];
 };
 
@@ -106,6 +107,7 @@ static int chat_jinja_config(chat_jinja *cj, const json_t *cfg, const char *path
   if (json_is_string(ct)) {
     if (chat_jinja_compile(json_string_value(ct), path, &cj->main, err, errlen)) return -1;
     cj->tmpl = cj->main;
+    cj->fast = chat_template_official(json_string_value(ct));
     return 0;
   }
   if (!json_is_array(ct))
@@ -141,6 +143,7 @@ int chat_jinja_load(chat_jinja **out, const char *model_dir, const char *templat
   if (!cj) return errf(err, errlen, "out of memory");
   cj->builtin = builtin;
   cj->tool_use = -1;
+  cj->fast = -1;
   char path[4096];
   int rc = 0;
   if (template_arg) {
@@ -157,6 +160,7 @@ int chat_jinja_load(chat_jinja **out, const char *model_dir, const char *templat
       rc = src ? chat_jinja_compile(src, cj->origin, &cj->main, err, errlen)
                : errf(err, errlen, "out of memory");
       cj->tmpl = cj->main;
+      cj->fast = src ? chat_template_official(src) : -1;
       free(src);
     }
   } else if (model_dir) {
@@ -166,6 +170,7 @@ int chat_jinja_load(chat_jinja **out, const char *model_dir, const char *templat
       snprintf(cj->origin, sizeof cj->origin, "%.500s", path);
       rc = chat_jinja_compile(src, path, &cj->main, err, errlen);
       cj->tmpl = cj->main;
+      cj->fast = src ? chat_template_official(src) : -1;
       free(src);
     }
   }
@@ -400,6 +405,28 @@ int chat_jinja_render(const chat_jinja *cj, chat_template_kind fallback, const j
     t = cj->named[cj->tool_use].t;
   }
   const json_t *msgs = json_object_get(request, "messages");
+  if (t && t == cj->main && cj->fast >= 0) { /* the official template: its C transcription */
+    json_t *m = json_is_array(msgs) && json_array_size(msgs)
+                    ? chat_jinja_messages(msgs, err, errlen)
+                    : NULL;
+    json_t *r = m ? json_copy((json_t *)request) : NULL;
+    int rc = r && !json_object_set(r, "messages", m)
+                 ? chat_template_render((chat_template_kind)cj->fast, r, add_generation_prompt, out,
+                                        err, errlen)
+                 : -1;
+    json_decref(r);
+    json_decref(m);
+    if (!rc && cont && chat_jinja_continue(msgs, out->text, &out->len, err, errlen)) {
+      chat_render_free(out);
+      return -1;
+    }
+    if (!rc) {
+      if (cont) out->thinking_open = 0;
+      return 0;
+    }
+    /* refused (the C checks are stricter than some templates): the template decides */
+    memset(out, 0, sizeof *out);
+  }
   if (!t) {
     if (chat_template_render(cj ? cj->builtin : fallback, request, add_generation_prompt, out, err,
                              errlen))

@@ -12,6 +12,13 @@
  * A request's own `chat_template` (a name of 3., else template text) is compiled per request
  * under the engine's limits.
  *
+ * Fast path: a template whose text is an official Qwen template byte for byte
+ * (chat_template_official) is rendered by its C transcription (chat_template.h) after the same
+ * message preprocessing: the same bytes and offsets (tests/test_chat_jinja.c), about a hundred
+ * times faster (0.3 ms against 30 ms with offsets for a 400 KB conversation). Where the C
+ * checks refuse a request the Jinja template decides (it may render it, or raise its own
+ * message).
+ *
  * The context, as transformers builds it: the special tokens of tokenizer_config.json
  * (bos_token, eos_token, unk_token, pad_token, ...), then chat_template_kwargs spread out, then
  * messages (tool-call arguments given as JSON strings parsed into objects, null or "" into {},

@@ -323,6 +323,23 @@ chat_template_kind chat_template_detect(const char *template_text, const char *m
   return CHAT_TEMPLATE_QWEN35;
 }
 
+int chat_template_official(const char *text) {
+  static const struct {
+    unsigned long long fnv;
+    size_t len;
+    chat_template_kind kind;
+  } official[] = {{0x2bfdb7aa9754484eULL, 4116, CHAT_TEMPLATE_QWEN3},
+                  {0xf07c510f47fbaca0ULL, 7756, CHAT_TEMPLATE_QWEN35},
+                  {0x8ae3a8bc6e68f114ULL, 7764, CHAT_TEMPLATE_QWEN36}};
+  unsigned long long h = 0xcbf29ce484222325ULL;
+  size_t n = 0;
+  for (const unsigned char *p = (const unsigned char *)text; *p; p++, n++)
+    h = (h ^ *p) * 0x100000001b3ULL;
+  for (size_t k = 0; k < sizeof official / sizeof *official; k++)
+    if (official[k].fnv == h && official[k].len == n) return (int)official[k].kind;
+  return -1;
+}
+
 /* ---------------------------------------------------------------- checked messages */
 
 enum { ROLE_SYSTEM, ROLE_USER, ROLE_ASSISTANT, ROLE_TOOL };

@@ -4,7 +4,8 @@
  *   CHAT_TEMPLATE_QWEN35  Qwen3.5 / 3.6 (XML <function=...> tool calls, thinking on by default)
  *   CHAT_TEMPLATE_QWEN36  Qwen3.6's variant of the Qwen3.5 template (preserve_thinking)
  * Reference renderings: tests/fixtures/chat/ (scripts/fixtures/make_chat_vectors.py).
- * The family is chosen from the template text in tokenizer_config.json or the model type. */
+ * chat_jinja uses them as the fast path of these official templates (chat_template_official)
+ * and as the built-in template of a model folder that has none (chat_template_detect). */
 #ifndef DS_CHAT_TEMPLATE_H
 #define DS_CHAT_TEMPLATE_H
 #include <jansson.h>

@@ -267,9 +267,9 @@ TEST(compile_rejects) {
        "'anyOf' schemas 0 and 1 can both start with '{'"},
       {"{'type':'object','properties':{'a':{'anyOf':[{'type':'number'},{'type':'integer'}]}}}",
        "'anyOf' schemas 0 and 1 can both start with '-'"},
-      {"{'type':'object','properties':{'a':{'oneOf':[{'type':'string'},{'type':'null'},"
-       "{'enum':['x']}]}}}",
-       "'oneOf' schemas 0 and 2 can both start with '\"': the branches must start with "
+      {"{'type':'object','properties':{'a':{'oneOf':[{'type':'array'},{'type':'null'},"
+       "{'type':'array','minItems':1}]}}}",
+       "'oneOf' schemas 0 and 2 can both start with '[': the branches must start with "
        "different bytes (e.g. an object, a string, null) (at #/properties/a)"},
       {"{'type':'object','properties':{'a':{'anyOf':[{},{'type':'null'}]}}}",
        "'anyOf' schemas 0 and 1 can both start with 'n'"},

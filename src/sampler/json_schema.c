@@ -768,6 +768,14 @@ static const char *const formats[][2] = {
             "*)*(\\?" F_QCHAR "*)?(#" F_QCHAR "*)?$"},
 };
 
+/* the bytes a string under an automaton may carry: all but the control bytes without a
+ * one-character escape (\u escapes are not generated in such strings, so each byte the automaton
+ * reads is one the text carries, raw or as \" \\ \/ \b \f \n \r \t) */
+static void str_bytes(uint8_t ok[256]) {
+  for (int i = 0; i < 256; i++)
+    ok[i] = i >= 0x20 || i == '\b' || i == '\f' || i == '\n' || i == '\r' || i == '\t';
+}
+
 /* A string's automaton: the pattern's and the format's, over the bytes a JSON string can carry
  * without a \u escape, cut to minLength..maxLength code points; its index, -1 with an error. */
 static int string_dfa(cc *c, const json_t *pat, const json_t *fmt, uint32_t a, uint32_t b) {
@@ -816,12 +824,8 @@ static int string_dfa(cc *c, const json_t *pat, const json_t *fmt, uint32_t a, u
     regex_dfa_free(&d[1]);
     d[0] = x;
   }
-  /* the bytes: all but the control bytes without a one-character escape (\u escapes are not
-   * generated in such strings, so each byte the automaton reads is one the text carries, raw or
-   * as \" \\ \/ \b \f \n \r \t) */
   uint8_t ok[256];
-  for (int i = 0; i < 256; i++)
-    ok[i] = i >= 0x20 || i == '\b' || i == '\f' || i == '\n' || i == '\r' || i == '\t';
+  str_bytes(ok);
   regex_dfa r;
   memset(&r, 0, sizeof r);
   /* the minimum in the automaton's states, the maximum left to its dist (the mask checks code
@@ -1568,6 +1572,134 @@ static void byte_name(char *b, size_t n, int ch) {
     snprintf(b, n, "byte 0x%02x", ch);
 }
 
+/* ---- unions of strings ------------------------------------------------------------------ */
+
+/* Branches of anyOf / oneOf / a type list that are all strings (patterns, formats, lengths,
+ * string enums) would all start with '"': they become one string node whose automaton accepts
+ * what any of them does (each branch's lengths folded into its own automaton first). */
+
+static int string_like(const cc *c, int n) {
+  const ss_node *nd = &c->s->nodes[n];
+  if (nd->kind == SN_STRING) return 1;
+  if (nd->kind != SN_ENUM) return 0;
+  const json_t *vals = c->aux[n].vals;
+  for (size_t i = 0; i < json_array_size(vals); i++)
+    if (!json_is_string(json_array_get(vals, i))) return 0;
+  return 1;
+}
+
+/* the strings node n (string_like) takes, as an automaton in *out; 0, or -1 with an error */
+static int branch_dfa(cc *c, int n, regex_dfa *out) {
+  const ss_node *nd = &c->s->nodes[n];
+  char e[200];
+  uint8_t ok[256];
+  str_bytes(ok);
+  regex_dfa base;
+  memset(&base, 0, sizeof base);
+  uint32_t a = 0, b = SN_UNLIMITED;
+  int rc;
+  if (nd->kind == SN_STRING && nd->sub >= 0) {
+    rc = regex_dfa_restrict(&c->s->dfa[nd->sub], ok, nd->a, nd->b, JS_MAX_DFA_STATES, out, e,
+                            sizeof e);
+    return rc ? fail(c, "%s", e) : 0;
+  }
+  if (nd->kind == SN_STRING) {
+    a = nd->a;
+    b = nd->b;
+    rc = regex_dfa_compile("", 0, 64, &base, e, sizeof e); /* any string */
+  } else { /* the enum's strings, valid under its base, as ^(?:l1|l2|...)$ with literals escaped */
+    const caux *x = &c->aux[n];
+    size_t cap = 16, len = 0;
+    char *p = malloc(cap);
+    for (size_t i = 0; p && i < json_array_size(x->vals); i++) {
+      const json_t *v = json_array_get(x->vals, i);
+      if (x->base != SN_ANY && !validate(c, x->base, v, 0)) continue;
+      const unsigned char *t = (const unsigned char *)json_string_value(v);
+      size_t tl = json_string_length(v);
+      if (len + 4 * tl + 8 > cap) {
+        while (len + 4 * tl + 8 > cap) cap *= 2;
+        char *q = realloc(p, cap);
+        if (!q) {
+          free(p);
+          p = NULL;
+          break;
+        }
+        p = q;
+      }
+      if (len)
+        p[len++] = '|';
+      else
+        len += (size_t)snprintf(p, cap, "^(?:");
+      for (size_t k = 0; k < tl; k++) {
+        unsigned ch = t[k];
+        if (ch < 0x20)
+          len += (size_t)snprintf(p + len, cap - len, "\\x%02X", ch);
+        else if (ch < 0x80 && !((ch | 0x20) >= 'a' && (ch | 0x20) <= 'z') &&
+                 !(ch >= '0' && ch <= '9'))
+          p[len++] = '\\', p[len++] = (char)ch;
+        else
+          p[len++] = (char)ch;
+      }
+    }
+    if (!p) return oom(c);
+    if (cap - len < 4) {
+      char *q = realloc(p, len + 4);
+      if (!q) {
+        free(p);
+        return oom(c);
+      }
+      p = q;
+    }
+    memcpy(p + len, ")$", 3);
+    len += 2;
+    rc = regex_dfa_compile(p, len, JS_MAX_DFA_STATES, &base, e, sizeof e);
+    free(p);
+  }
+  if (!rc) rc = regex_dfa_restrict(&base, ok, a, b, JS_MAX_DFA_STATES, out, e, sizeof e);
+  regex_dfa_free(&base);
+  return rc ? fail(c, "%s", e) : 0;
+}
+
+/* one string node taking what x or y takes; -1 with an error */
+static int string_union(cc *c, int x, int y) {
+  regex_dfa dx, dy, u, r;
+  char e[200];
+  memset(&dx, 0, sizeof dx);
+  memset(&dy, 0, sizeof dy);
+  if (branch_dfa(c, x, &dx) || branch_dfa(c, y, &dy)) {
+    regex_dfa_free(&dx);
+    return -1;
+  }
+  int rc = regex_dfa_union(&dx, &dy, JS_MAX_DFA_STATES, &u, e, sizeof e);
+  regex_dfa_free(&dx);
+  regex_dfa_free(&dy);
+  if (rc) return fail(c, "a union of strings: %s", e);
+  uint8_t ok[256];
+  str_bytes(ok);
+  rc = regex_dfa_restrict(&u, ok, 0, UINT32_MAX, JS_MAX_DFA_STATES, &r, e, sizeof e);
+  regex_dfa_free(&u);
+  if (rc) return fail(c, "a union of strings: %s", e);
+  if (c->dfa_total + (size_t)r.n > JS_MAX_DFA_TOTAL ||
+      grow(c, &c->s->dfa, &c->cap_dfa, (size_t)c->s->ndfa + 1, sizeof *c->s->dfa)) {
+    regex_dfa_free(&r);
+    return c->failed ? -1
+                     : fail(c, "the schema's patterns need more than %d automaton states",
+                            JS_MAX_DFA_TOTAL);
+  }
+  int node = new_node(c, SN_STRING);
+  if (node < 0) {
+    regex_dfa_free(&r);
+    return -1;
+  }
+  c->dfa_total += (size_t)r.n;
+  c->s->dfa[c->s->ndfa] = r;
+  c->s->nodes[node].sub = c->s->ndfa++;
+  c->s->nodes[node].a = 0;
+  c->s->nodes[node].b = SN_UNLIMITED;
+  c->s->nodes[node].md = 0;
+  return node;
+}
+
 /* fills node n's table (state: 0 not done, 1 in progress, 2 done) */
 static int build_union(cc *c, int n, uint8_t *state) {
   json_schema *s = c->s;
@@ -1625,6 +1757,16 @@ static int build_union(cc *c, int n, uint8_t *state) {
     }
     for (int i = 0; i < 256; i++) {
       if (bt[i] < 0) continue;
+      if (t[i] >= 0 && i == '"' && string_like(c, t[i]) && string_like(c, bt[i])) {
+        size_t o = c->plen;
+        snprintf(c->path, sizeof c->path, "%s", c->aux[n].path);
+        c->plen = strlen(c->path);
+        int m = string_union(c, t[i], bt[i]);
+        path_pop(c, o);
+        if (m < 0) return -1;
+        t[i] = m;
+        continue;
+      }
       if (t[i] >= 0) {
         char bn[32];
         byte_name(bn, sizeof bn, i);
@@ -1685,6 +1827,7 @@ static int finish(cc *c, int root_ph) {
       return -1;
     }
   free(state);
+  nn = s->nn; /* with the unions of strings */
   /* md, level by level: at level L every node whose smallest instance needs L nested
    * containers is found (containers from their children of lower levels, unions - flattened, so
    * their entries are never unions - from entries of this level); what no level up to

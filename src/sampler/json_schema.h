@@ -49,10 +49,11 @@
  *    keywords beside them, only the values valid under those are kept; none left is an error;
  *  - anyOf / oneOf: schemas whose first bytes are disjoint (a string,
  *    null, an object, ...): the value's first byte picks the branch, so exactly one branch can
- *    match and anyOf means oneOf. Two branches that can start with the same byte (two objects,
- *    number and integer, a string and a string enum) are rejected; a one-branch list is that
- *    branch; beside other keywords, they are distributed (anyOf [a, b] with rest: anyOf
- *    [allOf [a, rest], allOf [b, rest]]);
+ *    match and anyOf means oneOf. Branches that are all strings (patterns, formats, lengths,
+ *    string enums) are one string whose automaton takes what any of them takes; other branches
+ *    that can start with the same byte (two objects, number and integer) are rejected; a
+ *    one-branch list is that branch; beside other keywords, they are distributed (anyOf [a, b] with
+ * rest: anyOf [allOf [a, rest], allOf [b, rest]]);
  *  - $ref: "#" (the root), "#/$defs/NAME" or "#/definitions/NAME" (the root's $defs /
  *    definitions; NAME with ~0 ~1 escapes), recursion allowed; beside other keywords it is
  *    merged with them as allOf. A definition is compiled when referenced; a $ref cycle that never

@@ -978,10 +978,11 @@ done:
 
 /* The product of a with b (NULL: none) and a code point counter k (0..kmax, kept under
  * cmax + 1 when max is finite, saturated at min otherwise), over the bytes with ok[c]. */
-static int dfa_product(const regex_dfa *a, const regex_dfa *b, const uint8_t *ok, uint32_t min,
-                       uint32_t max, int max_states, regex_dfa *out, char *err, size_t errlen) {
+static int dfa_product(const regex_dfa *a, const regex_dfa *b, int uni, const uint8_t *ok,
+                       uint32_t min, uint32_t max, int max_states, regex_dfa *out, char *err,
+                       size_t errlen) {
   memset(out, 0, sizeof *out);
-  if (!a->n || (b && !b->n)) return 0;
+  if (uni ? !a->n && !b->n : !a->n || (b && !b->n)) return 0;
   uint32_t sig[256 * 3];
   for (int c = 0; c < 256; c++) {
     sig[c * 3] = a->cls[c];
@@ -995,18 +996,20 @@ static int dfa_product(const regex_dfa *a, const regex_dfa *b, const uint8_t *ok
   int rep[256];
   for (int c = 255; c >= 0; c--) rep[out->cls[c]] = c;
   uint32_t kcap = max != UINT32_MAX ? max : min;
-  int32_t key[3] = {0, 0, 0}, isnew;
+  /* uni: a state of one side may be -1 (that side is out), not both */
+  int32_t key[3] = {a->n ? 0 : -1, b && !b->n ? -1 : 0, 0}, isnew;
   if (db_get(&db, key, 3, &isnew) < 0) goto over;
   for (int s = 0; s < db.n; s++) {
     int32_t qa = db.pool[db.koff[s]], qb = db.pool[db.koff[s] + 1];
     uint32_t k = (uint32_t)db.pool[db.koff[s] + 2];
-    db.acc[s] = (uint8_t)(a->acc[qa] && (!b || b->acc[qb]) && k >= min);
+    int aa = qa >= 0 && a->acc[qa], ba = !b || (qb >= 0 && b->acc[qb]);
+    db.acc[s] = (uint8_t)((uni ? aa || ba : aa && ba) && k >= min);
     for (int c = 0; c < db.nc; c++) {
       int r = rep[c];
       if (ok && !ok[r]) continue;
-      int32_t ta = a->next[(size_t)qa * (size_t)a->nc + a->cls[r]];
-      int32_t tb = b ? b->next[(size_t)qb * (size_t)b->nc + b->cls[r]] : 0;
-      if (ta < 0 || tb < 0) continue;
+      int32_t ta = qa >= 0 ? a->next[(size_t)qa * (size_t)a->nc + a->cls[r]] : -1;
+      int32_t tb = !b ? 0 : qb >= 0 ? b->next[(size_t)qb * (size_t)b->nc + b->cls[r]] : -1;
+      if (uni ? ta < 0 && tb < 0 : ta < 0 || tb < 0) continue;
       uint32_t nk = k + ((r & 0xC0) != 0x80);
       if (nk > kcap) {
         if (max != UINT32_MAX) continue;
@@ -1083,7 +1086,7 @@ done:
 int regex_dfa_restrict(const regex_dfa *in, const uint8_t ok[256], uint32_t min, uint32_t max,
                        int max_states, regex_dfa *out, char *err, size_t errlen) {
   if (max_states < 1) max_states = 1;
-  if (dfa_product(in, NULL, ok, min, max, max_states, out, err, errlen)) return -1;
+  if (dfa_product(in, NULL, 0, ok, min, max, max_states, out, err, errlen)) return -1;
   if (dfa_dist(out)) {
     regex_dfa_free(out);
     return rx_fail(err, errlen, "out of memory");
@@ -1094,7 +1097,13 @@ int regex_dfa_restrict(const regex_dfa *in, const uint8_t ok[256], uint32_t min,
 int regex_dfa_intersect(const regex_dfa *a, const regex_dfa *b, int max_states, regex_dfa *out,
                         char *err, size_t errlen) {
   if (max_states < 1) max_states = 1;
-  return dfa_product(a, b, NULL, 0, UINT32_MAX, max_states, out, err, errlen);
+  return dfa_product(a, b, 0, NULL, 0, UINT32_MAX, max_states, out, err, errlen);
+}
+
+int regex_dfa_union(const regex_dfa *a, const regex_dfa *b, int max_states, regex_dfa *out,
+                    char *err, size_t errlen) {
+  if (max_states < 1) max_states = 1;
+  return dfa_product(a, b, 1, NULL, 0, UINT32_MAX, max_states, out, err, errlen);
 }
 
 /* ---- compile -------------------------------------------------------------------------- */

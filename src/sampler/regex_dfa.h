@@ -58,6 +58,11 @@ int regex_dfa_restrict(const regex_dfa *in, const uint8_t ok[256], uint32_t min,
 int regex_dfa_intersect(const regex_dfa *a, const regex_dfa *b, int max_states, regex_dfa *out,
                         char *err, size_t errlen);
 
+/* *out = the strings a or b accepts (live states only), at most max_states states. Returns 0,
+ * or -1 with err. */
+int regex_dfa_union(const regex_dfa *a, const regex_dfa *b, int max_states, regex_dfa *out,
+                    char *err, size_t errlen);
+
 /* 1 when d accepts the bytes b[n] */
 int regex_dfa_match(const regex_dfa *d, const unsigned char *b, size_t n);
 

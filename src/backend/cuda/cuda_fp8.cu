@@ -55,40 +55,32 @@ __device__ __forceinline__ void fp8x16_to_f32(uint4 u, float *f) {
 
 __device__ __forceinline__ float fp8_to_f32(uint8_t b) { return fp8x2_to_f32(b).x; }
 
-/* Lane's next FP8_UNROLL 16-byte pieces of a row from k0 on (zeros past K) and their scales. */
-__device__ __forceinline__ void fp8_load(const uint8_t *w, const float *sr, int k0, int K, int bk,
-                                         int bks, uint4 *q, float *sc) {
-#pragma unroll
-  for (int u = 0; u < FP8_UNROLL; u++) {
-    int k = k0 + u * 32 * 16;
-    q[u] = k < K ? ld_stream16(w + k) : make_uint4(0, 0, 0, 0);
-    sc[u] = k < K ? __ldg(sr + (bks >= 0 ? k >> bks : k / bk)) : 0.f;
-  }
-}
-
 /* y[t, n] = sum_k x[t, k] * W[n, k] * s[n/bn][k/bk], one warp per n. vec: the 16-byte path
  * (K % 16 == 0, bk % 16 == 0, x and W 16-byte aligned). bks: log2(bk) when bk is a power of two
- * (a shift in place of the division), else -1. The first pieces of the row are loaded before
- * the wait for the kernel before: no kernel of a step writes weights. */
+ * (a shift in place of the division), else -1. */
 template <int T>
 __global__ void __launch_bounds__(FP8_WARPS * 32)
     k_fp8_gemv(const bf16 *__restrict__ x, const uint8_t *__restrict__ W,
                const float *__restrict__ s, int K, int N, int bn, int bk, int bks, int scols,
                int vec, bf16 *__restrict__ y) {
-  int n = blockIdx.x * FP8_WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-  const uint8_t *w = W + (size_t)(n < N ? n : 0) * K;
-  const float *sr = s + (size_t)((n < N ? n : 0) / bn) * scols;
-  uint4 q[FP8_UNROLL];
-  float sc[FP8_UNROLL];
-  if (vec && n < N) fp8_load(w, sr, lane * 16, K, bk, bks, q, sc);
   pdl_enter();
+  int n = blockIdx.x * FP8_WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
   if (n >= N) return;
+  const uint8_t *w = W + (size_t)n * K;
+  const float *sr = s + (size_t)(n / bn) * scols;
   float acc[T];
 #pragma unroll
   for (int t = 0; t < T; t++) acc[t] = 0.f;
   if (vec) {
     for (int k0 = lane * 16; k0 < K; k0 += 32 * 16 * FP8_UNROLL) {
-      if (k0 != lane * 16) fp8_load(w, sr, k0, K, bk, bks, q, sc);
+      uint4 q[FP8_UNROLL];
+      float sc[FP8_UNROLL];
+#pragma unroll
+      for (int u = 0; u < FP8_UNROLL; u++) {
+        int k = k0 + u * 32 * 16;
+        q[u] = k < K ? ld_stream16(w + k) : make_uint4(0, 0, 0, 0);
+        sc[u] = k < K ? __ldg(sr + (bks >= 0 ? k >> bks : k / bk)) : 0.f;
+      }
 #pragma unroll
       for (int u = 0; u < FP8_UNROLL; u++) {
         int k = k0 + u * 32 * 16;

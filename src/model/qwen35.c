@@ -402,30 +402,19 @@ static double plan_tensor(backend *be, const tensor *t, int exact) {
   return (double)tensor_numel(t) * (double)be->kind_size(be, BACKEND_KIND_ACT);
 }
 
-/* The same for a dense layer's product weight (upload_product): an FP8 one the backend keeps as
- * FP8 takes its e4m3 bytes and scales. */
-static double plan_product(backend *be, const tensor *t) {
-  if (t->data && t->dt == DTYPE_F8_E4M3 && be->weight_upload_fp8 && t->ndim == 2 &&
-      t->block_n > 0 && t->block_k > 0 && t->row0 % t->block_n == 0)
-    return (double)tensor_numel(t) + 4.0 * (double)fp8_scale_rows(t->shape[0], t->block_n) *
-                                         (double)fp8_scale_cols(t->shape[1], t->block_k);
-  return plan_tensor(be, t, 0);
-}
-
 void qwen35_plan(const model_config *c, const model_weights *w, backend *be, qwen35_plan_bytes *b) {
   double wb = plan_tensor(be, &w->embed, 0) + plan_tensor(be, &w->final_norm, 0);
   if (!c->tie_word_embeddings && w->lm_head.data && w->lm_head.data != w->embed.data)
     wb += plan_tensor(be, &w->lm_head, 0);
   for (int i = 0; i < c->n_layers; i++) {
     const layer_weights *L = &w->layers[i];
-    const tensor *ts[] = {&L->input_norm,  &L->post_norm, &L->q_norm,      &L->k_norm,
+    const tensor *ts[] = {&L->input_norm,  &L->post_norm, &L->q_proj,      &L->k_proj,
+                          &L->v_proj,      &L->o_proj,    &L->q_norm,      &L->k_norm,
+                          &L->in_proj_qkv, &L->in_proj_z, &L->in_proj_b,   &L->in_proj_a,
                           &L->conv1d,      &L->dt_bias,   &L->A_log,       &L->lin_norm,
+                          &L->out_proj,    &L->gate_proj, &L->up_proj,     &L->down_proj,
                           &L->shared_gate, &L->shared_up, &L->shared_down, &L->shared_expert_gate};
-    const tensor *ps[] = {&L->q_proj,      &L->k_proj,    &L->v_proj,    &L->o_proj,
-                          &L->in_proj_qkv, &L->in_proj_z, &L->in_proj_b, &L->in_proj_a,
-                          &L->out_proj,    &L->gate_proj, &L->up_proj,   &L->down_proj};
     for (size_t k = 0; k < sizeof ts / sizeof *ts; k++) wb += plan_tensor(be, ts[k], 0);
-    for (size_t k = 0; k < sizeof ps / sizeof *ps; k++) wb += plan_product(be, ps[k]);
     wb += plan_tensor(be, &L->router, 1);
     if (L->experts && c->layer_is_moe[i])
       for (int e = 0; e < c->n_experts; e++)

@@ -59,8 +59,6 @@ const accepted = [
   ["--enable-auto-tool-choice"],
   ["--tool-call-parser", "qwen3_coder"],
   ["--reasoning-parser=qwen3"],
-  ["--disable-log-requests"],
-  ["--disable-log-stats"],
   ["--uvicorn-log-level", "warning"],
   ["--enforce-eager"],
   ["--kv-cache-dtype", "auto"],
@@ -75,7 +73,8 @@ await test("serve_positional_model_and_flag_equals_value", async () => {
   // every deltaserve flag as --flag=value, a size, and the key from VLLM_API_KEY
   srv = await serve(
     [model.dir, `--model=${model.dir}/`, "--port=0", "--threads=2", "--served-model-name=tiny", "--max-model-len=1k",
-     "--max-num-seqs=4", "--gpu-memory-utilization=0.5", "--enable-prefix-caching", ...accepted.flat()],
+     "--max-num-seqs=4", "--gpu-memory-utilization=0.5", "--enable-prefix-caching",
+     "--disable-log-requests", "--disable-log-stats", "--log-level=info", ...accepted.flat()],
     { VLLM_API_KEY: "vllm-key", DELTASERVE_API_KEY: "" },
   );
   const m = await models(srv, "vllm-key");

@@ -3,10 +3,26 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <strings.h>
 
 static log_level log_min = LOG_LEVEL_INFO;
 
 void log_set_level(log_level lv) { log_min = lv; }
+
+int log_level_parse(const char *name, log_level *lv) {
+  static const struct {
+    const char *name;
+    log_level lv;
+  } names[] = {{"debug", LOG_LEVEL_DEBUG},  {"info", LOG_LEVEL_INFO},
+               {"warning", LOG_LEVEL_WARN}, {"warn", LOG_LEVEL_WARN},
+               {"error", LOG_LEVEL_ERROR},  {"critical", LOG_LEVEL_ERROR}};
+  for (size_t k = 0; k < sizeof names / sizeof *names; k++)
+    if (!strcasecmp(name, names[k].name)) {
+      *lv = names[k].lv;
+      return 0;
+    }
+  return -1;
+}
 
 void log_msg(log_level lv, const char *fmt, ...) {
   if (lv < log_min) return;

@@ -9,7 +9,11 @@
 
 typedef enum { LOG_LEVEL_DEBUG, LOG_LEVEL_INFO, LOG_LEVEL_WARN, LOG_LEVEL_ERROR } log_level;
 
+/* Messages below lv are dropped (default LOG_LEVEL_INFO). */
 void log_set_level(log_level lv);
+/* name as --log-level takes it, vLLM's and uvicorn's names: debug, info, warning (or warn),
+ * error, critical (as error); any case. Returns 0 with *lv set, or -1 for another name. */
+int log_level_parse(const char *name, log_level *lv);
 void log_msg(log_level lv, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 #define log_debug(...) log_msg(LOG_LEVEL_DEBUG, __VA_ARGS__)
 #define log_info(...) log_msg(LOG_LEVEL_INFO, __VA_ARGS__)

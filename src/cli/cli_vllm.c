@@ -36,8 +36,6 @@ static const cli_vllm_entry cli_vllm_flags[] = {
      "a request's chat_template is always accepted: it renders in the sandboxed Jinja engine "
      "under its limits",
      NULL},
-    {"--disable-log-requests", NULL, NULL, "requests are not logged", NULL},
-    {"--disable-log-stats", NULL, NULL, "no periodic stats line is logged", NULL},
     {"--uvicorn-log-level", NULL, "", "there is no uvicorn", NULL},
     {"--disable-uvicorn-access-log", NULL, NULL, "there is no uvicorn", NULL},
     {"--disable-frontend-multiprocessing", NULL, NULL, "deltaserve is one process", NULL},

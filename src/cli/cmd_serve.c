@@ -68,6 +68,15 @@ static void serve_usage(FILE *f) {
       "                              (temperature, top_p, top_k, min_p, repetition_penalty,\n"
       "                              max_new_tokens as max_tokens) from generation_config.json\n"
       "                              in the model folder (auto) or in DIR; vllm: none (auto)\n"
+      "  --log-level LEVEL           debug, info (default), warning (or warn), error,\n"
+      "                              critical (as error): the lowest level logged\n"
+      "  --disable-log-requests      no line per finished request (id, route, status,\n"
+      "                              prompt / cached / generated tokens, TTFT, duration,\n"
+      "                              finish reason)\n"
+      "  --disable-log-stats         no periodic line (throughput, running / waiting,\n"
+      "                              KV cache usage, prefix cache hit rate)\n"
+      "  --log-stats-interval S      seconds between the periodic lines, logged while the\n"
+      "                              engine has work (10)\n"
       "  --no-warmup                 skip the start-up forward of the largest step (device\n"
       "                              backends run it so that a plan that does not fit fails\n"
       "                              at start and device memory stays flat under load)\n"
@@ -171,6 +180,8 @@ int cmd_serve(int argc, char **argv) {
   double grace = 5.0;
   int skip_tok = 0;
   int metrics_key = 0; /* --metrics-require-api-key */
+  int no_log_requests = 0, no_log_stats = 0;
+  double stats_interval = 10.0; /* --log-stats-interval */
   engine_opts eo;
   engine_opts_default(&eo);
   weights_opts wo = {0}; /* --quantization, --load-format */
@@ -208,6 +219,8 @@ int cmd_serve(int argc, char **argv) {
       int *on;
     } switches[] = {{"--skip-tokenizer-init", &skip_tok},
                     {"--batch-invariant", &batch_invariant},
+                    {"--disable-log-requests", &no_log_requests},
+                    {"--disable-log-stats", &no_log_stats},
                     {"--no-warmup", &no_warmup}};
     int sw = 0;
     for (size_t k = 0; k < sizeof switches / sizeof switches[0]; k++)
@@ -217,12 +230,19 @@ int cmd_serve(int argc, char **argv) {
       metrics_key = 1;
       continue;
     }
-    static const char *with_value[] = {"--model",          "--host",
-                                       "--port",           "--served-model-name",
-                                       "--api-key",        "--device",
-                                       "--threads",        "--max-request-bytes",
-                                       "--shutdown-grace", "--generation-config",
-                                       "--chat-template"};
+    static const char *with_value[] = {"--model",
+                                       "--host",
+                                       "--port",
+                                       "--served-model-name",
+                                       "--api-key",
+                                       "--device",
+                                       "--threads",
+                                       "--max-request-bytes",
+                                       "--shutdown-grace",
+                                       "--generation-config",
+                                       "--chat-template",
+                                       "--log-level",
+                                       "--log-stats-interval"};
     int known = 0;
     for (size_t k = 0; k < sizeof with_value / sizeof with_value[0]; k++)
       known |= !strcmp(a, with_value[k]);
@@ -254,7 +274,22 @@ int cmd_serve(int argc, char **argv) {
       gen_cfg = v;
     else if (!strcmp(a, "--chat-template"))
       chat_tpl = v;
-    else if (!strcmp(a, "--port")) {
+    else if (!strcmp(a, "--log-level")) {
+      log_level lv;
+      if (log_level_parse(v, &lv)) {
+        fprintf(stderr,
+                "deltaserve serve: --log-level: expected debug, info, warning, error or critical, "
+                "got '%s'\n",
+                v);
+        return 2;
+      }
+      log_set_level(lv);
+    } else if (!strcmp(a, "--log-stats-interval")) {
+      if (cli_flags_double(v, a, 0.01, 86400, &stats_interval, err, sizeof err)) {
+        fprintf(stderr, "deltaserve serve: %s\n", err);
+        return 2;
+      }
+    } else if (!strcmp(a, "--port")) {
       if (serve_parse_long(a, v, 0, 65535, &port)) return 2;
     } else if (!strcmp(a, "--threads")) {
       if (serve_parse_long(a, v, 0, 1024, &threads)) return 2;
@@ -345,7 +380,9 @@ int cmd_serve(int argc, char **argv) {
                     .model_path = model_dir,
                     .api_key = api_key,
                     .max_request_bytes = (size_t)max_req,
-                    .metrics_require_api_key = metrics_key};
+                    .metrics_require_api_key = metrics_key,
+                    .disable_log_requests = no_log_requests,
+                    .log_stats_interval_s = no_log_stats ? 0.0 : stats_interval};
   server *srv = NULL;
   if (server_start(&srv, &so, err, sizeof err)) {
     fprintf(stderr, "deltaserve serve: %s\n", err);

@@ -25,10 +25,12 @@
 #include "server/openai_request.h"
 #include "server/openai_response.h"
 #include "server/openai_stream.h"
+#include "server/request_log.h"
 #include "server/responses_request.h"
 #include "server/responses_response.h"
 #include "server/responses_stream.h"
 #include "server/server_gen.h"
+#include "server/stats_log.h"
 #include "base/strbuf.h"
 #include "base/version.h"
 #include "tokenizer/chat_parse.h"
@@ -71,6 +73,7 @@ struct server {
   atomic_int ready, stopping;
   server_model m; /* valid once ready */
   metrics *met;
+  stats_log *stats;   /* the periodic engine line (NULL: off, or not ready) */
   pthread_mutex_t mu; /* guards the active list */
   conn *active;       /* connections with a live generation */
   int n_active;
@@ -132,6 +135,11 @@ struct conn {
   int capture;                  /* send_body keeps the body in captured instead of queuing */
   double last_out;              /* a stream / late body: when its reader last gave bytes */
   double next_probe, probe_gap; /* when the next probe is due after peer_eof; the gap grows */
+  /* the request's log line (request_log) */
+  double t_start; /* the head arrived (server_gen_now) */
+  int status;     /* the HTTP status queued (0: none) */
+  char method[8];
+  char route[128]; /* the URL path, cut */
 };
 
 /* ======================================================================================
@@ -238,6 +246,7 @@ static enum MHD_Result send_body(conn *cx, unsigned status, const char *ctype, c
     free(body);
     return MHD_NO;
   }
+  cx->status = (int)status;
   MHD_add_response_header(r, "Content-Type", ctype);
   if (hname) MHD_add_response_header(r, hname, hval);
   enum MHD_Result ret = MHD_queue_response(cx->mc, status, r);
@@ -1159,6 +1168,7 @@ static enum MHD_Result handle_generate(conn *cx, openai_kind kind) {
     if (!r) return MHD_NO;
     MHD_add_response_header(r, "Content-Type", "text/event-stream");
     MHD_add_response_header(r, "Cache-Control", "no-cache");
+    cx->status = 200;
     enum MHD_Result ret = MHD_queue_response(cx->mc, 200, r);
     MHD_destroy_response(r);
     return ret;
@@ -1181,6 +1191,7 @@ static enum MHD_Result handle_generate(conn *cx, openai_kind kind) {
           MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, late_reader, cx, NULL);
       if (!r) return MHD_NO;
       MHD_add_response_header(r, "Content-Type", "application/json");
+      cx->status = 200;
       enum MHD_Result ret = MHD_queue_response(cx->mc, 200, r);
       MHD_destroy_response(r);
       return ret;
@@ -1585,6 +1596,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     if (ci) cx->fd = ci->connect_fd;
     strbuf_init(&cx->body);
     cx->http11 = version && !strcmp(version, MHD_HTTP_VERSION_1_1);
+    cx->t_start = server_gen_now();
+    snprintf(cx->method, sizeof cx->method, "%s", method ? method : "-");
+    snprintf(cx->route, sizeof cx->route, "%s", url ? url : "-");
     *con_cls = cx;
     enum MHD_Result ret;
     if (head_refused(cx, url, version, &ret)) return ret;
@@ -1608,6 +1622,36 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
   return dispatch(cx, url, method);
 }
 
+/* The request's line (request_log): its first choice's prompt, cached share, TTFT and finish,
+ * the tokens of all its choices. /health and /metrics answered below 400 are left out (probes
+ * and scrapes would drown the requests). */
+static void log_request(conn *cx) {
+  server *s = cx->s;
+  if (s->o.disable_log_requests) return;
+  if (cx->status > 0 && cx->status < 400 &&
+      (!strcmp(cx->route, "/health") || !strcmp(cx->route, "/metrics")))
+    return;
+  request_log_entry e = {.id = cx->id,
+                         .method = cx->method,
+                         .route = cx->route,
+                         .status = cx->status,
+                         .ttft_s = -1.0,
+                         .duration_s = server_gen_now() - cx->t_start};
+  for (int i = 0; cx->ch && i < cx->n_ch; i++) {
+    const server_gen *g = &cx->ch[i].g;
+    if (!cx->ch[i].have_gen) continue;
+    if (i == 0) {
+      e.prompt_tokens = g->prompt_tokens;
+      e.cached_tokens = g->cached_tokens;
+      e.finish = g->done ? server_gen_finish_name(g) : "abort";
+    }
+    e.generated_tokens += g->n_ids;
+    if (g->n_ids > 0 && (e.ttft_s < 0 || g->t_first - g->t_submit < e.ttft_s))
+      e.ttft_s = g->t_first - g->t_submit;
+  }
+  request_log_write(&e);
+}
+
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
                          enum MHD_RequestTerminationCode toe) {
   (void)c;
@@ -1616,6 +1660,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
   conn *cx = *con_cls;
   if (!cx) return;
   active_remove(s, cx);
+  log_request(cx);
   for (int i = 0; cx->ch && i < cx->n_ch; i++) {
     if (cx->ch[i].have_gen) server_gen_free(&cx->ch[i].g);
     if (cx->ch[i].have_st) openai_stream_free(&cx->ch[i].st);
@@ -1753,6 +1798,10 @@ int server_port(const server *s) { return s->port; }
 
 void server_set_model(server *s, const server_model *m) {
   s->m = *m;
+  if (s->o.log_stats_interval_s > 0 && m->eng) {
+    s->stats = stats_log_new(m->eng, s->o.log_stats_interval_s);
+    if (!s->stats) log_warn("the periodic stats line is off: its thread did not start");
+  }
   atomic_store(&s->ready, 1);
 }
 
@@ -1769,7 +1818,10 @@ static void sleep_ms(int ms) {
 }
 
 void server_shutdown(server *s, double grace_s) {
-  if (!s || !s->d) return;
+  if (!s) return;
+  stats_log_free(s->stats); /* it reads the engine, which the caller frees after this */
+  s->stats = NULL;
+  if (!s->d) return;
   atomic_store(&s->stopping, 1);
   http_gate_stop(s->gate); /* stop accepting */
   s->gate = NULL;
@@ -1793,6 +1845,7 @@ void server_free(server *s) {
   if (!s) return;
   http_gate_stop(s->gate);
   if (s->d) MHD_stop_daemon(s->d);
+  stats_log_free(s->stats);
   metrics_free(s->met);
   pthread_mutex_destroy(&s->mu);
   free(s->host);

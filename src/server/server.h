@@ -62,6 +62,8 @@ typedef struct server_opts {
   const char *api_key;           /* NULL: no authentication */
   size_t max_request_bytes;      /* larger bodies get 413 */
   int metrics_require_api_key;   /* with api_key: /metrics needs it too (default open, as vLLM) */
+  int disable_log_requests;      /* no line per finished request (request_log) */
+  double log_stats_interval_s;   /* the periodic engine line's interval (stats_log); 0: off */
 } server_opts;
 
 /* What serving needs from the loaded model; all borrowed, outliving the server's use. */

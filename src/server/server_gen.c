@@ -138,6 +138,7 @@ int server_gen_step(server_gen *g, int timeout_ms) {
       else
         metrics_observe(g->o.met, METRICS_ITL, now - g->t_last);
     }
+    if (g->n_ids == 0) g->t_first = now;
     g->t_last = now;
     if (push_id(g, &ev)) goto oom;
     int hide = ev.finish == FINISH_STOP && !g->o.sp->ignore_eos && is_end_token(g, ev.token);

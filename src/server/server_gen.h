@@ -72,6 +72,7 @@ typedef struct server_gen {
   char err[160];
   int prompt_tokens, cached_tokens, completion_tokens;
   double t_submit, t_last;
+  double t_first; /* the first token's event (valid when n_ids > 0) */
   int n_events;
 } server_gen;
 

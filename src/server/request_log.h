@@ -6,7 +6,8 @@
  *     finish=stop
  *
  * (one line). A field without a value (no id before a request is admitted, no token yet, no
- * finish) is "-"; status 499 is a client that went away before any answer was sent. */
+ * finish) is "-"; status 499 is a client that went away before any answer was sent. The
+ * server logs every route but /health and /metrics. */
 #ifndef DS_REQUEST_LOG_H
 #define DS_REQUEST_LOG_H
 

@@ -1623,14 +1623,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 }
 
 /* The request's line (request_log): its first choice's prompt, cached share, TTFT and finish,
- * the tokens of all its choices. /health and /metrics answered below 400 are left out (probes
- * and scrapes would drown the requests). */
+ * the tokens of all its choices. /health and /metrics are left out: probes (every few
+ * milliseconds while a model loads) and scrapes would drown the requests. */
 static void log_request(conn *cx) {
   server *s = cx->s;
   if (s->o.disable_log_requests) return;
-  if (cx->status > 0 && cx->status < 400 &&
-      (!strcmp(cx->route, "/health") || !strcmp(cx->route, "/metrics")))
-    return;
+  if (!strcmp(cx->route, "/health") || !strcmp(cx->route, "/metrics")) return;
   request_log_entry e = {.id = cx->id,
                          .method = cx->method,
                          .route = cx->route,

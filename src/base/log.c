@@ -29,9 +29,11 @@ void log_msg(log_level lv, const char *fmt, ...) {
   static const char *tag[] = {"debug", "info", "warn", "error"};
   va_list ap;
   va_start(ap, fmt);
+  flockfile(stderr); /* one line whole, whichever threads log at once */
   fprintf(stderr, "deltaserve %s: ", tag[lv]);
   vfprintf(stderr, fmt, ap);
   fputc('\n', stderr);
+  funlockfile(stderr);
   va_end(ap);
 }
 

@@ -1447,13 +1447,16 @@ static int route_refused(conn *cx, const char *url, const char *method, enum MHD
     const char *h = MHD_lookup_connection_value(cx->mc, MHD_HEADER_KIND, "Authorization");
     const char *tok = NULL;
     if (h && !strncasecmp(h, "Bearer ", 7)) tok = h + 7;
-    if (!tok) tok = MHD_lookup_connection_value(cx->mc, MHD_HEADER_KIND, "x-api-key");
+    /* x-api-key is the Anthropic clients' header: taken on their routes only */
+    if (!tok && cx->anthropic)
+      tok = MHD_lookup_connection_value(cx->mc, MHD_HEADER_KIND, "x-api-key");
     if (!tok || !ct_equal(tok, s->api_key)) {
       openai_error e;
-      openai_error_set(
-          &e, 401, "authentication_error", NULL,
-          tok ? "invalid API key"
-              : "missing API key: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'");
+      openai_error_set(&e, 401, "authentication_error", NULL,
+                       tok             ? "invalid API key"
+                       : cx->anthropic ? "missing API key: send 'x-api-key: <key>' or "
+                                         "'Authorization: Bearer <key>'"
+                                       : "missing API key: send 'Authorization: Bearer <key>'");
       e.code = "invalid_api_key";
       *ret = send_error(cx, &e);
       return 1;

@@ -21,6 +21,13 @@ const lines = (srv) =>
     ttft: m[8], duration: +m[9], finish: m[10],
   }));
 const stats = (srv) => [...srv.log.matchAll(STATS)].map((m) => ({ prompt: +m[1], gen: +m[2], running: +m[3], waiting: +m[4], kv: +m[5], hit: +m[6] }));
+// a clean exit on SIGTERM (the stats thread stopped before the engine), no sanitizer report
+const stopClean = (srv, what) =>
+  test(`logs_clean_exit_${what}`, async () => {
+    const ex = await srv.stop();
+    eq(ex.code, 0, `exit ${JSON.stringify(ex)}: ${srv.log.slice(-300)}`);
+    assert(!/AddressSanitizer|LeakSanitizer|runtime error/.test(srv.log), `sanitizer report: ${srv.log.slice(-300)}`);
+  });
 const lineOf = (srv, pred, what) => poll(() => lines(srv).find(pred), what, 30000);
 
 let srv;
@@ -106,7 +113,7 @@ try {
     await sleep(1500);
     eq(stats(srv).length, n, "stats lines while idle");
   });
-  await srv.stop();
+  await stopClean(srv, "stats");
 
   // --disable-log-requests, --disable-log-stats (vLLM's) and --log-level warning
   srv = await startServer(model.dir, ["--max-model-len", "1024", "--disable-log-requests", "--disable-log-stats", "--log-stats-interval", "0.1"]);
@@ -118,7 +125,7 @@ try {
     eq(stats(srv).length, 0, "stats lines");
     assert(!/accepted, no effect/.test(srv.log), "the flags are not no-ops any more");
   });
-  await srv.stop();
+  await stopClean(srv, "disabled");
 
   srv = await startServer(model.dir, ["--max-model-len", "1024", "--log-level", "error", "--log-stats-interval", "0.1"]);
   await test("logs_level_error_hides_info", async () => {
@@ -127,7 +134,7 @@ try {
     assert(!/deltaserve info:/.test(srv.log), `an info line: ${(/deltaserve info:.*/.exec(srv.log) || [""])[0]}`);
     eq(lines(srv).length + stats(srv).length, 0);
   });
-  await srv.stop();
+  await stopClean(srv, "level_error");
 
   await test("logs_level_names", async () => {
     for (const lv of ["debug", "INFO", "warning", "warn", "critical"]) {

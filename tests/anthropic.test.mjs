@@ -207,11 +207,11 @@ await test("anthropic_errors", async () => {
   await expectError(() => bad.messages.create(ask()), 401, "authentication_error", "bad key");
   await expectError(() => client.messages.create({ model: "tiny", messages: [{ role: "user", content: "hi" }] }), 400, "invalid_request_error", "no max_tokens", /max_tokens/);
   await expectError(
-    () => client.messages.create(ask({ tools: [{ name: "f", input_schema: { type: "object" } }], tool_choice: { type: "any" } })),
+    () => client.messages.create(ask({ tools: [{ name: "f", input_schema: { type: "object" } }], tool_choice: { type: "tool" } })),
     400,
     "invalid_request_error",
-    "tool_choice any",
-    /constrained/,
+    "tool_choice tool without a name",
+    /tool_choice\.name/,
   );
   await expectError(() => client.messages.create(ask({ frobnicate: 1 })), 400, "invalid_request_error", "unknown field", /frobnicate: Extra inputs/);
   await expectError(() => client.messages.create(ask({ model: "other" })), 404, "not_found_error", "unknown model");

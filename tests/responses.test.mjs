@@ -163,8 +163,7 @@ await test("responses_stateless_refusals", async () => {
   for (const [body, param, word] of [
     [{ store: true }, "store", "stateless"],
     [{ previous_response_id: "resp_123" }, "previous_response_id", "stateless"],
-    [{ tool_choice: "required", tools: [{ type: "function", name: "f", parameters: {} }] }, "tool_choice", "not supported"],
-    [{ tool_choice: { type: "function", name: "f" }, tools: [{ type: "function", name: "f", parameters: {} }] }, "tool_choice", "not supported"],
+    [{ tool_choice: { type: "function" }, tools: [{ type: "function", name: "f", parameters: {} }] }, "tool_choice", "must be"],
     [{ input: [{ type: "item_reference", id: "msg_1" }] }, "input[0]", "stateless"],
     [{ tools: [{ type: "web_search" }] }, "tools[0]", "only function tools"],
     [{ input: 5 }, "input", "input"],

@@ -199,17 +199,28 @@ TEST(refusals) {
   EXPECT(refused(M, "{\"model\":\"m\",\"max_tokens\":1}", "messages: Field required"));
   EXPECT(refused(M, "{\"model\":\"m\",\"max_tokens\":1,\"foo\":1," MSG "}",
                  "foo: Extra inputs are not permitted"));
+  /* any / tool: forced by the tool-call grammar (test_tool_choice); a tool needs its name */
+  {
+    const char *any =
+        "{\"model\":\"m\",\"max_tokens\":1,\"tool_choice\":{\"type\":\"tool\","
+        "\"name\":\"f\",\"disable_parallel_tool_use\":true},\"tools\":[{\"name\":"
+        "\"f\",\"input_schema\":{}}]," MSG "}";
+    openai_request r;
+    openai_error e;
+    memset(&e, 0, sizeof e);
+    EXPECT_MSG(anthropic_request_parse(M, any, strlen(any), &r, &e) == 0, "%s", e.message);
+    if (!e.status) {
+      EXPECT(r.tool_forced && r.tool_choice == OPENAI_TOOL_CHOICE_NAMED);
+      openai_request_free(&r);
+    }
+  }
   EXPECT(refused(M,
-                 "{\"model\":\"m\",\"max_tokens\":1,\"tool_choice\":{\"type\":\"any\"},\"tools\":"
-                 "[{\"name\":\"f\",\"input_schema\":{}}]," MSG "}",
-                 "constrained tool-call decoding"));
-  EXPECT(refused(M,
-                 "{\"model\":\"m\",\"max_tokens\":1,\"tool_choice\":{\"type\":\"tool\",\"name\":"
-                 "\"f\"},\"tools\":[{\"name\":\"f\",\"input_schema\":{}}]," MSG "}",
-                 "'tool' is not supported yet"));
+                 "{\"model\":\"m\",\"max_tokens\":1,\"tool_choice\":{\"type\":\"tool\"},"
+                 "\"tools\":[{\"name\":\"f\",\"input_schema\":{}}]," MSG "}",
+                 "tool_choice.name"));
   EXPECT(refused(M,
                  "{\"model\":\"m\",\"max_tokens\":1,\"tool_choice\":{\"type\":\"auto\","
-                 "\"disable_parallel_tool_use\":true}," MSG "}",
+                 "\"disable_parallel_tool_use\":1}," MSG "}",
                  "disable_parallel_tool_use"));
   EXPECT(refused(M,
                  "{\"model\":\"m\",\"max_tokens\":1,\"tools\":[{\"type\":\"web_search_20250305\","

@@ -145,14 +145,23 @@ TEST(refusals) {
   EXPECT(refuses("{\"input\":\"x\",\"background\":true}", "background", "stateless"));
   EXPECT(
       refuses("{\"input\":[{\"type\":\"item_reference\",\"id\":\"m\"}]}", "input[0]", "stateless"));
+  /* required / named: translated for the chat request's tool-call grammar (test_tool_choice) */
+  char *c = chat_of(
+      "{\"input\":\"x\",\"tool_choice\":{\"type\":\"function\",\"name\":\"f\"},"
+      "\"parallel_tool_calls\":false,\"tools\":[{\"type\":\"function\",\"name\":\"f\"}]}");
+  EXPECT_MSG(c && strstr(c, "\"parallel_tool_calls\":false") &&
+                 strstr(c, "\"tool_choice\":{\"function\":{\"name\":\"f\"},\"type\":\"function\"}"),
+             "%s", c ? c : "(null)");
+  free(c);
+  c = chat_of(
+      "{\"input\":\"x\",\"tool_choice\":\"required\",\"tools\":[{\"type\":\"function\","
+      "\"name\":\"f\"}]}");
+  EXPECT_MSG(c && strstr(c, "\"tool_choice\":\"required\""), "%s", c ? c : "(null)");
+  free(c);
   EXPECT(
-      refuses("{\"input\":\"x\",\"tool_choice\":\"required\",\"tools\":[{\"type\":\"function\","
-              "\"name\":\"f\"}]}",
-              "tool_choice", "not supported yet"));
-  EXPECT(
-      refuses("{\"input\":\"x\",\"tool_choice\":{\"type\":\"function\",\"name\":\"f\"},"
+      refuses("{\"input\":\"x\",\"tool_choice\":{\"type\":\"function\"},"
               "\"tools\":[{\"type\":\"function\",\"name\":\"f\"}]}",
-              "tool_choice", "not supported yet"));
+              "tool_choice", "must be"));
   EXPECT(refuses("{\"input\":\"x\",\"tools\":[{\"type\":\"web_search\"}]}", "tools[0]",
                  "only function tools"));
   EXPECT(refuses("{\"input\":[{\"role\":\"user\",\"content\":[{\"type\":\"input_image\"}]}]}",

@@ -1221,10 +1221,28 @@ json_vocab *json_vocab_new(int n_vocab, const char *const *bytes, const size_t *
 
 /* ---- the mask --------------------------------------------------------------------------- */
 
+/* Where a tool-call grammar's text stands (json_schema.h's ntools > 0). */
+enum {
+  TG_THINK, /* in the think block: any text until "</think>" (pos: its bytes matched) */
+  TG_GAP,   /* before a call (calls > 0: after one): whitespace, or a call's first byte */
+  TG_PRE,   /* in call k's prefix literal (pos bytes matched; k the lowest tool it may be) */
+  TG_ARGS,  /* in call k's arguments object (the schema state sl / stack, under sc; pos: bytes
+             * of "<tool_call>" / "</tool_call>" matched, which may not appear there) */
+  TG_SUF,   /* in the suffix literal (pos bytes matched) */
+};
+
+typedef struct tg_st {
+  uint8_t ph; /* TG_* */
+  uint8_t ws; /* TG_GAP: whitespace bytes in a row */
+  int32_t pos, k, calls;
+} tg_st;
+
 struct json_mask {
   const json_vocab *v;
   json_state s;
   int dead;              /* a forbidden token was advanced over */
+  const json_schema *tg; /* a tool-call grammar (its state tgs; sc its current call's), or NULL */
+  tg_st tgs;
   const json_schema *sc; /* NULL: the free json_object mask (s); else the schema's (sl, stack) */
   ss_lex sl;
   int depth;
@@ -1250,12 +1268,17 @@ json_mask *json_mask_new_schema(const json_vocab *v, const json_schema *s) {
   if (!m) return NULL;
   m->sc = s;
   m->sl.mode = SM_START;
+  if (s->ntools > 0) {
+    m->tg = s;
+    m->tgs.ph = s->tthink ? TG_THINK : TG_GAP;
+  }
   return m;
 }
 
 void json_mask_free(json_mask *m) { free(m); }
 
 int json_mask_complete(const json_mask *m) {
+  if (m->tg) return !m->dead && m->tgs.ph == TG_GAP && m->tgs.calls > 0;
   return !m->dead && (m->sc ? m->sl.mode == SM_DONE : m->s.mode == JS_DONE);
 }
 int json_mask_dead(const json_mask *m) { return m->dead; }
@@ -1652,12 +1675,153 @@ JM_INLINE int jm_outside(const json_vocab *v, const json_state *s, jm_out *o, in
   return n_ok;
 }
 
+/* ---- the tool-call grammar ------------------------------------------------------------- */
+
+/* The lowest tool whose prefix literal agrees with tool k's on its first pos bytes and has byte
+ * c at pos (every tool when pos is 0), or -1. */
+static int tg_match(const json_schema *g, int k, int32_t pos, unsigned c) {
+  for (int j = 0; j < g->ntools; j++)
+    if ((size_t)pos < g->tprelen[j] && (unsigned char)g->tpre[j][pos] == c &&
+        (pos == 0 || !memcmp(g->tpre[j], g->tpre[k], (size_t)pos)))
+      return j;
+  return -1;
+}
+
+/* One byte c of the grammar g from *s (the arguments' schema state in *sc, *t over the base
+ * stack bs). special: c belongs to a special token, which may only spell literals. 0, or -1
+ * when c breaks the text. */
+static int tg_step(const json_schema *g, tg_st *s, const json_schema **sc, const ss_frame *bs,
+                   ss_try *t, unsigned c, int special) {
+  static const char close[] = "</think>";
+  static const char close_call[] = "</tool_call>"; /* + 1: "/tool_call>" after a '<' */
+  switch (s->ph) {
+    case TG_THINK:
+      if (c == (unsigned char)close[s->pos]) {
+        if (++s->pos == (int32_t)sizeof close - 1) {
+          s->ph = TG_GAP;
+          s->pos = 0;
+          s->ws = 0;
+        }
+        return 0;
+      }
+      if (special) return -1;
+      s->pos = c == '<';
+      return 0;
+    case TG_GAP:
+      if (g->tmax && s->calls >= g->tmax) return -1;
+      if (js_is_ws(c)) {
+        if (special || ++s->ws > JSON_MASK_MAX_WS) return -1;
+        return 0;
+      }
+      s->ph = TG_PRE;
+      s->pos = 0;
+      /* fall through */
+    case TG_PRE: {
+      int k = tg_match(g, s->k, s->pos, c);
+      if (k < 0) return -1;
+      s->k = k;
+      if ((size_t)++s->pos == g->tprelen[k]) {
+        s->ph = TG_ARGS;
+        s->pos = 0;
+        s->ws = 0;
+        *sc = g->targs[k];
+        memset(&t->l, 0, sizeof t->l);
+        t->l.mode = SM_START;
+        t->base = 0;
+        t->nloc = 0;
+      }
+      return 0;
+    }
+    case TG_ARGS:
+      /* never "<tool_call>" or "</tool_call>" inside the arguments: the parser would split
+       * the call there (ws: the slash was read) */
+      if (s->pos == 1 && !s->ws && c == '/') {
+        s->ws = 1;
+        s->pos = 2;
+      } else if (s->pos > 0 && c == (unsigned char)(s->ws ? close_call : close_call + 1)[s->pos]) {
+        if (!(s->ws ? close_call : close_call + 1)[++s->pos]) return -1;
+      } else {
+        s->pos = c == '<';
+        s->ws = 0;
+      }
+      if (special || ss_step(*sc, bs, t, c)) return -1;
+      if (t->l.mode == SM_DONE) {
+        s->ph = TG_SUF;
+        s->pos = 0;
+      }
+      return 0;
+    default: /* TG_SUF */
+      if (c != (unsigned char)g->tsuf[s->pos]) return -1;
+      if (!g->tsuf[++s->pos]) {
+        s->ph = TG_GAP;
+        s->pos = 0;
+        s->ws = 0;
+        s->calls++;
+      }
+      return 0;
+  }
+}
+
+/* Bytes b[n] from m's state: 0 and the new state in *s, *sc, *t, or -1. */
+static int tg_walk(const json_mask *m, tg_st *s, const json_schema **sc, ss_try *t,
+                   const unsigned char *b, size_t n, int special) {
+  *s = m->tgs;
+  *sc = m->sc;
+  sm_begin(t, m);
+  for (size_t i = 0; i < n; i++)
+    if (tg_step(m->tg, s, sc, m->stack, t, b[i], special)) return -1;
+  return 0;
+}
+
+/* Feeds b[n] to m's state: 0, or -1 (the state unchanged). */
+static int tg_feed(json_mask *m, const unsigned char *b, size_t n, int special) {
+  tg_st s;
+  const json_schema *sc;
+  ss_try t;
+  if (tg_walk(m, &s, &sc, &t, b, n, special)) return -1;
+  m->tgs = s;
+  m->sc = sc;
+  if (t.nloc) memcpy(m->stack + t.base, t.loc, (size_t)t.nloc * sizeof *t.loc);
+  m->depth = t.base + t.nloc;
+  m->sl = t.l;
+  return 0;
+}
+
+/* Every token walked through the grammar (no precomputed filter: the literals and the short
+ * think / arguments texts of a forced call make this a rare, bounded cost). */
+static int tg_compute(const json_mask *m, jm_out *o, int n) {
+  const json_vocab *v = m->v;
+  int n_ok = 0;
+  for (int i = 0; i < n; i++) {
+    const jv_tok *t = &v->tok[i];
+    int ok;
+    if (t->flags & TOK_EOS)
+      ok = 1;
+    else if (v->len[i] == 0)
+      ok = 0;
+    else {
+      tg_st s;
+      const json_schema *sc;
+      ss_try tt;
+      ok = tg_walk(m, &s, &sc, &tt, v->bytes + v->off[i], v->len[i], t->flags != 0) == 0;
+      n_ok += ok;
+    }
+    out_put(o, i, ok, 0);
+  }
+  return n_ok;
+}
+
 /* The verdicts on ids 0..n-1 (n at most the vocabulary's size) in m's state, to o. */
 JM_INLINE void jm_compute(const json_mask *m, jm_out *o, int n) {
   const json_vocab *v = m->v;
   const json_state *s = &m->s;
   int n_ok = 0;
-  if (m->sc) {
+  if (m->tg) {
+    if (m->dead)
+      jm_only_eos(v, o, n);
+    else
+      n_ok = tg_compute(m, o, n);
+  } else if (m->sc) {
     if (m->dead || m->sl.mode == SM_DONE)
       jm_only_eos(v, o, n);
     else
@@ -1729,6 +1893,11 @@ void json_mask_advance(json_mask *m, int32_t token) {
     if (!json_mask_complete(m)) m->dead = 1;
     return;
   }
+  if (m->tg) {
+    if (v->len[token] == 0 || tg_feed(m, v->bytes + v->off[token], v->len[token], t->flags != 0))
+      m->dead = 1;
+    return;
+  }
   if (m->sc) {
     if (t->flags || sm_feed(m, v->bytes + v->off[token], v->len[token])) m->dead = 1;
     return;
@@ -1745,7 +1914,9 @@ int json_mask_feed(json_mask *m, const char *b, size_t n) {
   if (m->dead) return -1;
   if (!n) return 0;
   const unsigned char *u = (const unsigned char *)b;
-  if (m->sc) {
+  if (m->tg) {
+    if (tg_feed(m, u, n, 0)) m->dead = 1;
+  } else if (m->sc) {
     if (sm_feed(m, u, n)) m->dead = 1;
   } else {
     json_state s = m->s;

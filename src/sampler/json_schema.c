@@ -1952,6 +1952,14 @@ void json_schema_free(json_schema *s) {
   free(s->nums);
   for (int i = 0; i < s->ndfa; i++) regex_dfa_free(&s->dfa[i]);
   free(s->dfa);
+  for (int k = 0; k < s->ntools; k++) {
+    if (s->tpre) free(s->tpre[k]);
+    if (s->targs) json_schema_free(s->targs[k]);
+  }
+  free(s->tpre);
+  free(s->tprelen);
+  free(s->targs);
+  free(s->tsuf);
   free(s);
 }
 

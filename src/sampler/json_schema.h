@@ -178,6 +178,16 @@ struct json_schema {
   json_num *nums;
   regex_dfa *dfa;
   int32_t ndfa;
+  /* A tool-call grammar (tool_grammar.h) when ntools > 0; the fields above are then unused: an
+   * optional think block (tthink: the text opens inside one and must close it with "</think>"),
+   * then calls separated by whitespace, call k being tpre[k] (literal), one object under
+   * targs[k], then tsuf (literal); at most tmax calls (0: any number), at least one. */
+  int32_t ntools, tmax;
+  int32_t tthink;
+  char **tpre;         /* [ntools] NUL-terminated (owned) */
+  size_t *tprelen;     /* [ntools] */
+  json_schema **targs; /* [ntools] (owned) */
+  char *tsuf;          /* (owned) */
 };
 
 #endif /* DS_JSON_SCHEMA_INTERNAL */

@@ -309,18 +309,24 @@ static int tool_choice_of(const json_t *tc, json_t *req, openai_error *err) {
   const char *t = json_string_value(type);
   if (!json_is_object(tc) || !t)
     return BAD("tool_choice", "tool_choice: must be an object with a 'type'");
-  if (!strcmp(t, "any") || !strcmp(t, "tool"))
-    return BAD("tool_choice",
-               "tool_choice type '%s' is not supported yet: forcing a tool call needs "
-               "constrained tool-call decoding, which this server does not have; use 'auto'",
-               t);
-  if (strcmp(t, "auto") && strcmp(t, "none"))
+  if (strcmp(t, "auto") && strcmp(t, "none") && strcmp(t, "any") && strcmp(t, "tool"))
     return BAD("tool_choice", "tool_choice.type: must be 'auto', 'any', 'tool' or 'none'");
-  if (json_is_true(json_object_get(tc, "disable_parallel_tool_use")))
-    return BAD("tool_choice",
-               "tool_choice.disable_parallel_tool_use: not supported (the number of tool calls "
-               "cannot be limited yet)");
-  return json_object_set_new(req, "tool_choice", json_string(t)) ? OOM() : 0;
+  const json_t *dp = json_object_get(tc, "disable_parallel_tool_use");
+  if (dp && !json_is_null(dp) && !json_is_boolean(dp))
+    return BAD("tool_choice", "tool_choice.disable_parallel_tool_use: must be a boolean");
+  /* any / tool: forced by the chat request's tool-call grammar (tool_grammar.h), at most one
+   * call with disable_parallel_tool_use */
+  if (json_is_true(dp) && json_object_set_new(req, "parallel_tool_calls", json_false()))
+    return OOM();
+  json_t *c;
+  if (!strcmp(t, "tool")) {
+    const json_t *nm = json_object_get(tc, "name");
+    if (!json_is_string(nm)) return BAD("tool_choice", "tool_choice.name: must be a string");
+    c = json_pack("{s:s,s:{s:O}}", "type", "function", "function", "name", nm);
+  } else {
+    c = json_string(!strcmp(t, "any") ? "required" : t);
+  }
+  return !c || json_object_set_new(req, "tool_choice", c) ? OOM() : 0;
 }
 
 /* thinking -> chat_template_kwargs.enable_thinking; without it reasoning is off, as Anthropic

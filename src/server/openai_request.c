@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "sampler/tool_grammar.h"
+
 int openai_error_set(openai_error *e, int status, const char *type, const char *param,
                      const char *fmt, ...) {
   if (!e) return -1;
@@ -586,6 +588,39 @@ static int build_render(const json_t *o, openai_request *r, int with_tool_choice
   return 0;
 }
 
+/* tool_choice "required" / a named function: the output is forced, through the same JSON mask
+ * as response_format, to one or more tool calls (at most one with parallel_tool_calls false)
+ * whose arguments match the tools' parameters (tool_grammar.h). The server sets the grammar's
+ * think block once the prompt is rendered, and refuses templates whose calls are not JSON. */
+static int force_tool_calls(const json_t *o, openai_request *r, openai_error *err) {
+  if (r->tool_choice != OPENAI_TOOL_CHOICE_REQUIRED && r->tool_choice != OPENAI_TOOL_CHOICE_NAMED)
+    return 0;
+  if (r->json_object)
+    return BAD("tool_choice", "tool_choice %s with a response_format is not supported",
+               r->tool_choice == OPENAI_TOOL_CHOICE_NAMED ? "naming a function" : "\"required\"");
+  if (r->n > 1)
+    return BAD("n", "n > 1 with tool_choice %s is not supported",
+               r->tool_choice == OPENAI_TOOL_CHOICE_NAMED ? "naming a function" : "\"required\"");
+  if (r->sp.min_tokens > 0) /* the mask may leave nothing but an end token */
+    return BAD("min_tokens", "min_tokens with a forced tool_choice is not supported");
+  const json_t *ptc = json_object_get(o, "parallel_tool_calls");
+  if (ptc && !json_is_null(ptc) && !json_is_boolean(ptc))
+    return BAD("parallel_tool_calls", "'parallel_tool_calls' must be a boolean");
+  char why[300] = "";
+  r->schema = tool_grammar_compile(r->tools, r->tool_choice_name, json_is_false(ptc) ? 1 : 0, why,
+                                   sizeof why);
+  if (!r->schema)
+    return strcmp(why, "out of memory")
+               ? BAD("tools", "tool_choice %s: %s",
+                     r->tool_choice == OPENAI_TOOL_CHOICE_NAMED ? "naming a function"
+                                                                : "\"required\"",
+                     why)
+               : openai_error_set(err, 500, "server_error", NULL, "out of memory");
+  r->json_object = 1;
+  r->tool_forced = 1;
+  return 0;
+}
+
 static int parse_chat(const json_t *o, openai_request *r, openai_error *err) {
   if (build_render(o, r, 1, err)) return -1;
   /* json_object: the mask admits no </think> (nor <think>), so unless the client chose, the
@@ -603,6 +638,7 @@ static int parse_chat(const json_t *o, openai_request *r, openai_error *err) {
         return openai_error_set(err, 500, "server_error", NULL, "out of memory");
     }
   }
+  if (force_tool_calls(o, r, err)) return -1;
   /* chat logprobs: a boolean, plus top_logprobs */
   const json_t *lp = json_object_get(o, "logprobs");
   if (lp && !json_is_null(lp)) {

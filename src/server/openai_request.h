@@ -74,7 +74,9 @@ typedef struct openai_request {
   int include_stop_str_in_output; /* default 0 */
   char *cache_salt;               /* NULL when absent */
   int json_object; /* response_format json_object or json_schema: one JSON object (json_mask.h) */
-  json_schema *schema; /* response_format json_schema: compiled (owned; NULL for json_object) */
+  json_schema *schema; /* response_format json_schema: compiled (owned; NULL for json_object);
+                        * with tool_forced, the tool-call grammar (tool_grammar.h) */
+  int tool_forced;     /* tool_choice required / named: json_object set, schema the grammar */
 
   /* completions: exactly one of prompt / prompt_ids */
   char *prompt; /* malloc'd UTF-8 text */

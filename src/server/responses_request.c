@@ -300,15 +300,21 @@ static int parse_tool_choice(const json_t *o, json_t *chat, json_t *echo, openai
   const json_t *tc = json_object_get(o, "tool_choice");
   if (nullish(tc)) return json_object_set_new(echo, "tool_choice", json_string("auto")) ? OOM() : 0;
   const char *s = json_string_value(tc);
-  if (s && (!strcmp(s, "auto") || !strcmp(s, "none"))) {
+  /* required / a named function: forced by the chat request's tool-call grammar */
+  if (s && (!strcmp(s, "auto") || !strcmp(s, "none") || !strcmp(s, "required"))) {
     json_object_set(chat, "tool_choice", (json_t *)tc);
     return json_object_set(echo, "tool_choice", (json_t *)tc) ? OOM() : 0;
   }
-  if ((s && !strcmp(s, "required")) || json_is_object(tc))
-    return BAD("tool_choice",
-               "tool_choice %s is not supported yet: this server cannot yet force a tool call "
-               "(tool calls are not constrained in decoding); use \"auto\" or \"none\"",
-               s ? "\"required\"" : "naming a tool");
+  if (json_is_object(tc)) {
+    const json_t *nm = json_object_get(tc, "name");
+    const char *ty = json_string_value(json_object_get(tc, "type"));
+    if (!ty || strcmp(ty, "function") || !json_is_string(nm))
+      return BAD("tool_choice",
+                 "'tool_choice' object must be {\"type\": \"function\", \"name\": ...}");
+    json_t *c = json_pack("{s:s,s:{s:O}}", "type", "function", "function", "name", nm);
+    if (!c || json_object_set_new(chat, "tool_choice", c)) return OOM();
+    return json_object_set(echo, "tool_choice", (json_t *)tc) ? OOM() : 0;
+  }
   return BAD("tool_choice", "'tool_choice' must be \"auto\", \"none\", \"required\" or an object");
 }
 
@@ -393,6 +399,8 @@ static int translate(const json_t *o, responses_request *r, openai_error *err) {
     r->parallel_tool_calls = json_is_true(ptc);
   }
   json_object_set_new(echo, "parallel_tool_calls", json_boolean(r->parallel_tool_calls));
+  if (!r->parallel_tool_calls && json_object_set_new(chat, "parallel_tool_calls", json_false()))
+    return OOM();
 
   const json_t *text = json_object_get(o, "text");
   if (chat_format(text, chat, err)) return -1;

@@ -34,6 +34,7 @@
 #include "base/strbuf.h"
 #include "base/version.h"
 #include "tokenizer/chat_parse.h"
+#include "sampler/tool_grammar.h"
 
 /* ======================================================================================
  * State
@@ -391,9 +392,22 @@ static int prepare_chat(conn *cx, openai_error *e) {
                         err, sizeof err))
     return openai_error_set(e, 400, "invalid_request_error", "messages", "%s",
                             err[0] ? err : "the messages could not be rendered");
-  /* a json_object output is never reasoning: the mask admits no think tags */
-  cx->thinking_open = !cx->req.json_object &&
+  /* a json_object output is never reasoning: the mask admits no think tags (forced tool calls
+   * may follow a think block the prompt left open: their grammar is told) */
+  cx->thinking_open = (!cx->req.json_object || cx->req.tool_forced) &&
                       (cr.thinking_open || openai_stream_prompt_thinking_open(cr.text, cr.len));
+  if (cx->req.tool_forced) {
+    /* the format the rendered tools section asks for: Qwen3's JSON calls, or else refused */
+    if (!strstr(cr.text, "{\"name\": <function-name>, \"arguments\": <args-json-object>}")) {
+      chat_render_free(&cr);
+      return openai_error_set(e, 400, "invalid_request_error", "tool_choice",
+                              "tool_choice \"required\" / a named tool is enforced for the Qwen3 "
+                              "JSON tool-call format only; this model's template writes other "
+                              "(e.g. Qwen3.5 / 3.6 XML <function=...>) tool calls, which cannot "
+                              "be forced yet: use tool_choice \"auto\"");
+    }
+    tool_grammar_think(cx->req.schema, cx->thinking_open);
+  }
   int rc = encode_turns(s->m.tok, &cr, &cx->prompt_ids, &cx->n_prompt, &cx->bounds, &cx->n_bounds,
                         err, sizeof err);
   chat_render_free(&cr);

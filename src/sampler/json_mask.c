@@ -1374,14 +1374,19 @@ static inline int sm_try(const json_mask *m, const ss_try *from, unsigned c) {
   return ss_step(m->sc, m->stack, &t, c) == 0;
 }
 
+/* the mask's state becomes *t's (its frames written over the base stack) */
+static void sm_commit(json_mask *m, const ss_try *t) {
+  if (t->nloc) memcpy(m->stack + t->base, t->loc, (size_t)t->nloc * sizeof *t->loc);
+  m->depth = t->base + t->nloc;
+  m->sl = t->l;
+}
+
 /* feeds b[n] to the mask's state: 0, or -1 (the state unchanged) */
 static int sm_feed(json_mask *m, const unsigned char *b, size_t n) {
   ss_try t;
   sm_begin(&t, m);
   if (ss_feed(m->sc, m->stack, &t, b, n)) return -1;
-  if (t.nloc) memcpy(m->stack + t.base, t.loc, (size_t)t.nloc * sizeof *t.loc);
-  m->depth = t.base + t.nloc;
-  m->sl = t.l;
+  sm_commit(m, &t);
   return 0;
 }
 
@@ -1781,9 +1786,7 @@ static int tg_feed(json_mask *m, const unsigned char *b, size_t n, int special) 
   if (tg_walk(m, &s, &sc, &t, b, n, special)) return -1;
   m->tgs = s;
   m->sc = sc;
-  if (t.nloc) memcpy(m->stack + t.base, t.loc, (size_t)t.nloc * sizeof *t.loc);
-  m->depth = t.base + t.nloc;
-  m->sl = t.l;
+  sm_commit(m, &t);
   return 0;
 }
 

@@ -140,7 +140,12 @@ typedef struct json_schema json_schema;
  * points), checked against the string's minLength / maxLength. In a string under a pattern or
  * format the tokens that pass the first-byte filter run through its automaton (only tokens with
  * an escape are walked); in a key that may be an additional property, only tokens that may
- * still spell a property's name, or hold an escape, are walked. */
+ * still spell a property's name, or hold an escape, are walked.
+ *
+ * s may be a tool-call grammar (tool_grammar.h: literals around objects under the tools'
+ * schemas, one or more calls): complete (eos allowed) after a whole call; apply walks every
+ * token through it from the current state (no precomputed filter), and special tokens are
+ * allowed only where their bytes spell the grammar's literals. */
 json_mask *json_mask_new_schema(const json_vocab *v, const json_schema *s);
 
 /* ---- byte-level access (tests, tools); both kinds of mask ------------------------------ */

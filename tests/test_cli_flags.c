@@ -158,8 +158,6 @@ TEST(vllm_flags_accepted) {
                                       {"--tool-call-parser", "qwen3_xml"},
                                       {"--reasoning-parser", "qwen3"},
                                       {"--reasoning-parser", "deepseek_r1"},
-                                      {"--disable-log-requests", NULL},
-                                      {"--disable-log-stats", NULL},
                                       {"--uvicorn-log-level", "warning"},
                                       {"--enforce-eager", NULL},
                                       {"--enable-chunked-prefill", NULL},

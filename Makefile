@@ -13,7 +13,7 @@ endif
 BUILD   ?= build
 OPT     ?= -O2
 CFLAGS  += -std=c11 -Wall -Wextra -Werror $(OPT) -g -pthread -D_GNU_SOURCE -Isrc -MMD -MP
-LDLIBS  += -lmicrohttpd -ljansson -lpcre2-8 -lutf8proc -lm -lpthread
+LDLIBS  += -lmicrohttpd -ljansson -lpcre2-8 -lutf8proc -lzmq -lmsgpackc -lm -lpthread
 
 SRCS     := $(shell find src -name '*.c' -not -path 'src/backend/cuda/*' -not -name main.c | sort)
 OBJS     := $(SRCS:%.c=$(BUILD)/obj/%.o)

@@ -169,7 +169,7 @@ async function runOnce(model, spec, baseline) {
     m = await metrics(srv);
     return V(m, "kv_pages_used") === 0 && V(m, "state_slots_used") === 0;
   }, "pools back", 30000).catch(() => {});
-  out.pools = { kv_pages_used: V(m, "kv_pages_used"), kv_pages_cached: V(m, "kv_pages_cached"), kv_pages_total: V(m, "kv_pages_total"), state_slots_used: V(m, "state_slots_used"), snapshot_slabs_used: V(m, "snapshot_slabs_used"), snapshot_slabs_total: V(m, "snapshot_slabs_total") };
+  out.pools = { kv_pages_used: V(m, "kv_pages_used"), kv_pages_cached: V(m, "kv_pages_cached"), kv_pages_total: V(m, "kv_pages_capacity"), state_slots_used: V(m, "state_slots_used"), snapshot_slabs_used: V(m, "snapshot_slabs_used"), snapshot_slabs_total: V(m, "snapshot_slabs_capacity") };
   out.engine = { failed: V(m, "engine_requests_failed_total"), captures: V(m, "prefix_cache_captures_total"), captureFailures: V(m, "prefix_cache_capture_failures_total"), hits: V(m, "prefix_cache_hits_total"), restoreFailures: V(m, "prefix_cache_restore_failures_total"), evictions: V(m, "prefix_cache_evictions_total") };
   const p = out.pools;
   if (p.kv_pages_used !== 0) problem(`kv_pages_used ${p.kv_pages_used} after the run (baseline 0)`);

@@ -610,7 +610,7 @@ await test("prefix_cache_hits_visible", async () => {
   assert(m.vals["deltaserve:prefix_cache_hits_total"] > 0, "hits counted in /metrics");
   // every capture and restore copy is timed: one timed save per checkpoint, one restore per hit
   eq(m.vals["deltaserve:checkpoint_capture_seconds_count"], m.vals["deltaserve:prefix_cache_captures_total"], "captures timed");
-  eq(m.vals["deltaserve:checkpoint_restore_seconds_count"], m.vals["deltaserve:prefix_cache_hits_total"], "restores timed");
+  eq(m.vals["deltaserve:checkpoint_restore_seconds_count"], m.vals["deltaserve:prefix_cache_restores_total"], "restores timed");
   assert(m.vals["deltaserve:checkpoint_restore_seconds_sum"] >= 0, "restore time recorded");
 });
 
@@ -739,7 +739,7 @@ await test("metrics_prometheus_text", async () => {
       assert(/^deltaserve:[a-zA-Z0-9_:]+(\{([a-z_]+="[^"]*",?)*\})? -?[0-9.e+-]+$|^deltaserve:[a-zA-Z0-9_:]+(\{.*\})? (\+Inf|NaN)$/.test(l), `bad sample line ${l}`);
     }
   }
-  for (const name of ["num_requests_running", "num_requests_waiting", "prompt_tokens_total", "generation_tokens_total", "kv_cache_usage_perc", "state_slots_used", "state_slots_total", "snapshot_slabs_used", "prefix_cache_queries_total", "prefix_cache_hits_total", "prefix_cache_hit_tokens_total", "prefix_cache_evictions_total", "time_to_first_token_seconds_count", "inter_token_latency_seconds_count", "e2e_request_latency_seconds_count", "checkpoint_capture_seconds_sum", "checkpoint_capture_seconds_count", "checkpoint_restore_seconds_sum", "checkpoint_restore_seconds_count"])
+  for (const name of ["num_requests_running", "num_requests_waiting", "prompt_tokens_total", "generation_tokens_total", "kv_cache_usage_perc", "state_slots_used", "state_slots_capacity", "snapshot_slabs_used", "prefix_cache_queries_total", "prefix_cache_hits_total", "prefix_cache_hit_tokens_total", "prefix_cache_evictions_total", "time_to_first_token_seconds_count", "inter_token_latency_seconds_count", "e2e_request_latency_seconds_count", "checkpoint_capture_seconds_sum", "checkpoint_capture_seconds_count", "checkpoint_restore_seconds_sum", "checkpoint_restore_seconds_count"])
     assert(`deltaserve:${name}` in vals, `missing deltaserve:${name}`);
   assert(vals["deltaserve:generation_tokens_total"] > 0, "generation tokens counted");
   assert(vals["deltaserve:e2e_request_latency_seconds_count"] > 0, "e2e observed");

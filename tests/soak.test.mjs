@@ -182,7 +182,7 @@ async function oneRequest() {
 function poolVals(m) {
   const v = m.vals;
   const g = (k) => v[`deltaserve:${k}`];
-  return { kv_pages_used: g("kv_pages_used"), kv_pages_cached: g("kv_pages_cached"), kv_pages_total: g("kv_pages_total"), state_slots_used: g("state_slots_used"), state_slots_total: g("state_slots_total"), snapshot_slabs_used: g("snapshot_slabs_used"), snapshot_slabs_total: g("snapshot_slabs_total") };
+  return { kv_pages_used: g("kv_pages_used"), kv_pages_cached: g("kv_pages_cached"), kv_pages_total: g("kv_pages_capacity"), state_slots_used: g("state_slots_used"), state_slots_total: g("state_slots_capacity"), snapshot_slabs_used: g("snapshot_slabs_used"), snapshot_slabs_total: g("snapshot_slabs_capacity") };
 }
 
 // ---- warm-up ----

@@ -2,7 +2,6 @@
 #include <jansson.h>
 
 #include "server/openai_request.h"
-#include "server/metrics.h"
 #include "server/openai_response.h"
 #include "server/openai_stream.h"
 #include "base/strbuf.h"
@@ -692,59 +691,6 @@ TEST(stream_thinking_open_detect) {
   EXPECT(!openai_stream_prompt_thinking_open("x", 1));
 }
 
-TEST(metrics_text) {
-  metrics *m = metrics_new("my\"model");
-  REQUIRE(m != NULL);
-  metrics_observe(m, METRICS_TTFT, 0.003);
-  metrics_observe(m, METRICS_TTFT, 100.0);
-  metrics_observe(m, METRICS_TTFT, 1e9);
-  metrics_request_finished(m, "length");
-  metrics_request_rejected(m, 404);
-  engine_stats st;
-  memset(&st, 0, sizeof st);
-  st.num_running = 3;
-  st.kv_pages_total = 100;
-  st.kv_pages_used = 25;
-  st.prefix_hits = 7;
-  char *t = metrics_render(m, &st);
-  REQUIRE(t != NULL);
-  EXPECT(strstr(t, "deltaserve:num_requests_running{model_name=\"my\\\"model\"} 3\n") != NULL);
-  EXPECT(strstr(t, "deltaserve:kv_cache_usage_perc{model_name=\"my\\\"model\"} 0.25\n") != NULL);
-  EXPECT(strstr(t, "deltaserve:prefix_cache_hits_total{model_name=\"my\\\"model\"} 7\n") != NULL);
-  EXPECT(strstr(t, "# TYPE deltaserve:time_to_first_token_seconds histogram\n") != NULL);
-  /* 0.003 falls in le=0.005; 100 in le=160; 1e9 only in +Inf */
-  EXPECT(
-      strstr(t,
-             "time_to_first_token_seconds_bucket{le=\"0.001\",model_name=\"my\\\"model\"} 0\n") !=
-      NULL);
-  EXPECT(
-      strstr(t,
-             "time_to_first_token_seconds_bucket{le=\"0.005\",model_name=\"my\\\"model\"} 1\n") !=
-      NULL);
-  EXPECT(
-      strstr(t, "time_to_first_token_seconds_bucket{le=\"80\",model_name=\"my\\\"model\"} 1\n") !=
-      NULL);
-  EXPECT(
-      strstr(t, "time_to_first_token_seconds_bucket{le=\"160\",model_name=\"my\\\"model\"} 2\n") !=
-      NULL);
-  EXPECT(
-      strstr(t, "time_to_first_token_seconds_bucket{le=\"+Inf\",model_name=\"my\\\"model\"} 3\n") !=
-      NULL);
-  EXPECT(strstr(t, "time_to_first_token_seconds_count{model_name=\"my\\\"model\"} 3\n") != NULL);
-  EXPECT(
-      strstr(t,
-             "request_success_total{finished_reason=\"length\",model_name=\"my\\\"model\"} 1\n") !=
-      NULL);
-  EXPECT(strstr(t, "request_rejected_total{status=\"404\",model_name=\"my\\\"model\"} 1\n") !=
-         NULL);
-  free(t);
-  t = metrics_render(m, NULL); /* still loading: no engine gauges */
-  EXPECT(t && strstr(t, "num_requests_running") == NULL &&
-         strstr(t, "e2e_request_latency_seconds_count") != NULL);
-  free(t);
-  metrics_free(m);
-}
-
 int main(void) {
   RUN(chat_defaults);
   RUN(chat_all_fields);
@@ -760,6 +706,5 @@ int main(void) {
   RUN(stream_split_matches_parse);
   RUN(stream_random_outputs_match_parse);
   RUN(stream_thinking_open_detect);
-  RUN(metrics_text);
   TEST_MAIN_END();
 }

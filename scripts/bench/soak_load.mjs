@@ -522,8 +522,8 @@ async function gpuMem() {
   // kept (and the device's total) so the growth can still be judged by eye
   return { gpu_mib: mine, gpu_device_used_mib: used, ...(mine === null && others.length ? { gpu_other_apps: others.join(" ") } : {}) };
 }
-const GAUGES = ["num_requests_running", "num_requests_waiting", "kv_pages_used", "kv_pages_cached", "kv_pages_total", "state_slots_used",
-  "state_slots_total", "snapshot_slabs_used", "snapshot_slabs_total", "generation_tokens_total", "prompt_tokens_total",
+const GAUGES = ["num_requests_running", "num_requests_waiting", "kv_pages_used", "kv_pages_cached", "kv_pages_capacity", "state_slots_used",
+  "state_slots_capacity", "snapshot_slabs_used", "snapshot_slabs_capacity", "generation_tokens_total", "prompt_tokens_total",
   "prefix_cache_hits_total", "prefix_cache_queries_total", "prefix_cache_hit_tokens_total", "prefix_cache_evictions_total",
   "num_preemptions_total", "engine_requests_failed_total"];
 const samples = [];
@@ -542,7 +542,7 @@ async function samplerLoop() {
     const { s } = await sample("periodic");
     const f = (x) => (x === null || x === undefined ? "-" : Math.round(x));
     log(`${phase}: sent ${s.sent} ok ${s.completed_ok} errors ${s.errors}; running ${f(s.num_requests_running)} waiting ${f(s.num_requests_waiting)} ` +
-      `kv ${f(s.kv_pages_used)}+${f(s.kv_pages_cached)}/${f(s.kv_pages_total)} slots ${f(s.state_slots_used)}/${f(s.state_slots_total)}; ` +
+      `kv ${f(s.kv_pages_used)}+${f(s.kv_pages_cached)}/${f(s.kv_pages_capacity)} slots ${f(s.state_slots_used)}/${f(s.state_slots_capacity)}; ` +
       `RSS ${f(s.rss_mib)} MiB GPU ${f(s.gpu_mib)} MiB; health ${s.health}`);
     for (let i = 0; i < O.sampleS * 4 && sampling_on; i++) await sleep(250);
   }
@@ -668,7 +668,7 @@ async function main() {
     health_checks_during_soak: healthChecks,
     idle_after_s: idleM ? Math.round(idleS * 10) / 10 : null,
     pools_back: !!(idle(m1) && end.kv_pages_used === base.kv_pages_used && end.state_slots_used === base.state_slots_used &&
-      end.kv_pages_cached + end.kv_pages_used <= end.kv_pages_total && end.snapshot_slabs_used <= end.snapshot_slabs_total),
+      end.kv_pages_cached + end.kv_pages_used <= end.kv_pages_capacity && end.snapshot_slabs_used <= end.snapshot_slabs_capacity),
     pools: { baseline: { kv_pages_used: base.kv_pages_used, kv_pages_cached: base.kv_pages_cached, state_slots_used: base.state_slots_used, snapshot_slabs_used: base.snapshot_slabs_used },
       final: { kv_pages_used: end.kv_pages_used, kv_pages_cached: end.kv_pages_cached, state_slots_used: end.state_slots_used, snapshot_slabs_used: end.snapshot_slabs_used } },
     engine_failed: d("engine_requests_failed_total"),

@@ -417,6 +417,7 @@ void prefix_cache_clear(prefix_cache *pc) {
 void prefix_cache_lookup(prefix_cache *pc, const char *salt, const int32_t *prompt, int n_prompt,
                          prefix_cache_match *m) {
   pc->st.queries++;
+  pc->st.query_tokens += n_prompt;
   prefix_cache_peek(pc, salt, prompt, n_prompt, m);
 }
 

@@ -177,6 +177,7 @@ int prefix_cache_evict_slabs(prefix_cache *pc, int n);
 
 typedef struct prefix_cache_stats {
   long long queries, hits, hit_tokens;
+  long long query_tokens; /* prompt tokens of the lookups (vLLM counts its queries so) */
   long long captures, capture_failures; /* commits; aborts of captured or failed captures */
   long long evictions;                  /* checkpoints dropped (any tier, any reason but replace) */
   long long demotions;                  /* slabs or page sets moved to the host tier */

@@ -53,6 +53,8 @@ static void serve_usage(FILE *f) {
       "  --api-key KEY               require 'Authorization: Bearer KEY' on /v1/* (default:\n"
       "                              $DELTASERVE_API_KEY, else $VLLM_API_KEY, if set)\n"
       "  --metrics-require-api-key   with --api-key, /metrics needs the key too (default: open)\n"
+      "  --metrics-prefix NAME       /metrics names' prefix (deltaserve); vllm: vLLM's names,\n"
+      "                              labels and buckets for the series vLLM has (docs/api.md)\n"
       "  --device cpu|cuda|auto      backend (auto)\n"
       "  --threads N                 CPU backend threads (0: all cores)\n"
       "  --skip-tokenizer-init       no tokenizer: /v1/completions with token-id prompts only\n"
@@ -174,7 +176,7 @@ static json_vocab *serve_json_vocab(const tokenizer *tok, int n_vocab, const mod
 int cmd_serve(int argc, char **argv) {
   const char *model_arg = NULL; /* MODEL, positional */
   const char *model_dir = NULL, *host = "127.0.0.1", *name = NULL, *api_key = NULL,
-             *device = "auto", *gen_cfg = "auto", *chat_tpl = NULL;
+             *device = "auto", *gen_cfg = "auto", *chat_tpl = NULL, *metrics_prefix = "deltaserve";
   long long port = 8000, threads = 0, max_req = 32LL << 20;
   int batch_invariant = 0, no_warmup = 0;
   double grace = 5.0;
@@ -242,7 +244,8 @@ int cmd_serve(int argc, char **argv) {
                                        "--generation-config",
                                        "--chat-template",
                                        "--log-level",
-                                       "--log-stats-interval"};
+                                       "--log-stats-interval",
+                                       "--metrics-prefix"};
     int known = 0;
     for (size_t k = 0; k < sizeof with_value / sizeof with_value[0]; k++)
       known |= !strcmp(a, with_value[k]);
@@ -274,7 +277,21 @@ int cmd_serve(int argc, char **argv) {
       gen_cfg = v;
     else if (!strcmp(a, "--chat-template"))
       chat_tpl = v;
-    else if (!strcmp(a, "--log-level")) {
+    else if (!strcmp(a, "--metrics-prefix")) {
+      /* a Prometheus name part: the names stay valid */
+      int ok = (v[0] >= 'a' && v[0] <= 'z') || (v[0] >= 'A' && v[0] <= 'Z') || v[0] == '_';
+      for (const char *c = v; *c && ok; c++)
+        ok = (*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9') ||
+             *c == '_';
+      if (!ok || strlen(v) > 40) {
+        fprintf(stderr,
+                "deltaserve serve: --metrics-prefix: expected a name of letters, digits and '_' "
+                "(at most 40, not starting with a digit), got '%s'\n",
+                v);
+        return 2;
+      }
+      metrics_prefix = v;
+    } else if (!strcmp(a, "--log-level")) {
       log_level lv;
       if (log_level_parse(v, &lv)) {
         fprintf(stderr,
@@ -382,7 +399,9 @@ int cmd_serve(int argc, char **argv) {
                     .max_request_bytes = (size_t)max_req,
                     .metrics_require_api_key = metrics_key,
                     .disable_log_requests = no_log_requests,
-                    .log_stats_interval_s = no_log_stats ? 0.0 : stats_interval};
+                    .log_stats_interval_s = no_log_stats ? 0.0 : stats_interval,
+                    .metrics_prefix = metrics_prefix,
+                    .gpu_memory_utilization = eo.gpu_memory_utilization};
   server *srv = NULL;
   if (server_start(&srv, &so, err, sizeof err)) {
     fprintf(stderr, "deltaserve serve: %s\n", err);

@@ -169,6 +169,8 @@ static void engine_snapshot(engine *e) {
   s.snapshot_slabs_total = state_pool_num_slabs(e->sp);
   s.snapshot_slabs_used = s.snapshot_slabs_total - state_pool_num_slabs_free(e->sp);
   s.max_model_len = e->max_model_len;
+  memcpy(s.step_tokens_bucket, e->step_tok_bucket, sizeof s.step_tokens_bucket);
+  s.step_tokens_sum = e->step_tok_sum;
   s.ckpt_captures_timed = e->ck_n[0];
   s.ckpt_restores_timed = e->ck_n[1];
   s.ckpt_restore_page_copies = e->ck_n[2];
@@ -181,6 +183,7 @@ static void engine_snapshot(engine *e) {
     prefix_cache_get_stats(e->pc, &p);
     s.prefix_enabled = 1;
     s.prefix_queries = p.queries;
+    s.prefix_query_tokens = p.query_tokens;
     s.prefix_hits = p.hits;
     s.prefix_hit_tokens = p.hit_tokens;
     s.prefix_captures = p.captures;
@@ -650,6 +653,7 @@ int engine_next(engine_req *h, engine_event *ev, int timeout_ms) {
     ev->prompt_tokens = h->prompt_tokens;
     ev->completion_tokens = h->completion_tokens;
     ev->cached_tokens = h->cached_tokens;
+    ev->t_scheduled = h->t_sched;
     snprintf(ev->err, sizeof ev->err, "%s", h->err);
   }
   pthread_mutex_unlock(&h->mu);

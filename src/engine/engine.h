@@ -129,7 +129,9 @@ typedef struct engine_event {
   int prompt_tokens;    /* set on the final event */
   int cached_tokens;    /* prompt tokens restored from the prefix cache (final event) */
   int completion_tokens;
-  char err[160]; /* FINISH_ERROR: what went wrong */
+  char err[160];      /* FINISH_ERROR: what went wrong */
+  double t_scheduled; /* final event: the monotonic time (CLOCK_MONOTONIC seconds) of the first
+                         step that fed the request; 0 when none did */
 } engine_event;
 
 /* Creates the engine over a loaded model and starts its thread. Returns NULL with err. */
@@ -145,6 +147,11 @@ engine_req *engine_submit(engine *e, const engine_submit_opts *o, engine_status 
 int engine_next(engine_req *r, engine_event *ev, int timeout_ms);
 void engine_cancel(engine_req *r);
 void engine_release(engine_req *r);
+
+/* The bounds of engine_stats.step_tokens_bucket: vLLM's iteration_tokens_total buckets, so that
+ * /metrics can report that histogram under its name. */
+#define ENGINE_STEP_TOKEN_BUCKETS 13
+extern const int engine_step_token_le[ENGINE_STEP_TOKEN_BUCKETS];
 
 /* Metrics snapshot for /metrics and the start-up log (read without stopping the engine). */
 typedef struct engine_stats {
@@ -162,6 +169,7 @@ typedef struct engine_stats {
   int max_model_len;
   /* prefix cache, continued (all 0 when it is off) */
   int prefix_enabled;
+  long long prefix_query_tokens; /* prompt tokens of the lookups */
   long long prefix_demotions, prefix_rejected;
   int prefix_checkpoints, prefix_pending, prefix_host_checkpoints;
   int prefix_device_slabs, prefix_device_slabs_max, prefix_device_pages;
@@ -172,6 +180,9 @@ typedef struct engine_stats {
    * (slot -> slab), restores (slab -> slot; the sum also holds their copy-on-write page copies) */
   long long ckpt_captures_timed, ckpt_restores_timed, ckpt_restore_page_copies;
   double ckpt_capture_ms_sum, ckpt_restore_ms_sum, ckpt_capture_ms_max, ckpt_restore_ms_max;
+  /* steps by the tokens they fed: step_tokens_bucket[i] counts those of at most
+   * engine_step_token_le[i] tokens (and more than the bound before), the last any more */
+  long long step_tokens_bucket[ENGINE_STEP_TOKEN_BUCKETS + 1], step_tokens_sum;
 } engine_stats;
 void engine_get_stats(engine *e, engine_stats *s);
 

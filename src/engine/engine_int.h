@@ -38,6 +38,7 @@ struct engine_req {
   int refs; /* client + engine */
   atomic_int cancel;
   int prompt_tokens, completion_tokens, cached_tokens;
+  double t_sched; /* engine_now() at the first step that fed it (0: none yet) */
   char err[160];
   void (*on_logits)(void *, const float *, int);
   void *user;
@@ -101,6 +102,7 @@ struct engine {
   long long next_id;
   engine_stats st; /* the snapshot readers get (under mu) */
   long long prompt_total, gen_total, prefilled_total, finished, cancelled, failed;
+  long long step_tok_bucket[ENGINE_STEP_TOKEN_BUCKETS + 1], step_tok_sum; /* engine_step_tally */
   long long ck_n[3]; /* checkpoint copies timed (engine_time_copy) */
   double ck_ms[3], ck_max[3];
 };

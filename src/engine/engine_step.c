@@ -21,6 +21,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include "base/log.h"
 #include "engine/engine_int.h"
@@ -64,6 +65,32 @@ static int engine_step_is_stop(engine *e, const request *r, int32_t t) {
 
 /* --log-steps: "step N (T tokens): r<id>[from,to)" per scheduled request; an
  * admission is marked "+" (cold) or "<-D" (restored D tokens), a sampling row "!". */
+const int engine_step_token_le[ENGINE_STEP_TOKEN_BUCKETS] = {1,   8,    16,   32,   64,   128,  256,
+                                                             512, 1024, 2048, 4096, 8192, 16384};
+
+static double engine_step_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* One step of n_tokens over reqs[n] counted (dir 1) or taken back (dir -1) in the step-token
+ * histogram; a request's first step stamps its t_sched (the end of its wait in the queue). */
+static void engine_step_tally(engine *e, request **reqs, int n, int n_tokens, int dir) {
+  int b = 0;
+  while (b < ENGINE_STEP_TOKEN_BUCKETS && n_tokens > engine_step_token_le[b]) b++;
+  e->step_tok_bucket[b] += dir;
+  e->step_tok_sum += dir * n_tokens;
+  double now = 0;
+  for (int i = 0; i < n; i++) {
+    engine_req *h = reqs[i]->owner;
+    if (h->t_sched == 0) {
+      if (now == 0) now = engine_step_now();
+      h->t_sched = now;
+    }
+  }
+}
+
 static void engine_step_trace(engine *e, const sched_batch *b) {
   char line[1024];
   int n = snprintf(line, sizeof line, "step %lld (%d tokens):", e->steps, b->n_tokens);
@@ -167,6 +194,7 @@ static int engine_step_flight_start(engine *e, request **reqs, int n, int chaine
   for (int i = 0; i < n; i++) reqs[i]->in_flight = 1;
   e->n_fl++;
   e->steps++;
+  engine_step_tally(e, reqs, n, n, 1);
   return 0;
 }
 
@@ -318,6 +346,7 @@ int engine_step_run(engine *e) {
     if (r->n_computed < r->n_prompt) e->prefilled_total += r->sched_tokens;
   }
   e->steps++;
+  engine_step_tally(e, b.reqs, b.n, b.n_tokens, 1);
   if (e->o.log_steps) engine_step_trace(e, &b);
   /* plain greedy everywhere: the device picks the tokens */
   int greedy = e->device_greedy && n_rows > 0;
@@ -337,6 +366,7 @@ int engine_step_run(engine *e) {
     }
     if (all_decode) {
       e->steps--; /* counted by engine_step_flight_start */
+      engine_step_tally(e, b.reqs, b.n, b.n_tokens, -1);
       char ferr[160];
       if (engine_step_flight_start(e, b.reqs, b.n, 0, sampled, ferr, sizeof ferr) != 0)
         return engine_step_fail(e, &b, ferr);

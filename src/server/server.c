@@ -1742,7 +1742,10 @@ int server_start(server **out, const server_opts *o, char *err, size_t errlen) {
   if (!s->o.max_request_bytes) s->o.max_request_bytes = 32u << 20;
   s->created = (long long)time(NULL);
   pthread_mutex_init(&s->mu, NULL);
-  s->met = metrics_new(s->name);
+  metrics_opts mo = {.prefix = o->metrics_prefix,
+                     .model_name = s->name,
+                     .gpu_memory_utilization = o->gpu_memory_utilization};
+  s->met = metrics_new(&mo);
   if (!s->host || !s->name || !s->met) {
     server_free(s);
     return errf(err, errlen, "out of memory");
@@ -1813,6 +1816,7 @@ int server_port(const server *s) { return s->port; }
 
 void server_set_model(server *s, const server_model *m) {
   s->m = *m;
+  metrics_set_max_model_len(s->met, m->max_model_len);
   if (s->o.log_stats_interval_s > 0 && m->eng) {
     s->stats = stats_log_new(m->eng, s->o.log_stats_interval_s);
     if (!s->stats) log_warn("the periodic stats line is off: its thread did not start");

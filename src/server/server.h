@@ -64,6 +64,8 @@ typedef struct server_opts {
   int metrics_require_api_key;   /* with api_key: /metrics needs it too (default open, as vLLM) */
   int disable_log_requests;      /* no line per finished request (request_log) */
   double log_stats_interval_s;   /* the periodic engine line's interval (stats_log); 0: off */
+  const char *metrics_prefix;    /* --metrics-prefix: "deltaserve" (NULL) or "vllm" (metrics.h) */
+  double gpu_memory_utilization; /* shown in /metrics cache_config_info */
 } server_opts;
 
 /* What serving needs from the loaded model; all borrowed, outliving the server's use. */

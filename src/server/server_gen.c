@@ -115,10 +115,29 @@ static void check_stop_strings(server_gen *g) {
   engine_cancel(g->req);
 }
 
-static void finish_metrics(server_gen *g, double now) {
+/* vLLM's request phases: queued until the first step that fed it (the engine's stamp, same
+ * clock), prefill until the first token, decode until the last */
+static void finish_metrics(server_gen *g, double now, double t_sched) {
   if (!g->o.met) return;
-  metrics_observe(g->o.met, METRICS_E2E, now - g->t_submit);
-  metrics_request_finished(g->o.met, server_gen_finish_name(g));
+  metrics_request r = {.finish = server_gen_finish_name(g),
+                       .e2e = now - g->t_submit,
+                       .queue = -1,
+                       .prefill = -1,
+                       .decode = -1,
+                       .inference = -1,
+                       .prompt_tokens = g->prompt_tokens,
+                       .generation_tokens = g->completion_tokens,
+                       .max_tokens = g->o.sp->max_tokens};
+  if (t_sched > 0) {
+    r.queue = t_sched - g->t_submit;
+    double last = g->n_ids > 0 ? g->t_last : now;
+    r.inference = last - t_sched;
+    if (g->n_ids > 0) {
+      r.prefill = g->t_first - t_sched;
+      r.decode = g->t_last - g->t_first;
+    }
+  }
+  metrics_request_done(g->o.met, &r);
 }
 
 static void append_text(server_gen *g, const char *s, long n) {
@@ -135,8 +154,10 @@ int server_gen_step(server_gen *g, int timeout_ms) {
     if (g->o.met) {
       if (g->n_ids == 0)
         metrics_observe(g->o.met, METRICS_TTFT, now - g->t_submit);
-      else
+      else {
         metrics_observe(g->o.met, METRICS_ITL, now - g->t_last);
+        metrics_observe(g->o.met, METRICS_TPOT, now - g->t_last);
+      }
     }
     if (g->n_ids == 0) g->t_first = now;
     g->t_last = now;
@@ -175,7 +196,7 @@ int server_gen_step(server_gen *g, int timeout_ms) {
     g->cached_tokens = ev.cached_tokens;
     g->completion_tokens =
         g->stop_string_hit || ev.completion_tokens <= 0 ? g->n_ids : ev.completion_tokens;
-    finish_metrics(g, now);
+    finish_metrics(g, now, ev.t_scheduled);
   }
   return 1;
 oom:

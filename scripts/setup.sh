@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 need=()
-for p in libmicrohttpd-dev libjansson-dev libpcre2-dev libutf8proc-dev clang libclang-rt-14-dev clang-format libzmq3-dev libmsgpack-dev python3-zmq python3-msgpack; do
+for p in libmicrohttpd-dev libjansson-dev libpcre2-dev libutf8proc-dev clang libclang-rt-14-dev clang-format libzmq3-dev libmsgpack-dev python3-zmq python3-msgpack prometheus; do
   dpkg -s "$p" >/dev/null 2>&1 || need+=("$p")
 done
 if [ ${#need[@]} -gt 0 ]; then

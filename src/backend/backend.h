@@ -157,6 +157,12 @@ struct backend {
    * router (routing is a discrete choice): the backend also keeps it at full precision. */
   backend_weight (*weight_upload_exact)(backend *be, const void *data, dtype dt, int64_t rows,
                                         int64_t cols);
+  /* Optional (NULL: the caller dequantizes the weight and calls weight_upload). A block-scaled
+   * FP8 weight kept as FP8, for matmul only: q [rows, cols] e4m3 bytes, scale_inv
+   * [ceil(rows/bn), ceil(cols/bk)] F32; element (n, k) is e4m3(q[n, k]) * scale_inv[n/bn][k/bk]
+   * (model/fp8.h). The host data may be freed afterwards. Returns NULL when out of memory. */
+  backend_weight (*weight_upload_fp8)(backend *be, const uint8_t *q, const float *scale_inv,
+                                      int64_t rows, int64_t cols, int bn, int bk);
   void (*weight_free)(backend *be, backend_weight w);    /* NULL is a no-op */
   size_t (*weight_bytes)(backend *be, backend_weight w); /* device bytes it takes */
   /* Optional (NULL: rows * cols * kind_size(ACT)). The device bytes weight_upload (exact:

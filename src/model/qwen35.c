@@ -70,9 +70,35 @@ struct qwen35 {
   size_t packed_bytes; /* ... the copies' bytes (in weight_bytes too) */
   size_t packed_over;  /* ... and the weights' own bytes */
   int n_fp8;           /* FP8 weights, dequantized at upload */
+  int n_fp8_kept;      /* FP8 weights the backend keeps as FP8 (weight_upload_fp8) */
 };
 
 /* ---- init ---- */
+
+/* upload_as's `exact` for a dense layer's product weight (given to matmul only): an FP8 one
+ * stays FP8 where the backend has weight_upload_fp8 */
+#define UPLOAD_PRODUCT 2
+
+/* An FP8 product weight through weight_upload_fp8 (its scales copied out of the stored matrix's:
+ * the view's rows start on a block row). 1 when taken (*out set, NULL when out of device memory),
+ * 0 when the weight must be dequantized, -1 when out of host memory. */
+static int upload_fp8(qwen35 *m, const tensor *t, int64_t rows, int64_t cols, backend_weight *out) {
+  int bn = t->block_n, bk = t->block_k;
+  if (!m->be->weight_upload_fp8 || t->ndim != 2 || t->shape[1] != cols || bn < 1 || bk < 1 ||
+      t->row0 % bn)
+    return 0;
+  int64_t sr = fp8_scale_rows(rows, bn), sc = fp8_scale_cols(cols, bk);
+  if (t->scale_cols < sc) return 0;
+  float *s = malloc((size_t)(sr * sc) * sizeof *s);
+  if (!s) return -1;
+  for (int64_t r = 0; r < sr; r++)
+    memcpy(s + r * sc, (const char *)t->scale + (size_t)((t->row0 / bn + r) * t->scale_cols) * 4,
+           (size_t)sc * 4);
+  *out = m->be->weight_upload_fp8(m->be, t->data, s, rows, cols, bn, bk);
+  free(s);
+  m->n_fp8_kept++;
+  return 1;
+}
 
 static int upload_as(qwen35 *m, const tensor *t, int64_t rows, int64_t cols, const char *what,
                      int layer, int exact, backend_weight *out, char *err, size_t errlen) {
@@ -80,8 +106,16 @@ static int upload_as(qwen35 *m, const tensor *t, int64_t rows, int64_t cols, con
   if (tensor_numel(t) != rows * cols)
     return errf(err, errlen, "layer %d: tensor %s has %lld values, expected %lld", layer, what,
                 (long long)tensor_numel(t), (long long)(rows * cols));
-  /* FP8 (model/fp8.h): no backend takes e4m3 blocks yet; each gets the exact fp32
-   * dequantization and converts it as it converts any weight (the CPU backend keeps it) */
+  int kept =
+      t->dt == DTYPE_F8_E4M3 && exact == UPLOAD_PRODUCT ? upload_fp8(m, t, rows, cols, out) : 0;
+  if (kept < 0) return errf(err, errlen, "out of memory uploading %s", what);
+  if (kept) {
+    if (!*out) return errf(err, errlen, "out of device memory uploading %s", what);
+    m->weight_bytes += m->be->weight_bytes(m->be, *out);
+    return 0;
+  }
+  /* any other FP8 weight (model/fp8.h) gets the exact fp32 dequantization, converted as the
+   * backend converts any weight (the CPU backend keeps it) */
   const void *data = t->data;
   dtype dt = t->dt;
   float *deq = NULL;
@@ -93,7 +127,7 @@ static int upload_as(qwen35 *m, const tensor *t, int64_t rows, int64_t cols, con
     dt = DTYPE_F32;
     m->n_fp8++;
   }
-  *out = exact && m->be->weight_upload_exact
+  *out = exact == 1 && m->be->weight_upload_exact
              ? m->be->weight_upload_exact(m->be, data, dt, rows, cols)
              : m->be->weight_upload(m->be, data, dt, rows, cols);
   free(deq);
@@ -105,6 +139,11 @@ static int upload_as(qwen35 *m, const tensor *t, int64_t rows, int64_t cols, con
 static int upload(qwen35 *m, const tensor *t, int64_t rows, int64_t cols, const char *what,
                   int layer, backend_weight *out, char *err, size_t errlen) {
   return upload_as(m, t, rows, cols, what, layer, 0, out, err, errlen);
+}
+
+static int upload_product(qwen35 *m, const tensor *t, int64_t rows, int64_t cols, const char *what,
+                          int layer, backend_weight *out, char *err, size_t errlen) {
+  return upload_as(m, t, rows, cols, what, layer, UPLOAD_PRODUCT, out, err, errlen);
 }
 
 static int alloc_buf(qwen35 *m, backend_buf *b, backend_kind kind, size_t n, char *err,
@@ -207,10 +246,10 @@ static int init_layer(qwen35 *m, int i, const layer_weights *lw, char *err, size
     return -1;
   if (c->layer_types[i] == LAYER_KIND_FULL) {
     int64_t nh = c->n_heads, nkv = c->n_kv_heads, hd = c->head_dim;
-    if (upload(m, &lw->q_proj, nh * 2 * hd, H, "q_proj", i, &L->q_proj, err, errlen) ||
-        upload(m, &lw->k_proj, nkv * hd, H, "k_proj", i, &L->k_proj, err, errlen) ||
-        upload(m, &lw->v_proj, nkv * hd, H, "v_proj", i, &L->v_proj, err, errlen) ||
-        upload(m, &lw->o_proj, H, nh * hd, "o_proj", i, &L->o_proj, err, errlen) ||
+    if (upload_product(m, &lw->q_proj, nh * 2 * hd, H, "q_proj", i, &L->q_proj, err, errlen) ||
+        upload_product(m, &lw->k_proj, nkv * hd, H, "k_proj", i, &L->k_proj, err, errlen) ||
+        upload_product(m, &lw->v_proj, nkv * hd, H, "v_proj", i, &L->v_proj, err, errlen) ||
+        upload_product(m, &lw->o_proj, H, nh * hd, "o_proj", i, &L->o_proj, err, errlen) ||
         upload(m, &lw->q_norm, 1, hd, "q_norm", i, &L->q_norm, err, errlen) ||
         upload(m, &lw->k_norm, 1, hd, "k_norm", i, &L->k_norm, err, errlen))
       return -1;
@@ -221,15 +260,15 @@ static int init_layer(qwen35 *m, int i, const layer_weights *lw, char *err, size
   } else {
     int64_t nk = c->lin_n_k_heads, nv = c->lin_n_v_heads, dk = c->lin_k_head_dim,
             dv = c->lin_v_head_dim, cd = c->conv_dim;
-    if (upload(m, &lw->in_proj_qkv, cd, H, "in_proj_qkv", i, &L->in_qkv, err, errlen) ||
-        upload(m, &lw->in_proj_z, nv * dv, H, "in_proj_z", i, &L->in_z, err, errlen) ||
-        upload(m, &lw->in_proj_b, nv, H, "in_proj_b", i, &L->in_b, err, errlen) ||
-        upload(m, &lw->in_proj_a, nv, H, "in_proj_a", i, &L->in_a, err, errlen) ||
+    if (upload_product(m, &lw->in_proj_qkv, cd, H, "in_proj_qkv", i, &L->in_qkv, err, errlen) ||
+        upload_product(m, &lw->in_proj_z, nv * dv, H, "in_proj_z", i, &L->in_z, err, errlen) ||
+        upload_product(m, &lw->in_proj_b, nv, H, "in_proj_b", i, &L->in_b, err, errlen) ||
+        upload_product(m, &lw->in_proj_a, nv, H, "in_proj_a", i, &L->in_a, err, errlen) ||
         upload(m, &lw->conv1d, cd, c->conv_kernel, "conv1d", i, &L->conv1d, err, errlen) ||
         upload(m, &lw->dt_bias, 1, nv, "dt_bias", i, &L->dt_bias, err, errlen) ||
         upload(m, &lw->A_log, 1, nv, "A_log", i, &L->A_log, err, errlen) ||
         upload(m, &lw->lin_norm, 1, dv, "linear_attn.norm", i, &L->lin_norm, err, errlen) ||
-        upload(m, &lw->out_proj, H, nv * dv, "out_proj", i, &L->out_proj, err, errlen))
+        upload_product(m, &lw->out_proj, H, nv * dv, "out_proj", i, &L->out_proj, err, errlen))
       return -1;
     (void)nk;
     (void)dk;
@@ -271,9 +310,9 @@ static int init_layer(qwen35 *m, int i, const layer_weights *lw, char *err, size
       return -1;
   } else {
     int64_t I = c->intermediate_size;
-    if (upload(m, &lw->gate_proj, I, H, "mlp.gate_proj", i, &L->gate, err, errlen) ||
-        upload(m, &lw->up_proj, I, H, "mlp.up_proj", i, &L->up, err, errlen) ||
-        upload(m, &lw->down_proj, H, I, "mlp.down_proj", i, &L->down, err, errlen))
+    if (upload_product(m, &lw->gate_proj, I, H, "mlp.gate_proj", i, &L->gate, err, errlen) ||
+        upload_product(m, &lw->up_proj, I, H, "mlp.up_proj", i, &L->up, err, errlen) ||
+        upload_product(m, &lw->down_proj, H, I, "mlp.down_proj", i, &L->down, err, errlen))
       return -1;
   }
   return 0;
@@ -363,19 +402,30 @@ static double plan_tensor(backend *be, const tensor *t, int exact) {
   return (double)tensor_numel(t) * (double)be->kind_size(be, BACKEND_KIND_ACT);
 }
 
+/* The same for a dense layer's product weight (upload_product): an FP8 one the backend keeps as
+ * FP8 takes its e4m3 bytes and scales. */
+static double plan_product(backend *be, const tensor *t) {
+  if (t->data && t->dt == DTYPE_F8_E4M3 && be->weight_upload_fp8 && t->ndim == 2 &&
+      t->block_n > 0 && t->block_k > 0 && t->row0 % t->block_n == 0)
+    return (double)tensor_numel(t) + 4.0 * (double)fp8_scale_rows(t->shape[0], t->block_n) *
+                                         (double)fp8_scale_cols(t->shape[1], t->block_k);
+  return plan_tensor(be, t, 0);
+}
+
 void qwen35_plan(const model_config *c, const model_weights *w, backend *be, qwen35_plan_bytes *b) {
   double wb = plan_tensor(be, &w->embed, 0) + plan_tensor(be, &w->final_norm, 0);
   if (!c->tie_word_embeddings && w->lm_head.data && w->lm_head.data != w->embed.data)
     wb += plan_tensor(be, &w->lm_head, 0);
   for (int i = 0; i < c->n_layers; i++) {
     const layer_weights *L = &w->layers[i];
-    const tensor *ts[] = {&L->input_norm,  &L->post_norm, &L->q_proj,      &L->k_proj,
-                          &L->v_proj,      &L->o_proj,    &L->q_norm,      &L->k_norm,
-                          &L->in_proj_qkv, &L->in_proj_z, &L->in_proj_b,   &L->in_proj_a,
+    const tensor *ts[] = {&L->input_norm,  &L->post_norm, &L->q_norm,      &L->k_norm,
                           &L->conv1d,      &L->dt_bias,   &L->A_log,       &L->lin_norm,
-                          &L->out_proj,    &L->gate_proj, &L->up_proj,     &L->down_proj,
                           &L->shared_gate, &L->shared_up, &L->shared_down, &L->shared_expert_gate};
+    const tensor *ps[] = {&L->q_proj,      &L->k_proj,    &L->v_proj,    &L->o_proj,
+                          &L->in_proj_qkv, &L->in_proj_z, &L->in_proj_b, &L->in_proj_a,
+                          &L->out_proj,    &L->gate_proj, &L->up_proj,   &L->down_proj};
     for (size_t k = 0; k < sizeof ts / sizeof *ts; k++) wb += plan_tensor(be, ts[k], 0);
+    for (size_t k = 0; k < sizeof ps / sizeof *ps; k++) wb += plan_product(be, ps[k]);
     wb += plan_tensor(be, &L->router, 1);
     if (L->experts && c->layer_is_moe[i])
       for (int e = 0; e < c->n_experts; e++)
@@ -438,11 +488,15 @@ int qwen35_init(qwen35 **out, const model_config *c, const model_weights *w, bac
   }
   for (int i = 0; i < c->n_layers; i++)
     if (init_layer(m, i, &w->layers[i], err, errlen)) goto fail;
+  if (m->n_fp8_kept)
+    log_info("qwen35: %d fp8 weights (the dense layers' products) stay fp8 on the %s backend",
+             m->n_fp8_kept, be->name);
   if (m->n_fp8)
-    log_info(
-        "qwen35: %d fp8 weights are dequantized to %s on the %s backend (no fp8 products "
-        "there yet)",
-        m->n_fp8, !strcmp(be->name, "cpu") ? "fp32 (exactly)" : "bf16", be->name);
+    log_info("qwen35: %d fp8 weights are dequantized to %s on the %s backend (%s)", m->n_fp8,
+             !strcmp(be->name, "cpu") ? "fp32 (exactly)" : "bf16", be->name,
+             be->weight_upload_fp8 ? "experts, lm-head and the other weights its fp8 products do "
+                                     "not take"
+                                   : "no fp8 products there");
   if (o->packed) pack_layers(m);
   if (be->logits_argmax_prepare &&
       be->logits_argmax_prepare(be, m->lm_head, (int)H, (int)V, err, errlen))

@@ -1109,6 +1109,7 @@ static enum MHD_Result handle_generate(conn *cx, openai_kind kind) {
   int n = cx->req.n > 0 ? cx->req.n : 1;
   cx->ch = calloc((size_t)n, sizeof *cx->ch);
   if (!cx->ch) return fail(cx, 503, "server_error", NULL, "out of memory");
+  metrics_observe(s->met, METRICS_PARAMS_N, n);
   for (int i = 0; i < n; i++) {
     choice *ch = &cx->ch[i];
     ch->sp = cx->req.sp;

@@ -17,6 +17,7 @@
 #include "backend/backend.h"
 #include "backend/cpu/backend_cpu.h"
 #include "backend/cuda/backend_cuda.h"
+#include "model/fp8.h"
 #include "sampler/sampler.h"
 #include "ref_io.h"
 #include "sample_cases.h"
@@ -359,6 +360,131 @@ static void decode_rows_batch(int T) {
   backend_batch b = {T, T, tok, pos, seq, st, len, pos, seq, pt, 1, 0, NULL, NULL};
   EXPECT(CPU->set_batch(CPU, &b) == 0);
   EXPECT(GPU->set_batch(GPU, &b) == 0);
+}
+
+/* ---- FP8 weights (weight_upload_fp8, cuda_fp8.cu) ----
+ * Random weights quantized by model/fp8.c in bn x bk blocks: the GPU gets the e4m3 bytes and
+ * scales, the CPU their exact fp32 dequantization (what it computes from an FP8 checkpoint). */
+typedef struct {
+  wpair w;
+  int N, K;
+} fp8w;
+
+static fp8w fp8_up(int N, int K, int bn, int bk, float scale) {
+  float *W = rand_vec((size_t)N * K, scale), *deq = malloc((size_t)N * K * sizeof *deq);
+  int64_t ns = fp8_scale_rows(N, bn) * fp8_scale_cols(K, bk);
+  uint8_t *q = malloc((size_t)N * K);
+  float *s = malloc((size_t)ns * sizeof *s);
+  tensor src = {.data = W, .dt = DTYPE_F32, .ndim = 2, .shape = {N, K}};
+  EXPECT(fp8_quantize(&src, bn, bk, q, s) == 0);
+  tensor v = fp8_view(q, s, N, K, bn, bk);
+  fp8_dequantize(&v, 0, N, deq);
+  fp8w r = {{CPU->weight_upload(CPU, deq, DTYPE_F32, N, K),
+             GPU->weight_upload_fp8(GPU, q, s, N, K, bn, bk)},
+            N,
+            K};
+  EXPECT(r.w.g != NULL);
+  n_checks++;
+  EXPECT_MSG(GPU->weight_bytes(GPU, r.w.g) == (size_t)N * K + (size_t)ns * 4,
+             "fp8 weight [%d, %d]: %zu device bytes", N, K, GPU->weight_bytes(GPU, r.w.g));
+  free(W), free(deq), free(q), free(s);
+  return r;
+}
+
+/* One FP8 product per row count: T <= 4 the FP8 GEMV (16-byte path where K and bk are multiples
+ * of 16, else the scalar loop), more rows the dequantized bf16 paths (skinny GEMM, cuBLAS; the
+ * dequantization's scalar loop at K = 100); edge blocks in N and K; 128 x 128 and 64 x 64 blocks.
+ */
+static void fp8_matmul_cases(void) {
+  struct {
+    int K, N, bn, bk;
+  } sh[8] = {{256, 384, 128, 128}, {2560, 300, 128, 128}, {1088, 130, 128, 128}, {1040, 96, 64, 64},
+             {200, 130, 64, 64},   {512, 32, 128, 128},   {1024, 257, 64, 128},  {100, 70, 64, 64}};
+  int Ts[9] = {1, 2, 3, 4, 5, 6, 9, 33, 17};
+  for (int c = 0; c < 8; c++) {
+    int K = sh[c].K, N = sh[c].N;
+    fp8w w = fp8_up(N, K, sh[c].bn, sh[c].bk, 0.1f);
+    for (int i = 0; i < 9; i++) {
+      int T = Ts[i];
+      float *x = rand_vec((size_t)T * K, 1.f);
+      pair px = pr(BACKEND_KIND_ACT, x, (size_t)T * K), y = pr_out(BACKEND_KIND_ACT, (size_t)T * N);
+      CPU->matmul(CPU, px.c, w.w.c, T, K, N, y.c);
+      GPU->matmul(GPU, px.g, w.w.g, T, K, N, y.g);
+      char what[64];
+      snprintf(what, sizeof what, "fp8 matmul %dx%d T=%d K=%d N=%d", sh[c].bn, sh[c].bk, T, K, N);
+      CMP(y.c, y.g, BACKEND_KIND_ACT, y.n, 6e-3, what);
+      gpu_ok();
+      pr_free(px);
+      pr_free(y);
+      free(x);
+    }
+    wfree(w.w);
+  }
+}
+
+TEST(fp8_matmul) { fp8_matmul_cases(); }
+
+/* An FP8 dense block recorded in decode steps of T rows, three times (direct, captured,
+ * replayed): q and k of one x (bf16 weights would fuse into k_gemv_multi), gate, up, swiglu
+ * (k_gemv_glu), down. Each output within tolerance of the CPU, the replays bit-identical to the
+ * first step, and no launch fused: the recorder leaves products of FP8 weights alone. */
+static void fp8_decode_case(int T) {
+  const int H = 512, I = 1024;
+  fp8w wq = fp8_up(640, H, 128, 128, 0.05f), wk = fp8_up(128, H, 128, 128, 0.05f),
+       wg = fp8_up(I, H, 128, 128, 0.05f), wu = fp8_up(I, H, 128, 128, 0.05f),
+       wd = fp8_up(H, I, 128, 128, 0.05f);
+  float *x = rand_vec((size_t)T * H, 1.f);
+  pair px = pr(BACKEND_KIND_ACT, x, (size_t)T * H);
+  pair yq = pr_out(BACKEND_KIND_ACT, (size_t)T * 640),
+       yk = pr_out(BACKEND_KIND_ACT, (size_t)T * 128);
+  pair g = pr_out(BACKEND_KIND_ACT, (size_t)T * I), u = pr_out(BACKEND_KIND_ACT, (size_t)T * I);
+  pair yd = pr_out(BACKEND_KIND_ACT, (size_t)T * H);
+  pair *outs[3] = {&yq, &yk, &yd};
+  uint16_t *first[3] = {NULL, NULL, NULL};
+  long st0[6], st1[6];
+  backend_cuda_graph_stats(GPU, st0);
+  for (int step = 0; step < 3; step++) {
+    decode_rows_batch(T);
+    backend *bes[2] = {GPU, CPU};
+    for (int b = 0; b < (step == 0 ? 2 : 1); b++) {
+      backend *be = bes[b];
+      int gp = be == GPU;
+      be->matmul(be, gp ? px.g : px.c, gp ? wq.w.g : wq.w.c, T, H, 640, gp ? yq.g : yq.c);
+      be->matmul(be, gp ? px.g : px.c, gp ? wk.w.g : wk.w.c, T, H, 128, gp ? yk.g : yk.c);
+      be->matmul(be, gp ? px.g : px.c, gp ? wg.w.g : wg.w.c, T, H, I, gp ? g.g : g.c);
+      be->matmul(be, gp ? px.g : px.c, gp ? wu.w.g : wu.w.c, T, H, I, gp ? u.g : u.c);
+      be->swiglu(be, gp ? g.g : g.c, gp ? u.g : u.c, (size_t)T * I, gp ? g.g : g.c);
+      be->matmul(be, gp ? g.g : g.c, gp ? wd.w.g : wd.w.c, T, I, H, gp ? yd.g : yd.c);
+    }
+    for (int j = 0; j < 3; j++) {
+      size_t n = outs[j]->n;
+      uint16_t *r = malloc(n * 2);
+      EXPECT(GPU->read(GPU, outs[j]->g, 0, r, n * 2) == 0);
+      if (step == 0) {
+        char what[64];
+        snprintf(what, sizeof what, "fp8 decode T=%d output %d", T, j);
+        CMP(outs[j]->c, outs[j]->g, BACKEND_KIND_ACT, n, j == 2 ? 1e-2 : 6e-3, what);
+        first[j] = r;
+      } else {
+        EXPECT_MSG(memcmp(first[j], r, n * 2) == 0, "fp8 decode T=%d output %d: step %d differs", T,
+                   j, step);
+        free(r);
+      }
+    }
+  }
+  backend_cuda_graph_stats(GPU, st1);
+  n_checks++;
+  EXPECT_MSG(st1[3] == st0[3], "fp8 decode T=%d: %ld launches fused", T, st1[3] - st0[3]);
+  gpu_ok();
+  for (int j = 0; j < 3; j++) free(first[j]);
+  pr_free(px), pr_free(yq), pr_free(yk), pr_free(g), pr_free(u), pr_free(yd);
+  wfree(wq.w), wfree(wk.w), wfree(wg.w), wfree(wu.w), wfree(wd.w);
+  free(x);
+}
+
+TEST(fp8_decode_graph) {
+  int Ts[4] = {1, 2, 4, 6};
+  for (int i = 0; i < 4; i++) fp8_decode_case(Ts[i]);
 }
 
 /* m products of one x[T, K] into N[j] columns each, recorded in a decode step of T rows, three
@@ -2330,6 +2456,8 @@ int main(void) {
   RUN(sgemm_fused);
   RUN(narrow_fused);
   RUN(batch_invariant_gemm);
+  RUN(fp8_matmul);
+  RUN(fp8_decode_graph);
   RUN(qk_norm_rope);
   RUN(attention);
   RUN(attention_gemm_blocks);

@@ -201,8 +201,10 @@ static void cu_weight_free(backend *be, backend_weight w) {
   /* graphs hold this weight's device addresses */
   cuda_graph_flush(cuda_ctx_of(be));
   cuda_graph_clear(cuda_ctx_of(be));
-  cuda_greedy_forget(cuda_ctx_of(be), CW(w)->bf);
+  if (CW(w)->bf) cuda_greedy_forget(cuda_ctx_of(be), CW(w)->bf);
   cudaFree(CW(w)->bf);
+  cudaFree(CW(w)->q8);
+  cudaFree(CW(w)->s8);
   cudaFree(CW(w)->f32);
   cudaFree(CW(w)->pk);
   cudaFree(CW(w)->pkh);
@@ -212,7 +214,8 @@ static void cu_weight_free(backend *be, backend_weight w) {
 static long long cu_weight_pack(backend *be, backend_weight wh) {
   cuda_ctx *c = cuda_ctx_of(be);
   cuda_weight *w = CW(wh);
-  if (!w || w->pk || w->f32 || !pk_fits(w->rows, w->cols) || w->rows > INT32_MAX / 2) return 0;
+  if (!w || !w->bf || w->pk || w->f32 || !pk_fits(w->rows, w->cols) || w->rows > INT32_MAX / 2)
+    return 0;
   int N = (int)w->rows, K = (int)w->cols;
   size_t pb = pk_bytes(N, K), hb = (size_t)N * 4;
   if (cudaMalloc((void **)&w->pk, pb) != cudaSuccess ||
@@ -304,9 +307,39 @@ static backend_weight cu_weight_upload_exact(backend *be, const void *data, dtyp
   return cu_weight_upload_as(be, data, dt, rows, cols, 1);
 }
 
+/* The FP8 weight's bytes as they stay (cuda_fp8.cu streams them in products of few rows). The
+ * shared scratch is grown here to the bf16 size of the weight: products of more rows dequantize
+ * it there, and a recorded step cannot grow it. */
+static backend_weight cu_weight_upload_fp8(backend *be, const uint8_t *q, const float *scale_inv,
+                                           int64_t rows, int64_t cols, int bn, int bk) {
+  cuda_ctx *c = cuda_ctx_of(be);
+  if (bn < 1 || bk < 1 || rows < 1 || cols < 1 || rows > INT32_MAX || cols > INT32_MAX) return NULL;
+  cuda_weight *w = (cuda_weight *)calloc(1, sizeof *w);
+  if (!w) return NULL;
+  w->rows = rows;
+  w->cols = cols;
+  w->bn = bn;
+  w->bk = bk;
+  size_t n = (size_t)(rows * cols), ns = (size_t)((rows + bn - 1) / bn * ((cols + bk - 1) / bk));
+  if (cudaMalloc((void **)&w->q8, n) != cudaSuccess ||
+      cudaMalloc((void **)&w->s8, ns * 4) != cudaSuccess ||
+      cudaMemcpy(w->q8, q, n, cudaMemcpyHostToDevice) != cudaSuccess ||
+      cudaMemcpy(w->s8, scale_inv, ns * 4, cudaMemcpyHostToDevice) != cudaSuccess ||
+      !cuda_scratch(c, n * 2)) {
+    cudaGetLastError();
+    cu_weight_free(be, w);
+    return NULL;
+  }
+  return w;
+}
+
 static size_t cu_weight_bytes(backend *be, backend_weight w) {
   (void)be;
   size_t n = (size_t)(CW(w)->rows * CW(w)->cols);
+  if (CW(w)->q8)
+    return n + (size_t)((CW(w)->rows + CW(w)->bn - 1) / CW(w)->bn *
+                        ((CW(w)->cols + CW(w)->bk - 1) / CW(w)->bk)) *
+                   4;
   return n * 2 + (CW(w)->f32 ? n * 4 : 0) +
          (CW(w)->pk ? pk_bytes(CW(w)->rows, CW(w)->cols) + (size_t)CW(w)->rows * 4 : 0);
 }
@@ -674,6 +707,7 @@ extern "C" backend *backend_cuda_create_test(int device, const backend_options *
   be->copy = cu_copy;
   be->zero = cu_zero;
   be->weight_upload = cu_weight_upload;
+  be->weight_upload_fp8 = cu_weight_upload_fp8;
   be->weight_upload_exact = cu_weight_upload_exact;
   be->weight_free = cu_weight_free;
   be->weight_bytes = cu_weight_bytes;

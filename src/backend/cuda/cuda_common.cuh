@@ -35,6 +35,11 @@ typedef struct cuda_weight {
    * 12-bit rows and their headers */
   uint8_t *pk;
   uint32_t *pkh;
+  /* an FP8 weight (weight_upload_fp8; bf NULL, matmul only, cuda_fp8.cu): the e4m3 matrix
+   * [rows, cols] and its scales [ceil(rows/bn), ceil(cols/bk)] fp32 */
+  uint8_t *q8;
+  float *s8;
+  int bn, bk;
 } cuda_weight;
 
 /* Device views of the step's metadata (pointers into ctx->d_meta). */

@@ -10,6 +10,8 @@
  *   larger                  cuBLAS bf16 GEMM, fp32 accumulation           cublasGemmEx
  *   --batch-invariant       GEMV up to 8 rows, else the GEMV arithmetic   k_gemv, k_gemv_all
  *                           in groups of 8 rows
+ *   an FP8 weight           cuda_fp8.cu (its GEMV, or dequantized into     k_fp8_gemv,
+ *                           scratch and the paths above)                   k_fp8_dequant
  *
  * The decode-step recorder (cuda_graph.cu) also launches the fused forms through cuda_gemm.cuh:
  * several products of one x (k_gemv_multi), gate/up/swiglu (k_gemv_glu) and the norm fold's
@@ -437,6 +439,10 @@ extern "C" void cuda_gemm_matmul(backend *be, backend_buf x, backend_weight W, i
   cuda_ctx *c = cuda_ctx_of(be);
   if (CW(W)->cols != K || CW(W)->rows != N) {
     cuda_fail(c, "matmul", "weight shape does not match K, N");
+    return;
+  }
+  if (CW(W)->q8) {
+    cuda_fp8_matmul(be, x, W, T, K, N, y);
     return;
   }
   if (gemv(c, (const bf16 *)x, CW(W), T, K, N, (bf16 *)y)) return;

@@ -25,6 +25,8 @@
  *   lm-head, greedy ids     int8 screen: k_gather_norm, k_greedy_screen, pick (1-4)
  *                           | cuBLAS + k_argmax_split (5-32) | cuBLAS + k_argmax (33+)
  *   lm-head, sampled ids    k_gemv_f32 (1-4) | cuBLAS (5+); then the sample clusters
+ *   product of an FP8       k_fp8_gemv (1-4) | k_fp8_dequant + the bf16 paths (5+); never
+ *    weight                 fused (the fits rules below refuse it: no GEMV-multi, GLU, norm fold)
  *
  * Under --batch-invariant: no fold, GEMV up to 8 rows then k_gemv_all, no shared ranges, MoE
  * per row. Prefill steps are not recorded: their ops launch as issued (cuda_gemm.cu,
@@ -260,17 +262,17 @@ static int cu_step_repeat(backend *be) {
 }
 
 static int gemv_fits(cuda_ctx *c, const gop &o) {
-  return o.kind == GOP_MATMUL && o.T >= 1 && o.T <= c->gemv_maxt && o.K % 8 == 0 &&
+  return o.kind == GOP_MATMUL && !o.W->q8 && o.T >= 1 && o.T <= c->gemv_maxt && o.K % 8 == 0 &&
          o.W->cols == o.K && o.W->rows == o.N && !(((uintptr_t)o.x | (uintptr_t)o.W->bf) & 15);
 }
 
 static int sgemm_fits(cuda_ctx *c, const gop &o) {
-  return o.kind == GOP_MATMUL && o.W->cols == o.K && o.W->rows == o.N &&
+  return o.kind == GOP_MATMUL && !o.W->q8 && o.W->cols == o.K && o.W->rows == o.N &&
          cuda_sgemm_fits(c, o.T, o.K, o.N, 1);
 }
 
 static int narrow_fits(cuda_ctx *c, const gop &o) {
-  return o.kind == GOP_MATMUL && o.W->cols == o.K && o.W->rows == o.N &&
+  return o.kind == GOP_MATMUL && !o.W->q8 && o.W->cols == o.K && o.W->rows == o.N &&
          !cuda_sgemm_fits(c, o.T, o.K, o.N, 0) &&
          cuda_gemm_narrow_fits(c, o.x, o.W->bf, o.T, o.K, o.N, o.y);
 }
@@ -571,7 +573,8 @@ static int fuse_narrow_multi(cuda_ctx *c, const std::vector<gop> &ops, size_t i)
 }
 
 /* The rewrites, tried in this order at each op; each output element is computed by the same code
- * as unfused (the same bits), except the norm fold (see above). */
+ * as unfused (the same bits), except the norm fold (see above). A product of an FP8 weight
+ * (cuda_fp8.cu) takes none of them: gemv_fits, sgemm_fits and narrow_fits refuse it. */
 static int (*const FUSE_RULES[])(cuda_ctx *, const std::vector<gop> &, size_t) = {
     fuse_norm_fold,   /* product, rmsnorm, its products -> GEMV_RES, k_rmsnorm8<true>, GEMV_LATE */
     fuse_gdn_chain,   /* conv1d, gdn_gates, gdn_decode, gated_rmsnorm -> k_gdn_chain */

@@ -39,7 +39,7 @@ extern "C" {
 void cuda_backend_ktrace_bind(void *), cuda_attn_ktrace_bind(void *), cuda_elem_ktrace_bind(void *),
     cuda_flash_ktrace_bind(void *), cuda_gdn_ktrace_bind(void *), cuda_moe_ktrace_bind(void *),
     cuda_sgemm_ktrace_bind(void *), cuda_greedy_ktrace_bind(void *),
-    cuda_sample_ktrace_bind(void *), cuda_gemm_ktrace_bind(void *);
+    cuda_sample_ktrace_bind(void *), cuda_gemm_ktrace_bind(void *), cuda_fp8_ktrace_bind(void *);
 }
 
 struct ktrace_graph {
@@ -66,11 +66,11 @@ int cuda_ktrace_init(cuda_ctx *c) {
     delete k;
     return -1;
   }
-  void (*bind[])(void *) = {cuda_backend_ktrace_bind, cuda_attn_ktrace_bind,
-                            cuda_elem_ktrace_bind,    cuda_flash_ktrace_bind,
-                            cuda_gdn_ktrace_bind,     cuda_moe_ktrace_bind,
-                            cuda_sgemm_ktrace_bind,   cuda_greedy_ktrace_bind,
-                            cuda_sample_ktrace_bind,  cuda_gemm_ktrace_bind};
+  void (*bind[])(void *) = {
+      cuda_backend_ktrace_bind, cuda_attn_ktrace_bind,   cuda_elem_ktrace_bind,
+      cuda_flash_ktrace_bind,   cuda_gdn_ktrace_bind,    cuda_moe_ktrace_bind,
+      cuda_sgemm_ktrace_bind,   cuda_greedy_ktrace_bind, cuda_sample_ktrace_bind,
+      cuda_gemm_ktrace_bind,    cuda_fp8_ktrace_bind};
   for (auto f : bind) f(k->ring);
   k->host.resize(KTRACE_CAP + 1);
   c->kt = k;

@@ -34,6 +34,11 @@ void cuda_gemm_matmul(backend *be, backend_buf x, backend_weight W, int T, int K
 void cuda_gemm_logits(backend *be, backend_buf x, backend_weight norm, float eps, backend_weight W,
                       int H, int V, backend_buf out);
 
+/* cuda_fp8.cu: the matmul op for a weight uploaded by weight_upload_fp8 (cuda_gemm_matmul hands
+ * such weights over) */
+void cuda_fp8_matmul(backend *be, backend_buf x, backend_weight W, int T, int K, int N,
+                     backend_buf y);
+
 /* cuda_greedy.cu: the argmax op; logits_argmax (the screen for steps of few rows, else logits
  * and argmax) */
 void cuda_greedy_argmax(backend *be, backend_buf x, int n, int V, backend_buf ids,

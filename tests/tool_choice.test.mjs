@@ -2,8 +2,8 @@
 // Responses API, with the random demo model and Qwen3's template (JSON tool calls): the
 // model's output is forced by the mask, so "required" / a named tool must come back as tool calls
 // of the allowed tools whose arguments are valid JSON matching the schema; parallel_tool_calls
-// false / disable_parallel_tool_use give exactly one call. Qwen3.5's template (XML calls)
-// refuses forced calls with a 400 that says so.
+// false / disable_parallel_tool_use give exactly one call. Qwen3.5's template (XML calls) is
+// forced the same way; a template asking for neither format gets a 400 that says so.
 import fs from "node:fs";
 import path from "node:path";
 import OpenAI from "openai";
@@ -109,14 +109,70 @@ await test("responses_required_and_named", async () => {
   checkArgs("lookup", c1[0].arguments);
 });
 
-await test("xml_template_refuses", async () => {
+// Qwen3.5's template: the calls are XML blocks (<function=NAME> <parameter=P>), forced the same way
+// (Qwen3.5's template opens a think block, which the random model never closes: thinking off)
+const noThink = { chat_template_kwargs: { enable_thinking: false } };
+await test("xml_chat_required_named_stream", async () => {
   const x = new OpenAI({ apiKey: KEY, baseURL: `${xml.url}/v1`, maxRetries: 0 });
+  for (let seed = 1; seed <= 2; seed++) {
+    const r = await x.chat.completions.create({ model: "tiny", messages: user, ...noThink, tools, tool_choice: "required", max_tokens: 400, seed, temperature: 1 });
+    const m = r.choices[0].message;
+    assert(m.tool_calls && m.tool_calls.length >= 1, `tool calls: ${JSON.stringify(m)}`);
+    eq(r.choices[0].finish_reason, "tool_calls", "finish_reason");
+    for (const c of m.tool_calls) checkArgs(c.function.name, c.function.arguments);
+  }
+  const one = await x.chat.completions.create({ model: "tiny", messages: user, ...noThink, tools, tool_choice: { type: "function", function: { name: "get_weather" } }, parallel_tool_calls: false, max_tokens: 400 });
+  eq(one.choices[0].message.tool_calls?.length, 1, `one call: ${JSON.stringify(one.choices[0].message)}`);
+  eq(one.choices[0].message.tool_calls[0].function.name, "get_weather", "named tool");
+  checkArgs("get_weather", one.choices[0].message.tool_calls[0].function.arguments);
+  // streamed = non-streamed (greedy, the same request)
+  const req = { model: "tiny", messages: user, ...noThink, tools, tool_choice: "required", max_tokens: 400, temperature: 0 };
+  const full = await x.chat.completions.create(req);
+  const s = await x.chat.completions.create({ ...req, stream: true });
+  const calls = {};
+  for await (const ch of s) for (const tc of ch.choices[0]?.delta?.tool_calls || []) {
+    const c = (calls[tc.index] ||= { name: "", args: "" });
+    if (tc.function?.name) c.name += tc.function.name;
+    if (tc.function?.arguments) c.args += tc.function.arguments;
+  }
+  const list = Object.values(calls);
+  eq(JSON.stringify(list.map((c) => [c.name, JSON.parse(c.args)])), JSON.stringify(full.choices[0].message.tool_calls.map((c) => [c.function.name, JSON.parse(c.function.arguments)])), "streamed calls = non-streamed");
+});
+
+await test("xml_anthropic_and_responses", async () => {
+  const ax = new Anthropic({ apiKey: KEY, baseURL: xml.url, maxRetries: 0 });
+  const atools = Object.entries(params).map(([name, input_schema]) => ({ name, input_schema }));
+  const r = await ax.messages.create({ model: "tiny", max_tokens: 400, tools: atools, tool_choice: { type: "tool", name: "lookup", disable_parallel_tool_use: true }, messages: user });
+  const uses = r.content.filter((b) => b.type === "tool_use");
+  eq(uses.length, 1, `one tool_use: ${JSON.stringify(r.content)}`);
+  eq(uses[0].name, "lookup", "named tool");
+  checkArgs("lookup", uses[0].input);
+  const x = new OpenAI({ apiKey: KEY, baseURL: `${xml.url}/v1`, maxRetries: 0 });
+  const rtools = Object.entries(params).map(([name, parameters]) => ({ type: "function", name, parameters }));
+  const rr = await x.responses.create({ model: "tiny", input: "Weather?", reasoning: { effort: "none" }, tools: rtools, tool_choice: "required", max_output_tokens: 400 });
+  const calls = rr.output.filter((o) => o.type === "function_call");
+  assert(calls.length >= 1, `function calls: ${JSON.stringify(rr.output)}`);
+  for (const c of calls) checkArgs(c.name, c.arguments);
+});
+
+await test("xml_unrepresentable_and_other_formats_refused", async () => {
+  const x = new OpenAI({ apiKey: KEY, baseURL: `${xml.url}/v1`, maxRetries: 0 });
+  const bad = [{ type: "function", function: { name: "f", parameters: { type: "object", properties: { "a>b": { type: "string" } } } } }];
   try {
-    await x.chat.completions.create({ model: "tiny", messages: user, tools, tool_choice: "required", max_tokens: 4 });
+    await x.chat.completions.create({ model: "tiny", messages: user, tools: bad, tool_choice: "required", max_tokens: 4 });
     throw new Error("no error");
   } catch (e) {
     eq(e.status, 400, `status (${e.message})`);
-    assert(/XML/.test(e.message) && /Qwen3 JSON/.test(e.message), `message names the XML format: ${e.message}`);
+    assert(/a>b/.test(e.message) && /XML/.test(e.message), `message names the parameter: ${e.message}`);
+  }
+  // a template whose tools section asks for neither format
+  const plain = "{%- for m in messages %}{{ m.role }}: {{ m.content }}\n{%- endfor %}{%- if tools %}tools: {{ tools | tojson }}{%- endif %}{%- if add_generation_prompt %}assistant: {%- endif %}";
+  try {
+    await oa.chat.completions.create({ model: "tiny", messages: user, tools, tool_choice: "required", max_tokens: 4, chat_template: plain });
+    throw new Error("no error");
+  } catch (e) {
+    eq(e.status, 400, `status (${e.message})`);
+    assert(/neither/.test(e.message), `message says the format is unknown: ${e.message}`);
   }
 });
 

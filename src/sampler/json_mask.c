@@ -1229,12 +1229,22 @@ enum {
   TG_ARGS,  /* in call k's arguments object (the schema state sl / stack, under sc; pos: bytes
              * of "<tool_call>" / "</tool_call>" matched, which may not appear there) */
   TG_SUF,   /* in the suffix literal (pos bytes matched) */
+  /* the XML form (json_schema.h's txml): the arguments object is fed the JSON its parameter
+   * blocks stand for, under sc */
+  TX_TAG,  /* "\n<parameter=" or "\n</function>" (pos bytes matched; sub: 1 the first, 2 the
+            * second, 0 not known yet) */
+  TX_NAME, /* in parameter j's name and ">\n" (pos bytes matched; j the lowest it may be) */
+  TX_VAL,  /* in a value (sub: 1 raw text); nl: a newline held, and then pos bytes of
+            * "</parameter>" (the value ends there); bp / bc: bytes of "</parameter>" /
+            * "</tool_call>" the value itself ends with */
 };
 
 typedef struct tg_st {
-  uint8_t ph; /* TG_* */
-  uint8_t ws; /* TG_GAP: whitespace bytes in a row */
-  int32_t pos, k, calls;
+  uint8_t ph;  /* TG_* */
+  uint8_t ws;  /* TG_GAP: whitespace bytes in a row */
+  uint8_t sub; /* TX_TAG, TX_VAL */
+  uint8_t nl, bp, bc;
+  int32_t pos, k, calls, j;
 } tg_st;
 
 struct json_mask {
@@ -1692,6 +1702,193 @@ static int tg_match(const json_schema *g, int k, int32_t pos, unsigned c) {
   return -1;
 }
 
+static const char tx_param[] = "\n<parameter=", tx_fend[] = "\n</function>",
+                  tx_pend[] = "</parameter>", tx_cend[] = "</tool_call>";
+
+/* n bytes fed to a copy of *t: 0 when it takes them */
+static int tx_try(const json_schema *sc, const ss_frame *bs, const ss_try *t, const char *b,
+                  size_t n) {
+  ss_try c;
+  ss_copy(&c, t);
+  return ss_feed(sc, bs, &c, (const unsigned char *)b, n);
+}
+
+/* Parameter x's key fed to *t: ',' after an earlier value, the key, '"' before raw text. */
+static int tx_key(const json_schema *sc, const ss_frame *bs, ss_try *t, const ss_xparam *x) {
+  if (t->l.mode == SM_AFTER && ss_step(sc, bs, t, ',')) return -1;
+  if (ss_feed(sc, bs, t, (const unsigned char *)x->key, strlen(x->key))) return -1;
+  return x->raw ? ss_step(sc, bs, t, '"') : 0;
+}
+
+static int tx_key_ok(const json_schema *sc, const ss_frame *bs, const ss_try *t,
+                     const ss_xparam *x) {
+  ss_try c;
+  ss_copy(&c, t);
+  return tx_key(sc, bs, &c, x) == 0;
+}
+
+/* The lowest parameter of tool k whose tag agrees with parameter j's on its first pos bytes,
+ * has byte c at pos, and whose key *t may take now (any parameter when pos is 0), or -1. */
+static int tx_match(const json_schema *g, int k, int j, int32_t pos, unsigned c,
+                    const json_schema *sc, const ss_frame *bs, const ss_try *t) {
+  const ss_xparam *xs = g->tparams[k];
+  for (int i = 0; i < g->tnp[k]; i++)
+    if ((size_t)pos < xs[i].len && (unsigned char)xs[i].lit[pos] == c &&
+        (pos == 0 || !memcmp(xs[i].lit, xs[j].lit, (size_t)pos)) && tx_key_ok(sc, bs, t, &xs[i]))
+      return i;
+  return -1;
+}
+
+/* The value ends: raw text's closing quote, a number or literal ended by a space; then it must
+ * be a whole value of the arguments object. */
+static int tx_end(const json_schema *sc, const ss_frame *bs, ss_try *t, int raw) {
+  if (raw && ss_step(sc, bs, t, '"')) return -1;
+  if (t->l.mode != SM_AFTER && ss_step(sc, bs, t, ' ')) return -1;
+  return t->l.mode == SM_AFTER && ss_depth(t) == 1 ? 0 : -1;
+}
+
+static int tx_end_ok(const json_schema *sc, const ss_frame *bs, const ss_try *t, int raw) {
+  ss_try c;
+  ss_copy(&c, t);
+  return tx_end(sc, bs, &c, raw) == 0;
+}
+
+/* One byte c of a value: raw text is fed as the JSON string content it stands for (escaped as
+ * the canonical encoding escapes); JSON text as it is. "</parameter>" and "</tool_call>" never
+ * end up in a value. */
+static int tx_val_byte(const json_schema *sc, const ss_frame *bs, ss_try *t, tg_st *s, unsigned c) {
+  s->bp = c == (unsigned char)tx_pend[s->bp] ? s->bp + 1 : c == '<';
+  s->bc = c == (unsigned char)tx_cend[s->bc] ? s->bc + 1 : c == '<';
+  if (s->bp == sizeof tx_pend - 1 || s->bc == sizeof tx_cend - 1) return -1;
+  if (!s->sub) /* JSON text: it stays inside the value (no ',' or '}' of the object's own) */
+    return ss_step(sc, bs, t, c) || ss_depth(t) == 0 ||
+                   (ss_depth(t) == 1 &&
+                    (t->l.mode == SM_OBJ_KEY || t->l.mode == SM_KEY || t->l.mode == SM_COLON ||
+                     (t->l.mode == SM_STR && t->l.key)))
+               ? -1
+               : 0;
+  char e[8];
+  size_t n = 2;
+  e[0] = '\\';
+  switch (c) {
+    case 0:
+      return -1; /* the parser's text ends at a NUL */
+    case '"':
+      e[1] = '"';
+      break;
+    case '\\':
+      e[1] = '\\';
+      break;
+    case '\b':
+      e[1] = 'b';
+      break;
+    case '\f':
+      e[1] = 'f';
+      break;
+    case '\n':
+      e[1] = 'n';
+      break;
+    case '\r':
+      e[1] = 'r';
+      break;
+    case '\t':
+      e[1] = 't';
+      break;
+    default:
+      if (c >= 0x20) return ss_step(sc, bs, t, c);
+      n = (size_t)snprintf(e, sizeof e, "\\u%04X", c);
+  }
+  return ss_feed(sc, bs, t, (const unsigned char *)e, n);
+}
+
+/* The held newline and the bytes of "</parameter>" after it, fed to the value after all. */
+static int tx_flush(const json_schema *sc, const ss_frame *bs, ss_try *t, tg_st *s) {
+  int32_t n = s->pos;
+  s->nl = 0;
+  s->pos = 0;
+  if (tx_val_byte(sc, bs, t, s, '\n')) return -1;
+  for (int32_t i = 0; i < n; i++)
+    if (tx_val_byte(sc, bs, t, s, (unsigned char)tx_pend[i])) return -1;
+  return 0;
+}
+
+/* 1 when the held bytes (s's) may still go either way: end the value, or be fed to it. */
+static int tx_hold_ok(const json_schema *sc, const ss_frame *bs, const ss_try *t, const tg_st *s) {
+  if (tx_end_ok(sc, bs, t, s->sub)) return 1;
+  ss_try c;
+  ss_copy(&c, t);
+  tg_st x = *s;
+  return tx_flush(sc, bs, &c, &x) == 0;
+}
+
+/* One byte of the XML form's arguments (phases TX_*). */
+static int tx_step(const json_schema *g, tg_st *s, const json_schema **sc, const ss_frame *bs,
+                   ss_try *t, unsigned c, int special) {
+  switch (s->ph) {
+    case TX_TAG:
+      if (s->pos == 2) {
+        s->sub = c == 'p' ? 1 : c == '/' ? 2 : 0;
+        if (!s->sub) return -1;
+        if (s->sub == 2 && tx_try(*sc, bs, t, "}", 1)) return -1;
+        if (s->sub == 1) {
+          int any = 0;
+          for (int i = 0; i < g->tnp[s->k] && !any; i++)
+            any = tx_key_ok(*sc, bs, t, &g->tparams[s->k][i]);
+          if (!any) return -1;
+        }
+      }
+      {
+        const char *lit = s->sub == 2 ? tx_fend : tx_param;
+        if (c != (unsigned char)lit[s->pos]) return -1;
+        if (lit[++s->pos]) return 0;
+      }
+      if (s->sub == 2) {
+        if (ss_step(*sc, bs, t, '}') || t->l.mode != SM_DONE) return -1;
+        s->ph = TG_SUF;
+      } else {
+        s->ph = TX_NAME;
+        s->j = 0;
+      }
+      s->pos = 0;
+      return 0;
+    case TX_NAME: {
+      int j = tx_match(g, s->k, s->j, s->pos, c, *sc, bs, t);
+      if (j < 0) return -1;
+      s->j = j;
+      const ss_xparam *x = &g->tparams[s->k][j];
+      if ((size_t)++s->pos < x->len) return 0;
+      if (tx_key(*sc, bs, t, x)) return -1;
+      s->ph = TX_VAL;
+      s->sub = (uint8_t)x->raw;
+      s->nl = s->bp = s->bc = 0;
+      s->pos = 0;
+      return 0;
+    }
+    default: /* TX_VAL */
+      if (special) return -1;
+      if (s->nl) {
+        if (c == (unsigned char)tx_pend[s->pos]) {
+          if (++s->pos == (int32_t)sizeof tx_pend - 1) {
+            if (tx_end(*sc, bs, t, s->sub)) return -1;
+            s->ph = TX_TAG;
+            s->pos = 0;
+            s->sub = 0;
+            s->nl = 0;
+            return 0;
+          }
+          return tx_hold_ok(*sc, bs, t, s) ? 0 : -1;
+        }
+        if (tx_flush(*sc, bs, t, s)) return -1;
+      }
+      if (c == '\n') {
+        s->nl = 1;
+        s->pos = 0;
+        return tx_hold_ok(*sc, bs, t, s) ? 0 : -1;
+      }
+      return tx_val_byte(*sc, bs, t, s, c);
+  }
+}
+
 /* One byte c of the grammar g from *s (the arguments' schema state in *sc, *t over the base
  * stack bs). special: c belongs to a special token, which may only spell literals. 0, or -1
  * when c breaks the text. */
@@ -1726,17 +1923,23 @@ static int tg_step(const json_schema *g, tg_st *s, const json_schema **sc, const
       if (k < 0) return -1;
       s->k = k;
       if ((size_t)++s->pos == g->tprelen[k]) {
-        s->ph = TG_ARGS;
+        s->ph = g->txml ? TX_TAG : TG_ARGS;
         s->pos = 0;
         s->ws = 0;
+        s->sub = 0;
         *sc = g->targs[k];
         memset(&t->l, 0, sizeof t->l);
         t->l.mode = SM_START;
         t->base = 0;
         t->nloc = 0;
+        if (g->txml) return ss_step(*sc, bs, t, '{'); /* the object the parameters stand for */
       }
       return 0;
     }
+    case TX_TAG:
+    case TX_NAME:
+    case TX_VAL:
+      return tx_step(g, s, sc, bs, t, c, special);
     case TG_ARGS:
       /* never "<tool_call>" or "</tool_call>" inside the arguments: the parser would split
        * the call there (ws: the slash was read) */

@@ -1955,7 +1955,14 @@ void json_schema_free(json_schema *s) {
   for (int k = 0; k < s->ntools; k++) {
     if (s->tpre) free(s->tpre[k]);
     if (s->targs) json_schema_free(s->targs[k]);
+    for (int j = 0; s->tparams && s->tparams[k] && j < s->tnp[k]; j++) {
+      free(s->tparams[k][j].lit);
+      free(s->tparams[k][j].key);
+    }
+    if (s->tparams) free(s->tparams[k]);
   }
+  free(s->tparams);
+  free(s->tnp);
   free(s->tpre);
   free(s->tprelen);
   free(s->targs);

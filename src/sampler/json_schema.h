@@ -163,6 +163,14 @@ typedef struct ss_tnode {
   int32_t e0, ne, term, bits;
 } ss_tnode;
 
+/* A parameter of a tool whose calls are in the XML form. */
+typedef struct ss_xparam {
+  char *lit;   /* NAME ">\n", the rest of its <parameter= tag (owned) */
+  size_t len;  /* strlen(lit) */
+  char *key;   /* its key's canonical JSON encoding and ':' (owned) */
+  int32_t raw; /* 1: a string parameter, its value raw text; 0: its value is JSON text */
+} ss_xparam;
+
 struct json_schema {
   int32_t root;
   int32_t nn;
@@ -188,6 +196,12 @@ struct json_schema {
   size_t *tprelen;     /* [ntools] */
   json_schema **targs; /* [ntools] (owned) */
   char *tsuf;          /* (owned) */
+  /* txml: the calls are in the XML form (tool_grammar_xml): tpre[k] ends at "<function=NAME>",
+   * then tool k's parameters as <parameter=NAME> blocks, read as the JSON object they stand
+   * for under targs[k]; tsuf closes the call after "</function>". */
+  int32_t txml;
+  int32_t *tnp;        /* [ntools] tool k's parameters */
+  ss_xparam **tparams; /* [ntools][tnp[k]] (owned) */
 };
 
 #endif /* DS_JSON_SCHEMA_INTERNAL */

@@ -11,7 +11,20 @@
  * completes picks ARGS's schema: the tool's `parameters` (an object schema, json_schema.h's
  * subset; absent or {}: any object). The think block is there when the prompt left one open
  * (tool_grammar_think): free text that must close it before the calls. eos is allowed only after
- * a complete call; max_calls bounds the calls (parallel_tool_calls false: 1). */
+ * a complete call; max_calls bounds the calls (parallel_tool_calls false: 1).
+ *
+ * The XML form (Qwen3.5 / 3.6 and Qwen3-Coder templates; tool_grammar_xml switches to it):
+ *
+ *   call  = "<tool_call>\n<function=" NAME ">" param* "\n</function>\n</tool_call>"
+ *   param = "\n<parameter=" PNAME ">\n" VALUE "\n</parameter>"
+ *
+ * as the template writes a call. The params, read as the JSON object they stand for ({PNAME:
+ * VALUE, ...}), follow ARGS's schema: PNAMEs are the tool's `properties` in their order, each at
+ * most once, the required ones all there. A string parameter's VALUE is raw text (what
+ * chat_parse keeps as the string: checked as the JSON string it becomes, so enum / pattern /
+ * length hold); any other parameter's VALUE is JSON text of its type (chat_parse types it by the
+ * schema's first non-null type, so a type list is narrowed to that one). No VALUE contains
+ * "</parameter>" or "</tool_call>" (where the parser would cut it). */
 #ifndef DS_TOOL_GRAMMAR_H
 #define DS_TOOL_GRAMMAR_H
 #include <jansson.h>
@@ -25,6 +38,14 @@
  * tool's parameters outside the subset, no tools, a name not in tools, out of memory). */
 json_schema *tool_grammar_compile(const json_t *tools, const char *name, int max_calls, char *err,
                                   size_t errlen);
+
+/* Switches s (made by tool_grammar_compile from the same tools and name) to the XML call form.
+ * 0, or -1 with one line in err: a tool or parameter name the form cannot carry ('>', '<',
+ * newline, empty), parameters not listed under a top-level `properties` (allOf / anyOf / oneOf /
+ * $ref at the top), a narrowed schema that does not compile, out of memory. Set before any mask
+ * is made over s. */
+int tool_grammar_xml(json_schema *s, const json_t *tools, const char *name, char *err,
+                     size_t errlen);
 
 /* think != 0: the output starts inside an open think block (the rendered prompt ended in one).
  * Set before any mask is made over s. */

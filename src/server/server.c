@@ -397,14 +397,25 @@ static int prepare_chat(conn *cx, openai_error *e) {
   cx->thinking_open = (!cx->req.json_object || cx->req.tool_forced) &&
                       (cr.thinking_open || openai_stream_prompt_thinking_open(cr.text, cr.len));
   if (cx->req.tool_forced) {
-    /* the format the rendered tools section asks for: Qwen3's JSON calls, or else refused */
-    if (!strstr(cr.text, "{\"name\": <function-name>, \"arguments\": <args-json-object>}")) {
+    /* the format the rendered tools section asks for: Qwen3's JSON calls, Qwen3.5 / 3.6 and
+     * Qwen3-Coder's XML calls, or else refused */
+    int json =
+        strstr(cr.text, "{\"name\": <function-name>, \"arguments\": <args-json-object>}") != NULL;
+    int xml = !json && strstr(cr.text, "<tool_call>\n<function=example_function_name>") != NULL;
+    const char *why = NULL;
+    if (!json && !xml)
+      why =
+          "tool_choice \"required\" / a named tool is enforced for the Qwen3 JSON and the "
+          "Qwen3.5 / 3.6 XML tool-call formats; this model's template asks for neither: use "
+          "tool_choice \"auto\"";
+    else if (xml && tool_grammar_xml(cx->req.schema, cx->req.tools, cx->req.tool_choice_name, err,
+                                     sizeof err))
+      why = err;
+    if (why) {
       chat_render_free(&cr);
-      return openai_error_set(e, 400, "invalid_request_error", "tool_choice",
-                              "tool_choice \"required\" / a named tool is enforced for the Qwen3 "
-                              "JSON tool-call format only; this model's template writes other "
-                              "(e.g. Qwen3.5 / 3.6 XML <function=...>) tool calls, which cannot "
-                              "be forced yet: use tool_choice \"auto\"");
+      if (why == err && !strcmp(err, "out of memory"))
+        return openai_error_set(e, 503, "server_error", NULL, "out of memory");
+      return openai_error_set(e, 400, "invalid_request_error", "tool_choice", "%s", why);
     }
     tool_grammar_think(cx->req.schema, cx->thinking_open);
   }

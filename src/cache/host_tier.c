@@ -57,6 +57,9 @@ int host_tier_live(const host_tier *ht, int entry) {
 int host_tier_entry_pages(const host_tier *ht, int entry) {
   return host_tier_live(ht, entry) ? ht->e[entry].n_pages : -1;
 }
+const void *host_tier_entry_data(const host_tier *ht, int entry) {
+  return host_tier_live(ht, entry) ? ht->e[entry].data : NULL;
+}
 int host_tier_entry_has_slot(const host_tier *ht, int entry) {
   return host_tier_live(ht, entry) ? ht->e[entry].has_slot : 0;
 }

@@ -54,6 +54,9 @@ void host_tier_drop(host_tier *ht, int entry);
 void host_tier_touch(host_tier *ht, int entry);
 /* The least recently used live entry, or -1 when empty. */
 int host_tier_oldest(const host_tier *ht);
+/* The entry's image (slab image, then the page images), borrowed until the entry is dropped;
+ * NULL when the handle is not live. */
+const void *host_tier_entry_data(const host_tier *ht, int entry);
 /* Entry facts; -1 / 0 when the handle is not live. */
 int host_tier_live(const host_tier *ht, int entry);
 int host_tier_entry_pages(const host_tier *ht, int entry);

@@ -6,6 +6,7 @@
 
 #include "base/fault.h"
 #include "base/log.h"
+#include "cache/pc_events.h"
 #include "cache/prefix_cache_int.h"
 
 #define PC_MASK(s) (1u << (s))
@@ -107,6 +108,8 @@ int checkpoint_commit(prefix_cache *pc, uint64_t ticket, uint64_t *ckpt) {
     pc->st.rejected++;
     return PREFIX_CACHE_EINVAL;
   }
+  /* announced before the incumbent leaves, so that the blocks they share are not re-sent */
+  pc_events_enter(pc, i);
   pc_node *n = r->node;
   int old = n->ckpt;
   n->pending = -1;
@@ -116,6 +119,7 @@ int checkpoint_commit(prefix_cache *pc, uint64_t ticket, uint64_t *ckpt) {
     if (o->pins == 0) {
       pc_rec_release(pc, old); /* the node holds the new record: it is not pruned */
     } else {
+      pc_events_leave(pc, old);
       o->node = NULL;
       o->state = PC_REC_ZOMBIE;
     }

@@ -7,6 +7,7 @@
 
 #include "base/fault.h"
 #include "base/log.h"
+#include "cache/pc_events.h"
 #include "cache/prefix_cache_int.h"
 
 const char *prefix_cache_strerror(int rc) {
@@ -312,6 +313,7 @@ static void pc_rec_unref_pages(prefix_cache *pc, pc_rec *r) {
 void pc_rec_release(prefix_cache *pc, int i) {
   pc_rec *r = &pc->recs[i];
   CHECK(r->state != PC_REC_FREE && r->pins == 0);
+  if (r->state == PC_REC_COMMITTED) pc_events_leave(pc, i);
   if (r->slab >= 0) pc_put_slab(pc, r->slab);
   if (r->host_slab >= 0) host_tier_drop(pc->ht, r->host_slab);
   if (r->host_kv >= 0) host_tier_drop(pc->ht, r->host_kv);
@@ -340,6 +342,7 @@ void pc_rec_drop(prefix_cache *pc, int i) {
     return;
   }
   if (r->state == PC_REC_ZOMBIE) return;
+  pc_events_leave(pc, i);
   pc_node *n = r->node;
   n->ckpt = -1;
   r->node = NULL;
@@ -384,12 +387,18 @@ int prefix_cache_init(prefix_cache **out, kv_pages *kp, state_pool *sp,
       return -1;
     }
   }
+  if (o->events && pc_events_init(&pc->events, o->events) != 0) {
+    prefix_cache_free(pc);
+    return -1;
+  }
   *out = pc;
   return 0;
 }
 
 void prefix_cache_free(prefix_cache *pc) {
   if (!pc) return;
+  pc_events_free(pc->events); /* a stopping server reports no removals */
+  pc->events = NULL;
   for (int i = 0; i < pc->n_recs; i++) {
     pc_rec *r = &pc->recs[i];
     CHECK(r->pins == 0); /* a restore still in flight */
@@ -403,6 +412,7 @@ void prefix_cache_free(prefix_cache *pc) {
 }
 
 void prefix_cache_clear(prefix_cache *pc) {
+  pc_events_clear_begin(pc);
   for (int i = 0; i < pc->n_recs; i++) {
     pc_rec *r = &pc->recs[i];
     if (r->state == PC_REC_COMMITTED && r->pins == 0) {
@@ -410,6 +420,7 @@ void prefix_cache_clear(prefix_cache *pc) {
       pc->st.evictions++;
     }
   }
+  pc_events_clear_end(pc);
 }
 
 /* ---------------------------------------------------------------- lookup */
@@ -551,6 +562,8 @@ static void pc_demote_slab(prefix_cache *pc, int i) {
     pc_put_slab(pc, r->slab);
     r->slab = -1;
     r->host_slab = e;
+    pc_events_state(pc, i, KV_EVENTS_MEDIUM_CPU, +1);
+    pc_events_state(pc, i, KV_EVENTS_MEDIUM_GPU, -1);
     pc->st.demotions++;
     return;
   }
@@ -566,6 +579,8 @@ static void pc_demote_kv(prefix_cache *pc, int i) {
       host_tier_put(pc->ht, -1, r->pages, r->n_pages, &e) == 0) {
     pc_rec_unref_pages(pc, r);
     r->host_kv = e;
+    pc_events_kv(pc, i, KV_EVENTS_MEDIUM_CPU, +1);
+    pc_events_kv(pc, i, KV_EVENTS_MEDIUM_GPU, -1);
     pc->st.demotions++;
     return;
   }
@@ -795,5 +810,6 @@ int prefix_cache_check(const prefix_cache *pc, char *err, size_t errlen) {
   } else if (host) {
     return errf(err, errlen, "prefix_cache: host entries without a host tier");
   }
+  if (pc_events_check(pc, err, errlen)) return -1;
   return 0;
 }

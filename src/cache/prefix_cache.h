@@ -59,6 +59,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "cache/kv_events.h"
 #include "cache/kv_pages.h"
 #include "cache/state_pool.h"
 
@@ -83,6 +84,8 @@ typedef struct prefix_cache_opts {
   size_t device_budget_bytes; /* --prefix-cache-gib: slabs held <= this / slab_bytes
                                  (0: every slab of the pool) */
   size_t host_budget_bytes;   /* --host-cache-gib (0: no host tier) */
+  kv_events *events;          /* --kv-events-config: where blocks and checkpoints are reported
+                                 (borrowed, outlives the cache; NULL: not reported) */
   prefix_cache_ops ops;
 } prefix_cache_opts;
 

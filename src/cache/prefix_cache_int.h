@@ -65,6 +65,8 @@ struct prefix_cache {
   int n_recs, cap_recs, free_head;
   uint64_t tick;
   prefix_cache_stats st; /* counters (the gauges are computed by get_stats) */
+  /* the KV-cache events' table (pc_events.h), NULL: off */
+  struct pc_events *events;
 };
 
 /* Record ids. */

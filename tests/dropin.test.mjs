@@ -1,10 +1,13 @@
 // deltaserve as a drop-in for vLLM users (issue: launch lines, metrics, HTTP surface):
 // /metrics under --metrics-prefix vllm (vLLM's names, labels, units; promtool where installed),
 // then the HTTP surface vLLM clients use. The official `openai` client where it applies.
-import { spawnSync } from "node:child_process";
+import { spawn, spawnSync } from "node:child_process";
+import fs from "node:fs";
+import os from "node:os";
+import path from "node:path";
 import OpenAI from "openai";
 import {
-  makeModel, startServer, killAllServers, watchdog, post, get, poll, test, failureCount, assert, eq, NAME,
+  BIN, makeModel, startServer, killAllServers, watchdog, post, get, poll, test, failureCount, assert, eq, NAME,
 } from "./lib/server_harness.mjs";
 
 const stopWatchdog = watchdog(170000, "dropin.test.mjs");
@@ -28,7 +31,7 @@ function sample(text, name, labels = {}) {
 
 let srv;
 try {
-  srv = await startServer(model.dir, ["--max-model-len", "1024", "--metrics-prefix", "vllm"]);
+  srv = await startServer(model.dir, ["--max-model-len", "1024", "--metrics-prefix", "vllm", "--served-model-name", NAME, "tiny-alias"]);
   const oa = new OpenAI({ apiKey: "x", baseURL: `${srv.url}/v1`, maxRetries: 0 });
 
   await test("metrics_vllm_names_and_units", async () => {
@@ -68,7 +71,8 @@ try {
     eq(sample(t, "vllm:request_prompt_tokens_bucket", { ...L, le: "1000.0" }), 2, "1-2-5 bounds up to max_model_len");
     eq(sample(t, "vllm:request_prompt_tokens_bucket", { ...L, le: "2000.0" }), undefined);
     assert(sample(t, "vllm:kv_cache_usage_perc", L) >= 0, "kv_cache_usage_perc");
-    eq(sample(t, "vllm:num_requests_running", L), 0);
+    // the engine's snapshot settles after the last step
+    await poll(async () => sample(await metricsText(srv), "vllm:num_requests_running", L) === 0, "running 0", 30000);
     // deltaserve's own series keep their names under the prefix
     eq(sample(t, "vllm:prefix_cache_lookups_total", L), 2);
     assert(sample(t, "vllm:kv_pages_capacity", L) > 0, "kv_pages_capacity");
@@ -87,6 +91,108 @@ try {
       !/iteration_tokens_total non-counter metrics should not have "_total" suffix/.test(l));
     eq(other, [], "promtool findings");
     assert(r.status === 0 || r.status === 3, `promtool exit ${r.status}`);
+  });
+  await test("served_model_names", async () => {
+    const list = await oa.models.list();
+    eq(list.data.map((m) => m.id), [NAME, "tiny-alias"], "/v1/models lists every served name");
+    const m = await oa.models.retrieve("tiny-alias");
+    eq([m.id, m.object, m.max_model_len], ["tiny-alias", "model", 1024], "/v1/models/{id}");
+    let err = null;
+    try {
+      await oa.models.retrieve("nope");
+    } catch (e) {
+      err = e;
+    }
+    eq(err && err.status, 404, "an unknown id is 404");
+    // the alias is accepted; the first name is the one reported
+    const c = await oa.completions.create({ model: "tiny-alias", prompt: "Hi", max_tokens: 1 });
+    eq(c.model, NAME, "responses report the first name");
+  });
+
+  await test("cors_default_any_origin", async () => {
+    const pre = await fetch(`${srv.url}/v1/chat/completions`, {
+      method: "OPTIONS",
+      headers: { Origin: "http://app.example", "Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "authorization, content-type" },
+    });
+    eq(pre.status, 200, "preflight answered");
+    eq(pre.headers.get("access-control-allow-origin"), "*");
+    eq(pre.headers.get("access-control-allow-methods"), "DELETE, GET, HEAD, OPTIONS, PATCH, POST, PUT");
+    eq(pre.headers.get("access-control-allow-headers"), "authorization, content-type");
+    eq(pre.headers.get("access-control-max-age"), "600");
+    const r = await fetch(`${srv.url}/v1/models`, { headers: { Origin: "http://app.example" } });
+    eq(r.headers.get("access-control-allow-origin"), "*", "a simple request carries the origin header");
+    const s = await fetch(`${srv.url}/v1/completions`, {
+      method: "POST", headers: { Origin: "http://app.example", "Content-Type": "application/json" },
+      body: JSON.stringify({ prompt: "Hi", max_tokens: 2, stream: true }),
+    });
+    eq(s.headers.get("access-control-allow-origin"), "*", "a stream too");
+    await s.text();
+    const none = await fetch(`${srv.url}/v1/models`);
+    eq(none.headers.get("access-control-allow-origin"), null, "no Origin, no CORS headers");
+    // OPTIONS without the preflight headers is no preflight: the route's 405
+    eq((await fetch(`${srv.url}/v1/models`, { method: "OPTIONS" })).status, 405);
+  });
+
+  await test("busy_port_fails_with_one_line", async () => {
+    const r = spawnSync(BIN, ["serve", "--model", model.dir, "--port", String(srv.port), "--threads", "1"], { encoding: "utf8", timeout: 60000 });
+    assert(r.status !== 0, `a second server on a busy port exited ${r.status}`);
+    const lines = r.stderr.split("\n").filter((l) => l.trim());
+    eq(lines, [`deltaserve serve: port ${srv.port} on 127.0.0.1 is in use (another server?): pick another with --port`]);
+  });
+  await test("ready_line_only_once_serving", async () => {
+    // the listening line comes after the model's lines, and /health is 200 by then
+    const iLoad = srv.log.indexOf("deltaserve: loading ");
+    const iModel = srv.log.indexOf("deltaserve: model ");
+    const iListen = srv.log.indexOf("deltaserve: listening on ");
+    assert(iLoad >= 0 && iModel > iLoad && iListen > iModel, `order of the start-up lines: ${srv.log.slice(0, 600)}`);
+    // a model that fails to load: no listening line, one error line, exit 1
+    const bad = fs.mkdtempSync(path.join(os.tmpdir(), "ds-dropin-bad-"));
+    fs.copyFileSync(path.join(model.dir, "config.json"), path.join(bad, "config.json"));
+    const r = spawnSync(BIN, ["serve", bad, "--port", "0", "--threads", "1"], { encoding: "utf8", timeout: 60000 });
+    fs.rmSync(bad, { recursive: true, force: true });
+    eq(r.status, 1, r.stderr);
+    assert(!/listening on/.test(r.stderr), `a listening line before a failed load: ${r.stderr}`);
+    assert(/no model\.safetensors/.test(r.stderr), r.stderr);
+  });
+
+  await test("ipv6_and_cors_restricted", async () => {
+    const p = spawn(BIN, ["serve", model.dir, "--host", "::1", "--port", "0", "--threads", "1", "--served-model-name", NAME,
+      "--allowed-origins", '["http://ok.example"]', "--allowed-methods", '["POST"]', "--allowed-headers", '["Authorization"]',
+      "--allow-credentials"], { stdio: ["ignore", "ignore", "pipe"] });
+    let log = "";
+    p.stderr.on("data", (d) => (log += d));
+    try {
+      const port = await poll(() => {
+        const m = /listening on http:\/\/\[::1\]:(\d+)/.exec(log);
+        return m && Number(m[1]);
+      }, "the IPv6 listening line", 60000);
+      const url = `http://[::1]:${port}`;
+      const c = new OpenAI({ apiKey: "x", baseURL: `${url}/v1`, maxRetries: 0 });
+      const r = await c.completions.create({ model: NAME, prompt: "Hi", max_tokens: 2, ignore_eos: true });
+      eq(r.usage.completion_tokens, 2, "served over IPv6");
+      const pre = (headers) => fetch(`${url}/v1/completions`, { method: "OPTIONS", headers: { "Access-Control-Request-Method": "POST", ...headers } });
+      const ok = await pre({ Origin: "http://ok.example", "Access-Control-Request-Headers": "authorization, content-type" });
+      eq(ok.status, 200);
+      eq(ok.headers.get("access-control-allow-origin"), "http://ok.example", "the origin echoed");
+      eq(ok.headers.get("access-control-allow-credentials"), "true");
+      eq(ok.headers.get("access-control-allow-methods"), "POST");
+      eq(ok.headers.get("vary"), "Origin");
+      const badOrigin = await pre({ Origin: "http://evil.example" });
+      eq([badOrigin.status, await badOrigin.text(), badOrigin.headers.get("access-control-allow-origin")], [400, "Disallowed CORS origin", null]);
+      const badMethod = await fetch(`${url}/v1/completions`, { method: "OPTIONS", headers: { Origin: "http://ok.example", "Access-Control-Request-Method": "DELETE" } });
+      eq([badMethod.status, await badMethod.text()], [400, "Disallowed CORS method"]);
+      const badHeader = await pre({ Origin: "http://ok.example", "Access-Control-Request-Headers": "x-secret" });
+      eq([badHeader.status, await badHeader.text()], [400, "Disallowed CORS headers"]);
+      const other = await fetch(`${url}/v1/models`, { headers: { Origin: "http://evil.example" } });
+      eq(other.headers.get("access-control-allow-origin"), null, "a disallowed origin gets no CORS headers");
+      // a bad list is refused at start with one line
+      const r2 = spawnSync(BIN, ["serve", model.dir, "--port", "0", "--allowed-origins", "*"], { encoding: "utf8", timeout: 30000 });
+      eq(r2.status, 2);
+      assert(/--allowed-origins: expected a JSON list of strings/.test(r2.stderr), r2.stderr);
+    } finally {
+      p.kill("SIGTERM");
+      await poll(() => p.exitCode !== null || p.signalCode !== null, "the IPv6 server to exit", 30000).catch(() => p.kill("SIGKILL"));
+    }
   });
 } finally {
   if (srv) await srv.stop().catch(() => {});

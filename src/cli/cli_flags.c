@@ -9,6 +9,8 @@
 #include <string.h>
 #include <strings.h>
 
+#include <jansson.h>
+
 #include "base/log.h"
 
 const char cli_flags_engine_help[] =
@@ -237,4 +239,40 @@ int cli_flags_engine(engine_opts *o, int argc, char **argv, int *i, char *err, s
     if (rc == 0 && nums[k].type == NUM_DOUBLE) *(double *)dst = d;
   }
   return rc < 0 ? -1 : 1;
+}
+
+int cli_flags_json_list(const char *v, const char *flag, char ***out, int *n, char *err,
+                        size_t errlen) {
+  *out = NULL;
+  *n = 0;
+  json_t *j = json_loads(v, JSON_DECODE_ANY, NULL);
+  size_t k = json_is_array(j) ? json_array_size(j) : 0;
+  for (size_t i = 0; i < k; i++)
+    if (!json_is_string(json_array_get(j, i))) k = 0;
+  if (!json_is_array(j) || (k == 0 && json_array_size(j) > 0)) {
+    json_decref(j);
+    snprintf(err, errlen, "%s: expected a JSON list of strings such as '[\"*\"]', got '%s'", flag,
+             v);
+    return -1;
+  }
+  char **l = calloc(k + 1, sizeof *l);
+  for (size_t i = 0; l && i < k; i++)
+    if (!(l[i] = strdup(json_string_value(json_array_get(j, i))))) {
+      cli_flags_list_free(l, (int)i);
+      l = NULL;
+    }
+  json_decref(j);
+  if (!l) {
+    snprintf(err, errlen, "%s: out of memory", flag);
+    return -1;
+  }
+  *out = l;
+  *n = (int)k;
+  return 0;
+}
+
+void cli_flags_list_free(char **list, int n) {
+  if (!list) return;
+  for (int i = 0; i < n; i++) free(list[i]);
+  free(list);
 }

@@ -35,5 +35,11 @@ int cli_flags_size(const char *v, const char *flag, long long lo, long long hi, 
 /* v as a number in [lo, hi] into *out; returns 0, or -1 with err naming flag. */
 int cli_flags_double(const char *v, const char *flag, double lo, double hi, double *out, char *err,
                      size_t errlen);
+/* v as a JSON list of strings, as vLLM reads --allowed-origins and its kin ('["*"]'), into a
+ * malloc'd array of malloc'd strings (*out, *n; free with cli_flags_list_free). Returns 0, or
+ * -1 with err naming flag. */
+int cli_flags_json_list(const char *v, const char *flag, char ***out, int *n, char *err,
+                        size_t errlen);
+void cli_flags_list_free(char **list, int n);
 
 #endif

@@ -47,12 +47,20 @@ static void serve_usage(FILE *f) {
       "server:\n"
       "  MODEL, --model DIR          model folder (default: the demo model at " SERVE_DEMO_MODEL
       ")\n"
-      "  --host ADDR                 IPv4 address to listen on (127.0.0.1)\n"
+      "  --host ADDR                 IPv4 or IPv6 address to listen on (127.0.0.1; :: or\n"
+      "                              0.0.0.0 for all)\n"
       "  --port N                    port (8000; 0 picks a free one)\n"
-      "  --served-model-name NAME    the model name clients send (default: the folder name)\n"
+      "  --served-model-name NAME... the model names clients may send; the first is the one\n"
+      "                              responses report (default: the folder name)\n"
       "  --api-key KEY               require 'Authorization: Bearer KEY' on /v1/* (default:\n"
       "                              $DELTASERVE_API_KEY, else $VLLM_API_KEY, if set)\n"
       "  --metrics-require-api-key   with --api-key, /metrics needs the key too (default: open)\n"
+      "  --allowed-origins JSON      CORS: origins allowed, a JSON list as vLLM takes it\n"
+      "                              ('[\"https://app.example\"]'; default '[\"*\"]')\n"
+      "  --allowed-methods JSON      CORS: methods allowed ('[\"*\"]')\n"
+      "  --allowed-headers JSON      CORS: request headers allowed ('[\"*\"]')\n"
+      "  --allow-credentials         CORS: Access-Control-Allow-Credentials (the origin is\n"
+      "                              echoed instead of '*')\n"
       "  --metrics-prefix NAME       /metrics names' prefix (deltaserve); vllm: vLLM's names,\n"
       "                              labels and buckets for the series vLLM has (docs/api.md)\n"
       "  --device cpu|cuda|auto      backend (auto)\n"
@@ -182,6 +190,14 @@ int cmd_serve(int argc, char **argv) {
   double grace = 5.0;
   int skip_tok = 0;
   int metrics_key = 0; /* --metrics-require-api-key */
+  /* --served-model-name's second and later values; CORS lists (--allowed-*) */
+  const char *aliases[16];
+  int n_aliases = 0, cors_cred = 0;
+  const char *cors_raw[3] = {NULL, NULL, NULL}; /* read just before the server starts */
+  char **cors[3] = {NULL, NULL, NULL};
+  int n_cors[3] = {0, 0, 0};
+  static const char *const cors_flags[3] = {"--allowed-origins", "--allowed-methods",
+                                            "--allowed-headers"};
   int no_log_requests = 0, no_log_stats = 0;
   double stats_interval = 10.0; /* --log-stats-interval */
   engine_opts eo;
@@ -219,11 +235,10 @@ int cmd_serve(int argc, char **argv) {
     const struct {
       const char *name;
       int *on;
-    } switches[] = {{"--skip-tokenizer-init", &skip_tok},
-                    {"--batch-invariant", &batch_invariant},
-                    {"--disable-log-requests", &no_log_requests},
-                    {"--disable-log-stats", &no_log_stats},
-                    {"--no-warmup", &no_warmup}};
+    } switches[] = {
+        {"--skip-tokenizer-init", &skip_tok},         {"--batch-invariant", &batch_invariant},
+        {"--disable-log-requests", &no_log_requests}, {"--disable-log-stats", &no_log_stats},
+        {"--allow-credentials", &cors_cred},          {"--no-warmup", &no_warmup}};
     int sw = 0;
     for (size_t k = 0; k < sizeof switches / sizeof switches[0]; k++)
       if (!strcmp(a, switches[k].name)) *switches[k].on = sw = 1;
@@ -245,7 +260,10 @@ int cmd_serve(int argc, char **argv) {
                                        "--chat-template",
                                        "--log-level",
                                        "--log-stats-interval",
-                                       "--metrics-prefix"};
+                                       "--metrics-prefix",
+                                       "--allowed-origins",
+                                       "--allowed-methods",
+                                       "--allowed-headers"};
     int known = 0;
     for (size_t k = 0; k < sizeof with_value / sizeof with_value[0]; k++)
       known |= !strcmp(a, with_value[k]);
@@ -267,9 +285,18 @@ int cmd_serve(int argc, char **argv) {
       model_dir = v;
     else if (!strcmp(a, "--host"))
       host = v;
-    else if (!strcmp(a, "--served-model-name"))
-      name = v;
-    else if (!strcmp(a, "--api-key"))
+    else if (!strcmp(a, "--served-model-name")) {
+      name = v; /* several values, as vLLM's nargs="+": the first is reported */
+      n_aliases = 0;
+      while (i + 1 < argc && argv[i + 1][0] != '-') {
+        if (n_aliases == (int)(sizeof aliases / sizeof *aliases)) {
+          fprintf(stderr, "deltaserve serve: --served-model-name: at most %d names\n",
+                  (int)(sizeof aliases / sizeof *aliases) + 1);
+          return 2;
+        }
+        aliases[n_aliases++] = argv[++i];
+      }
+    } else if (!strcmp(a, "--api-key"))
       api_key = v;
     else if (!strcmp(a, "--device"))
       device = v;
@@ -391,24 +418,46 @@ int cmd_serve(int argc, char **argv) {
   pthread_sigmask(SIG_BLOCK, &sigs, NULL);
   signal(SIGPIPE, SIG_IGN);
 
-  server_opts so = {.host = host,
-                    .port = (int)port,
-                    .served_model_name = name,
-                    .model_path = model_dir,
-                    .api_key = api_key,
-                    .max_request_bytes = (size_t)max_req,
-                    .metrics_require_api_key = metrics_key,
-                    .disable_log_requests = no_log_requests,
-                    .log_stats_interval_s = no_log_stats ? 0.0 : stats_interval,
-                    .metrics_prefix = metrics_prefix,
-                    .gpu_memory_utilization = eo.gpu_memory_utilization};
+  for (int k = 0; k < 3; k++)
+    if (cors_raw[k] &&
+        cli_flags_json_list(cors_raw[k], cors_flags[k], &cors[k], &n_cors[k], err, sizeof err)) {
+      fprintf(stderr, "deltaserve serve: %s\n", err);
+      for (int j = 0; j < k; j++) cli_flags_list_free(cors[j], n_cors[j]);
+      return 2;
+    }
+  server_opts so = {
+      .host = host,
+      .port = (int)port,
+      .served_model_name = name,
+      .model_path = model_dir,
+      .api_key = api_key,
+      .max_request_bytes = (size_t)max_req,
+      .metrics_require_api_key = metrics_key,
+      .disable_log_requests = no_log_requests,
+      .log_stats_interval_s = no_log_stats ? 0.0 : stats_interval,
+      .metrics_prefix = metrics_prefix,
+      .gpu_memory_utilization = eo.gpu_memory_utilization,
+      .model_aliases = aliases,
+      .n_model_aliases = n_aliases,
+      .cors_origins = (const char *const *)cors[0],
+      .n_cors_origins = n_cors[0],
+      .cors_methods = (const char *const *)cors[1],
+      .n_cors_methods = n_cors[1],
+      .cors_headers = (const char *const *)cors[2],
+      .n_cors_headers = n_cors[2],
+      .cors_credentials = cors_cred,
+  };
   server *srv = NULL;
   if (server_start(&srv, &so, err, sizeof err)) {
     fprintf(stderr, "deltaserve serve: %s\n", err);
+    for (int k = 0; k < 3; k++) cli_flags_list_free(cors[k], n_cors[k]);
     return 1;
   }
-  fprintf(stderr, "deltaserve: listening on http://%s:%d (loading %s)\n", host, server_port(srv),
-          model_dir);
+  /* the URL's host: an IPv6 address in brackets */
+  char url_host[80];
+  snprintf(url_host, sizeof url_host, strchr(host, ':') && host[0] != '[' ? "[%s]" : "%s", host);
+  fprintf(stderr, "deltaserve: loading %s (port %d bound: /health answers 503 until ready)\n",
+          model_dir, server_port(srv));
   fflush(stderr);
 
   int status = 1;
@@ -521,8 +570,9 @@ int cmd_serve(int argc, char **argv) {
     fprintf(stderr, "deltaserve: DS_FAULT armed: %s (test-only fault injection)\n", fault_spec);
   }
   server_set_model(srv, &sm);
-  fprintf(stderr, "deltaserve: ready: http://%s:%d/v1 (model '%s')\n", host, server_port(srv),
-          name);
+  /* printed once requests are served, so that a supervisor reading it can send them */
+  fprintf(stderr, "deltaserve: listening on http://%s:%d (ready: /v1, model '%s')\n", url_host,
+          server_port(srv), name);
   fflush(stderr);
   status = 0;
 
@@ -535,6 +585,7 @@ done:;
   server_shutdown(srv, status == 0 ? grace : 0.0);
   if (e) engine_destroy(e, 0);
   server_free(srv);
+  for (int k = 0; k < 3; k++) cli_flags_list_free(cors[k], n_cors[k]);
   json_vocab_free(jv);
   chat_jinja_free(chat);
   if (m) qwen35_free(m);

@@ -178,6 +178,9 @@ static int gate_same_addr(const pend *p, const struct sockaddr_storage *a) {
   if (a->ss_family == AF_INET)
     return ((const struct sockaddr_in *)&p->addr)->sin_addr.s_addr ==
            ((const struct sockaddr_in *)a)->sin_addr.s_addr;
+  if (a->ss_family == AF_INET6)
+    return !memcmp(&((const struct sockaddr_in6 *)&p->addr)->sin6_addr,
+                   &((const struct sockaddr_in6 *)a)->sin6_addr, sizeof(struct in6_addr));
   return 0;
 }
 

@@ -234,6 +234,41 @@ static void active_remove(server *s, conn *cx) {
   pthread_mutex_unlock(&s->mu);
 }
 
+/* ---- CORS (server_opts.cors_*, as Starlette's CORSMiddleware answers for vLLM) ---- */
+
+/* Is v in list[n] (case-insensitively when nocase), or is "*" there, or is the list empty
+ * (vLLM's default ["*"])? */
+static int cors_listed(const char *const *list, int n, const char *v, size_t vl, int nocase) {
+  if (n == 0) return 1;
+  for (int i = 0; i < n; i++) {
+    if (!strcmp(list[i], "*")) return 1;
+    if (strlen(list[i]) == vl && (nocase ? !strncasecmp(list[i], v, vl) : !strncmp(list[i], v, vl)))
+      return 1;
+  }
+  return 0;
+}
+
+static int cors_all(const char *const *list, int n) { return cors_listed(list, n, "*", 1, 0); }
+
+/* The Access-Control-Allow-Origin / -Credentials / Vary headers for a request from origin. */
+static void cors_origin_headers(const server *s, struct MHD_Response *r, const char *origin) {
+  int any = cors_all(s->o.cors_origins, s->o.n_cors_origins);
+  /* a wildcard is not valid with credentials: the origin itself is echoed then */
+  MHD_add_response_header(r, "Access-Control-Allow-Origin",
+                          any && !s->o.cors_credentials ? "*" : origin);
+  if (s->o.cors_credentials) MHD_add_response_header(r, "Access-Control-Allow-Credentials", "true");
+  if (!any || s->o.cors_credentials) MHD_add_response_header(r, "Vary", "Origin");
+}
+
+/* Adds the CORS headers to a response when the request came from an allowed Origin. */
+static void cors_add(conn *cx, struct MHD_Response *r) {
+  const char *origin = MHD_lookup_connection_value(cx->mc, MHD_HEADER_KIND, "Origin");
+  if (!origin) return;
+  const server *s = cx->s;
+  if (!cors_listed(s->o.cors_origins, s->o.n_cors_origins, origin, strlen(origin), 0)) return;
+  cors_origin_headers(s, r, origin);
+}
+
 static enum MHD_Result send_body(conn *cx, unsigned status, const char *ctype, char *body,
                                  size_t len, const char *hname, const char *hval) {
   if (cx->capture) { /* a late body: its status line is already sent */
@@ -250,6 +285,7 @@ static enum MHD_Result send_body(conn *cx, unsigned status, const char *ctype, c
   cx->status = (int)status;
   MHD_add_response_header(r, "Content-Type", ctype);
   if (hname) MHD_add_response_header(r, hname, hval);
+  cors_add(cx, r);
   enum MHD_Result ret = MHD_queue_response(cx->mc, status, r);
   MHD_destroy_response(r);
   return ret;
@@ -289,8 +325,16 @@ static enum MHD_Result fail(conn *cx, int status, const char *type, const char *
   return send_error(cx, &e);
 }
 
+/* Is name one of the served names (the first, or an alias)? */
+static int model_served(const server *s, const char *name) {
+  if (!strcmp(name, s->name)) return 1;
+  for (int i = 0; i < s->o.n_model_aliases; i++)
+    if (!strcmp(name, s->o.model_aliases[i])) return 1;
+  return 0;
+}
+
 static int model_ok(server *s, const char *model, openai_error *e) {
-  if (!model || !strcmp(model, s->name)) return 0;
+  if (!model || model_served(s, model)) return 0;
   openai_error_set(e, 404, "NotFoundError", "model", "The model `%s` does not exist.", model);
   e->code = "model_not_found";
   return -1;
@@ -403,7 +447,7 @@ static int prepare_chat(conn *cx, openai_error *e) {
         strstr(cr.text, "{\"name\": <function-name>, \"arguments\": <args-json-object>}") != NULL;
     int xml = !json && strstr(cr.text, "<tool_call>\n<function=example_function_name>") != NULL;
     const char *why = NULL;
-    if (!json && !xml)
+    if (!json && !xml && cx->req.tool_choice != OPENAI_TOOL_CHOICE_AUTO) /* auto: any form */
       why =
           "tool_choice \"required\" / a named tool is enforced for the Qwen3 JSON and the "
           "Qwen3.5 / 3.6 XML tool-call formats; this model's template asks for neither: use "
@@ -1194,6 +1238,7 @@ static enum MHD_Result handle_generate(conn *cx, openai_kind kind) {
     if (!r) return MHD_NO;
     MHD_add_response_header(r, "Content-Type", "text/event-stream");
     MHD_add_response_header(r, "Cache-Control", "no-cache");
+    cors_add(cx, r);
     cx->status = 200;
     enum MHD_Result ret = MHD_queue_response(cx->mc, 200, r);
     MHD_destroy_response(r);
@@ -1217,6 +1262,7 @@ static enum MHD_Result handle_generate(conn *cx, openai_kind kind) {
           MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, late_reader, cx, NULL);
       if (!r) return MHD_NO;
       MHD_add_response_header(r, "Content-Type", "application/json");
+      cors_add(cx, r);
       cx->status = 200;
       enum MHD_Result ret = MHD_queue_response(cx->mc, 200, r);
       MHD_destroy_response(r);
@@ -1282,13 +1328,29 @@ static enum MHD_Result handle_count_tokens(conn *cx) {
   return send_json(cx, 200, json_pack("{s:i}", "input_tokens", cx->n_prompt));
 }
 
+/* The model object of one served name (vLLM lists every name, all of the same model). */
+static json_t *model_object(server *s, const char *id) {
+  return json_pack("{s:s, s:s, s:I, s:s, s:s, s:n, s:i, s:[]}", "id", id, "object", "model",
+                   "created", (json_int_t)s->created, "owned_by", "deltaserve", "root",
+                   s->path ? s->path : s->name, "parent", "max_model_len",
+                   atomic_load(&s->ready) ? s->m.max_model_len : 0, "permission");
+}
+
 static enum MHD_Result handle_models(conn *cx) {
   server *s = cx->s;
-  json_t *m = json_pack("{s:s, s:s, s:I, s:s, s:s, s:n, s:i, s:[]}", "id", s->name, "object",
-                        "model", "created", (json_int_t)s->created, "owned_by", "deltaserve",
-                        "root", s->path ? s->path : s->name, "parent", "max_model_len",
-                        atomic_load(&s->ready) ? s->m.max_model_len : 0, "permission");
-  return send_json(cx, 200, json_pack("{s:s, s:[o]}", "object", "list", "data", m));
+  json_t *data = json_array();
+  if (data) json_array_append_new(data, model_object(s, s->name));
+  for (int i = 0; data && i < s->o.n_model_aliases; i++)
+    json_array_append_new(data, model_object(s, s->o.model_aliases[i]));
+  return send_json(cx, 200, data ? json_pack("{s:s, s:o}", "object", "list", "data", data) : NULL);
+}
+
+/* GET /v1/models/{id}: the model object, or 404 as OpenAI answers an unknown id. */
+static enum MHD_Result handle_model(conn *cx, const char *id) {
+  server *s = cx->s;
+  openai_error e;
+  if (model_ok(s, id, &e)) return send_error(cx, &e);
+  return send_json(cx, 200, model_object(s, id));
 }
 
 static enum MHD_Result handle_tokenize(conn *cx) {
@@ -1389,6 +1451,7 @@ static enum MHD_Result handle_metrics(conn *cx) {
 typedef enum {
   R_HEALTH,
   R_MODELS,
+  R_MODEL,
   R_METRICS,
   R_CHAT,
   R_COMPLETIONS,
@@ -1409,6 +1472,7 @@ static const struct {
 } routes[] = {
     {"/health", "GET", R_HEALTH, 0, 0},
     {"/v1/models", "GET", R_MODELS, 1, 0},
+    {"/v1/models/", "GET", R_MODEL, 1, 0},
     {"/metrics", "GET", R_METRICS, 0, 0},
     {"/version", "GET", R_VERSION, 0, 0},
     {"/v1/chat/completions", "POST", R_CHAT, 1, 1},
@@ -1427,7 +1491,11 @@ static int route_find(const char *url, const char *method, int *path_known, cons
   *path_known = 0;
   *allow = NULL;
   for (size_t i = 0; i < N_ROUTES; i++) {
-    if (strcmp(url, routes[i].path)) continue;
+    /* "/v1/models/" + an id: the model route (an id may hold '/', as "org/name" does) */
+    if (routes[i].id == R_MODEL
+            ? strncmp(url, routes[i].path, strlen(routes[i].path)) || !url[strlen(routes[i].path)]
+            : strcmp(url, routes[i].path))
+      continue;
     *path_known = 1;
     *allow = routes[i].method;
     if (!strcmp(method, routes[i].method) ||
@@ -1498,6 +1566,76 @@ static int route_refused(conn *cx, const char *url, const char *method, enum MHD
   return 0;
 }
 
+/* A browser's CORS preflight (OPTIONS with Origin and Access-Control-Request-Method): 200 with
+ * what may be sent, or 400 naming what is not allowed, before any route or key check (the
+ * browser sends no credentials on it). Returns 1 when it answered. */
+static int cors_preflight(conn *cx, const char *method, enum MHD_Result *ret) {
+  if (strcmp(method, "OPTIONS")) return 0;
+  struct MHD_Connection *c = cx->mc;
+  const char *origin = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Origin");
+  const char *want =
+      MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Access-Control-Request-Method");
+  if (!origin || !want) return 0;
+  const char *hdrs =
+      MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Access-Control-Request-Headers");
+  const server *s = cx->s;
+  const char *bad = NULL;
+  if (!cors_listed(s->o.cors_origins, s->o.n_cors_origins, origin, strlen(origin), 0))
+    bad = "origin";
+  else if (!cors_listed(s->o.cors_methods, s->o.n_cors_methods, want, strlen(want), 1))
+    bad = "method";
+  else if (hdrs && !cors_all(s->o.cors_headers, s->o.n_cors_headers)) {
+    /* the CORS-safelisted request headers need no listing */
+    static const char *const safe[] = {"accept", "accept-language", "content-language",
+                                       "content-type"};
+    for (const char *p = hdrs; *p && !bad;) {
+      while (*p == ' ' || *p == ',') p++;
+      size_t l = strcspn(p, ", ");
+      if (l && !cors_listed(safe, 4, p, l, 1) &&
+          !cors_listed(s->o.cors_headers, s->o.n_cors_headers, p, l, 1))
+        bad = "headers";
+      p += l;
+    }
+  }
+  char *body = strdup(bad ? (!strcmp(bad, "origin")   ? "Disallowed CORS origin"
+                             : !strcmp(bad, "method") ? "Disallowed CORS method"
+                                                      : "Disallowed CORS headers")
+                          : "OK");
+  struct MHD_Response *r =
+      body ? MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE) : NULL;
+  if (!r) {
+    free(body);
+    *ret = MHD_NO;
+    return 1;
+  }
+  MHD_add_response_header(r, "Content-Type", "text/plain; charset=utf-8");
+  if (strcmp(bad ? bad : "", "origin")) cors_origin_headers(s, r, origin);
+  if (!bad) {
+    char buf[512] = "";
+    if (cors_all(s->o.cors_methods, s->o.n_cors_methods)) {
+      snprintf(buf, sizeof buf, "DELETE, GET, HEAD, OPTIONS, PATCH, POST, PUT");
+    } else {
+      for (int i = 0; i < s->o.n_cors_methods; i++)
+        snprintf(buf + strlen(buf), sizeof buf - strlen(buf), "%s%s", i ? ", " : "",
+                 s->o.cors_methods[i]);
+    }
+    MHD_add_response_header(r, "Access-Control-Allow-Methods", buf);
+    if (cors_all(s->o.cors_headers, s->o.n_cors_headers)) {
+      if (hdrs) MHD_add_response_header(r, "Access-Control-Allow-Headers", hdrs);
+    } else {
+      snprintf(buf, sizeof buf, "Accept, Accept-Language, Content-Language, Content-Type");
+      for (int i = 0; i < s->o.n_cors_headers; i++)
+        snprintf(buf + strlen(buf), sizeof buf - strlen(buf), ", %s", s->o.cors_headers[i]);
+      MHD_add_response_header(r, "Access-Control-Allow-Headers", buf);
+    }
+    MHD_add_response_header(r, "Access-Control-Max-Age", "600");
+  }
+  cx->status = bad ? 400 : 200;
+  *ret = MHD_queue_response(c, (unsigned)cx->status, r);
+  MHD_destroy_response(r);
+  return 1;
+}
+
 /* Serves a request whose head route_refused accepted and whose body has been read. */
 static enum MHD_Result dispatch(conn *cx, const char *url, const char *method) {
   server *s = cx->s;
@@ -1522,6 +1660,8 @@ static enum MHD_Result dispatch(conn *cx, const char *url, const char *method) {
       return send_json(cx, 200, json_pack("{s:s}", "version", "deltaserve " VERSION_NUMBER));
     case R_MODELS:
       return handle_models(cx);
+    case R_MODEL:
+      return handle_model(cx, url + strlen("/v1/models/"));
     case R_METRICS:
       return handle_metrics(cx);
     case R_CHAT:
@@ -1631,6 +1771,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     *con_cls = cx;
     enum MHD_Result ret;
     if (head_refused(cx, url, version, &ret)) return ret;
+    if (cors_preflight(cx, method, &ret)) return ret;
     const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
     if (cl && strtoull(cl, NULL, 10) > s->o.max_request_bytes) cx->too_large = 1;
     if (route_refused(cx, url, method, &ret)) return ret;
@@ -1762,14 +1903,30 @@ int server_start(server **out, const server_opts *o, char *err, size_t errlen) {
     server_free(s);
     return errf(err, errlen, "out of memory");
   }
-  struct sockaddr_in addr;
+  /* an IPv4 or IPv6 address ("[::1]" as in a URL; "::" also takes IPv4 clients, as Linux
+   * binds dual-stack by default) */
+  struct sockaddr_storage addr;
+  socklen_t addrlen;
   memset(&addr, 0, sizeof addr);
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons((uint16_t)o->port);
-  const char *h = s->host;
-  if (!strcmp(h, "localhost")) h = "127.0.0.1";
-  if (inet_pton(AF_INET, h, &addr.sin_addr) != 1) {
-    errf(err, errlen, "--host '%s' is not an IPv4 address", s->host);
+  char h[INET6_ADDRSTRLEN + 2];
+  snprintf(h, sizeof h, "%s", !strcmp(s->host, "localhost") ? "127.0.0.1" : s->host);
+  size_t hl = strlen(h);
+  if (hl >= 2 && h[0] == '[' && h[hl - 1] == ']') {
+    memmove(h, h + 1, hl - 2);
+    h[hl - 2] = 0;
+  }
+  struct sockaddr_in *a4 = (struct sockaddr_in *)&addr;
+  struct sockaddr_in6 *a6 = (struct sockaddr_in6 *)&addr;
+  if (strlen(s->host) < sizeof h && inet_pton(AF_INET, h, &a4->sin_addr) == 1) {
+    a4->sin_family = AF_INET;
+    a4->sin_port = htons((uint16_t)o->port);
+    addrlen = sizeof *a4;
+  } else if (strlen(s->host) < sizeof h && inet_pton(AF_INET6, h, &a6->sin6_addr) == 1) {
+    a6->sin6_family = AF_INET6;
+    a6->sin6_port = htons((uint16_t)o->port);
+    addrlen = sizeof *a6;
+  } else {
+    errf(err, errlen, "--host '%s' is not an IPv4 or IPv6 address", s->host);
     server_free(s);
     return -1;
   }
@@ -1787,18 +1944,28 @@ int server_start(server **out, const server_opts *o, char *err, size_t errlen) {
                       : (unsigned)(rl.rlim_cur - SERVER_FD_RESERVE);
   }
   /* the listener is http_gate's: libmicrohttpd gets the connections it lets through */
-  int lfd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  /* SO_REUSEADDR only (a restart binds past TIME_WAIT); never SO_REUSEPORT, so that a second
+   * server on a port in use fails here instead of taking a share of its connections */
+  int lfd = socket(addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   int one = 1;
   if (lfd < 0 || setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) ||
-      bind(lfd, (struct sockaddr *)&addr, sizeof addr) || listen(lfd, 1024)) {
-    errf(err, errlen, "cannot listen on %s:%d (%s)", s->host, o->port, strerror(errno));
+      bind(lfd, (struct sockaddr *)&addr, addrlen) || listen(lfd, 1024)) {
+    int en = errno;
+    if (en == EADDRINUSE)
+      errf(err, errlen, "port %d on %s is in use (another server?): pick another with --port",
+           o->port, s->host);
+    else
+      errf(err, errlen, "cannot listen on %s:%d (%s)", s->host, o->port, strerror(en));
     if (lfd >= 0) close(lfd);
     server_free(s);
     return -1;
   }
-  struct sockaddr_in bound;
+  struct sockaddr_storage bound;
   socklen_t bl = sizeof bound;
-  s->port = getsockname(lfd, (struct sockaddr *)&bound, &bl) == 0 ? ntohs(bound.sin_port) : o->port;
+  s->port = o->port;
+  if (getsockname(lfd, (struct sockaddr *)&bound, &bl) == 0)
+    s->port = ntohs(bound.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&bound)->sin6_port
+                                                : ((struct sockaddr_in *)&bound)->sin_port);
   unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL |
                    MHD_USE_ITC | MHD_USE_NO_LISTEN_SOCKET | MHD_USE_ERROR_LOG;
   s->d = MHD_start_daemon(

@@ -55,16 +55,31 @@
 typedef struct server server;
 
 typedef struct server_opts {
-  const char *host;              /* "127.0.0.1" */
-  int port;                      /* 0: any free port (see server_port) */
-  const char *served_model_name; /* the `model` clients must send (or leave out) */
-  const char *model_path;        /* shown in /v1/models */
-  const char *api_key;           /* NULL: no authentication */
-  size_t max_request_bytes;      /* larger bodies get 413 */
-  int metrics_require_api_key;   /* with api_key: /metrics needs it too (default open, as vLLM) */
-  int disable_log_requests;      /* no line per finished request (request_log) */
-  double log_stats_interval_s;   /* the periodic engine line's interval (stats_log); 0: off */
-  const char *metrics_prefix;    /* --metrics-prefix: "deltaserve" (NULL) or "vllm" (metrics.h) */
+  const char *host;                 /* "127.0.0.1" */
+  int port;                         /* 0: any free port (see server_port) */
+  const char *served_model_name;    /* the `model` clients must send (or leave out); the name
+                                       responses report */
+  const char *const *model_aliases; /* more names clients may send (--served-model-name's
+                                       second and later values; borrowed) */
+  int n_model_aliases;
+  const char *model_path;      /* shown in /v1/models */
+  const char *api_key;         /* NULL: no authentication */
+  size_t max_request_bytes;    /* larger bodies get 413 */
+  int metrics_require_api_key; /* with api_key: /metrics needs it too (default open, as vLLM) */
+  int disable_log_requests;    /* no line per finished request (request_log) */
+  double log_stats_interval_s; /* the periodic engine line's interval (stats_log); 0: off */
+  const char *metrics_prefix;  /* --metrics-prefix: "deltaserve" (NULL) or "vllm" (metrics.h) */
+  /* CORS, as vLLM's --allowed-origins / --allowed-methods / --allowed-headers /
+   * --allow-credentials (borrowed; n == 0: ["*"], vLLM's default). A browser's preflight
+   * (OPTIONS with Origin and Access-Control-Request-Method) is answered before the API key
+   * is asked for; a response to an allowed Origin carries Access-Control-Allow-Origin. */
+  const char *const *cors_origins;
+  int n_cors_origins;
+  const char *const *cors_methods;
+  int n_cors_methods;
+  const char *const *cors_headers;
+  int n_cors_headers;
+  int cors_credentials;
   double gpu_memory_utilization; /* shown in /metrics cache_config_info */
 } server_opts;
 

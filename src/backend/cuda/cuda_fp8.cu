@@ -1,34 +1,33 @@
 /* cuda_fp8 — the products y[T, N] = x[T, K] . W[N, K]^T of a weight kept as FP8
  * (weight_upload_fp8: e4m3 bytes and one fp32 scale per bn x bk block, model/fp8.h).
  *
- *   rows of the step        path                                          kernel
- *   1 .. FP8_GEMV_MAXT (4)  GEMV: one warp per output row, the e4m3 row    k_fp8_gemv
- *                           streamed past L1 in 16-byte loads (half the
- *                           bytes of bf16), fp32 sums per 16 elements
- *                           times their block's scale
- *   more, and every step    the weight dequantized to bf16 into the       k_fp8_dequant, then
- *    under --batch-invariant  shared scratch, then the bf16 GEMM paths     cuda_gemm
+ *   rows of the step        path                                         kernel
+ *   1 .. gemv_maxt (4)      the GEMV kernels with FP8 rows (cuda_gemm.cu, k_gemv, k_gemv_multi,
+ *                           cuda_fp8.cuh f8_row); the decode recorder    k_gemv_glu
+ *                           fuses them as it fuses bf16 rows
+ *   .. FP8_MMA_MAXT (64)    tensor cores: 16 weight rows a block, e4m3    k_fp8_mma
+ *                           and the activations as f16 (cuda_fp8.cuh
+ *                           f8m_block)
+ *   more, every step under  the weight dequantized to bf16 into the      k_fp8_dequant, then
+ *    --batch-invariant,     shared scratch, then the bf16 GEMM paths     cuda_gemm
+ *    and shapes the above
+ *    do not take
  *
- *   W row n:  | 16 B | 16 B | 16 B | ... |      lane l reads the 16-byte pieces l, l + 32, ...;
- *             k: 0    16     32              each piece lies in one k-block (bk % 16 == 0), so
- *                                            its sum is scaled once by scale_inv[n/bn][k/bk]
- *
- * e4m3 converts exactly to fp16 (cvt.rn.f16x2.e4m3x2, sm_89+), fp16 exactly to fp32. Shapes the
- * 16-byte path does not cover (K or bk not a multiple of 16, unaligned operands) take a scalar
- * loop. The decode-step recorder never fuses these products (cuda_graph.cu: the fits rules refuse
- * an FP8 weight), so each runs by itself. Both kernels begin with pdl_enter (cuda_common.cuh). */
+ * Every kernel begins with pdl_enter (cuda_common.cuh). */
 #include <cuda_fp16.h>
 #include <stdio.h>
 
 #include "backend/cuda/backend_cuda.h"
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_fp8.cuh"
+#include "backend/cuda/cuda_gemm.cuh"
 #include "backend/cuda/cuda_ops.h"
 
 CUDA_KTRACE_TU(cuda_fp8_ktrace_bind) /* the kernel-release trace, cuda_ktrace.cu */
 
-#define FP8_GEMV_MAXT 4 /* rows the GEMV path takes (GEMV_MAXT_DEFAULT's reason) */
-#define FP8_WARPS 4     /* output rows (warps) per GEMV block */
-#define FP8_UNROLL 4    /* 16-byte weight loads in flight per lane */
+/* the most rows the tensor-core kernel takes: above, dequantizing into the scratch and the bf16
+ * GEMM is faster */
+#define FP8_MMA_MAXT 64
 
 /* two e4m3 (the low byte first) to two floats, exactly */
 __device__ __forceinline__ float2 fp8x2_to_f32(uint32_t v) {
@@ -40,87 +39,7 @@ __device__ __forceinline__ float2 fp8x2_to_f32(uint32_t v) {
   return __half22float2(__half2(r));
 }
 
-/* 16 e4m3 (one 16-byte word, lowest address first) to 16 floats */
-__device__ __forceinline__ void fp8x16_to_f32(uint4 u, float *f) {
-  const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-  for (int m = 0; m < 4; m++) {
-    float2 lo = fp8x2_to_f32(w[m]), hi = fp8x2_to_f32(w[m] >> 16);
-    f[4 * m] = lo.x;
-    f[4 * m + 1] = lo.y;
-    f[4 * m + 2] = hi.x;
-    f[4 * m + 3] = hi.y;
-  }
-}
-
 __device__ __forceinline__ float fp8_to_f32(uint8_t b) { return fp8x2_to_f32(b).x; }
-
-/* Lane's next FP8_UNROLL 16-byte pieces of a row from k0 on (zeros past K) and their scales. */
-__device__ __forceinline__ void fp8_load(const uint8_t *w, const float *sr, int k0, int K, int bk,
-                                         int bks, uint4 *q, float *sc) {
-#pragma unroll
-  for (int u = 0; u < FP8_UNROLL; u++) {
-    int k = k0 + u * 32 * 16;
-    q[u] = k < K ? ld_stream16(w + k) : make_uint4(0, 0, 0, 0);
-    sc[u] = k < K ? __ldg(sr + (bks >= 0 ? k >> bks : k / bk)) : 0.f;
-  }
-}
-
-/* y[t, n] = sum_k x[t, k] * W[n, k] * s[n/bn][k/bk], one warp per n. vec: the 16-byte path
- * (K % 16 == 0, bk % 16 == 0, x and W 16-byte aligned). bks: log2(bk) when bk is a power of two
- * (a shift in place of the division), else -1. The first pieces of the row are loaded before
- * the wait for the kernel before: no kernel of a step writes weights. */
-template <int T>
-__global__ void __launch_bounds__(FP8_WARPS * 32)
-    k_fp8_gemv(const bf16 *__restrict__ x, const uint8_t *__restrict__ W,
-               const float *__restrict__ s, int K, int N, int bn, int bk, int bks, int scols,
-               int vec, bf16 *__restrict__ y) {
-  int n = blockIdx.x * FP8_WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-  const uint8_t *w = W + (size_t)(n < N ? n : 0) * K;
-  const float *sr = s + (size_t)((n < N ? n : 0) / bn) * scols;
-  uint4 q[FP8_UNROLL];
-  float sc[FP8_UNROLL];
-  if (vec && n < N) fp8_load(w, sr, lane * 16, K, bk, bks, q, sc);
-  pdl_enter();
-  if (n >= N) return;
-  float acc[T];
-#pragma unroll
-  for (int t = 0; t < T; t++) acc[t] = 0.f;
-  if (vec) {
-    for (int k0 = lane * 16; k0 < K; k0 += 32 * 16 * FP8_UNROLL) {
-      if (k0 != lane * 16) fp8_load(w, sr, k0, K, bk, bks, q, sc);
-#pragma unroll
-      for (int u = 0; u < FP8_UNROLL; u++) {
-        int k = k0 + u * 32 * 16;
-        if (k >= K) break;
-        float wf[16];
-        fp8x16_to_f32(q[u], wf);
-#pragma unroll
-        for (int t = 0; t < T; t++) {
-          const uint4 *xp = (const uint4 *)(x + (size_t)t * K + k);
-          float xf[16];
-          bf16x8_to_f32(xp[0], xf);
-          bf16x8_to_f32(xp[1], xf + 8);
-          float p = 0.f;
-#pragma unroll
-          for (int i = 0; i < 16; i++) p = fmaf(wf[i], xf[i], p);
-          acc[t] = fmaf(p, sc[u], acc[t]);
-        }
-      }
-    }
-  } else {
-    for (int k = lane; k < K; k += 32) {
-      float wk = fp8_to_f32(w[k]) * __ldg(sr + k / bk);
-#pragma unroll
-      for (int t = 0; t < T; t++) acc[t] = fmaf(bf2f(x[(size_t)t * K + k]), wk, acc[t]);
-    }
-  }
-#pragma unroll
-  for (int t = 0; t < T; t++) {
-    float v = warp_sum(acc[t]);
-    if (lane == 0) y[(size_t)t * N + n] = f2bf(v);
-  }
-}
 
 /* out[n, k] = bf16(e4m3(W[n, k]) * s[n/bn][k/bk]) (one fp32 product, rounded to nearest even:
  * the bits the host's dequantize-then-convert upload gives), 8 elements per thread. */
@@ -149,16 +68,23 @@ __global__ void k_fp8_dequant(const uint8_t *__restrict__ W, const float *__rest
   }
 }
 
-template <int T>
-static void fp8_gemv_launch(cuda_ctx *c, const bf16 *x, const cuda_weight *w, int K, int N,
-                            int scols, int vec, bf16 *y) {
-  void (*k)(const bf16 *, const uint8_t *, const float *, int, int, int, int, int, int, int,
-            bf16 *) = k_fp8_gemv<T>;
-  int bks = -1;
-  for (int b = 0; b < 31; b++)
-    if (w->bk == 1 << b) bks = b;
-  k<<<(unsigned)((N + FP8_WARPS - 1) / FP8_WARPS), FP8_WARPS * 32, 0, c->st>>>(
-      x, w->q8, w->s8, K, N, w->bn, w->bk, bks, scols, vec, y);
+/* y[t, n] for the step's T rows (1 .. 8 NT), a block per F8M_ROWS weight rows
+ * (cuda_fp8.cuh f8m_block). */
+template <int NT>
+__global__ void __launch_bounds__(F8M_KW * 32)
+    k_fp8_mma(const bf16 *__restrict__ x, int T, f8_view v, int N, int K, bf16 *__restrict__ y) {
+  pdl_enter();
+  float out[NT][4];
+  int r0 = blockIdx.x * F8M_ROWS, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  f8m_block<NT>(x, T, v, N, K, r0, out);
+  if (threadIdx.x < 32)
+#pragma unroll
+    for (int j = 0; j < NT; j++)
+#pragma unroll
+      for (int i = 0; i < 4; i++) {
+        int tok = 8 * j + 2 * t + (i & 1), row = r0 + g + 8 * (i >> 1);
+        if (tok < T && row < N) y[(size_t)tok * N + row] = f2bf(out[j][i]);
+      }
 }
 
 extern "C" void cuda_fp8_matmul(backend *be, backend_buf xb, backend_weight W, int T, int K, int N,
@@ -168,24 +94,44 @@ extern "C" void cuda_fp8_matmul(backend *be, backend_buf xb, backend_weight W, i
   const bf16 *x = (const bf16 *)xb;
   bf16 *y = (bf16 *)yb;
   if (T <= 0 || N <= 0) return;
-  int scols = (K + w->bk - 1) / w->bk;
-  if (T <= FP8_GEMV_MAXT && !c->batch_invariant) {
-    int vec = K % 16 == 0 && w->bk % 16 == 0 && !(((uintptr_t)x | (uintptr_t)w->q8) & 15);
-    switch (T) {
+  int scols = (K + w->bk - 1) / w->bk, aligned = !((uintptr_t)x & 15);
+  if (!c->batch_invariant && aligned && T <= c->gemv_maxt && f8_fits(K, w->bk)) {
+    gemv_nf nf = {NULL, NULL, NULL, NULL};
+    cuda_gemm_gemv(c, GEMV_PLAIN, x, w, T, K, N, y, nf);
+    return;
+  }
+  if (!c->batch_invariant && aligned && T <= FP8_MMA_MAXT && f8m_fits(N, K, w->bn, w->bk)) {
+    f8_view v = {w->q8, w->s8, w->bn, f8_log2(w->bk), scols};
+    unsigned grid = (unsigned)((N + F8M_ROWS - 1) / F8M_ROWS);
+    void (*k)(const bf16 *, int, f8_view, int, int, bf16 *);
+    switch ((T + 7) / 8) {
       case 1:
-        fp8_gemv_launch<1>(c, x, w, K, N, scols, vec, y);
+        k = k_fp8_mma<1>;
         break;
       case 2:
-        fp8_gemv_launch<2>(c, x, w, K, N, scols, vec, y);
+        k = k_fp8_mma<2>;
         break;
       case 3:
-        fp8_gemv_launch<3>(c, x, w, K, N, scols, vec, y);
+        k = k_fp8_mma<3>;
+        break;
+      case 4:
+        k = k_fp8_mma<4>;
+        break;
+      case 5:
+        k = k_fp8_mma<5>;
+        break;
+      case 6:
+        k = k_fp8_mma<6>;
+        break;
+      case 7:
+        k = k_fp8_mma<7>;
         break;
       default:
-        fp8_gemv_launch<4>(c, x, w, K, N, scols, vec, y);
+        k = k_fp8_mma<8>;
         break;
     }
-    cuda_check_launch(c, "matmul (fp8 gemv)");
+    k<<<grid, F8M_KW * 32, 0, c->st>>>(x, T, v, N, K, y);
+    cuda_check_launch(c, "matmul (fp8 mma)");
     return;
   }
   /* the scratch was grown to the weight's bf16 size at its upload */

@@ -23,6 +23,7 @@
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_gemm.cuh"
 #include "backend/cuda/cuda_ops.h"
+#include "backend/cuda/cuda_fp8.cuh"
 #include "backend/cuda/cuda_packed.cuh"
 
 CUDA_KTRACE_TU(cuda_gemm_ktrace_bind) /* the kernel-release trace, cuda_ktrace.cu */
@@ -56,15 +57,48 @@ extern "C" int backend_cuda_packed_rows(backend *be, int rows) {
   return rows >= 1 && rows <= c->packed && rows <= c->gemv_maxt;
 }
 
+/* The weight formats a GEMV kernel is instantiated for: bf16 rows, packed copies
+ * (cuda_packed.cuh), FP8 rows (cuda_fp8.cuh); a kernel compiles one of them (a kernel holding
+ * several needs more registers, which slows its bf16 rows). */
+enum { WF_BF = 0, WF_PK = 1, WF_F8 = 2 };
+
+/* One matrix as the GEMV kernels read it: bf16 rows with their packed copy (p), or FP8 rows
+ * (f.q not NULL; p.bf NULL). */
+struct gemv_w {
+  pk_view p;
+  f8_view f;
+};
+
+/* The FP8 view of an FP8 weight (cuda_weight q8). */
+static f8_view f8_of(const cuda_weight *w) {
+  f8_view f = {w->q8, w->s8, w->bn, f8_log2(w->bk), (int)((w->cols + w->bk - 1) / w->bk)};
+  return f;
+}
+
 /* A weight as the GEMV kernels read it in a product of T rows: its packed copy too when it has
- * one and products of T rows use them (T <= c->packed). */
-static pk_view gemv_view(const cuda_ctx *c, const cuda_weight *w, int T) {
-  pk_view v = {w->bf, NULL, NULL};
-  if (T <= c->packed && w->pk) {
-    v.pk = w->pk;
-    v.hd = w->pkh;
+ * one and products of T rows use them (T <= c->packed); an FP8 weight's e4m3 rows. */
+static gemv_w gemv_view(const cuda_ctx *c, const cuda_weight *w, int T) {
+  gemv_w v;
+  memset(&v, 0, sizeof v);
+  v.p.bf = w->bf;
+  if (w->q8) {
+    v.f = f8_of(w);
+  } else if (T <= c->packed && w->pk) {
+    v.p.pk = w->pk;
+    v.p.hd = w->pkh;
   }
   return v;
+}
+
+/* Row n's sums in format WF (gemv_row's contract). */
+template <int T, bool LATE, int WF>
+__device__ __forceinline__ void gemv_w_row(const bf16 *__restrict__ x, const gemv_w &w, int n,
+                                           int K, int lane, float *acc, const float *inv,
+                                           float *iv) {
+  if constexpr (WF == WF_F8)
+    f8_row<T, LATE>(x, w.f, n, K, lane, acc, inv, iv);
+  else
+    pk_gemv_row<T, LATE, WF == WF_PK>(x, w.p, n, K, lane, acc, inv, iv);
 }
 
 /* ---- GEMM ops ---- */
@@ -104,9 +138,9 @@ __device__ __forceinline__ void gemv_late(float *acc, const float *iv) {
 
 /* PK (here and in the fused kernels): the instantiation that reads packed copies (launched when
  * the product has one, T <= PK_MAXT); the other compiles only the bf16 rows. */
-template <int T, int WB, int MODE, bool PK>
+template <int T, int WB, int MODE, int WF>
 __global__ void __launch_bounds__(WB * 32)
-    k_gemv(const bf16 *__restrict__ x, pk_view W, int K, int N, bf16 *y, gemv_nf nf) {
+    k_gemv(const bf16 *__restrict__ x, gemv_w W, int K, int N, bf16 *y, gemv_nf nf) {
   int n = blockIdx.x * WB + (threadIdx.x >> 5), lane = threadIdx.x & 31;
   gemv_enter<MODE>();
   if (n >= N) return;
@@ -115,7 +149,7 @@ __global__ void __launch_bounds__(WB * 32)
     r0 = bf2f(nf.res[(size_t)lane * N + n]);
     g0 = nf.g[n];
   }
-  pk_gemv_row<T, MODE == GEMV_LATE, PK>(x, W, n, K, lane, acc, nf.inv, iv);
+  gemv_w_row<T, MODE == GEMV_LATE, WF>(x, W, n, K, lane, acc, nf.inv, iv);
   gemv_late<T, MODE>(acc, iv);
   if (lane < T) {
     size_t o = (size_t)lane * N + n;
@@ -139,6 +173,7 @@ struct gemv_set {
   /* the packed copies (gemv_view; NULL: bf16 rows) */
   const uint8_t *pk[GEMV_MULTI];
   const uint32_t *hd[GEMV_MULTI];
+  f8_view f8[GEMV_MULTI]; /* FP8 rows (every matrix of the set, or none) */
 };
 
 /* Appends a product to a zeroed set (at most GEMV_MULTI); n0[cnt..GEMV_MULTI] hold the total. */
@@ -168,7 +203,7 @@ __device__ __forceinline__ void gemv_set_pick(const gemv_set &s, int n, const bf
   r = n - base;
 }
 
-template <int T, int MODE, bool PK>
+template <int T, int MODE, int WF>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
     k_gemv_multi(const bf16 *__restrict__ x, gemv_set s, int K, gemv_nf nf) {
   gemv_enter<MODE>();
@@ -181,9 +216,13 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
 #pragma unroll
   for (int i = 1; i < GEMV_MULTI; i++)
     if (i < s.cnt && n >= s.n0[i]) m = i;
-  pk_view v = {W, s.pk[m], s.hd[m]};
+  gemv_w v;
+  v.p.bf = W;
+  v.p.pk = s.pk[m];
+  v.p.hd = s.hd[m];
+  v.f = s.f8[m];
   float acc[T], iv[T];
-  pk_gemv_row<T, MODE == GEMV_LATE, PK>(x, v, r, K, lane, acc, nf.inv, iv);
+  gemv_w_row<T, MODE == GEMV_LATE, WF>(x, v, r, K, lane, acc, nf.inv, iv);
   gemv_late<T, MODE>(acc, iv);
   if (lane < T) y[(size_t)lane * N + r] = f2bf(gemv_pick<T>(acc, lane));
 }
@@ -192,15 +231,18 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
  * values) in one launch; gate and up are still written (out may alias gate). From bf16 rows the
  * warp streams its gate and up rows in one loop (gemv_row2: faster at decode 1 than the gate
  * row, then the up row); from packed copies one row after the other (pk_gemv_row2). */
-template <int T, int MODE, bool PK>
+template <int T, int MODE, int WF>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
-    k_gemv_glu(const bf16 *__restrict__ x, pk_view Wg, pk_view Wu, int K, int N, bf16 *yg, bf16 *yu,
+    k_gemv_glu(const bf16 *__restrict__ x, gemv_w Wg, gemv_w Wu, int K, int N, bf16 *yg, bf16 *yu,
                bf16 *out, gemv_nf nf) {
   int n = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
   gemv_enter<MODE>();
   if (n >= N) return;
   float ag[T], au[T], iv[T];
-  pk_gemv_row2<T, MODE == GEMV_LATE, PK>(x, Wg, Wu, n, K, lane, ag, au, nf.inv, iv);
+  if constexpr (WF == WF_F8)
+    f8_row2<T, MODE == GEMV_LATE>(x, Wg.f, Wu.f, n, K, lane, ag, au, nf.inv, iv);
+  else
+    pk_gemv_row2<T, MODE == GEMV_LATE, WF == WF_PK>(x, Wg.p, Wu.p, n, K, lane, ag, au, nf.inv, iv);
   gemv_late<T, MODE>(ag, iv);
   gemv_late<T, MODE>(au, iv);
   if (lane < T) {
@@ -394,7 +436,7 @@ void cuda_gemm_narrow(cuda_ctx *c, const bf16 *x, int T, int K, int m, const bf1
 
 /* k_gemv in blocks of WB warps (rows). */
 template <int WB, int MODE>
-static void gemv_launch(cuda_ctx *c, const bf16 *x, pk_view W, int T, int K, int N, bf16 *y,
+static void gemv_launch(cuda_ctx *c, const bf16 *x, const gemv_w &W, int T, int K, int N, bf16 *y,
                         gemv_nf nf) {
   unsigned blocks = (unsigned)((N + WB - 1) / WB);
   switch (T) {
@@ -402,10 +444,12 @@ static void gemv_launch(cuda_ctx *c, const bf16 *x, pk_view W, int T, int K, int
 #define G(n)                                                                          \
   case n:                                                                             \
     if constexpr (MODE == GEMV_PLAIN || n <= NORM_FOLD_MAXT) {                        \
-      if (n <= PK_MAXT && W.pk)                                                       \
-        k_gemv<n, WB, MODE, n <= PK_MAXT><<<blocks, WB * 32, 0, c->st>>>(x, W, K, N, y, nf); \
+      if (n <= PK_MAXT && W.f.q)                                                      \
+        k_gemv<n, WB, MODE, (n <= PK_MAXT ? WF_F8 : WF_BF)><<<blocks, WB * 32, 0, c->st>>>(x, W, K, N, y, nf); \
+      else if (n <= PK_MAXT && W.p.pk)                                                \
+        k_gemv<n, WB, MODE, (n <= PK_MAXT ? WF_PK : WF_BF)><<<blocks, WB * 32, 0, c->st>>>(x, W, K, N, y, nf); \
       else                                                                            \
-        k_gemv<n, WB, MODE, false><<<blocks, WB * 32, 0, c->st>>>(x, W, K, N, y, nf); \
+        k_gemv<n, WB, MODE, WF_BF><<<blocks, WB * 32, 0, c->st>>>(x, W, K, N, y, nf); \
     }                                                                                 \
     break;
     G(1) G(2) G(3) G(4) G(5) G(6) G(7) G(8)
@@ -415,7 +459,7 @@ static void gemv_launch(cuda_ctx *c, const bf16 *x, pk_view W, int T, int K, int
 }
 
 template <int MODE>
-static void gemv_mode(cuda_ctx *c, const bf16 *x, pk_view W, int T, int K, int N, bf16 *y,
+static void gemv_mode(cuda_ctx *c, const bf16 *x, const gemv_w &W, int T, int K, int N, bf16 *y,
                       const gemv_nf &nf) {
   if (N <= GEMV_SMALL_N)
     gemv_launch<GEMV_SMALL_WARPS, MODE>(c, x, W, T, K, N, y, nf);
@@ -507,7 +551,7 @@ extern "C" void cuda_gemm_logits(backend *be, backend_buf x, backend_weight norm
 
 void cuda_gemm_gemv(cuda_ctx *c, int mode, const bf16 *x, const cuda_weight *W, int T, int K, int N,
                     bf16 *y, gemv_nf nf) {
-  pk_view v = gemv_view(c, W, T);
+  gemv_w v = gemv_view(c, W, T);
   if (mode == GEMV_RES)
     gemv_mode<GEMV_RES>(c, x, v, T, K, N, y, nf);
   else if (mode == GEMV_LATE)
@@ -521,12 +565,14 @@ static void launch_multi(cuda_ctx *c, const bf16 *x, int T, int K, int m,
                          const cuda_weight *const *W, bf16 *const *y, const int *N, gemv_nf nf) {
   gemv_set s;
   memset(&s, 0, sizeof s);
-  bool pk = false;
+  bool pk = false, f8 = false;
   for (int i = 0; i < m; i++) {
-    pk_view v = gemv_view(c, W[i], T);
-    s.pk[i] = v.pk;
-    s.hd[i] = v.hd;
-    pk |= v.pk != NULL;
+    gemv_w v = gemv_view(c, W[i], T);
+    s.pk[i] = v.p.pk;
+    s.hd[i] = v.p.hd;
+    s.f8[i] = v.f;
+    pk |= v.p.pk != NULL;
+    f8 |= v.f.q != NULL;
     gemv_set_add(s, W[i]->bf, y[i], N[i]);
   }
   int tot = s.n0[GEMV_MULTI];
@@ -536,10 +582,12 @@ static void launch_multi(cuda_ctx *c, const bf16 *x, int T, int K, int m,
 #define G(n)                                                                                \
   case n:                                                                                   \
     if constexpr (MODE == GEMV_PLAIN || n <= NORM_FOLD_MAXT) {                              \
-      if (n <= PK_MAXT && pk)                                                               \
-        k_gemv_multi<n, MODE, n <= PK_MAXT><<<blocks, GEMV_WARPS * 32, 0, c->st>>>(x, s, K, nf); \
+      if (n <= PK_MAXT && f8)                                                               \
+        k_gemv_multi<n, MODE, (n <= PK_MAXT ? WF_F8 : WF_BF)><<<blocks, GEMV_WARPS * 32, 0, c->st>>>(x, s, K, nf); \
+      else if (n <= PK_MAXT && pk)                                                          \
+        k_gemv_multi<n, MODE, (n <= PK_MAXT ? WF_PK : WF_BF)><<<blocks, GEMV_WARPS * 32, 0, c->st>>>(x, s, K, nf); \
       else                                                                                  \
-        k_gemv_multi<n, MODE, false><<<blocks, GEMV_WARPS * 32, 0, c->st>>>(x, s, K, nf);   \
+        k_gemv_multi<n, MODE, WF_BF><<<blocks, GEMV_WARPS * 32, 0, c->st>>>(x, s, K, nf);   \
     }                                                                                       \
     break;
     G(1) G(2) G(3) G(4) G(5) G(6) G(7) G(8)
@@ -562,17 +610,20 @@ template <int MODE>
 static void launch_glu(cuda_ctx *c, const bf16 *x, const cuda_weight *Wg, const cuda_weight *Wu,
                        int T, int K, int N, bf16 *yg, bf16 *yu, bf16 *out, gemv_nf nf) {
   unsigned blocks = (unsigned)((N + GEMV_WARPS - 1) / GEMV_WARPS);
-  pk_view vg = gemv_view(c, Wg, T), vu = gemv_view(c, Wu, T);
+  gemv_w vg = gemv_view(c, Wg, T), vu = gemv_view(c, Wu, T);
   switch (T) {
 // clang-format off
 #define G(n)                                                                                   \
   case n:                                                                                      \
     if constexpr (MODE == GEMV_PLAIN || n <= NORM_FOLD_MAXT) {                                 \
-      if (n <= PK_MAXT && vg.pk && vu.pk)                                                      \
-        k_gemv_glu<n, MODE, n <= PK_MAXT><<<blocks, GEMV_WARPS * 32, 0, c->st>>>(              \
+      if (n <= PK_MAXT && vg.f.q && vu.f.q)                                                    \
+        k_gemv_glu<n, MODE, (n <= PK_MAXT ? WF_F8 : WF_BF)><<<blocks, GEMV_WARPS * 32, 0, c->st>>>( \
+            x, vg, vu, K, N, yg, yu, out, nf);                                                 \
+      else if (n <= PK_MAXT && vg.p.pk && vu.p.pk)                                             \
+        k_gemv_glu<n, MODE, (n <= PK_MAXT ? WF_PK : WF_BF)><<<blocks, GEMV_WARPS * 32, 0, c->st>>>( \
             x, vg, vu, K, N, yg, yu, out, nf);                                                 \
       else                                                                                     \
-        k_gemv_glu<n, MODE, false><<<blocks, GEMV_WARPS * 32, 0, c->st>>>(                     \
+        k_gemv_glu<n, MODE, WF_BF><<<blocks, GEMV_WARPS * 32, 0, c->st>>>(                     \
             x, vg, vu, K, N, yg, yu, out, nf);                                                 \
     }                                                                                          \
     break;

@@ -25,8 +25,8 @@
  *   lm-head, greedy ids     int8 screen: k_gather_norm, k_greedy_screen, pick (1-4)
  *                           | cuBLAS + k_argmax_split (5-32) | cuBLAS + k_argmax (33+)
  *   lm-head, sampled ids    k_gemv_f32 (1-4) | cuBLAS (5+); then the sample clusters
- *   product of an FP8       k_fp8_gemv (1-4) | k_fp8_dequant + the bf16 paths (5+); never
- *    weight                 fused (the fits rules below refuse it: no GEMV-multi, GLU, norm fold)
+ *   product of an FP8       the GEMV families with FP8 rows (1-4), fused as above | k_fp8_mma
+ *    weight                 (5-64) | k_fp8_dequant + the bf16 paths (65+)
  *
  * Under --batch-invariant: no fold, GEMV up to 8 rows then k_gemv_all, no shared ranges, MoE
  * per row. Prefill steps are not recorded: their ops launch as issued (cuda_gemm.cu,
@@ -56,6 +56,7 @@
 
 #include "backend/cuda/backend_cuda.h"
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_fp8.cuh"
 #include "backend/cuda/cuda_gemm.cuh"
 #include "backend/cuda/cuda_ops.h"
 
@@ -262,8 +263,11 @@ static int cu_step_repeat(backend *be) {
 }
 
 static int gemv_fits(cuda_ctx *c, const gop &o) {
-  return o.kind == GOP_MATMUL && !o.W->q8 && o.T >= 1 && o.T <= c->gemv_maxt && o.K % 8 == 0 &&
-         o.W->cols == o.K && o.W->rows == o.N && !(((uintptr_t)o.x | (uintptr_t)o.W->bf) & 15);
+  if (o.kind != GOP_MATMUL || o.T < 1 || o.T > c->gemv_maxt || o.W->cols != o.K || o.W->rows != o.N)
+    return 0;
+  if (o.W->q8) /* FP8 rows (cuda_fp8.cuh) */
+    return !c->batch_invariant && f8_fits(o.K, o.W->bk) && !((uintptr_t)o.x & 15);
+  return o.K % 8 == 0 && !(((uintptr_t)o.x | (uintptr_t)o.W->bf) & 15);
 }
 
 static int sgemm_fits(cuda_ctx *c, const gop &o) {
@@ -292,7 +296,7 @@ static int same_x_run(cuda_ctx *c, const std::vector<gop> &ops, size_t i, int ma
   if (overlap(o.y, (size_t)o.T * o.N * 2, o.x, xb)) return 1;
   while (m < maxm && i + m < n) {
     const gop &q = ops[i + m];
-    if (!fits(c, q) || q.x != o.x || q.T != o.T || q.K != o.K) break;
+    if (!fits(c, q) || q.x != o.x || q.T != o.T || q.K != o.K || !q.W->q8 != !o.W->q8) break;
     size_t qb = (size_t)q.T * q.N * 2;
     int bad = overlap(q.y, qb, o.x, xb);
     for (int j = 0; j < m && !bad; j++)
@@ -371,7 +375,8 @@ static int glu_at(cuda_ctx *c, const std::vector<gop> &ops, size_t i) {
   if (i + 2 >= ops.size()) return 0;
   const gop &o = ops[i], &u = ops[i + 1], &sw = ops[i + 2];
   if (!gemv_fits(c, o) || !gemv_fits(c, u) || sw.kind != GOP_SWIGLU || u.x != o.x || u.T != o.T ||
-      u.K != o.K || u.N != o.N || sw.gate != o.y || sw.up != u.y || sw.n != (size_t)o.T * o.N)
+      u.K != o.K || u.N != o.N || sw.gate != o.y || sw.up != u.y || sw.n != (size_t)o.T * o.N ||
+      !o.W->q8 != !u.W->q8 || (o.W->q8 && (o.W->bk != u.W->bk)))
     return 0;
   size_t xb = (size_t)o.T * o.K * 2, yb = (size_t)o.T * o.N * 2;
   return !overlap(o.y, yb, o.x, xb) && !overlap(u.y, yb, o.x, xb) && !overlap(o.y, yb, u.y, yb) &&
@@ -573,8 +578,8 @@ static int fuse_narrow_multi(cuda_ctx *c, const std::vector<gop> &ops, size_t i)
 }
 
 /* The rewrites, tried in this order at each op; each output element is computed by the same code
- * as unfused (the same bits), except the norm fold (see above). A product of an FP8 weight
- * (cuda_fp8.cu) takes none of them: gemv_fits, sgemm_fits and narrow_fits refuse it. */
+ * as unfused (the same bits), except the norm fold (see above). Products of FP8 weights fuse
+ * only with FP8 ones (same_x_run, glu_at); sgemm_fits and narrow_fits refuse them. */
 static int (*const FUSE_RULES[])(cuda_ctx *, const std::vector<gop> &, size_t) = {
     fuse_norm_fold,   /* product, rmsnorm, its products -> GEMV_RES, k_rmsnorm8<true>, GEMV_LATE */
     fuse_gdn_chain,   /* conv1d, gdn_gates, gdn_decode, gated_rmsnorm -> k_gdn_chain */

@@ -316,6 +316,7 @@ static int engine_prefix_init(engine *e) {
   po.page_bytes = qwen35_page_bytes(e->m);
   po.device_budget_bytes = (size_t)(e->o.prefix_cache_gib * ENGINE_GIB);
   po.host_budget_bytes = (size_t)(e->o.host_cache_gib * ENGINE_GIB);
+  po.events = e->o.kv_events;
   po.ops.ctx = e;
   po.ops.page_copy = engine_ops_page_copy;
   po.ops.page_read = engine_ops_page_read;

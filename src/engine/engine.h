@@ -40,6 +40,9 @@ typedef struct engine_opts {
   int kv_cache_tokens;          /* --kv-cache-tokens (0: derived from memory utilisation) */
   float gpu_memory_utilization; /* --gpu-memory-utilization (0.9) */
   int max_waiting;              /* queue limit before ENGINE_ERR_QUEUE_FULL (0: 4096) */
+  /* --kv-events-config: the publisher the prefix cache reports to (borrowed, outlives the
+   * engine; NULL: no events) */
+  struct kv_events *kv_events;
   /* prefix cache */
   int enable_prefix_caching; /* --enable-prefix-caching / --no-enable-prefix-caching (1) */
   int snapshot_interval;     /* --snapshot-interval (2048) */

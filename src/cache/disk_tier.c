@@ -689,7 +689,7 @@ static int dt_scan(disk_tier *dt, char *err, size_t errlen) {
     dt->live++;
   }
   closedir(d);
-  if (rc == 0) {
+  if (rc == 0 && n_found > 0) {
     qsort(found, (size_t)n_found, sizeof *found, dt_found_cmp);
     for (int k = 0; k < n_found; k++) dt->e[found[k].entry].tick = ++dt->tick;
   }

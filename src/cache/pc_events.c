@@ -137,12 +137,9 @@ int pc_events_state_medium(const pc_rec *r) {
 
 /* ---------------------------------------------------------------- a record's names */
 
-/* The path of record r into pe->tokens and its block names into pe->hashes. Returns the number
- * of full blocks, or -1 on out of memory; *salt is its namespace. */
-static int pc_events_names(pc_events *pe, const pc_rec *r, const char **salt) {
-  const pc_node *n = r->node;
-  CHECK(n != NULL);
-  int depth = n->depth, nb = depth / KV_PAGE_TOKENS;
+/* Room for a path of depth tokens and its names. Returns 0 or -1 (out of memory). */
+static int pc_events_room(pc_events *pe, int depth) {
+  int nb = depth / KV_PAGE_TOKENS;
   if (depth > pe->cap_tokens) {
     int32_t *t = realloc(pe->tokens, (size_t)depth * sizeof *t);
     if (!t) return -1;
@@ -157,10 +154,17 @@ static int pc_events_names(pc_events *pe, const pc_rec *r, const char **salt) {
     pe->changed = c;
     pe->cap_hashes = nb + 1;
   }
+  return 0;
+}
+
+/* The path of record r into pe->tokens. Returns its salt, NULL on out of memory. */
+static const char *pc_events_path(pc_events *pe, const pc_rec *r) {
+  const pc_node *n = r->node;
+  CHECK(n != NULL);
+  if (pc_events_room(pe, n->depth)) return NULL;
   for (; n->parent; n = n->parent)
     memcpy(pe->tokens + n->depth - n->n_label, n->label, (size_t)n->n_label * sizeof(int32_t));
-  *salt = n->salt;
-  return block_hash_chain(pe->tokens, depth, n->salt, pe->hashes);
+  return n->salt;
 }
 
 /* Out of memory while naming: the consumers' view can no longer be kept exact, so they are
@@ -170,15 +174,15 @@ static void pc_events_lost(pc_events *pe) {
   if (!pe->muted) kv_events_all_cleared(pe->ev);
 }
 
-void pc_events_kv(prefix_cache *pc, int i, kv_events_medium m, int delta) {
-  pc_events *pe = pc->events;
-  if (!pe) return;
-  const char *salt;
-  int nb = pc_events_names(pe, &pc->recs[i], &salt);
-  if (nb < 0) {
+/* The full blocks of tokens[0, depth) (pe->tokens or the caller's) gain or lose a holder in
+ * medium m; count crossings are reported. */
+static void pc_events_blocks(pc_events *pe, const int32_t *tokens, int depth, const char *salt,
+                             kv_events_medium m, int delta) {
+  if (pc_events_room(pe, depth)) {
     pc_events_lost(pe);
     return;
   }
+  int nb = block_hash_chain(tokens, depth, salt, pe->hashes);
   if (delta > 0) {
     for (int k = 0; k < nb; k++) { /* changed[k]: 1 when block k is new to the medium */
       int c = pc_events_table_add(&pe->t, pe->hashes[k], (int)m, 1);
@@ -197,7 +201,7 @@ void pc_events_kv(prefix_cache *pc, int i, kv_events_medium m, int delta) {
       while (b < nb && pe->changed[b]) b++;
       if (!pe->muted)
         kv_events_block_stored(pe->ev, pe->hashes + a, b - a, a ? pe->hashes[a - 1] : 0, a > 0,
-                               pe->tokens + (size_t)a * KV_PAGE_TOKENS, salt, m);
+                               tokens + (size_t)a * KV_PAGE_TOKENS, salt, m);
       a = b;
     }
   } else {
@@ -209,22 +213,52 @@ void pc_events_kv(prefix_cache *pc, int i, kv_events_medium m, int delta) {
   }
 }
 
-void pc_events_state(prefix_cache *pc, int i, kv_events_medium m, int delta) {
-  pc_events *pe = pc->events;
-  if (!pe || pe->muted) return;
-  const char *salt;
-  int nb = pc_events_names(pe, &pc->recs[i], &salt);
-  if (nb < 0) {
+/* The state after tokens[0, depth) enters (+1) or leaves (-1) medium m. */
+static void pc_events_state_of(pc_events *pe, const int32_t *tokens, int depth, const char *salt,
+                               kv_events_medium m, int delta) {
+  if (pe->muted) return;
+  if (pc_events_room(pe, depth)) {
     pc_events_lost(pe);
     return;
   }
-  int depth = pc->recs[i].node->depth, tail = depth - nb * KV_PAGE_TOKENS;
+  int nb = block_hash_chain(tokens, depth, salt, pe->hashes);
+  int tail = depth - nb * KV_PAGE_TOKENS;
   uint64_t h = nb ? pe->hashes[nb - 1] : 0;
-  if (tail > 0) h = block_hash(h, pe->tokens + (size_t)nb * KV_PAGE_TOKENS, tail, nb ? NULL : salt);
+  if (tail > 0) h = block_hash(h, tokens + (size_t)nb * KV_PAGE_TOKENS, tail, nb ? NULL : salt);
   if (delta > 0)
     kv_events_state_stored(pe->ev, h, depth, salt, m);
   else
     kv_events_state_removed(pe->ev, h, depth, salt, m);
+}
+
+void pc_events_kv(prefix_cache *pc, int i, kv_events_medium m, int delta) {
+  pc_events *pe = pc->events;
+  if (!pe) return;
+  const char *salt = pc_events_path(pe, &pc->recs[i]);
+  if (!salt) {
+    pc_events_lost(pe);
+    return;
+  }
+  pc_events_blocks(pe, pe->tokens, pc->recs[i].node->depth, salt, m, delta);
+}
+
+void pc_events_state(prefix_cache *pc, int i, kv_events_medium m, int delta) {
+  pc_events *pe = pc->events;
+  if (!pe || pe->muted) return;
+  const char *salt = pc_events_path(pe, &pc->recs[i]);
+  if (!salt) {
+    pc_events_lost(pe);
+    return;
+  }
+  pc_events_state_of(pe, pe->tokens, pc->recs[i].node->depth, salt, m, delta);
+}
+
+void pc_events_disk(void *ctx, int stored, const char *salt, const int32_t *tokens, int depth) {
+  prefix_cache *pc = ctx;
+  pc_events *pe = pc->events;
+  if (!pe || depth <= 0) return;
+  pc_events_blocks(pe, tokens, depth, salt, KV_EVENTS_MEDIUM_DISK, stored ? 1 : -1);
+  pc_events_state_of(pe, tokens, depth, salt, KV_EVENTS_MEDIUM_DISK, stored ? 1 : -1);
 }
 
 void pc_events_enter(prefix_cache *pc, int i) {
@@ -275,16 +309,18 @@ int pc_events_check(const prefix_cache *pc, char *err, size_t errlen) {
     const pc_rec *r = &pc->recs[i];
     int km = pc_events_kv_medium(r);
     if (r->state != PC_REC_COMMITTED || km < 0) continue;
-    const char *salt;
-    int nb = pc_events_names(pe, r, &salt);
+    const char *salt = pc_events_path(pe, r);
+    int nb = salt ? block_hash_chain(pe->tokens, r->node->depth, salt, pe->hashes) : -1;
     if (nb < 0) rc = errf(err, errlen, "kv events check: out of memory");
     for (int k = 0; !rc && k < nb; k++)
       if (pc_events_table_add(&want, pe->hashes[k], km, 1) < 0)
         rc = errf(err, errlen, "kv events check: out of memory");
   }
-  if (!rc && want.n != pe->t.n)
-    rc = errf(err, errlen, "kv events: %zu (block, medium) pairs announced, %zu held", pe->t.n,
-              want.n);
+  size_t mem = 0; /* GPU and CPU pairs: DISK ones follow the disk tier's own entries */
+  for (size_t k = 0; k < pe->t.cap; k++)
+    mem += pe->t.s[k].count > 0 && pe->t.s[k].medium != KV_EVENTS_MEDIUM_DISK;
+  if (!rc && want.n != mem)
+    rc = errf(err, errlen, "kv events: %zu (block, medium) pairs announced, %zu held", mem, want.n);
   for (size_t k = 0; !rc && k < want.cap; k++) {
     const pc_events_slot *s = &want.s[k];
     if (s->count > 0 && pc_events_table_get(&pe->t, s->h, s->medium) != s->count)

@@ -15,9 +15,9 @@
  * zombie has left its node). The cache calls the hooks at every change of that:
  * pc_events_enter when a record becomes committed, pc_events_leave before it stops being
  * committed, and pc_events_kv / pc_events_state (+1 new medium, then -1 old medium) when its
- * pages or its state move between tiers. A disk tier calls the same two with
- * KV_EVENTS_MEDIUM_DISK when it takes or drops a record's pages or state, and extends
- * pc_events_kv_medium / pc_events_state_medium so that they name the disk for such a record.
+ * pages or its state move between the device and the host tier. The disk tier reports its
+ * own entries (a checkpoint's pages and state in one file) through pc_events_disk; a record
+ * that lives only on disk holds nothing in GPU / CPU (pc_events_kv_medium is -1).
  * All hooks are no-ops while the cache has no events. Owner: the engine thread. */
 #ifndef DS_PC_EVENTS_H
 #define DS_PC_EVENTS_H
@@ -46,6 +46,11 @@ void pc_events_leave(prefix_cache *pc, int i);
 void pc_events_kv(prefix_cache *pc, int i, kv_events_medium m, int delta);
 /* Record i's state enters (+1) or leaves (-1) medium m. */
 void pc_events_state(prefix_cache *pc, int i, kv_events_medium m, int delta);
+/* The disk tier's listener (disk_tier.h's disk_tier_listener, ctx: the prefix cache): an
+ * entry's blocks and state enter (stored 1) or leave (0) the DISK medium. Set it with
+ * disk_tier_set_listener(dt, pc_events_disk, pc) once the cache has its events; that call
+ * replays the entries found at open, so a restarted server announces its disk cache. */
+void pc_events_disk(void *ctx, int stored, const char *salt, const int32_t *tokens, int depth);
 /* Around prefix_cache_clear: the per-record removals are not reported; the end reports
  * AllBlocksCleared and then every checkpoint still committed (pinned ones survive a clear). */
 void pc_events_clear_begin(prefix_cache *pc);

@@ -185,6 +185,43 @@ TEST(refusals) {
   if (!test_cur_failed) responses_request_free(&r);
 }
 
+/* include reasoning.encrypted_content: reasoning items carry their text, which a later input
+ * reads back; other include values and a verbosity other than medium are refused */
+TEST(include_and_verbosity) {
+  EXPECT(refuses("{\"input\":\"x\",\"include\":[\"message.output_text.logprobs\"]}", "include",
+                 "not supported"));
+  EXPECT(
+      refuses("{\"input\":\"x\",\"include\":\"reasoning.encrypted_content\"}", "include", "array"));
+  EXPECT(refuses("{\"input\":\"x\",\"text\":{\"verbosity\":\"low\"}}", "text.verbosity",
+                 "not supported"));
+  EXPECT(
+      refuses("{\"input\":\"x\",\"text\":{\"verbosity\":\"loud\"}}", "text.verbosity", "must be"));
+  responses_request r;
+  openai_error e;
+  EXPECT(parse("{\"input\":\"x\",\"text\":{\"verbosity\":\"medium\"},\"include\":["
+               "\"reasoning.encrypted_content\"]}",
+               &r, &e) == 0);
+  EXPECT(r.encrypted_reasoning == 1);
+  if (!test_cur_failed) responses_request_free(&r);
+  EXPECT(parse("{\"input\":\"x\"}", &r, &e) == 0);
+  EXPECT(r.encrypted_reasoning == 0);
+  responses_request_free(&r);
+  json_t *out = responses_response_output("why so", "ok", NULL, 1, 1);
+  const json_t *it = json_array_get(out, 0);
+  EXPECT_STR(json_string_value(json_object_get(it, "encrypted_content")), "why so");
+  json_decref(out);
+  out = responses_response_output("why so", "ok", NULL, 1, 0);
+  EXPECT(json_object_get(json_array_get(out, 0), "encrypted_content") == NULL);
+  json_decref(out);
+  /* the item sent back with only encrypted_content (as Codex does) becomes the reasoning */
+  char *c = chat_of(
+      "{\"input\":[{\"role\":\"user\",\"content\":\"q\"},{\"type\":\"reasoning\","
+      "\"summary\":[],\"encrypted_content\":\"why so\"},{\"type\":\"message\",\"role\":"
+      "\"assistant\",\"content\":[{\"type\":\"output_text\",\"text\":\"ok\"}]}]}");
+  EXPECT_MSG(c && strstr(c, "\"reasoning_content\":\"why so\""), "%s", c ? c : "(null)");
+  free(c);
+}
+
 TEST(error_param) {
   openai_error e;
   openai_error_set(&e, 400, NULL, "messages[2].content", "x");
@@ -224,7 +261,8 @@ static json_t *canned_output(int parallel) {
   chat_parsed p;
   memset(&p, 0, sizeof p);
   if (chat_parse(GEN, 0, NULL, &p)) return NULL;
-  json_t *out = responses_response_output(p.reasoning_content, p.content, p.tool_calls, parallel);
+  json_t *out =
+      responses_response_output(p.reasoning_content, p.content, p.tool_calls, parallel, 0);
   chat_parsed_free(&p);
   return out;
 }
@@ -257,7 +295,7 @@ TEST(output_items_of_a_generation) {
   EXPECT_EQ_INT(json_array_size(out), 3);
   json_decref(out);
   /* a plain answer: one message; nothing generated: an empty message */
-  out = responses_response_output(NULL, "", NULL, 1);
+  out = responses_response_output(NULL, "", NULL, 1, 0);
   REQUIRE(out != NULL);
   EXPECT_EQ_INT(json_array_size(out), 1);
   json_decref(out);
@@ -307,7 +345,7 @@ static json_t *sse_events(const char *s) {
 static json_t *stream_events(size_t step, int parallel) {
   json_t *echo = json_object();
   responses_stream st;
-  responses_stream_init(&st, echo, "resp_x", 1, "m", parallel, 0, NULL);
+  responses_stream_init(&st, echo, "resp_x", 1, "m", parallel, 0, NULL, 0);
   strbuf out;
   strbuf_init(&out);
   int rc = responses_stream_start(&st, &out);
@@ -385,7 +423,7 @@ TEST(stream_events_match_output) {
 TEST(stream_empty_and_error) {
   json_t *echo = json_object();
   responses_stream st;
-  responses_stream_init(&st, echo, "resp_y", 1, "m", 1, 0, NULL);
+  responses_stream_init(&st, echo, "resp_y", 1, "m", 1, 0, NULL, 0);
   strbuf out;
   strbuf_init(&out);
   EXPECT(responses_stream_start(&st, &out) == 0);
@@ -404,7 +442,7 @@ TEST(stream_empty_and_error) {
   responses_stream_free(&st);
   strbuf_free(&out);
   /* an error event ends the stream */
-  responses_stream_init(&st, echo, "resp_z", 1, "m", 1, 0, NULL);
+  responses_stream_init(&st, echo, "resp_z", 1, "m", 1, 0, NULL, 0);
   strbuf_init(&out);
   openai_error e;
   openai_error_set(&e, 500, "server_error", NULL, "generation failed: boom");
@@ -463,6 +501,7 @@ int main(void) {
   RUN(items_translate);
   RUN(translation_parses_as_chat);
   RUN(refusals);
+  RUN(include_and_verbosity);
   RUN(error_param);
   RUN(output_items_of_a_generation);
   RUN(response_object);

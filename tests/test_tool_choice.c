@@ -304,6 +304,45 @@ TEST(xml_compile_errors) {
   }
 }
 
+/* tool_choice auto with parallel_tool_calls false: any token (eos too) until the first call
+ * block closes outside the think block, then only eos */
+static int n_allowed(const json_mask *m, int *eos_ok) {
+  float logits[NV];
+  for (int i = 0; i < NV; i++) logits[i] = 0;
+  json_mask_apply(m, logits, NV);
+  int n = 0;
+  for (int i = 0; i < NV; i++) n += logits[i] == 0;
+  *eos_ok = logits[EOS_ID] == 0;
+  return n;
+}
+
+TEST(single_call_auto) {
+  words = json_words;
+  NW = (int)(sizeof json_words / sizeof json_words[0]);
+  json_vocab *v = vocab();
+  for (int think = 0; think <= 1; think++) {
+    json_schema *g = tool_grammar_single();
+    REQUIRE(g != NULL);
+    tool_grammar_think(g, think);
+    json_mask *m = json_mask_new_schema(v, g);
+    int eos = 0, all = n_allowed(m, &eos);
+    EXPECT_MSG(eos && all > NW + 0x7f - 0x09, "%d allowed at the start", all);
+    const char *pre =
+        think ? "hm <tool_call>x</tool_call> </think>\n\nLet me look. " : "Let me look. ";
+    const char *call = "<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n</tool_call";
+    EXPECT(json_mask_feed(m, pre, strlen(pre)) == 0);
+    EXPECT(json_mask_feed(m, call, strlen(call)) == 0);
+    EXPECT_MSG(n_allowed(m, &eos) == all && eos, "think %d: still free before the last '>'", think);
+    json_mask_advance(m, NW_MAX + '>');
+    EXPECT(!json_mask_dead(m) && json_mask_complete(m));
+    EXPECT_MSG(n_allowed(m, &eos) == 1 && eos, "think %d: only eos after the call", think);
+    EXPECT(json_mask_feed(m, "\n", 1) == -1);
+    json_mask_free(m);
+    json_schema_free(g);
+  }
+  json_vocab_free(v);
+}
+
 TEST(compile_errors) {
   json_t *tools = json_loads(tools_json, 0, NULL);
   char err[300];
@@ -349,6 +388,7 @@ int main(void) {
   RUN(named_tool);
   RUN(at_most_one_call);
   RUN(think_then_calls);
+  RUN(single_call_auto);
   RUN(xml_feed_exact);
   RUN(xml_compile_errors);
   RUN(xml_required_any_tool);

@@ -1234,6 +1234,9 @@ enum {
   TX_TAG,  /* "\n<parameter=" or "\n</function>" (pos bytes matched; sub: 1 the first, 2 the
             * second, 0 not known yet) */
   TX_NAME, /* in parameter j's name and ">\n" (pos bytes matched; j the lowest it may be) */
+  TF_TEXT, /* tfree: outside a call block (pos: bytes of "<tool_call>" matched) */
+  TF_CALL, /* tfree: in the call block (pos: bytes of "</tool_call>" matched) */
+  TF_DONE, /* tfree: the call block ended: only eos */
   TX_VAL,  /* in a value (sub: 1 raw text); nl: a newline held, and then pos bytes of
             * "</parameter>" (the value ends there); bp / bc: bytes of "</parameter>" /
             * "</tool_call>" the value itself ends with */
@@ -1280,7 +1283,7 @@ json_mask *json_mask_new_schema(const json_vocab *v, const json_schema *s) {
   m->sl.mode = SM_START;
   if (s->ntools > 0) {
     m->tg = s;
-    m->tgs.ph = s->tthink ? TG_THINK : TG_GAP;
+    m->tgs.ph = s->tthink ? TG_THINK : s->tfree ? TF_TEXT : TG_GAP;
   }
   return m;
 }
@@ -1288,6 +1291,7 @@ json_mask *json_mask_new_schema(const json_vocab *v, const json_schema *s) {
 void json_mask_free(json_mask *m) { free(m); }
 
 int json_mask_complete(const json_mask *m) {
+  if (m->tg && m->tg->tfree) return !m->dead; /* eos may end the text anywhere */
   if (m->tg) return !m->dead && m->tgs.ph == TG_GAP && m->tgs.calls > 0;
   return !m->dead && (m->sc ? m->sl.mode == SM_DONE : m->s.mode == JS_DONE);
 }
@@ -1970,6 +1974,22 @@ static int tg_step(const json_schema *g, tg_st *s, const json_schema **sc, const
   }
 }
 
+/* One byte of tool_grammar_single's text: never refused, only followed (the think block, then
+ * the first call block). */
+static void tf_step(tg_st *s, unsigned c) {
+  static const char close[] = "</think>", open_call[] = "<tool_call>",
+                    close_call[] = "</tool_call>";
+  const char *lit = s->ph == TG_THINK ? close : s->ph == TF_TEXT ? open_call : close_call;
+  if (s->ph == TF_DONE) return;
+  if (c != (unsigned char)lit[s->pos]) {
+    s->pos = c == '<';
+    return;
+  }
+  if (lit[++s->pos]) return;
+  s->ph = s->ph == TG_THINK ? TF_TEXT : s->ph == TF_TEXT ? TF_CALL : TF_DONE;
+  s->pos = 0;
+}
+
 /* Bytes b[n] from m's state: 0 and the new state in *s, *sc, *t, or -1. */
 static int tg_walk(const json_mask *m, tg_st *s, const json_schema **sc, ss_try *t,
                    const unsigned char *b, size_t n, int special) {
@@ -1983,6 +2003,11 @@ static int tg_walk(const json_mask *m, tg_st *s, const json_schema **sc, ss_try 
 
 /* Feeds b[n] to m's state: 0, or -1 (the state unchanged). */
 static int tg_feed(json_mask *m, const unsigned char *b, size_t n, int special) {
+  if (m->tg->tfree) {
+    if (m->tgs.ph == TF_DONE) return -1;
+    for (size_t i = 0; i < n; i++) tf_step(&m->tgs, b[i]);
+    return 0;
+  }
   tg_st s;
   const json_schema *sc;
   ss_try t;
@@ -2022,7 +2047,15 @@ JM_INLINE void jm_compute(const json_mask *m, jm_out *o, int n) {
   const json_vocab *v = m->v;
   const json_state *s = &m->s;
   int n_ok = 0;
-  if (m->tg) {
+  if (m->tg && m->tg->tfree) {
+    if (m->dead || m->tgs.ph == TF_DONE) {
+      jm_only_eos(v, o, n);
+    } else { /* any token */
+      if (o->to_bits) memset(o->bits, 0xff, ((size_t)n + 63) / 64 * sizeof *o->bits);
+      if (o->to_bits && (n & 63)) o->acc = o->bits[n >> 6];
+      n_ok = n;
+    }
+  } else if (m->tg) {
     if (m->dead)
       jm_only_eos(v, o, n);
     else
@@ -2097,6 +2130,10 @@ void json_mask_advance(json_mask *m, int32_t token) {
   const jv_tok *t = &v->tok[token];
   if (t->flags & TOK_EOS) {
     if (!json_mask_complete(m)) m->dead = 1;
+    return;
+  }
+  if (m->tg && m->tg->tfree) { /* any token but after the call */
+    if (tg_feed(m, v->bytes + v->off[token], v->len[token], 1)) m->dead = 1;
     return;
   }
   if (m->tg) {

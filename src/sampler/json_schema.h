@@ -200,6 +200,10 @@ struct json_schema {
    * then tool k's parameters as <parameter=NAME> blocks, read as the JSON object they stand
    * for under targs[k]; tsuf closes the call after "</function>". */
   int32_t txml;
+  /* tfree: tool_choice auto with at most one call (tool_grammar_single): any text, but after the
+   * first "</tool_call>" that follows a "<tool_call>" outside the think block, only eos; the
+   * other tool fields are unused */
+  int32_t tfree;
   int32_t *tnp;        /* [ntools] tool k's parameters */
   ss_xparam **tparams; /* [ntools][tnp[k]] (owned) */
 };

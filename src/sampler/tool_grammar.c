@@ -71,6 +71,15 @@ json_schema *tool_grammar_compile(const json_t *tools, const char *name, int max
   return s;
 }
 
+json_schema *tool_grammar_single(void) {
+  json_schema *s = calloc(1, sizeof *s);
+  if (!s) return NULL;
+  s->ntools = 1; /* a tool-call grammar, which json_mask_new_schema follows as such */
+  s->tfree = 1;
+  s->tmax = 1;
+  return s;
+}
+
 void tool_grammar_think(json_schema *s, int think) {
   if (s && s->ntools > 0) s->tthink = think != 0;
 }
@@ -175,7 +184,7 @@ int tool_grammar_xml(json_schema *s, const json_t *tools, const char *name, char
     snprintf(err, errlen, "not a tool-call grammar");
     return -1;
   }
-  if (s->txml) return 0;
+  if (s->txml || s->tfree) return 0;
   s->tnp = calloc((size_t)s->ntools, sizeof *s->tnp);
   s->tparams = calloc((size_t)s->ntools, sizeof *s->tparams);
   char *suf = strdup(tx_tail);

@@ -39,11 +39,17 @@
 json_schema *tool_grammar_compile(const json_t *tools, const char *name, int max_calls, char *err,
                                   size_t errlen);
 
-/* Switches s (made by tool_grammar_compile from the same tools and name) to the XML call form.
- * 0, or -1 with one line in err: a tool or parameter name the form cannot carry ('>', '<',
- * newline, empty), parameters not listed under a top-level `properties` (allOf / anyOf / oneOf /
- * $ref at the top), a narrowed schema that does not compile, out of memory. Set before any mask
- * is made over s. */
+/* tool_choice auto with parallel_tool_calls false: any text, but the output ends (only eos may
+ * follow) at the end of its first "<tool_call>" ... "</tool_call>" block outside the think
+ * block (tool_grammar_think), in either call form; the block itself is not checked (auto: a
+ * malformed one stays content). Owned by the caller (json_schema_free); NULL on out of memory. */
+json_schema *tool_grammar_single(void);
+
+/* Switches s (made by tool_grammar_compile from the same tools and name) to the XML call form
+ * (tool_grammar_single's: nothing to switch). 0, or -1 with one line in err: a tool or parameter
+ * name the form cannot carry ('>', '<', newline, empty), parameters not listed under a top-level
+ * `properties` (allOf / anyOf / oneOf / $ref at the top), a narrowed schema that does not compile,
+ * out of memory. Set before any mask is made over s. */
 int tool_grammar_xml(json_schema *s, const json_t *tools, const char *name, char *err,
                      size_t errlen);
 

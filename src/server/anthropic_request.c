@@ -314,8 +314,8 @@ static int tool_choice_of(const json_t *tc, json_t *req, openai_error *err) {
   const json_t *dp = json_object_get(tc, "disable_parallel_tool_use");
   if (dp && !json_is_null(dp) && !json_is_boolean(dp))
     return BAD("tool_choice", "tool_choice.disable_parallel_tool_use: must be a boolean");
-  /* any / tool: forced by the chat request's tool-call grammar (tool_grammar.h), at most one
-   * call with disable_parallel_tool_use */
+  /* any / tool: forced by the chat request's tool-call grammar (tool_grammar.h); at most one
+   * call with disable_parallel_tool_use (auto included: tool_grammar_single) */
   if (json_is_true(dp) && json_object_set_new(req, "parallel_tool_calls", json_false()))
     return OOM();
   json_t *c;

@@ -72,7 +72,7 @@ static int get_int(const json_t *o, const char *key, long long lo, long long hi,
 /* Fields that other servers (OpenAI, vLLM) accept and that would change what is generated:
  * refused with a 400 naming the field, never silently ignored, when set to anything but their
  * no-op value (null, and the value given here). Fields that change nothing generated (user,
- * metadata, store, service_tier, parallel_tool_calls, ...) are ignored. */
+ * metadata, store, service_tier, ...) are ignored. */
 static int refuse_unsupported(const json_t *o, openai_error *err) {
   static const struct {
     const char *key, *what;
@@ -621,6 +621,26 @@ static int force_tool_calls(const json_t *o, openai_request *r, openai_error *er
   return 0;
 }
 
+/* tool_choice auto with parallel_tool_calls false: at most one call, the output ending after
+ * the first call block (tool_grammar_single, through the same mask). With a response_format the
+ * output is one JSON object, never a call, so there is nothing to bound. */
+static int single_tool_call(const json_t *o, openai_request *r, openai_error *err) {
+  const json_t *ptc = json_object_get(o, "parallel_tool_calls");
+  if (ptc && !json_is_null(ptc) && !json_is_boolean(ptc))
+    return BAD("parallel_tool_calls", "'parallel_tool_calls' must be a boolean");
+  if (r->tool_choice != OPENAI_TOOL_CHOICE_AUTO || !r->tools || !json_is_false(ptc) ||
+      r->json_object)
+    return 0;
+  if (r->n > 1) return BAD("n", "n > 1 with parallel_tool_calls false is not supported");
+  if (r->sp.min_tokens > 0) /* after the call the mask leaves nothing but an end token */
+    return BAD("min_tokens", "min_tokens with parallel_tool_calls false is not supported");
+  if (!(r->schema = tool_grammar_single()))
+    return openai_error_set(err, 500, "server_error", NULL, "out of memory");
+  r->json_object = 1;
+  r->tool_forced = 1;
+  return 0;
+}
+
 static int parse_chat(const json_t *o, openai_request *r, openai_error *err) {
   if (build_render(o, r, 1, err)) return -1;
   /* json_object: the mask admits no </think> (nor <think>), so unless the client chose, the
@@ -638,7 +658,7 @@ static int parse_chat(const json_t *o, openai_request *r, openai_error *err) {
         return openai_error_set(err, 500, "server_error", NULL, "out of memory");
     }
   }
-  if (force_tool_calls(o, r, err)) return -1;
+  if (force_tool_calls(o, r, err) || single_tool_call(o, r, err)) return -1;
   /* chat logprobs: a boolean, plus top_logprobs */
   const json_t *lp = json_object_get(o, "logprobs");
   if (lp && !json_is_null(lp)) {

@@ -76,7 +76,8 @@ typedef struct openai_request {
   int json_object; /* response_format json_object or json_schema: one JSON object (json_mask.h) */
   json_schema *schema; /* response_format json_schema: compiled (owned; NULL for json_object);
                         * with tool_forced, the tool-call grammar (tool_grammar.h) */
-  int tool_forced;     /* tool_choice required / named: json_object set, schema the grammar */
+  int tool_forced;     /* tool_choice required / named, or auto with parallel_tool_calls false
+                        * (tool_grammar_single): json_object set, schema the grammar */
 
   /* completions: exactly one of prompt / prompt_ids */
   char *prompt; /* malloc'd UTF-8 text */

@@ -123,6 +123,9 @@ static int input_items(const json_t *input, json_t *msgs, openai_error *err) {
       const json_t *c = json_object_get(it, "content");
       if (nullish(c) || (json_is_array(c) && json_array_size(c) == 0))
         c = json_object_get(it, "summary");
+      const json_t *enc = json_object_get(it, "encrypted_content"); /* ours: the text itself */
+      if ((nullish(c) || (json_is_array(c) && json_array_size(c) == 0)) && json_is_string(enc))
+        c = enc;
       char cp[80];
       snprintf(cp, sizeof cp, "%s.content", param);
       json_t *text = nullish(c) ? json_string("") : content_text(c, cp, err);
@@ -242,6 +245,16 @@ static json_t *chat_tools(const json_t *tools, openai_error *err) {
 static int chat_format(const json_t *text, json_t *chat, openai_error *err) {
   if (nullish(text)) return 0;
   if (!json_is_object(text)) return BAD("text", "'text' must be an object");
+  /* verbosity: the model has no such control; medium (OpenAI's default) asks for nothing */
+  const json_t *vb = json_object_get(text, "verbosity");
+  const char *v = json_string_value(vb);
+  if (!nullish(vb) && (!v || (strcmp(v, "low") && strcmp(v, "medium") && strcmp(v, "high"))))
+    return BAD("text.verbosity", "'text.verbosity' must be low, medium or high");
+  if (v && strcmp(v, "medium"))
+    return BAD("text.verbosity",
+               "'text.verbosity' %s is not supported: the model's verbosity cannot be set "
+               "(medium, the default, is accepted)",
+               v);
   const json_t *f = json_object_get(text, "format");
   if (nullish(f)) return 0;
   const char *type = json_string_value(json_object_get(f, "type"));
@@ -263,6 +276,25 @@ static int chat_format(const json_t *text, json_t *chat, openai_error *err) {
   return BAD("text.format",
              "'text.format' type '%s' is not supported: 'text', 'json_object' or 'json_schema'",
              type);
+}
+
+/* include: "reasoning.encrypted_content" (the reasoning text round-trips through the client);
+ * the other values name outputs this server never makes or cannot add, and are refused. */
+static int parse_include(const json_t *o, responses_request *r, openai_error *err) {
+  const json_t *inc = json_object_get(o, "include");
+  if (nullish(inc)) return 0;
+  if (!json_is_array(inc)) return BAD("include", "'include' must be an array of strings");
+  size_t i;
+  const json_t *v;
+  json_array_foreach(inc, i, v) {
+    const char *s = json_string_value(v);
+    if (!s) return BAD("include", "'include[%zu]' must be a string", i);
+    if (strcmp(s, "reasoning.encrypted_content"))
+      return BAD("include", "include '%s' is not supported: only 'reasoning.encrypted_content' is",
+                 s);
+    r->encrypted_reasoning = 1;
+  }
+  return 0;
 }
 
 /* The fields of a state the server does not keep: refused unless absent or no-op. */
@@ -402,6 +434,7 @@ static int translate(const json_t *o, responses_request *r, openai_error *err) {
   if (!r->parallel_tool_calls && json_object_set_new(chat, "parallel_tool_calls", json_false()))
     return OOM();
 
+  if (parse_include(o, r, err)) return -1;
   const json_t *text = json_object_get(o, "text");
   if (chat_format(text, chat, err)) return -1;
   const json_t *fmt = json_is_object(text) ? json_object_get(text, "format") : NULL;

@@ -38,6 +38,9 @@ typedef struct responses_request {
                    max_output_tokens, text, reasoning, metadata, user, store, truncation (owned) */
   int stream;
   int parallel_tool_calls; /* default 1; 0: only the first function call is returned */
+  int encrypted_reasoning; /* include "reasoning.encrypted_content": reasoning items carry their
+                            * text as encrypted_content (opaque to the client, which sends it
+                            * back in a later input: the server keeps no state) */
 } responses_request;
 
 /* Parses and translates a request body of `len` bytes. Returns 0 with *out filled (free with

@@ -49,9 +49,17 @@ void responses_response_item_id(char *buf, size_t n, const char *prefix) {
   openai_response_new_id(buf, n, p);
 }
 
-json_t *responses_response_reasoning_item(const char *id, const char *text, size_t len) {
-  return json_pack("{s:s, s:s, s:[], s:[{s:s, s:o}]}", "id", id, "type", "reasoning", "summary",
-                   "content", "type", "reasoning_text", "text", openai_response_string(text, len));
+json_t *responses_response_reasoning_item(const char *id, const char *text, size_t len,
+                                          int encrypted) {
+  json_t *it =
+      json_pack("{s:s, s:s, s:[], s:[{s:s, s:o}]}", "id", id, "type", "reasoning", "summary",
+                "content", "type", "reasoning_text", "text", openai_response_string(text, len));
+  if (it && encrypted &&
+      json_object_set_new(it, "encrypted_content", openai_response_string(text, len))) {
+    json_decref(it);
+    return NULL;
+  }
+  return it;
 }
 
 json_t *responses_response_message_item(const char *id, const char *text, size_t len,
@@ -72,15 +80,15 @@ json_t *responses_response_call_item(const char *id, const json_t *chat_call, co
 }
 
 json_t *responses_response_output(const char *reasoning, const char *content, const json_t *calls,
-                                  int parallel) {
+                                  int parallel, int encrypted) {
   json_t *out = json_array();
   char id[64];
   size_t n_calls = calls ? json_array_size(calls) : 0;
   if (!parallel && n_calls > 1) n_calls = 1;
   if (out && reasoning) {
     responses_response_item_id(id, sizeof id, "rs");
-    if (json_array_append_new(out,
-                              responses_response_reasoning_item(id, reasoning, strlen(reasoning))))
+    if (json_array_append_new(
+            out, responses_response_reasoning_item(id, reasoning, strlen(reasoning), encrypted)))
       goto oom;
   }
   if (out && ((content && content[0]) || n_calls == 0)) {

@@ -35,7 +35,10 @@ const char *responses_response_status(const char *finish);
 
 /* Output items; text is len bytes that may end in a partial UTF-8 character (it becomes
  * U+FFFD). status: "in_progress" or "completed". */
-json_t *responses_response_reasoning_item(const char *id, const char *text, size_t len);
+/* encrypted: the reasoning item also carries its text as encrypted_content (include
+ * "reasoning.encrypted_content"; the input reads it back). */
+json_t *responses_response_reasoning_item(const char *id, const char *text, size_t len,
+                                          int encrypted);
 json_t *responses_response_message_item(const char *id, const char *text, size_t len,
                                         const char *status);
 /* A function_call item from a chat tool call {"id","function":{"name","arguments"}}. */
@@ -45,8 +48,9 @@ json_t *responses_response_call_item(const char *id, const json_t *chat_call, co
 void responses_response_item_id(char *buf, size_t n, const char *prefix);
 
 /* The output items of a finished generation from chat_parse's parts (reasoning NULL when none;
- * calls NULL or chat tool calls). parallel 0: only the first call. NULL on out of memory. */
+ * calls NULL or chat tool calls). parallel 0: only the first call; encrypted: as for
+ * responses_response_reasoning_item. NULL on out of memory. */
 json_t *responses_response_output(const char *reasoning, const char *content, const json_t *calls,
-                                  int parallel);
+                                  int parallel, int encrypted);
 
 #endif

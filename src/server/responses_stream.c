@@ -6,7 +6,7 @@
 
 void responses_stream_init(responses_stream *s, const json_t *echo, const char *id,
                            long long created, const char *model, int parallel, int thinking_open,
-                           const json_t *tools) {
+                           const json_t *tools, int encrypted) {
   memset(s, 0, sizeof *s);
   openai_stream_init(&s->chat, thinking_open, tools);
   s->echo = echo;
@@ -14,6 +14,7 @@ void responses_stream_init(responses_stream *s, const json_t *echo, const char *
   snprintf(s->id, sizeof s->id, "%s", id);
   s->created = created;
   s->parallel = parallel;
+  s->encrypted = encrypted;
   s->output = json_array();
   s->open = -1;
   strbuf_init(&s->text);
@@ -61,7 +62,7 @@ static int open_item(responses_stream *s, int message, strbuf *out) {
   char id[64];
   responses_response_item_id(id, sizeof id, message ? "msg" : "rs");
   json_t *item = message ? responses_response_message_item(id, "", 0, "in_progress")
-                         : responses_response_reasoning_item(id, "", 0);
+                         : responses_response_reasoning_item(id, "", 0, s->encrypted);
   if (!item) return -1;
   json_array_clear(json_object_get(item, "content")); /* its part comes as an event */
   int index = (int)json_array_size(s->output);
@@ -94,7 +95,7 @@ static int close_item(responses_stream *s, strbuf *out) {
       message ? responses_response_message_item(json_string_value(json_object_get(item, "id")),
                                                 text, s->text.len, "completed")
               : responses_response_reasoning_item(json_string_value(json_object_get(item, "id")),
-                                                  text, s->text.len);
+                                                  text, s->text.len, s->encrypted);
   if (!done || json_array_set_new(s->output, (size_t)index, done)) return -1;
   return emit(s, out, "response.output_item.done", item_event(index, done));
 }

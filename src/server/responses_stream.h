@@ -37,6 +37,7 @@ typedef struct responses_stream {
   char id[64];        /* "resp_..." */
   long long created;
   int parallel;         /* 0: calls after the first are dropped */
+  int encrypted;        /* reasoning items carry encrypted_content */
   long long seq;        /* the next sequence_number */
   json_t *output;       /* the items so far, in their latest shape (owned) */
   int open;             /* index in output of the open reasoning / message item, or -1 */
@@ -50,7 +51,7 @@ typedef struct responses_stream {
 
 void responses_stream_init(responses_stream *s, const json_t *echo, const char *id,
                            long long created, const char *model, int parallel, int thinking_open,
-                           const json_t *tools);
+                           const json_t *tools, int encrypted);
 void responses_stream_free(responses_stream *s);
 
 /* response.created and response.in_progress. Returns 0, or -1 on out of memory. */

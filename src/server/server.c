@@ -981,7 +981,8 @@ static enum MHD_Result respond_responses(conn *cx) {
     return fail(cx, 500, "server_error", NULL, "out of memory");
   const char *r = p.reasoning_content;
   responses_usage u = responses_usage_of(cx, r, r ? strlen(r) : 0);
-  json_t *out = responses_response_output(r, p.content, p.tool_calls, cx->rr->parallel_tool_calls);
+  json_t *out = responses_response_output(r, p.content, p.tool_calls, cx->rr->parallel_tool_calls,
+                                          cx->rr->encrypted_reasoning);
   chat_parsed_free(&p);
   const char *status = responses_response_status(server_gen_finish_name(g));
   return send_json(cx, 200,
@@ -1224,7 +1225,8 @@ static enum MHD_Result handle_generate(conn *cx, openai_kind kind) {
       cx->rs = calloc(1, sizeof *cx->rs);
       if (!cx->rs) return fail(cx, 503, "server_error", NULL, "out of memory");
       responses_stream_init(cx->rs, cx->rr->echo, cx->id, cx->created, s->name,
-                            cx->rr->parallel_tool_calls, cx->thinking_open, cx->req.tools);
+                            cx->rr->parallel_tool_calls, cx->thinking_open, cx->req.tools,
+                            cx->rr->encrypted_reasoning);
     } else if (kind == OPENAI_KIND_CHAT)
       for (int i = 0; i < n; i++) {
         openai_stream_init(&cx->ch[i].st, cx->thinking_open, cx->req.tools);

@@ -61,7 +61,6 @@ const accepted = [
   ["--reasoning-parser=qwen3"],
   ["--uvicorn-log-level", "warning"],
   ["--enforce-eager"],
-  ["--kv-cache-dtype", "auto"],
   ["--mamba-ssm-cache-dtype", "float32"],
   ["--language-model-only"],
   ["--enable-expert-parallel"],
@@ -122,7 +121,8 @@ const refused = [
   [["--data-parallel-size", "2"], "data parallelism"],
   [["--tool-call-parser", "mistral"], "<tool_call>"],
   [["--reasoning-parser", "granite"], "<think>"],
-  [["--kv-cache-dtype", "fp8"], "change the results"],
+  [["--kv-cache-dtype", "fp8_e5m2"], "e4m3"],
+  [["--kv-cache-dtype", "int8"], "accepted: auto, bfloat16, fp8, fp8_e4m3"],
   [["--seed", "0"], "'seed' field"],
   [["--tokenizer", "x"], "model folder"],
   [["--speculative-config", "{}"], "speculative decoding"],
@@ -143,6 +143,19 @@ for (const [args, why] of refused) {
     assert(lines[0].includes(flag) && lines[0].includes(why), `'${lines[0]}' names ${flag} and '${why}'`);
   });
 }
+
+// --kv-cache-dtype fp8: FP8 K/V pages (test_kv_fp8 checks the numbers); the server runs on them
+await test("serve_kv_cache_dtype_fp8", async () => {
+  const s = await serve([model.dir, "--port", "0", "--threads", "2", "--kv-cache-dtype", "fp8"]);
+  const r = await fetch(`${s.url}/v1/completions`, {
+    method: "POST",
+    headers: { "Content-Type": "application/json" },
+    body: JSON.stringify({ prompt: "hello", max_tokens: 4, temperature: 0, ignore_eos: true }),
+  });
+  eq(r.status, 200, "completion with fp8 K/V");
+  eq((await r.json()).usage.completion_tokens, 4, "tokens");
+  await s.stop();
+});
 
 await test("serve_two_models", async () => {
   const r = ds(["serve", model.dir, "--model", model.tmp]);

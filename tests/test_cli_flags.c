@@ -162,7 +162,6 @@ TEST(vllm_flags_accepted) {
                                       {"--enforce-eager", NULL},
                                       {"--enable-chunked-prefill", NULL},
                                       {"--swap-space", "4"},
-                                      {"--kv-cache-dtype", "auto"},
                                       {"--mamba-ssm-cache-dtype", "float32"},
                                       {"--task", "generate"}};
   char err[256];
@@ -171,6 +170,32 @@ TEST(vllm_flags_accepted) {
     int rc = vllm(ok[k][0], ok[k][1], &used, err, sizeof err);
     EXPECT_MSG(rc == 1 && used == (ok[k][1] ? 2 : 1), "%s %s: %d, took %d (%s)", ok[k][0],
                ok[k][1] ? ok[k][1] : "", rc, used, err);
+  }
+}
+
+/* --kv-cache-dtype: vLLM's values, fp8 as e4m3 pages with scales; e5m2 refused by name */
+TEST(kv_cache_dtype) {
+  static const struct {
+    const char *v;
+    int rc;
+    backend_kv_dtype want;
+    const char *why;
+  } cases[] = {{"auto", 0, BACKEND_KV_AUTO, NULL},
+               {"bfloat16", 0, BACKEND_KV_AUTO, NULL},
+               {"fp8", 0, BACKEND_KV_FP8_E4M3, NULL},
+               {"fp8_e4m3", 0, BACKEND_KV_FP8_E4M3, NULL},
+               {"fp8_e5m2", -1, BACKEND_KV_AUTO, "the FP8 KV cache is e4m3"},
+               {"fp8_inc", -1, BACKEND_KV_AUTO, "accepted: auto, bfloat16, fp8, fp8_e4m3"},
+               {"", -1, BACKEND_KV_AUTO, "not supported"}};
+  for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+    char err[256] = "";
+    backend_kv_dtype d = BACKEND_KV_AUTO;
+    int rc = cli_vllm_kv_cache_dtype(cases[k].v, &d, err, sizeof err);
+    EXPECT_MSG(rc == cases[k].rc && d == cases[k].want, "'%s': %d, %d (%s)", cases[k].v, rc, (int)d,
+               err);
+    if (cases[k].why)
+      EXPECT_MSG(strstr(err, cases[k].why) && strstr(err, "--kv-cache-dtype"), "'%s': '%s'",
+                 cases[k].v, err);
   }
 }
 
@@ -184,7 +209,6 @@ TEST(vllm_flags_refused) {
       {"--data-parallel-size", "2", "data parallelism"},
       {"--tool-call-parser", "mistral", "<tool_call>"},
       {"--reasoning-parser", "granite", "<think>"},
-      {"--kv-cache-dtype", "fp8", "change the results"},
       {"--mamba-ssm-cache-dtype", "float16", "change the results"},
       {"--task", "embed", "generates text only"},
       {"--seed", "0", "'seed' field"},
@@ -220,6 +244,7 @@ int main(void) {
   RUN(engine_sizes_and_auto);
   RUN(vllm_flags_accepted);
   RUN(vllm_flags_refused);
+  RUN(kv_cache_dtype);
   RUN(version);
   TEST_MAIN_END();
 }

@@ -13,6 +13,7 @@
  *
  *   BACKEND_KIND_ACT  activations between ops            cpu: f32   cuda: bf16
  *   BACKEND_KIND_KV   the paged K/V pools                cpu: f32   cuda: bf16
+ *                     (--kv-cache-dtype fp8: e4m3 bytes on both, with scales; see "Paged K/V")
  *   BACKEND_KIND_F32  recurrent state, gates, logits     f32 everywhere
  *   BACKEND_KIND_I32  integer scratch (router ids, ...)  i32 everywhere
  *
@@ -30,7 +31,17 @@
  *
  * Paged K/V. One pool per full-attention layer for K and one for V, each
  * [n_pages, P, nkv, hd] of KIND_KV (P = BACKEND_PAGE_TOKENS, 16). Position p of sequence s
- * lives in page page_table[s*max_pages + p/P], row p%P.
+ * lives in page page_table[s*max_pages + p/P], row p%P. A page of one pool takes
+ * backend_kv_page_bytes(be, nkv, hd) bytes, a multiple of kind_size(KV); pools are allocated
+ * as n_pages times that many bytes, and page copies (prefix cache, host tier, checkpoints) move
+ * those bytes, which hold everything the page is.
+ *
+ * FP8 K/V (backend_options.kv_dtype = BACKEND_KV_FP8_E4M3, docs/fp8.md): kind_size(KV) is 1
+ * and a page of one pool is [P, nkv, hd] e4m3 bytes followed by [P, nkv] f32 scales, one per
+ * (token, kv head). attention writes a row's head h as s = amax / 448 (amax of its hd values;
+ * s = 0 for an all-zero row), q_i = e4m3(clamp(x_i * (448 / amax), -448, 448)) rounded to
+ * nearest even, and reads it back as e4m3(q_i) * s (one fp32 product), the attention math
+ * then as for a K/V of those values.
  *
  * Recurrent state. Per DeltaNet layer one conv pool F32 [n_slots, conv_dim, K-1] (per channel
  * the last K-1 pre-conv inputs, oldest first) and one SSM pool F32 [n_slots, nv, dk, dv]
@@ -58,11 +69,19 @@
 
 typedef struct backend backend;
 
-/* The choices a user makes about a backend (CLI flags --device, --threads, --batch-invariant). */
+/* The element type of the paged K/V pools (--kv-cache-dtype). */
+typedef enum {
+  BACKEND_KV_AUTO = 0,     /* the backend's own: cpu f32, cuda bf16 (auto, bfloat16) */
+  BACKEND_KV_FP8_E4M3 = 1, /* e4m3 with a scale per (token, kv head) (fp8, fp8_e4m3) */
+} backend_kv_dtype;
+
+/* The choices a user makes about a backend (CLI flags --device, --threads, --batch-invariant,
+ * --kv-cache-dtype). */
 typedef struct backend_options {
-  const char *device;  /* "cpu", "cuda" or "auto" (NULL: auto) */
-  int n_threads;       /* CPU backend threads (0: all cores) */
-  int batch_invariant; /* CUDA: a row's bits never depend on the rest of the batch */
+  const char *device;        /* "cpu", "cuda" or "auto" (NULL: auto) */
+  int n_threads;             /* CPU backend threads (0: all cores) */
+  int batch_invariant;       /* CUDA: a row's bits never depend on the rest of the batch */
+  backend_kv_dtype kv_dtype; /* the K/V pools' element type (see "Paged K/V") */
 } backend_options;
 typedef void *backend_buf;    /* opaque device buffer (device memory on CUDA) */
 typedef void *backend_weight; /* opaque uploaded weight */
@@ -75,6 +94,7 @@ typedef enum {
 } backend_kind;
 
 #define BACKEND_PAGE_TOKENS KV_PAGE_TOKENS /* base/kv_page.h */
+#define BACKEND_KV_FP8_MAX 448.0f          /* the largest finite e4m3 (FP8 K/V scales) */
 #define BACKEND_READS 4                    /* read_start tickets outstanding at most */
 #define BACKEND_CHUNK 64 /* DeltaNet prefill chunk, aligned to absolute positions */
 
@@ -123,6 +143,9 @@ struct backend {
   void (*destroy)(backend *be);
   /* Bytes per element of a kind. */
   size_t (*kind_size)(backend *be, backend_kind kind);
+  /* Optional (NULL: BACKEND_PAGE_TOKENS * nkv * hd * kind_size(KV)). Bytes of one page of one
+   * K or V pool of nkv heads of hd values, scales included (use backend_kv_page_bytes). */
+  size_t (*kv_page_bytes)(backend *be, int nkv, int hd);
   /* n elements of `kind`, contents undefined. Returns NULL when out of memory. */
   backend_buf (*alloc)(backend *be, backend_kind kind, size_t n);
   void (*free)(backend *be, backend_buf buf); /* NULL is a no-op */
@@ -329,5 +352,12 @@ struct backend {
   void *(*host_alloc)(backend *be, size_t bytes);
   void (*host_free)(backend *be, void *p);
 };
+
+/* Bytes of one page of one K or V pool (see "Paged K/V"). */
+static inline size_t backend_kv_page_bytes(backend *be, int nkv, int hd) {
+  if (be->kv_page_bytes) return be->kv_page_bytes(be, nkv, hd);
+  return (size_t)BACKEND_PAGE_TOKENS * (size_t)nkv * (size_t)hd *
+         be->kind_size(be, BACKEND_KIND_KV);
+}
 
 #endif

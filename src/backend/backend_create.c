@@ -17,7 +17,7 @@ backend *backend_create(const backend_options *opt, char *err, size_t errlen) {
 #endif
   }
   if (!strcmp(device, "cpu")) {
-    backend *be = backend_cpu_create(opt->n_threads);
+    backend *be = backend_cpu_create_opt(opt);
     if (!be) errf(err, errlen, "cannot create the CPU backend (out of memory)");
     return be;
   }

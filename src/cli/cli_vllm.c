@@ -50,8 +50,6 @@ static const cli_vllm_entry cli_vllm_flags[] = {
     {"--block-size", NULL, "", "KV pages are 16 tokens", NULL},
     {"--max-log-len", NULL, "", "prompts are not logged", NULL},
     {"--download-dir", NULL, "", "MODEL is a local folder", NULL},
-    {"--kv-cache-dtype", NULL, "auto|bfloat16", "the KV cache is bfloat16",
-     "another KV cache dtype would change the results"},
     {"--mamba-ssm-cache-dtype", NULL, "auto|float32", "the recurrent state is float32",
      "another state dtype would change the results"},
     {"--task", NULL, "auto|generate", "deltaserve generates text",
@@ -107,6 +105,23 @@ void cli_vllm_usage(FILE *f) {
                                         : "accepted",
             e->ok ? e->ok : e->no);
   }
+}
+
+int cli_vllm_kv_cache_dtype(const char *v, backend_kv_dtype *out, char *err, size_t errlen) {
+  if (!strcmp(v, "auto") || !strcmp(v, "bfloat16")) {
+    *out = BACKEND_KV_AUTO;
+    return 0;
+  }
+  if (!strcmp(v, "fp8") || !strcmp(v, "fp8_e4m3")) {
+    *out = BACKEND_KV_FP8_E4M3;
+    return 0;
+  }
+  if (!strcmp(v, "fp8_e5m2"))
+    return errf(err, errlen,
+                "--kv-cache-dtype fp8_e5m2: not supported: the FP8 KV cache is e4m3 with a scale "
+                "per token and head (--kv-cache-dtype fp8)");
+  return errf(err, errlen,
+              "--kv-cache-dtype %s: not supported (accepted: auto, bfloat16, fp8, fp8_e4m3)", v);
 }
 
 int cli_vllm_flag(int argc, char **argv, int *i, char *err, size_t errlen) {

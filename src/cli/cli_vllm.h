@@ -7,6 +7,8 @@
 #include <stddef.h>
 #include <stdio.h>
 
+#include "backend/backend.h"
+
 /* Prints one help line per flag below to f, for `serve --help`. */
 void cli_vllm_usage(FILE *f);
 
@@ -15,5 +17,10 @@ void cli_vllm_usage(FILE *f);
  * past its value and returns 1; when it refuses it, returns -1 with one line in err saying why
  * and what to do. Returns 0 when argv[*i] is none of them (nothing changes). */
 int cli_vllm_flag(int argc, char **argv, int *i, char *err, size_t errlen);
+
+/* --kv-cache-dtype V, vLLM's values: auto and bfloat16 (the backend's own K/V type), fp8 and
+ * fp8_e4m3 (e4m3 pages with scales, backend.h "Paged K/V"). Returns 0 with *out set, or -1
+ * with one line in err (fp8_e5m2 and anything else). */
+int cli_vllm_kv_cache_dtype(const char *v, backend_kv_dtype *out, char *err, size_t errlen);
 
 #endif

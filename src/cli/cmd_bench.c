@@ -59,6 +59,7 @@
 #include "cli/cli.h"
 #include "cli/cli_flags.h"
 #include "cli/cli_load.h"
+#include "cli/cli_vllm.h"
 #include "engine/engine.h"
 #include "engine/engine_mem.h"
 #include "model/config.h"
@@ -110,7 +111,8 @@ typedef struct bench {
   const char *model_dir, *device;
   const char *commit; /* --commit (NULL: the checkout's HEAD) */
   int threads, quick, batch_invariant;
-  const char *only;       /* NULL: everything; "decode" or "prefill": those figures only */
+  backend_kv_dtype kv_dtype; /* --kv-cache-dtype */
+  const char *only;          /* NULL: everything; "decode" or "prefill": those figures only */
   int only_conc;          /* > 0: of the decode runs only the one at this concurrency (profiling) */
   int decode_repeats;     /* measured decode runs per level (the median is reported) */
   int decode_prompt;      /* > 0: the decode runs' prompt length instead of the size's */
@@ -658,8 +660,9 @@ static double bench_prefill_flops(const model_config *c, int L) {
  * state read and written. */
 static double bench_decode_bytes(bench *b, int n, double ctx) {
   const model_config *c = &b->cfg;
-  double kv_tok = 2.0 * config_n_full_layers(c) * c->n_kv_heads * c->head_dim *
-                  (double)b->be->kind_size(b->be, BACKEND_KIND_KV);
+  double kv_tok = 2.0 * config_n_full_layers(c) *
+                  (double)backend_kv_page_bytes(b->be, c->n_kv_heads, c->head_dim) /
+                  BACKEND_PAGE_TOKENS;
   int np;
   size_t pb, po;
   qwen35_packed(b->m, &np, &pb, &po);
@@ -749,6 +752,8 @@ static void bench_roofline(bench *b) {
   json_object_set_new(b->info, "vocab_row_bytes", json_real((double)lmh / b->cfg.vocab_size));
   json_object_set_new(b->info, "slot_bytes", json_integer((json_int_t)qwen35_slot_bytes(b->m)));
   json_object_set_new(b->info, "page_bytes", json_integer((json_int_t)qwen35_page_bytes(b->m)));
+  json_object_set_new(b->info, "kv_cache_dtype",
+                      json_string(b->kv_dtype == BACKEND_KV_FP8_E4M3 ? "fp8_e4m3" : "auto"));
   json_object_set_new(
       b->info, "roofline_note",
       json_string("decode: weights + n*ctx*KV/token + 2*n*slot bytes per step, "
@@ -1110,6 +1115,7 @@ static void bench_usage(FILE *f) {
           "  --commit SHA: the commit recorded in the JSON (default: git rev-parse HEAD, for a\n"
           "    tree that travelled without its .git).\n"
           "  --batch-invariant: GEMMs whose rows do not depend on the batch (as serve).\n"
+          "  --kv-cache-dtype auto|fp8: the K/V pages' type (as serve).\n"
           "  --only decode|prefill: those runs only (no prefix or checkpoint parts).\n"
           "  --decode-conc N: with --only decode, the run of N sequences only (one of the\n"
           "    decode sizes or any other N up to %d, reported as decode_tok_s_N; for profiling\n"
@@ -1175,7 +1181,12 @@ int cmd_bench(int argc, char **argv) {
     }
     const char *v = argv[++i];
     char *end;
-    if (!strcmp(a, "--decode-repeats")) {
+    if (!strcmp(a, "--kv-cache-dtype")) {
+      if (cli_vllm_kv_cache_dtype(v, &b.kv_dtype, err, sizeof err)) {
+        fprintf(stderr, "deltaserve bench: %s\n", err);
+        return 2;
+      }
+    } else if (!strcmp(a, "--decode-repeats")) {
       long c = strtol(v, &end, 10);
       if (*end || end == v || c < 1 || c > BENCH_MAX_REPEATS) {
         fprintf(stderr, "deltaserve bench: bad --decode-repeats '%s' (1..%d)\n", v,
@@ -1289,8 +1300,10 @@ int cmd_bench(int argc, char **argv) {
   b.metrics = json_object();
   b.info = json_object();
   int status = 1;
-  backend_options bo = {
-      .device = b.device, .n_threads = b.threads, .batch_invariant = b.batch_invariant};
+  backend_options bo = {.device = b.device,
+                        .n_threads = b.threads,
+                        .batch_invariant = b.batch_invariant,
+                        .kv_dtype = b.kv_dtype};
   if (!(b.be = backend_create(&bo, b.err, sizeof b.err))) {
     fprintf(stderr, "deltaserve bench: %s\n", b.err);
     goto done;

@@ -22,7 +22,6 @@
 #include "backend/backend_create.h"
 #include "base/fault.h"
 #include "base/log.h"
-#include "cache/kv_events.h"
 #include "cli/cli.h"
 #include "cli/cli_flags.h"
 #include "cli/cli_load.h"
@@ -66,8 +65,8 @@ static void serve_usage(FILE *f) {
       "                              labels and buckets for the series vLLM has (docs/api.md)\n"
       "  --device cpu|cuda|auto      backend (auto)\n"
       "  --threads N                 CPU backend threads (0: all cores)\n"
-      "  --kv-events-config JSON     publish KV-cache events as vLLM does (ZeroMQ):\n"
-      "                              '{\"enable_kv_cache_events\": true}' (docs/kv-events.md)\n"
+      "  --kv-cache-dtype auto|fp8   fp8 (or fp8_e4m3): K/V pages in e4m3 with a scale per\n"
+      "                              token and head, twice the tokens (docs/fp8.md; auto)\n"
       "  --skip-tokenizer-init       no tokenizer: /v1/completions with token-id prompts only\n"
       "  --batch-invariant           a request's tokens do not depend on what shares its\n"
       "                              steps (CUDA: slower GEMMs; the CPU always is)\n"
@@ -190,12 +189,10 @@ int cmd_serve(int argc, char **argv) {
              *device = "auto", *gen_cfg = "auto", *chat_tpl = NULL, *metrics_prefix = "deltaserve";
   long long port = 8000, threads = 0, max_req = 32LL << 20;
   int batch_invariant = 0, no_warmup = 0;
+  backend_kv_dtype kv_dtype = BACKEND_KV_AUTO; /* --kv-cache-dtype */
   double grace = 5.0;
   int skip_tok = 0;
   int metrics_key = 0; /* --metrics-require-api-key */
-  /* --kv-events-config and its publisher (NULL: no KV-cache events) */
-  const char *kv_events_json = NULL;
-  kv_events *kvev = NULL;
   /* --served-model-name's second and later values; CORS lists (--allowed-*) */
   const char *aliases[16];
   int n_aliases = 0, cors_cred = 0;
@@ -255,7 +252,6 @@ int cmd_serve(int argc, char **argv) {
     }
     static const char *with_value[] = {"--model",
                                        "--host",
-                                       "--kv-events-config",
                                        "--port",
                                        "--served-model-name",
                                        "--api-key",
@@ -270,7 +266,8 @@ int cmd_serve(int argc, char **argv) {
                                        "--metrics-prefix",
                                        "--allowed-origins",
                                        "--allowed-methods",
-                                       "--allowed-headers"};
+                                       "--allowed-headers",
+                                       "--kv-cache-dtype"};
     int known = 0;
     for (size_t k = 0; k < sizeof with_value / sizeof with_value[0]; k++)
       known |= !strcmp(a, with_value[k]);
@@ -292,8 +289,6 @@ int cmd_serve(int argc, char **argv) {
       model_dir = v;
     else if (!strcmp(a, "--host"))
       host = v;
-    else if (!strcmp(a, "--kv-events-config"))
-      kv_events_json = v;
     else if (!strcmp(a, "--served-model-name")) {
       name = v; /* several values, as vLLM's nargs="+": the first is reported */
       n_aliases = 0;
@@ -339,6 +334,11 @@ int cmd_serve(int argc, char **argv) {
       log_set_level(lv);
     } else if (!strcmp(a, "--log-stats-interval")) {
       if (cli_flags_double(v, a, 0.01, 86400, &stats_interval, err, sizeof err)) {
+        fprintf(stderr, "deltaserve serve: %s\n", err);
+        return 2;
+      }
+    } else if (!strcmp(a, "--kv-cache-dtype")) {
+      if (cli_vllm_kv_cache_dtype(v, &kv_dtype, err, sizeof err)) {
         fprintf(stderr, "deltaserve serve: %s\n", err);
         return 2;
       }
@@ -503,28 +503,16 @@ int cmd_serve(int argc, char **argv) {
               "deltaserve: no tokenizer (%s): serving /v1/completions with token-id prompts only\n",
               terr);
   }
-  backend_options bo = {
-      .device = device, .n_threads = (int)threads, .batch_invariant = batch_invariant};
+  backend_options bo = {.device = device,
+                        .n_threads = (int)threads,
+                        .batch_invariant = batch_invariant,
+                        .kv_dtype = kv_dtype};
   if (!(be = backend_create(&bo, err, sizeof err))) {
     fprintf(stderr, "deltaserve serve: %s\n", err);
     goto done;
   }
   /* device backends: the largest step once at start-up (engine_opts.startup_forward) */
   eo.startup_forward = !no_warmup && be->mem_info != NULL;
-  if (kv_events_json) { /* the publisher starts before the engine and stops after it */
-    kv_events_config kc;
-    if (kv_events_config_parse(kv_events_json, &kc, err, sizeof err) != 0 ||
-        (kc.enable && kc.publisher_zmq && !eo.enable_prefix_caching &&
-         errf(err, sizeof err,
-              "--kv-events-config: the events come from the prefix cache, which "
-              "--no-enable-prefix-caching turns off")) ||
-        (kc.enable && kc.publisher_zmq && kv_events_init(&kvev, &kc, err, sizeof err) != 0)) {
-      fprintf(stderr, "deltaserve serve: %s\n", err);
-      goto done;
-    }
-    if (kvev) fprintf(stderr, "deltaserve: KV-cache events on %s\n", kc.endpoint);
-    eo.kv_events = kvev;
-  }
   if (engine_mem_plan_device(&eo, &cfg, &w, be, &mo, err, sizeof err) ||
       qwen35_init(&m, &cfg, &w, be, &mo, err, sizeof err) ||
       !(e = engine_create(m, &eo, err, sizeof err))) {
@@ -607,7 +595,6 @@ done:;
   }
   server_shutdown(srv, status == 0 ? grace : 0.0);
   if (e) engine_destroy(e, 0);
-  kv_events_free(kvev); /* after the engine: its last reports go out */
   server_free(srv);
   for (int k = 0; k < 3; k++) cli_flags_list_free(cors[k], n_cors[k]);
   json_vocab_free(jv);

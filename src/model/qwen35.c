@@ -233,9 +233,6 @@ static size_t conv_elems(const model_config *c) {
 static size_t ssm_elems(const model_config *c) {
   return (size_t)c->lin_n_v_heads * c->lin_k_head_dim * c->lin_v_head_dim;
 }
-static size_t page_elems(const model_config *c) {
-  return (size_t)QWEN35_PAGE_TOKENS * c->n_kv_heads * c->head_dim;
-}
 
 static int init_layer(qwen35 *m, int i, const layer_weights *lw, char *err, size_t errlen) {
   const model_config *c = m->c;
@@ -253,7 +250,8 @@ static int init_layer(qwen35 *m, int i, const layer_weights *lw, char *err, size
         upload(m, &lw->q_norm, 1, hd, "q_norm", i, &L->q_norm, err, errlen) ||
         upload(m, &lw->k_norm, 1, hd, "k_norm", i, &L->k_norm, err, errlen))
       return -1;
-    size_t n = (size_t)m->n_pages * page_elems(c);
+    size_t n = (size_t)m->n_pages * backend_kv_page_bytes(m->be, c->n_kv_heads, c->head_dim) /
+               m->be->kind_size(m->be, BACKEND_KIND_KV);
     if (alloc_buf(m, &L->k_pool, BACKEND_KIND_KV, n, err, errlen) ||
         alloc_buf(m, &L->v_pool, BACKEND_KIND_KV, n, err, errlen))
       return -1;
@@ -435,7 +433,7 @@ void qwen35_plan(const model_config *c, const model_weights *w, backend *be, qwe
   b->weights = (size_t)wb;
   size_t act = be->kind_size(be, BACKEND_KIND_ACT);
   b->page =
-      (size_t)config_n_full_layers(c) * 2 * page_elems(c) * be->kind_size(be, BACKEND_KIND_KV);
+      (size_t)config_n_full_layers(c) * 2 * backend_kv_page_bytes(be, c->n_kv_heads, c->head_dim);
   b->slot = (size_t)config_n_linear_layers(c) * (conv_elems(c) + ssm_elems(c)) * 4;
   /* the scratch buffers of ensure_scratch, the FFN's at the wider of the dense and the routed
    * experts' widths */
@@ -915,7 +913,7 @@ int qwen35_slot_copy(qwen35 *m, int dst, int src) {
 }
 
 static size_t page_layer_bytes(const qwen35 *m) {
-  return page_elems(m->c) * m->be->kind_size(m->be, BACKEND_KIND_KV);
+  return backend_kv_page_bytes(m->be, m->c->n_kv_heads, m->c->head_dim);
 }
 
 int qwen35_page_copy(qwen35 *m, int dst, int src) {

@@ -26,8 +26,10 @@ typedef struct cpu_ctx {
   cpu_pool *pool;
   /* the step's batch (owned copies) */
   backend_batch b;
-  int32_t *arr;   /* one allocation holding every array of b */
-  size_t arr_cap; /* int32 elements */
+  int32_t *arr;    /* one allocation holding every array of b */
+  size_t arr_cap;  /* int32 elements */
+  int kv_fp8;      /* K/V pages in e4m3 with scales (backend.h "Paged K/V") */
+  float e4m3[256]; /* every e4m3 code decoded (kv_fp8) */
 } cpu_ctx;
 
 static cpu_ctx *ctx_of(backend *be) { return be->ctx; }
@@ -86,15 +88,16 @@ static inline float siluf_(float x) { return x / (1.f + expf(-x)); }
 /* ---- memory ---- */
 
 static size_t cpu_kind_size(backend *be, backend_kind kind) {
-  (void)be;
-  (void)kind;
-  return 4;
+  return kind == BACKEND_KIND_KV && ctx_of(be)->kv_fp8 ? 1 : 4;
+}
+
+static size_t cpu_kv_page_bytes(backend *be, int nkv, int hd) {
+  size_t rows = (size_t)BACKEND_PAGE_TOKENS * (size_t)nkv;
+  return ctx_of(be)->kv_fp8 ? rows * ((size_t)hd + 4) : rows * (size_t)hd * 4;
 }
 
 static backend_buf cpu_alloc(backend *be, backend_kind kind, size_t n) {
-  (void)be;
-  (void)kind;
-  size_t bytes = (n * 4 + 63) & ~(size_t)63;
+  size_t bytes = (n * cpu_kind_size(be, kind) + 63) & ~(size_t)63;
   if (bytes == 0) bytes = 64;
   return aligned_alloc(64, bytes);
 }
@@ -405,10 +408,50 @@ static inline size_t kv_row(const backend_batch *b, int s, int p, int nkv, int h
   return ((size_t)page * BACKEND_PAGE_TOKENS + (size_t)(p % BACKEND_PAGE_TOKENS)) * nkv * hd;
 }
 
+/* FP8 pages: row p of sequence s, head h: its hd e4m3 bytes and (*scale) its scale, in a page
+ * of [P, nkv, hd] bytes then [P, nkv] f32 scales */
+static inline uint8_t *kv8_row(void *pool, const backend_batch *b, int s, int p, int nkv, int hd,
+                               int h, float **scale) {
+  int page = b->page_table[(size_t)s * b->max_pages + p / BACKEND_PAGE_TOKENS];
+  size_t rows = (size_t)BACKEND_PAGE_TOKENS * nkv, r = (size_t)(p % BACKEND_PAGE_TOKENS) * nkv + h;
+  uint8_t *pg = (uint8_t *)pool + (size_t)page * rows * ((size_t)hd + 4);
+  *scale = (float *)(pg + rows * hd) + r;
+  return pg + r * hd;
+}
+
+/* One row of n values to e4m3 with its scale (backend.h "Paged K/V"); returns the scale. */
+static float kv8_quantize(const float *x, int n, uint8_t *q) {
+  float amax = 0.f;
+  for (int i = 0; i < n; i++) amax = fmaxf(amax, fabsf(x[i]));
+  if (!(amax > 0.f)) {
+    memset(q, 0, (size_t)n);
+    return 0.f;
+  }
+  float inv = BACKEND_KV_FP8_MAX / amax;
+  for (int i = 0; i < n; i++) {
+    float y = x[i] * inv;
+    q[i] = dtype_f32_to_e4m3(y > BACKEND_KV_FP8_MAX    ? BACKEND_KV_FP8_MAX
+                             : y < -BACKEND_KV_FP8_MAX ? -BACKEND_KV_FP8_MAX
+                                                       : y);
+  }
+  return amax / BACKEND_KV_FP8_MAX;
+}
+
 static void att_write_run(void *v, int64_t b, int64_t e) {
   att_job *j = v;
   const backend_batch *bb = &j->c->b;
   size_t w = (size_t)j->nkv * j->hd;
+  if (j->c->kv_fp8) {
+    for (int64_t t = b; t < e; t++)
+      for (int h = 0; h < j->nkv; h++) {
+        float *ks, *vs;
+        uint8_t *kq = kv8_row(j->kp, bb, bb->seq[t], bb->pos[t], j->nkv, j->hd, h, &ks);
+        uint8_t *vq = kv8_row(j->vp, bb, bb->seq[t], bb->pos[t], j->nkv, j->hd, h, &vs);
+        *ks = kv8_quantize(j->k + t * w + (size_t)h * j->hd, j->hd, kq);
+        *vs = kv8_quantize(j->v + t * w + (size_t)h * j->hd, j->hd, vq);
+      }
+    return;
+  }
   for (int64_t t = b; t < e; t++) {
     size_t off = kv_row(bb, bb->seq[t], bb->pos[t], j->nkv, j->hd);
     memcpy(j->kp + off, j->k + t * w, w * 4);
@@ -420,7 +463,7 @@ static void att_run(void *v, int64_t b, int64_t e) {
   att_job *j = v;
   const backend_batch *bb = &j->c->b;
   int hd = j->hd, grp = j->nh / j->nkv;
-  float acc[hd];
+  float acc[hd], kd[hd], vd[hd];
   for (int64_t task = b; task < e; task++) {
     int64_t t = task / j->nh;
     int h = (int)(task % j->nh), kvh = h / grp;
@@ -429,8 +472,23 @@ static void att_run(void *v, int64_t b, int64_t e) {
     float m = -INFINITY, l = 0.f;
     for (int i = 0; i < hd; i++) acc[i] = 0.f;
     for (int pj = 0; pj <= p; pj++) {
-      size_t off = kv_row(bb, s, pj, j->nkv, hd) + (size_t)kvh * hd;
-      float sc = dotf(q, j->kp + off, hd) * j->scale;
+      const float *kr, *vr;
+      if (j->c->kv_fp8) { /* the rows dequantized: e4m3 value times the row's scale */
+        float *ks, *vs;
+        const uint8_t *kq = kv8_row(j->kp, bb, s, pj, j->nkv, hd, kvh, &ks);
+        const uint8_t *vq = kv8_row(j->vp, bb, s, pj, j->nkv, hd, kvh, &vs);
+        for (int i = 0; i < hd; i++) {
+          kd[i] = j->c->e4m3[kq[i]] * *ks;
+          vd[i] = j->c->e4m3[vq[i]] * *vs;
+        }
+        kr = kd;
+        vr = vd;
+      } else {
+        size_t off = kv_row(bb, s, pj, j->nkv, hd) + (size_t)kvh * hd;
+        kr = j->kp + off;
+        vr = j->vp + off;
+      }
+      float sc = dotf(q, kr, hd) * j->scale;
       if (sc > m) {
         float cr = expf(m - sc);
         l *= cr;
@@ -439,7 +497,6 @@ static void att_run(void *v, int64_t b, int64_t e) {
       }
       float ev = expf(sc - m);
       l += ev;
-      const float *vr = j->vp + off;
       for (int i = 0; i < hd; i++) acc[i] += ev * vr[i];
     }
     float *o = j->out + (t * j->nh + h) * hd;
@@ -950,6 +1007,12 @@ static void cpu_destroy(backend *be) {
 }
 
 backend *backend_cpu_create(int n_threads) {
+  backend_options o = {.n_threads = n_threads};
+  return backend_cpu_create_opt(&o);
+}
+
+backend *backend_cpu_create_opt(const backend_options *opt) {
+  int n_threads = opt->n_threads;
   if (n_threads <= 0) {
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     n_threads = n > 0 ? (int)n : 1;
@@ -969,8 +1032,11 @@ backend *backend_cpu_create(int n_threads) {
   }
   be->name = "cpu";
   be->ctx = c;
+  c->kv_fp8 = opt->kv_dtype == BACKEND_KV_FP8_E4M3;
+  for (int i = 0; i < 256; i++) c->e4m3[i] = dtype_e4m3_to_f32((uint8_t)i);
   be->destroy = cpu_destroy;
   be->kind_size = cpu_kind_size;
+  be->kv_page_bytes = cpu_kv_page_bytes;
   be->alloc = cpu_alloc;
   be->free = cpu_free;
   be->write = cpu_write;

@@ -10,5 +10,9 @@
  * the number of online CPUs). Returns NULL when out of memory or when threads cannot start.
  * Destroy with be->destroy(be). */
 backend *backend_cpu_create(int n_threads);
+/* The same with the user's choices: opt->n_threads as above and opt->kv_dtype (the K/V pages'
+ * type, backend.h "Paged K/V"); opt->device and opt->batch_invariant are not read (the CPU
+ * backend always is batch invariant). */
+backend *backend_cpu_create_opt(const backend_options *opt);
 
 #endif

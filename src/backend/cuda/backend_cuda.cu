@@ -83,8 +83,14 @@ void *cuda_scratch(cuda_ctx *c, size_t bytes) {
 /* ---- memory ---- */
 
 static size_t cu_kind_size(backend *be, backend_kind kind) {
-  (void)be;
-  return (kind == BACKEND_KIND_ACT || kind == BACKEND_KIND_KV) ? 2 : 4;
+  if (kind == BACKEND_KIND_KV) return cuda_ctx_of(be)->kv_fp8 ? 1 : 2;
+  return kind == BACKEND_KIND_ACT ? 2 : 4;
+}
+
+/* FP8 pages: [P, nkv, hd] e4m3 bytes, then [P, nkv] f32 scales (backend.h "Paged K/V") */
+static size_t cu_kv_page_bytes(backend *be, int nkv, int hd) {
+  size_t rows = (size_t)BACKEND_PAGE_TOKENS * (size_t)nkv;
+  return cuda_ctx_of(be)->kv_fp8 ? rows * ((size_t)hd + 4) : rows * (size_t)hd * 2;
 }
 
 static backend_buf cu_alloc(backend *be, backend_kind kind, size_t n) {
@@ -683,6 +689,7 @@ extern "C" backend *backend_cuda_create_test(int device, const backend_options *
   }
   cublasSetMathMode(c->blas, CUBLAS_DEFAULT_MATH);
   c->batch_invariant = opt && opt->batch_invariant;
+  c->kv_fp8 = opt && opt->kv_dtype == BACKEND_KV_FP8_E4M3;
   c->gemv_maxt = c->batch_invariant ? GEMV_MAXT : GEMV_MAXT_DEFAULT;
   c->attn_flash = !t->no_attn_flash;
   c->attn_gemm_rows = t->attn_gemm_rows;
@@ -700,6 +707,7 @@ extern "C" backend *backend_cuda_create_test(int device, const backend_options *
   be->name = "cuda";
   be->destroy = cu_destroy;
   be->kind_size = cu_kind_size;
+  be->kv_page_bytes = cu_kv_page_bytes;
   be->alloc = cu_alloc;
   be->free = cu_free;
   be->write = cu_write;

@@ -19,6 +19,7 @@
  * group on tensor cores), and the merge takes its partials too. Other shapes take the
  * one-block-per-(row, q head) kernel below. The GEMM path's pieces go through the fused flash
  * kernel of cuda_flash.cu instead where it covers the shape. */
+#include <cuda_fp8.h>
 #include <math.h>
 
 #include "backend/cuda/cuda_common.cuh"
@@ -187,9 +188,164 @@ __global__ void k_att_softmax(const float *S, int ctx, int R, int p0, float scal
     o[j] = f2bf(j < n ? expf(s[j] * scale - m) * inv : 0.f);
 }
 
+/* ---- FP8 K/V (--kv-cache-dtype fp8) ----
+ *
+ * A page of one pool is [P, nkv, hd] e4m3 bytes, then [P, nkv] f32 scales, one per (token, kv
+ * head) (backend.h "Paged K/V"):
+ *
+ *   page: | row 0: h0 hd B | h1 hd B | ... | row 15 ... | s[0][0] s[0][1] ... s[15][nkv-1] |
+ *
+ * k_kv_write8 quantizes each (row, kv head) with one warp (amax / 448, round to nearest even,
+ * exactly as the CPU backend); the long pieces' context is dequantized into contiguous bf16 by
+ * k_kv_gather8 for the GEMM path (tensor cores); every other row takes k_attention8, the
+ * one-block-per-(row, q head) kernel reading e4m3 and scales. A value is e4m3(q) * s in fp32,
+ * as on the CPU, so the two backends read the same K/V. */
+
+/* An e4m3 byte as a float: its sign, exponent and mantissa bits moved into a float's (the
+ * value times 2^-120, subnormals included), then the 2^120 back (exact). */
+__device__ __forceinline__ float kv8_f32(uint8_t b) {
+  return __uint_as_float(((uint32_t)(b & 0x80) << 24) | ((uint32_t)(b & 0x7f) << 20)) * 0x1p120f;
+}
+
+/* Row r (0..P-1) of page `page`, kv head h: its hd bytes; *s its scale. */
+__device__ __forceinline__ uint8_t *kv8_at(uint8_t *pool, int page, int r, int h, int nkv, int hd,
+                                           float **s) {
+  size_t rows = (size_t)BACKEND_PAGE_TOKENS * nkv, i = (size_t)r * nkv + h;
+  uint8_t *pg = pool + (size_t)page * rows * ((size_t)hd + 4);
+  *s = (float *)(pg + rows * hd) + i;
+  return pg + i * hd;
+}
+
+/* grid-stride over warps, one per (row, kv head, k or v) */
+__global__ void k_kv_write8(const bf16 *k, const bf16 *v, const int32_t *seq, const int32_t *pos,
+                            const int32_t *page_table, int max_pages, int T, int nkv, int hd,
+                            uint8_t *kp, uint8_t *vp) {
+  pdl_enter();
+  int lane = threadIdx.x & 31;
+  size_t n = (size_t)T * nkv * 2, step = ((size_t)gridDim.x * blockDim.x) >> 5;
+  for (size_t u = (blockIdx.x * (size_t)blockDim.x + threadIdx.x) >> 5; u < n; u += step) {
+    int isv = (int)(u & 1), t = (int)((u >> 1) / nkv), h = (int)((u >> 1) % nkv);
+    const bf16 *x = (isv ? v : k) + ((size_t)t * nkv + h) * hd;
+    float xv[ATT_MAXR], amax = 0.f;
+#pragma unroll
+    for (int r = 0; r < ATT_MAXR; r++) {
+      int i = lane + 32 * r;
+      xv[r] = i < hd ? bf2f(x[i]) : 0.f;
+      amax = fmaxf(amax, fabsf(xv[r]));
+    }
+    amax = warp_max(amax);
+    int p = pos[t];
+    int page = page_table[(size_t)seq[t] * max_pages + p / BACKEND_PAGE_TOKENS];
+    float *s;
+    uint8_t *q = kv8_at(isv ? vp : kp, page, p % BACKEND_PAGE_TOKENS, h, nkv, hd, &s);
+    float inv = amax > 0.f ? BACKEND_KV_FP8_MAX / amax : 0.f;
+#pragma unroll
+    for (int r = 0; r < ATT_MAXR; r++) {
+      int i = lane + 32 * r;
+      if (i >= hd) continue;
+      float y = fminf(fmaxf(xv[r] * inv, -BACKEND_KV_FP8_MAX), BACKEND_KV_FP8_MAX);
+      q[i] = amax > 0.f ? (uint8_t)__nv_cvt_float_to_fp8(y, __NV_SATFINITE, __NV_E4M3) : 0;
+    }
+    if (lane == 0) *s = amax > 0.f ? amax / BACKEND_KV_FP8_MAX : 0.f;
+  }
+}
+
+/* grid-stride over ctx * nkv * hd values: positions 0..ctx-1 of one piece, dequantized */
+__global__ void k_kv_gather8(const uint8_t *kp, const uint8_t *vp, const int32_t *pt, int ctx,
+                             int nkv, int hd, bf16 *kc, bf16 *vc) {
+  pdl_enter();
+  size_t w = (size_t)nkv * hd, n = (size_t)ctx * w;
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+       i += (size_t)gridDim.x * blockDim.x) {
+    int j = (int)(i / w), h = (int)(i % w / hd), e = (int)(i % hd);
+    int page = pt[j / BACKEND_PAGE_TOKENS], r = j % BACKEND_PAGE_TOKENS;
+    float *ks, *vs;
+    const uint8_t *kr = kv8_at((uint8_t *)kp, page, r, h, nkv, hd, &ks);
+    const uint8_t *vr = kv8_at((uint8_t *)vp, page, r, h, nkv, hd, &vs);
+    kc[i] = f2bf(kv8_f32(kr[e]) * *ks);
+    vc[i] = f2bf(kv8_f32(vr[e]) * *vs);
+  }
+}
+
+/* k_attention over FP8 pages (same grid, same math on the dequantized values) */
+__global__ void __launch_bounds__(ATT_WARPS * 32)
+    k_attention8(const uint8_t *kp, const uint8_t *vp, const bf16 *q, const int32_t *seq,
+                 const int32_t *pos, const int32_t *page_table, int max_pages, int nh, int nkv,
+                 int hd, float scale, const int32_t *seq_len, int gemm_min, bf16 *out) {
+  pdl_enter();
+  __shared__ float sm_m[ATT_WARPS], sm_l[ATT_WARPS];
+  extern __shared__ float sm_acc[]; /* [ATT_WARPS, hd] */
+  int t = blockIdx.x, h = blockIdx.y;
+  if (gemm_min > 0 && seq_len[seq[t]] >= gemm_min) return; /* the GEMM path's row */
+  int lane = threadIdx.x & 31, wp = threadIdx.x >> 5;
+  int kvh = h / (nh / nkv);
+  int s = seq[t], p = pos[t];
+  const int32_t *pt = page_table + (size_t)s * max_pages;
+  float qr[ATT_MAXR], acc[ATT_MAXR];
+  const bf16 *qrow = q + ((size_t)t * nh + h) * hd;
+#pragma unroll
+  for (int r = 0; r < ATT_MAXR; r++) {
+    int i = lane + 32 * r;
+    qr[r] = i < hd ? bf2f(qrow[i]) : 0.f;
+    acc[r] = 0.f;
+  }
+  float m = -INFINITY, l = 0.f;
+  for (int j = wp; j <= p; j += ATT_WARPS) {
+    int page = pt[j / BACKEND_PAGE_TOKENS];
+    float *ks, *vs;
+    const uint8_t *kr = kv8_at((uint8_t *)kp, page, j % BACKEND_PAGE_TOKENS, kvh, nkv, hd, &ks);
+    const uint8_t *vr = kv8_at((uint8_t *)vp, page, j % BACKEND_PAGE_TOKENS, kvh, nkv, hd, &vs);
+    float ksc = *ks, vsc = *vs, d = 0.f;
+#pragma unroll
+    for (int r = 0; r < ATT_MAXR; r++) {
+      int i = lane + 32 * r;
+      if (i < hd) d += qr[r] * (kv8_f32(kr[i]) * ksc);
+    }
+    float sc = warp_sum(d) * scale;
+    if (sc > m) {
+      float cr = expf(m - sc);
+      l *= cr;
+#pragma unroll
+      for (int r = 0; r < ATT_MAXR; r++) acc[r] *= cr;
+      m = sc;
+    }
+    float e = expf(sc - m);
+    l += e;
+#pragma unroll
+    for (int r = 0; r < ATT_MAXR; r++) {
+      int i = lane + 32 * r;
+      if (i < hd) acc[r] += e * (kv8_f32(vr[i]) * vsc);
+    }
+  }
+  if (lane == 0) {
+    sm_m[wp] = m;
+    sm_l[wp] = l;
+  }
+#pragma unroll
+  for (int r = 0; r < ATT_MAXR; r++) {
+    int i = lane + 32 * r;
+    if (i < hd) sm_acc[wp * hd + i] = acc[r];
+  }
+  __syncthreads();
+  float M = -INFINITY;
+  for (int w = 0; w < ATT_WARPS; w++) M = fmaxf(M, sm_m[w]);
+  float L = 0.f;
+  for (int w = 0; w < ATT_WARPS; w++)
+    if (sm_l[w] > 0.f) L += sm_l[w] * expf(sm_m[w] - M);
+  float invL = 1.f / L;
+  bf16 *orow = out + ((size_t)t * nh + h) * hd;
+  for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+    float o = 0.f;
+    for (int w = 0; w < ATT_WARPS; w++)
+      if (sm_l[w] > 0.f) o += sm_acc[w * hd + i] * expf(sm_m[w] - M);
+    orow[i] = f2bf(o * invL);
+  }
+}
+
 /* The GEMM path over the step's long pieces; returns how many rows it took (0 on failure:
- * recorded, the caller's split path then covers nothing new -- the step fails at sync). */
-static int att_gemm(cuda_ctx *c, const bf16 *kp, const bf16 *vp, const bf16 *q, int nh, int nkv,
+ * recorded, the caller's split path then covers nothing new -- the step fails at sync).
+ * kp, vp: bf16 pages, or FP8 pages (c->kv_fp8) that the gather dequantizes. */
+static int att_gemm(cuda_ctx *c, const void *kp, const void *vp, const bf16 *q, int nh, int nkv,
                     int hd, float scale, bf16 *out) {
   const backend_batch *hb = &c->hb;
   int G = nh / nkv, w = nkv * hd, min = att_gemm_min(c, nkv, hd), rows = 0;
@@ -213,8 +369,14 @@ static int att_gemm(cuda_ctx *c, const bf16 *kp, const bf16 *vp, const bf16 *q, 
     bf16 *kc = (bf16 *)sc, *vc = kc + (size_t)ctx * w;
     float *S = (float *)(((uintptr_t)(vc + (size_t)ctx * w) + 255) & ~(uintptr_t)255);
     bf16 *P = (bf16 *)(S + (size_t)G * R * ctx);
-    k_kv_gather<<<cuda_blocks((size_t)ctx * w / 8, 256), 256, 0, c->st>>>(
-        kp, vp, c->b.page_table + (size_t)i * c->b.max_pages, ctx, w, kc, vc);
+    if (c->kv_fp8)
+      k_kv_gather8<<<cuda_blocks((size_t)ctx * w, 256), 256, 0, c->st>>>(
+          (const uint8_t *)kp, (const uint8_t *)vp, c->b.page_table + (size_t)i * c->b.max_pages,
+          ctx, nkv, hd, kc, vc);
+    else
+      k_kv_gather<<<cuda_blocks((size_t)ctx * w / 8, 256), 256, 0, c->st>>>(
+          (const bf16 *)kp, (const bf16 *)vp, c->b.page_table + (size_t)i * c->b.max_pages, ctx, w,
+          kc, vc);
     cuda_check_launch(c, "attention (gather)");
     for (int r0 = 0; r0 < L; r0 += R) {
       int Rb = L - r0 < R ? L - r0 : R, cb = pos0 + r0 + Rb; /* keys this block needs */
@@ -668,6 +830,239 @@ static void att_split(cuda_ctx *c, bf16 *kp, bf16 *vp, const bf16 *q, int nh, in
   cuda_check_launch(c, gate ? "attention (merge + output gate)" : "attention (merge)");
 }
 
+/* VPL e4m3 bytes of one lane, loaded at once */
+template <int VPL>
+struct kv8_raw;
+template <>
+struct kv8_raw<8> {
+  typedef uint2 t;
+};
+template <>
+struct kv8_raw<4> {
+  typedef uint32_t t;
+};
+template <>
+struct kv8_raw<2> {
+  typedef uint16_t t;
+};
+template <>
+struct kv8_raw<1> {
+  typedef uint8_t t;
+};
+
+template <int VPL>
+__device__ __forceinline__ void kv8_unpack(typename kv8_raw<VPL>::t r, float *dst) {
+  const uint8_t *b = (const uint8_t *)&r;
+#pragma unroll
+  for (int i = 0; i < VPL; i++) dst[i] = kv8_f32(b[i]);
+}
+
+/* k_attn_split over FP8 pages: the same grid, ranges, partials and merge (no shared-prefix
+ * kernel: sh_start is never passed). Each lane loads its VPL bytes of a position's K and V rows
+ * and the two scales straight from the pages, the warp's next position's loads issued before
+ * the current one is used; a score is ks * (q . e4m3(k)) and a V row adds (e * vs) * e4m3(v),
+ * the scales taken out of the sums. */
+template <int VPL, int GB>
+__global__ void __launch_bounds__(ATT_SW * 32)
+    k_attn_split8(const uint8_t *kp, const uint8_t *vp, const bf16 *q, const int32_t *seq,
+                  const int32_t *pos, const int32_t *page_table, int max_pages, int nh, int nkv,
+                  int nsub, float scale, const int32_t *seq_len, int gemm_min, int split, int slots,
+                  float *part, float *ml) {
+  pdl_enter();
+  constexpr int HD = VPL * 32, G = GB;
+  typedef typename kv8_raw<VPL>::t raw;
+  __shared__ __align__(16) float s_acc[ATT_SW][G][HD];
+  __shared__ float s_m[ATT_SW][G], s_l[ATT_SW][G];
+  int t = blockIdx.x, kvh = blockIdx.y / nsub, sub = blockIdx.y % nsub, z = blockIdx.z;
+  int h0 = kvh * nsub * G + sub * G; /* the block's first q head */
+  int lane = threadIdx.x & 31, wp = threadIdx.x >> 5;
+  int p = pos[t], per;
+  int ns = att_nsplit(p + 1, split, &per);
+  if ((gemm_min > 0 && seq_len[seq[t]] >= gemm_min) || z >= ns) return;
+  int j0 = z * per, j1 = min(p + 1, j0 + per);
+  const int32_t *pt = page_table + (size_t)seq[t] * max_pages;
+  float qr[G][VPL], acc[G][VPL], m[G], l[G];
+#pragma unroll
+  for (int g = 0; g < G; g++) {
+    att_unpack<VPL>(q + ((size_t)t * nh + h0 + g) * HD + lane * VPL, qr[g]);
+#pragma unroll
+    for (int i = 0; i < VPL; i++) {
+      qr[g][i] *= scale;
+      acc[g][i] = 0.f;
+    }
+    m[g] = -INFINITY;
+    l[g] = 0.f;
+  }
+  raw kb = {}, vb = {};
+  float ks = 0.f, vs = 0.f;
+  auto load = [&](int j) {
+    int page = pt[j / BACKEND_PAGE_TOKENS];
+    float *ksp, *vsp;
+    const uint8_t *kr = kv8_at((uint8_t *)kp, page, j % BACKEND_PAGE_TOKENS, kvh, nkv, HD, &ksp);
+    const uint8_t *vr = kv8_at((uint8_t *)vp, page, j % BACKEND_PAGE_TOKENS, kvh, nkv, HD, &vsp);
+    kb = *(const raw *)(kr + lane * VPL);
+    vb = *(const raw *)(vr + lane * VPL);
+    ks = *ksp;
+    vs = *vsp;
+  };
+  if (j0 + wp < j1) load(j0 + wp);
+  for (int j = j0 + wp; j < j1; j += ATT_SW) {
+    raw kc = kb, vc = vb;
+    float kcs = ks, vcs = vs;
+    if (j + ATT_SW < j1) load(j + ATT_SW);
+    float kr[VPL], vr[VPL];
+    kv8_unpack<VPL>(kc, kr);
+    kv8_unpack<VPL>(vc, vr);
+    float d[G];
+#pragma unroll
+    for (int g = 0; g < G; g++) {
+      float s = 0.f;
+#pragma unroll
+      for (int e = 0; e < VPL; e++) s += qr[g][e] * kr[e];
+      d[g] = s;
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+      for (int g = 0; g < G; g++) d[g] += __shfl_xor_sync(0xffffffffu, d[g], o);
+#pragma unroll
+    for (int g = 0; g < G; g++) {
+      float sc = d[g] * kcs;
+      float mn = fmaxf(m[g], sc);
+      float cr = __expf(m[g] - mn), e = __expf(sc - mn);
+      l[g] = l[g] * cr + e;
+      float ev = e * vcs;
+#pragma unroll
+      for (int k = 0; k < VPL; k++) acc[g][k] = acc[g][k] * cr + ev * vr[k];
+      m[g] = mn;
+    }
+  }
+#pragma unroll
+  for (int g = 0; g < G; g++) {
+    if (lane == 0) {
+      s_m[wp][g] = m[g];
+      s_l[wp][g] = l[g];
+    }
+#pragma unroll
+    for (int i = 0; i < VPL; i++) s_acc[wp][g][lane * VPL + i] = acc[g][i];
+  }
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < G * HD; idx += blockDim.x) {
+    int g = idx / HD, i = idx % HD;
+    float M = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < ATT_SW; w++) M = fmaxf(M, s_m[w][g]);
+    float L = 0.f, o = 0.f;
+#pragma unroll
+    for (int w = 0; w < ATT_SW; w++) {
+      if (s_l[w][g] > 0.f) {
+        float f = __expf(s_m[w][g] - M);
+        L += s_l[w][g] * f;
+        o += s_acc[w][g][i] * f;
+      }
+    }
+    size_t r = ((size_t)t * nh + h0 + g) * slots + z;
+    part[r * HD + i] = o;
+    if (i == 0) {
+      ml[2 * r] = M;
+      ml[2 * r + 1] = L;
+    }
+  }
+}
+
+template <int VPL, int GB>
+static void att8_launch(cuda_ctx *c, const uint8_t *kp, const uint8_t *vp, const bf16 *q, int nh,
+                        int nkv, float scale, int split, float *part, float *ml) {
+  int nsub = nh / nkv / GB;
+  dim3 grid(c->b.n_tokens, nkv * nsub, ATT_MAXS);
+  k_attn_split8<VPL, GB><<<grid, ATT_SW * 32, 0, c->st>>>(
+      kp, vp, q, c->b.seq, c->b.pos, c->b.page_table, c->b.max_pages, nh, nkv, nsub, scale,
+      c->b.seq_len, att_gemm_min(c, nkv, VPL * 32), split, ATT_MAXS, part, ml);
+}
+
+template <int VPL>
+static void att8_launch_g(cuda_ctx *c, const uint8_t *kp, const uint8_t *vp, const bf16 *q, int nh,
+                          int nkv, float scale, int split, float *part, float *ml) {
+  switch (att_heads_per_block(nh / nkv, VPL)) {
+    case 1:
+      att8_launch<VPL, 1>(c, kp, vp, q, nh, nkv, scale, split, part, ml);
+      break;
+    case 2:
+      att8_launch<VPL, 2>(c, kp, vp, q, nh, nkv, scale, split, part, ml);
+      break;
+    case 3:
+      att8_launch<VPL, 3>(c, kp, vp, q, nh, nkv, scale, split, part, ml);
+      break;
+    case 4:
+      att8_launch<VPL, 4>(c, kp, vp, q, nh, nkv, scale, split, part, ml);
+      break;
+    case 8:
+      if constexpr (VPL <= 4) att8_launch<VPL, 8>(c, kp, vp, q, nh, nkv, scale, split, part, ml);
+      break;
+  }
+}
+
+/* The split path over FP8 pages (att_split_fits shapes), the merge applying gate unless NULL. */
+static void att_split8(cuda_ctx *c, const uint8_t *kp, const uint8_t *vp, const bf16 *q, int nh,
+                       int nkv, int hd, float scale, const bf16 *gate, bf16 *out) {
+  size_t rows = (size_t)c->b.n_tokens * nh * ATT_MAXS;
+  float *part = (float *)cuda_scratch(c, rows * ((size_t)hd + 2) * sizeof(float));
+  if (!part) return;
+  float *ml = part + rows * hd;
+  int split = att_split_of(c);
+  switch (hd / 32) {
+    case 1:
+      att8_launch_g<1>(c, kp, vp, q, nh, nkv, scale, split, part, ml);
+      break;
+    case 2:
+      att8_launch_g<2>(c, kp, vp, q, nh, nkv, scale, split, part, ml);
+      break;
+    case 4:
+      att8_launch_g<4>(c, kp, vp, q, nh, nkv, scale, split, part, ml);
+      break;
+    case 8:
+      att8_launch_g<8>(c, kp, vp, q, nh, nkv, scale, split, part, ml);
+      break;
+  }
+  cuda_check_launch(c, "attention (fp8 split)");
+  dim3 g2(c->b.n_tokens, nh);
+  k_attn_merge<false><<<g2, (hd + 31) / 32 * 32, 0, c->st>>>(
+      part, ml, c->b.pos, c->b.seq, c->b.seq_len, att_gemm_min(c, nkv, hd), split, nh, hd, NULL,
+      NULL, ATT_MAXS, gate, out);
+  cuda_check_launch(c, gate ? "attention (fp8 merge + output gate)" : "attention (fp8 merge)");
+}
+
+/* Attention over FP8 pages ("FP8 K/V" above): the rows' k, v quantized into the pages, the
+ * long pieces on the GEMM path, the other rows on the FP8 split path (k_attention8 for shapes
+ * it does not cover); the output gate (NULL: none) in the merge when no row took the GEMM
+ * path, else over every row after it. */
+static void att_fp8(cuda_ctx *c, backend *be, backend_buf k_pool, backend_buf v_pool, backend_buf q,
+                    backend_buf k, backend_buf v, int nh, int nkv, int hd, float scale,
+                    backend_buf gate, backend_buf out) {
+  int T = c->b.n_tokens;
+  const uint8_t *kp = (const uint8_t *)k_pool, *vp = (const uint8_t *)v_pool;
+  k_kv_write8<<<cuda_blocks((size_t)T * nkv * 2 * 32, 256), 256, 0, c->st>>>(
+      (const bf16 *)k, (const bf16 *)v, c->b.seq, c->b.pos, c->b.page_table, c->b.max_pages, T, nkv,
+      hd, (uint8_t *)k_pool, (uint8_t *)v_pool);
+  cuda_check_launch(c, "attention (fp8 kv write)");
+  int gmin = att_gemm_min(c, nkv, hd), took = 0;
+  if (gmin > 0) took = att_gemm(c, kp, vp, (const bf16 *)q, nh, nkv, hd, scale, (bf16 *)out);
+  if (took < T) {
+    if (att_split_fits(nh, nkv, hd)) {
+      att_split8(c, kp, vp, (const bf16 *)q, nh, nkv, hd, scale, took ? NULL : (const bf16 *)gate,
+                 (bf16 *)out);
+      if (!took) return;
+    } else {
+      dim3 grid(T, nh);
+      k_attention8<<<grid, ATT_WARPS * 32, ATT_WARPS * hd * sizeof(float), c->st>>>(
+          kp, vp, (const bf16 *)q, c->b.seq, c->b.pos, c->b.page_table, c->b.max_pages, nh, nkv, hd,
+          scale, c->b.seq_len, gmin, (bf16 *)out);
+      cuda_check_launch(c, "attention (fp8)");
+    }
+  }
+  if (gate) cuda_elem_sigmoid_mul(be, out, gate, (size_t)T * nh * hd);
+}
+
 extern "C" void cuda_attn_attention(backend *be, backend_buf k_pool, backend_buf v_pool,
                                     backend_buf q, backend_buf k, backend_buf v, int nh, int nkv,
                                     int hd, float scale, backend_buf out) {
@@ -688,6 +1083,10 @@ extern "C" void cuda_attn_attention_gated(backend *be, backend_buf k_pool, backe
   int w = nkv * hd;
   if ((size_t)T * w >= (1ull << 32)) {
     cuda_fail(c, "attention", "step too large (T * nkv * hd >= 2^32)");
+    return;
+  }
+  if (c->kv_fp8) {
+    att_fp8(c, be, k_pool, v_pool, q, k, v, nh, nkv, hd, scale, gate, out);
     return;
   }
   int use_split = att_split_fits(nh, nkv, hd);

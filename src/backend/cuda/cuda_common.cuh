@@ -95,6 +95,9 @@ typedef struct cuda_ctx {
   /* --batch-invariant: every GEMM through one kernel whose row results do not depend on the
    * row count (cuda_gemm.cu, "batch-invariant GEMM") */
   int batch_invariant;
+  /* --kv-cache-dtype fp8: K/V pages of e4m3 bytes and per-(token, kv head) scales
+   * (cuda_attn.cu "FP8 K/V") */
+  int kv_fp8;
   /* test-only caps (backend_cuda_test): the GEMM attention path's query rows per block (0: the
    * budget's), the long pieces kept off the fused kernel */
   int attn_gemm_rows, attn_flash;

@@ -139,6 +139,89 @@ try {
     const lines = r.stderr.split("\n").filter((l) => l.trim());
     eq(lines, [`deltaserve serve: port ${srv.port} on 127.0.0.1 is in use (another server?): pick another with --port`]);
   });
+  await test("completions_prompt_list", async () => {
+    const prompts = ["Hello there", "The sea is", [9707, 11, 1879]];
+    const body = { model: NAME, max_tokens: 4, ignore_eos: true, temperature: 1, seed: 7, n: 2 };
+    const all = await oa.completions.create({ ...body, prompt: prompts, echo: true });
+    eq(all.choices.length, 6, "prompts x n choices");
+    eq(all.choices.map((c) => c.index), [0, 1, 2, 3, 4, 5], "indexed prompt-major, as OpenAI does");
+    let promptTokens = 0;
+    for (let p = 0; p < prompts.length; p++) {
+      // each prompt alone gives the same choices (seed + j for its j-th)
+      const one = await oa.completions.create({ ...body, prompt: prompts[p], echo: true });
+      promptTokens += one.usage.prompt_tokens;
+      for (let j = 0; j < 2; j++) eq(all.choices[p * 2 + j].text, one.choices[j].text, `prompt ${p} choice ${j}`);
+    }
+    assert(all.choices[0].text.startsWith("Hello there") && all.choices[2].text.startsWith("The sea is"), "each choice echoes its prompt");
+    eq(all.usage.prompt_tokens, promptTokens, "each prompt's tokens counted once");
+    eq(all.usage.completion_tokens, 24);
+    // streamed: every index gets its text and a finish
+    const st = await oa.completions.create({ ...body, n: 1, prompt: prompts, stream: true });
+    const seen = new Map();
+    for await (const ch of st) for (const c of ch.choices) seen.set(c.index, (seen.get(c.index) || "") + c.text);
+    eq([...seen.keys()].sort(), [0, 1, 2]);
+    // refusals, one line each
+    const bad = async (b, param) => {
+      const r = await post(srv, "/v1/completions", { model: NAME, max_tokens: 1, ...b });
+      eq([r.status, r.json && r.json.error && r.json.error.param], [400, param], JSON.stringify(b).slice(0, 80));
+    };
+    await bad({ prompt: Array(257).fill("x") }, "prompt");
+    await bad({ prompt: Array(100).fill("x"), n: 3 }, "n");
+    await bad({ prompt: ["a", ""] }, "prompt");
+    await bad({ prompt: ["a", [1, -2]] }, "prompt");
+    await bad({ prompt: ["a", "b"], response_format: { type: "json_schema", json_schema: { name: "x", schema: { type: "object" } } } }, "prompt");
+  });
+
+  await test("truncate_prompt_tokens", async () => {
+    const text = "One two three four five six seven eight nine ten";
+    const ids = (await post(srv, "/tokenize", { model: NAME, prompt: text, add_special_tokens: false })).json.tokens;
+    assert(ids.length > 5, `${ids.length} prompt tokens`);
+    const k = 4;
+    const cut = await oa.completions.create({ model: NAME, prompt: text, max_tokens: 5, temperature: 0, truncate_prompt_tokens: k, echo: true });
+    const ref = await oa.completions.create({ model: NAME, prompt: ids.slice(-k), max_tokens: 5, temperature: 0, echo: true });
+    eq(cut.usage.prompt_tokens, k, "the prompt's last k tokens served");
+    eq(cut.choices[0].text, ref.choices[0].text, "the same as sending the last k ids (echo: the kept prompt)");
+    // longer than the prompt: nothing cut; -1: the model's length
+    const all = await oa.completions.create({ model: NAME, prompt: text, max_tokens: 1, temperature: 0, truncate_prompt_tokens: 1000 });
+    eq(all.usage.prompt_tokens, ids.length);
+    const m1 = await oa.completions.create({ model: NAME, prompt: text, max_tokens: 1, temperature: 0, truncate_prompt_tokens: -1 });
+    eq(m1.usage.prompt_tokens, ids.length);
+    // chat: the rendered prompt's last k
+    const c = await oa.chat.completions.create({ model: NAME, messages: [{ role: "user", content: text }], max_tokens: 1, truncate_prompt_tokens: 5 });
+    eq(c.usage.prompt_tokens, 5, "chat prompt truncated");
+    const r = await post(srv, "/v1/completions", { model: NAME, prompt: text, max_tokens: 1, truncate_prompt_tokens: 0 });
+    eq([r.status, r.json.error.param], [400, "truncate_prompt_tokens"]);
+  });
+
+  await test("stream_continuous_usage_stats", async () => {
+    for (const kind of ["chat", "completions"]) {
+      const args = { model: NAME, max_tokens: 4, ignore_eos: true, stream: true, stream_options: { include_usage: true, continuous_usage_stats: true } };
+      const st = kind === "chat"
+        ? await oa.chat.completions.create({ ...args, messages: [{ role: "user", content: "Hi" }] })
+        : await oa.completions.create({ ...args, prompt: "Hi there" });
+      const chunks = [];
+      for await (const ch of st) chunks.push(ch);
+      const withChoices = chunks.filter((c) => c.choices.length);
+      assert(withChoices.length >= 4, `${kind}: ${withChoices.length} chunks`);
+      let last = -1;
+      for (const c of withChoices) {
+        assert(c.usage, `${kind}: a chunk without usage`);
+        assert(c.usage.completion_tokens >= last, `${kind}: usage went back`);
+        eq(c.usage.total_tokens, c.usage.prompt_tokens + c.usage.completion_tokens);
+        last = c.usage.completion_tokens;
+      }
+      eq(last, 4, `${kind}: the last chunk counts every token`);
+      eq(chunks[chunks.length - 1].usage.completion_tokens, 4, `${kind}: the final usage chunk`);
+      // without continuous_usage_stats only the final chunk carries usage
+      const plain = kind === "chat"
+        ? await oa.chat.completions.create({ ...args, stream_options: { include_usage: true }, messages: [{ role: "user", content: "Hi" }] })
+        : await oa.completions.create({ ...args, stream_options: { include_usage: true }, prompt: "Hi there" });
+      const pc = [];
+      for await (const ch of plain) pc.push(ch);
+      eq(pc.filter((c) => c.usage).length, 1, `${kind}: usage once`);
+    }
+  });
+
   await test("ready_line_only_once_serving", async () => {
     // the listening line comes after the model's lines, and /health is 200 by then
     const iLoad = srv.log.indexOf("deltaserve: loading ");

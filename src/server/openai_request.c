@@ -361,6 +361,16 @@ static int parse_sampling(const json_t *o, openai_request *r, openai_error *err)
   if (so && !json_is_null(so)) {
     if (!json_is_object(so)) return BAD("stream_options", "'stream_options' must be an object");
     if (get_bool(so, "include_usage", &r->include_usage, err)) return -1;
+    if (get_bool(so, "continuous_usage_stats", &r->continuous_usage, err)) return -1;
+  }
+  long long tpt = 0;
+  const json_t *tv = json_object_get(o, "truncate_prompt_tokens");
+  if (tv && !json_is_null(tv)) {
+    if (get_int(o, "truncate_prompt_tokens", -1, INT32_MAX, &tpt, NULL, err)) return -1;
+    if (tpt == 0)
+      return BAD("truncate_prompt_tokens",
+                 "'truncate_prompt_tokens' must be -1 (the model's length) or at least 1");
+    r->truncate_prompt_tokens = (int)tpt;
   }
   return 0;
 }
@@ -676,39 +686,68 @@ static int parse_chat(const json_t *o, openai_request *r, openai_error *err) {
 
 /* ---- completions ---- */
 
-static int parse_prompt_ids(const json_t *arr, openai_request *r, openai_error *err) {
-  size_t n = json_array_size(arr);
-  if (n == 0) return BAD("prompt", "'prompt' must not be empty");
-  r->prompt_ids = malloc(n * sizeof *r->prompt_ids);
-  if (!r->prompt_ids) return openai_error_set(err, 500, "server_error", NULL, "out of memory");
+/* One prompt: a non-empty string, or a non-empty array of token ids (k: its place in a list,
+ * -1 alone). */
+static int parse_one_prompt(const json_t *p, int k, openai_prompt *out, openai_error *err) {
+  char where[32] = "";
+  if (k >= 0) snprintf(where, sizeof where, " (prompt %d)", k);
+  if (json_is_string(p)) {
+    if (json_string_length(p) == 0) return BAD("prompt", "'prompt' must not be empty%s", where);
+    out->len = json_string_length(p);
+    out->text = malloc(out->len + 1);
+    if (!out->text) return openai_error_set(err, 500, "server_error", NULL, "out of memory");
+    memcpy(out->text, json_string_value(p), out->len + 1);
+    return 0;
+  }
+  if (!json_is_array(p))
+    return BAD("prompt", "'prompt' must be a string, an array of token ids, or a list of either%s",
+               where);
+  size_t n = json_array_size(p);
+  if (n == 0) return BAD("prompt", "'prompt' must not be empty%s", where);
+  out->ids = malloc(n * sizeof *out->ids);
+  if (!out->ids) return openai_error_set(err, 500, "server_error", NULL, "out of memory");
   size_t i;
   const json_t *v;
-  json_array_foreach(arr, i, v) {
-    if (token_id_of(v, &r->prompt_ids[i]))
-      return BAD("prompt", "'prompt' token ids must be non-negative integers (element %zu)", i);
+  json_array_foreach(p, i, v) {
+    if (token_id_of(v, &out->ids[i]))
+      return BAD("prompt", "'prompt' token ids must be non-negative integers (element %zu%s)", i,
+                 where);
   }
-  r->n_prompt_ids = (int)n;
+  out->n_ids = (int)n;
   return 0;
 }
 
 static int parse_completion(const json_t *o, openai_request *r, openai_error *err) {
   const json_t *p = json_object_get(o, "prompt");
   if (!p || json_is_null(p)) return BAD("prompt", "'prompt' is required");
-  if (json_is_array(p) && json_array_size(p) == 1 &&
-      (json_is_string(json_array_get(p, 0)) || json_is_array(json_array_get(p, 0))))
-    p = json_array_get(p, 0); /* a batch of one */
-  if (json_is_string(p)) {
-    if (json_string_length(p) == 0) return BAD("prompt", "'prompt' must not be empty");
-    r->prompt_len = json_string_length(p);
-    r->prompt = malloc(r->prompt_len + 1);
-    if (!r->prompt) return openai_error_set(err, 500, "server_error", NULL, "out of memory");
-    memcpy(r->prompt, json_string_value(p), r->prompt_len + 1);
-  } else if (json_is_array(p)) {
-    if (json_array_size(p) > 0 && !json_is_integer(json_array_get(p, 0)))
-      return BAD("prompt", "only one prompt per request is supported");
-    if (parse_prompt_ids(p, r, err)) return -1;
-  } else {
-    return BAD("prompt", "'prompt' must be a string or an array of token ids");
+  /* a list of prompts: strings or token-id arrays (a bare array of integers is one prompt) */
+  size_t np = 1;
+  int list = json_is_array(p) && json_array_size(p) > 0 && !json_is_integer(json_array_get(p, 0));
+  if (list) {
+    np = json_array_size(p);
+    if (np > OPENAI_MAX_PROMPTS)
+      return BAD("prompt", "at most %d prompts per request, got %zu", OPENAI_MAX_PROMPTS, np);
+    if (np * (size_t)(r->n > 0 ? r->n : 1) > OPENAI_MAX_CHOICES)
+      return BAD("n", "prompts x n is %zu x %d; at most %d choices per request", np, r->n,
+                 OPENAI_MAX_CHOICES);
+  }
+  openai_prompt first;
+  memset(&first, 0, sizeof first);
+  int rc = parse_one_prompt(list ? json_array_get(p, 0) : p, np > 1 ? 0 : -1, &first, err);
+  r->prompt = first.text;
+  r->prompt_len = first.len;
+  r->prompt_ids = first.ids;
+  r->n_prompt_ids = first.n_ids;
+  if (rc) return -1;
+  if (np > 1 && r->schema) /* one compiled schema serves one generation */
+    return BAD("prompt", "a list of prompts with response_format json_schema is not supported");
+  if (np > 1) {
+    r->more_prompts = calloc(np - 1, sizeof *r->more_prompts);
+    if (!r->more_prompts) return openai_error_set(err, 500, "server_error", NULL, "out of memory");
+    for (size_t k = 1; k < np; k++) {
+      r->n_more_prompts = (int)k;
+      if (parse_one_prompt(json_array_get(p, k), (int)k, &r->more_prompts[k - 1], err)) return -1;
+    }
   }
   if (get_bool(o, "echo", &r->echo, err)) return -1;
   long long lp = 0;
@@ -814,7 +853,8 @@ done:
 
 int openai_request_check_logprobs(const openai_request *r, long long max_tokens, openai_error *e) {
   if (!r->logprobs) return 0;
-  long long n = r->n > 0 ? r->n : 1, top = r->top_logprobs > 0 ? r->top_logprobs : 1;
+  long long n = (long long)(r->n > 0 ? r->n : 1) * (1 + r->n_more_prompts),
+            top = r->top_logprobs > 0 ? r->top_logprobs : 1;
   if (n * max_tokens * top <= OPENAI_MAX_LOGPROB_ENTRIES) return 0;
   return openai_error_set(
       e, 400, "invalid_request_error", r->kind == OPENAI_KIND_CHAT ? "top_logprobs" : "logprobs",
@@ -837,6 +877,11 @@ void openai_request_free(openai_request *r) {
   free(r->cache_salt);
   free(r->prompt);
   free(r->prompt_ids);
+  for (int i = 0; i < r->n_more_prompts; i++) {
+    free(r->more_prompts[i].text);
+    free(r->more_prompts[i].ids);
+  }
+  free(r->more_prompts);
   json_decref(r->render);
   free(r->tool_choice_name);
   memset(r, 0, sizeof *r);

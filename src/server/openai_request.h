@@ -45,6 +45,9 @@ int openai_error_set(openai_error *e, int status, const char *type, const char *
 #define OPENAI_MAX_STOP 16
 #define OPENAI_MAX_LOGPROBS 20
 #define OPENAI_MAX_N 64 /* choices per request */
+/* completions' prompts per request, and their choices (prompts x n) at most */
+#define OPENAI_MAX_PROMPTS 256
+#define OPENAI_MAX_CHOICES 256
 /* n x max_tokens x top_logprobs (top_logprobs 0 counting 1) with logprobs on: the logprob
  * entries one response may carry (about 70 bytes of JSON each). */
 #define OPENAI_MAX_LOGPROB_ENTRIES (1 << 20)
@@ -55,11 +58,24 @@ int openai_error_set(openai_error *e, int status, const char *type, const char *
 /* Bodies of at least this many bytes hand their memory back to the system once freed. */
 #define OPENAI_TRIM_BYTES (1 << 20)
 
+/* One prompt of a completions request: text, or token ids. */
+typedef struct openai_prompt {
+  char *text; /* malloc'd UTF-8, or NULL */
+  size_t len;
+  int32_t *ids; /* malloc'd, or NULL */
+  int n_ids;
+} openai_prompt;
+
 typedef struct openai_request {
   openai_kind kind;
   char *model; /* NULL when absent */
   int stream;
-  int include_usage;  /* stream_options.include_usage */
+  int include_usage;    /* stream_options.include_usage */
+  int continuous_usage; /* stream_options.continuous_usage_stats (vLLM's): with include_usage,
+                           every chunk carries its choice's usage so far */
+  /* truncate_prompt_tokens (vLLM's): 0 none; k > 0 keep the prompt's last k tokens; -1 keep
+   * the last max_model_len (the server resolves it) */
+  int truncate_prompt_tokens;
   int n;              /* choices (1..OPENAI_MAX_N; with a seed, choice i samples with seed + i) */
   sampling_params sp; /* every field set; sp.max_tokens == 0 until the server fills it */
   unsigned sp_set;    /* SAMPLING_SET_* bits of the fields the client gave (not null) */
@@ -84,6 +100,10 @@ typedef struct openai_request {
   size_t prompt_len;
   int32_t *prompt_ids; /* malloc'd */
   int n_prompt_ids;
+  /* a list of prompts: the second and later (the first is prompt / prompt_ids above); choice
+   * p * n + j is prompt p's j-th, as OpenAI indexes them */
+  openai_prompt *more_prompts;
+  int n_more_prompts;
 
   /* chat */
   json_t *render;      /* owned reference; see above */

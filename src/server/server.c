@@ -85,6 +85,14 @@ enum { STREAM_FIRST, STREAM_RUNNING, STREAM_DONE };
 
 /* One choice of a request: its generation, its sampling parameters (the request's, the seed
  * offset by the choice's index) and what of it a stream has sent. */
+/* One encoded prompt of a request: its ids and, with echo, its text. */
+typedef struct prompt_part {
+  int32_t *ids;
+  int n;
+  char *echo;
+  size_t echo_len;
+} prompt_part;
+
 typedef struct choice {
   server_gen g;
   int have_gen;
@@ -111,6 +119,9 @@ struct conn {
   int thinking_open;
   int32_t *prompt_ids; /* owned */
   int n_prompt;
+  /* completions' second and later prompts, encoded (owned; prompt 0 is prompt_ids / echo) */
+  struct prompt_part *more;
+  int n_more;
   int32_t *bounds; /* owned */
   int n_bounds;
   char *echo;            /* completions echo text (owned) */
@@ -425,6 +436,14 @@ static int no_tokenizer(openai_error *e) {
                           "token-id prompts is available");
 }
 
+/* truncate_prompt_tokens (vLLM's): the last k of n ids kept (-1: the model's length); the
+ * count dropped from the front, 0 when none. */
+static int truncate_drop(const conn *cx, int n) {
+  int k = cx->req.truncate_prompt_tokens;
+  if (k < 0) k = cx->s->m.max_model_len;
+  return k > 0 && n > k ? n - k : 0;
+}
+
 static int prepare_chat(conn *cx, openai_error *e) {
   server *s = cx->s;
   if (!s->m.tok) return no_tokenizer(e);
@@ -468,59 +487,108 @@ static int prepare_chat(conn *cx, openai_error *e) {
   chat_render_free(&cr);
   if (rc == TOKENIZER_ENOMEM) return openai_error_set(e, 503, "server_error", NULL, "%s", err);
   if (rc) return openai_error_set(e, 400, "invalid_request_error", "messages", "%s", err);
+  int drop = truncate_drop(cx, cx->n_prompt);
+  if (drop) { /* the rendered prompt's last tokens; the message starts shift with them */
+    memmove(cx->prompt_ids, cx->prompt_ids + drop, sizeof(int32_t) * (size_t)(cx->n_prompt - drop));
+    cx->n_prompt -= drop;
+    int nb = 0;
+    for (int i = 0; i < cx->n_bounds; i++)
+      if (cx->bounds[i] > drop) cx->bounds[nb++] = cx->bounds[i] - drop;
+    cx->n_bounds = nb;
+  }
   return 0;
 }
 
-static int prepare_completion(conn *cx, openai_error *e) {
+/* The echo of ids: their text (ids that are model rows beyond the tokenizer's vocabulary have
+ * none: they echo as ""). */
+static int echo_ids(server *s, const openai_request *r, const int32_t *ids, int n, prompt_part *p,
+                    openai_error *e) {
+  int tv = tokenizer_vocab_size(s->m.tok), m = 0;
+  int32_t *known = malloc(sizeof(int32_t) * (size_t)(n > 0 ? n : 1));
+  if (!known) return openai_error_set(e, 500, "server_error", NULL, "out of memory");
+  for (int i = 0; i < n; i++)
+    if (ids[i] < tv) known[m++] = ids[i];
+  long len = m ? tokenizer_decode(s->m.tok, known, m, r->skip_special_tokens, &p->echo) : 0;
+  free(known);
+  if (len < 0) {
+    free(p->echo);
+    p->echo = NULL;
+    return openai_error_set(e, 400, "invalid_request_error", "prompt",
+                            "the prompt ids cannot be decoded for echo");
+  }
+  if (!p->echo) p->echo = strdup("");
+  if (!p->echo) return openai_error_set(e, 500, "server_error", NULL, "out of memory");
+  p->echo_len = (size_t)len;
+  return 0;
+}
+
+/* One completions prompt encoded into p (ids checked against the vocabulary, truncated by
+ * truncate_prompt_tokens, the echo text kept when echo is on). */
+static int prepare_prompt(conn *cx, const openai_prompt *q, prompt_part *p, openai_error *e) {
   server *s = cx->s;
   openai_request *r = &cx->req;
   char err[300];
-  if (r->prompt) {
+  if (q->text) {
     if (!s->m.tok) return no_tokenizer(e);
-    int n = tokenizer_encode(s->m.tok, r->prompt, r->prompt_len, &cx->prompt_ids, err, sizeof err);
+    int n = tokenizer_encode(s->m.tok, q->text, q->len, &p->ids, err, sizeof err);
     if (n == TOKENIZER_ENOMEM) return openai_error_set(e, 503, "server_error", NULL, "%s", err);
     if (n < 0) return openai_error_set(e, 400, "invalid_request_error", "prompt", "%s", err);
-    cx->n_prompt = n;
+    p->n = n;
     if (n == 0)
       return openai_error_set(e, 400, "invalid_request_error", "prompt",
                               "the prompt encodes to no tokens");
-    if (r->echo) {
-      cx->echo = malloc(r->prompt_len + 1);
-      if (!cx->echo) return openai_error_set(e, 500, "server_error", NULL, "out of memory");
-      memcpy(cx->echo, r->prompt, r->prompt_len + 1);
-      cx->echo_len = r->prompt_len;
-    }
   } else {
-    cx->prompt_ids = malloc(sizeof(int32_t) * (size_t)r->n_prompt_ids);
-    if (!cx->prompt_ids) return openai_error_set(e, 500, "server_error", NULL, "out of memory");
-    memcpy(cx->prompt_ids, r->prompt_ids, sizeof(int32_t) * (size_t)r->n_prompt_ids);
-    cx->n_prompt = r->n_prompt_ids;
-    for (int i = 0; i < cx->n_prompt; i++)
-      if (cx->prompt_ids[i] >= s->m.vocab_size)
+    p->ids = malloc(sizeof(int32_t) * (size_t)q->n_ids);
+    if (!p->ids) return openai_error_set(e, 500, "server_error", NULL, "out of memory");
+    memcpy(p->ids, q->ids, sizeof(int32_t) * (size_t)q->n_ids);
+    p->n = q->n_ids;
+    for (int i = 0; i < p->n; i++)
+      if (p->ids[i] >= s->m.vocab_size)
         return openai_error_set(e, 400, "invalid_request_error", "prompt",
                                 "token id %d at position %d is out of vocabulary (size %d)",
-                                cx->prompt_ids[i], i, s->m.vocab_size);
-    if (r->echo && s->m.tok) {
-      /* ids that are model rows beyond the tokenizer's vocabulary have no text: they echo as "" */
-      int tv = tokenizer_vocab_size(s->m.tok), m = 0;
-      int32_t *known = malloc(sizeof(int32_t) * (size_t)cx->n_prompt);
-      if (!known) return openai_error_set(e, 500, "server_error", NULL, "out of memory");
-      for (int i = 0; i < cx->n_prompt; i++)
-        if (cx->prompt_ids[i] < tv) known[m++] = cx->prompt_ids[i];
-      long n = m ? tokenizer_decode(s->m.tok, known, m, r->skip_special_tokens, &cx->echo) : 0;
-      free(known);
-      if (n < 0) {
-        free(cx->echo);
-        cx->echo = NULL;
-        return openai_error_set(e, 400, "invalid_request_error", "prompt",
-                                "the prompt ids cannot be decoded for echo");
-      }
-      if (!cx->echo) cx->echo = strdup("");
-      if (!cx->echo) return openai_error_set(e, 500, "server_error", NULL, "out of memory");
-      cx->echo_len = (size_t)n;
-    }
+                                p->ids[i], i, s->m.vocab_size);
   }
+  int drop = truncate_drop(cx, p->n);
+  if (drop) {
+    memmove(p->ids, p->ids + drop, sizeof(int32_t) * (size_t)(p->n - drop));
+    p->n -= drop;
+  }
+  if (!r->echo) return 0;
+  if (q->text && !drop) { /* the text as sent */
+    p->echo = malloc(q->len + 1);
+    if (!p->echo) return openai_error_set(e, 500, "server_error", NULL, "out of memory");
+    memcpy(p->echo, q->text, q->len + 1);
+    p->echo_len = q->len;
+    return 0;
+  }
+  return s->m.tok ? echo_ids(s, r, p->ids, p->n, p, e) : 0; /* the prompt as it was served */
+}
+
+static int prepare_completion(conn *cx, openai_error *e) {
+  openai_request *r = &cx->req;
+  openai_prompt q0 = {r->prompt, r->prompt_len, r->prompt_ids, r->n_prompt_ids};
+  prompt_part p0;
+  memset(&p0, 0, sizeof p0);
+  int rc = prepare_prompt(cx, &q0, &p0, e);
+  cx->prompt_ids = p0.ids;
+  cx->n_prompt = p0.n;
+  cx->echo = p0.echo;
+  cx->echo_len = p0.echo_len;
+  if (rc || r->n_more_prompts == 0) return rc;
+  cx->more = calloc((size_t)r->n_more_prompts, sizeof *cx->more);
+  if (!cx->more) return openai_error_set(e, 500, "server_error", NULL, "out of memory");
+  cx->n_more = r->n_more_prompts;
+  for (int k = 0; k < r->n_more_prompts; k++)
+    if (prepare_prompt(cx, &r->more_prompts[k], &cx->more[k], e)) return -1;
   return 0;
+}
+
+/* The prompt of choice i: prompt i / n of the request (0 for chat). */
+static prompt_part part_of(const conn *cx, int i) {
+  int n = cx->req.n > 0 ? cx->req.n : 1, p = i / n;
+  if (p > 0 && p <= cx->n_more) return cx->more[p - 1];
+  prompt_part p0 = {cx->prompt_ids, cx->n_prompt, cx->echo, cx->echo_len};
+  return p0;
 }
 
 /* The request field a sampler message is about (its messages start with the field's name). */
@@ -552,13 +620,17 @@ static int check_limits(conn *cx, openai_error *e) {
   openai_request *r = &cx->req;
   if (s->m.gen) generation_config_apply(s->m.gen, r->sp_set, &r->sp);
   int mml = s->m.max_model_len;
-  if (cx->n_prompt >= mml)
+  int longest = cx->n_prompt; /* of several prompts, the longest decides (the default max_tokens
+                                 is each prompt's own: handle_generate) */
+  for (int k = 0; k < cx->n_more; k++)
+    if (cx->more[k].n > longest) longest = cx->more[k].n;
+  if (longest >= mml)
     return openai_error_set(
         e, 400, "invalid_request_error", r->kind == OPENAI_KIND_CHAT ? "messages" : "prompt",
         "This model's maximum context length is %d tokens. However, your request has %d "
         "input tokens. Please reduce the length of the input.",
-        mml, cx->n_prompt);
-  int avail = mml - cx->n_prompt;
+        mml, longest);
+  int avail = mml - longest;
   if (r->max_tokens > 0) {
     if (r->max_tokens > avail)
       return openai_error_set(
@@ -566,7 +638,7 @@ static int check_limits(conn *cx, openai_error *e) {
           "This model's maximum context length is %d tokens. However, you requested %lld "
           "tokens (%d in the input, %d in the completion). Please reduce the length of the "
           "input or the completion.",
-          mml, (long long)cx->n_prompt + r->max_tokens, cx->n_prompt, r->max_tokens);
+          mml, (long long)longest + r->max_tokens, longest, r->max_tokens);
     r->sp.max_tokens = r->max_tokens;
   } else {
     r->sp.max_tokens = s->m.gen ? generation_config_max_tokens(s->m.gen, avail) : avail;
@@ -673,10 +745,25 @@ static json_t *ids_array(const int32_t *ids, int n) {
 
 /* Usage of the whole request: the prompt once (choice 0's count and cached share), the
  * completion tokens of every choice. */
+/* Each prompt's tokens counted once (by its first choice), every choice's completion. */
 static json_t *usage_of(const conn *cx) {
-  int completion = 0;
-  for (int i = 0; i < cx->n_ch; i++) completion += cx->ch[i].g.completion_tokens;
-  return openai_response_usage(cx->ch[0].g.prompt_tokens, completion, cx->ch[0].g.cached_tokens);
+  int completion = 0, prompt = 0, cached = 0, n_per = cx->req.n > 0 ? cx->req.n : 1;
+  for (int i = 0; i < cx->n_ch; i++) {
+    completion += cx->ch[i].g.completion_tokens;
+    if (i % n_per == 0) {
+      prompt += cx->ch[i].g.prompt_tokens;
+      cached += cx->ch[i].g.cached_tokens;
+    }
+  }
+  return openai_response_usage(prompt, completion, cached);
+}
+
+/* stream_options.continuous_usage_stats: choice i's usage so far, on each of its chunks. */
+static void chunk_usage(conn *cx, json_t *o, int i, int tokens) {
+  if (!cx->req.include_usage || !cx->req.continuous_usage) return;
+  const server_gen *g = &cx->ch[i].g;
+  json_object_set_new(o, "usage", openai_response_usage(g->prompt_tokens, tokens, 0));
+  json_object_del(json_object_get(o, "usage"), "prompt_tokens_details");
 }
 
 /* The final error of a generation that did not complete, or 0. */
@@ -768,7 +855,8 @@ static void put_token_fields(conn *cx, int i, strbuf *b) {
   else if (cx->req.kind == OPENAI_KIND_CHAT)
     openai_response_put_chat_logprobs(b, cx->s->m.tok, g->toks, 0, g->n_ids);
   else
-    openai_response_put_completion_logprobs(b, cx->s->m.tok, g->toks, 0, g->n_ids, cx->echo_len);
+    openai_response_put_completion_logprobs(b, cx->s->m.tok, g->toks, 0, g->n_ids,
+                                            part_of(cx, i).echo_len);
   if (cx->req.return_token_ids) {
     strbuf_puts(b, ",\"token_ids\":");
     openai_response_put_ids(b, g->ids, g->n_ids);
@@ -828,9 +916,10 @@ static enum MHD_Result respond_chat(conn *cx) {
 
 static json_t *completion_choice(conn *cx, int i) {
   const server_gen *g = &cx->ch[i].g;
+  prompt_part pp = part_of(cx, i);
   strbuf text;
   strbuf_init(&text);
-  if (cx->echo) strbuf_append(&text, cx->echo, cx->echo_len);
+  if (pp.echo) strbuf_append(&text, pp.echo, pp.echo_len);
   if (g->text.len) strbuf_append(&text, g->text.data, g->text.len);
   json_t *choice = json_object();
   json_object_set_new(choice, "index", json_integer(i));
@@ -839,7 +928,7 @@ static json_t *completion_choice(conn *cx, int i) {
   json_object_set_new(choice, "finish_reason", json_string(server_gen_finish_name(g)));
   json_object_set_new(choice, "stop_reason", json_null());
   if (cx->req.return_token_ids)
-    json_object_set_new(choice, "prompt_token_ids", ids_array(cx->prompt_ids, cx->n_prompt));
+    json_object_set_new(choice, "prompt_token_ids", ids_array(pp.ids, pp.n));
   return choice;
 }
 
@@ -882,27 +971,30 @@ static void chunk_chat(conn *cx, int i, json_t *delta, const char *finish, int t
     json_object_set_new(c, "token_ids",
                         ids_array(g->ids ? g->ids + tok_from : NULL, tok_to - tok_from));
   json_array_append_new(json_object_get(o, "choices"), c);
+  chunk_usage(cx, o, i, tok_to);
   sse_json(cx, o);
 }
 
 static void chunk_completion(conn *cx, int i, const char *text, size_t len, const char *finish,
                              int tok_from, int tok_to, int first) {
   const server_gen *g = &cx->ch[i].g;
+  prompt_part pp = part_of(cx, i);
   json_t *o = chunk_base(cx);
   json_t *c = json_object();
   json_object_set_new(c, "index", json_integer(i));
   json_object_set_new(c, "text", openai_response_string(text, len));
   json_object_set_new(c, "logprobs",
                       cx->req.logprobs && tok_to > tok_from
-                          ? completion_logprobs(cx->s, g, tok_from, tok_to, cx->echo_len)
+                          ? completion_logprobs(cx->s, g, tok_from, tok_to, pp.echo_len)
                           : json_null());
   json_object_set_new(c, "finish_reason", finish ? json_string(finish) : json_null());
   if (cx->req.return_token_ids) {
     json_object_set_new(c, "token_ids",
                         ids_array(g->ids ? g->ids + tok_from : NULL, tok_to - tok_from));
-    if (first) json_object_set_new(c, "prompt_token_ids", ids_array(cx->prompt_ids, cx->n_prompt));
+    if (first) json_object_set_new(c, "prompt_token_ids", ids_array(pp.ids, pp.n));
   }
   json_array_append_new(json_object_get(o, "choices"), c);
+  chunk_usage(cx, o, i, tok_to);
   sse_json(cx, o);
 }
 
@@ -1041,8 +1133,10 @@ static void stream_emit(conn *cx) {
       if (cx->req.kind == OPENAI_KIND_CHAT) {
         json_t *d = json_pack("{s:s, s:s}", "role", "assistant", "content", "");
         chunk_chat(cx, i, d, NULL, 0, 0);
-      } else if (cx->echo_len || cx->req.return_token_ids) {
-        chunk_completion(cx, i, cx->echo ? cx->echo : "", cx->echo_len, NULL, 0, 0, 1);
+      } else {
+        prompt_part pp = part_of(cx, i);
+        if (pp.echo_len || cx->req.return_token_ids)
+          chunk_completion(cx, i, pp.echo ? pp.echo : "", pp.echo_len, NULL, 0, 0, 1);
       }
     }
     cx->phase = STREAM_RUNNING;
@@ -1162,21 +1256,27 @@ static enum MHD_Result handle_generate(conn *cx, openai_kind kind) {
   if (atomic_load(&s->stopping))
     return fail(cx, 503, "server_error", NULL, "the server is shutting down");
 
-  int n = cx->req.n > 0 ? cx->req.n : 1;
+  int n_per = cx->req.n > 0 ? cx->req.n : 1, n = n_per * (1 + cx->n_more);
   cx->ch = calloc((size_t)n, sizeof *cx->ch);
   if (!cx->ch) return fail(cx, 503, "server_error", NULL, "out of memory");
-  metrics_observe(s->met, METRICS_PARAMS_N, n);
+  metrics_observe(s->met, METRICS_PARAMS_N, n_per);
   for (int i = 0; i < n; i++) {
     choice *ch = &cx->ch[i];
+    prompt_part pp = part_of(cx, i);
     ch->sp = cx->req.sp;
-    if (ch->sp.has_seed) ch->sp.seed += (uint64_t)i; /* the choices differ, reproducibly */
+    /* the choices of one prompt differ, reproducibly */
+    if (ch->sp.has_seed) ch->sp.seed += (uint64_t)(i % n_per);
+    if (cx->req.max_tokens <= 0 && pp.n != cx->n_prompt) { /* this prompt's rest of the context */
+      int avail = s->m.max_model_len - pp.n;
+      ch->sp.max_tokens = s->m.gen ? generation_config_max_tokens(s->m.gen, avail) : avail;
+    }
     server_gen_opts go;
     memset(&go, 0, sizeof go);
     go.eng = s->m.eng;
     go.tok = s->m.tok;
     go.met = s->met;
-    go.prompt = cx->prompt_ids;
-    go.n_prompt = cx->n_prompt;
+    go.prompt = pp.ids;
+    go.n_prompt = pp.n;
     go.boundaries = cx->bounds;
     go.n_boundaries = cx->n_bounds;
     go.sp = &ch->sp;
@@ -1845,6 +1945,11 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
   openai_request_body_free(&cx->body);
   strbuf_free(&cx->out);
   free(cx->prompt_ids);
+  for (int i = 0; i < cx->n_more; i++) {
+    free(cx->more[i].ids);
+    free(cx->more[i].echo);
+  }
+  free(cx->more);
   free(cx->bounds);
   free(cx->echo);
   free(cx->captured);

@@ -22,6 +22,7 @@
 #include "backend/backend_create.h"
 #include "base/fault.h"
 #include "base/log.h"
+#include "cache/kv_events.h"
 #include "cli/cli.h"
 #include "cli/cli_flags.h"
 #include "cli/cli_load.h"
@@ -67,6 +68,8 @@ static void serve_usage(FILE *f) {
       "  --threads N                 CPU backend threads (0: all cores)\n"
       "  --kv-cache-dtype auto|fp8   fp8 (or fp8_e4m3): K/V pages in e4m3 with a scale per\n"
       "                              token and head, twice the tokens (docs/fp8.md; auto)\n"
+      "  --kv-events-config JSON     publish KV-cache events as vLLM does (ZeroMQ):\n"
+      "                              '{\"enable_kv_cache_events\": true}' (docs/kv-events.md)\n"
       "  --skip-tokenizer-init       no tokenizer: /v1/completions with token-id prompts only\n"
       "  --batch-invariant           a request's tokens do not depend on what shares its\n"
       "                              steps (CUDA: slower GEMMs; the CPU always is)\n"
@@ -193,6 +196,9 @@ int cmd_serve(int argc, char **argv) {
   double grace = 5.0;
   int skip_tok = 0;
   int metrics_key = 0; /* --metrics-require-api-key */
+  /* --kv-events-config and its publisher (NULL: no KV-cache events) */
+  const char *kv_events_json = NULL;
+  kv_events *kvev = NULL;
   /* --served-model-name's second and later values; CORS lists (--allowed-*) */
   const char *aliases[16];
   int n_aliases = 0, cors_cred = 0;
@@ -252,6 +258,7 @@ int cmd_serve(int argc, char **argv) {
     }
     static const char *with_value[] = {"--model",
                                        "--host",
+                                       "--kv-events-config",
                                        "--port",
                                        "--served-model-name",
                                        "--api-key",
@@ -289,6 +296,8 @@ int cmd_serve(int argc, char **argv) {
       model_dir = v;
     else if (!strcmp(a, "--host"))
       host = v;
+    else if (!strcmp(a, "--kv-events-config"))
+      kv_events_json = v;
     else if (!strcmp(a, "--served-model-name")) {
       name = v; /* several values, as vLLM's nargs="+": the first is reported */
       n_aliases = 0;
@@ -513,6 +522,20 @@ int cmd_serve(int argc, char **argv) {
   }
   /* device backends: the largest step once at start-up (engine_opts.startup_forward) */
   eo.startup_forward = !no_warmup && be->mem_info != NULL;
+  if (kv_events_json) { /* the publisher starts before the engine and stops after it */
+    kv_events_config kc;
+    if (kv_events_config_parse(kv_events_json, &kc, err, sizeof err) != 0 ||
+        (kc.enable && kc.publisher_zmq && !eo.enable_prefix_caching &&
+         errf(err, sizeof err,
+              "--kv-events-config: the events come from the prefix cache, which "
+              "--no-enable-prefix-caching turns off")) ||
+        (kc.enable && kc.publisher_zmq && kv_events_init(&kvev, &kc, err, sizeof err) != 0)) {
+      fprintf(stderr, "deltaserve serve: %s\n", err);
+      goto done;
+    }
+    if (kvev) fprintf(stderr, "deltaserve: KV-cache events on %s\n", kc.endpoint);
+    eo.kv_events = kvev;
+  }
   if (engine_mem_plan_device(&eo, &cfg, &w, be, &mo, err, sizeof err) ||
       qwen35_init(&m, &cfg, &w, be, &mo, err, sizeof err) ||
       !(e = engine_create(m, &eo, err, sizeof err))) {
@@ -595,6 +618,7 @@ done:;
   }
   server_shutdown(srv, status == 0 ? grace : 0.0);
   if (e) engine_destroy(e, 0);
+  kv_events_free(kvev); /* after the engine: its last reports go out */
   server_free(srv);
   for (int k = 0; k < 3; k++) cli_flags_list_free(cors[k], n_cors[k]);
   json_vocab_free(jv);

@@ -339,7 +339,13 @@ TEST(completion_errors) {
   EXPECT(rejects(P, "{\"prompt\":[1,-2]}", 400, "prompt"));
   EXPECT(rejects(P, "{\"prompt\":[1,\"a\"]}", 400, "prompt"));
   EXPECT(rejects(P, "{\"prompt\":[1,2.5]}", 400, "prompt"));
-  EXPECT(rejects(P, "{\"prompt\":[\"a\",\"b\"]}", 400, "prompt"));
+  EXPECT(rejects(P, "{\"prompt\":[\"a\",\"\"]}", 400, "prompt"));
+  EXPECT(rejects(P, "{\"prompt\":[\"a\",[1,-2]]}", 400, "prompt"));
+  EXPECT(rejects(P, "{\"prompt\":[\"a\",5]}", 400, "prompt"));
+  EXPECT(
+      rejects(P, "{\"prompt\":\"x\",\"truncate_prompt_tokens\":0}", 400, "truncate_prompt_tokens"));
+  EXPECT(rejects(P, "{\"prompt\":\"x\",\"truncate_prompt_tokens\":-2}", 400,
+                 "truncate_prompt_tokens"));
   EXPECT(rejects(P, "{\"prompt\":5}", 400, "prompt"));
   EXPECT(rejects(P, "{\"prompt\":\"x\",\"logprobs\":true}", 400, "logprobs"));
   EXPECT(rejects(P, "{\"prompt\":\"x\",\"logprobs\":30}", 400, "logprobs"));
@@ -691,6 +697,37 @@ TEST(stream_thinking_open_detect) {
   EXPECT(!openai_stream_prompt_thinking_open("x", 1));
 }
 
+TEST(completion_prompt_list) {
+  openai_request r;
+  openai_error e;
+  const char *body =
+      "{\"prompt\":[\"ab\",[5,6],\"c\"],\"n\":2,\"truncate_prompt_tokens\":7,"
+      "\"stream\":true,\"stream_options\":{\"include_usage\":true,"
+      "\"continuous_usage_stats\":true}}";
+  REQUIRE(parse(OPENAI_KIND_COMPLETION, body, &r, &e) == 0);
+  EXPECT_STR(r.prompt, "ab");
+  EXPECT_EQ_INT(r.n_more_prompts, 2);
+  EXPECT_EQ_INT(r.more_prompts[0].n_ids, 2);
+  EXPECT_EQ_INT(r.more_prompts[0].ids[1], 6);
+  EXPECT_STR(r.more_prompts[1].text, "c");
+  EXPECT_EQ_INT(r.truncate_prompt_tokens, 7);
+  EXPECT_EQ_INT(r.continuous_usage, 1);
+  openai_request_free(&r);
+  /* a bare id array is one prompt; a batch of one is that prompt */
+  REQUIRE(parse(OPENAI_KIND_COMPLETION, "{\"prompt\":[[1,2]]}", &r, &e) == 0);
+  EXPECT_EQ_INT(r.n_prompt_ids, 2);
+  EXPECT_EQ_INT(r.n_more_prompts, 0);
+  openai_request_free(&r);
+  /* prompts x n over the choice limit */
+  strbuf b;
+  strbuf_init(&b);
+  strbuf_puts(&b, "{\"n\":2,\"prompt\":[");
+  for (int i = 0; i < OPENAI_MAX_CHOICES / 2 + 1; i++) strbuf_puts(&b, i ? ",\"x\"" : "\"x\"");
+  strbuf_puts(&b, "]}");
+  EXPECT(rejects(OPENAI_KIND_COMPLETION, b.data, 400, "n"));
+  strbuf_free(&b);
+}
+
 int main(void) {
   RUN(chat_defaults);
   RUN(chat_all_fields);
@@ -699,6 +736,7 @@ int main(void) {
   RUN(chat_format_and_bias);
   RUN(completion_prompts);
   RUN(completion_errors);
+  RUN(completion_prompt_list);
   RUN(tokenize_bodies);
   RUN(error_body_shape);
   RUN(usage_shape);

@@ -1,0 +1,108 @@
+"""kv_events_test: a consumer of a live server's KV-cache events.
+
+Runs an agent-like workload (a shared system head, conversations that grow turn by turn, one
+tenant with a cache_salt) through `deltaserve serve` with a small cache (device slabs, host
+tier, KV pages all short, so checkpoints move to the host tier and are evicted), subscribes to
+the events and checks, before every request:
+  - every message is [topic, seq, batch], seq contiguous (gaps filled from the replay socket),
+    every batch and event as vLLM's schema has them, each block name recomputed from its tokens
+    and parent, no block stored twice or removed unheld, no child without its parent;
+  - the view the events give equals the cache's own state: the depth the server reports as
+    cached (usage.prompt_tokens_details.cached_tokens) is exactly the deepest checkpoint the
+    events say is restorable for that prompt, and the blocks below it are all held;
+and at the end that the replay socket returns the same batches byte for byte.
+Prints PASS / FAIL lines (tests/run.sh)."""
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "lib"))
+import zmq  # noqa: E402
+
+import kv_events_lib as kl  # noqa: E402
+
+BUILD = os.environ.get("DS_BUILD", "build")
+failures = 0
+
+
+def report(name, ok, why=""):
+    global failures
+    print(("PASS %s" % name) if ok else ("FAIL %s: %s" % (name, why)), flush=True)
+    failures += not ok
+
+
+def synced(srv, sub):
+    """Waits until every capture the server counted has arrived as an event."""
+    for _ in range(600):
+        if srv.metric("num_requests_running") == 0:
+            want = srv.metric("prefix_cache_captures_total")
+            sub.pump(lambda v: v.gpu_state_stored >= want)
+            if sub.view.gpu_state_stored == want and \
+                    srv.metric("prefix_cache_captures_total") == want:
+                return
+        time.sleep(0.05)
+    raise kl.SchemaError("the server never went idle")
+
+
+def main():
+    srv = kl.Server(BUILD, ["--snapshot-slabs", "4", "--host-cache-gib", "0.0001",
+                            "--kv-cache-tokens", "1024", "--max-num-seqs", "4"])
+    ctx = zmq.Context()
+    pub, rep = srv.endpoints()
+    sub = kl.Subscriber(ctx, pub, rep)
+    checked, hits, why = 0, 0, ""
+    try:
+        system = [(7 * i + 3) % 250 for i in range(40)]
+        convs = [{"toks": list(system), "salt": None, "seed": s} for s in range(3)]
+        convs.append({"toks": list(system), "salt": "tenant-a", "seed": 0})  # same tokens
+        for k in range(2):  # one-off requests: their checkpoints are evicted whole later
+            convs.append({"toks": [], "salt": None, "seed": 100 + k, "once": True})
+        for turn in range(6):
+            for c in convs:
+                n_user = 50 if c.get("once") else 18
+                user = [(c["seed"] * 31 + turn * 17 + i * 5) % 250 for i in range(n_user)]
+                prompt = ([] if c.get("once") else c["toks"]) + user
+                synced(srv, sub)
+                want = sub.view.restorable(prompt, c["salt"])
+                r = srv.complete(prompt, max_tokens=5, salt=c["salt"])
+                got = r["usage"]["prompt_tokens_details"]["cached_tokens"]
+                if got != want:
+                    raise kl.SchemaError("turn %d: the server restored %d tokens, the events "
+                                         "promised %d" % (turn, got, want))
+                if not sub.view.holds_blocks(prompt, got, c["salt"]):
+                    raise kl.SchemaError("restored blocks the events do not hold")
+                hits += got > 0
+                checked += 1
+                out = [t for t in r["choices"][0]["token_ids"] if t != 256]
+                c["toks"] = prompt + out
+        synced(srv, sub)
+    except (kl.SchemaError, OSError, RuntimeError) as e:
+        why = str(e)
+    v = sub.view
+    report("kv_events_schema_and_order", not why or "restored" not in why, why)
+    report("kv_events_match_the_cache", not why and checked == 36 and hits >= 12,
+           why or "checked %d requests, %d hits" % (checked, hits))
+    report("kv_events_tiers_and_evictions",
+           "CPU" in v.media and v.counts["BlockRemoved"] > 0 and
+           v.counts["DeltaServeStateRemoved"] > 0,
+           "media %s, counts %s" % (sorted(v.media), v.counts))
+    # the replay socket: everything again, byte for byte, then from the middle
+    try:
+        all_ = sub.replay(0)
+        mid = v.next_seq // 2
+        part = sub.replay(mid)
+        ok = [q for q, _ in all_] == list(range(v.next_seq)) and \
+            all(v.payloads[q] == p for q, p in all_) and [q for q, _ in part] == \
+            list(range(mid, v.next_seq))
+        report("kv_events_replay", ok, "replayed %d of %d batches" % (len(all_), v.next_seq))
+    except kl.SchemaError as e:
+        report("kv_events_replay", False, str(e))
+    print("kv_events: %d batches, %s" % (v.next_seq, v.counts))
+    sub.close()
+    ctx.term()
+    srv.stop()
+
+
+if __name__ == "__main__":
+    main()
+    sys.exit(1 if failures else 0)

@@ -240,6 +240,27 @@ TEST(bad_configs) {
   expect_error("{\"model_type\":\"qwen3_5_text\",\"num_hidden_layers\":300}", "num_hidden_layers");
   expect_error("{\"model_type\":\"qwen3_5_text\",\"rope_parameters\":{\"rope_theta\":\"x\"}}",
                "rope_theta");
+  /* rotary scaling types are refused at load, in either key, naming the type */
+  expect_error(
+      "{\"model_type\":\"qwen3_5_text\",\"rope_scaling\":{\"rope_type\":\"yarn\",\"factor\":4.0,"
+      "\"original_max_position_embeddings\":32768}}",
+      "rope_scaling type 'yarn' (factor 4) is not implemented");
+  expect_error(
+      "{\"model_type\":\"qwen3_5_text\",\"rope_parameters\":{\"rope_type\":\"yarn\",\"factor\":2,"
+      "\"rope_theta\":10000000}}",
+      "rope_parameters type 'yarn' (factor 2)");
+  expect_error(
+      "{\"model_type\":\"qwen3_next\",\"rope_scaling\":{\"type\":\"linear\",\"factor\":2}}",
+      "type 'linear'");
+  const char *types[] = {"dynamic", "longrope", "llama3", "ntk"};
+  for (int i = 0; i < 4; i++) {
+    char body[200], want[40];
+    snprintf(body, sizeof body,
+             "{\"model_type\":\"qwen3_5_text\",\"rope_scaling\":{\"rope_type\":\"%s\"}}", types[i]);
+    snprintf(want, sizeof want, "type '%s' is not", types[i]);
+    expect_error(body, want);
+  }
+  expect_error("{\"model_type\":\"qwen3_5_text\",\"rope_scaling\":3}", "rope_scaling");
   expect_error("{\"model_type\":\"qwen3_5_moe_text\",\"num_experts\":4,\"num_experts_per_tok\":5}",
                "num_experts_per_tok");
   expect_error("{\"model_type\":\"qwen3_5_text\",\"tie_word_embeddings\":\"yes\"}",
@@ -252,10 +273,27 @@ TEST(bad_configs) {
   EXPECT_MSG(strstr(err, "/tmp/ds_no_such_dir/config.json") != NULL, "error '%s'", err);
 }
 
+/* default and mrope (with sections) and a null rope_scaling load as the plain rotation */
+TEST(rope_plain_types) {
+  const char *ok[] = {
+      "{\"model_type\":\"qwen3_5_text\",\"rope_scaling\":null}",
+      "{\"model_type\":\"qwen3_5_text\",\"rope_scaling\":{\"rope_type\":\"default\"}}",
+      "{\"model_type\":\"qwen3_5_text\",\"rope_scaling\":{\"type\":\"mrope\",\"mrope_section\":[11,"
+      "11,10]}}",
+      "{\"model_type\":\"qwen3_5_text\",\"rope_parameters\":{\"rope_type\":\"default\",\"rope_"
+      "theta\":10000000,\"mrope_interleaved\":true,\"mrope_section\":[11,11,10]}}",
+  };
+  for (int i = 0; i < 4; i++) {
+    err[0] = 0;
+    EXPECT_MSG(config_load(write_cfg(ok[i]), &c, err, sizeof err) == 0, "config %d: %s", i, err);
+  }
+}
+
 int main(void) {
   RUN(flat_qwen35_text);
   RUN(vlm_text_config);
   RUN(interval_and_top_level_rope);
+  RUN(rope_plain_types);
   RUN(defaults_qwen35);
   RUN(moe_qwen35);
   RUN(qwen3_next);

@@ -264,6 +264,31 @@ static int cfg_parse(cfg_ctx *x, model_config *c) {
         cfg_num(x, rp, "partial_rotary_factor", prf, &prf))
       return -1;
   }
+  /* the scaling types (yarn, linear, dynamic, longrope, llama3, ...) change every rotary
+   * frequency: not implemented, so refused rather than served with other logits; default and
+   * mrope (Qwen3.5's sections are one position for text) are the plain rotation */
+  json_t *scal[] = {json_object_get(t, "rope_scaling"), rp};
+  const char *scal_key[] = {"rope_scaling", "rope_parameters"};
+  for (int k = 0; k < 2; k++) {
+    json_t *o = scal[k];
+    if (!o || json_is_null(o)) continue;
+    if (!json_is_object(o))
+      return errf(x->err, x->errlen, "%s: key \"%s\" must be an object or null", x->path,
+                  scal_key[k]);
+    json_t *ty = json_object_get(o, "rope_type");
+    if (!ty || json_is_null(ty)) ty = json_object_get(o, "type");
+    const char *tn = json_is_string(ty) ? json_string_value(ty) : NULL;
+    if (ty && !json_is_null(ty) && !tn)
+      return errf(x->err, x->errlen, "%s: %s.rope_type must be a string", x->path, scal_key[k]);
+    if (!tn || !strcmp(tn, "default") || !strcmp(tn, "mrope")) continue;
+    json_t *f = json_object_get(o, "factor");
+    char fs[48] = "";
+    if (json_is_number(f)) snprintf(fs, sizeof fs, " (factor %g)", json_number_value(f));
+    return errf(x->err, x->errlen,
+                "%s: %s type '%s'%s is not implemented (only default and mrope rotary "
+                "embeddings); remove it to serve contexts up to max_position_embeddings",
+                x->path, scal_key[k], tn, fs);
+  }
   c->rope_theta = theta;
   c->partial_rotary_factor = (float)prf;
   if (!(theta > 0)) return errf(x->err, x->errlen, "%s: rope_theta must be positive", x->path);

@@ -31,19 +31,6 @@ def report(name, ok, why=""):
     failures += not ok
 
 
-def synced(srv, sub):
-    """Waits until every capture the server counted has arrived as an event."""
-    for _ in range(600):
-        if srv.metric("num_requests_running") == 0:
-            want = srv.metric("prefix_cache_captures_total")
-            sub.pump(lambda v: v.gpu_state_stored >= want)
-            if sub.view.gpu_state_stored == want and \
-                    srv.metric("prefix_cache_captures_total") == want:
-                return
-        time.sleep(0.05)
-    raise kl.SchemaError("the server never went idle")
-
-
 def main():
     srv = kl.Server(BUILD, ["--snapshot-slabs", "4", "--host-cache-gib", "0.0001",
                             "--kv-cache-tokens", "1024", "--max-num-seqs", "4"])
@@ -62,7 +49,7 @@ def main():
                 n_user = 50 if c.get("once") else 18
                 user = [(c["seed"] * 31 + turn * 17 + i * 5) % 250 for i in range(n_user)]
                 prompt = ([] if c.get("once") else c["toks"]) + user
-                synced(srv, sub)
+                kl.sync(srv, sub)
                 want = sub.view.restorable(prompt, c["salt"])
                 r = srv.complete(prompt, max_tokens=5, salt=c["salt"])
                 got = r["usage"]["prompt_tokens_details"]["cached_tokens"]
@@ -75,7 +62,7 @@ def main():
                 checked += 1
                 out = [t for t in r["choices"][0]["token_ids"] if t != 256]
                 c["toks"] = prompt + out
-        synced(srv, sub)
+        kl.sync(srv, sub)
     except (kl.SchemaError, OSError, RuntimeError) as e:
         why = str(e)
     v = sub.view

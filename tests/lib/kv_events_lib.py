@@ -226,6 +226,20 @@ class Subscriber:
         self.req.close(0)
 
 
+def sync(srv, sub):
+    """Waits until the server is idle and every capture it counted has arrived as an event
+    (each commit is one DeltaServeStateStored on the GPU), so that the view is the cache."""
+    for _ in range(600):
+        if srv.metric("num_requests_running") == 0:
+            want = srv.metric("prefix_cache_captures_total")
+            sub.pump(lambda v: v.gpu_state_stored >= want)
+            if sub.view.gpu_state_stored == want and \
+                    srv.metric("prefix_cache_captures_total") == want:
+                return
+        time.sleep(0.05)
+    raise SchemaError("the server never went idle")
+
+
 def free_port():
     s = socket.socket()
     s.bind(("127.0.0.1", 0))

@@ -237,6 +237,30 @@ TEST(version) {
   EXPECT(!strchr(v, '\n'));
 }
 
+/* --allowed-origins and its kin: a JSON list of strings, as vLLM's json.loads takes them */
+TEST(json_list) {
+  char **l = NULL;
+  int n = -1;
+  char err[200];
+  REQUIRE(cli_flags_json_list("[\"http://a.example\", \"*\"]", "--allowed-origins", &l, &n, err,
+                              sizeof err) == 0);
+  EXPECT_EQ_INT(n, 2);
+  EXPECT_STR(l[0], "http://a.example");
+  EXPECT_STR(l[1], "*");
+  cli_flags_list_free(l, n);
+  REQUIRE(cli_flags_json_list("[]", "--allowed-headers", &l, &n, err, sizeof err) == 0);
+  EXPECT_EQ_INT(n, 0);
+  cli_flags_list_free(l, n);
+  const char *bad[] = {"*", "\"*\"", "[1]", "[\"a\", 2]", "{\"a\":1}", "[\"a\""};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    err[0] = 0;
+    EXPECT_MSG(cli_flags_json_list(bad[i], "--allowed-origins", &l, &n, err, sizeof err) == -1,
+               "'%s' taken", bad[i]);
+    EXPECT_MSG(strstr(err, "--allowed-origins: expected a JSON list of strings") != NULL,
+               "error '%s'", err);
+  }
+}
+
 int main(void) {
   RUN(size_as_vllm);
   RUN(size_errors);
@@ -246,5 +270,6 @@ int main(void) {
   RUN(vllm_flags_refused);
   RUN(kv_cache_dtype);
   RUN(version);
+  RUN(json_list);
   TEST_MAIN_END();
 }

@@ -12,6 +12,8 @@ SHAPE=${1:-scripts/device/qwen35-4b-shape.json}
 ROUNDS=${2:-1}
 WHAT=${3:-both}
 NAME=$(basename "$SHAPE" .json)
+# the Debian libraries check.sh unpacked (libzmq's own dependencies are not on its runpath)
+export LD_LIBRARY_PATH=/tmp/ds-prefix/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 M=/tmp/ds-fp8-$NAME
 mkdir -p "$M"
 cp "$SHAPE" "$M/config.json"

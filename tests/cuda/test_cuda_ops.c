@@ -425,9 +425,9 @@ static void fp8_matmul_cases(void) {
 TEST(fp8_matmul) { fp8_matmul_cases(); }
 
 /* An FP8 dense block recorded in decode steps of T rows, three times (direct, captured,
- * replayed): q and k of one x (bf16 weights would fuse into k_gemv_multi), gate, up, swiglu
- * (k_gemv_glu), down. Each output within tolerance of the CPU, the replays bit-identical to the
- * first step, and no launch fused: the recorder leaves products of FP8 weights alone. */
+ * replayed): q and k of one x (k_gemv_multi), gate, up, swiglu (k_gemv_glu), down. Each output
+ * within tolerance of the CPU, the replays bit-identical to the first step, and the recorder's
+ * fusions applied at the GEMV path's rows (FP8 rows), none above (the tensor-core kernel). */
 static void fp8_decode_case(int T) {
   const int H = 512, I = 1024;
   fp8w wq = fp8_up(640, H, 128, 128, 0.05f), wk = fp8_up(128, H, 128, 128, 0.05f),
@@ -474,7 +474,13 @@ static void fp8_decode_case(int T) {
   }
   backend_cuda_graph_stats(GPU, st1);
   n_checks++;
-  EXPECT_MSG(st1[3] == st0[3], "fp8 decode T=%d: %ld launches fused", T, st1[3] - st0[3]);
+  /* at 1-4 rows the FP8 rows fuse as bf16 ones do (q and k: one launch; gate, up and swiglu:
+   * one), two launches saved a step; above, the tensor-core kernel runs each product alone */
+  long fused = st1[3] - st0[3];
+  if (T <= 4)
+    EXPECT_MSG(fused >= 6, "fp8 decode T=%d: %ld launches fused (expected >= 6)", T, fused);
+  else
+    EXPECT_MSG(fused == 0, "fp8 decode T=%d: %ld launches fused (expected none)", T, fused);
   gpu_ok();
   for (int j = 0; j < 3; j++) free(first[j]);
   pr_free(px), pr_free(yq), pr_free(yk), pr_free(g), pr_free(u), pr_free(yd);

@@ -87,7 +87,10 @@ def main():
     print("kv_events: %d batches, %s" % (v.next_seq, v.counts))
     sub.close()
     ctx.term()
-    srv.stop()
+    rc = srv.stop()
+    bad = srv.sanitizer_report()
+    report("kv_events_server_exit", rc == 0 and not bad,
+           "exit status %s%s" % (rc, (", " + bad) if bad else ""))
 
 
 if __name__ == "__main__":

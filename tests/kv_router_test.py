@@ -54,13 +54,20 @@ def run(policy):
             sub.close()
         ctx.term()
         for s in servers:
-            s.stop()
+            rc = s.stop()
+            bad = s.sanitizer_report()
+            if rc != 0 or bad:
+                raise RuntimeError("a replica exited with %s%s" % (rc, (", " + bad) if bad else ""))
     return cached, prompt_tokens, load
 
 
 def main():
-    rr = run("round-robin")
-    ca = run("cache-aware")
+    try:
+        rr = run("round-robin")
+        ca = run("cache-aware")
+    except (RuntimeError, OSError, kl.SchemaError) as e:
+        print("FAIL kv_router_hit_rate: %s" % str(e).split("\n")[0], flush=True)
+        return False
     rate = lambda x: x[0] / x[1]  # noqa: E731
     print("kv_router: round-robin hit rate %.3f (%d of %d prompt tokens), cache-aware %.3f "
           "(%d of %d), requests per replica %s vs %s" %

@@ -11,6 +11,7 @@ import re
 import socket
 import struct
 import subprocess
+import threading
 import time
 import urllib.request
 
@@ -275,6 +276,20 @@ class Server:
             if time.time() - t0 > 120:
                 raise RuntimeError("server did not start")
         self.model = os.path.basename(model)
+        # the rest of stderr is read on, so that the server never blocks on a full pipe
+        self.reader = threading.Thread(target=self._drain, daemon=True)
+        self.reader.start()
+
+    def _drain(self):
+        for line in self.p.stderr:
+            self.log.append(line.rstrip("\n"))
+
+    def sanitizer_report(self):
+        """The first line of an ASan / UBSan / LeakSanitizer report in the server's log, or None."""
+        for line in self.log:
+            if "Sanitizer" in line or "runtime error:" in line:
+                return line
+        return None
 
     def endpoints(self):
         return "tcp://127.0.0.1:%d" % self.pub, "tcp://127.0.0.1:%d" % self.rep
@@ -303,10 +318,13 @@ class Server:
         return total
 
     def stop(self):
+        """Stops the server (SIGTERM) and returns its exit status."""
         self.p.terminate()
         try:
-            self.p.wait(30)
+            rc = self.p.wait(60)
         except subprocess.TimeoutExpired:
             self.p.kill()
-            self.p.wait()
+            rc = self.p.wait()
+        self.reader.join(10)
         self.p.stderr.close()
+        return rc

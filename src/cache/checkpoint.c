@@ -177,6 +177,9 @@ void checkpoint_txn_cancel(prefix_cache *pc, checkpoint_txn *t) {
 static int checkpoint_payload_ok(const prefix_cache *pc, const pc_rec *r) {
   int n_seq = state_pool_num_slots(pc->sp), n_slabs = state_pool_num_slabs(pc->sp);
   if (r->n_pages != kv_pages_for_tokens(r->depth) || !r->pages) return 0;
+  if (pc_rec_disk_only(r))
+    return pc->dt && disk_tier_entry_has_slot(pc->dt, r->disk) &&
+           disk_tier_entry_pages(pc->dt, r->disk) == r->n_pages;
   if (r->slab >= 0) {
     if (r->slab < n_seq || r->slab >= n_seq + n_slabs) return 0;
   } else if (!pc->ht || !host_tier_entry_has_slot(pc->ht, r->host_slab)) {
@@ -236,6 +239,7 @@ int checkpoint_restore_begin(prefix_cache *pc, uint64_t ckpt, int n_prompt, kv_p
   plan->host_pages = !r->kv_dev;
   plan->slab = r->slab;
   plan->host_slab = r->slab < 0;
+  plan->disk = pc_rec_disk_only(r);
   return 0;
 }
 
@@ -248,6 +252,12 @@ static int checkpoint_plan_rec(const prefix_cache *pc, const checkpoint_plan *pl
 
 int checkpoint_restore_run(prefix_cache *pc, checkpoint_plan *plan) {
   const pc_rec *r = &pc->recs[checkpoint_plan_rec(pc, plan)];
+  if (plan->disk) { /* checked against its hashes before anything reaches the device */
+    if (disk_tier_read(pc->dt, r->disk, plan->slot, plan->table->ids, plan->n_pages) != 0)
+      return PREFIX_CACHE_ECOPY;
+    plan->ran = 1;
+    return 0;
+  }
   if (plan->cow_dst >= 0) {
     if (fault_hit("checkpoint_page_copy")) return PREFIX_CACHE_ECOPY;
     if (pc->o.ops.page_copy && pc->o.ops.page_copy(pc->o.ops.ctx, plan->cow_dst, plan->cow_src))
@@ -278,6 +288,7 @@ void checkpoint_restore_end(prefix_cache *pc, checkpoint_plan *plan, int ok) {
     }
     if (r->host_slab >= 0) host_tier_touch(pc->ht, r->host_slab);
     if (r->host_kv >= 0) host_tier_touch(pc->ht, r->host_kv);
+    if (r->disk >= 0) disk_tier_touch(pc->dt, r->disk);
     if (r->state == PC_REC_ZOMBIE && r->pins == 0) pc_rec_release(pc, i);
     return;
   }

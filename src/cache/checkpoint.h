@@ -20,7 +20,8 @@
  *                              fresh page for a partial last page (copy-on-write) or fresh
  *                              pages for pages in the host tier; fills a plan
  *   checkpoint_restore_run     the copies of the plan through the ops: page copy (COW), host
- *                              page writes, slab -> slot (state_pool_restore) or host slot write
+ *                              page writes, slab -> slot (state_pool_restore) or host slot write;
+ *                              a disk checkpoint: its file read, checked, written to pages + slot
  *   checkpoint_restore_end     ok: count the hit, promote to MRU; failed: release the table's
  *                              pages, drop the checkpoint, count a restore failure; unpin
  *
@@ -106,6 +107,7 @@ typedef struct checkpoint_plan {
   int host_pages;        /* 1: ids [0, n_pages) are fresh, written from the host tier */
   int slab;              /* copy this slab into slot, or -1: write the slot from the host */
   int host_slab;         /* 1: the state comes from the host tier */
+  int disk;              /* 1: pages and state are read from the disk tier's file */
   int ran;               /* copies done (checkpoint_restore_run returned 0) */
 } checkpoint_plan;
 

@@ -294,7 +294,7 @@ int pc_rec_new(prefix_cache *pc) {
   memset(r, 0, sizeof *r);
   r->gen = gen;
   r->state = PC_REC_FREE;
-  r->slab = r->host_slab = r->host_kv = -1;
+  r->slab = r->host_slab = r->host_kv = r->disk = -1;
   r->next_free = -1;
   return i;
 }
@@ -317,6 +317,7 @@ void pc_rec_release(prefix_cache *pc, int i) {
   if (r->slab >= 0) pc_put_slab(pc, r->slab);
   if (r->host_slab >= 0) host_tier_drop(pc->ht, r->host_slab);
   if (r->host_kv >= 0) host_tier_drop(pc->ht, r->host_kv);
+  if (r->disk >= 0) disk_tier_drop(pc->dt, r->disk);
   pc_rec_unref_pages(pc, r);
   free(r->pages);
   pc_node *n = r->node;
@@ -328,7 +329,7 @@ void pc_rec_release(prefix_cache *pc, int i) {
   memset(r, 0, sizeof *r);
   r->gen = gen ? gen : 1;
   r->state = PC_REC_FREE;
-  r->slab = r->host_slab = r->host_kv = -1;
+  r->slab = r->host_slab = r->host_kv = r->disk = -1;
   r->next_free = pc->free_head;
   pc->free_head = i;
   if (n) pc_node_prune(pc, n);
@@ -348,6 +349,173 @@ void pc_rec_drop(prefix_cache *pc, int i) {
   r->node = NULL;
   r->state = PC_REC_ZOMBIE;
   pc_node_prune(pc, n);
+}
+
+/* ---------------------------------------------------------------- the disk tier */
+
+int pc_rec_disk_only(const pc_rec *r) {
+  return r->disk >= 0 && r->slab < 0 && r->host_slab < 0 && !r->kv_dev && r->host_kv < 0;
+}
+
+/* The salt of a bound record's path; its tokens [0, depth) into tokens. */
+static const char *pc_rec_key(const pc_rec *r, int32_t *tokens) {
+  const pc_node *n = r->node;
+  for (; n->parent; n = n->parent)
+    memcpy(tokens + n->depth - n->n_label, n->label, (size_t)n->n_label * sizeof *tokens);
+  return n->salt;
+}
+
+/* Drops least recently used disk checkpoints (never pinned ones, never `keep`) until bytes fit
+ * the disk budget. Returns 0 or -1. */
+static int pc_disk_make_room(prefix_cache *pc, size_t bytes, int keep) {
+  if (bytes > disk_tier_budget(pc->dt)) return -1;
+  while (disk_tier_budget(pc->dt) - disk_tier_bytes(pc->dt) < bytes) {
+    int v = -1;
+    for (int i = 0; i < pc->n_recs; i++) {
+      const pc_rec *r = &pc->recs[i];
+      if (i != keep && r->disk >= 0 && r->state == PC_REC_COMMITTED && r->pins == 0 &&
+          (v < 0 || disk_tier_tick(pc->dt, r->disk) < disk_tier_tick(pc->dt, pc->recs[v].disk)))
+        v = i;
+    }
+    if (v < 0) return -1;
+    pc->st.evictions++;
+    pc->st.disk_evictions++;
+    if (pc_rec_disk_only(&pc->recs[v])) {
+      pc_rec_release(pc, v);
+    } else {
+      disk_tier_drop(pc->dt, pc->recs[v].disk);
+      pc->recs[v].disk = -1;
+    }
+  }
+  return 0;
+}
+
+/* Writes committed record i whole to the disk tier (the slab and pages from the device through
+ * the ops, or from the host tier) and returns its memory parts: it becomes a disk checkpoint.
+ * Returns 0, or -1 with nothing changed (no disk tier, no room, a read failed). */
+static int pc_spill(prefix_cache *pc, int i) {
+  pc_rec *r = &pc->recs[i];
+  if (!pc->dt || r->state != PC_REC_COMMITTED || r->pins > 0) return -1;
+  if (r->disk < 0) {
+    if (!r->kv_dev && r->host_kv < 0) return -1;
+    int32_t *tok = malloc((size_t)r->depth * sizeof *tok);
+    if (!tok) return -1;
+    const char *salt = pc_rec_key(r, tok);
+    void *slab, *pages;
+    int e, rc = -1;
+    if (pc_disk_make_room(pc, disk_tier_file_size(pc->dt, strlen(salt), r->depth, 1, r->n_pages),
+                          i) == 0 &&
+        disk_tier_put_begin(pc->dt, salt, tok, r->depth, 1, r->n_pages, &e, &slab, &pages) == 0) {
+      const prefix_cache_ops *op = &pc->o.ops;
+      rc = 0;
+      if (r->slab >= 0)
+        rc = op->slot_read ? op->slot_read(op->ctx, r->slab, slab) : 0;
+      else
+        memcpy(slab, host_tier_entry_data(pc->ht, r->host_slab), pc->o.slab_bytes);
+      unsigned char *pg = pages;
+      if (r->kv_dev) {
+        for (int k = 0; k < r->n_pages && rc == 0; k++)
+          if (op->page_read && op->page_read(op->ctx, r->pages[k], pg + k * pc->o.page_bytes))
+            rc = -1;
+      } else {
+        memcpy(pg, host_tier_entry_data(pc->ht, r->host_kv), r->n_pages * pc->o.page_bytes);
+      }
+      if (rc == 0) {
+        disk_tier_put_commit(pc->dt, e);
+        r->disk = e;
+      } else {
+        disk_tier_put_abort(pc->dt, e);
+      }
+    }
+    free(tok);
+    if (rc != 0) return -1;
+  }
+  int km = pc_events_kv_medium(r), sm = pc_events_state_medium(r);
+  if (r->slab >= 0) pc_put_slab(pc, r->slab);
+  if (r->host_slab >= 0) host_tier_drop(pc->ht, r->host_slab);
+  if (r->host_kv >= 0) host_tier_drop(pc->ht, r->host_kv);
+  r->slab = r->host_slab = r->host_kv = -1;
+  pc_rec_unref_pages(pc, r);
+  if (km >= 0) pc_events_kv(pc, i, (kv_events_medium)km, -1); /* DISK: the tier's listener */
+  if (sm >= 0) pc_events_state(pc, i, (kv_events_medium)sm, -1);
+  pc->st.spills++;
+  return 0;
+}
+
+/* Record i leaves memory: to the disk tier when there is one and it fits, else dropped. */
+static void pc_spill_or_release(prefix_cache *pc, int i) {
+  if (pc_spill(pc, i) == 0) return;
+  pc_rec_release(pc, i);
+  pc->st.evictions++;
+}
+
+/* The disk tier's entries as disk checkpoints, in its LRU order (prefix_cache_init). An entry
+ * whose shape is not a checkpoint of this cache, or whose node is taken, is dropped. Returns 0
+ * or -1 (out of memory). */
+static int pc_disk_index(prefix_cache *pc) {
+  int n = disk_tier_handles(pc->dt);
+  uint64_t last = 0;
+  for (;;) { /* the live entries by ascending tick */
+    int e = -1;
+    for (int k = 0; k < n; k++)
+      if (disk_tier_live(pc->dt, k) && disk_tier_tick(pc->dt, k) > last &&
+          (e < 0 || disk_tier_tick(pc->dt, k) < disk_tier_tick(pc->dt, e)))
+        e = k;
+    if (e < 0) return 0;
+    last = disk_tier_tick(pc->dt, e);
+    int depth = disk_tier_entry_depth(pc->dt, e);
+    const int32_t *tok = disk_tier_entry_tokens(pc->dt, e);
+    const char *salt = disk_tier_entry_salt(pc->dt, e);
+    pc_node *nd = pc_tree_find(pc, salt, tok, depth);
+    if (!disk_tier_entry_has_slot(pc->dt, e) ||
+        disk_tier_entry_pages(pc->dt, e) != kv_pages_for_tokens(depth) || (nd && nd->ckpt >= 0)) {
+      disk_tier_drop(pc->dt, e);
+      continue;
+    }
+    int i = pc_rec_new(pc);
+    if (i < 0) return -1;
+    pc_rec *r = &pc->recs[i];
+    r->n_pages = kv_pages_for_tokens(depth);
+    r->pages = malloc((size_t)r->n_pages * sizeof *r->pages);
+    nd = r->pages ? pc_tree_insert(pc, salt, tok, depth) : NULL;
+    if (!nd) {
+      free(r->pages);
+      r->pages = NULL;
+      r->next_free = pc->free_head;
+      pc->free_head = i;
+      return -1;
+    }
+    r = &pc->recs[i];
+    r->state = PC_REC_COMMITTED;
+    r->cls = PC_CLASS_NORMAL;
+    r->node = nd;
+    r->depth = depth;
+    r->disk = e;
+    r->tick = ++pc->tick;
+    nd->ckpt = i;
+  }
+}
+
+/* prefix_cache_free: the committed checkpoints still in memory go to the disk tier, least
+ * recently used first (so the most recent ones survive its budget); then the records forget
+ * their disk entries, so that releasing them keeps the files. */
+static void pc_disk_persist(prefix_cache *pc) {
+  uint64_t last = 0;
+  int written = 0;
+  for (;;) {
+    int v = -1;
+    for (int i = 0; i < pc->n_recs; i++) {
+      const pc_rec *r = &pc->recs[i];
+      if (r->state == PC_REC_COMMITTED && r->disk < 0 && r->tick > last &&
+          (v < 0 || r->tick < pc->recs[v].tick))
+        v = i;
+    }
+    if (v < 0) break;
+    last = pc->recs[v].tick;
+    written += pc_spill(pc, v) == 0;
+  }
+  for (int i = 0; i < pc->n_recs; i++) pc->recs[i].disk = -1;
+  if (written) log_info("prefix cache: %d checkpoints written to the disk cache", written);
 }
 
 /* ---------------------------------------------------------------- init / free */
@@ -387,10 +555,19 @@ int prefix_cache_init(prefix_cache **out, kv_pages *kp, state_pool *sp,
       return -1;
     }
   }
+  pc->dt = o->disk;
+  if (pc->dt && pc_disk_index(pc) != 0) {
+    for (int i = 0; i < pc->n_recs; i++) pc->recs[i].disk = -1; /* the files stay */
+    pc->dt = NULL;
+    prefix_cache_free(pc);
+    return -1;
+  }
   if (o->events && pc_events_init(&pc->events, o->events) != 0) {
     prefix_cache_free(pc);
     return -1;
   }
+  if (pc->dt && pc->events) /* DISK-medium events; replays the files found at open */
+    disk_tier_set_listener(pc->dt, pc_events_disk, pc);
   *out = pc;
   return 0;
 }
@@ -399,6 +576,10 @@ void prefix_cache_free(prefix_cache *pc) {
   if (!pc) return;
   pc_events_free(pc->events); /* a stopping server reports no removals */
   pc->events = NULL;
+  if (pc->dt) {
+    disk_tier_set_listener(pc->dt, NULL, NULL); /* it outlives the cache */
+    pc_disk_persist(pc);
+  }
   for (int i = 0; i < pc->n_recs; i++) {
     pc_rec *r = &pc->recs[i];
     CHECK(r->pins == 0); /* a restore still in flight */
@@ -547,8 +728,7 @@ static int pc_host_make_room(prefix_cache *pc, size_t bytes, int keep) {
         v = i;
     }
     if (v < 0) return -1;
-    pc_rec_release(pc, v);
-    pc->st.evictions++;
+    pc_spill_or_release(pc, v);
   }
   return 0;
 }
@@ -567,8 +747,7 @@ static void pc_demote_slab(prefix_cache *pc, int i) {
     pc->st.demotions++;
     return;
   }
-  pc_rec_release(pc, i);
-  pc->st.evictions++;
+  pc_spill_or_release(pc, i);
 }
 
 /* The pages of record i leave the device: to the host tier, or the record is dropped. */
@@ -584,8 +763,7 @@ static void pc_demote_kv(prefix_cache *pc, int i) {
     pc->st.demotions++;
     return;
   }
-  pc_rec_release(pc, i);
-  pc->st.evictions++;
+  pc_spill_or_release(pc, i);
 }
 
 /* Frees up to n device slabs of records of class <= max_cls (see prefix_cache_evict_slabs). */
@@ -661,12 +839,13 @@ int pc_take_slab(prefix_cache *pc, int cls, int *slab) {
 
 void prefix_cache_get_stats(const prefix_cache *pc, prefix_cache_stats *s) {
   *s = pc->st;
-  s->n_checkpoints = s->n_pending = s->n_host = 0;
+  s->n_checkpoints = s->n_pending = s->n_host = s->n_disk = 0;
   for (int i = 0; i < pc->n_recs; i++) {
     const pc_rec *r = &pc->recs[i];
     if (r->state == PC_REC_COMMITTED) s->n_checkpoints++;
     if (r->state == PC_REC_RESERVED || r->state == PC_REC_CAPTURED) s->n_pending++;
     if (r->state != PC_REC_FREE && (r->host_slab >= 0 || r->host_kv >= 0)) s->n_host++;
+    if (r->state == PC_REC_COMMITTED && pc_rec_disk_only(r)) s->n_disk++;
   }
   s->device_slabs = pc->n_dev_slabs;
   s->device_slabs_max = pc->max_slabs;
@@ -742,7 +921,7 @@ int prefix_cache_check(const prefix_cache *pc, char *err, size_t errlen) {
   int total = kv_pages_total(pc->kp);
   int *cnt = calloc((size_t)(total > 0 ? total : 1), sizeof *cnt);
   if (!cnt) return errf(err, errlen, "prefix_cache: out of memory in check");
-  int live = 0, slabs = 0, host = 0, rc = 0;
+  int live = 0, slabs = 0, host = 0, disk = 0, rc = 0;
   int n_seq = state_pool_num_slots(pc->sp), n_slabs = state_pool_num_slabs(pc->sp);
   for (int i = 0; i < pc->n_recs && rc == 0; i++) {
     const pc_rec *r = &pc->recs[i];
@@ -756,12 +935,18 @@ int prefix_cache_check(const prefix_cache *pc, char *err, size_t errlen) {
                 r->n_pages);
     if (r->state == PC_REC_RESERVED && (r->kv_dev || r->host_kv >= 0 || r->host_slab >= 0))
       rc = errf(err, errlen, "prefix_cache: reserved record %d holds a payload", i);
-    if (r->state != PC_REC_RESERVED && !r->kv_dev && r->host_kv < 0)
+    if (r->state != PC_REC_RESERVED && !r->kv_dev && r->host_kv < 0 && r->disk < 0)
       rc = errf(err, errlen, "prefix_cache: record %d has no KV anywhere", i);
-    if ((r->slab >= 0) == (r->host_slab >= 0))
+    if ((r->slab >= 0) == (r->host_slab >= 0) && !pc_rec_disk_only(r))
       rc = errf(err, errlen, "prefix_cache: record %d state must be on exactly one tier", i);
     if (r->kv_dev && r->host_kv >= 0)
       rc = errf(err, errlen, "prefix_cache: record %d KV on both tiers", i);
+    if (r->disk >= 0) {
+      disk++;
+      if (!pc->dt || disk_tier_entry_depth(pc->dt, r->disk) != r->depth ||
+          disk_tier_entry_pages(pc->dt, r->disk) != r->n_pages)
+        rc = errf(err, errlen, "prefix_cache: record %d disk entry is wrong", i);
+    }
     if (r->slab >= 0) {
       slabs++;
       if (r->slab < n_seq || r->slab >= n_seq + n_slabs)
@@ -811,5 +996,11 @@ int prefix_cache_check(const prefix_cache *pc, char *err, size_t errlen) {
     return errf(err, errlen, "prefix_cache: host entries without a host tier");
   }
   if (pc_events_check(pc, err, errlen)) return -1;
+  if (pc->dt) {
+    if (disk != disk_tier_count(pc->dt))
+      return errf(err, errlen, "prefix_cache: %d disk entries held, tier has %d", disk,
+                  disk_tier_count(pc->dt));
+    if (disk_tier_check(pc->dt, err, errlen)) return -1;
+  }
   return 0;
 }

@@ -51,6 +51,11 @@
  * go first within a class (again to the host tier when it fits). Budgets: device slabs
  * (count, from bytes) and host bytes, never exceeded. prefix_cache_check verifies the tree,
  * the page references, slab ownership and the budgets.
+ * With a disk tier (disk_tier.h) a checkpoint that would be dropped from memory (the host
+ * tier's LRU victim, or a device victim the host tier cannot take) is written whole to a file
+ * instead and stays in the tree as a disk checkpoint; a restore from it reads the file into
+ * fresh pages and the slot. At init the disk tier's files become disk checkpoints (a warm
+ * restart), and prefix_cache_free writes the checkpoints still in memory before it frees.
  *
  * Owner: the engine thread; no locks. The cache borrows kv_pages and state_pool and is the
  * only user of kv_pages_cache_ref and of snapshot slabs. */
@@ -86,6 +91,7 @@ typedef struct prefix_cache_opts {
   size_t host_budget_bytes;   /* --host-cache-gib (0: no host tier) */
   kv_events *events;          /* --kv-events-config: where blocks and checkpoints are reported
                                  (borrowed, outlives the cache; NULL: not reported) */
+  struct disk_tier *disk;     /* --disk-cache-dir: borrowed, must outlive the cache (NULL: none) */
   prefix_cache_ops ops;
 } prefix_cache_opts;
 
@@ -104,13 +110,17 @@ enum {
 const char *prefix_cache_strerror(int rc);
 
 /* Creates the cache over the pools (borrowed; they must outlive it). o is copied. The
- * device slab budget is min(state_pool slabs, device_budget_bytes / slab_bytes). Returns 0,
- * or -1 on out of memory (start-up only). */
+ * device slab budget is min(state_pool slabs, device_budget_bytes / slab_bytes). With a disk
+ * tier, each of its entries becomes a disk checkpoint (an entry of another shape is dropped).
+ * Returns 0, or -1 on out of memory (start-up only). */
 int prefix_cache_init(prefix_cache **out, kv_pages *kp, state_pool *sp, const prefix_cache_opts *o);
 /* Aborts every in-flight ticket, drops every checkpoint (page refs, slabs and host copies
- * are returned) and frees the cache. Restores still pinned are a caller bug (CHECK). */
+ * are returned) and frees the cache. With a disk tier the committed checkpoints still in
+ * memory are written to it first (least recently used first, within its budget; the ops must
+ * still work) and its files stay. Restores still pinned are a caller bug (CHECK). */
 void prefix_cache_free(prefix_cache *pc);
-/* Drops every committed checkpoint that is not pinned (tickets stay). */
+/* Drops every committed checkpoint that is not pinned (tickets stay; disk checkpoints' files
+ * are deleted). */
 void prefix_cache_clear(prefix_cache *pc);
 
 /* The outcome of a lookup. */
@@ -187,6 +197,9 @@ typedef struct prefix_cache_stats {
   long long restore_failures;
   long long rejected;                   /* malformed or foreign events refused */
   int n_checkpoints, n_pending, n_host; /* committed, in flight, with a host part */
+  int n_disk;                           /* committed checkpoints that live only on disk */
+  long long spills;                     /* checkpoints moved from memory to the disk tier */
+  long long disk_evictions;             /* disk checkpoints dropped for room (LRU) */
   int device_slabs, device_slabs_max;
   int device_pages; /* distinct pages the cache references */
   size_t device_slab_bytes, device_page_bytes, host_bytes, host_budget_bytes;

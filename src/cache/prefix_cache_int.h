@@ -14,6 +14,7 @@
 #define DS_PREFIX_CACHE_INT_H
 #include <stdint.h>
 
+#include "cache/disk_tier.h"
 #include "cache/host_tier.h"
 #include "cache/prefix_cache.h"
 
@@ -47,6 +48,7 @@ typedef struct pc_rec {
   int n_pages;    /* kv_pages_for_tokens(depth) */
   int kv_dev;     /* 1: pages[] each hold one kv_pages_cache_ref */
   int host_kv;    /* host-tier entry with the n_pages page images, -1 */
+  int disk;       /* disk-tier entry with the whole checkpoint (then nothing in memory), -1 */
   int pins;       /* restores in flight */
   uint64_t tick;  /* last use (commit or validated restore) */
   int next_free;
@@ -56,6 +58,7 @@ struct prefix_cache {
   kv_pages *kp;
   state_pool *sp;
   host_tier *ht; /* NULL: no host tier */
+  disk_tier *dt; /* NULL: no disk tier (borrowed: prefix_cache_opts.disk) */
   prefix_cache_opts o;
   int max_slabs;   /* device slab budget */
   int n_dev_slabs; /* slabs held by records (tickets included) */
@@ -79,6 +82,8 @@ int pc_rec_new(prefix_cache *pc);
 /* Returns everything a record holds (slab, page refs, host entries), detaches it from its
  * node (pruning the node), moves its generation and frees it. */
 void pc_rec_release(prefix_cache *pc, int i);
+/* 1 when the record's payload lives only in the disk tier. */
+int pc_rec_disk_only(const pc_rec *r);
 /* Drops a committed record now, or turns it into a zombie when pinned. */
 void pc_rec_drop(prefix_cache *pc, int i);
 

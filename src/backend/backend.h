@@ -48,6 +48,17 @@
  * (S[h][i][j]: key dim i, value dim j). Sequence s reads and updates slot seq_slot[s]; a
  * piece with seq_pos == 0 starts from a zero state whatever the slot holds.
  *
+ * Verify pieces (speculative decoding; backends with the optional set_keep op only). After
+ * set_batch, set_keep(seq_keep) may mark pieces: a piece s with seq_keep[s] = k >= 0 is computed
+ * exactly as seq_len[s] one-token pieces of the same sequence in consecutive steps would be: conv1d
+ * row by row, and the DeltaNet recurrent step of gdn_decode row by row (gdn_prefill leaves the
+ * piece to gdn_decode) — so its rows' outputs are the plain decode rows' bits. Besides, the state
+ * after row r < seq_len[s] - 1 is written to slot k + r (conv1d writes the conv window there,
+ * gdn_decode the SSM state); the state after the last row goes to seq_slot[s] as for any piece. The
+ * slots k .. k + seq_len[s] - 2 must differ from every slot the step reads. The caller that keeps
+ * only the first a rows of the piece copies slot k + a - 1 into seq_slot[s]: no row is computed
+ * again.
+ *
  * Numerics (both backends must honour the first point; the CPU backend all of them):
  *   - batch invariance: a row's outputs depend only on that row (and, for attention, conv and
  *     DeltaNet, its own sequence's earlier tokens and state), never on what else is in the
@@ -311,6 +322,12 @@ struct backend {
                  int H, int V, backend_buf out);
 
   /* ---- optional ops (NULL: unsupported; callers fall back) ---- */
+
+  /* Marks the verify pieces of the batch set last (see "Verify pieces" above): seq_keep
+   * [n_seqs] host memory, copied: -1 for a plain piece, else the first keep slot k of piece s.
+   * Holds until the next set_batch (which clears it). Returns 0, or -1 on a device failure.
+   * NULL: no verify pieces (the engine then refuses speculative decoding). */
+  int (*set_keep)(backend *be, const int32_t *seq_keep);
 
   /* Greedy choice over n rows of logits, the sampler's argmax (sampler_argmax): for i < n,
    * ids[i] is the result of the scan  tok = 0; for j in 1..V-1: if x[i, j] > x[i, tok]: tok = j

@@ -157,6 +157,11 @@ static void engine_snapshot(engine *e) {
   s.steps = e->steps;
   s.steps_ahead = e->steps_ahead;
   s.steps_device_sampled = e->steps_device_sampled;
+  s.spec_k = e->o.spec.method != SPEC_METHOD_NONE ? e->o.spec.k : 0;
+  s.spec_num_drafts = e->spec_drafts;
+  s.spec_num_draft_tokens = e->spec_draft_tokens;
+  s.spec_num_accepted_tokens = e->spec_accepted;
+  memcpy(s.spec_accepted_per_pos, e->spec_accepted_pos, sizeof s.spec_accepted_per_pos);
   s.requests_finished = e->finished;
   s.requests_cancelled = e->cancelled;
   s.requests_failed = e->failed;
@@ -386,6 +391,12 @@ engine *engine_create(qwen35 *model, const engine_opts *o, char *err, size_t err
   const model_config *c = qwen35_config(model);
   qwen35_mem_opts mo;
   if (engine_mem_plan(o, c, &mo, err, errlen) != 0) return NULL;
+  int spec = o->spec.method != SPEC_METHOD_NONE;
+  if (spec && qwen35_can_verify(model) < mo.keep_k)
+    return errf(err, errlen,
+                "--speculative-config: this backend cannot verify drafts (it keeps no per-row "
+                "recurrent states; the CPU backend does, the CUDA backend not yet)"),
+           NULL;
   engine *e = calloc(1, sizeof *e);
   if (!e) return errf(err, errlen, "out of memory"), NULL;
   e->m = model;
@@ -398,7 +409,9 @@ engine *engine_create(qwen35 *model, const engine_opts *o, char *err, size_t err
   state_pool_ops ops = {e, NULL, engine_ops_copy}; /* the forward zeroes state at pos 0 */
   sched_opts so = {n_seq, o->max_num_batched_tokens, -1};
   e->seqs = calloc((size_t)n_seq, sizeof *e->seqs);
-  e->logits = qwen35_host_alloc(model, (size_t)n_seq * (size_t)e->n_vocab * sizeof *e->logits);
+  /* a verify piece wants the logits of each of its 1 + k rows */
+  size_t lg_rows = (size_t)n_seq * (size_t)(spec ? 1 + o->spec.k : 1);
+  e->logits = qwen35_host_alloc(model, lg_rows * (size_t)e->n_vocab * sizeof *e->logits);
   /* pinned on device backends: the step's ids come back by one copy queued behind the step */
   e->ids = qwen35_host_alloc(model, (size_t)n_seq * sizeof *e->ids);
   e->ids_buf[0] = e->ids;
@@ -408,7 +421,8 @@ engine *engine_create(qwen35 *model, const engine_opts *o, char *err, size_t err
   /* steps ahead and the sample op by default on device backends only, where they save the
    * device's idle time between steps and the logits download; a CPU forward has neither */
   int dev = qwen35_on_device(model);
-  e->ahead = qwen35_can_chain(model) && (o->steps_ahead < 0 ? dev : o->steps_ahead);
+  /* a step ahead is a plain decode step: none while speculating */
+  e->ahead = !spec && qwen35_can_chain(model) && (o->steps_ahead < 0 ? dev : o->steps_ahead);
   e->device_greedy = qwen35_has_argmax(model);
   e->device_sample = qwen35_has_sample(model) && (o->device_sample < 0 ? dev : o->device_sample);
   e->words =
@@ -428,6 +442,7 @@ engine *engine_create(qwen35 *model, const engine_opts *o, char *err, size_t err
     engine_destroy(e, 0);
     return errf(err, errlen, "out of memory creating the engine"), NULL;
   }
+  sched_set_spec(e->s, spec ? &o->spec : NULL, e->max_model_len);
   if (o->startup_forward && engine_startup_forward(e, mo.n_pages, err, errlen) != 0) {
     engine_destroy(e, 0);
     return NULL;
@@ -589,6 +604,9 @@ static engine_req *engine_submit_req(engine *e, const engine_submit_opts *o, eng
   h->refs = 2;
   h->on_logits = o->on_logits;
   h->user = o->user;
+  h->r.replay = o->draft_replay;
+  h->r.n_replay = o->draft_replay ? o->n_draft_replay : 0;
+  h->r.replay_pm = o->draft_corrupt_pm;
   pthread_mutex_init(&h->mu, NULL);
   pthread_cond_init(&h->cv, NULL);
   pthread_mutex_lock(&e->mu);

@@ -24,6 +24,7 @@
 #include <stdint.h>
 
 #include "backend/backend.h"
+#include "engine/spec_config.h"
 #include "model/qwen35.h"
 #include "model/weights.h"
 #include "sampler/json_mask.h"
@@ -69,6 +70,10 @@ typedef struct engine_opts {
    * 0: off; 1: on wherever the backend can (qwen35_can_chain, qwen35_has_sample). */
   int steps_ahead;   /* decode steps issued before the step in flight is read */
   int device_sample; /* sampled rows picked by the backend's sample op */
+  /* --speculative-config: n-gram drafts verified in the batch (engine_step.c "Speculative
+   * decoding"); method SPEC_METHOD_NONE: off. Needs a backend with set_keep and a model
+   * made with engine_mem_plan's keep slots (k per sequence slot). Turns steps ahead off. */
+  spec_config spec;
 } engine_opts;
 
 /* The defaults each field's comment names. */
@@ -117,6 +122,14 @@ typedef struct engine_submit_opts {
    * [n_vocab] (before penalties) each time a token of this request is sampled. */
   void (*on_logits)(void *user, const float *logits, int n_vocab);
   void *user;
+  /* Test and benchmark only (no API field): with speculation on, the drafts come from here
+   * instead of the n-gram drafter — draft_replay[i] for output position i (the target's own
+   * continuation, from an earlier run), each draft replaced by another token with probability
+   * draft_corrupt_pm / 1000 (a hash of the request id and position): a drafter of controlled
+   * acceptance. Must outlive the request. NULL: the configured drafter. */
+  const int32_t *draft_replay;
+  int n_draft_replay;
+  int draft_corrupt_pm;
 } engine_submit_opts;
 
 #define ENGINE_MAX_TOP_LOGPROBS 20
@@ -182,6 +195,12 @@ typedef struct engine_stats {
    * between two steps: its time is the pause it puts into the running sequences): captures
    * (slot -> slab), restores (slab -> slot; the sum also holds their copy-on-write page copies) */
   long long ckpt_captures_timed, ckpt_restores_timed, ckpt_restore_page_copies;
+  /* speculative decoding (vLLM's spec_decode counters; all 0 when off): steps that verified
+   * drafts for a request, the tokens drafted, those accepted, and accepted by position (the
+   * i-th draft of a step, i < spec_k) */
+  int spec_k;
+  long long spec_num_drafts, spec_num_draft_tokens, spec_num_accepted_tokens;
+  long long spec_accepted_per_pos[SPEC_MAX_TOKENS];
   double ckpt_capture_ms_sum, ckpt_restore_ms_sum, ckpt_capture_ms_max, ckpt_restore_ms_max;
   /* steps by the tokens they fed: step_tokens_bucket[i] counts those of at most
    * engine_step_token_le[i] tokens (and more than the bound before), the last any more */

@@ -86,9 +86,12 @@ struct engine {
   long long steps;                /* forward steps run */
   long long steps_ahead;          /* of them, issued ahead (engine_step_flight) */
   long long steps_device_sampled; /* of them, qwen35_forward_sample */
-  sampler_scratch scratch;        /* the engine thread's */
-  sampler_pool *pool;             /* sampler threads and the step's jobs [max_num_seqs] */
-  json_mask **masks;              /* [max_num_seqs] a step's masks to prepare during its forward */
+  /* speculative decoding (engine_opts.spec): the counters engine_stats reports */
+  long long spec_drafts, spec_draft_tokens, spec_accepted;
+  long long spec_accepted_pos[SPEC_MAX_TOKENS];
+  sampler_scratch scratch; /* the engine thread's */
+  sampler_pool *pool;      /* sampler threads and the step's jobs [max_num_seqs] */
+  json_mask **masks;       /* [max_num_seqs] a step's masks to prepare during its forward */
   notifier *nt; /* wakes the clients of a step's token events (NULL: the engine thread does) */
   pthread_t thread;
   pthread_mutex_t mu; /* incoming queue, stop, stats snapshot, check requests */

@@ -96,6 +96,8 @@ int engine_mem_plan(const engine_opts *o, const model_config *c, qwen35_mem_opts
   mo->n_pages = sp.n_pages;
   mo->n_slots = o->max_num_seqs + sp.n_slabs;
   mo->packed = o->packed_weights == 1; /* no device figure: only when asked */
+  mo->keep_k = o->spec.method != SPEC_METHOD_NONE ? o->spec.k : 0; /* speculative decoding */
+  mo->keep_seqs = mo->keep_k ? o->max_num_seqs : 0;
   return 0;
 }
 
@@ -147,5 +149,7 @@ int engine_mem_plan_device(engine_opts *o, const model_config *c, const model_we
   mo->n_pages = sp.n_pages;
   mo->n_slots = o->max_num_seqs + (o->enable_prefix_caching ? sp.n_slabs : 0);
   mo->packed = f.packed_bytes > 0;
+  mo->keep_k = o->spec.method != SPEC_METHOD_NONE ? o->spec.k : 0; /* speculative decoding */
+  mo->keep_seqs = mo->keep_k ? o->max_num_seqs : 0;
   return 0;
 }

@@ -324,6 +324,72 @@ static int engine_step_device_words(engine *e, const sched_batch *b, int n_rows)
   return n_rows * SAMPLE_RULE_WORDS + n_ed * SAMPLE_RULE_EDIT_WORDS;
 }
 
+/* ---- speculative decoding ----------------------------------------------------------------
+ * A request at its sampling point may carry n-gram drafts d1..dk (sched.c, spec_ngram.c): its
+ * piece is then a verify piece of 1 + k rows, fed [t, d1, .., dk] (t its last token) in the same
+ * step as everyone else's rows, each row computed exactly as a one-token decode row (backend.h
+ * "Verify pieces") with its logits read back. The rows are taken in order, each exactly as a
+ * plain decode step would take its one row (logits callback, min_tokens ban, JSON mask, the
+ * request's sampler with its penalties over the output so far, one RNG draw unless greedy):
+ *
+ *   row j:  token x_j = the request's sampler on row j's logits
+ *           emit x_j;  x_j == d(j+1) (and no finish) ? go on to row j+1 : stop
+ *
+ * Greedy: the longest prefix of drafts equal to the target's argmax, plus the target's own next
+ * token. Sampled: this is speculative sampling with a one-hot draft distribution q = [d]:
+ * accepting d with probability p(d) and otherwise drawing from p without d, renormalised, is
+ * drawing x ~ p and accepting when x == d — so every emitted token has exactly the plain
+ * distribution, and since each emitted token takes one draw of the request's RNG as plain
+ * decoding would, a seeded request gives the very same tokens with and without speculation.
+ * A JSON mask (json_object, schema, tool calls) masks each row as it is taken: a draft the mask
+ * forbids is never sampled, so it is rejected there.
+ *
+ * State: the rows kept are those whose input was accepted (row 0 always); when a draft was
+ * rejected the recurrent state and conv window after the last kept row come from its keep
+ * slot (one slot copy, nothing computed again); sched_postprocess then advances n_computed by
+ * the kept rows only (so the prefix cache captures accepted positions only) and gives back
+ * the pages past them. Returns 1 when a client wake-up was queued on the notifier. */
+static int engine_step_verify(engine *e, request *r, float *lg0) {
+  engine_req *h = r->owner;
+  int D = r->sched_draft, kept = 0, acc = 0, posted = 0;
+  for (int j = 0; j <= D; j++) {
+    float *lg = lg0 + (size_t)j * e->n_vocab;
+    int32_t draft = j < D ? r->tokens[r->n_tokens] : -1; /* written past the tokens */
+    if (h->on_logits) h->on_logits(h->user, lg, e->n_vocab);
+    engine_step_ban_ends(e, r, h->jm != NULL, lg);
+    if (h->jm) json_mask_apply(h->jm, lg, e->n_vocab);
+    sampler_result res;
+    int32_t t = sampler_sample(&r->smp, lg, e->n_vocab, r->tokens, r->n_prompt,
+                               r->tokens + r->n_prompt, request_n_output(r), &e->scratch, &res);
+    r->tokens[r->n_tokens++] = t;
+    if (h->jm) json_mask_advance(h->jm, t);
+    e->gen_total++;
+    kept++;
+    if (engine_step_is_stop(e, r, t))
+      r->finish = FINISH_STOP;
+    else if (request_n_output(r) >= r->smp.p.max_tokens || r->n_tokens >= e->max_model_len)
+      r->finish = FINISH_LENGTH;
+    if (!r->smp.p.logprobs) res.n_top = 0;
+    posted += engine_push(h, &res, r->finish, e->nt);
+    if (t != draft) break;
+    e->spec_accepted_pos[j]++;
+    acc++;
+    if (r->finish) break;
+  }
+  e->spec_drafts++;
+  e->spec_draft_tokens += D;
+  e->spec_accepted += acc;
+  r->sched_tokens = kept; /* rows whose input stands */
+  if (kept <= D && qwen35_slot_copy(e->m, r->slot, qwen35_keep_slot(e->m, r->slot, kept - 1))) {
+    log_error("engine: request %lld: restoring the state of its accepted drafts failed",
+              (long long)r->id);
+    snprintf(r->err, sizeof r->err, "restoring the state after a verify step failed");
+    if (!r->finish) posted += engine_push(h, NULL, FINISH_ERROR, e->nt);
+    r->finish = FINISH_ERROR; /* never captured: its state is not the accepted one */
+  }
+  return posted;
+}
+
 int engine_step_run(engine *e) {
   if (e->n_fl) return engine_step_flight(e);
   sched_batch b;
@@ -331,7 +397,7 @@ int engine_step_run(engine *e) {
   for (int i = 0; i < b.n_failed; i++) engine_end(e, b.failed[i]->owner, FINISH_ERROR, 1);
   if (b.n == 0) return b.n_failed;
 
-  int n_rows = 0;
+  int n_rows = 0, n_verify = 0;
   for (int i = 0; i < b.n; i++) {
     request *r = b.reqs[i];
     fwd_seq *q = &e->seqs[i];
@@ -342,14 +408,16 @@ int engine_step_run(engine *e) {
     q->n_pages = r->pages.n;
     q->slot = r->slot;
     q->logits = r->sched_sample ? QWEN35_LOGITS_LAST : QWEN35_LOGITS_NONE;
-    n_rows += r->sched_sample;
+    if (r->sched_draft) q->logits = QWEN35_LOGITS_VERIFY;
+    n_rows += r->sched_sample + r->sched_draft;
+    n_verify += r->sched_draft > 0;
     if (r->n_computed < r->n_prompt) e->prefilled_total += r->sched_tokens;
   }
   e->steps++;
   engine_step_tally(e, b.reqs, b.n, b.n_tokens, 1);
   if (e->o.log_steps) engine_step_trace(e, &b);
-  /* plain greedy everywhere: the device picks the tokens */
-  int greedy = e->device_greedy && n_rows > 0;
+  /* plain greedy everywhere: the device picks the tokens (a verify piece's rows are read) */
+  int greedy = e->device_greedy && n_rows > 0 && !n_verify;
   for (int i = 0; i < b.n && greedy; i++) {
     request *r = b.reqs[i];
     engine_req *h = r->owner;
@@ -374,7 +442,7 @@ int engine_step_run(engine *e) {
     }
   }
   /* the backend's sample op when it picks every sampled row exactly as the host would */
-  int dev_sample = !greedy && e->device_sample && n_rows > 0;
+  int dev_sample = !greedy && e->device_sample && n_rows > 0 && !n_verify;
   for (int i = 0; i < b.n && dev_sample; i++) {
     request *r = b.reqs[i];
     engine_req *h = r->owner;
@@ -408,6 +476,10 @@ int engine_step_run(engine *e) {
     for (int i = 0; i < b.n; i++) {
       request *r = b.reqs[i];
       if (!r->sched_sample) continue;
+      if (r->sched_draft) { /* verified row by row below */
+        row += 1 + r->sched_draft;
+        continue;
+      }
       engine_req *h = r->owner;
       sampler_pool_job *jb = &jobs[n_jobs++];
       jb->smp = &r->smp;
@@ -423,19 +495,25 @@ int engine_step_run(engine *e) {
     sampler_pool_sample(e->pool, n_jobs, &e->scratch);
   }
   row = 0;
-  int posted = 0;
+  int posted = 0, job = 0;
   for (int i = 0; i < b.n; i++) {
     request *r = b.reqs[i];
     if (!r->sched_sample) continue;
     engine_req *h = r->owner;
+    if (r->sched_draft) {
+      posted += engine_step_verify(e, r, e->logits + (size_t)row * e->n_vocab);
+      row += 1 + r->sched_draft;
+      continue;
+    }
     sampler_result res;
     int32_t t;
     if (greedy || dev_sample) { /* what sampler_sample gives: the token, nothing else */
       memset(&res, 0, sizeof res);
       t = res.token = e->ids[row++];
     } else {
-      sampler_pool_job *jb = &jobs[row++];
+      sampler_pool_job *jb = &jobs[job++];
       CHECK(jb->smp == &r->smp);
+      row++;
       res = jb->res;
       t = jb->t;
     }

@@ -57,6 +57,13 @@ typedef struct request {
   /* this step's schedule (sched_schedule) */
   int sched_tokens; /* tokens fed this step, 0 when not scheduled */
   int sched_sample; /* 1 when the piece ends at n_tokens: sample a token after it */
+  /* speculative decoding: drafts verified this step (a verify piece of 1 + sched_draft rows),
+   * written past the tokens at tokens[n_tokens, n_tokens + sched_draft) (room: the scheduler
+   * drafts at most max_tokens - output - 1); 0 when the piece is plain */
+  int sched_draft;
+  /* engine_submit_opts.draft_replay (test and benchmark drafter; NULL: n-gram) */
+  const int32_t *replay;
+  int n_replay, replay_pm;
   /* prefix cache (request_init_prefix; unused when the cache is off) */
   char *salt;      /* cache_salt, NULL: the shared namespace */
   int32_t *bounds; /* [n_bounds] chat-message start positions */

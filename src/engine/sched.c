@@ -7,6 +7,7 @@
 #include "base/log.h"
 #include "cache/checkpoint.h"
 #include "engine/engine.h"
+#include "engine/spec_ngram.h"
 
 typedef struct sched_list {
   request *head, *tail;
@@ -26,6 +27,8 @@ struct sched {
   prefix_cache *pc;             /* NULL: no prefix cache */
   int interval;                 /* --snapshot-interval */
   long long n_waits, n_demands; /* admissions deferred for an in-flight capture; demands */
+  spec_config spec;             /* speculative decoding (method NONE: off) */
+  int max_model_len;
 };
 
 /* ---- lists -------------------------------------------------------------------------------- */
@@ -103,6 +106,12 @@ void sched_set_prefix_cache(sched *s, prefix_cache *pc, int snapshot_interval) {
   s->interval = snapshot_interval;
 }
 
+void sched_set_spec(sched *s, const spec_config *spec, int max_model_len) {
+  memset(&s->spec, 0, sizeof s->spec);
+  if (spec) s->spec = *spec;
+  s->max_model_len = max_model_len;
+}
+
 int sched_num_running(const sched *s) { return s->running.n; }
 int sched_num_waiting(const sched *s) { return s->waiting.n; }
 long long sched_num_preemptions(const sched *s) { return s->n_preemptions; }
@@ -149,6 +158,7 @@ static void sched_release(sched *s, request *r) {
   r->n_computed = 0;
   r->sched_tokens = 0;
   r->sched_sample = 0;
+  r->sched_draft = 0;
 }
 
 void sched_add(sched *s, request *r) {
@@ -211,9 +221,54 @@ static int sched_reserve(sched *s, sched_batch *b, request *r, int upto) {
 
 static void sched_take(sched_batch *b, request *r, int n) {
   r->sched_tokens = n;
-  r->sched_sample = r->n_computed + n == r->n_tokens;
+  r->sched_sample = r->n_computed + n - r->sched_draft == r->n_tokens;
   b->reqs[b->n++] = r;
   b->n_tokens += n;
+}
+
+/* The replay drafter (engine_submit_opts.draft_replay): the replayed continuation from r's
+ * next output position, each token corrupted with probability replay_pm / 1000. */
+static int sched_replay(request *r, int k) {
+  int o = request_n_output(r), d = 0;
+  for (; d < k && o + d < r->n_replay; d++) {
+    int32_t t = r->replay[o + d];
+    uint64_t x =
+        (uint64_t)r->id * 0x9E3779B97F4A7C15ull + (uint64_t)(o + d) * 0xBF58476D1CE4E5B9ull;
+    x ^= x >> 31;
+    x *= 0x94D049BB133111EBull;
+    x ^= x >> 29;
+    if ((int)(x % 1000) < r->replay_pm) t = t > 0 ? t - 1 : t + 1;
+    r->tokens[r->n_tokens + d] = t;
+  }
+  return d;
+}
+
+/* Drafts for decode row r at its sampling point, written past its tokens (at most `room`):
+ * sets r->sched_draft and returns it. */
+static int sched_draft(sched *s, request *r, int room) {
+  r->sched_draft = 0;
+  if (s->spec.method == SPEC_METHOD_NONE || r->n_computed + 1 != r->n_tokens) return 0;
+  int k = s->spec.k;
+  int left = r->smp.p.max_tokens - request_n_output(r) - 1; /* the last token needs no draft */
+  if (k > left) k = left;
+  if (k > s->max_model_len - r->n_tokens) k = s->max_model_len - r->n_tokens;
+  if (k > room) k = room;
+  if (k <= 0) return 0;
+  int d = r->replay ? sched_replay(r, k)
+                    : spec_ngram_propose(r->tokens, r->n_tokens, s->spec.lookup_min,
+                                         s->spec.lookup_max, k, r->tokens + r->n_tokens);
+  /* drafts never preempt anyone nor evict the prefix cache: only free pages */
+  if (d > 0 && kv_pages_table_need(&r->pages, r->n_computed + 1 + d) > kv_pages_num_free(s->kp))
+    d = 0;
+  r->sched_draft = d;
+  return d;
+}
+
+/* After a verify piece: the pages past the position the next step feeds go back (their rows
+ * held rejected drafts' K/V). */
+static void sched_trim(sched *s, request *r) {
+  int keep = kv_pages_for_tokens(r->n_computed + 1);
+  while (r->pages.n > keep) kv_pages_unref(s->kp, r->pages.ids[--r->pages.n]);
 }
 
 /* ---- admission and the prefix cache ----------------------------------------------------- */
@@ -478,7 +533,8 @@ void sched_schedule(sched *s, sched_batch *b) {
   b->failed = s->failed;
   b->n = b->n_tokens = b->n_failed = b->n_preempted = 0;
   int budget = s->o.max_num_batched_tokens;
-  for (request *r = s->running.head; r; r = r->next) r->sched_tokens = r->sched_sample = 0;
+  for (request *r = s->running.head; r; r = r->next)
+    r->sched_tokens = r->sched_sample = r->sched_draft = 0;
 
   /* 1 and 2: running requests, decode rows first, then prefill pieces */
   for (int pass = 0; pass < 2; pass++) {
@@ -489,9 +545,11 @@ void sched_schedule(sched *s, sched_batch *b) {
       if (decode != (pass == 0) || r->sched_tokens) continue;
       int n = sched_piece(r, s->unit, budget);
       if (n == 0) continue;
+      if (decode) n += sched_draft(s, r, budget - 1);
       int rc = sched_reserve(s, b, r, r->n_computed + n);
       next = r->next; /* preemption may have unlinked the old successor */
       if (rc < 0 || (rc == 0 && r->state != REQ_STATE_RUNNING)) {
+        r->sched_draft = 0;
         if (rc == 0) break; /* r preempted itself: nothing younger is left to run */
         continue;
       }
@@ -525,7 +583,8 @@ void sched_postprocess(sched *s, sched_batch *b) {
     request *r = b->reqs[i];
     int before = r->n_computed;
     r->n_computed += r->sched_tokens;
-    r->sched_tokens = r->sched_sample = 0;
+    if (r->sched_draft) sched_trim(s, r);
+    r->sched_tokens = r->sched_sample = r->sched_draft = 0;
     if (s->pc) {
       sched_capture_due(s, r);
       if (before < r->n_prompt) sched_capture_interval(s, r, before);

@@ -63,6 +63,7 @@
 #include "cache/prefix_cache.h"
 #include "cache/state_pool.h"
 #include "engine/request.h"
+#include "engine/spec_config.h"
 
 typedef struct sched_opts {
   int max_num_seqs;
@@ -89,6 +90,13 @@ void sched_free(sched *s);
 /* Attaches the prefix cache (borrowed; NULL detaches) and its capture interval
  * (--snapshot-interval). Requests then need request_init_prefix. */
 void sched_set_prefix_cache(sched *s, prefix_cache *pc, int snapshot_interval);
+
+/* Speculative decoding (spec NULL or method NONE: off): in step 1 a decode row at its sampling
+ * point gets up to spec->k n-gram drafts (spec_ngram) as a verify piece of 1 + drafts rows
+ * (request.sched_draft), the drafts cut to the budget left, to max_tokens - output - 1 and to
+ * max_model_len; sched_postprocess advances n_computed by the rows the engine kept
+ * (sched_tokens, set by the engine after verifying) and gives back the pages past them. */
+void sched_set_spec(sched *s, const spec_config *spec, int max_model_len);
 
 /* The split unit u for a budget. */
 int sched_unit(int max_num_batched_tokens);

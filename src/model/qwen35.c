@@ -48,6 +48,8 @@ struct qwen35 {
   const model_config *c;
   backend *be;
   int n_pages, n_slots;
+  int keep_k, keep_seqs;                     /* keep slots after the n_slots (qwen35_mem_opts) */
+  int n_keep;                                /* keep_k * keep_seqs */
   backend_weight embed, final_norm, lm_head; /* lm_head == embed when tied */
   q_layer *L;
   size_t weight_bytes;
@@ -64,7 +66,7 @@ struct qwen35 {
   size_t sstage_cap; /* words, each */
   int sstage_k;      /* the one the next call writes */
   /* the last issued step's shape (step_key): a step of the same shape issues the same ops */
-  int key[7], key_set;
+  int key[8], key_set;
   unsigned bufs_gen;   /* bumped when scratch or logits buffers are reallocated */
   int n_packed;        /* weights with a packed copy (qwen35_mem_opts.packed) */
   size_t packed_bytes; /* ... the copies' bytes (in weight_bytes too) */
@@ -270,11 +272,12 @@ static int init_layer(qwen35 *m, int i, const layer_weights *lw, char *err, size
       return -1;
     (void)nk;
     (void)dk;
-    if (alloc_buf(m, &L->conv, BACKEND_KIND_F32, (size_t)m->n_slots * conv_elems(c), err, errlen) ||
-        alloc_buf(m, &L->ssm, BACKEND_KIND_F32, (size_t)m->n_slots * ssm_elems(c), err, errlen))
+    size_t ns = (size_t)m->n_slots + (size_t)m->n_keep;
+    if (alloc_buf(m, &L->conv, BACKEND_KIND_F32, ns * conv_elems(c), err, errlen) ||
+        alloc_buf(m, &L->ssm, BACKEND_KIND_F32, ns * ssm_elems(c), err, errlen))
       return -1;
-    m->be->zero(m->be, L->conv, 0, (size_t)m->n_slots * conv_elems(c) * 4);
-    m->be->zero(m->be, L->ssm, 0, (size_t)m->n_slots * ssm_elems(c) * 4);
+    m->be->zero(m->be, L->conv, 0, ns * conv_elems(c) * 4);
+    m->be->zero(m->be, L->ssm, 0, ns * ssm_elems(c) * 4);
   }
   if (c->layer_is_moe[i]) {
     int E = c->n_experts, I = c->moe_intermediate_size, Is = c->shared_expert_intermediate_size;
@@ -470,6 +473,11 @@ int qwen35_init(qwen35 **out, const model_config *c, const model_weights *w, bac
   m->be = be;
   m->n_pages = o->n_pages;
   m->n_slots = o->n_slots;
+  if (o->keep_k > 0 && o->keep_seqs > 0) {
+    m->keep_k = o->keep_k;
+    m->keep_seqs = o->keep_seqs;
+    m->n_keep = o->keep_k * o->keep_seqs;
+  }
   m->L = calloc((size_t)c->n_layers, sizeof *m->L);
   if (!m->L) {
     free(m);
@@ -625,13 +633,21 @@ static int forward_issue(qwen35 *m, const fwd_seq *seqs, int n_seqs, int mode, i
   const model_config *c = m->c;
   backend *be = m->be;
   if (n_seqs < 1) return errf(err, errlen, "empty batch");
-  int T = 0, n_out = 0, max_pages = 1, any_prefill = 0, any_decode = 0;
+  int T = 0, n_out = 0, max_pages = 1, any_prefill = 0, any_decode = 0, any_verify = 0;
   for (int s = 0; s < n_seqs; s++) {
     const fwd_seq *q = &seqs[s];
     if (q->n_tokens < 1 || q->pos < 0)
       return errf(err, errlen, "sequence %d: bad piece (%d tokens at %d)", s, q->n_tokens, q->pos);
     if (q->slot < 0 || q->slot >= m->n_slots)
       return errf(err, errlen, "sequence %d: bad state slot %d", s, q->slot);
+    if (q->logits == QWEN35_LOGITS_VERIFY) {
+      if (!qwen35_can_verify(m))
+        return errf(err, errlen, "backend %s cannot run verify pieces", be->name);
+      if (q->slot >= m->keep_seqs || q->n_tokens - 1 > m->keep_k)
+        return errf(err, errlen, "sequence %d: a verify piece of %d rows at slot %d", s,
+                    q->n_tokens, q->slot);
+      any_verify = 1;
+    }
     int need = (q->pos + q->n_tokens + QWEN35_PAGE_TOKENS - 1) / QWEN35_PAGE_TOKENS;
     if (config_n_full_layers(c) > 0) {
       if (q->n_pages < need || !q->pages)
@@ -648,8 +664,8 @@ static int forward_issue(qwen35 *m, const fwd_seq *seqs, int n_seqs, int mode, i
         return errf(err, errlen, "sequence %d: token id %d out of range", s, q->tokens[t]);
     if (need > max_pages) max_pages = need;
     T += q->n_tokens;
-    n_out += q->logits == QWEN35_LOGITS_ALL ? q->n_tokens : q->logits == QWEN35_LOGITS_LAST ? 1 : 0;
-    if (q->n_tokens > 1)
+    n_out += q->logits >= QWEN35_LOGITS_ALL ? q->n_tokens : q->logits == QWEN35_LOGITS_LAST;
+    if (q->n_tokens > 1 && q->logits != QWEN35_LOGITS_VERIFY)
       any_prefill = 1;
     else
       any_decode = 1;
@@ -657,11 +673,11 @@ static int forward_issue(qwen35 *m, const fwd_seq *seqs, int n_seqs, int mode, i
   /* batch metadata */
   size_t S = (size_t)n_seqs;
   int32_t *arr =
-      malloc((3 * (size_t)T + 5 * S + S * (size_t)max_pages + (size_t)n_out + 1) * sizeof *arr);
+      malloc((3 * (size_t)T + 6 * S + S * (size_t)max_pages + (size_t)n_out + 1) * sizeof *arr);
   if (!arr) return errf(err, errlen, "out of memory");
   backend_batch b = {0};
   int32_t *tok = arr, *pos = tok + T, *seq = pos + T, *st = seq + T, *ln = st + S, *sp = ln + S,
-          *sl = sp + S, *pt = sl + S, *orow = pt + S * (size_t)max_pages;
+          *sl = sp + S, *pt = sl + S, *orow = pt + S * (size_t)max_pages, *kp = orow + n_out;
   int row = 0, oi = 0;
   for (int s = 0; s < n_seqs; s++) {
     const fwd_seq *q = &seqs[s];
@@ -669,13 +685,14 @@ static int forward_issue(qwen35 *m, const fwd_seq *seqs, int n_seqs, int mode, i
     ln[s] = q->n_tokens;
     sp[s] = q->pos;
     sl[s] = q->slot;
+    kp[s] = q->logits == QWEN35_LOGITS_VERIFY ? qwen35_keep_slot(m, q->slot, 0) : -1;
     for (int p = 0; p < max_pages; p++)
       pt[(size_t)s * max_pages + p] = (q->pages && p < q->n_pages) ? q->pages[p] : -1;
     for (int t = 0; t < q->n_tokens; t++, row++) {
       tok[row] = chained ? 0 : q->tokens[t];
       pos[row] = q->pos + t;
       seq[row] = s;
-      if (q->logits == QWEN35_LOGITS_ALL ||
+      if (q->logits >= QWEN35_LOGITS_ALL ||
           (q->logits == QWEN35_LOGITS_LAST && t == q->n_tokens - 1))
         orow[oi++] = row;
     }
@@ -701,6 +718,7 @@ static int forward_issue(qwen35 *m, const fwd_seq *seqs, int n_seqs, int mode, i
     b.tokens_dev = m->ids;
   }
   int rc = be->set_batch(be, &b);
+  if (rc == 0 && any_verify) rc = be->set_keep(be, kp);
   free(arr);
   if (rc) return errf(err, errlen, "backend %s: cannot set batch", be->name);
   if (ensure_scratch(m, T, err, errlen) || ensure_logits(m, n_out > 0 ? n_out : 1, err, errlen))
@@ -710,7 +728,7 @@ static int forward_issue(qwen35 *m, const fwd_seq *seqs, int n_seqs, int mode, i
    * step before issues the same ops with the same arguments (the rows' tokens, positions and
    * pages reach the ops only through set_batch), so the backend may run that step's ops again
    * instead of taking them one by one (step_repeat). */
-  int key[7] = {T, n_seqs, n_out, mode, any_prefill, any_decode, (int)m->bufs_gen};
+  int key[8] = {T, n_seqs, n_out, mode, any_prefill, any_decode, (int)m->bufs_gen, any_verify};
   int same = m->key_set && !memcmp(key, m->key, sizeof key);
   memcpy(m->key, key, sizeof key);
   m->key_set = 1;
@@ -784,7 +802,7 @@ static int sample_rows(const qwen35 *m, const fwd_seq *seqs, int n_seqs, int n_w
   if (!m->be->sample) return errf(err, errlen, "backend %s has no sample op", m->be->name);
   int n = 0;
   for (int s = 0; s < n_seqs; s++)
-    n += seqs[s].logits == QWEN35_LOGITS_ALL ? seqs[s].n_tokens
+    n += seqs[s].logits >= QWEN35_LOGITS_ALL ? seqs[s].n_tokens
                                              : seqs[s].logits == QWEN35_LOGITS_LAST;
   if (n_words < n * SAMPLE_RULE_WORDS || n_words > n * QWEN35_SAMPLE_ROW_WORDS)
     return errf(err, errlen, "%d sampling words for %d rows", n_words, n);
@@ -899,8 +917,16 @@ int qwen35_slot_zero(qwen35 *m, int slot) {
   return m->be->sync(m->be, NULL, 0);
 }
 
+int qwen35_can_verify(const qwen35 *m) { return m->be->set_keep ? m->keep_k : 0; }
+
+int qwen35_keep_slot(const qwen35 *m, int slot, int r) {
+  CHECK(slot >= 0 && slot < m->keep_seqs && r >= 0 && r < m->keep_k);
+  return m->n_slots + slot * m->keep_k + r;
+}
+
 int qwen35_slot_copy(qwen35 *m, int dst, int src) {
-  CHECK(dst >= 0 && dst < m->n_slots && src >= 0 && src < m->n_slots);
+  int ns = m->n_slots + m->n_keep;
+  CHECK(dst >= 0 && dst < ns && src >= 0 && src < ns);
   if (dst == src) return 0;
   const model_config *c = m->c;
   size_t cb = conv_elems(c) * 4, sb = ssm_elems(c) * 4;

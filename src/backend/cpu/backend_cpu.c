@@ -26,8 +26,11 @@ typedef struct cpu_ctx {
   cpu_pool *pool;
   /* the step's batch (owned copies) */
   backend_batch b;
-  int32_t *arr;    /* one allocation holding every array of b */
-  size_t arr_cap;  /* int32 elements */
+  int32_t *arr;   /* one allocation holding every array of b */
+  size_t arr_cap; /* int32 elements */
+  int32_t *keep;  /* [keep_cap] the step's set_keep (has_keep: given since its set_batch) */
+  size_t keep_cap;
+  int has_keep;
   int kv_fp8;      /* K/V pages in e4m3 with scales (backend.h "Paged K/V") */
   float e4m3[256]; /* every e4m3 code decoded (kv_fp8) */
 } cpu_ctx;
@@ -206,8 +209,26 @@ static int cpu_set_batch(backend *be, const backend_batch *b) {
   TAKE(out_rows, (size_t)b->n_out);
 #undef TAKE
   (void)p;
+  c->has_keep = 0;
   return 0;
 }
+
+static int cpu_set_keep(backend *be, const int32_t *seq_keep) {
+  cpu_ctx *c = ctx_of(be);
+  size_t S = (size_t)c->b.n_seqs;
+  if (S > c->keep_cap) {
+    int32_t *k = realloc(c->keep, S * sizeof *k);
+    if (!k) return -1;
+    c->keep = k;
+    c->keep_cap = S;
+  }
+  if (S) memcpy(c->keep, seq_keep, S * sizeof *c->keep);
+  c->has_keep = 1;
+  return 0;
+}
+
+/* The verify piece s's first keep slot (backend.h "Verify pieces"), -1 for a plain piece. */
+static inline int cpu_keep(const cpu_ctx *c, int s) { return c->has_keep ? c->keep[s] : -1; }
 
 static int cpu_sync(backend *be, char *err, size_t errlen) {
   (void)be;
@@ -651,6 +672,7 @@ static void conv_run(void *v, int64_t b, int64_t e) {
     const float *w = j->w + ch * K;
     for (int s = 0; s < bb->n_seqs; s++) {
       float *st = j->state + ((size_t)bb->seq_slot[s] * C + (size_t)ch) * (K - 1);
+      int keep = cpu_keep(j->c, s);
       if (bb->seq_pos[s] == 0)
         for (int i = 0; i < K - 1; i++) hist[i] = 0.f;
       else
@@ -664,6 +686,9 @@ static void conv_run(void *v, int64_t b, int64_t e) {
         j->out[t * C + ch] = siluf_(acc);
         for (int i = 0; i + 1 < K - 1; i++) hist[i] = hist[i + 1];
         if (K > 1) hist[K - 2] = xv;
+        if (keep >= 0 && r + 1 < bb->seq_len[s]) /* a verify piece's window after row r */
+          memcpy(j->state + ((size_t)(keep + r) * C + (size_t)ch) * (K - 1), hist,
+                 (size_t)(K - 1) * 4);
       }
       memcpy(st, hist, (size_t)(K - 1) * 4);
     }
@@ -744,8 +769,16 @@ static void gdn_task(gdn_job *j, int64_t task, int chunked) {
     if (cpu_gdn_chunked(bb->seq_len[s], bb->seq_pos[s], q, k, cd, v, cd, j->beta + t0 * j->nv + h,
                         j->g + t0 * j->nv + h, (size_t)j->nv, j->dk, j->dv, S, o, ow) != 0)
       j->failed = 1;
-  } else {
-    cpu_gdn_step(q, k, v, j->beta[t0 * j->nv + h], j->g[t0 * j->nv + h], j->dk, j->dv, S, o);
+  } else { /* one row, or a verify piece row by row (its states after each row but the last
+              kept in slots seq_keep[s] + r) */
+    int keep = cpu_keep(j->c, s);
+    size_t sb = (size_t)j->dk * j->dv;
+    for (int r = 0; r < bb->seq_len[s]; r++) {
+      cpu_gdn_step(q + r * cd, k + r * cd, v + r * cd, j->beta[(t0 + r) * j->nv + h],
+                   j->g[(t0 + r) * j->nv + h], j->dk, j->dv, S, o + r * ow);
+      if (keep >= 0 && r + 1 < bb->seq_len[s])
+        memcpy(j->ssm + ((size_t)(keep + r) * j->nv + h) * sb, S, sb * 4);
+    }
   }
 }
 
@@ -763,7 +796,7 @@ static void gdn_common(backend *be, backend_buf ssm, backend_buf qkv, backend_bu
   int32_t pieces[c->b.n_seqs > 0 ? c->b.n_seqs : 1];
   int np = 0;
   for (int s = 0; s < c->b.n_seqs; s++)
-    if ((c->b.seq_len[s] > 1) == chunked) pieces[np++] = s;
+    if ((c->b.seq_len[s] > 1 && cpu_keep(c, s) < 0) == chunked) pieces[np++] = s;
   if (!np) return;
   gdn_job j = {c, F(ssm), F(qkv), F(beta), F(g), nk, nv, dk, dv, F(out), pieces, 0};
   cpu_pool_run(c->pool, (int64_t)np * nv, 1, chunked ? gdn_chunk_run : gdn_step_run, &j);
@@ -1001,6 +1034,7 @@ static void cpu_destroy(backend *be) {
   if (c) {
     cpu_pool_free(c->pool);
     free(c->arr);
+    free(c->keep);
     free(c);
   }
   free(be);
@@ -1068,5 +1102,6 @@ backend *backend_cpu_create_opt(const backend_options *opt) {
   be->logits = cpu_logits;
   be->argmax = cpu_argmax;
   be->sample = cpu_sample;
+  be->set_keep = cpu_set_keep;
   return be;
 }

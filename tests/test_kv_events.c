@@ -64,7 +64,7 @@ TEST(config_parse) {
 
 typedef struct held {
   uint64_t h;
-  int medium; /* 0 GPU, 1 CPU */
+  int medium; /* 0 GPU, 1 CPU, 2 DISK */
 } held;
 
 typedef struct consumer {
@@ -82,6 +82,7 @@ static int medium_of(const msgpack_object *o) {
   if (o->type != MSGPACK_OBJECT_STR) return -1;
   if (o->via.str.size == 3 && !memcmp(o->via.str.ptr, "GPU", 3)) return 0;
   if (o->via.str.size == 3 && !memcmp(o->via.str.ptr, "CPU", 3)) return 1;
+  if (o->via.str.size == 4 && !memcmp(o->via.str.ptr, "DISK", 4)) return 2;
   return -1;
 }
 
@@ -360,6 +361,25 @@ TEST(prefix_cache_events) {
   EXPECT_MSG(checked == 240 && ps.demotions > 0 && ps.evictions > 0 && c.cleared == 2,
              "checked %d, demotions %lld, evictions %lld, clears %d", checked, ps.demotions,
              ps.evictions, c.cleared);
+
+  /* the disk tier's listener: a file's blocks and state in DISK, then gone */
+  int32_t d[40];
+  fk_tokens(d, 40, 9, 0);
+  int blocks0 = c.n_blocks, states0 = c.n_states;
+  kv_events_stats st;
+  pc_events_disk(f.pc, 1, "tenant", d, 40);
+  kv_events_get_stats(ev, &st);
+  EXPECT_MSG(consume_until(&c, st.events) == 0, "%s", c.why);
+  uint64_t names[2];
+  block_hash_chain(d, 40, "tenant", names);
+  EXPECT(c.n_blocks == blocks0 + 2 && c.n_states == states0 + 1);
+  EXPECT(held_find(c.blocks, c.n_blocks, names[1], 2) >= 0);
+  EXPECT(pc_events_holders(f.pc, names[0], KV_EVENTS_MEDIUM_DISK) == 1);
+  pc_events_disk(f.pc, 0, "tenant", d, 40);
+  kv_events_get_stats(ev, &st);
+  EXPECT_MSG(consume_until(&c, st.events) == 0, "%s", c.why);
+  EXPECT(c.n_blocks == blocks0 && c.n_states == states0);
+  EXPECT(pc_events_holders(f.pc, names[0], KV_EVENTS_MEDIUM_DISK) == 0);
 
   /* replay from 0: every batch again, in order, then the end marker */
   void *req = zmq_socket(c.ctx, ZMQ_DEALER);

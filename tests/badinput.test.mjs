@@ -248,8 +248,10 @@ async function battery(testName, cases) {
     cases.push({ name: `detokenize [${id}]`, route: DETOK, body: { tokens: [id] }, expect: ok ? "either" : "reject" });
   }
   cases.push({ name: "prompt [[1,2]] (batch of one)", route: CMPL, body: { prompt: [[1, 2]], max_tokens: 2 }, expect: "either" });
-  cases.push({ name: "prompt [[1],[2]]", route: CMPL, body: { prompt: [[1], [2]], max_tokens: 2 }, expect: "reject" });
-  cases.push({ name: "prompt [\"a\",\"b\"]", route: CMPL, body: { prompt: ["a", "b"], max_tokens: 2 }, expect: "reject" });
+  cases.push({ name: "prompt [[1],[2]] (a list)", route: CMPL, body: { prompt: [[1], [2]], max_tokens: 2 }, expect: "accept" });
+  cases.push({ name: "prompt [\"a\",\"b\"] (a list)", route: CMPL, body: { prompt: ["a", "b"], max_tokens: 2 }, expect: "accept" });
+  cases.push({ name: "prompt [\"a\",[]]", route: CMPL, body: { prompt: ["a", []], max_tokens: 2 }, expect: "reject" });
+  cases.push({ name: "prompt 257 strings", route: CMPL, body: { prompt: Array(257).fill("a"), max_tokens: 2 }, expect: "reject" });
   cases.push({ name: "prompt [[]]", route: CMPL, body: { prompt: [[]], max_tokens: 2 }, expect: "reject" });
   cases.push({ name: "prompt [\"\"]", route: CMPL, body: { prompt: [""], max_tokens: 2 }, expect: "reject" });
   cases.push({ name: "prompt 100k ids", route: CMPL, body: { prompt: Array.from({ length: 100000 }, (_, i) => i % 1000), max_tokens: 2 }, expect: "reject" });
@@ -325,7 +327,7 @@ async function battery(testName, cases) {
   for (const [method, route] of [["GET", "/"], ["GET", "/v1"], ["GET", "/v1/nothing"], ["POST", "/v1/embeddings"], ["POST", "/health"], ["DELETE", "/v1/models"],
     ["PUT", CHAT], ["PATCH", CMPL], ["DELETE", CHAT], ["OPTIONS", CHAT], ["GET", CHAT], ["GET", TOK], ["POST", "/metrics"], ["POST", "/v1/models"],
     ["GET", "/../../etc/passwd"], ["GET", "/%2e%2e/%2e%2e/etc/passwd"], ["POST", "/V1/CHAT/COMPLETIONS"], ["POST", "/v1//chat/completions"], ["POST", CHAT + "/"],
-    ["POST", "/v1/chat/completions%00"], ["GET", "/" + "a".repeat(8000)], ["FOO", CHAT], ["GET", "/v1/models/tiny"]])
+    ["POST", "/v1/chat/completions%00"], ["GET", "/" + "a".repeat(8000)], ["FOO", CHAT], ["GET", "/v1/models/nope"], ["GET", "/v1/models/"]])
     cases.push({ name: `${method} ${route.slice(0, 40)}`, route, method, body: method === "GET" || method === "HEAD" ? undefined : "{}", expect: "reject" });
   cases.push({ name: "query string on a route", route: CMPL + "?stream=true&x=%00", body: cmplBase(), expect: "either" });
   await battery("badinput_routes", cases);

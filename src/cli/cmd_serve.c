@@ -66,6 +66,8 @@ static void serve_usage(FILE *f) {
       "                              labels and buckets for the series vLLM has (docs/api.md)\n"
       "  --device cpu|cuda|auto      backend (auto)\n"
       "  --threads N                 CPU backend threads (0: all cores)\n"
+      "  --kv-events-config JSON     publish KV-cache events as vLLM does (ZeroMQ):\n"
+      "                              '{\"enable_kv_cache_events\": true}' (docs/kv-events.md)\n"
       "  --kv-cache-dtype auto|fp8   fp8 (or fp8_e4m3): K/V pages in e4m3 with a scale per\n"
       "                              token and head, twice the tokens (docs/fp8.md; auto)\n"
       "  --kv-events-config JSON     publish KV-cache events as vLLM does (ZeroMQ):\n"
@@ -375,6 +377,15 @@ int cmd_serve(int argc, char **argv) {
             model_dir);
     return 2;
   }
+  kv_events_config kv_cfg = {0}; /* --kv-events-config, checked before anything loads */
+  if (kv_events_json && (kv_events_config_parse(kv_events_json, &kv_cfg, err, sizeof err) != 0 ||
+                         (kv_cfg.enable && kv_cfg.publisher_zmq && !eo.enable_prefix_caching &&
+                          errf(err, sizeof err,
+                               "--kv-events-config: the events come from the prefix cache, which "
+                               "--no-enable-prefix-caching turns off")))) {
+    fprintf(stderr, "deltaserve serve: %s\n", err);
+    return 2;
+  }
   if (model_arg) model_dir = model_arg;
   if (!api_key) { /* vLLM's VLLM_API_KEY, and deltaserve's own name first */
     static const char *const key_vars[] = {"DELTASERVE_API_KEY", "VLLM_API_KEY"};
@@ -522,18 +533,13 @@ int cmd_serve(int argc, char **argv) {
   }
   /* device backends: the largest step once at start-up (engine_opts.startup_forward) */
   eo.startup_forward = !no_warmup && be->mem_info != NULL;
-  if (kv_events_json) { /* the publisher starts before the engine and stops after it */
-    kv_events_config kc;
-    if (kv_events_config_parse(kv_events_json, &kc, err, sizeof err) != 0 ||
-        (kc.enable && kc.publisher_zmq && !eo.enable_prefix_caching &&
-         errf(err, sizeof err,
-              "--kv-events-config: the events come from the prefix cache, which "
-              "--no-enable-prefix-caching turns off")) ||
-        (kc.enable && kc.publisher_zmq && kv_events_init(&kvev, &kc, err, sizeof err) != 0)) {
+  /* the publisher starts before the engine and stops after it */
+  if (kv_events_json && kv_cfg.enable && kv_cfg.publisher_zmq) {
+    if (kv_events_init(&kvev, &kv_cfg, err, sizeof err) != 0) {
       fprintf(stderr, "deltaserve serve: %s\n", err);
       goto done;
     }
-    if (kvev) fprintf(stderr, "deltaserve: KV-cache events on %s\n", kc.endpoint);
+    fprintf(stderr, "deltaserve: KV-cache events on %s\n", kv_cfg.endpoint);
     eo.kv_events = kvev;
   }
   if (engine_mem_plan_device(&eo, &cfg, &w, be, &mo, err, sizeof err) ||

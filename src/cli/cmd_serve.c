@@ -70,8 +70,6 @@ static void serve_usage(FILE *f) {
       "                              '{\"enable_kv_cache_events\": true}' (docs/kv-events.md)\n"
       "  --kv-cache-dtype auto|fp8   fp8 (or fp8_e4m3): K/V pages in e4m3 with a scale per\n"
       "                              token and head, twice the tokens (docs/fp8.md; auto)\n"
-      "  --kv-events-config JSON     publish KV-cache events as vLLM does (ZeroMQ):\n"
-      "                              '{\"enable_kv_cache_events\": true}' (docs/kv-events.md)\n"
       "  --skip-tokenizer-init       no tokenizer: /v1/completions with token-id prompts only\n"
       "  --batch-invariant           a request's tokens do not depend on what shares its\n"
       "                              steps (CUDA: slower GEMMs; the CPU always is)\n"

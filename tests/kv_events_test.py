@@ -13,8 +13,8 @@ the events and checks, before every request:
 and at the end that the replay socket returns the same batches byte for byte.
 Prints PASS / FAIL lines (tests/run.sh)."""
 import os
+import subprocess
 import sys
-import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "lib"))
 import zmq  # noqa: E402
@@ -31,7 +31,25 @@ def report(name, ok, why=""):
     failures += not ok
 
 
+def refusals():
+    """A key vLLM does not have, another publisher, events without a prefix cache: one line."""
+    binary = os.path.join(BUILD, "deltaserve")
+    cases = [('{"enable_kv_cache_events": true, "colour": 1}', [], "unknown key 'colour'"),
+             ('{"enable_kv_cache_events": true, "publisher": "nats"}', [], "publisher"),
+             ('{"enable_kv_cache_events": true}', ["--no-enable-prefix-caching"], "prefix cache")]
+    for cfg, extra, want in cases:
+        r = subprocess.run([binary, "serve", "tests/fixtures/models/dense_bf16",
+                            "--skip-tokenizer-init", "--kv-events-config", cfg] + extra,
+                           capture_output=True, text=True, timeout=120)
+        lines = [x for x in r.stderr.splitlines() if x.strip()]
+        if r.returncode != 2 or len(lines) != 1 or want not in lines[0]:
+            return "%s: exit %d, %r" % (cfg, r.returncode, lines[:3])
+    return ""
+
+
 def main():
+    why = refusals()
+    report("kv_events_config_refused", not why, why)
     srv = kl.Server(BUILD, ["--snapshot-slabs", "4", "--host-cache-gib", "0.0001",
                             "--kv-cache-tokens", "1024", "--max-num-seqs", "4"])
     ctx = zmq.Context()

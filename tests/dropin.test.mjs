@@ -276,6 +276,13 @@ try {
       p.kill("SIGTERM");
       await poll(() => p.exitCode !== null || p.signalCode !== null, "the IPv6 server to exit", 30000).catch(() => p.kill("SIGKILL"));
     }
+    eq(p.exitCode, 0, `the IPv6 server's exit: ${log.slice(-300)}`);
+    assert(!/AddressSanitizer|LeakSanitizer|runtime error/.test(log), `sanitizer report: ${log.slice(-400)}`);
+  });
+  await test("dropin_clean_exit", async () => {
+    const ex = await srv.stop();
+    eq(ex.code, 0, `exit ${JSON.stringify(ex)}: ${srv.log.slice(-300)}`);
+    assert(!/AddressSanitizer|LeakSanitizer|runtime error/.test(srv.log), `sanitizer report: ${srv.log.slice(-400)}`);
   });
 } finally {
   if (srv) await srv.stop().catch(() => {});

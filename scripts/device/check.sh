@@ -34,6 +34,10 @@ if [ $BUILD = ok ]; then
   timeout 300 build-cuda/tests/cuda/test_cuda_ops >"$OUT/ops.log" 2>&1
   cat "$OUT/ops.log"
   OPS_P=$(grep -c '^PASS' "$OUT/ops.log"); OPS_F=$(grep -c '^FAIL' "$OUT/ops.log")
+  # FP8 K/V pages (--kv-cache-dtype fp8) against the CPU reference: docs/fp8.md
+  timeout 300 build-cuda/tests/cuda/test_kv_fp8 >"$OUT/kv8.log" 2>&1
+  cat "$OUT/kv8.log"
+  KV8_P=$(grep -c '^PASS' "$OUT/kv8.log"); KV8_F=$(grep -c '^FAIL' "$OUT/kv8.log")
 
   if [ "${DS_NO_MEMCHECK:-0}" != 1 ] && command -v compute-sanitizer >/dev/null; then
     timeout 300 compute-sanitizer --tool memcheck --leak-check no build-cuda/tests/cuda/test_cuda_ops \
@@ -79,6 +83,7 @@ kv = dict(x.split("=", 1) for x in par[1:]) if par else {}
 bench = [l[6:] for l in """$BENCH""".splitlines() if l.strip()]
 d = {"commit": "$COMMIT", "gpu": "$GPU", "build": "$BUILD",
      "op_tests": {"passed": $OPS_P, "failed": $OPS_F},
+     "kv_fp8_tests": {"passed": ${KV8_P:-0}, "failed": ${KV8_F:-0}},
      "shadow_ops_on_models": {"passed": ${SH_P:-0}, "failed": ${SH_F:-0}},
      "parity": {"passed": $PAR_P, "failed": $PAR_F, **kv},
      "memcheck": "$MEMCHECK", "run_cli": """$RUNCLI""", "timing": bench}
@@ -96,7 +101,7 @@ python3 scripts/device/check_merge.py "$JSON" "$REAL_JSON"
 
 echo
 echo "=== cuda check $COMMIT on $GPU ==="
-printf '%-10s %s\n' build "$BUILD" ops "passed $OPS_P failed $OPS_F" shadow "passed $SH_P failed $SH_F" memcheck "$MEMCHECK" \
+printf '%-10s %s\n' build "$BUILD" ops "passed $OPS_P failed $OPS_F" kv-fp8 "passed ${KV8_P:-0} failed ${KV8_F:-0}" shadow "passed $SH_P failed $SH_F" memcheck "$MEMCHECK" \
   parity "passed $PAR_P failed $PAR_F ${PARITY_LINE#PARITY }" run-cli "$RUNCLI"
 echo "$BENCH"
 echo "json: $JSON"

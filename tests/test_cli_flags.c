@@ -213,7 +213,6 @@ TEST(vllm_flags_refused) {
       {"--task", "embed", "generates text only"},
       {"--seed", "0", "'seed' field"},
       {"--tokenizer", "x", "model folder"},
-      {"--speculative-config", "{}", "speculative decoding"},
       {"--enable-lora", NULL, "LoRA"},
       {"--hf-overrides", "{}", "config.json"},
       {"--ssl-keyfile", "k", "TLS"},

@@ -33,6 +33,9 @@ const char cli_flags_engine_help[] =
     "  --sampler-threads N         threads that sample a step's rows beside the engine\n"
     "                              thread (0: the engine thread alone; default min(8,\n"
     "                              CPUs - 1)); the tokens do not depend on it\n"
+    "  --speculative-config JSON   n-gram speculative decoding (CPU backend), vLLM's keys:\n"
+    "                              {\"method\": \"ngram\", \"num_speculative_tokens\": k,\n"
+    "                              \"prompt_lookup_min\": a, \"prompt_lookup_max\": b}\n"
     "  --log-steps                 log one line per engine step: each request's token range\n"
     "                              (+ cold admission, <-N restored from the prefix cache,\n"
     "                              ! sampled)\n"
@@ -174,6 +177,11 @@ int cli_flags_engine(engine_opts *o, int argc, char **argv, int *i, char *err, s
     if (eq) return errf(err, errlen, "%s takes no value", name);
     *switches[k].field = switches[k].value;
     return 1;
+  }
+  if (!strcmp(name, "--speculative-config")) {
+    const char *v = eq ? eq + 1 : *i + 1 < argc ? argv[++*i] : NULL;
+    if (!v) return errf(err, errlen, "%s needs a JSON object", name);
+    return spec_config_parse(v, &o->spec, err, errlen) == 0 ? 1 : -1;
   }
   if (!strcmp(name, "--packed-weights")) {
     const char *v = eq ? eq + 1 : *i + 1 < argc ? argv[++*i] : NULL;

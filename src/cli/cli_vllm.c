@@ -66,7 +66,6 @@ static const cli_vllm_entry cli_vllm_flags[] = {
     {"--seed", NULL, NULL, NULL,
      "no server-wide seed: give a request a 'seed' field for reproducible sampling"},
     {"--tokenizer", NULL, NULL, NULL, "the tokenizer is read from the model folder"},
-    {"--speculative-config", NULL, NULL, NULL, "speculative decoding is not implemented"},
     {"--enable-lora", NULL, NULL, NULL, "LoRA adapters are not supported"},
     {"--lora-modules", NULL, NULL, NULL, "LoRA adapters are not supported"},
     {"--hf-overrides", NULL, NULL, NULL, "edit the model folder's config.json instead"},

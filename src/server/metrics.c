@@ -330,6 +330,18 @@ static void engine_series(out *o, const engine_stats *s) {
   counter(o, "prompt_tokens", "Number of prefill tokens processed.", s->prompt_tokens_total);
   counter(o, "generation_tokens", "Number of generation tokens processed.",
           s->generation_tokens_total);
+  if (s->spec_k > 0) { /* vLLM's spec_decode counters, there with --speculative-config only */
+    counter(o, "spec_decode_num_drafts", "Number of spec decoding drafts.", s->spec_num_drafts);
+    counter(o, "spec_decode_num_draft_tokens", "Number of draft tokens.", s->spec_num_draft_tokens);
+    counter(o, "spec_decode_num_accepted_tokens", "Number of accepted tokens.",
+            s->spec_num_accepted_tokens);
+    head(o, "spec_decode_num_accepted_tokens_per_pos_total", "counter",
+         "Accepted tokens per draft position.");
+    for (int i = 0; i < s->spec_k && i < SPEC_MAX_TOKENS; i++)
+      strbuf_printf(o->b,
+                    "%s:spec_decode_num_accepted_tokens_per_pos_total{%s%sposition=\"%d\"} %lld\n",
+                    m->prefix, m->labels, m->labels[0] ? "," : "", i, s->spec_accepted_per_pos[i]);
+  }
   unsigned long long ib[ENGINE_STEP_TOKEN_BUCKETS + 1], icount = 0;
   double ile[ENGINE_STEP_TOKEN_BUCKETS];
   for (int i = 0; i <= ENGINE_STEP_TOKEN_BUCKETS; i++) {

@@ -279,6 +279,19 @@ try {
     eq(p.exitCode, 0, `the IPv6 server's exit: ${log.slice(-300)}`);
     assert(!/AddressSanitizer|LeakSanitizer|runtime error/.test(log), `sanitizer report: ${log.slice(-400)}`);
   });
+  await test("cors_empty_list_allows_none", async () => {
+    const s2 = await startServer(model.dir, ["--allowed-origins", "[]"]);
+    try {
+      const r = await fetch(`${s2.url}/v1/completions`, { method: "OPTIONS", headers: { Origin: "http://a.example", "Access-Control-Request-Method": "POST" } });
+      eq([r.status, await r.text()], [400, "Disallowed CORS origin"]);
+      const g = await fetch(`${s2.url}/v1/models`, { headers: { Origin: "http://a.example" } });
+      eq(g.headers.get("access-control-allow-origin"), null);
+    } finally {
+      const ex = await s2.stop();
+      eq(ex.code, 0);
+    }
+  });
+
   await test("dropin_clean_exit", async () => {
     const ex = await srv.stop();
     eq(ex.code, 0, `exit ${JSON.stringify(ex)}: ${srv.log.slice(-300)}`);

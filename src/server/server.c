@@ -247,10 +247,10 @@ static void active_remove(server *s, conn *cx) {
 
 /* ---- CORS (server_opts.cors_*, as Starlette's CORSMiddleware answers for vLLM) ---- */
 
-/* Is v in list[n] (case-insensitively when nocase), or is "*" there, or is the list empty
- * (vLLM's default ["*"])? */
+/* Is v in list[n] (case-insensitively when nocase), or is "*" there, or is there no list
+ * (NULL: vLLM's default ["*"]; an empty list allows nothing)? */
 static int cors_listed(const char *const *list, int n, const char *v, size_t vl, int nocase) {
-  if (n == 0) return 1;
+  if (!list) return 1;
   for (int i = 0; i < n; i++) {
     if (!strcmp(list[i], "*")) return 1;
     if (strlen(list[i]) == vl && (nocase ? !strncasecmp(list[i], v, vl) : !strncmp(list[i], v, vl)))

@@ -70,7 +70,7 @@ typedef struct server_opts {
   double log_stats_interval_s; /* the periodic engine line's interval (stats_log); 0: off */
   const char *metrics_prefix;  /* --metrics-prefix: "deltaserve" (NULL) or "vllm" (metrics.h) */
   /* CORS, as vLLM's --allowed-origins / --allowed-methods / --allowed-headers /
-   * --allow-credentials (borrowed; n == 0: ["*"], vLLM's default). A browser's preflight
+   * --allow-credentials (borrowed; NULL: ["*"], vLLM's default). A browser's preflight
    * (OPTIONS with Origin and Access-Control-Request-Method) is answered before the API key
    * is asked for; a response to an allowed Origin carries Access-Control-Allow-Origin. */
   const char *const *cors_origins;

@@ -203,12 +203,13 @@ struct backend {
    * weight_upload_exact) would take for a weight [rows, cols], without uploading it: the
    * engine's memory plan, made before the upload. */
   size_t (*weight_size)(backend *be, int64_t rows, int64_t cols, int exact);
-  /* Optional (NULL: no such copy). Lets the backend keep a second, lossless copy of a product
-   * weight that the products of few rows (decode steps) stream faster than the weight itself:
-   * the CUDA backend's 12-bit packed copy (cuda/cuda_packed.cuh), ~0.75 of the bf16 bytes,
-   * whose products give exactly the bf16 weight's bits. Called after the upload, before the
-   * first step. Returns the copy's device bytes, 0 when the weight has no such layout, -1 when
-   * out of device memory (nothing kept). */
+  /* Optional (NULL: no such copy). Lets the backend keep a second copy of a product weight
+   * that some products run faster from: the CUDA backend's 12-bit packed copy of a bf16 weight
+   * (cuda/cuda_packed.cuh), ~0.75 of the bf16 bytes, that products of few rows (decode steps)
+   * stream, with exactly the bf16 weight's bits; of an FP8 weight (weight_upload_fp8), its
+   * dequantized bf16 copy, for products of more rows than the FP8 kernels are fastest at.
+   * Called after the upload, before the first step. Returns the copy's device bytes, 0 when
+   * the weight has no such copy, -1 when out of device memory (nothing kept). */
   long long (*weight_pack)(backend *be, backend_weight w);
 
   /* Hands over the step's metadata (copied). Returns 0, or -1 on a device failure. */

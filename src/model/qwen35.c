@@ -330,8 +330,9 @@ static int layer_products(const q_layer *L, backend_weight *ws) {
   return n;
 }
 
-/* Packed copies (backend weight_pack) of every product weight of the dense layers; out of
- * device memory stops there (the rest stay as they are: the same results, slower decode). */
+/* Packed copies (backend weight_pack) of every product weight of the dense layers (of an FP8
+ * one: its bf16 copy); out of device memory stops there (the rest stay as they are: the same
+ * results, slower steps). */
 static void pack_layers(qwen35 *m) {
   backend *be = m->be;
   if (!be->weight_pack) return;
@@ -367,9 +368,12 @@ static void pack_layers(qwen35 *m) {
              (double)m->packed_bytes / 1048576.0);
 }
 
+/* The second copy weight_pack makes: the 12-bit packed copy of a bf16 weight, the bf16 copy of
+ * an FP8 one (backend.h weight_pack). */
 static double packed_tensor_bytes(const tensor *t) {
   if (!t->data || t->ndim != 2) return 0;
   int64_t rows = t->shape[0], cols = t->shape[1];
+  if (t->dt == DTYPE_F8_E4M3) return 2.0 * (double)rows * (double)cols;
   if (cols % 512 || cols / 1024 > 24) return 0;
   return 1.5 * (double)rows * (double)cols + 4.0 * (double)rows;
 }

@@ -220,6 +220,7 @@ static void cu_weight_free(backend *be, backend_weight w) {
 static long long cu_weight_pack(backend *be, backend_weight wh) {
   cuda_ctx *c = cuda_ctx_of(be);
   cuda_weight *w = CW(wh);
+  if (w && w->q8) return cuda_fp8_bf16_copy(c, w);
   if (!w || !w->bf || w->pk || w->f32 || !pk_fits(w->rows, w->cols) || w->rows > INT32_MAX / 2)
     return 0;
   int N = (int)w->rows, K = (int)w->cols;

@@ -25,9 +25,11 @@
 
 CUDA_KTRACE_TU(cuda_fp8_ktrace_bind) /* the kernel-release trace, cuda_ktrace.cu */
 
-/* the most rows the tensor-core kernel takes: above, dequantizing into the scratch and the bf16
- * GEMM is faster */
-#define FP8_MMA_MAXT 64
+/* the most rows the tensor-core kernel takes when the weight has its bf16 copy (above, cuBLAS on
+ * the copy is faster), and when it has none (above, dequantizing into the scratch and the bf16
+ * GEMM is faster) */
+#define FP8_MMA_MAXT 16
+#define FP8_MMA_MAXT_ALONE 64
 
 /* two e4m3 (the low byte first) to two floats, exactly */
 __device__ __forceinline__ float2 fp8x2_to_f32(uint32_t v) {
@@ -100,7 +102,8 @@ extern "C" void cuda_fp8_matmul(backend *be, backend_buf xb, backend_weight W, i
     cuda_gemm_gemv(c, GEMV_PLAIN, x, w, T, K, N, y, nf);
     return;
   }
-  if (!c->batch_invariant && aligned && T <= FP8_MMA_MAXT && f8m_fits(N, K, w->bn, w->bk)) {
+  if (!c->batch_invariant && aligned && T <= (w->bf ? FP8_MMA_MAXT : FP8_MMA_MAXT_ALONE) &&
+      f8m_fits(N, K, w->bn, w->bk)) {
     f8_view v = {w->q8, w->s8, w->bn, f8_log2(w->bk), scols};
     unsigned grid = (unsigned)((N + F8M_ROWS - 1) / F8M_ROWS);
     void (*k)(const bf16 *, int, f8_view, int, int, bf16 *);
@@ -142,4 +145,29 @@ extern "C" void cuda_fp8_matmul(backend *be, backend_buf xb, backend_weight W, i
                                                                      w->bk, scols, wb);
   cuda_check_launch(c, "matmul (fp8 dequantize)");
   cuda_gemm(c, x, wb, T, K, N, y, 0);
+}
+
+int cuda_fp8_use_bf16(const cuda_ctx *c, const cuda_weight *w, int T) {
+  return !w->q8 || (w->bf && (c->batch_invariant || T > FP8_MMA_MAXT));
+}
+
+long long cuda_fp8_bf16_copy(cuda_ctx *c, cuda_weight *w) {
+  if (w->bf || w->rows > INT32_MAX || w->cols > INT32_MAX) return 0;
+  int N = (int)w->rows, K = (int)w->cols;
+  size_t n = (size_t)N * K;
+  if (cudaMalloc((void **)&w->bf, n * 2) != cudaSuccess) {
+    cudaGetLastError();
+    w->bf = NULL;
+    return -1;
+  }
+  size_t groups = (n + 7) / 8;
+  k_fp8_dequant<<<(unsigned)((groups + 255) / 256), 256, 0, c->st>>>(
+      w->q8, w->s8, N, K, w->bn, w->bk, (K + w->bk - 1) / w->bk, w->bf);
+  if (cudaGetLastError() != cudaSuccess || cudaStreamSynchronize(c->st) != cudaSuccess) {
+    cudaGetLastError();
+    cudaFree(w->bf);
+    w->bf = NULL;
+    return -1;
+  }
+  return (long long)(n * 2);
 }

@@ -485,7 +485,7 @@ extern "C" void cuda_gemm_matmul(backend *be, backend_buf x, backend_weight W, i
     cuda_fail(c, "matmul", "weight shape does not match K, N");
     return;
   }
-  if (CW(W)->q8) {
+  if (!cuda_fp8_use_bf16(c, CW(W), T)) {
     cuda_fp8_matmul(be, x, W, T, K, N, y);
     return;
   }

@@ -44,4 +44,11 @@ int cuda_gemm_narrow_fits(const cuda_ctx *c, const bf16 *x, const bf16 *W, int T
 void cuda_gemm_narrow(cuda_ctx *c, const bf16 *x, int T, int K, int m, const bf16 *const *W,
                       bf16 *const *y, const int *N);
 
+/* cuda_fp8.cu: gives an FP8 weight its dequantized bf16 copy (w->bf; weight_pack): its bytes, 0
+ * when it has one, -1 when out of device memory */
+long long cuda_fp8_bf16_copy(cuda_ctx *c, cuda_weight *w);
+/* 1 when a product of T rows of W takes the bf16 paths (a bf16 weight, or an FP8 one with its
+ * bf16 copy at rows the FP8 kernels are not the faster at, or under --batch-invariant) */
+int cuda_fp8_use_bf16(const cuda_ctx *c, const cuda_weight *w, int T);
+
 #endif

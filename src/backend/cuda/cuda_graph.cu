@@ -26,7 +26,8 @@
  *                           | cuBLAS + k_argmax_split (5-32) | cuBLAS + k_argmax (33+)
  *   lm-head, sampled ids    k_gemv_f32 (1-4) | cuBLAS (5+); then the sample clusters
  *   product of an FP8       the GEMV families with FP8 rows (1-4), fused as above | k_fp8_mma
- *    weight                 (5-64) | k_fp8_dequant + the bf16 paths (65+)
+ *    weight                 (5-16; to 64 without a bf16 copy) | the bf16 paths on its bf16 copy
+ *                           (weight_pack), else k_fp8_dequant + the bf16 paths
  *
  * Under --batch-invariant: no fold, GEMV up to 8 rows then k_gemv_all, no shared ranges, MoE
  * per row. Prefill steps are not recorded: their ops launch as issued (cuda_gemm.cu,
@@ -271,13 +272,13 @@ static int gemv_fits(cuda_ctx *c, const gop &o) {
 }
 
 static int sgemm_fits(cuda_ctx *c, const gop &o) {
-  return o.kind == GOP_MATMUL && !o.W->q8 && o.W->cols == o.K && o.W->rows == o.N &&
-         cuda_sgemm_fits(c, o.T, o.K, o.N, 1);
+  return o.kind == GOP_MATMUL && cuda_fp8_use_bf16(c, o.W, o.T) && o.W->cols == o.K &&
+         o.W->rows == o.N && cuda_sgemm_fits(c, o.T, o.K, o.N, 1);
 }
 
 static int narrow_fits(cuda_ctx *c, const gop &o) {
-  return o.kind == GOP_MATMUL && !o.W->q8 && o.W->cols == o.K && o.W->rows == o.N &&
-         !cuda_sgemm_fits(c, o.T, o.K, o.N, 0) &&
+  return o.kind == GOP_MATMUL && cuda_fp8_use_bf16(c, o.W, o.T) && o.W->cols == o.K &&
+         o.W->rows == o.N && !cuda_sgemm_fits(c, o.T, o.K, o.N, 0) &&
          cuda_gemm_narrow_fits(c, o.x, o.W->bf, o.T, o.K, o.N, o.y);
 }
 

@@ -27,6 +27,7 @@
 #include "cli/cli_flags.h"
 #include "cli/cli_load.h"
 #include "cli/cli_vllm.h"
+#include "cache/disk_tier.h"
 #include "engine/engine.h"
 #include "engine/engine_mem.h"
 #include "model/config.h"
@@ -68,6 +69,10 @@ static void serve_usage(FILE *f) {
       "  --threads N                 CPU backend threads (0: all cores)\n"
       "  --kv-events-config JSON     publish KV-cache events as vLLM does (ZeroMQ):\n"
       "                              '{\"enable_kv_cache_events\": true}' (docs/kv-events.md)\n"
+      "  --disk-cache-dir DIR        prefix-cache checkpoints leaving memory go to files in DIR\n"
+      "                              and are restored from there, also after a restart\n"
+      "                              (one server per DIR; docs/disk-cache.md)\n"
+      "  --disk-cache-gib F          DIR's byte budget, least recently used files go first\n"
       "  --kv-cache-dtype auto|fp8   fp8 (or fp8_e4m3): K/V pages in e4m3 with a scale per\n"
       "                              token and head, twice the tokens (docs/fp8.md; auto)\n"
       "  --skip-tokenizer-init       no tokenizer: /v1/completions with token-id prompts only\n"
@@ -274,7 +279,9 @@ int cmd_serve(int argc, char **argv) {
                                        "--allowed-origins",
                                        "--allowed-methods",
                                        "--allowed-headers",
-                                       "--kv-cache-dtype"};
+                                       "--kv-cache-dtype",
+                                       "--disk-cache-dir",
+                                       "--disk-cache-gib"};
     int known = 0;
     for (size_t k = 0; k < sizeof with_value / sizeof with_value[0]; k++)
       known |= !strcmp(a, with_value[k]);
@@ -343,6 +350,13 @@ int cmd_serve(int argc, char **argv) {
       log_set_level(lv);
     } else if (!strcmp(a, "--log-stats-interval")) {
       if (cli_flags_double(v, a, 0.01, 86400, &stats_interval, err, sizeof err)) {
+        fprintf(stderr, "deltaserve serve: %s\n", err);
+        return 2;
+      }
+    } else if (!strcmp(a, "--disk-cache-dir")) {
+      eo.disk_cache_dir = v;
+    } else if (!strcmp(a, "--disk-cache-gib")) {
+      if (cli_flags_double(v, a, 1e-6, 1e6, &eo.disk_cache_gib, err, sizeof err)) {
         fprintf(stderr, "deltaserve serve: %s\n", err);
         return 2;
       }
@@ -531,6 +545,12 @@ int cmd_serve(int argc, char **argv) {
   }
   /* device backends: the largest step once at start-up (engine_opts.startup_forward) */
   eo.startup_forward = !no_warmup && be->mem_info != NULL;
+  if (eo.disk_cache_dir) { /* what a checkpoint file must have been written under */
+    char id[160];
+    snprintf(id, sizeof id, "backend=%s kv=%d fp8=%d dummy=%d seed=%llu", be->name, (int)kv_dtype,
+             wo.quantize_fp8, wo.dummy, (unsigned long long)wo.seed);
+    eo.model_identity = disk_tier_identity(model_dir, id);
+  }
   /* the publisher starts before the engine and stops after it */
   if (kv_events_json && kv_cfg.enable && kv_cfg.publisher_zmq) {
     if (kv_events_init(&kvev, &kv_cfg, err, sizeof err) != 0) {

@@ -207,6 +207,28 @@ static void engine_snapshot(engine *e) {
     s.prefix_device_page_bytes = p.device_page_bytes;
     s.prefix_host_bytes = p.host_bytes;
     s.prefix_host_budget_bytes = p.host_budget_bytes;
+    s.disk_checkpoints = p.n_disk;
+    s.disk_spills = p.spills;
+    s.disk_evictions = p.disk_evictions;
+  }
+  if (e->dt) {
+    disk_tier_stats d;
+    disk_tier_get_stats(e->dt, &d);
+    s.disk_enabled = 1;
+    s.disk_files = disk_tier_count(e->dt);
+    s.disk_queued = d.queued;
+    s.disk_bytes = disk_tier_bytes(e->dt);
+    s.disk_budget_bytes = disk_tier_budget(e->dt);
+    s.disk_hits = d.hits;
+    s.disk_read_failures = d.read_failures;
+    s.disk_writes = d.writes;
+    s.disk_write_failures = d.write_failures;
+    s.disk_files_dropped = d.files_dropped;
+    s.disk_evictions += d.evictions;
+    s.disk_read_bytes = d.read_bytes;
+    s.disk_write_bytes = d.write_bytes;
+    s.disk_read_s = d.read_s;
+    s.disk_write_s = d.write_s;
   }
   pthread_mutex_lock(&e->mu);
   s.num_waiting += e->n_in;
@@ -313,6 +335,34 @@ static int engine_ops_slot_write(void *ctx, int slot, const void *host) {
 
 #define ENGINE_GIB (1024.0 * 1024.0 * 1024.0)
 
+/* --disk-cache-dir: the disk tier the prefix cache spills to (start-up, before the cache).
+ * Returns 0 (also without the flag), or -1 with one line in err. */
+static int engine_disk_open(engine *e, char *err, size_t errlen) {
+  const char *dir = e->o.disk_cache_dir;
+  if (!dir || !dir[0]) {
+    if (e->o.disk_cache_gib > 0)
+      return errf(err, errlen, "--disk-cache-gib needs --disk-cache-dir");
+    return 0;
+  }
+  if (!e->o.enable_prefix_caching)
+    return errf(err, errlen,
+                "--disk-cache-dir needs the prefix cache (--no-enable-prefix-caching "
+                "turns it off)");
+  if (e->o.disk_cache_gib <= 0)
+    return errf(err, errlen, "--disk-cache-dir needs --disk-cache-gib F (its byte budget)");
+  disk_tier_opts d;
+  memset(&d, 0, sizeof d);
+  d.dir = dir;
+  d.budget = (size_t)(e->o.disk_cache_gib * ENGINE_GIB);
+  d.slot_bytes = qwen35_slot_bytes(e->m);
+  d.page_bytes = qwen35_page_bytes(e->m);
+  uint64_t shape[2] = {d.slot_bytes, d.page_bytes}; /* the backend's state and KV layout */
+  d.model_id = disk_tier_hash(shape, sizeof shape, e->o.model_identity);
+  d.ops = (host_tier_ops){e, engine_ops_page_read, engine_ops_page_write, engine_ops_slot_read,
+                          engine_ops_slot_write};
+  return disk_tier_open(&e->dt, &d, err, errlen);
+}
+
 /* The prefix cache over the engine's pools (start-up). Returns 0 or -1. */
 static int engine_prefix_init(engine *e) {
   prefix_cache_opts po;
@@ -321,6 +371,7 @@ static int engine_prefix_init(engine *e) {
   po.page_bytes = qwen35_page_bytes(e->m);
   po.device_budget_bytes = (size_t)(e->o.prefix_cache_gib * ENGINE_GIB);
   po.host_budget_bytes = (size_t)(e->o.host_cache_gib * ENGINE_GIB);
+  po.disk = e->dt;
   po.events = e->o.kv_events;
   po.ops.ctx = e;
   po.ops.page_copy = engine_ops_page_copy;
@@ -433,6 +484,10 @@ engine *engine_create(qwen35 *model, const engine_opts *o, char *err, size_t err
   e->edit_n = malloc((size_t)n_seq * sizeof *e->edit_n);
   e->masks = calloc((size_t)n_seq, sizeof *e->masks);
   int n_threads = o->sampler_threads < 0 ? sampler_pool_default_threads() : o->sampler_threads;
+  if (engine_disk_open(e, err, errlen) != 0) {
+    engine_destroy(e, 0);
+    return NULL;
+  }
   if (!e->seqs || !e->logits || !e->ids || !e->ids_buf[1] || !e->fl_store[0] || !e->fl_store[1] ||
       !e->words || !e->edits || !e->edit_n || !e->rng_save || !e->masks ||
       kv_pages_init(&e->kp, mo.n_pages) || state_pool_init(&e->sp, n_seq, n_slabs, &ops) ||
@@ -441,6 +496,13 @@ engine *engine_create(qwen35 *model, const engine_opts *o, char *err, size_t err
       (o->enable_prefix_caching && engine_prefix_init(e) != 0)) {
     engine_destroy(e, 0);
     return errf(err, errlen, "out of memory creating the engine"), NULL;
+  }
+  if (e->dt) {
+    prefix_cache_stats ps;
+    prefix_cache_get_stats(e->pc, &ps);
+    log_info("engine: disk cache %s: %d checkpoints (%.1f MiB) restorable, budget %.2f GiB",
+             o->disk_cache_dir, ps.n_disk, disk_tier_bytes(e->dt) / (1024.0 * 1024.0),
+             o->disk_cache_gib);
   }
   sched_set_spec(e->s, spec ? &o->spec : NULL, e->max_model_len);
   if (o->startup_forward && engine_startup_forward(e, mo.n_pages, err, errlen) != 0) {
@@ -490,8 +552,9 @@ void engine_destroy(engine *e, int drain) {
     pthread_cond_destroy(&e->cv);
     pthread_cond_destroy(&e->check_cv);
   }
-  notifier_stop(e->nt); /* the last wake-ups the engine thread queued */
-  prefix_cache_free(e->pc);
+  notifier_stop(e->nt);     /* the last wake-ups the engine thread queued */
+  prefix_cache_free(e->pc); /* writes its memory checkpoints to the disk tier */
+  disk_tier_close(e->dt);   /* after the queued writes */
   sched_free(e->s);
   state_pool_free(e->sp);
   kv_pages_free(e->kp);

@@ -45,11 +45,15 @@ typedef struct engine_opts {
    * engine; NULL: no events) */
   struct kv_events *kv_events;
   /* prefix cache */
-  int enable_prefix_caching; /* --enable-prefix-caching / --no-enable-prefix-caching (1) */
-  int snapshot_interval;     /* --snapshot-interval (2048) */
-  int n_snapshot_slabs;      /* --snapshot-slabs (0: derived from the budget) */
-  double prefix_cache_gib;   /* --prefix-cache-gib */
-  double host_cache_gib;     /* --host-cache-gib (0: no host tier) */
+  int enable_prefix_caching;  /* --enable-prefix-caching / --no-enable-prefix-caching (1) */
+  int snapshot_interval;      /* --snapshot-interval (2048) */
+  int n_snapshot_slabs;       /* --snapshot-slabs (0: derived from the budget) */
+  double prefix_cache_gib;    /* --prefix-cache-gib */
+  double host_cache_gib;      /* --host-cache-gib (0: no host tier) */
+  const char *disk_cache_dir; /* --disk-cache-dir (NULL: no disk tier; docs/disk-cache.md) */
+  double disk_cache_gib;      /* --disk-cache-gib: the directory's byte budget (needed with it) */
+  uint64_t model_identity;    /* disk_tier_identity of the model and backend: a file written
+                                 under another identity is never restored */
   /* --packed-weights auto|on|off (-1 auto, the default): keep the backend's lossless packed copy of
    * the dense layers' product weights for decode steps (backend weight_pack; the CUDA backend's
    * 12-bit rows, ~0.75 of their bf16 bytes, the same results). auto: on when the backend has
@@ -191,6 +195,13 @@ typedef struct engine_stats {
   int prefix_device_slabs, prefix_device_slabs_max, prefix_device_pages;
   size_t prefix_device_slab_bytes, prefix_device_page_bytes, prefix_host_bytes,
       prefix_host_budget_bytes;
+  /* the disk tier (all 0 without --disk-cache-dir): disk_tier_stats, and the prefix cache's
+   * checkpoints that live only on disk and its moves from memory to disk */
+  int disk_enabled, disk_files, disk_queued, disk_checkpoints;
+  size_t disk_bytes, disk_budget_bytes;
+  long long disk_hits, disk_read_failures, disk_writes, disk_write_failures, disk_files_dropped,
+      disk_evictions, disk_spills;
+  double disk_read_bytes, disk_write_bytes, disk_read_s, disk_write_s;
   /* checkpoint copies on the device, timed on the engine thread (each is synchronous and runs
    * between two steps: its time is the pause it puts into the running sequences): captures
    * (slot -> slab), restores (slab -> slot; the sum also holds their copy-on-write page copies) */

@@ -7,6 +7,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
+#include "cache/disk_tier.h"
 #include "cache/kv_pages.h"
 #include "cache/prefix_cache.h"
 #include "cache/state_pool.h"
@@ -64,6 +65,7 @@ struct engine {
   kv_pages *kp;
   state_pool *sp;
   prefix_cache *pc; /* NULL when --no-enable-prefix-caching */
+  disk_tier *dt;    /* --disk-cache-dir, under pc (NULL: none) */
   sched *s;
   fwd_seq *seqs; /* [max_num_seqs] */
   float *logits; /* [max_num_seqs, n_vocab] (qwen35_host_alloc) */

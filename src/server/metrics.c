@@ -397,6 +397,34 @@ static void engine_series(out *o, const engine_stats *s) {
           "Device time of checkpoint restores (slab to slot, with the copy-on-write page), a "
           "pause between two steps.",
           s->ckpt_restore_ms_sum * 1e-3, s->ckpt_restores_timed);
+  if (s->disk_enabled) { /* --disk-cache-dir (docs/disk-cache.md) */
+    gauge(o, "disk_cache_bytes", "Bytes of checkpoint files in the disk cache (written or queued).",
+          (double)s->disk_bytes);
+    gauge(o, "disk_cache_capacity_bytes", "Byte budget of the disk cache (--disk-cache-gib).",
+          (double)s->disk_budget_bytes);
+    gauge(o, "disk_cache_files", "Checkpoint files in the disk cache.", s->disk_files);
+    gauge(o, "disk_cache_write_queue", "Checkpoint files waiting for the writer thread.",
+          s->disk_queued);
+    counter(o, "disk_cache_hits", "Checkpoints restored from the disk cache.", s->disk_hits);
+    counter(o, "disk_cache_writes", "Checkpoint files written.", s->disk_writes);
+    counter(o, "disk_cache_spills", "Checkpoints moved from memory to the disk cache.",
+            s->disk_spills);
+    counter(o, "disk_cache_evictions", "Checkpoint files deleted for room (LRU).",
+            s->disk_evictions);
+    counter(o, "disk_cache_errors",
+            "Checkpoint files refused: corrupt, truncated, another model or format, or a failed "
+            "write or read (never restored).",
+            s->disk_read_failures + s->disk_write_failures + s->disk_files_dropped);
+    summary(o, "disk_cache_write_seconds", "Writer-thread time per checkpoint file (with fsync).",
+            s->disk_write_s, s->disk_writes);
+    summary(o, "disk_cache_read_seconds",
+            "Time to read and check a checkpoint file on a restore (engine thread).",
+            s->disk_read_s, s->disk_hits);
+    counter(o, "disk_cache_write_bytes", "Bytes of checkpoint files written.",
+            (long long)s->disk_write_bytes);
+    counter(o, "disk_cache_read_bytes", "Bytes of checkpoint files read by restores.",
+            (long long)s->disk_read_bytes);
+  }
   gauge(o, "max_model_len", "Longest sequence (prompt + generation) served.", s->max_model_len);
 }
 

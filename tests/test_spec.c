@@ -13,6 +13,7 @@
 #include "engine/spec_ngram.h"
 #include "model/qwen35.h"
 #include "model/weights.h"
+#include "sampler/json_mask.h"
 #include "test.h"
 
 #define NQ 8    /* requests of a set */
@@ -144,6 +145,7 @@ typedef struct sq {
   engine_req *h;
   const int32_t *replay; /* the replay drafter (engine_submit_opts.draft_replay) */
   int n_replay, pm;
+  const json_vocab *json; /* response_format json_object (NULL: none) */
 } sq;
 
 static void sq_logits(void *user, const float *l, int n) {
@@ -239,6 +241,7 @@ static void sq_submit(engine *e, sq *q) {
   so.draft_replay = q->replay;
   so.n_draft_replay = q->n_replay;
   so.draft_corrupt_pm = q->pm;
+  so.json = q->json;
   engine_status st;
   char err[200];
   q->h = engine_submit(e, &so, &st, err, sizeof err);
@@ -581,6 +584,47 @@ TEST(cancel_speculating) {
   EXPECT(s.spec_num_drafts > 0);
 }
 
+/* JSON-constrained requests (json_object over a toy vocabulary of JSON pieces; sampled and
+ * greedy, eos allowed): drafts the mask forbids are rejected by the row's masked sampling, and
+ * the tokens are those of plain decoding */
+TEST(json_mask_same_tokens) {
+  static const char *piece[24] = {"{",   "}",   "\"", "\"a\"", ":",  ",",      " ",     "1",
+                                  "-",   ".",   "e",  "true",  "[",  "]",      "null",  "{\"",
+                                  "\"}", "\":", "x",  "0",     "\n", "\"b\":", "false", "7}"};
+  const char *bytes[512];
+  size_t lens[512];
+  REQUIRE(V <= 512);
+  for (size_t i = 0; i < V; i++) {
+    bytes[i] = piece[i % 24];
+    lens[i] = strlen(bytes[i]);
+  }
+  int32_t eos = C.eos_token_ids[0];
+  json_vocab *jv = json_vocab_new((int)V, bytes, lens, NULL, &eos, 1);
+  REQUIRE(jv != NULL);
+  prompts(REF, NQ, 40, 1);
+  prompts(GOT, NQ, 40, 1);
+  for (int i = 0; i < NQ; i++) {
+    sq *qs[2] = {&REF[i], &GOT[i]};
+    for (int k = 0; k < 2; k++) {
+      qs[k]->json = jv;
+      qs[k]->sp.ignore_eos = 0;
+      qs[k]->sp.temperature = i % 2 ? 1.0f : 0.f;
+      qs[k]->sp.seed = 77 + (uint64_t)i;
+      qs[k]->sp.has_seed = 1;
+    }
+  }
+  engine_stats s0, s1;
+  up_opts off = {.budget = 64}, on = {.k = 4, .budget = 64};
+  EXPECT(run_set(&off, REF, NQ, &s0));
+  replay_ref(NQ, 300);
+  EXPECT(run_set(&on, GOT, NQ, &s1));
+  EXPECT(same(REF, GOT, NQ, "json"));
+  EXPECT(s1.spec_num_accepted_tokens > 0);
+  report("json_object", &s1);
+  for (int i = 0; i < NQ; i++) REF[i].json = GOT[i].json = NULL;
+  json_vocab_free(jv);
+}
+
 /* a backend without set_keep (as the CUDA backend): --speculative-config refused */
 TEST(refused_without_set_keep) {
   backend fake = *BE;
@@ -632,6 +676,7 @@ int main(void) {
     if (mi == 0) {
       RUN(sampled_distribution);
       RUN(cancel_speculating);
+      RUN(json_mask_same_tokens);
       RUN(refused_without_set_keep);
     }
     sq_free(REF, NQ);

@@ -2,6 +2,7 @@
  * (docs/kv-events.md's Python), the --kv-events-config parser, and the prefix cache's events
  * received over a real ZeroMQ socket and decoded against vLLM's schema, checked after every
  * operation against the cache's own records, and the replay socket. */
+#include <dirent.h>
 #include <msgpack.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -11,6 +12,7 @@
 #include <zmq.h>
 
 #include "cache/block_hash.h"
+#include "cache/disk_tier.h"
 #include "cache/kv_events.h"
 #include "cache/pc_events.h"
 #include "prefix_cache_fake.h"
@@ -290,10 +292,12 @@ static int view_matches(consumer *c, fx *f) {
   return 0;
 }
 
-TEST(prefix_cache_events) {
-  char ep[128], rep[128];
-  snprintf(ep, sizeof ep, "ipc:///tmp/ds-kvev-%d.pub", (int)getpid());
-  snprintf(rep, sizeof rep, "ipc:///tmp/ds-kvev-%d.replay", (int)getpid());
+/* A random workload over a prefix cache with events (and, with_disk, a disk tier under the host
+ * tier), the subscriber's view checked after every operation. */
+static void events_workload(int with_disk) {
+  char ep[128], rep[128], dir[64] = "";
+  snprintf(ep, sizeof ep, "ipc:///tmp/ds-kvev-%d-%d.pub", (int)getpid(), with_disk);
+  snprintf(rep, sizeof rep, "ipc:///tmp/ds-kvev-%d-%d.replay", (int)getpid(), with_disk);
   kv_events_config cfg;
   kv_events_config_default(&cfg);
   cfg.enable = cfg.publisher_zmq = 1;
@@ -324,6 +328,20 @@ TEST(prefix_cache_events) {
   o.ops = (prefix_cache_ops){&f.dev,        fk_page_copy, fk_page_read,
                              fk_page_write, fk_slot_read, fk_slot_write};
   o.events = ev;
+  disk_tier *dt = NULL;
+  if (with_disk) { /* room for a few files: the tier's LRU deletes some */
+    snprintf(dir, sizeof dir, "/tmp/ds-kvev-disk-XXXXXX");
+    REQUIRE(mkdtemp(dir) != NULL);
+    disk_tier_opts dop = {
+        dir,
+        8192,
+        77,
+        FK_SLOT_BYTES,
+        FK_PAGE_BYTES,
+        (host_tier_ops){&f.dev, fk_page_read, fk_page_write, fk_slot_read, fk_slot_write}};
+    REQUIRE(disk_tier_open(&dt, &dop, err, sizeof err) == 0);
+    o.disk = dt;
+  }
   REQUIRE(prefix_cache_init(&f.pc, f.kp, f.sp, &o) == 0);
   /* batches sent before the subscription arrived are fetched from the replay socket, as a
    * real consumer does on a gap */
@@ -361,6 +379,10 @@ TEST(prefix_cache_events) {
   EXPECT_MSG(checked == 240 && ps.demotions > 0 && ps.evictions > 0 && c.cleared == 2,
              "checked %d, demotions %lld, evictions %lld, clears %d", checked, ps.demotions,
              ps.evictions, c.cleared);
+  int on_disk = 0;
+  for (int i = 0; i < c.n_states; i++) on_disk += c.states[i].medium == 2;
+  EXPECT_MSG(!with_disk || (ps.spills > 0 && on_disk > 0), "spills %lld, DISK states %d", ps.spills,
+             on_disk);
 
   /* the disk tier's listener: a file's blocks and state in DISK, then gone */
   int32_t d[40];
@@ -418,11 +440,26 @@ TEST(prefix_cache_events) {
   zmq_ctx_term(c.ctx);
   EXPECT(fx_free(&f));
   kv_events_free(ev);
+  if (dt) {
+    disk_tier_close(dt);
+    DIR *dd = opendir(dir);
+    for (struct dirent *de; dd && (de = readdir(dd));) {
+      char path[400];
+      snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
+      if (de->d_name[0] != '.') unlink(path);
+    }
+    if (dd) closedir(dd);
+    rmdir(dir);
+  }
 }
+
+TEST(prefix_cache_events) { events_workload(0); }
+TEST(prefix_cache_events_disk) { events_workload(1); }
 
 int main(void) {
   RUN(block_hash_reference);
   RUN(config_parse);
   RUN(prefix_cache_events);
+  RUN(prefix_cache_events_disk);
   return test_failed_total ? 1 : 0;
 }

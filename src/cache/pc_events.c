@@ -290,6 +290,10 @@ void pc_events_clear_end(prefix_cache *pc) {
   kv_events_all_cleared(pe->ev);
   for (int i = 0; i < pc->n_recs; i++)
     if (pc->recs[i].state == PC_REC_COMMITTED) pc_events_enter(pc, i);
+  for (int e = 0; pc->dt && e < disk_tier_handles(pc->dt); e++) /* the files that stayed */
+    if (disk_tier_live(pc->dt, e))
+      pc_events_disk(pc, 1, disk_tier_entry_salt(pc->dt, e), disk_tier_entry_tokens(pc->dt, e),
+                     disk_tier_entry_depth(pc->dt, e));
 }
 
 /* ---------------------------------------------------------------- check */

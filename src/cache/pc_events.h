@@ -60,8 +60,9 @@ void pc_events_clear_end(prefix_cache *pc);
 size_t pc_events_held(const prefix_cache *pc);
 int pc_events_holders(const prefix_cache *pc, uint64_t h, int medium);
 
-/* Verifies that the table equals what the committed records hold. Returns 0, or -1 with one
- * line in err. Out of memory is reported as a failure. */
+/* Verifies that the table equals what the committed records hold in GPU / CPU and the disk
+ * tier's files in DISK. Returns 0, or -1 with one line in err. Out of memory is reported as a
+ * failure. */
 int pc_events_check(const prefix_cache *pc, char *err, size_t errlen);
 
 #endif

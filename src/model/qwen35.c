@@ -477,7 +477,8 @@ int qwen35_init(qwen35 **out, const model_config *c, const model_weights *w, bac
   m->be = be;
   m->n_pages = o->n_pages;
   m->n_slots = o->n_slots;
-  if (o->keep_k > 0 && o->keep_seqs > 0) {
+  /* a backend without set_keep runs no verify piece: no keep slots taken there */
+  if (o->keep_k > 0 && o->keep_seqs > 0 && be->set_keep) {
     m->keep_k = o->keep_k;
     m->keep_seqs = o->keep_seqs;
     m->n_keep = o->keep_k * o->keep_seqs;

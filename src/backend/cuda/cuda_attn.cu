@@ -857,11 +857,14 @@ __device__ __forceinline__ void kv8_unpack(typename kv8_raw<VPL>::t r, float *ds
   for (int i = 0; i < VPL; i++) dst[i] = kv8_f32(b[i]);
 }
 
+#define KV8_DEPTH 4 /* positions per warp whose loads are in flight together */
+
 /* k_attn_split over FP8 pages: the same grid, ranges, partials and merge (no shared-prefix
  * kernel: sh_start is never passed). Each lane loads its VPL bytes of a position's K and V rows
- * and the two scales straight from the pages, the warp's next position's loads issued before
- * the current one is used; a score is ks * (q . e4m3(k)) and a V row adds (e * vs) * e4m3(v),
- * the scales taken out of the sums. */
+ * and the two scales straight from the pages, KV8_DEPTH of the warp's positions at a time (the
+ * pages are half the bf16 bytes: registers hold the loads in flight, no cp.async slots); a
+ * score is ks * (q . e4m3(k)) and a V row adds (e * vs) * e4m3(v), the scales taken out of the
+ * sums. */
 template <int VPL, int GB>
 __global__ void __launch_bounds__(ATT_SW * 32)
     k_attn_split8(const uint8_t *kp, const uint8_t *vp, const bf16 *q, const int32_t *seq,
@@ -893,48 +896,52 @@ __global__ void __launch_bounds__(ATT_SW * 32)
     m[g] = -INFINITY;
     l[g] = 0.f;
   }
-  raw kb = {}, vb = {};
-  float ks = 0.f, vs = 0.f;
-  auto load = [&](int j) {
-    int page = pt[j / BACKEND_PAGE_TOKENS];
-    float *ksp, *vsp;
-    const uint8_t *kr = kv8_at((uint8_t *)kp, page, j % BACKEND_PAGE_TOKENS, kvh, nkv, HD, &ksp);
-    const uint8_t *vr = kv8_at((uint8_t *)vp, page, j % BACKEND_PAGE_TOKENS, kvh, nkv, HD, &vsp);
-    kb = *(const raw *)(kr + lane * VPL);
-    vb = *(const raw *)(vr + lane * VPL);
-    ks = *ksp;
-    vs = *vsp;
-  };
-  if (j0 + wp < j1) load(j0 + wp);
-  for (int j = j0 + wp; j < j1; j += ATT_SW) {
-    raw kc = kb, vc = vb;
-    float kcs = ks, vcs = vs;
-    if (j + ATT_SW < j1) load(j + ATT_SW);
-    float kr[VPL], vr[VPL];
-    kv8_unpack<VPL>(kc, kr);
-    kv8_unpack<VPL>(vc, vr);
-    float d[G];
+  /* KV8_DEPTH of the warp's positions loaded at once (their page ids, bytes and scales all in
+   * flight), then used in position order */
+  for (int j00 = j0 + wp; j00 < j1; j00 += ATT_SW * KV8_DEPTH) {
+    raw kb[KV8_DEPTH], vb[KV8_DEPTH];
+    float ks[KV8_DEPTH], vs[KV8_DEPTH];
 #pragma unroll
-    for (int g = 0; g < G; g++) {
-      float s = 0.f;
-#pragma unroll
-      for (int e = 0; e < VPL; e++) s += qr[g][e] * kr[e];
-      d[g] = s;
+    for (int u = 0; u < KV8_DEPTH; u++) {
+      int j = min(j00 + u * ATT_SW, j1 - 1); /* past the range: a valid row, not used */
+      int page = pt[j / BACKEND_PAGE_TOKENS];
+      float *ksp, *vsp;
+      const uint8_t *kr = kv8_at((uint8_t *)kp, page, j % BACKEND_PAGE_TOKENS, kvh, nkv, HD, &ksp);
+      const uint8_t *vr = kv8_at((uint8_t *)vp, page, j % BACKEND_PAGE_TOKENS, kvh, nkv, HD, &vsp);
+      kb[u] = *(const raw *)(kr + lane * VPL);
+      vb[u] = *(const raw *)(vr + lane * VPL);
+      ks[u] = *ksp;
+      vs[u] = *vsp;
     }
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1)
+    for (int u = 0; u < KV8_DEPTH; u++) {
+      if (j00 + u * ATT_SW >= j1) break;
+      float kr[VPL], vr[VPL];
+      kv8_unpack<VPL>(kb[u], kr);
+      kv8_unpack<VPL>(vb[u], vr);
+      float d[G];
 #pragma unroll
-      for (int g = 0; g < G; g++) d[g] += __shfl_xor_sync(0xffffffffu, d[g], o);
+      for (int g = 0; g < G; g++) {
+        float s = 0.f;
 #pragma unroll
-    for (int g = 0; g < G; g++) {
-      float sc = d[g] * kcs;
-      float mn = fmaxf(m[g], sc);
-      float cr = __expf(m[g] - mn), e = __expf(sc - mn);
-      l[g] = l[g] * cr + e;
-      float ev = e * vcs;
+        for (int e = 0; e < VPL; e++) s += qr[g][e] * kr[e];
+        d[g] = s;
+      }
 #pragma unroll
-      for (int k = 0; k < VPL; k++) acc[g][k] = acc[g][k] * cr + ev * vr[k];
-      m[g] = mn;
+      for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+        for (int g = 0; g < G; g++) d[g] += __shfl_xor_sync(0xffffffffu, d[g], o);
+#pragma unroll
+      for (int g = 0; g < G; g++) {
+        float sc = d[g] * ks[u];
+        float mn = fmaxf(m[g], sc);
+        float cr = __expf(m[g] - mn), e = __expf(sc - mn);
+        l[g] = l[g] * cr + e;
+        float ev = e * vs[u];
+#pragma unroll
+        for (int k = 0; k < VPL; k++) acc[g][k] = acc[g][k] * cr + ev * vr[k];
+        m[g] = mn;
+      }
     }
   }
 #pragma unroll

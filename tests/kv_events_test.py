@@ -13,8 +13,10 @@ the events and checks, before every request:
 and at the end that the replay socket returns the same batches byte for byte.
 Prints PASS / FAIL lines (tests/run.sh)."""
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "lib"))
 import zmq  # noqa: E402
@@ -45,6 +47,53 @@ def refusals():
         if r.returncode != 2 or len(lines) != 1 or want not in lines[0]:
             return "%s: exit %d, %r" % (cfg, r.returncode, lines[:3])
     return ""
+
+
+def disk_restart():
+    """The disk tier: checkpoints spill to files and are announced in DISK; a restarted server
+    announces the files it finds (through the replay socket for a late subscriber), and a
+    prompt restores exactly what those events promise."""
+    d = tempfile.mkdtemp(prefix="ds-kvev-disk-")
+    flags = ["--snapshot-slabs", "2", "--disk-cache-dir", d, "--disk-cache-gib", "0.01"]
+    convs = [[(11 * c + 5 * i + 1) % 250 for i in range(70)] for c in range(3)]
+    try:
+        srv = kl.Server(BUILD, flags)
+        ctx = zmq.Context()
+        sub = kl.Subscriber(ctx, *srv.endpoints())
+        for t in convs:
+            kl.sync(srv, sub)
+            srv.complete(t, max_tokens=3)
+        kl.sync(srv, sub)
+        spilled = any(k[3] == "DISK" for k in sub.view.states)
+        sub.close()
+        ctx.term()
+        if srv.stop() != 0:
+            return "the first server's exit status"
+        if not spilled:
+            return "no checkpoint reached the disk (DISK events: none)"
+        srv = kl.Server(BUILD, flags)
+        ctx = zmq.Context()
+        sub = kl.Subscriber(ctx, *srv.endpoints())
+        files = srv.metric("disk_cache_files")
+        sub.pump(lambda v: sum(k[3] == "DISK" for k in v.states) >= files)
+        if not files or sum(k[3] == "DISK" for k in sub.view.states) != files:
+            return "%s files, %d DISK states announced" % (
+                files, sum(k[3] == "DISK" for k in sub.view.states))
+        why = ""
+        for t in convs:
+            prompt = t + [7, 7, 7]
+            kl.sync(srv, sub)
+            want = sub.view.restorable(prompt)
+            got = srv.complete(prompt, max_tokens=2)["usage"]["prompt_tokens_details"]
+            if got["cached_tokens"] != want or want == 0:
+                why = "restored %d, the DISK events promised %d" % (got["cached_tokens"], want)
+                break
+        sub.close()
+        ctx.term()
+        rc = srv.stop()
+        return why or ("" if rc == 0 and not srv.sanitizer_report() else "exit status %d" % rc)
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
 
 
 def main():
@@ -113,4 +162,6 @@ def main():
 
 if __name__ == "__main__":
     main()
+    why = disk_restart()
+    report("kv_events_disk_restart", not why, why)
     sys.exit(1 if failures else 0)

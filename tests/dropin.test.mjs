@@ -52,6 +52,7 @@ try {
     eq(sample(t, "vllm:request_generation_tokens_sum", L), 8);
     eq(sample(t, "vllm:request_params_max_tokens_sum", L), 8);
     eq(sample(t, "vllm:request_params_n_sum", L), 2);
+    eq(sample(t, "vllm:request_max_num_generation_tokens_sum", L), 8, "each request's most");
     for (const h of ["request_queue_time_seconds", "request_prefill_time_seconds", "request_decode_time_seconds",
       "request_inference_time_seconds", "e2e_request_latency_seconds", "time_to_first_token_seconds"]) {
       eq(sample(t, `vllm:${h}_count`, L), 2, `${h} observed per request`);
@@ -155,6 +156,17 @@ try {
     assert(all.choices[0].text.startsWith("Hello there") && all.choices[2].text.startsWith("The sea is"), "each choice echoes its prompt");
     eq(all.usage.prompt_tokens, promptTokens, "each prompt's tokens counted once");
     eq(all.usage.completion_tokens, 24);
+    // vLLM's requests are one per prompt: n observed per prompt, their most generated each
+    const mt = await metricsText(srv);
+    const L = { model_name: NAME, engine: "0" };
+    const nCount = sample(mt, "vllm:request_params_n_count", L);
+    const mgCount = sample(mt, "vllm:request_max_num_generation_tokens_count", L);
+    const before = { n: nCount, mg: mgCount };
+    await oa.completions.create({ ...body, prompt: prompts });
+    const mt2 = await metricsText(srv);
+    eq(sample(mt2, "vllm:request_params_n_count", L) - before.n, 3, "n observed per prompt");
+    eq(sample(mt2, "vllm:request_params_n_sum", L) - sample(mt, "vllm:request_params_n_sum", L), 6);
+    await poll(async () => sample(await metricsText(srv), "vllm:request_max_num_generation_tokens_count", L) - before.mg === 3, "3 prompts' max generation observed", 10000);
     // streamed: every index gets its text and a finish
     const st = await oa.completions.create({ ...body, n: 1, prompt: prompts, stream: true });
     const seen = new Map();

@@ -74,6 +74,10 @@ static const hist_def hist_defs[METRICS_N_HIST] = {
                           "Histogram of the n request parameter.",
                           5,
                           {1, 2, 5, 10, 20}},
+    [METRICS_MAX_GEN_TOKENS] = {"request_max_num_generation_tokens",
+                                "Histogram of maximum number of requested generation tokens.",
+                                0,
+                                {0}},
 };
 
 static const char *finish_reasons[] = {"stop", "length", "abort", "error"};

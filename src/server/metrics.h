@@ -40,6 +40,7 @@ typedef enum {
   METRICS_GEN_TOKENS,        /* request_generation_tokens */
   METRICS_MAX_TOKENS,        /* request_params_max_tokens */
   METRICS_PARAMS_N,          /* request_params_n */
+  METRICS_MAX_GEN_TOKENS,    /* request_max_num_generation_tokens: a prompt's n choices' most */
   METRICS_N_HIST,
 } metrics_hist;
 

@@ -1259,7 +1259,8 @@ static enum MHD_Result handle_generate(conn *cx, openai_kind kind) {
   int n_per = cx->req.n > 0 ? cx->req.n : 1, n = n_per * (1 + cx->n_more);
   cx->ch = calloc((size_t)n, sizeof *cx->ch);
   if (!cx->ch) return fail(cx, 503, "server_error", NULL, "out of memory");
-  metrics_observe(s->met, METRICS_PARAMS_N, n_per);
+  for (int p = 0; p <= cx->n_more; p++) /* vLLM's requests are one per prompt */
+    metrics_observe(s->met, METRICS_PARAMS_N, n_per);
   for (int i = 0; i < n; i++) {
     choice *ch = &cx->ch[i];
     prompt_part pp = part_of(cx, i);
@@ -1931,6 +1932,16 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
   if (!cx) return;
   active_remove(s, cx);
   log_request(cx);
+  /* request_max_num_generation_tokens: each prompt whose choices all finished, their most */
+  int n_per = cx->req.n > 0 ? cx->req.n : 1;
+  for (int p = 0; cx->ch && (p + 1) * n_per <= cx->n_ch; p++) {
+    int most = 0, done = 1;
+    for (int j = p * n_per; j < (p + 1) * n_per; j++) {
+      done &= cx->ch[j].have_gen && cx->ch[j].g.done;
+      if (cx->ch[j].g.completion_tokens > most) most = cx->ch[j].g.completion_tokens;
+    }
+    if (done) metrics_observe(s->met, METRICS_MAX_GEN_TOKENS, most);
+  }
   for (int i = 0; cx->ch && i < cx->n_ch; i++) {
     if (cx->ch[i].have_gen) server_gen_free(&cx->ch[i].g);
     if (cx->ch[i].have_st) openai_stream_free(&cx->ch[i].st);

@@ -67,8 +67,8 @@ TEST(config_parse) {
                        "{\"method\":\"eagle\",\"num_speculative_tokens\":2}",
                        "{\"method\":\"ngram\",\"num_speculative_tokens\":0}",
                        "{\"method\":\"ngram\",\"num_speculative_tokens\":2,\"model\":\"x\"}",
-                       "{\"method\":\"ngram\",\"num_speculative_tokens\":2,"
-                       "\"prompt_lookup_min\":4,\"prompt_lookup_max\":2}",
+                       ("{\"method\":\"ngram\",\"num_speculative_tokens\":2,"
+                        "\"prompt_lookup_min\":4,\"prompt_lookup_max\":2}"),
                        "{\"method\":\"ngram\",\"num_speculative_tokens\":2.5}",
                        "[1]",
                        "{"};

@@ -174,13 +174,19 @@ TEST(refusals) {
   EXPECT(
       refuses("{\"input\":\"x\",\"text\":{\"format\":{\"type\":\"xml\"}}}", "text.format", "xml"));
   EXPECT(refuses("{\"input\":\"x\",\"truncation\":\"auto\"}", "truncation", "disabled"));
+  EXPECT(refuses("{\"input\":\"x\",\"frobnicate\":1}", "frobnicate", "Unknown parameter"));
+  EXPECT(refuses("{\"input\":\"x\",\"top_logprobs\":2}", "top_logprobs", "not supported"));
+  EXPECT(refuses("{\"input\":\"x\",\"max_tool_calls\":1}", "max_tool_calls", "not supported"));
+  EXPECT(refuses("{\"input\":\"x\",\"stream_options\":1}", "stream_options", "object"));
   EXPECT(refuses("[1]", "", "object"));
   EXPECT(refuses("{\"input\":", "", "JSON"));
   /* no-op values of the stateful fields pass */
   responses_request r;
   openai_error e;
   EXPECT(parse("{\"input\":\"x\",\"store\":false,\"previous_response_id\":null,\"background\":"
-               "false,\"truncation\":\"disabled\",\"include\":[\"reasoning.encrypted_content\"]}",
+               "false,\"truncation\":\"disabled\",\"include\":[\"reasoning.encrypted_content\"],"
+               "\"prompt_cache_key\":\"k\",\"client_metadata\":{\"a\":\"b\"},"
+               "\"max_tool_calls\":null,\"service_tier\":\"auto\",\"safety_identifier\":\"u\"}",
                &r, &e) == 0);
   if (!test_cur_failed) responses_request_free(&r);
 }

@@ -297,6 +297,34 @@ static int parse_include(const json_t *o, responses_request *r, openai_error *er
   return 0;
 }
 
+/* Top-level fields: those translated below; those that change nothing generated (cache and
+ * routing hints, identifiers, metadata), accepted; those that would, refused unless absent or
+ * their no-op value; any other, refused as OpenAI refuses an unknown parameter. */
+static int check_fields(const json_t *o, openai_error *err) {
+  static const char *const served[] = {
+      "model", "input", "instructions", "tools", "tool_choice", "parallel_tool_calls", "text",
+      "include", "max_output_tokens", "temperature", "top_p", "user", "seed", "top_k", "stop",
+      "reasoning", "metadata", "store", "previous_response_id", "background", "conversation",
+      "truncation", "stream",
+      /* refused unless null (refuse_stateful) */
+      "prompt", "top_logprobs", "max_tool_calls",
+      /* no effect on what is generated */
+      "prompt_cache_key", "prompt_cache_retention", "safety_identifier", "service_tier",
+      "client_metadata", "stream_options"};
+  const char *k;
+  const json_t *v;
+  json_object_foreach((json_t *)o, k, v) {
+    size_t i = 0;
+    while (i < sizeof served / sizeof served[0] && strcmp(k, served[i])) i++;
+    if (i < sizeof served / sizeof served[0]) continue;
+    return BAD(k, "Unknown parameter: '%s'.", k);
+  }
+  const json_t *so = json_object_get(o, "stream_options");
+  if (!nullish(so) && !json_is_object(so))
+    return BAD("stream_options", "'stream_options' must be an object");
+  return 0;
+}
+
 /* The fields of a state the server does not keep: refused unless absent or no-op. */
 static int refuse_stateful(const json_t *o, openai_error *err) {
   const json_t *store = json_object_get(o, "store");
@@ -384,7 +412,7 @@ static int parse_reasoning(const json_t *o, json_t *chat, json_t *echo, openai_e
 
 static int translate(const json_t *o, responses_request *r, openai_error *err) {
   json_t *chat = r->chat, *echo = r->echo;
-  if (refuse_stateful(o, err)) return -1;
+  if (check_fields(o, err) || refuse_stateful(o, err)) return -1;
   const json_t *model = json_object_get(o, "model");
   if (!nullish(model)) {
     if (!json_is_string(model)) return BAD("model", "'model' must be a string");

@@ -316,6 +316,8 @@ int cmd_serve(int argc, char **argv) {
         }
         aliases[n_aliases++] = argv[++i];
       }
+    } else if (!strncmp(a, "--allowed-", 10)) {
+      cors_raw[!strcmp(a, cors_flags[0]) ? 0 : !strcmp(a, cors_flags[1]) ? 1 : 2] = v;
     } else if (!strcmp(a, "--api-key"))
       api_key = v;
     else if (!strcmp(a, "--device"))
@@ -466,28 +468,26 @@ int cmd_serve(int argc, char **argv) {
       for (int j = 0; j < k; j++) cli_flags_list_free(cors[j], n_cors[j]);
       return 2;
     }
-  server_opts so = {
-      .host = host,
-      .port = (int)port,
-      .served_model_name = name,
-      .model_path = model_dir,
-      .api_key = api_key,
-      .max_request_bytes = (size_t)max_req,
-      .metrics_require_api_key = metrics_key,
-      .disable_log_requests = no_log_requests,
-      .log_stats_interval_s = no_log_stats ? 0.0 : stats_interval,
-      .metrics_prefix = metrics_prefix,
-      .gpu_memory_utilization = eo.gpu_memory_utilization,
-      .model_aliases = aliases,
-      .n_model_aliases = n_aliases,
-      .cors_origins = (const char *const *)cors[0],
-      .n_cors_origins = n_cors[0],
-      .cors_methods = (const char *const *)cors[1],
-      .n_cors_methods = n_cors[1],
-      .cors_headers = (const char *const *)cors[2],
-      .n_cors_headers = n_cors[2],
-      .cors_credentials = cors_cred,
-  };
+  server_opts so = {.host = host,
+                    .port = (int)port,
+                    .served_model_name = name,
+                    .model_path = model_dir,
+                    .api_key = api_key,
+                    .max_request_bytes = (size_t)max_req,
+                    .metrics_require_api_key = metrics_key,
+                    .disable_log_requests = no_log_requests,
+                    .log_stats_interval_s = no_log_stats ? 0.0 : stats_interval,
+                    .metrics_prefix = metrics_prefix,
+                    .model_aliases = aliases,
+                    .n_model_aliases = n_aliases,
+                    .cors_origins = (const char *const *)cors[0],
+                    .n_cors_origins = n_cors[0],
+                    .cors_methods = (const char *const *)cors[1],
+                    .n_cors_methods = n_cors[1],
+                    .cors_headers = (const char *const *)cors[2],
+                    .n_cors_headers = n_cors[2],
+                    .cors_credentials = cors_cred,
+                    .gpu_memory_utilization = eo.gpu_memory_utilization};
   server *srv = NULL;
   if (server_start(&srv, &so, err, sizeof err)) {
     fprintf(stderr, "deltaserve serve: %s\n", err);

@@ -243,11 +243,11 @@ TEST(xml_feed_exact) {
   EXPECT(tool_grammar_xml(g, tools, NULL, err, sizeof err) == 0);
   static const char *const ok[] = {
       "<tool_call>\n<function=ping>\n</function>\n</tool_call>",
-      "\n<tool_call>\n<function=get_weather>\n<parameter=city>\nA \"b\"\n\n</parameter>\n"
-      "<parameter=days>\n7\n</parameter>\n<parameter=unit>\nf\n</parameter>\n</function>\n"
-      "</tool_call>",
-      "<tool_call>\n<function=search>\n<parameter=q>\nx<y\n</parameter>\n<parameter=exact>\n"
-      "false\n</parameter>\n<parameter=tags>\n[1, 2]\n</parameter>\n</function>\n</tool_call>"};
+      ("\n<tool_call>\n<function=get_weather>\n<parameter=city>\nA \"b\"\n\n</parameter>\n"
+       "<parameter=days>\n7\n</parameter>\n<parameter=unit>\nf\n</parameter>\n</function>\n"
+       "</tool_call>"),
+      ("<tool_call>\n<function=search>\n<parameter=q>\nx<y\n</parameter>\n<parameter=exact>\n"
+       "false\n</parameter>\n<parameter=tags>\n[1, 2]\n</parameter>\n</function>\n</tool_call>")};
   static const char *const bad[] = {
       "<tool_call>\n<function=get_weather>\n</function>", /* city is required */
       "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis, France\n",

@@ -8,13 +8,15 @@
  *   - the pages after the op, byte for byte: the step's rows quantized by the same rule (amax /
  *     448, round to nearest even) give the same bytes and scales on both backends;
  *   - the output, ||cuda - cpu|| / ||cpu|| <= KV8_OUT_TOL: both read the same K/V values; the
- *     CUDA backend's bf16 output rounding (2^-9), its sum orders and, on the GEMM path (pieces of
- *     32+ rows), the dequantized K/V rounded to bf16 and bf16 probabilities are the differences,
- *     the bf16 pages' test_cuda_ops tolerance (8e-3) with a margin.
+ *     CUDA backend's bf16 output rounding (2^-9), its sum orders and, for pieces of 32+ rows (the
+ *     fused kernel, or the GEMM path), the dequantized K/V rounded to bf16 and bf16
+ *     probabilities are the differences: the bf16 pages' test_cuda_ops tolerance (8e-3) with a
+ *     margin.
  * Shapes: the split path (hd 64, 128, 256; 1, 4, 6 and 8 q heads per kv head), the one-block
- * fallback (hd 40); steps: prefill pieces on the GEMM path, short pieces resuming over cached
- * pages, decode rows, a decode step alone. Then a fixture model decodes on FP8 pages through
- * the decode-step recorder (graphs) and its logits are compared with the CPU's. */
+ * fallback (hd 40); steps: prefill pieces (the fused kernel, and the GEMM path with the fused
+ * kernel off), short pieces resuming over cached pages, decode rows, a decode step alone. Then
+ * a fixture model decodes on FP8 pages through the decode-step recorder (graphs) and its
+ * logits are compared with the CPU's. */
 #include <dirent.h>
 #include <math.h>
 #include <stdint.h>
@@ -200,14 +202,32 @@ TEST(sizes) {
   EXPECT_EQ_INT(backend_kv_page_bytes(GPU, 4, 256), 16 * 4 * 260);
 }
 
+static const int SHAPES[][3] = {{8, 2, 128}, {16, 2, 256}, {24, 4, 256}, {6, 1, 64},
+                                {4, 4, 64},  {3, 1, 40},   {32, 4, 128}};
+
 TEST(attention) {
-  static const int shapes[][3] = {{8, 2, 128}, {16, 2, 256}, {24, 4, 256}, {6, 1, 64},
-                                  {4, 4, 64},  {3, 1, 40},   {32, 4, 128}};
-  for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) {
-    attention_case(shapes[i][0], shapes[i][1], shapes[i][2], &MIXED, "mixed (gemm, split)");
-    attention_case(shapes[i][0], shapes[i][1], shapes[i][2], &LONG, "long (gemm over cache)");
-    attention_case(shapes[i][0], shapes[i][1], shapes[i][2], &DECODE, "decode");
+  for (size_t i = 0; i < sizeof SHAPES / sizeof *SHAPES; i++) {
+    attention_case(SHAPES[i][0], SHAPES[i][1], SHAPES[i][2], &MIXED, "mixed (flash, split)");
+    attention_case(SHAPES[i][0], SHAPES[i][1], SHAPES[i][2], &LONG, "long (flash over cache)");
+    attention_case(SHAPES[i][0], SHAPES[i][1], SHAPES[i][2], &DECODE, "decode");
   }
+}
+
+/* the long pieces through the GEMM path (k_kv_gather8): a backend with the fused kernel off */
+TEST(attention_gemm_path) {
+  char err[256] = "";
+  backend_options o = {.kv_dtype = BACKEND_KV_FP8_E4M3};
+  backend_cuda_test t = {.no_attn_flash = 1};
+  backend *g2 = backend_cuda_create_test(0, &o, &t, err, sizeof err);
+  REQUIRE(g2 != NULL);
+  backend *save = GPU;
+  GPU = g2;
+  for (size_t i = 0; i < sizeof SHAPES / sizeof *SHAPES; i++) {
+    attention_case(SHAPES[i][0], SHAPES[i][1], SHAPES[i][2], &MIXED, "mixed (gemm, split)");
+    attention_case(SHAPES[i][0], SHAPES[i][1], SHAPES[i][2], &LONG, "long (gemm over cache)");
+  }
+  GPU = save;
+  g2->destroy(g2);
 }
 
 /* A fixture model on FP8 pages: a prompt, then decode steps (the recorder's graphs), on both
@@ -275,6 +295,7 @@ int main(void) {
   }
   RUN(sizes);
   RUN(attention);
+  RUN(attention_gemm_path);
   RUN(model_decode);
   GPU->destroy(GPU);
   CPU->destroy(CPU);

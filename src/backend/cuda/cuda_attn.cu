@@ -196,10 +196,12 @@ __global__ void k_att_softmax(const float *S, int ctx, int R, int p0, float scal
  *   page: | row 0: h0 hd B | h1 hd B | ... | row 15 ... | s[0][0] s[0][1] ... s[15][nkv-1] |
  *
  * k_kv_write8 quantizes each (row, kv head) with one warp (amax / 448, round to nearest even,
- * exactly as the CPU backend); the long pieces' context is dequantized into contiguous bf16 by
- * k_kv_gather8 for the GEMM path (tensor cores); every other row takes k_attention8, the
- * one-block-per-(row, q head) kernel reading e4m3 and scales. A value is e4m3(q) * s in fp32,
- * as on the CPU, so the two backends read the same K/V. */
+ * exactly as the CPU backend). The long pieces go to the fused kernel, which dequantizes each
+ * K/V tile into shared memory (cuda_flash.cu k_flash<HD, true>), or, at head sizes it does not
+ * cover, have their context dequantized into contiguous bf16 by k_kv_gather8 for the GEMM path;
+ * decode rows and short pieces take k_attn_split8 (below), other head sizes k_attention8, the
+ * one-block-per-(row, q head) kernel. A value is e4m3(q) * s in fp32, as on the CPU, so the two
+ * backends read the same K/V. */
 
 /* An e4m3 byte as a float: its sign, exponent and mantissa bits moved into a float's (the
  * value times 2^-120, subnormals included), then the 2^120 back (exact). */
@@ -1040,7 +1042,8 @@ static void att_split8(cuda_ctx *c, const uint8_t *kp, const uint8_t *vp, const 
 }
 
 /* Attention over FP8 pages ("FP8 K/V" above): the rows' k, v quantized into the pages, the
- * long pieces on the GEMM path, the other rows on the FP8 split path (k_attention8 for shapes
+ * long pieces by the fused kernel (cuda_flash.cu k_flash<HD, true>; the GEMM path for the head
+ * sizes it does not cover), the other rows on the FP8 split path (k_attention8 for shapes
  * it does not cover); the output gate (NULL: none) in the merge when no row took the GEMM
  * path, else over every row after it. */
 static void att_fp8(cuda_ctx *c, backend *be, backend_buf k_pool, backend_buf v_pool, backend_buf q,
@@ -1053,7 +1056,15 @@ static void att_fp8(cuda_ctx *c, backend *be, backend_buf k_pool, backend_buf v_
       hd, (uint8_t *)k_pool, (uint8_t *)v_pool);
   cuda_check_launch(c, "attention (fp8 kv write)");
   int gmin = att_gemm_min(c, nkv, hd), took = 0;
-  if (gmin > 0) took = att_gemm(c, kp, vp, (const bf16 *)q, nh, nkv, hd, scale, (bf16 *)out);
+  if (gmin > 0 && c->attn_flash) {
+    took = cuda_attn_flash(c, kp, vp, (const bf16 *)q, nh, nkv, hd, scale, (bf16 *)out);
+    int want = 0; /* the rows the split path skips */
+    for (int i = 0; i < c->hb.n_seqs; i++)
+      if (c->hb.seq_len[i] >= gmin) want += c->hb.seq_len[i];
+    if (took && took != want) cuda_fail(c, "attention", "flash path took other rows");
+  }
+  if (gmin > 0 && !took)
+    took = att_gemm(c, kp, vp, (const bf16 *)q, nh, nkv, hd, scale, (bf16 *)out);
   if (took < T) {
     if (att_split_fits(nh, nkv, hd)) {
       att_split8(c, kp, vp, (const bf16 *)q, nh, nkv, hd, scale, took ? NULL : (const bf16 *)gate,

@@ -216,8 +216,8 @@ extern "C" void cuda_sgemm_release(cuda_ctx *c);
 
 /* Fused causal attention of the step's long prefill pieces (cuda_flash.cu): the rows of the
  * pieces the GEMM path would take (cuda_attn.cu); returns how many, 0 when the shape is not
- * covered (nothing launched). */
-int cuda_attn_flash(cuda_ctx *c, const bf16 *kp, const bf16 *vp, const bf16 *q, int nh, int nkv,
+ * covered (nothing launched). kp, vp: bf16 pages, or FP8 pages when c->kv_fp8. */
+int cuda_attn_flash(cuda_ctx *c, const void *kp, const void *vp, const bf16 *q, int nh, int nkv,
                     int hd, float scale, bf16 *out);
 /* The shared positions of the step's groups of decode rows (c->b.sh_*, the step has
  * sh_on) on tensor cores: per group, range and kv head one block over up to 64 (member, q head)

@@ -23,7 +23,11 @@
  * before a tile skips it. At the end O / l is written as bf16. Every sum runs in an order
  * fixed by the piece (the tile walk, the mma, the 4-lane row reductions), so a row's result
  * never depends on the other pieces of the step. K and V loads overlap the compute: the next
- * K tile is in flight during softmax and P V, V during S = Q K^T. */
+ * K tile is in flight during softmax and P V, V during S = Q K^T.
+ *
+ * FP8 pages (--kv-cache-dtype fp8): k_flash<HD, true> loads each tile's e4m3 rows and scales and
+ * stores the dequantized values as bf16 into the same shared rows (fl_load8); the rest is the
+ * same kernel. */
 #include <math.h>
 
 #include "backend/cuda/cuda_common.cuh"
@@ -73,6 +77,49 @@ __device__ __forceinline__ void fl_load(bf16 *dst, const bf16 *pool, const int32
   }
 }
 
+/* FP8 pages (--kv-cache-dtype fp8, cuda_attn.cu "FP8 K/V"): rows j0 .. j0+FLASH_BK-1 of kv
+ * head kvh dequantized (e4m3 value times the row's scale, rounded to bf16) into dst as fl_load
+ * leaves them. Plain loads and stores, no cp.async (the values are converted on the way); the
+ * walk's barriers order them as they order the copies. */
+__device__ __forceinline__ float fl8_f32(uint32_t b) { /* e4m3 byte b (low 8 bits) */
+  return __uint_as_float(((b & 0x80u) << 24) | ((b & 0x7fu) << 20)) * 0x1p120f;
+}
+template <int HD, int NT>
+__device__ __forceinline__ void fl_load8(bf16 *dst, const uint8_t *pool, const int32_t *pt, int j0,
+                                         int jmax, int nkv, int kvh, int tid) {
+  constexpr int C8 = HD / 8;
+  size_t rows = (size_t)BACKEND_PAGE_TOKENS * nkv, pb = rows * (HD + 4);
+  for (int idx = tid; idx < FLASH_BK * C8; idx += NT) {
+    int r = idx / C8, c = (idx % C8) * 8, j = j0 + r;
+    uint4 o = make_uint4(0u, 0u, 0u, 0u);
+    if (j <= jmax) {
+      const uint8_t *pg = pool + (size_t)pt[j / BACKEND_PAGE_TOKENS] * pb;
+      size_t i = (size_t)(j % BACKEND_PAGE_TOKENS) * nkv + kvh;
+      uint2 u = *(const uint2 *)(pg + i * HD + c);
+      float s = *((const float *)(pg + rows * HD) + i);
+      uint32_t *ow = (uint32_t *)&o;
+#pragma unroll
+      for (int k = 0; k < 4; k++) {
+        uint32_t wd = k < 2 ? u.x : u.y, sh = (k & 1) * 16;
+        __nv_bfloat162 b2 =
+            __floats2bfloat162_rn(fl8_f32(wd >> sh) * s, fl8_f32(wd >> (sh + 8)) * s);
+        ow[k] = *(uint32_t *)&b2;
+      }
+    }
+    *(uint4 *)(dst + r * (HD + FLASH_PAD) + c) = o;
+  }
+}
+
+/* A K/V tile into shared memory from bf16 pages (fl_load) or FP8 pages (fl_load8). */
+template <int HD, int NT, bool F8>
+__device__ __forceinline__ void fl_load_kv(bf16 *dst, const void *pool, const int32_t *pt, int j0,
+                                           int jmax, size_t w, int hoff, int tid) {
+  if constexpr (F8)
+    fl_load8<HD, NT>(dst, (const uint8_t *)pool, pt, j0, jmax, (int)(w / HD), hoff / HD, tid);
+  else
+    fl_load<HD, NT>(dst, (const bf16 *)pool, pt, j0, jmax, w, hoff, tid);
+}
+
 /* Warps per 16-row group: hd split in halves at 256. */
 template <int HD>
 struct fl_shape {
@@ -106,9 +153,9 @@ __device__ __forceinline__ void fl_load_q(uint32_t (&qf)[fl_shape<HD>::KS][4], c
  * each thread's rows a / b see the positions up to pa / pb; live: the warp has real rows, wlast:
  * the last position any of its rows sees. Leaves each thread's O accumulators, running maxima
  * (base 2) and partial sums (this thread's columns only) in o, ma / mb, la / lb. */
-template <int HD>
-__device__ __forceinline__ void fl_walk(bf16 *Ks, bf16 *Vs, float *Sx, const bf16 *kp,
-                                        const bf16 *vp, const int32_t *pt, size_t w, int hoff,
+template <int HD, bool F8>
+__device__ __forceinline__ void fl_walk(bf16 *Ks, bf16 *Vs, float *Sx, const void *kp,
+                                        const void *vp, const int32_t *pt, size_t w, int hoff,
                                         int jb, int jmax, float sl2,
                                         const uint32_t (&qf)[fl_shape<HD>::KS][4], int pa, int pb,
                                         bool live, int wlast, float (&o)[fl_shape<HD>::ON][4],
@@ -119,11 +166,11 @@ __device__ __forceinline__ void fl_walk(bf16 *Ks, bf16 *Vs, float *Sx, const bf1
   int g = lane >> 2, t4 = lane & 3;
   int dbase = dh * S_::HDW;
   int ntiles = (jmax - jb) / FLASH_BK + 1;
-  fl_load<HD, S_::NT>(Ks, kp, pt, jb, jmax, w, hoff, tid);
+  fl_load_kv<HD, S_::NT, F8>(Ks, kp, pt, jb, jmax, w, hoff, tid);
   cp_async_commit();
   for (int kt = 0; kt < ntiles; kt++) {
     int j0 = jb + kt * FLASH_BK;
-    fl_load<HD, S_::NT>(Vs, vp, pt, j0, jmax, w, hoff, tid);
+    fl_load_kv<HD, S_::NT, F8>(Vs, vp, pt, j0, jmax, w, hoff, tid);
     cp_async_commit();
     cp_async_wait<1>(); /* K(kt) landed; V(kt) may be in flight */
     __syncthreads();
@@ -161,7 +208,7 @@ __device__ __forceinline__ void fl_walk(bf16 *Ks, bf16 *Vs, float *Sx, const bf1
     }
     __syncthreads(); /* the K buffer (and Sx) is free */
     if (kt + 1 < ntiles) {
-      fl_load<HD, S_::NT>(Ks, kp, pt, j0 + FLASH_BK, jmax, w, hoff, tid);
+      fl_load_kv<HD, S_::NT, F8>(Ks, kp, pt, j0 + FLASH_BK, jmax, w, hoff, tid);
       cp_async_commit();
     }
     uint32_t pf[4][4]; /* P as A fragments, one per 16 positions */
@@ -246,9 +293,9 @@ __device__ __forceinline__ void fl_walk(bf16 *Ks, bf16 *Vs, float *Sx, const bf1
 }
 
 /* grid (query tiles of the long pieces, nh), block fl_shape<HD>::NT. */
-template <int HD>
+template <int HD, bool F8>
 __global__ void __launch_bounds__(fl_shape<HD>::NT)
-    k_flash(const bf16 *kp, const bf16 *vp, const bf16 *q, const int32_t *seq_len,
+    k_flash(const void *kp, const void *vp, const bf16 *q, const int32_t *seq_len,
             const int32_t *seq_pos, const int32_t *seq_start, const int32_t *page_table,
             int max_pages, int n_seqs, int nh, int nkv, float sl2, bf16 *out) {
   pdl_enter();
@@ -302,8 +349,8 @@ __global__ void __launch_bounds__(fl_shape<HD>::NT)
   for (int n = 0; n < S_::ON; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
   float ma = -INFINITY, mb = -INFINITY, la = 0.f, lb = 0.f;
 
-  fl_walk<HD>(Ks, Vs, Sx, kp, vp, pt, w, kvh * HD, 0, jmax, sl2, qf, pa, pb, live, wlast, o, ma, mb,
-              la, lb);
+  fl_walk<HD, F8>(Ks, Vs, Sx, kp, vp, pt, w, kvh * HD, 0, jmax, sl2, qf, pa, pb, live, wlast, o, ma,
+                  mb, la, lb);
 
   if (!live) return;
   la += __shfl_xor_sync(0xffffffffu, la, 1);
@@ -390,8 +437,8 @@ __global__ void __launch_bounds__(fl_shape<HD>::NT)
 #pragma unroll
   for (int n = 0; n < S_::ON; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
   float ma = -INFINITY, mb = -INFINITY, la = 0.f, lb = 0.f;
-  fl_walk<HD>(Ks, Vs, Sx, kp, vp, pt, w, kvh * HD, j0, j1 - 1, sl2, qf, j1 - 1, j1 - 1, live,
-              j1 - 1, o, ma, mb, la, lb);
+  fl_walk<HD, false>(Ks, Vs, Sx, kp, vp, pt, w, kvh * HD, j0, j1 - 1, sl2, qf, j1 - 1, j1 - 1, live,
+                     j1 - 1, o, ma, mb, la, lb);
   if (!live) return;
   la += __shfl_xor_sync(0xffffffffu, la, 1);
   la += __shfl_xor_sync(0xffffffffu, la, 2);
@@ -416,13 +463,13 @@ __global__ void __launch_bounds__(fl_shape<HD>::NT)
 
 /* ---- launcher ---- */
 
-template <int HD>
-static void fl_launch(cuda_ctx *c, unsigned tiles, const bf16 *kp, const bf16 *vp, const bf16 *q,
+template <int HD, bool F8>
+static void fl_launch(cuda_ctx *c, unsigned tiles, const void *kp, const void *vp, const bf16 *q,
                       int nh, int nkv, float scale, bf16 *out) {
   typedef fl_shape<HD> S_;
-  cudaFuncSetAttribute(k_flash<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)S_::SMEM);
+  cudaFuncSetAttribute(k_flash<HD, F8>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)S_::SMEM);
   dim3 grid(tiles, nh);
-  k_flash<HD><<<grid, S_::NT, S_::SMEM, c->st>>>(
+  k_flash<HD, F8><<<grid, S_::NT, S_::SMEM, c->st>>>(
       kp, vp, q, c->b.seq_len, c->b.seq_pos, c->b.seq_start, c->b.page_table, c->b.max_pages,
       c->b.n_seqs, nh, nkv, scale * 1.4426950408889634f, out);
 }
@@ -430,7 +477,7 @@ static void fl_launch(cuda_ctx *c, unsigned tiles, const bf16 *kp, const bf16 *v
 /* Fused attention of every piece of the step with seq_len >= FLASH_MIN (the GEMM path's
  * pieces, cuda_attn.cu), K/V read from the pages; returns the number of rows it took, 0 when
  * the shape is not covered (hd not 64, 128 or 256, the GEMM path off) or no piece is long. */
-int cuda_attn_flash(cuda_ctx *c, const bf16 *kp, const bf16 *vp, const bf16 *q, int nh, int nkv,
+int cuda_attn_flash(cuda_ctx *c, const void *kp, const void *vp, const bf16 *q, int nh, int nkv,
                     int hd, float scale, bf16 *out) {
   if (nkv <= 0 || nh % nkv) return 0;
   if (hd != 64 && hd != 128 && hd != 256) return 0;
@@ -444,17 +491,11 @@ int cuda_attn_flash(cuda_ctx *c, const bf16 *kp, const bf16 *vp, const bf16 *q, 
     rows += L;
   }
   if (!tiles || nh > 65535 || tiles > 0x7fffffffu) return 0;
-  switch (hd) {
-    case 64:
-      fl_launch<64>(c, (unsigned)tiles, kp, vp, q, nh, nkv, scale, out);
-      break;
-    case 128:
-      fl_launch<128>(c, (unsigned)tiles, kp, vp, q, nh, nkv, scale, out);
-      break;
-    default:
-      fl_launch<256>(c, (unsigned)tiles, kp, vp, q, nh, nkv, scale, out);
-      break;
-  }
+  void (*launch)(cuda_ctx *, unsigned, const void *, const void *, const bf16 *, int, int, float,
+                 bf16 *) = hd == 64    ? (c->kv_fp8 ? fl_launch<64, true> : fl_launch<64, false>)
+                           : hd == 128 ? (c->kv_fp8 ? fl_launch<128, true> : fl_launch<128, false>)
+                                       : (c->kv_fp8 ? fl_launch<256, true> : fl_launch<256, false>);
+  launch(c, (unsigned)tiles, kp, vp, q, nh, nkv, scale, out);
   cuda_check_launch(c, "attention (flash)");
   return rows;
 }

@@ -338,12 +338,16 @@ TEST(mem_plan_from_device_memory) {
  * row for the dense layers' product weights whose width is a multiple of 512, at most 24,576;
  * MoE layers' FFN and every other tensor left out). */
 TEST(packed_weights_plan) {
-  EXPECT_EQ_INT(engine_mem_packed_choice(-1, 7.4e9, 5.4e9, 141e9), 1); /* 4B on an H200 */
-  EXPECT_EQ_INT(engine_mem_packed_choice(-1, 54e9, 40e9, 141e9), 0);   /* 27B: over half */
-  EXPECT_EQ_INT(engine_mem_packed_choice(1, 54e9, 40e9, 141e9), 1);    /* asked */
-  EXPECT_EQ_INT(engine_mem_packed_choice(0, 7.4e9, 5.4e9, 141e9), 0);
-  EXPECT_EQ_INT(engine_mem_packed_choice(-1, 7.4e9, 5.4e9, 0), 0); /* no device figure */
-  EXPECT_EQ_INT(engine_mem_packed_choice(1, 7.4e9, 0, 141e9), 0);  /* nothing to pack */
+  EXPECT_EQ_INT(engine_mem_packed_choice(-1, 7.4e9, 5.4e9, 0, 141e9), 1); /* 4B on an H200 */
+  EXPECT_EQ_INT(engine_mem_packed_choice(-1, 54e9, 40e9, 0, 141e9), 0);   /* 27B: over half */
+  EXPECT_EQ_INT(engine_mem_packed_choice(1, 54e9, 40e9, 0, 141e9), 1);    /* asked */
+  EXPECT_EQ_INT(engine_mem_packed_choice(0, 7.4e9, 5.4e9, 0, 141e9), 0);
+  EXPECT_EQ_INT(engine_mem_packed_choice(-1, 7.4e9, 5.4e9, 0, 0), 0); /* no device figure */
+  EXPECT_EQ_INT(engine_mem_packed_choice(1, 7.4e9, 0, 0, 141e9), 0);  /* nothing to pack */
+  /* FP8 27B (28 GB, bf16 copies 45 GB): as the bf16 27B's 51 GB, under half: kept */
+  EXPECT_EQ_INT(engine_mem_packed_choice(-1, 28e9, 45e9, 45e9, 141e9), 1);
+  /* FP8 80B (80 GB, copies 160 GB): its bf16 size is over half: none */
+  EXPECT_EQ_INT(engine_mem_packed_choice(-1, 80e9, 160e9, 160e9, 141e9), 0);
   model_config pc;
   memset(&pc, 0, sizeof pc);
   pc.n_layers = 2;
@@ -376,8 +380,9 @@ TEST(packed_weights_plan) {
                            {9216, 2560}, {2560, 9216}, {64, 512}};
   for (size_t i = 0; i < sizeof in / sizeof *in; i++)
     want += 1.5 * (double)in[i][0] * (double)in[i][1] + 4.0 * (double)in[i][0];
-  double got = qwen35_packed_bytes(&pc, &pw);
+  double fp8 = -1, got = qwen35_packed_bytes(&pc, &pw, &fp8);
   EXPECT_MSG(got == want, "packed bytes %.0f, want %.0f", got, want);
+  EXPECT_MSG(fp8 == 0, "fp8 copies %.0f of a bf16 model", fp8);
 }
 
 TEST(seeded_sampling_batched) {

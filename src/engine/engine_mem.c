@@ -15,9 +15,9 @@
 
 /* auto keeps the copies only while weights and copies take at most half the device, so that
  * they never crowd the KV cache of a large model */
-int engine_mem_packed_choice(int opt, double weights, double packed, double total) {
+int engine_mem_packed_choice(int opt, double weights, double packed, double fp8, double total) {
   if (packed <= 0 || opt == 0) return 0;
-  return opt == 1 || (total > 0 && weights + packed <= 0.5 * total);
+  return opt == 1 || (total > 0 && weights + (packed - fp8) + fp8 / 2 <= 0.5 * total);
 }
 
 int engine_mem_default_slabs(int max_num_seqs) {
@@ -110,8 +110,8 @@ int engine_mem_facts_get(backend *be, const model_config *c, const model_weights
   }
   qwen35_plan_bytes pb;
   qwen35_plan(c, w, be, &pb);
-  double packed = be->weight_pack ? qwen35_packed_bytes(c, w) : 0;
-  if (engine_mem_packed_choice(o->packed_weights, (double)pb.weights, packed,
+  double fp8 = 0, packed = be->weight_pack ? qwen35_packed_bytes(c, w, &fp8) : 0;
+  if (engine_mem_packed_choice(o->packed_weights, (double)pb.weights, packed, fp8,
                                (double)f->total_bytes))
     f->packed_bytes = (size_t)packed;
   f->weight_bytes = pb.weights + f->packed_bytes;

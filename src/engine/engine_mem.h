@@ -39,9 +39,11 @@ typedef struct engine_mem_split {
 } engine_mem_split;
 
 /* Whether the packed weight copies are made (--packed-weights; opt -1 auto, 0 off, 1 on):
- * on when asked and the backend makes them (packed > 0: the copies' bytes), or (auto) when the
- * weights with the copies take at most half of a known device memory total. */
-int engine_mem_packed_choice(int opt, double weights, double packed, double total);
+ * on when asked and the backend makes them (packed > 0: the copies' bytes, fp8 of them the bf16
+ * copies of FP8 weights), or (auto) when the weights with the copies take at most half of a
+ * known device memory total, counting an FP8 weight and its bf16 copy as the bf16 weight alone
+ * (an FP8 model keeps its bf16 copies where the bf16 model would have fitted the bound). */
+int engine_mem_packed_choice(int opt, double weights, double packed, double fp8, double total);
 
 /* The default snapshot slab count without a memory budget: max(16, 2 x max_num_seqs). */
 int engine_mem_default_slabs(int max_num_seqs);

@@ -378,16 +378,20 @@ static double packed_tensor_bytes(const tensor *t) {
   return 1.5 * (double)rows * (double)cols + 4.0 * (double)rows;
 }
 
-double qwen35_packed_bytes(const model_config *c, const model_weights *w) {
+double qwen35_packed_bytes(const model_config *c, const model_weights *w, double *fp8) {
   double b = 0;
+  *fp8 = 0;
   for (int i = 0; i < c->n_layers; i++) {
     const layer_weights *L = &w->layers[i];
-    const tensor *ts[] = {&L->q_proj,    &L->k_proj,    &L->v_proj,    &L->o_proj,  &L->in_proj_qkv,
-                          &L->in_proj_z, &L->in_proj_b, &L->in_proj_a, &L->out_proj};
-    for (size_t k = 0; k < sizeof ts / sizeof *ts; k++) b += packed_tensor_bytes(ts[k]);
-    if (!c->layer_is_moe[i])
-      b += packed_tensor_bytes(&L->gate_proj) + packed_tensor_bytes(&L->up_proj) +
-           packed_tensor_bytes(&L->down_proj);
+    const tensor *ts[] = {&L->q_proj,      &L->k_proj,    &L->v_proj,    &L->o_proj,
+                          &L->in_proj_qkv, &L->in_proj_z, &L->in_proj_b, &L->in_proj_a,
+                          &L->out_proj,    &L->gate_proj, &L->up_proj,   &L->down_proj};
+    size_t n = sizeof ts / sizeof *ts - (c->layer_is_moe[i] ? 3 : 0);
+    for (size_t k = 0; k < n; k++) {
+      double t = packed_tensor_bytes(ts[k]);
+      b += t;
+      if (ts[k]->dt == DTYPE_F8_E4M3) *fp8 += t;
+    }
   }
   return b;
 }

@@ -41,10 +41,11 @@ typedef struct qwen35_mem_opts {
 } qwen35_mem_opts;
 
 /* Device bytes the packed copies of the dense layers' product weights (q, k, v, o, the
- * DeltaNet input and output projections, gate, up, down) would take: 1.5 bytes a value and 4
- * a row for each whose width is a multiple of 512 and at most 24,576 (the CUDA layout,
- * cuda/cuda_packed.cuh). An estimate from the checkpoint, made before the upload. */
-double qwen35_packed_bytes(const model_config *c, const model_weights *w);
+ * DeltaNet input and output projections, gate, up, down) would take: for a bf16 weight 1.5
+ * bytes a value and 4 a row when its width is a multiple of 512 and at most 24,576 (the CUDA
+ * layout, cuda/cuda_packed.cuh), for an FP8 one its bf16 copy, 2 bytes a value (*fp8: those
+ * copies' part). An estimate from the checkpoint, made before the upload. */
+double qwen35_packed_bytes(const model_config *c, const model_weights *w, double *fp8);
 
 /* What qwen35_init and its steps would take on be, in device bytes, known from the config and
  * the checkpoint before the upload (the engine's memory plan). */

@@ -293,6 +293,58 @@ TEST(damaged_header_truncated_foreign_dropped) {
   disk_tier_close(dt);
 }
 
+/* polls disk_tier_prefetch until the read ahead is done (a generous ceiling, never a timing
+ * assertion); returns its last answer */
+static int prefetch_wait(disk_tier *dt, int e) {
+  for (int k = 0; k < 60000; k++) {
+    if (disk_tier_prefetch(dt, e)) return 1;
+    usleep(1000);
+  }
+  return 0;
+}
+
+/* the reader thread reads a file ahead: the read then only copies; a corrupt file read ahead
+ * fails the read with nothing written; an entry dropped while read ahead leaks nothing */
+TEST(read_ahead) {
+  dir_clean(DIRNAME);
+  dev_fill();
+  disk_tier_opts o = unit_opts(1 << 20, 77);
+  disk_tier *dt;
+  char err[300];
+  REQUIRE(disk_tier_open(&dt, &o, err, sizeof err) == 0);
+  int32_t src[3] = {1, 2, 3}, dst[3] = {10, 11, 12};
+  int a = put(dt, "", 40, 5, 1, src, 3), b = put(dt, "", 30, 6, 2, src, 2),
+      c = put(dt, "", 20, 7, 0, src, 2);
+  REQUIRE(a >= 0 && b >= 0 && c >= 0);
+  disk_tier_flush(dt); /* on disk now: a prefetch must read */
+  EXPECT_EQ_INT(disk_tier_prefetch(dt, a), 0);
+  EXPECT(prefetch_wait(dt, a));
+  EXPECT(disk_tier_read(dt, a, 3, dst, 3) == 0);
+  for (int k = 0; k < 3; k++) EXPECT(!memcmp(dev_page[dst[k]], dev_page[src[k]], PB));
+  EXPECT(!memcmp(dev_slot[3], dev_slot[1], SB));
+  disk_tier_prefetch(dt, c);
+  disk_tier_drop(dt, c); /* dropped while (or after) read ahead */
+  disk_tier_stats st;
+  disk_tier_get_stats(dt, &st);
+  EXPECT_EQ_INT(st.hits, 1);
+  disk_tier_close(dt);
+
+  char path[512];
+  one_file(path, sizeof path);
+  flip(path, -40);
+  dt = reopen(77, 1, 0);
+  REQUIRE(dt);
+  int e = find_depth(dt, 40);
+  dev_fill();
+  unsigned char before[PB];
+  memcpy(before, dev_page[10], PB);
+  EXPECT(prefetch_wait(dt, e));
+  EXPECT(disk_tier_read(dt, e, 3, dst, 3) == -1);
+  EXPECT(!memcmp(dev_page[10], before, PB));
+  disk_tier_close(dt);
+  (void)b;
+}
+
 TEST(budget_lru_and_shrink) {
   dir_clean(DIRNAME);
   dev_fill();
@@ -614,6 +666,7 @@ int main(void) {
   RUN(round_trip_and_restart);
   RUN(corrupt_payload_never_restored);
   RUN(damaged_header_truncated_foreign_dropped);
+  RUN(read_ahead);
   RUN(budget_lru_and_shrink);
   RUN(lock_refuses_second_and_tmp_cleaned);
   if (model_load(MODEL_DIR, &C, &W, err, sizeof err) != 0) {

@@ -64,7 +64,12 @@ static size_t dt_key_bytes(size_t salt_len, int depth) {
 
 /* ---------------------------------------------------------------- state */
 
-enum { DT_JOB_WRITE, DT_JOB_UNLINK, DT_JOB_TOUCH };
+enum { DT_JOB_WRITE, DT_JOB_UNLINK, DT_JOB_TOUCH, DT_JOB_READ };
+
+/* An entry's read ahead by the reader thread (disk_tier_prefetch). */
+enum { DT_LOAD_NONE, DT_LOAD_BUSY, DT_LOAD_OK, DT_LOAD_BAD };
+/* Reads in flight or done and not yet consumed: each holds a whole file in memory. */
+#define DT_MAX_LOADS 2
 
 typedef struct dt_job {
   int kind;
@@ -88,6 +93,10 @@ typedef struct dt_entry {
   const unsigned char *img;
   uint64_t seq;
   int write_failed;
+  /* under mu: the reader's copy of the file, its payload hash checked (DT_LOAD_OK) */
+  int load;
+  uint64_t load_seq;
+  unsigned char *loaded;
   /* between put_begin and put_commit: the image being filled (owned here) */
   unsigned char *building;
   int next_free;
@@ -106,7 +115,11 @@ struct disk_tier {
   void *listener_ctx;
   /* the writer */
   pthread_t th;
-  int started;
+  int started, rstarted;
+  pthread_t rth; /* the reader */
+  pthread_cond_t rcv, load_cv;
+  dt_job *rhead, *rtail;
+  int loads; /* entries with load BUSY or OK */
   pthread_mutex_t mu;
   pthread_cond_t cv, idle_cv;
   dt_job *head, *tail;
@@ -140,6 +153,14 @@ static int dt_write_all(int fd, const unsigned char *p, size_t n) {
 
 /* temporary file + fsync + rename + fsync of the directory */
 static int dt_write_file(disk_tier *dt, const dt_job *j) {
+  /* the footer: the payload's hash, here so that the engine thread never hashes a payload;
+   * readers of the queued image copy everything but these 16 bytes */
+  dt_header h;
+  memcpy(&h, j->img, sizeof h);
+  size_t off = DT_HEADER + dt_key_bytes(h.salt_len, (int)h.depth);
+  uint64_t ph = disk_tier_hash(j->img + off, (size_t)h.payload_bytes, 0x7061796cull);
+  memcpy(j->img + off + h.payload_bytes, &ph, 8);
+  memcpy(j->img + off + h.payload_bytes + 8, DT_END, 8);
   char tmp[4200], fin[4200];
   dt_path(dt, j->name, ".tmp", tmp, sizeof tmp);
   dt_path(dt, j->name, "", fin, sizeof fin);
@@ -267,6 +288,10 @@ static void dt_put_handle(disk_tier *dt, int i) {
   free(e->tokens);
   free(e->building);
   pthread_mutex_lock(&dt->mu);
+  if (e->load == DT_LOAD_OK) { /* read ahead, never used; a BUSY one: the reader lets go */
+    free(e->loaded);
+    dt->loads--;
+  }
   memset(e, 0, sizeof *e);
   pthread_mutex_unlock(&dt->mu);
   e->next_free = dt->free_head;
@@ -415,12 +440,7 @@ void disk_tier_put_commit(disk_tier *dt, int entry) {
   CHECK(entry >= 0 && entry < dt->n && dt->e[entry].live && dt->e[entry].building);
   dt_entry *e = &dt->e[entry];
   unsigned char *img = e->building;
-  dt_image_header(dt, e, img);
-  size_t off = DT_HEADER + dt_key_bytes(strlen(e->salt), e->depth);
-  size_t pay = e->bytes - off - DT_FOOTER;
-  uint64_t ph = disk_tier_hash(img + off, pay, 0x7061796cull);
-  memcpy(img + off + pay, &ph, 8);
-  memcpy(img + off + pay + 8, DT_END, 8);
+  dt_image_header(dt, e, img); /* the footer (payload hash) is the writer thread's */
   e->building = NULL;
   pthread_mutex_lock(&dt->mu);
   e->img = img;
@@ -496,42 +516,141 @@ static int dt_header_ok(const disk_tier *dt, const unsigned char *img, size_t n,
   return pay == h->payload_bytes;
 }
 
+/* 1 when img (n bytes) is a whole file named `name` of this tier: header, length, and (when
+ * hash) the end magic and the payload hash. */
+static int dt_image_ok(const disk_tier *dt, const unsigned char *img, size_t n, uint64_t name,
+                       int hash) {
+  dt_header h;
+  if (!dt_header_ok(dt, img, n, &h) || h.key != name) return 0;
+  size_t off = DT_HEADER + dt_key_bytes(h.salt_len, (int)h.depth);
+  if (off + h.payload_bytes + DT_FOOTER != n) return 0;
+  if (!hash) return 1;
+  if (memcmp(img + n - 8, DT_END, 8)) return 0;
+  uint64_t ph, want = disk_tier_hash(img + off, (size_t)h.payload_bytes, 0x7061796cull);
+  memcpy(&ph, img + off + h.payload_bytes, 8);
+  return ph == want;
+}
+
+/* Reads file `name` of `bytes` bytes into a new buffer; NULL when missing, short or out of
+ * memory. */
+static unsigned char *dt_read_file(const disk_tier *dt, uint64_t name, size_t bytes) {
+  char path[4200];
+  dt_path(dt, name, "", path, sizeof path);
+  unsigned char *buf = malloc(bytes ? bytes : 1);
+  int fd = buf ? open(path, O_RDONLY | O_CLOEXEC) : -1;
+  struct stat sb;
+  int ok = fd >= 0 && fstat(fd, &sb) == 0 && (size_t)sb.st_size == bytes &&
+           dt_read_all(fd, buf, bytes) == 0;
+  if (fd >= 0) close(fd);
+  if (!ok) {
+    free(buf);
+    return NULL;
+  }
+  return buf;
+}
+
+/* The reader thread: reads a file ahead of its restore and checks its payload hash, so that
+ * the engine thread only copies it (disk_tier_prefetch). */
+static void *dt_reader(void *arg) {
+  disk_tier *dt = arg;
+  pthread_mutex_lock(&dt->mu);
+  for (;;) {
+    while (!dt->rhead && !dt->stop) pthread_cond_wait(&dt->rcv, &dt->mu);
+    if (dt->stop) break; /* reads not started are freed by close */
+    dt_job *j = dt->rhead;
+    dt->rhead = j->next;
+    if (!dt->rhead) dt->rtail = NULL;
+    pthread_mutex_unlock(&dt->mu);
+    double t0 = dt_now();
+    unsigned char *buf = dt_read_file(dt, j->name, j->bytes);
+    int ok = buf && dt_image_ok(dt, buf, j->bytes, j->name, 1);
+    double s = dt_now() - t0;
+    pthread_mutex_lock(&dt->mu);
+    dt_entry *e = j->entry < dt->n ? &dt->e[j->entry] : NULL;
+    if (e && e->live && e->load == DT_LOAD_BUSY && e->load_seq == j->seq) {
+      e->load = ok ? DT_LOAD_OK : DT_LOAD_BAD;
+      if (ok) {
+        e->loaded = buf;
+        buf = NULL;
+      } else {
+        dt->loads--;
+      }
+      dt->st.read_s += s;
+    } else {
+      dt->loads--; /* dropped meanwhile */
+    }
+    free(buf);
+    free(j);
+    pthread_cond_broadcast(&dt->load_cv);
+  }
+  pthread_mutex_unlock(&dt->mu);
+  return NULL;
+}
+
+int disk_tier_prefetch(disk_tier *dt, int entry) {
+  CHECK(disk_tier_live(dt, entry));
+  dt_entry *e = &dt->e[entry];
+  int ready = 1;
+  pthread_mutex_lock(&dt->mu);
+  if (!dt->rstarted || e->img || e->write_failed || e->load == DT_LOAD_OK ||
+      e->load == DT_LOAD_BAD) {
+    ready = 1;
+  } else if (e->load == DT_LOAD_BUSY || dt->loads >= DT_MAX_LOADS) {
+    ready = 0;
+  } else {
+    dt_job *j = calloc(1, sizeof *j);
+    if (j) { /* out of memory: ready, disk_tier_read reads it itself */
+      j->kind = DT_JOB_READ;
+      j->name = e->name;
+      j->bytes = e->bytes;
+      j->entry = entry;
+      j->seq = e->load_seq = ++dt->seq;
+      e->load = DT_LOAD_BUSY;
+      dt->loads++;
+      if (dt->rtail)
+        dt->rtail->next = j;
+      else
+        dt->rhead = j;
+      dt->rtail = j;
+      pthread_cond_signal(&dt->rcv);
+      ready = 0;
+    }
+  }
+  pthread_mutex_unlock(&dt->mu);
+  return ready;
+}
+
 int disk_tier_read(disk_tier *dt, int entry, int slot, const int32_t *pages, int n_pages) {
   CHECK(disk_tier_live(dt, entry) && dt->e[entry].n_pages == n_pages);
   dt_entry *e = &dt->e[entry];
   double t0 = dt_now();
-  unsigned char *buf = fault_hit("disk_tier_read") ? NULL : malloc(e->bytes);
-  int ok = buf != NULL;
-  if (ok) {
-    pthread_mutex_lock(&dt->mu);
-    const unsigned char *img = e->img;
-    int failed = e->write_failed;
-    if (img) memcpy(buf, img, e->bytes); /* still queued: the image in memory */
-    pthread_mutex_unlock(&dt->mu);
-    if (failed) ok = 0;
-    if (ok && !img) {
-      char path[4200];
-      dt_path(dt, e->name, "", path, sizeof path);
-      int fd = open(path, O_RDONLY | O_CLOEXEC);
-      struct stat sb;
-      ok = fd >= 0 && fstat(fd, &sb) == 0 && (size_t)sb.st_size == e->bytes &&
-           dt_read_all(fd, buf, e->bytes) == 0;
-      if (fd >= 0) close(fd);
-    }
+  unsigned char *buf = NULL;
+  int ok = !fault_hit("disk_tier_read"), hashed = 0;
+  pthread_mutex_lock(&dt->mu);
+  while (e->load == DT_LOAD_BUSY) pthread_cond_wait(&dt->load_cv, &dt->mu);
+  if (e->load == DT_LOAD_OK) { /* read ahead: its payload hash was checked */
+    buf = e->loaded;
+    e->loaded = NULL;
+    dt->loads--;
+    hashed = 1;
+  } else if (e->load == DT_LOAD_BAD || e->write_failed) {
+    ok = 0;
+  } else if (e->img) { /* still queued: the image in memory (never on disk: no hash to check;
+                        * the writer may be writing its footer) */
+    buf = malloc(e->bytes);
+    if (buf) memcpy(buf, e->img, e->bytes - DT_FOOTER);
+    hashed = 1;
   }
+  e->load = DT_LOAD_NONE;
+  pthread_mutex_unlock(&dt->mu);
+  if (ok && !buf) buf = dt_read_file(dt, e->name, e->bytes);
+  size_t salt_len = strlen(e->salt), off = DT_HEADER + dt_key_bytes(salt_len, e->depth);
   dt_header h;
-  size_t off = DT_HEADER + dt_key_bytes(strlen(e->salt), e->depth);
-  if (ok)
-    ok = dt_header_ok(dt, buf, e->bytes, &h) && h.key == e->name && (int)h.depth == e->depth &&
-         (int)h.n_pages == e->n_pages && (int)h.has_slot == e->has_slot &&
-         h.salt_len == strlen(e->salt) && !memcmp(buf + DT_HEADER, e->salt, h.salt_len) &&
-         !memcmp(buf + DT_HEADER + h.salt_len, e->tokens, (size_t)e->depth * sizeof(int32_t)) &&
-         off + h.payload_bytes + DT_FOOTER == e->bytes;
-  if (ok) {
-    uint64_t ph, want = disk_tier_hash(buf + off, (size_t)h.payload_bytes, 0x7061796cull);
-    memcpy(&ph, buf + off + h.payload_bytes, 8);
-    ok = ph == want && !memcmp(buf + off + h.payload_bytes + 8, DT_END, 8);
-  }
+  ok = ok && buf && dt_image_ok(dt, buf, e->bytes, e->name, !hashed) &&
+       dt_header_ok(dt, buf, e->bytes, &h) && (int)h.depth == e->depth &&
+       (int)h.n_pages == e->n_pages && (int)h.has_slot == e->has_slot && h.salt_len == salt_len &&
+       !memcmp(buf + DT_HEADER, e->salt, salt_len) &&
+       !memcmp(buf + DT_HEADER + salt_len, e->tokens, (size_t)e->depth * sizeof(int32_t));
   if (!ok) {
     free(buf);
     pthread_mutex_lock(&dt->mu);
@@ -555,7 +674,7 @@ int disk_tier_read(disk_tier *dt, int entry, int slot, const int32_t *pages, int
   if (rc == 0) {
     dt->st.hits++;
     dt->st.read_bytes += (double)e->bytes;
-    dt->st.read_s += t1 - t0;
+    if (!hashed) dt->st.read_s += t1 - t0;
   } else {
     dt->st.read_failures++;
   }
@@ -723,6 +842,8 @@ int disk_tier_open(disk_tier **out, const disk_tier_opts *o, char *err, size_t e
   pthread_mutex_init(&dt->mu, NULL);
   pthread_cond_init(&dt->cv, NULL);
   pthread_cond_init(&dt->idle_cv, NULL);
+  pthread_cond_init(&dt->rcv, NULL);
+  pthread_cond_init(&dt->load_cv, NULL);
   char path[4200];
   snprintf(path, sizeof path, "%s/lock", dt->dir);
   dt->lock_fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
@@ -750,11 +871,14 @@ int disk_tier_open(disk_tier **out, const disk_tier_opts *o, char *err, size_t e
   }
   if (rc == 0 && pthread_create(&dt->th, NULL, dt_writer, dt) != 0)
     rc = errf(err, errlen, "cannot start the disk cache writer thread");
+  if (rc == 0) dt->started = 1;
+  if (rc == 0 && pthread_create(&dt->rth, NULL, dt_reader, dt) != 0)
+    rc = errf(err, errlen, "cannot start the disk cache reader thread");
+  if (rc == 0) dt->rstarted = 1;
   if (rc != 0) {
     disk_tier_close(dt);
     return -1;
   }
-  dt->started = 1;
   dt->st.budget = dt->budget;
   *out = dt;
   return 0;
@@ -762,22 +886,27 @@ int disk_tier_open(disk_tier **out, const disk_tier_opts *o, char *err, size_t e
 
 void disk_tier_close(disk_tier *dt) {
   if (!dt) return;
-  if (dt->started) {
-    pthread_mutex_lock(&dt->mu);
-    dt->stop = 1;
-    pthread_cond_signal(&dt->cv);
-    pthread_mutex_unlock(&dt->mu);
-    pthread_join(dt->th, NULL);
-  }
+  pthread_mutex_lock(&dt->mu);
+  dt->stop = 1;
+  pthread_cond_signal(&dt->cv);
+  pthread_cond_signal(&dt->rcv);
+  pthread_mutex_unlock(&dt->mu);
+  if (dt->started) pthread_join(dt->th, NULL);
+  if (dt->rstarted) pthread_join(dt->rth, NULL);
   for (dt_job *j = dt->head, *next; j; j = next) { /* a writer that never started */
     next = j->next;
     free(j->img);
+    free(j);
+  }
+  for (dt_job *j = dt->rhead, *next; j; j = next) { /* reads never started */
+    next = j->next;
     free(j);
   }
   for (int i = 0; i < dt->n; i++) {
     free(dt->e[i].salt);
     free(dt->e[i].tokens);
     free(dt->e[i].building);
+    free(dt->e[i].loaded);
   }
   free(dt->e);
   if (dt->dir_fd >= 0) close(dt->dir_fd);
@@ -785,6 +914,8 @@ void disk_tier_close(disk_tier *dt) {
   pthread_mutex_destroy(&dt->mu);
   pthread_cond_destroy(&dt->cv);
   pthread_cond_destroy(&dt->idle_cv);
+  pthread_cond_destroy(&dt->rcv);
+  pthread_cond_destroy(&dt->load_cv);
   free(dt->dir);
   free(dt);
 }

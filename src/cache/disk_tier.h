@@ -25,7 +25,9 @@
  * DIR/x.ckpt and fsyncs DIR (a crash leaves the old state or the new one, never half a
  * file). Deletes (disk_tier_drop) and LRU touches go through the same FIFO queue, so they
  * land after the write they follow. Until its write is done an entry is read from the image
- * in memory. Reads (disk_tier_read) are synchronous on the caller's thread.
+ * in memory. A reader thread reads a file ahead of its restore and checks its payload hash
+ * (disk_tier_prefetch: the engine asks again on a later step, never waiting); disk_tier_read
+ * then only copies it to the device (and reads the file itself when nothing was read ahead).
  *
  * Budget: the bytes of every entry (written or queued) never exceed the budget; a put that
  * does not fit is refused (the prefix cache makes room by dropping its least recently used
@@ -82,6 +84,11 @@ int disk_tier_put_begin(disk_tier *dt, const char *salt, const int32_t *tokens, 
 void disk_tier_put_commit(disk_tier *dt, int entry);
 void disk_tier_put_abort(disk_tier *dt, int entry);
 
+/* 1 when disk_tier_read of the entry will not touch the disk (its image is queued or was read
+ * ahead, or the read ahead failed: the read then fails at once); else 0, and a read ahead by
+ * the reader thread is under way (or waits for a turn: at most 2 files are held read ahead).
+ * Call it again on a later step. */
+int disk_tier_prefetch(disk_tier *dt, int entry);
 /* Reads the entry (the file, or its image while queued), checks the header against the entry
  * and the payload hash, then writes the slab image into slot (when slot >= 0 and the entry
  * has one) and the page images into pages[0, n_pages) (n_pages = the entry's) through the

@@ -496,6 +496,12 @@ static int pc_disk_index(prefix_cache *pc) {
   }
 }
 
+int prefix_cache_disk_ready(prefix_cache *pc, uint64_t ckpt) {
+  int i = pc_rec_find(pc, ckpt, 1u << PC_REC_COMMITTED);
+  if (i < 0 || !pc->dt || !pc_rec_disk_only(&pc->recs[i])) return 1;
+  return disk_tier_prefetch(pc->dt, pc->recs[i].disk);
+}
+
 /* prefix_cache_free: the committed checkpoints still in memory go to the disk tier, least
  * recently used first (so the most recent ones survive its budget); then the records forget
  * their disk entries, so that releasing them keeps the files. */

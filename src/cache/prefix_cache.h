@@ -145,6 +145,12 @@ void prefix_cache_lookup(prefix_cache *pc, const char *salt, const int32_t *prom
 void prefix_cache_peek(prefix_cache *pc, const char *salt, const int32_t *prompt, int n_prompt,
                        prefix_cache_match *m);
 
+/* 1 when a restore from ckpt will not read the disk on the caller's thread (it is not a disk
+ * checkpoint, or its file was read ahead); else 0: the disk tier's reader is reading it (or
+ * waits for a turn). The scheduler asks before it admits a request onto a disk checkpoint and
+ * leaves the request waiting on 0, so that no step waits for the disk. Never fails. */
+int prefix_cache_disk_ready(prefix_cache *pc, uint64_t ckpt);
+
 /* Capture points (a pure function: the policy is the scheduler's). */
 enum {
   PREFIX_CACHE_POINT_PROTECT = 1,

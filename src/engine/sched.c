@@ -423,6 +423,8 @@ static int sched_admit(sched *s, sched_batch *b, request *r, int budget, int *n_
     }
     sched_lookup(s, r, &m);
     if (!r->points_fixed && sched_wait_for(s, r, &m)) return SCHED_ADMIT_SKIP;
+    /* a disk checkpoint's file is read by the disk tier's reader first: no step waits for it */
+    if (m.ckpt && !prefix_cache_disk_ready(s->pc, m.ckpt)) return SCHED_ADMIT_SKIP;
     /* every capture point, restored or not, is a split point: a cold run of the same request
      * (or a failed restore) splits exactly like the restored one; interval points are not
      * (they are captured where pieces happen to end, sched_capture_interval) */

@@ -456,10 +456,63 @@ static void events_workload(int with_disk) {
 TEST(prefix_cache_events) { events_workload(0); }
 TEST(prefix_cache_events_disk) { events_workload(1); }
 
+/* An event that cannot be queued (out of memory: fault site "kv_events") replaces what is
+ * queued with one AllBlocksCleared: the subscriber forgets the replica's blocks instead of
+ * keeping a view that misses one. */
+TEST(lost_event_clears) {
+  char ep[128], rep[128];
+  snprintf(ep, sizeof ep, "ipc:///tmp/ds-kvev-%d-f.pub", (int)getpid());
+  snprintf(rep, sizeof rep, "ipc:///tmp/ds-kvev-%d-f.replay", (int)getpid());
+  kv_events_config cfg;
+  kv_events_config_default(&cfg);
+  cfg.enable = cfg.publisher_zmq = 1;
+  snprintf(cfg.endpoint, sizeof cfg.endpoint, "%s", ep);
+  snprintf(cfg.replay_endpoint, sizeof cfg.replay_endpoint, "%s", rep);
+  snprintf(cfg.topic, sizeof cfg.topic, "kv");
+  kv_events *ev;
+  char err[256];
+  REQUIRE(kv_events_init(&ev, &cfg, err, sizeof err) == 0);
+  static consumer c;
+  memset(&c, 0, sizeof c);
+  c.ctx = zmq_ctx_new();
+  c.sub = zmq_socket(c.ctx, ZMQ_SUB);
+  c.req = zmq_socket(c.ctx, ZMQ_DEALER);
+  REQUIRE(zmq_connect(c.sub, ep) == 0 && zmq_setsockopt(c.sub, ZMQ_SUBSCRIBE, "kv", 2) == 0);
+  REQUIRE(zmq_connect(c.req, rep) == 0);
+
+  int32_t t[48];
+  fk_tokens(t, 48, 3, 0);
+  uint64_t h[3];
+  block_hash_chain(t, 48, NULL, h);
+  kv_events_stats st;
+  kv_events_block_stored(ev, h, 1, 0, 0, t, NULL, KV_EVENTS_MEDIUM_GPU);
+  kv_events_get_stats(ev, &st);
+  EXPECT_MSG(consume_until(&c, st.events) == 0, "%s", c.why);
+  EXPECT(c.n_blocks == 1);
+  fault_arm(1, "kv_events", 0);
+  kv_events_block_stored(ev, h + 1, 1, h[0], 1, t + 16, NULL, KV_EVENTS_MEDIUM_GPU); /* lost */
+  EXPECT(fault_fired());
+  fault_disarm();
+  int32_t u[16];
+  fk_tokens(u, 16, 4, 0);
+  uint64_t g;
+  block_hash_chain(u, 16, NULL, &g);
+  kv_events_block_stored(ev, &g, 1, 0, 0, u, NULL, KV_EVENTS_MEDIUM_GPU);
+  kv_events_get_stats(ev, &st);
+  EXPECT_MSG(consume_until(&c, st.events) == 0, "%s", c.why);
+  EXPECT(st.dropped == 1 && c.cleared == 1);
+  EXPECT(c.n_blocks == 1 && held_find(c.blocks, c.n_blocks, g, 0) == 0);
+  zmq_close(c.sub);
+  zmq_close(c.req);
+  zmq_ctx_term(c.ctx);
+  kv_events_free(ev);
+}
+
 int main(void) {
   RUN(block_hash_reference);
   RUN(config_parse);
   RUN(prefix_cache_events);
   RUN(prefix_cache_events_disk);
+  RUN(lost_event_clears);
   return test_failed_total ? 1 : 0;
 }

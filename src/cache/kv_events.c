@@ -12,6 +12,7 @@
 #include <zmq.h>
 
 #include "base/kv_page.h"
+#include "base/fault.h"
 #include "base/log.h"
 
 /* ---------------------------------------------------------------- config */
@@ -137,6 +138,25 @@ static double kv_events_now(void) {
   return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
 }
 
+/* An encoding buffer that remembers a failed write (out of memory), so that a truncated event
+ * or batch is never sent. */
+typedef struct kv_events_buf {
+  msgpack_sbuffer sb;
+  int failed;
+} kv_events_buf;
+
+static int kv_events_write(void *data, const char *buf, size_t len) {
+  kv_events_buf *b = data;
+  if (!b->failed && msgpack_sbuffer_write(&b->sb, buf, len) != 0) b->failed = 1;
+  return b->failed ? -1 : 0;
+}
+
+static void kv_events_buf_init(kv_events_buf *b, msgpack_packer *pk) {
+  msgpack_sbuffer_init(&b->sb);
+  b->failed = 0;
+  msgpack_packer_init(pk, b, kv_events_write);
+}
+
 static void kv_events_pack_str(msgpack_packer *pk, const char *s) {
   size_t n = strlen(s);
   msgpack_pack_str(pk, n);
@@ -155,14 +175,17 @@ static void kv_events_clear_queue(kv_events *ev) {
   ev->n_q = 0;
 }
 
-/* Appends sb's bytes (taken over) to the queue, or, on overflow or out of memory, replaces
- * the queue with one AllBlocksCleared. Wakes the thread when the queue was empty. */
-static void kv_events_push(kv_events *ev, int state, msgpack_sbuffer *sb) {
+/* Appends b's bytes (taken over) to the queue, or, on overflow or out of memory (fault site
+ * "kv_events"), replaces the queue with one AllBlocksCleared. Wakes the thread when the queue
+ * was empty. */
+static void kv_events_push(kv_events *ev, int state, kv_events_buf *b) {
+  msgpack_sbuffer *sb = &b->sb;
   static const char cleared[] = {(char)0x91, (char)0xb0, 'A', 'l', 'l', 'B', 'l', 'o', 'c',
                                  'k',        's',        'C', 'l', 'e', 'a', 'r', 'e', 'd'};
   pthread_mutex_lock(&ev->mu);
   int was_empty = ev->n_q == 0;
-  int ok = sb->data != NULL && ev->n_q < ev->c.max_queue_size;
+  int ok =
+      !b->failed && sb->data != NULL && !fault_hit("kv_events") && ev->n_q < ev->c.max_queue_size;
   if (ok && ev->n_q == ev->cap_q) {
     int cap = ev->cap_q ? ev->cap_q * 2 : 64;
     kv_events_item *q = realloc(ev->q, (size_t)cap * sizeof *q);
@@ -179,11 +202,13 @@ static void kv_events_push(kv_events *ev, int state, msgpack_sbuffer *sb) {
   } else {
     free(sb->data);
     ev->st.dropped += ev->n_q + 1;
+    ev->st.events -= ev->n_q;
     kv_events_clear_queue(ev);
     char *d = malloc(sizeof cleared);
     if (d && ev->cap_q > 0) {
       memcpy(d, cleared, sizeof cleared);
       ev->q[ev->n_q++] = (kv_events_item){0, kv_events_now(), d, sizeof cleared};
+      ev->st.events++;
     } else {
       free(d);
     }
@@ -191,8 +216,8 @@ static void kv_events_push(kv_events *ev, int state, msgpack_sbuffer *sb) {
   pthread_mutex_unlock(&ev->mu);
   sb->data = NULL;
   if (was_empty) {
-    char b = 1;
-    ssize_t w = write(ev->wake_wr, &b, 1); /* a full pipe already wakes the thread */
+    char wake = 1;
+    ssize_t w = write(ev->wake_wr, &wake, 1); /* a full pipe already wakes the thread */
     (void)w;
   }
 }
@@ -201,10 +226,9 @@ void kv_events_block_stored(kv_events *ev, const uint64_t *hashes, int n, uint64
                             int has_parent, const int32_t *tokens, const char *salt,
                             kv_events_medium m) {
   if (!ev || n <= 0) return;
-  msgpack_sbuffer sb;
-  msgpack_sbuffer_init(&sb);
+  kv_events_buf b;
   msgpack_packer pk;
-  msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+  kv_events_buf_init(&b, &pk);
   int extra = !has_parent && salt && salt[0];
   /* [tag, block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium, lora_name,
    *  (extra_keys)] */
@@ -228,48 +252,45 @@ void kv_events_block_stored(kv_events *ev, const uint64_t *hashes, int n, uint64
     kv_events_pack_str(&pk, salt);
     for (int i = 1; i < n; i++) msgpack_pack_nil(&pk);
   }
-  kv_events_push(ev, 0, &sb);
+  kv_events_push(ev, 0, &b);
 }
 
 void kv_events_block_removed(kv_events *ev, const uint64_t *hashes, int n, kv_events_medium m) {
   if (!ev || n <= 0) return;
-  msgpack_sbuffer sb;
-  msgpack_sbuffer_init(&sb);
+  kv_events_buf b;
   msgpack_packer pk;
-  msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+  kv_events_buf_init(&b, &pk);
   msgpack_pack_array(&pk, 3); /* [tag, block_hashes, medium] */
   kv_events_pack_str(&pk, "BlockRemoved");
   msgpack_pack_array(&pk, (size_t)n);
   for (int i = 0; i < n; i++) msgpack_pack_uint64(&pk, hashes[i]);
   kv_events_pack_str(&pk, kv_events_medium_name(m));
-  kv_events_push(ev, 0, &sb);
+  kv_events_push(ev, 0, &b);
 }
 
 void kv_events_all_cleared(kv_events *ev) {
   if (!ev) return;
-  msgpack_sbuffer sb;
-  msgpack_sbuffer_init(&sb);
+  kv_events_buf b;
   msgpack_packer pk;
-  msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+  kv_events_buf_init(&b, &pk);
   msgpack_pack_array(&pk, 1);
   kv_events_pack_str(&pk, "AllBlocksCleared");
-  kv_events_push(ev, 0, &sb);
+  kv_events_push(ev, 0, &b);
 }
 
 static void kv_events_state(kv_events *ev, const char *tag, uint64_t prefix_hash, int position,
                             const char *salt, kv_events_medium m) {
   if (!ev) return;
-  msgpack_sbuffer sb;
-  msgpack_sbuffer_init(&sb);
+  kv_events_buf b;
   msgpack_packer pk;
-  msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+  kv_events_buf_init(&b, &pk);
   msgpack_pack_array(&pk, 5); /* [tag, prefix_hash, position, cache_salt, medium] */
   kv_events_pack_str(&pk, tag);
   msgpack_pack_uint64(&pk, prefix_hash);
   msgpack_pack_int(&pk, position);
   kv_events_pack_salt(&pk, salt);
   kv_events_pack_str(&pk, kv_events_medium_name(m));
-  kv_events_push(ev, 1, &sb);
+  kv_events_push(ev, 1, &b);
 }
 
 void kv_events_state_stored(kv_events *ev, uint64_t prefix_hash, int position, const char *salt,
@@ -316,16 +337,17 @@ static void kv_events_ring_put(kv_events *ev, uint64_t seq, char *data, size_t l
 
 /* Encodes items [a, b) as one batch [ts, [events], data_parallel_rank 0] and publishes it. */
 static void kv_events_publish(kv_events *ev, const kv_events_item *items, int a, int b) {
-  msgpack_sbuffer sb;
-  msgpack_sbuffer_init(&sb);
+  kv_events_buf buf;
   msgpack_packer pk;
-  msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+  kv_events_buf_init(&buf, &pk);
   msgpack_pack_array(&pk, 3);
   msgpack_pack_double(&pk, items[a].ts);
   msgpack_pack_array(&pk, (size_t)(b - a));
-  for (int i = a; i < b; i++) msgpack_sbuffer_write(&sb, items[i].data, items[i].len);
+  for (int i = a; i < b; i++) kv_events_write(&buf, items[i].data, items[i].len);
   msgpack_pack_int(&pk, 0);
-  if (!sb.data) { /* out of memory: the batch is lost, the sequence goes on */
+  msgpack_sbuffer sb = buf.sb;
+  if (buf.failed || !sb.data) { /* out of memory: the batch is lost, the sequence goes on */
+    free(sb.data);
     log_warn("kv events: out of memory encoding a batch of %d events", b - a);
     return;
   }

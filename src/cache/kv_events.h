@@ -83,7 +83,7 @@ void kv_events_state_removed(kv_events *ev, uint64_t prefix_hash, int position, 
                              kv_events_medium m);
 
 typedef struct kv_events_stats {
-  long long events, batches; /* queued events; batches published */
+  long long events, batches; /* events queued to be published (not the dropped); batches */
   long long dropped;         /* events dropped by an overflow or an out of memory */
   long long replays;         /* replay requests served */
 } kv_events_stats;

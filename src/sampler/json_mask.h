@@ -143,9 +143,11 @@ typedef struct json_schema json_schema;
  * still spell a property's name, or hold an escape, are walked.
  *
  * s may be a tool-call grammar (tool_grammar.h: literals around objects under the tools'
- * schemas, one or more calls): complete (eos allowed) after a whole call; apply walks every
- * token through it from the current state (no precomputed filter), and special tokens are
- * allowed only where their bytes spell the grammar's literals. */
+ * schemas, one or more calls, in the JSON or the XML call form; in the XML form the parameter
+ * blocks are read as the JSON object they stand for): complete (eos allowed) after a whole call;
+ * apply walks every token through it from the current state (no precomputed filter), and special
+ * tokens are allowed only where their bytes spell the grammar's literals. tool_grammar_single's
+ * grammar allows every token (eos too) until its call block has closed, then only eos. */
 json_mask *json_mask_new_schema(const json_vocab *v, const json_schema *s);
 
 /* ---- byte-level access (tests, tools); both kinds of mask ------------------------------ */

@@ -440,6 +440,8 @@ static void events_workload(int with_disk) {
   zmq_ctx_term(c.ctx);
   EXPECT(fx_free(&f));
   kv_events_free(ev);
+  unlink(ep + 6); /* the ipc:// socket files */
+  unlink(rep + 6);
   if (dt) {
     disk_tier_close(dt);
     DIR *dd = opendir(dir);
@@ -506,6 +508,8 @@ TEST(lost_event_clears) {
   zmq_close(c.req);
   zmq_ctx_term(c.ctx);
   kv_events_free(ev);
+  unlink(ep + 6); /* the ipc:// socket files */
+  unlink(rep + 6);
 }
 
 int main(void) {

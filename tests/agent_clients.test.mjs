@@ -191,8 +191,7 @@ await test("codex_exec", async () => {
   const cfg = [
     'model_provider="deltaserve"',
     `model_providers.deltaserve={name="deltaserve", base_url="${px.url}/v1", env_key="DS_KEY", wire_api="responses"}`,
-    'web_search="disabled"', // a hosted tool: refused by the server (only function tools)
-    "agents.enabled=false", // sub-agent tools come as a "namespace" tool, refused likewise
+    'web_search="disabled"', // a hosted tool: refused by the server (function tools only)
     "analytics.enabled=false",
     "feedback.enabled=false",
     "check_for_update_on_startup=false",
@@ -204,7 +203,8 @@ await test("codex_exec", async () => {
   eq(reqs.map((q) => [q.method, q.url, q.status]), [["POST", "/v1/responses", 200]], "one Responses request");
   const b = reqs[0].json;
   eq([b.model, b.stream, b.store, b.include], ["tiny", true, false, ["reasoning.encrypted_content"]], "model, stream, store, include");
-  assert(b.tools.length > 0 && b.tools.every((t) => t.type === "function"), "function tools");
+  const types = [...new Set(b.tools.map((t) => t.type))].sort();
+  eq(types, ["function", "namespace"], "function tools, and its sub-agent tools as a namespace tool");
 });
 
 px.close();

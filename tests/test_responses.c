@@ -228,6 +228,40 @@ TEST(include_and_verbosity) {
   free(c);
 }
 
+/* a namespace tool's functions become chat tools "NS.NAME"; a call of one splits back into
+ * namespace and name, and an input function_call with a namespace joins them again */
+TEST(namespace_tools) {
+  char *c = chat_of(
+      "{\"input\":\"x\",\"tools\":[{\"type\":\"namespace\",\"name\":\"crm\",\"description\":"
+      "\"d\",\"tools\":[{\"type\":\"function\",\"name\":\"find\",\"parameters\":{\"type\":"
+      "\"object\"}}]},{\"type\":\"function\",\"name\":\"f\"}]}");
+  EXPECT_MSG(c && strstr(c,
+                         "\"tools\":[{\"function\":{\"name\":\"crm.find\",\"parameters\":{"
+                         "\"type\":\"object\"}},\"type\":\"function\"},{\"function\":{\"name\":"
+                         "\"f\"},\"type\":\"function\"}]"),
+             "%s", c ? c : "(null)");
+  free(c);
+  c = chat_of(
+      "{\"input\":[{\"type\":\"function_call\",\"call_id\":\"c1\",\"namespace\":\"crm\","
+      "\"name\":\"find\",\"arguments\":\"{}\"},{\"type\":\"function_call_output\",\"call_id\":"
+      "\"c1\",\"output\":\"ok\"}]}");
+  EXPECT_MSG(c && strstr(c, "\"name\":\"crm.find\""), "%s", c ? c : "(null)");
+  free(c);
+  json_t *call = json_pack("{s:s, s:{s:s, s:s}}", "id", "c2", "function", "name", "crm.find",
+                           "arguments", "{}");
+  json_t *it = responses_response_call_item("fc_1", call, "completed");
+  EXPECT_STR(json_string_value(json_object_get(it, "namespace")), "crm");
+  EXPECT_STR(json_string_value(json_object_get(it, "name")), "find");
+  json_decref(it);
+  json_decref(call);
+  EXPECT(refuses("{\"input\":\"x\",\"tools\":[{\"type\":\"function\",\"name\":\"a.b\"}]}",
+                 "tools[0]", "'.'"));
+  EXPECT(
+      refuses("{\"input\":\"x\",\"tools\":[{\"type\":\"namespace\",\"name\":\"n\","
+              "\"tools\":[{\"type\":\"custom\",\"name\":\"g\"}]}]}",
+              "tools[0].tools[0]", "custom"));
+}
+
 TEST(error_param) {
   openai_error e;
   openai_error_set(&e, 400, NULL, "messages[2].content", "x");
@@ -508,6 +542,7 @@ int main(void) {
   RUN(translation_parses_as_chat);
   RUN(refusals);
   RUN(include_and_verbosity);
+  RUN(namespace_tools);
   RUN(error_param);
   RUN(output_items_of_a_generation);
   RUN(response_object);

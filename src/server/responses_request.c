@@ -153,8 +153,23 @@ static int input_items(const json_t *input, json_t *msgs, openai_error *err) {
           goto out;
         }
       }
+      /* a namespace's function: its chat name "NS.NAME" (chat_tool) */
+      const json_t *ns = json_object_get(it, "namespace");
+      json_t *full = NULL;
+      if (json_is_string(ns) && json_string_length(ns)) {
+        size_t n = json_string_length(ns) + json_string_length(name) + 2;
+        char *b = malloc(n);
+        if (b) snprintf(b, n, "%s.%s", json_string_value(ns), json_string_value(name));
+        full = b ? json_string(b) : NULL;
+        free(b);
+        if (!full) {
+          OOM();
+          goto out;
+        }
+      }
       json_t *tc = json_pack("{s:O, s:s, s:{s:O, s:O}}", "id", call_id, "type", "function",
-                             "function", "name", name, "arguments", args);
+                             "function", "name", full ? full : name, "arguments", args);
+      json_decref(full);
       if (!tc || json_array_append_new(calls, tc)) {
         OOM();
         goto out;
@@ -204,41 +219,81 @@ static json_t *nested(const char *type, const json_t *from, const char *const *k
   return in ? json_pack("{s:s, s:o}", "type", type, type, in) : NULL;
 }
 
-/* tools in the Responses shape -> the chat shape */
+/* Function tool t (param: its place, for errors) appended to out in the chat shape; within a
+ * namespace tool ns, its chat name is "NS.NAME" (function names carry no '.', as OpenAI's
+ * pattern has it, so the name of a call splits back: responses_response_call_item). */
+static int chat_tool(json_t *out, const json_t *t, const char *ns, const char *param,
+                     openai_error *err) {
+  const char *type = json_string_value(json_object_get(t, "type"));
+  if (!type || strcmp(type, "function"))
+    return BAD(param,
+               "'%s' has type '%s': only function tools ({\"type\": \"function\", \"name\", "
+               "\"parameters\"}), alone or in a namespace tool, are supported",
+               param, type ? type : "(none)");
+  const char *nm = json_string_value(json_object_get(t, "name"));
+  if (!nm || !nm[0]) return BAD(param, "'%s.name' must be a non-empty string", param);
+  if (strchr(nm, '.'))
+    return BAD(param, "'%s.name' must not contain '.' (it joins a namespace to its functions)",
+               param);
+  static const char *const keys[] = {"name", "description", "parameters", "strict"};
+  json_t *ct = nested("function", t, keys, sizeof keys / sizeof keys[0]);
+  if (ct && ns) {
+    size_t n = strlen(ns) + strlen(nm) + 2;
+    char *full = malloc(n);
+    if (full) snprintf(full, n, "%s.%s", ns, nm);
+    if (!full || json_object_set_new(json_object_get(ct, "function"), "name", json_string(full))) {
+      free(full);
+      json_decref(ct);
+      return OOM();
+    }
+    free(full);
+  }
+  return !ct || json_array_append_new(out, ct) ? OOM() : 0;
+}
+
+/* tools in the Responses shape -> the chat shape (a namespace tool's functions flattened) */
 static json_t *chat_tools(const json_t *tools, openai_error *err) {
   if (!json_is_array(tools)) {
     BAD("tools", "'tools' must be an array");
     return NULL;
   }
   json_t *out = json_array();
+  if (!out) {
+    OOM();
+    return NULL;
+  }
   size_t i;
   const json_t *t;
   char param[64];
   json_array_foreach(tools, i, t) {
     snprintf(param, sizeof param, "tools[%zu]", i);
     const char *type = json_string_value(json_object_get(t, "type"));
-    if (!type || strcmp(type, "function")) {
-      json_decref(out);
-      BAD(param,
-          "'%s' has type '%s': only function tools ({\"type\": \"function\", \"name\", "
-          "\"parameters\"}) are supported",
-          param, type ? type : "(none)");
-      return NULL;
+    if (!type || strcmp(type, "namespace")) {
+      if (chat_tool(out, t, NULL, param, err)) goto fail;
+      continue;
     }
-    if (!json_is_string(json_object_get(t, "name"))) {
-      json_decref(out);
-      BAD(param, "'%s.name' must be a string", param);
-      return NULL;
+    const char *ns = json_string_value(json_object_get(t, "name"));
+    const json_t *inner = json_object_get(t, "tools");
+    if (!ns || !ns[0] || strchr(ns, '.')) {
+      BAD(param, "'%s.name' must be a non-empty string without '.'", param);
+      goto fail;
     }
-    static const char *const keys[] = {"name", "description", "parameters", "strict"};
-    json_t *ct = nested("function", t, keys, sizeof keys / sizeof keys[0]);
-    if (!ct || json_array_append_new(out, ct)) {
-      json_decref(out);
-      OOM();
-      return NULL;
+    if (!json_is_array(inner)) {
+      BAD(param, "'%s.tools' must be an array of function tools", param);
+      goto fail;
+    }
+    size_t j;
+    const json_t *f;
+    json_array_foreach(inner, j, f) {
+      char p2[96];
+      snprintf(p2, sizeof p2, "%s.tools[%zu]", param, j);
+      if (chat_tool(out, f, ns, p2, err)) goto fail;
     }
   }
   return out;
+fail:
+  json_decref(out);
+  return NULL;
 }
 
 /* text.format -> response_format (NULL for plain text) */

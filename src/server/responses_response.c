@@ -74,9 +74,17 @@ json_t *responses_response_call_item(const char *id, const json_t *chat_call, co
   const char *call_id = json_string_value(json_object_get(chat_call, "id"));
   const char *name = json_string_value(json_object_get(fn, "name"));
   const char *args = json_string_value(json_object_get(fn, "arguments"));
-  return json_pack("{s:s, s:s, s:s, s:s, s:s, s:s}", "id", id, "type", "function_call", "call_id",
-                   call_id ? call_id : id, "name", name ? name : "", "arguments", args ? args : "",
-                   "status", status);
+  if (!name) name = "";
+  /* "NS.NAME": a function of namespace tool NS (responses_request's chat_tool) */
+  const char *dot = strchr(name, '.');
+  json_t *it = json_pack("{s:s, s:s, s:s, s:s, s:s, s:s}", "id", id, "type", "function_call",
+                         "call_id", call_id ? call_id : id, "name", dot ? dot + 1 : name,
+                         "arguments", args ? args : "", "status", status);
+  if (it && dot && json_object_set_new(it, "namespace", json_stringn(name, (size_t)(dot - name)))) {
+    json_decref(it);
+    return NULL;
+  }
+  return it;
 }
 
 json_t *responses_response_output(const char *reasoning, const char *content, const json_t *calls,

@@ -70,6 +70,9 @@ enum { DT_JOB_WRITE, DT_JOB_UNLINK, DT_JOB_TOUCH, DT_JOB_READ };
 enum { DT_LOAD_NONE, DT_LOAD_BUSY, DT_LOAD_OK, DT_LOAD_BAD };
 /* Reads in flight or done and not yet consumed: each holds a whole file in memory. */
 #define DT_MAX_LOADS 2
+/* Bytes of images waiting for the writer beyond which a put is refused (one image is always
+ * taken): spills never hold more host memory than this while the disk is slower than them. */
+#define DT_MAX_QUEUED ((size_t)1 << 30)
 
 typedef struct dt_job {
   int kind;
@@ -119,7 +122,10 @@ struct disk_tier {
   pthread_t rth; /* the reader */
   pthread_cond_t rcv, load_cv;
   dt_job *rhead, *rtail;
-  int loads; /* entries with load BUSY or OK */
+  int loads;           /* entries with load BUSY or OK */
+  size_t queued_bytes; /* images waiting for the writer (under mu) */
+  int64_t stamp;       /* the writer's last file time (ns): strictly increasing, so that the
+                          LRU order survives a restart even with coarse file clocks */
   pthread_mutex_t mu;
   pthread_cond_t cv, idle_cv;
   dt_job *head, *tail;
@@ -152,6 +158,18 @@ static int dt_write_all(int fd, const unsigned char *p, size_t n) {
 }
 
 /* temporary file + fsync + rename + fsync of the directory */
+/* The next file time (writer thread): now, or just after the last one. */
+static struct timespec dt_stamp(disk_tier *dt) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  int64_t ns = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+  if (ns <= dt->stamp) ns = dt->stamp + 1000;
+  dt->stamp = ns;
+  ts.tv_sec = (time_t)(ns / 1000000000);
+  ts.tv_nsec = (long)(ns % 1000000000);
+  return ts;
+}
+
 static int dt_write_file(disk_tier *dt, const dt_job *j) {
   /* the footer: the payload's hash, here so that the engine thread never hashes a payload;
    * readers of the queued image copy everything but these 16 bytes */
@@ -167,6 +185,9 @@ static int dt_write_file(disk_tier *dt, const dt_job *j) {
   int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return -1;
   int rc = dt_write_all(fd, j->img, j->bytes);
+  struct timespec t[2];
+  t[0] = t[1] = dt_stamp(dt);
+  if (rc == 0) futimens(fd, t);
   if (rc == 0 && fsync(fd) != 0) rc = -1;
   if (close(fd) != 0) rc = -1;
   if (rc == 0 && rename(tmp, fin) != 0) rc = -1;
@@ -199,7 +220,9 @@ static void *dt_writer(void *arg) {
       unlink(path);
     } else {
       dt_path(dt, j->name, "", path, sizeof path);
-      utimensat(AT_FDCWD, path, NULL, 0);
+      struct timespec t[2];
+      t[0] = t[1] = dt_stamp(dt);
+      utimensat(AT_FDCWD, path, t, 0);
     }
     double s = dt_now() - t0;
     pthread_mutex_lock(&dt->mu);
@@ -217,11 +240,12 @@ static void *dt_writer(void *arg) {
         e->write_failed = rc != 0;
       }
       dt->st.queued--;
+      dt->queued_bytes -= j->bytes;
       free(j->img);
     }
     free(j);
     dt->busy = 0;
-    if (!dt->head) pthread_cond_broadcast(&dt->idle_cv);
+    pthread_cond_broadcast(&dt->idle_cv); /* flush and disk_tier_wait_room wait on it */
   }
   pthread_mutex_unlock(&dt->mu);
   return NULL;
@@ -244,10 +268,20 @@ static int dt_queue(disk_tier *dt, int kind, uint64_t name, unsigned char *img, 
   else
     dt->head = j;
   dt->tail = j;
-  if (kind == DT_JOB_WRITE) dt->st.queued++;
+  if (kind == DT_JOB_WRITE) {
+    dt->st.queued++;
+    dt->queued_bytes += bytes;
+  }
   pthread_cond_signal(&dt->cv);
   pthread_mutex_unlock(&dt->mu);
   return 0;
+}
+
+void disk_tier_wait_room(disk_tier *dt, size_t bytes) {
+  pthread_mutex_lock(&dt->mu);
+  while (dt->queued_bytes > 0 && dt->queued_bytes + bytes > DT_MAX_QUEUED)
+    pthread_cond_wait(&dt->idle_cv, &dt->mu);
+  pthread_mutex_unlock(&dt->mu);
 }
 
 void disk_tier_flush(disk_tier *dt) {
@@ -418,6 +452,11 @@ int disk_tier_put_begin(disk_tier *dt, const char *salt, const int32_t *tokens, 
   uint64_t name = dt_key(salt, tokens, depth);
   for (int i = 0; i < dt->n; i++)
     if (dt->e[i].live && dt->e[i].name == name) return -1;
+  pthread_mutex_lock(&dt->mu);
+  int full = dt->queued_bytes > 0 && dt->queued_bytes + bytes > DT_MAX_QUEUED;
+  if (full) dt->st.write_skips++;
+  pthread_mutex_unlock(&dt->mu);
+  if (full) return -1;
   if (fault_hit("disk_tier_alloc")) return -1;
   int i = dt_entry_new(dt, name, salt, salt_len, tokens, depth, has_slot, n_pages);
   if (i < 0) return -1;
@@ -805,6 +844,8 @@ static int dt_scan(disk_tier *dt, char *err, size_t errlen) {
     }
     found[n_found++] = (dt_found){i, mt};
     dt->used += dt->e[i].bytes;
+    int64_t ns = (int64_t)mt.tv_sec * 1000000000 + mt.tv_nsec;
+    if (ns > dt->stamp) dt->stamp = ns;
     dt->live++;
   }
   closedir(d);

@@ -66,6 +66,9 @@ int disk_tier_open(disk_tier **out, const disk_tier_opts *o, char *err, size_t e
 void disk_tier_close(disk_tier *dt);
 /* Waits until every queued write, delete and touch is done (tests, shutdown). */
 void disk_tier_flush(disk_tier *dt);
+/* Waits until a put of `bytes` is not refused for the images waiting for the writer (1 GiB
+ * of them at most; shutdown, where waiting is fine). */
+void disk_tier_wait_room(disk_tier *dt, size_t bytes);
 
 size_t disk_tier_budget(const disk_tier *dt);
 size_t disk_tier_bytes(const disk_tier *dt);
@@ -75,10 +78,12 @@ size_t disk_tier_file_size(const disk_tier *dt, size_t salt_len, int depth, int 
                            int n_pages);
 
 /* A write in two halves: begin reserves the budget and returns where the slab image (NULL
- * when !has_slot) and the n_pages page images go; the caller fills them, then commit hashes
- * and queues the image (the entry is readable at once), or abort forgets it. Returns 0 with
- * *entry, or -1 when it does not fit the budget, a live entry has the same key hash, or out
- * of memory (fault site "disk_tier_alloc"). */
+ * when !has_slot) and the n_pages page images go; the caller fills them, then commit writes
+ * the header and queues the image (the writer hashes the payload) (the entry is readable at once),
+ * or abort forgets it. Returns 0 with *entry, or -1 when it does not fit the budget, a live entry
+ * has the same key hash, or out of memory (fault site "disk_tier_alloc"), or while 1 GiB of images
+ * already wait for the writer (counted in write_skips: a spill then drops the checkpoint as without
+ * a disk tier). */
 int disk_tier_put_begin(disk_tier *dt, const char *salt, const int32_t *tokens, int depth,
                         int has_slot, int n_pages, int *entry, void **slab, void **pages);
 void disk_tier_put_commit(disk_tier *dt, int entry);
@@ -128,6 +133,7 @@ typedef struct disk_tier_stats {
   long long read_failures;  /* reads refused: missing, short, corrupt */
   long long writes;         /* files written */
   long long write_failures; /* writes that failed (the entry's next read fails) */
+  long long write_skips;    /* puts refused while the writer was 1 GiB behind */
   long long files_dropped;  /* files deleted at open: foreign, other version, corrupt header */
   long long evictions;      /* entries dropped for room or after a failure */
   double read_bytes, write_bytes, read_s, write_s;

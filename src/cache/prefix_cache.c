@@ -518,6 +518,8 @@ static void pc_disk_persist(prefix_cache *pc) {
     }
     if (v < 0) break;
     last = pc->recs[v].tick;
+    const pc_rec *r = &pc->recs[v]; /* the queue's memory bound: wait here rather than drop */
+    disk_tier_wait_room(pc->dt, disk_tier_file_size(pc->dt, 0, r->depth, 1, r->n_pages));
     written += pc_spill(pc, v) == 0;
   }
   for (int i = 0; i < pc->n_recs; i++) pc->recs[i].disk = -1;

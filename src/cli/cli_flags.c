@@ -38,7 +38,7 @@ const char cli_flags_engine_help[] =
     "                              \"prompt_lookup_min\": a, \"prompt_lookup_max\": b}\n"
     "  --log-steps                 log one line per engine step: each request's token range\n"
     "                              (+ cold admission, <-N restored from the prefix cache,\n"
-    "                              ! sampled)\n"
+    "                              ! sampled, ~K a verify piece of K drafts)\n"
     "  Token and byte counts (N above, --max-request-bytes) take vLLM's suffixes: k m g t\n"
     "  = 10^3 10^6 10^9 10^12 (25.6k = 25600), K M G T = 2^10 2^20 2^30 2^40 (32K = 32768).\n";
 

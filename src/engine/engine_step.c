@@ -64,7 +64,8 @@ static int engine_step_is_stop(engine *e, const request *r, int32_t t) {
 }
 
 /* --log-steps: "step N (T tokens): r<id>[from,to)" per scheduled request; an
- * admission is marked "+" (cold) or "<-D" (restored D tokens), a sampling row "!". */
+ * admission is marked "+" (cold) or "<-D" (restored D tokens), a sampling row "!", a verify
+ * piece with K drafts "~K". */
 const int engine_step_token_le[ENGINE_STEP_TOKEN_BUCKETS] = {1,   8,    16,   32,   64,   128,  256,
                                                              512, 1024, 2048, 4096, 8192, 16384};
 
@@ -104,6 +105,7 @@ static void engine_step_trace(engine *e, const sched_batch *b) {
     else if (fresh)
       n += snprintf(line + n, sizeof line - (size_t)n, "+");
     if (r->sched_sample) n += snprintf(line + n, sizeof line - (size_t)n, "!");
+    if (r->sched_draft) n += snprintf(line + n, sizeof line - (size_t)n, "~%d", r->sched_draft);
   }
   log_info("engine: %s", line);
 }

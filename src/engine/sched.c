@@ -538,7 +538,10 @@ void sched_schedule(sched *s, sched_batch *b) {
   for (request *r = s->running.head; r; r = r->next)
     r->sched_tokens = r->sched_sample = r->sched_draft = 0;
 
-  /* 1 and 2: running requests, decode rows first, then prefill pieces */
+  /* 1 and 2: running requests, decode rows first, then prefill pieces; drafts take only the
+   * budget the decode rows after them leave (a draft never displaces a plain row) */
+  int n_dec = 0;
+  for (request *r = s->running.head; r; r = r->next) n_dec += r->n_computed >= r->n_prompt;
   for (int pass = 0; pass < 2; pass++) {
     request *next;
     for (request *r = s->running.head; r && budget > 0; r = next) {
@@ -547,7 +550,7 @@ void sched_schedule(sched *s, sched_batch *b) {
       if (decode != (pass == 0) || r->sched_tokens) continue;
       int n = sched_piece(r, s->unit, budget);
       if (n == 0) continue;
-      if (decode) n += sched_draft(s, r, budget - 1);
+      if (decode) n += sched_draft(s, r, budget - n_dec--);
       int rc = sched_reserve(s, b, r, r->n_computed + n);
       next = r->next; /* preemption may have unlinked the old successor */
       if (rc < 0 || (rc == 0 && r->state != REQ_STATE_RUNNING)) {

@@ -30,6 +30,19 @@ async function complete(srv) {
 let srv;
 try {
   let cold, warm;
+  await test("disk_cache_flags_refused_before_loading", async () => {
+    for (const [extra, want] of [
+      [["--disk-cache-dir", dir], /--disk-cache-dir needs --disk-cache-gib/],
+      [["--disk-cache-gib", "1"], /--disk-cache-gib needs --disk-cache-dir/],
+      [[...args, "--no-enable-prefix-caching"], /--disk-cache-dir needs the prefix cache/],
+    ]) {
+      const r = spawnSync(BIN, ["serve", "--model", model.dir, "--port", "0", ...extra], { encoding: "utf8", timeout: 60000 });
+      eq(r.status, 2, `${extra.join(" ")}: ${r.stderr.slice(-300)}`);
+      assert(want.test(r.stderr), r.stderr.slice(-300));
+    }
+    assert(!fs.existsSync(dir), "the directory was created by a refused server");
+  });
+
   srv = await startServer(model.dir, args);
 
   await test("disk_cache_cold_run", async () => {

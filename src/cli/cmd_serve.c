@@ -400,6 +400,20 @@ int cmd_serve(int argc, char **argv) {
     fprintf(stderr, "deltaserve serve: %s\n", err);
     return 2;
   }
+  /* --disk-cache-dir / -gib, checked before anything loads (the directory and its lock are
+   * taken when the engine starts) */
+  const char *disk_err = !eo.disk_cache_dir && eo.disk_cache_gib > 0
+                             ? "--disk-cache-gib needs --disk-cache-dir"
+                         : eo.disk_cache_dir && eo.disk_cache_gib <= 0
+                             ? "--disk-cache-dir needs --disk-cache-gib F (its byte budget)"
+                         : eo.disk_cache_dir && !eo.enable_prefix_caching
+                             ? "--disk-cache-dir needs the prefix cache, which "
+                               "--no-enable-prefix-caching turns off"
+                             : NULL;
+  if (disk_err) {
+    fprintf(stderr, "deltaserve serve: %s\n", disk_err);
+    return 2;
+  }
   if (model_arg) model_dir = model_arg;
   if (!api_key) { /* vLLM's VLLM_API_KEY, and deltaserve's own name first */
     static const char *const key_vars[] = {"DELTASERVE_API_KEY", "VLLM_API_KEY"};

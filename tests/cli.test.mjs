@@ -154,6 +154,8 @@ await test("serve_kv_cache_dtype_fp8", async () => {
   });
   eq(r.status, 200, "completion with fp8 K/V");
   eq((await r.json()).usage.completion_tokens, 4, "tokens");
+  const m = await (await fetch(`${s.url}/metrics`)).text();
+  assert(/cache_config_info\{[^}]*cache_dtype="fp8"/.test(m), "cache_config_info's cache_dtype");
   await s.stop();
 });
 

@@ -198,6 +198,7 @@ int cmd_serve(int argc, char **argv) {
   long long port = 8000, threads = 0, max_req = 32LL << 20;
   int batch_invariant = 0, no_warmup = 0;
   backend_kv_dtype kv_dtype = BACKEND_KV_AUTO; /* --kv-cache-dtype */
+  const char *kv_dtype_name = "auto";          /* ... as given (/metrics cache_config_info) */
   double grace = 5.0;
   int skip_tok = 0;
   int metrics_key = 0; /* --metrics-require-api-key */
@@ -367,6 +368,7 @@ int cmd_serve(int argc, char **argv) {
         fprintf(stderr, "deltaserve serve: %s\n", err);
         return 2;
       }
+      kv_dtype_name = v;
     } else if (!strcmp(a, "--port")) {
       if (serve_parse_long(a, v, 0, 65535, &port)) return 2;
     } else if (!strcmp(a, "--threads")) {
@@ -501,7 +503,8 @@ int cmd_serve(int argc, char **argv) {
                     .cors_headers = (const char *const *)cors[2],
                     .n_cors_headers = n_cors[2],
                     .cors_credentials = cors_cred,
-                    .gpu_memory_utilization = eo.gpu_memory_utilization};
+                    .gpu_memory_utilization = eo.gpu_memory_utilization,
+                    .kv_cache_dtype = kv_dtype_name};
   server *srv = NULL;
   if (server_start(&srv, &so, err, sizeof err)) {
     fprintf(stderr, "deltaserve serve: %s\n", err);

@@ -360,11 +360,12 @@ static void engine_series(out *o, const engine_stats *s) {
   metrics_format_le(gmu, sizeof gmu, m->o.gpu_memory_utilization);
   head(o, "cache_config_info", "gauge", "Information of the LLMEngine CacheConfig");
   strbuf_printf(o->b,
-                "%s:cache_config_info{block_size=\"%d\",cache_dtype=\"auto\","
+                "%s:cache_config_info{block_size=\"%d\",cache_dtype=\"%s\","
                 "enable_prefix_caching=\"%s\",%sgpu_memory_utilization=\"%s\","
                 "num_gpu_blocks=\"%d\"} 1.0\n",
-                m->prefix, KV_PAGE_TOKENS, s->prefix_enabled ? "True" : "False",
-                vllm ? "engine=\"0\"," : "", gmu, s->kv_pages_total);
+                m->prefix, KV_PAGE_TOKENS, m->o.cache_dtype ? m->o.cache_dtype : "auto",
+                s->prefix_enabled ? "True" : "False", vllm ? "engine=\"0\"," : "", gmu,
+                s->kv_pages_total);
   /* deltaserve's own */
   counter(o, "prompt_tokens_computed",
           "Number of prompt tokens actually computed (not restored from the prefix cache).",

@@ -50,6 +50,7 @@ typedef struct metrics_opts {
   int max_model_len;             /* the token histograms' 1-2-5 buckets stop at it (vLLM's); 0: not
                                     known yet (metrics_set_max_model_len) */
   double gpu_memory_utilization; /* a label of cache_config_info */
+  const char *cache_dtype;       /* cache_config_info's: --kv-cache-dtype as given (NULL: auto) */
 } metrics_opts;
 
 /* One finished generation. Times in seconds; a negative one is not known and left out. */

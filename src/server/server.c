@@ -2015,7 +2015,8 @@ int server_start(server **out, const server_opts *o, char *err, size_t errlen) {
   pthread_mutex_init(&s->mu, NULL);
   metrics_opts mo = {.prefix = o->metrics_prefix,
                      .model_name = s->name,
-                     .gpu_memory_utilization = o->gpu_memory_utilization};
+                     .gpu_memory_utilization = o->gpu_memory_utilization,
+                     .cache_dtype = o->kv_cache_dtype};
   s->met = metrics_new(&mo);
   if (!s->host || !s->name || !s->met) {
     server_free(s);

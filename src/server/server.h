@@ -81,6 +81,7 @@ typedef struct server_opts {
   int n_cors_headers;
   int cors_credentials;
   double gpu_memory_utilization; /* shown in /metrics cache_config_info */
+  const char *kv_cache_dtype;    /* --kv-cache-dtype as given, the same (NULL: auto) */
 } server_opts;
 
 /* What serving needs from the loaded model; all borrowed, outliving the server's use. */

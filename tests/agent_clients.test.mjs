@@ -4,7 +4,8 @@
 // the test sees the route and shape of what the client sent. Each client must exit cleanly and
 // print exactly the text the server generated. The same fixture's tagged chain (a text, one call,
 // more text) checks parallel_tool_calls false / disable_parallel_tool_use with tool_choice auto
-// on the three APIs: the output ends after the call.
+// on the three APIs (the output ends after the call), and drives one tool round trip through
+// each CLI (the call, the client's result sent back, the answer to it printed).
 import { spawn } from "node:child_process";
 import fs from "node:fs";
 import http from "node:http";
@@ -161,9 +162,7 @@ await test("ai_sdk_openai_provider", async () => {
   eq(t.toolCalls.map((c) => [c.toolName, c.input]), [["get_weather", { city: "Paris" }]], "tool call");
 });
 
-await test("claude_code_print_mode", async () => {
-  const n0 = px.seen.length;
-  const env = {
+const claudeEnv = () => ({
     PATH: process.env.PATH,
     HOME: home,
     ANTHROPIC_BASE_URL: px.url,
@@ -173,8 +172,11 @@ await test("claude_code_print_mode", async () => {
     DISABLE_AUTOUPDATER: "1",
     DISABLE_TELEMETRY: "1",
     DISABLE_ERROR_REPORTING: "1",
-  };
-  const r = await run(path.resolve("node_modules/.bin/claude"), ["-p", "Say hello", "--model", "tiny"], env, home);
+});
+
+await test("claude_code_print_mode", async () => {
+  const n0 = px.seen.length;
+  const r = await run(path.resolve("node_modules/.bin/claude"), ["-p", "Say hello", "--model", "tiny"], claudeEnv(), home);
   eq([r.status, r.signal], [0, null], `exit (stderr: ${r.stderr.slice(0, 300)}; stdout: ${r.stdout.slice(0, 300)})`);
   eq(r.stdout.trim(), TEXT, "printed text");
   const msgs = since(n0).filter((q) => q.url.startsWith("/v1/messages"));
@@ -185,9 +187,8 @@ await test("claude_code_print_mode", async () => {
   assert(main.headers["x-api-key"] === KEY && main.headers["anthropic-version"], "x-api-key and anthropic-version headers");
 });
 
-await test("codex_exec", async () => {
-  const n0 = px.seen.length;
-  const env = { PATH: process.env.PATH, HOME: home, CODEX_HOME: home, DS_KEY: KEY };
+const codexEnv = () => ({ PATH: process.env.PATH, HOME: home, CODEX_HOME: home, DS_KEY: KEY });
+const codexArgs = (prompt) => {
   const cfg = [
     'model_provider="deltaserve"',
     `model_providers.deltaserve={name="deltaserve", base_url="${px.url}/v1", env_key="DS_KEY", wire_api="responses"}`,
@@ -196,7 +197,12 @@ await test("codex_exec", async () => {
     "feedback.enabled=false",
     "check_for_update_on_startup=false",
   ].flatMap((c) => ["-c", c]);
-  const r = await run(path.resolve("node_modules/.bin/codex"), ["exec", "--skip-git-repo-check", ...cfg, "-m", "tiny", "Say hello"], env, home);
+  return ["exec", "--skip-git-repo-check", ...cfg, "-m", "tiny", prompt];
+};
+
+await test("codex_exec", async () => {
+  const n0 = px.seen.length;
+  const r = await run(path.resolve("node_modules/.bin/codex"), codexArgs("Say hello"), codexEnv(), home);
   eq([r.status, r.signal], [0, null], `exit (stderr: ${r.stderr.slice(-400)})`);
   eq(r.stdout.trim(), TEXT, "printed text");
   const reqs = since(n0);
@@ -205,6 +211,38 @@ await test("codex_exec", async () => {
   eq([b.model, b.stream, b.store, b.include], ["tiny", true, false, ["reasoning.encrypted_content"]], "model, stream, store, include");
   const types = [...new Set(b.tools.map((t) => t.type))].sort();
   eq(types, ["function", "namespace"], "function tools, and its sub-agent tools as a namespace tool");
+});
+
+// A turn with a tool call: the tagged chain calls get_weather, which neither CLI has; each sends
+// the failure back as the call's result, and the server's answer to that (the default chain,
+// since the last message is the result) is what it prints.
+await test("claude_code_tool_round_trip", async () => {
+  const n0 = px.seen.length;
+  const r = await run(path.resolve("node_modules/.bin/claude"), ["-p", "Weather in Paris? [call]", "--model", "tiny"], claudeEnv(), home);
+  eq([r.status, r.signal], [0, null], `exit (stderr: ${r.stderr.slice(0, 300)}; stdout: ${r.stdout.slice(0, 300)})`);
+  eq(r.stdout.trim(), TEXT, "printed text: the answer after the tool result");
+  const turns = since(n0).filter((q) => q.url.startsWith("/v1/messages") && Array.isArray(q.json?.tools) && q.json.tools.length > 0);
+  assert(turns.length >= 2, `requests with its tools: ${turns.length}`);
+  const last = turns[turns.length - 1].json.messages;
+  const use = last.flatMap((m) => (Array.isArray(m.content) ? m.content : [])).find((b) => b.type === "tool_use");
+  const result = last.flatMap((m) => (Array.isArray(m.content) ? m.content : [])).find((b) => b.type === "tool_result");
+  assert(use && use.name === "get_weather" && use.input.city === "Paris", `tool_use sent back: ${JSON.stringify(use)}`);
+  assert(result && result.tool_use_id === use.id, `tool_result for it: ${JSON.stringify(result)}`);
+  eq(turns.every((q) => q.status === 200), true, "statuses");
+});
+
+await test("codex_tool_round_trip", async () => {
+  const n0 = px.seen.length;
+  const r = await run(path.resolve("node_modules/.bin/codex"), codexArgs("Weather in Paris? [call]"), codexEnv(), home);
+  eq([r.status, r.signal], [0, null], `exit (stderr: ${r.stderr.slice(-400)})`);
+  eq(r.stdout.trim(), TEXT, "printed text");
+  const reqs = since(n0);
+  eq(reqs.map((q) => [q.url, q.status]), [["/v1/responses", 200], ["/v1/responses", 200]], "two Responses requests");
+  const input = reqs[1].json.input;
+  const call = input.find((i) => i.type === "function_call");
+  const out = input.find((i) => i.type === "function_call_output");
+  assert(call && call.name === "get_weather" && JSON.parse(call.arguments).city === "Paris", `function_call sent back: ${JSON.stringify(call)}`);
+  assert(out && out.call_id === call.call_id, `its output: ${JSON.stringify(out)}`);
 });
 
 px.close();

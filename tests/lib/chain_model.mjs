@@ -91,9 +91,13 @@ function segment(text, bytes, used) {
 }
 
 // The chat template: the prompt is only the generation prompt and a start token, the tagged
-// chain's whose tag the last message's text holds, else the default chain's.
+// chain's when the last message other than a system one (Claude Code appends those) is a user
+// message holding its tag, else the default chain's (so a tool's result gets the default text).
 function template(chains) {
-  let t = "{%- set last = messages[-1] %}{%- set c = last.content if last.content is string else (last.content | map(attribute='text') | select('string') | join('')) %}<|im_start|>assistant\n";
+  let t =
+    "{%- set ns = namespace(c='') %}{%- for m in messages if m.role != 'system' %}{%- if m.role != 'user' %}{%- set ns.c = '' %}" +
+    "{%- elif m.content is string %}{%- set ns.c = m.content %}{%- else %}{%- set ns.c = m.content | map(attribute='text') | select('string') | join('') %}{%- endif %}{%- endfor %}" +
+    "{%- set c = ns.c %}<|im_start|>assistant\n";
   let tail = "";
   for (const ch of chains)
     if (ch.tag) {

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "backend/cpu/backend_cpu.h"
+#include "cache/kv_events.h"
 #include "base/fault.h"
 #include "base/log.h"
 #include "model/weights.h"
@@ -413,6 +414,8 @@ static int req_same(const req *a, const req *b) {
              0;
 }
 
+static kv_events *EV; /* the engines' KV-events publisher (NULL: none) */
+
 /* rig_up with a disk tier in DIRNAME (gib 0: none) under identity id */
 static int disk_up(rig *g, const rig_opts *ro, double gib, uint64_t id) {
   engine_opts o;
@@ -427,6 +430,7 @@ static int disk_up(rig *g, const rig_opts *ro, double gib, uint64_t id) {
   o.disk_cache_dir = gib > 0 ? DIRNAME : NULL;
   o.disk_cache_gib = gib;
   o.model_identity = id;
+  o.kv_events = EV;
   qwen35_mem_opts mo;
   char err[300];
   g->e = NULL;
@@ -655,6 +659,32 @@ TEST(faults_at_disk_sites) {
   }
 }
 
+/* with KV-cache events on, spills, restores and a restart keep the events' table equal to
+ * what the tiers hold (prefix_cache_check runs pc_events_check at every rig_down) */
+TEST(spill_and_restart_with_events) {
+  kv_events_config cfg;
+  kv_events_config_default(&cfg);
+  cfg.enable = cfg.publisher_zmq = 1;
+  snprintf(cfg.endpoint, sizeof cfg.endpoint, "inproc://ds-disk-tier-test");
+  char err[300];
+  REQUIRE(kv_events_init(&EV, &cfg, err, sizeof err) == 0);
+  dir_clean(DIRNAME);
+  engine_stats s;
+  spill_scenario(0, 0.01, &B, &s);
+  EXPECT_EQ_INT(B.cached, 80);
+  EXPECT(s.disk_spills >= 1 && s.disk_hits == 1);
+  rig g;
+  rig_opts ro = {.cache = 1, .seqs = 2};
+  REQUIRE(disk_up(&g, &ro, 0.01, 1) == 0); /* the files of the scenario, announced at start */
+  static req B2;
+  req_set(&B2, PB_, 105, BND, 2, NULL, 0);
+  req_run(&g, &B2);
+  EXPECT_MSG(B2.cached > 0, "cached %d", B2.cached);
+  EXPECT(rig_down(&g));
+  kv_events_free(EV);
+  EV = NULL;
+}
+
 int main(void) {
   char err[256];
   log_set_level(LOG_LEVEL_ERROR);
@@ -684,6 +714,7 @@ int main(void) {
   RUN(corrupt_or_foreign_files_run_cold);
   RUN(engine_disk_budget_lru);
   RUN(faults_at_disk_sites);
+  RUN(spill_and_restart_with_events);
   BE->destroy(BE);
   weights_free(&W);
   dir_clean(DIRNAME);

@@ -537,10 +537,21 @@ TEST(restart_warm_dir_hits) {
   EXPECT_EQ_INT(A2.cached, 109); /* END of A: an exact repeat recomputes one token */
   engine_get_stats(g.e, &s);
   EXPECT_EQ_INT(s.disk_hits, 2);
+  /* the checkpoint at 80 came back to the device with B's restore: C's hit reads no file */
+  static int32_t PC[MAXP];
+  static req Cr, CREF;
+  prompt_make(PC, S, 80, 100, 64, 9);
+  req_set(&Cr, PC, 100, BND, 2, NULL, 0);
+  req_run(&g, &Cr);
+  EXPECT_EQ_INT(Cr.cached, 80);
+  engine_get_stats(g.e, &s);
+  EXPECT_EQ_INT(s.disk_hits, 2);
   EXPECT(rig_down(&g));
-  int32_t sp[1] = {104};
+  int32_t sp[1] = {104}, spc[1] = {99};
   REQUIRE(cold(&REF, &B, sp, 1) == 0);
   EXPECT_MSG(req_same(&B, &REF), "restore after a restart differs from cold");
+  REQUIRE(cold(&CREF, &Cr, spc, 1) == 0);
+  EXPECT_MSG(req_same(&Cr, &CREF), "restore of the promoted checkpoint differs from cold");
   EXPECT_MSG(req_same(&A2, &A), "A after a restart differs from A");
 }
 

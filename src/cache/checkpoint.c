@@ -278,6 +278,8 @@ int checkpoint_restore_run(prefix_cache *pc, checkpoint_plan *plan) {
 void checkpoint_restore_end(prefix_cache *pc, checkpoint_plan *plan, int ok) {
   int i = checkpoint_plan_rec(pc, plan);
   pc_rec *r = &pc->recs[i];
+  if (ok && plan->disk && r->state == PC_REC_COMMITTED) /* still pinned: not evicted meanwhile */
+    pc_disk_promote(pc, i, plan->table->ids, plan->slot);
   r->pins--;
   if (ok) {
     pc->st.hits++;

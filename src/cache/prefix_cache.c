@@ -496,6 +496,26 @@ static int pc_disk_index(prefix_cache *pc) {
   }
 }
 
+void pc_disk_promote(prefix_cache *pc, int i, const int32_t *pages, int slot) {
+  pc_rec *r = &pc->recs[i];
+  if (!pc_rec_disk_only(r) || pc->n_dev_slabs >= pc->max_slabs ||
+      state_pool_num_slabs_free(pc->sp) == 0)
+    return;
+  int slab;
+  if (state_pool_slab_alloc(pc->sp, &slab) != 0) return;
+  pc->n_dev_slabs++;
+  if (state_pool_save(pc->sp, slot, slab) != 0) {
+    pc_put_slab(pc, slab);
+    return;
+  }
+  r->slab = slab;
+  memcpy(r->pages, pages, (size_t)r->n_pages * sizeof *r->pages);
+  for (int k = 0; k < r->n_pages; k++) kv_pages_cache_ref(pc->kp, r->pages[k]);
+  r->kv_dev = 1;
+  pc_events_kv(pc, i, KV_EVENTS_MEDIUM_GPU, +1);
+  pc_events_state(pc, i, KV_EVENTS_MEDIUM_GPU, +1);
+}
+
 int prefix_cache_disk_ready(prefix_cache *pc, uint64_t ckpt) {
   int i = pc_rec_find(pc, ckpt, 1u << PC_REC_COMMITTED);
   if (i < 0 || !pc->dt || !pc_rec_disk_only(&pc->recs[i])) return 1;

@@ -84,6 +84,11 @@ int pc_rec_new(prefix_cache *pc);
 void pc_rec_release(prefix_cache *pc, int i);
 /* 1 when the record's payload lives only in the disk tier. */
 int pc_rec_disk_only(const pc_rec *r);
+/* After a restore of disk checkpoint i into (pages[0, n_pages), slot), before the sequence
+ * computes anything: the checkpoint takes a device copy again (a free slab gets the slot, the
+ * pages a cache reference) when a slab is free without evicting, so that the next hits are
+ * device hits; its file stays. Nothing changes when none is free or the copy fails. */
+void pc_disk_promote(prefix_cache *pc, int i, const int32_t *pages, int slot);
 /* Drops a committed record now, or turns it into a zombie when pinned. */
 void pc_rec_drop(prefix_cache *pc, int i);
 

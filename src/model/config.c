@@ -226,6 +226,9 @@ static int cfg_parse(cfg_ctx *x, model_config *c) {
   if (!rc) rc |= cfg_int(x, t, "hidden_size", (next || moe) ? 2048 : 4096, &c->hidden_size);
   if (!rc) rc |= cfg_int(x, t, "num_hidden_layers", next ? 48 : moe ? 40 : 32, &c->n_layers);
   if (!rc)
+    rc |= cfg_int(x, t, next ? "num_nextn_predict_layers" : "mtp_num_hidden_layers", 0,
+                  &c->mtp_layers);
+  if (!rc)
     rc |= cfg_int(x, t, "intermediate_size", next ? 5632 : moe ? 0 : 12288, &c->intermediate_size);
   double eps = 1e-6;
   if (!rc) rc |= cfg_num(x, t, "rms_norm_eps", 1e-6, &eps);

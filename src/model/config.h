@@ -23,6 +23,7 @@ typedef struct model_config {
   int vocab_size;      /* rows of embed_tokens / lm_head (padded vocabulary) */
   int hidden_size;     /* H */
   int n_layers;
+  int mtp_layers;        /* mtp_num_hidden_layers (Qwen3-Next: num_nextn_predict_layers), 0: none */
   int intermediate_size; /* dense FFN width */
   float rms_norm_eps;
   int tie_word_embeddings;

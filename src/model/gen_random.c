@@ -70,90 +70,105 @@ static int gen_add(gen_list *l, gen_kind kind, dtype dt, int ndim, const int64_t
 #define S(...) \
   (int)(sizeof((const int64_t[]){__VA_ARGS__}) / sizeof(int64_t)), ((const int64_t[]){__VA_ARGS__})
 
-/* The tensor list of config c in canonical order. Returns 0, or -1 when out of memory. */
-static int gen_plan(const model_config *c, const gen_random_opts *o, gen_list *l) {
-  const int64_t V = c->vocab_size, H = c->hidden_size, I = c->intermediate_size, nh = c->n_heads,
-                nkv = c->n_kv_heads, hd = c->head_dim, nk = c->lin_n_k_heads, nv = c->lin_n_v_heads,
+/* The tensors of decoder layer i under prefix p (full attention or DeltaNet; MoE or dense FFN).
+ * Returns 0, or nonzero when out of memory. */
+static int gen_layer(const model_config *c, const gen_random_opts *o, gen_list *l, const char *p,
+                     int i, int full, int moe) {
+  const int64_t H = c->hidden_size, I = c->intermediate_size, nh = c->n_heads, nkv = c->n_kv_heads,
+                hd = c->head_dim, nk = c->lin_n_k_heads, nv = c->lin_n_v_heads,
                 dk = c->lin_k_head_dim, dv = c->lin_v_head_dim, K = c->conv_kernel, C = c->conv_dim,
                 E = c->n_experts, mI = c->moe_intermediate_size,
                 sI = c->shared_expert_intermediate_size;
+  dtype dt = o->dt;
+  int rc = 0;
+  rc |= gen_add(l, GEN_KIND_NORM0, dt, S(H), "%slayers.%d.input_layernorm.weight", p, i);
+  rc |= gen_add(l, GEN_KIND_NORM0, dt, S(H), "%slayers.%d.post_attention_layernorm.weight", p, i);
+  if (full) {
+    rc |= gen_add(l, GEN_KIND_MAT, dt, S(nh * 2 * hd, H), "%slayers.%d.self_attn.q_proj.weight", p,
+                  i);
+    rc |= gen_add(l, GEN_KIND_MAT, dt, S(nkv * hd, H), "%slayers.%d.self_attn.k_proj.weight", p, i);
+    rc |= gen_add(l, GEN_KIND_MAT, dt, S(nkv * hd, H), "%slayers.%d.self_attn.v_proj.weight", p, i);
+    rc |= gen_add(l, GEN_KIND_MAT, dt, S(H, nh * hd), "%slayers.%d.self_attn.o_proj.weight", p, i);
+    rc |= gen_add(l, GEN_KIND_NORM0, dt, S(hd), "%slayers.%d.self_attn.q_norm.weight", p, i);
+    rc |= gen_add(l, GEN_KIND_NORM0, dt, S(hd), "%slayers.%d.self_attn.k_norm.weight", p, i);
+  } else {
+    if (o->next_fused) {
+      rc |= gen_add(l, GEN_KIND_MAT, dt, S(2 * nk * dk + 2 * nv * dv, H),
+                    "%slayers.%d.linear_attn.in_proj_qkvz.weight", p, i);
+      rc |= gen_add(l, GEN_KIND_MAT, dt, S(2 * nv, H), "%slayers.%d.linear_attn.in_proj_ba.weight",
+                    p, i);
+    } else {
+      rc |=
+          gen_add(l, GEN_KIND_MAT, dt, S(C, H), "%slayers.%d.linear_attn.in_proj_qkv.weight", p, i);
+      rc |= gen_add(l, GEN_KIND_MAT, dt, S(nv * dv, H), "%slayers.%d.linear_attn.in_proj_z.weight",
+                    p, i);
+      rc |=
+          gen_add(l, GEN_KIND_MAT, dt, S(nv, H), "%slayers.%d.linear_attn.in_proj_b.weight", p, i);
+      rc |=
+          gen_add(l, GEN_KIND_MAT, dt, S(nv, H), "%slayers.%d.linear_attn.in_proj_a.weight", p, i);
+    }
+    rc |= gen_add(l, GEN_KIND_CONV, dt, S(C, 1, K), "%slayers.%d.linear_attn.conv1d.weight", p, i);
+    rc |= gen_add(l, GEN_KIND_DT, dt, S(nv), "%slayers.%d.linear_attn.dt_bias", p, i);
+    rc |= gen_add(l, GEN_KIND_ALOG, DTYPE_F32, S(nv), "%slayers.%d.linear_attn.A_log", p, i);
+    rc |= gen_add(l, GEN_KIND_NORM1, DTYPE_F32, S(dv), "%slayers.%d.linear_attn.norm.weight", p, i);
+    rc |= gen_add(l, GEN_KIND_MAT, dt, S(H, nv * dv), "%slayers.%d.linear_attn.out_proj.weight", p,
+                  i);
+  }
+  if (moe) {
+    rc |= gen_add(l, GEN_KIND_MAT, dt, S(E, H), "%slayers.%d.mlp.gate.weight", p, i);
+    if (o->experts == GEN_RANDOM_EXPERTS_FUSED) {
+      rc |= gen_add(l, GEN_KIND_MAT, dt, S(E, 2 * mI, H), "%slayers.%d.mlp.experts.gate_up_proj", p,
+                    i);
+      rc |= gen_add(l, GEN_KIND_MAT, dt, S(E, H, mI), "%slayers.%d.mlp.experts.down_proj", p, i);
+    } else {
+      for (int64_t e = 0; e < E; e++) {
+        rc |= gen_add(l, GEN_KIND_MAT, dt, S(mI, H),
+                      "%slayers.%d.mlp.experts.%lld.gate_proj.weight", p, i, (long long)e);
+        rc |= gen_add(l, GEN_KIND_MAT, dt, S(mI, H), "%slayers.%d.mlp.experts.%lld.up_proj.weight",
+                      p, i, (long long)e);
+        rc |= gen_add(l, GEN_KIND_MAT, dt, S(H, mI),
+                      "%slayers.%d.mlp.experts.%lld.down_proj.weight", p, i, (long long)e);
+      }
+    }
+    if (sI > 0) {
+      rc |= gen_add(l, GEN_KIND_MAT, dt, S(sI, H), "%slayers.%d.mlp.shared_expert.gate_proj.weight",
+                    p, i);
+      rc |= gen_add(l, GEN_KIND_MAT, dt, S(sI, H), "%slayers.%d.mlp.shared_expert.up_proj.weight",
+                    p, i);
+      rc |= gen_add(l, GEN_KIND_MAT, dt, S(H, sI), "%slayers.%d.mlp.shared_expert.down_proj.weight",
+                    p, i);
+      rc |=
+          gen_add(l, GEN_KIND_MAT, dt, S(1, H), "%slayers.%d.mlp.shared_expert_gate.weight", p, i);
+    }
+  } else {
+    rc |= gen_add(l, GEN_KIND_MAT, dt, S(I, H), "%slayers.%d.mlp.gate_proj.weight", p, i);
+    rc |= gen_add(l, GEN_KIND_MAT, dt, S(I, H), "%slayers.%d.mlp.up_proj.weight", p, i);
+    rc |= gen_add(l, GEN_KIND_MAT, dt, S(H, I), "%slayers.%d.mlp.down_proj.weight", p, i);
+  }
+  return rc;
+}
+
+/* The tensor list of config c in canonical order. Returns 0, or -1 when out of memory. */
+static int gen_plan(const model_config *c, const gen_random_opts *o, gen_list *l) {
+  const int64_t V = c->vocab_size, H = c->hidden_size;
   const char *p = o->vlm_prefix ? "model.language_model." : "model.";
   dtype dt = o->dt;
   int rc = gen_add(l, GEN_KIND_MAT, dt, S(V, H), "%sembed_tokens.weight", p);
-  for (int i = 0; i < c->n_layers && rc == 0; i++) {
-    rc |= gen_add(l, GEN_KIND_NORM0, dt, S(H), "%slayers.%d.input_layernorm.weight", p, i);
-    rc |= gen_add(l, GEN_KIND_NORM0, dt, S(H), "%slayers.%d.post_attention_layernorm.weight", p, i);
-    if (c->layer_types[i] == LAYER_KIND_FULL) {
-      rc |= gen_add(l, GEN_KIND_MAT, dt, S(nh * 2 * hd, H), "%slayers.%d.self_attn.q_proj.weight",
-                    p, i);
-      rc |=
-          gen_add(l, GEN_KIND_MAT, dt, S(nkv * hd, H), "%slayers.%d.self_attn.k_proj.weight", p, i);
-      rc |=
-          gen_add(l, GEN_KIND_MAT, dt, S(nkv * hd, H), "%slayers.%d.self_attn.v_proj.weight", p, i);
-      rc |=
-          gen_add(l, GEN_KIND_MAT, dt, S(H, nh * hd), "%slayers.%d.self_attn.o_proj.weight", p, i);
-      rc |= gen_add(l, GEN_KIND_NORM0, dt, S(hd), "%slayers.%d.self_attn.q_norm.weight", p, i);
-      rc |= gen_add(l, GEN_KIND_NORM0, dt, S(hd), "%slayers.%d.self_attn.k_norm.weight", p, i);
-    } else {
-      if (o->next_fused) {
-        rc |= gen_add(l, GEN_KIND_MAT, dt, S(2 * nk * dk + 2 * nv * dv, H),
-                      "%slayers.%d.linear_attn.in_proj_qkvz.weight", p, i);
-        rc |= gen_add(l, GEN_KIND_MAT, dt, S(2 * nv, H),
-                      "%slayers.%d.linear_attn.in_proj_ba.weight", p, i);
-      } else {
-        rc |= gen_add(l, GEN_KIND_MAT, dt, S(C, H), "%slayers.%d.linear_attn.in_proj_qkv.weight", p,
-                      i);
-        rc |= gen_add(l, GEN_KIND_MAT, dt, S(nv * dv, H),
-                      "%slayers.%d.linear_attn.in_proj_z.weight", p, i);
-        rc |= gen_add(l, GEN_KIND_MAT, dt, S(nv, H), "%slayers.%d.linear_attn.in_proj_b.weight", p,
-                      i);
-        rc |= gen_add(l, GEN_KIND_MAT, dt, S(nv, H), "%slayers.%d.linear_attn.in_proj_a.weight", p,
-                      i);
-      }
-      rc |=
-          gen_add(l, GEN_KIND_CONV, dt, S(C, 1, K), "%slayers.%d.linear_attn.conv1d.weight", p, i);
-      rc |= gen_add(l, GEN_KIND_DT, dt, S(nv), "%slayers.%d.linear_attn.dt_bias", p, i);
-      rc |= gen_add(l, GEN_KIND_ALOG, DTYPE_F32, S(nv), "%slayers.%d.linear_attn.A_log", p, i);
-      rc |=
-          gen_add(l, GEN_KIND_NORM1, DTYPE_F32, S(dv), "%slayers.%d.linear_attn.norm.weight", p, i);
-      rc |= gen_add(l, GEN_KIND_MAT, dt, S(H, nv * dv), "%slayers.%d.linear_attn.out_proj.weight",
-                    p, i);
-    }
-    if (c->layer_is_moe[i]) {
-      rc |= gen_add(l, GEN_KIND_MAT, dt, S(E, H), "%slayers.%d.mlp.gate.weight", p, i);
-      if (o->experts == GEN_RANDOM_EXPERTS_FUSED) {
-        rc |= gen_add(l, GEN_KIND_MAT, dt, S(E, 2 * mI, H), "%slayers.%d.mlp.experts.gate_up_proj",
-                      p, i);
-        rc |= gen_add(l, GEN_KIND_MAT, dt, S(E, H, mI), "%slayers.%d.mlp.experts.down_proj", p, i);
-      } else {
-        for (int64_t e = 0; e < E; e++) {
-          rc |= gen_add(l, GEN_KIND_MAT, dt, S(mI, H),
-                        "%slayers.%d.mlp.experts.%lld.gate_proj.weight", p, i, (long long)e);
-          rc |= gen_add(l, GEN_KIND_MAT, dt, S(mI, H),
-                        "%slayers.%d.mlp.experts.%lld.up_proj.weight", p, i, (long long)e);
-          rc |= gen_add(l, GEN_KIND_MAT, dt, S(H, mI),
-                        "%slayers.%d.mlp.experts.%lld.down_proj.weight", p, i, (long long)e);
-        }
-      }
-      if (sI > 0) {
-        rc |= gen_add(l, GEN_KIND_MAT, dt, S(sI, H),
-                      "%slayers.%d.mlp.shared_expert.gate_proj.weight", p, i);
-        rc |= gen_add(l, GEN_KIND_MAT, dt, S(sI, H), "%slayers.%d.mlp.shared_expert.up_proj.weight",
-                      p, i);
-        rc |= gen_add(l, GEN_KIND_MAT, dt, S(H, sI),
-                      "%slayers.%d.mlp.shared_expert.down_proj.weight", p, i);
-        rc |= gen_add(l, GEN_KIND_MAT, dt, S(1, H), "%slayers.%d.mlp.shared_expert_gate.weight", p,
-                      i);
-      }
-    } else {
-      rc |= gen_add(l, GEN_KIND_MAT, dt, S(I, H), "%slayers.%d.mlp.gate_proj.weight", p, i);
-      rc |= gen_add(l, GEN_KIND_MAT, dt, S(I, H), "%slayers.%d.mlp.up_proj.weight", p, i);
-      rc |= gen_add(l, GEN_KIND_MAT, dt, S(H, I), "%slayers.%d.mlp.down_proj.weight", p, i);
-    }
-  }
+  for (int i = 0; i < c->n_layers && rc == 0; i++)
+    rc |= gen_layer(c, o, l, p, i, c->layer_types[i] == LAYER_KIND_FULL, c->layer_is_moe[i]);
   if (rc == 0) rc |= gen_add(l, GEN_KIND_NORM0, dt, S(H), "%snorm.weight", p);
   if (rc == 0 && !c->tie_word_embeddings)
     rc |= gen_add(l, GEN_KIND_MAT, dt, S(V, H), "lm_head.weight");
+  /* the MTP head last (earlier tensors keep their values), under "mtp." as the checkpoints
+   * store it; its layers are full attention with layer 0's FFN kind (weights.h mtp_weights) */
+  if (rc == 0 && c->mtp_layers > 0) {
+    rc |= gen_add(l, GEN_KIND_MAT, dt, S(H, 2 * H), "mtp.fc.weight");
+    rc |= gen_add(l, GEN_KIND_NORM0, dt, S(H), "mtp.pre_fc_norm_embedding.weight");
+    rc |= gen_add(l, GEN_KIND_NORM0, dt, S(H), "mtp.pre_fc_norm_hidden.weight");
+    for (int i = 0; i < c->mtp_layers && rc == 0; i++)
+      rc |= gen_layer(c, o, l, "mtp.", i, 1, c->layer_is_moe[0]);
+    if (rc == 0) rc |= gen_add(l, GEN_KIND_NORM0, dt, S(H), "mtp.norm.weight");
+  }
   return rc ? -1 : 0;
 }
 

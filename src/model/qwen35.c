@@ -784,6 +784,11 @@ int qwen35_forward(qwen35 *m, const fwd_seq *seqs, int n_seqs, float *logits, ch
   return 0;
 }
 
+void qwen35_vocab_weights(const qwen35 *m, backend_weight *embed, backend_weight *lm_head) {
+  *embed = m->embed;
+  *lm_head = m->lm_head;
+}
+
 int qwen35_has_argmax(const qwen35 *m) { return m->be->argmax != NULL; }
 
 int qwen35_on_device(const qwen35 *m) { return m->be->mem_info != NULL; }

@@ -89,6 +89,9 @@ void qwen35_free(qwen35 *m);
  * and the weights' own bytes they stand in for in a decode step (all 0: none). */
 void qwen35_packed(const qwen35 *m, int *n, size_t *bytes, size_t *replaced);
 const model_config *qwen35_config(const qwen35 *m);
+/* The uploaded embedding and lm-head (the same weight when tied), owned by m: the MTP head
+ * (qwen35_mtp) shares them. */
+void qwen35_vocab_weights(const qwen35 *m, backend_weight *embed, backend_weight *lm_head);
 
 /* Runs one forward step over n_seqs sequences. Writes float32 logits [n_rows, vocab_size],
  * row-major, for the rows asked for, in the order of seqs (all rows of a LOGITS_ALL sequence

@@ -6,7 +6,7 @@
  *
  * Every shard's tensors go into one name index (sorted, binary-searched). Names are looked up
  * under the text prefix of the checkpoint ("model.language_model." for the VLM files,
- * "model." otherwise); everything else in the files (vision tower, MTP head) is never read.
+ * "model." otherwise), the MTP head under "mtp."; the vision tower is never read.
  * Views point into the mappings; the only copies are the regrouped Qwen3-Next projections,
  * owned by the store. */
 #include "model/weights.h"
@@ -571,6 +571,47 @@ static int weights_layer(weights_ctx *x, const model_config *c, int li, layer_we
   return 0;
 }
 
+/* The MTP head under "mtp." (the checkpoints keep it outside the text prefix): absent when the
+ * config has no mtp layers or the files lack mtp.fc.weight (a checkpoint saved without it).
+ * Its decoder layers are full attention; their FFN is MoE when the model's layer 0's is, as
+ * vLLM builds them (layer index 0 from the name). Returns 0 or -1. */
+static int weights_mtp(weights_ctx *x, const model_config *c, mtp_weights *m) {
+  const int64_t H = c->hidden_size, I = c->intermediate_size;
+  if (c->mtp_layers <= 0 || !weights_find(x->s, "mtp.fc.weight")) return 0;
+  const char *saved = x->prefix;
+  x->prefix = "mtp.";
+  int rc = -1;
+  m->layers = calloc((size_t)c->mtp_layers, sizeof *m->layers);
+  if (!m->layers) {
+    errf(x->err, x->errlen, "out of memory for the MTP layers");
+    goto done;
+  }
+  m->n_layers = c->mtp_layers;
+  if (REQ(&m->fc, "fc.weight", H, 2 * H) ||
+      REQ(&m->pre_fc_norm_embedding, "pre_fc_norm_embedding.weight", H) ||
+      REQ(&m->pre_fc_norm_hidden, "pre_fc_norm_hidden.weight", H) ||
+      REQ(&m->norm, "norm.weight", H))
+    goto done;
+  for (int li = 0; li < m->n_layers; li++) {
+    layer_weights *L = &m->layers[li];
+    char n[256];
+#define P(s) (snprintf(n, sizeof n, "layers.%d.%s", li, s), n)
+    if (REQ(&L->input_norm, P("input_layernorm.weight"), H) ||
+        REQ(&L->post_norm, P("post_attention_layernorm.weight"), H) || weights_attn(x, c, li, L))
+      goto done;
+    if (c->layer_is_moe[0] ? weights_moe(x, c, li, L)
+                           : (REQ(&L->gate_proj, P("mlp.gate_proj.weight"), I, H) ||
+                              REQ(&L->up_proj, P("mlp.up_proj.weight"), I, H) ||
+                              REQ(&L->down_proj, P("mlp.down_proj.weight"), H, I)))
+      goto done;
+#undef P
+  }
+  rc = 0;
+done:
+  x->prefix = saved;
+  return rc;
+}
+
 /* quantization_config.modules_to_not_convert of dir/config.json (top level or under
  * text_config): a new reference, or NULL. */
 static json_t *weights_read_not_converted(const char *dir) {
@@ -758,6 +799,7 @@ int weights_load_with(const char *dir, const model_config *c, const weights_opts
   }
   for (int i = 0; i < c->n_layers; i++)
     if (weights_layer(x, c, i, &w->layers[i])) goto fail;
+  if (weights_mtp(x, c, &w->mtp)) goto fail;
   weights_log_bytes(x, o);
   /* a dummy model of an FP8 config is FP8 as the checkpoint would be */
   if (o->quantize_fp8 || (o->dummy && c->fp8_block_n > 0)) {
@@ -781,6 +823,7 @@ void weights_free(model_weights *w) {
   if (!w) return;
   weights_store_free(w->store);
   free(w->layers);
+  free(w->mtp.layers);
   memset(w, 0, sizeof *w);
 }
 

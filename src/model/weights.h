@@ -2,7 +2,8 @@
  * files (one model.safetensors, or shards listed by model.safetensors.index.json).
  *
  * All checkpoint layouts are mapped onto one canonical layout (the Qwen3.5 one):
- *   - names `model.*` and `model.language_model.*`; `model.visual.*` and `mtp.*` are skipped;
+ *   - names `model.*` and `model.language_model.*`; `model.visual.*` is skipped; `mtp.*` is
+ *     read when the config has mtp layers (mtp_weights) and the files have mtp.fc.weight;
  *   - Qwen3-Next's fused in_proj_qkvz / in_proj_ba are regrouped into in_proj_qkv, in_proj_z,
  *     in_proj_b, in_proj_a (owned copies, value head index g*r + j);
  *   - MoE experts, fused (gate_up_proj / down_proj) or per expert, become per-expert views;
@@ -81,11 +82,26 @@ typedef struct layer_weights {
   tensor shared_expert_gate; /* [1, H] */
 } layer_weights;
 
+/* The multi-token-prediction head (`mtp.*`, vLLM's Qwen3NextMultiTokenPredictor): for a token
+ * t at position p+1 and the target's final hidden state h_p (after its final norm),
+ *   x = fc . concat(Norm_e(embed[t]), Norm_h(h_p))          (embedding half first)
+ * then layers[0], a full-attention decoder layer (FFN as the model's layer 0), then norm; the
+ * logits through the shared lm_head. Every norm zero-centred. */
+typedef struct mtp_weights {
+  int n_layers;                 /* 0: the checkpoint has no MTP tensors */
+  tensor fc;                    /* [H, 2H]  mtp.fc.weight */
+  tensor pre_fc_norm_embedding; /* [H] */
+  tensor pre_fc_norm_hidden;    /* [H] */
+  tensor norm;                  /* [H]  mtp.norm.weight */
+  layer_weights *layers;        /* [n_layers]  mtp.layers.N.* */
+} mtp_weights;
+
 typedef struct model_weights {
   tensor embed;                /* [V, H] */
   tensor final_norm;           /* [H] zero-centred */
   tensor lm_head;              /* [V, H]  == embed when tied */
   layer_weights *layers;       /* [n_layers] */
+  mtp_weights mtp;             /* loaded when the config has mtp layers and the file has mtp.* */
   struct weights_store *store; /* mmaps and owned buffers; private */
 } model_weights;
 

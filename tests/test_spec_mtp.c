@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "backend/cpu/backend_cpu.h"
+#include "engine/spec_mtp.h"
 #include "base/log.h"
 #include "model/gen_random.h"
 #include "model/qwen35.h"
@@ -229,6 +230,92 @@ TEST(forward_matches_reference) {
   weights_free(&w);
 }
 
+static int32_t argmax_row(const float *x, int V) {
+  int32_t t = 0;
+  for (int j = 1; j < V; j++)
+    if (x[j] > x[t]) t = j;
+  return t;
+}
+
+/* Greedy decoding with MTP drafts verified as verify pieces (keep slots, the kept state copied
+ * back) gives the plain greedy tokens; the drafter is really used (drafts > 0). Besides, the
+ * target's hidden rows (qwen35_forward_hidden) are what its logits come from: lm_head . h. */
+TEST(greedy_lossless_with_mtp_drafts) {
+  enum { K = 3, NP = 12, GEN = 40, H = 48, V = 300, PAGES = 8 };
+  char dir[400];
+  model_config c;
+  model_weights w;
+  snprintf(dir, sizeof dir, "%s/mtp", root);
+  REQUIRE(model_load(dir, &c, &w, err, sizeof err) == 0);
+  backend *be = backend_cpu_create(2);
+  REQUIRE(be);
+  qwen35 *t = NULL;
+  spec_mtp *sm = NULL;
+  qwen35_mem_opts mo = {.n_pages = 2 * PAGES, .n_slots = 2, .keep_k = K, .keep_seqs = 2};
+  REQUIRE(qwen35_init(&t, &c, &w, be, &mo, err, sizeof err) == 0);
+  REQUIRE(spec_mtp_init(&sm, t, &w, be, 2 * PAGES, err, sizeof err) == 0);
+  int32_t prompt[NP], ref[GEN + 1], got[GEN + K + 2], pa[PAGES], pb[PAGES];
+  for (int i = 0; i < PAGES; i++) pa[i] = i, pb[i] = PAGES + i;
+  for (int i = 0; i < NP; i++) prompt[i] = (i * 37 + 11) % V;
+  float *lg = malloc(sizeof(float) * (K + 1) * V), *hid = malloc(sizeof(float) * NP * H);
+  /* plain greedy on slot 0 */
+  fwd_seq p0 = {prompt, NP, 0, pa, PAGES, 0, QWEN35_LOGITS_LAST};
+  REQUIRE(qwen35_forward(t, &p0, 1, lg, err, sizeof err) == 0);
+  ref[0] = argmax_row(lg, V);
+  for (int i = 0; i < GEN; i++) {
+    fwd_seq d = {&ref[i], 1, NP + i, pa, PAGES, 0, QWEN35_LOGITS_LAST};
+    REQUIRE(qwen35_forward(t, &d, 1, lg, err, sizeof err) == 0);
+    ref[i + 1] = argmax_row(lg, V);
+  }
+  /* speculative on slot 1 */
+  fwd_seq p1 = {prompt, NP, 0, pb, PAGES, 1, QWEN35_LOGITS_LAST};
+  REQUIRE(qwen35_forward_hidden(t, &p1, 1, lg, hid, err, sizeof err) == 0);
+  got[0] = argmax_row(lg, V);
+  /* the hidden rows are what the logits come from */
+  double dmax = 0;
+  for (int j = 0; j < V; j++) {
+    double sacc = 0;
+    for (int i = 0; i < H; i++)
+      sacc += (double)tensor_get_f32(&w.lm_head, (int64_t)j * H + i) * hid[(NP - 1) * H + i];
+    if (fabs(sacc - lg[j]) > dmax) dmax = fabs(sacc - lg[j]);
+  }
+  EXPECT_MSG(dmax < 1e-4, "lm_head . hidden differs from the logits by %g", dmax);
+  int32_t next[NP], drafts[K];
+  for (int i = 0; i < NP - 1; i++) next[i] = prompt[i + 1];
+  next[NP - 1] = got[0];
+  REQUIRE(spec_mtp_step(sm, pb, PAGES, 0, NP, next, hid, K, drafts, err, sizeof err) == 0);
+  int n_got = 1, cur = NP, n_drafts = 0, n_draft_tokens = 0, n_acc = 0;
+  float *vh = malloc(sizeof(float) * (K + 1) * H);
+  while (n_got <= GEN) {
+    int32_t piece[K + 1] = {got[n_got - 1]};
+    memcpy(piece + 1, drafts, sizeof drafts);
+    fwd_seq v = {piece, K + 1, cur, pb, PAGES, 1, QWEN35_LOGITS_VERIFY};
+    REQUIRE(qwen35_forward_hidden(t, &v, 1, lg, vh, err, sizeof err) == 0);
+    int a = 0;
+    while (a < K && argmax_row(lg + (size_t)a * V, V) == drafts[a]) a++;
+    for (int j = 0; j < a; j++) got[n_got++] = drafts[j];
+    got[n_got++] = argmax_row(lg + (size_t)a * V, V);
+    if (a < K) REQUIRE(qwen35_slot_copy(t, 1, qwen35_keep_slot(t, 1, a)) == 0);
+    n_drafts++;
+    n_draft_tokens += K;
+    n_acc += a;
+    REQUIRE(spec_mtp_step(sm, pb, PAGES, cur, a + 1, got + n_got - 1 - a, vh, K, drafts, err,
+                          sizeof err) == 0);
+    cur += a + 1;
+  }
+  EXPECT_MSG(!memcmp(got, ref, sizeof ref), "MTP-speculative greedy tokens differ from plain");
+  EXPECT(n_drafts > 0 && n_draft_tokens > 0);
+  printf(
+      "  MTP drafts on the random fixture: %d verify steps, %d drafted, %d accepted "
+      "(acceptance length %.2f)\n",
+      n_drafts, n_draft_tokens, n_acc, 1.0 + (double)n_acc / n_drafts);
+  free(lg), free(hid), free(vh);
+  spec_mtp_free(sm);
+  qwen35_free(t);
+  be->destroy(be);
+  weights_free(&w);
+}
+
 TEST(init_refuses_without_head) {
   char dir[400];
   model_config c;
@@ -256,6 +343,7 @@ int main(void) {
   }
   RUN(gen_random_and_load);
   RUN(forward_matches_reference);
+  RUN(greedy_lossless_with_mtp_drafts);
   RUN(init_refuses_without_head);
   char cmd[300];
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);

@@ -784,6 +784,29 @@ int qwen35_forward(qwen35 *m, const fwd_seq *seqs, int n_seqs, float *logits, ch
   return 0;
 }
 
+int qwen35_forward_hidden(qwen35 *m, const fwd_seq *seqs, int n_seqs, float *logits, float *hidden,
+                          char *err, size_t errlen) {
+  const model_config *c = m->c;
+  backend *be = m->be;
+  int n_out = 0, T = 0, H = c->hidden_size;
+  if (forward_issue(m, seqs, n_seqs, FWD_LOGITS, 0, &n_out, err, errlen)) return -1;
+  for (int s = 0; s < n_seqs; s++) T += seqs[s].n_tokens;
+  /* the final norm of every row into xn (free after the layers): what the MTP head reads */
+  be->rmsnorm(be, m->x, NULL, m->final_norm, T, H, c->rms_norm_eps, m->xn);
+  size_t n = (size_t)T * H, as = be->kind_size(be, BACKEND_KIND_ACT);
+  uint16_t *h16 = as == 4 ? NULL : malloc(n * 2);
+  if (as != 4 && !h16) return errf(err, errlen, "out of memory");
+  int rrc = n_out > 0 && logits
+                ? be->read(be, m->logits, 0, logits, (size_t)n_out * c->vocab_size * sizeof(float))
+                : 0;
+  if (!rrc) rrc = be->read(be, m->xn, 0, h16 ? (void *)h16 : (void *)hidden, n * as);
+  for (size_t i = 0; h16 && !rrc && i < n; i++) hidden[i] = dtype_bf16_to_f32(h16[i]);
+  free(h16);
+  if (be->sync(be, err, errlen)) return -1;
+  if (rrc) return errf(err, errlen, "backend %s: reading logits failed", be->name);
+  return 0;
+}
+
 void qwen35_vocab_weights(const qwen35 *m, backend_weight *embed, backend_weight *lm_head) {
   *embed = m->embed;
   *lm_head = m->lm_head;

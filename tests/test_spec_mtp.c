@@ -286,6 +286,9 @@ TEST(greedy_lossless_with_mtp_drafts) {
   REQUIRE(spec_mtp_step(sm, pb, PAGES, 0, NP, next, hid, K, drafts, err, sizeof err) == 0);
   int n_got = 1, cur = NP, n_drafts = 0, n_draft_tokens = 0, n_acc = 0;
   float *vh = malloc(sizeof(float) * (K + 1) * H);
+  /* every accepted position's target hidden row, for the check of the MTP state below */
+  float *allh = malloc(sizeof(float) * (NP + GEN + K + 2) * H);
+  memcpy(allh, hid, sizeof(float) * NP * H);
   while (n_got <= GEN) {
     int32_t piece[K + 1] = {got[n_got - 1]};
     memcpy(piece + 1, drafts, sizeof drafts);
@@ -301,6 +304,7 @@ TEST(greedy_lossless_with_mtp_drafts) {
     n_acc += a;
     REQUIRE(spec_mtp_step(sm, pb, PAGES, cur, a + 1, got + n_got - 1 - a, vh, K, drafts, err,
                           sizeof err) == 0);
+    memcpy(allh + (size_t)cur * H, vh, sizeof(float) * (a + 1) * H);
     cur += a + 1;
   }
   EXPECT_MSG(!memcmp(got, ref, sizeof ref), "MTP-speculative greedy tokens differ from plain");
@@ -309,6 +313,15 @@ TEST(greedy_lossless_with_mtp_drafts) {
       "  MTP drafts on the random fixture: %d verify steps, %d drafted, %d accepted "
       "(acceptance length %.2f)\n",
       n_drafts, n_draft_tokens, n_acc, 1.0 + (double)n_acc / n_drafts);
+  /* the MTP state is exactly that of the accepted sequence: feeding all of it at once into
+   * other pages gives the same drafts bit for bit (rows written for rejected drafts were
+   * written again before any row read them) */
+  int32_t *seq = malloc(sizeof(int32_t) * (size_t)(cur + 1)), d2[K];
+  memcpy(seq, prompt, sizeof prompt);
+  memcpy(seq + NP, got, sizeof(int32_t) * (size_t)(cur + 1 - NP));
+  REQUIRE(spec_mtp_step(sm, pa, PAGES, 0, cur, seq + 1, allh, K, d2, err, sizeof err) == 0);
+  EXPECT_MSG(!memcmp(d2, drafts, sizeof d2), "the MTP state after speculation differs");
+  free(seq), free(allh);
   free(lg), free(hid), free(vh);
   spec_mtp_free(sm);
   qwen35_free(t);

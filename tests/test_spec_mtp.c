@@ -17,6 +17,7 @@
 #include "test.h"
 
 static char root[256], err[512];
+static const weights_opts MTP = {.mtp = 1};
 
 #define CFG                                                                              \
   "{\"model_type\":\"qwen3_5_text\",\"vocab_size\":300,\"hidden_size\":48,"              \
@@ -157,11 +158,11 @@ TEST(gen_random_and_load) {
   model_config c;
   model_weights w;
   REQUIRE(make_model("plain", "", dir, sizeof dir) == 0);
-  REQUIRE(model_load(dir, &c, &w, err, sizeof err) == 0);
+  REQUIRE(model_load_with(dir, &MTP, &c, &w, err, sizeof err) == 0);
   EXPECT(c.mtp_layers == 0 && w.mtp.n_layers == 0 && !w.mtp.fc.data);
   weights_free(&w);
   REQUIRE(make_model("mtp", ",\"mtp_num_hidden_layers\":1", dir, sizeof dir) == 0);
-  REQUIRE(model_load(dir, &c, &w, err, sizeof err) == 0);
+  REQUIRE(model_load_with(dir, &MTP, &c, &w, err, sizeof err) == 0);
   EXPECT(c.mtp_layers == 1 && w.mtp.n_layers == 1);
   EXPECT(w.mtp.fc.shape[0] == 48 && w.mtp.fc.shape[1] == 96);
   EXPECT(weights_raw(&w, "mtp.pre_fc_norm_embedding.weight", NULL) &&
@@ -178,6 +179,11 @@ TEST(gen_random_and_load) {
   EXPECT(!memcmp(w0.embed.data, w.embed.data, 300 * 48 * 2));
   EXPECT(!memcmp(w0.layers[3].q_proj.data, w.layers[3].q_proj.data, 128 * 48 * 2));
   weights_free(&w0);
+  /* without weights_opts.mtp the head is not read */
+  snprintf(dir, sizeof dir, "%s/mtp", root);
+  REQUIRE(model_load(dir, &c0, &w0, err, sizeof err) == 0);
+  EXPECT(c0.mtp_layers == 1 && w0.mtp.n_layers == 0 && !w0.mtp.layers);
+  weights_free(&w0);
   weights_free(&w);
 }
 
@@ -186,7 +192,7 @@ TEST(forward_matches_reference) {
   model_config c;
   model_weights w;
   snprintf(dir, sizeof dir, "%s/mtp", root);
-  REQUIRE(model_load(dir, &c, &w, err, sizeof err) == 0);
+  REQUIRE(model_load_with(dir, &MTP, &c, &w, err, sizeof err) == 0);
   backend *be = backend_cpu_create(2);
   REQUIRE(be);
   qwen35 *t = NULL;
@@ -246,7 +252,7 @@ TEST(greedy_lossless_with_mtp_drafts) {
   model_config c;
   model_weights w;
   snprintf(dir, sizeof dir, "%s/mtp", root);
-  REQUIRE(model_load(dir, &c, &w, err, sizeof err) == 0);
+  REQUIRE(model_load_with(dir, &MTP, &c, &w, err, sizeof err) == 0);
   backend *be = backend_cpu_create(2);
   REQUIRE(be);
   qwen35 *t = NULL;
@@ -334,7 +340,7 @@ TEST(init_refuses_without_head) {
   model_config c;
   model_weights w;
   snprintf(dir, sizeof dir, "%s/plain", root);
-  REQUIRE(model_load(dir, &c, &w, err, sizeof err) == 0);
+  REQUIRE(model_load_with(dir, &MTP, &c, &w, err, sizeof err) == 0);
   backend *be = backend_cpu_create(1);
   REQUIRE(be);
   qwen35 *t = NULL;

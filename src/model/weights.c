@@ -6,7 +6,7 @@
  *
  * Every shard's tensors go into one name index (sorted, binary-searched). Names are looked up
  * under the text prefix of the checkpoint ("model.language_model." for the VLM files,
- * "model." otherwise), the MTP head under "mtp."; the vision tower is never read.
+ * "model." otherwise), the MTP head under "mtp." when asked; the vision tower is never read.
  * Views point into the mappings; the only copies are the regrouped Qwen3-Next projections,
  * owned by the store. */
 #include "model/weights.h"
@@ -799,7 +799,7 @@ int weights_load_with(const char *dir, const model_config *c, const weights_opts
   }
   for (int i = 0; i < c->n_layers; i++)
     if (weights_layer(x, c, i, &w->layers[i])) goto fail;
-  if (weights_mtp(x, c, &w->mtp)) goto fail;
+  if (o->mtp && weights_mtp(x, c, &w->mtp)) goto fail;
   weights_log_bytes(x, o);
   /* a dummy model of an FP8 config is FP8 as the checkpoint would be */
   if (o->quantize_fp8 || (o->dummy && c->fp8_block_n > 0)) {

@@ -3,7 +3,8 @@
  *
  * All checkpoint layouts are mapped onto one canonical layout (the Qwen3.5 one):
  *   - names `model.*` and `model.language_model.*`; `model.visual.*` is skipped; `mtp.*` is
- *     read when the config has mtp layers (mtp_weights) and the files have mtp.fc.weight;
+ *     read when asked (weights_opts.mtp), the config has mtp layers and the files have
+ *     mtp.fc.weight (mtp_weights);
  *   - Qwen3-Next's fused in_proj_qkvz / in_proj_ba are regrouped into in_proj_qkv, in_proj_z,
  *     in_proj_b, in_proj_a (owned copies, value head index g*r + j);
  *   - MoE experts, fused (gate_up_proj / down_proj) or per expert, become per-expert views;
@@ -97,11 +98,11 @@ typedef struct mtp_weights {
 } mtp_weights;
 
 typedef struct model_weights {
-  tensor embed;                /* [V, H] */
-  tensor final_norm;           /* [H] zero-centred */
-  tensor lm_head;              /* [V, H]  == embed when tied */
-  layer_weights *layers;       /* [n_layers] */
-  mtp_weights mtp;             /* loaded when the config has mtp layers and the file has mtp.* */
+  tensor embed;          /* [V, H] */
+  tensor final_norm;     /* [H] zero-centred */
+  tensor lm_head;        /* [V, H]  == embed when tied */
+  layer_weights *layers; /* [n_layers] */
+  mtp_weights mtp; /* with weights_opts.mtp, when the config has mtp layers and the file mtp.* */
   struct weights_store *store; /* mmaps and owned buffers; private */
 } model_weights;
 
@@ -114,6 +115,9 @@ typedef struct weights_opts {
    * weight_block_size says when the config is an fp8 one. */
   int dummy;
   uint64_t seed;
+  /* 1: the MTP head too (model_weights.mtp), for MTP drafts; 0: mtp.* is not read, so that a
+   * checkpoint's MTP tensors can never fail a load that does not use them */
+  int mtp;
 } weights_opts;
 
 /* Loads every tensor the config needs from the folder `dir`, checking names, dtypes and

@@ -213,14 +213,25 @@ class Subscriber:
                 if quiet % 5 == 0:
                     self._catch_up()
                 continue
-            topic, seq, payload = self.sub.recv_multipart()
-            _need(topic == self.topic and len(seq) == 8, "message is not [topic, seq, payload]")
-            q = struct.unpack(">Q", seq)[0]
-            if q < self.view.next_seq:
-                continue  # had it from the replay socket
-            if q > self.view.next_seq:
-                self._catch_up(q)
-            self.view.batch(q, payload)
+            self._take()
+
+    def _take(self):
+        """One message from the PUB socket into the view (in order, gaps from the replay)."""
+        topic, seq, payload = self.sub.recv_multipart()
+        _need(topic == self.topic and len(seq) == 8, "message is not [topic, seq, payload]")
+        q = struct.unpack(">Q", seq)[0]
+        if q < self.view.next_seq:
+            return  # had it from the replay socket
+        if q > self.view.next_seq:
+            self._catch_up(q)
+        self.view.batch(q, payload)
+
+    def settle(self, quiet=0.5):
+        """Receives until nothing has come for `quiet` seconds, then whatever the replay socket
+        still holds past the view."""
+        while self.sub.poll(int(quiet * 1000)):
+            self._take()
+        self._catch_up()
 
     def close(self):
         self.sub.close(0)
@@ -228,13 +239,16 @@ class Subscriber:
 
 
 def sync(srv, sub):
-    """Waits until the server is idle and every capture it counted has arrived as an event
-    (each commit is one DeltaServeStateStored on the GPU), so that the view is the cache."""
+    """Waits until the server is idle, every capture it counted has arrived as an event (each
+    commit is one DeltaServeStateStored on the GPU) and the stream has gone quiet (a checkpoint
+    restored from the disk also takes a device copy, a GPU DeltaServeStateStored that is not a
+    capture), so that the view is the cache."""
     for _ in range(600):
         if srv.metric("num_requests_running") == 0:
             want = srv.metric("prefix_cache_captures_total")
             sub.pump(lambda v: v.gpu_state_stored >= want)
-            if sub.view.gpu_state_stored == want and \
+            sub.settle()
+            if srv.metric("num_requests_running") == 0 and \
                     srv.metric("prefix_cache_captures_total") == want:
                 return
         time.sleep(0.05)

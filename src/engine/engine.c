@@ -30,6 +30,7 @@
 #include "backend/backend.h"
 #include "base/fault.h"
 #include "base/log.h"
+#include "cache/kv_events.h"
 #include "engine/engine_int.h"
 #include "engine/engine_mem.h"
 
@@ -229,6 +230,15 @@ static void engine_snapshot(engine *e) {
     s.disk_write_bytes = d.write_bytes;
     s.disk_read_s = d.read_s;
     s.disk_write_s = d.write_s;
+  }
+  if (e->o.kv_events) {
+    kv_events_stats k;
+    kv_events_get_stats(e->o.kv_events, &k);
+    s.kv_events_enabled = 1;
+    s.kv_events_events = k.events;
+    s.kv_events_batches = k.batches;
+    s.kv_events_dropped = k.dropped;
+    s.kv_events_replays = k.replays;
   }
   pthread_mutex_lock(&e->mu);
   s.num_waiting += e->n_in;

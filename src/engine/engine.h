@@ -202,6 +202,9 @@ typedef struct engine_stats {
   long long disk_hits, disk_read_failures, disk_writes, disk_write_failures, disk_files_dropped,
       disk_evictions, disk_spills;
   double disk_read_bytes, disk_write_bytes, disk_read_s, disk_write_s;
+  /* the KV-events publisher (all 0 without --kv-events-config): kv_events_stats */
+  int kv_events_enabled;
+  long long kv_events_events, kv_events_batches, kv_events_dropped, kv_events_replays;
   /* checkpoint copies on the device, timed on the engine thread (each is synchronous and runs
    * between two steps: its time is the pause it puts into the running sequences): captures
    * (slot -> slab), restores (slab -> slot; the sum also holds their copy-on-write page copies) */

@@ -402,6 +402,16 @@ static void engine_series(out *o, const engine_stats *s) {
           "Device time of checkpoint restores (slab to slot, with the copy-on-write page), a "
           "pause between two steps.",
           s->ckpt_restore_ms_sum * 1e-3, s->ckpt_restores_timed);
+  if (s->kv_events_enabled) { /* --kv-events-config (docs/kv-events.md) */
+    counter(o, "kv_events_published", "KV-cache events queued for the publisher.",
+            s->kv_events_events);
+    counter(o, "kv_events_batches", "KV-cache event batches published.", s->kv_events_batches);
+    counter(o, "kv_events_dropped",
+            "KV-cache events dropped (queue overflow or out of memory; replaced by "
+            "AllBlocksCleared).",
+            s->kv_events_dropped);
+    counter(o, "kv_events_replays", "Replay requests served.", s->kv_events_replays);
+  }
   if (s->disk_enabled) { /* --disk-cache-dir (docs/disk-cache.md) */
     gauge(o, "disk_cache_bytes", "Bytes of checkpoint files in the disk cache (written or queued).",
           (double)s->disk_bytes);

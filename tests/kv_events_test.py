@@ -152,6 +152,13 @@ def main():
     except kl.SchemaError as e:
         report("kv_events_replay", False, str(e))
     print("kv_events: %d batches, %s" % (v.next_seq, v.counts))
+    # the publisher's counters on /metrics: every batch and event the subscriber saw, none lost
+    m = {k: srv.metric("kv_events_%s_total" % k)
+         for k in ("published", "batches", "dropped", "replays")}
+    report("kv_events_metrics", m["batches"] == v.next_seq and m["dropped"] == 0 and
+           m["published"] == sum(v.counts.values()) and m["replays"] >= 2,
+           "%s; the subscriber saw %d batches, %d events" % (m, v.next_seq,
+                                                              sum(v.counts.values())))
     sub.close()
     ctx.term()
     rc = srv.stop()

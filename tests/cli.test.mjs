@@ -125,7 +125,7 @@ const refused = [
   [["--kv-cache-dtype", "int8"], "accepted: auto, bfloat16, fp8, fp8_e4m3"],
   [["--seed", "0"], "'seed' field"],
   [["--tokenizer", "x"], "model folder"],
-  [["--speculative-config", '{"method": "mtp", "num_speculative_tokens": 2}'], "not implemented"],
+  [["--speculative-config", '{"method": "mtp", "num_speculative_tokens": 2}'], "MTP head"],
   [["--enable-lora"], "LoRA"],
   [["--hf-overrides", "{}"], "config.json"],
   [["--ssl-keyfile", "k.pem"], "TLS"],

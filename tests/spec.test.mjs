@@ -1,8 +1,12 @@
 // spec.test.mjs — `serve --speculative-config` end to end on the CPU fixture model (token-id
 // prompts, no tokenizer): the same tokens as a server without it (greedy and seeded sampling,
 // requests at once), vLLM's spec_decode counters in /metrics and consistent, and a config the
-// server does not implement refused at start with one line.
-import { spawnSync } from "node:child_process";
+// server does not implement refused at start with one line; and the same with MTP drafts over a
+// gen-random checkpoint that has an MTP head.
+import { execFileSync, spawnSync } from "node:child_process";
+import fs from "node:fs";
+import os from "node:os";
+import path from "node:path";
 import { BIN, assert, eq, failureCount, killAllServers, startServer, test, watchdog } from "./lib/server_harness.mjs";
 
 const MODEL = "tests/fixtures/models/dense_bf16";
@@ -71,6 +75,46 @@ await test("spec_same_tokens_and_metrics", async () => {
     eq(sum, acc, "accepted by position sums to accepted");
   } finally {
     await spec.stop();
+  }
+});
+
+// MTP drafts from the checkpoint's own head: the same tokens as the plain server, drafts made
+await test("spec_mtp_same_tokens", async () => {
+  const tmp = fs.mkdtempSync(path.join(os.tmpdir(), "ds-spec-mtp-"));
+  try {
+    const cfg = path.join(tmp, "config.json");
+    fs.writeFileSync(
+      cfg,
+      JSON.stringify({
+        model_type: "qwen3_5_text", vocab_size: 256, hidden_size: 48, intermediate_size: 80,
+        num_hidden_layers: 4, num_attention_heads: 4, num_key_value_heads: 2, head_dim: 16,
+        linear_num_key_heads: 2, linear_num_value_heads: 4, linear_key_head_dim: 8,
+        linear_value_head_dim: 12, linear_conv_kernel_dim: 4, partial_rotary_factor: 0.5,
+        tie_word_embeddings: false, mtp_num_hidden_layers: 1,
+      }),
+    );
+    const dir = path.join(tmp, "m");
+    execFileSync(BIN, ["gen-random", "--config", cfg, "--out", dir, "--threads", "2"], { stdio: "pipe" });
+    const plain = await startServer(dir, ["--skip-tokenizer-init"]);
+    let want;
+    try {
+      want = await runAll(plain);
+    } finally {
+      await plain.stop();
+    }
+    const spec = await startServer(dir, ["--skip-tokenizer-init", "--speculative-config", '{"method": "mtp", "num_speculative_tokens": 2}']);
+    try {
+      const got = await runAll(spec);
+      for (let i = 0; i < bodies.length; i++) eq(got[i], want[i], `mtp: request ${i} (temperature ${bodies[i].temperature})`);
+      const mt = await (await fetch(`${spec.url}/metrics`)).text();
+      const drafts = metric(mt, "spec_decode_num_drafts_total");
+      const dt = metric(mt, "spec_decode_num_draft_tokens_total");
+      assert(drafts > 0 && dt >= drafts && dt <= 2 * drafts, `mtp: drafts ${drafts}, draft tokens ${dt}`);
+    } finally {
+      await spec.stop();
+    }
+  } finally {
+    fs.rmSync(tmp, { recursive: true, force: true });
   }
 });
 

@@ -4,13 +4,17 @@
  * logits with speculation equal to those without, 8 requests at once, with small budgets,
  * under preemption and across a prefix-cache restore of the end-of-generation checkpoint;
  * seeded sampling giving the same tokens; the sampled distribution (two-sample chi-square);
- * cancellation; the metric counts; and a backend without set_keep refused. */
+ * cancellation; the metric counts; and a backend without set_keep refused. Then MTP drafts
+ * (method mtp) over a gen-random checkpoint with an MTP head: greedy tokens and logits equal to
+ * the plain run's at 1 and 8 requests, under preemption and across a prefix-cache hit, drafts
+ * made; and mtp refused on a checkpoint without a head. */
 #include "backend/cpu/backend_cpu.h"
 #include "base/log.h"
 #include "engine/engine.h"
 #include "engine/engine_mem.h"
 #include "engine/spec_config.h"
 #include "engine/spec_ngram.h"
+#include "model/gen_random.h"
 #include "model/qwen35.h"
 #include "model/weights.h"
 #include "sampler/json_mask.h"
@@ -62,8 +66,12 @@ TEST(config_parse) {
                            &s, err, sizeof err) == 0 &&
          s.lookup_min == 2 && s.lookup_max == 4 && s.k == 3);
   EXPECT(spec_config_parse("{}", &s, err, sizeof err) == 0 && s.method == SPEC_METHOD_NONE);
+  EXPECT(spec_config_parse("{\"method\":\"mtp\",\"num_speculative_tokens\":2}", &s, err,
+                           sizeof err) == 0 &&
+         s.method == SPEC_METHOD_MTP && s.k == 2);
   const char *bad[] = {"{\"method\":\"ngram\"}",
-                       "{\"method\":\"mtp\",\"num_speculative_tokens\":2}",
+                       "{\"method\":\"mtp\"}",
+                       "{\"method\":\"mtp\",\"num_speculative_tokens\":2,\"prompt_lookup_min\":2}",
                        "{\"method\":\"eagle\",\"num_speculative_tokens\":2}",
                        "{\"method\":\"ngram\",\"num_speculative_tokens\":0}",
                        "{\"method\":\"ngram\",\"num_speculative_tokens\":2,\"model\":\"x\"}",
@@ -155,7 +163,8 @@ static void sq_logits(void *user, const float *l, int n) {
 }
 
 typedef struct up_opts {
-  int k; /* num_speculative_tokens (0: off) */
+  int k;   /* num_speculative_tokens (0: off) */
+  int mtp; /* the MTP drafter (the model's head) instead of n-gram */
   int cache, budget, kv_tokens, seqs;
 } up_opts;
 
@@ -177,6 +186,11 @@ static int up(rigs *g, const up_opts *u) {
     o.spec.k = u->k;
     o.spec.lookup_min = 1;
     o.spec.lookup_max = 3;
+  }
+  if (u->k && u->mtp) {
+    o.spec.method = SPEC_METHOD_MTP;
+    o.spec.lookup_min = o.spec.lookup_max = 0;
+    o.mtp_weights = &W;
   }
   qwen35_mem_opts mo;
   char err[200];
@@ -625,6 +639,100 @@ TEST(json_mask_same_tokens) {
   json_vocab_free(jv);
 }
 
+/* ---- MTP drafts (the model's head, a checkpoint written by gen-random) ------------------- */
+
+/* greedy, one request and 8 at once (budget 64: prefill pieces next to verify pieces; budget 5:
+ * drafts cut), MTP drafts: tokens and logits equal to the plain run's, the drafter used */
+TEST(mtp_greedy_same_tokens) {
+  int budgets[] = {64, 5}, ns[] = {1, NQ};
+  for (int ni = 0; ni < 2; ni++)
+    for (int bi = 0; bi < 2; bi++) {
+      int n = ns[ni];
+      prompts(REF, n, 40, 1);
+      prompts(GOT, n, 40, 1);
+      engine_stats s0, s1;
+      up_opts off = {.budget = budgets[bi]}, on = {.k = 3, .mtp = 1, .budget = budgets[bi]};
+      EXPECT(run_set(&off, REF, n, &s0));
+      EXPECT(run_set(&on, GOT, n, &s1));
+      EXPECT(same(REF, GOT, n, "mtp greedy"));
+      EXPECT_MSG(s1.spec_num_drafts > 0 && s1.spec_num_draft_tokens > 0,
+                 "x%d budget %d: no MTP drafts", n, budgets[bi]);
+      char what[160];
+      snprintf(what, sizeof what, "MTP greedy x%d budget %d (plain: %lld steps)", n, budgets[bi],
+               s0.steps);
+      report(what, &s1);
+    }
+}
+
+/* a KV pool too small for all: speculating requests preempted and recomputed */
+TEST(mtp_preempted_same_tokens) {
+  prompts(REF, NQ, 40, 1);
+  prompts(GOT, NQ, 40, 1);
+  engine_stats s0, s1;
+  up_opts off = {.budget = 8192}, on = {.k = 3, .mtp = 1, .budget = 8192, .kv_tokens = 16 * 12};
+  EXPECT(run_set(&off, REF, NQ, &s0));
+  EXPECT(run_set(&on, GOT, NQ, &s1));
+  EXPECT(same(REF, GOT, NQ, "mtp preempted"));
+  EXPECT_MSG(s1.preemptions > 0, "no preemption");
+  EXPECT(s1.spec_num_drafts > 0);
+  report("MTP preempted", &s1);
+}
+
+/* prefix cache: turn 2 restores turn 1's checkpoint; its cached positions' MTP rows are not fed
+ * again (lower acceptance at most), the tokens stay the plain run's */
+TEST(mtp_prefix_cache_restore) {
+  sq *sets[2] = {REF, GOT};
+  engine_stats st[2];
+  for (int k = 0; k < 2; k++) {
+    sq *qs = sets[k];
+    prompts(qs, NQ / 2, 40, 1);
+    rigs g;
+    up_opts u = {.k = k ? 3 : 0, .mtp = k, .cache = 1, .budget = 64};
+    REQUIRE(up(&g, &u) == 0);
+    for (int i = 0; i < NQ / 2; i++) sq_submit(g.e, &qs[i]);
+    for (int i = 0; i < NQ / 2; i++) sq_wait(&qs[i]);
+    for (int i = 0; i < NQ / 2; i++) { /* turn 2 */
+      sq *q = &qs[i];
+      for (int j = 0; j < q->n_tok; j++) q->prompt[q->n + j] = q->tok[j];
+      q->n += q->n_tok;
+      for (int j = 0; j < 5; j++) q->prompt[q->n++] = (int32_t)((j * 13 + i) % (int)V);
+    }
+    for (int i = 0; i < NQ / 2; i++) sq_submit(g.e, &qs[i]);
+    for (int i = 0; i < NQ / 2; i++) {
+      sq_wait(&qs[i]);
+      EXPECT_MSG(qs[i].cached > 0, "turn 2 of request %d restored nothing", i);
+    }
+    EXPECT(down(&g, &st[k]));
+  }
+  EXPECT(same(REF, GOT, NQ / 2, "mtp restored"));
+  EXPECT(st[1].spec_num_drafts > 0);
+  report("MTP prefix cache, turn 2", &st[1]);
+}
+
+/* method mtp on a checkpoint without an MTP head: refused with one line */
+TEST(mtp_refused_without_head) {
+  engine_opts o;
+  engine_opts_default(&o);
+  o.max_num_seqs = 2;
+  o.kv_cache_tokens = 256;
+  o.spec.method = SPEC_METHOD_MTP;
+  o.spec.k = 2;
+  o.mtp_weights = &W;
+  qwen35_mem_opts mo;
+  char err[200] = "";
+  qwen35 *m = NULL;
+  REQUIRE(engine_mem_plan(&o, &C, &mo, err, sizeof err) == 0);
+  REQUIRE(qwen35_init(&m, &C, &W, BE, &mo, err, sizeof err) == 0);
+  engine *e = engine_create(m, &o, err, sizeof err);
+  EXPECT_MSG(!e && strstr(err, "MTP head") && !strchr(err, '\n'), "err: %s", err);
+  if (e) engine_destroy(e, 0);
+  o.mtp_weights = NULL;
+  e = engine_create(m, &o, err, sizeof err);
+  EXPECT(!e && strstr(err, "MTP head"));
+  if (e) engine_destroy(e, 0);
+  qwen35_free(m);
+}
+
 /* a backend without set_keep (as the CUDA backend): --speculative-config refused */
 TEST(refused_without_set_keep) {
   backend fake = *BE;
@@ -678,10 +786,55 @@ int main(void) {
       RUN(cancel_speculating);
       RUN(json_mask_same_tokens);
       RUN(refused_without_set_keep);
+      RUN(mtp_refused_without_head);
     }
     sq_free(REF, NQ);
     sq_free(GOT, NQ);
     weights_free(&W);
+  }
+  { /* a Qwen3.5 checkpoint with an MTP head, written by gen-random */
+    char dir[128], cfg[160], err[256];
+    snprintf(dir, sizeof dir, "/tmp/ds_test_spec_XXXXXX");
+    if (!mkdtemp(dir)) {
+      printf("FAIL mkdtemp\n");
+      return 1;
+    }
+    snprintf(cfg, sizeof cfg, "%s/config.json.in", dir);
+    FILE *f = fopen(cfg, "w");
+    if (!f) {
+      printf("FAIL %s\n", cfg);
+      return 1;
+    }
+    fputs(
+        "{\"model_type\":\"qwen3_5_text\",\"vocab_size\":300,\"hidden_size\":48,"
+        "\"intermediate_size\":80,\"num_hidden_layers\":4,\"num_attention_heads\":4,"
+        "\"num_key_value_heads\":2,\"head_dim\":16,\"linear_num_key_heads\":2,"
+        "\"linear_num_value_heads\":4,\"linear_key_head_dim\":8,\"linear_value_head_dim\":12,"
+        "\"linear_conv_kernel_dim\":4,\"partial_rotary_factor\":0.5,"
+        "\"tie_word_embeddings\":false,\"mtp_num_hidden_layers\":1}",
+        f);
+    fclose(f);
+    char mdir[160];
+    snprintf(mdir, sizeof mdir, "%s/m", dir);
+    gen_random_opts go = {.seed = 11, .dt = DTYPE_BF16, .threads = 2, .quiet = 1};
+    weights_opts wo = {.mtp = 1};
+    if (gen_random_write(cfg, mdir, &go, err, sizeof err) ||
+        model_load_with(mdir, &wo, &C, &W, err, sizeof err)) {
+      printf("FAIL the MTP checkpoint: %s\n", err);
+      return 1;
+    }
+    V = (size_t)C.vocab_size;
+    MODEL = "mtp_bf16";
+    printf("model %s\n", MODEL);
+    RUN(mtp_greedy_same_tokens);
+    RUN(mtp_preempted_same_tokens);
+    RUN(mtp_prefix_cache_restore);
+    sq_free(REF, NQ);
+    sq_free(GOT, NQ);
+    weights_free(&W);
+    char cmd[200];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (system(cmd) != 0) printf("  could not remove %s\n", dir);
   }
   BE->destroy(BE);
   TEST_MAIN_END();

@@ -803,6 +803,7 @@ static void bench_ceilings(bench *b) {
 static int bench_start(bench *b, engine_opts *o, qwen35_mem_opts *mo) {
   if (engine_mem_plan_device(o, &b->cfg, &b->w, b->be, mo, b->err, sizeof b->err)) return -1;
   if (qwen35_init(&b->m, &b->cfg, &b->w, b->be, mo, b->err, sizeof b->err)) return -1;
+  o->mtp_weights = &b->w;
   b->e = engine_create(b->m, o, b->err, sizeof b->err);
   return b->e ? 0 : -1;
 }
@@ -1292,6 +1293,7 @@ int cmd_bench(int argc, char **argv) {
   b.user_kv_tokens = b.user.kv_cache_tokens != def.kv_cache_tokens;
   b.user_max_seqs = b.user.max_num_seqs != def.max_num_seqs;
 
+  b.load.mtp = b.user.spec.method == SPEC_METHOD_MTP; /* the MTP head, read by engine_create */
   if (model_load_with(b.model_dir, &b.load, &b.cfg, &b.w, b.err, sizeof b.err)) {
     fprintf(stderr, "deltaserve bench: %s\n", b.err);
     return 1;

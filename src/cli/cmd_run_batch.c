@@ -276,6 +276,8 @@ int cmd_run_batch(int argc, char **argv) {
 
   model_config cfg;
   model_weights w;
+  wo.mtp = eo.spec.method == SPEC_METHOD_MTP; /* the MTP head, read by engine_create */
+  eo.mtp_weights = &w;
   if (model_load_with(model_dir, &wo, &cfg, &w, err, sizeof err) != 0) {
     fprintf(stderr, "deltaserve: %s\n", err);
     return 1;

@@ -468,6 +468,18 @@ int cmd_serve(int argc, char **argv) {
     fprintf(stderr, "deltaserve serve: --generation-config: %s\n", err);
     return 1;
   }
+  if (eo.spec.method == SPEC_METHOD_MTP) { /* refused before anything loads: no MTP head */
+    char cpath[4096];
+    model_config mc;
+    snprintf(cpath, sizeof cpath, "%s/config.json", model_dir);
+    if (config_load(cpath, &mc, err, sizeof err) == 0 && mc.mtp_layers < 1) {
+      fprintf(stderr,
+              "deltaserve serve: --speculative-config: method \"mtp\" needs a checkpoint with an "
+              "MTP head (mtp_num_hidden_layers); %s has none\n",
+              model_dir);
+      return 2;
+    }
+  }
 
   /* Signals are taken by sigwait in this thread only: block them before any thread starts. */
   sigset_t sigs;
@@ -533,6 +545,8 @@ int cmd_serve(int argc, char **argv) {
   int n_eos = 0;
   const char *fault_spec = NULL;
 
+  wo.mtp = eo.spec.method == SPEC_METHOD_MTP; /* the MTP head, read by engine_create */
+  eo.mtp_weights = &w;
   if (model_load_with(model_dir, &wo, &cfg, &w, err, sizeof err)) {
     fprintf(stderr, "deltaserve serve: %s\n", err);
     goto done;

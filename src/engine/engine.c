@@ -448,6 +448,32 @@ static int engine_startup_forward(engine *e, int n_pages, char *err, size_t errl
   return 0;
 }
 
+/* SPEC_METHOD_MTP: the drafter over the checkpoint's MTP head, its pages mirroring the
+ * target's n_pages plus scratch pages for draft rows past a sequence's pages (k drafts write
+ * rows up to k - 1 positions past its last one), and the step's hidden rows. */
+static int engine_mtp_init(engine *e, int n_pages, char *err, size_t errlen) {
+  if (!e->o.mtp_weights || e->o.mtp_weights->mtp.n_layers < 1)
+    return errf(err, errlen,
+                "--speculative-config: method \"mtp\" needs a checkpoint with an MTP head "
+                "(mtp_num_hidden_layers and the mtp.* tensors)");
+  int per = QWEN35_PAGE_TOKENS;
+  e->mtp_scratch0 = n_pages;
+  e->mtp_scratch = (SPEC_MAX_TOKENS + per - 1) / per + 1;
+  size_t rows = (size_t)e->o.max_num_batched_tokens;
+  e->hidden = malloc(rows * (size_t)e->cfg->hidden_size * sizeof *e->hidden);
+  e->mtp_pages =
+      malloc((size_t)(kv_pages_for_tokens(e->max_model_len + SPEC_MAX_TOKENS) + e->mtp_scratch) *
+             sizeof *e->mtp_pages);
+  if (!e->hidden || !e->mtp_pages) return errf(err, errlen, "out of memory for the MTP drafter");
+  char merr[200];
+  if (spec_mtp_init(&e->mtp, e->m, e->o.mtp_weights, qwen35_backend(e->m), n_pages + e->mtp_scratch,
+                    merr, sizeof merr))
+    return errf(err, errlen, "--speculative-config: method \"mtp\": %s", merr);
+  log_info("engine: MTP drafts (%d layer%s), %d per step", e->o.mtp_weights->mtp.n_layers,
+           e->o.mtp_weights->mtp.n_layers == 1 ? "" : "s", e->o.spec.k);
+  return 0;
+}
+
 engine *engine_create(qwen35 *model, const engine_opts *o, char *err, size_t errlen) {
   const model_config *c = qwen35_config(model);
   qwen35_mem_opts mo;
@@ -513,6 +539,10 @@ engine *engine_create(qwen35 *model, const engine_opts *o, char *err, size_t err
     log_info("engine: disk cache %s: %d checkpoints (%.1f MiB) restorable, budget %.2f GiB",
              o->disk_cache_dir, ps.n_disk, disk_tier_bytes(e->dt) / (1024.0 * 1024.0),
              o->disk_cache_gib);
+  }
+  if (o->spec.method == SPEC_METHOD_MTP && engine_mtp_init(e, mo.n_pages, err, errlen) != 0) {
+    engine_destroy(e, 0);
+    return NULL;
   }
   sched_set_spec(e->s, spec ? &o->spec : NULL, e->max_model_len);
   if (o->startup_forward && engine_startup_forward(e, mo.n_pages, err, errlen) != 0) {
@@ -581,6 +611,9 @@ void engine_destroy(engine *e, int drain) {
   free(e->rng_save);
   free(e->fl_store[0]);
   free(e->fl_store[1]);
+  spec_mtp_free(e->mtp);
+  free(e->hidden);
+  free(e->mtp_pages);
   free(e);
 }
 

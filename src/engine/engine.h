@@ -74,10 +74,13 @@ typedef struct engine_opts {
    * 0: off; 1: on wherever the backend can (qwen35_can_chain, qwen35_has_sample). */
   int steps_ahead;   /* decode steps issued before the step in flight is read */
   int device_sample; /* sampled rows picked by the backend's sample op */
-  /* --speculative-config: n-gram drafts verified in the batch (engine_step.c "Speculative
-   * decoding"); method SPEC_METHOD_NONE: off. Needs a backend with set_keep and a model
-   * made with engine_mem_plan's keep slots (k per sequence slot). Turns steps ahead off. */
+  /* --speculative-config: n-gram or MTP drafts verified in the batch (engine_step.c
+   * "Speculative decoding"); method SPEC_METHOD_NONE: off. Needs a backend with set_keep and a
+   * model made with engine_mem_plan's keep slots (k per sequence slot). Turns steps ahead off. */
   spec_config spec;
+  /* SPEC_METHOD_MTP: the model's weights loaded with weights_opts.mtp, read by engine_create
+   * only (the MTP head is uploaded); a checkpoint without an MTP head is refused. */
+  const model_weights *mtp_weights;
 } engine_opts;
 
 /* The defaults each field's comment names. */

@@ -15,6 +15,7 @@
 #include "engine/notifier.h"
 #include "engine/request.h"
 #include "engine/sched.h"
+#include "engine/spec_mtp.h"
 #include "sampler/sample_rule.h"
 #include "sampler/sampler_pool.h"
 
@@ -91,6 +92,13 @@ struct engine {
   /* speculative decoding (engine_opts.spec): the counters engine_stats reports */
   long long spec_drafts, spec_draft_tokens, spec_accepted;
   long long spec_accepted_pos[SPEC_MAX_TOKENS];
+  /* SPEC_METHOD_MTP: the drafter (its K/V pages: the target's ids, then mtp_scratch pages for
+   * the draft rows past a sequence's pages), every row's hidden state of a step
+   * [max_num_batched_tokens, H], a sequence's page table for the drafter */
+  spec_mtp *mtp;
+  int mtp_scratch0, mtp_scratch;
+  float *hidden;
+  int32_t *mtp_pages;
   sampler_scratch scratch; /* the engine thread's */
   sampler_pool *pool;      /* sampler threads and the step's jobs [max_num_seqs] */
   json_mask **masks;       /* [max_num_seqs] a step's masks to prepare during its forward */

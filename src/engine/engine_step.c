@@ -392,6 +392,51 @@ static int engine_step_verify(engine *e, request *r, float *lg0) {
   return posted;
 }
 
+/* MTP drafts (SPEC_METHOD_MTP, spec_mtp.h), after a step's tokens are taken and before
+ * sched_postprocess: each unfinished request's rows that stand (its prefill piece, decode row,
+ * or the kept rows of its verify piece: sched_tokens from its first position, e->seqs[i].pos)
+ * are fed to the drafter with their hidden rows and each row's next token (all known now: the
+ * last is the token just taken), and a request now at its decode point gets up to k drafts for
+ * its next step (request.mtp_draft; sched_draft takes them). The drafter's page table is the
+ * request's, then scratch pages: its own pages still cover every row the step wrote, and draft
+ * rows past them land in scratch pages no sequence owns. Rows at prefix-cache hits are never
+ * fed (the target did not compute them): the drafter's attention then reads stale rows there,
+ * which can only lower acceptance: every draft is verified. A failure of the drafter leaves the
+ * request without drafts. */
+static void engine_step_mtp(engine *e, const sched_batch *b) {
+  size_t H = (size_t)e->cfg->hidden_size;
+  CHECK(b->n_tokens <= e->o.max_num_batched_tokens);
+  for (int i = 0, off = 0; i < b->n; off += e->seqs[i++].n_tokens) {
+    request *r = b->reqs[i];
+    r->n_mtp_draft = 0;
+    if (r->finish) continue;
+    int pos = e->seqs[i].pos, n = r->sched_tokens;
+    int at = pos + n + 1 == r->n_tokens; /* at the decode point after this step */
+    int k = 0;
+    if (at) {
+      k = e->o.spec.k;
+      int left = r->smp.p.max_tokens - request_n_output(r) - 1;
+      if (k > left) k = left;
+      if (k > e->max_model_len - r->n_tokens) k = e->max_model_len - r->n_tokens;
+      if (k < 0) k = 0;
+    }
+    int np = r->pages.n, need = kv_pages_for_tokens(pos + n + (k > 0 ? k - 1 : 0));
+    memcpy(e->mtp_pages, r->pages.ids, (size_t)np * sizeof *e->mtp_pages);
+    for (int s = 0; np < need; s++) {
+      CHECK(s < e->mtp_scratch);
+      e->mtp_pages[np++] = e->mtp_scratch0 + s;
+    }
+    char err[160];
+    if (spec_mtp_step(e->mtp, e->mtp_pages, np, pos, n, r->tokens + pos + 1,
+                      e->hidden + (size_t)off * H, k, r->mtp_draft, err, sizeof err)) {
+      log_error("engine: request %lld: MTP drafts failed: %s", (long long)r->id, err);
+      continue;
+    }
+    r->n_mtp_draft = k;
+    r->mtp_at = r->n_tokens;
+  }
+}
+
 int engine_step_run(engine *e) {
   if (e->n_fl) return engine_step_flight(e);
   sched_batch b;
@@ -418,8 +463,9 @@ int engine_step_run(engine *e) {
   e->steps++;
   engine_step_tally(e, b.reqs, b.n, b.n_tokens, 1);
   if (e->o.log_steps) engine_step_trace(e, &b);
-  /* plain greedy everywhere: the device picks the tokens (a verify piece's rows are read) */
-  int greedy = e->device_greedy && n_rows > 0 && !n_verify;
+  /* plain greedy everywhere: the device picks the tokens (a verify piece's rows are read; the
+   * MTP drafter reads every row's hidden state, which only qwen35_forward_hidden gives) */
+  int greedy = e->device_greedy && n_rows > 0 && !n_verify && !e->mtp;
   for (int i = 0; i < b.n && greedy; i++) {
     request *r = b.reqs[i];
     engine_req *h = r->owner;
@@ -444,7 +490,7 @@ int engine_step_run(engine *e) {
     }
   }
   /* the backend's sample op when it picks every sampled row exactly as the host would */
-  int dev_sample = !greedy && e->device_sample && n_rows > 0 && !n_verify;
+  int dev_sample = !greedy && e->device_sample && n_rows > 0 && !n_verify && !e->mtp;
   for (int i = 0; i < b.n && dev_sample; i++) {
     request *r = b.reqs[i];
     engine_req *h = r->owner;
@@ -465,10 +511,12 @@ int engine_step_run(engine *e) {
   }
   sampler_pool_prep_start(e->pool, e->masks, n_masks);
   char err[160];
-  int frc = greedy       ? qwen35_forward_greedy(e->m, e->seqs, b.n, e->ids, err, sizeof err)
-            : dev_sample ? qwen35_forward_sample(e->m, e->seqs, b.n, e->words, n_words, e->ids, err,
-                                                 sizeof err)
-                         : qwen35_forward(e->m, e->seqs, b.n, e->logits, err, sizeof err);
+  int frc =
+      greedy ? qwen35_forward_greedy(e->m, e->seqs, b.n, e->ids, err, sizeof err)
+      : dev_sample
+          ? qwen35_forward_sample(e->m, e->seqs, b.n, e->words, n_words, e->ids, err, sizeof err)
+      : e->mtp ? qwen35_forward_hidden(e->m, e->seqs, b.n, e->logits, e->hidden, err, sizeof err)
+               : qwen35_forward(e->m, e->seqs, b.n, e->logits, err, sizeof err);
   sampler_pool_prep_finish(e->pool);
   if (frc != 0) return engine_step_fail(e, &b, err);
 
@@ -530,6 +578,7 @@ int engine_step_run(engine *e) {
     posted += engine_push(h, &res, r->finish, e->nt);
   }
   if (posted) notifier_kick(e->nt);
+  if (e->mtp) engine_step_mtp(e, &b);
   sched_postprocess(e->s, &b);
   for (int i = 0; i < b.n; i++) {
     request *r = b.reqs[i];

@@ -29,6 +29,7 @@
 
 #include "cache/checkpoint.h"
 #include "cache/kv_pages.h"
+#include "engine/spec_config.h"
 #include "sampler/sampler.h"
 
 typedef enum { REQ_STATE_WAITING, REQ_STATE_RUNNING, REQ_STATE_FINISHED } req_state;
@@ -61,6 +62,10 @@ typedef struct request {
    * written past the tokens at tokens[n_tokens, n_tokens + sched_draft) (room: the scheduler
    * drafts at most max_tokens - output - 1); 0 when the piece is plain */
   int sched_draft;
+  /* MTP drafts (SPEC_METHOD_MTP): made after the step that brought the request to n_tokens ==
+   * mtp_at at its decode point; sched_draft takes them only there */
+  int32_t mtp_draft[SPEC_MAX_TOKENS];
+  int n_mtp_draft, mtp_at;
   /* engine_submit_opts.draft_replay (test and benchmark drafter; NULL: n-gram) */
   const int32_t *replay;
   int n_replay, replay_pm;

@@ -254,9 +254,17 @@ static int sched_draft(sched *s, request *r, int room) {
   if (k > s->max_model_len - r->n_tokens) k = s->max_model_len - r->n_tokens;
   if (k > room) k = room;
   if (k <= 0) return 0;
-  int d = r->replay ? sched_replay(r, k)
-                    : spec_ngram_propose(r->tokens, r->n_tokens, s->spec.lookup_min,
-                                         s->spec.lookup_max, k, r->tokens + r->n_tokens);
+  int d = 0;
+  if (r->replay) {
+    d = sched_replay(r, k);
+  } else if (s->spec.method == SPEC_METHOD_MTP) { /* made after the step that led here */
+    d = r->mtp_at == r->n_tokens ? r->n_mtp_draft : 0;
+    if (d > k) d = k;
+    memcpy(r->tokens + r->n_tokens, r->mtp_draft, (size_t)(d > 0 ? d : 0) * sizeof *r->tokens);
+  } else {
+    d = spec_ngram_propose(r->tokens, r->n_tokens, s->spec.lookup_min, s->spec.lookup_max, k,
+                           r->tokens + r->n_tokens);
+  }
   /* drafts never preempt anyone nor evict the prefix cache: only free pages */
   if (d > 0 && kv_pages_table_need(&r->pages, r->n_computed + 1 + d) > kv_pages_num_free(s->kp))
     d = 0;

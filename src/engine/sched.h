@@ -92,7 +92,8 @@ void sched_free(sched *s);
 void sched_set_prefix_cache(sched *s, prefix_cache *pc, int snapshot_interval);
 
 /* Speculative decoding (spec NULL or method NONE: off): in step 1 a decode row at its sampling
- * point gets up to spec->k n-gram drafts (spec_ngram) as a verify piece of 1 + drafts rows
+ * point gets up to spec->k drafts (n-gram: spec_ngram; MTP: the request's mtp_draft, made by
+ * the engine after the step that led there) as a verify piece of 1 + drafts rows
  * (request.sched_draft), the drafts cut to the budget the later decode rows leave (a draft never
  * displaces a decode row), to the free pages, to max_tokens - output - 1 and to
  * max_model_len; sched_postprocess advances n_computed by the rows the engine kept

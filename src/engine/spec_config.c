@@ -54,17 +54,14 @@ int spec_config_parse(const char *json, spec_config *out, char *err, size_t errl
   }
   json_t *m = json_object_get(o, "method");
   if (!m || !json_is_string(m)) {
-    errf(err, errlen, "--speculative-config: \"method\" is required (\"ngram\")");
+    errf(err, errlen, "--speculative-config: \"method\" is required (\"ngram\" or \"mtp\")");
     goto done;
   }
   const char *ms = json_string_value(m);
-  if (!strcmp(ms, "mtp")) {
-    errf(err, errlen,
-         "--speculative-config: method \"mtp\" is not implemented yet (use \"ngram\")");
-    goto done;
-  }
-  if (strcmp(ms, "ngram") && strcmp(ms, "[ngram]")) {
-    errf(err, errlen, "--speculative-config: method \"%s\" is not supported (\"ngram\")", ms);
+  int mtp = !strcmp(ms, "mtp");
+  if (!mtp && strcmp(ms, "ngram") && strcmp(ms, "[ngram]")) {
+    errf(err, errlen, "--speculative-config: method \"%s\" is not supported (\"ngram\" or \"mtp\")",
+         ms);
     goto done;
   }
   int gk, gmin, gmax;
@@ -75,7 +72,19 @@ int spec_config_parse(const char *json, spec_config *out, char *err, size_t errl
       spec_int(o, "prompt_lookup_max", 1, 1 << 20, &out->lookup_max, &gmax, err, errlen))
     goto done;
   if (!gk) {
-    errf(err, errlen, "--speculative-config: num_speculative_tokens is required for \"ngram\"");
+    errf(err, errlen, "--speculative-config: num_speculative_tokens is required for \"%s\"",
+         mtp ? "mtp" : "ngram");
+    goto done;
+  }
+  if (mtp) {
+    if (gmin || gmax) {
+      errf(err, errlen,
+           "--speculative-config: prompt_lookup_min / prompt_lookup_max are for \"ngram\", not "
+           "\"mtp\"");
+      goto done;
+    }
+    out->method = SPEC_METHOD_MTP;
+    rc = 0;
     goto done;
   }
   if (!gmin && !gmax) out->lookup_min = out->lookup_max = 5;

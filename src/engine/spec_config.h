@@ -2,24 +2,26 @@
  *
  *   {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": a,
  *    "prompt_lookup_max": b}
+ *   {"method": "mtp", "num_speculative_tokens": k}
  *
- * n-gram (prompt lookup) only: "mtp" and draft models are refused with one line, and so is
- * every key this server does not implement (an accepted key is never ignored). As in vLLM,
- * prompt_lookup_min / _max default to 5 when both are missing, and one given stands for the
- * other. */
+ * n-gram (prompt lookup) and the checkpoint's MTP head (engine_create refuses "mtp" when the
+ * checkpoint has none); draft models are refused with one line, and so is every key this server
+ * does not implement (an accepted key is never ignored: the lookup keys with "mtp" too). As in
+ * vLLM, prompt_lookup_min / _max default to 5 when both are missing, and one given stands for
+ * the other. */
 #ifndef DS_SPEC_CONFIG_H
 #define DS_SPEC_CONFIG_H
 #include <stddef.h>
 
 #define SPEC_MAX_TOKENS 16 /* num_speculative_tokens at most */
 
-typedef enum { SPEC_METHOD_NONE = 0, SPEC_METHOD_NGRAM = 1 } spec_method;
+typedef enum { SPEC_METHOD_NONE = 0, SPEC_METHOD_NGRAM = 1, SPEC_METHOD_MTP = 2 } spec_method;
 
 typedef struct spec_config {
   spec_method method; /* SPEC_METHOD_NONE: no speculation (the default) */
   int k;              /* num_speculative_tokens: drafted tokens per step, 1..SPEC_MAX_TOKENS */
-  int lookup_min;     /* prompt_lookup_min: the shortest n-gram matched, >= 1 */
-  int lookup_max;     /* prompt_lookup_max: the longest, >= lookup_min */
+  int lookup_min;     /* prompt_lookup_min: the shortest n-gram matched, >= 1 (ngram) */
+  int lookup_max;     /* prompt_lookup_max: the longest, >= lookup_min (ngram) */
 } spec_config;
 
 /* Parses the flag's JSON object into *out (SPEC_METHOD_NONE for "{}" or "null", as vLLM).

@@ -954,6 +954,7 @@ int qwen35_slot_zero(qwen35 *m, int slot) {
   return m->be->sync(m->be, NULL, 0);
 }
 
+backend *qwen35_backend(const qwen35 *m) { return m->be; }
 int qwen35_can_verify(const qwen35 *m) { return m->be->set_keep ? m->keep_k : 0; }
 
 int qwen35_keep_slot(const qwen35 *m, int slot, int r) {

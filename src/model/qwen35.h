@@ -100,6 +100,8 @@ void qwen35_vocab_weights(const qwen35 *m, backend_weight *embed, backend_weight
 int qwen35_forward(qwen35 *m, const fwd_seq *seqs, int n_seqs, float *logits, char *err,
                    size_t errlen);
 
+backend *qwen35_backend(const qwen35 *m); /* the backend the model runs on */
+
 /* qwen35_forward, and hidden [T, H] (T = the step's rows, in order): every row's final hidden
  * state after the final norm, the input of the MTP head (qwen35_mtp). */
 int qwen35_forward_hidden(qwen35 *m, const fwd_seq *seqs, int n_seqs, float *logits, float *hidden,

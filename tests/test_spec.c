@@ -6,8 +6,9 @@
  * seeded sampling giving the same tokens; the sampled distribution (two-sample chi-square);
  * cancellation; the metric counts; and a backend without set_keep refused. Then MTP drafts
  * (method mtp) over a gen-random checkpoint with an MTP head: greedy tokens and logits equal to
- * the plain run's at 1 and 8 requests, under preemption and across a prefix-cache hit, drafts
- * made; and mtp refused on a checkpoint without a head. */
+ * the plain run's at 1 and 8 requests, under preemption and across a prefix-cache hit, with the
+ * random head (nothing accepted) and with a head made to predict (some or all accepted); and
+ * mtp refused on a checkpoint without a head. */
 #include "backend/cpu/backend_cpu.h"
 #include "base/log.h"
 #include "engine/engine.h"
@@ -641,6 +642,8 @@ TEST(json_mask_same_tokens) {
 
 /* ---- MTP drafts (the model's head, a checkpoint written by gen-random) ------------------- */
 
+static float SCALE = -1; /* the head made predictable with this scale (-1: random) */
+
 /* greedy, one request and 8 at once (budget 64: prefill pieces next to verify pieces; budget 5:
  * drafts cut), MTP drafts: tokens and logits equal to the plain run's, the drafter used */
 TEST(mtp_greedy_same_tokens) {
@@ -675,6 +678,7 @@ TEST(mtp_preempted_same_tokens) {
   EXPECT(same(REF, GOT, NQ, "mtp preempted"));
   EXPECT_MSG(s1.preemptions > 0, "no preemption");
   EXPECT(s1.spec_num_drafts > 0);
+  if (SCALE >= 0) EXPECT(s1.spec_num_accepted_tokens > 0);
   report("MTP preempted", &s1);
 }
 
@@ -706,7 +710,81 @@ TEST(mtp_prefix_cache_restore) {
   }
   EXPECT(same(REF, GOT, NQ / 2, "mtp restored"));
   EXPECT(st[1].spec_num_drafts > 0);
+  if (SCALE >= 0) EXPECT(st[1].spec_num_accepted_tokens > 0);
   report("MTP prefix cache, turn 2", &st[1]);
+}
+
+/* A head that predicts well, so that drafts are accepted (random weights accept none): every
+ * target layer's output projections (o_proj, out_proj, down_proj) scaled by s, so that the
+ * next token is mostly a function of the current one (s = 0: only of it), and the MTP head
+ * made to compute that function on its input token: fc = [I | 0] (the embedding half), its
+ * layer's o_proj and down_proj 0, and the final norms plain (weights 0), so that its y is the
+ * target's final hidden state for that token. The new data lives in KEEP until the end. */
+static void *KEEP[64];
+static int n_keep;
+
+/* t's data replaced: element i becomes f(i, old value) (mode 0: old * s; 1: identity [H, 2H]
+ * left half; 2: s) */
+static int retensor(tensor *t, int mode, float s) {
+  int64_t n = 1;
+  for (int d = 0; d < t->ndim; d++) n *= t->shape[d];
+  size_t es = t->dt == DTYPE_BF16 ? 2 : t->dt == DTYPE_F32 ? 4 : 0;
+  if (!es || n_keep >= (int)(sizeof KEEP / sizeof *KEEP)) return -1;
+  void *buf = malloc((size_t)n * es);
+  if (!buf) return -1;
+  for (int64_t i = 0; i < n; i++) {
+    float v = mode == 0   ? tensor_get_f32(t, i) * s
+              : mode == 1 ? (float)(i / t->shape[1] == i % t->shape[1])
+                          : s;
+    if (es == 2)
+      ((uint16_t *)buf)[i] = dtype_f32_to_bf16(v);
+    else
+      ((float *)buf)[i] = v;
+  }
+  KEEP[n_keep++] = buf;
+  t->data = buf;
+  return 0;
+}
+
+static int predictable(float s) {
+  int rc = 0;
+  for (int i = 0; i < C.n_layers; i++) {
+    layer_weights *L = &W.layers[i];
+    rc |= retensor(L->o_proj.data ? &L->o_proj : &L->out_proj, 0, s);
+    rc |= retensor(&L->down_proj, 0, s);
+  }
+  mtp_weights *m = &W.mtp;
+  rc |= retensor(&m->fc, 1, 0) | retensor(&m->layers[0].o_proj, 2, 0) |
+        retensor(&m->layers[0].down_proj, 2, 0) | retensor(&m->pre_fc_norm_embedding, 2, 0) |
+        retensor(&m->norm, 2, 0) | retensor(&W.final_norm, 2, 0);
+  return rc;
+}
+
+/* with the predictable head (SCALE): greedy tokens and logits equal to the plain run's, one
+ * request and 8, drafts accepted (scale 0: most of them; 0.5: some rejected, the state rolled
+ * back) */
+
+TEST(mtp_accepted_same_tokens) {
+  int ns[] = {1, NQ};
+  for (int ni = 0; ni < 2; ni++) {
+    int n = ns[ni];
+    prompts(REF, n, 40, 1);
+    prompts(GOT, n, 40, 1);
+    engine_stats s0, s1;
+    up_opts off = {.budget = 64}, on = {.k = 3, .mtp = 1, .budget = 64};
+    EXPECT(run_set(&off, REF, n, &s0));
+    EXPECT(run_set(&on, GOT, n, &s1));
+    EXPECT(same(REF, GOT, n, "mtp accepted"));
+    EXPECT_MSG(s1.spec_num_accepted_tokens > 0, "scale %.1f x%d: nothing accepted", SCALE, n);
+    if (SCALE == 0.f)
+      EXPECT_MSG(2 * s1.spec_num_accepted_tokens > s1.spec_num_draft_tokens,
+                 "scale 0 x%d: %lld of %lld accepted", n, s1.spec_num_accepted_tokens,
+                 s1.spec_num_draft_tokens);
+    char what[160];
+    snprintf(what, sizeof what, "MTP predictable head, layer scale %.1f, x%d (plain: %lld steps)",
+             SCALE, n, s0.steps);
+    report(what, &s1);
+  }
 }
 
 /* method mtp on a checkpoint without an MTP head: refused with one line */
@@ -829,9 +907,23 @@ int main(void) {
     RUN(mtp_greedy_same_tokens);
     RUN(mtp_preempted_same_tokens);
     RUN(mtp_prefix_cache_restore);
+    /* the head made predictable (W's data changed in place: scale 0 after 0.5) */
+    for (int si = 0; si < 2; si++) {
+      SCALE = si ? 0.f : 0.5f;
+      if (predictable(SCALE) != 0) {
+        printf("FAIL the predictable head\n");
+        return 1;
+      }
+      RUN(mtp_accepted_same_tokens);
+      if (!si) {
+        RUN(mtp_preempted_same_tokens);
+        RUN(mtp_prefix_cache_restore);
+      }
+    }
     sq_free(REF, NQ);
     sq_free(GOT, NQ);
     weights_free(&W);
+    for (int i = 0; i < n_keep; i++) free(KEEP[i]);
     char cmd[200];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     if (system(cmd) != 0) printf("  could not remove %s\n", dir);

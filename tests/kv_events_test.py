@@ -56,6 +56,7 @@ def disk_restart():
     d = tempfile.mkdtemp(prefix="ds-kvev-disk-")
     flags = ["--snapshot-slabs", "2", "--disk-cache-dir", d, "--disk-cache-gib", "0.01"]
     convs = [[(11 * c + 5 * i + 1) % 250 for i in range(70)] for c in range(3)]
+    srv = None
     try:
         srv = kl.Server(BUILD, flags)
         ctx = zmq.Context()
@@ -92,7 +93,12 @@ def disk_restart():
         ctx.term()
         rc = srv.stop()
         return why or ("" if rc == 0 and not srv.sanitizer_report() else "exit status %d" % rc)
+    except (kl.SchemaError, OSError, RuntimeError) as e:
+        return str(e)
     finally:
+        if srv is not None and srv.p.poll() is None:  # a failure above: no server left behind
+            srv.p.kill()
+            srv.p.wait()
         shutil.rmtree(d, ignore_errors=True)
 
 

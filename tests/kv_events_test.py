@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "lib"))
 import zmq  # noqa: E402
@@ -159,8 +160,12 @@ def main():
         report("kv_events_replay", False, str(e))
     print("kv_events: %d batches, %s" % (v.next_seq, v.counts))
     # the publisher's counters on /metrics: every batch and event the subscriber saw, none lost
-    m = {k: srv.metric("kv_events_%s_total" % k)
-         for k in ("published", "batches", "dropped", "replays")}
+    for _ in range(100):  # the publisher thread counts a batch after sending it
+        m = {k: srv.metric("kv_events_%s_total" % k)
+             for k in ("published", "batches", "dropped", "replays")}
+        if m["batches"] >= v.next_seq:
+            break
+        time.sleep(0.1)
     report("kv_events_metrics", m["batches"] == v.next_seq and m["dropped"] == 0 and
            m["published"] == sum(v.counts.values()) and m["replays"] >= 2,
            "%s; the subscriber saw %d batches, %d events" % (m, v.next_seq,

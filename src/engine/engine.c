@@ -231,15 +231,6 @@ static void engine_snapshot(engine *e) {
     s.disk_read_s = d.read_s;
     s.disk_write_s = d.write_s;
   }
-  if (e->o.kv_events) {
-    kv_events_stats k;
-    kv_events_get_stats(e->o.kv_events, &k);
-    s.kv_events_enabled = 1;
-    s.kv_events_events = k.events;
-    s.kv_events_batches = k.batches;
-    s.kv_events_dropped = k.dropped;
-    s.kv_events_replays = k.replays;
-  }
   pthread_mutex_lock(&e->mu);
   s.num_waiting += e->n_in;
   e->st = s;
@@ -807,6 +798,15 @@ void engine_get_stats(engine *e, engine_stats *s) {
   pthread_mutex_lock(&e->mu);
   *s = e->st;
   pthread_mutex_unlock(&e->mu);
+  if (e->o.kv_events) { /* live: the publisher thread counts while the engine sleeps */
+    kv_events_stats k;
+    kv_events_get_stats(e->o.kv_events, &k);
+    s->kv_events_enabled = 1;
+    s->kv_events_events = k.events;
+    s->kv_events_batches = k.batches;
+    s->kv_events_dropped = k.dropped;
+    s->kv_events_replays = k.replays;
+  }
 }
 
 int engine_check(engine *e, char *err, size_t errlen) {

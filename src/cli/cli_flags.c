@@ -33,7 +33,7 @@ const char cli_flags_engine_help[] =
     "  --sampler-threads N         threads that sample a step's rows beside the engine\n"
     "                              thread (0: the engine thread alone; default min(8,\n"
     "                              CPUs - 1)); the tokens do not depend on it\n"
-    "  --speculative-config JSON   speculative decoding (CPU backend), vLLM's keys:\n"
+    "  --speculative-config JSON   speculative decoding, vLLM's keys:\n"
     "                              {\"method\": \"ngram\", \"num_speculative_tokens\": k,\n"
     "                              \"prompt_lookup_min\": a, \"prompt_lookup_max\": b}, or\n"
     "                              {\"method\": \"mtp\", \"num_speculative_tokens\": k}\n"

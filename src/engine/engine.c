@@ -473,7 +473,7 @@ engine *engine_create(qwen35 *model, const engine_opts *o, char *err, size_t err
   if (spec && qwen35_can_verify(model) < mo.keep_k)
     return errf(err, errlen,
                 "--speculative-config: this backend cannot verify drafts (it keeps no per-row "
-                "recurrent states; the CPU backend does, the CUDA backend not yet)"),
+                "recurrent states)"),
            NULL;
   engine *e = calloc(1, sizeof *e);
   if (!e) return errf(err, errlen, "out of memory"), NULL;

@@ -353,8 +353,9 @@ static size_t cu_weight_bytes(backend *be, backend_weight w) {
 
 /* ---- batch ---- */
 
-static int cu_set_batch(backend *be, const backend_batch *b) {
-  cuda_ctx *c = cuda_ctx_of(be);
+/* The step's metadata to the device; keep (set_keep, else NULL): the verify pieces' first keep
+ * slots, which take those pieces off the chunked DeltaNet lists. */
+static int batch_upload(cuda_ctx *c, const backend_batch *b, const int32_t *keep) {
   cuda_graph_flush(c);
   if (c->failed) return -1;
   size_t T = (size_t)b->n_tokens, S = (size_t)b->n_seqs;
@@ -365,7 +366,7 @@ static int cu_set_batch(backend *be, const backend_batch *b) {
    * layout, and a graph captured against it, stays the same while sequences grow */
   int mpp = (b->max_pages + 63) / 64 * 64;
   /* + the shared-prefix plan: sh_start, sh_ns, sh_members [T] and the groups */
-  size_t need = 3 * T + 8 * S + S * (size_t)mpp + (size_t)b->n_out + 2 * nch + 16 + 3 * T + 1 +
+  size_t need = 3 * T + 10 * S + S * (size_t)mpp + (size_t)b->n_out + 2 * nch + 16 + 3 * T + 1 +
                 CUDA_SH_GROUPS * CUDA_SH_GROUP_WORDS;
   if (c->meta_pending) {
     cudaEventSynchronize(c->meta_done);
@@ -429,11 +430,13 @@ static int cu_set_batch(backend *be, const backend_batch *b) {
   TAKE(out_rows, (size_t)b->n_out);
 #undef TAKE
   /* piece lists */
-  int np = 0, nd = 0, maxlen = 0, maxend = 0;
-  int32_t *pre = p + o, *dec = p + o + S;
+  int np = 0, nd = 0, nv = 0, maxlen = 0, maxend = 0;
+  int32_t *pre = p + o, *dec = p + o + S, *ver = p + o + 2 * S;
   for (size_t s = 0; s < S; s++) {
     int len = b->seq_len[s];
-    if (len > 1)
+    if (len > 1 && keep && keep[s] >= 0)
+      ver[nv++] = (int32_t)s;
+    else if (len > 1)
       pre[np++] = (int32_t)s;
     else
       dec[nd++] = (int32_t)s;
@@ -444,7 +447,13 @@ static int cu_set_batch(backend *be, const backend_batch *b) {
   db->decode_ids = c->d_meta + o + S;
   c->h_prefill = c->h_host + o;
   c->h_decode = c->h_host + o + S;
-  o += 2 * S;
+  db->verify_ids = c->d_meta + o + 2 * S;
+  o += 3 * S;
+  if (keep) {
+    memcpy(p + o, keep, S * sizeof *p);
+    db->seq_keep = c->d_meta + o;
+    o += S;
+  }
   /* chunk lists */
   int32_t *chr = p + o, *chl = p + o + nch, *pc0 = p + o + 2 * nch;
   int nc = 0;
@@ -468,6 +477,7 @@ static int cu_set_batch(backend *be, const backend_batch *b) {
   o += 2 * nch + (size_t)np + 1;
   db->n_prefill = np;
   db->n_decode = nd;
+  db->n_verify = nv;
   db->max_len = maxlen;
   db->max_pos_end = maxend;
   /* the shared-prefix plan (kv_share.h), last: its arrays travel only when the step has a
@@ -519,6 +529,19 @@ static int cu_set_batch(backend *be, const backend_batch *b) {
   c->meta_pending = 1;
   cuda_graph_begin(c);
   return 0;
+}
+
+static int cu_set_batch(backend *be, const backend_batch *b) {
+  return batch_upload(cuda_ctx_of(be), b, NULL);
+}
+
+/* The batch again with its verify pieces marked: a speculating step waits on the previous
+ * step's tokens before it is issued, so the second upload finds the stream idle. */
+static int cu_set_keep(backend *be, const int32_t *seq_keep) {
+  cuda_ctx *c = cuda_ctx_of(be);
+  if (c->failed) return -1;
+  backend_batch b = c->hb;
+  return batch_upload(c, &b, seq_keep);
 }
 
 static int cu_sync(backend *be, char *err, size_t errlen) {
@@ -722,6 +745,7 @@ extern "C" backend *backend_cuda_create_test(int device, const backend_options *
   be->weight_bytes = cu_weight_bytes;
   be->weight_size = cu_weight_size;
   be->set_batch = cu_set_batch;
+  be->set_keep = cu_set_keep;
   be->read_start = cu_read_start;
   be->write_start = cu_write_start;
   be->read_wait = cu_read_wait;

@@ -45,13 +45,16 @@ typedef struct cuda_weight {
 /* Device views of the step's metadata (pointers into ctx->d_meta). */
 typedef struct cuda_batch {
   int n_tokens, n_seqs, max_pages, n_out;
-  int n_prefill, n_decode; /* pieces with len > 1, == 1 */
+  int n_prefill, n_decode; /* pieces with len > 1 (verify pieces aside), == 1 */
+  int n_verify;            /* verify pieces of more than one row (set_keep) */
   int max_len;             /* longest piece */
   int max_pos_end;         /* max seq_pos + seq_len */
   const int32_t *tokens, *pos, *seq, *seq_start, *seq_len, *seq_pos, *seq_slot, *page_table,
       *out_rows;
   const int32_t *prefill_ids; /* [n_prefill] piece indices */
   const int32_t *decode_ids;  /* [n_decode] */
+  const int32_t *verify_ids;  /* [n_verify] */
+  const int32_t *seq_keep;    /* [n_seqs] a piece's first keep slot (-1: none); NULL: no set_keep */
   /* DeltaNet chunks of the prefill pieces (absolute multiples of BACKEND_CHUNK), in piece
    * order: chunk c covers rows ch_row[c] .. ch_row[c]+ch_len[c]-1; prefill piece i (in
    * prefill_ids order) owns chunks pre_ch0[i] .. pre_ch0[i+1]-1. */

@@ -177,6 +177,28 @@ __global__ void k_conv_state(const bf16 *x, float *state, const int32_t *seq_sta
   }
 }
 
+/* Verify pieces (backend.h): the conv window after each row r < len-1 into keep slot
+ * keep[s] + r; run before k_conv_state, which overwrites the window these read. */
+__global__ void k_conv_keep(const bf16 *x, float *state, const int32_t *ids, const int32_t *keep,
+                            const int32_t *seq_start, const int32_t *seq_len,
+                            const int32_t *seq_pos, const int32_t *seq_slot, int n, int C, int K) {
+  pdl_enter();
+  size_t nn = (size_t)n * C;
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < nn;
+       i += (size_t)gridDim.x * blockDim.x) {
+    unsigned ii = (unsigned)i;
+    int v = (int)(ii / (unsigned)C), c = (int)(ii % (unsigned)C);
+    int s = ids[v];
+    const float *st = state + (size_t)seq_slot[s] * C * (K - 1);
+    int len = seq_len[s], start = seq_start[s], hs = seq_pos[s] > 0;
+    for (int r = 0; r + 1 < len; r++) {
+      float *kst = state + (size_t)(keep[s] + r) * C * (K - 1) + (size_t)c * (K - 1);
+      for (int j = 0; j < K - 1; j++)
+        kst[j] = conv_in(x, st, C, K, c, start, r + 1 - (K - 1) + j, hs);
+    }
+  }
+}
+
 /* Decode steps (every piece one row): one thread per (row, channel) computes the output as
  * k_conv1d does (same sum order) and then shifts that channel's state itself: one launch
  * instead of two. Row t is the whole piece, so no other thread reads its (slot, channel). */
@@ -240,6 +262,12 @@ extern "C" void cuda_gdn_conv1d(backend *be, backend_buf conv_state, backend_buf
         c->b.seq_pos, c->b.seq_slot, T, C, K, (bf16 *)out);
   }
   cuda_check_launch(c, "conv1d");
+  if (K > 1 && c->b.n_verify > 0) {
+    k_conv_keep<<<cuda_blocks((size_t)c->b.n_verify * C, 256), 256, 0, c->st>>>(
+        (const bf16 *)x, (float *)conv_state, c->b.verify_ids, c->b.seq_keep, c->b.seq_start,
+        c->b.seq_len, c->b.seq_pos, c->b.seq_slot, c->b.n_verify, C, K);
+    cuda_check_launch(c, "conv1d (kept windows)");
+  }
   if (K > 1) {
     k_conv_state<<<cuda_blocks((size_t)c->b.n_seqs * C, 256), 256, 0, c->st>>>(
         (const bf16 *)x, (float *)conv_state, c->b.seq_start, c->b.seq_len, c->b.seq_pos,
@@ -253,62 +281,73 @@ extern "C" void cuda_gdn_conv1d(backend *be, backend_buf conv_state, backend_buf
 #define DEC_G 4
 #define DEC_THREADS 512
 
-/* grid (n_decode, nv). Thread (grp, cx) covers columns c = cx + k*CW and key rows
+/* grid (pieces, nv). Thread (grp, cx) covers columns c = cx + k*CW and key rows
  * a = grp + r*DEC_G; partial sums over rows are merged through shared memory in group
- * order. */
+ * order. VER: the pieces are verify pieces (backend.h "Verify pieces"): their rows run the same
+ * step one after another, the state after row r < len-1 going to keep slot keep[s] + r and the
+ * last to the piece's slot; a thread reads back only the state elements it wrote itself. */
+template <bool VER>
 __global__ void __launch_bounds__(DEC_THREADS)
     k_gdn_decode(float *ssm, const bf16 *qkv, const float *beta, const float *g, const int32_t *ids,
-                 const int32_t *seq_start, const int32_t *seq_pos, const int32_t *seq_slot, int nk,
-                 int nv, int dk, int dv, bf16 *out) {
+                 const int32_t *seq_start, const int32_t *seq_len, const int32_t *seq_pos,
+                 const int32_t *seq_slot, const int32_t *keep, int nk, int nv, int dk, int dv,
+                 bf16 *out) {
   pdl_enter();
   extern __shared__ float sh[]; /* q[dk] k[dk] red[DEC_G*dv] d[dv] */
   float *qs = sh, *ks = sh + dk, *red = ks + dk, *dd = red + DEC_G * dv;
   int s = ids[blockIdx.x], h = blockIdx.y;
   int kh = h / (nv / nk);
-  int t = seq_start[s];
-  size_t cd = 2 * (size_t)nk * dk + (size_t)nv * dv;
-  const bf16 *row = qkv + (size_t)t * cd;
-  float *S = ssm + ((size_t)seq_slot[s] * nv + h) * (size_t)dk * dv;
+  int n = VER ? seq_len[s] : 1;
+  size_t cd = 2 * (size_t)nk * dk + (size_t)nv * dv, hs = (size_t)dk * dv;
+  float *S0 = ssm + ((size_t)seq_slot[s] * nv + h) * hs, *S = S0;
   int zero = seq_pos[s] == 0;
-  float eg = expf(g[(size_t)t * nv + h]), bt = beta[(size_t)t * nv + h];
-  for (int i = threadIdx.x; i < dk; i += blockDim.x) {
-    qs[i] = bf2f(row[(size_t)kh * dk + i]);
-    ks[i] = bf2f(row[(size_t)(nk + kh) * dk + i]);
-  }
-  __syncthreads();
   int CWc = blockDim.x / DEC_G, grp = threadIdx.x / CWc, cx = threadIdx.x % CWc;
-  for (int c = cx; c < dv; c += CWc) {
-    float part = 0.f;
-    for (int a = grp; a < dk; a += DEC_G) {
-      float sv = zero ? 0.f : S[(size_t)a * dv + c] * eg;
-      part += sv * ks[a];
+  for (int r = 0; r < n; r++) {
+    int t = seq_start[s] + r;
+    const bf16 *row = qkv + (size_t)t * cd;
+    float *So = VER && r < n - 1 ? ssm + ((size_t)(keep[s] + r) * nv + h) * hs : S0;
+    float eg = expf(g[(size_t)t * nv + h]), bt = beta[(size_t)t * nv + h];
+    if (r > 0) __syncthreads(); /* the previous row's q, k, red and d are consumed */
+    for (int i = threadIdx.x; i < dk; i += blockDim.x) {
+      qs[i] = bf2f(row[(size_t)kh * dk + i]);
+      ks[i] = bf2f(row[(size_t)(nk + kh) * dk + i]);
     }
-    red[grp * dv + c] = part;
-  }
-  __syncthreads();
-  const bf16 *vrow = row + 2 * (size_t)nk * dk + (size_t)h * dv;
-  for (int c = threadIdx.x; c < dv; c += blockDim.x) {
-    float kv = 0.f;
-    for (int q = 0; q < DEC_G; q++) kv += red[q * dv + c];
-    dd[c] = bt * (bf2f(vrow[c]) - kv);
-  }
-  __syncthreads();
-  for (int c = cx; c < dv; c += CWc) {
-    float part = 0.f, d = dd[c];
-    for (int a = grp; a < dk; a += DEC_G) {
-      float sv = zero ? 0.f : S[(size_t)a * dv + c] * eg;
-      sv += ks[a] * d;
-      S[(size_t)a * dv + c] = sv;
-      part += sv * qs[a];
+    __syncthreads();
+    for (int c = cx; c < dv; c += CWc) {
+      float part = 0.f;
+      for (int a = grp; a < dk; a += DEC_G) {
+        float sv = zero ? 0.f : S[(size_t)a * dv + c] * eg;
+        part += sv * ks[a];
+      }
+      red[grp * dv + c] = part;
     }
-    red[grp * dv + c] = part;
-  }
-  __syncthreads();
-  bf16 *orow = out + (size_t)t * nv * dv + (size_t)h * dv;
-  for (int c = threadIdx.x; c < dv; c += blockDim.x) {
-    float o = 0.f;
-    for (int q = 0; q < DEC_G; q++) o += red[q * dv + c];
-    orow[c] = f2bf(o);
+    __syncthreads();
+    const bf16 *vrow = row + 2 * (size_t)nk * dk + (size_t)h * dv;
+    for (int c = threadIdx.x; c < dv; c += blockDim.x) {
+      float kv = 0.f;
+      for (int q = 0; q < DEC_G; q++) kv += red[q * dv + c];
+      dd[c] = bt * (bf2f(vrow[c]) - kv);
+    }
+    __syncthreads();
+    for (int c = cx; c < dv; c += CWc) {
+      float part = 0.f, d = dd[c];
+      for (int a = grp; a < dk; a += DEC_G) {
+        float sv = zero ? 0.f : S[(size_t)a * dv + c] * eg;
+        sv += ks[a] * d;
+        So[(size_t)a * dv + c] = sv;
+        part += sv * qs[a];
+      }
+      red[grp * dv + c] = part;
+    }
+    __syncthreads();
+    bf16 *orow = out + (size_t)t * nv * dv + (size_t)h * dv;
+    for (int c = threadIdx.x; c < dv; c += blockDim.x) {
+      float o = 0.f;
+      for (int q = 0; q < DEC_G; q++) o += red[q * dv + c];
+      orow[c] = f2bf(o);
+    }
+    S = So;
+    zero = 0;
   }
 }
 
@@ -376,6 +415,7 @@ __device__ __forceinline__ float4 gdn_step4(float4 *sv, float *S, int dv, int j,
     w.z += kk * d.z;
     w.w += kk * d.w;
     *(float4 *)(S + (size_t)(a0 + r) * dv + j) = w;
+    sv[r] = w; /* a verify piece's next row starts from it */
     p.x += w.x * qq;
     p.y += w.y * qq;
     p.z += w.z * qq;
@@ -397,17 +437,19 @@ __device__ __forceinline__ float4 gdn_step4(float4 *sv, float *S, int dv, int j,
   return o;
 }
 
-/* The column-split step: grid (n_decode, nv, dv/128), block 256 = 8 row groups x 32 lanes,
+/* The column-split step: grid (pieces, nv, dv/128), block 256 = 8 row groups x 32 lanes,
  * each lane owning 4 adjacent columns (16-byte accesses, a warp covers a 512-byte state row).
  * Column j of the state depends only on itself (d_j = beta (v_j - sum_a S[a][j] k_a)), so the
  * state is read once and written once, held in registers (R = dk/8 rows x 4 columns per
  * thread, R a compile-time constant so every load is issued before the first use). The 8
- * groups' partial sums are merged in group order. Needs dk in {64, 128, 256}, dv % 128 == 0. */
-template <int R>
+ * groups' partial sums are merged in group order. Needs dk in {64, 128, 256}, dv % 128 == 0.
+ * VER: verify pieces, row after row from the registers, as k_gdn_decode<true>. */
+template <int R, bool VER>
 __global__ void __launch_bounds__(256)
     k_gdn_decode4(float *ssm, const bf16 *qkv, const float *beta, const float *g,
-                  const int32_t *ids, const int32_t *seq_start, const int32_t *seq_pos,
-                  const int32_t *seq_slot, int nk, int nv, int dv, bf16 *out) {
+                  const int32_t *ids, const int32_t *seq_start, const int32_t *seq_len,
+                  const int32_t *seq_pos, const int32_t *seq_slot, const int32_t *keep, int nk,
+                  int nv, int dv, bf16 *out) {
   pdl_enter();
   constexpr int DK = 8 * R;
   __shared__ float qs[DK], ks[DK];
@@ -415,65 +457,80 @@ __global__ void __launch_bounds__(256)
   __shared__ __align__(16) float dsh[128];
   int s = ids[blockIdx.x], h = blockIdx.y;
   int kh = h / (nv / nk);
-  int t = seq_start[s];
+  int n = VER ? seq_len[s] : 1;
   int lane = threadIdx.x & 31, grp = threadIdx.x >> 5;
   int j = blockIdx.z * 128 + 4 * lane;
-  size_t cd = 2 * (size_t)nk * DK + (size_t)nv * dv;
-  const bf16 *row = qkv + (size_t)t * cd;
-  float *S = ssm + ((size_t)seq_slot[s] * nv + h) * (size_t)DK * dv;
+  size_t cd = 2 * (size_t)nk * DK + (size_t)nv * dv, hs = (size_t)DK * dv;
+  float *S = ssm + ((size_t)seq_slot[s] * nv + h) * hs;
   int zero = seq_pos[s] == 0;
-  float eg = expf(g[(size_t)t * nv + h]), bt = beta[(size_t)t * nv + h];
   int a0 = grp * R;
   float4 sv[R];
   gdn_load4<R>(S, dv, j, a0, zero, sv);
-  for (int i = threadIdx.x; i < DK; i += blockDim.x) {
-    qs[i] = bf2f(row[(size_t)kh * DK + i]);
-    ks[i] = bf2f(row[(size_t)(nk + kh) * DK + i]);
+  for (int r = 0; r < n; r++) {
+    int t = seq_start[s] + r;
+    const bf16 *row = qkv + (size_t)t * cd;
+    float *So = VER && r < n - 1 ? ssm + ((size_t)(keep[s] + r) * nv + h) * hs : S;
+    float eg = expf(g[(size_t)t * nv + h]), bt = beta[(size_t)t * nv + h];
+    if (r > 0) __syncthreads(); /* the previous row's q and k are consumed */
+    for (int i = threadIdx.x; i < DK; i += blockDim.x) {
+      qs[i] = bf2f(row[(size_t)kh * DK + i]);
+      ks[i] = bf2f(row[(size_t)(nk + kh) * DK + i]);
+    }
+    __syncthreads();
+    const bf16 *vr = row + 2 * (size_t)nk * DK + (size_t)h * dv + j;
+    float4 v = grp == 0 ? make_float4(bf2f(vr[0]), bf2f(vr[1]), bf2f(vr[2]), bf2f(vr[3]))
+                        : make_float4(0.f, 0.f, 0.f, 0.f); /* used by group 0 only */
+    float4 o = gdn_step4<R>(sv, So, dv, j, a0, grp, lane, qs, ks, eg, bt, v, red, dsh);
+    if (grp == 0) {
+      bf16 *orow = out + (size_t)t * nv * dv + (size_t)h * dv + j;
+      orow[0] = f2bf(o.x);
+      orow[1] = f2bf(o.y);
+      orow[2] = f2bf(o.z);
+      orow[3] = f2bf(o.w);
+    }
   }
-  __syncthreads();
-  const bf16 *vr = row + 2 * (size_t)nk * DK + (size_t)h * dv + j;
-  float4 v = grp == 0 ? make_float4(bf2f(vr[0]), bf2f(vr[1]), bf2f(vr[2]), bf2f(vr[3]))
-                      : make_float4(0.f, 0.f, 0.f, 0.f); /* used by group 0 only */
-  float4 o = gdn_step4<R>(sv, S, dv, j, a0, grp, lane, qs, ks, eg, bt, v, red, dsh);
-  if (grp == 0) {
-    bf16 *orow = out + (size_t)t * nv * dv + (size_t)h * dv + j;
-    orow[0] = f2bf(o.x);
-    orow[1] = f2bf(o.y);
-    orow[2] = f2bf(o.z);
-    orow[3] = f2bf(o.w);
+}
+
+/* Launches the recurrent step over n pieces ids (verify pieces when keep is not NULL). */
+template <bool VER>
+static void gdn_decode_launch(cuda_ctx *c, int n, const int32_t *ids, const int32_t *keep,
+                              float *ssm, const bf16 *qkv, const float *beta, const float *g,
+                              int nk, int nv, int dk, int dv, bf16 *out) {
+  if ((dk == 64 || dk == 128 || dk == 256) && dv % 128 == 0) {
+    dim3 g2(n, nv, dv / 128);
+    void (*k)(float *, const bf16 *, const float *, const float *, const int32_t *, const int32_t *,
+              const int32_t *, const int32_t *, const int32_t *, const int32_t *, int, int, int,
+              bf16 *) = dk == 64    ? k_gdn_decode4<8, VER>
+                        : dk == 128 ? k_gdn_decode4<16, VER>
+                                    : k_gdn_decode4<32, VER>;
+    k<<<g2, 256, 0, c->st>>>(ssm, qkv, beta, g, ids, c->b.seq_start, c->b.seq_len, c->b.seq_pos,
+                             c->b.seq_slot, keep, nk, nv, dv, out);
+  } else {
+    dim3 grid(n, nv);
+    size_t smem = (2 * (size_t)dk + (DEC_G + 1) * (size_t)dv) * sizeof(float);
+    k_gdn_decode<VER><<<grid, DEC_THREADS, smem, c->st>>>(ssm, qkv, beta, g, ids, c->b.seq_start,
+                                                          c->b.seq_len, c->b.seq_pos, c->b.seq_slot,
+                                                          keep, nk, nv, dk, dv, out);
   }
+  cuda_check_launch(c, VER ? "gdn_decode (verify pieces)" : "gdn_decode");
 }
 
 extern "C" void cuda_gdn_decode(backend *be, backend_buf ssm, backend_buf qkv, backend_buf beta,
                                 backend_buf g, int nk, int nv, int dk, int dv, backend_buf out) {
   cuda_ctx *c = cuda_ctx_of(be);
-  if (c->b.n_decode <= 0) return;
+  if (c->b.n_decode <= 0 && c->b.n_verify <= 0) return;
   if (nk <= 0 || nv % nk) {
     cuda_fail(c, "gdn_decode", "nv not a multiple of nk");
     return;
   }
-  if ((dk == 64 || dk == 128 || dk == 256) && dv % 128 == 0) {
-    dim3 g2(c->b.n_decode, nv, dv / 128);
-#define D4(R)                                                                                   \
-  k_gdn_decode4<R><<<g2, 256, 0, c->st>>>((float *)ssm, (const bf16 *)qkv, (const float *)beta, \
-                                          (const float *)g, c->b.decode_ids, c->b.seq_start,    \
-                                          c->b.seq_pos, c->b.seq_slot, nk, nv, dv, (bf16 *)out)
-    if (dk == 64)
-      D4(8);
-    else if (dk == 128)
-      D4(16);
-    else
-      D4(32);
-#undef D4
-    cuda_check_launch(c, "gdn_decode");
-    return;
-  }
-  dim3 grid(c->b.n_decode, nv);
-  size_t smem = (2 * (size_t)dk + (DEC_G + 1) * (size_t)dv) * sizeof(float);
-  k_gdn_decode<<<grid, DEC_THREADS, smem, c->st>>>(
-      (float *)ssm, (const bf16 *)qkv, (const float *)beta, (const float *)g, c->b.decode_ids,
-      c->b.seq_start, c->b.seq_pos, c->b.seq_slot, nk, nv, dk, dv, (bf16 *)out);
-  cuda_check_launch(c, "gdn_decode");
+  if (c->b.n_decode > 0)
+    gdn_decode_launch<false>(c, c->b.n_decode, c->b.decode_ids, NULL, (float *)ssm,
+                             (const bf16 *)qkv, (const float *)beta, (const float *)g, nk, nv, dk,
+                             dv, (bf16 *)out);
+  if (c->b.n_verify > 0)
+    gdn_decode_launch<true>(c, c->b.n_verify, c->b.verify_ids, c->b.seq_keep, (float *)ssm,
+                            (const bf16 *)qkv, (const float *)beta, (const float *)g, nk, nv, dk,
+                            dv, (bf16 *)out);
 }
 
 /* ---- the decode chain ----

@@ -491,7 +491,7 @@ engine *engine_create(qwen35 *model, const engine_opts *o, char *err, size_t err
   size_t lg_rows = (size_t)n_seq * (size_t)(spec ? 1 + o->spec.k : 1);
   e->logits = qwen35_host_alloc(model, lg_rows * (size_t)e->n_vocab * sizeof *e->logits);
   /* pinned on device backends: the step's ids come back by one copy queued behind the step */
-  e->ids = qwen35_host_alloc(model, (size_t)n_seq * sizeof *e->ids);
+  e->ids = qwen35_host_alloc(model, lg_rows * sizeof *e->ids); /* a verify piece: 1 + k ids */
   e->ids_buf[0] = e->ids;
   e->ids_buf[1] = qwen35_host_alloc(model, (size_t)n_seq * sizeof *e->ids);
   e->fl_store[0] = calloc((size_t)n_seq, sizeof *e->fl_store[0]);

@@ -351,18 +351,24 @@ static int engine_step_device_words(engine *e, const sched_batch *b, int n_rows)
  * slot (one slot copy, nothing computed again); sched_postprocess then advances n_computed by
  * the kept rows only (so the prefix cache captures accepted positions only) and gives back
  * the pages past them. Returns 1 when a client wake-up was queued on the notifier. */
-static int engine_step_verify(engine *e, request *r, float *lg0) {
+static int engine_step_verify(engine *e, request *r, float *lg0, const int32_t *ids0) {
   engine_req *h = r->owner;
   int D = r->sched_draft, kept = 0, acc = 0, posted = 0;
   for (int j = 0; j <= D; j++) {
-    float *lg = lg0 + (size_t)j * e->n_vocab;
     int32_t draft = j < D ? r->tokens[r->n_tokens] : -1; /* written past the tokens */
-    if (h->on_logits) h->on_logits(h->user, lg, e->n_vocab);
-    engine_step_ban_ends(e, r, h->jm != NULL, lg);
-    if (h->jm) json_mask_apply(h->jm, lg, e->n_vocab);
     sampler_result res;
-    int32_t t = sampler_sample(&r->smp, lg, e->n_vocab, r->tokens, r->n_prompt,
-                               r->tokens + r->n_prompt, request_n_output(r), &e->scratch, &res);
+    int32_t t;
+    if (ids0) { /* plain greedy: the device's argmax is what sampler_sample gives */
+      memset(&res, 0, sizeof res);
+      t = res.token = ids0[j];
+    } else {
+      float *lg = lg0 + (size_t)j * e->n_vocab;
+      if (h->on_logits) h->on_logits(h->user, lg, e->n_vocab);
+      engine_step_ban_ends(e, r, h->jm != NULL, lg);
+      if (h->jm) json_mask_apply(h->jm, lg, e->n_vocab);
+      t = sampler_sample(&r->smp, lg, e->n_vocab, r->tokens, r->n_prompt, r->tokens + r->n_prompt,
+                         request_n_output(r), &e->scratch, &res);
+    }
     r->tokens[r->n_tokens++] = t;
     if (h->jm) json_mask_advance(h->jm, t);
     e->gen_total++;
@@ -463,9 +469,9 @@ int engine_step_run(engine *e) {
   e->steps++;
   engine_step_tally(e, b.reqs, b.n, b.n_tokens, 1);
   if (e->o.log_steps) engine_step_trace(e, &b);
-  /* plain greedy everywhere: the device picks the tokens (a verify piece's rows are read; the
-   * MTP drafter reads every row's hidden state, which only qwen35_forward_hidden gives) */
-  int greedy = e->device_greedy && n_rows > 0 && !n_verify && !e->mtp;
+  /* plain greedy everywhere: the device picks the tokens, a verify piece's rows' too (the MTP
+   * drafter reads every row's hidden state, which only qwen35_forward_hidden gives) */
+  int greedy = e->device_greedy && n_rows > 0 && !e->mtp;
   for (int i = 0; i < b.n && greedy; i++) {
     request *r = b.reqs[i];
     engine_req *h = r->owner;
@@ -551,7 +557,8 @@ int engine_step_run(engine *e) {
     if (!r->sched_sample) continue;
     engine_req *h = r->owner;
     if (r->sched_draft) {
-      posted += engine_step_verify(e, r, e->logits + (size_t)row * e->n_vocab);
+      posted += engine_step_verify(e, r, e->logits + (size_t)row * e->n_vocab,
+                                   greedy ? e->ids + row : NULL);
       row += 1 + r->sched_draft;
       continue;
     }

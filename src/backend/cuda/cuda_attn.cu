@@ -133,7 +133,8 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
  * R is a function of the piece's context length only (S and P of one block fit
  * ATT_GEMM_BUDGET), so a piece's result never depends on what else is in the step. The rows
  * of shorter pieces (decode rows, short resumes) stay on the split path, which skips these. */
-#define ATT_GEMM_MIN 32              /* rows of a piece for the GEMM path (= FLASH_MIN) */
+#define ATT_GEMM_MIN 32 /* rows of a piece for the GEMM path (= FLASH_MIN) */
+static_assert(ATT_GEMM_MIN == CUDA_ATT_SPLIT_LEN, "the recorder keeps shorter verify pieces");
 #define ATT_GEMM_BUDGET (256u << 20) /* bytes of S + P per block */
 
 /* The GEMM path's piece length threshold for this shape; 0: the path is off. */

@@ -68,6 +68,8 @@ typedef struct cuda_batch {
   int sh_on;
   const int32_t *sh_start, *sh_ns, *sh_members, *sh_groups;
 } cuda_batch;
+/* pieces shorter than this take attention's split path (cuda_attn.cu ATT_GEMM_MIN) */
+#define CUDA_ATT_SPLIT_LEN 32
 #define CUDA_SH_GROUPS 4 /* groups per step at most (the ones that save the most) */
 #define CUDA_SH_GROUP_WORDS 6
 #define CUDA_SH_MAXS 16   /* shared ranges per group at most */

@@ -30,7 +30,11 @@
  *                           (weight_pack), else k_fp8_dequant + the bf16 paths
  *
  * Under --batch-invariant: no fold, GEMV up to 8 rows then k_gemv_all, no shared ranges, MoE
- * per row. Prefill steps are not recorded: their ops launch as issued (cuda_gemm.cu,
+ * per row. Steps whose other pieces are verify pieces (set_keep; each shorter than
+ * CUDA_ATT_SPLIT_LEN) are recorded as decode steps are: their DeltaNet layers run conv1d's run
+ * kernels with k_conv_keep and k_conv_state, the gates, and k_gdn_decode4 over the one-row and
+ * the verify pieces (the chain needs one-row pieces); their attention takes the split path.
+ * Prefill steps are not recorded: their ops launch as issued (cuda_gemm.cu,
  * cuda_attn.cu, cuda_flash.cu, cuda_gdn.cu).
  *
  * A decode step (every piece one row) is ~500 small launches, and at batch 1 the launch gaps
@@ -227,7 +231,7 @@ void cuda_graph_clear(cuda_ctx *c) {
   g->rep_uid = 0;
 }
 
-/* Called at the end of set_batch: record the step when it is a decode step. */
+/* Called at the end of set_batch (and set_keep): record the step when it is a decode step. */
 void cuda_graph_begin(cuda_ctx *c) {
   cuda_graphs *g = c->gr;
   if (!g || c->failed) return;
@@ -235,10 +239,15 @@ void cuda_graph_begin(cuda_ctx *c) {
   g->args.clear();
   g->sig.clear();
   g->rep_pending = 0;
-  g->rec = c->b.n_tokens > 0 && c->b.n_prefill == 0 && c->b.n_decode == c->b.n_tokens;
+  /* verify pieces (set_keep) are recorded too: their launches depend on the piece count only,
+   * and they are short enough for attention's split path, which reads lengths on the device */
+  g->rec =
+      c->b.n_tokens > 0 && c->b.n_prefill == 0 &&
+      (c->b.n_verify == 0 ? c->b.n_decode == c->b.n_tokens : c->b.max_len < CUDA_ATT_SPLIT_LEN);
   if (g->rec)
     sig_put(g->sig, 0, c->b.n_tokens, c->b.n_seqs, c->b.max_pages, c->b.n_out, c->d_meta,
-            c->b.tokens, c->b.page_table, c->b.out_rows, c->b.decode_ids, c->b.sh_on);
+            c->b.tokens, c->b.page_table, c->b.out_rows, c->b.decode_ids, c->b.sh_on, c->b.n_verify,
+            c->b.verify_ids, c->b.seq_keep);
   else
     g->rep_uid = 0;
   g->layout_len = g->sig.size();

@@ -7,7 +7,9 @@
  * (and, the check's power, the unkept state after x must not), and the next step c the plain
  * logits. Models: the fixtures (the generic recurrent step, dk not 64/128/256) and gen-random
  * models with dk = dv = 128 (the register-resident step), dense and MoE, with and without
- * --batch-invariant.
+ * --batch-invariant. Then the recorder: verify steps one after another (two kept rows, then
+ * three, in turn) are captured and replayed as graphs, and their logits and states are bit for
+ * bit those of the same steps launched as issued (no norm fold: the fold changes bits).
  *
  * Prints one line per case `SPEC model=M bi=B case=C err=E tol=T pass=0|1`. */
 #pragma GCC diagnostic ignored "-Wformat-truncation"
@@ -15,6 +17,7 @@
 #include <unistd.h>
 
 #include "backend/backend_create.h"
+#include "backend/cuda/backend_cuda.h"
 #include "base/log.h"
 #include "model/gen_random.h"
 #include "model/qwen35.h"
@@ -97,6 +100,77 @@ TEST(verify_rollback) {
   qwen35_free(m);
 }
 
+/* NS verify steps of [x0, x1, x2] in slot 0 after the prompt, keeping 2 rows (rollback) and 3 in
+ * turn, on a backend be; lg [NS * 3 * V] the rows' logits, st the slot's final bytes. */
+#define NS 8
+static int verify_run(backend *be, float *lg, void *st) {
+  qwen35 *m = NULL;
+  char err[200];
+  qwen35_mem_opts mo = {.n_pages = 4, .n_slots = 1, .keep_k = 3, .keep_seqs = 1};
+  if (qwen35_init(&m, &C, &W, be, &mo, err, sizeof err)) {
+    printf("qwen35_init: %s\n", err);
+    return -1;
+  }
+  int32_t prompt[29], pg[4] = {0, 1, 2, 3};
+  for (int i = 0; i < 29; i++) prompt[i] = (i * 31 + 7) % (int)V;
+  fwd_seq p = {prompt, 29, 0, pg, 4, 0, QWEN35_LOGITS_NONE};
+  int rc = qwen35_forward(m, &p, 1, NULL, err, sizeof err), pos = 29;
+  for (int i = 0; i < NS && !rc; i++) {
+    int32_t x[3] = {(int32_t)((i * 3 + 1) * 17 % V), (int32_t)((i * 3 + 2) * 17 % V),
+                    (int32_t)((i * 3 + 3) * 17 % V)};
+    int kept = i % 2 ? 3 : 2;
+    fwd_seq v = {x, 3, pos, pg, 4, 0, QWEN35_LOGITS_VERIFY};
+    rc = qwen35_forward(m, &v, 1, lg + (size_t)i * 3 * V, err, sizeof err);
+    if (!rc && kept < 3) rc = qwen35_slot_copy(m, 0, qwen35_keep_slot(m, 0, kept - 1));
+    pos += kept;
+  }
+  if (!rc) rc = qwen35_slot_read(m, 0, st);
+  if (rc) printf("verify_run: %s\n", err);
+  qwen35_free(m);
+  return rc;
+}
+
+TEST(verify_graphs_replayed) {
+  char err[200];
+  backend_options bo = {.batch_invariant = 1};
+  backend_cuda_test ref_t = {.no_graphs = 1, .no_norm_fold = 1},
+                    rec_t = {.no_norm_fold = 1, .no_repeat = 1};
+  backend *ref = backend_cuda_create_test(0, &bo, &ref_t, err, sizeof err);
+  backend *rec = ref ? backend_cuda_create_test(0, &bo, &rec_t, err, sizeof err) : NULL;
+  EXPECT_MSG(ref && rec, "%s", err);
+  size_t n = (size_t)NS * 3 * V, sb = 0;
+  float *a = malloc(n * sizeof *a), *b = malloc(n * sizeof *b);
+  char *sa = NULL, *sbuf = NULL;
+  if (ref && rec) {
+    qwen35 *m = NULL;
+    qwen35_mem_opts mo = {.n_pages = 4, .n_slots = 1, .keep_k = 3, .keep_seqs = 1};
+    if (!qwen35_init(&m, &C, &W, ref, &mo, err, sizeof err)) {
+      sb = qwen35_slot_bytes(m);
+      qwen35_free(m);
+    }
+    sa = malloc(sb ? sb : 1);
+    sbuf = malloc(sb ? sb : 1);
+    EXPECT(sb > 0 && verify_run(ref, a, sa) == 0 && verify_run(rec, b, sbuf) == 0);
+    long gs[6];
+    backend_cuda_graph_stats(rec, gs);
+    printf("SPEC model=%s graphs captured=%ld replays=%ld\n", NAME, gs[0], gs[1]);
+    EXPECT_MSG(gs[0] >= 2 && gs[1] >= 2,
+               "verify steps were not replayed (%ld captured, %ld "
+               "replays)",
+               gs[0], gs[1]);
+    EXPECT_MSG(!test_cur_failed && !memcmp(a, b, n * sizeof *a),
+               "replayed verify steps' logits differ from the launches as issued");
+    EXPECT_MSG(!test_cur_failed && !memcmp(sa, sbuf, sb),
+               "replayed verify steps' state differs from the launches as issued");
+  }
+  free(a);
+  free(b);
+  free(sa);
+  free(sbuf);
+  if (ref) ref->destroy(ref);
+  if (rec) rec->destroy(rec);
+}
+
 static int run_model(const char *dir, const char *name) {
   char err[256];
   NAME = name;
@@ -115,6 +189,7 @@ static int run_model(const char *dir, const char *name) {
     RUN(verify_rollback);
     BE->destroy(BE);
   }
+  RUN(verify_graphs_replayed);
   weights_free(&W);
   return 0;
 }

@@ -93,6 +93,9 @@ typedef struct backend_options {
   int n_threads;             /* CPU backend threads (0: all cores) */
   int batch_invariant;       /* CUDA: a row's bits never depend on the rest of the batch */
   backend_kv_dtype kv_dtype; /* the K/V pools' element type (see "Paged K/V") */
+  /* --tensor-parallel-size: ranks, each a backend of its own (backend_create_ranks); 0 or 1:
+   * one, the plain backend */
+  int tensor_parallel_size;
 } backend_options;
 typedef void *backend_buf;    /* opaque device buffer (device memory on CUDA) */
 typedef void *backend_weight; /* opaque uploaded weight */
@@ -369,6 +372,14 @@ struct backend {
    * out of memory. host_free(NULL) is a no-op. Both NULL: use malloc / free. */
   void *(*host_alloc)(backend *be, size_t bytes);
   void (*host_free)(backend *be, void *p);
+
+  /* ---- tensor parallelism (optional; NULL: the backend is one rank alone) ---- */
+
+  /* This rank's part of a sum over the ranks of its communicator (backend_create_ranks,
+   * backend/comm.h): every rank issues it with its own x ACT [n] at the same point of the same
+   * op sequence; afterwards every rank's x holds x_0 + x_1 + ... + x_{N-1}, added in rank order
+   * (the same bits on every rank, whatever the timing). */
+  void (*all_reduce_sum)(backend *be, backend_buf x, size_t n);
 };
 
 /* Bytes of one page of one K or V pool (see "Paged K/V"). */

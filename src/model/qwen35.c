@@ -24,6 +24,7 @@
 #include "base/fault.h"
 #include "base/log.h"
 #include "model/fp8.h"
+#include "model/qwen35_tp.h"
 #include "sampler/sample_rule.h"
 
 _Static_assert(QWEN35_SAMPLE_ROW_WORDS ==
@@ -73,7 +74,17 @@ struct qwen35 {
   size_t packed_over;  /* ... and the weights' own bytes */
   int n_fp8;           /* FP8 weights, dequantized at upload */
   int n_fp8_kept;      /* FP8 weights the backend keeps as FP8 (weight_upload_fp8) */
+  /* tensor parallelism (qwen35_tp.h): every rank is a model of its own over its shard (c is the
+   * shard's config); rank 0's is the one callers hold, and it issues every step and state
+   * operation on the others too */
+  int tp_rank, tp_size;       /* 0 and 1 without tensor parallelism */
+  qwen35 **ranks;             /* rank 0: [tp_size] the ranks' models (ranks[0] == m) */
+  model_config *tp_cfg;       /* rank 0: [tp_size] the ranks' configs, owned */
+  const model_config *full_c; /* rank 0: the whole model's config (qwen35_config) */
 };
+
+/* The other ranks of a tensor-parallel model (none otherwise). */
+#define FOR_PEERS(m, r) for (int r = 1; (m)->ranks && r < (m)->tp_size; r++)
 
 /* ---- init ---- */
 
@@ -81,16 +92,49 @@ struct qwen35 {
  * stays FP8 where the backend has weight_upload_fp8 */
 #define UPLOAD_PRODUCT 2
 
-/* An FP8 product weight through weight_upload_fp8 (its scales copied out of the stored matrix's:
- * the view's rows start on a block row). 1 when taken (*out set, NULL when out of device memory),
- * 0 when the weight must be dequantized, -1 when out of host memory. */
+/* 1 when the FP8 tensor t, a product's matrix cols wide, can stay FP8 on be (weight_upload_fp8;
+ * its scales copied out of the stored matrix's: the view's rows start on a block row). */
+static int fp8_keepable(const backend *be, const tensor *t, int64_t cols) {
+  int bn = t->block_n, bk = t->block_k;
+  return t->data && t->dt == DTYPE_F8_E4M3 && be->weight_upload_fp8 && t->ndim == 2 &&
+         t->shape[1] == cols && bn >= 1 && bk >= 1 && t->row0 % bn == 0 &&
+         t->scale_cols >= fp8_scale_cols(cols, bk);
+}
+
+/* 1 when layer L's routed experts stay FP8 on be: every one of the 3E matrices keepable, all
+ * with one block shape (the backend's MoE op takes the experts of a layer in one format);
+ * else all are dequantized. */
+static int experts_fp8(const backend *be, const model_config *c, const layer_weights *L) {
+  int E = c->n_experts;
+  int64_t H = c->hidden_size, I = c->moe_intermediate_size;
+  if (!L->experts || E < 1) return 0;
+  const tensor *t0 = &L->experts[0].gate;
+  for (int e = 0; e < E; e++) {
+    const tensor *ts[3] = {&L->experts[e].gate, &L->experts[e].up, &L->experts[e].down};
+    for (int k = 0; k < 3; k++)
+      if (!fp8_keepable(be, ts[k], k < 2 ? H : I) || ts[k]->block_n != t0->block_n ||
+          ts[k]->block_k != t0->block_k)
+        return 0;
+  }
+  return 1;
+}
+
+/* 1 when layer L's shared expert stays FP8 on be: its routed experts do, and its three
+ * matrices are keepable with one block shape. */
+static int shared_fp8(const backend *be, const model_config *c, const layer_weights *L) {
+  int64_t H = c->hidden_size, Is = c->shared_expert_intermediate_size;
+  const tensor *g = &L->shared_gate, *u = &L->shared_up, *d = &L->shared_down;
+  return Is > 0 && experts_fp8(be, c, L) && fp8_keepable(be, g, H) && fp8_keepable(be, u, H) &&
+         fp8_keepable(be, d, Is) && u->block_n == g->block_n && u->block_k == g->block_k &&
+         d->block_n == g->block_n && d->block_k == g->block_k;
+}
+
+/* An FP8 product weight through weight_upload_fp8 (fp8_keepable). 1 when taken (*out set, NULL
+ * when out of device memory), 0 when the weight must be dequantized, -1 when out of host memory. */
 static int upload_fp8(qwen35 *m, const tensor *t, int64_t rows, int64_t cols, backend_weight *out) {
   int bn = t->block_n, bk = t->block_k;
-  if (!m->be->weight_upload_fp8 || t->ndim != 2 || t->shape[1] != cols || bn < 1 || bk < 1 ||
-      t->row0 % bn)
-    return 0;
+  if (!fp8_keepable(m->be, t, cols)) return 0;
   int64_t sr = fp8_scale_rows(rows, bn), sc = fp8_scale_cols(cols, bk);
-  if (t->scale_cols < sc) return 0;
   float *s = malloc((size_t)(sr * sc) * sizeof *s);
   if (!s) return -1;
   for (int64_t r = 0; r < sr; r++)
@@ -284,13 +328,16 @@ static int init_layer(qwen35 *m, int i, const layer_weights *lw, char *err, size
     L->experts = calloc((size_t)3 * E, sizeof *L->experts);
     if (!L->experts) return errf(err, errlen, "out of memory");
     if (upload_as(m, &lw->router, E, H, "mlp.gate", i, 1, &L->moe.router, err, errlen)) return -1;
+    /* FP8 experts stay FP8 where the backend keeps FP8 products (all of the layer's or none) */
+    int ex = experts_fp8(m->be, c, lw) ? UPLOAD_PRODUCT : 0,
+        sx = shared_fp8(m->be, c, lw) ? UPLOAD_PRODUCT : 0;
     for (int e = 0; e < E; e++)
-      if (upload(m, &lw->experts[e].gate, I, H, "expert gate_proj", i, &L->experts[e], err,
-                 errlen) ||
-          upload(m, &lw->experts[e].up, I, H, "expert up_proj", i, &L->experts[E + e], err,
-                 errlen) ||
-          upload(m, &lw->experts[e].down, H, I, "expert down_proj", i, &L->experts[2 * E + e], err,
-                 errlen))
+      if (upload_as(m, &lw->experts[e].gate, I, H, "expert gate_proj", i, ex, &L->experts[e], err,
+                    errlen) ||
+          upload_as(m, &lw->experts[e].up, I, H, "expert up_proj", i, ex, &L->experts[E + e], err,
+                    errlen) ||
+          upload_as(m, &lw->experts[e].down, H, I, "expert down_proj", i, ex,
+                    &L->experts[2 * E + e], err, errlen))
         return -1;
     L->moe.n_experts = E;
     L->moe.top_k = c->n_experts_per_tok;
@@ -300,12 +347,12 @@ static int init_layer(qwen35 *m, int i, const layer_weights *lw, char *err, size
     L->moe.gate = L->experts;
     L->moe.up = L->experts + E;
     L->moe.down = L->experts + 2 * E;
-    if (Is > 0 && (upload(m, &lw->shared_gate, Is, H, "shared_expert.gate_proj", i,
-                          &L->moe.shared_gate, err, errlen) ||
-                   upload(m, &lw->shared_up, Is, H, "shared_expert.up_proj", i, &L->moe.shared_up,
-                          err, errlen) ||
-                   upload(m, &lw->shared_down, H, Is, "shared_expert.down_proj", i,
-                          &L->moe.shared_down, err, errlen) ||
+    if (Is > 0 && (upload_as(m, &lw->shared_gate, Is, H, "shared_expert.gate_proj", i, sx,
+                             &L->moe.shared_gate, err, errlen) ||
+                   upload_as(m, &lw->shared_up, Is, H, "shared_expert.up_proj", i, sx,
+                             &L->moe.shared_up, err, errlen) ||
+                   upload_as(m, &lw->shared_down, H, Is, "shared_expert.down_proj", i, sx,
+                             &L->moe.shared_down, err, errlen) ||
                    upload(m, &lw->shared_expert_gate, 1, H, "shared_expert_gate", i,
                           &L->moe.shared_expert_gate, err, errlen)))
       return -1;
@@ -427,19 +474,25 @@ void qwen35_plan(const model_config *c, const model_weights *w, backend *be, qwe
     wb += plan_tensor(be, &w->lm_head, 0);
   for (int i = 0; i < c->n_layers; i++) {
     const layer_weights *L = &w->layers[i];
-    const tensor *ts[] = {&L->input_norm,  &L->post_norm, &L->q_norm,      &L->k_norm,
-                          &L->conv1d,      &L->dt_bias,   &L->A_log,       &L->lin_norm,
-                          &L->shared_gate, &L->shared_up, &L->shared_down, &L->shared_expert_gate};
+    const tensor *ts[] = {&L->input_norm, &L->post_norm, &L->q_norm,
+                          &L->k_norm,     &L->conv1d,    &L->dt_bias,
+                          &L->A_log,      &L->lin_norm,  &L->shared_expert_gate};
     const tensor *ps[] = {&L->q_proj,      &L->k_proj,    &L->v_proj,    &L->o_proj,
                           &L->in_proj_qkv, &L->in_proj_z, &L->in_proj_b, &L->in_proj_a,
                           &L->out_proj,    &L->gate_proj, &L->up_proj,   &L->down_proj};
     for (size_t k = 0; k < sizeof ts / sizeof *ts; k++) wb += plan_tensor(be, ts[k], 0);
     for (size_t k = 0; k < sizeof ps / sizeof *ps; k++) wb += plan_product(be, ps[k]);
     wb += plan_tensor(be, &L->router, 1);
-    if (L->experts && c->layer_is_moe[i])
-      for (int e = 0; e < c->n_experts; e++)
-        wb += plan_tensor(be, &L->experts[e].gate, 0) + plan_tensor(be, &L->experts[e].up, 0) +
-              plan_tensor(be, &L->experts[e].down, 0);
+    /* the experts and the shared expert as init_layer uploads them (FP8 bytes where kept) */
+    int moe = c->layer_is_moe[i], ex = moe && experts_fp8(be, c, L),
+        sx = moe && shared_fp8(be, c, L);
+    const tensor *sh[] = {&L->shared_gate, &L->shared_up, &L->shared_down};
+    for (int k = 0; k < 3; k++) wb += sx ? plan_product(be, sh[k]) : plan_tensor(be, sh[k], 0);
+    if (L->experts && moe)
+      for (int e = 0; e < c->n_experts; e++) {
+        const tensor *xs[] = {&L->experts[e].gate, &L->experts[e].up, &L->experts[e].down};
+        for (int k = 0; k < 3; k++) wb += ex ? plan_product(be, xs[k]) : plan_tensor(be, xs[k], 0);
+      }
   }
   b->weights = (size_t)wb;
   size_t act = be->kind_size(be, BACKEND_KIND_ACT);
@@ -504,13 +557,12 @@ int qwen35_init(qwen35 **out, const model_config *c, const model_weights *w, bac
   for (int i = 0; i < c->n_layers; i++)
     if (init_layer(m, i, &w->layers[i], err, errlen)) goto fail;
   if (m->n_fp8_kept)
-    log_info("qwen35: %d fp8 weights (the dense layers' products) stay fp8 on the %s backend",
+    log_info("qwen35: %d fp8 weights (the products and the MoE experts) stay fp8 on the %s backend",
              m->n_fp8_kept, be->name);
   if (m->n_fp8)
     log_info("qwen35: %d fp8 weights are dequantized to %s on the %s backend (%s)", m->n_fp8,
              !strcmp(be->name, "cpu") ? "fp32 (exactly)" : "bf16", be->name,
-             be->weight_upload_fp8 ? "experts, lm-head and the other weights its fp8 products do "
-                                     "not take"
+             be->weight_upload_fp8 ? "lm-head and the other weights its fp8 products do not take"
                                    : "no fp8 products there");
   if (o->packed) pack_layers(m);
   if (be->logits_argmax_prepare &&
@@ -524,8 +576,55 @@ fail:
   return -1;
 }
 
+int qwen35_init_ranks(qwen35 **out, const model_config *c, const model_weights *w,
+                      backend *const *ranks, int n, const qwen35_mem_opts *o, char *err,
+                      size_t errlen) {
+  if (n <= 1) return qwen35_init(out, c, w, ranks[0], o, err, errlen);
+  *out = NULL;
+  if (qwen35_tp_check(c, n, err, errlen)) return -1;
+  for (int r = 0; r < n; r++)
+    if (!ranks[r]->all_reduce_sum)
+      return errf(err, errlen, "backend %s has no communicator between ranks", ranks[r]->name);
+  model_config *cfg = calloc((size_t)n, sizeof *cfg);
+  qwen35 **rm = calloc((size_t)n, sizeof *rm);
+  if (!cfg || !rm) {
+    free(cfg);
+    free(rm);
+    return errf(err, errlen, "out of memory");
+  }
+  int r = 0;
+  for (; r < n; r++) {
+    qwen35_tp_shard sh;
+    qwen35_tp_config(c, n, r, &cfg[r]);
+    if (qwen35_tp_shard_init(&sh, c, w, n, r, err, errlen)) break;
+    int rc = qwen35_init(&rm[r], &cfg[r], &sh.w, ranks[r], o, err, errlen);
+    qwen35_tp_shard_free(&sh); /* the upload copied what it needs */
+    if (rc) break;
+    rm[r]->tp_rank = r;
+    rm[r]->tp_size = n;
+  }
+  if (r < n) {
+    while (r-- > 0) qwen35_free(rm[r]);
+    free(rm);
+    free(cfg);
+    return -1;
+  }
+  rm[0]->ranks = rm;
+  rm[0]->tp_cfg = cfg;
+  rm[0]->full_c = c;
+  log_info(
+      "qwen35: tensor parallel over %d ranks (%d attention heads, %d DeltaNet value heads a "
+      "rank)",
+      n, cfg[0].n_heads, cfg[0].lin_n_v_heads);
+  *out = rm[0];
+  return 0;
+}
+
 void qwen35_free(qwen35 *m) {
   if (!m) return;
+  FOR_PEERS(m, r) qwen35_free(m->ranks[r]);
+  free(m->ranks);
+  model_config *tp_cfg = m->tp_cfg; /* m->c may be in it: freed last */
   backend *be = m->be;
   if (m->L) {
     for (int i = 0; i < m->c->n_layers; i++) {
@@ -576,11 +675,18 @@ void qwen35_free(qwen35 *m) {
   for (int k = 0; k < 2; k++)
     if (m->sstage[k]) qwen35_host_free(m, m->sstage[k]);
   free(m);
+  free(tp_cfg);
 }
 
-const model_config *qwen35_config(const qwen35 *m) { return m->c; }
+const model_config *qwen35_config(const qwen35 *m) { return m->full_c ? m->full_c : m->c; }
 
 /* ---- forward ---- */
+
+/* After a row-parallel product (o_proj, out_proj, down_proj, the MoE block) each rank's mix holds
+ * a partial sum over its heads or its slice of the intermediate width: the sum over the ranks. */
+static void tp_reduce(qwen35 *m, int T) {
+  if (m->tp_size > 1) m->be->all_reduce_sum(m->be, m->mix, (size_t)T * m->c->hidden_size);
+}
 
 static void attn_block(qwen35 *m, q_layer *L, int T) {
   const model_config *c = m->c;
@@ -595,6 +701,7 @@ static void attn_block(qwen35 *m, q_layer *L, int T) {
                 (float)(1.0 / sqrt((double)hd)), m->att);
   be->sigmoid_mul(be, m->att, m->gate, (size_t)T * nh * hd);
   be->matmul(be, m->att, L->o_proj, T, nh * hd, H, m->mix);
+  tp_reduce(m, T);
 }
 
 static void gdn_block(qwen35 *m, q_layer *L, int T, int any_prefill, int any_decode) {
@@ -612,6 +719,7 @@ static void gdn_block(qwen35 *m, q_layer *L, int T, int any_prefill, int any_dec
   if (any_decode) be->gdn_decode(be, L->ssm, m->conv_out, m->beta, m->g, nk, nv, dk, dv, m->o);
   be->gated_rmsnorm(be, m->o, m->z, L->lin_norm, T, nv, dv, c->rms_norm_eps, m->o);
   be->matmul(be, m->o, L->out_proj, T, nv * dv, H, m->mix);
+  tp_reduce(m, T);
 }
 
 static void ffn_block(qwen35 *m, q_layer *L, int i, int T) {
@@ -627,6 +735,7 @@ static void ffn_block(qwen35 *m, q_layer *L, int i, int T) {
     be->swiglu(be, m->fg, m->fu, (size_t)T * I, m->fg);
     be->matmul(be, m->fg, L->down, T, I, H, m->mix);
   }
+  tp_reduce(m, T);
 }
 
 /* Issues one step up to the logits (into m->logits, *n_out_rows rows); with mode FWD_GREEDY up
@@ -636,6 +745,14 @@ static void ffn_block(qwen35 *m, q_layer *L, int i, int T) {
 /* chained: every piece's token is the previous greedy or sampled step's id of the same row
  * (m->ids). */
 enum { FWD_LOGITS = 0, FWD_GREEDY = 1, FWD_SAMPLE = 2 };
+
+/* One step's shape, for the ranks' threads. */
+typedef struct rank_step {
+  qwen35 *m; /* rank 0 */
+  int T, n_out, mode, any_prefill, any_decode;
+} rank_step;
+static void forward_ops(qwen35 *m, int T, int n_out, int mode, int any_prefill, int any_decode);
+static void rank_ops(void *v, int r);
 
 static int forward_issue(qwen35 *m, const fwd_seq *seqs, int n_seqs, int mode, int chained,
                          int *n_out_rows, char *err, size_t errlen) {
@@ -728,10 +845,21 @@ static int forward_issue(qwen35 *m, const fwd_seq *seqs, int n_seqs, int mode, i
   }
   int rc = be->set_batch(be, &b);
   if (rc == 0 && any_verify) rc = be->set_keep(be, kp);
+  /* the other ranks: the same batch, a chained step's tokens read from rank 0's ids */
+  if (rc == 0 && m->ranks && chained) rc = be->read(be, m->ids, 0, tok, (size_t)T * sizeof *tok);
+  b.tokens_dev = NULL;
+  FOR_PEERS(m, r) {
+    backend *pb = m->ranks[r]->be;
+    if (rc == 0) rc = pb->set_batch(pb, &b);
+    if (rc == 0 && any_verify) rc = pb->set_keep(pb, kp);
+  }
   free(arr);
   if (rc) return errf(err, errlen, "backend %s: cannot set batch", be->name);
   if (ensure_scratch(m, T, err, errlen) || ensure_logits(m, n_out > 0 ? n_out : 1, err, errlen))
     return -1;
+  FOR_PEERS(m, r) {
+    if (ensure_scratch(m->ranks[r], T, err, errlen)) return -1;
+  }
   *n_out_rows = n_out;
   /* Everything the ops below are issued with, beyond the weights: a step with the key of the
    * step before issues the same ops with the same arguments (the rows' tokens, positions and
@@ -741,8 +869,22 @@ static int forward_issue(qwen35 *m, const fwd_seq *seqs, int n_seqs, int mode, i
   int same = m->key_set && !memcmp(key, m->key, sizeof key);
   memcpy(m->key, key, sizeof key);
   m->key_set = 1;
-  if (same && be->step_repeat && be->step_repeat(be)) return 0;
+  if (same && !m->ranks && be->step_repeat && be->step_repeat(be)) return 0;
+  if (!m->ranks) {
+    forward_ops(m, T, n_out, mode, any_prefill, any_decode);
+    return 0;
+  }
+  rank_step step = {m, T, n_out, mode, any_prefill, any_decode};
+  if (qwen35_tp_run(m->tp_size, rank_ops, &step))
+    return errf(err, errlen, "cannot start the threads of %d tensor-parallel ranks", m->tp_size);
+  return 0;
+}
 
+/* The ops of one step on rank m (forward_issue set the batch and the scratch): the layers, then,
+ * on rank 0 alone (the only one with the lm-head), the logits and the greedy or sampled ids. */
+static void forward_ops(qwen35 *m, int T, int n_out, int mode, int any_prefill, int any_decode) {
+  const model_config *c = m->c;
+  backend *be = m->be;
   int H = c->hidden_size;
   float eps = c->rms_norm_eps;
   be->embed(be, m->embed, H, m->x);
@@ -757,6 +899,7 @@ static int forward_issue(qwen35 *m, const fwd_seq *seqs, int n_seqs, int mode, i
     ffn_block(m, L, i, T);
   }
   be->add(be, m->x, m->mix, (size_t)T * H);
+  if (m->tp_rank > 0) return;
   int greedy = mode == FWD_GREEDY;
   if (n_out > 0 && greedy && be->logits_argmax)
     be->logits_argmax(be, m->x, m->final_norm, eps, m->lm_head, H, c->vocab_size, m->logits,
@@ -767,7 +910,11 @@ static int forward_issue(qwen35 *m, const fwd_seq *seqs, int n_seqs, int mode, i
     be->argmax(be, m->logits, n_out, c->vocab_size, m->ids, NULL);
   if (n_out > 0 && mode == FWD_SAMPLE)
     be->sample(be, m->logits, n_out, c->vocab_size, m->sparams, m->ids);
-  return 0;
+}
+
+static void rank_ops(void *v, int r) {
+  const rank_step *st = v;
+  forward_ops(st->m->ranks[r], st->T, st->n_out, st->mode, st->any_prefill, st->any_decode);
 }
 
 int qwen35_forward(qwen35 *m, const fwd_seq *seqs, int n_seqs, float *logits, char *err,
@@ -945,6 +1092,9 @@ void qwen35_host_free(qwen35 *m, void *p) {
 
 int qwen35_slot_zero(qwen35 *m, int slot) {
   CHECK(slot >= 0 && slot < m->n_slots);
+  FOR_PEERS(m, r) {
+    if (qwen35_slot_zero(m->ranks[r], slot)) return -1;
+  }
   const model_config *c = m->c;
   for (int i = 0; i < c->n_layers; i++) {
     if (c->layer_types[i] != LAYER_KIND_LINEAR) continue;
@@ -966,6 +1116,9 @@ int qwen35_slot_copy(qwen35 *m, int dst, int src) {
   int ns = m->n_slots + m->n_keep;
   CHECK(dst >= 0 && dst < ns && src >= 0 && src < ns);
   if (dst == src) return 0;
+  FOR_PEERS(m, r) {
+    if (qwen35_slot_copy(m->ranks[r], dst, src)) return -1;
+  }
   const model_config *c = m->c;
   size_t cb = conv_elems(c) * 4, sb = ssm_elems(c) * 4;
   for (int i = 0; i < c->n_layers; i++) {
@@ -983,6 +1136,9 @@ static size_t page_layer_bytes(const qwen35 *m) {
 int qwen35_page_copy(qwen35 *m, int dst, int src) {
   CHECK(dst >= 0 && dst < m->n_pages && src >= 0 && src < m->n_pages);
   if (dst == src) return 0;
+  FOR_PEERS(m, r) {
+    if (qwen35_page_copy(m->ranks[r], dst, src)) return -1;
+  }
   size_t pb = page_layer_bytes(m);
   for (int i = 0; i < m->c->n_layers; i++) {
     if (m->c->layer_types[i] != LAYER_KIND_FULL) continue;
@@ -1030,24 +1186,61 @@ static int page_io(qwen35 *m, int page, void *host, int writing) {
   return 0;
 }
 
-int qwen35_slot_read(qwen35 *m, int slot, void *host) { return slot_io(m, slot, host, 0); }
-int qwen35_slot_write(qwen35 *m, int slot, const void *host) {
-  return slot_io(m, slot, (void *)host, 1);
-}
-int qwen35_page_read(qwen35 *m, int page, void *host) { return page_io(m, page, host, 0); }
-int qwen35_page_write(qwen35 *m, int page, const void *host) {
-  return page_io(m, page, (void *)host, 1);
-}
-
-size_t qwen35_slot_bytes(const qwen35 *m) {
+static size_t rank_slot_bytes(const qwen35 *m) {
   return (size_t)config_n_linear_layers(m->c) * (conv_elems(m->c) + ssm_elems(m->c)) * 4;
 }
 
-size_t qwen35_page_bytes(const qwen35 *m) {
+static size_t rank_page_bytes(const qwen35 *m) {
   return (size_t)config_n_full_layers(m->c) * 2 * page_layer_bytes(m);
 }
 
-size_t qwen35_weight_bytes(const qwen35 *m) { return m->weight_bytes; }
+/* A tensor-parallel model's host layout of a slot or page: rank 0's bytes, then rank 1's, ... */
+static int slot_io_all(qwen35 *m, int slot, char *host, int writing) {
+  if (slot_io(m, slot, host, writing)) return -1;
+  host += rank_slot_bytes(m);
+  FOR_PEERS(m, r) {
+    if (slot_io(m->ranks[r], slot, host, writing)) return -1;
+    host += rank_slot_bytes(m->ranks[r]);
+  }
+  return 0;
+}
+
+static int page_io_all(qwen35 *m, int page, char *host, int writing) {
+  if (page_io(m, page, host, writing)) return -1;
+  host += rank_page_bytes(m);
+  FOR_PEERS(m, r) {
+    if (page_io(m->ranks[r], page, host, writing)) return -1;
+    host += rank_page_bytes(m->ranks[r]);
+  }
+  return 0;
+}
+
+int qwen35_slot_read(qwen35 *m, int slot, void *host) { return slot_io_all(m, slot, host, 0); }
+int qwen35_slot_write(qwen35 *m, int slot, const void *host) {
+  return slot_io_all(m, slot, (void *)host, 1);
+}
+int qwen35_page_read(qwen35 *m, int page, void *host) { return page_io_all(m, page, host, 0); }
+int qwen35_page_write(qwen35 *m, int page, const void *host) {
+  return page_io_all(m, page, (void *)host, 1);
+}
+
+size_t qwen35_slot_bytes(const qwen35 *m) {
+  size_t b = rank_slot_bytes(m);
+  FOR_PEERS(m, r) b += rank_slot_bytes(m->ranks[r]);
+  return b;
+}
+
+size_t qwen35_page_bytes(const qwen35 *m) {
+  size_t b = rank_page_bytes(m);
+  FOR_PEERS(m, r) b += rank_page_bytes(m->ranks[r]);
+  return b;
+}
+
+size_t qwen35_weight_bytes(const qwen35 *m) {
+  size_t b = m->weight_bytes;
+  FOR_PEERS(m, r) b += m->ranks[r]->weight_bytes;
+  return b;
+}
 
 void qwen35_vocab_bytes(const qwen35 *m, size_t *embed, size_t *lm_head) {
   *lm_head = m->be->weight_bytes(m->be, m->lm_head);

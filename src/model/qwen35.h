@@ -84,6 +84,18 @@ enum {
  * (out of device memory, unsupported config). Owns nothing of c or w; both must outlive m. */
 int qwen35_init(qwen35 **out, const model_config *c, const model_weights *w, backend *be,
                 const qwen35_mem_opts *o, char *err, size_t errlen);
+/* qwen35_init over n tensor-parallel ranks (backend_create_ranks; n == 1: qwen35_init on
+ * ranks[0]): each rank a model over its shard of the weights (qwen35_tp.h) on its own backend,
+ * with its own K/V and state pools holding its heads, the same page and slot ids. The model
+ * returned is rank 0's and stands for all of them: every function below runs on every rank
+ * (a step's ranks at once, on threads of their own) and answers for the whole model
+ * (qwen35_config: c; the byte counts: the ranks' sum; host copies of a slot or page: rank 0's
+ * bytes, then rank 1's, ...); qwen35_backend is rank 0's, the one that holds the logits.
+ * Returns 0, or -1 with one line in err (also when n does not divide a head count or width:
+ * qwen35_tp_check). The caller keeps the backends, destroyed after qwen35_free. */
+int qwen35_init_ranks(qwen35 **out, const model_config *c, const model_weights *w,
+                      backend *const *ranks, int n, const qwen35_mem_opts *o, char *err,
+                      size_t errlen);
 void qwen35_free(qwen35 *m);
 /* Product weights with a packed copy, the copies' device bytes (in qwen35_weight_bytes too)
  * and the weights' own bytes they stand in for in a decode step (all 0: none). */

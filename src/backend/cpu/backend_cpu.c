@@ -12,6 +12,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "backend/comm.h"
 #include "backend/cpu/cpu_gdn.h"
 #include "backend/cpu/cpu_pool.h"
 #include "base/log.h"
@@ -33,6 +34,8 @@ typedef struct cpu_ctx {
   int has_keep;
   int kv_fp8;      /* K/V pages in e4m3 with scales (backend.h "Paged K/V") */
   float e4m3[256]; /* every e4m3 code decoded (kv_fp8) */
+  comm *comm;      /* tensor parallelism: the ranks' communicator (a reference), or NULL */
+  int rank;        /* ... and this backend's rank in it */
 } cpu_ctx;
 
 static cpu_ctx *ctx_of(backend *be) { return be->ctx; }
@@ -1026,12 +1029,20 @@ static void cpu_sample(backend *be, backend_buf x, int n, int V, backend_buf par
   cpu_pool_run(ctx_of(be)->pool, n, 1, smp_run, &j);
 }
 
+/* ---- tensor parallelism ---- */
+
+static void cpu_all_reduce_sum(backend *be, backend_buf x, size_t n) {
+  cpu_ctx *c = ctx_of(be);
+  comm_all_reduce_sum(c->comm, c->rank, F(x), n);
+}
+
 /* ---- lifetime ---- */
 
 static void cpu_destroy(backend *be) {
   if (!be) return;
   cpu_ctx *c = ctx_of(be);
   if (c) {
+    comm_unref(c->comm);
     cpu_pool_free(c->pool);
     free(c->arr);
     free(c->keep);
@@ -1103,5 +1114,16 @@ backend *backend_cpu_create_opt(const backend_options *opt) {
   be->argmax = cpu_argmax;
   be->sample = cpu_sample;
   be->set_keep = cpu_set_keep;
+  return be;
+}
+
+backend *backend_cpu_create_rank(const backend_options *opt, comm *cm, int rank) {
+  CHECK(rank >= 0 && rank < comm_size(cm));
+  backend *be = backend_cpu_create_opt(opt);
+  if (!be) return NULL;
+  cpu_ctx *c = ctx_of(be);
+  c->comm = comm_ref(cm);
+  c->rank = rank;
+  be->all_reduce_sum = cpu_all_reduce_sum;
   return be;
 }

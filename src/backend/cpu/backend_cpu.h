@@ -12,7 +12,13 @@
 backend *backend_cpu_create(int n_threads);
 /* The same with the user's choices: opt->n_threads as above and opt->kv_dtype (the K/V pages'
  * type, backend.h "Paged K/V"); opt->device and opt->batch_invariant are not read (the CPU
- * backend always is batch invariant). */
+ * backend always is batch invariant), nor opt->tensor_parallel_size (one rank alone; ranks are
+ * backend_cpu_create_rank's). */
 backend *backend_cpu_create_opt(const backend_options *opt);
+/* backend_cpu_create_opt for rank `rank` of the tensor-parallel ranks joined by cm (it takes a
+ * reference, dropped by destroy): its all_reduce_sum is cm's (backend/comm.h), so the ranks run
+ * on threads of one process. opt->tensor_parallel_size is not read (cm's size is). */
+typedef struct comm comm;
+backend *backend_cpu_create_rank(const backend_options *opt, comm *cm, int rank);
 
 #endif

@@ -1,0 +1,291 @@
+/* qwen35_tp — see qwen35_tp.h: the table there is the whole of the sharding; this file carries it
+ * out (the checks, the rank's config, the rank's slices of each tensor) and runs the ranks. */
+#include "model/qwen35_tp.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/log.h"
+
+/* The KV heads rank r holds: split when there are at least as many as ranks, else the one its q
+ * heads read (replicated over the N / nkv ranks of its group). */
+static void kv_heads(const model_config *c, int n, int r, int *first, int *count) {
+  int nkv = c->n_kv_heads;
+  if (nkv >= n) {
+    *count = nkv / n;
+    *first = r * *count;
+  } else {
+    *count = 1;
+    *first = r / (n / nkv);
+  }
+}
+
+int qwen35_tp_check(const model_config *c, int n, char *err, size_t errlen) {
+  if (n < 1) return errf(err, errlen, "--tensor-parallel-size %d: at least 1", n);
+  if (n == 1) return 0;
+  int full = config_n_full_layers(c) > 0, lin = config_n_linear_layers(c) > 0, dense = 0, moe = 0;
+  for (int i = 0; i < c->n_layers; i++) {
+    if (c->layer_is_moe[i])
+      moe = 1;
+    else
+      dense = 1;
+  }
+  const char *what = NULL;
+  int size = 0;
+  if (full && c->n_heads % n) {
+    what = "the attention heads";
+    size = c->n_heads;
+  } else if (full && c->n_kv_heads % n && (c->n_kv_heads < 1 || n % c->n_kv_heads)) {
+    return errf(err, errlen,
+                "--tensor-parallel-size %d: the KV heads (%d) are neither a multiple of it nor "
+                "a divisor of it (they are split, or replicated when fewer than the ranks)",
+                n, c->n_kv_heads);
+  } else if (lin && c->lin_n_k_heads % n) {
+    what = "the DeltaNet key heads";
+    size = c->lin_n_k_heads;
+  } else if (lin && c->lin_n_v_heads % n) {
+    what = "the DeltaNet value heads";
+    size = c->lin_n_v_heads;
+  } else if (dense && c->intermediate_size % n) {
+    what = "the intermediate size";
+    size = c->intermediate_size;
+  } else if (moe && c->moe_intermediate_size % n) {
+    what = "the experts' intermediate size";
+    size = c->moe_intermediate_size;
+  } else if (moe && c->shared_expert_intermediate_size % n) {
+    what = "the shared expert's intermediate size";
+    size = c->shared_expert_intermediate_size;
+  }
+  if (what)
+    return errf(err, errlen, "--tensor-parallel-size %d does not divide %s (%d)", n, what, size);
+  return 0;
+}
+
+void qwen35_tp_config(const model_config *c, int n, int r, model_config *out) {
+  *out = *c;
+  if (n <= 1) return;
+  out->n_heads = c->n_heads / n;
+  if (c->n_kv_heads >= 1) {
+    int first;
+    kv_heads(c, n, r, &first, &out->n_kv_heads);
+  }
+  out->lin_n_k_heads = c->lin_n_k_heads / n;
+  out->lin_n_v_heads = c->lin_n_v_heads / n;
+  out->conv_dim =
+      2 * out->lin_n_k_heads * c->lin_k_head_dim + out->lin_n_v_heads * c->lin_v_head_dim;
+  out->intermediate_size = c->intermediate_size / n;
+  out->moe_intermediate_size = c->moe_intermediate_size / n;
+  out->shared_expert_intermediate_size = c->shared_expert_intermediate_size / n;
+  out->mtp_layers = 0;
+  if (r > 0) out->tie_word_embeddings = 1; /* no lm-head of its own: rank 0 makes the logits */
+}
+
+/* ---- slicing ---- */
+
+static void *own(qwen35_tp_shard *s, size_t bytes) {
+  if (s->n_owned == s->cap_owned) {
+    int cap = s->cap_owned ? 2 * s->cap_owned : 64;
+    void **o = realloc(s->owned, (size_t)cap * sizeof *o);
+    if (!o) return NULL;
+    s->owned = o;
+    s->cap_owned = cap;
+  }
+  void *p = calloc(1, bytes ? bytes : 1);
+  if (p) s->owned[s->n_owned++] = p;
+  return p;
+}
+
+/* out = the rows of t in the nr ranges rr[2k] .. rr[2k+1] (in order), columns [c0, c1) (c1 < 0:
+ * all), of t as a matrix [shape[0], numel / shape[0]] (a 1-D tensor: its elements are rows). A
+ * view when that is one contiguous range of whole rows of a non-FP8 tensor, else a copy (FP8:
+ * to F32, each value as tensor_get_f32 gives it). An absent tensor stays absent. */
+static int take(qwen35_tp_shard *s, const tensor *t, int nr, const int64_t *rr, int64_t c0,
+                int64_t c1, tensor *out) {
+  *out = *t;
+  if (!t->data) return 0;
+  int64_t R = t->shape[0], C = tensor_numel(t) / (R > 0 ? R : 1), rows = 0;
+  if (c1 < 0) {
+    c0 = 0;
+    c1 = C;
+  }
+  for (int k = 0; k < nr; k++) {
+    CHECK(rr[2 * k] >= 0 && rr[2 * k] <= rr[2 * k + 1] && rr[2 * k + 1] <= R);
+    rows += rr[2 * k + 1] - rr[2 * k];
+  }
+  CHECK(c0 >= 0 && c0 <= c1 && c1 <= C);
+  int fp8 = t->dt == DTYPE_F8_E4M3;
+  size_t ts = dtype_size(t->dt);
+  if (!fp8 && nr == 1 && c0 == 0 && c1 == C) {
+    out->data = (const char *)t->data + (size_t)(rr[0] * C) * ts;
+    out->shape[0] = rows;
+    return 0;
+  }
+  dtype dt = fp8 ? DTYPE_F32 : t->dt;
+  size_t es = dtype_size(dt);
+  int64_t w = c1 - c0;
+  char *d = own(s, (size_t)(rows * w) * es);
+  if (!d) return -1;
+  int64_t o = 0;
+  for (int k = 0; k < nr; k++)
+    for (int64_t row = rr[2 * k]; row < rr[2 * k + 1]; row++, o++) {
+      char *dst = d + (size_t)(o * w) * es;
+      if (fp8) {
+        for (int64_t j = 0; j < w; j++) {
+          float f = tensor_get_f32(t, row * C + c0 + j);
+          memcpy(dst + (size_t)j * 4, &f, 4);
+        }
+      } else {
+        memcpy(dst, (const char *)t->data + (size_t)(row * C + c0) * ts, (size_t)w * ts);
+      }
+    }
+  memset(out, 0, sizeof *out);
+  out->data = d;
+  out->dt = dt;
+  out->ndim = t->ndim == 1 ? 1 : 2;
+  out->shape[0] = rows;
+  out->shape[1] = t->ndim == 1 ? 0 : w;
+  return 0;
+}
+
+/* Rows [a, b) (a column-parallel product's output rows, or a per-head vector's heads). */
+static int take_rows(qwen35_tp_shard *s, const tensor *t, int64_t a, int64_t b, tensor *out) {
+  int64_t rr[2] = {a, b};
+  return take(s, t, 1, rr, 0, -1, out);
+}
+
+/* Columns [a, b) of every row (a row-parallel product's input columns). */
+static int take_cols(qwen35_tp_shard *s, const tensor *t, int64_t a, int64_t b, tensor *out) {
+  int64_t rr[2] = {0, t->data ? t->shape[0] : 0};
+  return take(s, t, 1, rr, a, b, out);
+}
+
+static int shard_layer(qwen35_tp_shard *s, const model_config *c, const layer_weights *L, int n,
+                       int r, layer_weights *D) {
+  *D = *L; /* the replicated ones: norms, q_norm, k_norm, lin_norm, router, shared_expert_gate */
+  D->experts = NULL;
+  int rc = 0;
+  if (L->q_proj.data) { /* full attention */
+    int64_t hd = c->head_dim, nh = c->n_heads / n, q0 = (int64_t)r * nh;
+    int k0, nk;
+    kv_heads(c, n, r, &k0, &nk);
+    rc |= take_rows(s, &L->q_proj, q0 * 2 * hd, (q0 + nh) * 2 * hd, &D->q_proj);
+    rc |= take_rows(s, &L->k_proj, k0 * hd, (k0 + nk) * hd, &D->k_proj);
+    rc |= take_rows(s, &L->v_proj, k0 * hd, (k0 + nk) * hd, &D->v_proj);
+    rc |= take_cols(s, &L->o_proj, q0 * hd, (q0 + nh) * hd, &D->o_proj);
+  }
+  if (L->in_proj_qkv.data) { /* DeltaNet: whole key heads and value heads */
+    int64_t dk = c->lin_k_head_dim, dv = c->lin_v_head_dim, nk = c->lin_n_k_heads,
+            nv = c->lin_n_v_heads, rk = nk / n, rv = nv / n, k0 = r * rk, v0 = r * rv;
+    int64_t qkv[6] = {k0 * dk,
+                      (k0 + rk) * dk,
+                      (nk + k0) * dk,
+                      (nk + k0 + rk) * dk,
+                      2 * nk * dk + v0 * dv,
+                      2 * nk * dk + (v0 + rv) * dv};
+    rc |= take(s, &L->in_proj_qkv, 3, qkv, 0, -1, &D->in_proj_qkv);
+    rc |= take(s, &L->conv1d, 3, qkv, 0, -1, &D->conv1d);
+    rc |= take_rows(s, &L->in_proj_z, v0 * dv, (v0 + rv) * dv, &D->in_proj_z);
+    rc |= take_rows(s, &L->in_proj_b, v0, v0 + rv, &D->in_proj_b);
+    rc |= take_rows(s, &L->in_proj_a, v0, v0 + rv, &D->in_proj_a);
+    rc |= take_rows(s, &L->dt_bias, v0, v0 + rv, &D->dt_bias);
+    rc |= take_rows(s, &L->A_log, v0, v0 + rv, &D->A_log);
+    rc |= take_cols(s, &L->out_proj, v0 * dv, (v0 + rv) * dv, &D->out_proj);
+  }
+  /* dense FFN */
+  int64_t I = c->intermediate_size / n, i0 = r * I;
+  rc |= take_rows(s, &L->gate_proj, i0, i0 + I, &D->gate_proj);
+  rc |= take_rows(s, &L->up_proj, i0, i0 + I, &D->up_proj);
+  rc |= take_cols(s, &L->down_proj, i0, i0 + I, &D->down_proj);
+  if (L->experts) { /* MoE: a slice of every expert's intermediate width */
+    int64_t mi = c->moe_intermediate_size / n, m0 = r * mi;
+    D->experts = own(s, (size_t)c->n_experts * sizeof *D->experts);
+    if (!D->experts) return -1;
+    for (int e = 0; e < c->n_experts; e++) {
+      rc |= take_rows(s, &L->experts[e].gate, m0, m0 + mi, &D->experts[e].gate);
+      rc |= take_rows(s, &L->experts[e].up, m0, m0 + mi, &D->experts[e].up);
+      rc |= take_cols(s, &L->experts[e].down, m0, m0 + mi, &D->experts[e].down);
+    }
+    int64_t si = c->shared_expert_intermediate_size / n, s0 = r * si;
+    rc |= take_rows(s, &L->shared_gate, s0, s0 + si, &D->shared_gate);
+    rc |= take_rows(s, &L->shared_up, s0, s0 + si, &D->shared_up);
+    rc |= take_cols(s, &L->shared_down, s0, s0 + si, &D->shared_down);
+  }
+  return rc ? -1 : 0;
+}
+
+int qwen35_tp_shard_init(qwen35_tp_shard *s, const model_config *c, const model_weights *w, int n,
+                         int r, char *err, size_t errlen) {
+  memset(s, 0, sizeof *s);
+  model_weights *o = &s->w;
+  o->embed = w->embed;
+  o->final_norm = w->final_norm;
+  o->lm_head = r == 0 ? w->lm_head : w->embed; /* rank 0 alone makes the logits */
+  o->layers = own(s, (size_t)c->n_layers * sizeof *o->layers);
+  int rc = o->layers ? 0 : -1;
+  for (int i = 0; i < c->n_layers && !rc; i++)
+    rc = shard_layer(s, c, &w->layers[i], n, r, &o->layers[i]);
+  if (rc) {
+    qwen35_tp_shard_free(s);
+    return errf(err, errlen, "out of memory for the weights of tensor-parallel rank %d", r);
+  }
+  return 0;
+}
+
+void qwen35_tp_shard_free(qwen35_tp_shard *s) {
+  for (int k = 0; k < s->n_owned; k++) free(s->owned[k]);
+  free(s->owned);
+  memset(s, 0, sizeof *s);
+}
+
+/* ---- the ranks' threads ---- */
+
+typedef struct {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int state; /* 0: wait, 1: run, -1: a thread did not start, return without running */
+} run_gate;
+
+typedef struct {
+  void (*fn)(void *arg, int rank);
+  void *arg;
+  int rank;
+  run_gate *g;
+} run_arg;
+
+static void *run_thread(void *v) {
+  run_arg *a = v;
+  pthread_mutex_lock(&a->g->mu);
+  while (a->g->state == 0) pthread_cond_wait(&a->g->cv, &a->g->mu);
+  int go = a->g->state == 1;
+  pthread_mutex_unlock(&a->g->mu);
+  if (go) a->fn(a->arg, a->rank);
+  return NULL;
+}
+
+int qwen35_tp_run(int n, void (*fn)(void *arg, int rank), void *arg) {
+  if (n <= 1) {
+    fn(arg, 0);
+    return 0;
+  }
+  pthread_t th[n];
+  run_arg ra[n];
+  run_gate g = {.state = 0};
+  pthread_mutex_init(&g.mu, NULL);
+  pthread_cond_init(&g.cv, NULL);
+  int started = 1;
+  for (; started < n; started++) {
+    ra[started] = (run_arg){fn, arg, started, &g};
+    if (pthread_create(&th[started], NULL, run_thread, &ra[started])) break;
+  }
+  int ok = started == n;
+  pthread_mutex_lock(&g.mu);
+  g.state = ok ? 1 : -1; /* every rank runs, or none: a collective waits for all of them */
+  pthread_cond_broadcast(&g.cv);
+  pthread_mutex_unlock(&g.mu);
+  if (ok) fn(arg, 0);
+  for (int r = 1; r < started; r++) pthread_join(th[r], NULL);
+  pthread_mutex_destroy(&g.mu);
+  pthread_cond_destroy(&g.cv);
+  return ok ? 0 : -1;
+}

@@ -1,0 +1,460 @@
+/* test_tp — tensor parallelism on the CPU backend (model/qwen35_tp.h, backend/comm.h): TP = 2
+ * and 4 against TP = 1 on dense and MoE models (the FP8 fixtures, whose shapes split over 2, and
+ * two models written by gen_random whose shapes split over 4, one with fewer KV heads than ranks),
+ * through the model (batched prefill and decode, the greedy op, a slot's host round trip) and
+ * through the engine (concurrent requests with prefix-cache hits); the communicator's
+ * collectives; and the refusals (a shape N does not divide, a backend without a communicator).
+ *
+ * What must match. Column-parallel products, attention, DeltaNet and the norms compute each of a
+ * rank's outputs exactly as TP = 1 does; a row-parallel product (o_proj, out_proj, down_proj,
+ * the MoE block) is split over its input columns, so each output is the rank-ordered sum of N
+ * partial dot products instead of one dot product: the fp32 rounding differs from the first such
+ * sum on. So the greedy tokens must be equal, and the logits close: within TOL of the largest
+ * logit's magnitude (TOL = 1e-4, the transformers-parity tolerance; measured differences are
+ * printed). Bits are equal only up to the first row-parallel sum: test comm_* checks the sums'
+ * order itself. */
+#include <stdatomic.h>
+#include <unistd.h>
+
+#include "backend/backend_create.h"
+#include "backend/comm.h"
+#include "engine/engine.h"
+#include "engine/engine_mem.h"
+#include "model/gen_random.h"
+#include "model/qwen35.h"
+#include "model/qwen35_tp.h"
+#include "test.h"
+
+#define TOL 1e-4
+#define NPROMPT 3
+#define NGEN 8
+#define MAXLEN 96
+
+static char TMP[256];
+
+/* ---- models ---- */
+
+static const char *DENSE_CFG =
+    "{\"architectures\": [\"Qwen3_5ForCausalLM\"], \"model_type\": \"qwen3_5_text\", "
+    "\"vocab_size\": 257, \"hidden_size\": 64, \"intermediate_size\": 128, "
+    "\"num_hidden_layers\": 4, \"num_attention_heads\": 4, \"num_key_value_heads\": 2, "
+    "\"head_dim\": 32, \"linear_num_key_heads\": 4, \"linear_num_value_heads\": 8, "
+    "\"linear_key_head_dim\": 16, \"linear_value_head_dim\": 8, \"linear_conv_kernel_dim\": 4, "
+    "\"layer_types\": [\"linear_attention\", \"full_attention\", \"linear_attention\", "
+    "\"full_attention\"], \"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": "
+    "10000000.0, \"partial_rotary_factor\": 0.25}, \"rms_norm_eps\": 1e-06, "
+    "\"max_position_embeddings\": 4096, \"tie_word_embeddings\": false, \"eos_token_id\": [256], "
+    "\"dtype\": \"bfloat16\"}";
+
+static const char *MOE_CFG =
+    "{\"architectures\": [\"Qwen3_5MoeForCausalLM\"], \"model_type\": \"qwen3_5_moe_text\", "
+    "\"vocab_size\": 257, \"hidden_size\": 64, \"intermediate_size\": 96, "
+    "\"num_hidden_layers\": 3, \"num_attention_heads\": 4, \"num_key_value_heads\": 1, "
+    "\"head_dim\": 32, \"linear_num_key_heads\": 4, \"linear_num_value_heads\": 4, "
+    "\"linear_key_head_dim\": 16, \"linear_value_head_dim\": 16, \"linear_conv_kernel_dim\": 4, "
+    "\"layer_types\": [\"linear_attention\", \"full_attention\", \"linear_attention\"], "
+    "\"num_experts\": 4, \"num_experts_per_tok\": 2, \"moe_intermediate_size\": 32, "
+    "\"shared_expert_intermediate_size\": 16, \"rope_parameters\": {\"rope_type\": \"default\", "
+    "\"rope_theta\": 10000000.0, \"partial_rotary_factor\": 0.25}, \"rms_norm_eps\": 1e-06, "
+    "\"max_position_embeddings\": 4096, \"tie_word_embeddings\": true, \"eos_token_id\": [256], "
+    "\"dtype\": \"bfloat16\"}";
+
+/* Writes a gen_random model of config text cfg into TMP/name; returns its folder. */
+static const char *gen_model(const char *name, const char *cfg, char *dir, size_t n) {
+  char cpath[400];
+  snprintf(dir, n, "%s/%s", TMP, name);
+  snprintf(cpath, sizeof cpath, "%s/%s.json", TMP, name);
+  FILE *f = fopen(cpath, "w");
+  if (!f) return NULL;
+  fputs(cfg, f);
+  fclose(f);
+  gen_random_opts o = {.seed = 7, .dt = DTYPE_BF16, .threads = 1, .quiet = 1};
+  char err[300];
+  if (gen_random_write(cpath, dir, &o, err, sizeof err)) {
+    printf("  gen_random: %s\n", err);
+    return NULL;
+  }
+  return dir;
+}
+
+typedef struct tp_model {
+  model_config c;
+  model_weights w;
+  backend *be[8];
+  int n;
+  qwen35 *m;
+} tp_model;
+
+static void tp_close(tp_model *t) {
+  qwen35_free(t->m);
+  for (int r = 0; r < t->n; r++) t->be[r]->destroy(t->be[r]);
+  weights_free(&t->w);
+  memset(t, 0, sizeof *t);
+}
+
+/* The ranks (one thread each) and the model over them; mo NULL: pages and slots for the model
+ * tests. Returns 0, or -1 with err. */
+static int tp_open(tp_model *t, const char *dir, int n, const qwen35_mem_opts *mo, char *err,
+                   size_t errlen) {
+  memset(t, 0, sizeof *t);
+  if (model_load(dir, &t->c, &t->w, err, errlen)) return -1;
+  backend_options bo = {.device = "cpu", .n_threads = n, .tensor_parallel_size = n};
+  t->n = backend_create_ranks(&bo, t->be, 8, err, errlen);
+  if (t->n < 0) {
+    t->n = 0;
+    return -1;
+  }
+  qwen35_mem_opts d = {.n_pages = NPROMPT * ((MAXLEN + NGEN) / 16 + 2), .n_slots = NPROMPT + 1};
+  return qwen35_init_ranks(&t->m, &t->c, &t->w, t->be, t->n, mo ? mo : &d, err, errlen);
+}
+
+/* ---- the model: batched prefill, batched decode ---- */
+
+typedef struct run_out {
+  int32_t tok[NPROMPT][NGEN + 1]; /* the last from the greedy op */
+  float *lg;                      /* [NPROMPT * (NGEN + 1), V]: each step's rows */
+  int V;
+} run_out;
+
+static int argmax(const float *x, int n) {
+  int b = 0;
+  for (int i = 1; i < n; i++)
+    if (x[i] > x[b]) b = i;
+  return b;
+}
+
+static void prompt_of(int p, int32_t *tok, int *len) {
+  *len = 40 + 23 * p; /* pieces of different lengths, one past a 64-token chunk */
+  uint32_t x = 1234u + 77u * (uint32_t)p;
+  for (int i = 0; i < *len; i++) {
+    x = x * 1103515245u + 12345u;
+    tok[i] = (int32_t)((x >> 8) % 256);
+  }
+}
+
+/* Every prompt in one step, then decode steps of every sequence, greedy from the logits (rows
+ * of NGEN steps kept, tokens 0 .. NGEN-1 taken from them); after the first decode step sequence
+ * 0's state makes a host round trip (slot_read, a zeroed slot, slot_write); token NGEN comes
+ * from qwen35_forward_greedy (rank 0's greedy op). Returns 0, or -1 with a message printed. */
+static int run_model(tp_model *t, run_out *o) {
+  int V = t->c.vocab_size, ppp = (MAXLEN + NGEN) / 16 + 2;
+  o->V = V;
+  int32_t prompts[NPROMPT][MAXLEN], pages[NPROMPT][16], cur[NPROMPT];
+  int len[NPROMPT];
+  fwd_seq s[NPROMPT];
+  char err[300] = "";
+  float *lg = o->lg;
+  for (int p = 0; p < NPROMPT; p++) {
+    prompt_of(p, prompts[p], &len[p]);
+    for (int k = 0; k < ppp; k++) pages[p][k] = p * ppp + k;
+    s[p] = (fwd_seq){prompts[p], len[p], 0, pages[p], ppp, p, QWEN35_LOGITS_LAST};
+  }
+  int rc = qwen35_forward(t->m, s, NPROMPT, lg, err, sizeof err);
+  for (int step = 0; rc == 0 && step < NGEN - 1; step++) {
+    const float *sl = lg + (size_t)step * NPROMPT * V;
+    for (int p = 0; p < NPROMPT; p++) {
+      o->tok[p][step] = cur[p] = argmax(sl + (size_t)p * V, V);
+      s[p].tokens = &cur[p];
+      s[p].pos = len[p] + step;
+      s[p].n_tokens = 1;
+    }
+    if (step == 1) { /* the host tier's path: every rank's part of the slot, in rank order */
+      size_t sb = qwen35_slot_bytes(t->m);
+      char *h = malloc(sb);
+      rc = qwen35_slot_read(t->m, 0, h) || qwen35_slot_zero(t->m, 0) ||
+           qwen35_slot_write(t->m, 0, h);
+      free(h);
+    }
+    if (rc == 0)
+      rc = qwen35_forward(t->m, s, NPROMPT, lg + (size_t)(step + 1) * NPROMPT * V, err, sizeof err);
+  }
+  if (rc == 0) {
+    const float *sl = lg + (size_t)(NGEN - 1) * NPROMPT * V;
+    for (int p = 0; p < NPROMPT; p++) {
+      o->tok[p][NGEN - 1] = cur[p] = argmax(sl + (size_t)p * V, V);
+      s[p].pos = len[p] + NGEN - 1;
+    }
+    int32_t ids[NPROMPT];
+    rc = qwen35_forward_greedy(t->m, s, NPROMPT, ids, err, sizeof err);
+    for (int p = 0; rc == 0 && p < NPROMPT; p++) o->tok[p][NGEN] = ids[p];
+  }
+  if (rc) printf("  forward: %s\n", err);
+  return rc ? -1 : 0;
+}
+
+/* TP = n against TP = 1 on the model in dir: equal tokens, logits within TOL. */
+static void check_model(const char *dir, int n) {
+  tp_model a, b;
+  char err[300] = "";
+  int rc = tp_open(&a, dir, 1, NULL, err, sizeof err);
+  EXPECT_MSG(rc == 0, "%s TP=1: %s", dir, err);
+  if (rc == 0) rc = tp_open(&b, dir, n, NULL, err, sizeof err);
+  EXPECT_MSG(rc == 0, "%s TP=%d: %s", dir, n, err);
+  if (rc) {
+    tp_close(&a);
+    tp_close(&b);
+    return;
+  }
+  int V = a.c.vocab_size;
+  size_t rows = (size_t)NPROMPT * NGEN;
+  run_out ra = {.lg = calloc(rows * V, sizeof(float))},
+          rb = {.lg = calloc(rows * V, sizeof(float))};
+  EXPECT(run_model(&a, &ra) == 0);
+  EXPECT(run_model(&b, &rb) == 0);
+  double worst = 0, top = 0;
+  for (size_t i = 0; i < rows * V; i++) {
+    double d = fabs((double)ra.lg[i] - rb.lg[i]);
+    if (d > worst) worst = d;
+    if (fabs(ra.lg[i]) > top) top = fabs(ra.lg[i]);
+  }
+  for (int p = 0; p < NPROMPT; p++)
+    for (int k = 0; k <= NGEN; k++)
+      EXPECT_MSG(ra.tok[p][k] == rb.tok[p][k], "%s TP=%d: prompt %d token %d: %d, TP=1 %d", dir, n,
+                 p, k, rb.tok[p][k], ra.tok[p][k]);
+  EXPECT_MSG(worst <= TOL * top, "%s TP=%d: logits differ by %.3g (largest |logit| %.3g)", dir, n,
+             worst, top);
+  printf("  %s TP=%d: %d x %d tokens equal, logits max |diff| %.3g of max |logit| %.3g (%.2g)\n",
+         dir, n, NPROMPT, NGEN + 1, worst, top, top > 0 ? worst / top : 0);
+  free(ra.lg);
+  free(rb.lg);
+  tp_close(&a);
+  tp_close(&b);
+}
+
+static char DENSE[300], MOE[300];
+
+TEST(dense_fp8_tp2) { check_model("tests/fixtures/models/fp8_dense128", 2); }
+TEST(moe_fp8_tp2) { check_model("tests/fixtures/models/fp8_moe32", 2); }
+TEST(dense_tp2) { check_model(DENSE, 2); }
+TEST(dense_tp4) { check_model(DENSE, 4); } /* 2 KV heads over 4 ranks: replicated */
+TEST(moe_tp2) { check_model(MOE, 2); }
+TEST(moe_tp4) { check_model(MOE, 4); }
+
+/* ---- refusals ---- */
+
+TEST(refuse_undivided_shape) {
+  tp_model t;
+  char err[300] = "";
+  /* dense_bf16 has 3 attention heads */
+  EXPECT(tp_open(&t, "tests/fixtures/models/dense_bf16", 2, NULL, err, sizeof err) == -1);
+  EXPECT_STR(err, "--tensor-parallel-size 2 does not divide the attention heads (3)");
+  tp_close(&t);
+  model_config c;
+  char path[400];
+  snprintf(path, sizeof path, "%s/config.json", MOE);
+  REQUIRE(config_load(path, &c, err, sizeof err) == 0);
+  EXPECT(qwen35_tp_check(&c, 4, err, sizeof err) == 0);
+  EXPECT(qwen35_tp_check(&c, 8, err, sizeof err) == -1);
+  EXPECT_STR(err, "--tensor-parallel-size 8 does not divide the attention heads (4)");
+  c.moe_intermediate_size = 30;
+  EXPECT(qwen35_tp_check(&c, 4, err, sizeof err) == -1);
+  EXPECT_STR(err, "--tensor-parallel-size 4 does not divide the experts' intermediate size (30)");
+  c.moe_intermediate_size = 32;
+  c.shared_expert_intermediate_size = 6;
+  EXPECT(qwen35_tp_check(&c, 4, err, sizeof err) == -1);
+  EXPECT_STR(err,
+             "--tensor-parallel-size 4 does not divide the shared expert's intermediate size (6)");
+  c.shared_expert_intermediate_size = 16;
+  c.n_kv_heads = 3;
+  c.n_heads = 12;
+  EXPECT(qwen35_tp_check(&c, 2, err, sizeof err) == -1);
+  EXPECT(strstr(err, "the KV heads (3)") != NULL);
+  c.n_kv_heads = 1;
+  c.lin_n_v_heads = 6;
+  EXPECT(qwen35_tp_check(&c, 4, err, sizeof err) == -1);
+  EXPECT_STR(err, "--tensor-parallel-size 4 does not divide the DeltaNet value heads (6)");
+}
+
+TEST(refuse_cuda) {
+  backend *be[8];
+  char err[300] = "";
+  backend_options bo = {.device = "cuda", .tensor_parallel_size = 2};
+  EXPECT(backend_create_ranks(&bo, be, 8, err, sizeof err) == -1);
+  EXPECT_MSG(strstr(err, "--tensor-parallel-size > 1 needs NCCL builds") != NULL, "%s", err);
+  bo.device = "cpu";
+  bo.tensor_parallel_size = 9;
+  EXPECT(backend_create_ranks(&bo, be, 8, err, sizeof err) == -1);
+  bo.tensor_parallel_size = 2;
+  EXPECT(backend_create(&bo, err, sizeof err) == NULL); /* one rank only */
+}
+
+/* ---- the communicator ---- */
+
+typedef struct {
+  comm *c;
+  float *x[4];
+  float *g[4];
+  size_t n;
+} comm_case;
+
+static void comm_rank(void *v, int r) {
+  comm_case *k = v;
+  comm_all_reduce_sum(k->c, r, k->x[r], k->n);
+  comm_all_gather(k->c, r, k->x[r], 3, k->g[r]);
+  comm_barrier(k->c);
+}
+
+TEST(comm_collectives) {
+  enum { N = 4, LEN = 1001 };
+  comm_case k = {comm_create(N), {0}, {0}, LEN};
+  REQUIRE(k.c);
+  float in[N][LEN];
+  uint32_t x = 99;
+  for (int r = 0; r < N; r++)
+    for (int i = 0; i < LEN; i++) {
+      x = x * 1103515245u + 12345u;
+      in[r][i] = ((float)(x >> 8) / 16777216.f - 0.5f) * (i % 7 ? 1.f : 1e6f);
+    }
+  for (int rep = 0; rep < 3; rep++) {
+    for (int r = 0; r < N; r++) {
+      k.x[r] = malloc(LEN * sizeof(float));
+      k.g[r] = malloc(N * 3 * sizeof(float));
+      memcpy(k.x[r], in[r], sizeof in[r]);
+    }
+    REQUIRE(qwen35_tp_run(N, comm_rank, &k) == 0);
+    int bad = 0;
+    for (int i = 0; i < LEN; i++) {
+      float s = ((in[0][i] + in[1][i]) + in[2][i]) + in[3][i]; /* rank order, bit for bit */
+      for (int r = 0; r < N; r++) bad += memcmp(&k.x[r][i], &s, sizeof s) != 0;
+    }
+    EXPECT_EQ_INT(bad, 0);
+    for (int r = 0; r < N; r++)
+      for (int q = 0; q < N; q++) EXPECT(!memcmp(k.g[r] + q * 3, k.x[q], 3 * sizeof(float)));
+    for (int r = 0; r < N; r++) {
+      free(k.x[r]);
+      free(k.g[r]);
+    }
+  }
+  comm_unref(k.c);
+}
+
+/* ---- through the engine ---- */
+
+#define EREQ 4
+#define ETOK 6
+
+/* One request of 100 tokens (a chat head of 64), then EREQ at once sharing its first 80
+ * (prefix-cache hits at 64) with different tails; the greedy tokens of all, and the cached token
+ * counts. */
+static int engine_run(const char *dir, int n, int32_t tok[EREQ + 1][ETOK], int cached[EREQ + 1]) {
+  tp_model t;
+  char err[300] = "";
+  engine_opts o;
+  engine_opts_default(&o);
+  o.max_num_seqs = 4; /* fewer than the requests: one waits */
+  o.enable_prefix_caching = 1;
+  o.snapshot_interval = 32;
+  o.kv_cache_tokens = 2048;
+  model_config c;
+  char path[400];
+  snprintf(path, sizeof path, "%s/config.json", dir);
+  qwen35_mem_opts mo;
+  if (config_load(path, &c, err, sizeof err) || engine_mem_plan(&o, &c, &mo, err, sizeof err) ||
+      tp_open(&t, dir, n, &mo, err, sizeof err)) {
+    printf("  %s\n", err);
+    tp_close(&t);
+    return -1;
+  }
+  engine *e = engine_create(t.m, &o, err, sizeof err);
+  if (!e) {
+    printf("  engine: %s\n", err);
+    tp_close(&t);
+    return -1;
+  }
+  int32_t prompt[EREQ + 1][100];
+  for (int q = 0; q <= EREQ; q++) {
+    uint32_t x = 4321u;
+    for (int i = 0; i < 100; i++) {
+      x = x * 1103515245u + 12345u;
+      prompt[q][i] = (int32_t)((x >> 8) % 256);
+      if (i >= 80) prompt[q][i] = (prompt[q][i] + 31 * q) % 256;
+    }
+  }
+  engine_req *h[EREQ + 1] = {0};
+  int rc = 0;
+  for (int q = 0; q <= EREQ && rc == 0; q++) {
+    engine_submit_opts so;
+    memset(&so, 0, sizeof so);
+    so.prompt = prompt[q];
+    so.n_prompt = q == 0 ? 100 : 90 + q;
+    sampling_params_default(&so.sp);
+    so.sp.temperature = 0;
+    so.sp.max_tokens = ETOK;
+    so.sp.ignore_eos = 1;
+    static const int32_t bounds[2] = {0, 64}; /* a chat head: a checkpoint at 64 */
+    so.boundaries = bounds;
+    so.n_boundaries = 2;
+    engine_status st;
+    h[q] = engine_submit(e, &so, &st, err, sizeof err);
+    if (!h[q]) {
+      printf("  submit: %s\n", err);
+      rc = -1;
+    }
+    if (q > 0 && q < EREQ) continue; /* the first alone, then the others at once */
+    for (int j = q == 0 ? 0 : 1; j <= q && rc == 0; j++) {
+      int nt = 0;
+      engine_event ev;
+      for (;;) {
+        if (!engine_next(h[j], &ev, 600000)) {
+          rc = -1;
+          break;
+        }
+        if (ev.has_token && nt < ETOK) tok[j][nt++] = ev.token;
+        if (ev.finish) {
+          cached[j] = ev.cached_tokens;
+          if (nt != ETOK) rc = -1;
+          break;
+        }
+      }
+      engine_release(h[j]);
+      h[j] = NULL;
+    }
+  }
+  for (int q = 0; q <= EREQ; q++)
+    if (h[q]) engine_release(h[q]);
+  if (rc == 0 && engine_check(e, err, sizeof err)) {
+    printf("  check: %s\n", err);
+    rc = -1;
+  }
+  engine_destroy(e, 1);
+  tp_close(&t);
+  return rc;
+}
+
+static void check_engine(const char *dir, int n) {
+  int32_t a[EREQ + 1][ETOK], b[EREQ + 1][ETOK];
+  int ca[EREQ + 1] = {0}, cb[EREQ + 1] = {0};
+  REQUIRE(engine_run(dir, 1, a, ca) == 0);
+  REQUIRE(engine_run(dir, n, b, cb) == 0);
+  for (int q = 0; q <= EREQ; q++) {
+    EXPECT_MSG(!memcmp(a[q], b[q], sizeof a[q]), "%s TP=%d request %d: tokens differ", dir, n, q);
+    EXPECT_EQ_INT(cb[q], ca[q]);
+  }
+  for (int q = 1; q <= EREQ; q++) EXPECT_MSG(cb[q] >= 64, "request %d: %d cached", q, cb[q]);
+}
+
+TEST(engine_dense_tp2) { check_engine(DENSE, 2); }
+TEST(engine_moe_tp4) { check_engine(MOE, 4); }
+
+int main(void) {
+  snprintf(TMP, sizeof TMP, "/tmp/ds_test_tp_XXXXXX");
+  if (!mkdtemp(TMP)) return 1;
+  if (!gen_model("dense", DENSE_CFG, DENSE, sizeof DENSE) ||
+      !gen_model("moe", MOE_CFG, MOE, sizeof MOE))
+    return 1;
+  RUN(comm_collectives);
+  RUN(refuse_undivided_shape);
+  RUN(refuse_cuda);
+  RUN(dense_fp8_tp2);
+  RUN(moe_fp8_tp2);
+  RUN(dense_tp2);
+  RUN(dense_tp4);
+  RUN(moe_tp2);
+  RUN(moe_tp4);
+  RUN(engine_dense_tp2);
+  RUN(engine_moe_tp4);
+  char cmd[400];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", TMP);
+  if (system(cmd)) printf("  could not remove %s\n", TMP);
+  TEST_MAIN_END();
+}

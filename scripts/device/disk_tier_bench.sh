@@ -28,8 +28,15 @@ for a in "$@"; do
 done
 if [ $MODE = cuda ]; then
   OUT=${OUT:-/tmp/ds-disk-bench-out}
+  mkdir -p "$OUT"
   # the Debian libraries check.sh unpacked (libzmq's own dependencies are not on its runpath)
   export LD_LIBRARY_PATH=/tmp/ds-prefix/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  # no binary yet (check.sh not run in this tree): build it as bench.sh does; --bin skips this
+  if [[ " $* " != *" --bin"* ]] && [ ! -x build-cuda/deltaserve ]; then
+    . scripts/device/deb_prefix.sh
+    ds_deb_prefix
+    make CUDA=1 -j"$(nproc)" build-cuda/deltaserve >"$OUT/build.log" 2>&1 || { tail -20 "$OUT/build.log"; exit 1; }
+  fi
 else
   OUT=${OUT:-/tmp/ds-disk-bench-cpu}
 fi

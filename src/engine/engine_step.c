@@ -469,9 +469,9 @@ int engine_step_run(engine *e) {
   e->steps++;
   engine_step_tally(e, b.reqs, b.n, b.n_tokens, 1);
   if (e->o.log_steps) engine_step_trace(e, &b);
-  /* plain greedy everywhere: the device picks the tokens, a verify piece's rows' too (the MTP
-   * drafter reads every row's hidden state, which only qwen35_forward_hidden gives) */
-  int greedy = e->device_greedy && n_rows > 0 && !e->mtp;
+  /* plain greedy everywhere: the device picks the tokens, a verify piece's rows' too (and the
+   * MTP drafter reads every row's hidden state besides) */
+  int greedy = e->device_greedy && n_rows > 0;
   for (int i = 0; i < b.n && greedy; i++) {
     request *r = b.reqs[i];
     engine_req *h = r->owner;
@@ -518,7 +518,9 @@ int engine_step_run(engine *e) {
   sampler_pool_prep_start(e->pool, e->masks, n_masks);
   char err[160];
   int frc =
-      greedy ? qwen35_forward_greedy(e->m, e->seqs, b.n, e->ids, err, sizeof err)
+      greedy && e->mtp
+          ? qwen35_forward_greedy_hidden(e->m, e->seqs, b.n, e->ids, e->hidden, err, sizeof err)
+      : greedy ? qwen35_forward_greedy(e->m, e->seqs, b.n, e->ids, err, sizeof err)
       : dev_sample
           ? qwen35_forward_sample(e->m, e->seqs, b.n, e->words, n_words, e->ids, err, sizeof err)
       : e->mtp ? qwen35_forward_hidden(e->m, e->seqs, b.n, e->logits, e->hidden, err, sizeof err)

@@ -931,26 +931,54 @@ int qwen35_forward(qwen35 *m, const fwd_seq *seqs, int n_seqs, float *logits, ch
   return 0;
 }
 
-int qwen35_forward_hidden(qwen35 *m, const fwd_seq *seqs, int n_seqs, float *logits, float *hidden,
-                          char *err, size_t errlen) {
+/* After a step issued up to its logits or ids: every row's final-normed hidden state into
+ * hidden [T, H] f32 (the read queued; 0, or -1 when out of memory or the read failed). */
+static int hidden_read(qwen35 *m, int T, float *hidden) {
   const model_config *c = m->c;
   backend *be = m->be;
-  int n_out = 0, T = 0, H = c->hidden_size;
-  if (forward_issue(m, seqs, n_seqs, FWD_LOGITS, 0, &n_out, err, errlen)) return -1;
-  for (int s = 0; s < n_seqs; s++) T += seqs[s].n_tokens;
+  int H = c->hidden_size;
   /* the final norm of every row into xn (free after the layers): what the MTP head reads */
   be->rmsnorm(be, m->x, NULL, m->final_norm, T, H, c->rms_norm_eps, m->xn);
   size_t n = (size_t)T * H, as = be->kind_size(be, BACKEND_KIND_ACT);
   uint16_t *h16 = as == 4 ? NULL : malloc(n * 2);
-  if (as != 4 && !h16) return errf(err, errlen, "out of memory");
+  if (as != 4 && !h16) return -1;
+  int rrc = be->read(be, m->xn, 0, h16 ? (void *)h16 : (void *)hidden, n * as);
+  for (size_t i = 0; h16 && !rrc && i < n; i++) hidden[i] = dtype_bf16_to_f32(h16[i]);
+  free(h16);
+  return rrc;
+}
+
+static int rows_of(const fwd_seq *seqs, int n_seqs) {
+  int T = 0;
+  for (int s = 0; s < n_seqs; s++) T += seqs[s].n_tokens;
+  return T;
+}
+
+int qwen35_forward_hidden(qwen35 *m, const fwd_seq *seqs, int n_seqs, float *logits, float *hidden,
+                          char *err, size_t errlen) {
+  const model_config *c = m->c;
+  backend *be = m->be;
+  int n_out = 0;
+  if (forward_issue(m, seqs, n_seqs, FWD_LOGITS, 0, &n_out, err, errlen)) return -1;
   int rrc = n_out > 0 && logits
                 ? be->read(be, m->logits, 0, logits, (size_t)n_out * c->vocab_size * sizeof(float))
                 : 0;
-  if (!rrc) rrc = be->read(be, m->xn, 0, h16 ? (void *)h16 : (void *)hidden, n * as);
-  for (size_t i = 0; h16 && !rrc && i < n; i++) hidden[i] = dtype_bf16_to_f32(h16[i]);
-  free(h16);
+  if (!rrc) rrc = hidden_read(m, rows_of(seqs, n_seqs), hidden);
   if (be->sync(be, err, errlen)) return -1;
   if (rrc) return errf(err, errlen, "backend %s: reading logits failed", be->name);
+  return 0;
+}
+
+int qwen35_forward_greedy_hidden(qwen35 *m, const fwd_seq *seqs, int n_seqs, int32_t *ids,
+                                 float *hidden, char *err, size_t errlen) {
+  backend *be = m->be;
+  if (!be->argmax) return errf(err, errlen, "backend %s has no argmax op", be->name);
+  int n_out = 0;
+  if (forward_issue(m, seqs, n_seqs, FWD_GREEDY, 0, &n_out, err, errlen)) return -1;
+  int rrc = n_out > 0 ? be->read(be, m->ids, 0, ids, (size_t)n_out * sizeof *ids) : 0;
+  if (!rrc) rrc = hidden_read(m, rows_of(seqs, n_seqs), hidden);
+  if (be->sync(be, err, errlen)) return -1;
+  if (rrc) return errf(err, errlen, "backend %s: reading token ids failed", be->name);
   return 0;
 }
 

@@ -118,6 +118,9 @@ backend *qwen35_backend(const qwen35 *m); /* the backend the model runs on */
  * state after the final norm, the input of the MTP head (qwen35_mtp). */
 int qwen35_forward_hidden(qwen35 *m, const fwd_seq *seqs, int n_seqs, float *logits, float *hidden,
                           char *err, size_t errlen);
+/* The same with the greedy ids instead of logits (qwen35_forward_greedy). */
+int qwen35_forward_greedy_hidden(qwen35 *m, const fwd_seq *seqs, int n_seqs, int32_t *ids,
+                                 float *hidden, char *err, size_t errlen);
 
 /* State and page operations, ordered with forward steps. Each returns 0 or -1 on a backend
  * failure. */

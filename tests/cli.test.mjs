@@ -53,8 +53,6 @@ await test("version", async () => {
 const accepted = [
   ["--trust-remote-code"],
   ["--dtype", "auto"],
-  ["--tensor-parallel-size", "1"],
-  ["-tp", "1"],
   ["--pipeline-parallel-size=1"],
   ["--enable-auto-tool-choice"],
   ["--tool-call-parser", "qwen3_coder"],
@@ -116,8 +114,7 @@ await test("serve_api_key_from_environment", async () => {
 const refused = [
   [["--dtype", "float16"], "change the results"],
   [["--dtype=float32"], "change the results"],
-  [["--tensor-parallel-size", "2"], "tensor parallelism is not implemented"],
-  [["-tp", "8"], "tensor parallelism is not implemented"],
+  [["--tensor-parallel-size", "0"], "[1, 64]"],
   [["--data-parallel-size", "2"], "data parallelism"],
   [["--tool-call-parser", "mistral"], "<tool_call>"],
   [["--reasoning-parser", "granite"], "<think>"],
@@ -157,6 +154,26 @@ await test("serve_kv_cache_dtype_fp8", async () => {
   const m = await (await fetch(`${s.url}/metrics`)).text();
   assert(/cache_config_info\{[^}]*cache_dtype="fp8"/.test(m), "cache_config_info's cache_dtype");
   await s.stop();
+});
+
+// --tensor-parallel-size (docs/tensor-parallel.md): the demo shape over 2 CPU ranks gives the
+// greedy text of 1; a size that does not divide a head count, or one on CUDA, is refused naming it
+await test("serve_tensor_parallel", async () => {
+  const body = JSON.stringify({ prompt: "hello", max_tokens: 8, temperature: 0, ignore_eos: true });
+  const texts = [];
+  for (const tp of ["1", "2"]) {
+    const s = await serve([model.dir, "--port", "0", "--threads", "2", "--device", "cpu", "-tp", tp]);
+    const r = await fetch(`${s.url}/v1/completions`, { method: "POST", headers: { "Content-Type": "application/json" }, body });
+    eq(r.status, 200, `-tp ${tp}`);
+    texts.push((await r.json()).choices[0].text);
+    if (tp === "2") assert(/tensor parallel over 2 ranks/.test(s.log), "the ranks' log line");
+    await s.stop();
+  }
+  eq(texts[1], texts[0], "-tp 2 text");
+  const r = ds(["serve", model.dir, "--port", "0", "--device", "cpu", "--tensor-parallel-size=4"]);
+  assert(r.code !== 0 && r.err.includes("--tensor-parallel-size 4 does not divide the DeltaNet key heads (2)"), r.err);
+  const r2 = ds(["serve", model.dir, "--port", "0", "--device", "cuda", "-tp", "2"]);
+  assert(r2.code !== 0 && r2.err.includes("--tensor-parallel-size > 1 needs NCCL builds"), r2.err);
 });
 
 await test("serve_two_models", async () => {

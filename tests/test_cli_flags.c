@@ -148,8 +148,6 @@ TEST(vllm_flags_accepted) {
                                       {"--trust-request-chat-template", NULL},
                                       {"--dtype", "auto"},
                                       {"--dtype", "bfloat16"},
-                                      {"--tensor-parallel-size", "1"},
-                                      {"-tp", "1"},
                                       {"--pipeline-parallel-size", "1"},
                                       {"--data-parallel-size", "1"},
                                       {"--enable-auto-tool-choice", NULL},
@@ -200,23 +198,20 @@ TEST(kv_cache_dtype) {
 }
 
 TEST(vllm_flags_refused) {
-  static const char *const no[][3] = {
-      {"--dtype", "float16", "change the results"},
-      {"--dtype", "float32", "change the results"},
-      {"--tensor-parallel-size", "2", "tensor parallelism is not implemented"},
-      {"-tp", "4", "tensor parallelism"},
-      {"--pipeline-parallel-size", "2", "pipeline parallelism"},
-      {"--data-parallel-size", "2", "data parallelism"},
-      {"--tool-call-parser", "mistral", "<tool_call>"},
-      {"--reasoning-parser", "granite", "<think>"},
-      {"--mamba-ssm-cache-dtype", "float16", "change the results"},
-      {"--task", "embed", "generates text only"},
-      {"--seed", "0", "'seed' field"},
-      {"--tokenizer", "x", "model folder"},
-      {"--enable-lora", NULL, "LoRA"},
-      {"--hf-overrides", "{}", "config.json"},
-      {"--ssl-keyfile", "k", "TLS"},
-      {"--dtype", NULL, "needs a value"}};
+  static const char *const no[][3] = {{"--dtype", "float16", "change the results"},
+                                      {"--dtype", "float32", "change the results"},
+                                      {"--pipeline-parallel-size", "2", "pipeline parallelism"},
+                                      {"--data-parallel-size", "2", "data parallelism"},
+                                      {"--tool-call-parser", "mistral", "<tool_call>"},
+                                      {"--reasoning-parser", "granite", "<think>"},
+                                      {"--mamba-ssm-cache-dtype", "float16", "change the results"},
+                                      {"--task", "embed", "generates text only"},
+                                      {"--seed", "0", "'seed' field"},
+                                      {"--tokenizer", "x", "model folder"},
+                                      {"--enable-lora", NULL, "LoRA"},
+                                      {"--hf-overrides", "{}", "config.json"},
+                                      {"--ssl-keyfile", "k", "TLS"},
+                                      {"--dtype", NULL, "needs a value"}};
   char err[256];
   for (size_t k = 0; k < sizeof no / sizeof *no; k++) {
     int used;

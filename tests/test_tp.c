@@ -18,6 +18,8 @@
 
 #include "backend/backend_create.h"
 #include "backend/comm.h"
+#include "cli/cli_flags.h"
+#include "cli/cli_vllm.h"
 #include "engine/engine.h"
 #include "engine/engine_mem.h"
 #include "model/gen_random.h"
@@ -278,6 +280,28 @@ TEST(refuse_cuda) {
   EXPECT(backend_create(&bo, err, sizeof err) == NULL); /* one rank only */
 }
 
+/* --tensor-parallel-size N, -tp N, --tensor-parallel-size=N; no longer one of the vLLM flags
+ * accepted without effect */
+TEST(tp_flag) {
+  char *argv[] = {
+      "serve",     "-tp", "2",  "--tensor-parallel-size=4", "--tensor-parallel-size", "0",
+      "--threads", "2",   "-tp"};
+  int argc = 9, tp = 1, i = 1;
+  char err[200] = "";
+  EXPECT(cli_flags_tp(&tp, argc, argv, &i, err, sizeof err) == 1 && tp == 2 && i == 2);
+  i = 3;
+  EXPECT(cli_flags_tp(&tp, argc, argv, &i, err, sizeof err) == 1 && tp == 4 && i == 3);
+  i = 4;
+  EXPECT(cli_flags_tp(&tp, argc, argv, &i, err, sizeof err) == -1 && tp == 4);
+  EXPECT_STR(err, "--tensor-parallel-size: expected an integer in [1, 64], got '0'");
+  i = 6;
+  EXPECT(cli_flags_tp(&tp, argc, argv, &i, err, sizeof err) == 0 && i == 6);
+  i = 8;
+  EXPECT(cli_flags_tp(&tp, argc, argv, &i, err, sizeof err) == -1);
+  i = 1;
+  EXPECT(cli_vllm_flag(argc, argv, &i, err, sizeof err) == 0);
+}
+
 /* ---- the communicator ---- */
 
 typedef struct {
@@ -442,6 +466,7 @@ int main(void) {
   if (!gen_model("dense", DENSE_CFG, DENSE, sizeof DENSE) ||
       !gen_model("moe", MOE_CFG, MOE, sizeof MOE))
     return 1;
+  RUN(tp_flag);
   RUN(comm_collectives);
   RUN(refuse_undivided_shape);
   RUN(refuse_cuda);

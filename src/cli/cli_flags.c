@@ -147,6 +147,17 @@ int cli_flags_int(const char *v, const char *flag, int lo, int hi, int *out, cha
   return 0;
 }
 
+int cli_flags_tp(int *tp, int argc, char **argv, int *i, char *err, size_t errlen) {
+  const char *a = argv[*i], *eq = strchr(a, '=');
+  size_t len = eq ? (size_t)(eq - a) : strlen(a);
+  const char *flag = "--tensor-parallel-size";
+  if (!(len == strlen(flag) && !strncmp(a, flag, len)) && !(len == 3 && !strncmp(a, "-tp", 3)))
+    return 0;
+  const char *v = eq ? eq + 1 : *i + 1 < argc ? argv[++*i] : NULL;
+  if (!v) return errf(err, errlen, "%s needs a value", flag);
+  return cli_flags_int(v, flag, 1, CLI_FLAGS_TP_MAX, tp, err, errlen) ? -1 : 1;
+}
+
 int cli_flags_double(const char *v, const char *flag, double lo, double hi, double *out, char *err,
                      size_t errlen) {
   char *end;

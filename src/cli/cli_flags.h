@@ -22,6 +22,13 @@ extern const char cli_flags_engine_help[];
  * of range. */
 int cli_flags_engine(engine_opts *o, int argc, char **argv, int *i, char *err, size_t errlen);
 
+/* vLLM's --tensor-parallel-size N (also -tp N, "--flag=value"), 1 <= N <= CLI_FLAGS_TP_MAX:
+ * if argv[*i] is it, stores N in *tp (backend_options.tensor_parallel_size), leaves *i on its
+ * value and returns 1; returns 0 when it is not (nothing changes), -1 with one line in err when
+ * the value is missing or out of range. */
+#define CLI_FLAGS_TP_MAX 64
+int cli_flags_tp(int *tp, int argc, char **argv, int *i, char *err, size_t errlen);
+
 /* v as an integer in [lo, hi] into *out; returns 0, or -1 with err naming flag. */
 int cli_flags_int(const char *v, const char *flag, int lo, int hi, int *out, char *err,
                   size_t errlen);

@@ -18,8 +18,6 @@ static const cli_vllm_entry cli_vllm_flags[] = {
     {"--trust-remote-code", NULL, NULL, "no code from the model folder is run", NULL},
     {"--dtype", NULL, "auto|bfloat16", "the weights are used as the checkpoint stores them",
      "another dtype would change the results"},
-    {"--tensor-parallel-size", "-tp", "1", "one GPU per server",
-     "tensor parallelism is not implemented: one GPU per server"},
     {"--pipeline-parallel-size", "-pp", "1", "one GPU per server",
      "pipeline parallelism is not implemented: one GPU per server"},
     {"--data-parallel-size", "-dp", "1", "one GPU per server",

@@ -129,7 +129,9 @@ typedef struct bench {
   model_config cfg;
   model_weights w;
   int have_w;
-  backend *be;
+  backend *be;                      /* ranks[0], the one that holds the logits */
+  backend *ranks[CLI_FLAGS_TP_MAX]; /* --tensor-parallel-size ranks */
+  int tp, n_ranks;
   qwen35 *m;
   engine *e;
   uint64_t rng;
@@ -802,7 +804,8 @@ static void bench_ceilings(bench *b) {
 /* (Re)initialises the model and starts the engine for opts. */
 static int bench_start(bench *b, engine_opts *o, qwen35_mem_opts *mo) {
   if (engine_mem_plan_device(o, &b->cfg, &b->w, b->be, mo, b->err, sizeof b->err)) return -1;
-  if (qwen35_init(&b->m, &b->cfg, &b->w, b->be, mo, b->err, sizeof b->err)) return -1;
+  if (qwen35_init_ranks(&b->m, &b->cfg, &b->w, b->ranks, b->n_ranks, mo, b->err, sizeof b->err))
+    return -1;
   o->mtp_weights = &b->w;
   b->e = engine_create(b->m, o, b->err, sizeof b->err);
   return b->e ? 0 : -1;
@@ -1048,6 +1051,7 @@ static int bench_write(bench *b, const char *out, int final, int quiet_missing, 
   json_object_set_new(b->info, "model", json_string(b->model_dir));
   json_object_set_new(b->info, "model_type", json_string(b->cfg.model_type));
   json_object_set_new(b->info, "backend", json_string(b->be ? b->be->name : "?"));
+  json_object_set_new(b->info, "tensor_parallel_size", json_integer(b->n_ranks));
   json_object_set_new(b->info, "threads", json_integer(b->threads));
   json_object_set_new(b->info, "quick", json_boolean(b->quick));
   json_object_set_new(b->info, "complete", json_boolean(final));
@@ -1108,7 +1112,7 @@ static int bench_write(bench *b, const char *out, int final, int quiet_missing, 
 static void bench_usage(FILE *f) {
   fprintf(f,
           "usage: deltaserve bench --model DIR --out FILE.json [--device cpu|cuda|auto] "
-          "[--threads N] [--quick] [--seed N] [engine flags]\n"
+          "[--threads N] [--tensor-parallel-size N] [--quick] [--seed N] [engine flags]\n"
           "  offline prefill (512/4096/16384 tokens), decode (1/8/32/64/128 sequences of 512 in +\n"
           "  128 out), shared-prefix wave and warm-prefix TTFT, checkpoint copy pauses, roofline\n"
           "  fractions, and the llama.cpp figures of the same H200, as JSON.\n"
@@ -1152,7 +1156,8 @@ int cmd_bench(int argc, char **argv) {
       return 2;
     }
     if (rc > 0) continue;
-    if ((rc = cli_load_flag(&b.load, argc, argv, &i, err, sizeof err)) < 0) {
+    if ((rc = cli_load_flag(&b.load, argc, argv, &i, err, sizeof err)) < 0 ||
+        (rc == 0 && (rc = cli_flags_tp(&b.tp, argc, argv, &i, err, sizeof err)) < 0)) {
       fprintf(stderr, "deltaserve bench: %s\n", err);
       return 2;
     }
@@ -1305,8 +1310,13 @@ int cmd_bench(int argc, char **argv) {
   backend_options bo = {.device = b.device,
                         .n_threads = b.threads,
                         .batch_invariant = b.batch_invariant,
-                        .kv_dtype = b.kv_dtype};
-  if (!(b.be = backend_create(&bo, b.err, sizeof b.err))) {
+                        .kv_dtype = b.kv_dtype,
+                        .tensor_parallel_size = b.tp};
+  if ((b.n_ranks = backend_create_ranks(&bo, b.ranks, CLI_FLAGS_TP_MAX, b.err, sizeof b.err)) > 0)
+    b.be = b.ranks[0];
+  else
+    b.n_ranks = 0;
+  if (!b.be) {
     fprintf(stderr, "deltaserve bench: %s\n", b.err);
     goto done;
   }
@@ -1355,7 +1365,7 @@ done:
   free(b.shared_prefix);
   json_decref(b.metrics);
   json_decref(b.info);
-  if (b.be) b.be->destroy(b.be);
+  for (int r = 0; r < b.n_ranks; r++) b.ranks[r]->destroy(b.ranks[r]);
   if (b.have_w) weights_free(&b.w);
   return status;
 }

@@ -67,6 +67,7 @@ static int argmax(const float *x, int n) {
 int cmd_run(int argc, char **argv) {
   const char *model = NULL, *ids = NULL, *logits_out = NULL, *device = "cpu";
   long max_tokens = -1, threads = 0;
+  int tp = 1;            /* --tensor-parallel-size */
   weights_opts wo = {0}; /* --quantization, --load-format */
   for (int i = 1; i < argc; i++)
     if (!strcmp(argv[i], "--prompts-file")) return cmd_run_batch(argc, argv);
@@ -77,6 +78,7 @@ int cmd_run(int argc, char **argv) {
           "usage: deltaserve run --model DIR --prompt-ids \"1,2,3\" --max-tokens N "
           "[--logits-out FILE] [--threads N] [--device cpu|cuda|auto]\n"
           "       [--quantization fp8] [--load-format auto|safetensors|dummy]\n"
+          "       [--tensor-parallel-size N]  (-tp N: N ranks, docs/tensor-parallel.md)\n"
           "       (--device defaults to cpu, the fp32 reference)\n"
           "       deltaserve run --prompts-file FILE ...  (the engine, see run_batch)\n");
       return 0;
@@ -84,6 +86,11 @@ int cmd_run(int argc, char **argv) {
     char lerr[256];
     int lf = cli_load_flag(&wo, argc, argv, &i, lerr, sizeof lerr);
     if (lf < 0) {
+      fprintf(stderr, "deltaserve run: %s\n", lerr);
+      return 1;
+    }
+    if (lf) continue;
+    if ((lf = cli_flags_tp(&tp, argc, argv, &i, lerr, sizeof lerr)) < 0) {
       fprintf(stderr, "deltaserve run: %s\n", lerr);
       return 1;
     }
@@ -138,7 +145,8 @@ int cmd_run(int argc, char **argv) {
   model_config cfg;
   model_weights w;
   memset(&w, 0, sizeof w);
-  backend *be = NULL;
+  backend *ranks[CLI_FLAGS_TP_MAX];
+  int n_ranks = 0;
   qwen35 *m = NULL;
   float *logits = NULL;
   int32_t *pages = NULL, *out = NULL;
@@ -154,16 +162,17 @@ int cmd_run(int argc, char **argv) {
               cfg.vocab_size);
       goto done;
     }
-  backend_options bo = {.device = device, .n_threads = (int)threads};
-  be = backend_create(&bo, err, sizeof err);
-  if (!be) {
+  backend_options bo = {.device = device, .n_threads = (int)threads, .tensor_parallel_size = tp};
+  n_ranks = backend_create_ranks(&bo, ranks, CLI_FLAGS_TP_MAX, err, sizeof err);
+  if (n_ranks < 0) {
+    n_ranks = 0;
     fprintf(stderr, "deltaserve run: %s\n", err);
     goto done;
   }
   int total = n_prompt + (int)max_tokens;
   int n_pages = (total + QWEN35_PAGE_TOKENS - 1) / QWEN35_PAGE_TOKENS + 1;
   qwen35_mem_opts mo = {.n_pages = n_pages, .n_slots = 1};
-  if (qwen35_init(&m, &cfg, &w, be, &mo, err, sizeof err)) {
+  if (qwen35_init_ranks(&m, &cfg, &w, ranks, n_ranks, &mo, err, sizeof err)) {
     fprintf(stderr, "deltaserve run: %s\n", err);
     goto done;
   }
@@ -230,7 +239,7 @@ done:
   free(pages);
   free(out);
   qwen35_free(m);
-  if (be) be->destroy(be);
+  for (int r = 0; r < n_ranks; r++) ranks[r]->destroy(ranks[r]);
   weights_free(&w);
   free(prompt);
   return rc;

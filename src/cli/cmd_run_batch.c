@@ -4,8 +4,8 @@
  * "stop_token_ids", "ignore_eos", "logprobs", "top_logprobs", "cache_salt" (a prefix-cache
  * namespace), "boundaries" (chat-message start positions: prefix-cache capture points)}
  * (defaults as in vLLM:
- * temperature 1, max_tokens 16), runs them all concurrently through the engine on the CPU
- * backend, and prints one JSON line per input, in input order:
+ * temperature 1, max_tokens 16), runs them all concurrently through the engine on the --device
+ * backend (cpu, the default, cuda or auto), and prints one JSON line per input, in input order:
  *   {"token_ids": [...], "finish_reason": "stop"|"length"|"error", "prompt_tokens": n,
  *    "completion_tokens": n, "cached_tokens": n[, "logprobs": [...]][, "error": "..."]}
  * (cached_tokens: prompt tokens restored from the prefix cache). The requests are submitted
@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend/cpu/backend_cpu.h"
+#include "backend/backend_create.h"
 #include "base/log.h"
 #include "cli/cli.h"
 #include "cli/cli_flags.h"
@@ -204,7 +204,9 @@ static void run_batch_print(run_item *it) {
 static int run_batch_usage(void) {
   fprintf(stderr,
           "usage: deltaserve run --model DIR --prompts-file F [--max-num-seqs N] "
-          "[--max-num-batched-tokens T] [--threads N] [other engine flags]\n"
+          "[--max-num-batched-tokens T] [--threads N] [--device cpu|cuda|auto] "
+          "[--tensor-parallel-size N] [other engine "
+          "flags]\n"
           "%s"
           "engine flags (as serve):\n%s",
           cli_load_help, cli_flags_engine_help);
@@ -213,7 +215,8 @@ static int run_batch_usage(void) {
 
 int cmd_run_batch(int argc, char **argv) {
   const char *model_dir = NULL, *prompts = NULL;
-  int threads = 0;
+  int threads = 0, tp = 1;    /* --threads, --tensor-parallel-size */
+  const char *device = "cpu"; /* --device */
   engine_opts eo;
   engine_opts_default(&eo);
   weights_opts wo = {0}; /* --quantization, --load-format */
@@ -226,7 +229,8 @@ int cmd_run_batch(int argc, char **argv) {
       return 2;
     }
     if (rc > 0) continue;
-    if ((rc = cli_load_flag(&wo, argc, argv, &i, err, sizeof err)) < 0) {
+    if ((rc = cli_load_flag(&wo, argc, argv, &i, err, sizeof err)) < 0 ||
+        (rc == 0 && (rc = cli_flags_tp(&tp, argc, argv, &i, err, sizeof err)) < 0)) {
       fprintf(stderr, "deltaserve: %s\n", err);
       return 2;
     }
@@ -237,6 +241,8 @@ int cmd_run_batch(int argc, char **argv) {
       prompts = argv[++i];
     else if (!strcmp(argv[i], "--threads") && i + 1 < argc)
       threads = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--device") && i + 1 < argc)
+      device = argv[++i];
     else {
       fprintf(stderr, "deltaserve: run: unknown argument '%s'\n", argv[i]);
       return run_batch_usage();
@@ -282,17 +288,20 @@ int cmd_run_batch(int argc, char **argv) {
     fprintf(stderr, "deltaserve: %s\n", err);
     return 1;
   }
-  backend *be = backend_cpu_create(threads);
+  backend *ranks[CLI_FLAGS_TP_MAX];
+  backend_options bo = {.device = device, .n_threads = threads, .tensor_parallel_size = tp};
+  int n_ranks = backend_create_ranks(&bo, ranks, CLI_FLAGS_TP_MAX, err, sizeof err);
   qwen35_mem_opts mo;
   qwen35 *m = NULL;
   engine *e = NULL;
   int status = 1;
-  if (!be) {
-    fprintf(stderr, "deltaserve: cannot create the CPU backend\n");
+  if (n_ranks < 1) {
+    n_ranks = 0;
+    fprintf(stderr, "deltaserve: %s\n", err);
     goto done;
   }
-  if (engine_mem_plan_device(&eo, &cfg, &w, be, &mo, err, sizeof err) != 0 ||
-      qwen35_init(&m, &cfg, &w, be, &mo, err, sizeof err) != 0 ||
+  if (engine_mem_plan_device(&eo, &cfg, &w, ranks[0], &mo, err, sizeof err) != 0 ||
+      qwen35_init_ranks(&m, &cfg, &w, ranks, n_ranks, &mo, err, sizeof err) != 0 ||
       !(e = engine_create(m, &eo, err, sizeof err))) {
     fprintf(stderr, "deltaserve: %s\n", err);
     goto done;
@@ -318,7 +327,7 @@ int cmd_run_batch(int argc, char **argv) {
 done:
   if (e) engine_destroy(e, 1);
   if (m) qwen35_free(m);
-  if (be) be->destroy(be);
+  for (int r = 0; r < n_ranks; r++) ranks[r]->destroy(ranks[r]);
   weights_free(&w);
   for (int i = 0; i < n; i++) {
     free(items[i].prompt);

@@ -67,6 +67,9 @@ static void serve_usage(FILE *f) {
       "                              labels and buckets for the series vLLM has (docs/api.md)\n"
       "  --device cpu|cuda|auto      backend (auto)\n"
       "  --threads N                 CPU backend threads (0: all cores)\n"
+      "  --tensor-parallel-size N    (-tp N) the model split over N ranks, Megatron-style\n"
+      "                              (CPU backend: N ranks of --threads / N threads each;\n"
+      "                              docs/tensor-parallel.md)\n"
       "  --kv-events-config JSON     publish KV-cache events as vLLM does (ZeroMQ):\n"
       "                              '{\"enable_kv_cache_events\": true}' (docs/kv-events.md)\n"
       "  --disk-cache-dir DIR        prefix-cache checkpoints leaving memory go to files in DIR\n"
@@ -197,6 +200,7 @@ int cmd_serve(int argc, char **argv) {
              *device = "auto", *gen_cfg = "auto", *chat_tpl = NULL, *metrics_prefix = "deltaserve";
   long long port = 8000, threads = 0, max_req = 32LL << 20;
   int batch_invariant = 0, no_warmup = 0;
+  int tp = 1;                                  /* --tensor-parallel-size */
   backend_kv_dtype kv_dtype = BACKEND_KV_AUTO; /* --kv-cache-dtype */
   const char *kv_dtype_name = "auto";          /* ... as given (/metrics cache_config_info) */
   double grace = 5.0;
@@ -228,7 +232,8 @@ int cmd_serve(int argc, char **argv) {
       return 2;
     }
     if (rc > 0) continue;
-    if ((rc = cli_load_flag(&wo, argc, argv, &i, err, sizeof err)) < 0) {
+    if ((rc = cli_load_flag(&wo, argc, argv, &i, err, sizeof err)) < 0 ||
+        (rc == 0 && (rc = cli_flags_tp(&tp, argc, argv, &i, err, sizeof err)) < 0)) {
       fprintf(stderr, "deltaserve serve: %s\n", err);
       return 2;
     }
@@ -535,7 +540,9 @@ int cmd_serve(int argc, char **argv) {
   model_weights w;
   int have_w = 0;
   tokenizer *tok = NULL;
-  backend *be = NULL;
+  backend *be = NULL; /* rank 0 of ranks (the one that holds the logits) */
+  backend *ranks[CLI_FLAGS_TP_MAX];
+  int n_ranks = 0;
   qwen35 *m = NULL;
   engine *e = NULL;
   json_vocab *jv = NULL;
@@ -569,8 +576,13 @@ int cmd_serve(int argc, char **argv) {
   backend_options bo = {.device = device,
                         .n_threads = (int)threads,
                         .batch_invariant = batch_invariant,
-                        .kv_dtype = kv_dtype};
-  if (!(be = backend_create(&bo, err, sizeof err))) {
+                        .kv_dtype = kv_dtype,
+                        .tensor_parallel_size = tp};
+  if ((n_ranks = backend_create_ranks(&bo, ranks, CLI_FLAGS_TP_MAX, err, sizeof err)) > 0)
+    be = ranks[0];
+  else
+    n_ranks = 0;
+  if (!be) {
     fprintf(stderr, "deltaserve serve: %s\n", err);
     goto done;
   }
@@ -578,8 +590,10 @@ int cmd_serve(int argc, char **argv) {
   eo.startup_forward = !no_warmup && be->mem_info != NULL;
   if (eo.disk_cache_dir) { /* what a checkpoint file must have been written under */
     char id[160];
-    snprintf(id, sizeof id, "backend=%s kv=%d fp8=%d dummy=%d seed=%llu", be->name, (int)kv_dtype,
-             wo.quantize_fp8, wo.dummy, (unsigned long long)wo.seed);
+    char tps[32] = ""; /* a rank's slot and page bytes are its shard's */
+    if (n_ranks > 1) snprintf(tps, sizeof tps, " tp=%d", n_ranks);
+    snprintf(id, sizeof id, "backend=%s%s kv=%d fp8=%d dummy=%d seed=%llu", be->name, tps,
+             (int)kv_dtype, wo.quantize_fp8, wo.dummy, (unsigned long long)wo.seed);
     eo.model_identity = disk_tier_identity(model_dir, id);
   }
   /* the publisher starts before the engine and stops after it */
@@ -592,7 +606,7 @@ int cmd_serve(int argc, char **argv) {
     eo.kv_events = kvev;
   }
   if (engine_mem_plan_device(&eo, &cfg, &w, be, &mo, err, sizeof err) ||
-      qwen35_init(&m, &cfg, &w, be, &mo, err, sizeof err) ||
+      qwen35_init_ranks(&m, &cfg, &w, ranks, n_ranks, &mo, err, sizeof err) ||
       !(e = engine_create(m, &eo, err, sizeof err))) {
     fprintf(stderr, "deltaserve serve: %s\n", err);
     goto done;
@@ -679,7 +693,7 @@ done:;
   json_vocab_free(jv);
   chat_jinja_free(chat);
   if (m) qwen35_free(m);
-  if (be) be->destroy(be);
+  for (int r = 0; r < n_ranks; r++) ranks[r]->destroy(ranks[r]);
   if (tok) tokenizer_free(tok);
   if (have_w) weights_free(&w);
   if (fault_spec && fault_spec[0] && status == 0) {

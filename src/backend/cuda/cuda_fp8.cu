@@ -147,6 +147,14 @@ extern "C" void cuda_fp8_matmul(backend *be, backend_buf xb, backend_weight W, i
   cuda_gemm(c, x, wb, T, K, N, y, 0);
 }
 
+void cuda_fp8_dequant(cuda_ctx *c, const cuda_weight *w, bf16 *out) {
+  int N = (int)w->rows, K = (int)w->cols;
+  size_t groups = ((size_t)N * K + 7) / 8;
+  k_fp8_dequant<<<(unsigned)((groups + 255) / 256), 256, 0, c->st>>>(
+      w->q8, w->s8, N, K, w->bn, w->bk, (K + w->bk - 1) / w->bk, out);
+  cuda_check_launch(c, "fp8 dequantize");
+}
+
 int cuda_fp8_use_bf16(const cuda_ctx *c, const cuda_weight *w, int T) {
   return !w->q8 || (w->bf && (c->batch_invariant || T > FP8_MMA_MAXT));
 }

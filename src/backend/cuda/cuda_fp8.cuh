@@ -27,6 +27,11 @@ struct f8_view {
   int bn, bks, scols; /* bks = log2(bk) */
 };
 
+/* out [rows, cols] bf16: w's FP8 matrix dequantized on c's stream (cuda_fp8.cu k_fp8_dequant:
+ * each element one fp32 product rounded to bf16, the bits of the host's dequantize-then-convert
+ * upload). The MoE op's grouped GEMMs read the experts this way (cuda_moe.cu). */
+void cuda_fp8_dequant(cuda_ctx *c, const cuda_weight *w, bf16 *out);
+
 /* 1 when a [N, K] FP8 weight with bn x bk blocks and its operands fit the FP8 GEMV rows. */
 __host__ __device__ static inline int f8_fits(long long K, int bk) {
   return K > 0 && K % F8_PIECE == 0 && bk >= F8_PIECE && bk <= F8_TURN && !(bk & (bk - 1));

@@ -16,6 +16,11 @@
  * too (faster than the per-row kernels there). The per-row and device-grouped paths never wait
  * for the host, so a decode step's MoE ops are recorded into its CUDA graph (cuda_moe_records).
  *
+ * FP8 experts (weight_upload_fp8, all of a layer's with one block shape; docs/fp8.md) stay FP8:
+ * the per-row and device-grouped kernels have FP8 forms that read e4m3 rows with their block
+ * scales as the dense FP8 GEMV rows do (cuda_fp8.cuh); the per-expert cuBLAS path dequantizes
+ * each expert with rows into scratch first (cuda_fp8_dequant), as it does an FP8 shared expert.
+ *
  * Expert weight pointers reach the kernels through per-layer device tables, built on first use
  * of a layer (keyed by its host array of gate weights), checked against the weights on every
  * call that is not a graph replay (rebuilt when they changed; freeing a weight drops every
@@ -25,6 +30,7 @@
 #include <string.h>
 
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_fp8.cuh"
 #include "backend/cuda/cuda_ops.h"
 
 CUDA_KTRACE_TU(cuda_moe_ktrace_bind) /* the kernel-release trace, cuda_ktrace.cu */
@@ -33,19 +39,28 @@ CUDA_KTRACE_TU(cuda_moe_ktrace_bind) /* the kernel-release trace, cuda_ktrace.cu
 #define MOE_MAX_K 32
 
 /* One layer's expert pointer table: the host copy decides whether the device copy is still
- * right (the same host array may describe other weights later, e.g. after a reload). */
+ * right (the same host array may describe other weights later, e.g. after a reload). The
+ * experts of a layer are all bf16 or all FP8 (weight_upload_fp8) with one block shape; an FP8
+ * table's second half holds the scale matrices. */
 typedef struct moe_table {
   const cuda_ctx *ctx;
   const backend_weight *key;
   int n;
-  const bf16 **h; /* host [3, E] */
-  const bf16 **d; /* device [3, E]: gate, up, down */
+  const void **h; /* host [6, E] */
+  const void **d; /* device [6, E]: gate, up, down (bf16 or e4m3), then their scales (FP8) */
+  int f8, bn, bk; /* FP8 experts and their block shape */
 } moe_table;
+
+/* The matrix the expert kernels read: the e4m3 bytes of an FP8 weight, else its bf16 */
+static const void *moe_wptr(backend_weight w) {
+  return CW(w)->q8 ? (const void *)CW(w)->q8 : (const void *)CW(w)->bf;
+}
 
 static moe_table g_tables[MOE_MAX_LAYERS];
 static int g_ntables;
 
-static const bf16 **moe_table_get(cuda_ctx *c, const backend_moe *m, const bf16 *const **host) {
+static const void **moe_table_get(cuda_ctx *c, const backend_moe *m, const void *const **host,
+                                  const moe_table **info) {
   int E = m->n_experts;
   moe_table *t = NULL;
   for (int i = 0; i < g_ntables && !t; i++)
@@ -53,11 +68,23 @@ static const bf16 **moe_table_get(cuda_ctx *c, const backend_moe *m, const bf16 
   if (t) {
     int same = 1;
     for (int e = 0; e < E && same; e++)
-      same = t->h[e] == CW(m->gate[e])->bf && t->h[E + e] == CW(m->up[e])->bf &&
-             t->h[2 * E + e] == CW(m->down[e])->bf;
+      same = t->h[e] == moe_wptr(m->gate[e]) && t->h[E + e] == moe_wptr(m->up[e]) &&
+             t->h[2 * E + e] == moe_wptr(m->down[e]) && t->h[3 * E + e] == CW(m->gate[e])->s8 &&
+             t->h[4 * E + e] == CW(m->up[e])->s8 && t->h[5 * E + e] == CW(m->down[e])->s8;
     if (same) {
       if (host) *host = t->h;
+      *info = t;
       return t->d;
+    }
+  }
+  /* one format and block shape for every expert of the layer (the kernels take one) */
+  const cuda_weight *w0 = CW(m->gate[0]);
+  for (int e = 0; e < 3 * E; e++) {
+    const cuda_weight *w = CW(e < E ? m->gate[e] : e < 2 * E ? m->up[e - E] : m->down[e - 2 * E]);
+    if (!w->q8 != !w0->q8 || (w->q8 && (w->bn != w0->bn || w->bk != w0->bk)) ||
+        (!w->q8 && !w->bf)) {
+      cuda_fail(c, "moe", "the experts of a layer mix bf16 and FP8 weights or FP8 block shapes");
+      return NULL;
     }
   }
   if (c->capturing) { /* no allocation or copy inside a capture: the step runs as issued instead */
@@ -72,8 +99,8 @@ static const bf16 **moe_table_get(cuda_ctx *c, const backend_moe *m, const bf16 
     }
     t = &g_tables[g_ntables];
     memset(t, 0, sizeof *t);
-    t->h = (const bf16 **)calloc(3 * (size_t)E, sizeof *t->h);
-    if (!t->h || cudaMalloc((void **)&t->d, 3 * (size_t)E * sizeof *t->d) != cudaSuccess) {
+    t->h = (const void **)calloc(6 * (size_t)E, sizeof *t->h);
+    if (!t->h || cudaMalloc((void **)&t->d, 6 * (size_t)E * sizeof *t->d) != cudaSuccess) {
       cudaGetLastError();
       free(t->h);
       cuda_fail(c, "moe", "out of memory for the expert table");
@@ -86,16 +113,23 @@ static const bf16 **moe_table_get(cuda_ctx *c, const backend_moe *m, const bf16 
   }
   if (stale) cudaStreamSynchronize(c->st); /* earlier launches may still read the old table */
   for (int e = 0; e < E; e++) {
-    t->h[e] = CW(m->gate[e])->bf;
-    t->h[E + e] = CW(m->up[e])->bf;
-    t->h[2 * E + e] = CW(m->down[e])->bf;
+    t->h[e] = moe_wptr(m->gate[e]);
+    t->h[E + e] = moe_wptr(m->up[e]);
+    t->h[2 * E + e] = moe_wptr(m->down[e]);
+    t->h[3 * E + e] = CW(m->gate[e])->s8;
+    t->h[4 * E + e] = CW(m->up[e])->s8;
+    t->h[5 * E + e] = CW(m->down[e])->s8;
   }
-  if (cudaMemcpy(t->d, t->h, 3 * (size_t)E * sizeof *t->d, cudaMemcpyHostToDevice) != cudaSuccess) {
+  t->f8 = w0->q8 != NULL;
+  t->bn = w0->bn;
+  t->bk = w0->bk;
+  if (cudaMemcpy(t->d, t->h, 6 * (size_t)E * sizeof *t->d, cudaMemcpyHostToDevice) != cudaSuccess) {
     cudaGetLastError();
     cuda_fail(c, "moe", "cannot upload the expert table");
     return NULL;
   }
   if (host) *host = t->h;
+  *info = t;
   return t->d;
 }
 
@@ -176,8 +210,9 @@ struct moe_route_args {
   const float *seg; /* [H] shared expert gate row, or NULL */
   const float *sgl; /* [T] the shared gate's logit from the router kernel, or NULL */
   int T, E, k, norm, H;
-  const bf16 *const *tab; /* expert tables, or NULL (grouped steps) */
-  const bf16 **wsel;
+  const void *const *tab; /* expert tables, or NULL (grouped steps) */
+  const void **wsel;      /* [T, k, nw] */
+  int nw;                 /* 3 (bf16 experts: gate, up, down) or 6 (FP8: and their scales) */
   int32_t *ids;
   float *wts, *sg;
 };
@@ -203,9 +238,9 @@ __device__ __forceinline__ unsigned moe_order_key(float f) {
  * (E <= 32 V), also as ordered keys (moe_order_key), the taken experts as bits, a round two
  * warp reductions (the largest key, then the lowest expert holding it); V == 0: any E, the
  * logits read again each round, (value, expert) pairs through five shuffle steps.
- * With tab, the chosen experts' gate, up and down bases also go to wsel[t, r, 0..2] (one
- * dependent load fewer for the per-row kernels). LDCG: the logits and sgl were written by
- * other blocks of the same kernel (k_moe_router's last block), read through L2. */
+ * With tab, the chosen experts' gate, up and down bases (and, FP8, their scales) also go to
+ * wsel[t, r, 0..nw) (one dependent load fewer for the per-row kernels). LDCG: the logits and sgl
+ * were written by other blocks of the same kernel (k_moe_router's last block), read through L2. */
 template <int V, int LDCG>
 __device__ __forceinline__ void moe_route_row(const moe_route_args &a, int t) {
   int lane = threadIdx.x & 31;
@@ -305,11 +340,8 @@ __device__ __forceinline__ void moe_route_row(const moe_route_args &a, int t) {
     size_t o = (size_t)t * k + lane;
     a.ids[o] = my_id;
     a.wts[o] = a.norm ? my_w / s : my_w;
-    if (a.tab) {
-      a.wsel[3 * o] = a.tab[my_id];
-      a.wsel[3 * o + 1] = a.tab[E + my_id];
-      a.wsel[3 * o + 2] = a.tab[2 * E + my_id];
-    }
+    if (a.tab)
+      for (int j = 0; j < a.nw; j++) a.wsel[a.nw * o + j] = a.tab[j * E + my_id];
   }
   if (a.sgl) {
     if (lane == 0) a.sg[t] = sigmoidf_dev(moe_ldf<LDCG>(a.sgl + t));
@@ -422,7 +454,7 @@ __device__ __forceinline__ void moe_hidden_out(const bf16 *x, const bf16 *wg, co
  * before the router (the kernel two back) began, their weights are weights, and the kernel before
  * (route, or the router's last blocks) neither reads nor writes hid; only the routed slots need the
  * route's wsel. */
-__global__ void k_moe_hidden(const bf16 *x, const bf16 *const *wsel, int k, int S, int H, int I,
+__global__ void k_moe_hidden(const bf16 *x, const void *const *wsel, int k, int S, int H, int I,
                              int Is, const bf16 *sgw, const bf16 *suw, float *hid) {
   int ks = k + S, t = blockIdx.x / ks, r = blockIdx.x % ks;
   int i = blockIdx.y * 8 + (threadIdx.x >> 5);
@@ -436,9 +468,9 @@ __global__ void k_moe_hidden(const bf16 *x, const bf16 *const *wsel, int k, int 
   if (i >= (r < k ? I : Is)) return;
   const bf16 *wg, *wu;
   if (r < k) {
-    const bf16 *const *p = wsel + 3 * ((size_t)t * k + r);
-    wg = p[0] + (size_t)i * H;
-    wu = p[1] + (size_t)i * H;
+    const void *const *p = wsel + 3 * ((size_t)t * k + r);
+    wg = (const bf16 *)p[0] + (size_t)i * H;
+    wu = (const bf16 *)p[1] + (size_t)i * H;
   } else {
     wg = sgw + (size_t)i * H;
     wu = suw + (size_t)i * H;
@@ -519,14 +551,14 @@ __device__ __forceinline__ float moe_down_slots(float acc, const bf16 *const *wp
  * are read before the wait — wsel, wts and sg come from the route kernel, two
  * launches back, done before this one may start; only hid is the previous kernel's. */
 __global__ void __launch_bounds__(256, 2)
-    k_moe_down(const float *hid, const bf16 *const *wsel, const float *wts, int k, int H, int I,
+    k_moe_down(const float *hid, const void *const *wsel, const float *wts, int k, int H, int I,
                int Is, const float *sg, const bf16 *sdw, bf16 *out) {
   __shared__ const bf16 *wp[MOE_MAX_K + 1];
   __shared__ float ww[MOE_MAX_K + 1];
   int t = blockIdx.x;
   size_t hw = (size_t)k * I + (sdw ? Is : 0);
   if (threadIdx.x < k) {
-    wp[threadIdx.x] = wsel[3 * ((size_t)t * k + threadIdx.x) + 2];
+    wp[threadIdx.x] = (const bf16 *)wsel[3 * ((size_t)t * k + threadIdx.x) + 2];
     ww[threadIdx.x] = wts[(size_t)t * k + threadIdx.x];
   } else if (sdw && threadIdx.x == k) {
     wp[k] = sdw;
@@ -551,6 +583,211 @@ __global__ void __launch_bounds__(256, 2)
                             vec, pre);
   if (sdw) acc = moe_down_slots<0>(acc, wp + k, ww + k, 1, j, h + (size_t)k * I, Is, vec, pre);
   if ((threadIdx.x & 31) == 0) out[(size_t)t * H + j] = f2bf(acc);
+}
+
+/* ---- FP8 experts (weight_upload_fp8): the per-row kernels ----
+ * k_moe_hidden8 / k_moe_down8 have k_moe_hidden / k_moe_down's grids, slots and order of sums;
+ * wsel[t, r] holds the expert's gate, up and down e4m3 matrices, then their scale matrices.
+ * A weight row is read as the dense FP8 GEMV rows read theirs (cuda_fp8.cuh f8_rows): 16 e4m3
+ * per 16-byte lane load, each byte's bits placed in a float (exactly the value times 2^-120),
+ * the 16 products summed in fp32 and the sum scaled once by the block's scale (times 2^120);
+ * rows whose width or block shape the pieces do not fit take value-strided lanes, each value
+ * scaled. The shared expert is bf16 (the bf16 kernels' dot products) or FP8 with a block shape
+ * of its own. */
+
+/* The shared expert as the FP8 kernels take it: bf16 (g, u, d) or FP8 (q*, s*, bn x bk). */
+struct moe_sh {
+  const bf16 *g, *u, *d;
+  const uint8_t *qg, *qu, *qd;
+  const float *sg, *su, *sd;
+  int bn, bk;
+};
+
+/* an e4m3 byte as a float times 2^-120 (cuda_fp8.cuh f8x4_f32 for one byte) */
+__device__ __forceinline__ float moe_f8_one(uint8_t b) {
+  uint32_t v = b;
+  return __uint_as_float(((v & 0x80u) << 24) | ((v & 0x7fu) << 20));
+}
+
+/* w . x over n values, one warp: an FP8 row q (sr: its block row's scales, blocks bk wide)
+ * and bf16 x, value-strided */
+__device__ __forceinline__ float moe_dot_f8(const uint8_t *q, const float *sr, int bk,
+                                            const bf16 *x, int n) {
+  float acc = 0.f;
+  for (int i = threadIdx.x & 31; i < n; i += 32)
+    acc += moe_f8_one(q[i]) * (__ldg(sr + i / bk) * F8_UNBIAS) * bf2f(x[i]);
+  return warp_sum(acc);
+}
+
+/* Gate and up rows over the same x (FP8, one block shape), every lane ends with both sums. */
+__device__ __forceinline__ void moe_dot2_f8(const uint8_t *qg, const float *sg, const uint8_t *qu,
+                                            const float *su, int bk, const bf16 *x, int n, float *g,
+                                            float *u) {
+  if (f8_fits(n, bk) && (((uintptr_t)qg | (uintptr_t)qu | (uintptr_t)x) & 15) == 0) {
+    const uint8_t *w[2] = {qg, qu};
+    const float *sr[2] = {sg, su};
+    float a[2][1];
+    f8_rows<1, 2>(x, w, sr, __ffs(bk) - 1, n, threadIdx.x & 31, a);
+    *g = a[0][0];
+    *u = a[1][0];
+  } else {
+    *g = moe_dot_f8(qg, sg, bk, x, n);
+    *u = moe_dot_f8(qu, su, bk, x, n);
+  }
+}
+
+/* w . h over n values, one warp: an FP8 row (as moe_dot_f8) and fp32 h; vec: 16-byte pieces
+ * (f8_fits(n, bk), q and h 16-byte aligned) */
+__device__ __forceinline__ float moe_dot_f8h(const uint8_t *q, const float *sr, int bk,
+                                             const float *h, int n, int vec) {
+  int lane = threadIdx.x & 31;
+  float acc = 0.f;
+  if (vec) {
+    int bks = __ffs(bk) - 1;
+    for (int i = lane * F8_PIECE; i < n; i += F8_TURN) {
+      float wf[16], d = 0.f;
+      f8x16_f32(ld_stream16(q + i), wf);
+      const float4 *hp = (const float4 *)(h + i);
+#pragma unroll
+      for (int v = 0; v < 4; v++) {
+        float4 a = __ldg(hp + v);
+        d += wf[4 * v] * a.x + wf[4 * v + 1] * a.y + wf[4 * v + 2] * a.z + wf[4 * v + 3] * a.w;
+      }
+      acc += d * (__ldg(sr + (i >> bks)) * F8_UNBIAS);
+    }
+  } else {
+    for (int i = lane; i < n; i += 32)
+      acc += moe_f8_one(q[i]) * (__ldg(sr + i / bk) * F8_UNBIAS) * h[i];
+  }
+  return warp_sum(acc);
+}
+
+/* w . h over n values, one warp: a bf16 row and fp32 h, value-strided */
+__device__ __forceinline__ float moe_dot_bh(const bf16 *w, const float *h, int n) {
+  float acc = 0.f;
+  for (int i = threadIdx.x & 31; i < n; i += 32) acc += bf2f(w[i]) * h[i];
+  return warp_sum(acc);
+}
+
+/* k_moe_hidden for FP8 experts (bn x bk blocks); the shared expert's blocks compute their
+ * outputs before the wait, as there. */
+__global__ void k_moe_hidden8(const bf16 *x, const void *const *wsel, int k, int S, int H, int I,
+                              int Is, int bn, int bk, moe_sh sh, float *hid) {
+  int ks = k + S, t = blockIdx.x / ks, r = blockIdx.x % ks;
+  int i = blockIdx.y * 8 + (threadIdx.x >> 5);
+  const bf16 *xt = x + (size_t)t * H;
+  float *ht = hid + (size_t)t * ((size_t)k * I + Is);
+  float gv, uv;
+  if (r == k) {
+    if (i < Is) {
+      if (sh.qg) {
+        size_t so = (size_t)(i / sh.bn) * (size_t)((H + sh.bk - 1) / sh.bk);
+        moe_dot2_f8(sh.qg + (size_t)i * H, sh.sg + so, sh.qu + (size_t)i * H, sh.su + so, sh.bk, xt,
+                    H, &gv, &uv);
+      } else {
+        moe_dot2_bb(sh.g + (size_t)i * H, sh.u + (size_t)i * H, xt, H, &gv, &uv);
+      }
+      if ((threadIdx.x & 31) == 0) ht[(size_t)k * I + i] = siluf_dev(gv) * uv;
+    }
+    pdl_enter(); /* every block still waits before it exits */
+    return;
+  }
+  pdl_enter();
+  if (i >= I) return;
+  const void *const *p = wsel + 6 * ((size_t)t * k + r);
+  size_t so = (size_t)(i / bn) * (size_t)((H + bk - 1) / bk);
+  moe_dot2_f8((const uint8_t *)p[0] + (size_t)i * H, (const float *)p[3] + so,
+              (const uint8_t *)p[1] + (size_t)i * H, (const float *)p[4] + so, bk, xt, H, &gv, &uv);
+  if ((threadIdx.x & 31) == 0) ht[(size_t)r * I + i] = siluf_dev(gv) * uv;
+}
+
+/* k_moe_down for FP8 experts: out[t, j] = sum_r w_r down_r[j] . hid[t, r] (slot order) +
+ * sg[t] sdown[j] . hid[t, shared]; a warp requests row j of up to MOE_DQ slots at once. The
+ * slots and their weights are read before the wait, as there. */
+__global__ void __launch_bounds__(256, 2)
+    k_moe_down8(const float *hid, const void *const *wsel, const float *wts, int k, int H, int I,
+                int Is, int bn, int bk, const float *sg, moe_sh sh, bf16 *out) {
+  __shared__ const uint8_t *wq[MOE_MAX_K];
+  __shared__ const float *wsc[MOE_MAX_K];
+  __shared__ float ww[MOE_MAX_K + 1];
+  int t = blockIdx.x, lane = threadIdx.x & 31, S = sh.qd || sh.d;
+  size_t hw = (size_t)k * I + (S ? Is : 0);
+  if (threadIdx.x < k) {
+    const void *const *p = wsel + 6 * ((size_t)t * k + threadIdx.x);
+    wq[threadIdx.x] = (const uint8_t *)p[2];
+    wsc[threadIdx.x] = (const float *)p[5];
+    ww[threadIdx.x] = wts[(size_t)t * k + threadIdx.x];
+  } else if (S && threadIdx.x == k) {
+    ww[k] = sg[t];
+  }
+  __syncthreads();
+  pdl_enter();
+  int j = blockIdx.y * 8 + (threadIdx.x >> 5);
+  if (j >= H) return;
+  const float *h = hid + (size_t)t * hw;
+  size_t so = (size_t)(j / bn) * (size_t)((I + bk - 1) / bk);
+  int hal = (hw & 3) == 0 && ((uintptr_t)hid & 15) == 0, vec = hal && f8_fits(I, bk);
+  int bks = __ffs(bk) - 1;
+  float acc = 0.f;
+  for (int r0 = 0; r0 < k; r0 += MOE_DQ) {
+    int nq = min(MOE_DQ, k - r0);
+    float p[MOE_DQ];
+#pragma unroll
+    for (int q = 0; q < MOE_DQ; q++) p[q] = 0.f;
+    if (vec) {
+      for (int i0 = lane * F8_PIECE; i0 < I; i0 += F8_TURN) {
+        uint4 wv[MOE_DQ];
+        float sv[MOE_DQ];
+#pragma unroll
+        for (int q = 0; q < MOE_DQ; q++) {
+          wv[q] = make_uint4(0, 0, 0, 0);
+          sv[q] = 0.f;
+          if (q < nq) {
+            wv[q] = ld_stream16(wq[r0 + q] + (size_t)j * I + i0);
+            sv[q] = __ldg(wsc[r0 + q] + so + (i0 >> bks)) * F8_UNBIAS;
+          }
+        }
+#pragma unroll
+        for (int q = 0; q < MOE_DQ; q++) {
+          if (q >= nq) break;
+          float wf[16], d = 0.f;
+          f8x16_f32(wv[q], wf);
+          const float4 *hp = (const float4 *)(h + (size_t)(r0 + q) * I + i0);
+#pragma unroll
+          for (int v = 0; v < 4; v++) {
+            float4 a = __ldg(hp + v);
+            d += wf[4 * v] * a.x + wf[4 * v + 1] * a.y + wf[4 * v + 2] * a.z + wf[4 * v + 3] * a.w;
+          }
+          p[q] += d * sv[q];
+        }
+      }
+    } else {
+      for (int q = 0; q < nq; q++) {
+        const uint8_t *w = wq[r0 + q] + (size_t)j * I;
+        const float *sr = wsc[r0 + q] + so, *hq = h + (size_t)(r0 + q) * I;
+        for (int i = lane; i < I; i += 32)
+          p[q] += moe_f8_one(w[i]) * (__ldg(sr + i / bk) * F8_UNBIAS) * hq[i];
+      }
+    }
+#pragma unroll
+    for (int q = 0; q < MOE_DQ; q++) {
+      if (q >= nq) break;
+      acc += ww[r0 + q] * warp_sum(p[q]);
+    }
+  }
+  if (S) {
+    const float *hs = h + (size_t)k * I;
+    float d;
+    if (sh.qd) {
+      size_t ss = (size_t)(j / sh.bn) * (size_t)((Is + sh.bk - 1) / sh.bk);
+      d = moe_dot_f8h(sh.qd + (size_t)j * Is, sh.sd + ss, sh.bk, hs, Is,
+                      hal && ((size_t)k * I & 3) == 0 && f8_fits(Is, sh.bk));
+    } else {
+      d = moe_dot_bh(sh.d + (size_t)j * Is, hs, Is);
+    }
+    acc += ww[k] * d;
+  }
+  if (lane == 0) out[(size_t)t * H + j] = f2bf(acc);
 }
 
 __global__ void k_swiglu_bf16(bf16 *g, const bf16 *u, size_t n) {
@@ -650,18 +887,23 @@ static int moe_gemm(cuda_ctx *c, const bf16 *x, const bf16 *W, int n, int K, int
   return 0;
 }
 
-__global__ void k_moe_gu_dev(const bf16 *xg, const int32_t *off, const bf16 *const *tab, int E,
+__global__ void k_moe_gu_dev(const bf16 *xg, const int32_t *off, const void *const *tab, int E,
                              int H, int I, float *h);
-__global__ void k_moe_down_dev(const float *h, const int32_t *off, const bf16 *const *tab, int E,
+__global__ void k_moe_down_dev(const float *h, const int32_t *off, const void *const *tab, int E,
                                int H, int I, float *od);
+__global__ void k_moe_gu_dev8(const bf16 *xg, const int32_t *off, const void *const *tab, int E,
+                              int H, int I, int bn, int bks, float *h);
+__global__ void k_moe_down_dev8(const float *h, const int32_t *off, const void *const *tab, int E,
+                                int H, int I, int bn, int bks, float *od);
 #define MOE_DEV_DJ 4 /* down outputs per warp (k_moe_down_dev) */
 
 /* The routed experts of rows [0, T) (ids/wts already routed), grouped; out as k_moe_down.
- * dev: through the device-grouped kernels (moe_dev_takes), else per-expert cuBLAS GEMMs. */
-static void moe_grouped(cuda_ctx *c, const bf16 *x, const int32_t *ids, const float *wts,
-                        const bf16 *const *htab, const bf16 *const *htab_d, int dev, int E, int k,
-                        int H, int I, int T, const float *sg, const float *sd, bf16 *out,
-                        char *sc) {
+ * dev: through the device-grouped kernels (moe_dev_takes), else per-expert cuBLAS GEMMs (FP8
+ * experts: each expert with rows dequantized into wa / wb first, cuda_fp8_dequant). */
+static void moe_grouped(cuda_ctx *c, const backend_moe *m, const bf16 *x, const int32_t *ids,
+                        const float *wts, const void *const *htab, const void *const *htab_d,
+                        const moe_table *ti, int dev, int E, int k, int H, int I, int T,
+                        const float *sg, const float *sd, bf16 *out, char *sc, bf16 *wa, bf16 *wb) {
   size_t nmax = (size_t)MOE_GROUPED_CHUNK * k;
   size_t o_lpos = 0, o_cnt = o_lpos + al256(nmax * 4), o_off = o_cnt + al256((size_t)E * 4),
          o_row = o_off + al256((size_t)(E + 1) * 4), o_xg = o_row + al256(nmax * 4),
@@ -689,11 +931,19 @@ static void moe_grouped(cuda_ctx *c, const bf16 *x, const int32_t *ids, const fl
     if (dev) { /* T <= one chunk (moe_dev_takes) */
       c->moe_dev_runs++;
       float *hd = (float *)hg; /* hg and hu: n x I x 4 bytes, h in fp32 */
-      k_moe_gu_dev<<<dim3(E, (I + 7) / 8), 256, 0, c->st>>>(xg, off, htab_d, E, H, I, hd);
-      cuda_check_launch(c, "moe (device-grouped gate/up)");
-      k_moe_down_dev<<<dim3(E, (H + 8 * MOE_DEV_DJ - 1) / (8 * MOE_DEV_DJ)), 256, 0, c->st>>>(
-          hd, off, htab_d, E, H, I, od);
-      cuda_check_launch(c, "moe (device-grouped down)");
+      dim3 ggu(E, (I + 7) / 8), gdn(E, (H + 8 * MOE_DEV_DJ - 1) / (8 * MOE_DEV_DJ));
+      if (ti->f8) {
+        int bks = f8_log2(ti->bk);
+        k_moe_gu_dev8<<<ggu, 256, 0, c->st>>>(xg, off, htab_d, E, H, I, ti->bn, bks, hd);
+        cuda_check_launch(c, "moe (device-grouped gate/up, fp8)");
+        k_moe_down_dev8<<<gdn, 256, 0, c->st>>>(hd, off, htab_d, E, H, I, ti->bn, bks, od);
+        cuda_check_launch(c, "moe (device-grouped down, fp8)");
+      } else {
+        k_moe_gu_dev<<<ggu, 256, 0, c->st>>>(xg, off, htab_d, E, H, I, hd);
+        cuda_check_launch(c, "moe (device-grouped gate/up)");
+        k_moe_down_dev<<<gdn, 256, 0, c->st>>>(hd, off, htab_d, E, H, I, od);
+        cuda_check_launch(c, "moe (device-grouped down)");
+      }
       k_moe_combine<<<cuda_blocks((size_t)Tc * H, 256), 256, 0, c->st>>>(od, row_of, wts, Tc, k, H,
                                                                          sg, sd, out);
       cuda_check_launch(c, "moe (combine)");
@@ -710,8 +960,15 @@ static void moe_grouped(cuda_ctx *c, const bf16 *x, const int32_t *ids, const fl
       int ne = hoff[e + 1] - hoff[e];
       if (ne <= 0) continue;
       size_t g0 = (size_t)hoff[e];
-      if (moe_gemm(c, xg + g0 * H, htab[e], ne, H, I, hg + g0 * I, 0) ||
-          moe_gemm(c, xg + g0 * H, htab[E + e], ne, H, I, hu + g0 * I, 0))
+      const bf16 *wg = (const bf16 *)htab[e], *wu = (const bf16 *)htab[E + e];
+      if (ti->f8) {
+        cuda_fp8_dequant(c, CW(m->gate[e]), wa);
+        cuda_fp8_dequant(c, CW(m->up[e]), wb);
+        wg = wa;
+        wu = wb;
+      }
+      if (moe_gemm(c, xg + g0 * H, wg, ne, H, I, hg + g0 * I, 0) ||
+          moe_gemm(c, xg + g0 * H, wu, ne, H, I, hu + g0 * I, 0))
         break;
     }
     k_swiglu_bf16<<<cuda_blocks((size_t)n * I, 256), 256, 0, c->st>>>(hg, hu, (size_t)n * I);
@@ -719,7 +976,12 @@ static void moe_grouped(cuda_ctx *c, const bf16 *x, const int32_t *ids, const fl
       int ne = hoff[e + 1] - hoff[e];
       if (ne <= 0) continue;
       size_t g0 = (size_t)hoff[e];
-      if (moe_gemm(c, hg + g0 * I, htab[2 * E + e], ne, I, H, od + g0 * H, 1)) break;
+      const bf16 *wd = (const bf16 *)htab[2 * E + e];
+      if (ti->f8) {
+        cuda_fp8_dequant(c, CW(m->down[e]), wa);
+        wd = wa;
+      }
+      if (moe_gemm(c, hg + g0 * I, wd, ne, I, H, od + g0 * H, 1)) break;
     }
     k_moe_combine<<<cuda_blocks((size_t)Tc * H, 256), 256, 0, c->st>>>(
         od, row_of, wts + (size_t)t0 * k, Tc, k, H, sg ? sg + t0 : NULL,
@@ -757,13 +1019,14 @@ __device__ __forceinline__ void moe_dev_piece(const uint4 wu, const bf16 *x, siz
 
 /* grid (E, ceil(I / 8)), 8 warps; H % 256 == 0 */
 __global__ void __launch_bounds__(256)
-    k_moe_gu_dev(const bf16 *xg, const int32_t *off, const bf16 *const *tab, int E, int H, int I,
+    k_moe_gu_dev(const bf16 *xg, const int32_t *off, const void *const *tab, int E, int H, int I,
                  float *h) {
   pdl_enter();
   int e = blockIdx.x, i = blockIdx.y * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
   int g0 = off[e], ne = off[e + 1] - g0;
   if (ne <= 0 || i >= I) return;
-  const bf16 *wg = tab[e] + (size_t)i * H, *wu = tab[E + e] + (size_t)i * H;
+  const bf16 *wg = (const bf16 *)tab[e] + (size_t)i * H,
+             *wu = (const bf16 *)tab[E + e] + (size_t)i * H;
   for (int r0 = 0; r0 < ne; r0 += MOE_DEV_R) {
     int nr = min(MOE_DEV_R, ne - r0);
     const bf16 *x = xg + (size_t)(g0 + r0) * H;
@@ -802,14 +1065,14 @@ __device__ __forceinline__ void moe_dev_piece_f(const uint4 wu, const float *hr,
 
 /* grid (E, ceil(H / (8 MOE_DEV_DJ))), 8 warps; I % 256 == 0 */
 __global__ void __launch_bounds__(256)
-    k_moe_down_dev(const float *h, const int32_t *off, const bf16 *const *tab, int E, int H, int I,
+    k_moe_down_dev(const float *h, const int32_t *off, const void *const *tab, int E, int H, int I,
                    float *od) {
   pdl_enter();
   int e = blockIdx.x, lane = threadIdx.x & 31;
   int j0 = (blockIdx.y * 8 + (threadIdx.x >> 5)) * MOE_DEV_DJ;
   int g0 = off[e], ne = off[e + 1] - g0;
   if (ne <= 0 || j0 >= H) return;
-  const bf16 *wd = tab[2 * E + e];
+  const bf16 *wd = (const bf16 *)tab[2 * E + e];
   for (int r0 = 0; r0 < ne; r0 += MOE_DEV_R) {
     int nr = min(MOE_DEV_R, ne - r0);
     const float *hr = h + (size_t)(g0 + r0) * I;
@@ -823,6 +1086,119 @@ __global__ void __launch_bounds__(256)
       for (int r = 0; r < MOE_DEV_R; r++) acc[r] = 0.f;
       for (int k = lane * 8; k < I; k += 256)
         moe_dev_piece_f(ld_stream16(w + k), hr + k, I, nr, acc);
+#pragma unroll
+      for (int r = 0; r < MOE_DEV_R; r++) {
+        if (r >= nr) break;
+        float v = warp_sum(acc[r]);
+        if (lane == 0) od[(size_t)(g0 + r0 + r) * H + j] = v;
+      }
+    }
+  }
+}
+
+/* ---- device-grouped kernels for FP8 experts ----
+ * k_moe_gu_dev / k_moe_down_dev with each weight row read in 16-byte pieces of 16 e4m3 (lane l
+ * takes values 16 l + 512 j), a piece's 16 products summed in fp32 and scaled once by its
+ * block's scale (cuda_fp8.cuh); H and I fit f8_fits with the experts' bk (moe_path). */
+
+/* acc[r] += s (w . x[r]) over one piece (s: the block's scale times 2^120), rows r < nr */
+__device__ __forceinline__ void moe_dev_piece8(const uint4 wu, float s, const bf16 *x, size_t ld,
+                                               int nr, float *acc) {
+  float wf[16];
+  f8x16_f32(wu, wf);
+#pragma unroll
+  for (int r = 0; r < MOE_DEV_R; r++) {
+    if (r >= nr) break;
+    const uint4 *xp = (const uint4 *)(x + (size_t)r * ld);
+    float xf[16], p = 0.f;
+    bf16x8_to_f32(xp[0], xf);
+    bf16x8_to_f32(xp[1], xf + 8);
+#pragma unroll
+    for (int i = 0; i < 16; i++) p += wf[i] * xf[i];
+    acc[r] += p * s;
+  }
+}
+
+/* acc[r] += s (w . h[r]) over one piece, fp32 h */
+__device__ __forceinline__ void moe_dev_piece8_f(const uint4 wu, float s, const float *hr,
+                                                 size_t ld, int nr, float *acc) {
+  float wf[16];
+  f8x16_f32(wu, wf);
+#pragma unroll
+  for (int r = 0; r < MOE_DEV_R; r++) {
+    if (r >= nr) break;
+    const float4 *hp = (const float4 *)(hr + (size_t)r * ld);
+    float p = 0.f;
+#pragma unroll
+    for (int v = 0; v < 4; v++) {
+      float4 a = hp[v];
+      p += wf[4 * v] * a.x + wf[4 * v + 1] * a.y + wf[4 * v + 2] * a.z + wf[4 * v + 3] * a.w;
+    }
+    acc[r] += p * s;
+  }
+}
+
+/* grid (E, ceil(I / 8)), 8 warps (k_moe_gu_dev); bk = 1 << bks */
+__global__ void __launch_bounds__(256)
+    k_moe_gu_dev8(const bf16 *xg, const int32_t *off, const void *const *tab, int E, int H, int I,
+                  int bn, int bks, float *h) {
+  pdl_enter();
+  int e = blockIdx.x, i = blockIdx.y * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+  int g0 = off[e], ne = off[e + 1] - g0;
+  if (ne <= 0 || i >= I) return;
+  size_t so = (size_t)(i / bn) * (size_t)((H + (1 << bks) - 1) >> bks);
+  const uint8_t *wg = (const uint8_t *)tab[e] + (size_t)i * H,
+                *wu = (const uint8_t *)tab[E + e] + (size_t)i * H;
+  const float *sg = (const float *)tab[3 * E + e] + so, *su = (const float *)tab[4 * E + e] + so;
+  for (int r0 = 0; r0 < ne; r0 += MOE_DEV_R) {
+    int nr = min(MOE_DEV_R, ne - r0);
+    const bf16 *x = xg + (size_t)(g0 + r0) * H;
+    float ag[MOE_DEV_R], au[MOE_DEV_R];
+#pragma unroll
+    for (int r = 0; r < MOE_DEV_R; r++) ag[r] = au[r] = 0.f;
+#pragma unroll 2
+    for (int k = lane * F8_PIECE; k < H; k += F8_TURN) {
+      uint4 a = ld_stream16(wg + k), b = ld_stream16(wu + k);
+      float sa = __ldg(sg + (k >> bks)) * F8_UNBIAS, sb = __ldg(su + (k >> bks)) * F8_UNBIAS;
+      moe_dev_piece8(a, sa, x + k, H, nr, ag);
+      moe_dev_piece8(b, sb, x + k, H, nr, au);
+    }
+#pragma unroll
+    for (int r = 0; r < MOE_DEV_R; r++) {
+      if (r >= nr) break;
+      float gv = warp_sum(ag[r]), uv = warp_sum(au[r]);
+      if (lane == 0) h[(size_t)(g0 + r0 + r) * I + i] = siluf_dev(gv) * uv;
+    }
+  }
+}
+
+/* grid (E, ceil(H / (8 MOE_DEV_DJ))), 8 warps (k_moe_down_dev); bk = 1 << bks */
+__global__ void __launch_bounds__(256)
+    k_moe_down_dev8(const float *h, const int32_t *off, const void *const *tab, int E, int H, int I,
+                    int bn, int bks, float *od) {
+  pdl_enter();
+  int e = blockIdx.x, lane = threadIdx.x & 31;
+  int j0 = (blockIdx.y * 8 + (threadIdx.x >> 5)) * MOE_DEV_DJ;
+  int g0 = off[e], ne = off[e + 1] - g0;
+  if (ne <= 0 || j0 >= H) return;
+  const uint8_t *wd = (const uint8_t *)tab[2 * E + e];
+  const float *sd = (const float *)tab[5 * E + e];
+  size_t sc = (size_t)((I + (1 << bks) - 1) >> bks);
+  for (int r0 = 0; r0 < ne; r0 += MOE_DEV_R) {
+    int nr = min(MOE_DEV_R, ne - r0);
+    const float *hr = h + (size_t)(g0 + r0) * I;
+#pragma unroll
+    for (int d = 0; d < MOE_DEV_DJ; d++) {
+      int j = j0 + d;
+      if (j >= H) break;
+      const uint8_t *w = wd + (size_t)j * I;
+      const float *sr = sd + (size_t)(j / bn) * sc;
+      float acc[MOE_DEV_R];
+#pragma unroll
+      for (int r = 0; r < MOE_DEV_R; r++) acc[r] = 0.f;
+      for (int k = lane * F8_PIECE; k < I; k += F8_TURN)
+        moe_dev_piece8_f(ld_stream16(w + k), __ldg(sr + (k >> bks)) * F8_UNBIAS, hr + k, I, nr,
+                         acc);
 #pragma unroll
       for (int r = 0; r < MOE_DEV_R; r++) {
         if (r >= nr) break;
@@ -849,8 +1225,11 @@ static size_t moe_grouped_bytes(int E, int k, int H, int I) {
  * per-row kernels. */
 static int moe_path(const cuda_ctx *c, const backend_moe *m, int T, int H, int *dev) {
   int I = m->inter;
+  /* FP8 experts: the device-grouped kernels' 16-byte pieces must fit the blocks */
+  const cuda_weight *w0 = m->n_experts > 0 ? CW(m->gate[0]) : NULL;
+  int f8ok = !w0 || !w0->q8 || (f8_fits(H, w0->bk) && f8_fits(I, w0->bk));
   *dev = c->moe_grouped && !c->batch_invariant && T >= c->moe_dev_min && H % 8 == 0 &&
-         moe_dev_takes(c, T, H, I);
+         moe_dev_takes(c, T, H, I) && f8ok;
   return c->moe_grouped && !c->batch_invariant && (T >= MOE_GROUPED_MIN || *dev) && H % 8 == 0;
 }
 
@@ -873,10 +1252,28 @@ extern "C" void cuda_moe_moe(backend *be, backend_buf x, const backend_moe *m, i
     cuda_fail(c, "moe", "shared_expert_gate must be uploaded as [1, H]");
     return;
   }
-  const bf16 *const *htab = NULL;
-  const bf16 *const *tab = moe_table_get(c, m, &htab);
+  const void *const *htab = NULL;
+  const moe_table *ti = NULL;
+  const void *const *tab = moe_table_get(c, m, &htab, &ti);
   if (!tab) return;
+  /* an FP8 shared expert (weight_upload_fp8: no bf16 matrix) is read as FP8 by the per-row
+   * kernels, dequantized for the grouped path's GEMMs */
+  int sh8 = Is > 0 && (!CW(m->shared_gate)->bf || !CW(m->shared_up)->bf || !CW(m->shared_down)->bf);
+  if (sh8 && (!CW(m->shared_gate)->q8 || !CW(m->shared_up)->q8 || !CW(m->shared_down)->q8 ||
+              CW(m->shared_gate)->bn != CW(m->shared_up)->bn ||
+              CW(m->shared_gate)->bk != CW(m->shared_up)->bk)) {
+    cuda_fail(c, "moe", "the shared expert mixes bf16 and FP8 weights or FP8 block shapes");
+    return;
+  }
+  if (sh8 && !ti->f8) {
+    cuda_fail(c, "moe", "an FP8 shared expert needs FP8 routed experts");
+    return;
+  }
   int dev, grouped = moe_path(c, m, T, H, &dev);
+  int nw = ti->f8 ? 6 : 3; /* wsel pointers per slot */
+  /* grouped steps that dequantize: the cuBLAS path's FP8 experts, an FP8 shared expert */
+  size_t wmat = (size_t)(I > Is ? I : Is) * H * 2;
+  int deq = grouped && ((ti->f8 && !dev) || sh8);
   /* per-row steps: wsel [T, k, 3] (the chosen experts' weights), hid [T, k I + Is] (the shared
    * expert its last slot); grouped steps: the
    * shared expert through cuBLAS (gs, us, sd) and the grouping scratch */
@@ -884,24 +1281,26 @@ extern "C" void cuda_moe_moe(backend *be, backend_buf x, const backend_moe *m, i
   size_t o_lg = 0, o_ids = o_lg + al256((size_t)T * E * 4), o_w = o_ids + al256((size_t)T * k * 4),
          o_sg = o_w + al256((size_t)T * k * 4), o_sgl = o_sg + al256((size_t)T * 4),
          o_sel = o_sgl + al256((size_t)T * 4),
-         o_hid = o_sel + (grouped ? 0 : al256((size_t)T * k * 3 * sizeof(void *))),
+         o_hid = o_sel + (grouped ? 0 : al256((size_t)T * k * nw * sizeof(void *))),
          o_g = o_hid + (grouped ? 0 : al256((size_t)T * hw * 4)),
          o_u = o_g + (grouped ? al256((size_t)T * Is * 2) : 0),
          o_sd = o_u + (grouped ? al256((size_t)T * Is * 2) : 0),
          o_grp = o_sd + (grouped ? al256((size_t)T * H * 4) : 0),
-         total = o_grp + (grouped ? moe_grouped_bytes(E, k, H, I) : 0);
+         o_wa = o_grp + (grouped ? moe_grouped_bytes(E, k, H, I) : 0),
+         o_wb = o_wa + (deq ? al256(wmat) : 0), total = o_wb + (deq ? al256(wmat) : 0);
   char *sc = (char *)cuda_scratch(c, total);
   if (!sc) return;
   float *lg = (float *)(sc + o_lg), *wts = (float *)(sc + o_w), *sg = (float *)(sc + o_sg);
   float *sgl = (float *)(sc + o_sgl), *hid = (float *)(sc + o_hid), *sd = (float *)(sc + o_sd);
   int32_t *ids = (int32_t *)(sc + o_ids);
-  const bf16 **wsel = (const bf16 **)(sc + o_sel);
+  const void **wsel = (const void **)(sc + o_sel);
+  bf16 *wa = (bf16 *)(sc + o_wa), *wb = (bf16 *)(sc + o_wb);
   bf16 *gs = (bf16 *)(sc + o_g), *us = (bf16 *)(sc + o_u);
   const bf16 *xb = (const bf16 *)x;
   const float *seg = Is > 0 ? CW(m->shared_expert_gate)->f32 : NULL;
   int router_sg = 0; /* the router kernel computes the shared gate's logit */
-  moe_route_args ra = {lg,   xb,  seg, NULL, T, E, k, m->norm_topk_prob, H, grouped ? NULL : tab,
-                       wsel, ids, wts, sg};
+  moe_route_args ra = {lg,   xb, seg, NULL, T, E, k, m->norm_topk_prob, H, grouped ? NULL : tab,
+                       wsel, nw, ids, wts,  sg};
   int routed = 0; /* the router kernel's last blocks routed the rows */
   if (CW(m->router)->f32) {
     router_sg = seg != NULL;
@@ -929,21 +1328,53 @@ extern "C" void cuda_moe_moe(backend *be, backend_buf x, const backend_moe *m, i
   if (!routed) moe_route_launch(c, ra);
   if (grouped) {
     if (Is > 0) {
-      cuda_gemm(c, xb, CW(m->shared_gate)->bf, T, H, Is, gs, 0);
-      cuda_gemm(c, xb, CW(m->shared_up)->bf, T, H, Is, us, 0);
+      const bf16 *wg = CW(m->shared_gate)->bf, *wu = CW(m->shared_up)->bf,
+                 *wd = CW(m->shared_down)->bf;
+      if (sh8) {
+        cuda_fp8_dequant(c, CW(m->shared_gate), wa);
+        cuda_fp8_dequant(c, CW(m->shared_up), wb);
+        wg = wa;
+        wu = wb;
+      }
+      cuda_gemm(c, xb, wg, T, H, Is, gs, 0);
+      cuda_gemm(c, xb, wu, T, H, Is, us, 0);
       k_swiglu_bf16<<<cuda_blocks((size_t)T * Is, 256), 256, 0, c->st>>>(gs, us, (size_t)T * Is);
-      cuda_gemm(c, gs, CW(m->shared_down)->bf, T, Is, H, sd, 1);
+      if (sh8) {
+        cuda_fp8_dequant(c, CW(m->shared_down), wa);
+        wd = wa;
+      }
+      cuda_gemm(c, gs, wd, T, Is, H, sd, 1);
     }
-    moe_grouped(c, xb, ids, wts, htab, tab, dev, E, k, H, I, T, sg, Is > 0 ? sd : NULL, (bf16 *)out,
-                sc + o_grp);
+    moe_grouped(c, m, xb, ids, wts, htab, tab, ti, dev, E, k, H, I, T, sg, Is > 0 ? sd : NULL,
+                (bf16 *)out, sc + o_grp, wa, wb);
     return;
   }
   int S = Is > 0, wmax = I > Is ? I : Is;
-  dim3 gh(T * (k + S), (wmax + 7) / 8);
+  dim3 gh(T * (k + S), (wmax + 7) / 8), gd(T, (H + 7) / 8);
+  if (ti->f8) {
+    moe_sh sh;
+    memset(&sh, 0, sizeof sh);
+    if (sh8) {
+      const cuda_weight *g = CW(m->shared_gate), *u = CW(m->shared_up), *d = CW(m->shared_down);
+      sh.qg = g->q8, sh.qu = u->q8, sh.qd = d->q8, sh.sg = g->s8, sh.su = u->s8, sh.sd = d->s8;
+      sh.bn = g->bn, sh.bk = g->bk;
+      if (d->bn != g->bn || d->bk != g->bk) { /* one block shape for the shared expert */
+        cuda_fail(c, "moe", "the shared expert's FP8 matrices differ in block shape");
+        return;
+      }
+    } else if (S) {
+      sh.g = CW(m->shared_gate)->bf, sh.u = CW(m->shared_up)->bf, sh.d = CW(m->shared_down)->bf;
+    }
+    k_moe_hidden8<<<gh, 256, 0, c->st>>>(xb, wsel, k, S, H, I, Is, ti->bn, ti->bk, sh, hid);
+    cuda_check_launch(c, "moe (experts, fp8)");
+    k_moe_down8<<<gd, 256, 0, c->st>>>(hid, wsel, wts, k, H, I, Is, ti->bn, ti->bk, sg, sh,
+                                       (bf16 *)out);
+    cuda_check_launch(c, "moe (down, fp8)");
+    return;
+  }
   const bf16 *sgw = S ? CW(m->shared_gate)->bf : NULL, *suw = S ? CW(m->shared_up)->bf : NULL;
   k_moe_hidden<<<gh, 256, 0, c->st>>>(xb, wsel, k, S, H, I, Is, sgw, suw, hid);
   cuda_check_launch(c, "moe (experts)");
-  dim3 gd(T, (H + 7) / 8);
   const bf16 *sdw = S ? CW(m->shared_down)->bf : NULL;
   k_moe_down<<<gd, 256, 0, c->st>>>(hid, wsel, wts, k, H, I, Is, sg, sdw, (bf16 *)out);
   cuda_check_launch(c, "moe (down)");

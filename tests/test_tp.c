@@ -61,8 +61,10 @@ static const char *MOE_CFG =
     "\"max_position_embeddings\": 4096, \"tie_word_embeddings\": true, \"eos_token_id\": [256], "
     "\"dtype\": \"bfloat16\"}";
 
-/* Writes a gen_random model of config text cfg into TMP/name; returns its folder. */
-static const char *gen_model(const char *name, const char *cfg, char *dir, size_t n) {
+/* Writes a gen_random model of config text cfg into TMP/name (next_fused: Qwen3-Next's fused
+ * in_proj_qkvz / in_proj_ba in the file); returns its folder. */
+static const char *gen_model(const char *name, const char *cfg, int next_fused, char *dir,
+                             size_t n) {
   char cpath[400];
   snprintf(dir, n, "%s/%s", TMP, name);
   snprintf(cpath, sizeof cpath, "%s/%s.json", TMP, name);
@@ -70,7 +72,8 @@ static const char *gen_model(const char *name, const char *cfg, char *dir, size_
   if (!f) return NULL;
   fputs(cfg, f);
   fclose(f);
-  gen_random_opts o = {.seed = 7, .dt = DTYPE_BF16, .threads = 1, .quiet = 1};
+  gen_random_opts o = {
+      .seed = 7, .dt = DTYPE_BF16, .threads = 1, .quiet = 1, .next_fused = next_fused};
   char err[300];
   if (gen_random_write(cpath, dir, &o, err, sizeof err)) {
     printf("  gen_random: %s\n", err);
@@ -223,7 +226,7 @@ static void check_model(const char *dir, int n) {
   tp_close(&b);
 }
 
-static char DENSE[300], MOE[300];
+static char DENSE[300], MOE[300], NEXT[300];
 
 TEST(dense_fp8_tp2) { check_model("tests/fixtures/models/fp8_dense128", 2); }
 TEST(moe_fp8_tp2) { check_model("tests/fixtures/models/fp8_moe32", 2); }
@@ -231,6 +234,7 @@ TEST(dense_tp2) { check_model(DENSE, 2); }
 TEST(dense_tp4) { check_model(DENSE, 4); } /* 2 KV heads over 4 ranks: replicated */
 TEST(moe_tp2) { check_model(MOE, 2); }
 TEST(moe_tp4) { check_model(MOE, 4); }
+TEST(next_tp2) { check_model(NEXT, 2); } /* the regrouped value heads split by key head */
 
 /* ---- refusals ---- */
 
@@ -355,16 +359,21 @@ TEST(comm_collectives) {
 /* ---- through the engine ---- */
 
 #define EREQ 4
-#define ETOK 6
+#define ETOK 8
 
 /* One request of 100 tokens (a chat head of 64), then EREQ at once sharing its first 80
  * (prefix-cache hits at 64) with different tails; the greedy tokens of all, and the cached token
- * counts. */
-static int engine_run(const char *dir, int n, int32_t tok[EREQ + 1][ETOK], int cached[EREQ + 1]) {
+ * counts. replay (NULL: no speculation): speculative decoding, 3 drafts a step replayed from these
+ * tokens with 30 % of them corrupted (accepted and rejected drafts: verify pieces, keep slots and
+ * their copies on every rank); *acc, *drafted: the engine's counts. */
+static int engine_run(const char *dir, int n, int32_t replay[EREQ + 1][ETOK],
+                      int32_t tok[EREQ + 1][ETOK], int cached[EREQ + 1], long long *acc,
+                      long long *drafted) {
   tp_model t;
   char err[300] = "";
   engine_opts o;
   engine_opts_default(&o);
+  if (replay) o.spec = (spec_config){SPEC_METHOD_NGRAM, 3, 1, 3};
   o.max_num_seqs = 4; /* fewer than the requests: one waits */
   o.enable_prefix_caching = 1;
   o.snapshot_interval = 32;
@@ -405,6 +414,11 @@ static int engine_run(const char *dir, int n, int32_t tok[EREQ + 1][ETOK], int c
     so.sp.temperature = 0;
     so.sp.max_tokens = ETOK;
     so.sp.ignore_eos = 1;
+    if (replay) {
+      so.draft_replay = replay[q];
+      so.n_draft_replay = ETOK;
+      so.draft_corrupt_pm = 300;
+    }
     static const int32_t bounds[2] = {0, 64}; /* a chat head: a checkpoint at 64 */
     so.boundaries = bounds;
     so.n_boundaries = 2;
@@ -440,21 +454,35 @@ static int engine_run(const char *dir, int n, int32_t tok[EREQ + 1][ETOK], int c
     printf("  check: %s\n", err);
     rc = -1;
   }
+  engine_stats st;
+  engine_get_stats(e, &st);
+  *acc = st.spec_num_accepted_tokens;
+  *drafted = st.spec_num_draft_tokens;
   engine_destroy(e, 1);
   tp_close(&t);
   return rc;
 }
 
+/* TP = n through the engine gives TP = 1's tokens and cache hits, plain and speculative. */
 static void check_engine(const char *dir, int n) {
-  int32_t a[EREQ + 1][ETOK], b[EREQ + 1][ETOK];
-  int ca[EREQ + 1] = {0}, cb[EREQ + 1] = {0};
-  REQUIRE(engine_run(dir, 1, a, ca) == 0);
-  REQUIRE(engine_run(dir, n, b, cb) == 0);
+  int32_t a[EREQ + 1][ETOK], b[EREQ + 1][ETOK], sp[EREQ + 1][ETOK];
+  int ca[EREQ + 1] = {0}, cb[EREQ + 1] = {0}, cs[EREQ + 1] = {0};
+  long long acc = 0, drafted = 0;
+  REQUIRE(engine_run(dir, 1, NULL, a, ca, &acc, &drafted) == 0);
+  REQUIRE(engine_run(dir, n, NULL, b, cb, &acc, &drafted) == 0);
+  REQUIRE(engine_run(dir, n, a, sp, cs, &acc, &drafted) == 0);
   for (int q = 0; q <= EREQ; q++) {
     EXPECT_MSG(!memcmp(a[q], b[q], sizeof a[q]), "%s TP=%d request %d: tokens differ", dir, n, q);
+    EXPECT_MSG(!memcmp(a[q], sp[q], sizeof a[q]), "%s TP=%d speculative request %d differs", dir, n,
+               q);
     EXPECT_EQ_INT(cb[q], ca[q]);
   }
   for (int q = 1; q <= EREQ; q++) EXPECT_MSG(cb[q] >= 64, "request %d: %d cached", q, cb[q]);
+  EXPECT_MSG(acc > 0 && acc < drafted, "speculation: %lld of %lld drafts accepted", acc, drafted);
+  printf(
+      "  %s TP=%d: engine tokens equal, plain and speculative (%lld of %lld drafts "
+      "accepted)\n",
+      dir, n, acc, drafted);
 }
 
 TEST(engine_dense_tp2) { check_engine(DENSE, 2); }
@@ -463,8 +491,18 @@ TEST(engine_moe_tp4) { check_engine(MOE, 4); }
 int main(void) {
   snprintf(TMP, sizeof TMP, "/tmp/ds_test_tp_XXXXXX");
   if (!mkdtemp(TMP)) return 1;
-  if (!gen_model("dense", DENSE_CFG, DENSE, sizeof DENSE) ||
-      !gen_model("moe", MOE_CFG, MOE, sizeof MOE))
+  /* Qwen3-Next: the next_bf16 fixture's config with 4 attention heads instead of 3 */
+  char next_cfg[4096] = "";
+  FILE *f = fopen("tests/fixtures/models/next_bf16/config.json", "r");
+  size_t got = f ? fread(next_cfg, 1, sizeof next_cfg - 1, f) : 0;
+  if (f) fclose(f);
+  next_cfg[got] = 0;
+  char *h = strstr(next_cfg, "\"num_attention_heads\": 3");
+  if (!h) return 1;
+  h[strlen("\"num_attention_heads\": ")] = '4';
+  if (!gen_model("dense", DENSE_CFG, 0, DENSE, sizeof DENSE) ||
+      !gen_model("moe", MOE_CFG, 0, MOE, sizeof MOE) ||
+      !gen_model("next", next_cfg, 1, NEXT, sizeof NEXT))
     return 1;
   RUN(tp_flag);
   RUN(comm_collectives);
@@ -476,6 +514,7 @@ int main(void) {
   RUN(dense_tp4);
   RUN(moe_tp2);
   RUN(moe_tp4);
+  RUN(next_tp2);
   RUN(engine_dense_tp2);
   RUN(engine_moe_tp4);
   char cmd[400];

@@ -46,7 +46,7 @@ static const char *DENSE_CFG =
     "\"full_attention\"], \"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": "
     "10000000.0, \"partial_rotary_factor\": 0.25}, \"rms_norm_eps\": 1e-06, "
     "\"max_position_embeddings\": 4096, \"tie_word_embeddings\": false, \"eos_token_id\": [256], "
-    "\"dtype\": \"bfloat16\"}";
+    "\"dtype\": \"bfloat16\", \"mtp_num_hidden_layers\": 1}";
 
 static const char *MOE_CFG =
     "{\"architectures\": [\"Qwen3_5MoeForCausalLM\"], \"model_type\": \"qwen3_5_moe_text\", "
@@ -102,7 +102,8 @@ static void tp_close(tp_model *t) {
 static int tp_open(tp_model *t, const char *dir, int n, const qwen35_mem_opts *mo, char *err,
                    size_t errlen) {
   memset(t, 0, sizeof *t);
-  if (model_load(dir, &t->c, &t->w, err, errlen)) return -1;
+  weights_opts wo = {.mtp = 1}; /* the MTP head where the config has one (on rank 0 only) */
+  if (model_load_with(dir, &wo, &t->c, &t->w, err, errlen)) return -1;
   backend_options bo = {.device = "cpu", .n_threads = n, .tensor_parallel_size = n};
   t->n = backend_create_ranks(&bo, t->be, 8, err, errlen);
   if (t->n < 0) {
@@ -363,10 +364,11 @@ TEST(comm_collectives) {
 
 /* One request of 100 tokens (a chat head of 64), then EREQ at once sharing its first 80
  * (prefix-cache hits at 64) with different tails; the greedy tokens of all, and the cached token
- * counts. replay (NULL: no speculation): speculative decoding, 3 drafts a step replayed from these
+ * counts. mtp: MTP speculation, 2 drafts a step from the checkpoint's head (run whole on rank 0).
+ * replay (NULL: no n-gram speculation): speculative decoding, 3 drafts a step replayed from these
  * tokens with 30 % of them corrupted (accepted and rejected drafts: verify pieces, keep slots and
  * their copies on every rank); *acc, *drafted: the engine's counts. */
-static int engine_run(const char *dir, int n, int32_t replay[EREQ + 1][ETOK],
+static int engine_run(const char *dir, int n, int mtp, int32_t replay[EREQ + 1][ETOK],
                       int32_t tok[EREQ + 1][ETOK], int cached[EREQ + 1], long long *acc,
                       long long *drafted) {
   tp_model t;
@@ -374,6 +376,7 @@ static int engine_run(const char *dir, int n, int32_t replay[EREQ + 1][ETOK],
   engine_opts o;
   engine_opts_default(&o);
   if (replay) o.spec = (spec_config){SPEC_METHOD_NGRAM, 3, 1, 3};
+  if (mtp) o.spec = (spec_config){SPEC_METHOD_MTP, 2, 0, 0};
   o.max_num_seqs = 4; /* fewer than the requests: one waits */
   o.enable_prefix_caching = 1;
   o.snapshot_interval = 32;
@@ -388,6 +391,7 @@ static int engine_run(const char *dir, int n, int32_t replay[EREQ + 1][ETOK],
     tp_close(&t);
     return -1;
   }
+  o.mtp_weights = &t.w;
   engine *e = engine_create(t.m, &o, err, sizeof err);
   if (!e) {
     printf("  engine: %s\n", err);
@@ -468,9 +472,9 @@ static void check_engine(const char *dir, int n) {
   int32_t a[EREQ + 1][ETOK], b[EREQ + 1][ETOK], sp[EREQ + 1][ETOK];
   int ca[EREQ + 1] = {0}, cb[EREQ + 1] = {0}, cs[EREQ + 1] = {0};
   long long acc = 0, drafted = 0;
-  REQUIRE(engine_run(dir, 1, NULL, a, ca, &acc, &drafted) == 0);
-  REQUIRE(engine_run(dir, n, NULL, b, cb, &acc, &drafted) == 0);
-  REQUIRE(engine_run(dir, n, a, sp, cs, &acc, &drafted) == 0);
+  REQUIRE(engine_run(dir, 1, 0, NULL, a, ca, &acc, &drafted) == 0);
+  REQUIRE(engine_run(dir, n, 0, NULL, b, cb, &acc, &drafted) == 0);
+  REQUIRE(engine_run(dir, n, 0, a, sp, cs, &acc, &drafted) == 0);
   for (int q = 0; q <= EREQ; q++) {
     EXPECT_MSG(!memcmp(a[q], b[q], sizeof a[q]), "%s TP=%d request %d: tokens differ", dir, n, q);
     EXPECT_MSG(!memcmp(a[q], sp[q], sizeof a[q]), "%s TP=%d speculative request %d differs", dir, n,
@@ -483,6 +487,19 @@ static void check_engine(const char *dir, int n) {
       "  %s TP=%d: engine tokens equal, plain and speculative (%lld of %lld drafts "
       "accepted)\n",
       dir, n, acc, drafted);
+}
+
+/* MTP drafts over the ranks: the head on rank 0, fed the hidden rows; the tokens are TP=1's. */
+TEST(engine_mtp_tp2) {
+  int32_t a[EREQ + 1][ETOK], b[EREQ + 1][ETOK];
+  int ca[EREQ + 1] = {0}, cb[EREQ + 1] = {0};
+  long long acc = 0, drafted = 0;
+  REQUIRE(engine_run(DENSE, 1, 0, NULL, a, ca, &acc, &drafted) == 0);
+  REQUIRE(engine_run(DENSE, 2, 1, NULL, b, cb, &acc, &drafted) == 0);
+  for (int q = 0; q <= EREQ; q++)
+    EXPECT_MSG(!memcmp(a[q], b[q], sizeof a[q]), "MTP TP=2 request %d: tokens differ", q);
+  EXPECT_MSG(drafted > 0, "no MTP drafts");
+  printf("  MTP TP=2: engine tokens equal (%lld of %lld drafts accepted)\n", acc, drafted);
 }
 
 TEST(engine_dense_tp2) { check_engine(DENSE, 2); }
@@ -517,6 +534,7 @@ int main(void) {
   RUN(next_tp2);
   RUN(engine_dense_tp2);
   RUN(engine_moe_tp4);
+  RUN(engine_mtp_tp2);
   char cmd[400];
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", TMP);
   if (system(cmd)) printf("  could not remove %s\n", TMP);

@@ -90,7 +90,8 @@ int qwen35_init(qwen35 **out, const model_config *c, const model_weights *w, bac
  * returned is rank 0's and stands for all of them: every function below runs on every rank
  * (a step's ranks at once, on threads of their own) and answers for the whole model
  * (qwen35_config: c; the byte counts: the ranks' sum; host copies of a slot or page: rank 0's
- * bytes, then rank 1's, ...); qwen35_backend is rank 0's, the one that holds the logits.
+ * bytes, then rank 1's, ...); qwen35_backend, qwen35_vocab_weights, qwen35_vocab_bytes and
+ * qwen35_packed are rank 0's, the one that holds the lm-head and the logits.
  * Returns 0, or -1 with one line in err (also when n does not divide a head count or width:
  * qwen35_tp_check). The caller keeps the backends, destroyed after qwen35_free. */
 int qwen35_init_ranks(qwen35 **out, const model_config *c, const model_weights *w,

@@ -13,8 +13,8 @@
  *   o_proj                          the columns of its q heads                   row + all-reduce
  *   in_proj_qkv, conv1d             q and k rows of key heads [r nk/N, ...),     column
  *                                   v rows of value heads [r nv/N, ...)
- *   in_proj_z, in_proj_b, in_proj_a,  its value heads                            column
- *   A_log, dt_bias
+ *   in_proj_z, in_proj_b,           its value heads                              column
+ *   in_proj_a, A_log, dt_bias
  *   out_proj (DeltaNet)             the columns of its value heads               row + all-reduce
  *   gate_proj, up_proj              intermediate rows [r I/N, (r+1) I/N)         column
  *   down_proj                       those columns                                row + all-reduce
@@ -22,7 +22,7 @@
  *   expert's                        shared expert's) intermediate width          one all-reduce
  *   router, shared_expert_gate,     replicated                                   -
  *   norms, embedding
- *   lm-head                         rank 0 only: it computes the logits and       -
+ *   lm-head                         rank 0 only: it computes the logits and      -
  *                                   samples; the others stop after the layers
  *
  * So a rank owns whole attention heads, whole DeltaNet heads with their conv channels,

@@ -450,15 +450,16 @@ static int engine_mtp_init(engine *e, int n_pages, char *err, size_t errlen) {
   int per = QWEN35_PAGE_TOKENS;
   e->mtp_scratch0 = n_pages;
   e->mtp_scratch = (SPEC_MAX_TOKENS + per - 1) / per + 1;
-  size_t rows = (size_t)e->o.max_num_batched_tokens;
+  e->mtp_pt = kv_pages_for_tokens(e->max_model_len + SPEC_MAX_TOKENS) + e->mtp_scratch;
+  size_t rows = (size_t)e->o.max_num_batched_tokens, n_seq = (size_t)e->o.max_num_seqs;
   e->hidden = malloc(rows * (size_t)e->cfg->hidden_size * sizeof *e->hidden);
-  e->mtp_pages =
-      malloc((size_t)(kv_pages_for_tokens(e->max_model_len + SPEC_MAX_TOKENS) + e->mtp_scratch) *
-             sizeof *e->mtp_pages);
-  if (!e->hidden || !e->mtp_pages) return errf(err, errlen, "out of memory for the MTP drafter");
+  e->mtp_pages = malloc(n_seq * (size_t)e->mtp_pt * sizeof *e->mtp_pages);
+  e->mtp_items = malloc(n_seq * sizeof *e->mtp_items);
+  if (!e->hidden || !e->mtp_pages || !e->mtp_items)
+    return errf(err, errlen, "out of memory for the MTP drafter");
   char merr[200];
-  if (spec_mtp_init(&e->mtp, e->m, e->o.mtp_weights, qwen35_backend(e->m), n_pages + e->mtp_scratch,
-                    merr, sizeof merr))
+  if (spec_mtp_init(&e->mtp, e->m, e->o.mtp_weights, qwen35_backend(e->m),
+                    n_pages + (int)n_seq * e->mtp_scratch, merr, sizeof merr))
     return errf(err, errlen, "--speculative-config: method \"mtp\": %s", merr);
   log_info("engine: MTP drafts (%d layer%s), %d per step", e->o.mtp_weights->mtp.n_layers,
            e->o.mtp_weights->mtp.n_layers == 1 ? "" : "s", e->o.spec.k);
@@ -605,6 +606,7 @@ void engine_destroy(engine *e, int drain) {
   spec_mtp_free(e->mtp);
   free(e->hidden);
   free(e->mtp_pages);
+  free(e->mtp_items);
   free(e);
 }
 

@@ -92,13 +92,15 @@ struct engine {
   /* speculative decoding (engine_opts.spec): the counters engine_stats reports */
   long long spec_drafts, spec_draft_tokens, spec_accepted;
   long long spec_accepted_pos[SPEC_MAX_TOKENS];
-  /* SPEC_METHOD_MTP: the drafter (its K/V pages: the target's ids, then mtp_scratch pages for
-   * the draft rows past a sequence's pages), every row's hidden state of a step
-   * [max_num_batched_tokens, H], a sequence's page table for the drafter */
+  /* SPEC_METHOD_MTP: the drafter (its K/V pages: the target's ids, then mtp_scratch pages per
+   * step row i for the draft rows past that sequence's pages, from mtp_scratch0 + i *
+   * mtp_scratch), every row's hidden state of a step [max_num_batched_tokens, H], the step's
+   * sequences' page tables for the drafter [max_num_seqs, mtp_pt] and their items */
   spec_mtp *mtp;
-  int mtp_scratch0, mtp_scratch;
+  int mtp_scratch0, mtp_scratch, mtp_pt;
   float *hidden;
   int32_t *mtp_pages;
+  spec_mtp_item *mtp_items;
   sampler_scratch scratch; /* the engine thread's */
   sampler_pool *pool;      /* sampler threads and the step's jobs [max_num_seqs] */
   json_mask **masks;       /* [max_num_seqs] a step's masks to prepare during its forward */

@@ -403,21 +403,24 @@ static int engine_step_verify(engine *e, request *r, float *lg0, const int32_t *
  * or the kept rows of its verify piece: sched_tokens from its first position, e->seqs[i].pos)
  * are fed to the drafter with their hidden rows and each row's next token (all known now: the
  * last is the token just taken), and a request now at its decode point gets up to k drafts for
- * its next step (request.mtp_draft; sched_draft takes them). The drafter's page table is the
- * request's, then scratch pages: its own pages still cover every row the step wrote, and draft
- * rows past them land in scratch pages no sequence owns. Rows at prefix-cache hits are never
- * fed (the target did not compute them): the drafter's attention then reads stale rows there,
- * which can only lower acceptance: every draft is verified. A failure of the drafter leaves the
- * request without drafts. */
+ * its next step (request.mtp_draft; sched_draft takes them). All requests draft together
+ * (spec_mtp_steps: one MTP step per draft round). The drafter's page table is the request's,
+ * then scratch pages of the request's row in the step: its own pages still cover every row the
+ * step wrote, and draft rows past them land in scratch pages no other sequence uses. Rows at
+ * prefix-cache hits are never fed (the target did not compute them): the drafter's attention
+ * then reads stale rows there, which can only lower acceptance: every draft is verified. A
+ * failure of the drafter leaves the step's requests without drafts. */
 static void engine_step_mtp(engine *e, const sched_batch *b) {
   size_t H = (size_t)e->cfg->hidden_size;
   CHECK(b->n_tokens <= e->o.max_num_batched_tokens);
+  int n = 0;
+  request *who[b->n > 0 ? b->n : 1];
   for (int i = 0, off = 0; i < b->n; off += e->seqs[i++].n_tokens) {
     request *r = b->reqs[i];
     r->n_mtp_draft = 0;
     if (r->finish) continue;
-    int pos = e->seqs[i].pos, n = r->sched_tokens;
-    int at = pos + n + 1 == r->n_tokens; /* at the decode point after this step */
+    int pos = e->seqs[i].pos, nf = r->sched_tokens;
+    int at = pos + nf + 1 == r->n_tokens; /* at the decode point after this step */
     int k = 0;
     if (at) {
       k = e->o.spec.k;
@@ -426,20 +429,25 @@ static void engine_step_mtp(engine *e, const sched_batch *b) {
       if (k > e->max_model_len - r->n_tokens) k = e->max_model_len - r->n_tokens;
       if (k < 0) k = 0;
     }
-    int np = r->pages.n, need = kv_pages_for_tokens(pos + n + (k > 0 ? k - 1 : 0));
-    memcpy(e->mtp_pages, r->pages.ids, (size_t)np * sizeof *e->mtp_pages);
+    int32_t *pt = e->mtp_pages + (size_t)i * e->mtp_pt;
+    int np = r->pages.n, need = kv_pages_for_tokens(pos + nf + (k > 0 ? k - 1 : 0));
+    memcpy(pt, r->pages.ids, (size_t)np * sizeof *pt);
     for (int s = 0; np < need; s++) {
-      CHECK(s < e->mtp_scratch);
-      e->mtp_pages[np++] = e->mtp_scratch0 + s;
+      CHECK(s < e->mtp_scratch && np < e->mtp_pt);
+      pt[np++] = e->mtp_scratch0 + i * e->mtp_scratch + s;
     }
-    char err[160];
-    if (spec_mtp_step(e->mtp, e->mtp_pages, np, pos, n, r->tokens + pos + 1,
-                      e->hidden + (size_t)off * H, k, r->mtp_draft, err, sizeof err)) {
-      log_error("engine: request %lld: MTP drafts failed: %s", (long long)r->id, err);
-      continue;
-    }
-    r->n_mtp_draft = k;
-    r->mtp_at = r->n_tokens;
+    e->mtp_items[n] = (spec_mtp_item){
+        pt, np, pos, nf, r->tokens + pos + 1, e->hidden + (size_t)off * H, k, r->mtp_draft};
+    who[n++] = r;
+  }
+  char err[160];
+  if (n > 0 && spec_mtp_steps(e->mtp, e->mtp_items, n, err, sizeof err)) {
+    log_error("engine: MTP drafts of %d requests failed: %s", n, err);
+    return;
+  }
+  for (int a = 0; a < n; a++) {
+    who[a]->n_mtp_draft = e->mtp_items[a].k;
+    who[a]->mtp_at = who[a]->n_tokens;
   }
 }
 

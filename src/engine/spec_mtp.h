@@ -1,5 +1,5 @@
 /* spec_mtp — MTP drafts: the checkpoint's MTP head (model/qwen35_mtp.h) run after each target
- * step of a sequence, as vLLM's MTP proposer does:
+ * step over the step's sequences at once, as vLLM's MTP proposer does:
  *
  *   target rows p0 .. p0+n-1 (accepted)  ->  MTP rows (h_p, x_{p+1}) at p = p0 .. p0+n-1
  *   draft 1 = argmax(MTP logits of the last row); draft j+1 = argmax of the MTP on
@@ -25,6 +25,25 @@ typedef struct spec_mtp spec_mtp;
 int spec_mtp_init(spec_mtp **out, qwen35 *target, const model_weights *w, backend *be, int n_pages,
                   char *err, size_t errlen);
 void spec_mtp_free(spec_mtp *sm);
+
+/* One sequence's part of a drafting round (spec_mtp_steps): positions [pos, pos + n) fed,
+ * hidden [n, H] the target's final hidden rows there (qwen35_forward_hidden), next[i] the token
+ * at pos + i + 1 (the last: the token the target just chose); pages the sequence's MTP page
+ * table, covering pos + n + k - 1 positions, its rows past the sequence's own pages in pages no
+ * other item of the round uses; k drafts wanted (0: none) into drafts. */
+typedef struct spec_mtp_item {
+  const int32_t *pages;
+  int n_pages, pos, n;
+  const int32_t *next;
+  const float *hidden;
+  int k;
+  int32_t *drafts;
+} spec_mtp_item;
+
+/* Every item fed in one MTP step, then the drafts in rounds, each one MTP step over the items
+ * still drafting: k - 1 steps after the first for the largest k, whatever the item count.
+ * Returns 0, or -1 with err (no item gets drafts then). */
+int spec_mtp_steps(spec_mtp *sm, spec_mtp_item *it, int n, char *err, size_t errlen);
 
 /* Feeds positions [pos, pos + n) of one sequence: hidden [n, H] the target's final hidden rows
  * there (qwen35_forward_hidden), next[i] the token at pos + i + 1 (the last: the token the

@@ -22,8 +22,8 @@ struct qwen35_mtp {
   backend_weight embed, lm_head; /* target's */
   backend_weight fc_e, fc_h, norm_e, norm_h, norm;
   mtp_layer *L;
-  int cap;
-  backend_buf e, en, hb, hn, x, xn, mix, qg, q, gate, k, v, att, fg, fu, logits;
+  int cap, cap_out; /* scratch rows; rows of logits (and ids) */
+  backend_buf e, en, hb, hn, x, xn, mix, qg, q, gate, k, v, att, fg, fu, logits, ids;
 };
 
 /* Uploads columns [col0, col0 + cols) of the 2-D (or 1-D: rows 1) tensor t as F32 (exact for
@@ -42,17 +42,20 @@ static backend_weight mtp_upload(backend *be, const tensor *t, int64_t col0, int
 }
 
 static void mtp_free_scratch(qwen35_mtp *m) {
-  backend_buf *b[] = {&m->e, &m->en,   &m->hb, &m->hn, &m->x,   &m->xn, &m->mix, &m->qg,
-                      &m->q, &m->gate, &m->k,  &m->v,  &m->att, &m->fg, &m->fu,  &m->logits};
+  backend_buf *b[] = {&m->e,    &m->en, &m->hb, &m->hn,  &m->x,  &m->xn, &m->mix,    &m->qg, &m->q,
+                      &m->gate, &m->k,  &m->v,  &m->att, &m->fg, &m->fu, &m->logits, &m->ids};
   for (size_t i = 0; i < sizeof b / sizeof *b; i++) {
     if (*b[i]) m->be->free(m->be, *b[i]);
     *b[i] = NULL;
   }
-  m->cap = 0;
+  m->cap = m->cap_out = 0;
 }
 
-static int mtp_scratch(qwen35_mtp *m, int T, char *err, size_t errlen) {
-  if (T <= m->cap) return 0;
+/* Scratch for T rows of which n_out have logits (grown, never shrunk). */
+static int mtp_scratch(qwen35_mtp *m, int T, int n_out, char *err, size_t errlen) {
+  if (T <= m->cap && n_out <= m->cap_out) return 0;
+  if (T < m->cap) T = m->cap;
+  if (n_out < m->cap_out) n_out = m->cap_out;
   mtp_free_scratch(m);
   const model_config *c = m->c;
   size_t t = (size_t)T, H = (size_t)c->hidden_size, nh = (size_t)c->n_heads,
@@ -77,7 +80,8 @@ static int mtp_scratch(qwen35_mtp *m, int T, char *err, size_t errlen) {
            {&m->att, BACKEND_KIND_ACT, t * nh * hd},
            {&m->fg, BACKEND_KIND_ACT, t * I},
            {&m->fu, BACKEND_KIND_ACT, t * I},
-           {&m->logits, BACKEND_KIND_F32, t * (size_t)c->vocab_size}};
+           {&m->logits, BACKEND_KIND_F32, (size_t)n_out * (size_t)c->vocab_size},
+           {&m->ids, BACKEND_KIND_I32, (size_t)n_out}};
   for (size_t i = 0; i < sizeof a / sizeof *a; i++) {
     *a[i].b = m->be->alloc(m->be, a[i].k, a[i].n);
     if (!*a[i].b) {
@@ -86,6 +90,7 @@ static int mtp_scratch(qwen35_mtp *m, int T, char *err, size_t errlen) {
     }
   }
   m->cap = T;
+  m->cap_out = n_out;
   return 0;
 }
 
@@ -220,9 +225,10 @@ void qwen35_mtp_free(qwen35_mtp *m) {
   free(m);
 }
 
-int qwen35_mtp_forward(qwen35_mtp *m, const fwd_seq *seqs, int n_seqs, int step,
-                       const float *hidden, float *logits, float *hidden_out, char *err,
-                       size_t errlen) {
+/* Issues one MTP step up to its logits (m->logits): every row's when last_only is 0, else each
+ * piece's last row's (in piece order). *T_out: the step's rows. */
+static int mtp_issue(qwen35_mtp *m, const fwd_seq *seqs, int n_seqs, int step, const float *hidden,
+                     int last_only, int *T_out, char *err, size_t errlen) {
   const model_config *c = m->c;
   backend *be = m->be;
   if (n_seqs < 1) return errf(err, errlen, "MTP: empty batch");
@@ -242,6 +248,7 @@ int qwen35_mtp_forward(qwen35_mtp *m, const fwd_seq *seqs, int n_seqs, int step,
     T += q->n_tokens;
   }
   size_t S = (size_t)n_seqs;
+  int n_out = last_only ? n_seqs : T;
   int32_t *arr = malloc((4 * (size_t)T + 5 * S + S * (size_t)max_pages) * sizeof *arr);
   if (!arr) return errf(err, errlen, "out of memory");
   int32_t *tok = arr, *pos = tok + T, *seq = pos + T, *orow = seq + T, *st = orow + T, *ln = st + S,
@@ -259,7 +266,7 @@ int qwen35_mtp_forward(qwen35_mtp *m, const fwd_seq *seqs, int n_seqs, int step,
       tok[row] = q->tokens[t];
       pos[row] = q->pos + t;
       seq[row] = s;
-      orow[row] = row;
+      if (!last_only || t == q->n_tokens - 1) orow[last_only ? s : row] = row;
     }
   }
   backend_batch b = {.n_tokens = T,
@@ -273,12 +280,12 @@ int qwen35_mtp_forward(qwen35_mtp *m, const fwd_seq *seqs, int n_seqs, int step,
                      .seq_slot = sl,
                      .page_table = pt,
                      .max_pages = max_pages,
-                     .n_out = T,
+                     .n_out = n_out,
                      .out_rows = orow};
   int rc = be->set_batch(be, &b);
   free(arr);
   if (rc) return errf(err, errlen, "backend %s: cannot set batch", be->name);
-  if (mtp_scratch(m, T, err, errlen)) return -1;
+  if (mtp_scratch(m, T, n_out, err, errlen)) return -1;
   int H = c->hidden_size, nh = c->n_heads, nkv = c->n_kv_heads, hd = c->head_dim;
   float eps = c->rms_norm_eps;
   size_t as = be->kind_size(be, BACKEND_KIND_ACT), nh_elems = (size_t)T * H;
@@ -323,19 +330,75 @@ int qwen35_mtp_forward(qwen35_mtp *m, const fwd_seq *seqs, int n_seqs, int step,
   /* x += mix; y = Norm(x) (the draft's hidden state); logits = lm_head . Norm(x) */
   be->rmsnorm(be, m->x, m->mix, m->norm, T, H, eps, m->hn);
   be->logits(be, m->x, m->norm, eps, m->lm_head, H, c->vocab_size, m->logits);
+  *T_out = T;
+  return 0;
+}
+
+/* hn's rows [r0, r0 + n) into hidden_out [n, H] f32 (0, or -1 with err). */
+static int mtp_read_hidden(qwen35_mtp *m, size_t r0, size_t n, float *hidden_out, char *err,
+                           size_t errlen) {
+  backend *be = m->be;
+  size_t H = (size_t)m->c->hidden_size, as = be->kind_size(be, BACKEND_KIND_ACT), ne = n * H;
+  int rc;
+  if (as == 4) {
+    rc = be->read(be, m->hn, r0 * H * 4, hidden_out, ne * 4);
+  } else {
+    uint16_t *h16 = malloc(ne * 2);
+    if (!h16) return errf(err, errlen, "out of memory");
+    rc = be->read(be, m->hn, r0 * H * 2, h16, ne * 2);
+    for (size_t i = 0; !rc && i < ne; i++) hidden_out[i] = dtype_bf16_to_f32(h16[i]);
+    free(h16);
+  }
+  if (rc) return errf(err, errlen, "backend %s: reading the MTP hidden states failed", be->name);
+  return 0;
+}
+
+int qwen35_mtp_forward(qwen35_mtp *m, const fwd_seq *seqs, int n_seqs, int step,
+                       const float *hidden, float *logits, float *hidden_out, char *err,
+                       size_t errlen) {
+  const model_config *c = m->c;
+  backend *be = m->be;
+  int T = 0;
+  if (mtp_issue(m, seqs, n_seqs, step, hidden, 0, &T, err, errlen)) return -1;
   if (be->read(be, m->logits, 0, logits, (size_t)T * c->vocab_size * 4))
     return errf(err, errlen, "backend %s: reading the MTP logits failed", be->name);
+  if (hidden_out && mtp_read_hidden(m, 0, (size_t)T, hidden_out, err, errlen)) return -1;
+  return 0;
+}
+
+/* the sampler's greedy rule: the first maximum */
+static int32_t mtp_argmax(const float *x, int V) {
+  int32_t t = 0;
+  for (int j = 1; j < V; j++)
+    if (x[j] > x[t]) t = j;
+  return t;
+}
+
+int qwen35_mtp_draft(qwen35_mtp *m, const fwd_seq *seqs, int n_seqs, int step, const float *hidden,
+                     int32_t *ids, float *hidden_out, char *err, size_t errlen) {
+  const model_config *c = m->c;
+  backend *be = m->be;
+  int T = 0, V = c->vocab_size;
+  if (mtp_issue(m, seqs, n_seqs, step, hidden, 1, &T, err, errlen)) return -1;
+  if (be->argmax) { /* the device's first maximum, the same rule: only the ids cross */
+    be->argmax(be, m->logits, n_seqs, V, m->ids, NULL);
+    if (be->read(be, m->ids, 0, ids, (size_t)n_seqs * sizeof *ids))
+      return errf(err, errlen, "backend %s: reading the MTP drafts failed", be->name);
+  } else {
+    float *lg = malloc((size_t)n_seqs * V * sizeof *lg);
+    if (!lg) return errf(err, errlen, "out of memory");
+    int rc = be->read(be, m->logits, 0, lg, (size_t)n_seqs * V * sizeof *lg);
+    for (int s = 0; !rc && s < n_seqs; s++) ids[s] = mtp_argmax(lg + (size_t)s * V, V);
+    free(lg);
+    if (rc) return errf(err, errlen, "backend %s: reading the MTP logits failed", be->name);
+  }
   if (hidden_out) {
-    if (as == 4) {
-      rc = be->read(be, m->hn, 0, hidden_out, nh_elems * 4);
-    } else {
-      uint16_t *h16 = malloc(nh_elems * 2);
-      if (!h16) return errf(err, errlen, "out of memory");
-      rc = be->read(be, m->hn, 0, h16, nh_elems * 2);
-      for (size_t i = 0; !rc && i < nh_elems; i++) hidden_out[i] = dtype_bf16_to_f32(h16[i]);
-      free(h16);
-    }
-    if (rc) return errf(err, errlen, "backend %s: reading the MTP hidden states failed", be->name);
+    if (T == n_seqs) return mtp_read_hidden(m, 0, (size_t)T, hidden_out, err, errlen);
+    size_t H = (size_t)c->hidden_size;
+    for (int s = 0, r = 0; s < n_seqs; r += seqs[s++].n_tokens)
+      if (mtp_read_hidden(m, (size_t)(r + seqs[s].n_tokens - 1), 1, hidden_out + (size_t)s * H, err,
+                          errlen))
+        return -1;
   }
   return 0;
 }

@@ -35,4 +35,10 @@ int qwen35_mtp_forward(qwen35_mtp *m, const fwd_seq *seqs, int n_seqs, int step,
                        const float *hidden, float *logits, float *hidden_out, char *err,
                        size_t errlen);
 
+/* The same step for drafting: only each piece's last row goes through the lm-head; ids [n_seqs]
+ * its greedy token (the sampler's first maximum; on the device where the backend has argmax, so
+ * only the ids cross) and, when not NULL, hidden_out [n_seqs, H] its y. */
+int qwen35_mtp_draft(qwen35_mtp *m, const fwd_seq *seqs, int n_seqs, int step, const float *hidden,
+                     int32_t *ids, float *hidden_out, char *err, size_t errlen);
+
 #endif

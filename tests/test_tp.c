@@ -231,6 +231,8 @@ static char DENSE[300], MOE[300], NEXT[300];
 
 TEST(dense_fp8_tp2) { check_model("tests/fixtures/models/fp8_dense128", 2); }
 TEST(moe_fp8_tp2) { check_model("tests/fixtures/models/fp8_moe32", 2); }
+TEST(moe_fp8_fused_tp2) { check_model("tests/fixtures/models/fp8_moe32_fused", 2); }
+TEST(next_fp8_tp2) { check_model("tests/fixtures/models/fp8_next32", 2); }
 TEST(dense_tp2) { check_model(DENSE, 2); }
 TEST(dense_tp4) { check_model(DENSE, 4); } /* 2 KV heads over 4 ranks: replicated */
 TEST(moe_tp2) { check_model(MOE, 2); }
@@ -527,6 +529,8 @@ int main(void) {
   RUN(refuse_cuda);
   RUN(dense_fp8_tp2);
   RUN(moe_fp8_tp2);
+  RUN(moe_fp8_fused_tp2);
+  RUN(next_fp8_tp2);
   RUN(dense_tp2);
   RUN(dense_tp4);
   RUN(moe_tp2);

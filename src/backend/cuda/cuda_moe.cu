@@ -1274,9 +1274,9 @@ extern "C" void cuda_moe_moe(backend *be, backend_buf x, const backend_moe *m, i
   /* grouped steps that dequantize: the cuBLAS path's FP8 experts, an FP8 shared expert */
   size_t wmat = (size_t)(I > Is ? I : Is) * H * 2;
   int deq = grouped && ((ti->f8 && !dev) || sh8);
-  /* per-row steps: wsel [T, k, 3] (the chosen experts' weights), hid [T, k I + Is] (the shared
-   * expert its last slot); grouped steps: the
-   * shared expert through cuBLAS (gs, us, sd) and the grouping scratch */
+  /* per-row steps: wsel [T, k, nw] (the chosen experts' weights), hid [T, k I + Is] (the
+   * shared expert its last slot); grouped steps: the shared expert through cuBLAS (gs, us, sd),
+   * the grouping scratch, and wa / wb (one dequantized matrix each) where deq */
   size_t hw = (size_t)k * I + Is;
   size_t o_lg = 0, o_ids = o_lg + al256((size_t)T * E * 4), o_w = o_ids + al256((size_t)T * k * 4),
          o_sg = o_w + al256((size_t)T * k * 4), o_sgl = o_sg + al256((size_t)T * 4),

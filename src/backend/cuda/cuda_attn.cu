@@ -486,6 +486,100 @@ struct att_smem {
  * pieces, ATT_STAGES - 1 positions ahead of the one being used, so the loads in flight live in
  * shared memory, not registers (holding them in registers capped the positions in flight at
  * two). Each lane then reads its hd/32 values of the slot. */
+/* The split kernels' shared arithmetic (bf16 and FP8 pages). att_q_init: a lane's VPL values
+ * of the block's G q heads of row t (times scale), the accumulators cleared. */
+template <int VPL, int G>
+__device__ __forceinline__ void att_q_init(const bf16 *q, int t, int nh, int h0, int lane,
+                                           float scale, float (*qr)[VPL], float (*acc)[VPL],
+                                           float *m, float *l) {
+  constexpr int HD = VPL * 32;
+#pragma unroll
+  for (int g = 0; g < G; g++) {
+    att_unpack<VPL>(q + ((size_t)t * nh + h0 + g) * HD + lane * VPL, qr[g]);
+#pragma unroll
+    for (int i = 0; i < VPL; i++) {
+      qr[g][i] *= scale;
+      acc[g][i] = 0.f;
+    }
+    m[g] = -INFINITY;
+    l[g] = 0.f;
+  }
+}
+
+/* One position into the warp's online softmax: scores ks * (q . k) over the warp, V rows
+ * added as (e * vs) * v (ks = vs = 1 for bf16 pages: the products are exact). */
+template <int VPL, int G>
+__device__ __forceinline__ void att_position(const float (*qr)[VPL], const float *kr,
+                                             const float *vr, float ks, float vs, float (*acc)[VPL],
+                                             float *m, float *l) {
+  float d[G];
+#pragma unroll
+  for (int g = 0; g < G; g++) {
+    float s = 0.f;
+#pragma unroll
+    for (int e = 0; e < VPL; e++) s += qr[g][e] * kr[e];
+    d[g] = s;
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+    for (int g = 0; g < G; g++) d[g] += __shfl_xor_sync(0xffffffffu, d[g], o);
+#pragma unroll
+  for (int g = 0; g < G; g++) {
+    float sc = d[g] * ks;
+    float mn = fmaxf(m[g], sc);
+    float cr = __expf(m[g] - mn), e = __expf(sc - mn);
+    l[g] = l[g] * cr + e;
+    float ev = e * vs;
+#pragma unroll
+    for (int k = 0; k < VPL; k++) acc[g][k] = acc[g][k] * cr + ev * vr[k];
+    m[g] = mn;
+  }
+}
+
+/* The block's warps merged in warp order into range z's partial of each of its G heads
+ * (part [rows, HD], ml [rows, 2] at row (t * nh + h0 + g) * slots + z). s_acc: ATT_SW x G x HD
+ * floats of shared memory, free for it. */
+template <int VPL, int G>
+__device__ __forceinline__ void att_block_out(const float (*acc)[VPL], const float *m,
+                                              const float *l, float (*s_acc)[G][VPL * 32],
+                                              float (*s_m)[G], float (*s_l)[G], int t, int nh,
+                                              int h0, int z, int slots, float *part, float *ml) {
+  constexpr int HD = VPL * 32;
+  int lane = threadIdx.x & 31, wp = threadIdx.x >> 5;
+#pragma unroll
+  for (int g = 0; g < G; g++) {
+    if (lane == 0) {
+      s_m[wp][g] = m[g];
+      s_l[wp][g] = l[g];
+    }
+#pragma unroll
+    for (int i = 0; i < VPL; i++) s_acc[wp][g][lane * VPL + i] = acc[g][i];
+  }
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < G * HD; idx += blockDim.x) {
+    int g = idx / HD, i = idx % HD;
+    float M = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < ATT_SW; w++) M = fmaxf(M, s_m[w][g]);
+    float L = 0.f, o = 0.f;
+#pragma unroll
+    for (int w = 0; w < ATT_SW; w++) {
+      if (s_l[w][g] > 0.f) {
+        float f = __expf(s_m[w][g] - M);
+        L += s_l[w][g] * f;
+        o += s_acc[w][g][i] * f;
+      }
+    }
+    size_t r = ((size_t)t * nh + h0 + g) * slots + z;
+    part[r * HD + i] = o;
+    if (i == 0) {
+      ml[2 * r] = M;
+      ml[2 * r + 1] = L;
+    }
+  }
+}
+
 template <int VPL, int GB>
 __global__ void __launch_bounds__(ATT_SW * 32)
     k_attn_split(bf16 *kp, bf16 *vp, const bf16 *q, const int32_t *seq, const int32_t *pos,
@@ -563,17 +657,7 @@ __global__ void __launch_bounds__(ATT_SW * 32)
   }
   float qr[G][VPL], acc[G][VPL], m[G], l[G];
   for (; s < ATT_STAGES - 1; s++) issue(s);
-#pragma unroll
-  for (int g = 0; g < G; g++) {
-    att_unpack<VPL>(q + ((size_t)t * nh + h0 + g) * HD + lane * VPL, qr[g]);
-#pragma unroll
-    for (int i = 0; i < VPL; i++) {
-      qr[g][i] *= scale;
-      acc[g][i] = 0.f;
-    }
-    m[g] = -INFINITY;
-    l[g] = 0.f;
-  }
+  att_q_init<VPL, G>(q, t, nh, h0, lane, scale, qr, acc, m, l);
   for (int i = 0; i < nj; i++) {
     issue(i + ATT_STAGES - 1);
     cp_async_wait<ATT_STAGES - 1>(); /* position i's pieces (this lane's) have landed */
@@ -582,63 +666,11 @@ __global__ void __launch_bounds__(ATT_SW * 32)
     att_unpack<VPL>(&slot[i % ATT_STAGES][0][lane * VPL], kr);
     att_unpack<VPL>(&slot[i % ATT_STAGES][1][lane * VPL], vr);
     __syncwarp(); /* every lane has read the slot before a later issue refills it */
-    float d[G];
-#pragma unroll
-    for (int g = 0; g < G; g++) {
-      float s = 0.f;
-#pragma unroll
-      for (int e = 0; e < VPL; e++) s += qr[g][e] * kr[e];
-      d[g] = s;
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1)
-#pragma unroll
-      for (int g = 0; g < G; g++) d[g] += __shfl_xor_sync(0xffffffffu, d[g], o);
-#pragma unroll
-    for (int g = 0; g < G; g++) {
-      float sc = d[g];
-      float mn = fmaxf(m[g], sc);
-      float cr = __expf(m[g] - mn), e = __expf(sc - mn);
-      l[g] = l[g] * cr + e;
-#pragma unroll
-      for (int k = 0; k < VPL; k++) acc[g][k] = acc[g][k] * cr + e * vr[k];
-      m[g] = mn;
-    }
+    att_position<VPL, G>(qr, kr, vr, 1.f, 1.f, acc, m, l);
   }
   cp_async_wait<0>();
   __syncthreads(); /* every warp is done with its slots: the bytes become the accumulators */
-  float(*s_acc)[G][HD] = (float(*)[G][HD])s_raw;
-#pragma unroll
-  for (int g = 0; g < G; g++) {
-    if (lane == 0) {
-      s_m[wp][g] = m[g];
-      s_l[wp][g] = l[g];
-    }
-#pragma unroll
-    for (int i = 0; i < VPL; i++) s_acc[wp][g][lane * VPL + i] = acc[g][i];
-  }
-  __syncthreads();
-  for (int idx = threadIdx.x; idx < G * HD; idx += blockDim.x) {
-    int g = idx / HD, i = idx % HD;
-    float M = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < ATT_SW; w++) M = fmaxf(M, s_m[w][g]);
-    float L = 0.f, o = 0.f;
-#pragma unroll
-    for (int w = 0; w < ATT_SW; w++) {
-      if (s_l[w][g] > 0.f) {
-        float f = __expf(s_m[w][g] - M);
-        L += s_l[w][g] * f;
-        o += s_acc[w][g][i] * f;
-      }
-    }
-    size_t r = ((size_t)t * nh + h0 + g) * slots + z;
-    part[r * HD + i] = o;
-    if (i == 0) {
-      ml[2 * r] = M;
-      ml[2 * r + 1] = L;
-    }
-  }
+  att_block_out<VPL, G>(acc, m, l, (float(*)[G][HD])s_raw, s_m, s_l, t, nh, h0, z, slots, part, ml);
 }
 
 /* grid (T, nh), block hd: merges a row's ranges in order. gate (the attention output gate,
@@ -888,17 +920,7 @@ __global__ void __launch_bounds__(ATT_SW * 32)
   int j0 = z * per, j1 = min(p + 1, j0 + per);
   const int32_t *pt = page_table + (size_t)seq[t] * max_pages;
   float qr[G][VPL], acc[G][VPL], m[G], l[G];
-#pragma unroll
-  for (int g = 0; g < G; g++) {
-    att_unpack<VPL>(q + ((size_t)t * nh + h0 + g) * HD + lane * VPL, qr[g]);
-#pragma unroll
-    for (int i = 0; i < VPL; i++) {
-      qr[g][i] *= scale;
-      acc[g][i] = 0.f;
-    }
-    m[g] = -INFINITY;
-    l[g] = 0.f;
-  }
+  att_q_init<VPL, G>(q, t, nh, h0, lane, scale, qr, acc, m, l);
   /* KV8_DEPTH of the warp's positions loaded at once (their page ids, bytes and scales all in
    * flight), then used in position order */
   for (int j00 = j0 + wp; j00 < j1; j00 += ATT_SW * KV8_DEPTH) {
@@ -922,62 +944,10 @@ __global__ void __launch_bounds__(ATT_SW * 32)
       float kr[VPL], vr[VPL];
       kv8_unpack<VPL>(kb[u], kr);
       kv8_unpack<VPL>(vb[u], vr);
-      float d[G];
-#pragma unroll
-      for (int g = 0; g < G; g++) {
-        float s = 0.f;
-#pragma unroll
-        for (int e = 0; e < VPL; e++) s += qr[g][e] * kr[e];
-        d[g] = s;
-      }
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1)
-#pragma unroll
-        for (int g = 0; g < G; g++) d[g] += __shfl_xor_sync(0xffffffffu, d[g], o);
-#pragma unroll
-      for (int g = 0; g < G; g++) {
-        float sc = d[g] * ks[u];
-        float mn = fmaxf(m[g], sc);
-        float cr = __expf(m[g] - mn), e = __expf(sc - mn);
-        l[g] = l[g] * cr + e;
-        float ev = e * vs[u];
-#pragma unroll
-        for (int k = 0; k < VPL; k++) acc[g][k] = acc[g][k] * cr + ev * vr[k];
-        m[g] = mn;
-      }
+      att_position<VPL, G>(qr, kr, vr, ks[u], vs[u], acc, m, l);
     }
   }
-#pragma unroll
-  for (int g = 0; g < G; g++) {
-    if (lane == 0) {
-      s_m[wp][g] = m[g];
-      s_l[wp][g] = l[g];
-    }
-#pragma unroll
-    for (int i = 0; i < VPL; i++) s_acc[wp][g][lane * VPL + i] = acc[g][i];
-  }
-  __syncthreads();
-  for (int idx = threadIdx.x; idx < G * HD; idx += blockDim.x) {
-    int g = idx / HD, i = idx % HD;
-    float M = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < ATT_SW; w++) M = fmaxf(M, s_m[w][g]);
-    float L = 0.f, o = 0.f;
-#pragma unroll
-    for (int w = 0; w < ATT_SW; w++) {
-      if (s_l[w][g] > 0.f) {
-        float f = __expf(s_m[w][g] - M);
-        L += s_l[w][g] * f;
-        o += s_acc[w][g][i] * f;
-      }
-    }
-    size_t r = ((size_t)t * nh + h0 + g) * slots + z;
-    part[r * HD + i] = o;
-    if (i == 0) {
-      ml[2 * r] = M;
-      ml[2 * r + 1] = L;
-    }
-  }
+  att_block_out<VPL, G>(acc, m, l, s_acc, s_m, s_l, t, nh, h0, z, slots, part, ml);
 }
 
 template <int VPL, int GB>

@@ -328,7 +328,9 @@ static void comm_rank(void *v, int r) {
 TEST(comm_collectives) {
   enum { N = 4, LEN = 1001 };
   comm_case k = {comm_create(N), {0}, {0}, LEN};
-  REQUIRE(k.c);
+  qwen35_tp_runner *run = NULL;
+  char err[200];
+  REQUIRE(k.c && qwen35_tp_runner_init(&run, N, err, sizeof err) == 0);
   float in[N][LEN];
   uint32_t x = 99;
   for (int r = 0; r < N; r++)
@@ -342,7 +344,7 @@ TEST(comm_collectives) {
       k.g[r] = malloc(N * 3 * sizeof(float));
       memcpy(k.x[r], in[r], sizeof in[r]);
     }
-    REQUIRE(qwen35_tp_run(N, comm_rank, &k) == 0);
+    qwen35_tp_run(run, comm_rank, &k);
     int bad = 0;
     for (int i = 0; i < LEN; i++) {
       float s = ((in[0][i] + in[1][i]) + in[2][i]) + in[3][i]; /* rank order, bit for bit */
@@ -356,6 +358,7 @@ TEST(comm_collectives) {
       free(k.g[r]);
     }
   }
+  qwen35_tp_runner_free(run);
   comm_unref(k.c);
 }
 

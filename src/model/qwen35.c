@@ -81,6 +81,7 @@ struct qwen35 {
   qwen35 **ranks;             /* rank 0: [tp_size] the ranks' models (ranks[0] == m) */
   model_config *tp_cfg;       /* rank 0: [tp_size] the ranks' configs, owned */
   const model_config *full_c; /* rank 0: the whole model's config (qwen35_config) */
+  qwen35_tp_runner *runner;   /* rank 0: the other ranks' threads */
 };
 
 /* The other ranks of a tensor-parallel model (none otherwise). */
@@ -603,12 +604,14 @@ int qwen35_init_ranks(qwen35 **out, const model_config *c, const model_weights *
     rm[r]->tp_rank = r;
     rm[r]->tp_size = n;
   }
-  if (r < n) {
-    while (r-- > 0) qwen35_free(rm[r]);
+  qwen35_tp_runner *runner = NULL;
+  if (r < n || qwen35_tp_runner_init(&runner, n, err, errlen)) {
+    for (int k = 0; k < n; k++) qwen35_free(rm[k]); /* NULL past the one that failed */
     free(rm);
     free(cfg);
     return -1;
   }
+  rm[0]->runner = runner;
   rm[0]->ranks = rm;
   rm[0]->tp_cfg = cfg;
   rm[0]->full_c = c;
@@ -622,6 +625,7 @@ int qwen35_init_ranks(qwen35 **out, const model_config *c, const model_weights *
 
 void qwen35_free(qwen35 *m) {
   if (!m) return;
+  qwen35_tp_runner_free(m->runner);
   FOR_PEERS(m, r) qwen35_free(m->ranks[r]);
   free(m->ranks);
   model_config *tp_cfg = m->tp_cfg; /* m->c may be in it: freed last */
@@ -875,8 +879,7 @@ static int forward_issue(qwen35 *m, const fwd_seq *seqs, int n_seqs, int mode, i
     return 0;
   }
   rank_step step = {m, T, n_out, mode, any_prefill, any_decode};
-  if (qwen35_tp_run(m->tp_size, rank_ops, &step))
-    return errf(err, errlen, "cannot start the threads of %d tensor-parallel ranks", m->tp_size);
+  qwen35_tp_run(m->runner, rank_ops, &step);
   return 0;
 }
 

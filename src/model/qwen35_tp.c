@@ -240,52 +240,95 @@ void qwen35_tp_shard_free(qwen35_tp_shard *s) {
 
 /* ---- the ranks' threads ---- */
 
-typedef struct {
-  pthread_mutex_t mu;
-  pthread_cond_t cv;
-  int state; /* 0: wait, 1: run, -1: a thread did not start, return without running */
-} run_gate;
+typedef struct rank_arg {
+  qwen35_tp_runner *r;
+  int rank;
+} rank_arg;
 
-typedef struct {
+struct qwen35_tp_runner {
+  int n, started; /* ranks; threads running (ranks 1 .. started) */
+  pthread_t *th;  /* [n] (th[0] unused: rank 0 is the caller's) */
+  rank_arg *args; /* [n] */
+  pthread_mutex_t mu;
+  pthread_cond_t go, done;
+  unsigned gen; /* steps issued */
+  int pending;  /* threads still in the current step */
+  int stop;     /* the threads return */
   void (*fn)(void *arg, int rank);
   void *arg;
-  int rank;
-  run_gate *g;
-} run_arg;
+};
 
-static void *run_thread(void *v) {
-  run_arg *a = v;
-  pthread_mutex_lock(&a->g->mu);
-  while (a->g->state == 0) pthread_cond_wait(&a->g->cv, &a->g->mu);
-  int go = a->g->state == 1;
-  pthread_mutex_unlock(&a->g->mu);
-  if (go) a->fn(a->arg, a->rank);
+static void *rank_thread(void *v) {
+  rank_arg *a = v;
+  qwen35_tp_runner *r = a->r;
+  unsigned seen = 0;
+  pthread_mutex_lock(&r->mu);
+  for (;;) {
+    while (!r->stop && r->gen == seen) pthread_cond_wait(&r->go, &r->mu);
+    if (r->stop) break;
+    seen = r->gen;
+    void (*fn)(void *, int) = r->fn;
+    void *arg = r->arg;
+    pthread_mutex_unlock(&r->mu);
+    fn(arg, a->rank);
+    pthread_mutex_lock(&r->mu);
+    if (--r->pending == 0) pthread_cond_signal(&r->done);
+  }
+  pthread_mutex_unlock(&r->mu);
   return NULL;
 }
 
-int qwen35_tp_run(int n, void (*fn)(void *arg, int rank), void *arg) {
-  if (n <= 1) {
-    fn(arg, 0);
-    return 0;
+void qwen35_tp_runner_free(qwen35_tp_runner *r) {
+  if (!r) return;
+  pthread_mutex_lock(&r->mu);
+  r->stop = 1;
+  pthread_cond_broadcast(&r->go);
+  pthread_mutex_unlock(&r->mu);
+  for (int k = 1; k <= r->started; k++) pthread_join(r->th[k], NULL);
+  pthread_mutex_destroy(&r->mu);
+  pthread_cond_destroy(&r->go);
+  pthread_cond_destroy(&r->done);
+  free(r->th);
+  free(r->args);
+  free(r);
+}
+
+int qwen35_tp_runner_init(qwen35_tp_runner **out, int n, char *err, size_t errlen) {
+  *out = NULL;
+  qwen35_tp_runner *r = calloc(1, sizeof *r);
+  if (!r) return errf(err, errlen, "out of memory");
+  r->n = n;
+  r->th = calloc((size_t)n, sizeof *r->th);
+  r->args = calloc((size_t)n, sizeof *r->args);
+  pthread_mutex_init(&r->mu, NULL);
+  pthread_cond_init(&r->go, NULL);
+  pthread_cond_init(&r->done, NULL);
+  if (!r->th || !r->args) {
+    qwen35_tp_runner_free(r);
+    return errf(err, errlen, "out of memory");
   }
-  pthread_t th[n];
-  run_arg ra[n];
-  run_gate g = {.state = 0};
-  pthread_mutex_init(&g.mu, NULL);
-  pthread_cond_init(&g.cv, NULL);
-  int started = 1;
-  for (; started < n; started++) {
-    ra[started] = (run_arg){fn, arg, started, &g};
-    if (pthread_create(&th[started], NULL, run_thread, &ra[started])) break;
+  for (int k = 1; k < n; k++) {
+    r->args[k] = (rank_arg){r, k};
+    if (pthread_create(&r->th[k], NULL, rank_thread, &r->args[k])) {
+      qwen35_tp_runner_free(r);
+      return errf(err, errlen, "cannot start the thread of tensor-parallel rank %d", k);
+    }
+    r->started = k;
   }
-  int ok = started == n;
-  pthread_mutex_lock(&g.mu);
-  g.state = ok ? 1 : -1; /* every rank runs, or none: a collective waits for all of them */
-  pthread_cond_broadcast(&g.cv);
-  pthread_mutex_unlock(&g.mu);
-  if (ok) fn(arg, 0);
-  for (int r = 1; r < started; r++) pthread_join(th[r], NULL);
-  pthread_mutex_destroy(&g.mu);
-  pthread_cond_destroy(&g.cv);
-  return ok ? 0 : -1;
+  *out = r;
+  return 0;
+}
+
+void qwen35_tp_run(qwen35_tp_runner *r, void (*fn)(void *arg, int rank), void *arg) {
+  pthread_mutex_lock(&r->mu);
+  r->fn = fn;
+  r->arg = arg;
+  r->pending = r->n - 1;
+  r->gen++;
+  pthread_cond_broadcast(&r->go);
+  pthread_mutex_unlock(&r->mu);
+  fn(arg, 0);
+  pthread_mutex_lock(&r->mu);
+  while (r->pending > 0) pthread_cond_wait(&r->done, &r->mu);
+  pthread_mutex_unlock(&r->mu);
 }

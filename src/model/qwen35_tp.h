@@ -60,9 +60,16 @@ int qwen35_tp_shard_init(qwen35_tp_shard *s, const model_config *c, const model_
                          int r, char *err, size_t errlen);
 void qwen35_tp_shard_free(qwen35_tp_shard *s);
 
-/* Calls fn(arg, r) for every rank r < n at once: rank 0 on the calling thread, the others on
- * threads of their own (their collectives meet inside fn), and returns when all have returned.
- * Returns 0, or -1 when a thread cannot start (then no rank ran fn). */
-int qwen35_tp_run(int n, void (*fn)(void *arg, int rank), void *arg);
+/* The ranks' threads: ranks 1 .. n-1 each wait on a thread of their own for the next step, so a
+ * step starts no thread. qwen35_tp_runner_init returns 0, or -1 with err when a thread cannot
+ * start (nothing left running). */
+typedef struct qwen35_tp_runner qwen35_tp_runner;
+int qwen35_tp_runner_init(qwen35_tp_runner **out, int n, char *err, size_t errlen);
+void qwen35_tp_runner_free(qwen35_tp_runner *r); /* NULL is a no-op; stops and joins the threads */
+
+/* Calls fn(arg, r) for every rank r at once: rank 0 on the calling thread, the others on their
+ * threads (their collectives meet inside fn), and returns when all have returned. One call at a
+ * time per runner. */
+void qwen35_tp_run(qwen35_tp_runner *r, void (*fn)(void *arg, int rank), void *arg);
 
 #endif

@@ -721,13 +721,25 @@ __global__ void __launch_bounds__(256, 2)
     ww[k] = sg[t];
   }
   __syncthreads();
-  pdl_enter();
   int j = blockIdx.y * 8 + (threadIdx.x >> 5);
-  if (j >= H) return;
-  const float *h = hid + (size_t)t * hw;
   size_t so = (size_t)(j / bn) * (size_t)((I + bk - 1) / bk);
   int hal = (hw & 3) == 0 && ((uintptr_t)hid & 15) == 0, vec = hal && f8_fits(I, bk);
-  int bks = __ffs(bk) - 1;
+  int bks = __ffs(bk) - 1, i00 = lane * F8_PIECE;
+  /* the first piece of the first MOE_DQ slots' rows, requested before the wait (weights) */
+  uint4 pw[MOE_DQ];
+  float ps[MOE_DQ];
+#pragma unroll
+  for (int q = 0; q < MOE_DQ; q++) {
+    pw[q] = make_uint4(0, 0, 0, 0);
+    ps[q] = 0.f;
+    if (vec && j < H && i00 < I && q < k) {
+      pw[q] = ld_stream16(wq[q] + (size_t)j * I + i00);
+      ps[q] = __ldg(wsc[q] + so + (i00 >> bks)) * F8_UNBIAS;
+    }
+  }
+  pdl_enter();
+  if (j >= H) return;
+  const float *h = hid + (size_t)t * hw;
   float acc = 0.f;
   for (int r0 = 0; r0 < k; r0 += MOE_DQ) {
     int nq = min(MOE_DQ, k - r0);
@@ -735,14 +747,14 @@ __global__ void __launch_bounds__(256, 2)
 #pragma unroll
     for (int q = 0; q < MOE_DQ; q++) p[q] = 0.f;
     if (vec) {
-      for (int i0 = lane * F8_PIECE; i0 < I; i0 += F8_TURN) {
+      for (int i0 = i00; i0 < I; i0 += F8_TURN) {
         uint4 wv[MOE_DQ];
         float sv[MOE_DQ];
 #pragma unroll
         for (int q = 0; q < MOE_DQ; q++) {
-          wv[q] = make_uint4(0, 0, 0, 0);
-          sv[q] = 0.f;
-          if (q < nq) {
+          wv[q] = pw[q]; /* r0 == 0, i0 == i00: the pieces requested before the wait */
+          sv[q] = ps[q];
+          if (q < nq && (r0 > 0 || i0 > i00)) {
             wv[q] = ld_stream16(wq[r0 + q] + (size_t)j * I + i0);
             sv[q] = __ldg(wsc[r0 + q] + so + (i0 >> bks)) * F8_UNBIAS;
           }

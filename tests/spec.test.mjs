@@ -10,7 +10,8 @@ import path from "node:path";
 import { BIN, assert, eq, failureCount, killAllServers, startServer, test, watchdog } from "./lib/server_harness.mjs";
 
 const MODEL = "tests/fixtures/models/dense_bf16";
-const SPEC = '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 2}';
+// disable_by_batch_size: every step may draft (the default decides by measured speed)
+const SPEC = '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 2, "disable_by_batch_size": 1024}';
 const done = watchdog(300000, "spec.test.mjs");
 
 async function complete(s, body) {
@@ -102,7 +103,7 @@ await test("spec_mtp_same_tokens", async () => {
     } finally {
       await plain.stop();
     }
-    const spec = await startServer(dir, ["--skip-tokenizer-init", "--speculative-config", '{"method": "mtp", "num_speculative_tokens": 2}']);
+    const spec = await startServer(dir, ["--skip-tokenizer-init", "--speculative-config", '{"method": "mtp", "num_speculative_tokens": 2, "disable_by_batch_size": 1024}']);
     try {
       const got = await runAll(spec);
       for (let i = 0; i < bodies.length; i++) eq(got[i], want[i], `mtp: request ${i} (temperature ${bodies[i].temperature})`);

@@ -67,6 +67,13 @@ TEST(config_parse) {
                            &s, err, sizeof err) == 0 &&
          s.lookup_min == 2 && s.lookup_max == 4 && s.k == 3);
   EXPECT(spec_config_parse("{}", &s, err, sizeof err) == 0 && s.method == SPEC_METHOD_NONE);
+  EXPECT(spec_config_parse("{\"method\":\"mtp\",\"num_speculative_tokens\":2,"
+                           "\"disable_by_batch_size\":8}",
+                           &s, err, sizeof err) == 0 &&
+         s.disable_by_batch_size == 8);
+  EXPECT(spec_config_parse("{\"method\":\"ngram\",\"num_speculative_tokens\":2}", &s, err,
+                           sizeof err) == 0 &&
+         s.disable_by_batch_size == 0);
   EXPECT(spec_config_parse("{\"method\":\"mtp\",\"num_speculative_tokens\":2}", &s, err,
                            sizeof err) == 0 &&
          s.method == SPEC_METHOD_MTP && s.k == 2);
@@ -79,6 +86,8 @@ TEST(config_parse) {
                        ("{\"method\":\"ngram\",\"num_speculative_tokens\":2,"
                         "\"prompt_lookup_min\":4,\"prompt_lookup_max\":2}"),
                        "{\"method\":\"ngram\",\"num_speculative_tokens\":2.5}",
+                       "{\"method\":\"ngram\",\"num_speculative_tokens\":2,"
+                       "\"disable_by_batch_size\":0}",
                        "[1]",
                        "{"};
   for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
@@ -167,6 +176,7 @@ typedef struct up_opts {
   int k;   /* num_speculative_tokens (0: off) */
   int mtp; /* the MTP drafter (the model's head) instead of n-gram */
   int cache, budget, kv_tokens, seqs;
+  int measured; /* whether steps draft decided by spec_policy (else every step may draft) */
 } up_opts;
 
 typedef struct rigs {
@@ -193,6 +203,7 @@ static int up(rigs *g, const up_opts *u) {
     o.spec.lookup_min = o.spec.lookup_max = 0;
     o.mtp_weights = &W;
   }
+  if (u->k && !u->measured) o.spec.disable_by_batch_size = 1 << 20;
   qwen35_mem_opts mo;
   char err[200];
   g->m = NULL;
@@ -393,6 +404,25 @@ TEST(greedy_same_tokens_and_logits) {
                s0.steps);
       report(what, &s1);
     }
+  }
+}
+
+/* the measured choice per step (spec_policy: drafts tried, then plain steps, then the faster)
+ * changes which steps draft, never a token */
+TEST(measured_policy_same_tokens) {
+  prompts(REF, NQ, 40, 1);
+  engine_stats s0, s1;
+  up_opts off = {0}, on = {.k = 3, .measured = 1};
+  EXPECT(run_set(&off, REF, NQ, &s0));
+  for (int pm = 0; pm <= 1000; pm += 1000) {
+    prompts(GOT, NQ, 40, 1);
+    replay_ref(NQ, pm);
+    EXPECT(run_set(&on, GOT, NQ, &s1));
+    EXPECT(same(REF, GOT, NQ, "measured policy"));
+    EXPECT_MSG(s1.spec_num_drafts > 0, "corrupt per mille %d: drafts never tried", pm);
+    char what[160];
+    snprintf(what, sizeof what, "measured policy, replay corrupt per mille %d", pm);
+    report(what, &s1);
   }
 }
 
@@ -856,6 +886,7 @@ int main(void) {
     RUN(verify_piece_rollback);
     RUN(greedy_same_tokens_and_logits);
     RUN(greedy_alone);
+    RUN(measured_policy_same_tokens);
     RUN(preempted_same_tokens);
     RUN(prefix_cache_restore);
     RUN(seeded_sampling_same_tokens);

@@ -380,8 +380,8 @@ static int engine_run(const char *dir, int n, int mtp, int32_t replay[EREQ + 1][
   char err[300] = "";
   engine_opts o;
   engine_opts_default(&o);
-  if (replay) o.spec = (spec_config){SPEC_METHOD_NGRAM, 3, 1, 3};
-  if (mtp) o.spec = (spec_config){SPEC_METHOD_MTP, 2, 0, 0};
+  if (replay) o.spec = (spec_config){SPEC_METHOD_NGRAM, 3, 1, 3, 1 << 20};
+  if (mtp) o.spec = (spec_config){SPEC_METHOD_MTP, 2, 0, 0, 1 << 20};
   o.max_num_seqs = 4; /* fewer than the requests: one waits */
   o.enable_prefix_caching = 1;
   o.snapshot_interval = 32;

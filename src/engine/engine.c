@@ -537,6 +537,8 @@ engine *engine_create(qwen35 *model, const engine_opts *o, char *err, size_t err
     return NULL;
   }
   sched_set_spec(e->s, spec ? &o->spec : NULL, e->max_model_len);
+  spec_policy_init(&e->pol);
+  e->spec_on = 1;
   if (o->startup_forward && engine_startup_forward(e, mo.n_pages, err, errlen) != 0) {
     engine_destroy(e, 0);
     return NULL;

@@ -16,6 +16,7 @@
 #include "engine/request.h"
 #include "engine/sched.h"
 #include "engine/spec_mtp.h"
+#include "engine/spec_policy.h"
 #include "sampler/sample_rule.h"
 #include "sampler/sampler_pool.h"
 
@@ -96,6 +97,9 @@ struct engine {
    * step row i for the draft rows past that sequence's pages, from mtp_scratch0 + i *
    * mtp_scratch), every row's hidden state of a step [max_num_batched_tokens, H], the step's
    * sequences' page tables for the drafter [max_num_seqs, mtp_pt] and their items */
+  /* whether the next step drafts: spec_config.disable_by_batch_size's rule, else measured */
+  spec_policy pol;
+  int spec_on;
   spec_mtp *mtp;
   int mtp_scratch0, mtp_scratch, mtp_pt;
   float *hidden;

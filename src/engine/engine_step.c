@@ -422,7 +422,7 @@ static void engine_step_mtp(engine *e, const sched_batch *b) {
     int pos = e->seqs[i].pos, nf = r->sched_tokens;
     int at = pos + nf + 1 == r->n_tokens; /* at the decode point after this step */
     int k = 0;
-    if (at) {
+    if (at && e->spec_on) {
       k = e->o.spec.k;
       int left = r->smp.p.max_tokens - request_n_output(r) - 1;
       if (k > left) k = left;
@@ -451,6 +451,18 @@ static void engine_step_mtp(engine *e, const sched_batch *b) {
   }
 }
 
+/* Speculative decoding, each step: whether the next step drafts (sched and the MTP drafter
+ * follow it). With disable_by_batch_size, vLLM's rule on the requests running; else
+ * spec_policy's choice for the requests of this step still going, from what it has seen. */
+static void engine_step_spec_next(engine *e, const sched_batch *b) {
+  int n = 0;
+  for (int i = 0; i < b->n; i++) n += !b->reqs[i]->finish;
+  int lim = e->o.spec.disable_by_batch_size;
+  int on = lim > 0 ? sched_num_running(e->s) <= lim : n < 1 || spec_policy_decide(&e->pol, n);
+  if (on != e->spec_on) sched_set_spec_on(e->s, on);
+  e->spec_on = on;
+}
+
 int engine_step_run(engine *e) {
   if (e->n_fl) return engine_step_flight(e);
   sched_batch b;
@@ -458,7 +470,9 @@ int engine_step_run(engine *e) {
   for (int i = 0; i < b.n_failed; i++) engine_end(e, b.failed[i]->owner, FINISH_ERROR, 1);
   if (b.n == 0) return b.n_failed;
 
-  int n_rows = 0, n_verify = 0;
+  int n_rows = 0, n_verify = 0, decode_only = 1;
+  double t0 = engine_step_now();
+  long long gen0 = e->gen_total;
   for (int i = 0; i < b.n; i++) {
     request *r = b.reqs[i];
     fwd_seq *q = &e->seqs[i];
@@ -472,6 +486,7 @@ int engine_step_run(engine *e) {
     if (r->sched_draft) q->logits = QWEN35_LOGITS_VERIFY;
     n_rows += r->sched_sample + r->sched_draft;
     n_verify += r->sched_draft > 0;
+    decode_only &= r->sched_sample && q->n_tokens == 1 + r->sched_draft;
     if (r->n_computed < r->n_prompt) e->prefilled_total += r->sched_tokens;
   }
   e->steps++;
@@ -595,7 +610,12 @@ int engine_step_run(engine *e) {
     posted += engine_push(h, &res, r->finish, e->nt);
   }
   if (posted) notifier_kick(e->nt);
+  if (e->o.spec.method != SPEC_METHOD_NONE) engine_step_spec_next(e, &b);
   if (e->mtp) engine_step_mtp(e, &b);
+  /* a step of decode rows alone, drafts and drafting included: what spec_policy compares */
+  if (e->o.spec.method != SPEC_METHOD_NONE && decode_only)
+    spec_policy_observe(&e->pol, b.n, n_verify > 0, (int)(e->gen_total - gen0),
+                        engine_step_now() - t0);
   sched_postprocess(e->s, &b);
   for (int i = 0; i < b.n; i++) {
     request *r = b.reqs[i];

@@ -28,6 +28,7 @@ struct sched {
   int interval;                 /* --snapshot-interval */
   long long n_waits, n_demands; /* admissions deferred for an in-flight capture; demands */
   spec_config spec;             /* speculative decoding (method NONE: off) */
+  int spec_on;                  /* drafts in the next step (sched_set_spec_on) */
   int max_model_len;
 };
 
@@ -110,7 +111,10 @@ void sched_set_spec(sched *s, const spec_config *spec, int max_model_len) {
   memset(&s->spec, 0, sizeof s->spec);
   if (spec) s->spec = *spec;
   s->max_model_len = max_model_len;
+  s->spec_on = 1;
 }
+
+void sched_set_spec_on(sched *s, int on) { s->spec_on = on; }
 
 int sched_num_running(const sched *s) { return s->running.n; }
 int sched_num_waiting(const sched *s) { return s->waiting.n; }
@@ -247,7 +251,8 @@ static int sched_replay(request *r, int k) {
  * sets r->sched_draft and returns it. */
 static int sched_draft(sched *s, request *r, int room) {
   r->sched_draft = 0;
-  if (s->spec.method == SPEC_METHOD_NONE || r->n_computed + 1 != r->n_tokens) return 0;
+  if (s->spec.method == SPEC_METHOD_NONE || !s->spec_on || r->n_computed + 1 != r->n_tokens)
+    return 0;
   int k = s->spec.k;
   int left = r->smp.p.max_tokens - request_n_output(r) - 1; /* the last token needs no draft */
   if (k > left) k = left;

@@ -99,6 +99,9 @@ void sched_set_prefix_cache(sched *s, prefix_cache *pc, int snapshot_interval);
  * max_model_len; sched_postprocess advances n_computed by the rows the engine kept
  * (sched_tokens, set by the engine after verifying) and gives back the pages past them. */
 void sched_set_spec(sched *s, const spec_config *spec, int max_model_len);
+/* Whether the next steps draft at all (the engine's per-step choice, spec_policy; on after
+ * sched_set_spec). */
+void sched_set_spec_on(sched *s, int on);
 
 /* The split unit u for a budget. */
 int sched_unit(int max_num_batched_tokens);

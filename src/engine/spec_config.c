@@ -38,7 +38,7 @@ int spec_config_parse(const char *json, spec_config *out, char *err, size_t errl
     goto done;
   }
   static const char *const known[] = {"method", "num_speculative_tokens", "prompt_lookup_min",
-                                      "prompt_lookup_max"};
+                                      "prompt_lookup_max", "disable_by_batch_size"};
   const char *key;
   json_t *val;
   json_object_foreach(o, key, val) {
@@ -47,7 +47,7 @@ int spec_config_parse(const char *json, spec_config *out, char *err, size_t errl
     if (!ok) {
       errf(err, errlen,
            "--speculative-config: key \"%s\" is not supported (method, "
-           "num_speculative_tokens, prompt_lookup_min, prompt_lookup_max)",
+           "num_speculative_tokens, prompt_lookup_min, prompt_lookup_max, disable_by_batch_size)",
            key);
       goto done;
     }
@@ -64,10 +64,12 @@ int spec_config_parse(const char *json, spec_config *out, char *err, size_t errl
          ms);
     goto done;
   }
-  int gk, gmin, gmax;
+  int gk, gmin, gmax, gd;
   out->k = 0;
-  out->lookup_min = out->lookup_max = 0;
+  out->lookup_min = out->lookup_max = out->disable_by_batch_size = 0;
   if (spec_int(o, "num_speculative_tokens", 1, SPEC_MAX_TOKENS, &out->k, &gk, err, errlen) ||
+      spec_int(o, "disable_by_batch_size", 1, 1 << 20, &out->disable_by_batch_size, &gd, err,
+               errlen) ||
       spec_int(o, "prompt_lookup_min", 1, 1 << 20, &out->lookup_min, &gmin, err, errlen) ||
       spec_int(o, "prompt_lookup_max", 1, 1 << 20, &out->lookup_max, &gmax, err, errlen))
     goto done;

@@ -3,6 +3,7 @@
  *   {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": a,
  *    "prompt_lookup_max": b}
  *   {"method": "mtp", "num_speculative_tokens": k}
+ *   either with "disable_by_batch_size": n
  *
  * n-gram (prompt lookup) and the checkpoint's MTP head (engine_create refuses "mtp" when the
  * checkpoint has none); draft models are refused with one line, and so is every key this server
@@ -22,6 +23,9 @@ typedef struct spec_config {
   int k;              /* num_speculative_tokens: drafted tokens per step, 1..SPEC_MAX_TOKENS */
   int lookup_min;     /* prompt_lookup_min: the shortest n-gram matched, >= 1 (ngram) */
   int lookup_max;     /* prompt_lookup_max: the longest, >= lookup_min (ngram) */
+  /* disable_by_batch_size: drafts only in steps of at most this many decode sequences (vLLM's
+   * rule); 0, the default: whether a step drafts is decided by measurement (spec_policy) */
+  int disable_by_batch_size;
 } spec_config;
 
 /* Parses the flag's JSON object into *out (SPEC_METHOD_NONE for "{}" or "null", as vLLM).

@@ -293,10 +293,10 @@ static void shape_case(const moe_shape *s) {
   free(x);
 }
 
-/* 128 x 128 blocks, H and I multiples of 256 (the device-grouped kernels at 8 and 33 rows), an
- * FP8 shared expert */
+/* 128 x 128 blocks, H and I multiples of 256 (the device-grouped kernels at 8 and 33 rows; I =
+ * 768: the per-row down rows in two rounds), an FP8 shared expert */
 TEST(moe_fp8_block128) {
-  moe_shape s = {"b128", 512, 256, 16, 4, 256, 128, 128, 1, 1};
+  moe_shape s = {"b128", 512, 768, 16, 4, 256, 128, 128, 1, 1};
   shape_case(&s);
 }
 

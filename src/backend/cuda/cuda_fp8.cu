@@ -16,6 +16,7 @@
  * Every kernel begins with pdl_enter (cuda_common.cuh). */
 #include <cuda_fp16.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "backend/cuda/backend_cuda.h"
 #include "backend/cuda/cuda_common.cuh"
@@ -44,11 +45,11 @@ __device__ __forceinline__ float2 fp8x2_to_f32(uint32_t v) {
 __device__ __forceinline__ float fp8_to_f32(uint8_t b) { return fp8x2_to_f32(b).x; }
 
 /* out[n, k] = bf16(e4m3(W[n, k]) * s[n/bn][k/bk]) (one fp32 product, rounded to nearest even:
- * the bits the host's dequantize-then-convert upload gives), 8 elements per thread. */
-__global__ void k_fp8_dequant(const uint8_t *__restrict__ W, const float *__restrict__ s, int N,
-                              int K, int bn, int bk, int scols, bf16 *__restrict__ out) {
-  pdl_enter();
-  size_t total = (size_t)N * K, e0 = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 8;
+ * the bits the host's dequantize-then-convert upload gives) for the 8 elements from e0. */
+__device__ __forceinline__ void fp8_dequant8(const uint8_t *__restrict__ W,
+                                             const float *__restrict__ s, int N, int K, int bn,
+                                             int bk, int scols, size_t e0, bf16 *__restrict__ out) {
+  size_t total = (size_t)N * K;
   if (e0 >= total) return;
   if (K % 8 == 0) { /* the 8 elements lie in one row, 8- and 16-byte aligned */
     int n = (int)(e0 / (size_t)K), k = (int)(e0 % (size_t)K);
@@ -68,6 +69,28 @@ __global__ void k_fp8_dequant(const uint8_t *__restrict__ W, const float *__rest
       out[e] = f2bf(fp8_to_f32(W[e]) * __ldg(s + (size_t)(n / bn) * scols + k / bk));
     }
   }
+}
+
+/* fp8_dequant8, 8 elements per thread */
+__global__ void k_fp8_dequant(const uint8_t *__restrict__ W, const float *__restrict__ s, int N,
+                              int K, int bn, int bk, int scols, bf16 *__restrict__ out) {
+  pdl_enter();
+  fp8_dequant8(W, s, N, K, bn, bk, scols, ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 8, out);
+}
+
+/* Weights of one shape for k_fp8_dequant_many. */
+struct fp8_dq_list {
+  const uint8_t *q[CUDA_FP8_DQ_MANY];
+  const float *s[CUDA_FP8_DQ_MANY];
+};
+
+/* grid (ceil(N K / 2048), n): out [n, N, K], weight blockIdx.y into its N x K, as k_fp8_dequant */
+__global__ void k_fp8_dequant_many(fp8_dq_list l, int N, int K, int bn, int bk, int scols,
+                                   bf16 *__restrict__ out) {
+  pdl_enter();
+  int i = blockIdx.y;
+  fp8_dequant8(l.q[i], l.s[i], N, K, bn, bk, scols,
+               ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 8, out + (size_t)i * N * K);
 }
 
 /* y[t, n] for the step's T rows (1 .. 8 NT), a block per F8M_ROWS weight rows
@@ -153,6 +176,22 @@ void cuda_fp8_dequant(cuda_ctx *c, const cuda_weight *w, bf16 *out) {
   k_fp8_dequant<<<(unsigned)((groups + 255) / 256), 256, 0, c->st>>>(
       w->q8, w->s8, N, K, w->bn, w->bk, (K + w->bk - 1) / w->bk, out);
   cuda_check_launch(c, "fp8 dequantize");
+}
+
+void cuda_fp8_dequant_many(cuda_ctx *c, const cuda_weight *const *ws, int n, bf16 *out) {
+  if (n < 1 || n > CUDA_FP8_DQ_MANY) return;
+  const cuda_weight *w = ws[0];
+  int N = (int)w->rows, K = (int)w->cols;
+  fp8_dq_list l;
+  memset(&l, 0, sizeof l);
+  for (int i = 0; i < n; i++) {
+    l.q[i] = ws[i]->q8;
+    l.s[i] = ws[i]->s8;
+  }
+  size_t groups = ((size_t)N * K + 7) / 8;
+  dim3 g((unsigned)((groups + 255) / 256), (unsigned)n);
+  k_fp8_dequant_many<<<g, 256, 0, c->st>>>(l, N, K, w->bn, w->bk, (K + w->bk - 1) / w->bk, out);
+  cuda_check_launch(c, "fp8 dequantize (several)");
 }
 
 int cuda_fp8_use_bf16(const cuda_ctx *c, const cuda_weight *w, int T) {

@@ -31,6 +31,10 @@ struct f8_view {
  * each element one fp32 product rounded to bf16, the bits of the host's dequantize-then-convert
  * upload). The MoE op's grouped GEMMs read the experts this way (cuda_moe.cu). */
 void cuda_fp8_dequant(cuda_ctx *c, const cuda_weight *w, bf16 *out);
+/* The same for n (1 .. CUDA_FP8_DQ_MANY) weights of one shape and block shape in one launch:
+ * out [n, rows, cols], weight i at out + i * rows * cols. */
+#define CUDA_FP8_DQ_MANY 16
+void cuda_fp8_dequant_many(cuda_ctx *c, const cuda_weight *const *ws, int n, bf16 *out);
 
 /* 1 when a [N, K] FP8 weight with bn x bk blocks and its operands fit the FP8 GEMV rows. */
 __host__ __device__ static inline int f8_fits(long long K, int bk) {

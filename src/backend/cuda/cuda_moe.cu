@@ -818,6 +818,7 @@ static size_t al256(size_t b) { return (b + 255) & ~(size_t)255; }
  * outputs in slot order with the routing weights (+ the shared expert). Every expert's weights
  * are read once per chunk instead of once per routed row. */
 #define MOE_GROUPED_MIN 64
+#define MOE_DEQ_BYTES ((size_t)32 << 20) /* FP8 experts dequantized at once, at most */
 #define MOE_GROUPED_CHUNK 2048
 
 /* grid E, block 256: lpos[s] = rank of slot s among the slots routed to expert e (slot order);
@@ -909,13 +910,24 @@ __global__ void k_moe_down_dev8(const float *h, const int32_t *off, const void *
                                 int H, int I, int bn, int bks, float *od);
 #define MOE_DEV_DJ 4 /* down outputs per warp (k_moe_down_dev) */
 
+/* The experts from *e on that have rows (hoff: the expert offsets), at most ng of them, into
+ * list; *e moves past the last one taken. Returns how many. */
+static int moe_next_group(const int32_t *hoff, int E, int *e, int ng, int *list) {
+  int n = 0;
+  for (; *e < E && n < ng; (*e)++)
+    if (hoff[*e + 1] > hoff[*e]) list[n++] = *e;
+  return n;
+}
+
 /* The routed experts of rows [0, T) (ids/wts already routed), grouped; out as k_moe_down.
  * dev: through the device-grouped kernels (moe_dev_takes), else per-expert cuBLAS GEMMs (FP8
- * experts: each expert with rows dequantized into wa / wb first, cuda_fp8_dequant). */
+ * experts: ng experts with rows at a time dequantized into wa / wb first, one launch each,
+ * cuda_fp8_dequant_many). */
 static void moe_grouped(cuda_ctx *c, const backend_moe *m, const bf16 *x, const int32_t *ids,
                         const float *wts, const void *const *htab, const void *const *htab_d,
                         const moe_table *ti, int dev, int E, int k, int H, int I, int T,
-                        const float *sg, const float *sd, bf16 *out, char *sc, bf16 *wa, bf16 *wb) {
+                        const float *sg, const float *sd, bf16 *out, char *sc, bf16 *wa, bf16 *wb,
+                        int ng) {
   size_t nmax = (size_t)MOE_GROUPED_CHUNK * k;
   size_t o_lpos = 0, o_cnt = o_lpos + al256(nmax * 4), o_off = o_cnt + al256((size_t)E * 4),
          o_row = o_off + al256((size_t)(E + 1) * 4), o_xg = o_row + al256(nmax * 4),
@@ -968,32 +980,38 @@ static void moe_grouped(cuda_ctx *c, const backend_moe *m, const bf16 *x, const 
       cuda_fail(c, "moe", "cannot read the expert offsets");
       break;
     }
-    for (int e = 0; e < E && !c->failed; e++) {
-      int ne = hoff[e + 1] - hoff[e];
-      if (ne <= 0) continue;
-      size_t g0 = (size_t)hoff[e];
-      const bf16 *wg = (const bf16 *)htab[e], *wu = (const bf16 *)htab[E + e];
+    /* experts with rows in groups of ng (FP8: each group's matrices dequantized in one launch,
+     * expert g of the group at wa / wb + g I H) */
+    int list[CUDA_FP8_DQ_MANY];
+    const cuda_weight *dw[2][CUDA_FP8_DQ_MANY];
+    for (int e = 0, ng_ = 0; !c->failed && (ng_ = moe_next_group(hoff, E, &e, ng, list)) > 0;) {
       if (ti->f8) {
-        cuda_fp8_dequant(c, CW(m->gate[e]), wa);
-        cuda_fp8_dequant(c, CW(m->up[e]), wb);
-        wg = wa;
-        wu = wb;
+        for (int g = 0; g < ng_; g++)
+          dw[0][g] = CW(m->gate[list[g]]), dw[1][g] = CW(m->up[list[g]]);
+        cuda_fp8_dequant_many(c, dw[0], ng_, wa);
+        cuda_fp8_dequant_many(c, dw[1], ng_, wb);
       }
-      if (moe_gemm(c, xg + g0 * H, wg, ne, H, I, hg + g0 * I, 0) ||
-          moe_gemm(c, xg + g0 * H, wu, ne, H, I, hu + g0 * I, 0))
-        break;
+      for (int g = 0; g < ng_ && !c->failed; g++) {
+        int ex = list[g], ne = hoff[ex + 1] - hoff[ex];
+        size_t g0 = (size_t)hoff[ex], wo = (size_t)g * I * H;
+        const bf16 *wg = ti->f8 ? wa + wo : (const bf16 *)htab[ex],
+                   *wu = ti->f8 ? wb + wo : (const bf16 *)htab[E + ex];
+        if (moe_gemm(c, xg + g0 * H, wg, ne, H, I, hg + g0 * I, 0)) break;
+        moe_gemm(c, xg + g0 * H, wu, ne, H, I, hu + g0 * I, 0);
+      }
     }
     k_swiglu_bf16<<<cuda_blocks((size_t)n * I, 256), 256, 0, c->st>>>(hg, hu, (size_t)n * I);
-    for (int e = 0; e < E && !c->failed; e++) {
-      int ne = hoff[e + 1] - hoff[e];
-      if (ne <= 0) continue;
-      size_t g0 = (size_t)hoff[e];
-      const bf16 *wd = (const bf16 *)htab[2 * E + e];
+    for (int e = 0, ng_ = 0; !c->failed && (ng_ = moe_next_group(hoff, E, &e, ng, list)) > 0;) {
       if (ti->f8) {
-        cuda_fp8_dequant(c, CW(m->down[e]), wa);
-        wd = wa;
+        for (int g = 0; g < ng_; g++) dw[0][g] = CW(m->down[list[g]]);
+        cuda_fp8_dequant_many(c, dw[0], ng_, wa);
       }
-      if (moe_gemm(c, hg + g0 * I, wd, ne, I, H, od + g0 * H, 1)) break;
+      for (int g = 0; g < ng_ && !c->failed; g++) {
+        int ex = list[g], ne = hoff[ex + 1] - hoff[ex];
+        size_t g0 = (size_t)hoff[ex];
+        const bf16 *wd = ti->f8 ? wa + (size_t)g * H * I : (const bf16 *)htab[2 * E + ex];
+        moe_gemm(c, hg + g0 * I, wd, ne, I, H, od + g0 * H, 1);
+      }
     }
     k_moe_combine<<<cuda_blocks((size_t)Tc * H, 256), 256, 0, c->st>>>(
         od, row_of, wts + (size_t)t0 * k, Tc, k, H, sg ? sg + t0 : NULL,
@@ -1283,8 +1301,15 @@ extern "C" void cuda_moe_moe(backend *be, backend_buf x, const backend_moe *m, i
   }
   int dev, grouped = moe_path(c, m, T, H, &dev);
   int nw = ti->f8 ? 6 : 3; /* wsel pointers per slot */
-  /* grouped steps that dequantize: the cuBLAS path's FP8 experts, an FP8 shared expert */
-  size_t wmat = (size_t)(I > Is ? I : Is) * H * 2;
+  /* grouped steps that dequantize: the cuBLAS path's FP8 experts (ng at a time, at most
+   * MOE_DEQ_BYTES of them), an FP8 shared expert */
+  int ng = CUDA_FP8_DQ_MANY;
+  if (ti->f8) {
+    size_t fit = MOE_DEQ_BYTES / ((size_t)I * H * 2);
+    ng = fit < 1 ? 1 : fit < CUDA_FP8_DQ_MANY ? (int)fit : CUDA_FP8_DQ_MANY;
+  }
+  size_t ni = ti->f8 && grouped && !dev ? (size_t)ng * I : 0;
+  size_t wmat = (ni > (size_t)Is ? ni : (size_t)Is) * H * 2;
   int deq = grouped && ((ti->f8 && !dev) || sh8);
   /* per-row steps: wsel [T, k, nw] (the chosen experts' weights), hid [T, k I + Is] (the
    * shared expert its last slot); grouped steps: the shared expert through cuBLAS (gs, us, sd),
@@ -1358,7 +1383,7 @@ extern "C" void cuda_moe_moe(backend *be, backend_buf x, const backend_moe *m, i
       cuda_gemm(c, gs, wd, T, Is, H, sd, 1);
     }
     moe_grouped(c, m, xb, ids, wts, htab, tab, ti, dev, E, k, H, I, T, sg, Is > 0 ? sd : NULL,
-                (bf16 *)out, sc + o_grp, wa, wb);
+                (bf16 *)out, sc + o_grp, wa, wb, ng);
     return;
   }
   int S = Is > 0, wmax = I > Is ? I : Is;

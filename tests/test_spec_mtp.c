@@ -243,6 +243,75 @@ static int32_t argmax_row(const float *x, int V) {
   return t;
 }
 
+/* The PyTorch definition (scripts/device/mtp_train.py, transformers' Qwen3.5 decoder layer and
+ * vLLM's MTP wiring) on its fixture tests/fixtures/models/mtp_parity: the target's hidden rows
+ * of a 20-token prompt (qwen35_forward_hidden) fed with the next tokens give the MTP logits
+ * PyTorch computed in fp32 from the same bf16 weights; the drafting path (qwen35_mtp_draft) picks
+ * each piece's last row's argmax. */
+TEST(forward_matches_pytorch) {
+  const char *dir = "tests/fixtures/models/mtp_parity";
+  model_config c;
+  model_weights w;
+  REQUIRE(model_load_with(dir, &MTP, &c, &w, err, sizeof err) == 0);
+  char path[300];
+  snprintf(path, sizeof path, "%s/ref.json", dir);
+  FILE *f = fopen(path, "r");
+  REQUIRE(f);
+  char js[8192];
+  size_t nr = fread(js, 1, sizeof js - 1, f);
+  fclose(f);
+  js[nr] = 0;
+  enum { N = 20 };
+  int32_t prompt[N], next[N];
+  const char *pp = strstr(js, "\"prompt\": ["), *pn = strstr(js, "\"next\": [");
+  REQUIRE(pp && pn);
+  pp = strchr(pp, '[') + 1;
+  pn = strchr(pn, '[') + 1;
+  for (int i = 0; i < N; i++) {
+    prompt[i] = (int32_t)strtol(pp, (char **)&pp, 10);
+    next[i] = (int32_t)strtol(pn, (char **)&pn, 10);
+    pp += strspn(pp, ", ");
+    pn += strspn(pn, ", ");
+  }
+  size_t V = (size_t)c.vocab_size, H = (size_t)c.hidden_size;
+  float *ref = malloc(sizeof(float) * N * V), *lg = malloc(sizeof(float) * N * V),
+        *tl = malloc(sizeof(float) * N * V), *h = malloc(sizeof(float) * N * H);
+  snprintf(path, sizeof path, "%s/mtp_logits.bin", dir);
+  f = fopen(path, "rb");
+  REQUIRE(f);
+  EXPECT(fread(ref, sizeof(float), N * V, f) == N * V);
+  fclose(f);
+  backend *be = backend_cpu_create(2);
+  qwen35 *t = NULL;
+  qwen35_mtp *m = NULL;
+  qwen35_mem_opts mo = {.n_pages = 4, .n_slots = 2};
+  REQUIRE(qwen35_init(&t, &c, &w, be, &mo, err, sizeof err) == 0);
+  REQUIRE(qwen35_mtp_init(&m, t, &w, be, 4, err, sizeof err) == 0);
+  int32_t pt[2] = {0, 1}, mp[2] = {2, 3};
+  fwd_seq q = {prompt, N, 0, pt, 2, 0, QWEN35_LOGITS_ALL};
+  REQUIRE(qwen35_forward_hidden(t, &q, 1, tl, h, err, sizeof err) == 0);
+  fwd_seq d = {.tokens = next, .n_tokens = N, .pos = 0, .pages = mp, .n_pages = 2};
+  REQUIRE(qwen35_mtp_forward(m, &d, 1, 0, h, lg, NULL, err, sizeof err) == 0);
+  double e = max_rel(lg, ref, (size_t)N * V);
+  printf("  mtp forward vs PyTorch (fixture): logits %.2e (relative to max)\n", e);
+  EXPECT_MSG(e < 1e-4, "MTP logits differ from PyTorch's: %.3e", e);
+  /* the drafting path: rows 0..9 and 10..19 as two pieces, each piece's last row's argmax */
+  int32_t ids[2];
+  fwd_seq two[2] = {{.tokens = next, .n_tokens = 10, .pos = 0, .pages = mp, .n_pages = 2},
+                    {.tokens = next + 10, .n_tokens = 10, .pos = 10, .pages = mp, .n_pages = 2}};
+  REQUIRE(qwen35_mtp_draft(m, &two[1], 1, 0, h + 10 * H, &ids[1], NULL, err, sizeof err) == 0);
+  REQUIRE(qwen35_mtp_draft(m, &two[0], 1, 0, h, &ids[0], NULL, err, sizeof err) == 0);
+  EXPECT_MSG(
+      ids[0] == argmax_row(ref + 9 * V, (int)V) && ids[1] == argmax_row(ref + 19 * V, (int)V),
+      "drafts %d %d, PyTorch argmax %d %d", ids[0], ids[1], argmax_row(ref + 9 * V, (int)V),
+      argmax_row(ref + 19 * V, (int)V));
+  free(ref), free(lg), free(tl), free(h);
+  qwen35_mtp_free(m);
+  qwen35_free(t);
+  be->destroy(be);
+  weights_free(&w);
+}
+
 /* Greedy decoding with MTP drafts verified as verify pieces (keep slots, the kept state copied
  * back) gives the plain greedy tokens; the drafter is really used (drafts > 0). Besides, the
  * target's hidden rows (qwen35_forward_hidden) are what its logits come from: lm_head . h. */
@@ -362,6 +431,7 @@ int main(void) {
   }
   RUN(gen_random_and_load);
   RUN(forward_matches_reference);
+  RUN(forward_matches_pytorch);
   RUN(greedy_lossless_with_mtp_drafts);
   RUN(init_refuses_without_head);
   char cmd[300];

@@ -292,12 +292,13 @@ def serve_run(extra, conc, n_req, max_tokens=128, plen=256):
             prompts.append(list(held[o:o + plen]))
 
         def one(pr):
-            body = json.dumps({"model": "x", "prompt": pr, "max_tokens": max_tokens,
+            body = json.dumps({"model": name, "prompt": pr, "max_tokens": max_tokens,
                                "temperature": 0, "ignore_eos": True}).encode()
             q = urllib.request.Request(base + "/v1/completions", body, {"Content-Type": "application/json"})
             j = json.loads(urllib.request.urlopen(q, timeout=600).read())
             return j["usage"]["completion_tokens"]
 
+        name = json.loads(urllib.request.urlopen(base + "/v1/models").read())["data"][0]["id"]
         one(prompts[0])  # warm
         m0 = urllib.request.urlopen(base + "/metrics").read().decode()
         t = time.time()
@@ -315,9 +316,14 @@ def serve_run(extra, conc, n_req, max_tokens=128, plen=256):
         ac = metric(m1, "spec_decode_num_accepted_tokens_total") - metric(m0, "spec_decode_num_accepted_tokens_total")
         return {"tok_s": toks / dt, "tokens": toks, "seconds": dt,
                 "acceptance_length": (1 + ac / dr) if dr else None, "drafts": dr}
+    except Exception as e:  # noqa: BLE001
+        raise RuntimeError(f"{e}; server log: " + open(f"/tmp/ds-mtp-serve-{port}.log").read()[-600:])
     finally:
-        os.killpg(p.pid, signal.SIGTERM)
-        p.wait(timeout=60)
+        try:
+            os.killpg(p.pid, signal.SIGTERM)
+            p.wait(timeout=60)
+        except ProcessLookupError:
+            pass
 
 
 if not args.no_serve:

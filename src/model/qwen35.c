@@ -495,10 +495,30 @@ void qwen35_plan(const model_config *c, const model_weights *w, backend *be, qwe
         for (int k = 0; k < 3; k++) wb += ex ? plan_product(be, xs[k]) : plan_tensor(be, xs[k], 0);
       }
   }
+  /* the MTP head when loaded (MTP speculation; qwen35_mtp uploads every tensor as F32 and gives
+   * its layers K/V pools of as many pages) */
+  const mtp_weights *mt = &w->mtp;
+  int n_mtp = mt->n_layers > 0 ? mt->n_layers : 0;
+  if (n_mtp) {
+    wb += plan_tensor(be, &mt->fc, 0) + plan_tensor(be, &mt->pre_fc_norm_embedding, 0) +
+          plan_tensor(be, &mt->pre_fc_norm_hidden, 0) + plan_tensor(be, &mt->norm, 0);
+    for (int i = 0; i < n_mtp; i++) {
+      const layer_weights *L = &mt->layers[i];
+      const tensor *ts[] = {
+          &L->input_norm,  &L->post_norm, &L->q_norm,      &L->k_norm,
+          &L->q_proj,      &L->k_proj,    &L->v_proj,      &L->o_proj,
+          &L->gate_proj,   &L->up_proj,   &L->down_proj,   &L->router,
+          &L->shared_gate, &L->shared_up, &L->shared_down, &L->shared_expert_gate};
+      for (size_t k = 0; k < sizeof ts / sizeof *ts; k++) wb += plan_tensor(be, ts[k], 0);
+      for (int e = 0; L->experts && e < c->n_experts; e++)
+        wb += plan_tensor(be, &L->experts[e].gate, 0) + plan_tensor(be, &L->experts[e].up, 0) +
+              plan_tensor(be, &L->experts[e].down, 0);
+    }
+  }
   b->weights = (size_t)wb;
   size_t act = be->kind_size(be, BACKEND_KIND_ACT);
-  b->page =
-      (size_t)config_n_full_layers(c) * 2 * backend_kv_page_bytes(be, c->n_kv_heads, c->head_dim);
+  b->page = (size_t)(config_n_full_layers(c) + n_mtp) * 2 *
+            backend_kv_page_bytes(be, c->n_kv_heads, c->head_dim);
   b->slot = (size_t)config_n_linear_layers(c) * (conv_elems(c) + ssm_elems(c)) * 4;
   /* the scratch buffers of ensure_scratch, the FFN's at the wider of the dense and the routed
    * experts' widths */
@@ -509,6 +529,8 @@ void qwen35_plan(const model_config *c, const model_weights *w, backend *be, qwe
   size_t I = (size_t)c->intermediate_size > moe ? (size_t)c->intermediate_size : moe;
   b->token = (3 * H + 5 * nhd + 2 * nkv + 2 * (size_t)c->conv_dim + 2 * vd + 2 * nv + 2 * I) * act +
              2 * nv * 4;
+  /* the MTP head's scratch rows (qwen35_mtp: it is fed every row of a step) */
+  if (n_mtp) b->token += (7 * H + 5 * nhd + 2 * nkv + 2 * I) * act + H * 4;
 }
 
 int qwen35_init(qwen35 **out, const model_config *c, const model_weights *w, backend *be,

@@ -51,7 +51,7 @@ double qwen35_packed_bytes(const model_config *c, const model_weights *w, double
  * the checkpoint before the upload (the engine's memory plan). */
 typedef struct qwen35_plan_bytes {
   size_t weights; /* the uploaded weights as be stores them (be->weight_size), no packed copy */
-  size_t page;    /* one KV page over every full-attention layer */
+  size_t page;    /* one KV page over every full-attention layer (and the MTP head's, loaded) */
   size_t slot;    /* one recurrent-state slot */
   size_t token;   /* one token's activations in a step (qwen35's scratch) */
 } qwen35_plan_bytes;

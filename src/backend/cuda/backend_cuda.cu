@@ -600,6 +600,7 @@ static void cu_destroy(backend *be) {
   if (c) {
     cuda_graph_flush(c);
     if (c->st) cudaStreamSynchronize(c->st);
+    cuda_comm_release(c);
     cuda_ktrace_release(c);
     cuda_graph_release(c);
     cuda_moe_release(c);

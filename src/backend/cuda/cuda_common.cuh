@@ -150,6 +150,10 @@ typedef struct cuda_ctx {
   struct cuda_graphs *gr;
   /* the kernel-release trace of replayed steps (cuda_ktrace.cu; builds with -DDS_KTRACE) */
   struct cuda_ktrace *kt;
+  /* tensor parallelism: this rank's communicator and its rank in it (cuda_comm.cu; NULL: one
+   * rank alone, no all_reduce_sum) */
+  struct cuda_comm *comm;
+  int comm_rank;
   int capturing;      /* a stream capture is open: nothing may synchronise or allocate */
   int capture_broken; /* something needed to (cuda_scratch growth): the capture is dropped */
   /* sticky failure */
@@ -202,6 +206,12 @@ void cuda_graph_begin(cuda_ctx *c);
 void cuda_graph_flush(cuda_ctx *c);
 void cuda_graph_clear(cuda_ctx *c);
 void cuda_graph_note_launch(cuda_ctx *c);
+/* An op that cannot be recorded (it synchronises with other ranks or reads back): what was
+ * recorded runs now, launch by launch, and the rest of the step runs as issued. */
+void cuda_graph_stop(cuda_ctx *c);
+/* Drops this rank's reference to its communicator (cuda_comm.cu; no-op without one); the
+ * stream must be idle. */
+void cuda_comm_release(cuda_ctx *c);
 /* Device scratch of at least `bytes` (grown rarely; growing waits for the stream). NULL and a
  * recorded failure when out of memory. */
 void *cuda_scratch(cuda_ctx *c, size_t bytes);

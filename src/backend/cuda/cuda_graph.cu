@@ -829,6 +829,8 @@ static void graph_stop(cuda_ctx *c) {
   g->use_graphs = saved_use;
 }
 
+void cuda_graph_stop(cuda_ctx *c) { graph_stop(c); }
+
 /* ---- the op table's entries (recorded in decode steps, else launched as issued) ---- */
 
 static void w_embed(backend *be, backend_weight E, int H, backend_buf out) {

@@ -1,0 +1,224 @@
+/* cuda_comm — see cuda_comm.h. */
+#include "backend/cuda/cuda_comm.h"
+
+#include <nccl.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <atomic>
+#include <new>
+
+#include "backend/cuda/cuda_common.cuh"
+
+struct cuda_comm {
+  int n;
+  cuda_comm_kind kind; /* NCCL or LOCAL */
+  std::atomic<int> refs;
+  int dev[CUDA_COMM_MAX];
+  /* NCCL: one communicator per rank, made together (ncclCommInitAll) */
+  ncclComm_t nccl[CUDA_COMM_MAX];
+  int nccl_up;
+  /* local: the host barrier, the buffers posted for the all-reduce in progress, the events */
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int waiting;
+  unsigned gen;
+  bf16 *buf[CUDA_COMM_MAX];
+  cudaEvent_t ev_in[CUDA_COMM_MAX];  /* rank r's partial sum is written */
+  cudaEvent_t ev_out[CUDA_COMM_MAX]; /* rank r's slice of the sum is written everywhere */
+};
+
+static void comm_free(cuda_comm *m) {
+  if (!m) return;
+  for (int r = 0; r < m->n; r++) {
+    if (m->nccl_up && m->nccl[r]) ncclCommDestroy(m->nccl[r]);
+    if (m->ev_in[r]) cudaEventDestroy(m->ev_in[r]);
+    if (m->ev_out[r]) cudaEventDestroy(m->ev_out[r]);
+  }
+  cudaGetLastError();
+  pthread_mutex_destroy(&m->mu);
+  pthread_cond_destroy(&m->cv);
+  delete m;
+}
+
+void cuda_comm_release(cuda_ctx *c) {
+  cuda_comm *m = c->comm;
+  if (!m) return;
+  c->comm = NULL;
+  if (m->refs.fetch_sub(1) == 1) comm_free(m);
+}
+
+extern "C" const char *cuda_comm_kind_name(backend *be) {
+  cuda_comm *m = cuda_ctx_of(be)->comm;
+  if (!m) return NULL;
+  return m->kind == CUDA_COMM_NCCL ? "nccl" : "local";
+}
+
+/* Returns once every rank has called it (orders the ranks' issuing, not their devices). */
+static void comm_barrier(cuda_comm *m) {
+  pthread_mutex_lock(&m->mu);
+  unsigned gen = m->gen;
+  if (++m->waiting == m->n) {
+    m->waiting = 0;
+    m->gen++;
+    pthread_cond_broadcast(&m->cv);
+  } else {
+    while (gen == m->gen) pthread_cond_wait(&m->cv, &m->mu);
+  }
+  pthread_mutex_unlock(&m->mu);
+}
+
+struct comm_bufs {
+  bf16 *p[CUDA_COMM_MAX];
+};
+
+/* Elements [b, e) of the sum: fp32 in rank order, rounded once, written to every rank's buffer.
+ * Launched as issued (an all-reduce is never inside a graph), so no pdl_enter. */
+__global__ void k_comm_sum(comm_bufs a, int n_ranks, size_t b, size_t e) {
+  size_t stride = (size_t)gridDim.x * blockDim.x;
+  for (size_t i = b + (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < e; i += stride) {
+    float s = bf2f(a.p[0][i]);
+    for (int r = 1; r < n_ranks; r++) s += bf2f(a.p[r][i]);
+    bf16 v = f2bf(s);
+    for (int r = 0; r < n_ranks; r++) a.p[r][i] = v;
+  }
+}
+
+static void ck_ev(cuda_ctx *c, cudaError_t e) {
+  if (e != cudaSuccess) cuda_fail(c, "all_reduce_sum", cudaGetErrorString(e));
+}
+
+/* The device-local all-reduce (cuda_comm.h "How the ranks' streams meet"). Every rank takes part
+ * in both barriers even after a failure of its own, so that no other rank waits forever. */
+static void local_all_reduce(cuda_ctx *c, cuda_comm *m, bf16 *x, size_t n) {
+  int r = c->comm_rank, N = m->n;
+  ck_ev(c, cudaEventRecord(m->ev_in[r], c->st));
+  pthread_mutex_lock(&m->mu);
+  m->buf[r] = x;
+  pthread_mutex_unlock(&m->mu);
+  comm_barrier(m);
+  comm_bufs a;
+  memset(&a, 0, sizeof a);
+  pthread_mutex_lock(&m->mu);
+  for (int k = 0; k < N; k++) a.p[k] = m->buf[k];
+  pthread_mutex_unlock(&m->mu);
+  for (int k = 0; k < N; k++)
+    if (k != r) ck_ev(c, cudaStreamWaitEvent(c->st, m->ev_in[k], 0));
+  size_t b = n * (size_t)r / (size_t)N, e = n * (size_t)(r + 1) / (size_t)N;
+  if (e > b && !c->failed) {
+    size_t blocks = (e - b + 255) / 256;
+    if (blocks > 1024) blocks = 1024;
+    void (*kern)(comm_bufs, int, size_t, size_t) = k_comm_sum;
+    kern<<<(unsigned)blocks, 256, 0, c->st>>>(a, N, b, e);
+    cuda_check_launch(c, "all_reduce_sum");
+  }
+  ck_ev(c, cudaEventRecord(m->ev_out[r], c->st));
+  comm_barrier(m);
+  for (int k = 0; k < N; k++)
+    if (k != r) ck_ev(c, cudaStreamWaitEvent(c->st, m->ev_out[k], 0));
+}
+
+/* backend.h all_reduce_sum: x ACT (bf16) [n]. */
+static void cu_all_reduce_sum(backend *be, backend_buf x, size_t n) {
+  cuda_ctx *c = cuda_ctx_of(be);
+  cuda_comm *m = c->comm;
+  if (m->kind == CUDA_COMM_LOCAL && m->n == 1) return; /* a sum of one: nothing to do */
+  cuda_graph_stop(c);                                  /* cuda_comm.h "CUDA graphs" */
+  if (m->kind == CUDA_COMM_LOCAL) {
+    local_all_reduce(c, m, (bf16 *)x, n);
+    return;
+  }
+  /* issued even after a failure of this rank's: the other ranks' collectives wait for it */
+  cudaSetDevice(c->device); /* the calling thread is the rank's (qwen35_tp_runner) */
+  ncclResult_t e = ncclAllReduce(x, x, n, ncclBfloat16, ncclSum, m->nccl[c->comm_rank], c->st);
+  if (e != ncclSuccess) cuda_fail(c, "all_reduce_sum (NCCL)", ncclGetErrorString(e));
+}
+
+__attribute__((format(printf, 3, 4))) static int fail_msg(char *err, size_t errlen, const char *fmt,
+                                                          ...) {
+  if (err && errlen) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+  }
+  return -1;
+}
+
+extern "C" int cuda_comm_create_ranks(int n, cuda_comm_kind kind, const backend_options *opt,
+                                      const backend_cuda_test *t, backend **ranks, char *err,
+                                      size_t errlen) {
+  if (n < 1 || n > CUDA_COMM_MAX)
+    return fail_msg(err, errlen, "--tensor-parallel-size %d: 1 to %d ranks on CUDA", n,
+                    CUDA_COMM_MAX);
+  int ndev = 0;
+  if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev <= 0) {
+    cudaGetLastError();
+    return fail_msg(err, errlen, "--device cuda: no CUDA device (%d ranks asked)", n);
+  }
+  int own = n <= ndev, one = n == 1 || ndev == 1;
+  if (kind == CUDA_COMM_AUTO) kind = own && n > 1 ? CUDA_COMM_NCCL : CUDA_COMM_LOCAL;
+  if (kind == CUDA_COMM_NCCL && !own)
+    return fail_msg(err, errlen, "--tensor-parallel-size %d: NCCL needs a GPU per rank (%d found)",
+                    n, ndev);
+  if (kind == CUDA_COMM_LOCAL && !one)
+    return fail_msg(err, errlen,
+                    "--tensor-parallel-size %d over %d GPUs: some ranks would share a GPU and "
+                    "others not (NCCL needs a GPU per rank)",
+                    n, ndev);
+  cuda_comm *m = new (std::nothrow) cuda_comm();
+  if (!m) return fail_msg(err, errlen, "out of memory");
+  m->n = n;
+  m->kind = kind;
+  pthread_mutex_init(&m->mu, NULL);
+  pthread_cond_init(&m->cv, NULL);
+  int prev = 0;
+  cudaGetDevice(&prev);
+  int r = 0, rc = 0;
+  for (; r < n; r++) {
+    m->dev[r] = r % ndev;
+    if (!(ranks[r] = backend_cuda_create_test(m->dev[r], opt, t, err, errlen))) break;
+    if (cudaSetDevice(m->dev[r]) != cudaSuccess ||
+        cudaEventCreateWithFlags(&m->ev_in[r], cudaEventDisableTiming) != cudaSuccess ||
+        cudaEventCreateWithFlags(&m->ev_out[r], cudaEventDisableTiming) != cudaSuccess) {
+      cudaGetLastError();
+      fail_msg(err, errlen, "cannot create the events of rank %d of %d", r, n);
+      ranks[r]->destroy(ranks[r]);
+      break;
+    }
+  }
+  if (r < n) {
+    rc = -1;
+  } else if (kind == CUDA_COMM_NCCL) {
+    /* NVLink multicast (NVLS) stays off: it reserves a large part of every GPU's memory for
+     * its buffers, which the memory plan does not count; a value the user set is kept.
+     * ncclConfig_t has no field for it, so this is the one environment write */
+    setenv("NCCL_NVLS_ENABLE", "0", 0);
+    ncclResult_t e = ncclCommInitAll(m->nccl, n, m->dev);
+    if (e != ncclSuccess) {
+      if (err && errlen)
+        snprintf(err, errlen, "NCCL: cannot make the communicator of %d ranks: %s", n,
+                 ncclGetErrorString(e));
+      rc = -1;
+    } else {
+      m->nccl_up = 1;
+    }
+  }
+  cudaSetDevice(prev);
+  if (rc) {
+    while (r-- > 0) ranks[r]->destroy(ranks[r]);
+    comm_free(m);
+    return -1;
+  }
+  m->refs.store(n);
+  for (r = 0; r < n; r++) {
+    cuda_ctx *c = cuda_ctx_of(ranks[r]);
+    c->comm = m;
+    c->comm_rank = r;
+    ranks[r]->all_reduce_sum = cu_all_reduce_sum;
+  }
+  return n;
+}

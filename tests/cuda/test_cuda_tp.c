@@ -1,0 +1,389 @@
+/* test_cuda_tp (CUDA) — tensor parallelism on the CUDA backend (backend/cuda/cuda_comm.h; GPU
+ * machine only; built by `make CUDA=1 cuda-tests`). On a one-GPU machine every rank shares
+ * device 0 and the ranks meet through the device-local reduction; with a GPU per rank, NCCL.
+ *
+ *   nccl_one_rank   the NCCL wiring: a communicator of one rank (ncclCommInitAll over device 0)
+ *                   whose all-reduce gives back its input, byte for byte;
+ *   sum_N           N = 2, 3, 4 ranks on their threads, several all-reduces in a row (sizes not
+ *                   divisible by N, an op between them): every rank ends with the fp32 sum in
+ *                   rank order rounded once to bf16 (computed here on the host), the same bytes
+ *                   on every rank (NCCL, which sums in its own order, is held to that at N = 2
+ *                   only, where there is one order);
+ *   model_*         TP = N against TP = 1 on fixture models: prefill of 3 prompts, decode steps
+ *                   (recorded decode steps on TP = 1; on TP = N the all-reduce ends the
+ *                   recording), a slot's host round trip, the greedy op. Both runs are fed
+ *                   TP = 1's greedy tokens, so every row compares: the logits within TOL of the
+ *                   largest |logit| (printed: the measured difference), and each row's greedy
+ *                   token equal to TP = 1's unless TP = 1's own top two are within 2 TOL (a
+ *                   near tie the tolerance allows; counted and printed).
+ * Skips (SKIP, exit 0) without a device. */
+#include <math.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cuda_runtime_api.h>
+
+#include "backend/backend.h"
+#include "backend/cuda/backend_cuda.h"
+#include "backend/cuda/cuda_comm.h"
+#include "model/gen_random.h"
+#include "model/qwen35.h"
+#include "test.h"
+
+/* bf16 activations: a row-parallel product's partial sums are rounded to bf16 on each rank
+ * before the sum, where TP = 1 rounds the whole product once */
+#define TOL 1e-2
+#define NPROMPT 3
+#define NGEN 8
+#define MAXLEN 96
+
+static char TMP[256];
+
+/* ---- host bf16 ---- */
+
+static uint16_t to_bf16(float f) { /* round to nearest even (no NaN here) */
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  u += 0x7fffu + ((u >> 16) & 1);
+  return (uint16_t)(u >> 16);
+}
+
+static float of_bf16(uint16_t h) {
+  uint32_t u = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+/* 1 when n ranks fit this machine: all on one GPU, or a GPU each (cuda_comm.h); else says so */
+static int placeable(int n) {
+  int ndev = 0;
+  if (cudaGetDeviceCount(&ndev) != cudaSuccess) ndev = 0;
+  if (ndev == 1 || n <= ndev) return 1;
+  printf("  skipped: %d ranks over %d GPUs (neither one GPU nor a GPU each)\n", n, ndev);
+  return 0;
+}
+
+/* ---- the wiring ---- */
+
+TEST(nccl_one_rank) {
+  backend *be[1];
+  char err[300] = "";
+  backend_options bo = {.device = "cuda"};
+  int n = cuda_comm_create_ranks(1, CUDA_COMM_NCCL, &bo, NULL, be, err, sizeof err);
+  EXPECT_MSG(n == 1, "%s", err);
+  if (n != 1) return;
+  EXPECT_STR(cuda_comm_kind_name(be[0]), "nccl");
+  size_t N = 4099;
+  uint16_t *h = malloc(N * 2), *o = malloc(N * 2);
+  for (size_t i = 0; i < N; i++) h[i] = to_bf16((float)((int)(i * 37 % 201) - 100) / 7.0f);
+  backend_buf x = be[0]->alloc(be[0], BACKEND_KIND_ACT, N);
+  EXPECT(be[0]->write(be[0], x, 0, h, N * 2) == 0);
+  be[0]->all_reduce_sum(be[0], x, N);
+  EXPECT(be[0]->read(be[0], x, 0, o, N * 2) == 0);
+  EXPECT(be[0]->sync(be[0], err, sizeof err) == 0);
+  EXPECT_MSG(!memcmp(h, o, N * 2), "one rank's all-reduce changed its input");
+  printf("  nccl_one_rank: ncclCommInitAll over device 0, all-reduce of %zu bf16 = its input\n", N);
+  be[0]->free(be[0], x);
+  be[0]->destroy(be[0]);
+  free(h);
+  free(o);
+}
+
+#define SUM_ROUNDS 3
+static const size_t SUM_N[SUM_ROUNDS] = {1, 1000, 12345};
+
+typedef struct sum_rank {
+  backend *be;
+  int r, n_ranks;
+  uint16_t *in[SUM_ROUNDS], *out[SUM_ROUNDS]; /* this rank's input, what it read back */
+  int rc;
+} sum_rank;
+
+/* A rank's thread: every round writes its input, adds it to itself (an op before the
+ * all-reduce on this rank's stream: the buffer holds 2 x input), all-reduces it, reads it. */
+static void *sum_thread(void *v) {
+  sum_rank *s = v;
+  backend *be = s->be;
+  for (int k = 0; k < SUM_ROUNDS && s->rc == 0; k++) {
+    size_t n = SUM_N[k];
+    backend_buf x = be->alloc(be, BACKEND_KIND_ACT, n);
+    if (!x || be->write(be, x, 0, s->in[k], n * 2)) s->rc = -1;
+    be->add(be, x, x, n);
+    be->all_reduce_sum(be, x, n);
+    if (be->read(be, x, 0, s->out[k], n * 2)) s->rc = -1;
+    be->free(be, x);
+  }
+  return NULL;
+}
+
+static void check_sum(int n_ranks) {
+  backend *be[8];
+  char err[300] = "";
+  backend_options bo = {.device = "cuda"};
+  if (!placeable(n_ranks)) return;
+  int n = cuda_comm_create_ranks(n_ranks, CUDA_COMM_AUTO, &bo, NULL, be, err, sizeof err);
+  EXPECT_MSG(n == n_ranks, "%d ranks: %s", n_ranks, err);
+  if (n != n_ranks) return;
+  const char *kind = cuda_comm_kind_name(be[0]);
+  int exact = !strcmp(kind, "local") || n == 2;
+  sum_rank s[8];
+  uint32_t x = 99u + (uint32_t)n;
+  for (int r = 0; r < n; r++) {
+    s[r] = (sum_rank){.be = be[r], .r = r, .n_ranks = n};
+    for (int k = 0; k < SUM_ROUNDS; k++) {
+      s[r].in[k] = malloc(SUM_N[k] * 2);
+      s[r].out[k] = malloc(SUM_N[k] * 2);
+      for (size_t i = 0; i < SUM_N[k]; i++) {
+        x = x * 1103515245u + 12345u;
+        s[r].in[k][i] = to_bf16(((float)((x >> 8) % 20001) - 10000.0f) / 997.0f);
+      }
+    }
+  }
+  pthread_t th[8];
+  for (int r = 1; r < n; r++) pthread_create(&th[r], NULL, sum_thread, &s[r]);
+  sum_thread(&s[0]);
+  for (int r = 1; r < n; r++) pthread_join(th[r], NULL);
+  long bad = 0, differ = 0;
+  double worst = 0;
+  for (int k = 0; k < SUM_ROUNDS; k++)
+    for (size_t i = 0; i < SUM_N[k]; i++) {
+      float acc = 2.0f * of_bf16(s[0].in[k][i]); /* the add: exact in bf16 */
+      for (int r = 1; r < n; r++) acc += 2.0f * of_bf16(s[r].in[k][i]);
+      uint16_t want = to_bf16(acc);
+      for (int r = 0; r < n; r++) {
+        if (s[r].out[k][i] != s[0].out[k][i]) differ++;
+        double d = fabs((double)of_bf16(s[r].out[k][i]) - acc);
+        if (d > worst) worst = d;
+        if (exact ? s[r].out[k][i] != want : d > 1e-2 * (fabs(acc) + 1)) bad++;
+      }
+    }
+  for (int r = 0; r < n; r++) EXPECT_MSG(s[r].rc == 0, "rank %d: a copy failed", r);
+  EXPECT_MSG(bad == 0, "%d ranks (%s): %ld elements not the %s sum", n, kind, bad,
+             exact ? "rank-ordered" : "approximate");
+  EXPECT_MSG(differ == 0, "%d ranks (%s): %ld elements differ between ranks", n, kind, differ);
+  for (int r = 0; r < n; r++) EXPECT(be[r]->sync(be[r], err, sizeof err) == 0);
+  printf("  sum over %d ranks (%s): %d rounds, every rank the same bytes, %s (max |err| %.3g)\n", n,
+         kind, SUM_ROUNDS, exact ? "the rank-ordered fp32 sum rounded once" : "NCCL's order",
+         worst);
+  for (int r = 0; r < n; r++) {
+    for (int k = 0; k < SUM_ROUNDS; k++) {
+      free(s[r].in[k]);
+      free(s[r].out[k]);
+    }
+    be[r]->destroy(be[r]);
+  }
+}
+
+TEST(sum_2) { check_sum(2); }
+TEST(sum_3) { check_sum(3); }
+TEST(sum_4) { check_sum(4); }
+
+/* ---- the model ---- */
+
+typedef struct tp_model {
+  model_config c;
+  model_weights w;
+  backend *be[8];
+  int n;
+  qwen35 *m;
+} tp_model;
+
+static void tp_close(tp_model *t) {
+  qwen35_free(t->m);
+  for (int r = 0; r < t->n; r++) t->be[r]->destroy(t->be[r]);
+  weights_free(&t->w);
+  memset(t, 0, sizeof *t);
+}
+
+/* n == 1: the plain backend (backend_cuda_create); else the ranks of cuda_comm_create_ranks. */
+static int tp_open(tp_model *t, const char *dir, int n, char *err, size_t errlen) {
+  memset(t, 0, sizeof *t);
+  if (model_load(dir, &t->c, &t->w, err, errlen)) return -1;
+  backend_options bo = {.device = "cuda"};
+  if (n == 1) {
+    t->be[0] = backend_cuda_create(0, &bo, err, errlen);
+    t->n = t->be[0] ? 1 : 0;
+  } else {
+    t->n = cuda_comm_create_ranks(n, CUDA_COMM_AUTO, &bo, NULL, t->be, err, errlen);
+    if (t->n < 0) t->n = 0;
+  }
+  if (t->n != n) return -1;
+  qwen35_mem_opts d = {.n_pages = NPROMPT * ((MAXLEN + NGEN) / 16 + 2), .n_slots = NPROMPT + 1};
+  return qwen35_init_ranks(&t->m, &t->c, &t->w, t->be, t->n, &d, err, errlen);
+}
+
+static int argmax(const float *x, int n) {
+  int b = 0;
+  for (int i = 1; i < n; i++)
+    if (x[i] > x[b]) b = i;
+  return b;
+}
+
+static void prompt_of(int p, int32_t *tok, int *len) {
+  *len = 40 + 23 * p; /* pieces of different lengths, one past a 64-token chunk */
+  uint32_t x = 1234u + 77u * (uint32_t)p;
+  for (int i = 0; i < *len; i++) {
+    x = x * 1103515245u + 12345u;
+    tok[i] = (int32_t)((x >> 8) % 256);
+  }
+}
+
+/* Every prompt in one step, then NGEN - 1 decode steps of every sequence fed feed[p][step]
+ * (NULL: this run's own greedy tokens, written to tok), then one greedy-op step. lg [NGEN *
+ * NPROMPT, V]: each logits step's rows; ids: the greedy op's. After the first decode step
+ * sequence 0's state makes a host round trip. Returns 0, or -1 with a message printed. */
+static int run_model(tp_model *t, const int32_t (*feed)[NGEN], int32_t tok[NPROMPT][NGEN],
+                     float *lg, int32_t ids[NPROMPT]) {
+  int V = t->c.vocab_size, ppp = (MAXLEN + NGEN) / 16 + 2;
+  int32_t prompts[NPROMPT][MAXLEN], pages[NPROMPT][16], cur[NPROMPT];
+  int len[NPROMPT];
+  fwd_seq s[NPROMPT];
+  char err[300] = "";
+  for (int p = 0; p < NPROMPT; p++) {
+    prompt_of(p, prompts[p], &len[p]);
+    for (int k = 0; k < ppp; k++) pages[p][k] = p * ppp + k;
+    s[p] = (fwd_seq){prompts[p], len[p], 0, pages[p], ppp, p, QWEN35_LOGITS_LAST};
+  }
+  int rc = qwen35_forward(t->m, s, NPROMPT, lg, err, sizeof err);
+  for (int step = 0; rc == 0 && step < NGEN; step++) {
+    const float *sl = lg + (size_t)step * NPROMPT * V;
+    for (int p = 0; p < NPROMPT; p++) {
+      tok[p][step] = argmax(sl + (size_t)p * V, V);
+      cur[p] = feed ? feed[p][step] : tok[p][step];
+      s[p].tokens = &cur[p];
+      s[p].pos = len[p] + step;
+      s[p].n_tokens = 1;
+    }
+    if (step == 1) {
+      size_t sb = qwen35_slot_bytes(t->m);
+      char *h = malloc(sb);
+      rc = qwen35_slot_read(t->m, 0, h) || qwen35_slot_zero(t->m, 0) ||
+           qwen35_slot_write(t->m, 0, h);
+      free(h);
+    }
+    if (rc == 0 && step < NGEN - 1)
+      rc = qwen35_forward(t->m, s, NPROMPT, lg + (size_t)(step + 1) * NPROMPT * V, err, sizeof err);
+    else if (rc == 0)
+      rc = qwen35_forward_greedy(t->m, s, NPROMPT, ids, err, sizeof err);
+  }
+  if (rc) printf("  forward or slot round trip: %s\n", err);
+  return rc ? -1 : 0;
+}
+
+static void check_model(const char *dir, int n) {
+  if (!placeable(n)) return;
+  tp_model a, b;
+  char err[300] = "";
+  int rc = tp_open(&a, dir, 1, err, sizeof err);
+  EXPECT_MSG(rc == 0, "%s TP=1: %s", dir, err);
+  if (rc == 0) rc = tp_open(&b, dir, n, err, sizeof err);
+  EXPECT_MSG(rc == 0, "%s TP=%d: %s", dir, n, err);
+  if (rc) {
+    tp_close(&a);
+    tp_close(&b);
+    return;
+  }
+  int V = a.c.vocab_size;
+  size_t rows = (size_t)NPROMPT * NGEN;
+  float *la = calloc(rows * V, sizeof(float)), *lb = calloc(rows * V, sizeof(float));
+  int32_t ta[NPROMPT][NGEN], tb[NPROMPT][NGEN], ia[NPROMPT], ib[NPROMPT];
+  EXPECT(run_model(&a, NULL, ta, la, ia) == 0);
+  EXPECT(run_model(&b, (const int32_t(*)[NGEN])ta, tb, lb, ib) == 0);
+  double worst = 0, top = 0;
+  for (size_t i = 0; i < rows * V; i++) {
+    double d = fabs((double)la[i] - lb[i]);
+    if (d > worst) worst = d;
+    if (fabs(la[i]) > top) top = fabs(la[i]);
+  }
+  int equal = 0, ties = 0;
+  for (int st = 0; st < NGEN; st++)
+    for (int p = 0; p < NPROMPT; p++) {
+      const float *ra = la + ((size_t)st * NPROMPT + p) * V;
+      if (ta[p][st] == tb[p][st]) {
+        equal++;
+        continue;
+      }
+      double gap = ra[ta[p][st]] - ra[tb[p][st]]; /* TP = 1's margin over TP = N's choice */
+      if (gap <= 2 * TOL * top)
+        ties++;
+      else
+        EXPECT_MSG(0, "%s TP=%d: step %d prompt %d: token %d, TP=1 %d (TP=1 margin %.3g)", dir, n,
+                   st, p, tb[p][st], ta[p][st], gap);
+    }
+  int ids_equal = 0;
+  for (int p = 0; p < NPROMPT; p++) ids_equal += ia[p] == ib[p];
+  EXPECT_MSG(ids_equal == NPROMPT, "%s TP=%d: the greedy op's ids differ from TP=1's", dir, n);
+  EXPECT_MSG(worst <= TOL * top, "%s TP=%d: logits differ by %.3g (largest |logit| %.3g)", dir, n,
+             worst, top);
+  printf(
+      "  %s TP=%d (%s): greedy tokens %d/%d equal (%d near ties), greedy op %d/%d, logits "
+      "max |diff| %.3g of max |logit| %.3g (%.2g relative, TOL %.0e)\n",
+      dir, n, cuda_comm_kind_name(b.be[0]), equal, NGEN * NPROMPT, ties, ids_equal, NPROMPT, worst,
+      top, top > 0 ? worst / top : 0, TOL);
+  free(la);
+  free(lb);
+  tp_close(&a);
+  tp_close(&b);
+}
+
+/* a dense model whose shapes split over 4 on the CUDA kernels' head sizes (2 KV heads: at
+ * TP = 4 each is replicated over two ranks) */
+static const char *DENSE4_CFG =
+    "{\"architectures\": [\"Qwen3_5ForCausalLM\"], \"model_type\": \"qwen3_5_text\", "
+    "\"vocab_size\": 257, \"hidden_size\": 128, \"intermediate_size\": 256, "
+    "\"num_hidden_layers\": 4, \"num_attention_heads\": 4, \"num_key_value_heads\": 2, "
+    "\"head_dim\": 64, \"linear_num_key_heads\": 4, \"linear_num_value_heads\": 8, "
+    "\"linear_key_head_dim\": 32, \"linear_value_head_dim\": 32, \"linear_conv_kernel_dim\": 4, "
+    "\"layer_types\": [\"linear_attention\", \"full_attention\", \"linear_attention\", "
+    "\"full_attention\"], \"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": "
+    "10000000.0, \"partial_rotary_factor\": 0.25}, \"rms_norm_eps\": 1e-06, "
+    "\"max_position_embeddings\": 4096, \"tie_word_embeddings\": false, \"eos_token_id\": [256], "
+    "\"dtype\": \"bfloat16\"}";
+static char DENSE4[300];
+
+TEST(model_dense_fp8_tp2) { check_model("tests/fixtures/models/fp8_dense128", 2); }
+TEST(model_moe_fp8_tp2) { check_model("tests/fixtures/models/fp8_moe32", 2); }
+TEST(model_moe_fp8_fused_tp2) { check_model("tests/fixtures/models/fp8_moe32_fused", 2); }
+TEST(model_next_fp8_tp2) { check_model("tests/fixtures/models/fp8_next32", 2); }
+TEST(model_dense_tp2) { check_model(DENSE4, 2); }
+TEST(model_dense_tp4) { check_model(DENSE4, 4); }
+
+int main(void) {
+  if (!backend_cuda_available()) {
+    printf("SKIP no CUDA device\n");
+    return 0;
+  }
+  snprintf(TMP, sizeof TMP, "/tmp/ds_test_cuda_tp_XXXXXX");
+  if (!mkdtemp(TMP)) return 1;
+  char cpath[400], err[300] = "";
+  snprintf(cpath, sizeof cpath, "%s/dense4.json", TMP);
+  snprintf(DENSE4, sizeof DENSE4, "%s/dense4", TMP);
+  FILE *f = fopen(cpath, "w");
+  if (!f) return 1;
+  fputs(DENSE4_CFG, f);
+  fclose(f);
+  gen_random_opts o = {.seed = 7, .dt = DTYPE_BF16, .threads = 0, .quiet = 1};
+  if (gen_random_write(cpath, DENSE4, &o, err, sizeof err)) {
+    printf("FAIL gen_random: %s\n", err);
+    return 1;
+  }
+  RUN(nccl_one_rank);
+  RUN(sum_2);
+  RUN(sum_3);
+  RUN(sum_4);
+  RUN(model_dense_fp8_tp2);
+  RUN(model_moe_fp8_tp2);
+  RUN(model_moe_fp8_fused_tp2);
+  RUN(model_next_fp8_tp2);
+  RUN(model_dense_tp2);
+  RUN(model_dense_tp4);
+  char cmd[400];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", TMP);
+  if (system(cmd)) printf("  could not remove %s\n", TMP);
+  TEST_MAIN_END();
+}

@@ -14,8 +14,9 @@ backend *backend_create(const backend_options *opt, char *err, size_t errlen);
  * backend backend_create makes) into ranks[0..N-1]: each a backend of its own, all joined by one
  * communicator (backend.h all_reduce_sum); on the CPU each rank runs on opt->n_threads / N
  * threads (all cores when 0), at least one. Returns N, or -1 with one line in err (nothing left
- * allocated): a backend cannot be made, N > max_ranks, or N > 1 on a backend that has no
- * communicator yet (CUDA: that needs NCCL). The caller destroys every rank. */
+ * allocated): a backend cannot be made, N > max_ranks, or N > 1 on CUDA (its communicator
+ * exists, backend/cuda/cuda_comm.h; the rest of the path not yet: docs/tensor-parallel.md). The
+ * caller destroys every rank. */
 int backend_create_ranks(const backend_options *opt, backend **ranks, int max_ranks, char *err,
                          size_t errlen);
 

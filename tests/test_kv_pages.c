@@ -69,6 +69,11 @@ TEST(shared_and_cached) {
   kv_pages_ref(kp, a[0]);
   EXPECT_EQ_INT(kv_pages_refcount(kp, 0), 2);
   EXPECT_EQ_INT(kv_pages_cache_refcount(kp, 0), 1);
+  EXPECT_EQ_INT(kv_pages_num_cache_held(kp), 1);
+  kv_pages_cache_ref(kp, a[0]); /* a second reference holds no second page */
+  EXPECT_EQ_INT(kv_pages_num_cache_held(kp), 1);
+  kv_pages_cache_unref(kp, a[0]);
+  EXPECT_EQ_INT(kv_pages_num_cache_held(kp), 1);
   EXPECT_EQ_INT(kv_pages_num_used(kp), 2);
   EXPECT_EQ_INT(kv_pages_num_cached(kp), 0);
   kv_pages_unref(kp, a[0]);
@@ -87,6 +92,7 @@ TEST(shared_and_cached) {
   EXPECT(ok(kp));
   /* eviction: the cache drops it and it is free (at the tail) */
   kv_pages_cache_unref(kp, 0);
+  EXPECT_EQ_INT(kv_pages_num_cache_held(kp), 0);
   EXPECT_EQ_INT(kv_pages_num_cached(kp), 0);
   EXPECT_EQ_INT(kv_pages_num_free(kp), 4);
   int32_t b[4];

@@ -13,6 +13,7 @@ struct kv_pages {
   int32_t *queue;     /* [n_pages] ring of free page ids, head first */
   int q_head, q_len;
   int n_cached, n_used;
+  int n_cache_held; /* pages with a prefix-cache reference, whatever else holds them */
 };
 
 int kv_pages_init(kv_pages **out, int n_pages) {
@@ -47,6 +48,7 @@ int kv_pages_total(const kv_pages *kp) { return kp->n_pages; }
 int kv_pages_num_free(const kv_pages *kp) { return kp->q_len; }
 int kv_pages_num_cached(const kv_pages *kp) { return kp->n_cached; }
 int kv_pages_num_used(const kv_pages *kp) { return kp->n_used; }
+int kv_pages_num_cache_held(const kv_pages *kp) { return kp->n_cache_held; }
 
 int kv_pages_can_alloc(const kv_pages *kp, int n) { return n >= 0 && n <= kp->q_len; }
 
@@ -96,12 +98,13 @@ void kv_pages_unref(kv_pages *kp, int32_t id) {
 void kv_pages_cache_ref(kv_pages *kp, int32_t id) {
   CHECK(id >= 0 && id < kp->n_pages);
   CHECK(kp->ref[id] > 0 || kp->cache_ref[id] > 0);
-  kp->cache_ref[id]++;
+  kp->n_cache_held += kp->cache_ref[id]++ == 0;
 }
 
 void kv_pages_cache_unref(kv_pages *kp, int32_t id) {
   CHECK(id >= 0 && id < kp->n_pages);
   CHECK(kp->cache_ref[id] > 0);
+  kp->n_cache_held -= kp->cache_ref[id] == 1;
   if (--kp->cache_ref[id] > 0 || kp->ref[id] > 0) return;
   kp->n_cached--;
   kv_pages_push_free(kp, id);
@@ -111,8 +114,9 @@ int kv_pages_refcount(const kv_pages *kp, int32_t id) { return kp->ref[id]; }
 int kv_pages_cache_refcount(const kv_pages *kp, int32_t id) { return kp->cache_ref[id]; }
 
 int kv_pages_check(const kv_pages *kp, char *err, size_t errlen) {
-  int n_free = 0, n_cached = 0, n_used = 0;
+  int n_free = 0, n_cached = 0, n_used = 0, n_held = 0;
   for (int i = 0; i < kp->n_pages; i++) {
+    n_held += kp->cache_ref[i] > 0;
     if (kp->ref[i] < 0 || kp->cache_ref[i] < 0)
       return errf(err, errlen, "kv_pages: page %d has a negative refcount", i);
     if (kp->ref[i] > 0)
@@ -128,6 +132,9 @@ int kv_pages_check(const kv_pages *kp, char *err, size_t errlen) {
   if (n_cached != kp->n_cached || n_used != kp->n_used)
     return errf(err, errlen, "kv_pages: counted cached %d used %d, recorded %d %d", n_cached,
                 n_used, kp->n_cached, kp->n_used);
+  if (n_held != kp->n_cache_held)
+    return errf(err, errlen, "kv_pages: %d pages held by the prefix cache, recorded %d", n_held,
+                kp->n_cache_held);
   if (n_free + n_cached + n_used != kp->n_pages)
     return errf(err, errlen, "kv_pages: free %d + cached %d + used %d != total %d", n_free,
                 n_cached, n_used, kp->n_pages);

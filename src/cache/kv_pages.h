@@ -41,8 +41,9 @@ void kv_pages_free(kv_pages *kp);
 
 int kv_pages_total(const kv_pages *kp);
 int kv_pages_num_free(const kv_pages *kp);
-int kv_pages_num_cached(const kv_pages *kp); /* referenced only by the prefix cache */
-int kv_pages_num_used(const kv_pages *kp);   /* referenced by at least one sequence */
+int kv_pages_num_cached(const kv_pages *kp);     /* referenced only by the prefix cache */
+int kv_pages_num_used(const kv_pages *kp);       /* referenced by at least one sequence */
+int kv_pages_num_cache_held(const kv_pages *kp); /* referenced by the prefix cache (any others) */
 
 /* Pages needed to hold n_tokens positions. */
 static inline int kv_pages_for_tokens(int n_tokens) {

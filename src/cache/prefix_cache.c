@@ -877,9 +877,7 @@ void prefix_cache_get_stats(const prefix_cache *pc, prefix_cache_stats *s) {
   }
   s->device_slabs = pc->n_dev_slabs;
   s->device_slabs_max = pc->max_slabs;
-  s->device_pages = 0;
-  int total = kv_pages_total(pc->kp);
-  for (int p = 0; p < total; p++) s->device_pages += kv_pages_cache_refcount(pc->kp, p) > 0;
+  s->device_pages = kv_pages_num_cache_held(pc->kp); /* counted as held: stats are per step */
   s->device_slab_bytes = (size_t)pc->n_dev_slabs * pc->o.slab_bytes;
   s->device_page_bytes = (size_t)s->device_pages * pc->o.page_bytes;
   s->host_bytes = pc->ht ? host_tier_bytes(pc->ht) : 0;

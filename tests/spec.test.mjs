@@ -1,13 +1,14 @@
 // spec.test.mjs — `serve --speculative-config` end to end on the CPU fixture model (token-id
 // prompts, no tokenizer): the same tokens as a server without it (greedy and seeded sampling,
-// requests at once), vLLM's spec_decode counters in /metrics and consistent, and a config the
+// requests at once), vLLM's spec_decode counters in /metrics and consistent, each request's
+// log line with its own counters and acceptance length (summing to /metrics'), and a config the
 // server does not implement refused at start with one line; and the same with MTP drafts over a
 // gen-random checkpoint that has an MTP head.
 import { execFileSync, spawnSync } from "node:child_process";
 import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
-import { BIN, assert, eq, failureCount, killAllServers, startServer, test, watchdog } from "./lib/server_harness.mjs";
+import { BIN, assert, eq, failureCount, killAllServers, poll, startServer, test, watchdog } from "./lib/server_harness.mjs";
 
 const MODEL = "tests/fixtures/models/dense_bf16";
 // disable_by_batch_size: every step may draft (the default decides by measured speed)
@@ -41,6 +42,11 @@ async function runAll(s) {
   return Promise.all(bodies.map((b) => complete(s, b)));
 }
 
+// the request log's lines (request_log.h) of /v1/completions, with the spec fields when present
+const LOG_LINE =
+  /request id=\S+ method=POST route=\/v1\/completions status=200 .*?finish=\S+(?: spec_drafts=(\d+) spec_draft_tokens=(\d+) spec_accepted_tokens=(\d+) acceptance_length=(\S+))?$/gm;
+const logLines = (srv) => [...srv.log.matchAll(LOG_LINE)].map((m) => (m[1] === undefined ? null : { drafts: +m[1], tokens: +m[2], accepted: +m[3], length: m[4] }));
+
 function metric(text, name) {
   const m = new RegExp(`^\\w+:${name}\\{[^}]*\\} (\\d+)`, "m").exec(text);
   return m ? Number(m[1]) : null;
@@ -53,6 +59,8 @@ await test("spec_same_tokens_and_metrics", async () => {
     want = await runAll(plain);
     const mt = await (await fetch(`${plain.url}/metrics`)).text();
     eq(metric(mt, "spec_decode_num_drafts_total"), null, "no spec_decode series without the flag");
+    const ll = await poll(() => { const l = logLines(plain); return l.length >= bodies.length && l; }, "the plain server's request lines");
+    assert(ll.every((l) => l === null), "no spec fields without the flag");
   } finally {
     await plain.stop();
   }
@@ -74,6 +82,17 @@ await test("spec_same_tokens_and_metrics", async () => {
       sum += Number(m[1]);
     }
     eq(sum, acc, "accepted by position sums to accepted");
+    // each request's line: its own counters, summing to the server's; acceptance length 1 + a / d
+    const ll = await poll(() => { const l = logLines(spec); return l.length >= bodies.length && l; }, "the request lines");
+    eq(ll.length, bodies.length, "one line per request");
+    const sp = ll.filter((l) => l !== null);
+    assert(sp.length > 0, "some request verified drafts");
+    for (const l of sp) {
+      assert(l.drafts > 0 && l.tokens >= l.drafts && l.tokens <= 3 * l.drafts && l.accepted <= l.tokens, JSON.stringify(l));
+      eq(l.length, (1 + l.accepted / l.drafts).toFixed(2), `acceptance length of ${JSON.stringify(l)}`);
+    }
+    const tot = (k) => sp.reduce((a, l) => a + l[k], 0);
+    eq([tot("drafts"), tot("tokens"), tot("accepted")], [drafts, dt, acc], "the lines sum to /metrics");
   } finally {
     await spec.stop();
   }

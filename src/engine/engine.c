@@ -104,6 +104,9 @@ int engine_push(engine_req *h, const sampler_result *res, int finish, notifier *
     h->prompt_tokens = h->r.n_prompt;
     h->completion_tokens = request_n_output(&h->r);
     h->cached_tokens = h->r.cached_tokens < h->r.n_prompt ? h->r.cached_tokens : h->r.n_prompt;
+    h->spec_drafts = h->r.spec_drafts;
+    h->spec_draft_tokens = h->r.spec_draft_tokens;
+    h->spec_accepted = h->r.spec_accepted;
     snprintf(h->err, sizeof h->err, "%s", h->r.err);
   }
   if (nt) {
@@ -773,6 +776,9 @@ int engine_next(engine_req *h, engine_event *ev, int timeout_ms) {
     ev->prompt_tokens = h->prompt_tokens;
     ev->completion_tokens = h->completion_tokens;
     ev->cached_tokens = h->cached_tokens;
+    ev->spec_drafts = h->spec_drafts;
+    ev->spec_draft_tokens = h->spec_draft_tokens;
+    ev->spec_accepted_tokens = h->spec_accepted;
     ev->t_scheduled = h->t_sched;
     snprintf(ev->err, sizeof ev->err, "%s", h->err);
   }

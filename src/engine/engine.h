@@ -129,11 +129,12 @@ typedef struct engine_submit_opts {
    * [n_vocab] (before penalties) each time a token of this request is sampled. */
   void (*on_logits)(void *user, const float *logits, int n_vocab);
   void *user;
-  /* Test and benchmark only (no API field): with speculation on, the drafts come from here
-   * instead of the n-gram drafter — draft_replay[i] for output position i (the target's own
-   * continuation, from an earlier run), each draft replaced by another token with probability
-   * draft_corrupt_pm / 1000 (a hash of the request id and position): a drafter of controlled
-   * acceptance. Must outlive the request. NULL: the configured drafter. */
+  /* Test and benchmark only (no API field; `deltaserve bench --spec-replay`): with speculation
+   * on, the drafts come from here instead of the configured drafter (spec_replay.h) —
+   * draft_replay[i] for output position i (the target's own continuation, from an earlier
+   * run), each draft replaced by another token with probability draft_corrupt_pm / 1000 (a
+   * hash of the request id and position): a drafter of controlled acceptance. Must outlive the
+   * request. NULL: the configured drafter. */
   const int32_t *draft_replay;
   int n_draft_replay;
   int draft_corrupt_pm;
@@ -152,6 +153,10 @@ typedef struct engine_event {
   int prompt_tokens;    /* set on the final event */
   int cached_tokens;    /* prompt tokens restored from the prefix cache (final event) */
   int completion_tokens;
+  /* final event: the request's speculative decoding (all 0 when it verified no drafts): its
+   * verify steps, the drafts they fed, the drafts accepted; its acceptance length (vLLM's) is
+   * 1 + spec_accepted_tokens / spec_drafts */
+  int spec_drafts, spec_draft_tokens, spec_accepted_tokens;
   char err[160];      /* FINISH_ERROR: what went wrong */
   double t_scheduled; /* final event: the monotonic time (CLOCK_MONOTONIC seconds) of the first
                          step that fed the request; 0 when none did */

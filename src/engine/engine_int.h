@@ -41,6 +41,7 @@ struct engine_req {
   int refs; /* client + engine */
   atomic_int cancel;
   int prompt_tokens, completion_tokens, cached_tokens;
+  int spec_drafts, spec_draft_tokens, spec_accepted; /* request.spec_*, at the final event */
   double t_sched; /* engine_now() at the first step that fed it (0: none yet) */
   char err[160];
   void (*on_logits)(void *, const float *, int);

@@ -387,6 +387,9 @@ static int engine_step_verify(engine *e, request *r, float *lg0, const int32_t *
   e->spec_drafts++;
   e->spec_draft_tokens += D;
   e->spec_accepted += acc;
+  r->spec_drafts++;
+  r->spec_draft_tokens += D;
+  r->spec_accepted += acc;
   r->sched_tokens = kept; /* rows whose input stands */
   if (kept <= D && qwen35_slot_copy(e->m, r->slot, qwen35_keep_slot(e->m, r->slot, kept - 1))) {
     log_error("engine: request %lld: restoring the state of its accepted drafts failed",

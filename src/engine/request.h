@@ -69,6 +69,9 @@ typedef struct request {
   /* engine_submit_opts.draft_replay (test and benchmark drafter; NULL: n-gram) */
   const int32_t *replay;
   int n_replay, replay_pm;
+  /* speculative decoding, this request's share of engine_stats' spec_* counters: its verify
+   * steps, the drafts they fed, the drafts accepted (engine_event's, on the final event) */
+  int spec_drafts, spec_draft_tokens, spec_accepted;
   /* prefix cache (request_init_prefix; unused when the cache is off) */
   char *salt;      /* cache_salt, NULL: the shared namespace */
   int32_t *bounds; /* [n_bounds] chat-message start positions */

@@ -8,6 +8,7 @@
 #include "cache/checkpoint.h"
 #include "engine/engine.h"
 #include "engine/spec_ngram.h"
+#include "engine/spec_replay.h"
 
 typedef struct sched_list {
   request *head, *tail;
@@ -230,23 +231,6 @@ static void sched_take(sched_batch *b, request *r, int n) {
   b->n_tokens += n;
 }
 
-/* The replay drafter (engine_submit_opts.draft_replay): the replayed continuation from r's
- * next output position, each token corrupted with probability replay_pm / 1000. */
-static int sched_replay(request *r, int k) {
-  int o = request_n_output(r), d = 0;
-  for (; d < k && o + d < r->n_replay; d++) {
-    int32_t t = r->replay[o + d];
-    uint64_t x =
-        (uint64_t)r->id * 0x9E3779B97F4A7C15ull + (uint64_t)(o + d) * 0xBF58476D1CE4E5B9ull;
-    x ^= x >> 31;
-    x *= 0x94D049BB133111EBull;
-    x ^= x >> 29;
-    if ((int)(x % 1000) < r->replay_pm) t = t > 0 ? t - 1 : t + 1;
-    r->tokens[r->n_tokens + d] = t;
-  }
-  return d;
-}
-
 /* Drafts for decode row r at its sampling point, written past its tokens (at most `room`):
  * sets r->sched_draft and returns it. */
 static int sched_draft(sched *s, request *r, int room) {
@@ -260,8 +244,9 @@ static int sched_draft(sched *s, request *r, int room) {
   if (k > room) k = room;
   if (k <= 0) return 0;
   int d = 0;
-  if (r->replay) {
-    d = sched_replay(r, k);
+  if (r->replay) { /* engine_submit_opts.draft_replay: the benchmark drafter */
+    d = spec_replay_propose(r->replay, r->n_replay, r->id, request_n_output(r), r->replay_pm, k,
+                            r->tokens + r->n_tokens);
   } else if (s->spec.method == SPEC_METHOD_MTP) { /* made after the step that led here */
     d = r->mtp_at == r->n_tokens ? r->n_mtp_draft : 0;
     if (d > k) d = k;

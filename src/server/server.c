@@ -1917,6 +1917,9 @@ static void log_request(conn *cx) {
       e.finish = g->done ? server_gen_finish_name(g) : "abort";
     }
     e.generated_tokens += g->n_ids;
+    e.spec_drafts += g->spec_drafts;
+    e.spec_draft_tokens += g->spec_draft_tokens;
+    e.spec_accepted_tokens += g->spec_accepted;
     if (g->n_ids > 0 && (e.ttft_s < 0 || g->t_first - g->t_submit < e.ttft_s))
       e.ttft_s = g->t_first - g->t_submit;
   }

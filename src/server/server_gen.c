@@ -194,6 +194,9 @@ int server_gen_step(server_gen *g, int timeout_ms) {
       snprintf(g->err, sizeof g->err, "%s", ev.err[0] ? ev.err : "internal error");
     if (ev.prompt_tokens > 0) g->prompt_tokens = ev.prompt_tokens;
     g->cached_tokens = ev.cached_tokens;
+    g->spec_drafts = ev.spec_drafts;
+    g->spec_draft_tokens = ev.spec_draft_tokens;
+    g->spec_accepted = ev.spec_accepted_tokens;
     g->completion_tokens =
         g->stop_string_hit || ev.completion_tokens <= 0 ? g->n_ids : ev.completion_tokens;
     finish_metrics(g, now, ev.t_scheduled);

@@ -71,6 +71,7 @@ typedef struct server_gen {
   int draining;         /* cancelled after a stop-string match; waiting for the final event */
   char err[160];
   int prompt_tokens, cached_tokens, completion_tokens;
+  int spec_drafts, spec_draft_tokens, spec_accepted; /* engine_event's, from the final event */
   double t_submit, t_last;
   double t_first; /* the first token's event (valid when n_ids > 0) */
   int n_events;

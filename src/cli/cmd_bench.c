@@ -3,7 +3,8 @@
  *
  *   deltaserve bench --model DIR [--device cpu|cuda|auto] [--threads N] --out FILE.json
  *                    [--quick] [--seed N] [--only decode|prefill] [--decode-repeats N]
- *                    [--commit SHA] [engine flags]
+ *                    [--commit SHA] [--speculative-config JSON [--spec-replay P]]
+ *                    [engine flags]
  *
  * Everything runs through engine_create / engine_submit / engine_next over a model whose pools
  * are sized by engine_mem_plan, in these phases over one backend:
@@ -22,6 +23,14 @@
  *      warm-up and reports the median (every run in info.decode_runs_tok_s; single runs
  *      spread by a few per cent). `--only decode` runs just this part (with its
  *      warm-up) and skips prefill, C and B; `--only prefill` runs the prefill part only.
+ *      With --speculative-config every decode level runs first on an engine without
+ *      speculation over the same model (the plain pass: its prompts and tokens kept, per run),
+ *      then as configured on those prompts: decode_plain_tok_s_N beside decode_tok_s_N, their
+ *      ratio, vLLM's mean acceptance length (1 + accepted drafts per verify step) and the draft
+ *      acceptance rate from the engine's spec_decode counters over the measured runs, and a
+ *      check that the speculative tokens are the plain ones (verification is lossless).
+ *      --spec-replay P: the drafts are each sequence's plain-pass tokens, each replaced by
+ *      another with probability P (spec_replay.h) — the speed at a chosen acceptance.
  *   C  with the engine stopped, one checkpoint's copies timed directly on the same model:
  *      capture = slot -> slab (qwen35_slot_copy), restore = slab -> slot plus the copy-on-write
  *      copy of the partial last KV page; each followed by a backend sync
@@ -107,6 +116,23 @@ static const bench_sizes bench_full = {
 static const bench_sizes bench_quick = {
     {64, 128, 256}, 2, {1, 8, 32, 64, 128}, 32, 8, 300, 10, 8, 2, 5, 32, 1024, 48, 3};
 
+/* One decode run of a speculative bench: its prompts and the tokens the plain pass generated
+ * for them. The speculative pass feeds the same prompts, checks its tokens against these
+ * (verification is lossless) and, with --spec-replay, drafts from them (spec_replay.h). */
+typedef struct bench_rec {
+  int n, G;
+  int32_t **prompts; /* [n][prompt length] (bench_prompts) */
+  int32_t **toks;    /* [n][G] */
+  int mismatched;    /* sequences of the speculative pass whose tokens differ */
+} bench_rec;
+
+typedef enum {
+  BENCH_RUN_PLAIN,  /* fresh random prompts, nothing kept */
+  BENCH_RUN_RECORD, /* fresh random prompts, kept with the tokens in a bench_rec */
+  BENCH_RUN_REPLAY, /* a bench_rec's prompts; tokens checked against it, drafts from it with
+                       --spec-replay */
+} bench_run_mode;
+
 typedef struct bench {
   const char *model_dir, *device;
   const char *commit; /* --commit (NULL: the checkout's HEAD) */
@@ -123,8 +149,15 @@ typedef struct bench {
   int top_k;
   float frequency_penalty, presence_penalty;
   bench_sizes sz;
-  engine_opts user;  /* engine flags from the command line */
-  weights_opts load; /* --quantization, --load-format */
+  engine_opts user; /* engine flags from the command line */
+  /* speculative decoding (--speculative-config): each decode level runs on an engine without
+   * speculation first (the plain pass, recorded in recs), then as configured on the same prompts */
+  int spec;
+  int replay_pm;   /* --spec-replay P as parts per 1000; -1: the method's drafts */
+  bench_rec *recs; /* [n_recs]: per decode level, its warm-up then its repeats */
+  int n_recs;
+  const bench_rec *cur_replay; /* bench_submit: the drafts of the batch it submits (NULL: none) */
+  weights_opts load;           /* --quantization, --load-format */
   int user_kv_tokens, user_max_seqs;
   model_config cfg;
   model_weights w;
@@ -143,7 +176,8 @@ typedef struct bench {
 typedef struct bench_req {
   engine_req *h;
   int max_tokens;
-  double *ts; /* [max_tokens] arrival time of each token */
+  double *ts;   /* [max_tokens] arrival time of each token */
+  int32_t *ids; /* [max_tokens] the tokens */
   int n_tok;
   int finish, cached_tokens;
   char err[200];
@@ -198,6 +232,7 @@ static void *bench_consume(void *arg) {
     double t = bench_now();
     if (ev.has_token && r->n_tok < r->max_tokens) {
       r->ts[r->n_tok] = t;
+      r->ids[r->n_tok] = ev.token;
       __atomic_store_n(&r->n_tok, r->n_tok + 1, __ATOMIC_RELEASE); /* bench_pause polls it */
     }
     if (ev.finish != FINISH_NONE) {
@@ -221,7 +256,8 @@ static int bench_submit(bench *b, int n, int32_t **prompts, const int *lens, int
   for (int i = 0; i < n; i++) {
     reqs[i].max_tokens = max_tokens;
     reqs[i].ts = malloc(sizeof *reqs[i].ts * (size_t)max_tokens);
-    if (!reqs[i].ts) return errf(b->err, sizeof b->err, "out of memory");
+    reqs[i].ids = malloc(sizeof *reqs[i].ids * (size_t)max_tokens);
+    if (!reqs[i].ts || !reqs[i].ids) return errf(b->err, sizeof b->err, "out of memory");
   }
   int32_t bnd = boundary;
   *t0 = bench_now();
@@ -243,6 +279,11 @@ static int bench_submit(bench *b, int n, int32_t **prompts, const int *lens, int
     if (boundary > 0) {
       so.boundaries = &bnd;
       so.n_boundaries = 1;
+    }
+    if (b->cur_replay) { /* the plain pass's tokens of this sequence, as drafts */
+      so.draft_replay = b->cur_replay->toks[i];
+      so.n_draft_replay = b->cur_replay->G;
+      so.draft_corrupt_pm = b->replay_pm;
     }
     engine_status st;
     char err[200] = "";
@@ -290,7 +331,10 @@ static int bench_batch(bench *b, int n, int32_t **prompts, const int *lens, int 
 }
 
 static void bench_reqs_free(bench_req *reqs, int n) {
-  for (int i = 0; i < n; i++) free(reqs[i].ts);
+  for (int i = 0; i < n; i++) {
+    free(reqs[i].ts);
+    free(reqs[i].ids);
+  }
 }
 
 /* n random prompts of len tokens each (prefix_len > 0: the first prefix_len tokens are
@@ -342,27 +386,62 @@ static int bench_prefill(bench *b, int len, double *tok_s, double *median_s) {
   return 0;
 }
 
-/* n sequences of P random tokens generating G tokens each: tokens generated after the last
- * sequence's first token over the time from then to the last token. */
-static int bench_decode(bench *b, int n, int P, int G, double *tok_s, double *phase_s) {
+static void bench_recs_free(bench *b) {
+  for (int i = 0; i < b->n_recs; i++) {
+    bench_rec *c = &b->recs[i];
+    bench_prompts_free(c->prompts, c->n);
+    for (int j = 0; c->toks && j < c->n; j++) free(c->toks[j]);
+    free(c->toks);
+  }
+  free(b->recs);
+  b->recs = NULL;
+  b->n_recs = 0;
+}
+
+/* n sequences of P tokens generating G tokens each: tokens generated after the last
+ * sequence's first token over the time from then to the last token. The prompts are random
+ * (mode BENCH_RUN_PLAIN; BENCH_RUN_RECORD: kept in *rec with the tokens) or rec's
+ * (BENCH_RUN_REPLAY: n and G must be rec's; rec->mismatched counts the sequences whose tokens
+ * differ from rec's; with --spec-replay the drafts are rec's tokens). */
+static int bench_decode(bench *b, int n, int P, int G, double *tok_s, double *phase_s,
+                        bench_run_mode mode, bench_rec *rec) {
   int S = b->decode_shared < P ? b->decode_shared : P;
   if (S > 0 && !b->shared_prefix) { /* one prefix for every run: cached after the first */
     if (!(b->shared_prefix = malloc(sizeof *b->shared_prefix * (size_t)S)))
       return errf(b->err, sizeof b->err, "out of memory");
     bench_fill(b, b->shared_prefix, S);
   }
-  int32_t **p = bench_prompts(b, n, P, b->shared_prefix, S);
+  if (mode == BENCH_RUN_REPLAY) CHECK(rec->n == n && rec->G == G && rec->prompts);
+  int32_t **p =
+      mode == BENCH_RUN_REPLAY ? rec->prompts : bench_prompts(b, n, P, b->shared_prefix, S);
   int *lens = calloc((size_t)n, sizeof *lens);
   bench_req *r = malloc(sizeof *r * (size_t)n);
-  if (!p || !lens || !r) {
-    bench_prompts_free(p, n);
+  int32_t **kept = mode == BENCH_RUN_RECORD ? calloc((size_t)n, sizeof *kept) : NULL;
+  if (!p || !lens || !r || (mode == BENCH_RUN_RECORD && !kept)) {
+    if (mode != BENCH_RUN_REPLAY) bench_prompts_free(p, n);
     free(lens);
     free(r);
+    free(kept);
     return errf(b->err, sizeof b->err, "out of memory");
   }
   for (int i = 0; i < n; i++) lens[i] = P;
   double t0;
+  b->cur_replay = mode == BENCH_RUN_REPLAY && b->replay_pm >= 0 ? rec : NULL;
   int rc = bench_batch(b, n, p, lens, G, 0, r, &t0);
+  b->cur_replay = NULL;
+  if (rc == 0 && mode == BENCH_RUN_REPLAY) {
+    rec->mismatched = 0;
+    for (int i = 0; i < n; i++)
+      rec->mismatched += memcmp(r[i].ids, rec->toks[i], sizeof *r[i].ids * (size_t)G) != 0;
+  }
+  if (rc == 0 && mode == BENCH_RUN_RECORD) {
+    *rec = (bench_rec){n, G, p, kept, 0};
+    for (int i = 0; i < n; i++) { /* the ids buffers change hands */
+      kept[i] = r[i].ids;
+      r[i].ids = NULL;
+    }
+    p = NULL;
+  }
   if (rc == 0) {
     double start = 0, end = 0;
     for (int i = 0; i < n; i++) {
@@ -375,8 +454,9 @@ static int bench_decode(bench *b, int n, int P, int G, double *tok_s, double *ph
     *phase_s = end - start;
     *tok_s = *phase_s > 0 ? (double)toks / *phase_s : NAN;
   }
+  if (rc != 0) free(kept);
   bench_reqs_free(r, n);
-  bench_prompts_free(p, n);
+  if (mode != BENCH_RUN_REPLAY) bench_prompts_free(p, n);
   free(lens);
   free(r);
   return rc;
@@ -801,14 +881,22 @@ static void bench_ceilings(bench *b) {
 #endif
 }
 
-/* (Re)initialises the model and starts the engine for opts. */
-static int bench_start(bench *b, engine_opts *o, qwen35_mem_opts *mo) {
+/* Starts an engine for o (speculation off with `plain`) on the model as it is. */
+static int bench_engine(bench *b, const engine_opts *o, int plain) {
+  engine_opts eo = *o;
+  if (plain) eo.spec.method = SPEC_METHOD_NONE;
+  b->e = engine_create(b->m, &eo, b->err, sizeof b->err);
+  return b->e ? 0 : -1;
+}
+
+/* (Re)initialises the model for opts and starts the engine (speculation off with `plain`: the
+ * model is still made for o's, so that an engine with it can follow on the same model). */
+static int bench_start(bench *b, engine_opts *o, qwen35_mem_opts *mo, int plain) {
   if (engine_mem_plan_device(o, &b->cfg, &b->w, b->be, mo, b->err, sizeof b->err)) return -1;
   if (qwen35_init_ranks(&b->m, &b->cfg, &b->w, b->ranks, b->n_ranks, mo, b->err, sizeof b->err))
     return -1;
   o->mtp_weights = &b->w;
-  b->e = engine_create(b->m, o, b->err, sizeof b->err);
-  return b->e ? 0 : -1;
+  return bench_engine(b, o, plain);
 }
 
 static void bench_stop_engine(bench *b) {
@@ -820,6 +908,76 @@ static void bench_stop(bench *b) {
   bench_stop_engine(b);
   qwen35_free(b->m);
   b->m = NULL;
+}
+
+/* One decode level of conc sequences: a short warm-up at this concurrency (the step shapes'
+ * one-time work — graph capture, the CUDA backend's GEMM algorithm timing — out of the window,
+ * as a server does it once), then --decode-repeats measured runs into runs[], their median in
+ * *tok_s, the last run's window in *phase_s; warm (when not NULL): the engine's stats after
+ * the warm-up. rec[0, 1 + repeats): the level's warm-up and runs in the plain pass (mode
+ * BENCH_RUN_RECORD: filled; BENCH_RUN_REPLAY: fed again; BENCH_RUN_PLAIN: NULL). */
+static int bench_decode_level(bench *b, int conc, bench_run_mode mode, bench_rec *rec, double *runs,
+                              double *tok_s, double *phase_s, engine_stats *warm) {
+  const bench_sizes *z = &b->sz;
+  double sorted[BENCH_MAX_REPEATS], t;
+  int R = b->decode_repeats;
+  if (bench_decode(b, conc, z->decode_prompt, z->decode_gen < 16 ? z->decode_gen : 16, &t, phase_s,
+                   mode, rec ? &rec[0] : NULL))
+    return -1;
+  if (warm) bench_stats(b, warm);
+  for (int r = 0; r < R; r++) {
+    if (bench_decode(b, conc, z->decode_prompt, z->decode_gen, &runs[r], phase_s, mode,
+                     rec ? &rec[1 + r] : NULL))
+      return -1;
+    sorted[r] = runs[r];
+  }
+  *tok_s = bench_median(sorted, R);
+  return 0;
+}
+
+/* The level's speculative figures (name: its decode_tok_s_<name>): the plain pass's rate, the
+ * ratio, and from the engine's spec_decode counters over the measured runs (a..z) vLLM's mean
+ * acceptance length (1 + accepted drafts per verify step) and the draft acceptance rate; the
+ * counters and the token check in info.spec.levels. */
+static void bench_spec_level(bench *b, int name, int conc, double plain, double spec,
+                             const engine_stats *a, const engine_stats *z, const bench_rec *rec) {
+  long long nd = z->spec_num_drafts - a->spec_num_drafts;
+  long long nt = z->spec_num_draft_tokens - a->spec_num_draft_tokens;
+  long long na = z->spec_num_accepted_tokens - a->spec_num_accepted_tokens;
+  double al = nd > 0 ? 1.0 + (double)na / (double)nd : NAN;
+  double ar = nt > 0 ? (double)na / (double)nt : NAN;
+  char k[96];
+  snprintf(k, sizeof k, "decode_plain_tok_s_%d", name);
+  bench_set(b->metrics, k, plain);
+  snprintf(k, sizeof k, "decode_spec_speedup_%d", name);
+  bench_set(b->metrics, k, spec / plain);
+  snprintf(k, sizeof k, "decode_acceptance_length_%d", name);
+  bench_set(b->metrics, k, al);
+  snprintf(k, sizeof k, "decode_draft_acceptance_rate_%d", name);
+  bench_set(b->metrics, k, ar);
+  int mism = 0;
+  for (int r = 1; r <= b->decode_repeats; r++) mism += rec[r].mismatched;
+  json_t *sp = json_object_get(b->info, "spec");
+  json_t *lv = json_object_get(sp, "levels");
+  json_t *pos = json_array();
+  for (int i = 0; i < b->user.spec.k && i < SPEC_MAX_TOKENS; i++)
+    json_array_append_new(pos,
+                          json_integer(z->spec_accepted_per_pos[i] - a->spec_accepted_per_pos[i]));
+  snprintf(k, sizeof k, "%d", name);
+  json_object_set_new(
+      lv, k,
+      json_pack("{s:I, s:I, s:I, s:o, s:i, s:i}", "num_drafts", (json_int_t)nd, "num_draft_tokens",
+                (json_int_t)nt, "num_accepted_tokens", (json_int_t)na, "accepted_per_pos", pos,
+                "sequences", conc * b->decode_repeats, "mismatched_sequences", mism));
+  fprintf(stderr,
+          "bench: decode %d sequences: plain %.1f tok/s, speculative %.1f tok/s (%.3fx), "
+          "acceptance length %.3f, draft acceptance rate %.3f\n",
+          conc, plain, spec, spec / plain, al, ar);
+  if (mism)
+    fprintf(stderr,
+            "bench: decode %d sequences: %d of %d sequences' speculative tokens differ from the "
+            "plain pass's\n",
+            conc, mism, conc * b->decode_repeats);
 }
 
 static int bench_phase_a(bench *b) {
@@ -849,7 +1007,51 @@ static int bench_phase_a(bench *b) {
     o.kv_cache_tokens = (int)((need > pf ? need : pf) + 2048);
   }
   qwen35_mem_opts mo;
-  if (bench_start(b, &o, &mo)) return -1;
+  int do_prefill = !b->only || !strcmp(b->only, "prefill");
+  int do_decode = !b->only || !strcmp(b->only, "decode");
+  int R = b->decode_repeats;
+  double plain_tok_s[BENCH_N_DECODE];
+  char k[64];
+  double s, tok_s;
+  if (b->spec && do_decode) {
+    /* the plain pass: every level on an engine without speculation, its prompts and tokens
+     * kept; then the configured engine on the same model */
+    b->n_recs = n_lv * (1 + R);
+    if (!(b->recs = calloc((size_t)b->n_recs, sizeof *b->recs))) {
+      b->n_recs = 0;
+      return errf(b->err, sizeof b->err, "out of memory");
+    }
+    if (bench_start(b, &o, &mo, 1)) return -1;
+    if (bench_decode(b, 1, z->decode_prompt, z->decode_gen < 4 ? z->decode_gen : 4, &tok_s, &s,
+                     BENCH_RUN_PLAIN, NULL))
+      return -1;
+    for (int i = 0; i < n_lv; i++) {
+      double runs[BENCH_MAX_REPEATS];
+      if (bench_decode_level(b, lv_conc[i], BENCH_RUN_RECORD, &b->recs[i * (1 + R)], runs,
+                             &plain_tok_s[i], &s, NULL))
+        return -1;
+      fprintf(stderr, "bench: decode %d sequences, plain pass: %.1f tok/s\n", lv_conc[i],
+              plain_tok_s[i]);
+    }
+    bench_stop_engine(b);
+    if (bench_engine(b, &o, 0)) return -1;
+  } else if (bench_start(b, &o, &mo, 0)) {
+    return -1;
+  }
+  if (b->spec) {
+    json_t *sp =
+        json_pack("{s:s, s:i, s:i, s:o, s:o, s:s}", "method",
+                  o.spec.method == SPEC_METHOD_MTP ? "mtp" : "ngram", "num_speculative_tokens",
+                  o.spec.k, "disable_by_batch_size", o.spec.disable_by_batch_size, "replay_p",
+                  b->replay_pm >= 0 ? json_real(b->replay_pm / 1000.0) : json_null(), "levels",
+                  json_object(), "note",
+                  "each decode level runs on an engine without speculation first (the "
+                  "plain pass: decode_plain_tok_s_N), then as configured on the same "
+                  "prompts (decode_tok_s_N); acceptance_length = 1 + accepted / "
+                  "num_drafts over the measured runs (vLLM's mean acceptance length); "
+                  "mismatched_sequences: speculative tokens unlike the plain pass's");
+    json_object_set_new(b->info, "spec", sp);
+  }
   json_object_set_new(
       b->info, "phase_a_engine",
       json_pack("{s:i, s:i, s:i, s:b}", "max_num_seqs", o.max_num_seqs, "max_num_batched_tokens",
@@ -859,13 +1061,10 @@ static int bench_phase_a(bench *b) {
     json_object_set_new(b->info, "decode_shared_prefix", json_integer(b->decode_shared));
   engine_stats st0, st1;
   bench_stats(b, &st0);
-  char k[64];
-  double s, tok_s;
   /* warm-up: kernels, graphs, handles */
-  if (bench_decode(b, 1, z->decode_prompt, z->decode_gen < 4 ? z->decode_gen : 4, &tok_s, &s))
+  if (bench_decode(b, 1, z->decode_prompt, z->decode_gen < 4 ? z->decode_gen : 4, &tok_s, &s,
+                   BENCH_RUN_PLAIN, NULL))
     return -1;
-  int do_prefill = !b->only || !strcmp(b->only, "prefill");
-  int do_decode = !b->only || !strcmp(b->only, "decode");
   for (int i = 0; i < BENCH_N_PREFILL && do_prefill; i++) {
     double med;
     if (bench_prefill(b, z->prefill_len[i], &tok_s, &med)) return -1;
@@ -875,18 +1074,13 @@ static int bench_phase_a(bench *b) {
             med);
   }
   for (int i = 0; i < n_lv && do_decode; i++) {
-    /* a short warm-up at this concurrency: the step shapes' one-time work (graph capture, the
-     * CUDA backend's GEMM algorithm timing) out of the window, as a server does it once */
-    if (bench_decode(b, lv_conc[i], z->decode_prompt, z->decode_gen < 16 ? z->decode_gen : 16,
-                     &tok_s, &s))
+    double runs[BENCH_MAX_REPEATS];
+    bench_rec *rec = b->recs ? &b->recs[i * (1 + R)] : NULL;
+    engine_stats sa, sz; /* the speculative counters of the measured runs: after the warm-up */
+    if (bench_decode_level(b, lv_conc[i], rec ? BENCH_RUN_REPLAY : BENCH_RUN_PLAIN, rec, runs,
+                           &tok_s, &s, &sa))
       return -1;
-    double runs[BENCH_MAX_REPEATS], sorted[BENCH_MAX_REPEATS];
-    int R = b->decode_repeats;
-    for (int r = 0; r < R; r++) {
-      if (bench_decode(b, lv_conc[i], z->decode_prompt, z->decode_gen, &runs[r], &s)) return -1;
-      sorted[r] = runs[r];
-    }
-    tok_s = bench_median(sorted, R);
+    bench_stats(b, &sz);
     snprintf(k, sizeof k, "decode_tok_s_%d", lv_name[i]);
     bench_set(b->metrics, k, tok_s);
     if (R > 1) {
@@ -908,6 +1102,7 @@ static int bench_phase_a(bench *b) {
       fprintf(stderr, "; last ");
     }
     fprintf(stderr, "phase %.3f s)\n", s);
+    if (rec) bench_spec_level(b, lv_name[i], lv_conc[i], plain_tok_s[i], tok_s, &sa, &sz, rec);
   }
   if (b->decode_shared > 0) { /* whether the decode runs' prefixes were restored, not recomputed */
     bench_stats(b, &st1);
@@ -928,7 +1123,7 @@ static int bench_phase_b(bench *b) {
   if (!b->user_kv_tokens)
     o.kv_cache_tokens = (z->prefix_n + 2) * (z->prefix_len + z->suffix_len + 16) + 2048;
   qwen35_mem_opts mo;
-  if (bench_start(b, &o, &mo)) return -1;
+  if (bench_start(b, &o, &mo, 0)) return -1;
   json_object_set_new(b->info, "phase_b_engine",
                       json_pack("{s:i, s:i, s:i, s:b, s:i}", "max_num_seqs", o.max_num_seqs,
                                 "max_num_batched_tokens", o.max_num_batched_tokens,
@@ -954,7 +1149,7 @@ static int bench_phase_d(bench *b) {
     o.kv_cache_tokens = z->pause_bg * (z->decode_prompt + z->pause_gen + 16) +
                         2 * z->pause_pairs * (z->pause_len + 16) + 2048;
   qwen35_mem_opts mo;
-  if (bench_start(b, &o, &mo)) return -1;
+  if (bench_start(b, &o, &mo, 0)) return -1;
   int rc = bench_pause(b);
   if (rc == 0)
     fprintf(
@@ -1103,6 +1298,22 @@ static int bench_write(bench *b, const char *out, int final, int quiet_missing, 
       if (json_is_number(r)) snprintf(rs, sizeof rs, "%.3g", json_number_value(r));
       printf("%-40s %14.6g %12s %8s\n", k, json_is_number(v) ? json_number_value(v) : NAN, ps, rs);
     }
+    /* a speculative run's figures per decode size that ran (no peer figures) */
+    static const char *spec_keys[] = {"decode_plain_tok_s", "decode_spec_speedup",
+                                      "decode_acceptance_length", "decode_draft_acceptance_rate"};
+    for (int i = 0; b->spec && i <= BENCH_N_DECODE; i++) {
+      int nm = i < BENCH_N_DECODE ? bench_decode_names[i] : b->only_conc;
+      for (int j = 0; i == BENCH_N_DECODE && j < BENCH_N_DECODE; j++)
+        if (nm == bench_decode_names[j]) nm = 0; /* --decode-conc of a size: printed above */
+      for (size_t j = 0; nm > 0 && j < sizeof spec_keys / sizeof *spec_keys; j++) {
+        char k[96];
+        snprintf(k, sizeof k, "%s_%d", spec_keys[j], nm);
+        json_t *v = json_object_get(b->metrics, k);
+        if (v)
+          printf("%-40s %14.6g %12s %8s\n", k, json_is_number(v) ? json_number_value(v) : NAN, "-",
+                 "-");
+      }
+    }
     fflush(stdout);
   }
   json_decref(root);
@@ -1134,6 +1345,17 @@ static void bench_usage(FILE *f) {
           "  --temperature T, --top-p P, --top-k K, --frequency-penalty F, --presence-penalty F:\n"
           "    every request sampled so (seeded; the default is greedy); the figures then\n"
           "    include the sampling.\n"
+          "  --speculative-config JSON (an engine flag): each decode size runs without\n"
+          "    speculation first (decode_plain_tok_s_N), then speculating on the same prompts\n"
+          "    (decode_tok_s_N), with decode_spec_speedup_N, decode_acceptance_length_N (1 +\n"
+          "    accepted drafts per verify step, vLLM's) and decode_draft_acceptance_rate_N;\n"
+          "    info.spec.levels checks the speculative tokens against the plain ones. Without\n"
+          "    \"disable_by_batch_size\" the engine's measured policy decides which steps draft.\n"
+          "  --spec-replay P: with --speculative-config, the drafts are each sequence's own\n"
+          "    continuation from the plain pass, each draft token replaced by another with\n"
+          "    probability P (0..1, in steps of 0.001; reproducible): speed against a controlled\n"
+          "    acceptance. num_speculative_tokens is the config's; the method's drafts are not\n"
+          "    used (with \"mtp\" its head still runs after each step, its time counted).\n"
           "%s"
           "engine flags (as serve):\n%s",
           BENCH_MAX_CONC, BENCH_MAX_REPEATS, cli_load_help, cli_flags_engine_help);
@@ -1146,6 +1368,7 @@ int cmd_bench(int argc, char **argv) {
   b.decode_repeats = 1;
   b.top_p = 1.0f;
   b.rng = 0x5EEDBE9C4ULL;
+  b.replay_pm = -1;
   engine_opts_default(&b.user);
   const char *out = NULL;
   for (int i = 1; i < argc; i++) {
@@ -1238,6 +1461,13 @@ int cmd_bench(int argc, char **argv) {
         b.frequency_penalty = f;
       else
         b.presence_penalty = f;
+    } else if (!strcmp(a, "--spec-replay")) {
+      double f = strtod(v, &end);
+      if (*end || end == v || !(f >= 0.0 && f <= 1.0)) {
+        fprintf(stderr, "deltaserve bench: bad --spec-replay '%s' (a probability, 0..1)\n", v);
+        return 2;
+      }
+      b.replay_pm = (int)lround(f * 1000.0);
     } else if (!strcmp(a, "--top-k")) {
       long k = strtol(v, &end, 10);
       if (*end || end == v || k < 0 || k > 1 << 24) {
@@ -1291,6 +1521,13 @@ int cmd_bench(int argc, char **argv) {
   if (b.only_conc && (!b.only || strcmp(b.only, "decode") || b.only_conc > BENCH_MAX_CONC)) {
     fprintf(stderr, "deltaserve bench: --decode-conc N needs --only decode and 1 <= N <= %d\n",
             BENCH_MAX_CONC);
+    return 2;
+  }
+  b.spec = b.user.spec.method != SPEC_METHOD_NONE;
+  if (b.replay_pm >= 0 && (!b.spec || (b.only && strcmp(b.only, "decode")))) {
+    fprintf(stderr,
+            "deltaserve bench: --spec-replay P needs --speculative-config (its "
+            "num_speculative_tokens) and the decode runs (not --only prefill)\n");
     return 2;
   }
   engine_opts def;
@@ -1362,6 +1599,7 @@ int cmd_bench(int argc, char **argv) {
   wrote = bench_write(&b, out, 1, failed, t_start);
   status = failed || wrote ? 1 : 0;
 done:
+  bench_recs_free(&b);
   free(b.shared_prefix);
   json_decref(b.metrics);
   json_decref(b.info);

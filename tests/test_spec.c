@@ -1,8 +1,8 @@
 /* speculative decoding (n-gram drafts verified in the batch) on the CPU backend over the fixture
- * models (dense, MoE, Qwen3-Next): the drafter and the flag's JSON; a verify piece's rows and
- * its kept states against plain one-token steps, bit for bit (the rollback); greedy tokens AND
- * logits with speculation equal to those without, 8 requests at once, with small budgets,
- * under preemption and across a prefix-cache restore of the end-of-generation checkpoint;
+ * models (dense, MoE, Qwen3-Next): the drafters (n-gram, replay) and the flag's JSON; a verify
+ * piece's rows and its kept states against plain one-token steps, bit for bit (the rollback);
+ * greedy tokens AND logits with speculation equal to those without, 8 requests at once, with small
+ * budgets, under preemption and across a prefix-cache restore of the end-of-generation checkpoint;
  * seeded sampling giving the same tokens; the sampled distribution (two-sample chi-square);
  * cancellation; the metric counts; and a backend without set_keep refused. Then MTP drafts
  * (method mtp) over a gen-random checkpoint with an MTP head: greedy tokens and logits equal to
@@ -15,6 +15,7 @@
 #include "engine/engine_mem.h"
 #include "engine/spec_config.h"
 #include "engine/spec_ngram.h"
+#include "engine/spec_replay.h"
 #include "model/gen_random.h"
 #include "model/qwen35.h"
 #include "model/weights.h"
@@ -32,6 +33,33 @@ static size_t V;
 static const char *MODEL;
 
 /* ---- the drafter and the flag ---------------------------------------------------------- */
+
+/* The replay drafter: the recorded tokens from the position, clipped at their end; pm 0 none
+ * corrupted, pm 1000 every one (moved by one id); pm 300 about that share over many positions
+ * (a fixed hash: the same drafts on every call). */
+TEST(replay_propose) {
+  int32_t rec[64], out[16], again[16];
+  for (int i = 0; i < 64; i++) rec[i] = (i * 37) % 50; /* 0 included: corrupted to 1 */
+  int n = spec_replay_propose(rec, 64, 7, 10, 0, 5, out);
+  EXPECT(n == 5 && !memcmp(out, rec + 10, 5 * sizeof *out));
+  n = spec_replay_propose(rec, 64, 7, 61, 0, 5, out);
+  EXPECT(n == 3 && !memcmp(out, rec + 61, 3 * sizeof *out));
+  EXPECT(spec_replay_propose(rec, 64, 7, 64, 0, 5, out) == 0);
+  n = spec_replay_propose(rec, 64, 7, 0, 1000, 16, out);
+  int moved = 0;
+  for (int i = 0; i < n; i++) moved += out[i] != rec[i] && abs(out[i] - rec[i]) == 1;
+  EXPECT(n == 16 && moved == 16);
+  int bad = 0, total = 0;
+  for (int64_t id = 1; id <= 200; id++)
+    for (int pos = 0; pos + 16 <= 64; pos += 16) {
+      n = spec_replay_propose(rec, 64, id, pos, 300, 16, out);
+      spec_replay_propose(rec, 64, id, pos, 300, 16, again);
+      EXPECT(n == 16 && !memcmp(out, again, sizeof out));
+      for (int i = 0; i < n; i++) bad += out[i] != rec[pos + i];
+      total += n;
+    }
+  EXPECT_MSG(bad > 0.27 * total && bad < 0.33 * total, "%d of %d corrupted at pm 300", bad, total);
+}
 
 TEST(ngram_propose) {
   int32_t out[8];
@@ -866,6 +894,7 @@ TEST(refused_without_set_keep) {
 int main(void) {
   log_set_level(LOG_LEVEL_WARN);
   RUN(ngram_propose);
+  RUN(replay_propose);
   RUN(config_parse);
   const char *models[] = {"tests/fixtures/models/dense_bf16", "tests/fixtures/models/moe_f32",
                           "tests/fixtures/models/next_bf16"};

@@ -47,6 +47,8 @@ ap.add_argument("--out", required=True)
 ap.add_argument("--bin", default="build-cuda/deltaserve")
 ap.add_argument("--seconds", type=float, default=150.0)
 ap.add_argument("--no-serve", action="store_true")
+ap.add_argument("--conc", default="1,8,64", help="concurrent requests of the serve runs")
+ap.add_argument("--variants", default="plain,mtp3_always,mtp3_measured")
 args = ap.parse_args()
 os.makedirs(args.out, exist_ok=True)
 T0 = time.time()
@@ -332,14 +334,16 @@ if not args.no_serve:
              "mtp3_always": ["--speculative-config",
                              '{"method":"mtp","num_speculative_tokens":3,"disable_by_batch_size":4096}'],
              "mtp3_measured": ["--speculative-config", '{"method":"mtp","num_speculative_tokens":3}']}
-    for conc in (1, 8, 64):
+    concs = [int(c) for c in args.conc.split(",")]
+    specs = {k: v for k, v in specs.items() if k in args.variants.split(",")}
+    for conc in concs:
         for name, extra in specs.items():
             try:
                 runs[f"{name}@{conc}"] = serve_run(extra, conc, max(conc, 4) if conc > 1 else 3)
             except Exception as e:  # noqa: BLE001
                 runs[f"{name}@{conc}"] = {"error": str(e)[-400:]}
             print(f"{name}@{conc}", runs[f"{name}@{conc}"], flush=True)
-    for conc in (1, 8, 64):
+    for conc in concs:
         base = runs.get(f"plain@{conc}", {}).get("tok_s")
         for name in specs:
             r = runs.get(f"{name}@{conc}", {})

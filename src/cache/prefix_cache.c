@@ -522,6 +522,17 @@ int prefix_cache_disk_ready(prefix_cache *pc, uint64_t ckpt) {
   return disk_tier_prefetch(pc->dt, pc->recs[i].disk);
 }
 
+void prefix_cache_disk_cost(prefix_cache *pc, uint64_t ckpt, double *bytes, double *rate) {
+  *bytes = *rate = 0;
+  int i = pc_rec_find(pc, ckpt, 1u << PC_REC_COMMITTED);
+  if (i < 0 || !pc->dt || !pc_rec_disk_only(&pc->recs[i])) return;
+  const pc_rec *r = &pc->recs[i];
+  *bytes = (double)disk_tier_file_size(pc->dt, 0, r->depth, 1, r->n_pages);
+  disk_tier_stats st;
+  disk_tier_get_stats(pc->dt, &st);
+  *rate = st.read_s > 0 ? st.read_bytes / st.read_s : 0;
+}
+
 /* prefix_cache_free: the committed checkpoints still in memory go to the disk tier, least
  * recently used first (so the most recent ones survive its budget); then the records forget
  * their disk entries, so that releasing them keeps the files. */

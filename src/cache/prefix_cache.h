@@ -150,6 +150,10 @@ void prefix_cache_peek(prefix_cache *pc, const char *salt, const int32_t *prompt
  * waits for a turn). The scheduler asks before it admits a request onto a disk checkpoint and
  * leaves the request waiting on 0, so that no step waits for the disk. Never fails. */
 int prefix_cache_disk_ready(prefix_cache *pc, uint64_t ckpt);
+/* A restore's disk cost, for the scheduler's choice between reading and recomputing: *bytes the
+ * file of ckpt when it lives only on disk (else 0), *rate the disk tier's measured read rate in
+ * bytes per second, reader thread's read and hash (0 before its first read). */
+void prefix_cache_disk_cost(prefix_cache *pc, uint64_t ckpt, double *bytes, double *rate);
 
 /* Capture points (a pure function: the policy is the scheduler's). */
 enum {

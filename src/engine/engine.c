@@ -224,6 +224,7 @@ static void engine_snapshot(engine *e) {
     s.disk_bytes = disk_tier_bytes(e->dt);
     s.disk_budget_bytes = disk_tier_budget(e->dt);
     s.disk_hits = d.hits;
+    s.disk_declined = sched_num_disk_declined(e->s);
     s.disk_read_failures = d.read_failures;
     s.disk_writes = d.writes;
     s.disk_write_failures = d.write_failures;

@@ -209,6 +209,7 @@ typedef struct engine_stats {
   size_t disk_bytes, disk_budget_bytes;
   long long disk_hits, disk_read_failures, disk_writes, disk_write_failures, disk_files_dropped,
       disk_evictions, disk_spills;
+  long long disk_declined; /* restores left unread: reading was measured slower than prefill */
   double disk_read_bytes, disk_write_bytes, disk_read_s, disk_write_s;
   /* the KV-events publisher (all 0 without --kv-events-config): kv_events_stats */
   int kv_events_enabled;

@@ -101,6 +101,7 @@ struct engine {
   /* whether the next step drafts: spec_config.disable_by_batch_size's rule, else measured */
   spec_policy pol;
   int spec_on;
+  double prefill_tps; /* moving prefill tokens per second of steps mostly prefill (sched's) */
   spec_mtp *mtp;
   int mtp_scratch0, mtp_scratch, mtp_pt;
   float *hidden;

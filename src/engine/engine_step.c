@@ -475,7 +475,7 @@ int engine_step_run(engine *e) {
 
   int n_rows = 0, n_verify = 0, decode_only = 1;
   double t0 = engine_step_now();
-  long long gen0 = e->gen_total;
+  long long gen0 = e->gen_total, pre0 = e->prefilled_total;
   for (int i = 0; i < b.n; i++) {
     request *r = b.reqs[i];
     fwd_seq *q = &e->seqs[i];
@@ -619,6 +619,14 @@ int engine_step_run(engine *e) {
   if (e->o.spec.method != SPEC_METHOD_NONE && decode_only)
     spec_policy_observe(&e->pol, b.n, n_verify > 0, (int)(e->gen_total - gen0),
                         engine_step_now() - t0);
+  /* the prefill rate the scheduler weighs a disk restore against (steps of >= 256 prompt
+   * tokens, where the prefill is most of the step's time) */
+  long long pre = e->prefilled_total - pre0;
+  if (pre >= 256) {
+    double r = (double)pre / (engine_step_now() - t0);
+    e->prefill_tps = e->prefill_tps > 0 ? e->prefill_tps + 0.3 * (r - e->prefill_tps) : r;
+    sched_set_prefill_rate(e->s, e->prefill_tps);
+  }
   sched_postprocess(e->s, &b);
   for (int i = 0; i < b.n; i++) {
     request *r = b.reqs[i];

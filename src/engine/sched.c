@@ -30,6 +30,8 @@ struct sched {
   long long n_waits, n_demands; /* admissions deferred for an in-flight capture; demands */
   spec_config spec;             /* speculative decoding (method NONE: off) */
   int spec_on;                  /* drafts in the next step (sched_set_spec_on) */
+  double prefill_tps;           /* measured prefill tokens per second (sched_set_prefill_rate) */
+  long long disk_declined;      /* disk restores declined as slower than recomputing */
   int max_model_len;
 };
 
@@ -116,6 +118,21 @@ void sched_set_spec(sched *s, const spec_config *spec, int max_model_len) {
 }
 
 void sched_set_spec_on(sched *s, int on) { s->spec_on = on; }
+
+void sched_set_prefill_rate(sched *s, double tokens_per_s) { s->prefill_tps = tokens_per_s; }
+long long sched_num_disk_declined(const sched *s) { return s->disk_declined; }
+
+int sched_read_slower(double bytes, double read_rate, int depth, double prefill_tps) {
+  return bytes > 0 && read_rate > 0 && prefill_tps > 0 && bytes / read_rate > depth / prefill_tps;
+}
+
+/* 1 when restoring m's checkpoint reads a disk file more slowly than the prefill recomputes its
+ * positions, both as measured. */
+static int sched_disk_slower(sched *s, const prefix_cache_match *m) {
+  double bytes, rate;
+  prefix_cache_disk_cost(s->pc, m->ckpt, &bytes, &rate);
+  return sched_read_slower(bytes, rate, m->depth, s->prefill_tps);
+}
 
 int sched_num_running(const sched *s) { return s->running.n; }
 int sched_num_waiting(const sched *s) { return s->waiting.n; }
@@ -421,6 +438,11 @@ static int sched_admit(sched *s, sched_batch *b, request *r, int budget, int *n_
     }
     sched_lookup(s, r, &m);
     if (!r->points_fixed && sched_wait_for(s, r, &m)) return SCHED_ADMIT_SKIP;
+    /* a disk checkpoint where reading it is slower than computing: computed, as a miss */
+    if (m.ckpt && sched_disk_slower(s, &m)) {
+      memset(&m, 0, sizeof m);
+      s->disk_declined++;
+    }
     /* a disk checkpoint's file is read by the disk tier's reader first: no step waits for it */
     if (m.ckpt && !prefix_cache_disk_ready(s->pc, m.ckpt)) return SCHED_ADMIT_SKIP;
     /* every capture point, restored or not, is a split point: a cold run of the same request

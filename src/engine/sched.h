@@ -102,6 +102,15 @@ void sched_set_spec(sched *s, const spec_config *spec, int max_model_len);
 /* Whether the next steps draft at all (the engine's per-step choice, spec_policy; on after
  * sched_set_spec). */
 void sched_set_spec_on(sched *s, int on);
+/* The engine's measured prefill rate (tokens per second, 0: none yet). A request whose deepest
+ * checkpoint lives only on disk is admitted cold when reading the file at the disk tier's
+ * measured rate would take longer than prefilling its positions at this rate (counted in
+ * sched_num_disk_declined). */
+void sched_set_prefill_rate(sched *s, double tokens_per_s);
+long long sched_num_disk_declined(const sched *s);
+/* The rule: reading `bytes` at read_rate takes longer than prefilling `depth` positions at
+ * prefill_tps (an unmeasured rate, 0, never declines: the read measures it). */
+int sched_read_slower(double bytes, double read_rate, int depth, double prefill_tps);
 
 /* The split unit u for a budget. */
 int sched_unit(int max_num_batched_tokens);

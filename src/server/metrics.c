@@ -421,6 +421,9 @@ static void engine_series(out *o, const engine_stats *s) {
     gauge(o, "disk_cache_write_queue", "Checkpoint files waiting for the writer thread.",
           s->disk_queued);
     counter(o, "disk_cache_hits", "Checkpoints restored from the disk cache.", s->disk_hits);
+    counter(o, "disk_cache_declined",
+            "Disk checkpoints not read: reading was measured slower than prefilling them.",
+            s->disk_declined);
     counter(o, "disk_cache_writes", "Checkpoint files written.", s->disk_writes);
     counter(o, "disk_cache_spills", "Checkpoints moved from memory to the disk cache.",
             s->disk_spills);

@@ -244,12 +244,12 @@ static int32_t argmax_row(const float *x, int V) {
 }
 
 /* The PyTorch definition (scripts/device/mtp_train.py, transformers' Qwen3.5 decoder layer and
- * vLLM's MTP wiring) on its fixture tests/fixtures/models/mtp_parity: the target's hidden rows
+ * vLLM's MTP wiring) on its fixture tests/fixtures/mtp_parity: the target's hidden rows
  * of a 20-token prompt (qwen35_forward_hidden) fed with the next tokens give the MTP logits
  * PyTorch computed in fp32 from the same bf16 weights; the drafting path (qwen35_mtp_draft) picks
  * each piece's last row's argmax. */
 TEST(forward_matches_pytorch) {
-  const char *dir = "tests/fixtures/models/mtp_parity";
+  const char *dir = "tests/fixtures/mtp_parity";
   model_config c;
   model_weights w;
   REQUIRE(model_load_with(dir, &MTP, &c, &w, err, sizeof err) == 0);

@@ -13,7 +13,7 @@ On the GPU machine (torch + transformers there), in one call:
      --speculative-config mtp (every step drafting, and the default measured choice), and
      reports tokens per second, the ratio to plain and the acceptance length from /metrics;
   3. writes a tiny random model with an MTP head and the head's logits computed here in fp32
-     (the parity fixture tests/fixtures/models/mtp_parity: config.json, model.safetensors,
+     (the parity fixture tests/fixtures/mtp_parity: config.json, model.safetensors,
      ref.json), which tests/test_spec_mtp.c checks qwen35_mtp_forward against.
 
 The MTP head (vLLM qwen3_5_mtp / qwen3_next_mtp): for the target's final-normed hidden state h_p

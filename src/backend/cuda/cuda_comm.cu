@@ -1,7 +1,11 @@
 /* cuda_comm — see cuda_comm.h. */
 #include "backend/cuda/cuda_comm.h"
 
+#if DS_NCCL
 #include <nccl.h>
+#else
+typedef void *ncclComm_t; /* a build without NCCL: the NCCL communicator is refused */
+#endif
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -34,7 +38,9 @@ struct cuda_comm {
 static void comm_free(cuda_comm *m) {
   if (!m) return;
   for (int r = 0; r < m->n; r++) {
+#if DS_NCCL
     if (m->nccl_up && m->nccl[r]) ncclCommDestroy(m->nccl[r]);
+#endif
     if (m->ev_in[r]) cudaEventDestroy(m->ev_in[r]);
     if (m->ev_out[r]) cudaEventDestroy(m->ev_out[r]);
   }
@@ -131,10 +137,12 @@ static void cu_all_reduce_sum(backend *be, backend_buf x, size_t n) {
     local_all_reduce(c, m, (bf16 *)x, n);
     return;
   }
+#if DS_NCCL
   /* issued even after a failure of this rank's: the other ranks' collectives wait for it */
   cudaSetDevice(c->device); /* the calling thread is the rank's (qwen35_tp_runner) */
   ncclResult_t e = ncclAllReduce(x, x, n, ncclBfloat16, ncclSum, m->nccl[c->comm_rank], c->st);
   if (e != ncclSuccess) cuda_fail(c, "all_reduce_sum (NCCL)", ncclGetErrorString(e));
+#endif
 }
 
 __attribute__((format(printf, 3, 4))) static int fail_msg(char *err, size_t errlen, const char *fmt,
@@ -161,6 +169,13 @@ extern "C" int cuda_comm_create_ranks(int n, cuda_comm_kind kind, const backend_
   }
   int own = n <= ndev, one = n == 1 || ndev == 1;
   if (kind == CUDA_COMM_AUTO) kind = own && n > 1 ? CUDA_COMM_NCCL : CUDA_COMM_LOCAL;
+#if !DS_NCCL
+  if (kind == CUDA_COMM_NCCL)
+    return fail_msg(err, errlen,
+                    "--tensor-parallel-size %d over GPUs needs NCCL, and this build has none (no "
+                    "nccl.h in the CUDA tree it was built with)",
+                    n);
+#endif
   if (kind == CUDA_COMM_NCCL && !own)
     return fail_msg(err, errlen, "--tensor-parallel-size %d: NCCL needs a GPU per rank (%d found)",
                     n, ndev);
@@ -196,6 +211,7 @@ extern "C" int cuda_comm_create_ranks(int n, cuda_comm_kind kind, const backend_
     /* NVLink multicast (NVLS) stays off: it reserves a large part of every GPU's memory for
      * its buffers, which the memory plan does not count; a value the user set is kept.
      * ncclConfig_t has no field for it, so this is the one environment write */
+#if DS_NCCL
     setenv("NCCL_NVLS_ENABLE", "0", 0);
     ncclResult_t e = ncclCommInitAll(m->nccl, n, m->dev);
     if (e != ncclSuccess) {
@@ -206,6 +222,7 @@ extern "C" int cuda_comm_create_ranks(int n, cuda_comm_kind kind, const backend_
     } else {
       m->nccl_up = 1;
     }
+#endif
   }
   cudaSetDevice(prev);
   if (rc) {

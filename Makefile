@@ -26,11 +26,15 @@ CU_SRCS  := $(sort $(wildcard src/backend/cuda/*.cu))
 CU_OBJS  := $(CU_SRCS:%.cu=$(BUILD)/obj/%.o)
 CUFLAGS  += -O3 -std=c++17 -MMD -MP -gencode=arch=compute_90a,code=sm_90a -Isrc -Xcompiler -Wall,-fPIC --expt-relaxed-constexpr
 CFLAGS   += -DDS_CUDA=1 -I$(CUDA_HOME)/include
-# NCCL (tensor parallelism over GPUs, src/backend/cuda/cuda_comm.cu) where the CUDA tree has it;
-# a build without it refuses that path at run time with one line (cuda_comm.cu)
-ifneq ($(wildcard $(CUDA_HOME)/include/nccl.h),)
-CUFLAGS  += -DDS_NCCL=1
-NCCL_LIB := -lnccl
+# NCCL (tensor parallelism over GPUs, src/backend/cuda/cuda_comm.cu): NCCL_HOME, else the CUDA
+# tree, else the nvidia-nccl wheel of the python3 on the path (PyTorch's); a build without it
+# refuses that path at run time with one line (cuda_comm.cu)
+NCCL_HOME ?= $(firstword $(if $(wildcard $(CUDA_HOME)/include/nccl.h),$(CUDA_HOME)) \
+  $(shell python3 -c 'import nvidia.nccl as n; print(list(n.__path__)[0])' 2>/dev/null))
+ifneq ($(wildcard $(NCCL_HOME)/include/nccl.h),)
+CUFLAGS  += -DDS_NCCL=1 -I$(NCCL_HOME)/include
+NCCL_LIBDIR := $(firstword $(wildcard $(NCCL_HOME)/lib64/libnccl.so* $(NCCL_HOME)/lib/libnccl.so*))
+NCCL_LIB := -L$(dir $(NCCL_LIBDIR)) -Wl,-rpath,$(dir $(NCCL_LIBDIR)) -l:$(notdir $(NCCL_LIBDIR))
 endif
 LDLIBS   += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 $(NCCL_LIB) -lcublasLt -lcublas -lcudart -lstdc++
 OBJS     += $(CU_OBJS)

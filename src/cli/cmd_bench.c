@@ -1049,7 +1049,8 @@ static int bench_phase_a(bench *b) {
                   "plain pass: decode_plain_tok_s_N), then as configured on the same "
                   "prompts (decode_tok_s_N); acceptance_length = 1 + accepted / "
                   "num_drafts over the measured runs (vLLM's mean acceptance length); "
-                  "mismatched_sequences: speculative tokens unlike the plain pass's");
+                  "mismatched_sequences: speculative tokens unlike the plain pass's (with "
+                  "replay_p each position takes the plain pass's token, so 0 by design)");
     json_object_set_new(b->info, "spec", sp);
   }
   json_object_set_new(

@@ -326,6 +326,14 @@ static int engine_step_device_words(engine *e, const sched_batch *b, int n_rows)
   return n_rows * SAMPLE_RULE_WORDS + n_ed * SAMPLE_RULE_EDIT_WORDS;
 }
 
+/* A replay request (spec_replay.h) takes its recorded token wherever it has one, so it follows
+ * the recorded run: on CUDA a verify row rounds unlike a plain row, and one flipped near-tie
+ * would otherwise make every later draft miss. The rows are computed and sampled all the same. */
+static int32_t engine_step_replayed(const request *r, int32_t t) {
+  int pos = request_n_output(r);
+  return r->replay && pos < r->n_replay ? r->replay[pos] : t;
+}
+
 /* ---- speculative decoding ----------------------------------------------------------------
  * A request at its sampling point may carry n-gram drafts d1..dk (sched.c, spec_ngram.c): its
  * piece is then a verify piece of 1 + k rows, fed [t, d1, .., dk] (t its last token) in the same
@@ -369,6 +377,7 @@ static int engine_step_verify(engine *e, request *r, float *lg0, const int32_t *
       t = sampler_sample(&r->smp, lg, e->n_vocab, r->tokens, r->n_prompt, r->tokens + r->n_prompt,
                          request_n_output(r), &e->scratch, &res);
     }
+    t = res.token = engine_step_replayed(r, t);
     r->tokens[r->n_tokens++] = t;
     if (h->jm) json_mask_advance(h->jm, t);
     e->gen_total++;
@@ -602,6 +611,7 @@ int engine_step_run(engine *e) {
       res = jb->res;
       t = jb->t;
     }
+    t = res.token = engine_step_replayed(r, t);
     r->tokens[r->n_tokens++] = t;
     if (h->jm) json_mask_advance(h->jm, t);
     e->gen_total++;

@@ -5,10 +5,12 @@
  *   recorded  [ o0 o1 o2 o3 o4 ... ]          the earlier run's output tokens
  *   at output position 2, k = 3:  drafts o2 o3' o4   (o3' = o3 +- 1: corrupted)
  *
- * Since verification is lossless the speculative run emits the recorded tokens again, so an
- * uncorrupted draft is always accepted and a corrupted one always rejected: the acceptance is
- * set by pm alone, as a real drafter's would be by its quality, while the verify steps, the
- * rollback and the step times are the real ones. Whether a draft is corrupted is a hash of the
+ * The speculative run takes the recorded token at every position it has one (engine_step.c:
+ * where the backend's rows are not batch-invariant, a verify row's rounding could flip a near
+ * tie of a random model and every later draft would miss), so an uncorrupted draft is always
+ * accepted and a corrupted one always rejected: the acceptance is set by pm alone, as a real
+ * drafter's would be by its quality, while the verify steps, the sampling, the rollback and
+ * the step times are the real ones. Whether a draft is corrupted is a hash of the
  * request id and the output position: a run is reproducible and does not depend on the batch.
  * Not reachable from the HTTP API: `deltaserve bench --spec-replay P` and tests set it per
  * request (engine_submit_opts.draft_replay). */

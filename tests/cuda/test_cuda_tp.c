@@ -16,13 +16,14 @@
  *                   row compares. bf16 activations alone move these tiny random models' logits
  *                   by 8e-2..5e-1 relative (test_cuda_parity), far more than TP's own rounding
  *                   (each rank's partial sum rounded to bf16 before the sum), so TP = N is held
- *                   to test_cuda_parity's rule against the reference: its worst row's relative
- *                   error at most 1.5 x TP = 1's + 1e-2, its greedy tokens the reference's on at
- *                   least 80% as many rows as TP = 1's; and a second TP = N run gives the same
- *                   bits (the reduction's order is fixed) when a second TP = 1 run does. TP = N
- * against TP = 1 directly is printed (relative error, tokens equal), not asserted. A lost or
- * doubled partial sum, or a rank reading a buffer too early, moves the logits by ~1. Skips (SKIP,
- * exit 0) without a device. */
+ *                   to a rule against the reference: its mean row relative error at
+ *                   most 1.5 x TP = 1's + 1e-2 (a single FP8 row's error swings by 2x either way
+ * with the rounding order, so the worst row is no rule), its worst row's under 0.5, its greedy
+ * tokens the reference's on at least 80% as many rows as TP = 1's; and a second TP = N run gives
+ * the same bits (the reduction's order is fixed) when a second TP = 1 run does. TP = N against TP =
+ * 1 directly is printed (relative error, tokens equal), not asserted. A lost or doubled partial
+ * sum, or a rank reading a buffer too early, moves the logits by ~1. Skips (SKIP, exit 0) without a
+ * device. */
 #include <math.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -44,6 +45,7 @@
 /* the margin over 1.5 x TP = 1's error, test_cuda_parity's rule (bf16 storage alone moves these
  * tiny random models' logits by 8e-2..5e-1 relative: they amplify perturbations) */
 #define TOL 1e-2
+#define WORST 0.5 /* a lost or doubled partial sum moves a row by ~1 */
 #define NPROMPT 3
 #define NGEN 8
 #define MAXLEN 96
@@ -294,9 +296,10 @@ static int run_model(tp_model *t, const int32_t (*feed)[NGEN], int32_t tok[NPROM
   return rc ? -1 : 0;
 }
 
-/* The worst row's ||a - ref|| / ||ref|| over rows of V logits. */
-static double worst_rel(const float *a, const float *ref, size_t rows, int V) {
-  double worst = 0;
+/* The worst row's ||a - ref|| / ||ref|| over rows of V logits; *mean (when not NULL) their
+ * mean. */
+static double worst_rel_mean(const float *a, const float *ref, size_t rows, int V, double *mean) {
+  double worst = 0, sum = 0;
   for (size_t r = 0; r < rows; r++) {
     double d = 0, q = 0;
     for (int i = 0; i < V; i++) {
@@ -306,8 +309,14 @@ static double worst_rel(const float *a, const float *ref, size_t rows, int V) {
     }
     double e = q > 0 ? sqrt(d / q) : (d == 0 ? 0 : INFINITY);
     if (e > worst) worst = e;
+    sum += e;
   }
+  if (mean) *mean = rows ? sum / (double)rows : 0;
   return worst;
+}
+
+static double worst_rel(const float *a, const float *ref, size_t rows, int V) {
+  return worst_rel_mean(a, ref, rows, V, NULL);
 }
 
 /* Rows whose greedy token equals ref's. */
@@ -356,22 +365,25 @@ static void check_model(const char *dir, int n) {
   /* the premise: TP = 1 gives the same bits twice (lb2, tb2, ib2 reused) */
   EXPECT(run_model(&a, feed, tb2, lb2, ib2) == 0);
   int same1 = !memcmp(la, lb2, rows * V * sizeof(float)) && !memcmp(ia, ib2, sizeof ia);
-  double e1 = worst_rel(la, lr, rows, V), en = worst_rel(lb, lr, rows, V),
-         d1n = worst_rel(lb, la, rows, V);
+  double m1, mn, e1 = worst_rel_mean(la, lr, rows, V, &m1),
+                 en = worst_rel_mean(lb, lr, rows, V, &mn), d1n = worst_rel(lb, la, rows, V);
   int k1 = tokens_equal(ta, tr), kn = tokens_equal(tb, tr), k1n = tokens_equal(tb, ta);
   EXPECT_MSG(same || !same1,
              "%s TP=%d: a second run gave other logits (the reduction is not fixed; TP=1 repeats)",
              dir, n);
-  EXPECT_MSG(en <= 1.5 * e1 + TOL, "%s TP=%d: worst row rel err %.3g against the CPU, TP=1 %.3g",
-             dir, n, en, e1);
+  EXPECT_MSG(mn <= 1.5 * m1 + TOL, "%s TP=%d: mean row rel err %.3g against the CPU, TP=1 %.3g",
+             dir, n, mn, m1);
+  EXPECT_MSG(en <= WORST, "%s TP=%d: worst row rel err %.3g against the CPU (TP=1 %.3g)", dir, n,
+             en, e1);
   EXPECT_MSG(5 * kn >= 4 * k1, "%s TP=%d: %d of %d tokens the CPU's, TP=1 %d", dir, n, kn,
              (int)rows, k1);
   printf(
-      "  %s TP=%d (%s): against the CPU's fp32 run, worst row rel err TP=%d %.3g, TP=1 %.3g; "
+      "  %s TP=%d (%s): against the CPU's fp32 run, row rel err mean TP=%d %.3g, TP=1 %.3g, "
+      "worst TP=%d %.3g, TP=1 %.3g; "
       "greedy tokens the CPU's: TP=%d %d/%d, TP=1 %d/%d; TP=%d against TP=1 on CUDA: rel err "
       "%.3g (%s 1e-2), tokens %d/%d; a second run bit-identical: TP=%d %s, TP=1 %s\n",
-      dir, n, cuda_comm_kind_name(b.be[0]), n, en, e1, n, kn, (int)rows, k1, (int)rows, n, d1n,
-      d1n <= 1e-2 ? "within" : "beyond", k1n, (int)rows, n, same ? "yes" : "no",
+      dir, n, cuda_comm_kind_name(b.be[0]), n, mn, m1, n, en, e1, n, kn, (int)rows, k1, (int)rows,
+      n, d1n, d1n <= 1e-2 ? "within" : "beyond", k1n, (int)rows, n, same ? "yes" : "no",
       same1 ? "yes" : "no");
   free(lr);
   free(la);

@@ -14,5 +14,5 @@ NVCC=${NVCC:-/usr/local/cuda/bin/nvcc}
 COMMIT=${DS_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 BIN=/tmp/ds-${name//_/-}
 "$NVCC" -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Isrc -o "$BIN" \
-  "scripts/device/$name.cu" || exit 2
+  "scripts/device/$name.cu" -lcublas || exit 2
 "$BIN" --json "$OUT/${name//_/-}-$(date -u +%Y%m%d)-${COMMIT:0:12}.json"

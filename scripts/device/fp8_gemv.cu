@@ -201,6 +201,95 @@ __global__ void __launch_bounds__(F8M_KW * 32) fg_f8m(const bf16 *x, fg_prod p, 
       }
 }
 
+/* The mma block with the activations staged: per 64-column round a warp converts the T rows'
+ * 64 columns once (two columns a lane) into f16 pairs in shared memory, and each lane takes its
+ * B fragment from there, instead of every lane converting 16 columns of its own (of which only
+ * the lanes of real rows, 4 of 32 at T = 1, are used). U rounds' weight loads in flight. */
+template <int T, int U>
+__global__ void __launch_bounds__(F8M_KW * 32) fg_f8s(const bf16 *x, fg_prod p, float *y) {
+  constexpr int NT = (T + 7) / 8;
+  __shared__ __align__(16) uint32_t xs[F8M_KW][T][F8M_COLS / 2];
+  __shared__ float red[F8M_KW][NT][4][32];
+  pdl_enter();
+  const f8_view &v = p.f8;
+  int N = p.N, K = p.K;
+  int r0 = blockIdx.x * F8M_ROWS, wp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2,
+      t = lane & 3;
+  float acc[NT][4];
+#pragma unroll
+  for (int j = 0; j < NT; j++)
+#pragma unroll
+    for (int i = 0; i < 4; i++) acc[j][i] = 0.f;
+  const uint8_t *wa = v.q + (size_t)min(r0 + g, N - 1) * K,
+                *wb = v.q + (size_t)min(r0 + g + 8, N - 1) * K;
+  const float *sr = v.s + (size_t)(r0 / v.bn) * v.scols;
+  int rounds = K / F8M_COLS;
+  for (int r = wp; r < rounds; r += F8M_KW * U) {
+    uint4 qa[U], qb[U];
+    float sc[U];
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      int rr = r + u * F8M_KW, c = rr * F8M_COLS + 16 * t;
+      bool in = rr < rounds;
+      qa[u] = in ? ld_stream16(wa + c) : make_uint4(0, 0, 0, 0);
+      qb[u] = in ? ld_stream16(wb + c) : make_uint4(0, 0, 0, 0);
+      sc[u] = in ? __ldg(sr + ((rr * F8M_COLS) >> v.bks)) * (1.f / F8M_XSCALE) : 0.f;
+    }
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      int rr = r + u * F8M_KW, c0 = rr * F8M_COLS;
+      if (rr >= rounds) break;
+      __syncwarp();
+#pragma unroll
+      for (int tt = 0; tt < T; tt++)
+        xs[wp][tt][lane] = f8m_x2(__ldg((const uint32_t *)(x + (size_t)tt * K + c0) + lane));
+      __syncwarp();
+      const uint32_t wa4[4] = {qa[u].x, qa[u].y, qa[u].z, qa[u].w},
+                     wb4[4] = {qb[u].x, qb[u].y, qb[u].z, qb[u].w};
+      uint32_t A[4][4];
+#pragma unroll
+      for (int m = 0; m < 4; m++) {
+        A[m][0] = f8m_cvt2(wa4[m]);
+        A[m][1] = f8m_cvt2(wb4[m]);
+        A[m][2] = f8m_cvt2(wa4[m] >> 16);
+        A[m][3] = f8m_cvt2(wb4[m] >> 16);
+      }
+#pragma unroll
+      for (int j = 0; j < NT; j++) {
+        int tr = 8 * j + g;
+        uint4 x0 = make_uint4(0, 0, 0, 0), x1 = x0;
+        if (tr < T) {
+          const uint4 *xp = (const uint4 *)&xs[wp][tr][8 * t];
+          x0 = xp[0];
+          x1 = xp[1];
+        }
+        const uint32_t xw[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+        float d[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+        for (int m = 0; m < 4; m++) mma_f16(d, A[m][0], A[m][1], A[m][2], A[m][3], xw[2 * m], xw[2 * m + 1]);
+#pragma unroll
+        for (int i = 0; i < 4; i++) acc[j][i] += d[i] * sc[u];
+      }
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < NT; j++)
+#pragma unroll
+    for (int i = 0; i < 4; i++) red[wp][j][i][lane] = acc[j][i];
+  __syncthreads();
+  if (wp == 0)
+#pragma unroll
+    for (int j = 0; j < NT; j++)
+#pragma unroll
+      for (int i = 0; i < 4; i++) {
+        float s = red[0][j][i][lane];
+#pragma unroll
+        for (int w = 1; w < F8M_KW; w++) s += red[w][j][i][lane];
+        int tok = 8 * j + 2 * t + (i & 1), row = r0 + g + 8 * (i >> 1);
+        if (tok < T && row < N) y[(size_t)tok * N + row] = s;
+      }
+}
+
 template <int F8>
 __global__ void __launch_bounds__(256) fg_read(const bf16 *x, fg_prod p, float *y) {
   pdl_enter();
@@ -386,6 +475,15 @@ int main(int argc, char **argv) {
           den += (double)a2[i] * a2[i];
         }
         printf("check: mma rows vs bit rows, product %d: rel rms %.3g\n", pi, sqrt(num / den));
+        fg_f8s<4, 2><<<(p.N + 15) / 16, F8M_KW * 32, 0, st>>>(x, p, yb + (1 << 17));
+        CK(cudaMemcpyAsync(c.data(), yb + (1 << 17), c.size() * 4, cudaMemcpyDeviceToHost, st));
+        CK(cudaStreamSynchronize(st));
+        num = den = 0;
+        for (size_t i = 0; i < c.size(); i++) {
+          num += (c[i] - a2[i]) * (double)(c[i] - a2[i]);
+          den += (double)a2[i] * a2[i];
+        }
+        printf("check: staged mma rows vs bit rows, product %d: rel rms %.3g\n", pi, sqrt(num / den));
       }
       CK(cudaGetLastError());
       std::vector<float> a((size_t)4 * p.N), b((size_t)4 * p.N);
@@ -431,7 +529,13 @@ int main(int argc, char **argv) {
       {"T4 fp8 bit rows, glu two a warp", fg_f8<4, 4>, fg_f8<4, 1>, fg_f8_2<4, 4>, 0, 1},
       {"T4 fp8 cvt rows", fg_hw<4, 4>, fg_hw<4, 1>, NULL, 0, 1},
       {"T1 fp8 mma", fg_f8m<1>, fg_f8m<1>, NULL, 0, 1, 1},
+      {"T1 fp8 mma x staged, 2 rounds", fg_f8s<1, 2>, fg_f8s<1, 2>, NULL, 0, 1, 1},
+      {"T1 fp8 mma x staged, 4 rounds", fg_f8s<1, 4>, fg_f8s<1, 4>, NULL, 0, 1, 1},
+      {"T2 fp8 mma x staged, 4 rounds", fg_f8s<2, 4>, fg_f8s<2, 4>, NULL, 0, 1, 1},
+      {"T2 fp8 bit rows", fg_f8<2, 4>, fg_f8<2, 1>, NULL, 0, 1},
       {"T4 fp8 mma", fg_f8m<4>, fg_f8m<4>, NULL, 0, 1, 1},
+      {"T4 fp8 mma x staged, 2 rounds", fg_f8s<4, 2>, fg_f8s<4, 2>, NULL, 0, 1, 1},
+      {"T4 fp8 mma x staged, 4 rounds", fg_f8s<4, 4>, fg_f8s<4, 4>, NULL, 0, 1, 1},
       {"T8 fp8 mma", fg_f8m<8>, fg_f8m<8>, NULL, 0, 1, 1},
       {"T8 cublas bf16", NULL, NULL, NULL, 0, 0, 0, 8},
       {"T16 fp8 mma", fg_f8m<16>, fg_f8m<16>, NULL, 0, 1, 1},

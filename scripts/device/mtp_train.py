@@ -23,6 +23,7 @@ with a full-attention decoder layer over the MTP's own rows at positions p (caus
 target's embedding and lm-head. Trained to predict x_{p+2}.
 
 usage: mtp_train.py --out DIR --bin build-cuda/deltaserve [--seconds 150] [--no-serve]
+         [--conc 1,8,64] [--variants plain,mtp3_always,ngram3_always,...] [--loads text,edit]
 Writes DIR/mtp-train.json (and .md) and DIR/mtp_parity/.
 """
 import argparse
@@ -49,6 +50,9 @@ ap.add_argument("--seconds", type=float, default=150.0)
 ap.add_argument("--no-serve", action="store_true")
 ap.add_argument("--conc", default="1,8,64", help="concurrent requests of the serve runs")
 ap.add_argument("--variants", default="plain,mtp3_always,mtp3_measured")
+ap.add_argument("--loads", default="text",
+                help="text: held-out text; edit: a held-out file piece, then its start again "
+                     "(an agent re-emitting a file it read, with n-gram drafts to find)")
 args = ap.parse_args()
 os.makedirs(args.out, exist_ok=True)
 T0 = time.time()
@@ -271,7 +275,7 @@ result = {"transformers": transformers.__version__, "torch": torch.__version__,
 
 
 # ---- 2: deltaserve on held-out text ----
-def serve_run(extra, conc, n_req, max_tokens=128, plen=256):
+def serve_run(extra, conc, n_req, max_tokens=128, plen=256, load="text"):
     port = 18000 + random.randint(0, 999)
     cmd = [args.bin, "serve", "--model", mdir, "--device", "cuda", "--skip-tokenizer-init",
            "--port", str(port), "--max-num-seqs", "64", "--max-model-len", "2048"] + extra
@@ -291,7 +295,9 @@ def serve_run(extra, conc, n_req, max_tokens=128, plen=256):
         prompts = []
         for i in range(n_req):
             o = r.randrange(0, len(held) - plen)
-            prompts.append(list(held[o:o + plen]))
+            piece = held[o:o + plen]
+            # edit: the piece, a blank line, then its first quarter again (the copy goes on)
+            prompts.append(list(piece + b"\n\n" + piece[:plen // 4] if load == "edit" else piece))
 
         def one(pr):
             body = json.dumps({"model": name, "prompt": pr, "max_tokens": max_tokens,
@@ -333,22 +339,30 @@ if not args.no_serve:
     specs = {"plain": [],
              "mtp3_always": ["--speculative-config",
                              '{"method":"mtp","num_speculative_tokens":3,"disable_by_batch_size":4096}'],
-             "mtp3_measured": ["--speculative-config", '{"method":"mtp","num_speculative_tokens":3}']}
+             "mtp3_measured": ["--speculative-config", '{"method":"mtp","num_speculative_tokens":3}'],
+             "ngram3_always": ["--speculative-config",
+                               '{"method":"ngram","num_speculative_tokens":3,"disable_by_batch_size":4096}'],
+             "ngram3_measured": ["--speculative-config", '{"method":"ngram","num_speculative_tokens":3}']}
     concs = [int(c) for c in args.conc.split(",")]
     specs = {k: v for k, v in specs.items() if k in args.variants.split(",")}
-    for conc in concs:
-        for name, extra in specs.items():
-            try:
-                runs[f"{name}@{conc}"] = serve_run(extra, conc, max(conc, 4) if conc > 1 else 3)
-            except Exception as e:  # noqa: BLE001
-                runs[f"{name}@{conc}"] = {"error": str(e)[-400:]}
-            print(f"{name}@{conc}", runs[f"{name}@{conc}"], flush=True)
-    for conc in concs:
-        base = runs.get(f"plain@{conc}", {}).get("tok_s")
-        for name in specs:
-            r = runs.get(f"{name}@{conc}", {})
-            if base and r.get("tok_s"):
-                r["ratio_to_plain"] = r["tok_s"] / base
+    loads = args.loads.split(",")
+    for load in loads:
+        sfx = "" if load == "text" else f"/{load}"
+        for conc in concs:
+            for name, extra in specs.items():
+                key = f"{name}@{conc}{sfx}"
+                try:
+                    runs[key] = serve_run(extra, conc, max(conc, 4) if conc > 1 else 3,
+                                          plen=256 if load == "text" else 512, load=load)
+                except Exception as e:  # noqa: BLE001
+                    runs[key] = {"error": str(e)[-400:]}
+                print(key, runs[key], flush=True)
+        for conc in concs:
+            base = runs.get(f"plain@{conc}{sfx}", {}).get("tok_s")
+            for name in specs:
+                r = runs.get(f"{name}@{conc}{sfx}", {})
+                if base and r.get("tok_s"):
+                    r["ratio_to_plain"] = r["tok_s"] / base
     result["serve"] = runs
 json.dump(result, open(os.path.join(args.out, "mtp-train.json"), "w"), indent=1)
 print(json.dumps({k: v for k, v in result.items() if k != "train"}, indent=1)[:4000])

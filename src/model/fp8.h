@@ -41,6 +41,13 @@ void fp8_dequantize(const tensor *t, int64_t r0, int64_t nr, float *out);
  * both caller-owned. Returns 0, or -1 when out of memory (for a bn x cols work buffer). */
 int fp8_quantize(const tensor *src, int bn, int bk, uint8_t *q, float *scale_inv);
 
+/* One row of blocks: x [nr, cols] fp32 (nr <= the block height) quantized in blocks of bk
+ * columns into q [nr, cols] e4m3 bytes and scale_inv [fp8_scale_cols(cols, bk)], the rule
+ * fp8_quantize applies to each of its rows of blocks (gen_random's FP8 tensors use it too, so
+ * that both give the same bytes). */
+void fp8_quantize_rows(const float *x, int64_t nr, int64_t cols, int bk, uint8_t *q,
+                       float *scale_inv);
+
 /* A 2-D F8_E4M3 view of q / scale_inv as fp8_quantize made them. */
 tensor fp8_view(const uint8_t *q, const float *scale_inv, int64_t rows, int64_t cols, int bn,
                 int bk);

@@ -8,8 +8,10 @@
  * 1 + U(-0.1, 0.1); A_log = log(U(1, 16)); dt_bias 1 + U(-0.1, 0.1); conv1d uniform with
  * std 0.2. As in the released checkpoints, A_log and linear_attn.norm.weight are F32 whatever
  * the chosen dtype. Each tensor is cut into chunks of GEN_RANDOM_CHUNK elements; chunk j of
- * tensor i draws from its own xoshiro256** stream seeded from (seed, i, j), and worker threads
- * fill and pwrite chunks in any order. */
+ * tensor i (its index in the file as written without FP8) draws from its own xoshiro256**
+ * stream seeded from (seed, i, j), and worker threads fill and pwrite chunks in any order. An
+ * F8_E4M3 tensor (fp8_block_n) is cut instead into jobs of whole row blocks that start on a
+ * chunk, each quantized as it is made: no copy of the tensor in `dt` is ever held. */
 #ifndef DS_GEN_RANDOM_H
 #define DS_GEN_RANDOM_H
 #include <stddef.h>
@@ -33,6 +35,13 @@ typedef struct gen_random_opts {
   int next_fused;             /* 1: Qwen3-Next fused in_proj_qkvz / in_proj_ba instead */
   int vlm_prefix;             /* 1: names under model.language_model. */
   int quiet;                  /* 1: no summary line on stdout */
+  /* > 0: the decoder layers' product weights (those weights.c quantizes for --quantization
+   * fp8: attention, DeltaNet in_proj_qkv / in_proj_z / out_proj, dense FFN, experts and shared
+   * expert projections) are written F8_E4M3 with their F32 `<name>_scale_inv`
+   * [ceil(N/bn), ceil(K/bk)], the values being the `dt` tensor's quantized as fp8_quantize does
+   * (the same bytes as writing `dt` and quantizing); a fused expert or in_proj_qkvz / in_proj_ba
+   * tensor, the MTP head and every other tensor stay `dt` */
+  int fp8_block_n, fp8_block_k;
 } gen_random_opts;
 
 /* Writes out_dir/config.json (a byte copy of config_path) and out_dir/model.safetensors,

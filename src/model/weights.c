@@ -209,6 +209,7 @@ typedef struct weights_ctx {
   const char *dir;
   const char *prefix;    /* "model." or "model.language_model." */
   json_t *not_converted; /* quantization_config.modules_to_not_convert, or NULL */
+  int fp8_bn, fp8_bk;    /* the blocks of F8_E4M3 tensors: the config's, or the dummy's */
   double bytes[DTYPE_F8_E4M3 + 1], scale_bytes; /* of the tensors read, by stored dtype */
   char *err;
   size_t errlen;
@@ -286,8 +287,7 @@ static int weights_fp8_attach(weights_ctx *x, const char *name, const char *file
                   file, name, t->dtype_str, se->name);
     return 0;
   }
-  const model_config *c = x->c;
-  if (c->fp8_block_n <= 0)
+  if (x->fp8_bn <= 0)
     return errf(x->err, x->errlen,
                 "%s: tensor %s is stored F8_E4M3 but config.json has no fp8 quantization_config "
                 "(weight_block_size)",
@@ -298,7 +298,7 @@ static int weights_fp8_attach(weights_ctx *x, const char *name, const char *file
   if (!se->t->is_float || se->t->dt != DTYPE_F32)
     return errf(x->err, x->errlen, "%s: scale tensor %s has dtype %s; expected F32",
                 st_path(x->s->files[se->file]), se->name, se->t->dtype_str);
-  const int bn = c->fp8_block_n, bk = c->fp8_block_k, nd = t->ndim;
+  const int bn = x->fp8_bn, bk = x->fp8_bk, nd = t->ndim;
   const int64_t lead = nd == 3 ? t->shape[0] : 1, sr = fp8_scale_rows(t->shape[nd - 2], bn),
                 sc = fp8_scale_cols(t->shape[nd - 1], bk);
   int64_t n = 1;
@@ -629,15 +629,22 @@ static json_t *weights_read_not_converted(const char *dir) {
 }
 
 /* --load-format dummy: gen_random's tensors for c, written into an anonymous memory file
- * (no weight file on disk) and mapped like a checkpoint. */
+ * (no weight file on disk) and mapped like a checkpoint. With fp8 blocks (bn > 0) the product
+ * weights are written F8_E4M3 with their scales, as an FP8 checkpoint holds them, so that the
+ * memory file is never the BF16 model's size; their bytes are those weights_quantize would
+ * make of the BF16 ones. */
 static int weights_open_dummy(struct weights_store *s, const model_config *c, const weights_opts *o,
-                              char *err, size_t errlen) {
+                              int bn, int bk, char *err, size_t errlen) {
   int fd = memfd_create("deltaserve-dummy-weights", MFD_CLOEXEC);
   if (fd < 0) return errf(err, errlen, "--load-format dummy: memfd_create: %s", strerror(errno));
   char path[64];
   snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
-  gen_random_opts go = {
-      .seed = o->seed, .dt = DTYPE_BF16, .experts = GEN_RANDOM_EXPERTS_PER_EXPERT, .quiet = 1};
+  gen_random_opts go = {.seed = o->seed,
+                        .dt = DTYPE_BF16,
+                        .experts = GEN_RANDOM_EXPERTS_PER_EXPERT,
+                        .quiet = 1,
+                        .fp8_block_n = bn,
+                        .fp8_block_k = bk};
   int rc = gen_random_write_weights(c, path, &go, err, errlen);
   if (rc == 0) rc = weights_add_file(s, path, err, errlen);
   close(fd); /* the mapping keeps the memory file */
@@ -704,6 +711,7 @@ static int weights_products(const model_config *c, model_weights *w, tensor **ts
 static int weights_quantize(weights_ctx *x, const model_config *c, model_weights *w, int bn,
                             int bk) {
   int n = weights_products(c, w, NULL), rc = -1;
+  if (n == 0) return 0; /* an FP8 checkpoint, or a dummy model written FP8 */
   weights_qjob j = {.n = n, .bn = bn, .bk = bk};
   j.ts = calloc((size_t)n + 1, sizeof *j.ts);
   j.qs = calloc((size_t)n + 1, sizeof *j.qs);
@@ -774,12 +782,30 @@ int weights_load_with(const char *dir, const model_config *c, const weights_opts
   static const weights_opts none;
   if (!o) o = &none;
   memset(w, 0, sizeof *w);
-  weights_ctx xc = {.c = c, .dir = dir, .prefix = "model.", .err = err, .errlen = errlen}, *x = &xc;
+  weights_ctx xc = {.c = c,
+                    .dir = dir,
+                    .prefix = "model.",
+                    .fp8_bn = c->fp8_block_n,
+                    .fp8_bk = c->fp8_block_k,
+                    .err = err,
+                    .errlen = errlen},
+              *x = &xc;
   struct weights_store *s = calloc(1, sizeof *s);
   if (!s) return errf(err, errlen, "%s: out of memory", dir);
   w->store = s;
   xc.s = s;
-  if (o->dummy ? weights_open_dummy(s, c, o, err, errlen) : weights_open_dir(s, dir, err, errlen))
+  /* the blocks of quantization at load: an fp8 config's (what its checkpoint would hold),
+   * else 128 x 128 for --quantization fp8 */
+  const int qbn = c->fp8_block_n > 0 ? c->fp8_block_n : 128,
+            qbk = c->fp8_block_n > 0 ? c->fp8_block_k : 128;
+  /* a dummy model of an FP8 config is FP8 as the checkpoint would be */
+  const int want_fp8 = o->quantize_fp8 || (o->dummy && c->fp8_block_n > 0);
+  if (o->dummy && want_fp8) {
+    xc.fp8_bn = qbn;
+    xc.fp8_bk = qbk;
+  }
+  if (o->dummy ? weights_open_dummy(s, c, o, want_fp8 ? qbn : 0, qbk, err, errlen)
+               : weights_open_dir(s, dir, err, errlen))
     goto fail;
   if (!o->dummy) xc.not_converted = weights_read_not_converted(dir);
   if (weights_find(s, "model.language_model.embed_tokens.weight"))
@@ -801,11 +827,7 @@ int weights_load_with(const char *dir, const model_config *c, const weights_opts
     if (weights_layer(x, c, i, &w->layers[i])) goto fail;
   if (o->mtp && weights_mtp(x, c, &w->mtp)) goto fail;
   weights_log_bytes(x, o);
-  /* a dummy model of an FP8 config is FP8 as the checkpoint would be */
-  if (o->quantize_fp8 || (o->dummy && c->fp8_block_n > 0)) {
-    int bn = o->quantize_fp8 ? 128 : c->fp8_block_n, bk = o->quantize_fp8 ? 128 : c->fp8_block_k;
-    if (weights_quantize(x, c, w, bn, bk)) goto fail;
-  }
+  if (want_fp8 && weights_quantize(x, c, w, qbn, qbk)) goto fail;
   json_decref(xc.not_converted);
   return 0;
 fail:

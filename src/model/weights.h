@@ -108,11 +108,13 @@ typedef struct model_weights {
 
 typedef struct weights_opts {
   /* vLLM's --quantization fp8: every product weight stored BF16 / F16 / F32 is quantized at
-   * load to F8_E4M3 in 128 x 128 blocks (model/fp8.h), owned by the store; FP8 ones stay. */
+   * load to F8_E4M3 in 128 x 128 blocks (the config's weight_block_size when it is an fp8
+   * one; model/fp8.h), owned by the store; FP8 ones stay. */
   int quantize_fp8;
   /* vLLM's --load-format dummy: no weight file is read; gen_random's tensors for the config
-   * (BF16, its values for `seed`) are made in host memory, and quantized as the config's
-   * weight_block_size says when the config is an fp8 one. */
+   * (BF16, its values for `seed`) are made in host memory. When the weights end up FP8
+   * (quantize_fp8, or an fp8 config) the product weights are made F8_E4M3 with their scales
+   * directly, the bytes quantization at load would give, and no BF16 copy of them exists. */
   int dummy;
   uint64_t seed;
   /* 1: the MTP head too (model_weights.mtp), for MTP drafts; 0: mtp.* is not read, so that a

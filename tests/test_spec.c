@@ -190,7 +190,7 @@ typedef struct sq {
   int finish, cached;
   engine_req *h;
   const int32_t *replay; /* the replay drafter (engine_submit_opts.draft_replay) */
-  int n_replay, pm;
+  int n_replay, pm, follow;
   const json_vocab *json; /* response_format json_object (NULL: none) */
 } sq;
 
@@ -295,6 +295,7 @@ static void sq_submit(engine *e, sq *q) {
   so.draft_replay = q->replay;
   so.n_draft_replay = q->n_replay;
   so.draft_corrupt_pm = q->pm;
+  so.draft_replay_follow = q->follow;
   so.json = q->json;
   engine_status st;
   char err[200];
@@ -431,6 +432,46 @@ TEST(greedy_same_tokens_and_logits) {
                budgets[bi], pms[pi] >= 0 ? "replay corrupt per mille" : "n-gram", pms[pi],
                s0.steps);
       report(what, &s1);
+    }
+  }
+}
+
+/* The bench's following replay (draft_replay_follow): a request given a recorded run that is
+ * not its own greedy continuation takes the recorded tokens, every uncorrupted draft accepted;
+ * without follow the same drafts change no token (the plain run's). */
+TEST(replay_follow) {
+  prompts(REF, NQ, 40, 1);
+  up_opts off = {.budget = 64}, on = {.k = 3, .budget = 64};
+  EXPECT(run_set(&off, REF, NQ, NULL));
+  static int32_t rec[NQ][MAXT + 8];
+  for (int i = 0; i < NQ; i++)
+    for (int j = 0; j < REF[i].n_tok; j++) /* another run: every third token moved by one id */
+      rec[i][j] = j % 3 == 1 ? (REF[i].tok[j] + 1) % (int32_t)V : REF[i].tok[j];
+  for (int f = 0; f < 2; f++) {
+    prompts(GOT, NQ, 40, 1);
+    for (int i = 0; i < NQ; i++) {
+      GOT[i].replay = rec[i];
+      GOT[i].n_replay = REF[i].n_tok;
+      GOT[i].follow = f;
+    }
+    engine_stats s;
+    EXPECT(run_set(&on, GOT, NQ, &s));
+    int follows = 1;
+    for (int i = 0; i < NQ; i++) {
+      EXPECT(GOT[i].n_tok == REF[i].n_tok);
+      for (int j = 0; j < GOT[i].n_tok && j < REF[i].n_tok; j++)
+        follows &= GOT[i].tok[j] == rec[i][j];
+    }
+    if (f) {
+      EXPECT_MSG(follows, "the following run left the recorded tokens");
+      EXPECT_MSG(s.spec_num_accepted_tokens == s.spec_num_draft_tokens,
+                 "following: %lld of %lld drafts accepted", s.spec_num_accepted_tokens,
+                 s.spec_num_draft_tokens);
+    } else {
+      EXPECT(same(REF, GOT, NQ, "replay without follow"));
+      EXPECT_MSG(s.spec_num_accepted_tokens < s.spec_num_draft_tokens,
+                 "not following: %lld of %lld drafts accepted", s.spec_num_accepted_tokens,
+                 s.spec_num_draft_tokens);
     }
   }
 }
@@ -914,6 +955,7 @@ int main(void) {
     printf("model %s\n", MODEL);
     RUN(verify_piece_rollback);
     RUN(greedy_same_tokens_and_logits);
+    RUN(replay_follow);
     RUN(greedy_alone);
     RUN(measured_policy_same_tokens);
     RUN(preempted_same_tokens);

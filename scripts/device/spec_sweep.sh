@@ -6,6 +6,7 @@
 #   bash scripts/device/spec_sweep.sh SHAPE.json LAYERS QUANT "SIZES" "P ..." [K] [EXTRA FLAGS...]
 # SIZES "all": one bench process over every decode size (1 8 32 64 128; one model load).
 # LAYERS overrides num_hidden_layers (0: the file's); QUANT is bf16 or fp8 (--quantization fp8).
+# DS_BIN: another deltaserve binary (an A/B against a build of the parent).
 # Writes $OUT/sweep-<name>-<quant>-<n>-<P>.json / .log and prints one line per run.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -35,7 +36,7 @@ for n in $SIZES; do
     levels=$n
     [ "$n" = all ] && conc=() && levels="1 8 32 64 128"
     t0=$(date +%s)
-    timeout 420 build-cuda/deltaserve bench --model "$M" --device cuda --load-format dummy "${q[@]}" \
+    timeout 420 "${DS_BIN:-build-cuda/deltaserve}" bench --model "$M" --device cuda --load-format dummy "${q[@]}" \
       --only decode "${conc[@]}" --speculative-config "$SPEC" --spec-replay "$p" "$@" \
       --out "$J" >"${J%.json}.log" 2>&1
     rc=$?

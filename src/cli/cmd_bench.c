@@ -284,6 +284,7 @@ static int bench_submit(bench *b, int n, int32_t **prompts, const int *lens, int
       so.draft_replay = b->cur_replay->toks[i];
       so.n_draft_replay = b->cur_replay->G;
       so.draft_corrupt_pm = b->replay_pm;
+      so.draft_replay_follow = 1;
     }
     engine_status st;
     char err[200] = "";

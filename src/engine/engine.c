@@ -712,6 +712,7 @@ static engine_req *engine_submit_req(engine *e, const engine_submit_opts *o, eng
   h->r.replay = o->draft_replay;
   h->r.n_replay = o->draft_replay ? o->n_draft_replay : 0;
   h->r.replay_pm = o->draft_corrupt_pm;
+  h->r.replay_follow = o->draft_replay && o->draft_replay_follow;
   pthread_mutex_init(&h->mu, NULL);
   pthread_cond_init(&h->cv, NULL);
   pthread_mutex_lock(&e->mu);

@@ -138,6 +138,9 @@ typedef struct engine_submit_opts {
   const int32_t *draft_replay;
   int n_draft_replay;
   int draft_corrupt_pm;
+  /* 1: the request also takes draft_replay's token at every position it has one (the bench:
+   * the acceptance then follows draft_corrupt_pm alone, spec_replay.h); 0: it samples its own */
+  int draft_replay_follow;
 } engine_submit_opts;
 
 #define ENGINE_MAX_TOP_LOGPROBS 20

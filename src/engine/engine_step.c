@@ -326,12 +326,13 @@ static int engine_step_device_words(engine *e, const sched_batch *b, int n_rows)
   return n_rows * SAMPLE_RULE_WORDS + n_ed * SAMPLE_RULE_EDIT_WORDS;
 }
 
-/* A replay request (spec_replay.h) takes its recorded token wherever it has one, so it follows
- * the recorded run: on CUDA a verify row rounds unlike a plain row, and one flipped near-tie
- * would otherwise make every later draft miss. The rows are computed and sampled all the same. */
+/* A following replay request (spec_replay.h) takes its recorded token wherever it has one, so it
+ * follows the recorded run: on CUDA a verify row rounds unlike a plain row, and one flipped
+ * near-tie would otherwise make every later draft miss. The rows are computed and sampled all
+ * the same. */
 static int32_t engine_step_replayed(const request *r, int32_t t) {
   int pos = request_n_output(r);
-  return r->replay && pos < r->n_replay ? r->replay[pos] : t;
+  return r->replay_follow && pos < r->n_replay ? r->replay[pos] : t;
 }
 
 /* ---- speculative decoding ----------------------------------------------------------------

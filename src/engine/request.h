@@ -68,7 +68,7 @@ typedef struct request {
   int n_mtp_draft, mtp_at;
   /* engine_submit_opts.draft_replay (test and benchmark drafter; NULL: n-gram) */
   const int32_t *replay;
-  int n_replay, replay_pm;
+  int n_replay, replay_pm, replay_follow;
   /* speculative decoding, this request's share of engine_stats' spec_* counters: its verify
    * steps, the drafts they fed, the drafts accepted (engine_event's, on the final event) */
   int spec_drafts, spec_draft_tokens, spec_accepted;

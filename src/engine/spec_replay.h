@@ -5,7 +5,8 @@
  *   recorded  [ o0 o1 o2 o3 o4 ... ]          the earlier run's output tokens
  *   at output position 2, k = 3:  drafts o2 o3' o4   (o3' = o3 +- 1: corrupted)
  *
- * The speculative run takes the recorded token at every position it has one (engine_step.c:
+ * The bench's speculative run also takes the recorded token at every position it has one
+ * (engine_submit_opts.draft_replay_follow, engine_step.c:
  * where the backend's rows are not batch-invariant, a verify row's rounding could flip a near
  * tie of a random model and every later draft would miss), so an uncorrupted draft is always
  * accepted and a corrupted one always rejected: the acceptance is set by pm alone, as a real

@@ -266,7 +266,8 @@ __global__ void __launch_bounds__(F8M_KW * 32) fg_f8s(const bf16 *x, fg_prod p, 
         const uint32_t xw[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
         float d[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-        for (int m = 0; m < 4; m++) mma_f16(d, A[m][0], A[m][1], A[m][2], A[m][3], xw[2 * m], xw[2 * m + 1]);
+        for (int m = 0; m < 4; m++)
+          mma_f16(d, A[m][0], A[m][1], A[m][2], A[m][3], xw[2 * m], xw[2 * m + 1]);
 #pragma unroll
         for (int i = 0; i < 4; i++) acc[j][i] += d[i] * sc[u];
       }
@@ -483,7 +484,8 @@ int main(int argc, char **argv) {
           num += (c[i] - a2[i]) * (double)(c[i] - a2[i]);
           den += (double)a2[i] * a2[i];
         }
-        printf("check: staged mma rows vs bit rows, product %d: rel rms %.3g\n", pi, sqrt(num / den));
+        printf("check: staged mma rows vs bit rows, product %d: rel rms %.3g\n", pi,
+               sqrt(num / den));
       }
       CK(cudaGetLastError());
       std::vector<float> a((size_t)4 * p.N), b((size_t)4 * p.N);

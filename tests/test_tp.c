@@ -2,7 +2,8 @@
  * and 4 against TP = 1 on dense and MoE models (the FP8 fixtures, whose shapes split over 2, and
  * two models written by gen_random whose shapes split over 4, one with fewer KV heads than ranks),
  * through the model (batched prefill and decode, the greedy op, a slot's host round trip) and
- * through the engine (concurrent requests with prefix-cache hits); the communicator's
+ * through the engine (concurrent requests with prefix-cache hits); each rank's vocabulary rows
+ * of the embedding and the lm-head, and their bytes over the ranks; the communicator's
  * collectives; and the refusals (a shape N does not divide, a backend without a communicator).
  *
  * What must match. Column-parallel products, attention, DeltaNet and the norms compute each of a
@@ -221,6 +222,16 @@ static void check_model(const char *dir, int n) {
              worst, top);
   printf("  %s TP=%d: %d x %d tokens equal, logits max |diff| %.3g of max |logit| %.3g (%.2g)\n",
          dir, n, NPROMPT, NGEN + 1, worst, top, top > 0 ? worst / top : 0);
+  /* the embedding and the lm-head split by vocabulary: over the ranks, each matrix once, plus
+   * each rank's zero rows (the embedding's one past its rows; the last rank's padding to
+   * ceil(V / N) rows, fewer than N, in each matrix) */
+  size_t ea, la, eb, lb;
+  qwen35_vocab_bytes(a.m, &ea, &la);
+  qwen35_vocab_bytes(b.m, &eb, &lb);
+  size_t row = la / (size_t)V;
+  EXPECT_MSG(eb + lb <= ea + la + (size_t)(3 * n) * row,
+             "%s TP=%d: vocabulary matrices %zu bytes over the ranks, TP=1 %zu", dir, n, eb + lb,
+             ea + la);
   free(ra.lg);
   free(rb.lg);
   tp_close(&a);
@@ -238,6 +249,53 @@ TEST(dense_tp4) { check_model(DENSE, 4); } /* 2 KV heads over 4 ranks: replicate
 TEST(moe_tp2) { check_model(MOE, 2); }
 TEST(moe_tp4) { check_model(MOE, 4); }
 TEST(next_tp2) { check_model(NEXT, 2); } /* the regrouped value heads split by key head */
+
+/* Each rank's vocabulary rows: ceil(V / N) wide, the real rows as the file has them, zeros past
+ * them, the embedding one row longer; a tied lm-head is the embedding. */
+static void check_vocab(const char *dir, int n) {
+  model_config c;
+  model_weights w;
+  char err[300] = "";
+  weights_opts wo = {0};
+  REQUIRE(model_load_with(dir, &wo, &c, &w, err, sizeof err) == 0);
+  int tied = w.lm_head.data == w.embed.data, H = c.hidden_size, covered = 0;
+  size_t es = dtype_size(w.embed.dt);
+  for (int r = 0; r < n; r++) {
+    int first, count, width;
+    qwen35_tp_vocab(&c, n, r, &first, &count, &width);
+    EXPECT(width == (c.vocab_size + n - 1) / n && first == r * width);
+    EXPECT(count >= 0 && count <= width && (r < n - 1 ? count == width : 1));
+    covered += count;
+    qwen35_tp_shard sh;
+    REQUIRE(qwen35_tp_shard_init(&sh, &c, &w, n, r, err, sizeof err) == 0);
+    EXPECT(sh.w.embed.shape[0] == width + 1 && sh.w.embed.dt == w.embed.dt);
+    EXPECT(tied ? sh.w.lm_head.data == sh.w.embed.data : sh.w.lm_head.shape[0] == width);
+    const tensor *ts[2] = {&sh.w.embed, &sh.w.lm_head}, *fs[2] = {&w.embed, &w.lm_head};
+    for (int k = 0; k < (tied ? 1 : 2); k++) {
+      size_t rb = (size_t)H * es;
+      const char *d = ts[k]->data, *full = fs[k]->data;
+      int bad = 0;
+      for (int i = 0; i < (int)ts[k]->shape[0]; i++)
+        for (size_t j = 0; j < rb; j++)
+          bad += d[i * rb + j] != (i < count ? full[(size_t)(first + i) * rb + j] : 0);
+      EXPECT_MSG(bad == 0, "%s TP=%d rank %d %s: %d bytes differ", dir, n, r,
+                 k ? "lm-head" : "embedding", bad);
+    }
+    qwen35_tp_shard_free(&sh);
+  }
+  EXPECT(covered == c.vocab_size);
+  c.vocab_size = 5; /* more ranks than a rank's share: the last ones hold none */
+  int first, count, width;
+  qwen35_tp_vocab(&c, 4, 3, &first, &count, &width);
+  EXPECT(width == 2 && first == 6 && count == 0);
+  weights_free(&w);
+}
+
+TEST(vocab_split) {
+  check_vocab(DENSE, 2); /* 257 tokens: the last rank holds one fewer */
+  check_vocab(DENSE, 4);
+  check_vocab(MOE, 4); /* tied */
+}
 
 /* ---- refusals ---- */
 
@@ -530,6 +588,7 @@ int main(void) {
   RUN(comm_collectives);
   RUN(refuse_undivided_shape);
   RUN(refuse_cuda);
+  RUN(vocab_split);
   RUN(dense_fp8_tp2);
   RUN(moe_fp8_tp2);
   RUN(moe_fp8_fused_tp2);

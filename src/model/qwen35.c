@@ -82,6 +82,11 @@ struct qwen35 {
   model_config *tp_cfg;       /* rank 0: [tp_size] the ranks' configs, owned */
   const model_config *full_c; /* rank 0: the whole model's config (qwen35_config) */
   qwen35_tp_runner *runner;   /* rank 0: the other ranks' threads */
+  /* the rank's vocabulary (qwen35_tp_vocab; the whole of it without tensor parallelism) */
+  int vocab_first, vocab_count, vocab_width;
+  int lm_rows;         /* the lm-head's rows (vocab_width, + 1 when it is the embedding) */
+  backend_buf lm_part; /* F32 [logits_cap, lm_rows]: this rank's logit columns */
+  backend_buf lm_all;  /* F32 [tp_size, logits_cap, lm_rows]: every rank's, gathered */
 };
 
 /* The other ranks of a tensor-parallel model (none otherwise). */
@@ -251,22 +256,34 @@ static int ensure_scratch(qwen35 *m, int T, char *err, size_t errlen) {
   return 0;
 }
 
+static void free_logits(qwen35 *m) {
+  backend_buf *bs[] = {&m->logits, &m->ids, &m->sparams, &m->lm_part, &m->lm_all};
+  for (size_t k = 0; k < sizeof bs / sizeof *bs; k++) {
+    m->be->free(m->be, *bs[k]);
+    *bs[k] = NULL;
+  }
+  m->logits_cap = 0;
+}
+
 static int ensure_logits(qwen35 *m, int n, char *err, size_t errlen) {
   if (n <= m->logits_cap) return 0;
-  m->be->free(m->be, m->logits);
-  m->be->free(m->be, m->ids);
-  m->be->free(m->be, m->sparams);
-  m->logits = m->ids = m->sparams = NULL;
-  m->logits_cap = 0;
-  if (alloc_buf(m, &m->logits, BACKEND_KIND_F32, (size_t)n * m->c->vocab_size, err, errlen))
-    return -1;
-  if (((m->be->argmax || m->be->sample) &&
-       alloc_buf(m, &m->ids, BACKEND_KIND_I32, (size_t)n, err, errlen)) ||
-      (m->be->sample && alloc_buf(m, &m->sparams, BACKEND_KIND_I32,
-                                  (size_t)n * QWEN35_SAMPLE_ROW_WORDS, err, errlen))) {
-    m->be->free(m->be, m->logits);
-    m->be->free(m->be, m->ids);
-    m->logits = m->ids = NULL;
+  free_logits(m);
+  backend *be = m->be;
+  /* a rank > 0 makes no logits of its own: it gathers its columns to the others */
+  int rc = alloc_buf(m, &m->logits, BACKEND_KIND_F32,
+                     (size_t)(m->tp_rank > 0 ? 1 : n) * m->c->vocab_size, err, errlen);
+  if (!rc && (be->argmax || be->sample))
+    rc = alloc_buf(m, &m->ids, BACKEND_KIND_I32, (size_t)n, err, errlen);
+  if (!rc && be->sample)
+    rc = alloc_buf(m, &m->sparams, BACKEND_KIND_I32, (size_t)n * QWEN35_SAMPLE_ROW_WORDS, err,
+                   errlen);
+  if (!rc && m->tp_size > 1) {
+    size_t part = (size_t)n * m->lm_rows;
+    rc = alloc_buf(m, &m->lm_part, BACKEND_KIND_F32, part, err, errlen);
+    if (!rc) rc = alloc_buf(m, &m->lm_all, BACKEND_KIND_F32, part * m->tp_size, err, errlen);
+  }
+  if (rc) {
+    free_logits(m);
     return -1;
   }
   m->logits_cap = n;
@@ -533,8 +550,10 @@ void qwen35_plan(const model_config *c, const model_weights *w, backend *be, qwe
   if (n_mtp) b->token += (7 * H + 5 * nhd + 2 * nkv + 2 * I) * act + H * 4;
 }
 
-int qwen35_init(qwen35 **out, const model_config *c, const model_weights *w, backend *be,
-                const qwen35_mem_opts *o, char *err, size_t errlen) {
+/* qwen35_init of rank `rank` of n (w its shard, whose embedding and lm-head are its vocab rows,
+ * qwen35_tp_vocab); n == 1: the whole model. */
+static int init_rank(qwen35 **out, const model_config *c, const model_weights *w, backend *be,
+                     const qwen35_mem_opts *o, int rank, int n, char *err, size_t errlen) {
   *out = NULL;
   if (c->n_layers < 1 || c->n_layers > CONFIG_MAX_LAYERS || c->hidden_size < 1)
     return errf(err, errlen, "unsupported config: %d layers, hidden size %d", c->n_layers,
@@ -555,6 +574,13 @@ int qwen35_init(qwen35 **out, const model_config *c, const model_weights *w, bac
   if (!m) return errf(err, errlen, "out of memory");
   m->c = c;
   m->be = be;
+  m->tp_rank = rank;
+  m->tp_size = n;
+  if (n > 1) {
+    qwen35_tp_vocab(c, n, rank, &m->vocab_first, &m->vocab_count, &m->vocab_width);
+  } else {
+    m->vocab_count = m->vocab_width = c->vocab_size;
+  }
   m->n_pages = o->n_pages;
   m->n_slots = o->n_slots;
   /* a backend without set_keep runs no verify piece: no keep slots taken there */
@@ -568,12 +594,15 @@ int qwen35_init(qwen35 **out, const model_config *c, const model_weights *w, bac
     free(m);
     return errf(err, errlen, "out of memory");
   }
-  int64_t V = c->vocab_size, H = c->hidden_size;
-  if (upload(m, &w->embed, V, H, "embed_tokens", -1, &m->embed, err, errlen) ||
+  /* a rank's embedding has a zero row past its vocab rows: other ranks' tokens look it up */
+  int64_t V = m->vocab_width, H = c->hidden_size;
+  if (upload(m, &w->embed, V + (n > 1), H, "embed_tokens", -1, &m->embed, err, errlen) ||
       upload(m, &w->final_norm, 1, H, "norm", -1, &m->final_norm, err, errlen))
     goto fail;
+  m->lm_rows = (int)V;
   if (c->tie_word_embeddings || w->lm_head.data == w->embed.data || !w->lm_head.data) {
     m->lm_head = m->embed;
+    m->lm_rows = (int)V + (n > 1);
   } else if (upload(m, &w->lm_head, V, H, "lm_head", -1, &m->lm_head, err, errlen)) {
     goto fail;
   }
@@ -588,7 +617,8 @@ int qwen35_init(qwen35 **out, const model_config *c, const model_weights *w, bac
              be->weight_upload_fp8 ? "lm-head and the other weights its fp8 products do not take"
                                    : "no fp8 products there");
   if (o->packed) pack_layers(m);
-  if (be->logits_argmax_prepare &&
+  /* tensor-parallel greedy steps gather the logits and take argmax: no fused op, no screen */
+  if (n == 1 && be->logits_argmax_prepare &&
       be->logits_argmax_prepare(be, m->lm_head, (int)H, (int)V, err, errlen))
     goto fail;
   if (ensure_scratch(m, 64, err, errlen) || ensure_logits(m, 1, err, errlen)) goto fail;
@@ -599,6 +629,11 @@ fail:
   return -1;
 }
 
+int qwen35_init(qwen35 **out, const model_config *c, const model_weights *w, backend *be,
+                const qwen35_mem_opts *o, char *err, size_t errlen) {
+  return init_rank(out, c, w, be, o, 0, 1, err, errlen);
+}
+
 int qwen35_init_ranks(qwen35 **out, const model_config *c, const model_weights *w,
                       backend *const *ranks, int n, const qwen35_mem_opts *o, char *err,
                       size_t errlen) {
@@ -606,7 +641,7 @@ int qwen35_init_ranks(qwen35 **out, const model_config *c, const model_weights *
   *out = NULL;
   if (qwen35_tp_check(c, n, err, errlen)) return -1;
   for (int r = 0; r < n; r++)
-    if (!ranks[r]->all_reduce_sum)
+    if (!ranks[r]->all_reduce_sum || !ranks[r]->all_gather)
       return errf(err, errlen, "backend %s has no communicator between ranks", ranks[r]->name);
   model_config *cfg = calloc((size_t)n, sizeof *cfg);
   qwen35 **rm = calloc((size_t)n, sizeof *rm);
@@ -620,11 +655,9 @@ int qwen35_init_ranks(qwen35 **out, const model_config *c, const model_weights *
     qwen35_tp_shard sh;
     qwen35_tp_config(c, n, r, &cfg[r]);
     if (qwen35_tp_shard_init(&sh, c, w, n, r, err, errlen)) break;
-    int rc = qwen35_init(&rm[r], &cfg[r], &sh.w, ranks[r], o, err, errlen);
+    int rc = init_rank(&rm[r], &cfg[r], &sh.w, ranks[r], o, r, n, err, errlen);
     qwen35_tp_shard_free(&sh); /* the upload copied what it needs */
     if (rc) break;
-    rm[r]->tp_rank = r;
-    rm[r]->tp_size = n;
   }
   qwen35_tp_runner *runner = NULL;
   if (r < n || qwen35_tp_runner_init(&runner, n, err, errlen)) {
@@ -695,9 +728,7 @@ void qwen35_free(qwen35 *m) {
   be->weight_free(be, m->embed);
   be->weight_free(be, m->final_norm);
   free_scratch(m);
-  be->free(be, m->logits);
-  be->free(be, m->ids);
-  be->free(be, m->sparams);
+  free_logits(m);
   for (int k = 0; k < 2; k++)
     if (m->sstage[k]) qwen35_host_free(m, m->sstage[k]);
   free(m);
@@ -771,6 +802,15 @@ static void ffn_block(qwen35 *m, q_layer *L, int i, int T) {
 /* chained: every piece's token is the previous greedy or sampled step's id of the same row
  * (m->ids). */
 enum { FWD_LOGITS = 0, FWD_GREEDY = 1, FWD_SAMPLE = 2 };
+
+/* The rows' tokens as rank m's embedding holds them: its own vocab rows from 0, any other token
+ * the zero row past them (the all-reduce after the embedding adds the owner's row to zeros). */
+static void tp_tokens(const qwen35 *m, const int32_t *tok, int T, int32_t *out) {
+  for (int t = 0; t < T; t++) {
+    int32_t id = tok[t] - m->vocab_first;
+    out[t] = id >= 0 && id < m->vocab_count ? id : m->vocab_width;
+  }
+}
 
 /* One step's shape, for the ranks' threads. */
 typedef struct rank_step {
@@ -869,22 +909,35 @@ static int forward_issue(qwen35 *m, const fwd_seq *seqs, int n_seqs, int mode, i
     }
     b.tokens_dev = m->ids;
   }
-  int rc = be->set_batch(be, &b);
-  if (rc == 0 && any_verify) rc = be->set_keep(be, kp);
-  /* the other ranks: the same batch, a chained step's tokens read from rank 0's ids */
-  if (rc == 0 && m->ranks && chained) rc = be->read(be, m->ids, 0, tok, (size_t)T * sizeof *tok);
-  b.tokens_dev = NULL;
-  FOR_PEERS(m, r) {
-    backend *pb = m->ranks[r]->be;
-    if (rc == 0) rc = pb->set_batch(pb, &b);
-    if (rc == 0 && any_verify) rc = pb->set_keep(pb, kp);
+  int rc = 0;
+  if (!m->ranks) {
+    rc = be->set_batch(be, &b);
+    if (rc == 0 && any_verify) rc = be->set_keep(be, kp);
+  } else {
+    /* every rank the same batch but for the tokens, which each rank's embedding looks up as
+     * its own rows (tp_tokens); a chained step's tokens are read from rank 0's ids first */
+    int32_t *rtok = malloc((size_t)T * sizeof *rtok);
+    if (!rtok) rc = -1;
+    if (rc == 0 && chained) rc = be->read(be, m->ids, 0, tok, (size_t)T * sizeof *tok);
+    b.tokens_dev = NULL;
+    b.tokens = rtok;
+    for (int r = 0; r < m->tp_size && rc == 0; r++) {
+      qwen35 *rm = m->ranks[r];
+      backend *pb = rm->be;
+      tp_tokens(rm, tok, T, rtok);
+      rc = pb->set_batch(pb, &b);
+      if (rc == 0 && any_verify) rc = pb->set_keep(pb, kp);
+    }
+    free(rtok);
   }
   free(arr);
   if (rc) return errf(err, errlen, "backend %s: cannot set batch", be->name);
   if (ensure_scratch(m, T, err, errlen) || ensure_logits(m, n_out > 0 ? n_out : 1, err, errlen))
     return -1;
   FOR_PEERS(m, r) {
-    if (ensure_scratch(m->ranks[r], T, err, errlen)) return -1;
+    if (ensure_scratch(m->ranks[r], T, err, errlen) ||
+        ensure_logits(m->ranks[r], n_out > 0 ? n_out : 1, err, errlen))
+      return -1;
   }
   *n_out_rows = n_out;
   /* Everything the ops below are issued with, beyond the weights: a step with the key of the
@@ -905,14 +958,35 @@ static int forward_issue(qwen35 *m, const fwd_seq *seqs, int n_seqs, int mode, i
   return 0;
 }
 
-/* The ops of one step on rank m (forward_issue set the batch and the scratch): the layers, then,
- * on rank 0 alone (the only one with the lm-head), the logits and the greedy or sampled ids. */
+/* Tensor parallelism: every rank's logit columns of the n_out rows into rank 0's logits [n_out,
+ * V] (each rank gathers them all; rank 0 puts them in place). */
+static void tp_logits(qwen35 *m, int n_out) {
+  const model_config *c = m->c;
+  backend *be = m->be;
+  size_t W = (size_t)m->lm_rows, part = (size_t)n_out * W;
+  be->logits(be, m->x, m->final_norm, c->rms_norm_eps, m->lm_head, c->hidden_size, (int)W,
+             m->lm_part);
+  be->all_gather(be, m->lm_part, part, m->lm_all);
+  if (m->tp_rank > 0) return;
+  for (int r = 0; r < m->tp_size; r++) {
+    const qwen35 *rm = m->ranks[r];
+    size_t n = (size_t)rm->vocab_count * sizeof(float);
+    for (int i = 0; i < n_out && n; i++)
+      be->copy(be, m->logits, ((size_t)i * c->vocab_size + rm->vocab_first) * sizeof(float),
+               m->lm_all, ((size_t)r * part + (size_t)i * W) * sizeof(float), n);
+  }
+}
+
+/* The ops of one step on rank m (forward_issue set the batch and the scratch): the layers, then
+ * the logits (every rank its vocab columns, tp_logits) and, on rank 0, the greedy or sampled
+ * ids. */
 static void forward_ops(qwen35 *m, int T, int n_out, int mode, int any_prefill, int any_decode) {
   const model_config *c = m->c;
   backend *be = m->be;
   int H = c->hidden_size;
   float eps = c->rms_norm_eps;
   be->embed(be, m->embed, H, m->x);
+  if (m->tp_size > 1) be->all_reduce_sum(be, m->x, (size_t)T * H);
   for (int i = 0; i < c->n_layers; i++) {
     q_layer *L = &m->L[i];
     be->rmsnorm(be, m->x, i > 0 ? m->mix : NULL, L->input_norm, T, H, eps, m->xn);
@@ -924,17 +998,17 @@ static void forward_ops(qwen35 *m, int T, int n_out, int mode, int any_prefill, 
     ffn_block(m, L, i, T);
   }
   be->add(be, m->x, m->mix, (size_t)T * H);
+  if (n_out <= 0) return;
+  if (m->tp_size > 1) tp_logits(m, n_out);
   if (m->tp_rank > 0) return;
-  int greedy = mode == FWD_GREEDY;
-  if (n_out > 0 && greedy && be->logits_argmax)
+  int greedy = mode == FWD_GREEDY, fused = greedy && be->logits_argmax && m->tp_size == 1;
+  if (fused)
     be->logits_argmax(be, m->x, m->final_norm, eps, m->lm_head, H, c->vocab_size, m->logits,
                       m->ids);
-  else if (n_out > 0)
+  else if (m->tp_size == 1)
     be->logits(be, m->x, m->final_norm, eps, m->lm_head, H, c->vocab_size, m->logits);
-  if (n_out > 0 && greedy && !be->logits_argmax)
-    be->argmax(be, m->logits, n_out, c->vocab_size, m->ids, NULL);
-  if (n_out > 0 && mode == FWD_SAMPLE)
-    be->sample(be, m->logits, n_out, c->vocab_size, m->sparams, m->ids);
+  if (greedy && !fused) be->argmax(be, m->logits, n_out, c->vocab_size, m->ids, NULL);
+  if (mode == FWD_SAMPLE) be->sample(be, m->logits, n_out, c->vocab_size, m->sparams, m->ids);
 }
 
 static void rank_ops(void *v, int r) {
@@ -1007,9 +1081,11 @@ int qwen35_forward_greedy_hidden(qwen35 *m, const fwd_seq *seqs, int n_seqs, int
   return 0;
 }
 
-void qwen35_vocab_weights(const qwen35 *m, backend_weight *embed, backend_weight *lm_head) {
+int qwen35_vocab_weights(const qwen35 *m, backend_weight *embed, backend_weight *lm_head) {
+  if (m->tp_size > 1) return -1;
   *embed = m->embed;
   *lm_head = m->lm_head;
+  return 0;
 }
 
 int qwen35_has_argmax(const qwen35 *m) { return m->be->argmax != NULL; }
@@ -1298,4 +1374,10 @@ size_t qwen35_weight_bytes(const qwen35 *m) {
 void qwen35_vocab_bytes(const qwen35 *m, size_t *embed, size_t *lm_head) {
   *lm_head = m->be->weight_bytes(m->be, m->lm_head);
   *embed = m->lm_head == m->embed ? 0 : m->be->weight_bytes(m->be, m->embed);
+  FOR_PEERS(m, r) {
+    size_t e, l;
+    qwen35_vocab_bytes(m->ranks[r], &e, &l);
+    *embed += e;
+    *lm_head += l;
+  }
 }

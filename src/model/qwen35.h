@@ -90,8 +90,8 @@ int qwen35_init(qwen35 **out, const model_config *c, const model_weights *w, bac
  * returned is rank 0's and stands for all of them: every function below runs on every rank
  * (a step's ranks at once, on threads of their own) and answers for the whole model
  * (qwen35_config: c; the byte counts: the ranks' sum; host copies of a slot or page: rank 0's
- * bytes, then rank 1's, ...); qwen35_backend, qwen35_vocab_weights, qwen35_vocab_bytes and
- * qwen35_packed are rank 0's, the one that holds the lm-head and the logits.
+ * bytes, then rank 1's, ...); qwen35_backend and qwen35_packed are rank 0's, the one that
+ * issues the steps and holds the logits.
  * Returns 0, or -1 with one line in err (also when n does not divide a head count or width:
  * qwen35_tp_check). The caller keeps the backends, destroyed after qwen35_free. */
 int qwen35_init_ranks(qwen35 **out, const model_config *c, const model_weights *w,
@@ -103,8 +103,9 @@ void qwen35_free(qwen35 *m);
 void qwen35_packed(const qwen35 *m, int *n, size_t *bytes, size_t *replaced);
 const model_config *qwen35_config(const qwen35 *m);
 /* The uploaded embedding and lm-head (the same weight when tied), owned by m: the MTP head
- * (qwen35_mtp) shares them. */
-void qwen35_vocab_weights(const qwen35 *m, backend_weight *embed, backend_weight *lm_head);
+ * (qwen35_mtp) shares them. Returns 0, or -1 when m is tensor-parallel (each rank holds a slice
+ * of the vocabulary: the caller uploads its own whole copies). */
+int qwen35_vocab_weights(const qwen35 *m, backend_weight *embed, backend_weight *lm_head);
 
 /* Runs one forward step over n_seqs sequences. Writes float32 logits [n_rows, vocab_size],
  * row-major, for the rows asked for, in the order of seqs (all rows of a LOGITS_ALL sequence

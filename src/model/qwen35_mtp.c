@@ -19,7 +19,8 @@ struct qwen35_mtp {
   const model_config *c;
   backend *be;
   int n_pages, n_layers, moe;
-  backend_weight embed, lm_head; /* target's */
+  backend_weight embed, lm_head; /* target's, or its own copies (own_vocab) */
+  int own_vocab;
   backend_weight fc_e, fc_h, norm_e, norm_h, norm;
   mtp_layer *L;
   int cap, cap_out; /* scratch rows; rows of logits (and ids) */
@@ -166,8 +167,20 @@ int qwen35_mtp_init(qwen35_mtp **out, qwen35 *target, const model_weights *w, ba
   m->n_pages = n_pages;
   m->n_layers = w->mtp.n_layers;
   m->moe = c->layer_is_moe[0];
-  qwen35_vocab_weights(target, &m->embed, &m->lm_head);
   int64_t H = c->hidden_size;
+  if (qwen35_vocab_weights(target, &m->embed, &m->lm_head)) {
+    /* a tensor-parallel target's ranks each hold a slice of the vocabulary: the head, which runs
+     * on rank 0's backend alone, takes whole copies of its own */
+    m->own_vocab = 1;
+    m->embed = mtp_upload(be, &w->embed, 0, -1);
+    m->lm_head = w->lm_head.data && w->lm_head.data != w->embed.data && !c->tie_word_embeddings
+                     ? mtp_upload(be, &w->lm_head, 0, -1)
+                     : m->embed;
+    if (!m->embed || !m->lm_head) {
+      qwen35_mtp_free(m);
+      return errf(err, errlen, "MTP: out of device memory for the embedding and the lm-head");
+    }
+  }
   m->L = calloc((size_t)m->n_layers, sizeof *m->L);
   if (!m->L) {
     free(m);
@@ -222,6 +235,10 @@ void qwen35_mtp_free(qwen35_mtp *m) {
   free(m->L);
   backend_weight ws[] = {m->fc_e, m->fc_h, m->norm_e, m->norm_h, m->norm};
   for (size_t j = 0; j < sizeof ws / sizeof *ws; j++) be->weight_free(be, ws[j]);
+  if (m->own_vocab) {
+    if (m->lm_head != m->embed) be->weight_free(be, m->lm_head);
+    be->weight_free(be, m->embed);
+  }
   free(m);
 }
 

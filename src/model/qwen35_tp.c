@@ -78,7 +78,14 @@ void qwen35_tp_config(const model_config *c, int n, int r, model_config *out) {
   out->moe_intermediate_size = c->moe_intermediate_size / n;
   out->shared_expert_intermediate_size = c->shared_expert_intermediate_size / n;
   out->mtp_layers = 0;
-  if (r > 0) out->tie_word_embeddings = 1; /* no lm-head of its own: rank 0 makes the logits */
+}
+
+void qwen35_tp_vocab(const model_config *c, int n, int r, int *first, int *count, int *width) {
+  int V = c->vocab_size;
+  *width = (V + n - 1) / n;
+  *first = r * *width;
+  *count = V - *first < *width ? V - *first : *width;
+  if (*count < 0) *count = 0;
 }
 
 /* ---- slicing ---- */
@@ -160,6 +167,23 @@ static int take_cols(qwen35_tp_shard *s, const tensor *t, int64_t a, int64_t b, 
   return take(s, t, 1, rr, a, b, out);
 }
 
+/* Vocab rows [first, first + count) of t, then zero rows up to `rows` (a view when that is the
+ * rows themselves of a non-FP8 tensor). */
+static int take_vocab(qwen35_tp_shard *s, const tensor *t, int64_t first, int64_t count,
+                      int64_t rows, tensor *out) {
+  if (count == 0) first = 0; /* a last rank past the end: zeros only */
+  if (take_rows(s, t, first, first + count, out)) return -1;
+  if (count == rows) return 0;
+  int64_t C = t->shape[1];
+  size_t es = dtype_size(out->dt), have = (size_t)(count * C) * es;
+  char *d = own(s, (size_t)(rows * C) * es); /* zeroed */
+  if (!d) return -1;
+  if (have) memcpy(d, out->data, have);
+  out->data = d;
+  out->shape[0] = rows;
+  return 0;
+}
+
 static int shard_layer(qwen35_tp_shard *s, const model_config *c, const layer_weights *L, int n,
                        int r, layer_weights *D) {
   *D = *L; /* the replicated ones: norms, q_norm, k_norm, lin_norm, router, shared_expert_gate */
@@ -218,11 +242,16 @@ int qwen35_tp_shard_init(qwen35_tp_shard *s, const model_config *c, const model_
                          int r, char *err, size_t errlen) {
   memset(s, 0, sizeof *s);
   model_weights *o = &s->w;
-  o->embed = w->embed;
   o->final_norm = w->final_norm;
-  o->lm_head = r == 0 ? w->lm_head : w->embed; /* rank 0 alone makes the logits */
+  int first, count, width;
+  qwen35_tp_vocab(c, n, r, &first, &count, &width);
+  int rc = take_vocab(s, &w->embed, first, count, width + 1, &o->embed);
+  if (c->tie_word_embeddings || w->lm_head.data == w->embed.data || !w->lm_head.data)
+    o->lm_head = o->embed;
+  else
+    rc |= take_vocab(s, &w->lm_head, first, count, width, &o->lm_head);
   o->layers = own(s, (size_t)c->n_layers * sizeof *o->layers);
-  int rc = o->layers ? 0 : -1;
+  if (!o->layers) rc = -1;
   for (int i = 0; i < c->n_layers && !rc; i++)
     rc = shard_layer(s, c, &w->layers[i], n, r, &o->layers[i]);
   if (rc) {

@@ -21,15 +21,21 @@
  *   experts' gate/up/down, shared   the same slice of every expert's (and the    column / row,
  *   expert's                        shared expert's) intermediate width          one all-reduce
  *   router, shared_expert_gate,     replicated                                   -
- *   norms, embedding
- *   lm-head                         rank 0 only: it computes the logits and      -
- *                                   samples; the others stop after the layers
+ *   norms
+ *   embedding                       vocab rows [r W, r W + n_r), W = ceil(V/N),  vocab, then
+ *                                   and zero rows up to W + 1 (another rank's    all-reduce
+ *                                   token is looked up as row W)
+ *   lm-head                         the same vocab rows, zero rows up to W       vocab, then
+ *                                   (tied: the embedding itself)                 all-gather
  *
  * So a rank owns whole attention heads, whole DeltaNet heads with their conv channels,
  * recurrent state and conv window, and its K/V heads' pages: per rank a config with N times
  * fewer heads and narrower FFNs (qwen35_tp_config), run by qwen35.c's forward unchanged but for
- * the all-reduce after each row-parallel product. Page tables and state slots are the same ids on
- * every rank; each rank's pools hold its own heads. */
+ * the all-reduce after each row-parallel product and after the embedding (the one rank that holds
+ * a token's row adds it to zeros: the same bits as the whole table), and the all-gather of each
+ * rank's W logit columns, which rank 0 puts in place before its greedy or sampling op (a logit
+ * is one whole dot product on one rank: the same bits as TP = 1's for the same hidden row). Page
+ * tables and state slots are the same ids on every rank; each rank's pools hold its own heads. */
 #ifndef DS_QWEN35_TP_H
 #define DS_QWEN35_TP_H
 #include <stddef.h>
@@ -45,9 +51,15 @@ int qwen35_tp_check(const model_config *c, int n, char *err, size_t errlen);
 /* Rank r's config: c with the rank's head counts and widths (qwen35_tp_check(c, n) passed). */
 void qwen35_tp_config(const model_config *c, int n, int r, model_config *out);
 
+/* Rank r's vocabulary: rows [*first, *first + *count) of the embedding and the lm-head, of
+ * *width = ceil(V / n) on every rank (the last rank's count may be smaller, or 0). */
+void qwen35_tp_vocab(const model_config *c, int n, int r, int *first, int *count, int *width);
+
 /* Rank r's weights (w): views into the full weights for replicated tensors and contiguous row
  * ranges, owned copies for the rest (a column slice, the q/k/v row ranges of in_proj_qkv; an FP8
- * slice dequantized to F32 exactly as an upload dequantizes it); no MTP head. */
+ * slice dequantized to F32 exactly as an upload dequantizes it); no MTP head. The embedding has
+ * width + 1 rows and an untied lm-head width rows (qwen35_tp_vocab), zeros past the rank's count;
+ * a tied lm-head is the embedding itself. */
 typedef struct qwen35_tp_shard {
   model_weights w;
   void **owned; /* the copies and arrays w points into */

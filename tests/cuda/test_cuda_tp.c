@@ -3,27 +3,31 @@
  * device 0 and the ranks meet through the device-local reduction; with a GPU per rank, NCCL.
  *
  *   nccl_one_rank   the NCCL wiring: a communicator of one rank (ncclCommInitAll over device 0)
- *                   whose all-reduce gives back its input, byte for byte;
+ *                   whose all-reduce and all-gather give back its input, byte for byte;
  *   sum_N           N = 2, 3, 4 ranks on their threads, several all-reduces in a row (sizes not
  *                   divisible by N, an op between them): every rank ends with the fp32 sum in
  *                   rank order rounded once to bf16 (computed here on the host), the same bytes
  *                   on every rank (NCCL, which sums in its own order, is held to that at N = 2
- *                   only, where there is one order);
+ *                   only, where there is one order); and an all-gather of f32 inputs: every
+ *                   rank's output the ranks' inputs in rank order, byte for byte;
  *   model_*         TP = N against TP = 1 on fixture models: prefill of 3 prompts, decode steps
- *                   (recorded decode steps on TP = 1; on TP = N the all-reduce ends the
- *                   recording), a slot's host round trip, the greedy op. The CPU backend's fp32
- *                   run is the reference, and both CUDA runs are fed its greedy tokens, so every
- *                   row compares. bf16 activations alone move these tiny random models' logits
- *                   by 8e-2..5e-1 relative (test_cuda_parity), far more than TP's own rounding
- *                   (each rank's partial sum rounded to bf16 before the sum), so TP = N is held
- *                   to a rule against the reference: its mean row relative error at
- *                   most 1.5 x TP = 1's + 1e-2 (a single FP8 row's error swings by 2x either way
- * with the rounding order, so the worst row is no rule), its worst row's under 0.5, its greedy
- * tokens the reference's on at least 80% as many rows as TP = 1's; and a second TP = N run gives
- * the same bits (the reduction's order is fixed) when a second TP = 1 run does. TP = N against TP =
- * 1 directly is printed (relative error, tokens equal), not asserted. A lost or doubled partial
- * sum, or a rank reading a buffer too early, moves the logits by ~1. Skips (SKIP, exit 0) without a
- * device. */
+ *                   (recorded decode steps on TP = 1; on TP = N the all-reduce ends the recording),
+ *                   a slot's host round trip, the greedy op (on TP = N: the vocabulary split over
+ *                   the ranks, the logits all-gathered). The CPU backend's fp32 run is the
+ *                   reference, and both CUDA runs are fed its greedy tokens, so every row compares.
+ *                   bf16 activations alone move these tiny random models' logits by 8e-2..5e-1
+ *                   relative (test_cuda_parity), far more than TP's own rounding (each rank's
+ *                   partial sum rounded to bf16 before the sum), so TP = N is held to a rule
+ *                   against the reference: its mean row relative error at most 1.5 x TP = 1's +
+ *                   1e-2 (a single FP8 row's error swings by 2x either way with the rounding order,
+ *                   so the worst row is no rule), its worst row's under 0.5, its greedy tokens the
+ *                   reference's on at least 80% as many rows as TP = 1's; and a second TP = N run
+ *                   gives the same bits (the reduction's order is fixed) when a second TP = 1 run
+ *                   does. TP = N against TP = 1 directly is printed (relative error, tokens equal),
+ *                   not asserted. A lost or doubled partial sum, or a rank reading a buffer too
+ *                   early, moves the logits by ~1.
+ *
+ * Skips (SKIP, exit 0) without a device. */
 #include <math.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -101,7 +105,23 @@ TEST(nccl_one_rank) {
   EXPECT(be[0]->read(be[0], x, 0, o, N * 2) == 0);
   EXPECT(be[0]->sync(be[0], err, sizeof err) == 0);
   EXPECT_MSG(!memcmp(h, o, N * 2), "one rank's all-reduce changed its input");
-  printf("  nccl_one_rank: ncclCommInitAll over device 0, all-reduce of %zu bf16 = its input\n", N);
+  float *f = malloc(N * 4), *g = malloc(N * 4);
+  for (size_t i = 0; i < N; i++) f[i] = of_bf16(h[i]) / 3.0f;
+  backend_buf fx = be[0]->alloc(be[0], BACKEND_KIND_F32, N),
+              fo = be[0]->alloc(be[0], BACKEND_KIND_F32, N);
+  EXPECT(be[0]->write(be[0], fx, 0, f, N * 4) == 0);
+  be[0]->all_gather(be[0], fx, N, fo);
+  EXPECT(be[0]->read(be[0], fo, 0, g, N * 4) == 0);
+  EXPECT(be[0]->sync(be[0], err, sizeof err) == 0);
+  EXPECT_MSG(!memcmp(f, g, N * 4), "one rank's all-gather is not its input");
+  printf(
+      "  nccl_one_rank: ncclCommInitAll over device 0, all-reduce of %zu bf16 = its input, "
+      "all-gather of %zu f32 too\n",
+      N, N);
+  be[0]->free(be[0], fx);
+  be[0]->free(be[0], fo);
+  free(f);
+  free(g);
   be[0]->free(be[0], x);
   be[0]->destroy(be[0]);
   free(h);
@@ -115,11 +135,15 @@ typedef struct sum_rank {
   backend *be;
   int r, n_ranks, dev;
   uint16_t *in[SUM_ROUNDS], *out[SUM_ROUNDS]; /* this rank's input, what it read back */
+  float *gout[SUM_ROUNDS];                    /* the all-gather of every rank's input / 3 */
   int rc;
 } sum_rank;
 
+static float gather_in(const sum_rank *s, int k, size_t i) { return of_bf16(s->in[k][i]) / 3.0f; }
+
 /* A rank's thread: every round writes its input, adds it to itself (an op before the
- * all-reduce on this rank's stream: the buffer holds 2 x input), all-reduces it, reads it. */
+ * all-reduce on this rank's stream: the buffer holds 2 x input), all-reduces it, reads it; then
+ * all-gathers its input / 3 as f32. */
 static void *sum_thread(void *v) {
   sum_rank *s = v;
   backend *be = s->be;
@@ -132,6 +156,16 @@ static void *sum_thread(void *v) {
     be->all_reduce_sum(be, x, n);
     if (be->read(be, x, 0, s->out[k], n * 2)) s->rc = -1;
     be->free(be, x);
+    float *f = malloc(n * 4);
+    for (size_t i = 0; i < n; i++) f[i] = gather_in(s, k, i);
+    backend_buf g = be->alloc(be, BACKEND_KIND_F32, n),
+                o = be->alloc(be, BACKEND_KIND_F32, n * (size_t)s->n_ranks);
+    if (!g || !o || be->write(be, g, 0, f, n * 4)) s->rc = -1;
+    be->all_gather(be, g, n, o);
+    if (be->read(be, o, 0, s->gout[k], n * 4 * (size_t)s->n_ranks)) s->rc = -1;
+    be->free(be, g);
+    be->free(be, o);
+    free(f);
   }
   return NULL;
 }
@@ -153,6 +187,7 @@ static void check_sum(int n_ranks) {
     for (int k = 0; k < SUM_ROUNDS; k++) {
       s[r].in[k] = malloc(SUM_N[k] * 2);
       s[r].out[k] = malloc(SUM_N[k] * 2);
+      s[r].gout[k] = malloc(SUM_N[k] * 4 * (size_t)n);
       for (size_t i = 0; i < SUM_N[k]; i++) {
         x = x * 1103515245u + 12345u;
         s[r].in[k][i] = to_bf16(((float)((x >> 8) % 20001) - 10000.0f) / 997.0f);
@@ -177,18 +212,31 @@ static void check_sum(int n_ranks) {
         if (exact ? s[r].out[k][i] != want : d > 1e-2 * (fabs(acc) + 1)) bad++;
       }
     }
+  long gbad = 0;
+  for (int k = 0; k < SUM_ROUNDS; k++)
+    for (int r = 0; r < n; r++)
+      for (int j = 0; j < n; j++)
+        for (size_t i = 0; i < SUM_N[k]; i++) {
+          float want = gather_in(&s[j], k, i);
+          gbad += memcmp(&s[r].gout[k][(size_t)j * SUM_N[k] + i], &want, 4) != 0;
+        }
+  EXPECT_MSG(gbad == 0, "%d ranks (%s): %ld gathered elements not the ranks' inputs", n, kind,
+             gbad);
   for (int r = 0; r < n; r++) EXPECT_MSG(s[r].rc == 0, "rank %d: a copy failed", r);
   EXPECT_MSG(bad == 0, "%d ranks (%s): %ld elements not the %s sum", n, kind, bad,
              exact ? "rank-ordered" : "approximate");
   EXPECT_MSG(differ == 0, "%d ranks (%s): %ld elements differ between ranks", n, kind, differ);
   for (int r = 0; r < n; r++) EXPECT(be[r]->sync(be[r], err, sizeof err) == 0);
-  printf("  sum over %d ranks (%s): %d rounds, every rank the same bytes, %s (max |err| %.3g)\n", n,
-         kind, SUM_ROUNDS, exact ? "the rank-ordered fp32 sum rounded once" : "NCCL's order",
-         worst);
+  printf(
+      "  sum over %d ranks (%s): %d rounds, every rank the same bytes, %s (max |err| %.3g); "
+      "all-gather the ranks' inputs in rank order\n",
+      n, kind, SUM_ROUNDS, exact ? "the rank-ordered fp32 sum rounded once" : "NCCL's order",
+      worst);
   for (int r = 0; r < n; r++) {
     for (int k = 0; k < SUM_ROUNDS; k++) {
       free(s[r].in[k]);
       free(s[r].out[k]);
+      free(s[r].gout[k]);
     }
     be[r]->destroy(be[r]);
   }

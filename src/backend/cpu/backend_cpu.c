@@ -1036,6 +1036,11 @@ static void cpu_all_reduce_sum(backend *be, backend_buf x, size_t n) {
   comm_all_reduce_sum(c->comm, c->rank, F(x), n);
 }
 
+static void cpu_all_gather(backend *be, backend_buf x, size_t n, backend_buf out) {
+  cpu_ctx *c = ctx_of(be);
+  comm_all_gather(c->comm, c->rank, F(x), n, F(out));
+}
+
 /* ---- lifetime ---- */
 
 static void cpu_destroy(backend *be) {
@@ -1125,5 +1130,6 @@ backend *backend_cpu_create_rank(const backend_options *opt, comm *cm, int rank)
   c->comm = comm_ref(cm);
   c->rank = rank;
   be->all_reduce_sum = cpu_all_reduce_sum;
+  be->all_gather = cpu_all_gather;
   return be;
 }

@@ -25,14 +25,15 @@ struct cuda_comm {
   /* NCCL: one communicator per rank, made together (ncclCommInitAll) */
   ncclComm_t nccl[CUDA_COMM_MAX];
   int nccl_up;
-  /* local: the host barrier, the buffers posted for the all-reduce in progress, the events */
+  /* local: the host barrier, the buffers posted for the collective in progress, the events */
   pthread_mutex_t mu;
   pthread_cond_t cv;
   int waiting;
   unsigned gen;
-  bf16 *buf[CUDA_COMM_MAX];
-  cudaEvent_t ev_in[CUDA_COMM_MAX];  /* rank r's partial sum is written */
-  cudaEvent_t ev_out[CUDA_COMM_MAX]; /* rank r's slice of the sum is written everywhere */
+  void *buf[CUDA_COMM_MAX];          /* rank r's input (the all-reduce's: also its output) */
+  void *obuf[CUDA_COMM_MAX];         /* rank r's output (all-gather) */
+  cudaEvent_t ev_in[CUDA_COMM_MAX];  /* rank r's input is written */
+  cudaEvent_t ev_out[CUDA_COMM_MAX]; /* rank r's part of the collective is written */
 };
 
 static void comm_free(cuda_comm *m) {
@@ -93,38 +94,64 @@ __global__ void k_comm_sum(comm_bufs a, int n_ranks, size_t b, size_t e) {
   }
 }
 
-static void ck_ev(cuda_ctx *c, cudaError_t e) {
-  if (e != cudaSuccess) cuda_fail(c, "all_reduce_sum", cudaGetErrorString(e));
+static void ck_ev(cuda_ctx *c, const char *what, cudaError_t e) {
+  if (e != cudaSuccess) cuda_fail(c, what, cudaGetErrorString(e));
 }
 
-/* The device-local all-reduce (cuda_comm.h "How the ranks' streams meet"). Every rank takes part
+/* What rank c issues in the middle of a device-local collective, every rank's buffers posted
+ * (in[k], out[k]: rank k's) and their inputs written. */
+typedef void (*local_part)(cuda_ctx *c, int n_ranks, void *const *in, void *const *out, size_t n);
+
+/* A device-local collective (cuda_comm.h "How the ranks' streams meet"). Every rank takes part
  * in both barriers even after a failure of its own, so that no other rank waits forever. */
-static void local_all_reduce(cuda_ctx *c, cuda_comm *m, bf16 *x, size_t n) {
+static void local_collective(cuda_ctx *c, cuda_comm *m, const char *what, void *x, void *out,
+                             size_t n, local_part part) {
   int r = c->comm_rank, N = m->n;
-  ck_ev(c, cudaEventRecord(m->ev_in[r], c->st));
+  ck_ev(c, what, cudaEventRecord(m->ev_in[r], c->st));
   pthread_mutex_lock(&m->mu);
   m->buf[r] = x;
+  m->obuf[r] = out;
   pthread_mutex_unlock(&m->mu);
   comm_barrier(m);
+  void *in[CUDA_COMM_MAX], *outs[CUDA_COMM_MAX];
+  pthread_mutex_lock(&m->mu);
+  for (int k = 0; k < N; k++) {
+    in[k] = m->buf[k];
+    outs[k] = m->obuf[k];
+  }
+  pthread_mutex_unlock(&m->mu);
+  for (int k = 0; k < N; k++)
+    if (k != r) ck_ev(c, what, cudaStreamWaitEvent(c->st, m->ev_in[k], 0));
+  part(c, N, in, outs, n); /* also after a failure of this rank's: the others wait for it */
+  ck_ev(c, what, cudaEventRecord(m->ev_out[r], c->st));
+  comm_barrier(m);
+  for (int k = 0; k < N; k++)
+    if (k != r) ck_ev(c, what, cudaStreamWaitEvent(c->st, m->ev_out[k], 0));
+}
+
+/* The all-reduce's part: this rank's 1/N of the elements, summed into every rank's buffer. */
+static void sum_part(cuda_ctx *c, int N, void *const *in, void *const *out, size_t n) {
+  (void)out;
+  int r = c->comm_rank;
   comm_bufs a;
   memset(&a, 0, sizeof a);
-  pthread_mutex_lock(&m->mu);
-  for (int k = 0; k < N; k++) a.p[k] = m->buf[k];
-  pthread_mutex_unlock(&m->mu);
-  for (int k = 0; k < N; k++)
-    if (k != r) ck_ev(c, cudaStreamWaitEvent(c->st, m->ev_in[k], 0));
+  for (int k = 0; k < N; k++) a.p[k] = (bf16 *)in[k];
   size_t b = n * (size_t)r / (size_t)N, e = n * (size_t)(r + 1) / (size_t)N;
-  if (e > b) { /* also after a failure of this rank's: the other ranks read its slice */
-    size_t blocks = (e - b + 255) / 256;
-    if (blocks > 1024) blocks = 1024;
-    void (*kern)(comm_bufs, int, size_t, size_t) = k_comm_sum;
-    kern<<<(unsigned)blocks, 256, 0, c->st>>>(a, N, b, e);
-    cuda_check_launch(c, "all_reduce_sum");
-  }
-  ck_ev(c, cudaEventRecord(m->ev_out[r], c->st));
-  comm_barrier(m);
+  if (e <= b) return;
+  size_t blocks = (e - b + 255) / 256;
+  if (blocks > 1024) blocks = 1024;
+  void (*kern)(comm_bufs, int, size_t, size_t) = k_comm_sum;
+  kern<<<(unsigned)blocks, 256, 0, c->st>>>(a, N, b, e);
+  cuda_check_launch(c, "all_reduce_sum");
+}
+
+/* The all-gather's part: every rank's input into this rank's output, in rank order. */
+static void gather_part(cuda_ctx *c, int N, void *const *in, void *const *out, size_t n) {
+  float *dst = (float *)out[c->comm_rank];
   for (int k = 0; k < N; k++)
-    if (k != r) ck_ev(c, cudaStreamWaitEvent(c->st, m->ev_out[k], 0));
+    ck_ev(c, "all_gather",
+          cudaMemcpyAsync(dst + (size_t)k * n, in[k], n * sizeof(float), cudaMemcpyDeviceToDevice,
+                          c->st));
 }
 
 /* backend.h all_reduce_sum: x ACT (bf16) [n]. */
@@ -134,7 +161,7 @@ static void cu_all_reduce_sum(backend *be, backend_buf x, size_t n) {
   if (m->kind == CUDA_COMM_LOCAL && m->n == 1) return; /* a sum of one: nothing to do */
   cuda_graph_stop(c);                                  /* cuda_comm.h "CUDA graphs" */
   if (m->kind == CUDA_COMM_LOCAL) {
-    local_all_reduce(c, m, (bf16 *)x, n);
+    local_collective(c, m, "all_reduce_sum", x, NULL, n, sum_part);
     return;
   }
 #if DS_NCCL
@@ -142,6 +169,22 @@ static void cu_all_reduce_sum(backend *be, backend_buf x, size_t n) {
   cudaSetDevice(c->device); /* the calling thread is the rank's (qwen35_tp_runner) */
   ncclResult_t e = ncclAllReduce(x, x, n, ncclBfloat16, ncclSum, m->nccl[c->comm_rank], c->st);
   if (e != ncclSuccess) cuda_fail(c, "all_reduce_sum (NCCL)", ncclGetErrorString(e));
+#endif
+}
+
+/* backend.h all_gather: x F32 [n], out F32 [N * n]. */
+static void cu_all_gather(backend *be, backend_buf x, size_t n, backend_buf out) {
+  cuda_ctx *c = cuda_ctx_of(be);
+  cuda_comm *m = c->comm;
+  cuda_graph_stop(c); /* as for the all-reduce */
+  if (m->kind == CUDA_COMM_LOCAL) {
+    local_collective(c, m, "all_gather", x, out, n, gather_part);
+    return;
+  }
+#if DS_NCCL
+  cudaSetDevice(c->device);
+  ncclResult_t e = ncclAllGather(x, out, n, ncclFloat32, m->nccl[c->comm_rank], c->st);
+  if (e != ncclSuccess) cuda_fail(c, "all_gather (NCCL)", ncclGetErrorString(e));
 #endif
 }
 
@@ -236,6 +279,7 @@ extern "C" int cuda_comm_create_ranks(int n, cuda_comm_kind kind, const backend_
     c->comm = m;
     c->comm_rank = r;
     ranks[r]->all_reduce_sum = cu_all_reduce_sum;
+    ranks[r]->all_gather = cu_all_gather;
   }
   return n;
 }

@@ -1,26 +1,27 @@
 /* cuda_comm — the CUDA backend's communicator between the ranks of a tensor-parallel model
- * (backend.h all_reduce_sum; docs/tensor-parallel.md "CUDA"): N CUDA backends of one process,
- * rank r on device r % device_count, each driven by a thread of its own (qwen35_tp_runner), all
- * joined by one communicator of one of two kinds:
+ * (backend.h all_reduce_sum, all_gather; docs/tensor-parallel.md "CUDA"): N CUDA backends of one
+ * process, rank r on device r % device_count, each driven by a thread of its own
+ * (qwen35_tp_runner), all joined by one communicator of one of two kinds:
  *
- *   NCCL   every rank on a GPU of its own: ncclAllReduce (bf16, sum) on the rank's stream. The
- *          result has the same bits on every rank, but the order of the sum is NCCL's (ring or
- *          tree, chosen by size), not the rank order backend.h asks for;
+ *   NCCL   every rank on a GPU of its own: ncclAllReduce (bf16, sum) and ncclAllGather (f32) on
+ *          the rank's stream. The sum has the same bits on every rank, but its order is NCCL's
+ *          (ring or tree, chosen by size), not the rank order backend.h asks for;
  *   local  every rank on ONE GPU (tensor parallelism tested on a one-GPU machine): a kernel on
  *          each rank's stream reads every rank's buffer (one device: one address space) and
  *          sums its 1/N of the elements in the fixed order rank 0 + 1 + ... + N-1 in fp32,
  *          rounded once to bf16, written to every rank's buffer: the same bits on every rank,
- *          whatever the timing, reproducible.
+ *          whatever the timing, reproducible. The all-gather: each rank copies every rank's
+ *          buffer into its own output.
  *
  * How the ranks' streams meet (local): as backend/comm.c's ranks do, with two host barriers per
- * all-reduce, but the barriers order only the issuing, never wait for the device: each rank
- * records an event after its partial sum, posts its buffer, barrier; makes its stream wait for
- * every other rank's event, launches its slice, records a second event, barrier; makes its
- * stream wait for every other rank's second event (nobody reads or overwrites a buffer another
- * rank's slice still touches). The barriers also make every event's re-recording come after
- * every wait on its previous recording.
+ * collective, but the barriers order only the issuing, never wait for the device: each rank
+ * records an event after its input, posts its buffers, barrier; makes its stream wait for
+ * every other rank's event, launches its part (its slice of the sum, its copies), records a
+ * second event, barrier; makes its stream wait for every other rank's second event (nobody
+ * reads or overwrites a buffer another rank's part still touches). The barriers also make every
+ * event's re-recording come after every wait on its previous recording.
  *
- * CUDA graphs: an all-reduce ends the decode-step recording (cuda_graph_stop): the ops recorded
+ * CUDA graphs: a collective ends the decode-step recording (cuda_graph_stop): the ops recorded
  * before it run launch by launch, the rest of the step as issued. The local kind synchronises
  * the ranks' threads, which a replayed graph cannot; for NCCL, each rank's recorder decides by
  * itself whether to capture, replay or run a step directly (and a broken capture is run again

@@ -291,6 +291,84 @@ static void check_vocab(const char *dir, int n) {
   weights_free(&w);
 }
 
+/* Shard tensor d against rows rr[0..1] (and rr[2..5] when nr is 3), columns from c0, of t: the
+ * same value for every element (each as tensor_get_f32 reads it, FP8 times its block's scale).
+ * Returns 1 when d is FP8. */
+static int check_slice(const char *what, const tensor *d, const tensor *t, int nr,
+                       const int64_t *rr, int64_t c0) {
+  int64_t C = t->shape[1], w = d->shape[1], o = 0, bad = 0;
+  for (int k = 0; k < nr; k++)
+    for (int64_t row = rr[2 * k]; row < rr[2 * k + 1]; row++, o++)
+      for (int64_t j = 0; j < w; j++)
+        bad += tensor_get_f32(d, o * w + j) != tensor_get_f32(t, row * C + c0 + j);
+  EXPECT_MSG(o == d->shape[0] && bad == 0, "%s: %lld rows of %lld, %lld values differ", what,
+             (long long)o, (long long)d->shape[0], (long long)bad);
+  return d->dt == DTYPE_F8_E4M3;
+}
+
+/* FP8 slices that keep the checkpoint's blocks whole stay FP8 (bytes and scales), the others
+ * become F32; either way every value is the checkpoint's. */
+static void check_fp8_shard(const char *dir) {
+  model_config c;
+  model_weights w;
+  char err[300] = "";
+  weights_opts wo = {0};
+  REQUIRE(model_load_with(dir, &wo, &c, &w, err, sizeof err) == 0);
+  int n = 2, kept = 0, deq = 0;
+  for (int r = 0; r < n; r++) {
+    qwen35_tp_shard sh;
+    REQUIRE(qwen35_tp_shard_init(&sh, &c, &w, n, r, err, sizeof err) == 0);
+    for (int i = 0; i < c.n_layers; i++) {
+      const layer_weights *L = &w.layers[i], *D = &sh.w.layers[i];
+      int64_t hd = c.head_dim, nh = c.n_heads / n;
+      if (L->q_proj.data) {
+        int64_t q[2] = {r * nh * 2 * hd, (r + 1) * nh * 2 * hd}, o0 = r * nh * hd;
+        kept += check_slice("q_proj", &D->q_proj, &L->q_proj, 1, q, 0);
+        int64_t o[2] = {0, L->o_proj.shape[0]};
+        kept += check_slice("o_proj", &D->o_proj, &L->o_proj, 1, o, o0);
+      }
+      if (L->in_proj_qkv.data) {
+        int64_t dk = c.lin_k_head_dim, dv = c.lin_v_head_dim, nk = c.lin_n_k_heads,
+                nv = c.lin_n_v_heads, rk = nk / n, rv = nv / n;
+        int64_t qkv[6] = {r * rk * dk,
+                          (r + 1) * rk * dk,
+                          (nk + r * rk) * dk,
+                          (nk + (r + 1) * rk) * dk,
+                          2 * nk * dk + r * rv * dv,
+                          2 * nk * dk + (r + 1) * rv * dv};
+        kept += check_slice("in_proj_qkv", &D->in_proj_qkv, &L->in_proj_qkv, 3, qkv, 0);
+        int64_t o[2] = {0, L->out_proj.shape[0]};
+        kept += check_slice("out_proj", &D->out_proj, &L->out_proj, 1, o, r * rv * dv);
+      }
+      if (L->experts) {
+        int64_t mi = c.moe_intermediate_size / n, g[2] = {r * mi, (r + 1) * mi};
+        int64_t dn[2] = {0, c.hidden_size};
+        for (int e = 0; e < c.n_experts; e++) {
+          kept += check_slice("expert gate", &D->experts[e].gate, &L->experts[e].gate, 1, g, 0);
+          kept += check_slice("expert up", &D->experts[e].up, &L->experts[e].up, 1, g, 0);
+          kept +=
+              check_slice("expert down", &D->experts[e].down, &L->experts[e].down, 1, dn, r * mi);
+        }
+        int64_t si = c.shared_expert_intermediate_size / n, sg[2] = {r * si, (r + 1) * si};
+        deq += !check_slice("shared gate", &D->shared_gate, &L->shared_gate, 1, sg, 0);
+      }
+    }
+    qwen35_tp_shard_free(&sh);
+  }
+  /* fp8_moe32*: 32 x 32 blocks; a rank's 32 expert rows keep them, its 16 shared-expert rows
+   * do not */
+  EXPECT_MSG(kept > 0 && deq > 0, "%s: %d FP8 slices kept, %d shared gates dequantized", dir, kept,
+             deq);
+  printf("  %s TP=2: %d FP8 slices kept FP8, %d dequantized, every value the checkpoint's\n", dir,
+         kept, deq);
+  weights_free(&w);
+}
+
+TEST(fp8_shard) {
+  check_fp8_shard("tests/fixtures/models/fp8_moe32");
+  check_fp8_shard("tests/fixtures/models/fp8_moe32_fused"); /* experts' views with a row0 */
+}
+
 TEST(vocab_split) {
   check_vocab(DENSE, 2); /* 257 tokens: the last rank holds one fewer */
   check_vocab(DENSE, 4);
@@ -589,6 +667,7 @@ int main(void) {
   RUN(refuse_undivided_shape);
   RUN(refuse_cuda);
   RUN(vocab_split);
+  RUN(fp8_shard);
   RUN(dense_fp8_tp2);
   RUN(moe_fp8_tp2);
   RUN(moe_fp8_fused_tp2);

@@ -380,6 +380,9 @@ struct backend {
    * op sequence; afterwards every rank's x holds x_0 + x_1 + ... + x_{N-1}, added in rank order
    * (the same bits on every rank, whatever the timing). */
   void (*all_reduce_sum)(backend *be, backend_buf x, size_t n);
+  /* Makes the calling thread's next calls to be reach be's device (CUDA: cudaSetDevice), for a
+   * thread that calls the ranks of a tensor-parallel model in turn. NULL: any thread may call. */
+  void (*bind)(backend *be);
   /* This rank's part of a gather over the ranks, issued as all_reduce_sum is: x F32 [n] on every
    * rank; afterwards every rank's out F32 [N * n] holds rank r's x at [r n, (r + 1) n), the same
    * bytes. out may not overlap x. */

@@ -92,6 +92,17 @@ struct qwen35 {
 /* The other ranks of a tensor-parallel model (none otherwise). */
 #define FOR_PEERS(m, r) for (int r = 1; (m)->ranks && r < (m)->tp_size; r++)
 
+/* The calling thread's next backend calls reach m's device (backend.h bind): a function that
+ * calls a peer's backend binds the peer (peer) and binds rank 0 again before it returns. */
+static void bind(const qwen35 *m) {
+  if (m->be->bind) m->be->bind(m->be);
+}
+
+static qwen35 *peer(qwen35 *m, int r) {
+  bind(m->ranks[r]);
+  return m->ranks[r];
+}
+
 /* ---- init ---- */
 
 /* upload_as's `exact` for a dense layer's product weight (given to matmul only): an FP8 one
@@ -655,10 +666,12 @@ int qwen35_init_ranks(qwen35 **out, const model_config *c, const model_weights *
     qwen35_tp_shard sh;
     qwen35_tp_config(c, n, r, &cfg[r]);
     if (qwen35_tp_shard_init(&sh, c, w, n, r, err, errlen)) break;
+    if (ranks[r]->bind) ranks[r]->bind(ranks[r]);
     int rc = init_rank(&rm[r], &cfg[r], &sh.w, ranks[r], o, r, n, err, errlen);
     qwen35_tp_shard_free(&sh); /* the upload copied what it needs */
     if (rc) break;
   }
+  if (ranks[0]->bind) ranks[0]->bind(ranks[0]);
   qwen35_tp_runner *runner = NULL;
   if (r < n || qwen35_tp_runner_init(&runner, n, err, errlen)) {
     for (int k = 0; k < n; k++) qwen35_free(rm[k]); /* NULL past the one that failed */
@@ -681,7 +694,8 @@ int qwen35_init_ranks(qwen35 **out, const model_config *c, const model_weights *
 void qwen35_free(qwen35 *m) {
   if (!m) return;
   qwen35_tp_runner_free(m->runner);
-  FOR_PEERS(m, r) qwen35_free(m->ranks[r]);
+  FOR_PEERS(m, r) qwen35_free(peer(m, r));
+  if (m->ranks) bind(m);
   free(m->ranks);
   model_config *tp_cfg = m->tp_cfg; /* m->c may be in it: freed last */
   backend *be = m->be;
@@ -922,23 +936,27 @@ static int forward_issue(qwen35 *m, const fwd_seq *seqs, int n_seqs, int mode, i
     b.tokens_dev = NULL;
     b.tokens = rtok;
     for (int r = 0; r < m->tp_size && rc == 0; r++) {
-      qwen35 *rm = m->ranks[r];
+      qwen35 *rm = peer(m, r);
       backend *pb = rm->be;
       tp_tokens(rm, tok, T, rtok);
       rc = pb->set_batch(pb, &b);
       if (rc == 0 && any_verify) rc = pb->set_keep(pb, kp);
     }
+    bind(m);
     free(rtok);
   }
   free(arr);
   if (rc) return errf(err, errlen, "backend %s: cannot set batch", be->name);
   if (ensure_scratch(m, T, err, errlen) || ensure_logits(m, n_out > 0 ? n_out : 1, err, errlen))
     return -1;
+  int prc = 0;
   FOR_PEERS(m, r) {
-    if (ensure_scratch(m->ranks[r], T, err, errlen) ||
-        ensure_logits(m->ranks[r], n_out > 0 ? n_out : 1, err, errlen))
-      return -1;
+    if (!prc)
+      prc = ensure_scratch(peer(m, r), T, err, errlen) ||
+            ensure_logits(m->ranks[r], n_out > 0 ? n_out : 1, err, errlen);
   }
+  if (m->ranks) bind(m);
+  if (prc) return -1;
   *n_out_rows = n_out;
   /* Everything the ops below are issued with, beyond the weights: a step with the key of the
    * step before issues the same ops with the same arguments (the rows' tokens, positions and
@@ -1013,7 +1031,9 @@ static void forward_ops(qwen35 *m, int T, int n_out, int mode, int any_prefill, 
 
 static void rank_ops(void *v, int r) {
   const rank_step *st = v;
-  forward_ops(st->m->ranks[r], st->T, st->n_out, st->mode, st->any_prefill, st->any_decode);
+  qwen35 *m = st->m->ranks[r];
+  bind(m); /* the rank's own thread (rank 0: the caller's, bound to it already) */
+  forward_ops(m, st->T, st->n_out, st->mode, st->any_prefill, st->any_decode);
 }
 
 int qwen35_forward(qwen35 *m, const fwd_seq *seqs, int n_seqs, float *logits, char *err,
@@ -1221,8 +1241,13 @@ void qwen35_host_free(qwen35 *m, void *p) {
 
 int qwen35_slot_zero(qwen35 *m, int slot) {
   CHECK(slot >= 0 && slot < m->n_slots);
-  FOR_PEERS(m, r) {
-    if (qwen35_slot_zero(m->ranks[r], slot)) return -1;
+  if (m->ranks) {
+    int rc = 0;
+    FOR_PEERS(m, r) {
+      if (!rc) rc = qwen35_slot_zero(peer(m, r), slot);
+    }
+    bind(m);
+    if (rc) return -1;
   }
   const model_config *c = m->c;
   for (int i = 0; i < c->n_layers; i++) {
@@ -1245,8 +1270,13 @@ int qwen35_slot_copy(qwen35 *m, int dst, int src) {
   int ns = m->n_slots + m->n_keep;
   CHECK(dst >= 0 && dst < ns && src >= 0 && src < ns);
   if (dst == src) return 0;
-  FOR_PEERS(m, r) {
-    if (qwen35_slot_copy(m->ranks[r], dst, src)) return -1;
+  if (m->ranks) {
+    int rc = 0;
+    FOR_PEERS(m, r) {
+      if (!rc) rc = qwen35_slot_copy(peer(m, r), dst, src);
+    }
+    bind(m);
+    if (rc) return -1;
   }
   const model_config *c = m->c;
   size_t cb = conv_elems(c) * 4, sb = ssm_elems(c) * 4;
@@ -1265,8 +1295,13 @@ static size_t page_layer_bytes(const qwen35 *m) {
 int qwen35_page_copy(qwen35 *m, int dst, int src) {
   CHECK(dst >= 0 && dst < m->n_pages && src >= 0 && src < m->n_pages);
   if (dst == src) return 0;
-  FOR_PEERS(m, r) {
-    if (qwen35_page_copy(m->ranks[r], dst, src)) return -1;
+  if (m->ranks) {
+    int rc = 0;
+    FOR_PEERS(m, r) {
+      if (!rc) rc = qwen35_page_copy(peer(m, r), dst, src);
+    }
+    bind(m);
+    if (rc) return -1;
   }
   size_t pb = page_layer_bytes(m);
   for (int i = 0; i < m->c->n_layers; i++) {
@@ -1327,21 +1362,25 @@ static size_t rank_page_bytes(const qwen35 *m) {
 static int slot_io_all(qwen35 *m, int slot, char *host, int writing) {
   if (slot_io(m, slot, host, writing)) return -1;
   host += rank_slot_bytes(m);
+  int rc = 0;
   FOR_PEERS(m, r) {
-    if (slot_io(m->ranks[r], slot, host, writing)) return -1;
+    if (!rc) rc = slot_io(peer(m, r), slot, host, writing);
     host += rank_slot_bytes(m->ranks[r]);
   }
-  return 0;
+  if (m->ranks) bind(m);
+  return rc ? -1 : 0;
 }
 
 static int page_io_all(qwen35 *m, int page, char *host, int writing) {
   if (page_io(m, page, host, writing)) return -1;
   host += rank_page_bytes(m);
+  int rc = 0;
   FOR_PEERS(m, r) {
-    if (page_io(m->ranks[r], page, host, writing)) return -1;
+    if (!rc) rc = page_io(peer(m, r), page, host, writing);
     host += rank_page_bytes(m->ranks[r]);
   }
-  return 0;
+  if (m->ranks) bind(m);
+  return rc ? -1 : 0;
 }
 
 int qwen35_slot_read(qwen35 *m, int slot, void *host) { return slot_io_all(m, slot, host, 0); }

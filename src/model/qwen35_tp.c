@@ -103,12 +103,45 @@ static void *own(qwen35_tp_shard *s, size_t bytes) {
   return p;
 }
 
+/* 1 when the rows of the FP8 matrix t in the nr ranges rr and the columns from c0 keep t's
+ * blocks whole: every range starts on a block row of t and at a block row of
+ * the slice, and c0 on a block column, so each block of the slice is part of one block of t. */
+static int fp8_whole_blocks(const tensor *t, int nr, const int64_t *rr, int64_t c0) {
+  int bn = t->block_n, bk = t->block_k;
+  if (t->ndim != 2 || bn < 1 || bk < 1 || c0 % bk) return 0;
+  int64_t o = 0;
+  for (int k = 0; k < nr; k++) {
+    if ((t->row0 + rr[2 * k]) % bn || o % bn) return 0;
+    o += rr[2 * k + 1] - rr[2 * k];
+  }
+  return 1;
+}
+
+/* The scales of an FP8 slice with whole blocks (fp8_whole_blocks): sc [ceil(rows / bn), scols],
+ * each block's scale as t has it. */
+static void fp8_slice_scales(const tensor *t, int nr, const int64_t *rr, int64_t c0, int64_t scols,
+                             float *sc) {
+  int bn = t->block_n, bk = t->block_k;
+  int64_t o = 0, b = 0;
+  for (int k = 0; k < nr; k++) {
+    for (; b * bn < o + (rr[2 * k + 1] - rr[2 * k]); b++) {
+      int64_t src_b = (t->row0 + rr[2 * k] + (b * bn - o)) / bn;
+      memcpy(sc + b * scols,
+             (const char *)t->scale + (size_t)(src_b * t->scale_cols + c0 / bk) * sizeof(float),
+             (size_t)scols * sizeof(float));
+    }
+    o += rr[2 * k + 1] - rr[2 * k];
+  }
+}
+
 /* out = the rows of t in the nr ranges rr[2k] .. rr[2k+1] (in order), columns [c0, c1) (c1 < 0:
  * all), of t as a matrix [shape[0], numel / shape[0]] (a 1-D tensor: its elements are rows). A
- * view when that is one contiguous range of whole rows of a non-FP8 tensor, else a copy (FP8:
- * to F32, each value as tensor_get_f32 gives it). An absent tensor stays absent. */
+ * view when that is one contiguous range of whole rows of a non-FP8 tensor, else a copy. An FP8
+ * slice stays FP8 (its bytes and its blocks' scales) when keep8 and it keeps t's blocks whole,
+ * so that a backend's FP8 products take it as they take t; otherwise it becomes F32, each value
+ * as tensor_get_f32 gives it. An absent tensor stays absent. */
 static int take(qwen35_tp_shard *s, const tensor *t, int nr, const int64_t *rr, int64_t c0,
-                int64_t c1, tensor *out) {
+                int64_t c1, int keep8, tensor *out) {
   *out = *t;
   if (!t->data) return 0;
   int64_t R = t->shape[0], C = tensor_numel(t) / (R > 0 ? R : 1), rows = 0;
@@ -122,12 +155,14 @@ static int take(qwen35_tp_shard *s, const tensor *t, int nr, const int64_t *rr, 
   }
   CHECK(c0 >= 0 && c0 <= c1 && c1 <= C);
   int fp8 = t->dt == DTYPE_F8_E4M3;
+  keep8 = keep8 && fp8 && fp8_whole_blocks(t, nr, rr, c0);
   size_t ts = dtype_size(t->dt);
   if (!fp8 && nr == 1 && c0 == 0 && c1 == C) {
     out->data = (const char *)t->data + (size_t)(rr[0] * C) * ts;
     out->shape[0] = rows;
     return 0;
   }
+  if (keep8) fp8 = 0; /* its bytes are copied as they are */
   dtype dt = fp8 ? DTYPE_F32 : t->dt;
   size_t es = dtype_size(dt);
   int64_t w = c1 - c0;
@@ -152,27 +187,39 @@ static int take(qwen35_tp_shard *s, const tensor *t, int nr, const int64_t *rr, 
   out->ndim = t->ndim == 1 ? 1 : 2;
   out->shape[0] = rows;
   out->shape[1] = t->ndim == 1 ? 0 : w;
+  if (keep8) {
+    int64_t sr = (rows + t->block_n - 1) / t->block_n, scols = (w + t->block_k - 1) / t->block_k;
+    float *sc = own(s, (size_t)(sr * scols) * sizeof *sc);
+    if (!sc) return -1;
+    fp8_slice_scales(t, nr, rr, c0, scols, sc);
+    out->scale = sc;
+    out->scale_cols = scols;
+    out->block_n = t->block_n;
+    out->block_k = t->block_k;
+  }
   return 0;
 }
 
 /* Rows [a, b) (a column-parallel product's output rows, or a per-head vector's heads). */
 static int take_rows(qwen35_tp_shard *s, const tensor *t, int64_t a, int64_t b, tensor *out) {
   int64_t rr[2] = {a, b};
-  return take(s, t, 1, rr, 0, -1, out);
+  return take(s, t, 1, rr, 0, -1, 1, out);
 }
 
 /* Columns [a, b) of every row (a row-parallel product's input columns). */
 static int take_cols(qwen35_tp_shard *s, const tensor *t, int64_t a, int64_t b, tensor *out) {
   int64_t rr[2] = {0, t->data ? t->shape[0] : 0};
-  return take(s, t, 1, rr, a, b, out);
+  return take(s, t, 1, rr, a, b, 1, out);
 }
 
 /* Vocab rows [first, first + count) of t, then zero rows up to `rows` (a view when that is the
- * rows themselves of a non-FP8 tensor). */
+ * rows themselves of a non-FP8 tensor; FP8 becomes F32, as an upload of a vocabulary matrix
+ * dequantizes it anyway). */
 static int take_vocab(qwen35_tp_shard *s, const tensor *t, int64_t first, int64_t count,
                       int64_t rows, tensor *out) {
   if (count == 0) first = 0; /* a last rank past the end: zeros only */
-  if (take_rows(s, t, first, first + count, out)) return -1;
+  int64_t rr[2] = {first, first + count};
+  if (take(s, t, 1, rr, 0, -1, 0, out)) return -1;
   if (count == rows) return 0;
   int64_t C = t->shape[1];
   size_t es = dtype_size(out->dt), have = (size_t)(count * C) * es;
@@ -207,8 +254,8 @@ static int shard_layer(qwen35_tp_shard *s, const model_config *c, const layer_we
                       (nk + k0 + rk) * dk,
                       2 * nk * dk + v0 * dv,
                       2 * nk * dk + (v0 + rv) * dv};
-    rc |= take(s, &L->in_proj_qkv, 3, qkv, 0, -1, &D->in_proj_qkv);
-    rc |= take(s, &L->conv1d, 3, qkv, 0, -1, &D->conv1d);
+    rc |= take(s, &L->in_proj_qkv, 3, qkv, 0, -1, 1, &D->in_proj_qkv);
+    rc |= take(s, &L->conv1d, 3, qkv, 0, -1, 1, &D->conv1d);
     rc |= take_rows(s, &L->in_proj_z, v0 * dv, (v0 + rv) * dv, &D->in_proj_z);
     rc |= take_rows(s, &L->in_proj_b, v0, v0 + rv, &D->in_proj_b);
     rc |= take_rows(s, &L->in_proj_a, v0, v0 + rv, &D->in_proj_a);

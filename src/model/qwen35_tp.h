@@ -57,7 +57,8 @@ void qwen35_tp_vocab(const model_config *c, int n, int r, int *first, int *count
 
 /* Rank r's weights (w): views into the full weights for replicated tensors and contiguous row
  * ranges, owned copies for the rest (a column slice, the q/k/v row ranges of in_proj_qkv; an FP8
- * slice dequantized to F32 exactly as an upload dequantizes it); no MTP head. The embedding has
+ * slice stays FP8 with its blocks' scales where it keeps the blocks whole, else it is dequantized
+ * to F32 exactly as an upload dequantizes it); no MTP head. The embedding has
  * width + 1 rows and an untied lm-head width rows (qwen35_tp_vocab), zeros past the rank's count;
  * a tied lm-head is the embedding itself. */
 typedef struct qwen35_tp_shard {

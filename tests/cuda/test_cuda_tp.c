@@ -377,13 +377,7 @@ static int tokens_equal(int32_t a[NPROMPT][NGEN], int32_t ref[NPROMPT][NGEN]) {
 
 /* TP = n on CUDA against TP = 1 on CUDA, both against the CPU backend's fp32 run (see the top). */
 static void check_model(const char *dir, int n) {
-  if (n_devices() > 1) { /* docs/tensor-parallel.md "Still refused for users" */
-    printf(
-        "  skipped: %s TP=%d over NCCL ranks (the model's rank threads are not bound to "
-        "their GPUs yet)\n",
-        dir, n);
-    return;
-  }
+  if (!placeable(n)) return;
   tp_model ref = {0}, a = {0}, b = {0};
   char err[300] = "";
   int rc = tp_open(&ref, dir, 0, err, sizeof err);

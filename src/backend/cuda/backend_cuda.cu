@@ -579,6 +579,8 @@ extern "C" void backend_cuda_attn_launches(backend *be, long out[2]) {
   out[1] = 0;
 }
 
+static void cu_bind(backend *be) { cudaSetDevice(cuda_ctx_of(be)->device); }
+
 /* Device memory now (the engine's pool sizing, engine_mem_plan_device). */
 static int cu_mem_info(backend *be, size_t *free_bytes, size_t *total_bytes) {
   cudaSetDevice(cuda_ctx_of(be)->device);
@@ -755,6 +757,7 @@ extern "C" backend *backend_cuda_create_test(int device, const backend_options *
   be->host_alloc = cu_host_alloc;
   be->host_free = cu_host_free;
   be->mem_info = cu_mem_info;
+  be->bind = cu_bind;
   be->weight_pack = cu_weight_pack;
   return be;
 }

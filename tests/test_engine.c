@@ -329,7 +329,7 @@ TEST(mem_plan_from_device_memory) {
   /* the CPU backend has no figure: engine_mem_plan_device falls back to engine_mem_plan */
   engine_opts_default(&o);
   qwen35_mem_opts mo;
-  REQUIRE(engine_mem_plan_device(&o, &C, &W, BE, &mo, err, sizeof err) == 0);
+  REQUIRE(engine_mem_plan_device(&o, &C, &W, &BE, 1, &mo, err, sizeof err) == 0);
   EXPECT_EQ_INT(mo.n_pages, 2048);
   EXPECT_EQ_INT(mo.n_slots, 64 + 128);
 }

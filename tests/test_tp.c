@@ -375,6 +375,56 @@ TEST(vocab_split) {
   check_vocab(MOE, 4); /* tied */
 }
 
+/* ---- the memory plan ---- */
+
+/* qwen35_plan_ranks against what the ranks' models take: the pools of rank 0's heads (a KV
+ * page: its KV heads' share, besides the MTP head's whole pages; a slot: 1/N), and N x its
+ * weights, without the MTP head, at least all ranks' and within the replicated and padded rows
+ * of it. */
+static void check_plan(const char *dir, int n) {
+  tp_model one, t;
+  char err[300] = "";
+  REQUIRE(tp_open(&one, dir, 1, NULL, err, sizeof err) == 0);
+  REQUIRE(tp_open(&t, dir, n, NULL, err, sizeof err) == 0);
+  qwen35_plan_bytes p1, pn;
+  qwen35_plan_ranks(&one.c, &one.w, one.be[0], 1, &p1);
+  qwen35_plan_ranks(&t.c, &t.w, t.be[0], n, &pn);
+  int nkv = t.c.n_kv_heads, share = nkv >= n ? n : nkv;
+  size_t mtp = p1.page - qwen35_page_bytes(one.m); /* the MTP head's pages, whole on rank 0 */
+  EXPECT_MSG((pn.page - mtp) * share == qwen35_page_bytes(one.m) &&
+                 (pn.page - mtp) * n == qwen35_page_bytes(t.m),
+             "%s TP=%d: page %zu, TP=1 %zu, ranks %zu", dir, n, pn.page, p1.page,
+             qwen35_page_bytes(t.m));
+  EXPECT_MSG(pn.slot * n == p1.slot && pn.slot * n == qwen35_slot_bytes(t.m),
+             "%s TP=%d: slot %zu, TP=1 %zu, ranks %zu", dir, n, pn.slot, p1.slot,
+             qwen35_slot_bytes(t.m));
+  EXPECT(pn.token < p1.token);
+  model_weights nw = t.w; /* the same weights without the MTP head */
+  memset(&nw.mtp, 0, sizeof nw.mtp);
+  qwen35_plan_ranks(&t.c, &nw, t.be[0], n, &pn);
+  size_t all = qwen35_weight_bytes(t.m);
+  EXPECT_MSG(pn.weights * n >= all && pn.weights * n <= all + all / 10,
+             "%s TP=%d: %d x %zu planned weight bytes, %zu on the ranks", dir, n, n, pn.weights,
+             all);
+  printf("  %s TP=%d: planned a rank %zu weight bytes (ranks %zu), page %zu, slot %zu\n", dir, n,
+         pn.weights, all, pn.page, pn.slot);
+  tp_close(&one);
+  tp_close(&t);
+}
+
+TEST(memory_plan) {
+  check_plan(DENSE, 2);
+  check_plan(DENSE, 4); /* 2 KV heads over 4 ranks: one each */
+  check_plan(MOE, 4);
+  check_plan("tests/fixtures/models/fp8_moe32", 2);
+  /* the ranks' plans: the fewest pages of any rank, and the fewest slabs */
+  engine_mem_split a = {.n_pages = 100, .n_slabs = 10}, b = {.n_pages = 80, .n_slabs = 12},
+                   c = {.n_pages = 90, .n_slabs = 5}, out;
+  engine_mem_split *sp[3] = {&a, &b, &c};
+  EXPECT(engine_mem_plan_ranks(sp, 3, &out) == 1 && out.n_pages == 80 && out.n_slabs == 5);
+  EXPECT(engine_mem_plan_ranks(sp, 1, &out) == 0 && out.n_pages == 100 && out.n_slabs == 10);
+}
+
 /* ---- refusals ---- */
 
 TEST(refuse_undivided_shape) {
@@ -668,6 +718,7 @@ int main(void) {
   RUN(refuse_cuda);
   RUN(vocab_split);
   RUN(fp8_shard);
+  RUN(memory_plan);
   RUN(dense_fp8_tp2);
   RUN(moe_fp8_tp2);
   RUN(moe_fp8_fused_tp2);

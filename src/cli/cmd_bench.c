@@ -893,7 +893,8 @@ static int bench_engine(bench *b, const engine_opts *o, int plain) {
 /* (Re)initialises the model for opts and starts the engine (speculation off with `plain`: the
  * model is still made for o's, so that an engine with it can follow on the same model). */
 static int bench_start(bench *b, engine_opts *o, qwen35_mem_opts *mo, int plain) {
-  if (engine_mem_plan_device(o, &b->cfg, &b->w, b->be, mo, b->err, sizeof b->err)) return -1;
+  if (engine_mem_plan_device(o, &b->cfg, &b->w, b->ranks, b->n_ranks, mo, b->err, sizeof b->err))
+    return -1;
   if (qwen35_init_ranks(&b->m, &b->cfg, &b->w, b->ranks, b->n_ranks, mo, b->err, sizeof b->err))
     return -1;
   o->mtp_weights = &b->w;

@@ -300,7 +300,7 @@ int cmd_run_batch(int argc, char **argv) {
     fprintf(stderr, "deltaserve: %s\n", err);
     goto done;
   }
-  if (engine_mem_plan_device(&eo, &cfg, &w, ranks[0], &mo, err, sizeof err) != 0 ||
+  if (engine_mem_plan_device(&eo, &cfg, &w, ranks, n_ranks, &mo, err, sizeof err) != 0 ||
       qwen35_init_ranks(&m, &cfg, &w, ranks, n_ranks, &mo, err, sizeof err) != 0 ||
       !(e = engine_create(m, &eo, err, sizeof err))) {
     fprintf(stderr, "deltaserve: %s\n", err);

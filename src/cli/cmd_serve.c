@@ -605,7 +605,7 @@ int cmd_serve(int argc, char **argv) {
     fprintf(stderr, "deltaserve: KV-cache events on %s\n", kv_cfg.endpoint);
     eo.kv_events = kvev;
   }
-  if (engine_mem_plan_device(&eo, &cfg, &w, be, &mo, err, sizeof err) ||
+  if (engine_mem_plan_device(&eo, &cfg, &w, ranks, n_ranks, &mo, err, sizeof err) ||
       qwen35_init_ranks(&m, &cfg, &w, ranks, n_ranks, &mo, err, sizeof err) ||
       !(e = engine_create(m, &eo, err, sizeof err))) {
     fprintf(stderr, "deltaserve serve: %s\n", err);

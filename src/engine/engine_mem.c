@@ -3,6 +3,7 @@
 #include "engine/engine_mem.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "base/log.h"
@@ -102,40 +103,65 @@ int engine_mem_plan(const engine_opts *o, const model_config *c, qwen35_mem_opts
 }
 
 int engine_mem_facts_get(backend *be, const model_config *c, const model_weights *w,
-                         const engine_opts *o, engine_mem_facts *f) {
+                         const engine_opts *o, int n_ranks, engine_mem_facts *f) {
   memset(f, 0, sizeof *f);
   if (!be->mem_info || be->mem_info(be, &f->free_bytes, &f->total_bytes) != 0) {
     f->free_bytes = f->total_bytes = 0;
     return -1;
   }
   qwen35_plan_bytes pb;
-  qwen35_plan(c, w, be, &pb);
-  double fp8 = 0, packed = be->weight_pack ? qwen35_packed_bytes(c, w, &fp8) : 0;
+  qwen35_plan_ranks(c, w, be, n_ranks, &pb);
+  double fp8 = 0, packed = be->weight_pack ? qwen35_packed_bytes(c, w, &fp8) / n_ranks : 0;
+  fp8 /= n_ranks;
   if (engine_mem_packed_choice(o->packed_weights, (double)pb.weights, packed, fp8,
                                (double)f->total_bytes))
     f->packed_bytes = (size_t)packed;
   f->weight_bytes = pb.weights + f->packed_bytes;
   f->page_bytes = pb.page;
   f->slot_bytes = pb.slot;
-  /* the largest step's activations, doubled for the backend's own workspaces, the logits rows,
-   * and a fixed reserve for libraries and fragmentation */
+  /* the largest step's activations, doubled for the backend's own workspaces, the logits rows
+   * (tensor-parallel rank 0: its columns and the gathered ones too), and a fixed reserve for
+   * libraries and fragmentation */
   f->scratch_bytes = 2 * pb.token * (size_t)o->max_num_batched_tokens +
-                     (size_t)o->max_num_seqs * (size_t)c->vocab_size * 4 + 512 * ENGINE_MEM_MIB;
+                     (size_t)o->max_num_seqs * (size_t)c->vocab_size * 4 * (n_ranks > 1 ? 3 : 1) +
+                     512 * ENGINE_MEM_MIB;
   return 0;
 }
 
+int engine_mem_plan_ranks(engine_mem_split *const *sp, int n, engine_mem_split *out) {
+  int k = 0;
+  for (int r = 1; r < n; r++)
+    if (sp[r]->n_pages < sp[k]->n_pages) k = r;
+  *out = *sp[k];
+  for (int r = 0; r < n; r++)
+    if (sp[r]->n_slabs < out->n_slabs) out->n_slabs = sp[r]->n_slabs;
+  return k;
+}
+
 int engine_mem_plan_device(engine_opts *o, const model_config *c, const model_weights *w,
-                           backend *be, qwen35_mem_opts *mo, char *err, size_t errlen) {
-  engine_mem_facts f;
-  if (engine_mem_facts_get(be, c, w, o, &f) != 0) return engine_mem_plan(o, c, mo, err, errlen);
-  engine_mem_split sp;
-  if (engine_mem_split_plan(o, &f, &sp, err, errlen) != 0) return -1;
+                           backend *const *ranks, int n, qwen35_mem_opts *mo, char *err,
+                           size_t errlen) {
+  if (n < 1 || n > ENGINE_MEM_MAX_RANKS)
+    return errf(err, errlen, "%d ranks: 1 to %d", n, ENGINE_MEM_MAX_RANKS);
+  engine_mem_facts fs[ENGINE_MEM_MAX_RANKS];
+  engine_mem_split sps[ENGINE_MEM_MAX_RANKS], *spp[ENGINE_MEM_MAX_RANKS], sp;
+  for (int r = 0; r < n; r++) {
+    /* every rank on a device of its own, each rank's share against its device */
+    if (engine_mem_facts_get(ranks[r], c, w, o, n, &fs[r]) != 0)
+      return engine_mem_plan(o, c, mo, err, errlen);
+    if (engine_mem_split_plan(o, &fs[r], &sps[r], err, errlen) != 0) return -1;
+    spp[r] = &sps[r];
+  }
+  int k = engine_mem_plan_ranks(spp, n, &sp); /* the rank with the least room */
+  const engine_mem_facts f = fs[k];
   double mib = (double)ENGINE_MEM_MIB;
+  char rk[40] = "";
+  if (n > 1) snprintf(rk, sizeof rk, " (rank %d of %d, the least room)", k, n);
   log_info(
-      "engine: memory plan: %.0f MiB total, %.0f MiB free, utilisation %.2f; weights "
+      "engine: memory plan%s: %.0f MiB total, %.0f MiB free, utilisation %.2f; weights "
       "~%.0f MiB (packed copies %.0f MiB), %d state slots %.0f MiB, step scratch %.0f MiB "
       "-> budget %.0f MiB = KV %d pages (%d tokens) %.0f MiB + %d snapshot slabs %.0f MiB",
-      f.total_bytes / mib, f.free_bytes / mib, o->gpu_memory_utilization, f.weight_bytes / mib,
+      rk, f.total_bytes / mib, f.free_bytes / mib, o->gpu_memory_utilization, f.weight_bytes / mib,
       f.packed_bytes / mib, o->max_num_seqs, o->max_num_seqs * (f.slot_bytes / mib),
       f.scratch_bytes / mib, sp.budget_bytes / mib, sp.n_pages, sp.n_pages * KV_PAGES_TOKENS,
       sp.kv_bytes / mib, sp.n_slabs, sp.slab_bytes / mib);
@@ -148,7 +174,7 @@ int engine_mem_plan_device(engine_opts *o, const model_config *c, const model_we
   if (o->enable_prefix_caching) o->n_snapshot_slabs = sp.n_slabs;
   mo->n_pages = sp.n_pages;
   mo->n_slots = o->max_num_seqs + (o->enable_prefix_caching ? sp.n_slabs : 0);
-  mo->packed = f.packed_bytes > 0;
+  mo->packed = fs[0].packed_bytes > 0;
   mo->keep_k = o->spec.method != SPEC_METHOD_NONE ? o->spec.k : 0; /* speculative decoding */
   mo->keep_seqs = mo->keep_k ? o->max_num_seqs : 0;
   return 0;

@@ -12,6 +12,8 @@
  *     than half of B; the KV pages take the rest;
  *   - --kv-cache-tokens given: KV as asked; the slabs (--snapshot-slabs, else
  *     --prefix-cache-gib, else the default count below) cut to what fits in B beside it.
+ * Tensor parallelism (N ranks, a GPU each): every rank makes this plan for its share of the
+ * model against its own device, and the pools take the fewest pages and slabs of any rank.
  * Without a device figure (the CPU backend): KV from --kv-cache-tokens (0: 32768 tokens), and
  * --snapshot-slabs or the default count max(16, 2 x max_num_seqs) slabs. (--prefix-cache-gib
  * then only caps how many of them the cache holds.) */
@@ -55,17 +57,26 @@ int engine_mem_split_plan(const engine_opts *o, const engine_mem_facts *f, engin
  * model (qwen35_plan, which asks the backend how it stores each weight). Returns 0, or -1 when
  * the backend has no memory figure (f then says total 0). */
 int engine_mem_facts_get(backend *be, const model_config *c, const model_weights *w,
-                         const engine_opts *o, engine_mem_facts *f);
+                         const engine_opts *o, int n_ranks, engine_mem_facts *f);
 /* The pool sizes for qwen35_init without a device figure (see above). The model given to
  * engine_create must have been initialised with exactly these sizes for the same opts.
  * Returns 0, or -1 with err (a value out of range). */
 int engine_mem_plan(const engine_opts *o, const model_config *c, qwen35_mem_opts *mo, char *err,
                     size_t errlen);
-/* The pool sizes from the device's memory (engine_mem_facts_get + engine_mem_split_plan; no
- * figure: engine_mem_plan), logged at start-up. Writes the result back into o
- * (kv_cache_tokens, n_snapshot_slabs; prefix caching off when no slab fits) so that
- * engine_create(model, o) agrees with it. Returns 0, or -1 with err. */
+/* Tensor parallelism: the ranks' pools have the same page and slot ids, so the ranks' plans
+ * sp[0..n-1] (each its share against its device) give one: the pages of the rank with the
+ * fewest (returned), the fewest slabs of any rank. */
+int engine_mem_plan_ranks(engine_mem_split *const *sp, int n, engine_mem_split *out);
+
+#define ENGINE_MEM_MAX_RANKS 64
+
+/* The pool sizes from the device's memory (engine_mem_facts_get + engine_mem_split_plan for
+ * each of the n ranks, on a device each, then engine_mem_plan_ranks; no figure:
+ * engine_mem_plan), logged at start-up. Writes the result back into o (kv_cache_tokens,
+ * n_snapshot_slabs; prefix caching off when no slab fits) so that engine_create(model, o)
+ * agrees with it. Returns 0, or -1 with err. */
 int engine_mem_plan_device(engine_opts *o, const model_config *c, const model_weights *w,
-                           backend *be, qwen35_mem_opts *mo, char *err, size_t errlen);
+                           backend *const *ranks, int n, qwen35_mem_opts *mo, char *err,
+                           size_t errlen);
 
 #endif

@@ -498,35 +498,58 @@ static double plan_product(backend *be, const tensor *t) {
 }
 
 void qwen35_plan(const model_config *c, const model_weights *w, backend *be, qwen35_plan_bytes *b) {
-  double wb = plan_tensor(be, &w->embed, 0) + plan_tensor(be, &w->final_norm, 0);
+  qwen35_plan_ranks(c, w, be, 1, b);
+}
+
+void qwen35_plan_ranks(const model_config *c, const model_weights *w, backend *be, int n,
+                       qwen35_plan_bytes *b) {
+  /* a split weight's share of a rank (qwen35_tp.h); KV heads fewer than the ranks: one each */
+  double sp = 1.0 / n, kv = c->n_kv_heads >= n || c->n_kv_heads < 1 ? sp : 1.0 / c->n_kv_heads;
+  double vocab = 1.0;
+  if (n > 1) {
+    int first, count, width;
+    qwen35_tp_vocab(c, n, 0, &first, &count, &width);
+    vocab = (double)(width + 1) / c->vocab_size;
+  }
+  double wb = vocab * plan_tensor(be, &w->embed, 0) + plan_tensor(be, &w->final_norm, 0);
   if (!c->tie_word_embeddings && w->lm_head.data && w->lm_head.data != w->embed.data)
-    wb += plan_tensor(be, &w->lm_head, 0);
+    wb += vocab * plan_tensor(be, &w->lm_head, 0);
   for (int i = 0; i < c->n_layers; i++) {
     const layer_weights *L = &w->layers[i];
     const tensor *ts[] = {&L->input_norm, &L->post_norm, &L->q_norm,
-                          &L->k_norm,     &L->conv1d,    &L->dt_bias,
-                          &L->A_log,      &L->lin_norm,  &L->shared_expert_gate};
-    const tensor *ps[] = {&L->q_proj,      &L->k_proj,    &L->v_proj,    &L->o_proj,
-                          &L->in_proj_qkv, &L->in_proj_z, &L->in_proj_b, &L->in_proj_a,
-                          &L->out_proj,    &L->gate_proj, &L->up_proj,   &L->down_proj};
+                          &L->k_norm,     &L->lin_norm,  &L->shared_expert_gate};
+    const tensor *ss[] = {&L->conv1d, &L->dt_bias, &L->A_log};
+    const tensor *ps[] = {&L->q_proj,    &L->o_proj,    &L->in_proj_qkv, &L->in_proj_z,
+                          &L->in_proj_b, &L->in_proj_a, &L->out_proj,    &L->gate_proj,
+                          &L->up_proj,   &L->down_proj};
     for (size_t k = 0; k < sizeof ts / sizeof *ts; k++) wb += plan_tensor(be, ts[k], 0);
-    for (size_t k = 0; k < sizeof ps / sizeof *ps; k++) wb += plan_product(be, ps[k]);
+    for (size_t k = 0; k < sizeof ss / sizeof *ss; k++) wb += sp * plan_tensor(be, ss[k], 0);
+    for (size_t k = 0; k < sizeof ps / sizeof *ps; k++) wb += sp * plan_product(be, ps[k]);
+    wb += kv * (plan_product(be, &L->k_proj) + plan_product(be, &L->v_proj));
     wb += plan_tensor(be, &L->router, 1);
     /* the experts and the shared expert as init_layer uploads them (FP8 bytes where kept) */
     int moe = c->layer_is_moe[i], ex = moe && experts_fp8(be, c, L),
         sx = moe && shared_fp8(be, c, L);
     const tensor *sh[] = {&L->shared_gate, &L->shared_up, &L->shared_down};
-    for (int k = 0; k < 3; k++) wb += sx ? plan_product(be, sh[k]) : plan_tensor(be, sh[k], 0);
+    for (int k = 0; k < 3; k++)
+      wb += sp * (sx ? plan_product(be, sh[k]) : plan_tensor(be, sh[k], 0));
     if (L->experts && moe)
       for (int e = 0; e < c->n_experts; e++) {
         const tensor *xs[] = {&L->experts[e].gate, &L->experts[e].up, &L->experts[e].down};
-        for (int k = 0; k < 3; k++) wb += ex ? plan_product(be, xs[k]) : plan_tensor(be, xs[k], 0);
+        for (int k = 0; k < 3; k++)
+          wb += sp * (ex ? plan_product(be, xs[k]) : plan_tensor(be, xs[k], 0));
       }
   }
   /* the MTP head when loaded (MTP speculation; qwen35_mtp uploads every tensor as F32 and gives
-   * its layers K/V pools of as many pages) */
+   * its layers K/V pools of as many pages), whole on rank 0, with vocabulary copies of its own
+   * when the ranks split the vocabulary */
   const mtp_weights *mt = &w->mtp;
   int n_mtp = mt->n_layers > 0 ? mt->n_layers : 0;
+  if (n_mtp && n > 1) {
+    wb += plan_tensor(be, &w->embed, 0);
+    if (!c->tie_word_embeddings && w->lm_head.data && w->lm_head.data != w->embed.data)
+      wb += plan_tensor(be, &w->lm_head, 0);
+  }
   if (n_mtp) {
     wb += plan_tensor(be, &mt->fc, 0) + plan_tensor(be, &mt->pre_fc_norm_embedding, 0) +
           plan_tensor(be, &mt->pre_fc_norm_hidden, 0) + plan_tensor(be, &mt->norm, 0);
@@ -545,8 +568,14 @@ void qwen35_plan(const model_config *c, const model_weights *w, backend *be, qwe
   }
   b->weights = (size_t)wb;
   size_t act = be->kind_size(be, BACKEND_KIND_ACT);
-  b->page = (size_t)(config_n_full_layers(c) + n_mtp) * 2 *
-            backend_kv_page_bytes(be, c->n_kv_heads, c->head_dim);
+  size_t mtp_page = (size_t)n_mtp * 2 * backend_kv_page_bytes(be, c->n_kv_heads, c->head_dim);
+  model_config rc; /* rank 0's heads and widths: the pools and the scratch below are its */
+  qwen35_tp_config(c, n, 0, &rc);
+  const model_config *full = c;
+  c = &rc;
+  b->page =
+      (size_t)config_n_full_layers(c) * 2 * backend_kv_page_bytes(be, c->n_kv_heads, c->head_dim) +
+      mtp_page;
   b->slot = (size_t)config_n_linear_layers(c) * (conv_elems(c) + ssm_elems(c)) * 4;
   /* the scratch buffers of ensure_scratch, the FFN's at the wider of the dense and the routed
    * experts' widths */
@@ -558,7 +587,13 @@ void qwen35_plan(const model_config *c, const model_weights *w, backend *be, qwe
   b->token = (3 * H + 5 * nhd + 2 * nkv + 2 * (size_t)c->conv_dim + 2 * vd + 2 * nv + 2 * I) * act +
              2 * nv * 4;
   /* the MTP head's scratch rows (qwen35_mtp: it is fed every row of a step) */
-  if (n_mtp) b->token += (7 * H + 5 * nhd + 2 * nkv + 2 * I) * act + H * 4;
+  if (n_mtp) {
+    size_t fnhd = (size_t)full->n_heads * full->head_dim,
+           fnkv = (size_t)full->n_kv_heads * full->head_dim;
+    size_t fmoe = (size_t)full->moe_intermediate_size * (size_t)full->n_experts_per_tok;
+    size_t fI = (size_t)full->intermediate_size > fmoe ? (size_t)full->intermediate_size : fmoe;
+    b->token += (7 * H + 5 * fnhd + 2 * fnkv + 2 * fI) * act + H * 4;
+  }
 }
 
 /* qwen35_init of rank `rank` of n (w its shard, whose embedding and lm-head are its vocab rows,

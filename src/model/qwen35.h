@@ -56,6 +56,13 @@ typedef struct qwen35_plan_bytes {
   size_t token;   /* one token's activations in a step (qwen35's scratch) */
 } qwen35_plan_bytes;
 void qwen35_plan(const model_config *c, const model_weights *w, backend *be, qwen35_plan_bytes *b);
+/* The same for rank 0 of n tensor-parallel ranks (qwen35_init_ranks), the largest rank (the MTP
+ * head is its, and the first vocabulary rows): each split weight's 1/n share (qwen35_tp.h),
+ * the vocabulary rows of a rank, the replicated weights whole, the pools and the scratch of the
+ * rank's heads and widths. n = 1: qwen35_plan. An FP8 slice that cuts a block is counted as
+ * staying FP8. */
+void qwen35_plan_ranks(const model_config *c, const model_weights *w, backend *be, int n,
+                       qwen35_plan_bytes *b);
 
 /* One sequence's part of a step. */
 typedef struct fwd_seq {

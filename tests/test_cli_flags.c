@@ -223,6 +223,15 @@ TEST(vllm_flags_refused) {
   EXPECT_EQ_INT(vllm("--port", "1", &used, err, sizeof err), 0); /* not one of them */
   EXPECT_EQ_INT(used, 1);
   EXPECT_EQ_INT(vllm("--chat-template", "t.jinja", &used, err, sizeof err), 0); /* serve's own */
+  /* --enable-expert-parallel: accepted with one rank, refused with ranks that split experts */
+  char *ep[] = {"serve", "m", "--enable-expert-parallel", "-tp", "2"};
+  EXPECT_EQ_INT(vllm("--enable-expert-parallel", NULL, &used, err, sizeof err), 1);
+  EXPECT_EQ_INT(cli_vllm_check_tp(5, ep, 1, err, sizeof err), 0);
+  EXPECT_EQ_INT(cli_vllm_check_tp(3, ep, 2, err, sizeof err), -1);
+  EXPECT_MSG(strstr(err, "--enable-expert-parallel: not supported with --tensor-parallel-size 2") &&
+                 !strchr(err, '\n'),
+             "%s", err);
+  EXPECT_EQ_INT(cli_vllm_check_tp(2, ep, 2, err, sizeof err), 0); /* not given */
 }
 
 TEST(version) {

@@ -58,7 +58,8 @@ static const cli_vllm_entry cli_vllm_flags[] = {
     {"--limit-mm-per-prompt", NULL, "", "text only: no vision encoder is loaded", NULL},
     {"--mm-encoder-tp-mode", NULL, "", "text only: no vision encoder is loaded", NULL},
     {"--mm-processor-cache-type", NULL, "", "text only: no vision encoder is loaded", NULL},
-    {"--enable-expert-parallel", NULL, NULL, "one GPU per server", NULL},
+    {"--enable-expert-parallel", NULL, NULL,
+     "one rank holds every expert (refused with --tensor-parallel-size > 1)", NULL},
     {"--kv-cache-memory-bytes", NULL, NULL, NULL,
      "give the KV cache as --kv-cache-tokens N or --gpu-memory-utilization F"},
     {"--seed", NULL, NULL, NULL,
@@ -140,4 +141,14 @@ int cli_vllm_flag(int argc, char **argv, int *i, char *err, size_t errlen) {
     return errf(err, errlen, "%s %s: not supported: %s (accepted: %s)", a, v, e->no, e->values);
   log_info("%s %s: accepted, no effect: %s", a, v, e->ok);
   return 1;
+}
+
+int cli_vllm_check_tp(int argc, char **argv, int tp, char *err, size_t errlen) {
+  for (int i = 1; i < argc && tp > 1; i++)
+    if (!strcmp(argv[i], "--enable-expert-parallel"))
+      return errf(err, errlen,
+                  "--enable-expert-parallel: not supported with --tensor-parallel-size %d: the "
+                  "ranks split every expert by its rows (expert parallelism is not implemented)",
+                  tp);
+  return 0;
 }

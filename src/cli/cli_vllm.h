@@ -18,6 +18,11 @@ void cli_vllm_usage(FILE *f);
  * and what to do. Returns 0 when argv[*i] is none of them (nothing changes). */
 int cli_vllm_flag(int argc, char **argv, int *i, char *err, size_t errlen);
 
+/* The flags above that --tensor-parallel-size tp makes mean something: returns -1 with one line
+ * in err when argv has --enable-expert-parallel and tp > 1 (the experts are split by rows, not
+ * by expert), else 0. */
+int cli_vllm_check_tp(int argc, char **argv, int tp, char *err, size_t errlen);
+
 /* --kv-cache-dtype V, vLLM's values: auto and bfloat16 (the backend's own K/V type), fp8 and
  * fp8_e4m3 (e4m3 pages with scales, backend.h "Paged K/V"). Returns 0 with *out set, or -1
  * with one line in err (fp8_e5m2 and anything else). */

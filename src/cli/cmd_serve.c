@@ -393,6 +393,10 @@ int cmd_serve(int argc, char **argv) {
       }
     }
   }
+  if (cli_vllm_check_tp(argc, argv, tp, err, sizeof err)) {
+    fprintf(stderr, "deltaserve serve: %s\n", err);
+    return 2;
+  }
   if (model_arg && model_dir && !serve_same_path(model_arg, model_dir)) {
     fprintf(stderr, "deltaserve serve: two models given: '%s' and --model '%s'\n", model_arg,
             model_dir);

@@ -18,9 +18,10 @@ static const cli_vllm_entry cli_vllm_flags[] = {
     {"--trust-remote-code", NULL, NULL, "no code from the model folder is run", NULL},
     {"--dtype", NULL, "auto|bfloat16", "the weights are used as the checkpoint stores them",
      "another dtype would change the results"},
-    {"--pipeline-parallel-size", "-pp", "1", "one GPU per server",
-     "pipeline parallelism is not implemented: one GPU per server"},
-    {"--data-parallel-size", "-dp", "1", "one GPU per server",
+    {"--pipeline-parallel-size", "-pp", "1", "one pipeline stage",
+     "pipeline parallelism is not implemented: split a model over GPUs with "
+     "--tensor-parallel-size"},
+    {"--data-parallel-size", "-dp", "1", "one replica",
      "data parallelism is not implemented: run a server per GPU behind a load balancer"},
     {"--enable-auto-tool-choice", NULL, NULL,
      "tool calls are always parsed and tool_choice auto is always available", NULL},

@@ -1393,29 +1393,28 @@ static size_t rank_page_bytes(const qwen35 *m) {
   return (size_t)config_n_full_layers(m->c) * 2 * page_layer_bytes(m);
 }
 
+typedef int (*rank_io_fn)(qwen35 *m, int idx, void *host, int writing);
+typedef size_t (*rank_bytes_fn)(const qwen35 *m);
+
 /* A tensor-parallel model's host layout of a slot or page: rank 0's bytes, then rank 1's, ... */
-static int slot_io_all(qwen35 *m, int slot, char *host, int writing) {
-  if (slot_io(m, slot, host, writing)) return -1;
-  host += rank_slot_bytes(m);
+static int io_all(qwen35 *m, rank_io_fn io, rank_bytes_fn bytes, int idx, char *host, int writing) {
+  if (io(m, idx, host, writing)) return -1;
+  host += bytes(m);
   int rc = 0;
   FOR_PEERS(m, r) {
-    if (!rc) rc = slot_io(peer(m, r), slot, host, writing);
-    host += rank_slot_bytes(m->ranks[r]);
+    if (!rc) rc = io(peer(m, r), idx, host, writing);
+    host += bytes(m->ranks[r]);
   }
   if (m->ranks) bind(m);
   return rc ? -1 : 0;
 }
 
+static int slot_io_all(qwen35 *m, int slot, char *host, int writing) {
+  return io_all(m, slot_io, rank_slot_bytes, slot, host, writing);
+}
+
 static int page_io_all(qwen35 *m, int page, char *host, int writing) {
-  if (page_io(m, page, host, writing)) return -1;
-  host += rank_page_bytes(m);
-  int rc = 0;
-  FOR_PEERS(m, r) {
-    if (!rc) rc = page_io(peer(m, r), page, host, writing);
-    host += rank_page_bytes(m->ranks[r]);
-  }
-  if (m->ranks) bind(m);
-  return rc ? -1 : 0;
+  return io_all(m, page_io, rank_page_bytes, page, host, writing);
 }
 
 int qwen35_slot_read(qwen35 *m, int slot, void *host) { return slot_io_all(m, slot, host, 0); }

@@ -387,6 +387,11 @@ struct backend {
    * rank; afterwards every rank's out F32 [N * n] holds rank r's x at [r n, (r + 1) n), the same
    * bytes. out may not overlap x. */
   void (*all_gather)(backend *be, backend_buf x, size_t n, backend_buf out);
+  /* Every op of the step is issued (a rank of a tensor-parallel model calls it on its own
+   * thread): what the backend holds back of the step starts now, without waiting for the
+   * device (CUDA: the recorded decode step, whose collectives the ranks run together). NULL:
+   * nothing is held back. */
+  void (*step_end)(backend *be);
 };
 
 /* Bytes of one page of one K or V pool (see "Paged K/V"). */

@@ -1069,6 +1069,7 @@ static void rank_ops(void *v, int r) {
   qwen35 *m = st->m->ranks[r];
   bind(m); /* the rank's own thread (rank 0: the caller's, bound to it already) */
   forward_ops(m, st->T, st->n_out, st->mode, st->any_prefill, st->any_decode);
+  if (m->be->step_end) m->be->step_end(m->be); /* on this thread: the ranks meet there */
 }
 
 int qwen35_forward(qwen35 *m, const fwd_seq *seqs, int n_seqs, float *logits, char *err,

@@ -4,6 +4,8 @@
  *
  *   nccl_one_rank   the NCCL wiring: a communicator of one rank (ncclCommInitAll over device 0)
  *                   whose all-reduce and all-gather give back its input, byte for byte;
+ *   nccl_graph_one_rank  decode steps holding an NCCL all-reduce are recorded, captured and
+ *                   replayed as CUDA graphs with it (one rank: the ranks' agreement is its own);
  *   sum_N           N = 2, 3, 4 ranks on their threads, several all-reduces in a row (sizes not
  *                   divisible by N, an op between them): every rank ends with the fp32 sum in
  *                   rank order rounded once to bf16 (computed here on the host), the same bytes
@@ -11,7 +13,9 @@
  *                   only, where there is one order); and an all-gather of f32 inputs: every
  *                   rank's output the ranks' inputs in rank order, byte for byte;
  *   model_*         TP = N against TP = 1 on fixture models: prefill of 3 prompts, decode steps
- *                   (recorded decode steps on TP = 1; on TP = N the all-reduce ends the recording),
+ *                   (recorded decode steps; on TP = N over NCCL the collectives are recorded with
+ *                   them and the ranks capture and replay together, over the local kind the
+ *                   all-reduce ends the recording),
  *                   a slot's host round trip, the greedy op (on TP = N: the vocabulary split over
  *                   the ranks, the logits all-gathered). The CPU backend's fp32 run is the
  *                   reference, and both CUDA runs are fed its greedy tokens, so every row compares.
@@ -87,6 +91,72 @@ static int placeable(int n) {
 }
 
 /* ---- the wiring ---- */
+
+#define GSTEPS 5
+/* Decode steps of [x += y, all-reduce x, x += y] on a one-rank NCCL backend and, without the
+ * all-reduce, on a plain one: the collective is recorded with the step, so the second step is
+ * captured with it and the rest replay; every step's x the plain backend's, byte for byte (a sum
+ * of one rank is its input). */
+TEST(nccl_graph_one_rank) {
+  backend *be[2];
+  char err[300] = "";
+  backend_options bo = {.device = "cuda"};
+  int n = cuda_comm_create_ranks(1, CUDA_COMM_NCCL, &bo, NULL, be, err, sizeof err);
+  EXPECT_MSG(n == 1, "%s", err);
+  if (n != 1) return;
+  be[1] = backend_cuda_create(0, &bo, err, sizeof err);
+  EXPECT_MSG(be[1] != NULL, "%s", err);
+  if (!be[1]) {
+    be[0]->destroy(be[0]);
+    return;
+  }
+  size_t N = 4099;
+  uint16_t *h = malloc(N * 2), *o[2] = {malloc(N * 2), malloc(N * 2)};
+  backend_buf x[2], y[2];
+  int32_t tok = 3, pos = 0, seq = 0, st = 0, len = 1, slot = 0, pt = 0;
+  backend_batch b = {1, 1, &tok, &pos, &seq, &st, &len, &pos, &slot, &pt, 1, 0, NULL, NULL};
+  long g0[6], g1[6];
+  backend_cuda_graph_stats(be[0], g0);
+  int same = 1;
+  for (int k = 0; k < 2; k++) {
+    x[k] = be[k]->alloc(be[k], BACKEND_KIND_ACT, N);
+    y[k] = be[k]->alloc(be[k], BACKEND_KIND_ACT, N);
+    for (size_t i = 0; i < N; i++) h[i] = to_bf16((float)((int)(i * 13 % 97) - 48) / 5.0f);
+    EXPECT(be[k]->write(be[k], y[k], 0, h, N * 2) == 0);
+  }
+  for (int s = 0; s < GSTEPS; s++) {
+    for (size_t i = 0; i < N; i++)
+      h[i] = to_bf16((float)((int)((i + 31 * (size_t)s) * 37 % 201) - 100) / 7.0f);
+    for (int k = 0; k < 2; k++) {
+      EXPECT(be[k]->write(be[k], x[k], 0, h, N * 2) == 0);
+      pos = s;
+      EXPECT(be[k]->set_batch(be[k], &b) == 0);
+      be[k]->add(be[k], x[k], y[k], N);
+      if (k == 0) be[k]->all_reduce_sum(be[k], x[k], N);
+      be[k]->add(be[k], x[k], y[k], N);
+      if (be[k]->step_end) be[k]->step_end(be[k]);
+      EXPECT(be[k]->read(be[k], x[k], 0, o[k], N * 2) == 0);
+      EXPECT(be[k]->sync(be[k], err, sizeof err) == 0);
+    }
+    same &= !memcmp(o[0], o[1], N * 2);
+  }
+  backend_cuda_graph_stats(be[0], g1);
+  EXPECT_MSG(same, "a step with the recorded all-reduce differs from the plain backend's");
+  EXPECT_MSG(g1[0] - g0[0] == 1 && g1[1] - g0[1] == GSTEPS - 2,
+             "graphs: %ld captured, %ld replayed (want 1, %d)", g1[0] - g0[0], g1[1] - g0[1],
+             GSTEPS - 2);
+  printf(
+      "  nccl_graph_one_rank: %d decode steps holding an NCCL all-reduce: %ld captured, %ld "
+      "replayed, %ld direct; x the plain backend's bytes: %s\n",
+      GSTEPS, g1[0] - g0[0], g1[1] - g0[1], g1[2] - g0[2], same ? "yes" : "no");
+  for (int k = 0; k < 2; k++) {
+    be[k]->free(be[k], x[k]);
+    be[k]->free(be[k], y[k]);
+    be[k]->destroy(be[k]);
+    free(o[k]);
+  }
+  free(h);
+}
 
 TEST(nccl_one_rank) {
   backend *be[1];
@@ -478,6 +548,7 @@ int main(void) {
     return 1;
   }
   RUN(nccl_one_rank);
+  RUN(nccl_graph_one_rank);
   RUN(sum_2);
   RUN(sum_3);
   RUN(sum_4);

@@ -580,6 +580,7 @@ extern "C" void backend_cuda_attn_launches(backend *be, long out[2]) {
 }
 
 static void cu_bind(backend *be) { cudaSetDevice(cuda_ctx_of(be)->device); }
+static void cu_step_end(backend *be) { cuda_graph_flush(cuda_ctx_of(be)); }
 
 /* Device memory now (the engine's pool sizing, engine_mem_plan_device). */
 static int cu_mem_info(backend *be, size_t *free_bytes, size_t *total_bytes) {
@@ -758,6 +759,7 @@ extern "C" backend *backend_cuda_create_test(int device, const backend_options *
   be->host_free = cu_host_free;
   be->mem_info = cu_mem_info;
   be->bind = cu_bind;
+  be->step_end = cu_step_end;
   be->weight_pack = cu_weight_pack;
   return be;
 }

@@ -34,6 +34,7 @@ struct cuda_comm {
   void *obuf[CUDA_COMM_MAX];         /* rank r's output (all-gather) */
   cudaEvent_t ev_in[CUDA_COMM_MAX];  /* rank r's input is written */
   cudaEvent_t ev_out[CUDA_COMM_MAX]; /* rank r's part of the collective is written */
+  long long vote[CUDA_COMM_MAX];     /* rank r's value in the agreement in progress */
 };
 
 static void comm_free(cuda_comm *m) {
@@ -76,6 +77,27 @@ static void comm_barrier(cuda_comm *m) {
     while (gen == m->gen) pthread_cond_wait(&m->cv, &m->mu);
   }
   pthread_mutex_unlock(&m->mu);
+}
+
+int cuda_comm_records(const cuda_ctx *c) { return c->comm && c->comm->kind == CUDA_COMM_NCCL; }
+
+long long cuda_comm_agree(cuda_ctx *c, long long v, long long *hi) {
+  cuda_comm *m = c->comm;
+  *hi = v;
+  if (!m || m->n == 1) return v;
+  pthread_mutex_lock(&m->mu);
+  m->vote[c->comm_rank] = v;
+  pthread_mutex_unlock(&m->mu);
+  comm_barrier(m);
+  long long lo = v;
+  pthread_mutex_lock(&m->mu);
+  for (int k = 0; k < m->n; k++) {
+    if (m->vote[k] < lo) lo = m->vote[k];
+    if (m->vote[k] > *hi) *hi = m->vote[k];
+  }
+  pthread_mutex_unlock(&m->mu);
+  comm_barrier(m); /* every rank read the values before any posts its next one */
+  return lo;
 }
 
 struct comm_bufs {
@@ -154,21 +176,40 @@ static void gather_part(cuda_ctx *c, int N, void *const *in, void *const *out, s
                           c->st));
 }
 
+#if DS_NCCL
+/* The NCCL collectives as ops (a recorded step holds them: cuda_graph_rec_collective). Issued
+ * even after a failure of this rank's: the other ranks' collectives wait for them. */
+static void nccl_all_reduce(backend *be, backend_buf x, size_t n, backend_buf out) {
+  (void)out;
+  cuda_ctx *c = cuda_ctx_of(be);
+  ncclResult_t e =
+      ncclAllReduce(x, x, n, ncclBfloat16, ncclSum, c->comm->nccl[c->comm_rank], c->st);
+  if (e != ncclSuccess) cuda_fail(c, "all_reduce_sum (NCCL)", ncclGetErrorString(e));
+}
+
+static void nccl_all_gather(backend *be, backend_buf x, size_t n, backend_buf out) {
+  cuda_ctx *c = cuda_ctx_of(be);
+  ncclResult_t e = ncclAllGather(x, out, n, ncclFloat32, c->comm->nccl[c->comm_rank], c->st);
+  if (e != ncclSuccess) cuda_fail(c, "all_gather (NCCL)", ncclGetErrorString(e));
+}
+#endif
+
+/* The signature ids of the recorded collectives (cuda_graph.cu's ops take 1..18). */
+enum { REC_ALL_REDUCE = 40, REC_ALL_GATHER = 41 };
+
 /* backend.h all_reduce_sum: x ACT (bf16) [n]. */
 static void cu_all_reduce_sum(backend *be, backend_buf x, size_t n) {
   cuda_ctx *c = cuda_ctx_of(be);
   cuda_comm *m = c->comm;
   if (m->kind == CUDA_COMM_LOCAL && m->n == 1) return; /* a sum of one: nothing to do */
-  cuda_graph_stop(c);                                  /* cuda_comm.h "CUDA graphs" */
   if (m->kind == CUDA_COMM_LOCAL) {
+    cuda_graph_stop(c); /* cuda_comm.h "CUDA graphs" */
     local_collective(c, m, "all_reduce_sum", x, NULL, n, sum_part);
     return;
   }
 #if DS_NCCL
-  /* issued even after a failure of this rank's: the other ranks' collectives wait for it */
-  cudaSetDevice(c->device); /* the calling thread is the rank's (qwen35_tp_runner) */
-  ncclResult_t e = ncclAllReduce(x, x, n, ncclBfloat16, ncclSum, m->nccl[c->comm_rank], c->st);
-  if (e != ncclSuccess) cuda_fail(c, "all_reduce_sum (NCCL)", ncclGetErrorString(e));
+  if (!cuda_graph_rec_collective(c, REC_ALL_REDUCE, nccl_all_reduce, x, n, NULL))
+    nccl_all_reduce(be, x, n, NULL);
 #endif
 }
 
@@ -176,15 +217,14 @@ static void cu_all_reduce_sum(backend *be, backend_buf x, size_t n) {
 static void cu_all_gather(backend *be, backend_buf x, size_t n, backend_buf out) {
   cuda_ctx *c = cuda_ctx_of(be);
   cuda_comm *m = c->comm;
-  cuda_graph_stop(c); /* as for the all-reduce */
   if (m->kind == CUDA_COMM_LOCAL) {
+    cuda_graph_stop(c); /* as for the all-reduce */
     local_collective(c, m, "all_gather", x, out, n, gather_part);
     return;
   }
 #if DS_NCCL
-  cudaSetDevice(c->device);
-  ncclResult_t e = ncclAllGather(x, out, n, ncclFloat32, m->nccl[c->comm_rank], c->st);
-  if (e != ncclSuccess) cuda_fail(c, "all_gather (NCCL)", ncclGetErrorString(e));
+  if (!cuda_graph_rec_collective(c, REC_ALL_GATHER, nccl_all_gather, x, n, out))
+    nccl_all_gather(be, x, n, out);
 #endif
 }
 

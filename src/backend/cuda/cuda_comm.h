@@ -21,11 +21,14 @@
  * reads or overwrites a buffer another rank's part still touches). The barriers also make every
  * event's re-recording come after every wait on its previous recording.
  *
- * CUDA graphs: a collective ends the decode-step recording (cuda_graph_stop): the ops recorded
- * before it run launch by launch, the rest of the step as issued. The local kind synchronises
- * the ranks' threads, which a replayed graph cannot; for NCCL, each rank's recorder decides by
- * itself whether to capture, replay or run a step directly (and a broken capture is run again
- * directly), so a collective captured on one rank could go unmatched or twice on another.
+ * CUDA graphs: over NCCL a collective is one more op of the recorded decode step
+ * (cuda_graph_rec_collective), captured and replayed with the step's kernels. NCCL asks that
+ * the ranks capture a collective together and launch graphs of the same joint capture, so
+ * each rank flushes such a step on its own thread (backend.h step_end) and the ranks agree
+ * there, through a host barrier, to replay, capture or run the step directly (cuda_graph.cu
+ * flush_ranks). The local kind synchronises the ranks' threads inside the collective, which a
+ * replayed graph cannot: there the collective ends the recording (cuda_graph_stop), the ops
+ * recorded before it run launch by launch and the rest of the step as issued.
  * Includable from C. */
 #ifndef DS_CUDA_COMM_H
 #define DS_CUDA_COMM_H

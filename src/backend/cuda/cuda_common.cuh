@@ -209,6 +209,17 @@ void cuda_graph_note_launch(cuda_ctx *c);
 /* An op that cannot be recorded (it synchronises with other ranks or reads back): what was
  * recorded runs now, launch by launch, and the rest of the step runs as issued. */
 void cuda_graph_stop(cuda_ctx *c);
+/* Records collective `fn(be, x, n, out)` of the NCCL kind (cuda_comm.cu; id names it in the
+ * step's signature) when the step is being recorded: 1, else 0 (the caller issues it). */
+int cuda_graph_rec_collective(cuda_ctx *c, int id,
+                              void (*fn)(backend *, backend_buf, size_t, backend_buf),
+                              backend_buf x, size_t n, backend_buf out);
+/* 1 when c's recorded steps may hold its collectives (an NCCL communicator): the ranks then
+ * agree on how each such step runs (cuda_comm_agree). */
+int cuda_comm_records(const cuda_ctx *c);
+/* Every rank of c's communicator calls it with its value v at the same point (on its own
+ * thread): returns the smallest of the values, *hi the largest. One rank: v. */
+long long cuda_comm_agree(cuda_ctx *c, long long v, long long *hi);
 /* Drops this rank's reference to its communicator (cuda_comm.cu; no-op without one); the
  * stream must be idle. */
 void cuda_comm_release(cuda_ctx *c);

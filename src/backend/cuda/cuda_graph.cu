@@ -78,7 +78,8 @@ enum {
   GOP_GNORM,
   GOP_ATTN,   /* attention (arguments in gop.at) */
   GOP_SIGMUL, /* sigmoid_mul(out, gate, n) */
-  GOP_RMSNORM /* rmsnorm (arguments in gop.nm) */
+  GOP_RMSNORM, /* rmsnorm (arguments in gop.nm) */
+  GOP_COLL     /* a collective over the ranks (cuda_graph_rec_collective) */
 };
 
 /* GOP_RMSNORM's arguments (the rmsnorm op: x += add; y = norm(x; w, eps)) */
@@ -126,6 +127,7 @@ struct graph_entry {
   cudaGraphExec_t exec;
   uint64_t used;
   uint64_t uid; /* never reused: what step_repeat names */
+  uint64_t gen; /* holding collectives: the ranks' joint capture it came from (flush_ranks) */
 };
 
 struct cuda_graphs {
@@ -139,6 +141,8 @@ struct cuda_graphs {
   std::vector<graph_entry> cache;
   uint64_t tick, uids;
   long captures, replays, direct, fused, pdl_edges, norm_folds, repeats;
+  int coll;          /* collectives recorded in this step */
+  uint64_t coll_gen; /* joint captures so far (the same count on every rank: flush_ranks) */
   /* step_repeat (off for a test): the last recorded step ran as graph rep_uid (0:
    * it did not run as one graph), its signature beginning with rep_layout (the metadata
    * layout entry, layout_len bytes); rep_pending: this step is that graph again */
@@ -239,6 +243,7 @@ void cuda_graph_begin(cuda_ctx *c) {
   g->args.clear();
   g->sig.clear();
   g->rep_pending = 0;
+  g->coll = 0;
   /* verify pieces (set_keep) are recorded too: their launches depend on the piece count only,
    * and they are short enough for attention's split path, which reads lengths on the device */
   g->rec =
@@ -672,14 +677,15 @@ static long graph_pdl(const cuda_graphs *g, cudaGraph_t graph) {
   return changed;
 }
 
-/* Captures the recorded run into a graph and launches it; 0 when capture is not possible (the
- * caller then runs the list directly). */
-static int graph_capture(cuda_ctx *c, uint64_t h) {
+/* Captures the recorded run into an instantiated graph, not launched; NULL when capture is not
+ * possible. Thread-local capture mode: the ranks of a tensor-parallel model capture at once,
+ * each on its own thread. */
+static cudaGraphExec_t graph_build(cuda_ctx *c) {
   cuda_graphs *g = c->gr;
   if (cudaStreamBeginCapture(c->st, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
     cudaGetLastError();
     g->bad_sig = g->sig;
-    return 0;
+    return NULL;
   }
   c->capturing = 1;
   c->capture_broken = 0;
@@ -698,7 +704,7 @@ static int graph_capture(cuda_ctx *c, uint64_t h) {
     c->err[0] = 0;
     c->capture_broken = 0;
     g->bad_sig = g->sig;
-    return 0;
+    return NULL;
   }
   long pdl = g->pdl ? graph_pdl(g, graph) : 0;
   g->ours.clear();
@@ -711,16 +717,29 @@ static int graph_capture(cuda_ctx *c, uint64_t h) {
       g->pdl = 0; /* the next capture goes without the programmatic edges */
     else
       g->bad_sig = g->sig;
-    return 0;
+    return NULL;
   }
   g->pdl_edges += pdl;
   cuda_ktrace_capture_end(c, exec);
+  return exec;
+}
+
+/* Launches graph_build's exec for the recorded step and keeps it in the cache (replacing one of
+ * the same signature); 0 when the launch failed (exec destroyed). */
+static int graph_keep(cuda_ctx *c, uint64_t h, cudaGraphExec_t exec, uint64_t gen) {
+  cuda_graphs *g = c->gr;
   if (cudaGraphLaunch(exec, c->st) != cudaSuccess) {
     cudaGetLastError();
     cudaGraphExecDestroy(exec);
     g->bad_sig = g->sig;
     return 0;
   }
+  for (size_t i = 0; i < g->cache.size(); i++)
+    if (g->cache[i].h == h && g->cache[i].scratch == c->scratch && g->cache[i].sig == g->sig) {
+      cudaGraphExecDestroy(g->cache[i].exec);
+      g->cache.erase(g->cache.begin() + (long)i);
+      break;
+    }
   if (g->cache.size() >= GRAPH_CACHE) {
     size_t lru = 0;
     for (size_t i = 1; i < g->cache.size(); i++)
@@ -735,11 +754,19 @@ static int graph_capture(cuda_ctx *c, uint64_t h) {
   en.exec = exec;
   en.used = ++g->tick;
   en.uid = ++g->uids;
+  en.gen = gen;
   g->rep_uid = en.uid;
   g->rep_layout.assign(g->sig.begin(), g->sig.begin() + (long)g->layout_len);
   g->cache.push_back(std::move(en));
   g->captures++;
   return 1;
+}
+
+/* Captures the recorded run into a graph and launches it; 0 when capture is not possible (the
+ * caller then runs the list directly). */
+static int graph_capture(cuda_ctx *c, uint64_t h) {
+  cudaGraphExec_t exec = graph_build(c);
+  return exec && graph_keep(c, h, exec, 0);
 }
 
 /* Launches a cached graph for the recorded step (its replay); 0 when the launch failed. */
@@ -775,6 +802,66 @@ static void graph_repeat(cuda_ctx *c) {
   cuda_fail(c, "step_repeat", "the step's graph is gone");
 }
 
+/* The cached graph of the recorded step (signature hash h), or NULL. */
+static graph_entry *graph_find(cuda_ctx *c, uint64_t h) {
+  for (auto &e : c->gr->cache)
+    if (e.h == h && e.scratch == c->scratch && e.sig == c->gr->sig) return &e;
+  return NULL;
+}
+
+/* The recorded step's collectives alone, as issued: a rank that failed still takes part in
+ * them, so that no other rank waits forever. */
+static void run_collectives(cuda_graphs *g) {
+  for (const gop &o : g->ops)
+    if (o.kind == GOP_COLL) rec_run(g, o);
+}
+
+/* Runs a recorded step that holds NCCL collectives. NCCL asks that a collective be captured on
+ * every rank or on none, and that a graph holding one be launched by every rank of its capture
+ * from that same capture, so the ranks agree (cuda_comm_agree) on one way for the step: each
+ * offers -1 (failed), 0 (direct), 1 (may capture: it ran this signature directly last time) or
+ * 2 + gen (holds the graph of joint capture gen); all replay when every offer is the same
+ * graph, all capture when every offer is >= 1 (and launch only when every capture succeeded),
+ * else all run directly. Every rank flushes such a step on its own thread (backend.h step_end);
+ * each agreement is a host barrier of the ranks' threads. */
+static void flush_ranks(cuda_ctx *c) {
+  cuda_graphs *g = c->gr;
+  uint64_t h = sig_hash(g->sig);
+  graph_entry *hit = NULL;
+  long long mine = -1, hi;
+  if (!c->failed && !g->use_graphs)
+    mine = 0;
+  else if (!c->failed && (hit = graph_find(c, h)))
+    mine = 2 + (long long)hit->gen;
+  else if (!c->failed)
+    mine = g->sig == g->last_sig && g->sig != g->bad_sig;
+  long long lo = cuda_comm_agree(c, mine, &hi);
+  int done = 0;
+  if (lo == hi && lo >= 2) {
+    done = graph_replay(c, *hit);
+    if (!done) cuda_fail(c, "decode step", "graph launch failed"); /* the others launched theirs */
+  } else if (lo >= 1) {
+    uint64_t gen = ++g->coll_gen;
+    cudaGraphExec_t exec = graph_build(c);
+    if (cuda_comm_agree(c, exec != NULL, &hi) == 1) {
+      done = graph_keep(c, h, exec, gen);
+      if (!done) cuda_fail(c, "decode step", "graph launch failed");
+    } else if (exec) {
+      cudaGraphExecDestroy(exec);
+    }
+  }
+  if (c->failed) {
+    run_collectives(g);
+  } else if (!done) {
+    graph_run_ops(c);
+    g->direct++;
+    g->last_sig.swap(g->sig);
+  }
+  g->ops.clear();
+  g->args.clear();
+  g->sig.clear();
+}
+
 /* Runs what was recorded (see above). */
 void cuda_graph_flush(cuda_ctx *c) {
   cuda_graphs *g = c->gr;
@@ -789,6 +876,10 @@ void cuda_graph_flush(cuda_ctx *c) {
   }
   g->rep_pending = 0;
   g->rep_uid = 0;
+  if (g->coll && cuda_comm_records(c)) {
+    flush_ranks(c);
+    return;
+  }
   if (g->ops.empty() || c->failed) {
     g->ops.clear();
     g->args.clear();
@@ -797,14 +888,10 @@ void cuda_graph_flush(cuda_ctx *c) {
   uint64_t h = sig_hash(g->sig);
   int done = 0;
   if (g->use_graphs) {
-    for (auto &e : g->cache) {
-      if (e.h != h || e.scratch != c->scratch || e.sig != g->sig) continue;
-      done = graph_replay(c, e);
-      if (done) {
-        g->rep_uid = e.uid;
-        g->rep_layout.assign(g->sig.begin(), g->sig.begin() + (long)g->layout_len);
-      }
-      break;
+    graph_entry *e = graph_find(c, h);
+    if (e && (done = graph_replay(c, *e))) {
+      g->rep_uid = e->uid;
+      g->rep_layout.assign(g->sig.begin(), g->sig.begin() + (long)g->layout_len);
     }
     if (!done && g->sig == g->last_sig && g->sig != g->bad_sig) done = graph_capture(c, h);
   }
@@ -830,6 +917,17 @@ static void graph_stop(cuda_ctx *c) {
 }
 
 void cuda_graph_stop(cuda_ctx *c) { graph_stop(c); }
+
+int cuda_graph_rec_collective(cuda_ctx *c, int id,
+                              void (*fn)(backend *, backend_buf, size_t, backend_buf),
+                              backend_buf x, size_t n, backend_buf out) {
+  cuda_graphs *g = c->gr;
+  if (!g || !g->rec) return 0;
+  sig_put(g->sig, id, x, n, out);
+  rec_call(g, fn, x, n, out).kind = GOP_COLL;
+  g->coll++;
+  return 1;
+}
 
 /* ---- the op table's entries (recorded in decode steps, else launched as issued) ---- */
 

@@ -76,8 +76,8 @@ enum {
   GOP_GATES,
   GOP_GDN_DEC,
   GOP_GNORM,
-  GOP_ATTN,   /* attention (arguments in gop.at) */
-  GOP_SIGMUL, /* sigmoid_mul(out, gate, n) */
+  GOP_ATTN,    /* attention (arguments in gop.at) */
+  GOP_SIGMUL,  /* sigmoid_mul(out, gate, n) */
   GOP_RMSNORM, /* rmsnorm (arguments in gop.nm) */
   GOP_COLL     /* a collective over the ranks (cuda_graph_rec_collective) */
 };

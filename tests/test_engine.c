@@ -294,6 +294,16 @@ TEST(mem_plan_from_device_memory) {
   EXPECT_EQ_INT(sp.n_slabs, 10);
   EXPECT_EQ_INT(sp.n_pages, 54784 - 640);
   o.n_snapshot_slabs = 0;
+  /* speculative decoding, k = 3: 3 x 8 more state slots (the verify steps' per-position states),
+   * B = 54784 - 24 x 64 = 53248; slabs capped at 32; KV 53248 - 2048 */
+  o.spec.method = SPEC_METHOD_NGRAM;
+  o.spec.k = 3;
+  REQUIRE(engine_mem_split_plan(&o, &f, &sp, err, sizeof err) == 0);
+  EXPECT_EQ_INT(sp.budget_bytes / M, 53248);
+  EXPECT_EQ_INT(sp.n_slabs, 32);
+  EXPECT_EQ_INT(sp.n_pages, 51200);
+  o.spec.method = SPEC_METHOD_NONE;
+  o.spec.k = 0;
   /* little free memory binds: B = 20480 - 18944 = 1536; slabs 384 MiB = 6; KV 1152 */
   f.free_bytes = 20480 * M;
   REQUIRE(engine_mem_split_plan(&o, &f, &sp, err, sizeof err) == 0);

@@ -30,6 +30,13 @@ static int engine_mem_n_slabs(const engine_opts *o) {
   return o->n_snapshot_slabs > 0 ? o->n_snapshot_slabs : engine_mem_default_slabs(o->max_num_seqs);
 }
 
+/* State slots the model holds besides the snapshot slabs: one per sequence, and with speculative
+ * decoding k more per sequence (a verify step's per-position states, qwen35 keep slots). */
+static int engine_mem_state_slots(const engine_opts *o) {
+  int k = o->spec.method != SPEC_METHOD_NONE ? o->spec.k : 0;
+  return o->max_num_seqs * (1 + k);
+}
+
 int engine_mem_split_plan(const engine_opts *o, const engine_mem_facts *f, engine_mem_split *sp,
                           char *err, size_t errlen) {
   memset(sp, 0, sizeof *sp);
@@ -43,8 +50,9 @@ int engine_mem_split_plan(const engine_opts *o, const engine_mem_facts *f, engin
   /* the budget: what --gpu-memory-utilization allows, and never more than is free */
   double util = floor((double)o->gpu_memory_utilization * 1e6 + 0.5) / 1e6; /* 0.9f -> 0.9 */
   double want = util * (double)f->total_bytes;
-  double fixed = (double)f->weight_bytes + (double)o->max_num_seqs * (double)f->slot_bytes +
-                 (double)f->scratch_bytes;
+  int slots = engine_mem_state_slots(o);
+  double fixed =
+      (double)f->weight_bytes + (double)slots * (double)f->slot_bytes + (double)f->scratch_bytes;
   double b = want - fixed;
   if (f->free_bytes > 0 && (double)f->free_bytes - fixed < b) b = (double)f->free_bytes - fixed;
   if (b < (double)f->page_bytes)
@@ -53,7 +61,7 @@ int engine_mem_split_plan(const engine_opts *o, const engine_mem_facts *f, engin
                 "cache after the weights (%.0f MiB), %d state slots and the step scratch "
                 "(%.0f MiB)",
                 (double)f->total_bytes / ENGINE_MEM_MIB, o->gpu_memory_utilization,
-                (double)f->weight_bytes / ENGINE_MEM_MIB, o->max_num_seqs,
+                (double)f->weight_bytes / ENGINE_MEM_MIB, slots,
                 (double)f->scratch_bytes / ENGINE_MEM_MIB);
   sp->budget_bytes = (size_t)b;
   double slab = (double)(f->slot_bytes ? f->slot_bytes : 1);
@@ -162,9 +170,10 @@ int engine_mem_plan_device(engine_opts *o, const model_config *c, const model_we
       "~%.0f MiB (packed copies %.0f MiB), %d state slots %.0f MiB, step scratch %.0f MiB "
       "-> budget %.0f MiB = KV %d pages (%d tokens) %.0f MiB + %d snapshot slabs %.0f MiB",
       rk, f.total_bytes / mib, f.free_bytes / mib, o->gpu_memory_utilization, f.weight_bytes / mib,
-      f.packed_bytes / mib, o->max_num_seqs, o->max_num_seqs * (f.slot_bytes / mib),
-      f.scratch_bytes / mib, sp.budget_bytes / mib, sp.n_pages, sp.n_pages * KV_PAGES_TOKENS,
-      sp.kv_bytes / mib, sp.n_slabs, sp.slab_bytes / mib);
+      f.packed_bytes / mib, engine_mem_state_slots(o),
+      engine_mem_state_slots(o) * (f.slot_bytes / mib), f.scratch_bytes / mib,
+      sp.budget_bytes / mib, sp.n_pages, sp.n_pages * KV_PAGES_TOKENS, sp.kv_bytes / mib,
+      sp.n_slabs, sp.slab_bytes / mib);
   /* resolved into the flags, so that engine_create (engine_mem_plan) agrees */
   o->kv_cache_tokens = sp.n_pages * KV_PAGES_TOKENS;
   if (o->enable_prefix_caching && sp.n_slabs == 0) {

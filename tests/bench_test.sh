@@ -35,11 +35,11 @@ if [ ! -f "$tmp/b.json" ]; then echo "FAIL bench_json_written"; exit 1; fi
 "$BIN" bench --model "$tmp/m" --out "$tmp/x.json" --only decode --decode-conc 5000 >/dev/null 2>&1; rc=$?
 [ $rc -eq 2 ] && echo "PASS bench_decode_conc_too_many" || echo "FAIL bench_decode_conc_too_many: exit $rc"
 # conc_case NAME N CHECK: `--only decode --decode-conc N` on the CPU must exit 0 and its metrics m
-# satisfy the JavaScript expression CHECK.
+# satisfy the JavaScript expression CHECK (d: the whole JSON).
 conc_case() {
   if "$BIN" bench --model "$tmp/m" --device cpu --threads 2 --quick --only decode --decode-conc "$2" \
       --out "$tmp/c$2.json" >"$tmp/conc$2.log" 2>&1 &&
-     node -e 'const m=JSON.parse(require("fs").readFileSync(process.argv[1],"utf8")).metrics;
+     node -e 'const d=JSON.parse(require("fs").readFileSync(process.argv[1],"utf8")), m=d.metrics;
        process.exit(eval(process.argv[2]) ? 0 : 1)' "$tmp/c$2.json" "$3"; then
     echo "PASS $1"
   else
@@ -48,6 +48,8 @@ conc_case() {
 }
 # A concurrency that is not one of the sizes: its own figure, decode_tok_s_N.
 conc_case bench_decode_conc_other_size 3 'm.decode_tok_s_3 > 0 && m.decode_tok_s_1 === null && m.decode_tok_s_8 === null'
+# The memory plan holds the sequences the timed level runs, not the largest size's (state slots).
+conc_case bench_decode_conc_plans_its_sequences 3 'd.info.phase_a_engine.max_num_seqs === 3'
 # One decode size only: that figure is a number, the other decode figures are null.
 conc_case bench_decode_conc_one_size 8 'm.decode_tok_s_8 > 0 && m.decode_tok_s_1 === null && m.decode_tok_s_128 === null'
 

@@ -998,10 +998,9 @@ static int bench_phase_a(bench *b) {
     lv_conc[0] = lv_name[0] = b->only_conc;
     n_lv = 1;
   }
+  /* the most sequences a timed level runs (the memory plan's state slots follow it) */
   int maxc = 0;
-  for (int i = 0; i < BENCH_N_DECODE; i++)
-    maxc = z->decode_conc[i] > maxc ? z->decode_conc[i] : maxc;
-  if (b->only_conc > maxc) maxc = b->only_conc;
+  for (int i = 0; i < n_lv; i++) maxc = lv_conc[i] > maxc ? lv_conc[i] : maxc;
   if (!b->user_max_seqs) o.max_num_seqs = maxc;
   if (!b->user_kv_tokens) {
     long need = (long)maxc * (z->decode_prompt + z->decode_gen);

@@ -701,7 +701,7 @@ extern "C" backend *backend_cuda_create_test(int device, const backend_options *
   c->rope_rot = -1;
   if (!why && cuda_sgemm_init(c)) why = "out of device memory for the GEMM workspace";
   if (!why && cuda_gdn_chain_init(c)) why = "out of device memory for the decode-chain counters";
-  if (!why && cuda_moe_init(c)) why = "out of device memory for the MoE router counters";
+  if (!why && cuda_moe_init(c)) why = "out of memory for the MoE expert tables and router counters";
   if (!why && (cudaMalloc(&c->am_v, ARGMAX_PARTS * sizeof(float)) != cudaSuccess ||
                cudaMalloc(&c->am_i, ARGMAX_PARTS * sizeof(int)) != cudaSuccess ||
                cuda_zeroed_ints(&c->am_cnt, ARGMAX_PARTS)))

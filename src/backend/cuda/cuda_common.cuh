@@ -76,6 +76,7 @@ typedef struct cuda_batch {
 #define CUDA_SH_SPLIT 512 /* positions per shared range before the cap (a multiple of 64) */
 
 struct cuda_graphs; /* the decode-step recorder and graph cache (cuda_graph.cu) */
+struct moe_table;   /* one MoE layer's expert pointer table (cuda_moe.cu) */
 
 typedef struct cuda_ctx {
   int device;
@@ -143,6 +144,10 @@ typedef struct cuda_ctx {
   int moe_dev_min, moe_dev_max;
   long moe_dev_runs; /* MoE ops issued through it (backend_cuda_moe_dev_runs) */
   int *moe_cnt;      /* the router's arrival counters [MOE_CNT] (cuda_moe.cu k_moe_router) */
+  /* the expert tables of the MoE layers run on it, per backend because the ranks of a
+   * tensor-parallel model run their layers on threads of their own */
+  struct moe_table *moe_tables;
+  int n_moe_tables;
   /* the lm-head's int8 copy and bounds for one-row greedy steps (cuda_greedy.cu; NULL: none) */
   struct cuda_greedy *greedy;
   long greedy_runs; /* steps issued through it */

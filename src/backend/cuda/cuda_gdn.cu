@@ -1512,16 +1512,13 @@ __global__ void __launch_bounds__(P2_THREADS)
 static int gdn_prefill2(cuda_ctx *c, float *ssm, const bf16 *qkv, const float *beta, const float *g,
                         int nk, int nv, int dk, int dv, bf16 *out) {
   if (dk != GK || dv % P3_COLS || dv > 256 || c->b.n_chunks <= 0) return 0;
-  static int attr = 0;
-  if (!attr) {
-    cudaFuncSetAttribute(k_gdn_p3, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)p3_smem());
-    cudaFuncSetAttribute(k_gdn_p1m<1, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                         (int)p1m_smem(256));
-    cudaFuncSetAttribute(k_gdn_p1m<2, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                         (int)p1m_smem(P1M_PAIR_DV));
-    cudaFuncSetAttribute(k_gdn_p2m, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)p2m_smem());
-    attr = 1;
-  }
+  /* on every call: an attribute holds for the current device only, and ranks use several */
+  cudaFuncSetAttribute(k_gdn_p3, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)p3_smem());
+  cudaFuncSetAttribute(k_gdn_p1m<1, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                       (int)p1m_smem(256));
+  cudaFuncSetAttribute(k_gdn_p1m<2, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                       (int)p1m_smem(P1M_PAIR_DV));
+  cudaFuncSetAttribute(k_gdn_p2m, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)p2m_smem());
   float *scr = (float *)cuda_scratch(c, (size_t)c->b.n_chunks * nv * p1_per(dv) * sizeof(float));
   if (!scr) return 1;
   dim3 g1(c->b.n_chunks, nv);
@@ -1558,11 +1555,7 @@ extern "C" void cuda_gdn_prefill(backend *be, backend_buf ssm, backend_buf qkv, 
     return;
   size_t per = gdn_block_floats(dk, dv);
   size_t smem = per * sizeof(float);
-  static int attr_set = 0;
-  if (!attr_set) {
-    cudaFuncSetAttribute(k_gdn_prefill, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024);
-    attr_set = 1;
-  }
+  cudaFuncSetAttribute(k_gdn_prefill, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024);
   float *gs = NULL;
   if (smem > 227 * 1024) {
     gs = (float *)cuda_scratch(c, smem * (size_t)c->b.n_prefill * nv);

@@ -43,7 +43,6 @@ CUDA_KTRACE_TU(cuda_moe_ktrace_bind) /* the kernel-release trace, cuda_ktrace.cu
  * experts of a layer are all bf16 or all FP8 (weight_upload_fp8) with one block shape; an FP8
  * table's second half holds the scale matrices. */
 typedef struct moe_table {
-  const cuda_ctx *ctx;
   const backend_weight *key;
   int n;
   const void **h; /* host [6, E] */
@@ -56,15 +55,12 @@ static const void *moe_wptr(backend_weight w) {
   return CW(w)->q8 ? (const void *)CW(w)->q8 : (const void *)CW(w)->bf;
 }
 
-static moe_table g_tables[MOE_MAX_LAYERS];
-static int g_ntables;
-
 static const void **moe_table_get(cuda_ctx *c, const backend_moe *m, const void *const **host,
                                   const moe_table **info) {
   int E = m->n_experts;
   moe_table *t = NULL;
-  for (int i = 0; i < g_ntables && !t; i++)
-    if (g_tables[i].ctx == c && g_tables[i].key == m->gate && g_tables[i].n == E) t = &g_tables[i];
+  for (int i = 0; i < c->n_moe_tables && !t; i++)
+    if (c->moe_tables[i].key == m->gate && c->moe_tables[i].n == E) t = &c->moe_tables[i];
   if (t) {
     int same = 1;
     for (int e = 0; e < E && same; e++)
@@ -93,11 +89,11 @@ static const void **moe_table_get(cuda_ctx *c, const backend_moe *m, const void 
   }
   int stale = t != NULL; /* an existing table whose weights changed */
   if (!t) {
-    if (g_ntables == MOE_MAX_LAYERS) {
+    if (c->n_moe_tables == MOE_MAX_LAYERS) {
       cuda_fail(c, "moe", "too many MoE layers");
       return NULL;
     }
-    t = &g_tables[g_ntables];
+    t = &c->moe_tables[c->n_moe_tables];
     memset(t, 0, sizeof *t);
     t->h = (const void **)calloc(6 * (size_t)E, sizeof *t->h);
     if (!t->h || cudaMalloc((void **)&t->d, 6 * (size_t)E * sizeof *t->d) != cudaSuccess) {
@@ -106,10 +102,9 @@ static const void **moe_table_get(cuda_ctx *c, const backend_moe *m, const void 
       cuda_fail(c, "moe", "out of memory for the expert table");
       return NULL;
     }
-    t->ctx = c;
     t->key = m->gate;
     t->n = E;
-    g_ntables++;
+    c->n_moe_tables++;
   }
   if (stale) cudaStreamSynchronize(c->st); /* earlier launches may still read the old table */
   for (int e = 0; e < E; e++) {
@@ -134,21 +129,22 @@ static const void **moe_table_get(cuda_ctx *c, const backend_moe *m, const void 
 }
 
 /* The router kernel's arrival counters (k_moe_router's LAST form), zeroed; 0 on success. */
-int cuda_moe_init(cuda_ctx *c) { return cuda_zeroed_ints(&c->moe_cnt, MOE_CNT); }
+int cuda_moe_init(cuda_ctx *c) {
+  c->moe_tables = (moe_table *)calloc(MOE_MAX_LAYERS, sizeof *c->moe_tables);
+  return !c->moe_tables || cuda_zeroed_ints(&c->moe_cnt, MOE_CNT);
+}
 
 /* Frees the expert tables of one backend (called by its destroy). */
 void cuda_moe_release(cuda_ctx *c) {
   cudaFree(c->moe_cnt);
   c->moe_cnt = NULL;
-  for (int i = 0; i < g_ntables;) {
-    if (g_tables[i].ctx != c) {
-      i++;
-      continue;
-    }
-    cudaFree(g_tables[i].d);
-    free(g_tables[i].h);
-    g_tables[i] = g_tables[--g_ntables];
+  for (int i = 0; i < c->n_moe_tables; i++) {
+    cudaFree(c->moe_tables[i].d);
+    free(c->moe_tables[i].h);
   }
+  free(c->moe_tables);
+  c->moe_tables = NULL;
+  c->n_moe_tables = 0;
 }
 
 /* Per-row kernels (steps of fewer than moe_dev_min rows, every step under --batch-invariant):

@@ -436,11 +436,8 @@ extern "C" void cuda_sample_sample(backend *be, backend_buf x, int n, int V, bac
   cuda_ctx *c = cuda_ctx_of(be);
   if (n <= 0 || V <= 0) return;
   CHECK(V < (1 << 20)); /* the histogram halves' bound (SMP_BSTRIDE) */
-  static int attr_set;
-  if (!attr_set) {
-    cudaFuncSetAttribute(k_sample, cudaFuncAttributeMaxDynamicSharedMemorySize, SMP_SMEM);
-    attr_set = 1;
-  }
+  /* on every call: an attribute holds for the current device only, and ranks use several */
+  cudaFuncSetAttribute(k_sample, cudaFuncAttributeMaxDynamicSharedMemorySize, SMP_SMEM);
   k_sample<<<n * SMP_CLUSTER, SMP_THREADS, SMP_SMEM, c->st>>>(
       (float *)x, V, (const int32_t *)params, (int32_t *)ids);
   cuda_check_launch(c, "sample");

@@ -299,9 +299,27 @@ TEST(mem_plan_from_device_memory) {
   o.spec.method = SPEC_METHOD_NGRAM;
   o.spec.k = 3;
   REQUIRE(engine_mem_split_plan(&o, &f, &sp, err, sizeof err) == 0);
+  EXPECT_EQ_INT(sp.keep_lanes, 8);
   EXPECT_EQ_INT(sp.budget_bytes / M, 53248);
   EXPECT_EQ_INT(sp.n_slabs, 32);
   EXPECT_EQ_INT(sp.n_pages, 51200);
+  /* disable_by_batch_size 2: no step of more than 2 sequences drafts, so 2 lanes: 54784 - 384 */
+  o.spec.disable_by_batch_size = 2;
+  REQUIRE(engine_mem_split_plan(&o, &f, &sp, err, sizeof err) == 0);
+  EXPECT_EQ_INT(sp.keep_lanes, 2);
+  EXPECT_EQ_INT(sp.budget_bytes / M, 54400);
+  o.spec.disable_by_batch_size = 0;
+  /* little free memory: 1536 MiB after the sequences' slots; a lane is 3 x 64 = 192 MiB, and
+   * the lanes take at most half: 4 of the 8, B = 1536 - 768 */
+  f.free_bytes = 20480 * M;
+  REQUIRE(engine_mem_split_plan(&o, &f, &sp, err, sizeof err) == 0);
+  EXPECT_EQ_INT(sp.keep_lanes, 4);
+  EXPECT_EQ_INT(sp.budget_bytes / M, 768);
+  /* 300 MiB left: not one lane in half of it, refused with the reason */
+  f.free_bytes = (19244) * M;
+  EXPECT(engine_mem_split_plan(&o, &f, &sp, err, sizeof err) != 0);
+  EXPECT_MSG(strstr(err, "speculative decoding") != NULL, "%s", err);
+  f.free_bytes = 80896 * M;
   o.spec.method = SPEC_METHOD_NONE;
   o.spec.k = 0;
   /* little free memory binds: B = 20480 - 18944 = 1536; slabs 384 MiB = 6; KV 1152 */

@@ -334,7 +334,7 @@ static float *forward(const char *dir, const weights_opts *o, int n, int *V) {
     int32_t ids[64], pages[4] = {0, 1, 2, 3};
     for (int i = 0; i < n; i++) ids[i] = (int32_t)((i * 7 + 3) % c.vocab_size);
     out = malloc(sizeof *out * (size_t)n * (size_t)c.vocab_size);
-    fwd_seq s = {ids, n, 0, pages, 4, 0, QWEN35_LOGITS_ALL};
+    fwd_seq s = {ids, n, 0, pages, 4, 0, QWEN35_LOGITS_ALL, -1};
     if (qwen35_slot_zero(m, 0) || qwen35_forward(m, &s, 1, out, err, sizeof err)) {
       free(out);
       out = NULL;

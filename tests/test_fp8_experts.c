@@ -76,7 +76,7 @@ static float *prompt_logits(const model_config *c, const model_weights *w, backe
   int32_t ids[16], pages[2] = {0, 1};
   for (int i = 0; i < n; i++) ids[i] = (int32_t)((7 * i + 3) % c->vocab_size);
   float *l = malloc(sizeof *l * (size_t)n * (size_t)c->vocab_size);
-  fwd_seq s = {ids, n, 0, pages, 2, 0, QWEN35_LOGITS_ALL};
+  fwd_seq s = {ids, n, 0, pages, 2, 0, QWEN35_LOGITS_ALL, -1};
   if (!l || qwen35_slot_zero(m, 0) || qwen35_forward(m, &s, 1, l, err, errlen)) {
     free(l);
     l = NULL;

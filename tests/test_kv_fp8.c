@@ -226,7 +226,7 @@ static void accuracy_fixture(const char *name) {
     for (int i = 0; i < n; i++) ids[i] = (int32_t)json_integer_value(json_array_get(pj, i));
     float *la = malloc(sizeof *la * (size_t)n * V), *lb = malloc(sizeof *lb * (size_t)n * V);
     EXPECT(qwen35_slot_zero(a.m, 0) == 0 && qwen35_slot_zero(b.m, 0) == 0);
-    fwd_seq s = {ids, n, 0, pages, n_pages, 0, QWEN35_LOGITS_ALL};
+    fwd_seq s = {ids, n, 0, pages, n_pages, 0, QWEN35_LOGITS_ALL, -1};
     rc = qwen35_forward(a.m, &s, 1, la, err, sizeof err) ||
          qwen35_forward(b.m, &s, 1, lb, err, sizeof err);
     EXPECT_MSG(rc == 0, "%s: forward: %s", name, err);
@@ -251,7 +251,7 @@ static void accuracy_fixture(const char *name) {
       if (ta != tb) break; /* the rest would continue different texts */
       n_greedy_same++;
       int32_t t1 = ta;
-      fwd_seq d = {&t1, 1, n + k, pages, n_pages, 0, QWEN35_LOGITS_LAST};
+      fwd_seq d = {&t1, 1, n + k, pages, n_pages, 0, QWEN35_LOGITS_LAST, -1};
       rc = qwen35_forward(a.m, &d, 1, la, err, sizeof err) ||
            qwen35_forward(b.m, &d, 1, lb, err, sizeof err);
       ta = argmax(la, V);
@@ -304,7 +304,7 @@ TEST(page_copies) {
   for (int i = 0; i < n; i++) ids[i] = (i * 37 + 11) % V;
   float *l = malloc(sizeof *l * (size_t)n * V), *la = malloc(sizeof *la * V),
         *lb = malloc(sizeof *lb * V), *lc = malloc(sizeof *lc * V);
-  fwd_seq s = {ids, n, 0, pa, 2, 0, QWEN35_LOGITS_ALL};
+  fwd_seq s = {ids, n, 0, pa, 2, 0, QWEN35_LOGITS_ALL, -1};
   EXPECT(qwen35_slot_zero(x.m, 0) == 0);
   EXPECT(qwen35_forward(x.m, &s, 1, l, err, sizeof err) == 0);
   EXPECT(qwen35_slot_copy(x.m, 1, 0) == 0);
@@ -317,7 +317,7 @@ TEST(page_copies) {
     EXPECT(qwen35_page_write(x.m, 4 + p, host) == 0);
   }
   int32_t t1 = 7;
-  fwd_seq d = {&t1, 1, n, pa, 2, 1, QWEN35_LOGITS_LAST};
+  fwd_seq d = {&t1, 1, n, pa, 2, 1, QWEN35_LOGITS_LAST, -1};
   EXPECT(qwen35_slot_copy(x.m, 1, 0) == 0);
   EXPECT(qwen35_forward(x.m, &d, 1, la, err, sizeof err) == 0);
   /* the pages written by that step (position 20, page 1) are overwritten identically below */

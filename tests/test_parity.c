@@ -87,7 +87,7 @@ static void check_fixture(const char *name) {
     EXPECT_MSG(want != NULL, "%s: cannot read %s as [%d, %d] float32", name, path, n, V);
     float *got = malloc(sizeof *got * (size_t)n * V);
     EXPECT(qwen35_slot_zero(f.m, 0) == 0);
-    fwd_seq s = {ids, n, 0, pages, n_pages, 0, QWEN35_LOGITS_ALL};
+    fwd_seq s = {ids, n, 0, pages, n_pages, 0, QWEN35_LOGITS_ALL, -1};
     rc = qwen35_forward(f.m, &s, 1, got, err, sizeof err);
     EXPECT_MSG(rc == 0, "%s: forward: %s", name, err);
     if (want && rc == 0) {
@@ -116,7 +116,7 @@ static void check_fixture(const char *name) {
       }
       if (k + 1 == ng) break;
       int32_t t1 = tok;
-      fwd_seq d = {&t1, 1, n + k, pages, n_pages, 0, QWEN35_LOGITS_LAST};
+      fwd_seq d = {&t1, 1, n + k, pages, n_pages, 0, QWEN35_LOGITS_LAST, -1};
       rc = qwen35_forward(f.m, &d, 1, got, err, sizeof err);
       EXPECT_MSG(rc == 0, "%s: decode: %s", name, err);
       tok = argmax(got, V);
@@ -166,8 +166,8 @@ static void run_schedule(fx_model *f, const int32_t *toks, int together, float *
   for (int st = 0; st < N_STEP && !*rc; st++) {
     fwd_seq seqs[N_SEQ];
     for (int s = 0; s < N_SEQ; s++) {
-      seqs[s] = (fwd_seq){toks + s * 200 + pos[s], piece_len[st][s], pos[s], pages[s], per,
-                          (N_SEQ - 1 - s),         QWEN35_LOGITS_ALL};
+      seqs[s] = (fwd_seq){toks + s * 200 + pos[s], piece_len[st][s],  pos[s], pages[s], per,
+                          (N_SEQ - 1 - s),         QWEN35_LOGITS_ALL, -1};
     }
     if (together) {
       int total = 0;
@@ -266,12 +266,12 @@ TEST(split_prefill_bit_identical) {
     float *a = malloc(sizeof(float) * n * V), *b = malloc(sizeof(float) * n * V);
     qwen35_slot_zero(f.m, 0);
     qwen35_slot_zero(f.m, 1);
-    fwd_seq s = {toks, n, 0, p0, 12, 0, QWEN35_LOGITS_ALL};
+    fwd_seq s = {toks, n, 0, p0, 12, 0, QWEN35_LOGITS_ALL, -1};
     rc |= qwen35_forward(f.m, &s, 1, a, err, sizeof err);
     const int cut[3] = {0, 64, 128};
     for (int i = 0; i < 3; i++) {
       int end = i < 2 ? cut[i + 1] : n;
-      fwd_seq q = {toks + cut[i], end - cut[i], cut[i], p1, 12, 1, QWEN35_LOGITS_ALL};
+      fwd_seq q = {toks + cut[i], end - cut[i], cut[i], p1, 12, 1, QWEN35_LOGITS_ALL, -1};
       rc |= qwen35_forward(f.m, &q, 1, b + (size_t)cut[i] * V, err, sizeof err);
     }
     EXPECT_MSG(rc == 0, "%s", err);
@@ -340,8 +340,8 @@ TEST(step_repeat_asked_on_same_shape) {
     int pos0 = 0;
     for (size_t k = 0; k < sizeof st / sizeof st[0] && rc == 0; k++) {
       sr_accept = st[k].accept;
-      fwd_seq q[2] = {{toks, st[k].len, pos0, p0, 4, 0, QWEN35_LOGITS_LAST},
-                      {toks + 1, 1, 3, p1, 4, 1, QWEN35_LOGITS_LAST}};
+      fwd_seq q[2] = {{toks, st[k].len, pos0, p0, 4, 0, QWEN35_LOGITS_LAST, -1},
+                      {toks + 1, 1, 3, p1, 4, 1, QWEN35_LOGITS_LAST, -1}};
       rc = st[k].greedy ? qwen35_forward_greedy(m, q, st[k].n, ids, err, sizeof err)
                         : qwen35_forward(m, q, st[k].n, lg, err, sizeof err);
       EXPECT_MSG(rc == 0, "step %zu: %s", k, err);

@@ -407,6 +407,60 @@ TEST(shared_prefix_wave) {
   for (int k = 1; k < 8; k++) EXPECT_EQ_INT(res.restored[k], 12475);
 }
 
+/* Speculative decoding's keep lanes bound the verify pieces of a step: 5 decode rows that all
+ * have drafts (a replay drafter), 2 lanes: each step verifies at most 2, in lanes 0 and 1, and
+ * the other rows decode plainly; with 8 lanes all 5 verify. Every draft is rejected (the
+ * simulated model keeps row 0 only). */
+static void lanes_run(int lanes, int *most, int *most_plain, int *bad) {
+  world w;
+  *most = *most_plain = *bad = 0;
+  REQUIRE(world_init(&w, 256, 8, 512) == 0);
+  spec_config sc = {SPEC_METHOD_NGRAM, 2, 1, 1, 0};
+  sched_set_spec(w.s, &sc, 4096, lanes);
+  static const int32_t replay[64] = {0};
+  for (int i = 0; i < 5; i++) {
+    request *r = world_add(&w, 4, 24);
+    REQUIRE(r != NULL);
+    r->replay = replay;
+    r->n_replay = 64;
+  }
+  for (int step = 0; step < 40; step++) {
+    sched_batch b;
+    sched_schedule(w.s, &b);
+    if (b.n == 0) break;
+    int drafted = 0, plain = 0, used[8] = {0};
+    for (int i = 0; i < b.n; i++) {
+      request *r = b.reqs[i];
+      if (r->sched_draft) {
+        drafted++;
+        if (r->sched_lane < 0 || r->sched_lane >= lanes || used[r->sched_lane]++) (*bad)++;
+        r->sched_tokens = 1; /* the drafts rejected */
+      } else if (r->sched_sample && r->sched_tokens == 1) {
+        plain++;
+      }
+      if (!r->sched_sample) continue;
+      r->tokens[r->n_tokens++] = 1000 + step;
+      if (request_n_output(r) >= 20) r->finish = FINISH_LENGTH;
+    }
+    if (drafted > *most) *most = drafted;
+    if (drafted == lanes && plain > *most_plain) *most_plain = plain;
+    sched_postprocess(w.s, &b);
+    EXPECT(world_ok(&w));
+  }
+  world_free(&w);
+}
+
+TEST(spec_lanes_bound_drafts) {
+  int most, most_plain, bad;
+  lanes_run(2, &most, &most_plain, &bad);
+  EXPECT_EQ_INT(most, 2);
+  EXPECT_EQ_INT(most_plain, 3); /* the other three rows ran beside them */
+  EXPECT_EQ_INT(bad, 0);
+  lanes_run(8, &most, &most_plain, &bad);
+  EXPECT_EQ_INT(most, 5);
+  EXPECT_EQ_INT(bad, 0);
+}
+
 /* The disk-restore rule with the H200's figures (bench/results/disk-tier-*): a 4B-shape 12.5k-token
  * checkpoint of 463 MB read at 1,077 MB/s (0.43 s) against a prefill at 42k tokens/s (0.30 s) is
  * computed; the same file against a 27B prefill at 7k tokens/s (1.8 s) is read; unmeasured rates
@@ -427,5 +481,6 @@ int main(void) {
   RUN(preempt_youngest_and_resume);
   RUN(fault_fails_one_request);
   RUN(shared_prefix_wave);
+  RUN(spec_lanes_bound_drafts);
   TEST_MAIN_END();
 }

@@ -134,26 +134,26 @@ TEST(config_parse) {
 TEST(verify_piece_rollback) {
   qwen35 *m = NULL;
   char err[200];
-  qwen35_mem_opts mo = {.n_pages = 8, .n_slots = 2, .keep_k = 3, .keep_seqs = 2};
+  qwen35_mem_opts mo = {.n_pages = 8, .n_slots = 2, .keep_k = 3, .keep_lanes = 2};
   REQUIRE(qwen35_init(&m, &C, &W, BE, &mo, err, sizeof err) == 0);
   EXPECT(qwen35_can_verify(m) == 3);
   int32_t prompt[21], pa[4] = {0, 1, 2, 3}, pb[4] = {4, 5, 6, 7};
   for (int i = 0; i < 21; i++) prompt[i] = (i * 37 + 11) % (int)V;
   int n = 21;
   float *lg = malloc(sizeof *lg * V * 4), *lp = malloc(sizeof *lp * V * 4);
-  fwd_seq p0 = {prompt, n, 0, pa, 4, 0, QWEN35_LOGITS_NONE};
-  fwd_seq p1 = {prompt, n, 0, pb, 4, 1, QWEN35_LOGITS_NONE};
+  fwd_seq p0 = {prompt, n, 0, pa, 4, 0, QWEN35_LOGITS_NONE, -1};
+  fwd_seq p1 = {prompt, n, 0, pb, 4, 1, QWEN35_LOGITS_NONE, -1};
   EXPECT(qwen35_forward(m, &p0, 1, NULL, err, sizeof err) == 0);
   EXPECT(qwen35_forward(m, &p1, 1, NULL, err, sizeof err) == 0);
   int32_t t[4] = {(int32_t)(5 % V), (int32_t)(9 % V), (int32_t)(200 % V), (int32_t)(77 % V)};
   /* plain: a, b, then c (= t[3]) one token a step */
   for (int k = 0; k < 2; k++) {
-    fwd_seq d = {&t[k], 1, n + k, pa, 4, 0, QWEN35_LOGITS_LAST};
+    fwd_seq d = {&t[k], 1, n + k, pa, 4, 0, QWEN35_LOGITS_LAST, -1};
     EXPECT(qwen35_forward(m, &d, 1, lp + (size_t)k * V, err, sizeof err) == 0);
   }
   /* verify: [a, b, x] in one piece, together with a plain row of the other slot's next step
    * being no part of it (a step of two pieces) */
-  fwd_seq v = {t, 3, n, pb, 4, 1, QWEN35_LOGITS_VERIFY};
+  fwd_seq v = {t, 3, n, pb, 4, 1, QWEN35_LOGITS_VERIFY, 1};
   EXPECT(qwen35_forward(m, &v, 1, lg, err, sizeof err) == 0);
   EXPECT_MSG(!memcmp(lg, lp, sizeof *lg * V * 2), "verify rows differ from the plain steps");
   EXPECT(qwen35_slot_copy(m, 1, qwen35_keep_slot(m, 1, 1)) == 0);
@@ -161,14 +161,14 @@ TEST(verify_piece_rollback) {
   char *s0 = malloc(sb), *s1 = malloc(sb);
   EXPECT(qwen35_slot_read(m, 0, s0) == 0 && qwen35_slot_read(m, 1, s1) == 0);
   EXPECT_MSG(!memcmp(s0, s1, sb), "the kept state is not the plain state");
-  fwd_seq c0 = {&t[3], 1, n + 2, pa, 4, 0, QWEN35_LOGITS_LAST};
-  fwd_seq c1 = {&t[3], 1, n + 2, pb, 4, 1, QWEN35_LOGITS_LAST};
+  fwd_seq c0 = {&t[3], 1, n + 2, pa, 4, 0, QWEN35_LOGITS_LAST, -1};
+  fwd_seq c1 = {&t[3], 1, n + 2, pb, 4, 1, QWEN35_LOGITS_LAST, -1};
   EXPECT(qwen35_forward(m, &c0, 1, lp, err, sizeof err) == 0);
   EXPECT(qwen35_forward(m, &c1, 1, lg, err, sizeof err) == 0);
   EXPECT_MSG(!memcmp(lg, lp, sizeof *lg * V), "the step after the rollback differs");
   /* a verify piece beyond the keep slots is refused */
   int32_t t5[5] = {1, 2, 3, 4, 5};
-  fwd_seq big = {t5, 5, n + 3, pb, 4, 1, QWEN35_LOGITS_VERIFY};
+  fwd_seq big = {t5, 5, n + 3, pb, 4, 1, QWEN35_LOGITS_VERIFY, 1};
   EXPECT(qwen35_forward(m, &big, 1, lg, err, sizeof err) == -1);
   free(s0);
   free(s1);

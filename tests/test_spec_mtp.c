@@ -288,7 +288,7 @@ TEST(forward_matches_pytorch) {
   REQUIRE(qwen35_init(&t, &c, &w, be, &mo, err, sizeof err) == 0);
   REQUIRE(qwen35_mtp_init(&m, t, &w, be, 4, err, sizeof err) == 0);
   int32_t pt[2] = {0, 1}, mp[2] = {2, 3};
-  fwd_seq q = {prompt, N, 0, pt, 2, 0, QWEN35_LOGITS_ALL};
+  fwd_seq q = {prompt, N, 0, pt, 2, 0, QWEN35_LOGITS_ALL, -1};
   REQUIRE(qwen35_forward_hidden(t, &q, 1, tl, h, err, sizeof err) == 0);
   fwd_seq d = {.tokens = next, .n_tokens = N, .pos = 0, .pages = mp, .n_pages = 2};
   REQUIRE(qwen35_mtp_forward(m, &d, 1, 0, h, lg, NULL, err, sizeof err) == 0);
@@ -326,7 +326,7 @@ TEST(greedy_lossless_with_mtp_drafts) {
   REQUIRE(be);
   qwen35 *t = NULL;
   spec_mtp *sm = NULL;
-  qwen35_mem_opts mo = {.n_pages = 2 * PAGES, .n_slots = 2, .keep_k = K, .keep_seqs = 2};
+  qwen35_mem_opts mo = {.n_pages = 2 * PAGES, .n_slots = 2, .keep_k = K, .keep_lanes = 2};
   REQUIRE(qwen35_init(&t, &c, &w, be, &mo, err, sizeof err) == 0);
   REQUIRE(spec_mtp_init(&sm, t, &w, be, 2 * PAGES, err, sizeof err) == 0);
   int32_t prompt[NP], ref[GEN + 1], got[GEN + K + 2], pa[PAGES], pb[PAGES];
@@ -334,16 +334,16 @@ TEST(greedy_lossless_with_mtp_drafts) {
   for (int i = 0; i < NP; i++) prompt[i] = (i * 37 + 11) % V;
   float *lg = malloc(sizeof(float) * (K + 1) * V), *hid = malloc(sizeof(float) * NP * H);
   /* plain greedy on slot 0 */
-  fwd_seq p0 = {prompt, NP, 0, pa, PAGES, 0, QWEN35_LOGITS_LAST};
+  fwd_seq p0 = {prompt, NP, 0, pa, PAGES, 0, QWEN35_LOGITS_LAST, -1};
   REQUIRE(qwen35_forward(t, &p0, 1, lg, err, sizeof err) == 0);
   ref[0] = argmax_row(lg, V);
   for (int i = 0; i < GEN; i++) {
-    fwd_seq d = {&ref[i], 1, NP + i, pa, PAGES, 0, QWEN35_LOGITS_LAST};
+    fwd_seq d = {&ref[i], 1, NP + i, pa, PAGES, 0, QWEN35_LOGITS_LAST, -1};
     REQUIRE(qwen35_forward(t, &d, 1, lg, err, sizeof err) == 0);
     ref[i + 1] = argmax_row(lg, V);
   }
   /* speculative on slot 1 */
-  fwd_seq p1 = {prompt, NP, 0, pb, PAGES, 1, QWEN35_LOGITS_LAST};
+  fwd_seq p1 = {prompt, NP, 0, pb, PAGES, 1, QWEN35_LOGITS_LAST, -1};
   REQUIRE(qwen35_forward_hidden(t, &p1, 1, lg, hid, err, sizeof err) == 0);
   got[0] = argmax_row(lg, V);
   /* the hidden rows are what the logits come from */
@@ -367,7 +367,7 @@ TEST(greedy_lossless_with_mtp_drafts) {
   while (n_got <= GEN) {
     int32_t piece[K + 1] = {got[n_got - 1]};
     memcpy(piece + 1, drafts, sizeof drafts);
-    fwd_seq v = {piece, K + 1, cur, pb, PAGES, 1, QWEN35_LOGITS_VERIFY};
+    fwd_seq v = {piece, K + 1, cur, pb, PAGES, 1, QWEN35_LOGITS_VERIFY, 1};
     REQUIRE(qwen35_forward_hidden(t, &v, 1, lg, vh, err, sizeof err) == 0);
     int a = 0;
     while (a < K && argmax_row(lg + (size_t)a * V, V) == drafts[a]) a++;

@@ -154,7 +154,7 @@ static int run_model(tp_model *t, run_out *o) {
   for (int p = 0; p < NPROMPT; p++) {
     prompt_of(p, prompts[p], &len[p]);
     for (int k = 0; k < ppp; k++) pages[p][k] = p * ppp + k;
-    s[p] = (fwd_seq){prompts[p], len[p], 0, pages[p], ppp, p, QWEN35_LOGITS_LAST};
+    s[p] = (fwd_seq){prompts[p], len[p], 0, pages[p], ppp, p, QWEN35_LOGITS_LAST, -1};
   }
   int rc = qwen35_forward(t->m, s, NPROMPT, lg, err, sizeof err);
   for (int step = 0; rc == 0 && step < NGEN - 1; step++) {

@@ -195,7 +195,8 @@ int cmd_run(int argc, char **argv) {
                .pages = pages,
                .n_pages = n_pages,
                .slot = 0,
-               .logits = logits_out ? QWEN35_LOGITS_ALL : QWEN35_LOGITS_LAST};
+               .logits = logits_out ? QWEN35_LOGITS_ALL : QWEN35_LOGITS_LAST,
+               -1};
   if (qwen35_forward(m, &s, 1, logits, err, sizeof err)) {
     fprintf(stderr, "deltaserve run: %s\n", err);
     goto done;
@@ -221,7 +222,8 @@ int cmd_run(int argc, char **argv) {
                    .pages = pages,
                    .n_pages = n_pages,
                    .slot = 0,
-                   .logits = QWEN35_LOGITS_LAST};
+                   .logits = QWEN35_LOGITS_LAST,
+                   -1};
       if (qwen35_forward(m, &d, 1, logits, err, sizeof err)) {
         fprintf(stderr, "deltaserve run: %s\n", err);
         goto done;

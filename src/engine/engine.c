@@ -423,10 +423,10 @@ static int engine_startup_forward(engine *e, int n_pages, char *err, size_t errl
     return errf(err, errlen, "out of memory for the start-up forward");
   }
   for (int i = 0; i < np_long + singles; i++) pages[i] = i;
-  seqs[0] = (fwd_seq){toks, n_long, 0, pages, np_long, 0, QWEN35_LOGITS_LAST};
+  seqs[0] = (fwd_seq){toks, n_long, 0, pages, np_long, 0, QWEN35_LOGITS_LAST, -1};
   for (int i = 1; i <= singles; i++)
-    seqs[i] =
-        (fwd_seq){toks + n_long + i - 1, 1, 0, pages + np_long + i - 1, 1, i, QWEN35_LOGITS_LAST};
+    seqs[i] = (fwd_seq){toks + n_long + i - 1, 1, 0, pages + np_long + i - 1, 1, i,
+                        QWEN35_LOGITS_LAST,    -1};
   char ferr[256] = "";
   double t0 = engine_now();
   int rc = qwen35_forward(e->m, seqs, singles + 1, e->logits, ferr, sizeof ferr);
@@ -540,7 +540,7 @@ engine *engine_create(qwen35 *model, const engine_opts *o, char *err, size_t err
     engine_destroy(e, 0);
     return NULL;
   }
-  sched_set_spec(e->s, spec ? &o->spec : NULL, e->max_model_len);
+  sched_set_spec(e->s, spec ? &o->spec : NULL, e->max_model_len, mo.keep_lanes);
   spec_policy_init(&e->pol);
   e->spec_on = 1;
   if (o->startup_forward && engine_startup_forward(e, mo.n_pages, err, errlen) != 0) {

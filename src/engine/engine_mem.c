@@ -30,11 +30,18 @@ static int engine_mem_n_slabs(const engine_opts *o) {
   return o->n_snapshot_slabs > 0 ? o->n_snapshot_slabs : engine_mem_default_slabs(o->max_num_seqs);
 }
 
-/* State slots the model holds besides the snapshot slabs: one per sequence, and with speculative
- * decoding k more per sequence (a verify step's per-position states, qwen35 keep slots). */
-static int engine_mem_state_slots(const engine_opts *o) {
-  int k = o->spec.method != SPEC_METHOD_NONE ? o->spec.k : 0;
-  return o->max_num_seqs * (1 + k);
+/* Speculative decoding's drafted tokens a step verifies per sequence (0: none). */
+static int engine_mem_spec_k(const engine_opts *o) {
+  return o->spec.method != SPEC_METHOD_NONE ? o->spec.k : 0;
+}
+
+/* Keep lanes before the device is counted: one per sequence that may verify drafts in a step,
+ * i.e. every sequence, or disable_by_batch_size's count when it is smaller (no step above it
+ * drafts). */
+static int engine_mem_spec_lanes(const engine_opts *o) {
+  if (!engine_mem_spec_k(o)) return 0;
+  int n = o->max_num_seqs, d = o->spec.disable_by_batch_size;
+  return d > 0 && d < n ? d : n;
 }
 
 int engine_mem_split_plan(const engine_opts *o, const engine_mem_facts *f, engine_mem_split *sp,
@@ -50,9 +57,8 @@ int engine_mem_split_plan(const engine_opts *o, const engine_mem_facts *f, engin
   /* the budget: what --gpu-memory-utilization allows, and never more than is free */
   double util = floor((double)o->gpu_memory_utilization * 1e6 + 0.5) / 1e6; /* 0.9f -> 0.9 */
   double want = util * (double)f->total_bytes;
-  int slots = engine_mem_state_slots(o);
-  double fixed =
-      (double)f->weight_bytes + (double)slots * (double)f->slot_bytes + (double)f->scratch_bytes;
+  double fixed = (double)f->weight_bytes + (double)o->max_num_seqs * (double)f->slot_bytes +
+                 (double)f->scratch_bytes;
   double b = want - fixed;
   if (f->free_bytes > 0 && (double)f->free_bytes - fixed < b) b = (double)f->free_bytes - fixed;
   if (b < (double)f->page_bytes)
@@ -61,8 +67,20 @@ int engine_mem_split_plan(const engine_opts *o, const engine_mem_facts *f, engin
                 "cache after the weights (%.0f MiB), %d state slots and the step scratch "
                 "(%.0f MiB)",
                 (double)f->total_bytes / ENGINE_MEM_MIB, o->gpu_memory_utilization,
-                (double)f->weight_bytes / ENGINE_MEM_MIB, slots,
+                (double)f->weight_bytes / ENGINE_MEM_MIB, o->max_num_seqs,
                 (double)f->scratch_bytes / ENGINE_MEM_MIB);
+  /* speculative decoding's keep slots (k a lane) take at most half of the rest, as the slabs:
+   * fewer lanes only bound how many sequences verify drafts in one step */
+  int k = engine_mem_spec_k(o);
+  double lane = (double)k * (double)f->slot_bytes;
+  sp->keep_lanes = engine_mem_spec_lanes(o);
+  if (k && lane > 0 && sp->keep_lanes * lane > 0.5 * b) sp->keep_lanes = (int)(0.5 * b / lane);
+  if (k && sp->keep_lanes < 1)
+    return errf(err, errlen,
+                "not enough device memory for speculative decoding: %d keep slots (%.0f MiB) "
+                "would take more than half of the %.0f MiB left for the KV cache",
+                k, lane / ENGINE_MEM_MIB, b / ENGINE_MEM_MIB);
+  b -= sp->keep_lanes * lane;
   sp->budget_bytes = (size_t)b;
   double slab = (double)(f->slot_bytes ? f->slot_bytes : 1);
   int cap = 4 * o->max_num_seqs > 16 ? 4 * o->max_num_seqs : 16;
@@ -105,8 +123,8 @@ int engine_mem_plan(const engine_opts *o, const model_config *c, qwen35_mem_opts
   mo->n_pages = sp.n_pages;
   mo->n_slots = o->max_num_seqs + sp.n_slabs;
   mo->packed = o->packed_weights == 1; /* no device figure: only when asked */
-  mo->keep_k = o->spec.method != SPEC_METHOD_NONE ? o->spec.k : 0; /* speculative decoding */
-  mo->keep_seqs = mo->keep_k ? o->max_num_seqs : 0;
+  mo->keep_k = engine_mem_spec_k(o);
+  mo->keep_lanes = engine_mem_spec_lanes(o);
   return 0;
 }
 
@@ -141,8 +159,10 @@ int engine_mem_plan_ranks(engine_mem_split *const *sp, int n, engine_mem_split *
   for (int r = 1; r < n; r++)
     if (sp[r]->n_pages < sp[k]->n_pages) k = r;
   *out = *sp[k];
-  for (int r = 0; r < n; r++)
+  for (int r = 0; r < n; r++) {
     if (sp[r]->n_slabs < out->n_slabs) out->n_slabs = sp[r]->n_slabs;
+    if (sp[r]->keep_lanes < out->keep_lanes) out->keep_lanes = sp[r]->keep_lanes;
+  }
   return k;
 }
 
@@ -170,10 +190,15 @@ int engine_mem_plan_device(engine_opts *o, const model_config *c, const model_we
       "~%.0f MiB (packed copies %.0f MiB), %d state slots %.0f MiB, step scratch %.0f MiB "
       "-> budget %.0f MiB = KV %d pages (%d tokens) %.0f MiB + %d snapshot slabs %.0f MiB",
       rk, f.total_bytes / mib, f.free_bytes / mib, o->gpu_memory_utilization, f.weight_bytes / mib,
-      f.packed_bytes / mib, engine_mem_state_slots(o),
-      engine_mem_state_slots(o) * (f.slot_bytes / mib), f.scratch_bytes / mib,
-      sp.budget_bytes / mib, sp.n_pages, sp.n_pages * KV_PAGES_TOKENS, sp.kv_bytes / mib,
-      sp.n_slabs, sp.slab_bytes / mib);
+      f.packed_bytes / mib, o->max_num_seqs, o->max_num_seqs * (f.slot_bytes / mib),
+      f.scratch_bytes / mib, sp.budget_bytes / mib, sp.n_pages, sp.n_pages * KV_PAGES_TOKENS,
+      sp.kv_bytes / mib, sp.n_slabs, sp.slab_bytes / mib);
+  int sk = engine_mem_spec_k(o);
+  if (sk)
+    log_info(
+        "engine: speculative decoding: %d keep lanes x %d keep slots = %.0f MiB (at most %d "
+        "sequences verify drafts in one step)",
+        sp.keep_lanes, sk, sp.keep_lanes * sk * (f.slot_bytes / mib), sp.keep_lanes);
   /* resolved into the flags, so that engine_create (engine_mem_plan) agrees */
   o->kv_cache_tokens = sp.n_pages * KV_PAGES_TOKENS;
   if (o->enable_prefix_caching && sp.n_slabs == 0) {
@@ -184,7 +209,7 @@ int engine_mem_plan_device(engine_opts *o, const model_config *c, const model_we
   mo->n_pages = sp.n_pages;
   mo->n_slots = o->max_num_seqs + (o->enable_prefix_caching ? sp.n_slabs : 0);
   mo->packed = fs[0].packed_bytes > 0;
-  mo->keep_k = o->spec.method != SPEC_METHOD_NONE ? o->spec.k : 0; /* speculative decoding */
-  mo->keep_seqs = mo->keep_k ? o->max_num_seqs : 0;
+  mo->keep_k = sk;
+  mo->keep_lanes = sp.keep_lanes;
   return 0;
 }

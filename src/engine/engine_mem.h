@@ -6,7 +6,10 @@
  * With a device figure (the backend's mem_info; the CUDA backend), the budget is
  *     B = min(util x total, free) - weights - max_num_seqs slots - step scratch
  * (util = --gpu-memory-utilization; weights estimated from the checkpoint before upload;
- * scratch = twice the largest step's activations + the logits rows + 512 MiB), and
+ * scratch = twice the largest step's activations + the logits rows + 512 MiB); with speculative
+ * decoding (k drafts) the keep slots, k a lane, come off B first: a lane for each sequence that
+ * may verify drafts in one step (max_num_seqs, or disable_by_batch_size when smaller), cut to
+ * the lanes that fit in half of B (none fitting: an error); then
  *   - --kv-cache-tokens not given: the slabs take --snapshot-slabs x slab, else
  *     --prefix-cache-gib, else 25% of B capped at max(16, 4 x max_num_seqs) slabs; never more
  *     than half of B; the KV pages take the rest;
@@ -14,7 +17,8 @@
  *     --prefix-cache-gib, else the default count below) cut to what fits in B beside it.
  * Tensor parallelism (N ranks, a GPU each): every rank makes this plan for its share of the
  * model against its own device, and the pools take the fewest pages and slabs of any rank.
- * Without a device figure (the CPU backend): KV from --kv-cache-tokens (0: 32768 tokens), and
+ * Without a device figure (the CPU backend): KV from --kv-cache-tokens (0: 32768 tokens), the
+ * keep lanes uncut, and
  * --snapshot-slabs or the default count max(16, 2 x max_num_seqs) slabs. (--prefix-cache-gib
  * then only caps how many of them the cache holds.) */
 #ifndef DS_ENGINE_MEM_H
@@ -36,6 +40,7 @@ typedef struct engine_mem_facts {
 
 typedef struct engine_mem_split {
   int n_pages, n_slabs;
+  int keep_lanes;              /* speculative decoding's keep lanes (qwen35_mem_opts) */
   size_t budget_bytes;         /* B (0: no device figure) */
   size_t kv_bytes, slab_bytes; /* what the pages and slabs take (0 without a device figure) */
 } engine_mem_split;

@@ -401,7 +401,8 @@ static int engine_step_verify(engine *e, request *r, float *lg0, const int32_t *
   r->spec_draft_tokens += D;
   r->spec_accepted += acc;
   r->sched_tokens = kept; /* rows whose input stands */
-  if (kept <= D && qwen35_slot_copy(e->m, r->slot, qwen35_keep_slot(e->m, r->slot, kept - 1))) {
+  if (kept <= D &&
+      qwen35_slot_copy(e->m, r->slot, qwen35_keep_slot(e->m, r->sched_lane, kept - 1))) {
     log_error("engine: request %lld: restoring the state of its accepted drafts failed",
               (long long)r->id);
     snprintf(r->err, sizeof r->err, "restoring the state after a verify step failed");
@@ -497,6 +498,7 @@ int engine_step_run(engine *e) {
     q->slot = r->slot;
     q->logits = r->sched_sample ? QWEN35_LOGITS_LAST : QWEN35_LOGITS_NONE;
     if (r->sched_draft) q->logits = QWEN35_LOGITS_VERIFY;
+    q->keep = r->sched_lane;
     n_rows += r->sched_sample + r->sched_draft;
     n_verify += r->sched_draft > 0;
     decode_only &= r->sched_sample && q->n_tokens == 1 + r->sched_draft;

@@ -62,6 +62,7 @@ typedef struct request {
    * written past the tokens at tokens[n_tokens, n_tokens + sched_draft) (room: the scheduler
    * drafts at most max_tokens - output - 1); 0 when the piece is plain */
   int sched_draft;
+  int sched_lane; /* a verify piece's keep lane (fwd_seq.keep), distinct within the step */
   /* MTP drafts (SPEC_METHOD_MTP): made after the step that brought the request to n_tokens ==
    * mtp_at at its decode point; sched_draft takes them only there */
   int32_t mtp_draft[SPEC_MAX_TOKENS];

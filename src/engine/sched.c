@@ -30,6 +30,7 @@ struct sched {
   long long n_waits, n_demands; /* admissions deferred for an in-flight capture; demands */
   spec_config spec;             /* speculative decoding (method NONE: off) */
   int spec_on;                  /* drafts in the next step (sched_set_spec_on) */
+  int spec_lanes;               /* the most verify pieces a step holds (sched_set_spec) */
   double prefill_tps;           /* measured prefill tokens per second (sched_set_prefill_rate) */
   long long disk_declined;      /* disk restores declined as slower than recomputing */
   int max_model_len;
@@ -110,10 +111,11 @@ void sched_set_prefix_cache(sched *s, prefix_cache *pc, int snapshot_interval) {
   s->interval = snapshot_interval;
 }
 
-void sched_set_spec(sched *s, const spec_config *spec, int max_model_len) {
+void sched_set_spec(sched *s, const spec_config *spec, int max_model_len, int lanes) {
   memset(&s->spec, 0, sizeof s->spec);
   if (spec) s->spec = *spec;
   s->max_model_len = max_model_len;
+  s->spec_lanes = lanes;
   s->spec_on = 1;
 }
 
@@ -560,7 +562,7 @@ void sched_schedule(sched *s, sched_batch *b) {
 
   /* 1 and 2: running requests, decode rows first, then prefill pieces; drafts take only the
    * budget the decode rows after them leave (a draft never displaces a plain row) */
-  int n_dec = 0;
+  int n_dec = 0, lanes = 0;
   for (request *r = s->running.head; r; r = r->next) n_dec += r->n_computed >= r->n_prompt;
   for (int pass = 0; pass < 2; pass++) {
     request *next;
@@ -570,7 +572,8 @@ void sched_schedule(sched *s, sched_batch *b) {
       if (decode != (pass == 0) || r->sched_tokens) continue;
       int n = sched_piece(r, s->unit, budget);
       if (n == 0) continue;
-      if (decode) n += sched_draft(s, r, budget - n_dec--);
+      if (decode) n += sched_draft(s, r, lanes < s->spec_lanes ? budget - n_dec : 0);
+      n_dec -= decode;
       int rc = sched_reserve(s, b, r, r->n_computed + n);
       next = r->next; /* preemption may have unlinked the old successor */
       if (rc < 0 || (rc == 0 && r->state != REQ_STATE_RUNNING)) {
@@ -579,6 +582,7 @@ void sched_schedule(sched *s, sched_batch *b) {
         continue;
       }
       sched_take(b, r, n);
+      r->sched_lane = r->sched_draft ? lanes++ : -1;
       budget -= n;
     }
   }

@@ -97,8 +97,10 @@ void sched_set_prefix_cache(sched *s, prefix_cache *pc, int snapshot_interval);
  * (request.sched_draft), the drafts cut to the budget the later decode rows leave (a draft never
  * displaces a decode row), to the free pages, to max_tokens - output - 1 and to
  * max_model_len; sched_postprocess advances n_computed by the rows the engine kept
- * (sched_tokens, set by the engine after verifying) and gives back the pages past them. */
-void sched_set_spec(sched *s, const spec_config *spec, int max_model_len);
+ * (sched_tokens, set by the engine after verifying) and gives back the pages past them. At most
+ * `lanes` decode rows draft in one step (the model's keep lanes), each verify piece with a lane
+ * of its own (request.sched_lane). */
+void sched_set_spec(sched *s, const spec_config *spec, int max_model_len, int lanes);
 /* Whether the next steps draft at all (the engine's per-step choice, spec_policy; on after
  * sched_set_spec). */
 void sched_set_spec_on(sched *s, int on);

@@ -49,8 +49,8 @@ struct qwen35 {
   const model_config *c;
   backend *be;
   int n_pages, n_slots;
-  int keep_k, keep_seqs;                     /* keep slots after the n_slots (qwen35_mem_opts) */
-  int n_keep;                                /* keep_k * keep_seqs */
+  int keep_k, keep_lanes;                    /* keep slots after the n_slots (qwen35_mem_opts) */
+  int n_keep;                                /* keep_k * keep_lanes */
   backend_weight embed, final_norm, lm_head; /* lm_head == embed when tied */
   q_layer *L;
   size_t weight_bytes;
@@ -630,10 +630,10 @@ static int init_rank(qwen35 **out, const model_config *c, const model_weights *w
   m->n_pages = o->n_pages;
   m->n_slots = o->n_slots;
   /* a backend without set_keep runs no verify piece: no keep slots taken there */
-  if (o->keep_k > 0 && o->keep_seqs > 0 && be->set_keep) {
+  if (o->keep_k > 0 && o->keep_lanes > 0 && be->set_keep) {
     m->keep_k = o->keep_k;
-    m->keep_seqs = o->keep_seqs;
-    m->n_keep = o->keep_k * o->keep_seqs;
+    m->keep_lanes = o->keep_lanes;
+    m->n_keep = o->keep_k * o->keep_lanes;
   }
   m->L = calloc((size_t)c->n_layers, sizeof *m->L);
   if (!m->L) {
@@ -884,9 +884,9 @@ static int forward_issue(qwen35 *m, const fwd_seq *seqs, int n_seqs, int mode, i
     if (q->logits == QWEN35_LOGITS_VERIFY) {
       if (!qwen35_can_verify(m))
         return errf(err, errlen, "backend %s cannot run verify pieces", be->name);
-      if (q->slot >= m->keep_seqs || q->n_tokens - 1 > m->keep_k)
-        return errf(err, errlen, "sequence %d: a verify piece of %d rows at slot %d", s,
-                    q->n_tokens, q->slot);
+      if (q->keep < 0 || q->keep >= m->keep_lanes || q->n_tokens - 1 > m->keep_k)
+        return errf(err, errlen, "sequence %d: a verify piece of %d rows in keep lane %d", s,
+                    q->n_tokens, q->keep);
       any_verify = 1;
     }
     int need = (q->pos + q->n_tokens + QWEN35_PAGE_TOKENS - 1) / QWEN35_PAGE_TOKENS;
@@ -926,7 +926,7 @@ static int forward_issue(qwen35 *m, const fwd_seq *seqs, int n_seqs, int mode, i
     ln[s] = q->n_tokens;
     sp[s] = q->pos;
     sl[s] = q->slot;
-    kp[s] = q->logits == QWEN35_LOGITS_VERIFY ? qwen35_keep_slot(m, q->slot, 0) : -1;
+    kp[s] = q->logits == QWEN35_LOGITS_VERIFY ? qwen35_keep_slot(m, q->keep, 0) : -1;
     for (int p = 0; p < max_pages; p++)
       pt[(size_t)s * max_pages + p] = (q->pages && p < q->n_pages) ? q->pages[p] : -1;
     for (int t = 0; t < q->n_tokens; t++, row++) {
@@ -1297,9 +1297,9 @@ int qwen35_slot_zero(qwen35 *m, int slot) {
 backend *qwen35_backend(const qwen35 *m) { return m->be; }
 int qwen35_can_verify(const qwen35 *m) { return m->be->set_keep ? m->keep_k : 0; }
 
-int qwen35_keep_slot(const qwen35 *m, int slot, int r) {
-  CHECK(slot >= 0 && slot < m->keep_seqs && r >= 0 && r < m->keep_k);
-  return m->n_slots + slot * m->keep_k + r;
+int qwen35_keep_slot(const qwen35 *m, int lane, int r) {
+  CHECK(lane >= 0 && lane < m->keep_lanes && r >= 0 && r < m->keep_k);
+  return m->n_slots + lane * m->keep_k + r;
 }
 
 int qwen35_slot_copy(qwen35 *m, int dst, int src) {

@@ -34,10 +34,11 @@ typedef struct qwen35_mem_opts {
   int n_pages; /* KV pages in the pool */
   int n_slots; /* recurrent-state slots (running sequences + snapshot slabs) */
   int packed;  /* 1: the backend's packed copies of the dense layers' products (weight_pack) */
-  /* keep slots (speculative decoding; 0: none): keep_k state slots for each of the sequence
-   * slots [0, keep_seqs), after the n_slots: a verify piece of slot s (QWEN35_LOGITS_VERIFY)
-   * leaves its state after row r in slot n_slots + s * keep_k + r (qwen35_keep_slot) */
-  int keep_k, keep_seqs;
+  /* keep slots (speculative decoding; 0: none): keep_k state slots for each of keep_lanes
+   * lanes, after the n_slots: a verify piece (QWEN35_LOGITS_VERIFY) in lane l leaves its state
+   * after row r in slot n_slots + l * keep_k + r (qwen35_keep_slot); a step's verify pieces
+   * take distinct lanes, so the lanes bound the sequences that verify drafts in one step */
+  int keep_k, keep_lanes;
 } qwen35_mem_opts;
 
 /* Device bytes the packed copies of the dense layers' product weights (q, k, v, o, the
@@ -73,12 +74,13 @@ typedef struct fwd_seq {
   int n_pages;
   int slot;   /* state slot holding the recurrent state after `pos` tokens (zeroed at pos 0) */
   int logits; /* QWEN35_LOGITS_* */
+  int keep;   /* a verify piece's keep lane (qwen35_mem_opts.keep_lanes), unread otherwise */
 } fwd_seq;
 
 /* QWEN35_LOGITS_VERIFY: the logits of every row, and a verify piece (backend.h "Verify
  * pieces"; speculative decoding): its rows computed exactly as n_tokens one-token steps would
- * compute them, the state after row r < n_tokens - 1 left in qwen35_keep_slot(slot, r), the
- * state after the last row in `slot`. n_tokens - 1 <= keep_k, slot < keep_seqs; needs
+ * compute them, the state after row r < n_tokens - 1 left in qwen35_keep_slot(keep, r), the
+ * state after the last row in `slot`. n_tokens - 1 <= keep_k, keep < keep_lanes; needs
  * qwen35_can_verify. */
 enum {
   QWEN35_LOGITS_NONE = 0,
@@ -137,10 +139,10 @@ int qwen35_slot_zero(qwen35 *m, int slot);
 /* dst and src: slots or keep slots (a verify piece's kept state into its sequence's slot). */
 int qwen35_slot_copy(qwen35 *m, int dst, int src);
 /* Drafts a verify piece may carry: qwen35_mem_opts.keep_k when the backend keeps per-row states
- * (backend set_keep), else 0 (no verify pieces). qwen35_keep_slot: the keep slot holding a
- * verify piece of sequence slot `slot`'s state after its row r (for qwen35_slot_copy). */
+ * (backend set_keep), else 0 (no verify pieces). qwen35_keep_slot: the keep slot holding the
+ * state after row r of the verify piece in keep lane `lane` (for qwen35_slot_copy). */
 int qwen35_can_verify(const qwen35 *m);
-int qwen35_keep_slot(const qwen35 *m, int slot, int r);
+int qwen35_keep_slot(const qwen35 *m, int lane, int r);
 int qwen35_page_copy(qwen35 *m, int dst, int src); /* all rows, every full-attention layer */
 /* Host-side copies for the host tier: bytes are qwen35_slot_bytes / qwen35_page_bytes. */
 int qwen35_slot_read(qwen35 *m, int slot, void *host);

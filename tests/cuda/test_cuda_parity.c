@@ -373,7 +373,7 @@ static int run_fixture(const char *name, int emulate, fx_result *res) {
     EXPECT_MSG(want != NULL, "%s: cannot read %s", name, path);
     float *got = malloc(sizeof *got * (size_t)n * V);
     EXPECT(qwen35_slot_zero(f.m, 0) == 0);
-    fwd_seq s = {ids, n, 0, pages, n_pages, 0, QWEN35_LOGITS_ALL};
+    fwd_seq s = {ids, n, 0, pages, n_pages, 0, QWEN35_LOGITS_ALL, -1};
     rc = qwen35_forward(f.m, &s, 1, got, err, sizeof err);
     EXPECT_MSG(rc == 0, "%s: forward: %s", name, err);
     if (want && rc == 0) {
@@ -400,7 +400,7 @@ static int run_fixture(const char *name, int emulate, fx_result *res) {
       matched++;
       if (k + 1 == ng) break;
       int32_t t1 = tok;
-      fwd_seq d = {&t1, 1, n + k, pages, n_pages, 0, QWEN35_LOGITS_LAST};
+      fwd_seq d = {&t1, 1, n + k, pages, n_pages, 0, QWEN35_LOGITS_LAST, -1};
       rc = qwen35_forward(f.m, &d, 1, got, err, sizeof err);
       EXPECT_MSG(rc == 0, "%s: decode: %s", name, err);
       tok = argmax(got, V);
@@ -467,12 +467,12 @@ TEST(batch_invariance) {
     for (int i = 0; i < 8; i++) p0[i] = i, p1[i] = 8 + i, p2[i] = 16 + i;
     float *a = malloc(sizeof(float) * 80 * V), *b = malloc(sizeof(float) * 90 * V);
     rc |= qwen35_slot_zero(f.m, 0) | qwen35_slot_zero(f.m, 1) | qwen35_slot_zero(f.m, 2);
-    fwd_seq alone = {toks, 70, 0, p0, 8, 0, QWEN35_LOGITS_ALL};
+    fwd_seq alone = {toks, 70, 0, p0, 8, 0, QWEN35_LOGITS_ALL, -1};
     rc |= qwen35_forward(f.m, &alone, 1, a, err, sizeof err);
-    fwd_seq pre = {toks + 80, 3, 0, p2, 8, 2, QWEN35_LOGITS_NONE};
+    fwd_seq pre = {toks + 80, 3, 0, p2, 8, 2, QWEN35_LOGITS_NONE, -1};
     rc |= qwen35_forward(f.m, &pre, 1, b, err, sizeof err);
-    fwd_seq two[2] = {{toks + 83, 1, 3, p2, 8, 2, QWEN35_LOGITS_ALL},
-                      {toks, 70, 0, p1, 8, 1, QWEN35_LOGITS_ALL}};
+    fwd_seq two[2] = {{toks + 83, 1, 3, p2, 8, 2, QWEN35_LOGITS_ALL, -1},
+                      {toks, 70, 0, p1, 8, 1, QWEN35_LOGITS_ALL, -1}};
     rc |= qwen35_forward(f.m, two, 2, b, err, sizeof err);
     EXPECT_MSG(rc == 0, "%s", err);
     size_t ndiff = 0;
@@ -516,7 +516,7 @@ static void bench(const char *dir) {
   /* prefill: one sequence of plen tokens */
   for (int rep = 0; rep < 2; rep++) {
     qwen35_slot_zero(f.m, 0);
-    fwd_seq s = {toks, plen, 0, pages, per, 0, QWEN35_LOGITS_LAST};
+    fwd_seq s = {toks, plen, 0, pages, per, 0, QWEN35_LOGITS_LAST, -1};
     double a = now_s();
     rc |= qwen35_forward(f.m, &s, 1, logits, err, sizeof err);
     double b = now_s();
@@ -526,7 +526,7 @@ static void bench(const char *dir) {
   if (getenv("DS_PROFILE")) {
     prof_sync_overhead();
     qwen35_slot_zero(f.m, 0);
-    fwd_seq s = {toks, plen, 0, pages, per, 0, QWEN35_LOGITS_LAST};
+    fwd_seq s = {toks, plen, 0, pages, per, 0, QWEN35_LOGITS_LAST, -1};
     prof_reset();
     prof_on = 1;
     rc |= qwen35_forward(f.m, &s, 1, logits, err, sizeof err);
@@ -540,7 +540,8 @@ static void bench(const char *dir) {
     fwd_seq seqs[64];
     for (int s = 0; s < bs; s++) {
       qwen35_slot_copy(f.m, s, 0);
-      seqs[s] = (fwd_seq){toks + s, 1, plen, pages + (s ? s * per : 0), per, s, QWEN35_LOGITS_LAST};
+      seqs[s] =
+          (fwd_seq){toks + s, 1, plen, pages + (s ? s * per : 0), per, s, QWEN35_LOGITS_LAST, -1};
     }
     int steps = 20;
     double a = 0;

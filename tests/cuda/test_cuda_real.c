@@ -169,7 +169,7 @@ static int real_model(const char *dir, const char *name, real_res *res) {
 
   /* prefill: every row, the last R compared */
   if (qwen35_slot_zero(m, 0)) goto out;
-  fwd_seq s = {prompt, n, 0, pages, per, 0, QWEN35_LOGITS_ALL};
+  fwd_seq s = {prompt, n, 0, pages, per, 0, QWEN35_LOGITS_ALL, -1};
   if (qwen35_forward(m, &s, 1, lg, err, sizeof err)) {
     EXPECT_MSG(0, "%s: prefill: %s", name, err);
     goto out;
@@ -186,7 +186,7 @@ static int real_model(const char *dir, const char *name, real_res *res) {
     res->lead++;
     if (k + 1 == ng) break;
     int32_t t1 = tok;
-    fwd_seq d = {&t1, 1, n + k, pages, per, 0, QWEN35_LOGITS_LAST};
+    fwd_seq d = {&t1, 1, n + k, pages, per, 0, QWEN35_LOGITS_LAST, -1};
     if (qwen35_forward(m, &d, 1, lg, err, sizeof err)) {
       EXPECT_MSG(0, "%s: decode: %s", name, err);
       goto out;
@@ -197,7 +197,7 @@ static int real_model(const char *dir, const char *name, real_res *res) {
   /* teacher-forced on slot 1: the reference's tokens fed, each step's logits compared */
   res->has_steps = want_steps != NULL;
   if (qwen35_slot_zero(m, 1)) goto out;
-  fwd_seq s1 = {prompt, n, 0, pages + per, per, 1, QWEN35_LOGITS_LAST};
+  fwd_seq s1 = {prompt, n, 0, pages + per, per, 1, QWEN35_LOGITS_LAST, -1};
   if (qwen35_forward(m, &s1, 1, lg, err, sizeof err)) {
     EXPECT_MSG(0, "%s: prefill 2: %s", name, err);
     goto out;
@@ -205,7 +205,7 @@ static int real_model(const char *dir, const char *name, real_res *res) {
   for (int k = 0; k < ng; k++) {
     if (k > 0) {
       int32_t t1 = greedy[k - 1];
-      fwd_seq d = {&t1, 1, n + k - 1, pages + per, per, 1, QWEN35_LOGITS_LAST};
+      fwd_seq d = {&t1, 1, n + k - 1, pages + per, per, 1, QWEN35_LOGITS_LAST, -1};
       if (qwen35_forward(m, &d, 1, lg, err, sizeof err)) {
         EXPECT_MSG(0, "%s: decode 2: %s", name, err);
         goto out;

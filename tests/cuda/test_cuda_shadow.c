@@ -459,14 +459,14 @@ static void shadow_fixture(const char *name) {
     for (int i = 0; i < 12; i++) p0[i] = 11 - i, p1[i] = 12 + i;
     float *lg = malloc(sizeof(float) * 200 * V);
     rc |= qwen35_slot_zero(m, 0) | qwen35_slot_zero(m, 1);
-    fwd_seq a = {toks, 70, 0, p0, 12, 0, QWEN35_LOGITS_LAST};
+    fwd_seq a = {toks, 70, 0, p0, 12, 0, QWEN35_LOGITS_LAST, -1};
     rc |= qwen35_forward(m, &a, 1, lg, err, sizeof err);
-    fwd_seq two[2] = {{toks + 70, 61, 70, p0, 12, 0, QWEN35_LOGITS_ALL},
-                      {toks + 100, 5, 0, p1, 12, 1, QWEN35_LOGITS_ALL}};
+    fwd_seq two[2] = {{toks + 70, 61, 70, p0, 12, 0, QWEN35_LOGITS_ALL, -1},
+                      {toks + 100, 5, 0, p1, 12, 1, QWEN35_LOGITS_ALL, -1}};
     rc |= qwen35_forward(m, two, 2, lg, err, sizeof err);
     for (int k = 0; k < 3 && !rc; k++) {
-      fwd_seq d[2] = {{toks + 150 + k, 1, 131 + k, p0, 12, 0, QWEN35_LOGITS_LAST},
-                      {toks + 160 + k, 1, 5 + k, p1, 12, 1, QWEN35_LOGITS_LAST}};
+      fwd_seq d[2] = {{toks + 150 + k, 1, 131 + k, p0, 12, 0, QWEN35_LOGITS_LAST, -1},
+                      {toks + 160 + k, 1, 5 + k, p1, 12, 1, QWEN35_LOGITS_LAST, -1}};
       rc |= qwen35_forward(m, d, 2, lg, err, sizeof err);
     }
     EXPECT_MSG(rc == 0, "%s: forward: %s", name, err);

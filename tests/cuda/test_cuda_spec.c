@@ -54,7 +54,7 @@ static int line(const char *cs, double e, int want_close) {
 TEST(verify_rollback) {
   qwen35 *m = NULL;
   char err[200];
-  qwen35_mem_opts mo = {.n_pages = 12, .n_slots = 3, .keep_k = 3, .keep_seqs = 3};
+  qwen35_mem_opts mo = {.n_pages = 12, .n_slots = 3, .keep_k = 3, .keep_lanes = 3};
   EXPECT_MSG(qwen35_init(&m, &C, &W, BE, &mo, err, sizeof err) == 0, "%s", err);
   if (test_cur_failed) return;
   EXPECT(qwen35_can_verify(m) == 3);
@@ -63,7 +63,7 @@ TEST(verify_rollback) {
   for (int i = 0; i < N; i++) prompt[i] = (i * 37 + 11) % (int)V;
   float *lp = malloc(sizeof *lp * V * 3), *lg = malloc(sizeof *lg * V * 4);
   for (int s = 0; s < 3; s++) {
-    fwd_seq p = {prompt, N, 0, pg[s], 4, s, QWEN35_LOGITS_NONE};
+    fwd_seq p = {prompt, N, 0, pg[s], 4, s, QWEN35_LOGITS_NONE, -1};
     EXPECT(qwen35_forward(m, &p, 1, NULL, err, sizeof err) == 0);
   }
   int32_t t[4] = {(int32_t)(5 % V), (int32_t)(9 % V), (int32_t)(200 % V), (int32_t)(77 % V)};
@@ -71,15 +71,15 @@ TEST(verify_rollback) {
   float *sab = malloc(sb), *s1 = malloc(sb);
   /* plain: a, b (the state after them kept), c */
   for (int k = 0; k < 2; k++) {
-    fwd_seq d = {&t[k], 1, N + k, pg[0], 4, 0, QWEN35_LOGITS_LAST};
+    fwd_seq d = {&t[k], 1, N + k, pg[0], 4, 0, QWEN35_LOGITS_LAST, -1};
     EXPECT(qwen35_forward(m, &d, 1, lp + (size_t)k * V, err, sizeof err) == 0);
   }
   EXPECT(qwen35_slot_read(m, 0, sab) == 0);
-  fwd_seq dc = {&t[3], 1, N + 2, pg[0], 4, 0, QWEN35_LOGITS_LAST};
+  fwd_seq dc = {&t[3], 1, N + 2, pg[0], 4, 0, QWEN35_LOGITS_LAST, -1};
   EXPECT(qwen35_forward(m, &dc, 1, lp + 2 * V, err, sizeof err) == 0);
   /* one step: slot 1 verifies [a, b, x], slot 2 runs a */
-  fwd_seq st[2] = {{t, 3, N, pg[1], 4, 1, QWEN35_LOGITS_VERIFY},
-                   {&t[0], 1, N, pg[2], 4, 2, QWEN35_LOGITS_LAST}};
+  fwd_seq st[2] = {{t, 3, N, pg[1], 4, 1, QWEN35_LOGITS_VERIFY, 1},
+                   {&t[0], 1, N, pg[2], 4, 2, QWEN35_LOGITS_LAST, -1}};
   EXPECT_MSG(qwen35_forward(m, st, 2, lg, err, sizeof err) == 0, "%s", err);
   int ok = line("verify_row0", rel(lg, lp, V), 1);
   ok &= line("verify_row1", rel(lg + V, lp + V, V), 1);
@@ -89,7 +89,7 @@ TEST(verify_rollback) {
   EXPECT(qwen35_slot_copy(m, 1, qwen35_keep_slot(m, 1, 1)) == 0);
   EXPECT(qwen35_slot_read(m, 1, s1) == 0);
   ok &= line("kept_state", rel(s1, sab, sb / 4), 1);
-  fwd_seq c1 = {&t[3], 1, N + 2, pg[1], 4, 1, QWEN35_LOGITS_LAST};
+  fwd_seq c1 = {&t[3], 1, N + 2, pg[1], 4, 1, QWEN35_LOGITS_LAST, -1};
   EXPECT(qwen35_forward(m, &c1, 1, lg, err, sizeof err) == 0);
   ok &= line("step_after_rollback", rel(lg, lp + 2 * V, V), 1);
   EXPECT_MSG(ok, "a verify case is off (SPEC lines above)");
@@ -106,20 +106,20 @@ TEST(verify_rollback) {
 static int verify_run(backend *be, float *lg, void *st) {
   qwen35 *m = NULL;
   char err[200];
-  qwen35_mem_opts mo = {.n_pages = 4, .n_slots = 1, .keep_k = 3, .keep_seqs = 1};
+  qwen35_mem_opts mo = {.n_pages = 4, .n_slots = 1, .keep_k = 3, .keep_lanes = 1};
   if (qwen35_init(&m, &C, &W, be, &mo, err, sizeof err)) {
     printf("qwen35_init: %s\n", err);
     return -1;
   }
   int32_t prompt[29], pg[4] = {0, 1, 2, 3};
   for (int i = 0; i < 29; i++) prompt[i] = (i * 31 + 7) % (int)V;
-  fwd_seq p = {prompt, 29, 0, pg, 4, 0, QWEN35_LOGITS_NONE};
+  fwd_seq p = {prompt, 29, 0, pg, 4, 0, QWEN35_LOGITS_NONE, -1};
   int rc = qwen35_forward(m, &p, 1, NULL, err, sizeof err), pos = 29;
   for (int i = 0; i < NS && !rc; i++) {
     int32_t x[3] = {(int32_t)((i * 3 + 1) * 17 % V), (int32_t)((i * 3 + 2) * 17 % V),
                     (int32_t)((i * 3 + 3) * 17 % V)};
     int kept = i % 2 ? 3 : 2;
-    fwd_seq v = {x, 3, pos, pg, 4, 0, QWEN35_LOGITS_VERIFY};
+    fwd_seq v = {x, 3, pos, pg, 4, 0, QWEN35_LOGITS_VERIFY, 0};
     rc = qwen35_forward(m, &v, 1, lg + (size_t)i * 3 * V, err, sizeof err);
     if (!rc && kept < 3) rc = qwen35_slot_copy(m, 0, qwen35_keep_slot(m, 0, kept - 1));
     pos += kept;
@@ -143,7 +143,7 @@ TEST(verify_graphs_replayed) {
   char *sa = NULL, *sbuf = NULL;
   if (ref && rec) {
     qwen35 *m = NULL;
-    qwen35_mem_opts mo = {.n_pages = 4, .n_slots = 1, .keep_k = 3, .keep_seqs = 1};
+    qwen35_mem_opts mo = {.n_pages = 4, .n_slots = 1, .keep_k = 3, .keep_lanes = 1};
     if (!qwen35_init(&m, &C, &W, ref, &mo, err, sizeof err)) {
       sb = qwen35_slot_bytes(m);
       qwen35_free(m);

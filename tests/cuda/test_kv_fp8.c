@@ -250,7 +250,7 @@ static void model_decode_case(const char *dir) {
     for (int i = 0; i < n; i++) ids[i] = (i * 53 + 7) % V;
     float *lc = malloc(sizeof *lc * (size_t)n * V), *lg = malloc(sizeof *lg * (size_t)n * V);
     EXPECT(qwen35_slot_zero(mc, 0) == 0 && qwen35_slot_zero(mg, 0) == 0);
-    fwd_seq s = {ids, n, 0, pages, 8, 0, QWEN35_LOGITS_ALL};
+    fwd_seq s = {ids, n, 0, pages, 8, 0, QWEN35_LOGITS_ALL, -1};
     EXPECT(qwen35_forward(mc, &s, 1, lc, err, sizeof err) == 0);
     EXPECT(qwen35_forward(mg, &s, 1, lg, err, sizeof err) == 0);
     double worst = 0;
@@ -261,7 +261,7 @@ static void model_decode_case(const char *dir) {
     int tok = argmax(lc + (size_t)(n - 1) * V, V);
     for (int st = 0; st < 24; st++) { /* both follow the CPU's tokens */
       int32_t t1 = tok;
-      fwd_seq d = {&t1, 1, n + st, pages, 8, 0, QWEN35_LOGITS_LAST};
+      fwd_seq d = {&t1, 1, n + st, pages, 8, 0, QWEN35_LOGITS_LAST, -1};
       EXPECT(qwen35_forward(mc, &d, 1, lc, err, sizeof err) == 0);
       EXPECT(qwen35_forward(mg, &d, 1, lg, err, sizeof err) == 0);
       double e = relerr(lg, lc, (size_t)V);

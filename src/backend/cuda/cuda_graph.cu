@@ -809,6 +809,19 @@ static graph_entry *graph_find(cuda_ctx *c, uint64_t h) {
   return NULL;
 }
 
+/* Ends a flushed step: runs its ops as issued unless a graph ran them (done), then drops them. */
+static void step_finish(cuda_ctx *c, int done) {
+  cuda_graphs *g = c->gr;
+  if (!done) {
+    graph_run_ops(c);
+    g->direct++;
+    g->last_sig.swap(g->sig);
+  }
+  g->ops.clear();
+  g->args.clear();
+  g->sig.clear();
+}
+
 /* The recorded step's collectives alone, as issued: a rank that failed still takes part in
  * them, so that no other rank waits forever. */
 static void run_collectives(cuda_graphs *g) {
@@ -852,14 +865,9 @@ static void flush_ranks(cuda_ctx *c) {
   }
   if (c->failed) {
     run_collectives(g);
-  } else if (!done) {
-    graph_run_ops(c);
-    g->direct++;
-    g->last_sig.swap(g->sig);
+    done = 1;
   }
-  g->ops.clear();
-  g->args.clear();
-  g->sig.clear();
+  step_finish(c, done);
 }
 
 /* Runs what was recorded (see above). */
@@ -869,9 +877,7 @@ void cuda_graph_flush(cuda_ctx *c) {
   g->rec = 0;
   if (g->rep_pending && !c->failed) {
     graph_repeat(c);
-    g->ops.clear();
-    g->args.clear();
-    g->sig.clear();
+    step_finish(c, 1);
     return;
   }
   g->rep_pending = 0;
@@ -895,14 +901,7 @@ void cuda_graph_flush(cuda_ctx *c) {
     }
     if (!done && g->sig == g->last_sig && g->sig != g->bad_sig) done = graph_capture(c, h);
   }
-  if (!done) {
-    graph_run_ops(c);
-    g->direct++;
-    g->last_sig.swap(g->sig);
-  }
-  g->ops.clear();
-  g->args.clear();
-  g->sig.clear();
+  step_finish(c, done);
 }
 
 /* An op that cannot be recorded (it synchronises or allocates): what was recorded runs now

@@ -205,6 +205,7 @@ typedef struct up_opts {
   int mtp; /* the MTP drafter (the model's head) instead of n-gram */
   int cache, budget, kv_tokens, seqs;
   int measured; /* whether steps draft decided by spec_policy (else every step may draft) */
+  int lanes;    /* the model's keep lanes, as a device plan may cut them (0: the CPU plan's) */
 } up_opts;
 
 typedef struct rigs {
@@ -236,8 +237,12 @@ static int up(rigs *g, const up_opts *u) {
   char err[200];
   g->m = NULL;
   g->e = NULL;
-  if (engine_mem_plan(&o, &C, &mo, err, sizeof err) ||
-      qwen35_init(&g->m, &C, &W, BE, &mo, err, sizeof err)) {
+  if (engine_mem_plan(&o, &C, &mo, err, sizeof err)) {
+    printf("  up: %s\n", err);
+    return -1;
+  }
+  if (u->lanes) mo.keep_lanes = u->lanes;
+  if (qwen35_init(&g->m, &C, &W, BE, &mo, err, sizeof err)) {
     printf("  up: %s\n", err);
     return -1;
   }
@@ -434,6 +439,25 @@ TEST(greedy_same_tokens_and_logits) {
       report(what, &s1);
     }
   }
+}
+
+/* A model with fewer keep lanes than sequences (the device plan cuts them to what memory
+ * holds): at most that many sequences verify drafts in a step, the others decode plainly, and
+ * the tokens are the plain ones. */
+TEST(fewer_lanes_same_tokens) {
+  prompts(REF, NQ, 40, 0);
+  engine_stats s0, s1;
+  up_opts off = {0}, on = {.k = 3, .lanes = 2};
+  EXPECT(run_set(&off, REF, NQ, &s0));
+  prompts(GOT, NQ, 40, 0);
+  replay_ref(NQ, 0);
+  EXPECT(run_set(&on, GOT, NQ, &s1));
+  EXPECT(same(REF, GOT, NQ, "greedy, 2 lanes"));
+  EXPECT(s1.spec_num_drafts > 0 && s1.spec_num_accepted_tokens > 0);
+  EXPECT(s1.steps < s0.steps);
+  report("greedy, 2 keep lanes", &s1);
+  sq_free(REF, NQ);
+  sq_free(GOT, NQ);
 }
 
 /* The bench's following replay (draft_replay_follow): a request given a recorded run that is
@@ -955,6 +979,7 @@ int main(void) {
     printf("model %s\n", MODEL);
     RUN(verify_piece_rollback);
     RUN(greedy_same_tokens_and_logits);
+  RUN(fewer_lanes_same_tokens);
     RUN(replay_follow);
     RUN(greedy_alone);
     RUN(measured_policy_same_tokens);

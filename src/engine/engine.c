@@ -540,7 +540,8 @@ engine *engine_create(qwen35 *model, const engine_opts *o, char *err, size_t err
     engine_destroy(e, 0);
     return NULL;
   }
-  sched_set_spec(e->s, spec ? &o->spec : NULL, e->max_model_len, mo.keep_lanes);
+  /* the model's lanes: a device plan may have cut them below this plan's */
+  sched_set_spec(e->s, spec ? &o->spec : NULL, e->max_model_len, qwen35_keep_lanes(model));
   spec_policy_init(&e->pol);
   e->spec_on = 1;
   if (o->startup_forward && engine_startup_forward(e, mo.n_pages, err, errlen) != 0) {

@@ -1297,6 +1297,8 @@ int qwen35_slot_zero(qwen35 *m, int slot) {
 backend *qwen35_backend(const qwen35 *m) { return m->be; }
 int qwen35_can_verify(const qwen35 *m) { return m->be->set_keep ? m->keep_k : 0; }
 
+int qwen35_keep_lanes(const qwen35 *m) { return m->keep_lanes; }
+
 int qwen35_keep_slot(const qwen35 *m, int lane, int r) {
   CHECK(lane >= 0 && lane < m->keep_lanes && r >= 0 && r < m->keep_k);
   return m->n_slots + lane * m->keep_k + r;

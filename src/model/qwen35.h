@@ -143,6 +143,8 @@ int qwen35_slot_copy(qwen35 *m, int dst, int src);
  * state after row r of the verify piece in keep lane `lane` (for qwen35_slot_copy). */
 int qwen35_can_verify(const qwen35 *m);
 int qwen35_keep_slot(const qwen35 *m, int lane, int r);
+/* The keep lanes the model holds (qwen35_mem_opts.keep_lanes; 0 without verify pieces). */
+int qwen35_keep_lanes(const qwen35 *m);
 int qwen35_page_copy(qwen35 *m, int dst, int src); /* all rows, every full-attention layer */
 /* Host-side copies for the host tier: bytes are qwen35_slot_bytes / qwen35_page_bytes. */
 int qwen35_slot_read(qwen35 *m, int slot, void *host);

@@ -2,12 +2,17 @@
  * (weight_upload_fp8: e4m3 bytes and one fp32 scale per bn x bk block, model/fp8.h).
  *
  *   rows of the step        path                                         kernel
- *   1 .. gemv_maxt (4)      the GEMV kernels with FP8 rows (cuda_gemm.cu, k_gemv, k_gemv_multi,
- *                           cuda_fp8.cuh f8_row); the decode recorder    k_gemv_glu
- *                           fuses them as it fuses bf16 rows
+ *   2 .. gemv_maxt (4)      tensor cores in the GEMV families' launches  k_gemv_f8s
+ *                           (cuda_gemm.cu: several products of one x,
+ *                           gate/up/swiglu, the norm fold's epilogues),
+ *                           as the decode recorder fuses bf16 rows
  *   .. FP8_MMA_MAXT (64)    tensor cores: 16 weight rows a block, e4m3    k_fp8_mma
  *                           and the activations as f16 (cuda_fp8.cuh
- *                           f8m_block)
+ *                           f8s_block)
+ *   1, and 1 .. 4 under     the GEMV kernels with FP8 rows (cuda_fp8.cuh k_gemv, ...
+ *    --batch-invariant,     f8_row: the batch-invariant GEMV's order)
+ *    or a shape f8s_block
+ *    does not take
  *   more, every step under  the weight dequantized to bf16 into the      k_fp8_dequant, then
  *    --batch-invariant,     shared scratch, then the bf16 GEMM paths     cuda_gemm
  *    and shapes the above
@@ -94,21 +99,21 @@ __global__ void k_fp8_dequant_many(fp8_dq_list l, int N, int K, int bn, int bk, 
 }
 
 /* y[t, n] for the step's T rows (1 .. 8 NT), a block per F8M_ROWS weight rows
- * (cuda_fp8.cuh f8m_block). */
+ * (cuda_fp8.cuh f8s_block). */
 template <int NT>
 __global__ void __launch_bounds__(F8M_KW * 32)
     k_fp8_mma(const bf16 *__restrict__ x, int T, f8_view v, int N, int K, bf16 *__restrict__ y) {
   pdl_enter();
-  float out[NT][4];
   int r0 = blockIdx.x * F8M_ROWS, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  f8m_block<NT>(x, T, v, N, K, r0, out);
+  float o[1][NT][4];
+  f8s_block<NT, 1, 2>(x, T, &v, N, K, r0, o);
   if (threadIdx.x < 32)
 #pragma unroll
     for (int j = 0; j < NT; j++)
 #pragma unroll
       for (int i = 0; i < 4; i++) {
         int tok = 8 * j + 2 * t + (i & 1), row = r0 + g + 8 * (i >> 1);
-        if (tok < T && row < N) y[(size_t)tok * N + row] = f2bf(out[j][i]);
+        if (tok < T && row < N) y[(size_t)tok * N + row] = f2bf(o[0][j][i]);
       }
 }
 

@@ -165,7 +165,8 @@ __device__ __forceinline__ void f8_row2(const bf16 *__restrict__ x, const f8_vie
  * A block takes F8M_ROWS (16) output columns (weight rows r0 ..) and all the step's rows; its
  * F8M_KW warps split K in 64-column rounds (warp w: rounds w, w + F8M_KW, ...). In a round, lane
  * (g = lane / 4, t = lane % 4) loads 16 e4m3 of weight rows r0 + g and r0 + g + 8 at columns
- * c0 + 16 t .. and the same 16 columns of activation rows 8 j + g, and feeds four m16n8k16 f16
+ * c0 + 16 t .. and takes the same 16 columns of activation rows 8 j + g (staged in shared
+ * memory, f8s_block), and feeds four m16n8k16 f16
  * products: a product's k-slots 2t, 2t+1, 2t+8, 2t+9 are the lane's columns 4 m .. 4 m + 3 (a
  * dot product does not care which slot holds which column, as long as both operands agree).
  * e4m3 converts exactly to f16 (cvt.rn.f16x2.e4m3x2); an activation is scaled by 2^-8 before
@@ -175,9 +176,8 @@ __device__ __forceinline__ void f8_row2(const bf16 *__restrict__ x, const f8_vie
  * round's sums are scaled once. The warps' partial sums are added through shared memory in warp
  * order: the bits do not depend on the number of rows of the step. */
 #define F8M_ROWS 16
-#define F8M_KW 8     /* warps per block, splitting K */
-#define F8M_COLS 64  /* columns per round */
-#define F8M_UNROLL 2 /* rounds in flight per warp */
+#define F8M_KW 8    /* warps per block, splitting K */
+#define F8M_COLS 64 /* columns per round */
 #define F8M_XSCALE 0x1p-8f
 
 __host__ __device__ static inline int f8m_fits(long long N, long long K, int bn, int bk) {
@@ -205,81 +205,114 @@ __device__ __forceinline__ void mma_f16(float d[4], uint32_t a0, uint32_t a1, ui
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-/* The block's sums: out[j][i] for activation rows 8 j + 2 t + (i & 1), weight rows r0 + g +
- * 8 (i >> 1), as lane (g, t) of warp 0 holds them after the reduction (other warps: undefined). */
-template <int NT>
-__device__ __forceinline__ void f8m_block(const bf16 *__restrict__ x, int T, const f8_view &v,
-                                          int N, int K, int r0, float (*out)[4]) {
-  __shared__ float red[F8M_KW][NT][4][32];
+/* The block's sums with the activations staged: in each 64-column round the warp converts the
+ * round's columns of 8 activation rows at a time once (two columns a lane, one coalesced 4-byte
+ * load each) into f16 pairs in shared memory, and every lane takes its B fragment from there
+ * (a lane converting the 16 columns of its own row instead would do the work of 32 lanes for
+ * the 8 rows, and at one row 28 of its 32 lanes' conversions are zeros). R matrices (1, or 2:
+ * gate and up) share the staged columns; U rounds' weight loads are in flight per warp.
+ * out[r][j][i]: matrix r's sum for activation row 8 j + 2 t + (i & 1), weight row r0 + g +
+ * 8 (i >> 1), as lane (g, t) of warp 0 holds them after the reduction (other warps: undefined).
+ * A sum's bits do not depend on T: an mma's output column is its own row's. */
+template <int NT, int R, int U>
+__device__ __forceinline__ void f8s_block(const bf16 *__restrict__ x, int T, const f8_view *v,
+                                          int N, int K, int r0, float (*out)[NT][4]) {
+  __shared__ __align__(16) uint32_t xs[F8M_KW][8][F8M_COLS / 2];
+  __shared__ float red[F8M_KW][R][NT][4][32];
   int wp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  float acc[NT][4];
+  float acc[R][NT][4];
 #pragma unroll
-  for (int j = 0; j < NT; j++)
+  for (int r = 0; r < R; r++)
 #pragma unroll
-    for (int i = 0; i < 4; i++) acc[j][i] = 0.f;
-  int ra = r0 + g, rb = r0 + g + 8;
-  const uint8_t *wa = v.q + (size_t)min(ra, N - 1) * K, *wb = v.q + (size_t)min(rb, N - 1) * K;
-  const float *sr = v.s + (size_t)(r0 / v.bn) * v.scols;
-  int rounds = K / F8M_COLS;
-  for (int r = wp; r < rounds; r += F8M_KW * F8M_UNROLL) {
-    uint4 qa[F8M_UNROLL], qb[F8M_UNROLL];
-    float sc[F8M_UNROLL];
+    for (int j = 0; j < NT; j++)
 #pragma unroll
-    for (int u = 0; u < F8M_UNROLL; u++) {
-      int rr = r + u * F8M_KW, c = rr * F8M_COLS + 16 * t;
-      bool in = rr < rounds;
-      qa[u] = in ? ld_stream16(wa + c) : make_uint4(0, 0, 0, 0);
-      qb[u] = in ? ld_stream16(wb + c) : make_uint4(0, 0, 0, 0);
-      sc[u] = in ? __ldg(sr + ((rr * F8M_COLS) >> v.bks)) * (1.f / F8M_XSCALE) : 0.f;
-    }
+      for (int i = 0; i < 4; i++) acc[r][j][i] = 0.f;
+  const uint8_t *wa[R], *wb[R];
+  const float *sr[R];
 #pragma unroll
-    for (int u = 0; u < F8M_UNROLL; u++) {
-      int rr = r + u * F8M_KW, c = rr * F8M_COLS + 16 * t;
+  for (int r = 0; r < R; r++) {
+    wa[r] = v[r].q + (size_t)min(r0 + g, N - 1) * K;
+    wb[r] = v[r].q + (size_t)min(r0 + g + 8, N - 1) * K;
+    sr[r] = v[r].s + (size_t)(r0 / v[r].bn) * v[r].scols;
+  }
+  int rounds = K / F8M_COLS, bks = v[0].bks;
+  for (int rd = wp; rd < rounds; rd += F8M_KW * U) {
+    uint4 qa[R][U], qb[R][U];
+    float sc[R][U];
+#pragma unroll
+    for (int u = 0; u < U; u++)
+#pragma unroll
+      for (int r = 0; r < R; r++) {
+        int rr = rd + u * F8M_KW, c = rr * F8M_COLS + 16 * t;
+        bool in = rr < rounds;
+        qa[r][u] = in ? ld_stream16(wa[r] + c) : make_uint4(0, 0, 0, 0);
+        qb[r][u] = in ? ld_stream16(wb[r] + c) : make_uint4(0, 0, 0, 0);
+        sc[r][u] = in ? __ldg(sr[r] + ((rr * F8M_COLS) >> bks)) * (1.f / F8M_XSCALE) : 0.f;
+      }
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      int rr = rd + u * F8M_KW, c0 = rr * F8M_COLS;
       if (rr >= rounds) break;
-      const uint32_t wa4[4] = {qa[u].x, qa[u].y, qa[u].z, qa[u].w},
-                     wb4[4] = {qb[u].x, qb[u].y, qb[u].z, qb[u].w};
-      uint32_t A[4][4];
+      uint32_t A[R][4][4];
 #pragma unroll
-      for (int m = 0; m < 4; m++) {
-        A[m][0] = f8m_cvt2(wa4[m]);
-        A[m][1] = f8m_cvt2(wb4[m]);
-        A[m][2] = f8m_cvt2(wa4[m] >> 16);
-        A[m][3] = f8m_cvt2(wb4[m] >> 16);
+      for (int r = 0; r < R; r++) {
+        const uint32_t wa4[4] = {qa[r][u].x, qa[r][u].y, qa[r][u].z, qa[r][u].w},
+                       wb4[4] = {qb[r][u].x, qb[r][u].y, qb[r][u].z, qb[r][u].w};
+#pragma unroll
+        for (int m = 0; m < 4; m++) {
+          A[r][m][0] = f8m_cvt2(wa4[m]);
+          A[r][m][1] = f8m_cvt2(wb4[m]);
+          A[r][m][2] = f8m_cvt2(wa4[m] >> 16);
+          A[r][m][3] = f8m_cvt2(wb4[m] >> 16);
+        }
       }
 #pragma unroll
       for (int j = 0; j < NT; j++) {
-        int tr = 8 * j + g;
+        __syncwarp();
+#pragma unroll
+        for (int q = 0; q < 8; q++)
+          if (8 * j + q < T)
+            xs[wp][q][lane] =
+                f8m_x2(__ldg((const uint32_t *)(x + (size_t)(8 * j + q) * K + c0) + lane));
+        __syncwarp();
         uint4 x0 = make_uint4(0, 0, 0, 0), x1 = x0;
-        if (tr < T) {
-          const uint4 *xp = (const uint4 *)(x + (size_t)tr * K + c);
+        if (8 * j + g < T) {
+          const uint4 *xp = (const uint4 *)&xs[wp][g][8 * t];
           x0 = xp[0];
           x1 = xp[1];
         }
         const uint32_t xw[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
-        float d[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-        for (int m = 0; m < 4; m++)
-          mma_f16(d, A[m][0], A[m][1], A[m][2], A[m][3], f8m_x2(xw[2 * m]), f8m_x2(xw[2 * m + 1]));
+        for (int r = 0; r < R; r++) {
+          float d[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-        for (int i = 0; i < 4; i++) acc[j][i] += d[i] * sc[u];
+          for (int m = 0; m < 4; m++)
+            mma_f16(d, A[r][m][0], A[r][m][1], A[r][m][2], A[r][m][3], xw[2 * m], xw[2 * m + 1]);
+#pragma unroll
+          for (int i = 0; i < 4; i++) acc[r][j][i] += d[i] * sc[r][u];
+        }
       }
     }
   }
 #pragma unroll
-  for (int j = 0; j < NT; j++)
-#pragma unroll
-    for (int i = 0; i < 4; i++) red[wp][j][i][lane] = acc[j][i];
-  __syncthreads();
-  if (wp == 0) {
+  for (int r = 0; r < R; r++)
 #pragma unroll
     for (int j = 0; j < NT; j++)
 #pragma unroll
-      for (int i = 0; i < 4; i++) {
-        float s = red[0][j][i][lane];
+      for (int i = 0; i < 4; i++) red[wp][r][j][i][lane] = acc[r][j][i];
+  __syncthreads();
+  if (wp == 0) {
 #pragma unroll
-        for (int w = 1; w < F8M_KW; w++) s += red[w][j][i][lane];
-        out[j][i] = s;
-      }
+    for (int r = 0; r < R; r++)
+#pragma unroll
+      for (int j = 0; j < NT; j++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+          float s = red[0][r][j][i][lane];
+#pragma unroll
+          for (int w = 1; w < F8M_KW; w++) s += red[w][r][j][i][lane];
+          out[r][j][i] = s;
+        }
   }
 }
 

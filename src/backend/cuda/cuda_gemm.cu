@@ -10,8 +10,10 @@
  *   larger                  cuBLAS bf16 GEMM, fp32 accumulation           cublasGemmEx
  *   --batch-invariant       GEMV up to 8 rows, else the GEMV arithmetic   k_gemv, k_gemv_all
  *                           in groups of 8 rows
- *   an FP8 weight           cuda_fp8.cu (its GEMV, or dequantized into     k_fp8_gemv,
- *                           scratch and the paths above)                   k_fp8_dequant
+ *   an FP8 weight           cuda_fp8.cu's table: tensor cores (at the      k_gemv_f8s,
+ *                           GEMV path's rows in the families' launches     k_fp8_mma,
+ *                           here), or dequantized into scratch and the     k_fp8_dequant
+ *                           paths above
  *
  * The decode-step recorder (cuda_graph.cu) also launches the fused forms through cuda_gemm.cuh:
  * several products of one x (k_gemv_multi), gate/up/swiglu (k_gemv_glu) and the norm fold's
@@ -434,6 +436,86 @@ void cuda_gemm_narrow(cuda_ctx *c, const bf16 *x, int T, int K, int m, const bf1
   cuda_check_launch(c, "matmul (narrow)");
 }
 
+/* ---- FP8 weights: the tensor-core rows (cuda_fp8.cuh f8s_block) ----
+ * The GEMV families' products of FP8 weights, as blocks of F8M_ROWS weight rows whose warps
+ * split K, with the families' epilogues: several matrices of one x (a block's rows lie in one),
+ * gate/up/swiglu (R = 2), GEMV_RES and GEMV_LATE. Taken when every matrix has N % F8M_ROWS == 0
+ * and f8m_fits (f8s_fits), not under --batch-invariant (whose GEMV bits are the FP8 rows'). */
+struct f8s_job {
+  f8_view f[GEMV_MULTI];  /* R = 2: gate, up */
+  bf16 *y[GEMV_MULTI];    /* R = 2: gate, up, out */
+  int n0[GEMV_MULTI + 1]; /* matrix m's rows are n0[m] .. n0[m + 1] (multiples of F8M_ROWS) */
+  int cnt;
+};
+
+template <int T, int MODE, int R, int U>
+__global__ void __launch_bounds__(F8M_KW * 32)
+    k_gemv_f8s(const bf16 *__restrict__ x, f8s_job jb, int K, gemv_nf nf) {
+  constexpr int NT = (T + 7) / 8;
+  gemv_enter<MODE>();
+  int rg = blockIdx.x * F8M_ROWS, m = 0;
+#pragma unroll
+  for (int i = 1; i < GEMV_MULTI; i++)
+    if (i < jb.cnt && rg >= jb.n0[i]) m = i;
+  int N = jb.n0[m + 1] - jb.n0[m], r0 = rg - jb.n0[m];
+  f8_view v[R];
+  v[0] = jb.f[R == 1 ? m : 0];
+  if constexpr (R == 2) v[1] = jb.f[1];
+  float out[R][NT][4];
+  f8s_block<NT, R, U>(x, T, v, N, K, r0, out);
+  if (threadIdx.x >= 32) return;
+  if constexpr (MODE == GEMV_LATE) pdl_wait(); /* the norm's factors come from the kernel before */
+  int lane = threadIdx.x, g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int j = 0; j < NT; j++)
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+      int tok = 8 * j + 2 * t + (i & 1), row = r0 + g + 8 * (i >> 1);
+      if (tok >= T || row >= N) continue;
+      float iv = MODE == GEMV_LATE ? __ldcg(nf.inv + tok) : 1.f;
+      size_t o = (size_t)tok * N + row;
+      if constexpr (R == 2) {
+        bf16 gb = f2bf(out[0][j][i] * iv), ub = f2bf(out[1][j][i] * iv);
+        jb.y[0][o] = gb;
+        jb.y[1][o] = ub;
+        jb.y[2][o] = f2bf(siluf_dev(bf2f(gb)) * bf2f(ub));
+      } else {
+        bf16 yb = f2bf(out[0][j][i] * iv);
+        jb.y[m][o] = yb;
+        if (MODE == GEMV_RES) {
+          bf16 rb = f2bf(bf2f(nf.res[o]) + bf2f(yb));
+          nf.res[o] = rb;
+          nf.xg[o] = f2bf(bf2f(rb) * (1.f + nf.g[row]));
+        }
+      }
+    }
+}
+
+/* 1 when the FP8 views v[0 .. m) of products of T rows (N[i] rows each) take k_gemv_f8s: 2 to
+ * 4 rows (verify pieces); one row streams faster through the FP8 GEMV rows. */
+static int f8s_fits(const cuda_ctx *c, const f8_view *v, const int *N, int m, int T, int K) {
+  if (c->batch_invariant || T < 2 || T > GEMV_MAXT_DEFAULT) return 0;
+  for (int i = 0; i < m; i++)
+    if (!v[i].q || N[i] % F8M_ROWS || !f8m_fits(N[i], K, v[i].bn, 1 << v[i].bks)) return 0;
+  return 1;
+}
+
+/* k_gemv_f8s over jb (m matrices; R = 2: gate and up of N rows). */
+template <int MODE, int R>
+static void f8s_launch(cuda_ctx *c, const bf16 *x, f8s_job &jb, int m, int T, int K, gemv_nf nf) {
+  jb.cnt = R == 2 ? 1 : m;
+  for (int i = jb.cnt + 1; i <= GEMV_MULTI; i++) jb.n0[i] = jb.n0[jb.cnt];
+  unsigned blocks = (unsigned)(jb.n0[GEMV_MULTI] / F8M_ROWS);
+  constexpr int U = R == 2 ? 2 : 4; /* the same bytes in flight per warp */
+  switch (T) {
+// clang-format off
+#define G(n) case n: k_gemv_f8s<n, MODE, R, U><<<blocks, F8M_KW * 32, 0, c->st>>>(x, jb, K, nf); break;
+    G(2) G(3) G(4)
+#undef G
+    // clang-format on
+  }
+}
+
 /* k_gemv in blocks of WB warps (rows). */
 template <int WB, int MODE>
 static void gemv_launch(cuda_ctx *c, const bf16 *x, const gemv_w &W, int T, int K, int N, bf16 *y,
@@ -461,7 +543,14 @@ static void gemv_launch(cuda_ctx *c, const bf16 *x, const gemv_w &W, int T, int 
 template <int MODE>
 static void gemv_mode(cuda_ctx *c, const bf16 *x, const gemv_w &W, int T, int K, int N, bf16 *y,
                       const gemv_nf &nf) {
-  if (N <= GEMV_SMALL_N)
+  if (f8s_fits(c, &W.f, &N, 1, T, K)) {
+    f8s_job jb;
+    memset(&jb, 0, sizeof jb);
+    jb.f[0] = W.f;
+    jb.y[0] = y;
+    jb.n0[1] = N;
+    f8s_launch<MODE, 1>(c, x, jb, 1, T, K, nf);
+  } else if (N <= GEMV_SMALL_N)
     gemv_launch<GEMV_SMALL_WARPS, MODE>(c, x, W, T, K, N, y, nf);
   else
     gemv_launch<GEMV_WARPS, MODE>(c, x, W, T, K, N, y, nf);
@@ -575,6 +664,19 @@ static void launch_multi(cuda_ctx *c, const bf16 *x, int T, int K, int m,
     f8 |= v.f.q != NULL;
     gemv_set_add(s, W[i]->bf, y[i], N[i]);
   }
+  if (f8s_fits(c, s.f8, N, m, T, K)) {
+    f8s_job jb;
+    memset(&jb, 0, sizeof jb);
+    for (int i = 0; i < m; i++) {
+      jb.f[i] = s.f8[i];
+      jb.y[i] = y[i];
+      jb.n0[i + 1] = jb.n0[i] + N[i];
+    }
+    f8s_launch<MODE, 1>(c, x, jb, m, T, K, nf);
+    cuda_check_launch(c, MODE == GEMV_LATE ? "matmul (fused fp8 mma, norm factor late)"
+                                           : "matmul (fused fp8 mma)");
+    return;
+  }
   int tot = s.n0[GEMV_MULTI];
   unsigned blocks = (unsigned)((tot + GEMV_WARPS - 1) / GEMV_WARPS);
   switch (T) {
@@ -611,6 +713,23 @@ static void launch_glu(cuda_ctx *c, const bf16 *x, const cuda_weight *Wg, const 
                        int T, int K, int N, bf16 *yg, bf16 *yu, bf16 *out, gemv_nf nf) {
   unsigned blocks = (unsigned)((N + GEMV_WARPS - 1) / GEMV_WARPS);
   gemv_w vg = gemv_view(c, Wg, T), vu = gemv_view(c, Wu, T);
+  const f8_view gu[2] = {vg.f, vu.f};
+  const int NN[2] = {N, N};
+  if (f8s_fits(c, gu, NN, 2, T, K) && vg.f.bks == vu.f.bks) {
+    f8s_job jb;
+    memset(&jb, 0, sizeof jb);
+    jb.f[0] = vg.f;
+    jb.f[1] = vu.f;
+    jb.y[0] = yg;
+    jb.y[1] = yu;
+    jb.y[2] = out;
+    jb.n0[1] = N;
+    f8s_launch<MODE, 2>(c, x, jb, 1, T, K, nf);
+    cuda_check_launch(c, MODE == GEMV_LATE
+                             ? "matmul (fused fp8 mma gate/up/swiglu, norm factor late)"
+                             : "matmul (fused fp8 mma gate/up/swiglu)");
+    return;
+  }
   switch (T) {
 // clang-format off
 #define G(n)                                                                                   \

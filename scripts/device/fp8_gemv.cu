@@ -270,16 +270,9 @@ __global__ void __launch_bounds__(F8M_KW * 32) fg_f8m(const bf16 *x, fg_prod p, 
   pdl_enter();
   constexpr int NT = (T + 7) / 8;
   float out[NT][4];
-  int r0 = blockIdx.x * F8M_ROWS, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  int r0 = blockIdx.x * F8M_ROWS;
   fg_unstaged_block<NT>(x, T, p.f8, p.N, p.K, r0, out);
-  if (threadIdx.x < 32)
-#pragma unroll
-    for (int j = 0; j < NT; j++)
-#pragma unroll
-      for (int i = 0; i < 4; i++) {
-        int tok = 8 * j + 2 * t + (i & 1), row = r0 + g + 8 * (i >> 1);
-        if (tok < T && row < p.N) y[(size_t)tok * p.N + row] = out[j][i];
-      }
+  f8m_store<NT>(out, T, p.N, r0, y);
 }
 
 /* The mma block with the activations staged (cuda_fp8.cuh f8s_block), U rounds in flight. */
@@ -288,16 +281,9 @@ __global__ void __launch_bounds__(F8M_KW * 32) fg_f8s(const bf16 *x, fg_prod p, 
   constexpr int NT = (T + 7) / 8;
   pdl_enter();
   float out[1][NT][4];
-  int r0 = blockIdx.x * F8M_ROWS, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  int r0 = blockIdx.x * F8M_ROWS;
   f8s_block<NT, 1, U>(x, T, &p.f8, p.N, p.K, r0, out);
-  if (threadIdx.x < 32)
-#pragma unroll
-    for (int j = 0; j < NT; j++)
-#pragma unroll
-      for (int i = 0; i < 4; i++) {
-        int tok = 8 * j + 2 * t + (i & 1), row = r0 + g + 8 * (i >> 1);
-        if (tok < T && row < p.N) y[(size_t)tok * p.N + row] = out[0][j][i];
-      }
+  f8m_store<NT>(out[0], T, p.N, r0, y);
 }
 
 template <int F8>

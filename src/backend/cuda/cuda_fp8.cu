@@ -104,17 +104,10 @@ template <int NT>
 __global__ void __launch_bounds__(F8M_KW * 32)
     k_fp8_mma(const bf16 *__restrict__ x, int T, f8_view v, int N, int K, bf16 *__restrict__ y) {
   pdl_enter();
-  int r0 = blockIdx.x * F8M_ROWS, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  int r0 = blockIdx.x * F8M_ROWS;
   float o[1][NT][4];
   f8s_block<NT, 1, 2>(x, T, &v, N, K, r0, o);
-  if (threadIdx.x < 32)
-#pragma unroll
-    for (int j = 0; j < NT; j++)
-#pragma unroll
-      for (int i = 0; i < 4; i++) {
-        int tok = 8 * j + 2 * t + (i & 1), row = r0 + g + 8 * (i >> 1);
-        if (tok < T && row < N) y[(size_t)tok * N + row] = f2bf(o[0][j][i]);
-      }
+  f8m_store<NT>(o[0], T, N, r0, y);
 }
 
 extern "C" void cuda_fp8_matmul(backend *be, backend_buf xb, backend_weight W, int T, int K, int N,

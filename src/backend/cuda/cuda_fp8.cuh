@@ -316,4 +316,21 @@ __device__ __forceinline__ void f8s_block(const bf16 *__restrict__ x, int T, con
   }
 }
 
+/* Warp 0's sums of a block of F8M_ROWS weight rows from r0 (f8s_block's out[r]) into y [T, N]
+ * (float, or bf16 rounded). */
+__device__ __forceinline__ void f8m_put(float *y, float v) { *y = v; }
+__device__ __forceinline__ void f8m_put(bf16 *y, float v) { *y = f2bf(v); }
+template <int NT, typename Y>
+__device__ __forceinline__ void f8m_store(const float (*o)[4], int T, int N, int r0, Y *y) {
+  if (threadIdx.x >= 32) return;
+  int lane = threadIdx.x, g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int j = 0; j < NT; j++)
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+      int tok = 8 * j + 2 * t + (i & 1), row = r0 + g + 8 * (i >> 1);
+      if (tok < T && row < N) f8m_put(y + (size_t)tok * N + row, o[j][i]);
+    }
+}
+
 #endif

@@ -9,6 +9,12 @@
 #   next80   Qwen3-Next-80B-A3B full shape, FP8 (dummy weights written FP8: ~80 GB host memory,
 #            an H200 for the device memory): decode and prefill, peak RSS
 #   bs/ab    4B FP8 decode 1 speculating against DS_BIN (another build, e.g. the parent's)
+#   verify   what a verify step costs: the 4B bf16 and 27B FP8 sweeps at P = 1 (every draft
+#            rejected: the speculating rate is 1 / verify step) at 1 and 64 sequences
+#   lanes27  27B FP8 speculating at 128 sequences (keep lanes cut by memory)
+#   pending  each bench/pending/*.patch applied to a copy of the tree, built, its op and
+#            speculative-decoding tests run, then the 4B bf16 and 27B FP8 decode-1 sweeps
+#            against this build in the same call (DS_BIN)
 #   bash scripts/device/goals.sh "spec27 spec4 moe35"
 # Writes $OUT/goals.txt (one line per run) and each run's JSON and log under $OUT/goals/, and
 # $OUT/goals.tgz of them (the device tool returns at most 8 files).
@@ -61,6 +67,33 @@ for part in ${1:-spec27 spec4 moe35 next80}; do
   next80)
     model next80 scripts/device/qwen3-next-80b-shape.json
     bench next80-fp8 330 --model /tmp/ds-goal-next80 --quantization fp8 ;;
+  verify)
+    sweep_p() { [ "$(left)" -gt 90 ] && OUT=$G timeout "$(left)" bash scripts/device/spec_sweep.sh "$@" | tee -a "$OUT/goals.txt"; }
+    sweep_p scripts/device/qwen35-4b-shape.json 0 bf16 "1 64" 1 3
+    sweep_p scripts/device/qwen35-27b-shape.json 64 fp8 "1 64" 1 3 ;;
+  lanes27) sweep scripts/device/qwen35-27b-shape.json 64 fp8 128 ;;
+  pending)
+    for p in bench/pending/*.patch; do
+      if [ ! -f "$p" ] || [ "$(left)" -le 200 ]; then continue; fi
+      n=$(basename "$p" .patch) d=/tmp/ds-pending-$(basename "$p" .patch)
+      rm -rf "$d" && mkdir -p "$d" && tar cf - --exclude=build-cuda --exclude=build --exclude=.deb . | (cd "$d" && tar xf -)
+      (cd "$d" && patch -p1 -s <"$p" && make CUDA=1 -j"$(nproc)" all build-cuda/tests/cuda/test_cuda_ops \
+        build-cuda/tests/cuda/test_cuda_spec >"$G/pending-$n-build.log" 2>&1) || { say "$n: does not build"; continue; }
+      for t in test_cuda_ops test_cuda_spec; do
+        (cd "$d" && timeout 150 "build-cuda/tests/cuda/$t" >"$G/pending-$n-$t.log" 2>&1)
+        say "$n $t: rc $? $(grep -c '^PASS' "$G/pending-$n-$t.log") passed $(grep -c '^FAIL' "$G/pending-$n-$t.log") failed"
+      done
+      for s in "scripts/device/qwen35-4b-shape.json 0 bf16" "scripts/device/qwen35-27b-shape.json 64 fp8"; do
+        for b in $B "$d/$B"; do
+          [ "$(left)" -gt 90 ] || continue
+          tag=$([ "$b" = "$B" ] && echo this || echo "$n")
+          say "$n: $tag build"
+          # shellcheck disable=SC2086
+          OUT=$G/pending-$n-$tag DS_BIN=$b timeout "$(left)" \
+            bash scripts/device/spec_sweep.sh $s 1 0.19 3 | tee -a "$OUT/goals.txt"
+        done
+      done
+    done ;;
   ab)
     for b in "${DS_BIN:-}" $B; do
       [ -n "$b" ] && OUT=$G/ab-$(basename "$(dirname "$(dirname "$b")")") DS_BIN=$b \

@@ -417,12 +417,15 @@ TEST(memory_plan) {
   check_plan(DENSE, 4); /* 2 KV heads over 4 ranks: one each */
   check_plan(MOE, 4);
   check_plan("tests/fixtures/models/fp8_moe32", 2);
-  /* the ranks' plans: the fewest pages of any rank, and the fewest slabs */
-  engine_mem_split a = {.n_pages = 100, .n_slabs = 10}, b = {.n_pages = 80, .n_slabs = 12},
-                   c = {.n_pages = 90, .n_slabs = 5}, out;
+  /* the ranks' plans: the fewest pages of any rank, and the fewest slabs and keep lanes */
+  engine_mem_split a = {.n_pages = 100, .n_slabs = 10, .keep_lanes = 8},
+                   b = {.n_pages = 80, .n_slabs = 12, .keep_lanes = 6},
+                   c = {.n_pages = 90, .n_slabs = 5, .keep_lanes = 3}, out;
   engine_mem_split *sp[3] = {&a, &b, &c};
-  EXPECT(engine_mem_plan_ranks(sp, 3, &out) == 1 && out.n_pages == 80 && out.n_slabs == 5);
-  EXPECT(engine_mem_plan_ranks(sp, 1, &out) == 0 && out.n_pages == 100 && out.n_slabs == 10);
+  EXPECT(engine_mem_plan_ranks(sp, 3, &out) == 1 && out.n_pages == 80 && out.n_slabs == 5 &&
+         out.keep_lanes == 3);
+  EXPECT(engine_mem_plan_ranks(sp, 1, &out) == 0 && out.n_pages == 100 && out.n_slabs == 10 &&
+         out.keep_lanes == 8);
 }
 
 /* ---- refusals ---- */

@@ -562,6 +562,12 @@ engine *engine_create(qwen35 *model, const engine_opts *o, char *err, size_t err
       qwen35_weight_bytes(model) / mib, mo.n_pages, pb / mib, mo.n_pages * (pb / mib),
       mo.n_pages * KV_PAGES_TOKENS, n_seq, sb / mib, n_seq * (sb / mib), n_slabs, sb / mib,
       n_slabs * (sb / mib));
+  int lanes = qwen35_keep_lanes(model);
+  if (lanes > 0)
+    log_info(
+        "engine: memory: keep slots (speculative decoding) %d lanes x %d x %.2f MiB = %.1f "
+        "MiB: at most %d sequences verify drafts in one step",
+        lanes, mo.keep_k, sb / mib, lanes * mo.keep_k * (sb / mib), lanes);
   log_info(
       "engine: max_num_seqs %d, max_num_batched_tokens %d, max_model_len %d, "
       "sampler threads %d",

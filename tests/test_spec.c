@@ -979,7 +979,7 @@ int main(void) {
     printf("model %s\n", MODEL);
     RUN(verify_piece_rollback);
     RUN(greedy_same_tokens_and_logits);
-  RUN(fewer_lanes_same_tokens);
+    RUN(fewer_lanes_same_tokens);
     RUN(replay_follow);
     RUN(greedy_alone);
     RUN(measured_policy_same_tokens);

@@ -193,12 +193,6 @@ int engine_mem_plan_device(engine_opts *o, const model_config *c, const model_we
       f.packed_bytes / mib, o->max_num_seqs, o->max_num_seqs * (f.slot_bytes / mib),
       f.scratch_bytes / mib, sp.budget_bytes / mib, sp.n_pages, sp.n_pages * KV_PAGES_TOKENS,
       sp.kv_bytes / mib, sp.n_slabs, sp.slab_bytes / mib);
-  int sk = engine_mem_spec_k(o);
-  if (sk)
-    log_info(
-        "engine: speculative decoding: %d keep lanes x %d keep slots = %.0f MiB (at most %d "
-        "sequences verify drafts in one step)",
-        sp.keep_lanes, sk, sp.keep_lanes * sk * (f.slot_bytes / mib), sp.keep_lanes);
   /* resolved into the flags, so that engine_create (engine_mem_plan) agrees */
   o->kv_cache_tokens = sp.n_pages * KV_PAGES_TOKENS;
   if (o->enable_prefix_caching && sp.n_slabs == 0) {
@@ -209,7 +203,7 @@ int engine_mem_plan_device(engine_opts *o, const model_config *c, const model_we
   mo->n_pages = sp.n_pages;
   mo->n_slots = o->max_num_seqs + (o->enable_prefix_caching ? sp.n_slabs : 0);
   mo->packed = fs[0].packed_bytes > 0;
-  mo->keep_k = sk;
+  mo->keep_k = engine_mem_spec_k(o);
   mo->keep_lanes = sp.keep_lanes;
   return 0;
 }

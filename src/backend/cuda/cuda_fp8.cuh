@@ -205,11 +205,12 @@ __device__ __forceinline__ void mma_f16(float d[4], uint32_t a0, uint32_t a1, ui
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-/* The block's sums with the activations staged: in each 64-column round the warp converts the
- * round's columns of 8 activation rows at a time once (two columns a lane, one coalesced 4-byte
- * load each) into f16 pairs in shared memory, and every lane takes its B fragment from there
- * (a lane converting the 16 columns of its own row instead would do the work of 32 lanes for
- * the 8 rows, and at one row 28 of its 32 lanes' conversions are zeros). R matrices (1, or 2:
+/* The block's sums. With one group of 8 activation rows (NT 1: verify pieces) the warp stages
+ * each 64-column round's columns once (two columns a lane, one coalesced 4-byte load each) as
+ * f16 pairs in shared memory, and every lane takes its B fragment from there (a lane converting
+ * the 16 columns of its own row instead converts zeros for the rows past T). With more groups
+ * each lane loads its own row's 16 columns: the staging's warp barriers kept a round's groups'
+ * loads from overlapping, a 3.7x slower 64-row product. R matrices (1, or 2:
  * gate and up) share the staged columns; U rounds' weight loads are in flight per warp.
  * out[r][j][i]: matrix r's sum for activation row 8 j + 2 t + (i & 1), weight row r0 + g +
  * 8 (i >> 1), as lane (g, t) of warp 0 holds them after the reduction (other warps: undefined).
@@ -268,20 +269,29 @@ __device__ __forceinline__ void f8s_block(const bf16 *__restrict__ x, int T, con
       }
 #pragma unroll
       for (int j = 0; j < NT; j++) {
-        __syncwarp();
-#pragma unroll
-        for (int q = 0; q < 8; q++)
-          if (8 * j + q < T)
-            xs[wp][q][lane] =
-                f8m_x2(__ldg((const uint32_t *)(x + (size_t)(8 * j + q) * K + c0) + lane));
-        __syncwarp();
         uint4 x0 = make_uint4(0, 0, 0, 0), x1 = x0;
-        if (8 * j + g < T) {
-          const uint4 *xp = (const uint4 *)&xs[wp][g][8 * t];
+        if constexpr (NT == 1) {
+          __syncwarp();
+#pragma unroll
+          for (int q = 0; q < 8; q++)
+            if (q < T)
+              xs[wp][q][lane] = f8m_x2(__ldg((const uint32_t *)(x + (size_t)q * K + c0) + lane));
+          __syncwarp();
+          if (g < T) {
+            const uint4 *xp = (const uint4 *)&xs[wp][g][8 * t];
+            x0 = xp[0];
+            x1 = xp[1];
+          }
+        } else if (8 * j + g < T) {
+          const uint4 *xp = (const uint4 *)(x + (size_t)(8 * j + g) * K + c0 + 16 * t);
           x0 = xp[0];
           x1 = xp[1];
         }
-        const uint32_t xw[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+        uint32_t xw[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+        if constexpr (NT > 1) {
+#pragma unroll
+          for (int i = 0; i < 8; i++) xw[i] = f8m_x2(xw[i]);
+        }
 #pragma unroll
         for (int r = 0; r < R; r++) {
           float d[4] = {0.f, 0.f, 0.f, 0.f};
